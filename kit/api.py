@@ -1,0 +1,47 @@
+"""The verbs every face of the kit shares (CLI, notebooks, widgets), so all give the same answer."""
+from __future__ import annotations
+
+from kit.hardware import get_gpu, list_gpus
+from kit.predict import get_predictor, roofline
+from kit.tiling import tiling
+
+
+def gpus_table():
+    """The catalog as a DataFrame, one row per GPU."""
+    import pandas as pd
+
+    return pd.DataFrame([g.to_dict() for g in list_gpus()])
+
+
+def predict_op(op, gpu, predictor: str = "auto") -> dict:
+    """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
+    gpu = get_gpu(gpu)
+    model = get_predictor(predictor)
+    row = model.predict([op], gpu).iloc[0]
+    roof = roofline(op, gpu)
+    t = tiling(op, gpu)
+    out = {
+        "op": op.op_class,
+        "gpu": gpu.key,
+        "dtype": getattr(op, "dtype", None),
+        "predictor": model.name,
+        "latency_ms": float(row.latency_ms),
+        "latency_p10_ms": float(row.latency_p10_ms),
+        "latency_p90_ms": float(row.latency_p90_ms),
+        "roofline_ms": roof.time_ms,
+        "compute_ms": roof.compute_ms,
+        "memory_ms": roof.memory_ms,
+        "bound": roof.bound,
+        "intensity_flops_per_byte": roof.intensity_flops_per_byte,
+        "ridge_flops_per_byte": roof.ridge_flops_per_byte,
+        "utilisation": float(row.utilisation),
+        "flops": op.flops,
+        "bytes": op.bytes,
+        "tile": str(row.tile),
+        "tiles": int(row.tiles),
+        "waves": int(row.waves),
+    }
+    if t is not None:
+        out.update(blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,
+                   last_wave_fill=t.last_wave_fill, threads_per_block=t.threads_per_block)
+    return out

@@ -1,0 +1,84 @@
+"""`kit ...`: one subcommand per job, `--json` on every one, thin over kit.api.
+
+Subcommands live in kit/cli/cmd_*.py. Each such module defines `register(subparsers)`, which adds
+its parser(s) with `add_command` and sets `func` to a callable taking the parsed args. A func
+returns an object: the CLI prints it as JSON under --json, or calls the parser's `text` renderer.
+A KitError anywhere becomes one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+
+from kit.errors import KitError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line and exits 2."""
+
+    def error(self, message):
+        raise KitError(f"{self.prog}: {message}")
+
+
+def add_command(subparsers, name: str, help: str, func, text=None) -> argparse.ArgumentParser:
+    """Add a subcommand with --json; `text(result) -> str` renders the non-JSON output."""
+    p = subparsers.add_parser(name, help=help, description=help)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=func, text=text)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kit", description="Predict deep-learning performance on GPUs and clusters.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+    package = importlib.import_module("kit.cli")
+    for mod in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if mod.name.startswith("cmd_"):
+            importlib.import_module(f"kit.cli.{mod.name}").register(sub)
+    return parser
+
+
+def _json_default(o):
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.version:
+            from kit import __version__
+
+            print(__version__)
+            return 0
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        result = args.func(args)
+        if result is None:
+            return 0
+        if getattr(args, "json", False) or args.text is None:
+            print(json.dumps(result, indent=2, default=_json_default))
+        else:
+            print(args.text(result))
+        return 0
+    except KitError as e:
+        print(f"kit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kit: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,28 @@
+"""`kit gpus`: the GPU catalog."""
+from kit.cli import add_command
+
+COLUMNS = [("key", "{}"), ("sm_count", "{}"), ("boost_clock_mhz", "{:.0f}"), ("memory_gib", "{:g}"),
+           ("mem_bw_gbs", "{:.0f}"), ("l2_cache_mib", "{:g}"), ("fp32_tflops", "{:.1f}"),
+           ("bf16_tflops", "{:.0f}"), ("fp8_tflops", "{:.0f}")]
+
+
+def run(args):
+    from kit.hardware import load_gpu_file, list_gpus
+
+    if args.add:
+        load_gpu_file(args.add)
+    return [g.to_dict() for g in list_gpus()]
+
+
+def text(gpus):
+    head = ["gpu", "SMs", "MHz", "GiB", "GB/s", "L2 MiB", "fp32 TF", "bf16 TF", "fp8 TF"]
+    rows = [[("-" if g[c] is None else f.format(g[c])) for c, f in COLUMNS] for g in gpus]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(s.rjust(w) if i else s.ljust(w) for i, (s, w) in enumerate(zip(r, widths)))
+             for r in [head, *rows]]
+    return "\n".join(lines + [f"{len(gpus)} GPUs; `kit gpus --json` for every field and source"])
+
+
+def register(sub):
+    p = add_command(sub, "gpus", "list the GPU catalog", run, text)
+    p.add_argument("--add", metavar="FILE", help="also load your own GPU(s) from a JSON file")

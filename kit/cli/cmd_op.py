@@ -1,0 +1,109 @@
+"""`kit op KIND ...`: predict one operation on one GPU, with its tiles, waves and bound."""
+from kit.cli import add_command
+from kit.hardware import DTYPES
+
+
+def _gpu_args(p, dtype=True):
+    p.add_argument("--gpu", required=True, help="GPU key, name or alias (see `kit gpus`)")
+    if dtype:
+        p.add_argument("--dtype", default="fp32", choices=DTYPES)
+    p.add_argument("--predictor", default="auto", help="auto, wave, roofline, ...")
+    p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")
+
+
+def _build(args):
+    from kit import ops
+
+    kind = args.op_kind
+    if kind == "gemm":
+        return ops.Gemm(m=args.m, n=args.n, k=args.k, b=args.b, dtype=args.dtype)
+    if kind == "linear":
+        return ops.linear(args.tokens, args.in_features, args.out_features, args.dtype)
+    if kind == "elementwise":
+        return ops.Elementwise(args.kind, args.numel, args.dtype)
+    if kind in ("softmax", "layernorm", "rmsnorm"):
+        cls = {"softmax": ops.Softmax, "layernorm": ops.LayerNorm, "rmsnorm": ops.RMSNorm}[kind]
+        return cls(args.rows, args.cols, args.dtype)
+    if kind == "dropout":
+        return ops.Dropout(args.numel, args.dtype, args.p)
+    if kind == "embedding":
+        return ops.EmbeddingBag(args.batch, args.rows, args.dim, args.pooling, args.dtype)
+    if kind == "memcpy":
+        return ops.Memcpy(args.bytes, args.direction)
+    raise AssertionError(kind)
+
+
+def run(args):
+    from kit.api import predict_op
+    from kit.hardware import load_gpu_file
+
+    if args.gpu_file:
+        load_gpu_file(args.gpu_file)
+    return predict_op(_build(args), args.gpu, args.predictor)
+
+
+def text(r):
+    lines = [f"{r['op']} on {r['gpu']} ({r['dtype'] or '-'}), predictor {r['predictor']}",
+             f"  latency   {r['latency_ms']:.4f} ms   (band {r['latency_p10_ms']:.4f}-{r['latency_p90_ms']:.4f})",
+             f"  roofline  {r['roofline_ms']:.4f} ms   {r['bound']}-bound: compute {r['compute_ms']:.4f} ms,"
+             f" memory {r['memory_ms']:.4f} ms",
+             f"  intensity {r['intensity_flops_per_byte']:.1f} FLOP/B vs ridge {r['ridge_flops_per_byte']:.1f} FLOP/B",
+             f"  work      {r['flops']:.3g} FLOPs, {r['bytes']:.3g} bytes"]
+    if r["tiles"]:
+        lines.append(f"  tiling    tile {r['tile']}, {r['tiles']} tiles, {r['blocks_per_sm']} blocks/SM"
+                     f" (limited by {r['occupancy_limiter']}), {r['waves']} waves,"
+                     f" last wave {100 * r['last_wave_fill']:.0f}% full")
+        lines.append(f"  utilisation {100 * r['utilisation']:.1f}% of the roofline")
+    return "\n".join(lines)
+
+
+def _pos(s):
+    import argparse
+
+    try:
+        v = int(float(s))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}") from None
+    if v < 1 or v != float(s):
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}")
+    return v
+
+
+def register(sub):
+    from kit.cli import _Parser
+    from kit.ops import ELEMENTWISE_FLOPS
+
+    op = sub.add_parser("op", help="predict one operation on one GPU", description=
+                        "Predict one operation on one GPU: roofline, tiles, waves and latency.")
+    kinds = op.add_subparsers(dest="op_kind", metavar="KIND", parser_class=_Parser, required=True)
+    g = add_command(kinds, "gemm", "C[b,m,n] = A[b,m,k]·B[b,k,n]", run, text)
+    for d in "mnk":
+        g.add_argument(f"--{d}", type=_pos, required=True)
+    g.add_argument("--b", type=_pos, default=1, help="batch (bmm)")
+    _gpu_args(g)
+    li = add_command(kinds, "linear", "nn.Linear(in, out) on `tokens` rows", run, text)
+    li.add_argument("--tokens", type=_pos, required=True)
+    li.add_argument("--in-features", type=_pos, required=True)
+    li.add_argument("--out-features", type=_pos, required=True)
+    _gpu_args(li)
+    e = add_command(kinds, "elementwise", "an elementwise op over numel elements", run, text)
+    e.add_argument("--kind", default="add", choices=sorted(ELEMENTWISE_FLOPS))
+    e.add_argument("--numel", type=_pos, required=True)
+    _gpu_args(e)
+    for name in ("softmax", "layernorm", "rmsnorm"):
+        r = add_command(kinds, name, f"{name} over the last dim of (rows, cols)", run, text)
+        r.add_argument("--rows", type=_pos, required=True)
+        r.add_argument("--cols", type=_pos, required=True)
+        _gpu_args(r)
+    dr = add_command(kinds, "dropout", "training-mode dropout", run, text)
+    dr.add_argument("--numel", type=_pos, required=True)
+    dr.add_argument("--p", type=float, default=0.1)
+    _gpu_args(dr)
+    em = add_command(kinds, "embedding", "an embedding bag (basic: every row from DRAM)", run, text)
+    for a in ("batch", "rows", "dim", "pooling"):
+        em.add_argument(f"--{a}", type=_pos, required=True)
+    _gpu_args(em)
+    mc = add_command(kinds, "memcpy", "a memory copy", run, text)
+    mc.add_argument("--bytes", type=_pos, required=True)
+    mc.add_argument("--direction", default="d2d", choices=["d2d", "h2d", "d2h"])
+    _gpu_args(mc, dtype=False)

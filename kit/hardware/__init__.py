@@ -1,0 +1,7 @@
+"""Hardware: GPU datasheets (catalog) and, later, systems and topologies."""
+from kit.hardware.catalog import (close_matches, get_gpu, gpu_keys, list_gpus, load_gpu_file,
+                                  register_gpu, unregister_gpu)
+from kit.hardware.gpu import DTYPES, GPU, gpu_from_dict
+
+__all__ = ["DTYPES", "GPU", "close_matches", "get_gpu", "gpu_from_dict", "gpu_keys", "list_gpus",
+           "load_gpu_file", "register_gpu", "unregister_gpu"]

@@ -1,0 +1,119 @@
+"""The GPU catalog: lookup by key, name or alias (case-insensitive), plus user-added GPUs."""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from kit.errors import KitError
+from kit.hardware.gpu import GPU, gpu_from_dict
+
+CATALOG_PATH = Path(__file__).with_name("gpus.json")
+
+_user_gpus: dict[str, GPU] = {}
+
+
+def _norm(name: str) -> str:
+    """Case- and punctuation-insensitive form: 'NVIDIA H100 80GB HBM3' -> 'nvidiah10080gbhbm3'."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _read_entries(path: Path) -> list[dict]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise KitError(f"GPU file not found: {path}") from None
+    except json.JSONDecodeError as e:
+        raise KitError(f"GPU file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    if isinstance(data, dict) and "gpus" in data:
+        data = data["gpus"]
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise KitError(f"GPU file {path}: expected a list of GPU objects or {{'gpus': [...]}}")
+    return data
+
+
+@lru_cache(maxsize=1)
+def _builtin() -> dict[str, GPU]:
+    gpus = {}
+    for entry in _read_entries(CATALOG_PATH):
+        gpu = gpu_from_dict(entry, origin=CATALOG_PATH.name)
+        gpus[gpu.key] = gpu
+    return gpus
+
+
+def _all() -> dict[str, GPU]:
+    return {**_builtin(), **_user_gpus}
+
+
+@lru_cache(maxsize=4)
+def _index(generation: int) -> dict[str, str]:
+    index: dict[str, str] = {}
+    for gpu in _all().values():
+        for name in (gpu.key, gpu.name, *gpu.aliases):
+            index.setdefault(_norm(name), gpu.key)
+    return index
+
+
+_generation = [0]
+
+
+def list_gpus() -> list[GPU]:
+    """Every GPU known: the built-in catalog, then the user's own, sorted by key."""
+    return sorted(_all().values(), key=lambda g: g.key)
+
+
+def gpu_keys() -> list[str]:
+    return [g.key for g in list_gpus()]
+
+
+def close_matches(name: str, n: int = 5) -> list[str]:
+    """Catalog keys that look like name (for 'did you mean' messages)."""
+    index = _index(_generation[0])
+    hits = difflib.get_close_matches(_norm(name), list(index), n=n * 3, cutoff=0.5)
+    keys = list(dict.fromkeys(index[h] for h in hits))
+    q = _norm(name)
+    if q:
+        keys += [k for k in gpu_keys() if q in _norm(k) and k not in keys]
+    return keys[:n]
+
+
+def get_gpu(name: str | GPU) -> GPU:
+    """Look a GPU up by key, name or alias, ignoring case and punctuation.
+
+    >>> get_gpu("NVIDIA H100 80GB HBM3").key
+    'h100-sxm'
+    """
+    if isinstance(name, GPU):
+        return name
+    if not isinstance(name, str) or not name.strip():
+        raise KitError(f"GPU name must be a non-empty string, got {name!r}")
+    key = _index(_generation[0]).get(_norm(name))
+    if key is None:
+        near = close_matches(name)
+        hint = f"; close matches: {', '.join(near)}" if near else "; run `kit gpus` for the list"
+        raise KitError(f"unknown GPU {name!r}{hint}")
+    return _all()[key]
+
+
+def register_gpu(entry: dict | GPU, origin: str = "user GPU") -> GPU:
+    """Add a user's GPU (a dict in the catalog's format, or a GPU). It is validated first."""
+    gpu = entry if isinstance(entry, GPU) else gpu_from_dict(entry, origin=origin)
+    _user_gpus[gpu.key] = gpu
+    _generation[0] += 1
+    return gpu
+
+
+def load_gpu_file(path: str | Path) -> list[GPU]:
+    """Register every GPU in a JSON file (one object, a list, or {"gpus": [...]})."""
+    path = Path(path)
+    return [register_gpu(e, origin=str(path)) for e in _read_entries(path)]
+
+
+def unregister_gpu(key: str) -> None:
+    """Remove a user-added GPU (used by tests and notebooks to clean up)."""
+    _user_gpus.pop(key, None)
+    _generation[0] += 1

@@ -1,0 +1,160 @@
+"""One GPU's datasheet numbers, as a frozen dataclass with units in every name.
+
+The numbers live in the catalog data file (gpus.json beside this module), never in code; an
+operator asks a GPU for its numbers and never hard-codes them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+# Fields every catalog entry must give, with the type each must have. Peaks may be null.
+REQUIRED_FIELDS: dict[str, type] = {
+    "key": str,
+    "name": str,
+    "vendor": str,
+    "arch": str,
+    "sm_count": int,
+    "fp32_lanes_per_sm": int,
+    "boost_clock_mhz": float,
+    "memory_gib": float,
+    "mem_bw_gbs": float,
+    "l2_cache_mib": float,
+    "smem_per_sm_kib": float,
+    "registers_per_sm": int,
+    "max_threads_per_sm": int,
+    "max_blocks_per_sm": int,
+    "interconnect_bw_gbs": float,
+    "pcie_gen": int,
+    "tdp_w": float,
+    "source": str,
+}
+PEAK_FIELDS = tuple(f"{d}_tflops" for d in DTYPES)
+
+
+@dataclass(frozen=True)
+class GPU:
+    """Datasheet numbers of one GPU. Peaks are dense (no sparsity), in TFLOP/s; None = unsupported."""
+
+    key: str  # catalog key, lower-case with dashes: "h100-sxm"
+    name: str  # marketing name: "NVIDIA H100 SXM5 80GB"
+    vendor: str  # "nvidia" | "amd"
+    arch: str  # "hopper", "ampere", "cdna3", ...
+    sm_count: int  # SMs (NVIDIA) or CUs (AMD)
+    fp32_lanes_per_sm: int  # FP32 ALUs per SM/CU
+    boost_clock_mhz: float
+    memory_gib: float
+    mem_bw_gbs: float  # DRAM bandwidth, GB/s (1e9 B/s)
+    l2_cache_mib: float  # last-level on-chip cache (L2; MI300X: counts its 256 MiB Infinity Cache)
+    smem_per_sm_kib: float  # max shared memory (LDS) one SM/CU can give its blocks
+    registers_per_sm: int  # 32-bit registers
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    fp32_tflops: float | None
+    tf32_tflops: float | None
+    fp16_tflops: float | None
+    bf16_tflops: float | None
+    fp8_tflops: float | None
+    interconnect_bw_gbs: float  # NVLink / Infinity Fabric per GPU, total both directions; 0 = none
+    pcie_gen: int
+    tdp_w: float
+    source: str  # where the numbers come from (datasheet, whitepaper URL)
+    aliases: tuple[str, ...] = field(default=())
+    notes: str = ""
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        """Dense peak for dtype ("fp32", "tf32", "fp16", "bf16", "fp8"); None if unsupported."""
+        from kit.errors import KitError
+
+        if dtype not in DTYPES:
+            raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        return getattr(self, f"{dtype}_tflops")
+
+    def peak_flops_per_s(self, dtype: str) -> float:
+        """Peak in FLOP/s; raises KitError when the GPU does not support dtype."""
+        from kit.errors import KitError
+
+        peak = self.peak_tflops(dtype)
+        if peak is None:
+            raise KitError(f"{self.key} has no {dtype} support; it supports "
+                           + ", ".join(d for d in DTYPES if self.peak_tflops(d)))
+        return peak * 1e12
+
+    @property
+    def mem_bw_bytes_per_s(self) -> float:
+        return self.mem_bw_gbs * 1e9
+
+    @property
+    def l2_cache_bytes(self) -> float:
+        return self.l2_cache_mib * 2**20
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * 2**30
+
+    @property
+    def smem_per_sm_bytes(self) -> float:
+        return self.smem_per_sm_kib * 1024
+
+    @property
+    def simt_fp32_tflops(self) -> float:
+        """2 FLOPs (one FMA) per lane per clock: 2 · SMs · lanes · clock."""
+        return 2 * self.sm_count * self.fp32_lanes_per_sm * self.boost_clock_mhz * 1e6 / 1e12
+
+    def ridge_flops_per_byte(self, dtype: str) -> float:
+        """Roofline ridge point: the arithmetic intensity (FLOP/byte) where compute and memory meet."""
+        return self.peak_flops_per_s(dtype) / self.mem_bw_bytes_per_s
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["aliases"] = list(self.aliases)
+        return d
+
+
+def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
+    """Validate one catalog entry and build a GPU; every problem is a KitError naming the field."""
+    from kit.errors import KitError
+
+    if not isinstance(entry, dict):
+        raise KitError(f"{origin}: a GPU entry must be a JSON object, got {type(entry).__name__}")
+    label = f"{origin} ({entry.get('key', '?')})"
+    known = {f.name for f in fields(GPU)}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise KitError(f"{label}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(known))}")
+    missing = [f for f in (*REQUIRED_FIELDS, *PEAK_FIELDS) if f not in entry]
+    if missing:
+        raise KitError(f"{label}: missing field(s) {', '.join(missing)}")
+    clean = dict(entry)
+    for name, typ in REQUIRED_FIELDS.items():
+        value = entry[name]
+        if typ is str:
+            if not isinstance(value, str) or not value.strip():
+                raise KitError(f"{label}: field {name} must be a non-empty string, got {value!r}")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise KitError(f"{label}: field {name} must be a number, got {value!r}")
+        if typ is int and float(value) != int(value):
+            raise KitError(f"{label}: field {name} must be a whole number, got {value!r}")
+        allow_zero = name == "interconnect_bw_gbs"
+        if value < 0 or (value == 0 and not allow_zero):
+            raise KitError(f"{label}: field {name} must be positive, got {value!r}")
+        clean[name] = typ(value)
+    for name in PEAK_FIELDS:
+        value = entry[name]
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise KitError(f"{label}: field {name} must be a positive number or null, got {value!r}")
+        clean[name] = float(value)
+    if clean["fp32_tflops"] is None:
+        raise KitError(f"{label}: fp32_tflops is required (every GPU does fp32)")
+    if clean["key"] != clean["key"].lower() or " " in clean["key"]:
+        raise KitError(f"{label}: key must be lower-case with dashes, e.g. 'h100-sxm'")
+    aliases = entry.get("aliases", [])
+    if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) for a in aliases):
+        raise KitError(f"{label}: aliases must be a list of strings")
+    clean["aliases"] = tuple(aliases)
+    return GPU(**clean)

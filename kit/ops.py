@@ -1,0 +1,284 @@
+"""What runs on a GPU, and how much work it is: FLOPs and bytes moved, with no GPU in sight.
+
+Conventions
+-----------
+* GEMM: C[b, m, n] = A[b, m, k] · B[b, k, n]; k is the reduction dimension, FLOPs = 2·b·m·n·k.
+  (NeuSight names the reduction N: its (B, M, N, K) is the kit's (b, m, k, n).)
+* Bytes are the minimum DRAM traffic: every input read once and every output written once.
+* Vector ops act on a (rows, cols) view; softmax and the norms reduce over cols.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kit.errors import KitError
+
+# bytes per element; tf32 is stored as fp32
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+# FLOPs per output element of each elementwise kind. Arithmetic counts one FLOP; a transcendental
+# (exp, log, tanh, erf, sqrt via a polynomial/special-function unit) counts as 4, a common
+# convention in roofline studies. gelu (tanh form) = x·0.5·(1 + tanh(√(2/π)(x + 0.044715x³))):
+# 7 arithmetic + 1 tanh = 11.
+ELEMENTWISE_FLOPS = {
+    "add": 1, "sub": 1, "mul": 1, "div": 1, "pow": 8, "max": 1, "min": 1, "where": 1,
+    "neg": 1, "abs": 1, "relu": 1, "sigmoid": 6, "tanh": 4, "gelu": 11, "silu": 7,
+    "exp": 4, "log": 4, "sqrt": 4, "rsqrt": 4, "reciprocal": 1, "copy": 0, "cast": 0,
+    "fill": 0, "clamp": 2, "square": 1, "erf": 4, "sin": 4, "cos": 4, "unknown": 0,
+}
+BINARY_KINDS = {"add", "sub", "mul", "div", "pow", "max", "min"}
+SOFTMAX_FLOPS_PER_ELEM = 8  # max (1), subtract (1), exp (4), sum (1), divide (1)
+LAYERNORM_FLOPS_PER_ELEM = 8  # mean (1), centre (1), square+sum (2), normalise (2), scale+shift (2)
+RMSNORM_FLOPS_PER_ELEM = 5  # square+sum (2), normalise (1), scale (1), rsqrt amortised (1)
+DROPOUT_FLOPS_PER_ELEM = 3  # random draw compare (1), mask (1), scale by 1/(1-p) (1)
+
+
+def dtype_bytes(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}") from None
+
+
+def _positive_ints(op: str, **dims) -> None:
+    for name, value in dims.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise KitError(f"{op}: {name} must be a positive whole number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """A (batched) matrix multiply. `shared_rhs`: B is one weight shared over the batch (Linear)."""
+
+    m: int
+    n: int
+    k: int
+    b: int = 1
+    dtype: str = "fp32"
+    kind: str = "bmm"  # "bmm" | "linear" | "mm"
+    shared_rhs: bool = False
+    op_class = "gemm"
+
+    def __post_init__(self):
+        _positive_ints(self.kind, b=self.b, m=self.m, n=self.n, k=self.k)
+        dtype_bytes(self.dtype)
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.b * self.m * self.n * self.k
+
+    @property
+    def bytes(self) -> float:
+        rhs = self.k * self.n * (1 if self.shared_rhs else self.b)
+        return float(dtype_bytes(self.dtype) * (self.b * self.m * self.k + rhs + self.b * self.m * self.n))
+
+
+def linear(tokens: int, in_features: int, out_features: int, dtype: str = "fp32") -> Gemm:
+    """nn.Linear(in_features, out_features) applied to `tokens` rows."""
+    return Gemm(m=tokens, n=out_features, k=in_features, b=1, dtype=dtype, kind="linear",
+                shared_rhs=True)
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """y = f(x) or y = f(x1, x2) over numel elements. `inputs` = tensors read (scalar forms: 1)."""
+
+    kind: str
+    numel: int
+    dtype: str = "fp32"
+    inputs: int | None = None
+    op_class = "elementwise"
+
+    def __post_init__(self):
+        if self.kind not in ELEMENTWISE_FLOPS:
+            raise KitError(f"unknown elementwise kind {self.kind!r}: choose one of "
+                           + ", ".join(sorted(ELEMENTWISE_FLOPS)))
+        _positive_ints(f"elementwise {self.kind}", numel=self.numel)
+        dtype_bytes(self.dtype)
+        if self.inputs is not None:
+            _positive_ints(f"elementwise {self.kind}", inputs=self.inputs)
+
+    @property
+    def n_inputs(self) -> int:
+        if self.inputs is not None:
+            return self.inputs
+        return 2 if self.kind in BINARY_KINDS else 1
+
+    @property
+    def flops(self) -> float:
+        return float(ELEMENTWISE_FLOPS[self.kind] * self.numel)
+
+    @property
+    def bytes(self) -> float:
+        return float(dtype_bytes(self.dtype) * self.numel * (self.n_inputs + 1))
+
+
+@dataclass(frozen=True)
+class _RowOp:
+    rows: int
+    cols: int
+    dtype: str = "fp32"
+    flops_per_elem = 0
+    extra_bytes_per_col = 0  # parameters read once (weight, bias)
+
+    def __post_init__(self):
+        _positive_ints(self.op_class, rows=self.rows, cols=self.cols)
+        dtype_bytes(self.dtype)
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def flops(self) -> float:
+        return float(self.flops_per_elem * self.numel)
+
+    @property
+    def bytes(self) -> float:
+        d = dtype_bytes(self.dtype)
+        return float(d * (2 * self.numel + self.extra_bytes_per_col * self.cols))
+
+
+@dataclass(frozen=True)
+class Softmax(_RowOp):
+    """Softmax over the last dim of a (rows, cols) view: read once, write once."""
+
+    op_class = "softmax"
+    flops_per_elem = SOFTMAX_FLOPS_PER_ELEM
+
+
+@dataclass(frozen=True)
+class LayerNorm(_RowOp):
+    """LayerNorm over cols with weight and bias."""
+
+    op_class = "layernorm"
+    flops_per_elem = LAYERNORM_FLOPS_PER_ELEM
+    extra_bytes_per_col = 2
+
+
+@dataclass(frozen=True)
+class RMSNorm(_RowOp):
+    """RMSNorm over cols with a weight."""
+
+    op_class = "rmsnorm"
+    flops_per_elem = RMSNORM_FLOPS_PER_ELEM
+    extra_bytes_per_col = 1
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """Training-mode dropout: reads x, writes y and a one-byte mask."""
+
+    numel: int
+    dtype: str = "fp32"
+    p: float = 0.1
+    op_class = "dropout"
+
+    def __post_init__(self):
+        _positive_ints("dropout", numel=self.numel)
+        dtype_bytes(self.dtype)
+        if not 0 <= self.p < 1:
+            raise KitError(f"dropout: p must be in [0, 1), got {self.p!r}")
+
+    @property
+    def flops(self) -> float:
+        return float(DROPOUT_FLOPS_PER_ELEM * self.numel)
+
+    @property
+    def bytes(self) -> float:
+        return float(self.numel * (2 * dtype_bytes(self.dtype) + 1))
+
+
+@dataclass(frozen=True)
+class EmbeddingBag:
+    """Pooled lookup: `batch` bags of `pooling` rows each from a (rows, dim) table (sum/mean).
+
+    Basic cost: every looked-up row is read from DRAM (no cache reuse; kit.embedding models
+    the index distribution), int64 indices are read, one pooled row per bag is written.
+    """
+
+    batch: int
+    rows: int
+    dim: int
+    pooling: int
+    dtype: str = "fp32"
+    mode: str = "sum"
+    op_class = "embedding"
+
+    def __post_init__(self):
+        _positive_ints("embedding_bag", batch=self.batch, rows=self.rows, dim=self.dim,
+                       pooling=self.pooling)
+        dtype_bytes(self.dtype)
+        if self.mode not in ("sum", "mean"):
+            raise KitError(f"embedding_bag: mode must be 'sum' or 'mean', got {self.mode!r}")
+
+    @property
+    def lookups(self) -> int:
+        return self.batch * self.pooling
+
+    @property
+    def flops(self) -> float:
+        extra = self.batch * self.dim if self.mode == "mean" else 0
+        return float(self.lookups * self.dim + extra)
+
+    @property
+    def bytes(self) -> float:
+        d = dtype_bytes(self.dtype)
+        return float(self.lookups * self.dim * d + self.lookups * 8 + self.batch * self.dim * d)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Fused scaled-dot-product attention (flash-style): Q·Kᵀ, softmax, ·V without storing scores."""
+
+    b: int
+    heads: int
+    seq_q: int
+    seq_kv: int
+    head_dim: int
+    dtype: str = "fp32"
+    causal: bool = False
+    kv_heads: int | None = None
+    op_class = "attention"
+
+    def __post_init__(self):
+        _positive_ints("attention", b=self.b, heads=self.heads, seq_q=self.seq_q,
+                       seq_kv=self.seq_kv, head_dim=self.head_dim)
+        dtype_bytes(self.dtype)
+
+    @property
+    def flops(self) -> float:
+        full = 4.0 * self.b * self.heads * self.seq_q * self.seq_kv * self.head_dim
+        return full / 2 if self.causal else full
+
+    @property
+    def bytes(self) -> float:
+        kvh = self.kv_heads or self.heads
+        q_o = 2 * self.b * self.heads * self.seq_q * self.head_dim
+        k_v = 2 * self.b * kvh * self.seq_kv * self.head_dim
+        return float(dtype_bytes(self.dtype) * (q_o + k_v))
+
+
+@dataclass(frozen=True)
+class Memcpy:
+    """A copy of nbytes: device-to-device (read + write on DRAM) or over PCIe (h2d / d2h)."""
+
+    nbytes: int
+    direction: str = "d2d"
+    op_class = "memcpy"
+
+    def __post_init__(self):
+        _positive_ints("memcpy", nbytes=self.nbytes)
+        if self.direction not in ("d2d", "h2d", "d2h"):
+            raise KitError(f"memcpy: direction must be d2d, h2d or d2h, got {self.direction!r}")
+
+    @property
+    def flops(self) -> float:
+        return 0.0
+
+    @property
+    def bytes(self) -> float:
+        return float(2 * self.nbytes if self.direction == "d2d" else self.nbytes)
+
+
+Op = Gemm | Elementwise | Softmax | LayerNorm | RMSNorm | Dropout | EmbeddingBag | Attention | Memcpy

@@ -1,0 +1,87 @@
+"""The one small protocol every predictor follows.
+
+A predictor takes a batch of ops on one GPU and returns a DataFrame with one row per op, in order:
+
+    latency_ms      the prediction (never below roofline_ms)
+    roofline_ms     max(FLOPs / peak, bytes / bandwidth)
+    bound           "compute" | "memory"
+    tile            tile name ("128x64"), "" where an op has no tiling
+    tiles, waves    thread blocks and waves (0 where not applicable)
+    utilisation     roofline_ms-per-wave / achieved-per-wave, in (0, 1]
+    latency_p10_ms, latency_p90_ms   an uncertainty band (equal to latency_ms when the
+                    predictor has none)
+
+Repeated ops are predicted once (dedupe), so whole models with thousands of identical layers cost
+only as much as their distinct shapes.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import pandas as pd
+
+from kit.hardware import GPU, get_gpu
+from kit.predict.roofline import roofline
+from kit.tiling import tiling
+
+COLUMNS = ["latency_ms", "roofline_ms", "bound", "tile", "tiles", "waves", "utilisation",
+           "latency_p10_ms", "latency_p90_ms"]
+
+
+class Predictor(Protocol):
+    name: str
+
+    def predict(self, ops: Sequence, gpu: GPU | str) -> pd.DataFrame: ...
+
+
+def dedupe(ops: Sequence) -> tuple[list, list[int]]:
+    """(unique ops, index of each op's unique) — ops are frozen dataclasses, so hashable."""
+    unique: dict = {}
+    where = [unique.setdefault(op, len(unique)) for op in ops]
+    return list(unique), where
+
+
+def expand(frame: pd.DataFrame, where: list[int]) -> pd.DataFrame:
+    return frame.iloc[where].reset_index(drop=True)
+
+
+class RooflinePredictor:
+    """Latency = the roofline bound itself: the optimistic floor."""
+
+    name = "roofline"
+
+    def predict(self, ops: Sequence, gpu: GPU | str) -> pd.DataFrame:
+        gpu = get_gpu(gpu)
+        unique, where = dedupe(ops)
+        rows = []
+        for op in unique:
+            r = roofline(op, gpu)
+            t = tiling(op, gpu)
+            rows.append((r.time_ms, r.time_ms, r.bound, t.tile if t else "", t.tiles if t else 0,
+                         t.waves if t else 0, 1.0, r.time_ms, r.time_ms))
+        return expand(pd.DataFrame(rows, columns=COLUMNS), where)
+
+
+class WavePredictor:
+    """The tile/wave model with utilisation 1: waves × (one full wave at peak).
+
+    Padding in partial tiles and the empty slots of the last wave make it slower than the
+    roofline; it is never faster (it is clamped to the roofline).
+    """
+
+    name = "wave"
+
+    def predict(self, ops: Sequence, gpu: GPU | str) -> pd.DataFrame:
+        gpu = get_gpu(gpu)
+        unique, where = dedupe(ops)
+        rows = []
+        for op in unique:
+            r = roofline(op, gpu)
+            t = tiling(op, gpu)
+            if t is None:
+                latency, tile, tiles, waves = r.time_ms, "", 0, 0
+            else:
+                latency, tile, tiles, waves = max(t.wave_model_ms, r.time_ms), t.tile, t.tiles, t.waves
+            util = r.time_ms / latency if latency > 0 else 1.0
+            rows.append((latency, r.time_ms, r.bound, tile, tiles, waves, util, latency, latency))
+        return expand(pd.DataFrame(rows, columns=COLUMNS), where)

@@ -1,0 +1,52 @@
+"""The roofline: an op can go no faster than its FLOPs at peak compute or its bytes at peak bandwidth.
+
+    time ≥ max(FLOPs / peak_FLOP/s(dtype), bytes / bandwidth)
+
+The ridge point peak / bandwidth (FLOP/byte) splits ops into memory-bound (intensity below it)
+and compute-bound (above it).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kit.hardware import GPU, get_gpu
+from kit.ops import Attention, Gemm, Memcpy
+
+# PCIe x16 bandwidth per direction, GB/s, by generation (PCI-SIG: 8/16/32/64 GT/s per lane,
+# 128b/130b encoding; gen6 PAM4 FLIT). Used for host<->device copies.
+PCIE_X16_GBS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0}
+
+
+@dataclass(frozen=True)
+class Roofline:
+    time_ms: float
+    compute_ms: float
+    memory_ms: float
+    bound: str  # "compute" | "memory"
+    intensity_flops_per_byte: float
+    ridge_flops_per_byte: float
+    peak_tflops: float
+    bw_gbs: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compute_dtype(op) -> str:
+    """The peak an op runs against: tensor-core peak of its dtype for GEMMs and attention, fp32
+    vector peak for everything else (elementwise math runs on the SIMT lanes)."""
+    return op.dtype if isinstance(op, (Gemm, Attention)) else "fp32"
+
+
+def roofline(op, gpu: GPU | str) -> Roofline:
+    gpu = get_gpu(gpu)
+    peak = gpu.peak_flops_per_s(compute_dtype(op))
+    bw = gpu.mem_bw_bytes_per_s
+    if isinstance(op, Memcpy) and op.direction != "d2d":
+        bw = PCIE_X16_GBS.get(gpu.pcie_gen, PCIE_X16_GBS[4]) * 1e9
+    compute_ms = op.flops / peak * 1e3
+    memory_ms = op.bytes / bw * 1e3
+    bound = "compute" if compute_ms >= memory_ms else "memory"
+    intensity = op.flops / op.bytes if op.bytes else float("inf")
+    return Roofline(max(compute_ms, memory_ms), compute_ms, memory_ms, bound, intensity,
+                    peak / bw, peak / 1e12, bw / 1e9)

@@ -1,0 +1,204 @@
+"""GPU architecture as arithmetic: tiles, thread blocks, occupancy and waves.
+
+A kernel splits its output into tiles; each tile is one thread block. An SM holds as many blocks
+at once as its threads, registers, shared memory and block slots allow (occupancy). The GPU runs
+`SMs × blocks_per_SM` blocks at a time: one *wave*. Tiles beyond that wait for the next wave, so
+
+    waves = ceil(tiles / (SMs × blocks_per_SM))
+
+and time grows in steps of one wave ("wave quantisation"): the last wave may be nearly empty yet
+costs a full wave.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from kit.errors import KitError
+from kit.hardware import GPU, get_gpu
+from kit.ops import Dropout, Elementwise, Gemm, LayerNorm, RMSNorm, Softmax, dtype_bytes
+
+
+@dataclass(frozen=True)
+class TileShape:
+    """One thread block's work: an m×n output tile stepping through k in slices of depth tk."""
+
+    tm: int
+    tn: int
+    tk: int
+    threads: int
+    stages: int = 2  # shared-memory pipeline depth (double buffering)
+
+    @property
+    def name(self) -> str:
+        return f"{self.tm}x{self.tn}"
+
+
+# SIMT fp32 (sgemm) tiles, the shapes cuBLAS/CUTLASS sgemm kernels are named after
+# (e.g. ampere_sgemm_128x64_tn); 8-deep k slices.
+SIMT_TILES = (
+    TileShape(128, 128, 8, 256), TileShape(128, 64, 8, 128), TileShape(64, 128, 8, 128),
+    TileShape(128, 32, 8, 128), TileShape(32, 128, 8, 128), TileShape(64, 64, 8, 64),
+    TileShape(64, 32, 8, 64), TileShape(32, 64, 8, 64), TileShape(32, 32, 8, 64),
+)
+# Tensor-core tiles (CUTLASS-style, 32-deep k slices, 3-4 stage pipelines).
+TENSOR_TILES = (
+    TileShape(256, 128, 32, 256, 3), TileShape(128, 256, 32, 256, 3),
+    TileShape(128, 128, 32, 256, 3), TileShape(128, 64, 32, 128, 4),
+    TileShape(64, 128, 32, 128, 4), TileShape(64, 64, 32, 128, 4), TileShape(64, 32, 32, 64, 4),
+)
+MAX_REGS_PER_THREAD = 255  # 255: NVIDIA per-thread register cap (CUDA programming guide)
+BASE_REGS_PER_THREAD = 32  # addresses, loop counters and operand fragments, beyond accumulators
+
+
+def gemm_candidate_tiles(dtype: str) -> tuple[TileShape, ...]:
+    """Tiles a library would consider: SIMT for fp32 (tensor cores off), tensor-core tiles else."""
+    dtype_bytes(dtype)
+    return SIMT_TILES if dtype == "fp32" else TENSOR_TILES
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    blocks_per_sm: int
+    limiter: str  # which resource stops another block fitting: threads, registers, smem, blocks
+    regs_per_thread: int
+    smem_per_block_bytes: int
+
+
+def occupancy(gpu: GPU, threads: int, regs_per_thread: int, smem_per_block_bytes: int) -> Occupancy:
+    """Blocks of this size that fit on one SM at once, and the resource that limits them."""
+    regs = min(max(regs_per_thread, 16), MAX_REGS_PER_THREAD)
+    limits = {
+        "threads": gpu.max_threads_per_sm // threads,
+        "registers": gpu.registers_per_sm // (regs * threads),
+        "smem": (int(gpu.smem_per_sm_bytes // smem_per_block_bytes) if smem_per_block_bytes
+                 else gpu.max_blocks_per_sm),
+        "blocks": gpu.max_blocks_per_sm,
+    }
+    limiter = min(limits, key=limits.get)
+    return Occupancy(max(limits[limiter], 1), limiter, regs, smem_per_block_bytes)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How one op maps onto a GPU: its tile, the blocks, the occupancy and the waves."""
+
+    op_class: str
+    tile: str  # "128x64" for a GEMM, "512" (elements or rows per block) for a vector op
+    tile_dims: tuple[int, ...]
+    threads_per_block: int
+    blocks_per_sm: int
+    limiter: str
+    tiles: int
+    slots: int  # blocks the whole GPU runs at once = SMs × blocks_per_sm
+    waves: int
+    last_wave_fill: float  # fraction of the slots the last wave uses, in (0, 1]
+    tile_flops: float
+    tile_bytes: float
+    wave_time_ms: float  # one full wave at peak compute or bandwidth (utilisation 1)
+
+    @property
+    def wave_model_ms(self) -> float:
+        return self.waves * self.wave_time_ms
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tile_dims"] = list(self.tile_dims)
+        d["wave_model_ms"] = self.wave_model_ms
+        return d
+
+
+def waves_for(tiles: int, slots: int) -> tuple[int, float]:
+    """(waves, last-wave fill): waves = ceil(tiles / slots)."""
+    waves = max(1, math.ceil(tiles / slots))
+    return waves, (tiles - (waves - 1) * slots) / slots
+
+
+def _wave_time_ms(slots: int, tile_flops: float, tile_bytes: float, peak_flops: float,
+                  bw_bytes: float) -> float:
+    return max(slots * tile_flops / peak_flops, slots * tile_bytes / bw_bytes) * 1e3
+
+
+def gemm_tiling_for(gemm: Gemm, gpu: GPU | str, tile: TileShape) -> Tiling:
+    """Tiles, occupancy and waves of a GEMM run with one given tile shape."""
+    gpu = get_gpu(gpu)
+    d = dtype_bytes(gemm.dtype)
+    accum = tile.tm * tile.tn // tile.threads  # fp32 accumulators each thread holds
+    smem = tile.stages * (tile.tm + tile.tn) * tile.tk * d
+    occ = occupancy(gpu, tile.threads, accum + BASE_REGS_PER_THREAD, smem)
+    tiles = gemm.b * math.ceil(gemm.m / tile.tm) * math.ceil(gemm.n / tile.tn)
+    slots = gpu.sm_count * occ.blocks_per_sm
+    waves, fill = waves_for(tiles, slots)
+    tile_flops = 2.0 * tile.tm * tile.tn * gemm.k
+    tile_bytes = float(d * ((tile.tm + tile.tn) * gemm.k + tile.tm * tile.tn))
+    wave_ms = _wave_time_ms(slots, tile_flops, tile_bytes, gpu.peak_flops_per_s(gemm.dtype),
+                            gpu.mem_bw_bytes_per_s)
+    return Tiling("gemm", tile.name, (tile.tm, tile.tn, tile.tk), tile.threads, occ.blocks_per_sm,
+                  occ.limiter, tiles, slots, waves, fill, tile_flops, tile_bytes, wave_ms)
+
+
+def gemm_tilings(gemm: Gemm, gpu: GPU | str) -> list[Tiling]:
+    """Every candidate tile for this GEMM on this GPU."""
+    return [gemm_tiling_for(gemm, gpu, t) for t in gemm_candidate_tiles(gemm.dtype)]
+
+
+def gemm_tiling(gemm: Gemm, gpu: GPU | str) -> Tiling:
+    """The candidate tile with the shortest wave-model time (ties go to the larger tile),
+    a stand-in for a library's heuristic until a learned tile choice is available."""
+    options = gemm_tilings(gemm, gpu)
+    return min(options, key=lambda t: (round(t.wave_model_ms, 12), -t.tile_dims[0] * t.tile_dims[1]))
+
+
+# PyTorch's vectorised elementwise kernels: 128 threads, 4 elements per thread
+# (aten/src/ATen/native/cuda/Loops.cuh: num_threads() = 128, thread_work_size() = 4).
+ELEMENTWISE_THREADS = 128
+ELEMENTWISE_ELEMS_PER_THREAD = 4
+
+
+def vector_tiling(op, gpu: GPU | str) -> Tiling:
+    """Blocks and waves of an elementwise, dropout, softmax or norm kernel.
+
+    Elementwise: one block of 128 threads covers 512 elements. Row ops (softmax, norms): rows of
+    up to 1024 columns go one warp per row, 4 rows per 128-thread block; longer rows get one block
+    of up to 1024 threads each (as in PyTorch's persistent and block softmax / layer-norm kernels).
+    """
+    gpu = get_gpu(gpu)
+    d = dtype_bytes(op.dtype)
+    if isinstance(op, (Elementwise, Dropout)):
+        per_block = ELEMENTWISE_THREADS * ELEMENTWISE_ELEMS_PER_THREAD
+        threads = ELEMENTWISE_THREADS
+        tiles = math.ceil(op.numel / per_block)
+        tile_flops = op.flops / op.numel * per_block
+        tile_bytes = op.bytes / op.numel * per_block
+        dims = (per_block,)
+        name = str(per_block)
+        smem = 0
+    elif isinstance(op, (Softmax, LayerNorm, RMSNorm)):
+        if op.cols <= 1024:
+            rows_per_block, threads = 4, 128
+        else:
+            rows_per_block, threads = 1, min(1024, 32 * math.ceil(op.cols / (32 * 4)))
+        tiles = math.ceil(op.rows / rows_per_block)
+        tile_flops = op.flops / op.rows * rows_per_block
+        tile_bytes = op.bytes / op.rows * rows_per_block
+        dims = (rows_per_block, op.cols)
+        name = f"{rows_per_block}x{op.cols}"
+        smem = 32 * 4 * 2  # per-warp partial sums
+    else:
+        raise KitError(f"vector_tiling: no vector tiling for {type(op).__name__}")
+    occ = occupancy(gpu, threads, 32, smem)
+    slots = gpu.sm_count * occ.blocks_per_sm
+    waves, fill = waves_for(tiles, slots)
+    wave_ms = _wave_time_ms(slots, tile_flops, tile_bytes, gpu.peak_flops_per_s("fp32"),
+                            gpu.mem_bw_bytes_per_s)
+    return Tiling(op.op_class, name, dims, threads, occ.blocks_per_sm, occ.limiter, tiles, slots,
+                  waves, fill, tile_flops, tile_bytes, wave_ms)
+
+
+def tiling(op, gpu: GPU | str) -> Tiling | None:
+    """The tiling of any op that has one (GEMMs and vector ops); None for the others."""
+    if isinstance(op, Gemm):
+        return gemm_tiling(op, gpu)
+    if isinstance(op, (Elementwise, Dropout, Softmax, LayerNorm, RMSNorm)):
+        return vector_tiling(op, gpu)
+    return None
