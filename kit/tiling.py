@@ -48,6 +48,7 @@ TENSOR_TILES = (
     TileShape(64, 128, 32, 128, 4), TileShape(64, 64, 32, 128, 4), TileShape(64, 32, 32, 64, 4),
 )
 MAX_REGS_PER_THREAD = 255  # 255: NVIDIA per-thread register cap (CUDA programming guide)
+TILE_SLACK = 0.05  # tiles within 5% of the best wave-model time count as equally fast
 BASE_REGS_PER_THREAD = 32  # addresses, loop counters and operand fragments, beyond accumulators
 
 
@@ -94,12 +95,14 @@ class Tiling:
     waves: int
     last_wave_fill: float  # fraction of the slots the last wave uses, in (0, 1]
     tile_flops: float
-    tile_bytes: float
+    tile_bytes: float  # one tile's own operand and output bytes (before any reuse in L2)
     wave_time_ms: float  # one full wave at peak compute or bandwidth (utilisation 1)
+    last_wave_ms: float  # the last wave, which may hold fewer blocks per SM
 
     @property
     def wave_model_ms(self) -> float:
-        return self.waves * self.wave_time_ms
+        """(waves − 1) full waves plus the last one: the time at utilisation 1."""
+        return (self.waves - 1) * self.wave_time_ms + self.last_wave_ms
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -114,9 +117,32 @@ def waves_for(tiles: int, slots: int) -> tuple[int, float]:
     return waves, (tiles - (waves - 1) * slots) / slots
 
 
-def _wave_time_ms(slots: int, tile_flops: float, tile_bytes: float, peak_flops: float,
-                  bw_bytes: float) -> float:
-    return max(slots * tile_flops / peak_flops, slots * tile_bytes / bw_bytes) * 1e3
+def _wave_ms(gpu: GPU, tiles_in_wave: int, tile_flops: float, wave_bytes: float,
+             peak_flops: float) -> float:
+    """One wave: the busiest SM runs ceil(tiles / SMs) blocks, each at the SM's share of the peak
+    (peak / SMs); meanwhile the wave's DRAM traffic streams at full bandwidth."""
+    per_sm = math.ceil(tiles_in_wave / gpu.sm_count)
+    compute_s = per_sm * tile_flops / (peak_flops / gpu.sm_count)
+    return max(compute_s, wave_bytes / gpu.mem_bw_bytes_per_s) * 1e3
+
+
+def gemm_wave_bytes(gemm: Gemm, tile: TileShape, tiles_in_wave: int) -> float:
+    """DRAM bytes one wave of GEMM tiles moves, with operand panels shared through L2.
+
+    Blocks are launched in raster order, so a wave spans a band of the tile grid: rows of A
+    (tm high) and columns of B (tn wide) that its tiles share are read once. A wave larger than
+    one batch's grid covers whole batches.
+    """
+    d = dtype_bytes(gemm.dtype)
+    grid_m, grid_n = math.ceil(gemm.m / tile.tm), math.ceil(gemm.n / tile.tn)
+    per_batch = grid_m * grid_n
+    out = tiles_in_wave * tile.tm * tile.tn
+    if tiles_in_wave >= per_batch:
+        batches = tiles_in_wave / per_batch
+        return d * (batches * (grid_m * tile.tm + grid_n * tile.tn) * gemm.k + out)
+    rows = min(grid_m, math.ceil(tiles_in_wave / grid_n))
+    cols = min(grid_n, tiles_in_wave)
+    return d * ((rows * tile.tm + cols * tile.tn) * gemm.k + out)
 
 
 def gemm_tiling_for(gemm: Gemm, gpu: GPU | str, tile: TileShape) -> Tiling:
@@ -131,10 +157,13 @@ def gemm_tiling_for(gemm: Gemm, gpu: GPU | str, tile: TileShape) -> Tiling:
     waves, fill = waves_for(tiles, slots)
     tile_flops = 2.0 * tile.tm * tile.tn * gemm.k
     tile_bytes = float(d * ((tile.tm + tile.tn) * gemm.k + tile.tm * tile.tn))
-    wave_ms = _wave_time_ms(slots, tile_flops, tile_bytes, gpu.peak_flops_per_s(gemm.dtype),
-                            gpu.mem_bw_bytes_per_s)
+    peak = gpu.peak_flops_per_s(gemm.dtype)
+    full = min(tiles, slots)
+    last = tiles - (waves - 1) * slots
+    wave_ms = _wave_ms(gpu, full, tile_flops, gemm_wave_bytes(gemm, tile, full), peak)
+    last_ms = _wave_ms(gpu, last, tile_flops, gemm_wave_bytes(gemm, tile, last), peak)
     return Tiling("gemm", tile.name, (tile.tm, tile.tn, tile.tk), tile.threads, occ.blocks_per_sm,
-                  occ.limiter, tiles, slots, waves, fill, tile_flops, tile_bytes, wave_ms)
+                  occ.limiter, tiles, slots, waves, fill, tile_flops, tile_bytes, wave_ms, last_ms)
 
 
 def gemm_tilings(gemm: Gemm, gpu: GPU | str) -> list[Tiling]:
@@ -143,10 +172,13 @@ def gemm_tilings(gemm: Gemm, gpu: GPU | str) -> list[Tiling]:
 
 
 def gemm_tiling(gemm: Gemm, gpu: GPU | str) -> Tiling:
-    """The candidate tile with the shortest wave-model time (ties go to the larger tile),
-    a stand-in for a library's heuristic until a learned tile choice is available."""
+    """A stand-in for a library's heuristic (until a learned tile choice is available): the
+    largest tile whose wave-model time is within TILE_SLACK of the best. Larger tiles reuse each
+    operand byte more, which the utilisation-1 wave model cannot see, so libraries favour them."""
     options = gemm_tilings(gemm, gpu)
-    return min(options, key=lambda t: (round(t.wave_model_ms, 12), -t.tile_dims[0] * t.tile_dims[1]))
+    best_ms = min(t.wave_model_ms for t in options)
+    near = [t for t in options if t.wave_model_ms <= best_ms * (1 + TILE_SLACK)]
+    return max(near, key=lambda t: (t.tile_dims[0] * t.tile_dims[1], -t.wave_model_ms))
 
 
 # PyTorch's vectorised elementwise kernels: 128 threads, 4 elements per thread
@@ -189,10 +221,12 @@ def vector_tiling(op, gpu: GPU | str) -> Tiling:
     occ = occupancy(gpu, threads, 32, smem)
     slots = gpu.sm_count * occ.blocks_per_sm
     waves, fill = waves_for(tiles, slots)
-    wave_ms = _wave_time_ms(slots, tile_flops, tile_bytes, gpu.peak_flops_per_s("fp32"),
-                            gpu.mem_bw_bytes_per_s)
+    peak = gpu.peak_flops_per_s("fp32")
+    full, last = min(tiles, slots), tiles - (waves - 1) * slots
+    wave_ms = _wave_ms(gpu, full, tile_flops, full * tile_bytes, peak)
+    last_ms = _wave_ms(gpu, last, tile_flops, last * tile_bytes, peak)
     return Tiling(op.op_class, name, dims, threads, occ.blocks_per_sm, occ.limiter, tiles, slots,
-                  waves, fill, tile_flops, tile_bytes, wave_ms)
+                  waves, fill, tile_flops, tile_bytes, wave_ms, last_ms)
 
 
 def tiling(op, gpu: GPU | str) -> Tiling | None:

@@ -44,9 +44,9 @@ def run(args):
 
 def text(r):
     lines = [f"{r['op']} on {r['gpu']} ({r['dtype'] or '-'}), predictor {r['predictor']}",
-             f"  latency   {r['latency_ms']:.4f} ms   (band {r['latency_p10_ms']:.4f}-{r['latency_p90_ms']:.4f})",
-             f"  roofline  {r['roofline_ms']:.4f} ms   {r['bound']}-bound: compute {r['compute_ms']:.4f} ms,"
-             f" memory {r['memory_ms']:.4f} ms",
+             f"  latency   {r['latency_ms']:.4g} ms   (band {r['latency_p10_ms']:.4g}-{r['latency_p90_ms']:.4g})",
+             f"  roofline  {r['roofline_ms']:.4g} ms   {r['bound']}-bound: compute {r['compute_ms']:.4g} ms,"
+             f" memory {r['memory_ms']:.4g} ms",
              f"  intensity {r['intensity_flops_per_byte']:.1f} FLOP/B vs ridge {r['ridge_flops_per_byte']:.1f} FLOP/B",
              f"  work      {r['flops']:.3g} FLOPs, {r['bytes']:.3g} bytes"]
     if r["tiles"]:

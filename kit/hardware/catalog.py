@@ -70,15 +70,15 @@ def gpu_keys() -> list[str]:
     return [g.key for g in list_gpus()]
 
 
-def close_matches(name: str, n: int = 5) -> list[str]:
-    """Catalog keys that look like name (for 'did you mean' messages)."""
+def close_matches(name: str, n: int = 3) -> list[str]:
+    """The n catalog keys whose key, name or an alias looks most like `name` (for error messages)."""
     index = _index(_generation[0])
-    hits = difflib.get_close_matches(_norm(name), list(index), n=n * 3, cutoff=0.5)
-    keys = list(dict.fromkeys(index[h] for h in hits))
     q = _norm(name)
-    if q:
-        keys += [k for k in gpu_keys() if q in _norm(k) and k not in keys]
-    return keys[:n]
+    best: dict[str, float] = {}
+    for alias, key in index.items():
+        score = difflib.SequenceMatcher(None, q, alias).ratio() + (0.5 if q and q in alias else 0)
+        best[key] = max(best.get(key, 0.0), score)
+    return sorted(best, key=lambda k: (-best[k], k))[:n]
 
 
 def get_gpu(name: str | GPU) -> GPU:
@@ -93,9 +93,8 @@ def get_gpu(name: str | GPU) -> GPU:
         raise KitError(f"GPU name must be a non-empty string, got {name!r}")
     key = _index(_generation[0]).get(_norm(name))
     if key is None:
-        near = close_matches(name)
-        hint = f"; close matches: {', '.join(near)}" if near else "; run `kit gpus` for the list"
-        raise KitError(f"unknown GPU {name!r}{hint}")
+        raise KitError(f"unknown GPU {name!r}; close matches: {', '.join(close_matches(name))}"
+                       " (`kit gpus` lists all)")
     return _all()[key]
 
 

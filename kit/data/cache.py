@@ -1,0 +1,55 @@
+"""A parquet cache for tables read from slow text files, in $KIT_CACHE (or ~/.cache/gpu-perf-kit).
+
+The key is a hash of the table's name, the schema, and each input file's path, size and mtime, so
+editing or replacing any input rereads it. Writes are atomic (temp file, then rename); a cache that
+cannot be written or read is skipped, never an error.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+CACHE_VERSION = "1"  # bump when a loader's output changes for the same input files
+
+
+def cache_dir() -> Path:
+    """$KIT_CACHE, else ~/.cache/gpu-perf-kit (never beside the data)."""
+    env = os.environ.get("KIT_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "gpu-perf-kit"
+
+
+def cache_key(name: str, files: Sequence[Path]) -> str:
+    from kit.data.schema import COLUMNS
+
+    h = hashlib.sha256()
+    h.update(f"{CACHE_VERSION}|{name}|{sorted(COLUMNS.items())}".encode())
+    for f in sorted(Path(p).resolve() for p in files):
+        st = f.stat()
+        h.update(f"|{f}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:20]
+
+
+def cached_table(name: str, files: Sequence[Path], build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    """build() the first time; afterwards read the parquet copy while the input files are unchanged."""
+    path = cache_dir() / f"{name}-{cache_key(name, files)}.parquet"
+    if path.is_file():
+        try:
+            return pd.read_parquet(path)
+        except Exception as e:  # a corrupt or foreign cache file: rebuild it
+            warnings.warn(f"ignoring unreadable cache {path}: {e}", stacklevel=2)
+    frame = build()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for old in path.parent.glob(f"{name}-*.parquet"):  # stale copies of this table
+            old.unlink(missing_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        warnings.warn(f"could not write cache {path}: {e}", stacklevel=2)
+    return frame

@@ -1,0 +1,244 @@
+"""The one measurement schema: a tidy pandas DataFrame, one row per measured operator call.
+
+Every source (NeuSight's CSVs, the kit's own collector, later traces) is turned into this table,
+so predictors train and are checked on one shape of data.
+
+Columns (in this order; missing values: <NA> in nullable integer/boolean columns, NaN in float
+and string columns; test with `pd.isna`)
+
+=================  ========  ==================================================================
+column             dtype     meaning
+=================  ========  ==================================================================
+op                 str       operator name as measured: "bmm", "linear", "add", "addu", "mul",
+                             "mulu", "div", "divu", "pow", "powu", "relu", "gelu", "tanh",
+                             "softmax", "ln", "conv" (NeuSight's names; a trailing "u" is the
+                             tensor-scalar form, e.g. addu = x + 3.0)
+op_class           str       "gemm" | "elementwise" | "softmax" | "layernorm" | "conv"
+                             (the same words as kit.ops' op_class)
+elem_kind          str       elementwise kind as in kit.ops.ELEMENTWISE_FLOPS ("add", "mul",
+                             "div", "pow", "relu", "gelu", "tanh"); NaN for other classes
+scalar             boolean   elementwise with a scalar second operand (the "u" forms)
+gpu                str       catalog key (kit.hardware.get_gpu), e.g. "a100-pcie-40gb";
+                             NaN for a CPU measurement
+device_name        str       the device string as the source recorded it
+dtype              str       "fp32", "tf32", "fp16", "bf16" (kit.ops.DTYPE_BYTES keys)
+b, m, n, k         Int64     GEMM dims, kit convention C[b,m,n] = A[b,m,k]·B[b,k,n]: k is the
+                             reduction.  NeuSight's bmm (B×M×N)·(B×N×K) gives b=B, m=M, k=N,
+                             n=K.  NeuSight's linear, nn.Linear(N, K) on a (B, M, N) input,
+                             gives b=1, m=B·M, k=N, n=K.  For conv, b is the batch.
+rows, cols         Int64     vector ops on a (rows, cols) view; NeuSight's (B, H) -> rows=B,
+                             cols=H; softmax and layer norm reduce over cols
+in_channels, out_channels, kernel_size, input_size, stride, padding
+                   Int64     conv2d dims (square kernel and input), NeuSight's conv files
+latency_ms         float64   measured time of one call, in milliseconds
+kernel_name        str       the main GPU kernel's name
+kernels            str       every kernel the call launched, ";"-separated, in launch order
+n_kernels          Int64     how many kernels the call launched
+tile_m, tile_n, tile_k
+                   Int64     thread-block tile parsed from kernel_name (see parse_tile), as the
+                             library names it (cuBLAS is column-major: its m is PyTorch's n)
+grid_x, grid_y, grid_z, block_x, block_y, block_z
+                   Int64     launch dims of the main kernel
+blocks_per_sm      float64   thread blocks per SM (grid blocks / SMs, as the profiler reports)
+warps_per_sm       float64   warps per SM, likewise
+source             str       where the row came from: "neusight:train-collect",
+                             "neusight:train", "neusight:test", "neusight:amd-train",
+                             "neusight:amd-test", "collector", ...
+split              str       "train" | "test" (NeuSight's split; the collector writes "train")
+torch_version      str       e.g. "2.1.0"
+cuda_version       str       e.g. "12.1" (NaN on ROCm and CPU)
+cudnn_version      str       e.g. "8902" (torch.backends.cudnn.version())
+=================  ========  ==================================================================
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from kit.errors import KitError
+
+COLUMNS: dict[str, str] = {
+    "op": "str", "op_class": "str", "elem_kind": "str", "scalar": "boolean",
+    "gpu": "str", "device_name": "str", "dtype": "str",
+    "b": "Int64", "m": "Int64", "n": "Int64", "k": "Int64", "rows": "Int64", "cols": "Int64",
+    "in_channels": "Int64", "out_channels": "Int64", "kernel_size": "Int64",
+    "input_size": "Int64", "stride": "Int64", "padding": "Int64",
+    "latency_ms": "float64",
+    "kernel_name": "str", "kernels": "str", "n_kernels": "Int64",
+    "tile_m": "Int64", "tile_n": "Int64", "tile_k": "Int64",
+    "grid_x": "Int64", "grid_y": "Int64", "grid_z": "Int64",
+    "block_x": "Int64", "block_y": "Int64", "block_z": "Int64",
+    "blocks_per_sm": "float64", "warps_per_sm": "float64",
+    "source": "str", "split": "str",
+    "torch_version": "str", "cuda_version": "str", "cudnn_version": "str",
+}
+GEMM_DIMS = ("b", "m", "n", "k")
+VECTOR_DIMS = ("rows", "cols")
+CONV_DIMS = ("b", "in_channels", "out_channels", "kernel_size", "input_size", "stride", "padding")
+
+# op -> (op_class, elem_kind, scalar form)
+ELEMENTWISE_OPS = {"add": "add", "mul": "mul", "div": "div", "pow": "pow",
+                   "relu": "relu", "gelu": "gelu", "tanh": "tanh"}
+OPS: dict[str, tuple[str, str | None, bool]] = {
+    "bmm": ("gemm", None, False), "linear": ("gemm", None, False),
+    "softmax": ("softmax", None, False), "ln": ("layernorm", None, False),
+    "conv": ("conv", None, False),
+    **{op: ("elementwise", kind, False) for op, kind in ELEMENTWISE_OPS.items()},
+    **{op + "u": ("elementwise", op, True) for op in ("add", "mul", "div", "pow")},
+}
+OP_CLASSES = ("gemm", "elementwise", "softmax", "layernorm", "conv")
+
+
+def op_info(op: str) -> tuple[str, str | None, bool]:
+    """(op_class, elem_kind, scalar) of a schema op name; KitError naming the valid ones."""
+    try:
+        return OPS[op]
+    except KeyError:
+        raise KitError(f"unknown op {op!r}: the schema knows {', '.join(OPS)}") from None
+
+
+# Tile patterns, most specific first. Each yields (m, n) or (m, n, k).
+_TILE_PATTERNS = [
+    re.compile(r"tilesize(\d+)x(\d+)x(\d+)"),                   # cutlass/xmma: ..._tilesize128x128x8_...
+    re.compile(r"_MT(\d+)x(\d+)x(\d+)"),                       # rocBLAS/Tensile: Cijk_..._MT128x64x16_...
+    re.compile(r"cutlass\w*?gemm\w*?_(\d+)x(\d+)_(\d+)x\d+"),   # cutlass_80_simt_sgemm_128x256_8x4_tn
+    re.compile(r"(?<![a-z])[sdhc]gemm_(\d+)x(\d+)x(\d+)"),      # sgemm_128x128x8_NT
+    re.compile(r"(?:maxwell|volta|turing|ampere|hopper|sm\d+)_\w*?gemm_(\d+)x(\d+)"),  # ampere_sgemm_128x64_tn
+    re.compile(r"scudnn_(?:winograd_)?(\d+)x(\d+)"),             # cudnn_infer_volta_scudnn_128x64_relu_...
+]
+
+
+def parse_tile(kernel_name) -> tuple[int | None, int | None, int | None]:
+    """Thread-block tile (m, n, k) named in a GEMM kernel's name; None for what it does not say.
+
+    >>> parse_tile("ampere_sgemm_128x64_tn")
+    (128, 64, None)
+    >>> parse_tile("sm80_xmma_gemm_f32f32_tilesize64x64x8_stage3")
+    (64, 64, 8)
+    """
+    if not isinstance(kernel_name, str):
+        return (None, None, None)
+    for pattern in _TILE_PATTERNS:
+        hit = pattern.search(kernel_name)
+        if hit:
+            dims = [int(g) for g in hit.groups()]
+            return (dims[0], dims[1], dims[2] if len(dims) > 2 else None)
+    return (None, None, None)
+
+
+def tile_columns(kernel_names: pd.Series) -> pd.DataFrame:
+    """tile_m/tile_n/tile_k for a column of kernel names (parsed once per distinct name)."""
+    names = kernel_names.astype(object)
+    distinct = pd.unique(names)
+    table = {name: parse_tile(name) for name in distinct}
+    out = {}
+    for i, col in enumerate(("tile_m", "tile_n", "tile_k")):
+        lookup = {name: t[i] for name, t in table.items()}
+        out[col] = pd.array(names.map(lookup).tolist(), dtype="Int64")
+    return pd.DataFrame(out, index=kernel_names.index)
+
+
+def op_columns(ops: pd.Series) -> pd.DataFrame:
+    """op_class, elem_kind and scalar for a column of op names."""
+    unknown = sorted(set(pd.unique(ops.astype(object))) - set(OPS), key=str)
+    if unknown:
+        raise KitError(f"unknown op(s) {', '.join(map(repr, unknown))}: "
+                       f"the schema knows {', '.join(OPS)}")
+    return pd.DataFrame({
+        "op_class": ops.map({o: v[0] for o, v in OPS.items()}),
+        "elem_kind": ops.map({o: v[1] for o, v in OPS.items()}),
+        "scalar": pd.array(ops.map({o: v[2] for o, v in OPS.items()}).tolist(), dtype="boolean"),
+    }, index=ops.index)
+
+
+def gpu_keys_for(device_names: pd.Series, where: str = "") -> pd.Series:
+    """Catalog key of each device string; a device not in the catalog is a KitError naming it."""
+    from kit.hardware import get_gpu
+
+    keys = {}
+    for name in pd.unique(device_names.astype(object)):
+        if not isinstance(name, str) or name.lower() == "cpu" or name.lower().startswith("cpu:"):
+            keys[name] = np.nan
+            continue
+        try:
+            keys[name] = get_gpu(name).key
+        except KitError as e:
+            at = f" in {where}" if where else ""
+            raise KitError(f"device {name!r}{at} is not in the GPU catalog ({e}); "
+                           "add it with kit.hardware.register_gpu or `kit gpus --add FILE`") from None
+    return device_names.map(keys)
+
+
+def conform(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with exactly the schema's columns, in order and with the schema's dtypes.
+
+    Missing columns are added empty; extra columns are dropped. Values that cannot take the
+    column's dtype (e.g. "abc" as an m) are a KitError naming the column.
+    """
+    out = {}
+    n = len(frame)
+    for col, dtype in COLUMNS.items():
+        if col not in frame:
+            out[col] = pd.Series(pd.array([None] * n, dtype=dtype), index=frame.index)
+            continue
+        values = frame[col]
+        try:
+            if dtype == "Int64":
+                numeric = pd.to_numeric(values, errors="raise")
+                if numeric.dtype.kind == "f":
+                    whole = numeric.dropna()
+                    if not (whole == np.round(whole)).all():
+                        raise ValueError("not whole numbers")
+                out[col] = numeric.astype("Int64")
+            elif dtype == "float64":
+                out[col] = pd.to_numeric(values, errors="raise").astype("float64")
+            elif dtype == "boolean":
+                out[col] = _to_boolean(values)
+            else:
+                out[col] = values.astype(object).where(values.notna(), np.nan).astype("str")
+                out[col] = out[col].where(values.notna(), np.nan)
+        except (ValueError, TypeError) as e:
+            bad = _first_bad(values, dtype)
+            raise KitError(f"column {col!r} must hold {dtype} values; found {bad!r} ({e})") from None
+    return pd.DataFrame(out, index=frame.index)
+
+
+def _to_boolean(values: pd.Series) -> pd.Series:
+    if values.dtype == "boolean" or values.dtype == bool:
+        return values.astype("boolean")
+    words = {"true": True, "false": False, "1": True, "0": False, "1.0": True, "0.0": False}
+    mapped = values.map(lambda v: v if isinstance(v, bool) or pd.isna(v) else words.get(str(v).strip().lower(), "?"))
+    if (mapped == "?").any():
+        raise ValueError("expected true/false")
+    return pd.array(mapped.tolist(), dtype="boolean")
+
+
+def _first_bad(values: pd.Series, dtype: str):
+    for v in values:
+        if pd.isna(v):
+            continue
+        try:
+            f = float(v)
+            if dtype == "Int64" and f != round(f):
+                return v
+        except (TypeError, ValueError):
+            return v
+    return None
+
+
+def empty() -> pd.DataFrame:
+    """A schema table with no rows."""
+    return conform(pd.DataFrame())
+
+
+def check(frame: pd.DataFrame) -> None:
+    """Raise KitError unless frame has exactly the schema's columns and dtypes (for tests/loaders)."""
+    if list(frame.columns) != list(COLUMNS):
+        missing = [c for c in COLUMNS if c not in frame]
+        extra = [c for c in frame if c not in COLUMNS]
+        raise KitError(f"not a measurement table: missing {missing}, extra {extra}")
+    wrong = {c: str(frame[c].dtype) for c, d in COLUMNS.items() if str(frame[c].dtype) != d}
+    if wrong:
+        raise KitError(f"measurement table has wrong dtypes: {wrong}")

@@ -1,0 +1,67 @@
+"""Catalog lookup, close matches, and user-added GPUs."""
+import json
+
+import pytest
+
+from kit.errors import KitError
+from kit.hardware import get_gpu, list_gpus, load_gpu_file, register_gpu, unregister_gpu
+
+
+def _entry(**over):
+    base = get_gpu("a100-pcie-40gb").to_dict()
+    base.update(key="my-gpu", name="My GPU", aliases=["My Accelerator 9000"])
+    base.update(over)
+    return base
+
+
+def test_lookup_ignores_case_and_punctuation():
+    assert get_gpu("NVIDIA H100 80GB HBM3").key == "h100-sxm"
+    assert get_gpu("tesla v100-pcie-32gb").key == "v100-pcie-32gb"
+    assert get_gpu("NVIDIA_A100_80GB_PCIe").key == "a100-pcie-80gb"
+
+
+def test_unknown_gpu_names_close_matches():
+    with pytest.raises(KitError) as e:
+        get_gpu("a100-pcie-40")
+    msg = str(e.value)
+    assert "a100-pcie-40" in msg and "a100-pcie-40gb" in msg
+
+
+def test_register_from_dict_and_file(tmp_path):
+    try:
+        gpu = register_gpu(_entry())
+        assert get_gpu("my accelerator 9000") is gpu
+        path = tmp_path / "gpus.json"
+        path.write_text(json.dumps({"gpus": [_entry(key="other-gpu", name="Other", aliases=[])]}))
+        (other,) = load_gpu_file(path)
+        assert other.key in {g.key for g in list_gpus()}
+    finally:
+        unregister_gpu("my-gpu")
+        unregister_gpu("other-gpu")
+    with pytest.raises(KitError):
+        get_gpu("my-gpu")
+
+
+@pytest.mark.parametrize("bad, word", [
+    ({"sm_count": -4}, "sm_count"),
+    ({"mem_bw_gbs": "fast"}, "mem_bw_gbs"),
+    ({"fp8_tflops": 0}, "fp8_tflops"),
+    ({"key": "My GPU"}, "lower-case"),
+    ({"warp_size": 32}, "warp_size"),
+])
+def test_invalid_user_gpu_is_a_clear_error(bad, word):
+    with pytest.raises(KitError, match=word):
+        register_gpu(_entry(**bad))
+
+
+def test_missing_field_and_bad_file(tmp_path):
+    entry = _entry()
+    del entry["tdp_w"]
+    with pytest.raises(KitError, match="tdp_w"):
+        register_gpu(entry)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(KitError, match="not valid JSON"):
+        load_gpu_file(bad)
+    with pytest.raises(KitError, match="not found"):
+        load_gpu_file(tmp_path / "missing.json")

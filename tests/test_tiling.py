@@ -1,0 +1,108 @@
+"""Tiles, occupancy and waves against hand calculations, and the roofline's bound."""
+import math
+
+import pytest
+
+from kit.hardware import get_gpu
+from kit.ops import Elementwise, Gemm, LayerNorm, Softmax
+from kit.predict import RooflinePredictor, WavePredictor, roofline
+from kit.tiling import (SIMT_TILES, TileShape, gemm_tiling, gemm_tiling_for, gemm_tilings,
+                        occupancy, vector_tiling, waves_for)
+
+
+def test_waves_staircase():
+    assert waves_for(1, 100) == (1, 0.01)
+    assert waves_for(100, 100) == (1, 1.0)
+    assert waves_for(101, 100) == (2, 0.01)
+
+
+def test_occupancy_limits_by_hand():
+    a100 = get_gpu("a100-pcie-40gb")
+    # 256 threads × 96 registers = 24,576 registers per block; 65,536 / 24,576 -> 2 blocks
+    occ = occupancy(a100, threads=256, regs_per_thread=96, smem_per_block_bytes=16 * 1024)
+    assert occ.blocks_per_sm == a100.registers_per_sm // (96 * 256) and occ.limiter == "registers"
+    # 1024-thread blocks: the thread limit decides
+    occ = occupancy(a100, threads=1024, regs_per_thread=16, smem_per_block_bytes=0)
+    assert occ.blocks_per_sm == a100.max_threads_per_sm // 1024 and occ.limiter == "threads"
+    # huge shared memory: one block at most
+    occ = occupancy(a100, threads=64, regs_per_thread=16, smem_per_block_bytes=100 * 1024)
+    assert occ.blocks_per_sm == 1 and occ.limiter == "smem"
+
+
+def test_gemm_tiles_and_waves_by_hand():
+    gpu = get_gpu("v100-pcie-32gb")
+    tile = TileShape(128, 64, 8, 128)
+    g = Gemm(m=1000, n=1000, k=512, b=2)
+    t = gemm_tiling_for(g, gpu, tile)
+    assert t.tiles == 2 * math.ceil(1000 / 128) * math.ceil(1000 / 64)
+    assert t.slots == gpu.sm_count * t.blocks_per_sm
+    assert t.waves == math.ceil(t.tiles / t.slots)
+    assert 0 < t.last_wave_fill <= 1
+
+
+def test_wave_quantisation_is_a_staircase():
+    """One tile more than a full wave costs a step: that lone tile gets a whole SM, so it takes
+    a full wave's time divided by the blocks an SM shares in a full wave."""
+    gpu = get_gpu("a100-pcie-40gb")
+    tile = SIMT_TILES[0]
+    t = gemm_tiling_for(Gemm(m=128, n=128, k=4096), gpu, tile)
+    slots = t.slots
+    full = gemm_tiling_for(Gemm(m=128, n=128 * slots, k=4096), gpu, tile)
+    plus_one = gemm_tiling_for(Gemm(m=128, n=128 * (slots + 1), k=4096), gpu, tile)
+    assert full.waves == 1 and plus_one.waves == 2
+    step = full.wave_time_ms / full.blocks_per_sm
+    assert plus_one.wave_model_ms == pytest.approx(full.wave_model_ms + step, rel=1e-6)
+
+
+@pytest.mark.parametrize("gpu", ["p4", "t4", "a100-sxm4-80gb", "h100-sxm", "mi300x"])
+@pytest.mark.parametrize("shape", [(64, 64, 64, 1), (4096, 4096, 4096, 1), (197, 3072, 768, 8),
+                                   (1, 50257, 768, 1)])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_wave_model_never_beats_the_roofline(gpu, shape, dtype):
+    m, n, k, b = shape
+    g = Gemm(m=m, n=n, k=k, b=b, dtype=dtype)
+    if get_gpu(gpu).peak_tflops(dtype) is None:
+        pytest.skip("dtype unsupported")
+    r = roofline(g, gpu)
+    for t in gemm_tilings(g, gpu):
+        assert t.wave_model_ms >= r.time_ms * (1 - 1e-9)
+    row = WavePredictor().predict([g], gpu).iloc[0]
+    assert row.latency_ms >= row.roofline_ms and 0 < row.utilisation <= 1
+
+
+def test_roofline_by_hand_h100_bf16():
+    g = Gemm(m=8192, n=8192, k=8192, dtype="bf16")
+    gpu = get_gpu("h100-sxm")
+    r = roofline(g, gpu)
+    assert r.bound == "compute"
+    assert r.time_ms == pytest.approx(2 * 8192**3 / (gpu.bf16_tflops * 1e12) * 1e3, rel=1e-9)
+    assert r.ridge_flops_per_byte == pytest.approx(gpu.bf16_tflops * 1e12 / (gpu.mem_bw_gbs * 1e9))
+
+
+def test_elementwise_is_memory_bound_and_tiled_in_512s():
+    gpu = get_gpu("t4")
+    op = Elementwise("add", 10_000_000)
+    r = roofline(op, gpu)
+    assert r.bound == "memory"
+    assert r.time_ms == pytest.approx(12 * 10_000_000 / (gpu.mem_bw_gbs * 1e9) * 1e3)
+    t = vector_tiling(op, gpu)
+    assert t.tiles == math.ceil(10_000_000 / 512)
+
+
+def test_row_ops_one_warp_or_one_block_per_row():
+    gpu = get_gpu("a10")
+    assert vector_tiling(Softmax(rows=1000, cols=512), gpu).tiles == 250  # 4 rows per block
+    assert vector_tiling(LayerNorm(rows=1000, cols=4096), gpu).tiles == 1000  # one row per block
+
+
+def test_predictors_dedupe_and_keep_order():
+    ops = [Gemm(m=64, n=64, k=64), Elementwise("relu", 4096), Gemm(m=64, n=64, k=64)]
+    df = RooflinePredictor().predict(ops, "t4")
+    assert len(df) == 3 and df.latency_ms[0] == df.latency_ms[2]
+    assert df.tile[1] == "512"
+
+
+def test_chosen_tile_is_a_candidate():
+    g = Gemm(m=3000, n=2000, k=1000)
+    t = gemm_tiling(g, "l4")
+    assert t.tile in {s.name for s in SIMT_TILES}

@@ -1,0 +1,76 @@
+"""The shape every panel has, so that tests, notebooks and the browser test treat them alike.
+
+A panel is a small class:
+* `controls()` builds the ipywidgets it needs (called once, in __init__);
+* `make_chart()` returns an altair chart from the current control values, by calling `kit`;
+* every control's `value` is observed and redraws the chart in place (`JupyterChart.chart = ...`).
+
+DOM contract (the browser test relies on it): the root is a VBox with the CSS class `kit-panel`,
+its controls sit in a box with class `kit-panel-controls`, the chart is an `alt.JupyterChart`
+rendered as SVG inside a box with class `kit-panel-chart`, and a summary line (HTML) has class
+`kit-panel-summary`. Charts load their JavaScript offline, from vl-convert, never from a CDN.
+No model logic lives in a panel: it only calls kit.
+"""
+from __future__ import annotations
+
+import altair as alt
+import ipywidgets as W
+
+
+class Panel:
+    title = "panel"
+
+    def __init__(self):
+        alt.JupyterChart.enable_offline()
+        self._controls = self.controls()
+        self.summary = W.HTML()
+        self.summary.add_class("kit-panel-summary")
+        self.chart = self.make_chart()
+        self.chart_widget = alt.JupyterChart(self.chart, embed_options={"renderer": "svg",
+                                                                        "actions": False})
+        controls = W.HBox(self._controls, layout=W.Layout(flex_flow="row wrap"))
+        controls.add_class("kit-panel-controls")
+        chart_box = W.Box([self.chart_widget])
+        chart_box.add_class("kit-panel-chart")
+        self.root = W.VBox([W.HTML(f"<b>{self.title}</b>"), controls, self.summary, chart_box])
+        self.root.add_class("kit-panel")
+        for c in self._controls:
+            if hasattr(c, "value"):
+                c.observe(self.refresh, names="value")
+        self.summary.value = self.summary_text()
+
+    # -- to override ---------------------------------------------------------------------
+    def controls(self) -> list[W.Widget]:
+        raise NotImplementedError
+
+    def make_chart(self) -> alt.TopLevelMixin:
+        raise NotImplementedError
+
+    def summary_text(self) -> str:
+        return ""
+
+    # -- shared --------------------------------------------------------------------------
+    def refresh(self, change=None) -> None:
+        """Recompute from the controls and redraw in place."""
+        self.chart = self.make_chart()
+        self.chart_widget.chart = self.chart
+        self.summary.value = self.summary_text()
+
+    def chart_data(self):
+        """The rows the chart shows (tests assert on these, never on pixels)."""
+        from widgets.chart_data import chart_rows
+
+        return chart_rows(self.chart)
+
+    def __repr__(self) -> str:
+        return f"<{self.title} panel>"
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.root._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, tuple):
+            data, meta = bundle
+        else:
+            data, meta = bundle, {}
+        data = dict(data)
+        data["text/plain"] = repr(self)  # stable for nbval
+        return data, meta
