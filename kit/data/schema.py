@@ -197,8 +197,9 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
             elif dtype == "boolean":
                 out[col] = _to_boolean(values)
             else:
-                out[col] = values.astype(object).where(values.notna(), np.nan).astype("str")
-                out[col] = out[col].where(values.notna(), np.nan)
+                if values.dtype.kind == "f" and (values.dropna() == np.round(values.dropna())).all():
+                    values = values.astype("Int64")  # 8902.0 -> "8902"
+                out[col] = values.astype("str").where(values.notna(), np.nan)
         except (ValueError, TypeError) as e:
             bad = _first_bad(values, dtype)
             raise KitError(f"column {col!r} must hold {dtype} values; found {bad!r} ({e})") from None

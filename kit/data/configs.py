@@ -1,0 +1,155 @@
+"""NeuSight's JSON side: whole-model labels, model configs and device configs.
+
+    label/<GPU>/<model>-<train|inf>-<seq>-<batch>[-<option>].json
+        {num_layer, e2e_latency, fw_latency, bwall_latency} in ms. option: "fusion"
+        (torch.compile), "dp4", "tp4", "pp4_1" (4 GPUs, Megatron-style; only e2e is meaningful)
+    label/<GPU>/<model>-....csv   per-FX-node latencies of a one-layer model
+    data/DLmodel_configs/<name>.json       HF-style model configs
+    data/device_configs/*.json (+ dataset*/{train,test}/device_configs/)
+        Freq MHz, SingleFLOPs GFLOP/s, Mem_Bw GB/s, L2Cache MB, Dev_Mem GB
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kit.data.neusight import resolve_data_dir
+from kit.errors import KitError
+
+LABEL_NAME = re.compile(r"^(?P<model>[A-Za-z0-9_.]+)-(?P<mode>train|inf)-(?P<seq>\d+)-(?P<batch>\d+)"
+                        r"(?:-(?P<option>[A-Za-z0-9_]+))?$")
+LABEL_COLUMNS = ["gpu", "device_dir", "model", "mode", "seq", "batch", "option", "num_gpus",
+                 "num_layer", "e2e_latency_ms", "fw_latency_ms", "bwall_latency_ms", "path"]
+_GPUS_IN_OPTION = re.compile(r"^(?:dp|tp|pp)(\d+)")
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise KitError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    except OSError as e:
+        raise KitError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _device_key(name: str, where: Path) -> str:
+    from kit.hardware import get_gpu
+
+    try:
+        return get_gpu(name).key
+    except KitError as e:
+        raise KitError(f"device {name!r} ({where}) is not in the GPU catalog ({e})") from None
+
+
+def parse_label_name(stem: str, where: Path | None = None) -> dict:
+    """'gpt2_large-train-1024-4-dp4' -> {model, mode, seq, batch, option, num_gpus}."""
+    hit = LABEL_NAME.match(stem)
+    if not hit:
+        raise KitError(f"label file {where or stem}: name must be "
+                       "<model>-<train|inf>-<seq>-<batch>[-option]")
+    option = hit["option"]
+    many = _GPUS_IN_OPTION.match(option or "")
+    return {"model": hit["model"], "mode": hit["mode"], "seq": int(hit["seq"]),
+            "batch": int(hit["batch"]), "option": option if option else np.nan,
+            "num_gpus": int(many.group(1)) if many else 1}
+
+
+def load_labels(data_dir: str | Path | None = None) -> pd.DataFrame:
+    """Every whole-model label JSON, one row each (latencies in ms)."""
+    root = resolve_data_dir(data_dir)
+    files = sorted((root / "label").glob("*/*.json"))
+    if not files:
+        raise KitError(f"no label JSON files under {root / 'label'} (expected label/<GPU>/<model>-....json)")
+    rows = []
+    for f in files:
+        data = _read_json(f)
+        missing = [k for k in ("e2e_latency", "fw_latency", "bwall_latency", "num_layer")
+                   if not isinstance(data, dict) or k not in data]
+        if missing:
+            raise KitError(f"label {f}: missing key(s) {', '.join(missing)}")
+        rows.append({"gpu": _device_key(f.parent.name, f), "device_dir": f.parent.name,
+                     **parse_label_name(f.stem, f), "num_layer": int(data["num_layer"]),
+                     "e2e_latency_ms": float(data["e2e_latency"]),
+                     "fw_latency_ms": float(data["fw_latency"]),
+                     "bwall_latency_ms": float(data["bwall_latency"]), "path": str(f)})
+    frame = pd.DataFrame(rows, columns=LABEL_COLUMNS)
+    return frame.astype({"seq": "int64", "batch": "int64", "num_gpus": "int64", "num_layer": "int64"})
+
+
+NODE_COLUMNS = {"Name": "name", "op": "fx_op", "target": "target", "input_shapes": "input_shapes",
+                "output_shape": "output_shape", "dtype": "dtype", "latency": "latency_ms",
+                "fw_latency": "fw_latency_ms", "bw_latency": "bw_latency_ms",
+                "acc_latency": "acc_latency_ms"}
+
+
+def load_label_nodes(data_dir: str | Path | None = None) -> pd.DataFrame:
+    """The per-FX-node label CSVs (a one-layer model, latencies in ms), one row per node."""
+    root = resolve_data_dir(data_dir)
+    frames = []
+    for f in sorted((root / "label").glob("*/*.csv")):
+        try:
+            raw = pd.read_csv(f)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise KitError(f"label CSV {f} is malformed: {e}") from None
+        missing = [c for c in NODE_COLUMNS if c not in raw.columns]
+        if missing:
+            raise KitError(f"label CSV {f}: missing column(s) {', '.join(missing)}")
+        part = raw[list(NODE_COLUMNS)].rename(columns=NODE_COLUMNS)
+        meta = {"gpu": _device_key(f.parent.name, f), "device_dir": f.parent.name,
+                **parse_label_name(f.stem, f)}
+        for key in ("num_gpus", "option"):
+            meta.pop(key)
+        frames.append(part.assign(**meta))
+    if not frames:
+        raise KitError(f"no per-node label CSVs under {root / 'label'}")
+    frame = pd.concat(frames, ignore_index=True)
+    lead = ["gpu", "device_dir", "model", "mode", "seq", "batch"]
+    return frame[lead + [c for c in frame.columns if c not in lead]]
+
+
+def load_model_configs(data_dir: str | Path | None = None) -> dict[str, dict]:
+    """NeuSight's model configs: {"gpt2_large": {...HF config...}, ...}."""
+    root = resolve_data_dir(data_dir)
+    files = sorted((root / "data" / "DLmodel_configs").glob("*.json"))
+    if not files:
+        raise KitError(f"no model configs under {root / 'data' / 'DLmodel_configs'}")
+    return {f.stem: _read_json(f) for f in files}
+
+
+DEVICE_FIELDS = {"Dev_Mem": "memory_gb", "Mem_Bw": "mem_bw_gbs", "Num_Sm": "sm_count",
+                 "Core_Per_SM": "cores_per_sm", "Freq": "clock_mhz", "SingleFLOPs": "fp32_gflops",
+                 "SingleFLOPsMM": "fp32_matrix_gflops", "SingleFLOPsVEC": "fp32_vector_gflops",
+                 "L2Cache": "l2_cache_mb"}
+
+
+def load_device_configs(data_dir: str | Path | None = None) -> pd.DataFrame:
+    """Every NeuSight device config, one row per file, units in the column names.
+
+    `gpu` is the catalog key of the config's Device string (NaN when the catalog lacks it);
+    `folder` is where the file lives (data/device_configs, data/dataset/test/device_configs, ...).
+    """
+    from kit.hardware import get_gpu
+
+    root = resolve_data_dir(data_dir)
+    files = sorted(root.glob("data/device_configs/*.json")) + \
+        sorted(root.glob("data/dataset*/*/device_configs/*.json"))
+    if not files:
+        raise KitError(f"no device configs under {root / 'data'}")
+    rows = []
+    for f in files:
+        data = _read_json(f)
+        if not isinstance(data, dict) or "Device" not in data:
+            raise KitError(f"device config {f}: missing key 'Device'")
+        try:
+            key = get_gpu(data["Device"]).key
+        except KitError:
+            key = np.nan
+        row = {"device_name": data["Device"], "gpu": key, "config": f.stem,
+               "folder": f.parent.relative_to(root).as_posix()}
+        row.update({name: data.get(src, np.nan) for src, name in DEVICE_FIELDS.items()})
+        rows.append(row)
+    return pd.DataFrame(rows)

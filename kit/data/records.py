@@ -1,0 +1,208 @@
+"""Schema CSV files: the durable appender the collector writes with, and the reader for any CSV.
+
+A schema CSV has the header `kit.data.schema.COLUMNS` once, then one line per finished
+measurement. The appender writes each line with one write, then flush and fsync, so a run killed
+at any moment (SIGKILL included) keeps every finished row; at worst the last line is cut short,
+and `repair` drops that unfinished line before a resumed run appends to the file.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kit.data import schema
+from kit.data.neusight import NEUSIGHT_COLUMNS, from_neusight, read_neusight_csv
+from kit.errors import KitError
+
+HEADER = list(schema.COLUMNS)
+KEY_COLUMNS = ("op", "dtype", "device_name", "b", "m", "n", "k", "rows", "cols", "in_channels",
+               "out_channels", "kernel_size", "input_size", "stride", "padding")
+
+
+def _format(value) -> str:
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))
+    return str(value)
+
+
+def format_row(row: dict) -> str:
+    """One CSV line (with its newline) in the schema's column order."""
+    unknown = set(row) - set(HEADER)
+    if unknown:
+        raise KitError(f"not schema columns: {', '.join(sorted(unknown))}")
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow([_format(row.get(c)) for c in HEADER])
+    return buf.getvalue()
+
+
+def row_key(row) -> tuple:
+    """What makes a measurement the same one again: op, shape, dtype and device."""
+    return tuple(_format(row.get(c) if isinstance(row, dict) else row[c]) for c in KEY_COLUMNS)
+
+
+def repair(path: Path) -> int:
+    """Cut an unfinished last line (no newline) off a schema CSV; returns bytes removed."""
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        # search backwards for the last newline, 64 KiB at a time
+        end = size
+        keep = 0
+        while end > 0:
+            start = max(0, end - 65536)
+            f.seek(start)
+            chunk = f.read(end - start)
+            hit = chunk.rfind(b"\n")
+            if hit >= 0:
+                keep = start + hit + 1
+                break
+            end = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - keep
+
+
+class Appender:
+    """Append schema rows to a CSV durably; the header is written once, when the file is new."""
+
+    def __init__(self, path: str | Path, resume: bool = False):
+        self.path = Path(path)
+        self.keys: set[tuple] = set()
+        exists = self.path.is_file() and self.path.stat().st_size > 0
+        if exists and not resume:
+            raise KitError(f"{self.path} already exists; pass --resume to carry on with it, "
+                           "or choose another --out")
+        if exists:
+            cut = repair(self.path)
+            if cut:
+                warnings.warn(f"{self.path}: dropped an unfinished last line ({cut} bytes)", stacklevel=2)
+            self._check_header()
+            if self.path.stat().st_size:
+                existing = _read_schema_csv(self.path)
+                self.keys = {row_key(r) for r in existing.to_dict("records")}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8", newline="")
+        if self.path.stat().st_size == 0:
+            self._write(",".join(HEADER) + "\n")
+            _fsync_dir(self.path.parent)
+
+    def _check_header(self):
+        with open(self.path, encoding="utf-8", newline="") as f:
+            first = f.readline()
+        if first and first.rstrip("\r\n").split(",") != HEADER:
+            raise KitError(f"{self.path} is not a kit measurement CSV (its header differs from "
+                           "kit.data.schema.COLUMNS); choose another --out")
+
+    def _write(self, text: str):
+        self._file.write(text)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self.keys
+
+    def append(self, row: dict) -> None:
+        key = row_key(row)
+        if key in self.keys:
+            return
+        self._write(format_row(row))
+        self.keys.add(key)
+
+    def close(self):
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _read_schema_csv(path: Path) -> pd.DataFrame:
+    text_cols = {c: "str" for c, d in schema.COLUMNS.items() if d in ("str", "boolean")}
+    with open(path, "rb") as f:
+        data = f.read()
+    dropped = False
+    if data and not data.endswith(b"\n"):
+        last = data[data.rfind(b"\n") + 1:]
+        fields = next(csv.reader([last.decode("utf-8", "replace")]), [])
+        if len(fields) < len(HEADER):  # an unfinished line from a killed writer
+            data = data[:data.rfind(b"\n") + 1]
+            dropped = True
+    if dropped:
+        warnings.warn(f"{path}: ignored an unfinished last line", stacklevel=3)
+    try:
+        raw = pd.read_csv(io.BytesIO(data), dtype=text_cols, keep_default_na=False,
+                          na_values=[""])
+    except pd.errors.EmptyDataError:
+        raise KitError(f"{path} is empty (expected a header line)") from None
+    except (pd.errors.ParserError, ValueError, UnicodeDecodeError) as e:
+        raise KitError(f"{path} is malformed: {e}") from None
+    return raw
+
+
+def load_measurements(path: str | Path) -> pd.DataFrame:
+    """A measurement CSV as a schema table: the kit's own (the collector's) or NeuSight's format.
+
+    The format is told by the header: NeuSight's has OPName, Latency and Device.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise KitError(f"measurement file not found: {path}")
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            header = next(csv.reader([f.readline()]), [])
+    except UnicodeDecodeError:
+        raise KitError(f"{path} is not a text CSV") from None
+    if all(c in header for c in NEUSIGHT_COLUMNS):
+        return from_neusight(read_neusight_csv(path), path, f"neusight:{path.name}", "train")
+    needed = ("op", "latency_ms")
+    if not all(c in header for c in needed):
+        missing = [c for c in needed if c not in header]
+        raise KitError(f"{path}: not a measurement CSV: missing column(s) {', '.join(missing)}; "
+                       f"expected the kit schema ({', '.join(HEADER[:6])}, ...) or NeuSight's "
+                       f"({', '.join(NEUSIGHT_COLUMNS)}, ...)")
+    raw = _read_schema_csv(path)
+    if "op_class" not in raw or raw["op_class"].isna().any():
+        info = schema.op_columns(raw["op"].astype("str"))
+        for col in info:
+            raw[col] = info[col] if col not in raw else raw[col].where(raw[col].notna(), info[col])
+    else:
+        schema.op_columns(raw["op"].astype("str"))  # validates the op names
+    frame = schema.conform(raw)
+    if frame["latency_ms"].isna().any() or (frame["latency_ms"] <= 0).any():
+        bad = int(np.flatnonzero((frame["latency_ms"].isna() | (frame["latency_ms"] <= 0)).to_numpy())[0])
+        raise KitError(f"{path}: latency_ms must be a positive number; row {bad + 2} has "
+                       f"{raw['latency_ms'].iloc[bad]!r}")
+    need_gpu = frame["gpu"].isna() & frame["device_name"].notna()
+    if need_gpu.any():
+        frame.loc[need_gpu, "gpu"] = schema.gpu_keys_for(frame.loc[need_gpu, "device_name"], str(path))
+    return frame
