@@ -1,0 +1,81 @@
+"""The CLI: --help and --json on every subcommand, one-line errors with exit code 2."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kit.cli import build_parser, main
+from kit.hardware import get_gpu
+
+
+def _subcommands():
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return sorted(action.choices)
+
+
+def run_cli(*argv):
+    p = subprocess.run([sys.executable, "-m", "kit", *argv], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_every_subcommand_has_help_and_json():
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    for name, sub in action.choices.items():
+        opts = {o for a in sub._actions for o in a.option_strings}
+        nested = [a for a in sub._actions if a.__class__.__name__ == "_SubParsersAction"]
+        if nested:  # e.g. `kit op gemm`: every leaf has --json
+            for leaf in nested[0].choices.values():
+                assert "--json" in {o for a in leaf._actions for o in a.option_strings}, name
+        else:
+            assert "--json" in opts and "-h" in opts, name
+
+
+@pytest.mark.parametrize("name", ["gpus", "op", "demo"])
+def test_help_exits_zero(name):
+    rc, out, _ = run_cli(name, "--help")
+    assert rc == 0 and "usage" in out
+
+
+def test_gpus_json_lists_the_catalog():
+    rc, out, _ = run_cli("gpus", "--json")
+    gpus = json.loads(out)
+    assert rc == 0 and len(gpus) >= 24
+    for field in ("sm_count", "mem_bw_gbs", "bf16_tflops", "source", "aliases", "tdp_w"):
+        assert all(field in g for g in gpus)
+
+
+def test_op_gemm_h100_bf16_matches_the_roofline_by_hand(capsys):
+    assert main(["op", "gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--gpu", "h100-sxm",
+                 "--dtype", "bf16", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    by_hand_ms = 2 * 8192**3 / (get_gpu("h100-sxm").bf16_tflops * 1e12) * 1e3
+    assert abs(r["roofline_ms"] - by_hand_ms) / by_hand_ms < 0.01
+    assert r["latency_ms"] >= r["roofline_ms"]
+    for key in ("latency_ms", "roofline_ms", "bound", "tiles", "waves", "flops", "bytes"):
+        assert key in r
+    assert r["flops"] == 2 * 8192**3
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["op", "gemm", "--m", "64", "--n", "64", "--k", "64", "--gpu", "no-such-gpu"], ["no-such-gpu", "close matches"]),
+    (["op", "gemm", "--m", "0", "--n", "64", "--k", "64", "--gpu", "t4"], ["--m"]),
+    (["op", "gemm", "--m", "64", "--n", "64", "--k", "64", "--gpu", "t4", "--dtype", "fp8"], ["t4", "fp8"]),
+    (["gpus", "--add", "/no/such/file.json"], ["not found"]),
+    (["frobnicate"], ["invalid choice"]),
+])
+def test_user_errors_exit_2_with_one_line(argv, words):
+    rc, out, err = run_cli(*argv)
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    for w in words:
+        assert w in lines[0]
+
+
+def test_demo_prints_a_real_prediction():
+    rc, out, _ = run_cli("demo", "--json")
+    r = json.loads(out)
+    assert rc == 0 and r["gemm"]["latency_ms"] >= r["gemm"]["roofline_ms"] > 0

@@ -1,0 +1,44 @@
+"""The GEMM panel, driven by setting widget values (no kernel, no browser)."""
+import math
+
+from kit.hardware import get_gpu
+from widgets.gemm import GemmPanel
+
+
+def _waves(panel):
+    rows = [r for r in panel.chart_data() if "wave" in r]
+    return {r["wave"] for r in rows}, sum(r["blocks"] for r in rows if r["kind"] == "tiles")
+
+
+def test_panel_redraws_when_the_shape_changes():
+    p = GemmPanel(m=1024, n=1024, k=1024, gpu="a100-pcie-40gb")
+    waves_before, tiles_before = _waves(p)
+    p.n.value = 8192  # 8x the tiles
+    waves_after, tiles_after = _waves(p)
+    assert tiles_after > tiles_before
+    assert p.chart_widget.chart is p.chart
+    tm, tn = map(int, p.result()["tile"].split("x"))
+    assert tiles_after == math.ceil(1024 / tm) * math.ceil(8192 / tn)
+
+
+def test_panel_follows_the_gpu_picker():
+    p = GemmPanel(m=4096, n=4096, k=4096, gpu="t4")
+    p.gpu.value = "h100-sxm"
+    gpus = {r["gpu"] for r in p.chart_data() if "gpu" in r}
+    assert "h100-sxm" in gpus
+    ridge = [r for r in p.chart_data() if r.get("gpu") == "h100-sxm" and "ridge_flops_per_byte" in r]
+    gpu = get_gpu("h100-sxm")
+    assert abs(ridge[0]["ridge_flops_per_byte"] - gpu.fp32_tflops * 1e3 / gpu.mem_bw_gbs) < 1e-6
+
+
+def test_unsupported_dtype_shows_a_message_not_an_error():
+    p = GemmPanel(gpu="v100-pcie-32gb")
+    p.dtype.value = "fp8"
+    assert "no fp8 support" in str(p.chart_data())
+    assert "does not support" in p.summary.value
+
+
+def test_stable_text_repr():
+    p = GemmPanel()
+    data, _ = p._repr_mimebundle_()
+    assert data["text/plain"] == "<GEMM on a GPU: tiles, waves and the roofline panel>"

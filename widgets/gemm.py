@@ -1,0 +1,61 @@
+"""The GEMM panel: a shape and a GPU drive a tiles/waves picture and a roofline chart."""
+from __future__ import annotations
+
+import altair as alt
+import ipywidgets as W
+
+from kit import viz
+from kit.api import predict_op
+from kit.hardware import DTYPES, get_gpu, gpu_keys
+from kit.ops import Gemm
+from kit.tiling import gemm_tiling
+from widgets.base import Panel
+
+
+class GemmPanel(Panel):
+    title = "GEMM on a GPU: tiles, waves and the roofline"
+
+    def __init__(self, m=4096, n=4096, k=4096, gpu="a100-sxm4-80gb", dtype="fp32",
+                 compare=("v100-sxm2-32gb", "h100-sxm")):
+        self._init = dict(m=m, n=n, k=k, gpu=get_gpu(gpu).key, dtype=dtype)
+        self.compare = tuple(get_gpu(g).key for g in compare)
+        super().__init__()
+
+    def controls(self):
+        i = self._init
+        style = {"description_width": "initial"}
+        self.m = W.BoundedIntText(value=i["m"], min=1, max=1 << 20, description="m", style=style)
+        self.n = W.BoundedIntText(value=i["n"], min=1, max=1 << 20, description="n", style=style)
+        self.k = W.BoundedIntText(value=i["k"], min=1, max=1 << 20, description="k", style=style)
+        self.gpu = W.Dropdown(options=gpu_keys(), value=i["gpu"], description="GPU")
+        self.dtype = W.Dropdown(options=list(DTYPES), value=i["dtype"], description="dtype")
+        for w in (self.m, self.n, self.k):
+            w.layout = W.Layout(width="150px")
+        return [self.m, self.n, self.k, self.gpu, self.dtype]
+
+    def op(self) -> Gemm:
+        return Gemm(m=self.m.value, n=self.n.value, k=self.k.value, dtype=self.dtype.value)
+
+    def _supported(self) -> bool:
+        return get_gpu(self.gpu.value).peak_tflops(self.dtype.value) is not None
+
+    def make_chart(self):
+        if not self._supported():
+            msg = f"{self.gpu.value} has no {self.dtype.value} support"
+            return alt.Chart(alt.Data(values=[{"msg": msg}])).mark_text(size=14).encode(text="msg:N")
+        op = self.op()
+        t = gemm_tiling(op, self.gpu.value)
+        gpus = [self.gpu.value] + [g for g in self.compare if g != self.gpu.value]
+        return alt.hconcat(viz.waves_chart(t),
+                           viz.roofline_chart(gpus, self.dtype.value, ops=[(op, "this GEMM")]))
+
+    def result(self) -> dict | None:
+        return predict_op(self.op(), self.gpu.value) if self._supported() else None
+
+    def summary_text(self) -> str:
+        r = self.result()
+        if r is None:
+            return f"{self.gpu.value} does not support {self.dtype.value}; pick another dtype."
+        return (f"{r['tiles']} tiles of {r['tile']}, {r['blocks_per_sm']} blocks/SM, {r['waves']} waves "
+                f"(last {100 * r['last_wave_fill']:.0f}% full) · {r['bound']}-bound · roofline "
+                f"{r['roofline_ms']:.4g} ms · predicted {r['latency_ms']:.4g} ms ({r['predictor']})")
