@@ -1,0 +1,98 @@
+"""The critical path of a simulated iteration, with a cause for every segment.
+
+Walking back from a rank's last op, each op's start was set by one predecessor: the op before
+it on its resource, a dependency (launch, event, host sync), or, for a collective, the latest
+member of its group. The walk follows that binding predecessor. Segments tile [0, end]:
+
+    compute        a GPU compute kernel (or fused block) ran
+    communication  a collective ran
+    memcpy         a copy ran
+    cpu            the host thread ran (CPU work, kernel launches, a host sync's own cost)
+    wait           the rank was ready for a collective and waited for another rank to arrive
+    idle           nothing ran before the rank's first op (e.g. a late start)
+
+With follow_ranks=True the walk jumps, at each wait, to the rank that arrived last, so the path
+crosses ranks and has no wait segments: it is the chain that set the makespan.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+CAUSES = ("compute", "communication", "memcpy", "cpu", "wait", "idle")
+_CAUSE = {"compute": "compute", "comm": "communication", "memcpy": "memcpy", "cpu": "cpu",
+          "launch": "cpu", "sync": "cpu", "idle": "idle"}
+_EPS = 1e-9
+
+
+def _binding(res, i):
+    """The local predecessor whose end set op i's start (-1 if none), and that end."""
+    g = res.graph
+    best, t = -1, 0.0
+    p = g.prev[i]
+    if p >= 0:
+        best, t = p, res.end_ms[p]
+    for j in g.deps[i]:
+        if res.end_ms[j] > t + _EPS or best < 0:
+            best, t = j, res.end_ms[j]
+    return best, float(t)
+
+
+def _peer_that_arrived_last(res, i):
+    g = res.graph
+    key = g.group[i]
+    if key is None:
+        return -1
+    members = g.meta.get("_group_index", {}).get(key)
+    if members is None:
+        index: dict = {}
+        for j, k in enumerate(g.group):
+            if k is not None:
+                index.setdefault(k, []).append(j)
+        g.meta["_group_index"] = index
+        members = index[key]
+    return max(members, key=lambda j: res.ready_ms.get(j, 0.0))
+
+
+def critical_path(res, rank: int | None = None, follow_ranks: bool = False) -> pd.DataFrame:
+    """Segments (rank, stream, name, cause, start_ms, end_ms, op) in time order."""
+    g = res.graph
+    if not len(g):
+        return pd.DataFrame(columns=["rank", "stream", "name", "cause", "start_ms", "end_ms", "op"])
+    if rank is None:
+        rank = res.slowest_rank()
+    ops = g.order[rank] if rank in g.order else None
+    if not ops:
+        from kit.errors import KitError
+
+        raise KitError(f"rank {rank} has no ops: simulated ranks are {g.ranks}")
+    cur = max(ops, key=lambda i: res.end_ms[i])
+    segs = []
+    guard = len(g) + 1
+    while cur >= 0 and guard:
+        guard -= 1
+        s, e = float(res.start_ms[cur]), float(res.end_ms[cur])
+        segs.append((g.rank[cur], g.resource[cur], g.label[cur], _CAUSE[g.kind[cur]], s, e, cur))
+        best, t = _binding(res, cur)
+        if g.group[cur] is not None and s > t + _EPS:
+            last = _peer_that_arrived_last(res, cur)
+            if follow_ranks and last >= 0 and g.rank[last] != g.rank[cur]:
+                best, t = _binding(res, last)
+                if s > t + _EPS:  # defensive: the last arriver should have been ready at s
+                    segs.append((g.rank[last], g.resource[last], g.label[last], "wait", t, s, last))
+            else:
+                who = g.rank[last] if last >= 0 else -1
+                segs.append((g.rank[cur], g.resource[cur], f"wait for rank {who}", "wait", t, s, cur))
+        elif best < 0 and s > _EPS:
+            segs.append((g.rank[cur], g.resource[cur], "idle", "idle", 0.0, s, cur))
+        cur = best
+    segs.reverse()
+    out = pd.DataFrame(segs, columns=["rank", "stream", "name", "cause", "start_ms", "end_ms", "op"])
+    return out[out.end_ms - out.start_ms > _EPS].reset_index(drop=True)
+
+
+def breakdown(path: pd.DataFrame) -> dict:
+    """ms on the critical path per cause (every cause present, zero where none), plus total_ms."""
+    d = (path.end_ms - path.start_ms).groupby(path.cause).sum()
+    out = {c: float(d.get(c, 0.0)) for c in CAUSES}
+    out["total_ms"] = float(sum(out.values()))
+    return out
