@@ -1,0 +1,217 @@
+"""The cost of embedding-bag lookups (forward) and their gradient + optimizer update (backward).
+
+Forward, one table with B bags of L rows of D elements (n = B·L lookups):
+
+    U    = expected unique rows among n draws            (kit.embedding.distributions)
+    C_t  = f_L2 · L2_bytes · (U_t·r_t / Σ U·r) / r_t      L2 rows this table may keep; the tables
+                                                         of one fused (TBE) kernel share the L2 in
+                                                         proportion to their unique footprint
+    M    = expected misses of a cache of C_t rows, H = n - M hits
+    r    = row bytes rounded up to 32-B sectors           (DRAM and L2 move whole sectors)
+    DRAM = M·r + n·idx_bytes + B·D·out_bytes              rows, indices, pooled output
+    L2   = H·r
+    t    = launch + max(DRAM / (BW_dram·e), L2 / BW_l2), with the achievable DRAM bandwidth also
+           capped by the bytes a GPU keeps in flight (Little's law): warps · rows_in_flight · r / latency
+
+Backward (FBGEMM TBE's fused backward: sort the indices, sum each unique row's gradients, update):
+
+    sort  = n·(idx_bytes + 4)·2 per radix pass, ceil(log2 E / 8) passes (8-bit digits)
+    grad  = n·D·4 reads of grad_output rows (from L2 when B·D·4 fits the table's L2 share)
+    rows  = 2·U·r (read + write the updated rows)
+    state = rowwise_adagrad: 2·U·32 (one fp32 per row, a whole sector each way); sgd: none
+
+Constants are per architecture where the catalog has no field (L2 bandwidth). A learned
+correction (kit.embedding.correction) may scale the total; none ships by default.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kit.embedding.distributions import Distribution, parse_distribution
+from kit.errors import KitError
+from kit.hardware import GPU, get_gpu
+from kit.ops import dtype_bytes
+
+SECTOR_BYTES = 32  # NVIDIA L2/DRAM access granularity since Maxwell
+LAUNCH_MS = 0.005  # ~5 µs: launch plus ramp-up/tail of one small kernel
+DRAM_GATHER_EFF = 0.75  # random row gathers reach ~3/4 of peak HBM (assumed; the correction fits it)
+L2_USABLE_FRACTION = 0.6  # share of L2 that rows can hold (indices/outputs stream through it too)
+DRAM_LATENCY_NS = 600.0  # loaded HBM latency, order of magnitude (assumed)
+ROWS_IN_FLIGHT_PER_WARP = 4  # TBE unrolls its row loop by ~4 (assumed)
+BACKWARD_KERNELS = 3  # sort, segment-reduce + update, bookkeeping
+GRAD_BYTES = 4  # grad_output in fp32
+
+# L2 bandwidth is not in the catalog, so it is derived here: achieved bytes per clock per SM.
+# volta:  V100 measured 2155 GB/s L2 (Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
+#         Microbenchmarking", arXiv:1804.06826) / (80 SM · 1.38 GHz) ≈ 19.5
+# turing: T4 measured 1270 GB/s (Jia et al., "Dissecting the NVidia Turing T4 GPU via
+#         Microbenchmarking", arXiv:1903.07486) / (40 SM · 1.59 GHz) ≈ 20
+# ampere: A100 whitepaper: 5120 B/clk L2 read bandwidth (2.3x V100) / 108 SM = 47.4 B/clk/SM
+#         theoretical, times V100's measured/theoretical 2155/(2048 · 1.38) ≈ 0.76 -> 36
+# pascal, ada, hopper, blackwell, cdna*: no figure at hand; assumed equal to the nearest
+#         generation (pascal = volta, ada = turing-class 20, hopper/blackwell = ampere, AMD 13:
+#         CDNA2 whitepaper 2 KiB/clk per GCD / 110 CU · 0.7)
+L2_BYTES_PER_CLK_PER_SM = {"pascal": 19.5, "volta": 19.5, "turing": 20.0, "ampere": 36.0,
+                           "ada": 20.0, "hopper": 36.0, "blackwell": 36.0, "cdna": 13.0,
+                           "cdna2": 13.0, "cdna3": 13.0}
+L2_DEFAULT_BYTES_PER_CLK_PER_SM = 20.0
+OPTIMIZERS = ("sgd", "rowwise_adagrad")
+
+
+def l2_bw_gbs(gpu: GPU) -> float:
+    """Achieved L2 bandwidth in GB/s, derived from the architecture (see the table above)."""
+    per = L2_BYTES_PER_CLK_PER_SM.get(gpu.arch, L2_DEFAULT_BYTES_PER_CLK_PER_SM)
+    return per * gpu.sm_count * gpu.boost_clock_mhz * 1e6 / 1e9
+
+
+@dataclass(frozen=True)
+class Table:
+    """One embedding table: rows E, dim D, pooling factor L (mean rows per bag), dtype."""
+
+    rows: int
+    dim: int
+    pooling: float
+    dtype: str = "fp32"
+    name: str = ""
+    distribution: Distribution | None = None
+
+    def __post_init__(self):
+        for k in ("rows", "dim"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise KitError(f"table {self.name or '?'}: {k} must be a positive whole number, got {v!r}")
+        if isinstance(self.pooling, bool) or not isinstance(self.pooling, (int, float)) \
+                or not math.isfinite(self.pooling) or self.pooling <= 0:
+            raise KitError(f"table {self.name or '?'}: pooling must be a positive number, got {self.pooling!r}")
+        dtype_bytes(self.dtype)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dim * dtype_bytes(self.dtype)
+
+    @property
+    def sector_row_bytes(self) -> int:
+        return SECTOR_BYTES * math.ceil(self.row_bytes / SECTOR_BYTES)
+
+    @property
+    def bytes(self) -> int:
+        return self.rows * self.row_bytes
+
+
+@dataclass
+class LookupCost:
+    """time_ms and its parts; per_table holds the same parts table by table."""
+
+    time_ms: float
+    parts: dict
+    per_table: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"time_ms": self.time_ms, "parts": self.parts, "per_table": self.per_table}
+
+
+def _as_tables(tables) -> list[Table]:
+    from kit.ops import EmbeddingBag
+
+    if isinstance(tables, (Table, EmbeddingBag)):
+        tables = [tables]
+    out = []
+    for t in tables:
+        if isinstance(t, EmbeddingBag):
+            t = Table(rows=t.rows, dim=t.dim, pooling=t.pooling, dtype=t.dtype)
+        if not isinstance(t, Table):
+            raise KitError(f"tables must be kit.embedding.Table objects, got {type(t).__name__}")
+        out.append(t)
+    if not out:
+        raise KitError("no tables given")
+    return out
+
+
+def _achieved_dram_gbs(gpu: GPU, bags: float, row_bytes: float, pooling: float) -> float:
+    """min(efficiency · peak, bytes in flight / latency): few bags cannot fill the memory pipe."""
+    warps = gpu.sm_count * gpu.max_threads_per_sm / 32
+    in_flight = min(bags, warps) * min(pooling, ROWS_IN_FLIGHT_PER_WARP) * row_bytes
+    return min(DRAM_GATHER_EFF * gpu.mem_bw_gbs, in_flight / DRAM_LATENCY_NS)  # B/ns = GB/s
+
+
+def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = False,
+                optimizer: str = "sgd", mode: str = "sum", fused: bool = True,
+                index_bytes: int = 8, l2_share: float = 1.0, correction=None) -> LookupCost:
+    """Predict an embedding-bag kernel (or its backward) for `tables` at `batch` bags per table.
+
+    distribution: one for all tables (anything parse_distribution reads), or a list, one per
+    table; a Table's own distribution wins. fused=True models one FBGEMM TBE kernel whose tables
+    share L2; fused=False one nn.EmbeddingBag kernel per table, each with the whole L2.
+    backward=True gives the backward + optimizer update only (sgd or rowwise_adagrad).
+    l2_share: fraction of the L2 left to these lookups (other work running at once).
+    """
+    gpu = get_gpu(gpu)
+    tables = _as_tables(tables)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise KitError(f"batch must be a positive whole number, got {batch!r}")
+    if optimizer not in OPTIMIZERS:
+        raise KitError(f"unknown optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+    if mode not in ("sum", "mean"):
+        raise KitError(f"pooling mode must be 'sum' or 'mean', got {mode!r}")
+    if index_bytes not in (4, 8):
+        raise KitError(f"index_bytes must be 4 (int32) or 8 (int64), got {index_bytes!r}")
+    if not 0 < l2_share <= 1:
+        raise KitError(f"l2_share must be in (0, 1], got {l2_share!r}")
+    if isinstance(distribution, (list, tuple)) and len(distribution) == len(tables) and \
+            not all(isinstance(x, (int, float)) for x in distribution):
+        dists = [parse_distribution(d) for d in distribution]
+    else:
+        dists = [parse_distribution(distribution)] * len(tables)
+    dists = [t.distribution or d for t, d in zip(tables, dists)]
+
+    n = [batch * t.pooling for t in tables]
+    unique = [d.expected_unique(k, t.rows) for d, k, t in zip(dists, n, tables)]
+    foot = [u * t.sector_row_bytes for u, t in zip(unique, tables)]
+    l2_bytes_total = L2_USABLE_FRACTION * gpu.l2_cache_bytes * l2_share
+    l2_gbs = l2_bw_gbs(gpu)
+    rows_out, sums = [], {"dram_bytes": 0.0, "l2_bytes": 0.0, "dram_ms": 0.0, "l2_ms": 0.0}
+    for t, d, k, u, f in zip(tables, dists, n, unique, foot):
+        share = (f / sum(foot) if fused and sum(foot) > 0 else 1.0) * l2_bytes_total
+        r = t.sector_row_bytes
+        out_bytes = batch * t.dim * dtype_bytes(t.dtype)
+        if not backward:
+            misses = d.expected_misses(k, t.rows, share / r)
+            dram = misses * r + k * index_bytes + out_bytes + (batch + 1) * index_bytes
+            l2 = (k - misses) * r
+            dram_gbs = _achieved_dram_gbs(gpu, batch * (len(tables) if fused else 1), r, t.pooling)
+        else:
+            misses = u
+            passes = max(1, math.ceil(math.log2(max(t.rows, 2)) / 8))
+            sort = k * (index_bytes + 4) * 2 * passes
+            grad_rows = k * t.dim * GRAD_BYTES
+            grad_out = batch * t.dim * GRAD_BYTES
+            grad_dram = grad_out if grad_out <= share else grad_rows
+            state = 2 * u * SECTOR_BYTES if optimizer == "rowwise_adagrad" else 0.0
+            dram = sort + grad_dram + 2 * u * r + state
+            l2 = grad_rows - grad_dram if grad_dram < grad_rows else 0.0
+            dram_gbs = _achieved_dram_gbs(gpu, u * (len(tables) if fused else 1), r, 1)
+        dram_ms = dram / (dram_gbs * 1e9) * 1e3
+        l2_ms = l2 / (l2_gbs * 1e9) * 1e3
+        rows_out.append({"name": t.name, "rows": t.rows, "dim": t.dim, "pooling": t.pooling,
+                         "distribution": d.describe(), "lookups": k, "unique_rows": u,
+                         "hit_rate": (k - misses) / k if not backward else 0.0,
+                         "l2_share_bytes": share, "dram_bytes": dram, "l2_bytes": l2,
+                         "dram_ms": dram_ms, "l2_ms": l2_ms})
+        for key in sums:
+            sums[key] += rows_out[-1][key]
+    launches = (BACKWARD_KERNELS if backward else 1) * (1 if fused else len(tables))
+    busy_ms = max(sums["dram_ms"], sums["l2_ms"]) if fused else \
+        sum(max(r["dram_ms"], r["l2_ms"]) for r in rows_out)
+    time_ms = launches * LAUNCH_MS + busy_ms
+    lookups = sum(n)
+    parts = {"unique_rows": sum(unique), "lookups": lookups,
+             "hit_rate": sum(r["hit_rate"] * r["lookups"] for r in rows_out) / lookups,
+             **sums, "launch_ms": launches * LAUNCH_MS, "l2_bw_gbs": l2_gbs,
+             "bound": "dram" if sums["dram_ms"] >= sums["l2_ms"] else "l2",
+             "analytic_ms": time_ms, "correction": 1.0}
+    if correction is not None:
+        factor = correction.factor(parts, tables, batch, gpu, backward)
+        parts["correction"] = factor
+        time_ms *= factor
+    return LookupCost(time_ms=time_ms, parts=parts, per_table=rows_out)

@@ -1,0 +1,370 @@
+"""Index distributions for embedding lookups: how many distinct rows a batch touches, and how
+many of its accesses an LRU-like cache of C rows would serve.
+
+Four kinds, one interface (`expected_unique(n, rows)`, `expected_misses(n, rows, cache_rows)`,
+`sample(n, rows, rng)`):
+
+* Uniform           p_i = 1/E
+* Zipf(α)           p_i ∝ i^-α, i = 1..E (rank 1 the hottest)
+* ReuseHistogram    fraction of accesses whose reuse time (accesses since the previous access to
+                    the same row) falls in [2^k, 2^(k+1)); the rest are cold (first touches)
+* Empirical         a real index tensor; its own unique count, and its row frequencies
+
+Independent draws (uniform, Zipf, empirical frequencies) use the independent-reference model:
+row i, drawn n times with probability p_i, is touched with probability 1 - (1 - p_i)^n, so
+
+    U(n) = Σ_i [1 - (1 - p_i)^n]                                   (expected unique rows)
+
+and a cache of C rows keeps row i for its characteristic time T (Che, Tung, Wang, "Hierarchical
+Web caching systems: modeling, design and experimental results", IEEE JSAC 2002):
+
+    Σ_i [1 - e^(-p_i T)] = C,   a re-access of row i hits when it comes within T draws.
+
+In a window of n draws, the re-accesses of row i that come within T of the previous access are
+∫_0^n p_i (1 - e^(-p_i min(s, T))) ds, so the misses are
+
+    M(n, C) = Σ_i [n p_i - (n p_i - (1 - e^(-p_i T)) - p_i (n - T) e^(-p_i T))],  T ≤ n
+            = U(n) when U(n) ≤ C (every re-access hits)
+
+For a reuse-time histogram, Denning and Schwartz ("Properties of the working-set model",
+CACM 1972) give the working set of a window of t accesses as s(t) = Σ_{k<t} P(R > k); an access
+with reuse time R hits a cache of C rows when s(R) ≤ C, so M = n·P(R > t*) with s(t*) = C
+(cold accesses count as R = ∞).
+
+Zipf over 10^9 rows is summed in groups: the first 4096 ranks exactly, then geometric bins of
+ranks whose probability is the bin's mean (∫ x^-α dx over the bin / width).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kit.errors import KitError
+
+EXACT_RANKS = 4096  # Zipf ranks summed one by one before switching to geometric bins
+BINS_PER_OCTAVE = 32  # geometric bins per doubling of rank above EXACT_RANKS
+HASH_MULT = 2654435761  # Knuth's multiplicative hash: spreads hot ranks over row ids
+
+
+def _check_rows(rows) -> int:
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+        raise KitError(f"rows must be a positive whole number, got {rows!r}")
+    return int(rows)
+
+
+class Distribution:
+    """Base: subclasses give group probabilities (p_g, count_g), or override the model."""
+
+    kind = "distribution"
+
+    def groups(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def expected_unique(self, n: float, rows: int) -> float:
+        """Expected distinct rows among n draws from a table of `rows` rows."""
+        rows = _check_rows(rows)
+        if n <= 0:
+            return 0.0
+        p, c = self.groups(rows)
+        touched = -np.expm1(n * np.log1p(-np.minimum(p, 1 - 1e-16)))
+        return float(min(rows, n, np.dot(c, touched)))
+
+    def expected_misses(self, n: float, rows: int, cache_rows: float) -> float:
+        """Expected accesses among n draws that a cache of `cache_rows` rows does not serve."""
+        rows = _check_rows(rows)
+        unique = self.expected_unique(n, rows)
+        if n <= 0:
+            return 0.0
+        if cache_rows >= unique:
+            return unique
+        p, c = self.groups(rows)
+        t = min(_characteristic_time(p, c, max(cache_rows, 0.0)), float(n))
+        # re-accesses of a rate-p row in [0, n] that come within t of the previous one:
+        # ∫_0^n p·(1 - e^(-p·min(s, t))) ds
+        hits = n * p + np.expm1(-p * t) - p * (n - t) * np.exp(-p * t)
+        misses = np.dot(c, n * p - np.maximum(hits, 0.0))
+        return float(min(n, max(unique, misses)))
+
+    def hit_rate(self, n: float, rows: int, cache_rows: float) -> float:
+        """Fraction of the n accesses served by the cache (first touches always miss)."""
+        return 0.0 if n <= 0 else 1.0 - self.expected_misses(n, rows, cache_rows) / n
+
+    def sample(self, n: int, rows: int, rng: np.random.Generator | None = None) -> np.ndarray:
+        """n int64 row ids drawn from the distribution (hot ranks hashed over the row ids)."""
+        rows = _check_rows(rows)
+        rng = rng or np.random.default_rng(0)
+        ranks = self._sample_ranks(int(n), rows, rng)
+        return (ranks.astype(np.uint64) * np.uint64(HASH_MULT) % np.uint64(rows)).astype(np.int64) \
+            if math.gcd(HASH_MULT, rows) == 1 else ranks
+
+    def _sample_ranks(self, n, rows, rng):
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.kind
+
+
+def _characteristic_time(p: np.ndarray, c: np.ndarray, cache_rows: float) -> float:
+    """T with Σ c·(1 - e^(-pT)) = cache_rows, by bisection on log T."""
+    if cache_rows <= 0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while np.dot(c, -np.expm1(-p * hi)) < cache_rows:
+        hi *= 4.0
+        if hi > 1e30:
+            return math.inf
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if np.dot(c, -np.expm1(-p * mid)) < cache_rows:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+@dataclass(frozen=True)
+class Uniform(Distribution):
+    """Every row equally likely."""
+
+    kind = "uniform"
+
+    def groups(self, rows):
+        return np.array([1.0 / rows]), np.array([float(rows)])
+
+    def _sample_ranks(self, n, rows, rng):
+        return rng.integers(0, rows, size=n, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Zipf(Distribution):
+    """p_i ∝ i^-alpha over ranks 1..E; alpha = 0 is uniform, ~1 is typical of DLRM features."""
+
+    alpha: float = 1.0
+    kind = "zipf"
+
+    def __post_init__(self):
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) \
+                or not math.isfinite(self.alpha) or self.alpha < 0:
+            raise KitError(f"zipf alpha must be a number >= 0, got {self.alpha!r}")
+
+    def _rank_bins(self, rows):
+        """(start, stop) rank ranges (1-based, stop exclusive): exact, then geometric."""
+        k = min(rows, EXACT_RANKS)
+        starts = np.arange(1, k + 1, dtype=np.float64)
+        stops = starts + 1
+        if rows > k:
+            edges = np.unique(np.round(np.geomspace(k + 1, rows + 1, max(2, int(
+                BINS_PER_OCTAVE * math.log2((rows + 1) / (k + 1))) + 1))))
+            starts = np.concatenate([starts, edges[:-1]])
+            stops = np.concatenate([stops, edges[1:]])
+        return starts, stops
+
+    def groups(self, rows):
+        starts, stops = self._rank_bins(rows)
+        a = float(self.alpha)
+        # ∫_start^stop x^-a dx over the bin, the bin's total weight (midpoint-free, exact for wide bins)
+        exact = stops - starts == 1
+        if abs(a - 1.0) < 1e-12:
+            mass = np.log(stops / starts)
+        else:
+            mass = (stops ** (1 - a) - starts ** (1 - a)) / (1 - a)
+        mass = np.where(exact, starts ** -a, mass)
+        total = mass.sum()
+        count = stops - starts
+        return mass / total / count, count
+
+    def _sample_ranks(self, n, rows, rng):
+        p, c = self.groups(rows)
+        starts, _ = self._rank_bins(rows)
+        g = rng.choice(len(p), size=n, p=p * c / np.sum(p * c))
+        offset = np.floor(rng.random(n) * c[g])
+        return (starts[g] - 1 + offset).astype(np.int64)
+
+    def describe(self):
+        return f"zipf({self.alpha:g})"
+
+
+@dataclass(frozen=True)
+class ReuseHistogram(Distribution):
+    """bins[k] = fraction of accesses whose reuse time lies in [2^k, 2^(k+1)); 1 - Σ bins = cold.
+
+    Reuse time counts accesses (not distinct rows) since the previous access to the same row.
+    """
+
+    bins: tuple[float, ...] = field(default=())
+    kind = "reuse"
+
+    def __post_init__(self):
+        b = np.asarray(self.bins, dtype=float)
+        if b.ndim != 1 or b.size == 0 or not np.all(np.isfinite(b)) or np.any(b < 0):
+            raise KitError("reuse histogram: bins must be a non-empty list of fractions >= 0")
+        if b.sum() > 1 + 1e-9:
+            raise KitError(f"reuse histogram: bins sum to {b.sum():.4g}; they are fractions of "
+                           "accesses and must sum to at most 1 (the rest are cold)")
+        object.__setattr__(self, "bins", tuple(float(x) for x in b))
+
+    @property
+    def cold_fraction(self) -> float:
+        return max(0.0, 1.0 - sum(self.bins))
+
+    def _tail(self, t: np.ndarray) -> np.ndarray:
+        """P(R > t), reuse times spread log-uniformly within each power-of-two bin."""
+        b = np.asarray(self.bins)
+        lo = 2.0 ** np.arange(b.size)
+        with np.errstate(divide="ignore"):
+            within = np.clip(np.log2(np.maximum(t[:, None], 1e-300) / lo), 0.0, 1.0)
+        return 1.0 - (b * within).sum(axis=1)
+
+    def working_set(self, t: float) -> float:
+        """s(t) = Σ_{k<t} P(R > k): distinct rows in a window of t accesses (Denning-Schwartz)."""
+        if t <= 0:
+            return 0.0
+        b = np.asarray(self.bins)
+        grid = 2.0 ** np.linspace(0, b.size, 16 * b.size + 1)  # 16 knots per octave
+        knots = np.unique(np.concatenate([[0.0, 1.0, t], grid[grid < t]]))
+        tails = self._tail(knots)
+        return float(np.sum(0.5 * (tails[1:] + tails[:-1]) * np.diff(knots)))  # trapezoid rule
+
+    def expected_unique(self, n, rows):
+        rows = _check_rows(rows)
+        return float(min(rows, n, self.working_set(n)))
+
+    def expected_misses(self, n, rows, cache_rows):
+        rows = _check_rows(rows)
+        unique = self.expected_unique(n, rows)
+        return float(min(n, max(unique, self.misses_beyond(n, cache_rows, unique))))
+
+    def misses_beyond(self, n: float, cache_rows: float, unique: float) -> float:
+        """n·P(R > t*): accesses whose reuse time exceeds the time t* that fills the cache."""
+        if n <= 0 or cache_rows >= unique:
+            return unique
+        lo, hi = 0.0, float(n)
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if self.working_set(mid) < cache_rows else (lo, mid)
+        return float(n * self._tail(np.array([0.5 * (lo + hi)]))[0])
+
+    def _sample_ranks(self, n, rows, rng):
+        """A stream with these reuse times: each access re-uses the row from R accesses back."""
+        b = np.asarray(self.bins)
+        out = np.empty(n, dtype=np.int64)
+        k = rng.choice(b.size + 1, size=n, p=np.append(b, self.cold_fraction) / max(b.sum() + self.cold_fraction, 1e-12))
+        r = (2.0 ** np.minimum(k, b.size - 1) * (1 + rng.random(n))).astype(np.int64)
+        fresh = rng.permutation(rows) if rows <= 4 * n else rng.integers(0, rows, size=n)
+        nxt = 0
+        for i in range(n):
+            if k[i] < b.size and r[i] <= i:
+                out[i] = out[i - r[i]]
+            else:
+                out[i] = fresh[nxt % fresh.size]
+                nxt += 1
+        return out
+
+    def sample(self, n, rows, rng=None):
+        return self._sample_ranks(int(n), _check_rows(rows), rng or np.random.default_rng(0))
+
+    @classmethod
+    def from_indices(cls, indices) -> "ReuseHistogram":
+        """The reuse-time histogram of a real index stream (1-D, any int array or tensor)."""
+        idx = _as_index_array(indices)
+        order = np.argsort(idx, kind="stable")
+        s = idx[order]
+        same = s[1:] == s[:-1]
+        reuse = (order[1:] - order[:-1])[same]
+        if reuse.size == 0:
+            return cls(bins=(0.0,))
+        k = np.floor(np.log2(reuse)).astype(int)
+        hist = np.bincount(k, minlength=k.max() + 1) / idx.size
+        return cls(bins=tuple(hist))
+
+    def describe(self):
+        return f"reuse({len(self.bins)} bins, cold {self.cold_fraction:.3f})"
+
+
+def _as_index_array(indices) -> np.ndarray:
+    if hasattr(indices, "detach"):  # a torch tensor
+        indices = indices.detach().cpu().numpy()
+    arr = np.asarray(indices)
+    if arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise KitError("index tensor must be a non-empty array of whole numbers")
+    arr = arr.reshape(-1).astype(np.int64)
+    if arr.min() < 0:
+        raise KitError(f"index tensor holds a negative row id ({arr.min()})")
+    return arr
+
+
+class Empirical(Distribution):
+    """A real index tensor: its own unique count for its own length, its row frequencies otherwise."""
+
+    kind = "indices"
+
+    def __init__(self, indices):
+        self.indices = _as_index_array(indices)
+        ids, counts = np.unique(self.indices, return_counts=True)
+        self.unique_ids = ids
+        self._freq_counts = counts
+        self.reuse = ReuseHistogram.from_indices(self.indices)
+
+    def groups(self, rows):
+        if self.unique_ids[-1] >= rows:
+            raise KitError(f"index tensor has row id {self.unique_ids[-1]} but the table has {rows} rows")
+        vals, mult = np.unique(self._freq_counts, return_counts=True)
+        return vals / self.indices.size, mult.astype(float)
+
+    def expected_unique(self, n, rows):
+        """Exact for the tensor's own length; other lengths scale the exact count by the
+        frequency model's ratio U(n)/U(N), which removes the model's small-count bias;
+        shorter windows count the stream's own prefix."""
+        self.groups(rows)
+        own = float(self.unique_ids.size)
+        if int(n) <= self.indices.size:  # a prefix of the real stream, counted
+            return float(np.unique(self.indices[:max(int(n), 1)]).size) if n >= 1 else 0.0
+        ratio = super().expected_unique(n, rows) / super().expected_unique(self.indices.size, rows)
+        return float(min(rows, n, own * ratio))
+
+    def expected_misses(self, n, rows, cache_rows):
+        if int(n) <= self.indices.size:  # the stream itself: exact unique + its own reuse times
+            unique = self.expected_unique(n, rows)
+            reuse = self.reuse if int(n) == self.indices.size else \
+                ReuseHistogram.from_indices(self.indices[:max(int(n), 1)])
+            return float(min(n, max(unique, reuse.misses_beyond(n, cache_rows, unique))))
+        return super().expected_misses(n, rows, cache_rows)
+
+    def _sample_ranks(self, n, rows, rng):
+        return rng.choice(self.indices, size=n)
+
+    def sample(self, n, rows, rng=None):
+        return self._sample_ranks(int(n), _check_rows(rows), rng or np.random.default_rng(0))
+
+    def describe(self):
+        return f"indices(n={self.indices.size}, unique={self.unique_ids.size})"
+
+
+def parse_distribution(spec) -> Distribution:
+    """A Distribution from a Distribution, None (uniform), a number (Zipf α), an index array,
+    or a string: 'uniform', 'zipf:1.05', 'reuse:0.1,0.2,0.05'."""
+    if spec is None:
+        return Uniform()
+    if isinstance(spec, Distribution):
+        return spec
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        return Uniform() if spec == 0 else Zipf(float(spec))
+    if isinstance(spec, str):
+        s = spec.strip().lower()
+        if s in ("uniform", "u"):
+            return Uniform()
+        name, _, arg = s.partition(":")
+        try:
+            if name == "zipf":
+                return Zipf(float(arg or 1.0))
+            if name == "reuse":
+                return ReuseHistogram(tuple(float(x) for x in arg.split(",") if x.strip()))
+        except ValueError:
+            pass
+        raise KitError(f"unknown distribution {spec!r}: use 'uniform', 'zipf:ALPHA' or "
+                       "'reuse:F0,F1,...' (fractions of accesses per power-of-two reuse-time bin)")
+    if hasattr(spec, "detach") or isinstance(spec, (np.ndarray, list, tuple)):
+        return Empirical(spec)
+    raise KitError(f"cannot read a distribution from {type(spec).__name__}")
