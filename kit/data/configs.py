@@ -59,7 +59,7 @@ def parse_label_name(stem: str, where: Path | None = None) -> dict:
 
 
 def load_labels(data_dir: str | Path | None = None) -> pd.DataFrame:
-    """Every whole-model label JSON, one row each (latencies in ms)."""
+    """Every whole-model label JSON, one row each (latencies in ms; num_layer <NA> where null)."""
     root = resolve_data_dir(data_dir)
     files = sorted((root / "label").glob("*/*.json"))
     if not files:
@@ -72,12 +72,22 @@ def load_labels(data_dir: str | Path | None = None) -> pd.DataFrame:
         if missing:
             raise KitError(f"label {f}: missing key(s) {', '.join(missing)}")
         rows.append({"gpu": _device_key(f.parent.name, f), "device_dir": f.parent.name,
-                     **parse_label_name(f.stem, f), "num_layer": int(data["num_layer"]),
-                     "e2e_latency_ms": float(data["e2e_latency"]),
-                     "fw_latency_ms": float(data["fw_latency"]),
-                     "bwall_latency_ms": float(data["bwall_latency"]), "path": str(f)})
+                     **parse_label_name(f.stem, f), "num_layer": _number(data, "num_layer", f),
+                     "e2e_latency_ms": _number(data, "e2e_latency", f),
+                     "fw_latency_ms": _number(data, "fw_latency", f),
+                     "bwall_latency_ms": _number(data, "bwall_latency", f), "path": str(f)})
     frame = pd.DataFrame(rows, columns=LABEL_COLUMNS)
-    return frame.astype({"seq": "int64", "batch": "int64", "num_gpus": "int64", "num_layer": "int64"})
+    return frame.astype({"seq": "int64", "batch": "int64", "num_gpus": "int64", "num_layer": "Int64"})
+
+
+def _number(data: dict, key: str, where: Path) -> float:
+    """A label value as a float; null (NeuSight writes it for some num_layer) becomes NaN."""
+    value = data[key]
+    if value is None:
+        return np.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise KitError(f"label {where}: {key} must be a number, got {value!r}")
+    return float(value)
 
 
 NODE_COLUMNS = {"Name": "name", "op": "fx_op", "target": "target", "input_shapes": "input_shapes",
@@ -95,6 +105,8 @@ def load_label_nodes(data_dir: str | Path | None = None) -> pd.DataFrame:
             raw = pd.read_csv(f)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
             raise KitError(f"label CSV {f} is malformed: {e}") from None
+        if "latency" not in raw.columns and "e2e_latency" in raw.columns:
+            raw = raw.rename(columns={"e2e_latency": "latency"})  # one file names it so
         missing = [c for c in NODE_COLUMNS if c not in raw.columns]
         if missing:
             raise KitError(f"label CSV {f}: missing column(s) {', '.join(missing)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import warnings
 from pathlib import Path
@@ -45,9 +46,15 @@ def format_row(row: dict) -> str:
     return buf.getvalue()
 
 
+def _key_part(value) -> str:
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        value = int(value)  # 6.0 read back from a CSV is the 6 that was written
+    return _format(value)
+
+
 def row_key(row) -> tuple:
     """What makes a measurement the same one again: op, shape, dtype and device."""
-    return tuple(_format(row.get(c) if isinstance(row, dict) else row[c]) for c in KEY_COLUMNS)
+    return tuple(_key_part(row.get(c)) for c in KEY_COLUMNS)
 
 
 def repair(path: Path) -> int:
@@ -93,7 +100,7 @@ class Appender:
                 warnings.warn(f"{self.path}: dropped an unfinished last line ({cut} bytes)", stacklevel=2)
             self._check_header()
             if self.path.stat().st_size:
-                existing = _read_schema_csv(self.path)
+                existing = schema.conform(_read_schema_csv(self.path))
                 self.keys = {row_key(r) for r in existing.to_dict("records")}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8", newline="")
@@ -203,6 +210,7 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
         raise KitError(f"{path}: latency_ms must be a positive number; row {bad + 2} has "
                        f"{raw['latency_ms'].iloc[bad]!r}")
     need_gpu = frame["gpu"].isna() & frame["device_name"].notna()
-    if need_gpu.any():
-        frame.loc[need_gpu, "gpu"] = schema.gpu_keys_for(frame.loc[need_gpu, "device_name"], str(path))
+    if need_gpu.any():  # rows without a catalog key: look the device up (CPU rows stay NaN)
+        keys = schema.gpu_keys_for(frame.loc[need_gpu, "device_name"], str(path)).astype("str")
+        frame["gpu"] = frame["gpu"].where(~need_gpu, keys.reindex(frame.index))
     return frame

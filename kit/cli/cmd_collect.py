@@ -1,0 +1,62 @@
+"""`kit collect`: benchmark ops on this machine's CPU or GPU into a schema CSV (resumable)."""
+from kit.cli import add_command
+
+
+def run(args):
+    from kit.data.collect import collect
+    from kit.data.shapes import resolve_shapes
+    from kit.hardware import load_gpu_file
+
+    if args.gpu_file:
+        load_gpu_file(args.gpu_file)
+    return collect(args.ops, resolve_shapes(args.shapes), args.out, device=args.device,
+                   dtype=args.dtype, resume=args.resume, warmup=args.warmup, repeats=args.repeats,
+                   profile=not args.no_profile, cooldown_ms=args.cooldown_ms,
+                   progress=args.progress, threads=args.threads)
+
+
+def text(r):
+    lines = [f"{r['measured']} measured, {r['skipped']} already in {r['out']} "
+             f"({r['rows_in_file']} rows now) on {r['device']} ({r['dtype']})"]
+    if r["ops_without_shapes"]:
+        lines.append(f"  no shapes of their kind for: {', '.join(r['ops_without_shapes'])}")
+    for f in r["failed"][:10]:
+        lines.append(f"  failed: {f['op']} {f['shape']}: {f['error']}")
+    if len(r["failed"]) > 10:
+        lines.append(f"  ... and {len(r['failed']) - 10} more failures (see --json)")
+    return "\n".join(lines)
+
+
+def _count(s):
+    from kit.errors import KitError
+
+    try:
+        value = int(s)
+    except ValueError:
+        raise KitError(f"expected a whole number, got {s!r}") from None
+    return value
+
+
+def register(sub):
+    p = add_command(sub, "collect", "benchmark ops with torch on this machine into a CSV "
+                    "(one durable row per measurement; --resume carries on)", run, text)
+    p.add_argument("--ops", required=True, help="op classes (gemm, elementwise, softmax, layernorm, "
+                   "conv) and/or ops (bmm, linear, add, addu, ..., ln), comma-separated")
+    p.add_argument("--shapes", required=True, metavar="GRID_OR_FILE",
+                   help="a dims file (B;M;N;K or B;H a line, NeuSight's format) or a grid: random-bmm, "
+                   "random-linear, random-vec, tiny-gemm, tiny-vec [:COUNT[:SEED]], gpt2-layers, "
+                   "gpt2-large-layers, bert-large-layers, gpt3-xl-layers, opt-1.3b-layers")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"])
+    p.add_argument("--out", required=True, metavar="FILE.csv")
+    p.add_argument("--resume", action="store_true", help="carry on with an existing --out file")
+    p.add_argument("--warmup", type=_count, default=5, help="untimed calls first (default 5)")
+    p.add_argument("--repeats", type=_count, default=25,
+                   help="timed calls; latency = mean of the fastest fifth (default 25)")
+    p.add_argument("--cooldown-ms", type=float, default=0.0, help="sleep between measurements")
+    p.add_argument("--no-profile", action="store_true", help="CUDA: skip the torch.profiler pass "
+                   "(no kernel names or launch dims)")
+    p.add_argument("--threads", type=_count, help="CPU: torch threads to use")
+    p.add_argument("--progress", action="store_true", default=None,
+                   help="always show the progress bar (default: on a terminal, for 20+ measurements)")
+    p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")

@@ -1,0 +1,157 @@
+"""Shapes for the collector: named grids and NeuSight's dims files.
+
+A shape is a tuple in NeuSight's order, told apart by its length:
+
+    (B, M, N, K)          GEMM: bmm (B×M×N)·(B×N×K); linear nn.Linear(N, K) on a (B, M, N) input
+    (B, H)                vector ops on a (B, H) tensor (elementwise, softmax, layer norm)
+    (B, Cin, Cout, ks, S, stride, pad)   conv2d, square kernel ks and square input S
+
+Named grids (`NAME[:COUNT[:SEED]]` for the random ones; every draw is seeded):
+
+    random-bmm      B, M, N, K each log-uniform in [1, 1024], like NeuSight's train_bmm dims
+    random-linear   B=1, M log-uniform in [1, 8192], N and K in [1, 65536], at most 1 GiB fp32
+    random-vec      B log-uniform in [1, 16384], H in [1, 4096], like NeuSight's train_vec dims
+    tiny-gemm, tiny-vec   dims in [1, 32] (smoke tests: fast anywhere)
+    <model>-layers  the GEMM and vector shapes of one transformer layer of a real model at
+                    batch 1, 2, 4, 8 and the model's context length: gpt2, gpt2-large,
+                    bert-large, gpt3-xl, opt-1.3b (e.g. "gpt2-layers")
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from kit.errors import KitError
+
+KIND_OF_LENGTH = {4: "gemm", 2: "vec", 7: "conv"}
+
+# Transformer configs (hidden, heads, ffn, vocab, context), from the models' published configs:
+# GPT-2 and GPT-2 large: HF "gpt2", "gpt2-large" config.json; BERT-large: Devlin et al. 2019
+# (and HF "bert-large-uncased"); GPT-3 XL: Brown et al. 2020, Table 2.1 (d_model 2048, 24 heads);
+# OPT-1.3B: Zhang et al. 2022, Table 1 (and HF "facebook/opt-1.3b").
+MODELS = {
+    "gpt2": (768, 12, 3072, 50257, 1024),
+    "gpt2-large": (1280, 20, 5120, 50257, 1024),
+    "bert-large": (1024, 16, 4096, 30522, 512),
+    "gpt3-xl": (2048, 24, 8192, 50257, 2048),
+    "opt-1.3b": (2048, 32, 8192, 50272, 2048),
+}
+MODEL_BATCHES = (1, 2, 4, 8)
+RANDOM_GRIDS = ("random-bmm", "random-linear", "random-vec", "tiny-gemm", "tiny-vec")
+DEFAULT_COUNT = 1000
+
+
+def grid_names() -> list[str]:
+    return [*RANDOM_GRIDS, *(f"{m}-layers" for m in MODELS)]
+
+
+def shape_kind(shape: tuple) -> str:
+    try:
+        return KIND_OF_LENGTH[len(shape)]
+    except KeyError:
+        raise KitError(f"shape {shape} has {len(shape)} dims: expected B;M;N;K (GEMM), B;H "
+                       "(vector) or B;Cin;Cout;ks;S;stride;pad (conv)") from None
+
+
+def read_dims_file(path: str | Path) -> list[tuple[int, ...]]:
+    """NeuSight's dims format: one shape a line, dims separated by ';' (',' also accepted).
+
+    Blank lines and lines starting with '#' are skipped; repeated shapes are kept once.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise KitError(f"shapes file not found: {path} (or use a named grid: "
+                       f"{', '.join(grid_names())})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise KitError(f"cannot read shapes file {path}: {e}") from None
+    shapes: dict[tuple, None] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = [p.strip() for p in line.replace(",", ";").split(";")]
+        try:
+            dims = tuple(int(p) for p in parts)
+        except ValueError:
+            raise KitError(f"{path}:{number}: {line!r} is not whole numbers separated by ';'") from None
+        if len(dims) not in KIND_OF_LENGTH:
+            raise KitError(f"{path}:{number}: {line!r} has {len(dims)} dims; expected B;M;N;K, B;H "
+                           "or B;Cin;Cout;ks;S;stride;pad")
+        low = 0 if len(dims) == 7 else 1
+        if any(d < 1 for d in dims[:5]) or any(d < low for d in dims):
+            raise KitError(f"{path}:{number}: {line!r}: dims must be positive")
+        shapes[dims] = None
+    if not shapes:
+        raise KitError(f"shapes file {path} has no shapes")
+    return list(shapes)
+
+
+def _log_uniform(rng: np.random.Generator, high: int, size) -> np.ndarray:
+    return np.maximum(1, np.round(np.exp(rng.uniform(0.0, math.log(high), size)))).astype(int)
+
+
+def random_grid(name: str, count: int = DEFAULT_COUNT, seed: int = 0) -> list[tuple[int, ...]]:
+    rng = np.random.default_rng(seed)
+    out: dict[tuple, None] = {}
+    tries = 0
+    while len(out) < count and tries < 50 * count:
+        tries += 1
+        if name == "random-bmm":
+            shape = tuple(int(x) for x in _log_uniform(rng, 1024, 4))
+        elif name == "random-linear":
+            m, n, k = _log_uniform(rng, 8192, 1)[0], *_log_uniform(rng, 65536, 2)
+            if 4 * (m * n + n * k + m * k) > 2**30:  # keep one call's tensors under 1 GiB fp32
+                continue
+            shape = (1, int(m), int(n), int(k))
+        elif name == "random-vec":
+            shape = (int(_log_uniform(rng, 16384, 1)[0]), int(_log_uniform(rng, 4096, 1)[0]))
+        elif name == "tiny-gemm":
+            shape = tuple(int(x) for x in rng.integers(1, 33, 4))
+        elif name == "tiny-vec":
+            shape = tuple(int(x) for x in rng.integers(1, 33, 2))
+        else:
+            raise AssertionError(name)
+        out[shape] = None
+    return list(out)
+
+
+def model_layer_shapes(model: str, batches=MODEL_BATCHES) -> list[tuple[int, ...]]:
+    """GEMM and vector shapes of one transformer layer (+ the LM head), NeuSight order."""
+    hidden, heads, ffn, vocab, seq = MODELS[model]
+    head_dim = hidden // heads
+    out: dict[tuple, None] = {}
+    for bs in batches:
+        tokens = bs * seq
+        for n_in, n_out in ((hidden, 3 * hidden), (hidden, hidden), (hidden, ffn), (ffn, hidden),
+                            (hidden, vocab)):
+            out[(1, tokens, n_in, n_out)] = None  # linear: (1, tokens, in) @ (in, out)
+        out[(bs * heads, seq, head_dim, seq)] = None  # scores = Q·Kᵀ
+        out[(bs * heads, seq, seq, head_dim)] = None  # context = P·V
+        out[(bs * heads * seq, seq)] = None  # softmax over the keys
+        out[(tokens, hidden)] = None  # layer norm, residual add
+        out[(tokens, ffn)] = None  # gelu
+    return list(out)
+
+
+def resolve_shapes(spec: str) -> list[tuple[int, ...]]:
+    """A named grid (see the module doc) or a path to a dims file."""
+    name, *rest = spec.split(":")
+    if name in RANDOM_GRIDS:
+        try:
+            count = int(rest[0]) if rest else DEFAULT_COUNT
+            seed = int(rest[1]) if len(rest) > 1 else 0
+        except ValueError:
+            raise KitError(f"grid {spec!r}: write {name}[:COUNT[:SEED]] with whole numbers") from None
+        if count < 1 or len(rest) > 2:
+            raise KitError(f"grid {spec!r}: write {name}[:COUNT[:SEED]] with COUNT >= 1")
+        return random_grid(name, count, seed)
+    if name.endswith("-layers") and name[:-len("-layers")] in MODELS and not rest:
+        return model_layer_shapes(name[:-len("-layers")])
+    if Path(spec).exists() or any(c in spec for c in "/\\.") :
+        return read_dims_file(spec)
+    raise KitError(f"unknown shapes {spec!r}: give a dims file (B;M;N;K or B;H a line) or a grid: "
+                   f"{', '.join(grid_names())}")
