@@ -1,0 +1,186 @@
+"""Collective algorithms on a topology, each reduced to  time = latency + size x cost-per-byte.
+
+For a group of N ranks on k nodes (at most g per node), with
+  B_ring  intra-node ring rate per GPU,   B_net  node network egress,   M  GPU memory bandwidth,
+  s_in / s_net  per-step latency of one NVLink/PCIe hop / one network hop,  kappa  HBM bytes per byte:
+
+  all-reduce  ring         2(N-1) steps, wire 2(N-1)/N per byte on the slower of B_ring, B_net
+              nvls         NVLink SHARP: 2 steps, each byte out once and in once at the NVLS rate
+              tree         NCCL double binary tree across nodes, chain inside: 2(g-1)+2log2(k)
+                           steps, 2 bytes per byte on the node links (NCCL's tuning model)
+              hier-ring    intra reduce-scatter + inter ring all-reduce + intra all-gather, run one
+                           after the other (the framework-level composition)
+              collnet-sharp   intra ring reduce-scatter/all-gather, in-network (SHARP) reduction:
+                           1 byte per byte on the node links, pipelined with the intra part
+              nvls-sharp   NVLS inside, SHARP across nodes, pipelined
+  reduce-scatter / all-gather   ring (N-1 steps, wire (N-1)/N), nvls in one NVSwitch node
+  broadcast / reduce           pipelined ring chain (N-1 steps, wire 1)
+  all-to-all / send-recv       direct transfers; see alltoallv_us
+Every algorithm also pays kappa/M per byte (kappa/2 for collectives without a full reduction),
+the local HBM traffic that does not overlap the wire. Sources: NCCL's algorithms and its tuning
+model (src/graph/tuning.cc); Thakur et al., "Optimization of collective communication operations
+in MPICH" (IJHPCA 2005) for ring/tree step and byte counts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from kit.comm.topology import (Group, group_ring_gbs, node_net_gbs, node_nics, nvls_gbs,
+                               p2p_gbs)
+from kit.hardware.system import System
+
+_NS = 1e3  # GB/s -> bytes per microsecond
+
+
+@dataclass(frozen=True)
+class Plan:
+    algorithm: str
+    latency_us: float
+    us_per_byte: float
+
+
+def _mem(system: System) -> float:
+    return system.gpu.mem_bw_gbs * _NS
+
+
+def _kappa(system: System, full_reduce: bool) -> float:
+    k = system.soft("hbm_bytes_per_byte")
+    return (k if full_reduce else k / 2) / _mem(system)
+
+
+@lru_cache(maxsize=8192)
+def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
+    """Every algorithm that can run `kind` on this group, as (latency, cost per byte)."""
+    n, k, g = group.size, group.n_nodes, group.max_per_node
+    base = system.soft("base_latency_us")
+    if n == 1:
+        return (Plan("local", base, _kappa(system, False)),)
+    s_in, s_net = system.fabric.step_latency_us, system.network.step_latency_us
+    b_ring = group_ring_gbs(system, group) * _NS
+    b_net = node_net_gbs(system, group) * _NS if k > 1 else math.inf
+    nvls = nvls_gbs(system) * _NS if system.fabric.kind == "nvswitch" else 0.0
+    slow = 1.0 / min(b_ring, b_net)
+    out: list[Plan] = []
+    if kind == "allreduce":
+        w = 2.0 * (n - 1) / n
+        kap = _kappa(system, True)
+        out.append(Plan("ring", base + 2 * (n - k) * s_in + 2 * k * s_net * (k > 1), w * slow + kap))
+        if k == 1 and nvls and n > 2:
+            out.append(Plan("nvls", base + 2 * s_in, 1.0 / nvls + kap / 2))
+        if k > 1:
+            depth = math.ceil(math.log2(k))
+            out.append(Plan("tree", base + 2 * (g - 1) * s_in + 2 * depth * s_net,
+                            2.0 * max(1.0 / b_ring, 1.0 / b_net) + kap))
+            w_in = 2.0 * (g - 1) / g
+            out.append(Plan("hier-ring", base + 2 * (g - 1) * s_in + 2 * (k - 1) * s_net,
+                            w_in / b_ring + 2.0 * (k - 1) / k / b_net + kap))
+            if system.network.sharp:
+                out.append(Plan("collnet-sharp", base + 2 * (g - 1) * s_in + 2 * s_net,
+                                max(w_in / b_ring, 1.0 / b_net) + kap))
+                if nvls:
+                    out.append(Plan("nvls-sharp", base + 2 * s_in + 2 * s_net,
+                                    max(1.0 / nvls, 1.0 / b_net) + kap / 2))
+    elif kind in ("reducescatter", "allgather"):
+        w = (n - 1) / n
+        kap = _kappa(system, False)
+        out.append(Plan("ring", base + (n - k) * s_in + k * s_net * (k > 1), w * slow + kap))
+        if k == 1 and nvls and n > 2:
+            out.append(Plan("nvls", base + s_in, w / b_ring + kap))
+    elif kind in ("broadcast", "reduce"):
+        out.append(Plan("ring", base + (n - k) * s_in + k * s_net * (k > 1),
+                        slow + _kappa(system, False)))
+    elif kind == "alltoall":
+        m = np.full((n, n), 1.0 / n)
+        np.fill_diagonal(m, 0.0)
+        out.append(Plan("p2p", alltoall_latency_us(system, group),
+                        alltoallv_us(system, group, m) + _kappa(system, False)))
+    elif kind == "sendrecv":
+        # nccl-tests sendrecv: rank i sends `size` to rank i+1 (a ring shift)
+        worst = max(_pair_us_per_byte(system, a, b)
+                    for a, b in zip(group.ranks, group.ranks[1:] + group.ranks[:1]))
+        lat = base + (s_net if k > 1 else s_in)
+        out.append(Plan("p2p", lat, worst + _kappa(system, False)))
+    else:  # pragma: no cover - kinds are validated by the caller
+        raise ValueError(kind)
+    return tuple(out)
+
+
+def _pair_us_per_byte(system: System, a: int, b: int) -> float:
+    g = system.gpus_per_node
+    if a // g == b // g:
+        return 1.0 / (p2p_gbs(system, a % g, b % g) * _NS)
+    net = system.network
+    return 1.0 / (max(1.0, system.nics_per_gpu) * net.nic_bw_gbs * net.efficiency * _NS)
+
+
+def alltoall_latency_us(system: System, group: Group) -> float:
+    s = system.soft
+    lat = s("base_latency_us") + system.fabric.step_latency_us + s("peer_overhead_us") * (group.size - 1)
+    return lat + (system.network.step_latency_us if group.n_nodes > 1 else 0.0)
+
+
+def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:
+    """Bandwidth time (us) of one all-to-all(v): matrix[i, j] bytes go from group rank i to j.
+
+    Transfers run concurrently, so the time is the busiest resource's: the max over ranks of the
+    bytes each sends or receives over its fabric port and NIC share, over PCIe switch uplinks and
+    the socket link, and over each node's NICs.
+    """
+    x = np.array(matrix, dtype=float)
+    np.fill_diagonal(x, 0.0)
+    gpn = system.gpus_per_node
+    ranks = np.array(group.ranks)
+    node = ranks // gpn
+    local = ranks % gpn
+    same = node[:, None] == node[None, :]
+    intra, inter = np.where(same, x, 0.0), np.where(same, 0.0, x)
+    f = system.fabric
+    times = [0.0]
+    if intra.any():
+        if f.kind == "nvswitch":
+            port = system.gpu_bw_gbs * f.efficiency * _NS
+            times.append(max(intra.sum(1).max(), intra.sum(0).max()) / port)
+        else:
+            # each pair on its own NVLink bundle when it has one; the rest goes over PCIe
+            pair = np.zeros_like(intra)
+            over_pcie = np.zeros_like(intra, dtype=bool)
+            for i in range(len(ranks)):
+                for j in range(len(ranks)):
+                    if i != j and same[i, j] and intra[i, j] > 0:
+                        nv = f.kind == "nvlink-mesh" and f.pair_links(local[i], local[j]) > 0
+                        if nv:
+                            pair[i, j] = intra[i, j] / (p2p_gbs(system, local[i], local[j]) * _NS)
+                        else:
+                            over_pcie[i, j] = True
+            times.append(pair.max())
+            if over_pcie.any():
+                times.append(_pcie_us(system, np.where(over_pcie, intra, 0.0), node, local))
+    if inter.any():
+        net = system.network
+        nic = net.nic_bw_gbs * net.efficiency * _NS
+        per_gpu = max(1.0, system.nics_per_gpu) * nic
+        times.append(max(inter.sum(1).max(), inter.sum(0).max()) / per_gpu)
+        for nd, loc in group.nodes:
+            rows = node == nd
+            out_b, in_b = inter[rows].sum(), inter[:, rows].sum()
+            times.append(max(out_b, in_b) / (node_nics(system, len(loc)) * nic))
+    return float(max(times))
+
+
+def _pcie_us(system: System, x: np.ndarray, node: np.ndarray, local: np.ndarray) -> float:
+    """Busiest PCIe resource: a GPU's x16 link, a switch uplink, or the socket-to-socket link."""
+    p = system.pcie
+    link = p.link_bw_gbs * p.efficiency * _NS
+    sock = p.socket_link_bw_gbs * p.efficiency * _NS
+    times = [max(x.sum(1).max(), x.sum(0).max()) / link]
+    sw = node * 1000 + local // p.gpus_per_switch
+    so = node * 1000 + np.array([p.socket_of(int(v)) for v in local])
+    for ids, bw in ((sw, link), (so, sock)):
+        for u in np.unique(ids):
+            inside = ids == u
+            times.append(max(x[inside][:, ~inside].sum(), x[~inside][:, inside].sum()) / bw)
+    return float(max(times))

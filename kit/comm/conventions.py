@@ -1,0 +1,80 @@
+"""Collective names, the nccl-tests size/bandwidth conventions, and the result type.
+
+nccl-tests conventions (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
+* `size` is the buffer size in bytes: the per-rank buffer for all-reduce, broadcast, reduce,
+  all-to-all and send/recv; the *total* (n x per-rank chunk) for all-gather (output) and
+  reduce-scatter (input).
+* algbw = size / time;  busbw = algbw x factor, with factor
+  all-reduce 2(n-1)/n; reduce-scatter, all-gather, all-to-all (n-1)/n; broadcast, reduce, send/recv 1.
+  busbw is comparable across n: it is the bandwidth the busiest link actually carries.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kit.errors import KitError
+
+KINDS = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "sendrecv")
+
+# nccl-tests binary names and other spellings -> our kind
+_ALIASES = {
+    "all_reduce": "allreduce", "all_reduce_perf": "allreduce", "allreduce": "allreduce", "ar": "allreduce",
+    "reduce_scatter": "reducescatter", "reduce_scatter_perf": "reducescatter", "reducescatter": "reducescatter",
+    "all_gather": "allgather", "all_gather_perf": "allgather", "allgather": "allgather",
+    "broadcast": "broadcast", "broadcast_perf": "broadcast", "bcast": "broadcast",
+    "reduce": "reduce", "reduce_perf": "reduce",
+    "alltoall": "alltoall", "all_to_all": "alltoall", "alltoall_perf": "alltoall", "all2all": "alltoall",
+    "alltoallv": "alltoall", "all_to_allv": "alltoall",
+    "sendrecv": "sendrecv", "sendrecv_perf": "sendrecv", "send_recv": "sendrecv", "p2p": "sendrecv",
+}
+NCCL_TESTS_NAME = {"allreduce": "all_reduce_perf", "reducescatter": "reduce_scatter_perf",
+                   "allgather": "all_gather_perf", "broadcast": "broadcast_perf", "reduce": "reduce_perf",
+                   "alltoall": "alltoall_perf", "sendrecv": "sendrecv_perf"}
+
+
+def canonical_kind(kind: str) -> str:
+    """'all_reduce_perf', 'AllReduce', 'all-reduce' -> 'allreduce'; unknown -> KitError."""
+    k = str(kind).strip().lower().replace("-", "_").replace(" ", "_")
+    if k in _ALIASES:
+        return _ALIASES[k]
+    if k.replace("_", "") in _ALIASES:
+        return _ALIASES[k.replace("_", "")]
+    raise KitError(f"unknown collective {kind!r}; choose one of {', '.join(KINDS)}")
+
+
+def busbw_factor(kind: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor for n ranks."""
+    if kind not in KINDS:
+        kind = canonical_kind(kind)
+    if n < 1:
+        raise KitError(f"a collective needs at least 1 rank, got {n}")
+    if kind == "allreduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("reducescatter", "allgather", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True)
+class CollectiveResult:
+    """One predicted collective. time_ms = max(floor_ms, latency_ms + bandwidth_ms) for a preset."""
+
+    kind: str
+    nbytes: float  # nccl-tests size (see module doc)
+    ranks: int
+    time_ms: float
+    algorithm: str  # "ring", "nvls", "tree", "hier-ring", "collnet-sharp", "p2p", ...
+    algbw_gbs: float
+    busbw_gbs: float
+    latency_ms: float  # the size-independent part (per-step latencies, launch)
+    bandwidth_ms: float  # the size-proportional part
+    floor_ms: float  # host-side floor
+    bound: str  # "latency" or "bandwidth": which part dominates at this size
+    crossover_bytes: float  # size where the bandwidth part equals the latency part
+    plateau_busbw_gbs: float  # busbw as size -> infinity
+    source: str  # "preset" or "calibration:<file>"
+    system: str
+    nodes_spanned: int = 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)

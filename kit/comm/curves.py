@@ -1,0 +1,186 @@
+"""Bandwidth against message size: a latency floor, a sigmoid rise in log size, a plateau.
+
+After Lin et al. (IEEE TPDS 2025), who model collective bandwidth as three regimes. Here:
+
+    busbw(S) = B / (1 + (S_half / S)^k)^(1/k)          (generalised logistic in ln S)
+    time(S)  = max(floor, f * S / busbw(S))            f = nccl-tests busbw factor
+             = max(floor, (f / B) * (S^k + S_half^k)^(1/k))
+
+* small S: busbw grows in proportion to S (latency-bound; time = f*S_half/B, or the floor),
+* large S: busbw -> B (bandwidth-bound plateau),
+* k sets how sharp the knee is: k = 1 is the alpha-beta model latency + S/bandwidth, large k is
+  max(latency, S/bandwidth) (perfect overlap). The presets are the k = 1 case.
+Sizes in bytes, times in microseconds inside this module (nccl-tests prints us), ms outside.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kit.comm.conventions import busbw_factor, canonical_kind
+from kit.errors import KitError
+
+CALIBRATION_FORMAT = "kit-comm-calibration"
+
+
+@dataclass(frozen=True)
+class BandwidthCurve:
+    kind: str
+    ranks: int
+    floor_us: float  # host-side floor of the measured time
+    busbw_max_gbs: float  # plateau B
+    half_bytes: float  # S_half: size where the latency and bandwidth terms are equal
+    steepness: float  # k
+    n_points: int = 0  # measurements it was fitted to (0: a preset)
+    fit_mape: float = float("nan")  # mean |error| / measured time on those points
+    min_bytes: float = 0.0
+    max_bytes: float = 0.0
+
+    @property
+    def factor(self) -> float:
+        return busbw_factor(self.kind, self.ranks) if self.ranks > 1 else 1.0
+
+    def time_us(self, nbytes):
+        if isinstance(nbytes, float) and self.steepness == 1.0:  # fast scalar path (alpha-beta)
+            t = self.factor * (nbytes + self.half_bytes) / (self.busbw_max_gbs * 1e3)
+            return max(self.floor_us, t)
+        s = np.asarray(nbytes, dtype=float)
+        k = self.steepness
+        # (S^k + S_half^k)^(1/k) computed in log space so that large k cannot overflow
+        m = np.logaddexp(k * np.log(np.maximum(s, 1e-30)), k * math.log(self.half_bytes)) / k
+        t = self.factor / (self.busbw_max_gbs * 1e3) * np.exp(m)
+        return np.maximum(self.floor_us, t)
+
+    def busbw_gbs(self, nbytes):
+        s = np.asarray(nbytes, dtype=float)
+        return self.factor * s / (self.time_us(s) * 1e3)
+
+    def latency_us(self) -> float:
+        """Time of a vanishing message: the larger of the floor and f*S_half/B."""
+        return max(self.floor_us, self.factor * self.half_bytes / (self.busbw_max_gbs * 1e3))
+
+    def crossover_bytes(self) -> float:
+        """Size where the bandwidth term f*S/B equals the latency term."""
+        return self.latency_us() * self.busbw_max_gbs * 1e3 / self.factor
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def curve_from_dict(d: dict, where: str = "curve") -> BandwidthCurve:
+    try:
+        c = BandwidthCurve(kind=canonical_kind(d["kind"]), ranks=int(d["ranks"]),
+                           floor_us=float(d["floor_us"]), busbw_max_gbs=float(d["busbw_max_gbs"]),
+                           half_bytes=float(d["half_bytes"]), steepness=float(d["steepness"]),
+                           n_points=int(d.get("n_points", 0)), fit_mape=float(d.get("fit_mape", "nan")),
+                           min_bytes=float(d.get("min_bytes", 0)), max_bytes=float(d.get("max_bytes", 0)))
+    except KeyError as e:
+        raise KitError(f"{where}: missing field {e.args[0]}") from None
+    except (TypeError, ValueError) as e:
+        raise KitError(f"{where}: bad value ({e})") from None
+    if not (c.busbw_max_gbs > 0 and c.half_bytes > 0 and c.steepness > 0 and c.floor_us >= 0):
+        raise KitError(f"{where}: busbw_max_gbs, half_bytes and steepness must be positive")
+    return c
+
+
+def fit_curve(kind: str, ranks: int, nbytes, time_us) -> BandwidthCurve:
+    """Least squares on log time, from several starting points; needs >= 4 distinct sizes."""
+    from scipy.optimize import least_squares
+
+    kind = canonical_kind(kind)
+    s = np.asarray(nbytes, dtype=float)
+    t = np.asarray(time_us, dtype=float)
+    ok = (s > 0) & (t > 0) & np.isfinite(s) & np.isfinite(t)
+    s, t = s[ok], t[ok]
+    if len(np.unique(s)) < 4:
+        raise KitError(f"fitting a {kind} curve on {ranks} ranks needs at least 4 distinct sizes "
+                       f"with positive times, got {len(np.unique(s))}")
+    f = busbw_factor(kind, ranks) if ranks > 1 else 1.0
+    bus = f * s / (t * 1e3)
+    b0 = float(bus.max())
+    t_min = float(t.min())
+    lo = np.log([max(t_min * 1e-3, 1e-6), b0 * 0.05, s.min() * 1e-3, 0.3])
+    hi = np.log([t_min * 1.5, b0 * 50, s.max() * 1e3, 12.0])
+
+    def model(p, x):
+        c = BandwidthCurve(kind, ranks, math.exp(p[0]), math.exp(p[1]), math.exp(p[2]), math.exp(p[3]))
+        return c.time_us(x)
+
+    best = None
+    for floor0 in (t_min * 0.9, t_min * 0.1):
+        for k0 in (1.0, 3.0):
+            half0 = max(t_min * b0 * 1e3 / f, s.min())
+            p0 = np.clip(np.log([floor0, b0 * 1.05, half0, k0]), lo + 1e-9, hi - 1e-9)
+            r = least_squares(lambda p: np.log(model(p, s)) - np.log(t), p0, bounds=(lo, hi),
+                              loss="soft_l1", f_scale=0.05)
+            if best is None or r.cost < best.cost:
+                best = r
+    p = np.exp(best.x)
+    mape = float(np.mean(np.abs(model(best.x, s) - t) / t))
+    return BandwidthCurve(kind, ranks, float(p[0]), float(p[1]), float(p[2]), float(p[3]),
+                          n_points=int(len(s)), fit_mape=mape, min_bytes=float(s.min()),
+                          max_bytes=float(s.max()))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted curves for one system, keyed by (kind, ranks)."""
+
+    system: str
+    curves: tuple[BandwidthCurve, ...]
+    source: str = ""
+
+    def curve(self, kind: str, ranks: int) -> BandwidthCurve | None:
+        kind = canonical_kind(kind)
+        for c in self.curves:
+            if c.kind == kind and c.ranks == ranks:
+                return c
+        return None
+
+    def to_dict(self) -> dict:
+        return {"format": CALIBRATION_FORMAT, "version": 1, "system": self.system,
+                "source": self.source, "curves": [c.to_dict() for c in self.curves]}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+
+def load_calibration(path: str | Path | Calibration) -> Calibration:
+    if isinstance(path, Calibration):
+        return path
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise KitError(f"calibration file not found: {path}") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise KitError(f"calibration file {path} is not valid JSON: {e}") from None
+    if not isinstance(d, dict) or d.get("format") != CALIBRATION_FORMAT:
+        raise KitError(f"{path} is not a kit calibration (expected format {CALIBRATION_FORMAT!r}; "
+                       "make one with `kit comm fit`)")
+    curves = tuple(curve_from_dict(c, f"{path} curve {i}") for i, c in enumerate(d.get("curves", [])))
+    if not curves:
+        raise KitError(f"calibration {path} has no curves")
+    return Calibration(system=str(d.get("system", "")), curves=curves, source=str(path))
+
+
+def fit_table(table, system: str = "", source: str = "", min_points: int = 4) -> Calibration:
+    """Fit one curve per (kind, ranks) of a measurement table (columns kind, ranks, size_bytes, time_us)."""
+    missing = {"kind", "ranks", "size_bytes", "time_us"} - set(table.columns)
+    if missing:
+        raise KitError(f"measurement table lacks column(s) {', '.join(sorted(missing))}")
+    curves = []
+    for (kind, ranks), g in table.groupby(["kind", "ranks"], sort=True):
+        g = g.groupby("size_bytes", as_index=False)["time_us"].median()
+        if len(g) >= min_points:
+            curves.append(fit_curve(kind, int(ranks), g.size_bytes.values, g.time_us.values))
+    if not curves:
+        raise KitError(f"no (collective, ranks) group in {source or 'the table'} has {min_points}+ sizes to fit")
+    return Calibration(system=system, curves=tuple(curves), source=source)

@@ -1,0 +1,172 @@
+"""Predict a collective on a System: pick the fastest algorithm, or use a fitted curve.
+
+    predict_collective("allreduce", 1e9, "dgx-h100")            -> CollectiveResult
+    predict_collective("allgather", 2**20, sys, ranks=[0, 1, 8, 9])
+    collective_table("allreduce", sizes, "dgx-a100", ranks=8)   -> DataFrame (vectorised)
+    predict_alltoallv(send_bytes_matrix, "dgx-h100-x2")
+
+A preset's time is max(floor, latency + size x cost-per-byte) of the best algorithm, which is a
+BandwidthCurve with k = 1 (kit.comm.curves); a calibration replaces it by the curve fitted to
+measurements of the same collective on the same number of ranks.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from kit.comm.algorithms import Plan, alltoall_latency_us, alltoallv_us, plans
+from kit.comm.conventions import KINDS, CollectiveResult, busbw_factor, canonical_kind
+from kit.comm.curves import BandwidthCurve, Calibration, load_calibration
+from kit.comm.topology import Group, resolve_group
+from kit.errors import KitError
+from kit.hardware.system import System, get_system
+
+
+def _floor_us(system: System, n: int) -> float:
+    return system.soft("floor_us") + system.soft("floor_per_rank_us") * (n - 1)
+
+
+def plan_curve(system: System, kind: str, group: Group, plan: Plan) -> BandwidthCurve:
+    """An algorithm's time as a k = 1 bandwidth curve (floor, plateau, half-size)."""
+    n = group.size
+    f = busbw_factor(kind, n) if n > 1 else 1.0
+    return BandwidthCurve(kind=kind, ranks=n, floor_us=_floor_us(system, n),
+                          busbw_max_gbs=f / (plan.us_per_byte * 1e3),
+                          half_bytes=max(plan.latency_us / plan.us_per_byte, 1e-9), steepness=1.0)
+
+
+@lru_cache(maxsize=8192)
+def _plan_curves(system: System, kind: str, group: Group) -> tuple[tuple[Plan, BandwidthCurve], ...]:
+    return tuple((p, plan_curve(system, kind, group, p)) for p in plans(system, kind, group))
+
+
+def _inputs(kind, system, ranks, calibration):
+    kind = canonical_kind(kind)
+    system = get_system(system)
+    group = resolve_group(system, ranks)
+    if kind == "sendrecv" and group.size == 1:
+        raise KitError("sendrecv needs a group of at least 2 ranks")
+    return kind, system, group, _calibration(calibration)
+
+
+def _calibration(calibration) -> Calibration | None:
+    if calibration is None or isinstance(calibration, Calibration):
+        return calibration
+    path = Path(calibration)
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        stamp = 0
+    return _load_cached(str(path), stamp)
+
+
+@lru_cache(maxsize=32)
+def _load_cached(path: str, stamp: int) -> Calibration:
+    return load_calibration(path)
+
+
+def _sizes(nbytes) -> np.ndarray:
+    if isinstance(nbytes, (int, float)) and not isinstance(nbytes, bool) and 0 <= nbytes < float("inf"):
+        return np.array([float(nbytes)])
+    try:
+        s = np.atleast_1d(np.asarray(nbytes, dtype=float))
+    except (TypeError, ValueError):
+        raise KitError(f"message size must be a number of bytes, got {nbytes!r}") from None
+    if s.size == 0 or not np.all(np.isfinite(s)) or np.any(s < 0):
+        raise KitError(f"message size must be a non-negative finite number of bytes, got {nbytes!r}")
+    return s
+
+
+def _evaluate(kind, s, system, group, cal):
+    """(time_us, algorithm index, pairs, fitted curve or None) for sizes s."""
+    pcs = _plan_curves(system, kind, group)
+    times = np.stack([c.time_us(s) for _, c in pcs])
+    lat_plus = np.stack([p.latency_us + p.us_per_byte * s for p, _ in pcs])
+    best = np.lexsort((lat_plus, times), axis=0)[0] if len(pcs) > 1 else np.zeros(len(s), int)
+    fitted = cal.curve(kind, group.size) if cal else None
+    t = fitted.time_us(s) if fitted else times[best, np.arange(len(s))]
+    return t, best, pcs, fitted
+
+
+def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
+    """Vectorised prediction over sizes: a DataFrame with one row per size."""
+    import pandas as pd
+
+    kind, system, group, cal = _inputs(kind, system, ranks, calibration)
+    s = _sizes(nbytes)
+    t, best, pcs, fitted = _evaluate(kind, s, system, group, cal)
+    n = group.size
+    f = busbw_factor(kind, n) if n > 1 else 1.0
+    algbw = np.where(t > 0, s / np.maximum(t, 1e-30) / 1e3, 0.0)
+    names = np.array([p.algorithm for p, _ in pcs])[best]
+    return pd.DataFrame({"kind": kind, "size_bytes": s, "ranks": n, "time_ms": t / 1e3,
+                         "algorithm": names, "algbw_gbs": algbw, "busbw_gbs": algbw * f,
+                         "source": "calibration" if fitted else "preset", "system": system.key})
+
+
+def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration=None) -> CollectiveResult:
+    """Time, algorithm, algbw and busbw (nccl-tests conventions) of one collective.
+
+    kind: one of KINDS; nbytes: nccl-tests size (per-rank buffer; total for all-gather and
+    reduce-scatter); system: a System or preset name; ranks: None (all), a count, or a list of
+    global ranks; calibration: a Calibration or the path of a `kit comm fit` file.
+    """
+    kind, system, group, cal = _inputs(kind, system, ranks, calibration)
+    s = _sizes(nbytes)
+    if s.size != 1:
+        raise KitError("predict_collective takes one size; use collective_table for many")
+    size = float(s[0])
+    pcs = _plan_curves(system, kind, group)
+    plan, curve = min(pcs, key=lambda pc: (pc[1].time_us(size), pc[0].latency_us + pc[0].us_per_byte * size))
+    fitted = cal.curve(kind, group.size) if cal else None
+    t = float(fitted.time_us(size)) if fitted else curve.time_us(size)
+    return _result(kind, size, t, plan, fitted or curve, system, group,
+                   f"calibration:{cal.source}" if fitted else "preset")
+
+
+def _result(kind, size, t_us, plan, curve, system, group, source) -> CollectiveResult:
+    n = group.size
+    f = busbw_factor(kind, n) if n > 1 else 1.0
+    algbw = size / t_us / 1e3 if t_us > 0 else 0.0
+    lat_us = curve.latency_us() if curve.n_points else plan.latency_us
+    bw_us = f * size / (curve.busbw_max_gbs * 1e3)
+    return CollectiveResult(
+        kind=kind, nbytes=size, ranks=n, time_ms=t_us / 1e3, algorithm=plan.algorithm,
+        algbw_gbs=algbw, busbw_gbs=algbw * f, latency_ms=lat_us / 1e3, bandwidth_ms=bw_us / 1e3,
+        floor_ms=curve.floor_us / 1e3, bound="bandwidth" if bw_us > max(lat_us, curve.floor_us) else "latency",
+        crossover_bytes=curve.crossover_bytes(), plateau_busbw_gbs=curve.busbw_max_gbs,
+        source=source, system=system.key, nodes_spanned=group.n_nodes)
+
+
+def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
+    """Uneven all-to-all: send_bytes[i][j] bytes from group rank i to group rank j.
+
+    The time is set by the busiest rank (the max over ranks of bytes sent or received, on each
+    link it uses) plus the all-to-all latency. algbw = the largest per-rank send / time.
+    """
+    system = get_system(system)
+    m = np.asarray(send_bytes, dtype=float)
+    if m.ndim != 2 or m.shape[0] != m.shape[1]:
+        raise KitError(f"send_bytes must be a square ranks x ranks matrix, got shape {m.shape}")
+    if not np.all(np.isfinite(m)) or np.any(m < 0):
+        raise KitError("send_bytes must hold non-negative finite byte counts")
+    group = resolve_group(system, m.shape[0] if ranks is None else ranks)
+    if group.size != m.shape[0]:
+        raise KitError(f"send_bytes is {m.shape[0]}x{m.shape[0]} but the group has {group.size} ranks")
+    n = group.size
+    lat = alltoall_latency_us(system, group)
+    kap = system.soft("hbm_bytes_per_byte") / 2 / (system.gpu.mem_bw_gbs * 1e3)
+    sent = m.sum(1) - np.diag(m)
+    busiest = float(max(sent.max(), (m.sum(0) - np.diag(m)).max())) if n > 1 else 0.0
+    bw_us = alltoallv_us(system, group, m) + kap * busiest if n > 1 else 0.0
+    t_us = max(lat + bw_us, _floor_us(system, n))
+    size = float(m.sum(1).max())
+    per_byte = bw_us / busiest if busiest > 0 else 1.0
+    plan = Plan("p2p", lat, per_byte)
+    curve = plan_curve(system, "alltoall", group, plan)
+    return _result("alltoall", size, t_us, plan, curve, system, group, "preset")
+
+
+__all__ = ["KINDS", "collective_table", "plan_curve", "predict_alltoallv", "predict_collective"]

@@ -1,0 +1,181 @@
+"""Where a group of ranks sits on a System, and the bandwidths its links give it.
+
+All bandwidths here are achieved GB/s per direction (link rate x efficiency). Results are cached
+per (system, group), so a repeated prediction costs microseconds.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from kit.errors import KitError
+from kit.hardware.system import System
+
+
+@dataclass(frozen=True)
+class Group:
+    ranks: tuple[int, ...]  # global ranks, sorted
+    nodes: tuple[tuple[int, tuple[int, ...]], ...]  # (node, local GPU indices) per node spanned
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def max_per_node(self) -> int:
+        return max(len(loc) for _, loc in self.nodes)
+
+
+def resolve_group(system: System, ranks=None) -> Group:
+    """None -> every rank; an int n -> ranks 0..n-1 (filling nodes in order); a list -> those ranks."""
+    if isinstance(ranks, (list, tuple)):
+        try:
+            return _resolve(system, tuple(ranks))
+        except TypeError:  # unhashable members: let _resolve_group explain
+            pass
+    elif ranks is None or isinstance(ranks, int):
+        return _resolve(system, ranks)
+    return _resolve_group(system, ranks)
+
+
+@lru_cache(maxsize=4096)
+def _resolve(system: System, ranks) -> Group:
+    return _resolve_group(system, ranks)
+
+
+def _resolve_group(system: System, ranks) -> Group:
+    world = system.world_size
+    if ranks is None:
+        chosen = tuple(range(world))
+    elif isinstance(ranks, (int, np.integer)) and not isinstance(ranks, bool):
+        if not 1 <= ranks <= world:
+            raise KitError(f"ranks={ranks} does not fit {system.key}: it has {world} GPUs "
+                           f"({system.nodes} node(s) x {system.gpus_per_node}); use nodes= for more")
+        chosen = tuple(range(int(ranks)))
+    else:
+        try:
+            chosen = tuple(sorted(int(r) for r in ranks))
+        except (TypeError, ValueError):
+            raise KitError(f"ranks must be None, a count or a list of rank ids, got {ranks!r}") from None
+        if not chosen:
+            raise KitError("ranks is an empty list; a group needs at least one rank")
+        if len(set(chosen)) != len(chosen):
+            raise KitError(f"ranks has duplicates: {list(ranks)}")
+        bad = [r for r in chosen if not 0 <= r < world]
+        if bad:
+            raise KitError(f"rank(s) {bad} outside {system.key}, whose ranks are 0..{world - 1}")
+    per_node: dict[int, list[int]] = {}
+    for r in chosen:
+        per_node.setdefault(r // system.gpus_per_node, []).append(r % system.gpus_per_node)
+    return Group(ranks=chosen, nodes=tuple((n, tuple(loc)) for n, loc in sorted(per_node.items())))
+
+
+def _gbs_to_bytes_per_us(gbs: float) -> float:
+    return gbs * 1e3
+
+
+# -- intra-node ---------------------------------------------------------------------------------
+def pcie_path_gbs(system: System, a: int, b: int) -> float:
+    """GPU a -> GPU b through the PCIe tree (same switch, across the root complex, across sockets)."""
+    p = system.pcie
+    bw = p.link_bw_gbs
+    if p.socket_of(a) != p.socket_of(b):
+        bw = min(bw, p.socket_link_bw_gbs)
+    return bw * p.efficiency
+
+
+def p2p_gbs(system: System, a: int, b: int) -> float:
+    """Achieved bandwidth of one direct transfer between local GPUs a and b."""
+    f = system.fabric
+    if f.kind == "nvswitch":
+        return system.gpu_bw_gbs * f.efficiency
+    if f.kind == "nvlink-mesh":
+        n = f.pair_links(a, b)
+        if n:
+            return n * f.link_bw_gbs * f.efficiency
+    return pcie_path_gbs(system, a, b)
+
+
+def _pcie_ring_gbs(system: System, local: tuple[int, ...]) -> float:
+    # A ring ordered by switch crosses every switch uplink and the socket link once per direction.
+    p = system.pcie
+    bw = p.link_bw_gbs
+    if len({p.socket_of(g) for g in local}) > 1:
+        bw = min(bw, p.socket_link_bw_gbs)
+    return bw * p.efficiency
+
+
+def _mesh_ring_gbs(system: System, local: tuple[int, ...]) -> float:
+    """Best total rate of concurrent directed rings (Hamiltonian cycles over NVLink) within the
+    link capacities: a small linear program, as NCCL spreads channels over several rings."""
+    from scipy.optimize import linprog
+
+    f = system.fabric
+    first, rest = local[0], local[1:]
+    cycles = []
+    for perm in itertools.permutations(rest):
+        order = (first, *perm)
+        if all(f.pair_links(order[i], order[(i + 1) % len(order)]) for i in range(len(order))):
+            cycles.append(order)
+    if not cycles:
+        return 0.0
+    edges = {(a, b): i for i, (a, b) in enumerate((a, b) for a in local for b in local if a != b)}
+    a_ub = np.zeros((len(edges), len(cycles)))
+    for j, order in enumerate(cycles):
+        for i in range(len(order)):
+            a_ub[edges[(order[i], order[(i + 1) % len(order)])], j] = 1.0
+    b_ub = np.array([f.pair_links(a, b) * f.link_bw_gbs for (a, b) in edges])
+    res = linprog(-np.ones(len(cycles)), A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
+    return float(-res.fun) * f.efficiency if res.success else 0.0
+
+
+@lru_cache(maxsize=4096)
+def ring_gbs(system: System, local: tuple[int, ...]) -> float:
+    """Per-GPU egress rate a ring collective over these local GPUs achieves (GB/s)."""
+    if len(local) < 2:
+        return math.inf
+    f = system.fabric
+    if f.kind == "nvswitch":
+        return system.gpu_bw_gbs * f.efficiency
+    if f.kind == "nvlink-mesh":
+        if len(local) == 2:
+            return p2p_gbs(system, *local)
+        bw = _mesh_ring_gbs(system, local)
+        if bw > 0:
+            return bw
+    return _pcie_ring_gbs(system, local)
+
+
+def nvls_gbs(system: System) -> float:
+    """NVLink SHARP rate per GPU (all-reduce moves each byte once out and once in)."""
+    f = system.fabric
+    return system.gpu_bw_gbs * f.nvls_efficiency if f.nvls else 0.0
+
+
+# -- inter-node -----------------------------------------------------------------------------------
+def node_nics(system: System, gpus_in_group: int) -> int:
+    """NICs a node uses for a group with this many of its GPUs (rail-aligned: the GPUs' own NICs)."""
+    r = system.nics_per_node
+    if r <= 0:
+        raise KitError(f"{system.key} has no NICs, so its nodes cannot talk to each other")
+    return min(r, max(1, math.ceil(gpus_in_group * r / system.gpus_per_node)))
+
+
+def node_net_gbs(system: System, group: Group) -> float:
+    """Slowest node's achieved network egress for this group (GB/s)."""
+    n = system.network
+    return min(node_nics(system, len(loc)) for _, loc in group.nodes) * n.nic_bw_gbs * n.efficiency
+
+
+@lru_cache(maxsize=4096)
+def group_ring_gbs(system: System, group: Group) -> float:
+    """Slowest node's intra-node ring rate for the group."""
+    return min(ring_gbs(system, loc) for _, loc in group.nodes)
