@@ -1,0 +1,42 @@
+"""`kit replay TRACE [--on GPU_OR_SYSTEM]`: replay a Kineto trace, per-rank step times and the
+critical path; with --on, predict the same step on another GPU or system."""
+from kit.cli import add_command
+
+
+def run(args):
+    from kit.trace import replay
+    from kit.trace.perfetto import write_perfetto
+
+    r = replay(args.trace, on=args.on)
+    out = r.to_dict()
+    if args.trace_out:
+        out["perfetto"] = write_perfetto(r.timeline(), args.trace_out, r.critical_path().op)
+    return out
+
+
+def text(r):
+    head = f"{r['trace']} ({r['gpu'] or 'no GPU'})" + (f" on {r['on']}" if r["on"] else "")
+    lines = [head, f"  {'rank':>4}  {'measured ms':>12}  {'predicted ms':>12}  {'error':>7}"]
+    for x in r["ranks"]:
+        m = f"{x['measured_ms']:.3f}" if x["measured_ms"] is not None else "-"
+        e = f"{x['error_pct']:+.2f}%" if x["error_pct"] is not None else ""
+        lines.append(f"  {x['rank']:>4}  {m:>12}  {x['predicted_ms']:>12.3f}  {e:>7}")
+    if r["mean_abs_error_pct"] is not None:
+        lines.append(f"  mean |error| {r['mean_abs_error_pct']:.2f}%, max {r['max_abs_error_pct']:.2f}%")
+    cp = r["critical_path"]
+    parts = ", ".join(f"{k} {cp[k]:.3f}" for k in ("compute", "communication", "memcpy", "cpu",
+                                                    "wait", "idle") if cp[k] > 0)
+    lines.append(f"  critical path of rank {cp['rank']} ({cp['total_ms']:.3f} ms): {parts}")
+    lines += [f"  note: {n}" for n in r["notes"]]
+    if r.get("perfetto"):
+        lines.append(f"  Perfetto trace: {r['perfetto']}")
+    return "\n".join(lines)
+
+
+def register(sub):
+    p = add_command(sub, "replay", "replay a Kineto trace (file, .gz, folder or tarball) and "
+                    "compare each rank's step; --on predicts it on another GPU or system", run, text)
+    p.add_argument("trace", help="Kineto JSON (.json/.json.gz), a folder of per-rank files, or a tarball")
+    p.add_argument("--on", metavar="GPU_OR_SYSTEM", help="transfer to this GPU or system")
+    p.add_argument("--trace", dest="trace_out", metavar="OUT.json", help="write the replayed timeline "
+                   "as Perfetto JSON")

@@ -1,0 +1,208 @@
+"""Read Kineto (PyTorch profiler) traces: one JSON per rank, plain or .gz, a folder of them, or a
+tarball of them. Each rank becomes a RankTrace holding only what replay needs, in µs as recorded.
+
+Robust to what real traces do: missing fields (skipped event, not a crash), string pids/tids,
+several ProfilerStep#N annotations, CPU-only ranks (no kernels), and ranks whose rank id is not
+in distributedInfo (taken from the file name, else the file order). Anything that is not a
+trace raises KitError naming the file.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import KitError
+
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "cuda_profiler_range"}
+CPU_OP_CATS = {"cpu_op", "Operator", "user_annotation"}
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cudaMemcpy",
+              "cudaMemcpy2D", "cudaMemset", "cudaStreamQuery_blocking")
+_STEP = re.compile(r"ProfilerStep#(\d+)")
+_RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
+
+
+@dataclass
+class GpuEvent:
+    ts_us: float
+    dur_us: float
+    name: str
+    stream: str
+    cat: str  # "kernel" | "memcpy" | "memset"
+    correlation: int | None
+    bytes: int | None = None
+
+
+@dataclass
+class RuntimeCall:
+    ts_us: float
+    dur_us: float
+    name: str
+    tid: str
+    correlation: int | None
+
+
+@dataclass
+class CpuOp:
+    ts_us: float
+    dur_us: float
+    name: str
+    tid: str
+    dims: list | None
+    types: list | None
+
+
+@dataclass
+class RankTrace:
+    """One rank's events. steps: [(step number, start_us, end_us)] from ProfilerStep annotations."""
+
+    rank: int
+    source: str
+    gpu_name: str | None = None
+    world_size: int | None = None
+    steps: list = field(default_factory=list)
+    runtime: list = field(default_factory=list)  # RuntimeCall, sorted by ts
+    gpu: list = field(default_factory=list)  # GpuEvent, sorted by ts
+    cpu_ops: list = field(default_factory=list)  # CpuOp with shapes (for transfer), sorted by ts
+    notes: list = field(default_factory=list)
+
+    @property
+    def measured_steps_ms(self) -> list[float]:
+        """ProfilerStep durations; without any, the span of the whole trace."""
+        if not self.steps:
+            w0, w1 = self.window_us()
+            return [(w1 - w0) / 1e3]
+        return [(e - s) / 1e3 for _, s, e in self.steps]
+
+    def window_us(self) -> tuple[float, float]:
+        if self.steps:
+            return self.steps[0][1], self.steps[-1][2]
+        times = [(e.ts_us, e.ts_us + e.dur_us) for e in self.runtime + self.gpu + self.cpu_ops]
+        if not times:
+            raise KitError(f"{self.source}: the trace has no CPU or GPU events to replay")
+        return min(t[0] for t in times), max(t[1] for t in times)
+
+
+def _num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
+    """Turn one loaded Kineto JSON document into a RankTrace."""
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise KitError(f"{source}: not a Kineto trace (expected a JSON object with a "
+                       "'traceEvents' list)")
+    dist = doc.get("distributedInfo") or {}
+    rank = dist.get("rank") if isinstance(dist, dict) else None
+    if not isinstance(rank, int):
+        m = _RANK_IN_NAME.search(Path(source).name)
+        rank = int(m.group(1)) if m else fallback_rank
+    props = doc.get("deviceProperties") or []
+    gpu_name = props[0].get("name") if props and isinstance(props[0], dict) else None
+    t = RankTrace(rank=rank, source=source, gpu_name=gpu_name,
+                  world_size=dist.get("world_size") if isinstance(dist, dict) else None)
+    skipped = 0
+    for e in doc["traceEvents"]:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        ts, dur = _num(e.get("ts")), _num(e.get("dur"))
+        name, cat = e.get("name"), e.get("cat")
+        if ts is None or dur is None or dur < 0 or not isinstance(name, str):
+            skipped += 1
+            continue
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        corr = args.get("correlation", args.get("External id"))
+        corr = int(corr) if isinstance(corr, (int, float)) else None
+        if cat in GPU_CATS:
+            kind = "kernel" if cat in ("kernel", "Kernel") else (
+                "memcpy" if "emcpy" in cat else "memset")
+            stream = args.get("stream", e.get("tid"))
+            t.gpu.append(GpuEvent(ts, dur, name, str(stream), kind, corr, args.get("bytes")))
+        elif cat in RUNTIME_CATS:
+            t.runtime.append(RuntimeCall(ts, dur, name, str(e.get("tid")), corr))
+        elif cat in CPU_OP_CATS:
+            m = _STEP.fullmatch(name)
+            if m:
+                t.steps.append((int(m.group(1)), ts, ts + dur))
+            elif "Input Dims" in args:
+                t.cpu_ops.append(CpuOp(ts, dur, name, str(e.get("tid")), args.get("Input Dims"),
+                                       args.get("Input type")))
+    if skipped:
+        t.notes.append(f"skipped {skipped} events with missing ts/dur/name")
+    t.steps.sort(key=lambda s: s[1])
+    t.runtime.sort(key=lambda c: c.ts_us)
+    t.gpu.sort(key=lambda g: g.ts_us)
+    t.cpu_ops.sort(key=lambda c: c.ts_us)
+    if not t.steps:
+        t.notes.append(f"rank {rank}: no ProfilerStep annotation; the whole trace is one step")
+    if not t.runtime and not t.gpu and not t.cpu_ops and not t.steps:
+        raise KitError(f"{source}: the trace has no complete ('X') CPU or GPU events")
+    return t
+
+
+def _load_bytes(raw: bytes, source: str):
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise KitError(f"{source}: corrupt gzip ({e})") from None
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise KitError(f"{source}: not valid JSON ({e})") from None
+
+
+def _is_trace_name(name: str) -> bool:
+    n = name.lower()
+    return n.endswith((".json", ".json.gz")) and not n.startswith(".")
+
+
+def load_kineto(path) -> list[RankTrace]:
+    """All ranks in a Kineto file, .gz, folder or tarball (.tar, .tar.gz, .tgz), sorted by rank."""
+    p = Path(path)
+    if not p.exists():
+        raise KitError(f"trace {path}: no such file or folder")
+    docs: list[tuple[str, object]] = []
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and _is_trace_name(f.name))
+        docs = [(str(f), _load_bytes(f.read_bytes(), str(f))) for f in files]
+    elif tarfile.is_tarfile(p):
+        try:
+            with tarfile.open(p) as tar:
+                for m in sorted(tar.getmembers(), key=lambda m: m.name):
+                    if m.isfile() and _is_trace_name(Path(m.name).name):
+                        raw = tar.extractfile(m).read()
+                        docs.append((f"{p}:{m.name}", _load_bytes(raw, f"{p}:{m.name}")))
+        except (tarfile.TarError, OSError, EOFError) as e:
+            raise KitError(f"trace {path}: unreadable tarball ({e})") from None
+    else:
+        docs = [(str(p), _load_bytes(p.read_bytes(), str(p)))]
+    if not docs:
+        raise KitError(f"trace {path}: no Kineto JSON files (*.json or *.json.gz) found")
+    ranks = [parse_events(doc, src, i) for i, (src, doc) in enumerate(docs)]
+    seen: dict[int, str] = {}
+    for r in ranks:
+        if r.rank in seen:
+            raise KitError(f"trace {path}: rank {r.rank} appears twice ({seen[r.rank]} and "
+                           f"{r.source}); give one file per rank")
+        seen[r.rank] = r.source
+    return sorted(ranks, key=lambda r: r.rank)
+
+
+def read_json_text(text: str, source: str = "<string>") -> RankTrace:
+    """Parse one trace from a JSON string (tests, notebooks)."""
+    return parse_events(_load_bytes(text.encode(), source), source, 0)
+
+
+__all__ = ["CpuOp", "GpuEvent", "RankTrace", "RuntimeCall", "SYNC_CALLS", "load_kineto",
+           "parse_events", "read_json_text"]

@@ -1,0 +1,79 @@
+"""Replay a Kineto trace: simulate its execution graph and compare each rank's step time.
+
+A rank's predicted step runs from its ProfilerStep start marker to the later of its end marker
+and the end of the GPU work launched within the step (on a slower GPU the kernels may outlast
+the host's step). measured_ms is the mean ProfilerStep duration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kit.sim import SimResult, simulate
+from kit.trace.build import TraceGraph, build_graph
+from kit.trace.kineto import RankTrace, load_kineto
+
+
+@dataclass
+class Replay:
+    tg: TraceGraph
+    result: SimResult
+    ranks: list = field(default_factory=list)  # dicts: rank, measured_ms, predicted_ms, ...
+    on: str | None = None
+
+    def timeline(self):
+        return self.result.timeline()
+
+    def critical_path(self, rank: int | None = None):
+        return self.result.critical_path(rank if rank is not None else self.slowest_rank())
+
+    def slowest_rank(self) -> int:
+        return max(self.ranks, key=lambda d: d["predicted_ms"])["rank"]
+
+    def to_dict(self) -> dict:
+        slow = self.slowest_rank()
+        errs = [abs(d["error_pct"]) for d in self.ranks if d["error_pct"] is not None]
+        return {
+            "trace": self.tg.traces[0].source.split(":")[0] if self.tg.traces else None,
+            "gpu": self.tg.traces[0].gpu_name if self.tg.traces else None,
+            "on": self.on,
+            "ranks": self.ranks,
+            "mean_abs_error_pct": sum(errs) / len(errs) if errs else None,
+            "max_abs_error_pct": max(errs) if errs else None,
+            "critical_path": {"rank": slow, **self.result.breakdown(slow)},
+            "collectives_synced": self.tg.collectives_synced,
+            "clock_offsets_us": self.tg.offsets_us,
+            "notes": self.tg.notes + [n for t in self.tg.traces for n in t.notes],
+        }
+
+
+def step_times_ms(tg: TraceGraph, res: SimResult, rank: int) -> list[float]:
+    out = []
+    gpu_end: dict[int, float] = {}
+    for op, _, k, _ in tg.gpu_ops.get(rank, []):
+        gpu_end[k] = max(gpu_end.get(k, 0.0), float(res.end_ms[op]))
+    for k, (a, b) in enumerate(tg.markers.get(rank, [])):
+        out.append(max(float(res.end_ms[b]), gpu_end.get(k, 0.0)) - float(res.end_ms[a]))
+    return out
+
+
+def replay(trace, on=None, sync_collectives: bool = True) -> Replay:
+    """Replay a trace (path, or RankTraces) at measured durations, or transferred `on` a GPU/system."""
+    traces = trace if isinstance(trace, list) and all(isinstance(t, RankTrace) for t in trace) \
+        else load_kineto(trace)
+    tg = build_graph(traces, sync_collectives)
+    label = None
+    if on is not None:
+        from kit.trace.transfer import transfer
+
+        label = transfer(tg, on)
+    res = simulate(tg.graph)
+    rows = []
+    for t in traces:
+        pred = step_times_ms(tg, res, t.rank)
+        meas = t.measured_steps_ms
+        m = sum(meas) / len(meas) if meas else None
+        p = sum(pred) / len(pred) if pred else 0.0
+        rows.append({"rank": t.rank, "measured_ms": m, "predicted_ms": p,
+                     "error_pct": 100 * (p - m) / m if m and on is None else None,
+                     "steps": len(pred), "gpu": t.gpu_name})
+    return Replay(tg, res, rows, label)

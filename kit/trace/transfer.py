@@ -1,0 +1,148 @@
+"""Transfer a trace to another GPU or system: keep the graph and the host's CPU times, swap each
+GPU op's measured duration for a prediction on the target.
+
+The measured duration is the calibration; the datasheets give the ratio (as in Habitat's wave
+scaling, Yu et al., ATC 2021):
+
+    GEMM-like kernel    t' = t · peak_src / peak_dst          (dtype read from the kernel name)
+    other kernels       t' = f + (t − f) · bw_src / bw_dst    (memory-bound; f = 2 µs floor)
+    memcpy H2D/D2H      t' = t · pcie_src / pcie_dst          (PCIe generation bandwidth)
+    collective          t' = t · comm(dst) / comm(src)        (kit.comm on both systems, with the
+                                                               size from the nccl:* annotation)
+
+With a GPU as target the collectives keep their measured times (no system to predict them on).
+"""
+from __future__ import annotations
+
+import bisect
+import re
+
+from kit.errors import KitError
+from kit.trace.build import TraceGraph
+
+KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent GPU
+_GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma", re.I)
+_HALF = re.compile(r"h884|h1688|h16816|hmma|fp16|half|bf16|f16|s1688|s16816|tensorop|884|1688", re.I)
+_KIND = (("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("allgather", "allgather"),
+         ("all_gather", "allgather"), ("reducescatter", "reducescatter"),
+         ("reduce_scatter", "reducescatter"), ("alltoall", "alltoall"), ("all_to_all", "alltoall"),
+         ("sendrecv", "alltoall"), ("broadcast", "broadcast"))
+_TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "half": 2, "long": 8,
+               "long int": 8, "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1}
+PCIE_GBS = {3: 16.0, 4: 32.0, 5: 64.0, 6: 128.0}  # x16 per direction, PCI-SIG
+
+
+def resolve_target(on):
+    """(gpu, system or None) for a GPU or System name."""
+    from kit.hardware import get_gpu
+    from kit.hardware.system import get_system
+
+    try:
+        sys_ = get_system(on)
+        return sys_.gpu, sys_
+    except KitError:
+        pass
+    try:
+        return get_gpu(on), None
+    except KitError:
+        from kit.hardware.system import list_systems
+
+        raise KitError(f"--on {on!r}: not a GPU (see `kit gpus`) nor a system (one of "
+                       f"{', '.join(list_systems())})") from None
+
+
+def source_system(gpu, world: int):
+    """The preset node for the trace's own GPU (e.g. V100 -> dgx1-v100), or None."""
+    from kit.hardware.system import get_system, list_systems
+
+    for name in list_systems():
+        s = get_system(name)
+        if s.gpu_key == gpu.key and s.nodes == 1 and s.gpus_per_node >= world:
+            return s
+    return None
+
+
+def _collective_kind(name: str) -> str:
+    n = name.lower()
+    for needle, kind in _KIND:
+        if needle in n:
+            return kind
+    return "allreduce"
+
+
+def _nccl_sizes(trace):
+    """Sorted nccl:* annotations (start, end, tid, bytes) of a rank."""
+    out = []
+    for op in trace.cpu_ops:
+        if op.name.startswith("nccl:") and op.dims:
+            first = op.dims[0] if isinstance(op.dims[0], list) else []
+            n = 1
+            for d in first:
+                n *= int(d) if isinstance(d, (int, float)) else 1
+            t = (op.types or ["float"])[0]
+            out.append((op.ts_us, op.ts_us + op.dur_us, op.tid, n * _TYPE_BYTES.get(t, 4), op.name))
+    return out
+
+
+def _size_of(sizes, starts, call):
+    k = bisect.bisect_right(starts, call.ts_us) - 1
+    while k >= 0:
+        s, e, tid, nbytes, name = sizes[k]
+        if tid == call.tid and e >= call.ts_us:
+            return nbytes, name
+        k -= 1
+        if call.ts_us - s > 1e5:
+            break
+    return None, None
+
+
+def transfer(tg: TraceGraph, on) -> str:
+    """Rescale the GPU op durations of tg.graph for the target; returns the target's description."""
+    from kit.comm import predict_collective
+    from kit.hardware import get_gpu
+
+    dst_gpu, dst_sys = resolve_target(on)
+    g = tg.graph
+    world = max(len(tg.traces), 1)
+    if dst_sys is not None and dst_sys.world_size < world:
+        raise KitError(f"--on {on}: {dst_sys.world_size} GPUs, but the trace has {world} ranks")
+    for t in tg.traces:
+        if not t.gpu_name:
+            continue
+        try:
+            src_gpu = get_gpu(t.gpu_name)
+        except KitError as e:
+            raise KitError(f"{t.source}: the trace's GPU is not in the catalog ({e})") from None
+        src_sys = source_system(src_gpu, world) if dst_sys is not None else None
+        sizes = _nccl_sizes(t)
+        starts = [s[0] for s in sizes]
+        for op, ge, _, call in tg.gpu_ops.get(t.rank, []):
+            d = g.dur_ms[op]
+            kind = g.kind[op]
+            if kind == "comm":
+                if dst_sys is None or src_sys is None:
+                    continue
+                nbytes, _ = _size_of(sizes, starts, call)
+                if not nbytes:
+                    continue
+                ck = _collective_kind(ge.name)
+                ranks = list(range(world))
+                a = predict_collective(ck, nbytes, src_sys, ranks=ranks).time_ms
+                b = predict_collective(ck, nbytes, dst_sys, ranks=ranks).time_ms
+                g.dur_ms[op] = d * b / a
+            elif kind == "memcpy":
+                if "HtoD" in ge.name or "DtoH" in ge.name:
+                    g.dur_ms[op] = d * PCIE_GBS.get(src_gpu.pcie_gen, 16.0) / \
+                        PCIE_GBS.get(dst_gpu.pcie_gen, 16.0)
+                else:
+                    g.dur_ms[op] = d * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
+            elif _GEMM.search(ge.name):
+                dtype = "fp16" if _HALF.search(ge.name) else "fp32"
+                ps, pd = src_gpu.peak_tflops(dtype), dst_gpu.peak_tflops(dtype)
+                if not ps or not pd:
+                    ps, pd = src_gpu.fp32_tflops, dst_gpu.fp32_tflops
+                g.dur_ms[op] = d * ps / pd
+            else:
+                f = min(d, KERNEL_FLOOR_MS)
+                g.dur_ms[op] = f + (d - f) * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
+    return dst_sys.key if dst_sys is not None else dst_gpu.key
