@@ -160,6 +160,12 @@ def profile_cuda(call) -> dict:
             events = json.load(f).get("traceEvents", [])
     finally:
         os.unlink(tmp)
+    return kernels_from_trace(events)
+
+
+def kernels_from_trace(events: list[dict]) -> dict:
+    """Schema kernel columns from Kineto trace events: every kernel's name, in launch order, and
+    the longest one's name, grid, block and blocks/warps per SM."""
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e.get("ts", 0))
     if not kernels:
         return {}

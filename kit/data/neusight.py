@@ -103,76 +103,104 @@ def read_neusight_csv(path: Path) -> pd.DataFrame:
                        f"(it has {', '.join(map(str, head.columns))})")
     dtypes = {c: t for c, t in _STRINGS.items() if c in head.columns}
     try:
-        return pd.read_csv(path, dtype=dtypes, engine="c")
+        raw = pd.read_csv(path, dtype=dtypes, engine="c")
     except (pd.errors.ParserError, ValueError, UnicodeDecodeError) as e:
         raise KitError(f"{path} is malformed: {e}") from None
+    if raw["OPName"].isna().any():
+        raise KitError(f"{_where(raw.assign(_file=str(path), _line=raw.index + 2), raw['OPName'].isna())}: "
+                       "OPName is empty")
+    for op in pd.unique(raw["OPName"]):
+        needed = [c for c in _required_dims(schema.op_info(str(op).strip())[0]) if c not in raw.columns]
+        if needed:
+            raise KitError(f"{path}: {op} rows need column(s) {', '.join(needed)}; the file has "
+                           f"{', '.join(map(str, raw.columns))}")
+    return raw.assign(_file=str(path), _line=np.arange(2, len(raw) + 2), _path_version=_version_from_path(path))
 
 
-def _required_dims(op_class: str, op: str) -> tuple[str, ...]:
+def _required_dims(op_class: str) -> tuple[str, ...]:
     if op_class == "gemm":
         return ("B", "M", "N", "K")
     if op_class == "conv":
-        return ("B", "Input_Channel", "Output_Channel", "Input_Size", "Stride", "Padding")
+        return ("B", "Input_Channel", "Output_Channel", "Kernel_Szie", "Input_Size", "Stride", "Padding")
     return ("B", "H")
 
 
 def _version_from_path(path: Path) -> str | float:
-    hit = re.search(r"(?:^|/)p(\d+\.\d+(?:\.\d+)?)(?:/|$)", path.as_posix())
+    hit = re.search(r"(?:^|/)p(\d+\.\d+(?:\.\d+)?)(?:/|$)", Path(path).as_posix())
     return hit.group(1) if hit else np.nan
 
 
-def _int_column(raw: pd.DataFrame, col: str, path: Path) -> pd.Series:
+def _where(raw: pd.DataFrame, bad: pd.Series) -> str:
+    """'file:line' of the first row flagged in bad."""
+    i = int(np.flatnonzero(bad.to_numpy())[0])
+    return f"{raw['_file'].iloc[i]}:{raw['_line'].iloc[i]}"
+
+
+def _int_column(raw: pd.DataFrame, col: str, rows: pd.Series) -> pd.Series:
+    """Whole, non-negative numbers in col where rows is true (KitError naming file:line)."""
     values = pd.to_numeric(raw[col], errors="coerce")
-    bad = raw[col].notna() & (values.isna() | (values != np.round(values)) | (values < 0))
+    bad = rows & (values.isna() | (values != np.round(values)) | (values < 0))
     if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise KitError(f"{path}: column {col!r} must hold whole numbers; row {row + 2} has "
-                       f"{raw[col].iloc[row]!r}")
-    return values.astype("Int64")
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise KitError(f"{_where(raw, bad)}: column {col!r} must hold a whole number, got "
+                       f"{raw[col].iloc[i]!r}")
+    return values.where(rows).astype("Int64")
 
 
-def from_neusight(raw: pd.DataFrame, path: Path, source: str, split: str) -> pd.DataFrame:
-    """Map one NeuSight CSV (as read) onto the schema."""
+def _map_unique(values: pd.Series, fn) -> pd.Series:
+    table = {v: fn(v) for v in pd.unique(values)}
+    return values.map(table)
+
+
+def _cuda_version(v) -> str | float:
+    """'cu121' -> '12.1'."""
+    if not isinstance(v, str):
+        return np.nan
+    hit = re.fullmatch(r"cu(\d+)(\d)", v.strip())
+    return f"{hit.group(1)}.{hit.group(2)}" if hit else v
+
+
+def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
+    """Map NeuSight rows (one or many files from read_neusight_csv, concatenated) onto the schema."""
     ops = raw["OPName"].astype("str").str.strip()
-    info = schema.op_columns(ops) if ops.notna().all() else None
-    if info is None:
-        raise KitError(f"{path}: column 'OPName' has empty values")
-    out = pd.DataFrame(index=raw.index)
-    out["op"] = ops
-    out = out.join(info)
-    for op_class in pd.unique(info["op_class"]):
-        needed = [c for c in _required_dims(op_class, "") if c not in raw.columns]
-        if op_class == "conv" and "Kernel_Szie" not in raw and "Kernel_Size" not in raw:
-            needed.append("Kernel_Size")
-        if needed:
-            raise KitError(f"{path}: {op_class} rows need column(s) {', '.join(needed)}; "
-                           f"the file has {', '.join(map(str, raw.columns))}")
+    info = schema.op_columns(ops)
+    out = pd.DataFrame({"op": ops}, index=raw.index).join(info)
     out["device_name"] = raw["Device"].astype("str")
-    out["gpu"] = schema.gpu_keys_for(out["device_name"], where=str(path))
+    out["gpu"] = schema.gpu_keys_for(out["device_name"], where=", ".join(pd.unique(raw["_file"])[:3]))
     out["dtype"] = "fp32"  # NeuSight measured FP32 only (SIMT sgemm, TF32 off)
 
     latency = pd.to_numeric(raw["Latency"], errors="coerce")
-    if latency.isna().any() or (latency <= 0).any():
-        row = int(np.flatnonzero((latency.isna() | (latency <= 0)).to_numpy())[0])
-        raise KitError(f"{path}: column 'Latency' must be a positive number of ms; row {row + 2} "
-                       f"has {raw['Latency'].iloc[row]!r}")
+    bad = latency.isna() | ~(latency > 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise KitError(f"{_where(raw, bad)}: Latency must be a positive number of ms, got "
+                       f"{raw['Latency'].iloc[i]!r}")
     out["latency_ms"] = latency.astype("float64")
 
     cls = info["op_class"]
-    dims = {c: _int_column(raw, c, path) for c in ("B", "M", "N", "K", "H") if c in raw.columns}
-    na = pd.Series(pd.array([None] * len(raw), dtype="Int64"), index=raw.index)
-    is_bmm, is_linear = (ops == "bmm"), (ops == "linear")
+    is_bmm, is_linear, is_conv = (ops == "bmm"), (ops == "linear"), (cls == "conv")
+    is_gemm = is_bmm | is_linear
     is_vec = cls.isin(["elementwise", "softmax", "layernorm"])
-    B, M, N, K, H = (dims.get(c, na) for c in ("B", "M", "N", "K", "H"))
-    out["b"] = B.where(is_bmm, 1).where(is_bmm | is_linear, B.where(cls == "conv", na))
-    out["m"] = M.where(is_bmm, B * M).where(is_bmm | is_linear, na)
-    out["k"] = N.where(is_bmm | is_linear, na)
-    out["n"] = K.where(is_bmm | is_linear, na)
-    out["rows"] = B.where(is_vec, na)
-    out["cols"] = H.where(is_vec, na)
+
+    def dim(c: str, rows: pd.Series) -> pd.Series:
+        if c in raw.columns:
+            return _int_column(raw, c, rows)
+        if rows.any():
+            raise KitError(f"{_where(raw, rows)}: needs column {c!r}")
+        return pd.Series(pd.NA, index=raw.index, dtype="Int64")
+
+    B = dim("B", is_gemm | is_vec | is_conv)
+    M, N, K = (dim(c, is_gemm) for c in ("M", "N", "K"))
+    H = dim("H", is_vec)
+    out["b"] = B.where(is_bmm | is_conv, pd.Series(1, index=raw.index, dtype="Int64").where(is_linear))
+    out["m"] = M.where(is_bmm, (B * M).where(is_linear))
+    out["k"] = N.where(is_gemm)
+    out["n"] = K.where(is_gemm)
+    out["rows"] = B.where(is_vec)
+    out["cols"] = H.where(is_vec)
     for src, dst in _CONV_RENAMES.items():
         if src != "B" and src in raw.columns:
-            out[dst] = _int_column(raw, src, path).where(cls == "conv", na)
+            out[dst] = _int_column(raw, src, is_conv)
 
     for src, dst in _RENAMES.items():
         if src in raw.columns:
@@ -181,16 +209,14 @@ def from_neusight(raw: pd.DataFrame, path: Path, source: str, split: str) -> pd.
         kernels = raw["Kernels"].astype("str").str.strip(";")
         out["kernels"] = kernels
         out["n_kernels"] = kernels.str.count(";").add(1).where(kernels.notna() & (kernels != ""))
-    out = out.join(schema.tile_columns(raw.get("Kernel Name", pd.Series(np.nan, index=raw.index))))
+    out = out.join(schema.tile_columns(raw["Kernel Name"] if "Kernel Name" in raw
+                                       else pd.Series(np.nan, index=raw.index)))
     out["source"] = source
     out["split"] = split
-    if "Torch Version" in raw.columns:
-        out["torch_version"] = raw["Torch Version"].str.lstrip("p")
-    else:
-        out["torch_version"] = _version_from_path(path)
-    if "CUDA Version" in raw.columns:  # "cu121" -> "12.1"
-        cu = raw["CUDA Version"].str.extract(r"^cu(\d+)(\d)$")
-        out["cuda_version"] = (cu[0] + "." + cu[1]).where(cu[0].notna(), raw["CUDA Version"])
+    torch_v = raw["Torch Version"].str.lstrip("p") if "Torch Version" in raw else None
+    out["torch_version"] = raw["_path_version"] if torch_v is None else torch_v.fillna(raw["_path_version"])
+    if "CUDA Version" in raw.columns:
+        out["cuda_version"] = _map_unique(raw["CUDA Version"], _cuda_version)
     if "CUDNN Version" in raw.columns:
         out["cudnn_version"] = raw["CUDNN Version"]
     return schema.conform(out)
@@ -199,9 +225,8 @@ def from_neusight(raw: pd.DataFrame, path: Path, source: str, split: str) -> pd.
 def read_part(part: str, root: Path) -> pd.DataFrame:
     """Every row of one part, uncached (see load_neusight for the cached, filtered version)."""
     split = PARTS[part][0]
-    frames = [from_neusight(read_neusight_csv(f), f, f"neusight:{part}", split)
-              for f in part_files(part, root)]
-    return pd.concat(frames, ignore_index=True)
+    raw = pd.concat([read_neusight_csv(f) for f in part_files(part, root)], ignore_index=True)
+    return from_neusight(raw, f"neusight:{part}", split)
 
 
 def _select(frame: pd.DataFrame, ops, gpus) -> pd.DataFrame:

@@ -190,7 +190,8 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
     except UnicodeDecodeError:
         raise KitError(f"{path} is not a text CSV") from None
     if all(c in header for c in NEUSIGHT_COLUMNS):
-        return from_neusight(read_neusight_csv(path), path, f"neusight:{path.name}", "train")
+        split = "test" if "test" in path.parts else "train"
+        return from_neusight(read_neusight_csv(path), f"neusight:{path.name}", split)
     needed = ("op", "latency_ms")
     if not all(c in header for c in needed):
         missing = [c for c in needed if c not in header]
