@@ -1,0 +1,317 @@
+"""Capture any torch model into an op graph, on meta tensors: no memory, no GPU.
+
+    graph = capture(model, inputs, mode="train", optimizer="adamw")
+
+The model runs under a TorchDispatchMode that records every aten op with its shapes and dtypes.
+Parameters and inputs are replaced by meta tensors of the same shapes (torch.func.functional_call),
+so a 175B-parameter model captures in a laptop's memory and the user's module is left untouched.
+
+* inference: one forward pass under no_grad, modules in eval mode;
+* train: forward (train mode: dropout on) + backward from the model's output, then optionally one
+  optimizer step (the steady-state step: the state-allocating first step is run unrecorded).
+
+Dependencies come from tensor identity: each storage remembers the node(s) that last wrote it, and
+an op depends on the writers of every storage it reads. Module paths come from module hooks in the
+forward pass and, in the backward pass, from the autograd node being run (its sequence number
+links it to the forward op that created it).
+
+F.scaled_dot_product_attention is routed to the fused kernel a GPU would pick (memory-efficient
+attention for fp32, flash attention for fp16/bf16 without a mask), so it is costed as one
+attention kernel rather than the math fallback that meta tensors would take.
+"""
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+from kit.errors import KitError
+from kit.workload.graph import Node, OpGraph
+from kit.workload.mapping import map_op, nbytes, tensors
+
+MODES = ("train", "inference")
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                "tf32": torch.float32}
+_LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+
+
+def layer_of(path: str) -> int | None:
+    """First numeric component of a module path: "transformer.h.3.attn" -> 3."""
+    m = _LAYER.search(path)
+    return int(m.group(1)) if m else None
+
+
+def _storage_key(t: torch.Tensor):
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return id(t)
+
+
+def _shape_text(ins) -> str:
+    return "x".join("[" + ",".join(str(s) for s in t.shape) + "]" for t in ins[:4])
+
+
+class _Recorder(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # capture never runs under torch.compile; skipping the dynamo wrapper avoids importing
+        # torch._dynamo on the first op (seconds on a small machine)
+        return False
+
+    def __init__(self):
+        super().__init__()
+        self.nodes: list[Node] = []
+        self.writers: dict = {}
+        self.phase = "fwd"
+        self.recording = True
+        self.stack = [""]
+        self.seq_path: dict[int, str] = {}
+        self.param_path: dict[int, str] = {}
+
+    def _path(self) -> str:
+        if self.phase == "fwd":
+            path = self.stack[-1]
+            self.seq_path.setdefault(torch.autograd._get_sequence_nr() - 1, path)
+            return path
+        if self.phase == "bwd":
+            node = torch._C._current_autograd_node()
+            if node is None:
+                return ""
+            if type(node).__name__ == "AccumulateGrad":
+                return self.param_path.get(id(getattr(node, "variable", None)), "")
+            return self.seq_path.get(node._sequence_nr(), "")
+        return "optimizer"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.recording:
+            self._record(func, args, kwargs, out)
+        else:  # unrecorded (the optimizer's first step): forget what its outputs' storages held
+            for t in tensors(out):
+                self.writers.pop(_storage_key(t), None)
+        return out
+
+    def _record(self, func, args, kwargs, out):
+        ins = tensors(args) + tensors(kwargs)
+        outs = tensors(out)
+        if not any(t.device.type == "meta" for t in ins + outs):
+            return  # host-side bookkeeping (optimizer step counters, ...): no GPU kernel
+        name = str(func)  # "aten.mm.default"
+        packet = name.split(".")[1] if name.startswith("aten.") else name
+        op, op_class, kernels = map_op(packet, args, kwargs, out)
+        deps = set()
+        for t in ins:
+            deps.update(self.writers.get(_storage_key(t), ()))
+        path = self._path()
+        nid = len(self.nodes)
+        written = outs
+        if op is None and packet not in ("empty", "empty_like", "empty_strided", "new_empty"):
+            written = []  # views alias their input's storage: the writers stay the same
+        for t in written:
+            key = _storage_key(t)
+            if packet.endswith("_") and t.numel() < t.untyped_storage().nbytes() // max(t.element_size(), 1):
+                self.writers[key] = tuple(self.writers.get(key, ())) + (nid,)  # partial in-place write
+            else:
+                self.writers[key] = (nid,)
+        self.nodes.append(Node(nid, name, op, op_class, self.phase, tuple(sorted(deps)), path,
+                               layer_of(path), sum(nbytes(t) for t in outs) if op is not None else 0,
+                               _shape_text(ins), kernels))
+
+
+class _SdpaToFused(TorchFunctionMode):
+    """Route F.scaled_dot_product_attention to the fused aten kernel a GPU would run."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return _fused_sdpa(*args, **kwargs)
+        if func is F.dropout:  # a GPU runs the fused native_dropout kernel
+            return _fused_dropout(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _fused_dropout(input, p=0.5, training=True, inplace=False):
+    if not training or p == 0:
+        return input
+    return torch.native_dropout(input, p, True)[0]
+
+
+def _fused_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                enable_gqa=False):
+    if k.shape[-3] != q.shape[-3]:  # grouped-query attention: repeat k/v heads
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None:
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+    need_lse = torch.is_grad_enabled() and q.requires_grad
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, attn_mask, need_lse, dropout_p, is_causal, scale=scale)[0]
+
+
+@contextmanager
+def _swapped(model, params: dict, buffers: dict):
+    """Temporarily give model the meta parameters and buffers (tied weights stay tied: every
+    alias of one original tensor gets the same meta tensor); the originals come back after."""
+    by_id = {}
+    for n, p in model.named_parameters():
+        by_id[id(p)] = params[n]
+    for n, b in model.named_buffers():
+        by_id[id(b)] = buffers[n]
+    saved = []
+    for mod in model.modules():
+        for table in (mod._parameters, mod._buffers):
+            for key, value in table.items():
+                if value is not None and id(value) in by_id:
+                    saved.append((table, key, value))
+                    table[key] = by_id[id(value)]
+    try:
+        yield
+    finally:
+        for table, key, value in saved:
+            table[key] = value
+
+
+def _to_meta(t, dtype):
+    if not isinstance(t, torch.Tensor):
+        return t
+    d = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
+    return torch.empty(t.shape, dtype=d, device="meta")
+
+
+def _make_optimizer(optimizer, params):
+    if optimizer is None or optimizer == "none":
+        return None
+    if callable(optimizer) and not isinstance(optimizer, str):
+        return optimizer(params)
+    name = str(optimizer).lower()
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, foreach=True)  # CUDA's default implementation
+    if name in ("adamw-fused", "adamw_fused"):
+        return torch.optim.AdamW(params, lr=1e-4, fused=True)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4, foreach=True)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=True)
+    raise KitError(f"unknown optimizer {optimizer!r}: choose adamw, adamw-fused, adam, sgd, none "
+                   "or pass a callable(params) -> torch.optim.Optimizer")
+
+
+def _backward_root(output):
+    leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+    for t in leaves:
+        if t.is_floating_point() and t.requires_grad:
+            return t
+    raise KitError("training capture: the model's output has no floating tensor that requires "
+                   "grad (does the model have trainable parameters on the output's path?)")
+
+
+def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=None,
+            dtype: str | None = None, name: str | None = None, meta: dict | None = None) -> OpGraph:
+    """Run `model` on meta tensors and record its ops.
+
+    inputs: a tuple of positional inputs, or a dict of keyword inputs (tensors of any device:
+    only their shapes and dtypes are used). dtype: cast parameters and floating inputs to
+    "fp32" | "fp16" | "bf16" (None: keep the model's). optimizer: None, "adamw", "adamw-fused",
+    "adam", "sgd" or callable(params) (training only).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise KitError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
+    if mode not in MODES:
+        raise KitError(f"unknown mode {mode!r}: choose train or inference")
+    tdtype = None
+    if dtype is not None:
+        if dtype not in TORCH_DTYPES:
+            raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(TORCH_DTYPES)}")
+        tdtype = TORCH_DTYPES[dtype]
+    train = mode == "train"
+    params = {n: torch.nn.Parameter(_to_meta(p, tdtype), requires_grad=train and p.requires_grad)
+              for n, p in model.named_parameters()}
+    buffers = {n: _to_meta(b, tdtype if b.is_floating_point() else None)
+               for n, b in model.named_buffers()}
+    args, kwargs = (((), dict(inputs)) if isinstance(inputs, dict) else
+                    ((tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)), {}))
+    args, kwargs = tree_map(lambda t: _to_meta(t, tdtype), (args, kwargs))
+
+    rec = _Recorder()
+    names = {id(m): n for n, m in model.named_modules()}
+    rec.param_path = {id(p): n.rsplit(".", 1)[0] if "." in n else "" for n, p in params.items()}
+    saved: dict = {}
+
+    def pre(mod, _args):
+        rec.stack.append(names.get(id(mod), rec.stack[-1]))
+
+    def post(mod, _args, _out):
+        if len(rec.stack) > 1:
+            rec.stack.pop()
+
+    def pack(t):
+        saved[_storage_key(t)] = t.untyped_storage().nbytes() if t.device.type == "meta" else 0
+        return t
+
+    handles = []
+    was_training = model.training
+    try:
+        for m in model.modules():
+            handles.append(m.register_forward_pre_hook(pre))
+            handles.append(m.register_forward_hook(post))
+        model.train(train)
+        grad_ctx = torch.enable_grad() if train else torch.no_grad()
+        with grad_ctx, _SdpaToFused(), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with _swapped(model, params, buffers):
+                out = model(*args, **kwargs)
+        if train:
+            root = _backward_root(out)
+            rec.phase = "bwd"
+            with rec:
+                if root.numel() == 1:
+                    root.backward()
+                else:
+                    root.backward(torch.empty_like(root))
+            opt = _make_optimizer(optimizer, [p for p in params.values() if p.requires_grad])
+            if opt is not None:
+                rec.phase, rec.recording = "opt", False
+                with rec:
+                    opt.step()  # first step allocates the state: not the steady state
+                    rec.recording = True
+                    opt.step()
+        elif optimizer not in (None, "none"):
+            raise KitError("an optimizer step needs mode='train'")
+    except KitError:
+        raise
+    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise KitError(f"capturing {name or type(model).__name__} failed: {msg} (inputs must "
+                       "match the model's forward; data-dependent shapes cannot run on meta)") from None
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+    unique = {id(p): p for p in model.parameters()}
+    n_params = sum(p.numel() for p in unique.values())
+    param_bytes = sum(p.numel() * (tdtype.itemsize if tdtype and p.is_floating_point()
+                                   else p.element_size()) for p in unique.values())
+    fwd_out = [n.out_bytes for n in rec.nodes if n.phase == "fwd"]
+    info = {"params": int(n_params), "param_bytes": int(param_bytes),
+            "buffer_bytes": int(sum(nbytes(b) for b in buffers.values())),
+            "activation_bytes": int(sum(saved.values()) if train else 2 * max(fwd_out, default=0)),
+            "mode": mode, "dtype": dtype or _dtype_name(params), "optimizer":
+            (optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom"))
+            if optimizer is not None else None, "fusion": "eager"}
+    info.update(meta or {})
+    return OpGraph(tuple(rec.nodes), name or type(model).__name__, info)
+
+
+def _dtype_name(params) -> str:
+    for p in params.values():
+        if p.is_floating_point():
+            return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(p.dtype, "fp32")
+    return "fp32"

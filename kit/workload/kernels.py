@@ -1,0 +1,58 @@
+"""Kernels that kit.ops has no class for, expressed through kit.ops so any predictor can cost them.
+
+A `Derived` kernel is `scale × (sum of its parts)`: the parts are ordinary kit ops that a
+predictor knows (Attention, Elementwise, Gemm, ...), the scale turns them into the kernel at hand.
+Examples:
+* attention backward = 2.5 × attention forward: FlashAttention's backward does 5 matmuls to the
+  forward's 2 (Dao, "FlashAttention-2", 2023, section 3.2);
+* a reduction, a softmax backward or an unknown op = a memory-bound copy moving the same bytes;
+* a convolution backward = two GEMMs (grad input, grad weight).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kit.ops import Elementwise, dtype_bytes
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A kernel costed as scale × sum(parts). flops and bytes follow the same rule."""
+
+    op_class: str
+    parts: tuple
+    scale: float = 1.0
+    label: str = ""  # what it is, for reports ("attention backward", "aten.sort.default")
+
+    @property
+    def dtype(self) -> str:
+        return getattr(self.parts[0], "dtype", "fp32")
+
+    @property
+    def flops(self) -> float:
+        return self.scale * sum(p.flops for p in self.parts)
+
+    @property
+    def bytes(self) -> float:
+        return self.scale * sum(p.bytes for p in self.parts)
+
+
+def copy_of(nbytes: float, dtype: str = "fp32") -> Elementwise:
+    """The elementwise copy that moves nbytes (half read, half written): the proxy of a
+    memory-bound kernel."""
+    numel = max(1, math.ceil(nbytes / (2 * dtype_bytes(dtype))))
+    return Elementwise("copy", numel, dtype)
+
+
+def memory_bound(op_class: str, nbytes: float, dtype: str = "fp32", flops: float = 0.0,
+                 label: str = "") -> Derived:
+    """A kernel limited by the bytes it moves: costed as a copy of those bytes."""
+    return Derived(op_class, (copy_of(nbytes, dtype),), 1.0, label)
+
+
+def leaf_ops(op) -> list:
+    """The kit ops a node's op is made of, with the scale each is multiplied by."""
+    if isinstance(op, Derived):
+        return [(p, op.scale * s) for part in op.parts for p, s in leaf_ops(part)]
+    return [(op, 1.0)]

@@ -1,0 +1,281 @@
+"""aten op -> kit op: what each recorded op costs.
+
+`map_op(packet, args, kwargs, out)` returns (kit op or None, op_class, kernels). None marks a
+free op (a view, a reshape, an allocation, metadata): it launches no kernel. An op this file does
+not know is returned as a memory-bound kernel of class "unknown" moving all its inputs and
+outputs once; capture reports it by name. Nothing is dropped.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, Gemm, LayerNorm, RMSNorm,
+                     Softmax)
+from kit.workload.kernels import Derived, copy_of, memory_bound
+
+# ops that only change metadata, alias storage or allocate without writing: no kernel
+FREE_OPS = {
+    "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "expand_as",
+    "squeeze", "unsqueeze", "slice", "select", "as_strided", "alias", "detach", "split",
+    "split_with_sizes", "chunk", "unbind", "narrow", "diagonal", "view_as_real", "view_as_complex",
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
+    "lift_fresh_copy", "_local_scalar_dense", "unfold", "movedim", "numpy_T", "_reshape_alias",
+    "sym_size", "sym_stride", "sym_numel", "is_same_size", "_has_compatible_shallow_copy_type",
+    "resize_", "set_", "_to_copy_free", "_unsafe_split", "_unsafe_split_with_sizes", "unsqueeze_",
+    "squeeze_", "transpose_", "t_", "as_strided_", "_record_function_enter_new",
+    "_record_function_exit", "item", "clone_free", "zeros_like_free", "lift", "split_copy_free",
+    "_assert_async", "_assert_scalar", "_functional_assert_async", "record_stream",
+}
+
+# aten op -> elementwise kind (kit.ops.ELEMENTWISE_FLOPS); everything here is one pass over
+# its output, reading each full-size input once
+ELEMENTWISE = {
+    "add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "rsub": "sub", "mul": "mul",
+    "mul_": "mul", "div": "div", "div_": "div", "pow": "pow", "pow_": "pow", "neg": "neg",
+    "abs": "abs", "relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "tanh": "tanh",
+    "gelu": "gelu", "silu": "silu", "silu_": "silu", "exp": "exp", "log": "log", "sqrt": "sqrt",
+    "rsqrt": "rsqrt", "reciprocal": "reciprocal", "clamp": "clamp", "clamp_min": "clamp",
+    "clamp_max": "clamp", "hardtanh": "clamp", "where": "where", "maximum": "max", "minimum": "min",
+    "max": "max", "min": "min", "erf": "erf", "sin": "sin", "cos": "cos", "square": "square",
+    "copy_": "copy", "_to_copy": "cast", "clone": "copy", "contiguous": "copy", "fill_": "fill",
+    "zero_": "fill", "zeros": "fill", "ones": "fill", "full": "fill", "zeros_like": "fill",
+    "ones_like": "fill", "full_like": "fill", "new_zeros": "fill", "new_ones": "fill",
+    "new_full": "fill", "scalar_tensor": "fill", "arange": "fill", "masked_fill": "where",
+    "masked_fill_": "where", "lerp": "add", "lerp_": "add", "addcmul": "mul", "addcmul_": "mul",
+    "addcdiv": "div", "addcdiv_": "div", "threshold_backward": "where", "gelu_backward": "gelu",
+    "silu_backward": "silu", "tanh_backward": "mul", "sigmoid_backward": "mul", "eq": "sub",
+    "ne": "sub", "lt": "sub", "le": "sub", "gt": "sub", "ge": "sub", "logical_not": "neg",
+    "logical_and": "mul", "logical_or": "add", "bitwise_and": "mul", "bitwise_or": "add",
+    "bitwise_not": "neg", "sign": "abs", "floor": "abs", "ceil": "abs", "round": "abs",
+    "trunc": "abs", "remainder": "div", "fmod": "div", "floor_divide": "div", "triu": "where",
+    "tril": "where", "neg_": "neg", "exp_": "exp", "sqrt_": "sqrt", "rsqrt_": "rsqrt",
+    "hardtanh_backward": "where", "log_sigmoid_forward": "sigmoid", "elu": "exp", "leaky_relu": "max",
+    "mish": "tanh", "softplus": "exp", "native_dropout_backward": "mul", "cat": "copy",
+    "stack": "copy", "repeat": "copy", "repeat_interleave": "copy", "_softmax_backward_data_free": "copy",
+    "bernoulli_": "fill", "uniform_": "fill", "normal_": "fill", "randn": "fill", "rand": "fill",
+    "randint": "fill", "randn_like": "fill", "rand_like": "fill", "bernoulli": "fill",
+    "constant_pad_nd": "copy", "roll": "copy", "flip": "copy", "one_hot": "fill", "type_as": "cast",
+    "sgn": "abs", "isnan": "sub", "isinf": "sub", "nan_to_num": "where", "lt_": "sub",
+    "mul_Scalar": "mul", "polar": "mul", "view_as_real_copy": "copy",
+}
+REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "var", "std", "var_mean",
+              "std_mean", "norm", "linalg_vector_norm", "prod", "any", "all", "logsumexp",
+              "count_nonzero", "max_dim", "min_dim", "cumsum", "cumprod", "nll_loss_forward",
+              "nll_loss2d_forward", "_foreach_norm", "aminmax"}
+INDEXING = {"index", "index_select", "gather", "scatter", "scatter_", "scatter_add",
+            "scatter_add_", "index_put", "index_put_", "index_add", "index_add_", "index_copy",
+            "index_copy_", "masked_scatter", "masked_select", "take", "nll_loss_backward",
+            "embedding_dense_backward", "_embedding_bag_backward", "_embedding_bag_dense_backward",
+            "topk", "sort", "argsort", "nonzero", "histc", "bincount", "unique", "_unique2",
+            "searchsorted", "select_backward", "slice_backward", "index_put_impl_", "_index_put_impl_",
+            "new_zeros_scatter", "sparse_coo_tensor"}
+ATTENTION_FWD = {"_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
+                 "_flash_attention_forward", "_efficient_attention_forward",
+                 "scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+                 "_scaled_dot_product_fused_attention_overrideable"}
+ATTENTION_BWD = {name + "_backward" for name in ATTENTION_FWD} | {
+    "_flash_attention_backward", "_efficient_attention_backward"}
+ATTENTION_BWD_SCALE = 2.5  # backward = 5 matmuls vs forward's 2 (FlashAttention-2, sec. 3.2)
+
+_FLOAT_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+                 torch.float64: "fp32"}
+
+
+def kit_dtype(t: torch.Tensor) -> tuple[str, float]:
+    """(kit dtype, element-count multiplier) that move the same bytes as tensor t's dtype."""
+    d = t.dtype
+    if d in _FLOAT_DTYPES:
+        return _FLOAT_DTYPES[d], (2.0 if d == torch.float64 else 1.0)
+    size = t.element_size()
+    if size == 8:
+        return "fp32", 2.0
+    if size == 4:
+        return "fp32", 1.0
+    if size == 2:
+        return "fp16", 1.0
+    return ("fp8", 1.0) if "float8" in str(d) or size == 1 else ("fp32", size / 4)
+
+
+def tensors(obj) -> list[torch.Tensor]:
+    """Every tensor in a nest of lists/tuples/dicts, in order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in tensors(o)]
+    return []
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _rows_cols(x: torch.Tensor, norm_dims: int = 1) -> tuple[int, int]:
+    cols = math.prod(x.shape[-norm_dims:]) if x.dim() else 1
+    return max(1, x.numel() // max(cols, 1)), max(cols, 1)
+
+
+def _gemm(packet: str, args, dtype: str) -> Gemm:
+    if packet in ("mm", "addmm"):
+        a, b = (args[0], args[1]) if packet == "mm" else (args[1], args[2])
+        return Gemm(m=a.shape[0], n=b.shape[1], k=a.shape[1], b=1, dtype=dtype, kind="linear",
+                    shared_rhs=True)
+    a, b = (args[0], args[1]) if packet == "bmm" else (args[1], args[2])
+    return Gemm(m=a.shape[1], n=b.shape[2], k=a.shape[2], b=a.shape[0], dtype=dtype, kind="bmm")
+
+
+def _attention(q, k, v, dtype: str, causal: bool) -> Attention:
+    """q: (b, heads, seq_q, d), k/v: (b, kv_heads, seq_kv, d) (any leading batch dims)."""
+    b = math.prod(q.shape[:-3]) if q.dim() > 3 else 1
+    heads, seq_q, d = q.shape[-3], q.shape[-2], q.shape[-1]
+    kv_heads, seq_kv = k.shape[-3], k.shape[-2]
+    return Attention(b=b, heads=heads, seq_q=seq_q, seq_kv=seq_kv, head_dim=d, dtype=dtype,
+                     causal=bool(causal), kv_heads=kv_heads if kv_heads != heads else None)
+
+
+def _causal_arg(packet: str, args, kwargs) -> bool:
+    if "is_causal" in kwargs:
+        return bool(kwargs["is_causal"])
+    # positional is_causal: efficient (q,k,v,bias,lse,dropout,causal); flash (q,k,v,dropout,causal)
+    pos = {"_scaled_dot_product_efficient_attention": 6, "_scaled_dot_product_flash_attention": 4,
+           "_scaled_dot_product_flash_attention_for_cpu": 4,
+           "_scaled_dot_product_cudnn_attention": 6}.get(packet)
+    if pos is not None and len(args) > pos and isinstance(args[pos], bool):
+        return args[pos]
+    return False
+
+
+def _foreach(packet: str, args, out) -> tuple[Elementwise, int]:
+    lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+    first = lists[0] if lists else tensors(args)
+    numel = sum(t.numel() for t in first) or 1
+    dtype, mult = kit_dtype(first[0])
+    reads = len(lists) if lists else 1
+    # multi_tensor_apply launches one kernel per ~110 tensors (depth 1; fewer for deeper lists)
+    kernels = max(1, math.ceil(len(first) / 110))
+    return Elementwise("add", max(1, int(numel * mult)), dtype, inputs=reads), kernels
+
+
+def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
+    """(kit op or None, op_class, kernels) for one aten op; packet is the aten name ("mm")."""
+    kwargs = kwargs or {}
+    if packet in FREE_OPS:
+        return None, "free", 0
+    ins = tensors(args) + tensors(kwargs)
+    outs = tensors(out)
+    lead = (outs or ins or [None])[0]
+    if lead is None:
+        return None, "free", 0
+    dtype, mult = kit_dtype(ins[0] if ins and ins[0].is_floating_point() else lead)
+    if packet in ("mm", "addmm", "bmm", "baddbmm"):
+        return _gemm(packet, args, dtype), "gemm", 1
+    if packet in ATTENTION_FWD:
+        return _attention(args[0], args[1], args[2], dtype, _causal_arg(packet, args, kwargs)), "attention", 1
+    if packet in ATTENTION_BWD:
+        q, k, v = args[1], args[2], args[3]
+        fwd = _attention(q, k, v, dtype, _causal_arg(packet.removesuffix("_backward"), args[1:], kwargs))
+        return Derived("attention", (fwd,), ATTENTION_BWD_SCALE, "attention backward"), "attention", 1
+    if packet in ("_softmax", "_safe_softmax", "_log_softmax", "softmax"):
+        rows, cols = _rows_cols(args[0])
+        return Softmax(rows, cols, dtype), "softmax", 1
+    if packet in ("_softmax_backward_data", "_log_softmax_backward_data"):
+        # reads y and dy, writes dx
+        return memory_bound("softmax", 3 * nbytes(args[0]), dtype, label=packet), "softmax", 1
+    if packet in ("native_layer_norm", "layer_norm"):
+        nd = len(args[1]) if len(args) > 1 and isinstance(args[1], (list, tuple)) else 1
+        return LayerNorm(*_rows_cols(args[0], nd), dtype), "layernorm", 1
+    if packet == "native_layer_norm_backward":
+        # dx kernel: reads x, dy, writes dx; dgamma/dbeta kernel: reads x, dy again
+        n = nbytes(args[1])
+        return memory_bound("layernorm", 5 * n, dtype, label=packet), "layernorm", 2
+    if packet in ("_fused_rms_norm", "rms_norm"):
+        nd = len(args[1]) if len(args) > 1 and isinstance(args[1], (list, tuple)) else 1
+        return RMSNorm(*_rows_cols(args[0], nd), dtype), "rmsnorm", 1
+    if packet == "_fused_rms_norm_backward":
+        return memory_bound("rmsnorm", 4 * nbytes(args[0]), dtype, label=packet), "rmsnorm", 2
+    if packet == "native_dropout":
+        p = float(args[1]) if len(args) > 1 else 0.5
+        return Dropout(max(1, int(args[0].numel() * mult)), dtype, min(max(p, 0.0), 0.99)), "dropout", 1
+    if packet == "embedding":
+        weight, idx = args[0], args[1]
+        return EmbeddingBag(batch=max(1, idx.numel()), rows=weight.shape[0], dim=weight.shape[1],
+                            pooling=1, dtype=dtype), "embedding", 1
+    if packet in ("_embedding_bag", "_embedding_bag_forward_only", "embedding_bag"):
+        weight, idx, offsets = args[0], args[1], args[2]
+        bags = max(1, offsets.numel())
+        return EmbeddingBag(batch=bags, rows=weight.shape[0], dim=weight.shape[1],
+                            pooling=max(1, round(idx.numel() / bags)), dtype=dtype), "embedding", 1
+    if packet == "embedding_dense_backward":
+        grad, num_weights = args[0], int(args[2])
+        dim = grad.shape[-1]
+        dsize = grad.element_size()
+        # zero the (num_weights, dim) gradient, then scatter-add every row of grad into it
+        return memory_bound("embedding", num_weights * dim * dsize + 2 * nbytes(grad), dtype,
+                            label=packet), "embedding", 2
+    if packet == "convolution":
+        return _conv(args, out, dtype), "gemm", 1
+    if packet == "convolution_backward":
+        return _conv_backward(args, dtype), "gemm", 2
+    if packet.startswith("_foreach_") or packet.startswith("_fused_adam") or packet == "_fused_sgd_":
+        op, kernels = _foreach(packet, args, out)
+        if packet.startswith("_fused_adam"):  # param, grad, m, v read; param, m, v written
+            op = Elementwise("add", op.numel, op.dtype, inputs=4)
+            return Derived("optimizer", (op,), 7 / 5, packet), "optimizer", kernels
+        cls = "reduction" if packet == "_foreach_norm" else "elementwise"
+        return op, cls, kernels
+    if packet in REDUCTIONS:
+        moved = sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs)
+        return memory_bound("reduction", moved, dtype, label=packet), "reduction", 1
+    if packet in INDEXING:
+        moved = sum(nbytes(t) for t in ins) + 2 * sum(nbytes(t) for t in outs)
+        if packet in ("index_put", "index_put_", "_index_put_impl_", "index_add", "index_add_",
+                      "scatter", "scatter_", "scatter_add", "scatter_add_", "index_copy_"):
+            # in-place scatters touch only the rows they write, not the whole destination
+            moved = sum(nbytes(t) for t in ins[1:]) * 2 or moved
+        return memory_bound("indexing", moved, dtype, label=packet), "indexing", 1
+    if packet in ELEMENTWISE:
+        return _elementwise(ELEMENTWISE[packet], ins, outs, lead, dtype, mult), "elementwise", 1
+    moved = sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs)
+    return memory_bound("unknown", max(moved, 1), dtype, label=packet), "unknown", 1
+
+
+def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float) -> Elementwise:
+    numel = max(1, int(lead.numel() * mult))
+    if kind in ("fill",):
+        return Elementwise(kind, numel, dtype, inputs=1)  # no read; bytes ~ write + a little
+    if kind == "copy" and len(ins) > 1:  # cat/stack: read every input once, write the output
+        return Elementwise("copy", numel, dtype, inputs=1)
+    full = sum(1 for t in ins if t.numel() >= lead.numel())
+    return Elementwise(kind, numel, dtype, inputs=max(1, full))
+
+
+def _conv(args, out, dtype: str) -> Gemm:
+    """Implicit-GEMM view of a convolution: M = N·out spatial, N = Cout, K = Cin/groups · kernel."""
+    x, w = args[0], args[1]
+    y = tensors(out)[0]
+    groups = int(args[8]) if len(args) > 8 else 1
+    spatial = math.prod(y.shape[2:]) if y.dim() > 2 else 1
+    k = max(1, (w.shape[1]) * math.prod(w.shape[2:]))
+    return Gemm(m=max(1, y.shape[0] * spatial), n=max(1, w.shape[0] // groups), k=k, b=groups,
+                dtype=dtype, kind="linear", shared_rhs=True)
+
+
+def _conv_backward(args, dtype: str) -> Derived:
+    grad, x, w = args[0], args[1], args[2]
+    groups = int(args[9]) if len(args) > 9 else 1
+    spatial_out = math.prod(grad.shape[2:]) if grad.dim() > 2 else 1
+    spatial_in = math.prod(x.shape[2:]) if x.dim() > 2 else 1
+    kernel = max(1, math.prod(w.shape[2:]))
+    cout, cin_g = w.shape[0] // groups, w.shape[1]
+    dx = Gemm(m=max(1, x.shape[0] * spatial_in), n=cin_g, k=max(1, cout * kernel), b=groups,
+              dtype=dtype, kind="linear")
+    dw = Gemm(m=cout, n=max(1, cin_g * kernel), k=max(1, grad.shape[0] * spatial_out), b=groups,
+              dtype=dtype, kind="linear")
+    return Derived("gemm", (dx, dw), 1.0, "convolution backward")
+
+
+__all__ = ["map_op", "kit_dtype", "tensors", "nbytes", "copy_of"]

@@ -1,0 +1,210 @@
+"""The model zoo: named configs (HF key names) built as plain-torch models, plus cached capture.
+
+    model = build("gpt2-large")                 # an nn.Module on the meta device
+    graph = graph_for("gpt3-2.7b", batch=2, seq=2048, mode="train")
+
+Names are matched ignoring case and punctuation, and NeuSight's config names are aliases
+(gpt2_large, gpt3_27, opt_13, bert_large, switchxl4, ...). Where NeuSight ships a config, the
+zoo's matches it key for key (tests check this against $KIT_DATA/data/DLmodel_configs).
+A user's own HF-style config dict works too: build({"model_type": "gpt2", "n_embd": ...}).
+
+Captures are cached per model and shape: in-process (LRU) and, when $KIT_CACHE is set or
+disk=True, as pickles under the kit cache directory (loading one does not import torch).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+from collections import OrderedDict
+from pathlib import Path
+
+from kit.errors import KitError
+
+
+def _gpt(n_embd, n_head, n_layer, n_positions=1024):
+    return {"model_type": "gpt2", "activation_function": "gelu_new", "n_embd": n_embd,
+            "n_head": n_head, "n_layer": n_layer, "n_positions": n_positions, "vocab_size": 50257,
+            "attn_pdrop": 0.1, "embd_pdrop": 0.1, "resid_pdrop": 0.1, "layer_norm_epsilon": 1e-5}
+
+
+def _bert(hidden, heads, layers, ff):
+    return {"model_type": "bert", "hidden_act": "gelu", "hidden_size": hidden,
+            "num_attention_heads": heads, "num_hidden_layers": layers, "intermediate_size": ff,
+            "max_position_embeddings": 512, "type_vocab_size": 2, "vocab_size": 30522,
+            "attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.1, "layer_norm_eps": 1e-12}
+
+
+def _llama(hidden, layers, heads, kv_heads, ff, vocab, theta, **extra):
+    return {"model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": ff,
+            "vocab_size": vocab, "rope_theta": theta, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 8192, **extra}
+
+
+# name: (config, default seq, aliases). Sources: GPT-2 (Radford et al. 2019, HF configs);
+# GPT-3 XL..13B: NeuSight's DLmodel_configs; GPT-3 175B: Brown et al. 2020, Table 2.1;
+# BERT: Devlin et al. 2019; OPT-1.3B: HF facebook/opt-1.3b; Llama-3: Meta's model cards
+# (8B: 4096/32 layers/8 KV heads/14336; 70B: 8192/80/8/28672, vocab 128256, theta 5e5);
+# Mixtral 8x7B: Mistral AI's config; Switch-XL4: NeuSight's switchxl4.json; DLRM: MLPerf's
+# Criteo config (13 dense features, 26 tables, dim 128, bottom 512-256, top 1024-1024-512-256).
+ZOO = {
+    "gpt2": (_gpt(768, 12, 12), 1024, ("gpt2-small", "gpt2_small", "gpt2s")),
+    "gpt2-medium": (_gpt(1024, 16, 24), 1024, ("gpt2_med", "gpt2-m", "gpt2m")),
+    "gpt2-large": (_gpt(1280, 20, 36), 1024, ("gpt2_large", "gpt2-l", "gpt2l")),
+    "gpt2-xl": (_gpt(1600, 25, 48), 1024, ("gpt2_xl",)),
+    "gpt3-xl": (_gpt(3072, 24, 24, 2048), 2048, ("gpt3_xl",)),
+    "gpt3-2.7b": (_gpt(2560, 32, 32, 2048), 2048, ("gpt3_27", "gpt3-2p7b")),
+    "gpt3-6.7b": (_gpt(4096, 32, 32, 2048), 2048, ("gpt3_67", "gpt3-6p7b")),
+    "gpt3-13b": (_gpt(5120, 40, 40, 2048), 2048, ("gpt3_13",)),
+    "gpt3-175b": (_gpt(12288, 96, 96, 2048), 2048, ("gpt3", "gpt3_175")),
+    "bert-base": (_bert(768, 12, 12, 3072), 512, ("bert", "bert_base")),
+    "bert-large": (_bert(1024, 16, 24, 4096), 512, ("bert_large",)),
+    "opt-1.3b": ({"model_type": "opt", "activation_function": "relu", "hidden_size": 2048,
+                  "num_attention_heads": 32, "num_hidden_layers": 24, "ffn_dim": 8192,
+                  "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 2048,
+                  "dropout": 0.1, "attention_dropout": 0.0, "do_layer_norm_before": True},
+                 2048, ("opt_13", "opt-1p3b")),
+    "llama3-8b": (_llama(4096, 32, 32, 8, 14336, 128256, 500000.0), 8192, ("llama-3-8b", "llama3_8b")),
+    "llama3-70b": (_llama(8192, 80, 64, 8, 28672, 128256, 500000.0), 8192, ("llama-3-70b", "llama3_70b")),
+    "mixtral-8x7b": (_llama(4096, 32, 32, 8, 14336, 32000, 1e6, model_type="mixtral",
+                            num_local_experts=8, num_experts_per_tok=2), 4096, ("mixtral",)),
+    "switch-xl4": ({"model_type": "switch_transformers", "d_model": 1024, "d_ff": 16384,
+                    "d_kv": 128, "num_heads": 32, "num_layers": 24, "num_decoder_layers": 24,
+                    "num_experts": 4, "expert_capacity": 64, "encoder_sparse_step": 2,
+                    "decoder_sparse_step": 2, "vocab_size": 32128, "dropout_rate": 0.1,
+                    "layer_norm_epsilon": 1e-6, "relative_attention_num_buckets": 32},
+                   512, ("switchxl4", "switch-transformer-xl4")),
+    "dlrm": ({"model_type": "dlrm", "dense_features": 13, "bottom_mlp": [512, 256],
+              "embedding_dim": 128, "table_rows": [1_000_000] * 26,
+              "top_mlp": [1024, 1024, 512, 256], "pooling": 1}, 1, ("dlrm-criteo",)),
+}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+_INDEX = {_norm(a): key for key, (_, _, aliases) in ZOO.items() for a in (key, *aliases)}
+
+
+def zoo_names() -> list[str]:
+    return list(ZOO)
+
+
+def resolve(name: str) -> str:
+    """Zoo key for a name or alias; KitError listing the zoo otherwise."""
+    key = _INDEX.get(_norm(name)) if isinstance(name, str) else None
+    if key is None:
+        raise KitError(f"unknown model {name!r}: choose a zoo model ({', '.join(ZOO)}), "
+                       "pass an HF-style config dict, or a Python path 'module:callable'")
+    return key
+
+
+def config(name: str) -> dict:
+    return dict(ZOO[resolve(name)][0])
+
+
+def default_seq(name: str) -> int:
+    return ZOO[resolve(name)][1]
+
+
+FAMILIES = {"gpt2": "GPT2LMHeadModel", "bert": "BertForPreTraining", "opt": "OPTForCausalLM",
+            "llama": "LlamaForCausalLM", "mistral": "LlamaForCausalLM", "mixtral": "LlamaForCausalLM",
+            "switch_transformers": "SwitchTransformer", "dlrm": "DLRM"}
+
+
+def build(model: str | dict):
+    """An nn.Module on the meta device, from a zoo name or an HF-style config dict."""
+    import torch
+
+    from kit.workload import zoo_models, zoo_modern
+
+    cfg = config(model) if isinstance(model, str) else dict(model)
+    kind = cfg.get("model_type")
+    if kind is None and "n_embd" in cfg:
+        kind = "gpt2"
+    if kind not in FAMILIES:
+        raise KitError(f"config model_type {kind!r} is not supported: choose one of {', '.join(FAMILIES)}")
+    cls = getattr(zoo_models, FAMILIES[kind], None) or getattr(zoo_modern, FAMILIES[kind])
+    try:
+        with torch.device("meta"):
+            return cls(cfg)
+    except KeyError as e:
+        raise KitError(f"{kind} config is missing key {e.args[0]!r}") from None
+
+
+# -- cached capture -----------------------------------------------------------------------------
+_LRU: OrderedDict = OrderedDict()
+LRU_SIZE = 32
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KIT_CACHE") or Path.home() / ".cache" / "gpu-perf-kit") / "workload"
+
+
+def _key(model, batch, seq, mode, dtype, optimizer) -> str:
+    from kit import __version__
+
+    ident = resolve(model) if isinstance(model, str) else json.dumps(model, sort_keys=True, default=str)
+    raw = json.dumps([ident, batch, seq, mode, dtype, optimizer, __version__, _code_stamp()])
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def _code_stamp() -> str:
+    """Changes whenever the capture code or the models change (invalidates disk caches)."""
+    here = Path(__file__).parent
+    names = ("capture.py", "mapping.py", "kernels.py", "zoo.py", "zoo_models.py", "zoo_modern.py", "graph.py")
+    return "-".join(str(int((here / n).stat().st_mtime)) for n in names if (here / n).exists())
+
+
+def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str = "train",
+              dtype: str = "fp32", optimizer: str | None = None, disk: bool | None = None):
+    """The captured OpGraph of a zoo model / config for one shape, cached."""
+    _check_positive(batch=batch)
+    if seq is None:
+        seq = default_seq(model) if isinstance(model, str) else 512
+    _check_positive(seq=seq)
+    key = _key(model, batch, seq, mode, dtype, optimizer)
+    if key in _LRU:
+        _LRU.move_to_end(key)
+        return _LRU[key]
+    use_disk = bool(os.environ.get("KIT_CACHE")) if disk is None else disk
+    path = cache_dir() / f"{key}.pkl"
+    graph = None
+    if use_disk and path.exists():
+        try:
+            graph = pickle.loads(path.read_bytes())
+        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+            graph = None
+    if graph is None:
+        graph = _capture(model, batch, seq, mode, dtype, optimizer)
+        if use_disk:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(graph))
+            tmp.replace(path)
+    _LRU[key] = graph
+    while len(_LRU) > LRU_SIZE:
+        _LRU.popitem(last=False)
+    return graph
+
+
+def _capture(model, batch, seq, mode, dtype, optimizer):
+    from kit.workload.capture import capture
+
+    module = build(model)
+    name = resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type", "model"))
+    cfg = config(model) if isinstance(model, str) else dict(model)
+    n_layers = cfg.get("n_layer") or cfg.get("num_hidden_layers") or cfg.get("num_layers")
+    return capture(module, module.example_inputs(batch, seq), mode=mode, optimizer=optimizer,
+                   dtype=dtype, name=name, meta={"batch": batch, "seq": seq, "config": cfg,
+                                                 "n_layers": n_layers})
+
+
+def _check_positive(**values):
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise KitError(f"{k} must be a positive whole number, got {v!r}")

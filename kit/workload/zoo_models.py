@@ -1,0 +1,259 @@
+"""Transformer models of the zoo, in plain torch, written the way HF transformers' eager
+implementations run them, so the aten ops (and therefore the kernels) match what a user of those
+models launches: GPT-2/GPT-3 (Conv1D addmm, explicit matmul attention with a causal `where`,
+the tanh-form "gelu_new" as eight elementwise ops), BERT (BertForPreTraining), OPT, and a
+Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query SDPA) with an optional mixture of experts.
+
+Each model takes a config dict (HF key names) and exposes `example_inputs(batch, seq)`.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _ids(batch: int, seq: int) -> torch.Tensor:
+    return torch.zeros(batch, seq, dtype=torch.long, device="meta")
+
+
+class Conv1D(nn.Module):
+    """GPT-2's linear layer: y = addmm(bias, x, W) with W stored (in, out)."""
+
+    def __init__(self, nf: int, nx: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(nx, nf))
+        self.bias = nn.Parameter(torch.empty(nf))
+
+    def forward(self, x):
+        shape = x.size()[:-1] + (self.weight.size(-1),)
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(shape)
+
+
+def gelu_new(x):
+    """HF NewGELUActivation (tanh approximation), eight elementwise kernels in eager mode."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+ACT = {"gelu_new": gelu_new, "gelu": F.gelu, "relu": F.relu, "silu": F.silu}
+
+
+# -- GPT-2 / GPT-3 ------------------------------------------------------------------------------
+class GPT2Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, n_pos = c["n_embd"], c.get("n_positions", 1024)
+        self.heads, self.head_dim = c["n_head"], d // c["n_head"]
+        self.register_buffer("bias", torch.empty(1, 1, n_pos, n_pos, dtype=torch.bool), persistent=False)
+        self.c_attn, self.c_proj = Conv1D(3 * d, d), Conv1D(d, d)
+        self.attn_dropout = nn.Dropout(c.get("attn_pdrop", 0.1))
+        self.resid_dropout = nn.Dropout(c.get("resid_pdrop", 0.1))
+
+    def _split(self, t):
+        return t.view(t.size()[:-1] + (self.heads, self.head_dim)).permute(0, 2, 1, 3)
+
+    def forward(self, h):
+        q, k, v = self.c_attn(h).split(h.size(-1), dim=2)
+        q, k, v = self._split(q), self._split(k), self._split(v)
+        w = torch.matmul(q, k.transpose(-1, -2))
+        w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
+        ql, kl = q.size(-2), k.size(-2)
+        mask = self.bias[:, :, kl - ql:kl, :kl]
+        w = torch.where(mask, w, torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device))
+        w = self.attn_dropout(F.softmax(w, dim=-1).type(v.dtype))
+        a = torch.matmul(w, v).permute(0, 2, 1, 3).contiguous()
+        a = a.view(a.size()[:-2] + (self.heads * self.head_dim,))
+        return self.resid_dropout(self.c_proj(a))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d = c["n_embd"]
+        inner = c.get("n_inner") or 4 * d
+        self.c_fc, self.c_proj = Conv1D(inner, d), Conv1D(d, inner)
+        self.act = ACT[c.get("activation_function", "gelu_new")]
+        self.dropout = nn.Dropout(c.get("resid_pdrop", 0.1))
+
+    def forward(self, h):
+        return self.dropout(self.c_proj(self.act(self.c_fc(h))))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        eps = c.get("layer_norm_epsilon", 1e-5)
+        self.ln_1, self.ln_2 = nn.LayerNorm(c["n_embd"], eps=eps), nn.LayerNorm(c["n_embd"], eps=eps)
+        self.attn, self.mlp = GPT2Attention(c), GPT2MLP(c)
+
+    def forward(self, h):
+        h = self.attn(self.ln_1(h)) + h
+        return h + self.mlp(self.ln_2(h))
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d = c["n_embd"]
+        self.wte = nn.Embedding(c["vocab_size"], d)
+        self.wpe = nn.Embedding(c.get("n_positions", 1024), d)
+        self.drop = nn.Dropout(c.get("embd_pdrop", 0.1))
+        self.h = nn.ModuleList(GPT2Block(c) for _ in range(c["n_layer"]))
+        self.ln_f = nn.LayerNorm(d, eps=c.get("layer_norm_epsilon", 1e-5))
+
+    def forward(self, input_ids):
+        shape = input_ids.size()
+        input_ids = input_ids.view(-1, shape[-1])
+        pos = torch.arange(0, shape[-1], dtype=torch.long, device=input_ids.device).unsqueeze(0)
+        h = self.drop(self.wte(input_ids) + self.wpe(pos))
+        for block in self.h:
+            h = block(h)
+        return self.ln_f(h).view(shape + (h.size(-1),))
+
+
+class GPT2LMHeadModel(nn.Module):
+    """GPT-2 and GPT-3 (same architecture; GPT-3's sparse attention layers are run dense, as in
+    NeuSight's GPT-3 configs)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.transformer = GPT2Model(c)
+        self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied
+
+    def forward(self, input_ids):
+        return self.lm_head(self.transformer(input_ids))
+
+    def example_inputs(self, batch, seq):
+        return (_ids(batch, seq),)
+
+
+# -- BERT ---------------------------------------------------------------------------------------
+class BertLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, eps = c["hidden_size"], c.get("layer_norm_eps", 1e-12)
+        self.heads, self.head_dim = c["num_attention_heads"], d // c["num_attention_heads"]
+        self.query, self.key, self.value = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.attn_dropout = nn.Dropout(c.get("attention_probs_dropout_prob", 0.1))
+        self.attn_out, self.attn_ln = nn.Linear(d, d), nn.LayerNorm(d, eps=eps)
+        self.intermediate = nn.Linear(d, c["intermediate_size"])
+        self.act = ACT[c.get("hidden_act", "gelu")]
+        self.output, self.out_ln = nn.Linear(c["intermediate_size"], d), nn.LayerNorm(d, eps=eps)
+        self.dropout = nn.Dropout(c.get("hidden_dropout_prob", 0.1))
+
+    def _split(self, t):
+        return t.view(t.size()[:-1] + (self.heads, self.head_dim)).permute(0, 2, 1, 3)
+
+    def forward(self, h, mask):
+        q, k, v = self._split(self.query(h)), self._split(self.key(h)), self._split(self.value(h))
+        s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        p = self.attn_dropout(F.softmax(s + mask, dim=-1))
+        a = torch.matmul(p, v).permute(0, 2, 1, 3).contiguous()
+        a = a.view(a.size()[:-2] + (self.heads * self.head_dim,))
+        h = self.attn_ln(self.dropout(self.attn_out(a)) + h)
+        return self.out_ln(self.dropout(self.output(self.act(self.intermediate(h)))) + h)
+
+
+class BertForPreTraining(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        d, eps = c["hidden_size"], c.get("layer_norm_eps", 1e-12)
+        self.word_embeddings = nn.Embedding(c["vocab_size"], d)
+        self.position_embeddings = nn.Embedding(c.get("max_position_embeddings", 512), d)
+        self.token_type_embeddings = nn.Embedding(c.get("type_vocab_size", 2), d)
+        self.emb_ln, self.emb_dropout = nn.LayerNorm(d, eps=eps), nn.Dropout(c.get("hidden_dropout_prob", 0.1))
+        self.layer = nn.ModuleList(BertLayer(c) for _ in range(c["num_hidden_layers"]))
+        self.pooler = nn.Linear(d, d)
+        self.transform, self.transform_ln = nn.Linear(d, d), nn.LayerNorm(d, eps=eps)
+        self.act = ACT[c.get("hidden_act", "gelu")]
+        self.decoder = nn.Linear(d, c["vocab_size"])
+        self.decoder.weight = self.word_embeddings.weight  # tied
+        self.seq_relationship = nn.Linear(d, 2)
+
+    def forward(self, input_ids):
+        b, s = input_ids.shape
+        tt = torch.zeros(b, s, dtype=torch.long, device=input_ids.device)
+        pos = torch.arange(s, device=input_ids.device).unsqueeze(0)
+        h = self.word_embeddings(input_ids) + self.token_type_embeddings(tt)
+        h = self.emb_dropout(self.emb_ln(h + self.position_embeddings(pos)))
+        attn = torch.ones(b, s, device=input_ids.device)
+        mask = (1.0 - attn[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
+        for layer in self.layer:
+            h = layer(h, mask)
+        pooled = torch.tanh(self.pooler(h[:, 0]))
+        scores = self.decoder(self.transform_ln(self.act(self.transform(h))))
+        return scores, self.seq_relationship(pooled)
+
+    def example_inputs(self, batch, seq):
+        return (_ids(batch, seq),)
+
+
+# -- OPT ----------------------------------------------------------------------------------------
+class OPTLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d = c["hidden_size"]
+        self.heads, self.head_dim = c["num_attention_heads"], d // c["num_attention_heads"]
+        self.scaling = self.head_dim ** -0.5
+        self.self_attn_layer_norm, self.final_layer_norm = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d, d) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(d, c["ffn_dim"]), nn.Linear(c["ffn_dim"], d)
+        self.act = ACT[c.get("activation_function", "relu")]
+        self.dropout, self.attn_dropout = c.get("dropout", 0.1), c.get("attention_dropout", 0.0)
+
+    def _shape(self, t, s, b):
+        return t.view(b, s, self.heads, self.head_dim).transpose(1, 2).contiguous()
+
+    def forward(self, h, mask):
+        b, s, d = h.shape
+        x = self.self_attn_layer_norm(h)
+        q = self._shape(self.q_proj(x) * self.scaling, s, b).view(b * self.heads, -1, self.head_dim)
+        k = self._shape(self.k_proj(x), s, b).view(b * self.heads, -1, self.head_dim)
+        v = self._shape(self.v_proj(x), s, b).view(b * self.heads, -1, self.head_dim)
+        w = torch.bmm(q, k.transpose(1, 2)).view(b, self.heads, s, s) + mask
+        w = torch.max(w, torch.tensor(torch.finfo(w.dtype).min, device=w.device))
+        w = F.softmax(w.view(b * self.heads, s, s), dim=-1)
+        w = F.dropout(w, p=self.attn_dropout, training=self.training)
+        a = torch.bmm(w, v).view(b, self.heads, s, self.head_dim).transpose(1, 2).reshape(b, s, d)
+        h = h + F.dropout(self.out_proj(a), p=self.dropout, training=self.training)
+        x = self.final_layer_norm(h.reshape(-1, d))
+        x = F.dropout(self.fc2(self.act(self.fc1(x))), p=self.dropout, training=self.training)
+        return (h.reshape(-1, d) + x).view(b, s, d)
+
+
+class OPTForCausalLM(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        d = c["hidden_size"]
+        self.embed_tokens = nn.Embedding(c["vocab_size"], c.get("word_embed_proj_dim", d))
+        self.embed_positions = nn.Embedding(c.get("max_position_embeddings", 2048) + 2, d)
+        self.layers = nn.ModuleList(OPTLayer(c) for _ in range(c["num_hidden_layers"]))
+        self.final_layer_norm = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
+        self.lm_head.weight = self.embed_tokens.weight  # tied
+
+    def forward(self, input_ids):
+        b, s = input_ids.shape
+        dev = input_ids.device
+        h = self.embed_tokens(input_ids)
+        attn = torch.ones(b, s, dtype=torch.bool, device=dev)
+        lo = torch.finfo(h.dtype).min
+        causal = torch.full((s, s), lo, device=dev)
+        cond = torch.arange(s, device=dev)
+        causal = causal.masked_fill_(cond < (cond + 1).view(s, 1), 0).to(h.dtype)
+        inverted = 1.0 - attn[:, None, None, :].expand(b, 1, s, s).to(h.dtype)
+        mask = inverted.masked_fill(inverted.to(torch.bool), lo) + causal[None, None]
+        positions = (torch.cumsum(attn.long(), dim=1) * attn.long()).long() - 1
+        h = h + self.embed_positions(positions + 2)
+        for layer in self.layers:
+            h = layer(h, mask)
+        return self.lm_head(self.final_layer_norm(h))
+
+    def example_inputs(self, batch, seq):
+        return (_ids(batch, seq),)

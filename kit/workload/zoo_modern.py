@@ -1,0 +1,281 @@
+"""Zoo models beyond the classic HF trio: a Llama-style decoder (RMSNorm, RoPE, SwiGLU,
+grouped-query SDPA), its mixture-of-experts variant (Mixtral-style top-k experts), a
+Switch-Transformer encoder-decoder (T5 blocks with a sparse MLP every other layer), and DLRM.
+
+Mixture-of-experts routing has data-dependent shapes, which cannot run on meta tensors. Each
+expert here takes its `capacity` tokens, chosen by topk over its router column (expert-choice
+dispatch), so the shapes are static and each expert does the work of a capacity-limited
+token-choice router: capacity = min(expert_capacity, ceil(tokens·top_k / experts)) per sequence.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _ids(batch: int, seq: int) -> torch.Tensor:
+    return torch.zeros(batch, seq, dtype=torch.long, device="meta")
+
+
+class RMSNorm(nn.Module):
+    """HF LlamaRMSNorm / T5LayerNorm, eager: fp32 variance, rsqrt, scale."""
+
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.empty(d)), eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d = c["hidden_size"]
+        self.heads = c["num_attention_heads"]
+        self.kv_heads = c.get("num_key_value_heads", self.heads)
+        self.head_dim = c.get("head_dim", d // self.heads)
+        self.q_proj = nn.Linear(d, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, d, bias=False)
+
+    def forward(self, h, cos, sin):
+        b, s, _ = h.shape
+        q = self.q_proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, ff: int):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(d, ff, bias=False), nn.Linear(d, ff, bias=False)
+        self.down_proj = nn.Linear(ff, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ExpertChoiceMoE(nn.Module):
+    """Router + experts with static per-expert capacity (see the module docstring)."""
+
+    def __init__(self, d: int, experts: nn.ModuleList, top_k: int, capacity: int | None):
+        super().__init__()
+        self.gate = nn.Linear(d, len(experts), bias=False)
+        self.experts, self.top_k, self.capacity = experts, top_k, capacity
+
+    def forward(self, x):
+        shape = x.shape
+        b, s = shape[0], shape[1]
+        x = x.reshape(-1, shape[-1])
+        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        e = len(self.experts)
+        cap = math.ceil(s * self.top_k / e)
+        cap = b * min(cap, self.capacity) if self.capacity else b * cap
+        cap = min(cap, x.shape[0])
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            weight, idx = torch.topk(probs[:, i], cap)
+            y = expert(x.index_select(0, idx)) * weight.to(x.dtype).unsqueeze(-1)
+            out.index_add_(0, idx, y)
+        return out.view(shape)
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, c, moe: bool):
+        super().__init__()
+        d, ff, eps = c["hidden_size"], c["intermediate_size"], c.get("rms_norm_eps", 1e-5)
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.self_attn = LlamaAttention(c)
+        if moe:
+            experts = nn.ModuleList(SwiGLU(d, ff) for _ in range(c["num_local_experts"]))
+            self.mlp = ExpertChoiceMoE(d, experts, c.get("num_experts_per_tok", 2),
+                                       c.get("expert_capacity"))
+        else:
+            self.mlp = SwiGLU(d, ff)
+
+    def forward(self, h, cos, sin):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama-style decoder; with "num_local_experts" in the config, Mixtral-style MoE layers."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        d = c["hidden_size"]
+        self.head_dim = c.get("head_dim", d // c["num_attention_heads"])
+        self.theta = c.get("rope_theta", 10000.0)
+        self.embed_tokens = nn.Embedding(c["vocab_size"], d)
+        moe = bool(c.get("num_local_experts"))
+        self.layers = nn.ModuleList(LlamaLayer(c, moe) for _ in range(c["num_hidden_layers"]))
+        self.norm = RMSNorm(d, c.get("rms_norm_eps", 1e-5))
+        self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
+        self.register_buffer("inv_freq", torch.empty(self.head_dim // 2), persistent=False)
+
+    def forward(self, input_ids):
+        b, s = input_ids.shape
+        h = self.embed_tokens(input_ids)
+        pos = torch.arange(s, device=h.device, dtype=torch.float32)
+        freqs = torch.outer(pos, self.inv_freq.float())
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(h.dtype)[None, None], emb.sin().to(h.dtype)[None, None]
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.lm_head(self.norm(h))
+
+    def example_inputs(self, batch, seq):
+        return (_ids(batch, seq),)
+
+
+# -- Switch Transformer (T5 blocks, sparse MLP every other layer) ------------------------------
+class T5Attention(nn.Module):
+    def __init__(self, c, causal: bool, bias: bool):
+        super().__init__()
+        d, self.heads, self.d_kv = c["d_model"], c["num_heads"], c["d_kv"]
+        inner = self.heads * self.d_kv
+        self.q, self.k, self.v = (nn.Linear(d, inner, bias=False) for _ in range(3))
+        self.o = nn.Linear(inner, d, bias=False)
+        self.causal, self.dropout = causal, c.get("dropout_rate", 0.1)
+        self.buckets = c.get("relative_attention_num_buckets", 32)
+        self.relative_attention_bias = nn.Embedding(self.buckets, self.heads) if bias else None
+
+    def position_bias(self, s: int, dev):
+        ctx = torch.arange(s, dtype=torch.long, device=dev)[:, None]
+        rel = torch.arange(s, dtype=torch.long, device=dev)[None, :] - ctx
+        rel = torch.abs(rel) if not self.causal else -torch.min(rel, torch.zeros_like(rel))
+        large = (torch.log(rel.float().clamp(min=1) / 8) / math.log(128 / 8) * 8).to(torch.long) + 8
+        bucket = torch.where(rel < 8, rel, torch.min(large, torch.full_like(large, self.buckets - 1)))
+        return self.relative_attention_bias(bucket).permute(2, 0, 1).unsqueeze(0)
+
+    def forward(self, h, kv=None, bias=None):
+        b, s, _ = h.shape
+        kv = h if kv is None else kv
+        split = lambda t: t.view(b, -1, self.heads, self.d_kv).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q(h)), split(self.k(kv)), split(self.v(kv))
+        w = torch.matmul(q, k.transpose(3, 2))
+        if bias is None and self.relative_attention_bias is not None:
+            bias = self.position_bias(s, h.device)
+        if bias is not None:
+            w = w + bias
+        w = F.dropout(F.softmax(w.float(), dim=-1).type_as(w), p=self.dropout, training=self.training)
+        a = torch.matmul(w, v).transpose(1, 2).contiguous().view(b, -1, self.heads * self.d_kv)
+        return self.o(a), bias
+
+
+class T5FF(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.wi, self.wo = nn.Linear(c["d_model"], c["d_ff"], bias=False), nn.Linear(c["d_ff"], c["d_model"], bias=False)
+        self.dropout = nn.Dropout(c.get("dropout_rate", 0.1))
+
+    def forward(self, x):
+        return self.wo(self.dropout(F.relu(self.wi(x))))
+
+
+class SwitchBlock(nn.Module):
+    def __init__(self, c, decoder: bool, sparse: bool, first: bool):
+        super().__init__()
+        d, eps = c["d_model"], c.get("layer_norm_epsilon", 1e-6)
+        self.self_attn, self.ln_self = T5Attention(c, causal=decoder, bias=first), RMSNorm(d, eps)
+        self.cross_attn = T5Attention(c, False, False) if decoder else None
+        self.ln_cross = RMSNorm(d, eps) if decoder else None
+        if sparse:
+            experts = nn.ModuleList(T5FF(c) for _ in range(c["num_experts"]))
+            self.mlp = ExpertChoiceMoE(d, experts, 1, c.get("expert_capacity"))
+        else:
+            self.mlp = T5FF(c)
+        self.ln_ff, self.dropout = RMSNorm(d, eps), nn.Dropout(c.get("dropout_rate", 0.1))
+
+    def forward(self, h, bias, enc=None):
+        a, bias = self.self_attn(self.ln_self(h), bias=bias)
+        h = h + self.dropout(a)
+        if self.cross_attn is not None:
+            h = h + self.dropout(self.cross_attn(self.ln_cross(h), kv=enc)[0])
+        return h + self.dropout(self.mlp(self.ln_ff(h))), bias
+
+
+class SwitchTransformer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        d = c["d_model"]
+        self.shared = nn.Embedding(c["vocab_size"], d)
+        n_enc, n_dec = c["num_layers"], c.get("num_decoder_layers", c["num_layers"])
+        es, ds = c.get("encoder_sparse_step", 2), c.get("decoder_sparse_step", 2)
+        self.encoder = nn.ModuleList(SwitchBlock(c, False, es > 0 and i % es == 1, i == 0) for i in range(n_enc))
+        self.decoder = nn.ModuleList(SwitchBlock(c, True, ds > 0 and i % ds == 1, i == 0) for i in range(n_dec))
+        eps = c.get("layer_norm_epsilon", 1e-6)
+        self.enc_ln, self.dec_ln = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.dropout = nn.Dropout(c.get("dropout_rate", 0.1))
+        self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
+
+    def forward(self, input_ids, decoder_input_ids):
+        h, bias = self.dropout(self.shared(input_ids)), None
+        for block in self.encoder:
+            h, bias = block(h, bias)
+        enc = self.dropout(self.enc_ln(h))
+        h, bias = self.dropout(self.shared(decoder_input_ids)), None
+        for block in self.decoder:
+            h, bias = block(h, bias, enc)
+        h = self.dropout(self.dec_ln(h)) * (self.config["d_model"] ** -0.5)
+        return self.lm_head(h)
+
+    def example_inputs(self, batch, seq):
+        return (_ids(batch, seq), _ids(batch, seq))
+
+
+# -- DLRM ---------------------------------------------------------------------------------------
+def _mlp(sizes, sigmoid_last=False):
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers += [nn.Linear(a, b), nn.Sigmoid() if sigmoid_last and i == len(sizes) - 2 else nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    """DLRM (Naumov et al. 2019): bottom MLP on dense features, pooled embedding bags on sparse
+    features, pairwise dot-product interaction, top MLP."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        dim = c["embedding_dim"]
+        self.pooling = c.get("pooling", 1)
+        self.bot = _mlp([c["dense_features"], *c["bottom_mlp"], dim])
+        self.tables = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for rows in c["table_rows"])
+        n = len(c["table_rows"]) + 1
+        self.top = _mlp([dim + n * (n - 1) // 2, *c["top_mlp"], 1], sigmoid_last=True)
+        self.register_buffer("tri", torch.empty(n * (n - 1) // 2, dtype=torch.long), persistent=False)
+
+    def forward(self, dense, indices, offsets):
+        x = self.bot(dense)
+        ys = [t(indices[i], offsets[i]) for i, t in enumerate(self.tables)]
+        z = torch.stack([x, *ys], dim=1)
+        inter = torch.bmm(z, z.transpose(1, 2)).flatten(1).index_select(1, self.tri)
+        return self.top(torch.cat([x, inter], dim=1))
+
+    def example_inputs(self, batch, seq=None):
+        t = len(self.config["table_rows"])
+        dense = torch.empty(batch, self.config["dense_features"], device="meta")
+        idx = torch.zeros(t, batch * self.pooling, dtype=torch.long, device="meta")
+        off = torch.zeros(t, batch, dtype=torch.long, device="meta")
+        return (dense, idx, off)
