@@ -16,7 +16,8 @@ Forward, one table with B bags of L rows of D elements (n = B·L lookups):
 Backward (FBGEMM TBE's fused backward: sort the indices, sum each unique row's gradients, update):
 
     sort  = n·(idx_bytes + 4)·2 per radix pass, ceil(log2 E / 8) passes (8-bit digits)
-    grad  = n·D·4 reads of grad_output rows (from L2 when B·D·4 fits the table's L2 share)
+    grad  = n·D·4 reads of grad_output rows: B·D·4 from DRAM once, the re-reads from L2 for the
+            fraction of grad_output that fits the table's L2 share, from DRAM for the rest
     rows  = 2·U·r (read + write the updated rows)
     state = rowwise_adagrad: 2·U·32 (one fp32 per row, a whole sector each way); sgd: none
 
@@ -186,7 +187,9 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
             sort = k * (index_bytes + 4) * 2 * passes
             grad_rows = k * t.dim * GRAD_BYTES
             grad_out = batch * t.dim * GRAD_BYTES
-            grad_dram = grad_out if grad_out <= share else grad_rows
+            # grad_output rows are re-read once per lookup; the share of them the L2 holds hits
+            kept = min(1.0, share / grad_out) if grad_out > 0 else 1.0
+            grad_dram = grad_out + (grad_rows - grad_out) * (1.0 - kept) if grad_rows > grad_out else grad_rows
             state = 2 * u * SECTOR_BYTES if optimizer == "rowwise_adagrad" else 0.0
             dram = sort + grad_dram + 2 * u * r + state
             l2 = grad_rows - grad_dram if grad_dram < grad_rows else 0.0

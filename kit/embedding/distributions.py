@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -107,21 +108,48 @@ class Distribution:
 
 
 def _characteristic_time(p: np.ndarray, c: np.ndarray, cache_rows: float) -> float:
-    """T with Σ c·(1 - e^(-pT)) = cache_rows, by bisection on log T."""
+    """T with Σ c·(1 - e^(-pT)) = cache_rows. The left side is concave, increasing and at most
+    T, so Newton's method started at T = cache_rows climbs to the root from below."""
     if cache_rows <= 0:
         return 0.0
-    lo, hi = 0.0, 1.0
-    while np.dot(c, -np.expm1(-p * hi)) < cache_rows:
-        hi *= 4.0
-        if hi > 1e30:
-            return math.inf
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if np.dot(c, -np.expm1(-p * mid)) < cache_rows:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+    if cache_rows >= c.sum():
+        return math.inf
+    t = float(cache_rows)
+    for _ in range(200):
+        e = np.exp(-p * t)
+        step = (cache_rows - np.dot(c, 1.0 - e)) / np.dot(c * p, e)
+        t += step
+        if step <= 1e-9 * t:
+            break
+    return t
+
+
+@lru_cache(maxsize=256)
+def _zipf_bins(rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, stop) rank ranges (1-based, stop exclusive): exact ranks, then geometric bins."""
+    k = min(rows, EXACT_RANKS)
+    starts = np.arange(1, k + 1, dtype=np.float64)
+    stops = starts + 1
+    if rows > k:
+        edges = np.unique(np.round(np.geomspace(k + 1, rows + 1, max(2, int(
+            BINS_PER_OCTAVE * math.log2((rows + 1) / (k + 1))) + 1))))
+        starts = np.concatenate([starts, edges[:-1]])
+        stops = np.concatenate([stops, edges[1:]])
+    return starts, stops
+
+
+@lru_cache(maxsize=256)
+def _zipf_groups(alpha: float, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    starts, stops = _zipf_bins(rows)
+    # a wide bin's weight Σ_{i=start}^{stop-1} i^-a ≈ ∫_{start-1/2}^{stop-1/2} x^-a dx
+    lo, hi = starts - 0.5, stops - 0.5
+    if abs(alpha - 1.0) < 1e-12:
+        mass = np.log(hi / lo)
+    else:
+        mass = (hi ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha)
+    mass = np.where(stops - starts == 1, starts ** -alpha, mass)
+    count = stops - starts
+    return mass / mass.sum() / count, count
 
 
 @dataclass(frozen=True)
@@ -149,35 +177,12 @@ class Zipf(Distribution):
                 or not math.isfinite(self.alpha) or self.alpha < 0:
             raise KitError(f"zipf alpha must be a number >= 0, got {self.alpha!r}")
 
-    def _rank_bins(self, rows):
-        """(start, stop) rank ranges (1-based, stop exclusive): exact, then geometric."""
-        k = min(rows, EXACT_RANKS)
-        starts = np.arange(1, k + 1, dtype=np.float64)
-        stops = starts + 1
-        if rows > k:
-            edges = np.unique(np.round(np.geomspace(k + 1, rows + 1, max(2, int(
-                BINS_PER_OCTAVE * math.log2((rows + 1) / (k + 1))) + 1))))
-            starts = np.concatenate([starts, edges[:-1]])
-            stops = np.concatenate([stops, edges[1:]])
-        return starts, stops
-
     def groups(self, rows):
-        starts, stops = self._rank_bins(rows)
-        a = float(self.alpha)
-        # ∫_start^stop x^-a dx over the bin, the bin's total weight (midpoint-free, exact for wide bins)
-        exact = stops - starts == 1
-        if abs(a - 1.0) < 1e-12:
-            mass = np.log(stops / starts)
-        else:
-            mass = (stops ** (1 - a) - starts ** (1 - a)) / (1 - a)
-        mass = np.where(exact, starts ** -a, mass)
-        total = mass.sum()
-        count = stops - starts
-        return mass / total / count, count
+        return _zipf_groups(float(self.alpha), rows)
 
     def _sample_ranks(self, n, rows, rng):
         p, c = self.groups(rows)
-        starts, _ = self._rank_bins(rows)
+        starts, _ = _zipf_bins(rows)
         g = rng.choice(len(p), size=n, p=p * c / np.sum(p * c))
         offset = np.floor(rng.random(n) * c[g])
         return (starts[g] - 1 + offset).astype(np.int64)

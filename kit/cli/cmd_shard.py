@@ -1,0 +1,71 @@
+"""`kit shard --tables FILE.csv --system NAME`: plan where embedding tables live on a multi-GPU system."""
+from kit.cli import add_command
+
+
+def run(args):
+    from kit.api import shard_tables
+
+    return shard_tables(args.tables, args.system, batch=args.batch, optimizer=args.optimizer,
+                        memory_gib=args.memory_gib, nodes=args.nodes, time_budget_s=args.budget_s,
+                        kinds=args.kinds.split(",") if args.kinds else None)
+
+
+def text(r) -> str:
+    lines = [f"sharding {len(r['plan'])} tables on {r['system']} ({r['world_size']}x {r['gpu']}), "
+             f"batch {r['batch_per_rank']} per rank, {r['optimizer']}",
+             f"  iteration (embeddings) {r['cost_ms']:.3f} ms   imbalance {r['imbalance']:.3f} "
+             f"(slowest rank / mean)",
+             f"  all-to-all: input {r['parts']['input_alltoall_ms']:.3f} ms, output "
+             f"{r['parts']['output_alltoall_ms']:.3f} ms, grad {r['parts']['grad_alltoall_ms']:.3f} ms;"
+             f" all-reduce {r['parts']['allreduce_ms']:.3f} ms",
+             "  per rank (lookup fwd+bwd ms, memory GiB):"]
+    for rank, (ms, mem) in enumerate(zip(r["per_rank_ms"], r["parts"]["memory_bytes"])):
+        bar = "#" * int(round(30 * ms / max(max(r["per_rank_ms"]), 1e-12)))
+        lines.append(f"    rank {rank:>3}  {ms:8.3f} ms  {mem / 2**30:7.2f} GiB  {bar}")
+    lines.append("  baselines:")
+    for name, ms in r["baselines"].items():
+        lines.append(f"    {name:<30} {ms:8.3f} ms")
+    lines.append(f"  search: {r['plans_evaluated']:,} plans priced in {r['search_s']:.2f} s; "
+                 f"{100 * r['improvement_vs_best_baseline']:.1f}% faster than {r['best_baseline']}")
+    lines.append("  plan:")
+    for p in r["plan"]:
+        lines.append(f"    {p['table']:<24} {p['label']}")
+    return "\n".join(lines)
+
+
+def _pos_int(s):
+    import argparse
+
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}")
+    return v
+
+
+def _pos_float(s):
+    import argparse
+
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    return v
+
+
+def register(sub):
+    p = add_command(sub, "shard", "plan embedding-table sharding over a multi-GPU system", run, text)
+    p.add_argument("--tables", required=True, metavar="FILE.csv",
+                   help="CSV with columns name, rows, dim, pooling [, zipf_alpha, dtype]")
+    p.add_argument("--system", required=True, help="system preset (see kit.hardware.list_systems)")
+    p.add_argument("--nodes", type=_pos_int, default=None, help="number of nodes of the preset")
+    p.add_argument("--batch", type=_pos_int, default=512, help="samples per rank (default 512)")
+    p.add_argument("--optimizer", default="rowwise_adagrad", choices=["sgd", "rowwise_adagrad"])
+    p.add_argument("--memory-gib", type=_pos_float, default=None,
+                   help="memory cap per GPU for tables + optimizer state (default 90%% of the GPU's)")
+    p.add_argument("--kinds", default=None, help="allowed kinds, comma-separated: tw,cw,rw,twrw,dp")
+    p.add_argument("--budget-s", type=_pos_float, default=2.0, help="search time budget (s)")

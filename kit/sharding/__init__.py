@@ -1,0 +1,9 @@
+"""Embedding-table sharding planner: plans, their cost on a System, and the search (see model.py)."""
+from kit.sharding.model import ShardingModel
+from kit.sharding.plans import KINDS, Option, options_for
+from kit.sharding.planner import plan_sharding
+from kit.sharding.search import baselines, exhaustive, greedy, local_search
+from kit.sharding.tables import read_tables
+
+__all__ = ["KINDS", "Option", "ShardingModel", "baselines", "exhaustive", "greedy", "local_search",
+           "options_for", "plan_sharding", "read_tables"]

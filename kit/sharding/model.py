@@ -1,0 +1,291 @@
+"""The cost of a sharding plan, vectorised over many plans at once.
+
+iteration_ms = max_r fwd_r + max_r bwd_r          lookups; every rank waits for the slowest
+             + a2a(indices) + 2·a2a(pooled)       input dist, output dist and its gradient
+             + allreduce(Σ dp table gradients)     data-parallel tables
+with a plan infeasible (inf) when a rank's weights + optimizer state exceed the memory cap.
+
+Each (table, option) adds a fixed vector of features: per-rank fwd and bwd lookup ms, shard
+count, bytes held, and per-rank intra/inter-node bytes sent and received by the two all-to-alls.
+A plan's features are the sum over its tables, so thousands of plans cost one numpy gather-sum.
+The all-to-all time on the System comes from kit.comm.predict_alltoallv through a surrogate
+fitted to it on probe matrices: a2a = α + max_r max(sent, recv)_intra/BW_intra
++ max_r max(sent, recv)_inter/BW_inter. `exact_cost` re-prices a plan with kit.comm itself and
+with each rank's true L2 co-residency.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kit.embedding import Table, lookup_cost
+from kit.embedding.cost import BACKWARD_KERNELS, LAUNCH_MS
+from kit.errors import KitError
+from kit.ops import dtype_bytes
+from kit.sharding.plans import KINDS, Option, options_for
+
+OUT_BYTES = 4  # pooled embeddings travel as fp32
+INDEX_BYTES = 8  # int64 indices and offsets
+
+
+def _comm():
+    try:
+        import kit.comm as comm
+    except ImportError as e:  # kit.comm is built by another engineer
+        raise KitError(f"the collective model kit.comm is not available ({e})") from None
+    return comm
+
+
+def _ms(result) -> float:
+    return float(getattr(result, "time_ms", result))
+
+
+class ShardingModel:
+    """Prices plans for `tables` on `system` at `batch` samples per rank."""
+
+    def __init__(self, tables: list[Table], system, batch: int = 512, optimizer: str = "rowwise_adagrad",
+                 memory_cap_bytes: float | None = None, kinds=KINDS, comm=None, memory_fraction: float = 0.9):
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise KitError(f"batch must be a positive whole number, got {batch!r}")
+        if not tables:
+            raise KitError("no tables to shard")
+        self.tables, self.system, self.batch, self.optimizer = list(tables), system, batch, optimizer
+        self.comm = comm or _comm()
+        self.world = W = system.world_size
+        self.g = system.gpus_per_node
+        self.gpu = system.gpu
+        self.cap = float(memory_cap_bytes) if memory_cap_bytes else memory_fraction * self.gpu.memory_bytes
+        self.options = [options_for(t, W, self.g, kinds) for t in self.tables]
+        self.n_options = np.array([len(o) for o in self.options])
+        T, O = len(self.tables), int(self.n_options.max())
+        self.F = 12 * W + 1
+        self.contrib = np.zeros((T, O, self.F), dtype=np.float64)
+        self.valid = np.zeros((T, O), dtype=bool)
+        self._lookup_cache: dict = {}
+        # A table shares its rank's L2 with the others there, in proportion to its footprint
+        # (kit.embedding.cost); here each table's share is taken against an average rank's.
+        foot = np.array([self._footprint(tab, tab.rows, tab.pooling, batch * W) for tab in self.tables])
+        self.l2_shares = np.minimum(1.0, foot / max(foot.sum() / W, 1e-9))
+        for t, opts in enumerate(self.options):
+            for o, opt in enumerate(opts):
+                self.contrib[t, o] = self._features(t, opt)
+                self.valid[t, o] = True
+        self.contrib[~self.valid, 3 * W] = np.inf  # a padded option is never feasible
+        self.contrib32 = self.contrib.astype(np.float32)
+        self._fit_surrogates()
+
+    # -- per-option features ------------------------------------------------------------
+    @staticmethod
+    def _footprint(tab: Table, rows: int, pooling: float, batch: int) -> float:
+        from kit.embedding import Uniform
+
+        dist = tab.distribution or Uniform()
+        return dist.expected_unique(batch * pooling, max(1, rows)) * tab.sector_row_bytes
+
+    def _state_bytes(self, rows: int) -> float:
+        return 4.0 * rows if self.optimizer == "rowwise_adagrad" else 0.0
+
+    def _shard_ms(self, table: Table, rows: int, dim: int, pooling: float, batch: int,
+                  l2_share: float) -> tuple[float, float]:
+        key = (table.name, rows, dim, pooling, batch, round(l2_share, 3))
+        if key not in self._lookup_cache:
+            shard = Table(rows=max(1, rows), dim=dim, pooling=pooling, dtype=table.dtype,
+                          name=table.name, distribution=table.distribution)
+            f = lookup_cost(shard, batch, self.gpu, l2_share=l2_share)
+            b = lookup_cost(shard, batch, self.gpu, backward=True, optimizer=self.optimizer, l2_share=l2_share)
+            self._lookup_cache[key] = (f.time_ms - f.parts["launch_ms"], b.time_ms - b.parts["launch_ms"])
+        return self._lookup_cache[key]
+
+    def shards(self, t: int, opt: Option):
+        """(rank, rows, dim, pooling, batch) of each shard of table t under opt."""
+        tab, W, b = self.tables[t], self.world, self.batch
+        if opt.kind == "tw":
+            return [(opt.ranks[0], tab.rows, tab.dim, tab.pooling, b * W)]
+        if opt.kind == "cw":
+            k = len(opt.ranks)
+            return [(r, tab.rows, tab.dim // k, tab.pooling, b * W) for r in opt.ranks]
+        if opt.kind in ("rw", "twrw"):
+            k = len(opt.ranks)
+            return [(r, math.ceil(tab.rows / k), tab.dim, tab.pooling / k, b * W) for r in opt.ranks]
+        if opt.kind == "dp":
+            return [(r, tab.rows, tab.dim, tab.pooling, b) for r in opt.ranks]
+        raise KitError(f"unknown sharding kind {opt.kind!r}")
+
+    def traffic(self, t: int, opt: Option):
+        """(out_sends, idx_sends, dp_grad_bytes); sends are (src, dst, bytes) with src != dst."""
+        tab, W, b = self.tables[t], self.world, self.batch
+        out, idx = [], []
+        if opt.kind == "dp":
+            return out, idx, 4.0 * tab.rows * tab.dim
+        if opt.kind in ("tw", "cw"):
+            d = tab.dim // len(opt.ranks)
+            for r in opt.ranks:
+                out += [(r, j, b * d * OUT_BYTES) for j in range(W) if j != r]
+                idx += [(j, r, b * (tab.pooling + 1) * INDEX_BYTES) for j in range(W) if j != r]
+        elif opt.kind == "rw":
+            out += [(i, j, b * tab.dim * OUT_BYTES) for i in range(W) for j in range(W) if i != j]
+            idx += [(j, i, b * (tab.pooling / W + 1) * INDEX_BYTES) for i in range(W) for j in range(W) if i != j]
+        elif opt.kind == "twrw":
+            R, g = opt.ranks, len(opt.ranks)
+            for r in R:  # intra-node reduce-scatter of partial sums, then to the owners
+                out += [(r, k, b * W / g * tab.dim * OUT_BYTES) for k in R if k != r]
+                idx += [(j, r, b * (tab.pooling / g + 1) * INDEX_BYTES) for j in range(W) if j != r]
+            for j in range(W):
+                src = R[j % g]
+                if src != j:
+                    out.append((src, j, b * tab.dim * OUT_BYTES))
+        return out, idx, 0.0
+
+    def _features(self, t: int, opt: Option) -> np.ndarray:
+        W, tab = self.world, self.tables[t]
+        v = np.zeros(self.F)
+        for r, rows, dim, pooling, batch in self.shards(t, opt):
+            f, b = self._shard_ms(tab, rows, dim, pooling, batch, float(self.l2_shares[t]))
+            if opt.kind == "dp":  # dense gradient: read + write every row once more
+                b += 2 * tab.rows * tab.row_bytes / (self.gpu.mem_bw_gbs * 1e9) * 1e3
+            v[r] += f
+            v[W + r] += b
+            v[2 * W + r] += 1
+            v[3 * W + r] += rows * dim * dtype_bytes(tab.dtype) + self._state_bytes(rows)
+        out, idx, dp = self.traffic(t, opt)
+        for base, sends in ((4 * W, out), (8 * W, idx)):
+            for i, j, nb in sends:
+                inter = self.system.node_of(i) != self.system.node_of(j)
+                v[base + (W if inter else 0) + i] += nb  # sent: intra | inter
+                v[base + (3 * W if inter else 2 * W) + j] += nb  # received: intra | inter
+        v[12 * W] = dp
+        return v
+
+    # -- surrogates for the collectives --------------------------------------------------
+    def _fit_surrogates(self):
+        from scipy.optimize import nnls
+
+        W, rng = self.world, np.random.default_rng(0)
+        mats = []
+        for scale in np.geomspace(1e3, 3e8, 12):
+            mats.append(np.full((W, W), scale) * (1 - np.eye(W)))
+            for _ in range(3):
+                m = rng.random((W, W)) * (rng.random((W, W)) < 0.6) * scale * 2
+                np.fill_diagonal(m, 0)
+                mats.append(m)
+        tiny = np.ones((W, W)) - np.eye(W)
+        self.a2a_floor_ms = _ms(self.comm.predict_alltoallv(tiny, self.system))  # latency or host floor
+        X, y = [], []
+        for m in mats:
+            ms = _ms(self.comm.predict_alltoallv(m, self.system))
+            if ms > 1.2 * self.a2a_floor_ms:  # fit the rising part; the floor is applied as a max
+                X.append([1.0, *self._a2a_maxes(m), m.sum() / W])
+                y.append(ms)
+        X, y = np.array(X), np.array(y)
+        self.a2a_coef, _ = nnls(X / y[:, None], np.ones_like(y))  # relative least squares
+        self.a2a_fit_rel_err = float(np.max(np.abs(X @ self.a2a_coef / y - 1)))
+        sizes = np.geomspace(1e4, 4e9, 14)
+        ar = np.array([_ms(self.comm.predict_collective("allreduce", s, self.system)) for s in sizes])
+        A = np.stack([np.ones_like(sizes), sizes], axis=1)
+        self.ar_coef, _ = nnls(A / ar[:, None], np.ones_like(ar))
+
+    def _a2a_maxes(self, m: np.ndarray) -> tuple[float, float]:
+        node = np.array([self.system.node_of(r) for r in range(self.world)])
+        inter = node[:, None] != node[None, :]
+        mi, mx = np.where(inter, 0, m), np.where(inter, m, 0)
+        return (max(mi.sum(1).max(), mi.sum(0).max()), max(mx.sum(1).max(), mx.sum(0).max()))
+
+    # -- evaluation ----------------------------------------------------------------------
+    def features(self, choices: np.ndarray) -> np.ndarray:
+        """(P, T) option indices -> (P, F) summed features."""
+        choices = np.asarray(choices)
+        T = len(self.tables)
+        out = np.zeros((choices.shape[0], self.F), dtype=np.float32)
+        for t in range(T):
+            out += self.contrib32[t, choices[:, t]]
+        return out
+
+    def cost_from_features(self, X: np.ndarray, detail: bool = False):
+        W = self.world
+        has = X[:, 2 * W:3 * W] > 0
+        fwd = X[:, :W] + LAUNCH_MS * has
+        bwd = X[:, W:2 * W] + BACKWARD_KERNELS * LAUNCH_MS * has
+        a0, ai, ax, at = self.a2a_coef
+
+        def a2a(base):
+            s_i, s_x, r_i, r_x = (X[:, base + k * W: base + (k + 1) * W] for k in range(4))
+            intra = np.maximum(s_i, r_i).max(1)
+            inter = np.maximum(s_x, r_x).max(1)
+            mean = (s_i.sum(1) + s_x.sum(1)) / W
+            t = np.maximum(self.a2a_floor_ms, a0 + ai * intra + ax * inter + at * mean)
+            return np.where(intra + inter > 0, t, 0.0)
+
+        out_ms, idx_ms = a2a(4 * W), a2a(8 * W)
+        dp = X[:, 12 * W]
+        ar_ms = np.where(dp > 0, self.ar_coef[0] + self.ar_coef[1] * dp, 0.0)
+        total = fwd.max(1) + bwd.max(1) + 2 * out_ms + idx_ms + ar_ms
+        over = (X[:, 3 * W:4 * W] > self.cap).any(1)
+        total = np.where(over, np.inf, total)
+        if detail:
+            return dict(total=total, fwd=fwd, bwd=bwd, out_a2a_ms=out_ms, idx_a2a_ms=idx_ms,
+                        allreduce_ms=ar_ms, mem_bytes=X[:, 3 * W:4 * W], over=over)
+        return total
+
+    def cost(self, choices: np.ndarray) -> np.ndarray:
+        """Cost in ms of each plan in a (P, T) array of option indices (inf when over the cap)."""
+        choices = np.atleast_2d(np.asarray(choices))
+        return np.concatenate([self.cost_from_features(self.features(c))
+                               for c in np.array_split(choices, max(1, len(choices) // 2048))])
+
+    def describe(self, choice) -> dict:
+        """The parts of one plan under the vectorised model."""
+        d = self.cost_from_features(self.features(np.asarray(choice)[None]), detail=True)
+        return {"cost_ms": float(d["total"][0]), "per_rank_ms": (d["fwd"] + d["bwd"])[0].tolist(),
+                "fwd_ms": d["fwd"][0].tolist(), "bwd_ms": d["bwd"][0].tolist(),
+                "output_alltoall_ms": float(d["out_a2a_ms"][0]), "input_alltoall_ms": float(d["idx_a2a_ms"][0]),
+                "allreduce_ms": float(d["allreduce_ms"][0]), "memory_bytes": d["mem_bytes"][0].tolist(),
+                "over_memory_cap": bool(d["over"][0])}
+
+    def exact_cost(self, choice) -> dict:
+        """A plan re-priced with kit.comm itself and each rank's true L2 co-residency."""
+        W = self.world
+        shards = [[] for _ in range(W)]
+        out_m, idx_m, dp = np.zeros((W, W)), np.zeros((W, W)), 0.0
+        mem = np.zeros(W)
+        for t, o in enumerate(choice):
+            opt = self.options[t][o]
+            tab = self.tables[t]
+            for r, rows, dim, pooling, batch in self.shards(t, opt):
+                shard = Table(rows=max(1, rows), dim=dim, pooling=pooling, dtype=tab.dtype,
+                              distribution=tab.distribution)
+                foot = self._footprint(shard, shard.rows, pooling, batch)
+                shards[r].append((t, opt.kind, shard, batch, foot))
+                mem[r] += rows * dim * dtype_bytes(tab.dtype) + self._state_bytes(rows)
+            out, idx, g = self.traffic(t, opt)
+            for i, j, nb in out:
+                out_m[i, j] += nb
+            for i, j, nb in idx:
+                idx_m[i, j] += nb
+            dp += g
+        fwd, bwd = np.zeros(W), np.zeros(W)
+        for r in range(W):
+            total_foot = sum(s[4] for s in shards[r]) or 1.0
+            for t, kind, shard, batch, foot in shards[r]:
+                f, b = self._shard_ms(self.tables[t], shard.rows, shard.dim, shard.pooling, batch,
+                                      max(foot / total_foot, 1e-3))
+                if kind == "dp":
+                    b += 2 * self.tables[t].rows * self.tables[t].row_bytes / (self.gpu.mem_bw_gbs * 1e9) * 1e3
+                fwd[r] += f
+                bwd[r] += b
+            if shards[r]:
+                fwd[r] += LAUNCH_MS
+                bwd[r] += BACKWARD_KERNELS * LAUNCH_MS
+        a2a = lambda m: _ms(self.comm.predict_alltoallv(m, self.system)) if m.sum() > 0 else 0.0
+        out_ms, back_ms, idx_ms = a2a(out_m), a2a(out_m.T.copy()), a2a(idx_m)
+        ar_ms = _ms(self.comm.predict_collective("allreduce", dp, self.system)) if dp > 0 else 0.0
+        cost = fwd.max() + bwd.max() + out_ms + back_ms + idx_ms + ar_ms
+        if (mem > self.cap).any():
+            cost = math.inf
+        return {"cost_ms": float(cost), "per_rank_ms": (fwd + bwd).tolist(), "fwd_ms": fwd.tolist(),
+                "bwd_ms": bwd.tolist(), "output_alltoall_ms": out_ms, "grad_alltoall_ms": back_ms,
+                "input_alltoall_ms": idx_ms, "allreduce_ms": ar_ms, "memory_bytes": mem.tolist(),
+                "over_memory_cap": bool((mem > self.cap).any())}
+
+    def labels(self, choice) -> list[str]:
+        return [self.options[t][o].label() for t, o in enumerate(choice)]
