@@ -45,3 +45,18 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         out.update(blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,
                    last_wave_fill=t.last_wave_fill, threads_per_block=t.threads_per_block)
     return out
+
+
+def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_adagrad",
+                 memory_gib: float | None = None, nodes: int | None = None,
+                 time_budget_s: float = 2.0, kinds=None) -> dict:
+    """Plan embedding-table sharding: tables is a CSV path or a list of kit.embedding.Table."""
+    from kit.hardware.system import get_system
+    from kit.sharding import KINDS, plan_sharding, read_tables
+
+    if isinstance(tables, (str, bytes)) or hasattr(tables, "__fspath__"):
+        tables = read_tables(tables)
+    sysobj = get_system(system, nodes=nodes) if nodes else get_system(system)
+    return plan_sharding(tables, sysobj, batch=batch, optimizer=optimizer, memory_cap_gib=memory_gib,
+                         kinds=tuple(kinds) if kinds else KINDS, time_budget_s=time_budget_s)
+
