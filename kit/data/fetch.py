@@ -1,10 +1,31 @@
-"""`kit data fetch neusight`: download NeuSight's data, pinned and hash-checked (filled in below)."""
+"""`kit data fetch neusight`: download NeuSight's data on a user's machine, pinned and hash-checked.
+
+The files come from github.com/sitar-lab/NeuSight at one pinned commit, folder scripts/asplos/
+(the layout kit.data.neusight reads), and each is checked against the sha256 in
+neusight_manifest.json (beside this module), which lists every file of the reference copy.
+Nothing here touches the network unless fetch_neusight() is called: never at import or test time.
+
+Rebuild the manifest from a verified copy with:  python -m kit.data.fetch manifest DIR
+"""
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
+
+from kit.errors import KitError
 
 NEUSIGHT_REPO = "sitar-lab/NeuSight"
 NEUSIGHT_COMMIT = "6945927d9afcca2b9daf021f8395e53edc5b4eef"
+NEUSIGHT_FOLDER = "scripts/asplos"
+BASE_URL = f"https://raw.githubusercontent.com/{NEUSIGHT_REPO}/{NEUSIGHT_COMMIT}"
+MANIFEST_PATH = Path(__file__).with_name("neusight_manifest.json")
+ROOT_FILES = {"LICENSE"}  # these live at the repository root, not in scripts/asplos/
 
 
 def fetched_dir() -> Path:
@@ -12,3 +33,111 @@ def fetched_dir() -> Path:
     from kit.data.cache import cache_dir
 
     return cache_dir() / f"neusight-{NEUSIGHT_COMMIT[:12]}"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def build_manifest(root: str | Path) -> dict:
+    """{"repo", "commit", "folder", "files": {relative path: {"sha256", "bytes"}}} of a local copy."""
+    root = Path(root)
+    files = {p.relative_to(root).as_posix(): {"sha256": sha256_of(p), "bytes": p.stat().st_size}
+             for p in sorted(root.rglob("*")) if p.is_file()}
+    if not files:
+        raise KitError(f"no files under {root} to build a manifest from")
+    return {"repo": NEUSIGHT_REPO, "commit": NEUSIGHT_COMMIT, "folder": NEUSIGHT_FOLDER,
+            "files": files}
+
+
+def load_manifest(path: str | Path = MANIFEST_PATH) -> dict:
+    try:
+        manifest = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise KitError(f"cannot read the download manifest {path}: {e}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise KitError(f"download manifest {path} has no 'files' table")
+    return manifest
+
+
+def file_url(base_url: str, manifest: dict, rel: str) -> str:
+    upstream = rel if rel in ROOT_FILES else f"{manifest.get('folder', NEUSIGHT_FOLDER)}/{rel}"
+    return f"{base_url.rstrip('/')}/{urllib.parse.quote(upstream)}"
+
+
+def _download(url: str, target: Path, expected: str, opener) -> None:
+    """url -> target, atomically, when its sha256 is expected; KitError otherwise."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    h = hashlib.sha256()
+    try:
+        with opener(url) as response, open(tmp, "wb") as out:
+            for block in iter(lambda: response.read(1 << 20), b""):
+                h.update(block)
+                out.write(block)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        tmp.unlink(missing_ok=True)
+        reason = getattr(e, "reason", e)
+        raise KitError(f"could not download {url}: {reason}. Check the network, or point KIT_DATA "
+                       "at a copy you already have") from None
+    if h.hexdigest() != expected:
+        tmp.unlink(missing_ok=True)
+        raise KitError(f"{url}: sha256 {h.hexdigest()[:16]}... does not match the manifest's "
+                       f"{expected[:16]}...; the file was not kept")
+    os.replace(tmp, target)
+
+
+def _urlopen(url: str):
+    return urllib.request.urlopen(url, timeout=60)
+
+
+def fetch_neusight(dest: str | Path | None = None, force: bool = False, base_url: str = BASE_URL,
+                   manifest: dict | str | Path | None = None, opener=None,
+                   progress: bool | None = None) -> dict:
+    """Download every manifest file that is missing or fails its hash into dest; verify the rest."""
+    manifest = manifest if isinstance(manifest, dict) else load_manifest(manifest or MANIFEST_PATH)
+    dest = Path(dest) if dest is not None else fetched_dir()
+    opener = opener or _urlopen
+    files = manifest["files"]
+    show = progress if progress is not None else sys.stderr.isatty()
+    bar = None
+    if show:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(int(f.get("bytes", 0)) for f in files.values()), unit="B",
+                   unit_scale=True, file=sys.stderr, desc="neusight")
+    downloaded = verified = 0
+    for rel, entry in sorted(files.items()):
+        if rel.startswith("/") or ".." in Path(rel).parts:
+            raise KitError(f"download manifest has an unsafe path {rel!r}")
+        target = dest / rel
+        if not force and target.is_file() and sha256_of(target) == entry["sha256"]:
+            verified += 1
+        else:
+            _download(file_url(base_url, manifest, rel), target, entry["sha256"], opener)
+            downloaded += 1
+        if bar is not None:
+            bar.update(int(entry.get("bytes", 0)))
+    if bar is not None:
+        bar.close()
+    return {"dest": str(dest), "commit": manifest.get("commit", NEUSIGHT_COMMIT),
+            "files": len(files), "downloaded": downloaded, "verified": verified}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "manifest":
+        print("usage: python -m kit.data.fetch manifest DIR", file=sys.stderr)
+        return 2
+    manifest = build_manifest(argv[1])
+    MANIFEST_PATH.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    print(f"{len(manifest['files'])} files -> {MANIFEST_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
