@@ -1,12 +1,12 @@
 """Discrete-event simulation of an ExecGraph: when every op starts and ends.
 
-Each simulated rank is a cursor over its ops in add order. Ops on a rank only depend on earlier
-ops of the same rank, so a rank advances op by op, taking start = max(end of the op before it on
-the same resource, end of its deps). At a collective the rank registers its arrival time and
-parks; the last member to arrive starts the collective for everyone at the latest arrival time
-(inter-rank sync) and wakes the parked ranks. Ranks that can run are kept in a heap ordered by
-their current simulated time, so the simulation proceeds in time order and a deadlock (a
-collective some member never reaches) is detected and named.
+Every (rank, resource) is a FIFO queue with a cursor. The op under a cursor runs once the op
+before it on the queue and all its deps have ended: start = max of their ends. A queue whose
+head waits on an unfinished dep parks on that op and is woken when it ends. At a collective the
+queue registers its arrival time and parks; the last member to arrive starts the collective for
+everyone at the latest arrival (inter-rank sync) and wakes the parked queues. Queues that can
+run are kept in a heap by simulated time, so a deadlock (a collective some member never
+reaches, or a cycle of waits) is detected and named.
 
 Cost: one pass over the ops, a few list operations each (about 1 µs/op in CPython).
 """
@@ -77,67 +77,93 @@ def simulate(graph: ExecGraph) -> SimResult:
     prev, deps, dur, group, rank_of = g.prev, g.deps, g.dur_ms, g.group, g.rank
     end = [0.0] * n
     start = [0.0] * n
+    done = [False] * n
     size: dict = {}
     for key in group:
         if key is not None:
             size[key] = size.get(key, 0) + 1
+    # one FIFO queue per (rank, resource); ops wait for their deps, collectives for their group
+    qid: dict = {}
+    queues: list[list[int]] = []
+    res_of = [0] * n
+    for i, (r, name) in enumerate(zip(rank_of, g.resource)):
+        q = qid.get((r, name))
+        if q is None:
+            q = qid[(r, name)] = len(queues)
+            queues.append([])
+        queues[q].append(i)
+        res_of[i] = q
+    ptr = [0] * len(queues)
+    waiters: dict = {}  # op id -> queues blocked on it
     arrived: dict = {}  # key -> [op ids]
     ready_at: dict = {}  # op id -> ready time (collectives only)
-    cursor = {r: 0 for r in g.order}
-    clock = {r: 0.0 for r in g.order}
-    heap = [(0.0, r) for r in g.order]
-    heapq.heapify(heap)
     for i, d in enumerate(deps):
         for j in d:
             if rank_of[j] != rank_of[i]:
                 raise KitError(f"op {g.label[i]!r} (rank {rank_of[i]}) depends on op {j} of rank "
                                f"{rank_of[j]}: cross-rank order must go through a collective")
+    heap = [(0.0, q) for q in range(len(queues))]
     while heap:
-        _, r = heapq.heappop(heap)
-        ops = g.order[r]
-        k = cursor[r]
+        _, q = heapq.heappop(heap)
+        ops = queues[q]
+        k = ptr[q]
         m = len(ops)
-        t = clock[r]
         while k < m:
             i = ops[k]
             p = prev[i]
             t = end[p] if p >= 0 else 0.0
+            blocked = False
             for j in deps[i]:
+                if not done[j]:
+                    waiters.setdefault(j, []).append(q)
+                    blocked = True
+                    break
                 e = end[j]
                 if e > t:
                     t = e
+            if blocked:
+                break
             key = group[i]
-            if key is None or size[key] == 1:
-                start[i] = t
-                end[i] = t + dur[i]
-                if key is not None:
-                    ready_at[i] = t
+            if key is not None and size[key] > 1:
+                if i in ready_at:  # already arrived; parked until the group completes
+                    break
+                ready_at[i] = t
+                members = arrived.setdefault(key, [])
+                members.append(i)
+                if len(members) < size[key]:
+                    break
+                t0 = max(ready_at[j] for j in members)
+                for j in members:
+                    start[j] = t0
+                    end[j] = t0 + dur[j]
+                    done[j] = True
+                    if j != i:
+                        qj = res_of[j]
+                        ptr[qj] += 1
+                        heapq.heappush(heap, (end[j], qj))
+                    for w in waiters.pop(j, ()):
+                        heapq.heappush(heap, (end[j], w))
+                del arrived[key]
                 k += 1
                 continue
-            ready_at[i] = t
-            members = arrived.setdefault(key, [])
-            members.append(i)
-            if len(members) < size[key]:
-                break  # park this rank until the last member arrives
-            t0 = max(ready_at[j] for j in members)
-            for j in members:
-                start[j] = t0
-                end[j] = t0 + dur[j]
-                rj = rank_of[j]
-                if rj != r:
-                    cursor[rj] += 1
-                    clock[rj] = end[j]
-                    heapq.heappush(heap, (end[j], rj))
-            del arrived[key]
+            start[i] = t
+            end[i] = t + dur[i]
+            done[i] = True
+            if key is not None:
+                ready_at[i] = t
+            ws = waiters.pop(i, None)
+            if ws:
+                for w in ws:
+                    heapq.heappush(heap, (end[i], w))
             k += 1
-        cursor[r] = k
-        clock[r] = t
-    stuck = {r: g.order[r][cursor[r]] for r in g.order if cursor[r] < len(g.order[r])}
-    if stuck:
-        r, i = next(iter(stuck.items()))
+        ptr[q] = k
+    if not all(done):
+        i = done.index(False)
         key = group[i]
+        stuck = next((j for j in range(n) if not done[j] and group[j] is not None), i)
+        key = group[stuck]
         have = sorted(rank_of[j] for j in arrived.get(key, []))
-        raise KitError(f"deadlock: collective {g.label[i]!r} (group {key!r}) on rank {r} never "
-                       f"started: {len(have)} of {size.get(key)} ranks reached it ({have}); "
-                       "check that every rank issues its collectives in the same order")
+        raise KitError(f"deadlock: op {g.label[stuck]!r} (group {key!r}) on rank {rank_of[stuck]} "
+                       f"never started: {len(have)} of {size.get(key)} ranks reached it ({have}); "
+                       "check that every rank issues its collectives in a consistent order")
     return SimResult(g, np.asarray(start), np.asarray(end), ready_at)
