@@ -74,10 +74,10 @@ def build_call(op: str, shape: tuple, dtype: str, device: str):
     import torch.nn.functional as F
 
     tdtype = getattr(torch, TORCH_DTYPES[dtype])
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
 
-    def rand(*size):  # in [0.5, 1.5): no NaNs from pow, no denormals
-        return (torch.rand(*size, generator=gen) + 0.5).to(device=device, dtype=tdtype)
+    def rand(*size):  # in [0.5, 1.5): no NaNs from pow, no denormals; made on the device
+        return (torch.rand(*size, generator=gen, device=device) + 0.5).to(dtype=tdtype)
 
     if op == "bmm":
         B, M, N, K = shape
@@ -321,17 +321,8 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-class _NoBar:
-    def update(self, n):
-        pass
-
-    def close(self):
-        pass
-
-
 def _progress(total: int, show: bool):
-    if not show:
-        return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, file=sys.stderr, unit="op", desc="collect", dynamic_ncols=True)
+    return tqdm(total=total, file=sys.stderr, unit="op", desc="collect", dynamic_ncols=True,
+                disable=not show)

@@ -1,0 +1,188 @@
+"""The collector: shapes, durable rows, resume without duplicates (kill -9: test_collect_kill.py)."""
+import pandas as pd
+import pytest
+
+from kit.data import load_measurements, schema
+from kit.data.collect import collect, expand_ops, kernels_from_trace, plan, shape_columns, summarise_ms
+from kit.data.records import HEADER, Appender, repair
+from kit.data.shapes import model_layer_shapes, read_dims_file, resolve_shapes
+from kit.errors import KitError
+
+
+# ---- shapes ---------------------------------------------------------------------------------
+
+def test_dims_file(tmp_path):
+    f = tmp_path / "dims.csv"
+    f.write_text("# comment\n8;2;18;16\n\n127;168\n8;2;18;16\n4;64;64;3;56;1;1\n")
+    assert read_dims_file(f) == [(8, 2, 18, 16), (127, 168), (4, 64, 64, 3, 56, 1, 1)]
+
+
+@pytest.mark.parametrize("text,message", [("1;2;3\n", r":1: '1;2;3' has 3 dims"),
+                                          ("4;x\n", r":1: '4;x' is not whole numbers"),
+                                          ("4;0\n", "must be positive"), ("\n# none\n", "has no shapes")])
+def test_bad_dims_files(tmp_path, text, message):
+    f = tmp_path / "dims.csv"
+    f.write_text(text)
+    with pytest.raises(KitError, match=message):
+        read_dims_file(f)
+
+
+def test_named_grids_are_seeded():
+    a, b = resolve_shapes("random-bmm:50:1"), resolve_shapes("random-bmm:50:1")
+    assert a == b and len(set(a)) == 50 and a != resolve_shapes("random-bmm:50:2")
+    assert all(1 <= d <= 1024 for s in a for d in s)
+    lin = resolve_shapes("random-linear:30")
+    assert all(s[0] == 1 and 4 * (s[1] * s[2] + s[2] * s[3] + s[1] * s[3]) <= 2**30 for s in lin)
+    assert all(len(s) == 2 for s in resolve_shapes("random-vec:20"))
+    with pytest.raises(KitError, match="unknown shapes 'nope'.*gpt2-layers"):
+        resolve_shapes("nope")
+    with pytest.raises(KitError, match="COUNT"):
+        resolve_shapes("random-bmm:lots")
+
+
+def test_gpt2_layer_shapes_by_hand():
+    shapes = model_layer_shapes("gpt2", batches=(2,))
+    # GPT-2 small: hidden 768, 12 heads of 64, ffn 3072, vocab 50257, context 1024; 2·1024 tokens
+    for expected in [(1, 2048, 768, 2304), (1, 2048, 768, 768), (1, 2048, 768, 3072),
+                     (1, 2048, 3072, 768), (1, 2048, 768, 50257),
+                     (24, 1024, 64, 1024), (24, 1024, 1024, 64),
+                     (24 * 1024, 1024), (2048, 768), (2048, 3072)]:
+        assert expected in shapes
+    assert resolve_shapes("gpt2-layers") == model_layer_shapes("gpt2")
+
+
+def test_shape_columns_follow_the_kit_convention():
+    # NeuSight bmm (B×M×N)·(B×N×K): kit k (reduction) = N
+    assert shape_columns("bmm", (6, 27, 21, 390)) == {"b": 6, "m": 27, "k": 21, "n": 390}
+    assert shape_columns("linear", (2, 58, 13, 141)) == {"b": 1, "m": 116, "k": 13, "n": 141}
+    assert shape_columns("softmax", (127, 168)) == {"rows": 127, "cols": 168}
+
+
+def test_ops_and_plan():
+    assert expand_ops("gemm") == ["bmm", "linear"]
+    assert expand_ops("layernorm,ln,softmax") == ["ln", "softmax"]
+    assert len(expand_ops("elementwise")) == 11
+    with pytest.raises(KitError, match="unknown op 'matmul'"):
+        expand_ops("gemm,matmul")
+    tasks, unmatched = plan(["bmm", "relu"], [(1, 2, 3, 4), (5, 6)])
+    assert tasks == [("bmm", (1, 2, 3, 4)), ("relu", (5, 6))] and unmatched == []
+    tasks, unmatched = plan(["bmm", "relu"], [(1, 2, 3, 4)])
+    assert unmatched == ["relu"]
+    with pytest.raises(KitError, match="no shape fits.*B;H"):
+        plan(["relu"], [(1, 2, 3, 4)])
+
+
+def test_summary_statistic_is_the_fastest_fifth():
+    times = [5.0, 1.0, 2.0, 9.0, 3.0, 4.0, 8.0, 7.0, 6.0, 10.0]
+    assert summarise_ms(times) == pytest.approx((1.0 + 2.0) / 2)
+    assert summarise_ms([3.0, 2.0, 4.0]) == 2.0
+
+
+def test_kernels_from_a_kineto_trace():
+    # events in the shape torch.profiler's chrome trace writes (cf. HTA's Kineto fixtures)
+    events = [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5, "dur": 3},
+        {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_tn", "ts": 20, "dur": 40,
+         "args": {"grid": [32, 1, 2], "block": [128, 1, 1], "blocks per SM": 0.59, "warps per SM": 2.37}},
+        {"ph": "X", "cat": "kernel", "name": "splitKreduce_kernel", "ts": 70, "dur": 4,
+         "args": {"grid": [4, 1, 1], "block": [256, 1, 1]}},
+        {"ph": "X", "cat": "kernel", "name": "memset", "ts": 10, "dur": 1, "args": {}},
+    ]
+    k = kernels_from_trace(events)
+    assert k["kernel_name"] == "ampere_sgemm_128x64_tn"
+    assert k["kernels"] == "memset;ampere_sgemm_128x64_tn;splitKreduce_kernel" and k["n_kernels"] == 3
+    assert (k["grid_x"], k["grid_y"], k["grid_z"], k["block_x"]) == (32, 1, 2, 128)
+    assert (k["blocks_per_sm"], k["warps_per_sm"]) == (0.59, 2.37)
+    assert kernels_from_trace([]) == {}
+
+
+# ---- durable rows -----------------------------------------------------------------------------
+
+def _row(m, latency=0.5):
+    return {"op": "bmm", "op_class": "gemm", "dtype": "fp32", "device_name": "cpu: test", "b": 1,
+            "m": m, "n": 2, "k": 3, "latency_ms": latency, "source": "collector", "split": "train"}
+
+
+def test_appender_writes_header_once_and_skips_known_rows(tmp_path):
+    out = tmp_path / "m.csv"
+    with Appender(out) as a:
+        a.append(_row(1))
+        a.append(_row(2))
+        a.append(_row(1))  # same op+shape+dtype+device: not written twice
+    with pytest.raises(KitError, match="already exists; pass --resume"):
+        Appender(out)
+    with Appender(out, resume=True) as a:
+        assert len(a.keys) == 2
+        a.append(_row(2))
+        a.append(_row(3))
+    lines = out.read_text().splitlines()
+    assert lines[0] == ",".join(HEADER) and lines.count(lines[0]) == 1 and len(lines) == 4
+    d = load_measurements(out)
+    schema.check(d)
+    assert d.m.tolist() == [1, 2, 3] and pd.isna(d.gpu).all()
+
+
+def test_unfinished_last_line_is_repaired_on_resume_and_ignored_on_read(tmp_path):
+    out = tmp_path / "m.csv"
+    with Appender(out) as a:
+        a.append(_row(1))
+        a.append(_row(2))
+    good = out.read_bytes()
+    with open(out, "ab") as f:
+        f.write(b"bmm,gemm,,false,,cpu: test,fp32,1,3,")  # what a kill mid-write could leave
+    with pytest.warns(UserWarning, match="unfinished last line"):
+        assert load_measurements(out).m.tolist() == [1, 2]
+    assert repair(out) > 0 and out.read_bytes() == good and repair(out) == 0
+    with open(out, "ab") as f:
+        f.write(b"bmm,gemm")
+    with pytest.warns(UserWarning, match="dropped an unfinished"):
+        with Appender(out, resume=True) as a:
+            a.append(_row(3))
+    assert load_measurements(out).m.tolist() == [1, 2, 3]
+
+
+def test_resume_refuses_a_foreign_csv(tmp_path):
+    out = tmp_path / "other.csv"
+    out.write_text("a,b\n1,2\n")
+    with pytest.raises(KitError, match="not a kit measurement CSV"):
+        Appender(out, resume=True)
+
+
+def test_bad_collector_csv_is_a_clear_error(tmp_path):
+    out = tmp_path / "m.csv"
+    with Appender(out) as a:
+        a.append(_row(1, latency=0.5))
+    text = out.read_text().replace(",0.5,", ",-1.0,")
+    out.write_text(text)
+    with pytest.raises(KitError, match="latency_ms must be a positive"):
+        load_measurements(out)
+
+
+# ---- measuring on the CPU -------------------------------------------------------------------
+
+def test_collect_tiny_shapes_on_cpu(tmp_path):
+    out = tmp_path / "m.csv"
+    shapes = [(2, 3, 4, 5), (1, 8, 8, 8), (3, 5), (16, 7)]
+    r = collect("gemm,elementwise,softmax,layernorm", shapes, out, device="cpu", warmup=1,
+                repeats=3, progress=False, threads=1)
+    assert r["measured"] == 2 * 2 + 13 * 2 and r["failed"] == [] and r["skipped"] == 0
+    d = load_measurements(out)
+    schema.check(d)
+    assert len(d) == 30 and (d.latency_ms > 0).all()
+    assert set(d.source) == {"collector"} and set(d["dtype"]) == {"fp32"}
+    assert d.device_name.str.startswith("cpu: ").all() and d.torch_version.notna().all()
+    bmm = d[d.op == "bmm"].sort_values("m")
+    assert bmm[["b", "m", "k", "n"]].values.tolist() == [[2, 3, 4, 5], [1, 8, 8, 8]]
+    lin = d[(d.op == "linear") & (d.m == 6)].iloc[0]
+    assert (lin.b, lin.k, lin.n) == (1, 4, 5)
+    again = collect("gemm,elementwise,softmax,layernorm", shapes, out, device="cpu", warmup=1,
+                    repeats=3, resume=True, progress=False)
+    assert (again["measured"], again["skipped"], again["rows_in_file"]) == (0, 30, 30)
+
+
+def test_collect_rejects_bad_settings(tmp_path):
+    with pytest.raises(KitError, match="tf32 needs --device cuda"):
+        collect("bmm", [(1, 2, 3, 4)], tmp_path / "x.csv", device="cpu", dtype="tf32")
+    with pytest.raises(KitError, match="--repeats >= 1"):
+        collect("bmm", [(1, 2, 3, 4)], tmp_path / "x.csv", device="cpu", repeats=0)
+    assert not (tmp_path / "x.csv").exists()
