@@ -131,7 +131,7 @@ def test_exhaustive_agrees_with_pricing_each_plan_alone():
 @pytest.mark.parametrize("seed", range(6))
 def test_search_finds_the_optimum_and_never_loses_to_greedy(seed):
     m = small_case(seed)
-    best, cost, n, pool = local_search(m, time_budget_s=5.0, seed=seed)
+    best, cost, n, pool = local_search(m, time_budget_s=5.0, seed=seed, patience=10)
     _, opt, _ = exhaustive(m)
     base = min(float(m.cost(c[None])[0]) for c in baselines(m).values())
     assert cost <= base + 1e-9

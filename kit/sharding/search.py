@@ -111,7 +111,7 @@ def _descend(model, counter, choice, pairs: bool, deadline: float):
 
 
 def local_search(model, starts: dict[str, np.ndarray] | None = None, time_budget_s: float = 2.0,
-                 restarts: int = 8, seed: int = 0, pairs: bool | None = None):
+                 restarts: int = 200, patience: int = 40, seed: int = 0, pairs: bool | None = None):
     """(best plan, its cost, plans priced, pool): pool is [(cost, plan)] of every descent's end,
     best first. Deterministic for a given seed when the time budget does not cut it short."""
     rng = np.random.default_rng(seed)
@@ -134,16 +134,18 @@ def local_search(model, starts: dict[str, np.ndarray] | None = None, time_budget
         pool.append((c, ch))
         if c < best_c:
             best_c, best = c, ch
+    stale = 0
     for _ in range(restarts):  # iterated local search: kick a few tables, descend again
-        if time.perf_counter() >= deadline:
+        if time.perf_counter() >= deadline or stale >= patience:
             break
         kick = best.copy()
         for t in rng.choice(T, size=min(T, max(2, T // 10)), replace=False):
             kick[t] = rng.integers(0, model.n_options[t])
         ch, c = _descend(model, counter, kick, pairs, deadline)
         pool.append((c, ch))
-        if c < best_c:
-            best_c, best = c, ch
+        stale += 1
+        if c < best_c - 1e-12:
+            best_c, best, stale = c, ch, 0
     pool.sort(key=lambda x: x[0])
     return best, best_c, counter.n, pool
 

@@ -1,0 +1,56 @@
+"""`kit collect-embedding`: time embedding bags with controlled index distributions into a CSV."""
+from kit.cli import add_command
+
+
+def _ints(s):
+    from kit.errors import KitError
+
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise KitError(f"expected comma-separated whole numbers, got {s!r}") from None
+    if not vals or min(vals) < 1:
+        raise KitError(f"expected positive whole numbers, got {s!r}")
+    return vals
+
+
+def run(args):
+    from kit.embedding.collect import collect, grid
+
+    passes = ("forward", "backward") if args.backward else ("forward",)
+    cfgs = grid(_ints(args.batch), _ints(args.rows), _ints(args.dim), _ints(args.pooling),
+                [d for d in args.dist.split(";") if d.strip()], tables=_ints(args.tables),
+                modes=args.mode.split(","), dtypes=args.dtype.split(","), passes=passes,
+                optimizer=args.optimizer)
+    return collect(cfgs, args.out, device=args.device, backend=args.backend, repeats=args.repeats,
+                   warmup=args.warmup, resume=args.resume)
+
+
+def text(r):
+    lines = [f"{r['written']} rows written, {r['skipped']} already there, to {r['out']} "
+             f"({r['backend']} on {r['device_name']})"]
+    for f in r["failed"][:10]:
+        lines.append(f"  failed: batch {f['batch']} rows {f['rows']} dim {f['dim']}: {f['error']}")
+    return "\n".join(lines)
+
+
+def register(sub):
+    p = add_command(sub, "collect-embedding", "time embedding bags (torch EmbeddingBag or fbgemm "
+                    "TBE) under controlled index distributions into a CSV", run, text)
+    p.add_argument("--out", required=True, metavar="FILE.csv")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "fbgemm"])
+    p.add_argument("--batch", default="256", help="comma-separated bags per table")
+    p.add_argument("--rows", default="100000", help="comma-separated table rows")
+    p.add_argument("--dim", default="64", help="comma-separated embedding dims")
+    p.add_argument("--pooling", default="8", help="comma-separated rows per bag")
+    p.add_argument("--tables", default="1", help="comma-separated number of equal tables")
+    p.add_argument("--dist", default="uniform;zipf:1.05",
+                   help="';'-separated distributions: uniform, zipf:ALPHA, reuse:F0,F1,...")
+    p.add_argument("--mode", default="sum", help="sum and/or mean")
+    p.add_argument("--dtype", default="fp32", help="fp32, fp16, bf16")
+    p.add_argument("--backward", action="store_true", help="also time backward + optimizer step")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "rowwise_adagrad"])
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--resume", action="store_true", help="carry on with an existing --out file")
