@@ -360,6 +360,8 @@ def parse_distribution(spec) -> Distribution:
         s = spec.strip().lower()
         if s in ("uniform", "u"):
             return Uniform()
+        if s.startswith("zipf(") and s.endswith(")"):  # describe() form: zipf(1.05)
+            s = f"zipf:{s[5:-1]}"
         name, _, arg = s.partition(":")
         try:
             if name == "zipf":

@@ -1,0 +1,123 @@
+"""A learned correction on top of the analytic embedding cost, fit from collector measurements.
+
+    log(measured_ms / analytic_ms) ≈ w · x,   x = [1, log2 lookups, log2 row bytes, hit rate,
+                                                 backward, log2 tables]
+
+a ridge regression (closed form). It corrects what the analytic model leaves out (gather
+efficiency, latency hiding, kernel choice) for the GPU it was measured on. None ships by default;
+reproduce one with
+
+    .venv/bin/python -m kit.embedding.correction MEASURED.csv --gpu h100-sxm --out corr.json
+
+and pass `correction=Correction.load("corr.json")` to lookup_cost. The JSON records what it was
+trained on (file, rows, GPU, backends) and its error before and after.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kit.errors import KitError
+
+FEATURES = ("bias", "log2_lookups", "log2_row_bytes", "hit_rate", "backward", "log2_tables")
+MAX_LOG_FACTOR = math.log(10.0)  # never scale the analytic time by more than 10x either way
+
+
+def features(parts: dict, tables, backward: bool) -> np.ndarray:
+    row_bytes = float(np.mean([t.row_bytes for t in tables]))
+    return np.array([1.0, math.log2(max(parts["lookups"], 1.0)), math.log2(max(row_bytes, 1.0)),
+                     float(parts["hit_rate"]), 1.0 if backward else 0.0, math.log2(len(tables))])
+
+
+@dataclass
+class Correction:
+    weights: tuple[float, ...]
+    gpu: str | None = None
+    trained_on: dict = field(default_factory=dict)
+
+    def factor(self, parts, tables, batch, gpu, backward) -> float:
+        z = float(np.dot(self.weights, features(parts, tables, backward)))
+        return math.exp(max(-MAX_LOG_FACTOR, min(MAX_LOG_FACTOR, z)))
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps({"features": FEATURES, "weights": list(self.weights),
+                                          "gpu": self.gpu, "trained_on": self.trained_on}, indent=2))
+
+    @classmethod
+    def load(cls, path) -> "Correction":
+        try:
+            d = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise KitError(f"correction file not found: {path}") from None
+        except json.JSONDecodeError as e:
+            raise KitError(f"correction file {path} is not valid JSON: {e.msg}") from None
+        if tuple(d.get("features", ())) != FEATURES or len(d.get("weights", ())) != len(FEATURES):
+            raise KitError(f"{path}: not an embedding correction (features must be {', '.join(FEATURES)})")
+        return cls(tuple(float(w) for w in d["weights"]), d.get("gpu"), d.get("trained_on", {}))
+
+
+def _analytic(row, gpu):
+    from kit.embedding.cost import Table, lookup_cost
+    from kit.embedding.distributions import parse_distribution
+
+    t = Table(rows=int(row["rows"]), dim=int(row["dim"]), pooling=float(row["pooling"]),
+              dtype=str(row["dtype"]))
+    tables = [t] * int(row["tables"])
+    backward = row["pass"] == "backward"
+    r = lookup_cost(tables, int(row["batch"]), gpu, parse_distribution(str(row["distribution"])),
+                    backward=backward, optimizer=str(row["optimizer"] or "sgd") if backward else "sgd",
+                    mode=str(row["mode"]), fused=row["backend"] == "fbgemm")
+    return r, tables, backward
+
+
+def fit_correction(data, gpu=None, ridge: float = 1e-2) -> Correction:
+    """Fit from a collector CSV path or DataFrame. gpu: the catalog GPU the rows ran on (needed
+    when device_name is not a catalog name, e.g. CPU rows used for testing)."""
+    from kit.embedding.collect import load
+    from kit.hardware import get_gpu
+
+    df = load(data) if not hasattr(data, "columns") else data
+    if len(df) < len(FEATURES):
+        raise KitError(f"need at least {len(FEATURES)} measurements to fit a correction, got {len(df)}")
+    X, y = [], []
+    gpus = set()
+    for row in df.to_dict("records"):
+        name = gpu or row["device_name"]
+        if name == "cpu":
+            raise KitError("these measurements ran on the CPU; pass the GPU to fit against (gpu=...)")
+        g = get_gpu(name)
+        gpus.add(g.key)
+        r, tables, backward = _analytic(row, g)
+        X.append(features(r.parts, tables, backward))
+        y.append(math.log(float(row["latency_ms"]) / r.time_ms))
+    X, y = np.array(X), np.array(y)
+    A = X.T @ X + ridge * np.diag([0.0] + [1.0] * (len(FEATURES) - 1))
+    w = np.linalg.solve(A, X.T @ y)
+    before = float(np.mean(np.abs(np.expm1(y))))
+    after = float(np.mean(np.abs(np.expm1(y - X @ w))))
+    src = str(data) if not hasattr(data, "columns") else "DataFrame"
+    return Correction(tuple(float(v) for v in w), gpu=",".join(sorted(gpus)),
+                      trained_on={"source": src, "rows": int(len(df)),
+                                  "backends": sorted(set(map(str, df["backend"]))),
+                                  "mean_abs_rel_err_before": before, "mean_abs_rel_err_after": after})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="fit an embedding cost correction from collector data")
+    ap.add_argument("csv")
+    ap.add_argument("--gpu", default=None, help="GPU the rows ran on (default: their device_name)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    c = fit_correction(args.csv, gpu=args.gpu)
+    c.save(args.out)
+    print(json.dumps(c.trained_on, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""The learned correction recovers a planted one, and lookup_cost applies it."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kit.embedding import Table, lookup_cost
+from kit.embedding.collect import COLUMNS
+from kit.embedding.correction import FEATURES, Correction, features, fit_correction
+from kit.errors import KitError
+
+GPU = "v100-sxm2-32gb"
+PLANT = np.array([0.4, -0.05, 0.08, -0.3, 0.2, 0.1])
+
+
+def synthetic():
+    rows = []
+    for b in (64, 512, 4096):
+        for e in (10**4, 10**6):
+            for d in (16, 128):
+                for dist in ("uniform", "zipf(1.1)"):
+                    for ps in ("forward", "backward"):
+                        for t in (1, 4):
+                            tabs = [Table(rows=e, dim=d, pooling=8)] * t
+                            r = lookup_cost(tabs, b, GPU, dist, backward=ps == "backward", fused=True)
+                            ms = r.time_ms * math.exp(PLANT @ features(r.parts, tabs, ps == "backward"))
+                            rows.append({"backend": "fbgemm", "device": "cuda", "device_name": GPU,
+                                         "pass": ps, "optimizer": "sgd" if ps == "backward" else "",
+                                         "mode": "sum", "dtype": "fp32", "batch": b, "rows": e, "dim": d,
+                                         "pooling": 8, "tables": t, "distribution": dist,
+                                         "unique_rows": 0, "lookups": b * 8 * t, "latency_ms": ms,
+                                         "latency_min_ms": ms, "repeats": 1, "torch_version": "x"})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def test_fit_recovers_a_planted_correction(tmp_path):
+    df = synthetic()
+    c = fit_correction(df, ridge=1e-9)
+    assert np.allclose(c.weights, PLANT, atol=1e-6)
+    assert c.trained_on["mean_abs_rel_err_after"] < 1e-6 < c.trained_on["mean_abs_rel_err_before"]
+    path = tmp_path / "c.json"
+    c.save(path)
+    c2 = Correction.load(path)
+    t = Table(rows=10**5, dim=64, pooling=8)
+    plain = lookup_cost(t, 256, GPU)
+    fixed = lookup_cost(t, 256, GPU, correction=c2)
+    expect = math.exp(PLANT @ features(plain.parts, [t], False))
+    assert fixed.time_ms == pytest.approx(plain.time_ms * expect, rel=1e-6)
+    assert fixed.parts["analytic_ms"] == pytest.approx(plain.time_ms)
+
+
+def test_errors(tmp_path):
+    with pytest.raises(KitError, match="at least"):
+        fit_correction(synthetic().head(3))
+    cpu = synthetic().assign(device_name="cpu")
+    with pytest.raises(KitError, match="CPU"):
+        fit_correction(cpu)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"features": ["x"], "weights": [1]}')
+    with pytest.raises(KitError, match="not an embedding correction"):
+        Correction.load(bad)
+    assert len(FEATURES) == len(PLANT)
