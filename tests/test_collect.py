@@ -175,9 +175,15 @@ def test_collect_tiny_shapes_on_cpu(tmp_path):
     assert bmm[["b", "m", "k", "n"]].values.tolist() == [[2, 3, 4, 5], [1, 8, 8, 8]]
     lin = d[(d.op == "linear") & (d.m == 6)].iloc[0]
     assert (lin.b, lin.k, lin.n) == (1, 4, 5)
+    conv = collect("conv", [(1, 2, 3, 3, 6, 2, 1)], out, device="cpu", warmup=1, repeats=3,
+                   resume=True, progress=False)
+    assert conv["measured"] == 1
+    c = load_measurements(out).query("op == 'conv'").iloc[0]
+    assert (c.b, c.in_channels, c.out_channels, c.kernel_size, c.input_size, c.stride, c.padding) == (
+        1, 2, 3, 3, 6, 2, 1) and c.latency_ms > 0
     again = collect("gemm,elementwise,softmax,layernorm", shapes, out, device="cpu", warmup=1,
                     repeats=3, resume=True, progress=False)
-    assert (again["measured"], again["skipped"], again["rows_in_file"]) == (0, 30, 30)
+    assert (again["measured"], again["skipped"], again["rows_in_file"]) == (0, 30, 31)
 
 
 def test_collect_rejects_bad_settings(tmp_path):

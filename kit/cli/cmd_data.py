@@ -27,8 +27,8 @@ def summary(args):
 
 def summary_text(r):
     ops = sorted({x["op"] for x in r["rows"]})
-    gpus = sorted({str(x["gpu"]) for x in r["rows"]})
-    count = {(x["op"], str(x["gpu"])): x["n"] for x in r["rows"]}
+    gpus = sorted({x["gpu"] or "-" for x in r["rows"]})
+    count = {(x["op"], x["gpu"] or "-"): x["n"] for x in r["rows"]}
     head = ["op", *gpus, "total"]
     table = [[op, *[str(count.get((op, g), "")) for g in gpus],
               str(sum(count.get((op, g), 0) for g in gpus))] for op in ops]
