@@ -53,11 +53,20 @@ def _peer_that_arrived_last(res, i):
     return max(members, key=lambda j: res.ready_ms.get(j, 0.0))
 
 
+COLUMNS = ["rank", "stream", "name", "cause", "start_ms", "end_ms", "op"]
+
+
 def critical_path(res, rank: int | None = None, follow_ranks: bool = False) -> pd.DataFrame:
     """Segments (rank, stream, name, cause, start_ms, end_ms, op) in time order."""
+    segs = path_segments(res, rank, follow_ranks)
+    return pd.DataFrame(segs, columns=COLUMNS)
+
+
+def path_segments(res, rank: int | None = None, follow_ranks: bool = False) -> list[tuple]:
+    """The critical path as a list of segment tuples (see COLUMNS), zero-length ones dropped."""
     g = res.graph
     if not len(g):
-        return pd.DataFrame(columns=["rank", "stream", "name", "cause", "start_ms", "end_ms", "op"])
+        return []
     if rank is None:
         rank = res.slowest_rank()
     ops = g.order[rank] if rank in g.order else None
@@ -86,13 +95,15 @@ def critical_path(res, rank: int | None = None, follow_ranks: bool = False) -> p
             segs.append((g.rank[cur], g.resource[cur], "idle", "idle", 0.0, s, cur))
         cur = best
     segs.reverse()
-    out = pd.DataFrame(segs, columns=["rank", "stream", "name", "cause", "start_ms", "end_ms", "op"])
-    return out[out.end_ms - out.start_ms > _EPS].reset_index(drop=True)
+    return [s for s in segs if s[5] - s[4] > _EPS]
 
 
-def breakdown(path: pd.DataFrame) -> dict:
-    """ms on the critical path per cause (every cause present, zero where none), plus total_ms."""
-    d = (path.end_ms - path.start_ms).groupby(path.cause).sum()
-    out = {c: float(d.get(c, 0.0)) for c in CAUSES}
+def breakdown(path) -> dict:
+    """ms on the critical path per cause (every cause present, zero where none), plus total_ms.
+    path: a critical_path DataFrame or path_segments list."""
+    out = {c: 0.0 for c in CAUSES}
+    rows = path.itertuples(index=False) if isinstance(path, pd.DataFrame) else path
+    for seg in rows:
+        out[seg[3]] += float(seg[5] - seg[4])
     out["total_ms"] = float(sum(out.values()))
     return out

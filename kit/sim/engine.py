@@ -65,9 +65,9 @@ class SimResult:
         return critical_path(self, rank, follow_ranks)
 
     def breakdown(self, rank: int | None = None, follow_ranks: bool = False) -> dict:
-        from kit.sim.critical import breakdown
+        from kit.sim.critical import breakdown, path_segments
 
-        return breakdown(self.critical_path(rank, follow_ranks))
+        return breakdown(path_segments(self, rank, follow_ranks))
 
 
 def simulate(graph: ExecGraph) -> SimResult:

@@ -1,0 +1,88 @@
+"""The multi-GPU part of `kit predict`: with --system, MODEL is trained on a parallel layout.
+
+    kit predict gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200 --system dgx-h100 \\
+        --nodes 128 --dp 8 --tp 8 --pp 16 --micro-batch 1 --global-batch 1536 --json
+
+cmd_predict.py adds these options to its parser (add_parallel_args) and hands over to
+run_parallel when --system is given. This module registers no command of its own.
+"""
+from __future__ import annotations
+
+from kit.cli.cmd_op import _pos
+
+
+def add_parallel_args(p) -> None:
+    g = p.add_argument_group("multi-GPU (with --system)")
+    g.add_argument("--system", help="system preset (see `kit systems`): dgx-h100, dgx-a100, ...")
+    g.add_argument("--nodes", type=_pos, help="number of nodes of the preset on its network")
+    g.add_argument("--dp", type=_pos, default=1, help="data-parallel degree")
+    g.add_argument("--tp", type=_pos, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=_pos, default=1, help="pipeline-parallel stages")
+    g.add_argument("--ep", type=_pos, default=1, help="expert-parallel degree (MoE)")
+    g.add_argument("--micro-batch", type=_pos, default=None, help="sequences per micro-batch (default --batch)")
+    g.add_argument("--global-batch", type=_pos, default=None, help="sequences per iteration")
+    g.add_argument("--virtual-stages", type=_pos, default=1, help="model chunks per stage (interleaved 1F1B)")
+    g.add_argument("--schedule", default=None, choices=["1f1b", "gpipe", "interleaved"])
+    g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage (3 = FSDP)")
+    g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--no-overlap", action="store_true", help="all-reduce gradients after backward")
+    g.add_argument("--profile", default="default", help="host profile: default, megatron-a100, ...")
+
+
+def run_parallel(args) -> dict:
+    from kit.errors import KitError
+    from kit.parallel import Layout, parse_model, predict_parallel
+    from kit.parallel.profiles import get_profile
+
+    dtype = args.dtype
+    if dtype not in ("fp16", "bf16", "fp32"):
+        raise KitError(f"--dtype {dtype}: multi-GPU training supports fp16, bf16 or fp32")
+    if getattr(args, "mode", "train") != "train":
+        raise KitError("--system predicts training iterations; drop --mode inference")
+    spec = parse_model(args.model, seq=args.seq)
+    lay = Layout(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep,
+                 micro_batch=args.micro_batch or args.batch, global_batch=args.global_batch,
+                 virtual_stages=args.virtual_stages,
+                 schedule=args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b"),
+                 zero=args.zero, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
+                 dtype=dtype, overlap_grad_reduce=not args.no_overlap)
+    out = predict_parallel(spec, args.system, lay, nodes=args.nodes, predictor=args.predictor,
+                           host=get_profile(args.profile), keep=bool(args.trace))
+    res = out.pop("_result", None)
+    if args.trace and res is not None:
+        from kit.trace.perfetto import write_perfetto
+
+        out["trace"] = write_perfetto(res.timeline(), args.trace,
+                                      res.critical_path(out["breakdown"]["rank"], True).op)
+    return out
+
+
+def text_parallel(r) -> str:
+    lay, m = r["layout"], r["model"]
+    b = r["breakdown"]
+    lines = [f"{m['name']} ({m['params'] / 1e9:.2f}B params) on {r['system']}: dp {lay['dp']} x tp "
+             f"{lay['tp']} x pp {lay['pp']}" + (f" x ep {lay['ep']}" if lay["ep"] > 1 else "")
+             + f" = {lay['world_size']} GPUs, {lay['schedule']}, micro-batch {lay['micro_batch']}, "
+             f"global batch {lay['global_batch']} ({lay['micro_batches']} micro-batches), {lay['dtype']}",
+             f"  iteration {r['iteration_ms']:.2f} ms" + (f", {r['tokens_per_s']:.0f} tokens/s" if
+                                                         r["tokens_per_s"] else "")
+             + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else ""),
+             "  critical path: " + ", ".join(f"{k} {b[k]:.2f} ms" for k in
+                                             ("compute", "communication", "cpu", "wait") if b[k] > 0),
+             f"  ideal pipeline bubble {100 * r['ideal_bubble_fraction']:.1f}%; "
+             f"stage {r['rank_breakdown']['rank']} waits {r['rank_breakdown']['wait']:.2f} ms",
+             "  memory per rank (GiB):  stage  weights  grads  optimizer  activations  total"]
+    for s in r["memory_per_rank"]:
+        flag = "" if s.get("fits", True) else "  > GPU memory!"
+        lines.append(f"  {'':22}{s['stage']:>5}  {s['weights_gib']:7.2f}  {s['grads_gib']:5.2f}  "
+                     f"{s['optimizer_gib']:9.2f}  {s['activations_gib']:11.2f}  {s['total_gib']:5.2f}{flag}")
+    lines.append(f"  simulated {r['simulated_ranks']} representative ranks, {r['ops']} ops, "
+                 f"{r['seconds']:.2f} s")
+    if r.get("trace"):
+        lines.append(f"  trace written to {r['trace']} (open in ui.perfetto.dev)")
+    return "\n".join(lines)
+
+
+def register(sub) -> None:
+    """No command of its own: `kit predict` uses add_parallel_args / run_parallel."""

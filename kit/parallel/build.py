@@ -1,0 +1,180 @@
+"""Build the execution graph of one training iteration of a GPT-style model on a layout.
+
+The ranks of one pipeline stage (its DP x TP ranks) run identical work, so each stage is
+simulated once by a representative (rank pp_index · dp · tp) that stands for all of them. TP and
+EP collectives are inside a stage: they cost their predicted time on the compute stream, where
+Megatron runs them. Pipeline sends and receives are collectives of two stages: a stage that
+reaches a receive before its neighbour sends waits, which is the pipeline bubble.
+
+Per (micro-batch, chunk) pass the CPU launches the pass's kernels (HostModel.launch_us each) and
+the GPU runs them. The pass is three GPU ops: a head that can start once the first kernel is
+launched, the TP/EP communication, and the last kernel, which cannot start before all kernels
+are launched. So a pass ends at max(first launch + GPU time, last launch + last kernel): right
+both when the GPU is the bottleneck and when the host is.
+
+Data parallelism: in the last micro-batch's backward, gradient buckets are all-reduced on the
+communication stream as their layers finish (overlap), then the optimizer steps. ZeRO-1/2
+reduce-scatter the gradients and all-gather the updated weights; ZeRO-3 (FSDP) all-gathers each
+chunk's weights before its forward and backward and reduce-scatters its gradients after.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kit.parallel.costs import ChunkCost, Coster, chunk_costs, optimizer_ms
+from kit.parallel.gpt import GPTSpec
+from kit.parallel.layout import Layout
+from kit.parallel.schedule import schedule
+from kit.sim import ExecGraph
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """What the framework adds to the kernels.
+
+    launch_us         CPU time to issue one kernel (framework dispatch + cudaLaunchKernel)
+    collective_us     extra CPU time to issue one collective (process-group bookkeeping)
+    p2p_sync          the host waits for each pipeline receive (Megatron synchronises after p2p)
+    step_overhead_ms  fixed host work per iteration (grad norm, loss scaling, logging)
+    gemm_scale, other_scale   achieved/predicted kernel time for GEMMs and for the other kernels
+                      (1 = trust the predictor; a fitted profile corrects its bias)
+    """
+
+    launch_us: float = 10.0
+    collective_us: float = 0.0
+    p2p_sync: bool = True
+    step_overhead_ms: float = 0.0
+    gemm_scale: float = 1.0
+    other_scale: float = 1.0
+
+
+def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=None):
+    """Launch + run one pass; returns (first GPU op, last GPU op)."""
+    lu = host.launch_us / 1e3
+    n = max(ph.kernels, 1)
+    last = min(ph.last_ms, ph.compute_ms)
+    head = g.gpu(r, "compute", ph.compute_ms - last, label, launch_ms=lu, deps=deps, tag=tag)
+    rest = g.cpu(r, (n - 1) * lu + ph.collectives * host.collective_us / 1e3, label,
+                 kind="launch", tag=tag)
+    if ph.comm_ms > 0:
+        g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag)
+    tail = g.gpu(r, "compute", last, label, deps=(rest,), tag=tag)
+    return head, tail
+
+
+def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
+                    host: HostModel | None = None, calibration=None):
+    """(ExecGraph, chunk costs, Coster) for one iteration."""
+    host = host or HostModel()
+    lay = layout
+    lay.check_system(system)
+    coster = Coster(lay, system, predictor, calibration, host)
+    costs: list[ChunkCost] = chunk_costs(spec, lay, coster)
+    pp, v, m = lay.pp, lay.virtual_stages, lay.micro_batches
+    n_virtual = pp * v
+    act_bytes = lay.micro_batch * spec.seq * spec.hidden * (4 if lay.dtype == "fp32" else 2) / lay.tp
+    wbytes = 4 if lay.dtype == "fp32" else 2
+    g = ExecGraph(f"{spec.name} {lay.dp}x{lay.tp}x{lay.pp}")
+    g.meta.update(model=spec.to_dict(), layout=lay.to_dict(), system=system.key)
+
+    def link_ms(vi: int) -> float:
+        """Point-to-point time between virtual stages vi and vi + 1."""
+        a, b = vi % pp, (vi + 1) % pp
+        return coster.comm_ms("sendrecv", act_bytes, [lay.rank(a, 0, 0), lay.rank(b, 0, 0)])
+
+    for stage in range(pp):
+        r = g.add_rank(lay.rank(stage, 0, 0), members=lay.stage_ranks(stage))
+        dp_group = coster.group("dp", stage)
+        order = schedule(lay.schedule, stage, pp, m, v)
+        last_b = {c: max(i for i, (ph, _, cc) in enumerate(order) if ph == "B" and cc == c)
+                  for c in range(v)}
+        grad_ops = []
+        for idx, (phase, mb, c) in enumerate(order):
+            vi = c * pp + stage
+            cost = costs[vi]
+            deps = []
+            fwd = phase == "F"
+            src = vi - 1 if fwd else vi + 1
+            if 0 <= src < n_virtual:
+                key = ("act", mb, vi - 1) if fwd else ("grad", mb, vi)
+                prev = g.tail(r, "compute")  # posted in program order, after the last pass
+                rv = g.collective(r, "recv-fwd" if fwd else "recv-bwd", link_ms(min(src, vi)),
+                                  "recv " + ("activation" if fwd else "gradient"), group=key,
+                                  deps=(prev,) if prev >= 0 else (), tag=(phase, mb, c))
+                deps.append(rv)
+                if host.p2p_sync:
+                    g.sync(r, [rv], 0.0, "sync after p2p", tag=(phase, mb, c))
+            if lay.zero == 3 and lay.dp > 1:
+                ag = g.gpu(r, "comm", coster.comm_ms("allgather", cost.params * wbytes, dp_group),
+                           "fsdp all-gather weights", kind="comm", tag=(phase, mb, c))
+                deps.append(ag)
+            label = f"{phase}{mb}" + (f".{c}" if v > 1 else "")
+            ph = cost.fwd if fwd else cost.bwd
+            if not fwd and idx == last_b[c] and lay.dp > 1 and lay.overlap_grad_reduce \
+                    and lay.zero < 3:
+                tail = _bucketed_backward(g, r, cost, label, host, deps, lay, coster, dp_group,
+                                          grad_ops, (phase, mb, c))
+            else:
+                _, tail = _pass(g, r, ph, label, host, deps, (phase, mb, c))
+                if not fwd and lay.zero == 3 and lay.dp > 1:
+                    grad_ops.append(g.gpu(r, "comm", coster.comm_ms(
+                        "reducescatter", cost.params * wbytes, dp_group), "fsdp reduce-scatter grads",
+                        kind="comm", deps=(tail,), tag=(phase, mb, c)))
+            dst = vi + 1 if fwd else vi - 1
+            if 0 <= dst < n_virtual:
+                key = ("act", mb, vi) if fwd else ("grad", mb, vi - 1)
+                g.collective(r, "send-fwd" if fwd else "send-bwd", link_ms(min(dst, vi)),
+                             "send " + ("activation" if fwd else "gradient"), group=key,
+                             deps=(tail,), tag=(phase, mb, c))
+        _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, wbytes)
+    return g, costs, coster
+
+
+def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp_group, grad_ops,
+                       tag):
+    """The last backward of a chunk, split at gradient-bucket boundaries; each bucket's
+    all-reduce (ZeRO-1/2: reduce-scatter) starts on the comm stream when its layers are done."""
+    kind = "reducescatter" if lay.zero in (1, 2) else "allreduce"
+    lu = host.launch_us / 1e3
+    ph = cost.bwd
+    extra_ms = ph.compute_ms - sum(cost.layer_bwd_ms)  # embedding/head backward
+    buckets, acc_ms, acc_bytes = [], 0.0, 0.0
+    for t_ms, nbytes in zip(cost.layer_bwd_ms, cost.layer_grad_bytes):
+        acc_ms += t_ms
+        acc_bytes += nbytes
+        if acc_bytes >= lay.bucket_bytes:
+            buckets.append((acc_ms, acc_bytes))
+            acc_ms = acc_bytes = 0.0
+    buckets.append((acc_ms + extra_ms, acc_bytes))
+    rest_bytes = cost.params * (4 if lay.dtype == "fp32" else 2) - sum(b for _, b in buckets)
+    if rest_bytes > 0:  # embedding / head gradients travel in the last bucket
+        buckets[-1] = (buckets[-1][0], buckets[-1][1] + rest_bytes)
+    kernels_per_bucket = max(ph.kernels // len(buckets), 1)
+    tail = -1
+    for k, (t_ms, nbytes) in enumerate(buckets):
+        launch = g.cpu(r, kernels_per_bucket * lu, label, kind="launch", tag=tag)
+        tail = g.gpu(r, "compute", t_ms, f"{label} bucket {k}", deps=(launch,) + tuple(deps), tag=tag)
+        deps = ()
+        if k == len(buckets) - 1 and ph.comm_ms > 0:
+            tail = g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag)
+        grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, nbytes, dp_group),
+                              f"dp {kind} bucket {k}", kind="comm", deps=(tail,), tag=tag))
+    return tail
+
+
+def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, wbytes):
+    """Gradient sync not yet issued, the optimizer step, and ZeRO's weight all-gather."""
+    chunks = [costs[c * lay.pp + stage] for c in range(lay.virtual_stages)]
+    params = sum(ch.params for ch in chunks)
+    if lay.dp > 1 and not grad_ops:  # no overlap: one pass over all gradients after backward
+        kind = "reducescatter" if lay.zero in (1, 2) else "allreduce"
+        tail = g.tail(r, "compute")
+        grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, params * wbytes, dp_group),
+                              f"dp {kind} gradients", kind="comm", deps=(tail,) if tail >= 0 else ()))
+    opt = g.gpu(r, "compute", optimizer_ms(params, lay, coster), "optimizer step",
+                launch_ms=host.launch_us / 1e3, deps=tuple(grad_ops))
+    if lay.zero in (1, 2) and lay.dp > 1:
+        g.gpu(r, "comm", coster.comm_ms("allgather", params * wbytes, dp_group),
+              "zero all-gather weights", kind="comm", deps=(opt,))
+    if host.step_overhead_ms > 0:
+        g.cpu(r, host.step_overhead_ms, "step overhead")

@@ -1,0 +1,258 @@
+"""GPT-style transformer shapes, and the kernels one layer runs on one tensor-parallel rank.
+
+A layer (Megatron-LM, Shoeybi et al. 2019) on TP rank of t, for a micro-batch of b sequences of
+s tokens, hidden h, a heads, FFN width f:
+
+    attention block: LN, QKV = x·W[h, 3h/t], core attention (a/t heads), out = ·W[h/t, h],
+                     TP all-reduce of [b·s, h] (sequence parallel: all-gather before LN and
+                     reduce-scatter after, Korthikanti et al. 2022), dropout + residual
+    MLP block:       LN, x·W[h, f/t], GeLU, ·W[f/t, h], TP all-reduce, dropout + residual
+
+Backward: each GEMM becomes two (data grad, weight grad); memory-bound kernels move about twice
+their forward bytes; flash attention's backward costs about 2.5x its forward (Dao 2023).
+A MoE layer swaps the MLP for a router and top-k experts sharded over EP ranks, with an
+all-to-all to dispatch tokens and one to combine them (Lepikhin et al. 2020).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kit import ops
+from kit.errors import KitError
+
+BWD_FACTOR = {"attention": 2.5, "default": 2.0}
+
+
+@dataclass(frozen=True)
+class GPTSpec:
+    layers: int
+    hidden: int
+    heads: int
+    seq: int = 2048
+    vocab: int = 51200
+    ffn: int | None = None  # default 4·hidden
+    kv_heads: int | None = None  # grouped-query attention (default: heads)
+    experts: int = 0  # MoE experts per MoE layer (0: dense)
+    moe_every: int = 2  # every n-th layer is MoE
+    topk: int = 2
+    attention: str = "flash"  # "flash" (fused) | "unfused" (bmm, softmax, dropout, bmm)
+    name: str = "gpt"
+
+    def __post_init__(self):
+        for k in ("layers", "hidden", "heads", "seq", "vocab"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise KitError(f"model {self.name}: {k} must be a positive whole number, got {v!r}")
+        if self.hidden % self.heads:
+            raise KitError(f"model {self.name}: hidden {self.hidden} is not a multiple of heads {self.heads}")
+        if self.attention not in ("flash", "unfused"):
+            raise KitError(f"model {self.name}: attention must be flash or unfused, got {self.attention!r}")
+
+    @property
+    def f(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def is_moe(self, layer: int) -> bool:
+        return self.experts > 0 and (layer % self.moe_every) == self.moe_every - 1
+
+    def layer_params(self, layer: int = 0) -> int:
+        h, kv = self.hidden, (self.kv_heads or self.heads) * self.head_dim
+        attn = h * (h + 2 * kv) + h * h + 4 * h
+        mlp = 2 * h * self.f + self.f + h
+        if self.is_moe(layer):
+            mlp = self.experts * mlp + h * self.experts
+        return attn + mlp + 4 * h  # two LayerNorms
+
+    @property
+    def params(self) -> int:
+        return sum(self.layer_params(i) for i in range(self.layers)) + self.vocab * self.hidden \
+            + self.seq * self.hidden + 2 * self.hidden
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
+                "seq": self.seq, "vocab": self.vocab, "ffn": self.f, "kv_heads": self.kv_heads,
+                "experts": self.experts, "attention": self.attention, "params": self.params}
+
+
+_INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
+_KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
+         "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "attention": str}
+
+
+def parse_model(text: str, seq: int | None = None) -> GPTSpec:
+    """An inline shape (`gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=...]`) or
+    a GPT-style zoo name (gpt2, gpt3-175b, ...)."""
+    m = _INLINE.match(text.strip())
+    if m:
+        kw: dict = {}
+        for part in filter(None, m.group(2).split(",")):
+            if "=" not in part:
+                raise KitError(f"model {text!r}: expected key=value, got {part!r}")
+            k, v = (s.strip() for s in part.split("=", 1))
+            k = k.replace("-", "_")
+            if k not in _KEYS:
+                raise KitError(f"model {text!r}: unknown key {k!r}; valid: {', '.join(_KEYS)}")
+            try:
+                kw[k] = _KEYS[k](v)
+            except ValueError:
+                raise KitError(f"model {text!r}: {k} must be {_KEYS[k].__name__}, got {v!r}") from None
+        missing = [k for k in ("layers", "hidden", "heads") if k not in kw]
+        if missing:
+            raise KitError(f"model {text!r}: missing {', '.join(missing)}")
+        if seq is not None:
+            kw["seq"] = seq
+        return GPTSpec(name=text, **kw)
+    return _from_zoo(text, seq)
+
+
+def _from_zoo(name: str, seq: int | None) -> GPTSpec:
+    try:
+        from kit.workload.zoo import config, default_seq, resolve
+    except ImportError:  # pragma: no cover - the zoo ships with the kit
+        raise KitError(f"unknown model {name!r}; give an inline shape gpt:layers=..,hidden=..,heads=..")
+    key = resolve(name)
+    c = config(key)
+    h = c.get("n_embd") or c.get("hidden_size")
+    layers = c.get("n_layer") or c.get("num_hidden_layers")
+    heads = c.get("n_head") or c.get("num_attention_heads")
+    if not (h and layers and heads):
+        raise KitError(f"model {name!r} is not GPT-style; multi-GPU prediction supports GPT-style "
+                       "models (zoo gpt*/opt*/llama*) and inline gpt:... shapes")
+    return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
+                   vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
+                   or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), name=key)
+
+
+@dataclass
+class Block:
+    """Kernels that run back to back on the compute stream, or one collective."""
+
+    label: str
+    ops: list = field(default_factory=list)  # kit ops (compute)
+    bwd_factor: list = field(default_factory=list)  # per op: time multiplier (1 for explicit ops)
+    comm: tuple | None = None  # (kind, nbytes, group name) for a collective
+
+
+def _gemm_bwd(g: ops.Gemm) -> list:
+    if g.kind == "linear":
+        return [ops.Gemm(m=g.m, n=g.k, k=g.n, dtype=g.dtype, kind="linear", shared_rhs=True),
+                ops.Gemm(m=g.k, n=g.n, k=g.m, dtype=g.dtype, kind="linear", shared_rhs=True)]
+    return [ops.Gemm(m=g.m, n=g.k, k=g.n, b=g.b, dtype=g.dtype),
+            ops.Gemm(m=g.k, n=g.n, k=g.m, b=g.b, dtype=g.dtype)]
+
+
+def backward_of(block: Block) -> Block:
+    out = Block(block.label + " bwd", comm=block.comm)
+    for op in reversed(block.ops):
+        if isinstance(op, ops.Gemm):
+            out.ops += _gemm_bwd(op)
+            out.bwd_factor += [1.0, 1.0]
+        else:
+            out.ops.append(op)
+            out.bwd_factor.append(BWD_FACTOR.get(op.op_class, BWD_FACTOR["default"]))
+    return out
+
+
+def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
+                  layer: int = 0) -> list[Block]:
+    """The forward blocks of one layer on one TP rank, in order (compute, comm, compute, ...)."""
+    s, h, a, hd, f = spec.seq, spec.hidden, spec.heads, spec.head_dim, spec.f
+    if a % tp or f % tp:
+        raise KitError(f"--tp {tp} must divide heads {a} and ffn {f}")
+    kv = (spec.kv_heads or a) * hd
+    tok = b * s
+    act = tok * h * ops.dtype_bytes(dtype)
+    ln_rows = tok // tp if sp and tok % tp == 0 else tok
+    gather = ("allgather", act, "tp") if sp else None
+    reduce = ("reducescatter", act, "tp") if sp else ("allreduce", act, "tp")
+    blocks: list[Block] = []
+    if gather and tp > 1:
+        blocks.append(Block("ln1", [ops.LayerNorm(ln_rows, h, dtype)]))
+        blocks.append(Block("sp all-gather", comm=gather))
+        attn = Block("attention")
+    else:
+        attn = Block("attention", [ops.LayerNorm(ln_rows, h, dtype)])
+    attn.ops.append(ops.linear(tok, h, (h + 2 * kv) // tp, dtype))
+    heads = a // tp
+    if spec.attention == "flash":
+        attn.ops.append(ops.Attention(b, heads, s, s, hd, dtype, causal=True))
+    else:
+        attn.ops += [ops.Gemm(m=s, n=s, k=hd, b=b * heads, dtype=dtype),
+                     ops.Softmax(b * heads * s, s, dtype),
+                     ops.Dropout(b * heads * s * s, dtype),
+                     ops.Gemm(m=s, n=hd, k=s, b=b * heads, dtype=dtype)]
+    attn.ops.append(ops.linear(tok, h // tp, h, dtype))
+    blocks.append(attn)
+    if tp > 1:
+        blocks.append(Block("tp " + reduce[0], comm=reduce))
+    res_numel = ln_rows * h
+    mlp = Block("mlp", [ops.Dropout(res_numel, dtype), ops.Elementwise("add", res_numel, dtype)])
+    if gather and tp > 1:
+        mlp.ops.append(ops.LayerNorm(ln_rows, h, dtype))
+        blocks.append(mlp)
+        blocks.append(Block("sp all-gather", comm=gather))
+        mlp = Block("mlp")
+    else:
+        mlp.ops.append(ops.LayerNorm(ln_rows, h, dtype))
+    if spec.is_moe(layer):
+        mlp.ops.append(ops.linear(tok, h, spec.experts, dtype))
+        blocks.append(mlp)
+        routed = tok * spec.topk
+        if ep > 1:
+            blocks.append(Block("moe dispatch all-to-all",
+                                comm=("alltoall", routed * h * ops.dtype_bytes(dtype), "ep")))
+        mlp = Block("experts", [ops.linear(routed, h, f // tp, dtype),
+                                ops.Elementwise("gelu", routed * f // tp, dtype),
+                                ops.linear(routed, f // tp, h, dtype)])
+        blocks.append(mlp)
+        if ep > 1:
+            blocks.append(Block("moe combine all-to-all",
+                                comm=("alltoall", routed * h * ops.dtype_bytes(dtype), "ep")))
+        mlp = Block("moe out", [ops.Elementwise("mul", tok * h, dtype)])
+    else:
+        mlp.ops += [ops.linear(tok, h, f // tp, dtype), ops.Elementwise("gelu", tok * f // tp, dtype),
+                    ops.linear(tok, f // tp, h, dtype)]
+    blocks.append(mlp)
+    if tp > 1:
+        blocks.append(Block("tp " + reduce[0], comm=reduce))
+    blocks.append(Block("residual", [ops.Dropout(res_numel, dtype),
+                                     ops.Elementwise("add", res_numel, dtype)]))
+    return _merge(blocks)
+
+
+def _merge(blocks: list[Block]) -> list[Block]:
+    out: list[Block] = []
+    for blk in blocks:
+        if out and blk.comm is None and out[-1].comm is None:
+            out[-1].ops += blk.ops
+            out[-1].bwd_factor += blk.bwd_factor
+        else:
+            out.append(blk)
+    return out
+
+
+def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str) -> list[Block]:
+    tok = b * spec.seq
+    blocks = [Block("embedding", [ops.EmbeddingBag(tok, spec.vocab // tp or 1, spec.hidden, 1, dtype),
+                                  ops.Elementwise("add", tok * spec.hidden, dtype),
+                                  ops.Dropout(tok * spec.hidden, dtype)])]
+    if tp > 1:
+        blocks.append(Block("embedding all-reduce",
+                            comm=("allreduce", tok * spec.hidden * ops.dtype_bytes(dtype), "tp")))
+    return blocks
+
+
+def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str) -> list[Block]:
+    tok = b * spec.seq
+    v = max(spec.vocab // tp, 1)
+    blocks = [Block("lm head", [ops.LayerNorm(tok, spec.hidden, dtype),
+                                ops.linear(tok, spec.hidden, v, dtype),
+                                ops.Softmax(tok, v, "fp32")])]
+    if tp > 1:  # vocab-parallel cross entropy: max, sum-exp and target logit over TP
+        blocks.append(Block("cross-entropy all-reduce", comm=("allreduce", 3 * tok * 4, "tp")))
+    return blocks

@@ -1,0 +1,113 @@
+"""A parallel layout: how a training job is split over the GPUs of a System.
+
+Rank order follows Megatron-LM: tensor-parallel (TP) ranks are adjacent (inside a node), then
+data-parallel (DP), then pipeline stages (PP):
+
+    rank = pp_index · (dp · tp) + dp_index · tp + tp_index
+
+Expert parallelism (EP) splits the DP ranks into groups of `ep` that share the experts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kit.errors import KitError
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("fp16", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    micro_batch: int = 1
+    global_batch: int | None = None  # default: micro_batch · dp (one micro-batch per replica)
+    virtual_stages: int = 1  # model chunks per pipeline stage (interleaved 1F1B when > 1)
+    schedule: str = "1f1b"
+    zero: int = 0  # 0: plain DP; 1, 2, 3: ZeRO stage (3 = FSDP)
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    dtype: str = "fp16"
+    overlap_grad_reduce: bool = True  # bucketed all-reduce during the last backward
+    bucket_bytes: float = 40e6 * 2  # Megatron's default bucket: 40M parameters of fp16 grads
+
+    def __post_init__(self):
+        for name in ("dp", "tp", "pp", "ep", "micro_batch", "virtual_stages"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise KitError(f"--{name.replace('_', '-')} must be a positive whole number, got {v!r}")
+        if self.global_batch is not None and (not isinstance(self.global_batch, int)
+                                              or self.global_batch < 1):
+            raise KitError(f"--global-batch must be a positive whole number, got {self.global_batch!r}")
+        if self.global_batch is not None and self.global_batch % (self.micro_batch * self.dp):
+            raise KitError(f"--global-batch {self.global_batch} must be a multiple of "
+                           f"micro-batch x dp = {self.micro_batch} x {self.dp}")
+        if self.schedule not in SCHEDULES:
+            raise KitError(f"schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            object.__setattr__(self, "schedule", "interleaved")
+        if self.schedule == "interleaved" and self.pp == 1:
+            raise KitError("interleaved pipeline (--virtual-stages > 1) needs --pp > 1")
+        if self.zero not in (0, 1, 2, 3):
+            raise KitError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.recompute not in RECOMPUTE:
+            raise KitError(f"--recompute {self.recompute!r}: choose one of {', '.join(RECOMPUTE)}")
+        if self.dtype not in DTYPES:
+            raise KitError(f"--dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if self.dp % self.ep:
+            raise KitError(f"--ep {self.ep} must divide --dp {self.dp} (experts are sharded over "
+                           "data-parallel ranks)")
+        if self.sequence_parallel and self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def batch(self) -> int:
+        return self.global_batch if self.global_batch is not None else self.micro_batch * self.dp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per replica per iteration."""
+        return self.batch // (self.micro_batch * self.dp)
+
+    def rank(self, pp_i: int, dp_i: int, tp_i: int) -> int:
+        return pp_i * self.dp * self.tp + dp_i * self.tp + tp_i
+
+    def tp_group(self, pp_i: int = 0, dp_i: int = 0) -> list[int]:
+        return [self.rank(pp_i, dp_i, t) for t in range(self.tp)]
+
+    def dp_group(self, pp_i: int = 0, tp_i: int = 0) -> list[int]:
+        return [self.rank(pp_i, d, tp_i) for d in range(self.dp)]
+
+    def ep_group(self, pp_i: int = 0, tp_i: int = 0) -> list[int]:
+        return [self.rank(pp_i, d, tp_i) for d in range(self.ep)]
+
+    def pp_pair(self, pp_i: int) -> list[int]:
+        """Ranks of stage pp_i and pp_i + 1 at dp 0, tp 0 (a point-to-point link)."""
+        return [self.rank(pp_i, 0, 0), self.rank(pp_i + 1, 0, 0)]
+
+    def stage_ranks(self, pp_i: int) -> list[int]:
+        return list(range(pp_i * self.dp * self.tp, (pp_i + 1) * self.dp * self.tp))
+
+    def check_system(self, system) -> None:
+        if self.world_size > system.world_size:
+            raise KitError(f"layout dp {self.dp} x tp {self.tp} x pp {self.pp} = {self.world_size} "
+                           f"GPUs, but {system.key} has {system.world_size}; add --nodes")
+
+    def with_(self, **kw) -> "Layout":
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "ep": self.ep,
+                "micro_batch": self.micro_batch, "global_batch": self.batch,
+                "micro_batches": self.micro_batches, "virtual_stages": self.virtual_stages,
+                "schedule": self.schedule, "zero": self.zero, "recompute": self.recompute,
+                "sequence_parallel": self.sequence_parallel, "dtype": self.dtype,
+                "world_size": self.world_size}

@@ -1,0 +1,105 @@
+"""Memory per rank of a GPT-style training job: weights, gradients, optimizer state, activations.
+
+Model states (Rajbhandari et al., ZeRO, SC'20): mixed-precision Adam keeps 2 B of fp16/bf16
+weights, 2 B of gradients and K = 12 B of optimizer state (fp32 master weights, momentum,
+variance) per parameter; fp32 training keeps 4 + 4 + 8. ZeRO-1 shards the optimizer state over
+the DP ranks, ZeRO-2 also the gradients, ZeRO-3 (FSDP) also the weights.
+
+Activations per layer and micro-batch (Korthikanti et al., "Reducing Activation Recomputation in
+Large Transformer Models", 2022, Table 2), in bytes for 2-byte activations:
+
+    no recompute, TP only           s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    + sequence parallel             s·b·h·(34 + 5·a·s/h) / t
+    selective recompute             drops the 5·a·s/h term (flash attention never stores it)
+    full recompute                  2·s·b·h (only each layer's input; /t with SP)
+
+A stage holds the activations of the chunks it has run forward but not yet backward: the peak
+of its pipeline schedule (pp − s for 1F1B, all m for GPipe).
+"""
+from __future__ import annotations
+
+from kit.parallel.gpt import GPTSpec
+from kit.parallel.layout import Layout
+from kit.parallel.schedule import in_flight
+
+GIB = 2**30
+
+
+def stage_layers(spec: GPTSpec, layout: Layout) -> list[list[int]]:
+    """Layer indices per (stage, chunk) virtual stage, in pipeline order: chunk-major."""
+    n_virtual = layout.pp * layout.virtual_stages
+    base, extra = divmod(spec.layers, n_virtual)
+    if base == 0:
+        from kit.errors import KitError
+
+        raise KitError(f"{spec.layers} layers cannot fill pp {layout.pp} x virtual stages "
+                       f"{layout.virtual_stages} = {n_virtual} pipeline stages")
+    out, i = [], 0
+    for v in range(n_virtual):
+        n = base + (1 if v < extra else 0)
+        out.append(list(range(i, i + n)))
+        i += n
+    return out
+
+
+def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
+    """Parameters one rank of `stage` holds (TP- and EP-sharded), before ZeRO."""
+    t, e = layout.tp, layout.ep
+    chunks = stage_layers(spec, layout)
+    n = 0.0
+    for c in range(layout.virtual_stages):
+        for layer in chunks[c * layout.pp + stage]:
+            p = spec.layer_params(layer)
+            if spec.is_moe(layer):
+                experts = spec.experts * 2 * spec.hidden * spec.f
+                n += (p - experts) / t + experts / (t * e)
+            else:
+                n += p / t
+    if stage == 0:
+        n += spec.vocab * spec.hidden / t + spec.seq * spec.hidden
+    if stage == layout.pp - 1 and layout.pp > 1:
+        n += spec.vocab * spec.hidden / t  # the output layer's copy of the tied embedding
+    return n
+
+
+def activation_bytes_per_layer(spec: GPTSpec, layout: Layout) -> float:
+    s, b, h, a, t = spec.seq, layout.micro_batch, spec.hidden, spec.heads, layout.tp
+    scale = 2.0 if layout.dtype == "fp32" else 1.0  # the paper counts 2-byte activations
+    if layout.recompute == "full":
+        return scale * 2 * s * b * h / (t if layout.sequence_parallel else 1)
+    scores = 0.0 if (layout.recompute == "selective" or spec.attention == "flash") else 5 * a * s / h
+    if layout.sequence_parallel:
+        return scale * s * b * h * (34 + scores) / t
+    return scale * s * b * h * (10 + 24 / t + scores / t)
+
+
+def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
+    """One row per pipeline stage (all ranks of a stage hold the same), sizes in GiB."""
+    w_b, g_b, o_b = (4, 4, 8) if layout.dtype == "fp32" else (2, 2, 12)
+    dp, z = layout.dp, layout.zero
+    rows = []
+    chunks = stage_layers(spec, layout)
+    for stage in range(layout.pp):
+        p = local_params(spec, layout, stage)
+        weights = p * w_b / (dp if z >= 3 else 1)
+        grads = p * g_b / (dp if z >= 2 else 1)
+        optim = p * o_b / (dp if z >= 1 else 1)
+        per_layer = activation_bytes_per_layer(spec, layout)
+        layers_per_chunk = max(len(chunks[c * layout.pp + stage]) for c in range(layout.virtual_stages))
+        live = in_flight(layout.schedule, stage, layout.pp, layout.micro_batches,
+                         layout.virtual_stages)
+        acts = per_layer * layers_per_chunk * live
+        if layout.recompute == "full":  # one layer is rematerialised in full during backward
+            acts += activation_bytes_per_layer(spec, layout.with_(recompute="none"))
+        if stage == layout.pp - 1:  # fp32 logits for the loss
+            acts += layout.micro_batch * spec.seq * (spec.vocab / layout.tp) * 4
+        total = weights + grads + optim + acts
+        row = {"stage": stage, "ranks": layout.dp * layout.tp, "params": p,
+               "weights_gib": weights / GIB, "grads_gib": grads / GIB, "optimizer_gib": optim / GIB,
+               "activations_gib": acts / GIB, "total_gib": total / GIB,
+               "in_flight_microbatches": live}
+        if gpu is not None:
+            row["gpu_memory_gib"] = gpu.memory_gib
+            row["fits"] = total / GIB <= gpu.memory_gib
+        rows.append(row)
+    return rows

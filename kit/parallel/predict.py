@@ -1,0 +1,61 @@
+"""One verb: predict a multi-GPU training iteration (time, why, memory) for a model and layout."""
+from __future__ import annotations
+
+import time
+
+from kit.parallel.build import HostModel, build_iteration
+from kit.parallel.gpt import GPTSpec, parse_model
+from kit.parallel.layout import Layout
+from kit.parallel.memory import memory_per_rank
+from kit.parallel.schedule import bubble_fraction
+from kit.sim import simulate
+
+
+def predict_parallel(model, system, layout: Layout, nodes: int | None = None, predictor="auto",
+                     host: HostModel | None = None, calibration=None, keep=False) -> dict:
+    """Iteration time, critical-path breakdown and memory per rank.
+
+    model: a GPTSpec, an inline shape ("gpt:layers=..,hidden=..,heads=..") or a GPT-style zoo
+    name; system: a System or preset name (nodes: that many nodes of it); keep=True adds the
+    SimResult under "_result" (for timelines and Perfetto export).
+    """
+    from kit.hardware.system import get_system
+
+    t0 = time.perf_counter()
+    spec = model if isinstance(model, GPTSpec) else parse_model(model)
+    sys_ = get_system(system, nodes=nodes) if isinstance(system, str) or nodes else system
+    g, costs, coster = build_iteration(spec, layout, sys_, predictor, host, calibration)
+    res = simulate(g)
+    slow = res.slowest_rank()
+    iteration_ms = res.makespan_ms
+    tokens = layout.batch * spec.seq
+    flops = 6.0 * spec.params * tokens  # model FLOPs per iteration (no recompute), Kaplan et al.
+    peak = sys_.gpu.peak_tflops(layout.dtype if layout.dtype != "fp32" else "fp32") or 0.0
+    out = {
+        "model": spec.to_dict(),
+        "system": sys_.key,
+        "gpu": sys_.gpu_key,
+        "layout": layout.to_dict(),
+        "iteration_ms": iteration_ms,
+        "tokens_per_s": tokens / (iteration_ms / 1e3) if iteration_ms > 0 else None,
+        "mfu": flops / (iteration_ms / 1e3) / (peak * 1e12 * layout.world_size)
+        if iteration_ms > 0 and peak else None,
+        "breakdown": {"rank": slow, **res.breakdown(slow, follow_ranks=True)},
+        "rank_breakdown": {"rank": slow, **res.breakdown(slow)},
+        "ideal_bubble_fraction": bubble_fraction(layout.schedule, layout.pp, layout.micro_batches,
+                                                 layout.virtual_stages),
+        "per_stage_ms": {int(r): res.rank_end_ms(r) for r in g.ranks},
+        "per_microbatch_ms": [{"stage": i % layout.pp, "chunk": i // layout.pp,
+                               "fwd_ms": c.fwd.compute_ms + c.fwd.comm_ms,
+                               "bwd_ms": c.bwd.compute_ms + c.bwd.comm_ms,
+                               "tp_ep_comm_ms": c.fwd.comm_ms + c.bwd.comm_ms}
+                              for i, c in enumerate(costs)],
+        "memory_per_rank": memory_per_rank(spec, layout, sys_.gpu),
+        "simulated_ranks": len(g.ranks),
+        "ops": len(g),
+        "predictor": coster.predictor.name,
+        "seconds": time.perf_counter() - t0,
+    }
+    if keep:
+        out["_result"] = res
+    return out

@@ -1,0 +1,179 @@
+"""kit.parallel: schedules, pipeline bubbles, DP overlap, memory formulas, layouts, CLI."""
+import json
+
+import pandas as pd
+import pytest
+
+from kit.errors import KitError
+from kit.parallel import GPTSpec, HostModel, Layout, memory_per_rank, parse_model, predict_parallel
+from kit.parallel.schedule import bubble_fraction, in_flight, schedule
+
+NO_HOST = HostModel(launch_us=0.0, p2p_sync=False)
+
+
+class GemmOnly:
+    """1 ms per hidden-sized GEMM, 0 for everything else (LM head, vector ops, attention)."""
+
+    name = "gemm-only"
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def predict(self, ops, gpu):
+        ms = [1.0 if op.op_class == "gemm" and self.vocab not in (op.n, op.k) else 0.0 for op in ops]
+        return pd.DataFrame({"latency_ms": ms})
+
+
+SPEC = GPTSpec(layers=8, hidden=1024, heads=16, seq=512, vocab=32000, name="t")
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_schedule_runs_every_microbatch_once_forward_before_backward(kind):
+    for stage in range(4):
+        order = schedule(kind, stage, 4, 8)
+        assert sorted(o for o in order if o[0] == "F") == [("F", i, 0) for i in range(8)]
+        assert sorted(o for o in order if o[0] == "B") == [("B", i, 0) for i in range(8)]
+        for i in range(8):
+            assert order.index(("F", i, 0)) < order.index(("B", i, 0))
+
+
+def test_activations_in_flight_match_the_schedules():
+    assert [in_flight("1f1b", s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert in_flight("gpipe", 0, 4, 8) == 8
+    inter = schedule("interleaved", 0, 4, 8, 2)
+    assert len(inter) == 2 * 8 * 2 and len(set(inter)) == 32
+    with pytest.raises(KitError, match="multiple"):
+        schedule("interleaved", 0, 4, 6, 2)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_pipeline_iteration_is_m_plus_pp_minus_1_passes(kind):
+    # 2 layers per stage: forward 4 GEMMs/layer -> tf = 8 ms; backward 8 GEMMs/layer -> tb = 16 ms
+    lay = Layout(pp=4, micro_batch=1, global_batch=8, schedule=kind, dtype="fp16")
+    r = predict_parallel(SPEC, "dgx-a100", lay, predictor=GemmOnly(SPEC.vocab), host=NO_HOST)
+    ideal = (8 + 4 - 1) * (8 + 16)
+    assert r["iteration_ms"] == pytest.approx(ideal, rel=0.01)  # + a few tiny p2p transfers
+    assert r["iteration_ms"] >= ideal
+    # the first stage idles for the bubble: (pp - 1) * (tf + tb)
+    assert r["rank_breakdown"]["wait"] == pytest.approx(3 * 24, rel=0.02)
+    assert bubble_fraction(kind, 4, 8) == pytest.approx(3 / 11)
+
+
+def test_interleaving_shrinks_the_bubble():
+    kw = dict(pp=4, micro_batch=1, global_batch=8, dtype="fp16")
+    plain = predict_parallel(SPEC, "dgx-a100", Layout(**kw), predictor=GemmOnly(SPEC.vocab), host=NO_HOST)
+    inter = predict_parallel(SPEC, "dgx-a100", Layout(virtual_stages=2, **kw),
+                             predictor=GemmOnly(SPEC.vocab), host=NO_HOST)
+    assert inter["layout"]["schedule"] == "interleaved"
+    # ideal: 8 * 24 of work + a bubble of (pp - 1) * 24 / v
+    assert inter["iteration_ms"] == pytest.approx(8 * 24 + 3 * 24 / 2, rel=0.03)
+    assert inter["iteration_ms"] < plain["iteration_ms"]
+
+
+def test_dp_gradient_all_reduce_after_backward_or_overlapped():
+    from kit.comm import predict_collective
+
+    kw = dict(dp=8, micro_batch=1, global_batch=8, dtype="fp16")
+    pred = GemmOnly(SPEC.vocab)
+    serial = predict_parallel(SPEC, "dgx-a100", Layout(overlap_grad_reduce=False, **kw),
+                              predictor=pred, host=NO_HOST)
+    overlap = predict_parallel(SPEC, "dgx-a100", Layout(**kw), predictor=pred, host=NO_HOST)
+    params = memory_per_rank(SPEC, Layout(**kw))[0]["params"]
+    ar = predict_collective("allreduce", params * 2, "dgx-a100", ranks=list(range(8))).time_ms
+    compute = 8 * (4 + 8)  # 8 layers, fwd + bwd GEMMs
+    assert serial["iteration_ms"] == pytest.approx(compute + ar, rel=1e-6)
+    assert compute < overlap["iteration_ms"] < serial["iteration_ms"]
+
+
+def test_memory_matches_the_papers_formulas():
+    spec = parse_model("gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200")
+    lay = Layout(dp=8, tp=8, pp=16, micro_batch=1, global_batch=1536, sequence_parallel=True,
+                 recompute="selective", dtype="bf16")
+    rows = memory_per_rank(spec, lay)
+    mid = rows[5]
+    layer_params = 12 * 12288**2 + 13 * 12288
+    assert mid["params"] == pytest.approx(6 * layer_params / 8, rel=1e-3)
+    assert mid["weights_gib"] * 2**30 == pytest.approx(2 * mid["params"])
+    assert mid["optimizer_gib"] * 2**30 == pytest.approx(12 * mid["params"])
+    # Korthikanti et al.: 34 s b h / t per layer with SP + selective; 1F1B stage 5 holds 11 mb
+    per_layer = 34 * 2048 * 1 * 12288 / 8
+    assert mid["activations_gib"] * 2**30 == pytest.approx(per_layer * 6 * (16 - 5))
+    z3 = memory_per_rank(spec, lay.with_(zero=3))[5]
+    assert z3["weights_gib"] == pytest.approx(mid["weights_gib"] / 8)
+    assert z3["optimizer_gib"] == pytest.approx(mid["optimizer_gib"] / 8)
+    full = memory_per_rank(spec, lay.with_(recompute="full"))[5]
+    assert full["activations_gib"] < mid["activations_gib"]
+
+
+def test_tensor_parallel_adds_all_reduces_and_splits_compute():
+    kw = dict(micro_batch=2, dtype="fp16")
+    one = predict_parallel(SPEC, "dgx-a100", Layout(**kw))
+    four = predict_parallel(SPEC, "dgx-a100", Layout(tp=4, **kw))
+    sp = predict_parallel(SPEC, "dgx-a100", Layout(tp=4, sequence_parallel=True, **kw))
+    f1, f4 = one["per_microbatch_ms"][0], four["per_microbatch_ms"][0]
+    assert f1["tp_ep_comm_ms"] == 0 and f4["tp_ep_comm_ms"] > 0
+    assert f4["fwd_ms"] - f4["tp_ep_comm_ms"] < f1["fwd_ms"] / 2
+    assert sp["per_microbatch_ms"][0]["tp_ep_comm_ms"] > 0
+    assert four["breakdown"]["communication"] > 0
+
+
+def test_moe_expert_parallel_all_to_all():
+    moe = parse_model("moe:layers=4,hidden=1024,heads=16,seq=512,experts=8,topk=2")
+    r = predict_parallel(moe, "dgx-a100", Layout(dp=4, ep=4, micro_batch=1, global_batch=4, dtype="bf16"))
+    assert r["per_microbatch_ms"][0]["tp_ep_comm_ms"] > 0
+    dense_ep = predict_parallel(moe, "dgx-a100", Layout(dp=4, micro_batch=1, global_batch=4, dtype="bf16"))
+    assert dense_ep["per_microbatch_ms"][0]["tp_ep_comm_ms"] == 0
+    assert r["memory_per_rank"][0]["params"] < dense_ep["memory_per_rank"][0]["params"]
+
+
+def test_zero3_and_host_bound_small_model():
+    r = predict_parallel(SPEC, "dgx-a100", Layout(dp=8, zero=3, micro_batch=1, global_batch=16))
+    assert r["iteration_ms"] > 0 and r["memory_per_rank"][0]["weights_gib"] > 0
+    tiny = GPTSpec(layers=2, hidden=128, heads=2, seq=64, vocab=1000)
+    slow_host = predict_parallel(tiny, "dgx-a100", Layout(micro_batch=1), host=HostModel(launch_us=100))
+    assert slow_host["breakdown"]["cpu"] > 0.9 * slow_host["iteration_ms"]
+
+
+def test_bad_layouts_and_models_are_kit_errors():
+    with pytest.raises(KitError, match="add --nodes"):
+        predict_parallel(SPEC, "dgx-a100", Layout(dp=4, tp=4))
+    with pytest.raises(KitError):
+        Layout(dp=3, ep=2)
+    with pytest.raises(KitError):
+        Layout(global_batch=7, micro_batch=2)
+    with pytest.raises(KitError, match="unknown key"):
+        parse_model("gpt:layers=2,hidden=64,heads=2,banana=1")
+    with pytest.raises(KitError, match="missing"):
+        parse_model("gpt:layers=2")
+    with pytest.raises(KitError, match="--tp"):
+        predict_parallel(GPTSpec(layers=2, hidden=96, heads=3), "dgx-a100", Layout(tp=2))
+
+
+def test_175b_on_1024_gpus_is_fast():
+    import time
+
+    t = time.process_time()
+    r = predict_parallel("gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200", "dgx-h100",
+                         Layout(dp=8, tp=8, pp=16, micro_batch=1, global_batch=1536, dtype="bf16",
+                                sequence_parallel=True), nodes=128)
+    assert time.process_time() - t < 5.0
+    assert r["layout"]["world_size"] == 1024 and r["simulated_ranks"] == 16
+    assert 0.2 < r["mfu"] < 0.8
+
+
+def test_cli_predict_with_system(capsys, tmp_path):
+    from kit.cli import main
+
+    out = tmp_path / "t.json"
+    assert main(["predict", "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=1000", "--system",
+                 "dgx-a100", "--dp", "2", "--tp", "2", "--pp", "2", "--micro-batch", "1",
+                 "--global-batch", "8", "--dtype", "bf16", "--json", "--trace", str(out)]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["iteration_ms"] > 0 and len(r["memory_per_rank"]) == 2
+    assert set(r["breakdown"]) >= {"compute", "communication", "cpu", "wait"}
+    assert json.loads(out.read_text())["traceEvents"]
+    assert main(["predict", "gpt:layers=4,hidden=512,heads=8", "--system", "dgx-a100", "--tp", "16"]) == 2
+    assert "add --nodes" in capsys.readouterr().err
+    assert main(["predict", "gpt:layers=4,hidden=512,heads=8", "--system", "dgx-a100", "--dp", "2",
+                 "--tp", "2", "--pp", "2", "--micro-batch", "1", "--global-batch", "8"]) == 0
+    assert "iteration" in capsys.readouterr().out
