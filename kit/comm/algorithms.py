@@ -97,7 +97,7 @@ def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
         m = np.full((n, n), 1.0 / n)
         np.fill_diagonal(m, 0.0)
         out.append(Plan("p2p", alltoall_latency_us(system, group),
-                        alltoallv_us(system, group, m) + _kappa(system, False)))
+                        alltoallv_us(system, group, m) + _kappa(system, False) * (n - 1) / n))
     elif kind == "sendrecv":
         # nccl-tests sendrecv: rank i sends `size` to rank i+1 (a ring shift)
         worst = max(_pair_us_per_byte(system, a, b)

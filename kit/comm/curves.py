@@ -110,15 +110,21 @@ def fit_curve(kind: str, ranks: int, nbytes, time_us) -> BandwidthCurve:
         c = BandwidthCurve(kind, ranks, math.exp(p[0]), math.exp(p[1]), math.exp(p[2]), math.exp(p[3]))
         return c.time_us(x)
 
+    # starting points: an alpha-beta line through the data (weighted by 1/t), plus a small grid
+    a_w = np.vstack([np.ones_like(s), s]).T / t[:, None]
+    alpha, beta = np.linalg.lstsq(a_w, np.ones_like(t), rcond=None)[0]
+    starts = []
+    if alpha > 0 and beta > 0:
+        starts.append((t_min, f / (beta * 1e3), alpha / beta, 1.0))
+    half0 = max(t_min * b0 * 1e3 / f, s.min())
+    starts += [(t_min, b0 * 1.05, half0, 1.0), (t_min * 0.05, b0 * 1.05, half0, 2.5)]
     best = None
-    for floor0 in (t_min * 0.9, t_min * 0.1):
-        for k0 in (1.0, 3.0):
-            half0 = max(t_min * b0 * 1e3 / f, s.min())
-            p0 = np.clip(np.log([floor0, b0 * 1.05, half0, k0]), lo + 1e-9, hi - 1e-9)
-            r = least_squares(lambda p: np.log(model(p, s)) - np.log(t), p0, bounds=(lo, hi),
-                              loss="soft_l1", f_scale=0.05)
-            if best is None or r.cost < best.cost:
-                best = r
+    for start in starts:
+        p0 = np.clip(np.log(start), lo + 1e-9, hi - 1e-9)
+        r = least_squares(lambda p: np.log(model(p, s)) - np.log(t), p0, bounds=(lo, hi),
+                          loss="soft_l1", f_scale=0.05, max_nfev=300)
+        if best is None or r.cost < best.cost:
+            best = r
     p = np.exp(best.x)
     mape = float(np.mean(np.abs(model(best.x, s) - t) / t))
     return BandwidthCurve(kind, ranks, float(p[0]), float(p[1]), float(p[2]), float(p[3]),

@@ -1,0 +1,40 @@
+"""`kit collect-comm`: measure collectives through torch.distributed, write nccl-tests output."""
+from kit.cli import add_command
+from kit.errors import KitError
+
+
+def run(args):
+    from kit.comm.measure import collect
+
+    kinds = [k for k in args.collectives.split(",") if k.strip()]
+    if not kinds:
+        raise KitError("--collectives is empty; name at least one, e.g. allreduce")
+    _, table = collect(backend=args.backend, ranks=args.ranks, sizes=args.sizes, kinds=kinds,
+                       iters=args.iters, warmup=args.warmup, repeats=args.repeats, stat=args.stat,
+                       out=args.out)
+    return {"out": args.out, "backend": args.backend, "ranks": args.ranks, "rows": len(table),
+            "wrong": int(table.wrong.sum()),
+            "results": table[["kind", "size_bytes", "time_us", "algbw_gbs", "wrong"]].to_dict("records")}
+
+
+def text(r):
+    lines = [f"{x['kind']:>14} {x['size_bytes']:>12d} B  {x['time_us']:10.1f} us  "
+             f"{x['algbw_gbs']:8.3f} GB/s" + (f"  WRONG {x['wrong']}" if x["wrong"] else "")
+             for x in r["results"]]
+    return "\n".join(lines + [f"wrote {r['rows']} rows ({r['backend']}, {r['ranks']} ranks) to {r['out']} "
+                              "in the nccl-tests format"])
+
+
+def register(sub):
+    p = add_command(sub, "collect-comm", "measure collectives (NCCL on GPUs, gloo on CPU processes) "
+                    "over a sweep of sizes; writes nccl-tests output", run, text)
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="gloo")
+    p.add_argument("--ranks", type=int, default=2, help="processes (one per GPU for nccl)")
+    p.add_argument("--sizes", default="1K:1M", help="MIN:MAX[:FACTOR] or a comma list (K/M/G binary)")
+    p.add_argument("--collectives", default="allreduce",
+                   help="comma list of allreduce,reducescatter,allgather,broadcast,reduce,alltoall,sendrecv")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3, help="rounds of --iters timed samples")
+    p.add_argument("--stat", choices=["min", "median"], default="min", help="statistic over the samples")
+    p.add_argument("--out", required=True, help="output file (nccl-tests text format)")

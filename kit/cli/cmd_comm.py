@@ -1,0 +1,95 @@
+"""`kit comm fit|predict`: collective cost on a system, from presets or fitted curves."""
+from kit.cli import add_command
+from kit.errors import KitError
+
+
+def _ranks(text):
+    if text is None:
+        return None
+    try:
+        vals = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise KitError(f"--ranks takes a count (8) or a comma list of ranks (0,1,8,9), got {text!r}") from None
+    if not vals:
+        raise KitError("--ranks is empty")
+    return vals[0] if len(vals) == 1 and "," not in str(text) else vals
+
+
+def _system(args):
+    from kit.hardware import get_system
+
+    return get_system(args.system, nodes=args.nodes, network=args.network)
+
+
+def predict(args):
+    from kit.comm import collective_table, predict_collective
+    from kit.comm.measure import parse_sizes
+
+    system = _system(args)
+    ranks = _ranks(args.ranks)
+    if args.sizes:
+        t = collective_table(args.collective, parse_sizes(args.sizes), system, ranks, args.calibration)
+        return {"system": system.key, "table": t.to_dict("records")}
+    if args.bytes is None:
+        raise KitError("give --bytes SIZE (e.g. 1e9 or 64M) or --sizes MIN:MAX")
+    nbytes = parse_sizes(args.bytes)[0] if any(c.isalpha() for c in args.bytes.lower().replace("e", "")) \
+        else float(args.bytes)
+    return predict_collective(args.collective, nbytes, system, ranks, args.calibration).to_dict()
+
+
+def predict_text(r):
+    if "table" in r:
+        lines = [f"{x['size_bytes']:>14.0f} B  {x['time_ms'] * 1e3:11.1f} us  {x['algorithm']:>13}  "
+                 f"busbw {x['busbw_gbs']:7.1f} GB/s" for x in r["table"]]
+        return "\n".join([f"{r['table'][0]['kind']} on {r['system']} ({r['table'][0]['ranks']} ranks, "
+                          f"{r['table'][0]['source']})", *lines])
+    return (f"{r['kind']} of {r['nbytes']:.4g} B on {r['system']} ({r['ranks']} ranks, {r['nodes_spanned']} "
+            f"node(s)): {r['time_ms']:.4g} ms via {r['algorithm']}; algbw {r['algbw_gbs']:.1f} GB/s, busbw "
+            f"{r['busbw_gbs']:.1f} GB/s (plateau {r['plateau_busbw_gbs']:.0f}); {r['bound']}-bound, crossover at "
+            f"{r['crossover_bytes'] / 2**20:.3g} MiB [{r['source']}]")
+
+
+def fit(args):
+    from kit.comm import fit_table
+    from kit.comm.parsers import read_measurements
+
+    system = _system(args)
+    table = read_measurements(args.file, fmt=args.format, kind=args.kind, ranks=args.ranks_hint)
+    cal = fit_table(table, system=system.key, source=str(args.file))
+    if args.out:
+        cal.save(args.out)
+    return {"out": args.out, **cal.to_dict()}
+
+
+def fit_text(r):
+    lines = [f"{c['kind']:>14} x{c['ranks']:<3d} floor {c['floor_us']:9.1f} us  plateau {c['busbw_max_gbs']:9.3f} "
+             f"GB/s  half {c['half_bytes']:11.4g} B  k {c['steepness']:.2f}  fit MAPE {100 * c['fit_mape']:.1f}% "
+             f"({c['n_points']} sizes)" for c in r["curves"]]
+    return "\n".join(lines + [f"wrote {r['out']}" if r["out"] else "(not saved: pass --out FILE)"])
+
+
+def _need(args):
+    raise KitError("choose a subcommand: `kit comm predict ...` or `kit comm fit FILE ...`")
+
+
+def register(sub):
+    p = add_command(sub, "comm", "collective communication: predict a collective, fit curves to data", _need)
+    sub2 = p.add_subparsers(dest="comm_command", metavar="SUBCOMMAND")
+    q = add_command(sub2, "predict", "time, algorithm, algbw and busbw of one collective", predict, predict_text)
+    q.add_argument("collective", help="allreduce, reducescatter, allgather, broadcast, reduce, alltoall, sendrecv")
+    q.add_argument("--bytes", help="nccl-tests size in bytes (1e9, 64M)")
+    q.add_argument("--sizes", help="a sweep instead: MIN:MAX[:FACTOR] or a comma list")
+    q.add_argument("--system", default="dgx-h100", help="preset (see `kit systems`)")
+    q.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")
+    q.add_argument("--network", help="inter-node network (ib-hdr, ib-ndr, roce-400g, ...)")
+    q.add_argument("--ranks", help="a count (8) or a comma list of global ranks (0,1,8,9); default all")
+    q.add_argument("--calibration", help="a curve file from `kit comm fit`")
+    f = add_command(sub2, "fit", "fit bandwidth curves to nccl-tests or PARAM comms output", fit, fit_text)
+    f.add_argument("file", help="benchmark output (nccl-tests text, PARAM comms log, or collect-comm file)")
+    f.add_argument("--system", required=True, help="the system it was measured on")
+    f.add_argument("--nodes", type=int)
+    f.add_argument("--network")
+    f.add_argument("--out", help="calibration file to write (JSON)")
+    f.add_argument("--format", default="auto", choices=["auto", "nccl-tests", "param"])
+    f.add_argument("--kind", help="collective, when the file does not say")
+    f.add_argument("--ranks", dest="ranks_hint", type=int, help="rank count, when the file does not say")

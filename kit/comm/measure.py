@@ -1,0 +1,242 @@
+"""Measure collectives for real through torch.distributed, written in the nccl-tests format.
+
+    collect(backend="gloo", ranks=4, sizes=parse_sizes("1K:1M"), out="gloo4.txt")
+
+One process per rank (torch.multiprocessing spawn) on this host, rendezvous over TCP on
+127.0.0.1 and a free port. NCCL runs one rank per GPU; gloo runs CPU processes. Per collective
+and size: `warmup` untimed calls, then `repeats` x `iters` timed samples. With NCCL a sample is
+the mean of a batch of `iters` calls ended by one synchronize (as nccl-tests times); with gloo
+each blocking call is one sample. Each rank takes the minimum (default; the steadiest figure on a
+shared machine, where any one call may be preempted) or the median of its samples, and the
+reported time is the slowest rank's. Each
+result is then validated once (#wrong = elements that differ from the expected values), as
+nccl-tests does. Sizes follow nccl-tests: all-gather and reduce-scatter sizes are totals.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from kit.comm.conventions import KINDS, canonical_kind
+from kit.errors import KitError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+WORD_BYTES = 4  # float32, nccl-tests type "float"
+
+
+def parse_sizes(spec) -> list[int]:
+    """'1K:4M' (doubling), '1K:4M:4' (x4 steps), '1K,64K,1M', or a list of byte counts."""
+    if isinstance(spec, (list, tuple)):
+        out = [int(float(s)) if not isinstance(s, str) else parse_sizes(s)[0] for s in spec]
+    else:
+        text = str(spec).strip().upper().replace("IB", "").replace("I", "")
+
+        def one(tok: str) -> int:
+            m = re.fullmatch(r"([0-9.]+(?:E[0-9]+)?)\s*([KMG]?)B?", tok.strip())
+            if not m:
+                raise KitError(f"bad size {tok!r}: use bytes or K/M/G suffixes (binary), e.g. 64K")
+            return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+        if ":" in text:
+            parts = text.split(":")
+            if len(parts) not in (2, 3):
+                raise KitError(f"bad size range {spec!r}: use MIN:MAX or MIN:MAX:FACTOR")
+            lo, hi = one(parts[0]), one(parts[1])
+            factor = float(parts[2]) if len(parts) == 3 else 2.0
+            if lo <= 0 or hi < lo or factor <= 1:
+                raise KitError(f"bad size range {spec!r}: need 0 < MIN <= MAX and FACTOR > 1")
+            out, s = [], float(lo)
+            while s <= hi * (1 + 1e-9):
+                out.append(int(round(s)))
+                s *= factor
+        else:
+            out = [one(t) for t in text.split(",") if t.strip()]
+    if not out or any(s <= 0 for s in out):
+        raise KitError(f"sizes must be positive byte counts, got {spec!r}")
+    return sorted(set(out))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _count(kind: str, size: int, n: int) -> int:
+    count = max(size // WORD_BYTES, 1)
+    if kind in ("allgather", "reducescatter", "alltoall"):
+        count = max(count // n, 1) * n
+    return count
+
+
+def _op(kind, count, n, rank, dev):
+    """(run, validate) closures for one collective on `count` float32 elements."""
+    import torch
+    import torch.distributed as dist
+
+    opts = {"dtype": torch.float32, "device": dev}
+    chunk = count // n
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    if kind in ("allreduce", "broadcast", "reduce"):
+        x = torch.ones(count, **opts)
+        call = {"allreduce": lambda: dist.all_reduce(x), "broadcast": lambda: dist.broadcast(x, 0),
+                "reduce": lambda: dist.reduce(x, 0)}[kind]
+
+        def check():
+            x.fill_(rank + 1)
+            call()
+            want = 1.0 if kind == "broadcast" else n * (n + 1) / 2
+            return int((x != want).sum()) if (kind != "reduce" or rank == 0) else 0
+        return call, check
+    if kind == "allgather":
+        x, y = torch.ones(chunk, **opts), torch.empty(count, **opts)
+
+        def check():
+            x.fill_(rank + 1)
+            gather(y, x)
+            want = torch.arange(1, n + 1, **opts).repeat_interleave(chunk)
+            return int((y != want).sum())
+        return (lambda: gather(y, x)), check
+    if kind == "reducescatter":
+        x, y = torch.ones(count, **opts), torch.empty(chunk, **opts)
+
+        def check():
+            x.fill_(rank + 1)
+            scatter(y, x)
+            return int((y != n * (n + 1) / 2).sum())
+        return (lambda: scatter(y, x)), check
+    if kind == "alltoall":
+        x, y = torch.ones(count, **opts), torch.empty(count, **opts)
+
+        def check():
+            x.copy_((rank * n + torch.arange(n, **opts)).repeat_interleave(chunk))
+            dist.all_to_all_single(y, x)
+            want = (torch.arange(n, **opts) * n + rank).repeat_interleave(chunk)
+            return int((y != want).sum())
+        return (lambda: dist.all_to_all_single(y, x)), check
+    x, y = torch.ones(count, **opts), torch.empty(count, **opts)  # sendrecv: ring shift
+
+    def call():
+        reqs = [dist.isend(x, (rank + 1) % n), dist.irecv(y, (rank - 1) % n)]
+        for r in reqs:
+            r.wait()
+
+    def check():
+        x.fill_(rank + 1)
+        call()
+        return int((y != (rank - 1) % n + 1).sum())
+    return call, check
+
+
+def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, result_path):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dev = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        dev = torch.device(f"cuda:{rank}")
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n, timeout=timedelta(seconds=300))
+    sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
+    rows = []
+    for kind in kinds:
+        for size in sizes:
+            count = _count(kind, size, n)
+            call, check = _op(kind, count, n, rank, dev)
+            for _ in range(warmup):
+                call()
+            samples = []
+            for _ in range(repeats):
+                sync()
+                dist.barrier()
+                if backend == "nccl":  # a batch of calls, then one sync (as nccl-tests)
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        call()
+                    sync()
+                    samples.append((time.perf_counter() - t0) / iters * 1e6)
+                else:  # blocking CPU collectives: time every call
+                    for _ in range(iters):
+                        t0 = time.perf_counter()
+                        call()
+                        samples.append((time.perf_counter() - t0) * 1e6)
+            t = torch.tensor(samples, dtype=torch.float64)
+            mine = t.min() if stat == "min" else t.median()
+            t = torch.tensor([float(mine)], dtype=torch.float64, device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's figure
+            best = float(t.item())
+            wrong = torch.tensor([check()], dtype=torch.float64, device=dev)
+            dist.all_reduce(wrong)
+            rows.append({"kind": kind, "size_bytes": count * WORD_BYTES, "count": count,
+                         "dtype": "float", "time_us": best, "wrong": int(wrong.item())})
+    if rank == 0:
+        Path(result_path).write_text(json.dumps(rows))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allreduce",),
+            iters: int = 20, warmup: int = 5, repeats: int = 3, stat: str = "min", out=None):
+    """Run the sweep; returns (nccl-tests text, tidy DataFrame). Writes `out` when given."""
+    import pandas as pd
+    import torch
+    import torch.multiprocessing as mp
+
+    from kit.comm.parsers import COLUMNS, format_nccl_tests
+
+    if backend not in ("gloo", "nccl"):
+        raise KitError(f"unknown backend {backend!r}; choose gloo (CPU processes) or nccl (GPUs)")
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 2 <= ranks <= 64:
+        raise KitError(f"ranks must be a whole number from 2 to 64, got {ranks!r}")
+    if backend == "nccl":
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < ranks or not torch.distributed.is_nccl_available():
+            raise KitError(f"nccl needs {ranks} GPUs (one per rank) and an NCCL build of torch; "
+                           f"found {have} GPU(s); use --backend gloo on CPU")
+    kinds = [canonical_kind(k) for k in kinds]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise KitError(f"cannot measure {bad}; choose from {', '.join(KINDS)}")
+    sizes = parse_sizes(sizes)
+    if stat not in ("min", "median"):
+        raise KitError(f"stat must be min or median, got {stat!r}")
+    for name, v in (("iters", iters), ("warmup", warmup), ("repeats", repeats)):
+        if not isinstance(v, int) or v < (0 if name == "warmup" else 1):
+            raise KitError(f"{name} must be a whole number >= {0 if name == 'warmup' else 1}, got {v!r}")
+    with tempfile.TemporaryDirectory(prefix="kit-comm-") as tmp:
+        result = os.path.join(tmp, "rows.json")
+        try:
+            mp.spawn(_worker, args=(ranks, backend, _free_port(), kinds, sizes, iters, warmup,
+                                    repeats, stat, result), nprocs=ranks, join=True)
+        except Exception as e:  # a worker failed: say which and why, in one line
+            msg = str(e).strip().splitlines()
+            raise KitError(f"collect-comm ({backend}, {ranks} ranks) failed: "
+                           f"{msg[-1] if msg else type(e).__name__}") from None
+        rows = json.loads(Path(result).read_text())
+    if backend == "nccl":
+        devices = [f"Pid {os.getpid():6d} on {socket.gethostname()} device {i:2d} "
+                   f"{torch.cuda.get_device_name(i)}" for i in range(ranks)]
+    else:
+        devices = [f"Pid {os.getpid():6d} on {socket.gethostname()} device {i:2d} [cpu] gloo process"
+                   for i in range(ranks)]
+    meta = (f"step: list warmup iters: {warmup} iters: {iters} agg iters: 1 validation: 1 graph: 0 "
+            f"# kit collect-comm backend={backend} torch={torch.__version__} stat={stat}; "
+            "in-place columns repeat the measured call")
+    text = "".join(format_nccl_tests([r for r in rows if r["kind"] == k], k, ranks, devices, meta)
+                   for k in kinds)
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    table = pd.DataFrame([{**r, "ranks": ranks, "algbw_gbs": r["size_bytes"] / r["time_us"] / 1e3,
+                           "source": str(out or "")} for r in rows])
+    return text, table.reindex(columns=COLUMNS)

@@ -1,0 +1,191 @@
+"""Read collective benchmarks into one tidy table, and write the nccl-tests text format.
+
+Table columns: kind, ranks, size_bytes, count, dtype, time_us, algbw_gbs, busbw_gbs,
+time_us_in_place, busbw_gbs_in_place, wrong, source. time_us is the out-of-place time (PARAM: p50).
+
+* nccl-tests (github.com/NVIDIA/nccl-tests) stdout: `#` comment lines, one row per size with
+  size, count, type, [redop, root,] then time/algbw/busbw/#wrong out-of-place and in-place.
+  The collective comes from "# Collective test starting: all_reduce_perf" (or `kind=`), the rank
+  count from the "#  Rank N" device lines (or `ranks=`). Several runs may be concatenated.
+* PARAM comms (github.com/facebookresearch/param, train/comms/pt/comms.py): "COMMS-RES" lines,
+  a header naming size (B), num-elements, Latency(us):p50, p75, p95, [Min, Max,] algBW, busBW.
+  The ranks come from `ranks=` or from busBW/algBW (the nccl-tests factor of the collective).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kit.comm.conventions import NCCL_TESTS_NAME, busbw_factor, canonical_kind
+from kit.errors import KitError
+
+COLUMNS = ["kind", "ranks", "size_bytes", "count", "dtype", "time_us", "algbw_gbs", "busbw_gbs",
+           "time_us_in_place", "busbw_gbs_in_place", "wrong", "source"]
+
+
+def _read(path) -> tuple[str, str]:
+    path = Path(path)
+    try:
+        return path.read_text(errors="replace"), str(path)
+    except FileNotFoundError:
+        raise KitError(f"benchmark file not found: {path}") from None
+    except IsADirectoryError:
+        raise KitError(f"{path} is a directory, expected a benchmark output file") from None
+
+
+def _float(tok: str, where: str) -> float:
+    try:
+        return float(tok)
+    except ValueError:
+        raise KitError(f"{where}: expected a number, got {tok!r}") from None
+
+
+def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
+    """nccl-tests output -> tidy DataFrame (one row per size per run)."""
+    import pandas as pd
+
+    text, src = _read(path)
+    kind = canonical_kind(kind) if kind else None
+    rows, cur_kind, rank_lines, section_ranks = [], kind, set(), None
+    for no, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s:
+            continue
+        m = re.match(r"#\s*Collective test starting:\s*(\S+)", s)
+        if m:
+            cur_kind = kind or canonical_kind(m.group(1))
+            rank_lines, section_ranks = set(), None
+            continue
+        m = re.match(r"#\s+Rank\s+(\d+)\s", s)
+        if m:
+            rank_lines.add(int(m.group(1)))
+            continue
+        if s.startswith("#"):
+            continue
+        tok = s.split()
+        where = f"{src} line {no}"
+        if len(tok) < 11 or not tok[0].isdigit():
+            if tok[0].isdigit():
+                raise KitError(f"{where}: a nccl-tests row needs size, count, type and 8 time/bandwidth "
+                               f"columns, got {len(tok)} fields")
+            continue  # other chatter (warnings, hostnames)
+        if cur_kind is None:
+            raise KitError(f"{src}: no '# Collective test starting:' line; pass kind= (e.g. allreduce)")
+        n = ranks or (len(rank_lines) if rank_lines else None)
+        if n is None:
+            raise KitError(f"{src}: no '#  Rank' device lines to count ranks; pass ranks=")
+        section_ranks = n
+        oop, inp = tok[-8:-4], tok[-4:]
+        rows.append({"kind": cur_kind, "ranks": section_ranks, "size_bytes": int(tok[0]),
+                     "count": int(tok[1]), "dtype": tok[2], "time_us": _float(oop[0], where),
+                     "algbw_gbs": _float(oop[1], where), "busbw_gbs": _float(oop[2], where),
+                     "time_us_in_place": _float(inp[0], where), "busbw_gbs_in_place": _float(inp[2], where),
+                     "wrong": 0 if oop[3] == "N/A" else int(_float(oop[3], where)), "source": src})
+    if not rows:
+        raise KitError(f"{src}: no nccl-tests result rows found (expected lines like "
+                       "'  1048576  262144  float  sum  -1  44.2  23.7  ...')")
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+_PARAM_COL = re.compile(r"size\s*\(B\)|num-elements|Latency\(us\):p\d+|p\d+|Min|Max|algBW\(GB/s\)|busBW\(GB/s\)")
+
+
+def _ranks_from_ratio(kind: str, ratio: float, where: str) -> int:
+    """Invert the busbw factor: 2(n-1)/n = r -> n = 2/(2-r);  (n-1)/n = r -> n = 1/(1-r)."""
+    top = 2.0 if kind == "allreduce" else 1.0
+    if top - ratio > 1e-9:
+        n = round(top / (top - ratio))
+        if n >= 2 and abs(busbw_factor(kind, n) - ratio) <= 0.02 * ratio:
+            return n
+    raise KitError(f"{where}: cannot infer the rank count from busBW/algBW = {ratio:.3f}; pass ranks=")
+
+
+def parse_param(path, kind: str | None = None, ranks: int | None = None):
+    """PARAM comms benchmark output -> tidy DataFrame."""
+    import pandas as pd
+
+    text, src = _read(path)
+    kind = canonical_kind(kind) if kind else None
+    rows, cols, cur_kind = [], None, kind
+    for no, line in enumerate(text.splitlines(), 1):
+        if "COMMS-RES" not in line:
+            continue
+        head, _, rest = line.strip().partition(" ")
+        m = re.match(r"COMMS-RES-([A-Za-z_0-9]+?)(?:-[a-z]+\d*)?$", head)
+        if m and kind is None:
+            cur_kind = canonical_kind(m.group(1))
+        if re.search(r"size", rest) and re.search(r"Latency|algBW", rest):
+            cols = [(c.split(":")[-1] if ":" in c else c.split("(")[0]).lower().replace(" ", "")
+                    for c in _PARAM_COL.findall(rest)]
+            continue
+        if cols is None:
+            raise KitError(f"{src} line {no}: COMMS-RES data before its header line")
+        vals = rest.split()
+        where = f"{src} line {no}"
+        if len(vals) < len(cols):
+            raise KitError(f"{where}: expected {len(cols)} values ({', '.join(cols)}), got {len(vals)}")
+        rec = dict(zip(cols, (_float(v, where) for v in vals)))
+        if cur_kind is None:
+            raise KitError(f"{src}: the COMMS-RES tag names no collective; pass kind=")
+        t = rec.get("p50", rec.get("latency"))
+        if t is None or "size" not in rec:
+            raise KitError(f"{src}: the PARAM header lacks size (B) or Latency(us):p50")
+        rows.append({"kind": cur_kind, "ranks": ranks, "size_bytes": int(rec["size"]),
+                     "count": int(rec.get("num-elements", 0)), "dtype": "", "time_us": t,
+                     "algbw_gbs": rec.get("algbw", float("nan")), "busbw_gbs": rec.get("busbw", float("nan")),
+                     "time_us_in_place": float("nan"), "busbw_gbs_in_place": float("nan"), "wrong": 0,
+                     "source": src})
+    if not rows:
+        raise KitError(f"{src}: no PARAM 'COMMS-RES' result lines found")
+    if ranks is None:  # PARAM prints 2 decimals: infer from the row with the largest algBW
+        for kind in {r["kind"] for r in rows}:
+            mine = [r for r in rows if r["kind"] == kind]
+            top = max(mine, key=lambda r: r["algbw_gbs"] if r["algbw_gbs"] == r["algbw_gbs"] else -1)
+            if kind in ("broadcast", "reduce", "sendrecv") or not top["algbw_gbs"] > 0:
+                raise KitError(f"{src}: cannot infer the rank count of {kind} from its bandwidths; pass ranks=")
+            n = _ranks_from_ratio(kind, top["busbw_gbs"] / top["algbw_gbs"], src)
+            for r in mine:
+                r["ranks"] = n
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def read_measurements(path, fmt: str = "auto", kind: str | None = None, ranks: int | None = None):
+    """Either format; 'auto' looks for COMMS-RES lines."""
+    if fmt not in ("auto", "nccl-tests", "param"):
+        raise KitError(f"unknown benchmark format {fmt!r}; choose auto, nccl-tests or param")
+    if fmt == "auto":
+        text, _ = _read(path)
+        fmt = "param" if "COMMS-RES" in text else "nccl-tests"
+    return (parse_param if fmt == "param" else parse_nccl_tests)(path, kind=kind, ranks=ranks)
+
+
+_HEADER = ("#\n#{:>80}{:>38}\n".format("out-of-place", "in-place")
+           + "#{:>11}{:>14}{:>10}{:>8}{:>8}{:>9}{:>8}{:>8}{:>7}{:>9}{:>8}{:>8}{:>7}\n".format(
+               "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+               "time", "algbw", "busbw", "#wrong")
+           + "#{:>11}{:>14}{:>26}{:>9}{:>8}{:>8}{:>7}{:>9}{:>8}{:>8}\n".format(
+               "(B)", "(elements)", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)"))
+
+
+def format_nccl_tests(rows, kind: str, ranks: int, devices: list[str], meta: str = "") -> str:
+    """One nccl-tests section: rows are dicts with size_bytes, count, dtype, time_us, wrong."""
+    kind = canonical_kind(kind)
+    f = busbw_factor(kind, ranks)
+    redop = "sum" if kind in ("allreduce", "reducescatter", "reduce") else "none"
+    root = "0" if kind in ("broadcast", "reduce") else "-1"
+    sizes = [r["size_bytes"] for r in rows]
+    out = [f"# Collective test starting: {NCCL_TESTS_NAME[kind]}",
+           f"# nThread 1 nGpus 1 minBytes {min(sizes)} maxBytes {max(sizes)} {meta}".rstrip(),
+           "#", "# Using devices"]
+    out += [f"#  Rank {i:2d} Group  0 {d}" for i, d in enumerate(devices)]
+    text = "\n".join(out) + "\n" + _HEADER
+    bus_sum = 0.0
+    for r in rows:
+        t = r["time_us"]
+        alg = r["size_bytes"] / t / 1e3 if t > 0 else 0.0
+        bus_sum += alg * f
+        cells = "{:>9.2f}{:>8.2f}{:>8.2f}{:>7d}".format(t, alg, alg * f, int(r.get("wrong", 0)))
+        text += "{:>12}{:>14}{:>10}{:>8}{:>8}".format(r["size_bytes"], r["count"], r["dtype"], redop,
+                                                      root) + cells + cells + "\n"
+    text += f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {bus_sum / len(rows):.4f} \n#\n"
+    return text

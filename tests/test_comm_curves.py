@@ -1,0 +1,71 @@
+"""The bandwidth curve (latency floor, sigmoid rise in log size, plateau), its fit and calibrations."""
+import json
+
+import numpy as np
+import pytest
+
+from kit.comm import BandwidthCurve, Calibration, fit_curve, fit_table, load_calibration, predict_collective
+from kit.errors import KitError
+
+
+def test_k1_is_the_alpha_beta_model_and_large_k_is_max():
+    c = BandwidthCurve("allreduce", 8, floor_us=0.0, busbw_max_gbs=175.0, half_bytes=1e6, steepness=1.0)
+    s = np.array([1e3, 1e6, 1e9])
+    # f = 1.75, algbw plateau = 100 GB/s = 1e5 B/us: time = (S + S_half) / 1e5
+    assert c.time_us(s) == pytest.approx((s + 1e6) / 1e5)
+    sharp = BandwidthCurve("allreduce", 8, 0.0, 175.0, 1e6, steepness=40.0)
+    assert sharp.time_us(s) == pytest.approx(np.maximum(s, 1e6) / 1e5, rel=0.02)
+    assert c.busbw_gbs(1e12) == pytest.approx(175.0, rel=1e-5)
+    assert c.busbw_gbs(1e6) == pytest.approx(175.0 / 2)  # half the plateau at S_half (k = 1)
+    floored = BandwidthCurve("allreduce", 8, floor_us=50.0, busbw_max_gbs=175.0, half_bytes=1e6, steepness=1.0)
+    assert floored.time_us(1.0) == 50.0 and floored.latency_us() == 50.0
+    assert floored.crossover_bytes() == pytest.approx(50.0 * 1e5)
+
+
+def test_fit_recovers_known_parameters_from_noisy_samples():
+    rng = np.random.default_rng(0)
+    truth = BandwidthCurve("allgather", 4, floor_us=30.0, busbw_max_gbs=120.0, half_bytes=2e6, steepness=1.6)
+    s = np.logspace(10, 31, 40, base=2)
+    t = truth.time_us(s) * np.exp(rng.normal(0, 0.01, s.size))
+    c = fit_curve("allgather", 4, s, t)
+    assert c.busbw_max_gbs == pytest.approx(120.0, rel=0.05)
+    # floor and f*S_half/B both flatten small sizes (not separately identifiable): check their max
+    assert c.latency_us() == pytest.approx(30.0, rel=0.05)
+    assert c.fit_mape < 0.02 and c.n_points == 40
+    held = np.logspace(10.5, 30.5, 20, base=2)
+    assert np.abs(c.time_us(held) / truth.time_us(held) - 1).max() < 0.05
+
+
+def test_fit_needs_four_sizes():
+    with pytest.raises(KitError, match="at least 4"):
+        fit_curve("allreduce", 2, [1, 2, 3], [1.0, 2.0, 3.0])
+
+
+def test_calibration_round_trip_and_use(tmp_path):
+    import pandas as pd
+
+    truth = BandwidthCurve("allreduce", 8, 20.0, 200.0, 4e6, 1.3)
+    s = np.logspace(12, 30, 12, base=2)
+    table = pd.DataFrame({"kind": "allreduce", "ranks": 8, "size_bytes": s, "time_us": truth.time_us(s)})
+    cal = fit_table(table, system="dgx-a100", source="synthetic")
+    path = cal.save(tmp_path / "cal.json")
+    back = load_calibration(path)
+    assert back.curve("allreduce", 8) == cal.curve("allreduce", 8)
+    r = predict_collective("allreduce", 2**25, "dgx-a100", calibration=path)
+    assert r.source.startswith("calibration") and r.algorithm == "ring"
+    assert r.time_ms * 1e3 == pytest.approx(float(truth.time_us(2**25)), rel=0.01)
+    # no curve for 4 ranks: the preset answers
+    assert predict_collective("allreduce", 2**25, "dgx-a100", ranks=4, calibration=path).source == "preset"
+    assert isinstance(back, Calibration)
+
+
+def test_bad_calibration_files(tmp_path):
+    with pytest.raises(KitError, match="not found"):
+        load_calibration(tmp_path / "nope.json")
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(KitError, match="kit comm fit"):
+        load_calibration(f)
+    f.write_text(json.dumps({"format": "kit-comm-calibration", "curves": [{"kind": "allreduce"}]}))
+    with pytest.raises(KitError, match="missing field"):
+        load_calibration(f)

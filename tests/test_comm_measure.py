@@ -1,0 +1,92 @@
+"""Real measurements: `kit collect-comm` with gloo on 2 and 4 local processes, then `kit comm fit`."""
+import json
+
+import numpy as np
+import pytest
+
+from kit.cli import main
+from kit.comm import load_calibration
+from kit.comm.measure import collect
+from kit.comm.parsers import parse_nccl_tests
+from kit.errors import KitError
+
+ALL = "allreduce,allgather,reducescatter,broadcast,reduce,alltoall,sendrecv"
+SIZES = [1024, 4096, 16384, 65536]
+
+
+@pytest.fixture(scope="module")
+def gloo2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("comm") / "gloo2.txt"
+    rc = main(["collect-comm", "--backend", "gloo", "--ranks", "2", "--sizes", "1K:64K:4",
+               "--collectives", ALL, "--iters", "4", "--warmup", "1", "--repeats", "1", "--out", str(out)])
+    assert rc == 0
+    return out
+
+
+def test_collect_writes_valid_nccl_tests_output(gloo2):
+    t = parse_nccl_tests(gloo2)
+    assert sorted(set(t.kind)) == sorted(ALL.split(","))
+    assert set(t.ranks) == {2}
+    for kind, g in t.groupby("kind"):
+        assert list(g.size_bytes) == SIZES, kind
+    assert (t.wrong == 0).all()  # every collective's result was checked against the expected values
+    assert (t.time_us > 0).all()
+    # nccl-tests conventions: algbw = size / time, busbw = algbw x factor (2(n-1)/n = 1 at n = 2)
+    calc = (t.size_bytes / t.time_us / 1e3).round(2)
+    assert np.allclose(t.algbw_gbs, calc, atol=0.006)
+    ar = t[t.kind == "allreduce"]
+    assert np.allclose(ar.busbw_gbs, ar.algbw_gbs, atol=0.006)
+    ag = t[t.kind == "allgather"]
+    assert np.allclose(ag.busbw_gbs, (ag.size_bytes / ag.time_us / 1e3 * 0.5).round(2), atol=0.006)
+
+
+def test_fit_the_measured_curves_and_predict_with_them(gloo2, tmp_path, capsys):
+    cal_path = tmp_path / "cal.json"
+    assert main(["comm", "fit", str(gloo2), "--system", "dgx-a100", "--out", str(cal_path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {c["kind"] for c in summary["curves"]} == set(ALL.split(","))
+    cal = load_calibration(cal_path)
+    measured = parse_nccl_tests(gloo2)
+    for curve in cal.curves:
+        assert np.all(np.diff(curve.time_us(np.logspace(8, 30, 30, base=2))) >= 0)
+    for kind in ("allreduce", "allgather"):
+        m = measured[measured.kind == kind]
+        pred = cal.curve(kind, 2).time_us(m.size_bytes.values)
+        # CPU processes on a shared 2-core box are noisy; the fit must still follow the data
+        assert np.mean(np.abs(pred - m.time_us.values) / m.time_us.values) < 0.5, kind
+    assert main(["comm", "predict", "allreduce", "--bytes", "16K", "--system", "dgx-a100", "--ranks", "2",
+                 "--calibration", str(cal_path), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["source"].startswith("calibration")
+    assert r["time_ms"] * 1e3 == pytest.approx(float(cal.curve("allreduce", 2).time_us(16384.0)))
+
+
+@pytest.mark.slow  # spawning 4 torch processes: ~10 s unloaded, about a minute on a busy 2-core box
+def test_collect_on_four_processes(tmp_path):
+    text, t = collect("gloo", 4, "4K:64K:4", kinds=["allreduce"], iters=3, warmup=1, repeats=1,
+                      out=tmp_path / "g4.txt")
+    assert list(t.size_bytes) == [4096, 16384, 65536] and (t.wrong == 0).all()
+    assert parse_nccl_tests(tmp_path / "g4.txt").ranks.tolist() == [4, 4, 4]
+    assert "#  Rank  3" in text
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"backend": "mpi"}, ["unknown backend"]),
+    ({"backend": "gloo", "ranks": 1}, ["ranks"]),
+    ({"backend": "gloo", "kinds": ["allsum"]}, ["unknown collective"]),
+    ({"backend": "gloo", "stat": "mean"}, ["stat"]),
+])
+def test_collect_rejects_bad_input(kwargs, words):
+    with pytest.raises(KitError) as e:
+        collect(**kwargs)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_nccl_without_gpus_is_a_clear_error():
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        pytest.skip("GPUs present")
+    with pytest.raises(KitError, match="nccl needs 2 GPUs"):
+        collect("nccl", 2, "1K:4K")
