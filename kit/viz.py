@@ -11,6 +11,11 @@ from kit.tiling import Tiling
 
 MAX_WAVE_BARS = 64  # waves beyond this are summarised in one bar
 
+# Charts shown in a notebook render offline, as SVG drawn by vl-convert: altair 6's default
+# renderer loads vega from a CDN (blank without network), and JupyterLab 4.6 renders only
+# vega-lite v5 natively. Panels are unaffected: they use alt.JupyterChart (widgets/base.py).
+alt.renderers.enable("svg")
+
 
 def roofline_frame(gpus, dtype: str = "fp32", intensities=None) -> pd.DataFrame:
     """Attainable TFLOP/s = min(peak, bandwidth × intensity) per GPU over a log grid of intensity."""

@@ -47,7 +47,8 @@ class GemmPanel(Panel):
         t = gemm_tiling(op, self.gpu.value)
         gpus = [self.gpu.value] + [g for g in self.compare if g != self.gpu.value]
         return alt.hconcat(viz.waves_chart(t),
-                           viz.roofline_chart(gpus, self.dtype.value, ops=[(op, "this GEMM")]))
+                           viz.roofline_chart(gpus, self.dtype.value, ops=[(op, "this GEMM")])
+                           ).resolve_scale(color="independent")  # shared, "gpu" had no colour
 
     def result(self) -> dict | None:
         return predict_op(self.op(), self.gpu.value) if self._supported() else None
