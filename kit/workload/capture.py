@@ -105,7 +105,11 @@ class _Recorder(TorchDispatchMode):
             return  # host-side bookkeeping (optimizer step counters, ...): no GPU kernel
         name = str(func)  # "aten.mm.default"
         packet = name.split(".")[1] if name.startswith("aten.") else name
-        op, op_class, kernels = map_op(packet, args, kwargs, out)
+        if "attention" in packet:  # name the arguments (is_causal sits at different positions)
+            named = {a.name: v for a, v in zip(func._schema.arguments, args)}
+            op, op_class, kernels = map_op(packet, args, {**named, **kwargs}, out)
+        else:
+            op, op_class, kernels = map_op(packet, args, kwargs, out)
         deps = set()
         for t in ins:
             deps.update(self.writers.get(_storage_key(t), ()))
@@ -295,6 +299,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
             h.remove()
         model.train(was_training)
 
+    nodes = rec.nodes if dtype != "tf32" else [_as_tf32(n) for n in rec.nodes]
     unique = {id(p): p for p in model.parameters()}
     n_params = sum(p.numel() for p in unique.values())
     param_bytes = sum(p.numel() * (tdtype.itemsize if tdtype and p.is_floating_point()
@@ -307,7 +312,24 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
             (optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom"))
             if optimizer is not None else None, "fusion": "eager"}
     info.update(meta or {})
-    return OpGraph(tuple(rec.nodes), name or type(model).__name__, info)
+    return OpGraph(tuple(nodes), name or type(model).__name__, info)
+
+
+def _as_tf32(node: Node) -> Node:
+    """TF32: fp32 storage, GEMMs and attention on tensor cores."""
+    from dataclasses import replace
+
+    from kit.ops import Attention, Gemm
+    from kit.workload.kernels import Derived
+
+    op = node.op
+    if isinstance(op, (Gemm, Attention)) and op.dtype == "fp32":
+        return replace(node, op=replace(op, dtype="tf32"))
+    if isinstance(op, Derived) and any(isinstance(p, (Gemm, Attention)) for p in op.parts):
+        parts = tuple(replace(p, dtype="tf32") if isinstance(p, (Gemm, Attention)) else p
+                      for p in op.parts)
+        return replace(node, op=replace(op, parts=parts))
+    return node
 
 
 def _dtype_name(params) -> str:

@@ -49,7 +49,7 @@ class Node:
     out_bytes: int = 0
     shapes: str = ""
     kernels: int = 1
-    members: tuple[int, ...] = field(default=())  # ids of the original nodes fused into this one
+    members: tuple[int, ...] = field(default=())  # ids in the captured graph this node stands for
 
     @property
     def free(self) -> bool:
@@ -149,7 +149,8 @@ class OpGraph:
             for d in n.deps:
                 deps.update(resolved[d] if self.nodes[d].free else (d,))
             resolved[n.id] = tuple(sorted(deps))
-        keep = [replace(n, deps=resolved[n.id]) for n in self.nodes if not n.free]
+        keep = [replace(n, deps=resolved[n.id], members=n.members or (n.id,))
+                for n in self.nodes if not n.free]
         return renumber(self, keep)
 
     def to_frame(self):

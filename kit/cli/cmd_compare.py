@@ -1,0 +1,100 @@
+"""`kit compare MODEL --gpus A,B,C`: which GPU to buy or rent for a model.
+
+One row per GPU: step time, throughput (tokens/s for sequence models, samples/s otherwise),
+whether weights + gradients + optimizer state + activations fit in the GPU's memory, energy per
+step at TDP (an upper bound: TDP × step time), and, where the user gives prices per GPU-hour, the
+cost per million tokens (or samples). No prices are built in.
+"""
+from kit.cli import add_command
+from kit.cli.cmd_predict import add_model_args, overhead_from
+
+
+def parse_prices(text: str | None) -> dict:
+    from kit.errors import KitError
+    from kit.hardware import get_gpu
+
+    prices = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        name, sep, value = part.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = -1.0
+        if not sep or price < 0:
+            raise KitError(f"--price-per-hour entry {part!r} must look like GPU=DOLLARS, e.g. h100-sxm=2.5")
+        prices[get_gpu(name.strip()).key] = price
+    return prices
+
+
+def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="eager",
+            optimizer=None, predictor="auto", prices=None, overhead=None) -> dict:
+    from kit.errors import KitError
+    from kit.hardware import get_gpu
+    from kit.workload.iteration import iteration
+    from kit.workload.models import graph_of, memory_bytes
+
+    if not gpus:
+        raise KitError("--gpus needs at least one GPU")
+    graph = graph_of(model, batch, seq, mode, dtype, optimizer)
+    mem = memory_bytes(graph)
+    seq_used = graph.meta.get("seq") or 1
+    config = graph.meta.get("config") or {}
+    per_token = config.get("model_type") != "dlrm"
+    items = batch * (seq_used if per_token else 1)
+    unit = "tokens" if per_token else "samples"
+    prices = prices or {}
+    rows = []
+    for name in gpus:
+        gpu = get_gpu(name)
+        it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
+        step_s = it.total_ms / 1e3
+        row = {"gpu": gpu.key, "step_ms": it.total_ms, "band_ms": [it.total_p10_ms, it.total_p90_ms],
+               f"{unit}_per_s": items / step_s, "memory_need_gib": mem["total_bytes"] / 2**30,
+               "memory_gib": gpu.memory_gib, "fits": mem["total_bytes"] <= gpu.memory_bytes,
+               "energy_j_per_step": gpu.tdp_w * step_s, "tdp_w": gpu.tdp_w,
+               f"energy_j_per_m_{unit}": gpu.tdp_w * step_s / items * 1e6,
+               "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": None,
+               "predictor": it.predictor}
+        if gpu.key in prices:
+            row[f"cost_per_m_{unit}"] = prices[gpu.key] / 3600 * step_s / items * 1e6
+        rows.append(row)
+    unknown = sorted(set(prices) - {r["gpu"] for r in rows})
+    if unknown:
+        raise KitError(f"prices given for GPUs not compared: {', '.join(unknown)}")
+    return {"model": graph.model, "mode": mode, "batch": batch, "seq": seq_used, "dtype": dtype,
+            "unit": unit, "memory": mem, "rows": rows}
+
+
+def run(args):
+    from kit.hardware import load_gpu_file
+
+    if args.gpu_file:
+        load_gpu_file(args.gpu_file)
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    return compare(args.model, gpus, args.mode, args.batch, args.seq, args.dtype, args.fusion,
+                   args.optimizer, args.predictor, parse_prices(args.price_per_hour), overhead_from(args))
+
+
+def text(r) -> str:
+    u = r["unit"]
+    m = r["memory"]
+    lines = [f"{r['model']} {r['mode']}, batch {r['batch']}, seq {r['seq']}, {r['dtype']}: needs "
+             f"{m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, grads "
+             f"{m['grads_bytes'] / 2**30:.1f}, optimizer {m['optimizer_bytes'] / 2**30:.1f}, activations "
+             f"{m['activations_bytes'] / 2**30:.1f})",
+             f"{'gpu':<18} {'step ms':>10} {u + '/s':>12} {'fits':>5} {'J/step':>9} {'$/M ' + u:>12}"]
+    for row in r["rows"]:
+        cost = row[f"cost_per_m_{u}"]
+        lines.append(f"{row['gpu']:<18} {row['step_ms']:>10.2f} {row[f'{u}_per_s']:>12.0f} "
+                     f"{'yes' if row['fits'] else 'NO':>5} {row['energy_j_per_step']:>9.1f} "
+                     f"{('-' if cost is None else f'{cost:.3f}'):>12}")
+    return "\n".join(lines)
+
+
+def register(sub):
+    p = add_command(sub, "compare", "compare GPUs for one model: time, throughput, memory, energy, cost",
+                    run, text)
+    add_model_args(p)
+    p.add_argument("--gpus", required=True, help="comma-separated GPU names")
+    p.add_argument("--price-per-hour", default=None, metavar="A=..,B=..",
+                   help="your price per GPU-hour in dollars, e.g. h100-sxm=2.5,a100-sxm-80gb=1.6")

@@ -1,0 +1,96 @@
+"""`kit predict MODEL --gpu NAME ...`: one training step or inference pass of a whole model."""
+from kit.cli import add_command
+from kit.cli.cmd_op import _pos
+from kit.hardware import DTYPES
+
+
+def add_model_args(p):
+    """Arguments shared by predict and compare (the multi-GPU options extend this parser)."""
+    p.add_argument("model", help="zoo name (see `kit predict --list`), or a Python path 'module:callable'")
+    p.add_argument("--mode", default="train", choices=["train", "inference"])
+    p.add_argument("--batch", type=_pos, default=1)
+    p.add_argument("--seq", type=_pos, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--dtype", default="fp32", choices=DTYPES)
+    p.add_argument("--fusion", default="eager", choices=["eager", "compiled"])
+    p.add_argument("--optimizer", default=None,
+                   help="add an optimizer step to training: adamw, adamw-fused, adam, sgd")
+    p.add_argument("--predictor", default="auto", help="kernel predictor: auto, wave, roofline, ...")
+    p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")
+    p.add_argument("--overhead-trace", metavar="KINETO.json",
+                   help="calibrate the CPU launch overhead from a Kineto trace")
+
+
+def overhead_from(args):
+    if getattr(args, "overhead_trace", None):
+        from kit.workload.overhead import calibrate
+
+        return calibrate(args.overhead_trace)
+    return None
+
+
+def run(args):
+    import json
+
+    from kit.api import predict_model
+    from kit.errors import KitError
+    from kit.hardware import load_gpu_file
+
+    if args.gpu_file:
+        load_gpu_file(args.gpu_file)
+    if getattr(args, "system", None):  # multi-GPU: kit/cli/cmd_predict_parallel.py
+        from kit.cli.cmd_predict_parallel import run_parallel
+
+        return run_parallel(args)
+    if not args.gpu:
+        raise KitError("kit predict: give --gpu (one GPU) or --system (multi-GPU)")
+    it = predict_model(args.model, args.gpu, mode=args.mode, batch=args.batch, seq=args.seq,
+                       dtype=args.dtype, fusion=args.fusion, optimizer=args.optimizer,
+                       predictor=args.predictor, overhead=overhead_from(args))
+    out = it.to_dict()
+    if args.trace:
+        try:
+            with open(args.trace, "w") as f:
+                json.dump(it.to_trace(), f)
+        except OSError as e:
+            raise KitError(f"cannot write trace {args.trace}: {e.strerror}") from None
+        out["trace"] = args.trace
+    return out
+
+
+def text(r) -> str:
+    if "iteration_ms" in r:
+        from kit.cli.cmd_predict_parallel import text_parallel
+
+        return text_parallel(r)
+    band = r["band_ms"]
+    lines = [f"{r['model']} {r['mode']} on {r['gpu']}: batch {r.get('batch')}, seq {r.get('seq')}, "
+             f"{r.get('dtype')}, {r['fusion']}, predictor {r['predictor']}",
+             f"  total     {r['total_ms']:.2f} ms   (band {band[0]:.2f}-{band[1]:.2f} ms)",
+             "  phases    " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["phases_ms"].items()),
+             f"  kernels   {r['kernels']} launches, {r['kernel_ms']:.2f} ms of GPU work; CPU issue "
+             f"{r['cpu_ms']:.2f} ms; GPU idle {max(r['gpu_idle_ms'], 0):.2f} ms",
+             "  by class:"]
+    for c in r["by_class"]:
+        lines.append(f"    {c['op_class']:<12} {c['ms']:10.3f} ms  {100 * c['share']:5.1f}%  ({c['kernels']} kernels)")
+    lines.append("  top kernels:")
+    for k in r["top_kernels"]:
+        lines.append(f"    {k['ms']:10.3f} ms  {k['count']:>4}x  {k['phase']:<3} {k['aten']:<28} "
+                     f"{k['where']}  {k['shapes']}")
+    if r.get("unknown_ops"):
+        lines.append("  unknown ops (costed as memory-bound): "
+                     + ", ".join(f"{k} x{v}" for k, v in r["unknown_ops"].items()))
+    for t, why in r.get("fallbacks", {}).items():
+        lines.append(f"  note: {t}: {why}")
+    if r.get("trace"):
+        lines.append(f"  trace written to {r['trace']} (open in ui.perfetto.dev)")
+    return "\n".join(lines)
+
+
+def register(sub):
+    p = add_command(sub, "predict", "predict a whole model's training step or inference pass", run, text)
+    add_model_args(p)
+    p.add_argument("--gpu", help="GPU key, name or alias (see `kit gpus`); or --system")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace of the timeline")
+    from kit.cli.cmd_predict_parallel import add_parallel_args
+
+    add_parallel_args(p)

@@ -1,0 +1,129 @@
+"""`kit validate --labels DIR`: predict every measured whole-model configuration and score it.
+
+DIR holds NeuSight's label layout, <GPU>/<model>-<train|inf>-<seq>-<batch>[-option].json with
+{e2e_latency, fw_latency, bwall_latency} in ms. Settings match how the labels were measured:
+FP32, training = forward + backward with no optimizer step, inference = one forward pass,
+"-fusion" = torch.compile (the kit's compiled fusion). Configurations that cannot be predicted
+(GPU not in the catalog, model not in the zoo, multi-GPU options) are listed with the reason.
+"""
+from pathlib import Path
+
+from kit.cli import add_command
+
+MULTI_GPU = ("dp", "tp", "pp")
+
+
+def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dict:
+    import json
+
+    import numpy as np
+
+    from kit.data.configs import parse_label_name
+    from kit.errors import KitError
+    from kit.hardware import get_gpu
+    from kit.workload.iteration import iteration
+    from kit.workload.models import graph_of
+    from kit.workload.zoo import resolve
+
+    models = {resolve(m) for m in models} if models else None
+    root = Path(labels_dir)
+    if not root.is_dir():
+        raise KitError(f"label directory not found: {root}")
+    files = sorted(root.glob("*/*.json"))
+    if not files:
+        raise KitError(f"no label files under {root} (expected <GPU>/<model>-<train|inf>-<seq>-<batch>.json)")
+    configs, skipped = [], []
+    for f in files:
+        try:
+            lab = parse_label_name(f.stem, f)
+            data = json.loads(f.read_text())
+            measured = float(data["e2e_latency"])
+        except (KitError, ValueError, KeyError, TypeError) as e:
+            skipped.append({"file": str(f), "reason": f"unreadable label: {e}"})
+            continue
+        option = lab["option"] if isinstance(lab["option"], str) else ""
+        row = {"gpu": f.parent.name, "model": lab["model"], "mode": "train" if lab["mode"] == "train" else "inference",
+               "seq": lab["seq"], "batch": lab["batch"], "option": option, "measured_ms": measured}
+        try:
+            gpu = get_gpu(f.parent.name).key
+        except KitError:
+            skipped.append({**row, "reason": f"GPU {f.parent.name!r} is not in the catalog"})
+            continue
+        row["gpu"] = gpu
+        if gpus and gpu not in gpus:
+            continue
+        try:
+            model = resolve(lab["model"])
+        except KitError:
+            skipped.append({**row, "reason": f"model {lab['model']!r} is not in the zoo"})
+            continue
+        if models and model not in models:
+            continue
+        if option.startswith(MULTI_GPU):  # 4-GPU labels: kit/parallel/neusight.py
+            from kit.parallel.neusight import predict_label
+
+            try:
+                multi = predict_label(model, lab["seq"], lab["batch"], option, gpu, predictor)
+            except KitError as e:
+                skipped.append({**row, "reason": str(e)})
+                continue
+            pred = multi["predicted_ms"]
+            row.update(predicted_ms=pred, ape=abs(pred - measured) / measured,
+                       predictor=multi["predictor"], system=multi["system"])
+            configs.append(row)
+            continue
+        if option and option != "fusion":
+            skipped.append({**row, "reason": f"unknown option {option!r}"})
+            continue
+        graph = graph_of(model, lab["batch"], lab["seq"], row["mode"], "fp32", None)
+        it = iteration(graph, gpu, predictor=predictor, fusion="compiled" if option == "fusion" else "eager")
+        pred = it.total_ms
+        row.update(predicted_ms=pred, ape=abs(pred - measured) / measured, predictor=it.predictor)
+        if row["mode"] == "train" and data.get("fw_latency"):
+            row.update(measured_fwd_ms=float(data["fw_latency"]), predicted_fwd_ms=it.phases_ms.get("fwd"),
+                       measured_bwd_ms=float(data.get("bwall_latency", 0.0)),
+                       predicted_bwd_ms=it.phases_ms.get("bwd"))
+        configs.append(row)
+    summary = []
+    groups: dict = {}
+    for c in configs:
+        groups.setdefault((c["gpu"], c["mode"]), []).append(c["ape"])
+    for (gpu, mode), apes in sorted(groups.items()):
+        summary.append({"gpu": gpu, "mode": mode, "configs": len(apes), "mean_ape": float(np.mean(apes)),
+                        "max_ape": float(np.max(apes))})
+    all_apes = [c["ape"] for c in configs]
+    return {"configs": configs, "summary": summary, "skipped": skipped,
+            "overall": {"configs": len(all_apes), "mean_ape": float(np.mean(all_apes)) if all_apes else None,
+                        "max_ape": float(np.max(all_apes)) if all_apes else None}}
+
+
+def run(args):
+    return validate(args.labels, args.predictor,
+                    models=[m.strip() for m in args.models.split(",")] if args.models else None)
+
+
+def text(r) -> str:
+    lines = [f"{'gpu':<16} {'model':<11} {'mode':<9} {'seq':>5} {'batch':>5} {'option':<7} "
+             f"{'measured':>10} {'predicted':>10} {'APE':>7}"]
+    for c in r["configs"]:
+        lines.append(f"{c['gpu']:<16} {c['model']:<11} {c['mode']:<9} {c['seq']:>5} {c['batch']:>5} "
+                     f"{c['option'] or '-':<7} {c['measured_ms']:>8.2f}ms {c['predicted_ms']:>8.2f}ms "
+                     f"{100 * c['ape']:>6.1f}%")
+    lines.append("mean APE per GPU and mode:")
+    for s in r["summary"]:
+        lines.append(f"  {s['gpu']:<16} {s['mode']:<9} {100 * s['mean_ape']:5.1f}%  (max "
+                     f"{100 * s['max_ape']:.1f}%, {s['configs']} configs)")
+    o = r["overall"]
+    if o["configs"]:
+        lines.append(f"overall: {100 * o['mean_ape']:.1f}% mean APE over {o['configs']} configs")
+    for s in r["skipped"]:
+        where = s.get("file") or f"{s['gpu']}/{s['model']}-{s['mode']}-{s['seq']}-{s['batch']}{'-' + s['option'] if s.get('option') else ''}"
+        lines.append(f"skipped {where}: {s['reason']}")
+    return "\n".join(lines)
+
+
+def register(sub):
+    p = add_command(sub, "validate", "predict every whole-model label and report the errors", run, text)
+    p.add_argument("--labels", required=True, metavar="DIR", help="NeuSight label directory (label/<GPU>/...json)")
+    p.add_argument("--predictor", default="auto")
+    p.add_argument("--models", default=None, help="only these zoo models (comma-separated)")

@@ -1,0 +1,94 @@
+"""What a user may hand the kit as a model, turned into a captured graph.
+
+    "gpt2-large"              a zoo name (kit.workload.zoo; cached per shape)
+    {"model_type": "gpt2", ...}  an HF-style config dict (cached per shape)
+    "mypkg.models:make"       a Python path "module:callable"; the callable returns an
+                              nn.Module (with example_inputs(batch, seq), or taking
+                              input_ids of shape (batch, seq)), a config dict, or a
+                              (module, inputs) pair
+    an nn.Module              the same, passed directly
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from kit.errors import KitError
+
+OPTIMIZER_STATE_TENSORS = {"adamw": 2, "adamw-fused": 2, "adam": 2, "sgd": 1, None: 0, "none": 0}
+
+
+def load_callable(spec: str):
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise KitError(f"model path {spec!r} must look like 'module:callable'")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise KitError(f"cannot import module {mod_name!r} for model {spec!r}: {e}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise KitError(f"module {mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _inputs_for(module, batch: int, seq: int):
+    if hasattr(module, "example_inputs"):
+        return module.example_inputs(batch, seq)
+    import torch
+
+    return (torch.zeros(batch, seq, dtype=torch.long, device="meta"),)
+
+
+def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
+             optimizer: str | None = None):
+    """The captured OpGraph of any supported model spec at one shape."""
+    from kit.workload import zoo
+
+    if isinstance(model, dict):
+        return zoo.graph_for(model, batch, seq, mode, dtype, optimizer)
+    if isinstance(model, str) and ":" not in model:
+        return zoo.graph_for(model, batch, seq, mode, dtype, optimizer)
+    obj = load_callable(model) if isinstance(model, str) else model
+    name = model if isinstance(model, str) else type(model).__name__
+    import torch
+
+    if callable(obj) and not isinstance(obj, torch.nn.Module):
+        try:
+            obj = obj()
+        except TypeError as e:
+            raise KitError(f"model callable {name!r} must take no arguments: {e}") from None
+    if isinstance(obj, dict):
+        return zoo.graph_for(obj, batch, seq, mode, dtype, optimizer)
+    inputs = None
+    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
+        obj, inputs = obj
+    if not isinstance(obj, torch.nn.Module):
+        raise KitError(f"model {name!r} gave a {type(obj).__name__}; expected an nn.Module, a "
+                       "config dict or (module, inputs)")
+    zoo._check_positive(batch=batch)
+    seq = seq or 512
+    from kit.workload.capture import capture
+
+    return capture(obj, inputs if inputs is not None else _inputs_for(obj, batch, seq), mode=mode,
+                   optimizer=optimizer, dtype=dtype, name=name,
+                   meta={"batch": batch, "seq": seq})
+
+
+def memory_bytes(graph) -> dict:
+    """Rough device-memory need: weights, gradients, optimizer state, activations (bytes)."""
+    m = graph.meta
+    weights = int(m.get("param_bytes", 0))
+    train = m.get("mode") == "train"
+    grads = weights if train else 0
+    # training without a named optimizer: assume AdamW (two fp32 state tensors per parameter)
+    states = OPTIMIZER_STATE_TENSORS.get(m.get("optimizer") or "adamw", 2) if train else 0
+    optim = states * int(m.get("params", 0)) * 4  # fp32 state tensors
+    acts = int(m.get("activation_bytes", 0))
+    return {"weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optim,
+            "activations_bytes": acts, "total_bytes": weights + grads + optim + acts}

@@ -1,0 +1,65 @@
+"""CPU launch overhead, calibrated from a Kineto (PyTorch profiler) trace.
+
+From the trace's host events: the mean duration of top-level `cpu_op` events (framework
+dispatch per aten op, with the launch inside it), and the mean duration of `cudaLaunchKernel`
+runtime calls (the launch alone). cpu_op_us = mean cpu_op - mean launch, launch_us = mean launch.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+
+from kit.errors import KitError
+from kit.workload.iteration import CpuOverhead
+
+LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "hipLaunchKernel", "cuLaunchKernel",
+                "hipExtModuleLaunchKernel")
+
+
+def _load(path: Path) -> list[dict]:
+    try:
+        raw = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+        data = json.loads(raw)
+    except FileNotFoundError:
+        raise KitError(f"Kineto trace not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        raise KitError(f"Kineto trace {path} is not valid trace JSON: {e}") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise KitError(f"Kineto trace {path}: no 'traceEvents' list")
+    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+
+
+def _top_level(ops: list[dict]) -> list[dict]:
+    """cpu_op events not nested inside another cpu_op on the same thread."""
+    out = []
+    by_thread: dict = {}
+    for e in ops:
+        by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        end = -1.0
+        for e in evs:
+            ts, dur = float(e["ts"]), float(e["dur"])
+            if ts >= end:
+                out.append(e)
+                end = ts + dur
+    return out
+
+
+def calibrate(path: str | Path) -> CpuOverhead:
+    path = Path(path)
+    events = _load(path)
+    ops = _top_level([e for e in events if e.get("cat") == "cpu_op"])
+    launches = [e for e in events if e.get("cat") in ("cuda_runtime", "runtime", "cuda_driver")
+                and e.get("name") in LAUNCH_NAMES]
+    if not ops:
+        raise KitError(f"Kineto trace {path}: no cpu_op events to calibrate from")
+    op_us = float(np.mean([float(e["dur"]) for e in ops]))
+    launch_us = float(np.mean([float(e["dur"]) for e in launches])) if launches else 0.0
+    return CpuOverhead(cpu_op_us=max(op_us - launch_us, 0.0), launch_us=launch_us,
+                       free_op_us=min(CpuOverhead().free_op_us, max(op_us - launch_us, 0.0)),
+                       source=f"{path.name}: {len(ops)} cpu_ops, {len(launches)} launches")

@@ -1,0 +1,127 @@
+"""Capture on meta tensors: ops, shapes, phases, module paths, dependencies, hand-counted FLOPs."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kit.errors import KitError
+from kit.ops import Attention, Dropout, Gemm
+from kit.workload.capture import capture, layer_of
+from kit.workload.kernels import Derived
+
+torch.set_num_threads(1)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def test_inference_records_two_gemms_and_a_relu():
+    g = capture(_mlp(), (torch.zeros(2, 8),), mode="inference")
+    k = g.kernels()
+    assert [n.op_class for n in k] == ["gemm", "elementwise", "gemm"]
+    assert k[0].op == Gemm(m=2, n=16, k=8, dtype="fp32", kind="linear", shared_rhs=True)
+    assert k[2].op.m == 2 and k[2].op.n == 4 and k[2].op.k == 16
+    assert k[1].op.numel == 2 * 16 and k[1].op.kind == "relu"
+    assert {n.phase for n in g} == {"fwd"}
+    assert [n.module for n in k] == ["0", "1", "2"]
+    # relu reads the first addmm's output; the second addmm reads relu's
+    assert k[0].id in k[1].deps and k[1].id in k[2].deps
+    assert g.meta["params"] == 8 * 16 + 16 + 16 * 4 + 4
+
+
+def test_training_flops_match_hand_count():
+    g = capture(_mlp(), (torch.zeros(2, 8),), mode="train")
+    gemm = lambda ph: sum(n.op.flops for n in g.by_phase(ph) if n.op_class == "gemm")  # noqa: E731
+    assert gemm("fwd") == 2 * (2 * 16 * 8 + 2 * 4 * 16)
+    # dX of layer 2, dW of layer 2, dW of layer 1 (the input needs no gradient)
+    assert gemm("bwd") == 2 * (2 * 16 * 4 + 4 * 16 * 2 + 16 * 8 * 2)
+    assert g.phases() == ["fwd", "bwd"]
+    bias_grads = [n for n in g.by_phase("bwd") if n.op_class == "reduction"]
+    assert len(bias_grads) == 2  # one bias-gradient sum per Linear
+    assert {n.module for n in g.by_phase("bwd") if not n.free} <= {"0", "1", "2"}
+
+
+def test_user_module_is_left_untouched():
+    m = _mlp()
+    before = m[0].weight.detach().clone()
+    capture(m, (torch.zeros(2, 8),), mode="train", optimizer="adamw")
+    assert m[0].weight.device.type == "cpu" and torch.equal(m[0].weight, before)
+    assert m[0].weight.grad is None and m.training
+
+
+def test_optimizer_step_covers_every_parameter():
+    g = capture(_mlp(), (torch.zeros(2, 8),), mode="train", optimizer="adamw")
+    opt = [n for n in g.by_phase("opt") if not n.free]
+    assert opt and all(n.name().startswith("_foreach") for n in opt)
+    n_params = 8 * 16 + 16 + 16 * 4 + 4
+    assert max(n.op.numel for n in opt) == n_params
+    with pytest.raises(KitError, match="optimizer"):
+        capture(_mlp(), (torch.zeros(2, 8),), mode="train", optimizer="lion9")
+
+
+class _Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(32, 96) for _ in range(2))
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        for blk in self.blocks:
+            q, k, v = blk(x).view(2, 8, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.drop(a.transpose(1, 2).reshape(2, 8, 32))
+        return x
+
+
+def test_sdpa_is_one_fused_attention_kernel_and_dropout_is_fused():
+    g = capture(_Attn(), (torch.zeros(2, 8, 32),), mode="train")
+    att = [n for n in g if n.op_class == "attention"]
+    fwd = [n for n in att if n.phase == "fwd"]
+    bwd = [n for n in att if n.phase == "bwd"]
+    assert len(fwd) == 2 and len(bwd) == 2
+    assert fwd[0].op == Attention(b=2, heads=4, seq_q=8, seq_kv=8, head_dim=8, causal=True)
+    assert isinstance(bwd[0].op, Derived) and bwd[0].op.scale == 2.5
+    assert bwd[0].op.flops == pytest.approx(2.5 * fwd[0].op.flops)
+    drops = [n for n in g if n.op_class == "dropout"]
+    assert len(drops) == 2 and isinstance(drops[0].op, Dropout) and drops[0].op.numel == 2 * 8 * 32
+    assert [layer_of(n.module) for n in fwd] == [None, None]  # attention ran in the top module
+    assert sorted({n.layer for n in g if n.op_class == "gemm"}) == [0, 1]
+    inf = capture(_Attn(), (torch.zeros(2, 8, 32),), mode="inference")
+    assert not [n for n in inf if n.op_class == "dropout"]
+
+
+def test_unknown_ops_are_reported_and_costed_as_memory_bound():
+    class Odd(nn.Module):
+        def forward(self, x):
+            return torch.digamma(x)
+
+    g = capture(Odd(), (torch.zeros(4, 8),), mode="inference")
+    assert g.unknown_ops() == {"aten.digamma.default": 1}
+    node = [n for n in g if n.op_class == "unknown"][0]
+    assert node.op.bytes == pytest.approx(2 * 4 * 8 * 4)  # read once, write once, fp32
+
+
+def test_dtype_cast_and_tf32():
+    g = capture(_mlp(), (torch.zeros(2, 8),), mode="inference", dtype="bf16")
+    assert {n.op.dtype for n in g.kernels() if n.op_class == "gemm"} == {"bf16"}
+    assert g.meta["param_bytes"] == 2 * g.meta["params"]
+    t = capture(_mlp(), (torch.zeros(2, 8),), mode="inference", dtype="tf32")
+    assert {n.op.dtype for n in t.kernels() if n.op_class == "gemm"} == {"tf32"}
+
+
+def test_bad_inputs_are_kit_errors():
+    with pytest.raises(KitError, match="nn.Module"):
+        capture("gpt2", (torch.zeros(1),))
+    with pytest.raises(KitError, match="mode"):
+        capture(_mlp(), (torch.zeros(2, 8),), mode="serve")
+    with pytest.raises(KitError, match="failed"):
+        capture(_mlp(), (torch.zeros(2, 7),), mode="inference")  # wrong feature size
+    with pytest.raises(KitError, match="dtype"):
+        capture(_mlp(), (torch.zeros(2, 8),), dtype="int3")
+
+
+def test_layer_of():
+    assert layer_of("transformer.h.3.attn") == 3
+    assert layer_of("layers.12") == 12 and layer_of("lm_head") is None and layer_of("") is None

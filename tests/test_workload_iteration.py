@@ -1,0 +1,112 @@
+"""Iteration time: the CPU/GPU timeline, fusion byte counts, phase split, trace export, overhead
+calibration. Graphs are built by hand so every expected number is computed independently."""
+import json
+
+import numpy as np
+import pytest
+
+from kit.errors import KitError
+from kit.ops import Elementwise, Gemm
+from kit.predict import get_predictor
+from kit.workload.fusion import apply_fusion
+from kit.workload.graph import Node, OpGraph
+from kit.workload.iteration import CpuOverhead, gpu_timeline, iteration
+from kit.workload.overhead import calibrate
+
+N = 1 << 20  # elements
+GPU = "a100-pcie-40gb"
+NONE = CpuOverhead(0.0, 0.0, 0.0)
+
+
+def _graph():
+    g = Gemm(m=1024, n=1024, k=1024)
+    e = Elementwise("mul", N, inputs=1)
+    nodes = (
+        Node(0, "aten.mm.default", g, "gemm", "fwd", (), "h.0", 0, N * 4),
+        Node(1, "aten.view.default", None, "free", "fwd", (0,), "h.0", 0, 0, kernels=0),
+        Node(2, "aten.mul.Tensor", e, "elementwise", "fwd", (1,), "h.0", 0, N * 4),
+        Node(3, "aten.tanh.default", Elementwise("tanh", N), "elementwise", "fwd", (2,), "h.0", 0, N * 4),
+        Node(4, "aten.add.Tensor", Elementwise("add", N, inputs=1), "elementwise", "fwd", (3,), "h.0", 0, N * 4),
+        Node(5, "aten.mm.default", g, "gemm", "bwd", (4,), "h.0", 0, N * 4),
+    )
+    return OpGraph(nodes, "toy", {"mode": "train"})
+
+
+def test_gpu_timeline_by_hand():
+    start, end = gpu_timeline(np.array([1.0, 2.0, 10.0]), np.array([5.0, 1.0, 1.0]))
+    # kernel 0 waits for its issue at 1; kernel 1 waits for the GPU (6); kernel 2 for the CPU (10)
+    assert start.tolist() == [1.0, 6.0, 10.0] and end.tolist() == [6.0, 7.0, 11.0]
+
+
+def test_gpu_bound_total_is_kernel_sum():
+    it = iteration(_graph(), GPU, predictor="roofline", overhead=NONE)
+    expected = get_predictor("roofline").predict([n.op for n in _graph().kernels()], GPU)["latency_ms"].sum()
+    assert it.total_ms == pytest.approx(expected) and it.gpu_idle_ms == pytest.approx(0.0)
+    assert sum(it.phases_ms.values()) == pytest.approx(it.total_ms)
+    assert it.phases_ms["bwd"] == pytest.approx(it.timeline["latency_ms"].iloc[-1])
+
+
+def test_cpu_bound_total_is_issue_time():
+    slow = CpuOverhead(cpu_op_us=1000.0, launch_us=0.0, free_op_us=0.0)  # 1 ms per op
+    it = iteration(_graph(), GPU, predictor="roofline", overhead=slow)
+    # 5 kernels issued 1 ms apart; the last (a ~0.1 ms GEMM) finishes just after 5 ms
+    assert it.cpu_ms == pytest.approx(5.0)
+    assert 5.0 < it.total_ms < 5.0 + it.timeline["latency_ms"].iloc[-1] + 1e-9
+    assert it.gpu_idle_ms > 4.0
+
+
+def test_compiled_fusion_moves_only_external_bytes():
+    g = _graph()
+    eager = apply_fusion(g, "eager")
+    assert [n.op_class for n in eager] == ["gemm", "elementwise", "elementwise", "elementwise", "gemm"]
+    comp = apply_fusion(g, "compiled")
+    assert [n.op_class for n in comp] == ["gemm", "fused", "gemm"]
+    fused = comp[1]
+    # reads the mm output once (4N bytes), writes the add output once (4N): 8N,
+    # against 3 × 8N in eager mode
+    assert fused.op.bytes == pytest.approx(8 * N)
+    assert sum(n.op.bytes for n in eager.nodes[1:4]) == pytest.approx(24 * N)
+    assert fused.deps == (0,) and comp[2].deps == (1,) and fused.members == (2, 3, 4)
+    fast = iteration(g, GPU, predictor="roofline", fusion="compiled", overhead=NONE)
+    slow = iteration(g, GPU, predictor="roofline", fusion="eager", overhead=NONE)
+    assert fast.total_ms < slow.total_ms
+    with pytest.raises(KitError, match="fusion"):
+        apply_fusion(g, "jit")
+
+
+def test_breakdowns_and_trace():
+    it = iteration(_graph(), GPU, predictor="wave", overhead=CpuOverhead())
+    by = it.by_class()
+    assert set(by["op_class"]) == {"gemm", "elementwise"}
+    assert by["ms"].sum() == pytest.approx(it.kernel_ms)
+    top = it.top_kernels()
+    assert top.iloc[0]["aten"] == "mm" and top.iloc[0]["where"] == "h.*"
+    trace = json.loads(json.dumps(it.to_trace()))
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    assert len(kernels) == 5
+    assert sum(e["dur"] for e in kernels) == pytest.approx(it.kernel_ms * 1e3, rel=1e-3)
+    assert {e["tid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {1, 2}
+    d = it.to_dict()
+    assert d["kernels"] == 5 and d["band_ms"][0] <= d["total_ms"] <= d["band_ms"][1]
+
+
+def test_calibrate_from_kineto(tmp_path):
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 1, "ts": 0, "dur": 30},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": 1, "tid": 1, "ts": 5, "dur": 20},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1, "tid": 1, "ts": 40, "dur": 10},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10, "dur": 4},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 42, "dur": 6},
+    ]
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    oh = calibrate(path)
+    # top-level ops: linear (30) and relu (10): mean 20; launches mean 5 -> 15 µs op + 5 µs launch
+    assert oh.launch_us == pytest.approx(5.0) and oh.cpu_op_us == pytest.approx(15.0)
+    cases = {"bad.json": ("{not json", "not valid"), "empty.json": ('{"traceEvents": []}', "no cpu_op"),
+             "missing.json": (None, "not found")}
+    for name, (content, message) in cases.items():
+        if content is not None:
+            (tmp_path / name).write_text(content)
+        with pytest.raises(KitError, match=message):
+            calibrate(tmp_path / name)

@@ -1,0 +1,105 @@
+"""The zoo: configs match NeuSight's, parameter counts match the published ones, caching works."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kit.errors import KitError
+from kit.workload import zoo
+
+DATA = Path(os.environ.get("KIT_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "neusight"))
+CONFIGS = DATA / "data" / "DLmodel_configs"
+
+
+def _count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.skipif(not CONFIGS.is_dir(), reason="NeuSight configs not present (set KIT_DATA)")
+def test_zoo_matches_neusight_configs():
+    checked = 0
+    for f in sorted(CONFIGS.glob("*.json")):
+        try:
+            key = zoo.resolve(f.stem)
+        except KitError:
+            continue  # e.g. opt.json: a 1-layer test config without a zoo entry
+        ours, theirs = zoo.config(key), json.loads(f.read_text())
+        shared = set(ours) & set(theirs)
+        assert {"vocab_size"} <= shared, f.stem
+        for k in shared - {"model_type"}:
+            assert ours[k] == theirs[k], (f.stem, k, ours[k], theirs[k])
+        checked += 1
+    assert checked >= 10
+
+
+def test_parameter_counts_match_published_numbers():
+    # HF: gpt2 124,439,808; bert-base BertForPreTraining 110,106,428; Llama-3-8B 8,030,261,248
+    assert _count(zoo.build("gpt2")) == 124_439_808
+    assert _count(zoo.build("bert-base")) == 110_106_428
+    assert _count(zoo.build("llama3-8b")) == 8_030_261_248
+
+
+def test_huge_model_builds_on_meta_and_matches_formula():
+    m = zoo.build("gpt3-175b")
+    d, L, V, P = 12288, 96, 50257, 2048
+    assert _count(m) == L * (12 * d * d + 13 * d) + V * d + P * d + 2 * d
+    assert next(m.parameters()).device.type == "meta"
+
+
+def test_aliases_and_errors():
+    assert zoo.resolve("GPT2_Large") == "gpt2-large" and zoo.resolve("gpt3_27") == "gpt3-2.7b"
+    with pytest.raises(KitError, match="unknown model"):
+        zoo.resolve("gpt5")
+    with pytest.raises(KitError, match="model_type"):
+        zoo.build({"model_type": "rnn"})
+    with pytest.raises(KitError, match="missing key"):
+        zoo.build({"model_type": "gpt2", "n_embd": 64})
+
+
+def test_config_dict_capture_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path))
+    cfg = {"model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 2, "vocab_size": 100,
+           "n_positions": 16}
+    g1 = zoo.graph_for(cfg, batch=1, seq=8, mode="inference")
+    assert zoo.graph_for(cfg, batch=1, seq=8, mode="inference") is g1  # in-process LRU
+    files = list((tmp_path / "workload").glob("*.pkl"))
+    assert len(files) == 1
+    zoo._LRU.clear()
+    g2 = zoo.graph_for(cfg, batch=1, seq=8, mode="inference")  # from disk
+    assert g2 is not g1 and [n.op for n in g2] == [n.op for n in g1]
+    # two layers: the matmul-attention of each layer, four bmm in all
+    assert sum(1 for n in g1 if n.name() == "bmm") == 4
+    assert g1.layers() == [0, 1]
+    with pytest.raises(KitError, match="batch"):
+        zoo.graph_for(cfg, batch=0, seq=8)
+
+
+def test_every_family_captures_small():
+    tiny = {
+        "bert": {"model_type": "bert", "hidden_size": 32, "num_attention_heads": 2,
+                 "num_hidden_layers": 1, "intermediate_size": 64, "vocab_size": 50},
+        "opt": {"model_type": "opt", "hidden_size": 32, "num_attention_heads": 2,
+                "num_hidden_layers": 1, "ffn_dim": 64, "vocab_size": 50},
+        "llama": {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "num_hidden_layers": 1, "intermediate_size": 64,
+                  "vocab_size": 50},
+        "mixtral": {"model_type": "mixtral", "hidden_size": 32, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "num_hidden_layers": 1, "intermediate_size": 64,
+                    "vocab_size": 50, "num_local_experts": 4, "num_experts_per_tok": 2},
+        "switch": {"model_type": "switch_transformers", "d_model": 32, "d_ff": 64, "d_kv": 8,
+                   "num_heads": 4, "num_layers": 2, "num_experts": 2, "expert_capacity": 4,
+                   "vocab_size": 50},
+        "dlrm": {"model_type": "dlrm", "dense_features": 4, "bottom_mlp": [8], "embedding_dim": 8,
+                 "table_rows": [100, 100], "top_mlp": [8]},
+    }
+    for name, cfg in tiny.items():
+        g = zoo.graph_for(cfg, batch=2, seq=8, mode="train")
+        classes = g.op_classes()
+        assert classes["gemm"] > 0 and not g.unknown_ops(), name
+        if name in ("llama", "mixtral"):
+            assert classes["attention"] == 2  # one forward, one backward SDPA kernel
+        if name == "mixtral":  # 4 experts x 3 projections, forward
+            assert sum(1 for n in g.by_phase("fwd") if ".experts." in n.module and n.op_class == "gemm") == 12
+        if name == "dlrm":
+            assert classes["embedding"] >= 2
