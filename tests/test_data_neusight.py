@@ -93,7 +93,7 @@ def test_filters(layout):
 
 def test_cache_is_used_and_invalidated(layout, tmp_path):
     first = load_neusight(data_dir=layout)
-    cached = list((tmp_path / "cache").glob("neusight-train-collect-*.parquet"))
+    cached = list((tmp_path / "cache").glob("neusight-train-collect--*.parquet"))
     assert len(cached) == 1
     pd.testing.assert_frame_equal(load_neusight(data_dir=layout), first)
     f = layout / "data/dataset/train/collect/addu/p2.1.0/Tesla T4.csv"
@@ -101,7 +101,25 @@ def test_cache_is_used_and_invalidated(layout, tmp_path):
     os.utime(f, ns=(time.time_ns(), time.time_ns() + 10**9))
     again = load_neusight(data_dir=layout)
     assert len(again) == len(first) + 1
-    assert len(list((tmp_path / "cache").glob("neusight-train-collect-*.parquet"))) == 1
+    assert len(list((tmp_path / "cache").glob("neusight-train-collect--*.parquet"))) == 1
+
+
+def test_parts_keep_their_own_cache(layout, tmp_path):
+    write(layout / "data/dataset/train/elem.csv", [HEAD + ",B,H,large", ADDU[1] + ",True"])
+    load_neusight("train-collect", data_dir=layout)
+    train = load_neusight("train", data_dir=layout)
+    assert sorted(train.op) == ["addu", "bmm", "bmm", "linear"]  # elem.csv + collect bmm/linear
+    for part in ("train-collect", "train"):
+        assert len(list((tmp_path / "cache").glob(f"neusight-{part}--*.parquet"))) == 1
+
+
+def test_filtered_loads_skip_files_they_do_not_need(layout):
+    write(layout / "data/dataset/train/collect/linear/p2.1.0/NVIDIA A100-PCIE-40GB.csv", ["garbage"])
+    assert load_neusight(data_dir=layout, ops="addu").op.tolist() == ["addu"]
+    assert set(load_neusight(data_dir=layout, gpus="t4").op) == {"addu"}
+    assert load_neusight(data_dir=layout, ops="ln").empty
+    with pytest.raises(KitError, match="not a NeuSight CSV"):
+        load_neusight(data_dir=layout, ops="gemm")
 
 
 def test_missing_data_dir_is_a_clear_error(tmp_path):
@@ -112,7 +130,7 @@ def test_missing_data_dir_is_a_clear_error(tmp_path):
 def test_unknown_device_is_named(layout):
     write(layout / "data/dataset/train/collect/addu/p2.1.0/Tesla T4.csv",
           ADDU + [ADDU[1].replace("Tesla T4", "Tesla Q9000")])
-    with pytest.raises(KitError, match="'Tesla Q9000'.*not in the GPU catalog"):
+    with pytest.raises(KitError, match="'Tesla Q9000' in .*Tesla T4.csv is not in the GPU catalog"):
         load_neusight(data_dir=layout)
 
 
@@ -124,6 +142,7 @@ def test_unknown_device_is_named(layout):
     ([HEAD + ",B,H", ADDU[1].replace("127,168", "127,1.5")], r"T4.csv:2: column 'H' must hold a whole"),
     ([HEAD + ",B,H", ADDU[1].replace("addu,", "matmul,")], "unknown op.*'matmul'"),
     ([], "is empty"),
+    ([HEAD + ",B,H", ADDU[1].replace("Tesla T4", "")], r"T4.csv:2: Device is empty"),
 ])
 def test_malformed_files_are_clear_errors(layout, lines, message):
     f = layout / "data/dataset/train/collect/addu/p2.1.0/Tesla T4.csv"
@@ -231,12 +250,20 @@ def test_test_part_holds_the_held_out_gpus():
 
 @shared
 def test_other_parts_load():
-    for part, gpus in (("train", {"p4", "t4"}), ("amd-train-collect", {"mi100", "mi210"}),
-                       ("amd-train", {"mi100", "mi210"}), ("amd-test", {"mi100", "mi210"})):
-        d = load_neusight(part, data_dir=NEUSIGHT)
-        assert gpus <= set(d.gpu) and len(d) > 1000, part
+    for part, kw, gpus in (("train", {"gpus": "p4"}, {"p4"}),
+                           ("amd-train-collect", {"ops": "softmax"}, {"mi100", "mi210"}),
+                           ("amd-train", {}, {"mi100", "mi210"}), ("amd-test", {}, {"mi100", "mi210"})):
+        d = load_neusight(part, data_dir=NEUSIGHT, **kw)
+        assert set(d.gpu) == gpus and len(d) > 1000, part
     amd = load_neusight("amd-test", data_dir=NEUSIGHT)
     assert set(amd.torch_version) == {"2.4.1"} and amd.tile_m.notna().all()
+    train_p4 = load_neusight("train", data_dir=NEUSIGHT, gpus="p4")
+    # the large-shape subsets (elem, ln, softmax) plus P4's collect bmm and linear files
+    files = [NEUSIGHT / "data/dataset/train/collect/bmm/p2.1.0/Tesla P4.csv",
+             NEUSIGHT / "data/dataset/train/collect/linear/p2.1.0/Tesla P4.csv"]
+    subsets = pd.concat([pd.read_csv(NEUSIGHT / f"data/dataset/train/{n}.csv", usecols=["Device"])
+                         for n in ("elem", "ln", "softmax")])
+    assert len(train_p4) == sum(_csv_rows(f) for f in files) + int((subsets.Device == "Tesla P4").sum())
 
 
 @shared

@@ -36,7 +36,7 @@ def cache_key(name: str, files: Sequence[Path]) -> str:
 
 def cached_table(name: str, files: Sequence[Path], build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
     """build() the first time; afterwards read the parquet copy while the input files are unchanged."""
-    path = cache_dir() / f"{name}-{cache_key(name, files)}.parquet"
+    path = cache_dir() / f"{name}--{cache_key(name, files)}.parquet"
     if path.is_file():
         try:
             return pd.read_parquet(path)
@@ -45,7 +45,7 @@ def cached_table(name: str, files: Sequence[Path], build: Callable[[], pd.DataFr
     frame = build()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        for old in path.parent.glob(f"{name}-*.parquet"):  # stale copies of this table
+        for old in path.parent.glob(f"{name}--*.parquet"):  # stale copies of this table only
             old.unlink(missing_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         frame.to_parquet(tmp, index=False)

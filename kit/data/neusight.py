@@ -165,8 +165,13 @@ def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
     ops = raw["OPName"].astype("str").str.strip()
     info = schema.op_columns(ops)
     out = pd.DataFrame({"op": ops}, index=raw.index).join(info)
-    out["device_name"] = raw["Device"].astype("str")
-    out["gpu"] = schema.gpu_keys_for(out["device_name"], where=", ".join(pd.unique(raw["_file"])[:3]))
+    out["device_name"] = raw["Device"].astype("str").str.strip()
+    if out["device_name"].isna().any():
+        raise KitError(f"{_where(raw, out['device_name'].isna())}: Device is empty")
+    first_file = raw.assign(_device=out["device_name"]).groupby("_device", sort=False)["_file"].first()
+    keys = {name: schema.gpu_keys_for(pd.Series([name]), where=f).iloc[0]  # names the file
+            for name, f in first_file.items()}
+    out["gpu"] = out["device_name"].map(keys)
     out["dtype"] = "fp32"  # NeuSight measured FP32 only (SIMT sgemm, TF32 off)
 
     latency = pd.to_numeric(raw["Latency"], errors="coerce")
@@ -222,27 +227,44 @@ def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
     return schema.conform(out)
 
 
-def read_part(part: str, root: Path) -> pd.DataFrame:
-    """Every row of one part, uncached (see load_neusight for the cached, filtered version)."""
+def read_part(part: str, root: Path, files: list[Path] | None = None) -> pd.DataFrame:
+    """Rows of one part (or of some of its files), uncached; see load_neusight."""
     split = PARTS[part][0]
-    raw = pd.concat([read_neusight_csv(f) for f in part_files(part, root)], ignore_index=True)
+    files = part_files(part, root) if files is None else files
+    raw = pd.concat([read_neusight_csv(f) for f in files], ignore_index=True)
     return from_neusight(raw, f"neusight:{part}", split)
 
 
-def _select(frame: pd.DataFrame, ops, gpus) -> pd.DataFrame:
+def _wanted(ops, gpus) -> tuple[list[str] | None, list[str] | None]:
+    """Validated op names/classes and GPU catalog keys to keep (None: all)."""
     if ops is not None:
-        wanted = [ops] if isinstance(ops, str) else list(ops)
-        unknown = [o for o in wanted if o not in schema.OPS and o not in schema.OP_CLASSES]
+        ops = [ops] if isinstance(ops, str) else list(ops)
+        unknown = [o for o in ops if o not in schema.OPS and o not in schema.OP_CLASSES]
         if unknown:
             raise KitError(f"unknown op(s) {unknown}: choose ops ({', '.join(schema.OPS)}) "
                            f"or op classes ({', '.join(schema.OP_CLASSES)})")
-        frame = frame[frame["op"].isin(wanted) | frame["op_class"].isin(wanted)]
     if gpus is not None:
         from kit.hardware import get_gpu
 
-        wanted = [gpus] if isinstance(gpus, str) else list(gpus)
-        frame = frame[frame["gpu"].isin([get_gpu(g).key for g in wanted])]
-    return frame.reset_index(drop=True)
+        gpus = [get_gpu(g).key for g in ([gpus] if isinstance(gpus, str) else gpus)]
+    return ops, gpus
+
+
+def _file_may_hold(path: Path, ops, gpus) -> bool:
+    """False only for a per-op, per-GPU collect file (collect/<op>/p*/<GPU>.csv) of other ops/GPUs."""
+    if path.parent.parent.parent.name != "collect" or path.parent.parent.name not in schema.OPS:
+        return True
+    op = path.parent.parent.name
+    if ops is not None and op not in ops and schema.OPS[op][0] not in ops:
+        return False
+    if gpus is not None:
+        from kit.hardware import get_gpu
+
+        try:
+            return get_gpu(path.stem).key in gpus
+        except KitError:
+            return True  # read it, so the unknown device is reported
+    return True
 
 
 def load_neusight(part: str = "train-collect", data_dir: str | Path | None = None, ops=None,
@@ -251,13 +273,25 @@ def load_neusight(part: str = "train-collect", data_dir: str | Path | None = Non
 
     part: "train-collect" | "train" | "test" | "amd-train-collect" | "amd-train" | "amd-test".
     ops: op names ("bmm") and/or op classes ("gemm") to keep; gpus: GPU keys/names to keep.
+    Per-op, per-GPU files that cannot hold a wanted row are not read at all.
     """
+    import hashlib
+
     from kit.data.cache import cached_table
 
     root = resolve_data_dir(data_dir)
-    files = part_files(part, root)
-    if cache:
-        frame = cached_table(f"neusight-{part}", files, lambda: read_part(part, root))
-    else:
-        frame = read_part(part, root)
-    return _select(frame, ops, gpus)
+    ops, gpus = _wanted(ops, gpus)
+    every = part_files(part, root)
+    files = [f for f in every if _file_may_hold(f, ops, gpus)]
+    if not files:
+        return schema.empty()
+    name = f"neusight-{part}"
+    if len(files) < len(every):  # a subset gets its own cache entry
+        name += "-" + hashlib.sha256("|".join(map(str, files)).encode()).hexdigest()[:10]
+    build = lambda: read_part(part, root, files)  # noqa: E731
+    frame = cached_table(name, files, build) if cache else build()
+    if ops is not None:
+        frame = frame[frame["op"].isin(ops) | frame["op_class"].isin(ops)]
+    if gpus is not None:
+        frame = frame[frame["gpu"].isin(gpus)]
+    return frame.reset_index(drop=True)
