@@ -186,6 +186,13 @@ def test_collect_tiny_shapes_on_cpu(tmp_path):
     assert (again["measured"], again["skipped"], again["rows_in_file"]) == (0, 30, 31)
 
 
+def test_the_same_gemm_twice_is_measured_once(tmp_path):
+    # linear on (2, 3, 4) and on (1, 6, 4) inputs is the same 6x4 @ 4x5 GEMM
+    r = collect("linear", [(2, 3, 4, 5), (1, 6, 4, 5)], tmp_path / "m.csv", device="cpu", warmup=0,
+                repeats=1, progress=False)
+    assert (r["measured"], r["rows_in_file"]) == (1, 1)
+
+
 def test_collect_rejects_bad_settings(tmp_path):
     with pytest.raises(KitError, match="tf32 needs --device cuda"):
         collect("bmm", [(1, 2, 3, 4)], tmp_path / "x.csv", device="cpu", dtype="tf32")

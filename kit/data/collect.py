@@ -273,11 +273,13 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
     timer = time_cuda if device == "cuda" else time_cpu
     failed, measured = [], 0
     with Appender(out, resume=resume) as sink:
-        todo = []
+        todo, planned = [], set()
         for op, shape in tasks:
             row = {"op": op, **shape_columns(op, shape), **base}
-            if row_key(row) not in sink:
+            key = row_key(row)  # e.g. linear (2, 3, k, n) and (1, 6, k, n) are the same GEMM
+            if key not in sink and key not in planned:
                 todo.append((op, shape, row))
+                planned.add(key)
         show = progress if progress is not None else (sys.stderr.isatty() and len(todo) >= 20)
         bar = _progress(len(todo), show)
         with _math_mode(dtype, device), torch.inference_mode():
