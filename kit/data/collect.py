@@ -19,8 +19,8 @@ import platform
 import sys
 import tempfile
 import time
+import warnings
 from contextlib import contextmanager
-from pathlib import Path
 
 from kit.data import schema
 from kit.data.records import Appender, row_key
@@ -287,7 +287,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                 try:
                     call = build_call(op, shape, dtype, device)
                     times = timer(call, warmup, repeats)
-                    extra = profile_cuda(call) if device == "cuda" and profile else {}
+                    extra = _kernel_info(call) if device == "cuda" and profile else {}
                 except (RuntimeError, MemoryError) as e:  # out of memory, unsupported dtype, ...
                     failed.append({"op": op, "shape": list(shape), "error": str(e).splitlines()[0]})
                     _release(device)
@@ -314,6 +314,15 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
     return {"out": str(out), "device": env["device_name"], "gpu": env["gpu"], "dtype": dtype,
             "planned": len(tasks), "skipped": len(tasks) - len(todo), "measured": measured,
             "failed": failed, "ops_without_shapes": unmatched, "rows_in_file": total}
+
+
+def _kernel_info(call) -> dict:
+    """profile_cuda, or {} with a warning when the profiler cannot run (the timing still counts)."""
+    try:
+        return profile_cuda(call)
+    except Exception as e:  # CUPTI missing or busy, trace export failing, ...
+        warnings.warn(f"torch.profiler failed ({e}); rows get no kernel names", stacklevel=2)
+        return {}
 
 
 def _release(device: str) -> None:
