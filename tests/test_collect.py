@@ -139,6 +139,12 @@ def test_unfinished_last_line_is_repaired_on_resume_and_ignored_on_read(tmp_path
         with Appender(out, resume=True) as a:
             a.append(_row(3))
     assert load_measurements(out).m.tolist() == [1, 2, 3]
+    # a complete last row saved without its newline (a hand edit) is kept, by reader and resume
+    out.write_bytes(out.read_bytes().rstrip(b"\n"))
+    assert load_measurements(out).m.tolist() == [1, 2, 3]
+    with Appender(out, resume=True) as a:
+        a.append(_row(4))
+    assert load_measurements(out).m.tolist() == [1, 2, 3, 4]
 
 
 def test_resume_refuses_a_foreign_csv(tmp_path):

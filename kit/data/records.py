@@ -57,8 +57,12 @@ def row_key(row) -> tuple:
     return tuple(_key_part(row.get(c)) for c in KEY_COLUMNS)
 
 
-def repair(path: Path) -> int:
-    """Cut an unfinished last line (no newline) off a schema CSV; returns bytes removed."""
+def repair(path: Path, fields: int | None = None) -> int:
+    """Cut an unfinished last line (no newline) off a CSV; returns the bytes removed.
+
+    With `fields`, a last line that has all of them is taken as finished (someone saved the file
+    without a final newline): it gets its newline instead of being cut.
+    """
     with open(path, "rb+") as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
@@ -78,7 +82,14 @@ def repair(path: Path) -> int:
                 keep = start + hit + 1
                 break
             end = start
-        f.truncate(keep)
+        f.seek(keep)
+        last = f.read(size - keep).decode("utf-8", "replace")
+        if fields is not None and len(next(csv.reader([last]), [])) >= fields:
+            f.seek(size)
+            f.write(b"\n")
+            keep = size
+        else:
+            f.truncate(keep)
         f.flush()
         os.fsync(f.fileno())
         return size - keep
@@ -95,7 +106,7 @@ class Appender:
             raise KitError(f"{self.path} already exists; pass --resume to carry on with it, "
                            "or choose another --out")
         if exists:
-            cut = repair(self.path)
+            cut = repair(self.path, fields=len(HEADER))
             if cut:
                 warnings.warn(f"{self.path}: dropped an unfinished last line ({cut} bytes)", stacklevel=2)
             self._check_header()
