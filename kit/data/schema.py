@@ -33,7 +33,9 @@ in_channels, out_channels, kernel_size, input_size, stride, padding
 latency_ms         float64   measured time of one call, in milliseconds
 kernel_name        str       the main GPU kernel's name
 kernels            str       every kernel the call launched, ";"-separated, in launch order
-n_kernels          Int64     how many kernels the call launched
+                             (NaN where the source did not list them: NeuSight's elementwise
+                             and softmax files, and CPU rows)
+n_kernels          Int64     how many kernels the call launched (<NA> likewise)
 tile_m, tile_n, tile_k
                    Int64     thread-block tile parsed from kernel_name (see parse_tile), as the
                              library names it (cuBLAS is column-major: its m is PyTorch's n)
@@ -41,9 +43,9 @@ grid_x, grid_y, grid_z, block_x, block_y, block_z
                    Int64     launch dims of the main kernel
 blocks_per_sm      float64   thread blocks per SM (grid blocks / SMs, as the profiler reports)
 warps_per_sm       float64   warps per SM, likewise
-source             str       where the row came from: "neusight:train-collect",
-                             "neusight:train", "neusight:test", "neusight:amd-train",
-                             "neusight:amd-test", "collector", ...
+source             str       where the row came from: "neusight:<part>" (train-collect, train,
+                             test, amd-train-collect, amd-train, amd-test),
+                             "neusight:<file name>" (load_measurements), "collector"
 split              str       "train" | "test" (NeuSight's split; the collector writes "train")
 torch_version      str       e.g. "2.1.0"
 cuda_version       str       e.g. "12.1" (NaN on ROCm and CPU)
