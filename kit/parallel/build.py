@@ -171,6 +171,10 @@ def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, wbytes):
         tail = g.tail(r, "compute")
         grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, params * wbytes, dp_group),
                               f"dp {kind} gradients", kind="comm", deps=(tail,) if tail >= 0 else ()))
+    if not lay.optimizer_step:
+        if grad_ops:
+            g.sync(r, grad_ops, 0.0, "wait for gradients")
+        return
     opt = g.gpu(r, "compute", optimizer_ms(params, lay, coster), "optimizer step",
                 launch_ms=host.launch_us / 1e3, deps=tuple(grad_ops))
     if lay.zero in (1, 2) and lay.dp > 1:

@@ -34,6 +34,7 @@ class Layout:
     dtype: str = "fp16"
     overlap_grad_reduce: bool = True  # bucketed all-reduce during the last backward
     bucket_bytes: float = 40e6 * 2  # Megatron's default bucket: 40M parameters of fp16 grads
+    optimizer_step: bool = True  # False: forward + backward (+ gradient sync) only
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "ep", "micro_batch", "virtual_stages"):
@@ -110,4 +111,4 @@ class Layout:
                 "micro_batches": self.micro_batches, "virtual_stages": self.virtual_stages,
                 "schedule": self.schedule, "zero": self.zero, "recompute": self.recompute,
                 "sequence_parallel": self.sequence_parallel, "dtype": self.dtype,
-                "world_size": self.world_size}
+                "world_size": self.world_size, "optimizer_step": self.optimizer_step}

@@ -1,0 +1,43 @@
+"""kit.parallel.dlrm: model-parallel tables with all-to-all, data-parallel MLPs with all-reduce."""
+import pytest
+
+from kit.embedding import Table
+from kit.errors import KitError
+from kit.parallel.dlrm import DLRMSpec, greedy_placement, predict_dlrm
+
+TABLES = tuple(Table(rows=100_000, dim=64, pooling=10) for _ in range(8))
+SPEC = DLRMSpec(tables=TABLES, bottom=(256, 64), top=(256, 1))
+
+
+def test_a_rank_holding_every_table_makes_the_others_wait_at_the_all_to_all():
+    r = predict_dlrm(SPEC, "a100x4-nvlink", batch=1024, placement=[0] * 8, launch_us=0.0, keep=True)
+    by = {x["rank"]: x for x in r["ranks"]}
+    assert by[0]["tables"] == 8 and by[1]["tables"] == 0
+    tl = r["_result"].timeline()
+    bottom = tl[(tl["rank"] == 0) & (tl.name == "bottom mlp") & (tl.kind == "compute")].end_ms.iloc[0]
+    a2a = tl[(tl.name == "all-to-all pooled embeddings") & (tl.kind == "comm")]
+    # the all-to-all starts on every rank when rank 0 has run its bottom MLP and its lookups
+    assert list(a2a.start_ms) == pytest.approx([bottom + by[0]["embedding_fwd_ms"]] * 4)
+    # rank 1 has nothing to look up, so its forward all-to-all waits all of that
+    assert by[1]["wait_ms"] == pytest.approx(bottom + by[0]["embedding_fwd_ms"])
+    assert by[0]["wait_ms"] == pytest.approx(0.0, abs=1e-9)
+    balanced = predict_dlrm(SPEC, "a100x4-nvlink", batch=1024, launch_us=0.0)
+    assert balanced["iteration_ms"] < r["iteration_ms"]
+    assert [x["tables"] for x in balanced["ranks"]] == [2, 2, 2, 2]
+
+
+def test_memory_counts_the_local_tables_and_their_optimizer_rows():
+    r = predict_dlrm(SPEC, "a100x4-nvlink", batch=256, placement=[0, 0, 0, 1, 1, 2, 3, 3])
+    m = {x["rank"]: x for x in r["memory_per_rank"]}
+    assert m[0]["embedding_gib"] * 2**30 == pytest.approx(3 * 100_000 * 64 * 4)
+    assert m[2]["embedding_optimizer_gib"] * 2**30 == pytest.approx(100_000 * 4)  # rowwise adagrad
+
+
+def test_greedy_placement_balances_load_and_bad_placements_fail():
+    tables = [Table(rows=10, dim=8, pooling=p) for p in (8, 1, 1, 1, 1, 1, 1, 1, 1)]
+    where = greedy_placement(tables, 2)
+    assert where.count(where[0]) == 1  # the heavy table (load 8 = the other eight) sits alone
+    with pytest.raises(KitError, match="placement"):
+        predict_dlrm(SPEC, "a100x4-nvlink", batch=8, placement=[9] * 8)
+    with pytest.raises(KitError, match="dim"):
+        DLRMSpec(tables=TABLES, bottom=(256, 32))

@@ -1,0 +1,120 @@
+"""The timeline panel: a parallel layout drives a Gantt chart per rank and stream of one
+simulated training iteration, with the critical path highlighted.
+
+timeline_chart() draws any kit.sim timeline (a parallel prediction, a replayed trace).
+"""
+from __future__ import annotations
+
+import altair as alt
+import ipywidgets as W
+import pandas as pd
+
+from kit.hardware import list_systems
+from kit.parallel import GPTSpec, Layout, predict_parallel
+from widgets.base import Panel
+
+KIND_COLORS = {"compute": "#4c78a8", "comm": "#f58518", "memcpy": "#54a24b", "launch": "#b8b8b8",
+               "cpu": "#9d755d", "sync": "#e45756", "idle": "#eeeeee"}
+MAX_ROWS = 4000
+
+
+def timeline_rows(timeline: pd.DataFrame, critical_ops=(), max_rows: int = MAX_ROWS) -> pd.DataFrame:
+    """Intervals to draw: zero-length ops dropped; when too many, the critical ones and the longest."""
+    t = timeline[timeline.end_ms > timeline.start_ms].copy()
+    crit = set(int(o) for o in critical_ops)
+    t["critical"] = t.op.isin(crit)
+    if len(t) > max_rows:
+        t = t.assign(_d=t.end_ms - t.start_ms).sort_values(["critical", "_d"], ascending=False)
+        t = t.head(max_rows).drop(columns="_d")
+    t["lane"] = "rank " + t["rank"].astype(str) + " · " + t["stream"].astype(str)
+    t["dur_ms"] = t.end_ms - t.start_ms
+    return t.sort_values(["rank", "stream", "start_ms"])[
+        ["lane", "rank", "stream", "name", "kind", "start_ms", "end_ms", "dur_ms", "critical"]]
+
+
+def timeline_chart(timeline: pd.DataFrame, critical_ops=(), title: str = "", width: int = 720):
+    rows = timeline_rows(timeline, critical_ops)
+    kinds = [k for k in KIND_COLORS if k in set(rows.kind)]
+    lanes = list(dict.fromkeys(rows.lane))
+    base = alt.Chart(rows, title=title).encode(
+        x=alt.X("start_ms:Q", title="time (ms)"), x2="end_ms:Q",
+        y=alt.Y("lane:N", sort=lanes, title=None),
+        color=alt.Color("kind:N", scale=alt.Scale(domain=kinds, range=[KIND_COLORS[k] for k in kinds])),
+        tooltip=["lane", "name", "kind", alt.Tooltip("start_ms:Q", format=".3f"),
+                 alt.Tooltip("dur_ms:Q", format=".3f"), "critical"])
+    bars = base.mark_bar(height=10).encode(opacity=alt.condition("datum.critical", alt.value(1.0),
+                                                                 alt.value(0.45)))
+    path = base.transform_filter("datum.critical").mark_bar(height=3, color="black", yOffset=7)
+    return (bars + path).properties(width=width, height=max(60, 16 * len(lanes)))
+
+
+class TimelinePanel(Panel):
+    title = "One training iteration on many GPUs: a Gantt chart per rank and stream"
+
+    def __init__(self, model: GPTSpec | None = None, system="dgx-a100", dp=1, tp=2, pp=4,
+                 micro_batches=8, schedule="1f1b"):
+        self.model = model or GPTSpec(layers=16, hidden=2048, heads=16, seq=1024, vocab=50257,
+                                      name="gpt-1.3b")
+        self._init = dict(system=system, dp=dp, tp=tp, pp=pp, m=micro_batches, schedule=schedule)
+        self._result = None
+        super().__init__()
+
+    def controls(self):
+        i = self._init
+        style = {"description_width": "initial"}
+        self.system = W.Dropdown(options=list_systems(), value=i["system"], description="system")
+        self.schedule = W.Dropdown(options=["1f1b", "gpipe", "interleaved"], value=i["schedule"],
+                                   description="schedule")
+        self.pp = W.Dropdown(options=[1, 2, 4, 8], value=i["pp"], description="pp")
+        self.tp = W.Dropdown(options=[1, 2, 4, 8], value=i["tp"], description="tp")
+        self.dp = W.Dropdown(options=[1, 2, 4, 8], value=i["dp"], description="dp")
+        self.m = W.IntSlider(value=i["m"], min=1, max=32, description="micro-batches",
+                             continuous_update=False, style=style)
+        for w in (self.pp, self.tp, self.dp):
+            w.layout = W.Layout(width="130px")
+        return [self.system, self.schedule, self.pp, self.tp, self.dp, self.m]
+
+    def layout(self) -> Layout:
+        pp = self.pp.value
+        sched = self.schedule.value if pp > 1 else "1f1b"
+        m = self.m.value
+        if sched == "interleaved" and m % pp:
+            m = max(pp, m - m % pp)
+        return Layout(dp=self.dp.value, tp=self.tp.value, pp=pp, micro_batch=1,
+                      global_batch=m * self.dp.value, schedule=sched,
+                      virtual_stages=2 if sched == "interleaved" else 1, dtype="bf16")
+
+    def result(self) -> dict:
+        from kit.errors import KitError
+
+        try:
+            self._result = predict_parallel(self.model, self.system.value, self.layout(), keep=True)
+            self._error = None
+        except KitError as e:
+            self._result, self._error = None, str(e)
+        return self._result
+
+    def make_chart(self):
+        r = self.result()
+        if r is None:
+            return alt.Chart(alt.Data(values=[{"msg": self._error}])).mark_text(size=14).encode(text="msg:N")
+        res = r["_result"]
+        crit = [s[6] for s in _segments(res, r["breakdown"]["rank"])]
+        return timeline_chart(res.timeline(), crit, title=f"{r['iteration_ms']:.1f} ms per iteration")
+
+    def summary_text(self) -> str:
+        r = self._result
+        if r is None:
+            return f"cannot run this layout: {self._error}"
+        b = r["breakdown"]
+        parts = ", ".join(f"{k} {b[k]:.1f} ms" for k in ("compute", "communication", "cpu") if b[k] > 0)
+        return (f"{r['layout']['world_size']} GPUs · iteration {r['iteration_ms']:.1f} ms · "
+                f"critical path: {parts} · stage 0 waits {r['rank_breakdown']['wait']:.1f} ms "
+                f"(ideal bubble {100 * r['ideal_bubble_fraction']:.0f}%) · peak memory "
+                f"{max(s['total_gib'] for s in r['memory_per_rank']):.1f} GiB/rank")
+
+
+def _segments(res, rank):
+    from kit.sim.critical import path_segments
+
+    return path_segments(res, rank, follow_ranks=True)
