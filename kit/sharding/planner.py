@@ -13,6 +13,18 @@ from kit.sharding.search import baselines, local_search
 POOL_EXACT = 6  # search candidates re-priced with kit.comm and true L2 co-residency
 
 
+def shards(model, choice) -> list[dict]:
+    """(table, kind, rank, lookup_ms) of every shard of a plan, lookup_ms = fwd + bwd under the
+    vectorised model: the data of a per-rank bar chart."""
+    W, out = model.world, []
+    for t, o in enumerate(choice):
+        opt = model.options[t][o]
+        ms = model.contrib[t, o, :W] + model.contrib[t, o, W:2 * W]
+        out += [{"table": model.tables[t].name or f"t{t}", "kind": opt.kind, "rank": r,
+                 "lookup_ms": float(ms[r])} for r in sorted(set(opt.ranks))]
+    return out
+
+
 def _system(system):
     if isinstance(system, str):
         from kit.hardware.system import get_system
@@ -26,7 +38,8 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
                   seed: int = 0, comm=None) -> dict:
     """Shard `tables` over `system` (name or System) at `batch` samples per rank.
 
-    Returns plan (one entry per table), cost_ms and per_rank_ms of the chosen plan (exact
+    Returns plan (one entry per table), shards (table, kind, rank, lookup_ms under the vectorised
+    model, for per-rank bars), cost_ms and per_rank_ms of the chosen plan (exact
     re-pricing), imbalance (slowest rank / mean rank lookup time), baselines {name: cost_ms},
     plans_evaluated, search_s, and the parts of the cost.
     """
@@ -63,7 +76,8 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     return {
         "system": system.key, "world_size": model.world, "gpu": model.gpu.key, "batch_per_rank": batch,
         "optimizer": optimizer, "memory_cap_gib": model.cap / 2**30,
-        "plan": plan, "cost_ms": chosen["cost_ms"], "per_rank_ms": chosen["per_rank_ms"],
+        "plan": plan, "shards": shards(model, choice),
+        "baseline_shards": {k: shards(model, c) for k, c in base.items()}, "cost_ms": chosen["cost_ms"], "per_rank_ms": chosen["per_rank_ms"],
         "imbalance": float(lookups.max() / lookups.mean()) if lookups.mean() > 0 else 1.0,
         "baselines": {k: v["cost_ms"] for k, v in base_exact.items()},
         "best_baseline": best_base,

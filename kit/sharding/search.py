@@ -4,7 +4,8 @@ Greedy baselines (the classic heuristics): sort tables by a key, largest first, 
 whole table (table-wise) on the rank with the least key so far that has memory left; a table
 that fits nowhere whole goes row-wise. Keys: size E·D·bytes, lookup cost D·L, and D·L·log2 E.
 
-The local search starts from every baseline (and a few random plans), then repeatedly takes the
+The local search starts from every baseline, from plans where every table takes the same kind
+(all row-wise, all data-parallel, ...), and from a few random plans, then repeatedly takes the
 best single-table move (any option for any one table; all T·O neighbours priced in one
 vectorised step), pairs of moves when the case is small, and swaps of two tables' placements;
 at a local optimum it perturbs a few tables and descends again, keeping the best plan seen.
@@ -50,6 +51,25 @@ def greedy(model, key) -> np.ndarray:
 
 def baselines(model) -> dict[str, np.ndarray]:
     return {name: greedy(model, key) for name, key in GREEDY_KEYS.items()}
+
+
+def uniform_starts(model) -> dict[str, np.ndarray]:
+    """Plans where every table takes the same kind (rw, twrw on node 0, dp, the widest cw),
+    far from the table-wise basin a single move cannot leave (balanced but comm-heavy)."""
+    out = {}
+    for kind in ("rw", "twrw", "dp", "cw"):
+        choice = []
+        for t, opts in enumerate(model.options):
+            idx = [o for o, opt in enumerate(opts) if opt.kind == kind]
+            if not idx:
+                break
+            if kind == "cw":  # the widest split, staggered over the ranks
+                widest = max(len(opts[o].ranks) for o in idx)
+                idx = [o for o in idx if len(opts[o].ranks) == widest]
+            choice.append(idx[t % len(idx)])
+        else:
+            out[f"all_{kind}"] = np.array(choice, dtype=np.int64)
+    return out
 
 
 class _Counter:
@@ -119,6 +139,7 @@ def local_search(model, starts: dict[str, np.ndarray] | None = None, time_budget
     deadline = time.perf_counter() + time_budget_s
     counter = _Counter(model)
     starts = dict(starts or baselines(model))
+    starts.update(uniform_starts(model))
     for k in range(3):
         starts[f"random{k}"] = np.array([rng.integers(0, n) for n in model.n_options])
     if pairs is None:

@@ -70,3 +70,22 @@ def read_tables(path: str | Path) -> list[Table]:
                             pooling=_number(r["pooling"], "pooling", where, False),
                             dtype=dtype, name=name, distribution=dist))
     return tables
+
+
+def synthetic_tables(n: int = 26, seed: int = 0, alpha: float | None = None) -> list[Table]:
+    """A seeded, DLRM-like mix: rows 10^3-10^7.5 (log-uniform), dims 16-256, pooling 1-80,
+    Zipf α in [0.3, 1.3] (or the given α for every table)."""
+    import numpy as np
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise KitError(f"number of tables must be a positive whole number, got {n!r}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        rows = int(10 ** rng.uniform(3, 7.5))
+        dim = int(rng.choice([16, 32, 64, 128, 256]))
+        pooling = float(rng.integers(1, 80))
+        a = float(rng.uniform(0.3, 1.3))
+        out.append(Table(rows=rows, dim=dim, pooling=pooling, name=f"t{i:02d}",
+                         distribution=Zipf(alpha if alpha is not None else a)))
+    return out

@@ -1,0 +1,78 @@
+"""The embedding panel: an index distribution's skew drives unique rows, L2 hit rate and time."""
+from __future__ import annotations
+
+import altair as alt
+import ipywidgets as W
+import pandas as pd
+
+from kit.embedding import Table, Zipf, lookup_cost
+from kit.hardware import get_gpu, gpu_keys
+from widgets.base import Panel
+
+ALPHAS = [round(0.1 * i, 1) for i in range(17)]  # 0.0 .. 1.6
+
+
+class EmbeddingPanel(Panel):
+    title = "Embedding lookups: skew, L2 hits and time"
+
+    def __init__(self, gpu="a100-sxm4-40gb", rows=10_000_000, dim=128, pooling=30, batch=4096,
+                 alpha=1.0, tables=1, backward=False):
+        self._init = dict(gpu=get_gpu(gpu).key, rows=rows, dim=dim, pooling=pooling, batch=batch,
+                          alpha=alpha, tables=tables, backward=backward)
+        super().__init__()
+
+    def controls(self):
+        i, s = self._init, {"description_width": "initial"}
+        self.gpu = W.Dropdown(options=[g for g in gpu_keys() if get_gpu(g).vendor == "nvidia"],
+                              value=i["gpu"], description="GPU")
+        self.alpha = W.FloatSlider(value=i["alpha"], min=0.0, max=1.6, step=0.1, description="Zipf α",
+                                   continuous_update=False, style=s)
+        self.rows = W.Dropdown(options=[10**k for k in range(3, 10)], value=i["rows"], description="rows E")
+        self.dim = W.Dropdown(options=[8, 16, 32, 64, 128, 256, 512], value=i["dim"], description="dim D")
+        self.pooling = W.IntSlider(value=i["pooling"], min=1, max=200, description="pooling L",
+                                   continuous_update=False, style=s)
+        self.batch = W.Dropdown(options=[2**k for k in range(6, 17)], value=i["batch"], description="batch")
+        self.tables = W.IntSlider(value=i["tables"], min=1, max=32, description="tables at once",
+                                  continuous_update=False, style=s)
+        self.backward = W.Checkbox(value=i["backward"], description="backward (row-wise Adagrad)")
+        return [self.gpu, self.alpha, self.rows, self.dim, self.pooling, self.batch, self.tables, self.backward]
+
+    def cost(self, alpha: float):
+        t = Table(rows=self.rows.value, dim=self.dim.value, pooling=self.pooling.value,
+                  distribution=Zipf(alpha))
+        return lookup_cost([t] * self.tables.value, self.batch.value, self.gpu.value,
+                           backward=self.backward.value, optimizer="rowwise_adagrad")
+
+    def sweep(self) -> pd.DataFrame:
+        rows = []
+        for a in ALPHAS:
+            r = self.cost(a)
+            p = r.parts
+            rows.append({"alpha": a, "hit_rate": p["hit_rate"], "time_ms": r.time_ms,
+                         "unique_fraction": p["unique_rows"] / p["lookups"],
+                         "dram_ms": p["dram_ms"], "l2_ms": p["l2_ms"]})
+        return pd.DataFrame(rows)
+
+    def make_chart(self):
+        df = self.sweep()
+        now = pd.DataFrame([{"alpha": self.alpha.value}])
+        rule = alt.Chart(now).mark_rule(color="black", strokeDash=[4, 3]).encode(x="alpha:Q")
+        rates = df.melt(id_vars="alpha", value_vars=["hit_rate", "unique_fraction"], var_name="what")
+        left = (alt.Chart(rates).mark_line(point=True).encode(
+            x=alt.X("alpha:Q", title="Zipf α"), y=alt.Y("value:Q", title="fraction of lookups"),
+            color=alt.Color("what:N", title=None)) + rule).properties(
+            width=300, height=220, title="L2 hit rate and unique rows")
+        parts = df.melt(id_vars="alpha", value_vars=["time_ms", "dram_ms", "l2_ms"], var_name="part")
+        right = (alt.Chart(parts).mark_line(point=True).encode(
+            x=alt.X("alpha:Q", title="Zipf α"), y=alt.Y("value:Q", title="ms"),
+            color=alt.Color("part:N", title=None)) + rule).properties(
+            width=300, height=220, title="kernel time: DRAM vs L2")
+        return alt.hconcat(left, right).resolve_scale(color="independent")
+
+    def summary_text(self) -> str:
+        r = self.cost(self.alpha.value)
+        p = r.parts
+        return (f"{p['lookups']:,.0f} lookups touch {p['unique_rows']:,.0f} unique rows; L2 hit rate "
+                f"{100 * p['hit_rate']:.1f}% · DRAM {p['dram_bytes'] / 1e6:.1f} MB in {p['dram_ms']:.4f} ms, "
+                f"L2 {p['l2_bytes'] / 1e6:.1f} MB in {p['l2_ms']:.4f} ms · {p['bound']}-bound · "
+                f"{r.time_ms:.4f} ms")

@@ -1,0 +1,65 @@
+"""The sharding panel: a plan shown as per-rank bars, against the greedy baselines."""
+from __future__ import annotations
+
+import altair as alt
+import ipywidgets as W
+import pandas as pd
+
+from kit.sharding import plan_sharding, synthetic_tables
+from widgets.base import Panel
+
+SYSTEMS = ["dgx1-v100", "a100x4-nvlink", "dgx-a100", "dgx-h100", "hgx-h200", "pcie8"]
+
+
+class ShardingPanel(Panel):
+    title = "Sharding embedding tables: per-rank load and the all-to-all"
+
+    def __init__(self, tables=None, system="dgx-a100", batch=512, n_tables=20, seed=0, budget_s=0.5):
+        self._tables, self._seed, self._budget = tables, seed, budget_s
+        self._init = dict(system=system, batch=batch, n_tables=n_tables)
+        self._result = None
+        super().__init__()
+
+    def controls(self):
+        i, s = self._init, {"description_width": "initial"}
+        self.system = W.Dropdown(options=SYSTEMS, value=i["system"], description="system")
+        self.batch = W.Dropdown(options=[64, 128, 256, 512, 1024, 2048, 4096], value=i["batch"],
+                                description="batch/rank")
+        self.n_tables = W.IntSlider(value=i["n_tables"], min=2, max=60, description="tables",
+                                    continuous_update=False, disabled=self._tables is not None, style=s)
+        self.plan = W.Dropdown(options=["search", "greedy_size", "greedy_dim_pooling",
+                                        "greedy_dim_pooling_log_rows"], value="search", description="show")
+        return [self.system, self.batch, self.n_tables, self.plan]
+
+    def result(self) -> dict:
+        key = (self.system.value, self.batch.value, self.n_tables.value)
+        if self._result is None or self._result[0] != key:
+            tables = self._tables or synthetic_tables(self.n_tables.value, seed=self._seed)
+            self._result = (key, plan_sharding(tables, self.system.value, batch=self.batch.value,
+                                               time_budget_s=self._budget))
+        return self._result[1]
+
+    def make_chart(self):
+        r = self.result()
+        shown = self.plan.value
+        shards = pd.DataFrame(r["shards"] if shown == "search" else r["baseline_shards"][shown])
+        bars = alt.Chart(shards).mark_bar().encode(
+            x=alt.X("rank:O", title="rank"), y=alt.Y("sum(lookup_ms):Q", title="lookup fwd+bwd (ms)"),
+            color=alt.Color("kind:N", title="sharding"), tooltip=["table", "kind", "lookup_ms"],
+            detail="table:N").properties(width=320, height=240, title=f"plan ({shown}), per rank")
+        costs = pd.DataFrame([{"plan": "search", "cost_ms": r["cost_ms"]}]
+                             + [{"plan": k, "cost_ms": v} for k, v in r["baselines"].items()])
+        costs["shown"] = costs["plan"] == shown
+        comp = alt.Chart(costs).mark_bar().encode(
+            y=alt.Y("plan:N", sort=None, title=None), x=alt.X("cost_ms:Q", title="iteration (ms)"),
+            color=alt.condition("datum.shown", alt.value("#d62728"), alt.value("#999"))).properties(
+            width=260, height=120, title="embedding part of the iteration")
+        return alt.hconcat(bars, comp)
+
+    def summary_text(self) -> str:
+        r = self.result()
+        p = r["parts"]
+        return (f"{len(r['plan'])} tables on {r['system']}: {r['cost_ms']:.3f} ms, imbalance "
+                f"{r['imbalance']:.3f}; all-to-all in {p['input_alltoall_ms']:.3f} + "
+                f"{p['output_alltoall_ms']:.3f} + {p['grad_alltoall_ms']:.3f} ms; "
+                f"{100 * r['improvement_vs_best_baseline']:.1f}% better than {r['best_baseline']}")
