@@ -171,3 +171,16 @@ def test_preset_reproduces_measured_8_gpu_allreduce_on_a100():
     ape = np.abs(t.time_ms.values - d.time_ns_out_of_place.values / 1e6) / (d.time_ns_out_of_place.values / 1e6)
     pow2 = np.log2(d.size_bytes.values) % 1 == 0
     assert ape.mean() <= 0.10 and ape[pow2].mean() <= 0.10
+
+
+def test_single_rank_is_a_local_copy_with_zero_busbw():
+    r = predict_collective("allreduce", 2**20, "dgx-h100", ranks=1)
+    assert r.algorithm == "local" and r.busbw_gbs == 0.0  # nccl-tests: 2(n-1)/n = 0 at n = 1
+    assert r.time_ms * 1e3 >= FLOOR
+
+
+def test_floor_grows_with_ranks_per_node_and_log_of_nodes():
+    one = predict_collective("allreduce", 8, "dgx-h100-x4", ranks=8)
+    four = predict_collective("allreduce", 8, "dgx-h100-x4")
+    assert one.floor_ms * 1e3 == pytest.approx(FLOOR + PER_RANK * 7)
+    assert four.floor_ms * 1e3 == pytest.approx(FLOOR + PER_RANK * (7 + 2))  # log2(4 nodes) = 2

@@ -11,6 +11,7 @@ measurements of the same collective on the same number of ranks.
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 
@@ -24,15 +25,19 @@ from kit.errors import KitError
 from kit.hardware.system import System, get_system
 
 
-def _floor_us(system: System, n: int) -> float:
-    return system.soft("floor_us") + system.soft("floor_per_rank_us") * (n - 1)
+def _floor_us(system: System, group: Group) -> float:
+    """Host-side floor: launch plus cross-rank skew. Measured (vTrain, one node) to grow by
+    floor_per_rank_us per extra rank in a node; across nodes assumed to grow with log2(nodes)."""
+    per = system.soft("floor_per_rank_us")
+    return (system.soft("floor_us") + per * (group.max_per_node - 1)
+            + per * math.ceil(math.log2(group.n_nodes)))
 
 
 def plan_curve(system: System, kind: str, group: Group, plan: Plan) -> BandwidthCurve:
     """An algorithm's time as a k = 1 bandwidth curve (floor, plateau, half-size)."""
     n = group.size
     f = busbw_factor(kind, n) if n > 1 else 1.0
-    return BandwidthCurve(kind=kind, ranks=n, floor_us=_floor_us(system, n),
+    return BandwidthCurve(kind=kind, ranks=n, floor_us=_floor_us(system, group),
                           busbw_max_gbs=f / (plan.us_per_byte * 1e3),
                           half_bytes=max(plan.latency_us / plan.us_per_byte, 1e-9), steepness=1.0)
 
@@ -98,11 +103,10 @@ def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
     s = _sizes(nbytes)
     t, best, pcs, fitted = _evaluate(kind, s, system, group, cal)
     n = group.size
-    f = busbw_factor(kind, n) if n > 1 else 1.0
     algbw = np.where(t > 0, s / np.maximum(t, 1e-30) / 1e3, 0.0)
     names = np.array([p.algorithm for p, _ in pcs])[best]
     return pd.DataFrame({"kind": kind, "size_bytes": s, "ranks": n, "time_ms": t / 1e3,
-                         "algorithm": names, "algbw_gbs": algbw, "busbw_gbs": algbw * f,
+                         "algorithm": names, "algbw_gbs": algbw, "busbw_gbs": algbw * busbw_factor(kind, n),
                          "source": "calibration" if fitted else "preset", "system": system.key})
 
 
@@ -134,7 +138,7 @@ def _result(kind, size, t_us, plan, curve, system, group, source) -> CollectiveR
     bw_us = f * size / (curve.busbw_max_gbs * 1e3)
     return CollectiveResult(
         kind=kind, nbytes=size, ranks=n, time_ms=t_us / 1e3, algorithm=plan.algorithm,
-        algbw_gbs=algbw, busbw_gbs=algbw * f, latency_ms=lat_us / 1e3, bandwidth_ms=bw_us / 1e3,
+        algbw_gbs=algbw, busbw_gbs=algbw * busbw_factor(kind, n), latency_ms=lat_us / 1e3, bandwidth_ms=bw_us / 1e3,
         floor_ms=curve.floor_us / 1e3, bound="bandwidth" if bw_us > max(lat_us, curve.floor_us) else "latency",
         crossover_bytes=curve.crossover_bytes(), plateau_busbw_gbs=curve.busbw_max_gbs,
         source=source, system=system.key, nodes_spanned=group.n_nodes)
@@ -161,7 +165,7 @@ def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
     sent = m.sum(1) - np.diag(m)
     busiest = float(max(sent.max(), (m.sum(0) - np.diag(m)).max())) if n > 1 else 0.0
     bw_us = alltoallv_us(system, group, m) + kap * busiest if n > 1 else 0.0
-    t_us = max(lat + bw_us, _floor_us(system, n))
+    t_us = max(lat + bw_us, _floor_us(system, group))
     size = float(m.sum(1).max())
     per_byte = bw_us / busiest if busiest > 0 else 1.0
     plan = Plan("p2p", lat, per_byte)
