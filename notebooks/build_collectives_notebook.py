@@ -1,19 +1,10 @@
 """Writes notebooks/04_collectives.ipynb (then run
 `.venv/bin/jupyter nbconvert --to notebook --execute --inplace notebooks/04_collectives.ipynb`)."""
+import sys
 from pathlib import Path
 
-import nbformat as nbf
-
-HERE = Path(__file__).parent
-
-
-def md(s):
-    return nbf.v4.new_markdown_cell(s.strip())
-
-
-def code(s):
-    return nbf.v4.new_code_cell(s.strip())
-
+sys.path.insert(0, str(Path(__file__).parent))
+from build_embedding_notebooks import code, md, write  # noqa: E402  (shared notebook helpers)
 
 CELLS = [
     md(r"""
@@ -257,11 +248,7 @@ panel
 
 
 def main():
-    nb = nbf.v4.new_notebook()
-    nb.cells = CELLS
-    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                   "language_info": {"name": "python"}}
-    nbf.write(nb, HERE / "04_collectives.ipynb")
+    write("04_collectives.ipynb", CELLS)
 
 
 if __name__ == "__main__":
