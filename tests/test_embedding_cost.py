@@ -97,3 +97,14 @@ def test_bad_inputs_are_kit_errors():
         Table(rows=10, dim=8, pooling=math.nan)
     with pytest.raises(KitError, match="distribution"):
         lookup_cost(t, 8, GPU, "gaussian")
+
+
+def test_backward_time_is_kernel_floors_plus_memory_time():
+    small = Table(rows=1000, dim=16, pooling=2)  # 256 lookups: one-tile sort, floors dominate
+    r = lookup_cost(small, 128, GPU, backward=True)
+    floors = C.BWD_HELPER_KERNELS * C.HELPER_KERNEL_MS + C.BWD_MAIN_KERNELS * C.MAIN_KERNEL_FLOOR_MS
+    assert r.parts["launch_ms"] == pytest.approx(floors)
+    assert r.time_ms == pytest.approx(floors + max(r.parts["dram_ms"], r.parts["l2_ms"]))
+    big = lookup_cost(Table(rows=2**20, dim=16, pooling=2), 4096, GPU, backward=True)  # 8192 keys
+    # a multi-tile sort: histogram + exclusive sum + one onesweep per 8-bit pass (20 bits: 3)
+    assert big.parts["launch_ms"] == pytest.approx(floors + 2 * C.HELPER_KERNEL_MS + 3 * C.SORT_PASS_MS)

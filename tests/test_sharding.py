@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from kit.embedding import Table, Uniform, Zipf, lookup_cost
-from kit.embedding.cost import BACKWARD_KERNELS, LAUNCH_MS
 from kit.errors import KitError
 from kit.hardware import get_gpu
 from kit.sharding import (ShardingModel, baselines, exhaustive, greedy, local_search, options_for,
@@ -81,7 +80,6 @@ def test_a_table_wise_plan_priced_by_hand():
     exact = m.exact_cost(choice)
     assert exact["cost_ms"] == pytest.approx(expect, rel=1e-6)
     assert exact["per_rank_ms"][1] == 0 and exact["per_rank_ms"][0] == pytest.approx(fa + ba)
-    assert BACKWARD_KERNELS * LAUNCH_MS < bb
 
 
 def test_data_parallel_all_reduces_the_dense_gradient():

@@ -10,7 +10,7 @@ Forward, one table with B bags of L rows of D elements (n = B·L lookups):
     r    = row bytes rounded up to 32-B sectors           (DRAM and L2 move whole sectors)
     DRAM = M·r + n·idx_bytes + B·D·out_bytes              rows, indices, pooled output
     L2   = H·r
-    t    = launch + max(DRAM / (BW_dram·e), L2 / BW_l2), with the achievable DRAM bandwidth also
+    t    = fixed + max(DRAM / (BW_dram·e), L2 / BW_l2), with the achievable DRAM bandwidth also
            capped by the bytes a GPU keeps in flight (Little's law): warps · rows_in_flight · r / latency
 
 Backward (FBGEMM TBE's fused backward: sort the indices, sum each unique row's gradients, update):
@@ -20,7 +20,9 @@ Backward (FBGEMM TBE's fused backward: sort the indices, sum each unique row's g
             fraction of grad_output that fits the table's L2 share, from DRAM for the rest
     rows  = 2·U·r (read + write the updated rows)
     state = rowwise_adagrad: 2·U·32 (one fp32 per row, a whole sector each way); sgd: none
+    fixed = the kernel floors of TBE's ~14-20 backward kernels (backward_fixed_ms)
 
+parts["launch_ms"] is the fixed part (launch + kernel floors), the rest is the memory time.
 Constants are per architecture where the catalog has no field (L2 bandwidth). A learned
 correction (kit.embedding.correction) may scale the total; none ships by default.
 """
@@ -40,7 +42,18 @@ DRAM_GATHER_EFF = 0.75  # random row gathers reach ~3/4 of peak HBM (assumed; th
 L2_USABLE_FRACTION = 0.6  # share of L2 that rows can hold (indices/outputs stream through it too)
 DRAM_LATENCY_NS = 600.0  # loaded HBM latency, order of magnitude (assumed)
 ROWS_IN_FLIGHT_PER_WARP = 4  # TBE unrolls its row loop by ~4 (assumed)
-BACKWARD_KERNELS = 3  # sort, segment-reduce + update, bookkeeping
+# Fixed GPU time of FBGEMM TBE's backward, read off the kernels one TBE backward launches in the
+# 8-rank V100 DLRM Kineto trace of the shared data (traces/param/.../dlrm_kineto.tar.gz): 10
+# helper kernels (fills, scans, run-length encode, find_long_segments) of 2-4 µs each and 4 main
+# kernels (linearize_index, radix sort, cta_per_row, warp_per_row) that take >= ~12 µs even for
+# 768 lookups. A sort of more than one tile (the trace: 4,736 and 13,312 keys) adds a histogram,
+# an exclusive sum and one ~9 µs onesweep kernel per 8-bit digit pass.
+BWD_HELPER_KERNELS = 10
+HELPER_KERNEL_MS = 0.0025
+BWD_MAIN_KERNELS = 4
+MAIN_KERNEL_FLOOR_MS = 0.012
+SORT_SINGLE_TILE_KEYS = 4096
+SORT_PASS_MS = 0.009
 GRAD_BYTES = 4  # grad_output in fp32
 
 # L2 bandwidth is not in the catalog, so it is derived here: achieved bytes per clock per SM.
@@ -58,6 +71,19 @@ L2_BYTES_PER_CLK_PER_SM = {"pascal": 19.5, "volta": 19.5, "turing": 20.0, "amper
                            "cdna2": 13.0, "cdna3": 13.0}
 L2_DEFAULT_BYTES_PER_CLK_PER_SM = 20.0
 OPTIMIZERS = ("sgd", "rowwise_adagrad")
+
+
+def sort_passes(rows_total: int) -> int:
+    """8-bit radix passes to sort row ids below rows_total (TBE sorts ids linearised over its tables)."""
+    return max(1, math.ceil(math.log2(max(rows_total, 2)) / 8))
+
+
+def backward_fixed_ms(lookups: float, rows_total: int) -> float:
+    """Kernel floors of one fused backward (see the constants above)."""
+    t = BWD_HELPER_KERNELS * HELPER_KERNEL_MS + BWD_MAIN_KERNELS * MAIN_KERNEL_FLOOR_MS
+    if lookups > SORT_SINGLE_TILE_KEYS:
+        t += 2 * HELPER_KERNEL_MS + sort_passes(rows_total) * SORT_PASS_MS
+    return t
 
 
 def l2_bw_gbs(gpu: GPU) -> float:
@@ -183,7 +209,7 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
             dram_gbs = _achieved_dram_gbs(gpu, batch * (len(tables) if fused else 1), r, t.pooling)
         else:
             misses = u
-            passes = max(1, math.ceil(math.log2(max(t.rows, 2)) / 8))
+            passes = sort_passes(sum(x.rows for x in tables) if fused else t.rows)
             sort = k * (index_bytes + 4) * 2 * passes
             grad_rows = k * t.dim * GRAD_BYTES
             grad_out = batch * t.dim * GRAD_BYTES
@@ -203,14 +229,19 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
                          "dram_ms": dram_ms, "l2_ms": l2_ms})
         for key in sums:
             sums[key] += rows_out[-1][key]
-    launches = (BACKWARD_KERNELS if backward else 1) * (1 if fused else len(tables))
+    lookups = sum(n)
+    if not backward:
+        fixed_ms = LAUNCH_MS * (1 if fused else len(tables))
+    elif fused:
+        fixed_ms = backward_fixed_ms(lookups, sum(t.rows for t in tables))
+    else:  # one backward per table (torch's embedding_bag backward sorts and segments alike)
+        fixed_ms = sum(backward_fixed_ms(k, t.rows) for k, t in zip(n, tables))
     busy_ms = max(sums["dram_ms"], sums["l2_ms"]) if fused else \
         sum(max(r["dram_ms"], r["l2_ms"]) for r in rows_out)
-    time_ms = launches * LAUNCH_MS + busy_ms
-    lookups = sum(n)
+    time_ms = fixed_ms + busy_ms
     parts = {"unique_rows": sum(unique), "lookups": lookups,
              "hit_rate": sum(r["hit_rate"] * r["lookups"] for r in rows_out) / lookups,
-             **sums, "launch_ms": launches * LAUNCH_MS, "l2_bw_gbs": l2_gbs,
+             **sums, "launch_ms": fixed_ms, "l2_bw_gbs": l2_gbs,
              "bound": "dram" if sums["dram_ms"] >= sums["l2_ms"] else "l2",
              "analytic_ms": time_ms, "correction": 1.0}
     if correction is not None:

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from kit.embedding import Table, lookup_cost
-from kit.embedding.cost import BACKWARD_KERNELS, LAUNCH_MS
+from kit.embedding.cost import LAUNCH_MS, backward_fixed_ms
 from kit.errors import KitError
 from kit.ops import dtype_bytes
 from kit.sharding.plans import KINDS, Option, options_for
@@ -59,7 +59,7 @@ class ShardingModel:
         self.options = [options_for(t, W, self.g, kinds) for t in self.tables]
         self.n_options = np.array([len(o) for o in self.options])
         T, O = len(self.tables), int(self.n_options.max())
-        self.F = 12 * W + 1
+        self.F = 14 * W + 1
         self.contrib = np.zeros((T, O, self.F), dtype=np.float64)
         self.valid = np.zeros((T, O), dtype=bool)
         self._lookup_cache: dict = {}
@@ -148,13 +148,15 @@ class ShardingModel:
             v[W + r] += b
             v[2 * W + r] += 1
             v[3 * W + r] += rows * dim * dtype_bytes(tab.dtype) + self._state_bytes(rows)
+            v[12 * W + r] += batch * pooling  # lookups and rows: the backward's sort size
+            v[13 * W + r] += rows
         out, idx, dp = self.traffic(t, opt)
         for base, sends in ((4 * W, out), (8 * W, idx)):
             for i, j, nb in sends:
                 inter = self.system.node_of(i) != self.system.node_of(j)
                 v[base + (W if inter else 0) + i] += nb  # sent: intra | inter
                 v[base + (3 * W if inter else 2 * W) + j] += nb  # received: intra | inter
-        v[12 * W] = dp
+        v[14 * W] = dp
         return v
 
     # -- surrogates for the collectives --------------------------------------------------
@@ -205,7 +207,7 @@ class ShardingModel:
         W = self.world
         has = X[:, 2 * W:3 * W] > 0
         fwd = X[:, :W] + LAUNCH_MS * has
-        bwd = X[:, W:2 * W] + BACKWARD_KERNELS * LAUNCH_MS * has
+        bwd = X[:, W:2 * W] + self._bwd_fixed(X[:, 12 * W:13 * W], X[:, 13 * W:14 * W]) * has
         a0, ai, ax, at = self.a2a_coef
 
         def a2a(base):
@@ -217,7 +219,7 @@ class ShardingModel:
             return np.where(intra + inter > 0, t, 0.0)
 
         out_ms, idx_ms = a2a(4 * W), a2a(8 * W)
-        dp = X[:, 12 * W]
+        dp = X[:, 14 * W]
         ar_ms = np.where(dp > 0, self.ar_coef[0] + self.ar_coef[1] * dp, 0.0)
         total = fwd.max(1) + bwd.max(1) + 2 * out_ms + idx_ms + ar_ms
         over = (X[:, 3 * W:4 * W] > self.cap).any(1)
@@ -226,6 +228,16 @@ class ShardingModel:
             return dict(total=total, fwd=fwd, bwd=bwd, out_a2a_ms=out_ms, idx_a2a_ms=idx_ms,
                         allreduce_ms=ar_ms, mem_bytes=X[:, 3 * W:4 * W], over=over)
         return total
+
+    @staticmethod
+    def _bwd_fixed(lookups, rows):
+        """backward_fixed_ms, vectorised over ranks and plans."""
+        from kit.embedding import cost as C
+
+        base = C.BWD_HELPER_KERNELS * C.HELPER_KERNEL_MS + C.BWD_MAIN_KERNELS * C.MAIN_KERNEL_FLOOR_MS
+        passes = np.maximum(1, np.ceil(np.log2(np.maximum(rows, 2)) / 8))
+        extra = 2 * C.HELPER_KERNEL_MS + passes * C.SORT_PASS_MS
+        return base + np.where(lookups > C.SORT_SINGLE_TILE_KEYS, extra, 0.0)
 
     def cost(self, choices: np.ndarray) -> np.ndarray:
         """Cost in ms of each plan in a (P, T) array of option indices (inf when over the cap)."""
@@ -275,7 +287,8 @@ class ShardingModel:
                 bwd[r] += b
             if shards[r]:
                 fwd[r] += LAUNCH_MS
-                bwd[r] += BACKWARD_KERNELS * LAUNCH_MS
+                bwd[r] += backward_fixed_ms(sum(s[2].pooling * s[3] for s in shards[r]),
+                                            sum(s[2].rows for s in shards[r]))
         a2a = lambda m: _ms(self.comm.predict_alltoallv(m, self.system)) if m.sum() > 0 else 0.0
         out_ms, back_ms, idx_ms = a2a(out_m), a2a(out_m.T.copy()), a2a(idx_m)
         ar_ms = _ms(self.comm.predict_collective("allreduce", dp, self.system)) if dp > 0 else 0.0
