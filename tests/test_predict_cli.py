@@ -102,8 +102,11 @@ def test_validate_labels(tmp_path, capsys):
     from kit.api import predict_model
 
     assert c["predicted_ms"] == pytest.approx(predict_model("gpt2", "t4", "inference", 1, 8).total_ms)
-    reasons = " ".join(s["reason"] for s in r["skipped"])
-    assert "tp4" in reasons and "resnet" in reasons and "Unknown_GPU" in reasons
+    skipped = {(s.get("model"), s.get("option"), s.get("gpu")): s["reason"] for s in r["skipped"]}
+    assert len(skipped) == 3  # nothing dropped: every label not predicted is listed with a reason
+    assert "4 x t4" in skipped[("gpt2", "tp4", "t4")]  # no 4-GPU T4 system to run tp4 on
+    assert "not in the zoo" in skipped[("resnet", "", "t4")]
+    assert "not in the catalog" in skipped[("gpt2", "", "Unknown_GPU")]
     assert r["summary"] == [{"gpu": "t4", "mode": "inference", "configs": 1, "mean_ape": c["ape"],
                              "max_ape": c["ape"]}]
     assert main(["validate", "--labels", str(tmp_path / "nope")]) == 2

@@ -94,7 +94,7 @@ def test_every_family_captures_small():
                  "table_rows": [100, 100], "top_mlp": [8]},
     }
     for name, cfg in tiny.items():
-        g = zoo.graph_for(cfg, batch=2, seq=8, mode="train")
+        g = zoo.graph_for(cfg, batch=2, seq=8, mode="train" if name in ("llama", "mixtral") else "inference")
         classes = g.op_classes()
         assert classes["gemm"] > 0 and not g.unknown_ops(), name
         if name in ("llama", "mixtral"):
@@ -103,3 +103,21 @@ def test_every_family_captures_small():
             assert sum(1 for n in g.by_phase("fwd") if ".experts." in n.module and n.op_class == "gemm") == 12
         if name == "dlrm":
             assert classes["embedding"] >= 2
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_replicated_capture_equals_full_capture(family):
+    from kit.workload.capture import capture
+
+    cfg = ({"model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 5, "vocab_size": 100,
+            "n_positions": 16} if family == "gpt2" else
+           {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": 5, "intermediate_size": 64, "vocab_size": 50})
+    fast = zoo.graph_for(cfg, batch=2, seq=8, mode="train", disk=False)
+    assert fast.meta.get("replicated_from") == 3
+    model = zoo.build(cfg)
+    full = capture(model, model.example_inputs(2, 8), mode="train")
+    key = lambda g: [(n.aten, n.phase, n.module, n.layer, n.deps, n.op) for n in g]  # noqa: E731
+    assert key(fast) == key(full)
+    for k in ("params", "param_bytes", "activation_bytes"):
+        assert fast.meta[k] == full.meta[k], k

@@ -11,7 +11,9 @@ so a 175B-parameter model captures in a laptop's memory and the user's module is
   optimizer step (the steady-state step: the state-allocating first step is run unrecorded).
 
 Dependencies come from tensor identity: each storage remembers the node(s) that last wrote it, and
-an op depends on the writers of every storage it reads. Module paths come from module hooks in the
+an op depends on the writers of every storage it reads. (A tensor made outside any recorded op,
+such as torch.tensor(3.0), may inherit a stale writer if its storage reuses a freed one's
+address: a spurious edge to an earlier node, never a missing one.) Module paths come from module hooks in the
 forward pass and, in the backward pass, from the autograd node being run (its sequence number
 links it to the forward op that created it).
 
@@ -115,15 +117,15 @@ class _Recorder(TorchDispatchMode):
             deps.update(self.writers.get(_storage_key(t), ()))
         path = self._path()
         nid = len(self.nodes)
-        written = outs
-        if op is None and packet not in ("empty", "empty_like", "empty_strided", "new_empty"):
-            written = []  # views alias their input's storage: the writers stay the same
-        for t in written:
+        in_keys = {_storage_key(t) for t in ins}
+        for t in outs:
             key = _storage_key(t)
-            if packet.endswith("_") and t.numel() < t.untyped_storage().nbytes() // max(t.element_size(), 1):
-                self.writers[key] = tuple(self.writers.get(key, ())) + (nid,)  # partial in-place write
-            else:
+            if key not in in_keys:  # fresh storage (also from free ops: allocation, lift_fresh)
                 self.writers[key] = (nid,)
+            elif op is not None:  # an in-place or out= write into an input's storage
+                partial = t.numel() < t.untyped_storage().nbytes() // max(t.element_size(), 1)
+                self.writers[key] = (tuple(self.writers.get(key, ())) + (nid,)) if partial else (nid,)
+            # a view aliases its input's storage: the writers stay the same
         self.nodes.append(Node(nid, name, op, op_class, self.phase, tuple(sorted(deps)), path,
                                layer_of(path), sum(nbytes(t) for t in outs) if op is not None else 0,
                                _shape_text(ins), kernels))
@@ -257,7 +259,8 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
             rec.stack.pop()
 
     def pack(t):
-        saved[_storage_key(t)] = t.untyped_storage().nbytes() if t.device.type == "meta" else 0
+        nbytes_saved = t.untyped_storage().nbytes() if t.device.type == "meta" else 0
+        saved[_storage_key(t)] = (nbytes_saved, layer_of(rec.stack[-1]))
         return t
 
     handles = []
@@ -307,7 +310,8 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     fwd_out = [n.out_bytes for n in rec.nodes if n.phase == "fwd"]
     info = {"params": int(n_params), "param_bytes": int(param_bytes),
             "buffer_bytes": int(sum(nbytes(b) for b in buffers.values())),
-            "activation_bytes": int(sum(saved.values()) if train else 2 * max(fwd_out, default=0)),
+            "activation_bytes": int(sum(b for b, _ in saved.values()) if train else 2 * max(fwd_out, default=0)),
+            "saved_bytes_by_layer": _by_layer(saved.values()),
             "mode": mode, "dtype": dtype or _dtype_name(params), "optimizer":
             (optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom"))
             if optimizer is not None else None, "fusion": "eager"}
@@ -330,6 +334,13 @@ def _as_tf32(node: Node) -> Node:
                       for p in op.parts)
         return replace(node, op=replace(op, parts=parts))
     return node
+
+
+def _by_layer(saved) -> dict:
+    out: dict = {}
+    for nbytes_saved, layer in saved:
+        out[layer] = out.get(layer, 0) + int(nbytes_saved)
+    return out
 
 
 def _dtype_name(params) -> str:

@@ -6,7 +6,7 @@
   external inputs and writes only the outputs something outside the chain still needs (the next
   GEMM, the backward pass, the model's output). GEMMs and attention stay library kernels.
 
-    fused bytes = Σ external input bytes + Σ external output bytes
+    fused bytes = Σ external inputs (each read once) + Σ external outputs
 """
 from __future__ import annotations
 
@@ -32,10 +32,13 @@ def _in_bytes(n: Node) -> float:
     return max(float(n.op.bytes) - n.out_bytes, 0.0)
 
 
-def _fused(group: list[Node], consumers: dict[int, list[int]], new_id: int) -> Node:
+def _fused(group: list[Node], consumers: dict[int, list[int]], new_id: int, by_id: dict) -> Node:
     ids = {n.id for n in group}
-    internal_reads = sum(sum(1 for c in consumers[n.id] if c in ids) * n.out_bytes for n in group)
-    ext_in = max(sum(_in_bytes(n) for n in group) - internal_reads, 0.0)
+    # each external producer's output is read once, however many members read it; reads of
+    # tensors no node produced (parameters, inputs) are what a member reads beyond its deps
+    producers = {d for n in group for d in n.deps if d not in ids}
+    ext_in = sum(by_id[d].out_bytes for d in producers)
+    ext_in += sum(max(_in_bytes(n) - sum(by_id[d].out_bytes for d in n.deps), 0.0) for n in group)
     ext_out = sum(n.out_bytes for n in group if not consumers[n.id] or
                   any(c not in ids for c in consumers[n.id]))
     dtype = getattr(group[0].op, "dtype", "fp32")
@@ -51,6 +54,7 @@ def _fused(group: list[Node], consumers: dict[int, list[int]], new_id: int) -> N
 def fuse_chains(kernels: OpGraph) -> OpGraph:
     """Fuse runs of consecutive fusible kernels of one phase (see the module docstring)."""
     consumers = kernels.consumers()
+    by_id = {n.id: n for n in kernels.nodes}
     out: list[Node] = []
     group: list[Node] = []
     remap: dict[int, int] = {}
@@ -61,7 +65,7 @@ def fuse_chains(kernels: OpGraph) -> OpGraph:
         if len(group) == 1:
             node = group[0]
         else:
-            node = _fused(group, consumers, group[0].id)
+            node = _fused(group, consumers, group[0].id, by_id)
         for n in group:
             remap[n.id] = node.id
         out.append(node)

@@ -71,8 +71,7 @@ class Iteration:
         return f.sort_values("ms", ascending=False).reset_index()
 
     def top_kernels(self, n: int = 10) -> pd.DataFrame:
-        t = self.timeline.assign(where=self.timeline["module"].map(_generic_path))
-        g = t.groupby(["where", "aten", "op_class", "phase"], sort=False)
+        g = self.timeline.groupby(["where", "aten", "op_class", "phase"], sort=False)
         f = pd.DataFrame({"count": g.size(), "ms": g["latency_ms"].sum(),
                           "mean_ms": g["latency_ms"].mean(), "shapes": g["shapes"].first()})
         return f.sort_values("ms", ascending=False).head(n).reset_index()
@@ -105,18 +104,23 @@ def _generic_path(path: str) -> str:
     return _NUM.sub(".*", path) if path else "(top)"
 
 
-def predict_latencies(nodes, gpu, predictor: str = "auto"):
-    """Per-node (latency, p10, p90) arrays, plus {op_class: reason} for ops the chosen predictor
-    could not cost (those fall back to the wave model)."""
+def _leaves(nodes):
+    leaves, owner, scale = [], [], []
+    for i, n in enumerate(nodes):
+        for op, sc in leaf_ops(n.op):
+            leaves.append(op)
+            owner.append(i)
+            scale.append(sc)
+    return leaves, np.asarray(owner, dtype=int), np.asarray(scale, dtype=float)
+
+
+def predict_latencies(nodes, gpu, predictor: str = "auto", leaves=None):
+    """Per-node (latency, p10, p90) arrays, the predictor's name, and {op type: reason} for ops
+    the chosen predictor could not cost (those fall back to the wave model, never dropped)."""
     from kit.predict import get_predictor
 
     model = get_predictor(predictor)
-    leaves, owner, scale = [], [], []
-    for i, n in enumerate(nodes):
-        for op, s in leaf_ops(n.op):
-            leaves.append(op)
-            owner.append(i)
-            scale.append(s)
+    leaves, owner, scale = leaves or _leaves(nodes)
     cols = ["latency_ms", "latency_p10_ms", "latency_p90_ms"]
     fallbacks: dict = {}
     if not leaves:
@@ -124,7 +128,7 @@ def predict_latencies(nodes, gpu, predictor: str = "auto"):
         return z, z, z, model.name, fallbacks
     try:
         vals = model.predict(leaves, gpu)[cols].to_numpy(dtype=float)
-    except Exception:  # the predictor cannot cost some op type: cost class by class
+    except Exception:  # the predictor cannot cost some op type: cost type by type
         vals = np.zeros((len(leaves), 3))
         fallback = get_predictor("wave")
         by_type: dict = {}
@@ -137,9 +141,9 @@ def predict_latencies(nodes, gpu, predictor: str = "auto"):
             except Exception as e:  # noqa: BLE001 - reported, never silent
                 fallbacks[tname] = f"{model.name} failed ({type(e).__name__}: {e}); used wave"
                 vals[idx] = fallback.predict(ops, gpu)[cols].to_numpy(dtype=float)
-    vals = vals * np.asarray(scale)[:, None]
+    vals = vals * scale[:, None]
     out = np.zeros((len(nodes), 3))
-    np.add.at(out, np.asarray(owner), vals)
+    np.add.at(out, owner, vals)
     return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks
 
 
@@ -152,6 +156,38 @@ def gpu_timeline(issue_ms: np.ndarray, dur_ms: np.ndarray) -> tuple[np.ndarray, 
     return end - dur_ms, end
 
 
+def _prepared(graph: OpGraph, fusion: str) -> dict:
+    """Everything about a graph that does not depend on the GPU, memoised on the (immutable)
+    graph: the fused kernel graph, the ops to predict, the free ops before each kernel, and the
+    timeline's static columns. Predicting one captured model on many GPUs reuses it."""
+    memo = graph.__dict__.setdefault("_prepared", {})
+    if fusion in memo:
+        return memo[fusion]
+    kernels = apply_fusion(graph, fusion)
+    nodes = kernels.nodes
+    free_before = np.zeros(len(nodes))
+    trailing = 0
+    if fusion == "eager":  # free ops are dispatched by the CPU; compiled code has none
+        pos = {n.id: i for i, n in enumerate(graph.kernels())}
+        for n in graph.nodes:
+            if n.free:
+                trailing += 1
+            elif n.id in pos:
+                free_before[pos[n.id]] = trailing
+                trailing = 0
+    columns = {"id": [n.id for n in nodes], "aten": [n.name() for n in nodes],
+               "op_class": [n.op_class for n in nodes], "phase": np.array([n.phase for n in nodes]),
+               "module": [n.module for n in nodes], "layer": [n.layer for n in nodes],
+               "shapes": [n.shapes for n in nodes],
+               "where": [_generic_path(n.module) for n in nodes],
+               "kernels": np.array([max(n.kernels, 1) for n in nodes], dtype=int)}
+    meta = {k: v for k, v in graph.meta.items() if k != "config"}
+    meta.update(ops=len(graph), unknown_ops=dict(graph.unknown_ops()))
+    memo[fusion] = {"kernels": kernels, "leaves": _leaves(nodes), "free_before": free_before,
+                    "trailing_free": trailing, "columns": columns, "meta": meta}
+    return memo[fusion]
+
+
 def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager",
               overhead: CpuOverhead | None = None) -> Iteration:
     """Predict one iteration (the graph's phases) of a captured graph on one GPU."""
@@ -159,34 +195,21 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
     overhead = overhead or CpuOverhead()
     if not isinstance(graph, OpGraph):
         raise KitError(f"iteration needs an OpGraph (from kit.workload.capture), got {type(graph).__name__}")
-    kernels = apply_fusion(graph, fusion)
-    nodes = kernels.nodes
-    lat, p10, p90, pname, fallbacks = predict_latencies(nodes, gpu, predictor)
-    # CPU: every op of the original graph is issued; free ops only cost dispatch. A fused kernel
-    # issues once (compiled code), its members' dispatch is gone.
-    n_free_before = np.zeros(len(nodes))
-    if fusion == "eager":
-        pos = {n.id: i for i, n in enumerate(graph.kernels())}
-        free_run = 0
-        for n in graph.nodes:
-            if n.free:
-                free_run += 1
-            elif n.id in pos:
-                n_free_before[pos[n.id]] = free_run
-                free_run = 0
-        trailing_free = free_run
-    else:
-        trailing_free = 0
-    launches = np.array([max(n.kernels, 1) for n in nodes], dtype=float)
-    cpu_us = overhead.cpu_op_us + overhead.launch_us * launches + overhead.free_op_us * n_free_before
+    prep = _prepared(graph, fusion)
+    nodes = prep["kernels"].nodes
+    lat, p10, p90, pname, fallbacks = predict_latencies(nodes, gpu, predictor, prep["leaves"])
+    cols = prep["columns"]
+    launches = cols["kernels"].astype(float)
+    cpu_us = overhead.cpu_op_us + overhead.launch_us * launches + overhead.free_op_us * prep["free_before"]
     issue = np.cumsum(cpu_us) / 1e3
+    trailing_free = prep["trailing_free"]
     timelines = {}
     for key, d in (("mid", lat), ("p10", p10), ("p90", p90)):
         start, end = gpu_timeline(issue, d)
         cpu_end = (issue[-1] if len(issue) else 0.0) + trailing_free * overhead.free_op_us / 1e3
         timelines[key] = (start, end, max(end[-1] if len(end) else 0.0, cpu_end))
     start, end, total = timelines["mid"]
-    phase = np.array([n.phase for n in nodes])
+    phase = cols["phase"]
     phases_ms, prev = {}, 0.0
     for ph in ("fwd", "bwd", "opt"):
         mask = phase == ph
@@ -197,16 +220,11 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
     if phases_ms:
         phases_ms[list(phases_ms)[-1]] += float(total - prev)  # trailing CPU time belongs to the last phase
     frame = pd.DataFrame({
-        "id": [n.id for n in nodes], "aten": [n.name() for n in nodes],
-        "op_class": [n.op_class for n in nodes], "phase": phase,
-        "module": [n.module for n in nodes], "layer": [n.layer for n in nodes],
-        "shapes": [n.shapes for n in nodes], "kernels": launches.astype(int),
-        "cpu_start_ms": issue - cpu_us / 1e3, "cpu_end_ms": issue,
+        **cols, "cpu_start_ms": issue - cpu_us / 1e3, "cpu_end_ms": issue,
         "gpu_start_ms": start, "gpu_end_ms": end, "latency_ms": lat,
         "latency_p10_ms": p10, "latency_p90_ms": p90})
     kernel_ms = float(lat.sum())
-    meta = {k: v for k, v in graph.meta.items() if k != "config"}
-    meta.update(ops=len(graph), unknown_ops=dict(graph.unknown_ops()))
+    meta = dict(prep["meta"])
     return Iteration(graph.model, gpu.key, graph.meta.get("mode", "train"), fusion, pname,
                      float(total), float(timelines["p10"][2]), float(timelines["p90"][2]),
                      kernel_ms, float(issue[-1]) if len(issue) else 0.0,

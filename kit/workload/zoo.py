@@ -156,7 +156,7 @@ def _key(model, batch, seq, mode, dtype, optimizer) -> str:
 def _code_stamp() -> str:
     """Changes whenever the capture code or the models change (invalidates disk caches)."""
     here = Path(__file__).parent
-    names = ("capture.py", "mapping.py", "kernels.py", "zoo.py", "zoo_models.py", "zoo_modern.py", "graph.py")
+    names = ("capture.py", "mapping.py", "kernels.py", "zoo.py", "zoo_models.py", "zoo_modern.py", "graph.py", "replicate.py")
     return "-".join(str(int((here / n).stat().st_mtime)) for n in names if (here / n).exists())
 
 
@@ -192,16 +192,38 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     return graph
 
 
-def _capture(model, batch, seq, mode, dtype, optimizer):
-    from kit.workload.capture import capture
+LAYER_KEYS = ("n_layer", "num_hidden_layers")  # families whose layers are all alike
+REPLICABLE = {"gpt2", "bert", "opt", "llama", "mistral", "mixtral"}
 
-    module = build(model)
+
+def _capture(model, batch, seq, mode, dtype, optimizer):
+    """Capture; for models of identical layers, capture three and repeat the middle one
+    (kit.workload.replicate: the same graph, a fraction of the time)."""
+    from kit.workload.capture import capture
+    from kit.workload.replicate import expand_layers
+
     name = resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type", "model"))
     cfg = config(model) if isinstance(model, str) else dict(model)
+    layer_key = next((k for k in LAYER_KEYS if k in cfg), None)
     n_layers = cfg.get("n_layer") or cfg.get("num_hidden_layers") or cfg.get("num_layers")
-    return capture(module, module.example_inputs(batch, seq), mode=mode, optimizer=optimizer,
-                   dtype=dtype, name=name, meta={"batch": batch, "seq": seq, "config": cfg,
-                                                 "n_layers": n_layers})
+    meta = {"batch": batch, "seq": seq, "config": cfg, "n_layers": n_layers}
+    full = build(cfg)
+    inputs = full.example_inputs(batch, seq)
+    if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and isinstance(n_layers, int)
+            and n_layers > 3 and optimizer is None):
+        small = capture(build({**cfg, layer_key: 3}), inputs, mode=mode, dtype=dtype, name=name, meta=meta)
+        graph = expand_layers(small, n_layers)
+        if graph is not None:
+            per_layer = small.meta["saved_bytes_by_layer"].get(1, 0)
+            params = {id(p): p for p in full.parameters()}
+            n_params = sum(p.numel() for p in params.values())
+            graph.meta.update(params=n_params, param_bytes=n_params * small.meta["param_bytes"]
+                              // max(small.meta["params"], 1),
+                              activation_bytes=small.meta["activation_bytes"] + (n_layers - 3) * per_layer
+                              if mode == "train" else small.meta["activation_bytes"],
+                              replicated_from=3)
+            return graph
+    return capture(full, inputs, mode=mode, optimizer=optimizer, dtype=dtype, name=name, meta=meta)
 
 
 def _check_positive(**values):

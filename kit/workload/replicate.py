@@ -1,0 +1,96 @@
+"""Capture a few layers, then repeat the middle one: identical layers give identical ops.
+
+A model of L identical layers is captured with 3 (layers 0, 1, 2); layer 1, which has a layer on
+each side, is the template. The full graph keeps layers 0 and 1, inserts L-3 copies of layer 1
+as layers 2..L-2, and renames layer 2 to L-1, in every phase (the backward pass runs the layers
+in reverse, so copies go where the layers' own runs are). A dependency keeps its layer offset:
+a node of layer m that read a node of layer m+δ reads the node at the same position of layer
+m+δ's run. The result is the graph a full capture gives (tests compare the two), at the cost
+of capturing three layers.
+
+Returns None when the captured layers are not interchangeable (runs of different lengths or
+interleaved): the caller then captures the full model.
+"""
+from __future__ import annotations
+
+import re
+
+from kit.workload.graph import Node, OpGraph
+
+_FIRST_NUM = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
+
+
+def _rename(path: str, layer: int) -> str:
+    m = _FIRST_NUM.search(path)
+    if not m:
+        return path
+    return path[:m.start(1)] + str(layer) + path[m.end(1):]
+
+
+def expand_layers(small: OpGraph, n_layers: int) -> OpGraph | None:
+    if n_layers < 3 or small.layers() != [0, 1, 2]:
+        return None
+    if n_layers == 3:
+        return small
+    runs: dict[tuple[str, int], list[int]] = {}
+    for n in small.nodes:
+        if n.layer is not None:
+            runs.setdefault((n.phase, n.layer), []).append(n.id)
+    for (phase, layer), ids in runs.items():
+        if ids[-1] - ids[0] + 1 != len(ids):
+            return None  # interleaved with other nodes: not a clean run
+    for phase in {p for p, _ in runs}:
+        lengths = {len(runs.get((phase, layer), ())) for layer in (0, 1, 2)}
+        if len(lengths) != 1:
+            return None
+    pos = {i: k for ids in runs.values() for k, i in enumerate(ids)}
+    last = n_layers - 1
+    new_layer_of = {0: 0, 1: 1, 2: last}
+
+    # output order: per node of the small graph, and the template run of each phase expanded
+    order: list[tuple[int, int]] = []  # (small id, new layer)
+    copies = list(range(2, last))
+    for n in small.nodes:
+        if n.layer is None:
+            order.append((n.id, -1))
+            continue
+        run = runs[(n.phase, n.layer)]
+        if n.layer == 1 and n.id == run[0]:
+            # the backward pass meets layers high to low: copies before the template run
+            seq = copies[::-1] + [1] if n.phase != "fwd" else [1] + copies
+            for layer in seq:
+                order.extend((i, layer) for i in run)
+        elif n.layer != 1:
+            order.append((n.id, new_layer_of[n.layer]))
+    new_id = {key: k for k, key in enumerate(order)}
+
+    def rep(small_id: int, layer: int) -> int | None:
+        """New id of the node at small_id's position in `layer`'s run."""
+        d = small.nodes[small_id]
+        if d.layer is None:
+            return new_id[(small_id, -1)]
+        if layer < 0 or layer > last:
+            return None
+        src = {0: 0, last: 2}.get(layer, 1)
+        ids = runs.get((d.phase, src))
+        if not ids:
+            return None
+        return new_id.get((ids[pos[small_id]], layer))
+
+    nodes = []
+    for k, (sid, layer) in enumerate(order):
+        n = small.nodes[sid]
+        deps = []
+        for d in n.deps:
+            dl = small.nodes[d].layer
+            if dl is None or n.layer is None:
+                target = new_id.get((d, -1)) if dl is None else rep(d, dl if dl != 2 else last)
+            else:
+                target = rep(d, layer + (dl - n.layer))
+            if target is not None:
+                deps.append(target)
+        lay = None if layer < 0 else layer
+        nodes.append(Node(k, n.aten, n.op, n.op_class, n.phase, tuple(sorted(set(deps))),
+                          _rename(n.module, lay) if lay is not None else n.module, lay,
+                          n.out_bytes, n.shapes, n.kernels, ()))
+    return OpGraph(tuple(nodes), small.model, dict(small.meta))

@@ -1,0 +1,190 @@
+"""Writes notebooks/03_whole_models.ipynb (then run
+`.venv/bin/jupyter nbconvert --to notebook --execute --inplace notebooks/03_whole_models.ipynb`)."""
+from pathlib import Path
+
+import nbformat as nbf
+
+HERE = Path(__file__).parent
+
+
+def md(s):
+    return nbf.v4.new_markdown_cell(s.strip())
+
+
+def code(s):
+    return nbf.v4.new_code_cell(s.strip())
+
+
+CELLS = [
+    md(r"""
+# 03 · Whole models: a training step and an inference pass, predicted
+
+**Who it is for:** anyone choosing a GPU for a model, or asking why a step takes as long as it does.
+**Time:** about 15 minutes. **Needs:** nothing but the kit (no GPU, no downloads).
+
+The kit runs the model on **meta tensors**: tensors with shapes and dtypes but no memory. A
+`TorchDispatchMode` records every aten op on the way, forward and backward, into an **op graph**.
+Each op becomes a kit op (a GEMM, an attention, an elementwise pass, a norm...) that a predictor
+costs on the GPU you name. A 175-billion-parameter model captures on a laptop.
+"""),
+    code("""
+import torch
+torch.set_num_threads(1)
+import pandas as pd
+from kit.api import predict_model
+from kit.workload.zoo import build, config, graph_for, zoo_names
+from kit.workload.iteration import iteration
+from kit.workload.fusion import apply_fusion
+from kit.cli.cmd_compare import compare
+zoo_names()
+"""),
+    md(r"""
+## 1. What a forward pass costs in FLOPs
+
+A GPT layer has four linear layers on $T = b\cdot s$ tokens of width $d$: the QKV projection
+($d\to 3d$), the output projection ($d\to d$) and the MLP ($d\to 4d\to d$): $12d^2$ weights, so
+$2\cdot T\cdot 12 d^2$ FLOPs. Attention adds two batched matmuls, $QK^\top$ and $PV$, each
+$2\cdot b\cdot s^2\cdot d$ FLOPs. The LM head is $2\cdot T\cdot d\cdot V$:
+
+$$F_{\text{fwd}} = L\,(24\,T d^2 + 4\,b s^2 d) + 2\,T d V.$$
+
+Constants for GPT-2 small: $L = 12$ layers, $d = 768$, $V = 50257$ tokens.
+"""),
+    code("""
+b, s = 1, 128
+g = graph_for("gpt2", batch=b, seq=s, mode="train")
+c = config("gpt2")
+L, d, V, T = c["n_layer"], c["n_embd"], c["vocab_size"], b * s
+fwd = sum(n.op.flops for n in g.by_phase("fwd") if n.op_class == "gemm")
+bwd = sum(n.op.flops for n in g.by_phase("bwd") if n.op_class == "gemm")
+by_hand = L * (24 * T * d**2 + 4 * b * s**2 * d) + 2 * T * d * V
+assert fwd == by_hand
+print(f"forward GEMM work {fwd / 1e9:.2f} GFLOP; backward {bwd / fwd:.1f}x the forward")
+assert bwd == 2 * fwd   # every matmul has two gradients (input and weight), each as big
+pd.Series(g.op_classes()).rename("kernels").to_frame()
+"""),
+    md(r"""
+**Takeaway:** the backward pass does exactly twice the forward's matmul work, so a training step
+is about three forward passes of GEMMs, plus the memory-bound ops around them.
+
+## 2. Kernels on a timeline: when the CPU is the bottleneck
+
+The CPU issues ops one by one, each costing a dispatch time $c$ and a launch time per kernel; the
+GPU runs kernels in order, never before they are issued:
+
+$$\text{end}_i = \max(\text{end}_{i-1},\ \text{issue}_i) + d_i .$$
+
+When the kernels are short (small batch), the GPU waits for the CPU: it **idles**.
+"""),
+    code("""
+small = predict_model("gpt2", "h100-sxm", mode="inference", batch=1, seq=32)
+large = predict_model("gpt2", "h100-sxm", mode="inference", batch=16, seq=512)
+for name, it in (("batch 1, seq 32", small), ("batch 16, seq 512", large)):
+    print(f"{name:>18}: {it.total_ms:7.2f} ms, GPU busy {it.kernel_ms:7.2f} ms, idle {max(it.gpu_idle_ms, 0):6.2f} ms")
+assert small.gpu_idle_ms / small.total_ms > 0.3          # launch-bound
+assert large.gpu_idle_ms / large.total_ms < 0.05         # GPU-bound
+"""),
+    md(r"""
+**Takeaway:** for small shapes the step time is the CPU's, not the GPU's: a faster GPU does not
+help, fewer launches (fusion, CUDA graphs, bigger batches) do.
+
+## 3. Breakdown and the top kernels
+"""),
+    code("""
+it = predict_model("gpt2", "a100-pcie-40gb", mode="train", batch=4, seq=256)
+print(f"{it.total_ms:.1f} ms per step: " + ", ".join(f"{k} {v:.1f} ms" for k, v in it.phases_ms.items()))
+it.by_class().round(3)
+"""),
+    code("""
+it.top_kernels()[["where", "aten", "phase", "count", "ms"]].round(3)
+"""),
+    md(r"""
+## 4. Eager versus compiled: bytes that never leave the chip
+
+In eager mode every elementwise op reads its inputs from DRAM and writes its output back. A
+compiler fuses a chain of them into one kernel that moves only the chain's **external** inputs
+and outputs. For the tanh-GELU of GPT-2 (eight elementwise ops on a $T\times 4d$ tensor of fp32):
+
+$$\text{eager} \approx 8 \times 2 \times 4\,T\cdot 4d\ \text{bytes},\qquad
+\text{fused} = \underbrace{4\,T\cdot 4d}_{\text{read}} + \underbrace{4\,T\cdot 4d}_{\text{write}}.$$
+"""),
+    code("""
+gi = graph_for("gpt2", batch=1, seq=128, mode="inference")
+fused = apply_fusion(gi, "compiled")
+gelu = [n for n in fused if n.op_class == "fused" and "tanh" in n.aten][0]
+elems = 1 * 128 * 4 * 768
+print(gelu.aten, f"moves {gelu.op.bytes / 2**20:.2f} MiB")
+assert gelu.op.bytes == 2 * 4 * elems                     # one read and one write of T x 4d fp32
+eager_ms = iteration(gi, "a100-pcie-40gb", fusion="eager").total_ms
+compiled_ms = iteration(gi, "a100-pcie-40gb", fusion="compiled").total_ms
+print(f"eager {eager_ms:.2f} ms, compiled {compiled_ms:.2f} ms")
+assert compiled_ms < eager_ms
+"""),
+    md(r"""
+## 5. Choosing hardware
+
+`kit compare` predicts one model on many GPUs: step time, throughput, whether weights, gradients,
+AdamW state and activations fit, energy at TDP, and, with **your** prices per GPU-hour, the cost
+per million tokens. The kit has no built-in prices.
+"""),
+    code("""
+r = compare("gpt2", ["t4", "l4", "a100-pcie-40gb", "h100-sxm"], mode="train", batch=4, seq=256,
+            prices={"t4": 0.35, "h100-sxm": 2.50})      # example prices in $/GPU-hour, not data
+table = pd.DataFrame(r["rows"])[["gpu", "step_ms", "tokens_per_s", "fits", "energy_j_per_step",
+                                 "cost_per_m_tokens"]]
+for row in r["rows"]:
+    assert abs(row["tokens_per_s"] - 4 * 256 / (row["step_ms"] / 1e3)) < 1e-6 * row["tokens_per_s"]
+assert table.set_index("gpu").loc["h100-sxm", "step_ms"] < table.set_index("gpu").loc["t4", "step_ms"]
+table.round(3)
+"""),
+    md(r"""
+**Memory.** Weights alone of GPT-3 175B in fp16 are $2\cdot 175\times 10^9$ bytes = 350 GB: more
+than any single GPU, so it needs the multi-GPU strategies of notebook 06.
+"""),
+    code("""
+params = sum(p.numel() for p in build("gpt3-175b").parameters())   # built on meta: no memory used
+print(f"GPT-3 175B: {params / 1e9:.1f} B parameters, {2 * params / 1e9:.0f} GB of fp16 weights")
+assert 174e9 < params < 176e9 and 2 * params > 80 * 2**30
+"""),
+    md(r"""
+## 6. A trace you can open
+
+`kit predict MODEL --gpu NAME --trace out.json` (or `it.to_trace()`) writes the predicted
+timeline as Chrome trace events: a CPU-issue track and a GPU-stream track, for ui.perfetto.dev.
+"""),
+    code("""
+trace = small.to_trace()
+kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+assert abs(sum(e["dur"] for e in kernels) / 1e3 - small.kernel_ms) < 1e-3 * small.kernel_ms
+len(kernels)
+"""),
+    md(r"""
+## 7. The panel
+
+Pick a model, a GPU, the mode, the batch and the sequence length: the bars show where the GPU time
+goes, the timeline shows the CPU issuing each layer against the GPU running it.
+"""),
+    code("""
+from widgets.whole_model import WholeModelPanel
+panel = WholeModelPanel(model="gpt2", gpu="a100-pcie-40gb", mode="train", batch=2, seq=128)
+assert {r["track"] for r in panel.chart_data() if "track" in r} == {"CPU issue", "GPU"}
+panel
+"""),
+    md(r"""
+**Accuracy.** `kit validate --labels ../shared/data/neusight/label` predicts every NeuSight
+whole-model measurement; `benchmarks/whole_model.py` prints the errors as JSON. How close it gets
+depends on the kernel predictor behind `"auto"` (notebook 02).
+"""),
+]
+
+
+def main():
+    nb = nbf.v4.new_notebook()
+    nb.cells = CELLS
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nbf.write(nb, HERE / "03_whole_models.ipynb")
+
+
+if __name__ == "__main__":
+    main()

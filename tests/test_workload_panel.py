@@ -1,0 +1,25 @@
+"""The whole-model panel redraws from its controls and shows what kit predicts."""
+import pytest
+
+from kit.api import predict_model
+from widgets.base import Panel
+from widgets.whole_model import WholeModelPanel
+
+
+def test_panel_follows_controls():
+    p = WholeModelPanel(model="gpt2", gpu="a100-pcie-40gb", mode="inference", batch=1, seq=32)
+    assert isinstance(p, Panel) and "kit-panel" in p.root._dom_classes
+    rows = p.chart_data()
+    classes = {r["op_class"] for r in rows if "op_class" in r}
+    assert {"gemm", "elementwise"} <= classes
+    expected = predict_model("gpt2", "a100-pcie-40gb", "inference", 1, 32).kernel_ms
+    assert sum(r["ms"] for r in rows if "ms" in r) == pytest.approx(expected, rel=1e-4)
+    tracks = {r["track"] for r in rows if "track" in r}
+    assert tracks == {"CPU issue", "GPU"}
+    assert len(rows) < 5000
+    first = p.result.total_ms
+    p.gpu.value = "t4"  # slower GPU: the step takes longer
+    assert p.result.gpu == "t4" and p.result.total_ms > first
+    p.fusion.value = "compiled"
+    assert any(r.get("op_class") == "fused" for r in p.chart_data())
+    assert "ms</b>" in p.summary.value

@@ -1,0 +1,90 @@
+"""The whole-model panel: model, GPU, mode, batch and sequence length drive a breakdown by op
+class and phase, and a timeline of the CPU issuing ops against the GPU running them (one bar
+per layer and phase)."""
+from __future__ import annotations
+
+import altair as alt
+import ipywidgets as W
+import pandas as pd
+
+from kit.api import predict_model
+from kit.hardware import gpu_keys
+from kit.workload.zoo import resolve, zoo_names
+from widgets.base import Panel
+
+SEQS = (32, 64, 128, 256, 512, 1024, 2048)
+
+
+def timeline_bars(timeline: pd.DataFrame) -> pd.DataFrame:
+    """One bar per (track, phase, layer): when the CPU issued that layer's ops and when the GPU
+    ran them."""
+    t = timeline.assign(layer=timeline["layer"].fillna(-1).astype(int))
+    rows = []
+    for (phase, layer), g in t.groupby(["phase", "layer"], sort=False):
+        label = "other" if layer < 0 else f"layer {layer}"
+        rows.append({"track": "CPU issue", "phase": phase, "part": label,
+                     "start_ms": float(g["cpu_start_ms"].min()), "end_ms": float(g["cpu_end_ms"].max())})
+        rows.append({"track": "GPU", "phase": phase, "part": label,
+                     "start_ms": float(g["gpu_start_ms"].min()), "end_ms": float(g["gpu_end_ms"].max()),
+                     "busy_ms": float(g["latency_ms"].sum())})
+    return pd.DataFrame(rows)
+
+
+class WholeModelPanel(Panel):
+    title = "Whole model: one training step or inference pass, kernel by kernel"
+
+    def __init__(self, model="gpt2", gpu="a100-pcie-40gb", mode="train", batch=1, seq=128,
+                 fusion="eager"):
+        self._init = dict(model=resolve(model), gpu=gpu, mode=mode, batch=batch, seq=seq, fusion=fusion)
+        self.result = None
+        super().__init__()
+
+    def controls(self):
+        i = self._init
+        style = {"description_width": "initial"}
+        self.model = W.Dropdown(options=zoo_names(), value=i["model"], description="model", style=style)
+        self.gpu = W.Dropdown(options=gpu_keys(), value=i["gpu"], description="GPU", style=style)
+        self.mode = W.ToggleButtons(options=["train", "inference"], value=i["mode"], description="mode",
+                                    style=style)
+        self.batch = W.IntSlider(value=i["batch"], min=1, max=64, description="batch",
+                                 continuous_update=False, style=style)
+        seqs = sorted(set(SEQS) | {i["seq"]})
+        self.seq = W.Dropdown(options=seqs, value=i["seq"], description="seq", style=style)
+        self.fusion = W.ToggleButtons(options=["eager", "compiled"], value=i["fusion"],
+                                      description="fusion", style=style)
+        return [self.model, self.gpu, self.mode, self.batch, self.seq, self.fusion]
+
+    def predict(self):
+        self.result = predict_model(self.model.value, self.gpu.value, mode=self.mode.value,
+                                    batch=self.batch.value, seq=self.seq.value, fusion=self.fusion.value)
+        return self.result
+
+    def make_chart(self):
+        it = self.predict()
+        t = it.timeline
+        by = (t.groupby(["op_class", "phase"], sort=False)["latency_ms"].sum().reset_index()
+              .rename(columns={"latency_ms": "ms"}).round(6))
+        breakdown = alt.Chart(by).mark_bar().encode(
+            x=alt.X("ms:Q", title="GPU time (ms)"),
+            y=alt.Y("op_class:N", sort="-x", title="op class"),
+            color=alt.Color("phase:N", title="phase"),
+            tooltip=["op_class:N", "phase:N", alt.Tooltip("ms:Q", format=".3f")],
+        ).properties(width=300, height=220, title="where the time goes")
+        bars = timeline_bars(t).round(6)
+        timeline = alt.Chart(bars).mark_bar().encode(
+            x=alt.X("start_ms:Q", title="time (ms)"), x2="end_ms:Q",
+            y=alt.Y("track:N", title=None, sort=["CPU issue", "GPU"]),
+            color=alt.Color("phase:N", title="phase"),
+            tooltip=["track:N", "phase:N", "part:N", alt.Tooltip("start_ms:Q", format=".3f"),
+                     alt.Tooltip("end_ms:Q", format=".3f")],
+        ).properties(width=420, height=120, title="timeline (one bar per layer)")
+        return alt.hconcat(breakdown, timeline).resolve_scale(color="shared")
+
+    def summary_text(self):
+        it = self.result
+        phases = ", ".join(f"{k} {v:.2f} ms" for k, v in it.phases_ms.items())
+        idle = max(it.gpu_idle_ms, 0.0)
+        bound = "CPU-bound (GPU idles waiting for launches)" if idle > 0.1 * it.total_ms else "GPU-bound"
+        return (f"<b>{it.total_ms:.2f} ms</b> per {'step' if it.mode == 'train' else 'pass'} "
+                f"({phases}); {int(it.timeline['kernels'].sum())} kernels, GPU idle {idle:.2f} ms: "
+                f"{bound}; predictor {it.predictor}")
