@@ -6,12 +6,11 @@ iteration_ms = max_r fwd_r + max_r bwd_r          lookups; every rank waits for 
 with a plan infeasible (inf) when a rank's weights + optimizer state exceed the memory cap.
 
 Each (table, option) adds a fixed vector of features: per-rank fwd and bwd lookup ms, shard
-count, bytes held, and per-rank intra/inter-node bytes sent and received by the two all-to-alls.
-A plan's features are the sum over its tables, so thousands of plans cost one numpy gather-sum.
-The all-to-all time on the System comes from kit.comm.predict_alltoallv through a surrogate
-fitted to it on probe matrices: a2a = α + max_r max(sent, recv)_intra/BW_intra
-+ max_r max(sent, recv)_inter/BW_inter. `exact_cost` re-prices a plan with kit.comm itself and
-with each rank's true L2 co-residency.
+count, bytes held, lookups and rows (the backward's sort size), and for each all-to-all a block
+of traffic features (kit.sharding.a2a). A plan's features are the sum over its tables, so
+thousands of plans cost one numpy gather-sum. The all-to-all time comes from a surrogate fitted
+to kit.comm.predict_alltoallv on probe matrices; `exact_cost` re-prices a plan with kit.comm
+itself and with each rank's true L2 co-residency.
 """
 from __future__ import annotations
 
@@ -59,7 +58,13 @@ class ShardingModel:
         self.options = [options_for(t, W, self.g, kinds) for t in self.tables]
         self.n_options = np.array([len(o) for o in self.options])
         T, O = len(self.tables), int(self.n_options.max())
-        self.F = 14 * W + 1
+        from kit.sharding.a2a import A2ASurrogate
+
+        self.a2a = A2ASurrogate(system, self.comm)
+        self.a2a_fit_rel_err = self.a2a.max_rel_err
+        A = self.a2a.size
+        self.out_at, self.idx_at, self.dp_at = 6 * W, 6 * W + A, 6 * W + 2 * A
+        self.F = 6 * W + 2 * A + 1
         self.contrib = np.zeros((T, O, self.F), dtype=np.float64)
         self.valid = np.zeros((T, O), dtype=bool)
         self._lookup_cache: dict = {}
@@ -148,50 +153,29 @@ class ShardingModel:
             v[W + r] += b
             v[2 * W + r] += 1
             v[3 * W + r] += rows * dim * dtype_bytes(tab.dtype) + self._state_bytes(rows)
-            v[12 * W + r] += batch * pooling  # lookups and rows: the backward's sort size
-            v[13 * W + r] += rows
+            v[4 * W + r] += batch * pooling  # lookups and rows: the backward's sort size
+            v[5 * W + r] += rows
         out, idx, dp = self.traffic(t, opt)
-        for base, sends in ((4 * W, out), (8 * W, idx)):
-            for i, j, nb in sends:
-                inter = self.system.node_of(i) != self.system.node_of(j)
-                v[base + (W if inter else 0) + i] += nb  # sent: intra | inter
-                v[base + (3 * W if inter else 2 * W) + j] += nb  # received: intra | inter
-        v[14 * W] = dp
+        for at, sends in ((self.out_at, out), (self.idx_at, idx)):
+            v[at:at + self.a2a.size] = self.a2a.block(self._matrix(sends))
+        v[self.dp_at] = dp
         return v
+
+    def _matrix(self, sends) -> np.ndarray:
+        m = np.zeros((self.world, self.world))
+        for i, j, nb in sends:
+            m[i, j] += nb
+        return m
 
     # -- surrogates for the collectives --------------------------------------------------
     def _fit_surrogates(self):
+        """The all-reduce of data-parallel gradients: a + b·bytes fitted to kit.comm."""
         from scipy.optimize import nnls
 
-        W, rng = self.world, np.random.default_rng(0)
-        mats = []
-        for scale in np.geomspace(1e3, 3e8, 12):
-            mats.append(np.full((W, W), scale) * (1 - np.eye(W)))
-            for _ in range(3):
-                m = rng.random((W, W)) * (rng.random((W, W)) < 0.6) * scale * 2
-                np.fill_diagonal(m, 0)
-                mats.append(m)
-        tiny = np.ones((W, W)) - np.eye(W)
-        self.a2a_floor_ms = _ms(self.comm.predict_alltoallv(tiny, self.system))  # latency or host floor
-        X, y = [], []
-        for m in mats:
-            ms = _ms(self.comm.predict_alltoallv(m, self.system))
-            if ms > 1.2 * self.a2a_floor_ms:  # fit the rising part; the floor is applied as a max
-                X.append([1.0, *self._a2a_maxes(m), m.sum() / W])
-                y.append(ms)
-        X, y = np.array(X), np.array(y)
-        self.a2a_coef, _ = nnls(X / y[:, None], np.ones_like(y))  # relative least squares
-        self.a2a_fit_rel_err = float(np.max(np.abs(X @ self.a2a_coef / y - 1)))
         sizes = np.geomspace(1e4, 4e9, 14)
         ar = np.array([_ms(self.comm.predict_collective("allreduce", s, self.system)) for s in sizes])
         A = np.stack([np.ones_like(sizes), sizes], axis=1)
         self.ar_coef, _ = nnls(A / ar[:, None], np.ones_like(ar))
-
-    def _a2a_maxes(self, m: np.ndarray) -> tuple[float, float]:
-        node = np.array([self.system.node_of(r) for r in range(self.world)])
-        inter = node[:, None] != node[None, :]
-        mi, mx = np.where(inter, 0, m), np.where(inter, m, 0)
-        return (max(mi.sum(1).max(), mi.sum(0).max()), max(mx.sum(1).max(), mx.sum(0).max()))
 
     # -- evaluation ----------------------------------------------------------------------
     def features(self, choices: np.ndarray) -> np.ndarray:
@@ -207,19 +191,11 @@ class ShardingModel:
         W = self.world
         has = X[:, 2 * W:3 * W] > 0
         fwd = X[:, :W] + LAUNCH_MS * has
-        bwd = X[:, W:2 * W] + self._bwd_fixed(X[:, 12 * W:13 * W], X[:, 13 * W:14 * W]) * has
-        a0, ai, ax, at = self.a2a_coef
-
-        def a2a(base):
-            s_i, s_x, r_i, r_x = (X[:, base + k * W: base + (k + 1) * W] for k in range(4))
-            intra = np.maximum(s_i, r_i).max(1)
-            inter = np.maximum(s_x, r_x).max(1)
-            mean = (s_i.sum(1) + s_x.sum(1)) / W
-            t = np.maximum(self.a2a_floor_ms, a0 + ai * intra + ax * inter + at * mean)
-            return np.where(intra + inter > 0, t, 0.0)
-
-        out_ms, idx_ms = a2a(4 * W), a2a(8 * W)
-        dp = X[:, 14 * W]
+        bwd = X[:, W:2 * W] + self._bwd_fixed(X[:, 4 * W:5 * W], X[:, 5 * W:6 * W]) * has
+        A = self.a2a.size
+        out_ms = self.a2a.time_ms(X[:, self.out_at:self.out_at + A])
+        idx_ms = self.a2a.time_ms(X[:, self.idx_at:self.idx_at + A])
+        dp = X[:, self.dp_at]
         ar_ms = np.where(dp > 0, self.ar_coef[0] + self.ar_coef[1] * dp, 0.0)
         total = fwd.max(1) + bwd.max(1) + 2 * out_ms + idx_ms + ar_ms
         over = (X[:, 3 * W:4 * W] > self.cap).any(1)
