@@ -90,7 +90,7 @@ def gloo_table(path: str | None, ranks: list[int], sizes: str, kinds: list[str])
     tmp = Path(tempfile.mkdtemp(prefix="kit-comm-bench-"))
     for n in ranks:
         f = tmp / f"gloo{n}.txt"
-        _, t = collect("gloo", n, sizes, kinds=kinds, iters=10, warmup=3, repeats=3, stat="min", out=f)
+        _, t = collect("gloo", n, sizes, kinds=kinds, iters=20, warmup=3, repeats=3, stat="min", out=f)
         frames.append(t)
         files.append(str(f))
     return pd.concat(frames, ignore_index=True), files

@@ -184,3 +184,13 @@ def test_floor_grows_with_ranks_per_node_and_log_of_nodes():
     four = predict_collective("allreduce", 8, "dgx-h100-x4")
     assert one.floor_ms * 1e3 == pytest.approx(FLOOR + PER_RANK * 7)
     assert four.floor_ms * 1e3 == pytest.approx(FLOOR + PER_RANK * (7 + 2))  # log2(4 nodes) = 2
+
+
+def test_hierarchical_allgather_across_many_nodes():
+    s = 2.0**26
+    r = predict_collective("allgather", s, "dgx-h100-x16")
+    assert r.algorithm == "hier-ring"  # 15 network steps instead of a 128-rank ring's
+    # rail-wise all-gather across 16 nodes over 8 x 50 x 0.92 GB/s, then a ring of 8 over NVLink
+    per_byte = 15 / 16 / (8 * 50 * 0.92e3) + 7 / 8 / (450 * EFF * 1e3) + KAPPA / 2 / 3352e3
+    assert (r.time_ms - r.latency_ms) * 1e3 == pytest.approx(per_byte * s, rel=1e-9)
+    assert predict_collective("allgather", 2.0**34, "dgx-h100-x16").algorithm == "ring"

@@ -13,7 +13,8 @@ For a group of N ranks on k nodes (at most g per node), with
               collnet-sharp   intra ring reduce-scatter/all-gather, in-network (SHARP) reduction:
                            1 byte per byte on the node links, pipelined with the intra part
               nvls-sharp   NVLS inside, SHARP across nodes, pipelined
-  reduce-scatter / all-gather   ring (N-1 steps, wire (N-1)/N), nvls in one NVSwitch node
+  reduce-scatter / all-gather   ring (N-1 steps, wire (N-1)/N), nvls in one NVSwitch node,
+                               hier-ring across nodes (rail-wise across, then ring inside)
   broadcast / reduce           pipelined ring chain (N-1 steps, wire 1)
   all-to-all / send-recv       direct transfers; see alltoallv_us
 Every algorithm also pays kappa/M per byte (kappa/2 for collectives without a full reduction),
@@ -90,6 +91,9 @@ def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
         out.append(Plan("ring", base + (n - k) * s_in + k * s_net * (k > 1), w * slow + kap))
         if k == 1 and nvls and n > 2:
             out.append(Plan("nvls", base + s_in, w / b_ring + kap))
+        if k > 1:  # across the rails first, then inside each node (one after the other)
+            out.append(Plan("hier-ring", base + (g - 1) * s_in + (k - 1) * s_net,
+                            (g - 1) / g / b_ring + (k - 1) / k / b_net + kap))
     elif kind in ("broadcast", "reduce"):
         out.append(Plan("ring", base + (n - k) * s_in + k * s_net * (k > 1),
                         slow + _kappa(system, False)))
