@@ -75,3 +75,23 @@ def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | No
 
     graph = graph_of(model, batch, seq, mode, dtype, optimizer)
     return iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
+
+
+def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = "auto",
+                      profile: str = "default", **layout) -> dict:
+    """Predict one training iteration of a GPT-style model on a parallel layout of a System:
+    iteration_ms, the critical-path breakdown and memory per rank. layout: kit.parallel.Layout
+    fields (dp, tp, pp, ep, micro_batch, global_batch, virtual_stages, zero, recompute, ...)."""
+    from kit.parallel import Layout, predict_parallel
+    from kit.parallel.profiles import get_profile
+
+    return predict_parallel(model, system, Layout(**layout), nodes=nodes, predictor=predictor,
+                            host=get_profile(profile))
+
+
+def replay_trace(trace, on=None) -> dict:
+    """Replay a Kineto trace (file, .gz, folder or tarball): per-rank measured vs replayed step
+    and the critical path; with `on` (a GPU or system) predict the same step there."""
+    from kit.trace import replay
+
+    return replay(trace, on=on).to_dict()

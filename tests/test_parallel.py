@@ -177,3 +177,13 @@ def test_cli_predict_with_system(capsys, tmp_path):
     assert main(["predict", "gpt:layers=4,hidden=512,heads=8", "--system", "dgx-a100", "--dp", "2",
                  "--tp", "2", "--pp", "2", "--micro-batch", "1", "--global-batch", "8"]) == 0
     assert "iteration" in capsys.readouterr().out
+
+
+def test_api_verb_matches_the_library():
+    from kit.api import predict_multi_gpu
+
+    a = predict_multi_gpu(SPEC, "dgx-a100", dp=2, tp=2, pp=2, micro_batch=1, global_batch=8)
+    b = predict_parallel(SPEC, "dgx-a100", Layout(dp=2, tp=2, pp=2, micro_batch=1, global_batch=8))
+    assert a["iteration_ms"] == pytest.approx(b["iteration_ms"])
+    with pytest.raises(KitError, match="unknown host profile"):
+        predict_multi_gpu(SPEC, "dgx-a100", profile="nope")

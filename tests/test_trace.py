@@ -199,3 +199,10 @@ def test_cli_replay_json_and_errors(tmp_path, capsys):
     assert (tmp_path / "p.json").exists()
     assert main(["replay", str(p), "--on", "no-such-gpu"]) == 2
     assert "not a GPU" in capsys.readouterr().err
+
+
+def test_api_replay_verb(tmp_path):
+    from kit.api import replay_trace
+
+    d = replay_trace(write(tmp_path, "r0.json", rank_trace(0)))
+    assert d["ranks"][0]["predicted_ms"] == pytest.approx(d["ranks"][0]["measured_ms"])

@@ -49,13 +49,19 @@ class HostModel:
 
 
 def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=None):
-    """Launch + run one pass; returns (first GPU op, last GPU op)."""
+    """Launch + run one pass; returns (first GPU op, last GPU op).
+
+    The host's part is sized so that, from an idle GPU, the pass ends exactly when the kernel
+    by kernel race between launches and kernels ends (Phase.paced_ms); from a busy GPU it
+    ends after the GPU's own work."""
     lu = host.launch_us / 1e3
     n = max(ph.kernels, 1)
     last = min(ph.last_ms, ph.compute_ms)
     head = g.gpu(r, "compute", ph.compute_ms - last, label, launch_ms=lu, deps=deps, tag=tag)
-    rest = g.cpu(r, (n - 1) * lu + ph.collectives * host.collective_us / 1e3, label,
-                 kind="launch", tag=tag)
+    cpu_ms = (n - 1) * lu + ph.collectives * host.collective_us / 1e3
+    if lu > 0 and ph.seq_ms:
+        cpu_ms = max(cpu_ms, ph.paced_ms(lu) - lu - last)
+    rest = g.cpu(r, cpu_ms, label, kind="launch", tag=tag)
     if ph.comm_ms > 0:
         g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag)
     tail = g.gpu(r, "compute", last, label, deps=(rest,), tag=tag)

@@ -26,6 +26,20 @@ class Phase:
     kernels: int = 0
     collectives: int = 0
     last_ms: float = 0.0  # the last kernel's time (the GPU cannot finish before it is launched)
+    seq_ms: list = field(default_factory=list)  # every kernel's time, in launch order
+
+    def paced_ms(self, launch_ms: float) -> float:
+        """Time from the first launch to the last kernel's end when the GPU starts idle and the
+        host launches one kernel every launch_ms: end_i = max(end_(i-1), (i+1)·launch) + k_i."""
+        memo = getattr(self, "_paced", None)
+        if memo and memo[0] == (launch_ms, len(self.seq_ms)):
+            return memo[1]
+        end, t = 0.0, 0.0
+        for k in self.seq_ms:
+            t += launch_ms
+            end = (end if end > t else t) + k
+        self._paced = ((launch_ms, len(self.seq_ms)), end)
+        return end
 
 
 @dataclass
@@ -97,12 +111,14 @@ class Coster:
                     phase.comm_ms += ms
                     phase.kernels += 1
                     phase.collectives += 1
+                    phase.seq_ms.append(ms)
                 continue
             f = blk.bwd_factor if factors and blk.bwd_factor else [1.0] * len(blk.ops)
             for op, k in zip(blk.ops, f):
                 t = self.op_ms(op) * k
                 total += t
                 phase.last_ms = t
+                phase.seq_ms.append(t)
             phase.kernels += len(blk.ops)
         phase.compute_ms += total
         return total
@@ -113,6 +129,7 @@ def _accumulate(into: Phase, part: Phase) -> None:
     into.comm_ms += part.comm_ms
     into.kernels += part.kernels
     into.collectives += part.collectives
+    into.seq_ms += part.seq_ms
     if part.kernels:
         into.last_ms = part.last_ms
 
