@@ -1,112 +1,95 @@
-"""`kit predict`, `kit validate`, `kit compare` end to end, on tiny models."""
+"""`kit train` and `kit evaluate`: JSON shape, what a test row may show, and clear errors."""
 import json
 
+import numpy as np
 import pytest
 
 from kit.cli import main
+from kit.hardware import get_gpu
+from kit.ops import Gemm
+from kit.predict.roofline import roofline
+from kit.predict.training import train_bundle
+from kit.predict.weights import save_bundle
+from predict_synthetic import synthetic_frame
 
-GPU = "a100-pcie-40gb"
-TINY = '''
-import torch.nn as nn
-
-class Tiny(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(50, 16)
-        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
-        self.head = nn.Linear(16, 50)
-
-    def forward(self, ids):
-        x = self.emb(ids)
-        for layer in self.layers:
-            x = x + layer(x).relu()
-        return self.head(x)
-
-def make():
-    return Tiny()
-
-def config():
-    return {"model_type": "gpt2", "n_embd": 16, "n_head": 2, "n_layer": 1, "vocab_size": 50, "n_positions": 8}
-'''
+TINY = {"members": 1, "epochs": 1, "hidden": 8, "chooser_epochs": 1, "min_steps": 10}
+HEADER = ("OPName,Latency,Device,Torch Version,CUDNN Version,Kernel Name,Warps per SM,"
+          "Blocks per SM,Grid x,Grid y,Grid z,Block x,Block y,Block z,CUDA Version,Kernels,B,M,N,K")
+# NeuSight bmm (B×M×N)·(B×N×K): the reduction is N
+ROWS = [("bmm", 0.25, "NVIDIA L4", 192, 96, 196, 196), ("bmm", 8.7, "NVIDIA L4", 2560, 384, 384, 64),
+        ("linear", 1.13, "NVIDIA L4", 1, 1024, 2560, 2560), ("bmm", 0.05, "Tesla T4", 4, 64, 64, 64)]
 
 
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    (tmp_path / "tinymodel.py").write_text(TINY)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+def write_csv(path, kernel="ampere_sgemm_128x128_nn", grid=(2, 1, 192)):
+    lines = [HEADER] + [f"{op},{lat},{dev},p2.1.0,8902,{kernel},52.9,6.6,{grid[0]},{grid[1]},"
+                        f"{grid[2]},256,1,1,cu121,;{kernel},{b},{m},{n},{k}"
+                        for op, lat, dev, b, m, n, k in ROWS]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
-def _json(capsys, argv):
-    rc = main(argv + ["--json"])
-    out = capsys.readouterr()
-    assert rc == 0, out.err
-    return json.loads(out.out)
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    b = train_bundle(synthetic_frame(("t4", "v100-pcie-32gb"), n=15), ["t4", "v100-pcie-32gb"],
+                     seed=0, threads=1, settings=TINY)
+    return save_bundle(b, tmp_path_factory.mktemp("weights"))
 
 
-def test_predict_module_callable_with_trace(tiny, capsys):
-    r = _json(capsys, ["predict", "tinymodel:make", "--gpu", GPU, "--batch", "2", "--seq", "4",
-                       "--trace", str(tiny / "t.json")])
-    assert r["mode"] == "train" and set(r["phases_ms"]) == {"fwd", "bwd"}
-    assert r["total_ms"] == pytest.approx(sum(r["phases_ms"].values()))
-    assert sum(c["share"] for c in r["by_class"]) == pytest.approx(1.0)
-    assert 0 < len(r["top_kernels"]) <= 10
-    trace = json.loads((tiny / "t.json").read_text())
-    assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
-    text_rc = main(["predict", "tinymodel:config", "--gpu", GPU, "--mode", "inference", "--seq", "8"])
-    assert text_rc == 0 and "total" in capsys.readouterr().out
+def run_json(capsys, *argv):
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
 
 
-def test_predict_errors_are_one_line(tiny, capsys):
-    for argv, word in ((["predict", "tinymodel:make", "--gpu", "z9000"], "unknown GPU"),
-                       (["predict", "gpt5", "--gpu", GPU], "unknown model"),
-                       (["predict", "tinymodel:nothing", "--gpu", GPU], "no attribute"),
-                       (["predict", "nomodule:make", "--gpu", GPU], "cannot import")):
-        assert main(argv) == 2
-        err = capsys.readouterr().err.strip()
-        assert word in err and len(err.splitlines()) == 1
+def test_evaluate_json_shape_and_roofline_by_hand(tmp_path, weights, capsys):
+    test = write_csv(tmp_path / "bmm.csv")
+    out = run_json(capsys, "evaluate", "--test", str(test), "--predictors", "roofline,tile,li",
+                   "--weights", str(weights))
+    assert {tuple(sorted(r)) for r in out} == {tuple(sorted(("predictor", "gpu", "op", "n", "mape",
+                                                             "median_ape", "p90_ape")))}
+    assert {(r["predictor"], r["gpu"], r["op"]) for r in out} >= {("tile", "l4", "bmm"),
+                                                                 ("roofline", "t4", "bmm")}
+    # the T4 row by hand: NeuSight (B, M, N, K) = (4, 64, 64, 64) is the kit's Gemm(m=64, k=64, n=64, b=4)
+    t4 = next(r for r in out if r["predictor"] == "roofline" and r["gpu"] == "t4")
+    roof = roofline(Gemm(m=64, n=64, k=64, b=4), get_gpu("t4")).time_ms
+    assert t4["n"] == 1
+    assert t4["mape"] == pytest.approx(abs(roof - 0.05) / 0.05 * 100, abs=0.01)
+    l4 = next(r for r in out if r["predictor"] == "roofline" and r["gpu"] == "l4" and r["op"] == "bmm")
+    assert l4["n"] == 2 and l4["median_ape"] <= l4["p90_ape"]
 
 
-def test_compare_throughput_cost_and_memory(tiny, capsys):
-    r = _json(capsys, ["compare", "tinymodel:make", "--gpus", f"{GPU},t4", "--batch", "2", "--seq", "4",
-                       "--price-per-hour", "t4=0.36"])
-    rows = {row["gpu"]: row for row in r["rows"]}
-    t4 = rows["t4"]
-    assert t4["tokens_per_s"] == pytest.approx(8 / (t4["step_ms"] / 1e3))
-    assert t4["cost_per_m_tokens"] == pytest.approx(0.36 / 3600 * t4["step_ms"] / 1e3 / 8 * 1e6)
-    assert rows[GPU]["cost_per_m_tokens"] is None
-    assert t4["energy_j_per_step"] == pytest.approx(t4["tdp_w"] * t4["step_ms"] / 1e3)
-    params = 50 * 16 + 2 * (16 * 16 + 16) + 16 * 50 + 50
-    mem = r["memory"]
-    assert mem["weights_bytes"] == 4 * params and mem["grads_bytes"] == 4 * params
-    assert mem["optimizer_bytes"] == 2 * 4 * params  # AdamW assumed when training
-    assert t4["fits"] is True
-    assert main(["compare", "tinymodel:make", "--gpus", "t4", "--price-per-hour", "t4=cheap"]) == 2
-    assert "GPU=DOLLARS" in capsys.readouterr().err
+def test_evaluate_never_reads_kernel_name_or_launch_dims(tmp_path, weights, capsys):
+    a = write_csv(tmp_path / "a.csv")
+    b = write_csv(tmp_path / "b.csv", kernel="volta_sgemm_32x32_sliced1x4_nn", grid=(9, 9, 9))
+    args = ["--predictors", "tile,habitat,li,mlp", "--weights", str(weights)]
+    assert run_json(capsys, "evaluate", "--test", str(a), *args) == \
+        run_json(capsys, "evaluate", "--test", str(b), *args)
 
 
-def test_validate_labels(tmp_path, capsys):
-    t4 = tmp_path / "Tesla_T4"
-    t4.mkdir()
-    lab = {"num_layer": 12, "e2e_latency": 4.0, "fw_latency": 4.0, "bwall_latency": 0}
-    for name in ("gpt2-inf-8-1", "gpt2-train-8-1-tp4", "resnet-inf-8-1"):
-        (t4 / f"{name}.json").write_text(json.dumps(lab))
-    (tmp_path / "Unknown_GPU").mkdir()
-    (tmp_path / "Unknown_GPU" / "gpt2-inf-8-1.json").write_text(json.dumps(lab))
-    r = _json(capsys, ["validate", "--labels", str(tmp_path)])
-    assert len(r["configs"]) == 1
-    c = r["configs"][0]
-    assert (c["gpu"], c["model"], c["mode"], c["seq"], c["batch"]) == ("t4", "gpt2", "inference", 8, 1)
-    assert c["ape"] == pytest.approx(abs(c["predicted_ms"] - 4.0) / 4.0)
-    from kit.api import predict_model
+def test_evaluate_a_folder_keeps_repeated_rows_once(tmp_path, weights, capsys):
+    write_csv(tmp_path / "bmm.csv")
+    write_csv(tmp_path / "vec.csv")  # the same rows again, as NeuSight's vec.csv repeats elem
+    out = run_json(capsys, "evaluate", "--test", str(tmp_path), "--predictors", "roofline")
+    assert sum(r["n"] for r in out) == len(ROWS)
 
-    assert c["predicted_ms"] == pytest.approx(predict_model("gpt2", "t4", "inference", 1, 8).total_ms)
-    skipped = {(s.get("model"), s.get("option"), s.get("gpu")): s["reason"] for s in r["skipped"]}
-    assert len(skipped) == 3  # nothing dropped: every label not predicted is listed with a reason
-    assert "4 x t4" in skipped[("gpt2", "tp4", "t4")]  # no 4-GPU T4 system to run tp4 on
-    assert "not in the zoo" in skipped[("resnet", "", "t4")]
-    assert "not in the catalog" in skipped[("gpt2", "", "Unknown_GPU")]
-    assert r["summary"] == [{"gpu": "t4", "mode": "inference", "configs": 1, "mean_ape": c["ape"],
-                             "max_ape": c["ape"]}]
-    assert main(["validate", "--labels", str(tmp_path / "nope")]) == 2
+
+@pytest.mark.parametrize("argv, words", [
+    (["evaluate", "--test", "/nonexistent/t.csv"], "not found"),
+    (["evaluate", "--test", "{csv}", "--predictors", "roofline,oracle"], "unknown predictor"),
+    (["evaluate", "--test", "{csv}", "--weights", "{tmp}"], "not a predictor weights folder"),
+    (["train", "--data", "/nonexistent/neusight", "--train-gpus", "T4", "--out", "{tmp}/w"], "/nonexistent"),
+    (["train", "--data", "/nonexistent", "--train-gpus", "T4,NoSuchGPU", "--out", "{tmp}/w"], "NoSuchGPU"),
+    (["train", "--train-gpus", "T4"], "--out"),
+])
+def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, words):
+    csv = write_csv(tmp_path / "t.csv")
+    argv = [a.format(csv=csv, tmp=tmp_path) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kit: error:") and "\n" not in err and words in err
+
+
+def test_unknown_device_in_a_test_csv_is_refused(tmp_path, capsys):
+    path = write_csv(tmp_path / "t.csv")
+    path.write_text(path.read_text().replace("Tesla T4", "Imaginary GPU 9000"))
+    assert main(["evaluate", "--test", str(path), "--predictors", "roofline"]) == 2
+    assert "Imaginary GPU 9000" in capsys.readouterr().err

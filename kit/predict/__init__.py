@@ -8,13 +8,26 @@ __all__ = ["COLUMNS", "Predictor", "Roofline", "RooflinePredictor", "WavePredict
 PREDICTORS = {"roofline": RooflinePredictor, "wave": WavePredictor}
 
 
+def _register_learned() -> None:
+    """The learned predictors, built from the shipped weights on first use (kit.predict.weights)."""
+    from kit.predict import weights
+
+    PREDICTORS.update(habitat=weights.shipped_habitat, li=weights.shipped_li,
+                      mlp=weights.shipped_mlp, tile=weights.shipped_tile)
+
+
+_register_learned()
+
+
 def get_predictor(name: str = "auto"):
     """A predictor by name. "auto" is the best one available: the shipped tile-MLP when present,
     else the wave model."""
     from kit.errors import KitError
 
     if name == "auto":
-        name = "tile" if "tile" in PREDICTORS else "wave"
+        from kit.predict.weights import has_shipped
+
+        name = "tile" if has_shipped() else "wave"
     try:
         return PREDICTORS[name]()
     except KeyError:

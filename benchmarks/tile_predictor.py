@@ -1,0 +1,135 @@
+"""Benchmark of the tile-MLP against the baselines, on GPUs outside the training set.
+
+Prints JSON:
+  held_out   per predictor, held-out GPU (A100 80GB PCIe, L4) and op: n, MAPE, median and p90
+             APE (percent) and, for banded predictors, the p10-p90 coverage
+  logo       leave-one-GPU-out over the five training GPUs: the tile-MLP trained on four,
+             scored on the fifth's test rows
+  goals      the issue's targets, met or not, per held-out GPU
+  training_seconds, throughput_ops_per_s, tile_choice_accuracy
+
+    .venv/bin/python benchmarks/tile_predictor.py [--weights DIR] [--skip-logo] [--threads 2]
+
+With --weights it scores those weights instead of training (the shipped ones: kit/predict/weights).
+Needs the NeuSight data (KIT_DATA). Not run by the tests.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from kit.predict.evaluate import build_predictors, coverage, load_test, predict_rows, summarise
+from kit.predict.training import DEFAULT_TRAIN_GPUS, train_bundle, training_frame
+
+HELD_OUT = ("a100-pcie-80gb", "l4")
+GOALS = {"gemm": 10.0, "elementwise": 8.0, "softmax": 12.0, "layernorm": 12.0}
+GEMM_MEDIAN_GOAL = 6.0
+
+
+def scores(rows):
+    out = summarise(rows)
+    for r in out:
+        part = rows[(rows.predictor == r["predictor"]) & (rows.gpu == r["gpu"]) & (rows.op == r["op"])]
+        if r["predictor"] in ("tile", "mlp", "habitat"):
+            r["coverage_80"] = round(coverage(part), 3)
+    return out
+
+
+def class_scores(rows):
+    """Per op class (bmm+linear = gemm; every elementwise op pooled)."""
+    rows = rows.assign(op=rows.op_class)
+    return summarise(rows)
+
+
+def goals(rows):
+    tile = rows[rows.predictor == "tile"]
+    out = {}
+    for gpu, grp in tile.groupby("gpu"):
+        res = {}
+        for cls, part in grp.groupby("op_class"):
+            mape = float(part.ape.mean())
+            res[f"{cls}_mape"] = {"value": round(mape, 2), "goal": GOALS[cls], "met": mape <= GOALS[cls]}
+        for op, part in grp[grp.op_class == "gemm"].groupby("op"):
+            med = float(part.ape.median())
+            res[f"{op}_median_ape"] = {"value": round(med, 2), "goal": GEMM_MEDIAN_GOAL,
+                                       "met": med <= GEMM_MEDIAN_GOAL}
+        out[gpu] = res
+    return out
+
+
+def tile_accuracy(bundle, test):
+    return {gpu: round(bundle.tile.chooser.accuracy(test[test.gpu == gpu]), 3) for gpu in HELD_OUT}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", help="NeuSight folder (default KIT_DATA)")
+    ap.add_argument("--weights", help="score these weights instead of training")
+    ap.add_argument("--skip-logo", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from kit.data import resolve_data_dir
+    from kit.predict.weights import load_bundle
+
+    root = resolve_data_dir(args.data)
+    frame = training_frame(root, DEFAULT_TRAIN_GPUS)
+    test = load_test(root / "data" / "dataset" / "test")
+    result = {"train_gpus": list(DEFAULT_TRAIN_GPUS), "held_out_gpus": list(HELD_OUT),
+              "test_rows": {g: int((test.gpu == g).sum()) for g in HELD_OUT}}
+    if args.weights:
+        bundle = load_bundle(args.weights)
+        result["training_seconds"] = bundle.manifest.get("training_seconds")
+        result["weights"] = args.weights
+    else:
+        t0 = time.perf_counter()
+        bundle = train_bundle(frame, DEFAULT_TRAIN_GPUS, seed=args.seed, threads=args.threads,
+                              calibrate=True)
+        result["training_seconds"] = round(time.perf_counter() - t0, 1)
+    result["transfer_sigma"] = bundle.tile.transfer_sigma
+    held = test[test.gpu.isin(HELD_OUT)].reset_index(drop=True)
+    names = ["roofline", "habitat", "li", "mlp", "tile"]
+    predictors = build_predictors(names, args.weights, frame) if args.weights else None
+    if predictors is None:
+        from kit.predict.habitat import HabitatPredictor
+        from kit.predict.base import RooflinePredictor
+
+        predictors = {"roofline": RooflinePredictor(), "li": bundle.li, "mlp": bundle.mlp,
+                      "tile": bundle.tile,
+                      "habitat": HabitatPredictor(bundle.tile, bundle.train_gpus, frame)}
+    rows = predict_rows(held, predictors)
+    result["held_out"] = scores(rows)
+    result["held_out_by_class"] = class_scores(rows)
+    result["coverage_80"] = {g: round(coverage(rows[(rows.predictor == "tile") & (rows.gpu == g)]), 3)
+                             for g in HELD_OUT}
+    result["goals"] = goals(rows)
+    result["tile_choice_accuracy"] = tile_accuracy(bundle, held)
+    from kit.predict.features import op_from_row
+
+    ops = [op_from_row(r) for r in held.to_dict("records")]
+    t0 = time.perf_counter()
+    bundle.tile.predict(ops, "l4")
+    result["throughput_ops_per_s"] = round(len(ops) / (time.perf_counter() - t0))
+    if not args.skip_logo:
+        logo = []
+        for gpu in DEFAULT_TRAIN_GPUS:
+            rest = [g for g in DEFAULT_TRAIN_GPUS if g != gpu]
+            b = train_bundle(frame, rest, seed=args.seed, threads=args.threads, direct=False)
+            part = test[test.gpu == gpu].reset_index(drop=True)
+            r = predict_rows(part, {"tile": b.tile, "roofline": predictors["roofline"]})
+            logo += class_scores(r)
+            print(f"logo {gpu} done", file=sys.stderr, flush=True)
+        result["logo"] = logo
+    json.dump(result, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""`kit evaluate`: score predictors against measured test rows (NeuSight's test format or the kit's)."""
+from kit.cli import add_command
+
+
+def run(args):
+    from kit.predict.evaluate import evaluate
+
+    data = None
+    if args.data:
+        from kit.data import resolve_data_dir
+
+        data = resolve_data_dir(args.data)
+    return evaluate(args.test, args.predictors, weights_dir=args.weights, data_dir=data)
+
+
+def text(rows):
+    head = f"{'predictor':<9} {'gpu':<16} {'op':<8} {'n':>6} {'MAPE%':>8} {'median%':>8} {'p90%':>8}"
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['predictor']:<9} {r['gpu']:<16} {r['op']:<8} {r['n']:>6} {r['mape']:>8.2f}"
+                     f" {r['median_ape']:>8.2f} {r['p90_ape']:>8.2f}")
+    return "\n".join(lines)
+
+
+def register(sub):
+    p = add_command(sub, "evaluate", "score predictors on measured test rows (APE in percent)",
+                    run, text)
+    p.add_argument("--test", required=True, metavar="FILE_OR_DIR",
+                   help="a test CSV (NeuSight format: OPName, Latency, Device, B, M, N, K or B, H)"
+                        " or a folder of them")
+    p.add_argument("--data", metavar="DIR",
+                   help="NeuSight data folder: training measurements for habitat's reference")
+    p.add_argument("--predictors", metavar="LIST", help="comma-separated, default "
+                   "roofline,habitat,li,mlp,tile")
+    p.add_argument("--weights", metavar="DIR", help="weights folder from `kit train --out` "
+                   "(default: the shipped weights)")

@@ -1,0 +1,50 @@
+"""`kit train`: fit the learned predictors (tile-MLP, tile chooser, Li, direct MLP) on measured data."""
+from kit.cli import add_command
+
+
+def run(args):
+    import shlex
+
+    from kit.data import resolve_data_dir
+    from kit.predict.training import QUICK, parse_gpu_list, train_bundle, training_frame
+    from kit.predict.weights import save_bundle
+
+    gpus = parse_gpu_list(args.train_gpus)
+    data = resolve_data_dir(args.data)
+    frame = training_frame(data, gpus)
+    command = " ".join(["kit train", *(["--data", shlex.quote(str(args.data))] if args.data else []),
+                        "--train-gpus", shlex.quote(args.train_gpus), "--out", shlex.quote(args.out),
+                        "--seed", str(args.seed), "--threads", str(args.threads),
+                        *(["--quick"] if args.quick else []),
+                        *(["--no-direct"] if args.no_direct else [])])
+    bundle = train_bundle(frame, gpus, seed=args.seed, threads=args.threads,
+                          settings=QUICK if args.quick else None, direct=not args.no_direct,
+                          calibrate=not args.quick,
+                          progress=not args.json,
+                          info={"data_source": f"NeuSight measurements (kit.data, part "
+                                               f"train-collect + train) from {data.name}",
+                                "command": command})
+    out = save_bundle(bundle, args.out)
+    return {"out": str(out), "train_gpus": bundle.train_gpus, "rows": bundle.manifest["rows"],
+            "seed": args.seed, "training_seconds": bundle.manifest["training_seconds"]}
+
+
+def text(r):
+    rows = ", ".join(f"{k} {v}" for k, v in r["rows"].items())
+    return (f"trained on {', '.join(r['train_gpus'])} ({rows}) in {r['training_seconds']} s,"
+            f" seed {r['seed']}\nweights written to {r['out']}")
+
+
+def register(sub):
+    from kit.cli.cmd_op import _pos
+
+    p = add_command(sub, "train", "fit the learned predictors on measured kernels", run, text)
+    p.add_argument("--data", metavar="DIR", help="NeuSight data folder (default: $KIT_DATA)")
+    p.add_argument("--train-gpus", required=True, metavar="LIST",
+                   help="comma-separated GPUs to train on, e.g. P4,P100,T4,V100-PCIe-32GB,A100-PCIe-40GB")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write the weights to")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=_pos, default=2, help="torch threads (default 2)")
+    p.add_argument("--quick", action="store_true", help="tiny settings (seconds; for checks)")
+    p.add_argument("--no-direct", action="store_true", help="skip the direct-MLP baseline")
+

@@ -1,0 +1,89 @@
+"""Per-GPU linear regression (after Li et al.), extended to unseen GPUs through bandwidth.
+
+On each training GPU and op class, latency is a straight line in the work:
+
+    latency_ms = a · GFLOPs + c · MB + d         (a, c, d ≥ 0; fitted for relative error)
+
+For a GPU with no measurements, each coefficient is read off a line through the training
+GPUs' coefficients against memory bandwidth, in log-log space:
+
+    log coef(gpu) = α + β · log mem_bw_gbs(gpu)
+
+This is the classic "learn the latency per GPU" baseline: good on the GPUs it saw, blind to
+everything but bandwidth elsewhere. Its prediction is clamped to the roofline.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kit.hardware import GPU, get_gpu
+from kit.predict.base import COLUMNS, dedupe, expand
+from kit.predict.features import CLASSES, op_class_of
+from kit.predict.roofline import roofline
+
+FLOOR = 1e-9  # a coefficient the fit drove to zero, kept positive for the log-log line
+
+
+def fit_line(gflops: np.ndarray, mb: np.ndarray, latency_ms: np.ndarray) -> np.ndarray:
+    """Non-negative least squares on relative error: minimise Σ ((pred − y) / y)²."""
+    from scipy.optimize import nnls
+
+    a = np.column_stack([gflops, mb, np.ones_like(gflops)]) / latency_ms[:, None]
+    coef, _ = nnls(a, np.ones_like(latency_ms))
+    return coef
+
+
+class LiPredictor:
+    name = "li"
+
+    def __init__(self, coefs: dict[str, dict[str, list[float]]]):
+        # coefs[op_class][gpu_key] = [a_ms_per_gflop, c_ms_per_mb, d_ms]
+        self.coefs = coefs
+
+    @staticmethod
+    def fit(frame: pd.DataFrame) -> "LiPredictor":
+        from kit.predict.features import arrays_from_frame, work
+
+        coefs: dict[str, dict[str, list[float]]] = {}
+        for cls in CLASSES:
+            rows = frame[frame.op_class == cls]
+            for gpu, grp in rows.groupby("gpu", sort=True):
+                flops, nbytes = work(cls, arrays_from_frame(cls, grp))
+                coef = fit_line(flops / 1e9, nbytes / 1e6, grp.latency_ms.to_numpy(float))
+                coefs.setdefault(cls, {})[gpu] = [float(c) for c in coef]
+        return LiPredictor(coefs)
+
+    def coefficients(self, op_class: str, gpu: GPU) -> np.ndarray:
+        """The GPU's own fit, or the bandwidth line through the training GPUs' fits."""
+        table = self.coefs[op_class]
+        if gpu.key in table:
+            return np.array(table[gpu.key])
+        keys = sorted(table)
+        logbw = np.log([get_gpu(k).mem_bw_gbs for k in keys])
+        out = []
+        for j in range(3):
+            y = np.log(np.maximum([table[k][j] for k in keys], FLOOR))
+            if len(keys) > 1 and np.ptp(logbw) > 0:
+                beta, alpha = np.polyfit(logbw, y, 1)
+            else:
+                beta, alpha = 0.0, float(np.mean(y))
+            value = float(np.exp(alpha + beta * np.log(gpu.mem_bw_gbs)))
+            out.append(0.0 if value <= FLOOR * 1.0001 else value)
+        return np.array(out)
+
+    def predict(self, ops, gpu: GPU | str) -> pd.DataFrame:
+        gpu = get_gpu(gpu)
+        unique, where = dedupe(list(ops))
+        rows = []
+        for op in unique:
+            r = roofline(op, gpu)
+            cls = op_class_of(op)
+            if cls in self.coefs:
+                a, c, d = self.coefficients(cls, gpu)
+                lat = max(a * op.flops / 1e9 + c * op.bytes / 1e6 + d, r.time_ms)
+            else:
+                lat = r.time_ms
+            util = r.time_ms / lat if lat > 0 else 1.0
+            rows.append((lat, r.time_ms, r.bound, "", 0, 0, util, lat, lat))
+        return expand(pd.DataFrame(rows, columns=COLUMNS), where)

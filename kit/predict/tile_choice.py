@@ -1,0 +1,118 @@
+"""Which tile would the library pick? Learned from the kernel names in the training data.
+
+On a GPU nobody has measured, no kernel name says which sgemm tile cuBLAS chose. The library's
+heuristic depends on the shape and on the GPU, so a small classifier learns it from measured
+rows (shape + GPU features -> the tile named in the kernel, e.g. ampere_sgemm_128x64_tn) and
+predicts it for any shape on any GPU in the catalog. The tile it reports is the library's
+name (cuBLAS tile m × n, column-major); kit.tiling gets it as the kit's (tn, tm).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kit.errors import KitError
+from kit.hardware import GPU, get_gpu
+from kit.ops import Gemm
+from kit.predict.features import arrays_from_frame, arrays_from_ops, gpu_vector, lib_tile
+
+FEATURES = ["log_m", "log_n", "log_k", "log_b", "linear"]
+
+
+def shape_matrix(a: dict, gpu: GPU | str) -> np.ndarray:
+    """Shape features of a GEMM batch (kit.predict.features arrays) and the GPU's features."""
+    shape = np.column_stack([np.log(a["m"]), np.log(a["n"]), np.log(a["k"]), np.log(a["b"]),
+                             a["linear"]])
+    return np.column_stack([shape, np.tile(gpu_vector(gpu), (len(shape), 1))])
+
+
+class TileChooser:
+    """A softmax classifier over the tiles seen in training; `vocab` rows are
+    (library tile_m, tile_n, tile_k, threads)."""
+
+    def __init__(self, vocab: list[tuple[int, int, int, int]], model=None):
+        self.vocab = [tuple(int(v) for v in t) for t in vocab]
+        self.model = model
+
+    @staticmethod
+    def fit(frame: pd.DataFrame, seed: int = 0, epochs: int = 12, hidden: int = 64,
+            min_steps: int = 300, progress=None) -> "TileChooser":
+        """Learn from the GEMM rows of a measurement table that name a tile."""
+        import torch
+
+        from kit.predict.nets import MLP, fit
+
+        rows = frame[(frame.op_class == "gemm") & frame.tile_m.notna() & frame.tile_n.notna()]
+        if rows.empty:
+            raise KitError("tile choice: no GEMM rows with a tile in the kernel name to learn from")
+        threads = (rows.block_x.fillna(1) * rows.block_y.fillna(1) * rows.block_z.fillna(1)
+                   ).astype(int)
+        tk = rows.tile_k.fillna(8).astype(int)
+        key = list(zip(rows.tile_m.astype(int), rows.tile_n.astype(int)))
+        table = pd.DataFrame({"key": key, "tk": tk.values, "threads": threads.values})
+        vocab = []
+        for k, grp in table.groupby("key", sort=True):
+            vocab.append((k[0], k[1], int(grp.tk.mode().iloc[0]), int(grp.threads.mode().iloc[0])))
+        index = {(v[0], v[1]): i for i, v in enumerate(vocab)}
+        xs, ys, ws = [], [], []
+        for gpu, grp in rows.groupby("gpu", sort=True):
+            xs.append(shape_matrix(arrays_from_frame("gemm", grp), gpu))
+            ys += [index[(int(a), int(b))] for a, b in zip(grp.tile_m, grp.tile_n)]
+            ws.append(np.full(len(grp), 1.0 / len(grp)))  # every GPU counts the same
+        x, y, weight = np.concatenate(xs), torch.tensor(ys), np.concatenate(ws)
+        torch.manual_seed(seed)
+        model = MLP(x.shape[1], len(vocab), hidden=hidden, depth=2)
+        model.set_scale(x)
+        ce = torch.nn.CrossEntropyLoss(reduction="none")
+        fit(model, x, lambda out, idx: ce(out, y[idx]), epochs=epochs, seed=seed,
+            sample_weight=weight, min_steps=min_steps, progress=progress)
+        return TileChooser(vocab, model)
+
+    def choose_index(self, a: dict, gpu: GPU | str) -> np.ndarray:
+        """Index into vocab of the tile chosen for each GEMM of the batch `a`."""
+        from kit.predict.nets import predict
+
+        if len(a["m"]) == 0:
+            return np.zeros(0, dtype=int)
+        return predict(self.model, shape_matrix(a, get_gpu(gpu))).argmax(1)
+
+    def tile_arrays(self, a: dict, gpu: GPU | str) -> tuple[dict, list[str]]:
+        """(kit-orientation tile arrays for waves(), library tile names "MxN") per GEMM."""
+        v = np.array(self.vocab, dtype=float).reshape(-1, 4)[self.choose_index(a, gpu)]
+        names = [f"{int(m)}x{int(n)}" for m, n in v[:, :2]]
+        return lib_tile(v[:, 0], v[:, 1], v[:, 3], v[:, 2]), names
+
+    def choose(self, gemms: list, gpu: GPU | str) -> list[tuple[int, int, int, int]]:
+        """The library tile (tile_m, tile_n, tile_k, threads) for each kit Gemm."""
+        if not all(isinstance(g, Gemm) for g in gemms):
+            raise KitError("tile choice applies to GEMMs only")
+        if not gemms:
+            return []
+        return [self.vocab[i] for i in self.choose_index(arrays_from_ops("gemm", gemms), gpu)]
+
+    def accuracy(self, frame: pd.DataFrame) -> float:
+        """Share of a table's GEMM rows (with a named tile) whose tile the chooser gets right."""
+        rows = frame[(frame.op_class == "gemm") & frame.tile_m.notna() & frame.tile_n.notna()]
+        hits = 0
+        vocab = np.array(self.vocab).reshape(-1, 4)
+        for gpu, grp in rows.groupby("gpu"):
+            got = vocab[self.choose_index(arrays_from_frame("gemm", grp), gpu)]
+            hits += int(((got[:, 0] == grp.tile_m.to_numpy(int))
+                         & (got[:, 1] == grp.tile_n.to_numpy(int))).sum())
+        return hits / max(len(rows), 1)
+
+    # -- weights ---------------------------------------------------------------------------
+    def state(self) -> tuple[dict, dict]:
+        return ({f"tile_choice.{k}": v for k, v in self.model.state_dict().items()},
+                {"vocab": [list(v) for v in self.vocab], "n_in": int(self.model.x_mean.numel()),
+                 "hidden": int(self.model.net[0].out_features)})
+
+    @staticmethod
+    def from_state(tensors: dict, meta: dict) -> "TileChooser":
+        from kit.predict.nets import MLP
+
+        model = MLP(meta["n_in"], len(meta["vocab"]), hidden=meta["hidden"], depth=2)
+        model.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items()
+                               if k.startswith("tile_choice.")})
+        model.eval()
+        return TileChooser([tuple(v) for v in meta["vocab"]], model)

@@ -1,0 +1,274 @@
+"""The tile-MLP: a learned per-wave utilisation, bounded by the roofline (after NeuSight, ASPLOS'25).
+
+    latency = base_ms / utilisation,   base_ms = max(waves × per-wave time at peak, roofline_ms)
+    utilisation = sigmoid(MLP(tile features, GPU features)) in (0, 1]
+
+A GPU's peak and bandwidth set base_ms exactly; what the network learns is how far from that
+bound a wave of one tile runs, from numbers that mean the same on any GPU (features.py). That is
+why it carries over to GPUs it has never seen: it never predicts a latency outright, only a
+fraction of a roofline it can compute for any catalog GPU, and never a time below it.
+
+One model per op class (gemm, elementwise, softmax, layernorm). Each is a small deep ensemble
+(seeds seed, seed+1, ...) whose members have three heads: the 10th, 50th and 90th percentile
+of log latency, trained with the pinball loss. The band p10–p90 combines, in quadrature, the
+heads' width, the members' disagreement (which grows off the training distribution) and a
+per-class transfer error σ measured by leaving each training GPU out in turn
+(kit.predict.training.transfer_sigma): a new GPU is exactly what those held-out GPUs were.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kit.hardware import GPU, get_gpu
+from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
+from kit.errors import KitError
+from kit.predict.features import (CLASSES, arrays_from_frame, arrays_from_ops, feature_matrix,
+                                  feature_names, lib_tile, op_class_of, waves)
+
+QUANTILES = (0.1, 0.5, 0.9)
+Z80 = 1.2816  # standard normal 90th percentile: ±Z80·σ spans 80%
+
+
+def heads_to_log_latency(out, log_base):
+    """Network outputs (n, 3) -> log-latency quantiles (n, 3) [p10, p50, p90], each ≥ log_base.
+
+    Head 0 is the median utilisation's logit; heads 1 and 2 move it up (faster, p10) and down
+    (slower, p90) by a softplus, so the quantiles never cross."""
+    import torch
+    from torch.nn.functional import logsigmoid, softplus
+
+    z = out[:, 0]
+    fast = z + softplus(out[:, 1])
+    slow = z - softplus(out[:, 2])
+    return log_base[:, None] - torch.stack([logsigmoid(fast), logsigmoid(z), logsigmoid(slow)], 1)
+
+
+def direct_heads(out, log_base):
+    """The direct MLP's heads: log latency itself (plus log_base, zero there), and two widths."""
+    from torch.nn.functional import softplus
+    import torch
+
+    c = out[:, 0] + log_base
+    return torch.stack([c - softplus(out[:, 1]), c, c + softplus(out[:, 2])], 1)
+
+
+HEADS = {"utilisation": heads_to_log_latency, "direct": direct_heads}
+
+
+class ClassModel:
+    """The ensemble for one op class."""
+
+    def __init__(self, op_class: str, members: list, hidden: int, mode: str = "utilisation",
+                 n_in: int | None = None):
+        self.op_class, self.members, self.hidden, self.mode = op_class, members, hidden, mode
+        self.n_in = n_in if n_in is not None else int(members[0].x_mean.numel())
+
+    @staticmethod
+    def fit(op_class: str, x: np.ndarray, log_base: np.ndarray, log_y: np.ndarray,
+            weight: np.ndarray, *, seed: int, members: int = 3, epochs: int = 30,
+            hidden: int = 64, mode: str = "utilisation", min_steps: int = 300,
+            progress=None) -> "ClassModel":
+        import torch
+
+        from kit.predict.nets import MLP, fit, pinball
+
+        lb = torch.as_tensor(log_base, dtype=torch.float32)
+        ly = torch.as_tensor(log_y, dtype=torch.float32)
+        heads = HEADS[mode]
+        nets = []
+        for i in range(members):
+            torch.manual_seed(seed + i)
+            net = MLP(x.shape[1], 3, hidden=hidden, depth=2)
+            net.set_scale(x)
+            with torch.no_grad():  # start near utilisation 0.5 (or the mean) with a narrow band
+                start = 0.0 if mode == "utilisation" else float(ly.mean())
+                net.net[-1].bias.copy_(torch.tensor([start, -1.0, -1.0]))
+            fit(net, x, lambda out, idx: pinball(heads(out, lb[idx]), ly[idx], QUANTILES),
+                epochs=epochs, seed=seed + i, sample_weight=weight, min_steps=min_steps,
+                progress=progress)
+            nets.append(net)
+        return ClassModel(op_class, nets, hidden, mode)
+
+    def log_quantiles(self, x: np.ndarray, log_base: np.ndarray) -> np.ndarray:
+        """(members, n, 3) log-latency quantiles."""
+        import torch
+
+        lb = torch.as_tensor(log_base, dtype=torch.float32)
+        with torch.no_grad():
+            xt = torch.as_tensor(x, dtype=torch.float32)
+            heads = HEADS[self.mode]
+            return np.stack([heads(m(xt), lb).numpy() for m in self.members])
+
+    def state(self, prefix: str = "") -> tuple[dict, dict]:
+        tensors = {f"{prefix}{self.op_class}.{i}.{k}": v for i, m in enumerate(self.members)
+                   for k, v in m.state_dict().items()}
+        return tensors, {"members": len(self.members), "hidden": self.hidden,
+                         "n_in": self.n_in, "mode": self.mode}
+
+    @staticmethod
+    def from_state(op_class: str, tensors: dict, meta: dict, prefix: str = "") -> "ClassModel":
+        from kit.predict.nets import MLP
+
+        nets = []
+        for i in range(meta["members"]):
+            net = MLP(meta["n_in"], 3, hidden=meta["hidden"], depth=2)
+            head = f"{prefix}{op_class}.{i}."
+            net.load_state_dict({k[len(head):]: v for k, v in tensors.items()
+                                 if k.startswith(head)})
+            net.eval()
+            nets.append(net)
+        return ClassModel(op_class, nets, meta["hidden"], meta.get("mode", "utilisation"),
+                          meta["n_in"])
+
+
+def combine(logq: np.ndarray, transfer_sigma: float = 0.0):
+    """Ensemble (members, n, 3) -> (log p50, log p10, log p90) per op.
+
+    half-width² = head width² + (Z80 · member spread)² + (Z80 · transfer σ)²"""
+    centre = logq[:, :, 1].mean(0)
+    spread = logq[:, :, 1].std(0) if len(logq) > 1 else np.zeros_like(centre)
+    extra = (Z80 * spread) ** 2 + (Z80 * transfer_sigma) ** 2
+    down = np.sqrt(((logq[:, :, 1] - logq[:, :, 0]) ** 2).mean(0) + extra)
+    up = np.sqrt(((logq[:, :, 2] - logq[:, :, 1]) ** 2).mean(0) + extra)
+    return centre, centre - down, centre + up
+
+
+class TilePredictor:
+    """The kit's own predictor: tile choice + per-class utilisation ensembles."""
+
+    name = "tile"
+
+    def __init__(self, chooser, models: dict, transfer_sigma: dict | None = None,
+                 manifest: dict | None = None):
+        self.chooser, self.models = chooser, models
+        self.transfer_sigma = {k: float(v) for k, v in (transfer_sigma or {}).items()}
+        self.manifest = manifest or {}
+
+    @classmethod
+    def shipped(cls) -> "TilePredictor":
+        from kit.predict.weights import shipped_bundle
+
+        return shipped_bundle().tile
+
+    def predict(self, ops, gpu: GPU | str) -> pd.DataFrame:
+        gpu = get_gpu(gpu)
+        unique, where = dedupe(list(ops))
+        out = pd.DataFrame(index=range(len(unique)), columns=COLUMNS)
+        by_class: dict[str, list[int]] = {}
+        for i, op in enumerate(unique):
+            cls = op_class_of(op)
+            by_class.setdefault(cls if cls in self.models else "other", []).append(i)
+        for cls, idx in by_class.items():
+            ops_c = [unique[i] for i in idx]
+            if cls == "other":  # attention, embedding, memcpy, ...: the wave model
+                out.loc[idx, COLUMNS] = WavePredictor().predict(ops_c, gpu).values
+                continue
+            out.loc[idx, COLUMNS] = self._predict_class(cls, ops_c, gpu).values
+        for c in ("latency_ms", "roofline_ms", "utilisation", "latency_p10_ms", "latency_p90_ms"):
+            out[c] = out[c].astype(float)
+        out["tiles"] = out["tiles"].astype(int)
+        out["waves"] = out["waves"].astype(int)
+        out["tile"] = out["tile"].astype(str)
+        out["bound"] = out["bound"].astype(str)
+        return expand(out, where)
+
+    def _predict_class(self, cls: str, ops: list, gpu: GPU) -> pd.DataFrame:
+        dtypes = {getattr(op, "dtype", "fp32") for op in ops}
+        if len(dtypes) > 1:  # one batch per dtype
+            parts = [(i, op) for d in sorted(dtypes) for i, op in enumerate(ops) if op.dtype == d]
+            frame = pd.concat([self._predict_class(cls, [op for _, op in parts if op.dtype == d],
+                                                   gpu) for d in sorted(dtypes)])
+            return frame.set_axis([i for i, _ in parts]).sort_index()
+        dtype = dtypes.pop()
+        a = arrays_from_ops(cls, ops)
+        names = None
+        if cls == "gemm":
+            tile, names = self.chooser.tile_arrays(a, gpu)
+            a.update(tile)
+        w = waves(cls, a, gpu, dtype)
+        if names is None:
+            names = tile_names(cls, a)
+        x = feature_matrix(cls, a, gpu, w)
+        base = w["base_ms"]
+        centre, lo, hi = combine(self.models[cls].log_quantiles(x, np.log(base)),
+                                 self.transfer_sigma.get(cls, 0.0))
+        lat = np.exp(centre)
+        return pd.DataFrame({
+            "latency_ms": lat, "roofline_ms": w["roofline_ms"], "bound": w["bound"],
+            "tile": names, "tiles": w["tiles"].astype(int), "waves": w["waves"].astype(int),
+            "utilisation": base / lat, "latency_p10_ms": np.minimum(np.maximum(np.exp(lo), base), lat),
+            "latency_p90_ms": np.maximum(np.exp(hi), lat)}, columns=COLUMNS)
+
+
+def tile_names(cls: str, a: dict) -> list[str]:
+    """kit.tiling's tile names of vector ops: "512" elements, or rows-per-block x cols."""
+    if cls == "elementwise":
+        return ["512"] * len(a["numel"])
+    rpb = np.where(a["cols"] <= 1024, 4, 1)
+    return [f"{r}x{int(c)}" for r, c in zip(rpb, a["cols"])]
+
+
+def observed_tiles(grp: pd.DataFrame, chooser=None) -> dict:
+    """Tile arrays of measured GEMM rows: the tile their kernel name gives (with the block's
+    threads); rows whose kernel names none get the chooser's tile."""
+    tm = grp.tile_m.to_numpy(dtype=float, na_value=np.nan)
+    tn = grp.tile_n.to_numpy(dtype=float, na_value=np.nan)
+    tk = grp.tile_k.to_numpy(dtype=float, na_value=np.nan)
+    threads = np.ones(len(grp))
+    for c in ("block_x", "block_y", "block_z"):
+        threads *= np.nan_to_num(grp[c].to_numpy(dtype=float, na_value=np.nan), nan=1.0)
+    known = ~(np.isnan(tm) | np.isnan(tn)) & (threads >= 32)
+    tile = lib_tile(np.where(known, tm, 128), np.where(known, tn, 128),
+                    np.where(known, threads, 256), np.where(np.isnan(tk), 8, tk))
+    if (~known).any():
+        if chooser is None:
+            raise KitError("GEMM rows without a tile in the kernel name need a tile chooser")
+        chosen, _ = chooser.tile_arrays(arrays_from_frame("gemm", grp[~known]), grp.gpu.iloc[0])
+        for key in tile:
+            tile[key][~known] = chosen[key]
+    return tile
+
+
+def training_design(frame: pd.DataFrame, op_class: str, chooser=None):
+    """(x, log_base, log_y, gpu) for the fp32 rows of one op class in a measurement table."""
+    rows = frame[(frame.op_class == op_class) & (frame.dtype.fillna("fp32") == "fp32")]
+    xs, lbs, lys, gpus = [], [], [], []
+    for gpu, grp in rows.groupby("gpu", sort=True):
+        a = arrays_from_frame(op_class, grp)
+        if op_class == "gemm":
+            a.update(observed_tiles(grp, chooser))
+        w = waves(op_class, a, get_gpu(gpu))
+        xs.append(feature_matrix(op_class, a, gpu, w))
+        lbs.append(np.log(w["base_ms"]))
+        lys.append(np.log(grp.latency_ms.to_numpy(float)))
+        gpus += [gpu] * len(grp)
+    if not xs:
+        n = len(feature_names(op_class))
+        return np.zeros((0, n)), np.zeros(0), np.zeros(0), np.array([], dtype=object)
+    return np.concatenate(xs), np.concatenate(lbs), np.concatenate(lys), np.array(gpus, dtype=object)
+
+
+def gpu_balanced_weights(gpus: np.ndarray) -> np.ndarray:
+    """Weights that give every GPU the same total say."""
+    labels, inverse, counts = np.unique(gpus, return_inverse=True, return_counts=True)
+    return 1.0 / counts[inverse]
+
+
+def fit_tile_predictor(frame: pd.DataFrame, *, seed: int = 0, members: int = 3, epochs: int = 30,
+                       hidden: int = 64, chooser=None, min_steps: int = 300,
+                       chooser_epochs: int = 8, progress=None) -> TilePredictor:
+    """Fit the tile chooser (unless given) and one ensemble per op class on a measurement table."""
+    from kit.predict.tile_choice import TileChooser
+
+    chooser = chooser or TileChooser.fit(frame, seed=seed, epochs=chooser_epochs,
+                                         min_steps=min_steps, progress=progress)
+    models = {}
+    for cls in CLASSES:
+        x, lb, ly, gpus = training_design(frame, cls, chooser)
+        if len(x) == 0:
+            continue
+        models[cls] = ClassModel.fit(cls, x, lb, ly, gpu_balanced_weights(gpus), seed=seed,
+                                     members=members, epochs=epochs, hidden=hidden,
+                                     min_steps=min_steps, progress=progress)
+    return TilePredictor(chooser, models)

@@ -1,0 +1,174 @@
+"""Trained predictor weights on disk: one safetensors file and a manifest.json beside it.
+
+    <dir>/model.safetensors   every tensor (tile chooser, tile-MLP and direct-MLP ensembles);
+                              safetensors holds plain tensors only, so loading runs no code
+    <dir>/manifest.json       format tag, what the weights were trained on (GPUs, data source,
+                              rows), the seed, the command that reproduces them, and each
+                              component's settings (tile vocabulary, Li coefficients, transfer σ)
+
+The loader refuses anything else (a missing or foreign manifest, a file that is not
+safetensors, tensors that do not fit the manifest) with a KitError that says what it expected.
+The package ships default weights in kit/predict/weights/.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import KitError
+
+FORMAT = "gpu-perf-kit/predictors"
+VERSION = 1
+SHIPPED_DIR = Path(__file__).with_name("weights")
+TENSORS_FILE = "model.safetensors"
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass
+class Bundle:
+    """The learned predictors trained together, and the manifest that describes them."""
+
+    tile: object  # kit.predict.tile_mlp.TilePredictor
+    li: object  # kit.predict.linear_li.LiPredictor
+    mlp: object | None  # kit.predict.mlp_direct.DirectMLP
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def train_gpus(self) -> list[str]:
+        return list(self.manifest.get("train_gpus", []))
+
+
+def save_bundle(bundle: Bundle, out_dir: str | Path) -> Path:
+    """Write model.safetensors and manifest.json into out_dir (created if needed)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KitError(f"cannot create weights folder {out}: {e.strerror}") from None
+    tensors, parts = {}, {}
+    t, meta = bundle.tile.chooser.state()
+    tensors.update(t)
+    parts["tile_choice"] = meta
+    parts["tile"] = {"transfer_sigma": bundle.tile.transfer_sigma, "classes": {}}
+    for cls, model in bundle.tile.models.items():
+        t, meta = model.state(prefix="tile.")
+        tensors.update(t)
+        parts["tile"]["classes"][cls] = meta
+    if bundle.mlp is not None:
+        parts["mlp"] = {"classes": {}}
+        for cls, model in bundle.mlp.models.items():
+            t, meta = model.state(prefix="mlp.")
+            tensors.update(t)
+            parts["mlp"]["classes"][cls] = meta
+    parts["li"] = {"coefs": bundle.li.coefs}
+    manifest = {"format": FORMAT, "version": VERSION, **bundle.manifest, "parts": parts}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / TENSORS_FILE))
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+def read_manifest(weights_dir: str | Path) -> dict:
+    """The manifest of a weights folder; KitError unless it is this kit's predictor manifest."""
+    path = Path(weights_dir)
+    if path.is_file():
+        path = path.parent
+    mpath = path / MANIFEST_FILE
+    if not mpath.is_file():
+        raise KitError(f"{path} is not a predictor weights folder: no {MANIFEST_FILE} "
+                       f"(expected {TENSORS_FILE} + {MANIFEST_FILE}, as `kit train --out` writes)")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise KitError(f"{mpath} is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise KitError(f"{mpath} is not a gpu-perf-kit predictor manifest "
+                       f"(its format tag should be {FORMAT!r})")
+    if manifest.get("version") != VERSION:
+        raise KitError(f"{mpath}: weights format version {manifest.get('version')!r}; "
+                       f"this kit reads version {VERSION}")
+    if not isinstance(manifest.get("parts"), dict):
+        raise KitError(f"{mpath}: manifest has no 'parts' section")
+    return manifest
+
+
+def _read_tensors(path: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise KitError(f"weights file not found: {path}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise KitError(f"{path} is not a safetensors weights file ({e}); "
+                       "retrain with `kit train --out DIR`") from None
+
+
+def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
+    """Load a weights folder (default: the shipped one). Refuses files that are not such weights."""
+    from kit.predict.linear_li import LiPredictor
+    from kit.predict.mlp_direct import DirectMLP
+    from kit.predict.tile_choice import TileChooser
+    from kit.predict.tile_mlp import ClassModel, TilePredictor
+
+    folder = Path(weights_dir) if weights_dir is not None else SHIPPED_DIR
+    if folder.is_file():
+        folder = folder.parent
+    manifest = read_manifest(folder)
+    tensors = _read_tensors(folder / TENSORS_FILE)
+    parts = manifest["parts"]
+    try:
+        chooser = TileChooser.from_state(tensors, parts["tile_choice"])
+        models = {cls: ClassModel.from_state(cls, tensors, meta, prefix="tile.")
+                  for cls, meta in parts["tile"]["classes"].items()}
+        mlp = None
+        if "mlp" in parts:
+            mlp = DirectMLP({cls: ClassModel.from_state(cls, tensors, meta, prefix="mlp.")
+                             for cls, meta in parts["mlp"]["classes"].items()})
+        li = LiPredictor(parts["li"]["coefs"])
+    except (KeyError, RuntimeError, TypeError, ValueError) as e:
+        raise KitError(f"weights in {folder} do not match their manifest ({type(e).__name__}: "
+                       f"{str(e).splitlines()[0][:200]})") from None
+    info = {k: v for k, v in manifest.items() if k != "parts"}
+    tile = TilePredictor(chooser, models, parts["tile"].get("transfer_sigma", {}), info)
+    return Bundle(tile, li, mlp, info)
+
+
+_shipped: list = []
+
+
+def shipped_bundle() -> Bundle:
+    """The package's default weights, loaded once."""
+    if not _shipped:
+        _shipped.append(load_bundle(SHIPPED_DIR))
+    return _shipped[0]
+
+
+def has_shipped() -> bool:
+    return (SHIPPED_DIR / MANIFEST_FILE).is_file() and (SHIPPED_DIR / TENSORS_FILE).is_file()
+
+
+def shipped_tile():
+    return shipped_bundle().tile
+
+
+def shipped_li():
+    return shipped_bundle().li
+
+
+def shipped_mlp():
+    bundle = shipped_bundle()
+    if bundle.mlp is None:
+        raise KitError("the shipped weights have no direct MLP; train one with `kit train`")
+    return bundle.mlp
+
+
+def shipped_habitat(measurements=None):
+    """Habitat over the shipped tile-MLP (reference for unmeasured shapes) and its training GPUs."""
+    from kit.predict.habitat import HabitatPredictor
+
+    bundle = shipped_bundle()
+    return HabitatPredictor(bundle.tile, bundle.train_gpus, measurements)
