@@ -108,3 +108,12 @@ def test_backward_time_is_kernel_floors_plus_memory_time():
     big = lookup_cost(Table(rows=2**20, dim=16, pooling=2), 4096, GPU, backward=True)  # 8192 keys
     # a multi-tile sort: histogram + exclusive sum + one onesweep per 8-bit pass (20 bits: 3)
     assert big.parts["launch_ms"] == pytest.approx(floors + 2 * C.HELPER_KERNEL_MS + 3 * C.SORT_PASS_MS)
+
+
+def test_distributions_per_table():
+    a, b = Table(rows=10**6, dim=32, pooling=10), Table(rows=10**6, dim=32, pooling=10)
+    r = lookup_cost([a, b], 2048, GPU, [0.0, 1.2])
+    assert r.per_table[0]["distribution"] == "uniform" and r.per_table[1]["distribution"] == "zipf(1.2)"
+    assert r.per_table[1]["unique_rows"] < r.per_table[0]["unique_rows"]
+    r2 = lookup_cost([a, b], 2048, GPU, ["uniform", Zipf(1.2)])
+    assert r2.parts["unique_rows"] == pytest.approx(r.parts["unique_rows"])

@@ -168,7 +168,7 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
     """Predict an embedding-bag kernel (or its backward) for `tables` at `batch` bags per table.
 
     distribution: one for all tables (anything parse_distribution reads), or a list, one per
-    table; a Table's own distribution wins. fused=True models one FBGEMM TBE kernel whose tables
+    table (Distributions, strings or Zipf alphas as floats); a Table's own distribution wins. fused=True models one FBGEMM TBE kernel whose tables
     share L2; fused=False one nn.EmbeddingBag kernel per table, each with the whole L2.
     backward=True gives the backward + optimizer update only (sgd or rowwise_adagrad).
     l2_share: fraction of the L2 left to these lookups (other work running at once).
@@ -185,8 +185,10 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
         raise KitError(f"index_bytes must be 4 (int32) or 8 (int64), got {index_bytes!r}")
     if not 0 < l2_share <= 1:
         raise KitError(f"l2_share must be in (0, 1], got {l2_share!r}")
-    if isinstance(distribution, (list, tuple)) and len(distribution) == len(tables) and \
-            not all(isinstance(x, (int, float)) for x in distribution):
+    per_table = isinstance(distribution, (list, tuple)) and len(distribution) == len(tables) and (
+        not all(isinstance(x, (int, float)) for x in distribution)  # Distributions or strings
+        or any(isinstance(x, float) for x in distribution))  # Zipf alphas; whole numbers are indices
+    if per_table:
         dists = [parse_distribution(d) for d in distribution]
     else:
         dists = [parse_distribution(distribution)] * len(tables)
