@@ -21,8 +21,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from browser_support import (LabServer, NotebookPage, OffsiteLog, copy_notebooks, launch_browser,
-                             new_context, notebooks_in, skip_reason)
+from browser_notebook import NotebookPage
+from browser_support import (LabServer, OffsiteLog, copy_notebooks, launch_browser, new_context,
+                             notebooks_in, skip_reason)
 
 pytestmark = pytest.mark.browser
 
@@ -53,6 +54,7 @@ def lab(tmp_path_factory):
             page = new_context(browser, offsite).new_page()
             lab = NotebookPage(page, server)
             lab.offsite, lab.started = offsite, started
+            lab.offsite_at_load = list(offsite.urls)
             yield lab
             browser.close()
     finally:
@@ -63,7 +65,8 @@ def run_in_browser(lab, path: str, shot_dir: Path, change_timeout_s: float = 30)
     left_s = BUDGET_S - (time.monotonic() - lab.started)
     if left_s < 20:
         pytest.fail(f"the browser test's budget of {BUDGET_S:.0f} s is spent; {path} not run "
-                    "(a notebook got slower: each must run in < 60 s)")
+                    "(a notebook got slower, each must run in < 60 s, or the machine is busy; "
+                    "KIT_BROWSER_BUDGET_S raises the bound)")
     before = len(lab.offsite.urls)
     report = lab.check(path, shot_dir, timeout_s=min(NOTEBOOK_TIMEOUT_S, left_s),
                        change_timeout_s=change_timeout_s)
@@ -80,9 +83,14 @@ def run_in_browser(lab, path: str, shot_dir: Path, change_timeout_s: float = 30)
 def test_notebook_in_browser(lab, notebook, tmp_path):
     report, offsite = run_in_browser(lab, f"series/{notebook.name}", tmp_path)
     problems = report.problems()
-    assert not problems, f"{notebook.name} in JupyterLab:\n" + "\n".join(problems)
+    assert not problems, (f"{notebook.name} in JupyterLab (screenshot {report.screenshot or 'none'}):\n"
+                          + "\n".join(problems))
     assert not offsite, f"{notebook.name} asked for files off 127.0.0.1 (blocked): {offsite}"
     assert Path(report.screenshot).stat().st_size > 10_000
+
+
+def test_jupyterlab_loads_offline(lab):
+    assert lab.offsite_at_load == [], "JupyterLab asked for files off 127.0.0.1 while loading"
 
 
 def test_series_is_not_empty():
