@@ -3,16 +3,9 @@
 from pathlib import Path
 
 import nbformat as nbf
+from build_collectives_notebook import code, md  # the cell helpers every builder uses
 
 HERE = Path(__file__).parent
-
-
-def md(s):
-    return nbf.v4.new_markdown_cell(s.strip())
-
-
-def code(s):
-    return nbf.v4.new_code_cell(s.strip())
 
 
 CELLS = [

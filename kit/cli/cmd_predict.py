@@ -6,7 +6,10 @@ from kit.hardware import DTYPES
 
 def add_model_args(p):
     """Arguments shared by predict and compare (the multi-GPU options extend this parser)."""
-    p.add_argument("model", help="zoo name (see `kit predict --list`), or a Python path 'module:callable'")
+    from kit.workload.zoo import zoo_names
+
+    p.add_argument("model", help="a zoo model (" + ", ".join(zoo_names()) + "), or a Python path "
+                   "'module:callable' returning an nn.Module, an HF-style config dict or (module, inputs)")
     p.add_argument("--mode", default="train", choices=["train", "inference"])
     p.add_argument("--batch", type=_pos, default=1)
     p.add_argument("--seq", type=_pos, default=None, help="sequence length (default: the model's)")

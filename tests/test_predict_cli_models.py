@@ -1,0 +1,112 @@
+"""`kit predict`, `kit validate`, `kit compare` end to end, on tiny models."""
+import json
+
+import pytest
+
+from kit.cli import main
+
+GPU = "a100-pcie-40gb"
+TINY = '''
+import torch.nn as nn
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for layer in self.layers:
+            x = x + layer(x).relu()
+        return self.head(x)
+
+def make():
+    return Tiny()
+
+def config():
+    return {"model_type": "gpt2", "n_embd": 16, "n_head": 2, "n_layer": 1, "vocab_size": 50, "n_positions": 8}
+'''
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    (tmp_path / "tinymodel.py").write_text(TINY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def _json(capsys, argv):
+    rc = main(argv + ["--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return json.loads(out.out)
+
+
+def test_predict_module_callable_with_trace(tiny, capsys):
+    r = _json(capsys, ["predict", "tinymodel:make", "--gpu", GPU, "--batch", "2", "--seq", "4",
+                       "--trace", str(tiny / "t.json")])
+    assert r["mode"] == "train" and set(r["phases_ms"]) == {"fwd", "bwd"}
+    assert r["total_ms"] == pytest.approx(sum(r["phases_ms"].values()))
+    assert sum(c["share"] for c in r["by_class"]) == pytest.approx(1.0)
+    assert 0 < len(r["top_kernels"]) <= 10
+    trace = json.loads((tiny / "t.json").read_text())
+    assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
+    text_rc = main(["predict", "tinymodel:config", "--gpu", GPU, "--mode", "inference", "--seq", "8"])
+    assert text_rc == 0 and "total" in capsys.readouterr().out
+
+
+def test_predict_errors_are_one_line(tiny, capsys):
+    for argv, word in ((["predict", "tinymodel:make", "--gpu", "z9000"], "unknown GPU"),
+                       (["predict", "gpt5", "--gpu", GPU], "unknown model"),
+                       (["predict", "tinymodel:nothing", "--gpu", GPU], "no attribute"),
+                       (["predict", "nomodule:make", "--gpu", GPU], "cannot import")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert word in err and len(err.splitlines()) == 1
+
+
+def test_compare_throughput_cost_and_memory(tiny, capsys):
+    r = _json(capsys, ["compare", "tinymodel:make", "--gpus", f"{GPU},t4", "--batch", "2", "--seq", "4",
+                       "--price-per-hour", "t4=0.36"])
+    rows = {row["gpu"]: row for row in r["rows"]}
+    t4 = rows["t4"]
+    assert t4["tokens_per_s"] == pytest.approx(8 / (t4["step_ms"] / 1e3))
+    assert t4["cost_per_m_tokens"] == pytest.approx(0.36 / 3600 * t4["step_ms"] / 1e3 / 8 * 1e6)
+    assert rows[GPU]["cost_per_m_tokens"] is None
+    assert t4["energy_j_per_step"] == pytest.approx(t4["tdp_w"] * t4["step_ms"] / 1e3)
+    params = 50 * 16 + 2 * (16 * 16 + 16) + 16 * 50 + 50
+    mem = r["memory"]
+    assert mem["weights_bytes"] == 4 * params and mem["grads_bytes"] == 4 * params
+    assert mem["optimizer_bytes"] == 2 * 4 * params  # AdamW assumed when training
+    assert t4["fits"] is True
+    assert main(["compare", "tinymodel:make", "--gpus", "t4", "--price-per-hour", "t4=cheap"]) == 2
+    assert "GPU=DOLLARS" in capsys.readouterr().err
+
+
+def test_validate_labels(tmp_path, capsys):
+    t4 = tmp_path / "Tesla_T4"
+    t4.mkdir()
+    lab = {"num_layer": 12, "e2e_latency": 4.0, "fw_latency": 4.0, "bwall_latency": 0}
+    for name in ("gpt2-inf-8-1", "gpt2-train-8-1-tp4", "resnet-inf-8-1"):
+        (t4 / f"{name}.json").write_text(json.dumps(lab))
+    (tmp_path / "Unknown_GPU").mkdir()
+    (tmp_path / "Unknown_GPU" / "gpt2-inf-8-1.json").write_text(json.dumps(lab))
+    r = _json(capsys, ["validate", "--labels", str(tmp_path)])
+    assert len(r["configs"]) == 1
+    c = r["configs"][0]
+    assert (c["gpu"], c["model"], c["mode"], c["seq"], c["batch"]) == ("t4", "gpt2", "inference", 8, 1)
+    assert c["ape"] == pytest.approx(abs(c["predicted_ms"] - 4.0) / 4.0)
+    from kit.api import predict_model
+
+    assert c["predicted_ms"] == pytest.approx(predict_model("gpt2", "t4", "inference", 1, 8).total_ms)
+    skipped = {(s.get("model"), s.get("option"), s.get("gpu")): s["reason"] for s in r["skipped"]}
+    assert len(skipped) == 3  # nothing dropped: every label not predicted is listed with a reason
+    assert "4 x t4" in skipped[("gpt2", "tp4", "t4")]  # no 4-GPU T4 system to run tp4 on
+    assert "not in the zoo" in skipped[("resnet", "", "t4")]
+    assert "not in the catalog" in skipped[("gpt2", "", "Unknown_GPU")]
+    assert r["summary"] == [{"gpu": "t4", "mode": "inference", "configs": 1, "mean_ape": c["ape"],
+                             "max_ape": c["ape"]}]
+    assert main(["validate", "--labels", str(tmp_path / "nope")]) == 2
