@@ -206,3 +206,23 @@ def test_api_replay_verb(tmp_path):
 
     d = replay_trace(write(tmp_path, "r0.json", rank_trace(0)))
     assert d["ranks"][0]["predicted_ms"] == pytest.approx(d["ranks"][0]["measured_ms"])
+
+
+def test_transfer_to_a_system_rescales_collectives_by_the_comm_model(tmp_path):
+    from kit.comm import predict_collective
+
+    docs = []
+    for r in range(2):
+        doc = rank_trace(r, comm_dur=200)
+        # the all-reduce's launch (t0+10 .. t0+20) runs inside its nccl:all_reduce annotation
+        doc["traceEvents"].append(ev("user_annotation", "nccl:all_reduce", 1000 + 9, 12,
+                                     **{"Input Dims": [[1 << 20]], "Input type": ["float"]}))
+        docs.append(write(tmp_path, f"rank{r}.json", doc))
+    on = replay([t for p in docs for t in load_kineto(p)], on="dgx-h100")
+    tl = on.timeline()
+    ar = tl[tl.kind == "comm"].iloc[0]
+    nbytes = 4 << 20
+    a = predict_collective("allreduce", nbytes, "dgx1-v100", ranks=[0, 1]).time_ms
+    b = predict_collective("allreduce", nbytes, "dgx-h100", ranks=[0, 1]).time_ms
+    assert ar.end_ms - ar.start_ms == pytest.approx(0.200 * b / a)
+    assert on.to_dict()["on"] == "dgx-h100"
