@@ -1,8 +1,11 @@
 """CPU launch overhead, calibrated from a Kineto (PyTorch profiler) trace.
 
-From the trace's host events: the mean duration of top-level `cpu_op` events (framework
-dispatch per aten op, with the launch inside it), and the mean duration of `cudaLaunchKernel`
-runtime calls (the launch alone). cpu_op_us = mean cpu_op - mean launch, launch_us = mean launch.
+On the thread that issues the most top-level `cpu_op` events (the main Python thread), the
+issue period of an op is the time from one top-level op's start to the next one's: dispatch,
+the launch inside it, and the Python between ops. Its median is robust to the few ops that
+synchronise or allocate. The launch alone is the median `cudaLaunchKernel` (runtime) duration:
+
+    launch_us = median(launch durations),  cpu_op_us = median(issue periods) - launch_us
 """
 from __future__ import annotations
 
@@ -54,12 +57,20 @@ def calibrate(path: str | Path) -> CpuOverhead:
     path = Path(path)
     events = _load(path)
     ops = _top_level([e for e in events if e.get("cat") == "cpu_op"])
-    launches = [e for e in events if e.get("cat") in ("cuda_runtime", "runtime", "cuda_driver")
-                and e.get("name") in LAUNCH_NAMES]
-    if not ops:
-        raise KitError(f"Kineto trace {path}: no cpu_op events to calibrate from")
-    op_us = float(np.mean([float(e["dur"]) for e in ops]))
-    launch_us = float(np.mean([float(e["dur"]) for e in launches])) if launches else 0.0
-    return CpuOverhead(cpu_op_us=max(op_us - launch_us, 0.0), launch_us=launch_us,
-                       free_op_us=min(CpuOverhead().free_op_us, max(op_us - launch_us, 0.0)),
-                       source=f"{path.name}: {len(ops)} cpu_ops, {len(launches)} launches")
+    if len(ops) < 2:
+        raise KitError(f"Kineto trace {path}: no cpu_op events to calibrate from (need 2 or more)")
+    by_thread: dict = {}
+    for e in ops:
+        by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(float(e["ts"]))
+    main = max(by_thread.values(), key=len)
+    if len(main) < 2:
+        raise KitError(f"Kineto trace {path}: no thread issues two or more cpu_ops")
+    period_us = float(np.median(np.diff(np.sort(main))))
+    launches = [float(e["dur"]) for e in events
+                if e.get("cat") in ("cuda_runtime", "runtime", "cuda_driver") and e.get("name") in LAUNCH_NAMES]
+    launch_us = float(np.median(launches)) if launches else 0.0
+    op_us = max(period_us - launch_us, 0.0)
+    return CpuOverhead(cpu_op_us=op_us, launch_us=launch_us,
+                       free_op_us=min(CpuOverhead().free_op_us, op_us),
+                       source=f"{path.name}: {len(main)} top-level cpu_ops on the main thread, "
+                              f"{len(launches)} launches")
