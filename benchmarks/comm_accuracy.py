@@ -118,10 +118,18 @@ def main(argv=None):
     p.add_argument("--collectives", default="allreduce,allgather")
     a = p.parse_args(argv)
     gloo, files = gloo_table(a.gloo, [int(r) for r in a.ranks.split(",")], a.sizes, a.collectives.split(","))
-    result = {"preset_vs_vtrain_a100_allreduce": preset_vs_vtrain(),
-              "fitted_curve_heldout_gloo": {"files": files, **heldout(gloo)},
-              "fitted_curve_heldout_vtrain_nccl": heldout(vtrain_table()) if VTRAIN.exists() else {},
-              "speed": speed()}
+    preset = preset_vs_vtrain()
+    held_gloo = heldout(gloo)
+    held_nccl = heldout(vtrain_table()) if VTRAIN.exists() else {}
+    fast = speed()
+    goals = {"preset_8gpu_mape_le_10pct": preset.get("8gpu", {}).get("mape_all_sizes", 1) <= 0.10,
+             "preset_8gpu_pow2_mape_le_10pct": preset.get("8gpu", {}).get("mape_pow2_sizes", 1) <= 0.10,
+             "gloo_heldout_mape_le_10pct": {k: v["heldout_mape"] <= 0.10 for k, v in held_gloo.items()},
+             "nccl_heldout_mape_le_10pct": all(v["heldout_mape"] <= 0.10 for v in held_nccl.values()),
+             "predict_under_1ms": all(v < 1.0 for v in fast["ms_per_call"].values())}
+    result = {"goals": goals, "preset_vs_vtrain_a100_allreduce": preset,
+              "fitted_curve_heldout_gloo": {"files": files, **held_gloo},
+              "fitted_curve_heldout_vtrain_nccl": held_nccl, "speed": fast}
     json.dump(result, sys.stdout, indent=2)
     print()
 
