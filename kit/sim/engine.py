@@ -158,9 +158,8 @@ def simulate(graph: ExecGraph) -> SimResult:
             k += 1
         ptr[q] = k
     if not all(done):
-        i = done.index(False)
-        key = group[i]
-        stuck = next((j for j in range(n) if not done[j] and group[j] is not None), i)
+        first = done.index(False)
+        stuck = next((j for j in range(n) if not done[j] and group[j] is not None), first)
         key = group[stuck]
         have = sorted(rank_of[j] for j in arrived.get(key, []))
         raise KitError(f"deadlock: op {g.label[stuck]!r} (group {key!r}) on rank {rank_of[stuck]} "

@@ -27,7 +27,6 @@ from kit.sim import ExecGraph
 from kit.trace.kineto import SYNC_CALLS, RankTrace
 
 TOL_US = 1.0  # timestamps are whole µs in Kineto
-COMM_PREFIXES = ("nccl", "ncclKernel", "ncclDevKernel", "rccl")
 
 
 def is_collective_kernel(name: str) -> bool:
