@@ -8,6 +8,7 @@ visible, and changing one control redraws the chart. It saves screenshots and re
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -20,13 +21,17 @@ try:
 except ImportError:  # skip_reason() says so; keep this module importable
     PlaywrightTimeout = TimeoutError
 
-JS_OPEN = """async (path) => {
+# page.evaluate has no timeout of its own: every wait in the page is raced against one.
+JS_OPEN = """async ([path, ms]) => {
   const app = window.jupyterapp;
-  const w = await app.commands.execute('docmanager:open', {path, factory: 'Notebook'});
-  await w.context.ready;
-  await w.sessionContext.ready;
+  const race = (p, what) => { let t; return Promise.race([p, new Promise((_, no) => {
+    t = setTimeout(() => no(new Error(what)), ms); })]).finally(() => clearTimeout(t)); };
+  const w = await race(app.commands.execute('docmanager:open', {path, factory: 'Notebook'}), 'open');
+  try {
+    await race(w.context.ready.then(() => w.sessionContext.ready), 'kernel start');
+  } catch (e) { return {id: w.id, error: String(e)}; }
   app.shell.activateById(w.id);
-  return w.id;
+  return {id: w.id, error: null};
 }"""
 
 JS_RUN_ALL = """async (id) => {
@@ -85,7 +90,7 @@ JS_REPORT = """(id) => {
 JS_CLOSE = """async (id) => {
   const w = window.jupyterapp.shell.currentWidget;
   if (!w || w.id !== id) return;
-  await w.sessionContext.shutdown();
+  await Promise.race([w.sessionContext.shutdown(), new Promise(ok => setTimeout(ok, 20000))]);
   w.context.model.dirty = false;
   w.dispose();
 }"""
@@ -173,8 +178,18 @@ class NotebookPage:
               change_timeout_s: float = 30) -> NotebookReport:
         page, report = self.page, NotebookReport(name=path)
         t0 = time.monotonic()
-        wid = page.evaluate(JS_OPEN, path)
+        kernel = kernel_name(self.server.root / path)
+        if kernel != "python3":
+            report.errors.append({"cell": -1, "ename": "Kernelspec", "traceback": "",
+                                  "evalue": f"kernelspec.name is {kernel!r}; store 'python3'"})
+            return report
+        opened = page.evaluate(JS_OPEN, [path, 120_000])
+        wid = opened["id"]
         try:
+            if opened["error"]:
+                report.errors.append({"cell": -1, "ename": "Open", "traceback": "",
+                                      "evalue": f"{opened['error']} did not finish in 120 s"})
+                return report
             page.evaluate(JS_RUN_ALL, wid)
             try:
                 page.wait_for_function(JS_RUN_DONE, arg=wid, timeout=timeout_s * 1000, polling=250)
@@ -248,6 +263,13 @@ class NotebookPage:
         finally:
             page.set_viewport_size(size)
         return str(shot)
+
+
+def kernel_name(path: Path) -> str | None:
+    try:
+        return json.loads(Path(path).read_text())["metadata"]["kernelspec"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def wait_for_change(panel, before: str, timeout_s: float) -> bool:

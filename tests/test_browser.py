@@ -149,10 +149,9 @@ class Ghost(Line):
 def write_harness_notebooks(folder: Path) -> None:
     folder.mkdir(parents=True)
 
-    def write(name, *cells):
+    def write(name, *cells, kernel="python3"):
         nb = nbformat.v4.new_notebook()
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                     "language": "python"}
+        nb.metadata["kernelspec"] = {"name": kernel, "display_name": kernel, "language": "python"}
         nb.cells = [nbformat.v4.new_markdown_cell(f"# {name}")]
         nb.cells += [nbformat.v4.new_code_cell(c) for c in cells]
         nbformat.write(nb, folder / name)
@@ -163,6 +162,8 @@ def write_harness_notebooks(folder: Path) -> None:
     # Bad: a panel whose chart ignores its control, then a cell that raises, then one never run.
     write("bad.ipynb", TINY_PANELS, "Ghost()", "Line.frozen = True\nLine()",
           "raise ValueError('boom from the harness self-test')", "print('never runs')")
+    # A kernelspec other than python3 would stop CI with NoSuchKernel (and a dialog here).
+    write("julia.ipynb", "1 + 1", kernel="julia-1.10")
 
 
 def test_harness_passes_a_good_notebook(lab, tmp_path):
@@ -186,3 +187,9 @@ def test_harness_catches_a_broken_notebook(lab, tmp_path):
     problems = "\n".join(report.problems())
     assert "ValueError: boom" in problems and "chart did not change" in problems
     assert "marks with no fill or stroke" in problems
+
+
+def test_harness_refuses_a_kernelspec_other_than_python3(lab, tmp_path):
+    report, _ = run_in_browser(lab, "harness/julia.ipynb", tmp_path)
+    assert [e["ename"] for e in report.errors] == ["Kernelspec"]
+    assert "'julia-1.10'; store 'python3'" in report.problems()[0]
