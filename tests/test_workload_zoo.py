@@ -121,3 +121,17 @@ def test_replicated_capture_equals_full_capture(family):
     assert key(fast) == key(full)
     for k in ("params", "param_bytes", "activation_bytes"):
         assert fast.meta[k] == full.meta[k], k
+
+
+def test_replicated_capture_with_optimizer_matches_full():
+    from kit.workload.capture import capture
+
+    cfg = {"model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 5, "vocab_size": 100,
+           "n_positions": 16}
+    fast = zoo.graph_for(cfg, batch=2, seq=8, mode="train", optimizer="adamw", disk=False)
+    model = zoo.build(cfg)
+    full = capture(model, model.example_inputs(2, 8), mode="train", optimizer="adamw")
+    key = lambda g: [(n.aten, n.phase, n.op) for n in g]  # noqa: E731
+    assert key(fast) == key(full) and fast.meta["optimizer"] == "adamw"
+    opt = fast.by_phase("opt")
+    assert opt and opt[0].deps == (opt[0].id - 1,)  # waits for the end of the backward pass

@@ -210,6 +210,36 @@ def _make_optimizer(optimizer, params):
                    "or pass a callable(params) -> torch.optim.Optimizer")
 
 
+def _optimizer_steps(rec: "_Recorder", optimizer, params) -> None:
+    opt = _make_optimizer(optimizer, params)
+    if opt is None:
+        return
+    rec.phase, rec.recording = "opt", False
+    with rec:
+        opt.step()  # the first step allocates the state: not the steady state
+        rec.recording = True
+        opt.step()
+
+
+def capture_optimizer(model: torch.nn.Module, optimizer, dtype: str | None = None) -> list[Node]:
+    """The steady-state optimizer step of model's trainable parameters alone (every gradient
+    present), as "opt" nodes numbered from 0. Used when the forward and backward passes are
+    captured on fewer layers than the model has."""
+    tdtype = TORCH_DTYPES.get(dtype) if dtype else None
+    params = []
+    for p in {id(p): p for p in model.parameters()}.values():
+        if p.requires_grad:
+            meta = torch.nn.Parameter(_to_meta(p, tdtype))
+            meta.grad = torch.empty_like(meta)
+            params.append(meta)
+    rec = _Recorder()
+    try:
+        _optimizer_steps(rec, optimizer, params)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise KitError(f"optimizer step failed on meta tensors: {str(e).splitlines()[0]}") from None
+    return rec.nodes
+
+
 def _backward_root(output):
     leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
     for t in leaves:
@@ -282,13 +312,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
                     root.backward()
                 else:
                     root.backward(torch.empty_like(root))
-            opt = _make_optimizer(optimizer, [p for p in params.values() if p.requires_grad])
-            if opt is not None:
-                rec.phase, rec.recording = "opt", False
-                with rec:
-                    opt.step()  # first step allocates the state: not the steady state
-                    rec.recording = True
-                    opt.step()
+            _optimizer_steps(rec, optimizer, [p for p in params.values() if p.requires_grad])
         elif optimizer not in (None, "none"):
             raise KitError("an optimizer step needs mode='train'")
     except KitError:

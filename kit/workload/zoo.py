@@ -199,7 +199,7 @@ REPLICABLE = {"gpt2", "bert", "opt", "llama", "mistral", "mixtral"}
 def _capture(model, batch, seq, mode, dtype, optimizer):
     """Capture; for models of identical layers, capture three and repeat the middle one
     (kit.workload.replicate: the same graph, a fraction of the time)."""
-    from kit.workload.capture import capture
+    from kit.workload.capture import capture, capture_optimizer
     from kit.workload.replicate import expand_layers
 
     name = resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type", "model"))
@@ -210,7 +210,7 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     full = build(cfg)
     inputs = full.example_inputs(batch, seq)
     if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and isinstance(n_layers, int)
-            and n_layers > 3 and optimizer is None):
+            and n_layers > 3 and (optimizer is None or mode == "train")):
         small = capture(build({**cfg, layer_key: 3}), inputs, mode=mode, dtype=dtype, name=name, meta=meta)
         graph = expand_layers(small, n_layers)
         if graph is not None:
@@ -221,9 +221,25 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
                               // max(small.meta["params"], 1),
                               activation_bytes=small.meta["activation_bytes"] + (n_layers - 3) * per_layer
                               if mode == "train" else small.meta["activation_bytes"],
-                              replicated_from=3)
+                              replicated_from=3, optimizer=optimizer)
+            if optimizer is not None:
+                graph = _with_optimizer(graph, capture_optimizer(full, optimizer, dtype))
             return graph
     return capture(full, inputs, mode=mode, optimizer=optimizer, dtype=dtype, name=name, meta=meta)
+
+
+def _with_optimizer(graph, opt_nodes):
+    """Append an optimizer step after the backward pass (its first node waits for the last
+    backward node: the gradients are complete)."""
+    from dataclasses import replace
+
+    base = len(graph.nodes)
+    last = base - 1
+    nodes = list(graph.nodes)
+    for n in opt_nodes:
+        deps = tuple(d + base for d in n.deps) or ((last,) if n.id == opt_nodes[0].id else ())
+        nodes.append(replace(n, id=n.id + base, deps=deps))
+    return graph.with_nodes(nodes)
 
 
 def _check_positive(**values):
