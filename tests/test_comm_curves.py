@@ -69,3 +69,15 @@ def test_bad_calibration_files(tmp_path):
     f.write_text(json.dumps({"format": "kit-comm-calibration", "curves": [{"kind": "allreduce"}]}))
     with pytest.raises(KitError, match="missing field"):
         load_calibration(f)
+
+
+def test_a_calibration_only_applies_to_its_own_system(tmp_path):
+    import pandas as pd
+
+    truth = BandwidthCurve("allreduce", 8, 20.0, 200.0, 4e6, 1.0)
+    s = np.logspace(12, 30, 8, base=2)
+    table = pd.DataFrame({"kind": "allreduce", "ranks": 8, "size_bytes": s, "time_us": truth.time_us(s)})
+    path = fit_table(table, system="dgx-h100", source="synthetic").save(tmp_path / "h100.json")
+    assert predict_collective("allreduce", 2**25, "hgx-h100", calibration=path).source.startswith("calibration")
+    with pytest.raises(KitError, match="fitted on system 'dgx-h100'"):
+        predict_collective("allreduce", 2**25, "dgx-a100", calibration=path)

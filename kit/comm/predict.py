@@ -53,7 +53,23 @@ def _inputs(kind, system, ranks, calibration):
     group = resolve_group(system, ranks)
     if kind == "sendrecv" and group.size == 1:
         raise KitError("sendrecv needs a group of at least 2 ranks")
-    return kind, system, group, _calibration(calibration)
+    cal = _calibration(calibration)
+    if cal is not None and cal.system:
+        _check_same_system(cal, system)
+    return kind, system, group, cal
+
+
+def _check_same_system(cal: Calibration, system: System) -> None:
+    try:
+        fitted = get_system(cal.system)
+    except KitError:
+        fitted = None
+    same = fitted is not None and (fitted.key == system.key or (
+        (fitted.gpu_key, fitted.nodes, fitted.gpus_per_node, fitted.fabric, fitted.network)
+        == (system.gpu_key, system.nodes, system.gpus_per_node, system.fabric, system.network)))
+    if not same:
+        raise KitError(f"calibration {cal.source or ''} was fitted on system {cal.system!r}, not {system.key!r}; "
+                       f"predict with --system {cal.system} or fit one for {system.key}")
 
 
 def _calibration(calibration) -> Calibration | None:
