@@ -21,10 +21,13 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pytest
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update"]
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+SCREENSHOTS = pytest.StashKey[list]()  # (notebook, png) pairs, listed at the end (conftest.py)
 
 # Settings overrides, written as user settings of the temporary server.
 LAB_SETTINGS = {

@@ -22,8 +22,8 @@ import nbformat
 import pytest
 
 from browser_notebook import NotebookPage
-from browser_support import (LabServer, OffsiteLog, copy_notebooks, launch_browser, new_context,
-                             notebooks_in, skip_reason)
+from browser_support import (SCREENSHOTS, LabServer, OffsiteLog, copy_notebooks, launch_browser,
+                             new_context, notebooks_in, skip_reason)
 
 pytestmark = pytest.mark.browser
 
@@ -61,7 +61,7 @@ def lab(tmp_path_factory):
         server.stop()
 
 
-def run_in_browser(lab, path: str, shot_dir: Path, change_timeout_s: float = 30):
+def run_in_browser(lab, path: str, shot_dir: Path, config, change_timeout_s: float = 30):
     left_s = BUDGET_S - (time.monotonic() - lab.started)
     if left_s < 20:
         pytest.fail(f"the browser test's budget of {BUDGET_S:.0f} s is spent; {path} not run "
@@ -71,6 +71,8 @@ def run_in_browser(lab, path: str, shot_dir: Path, change_timeout_s: float = 30)
     report = lab.check(path, shot_dir, timeout_s=min(NOTEBOOK_TIMEOUT_S, left_s),
                        change_timeout_s=change_timeout_s)
     offsite = lab.offsite.urls[before:]
+    if report.screenshot:
+        config.stash.setdefault(SCREENSHOTS, []).append((path, report.screenshot))
     print(f"\n{path}: ran in {report.run_s:.1f} s, {len(report.panels)} panel(s); "
           f"screenshot {report.screenshot}")
     for p in report.panels:
@@ -80,8 +82,8 @@ def run_in_browser(lab, path: str, shot_dir: Path, change_timeout_s: float = 30)
 
 
 @pytest.mark.parametrize("notebook", SERIES, ids=[p.stem for p in SERIES])
-def test_notebook_in_browser(lab, notebook, tmp_path):
-    report, offsite = run_in_browser(lab, f"series/{notebook.name}", tmp_path)
+def test_notebook_in_browser(lab, notebook, tmp_path, pytestconfig):
+    report, offsite = run_in_browser(lab, f"series/{notebook.name}", tmp_path, pytestconfig)
     problems = report.problems()
     assert not problems, (f"{notebook.name} in JupyterLab (screenshot {report.screenshot or 'none'}):\n"
                           + "\n".join(problems))
@@ -166,8 +168,8 @@ def write_harness_notebooks(folder: Path) -> None:
     write("julia.ipynb", "1 + 1", kernel="julia-1.10")
 
 
-def test_harness_passes_a_good_notebook(lab, tmp_path):
-    report, offsite = run_in_browser(lab, "harness/good.ipynb", tmp_path)
+def test_harness_passes_a_good_notebook(lab, tmp_path, pytestconfig):
+    report, offsite = run_in_browser(lab, "harness/good.ipynb", tmp_path, pytestconfig)
     assert report.problems() == []
     assert [p.marks > 0 and p.changed for p in report.panels] == [True, True]
     assert report.panels[0].control.startswith("n: select")
@@ -175,8 +177,8 @@ def test_harness_passes_a_good_notebook(lab, tmp_path):
     assert offsite == []
 
 
-def test_harness_catches_a_broken_notebook(lab, tmp_path):
-    report, _ = run_in_browser(lab, "harness/bad.ipynb", tmp_path, change_timeout_s=8)
+def test_harness_catches_a_broken_notebook(lab, tmp_path, pytestconfig):
+    report, _ = run_in_browser(lab, "harness/bad.ipynb", tmp_path, pytestconfig, change_timeout_s=8)
     assert [(e["ename"], e["evalue"]) for e in report.errors] == [
         ("ValueError", "boom from the harness self-test")]
     assert report.unexecuted == [5]  # the cell after the error
@@ -189,7 +191,7 @@ def test_harness_catches_a_broken_notebook(lab, tmp_path):
     assert "marks with no fill or stroke" in problems
 
 
-def test_harness_refuses_a_kernelspec_other_than_python3(lab, tmp_path):
-    report, _ = run_in_browser(lab, "harness/julia.ipynb", tmp_path)
+def test_harness_refuses_a_kernelspec_other_than_python3(lab, tmp_path, pytestconfig):
+    report, _ = run_in_browser(lab, "harness/julia.ipynb", tmp_path, pytestconfig)
     assert [e["ename"] for e in report.errors] == ["Kernelspec"]
     assert "'julia-1.10'; store 'python3'" in report.problems()[0]
