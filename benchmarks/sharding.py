@@ -7,6 +7,7 @@ never-worse-than-greedy guarantee. Prints JSON.
    random plans (batches of 2048), and by the local search's own neighbourhood pricing.
 2. Optimality: random small cases (4 tables on a100x4-nvlink, every kind allowed: 14 options a
    table, 38,416 plans); the share where local_search reaches the exhaustive optimum (same model).
+   And small two-node cases (3 tables on dgx-h100-roce-400g-x2, 16 GPUs; ~52 options a table).
 3. Guarantee: on every case, and on 10 cases of 60 tables on 8 GPUs, the chosen plan vs the best
    greedy baseline under the vectorised model, and after exact re-pricing (plan_sharding).
 """
@@ -36,6 +37,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", type=int, default=100)
     ap.add_argument("--big-cases", type=int, default=10)
+    ap.add_argument("--multi-cases", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
@@ -72,6 +74,20 @@ def main():
     out["small_cases"] = {"cases": args.cases, "tables": 4, "gpus": 4, "plans_each": n_plans,
                           "found_optimum_pct": 100 * hits / args.cases,
                           "worst_gap_pct": 100 * max(gaps), "worse_than_best_greedy": worse}
+
+    two = get_system("dgx-h100-roce-400g-x2")  # 2 nodes x 8: table-row-wise comes into play
+    hits2, worse2, kinds2 = 0, 0, set()
+    for _ in range(args.multi_cases):
+        mm = ShardingModel(random_tables(rng, 3), two, batch=int(rng.choice([128, 512, 2048])))
+        best, cost, _, _ = local_search(mm, time_budget_s=5.0, seed=int(rng.integers(1 << 30)))
+        oc, opt, n2 = exhaustive(mm)
+        base = min(float(mm.cost(c[None])[0]) for c in baselines(mm).values())
+        hits2 += cost <= opt * (1 + 1e-6)
+        worse2 += cost > base + 1e-9
+        kinds2 |= {mm.options[t][o].kind for t, o in enumerate(oc)}
+    out["small_cases_two_nodes"] = {"cases": args.multi_cases, "tables": 3, "gpus": 16, "plans_each": n2,
+                                    "found_optimum_pct": 100 * hits2 / max(1, args.multi_cases),
+                                    "worse_than_best_greedy": worse2, "kinds_in_optima": sorted(kinds2)}
 
     wins, worse_model, worse_exact = [], 0, 0
     for _ in range(args.big_cases):
