@@ -174,6 +174,8 @@ class T5Attention(nn.Module):
         w = torch.matmul(q, k.transpose(3, 2))
         if bias is None and self.relative_attention_bias is not None:
             bias = self.position_bias(s, h.device)
+        elif bias is None and kv is not h:  # HF: cross-attention bias = zeros + encoder mask, reused
+            bias = torch.zeros(b, self.heads, s, kv.shape[1], dtype=w.dtype, device=w.device)
         if bias is not None:
             w = w + bias
         w = F.dropout(F.softmax(w.float(), dim=-1).type_as(w), p=self.dropout, training=self.training)
@@ -205,12 +207,13 @@ class SwitchBlock(nn.Module):
             self.mlp = T5FF(c)
         self.ln_ff, self.dropout = RMSNorm(d, eps), nn.Dropout(c.get("dropout_rate", 0.1))
 
-    def forward(self, h, bias, enc=None):
+    def forward(self, h, bias, enc=None, cross_bias=None):
         a, bias = self.self_attn(self.ln_self(h), bias=bias)
         h = h + self.dropout(a)
         if self.cross_attn is not None:
-            h = h + self.dropout(self.cross_attn(self.ln_cross(h), kv=enc)[0])
-        return h + self.dropout(self.mlp(self.ln_ff(h))), bias
+            a, cross_bias = self.cross_attn(self.ln_cross(h), kv=enc, bias=cross_bias)
+            h = h + self.dropout(a)
+        return h + self.dropout(self.mlp(self.ln_ff(h))), bias, cross_bias
 
 
 class SwitchTransformer(nn.Module):
@@ -231,11 +234,11 @@ class SwitchTransformer(nn.Module):
     def forward(self, input_ids, decoder_input_ids):
         h, bias = self.dropout(self.shared(input_ids)), None
         for block in self.encoder:
-            h, bias = block(h, bias)
+            h, bias, _ = block(h, bias)
         enc = self.dropout(self.enc_ln(h))
-        h, bias = self.dropout(self.shared(decoder_input_ids)), None
+        h, bias, cross = self.dropout(self.shared(decoder_input_ids)), None, None
         for block in self.decoder:
-            h, bias = block(h, bias, enc)
+            h, bias, cross = block(h, bias, enc, cross)
         h = self.dropout(self.dec_ln(h)) * (self.config["d_model"] ** -0.5)
         return self.lm_head(h)
 
