@@ -46,8 +46,9 @@ def _inputs_for(module, batch: int, seq: int):
 
 
 def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
-             optimizer: str | None = None):
-    """The captured OpGraph of any supported model spec at one shape."""
+             optimizer: str | None = None, inputs=None):
+    """The captured OpGraph of any supported model spec at one shape. `inputs` (a tuple or a dict
+    of tensors, any device) overrides the example inputs of a module."""
     from kit.workload import zoo
 
     if isinstance(model, dict):
@@ -65,7 +66,6 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
             raise KitError(f"model callable {name!r} must take no arguments: {e}") from None
     if isinstance(obj, dict):
         return zoo.graph_for(obj, batch, seq, mode, dtype, optimizer)
-    inputs = None
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
         obj, inputs = obj
     if not isinstance(obj, torch.nn.Module):
