@@ -110,3 +110,18 @@ def test_validate_labels(tmp_path, capsys):
     assert r["summary"] == [{"gpu": "t4", "mode": "inference", "configs": 1, "mean_ape": c["ape"],
                              "max_ape": c["ape"]}]
     assert main(["validate", "--labels", str(tmp_path / "nope")]) == 2
+
+
+def test_predict_model_on_a_module_with_its_own_inputs():
+    import torch
+    import torch.nn as nn
+
+    from kit.api import predict_model
+    from kit.workload.iteration import CpuOverhead
+
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+    oh = CpuOverhead(cpu_op_us=100.0, launch_us=0.0, free_op_us=0.0)
+    it = predict_model(m, "t4", mode="inference", inputs=(torch.zeros(4, 8),), overhead=oh)
+    assert list(it.timeline["aten"]) == ["addmm", "relu"]
+    # two tiny kernels, each issued 0.1 ms apart: CPU-bound, ends just after 0.2 ms
+    assert 0.2 <= it.total_ms < 0.2 + it.kernel_ms + 1e-9
