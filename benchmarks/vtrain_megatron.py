@@ -51,7 +51,7 @@ def mape(d: pd.DataFrame, pred: np.ndarray) -> float:
     return float(np.mean(np.abs(pred - d.iter_time_ms.to_numpy()) / d.iter_time_ms.to_numpy()) * 100)
 
 
-def fit(train: pd.DataFrame, n: int = 240) -> dict:
+def fit(train: pd.DataFrame, predictor: str, n: int = 240) -> dict:
     from scipy.optimize import minimize
 
     sub = train.sample(min(n, len(train)), random_state=SEED)
@@ -59,7 +59,7 @@ def fit(train: pd.DataFrame, n: int = 240) -> dict:
 
     def loss(logp):
         p = dict(zip(PARAMS, np.exp(logp)))
-        return mape(sub, predict_rows(sub, HostModel(**p)))
+        return mape(sub, predict_rows(sub, HostModel(**p, predictor=predictor)))
 
     best = minimize(loss, x0, method="Nelder-Mead", options={"maxiter": 120, "xatol": 1e-3,
                                                              "fatol": 1e-3})
@@ -71,6 +71,9 @@ def main(argv=None):
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--raw", action="store_true")
     ap.add_argument("--rows", type=int, default=0, help="evaluate a seeded sample of this many rows")
+    ap.add_argument("--predictor", default="wave", help="kernel predictor to fit the profile with")
+    ap.add_argument("--name", default="megatron-a100", help="profile name to write with --fit")
+    ap.add_argument("--profile", default="megatron-a100", help="profile to evaluate")
     args = ap.parse_args(argv)
     if not CSV.exists():
         print(json.dumps({"error": f"{CSV} not found (set KIT_SHARED)"}))
@@ -79,13 +82,14 @@ def main(argv=None):
     train, test = split(d)
     t0 = time.perf_counter()
     if args.fit:
-        params = fit(train)
-        host = HostModel(**params)
+        params = fit(train, args.predictor)
+        host = HostModel(**params, predictor=args.predictor)
     elif args.raw:
-        params, host = {}, HostModel()
+        params, host = {}, HostModel(predictor=args.predictor)
     else:
-        host = get_profile("megatron-a100")
+        host = get_profile(args.profile)
         params = {k: getattr(host, k) for k in PARAMS}
+    params["predictor"] = host.predictor
     ev = d if not args.rows else d.sample(args.rows, random_state=SEED)
     pred = predict_rows(ev, host)
     ev = ev.assign(pred_ms=pred, ape=np.abs(pred - ev.iter_time_ms) / ev.iter_time_ms * 100)
@@ -103,11 +107,11 @@ def main(argv=None):
            "seconds": time.perf_counter() - t0}
     if args.fit:
         doc = json.loads(PROFILES_PATH.read_text()) if PROFILES_PATH.exists() else {}
-        doc["megatron-a100"] = {**params, "p2p_sync": True, "step_overhead_ms": 0.0,
+        doc[args.name] = {**params, "p2p_sync": True, "step_overhead_ms": 0.0,
                                 "trained_on": "vTrain ground_truth_single.csv (commit f8dda84), "
                                 f"seeded random half (seed {SEED}, {len(train)} rows; 240 sampled)",
                                 "script": "benchmarks/vtrain_megatron.py --fit",
-                                "system": "dgx-a100", "predictor": "auto",
+                                "system": "dgx-a100",
                                 "test_mean_ape_pct": out["mean_ape_pct_test"]}
         PROFILES_PATH.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(out, indent=2))

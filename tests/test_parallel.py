@@ -187,3 +187,26 @@ def test_api_verb_matches_the_library():
     assert a["iteration_ms"] == pytest.approx(b["iteration_ms"])
     with pytest.raises(KitError, match="unknown host profile"):
         predict_multi_gpu(SPEC, "dgx-a100", profile="nope")
+
+
+def _neusight_labels():
+    import os
+    from pathlib import Path
+
+    root = Path(os.environ.get("KIT_DATA", Path(__file__).resolve().parents[1].parent / "shared/data/neusight"))
+    return root / "label" / "NVIDIA_A100-SXM4-40GB"
+
+
+@pytest.mark.skipif(not _neusight_labels().exists(), reason="NeuSight labels not present")
+def test_neusight_four_gpu_labels_within_5_percent():
+    from kit.parallel.neusight import label_layout, predict_label
+
+    lay = label_layout("pp4_1", 4)
+    assert (lay.pp, lay.micro_batch, lay.micro_batches, lay.optimizer_step) == (4, 4, 1, False)
+    assert (label_layout("dp4", 4).micro_batch, label_layout("tp4", 4).tp) == (1, 4)
+    for f in sorted(_neusight_labels().glob("gpt2_large-train-1024-4-*.json")):
+        option = f.stem.rsplit("-", 1)[1]
+        measured = json.loads(f.read_text())["e2e_latency"]
+        r = predict_label("gpt2-large", 1024, 4, option, "a100-sxm4-40gb")
+        assert r["system"] == "a100x4-nvlink"
+        assert abs(r["predicted_ms"] - measured) / measured < 0.05, (option, r["predicted_ms"], measured)

@@ -33,19 +33,21 @@ class HostModel:
     """What the framework adds to the kernels.
 
     launch_us         CPU time to issue one kernel (framework dispatch + cudaLaunchKernel)
-    collective_us     extra CPU time to issue one collective (process-group bookkeeping)
+    collective_us     CPU time to issue one collective (process-group call + NCCL launch)
     p2p_sync          the host waits for each pipeline receive (Megatron synchronises after p2p)
     step_overhead_ms  fixed host work per iteration (grad norm, loss scaling, logging)
     gemm_scale, other_scale   achieved/predicted kernel time for GEMMs and for the other kernels
                       (1 = trust the predictor; a fitted profile corrects its bias)
+    predictor         the kernel predictor a fitted profile was fitted with (used for "auto")
     """
 
     launch_us: float = 10.0
-    collective_us: float = 0.0
+    collective_us: float = 10.0
     p2p_sync: bool = True
     step_overhead_ms: float = 0.0
     gemm_scale: float = 1.0
     other_scale: float = 1.0
+    predictor: str | None = None
 
 
 def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=None):
@@ -54,13 +56,12 @@ def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=No
     The host's part is sized so that, from an idle GPU, the pass ends exactly when the kernel
     by kernel race between launches and kernels ends (Phase.paced_ms); from a busy GPU it
     ends after the GPU's own work."""
-    lu = host.launch_us / 1e3
-    n = max(ph.kernels, 1)
+    lu, cu = host.launch_us / 1e3, host.collective_us / 1e3
     last = min(ph.last_ms, ph.compute_ms)
     head = g.gpu(r, "compute", ph.compute_ms - last, label, launch_ms=lu, deps=deps, tag=tag)
-    cpu_ms = (n - 1) * lu + ph.collectives * host.collective_us / 1e3
-    if lu > 0 and ph.seq_ms:
-        cpu_ms = max(cpu_ms, ph.paced_ms(lu) - lu - last)
+    cpu_ms = max(ph.host_ms(lu, cu) - lu, 0.0)
+    if (lu > 0 or cu > 0) and ph.seq_ms:
+        cpu_ms = max(cpu_ms, ph.paced_ms(lu, cu) - lu - last)
     rest = g.cpu(r, cpu_ms, label, kind="launch", tag=tag)
     if ph.comm_ms > 0:
         g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag)
@@ -74,6 +75,8 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
     host = host or HostModel()
     lay = layout
     lay.check_system(system)
+    if predictor == "auto" and host.predictor:
+        predictor = host.predictor
     coster = Coster(lay, system, predictor, calibration, host)
     costs: list[ChunkCost] = chunk_costs(spec, lay, coster)
     pp, v, m = lay.pp, lay.virtual_stages, lay.micro_batches

@@ -27,19 +27,26 @@ class Phase:
     collectives: int = 0
     last_ms: float = 0.0  # the last kernel's time (the GPU cannot finish before it is launched)
     seq_ms: list = field(default_factory=list)  # every kernel's time, in launch order
+    seq_coll: list = field(default_factory=list)  # True where that kernel is a collective
 
-    def paced_ms(self, launch_ms: float) -> float:
+    def paced_ms(self, launch_ms: float, collective_ms: float) -> float:
         """Time from the first launch to the last kernel's end when the GPU starts idle and the
-        host launches one kernel every launch_ms: end_i = max(end_(i-1), (i+1)·launch) + k_i."""
+        host issues kernel i after h_i (launch_ms, or collective_ms for a collective):
+        end_i = max(end_(i-1), h_0 + ... + h_i) + k_i."""
+        key = (launch_ms, collective_ms, len(self.seq_ms))
         memo = getattr(self, "_paced", None)
-        if memo and memo[0] == (launch_ms, len(self.seq_ms)):
+        if memo and memo[0] == key:
             return memo[1]
         end, t = 0.0, 0.0
-        for k in self.seq_ms:
-            t += launch_ms
+        for k, c in zip(self.seq_ms, self.seq_coll):
+            t += collective_ms if c else launch_ms
             end = (end if end > t else t) + k
-        self._paced = ((launch_ms, len(self.seq_ms)), end)
+        self._paced = (key, end)
         return end
+
+    def host_ms(self, launch_ms: float, collective_ms: float) -> float:
+        """Host time to issue every kernel of the phase."""
+        return (self.kernels - self.collectives) * launch_ms + self.collectives * collective_ms
 
 
 @dataclass
@@ -112,6 +119,7 @@ class Coster:
                     phase.kernels += 1
                     phase.collectives += 1
                     phase.seq_ms.append(ms)
+                    phase.seq_coll.append(True)
                 continue
             f = blk.bwd_factor if factors and blk.bwd_factor else [1.0] * len(blk.ops)
             for op, k in zip(blk.ops, f):
@@ -119,6 +127,7 @@ class Coster:
                 total += t
                 phase.last_ms = t
                 phase.seq_ms.append(t)
+                phase.seq_coll.append(False)
             phase.kernels += len(blk.ops)
         phase.compute_ms += total
         return total
@@ -130,6 +139,7 @@ def _accumulate(into: Phase, part: Phase) -> None:
     into.kernels += part.kernels
     into.collectives += part.collectives
     into.seq_ms += part.seq_ms
+    into.seq_coll += part.seq_coll
     if part.kernels:
         into.last_ms = part.last_ms
 

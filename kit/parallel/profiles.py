@@ -12,7 +12,8 @@ from kit.errors import KitError
 from kit.parallel.build import HostModel
 
 PROFILES_PATH = Path(__file__).with_name("profiles.json")
-_FIELDS = ("launch_us", "collective_us", "p2p_sync", "step_overhead_ms", "gemm_scale", "other_scale")
+_FIELDS = ("launch_us", "collective_us", "p2p_sync", "step_overhead_ms", "gemm_scale", "other_scale",
+           "predictor")
 
 
 def profiles() -> dict:
