@@ -40,6 +40,14 @@ def accuracy(labels: Path, predictor: str) -> dict:
         apes = [c["ape"] for c in held if c["mode"] == mode]
         out[f"held_{mode}_mean_ape"] = _mean(apes)
         out[f"held_{mode}_configs"] = len(apes)
+    # the tile predictor is trained on exactly the HELD GPUs' kernels (kit/predict/weights
+    # manifest): the GPUs it has never seen are the other labelled ones (L4, A100-80GB, MI100/210)
+    unseen = [c for c in configs if c["gpu"] not in HELD]
+    for mode in ("train", "inference"):
+        apes = [c["ape"] for c in unseen if c["mode"] == mode]
+        out[f"unseen_{mode}_mean_ape"] = _mean(apes)
+        out[f"unseen_{mode}_configs"] = len(apes)
+    out["unseen_max_ape"] = max((c["ape"] for c in unseen), default=None)
     worst = max(held, key=lambda c: c["ape"], default=None)
     out["held_worst"] = worst
     out["held_over_15pct"] = sum(1 for c in held if c["ape"] > 0.15)
