@@ -3,7 +3,8 @@ TP, DP, PP and micro-batch; GPT, hidden 1024/2048, seq 1024, fp16, full activati
 1F1B) against kit.parallel. Goal: mean APE <= 5% (vTrain reports 8.37%).
 
     .venv/bin/python benchmarks/vtrain_megatron.py            # evaluate the shipped profile
-    .venv/bin/python benchmarks/vtrain_megatron.py --fit      # refit the profile on the train half
+    .venv/bin/python benchmarks/vtrain_megatron.py --fit      # refit megatron-a100 (tile-MLP)
+    .venv/bin/python benchmarks/vtrain_megatron.py --fit --predictor wave --name megatron-a100-wave
     .venv/bin/python benchmarks/vtrain_megatron.py --raw      # no profile: predictor + defaults
 
 The "megatron-a100" host profile (launch cost per kernel and per collective, kernel-time scales)
@@ -71,7 +72,7 @@ def main(argv=None):
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--raw", action="store_true")
     ap.add_argument("--rows", type=int, default=0, help="evaluate a seeded sample of this many rows")
-    ap.add_argument("--predictor", default="wave", help="kernel predictor to fit the profile with")
+    ap.add_argument("--predictor", default="tile", help="kernel predictor to fit the profile with")
     ap.add_argument("--name", default="megatron-a100", help="profile name to write with --fit")
     ap.add_argument("--profile", default="megatron-a100", help="profile to evaluate")
     args = ap.parse_args(argv)

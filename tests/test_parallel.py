@@ -210,3 +210,13 @@ def test_neusight_four_gpu_labels_within_5_percent():
         r = predict_label("gpt2-large", 1024, 4, option, "a100-sxm4-40gb")
         assert r["system"] == "a100x4-nvlink"
         assert abs(r["predicted_ms"] - measured) / measured < 0.05, (option, r["predicted_ms"], measured)
+
+
+def test_fitted_profile_pins_its_predictor():
+    from kit.parallel.profiles import get_profile, profiles
+
+    for name, entry in profiles().items():
+        host = get_profile(name)
+        assert host.predictor == entry["predictor"] and host.launch_us > 0
+        assert "script" in entry and "trained_on" in entry
+    assert get_profile("default") == HostModel()
