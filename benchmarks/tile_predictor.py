@@ -72,6 +72,8 @@ def main(argv=None):
     ap.add_argument("--skip-logo", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--logo-members", type=int, default=1,
+                    help="ensemble members of each leave-one-out model (default 1, for time)")
     args = ap.parse_args(argv)
     import torch
 
@@ -107,8 +109,10 @@ def main(argv=None):
     rows = predict_rows(held, predictors)
     result["held_out"] = scores(rows)
     result["held_out_by_class"] = class_scores(rows)
-    result["coverage_80"] = {g: round(coverage(rows[(rows.predictor == "tile") & (rows.gpu == g)]), 3)
-                             for g in HELD_OUT}
+    tile_rows = rows[rows.predictor == "tile"]
+    result["coverage_80"] = {g: round(coverage(tile_rows[tile_rows.gpu == g]), 3) for g in HELD_OUT}
+    result["coverage_80_by_class"] = {f"{g}/{c}": round(coverage(p), 3)
+                                      for (g, c), p in tile_rows.groupby(["gpu", "op_class"])}
     result["goals"] = goals(rows)
     result["tile_choice_accuracy"] = tile_accuracy(bundle, held)
     from kit.predict.features import op_from_row
@@ -118,10 +122,14 @@ def main(argv=None):
     bundle.tile.predict(ops, "l4")
     result["throughput_ops_per_s"] = round(len(ops) / (time.perf_counter() - t0))
     if not args.skip_logo:
+        from kit.predict.training import SETTINGS
+
         logo = []
+        result["logo_settings"] = {**SETTINGS, "members": args.logo_members}
         for gpu in DEFAULT_TRAIN_GPUS:
             rest = [g for g in DEFAULT_TRAIN_GPUS if g != gpu]
-            b = train_bundle(frame, rest, seed=args.seed, threads=args.threads, direct=False)
+            b = train_bundle(frame, rest, seed=args.seed, threads=args.threads, direct=False,
+                             settings=result["logo_settings"])
             part = test[test.gpu == gpu].reset_index(drop=True)
             r = predict_rows(part, {"tile": b.tile, "roofline": predictors["roofline"]})
             logo += class_scores(r)

@@ -96,3 +96,36 @@ def replay_trace(trace, on=None) -> dict:
     from kit.trace import replay
 
     return replay(trace, on=on).to_dict()
+
+
+def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int = 2,
+                     quick: bool = False, direct: bool = True, progress: bool = False,
+                     command: str | None = None) -> dict:
+    """Fit the learned predictors (tile-MLP, tile chooser, Li, direct MLP) on NeuSight's
+    measurements of train_gpus and write the weights + manifest to `out`."""
+    from kit.data import resolve_data_dir
+    from kit.data.fetch import NEUSIGHT_COMMIT
+    from kit.predict.training import QUICK, parse_gpu_list, train_bundle, training_frame
+    from kit.predict.weights import save_bundle
+
+    gpus = parse_gpu_list(train_gpus) if isinstance(train_gpus, str) else list(train_gpus)
+    data = resolve_data_dir(data_dir)
+    bundle = train_bundle(training_frame(data, gpus), gpus, seed=seed, threads=threads,
+                          settings=QUICK if quick else None, direct=direct, calibrate=not quick,
+                          progress=progress,
+                          info={"data_source": "NeuSight measurements, github.com/sitar-lab/"
+                                               f"NeuSight@{NEUSIGHT_COMMIT[:10]} scripts/asplos "
+                                               "(kit.data parts train-collect + train)",
+                                "command": command or "kit.api.train_predictors"})
+    path = save_bundle(bundle, out)
+    return {"out": str(path), "train_gpus": bundle.train_gpus, "rows": bundle.manifest["rows"],
+            "seed": seed, "training_seconds": bundle.manifest["training_seconds"],
+            "transfer_sigma": bundle.tile.transfer_sigma}
+
+
+def evaluate_predictors(test, predictors=None, weights=None, data_dir=None) -> list[dict]:
+    """Score predictors on measured test rows (a NeuSight-format or kit CSV, or a folder):
+    [{predictor, gpu, op, n, mape, median_ape, p90_ape}] in percent."""
+    from kit.predict.evaluate import evaluate
+
+    return evaluate(test, predictors, weights_dir=weights, data_dir=data_dir)

@@ -94,3 +94,11 @@ def test_utilisation_carries_to_an_unseen_gpu():
     roof = np.abs(pred.roofline_ms.to_numpy() / test.latency_ms.to_numpy() - 1)
     assert np.median(ape) < 0.3
     assert np.median(ape) < 0.5 * np.median(roof)
+
+
+def test_mixed_dtypes_keep_their_order(bundle):
+    ops = [Gemm(m=256, n=256, k=256, dtype="fp16"), Gemm(m=256, n=256, k=256), OPS[3]]
+    out = bundle.tile.predict(ops, "a100-pcie-40gb")
+    # fp16 runs against the tensor-core peak, so its roofline is far below the fp32 one
+    assert out.roofline_ms[0] < out.roofline_ms[1] / 5
+    assert (out.latency_ms >= out.roofline_ms).all()

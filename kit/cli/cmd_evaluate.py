@@ -3,14 +3,14 @@ from kit.cli import add_command
 
 
 def run(args):
-    from kit.predict.evaluate import evaluate
+    from kit.api import evaluate_predictors
 
     data = None
     if args.data:
         from kit.data import resolve_data_dir
 
         data = resolve_data_dir(args.data)
-    return evaluate(args.test, args.predictors, weights_dir=args.weights, data_dir=data)
+    return evaluate_predictors(args.test, args.predictors, weights=args.weights, data_dir=data)
 
 
 def text(rows):

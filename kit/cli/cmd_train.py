@@ -5,28 +5,16 @@ from kit.cli import add_command
 def run(args):
     import shlex
 
-    from kit.data import resolve_data_dir
-    from kit.predict.training import QUICK, parse_gpu_list, train_bundle, training_frame
-    from kit.predict.weights import save_bundle
+    from kit.api import train_predictors
 
-    gpus = parse_gpu_list(args.train_gpus)
-    data = resolve_data_dir(args.data)
-    frame = training_frame(data, gpus)
     command = " ".join(["kit train", *(["--data", shlex.quote(str(args.data))] if args.data else []),
                         "--train-gpus", shlex.quote(args.train_gpus), "--out", shlex.quote(args.out),
                         "--seed", str(args.seed), "--threads", str(args.threads),
                         *(["--quick"] if args.quick else []),
                         *(["--no-direct"] if args.no_direct else [])])
-    bundle = train_bundle(frame, gpus, seed=args.seed, threads=args.threads,
-                          settings=QUICK if args.quick else None, direct=not args.no_direct,
-                          calibrate=not args.quick,
-                          progress=not args.json,
-                          info={"data_source": f"NeuSight measurements (kit.data, part "
-                                               f"train-collect + train) from {data.name}",
-                                "command": command})
-    out = save_bundle(bundle, args.out)
-    return {"out": str(out), "train_gpus": bundle.train_gpus, "rows": bundle.manifest["rows"],
-            "seed": args.seed, "training_seconds": bundle.manifest["training_seconds"]}
+    return train_predictors(args.train_gpus, args.out, data_dir=args.data, seed=args.seed,
+                            threads=args.threads, quick=args.quick, direct=not args.no_direct,
+                            progress=not args.json, command=command)
 
 
 def text(r):

@@ -176,10 +176,14 @@ class TilePredictor:
     def _predict_class(self, cls: str, ops: list, gpu: GPU) -> pd.DataFrame:
         dtypes = {getattr(op, "dtype", "fp32") for op in ops}
         if len(dtypes) > 1:  # one batch per dtype
-            parts = [(i, op) for d in sorted(dtypes) for i, op in enumerate(ops) if op.dtype == d]
-            frame = pd.concat([self._predict_class(cls, [op for _, op in parts if op.dtype == d],
-                                                   gpu) for d in sorted(dtypes)])
-            return frame.set_axis([i for i, _ in parts]).sort_index()
+            frames, order = [], []
+            for d in sorted(dtypes):
+                idx = [i for i, op in enumerate(ops) if op.dtype == d]
+                frames.append(self._predict_class(cls, [ops[i] for i in idx], gpu))
+                order += idx
+            out = pd.concat(frames, ignore_index=True)
+            out.index = order
+            return out.sort_index()
         dtype = dtypes.pop()
         a = arrays_from_ops(cls, ops)
         names = None

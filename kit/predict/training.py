@@ -125,10 +125,10 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
 def transfer_sigma(frame: pd.DataFrame, *, seed: int, settings: dict, progress=None) -> dict:
     """Per class, the log-latency error σ of a tile-MLP on a training GPU it was not fitted on.
 
-    Each training GPU is left out in turn; σ = (80th percentile of |log measured − log
-    predicted|, every left-out GPU weighted alike) / Z80, so that ±Z80·σ would have held 80%
-    of the left-out GPUs' rows."""
-    from kit.predict.tile_mlp import Z80, combine, fit_tile_predictor, training_design
+    Each training GPU is left out in turn; σ = 1.4826 · median |log measured − log predicted|
+    (every left-out GPU weighted alike): the normal σ that this typical transfer error implies,
+    robust to the one GPU that transfers worst."""
+    from kit.predict.tile_mlp import combine, fit_tile_predictor, training_design
 
     residuals: dict[str, list] = {}
     for gpu in sorted(frame.gpu.unique()):
@@ -148,7 +148,7 @@ def transfer_sigma(frame: pd.DataFrame, *, seed: int, settings: dict, progress=N
         w = np.concatenate([np.full(len(p), 1.0 / len(p)) for p in parts])
         order = np.argsort(r)
         cum = np.cumsum(w[order]) / w.sum()
-        out[cls] = round(float(r[order][np.searchsorted(cum, 0.8)]) / Z80, 4)
+        out[cls] = round(1.4826 * float(r[order][np.searchsorted(cum, 0.5)]), 4)
     return out
 
 

@@ -66,6 +66,7 @@ def save_bundle(bundle: Bundle, out_dir: str | Path) -> Path:
     parts["li"] = {"coefs": bundle.li.coefs}
     manifest = {"format": FORMAT, "version": VERSION, **bundle.manifest, "parts": parts}
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / TENSORS_FILE))
+    (out / TENSORS_FILE).chmod(0o644)  # safetensors writes 0600; weights are meant to be shared
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return out
 

@@ -1,0 +1,101 @@
+"""Panel: pick a GPU the tile-MLP never trained on and see predicted against measured latency.
+
+The rows come from kit.predict.evaluate.predict_rows. Without rows given, the panel reads
+NeuSight's test set from KIT_DATA when it is there; with no data at all it plots the prediction
+against the roofline (nothing measured to compare with). No model logic lives here.
+"""
+from __future__ import annotations
+
+import altair as alt
+import ipywidgets as W
+import numpy as np
+import pandas as pd
+
+from widgets.base import Panel
+
+HELD_OUT = ("a100-pcie-80gb", "l4")
+CLASSES = ("all", "gemm", "elementwise", "softmax", "layernorm")
+MAX_POINTS = 3000
+
+
+def measured_rows(gpus=HELD_OUT, predictor=None) -> pd.DataFrame | None:
+    """predict_rows of the tile-MLP on NeuSight's test rows of gpus; None without the data."""
+    from kit.errors import KitError
+
+    try:
+        from kit.data import resolve_data_dir
+        from kit.predict.evaluate import load_test, predict_rows
+
+        test = load_test(resolve_data_dir() / "data" / "dataset" / "test")
+    except KitError:
+        return None
+    if predictor is None:
+        from kit.predict import get_predictor
+
+        predictor = get_predictor("auto")
+    return predict_rows(test[test.gpu.isin(gpus)].reset_index(drop=True), {"tile": predictor})
+
+
+class TilePredictorPanel(Panel):
+    title = "Tile-MLP on a GPU it never saw: predicted vs measured"
+
+    def __init__(self, rows: pd.DataFrame | None = None, gpus=HELD_OUT):
+        self.rows = rows if rows is not None else measured_rows(gpus)
+        self.gpus = list(gpus) if self.rows is None else sorted(self.rows.gpu.unique())
+        super().__init__()
+
+    def controls(self):
+        self.gpu = W.Dropdown(options=self.gpus, value=self.gpus[0], description="GPU")
+        self.op_class = W.Dropdown(options=CLASSES, value="all", description="ops")
+        return [self.gpu, self.op_class]
+
+    def selected(self) -> pd.DataFrame:
+        if self.rows is None:
+            return self._unmeasured()
+        rows = self.rows[self.rows.gpu == self.gpu.value]
+        if self.op_class.value != "all":
+            rows = rows[rows.op_class == self.op_class.value]
+        if len(rows) > MAX_POINTS:  # altair's row limit; a fixed, even thinning
+            rows = rows.iloc[np.linspace(0, len(rows) - 1, MAX_POINTS).astype(int)]
+        return rows
+
+    def _unmeasured(self) -> pd.DataFrame:
+        """No data: predictions for a sweep of square GEMMs against their roofline."""
+        from kit.ops import Gemm
+        from kit.predict import get_predictor
+
+        ops = [Gemm(m=s, n=s, k=s) for s in (64, 128, 256, 512, 1024, 2048, 4096)]
+        pred = get_predictor("auto").predict(ops, self.gpu.value)
+        return pd.DataFrame({"gpu": self.gpu.value, "op": "bmm", "op_class": "gemm",
+                             "measured_ms": pred.roofline_ms, "predicted_ms": pred.latency_ms,
+                             "p10_ms": pred.latency_p10_ms, "p90_ms": pred.latency_p90_ms,
+                             "ape": np.nan, "tile": pred.tile})
+
+    def make_chart(self):
+        rows = self.selected()
+        data = rows[["op", "op_class", "measured_ms", "predicted_ms", "p10_ms", "p90_ms",
+                     "ape", "tile"]].round(6)
+        x_title = "measured ms" if self.rows is not None else "roofline ms (no measurements)"
+        lo = float(min(data.measured_ms.min(), data.predicted_ms.min()))
+        hi = float(max(data.measured_ms.max(), data.predicted_ms.max()))
+        scale = alt.Scale(type="log", domain=[lo, hi])
+        points = alt.Chart(data).mark_circle(size=18, opacity=0.6).encode(
+            x=alt.X("measured_ms:Q", scale=scale, title=x_title),
+            y=alt.Y("predicted_ms:Q", scale=scale, title="predicted ms (tile-MLP)"),
+            color=alt.Color("op:N", title="op"),
+            tooltip=["op", "tile", "measured_ms", "predicted_ms", "p10_ms", "p90_ms", "ape"])
+        diagonal = alt.Chart(pd.DataFrame({"measured_ms": [lo, hi], "predicted_ms": [lo, hi]})
+                             ).mark_line(color="gray", strokeDash=[4, 4]).encode(
+            x="measured_ms:Q", y="predicted_ms:Q")
+        return (diagonal + points).properties(width=420, height=360,
+                                               title=f"{self.gpu.value}: predicted vs measured")
+
+    def summary_text(self) -> str:
+        rows = self.selected()
+        if self.rows is None:
+            return "no measurements found (set KIT_DATA to NeuSight's folder): prediction vs roofline"
+        if rows.empty:
+            return "no rows for this choice"
+        inside = ((rows.measured_ms >= rows.p10_ms) & (rows.measured_ms <= rows.p90_ms)).mean()
+        return (f"{len(rows)} kernels · MAPE {rows.ape.mean():.1f}% · median APE "
+                f"{rows.ape.median():.1f}% · measured inside the p10–p90 band {100 * inside:.0f}%")
