@@ -25,6 +25,7 @@ torch.set_num_threads(1)
 import numpy as np
 import pandas as pd
 import altair as alt
+import kit.viz  # noqa: F401  (offline SVG rendering of altair charts)
 from kit.hardware import get_gpu
 from kit.ops import Gemm
 from kit.predict import get_predictor

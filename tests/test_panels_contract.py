@@ -50,3 +50,20 @@ def test_panel_contract(cls):
         pytest.skip(f"{cls.__name__} has no dropdown to change")
     assert p.chart_widget.chart is p.chart
     assert p.chart.to_dict() != before
+
+
+def test_offline_bundle_is_cached_and_reused(tmp_path, monkeypatch):
+    import altair as alt
+
+    from widgets.base import enable_offline_charts
+
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(alt.JupyterChart, "_is_offline", False)
+    monkeypatch.setattr(alt.JupyterChart, "_esm", alt.JupyterChart._esm)
+    enable_offline_charts()
+    (bundle,) = tmp_path.glob("jupyterchart-*.js")
+    assert bundle.read_text() == alt.JupyterChart._esm and alt.JupyterChart._is_offline
+    bundle.write_text("// cached bundle")  # the next kernel reads the cache instead of rebuilding
+    monkeypatch.setattr(alt.JupyterChart, "_is_offline", False)
+    enable_offline_charts()
+    assert alt.JupyterChart._esm == "// cached bundle"

@@ -17,11 +17,41 @@ import altair as alt
 import ipywidgets as W
 
 
+def enable_offline_charts() -> None:
+    """Serve JupyterChart's JavaScript from vl-convert (offline), cached on disk.
+
+    Bundling it takes seconds in every new kernel; the bundle depends only on the altair and
+    vl-convert versions, so it is kept in $KIT_CACHE (or ~/.cache/gpu-perf-kit) after the first
+    build. Any problem with the cache falls back to altair's own enable_offline().
+    """
+    import os
+    from pathlib import Path
+
+    cls = alt.JupyterChart
+    if getattr(cls, "_is_offline", False):
+        return
+    try:
+        import vl_convert
+
+        cache = Path(os.environ.get("KIT_CACHE") or Path.home() / ".cache" / "gpu-perf-kit")
+        path = cache / f"jupyterchart-{alt.__version__}-vlc-{vl_convert.__version__}.js"
+        if path.is_file() and path.stat().st_size > 0:
+            cls._esm, cls._is_offline = path.read_text(), True
+            return
+        cls.enable_offline()
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(cls._esm)
+        tmp.replace(path)
+    except (OSError, AttributeError, ImportError):
+        cls.enable_offline()
+
+
 class Panel:
     title = "panel"
 
     def __init__(self):
-        alt.JupyterChart.enable_offline()
+        enable_offline_charts()
         self._controls = self.controls()
         self.summary = W.HTML()
         self.summary.add_class("kit-panel-summary")

@@ -2,27 +2,40 @@
 from kit.cli import add_command
 
 DEFAULT_GPU = "h100-sxm"
+DEFAULT_SYSTEM = "dgx-h100"
 
 
 def run(args):
-    from kit.api import predict_op
+    from kit.api import predict_model, predict_op
+    from kit.comm import predict_collective
+    from kit.hardware import get_system
     from kit.ops import Gemm
 
     gpu = args.gpu
-    sections = {"gemm": predict_op(Gemm(m=8192, n=8192, k=8192, dtype="bf16"), gpu)}
-    sections["gemm_fp32"] = predict_op(Gemm(m=4096, n=4096, k=4096, dtype="fp32"), gpu)
-    return {"gpu": gpu, **sections}
+    step = predict_model("gpt2", gpu, mode="train", batch=8, seq=1024, dtype="bf16")
+    allreduce = predict_collective("allreduce", 1e9, get_system(args.system))
+    return {"gpu": gpu, "system": args.system,
+            "gemm": predict_op(Gemm(m=8192, n=8192, k=8192, dtype="bf16"), gpu),
+            "gpt2_train_step": step.to_dict(),
+            "allreduce_1gb": allreduce.to_dict()}
 
 
 def text(r):
     from kit.cli.cmd_op import text as op_text
+    from kit.cli.cmd_predict import text as model_text
 
-    parts = [f"kit demo on {r['gpu']} (every number below is a prediction; no GPU needed)", ""]
-    parts += ["1. An 8192³ bf16 GEMM:", op_text(r["gemm"]), ""]
-    parts += ["2. A 4096³ fp32 GEMM:", op_text(r["gemm_fp32"])]
-    return "\n".join(parts)
+    a = r["allreduce_1gb"]
+    return "\n".join([
+        f"kit demo on {r['gpu']} (every number below is a prediction; no GPU needed)", "",
+        "1. One 8192³ bf16 GEMM:", op_text(r["gemm"]), "",
+        "2. A GPT-2 (124M) training step, batch 8 × 1024 tokens:", model_text(r["gpt2_train_step"]), "",
+        f"3. An all-reduce of 1 GB over the 8 GPUs of a {r['system']}: {a['time_ms']:.3f} ms via "
+        f"{a['algorithm']}, busbw {a['busbw_gbs']:.0f} GB/s ({a['bound']}-bound)", "",
+        "Next: `kit predict gpt3-xl --gpu a100-sxm4-80gb --mode train --batch 4 --seq 2048`, "
+        "`kit compare`, `kit systems`, `make lab`."])
 
 
 def register(sub):
     p = add_command(sub, "demo", "a short tour of the kit's predictions on built-in defaults", run, text)
     p.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU for the tour (default {DEFAULT_GPU})")
+    p.add_argument("--system", default=DEFAULT_SYSTEM, help=f"system for the collective (default {DEFAULT_SYSTEM})")
