@@ -45,10 +45,13 @@ def expand(frame: pd.DataFrame, where: list[int]) -> pd.DataFrame:
     return frame.iloc[where].reset_index(drop=True)
 
 
-class RooflinePredictor:
-    """Latency = the roofline bound itself: the optimistic floor."""
+class _AnalyticPredictor:
+    """Shared loop of the two analytic predictors: roofline and tiling per distinct op."""
 
-    name = "roofline"
+    name = "analytic"
+
+    def latency_ms(self, roof, t) -> float:
+        raise NotImplementedError
 
     def predict(self, ops: Sequence, gpu: GPU | str) -> pd.DataFrame:
         gpu = get_gpu(gpu)
@@ -57,12 +60,23 @@ class RooflinePredictor:
         for op in unique:
             r = roofline(op, gpu)
             t = tiling(op, gpu)
-            rows.append((r.time_ms, r.time_ms, r.bound, t.tile if t else "", t.tiles if t else 0,
-                         t.waves if t else 0, 1.0, r.time_ms, r.time_ms))
+            latency = max(self.latency_ms(r, t), r.time_ms)
+            util = r.time_ms / latency if latency > 0 else 1.0
+            rows.append((latency, r.time_ms, r.bound, t.tile if t else "", t.tiles if t else 0,
+                         t.waves if t else 0, util, latency, latency))
         return expand(pd.DataFrame(rows, columns=COLUMNS), where)
 
 
-class WavePredictor:
+class RooflinePredictor(_AnalyticPredictor):
+    """Latency = the roofline bound itself: the optimistic floor."""
+
+    name = "roofline"
+
+    def latency_ms(self, roof, t) -> float:
+        return roof.time_ms
+
+
+class WavePredictor(_AnalyticPredictor):
     """The tile/wave model with utilisation 1: waves × (one full wave at peak).
 
     Padding in partial tiles and the empty slots of the last wave make it slower than the
@@ -71,17 +85,5 @@ class WavePredictor:
 
     name = "wave"
 
-    def predict(self, ops: Sequence, gpu: GPU | str) -> pd.DataFrame:
-        gpu = get_gpu(gpu)
-        unique, where = dedupe(ops)
-        rows = []
-        for op in unique:
-            r = roofline(op, gpu)
-            t = tiling(op, gpu)
-            if t is None:
-                latency, tile, tiles, waves = r.time_ms, "", 0, 0
-            else:
-                latency, tile, tiles, waves = max(t.wave_model_ms, r.time_ms), t.tile, t.tiles, t.waves
-            util = r.time_ms / latency if latency > 0 else 1.0
-            rows.append((latency, r.time_ms, r.bound, tile, tiles, waves, util, latency, latency))
-        return expand(pd.DataFrame(rows, columns=COLUMNS), where)
+    def latency_ms(self, roof, t) -> float:
+        return roof.time_ms if t is None else t.wave_model_ms
