@@ -13,13 +13,41 @@ def gpus_table():
     return pd.DataFrame([g.to_dict() for g in list_gpus()])
 
 
+def _tiling_of_row(op, gpu, row):
+    """The tiling behind a prediction: for a GEMM, the tile the predictor chose (a learned
+    predictor reports the library's tile, named column-major as cuBLAS does), else kit.tiling's."""
+    from kit.ops import Gemm
+    from kit.tiling import SIMT_TILES, TENSOR_TILES, TileShape, gemm_tiling_for
+
+    t = tiling(op, gpu)
+    if not isinstance(op, Gemm) or not row.tile or t is None or t.tiles == row.tiles:
+        return t
+    try:
+        a, b = (int(x) for x in str(row.tile).split("x"))
+    except ValueError:
+        return t
+    known = {(s.tm, s.tn): s for s in (*SIMT_TILES, *TENSOR_TILES)}
+    for tm, tn in ((b, a), (a, b)):
+        shape = known.get((tm, tn)) or TileShape(tm, tn, 8, max(64, min(256, tm * tn // 64)))
+        candidate = gemm_tiling_for(op, gpu, shape)
+        if candidate.tiles == row.tiles:
+            return candidate
+    return t
+
+
+def op_tiling(op, gpu, predictor: str = "auto"):
+    """The Tiling (tiles, occupancy, waves) of the tile the predictor says the op runs with."""
+    gpu = get_gpu(gpu)
+    return _tiling_of_row(op, gpu, get_predictor(predictor).predict([op], gpu).iloc[0])
+
+
 def predict_op(op, gpu, predictor: str = "auto") -> dict:
     """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
     gpu = get_gpu(gpu)
     model = get_predictor(predictor)
     row = model.predict([op], gpu).iloc[0]
     roof = roofline(op, gpu)
-    t = tiling(op, gpu)
+    t = _tiling_of_row(op, gpu, row)
     out = {
         "op": op.op_class,
         "gpu": gpu.key,
@@ -42,7 +70,7 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         "waves": int(row.waves),
     }
     if t is not None:
-        out.update(blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,
+        out.update(tile_dims=list(t.tile_dims), blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,
                    last_wave_fill=t.last_wave_fill, threads_per_block=t.threads_per_block)
     return out
 

@@ -17,7 +17,7 @@ def test_panel_redraws_when_the_shape_changes():
     waves_after, tiles_after = _waves(p)
     assert tiles_after > tiles_before
     assert p.chart_widget.chart is p.chart
-    tm, tn = map(int, p.result()["tile"].split("x"))
+    tm, tn = p.result()["tile_dims"][:2]  # kit orientation: tm rows of C, tn columns
     assert tiles_after == math.ceil(1024 / tm) * math.ceil(8192 / tn)
 
 

@@ -5,10 +5,9 @@ import altair as alt
 import ipywidgets as W
 
 from kit import viz
-from kit.api import predict_op
+from kit.api import op_tiling, predict_op
 from kit.hardware import DTYPES, get_gpu, gpu_keys
 from kit.ops import Gemm
-from kit.tiling import gemm_tiling
 from widgets.base import Panel
 
 
@@ -44,7 +43,7 @@ class GemmPanel(Panel):
             msg = f"{self.gpu.value} has no {self.dtype.value} support"
             return alt.Chart(alt.Data(values=[{"msg": msg}])).mark_text(size=14).encode(text="msg:N")
         op = self.op()
-        t = gemm_tiling(op, self.gpu.value)
+        t = op_tiling(op, self.gpu.value)  # the tile the predictor chose
         gpus = [self.gpu.value] + [g for g in self.compare if g != self.gpu.value]
         return alt.hconcat(viz.waves_chart(t),
                            viz.roofline_chart(gpus, self.dtype.value, ops=[(op, "this GEMM")])
