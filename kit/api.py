@@ -26,13 +26,20 @@ def _tiling_of_row(op, gpu, row):
         a, b = (int(x) for x in str(row.tile).split("x"))
     except ValueError:
         return t
-    known = {(s.tm, s.tn): s for s in (*SIMT_TILES, *TENSOR_TILES)}
+    # the op's own candidates win where SIMT and tensor-core tiles share a shape
+    own = SIMT_TILES if op.dtype == "fp32" else TENSOR_TILES
+    other = TENSOR_TILES if own is SIMT_TILES else SIMT_TILES
+    fallback = None
     for tm, tn in ((b, a), (a, b)):
-        shape = known.get((tm, tn)) or TileShape(tm, tn, 8, max(64, min(256, tm * tn // 64)))
-        candidate = gemm_tiling_for(op, gpu, shape)
-        if candidate.tiles == row.tiles:
-            return candidate
-    return t
+        shapes = [s for s in (*own, *other) if (s.tm, s.tn) == (tm, tn)]
+        shapes += [TileShape(tm, tn, 8, threads) for threads in (256, 128, 64)]
+        for shape in shapes:  # the op's own library tiles first, then other block sizes
+            candidate = gemm_tiling_for(op, gpu, shape)
+            if candidate.tiles == row.tiles:
+                if candidate.waves == row.waves:
+                    return candidate
+                fallback = fallback or candidate
+    return fallback or t
 
 
 def op_tiling(op, gpu, predictor: str = "auto"):

@@ -42,3 +42,14 @@ def test_stable_text_repr():
     p = GemmPanel()
     data, _ = p._repr_mimebundle_()
     assert data["text/plain"] == "<GEMM on a GPU: tiles, waves and the roofline panel>"
+
+
+def test_summary_and_waves_picture_tell_the_same_story():
+    """The bars are drawn from the tile the predictor chose, so tiles and waves agree with it."""
+    p = GemmPanel(m=4097, n=4096, k=4096, gpu="a100-sxm4-80gb")
+    for dtype in ("fp32", "bf16"):
+        p.dtype.value = dtype
+        r = p.result()
+        waves, tiles = _waves(p)
+        assert len(waves) == r["waves"] or r["waves"] > 64  # the chart caps its bars at 64 waves
+        assert tiles == r["tiles"]

@@ -56,6 +56,7 @@ class GemmPanel(Panel):
         r = self.result()
         if r is None:
             return f"{self.gpu.value} does not support {self.dtype.value}; pick another dtype."
-        return (f"{r['tiles']} tiles of {r['tile']}, {r['blocks_per_sm']} blocks/SM, {r['waves']} waves "
+        tile = "x".join(map(str, r["tile_dims"][:2]))  # m x n of C, as the chart shows it
+        return (f"{r['tiles']} tiles of {tile}, {r['blocks_per_sm']} blocks/SM, {r['waves']} waves "
                 f"(last {100 * r['last_wave_fill']:.0f}% full) · {r['bound']}-bound · roofline "
                 f"{r['roofline_ms']:.4g} ms · predicted {r['latency_ms']:.4g} ms ({r['predictor']})")
