@@ -62,6 +62,8 @@ def test_op_gemm_h100_bf16_matches_the_roofline_by_hand(capsys):
 @pytest.mark.parametrize("argv, words", [
     (["op", "gemm", "--m", "64", "--n", "64", "--k", "64", "--gpu", "no-such-gpu"], ["no-such-gpu", "close matches"]),
     (["op", "gemm", "--m", "0", "--n", "64", "--k", "64", "--gpu", "t4"], ["--m"]),
+    (["op", "gemm", "--m", "inf", "--n", "64", "--k", "64", "--gpu", "t4"], ["--m", "inf"]),
+    (["op", "gemm", "--m", "64.5", "--n", "64", "--k", "64", "--gpu", "t4"], ["--m", "64.5"]),
     (["op", "gemm", "--m", "64", "--n", "64", "--k", "64", "--gpu", "t4", "--dtype", "fp8"], ["t4", "fp8"]),
     (["gpus", "--add", "/no/such/file.json"], ["not found"]),
     (["frobnicate"], ["invalid choice"]),

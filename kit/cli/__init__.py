@@ -23,6 +23,29 @@ class _Parser(argparse.ArgumentParser):
         raise KitError(f"{self.prog}: {message}")
 
 
+def positive_int(s: str) -> int:
+    """argparse type: a whole number ≥ 1 ("4096", "1e3"); anything else is a one-line usage error."""
+    try:
+        value = float(s)
+        whole = int(value)
+    except (ValueError, OverflowError):  # OverflowError: "inf"
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}") from None
+    if whole < 1 or whole != value:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}")
+    return whole
+
+
+def positive_float(s: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    return value
+
+
 def add_command(subparsers, name: str, help: str, func, text=None) -> argparse.ArgumentParser:
     """Add a subcommand with --json; `text(result) -> str` renders the non-JSON output."""
     p = subparsers.add_parser(name, help=help, description=help)

@@ -1,5 +1,5 @@
 """`kit op KIND ...`: predict one operation on one GPU, with its tiles, waves and bound."""
-from kit.cli import add_command
+from kit.cli import add_command, positive_int
 from kit.hardware import DTYPES
 
 
@@ -57,18 +57,6 @@ def text(r):
     return "\n".join(lines)
 
 
-def _pos(s):
-    import argparse
-
-    try:
-        v = int(float(s))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}") from None
-    if v < 1 or v != float(s):
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}")
-    return v
-
-
 def register(sub):
     from kit.cli import _Parser
     from kit.ops import ELEMENTWISE_FLOPS
@@ -78,32 +66,32 @@ def register(sub):
     kinds = op.add_subparsers(dest="op_kind", metavar="KIND", parser_class=_Parser, required=True)
     g = add_command(kinds, "gemm", "C[b,m,n] = A[b,m,k]·B[b,k,n]", run, text)
     for d in "mnk":
-        g.add_argument(f"--{d}", type=_pos, required=True)
-    g.add_argument("--b", type=_pos, default=1, help="batch (bmm)")
+        g.add_argument(f"--{d}", type=positive_int, required=True)
+    g.add_argument("--b", type=positive_int, default=1, help="batch (bmm)")
     _gpu_args(g)
     li = add_command(kinds, "linear", "nn.Linear(in, out) on `tokens` rows", run, text)
-    li.add_argument("--tokens", type=_pos, required=True)
-    li.add_argument("--in-features", type=_pos, required=True)
-    li.add_argument("--out-features", type=_pos, required=True)
+    li.add_argument("--tokens", type=positive_int, required=True)
+    li.add_argument("--in-features", type=positive_int, required=True)
+    li.add_argument("--out-features", type=positive_int, required=True)
     _gpu_args(li)
     e = add_command(kinds, "elementwise", "an elementwise op over numel elements", run, text)
     e.add_argument("--kind", default="add", choices=sorted(ELEMENTWISE_FLOPS))
-    e.add_argument("--numel", type=_pos, required=True)
+    e.add_argument("--numel", type=positive_int, required=True)
     _gpu_args(e)
     for name in ("softmax", "layernorm", "rmsnorm"):
         r = add_command(kinds, name, f"{name} over the last dim of (rows, cols)", run, text)
-        r.add_argument("--rows", type=_pos, required=True)
-        r.add_argument("--cols", type=_pos, required=True)
+        r.add_argument("--rows", type=positive_int, required=True)
+        r.add_argument("--cols", type=positive_int, required=True)
         _gpu_args(r)
     dr = add_command(kinds, "dropout", "training-mode dropout", run, text)
-    dr.add_argument("--numel", type=_pos, required=True)
+    dr.add_argument("--numel", type=positive_int, required=True)
     dr.add_argument("--p", type=float, default=0.1)
     _gpu_args(dr)
     em = add_command(kinds, "embedding", "an embedding bag (basic: every row from DRAM)", run, text)
     for a in ("batch", "rows", "dim", "pooling"):
-        em.add_argument(f"--{a}", type=_pos, required=True)
+        em.add_argument(f"--{a}", type=positive_int, required=True)
     _gpu_args(em)
     mc = add_command(kinds, "memcpy", "a memory copy", run, text)
-    mc.add_argument("--bytes", type=_pos, required=True)
+    mc.add_argument("--bytes", type=positive_int, required=True)
     mc.add_argument("--direction", default="d2d", choices=["d2d", "h2d", "d2h"])
     _gpu_args(mc, dtype=False)

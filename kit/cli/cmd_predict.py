@@ -1,6 +1,5 @@
 """`kit predict MODEL --gpu NAME ...`: one training step or inference pass of a whole model."""
-from kit.cli import add_command
-from kit.cli.cmd_op import _pos
+from kit.cli import add_command, positive_int
 from kit.hardware import DTYPES
 
 
@@ -11,8 +10,8 @@ def add_model_args(p):
     p.add_argument("model", help="a zoo model (" + ", ".join(zoo_names()) + "), or a Python path "
                    "'module:callable' returning an nn.Module, an HF-style config dict or (module, inputs)")
     p.add_argument("--mode", default="train", choices=["train", "inference"])
-    p.add_argument("--batch", type=_pos, default=1)
-    p.add_argument("--seq", type=_pos, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the model's)")
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--fusion", default="eager", choices=["eager", "compiled"])
     p.add_argument("--optimizer", default=None,

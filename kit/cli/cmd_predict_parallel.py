@@ -8,20 +8,20 @@ run_parallel when --system is given. This module registers no command of its own
 """
 from __future__ import annotations
 
-from kit.cli.cmd_op import _pos
+from kit.cli import positive_int
 
 
 def add_parallel_args(p) -> None:
     g = p.add_argument_group("multi-GPU (with --system)")
     g.add_argument("--system", help="system preset (see `kit systems`): dgx-h100, dgx-a100, ...")
-    g.add_argument("--nodes", type=_pos, help="number of nodes of the preset on its network")
-    g.add_argument("--dp", type=_pos, default=1, help="data-parallel degree")
-    g.add_argument("--tp", type=_pos, default=1, help="tensor-parallel degree")
-    g.add_argument("--pp", type=_pos, default=1, help="pipeline-parallel stages")
-    g.add_argument("--ep", type=_pos, default=1, help="expert-parallel degree (MoE)")
-    g.add_argument("--micro-batch", type=_pos, default=None, help="sequences per micro-batch (default --batch)")
-    g.add_argument("--global-batch", type=_pos, default=None, help="sequences per iteration")
-    g.add_argument("--virtual-stages", type=_pos, default=1, help="model chunks per stage (interleaved 1F1B)")
+    g.add_argument("--nodes", type=positive_int, help="number of nodes of the preset on its network")
+    g.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree")
+    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel stages")
+    g.add_argument("--ep", type=positive_int, default=1, help="expert-parallel degree (MoE)")
+    g.add_argument("--micro-batch", type=positive_int, default=None, help="sequences per micro-batch (default --batch)")
+    g.add_argument("--global-batch", type=positive_int, default=None, help="sequences per iteration")
+    g.add_argument("--virtual-stages", type=positive_int, default=1, help="model chunks per stage (interleaved 1F1B)")
     g.add_argument("--schedule", default=None, choices=["1f1b", "gpipe", "interleaved"])
     g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage (3 = FSDP)")
     g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])

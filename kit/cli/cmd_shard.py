@@ -1,5 +1,5 @@
 """`kit shard --tables FILE.csv --system NAME`: plan where embedding tables live on a multi-GPU system."""
-from kit.cli import add_command
+from kit.cli import add_command, positive_float, positive_int
 
 
 def run(args):
@@ -33,39 +33,15 @@ def text(r) -> str:
     return "\n".join(lines)
 
 
-def _pos_int(s):
-    import argparse
-
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}")
-    return v
-
-
-def _pos_float(s):
-    import argparse
-
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
-
-
 def register(sub):
     p = add_command(sub, "shard", "plan embedding-table sharding over a multi-GPU system", run, text)
     p.add_argument("--tables", required=True, metavar="FILE.csv",
                    help="CSV with columns name, rows, dim, pooling [, zipf_alpha, dtype]")
     p.add_argument("--system", required=True, help="system preset (see kit.hardware.list_systems)")
-    p.add_argument("--nodes", type=_pos_int, default=None, help="number of nodes of the preset")
-    p.add_argument("--batch", type=_pos_int, default=512, help="samples per rank (default 512)")
+    p.add_argument("--nodes", type=positive_int, default=None, help="number of nodes of the preset")
+    p.add_argument("--batch", type=positive_int, default=512, help="samples per rank (default 512)")
     p.add_argument("--optimizer", default="rowwise_adagrad", choices=["sgd", "rowwise_adagrad"])
-    p.add_argument("--memory-gib", type=_pos_float, default=None,
+    p.add_argument("--memory-gib", type=positive_float, default=None,
                    help="memory cap per GPU for tables + optimizer state (default 90%% of the GPU's)")
     p.add_argument("--kinds", default=None, help="allowed kinds, comma-separated: tw,cw,rw,twrw,dp")
-    p.add_argument("--budget-s", type=_pos_float, default=2.0, help="search time budget (s)")
+    p.add_argument("--budget-s", type=positive_float, default=2.0, help="search time budget (s)")

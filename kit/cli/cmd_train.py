@@ -24,7 +24,7 @@ def text(r):
 
 
 def register(sub):
-    from kit.cli.cmd_op import _pos
+    from kit.cli import positive_int
 
     p = add_command(sub, "train", "fit the learned predictors on measured kernels", run, text)
     p.add_argument("--data", metavar="DIR", help="NeuSight data folder (default: $KIT_DATA)")
@@ -32,7 +32,7 @@ def register(sub):
                    help="comma-separated GPUs to train on, e.g. P4,P100,T4,V100-PCIe-32GB,A100-PCIe-40GB")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the weights to")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=_pos, default=2, help="torch threads (default 2)")
+    p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     p.add_argument("--quick", action="store_true", help="tiny settings (seconds; for checks)")
     p.add_argument("--no-direct", action="store_true", help="skip the direct-MLP baseline")
 
