@@ -9,24 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
 
 import numpy as np
 
 from kit.embedding import Empirical, ReuseHistogram, Table, Uniform, Zipf, lookup_cost
-
-
-def lru(stream, capacity):
-    cache, hits = OrderedDict(), 0
-    for v in stream.tolist():
-        if v in cache:
-            hits += 1
-            cache.move_to_end(v)
-        else:
-            cache[v] = None
-            if len(cache) > capacity:
-                cache.popitem(last=False)
-    return hits / len(stream)
+from kit.embedding.replay import lru_hit_rate
 
 
 def main():
@@ -40,7 +27,7 @@ def main():
             s = dist.sample(n, rows, rng)
             uniq.append(abs(dist.expected_unique(n, rows) / np.unique(s).size - 1))
             for cap in (256, 2048, 16384):
-                truth = lru(s, cap)
+                truth = lru_hit_rate(s, cap)
                 err["distribution"].append(abs(dist.hit_rate(n, rows, cap) - truth))
                 err["empirical"].append(abs(Empirical(s).hit_rate(n, rows, cap) - truth))
                 err["reuse_histogram"].append(abs(ReuseHistogram.from_indices(s).hit_rate(n, rows, cap) - truth))

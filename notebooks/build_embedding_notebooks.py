@@ -85,19 +85,7 @@ are $\int_0^n p_i\,(1-e^{-p_i \min(s,T)})\,ds$. The check below replays a stream
 LRU cache.
 """),
     code("""
-from collections import OrderedDict
-
-def lru_hit_rate(stream, capacity):              # a reference cache, access by access
-    cache, hits = OrderedDict(), 0
-    for v in stream.tolist():
-        if v in cache:
-            hits += 1
-            cache.move_to_end(v)
-        else:
-            cache[v] = None
-            if len(cache) > capacity:
-                cache.popitem(last=False)
-    return hits / len(stream)
+from kit.embedding.replay import lru_hit_rate   # a reference cache, replayed access by access
 
 rows, draws, cap = 50_000, 30_000, 2_000
 for dist in (Uniform(), Zipf(0.8), Zipf(1.1)):
