@@ -9,8 +9,17 @@ Per rank, within the profiled steps:
   kernel exactly as measured.
 * A GPU op that started later than its launch and its stream predecessor allow waited on an
   event: it depends on the op of another stream that ended last before it started.
-* A sync call (cudaStreamSynchronize, cudaDeviceSynchronize, a blocking memcpy) waits for the
-  GPU op that ended last before it returned, then costs what it cost after that op ended.
+* A host sync (cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, a blocking
+  memcpy) blocks the CPU until the GPU work it awaits has ended, then costs what it cost after
+  that. What it awaits, in order of preference: Kineto's cuda_sync event for the call (the
+  stream synchronised, or the stream and cudaEventRecord of the awaited event: everything
+  launched there before the record); else, with an execution trace, the stream the syncing op's
+  data is on (kit.trace.link); else the GPU op that ended last before the call returned.
+* cudaStreamWaitEvent (a cuda_sync "Stream Wait Event") makes the stream's next op wait for
+  the work recorded on the other stream. With an execution trace, a kernel also waits for the
+  kernels on other streams that wrote its op's inputs. A kernel that still started later than
+  all that allows waited on an event: it depends on the op of another stream that ended last
+  before it started.
 * NCCL kernels are collectives. They are matched across ranks by (stream, position) and start
   together; each lasts the shortest measured duration of its group, the one of the rank that
   arrived last and so waited least (the others' extra time was waiting).
@@ -44,6 +53,10 @@ class TraceGraph:
     idle_op: dict = field(default_factory=dict)  # rank -> op id of its start offset
     offsets_us: dict = field(default_factory=dict)  # rank -> estimated clock offset vs first rank
     collectives_synced: bool = False
+    links: dict = field(default_factory=dict)  # rank -> kit.trace.link.EtLink (execution traces)
+    syncs: dict = field(default_factory=dict)  # host syncs by what set their deps: cuda_sync/et/timing
+    sync_ops: dict = field(default_factory=dict)  # rank -> [(op id, RuntimeCall, what set its deps)]
+    gpu_waits: dict = field(default_factory=dict)  # cross-stream GPU deps by source
     notes: list = field(default_factory=list)
 
 
@@ -79,6 +92,51 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
             g.cpu(r, (ts - cursor) / 1e3, "cpu")
             cursor = ts
 
+    launch_ts: dict[str, list[float]] = {}
+    waits_for: dict[str, list[int]] = {}  # stream -> ops its next op waits on (cudaStreamWaitEvent)
+    op_of_corr: dict[int, int] = {}
+    call_ts = {c.correlation: c.ts_us for c in t.runtime if c.correlation is not None}
+    link = tg.links.get(r)
+
+    def count(d, key):
+        d[key] = d.get(key, 0) + 1
+
+    def tail_at(stream, ts=None):
+        ops_s = stream_ops.get(stream)
+        if not ops_s:
+            return -1
+        if ts is None:
+            return ops_s[-1]
+        k = bisect.bisect_right(launch_ts[stream], ts) - 1
+        return ops_s[k] if k >= 0 else -1
+
+    def awaited(c, e, timing_only=False):
+        """(GPU ops a host sync waits on, what said so)."""
+        info = None if timing_only else t.syncs.get(c.correlation)
+        if info is not None:
+            if info.kind == "Stream Sync" and info.stream in stream_ops:
+                return [tail_at(info.stream)], "cuda_sync"
+            if info.kind == "Context Sync":
+                return [so[-1] for so in stream_ops.values()], "cuda_sync"
+            if info.kind == "Event Sync" and info.wait_stream and info.record_corr in call_ts:
+                op = tail_at(info.wait_stream, call_ts[info.record_corr])
+                return ([op] if op >= 0 else []), "cuda_sync"
+        if c.name in ("cudaDeviceSynchronize", "cuCtxSynchronize"):
+            return [so[-1] for so in stream_ops.values()], "device"
+        if link is not None and not timing_only and c.correlation in link.sync_inputs:
+            streams = {ops_stream[op_of_corr[x]] for x in link.sync_inputs[c.correlation]
+                       if x in op_of_corr}
+            on = [tail_at(st) for st in sorted(streams)]
+            if on:
+                return on, "et"
+        best, best_end = -1, -1.0
+        for st, ends in stream_ends.items():
+            k = bisect.bisect_right(ends, e + TOL_US) - 1
+            if k >= 0 and ends[k] > best_end:
+                best, best_end = stream_ops[st][k], ends[k]
+        return ([best] if best >= 0 else []), "timing"
+
+    ops_stream: dict[int, str] = {}
     for ts, order, ev in events:
         if order < 2:
             gap_to(ts)
@@ -97,6 +155,17 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
             deps = [launch]
             prev_end = stream_ends.get(ge.stream, [])[-1:] or [w0]
             ready = max(s + first, prev_end[0])
+            for op in waits_for.pop(ge.stream, []):
+                deps.append(op)
+                ready = max(ready, measured_end[op])
+                count(tg.gpu_waits, "cuda_sync")
+            if link is not None:
+                for x in link.kernel_inputs.get(c.correlation, ()):
+                    op = op_of_corr.get(x)
+                    if op is not None and ops_stream[op] != ge.stream and op not in deps:
+                        deps.append(op)
+                        ready = max(ready, measured_end[op])
+                        count(tg.gpu_waits, "et")
             if ge.ts_us > ready + TOL_US:  # it waited on an event of another stream
                 best, best_end = -1, -1.0
                 for st, ends in stream_ends.items():
@@ -107,6 +176,7 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
                         best, best_end = stream_ops[st][k], ends[k]
                 if best >= 0:
                     deps.append(best)
+                    count(tg.gpu_waits, "timing")
             kind = ("comm" if is_collective_kernel(ge.name) else
                     "compute" if ge.cat == "kernel" else "memcpy")
             op = g.gpu(r, f"stream {ge.stream}", ge.dur_us / 1e3, ge.name, kind=kind, deps=deps,
@@ -114,6 +184,9 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
             gend = ge.ts_us + ge.dur_us
             stream_ends.setdefault(ge.stream, []).append(gend)
             stream_ops.setdefault(ge.stream, []).append(op)
+            launch_ts.setdefault(ge.stream, []).append(c.ts_us)
+            ops_stream[op] = ge.stream
+            op_of_corr[c.correlation] = op
             measured_end[op] = gend
             ops.append((op, ge, step_k, c))
             rest = (e - s) - first
@@ -122,18 +195,22 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
             elif rest > 0:
                 g.cpu(r, rest / 1e3, c.name, kind="launch")
         elif c.name.startswith(SYNC_CALLS):
-            if c.name in ("cudaDeviceSynchronize", "cuCtxSynchronize"):
-                on = [so[-1] for so in stream_ops.values()]
-            else:
-                best, best_end = -1, -1.0
-                for st, ends in stream_ends.items():
-                    k = bisect.bisect_right(ends, e + TOL_US) - 1
-                    if k >= 0 and ends[k] > best_end:
-                        best, best_end = stream_ops[st][k], ends[k]
-                on = [best] if best >= 0 else []
+            on, why = awaited(c, e)
+            on = [o for o in on if o >= 0]
+            count(tg.syncs, why)
+            if why == "et":  # how often the data's stream agrees with what the timing says
+                t_on, _ = awaited(c, e, timing_only=True)
+                count(tg.syncs, "et_same_as_timing" if set(t_on) <= set(on) else "et_differs")
             after = max([measured_end[o] for o in on] + [s])
-            g.sync(r, on, max(e - after, 0.0) / 1e3, c.name)
+            op = g.sync(r, on, max(e - after, 0.0) / 1e3, c.name)
+            tg.sync_ops.setdefault(r, []).append((op, c, why))
         else:
+            info = t.syncs.get(c.correlation) if c.correlation is not None else None
+            if info is not None and info.kind == "Stream Wait Event" and info.stream \
+                    and info.wait_stream and info.record_corr in call_ts:
+                op = tail_at(info.wait_stream, call_ts[info.record_corr])
+                if op >= 0:
+                    waits_for.setdefault(info.stream, []).append(op)
             g.cpu(r, (e - s) / 1e3, c.name)
         cursor = e
     tg.markers[r] = [(step_marks[2 * i], step_marks[2 * i + 1]) for i in range(len(step_marks) // 2)]
@@ -176,10 +253,12 @@ def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
     tg.collectives_synced = True
 
 
-def build_graph(traces: list[RankTrace], sync_collectives: bool = True) -> TraceGraph:
-    """One ExecGraph over all ranks, durations as measured (ms), ranks aligned in time."""
+def build_graph(traces: list[RankTrace], sync_collectives: bool = True,
+                links: dict | None = None) -> TraceGraph:
+    """One ExecGraph over all ranks, durations as measured (ms), ranks aligned in time.
+    links: rank -> EtLink (kit.trace.link) for the ranks that have an execution trace."""
     g = ExecGraph("trace")
-    tg = TraceGraph(g, list(traces))
+    tg = TraceGraph(g, list(traces), links=dict(links or {}))
     for t in traces:
         _build_rank(g, tg, t)
     if sync_collectives:

@@ -45,6 +45,7 @@ class RuntimeCall:
     name: str
     tid: str
     correlation: int | None
+    ext_id: int | None = None  # the enclosing op's External id (newer Kineto; older: = correlation)
 
 
 @dataclass
@@ -55,6 +56,23 @@ class CpuOp:
     tid: str
     dims: list | None
     types: list | None
+    ext_id: int | None = None  # Kineto "External id"
+    rf_id: int | None = None  # "Record function id" (the ET's rf_id), when the trace has it
+
+
+@dataclass
+class SyncEvent:
+    """A Kineto cuda_sync event, keyed by the correlation of the runtime call that made it.
+
+    kind: "Stream Sync" | "Event Sync" | "Context Sync" | "Stream Wait Event"; stream: the stream
+    synchronised (or, for Stream Wait Event, the stream that waits); wait_stream and record_corr:
+    the stream an awaited event was recorded on and the correlation of its cudaEventRecord
+    (-1/None when Kineto does not know)."""
+
+    kind: str
+    stream: str | None
+    wait_stream: str | None
+    record_corr: int | None
 
 
 @dataclass
@@ -68,7 +86,9 @@ class RankTrace:
     steps: list = field(default_factory=list)
     runtime: list = field(default_factory=list)  # RuntimeCall, sorted by ts
     gpu: list = field(default_factory=list)  # GpuEvent, sorted by ts
-    cpu_ops: list = field(default_factory=list)  # CpuOp with shapes (for transfer), sorted by ts
+    cpu_ops: list = field(default_factory=list)  # CpuOp (cpu_op, user_annotation), sorted by ts
+    syncs: dict = field(default_factory=dict)  # runtime correlation -> SyncEvent
+    pid: object = None  # the host process id (pairs the rank with its execution trace)
     notes: list = field(default_factory=list)
 
     @property
@@ -95,6 +115,24 @@ def _num(v):
         return None
 
 
+def _int(v):
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def _stream(v):
+    v = _int(v)
+    return str(v) if v is not None and v >= 0 else None
+
+
+def _sync_event(args) -> SyncEvent | None:
+    kind = args.get("cuda_sync_kind")
+    if not isinstance(kind, str):
+        return None
+    rec = _int(args.get("wait_on_cuda_event_record_corr_id"))
+    return SyncEvent(kind, _stream(args.get("stream")), _stream(args.get("wait_on_stream")),
+                     rec if rec is not None and rec >= 0 else None)
+
+
 def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     """Turn one loaded Kineto JSON document into a RankTrace."""
     if isinstance(doc, list):
@@ -112,6 +150,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     t = RankTrace(rank=rank, source=source, gpu_name=gpu_name,
                   world_size=dist.get("world_size") if isinstance(dist, dict) else None)
     skipped = 0
+    pids: dict = {}
     for e in doc["traceEvents"]:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
@@ -121,28 +160,36 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
             skipped += 1
             continue
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        corr = args.get("correlation", args.get("External id"))
-        corr = int(corr) if isinstance(corr, (int, float)) else None
+        corr = _int(args.get("correlation", args.get("External id")))
+        if cat == "cuda_sync":
+            sync = _sync_event(args)
+            if sync is not None and corr is not None:
+                t.syncs[corr] = sync
+            continue
         if cat in GPU_CATS:
             kind = "kernel" if cat in ("kernel", "Kernel") else (
                 "memcpy" if "emcpy" in cat else "memset")
             stream = args.get("stream", e.get("tid"))
             t.gpu.append(GpuEvent(ts, dur, name, str(stream), kind, corr, args.get("bytes")))
         elif cat in RUNTIME_CATS:
-            t.runtime.append(RuntimeCall(ts, dur, name, str(e.get("tid")), corr))
+            t.runtime.append(RuntimeCall(ts, dur, name, str(e.get("tid")), corr,
+                                         _int(args.get("External id"))))
         elif cat in CPU_OP_CATS:
             m = _STEP.fullmatch(name)
             if m:
                 t.steps.append((int(m.group(1)), ts, ts + dur))
-            elif "Input Dims" in args:
+            else:
+                pids[e.get("pid")] = pids.get(e.get("pid"), 0) + 1
                 t.cpu_ops.append(CpuOp(ts, dur, name, str(e.get("tid")), args.get("Input Dims"),
-                                       args.get("Input type")))
+                                       args.get("Input type"), _int(args.get("External id")),
+                                       _int(args.get("Record function id"))))
+    t.pid = max(pids, key=pids.get) if pids else None
     if skipped:
         t.notes.append(f"skipped {skipped} events with missing ts/dur/name")
     t.steps.sort(key=lambda s: s[1])
     t.runtime.sort(key=lambda c: c.ts_us)
     t.gpu.sort(key=lambda g: g.ts_us)
-    t.cpu_ops.sort(key=lambda c: c.ts_us)
+    t.cpu_ops.sort(key=lambda c: (c.ts_us, -c.dur_us))
     if not t.steps:
         t.notes.append(f"rank {rank}: no ProfilerStep annotation; the whole trace is one step")
     if not t.runtime and not t.gpu and not t.cpu_ops and not t.steps:
@@ -167,8 +214,13 @@ def _is_trace_name(name: str) -> bool:
     return n.endswith((".json", ".json.gz")) and not n.startswith(".")
 
 
-def load_kineto(path) -> list[RankTrace]:
-    """All ranks in a Kineto file, .gz, folder or tarball (.tar, .tar.gz, .tgz), sorted by rank."""
+def is_execution_trace(doc) -> bool:
+    """A PyTorch execution trace (ET) rather than a Kineto trace: {"schema": ..., "nodes": [...]}."""
+    return isinstance(doc, dict) and "nodes" in doc and "schema" in doc and "traceEvents" not in doc
+
+
+def read_docs(path) -> list[tuple[str, object]]:
+    """(source, loaded JSON) for every *.json/*.json.gz in a file, .gz, folder or tarball."""
     p = Path(path)
     if not p.exists():
         raise KitError(f"trace {path}: no such file or folder")
@@ -187,8 +239,18 @@ def load_kineto(path) -> list[RankTrace]:
             raise KitError(f"trace {path}: unreadable tarball ({e})") from None
     else:
         docs = [(str(p), _load_bytes(p.read_bytes(), str(p)))]
+    return docs
+
+
+def load_kineto(path, docs=None) -> list[RankTrace]:
+    """All ranks in a Kineto file, .gz, folder or tarball (.tar, .tar.gz, .tgz), sorted by rank.
+    Execution traces found alongside are skipped here (kit.trace.et reads them)."""
+    docs = read_docs(path) if docs is None else docs
+    n_et = sum(1 for _, d in docs if is_execution_trace(d))
+    docs = [(src, d) for src, d in docs if not is_execution_trace(d)]
     if not docs:
-        raise KitError(f"trace {path}: no Kineto JSON files (*.json or *.json.gz) found")
+        extra = f" (only {n_et} PyTorch execution traces)" if n_et else ""
+        raise KitError(f"trace {path}: no Kineto JSON files (*.json or *.json.gz) found{extra}")
     ranks = [parse_events(doc, src, i) for i, (src, doc) in enumerate(docs)]
     seen: dict[int, str] = {}
     for r in ranks:
@@ -204,5 +266,5 @@ def read_json_text(text: str, source: str = "<string>") -> RankTrace:
     return parse_events(_load_bytes(text.encode(), source), source, 0)
 
 
-__all__ = ["CpuOp", "GpuEvent", "RankTrace", "RuntimeCall", "SYNC_CALLS", "load_kineto",
-           "parse_events", "read_json_text"]
+__all__ = ["CpuOp", "GpuEvent", "RankTrace", "RuntimeCall", "SYNC_CALLS", "SyncEvent",
+           "is_execution_trace", "load_kineto", "parse_events", "read_docs", "read_json_text"]

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kit.errors import KitError
 from kit.sim import SimResult, simulate
 from kit.trace.build import TraceGraph, build_graph
-from kit.trace.kineto import RankTrace, load_kineto
+from kit.trace.kineto import RankTrace, is_execution_trace, load_kineto, read_docs
 
 
 @dataclass
@@ -41,6 +42,10 @@ class Replay:
             "max_abs_error_pct": max(errs) if errs else None,
             "critical_path": {"rank": slow, **self.result.breakdown(slow)},
             "collectives_synced": self.tg.collectives_synced,
+            "execution_traces": [lk.stats(t) for t in self.tg.traces
+                                 if (lk := self.tg.links.get(t.rank)) is not None],
+            "host_syncs": dict(self.tg.syncs),
+            "gpu_waits": dict(self.tg.gpu_waits),
             "clock_offsets_us": self.tg.offsets_us,
             "notes": self.tg.notes + [n for t in self.tg.traces for n in t.notes],
         }
@@ -56,11 +61,36 @@ def step_times_ms(tg: TraceGraph, res: SimResult, rank: int) -> list[float]:
     return out
 
 
-def replay(trace, on=None, sync_collectives: bool = True) -> Replay:
-    """Replay a trace (path, or RankTraces) at measured durations, or transferred `on` a GPU/system."""
-    traces = trace if isinstance(trace, list) and all(isinstance(t, RankTrace) for t in trace) \
-        else load_kineto(trace)
-    tg = build_graph(traces, sync_collectives)
+def load_with_et(trace, et=None) -> tuple[list[RankTrace], dict, list[str]]:
+    """(rank traces, rank -> EtLink, notes). et: None finds execution traces next to the Kineto
+    files (by their schema); a path reads them from there too; False ignores them."""
+    from kit.trace.et import load_et, parse_et
+    from kit.trace.link import link, pair
+
+    if isinstance(trace, list) and all(isinstance(t, RankTrace) for t in trace):
+        traces, docs = trace, []
+    else:
+        docs = read_docs(trace)
+        traces = load_kineto(trace, docs)
+    ets = [] if et is False else [parse_et(d, src) for src, d in docs if is_execution_trace(d)]
+    if et not in (None, False):
+        ets += load_et(et)
+    if not ets:
+        return traces, {}, []
+    pairs, notes = pair(ets, traces)
+    if not pairs:
+        raise KitError(f"execution traces ({len(ets)}) match none of the {len(traces)} Kineto "
+                       "ranks by process id or file-name rank; pass the ones recorded with it")
+    by_rank = {t.rank: t for t in traces}
+    return traces, {r: link(x, by_rank[r]) for r, x in sorted(pairs.items())}, notes
+
+
+def replay(trace, on=None, sync_collectives: bool = True, et=None) -> Replay:
+    """Replay a trace (path, or RankTraces) at measured durations, or transferred `on` a GPU/system.
+    et: execution traces to link (None: those found with the trace; False: none)."""
+    traces, links, notes = load_with_et(trace, et)
+    tg = build_graph(traces, sync_collectives, links)
+    tg.notes += notes
     label = None
     if on is not None:
         from kit.trace.transfer import transfer
