@@ -125,12 +125,13 @@ def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = 
                             host=get_profile(profile))
 
 
-def replay_trace(trace, on=None) -> dict:
+def replay_trace(trace, on=None, et=None) -> dict:
     """Replay a Kineto trace (file, .gz, folder or tarball): per-rank measured vs replayed step
-    and the critical path; with `on` (a GPU or system) predict the same step there."""
+    and the critical path; with `on` (a GPU or system) predict the same step there. et: PyTorch
+    execution traces to link (None: those found with the trace; False: none)."""
     from kit.trace import replay
 
-    return replay(trace, on=on).to_dict()
+    return replay(trace, on=on, et=et).to_dict()
 
 
 def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int = 2,

@@ -1,5 +1,6 @@
-"""`kit replay TRACE [--on GPU_OR_SYSTEM]`: replay a Kineto trace, per-rank step times and the
-critical path; with --on, predict the same step on another GPU or system."""
+"""`kit replay TRACE [--on GPU_OR_SYSTEM] [--et ET | --no-et]`: replay a Kineto trace, per-rank
+step times and the critical path; with --on, predict the same step on another GPU or system.
+PyTorch execution traces next to the Kineto files (or given with --et) are linked to them."""
 from kit.cli import add_command
 
 
@@ -7,7 +8,7 @@ def run(args):
     from kit.trace import replay
     from kit.trace.perfetto import write_perfetto
 
-    r = replay(args.trace, on=args.on)
+    r = replay(args.trace, on=args.on, et=False if args.no_et else args.et)
     out = r.to_dict()
     if args.trace_out:
         out["perfetto"] = write_perfetto(r.timeline(), args.trace_out, r.critical_path().op)
@@ -23,6 +24,12 @@ def text(r):
         lines.append(f"  {x['rank']:>4}  {m:>12}  {x['predicted_ms']:>12.3f}  {e:>7}")
     if r["mean_abs_error_pct"] is not None:
         lines.append(f"  mean |error| {r['mean_abs_error_pct']:.2f}%, max {r['max_abs_error_pct']:.2f}%")
+    for x in r.get("execution_traces", []):
+        lines.append(f"  rank {x['rank']} execution trace: {x['linked_ops']}/{x['et_ops']} ops linked "
+                     f"({x['method']}), {x['gpu_ops_linked']}/{x['gpu_ops']} GPU ops, "
+                     f"{x['data_edges']} data dependencies")
+    if r.get("host_syncs"):
+        lines.append("  host syncs: " + ", ".join(f"{k} {v}" for k, v in r["host_syncs"].items()))
     cp = r["critical_path"]
     parts = ", ".join(f"{k} {cp[k]:.3f}" for k in ("compute", "communication", "memcpy", "cpu",
                                                     "wait", "idle") if cp[k] > 0)
@@ -38,5 +45,8 @@ def register(sub):
                     "compare each rank's step; --on predicts it on another GPU or system", run, text)
     p.add_argument("trace", help="Kineto JSON (.json/.json.gz), a folder of per-rank files, or a tarball")
     p.add_argument("--on", metavar="GPU_OR_SYSTEM", help="transfer to this GPU or system")
+    p.add_argument("--et", metavar="ET", help="PyTorch execution trace(s) of the same run (file, "
+                   "folder or tarball); by default those found with TRACE are used")
+    p.add_argument("--no-et", action="store_true", help="ignore execution traces")
     p.add_argument("--trace", dest="trace_out", metavar="OUT.json", help="write the replayed timeline "
                    "as Perfetto JSON")

@@ -89,6 +89,7 @@ class RankTrace:
     cpu_ops: list = field(default_factory=list)  # CpuOp (cpu_op, user_annotation), sorted by ts
     syncs: dict = field(default_factory=dict)  # runtime correlation -> SyncEvent
     pid: object = None  # the host process id (pairs the rank with its execution trace)
+    rank_from: str = "distributedInfo"  # or "its file name", "its position among the files"
     notes: list = field(default_factory=list)
 
     @property
@@ -142,9 +143,11 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
                        "'traceEvents' list)")
     dist = doc.get("distributedInfo") or {}
     rank = dist.get("rank") if isinstance(dist, dict) else None
-    if not isinstance(rank, int):
+    how = None
+    if not isinstance(rank, int) or isinstance(rank, bool):
         m = _RANK_IN_NAME.search(Path(source).name)
         rank = int(m.group(1)) if m else fallback_rank
+        how = "its file name" if m else "its position among the files"
     props = doc.get("deviceProperties") or []
     gpu_name = props[0].get("name") if props and isinstance(props[0], dict) else None
     t = RankTrace(rank=rank, source=source, gpu_name=gpu_name,
@@ -184,6 +187,10 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
                                        args.get("Input type"), _int(args.get("External id")),
                                        _int(args.get("Record function id"))))
     t.pid = max(pids, key=pids.get) if pids else None
+    if how:
+        t.rank_from = how
+        why = "no distributedInfo" if not dist else "distributedInfo has no rank"
+        t.notes.insert(0, f"{Path(source).name}: {why}; rank {rank} taken from {how}")
     if skipped:
         t.notes.append(f"skipped {skipped} events with missing ts/dur/name")
     t.steps.sort(key=lambda s: s[1])
@@ -214,6 +221,13 @@ def _is_trace_name(name: str) -> bool:
     return n.endswith((".json", ".json.gz")) and not n.startswith(".")
 
 
+def _is_tarfile(p: Path) -> bool:
+    try:
+        return tarfile.is_tarfile(p)
+    except (OSError, EOFError, tarfile.TarError):  # e.g. a truncated .gz: read as a file below
+        return False
+
+
 def is_execution_trace(doc) -> bool:
     """A PyTorch execution trace (ET) rather than a Kineto trace: {"schema": ..., "nodes": [...]}."""
     return isinstance(doc, dict) and "nodes" in doc and "schema" in doc and "traceEvents" not in doc
@@ -228,7 +242,7 @@ def read_docs(path) -> list[tuple[str, object]]:
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.is_file() and _is_trace_name(f.name))
         docs = [(str(f), _load_bytes(f.read_bytes(), str(f))) for f in files]
-    elif tarfile.is_tarfile(p):
+    elif _is_tarfile(p):
         try:
             with tarfile.open(p) as tar:
                 for m in sorted(tar.getmembers(), key=lambda m: m.name):
@@ -252,6 +266,12 @@ def load_kineto(path, docs=None) -> list[RankTrace]:
         extra = f" (only {n_et} PyTorch execution traces)" if n_et else ""
         raise KitError(f"trace {path}: no Kineto JSON files (*.json or *.json.gz) found{extra}")
     ranks = [parse_events(doc, src, i) for i, (src, doc) in enumerate(docs)]
+    by_pos = [r for r in ranks if r.rank_from.endswith("position among the files")]
+    named = {r.rank for r in ranks if r not in by_pos}
+    free = (k for k in range(len(ranks) + len(named) + 1) if k not in named)
+    for r in by_pos:  # ranks known only by position take the numbers no file claims
+        old, r.rank = r.rank, next(free)
+        r.notes[0] = r.notes[0].replace(f"rank {old} ", f"rank {r.rank} ")
     seen: dict[int, str] = {}
     for r in ranks:
         if r.rank in seen:

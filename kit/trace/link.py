@@ -36,11 +36,13 @@ class EtLink:
 
     def stats(self, trace: RankTrace) -> dict:
         gpu_corr = {e.correlation for e in trace.gpu if e.correlation is not None}
+        launched = {c.correlation for c in trace.runtime} & gpu_corr
         kernels = sum(1 for c in self.node_of_call if c in gpu_corr)
         return {"rank": trace.rank, "et": self.et.source, "schema": self.et.schema,
                 "method": self.method, "et_ops": len(self.et.nodes),
                 "linked_ops": len(self.op_of_node),
-                "gpu_ops": len(gpu_corr), "gpu_ops_linked": kernels,
+                "gpu_ops": len(launched), "gpu_ops_linked": kernels,
+                "gpu_ops_without_launch": len(trace.gpu) - len(launched),
                 "data_edges": len(self.edges),
                 "gpu_deps": sum(len(v) for v in self.kernel_inputs.values()),
                 "sync_deps": len(self.sync_inputs)}
