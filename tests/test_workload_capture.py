@@ -85,7 +85,10 @@ def test_sdpa_is_one_fused_attention_kernel_and_dropout_is_fused():
     assert isinstance(bwd[0].op, Derived) and bwd[0].op.scale == 2.5
     assert bwd[0].op.flops == pytest.approx(2.5 * fwd[0].op.flops)
     drops = [n for n in g if n.op_class == "dropout"]
-    assert len(drops) == 2 and isinstance(drops[0].op, Dropout) and drops[0].op.numel == 2 * 8 * 32
+    assert len(drops) == 2
+    # the fused kernel reads x and writes y (fp32) and a one-byte mask: 9 bytes per element
+    assert drops[0].op.bytes == pytest.approx(2 * 8 * 32 * 9)
+    assert drops[0].op.bytes == pytest.approx(Dropout(2 * 8 * 32).bytes)
     assert [layer_of(n.module) for n in fwd] == [None, None]  # attention ran in the top module
     assert sorted({n.layer for n in g if n.op_class == "gemm"}) == [0, 1]
     inf = capture(_Attn(), (torch.zeros(2, 8, 32),), mode="inference")

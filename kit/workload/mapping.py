@@ -198,8 +198,7 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
     if packet == "_fused_rms_norm_backward":
         return memory_bound("rmsnorm", 4 * nbytes(args[0]), dtype, label=packet), "rmsnorm", 2
     if packet == "native_dropout":
-        p = float(args[1]) if len(args) > 1 else 0.5
-        return Dropout(max(1, int(args[0].numel() * mult)), dtype, min(max(p, 0.0), 0.99)), "dropout", 1
+        return _dropout(args, dtype, mult), "dropout", 1
     if packet == "embedding":
         weight, idx = args[0], args[1]
         return EmbeddingBag(batch=max(1, idx.numel()), rows=weight.shape[0], dim=weight.shape[1],
@@ -243,14 +242,54 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
     return memory_bound("unknown", max(moved, 1), dtype, label=packet), "unknown", 1
 
 
-def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float) -> Elementwise:
+def _dropout(args, dtype: str, mult: float) -> Derived:
+    """CUDA's fused dropout kernel: one pass that reads x and writes y and a one-byte mask (the
+    Philox draw is ~20 integer ops per element, far below any GPU's ridge point: memory-bound).
+    It is costed as the learned one-input elementwise pass (read x, write y) scaled by the bytes
+    it really moves (kit.ops.Dropout.bytes), so it gets the per-kernel cost and achieved
+    bandwidth the elementwise model learned, not the bare wave model."""
+    p = float(args[1]) if len(args) > 1 else 0.5
+    drop = Dropout(max(1, int(args[0].numel() * mult)), dtype, min(max(p, 0.0), 0.99))
+    base = Elementwise("mul", drop.numel, dtype, inputs=1)
+    return Derived("dropout", (base,), drop.bytes / base.bytes, "dropout (y and a bool mask)")
+
+
+BROADCAST_STREAM_BYTES = 2 * 2**20  # a broadcast operand this large is re-read from DRAM
+
+
+def input_streams(ins, lead) -> float:
+    """How many output-sized read streams an elementwise kernel's inputs amount to.
+
+    A full-size input is one stream, weighted by its element size against the output's (a bool
+    mask read by a fp32 kernel is a quarter stream). A broadcast operand (smaller than the output,
+    not a scalar) is re-read once per output element: it stays on chip when small (a bias, a
+    BERT padding mask row) but streams from DRAM when it is larger than the L2 slice it competes
+    for (GPT-2's position embeddings broadcast over the batch, OPT's (b, 1, s, s) mask broadcast
+    over heads): NeuSight's per-node labels on P4, T4 and V100 time such adds like two-input adds.
+    """
+    out_size = max(lead.element_size(), 1)
+    streams = 0.0
+    for t in ins:
+        if t.numel() <= 1:
+            continue
+        if t.numel() >= lead.numel() or nbytes(t) >= BROADCAST_STREAM_BYTES:
+            streams += t.element_size() / out_size
+    return streams
+
+
+def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float):
     numel = max(1, int(lead.numel() * mult))
     if kind in ("fill",):
         return Elementwise(kind, numel, dtype, inputs=1)  # no read; bytes ~ write + a little
     if kind == "copy" and len(ins) > 1:  # cat/stack: read every input once, write the output
         return Elementwise("copy", numel, dtype, inputs=1)
-    full = sum(1 for t in ins if t.numel() >= lead.numel())
-    return Elementwise(kind, numel, dtype, inputs=max(1, full))
+    streams = input_streams(ins, lead)
+    n = max(1, round(streams))
+    op = Elementwise(kind, numel, dtype, inputs=n)
+    if abs(streams - n) < 1e-6 or streams < 1:
+        return op
+    # a narrower input (a bool mask): the learned n-input pass scaled by the bytes really moved
+    return Derived("elementwise", (op,), (streams + 1) / (n + 1), f"{kind} ({streams:g} input streams)")
 
 
 def _conv(args, out, dtype: str) -> Gemm:
