@@ -5,8 +5,9 @@
 Accuracy: mean APE for training and inference on the GPUs the issue's goal names (HELD below:
 P4, P100, T4, V100-PCIe-32GB, A100-PCIe-40GB), the worst configuration there, and every GPT-3
 configuration; plus the per-GPU summary over all labelled GPUs the catalog knows.
-Speed: one configuration predicted cold (first call in a fresh process, capture cached on disk)
-and warm (again in-process), on the cores this machine has.
+Speed: `kit predict` for one configuration in fresh processes (capturing; capture cached on disk
+but the GPU not yet predicted; capture and prediction cached) with wall and CPU seconds and the
+slowest imports, then warm calls in one process, on the cores this machine has.
 """
 from __future__ import annotations
 
@@ -61,37 +62,84 @@ def accuracy(labels: Path, predictor: str) -> dict:
     return out
 
 
-SPEED = """
-import time; t0 = time.perf_counter()
+WARM = """
+import json, sys, time
 from kit.api import predict_model
-t1 = time.perf_counter()
-predict_model("gpt2-large", "v100-pcie-32gb", mode="inference", batch=4, seq=1024)
-t2 = time.perf_counter()
+args = dict(mode="inference", batch=4, seq=1024)
+predict_model("gpt2-large", "v100-pcie-32gb", **args)
 gpus = ["a100-pcie-40gb", "t4", "p100-pcie-16gb", "l4", "h100-sxm", "p4"]
 t = time.perf_counter()
-for g in gpus:  # warm: the capture is in memory, each call predicts a new GPU
-    predict_model("gpt2-large", g, mode="inference", batch=4, seq=1024)
-warm = (time.perf_counter() - t) / len(gpus)
+for g in gpus:  # warm: the capture is in memory, each call predicts a GPU not seen before
+    predict_model("gpt2-large", g, **args).to_dict()
+new_gpu = (time.perf_counter() - t) / len(gpus)
 t = time.perf_counter()
-for g in gpus:
-    predict_model("gpt2-large", g, mode="inference", batch=4, seq=1024).to_dict()
-warm_report = (time.perf_counter() - t) / len(gpus)
-import sys, json
-print(json.dumps({"cold_s": t2 - t0, "cold_import_s": t1 - t0, "cold_predict_s": t2 - t1,
-                  "warm_s": warm, "warm_with_report_s": warm_report,
-                  "torch_imported": "torch" in sys.modules}))
+for g in gpus:  # the same configurations again: the predictions are memoised
+    predict_model("gpt2-large", g, **args).to_dict()
+repeat = (time.perf_counter() - t) / len(gpus)
+print(json.dumps({"warm_new_gpu_s": new_gpu, "warm_repeat_s": repeat}))
 """
+CLI = ["-c", "import sys; from kit.cli import main; sys.argv = ['kit'] + sys.argv[1:]; sys.exit(main())",
+       "predict", "gpt2-large", "--gpu", "v100-pcie-32gb", "--mode", "inference", "--batch", "4",
+       "--seq", "1024", "--json"]
+
+
+def _timed(argv, env) -> dict:
+    """Wall and CPU seconds of a fresh process (interpreter start included)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+
+
+def _top_imports(stderr: str, n: int = 6) -> list:
+    """The slowest top-level imports of a `python -X importtime` run (cumulative seconds)."""
+    rows = []
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cum, name = line[len("import time:"):].split("|")
+        if name.startswith("  "):  # nested below another import
+            continue
+        if cum.strip().isdigit():
+            rows.append((int(cum) / 1e6, name.strip()))
+    return [{"module": m, "s": round(s, 3)} for s, m in sorted(rows, reverse=True)[:n]]
 
 
 def speed() -> dict:
-    env = dict(os.environ)
-    subprocess.run([sys.executable, "-c", SPEED], env=env, capture_output=True, check=False)  # fill cache
-    p = subprocess.run([sys.executable, "-c", SPEED], env=env, capture_output=True, text=True)
+    """`kit predict` in fresh processes: (1) capturing, (2) capture cached but this GPU never
+    predicted (the predictor loads: torch), (3) capture and prediction cached; then warm calls
+    in one process. A private cache directory keeps it reproducible."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "KIT_CACHE": tmp}
+        runs = {"capture": _timed(CLI, env)}
+        import shutil
+
+        shutil.rmtree(Path(tmp) / "latency", ignore_errors=True)
+        runs["cold_capture_cached"] = _timed(CLI, env)
+        runs["cold_all_cached"] = _timed(["-X", "importtime", *CLI], env)
+        warm = subprocess.run([sys.executable, "-c", WARM], env=env, capture_output=True, text=True)
+    out = {"cores": os.cpu_count(), "load_avg_1min": os.getloadavg()[0],
+           "config": "kit predict gpt2-large --gpu v100-pcie-32gb --mode inference --batch 4 "
+                     "--seq 1024 (fresh process, interpreter start included)"}
+    for name, r in runs.items():
+        if r["rc"] != 0:
+            out[name] = {"error": r["stderr"][-400:]}
+            continue
+        out[name] = {"wall_s": r["wall_s"], "cpu_s": r["cpu_s"]}
+    if "error" not in out["cold_all_cached"]:
+        out["cold_all_cached"]["top_imports"] = _top_imports(runs["cold_all_cached"]["stderr"])
     try:
-        return {**json.loads(p.stdout.strip().splitlines()[-1]), "cores": os.cpu_count(),
-                "config": "gpt2-large inference b4 s1024 on v100-pcie-32gb, capture cached on disk"}
+        out.update(json.loads(warm.stdout.strip().splitlines()[-1]))
     except (IndexError, json.JSONDecodeError):
-        return {"error": p.stderr[-500:]}
+        out["warm_error"] = warm.stderr[-400:]
+    return out
 
 
 def main():

@@ -188,6 +188,26 @@ def _prepared(graph: OpGraph, fusion: str) -> dict:
     return memo[fusion]
 
 
+def _latencies(graph: OpGraph, prep: dict, fusion: str, gpu, predictor):
+    """predict_latencies, memoised in-process and on disk for cached captures
+    (kit.workload.latency_cache): a repeated configuration needs no predictor."""
+    from kit.workload import latency_cache
+
+    key = (latency_cache.key_for(graph, fusion, gpu, latency_cache.resolve_predictor(predictor))
+           if isinstance(predictor, str) else None)
+    memo = prep.setdefault("latencies", {})
+    if key is not None and key in memo:
+        return memo[key]
+    nodes = prep["kernels"].nodes
+    hit = latency_cache.load(key, len(nodes))
+    if hit is None:
+        hit = predict_latencies(nodes, gpu, predictor, prep["leaves"])
+        latency_cache.save(key, *hit)
+    if key is not None:
+        memo[key] = hit
+    return hit
+
+
 def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager",
               overhead: CpuOverhead | None = None) -> Iteration:
     """Predict one iteration (the graph's phases) of a captured graph on one GPU."""
@@ -197,7 +217,7 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
         raise KitError(f"iteration needs an OpGraph (from kit.workload.capture), got {type(graph).__name__}")
     prep = _prepared(graph, fusion)
     nodes = prep["kernels"].nodes
-    lat, p10, p90, pname, fallbacks = predict_latencies(nodes, gpu, predictor, prep["leaves"])
+    lat, p10, p90, pname, fallbacks = _latencies(graph, prep, fusion, gpu, predictor)
     cols = prep["columns"]
     launches = cols["kernels"].astype(float)
     cpu_us = overhead.cpu_op_us + overhead.launch_us * launches + overhead.free_op_us * prep["free_before"]

@@ -8,8 +8,10 @@ Names are matched ignoring case and punctuation, and NeuSight's config names are
 zoo's matches it key for key (tests check this against $KIT_DATA/data/DLmodel_configs).
 A user's own HF-style config dict works too: build({"model_type": "gpt2", "n_embd": ...}).
 
-Captures are cached per model and shape: in-process (LRU) and, when $KIT_CACHE is set or
-disk=True, as pickles under the kit cache directory (loading one does not import torch).
+Captures are cached per model, shape, mode, dtype and optimizer: in-process (LRU) and on disk
+as pickles under $KIT_CACHE/workload (default ~/.cache/gpu-perf-kit; disk=False opts out), so a
+second process loads the graph without capturing and without importing torch. The key covers
+the kit version and the capture code's files, so a change to either re-captures.
 """
 from __future__ import annotations
 
@@ -171,7 +173,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     if key in _LRU:
         _LRU.move_to_end(key)
         return _LRU[key]
-    use_disk = bool(os.environ.get("KIT_CACHE")) if disk is None else disk
+    use_disk = True if disk is None else disk
     path = cache_dir() / f"{key}.pkl"
     graph = None
     if use_disk and path.exists():
@@ -182,14 +184,23 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     if graph is None:
         graph = _capture(model, batch, seq, mode, dtype, optimizer)
         if use_disk:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(pickle.dumps(graph))
-            tmp.replace(path)
+            _write(path, graph)
+    graph.meta["cache_key"] = key  # kit.workload.latency_cache keys predictions on it
     _LRU[key] = graph
     while len(_LRU) > LRU_SIZE:
         _LRU.popitem(last=False)
     return graph
+
+
+def _write(path: Path, graph) -> None:
+    """Write a capture atomically; an unwritable cache is skipped, never an error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(graph, protocol=pickle.HIGHEST_PROTOCOL))
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 LAYER_KEYS = ("n_layer", "num_hidden_layers")  # families whose layers are all alike

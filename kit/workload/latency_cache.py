@@ -1,0 +1,91 @@
+"""Predicted kernel latencies of a cached capture on one GPU, kept on disk between processes.
+
+A zoo capture carries its cache key (graph.meta["cache_key"], kit.workload.zoo). Predicting it
+on a GPU gives three arrays per kernel (latency, p10, p90); they depend only on
+
+    the capture (its key), the fusion mode, the GPU's spec, the predictor and its code/weights
+
+so they are stored under $KIT_CACHE/latency/<key>.npz and a later process that asks for the
+same configuration needs neither the capture nor the predictor (nor torch, which the learned
+predictors import). Any change to the GPU spec, the predictor's files or the shipped weights
+changes the key. Graphs without a cache key (a user's nn.Module) are never cached here.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+PREDICT_DIR = Path(__file__).resolve().parents[1] / "predict"
+
+
+def resolve_predictor(name: str) -> str:
+    """The concrete predictor name behind "auto" (kit.predict.get_predictor's rule), without
+    building the predictor."""
+    if name != "auto":
+        return name
+    from kit.predict.weights import has_shipped
+
+    return "tile" if has_shipped() else "wave"
+
+
+def _predictor_stamp() -> str:
+    """Changes whenever a predictor's code or the shipped weights change."""
+    files = sorted(PREDICT_DIR.rglob("*.py")) + sorted((PREDICT_DIR / "weights").glob("*"))
+    parts = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def key_for(graph, fusion: str, gpu, predictor: str) -> str | None:
+    """The cache key of a graph's predictions on a GPU, or None when the graph has no key."""
+    base = graph.meta.get("cache_key")
+    if not base or not isinstance(predictor, str):
+        return None
+    spec = json.dumps(gpu.to_dict(), sort_keys=True, default=str)
+    raw = json.dumps([base, fusion, spec, predictor, _predictor_stamp()])
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KIT_CACHE") or Path.home() / ".cache" / "gpu-perf-kit") / "latency"
+
+
+def load(key: str | None, n: int):
+    """(lat, p10, p90, predictor name, fallbacks) or None (no key, missing, unreadable, or a
+    different number of kernels than the graph has)."""
+    if key is None:
+        return None
+    path = cache_dir() / f"{key}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            vals = z["latency"]
+            info = json.loads(str(z["info"]))
+    except (OSError, KeyError, ValueError):
+        return None
+    if vals.shape != (3, n):
+        return None
+    return vals[0], vals[1], vals[2], info["predictor"], info.get("fallbacks", {})
+
+
+def save(key: str | None, lat, p10, p90, predictor: str, fallbacks: dict) -> None:
+    """Store predictions (atomically; an unwritable cache is skipped, never an error)."""
+    if key is None:
+        return
+    path = cache_dir() / f"{key}.npz"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{key}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, latency=np.vstack([lat, p10, p90]),
+                 info=np.array(json.dumps({"predictor": predictor, "fallbacks": fallbacks})))
+        tmp.replace(path)
+    except OSError:
+        pass

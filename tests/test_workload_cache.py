@@ -1,0 +1,75 @@
+"""Disk caches of the whole-model path: a capture per model and shape, predictions per GPU."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kit.workload import latency_cache, zoo
+from kit.workload import iteration as iteration_mod
+from kit.workload.iteration import CpuOverhead, iteration
+
+TINY = {"model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 2, "vocab_size": 100,
+        "n_positions": 16}
+NONE = CpuOverhead(0.0, 0.0, 0.0)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path))
+    zoo._LRU.clear()
+    yield tmp_path
+    zoo._LRU.clear()
+
+
+def test_capture_goes_to_disk_by_default(cache):
+    g = zoo.graph_for(TINY, batch=1, seq=8, mode="inference")
+    assert len(list((cache / "workload").glob("*.pkl"))) == 1
+    assert g.meta["cache_key"]
+    zoo._LRU.clear()
+    assert zoo.graph_for(TINY, batch=1, seq=8, mode="inference", disk=False) is not g
+
+
+def test_predictions_are_reused_from_disk(cache, monkeypatch):
+    g = zoo.graph_for(TINY, batch=2, seq=8, mode="train")
+    first = iteration(g, "v100-pcie-32gb", predictor="wave", overhead=NONE)
+    assert len(list((cache / "latency").glob("*.npz"))) == 1
+    zoo._LRU.clear()  # a new process: graph from disk, no in-process memo
+
+    def refuse(*a, **k):
+        raise AssertionError("the predictor ran although the prediction was cached")
+
+    monkeypatch.setattr(iteration_mod, "predict_latencies", refuse)
+    again = iteration(zoo.graph_for(TINY, batch=2, seq=8, mode="train"), "v100-pcie-32gb",
+                      predictor="wave", overhead=NONE)
+    assert again.total_ms == pytest.approx(first.total_ms)
+    assert again.timeline["latency_ms"].tolist() == pytest.approx(first.timeline["latency_ms"].tolist())
+    with pytest.raises(AssertionError, match="predictor ran"):  # another GPU is another key
+        iteration(g, "t4", predictor="wave", overhead=NONE)
+
+
+def test_key_changes_with_gpu_fusion_and_predictor(cache):
+    from kit.hardware import get_gpu
+
+    g = zoo.graph_for(TINY, batch=1, seq=8, mode="inference")
+    v100, t4 = get_gpu("v100-pcie-32gb"), get_gpu("t4")
+    keys = {latency_cache.key_for(g, "eager", v100, "wave"), latency_cache.key_for(g, "eager", t4, "wave"),
+            latency_cache.key_for(g, "compiled", v100, "wave"), latency_cache.key_for(g, "eager", v100, "roofline")}
+    assert len(keys) == 4 and None not in keys
+    no_key = g.with_nodes(g.nodes)
+    no_key.meta.pop("cache_key")
+    assert latency_cache.key_for(no_key, "eager", v100, "wave") is None
+
+
+def test_cached_configuration_runs_without_torch(cache):
+    env = {**os.environ, "KIT_CACHE": str(cache)}
+    code = ("import sys; from kit.api import predict_model; "
+            "it = predict_model({cfg!r}, 'v100-pcie-32gb', mode='inference', batch=1, seq=8, "
+            "predictor='wave'); it.to_dict(); print('torch' in sys.modules, it.total_ms)").format(cfg=TINY)
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=120) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-800:]
+    first, second = (r.stdout.split() for r in runs)
+    assert first[0] == "True"  # the first run captured (torch)
+    assert second[0] == "False" and float(second[1]) == pytest.approx(float(first[1]))
