@@ -1,0 +1,127 @@
+"""Where whole-model error comes from: NeuSight's per-FX-node labels against the kit, by node class.
+
+    .venv/bin/python benchmarks/whole_model_nodes.py [--labels DIR] [--only SUBSTRING]
+
+NeuSight ships, beside each whole-model label, a CSV of per-FX-node latencies of a one-layer
+model (fw, bw and AccumulateGrad in ms). This scales the layer's nodes by the model's layer count
+and sums them per node class (gemm: addmm/matmul/bmm/Linear; softmax; layernorm; dropout;
+embedding; elementwise; copy: .contiguous() nodes, and on the kit's side every clone kernel,
+including the layout copies torch.matmul makes inside a NeuSight matmul node; fill; free: views
+and metadata, which launch nothing and time only the event overhead), then puts the kit's predicted
+kernels of the full model (eager) in the same classes. Output: JSON, one row per GPU, mode and
+class, with measured and predicted forward/backward ms and their ratio.
+
+Caveat: NeuSight times each node on its own with CUDA events, so short kernels include launch
+and Python time (a view reads ~0.01 ms), and a node's backward includes its autograd bookkeeping:
+the per-node sums exceed the whole-model labels by a few percent. Large kernels are reliable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GEMM = ("addmm", "matmul", "bmm", "baddbmm", "linear", "mm")
+MODULES = {"LayerNorm": "layernorm", "Dropout": "dropout", "Embedding": "embedding", "Linear": "gemm"}
+FREE = ("size", "getitem", "getattr", "view", "permute", "transpose", "split", "finfo", "reshape",
+        "unsqueeze", "expand", "dim", "t")
+
+
+def fx_class(op: str, target: str, meta: str) -> str:
+    if op == "call_module":
+        cls = re.findall(r"<class '([^']+)'>", meta)
+        return MODULES.get(cls[-1].split(".")[-1] if cls else "", "elementwise")
+    if op not in ("call_function", "call_method"):
+        return "none"
+    m = re.search(r"(?:method|function) (\w+)", target)
+    name = m.group(1) if m else target
+    if name in GEMM:
+        return "gemm"
+    if name in ("softmax", "dropout", "layer_norm"):
+        return {"layer_norm": "layernorm"}.get(name, name)
+    if name in FREE:
+        return "free"
+    if name in ("contiguous", "to", "type", "float"):
+        return "copy"
+    if name in ("arange", "full", "ones", "zeros", "ones_like", "zeros_like", "tensor"):
+        return "fill"
+    return "elementwise"
+
+
+def kit_class(aten: str, op_class: str) -> str:
+    if op_class in ("gemm", "softmax", "layernorm", "dropout", "embedding", "attention"):
+        return op_class
+    if aten == "native_dropout_backward":
+        return "dropout"
+    if aten == "sum":  # bias gradients: NeuSight counts them in the addmm/Linear node
+        return "gemm"
+    if aten in ("clone", "_unsafe_view"):
+        return "copy"
+    if aten in ("full", "arange", "zeros", "ones", "fill_", "zero_", "scalar_tensor", "new_zeros"):
+        return "fill"
+    return "elementwise"
+
+
+def compare(labels: Path, only: str = "") -> list[dict]:
+    import pandas as pd
+
+    from kit.errors import KitError
+    from kit.hardware import get_gpu
+    from kit.workload.iteration import iteration
+    from kit.workload.models import graph_of
+    from kit.workload.zoo import resolve
+
+    sums: dict = {}
+    for f in sorted(labels.glob("*/*.csv")):
+        if only not in str(f) or not f.with_suffix(".json").exists():
+            continue
+        model, mode, seq, batch = f.stem.split("-")[:4]
+        try:
+            key, gpu = resolve(model), get_gpu(f.parent.name).key
+        except KitError:
+            continue
+        raw = pd.read_csv(f)
+        layers = json.loads(f.with_suffix(".json").read_text()).get("num_layer") or 0
+        meta = raw["meta"].fillna("").astype(str)
+        in_layer = meta.str.contains(r"\.0'|\.0\.", regex=True) | raw["target"].astype(str).str.contains(r"\.0\.")
+        weight = in_layer.map({True: layers, False: 1})
+        mode = "train" if mode == "train" else "inference"
+        it = iteration(graph_of(key, int(batch), int(seq), mode, "fp32", None), gpu)
+        for op, target, m, fw, bw, acc, w in zip(raw["op"], raw["target"].astype(str), meta, raw["fw_latency"],
+                                                 raw["bw_latency"], raw["acc_latency"], weight):
+            cls = fx_class(op, target, m)
+            row = sums.setdefault((gpu, mode, cls), [0.0, 0.0, 0.0, 0.0])
+            row[0] += fw * w
+            row[2] += (bw + acc) * w
+        tl = it.timeline
+        for aten, cls, phase, ms in zip(tl["aten"], tl["op_class"], tl["phase"], tl["latency_ms"]):
+            row = sums.setdefault((gpu, mode, kit_class(aten, cls)), [0.0, 0.0, 0.0, 0.0])
+            row[1 if phase == "fwd" else 3] += ms
+    out = []
+    for (gpu, mode, cls), (mf, pf, mb, pb) in sorted(sums.items()):
+        if cls == "none":
+            continue
+        out.append({"gpu": gpu, "mode": mode, "class": cls, "measured_fwd_ms": mf, "predicted_fwd_ms": pf,
+                    "fwd_ratio": pf / mf if mf else None, "measured_bwd_ms": mb, "predicted_bwd_ms": pb,
+                    "bwd_ratio": pb / mb if mb else None})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--labels", default=None)
+    ap.add_argument("--only", default="", help="only label CSVs whose path contains this")
+    a = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    data = Path(os.environ.get("KIT_DATA", ROOT.parent / "shared" / "data" / "neusight"))
+    rows = compare(Path(a.labels) if a.labels else data / "label", a.only)
+    print(json.dumps(rows, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()
