@@ -18,8 +18,10 @@ Per rank, within the profiled steps:
 * cudaStreamWaitEvent (a cuda_sync "Stream Wait Event") makes the stream's next op wait for
   the work recorded on the other stream. With an execution trace, a kernel also waits for the
   kernels on other streams that wrote its op's inputs. A kernel that still started later than
-  all that allows waited on an event: it depends on the op of another stream that ended last
-  before it started.
+  all that allows waited on an event if an op of another stream ended meanwhile: it depends on
+  the one that ended last before it started. Whatever is left of the gap is the GPU's launch
+  delay: a "launch delay" op (CPU/launch cause, on its own queue per stream) between the
+  launch and the kernel, so the kernel starts as measured.
 * NCCL kernels are collectives. They are matched across ranks by (stream, position) and start
   together; each lasts the shortest measured duration of its group, the one of the rank that
   arrived last and so waited least (the others' extra time was waiting).
@@ -174,9 +176,15 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
                     k = bisect.bisect_right(ends, ge.ts_us + TOL_US) - 1
                     if k >= 0 and ends[k] > best_end:
                         best, best_end = stream_ops[st][k], ends[k]
-                if best >= 0:
+                if best >= 0 and best_end > ready + TOL_US:  # that op ended while it waited
                     deps.append(best)
+                    ready = best_end
                     count(tg.gpu_waits, "timing")
+            if ge.ts_us > ready + TOL_US:  # the rest: the GPU took that long to start it
+                before = deps + stream_ops.get(ge.stream, [])[-1:]
+                deps.append(g.cpu(r, (ge.ts_us - ready) / 1e3, "launch delay",
+                                  thread=f"launch delay {ge.stream}", kind="launch", deps=before))
+                count(tg.gpu_waits, "launch delay")
             kind = ("comm" if is_collective_kernel(ge.name) else
                     "compute" if ge.cat == "kernel" else "memcpy")
             op = g.gpu(r, f"stream {ge.stream}", ge.dur_us / 1e3, ge.name, kind=kind, deps=deps,
