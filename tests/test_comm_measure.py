@@ -1,5 +1,6 @@
 """Real measurements: `kit collect-comm` with gloo on 2 and 4 local processes, then `kit comm fit`."""
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -47,8 +48,13 @@ def test_fit_the_measured_curves_and_predict_with_them(gloo2, tmp_path, capsys):
     assert {c["kind"] for c in summary["curves"]} == set(ALL.split(","))
     cal = load_calibration(cal_path)
     measured = parse_nccl_tests(gloo2)
+    grid = np.logspace(8, 30, 30, base=2)
     for curve in cal.curves:
-        assert np.all(np.diff(curve.time_us(np.logspace(8, 30, 30, base=2))) >= 0)
+        piece = curve
+        while piece is not None:  # each regime's time grows with the size (a switch may step down)
+            own = replace(piece, upper=None)
+            assert np.all(np.diff(own.time_us(grid)) >= 0) and np.all(own.time_us(grid) > 0)
+            piece = piece.upper
     for kind in ("allreduce", "allgather"):
         m = measured[measured.kind == kind]
         pred = cal.curve(kind, 2).time_us(m.size_bytes.values)
@@ -63,11 +69,25 @@ def test_fit_the_measured_curves_and_predict_with_them(gloo2, tmp_path, capsys):
 
 def test_collect_on_four_processes(tmp_path):
     # fork reuses this process's torch import (spawn re-imports it per rank: the fixture covers spawn)
-    text, t = collect("gloo", 4, "4K:64K:4", kinds=["allreduce", "alltoall"], iters=3, warmup=1, repeats=1,
-                      out=tmp_path / "g4.txt", start_method="fork")
+    text, t = collect("gloo", 4, "4K:64K:4", kinds=["allreduce", "alltoall"], iters=3, warmup=1, repeats=2,
+                      out=tmp_path / "g4.txt", start_method="fork", timing="batch", stat="median")
     assert list(t.size_bytes) == [4096, 16384, 65536] * 2 and (t.wrong == 0).all()
     assert parse_nccl_tests(tmp_path / "g4.txt").ranks.tolist() == [4] * 6
-    assert "#  Rank  3" in text
+    assert "#  Rank  3" in text and "stat=median timing=batch repeats=2 pinned=True" in text
+
+
+def test_quantiles_and_interleaved_chunks(monkeypatch):
+    from kit.comm import measure
+
+    assert [measure._quantile(q) for q in ("min", "median", "p10", "p90")] == [0.0, 0.5, 0.1, 0.9]
+    for bad in ("mean", "p100", "p", "10"):
+        with pytest.raises(KitError, match="stat must be"):
+            measure._quantile(bad)
+    # all sizes in one interleaved round while their buffers fit, else runs of consecutive sizes
+    sizes = [1024, 4096, 16384, 65536]
+    assert measure._interleave_chunks("allreduce", sizes, 2) == [sizes]
+    monkeypatch.setattr(measure, "INTERLEAVE_BYTES", 2 * (1024 + 4096 + 16384))  # 2 buffers each: 64 KiB does not fit
+    assert measure._interleave_chunks("allreduce", sizes, 2) == [[1024, 4096, 16384], [65536]]
 
 
 @pytest.mark.parametrize("kwargs, words", [

@@ -194,3 +194,27 @@ def test_hierarchical_allgather_across_many_nodes():
     per_byte = 15 / 16 / (8 * 50 * 0.92e3) + 7 / 8 / (450 * EFF * 1e3) + KAPPA / 2 / 3352e3
     assert (r.time_ms - r.latency_ms) * 1e3 == pytest.approx(per_byte * s, rel=1e-9)
     assert predict_collective("allgather", 2.0**34, "dgx-h100-x16").algorithm == "ring"
+
+
+def test_max_packing_solves_small_programs_worked_by_hand():
+    from kit.comm.topology import max_packing
+
+    # x1 + x2 <= 4, x1 <= 3, x2 <= 2: the optimum uses both bounds, x1 + x2 = 4
+    a = np.array([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    assert max_packing(a, np.array([4.0, 3.0, 2.0])) == pytest.approx(4.0)
+    # three rings on a triangle of edges, each ring using two of them, every edge capacity 1:
+    # x_a + x_b <= 1, x_b + x_c <= 1, x_a + x_c <= 1 -> optimum 3/2 at x = 1/2 each
+    tri = np.array([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0]])
+    assert max_packing(tri, np.ones(3)) == pytest.approx(1.5)
+    assert max_packing(np.zeros((2, 1)), np.ones(2)) == float("inf")  # a ring using no link
+
+
+def test_predicting_never_imports_scipy():
+    import subprocess
+    import sys
+
+    code = ("import sys; from kit.comm import predict_collective, collective_table; "
+            "predict_collective('allreduce', 1e9, 'dgx1-v100'); predict_collective('allgather', 1e6, 'a100x4-nvlink', ranks=3); "
+            "collective_table('alltoall', [1e3, 1e9], 'dgx-h100-x2'); print('scipy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -11,7 +11,7 @@ def run(args):
         raise KitError("--collectives is empty; name at least one, e.g. allreduce")
     _, table = collect(backend=args.backend, ranks=args.ranks, sizes=args.sizes, kinds=kinds,
                        iters=args.iters, warmup=args.warmup, repeats=args.repeats, stat=args.stat,
-                       out=args.out)
+                       timing=args.timing, out=args.out)
     return {"out": args.out, "backend": args.backend, "ranks": args.ranks, "rows": len(table),
             "wrong": int(table.wrong.sum()),
             "results": table[["kind", "size_bytes", "time_us", "algbw_gbs", "wrong"]].to_dict("records")}
@@ -35,6 +35,11 @@ def register(sub):
                    help="comma list of allreduce,reducescatter,allgather,broadcast,reduce,alltoall,sendrecv")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3, help="rounds of --iters timed samples")
-    p.add_argument("--stat", choices=["min", "median"], default="min", help="statistic over the samples")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds over all the sizes, each taking --iters samples per size")
+    p.add_argument("--stat", help="quantile each rank reports: min, median or pNN "
+                   "(default p10 with gloo, median with nccl)")
+    p.add_argument("--timing", choices=["call", "batch"],
+                   help="sample = one call, or the mean of a batch of --iters calls as nccl-tests "
+                        "(default call with gloo, batch with nccl)")
     p.add_argument("--out", required=True, help="output file (nccl-tests text format)")

@@ -10,13 +10,18 @@ After Lin et al. (IEEE TPDS 2025), who model collective bandwidth as three regim
 * large S: busbw -> B (bandwidth-bound plateau),
 * k sets how sharp the knee is: k = 1 is the alpha-beta model latency + S/bandwidth, large k is
   max(latency, S/bandwidth) (perfect overlap). The presets are the k = 1 case.
+
+A library that switches algorithm with the size (gloo near 2 MiB, NCCL between tree and ring)
+changes the curve: then a curve is piecewise, `upper` (another such curve) answering from
+`switch_bytes` up. fit_curve places the break where the data say, and only when the second
+regime pays for its extra parameters (Schwarz's BIC on log time).
 Sizes in bytes, times in microseconds inside this module (nccl-tests prints us), ms outside.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +44,22 @@ class BandwidthCurve:
     fit_mape: float = float("nan")  # mean |error| / measured time on those points
     min_bytes: float = 0.0
     max_bytes: float = 0.0
+    switch_bytes: float = math.inf  # from this size up `upper` answers (an algorithm switch)
+    upper: BandwidthCurve | None = None
 
     @property
     def factor(self) -> float:
         return busbw_factor(self.kind, self.ranks) if self.ranks > 1 else 1.0
 
     def time_us(self, nbytes):
+        if self.upper is not None:
+            if isinstance(nbytes, float):
+                return self.upper.time_us(nbytes) if nbytes >= self.switch_bytes else self._own_us(nbytes)
+            s = np.asarray(nbytes, dtype=float)
+            return np.where(s < self.switch_bytes, self._own_us(s), self.upper.time_us(s))
+        return self._own_us(nbytes)
+
+    def _own_us(self, nbytes):
         if isinstance(nbytes, float) and self.steepness == 1.0:  # fast scalar path (alpha-beta)
             t = self.factor * (nbytes + self.half_bytes) / (self.busbw_max_gbs * 1e3)
             return max(self.floor_us, t)
@@ -64,11 +79,33 @@ class BandwidthCurve:
         return max(self.floor_us, self.factor * self.half_bytes / (self.busbw_max_gbs * 1e3))
 
     def crossover_bytes(self) -> float:
-        """Size where the bandwidth term f*S/B equals the latency term."""
-        return self.latency_us() * self.busbw_max_gbs * 1e3 / self.factor
+        """Size where the bandwidth term f*S/B equals the latency term (of the regime it falls in)."""
+        x = self.latency_us() * self.busbw_max_gbs * 1e3 / self.factor
+        return x if self.upper is None or x < self.switch_bytes else max(self.switch_bytes,
+                                                                          self.upper.crossover_bytes())
+
+    def regime(self, nbytes: float) -> BandwidthCurve:
+        """The single-regime curve that answers for this size."""
+        c = self
+        while c.upper is not None and nbytes >= c.switch_bytes:
+            c = c.upper
+        return c
+
+    def plateau_gbs(self) -> float:
+        """busbw as the size grows without bound: the last regime's plateau."""
+        return self.regime(math.inf).busbw_max_gbs
+
+    @property
+    def breaks_bytes(self) -> tuple[float, ...]:
+        return () if self.upper is None else (self.switch_bytes, *self.upper.breaks_bytes)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if self.upper is None:
+            del d["switch_bytes"], d["upper"]
+        else:
+            d["upper"] = self.upper.to_dict()
+        return d
 
 
 def curve_from_dict(d: dict, where: str = "curve") -> BandwidthCurve:
@@ -78,19 +115,31 @@ def curve_from_dict(d: dict, where: str = "curve") -> BandwidthCurve:
                            half_bytes=float(d["half_bytes"]), steepness=float(d["steepness"]),
                            n_points=int(d.get("n_points", 0)), fit_mape=float(d.get("fit_mape", "nan")),
                            min_bytes=float(d.get("min_bytes", 0)), max_bytes=float(d.get("max_bytes", 0)))
+        if d.get("upper") is not None:
+            up = curve_from_dict(d["upper"], f"{where} upper regime")
+            c = replace(c, switch_bytes=float(d["switch_bytes"]), upper=up)
     except KeyError as e:
         raise KitError(f"{where}: missing field {e.args[0]}") from None
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:
         raise KitError(f"{where}: bad value ({e})") from None
     if not (c.busbw_max_gbs > 0 and c.half_bytes > 0 and c.steepness > 0 and c.floor_us >= 0):
         raise KitError(f"{where}: busbw_max_gbs, half_bytes and steepness must be positive")
+    if c.upper is not None and not (c.switch_bytes > 0 and c.upper.kind == c.kind and c.upper.ranks == c.ranks):
+        raise KitError(f"{where}: an upper regime needs a positive switch_bytes and the same kind and ranks")
     return c
 
 
-def fit_curve(kind: str, ranks: int, nbytes, time_us) -> BandwidthCurve:
-    """Least squares on log time, from several starting points; needs >= 4 distinct sizes."""
-    from scipy.optimize import least_squares
+NOISE_FLOOR = 0.02  # log-time residual (2%) below which a better fit is taken to be noise
+MIN_REGIME = 4  # sizes each regime needs, on each side of a break (four parameters each)
 
+
+def fit_curve(kind: str, ranks: int, nbytes, time_us, breaks: int | None = None) -> BandwidthCurve:
+    """Fit the curve to measured (size, time) pairs; needs >= 4 distinct sizes.
+
+    Least squares on log time, from several starting points. breaks=None tries one algorithm
+    switch at every gap between sizes that leaves MIN_REGIME sizes on each side, and keeps it
+    when it lowers Schwarz's BIC, n ln(max(RSS/n, NOISE_FLOOR^2)) + p ln n, below one regime's
+    (p = 4 for one regime, 4 + 4 + 1 for two and their break); breaks=0 never switches."""
     kind = canonical_kind(kind)
     s = np.asarray(nbytes, dtype=float)
     t = np.asarray(time_us, dtype=float)
@@ -99,6 +148,59 @@ def fit_curve(kind: str, ranks: int, nbytes, time_us) -> BandwidthCurve:
     if len(np.unique(s)) < 4:
         raise KitError(f"fitting a {kind} curve on {ranks} ranks needs at least 4 distinct sizes "
                        f"with positive times, got {len(np.unique(s))}")
+    if breaks not in (None, 0):
+        raise KitError(f"breaks must be None (detect one algorithm switch) or 0 (none), got {breaks!r}")
+    order = np.argsort(s, kind="stable")
+    s, t = s[order], t[order]
+    one = _fit_regime(kind, ranks, s, t)
+    best, best_bic = one, _bic(one, s, t, 4)
+    sizes = np.unique(s)
+    # at the noise floor already, no break can lower the BIC (it only adds parameters)
+    search = breaks is None and _rss(one, s, t) / len(s) > NOISE_FLOOR ** 2
+    for j in range(MIN_REGIME, len(sizes) - MIN_REGIME + 1) if search else ():
+        lo_mask = s < sizes[j]
+        lower = _fit_regime(kind, ranks, s[lo_mask], t[lo_mask])
+        upper = _fit_regime(kind, ranks, s[~lo_mask], t[~lo_mask])
+        c = replace(lower, switch_bytes=_switch(lower, upper, sizes[j - 1], sizes[j]), upper=upper)
+        bic = _bic(c, s, t, 4 + 4 + 1)
+        if bic < best_bic:
+            best, best_bic = c, bic
+    mape = float(np.mean(np.abs(best.time_us(s) - t) / t))
+    return replace(best, n_points=int(len(s)), fit_mape=mape, min_bytes=float(s.min()), max_bytes=float(s.max()))
+
+
+def _rss(c: BandwidthCurve, s, t) -> float:
+    return float(np.sum((np.log(c.time_us(s)) - np.log(t)) ** 2))
+
+
+def _bic(c: BandwidthCurve, s, t, p: int) -> float:
+    n = len(s)
+    return n * math.log(max(_rss(c, s, t) / n, NOISE_FLOOR ** 2)) + p * math.log(n)
+
+
+def _switch(lower: BandwidthCurve, upper: BandwidthCurve, a: float, b: float) -> float:
+    """Where the regimes meet between sizes a < b: their crossing (a library switches to the faster
+    algorithm), found by bisection in log size, else the geometric mean of a and b."""
+    def gap(x):
+        return math.log(lower.time_us(x) / upper.time_us(x))
+
+    lo, hi = math.log(a), math.log(b)
+    g_lo, g_hi = gap(a), gap(b)
+    if g_lo * g_hi > 0:
+        return math.sqrt(a * b)
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if gap(math.exp(mid)) * g_lo > 0:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(0.5 * (lo + hi))
+
+
+def _fit_regime(kind, ranks, s, t) -> BandwidthCurve:
+    """One regime: floor, plateau, half-size and steepness."""
+    from scipy.optimize import least_squares
+
     f = busbw_factor(kind, ranks) if ranks > 1 else 1.0
     bus = f * s / (t * 1e3)
     b0 = float(bus.max())
@@ -126,10 +228,9 @@ def fit_curve(kind: str, ranks: int, nbytes, time_us) -> BandwidthCurve:
         if best is None or r.cost < best.cost:
             best = r
     p = np.exp(best.x)
-    mape = float(np.mean(np.abs(model(best.x, s) - t) / t))
     return BandwidthCurve(kind, ranks, float(p[0]), float(p[1]), float(p[2]), float(p[3]),
-                          n_points=int(len(s)), fit_mape=mape, min_bytes=float(s.min()),
-                          max_bytes=float(s.max()))
+                          n_points=int(len(s)), fit_mape=float(np.mean(np.abs(model(best.x, s) - t) / t)),
+                          min_bytes=float(s.min()), max_bytes=float(s.max()))
 
 
 @dataclass(frozen=True)

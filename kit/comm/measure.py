@@ -3,14 +3,19 @@
     collect(backend="gloo", ranks=4, sizes=parse_sizes("1K:1M"), out="gloo4.txt")
 
 One process per rank (torch.multiprocessing spawn) on this host, rendezvous over TCP on
-127.0.0.1 and a free port. NCCL runs one rank per GPU; gloo runs CPU processes. Per collective
-and size: `warmup` untimed calls, then `repeats` x `iters` timed samples. With NCCL a sample is
-the mean of a batch of `iters` calls ended by one synchronize (as nccl-tests times); with gloo
-each blocking call is one sample. Each rank takes the minimum (default; the steadiest figure on a
-shared machine, where any one call may be preempted) or the median of its samples, and the
-reported time is the slowest rank's. Each
-result is then validated once (#wrong = elements that differ from the expected values), as
-nccl-tests does. Sizes follow nccl-tests: all-gather and reduce-scatter sizes are totals.
+127.0.0.1 and a free port. NCCL runs one rank per GPU; gloo runs CPU processes.
+
+Per collective: `warmup` untimed calls per size, then `repeats` rounds over all the sizes (so that
+a slow spell of a shared machine hits every size alike, not a few neighbours), each round taking
+`iters` samples per size. timing "batch" (NCCL's default, as nccl-tests): a sample is the mean of
+`iters` back-to-back calls ended by one synchronize. timing "call" (gloo's default): every
+blocking call is a sample. Each rank reports a quantile of its samples (`stat`: min, median or
+pNN; gloo's default p10 is the steady lower edge on a loaded CPU, where a call either runs
+through or waits a scheduler tick; NCCL's default is the median), and the row is the slowest
+rank's. With `pin` (gloo's default) each rank runs on one core, round-robin, with one compute
+thread (OMP/MKL/torch), so that ranks do not fight over threads. Each result is then validated
+once (#wrong = elements that differ from the expected values), as nccl-tests does. Sizes follow
+nccl-tests: all-gather and reduce-scatter sizes are totals.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ from kit.errors import KitError
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 WORD_BYTES = 4  # float32, nccl-tests type "float"
+INTERLEAVE_BYTES = 1 << 30  # buffers held at once per rank while interleaving sizes
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def parse_sizes(spec) -> list[int]:
@@ -73,6 +80,31 @@ def _count(kind: str, size: int, n: int) -> int:
     if kind in ("allgather", "reducescatter", "alltoall"):
         count = max(count // n, 1) * n
     return count
+
+
+def _quantile(stat: str) -> float:
+    """'min' -> 0, 'median' -> 0.5, 'p10' -> 0.1: the quantile of the samples a rank reports."""
+    q = {"min": 0.0, "median": 0.5}.get(stat)
+    m = re.fullmatch(r"p([0-9]{1,2})", str(stat))
+    if q is None and m:
+        q = int(m.group(1)) / 100
+    if q is None:
+        raise KitError(f"stat must be min, median or a percentile p1..p99 (e.g. p10), got {stat!r}")
+    return q
+
+
+def _interleave_chunks(kind: str, sizes: list[int], n: int) -> list[list[int]]:
+    """Runs of consecutive sizes whose buffers fit INTERLEAVE_BYTES together: each run is timed
+    in rounds over its sizes (all buffers held at once), as one sweep."""
+    chunks, cur, held = [], [], 0
+    for size in sizes:
+        need = 2 * _count(kind, size, n) * WORD_BYTES  # input and output buffer at most
+        if cur and held + need > INTERLEAVE_BYTES:
+            chunks.append(cur)
+            cur, held = [], 0
+        cur.append(size)
+        held += need
+    return chunks + [cur] if cur else chunks
 
 
 def _op(kind, count, n, rank, dev):
@@ -135,11 +167,26 @@ def _op(kind, count, n, rank, dev):
     return call, check
 
 
-def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, result_path):
+def _pin(rank: int) -> None:
+    """One core per rank (round-robin over the cores this process may use), one compute thread."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    except (AttributeError, OSError):  # not Linux, or not allowed: leave the scheduler to it
+        pass
+
+
+def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, timing, pin, result_path):
     import torch
     import torch.distributed as dist
 
+    if pin:
+        _pin(rank)
     torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set (a forked rank inherits the parent's pools)
+        pass
     dev = torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -147,37 +194,44 @@ def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=n, timeout=timedelta(seconds=300))
     sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
+    def sample(call):
+        sync()
+        dist.barrier()
+        if timing == "batch":  # a batch of calls, then one sync: the mean call (nccl-tests)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call()
+            sync()
+            return [(time.perf_counter() - t0) / iters * 1e6]
+        out = []
+        for _ in range(iters):  # every blocking call timed on its own
+            t0 = time.perf_counter()
+            call()
+            sync()
+            out.append((time.perf_counter() - t0) * 1e6)
+        return out
+
     rows = []
     for kind in kinds:
-        for size in sizes:
-            count = _count(kind, size, n)
-            call, check = _op(kind, count, n, rank, dev)
-            for _ in range(warmup):
-                call()
-            samples = []
-            for _ in range(repeats):
-                sync()
-                dist.barrier()
-                if backend == "nccl":  # a batch of calls, then one sync (as nccl-tests)
-                    t0 = time.perf_counter()
-                    for _ in range(iters):
-                        call()
-                    sync()
-                    samples.append((time.perf_counter() - t0) / iters * 1e6)
-                else:  # blocking CPU collectives: time every call
-                    for _ in range(iters):
-                        t0 = time.perf_counter()
-                        call()
-                        samples.append((time.perf_counter() - t0) * 1e6)
-            t = torch.tensor(samples, dtype=torch.float64)
-            mine = t.min() if stat == "min" else t.median()
-            t = torch.tensor([float(mine)], dtype=torch.float64, device=dev)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's figure
-            best = float(t.item())
-            wrong = torch.tensor([check()], dtype=torch.float64, device=dev)
-            dist.all_reduce(wrong)
-            rows.append({"kind": kind, "size_bytes": count * WORD_BYTES, "count": count,
-                         "dtype": "float", "time_us": best, "wrong": int(wrong.item())})
+        for chunk in _interleave_chunks(kind, sizes, n):
+            ops = [(size, *_op(kind, _count(kind, size, n), n, rank, dev)) for size in chunk]
+            for _, call, _ in ops:
+                for _ in range(warmup):
+                    call()
+            samples = {size: [] for size in chunk}
+            for _ in range(repeats):  # rounds over the sizes, so that a slow spell hits them all
+                for size, call, _ in ops:
+                    samples[size] += sample(call)
+            for size, _, check in ops:
+                t = torch.tensor(samples[size], dtype=torch.float64)
+                mine = torch.quantile(t, _quantile(stat))
+                t = torch.tensor([float(mine)], dtype=torch.float64, device=dev)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's figure
+                wrong = torch.tensor([check()], dtype=torch.float64, device=dev)
+                dist.all_reduce(wrong)
+                count = _count(kind, size, n)
+                rows.append({"kind": kind, "size_bytes": count * WORD_BYTES, "count": count,
+                             "dtype": "float", "time_us": float(t.item()), "wrong": int(wrong.item())})
     if rank == 0:
         Path(result_path).write_text(json.dumps(rows))
     dist.barrier()
@@ -185,9 +239,12 @@ def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, 
 
 
 def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allreduce",),
-            iters: int = 20, warmup: int = 5, repeats: int = 3, stat: str = "min", out=None,
-            start_method: str = "spawn"):
+            iters: int = 20, warmup: int = 5, repeats: int = 3, stat: str | None = None, out=None,
+            start_method: str = "spawn", timing: str | None = None, pin: bool | None = None):
     """Run the sweep; returns (nccl-tests text, tidy DataFrame). Writes `out` when given.
+
+    stat, timing and pin default by backend (module doc): gloo p10 / call / pinned, NCCL
+    median / batch / not pinned.
 
     start_method "spawn" (default) starts clean interpreters; "fork" (gloo only) reuses this
     process's imports and starts in a fraction of the time, which the tests use."""
@@ -213,21 +270,33 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
     if bad:
         raise KitError(f"cannot measure {bad}; choose from {', '.join(KINDS)}")
     sizes = parse_sizes(sizes)
-    if stat not in ("min", "median"):
-        raise KitError(f"stat must be min or median, got {stat!r}")
+    stat = ("p10" if backend == "gloo" else "median") if stat is None else stat
+    timing = ("call" if backend == "gloo" else "batch") if timing is None else timing
+    _quantile(stat)
+    if timing not in ("batch", "call"):
+        raise KitError(f"timing must be batch (mean of a batch of calls, as nccl-tests) or call, got {timing!r}")
+    pin = backend == "gloo" if pin is None else bool(pin)
     for name, v in (("iters", iters), ("warmup", warmup), ("repeats", repeats)):
         if not isinstance(v, int) or v < (0 if name == "warmup" else 1):
             raise KitError(f"{name} must be a whole number >= {0 if name == 'warmup' else 1}, got {v!r}")
     with tempfile.TemporaryDirectory(prefix="kit-comm-") as tmp:
         result = os.path.join(tmp, "rows.json")
+        saved = {v: os.environ.get(v) for v in _THREAD_VARS}
+        os.environ.update({v: "1" for v in _THREAD_VARS})  # spawned ranks start single-threaded
         try:
             mp.start_processes(_worker, args=(ranks, backend, _free_port(), kinds, sizes, iters, warmup,
-                                              repeats, stat, result), nprocs=ranks, join=True,
+                                              repeats, stat, timing, pin, result), nprocs=ranks, join=True,
                                start_method=start_method)
         except Exception as e:  # a worker failed: say which and why, in one line
             msg = str(e).strip().splitlines()
             raise KitError(f"collect-comm ({backend}, {ranks} ranks) failed: "
                            f"{msg[-1] if msg else type(e).__name__}") from None
+        finally:
+            for v, old in saved.items():
+                if old is None:
+                    os.environ.pop(v, None)
+                else:
+                    os.environ[v] = old
         rows = json.loads(Path(result).read_text())
     if backend == "nccl":
         devices = [f"Pid {os.getpid():6d} on {socket.gethostname()} device {i:2d} "
@@ -236,7 +305,8 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
         devices = [f"Pid {os.getpid():6d} on {socket.gethostname()} device {i:2d} [cpu] gloo process"
                    for i in range(ranks)]
     meta = (f"step: list warmup iters: {warmup} iters: {iters} agg iters: 1 validation: 1 graph: 0 "
-            f"# kit collect-comm backend={backend} torch={torch.__version__} stat={stat}; "
+            f"# kit collect-comm backend={backend} torch={torch.__version__} stat={stat} timing={timing} "
+            f"repeats={repeats} pinned={pin}; "
             "in-place columns repeat the measured call")
     text = "".join(format_nccl_tests([r for r in rows if r["kind"] == k], k, ranks, devices, meta)
                    for k in kinds)

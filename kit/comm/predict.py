@@ -150,13 +150,14 @@ def _result(kind, size, t_us, plan, curve, system, group, source) -> CollectiveR
     n = group.size
     f = busbw_factor(kind, n) if n > 1 else 1.0
     algbw = size / t_us / 1e3 if t_us > 0 else 0.0
-    lat_us = curve.latency_us() if curve.n_points else plan.latency_us
-    bw_us = f * size / (curve.busbw_max_gbs * 1e3)
+    piece = curve.regime(size)  # a fitted curve may switch algorithm with the size
+    lat_us = piece.latency_us() if curve.n_points else plan.latency_us
+    bw_us = f * size / (piece.busbw_max_gbs * 1e3)
     return CollectiveResult(
         kind=kind, nbytes=size, ranks=n, time_ms=t_us / 1e3, algorithm=plan.algorithm,
         algbw_gbs=algbw, busbw_gbs=algbw * busbw_factor(kind, n), latency_ms=lat_us / 1e3, bandwidth_ms=bw_us / 1e3,
-        floor_ms=curve.floor_us / 1e3, bound="bandwidth" if bw_us > max(lat_us, curve.floor_us) else "latency",
-        crossover_bytes=curve.crossover_bytes(), plateau_busbw_gbs=curve.busbw_max_gbs,
+        floor_ms=piece.floor_us / 1e3, bound="bandwidth" if bw_us > max(lat_us, piece.floor_us) else "latency",
+        crossover_bytes=curve.crossover_bytes(), plateau_busbw_gbs=curve.plateau_gbs(),
         source=source, system=system.key, nodes_spanned=group.n_nodes)
 
 

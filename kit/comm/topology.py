@@ -5,7 +5,6 @@ per (system, group), so a repeated prediction costs microseconds.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -116,25 +115,67 @@ def _pcie_ring_gbs(system: System, local: tuple[int, ...]) -> float:
 def _mesh_ring_gbs(system: System, local: tuple[int, ...]) -> float:
     """Best total rate of concurrent directed rings (Hamiltonian cycles over NVLink) within the
     link capacities: a small linear program, as NCCL spreads channels over several rings."""
-    from scipy.optimize import linprog
-
     f = system.fabric
-    first, rest = local[0], local[1:]
-    cycles = []
-    for perm in itertools.permutations(rest):
-        order = (first, *perm)
-        if all(f.pair_links(order[i], order[(i + 1) % len(order)]) for i in range(len(order))):
-            cycles.append(order)
+    links = {(a, b): f.pair_links(a, b) for a in local for b in local if a != b}
+    cycles = _hamiltonian_cycles(local, {a: [b for b in local if links.get((a, b))] for a in local})
     if not cycles:
         return 0.0
-    edges = {(a, b): i for i, (a, b) in enumerate((a, b) for a in local for b in local if a != b)}
+    edges = {e: i for i, e in enumerate(links)}
     a_ub = np.zeros((len(edges), len(cycles)))
     for j, order in enumerate(cycles):
         for i in range(len(order)):
             a_ub[edges[(order[i], order[(i + 1) % len(order)])], j] = 1.0
-    b_ub = np.array([f.pair_links(a, b) * f.link_bw_gbs for (a, b) in edges])
-    res = linprog(-np.ones(len(cycles)), A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
-    return float(-res.fun) * f.efficiency if res.success else 0.0
+    b_ub = np.array([links[e] * f.link_bw_gbs for e in edges])
+    return max_packing(a_ub, b_ub) * f.efficiency
+
+
+def _hamiltonian_cycles(nodes: tuple[int, ...], nbrs: dict) -> list[tuple[int, ...]]:
+    """Every directed Hamiltonian cycle starting at nodes[0] (depth-first over the links)."""
+    first, n, out = nodes[0], len(nodes), []
+
+    def walk(path, seen):
+        if len(path) == n:
+            if first in nbrs[path[-1]]:
+                out.append(tuple(path))
+            return
+        for b in nbrs[path[-1]]:
+            if b not in seen:
+                seen.add(b)
+                path.append(b)
+                walk(path, seen)
+                path.pop()
+                seen.discard(b)
+
+    walk([first], {first})
+    return out
+
+
+def max_packing(a: np.ndarray, b: np.ndarray) -> float:
+    """max sum(x) subject to a @ x <= b, x >= 0, for a >= 0 and b >= 0: the primal simplex from the
+    all-slack basis (feasible since b >= 0) with Bland's rule, which cannot cycle. Here instead of
+    scipy's linprog so that predicting never imports scipy (a fresh import costs about a second)."""
+    m, n = a.shape
+    tab = np.zeros((m + 1, n + m + 1))
+    tab[:m, :n], tab[:m, n:n + m], tab[:m, -1] = a, np.eye(m), b
+    tab[m, :n] = -1.0  # reduced costs of maximising sum(x)
+    basis = list(range(n, n + m))
+    eps = 1e-12
+    for _ in range(50 * (n + m)):
+        entering = np.flatnonzero(tab[m, :-1] < -eps)
+        if entering.size == 0:
+            return float(tab[m, -1])
+        col = int(entering[0])
+        rows = np.flatnonzero(tab[:m, col] > eps)
+        if rows.size == 0:
+            return math.inf  # unbounded: a column with no positive entry
+        ratio = tab[rows, -1] / tab[rows, col]
+        ties = rows[ratio <= ratio.min() + eps]
+        row = int(min(ties, key=lambda r: basis[r]))
+        tab[row] /= tab[row, col]
+        others = np.arange(m + 1) != row
+        tab[others] -= np.outer(tab[others, col], tab[row])
+        basis[row] = col
+    raise RuntimeError("simplex did not converge")  # pragma: no cover - Bland's rule terminates
 
 
 @lru_cache(maxsize=4096)
