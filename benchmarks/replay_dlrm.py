@@ -40,7 +40,8 @@ def main():
             "error_pct": {x["rank"]: x["error_pct"] for x in w["ranks"]},
             "mean_abs_error_pct": w["mean_abs_error_pct"], "max_abs_error_pct": w["max_abs_error_pct"],
             "links": [{k: x[k] for k in ("rank", "et_ops", "linked_ops", "gpu_ops", "gpu_ops_linked",
-                                         "gpu_ops_without_launch", "data_edges", "gpu_deps",
+                                         "gpu_ops_without_launch", "data_edges", "data_edges_cross_thread",
+                                         "data_edges_backwards", "gpu_deps",
                                          "sync_deps")} for x in w["execution_traces"]],
             "host_syncs": w["host_syncs"], "gpu_waits": w["gpu_waits"]}
     for on in ("dgx-a100", "dgx-h100"):

@@ -231,6 +231,9 @@ def test_dlrm_with_et_links_every_op_and_still_replays_within_3_percent():
         assert x["linked_ops"] == x["et_ops"] == counts[x["rank"]]
         assert x["gpu_ops_linked"] == x["gpu_ops"]  # every launched GPU op has its ET op
         assert x["sync_deps"] == 10
+        # the main and autograd threads exchange tensors; the serial host thread of the replay
+        # graph honours every one of the ET's dependencies (no consumer starts before its producer)
+        assert x["data_edges_cross_thread"] > 50 and x["data_edges_backwards"] == 0
     assert d["host_syncs"]["et"] == 80 and d["host_syncs"]["et_same_as_timing"] == 80
     for row in d["ranks"]:
         assert abs(row["error_pct"]) < 3.0, row

@@ -27,7 +27,8 @@ def text(r):
     for x in r.get("execution_traces", []):
         lines.append(f"  rank {x['rank']} execution trace: {x['linked_ops']}/{x['et_ops']} ops linked "
                      f"({x['method']}), {x['gpu_ops_linked']}/{x['gpu_ops']} GPU ops, "
-                     f"{x['data_edges']} data dependencies")
+                     f"{x['data_edges']} data dependencies ({x['data_edges_cross_thread']} across "
+                     f"threads, {x['data_edges_backwards']} against the host order)")
     if r.get("host_syncs"):
         lines.append("  host syncs: " + ", ".join(f"{k} {v}" for k, v in r["host_syncs"].items()))
     cp = r["critical_path"]

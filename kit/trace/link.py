@@ -44,8 +44,24 @@ class EtLink:
                 "gpu_ops": len(launched), "gpu_ops_linked": kernels,
                 "gpu_ops_without_launch": len(trace.gpu) - len(launched),
                 "data_edges": len(self.edges),
+                **self._edge_order(trace),
                 "gpu_deps": sum(len(v) for v in self.kernel_inputs.values()),
                 "sync_deps": len(self.sync_inputs)}
+
+
+    def _edge_order(self, trace: RankTrace) -> dict:
+        """How the ET's CPU data dependencies sit on the replayed host thread: edges between the
+        main and autograd threads, and edges whose consumer the trace shows starting before its
+        producer (none, if the serial issuing thread honours every ET dependency)."""
+        ops, tid = trace.cpu_ops, {n.id: n.tid for n in self.et.nodes}
+        cross = backwards = 0
+        for p, c in self.edges:
+            if tid.get(p) != tid.get(c):
+                cross += 1
+            a, b = self.op_of_node.get(p), self.op_of_node.get(c)
+            if a is not None and b is not None and ops[b].ts_us < ops[a].ts_us:
+                backwards += 1
+        return {"data_edges_cross_thread": cross, "data_edges_backwards": backwards}
 
 
 def _align(a: list[str], b: list[str]) -> list[tuple[int, int]]:
