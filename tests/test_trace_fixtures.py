@@ -162,3 +162,24 @@ def test_several_steps_of_a_real_rank():
     row = r.ranks[0]
     assert row["steps"] == 2 and row["measured_ms"] == pytest.approx(step)
     assert abs(row["error_pct"]) < 3.0
+
+
+def test_gpu_work_without_a_recorded_launch_still_occupies_its_stream(tmp_path):
+    def ev(cat, name, ts, dur, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": args}
+
+    # an orphan kernel (no cudaLaunchKernel with its correlation) runs 1050-1080 on stream 7;
+    # k2, launched 1055-1065 on the same stream, can only start at 1080
+    e = [ev("user_annotation", "ProfilerStep#1", 1000, 100),
+         ev("kernel", "orphan", 1050, 30, stream=7, correlation=99),
+         ev("cuda_runtime", "cudaLaunchKernel", 1055, 10, correlation=2),
+         ev("kernel", "k2", 1080, 10, stream=7, correlation=2)]
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"traceEvents": e}))
+    r = replay(p)
+    tl = r.timeline().set_index("name")
+    assert tl.loc["orphan", "start_ms"] == pytest.approx(0.050)
+    assert tl.loc["k2", "start_ms"] == pytest.approx(0.080)
+    assert any("1 GPU ops without a recorded launch" in n for n in r.to_dict()["notes"])
+    assert r.ranks[0]["predicted_ms"] == pytest.approx(0.100)

@@ -35,7 +35,9 @@ import statistics
 from dataclasses import dataclass, field
 
 from kit.sim import ExecGraph
-from kit.trace.kineto import SYNC_CALLS, RankTrace
+from kit.trace.kineto import SYNC_CALLS, RankTrace, RuntimeCall
+
+UNRECORDED = "(launch not recorded)"
 
 TOL_US = 1.0  # timestamps are whole µs in Kineto
 
@@ -78,6 +80,17 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
     by_corr = {e.correlation: e for e in t.gpu if e.correlation is not None}
     marks = _step_marks(t, w0, w1)
     calls = [c for c in t.runtime if w0 <= c.ts_us < w1]
+    # GPU work whose launch Kineto did not record still occupies its stream: anchor it to the
+    # host timeline at its measured start with a zero-cost launch
+    launched = {c.correlation for c in t.runtime}
+    orphans = [e for e in t.gpu if w0 <= e.ts_us < w1 and e.correlation not in launched]
+    for k, e in enumerate(orphans):
+        key = e.correlation if e.correlation is not None else -1 - k
+        by_corr[key] = e
+        calls.append(RuntimeCall(e.ts_us, 0.0, UNRECORDED, "?", key))
+    if orphans:
+        tg.notes.append(f"rank {r}: {len(orphans)} GPU ops without a recorded launch, placed at "
+                        "their measured start")
     events = sorted([(m[0], m[1], m) for m in marks] + [(c.ts_us, 2, c) for c in calls],
                     key=lambda x: (x[0], x[1]))
     stream_ends: dict[str, list[float]] = {}
