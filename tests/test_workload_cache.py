@@ -73,3 +73,26 @@ def test_cached_configuration_runs_without_torch(cache):
     first, second = (r.stdout.split() for r in runs)
     assert first[0] == "True"  # the first run captured (torch)
     assert second[0] == "False" and float(second[1]) == pytest.approx(float(first[1]))
+
+
+def test_prediction_runs_on_one_torch_thread_and_restores_the_callers(cache, monkeypatch):
+    import torch
+
+    from kit.predict import base
+
+    seen = []
+    real = base.WavePredictor.predict
+
+    def spy(self, ops, gpu):
+        seen.append(torch.get_num_threads())
+        return real(self, ops, gpu)
+
+    monkeypatch.setattr(base.WavePredictor, "predict", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        iteration(zoo.graph_for(TINY, batch=1, seq=8, mode="inference"), "l4", predictor="wave")
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -15,6 +15,8 @@ with C the cumulative kernel time. The overheads are calibratable from a Kineto 
 from __future__ import annotations
 
 import re
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -120,7 +122,31 @@ def predict_latencies(nodes, gpu, predictor: str = "auto", leaves=None):
     from kit.predict import get_predictor
 
     model = get_predictor(predictor)
-    leaves, owner, scale = leaves or _leaves(nodes)
+    with _one_torch_thread():
+        return _predict_leaves(model, nodes, gpu, leaves or _leaves(nodes))
+
+
+@contextmanager
+def _one_torch_thread():
+    """Run a learned predictor's tiny networks (tens of rows) on one torch thread: on a small,
+    shared CPU the intra-op thread pool only adds spin-wait (5x slower warm calls measured on
+    2 busy cores). The caller's setting comes back afterwards; without torch this does nothing."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _predict_leaves(model, nodes, gpu, prepared):
+    from kit.predict import get_predictor
+
+    leaves, owner, scale = prepared
     cols = ["latency_ms", "latency_p10_ms", "latency_p90_ms"]
     fallbacks: dict = {}
     if not leaves:
@@ -184,7 +210,8 @@ def _prepared(graph: OpGraph, fusion: str) -> dict:
     meta = {k: v for k, v in graph.meta.items() if k != "config"}
     meta.update(ops=len(graph), unknown_ops=dict(graph.unknown_ops()))
     memo[fusion] = {"kernels": kernels, "leaves": _leaves(nodes), "free_before": free_before,
-                    "trailing_free": trailing, "columns": columns, "meta": meta}
+                    "trailing_free": trailing, "columns": columns, "meta": meta,
+                    "static": pd.DataFrame(columns)}  # built once: string columns are slow to build
     return memo[fusion]
 
 
@@ -239,10 +266,11 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
             prev = last
     if phases_ms:
         phases_ms[list(phases_ms)[-1]] += float(total - prev)  # trailing CPU time belongs to the last phase
-    frame = pd.DataFrame({
-        **cols, "cpu_start_ms": issue - cpu_us / 1e3, "cpu_end_ms": issue,
-        "gpu_start_ms": start, "gpu_end_ms": end, "latency_ms": lat,
-        "latency_p10_ms": p10, "latency_p90_ms": p90})
+    frame = prep["static"].copy()
+    for name, values in (("cpu_start_ms", issue - cpu_us / 1e3), ("cpu_end_ms", issue),
+                         ("gpu_start_ms", start), ("gpu_end_ms", end), ("latency_ms", lat),
+                         ("latency_p10_ms", p10), ("latency_p90_ms", p90)):
+        frame[name] = values
     kernel_ms = float(lat.sum())
     meta = dict(prep["meta"])
     return Iteration(graph.model, gpu.key, graph.meta.get("mode", "train"), fusion, pname,
