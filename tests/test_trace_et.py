@@ -260,3 +260,16 @@ def test_gpt2_chakra_et_parses_with_true_data_edges():
     for p, c in edges[:: max(1, len(edges) // 200)]:  # every edge: shared tensor, p ran first
         assert rf[p] < rf[c]
         assert tensors(by_id[p]["outputs"]["values"]) & tensors(by_id[c]["inputs"]["values"])
+
+
+def test_a_stray_et_found_in_the_folder_is_noted_not_fatal(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    write(d / "rank0.json", kineto_doc())
+    write(d / "et_other_run.json", et_doc(pid=7))
+    r = replay(d)
+    assert r.ranks[0]["predicted_ms"] == pytest.approx(0.140, abs=1e-9)
+    assert not r.to_dict()["execution_traces"]
+    assert any("not used" in n and "not from the same process" in n for n in r.to_dict()["notes"])
+    with pytest.raises(KitError, match="not from the same process"):
+        replay(d / "rank0.json", et=d / "et_other_run.json")

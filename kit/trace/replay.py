@@ -72,17 +72,25 @@ def load_with_et(trace, et=None) -> tuple[list[RankTrace], dict, list[str]]:
     else:
         docs = read_docs(trace)
         traces = load_kineto(trace, docs)
-    ets = [] if et is False else [parse_et(d, src) for src, d in docs if is_execution_trace(d)]
-    if et not in (None, False):
-        ets += load_et(et)
+    found = [] if et is False else [parse_et(d, src) for src, d in docs if is_execution_trace(d)]
+    given = load_et(et) if et not in (None, False) else []
+    ets = found + given
     if not ets:
         return traces, {}, []
     pairs, notes = pair(ets, traces)
-    if not pairs:
+    if not pairs and given:
         raise KitError(f"execution traces ({len(ets)}) match none of the {len(traces)} Kineto "
                        "ranks by process id or file-name rank; pass the ones recorded with it")
     by_rank = {t.rank: t for t in traces}
-    return traces, {r: link(x, by_rank[r]) for r, x in sorted(pairs.items())}, notes
+    links = {}
+    for r, x in sorted(pairs.items()):
+        try:
+            links[r] = link(x, by_rank[r])
+        except KitError as e:
+            if any(x is y for y in given):
+                raise
+            notes.append(f"execution trace found with the trace not used: {e}")
+    return traces, links, notes
 
 
 def replay(trace, on=None, sync_collectives: bool = True, et=None) -> Replay:
