@@ -49,6 +49,8 @@ def accuracy(labels: Path, predictor: str) -> dict:
         out[f"unseen_{mode}_mean_ape"] = _mean(apes)
         out[f"unseen_{mode}_configs"] = len(apes)
     out["unseen_max_ape"] = max((c["ape"] for c in unseen), default=None)
+    out["unseen_over_15pct"] = sum(1 for c in unseen if c["ape"] > 0.15)
+    out["unseen_worst"] = max(unseen, key=lambda c: c["ape"], default=None)
     worst = max(held, key=lambda c: c["ape"], default=None)
     out["held_worst"] = worst
     out["held_over_15pct"] = sum(1 for c in held if c["ape"] > 0.15)
@@ -59,6 +61,8 @@ def accuracy(labels: Path, predictor: str) -> dict:
     out["gpt3_max_ape"] = max((c["ape"] for c in gpt3), default=None)
     out["held_configs"] = [{k: c[k] for k in ("gpu", "model", "mode", "seq", "batch", "option",
                                                "measured_ms", "predicted_ms", "ape")} for c in held]
+    out["unseen_configs_list"] = [{k: c.get(k) for k in ("gpu", "model", "mode", "seq", "batch", "option",
+                                                     "measured_ms", "predicted_ms", "ape")} for c in unseen]
     return out
 
 
