@@ -38,6 +38,13 @@ class HostModel:
     step_overhead_ms  fixed host work per iteration (grad norm, loss scaling, logging)
     gemm_scale, other_scale   achieved/predicted kernel time for GEMMs and for the other kernels
                       (1 = trust the predictor; a fitted profile corrects its bias)
+    microbatch_ms     host work per forward micro-batch on a stage outside the layers' kernels
+                      (Megatron's forward_step: get_batch and its TP broadcast, loss bookkeeping)
+    collective_rank_us  extra issue/arrival cost of a collective per additional rank in its
+                      group (the ranks' hosts meet at every TP all-reduce)
+    full_vocab_scale  achieved/predicted time of the LM head's GEMMs when the vocabulary is not
+                      split over TP ranks (vTrain's A100 runs: about 2x slower than the same
+                      GEMMs split by TP, which run at the predicted speed)
     predictor         the kernel predictor a fitted profile was fitted with (used for "auto")
     """
 
@@ -47,6 +54,9 @@ class HostModel:
     step_overhead_ms: float = 0.0
     gemm_scale: float = 1.0
     other_scale: float = 1.0
+    microbatch_ms: float = 0.0
+    collective_rank_us: float = 0.0
+    full_vocab_scale: float = 1.0
     predictor: str | None = None
 
 
@@ -56,12 +66,12 @@ def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=No
     The host's part is sized so that, from an idle GPU, the pass ends exactly when the kernel
     by kernel race between launches and kernels ends (Phase.paced_ms); from a busy GPU it
     ends after the GPU's own work."""
-    lu, cu = host.launch_us / 1e3, host.collective_us / 1e3
+    lu = host.launch_us / 1e3
     last = min(ph.last_ms, ph.compute_ms)
     head = g.gpu(r, "compute", ph.compute_ms - last, label, launch_ms=lu, deps=deps, tag=tag)
-    cpu_ms = max(ph.host_ms(lu, cu) - lu, 0.0)
-    if (lu > 0 or cu > 0) and ph.seq_ms:
-        cpu_ms = max(cpu_ms, ph.paced_ms(lu, cu) - lu - last)
+    cpu_ms = max(ph.host_total_ms - lu, 0.0)
+    if cpu_ms > 0 and ph.seq_ms:
+        cpu_ms = max(cpu_ms, ph.paced_ms() - lu - last)
     rest = g.cpu(r, cpu_ms, label, kind="launch", tag=tag)
     if ph.comm_ms > 0:
         g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag)
@@ -70,15 +80,16 @@ def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=No
 
 
 def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
-                    host: HostModel | None = None, calibration=None):
-    """(ExecGraph, chunk costs, Coster) for one iteration."""
+                    host: HostModel | None = None, calibration=None, source=None):
+    """(ExecGraph, chunk costs, Coster) for one iteration. source: the per-rank kernels (None:
+    the analytic GPT layer; a kit.parallel.opgraph.GraphSource: a captured, TP-sharded graph)."""
     host = host or HostModel()
     lay = layout
     lay.check_system(system)
     if predictor == "auto" and host.predictor:
         predictor = host.predictor
     coster = Coster(lay, system, predictor, calibration, host)
-    costs: list[ChunkCost] = chunk_costs(spec, lay, coster)
+    costs: list[ChunkCost] = chunk_costs(spec, lay, coster, source)
     pp, v, m = lay.pp, lay.virtual_stages, lay.micro_batches
     n_virtual = pp * v
     act_bytes = lay.micro_batch * spec.seq * spec.hidden * (4 if lay.dtype == "fp32" else 2) / lay.tp
@@ -118,6 +129,8 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
                            "fsdp all-gather weights", kind="comm", tag=(phase, mb, c))
                 deps.append(ag)
             label = f"{phase}{mb}" + (f".{c}" if v > 1 else "")
+            if fwd and host.microbatch_ms > 0:
+                g.cpu(r, host.microbatch_ms, label + " host", kind="cpu", tag=(phase, mb, c))
             ph = cost.fwd if fwd else cost.bwd
             if not fwd and idx == last_b[c] and lay.dp > 1 and lay.overlap_grad_reduce \
                     and lay.zero < 3:

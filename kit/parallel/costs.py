@@ -27,26 +27,25 @@ class Phase:
     collectives: int = 0
     last_ms: float = 0.0  # the last kernel's time (the GPU cannot finish before it is launched)
     seq_ms: list = field(default_factory=list)  # every kernel's time, in launch order
-    seq_coll: list = field(default_factory=list)  # True where that kernel is a collective
+    seq_host_ms: list = field(default_factory=list)  # host time to issue each of them
 
-    def paced_ms(self, launch_ms: float, collective_ms: float) -> float:
+    @property
+    def host_total_ms(self) -> float:
+        """Host time to issue every kernel of the phase."""
+        return sum(self.seq_host_ms)
+
+    def paced_ms(self) -> float:
         """Time from the first launch to the last kernel's end when the GPU starts idle and the
-        host issues kernel i after h_i (launch_ms, or collective_ms for a collective):
-        end_i = max(end_(i-1), h_0 + ... + h_i) + k_i."""
-        key = (launch_ms, collective_ms, len(self.seq_ms))
+        host issues kernel i after h_i: end_i = max(end_(i-1), h_0 + ... + h_i) + k_i."""
         memo = getattr(self, "_paced", None)
-        if memo and memo[0] == key:
+        if memo and memo[0] == len(self.seq_ms):
             return memo[1]
         end, t = 0.0, 0.0
-        for k, c in zip(self.seq_ms, self.seq_coll):
-            t += collective_ms if c else launch_ms
+        for k, h in zip(self.seq_ms, self.seq_host_ms):
+            t += h
             end = (end if end > t else t) + k
-        self._paced = (key, end)
+        self._paced = (len(self.seq_ms), end)
         return end
-
-    def host_ms(self, launch_ms: float, collective_ms: float) -> float:
-        """Host time to issue every kernel of the phase."""
-        return (self.kernels - self.collectives) * launch_ms + self.collectives * collective_ms
 
 
 @dataclass
@@ -62,9 +61,10 @@ def _recompute_blocks(fwd: list[Block], how: str) -> list[Block]:
     if how == "full":
         return fwd
     if how == "selective":  # only the attention core (scores, softmax, dropout, ·V)
-        core = [op for blk in fwd for op in blk.ops
+        core = [(op, f) for blk in fwd
+                for op, f in zip(blk.ops, blk.bwd_factor or [1.0] * len(blk.ops))
                 if op.op_class in ATTENTION_CORE or (op.op_class == "gemm" and op.b > 1)]
-        return [Block("recompute attention", core)]
+        return [Block("recompute attention", [op for op, _ in core], [f for _, f in core])]
     return []
 
 
@@ -80,6 +80,11 @@ class Coster:
         self.calibration = calibration
         self.gemm_scale = getattr(host, "gemm_scale", 1.0)
         self.other_scale = getattr(host, "other_scale", 1.0)
+        self.launch_ms = getattr(host, "launch_us", 0.0) / 1e3
+        self.collective_ms = getattr(host, "collective_us", 0.0) / 1e3
+        self.collective_rank_ms = getattr(host, "collective_rank_us", 0.0) / 1e3
+        # the LM head's GEMMs over the whole vocabulary (TP = 1): see HostModel.full_vocab_scale
+        self.head_factor = getattr(host, "full_vocab_scale", 1.0) if layout.tp == 1 else 1.0
         self._op_ms = _OP_CACHE.setdefault((self.predictor.name, self.gpu.key), {})
         self._comm_ms = _COMM_CACHE.setdefault((system, str(calibration)), {})
 
@@ -107,27 +112,30 @@ class Coster:
         lay = self.layout
         return {"tp": lay.tp_group(stage), "ep": lay.ep_group(stage), "dp": lay.dp_group(stage)}[name]
 
-    def add(self, phase: Phase, blocks: list[Block], stage: int, factors: bool = False) -> float:
-        """Add blocks to a phase; returns their compute ms."""
+    def add(self, phase: Phase, blocks: list[Block], stage: int, factors: bool = False,
+            gemm_factor: float = 1.0) -> float:
+        """Add blocks to a phase (their GEMMs' times x gemm_factor); returns their compute ms."""
         total = 0.0
         for blk in blocks:
             if blk.comm is not None:
                 kind, nbytes, group = blk.comm
-                ms = self.comm_ms(kind, nbytes, self.group(group, stage))
+                ranks = self.group(group, stage)
+                ms = self.comm_ms(kind, nbytes, ranks)
                 if ms > 0:
                     phase.comm_ms += ms
                     phase.kernels += 1
                     phase.collectives += 1
                     phase.seq_ms.append(ms)
-                    phase.seq_coll.append(True)
+                    phase.seq_host_ms.append(self.collective_ms
+                                             + self.collective_rank_ms * (len(ranks) - 1))
                 continue
-            f = blk.bwd_factor if factors and blk.bwd_factor else [1.0] * len(blk.ops)
+            f = blk.bwd_factor if blk.bwd_factor else [1.0] * len(blk.ops)
             for op, k in zip(blk.ops, f):
-                t = self.op_ms(op) * k
+                t = self.op_ms(op) * k * (gemm_factor if op.op_class == "gemm" else 1.0)
                 total += t
                 phase.last_ms = t
                 phase.seq_ms.append(t)
-                phase.seq_coll.append(False)
+                phase.seq_host_ms.append(self.launch_ms)
             phase.kernels += len(blk.ops)
         phase.compute_ms += total
         return total
@@ -139,39 +147,60 @@ def _accumulate(into: Phase, part: Phase) -> None:
     into.kernels += part.kernels
     into.collectives += part.collectives
     into.seq_ms += part.seq_ms
-    into.seq_coll += part.seq_coll
+    into.seq_host_ms += part.seq_host_ms
     if part.kernels:
         into.last_ms = part.last_ms
 
 
-def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster) -> list[ChunkCost]:
-    """One ChunkCost per virtual stage (chunk-major: index = chunk · pp + stage)."""
+class AnalyticSource:
+    """The analytic GPT layer (kit.parallel.gpt) as chunk_costs' source of blocks."""
+
+    def __init__(self, spec: GPTSpec, layout: Layout):
+        lay = layout
+        b, dt = lay.micro_batch, lay.dtype
+        self.spec, self.layer_blocks = spec, {}
+        for layer in range(spec.layers):
+            moe = spec.is_moe(layer)
+            if moe not in self.layer_blocks:
+                fwd = layer_forward(spec, b, lay.tp, lay.ep, lay.sequence_parallel, dt, layer)
+                self.layer_blocks[moe] = (fwd, [backward_of(blk) for blk in reversed(fwd)])
+        emb = embedding_forward(spec, b, lay.tp, dt)
+        head = head_forward(spec, b, lay.tp, dt)
+        self.embedding = (emb, [backward_of(x) for x in emb])
+        self.head = (head, [backward_of(x) for x in reversed(head)])
+
+    def layer(self, layer: int) -> tuple:
+        return self.layer_blocks[self.spec.is_moe(layer)]
+
+
+def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> list[ChunkCost]:
+    """One ChunkCost per virtual stage (chunk-major: index = chunk · pp + stage). source: where
+    the per-rank kernels come from (AnalyticSource by default, or an opgraph.GraphSource)."""
     lay = layout
-    b, dt, sp = lay.micro_batch, lay.dtype, lay.sequence_parallel
-    grad_bytes = 4 if dt == "fp32" else 2
-    kinds = {}
-    for layer in range(spec.layers):
-        moe = spec.is_moe(layer)
-        if moe not in kinds:
-            fwd = layer_forward(spec, b, lay.tp, lay.ep, sp, dt, layer)
-            bwd = [backward_of(blk) for blk in reversed(fwd)]
-            kinds[moe] = (fwd, bwd, _recompute_blocks(fwd, lay.recompute))
-    emb = embedding_forward(spec, b, lay.tp, dt)
-    head = head_forward(spec, b, lay.tp, dt)
-    extra = [emb, [backward_of(x) for x in emb], head, [backward_of(x) for x in reversed(head)]]
+    grad_bytes = 4 if lay.dtype == "fp32" else 2
+    src = source or AnalyticSource(spec, lay)
+    kinds = {key: (fwd, bwd, _recompute_blocks(fwd, lay.recompute))
+             for key, (fwd, bwd) in src.layer_blocks.items()}
+    key_of = {id(fb[0]): key for key, fb in src.layer_blocks.items()}
+    emb, head = src.embedding, src.head
+    extra = [emb[0], emb[1], head[0], head[1]]
     coster.predict_ops(op for group in list(kinds.values()) + [extra] for blocks in group
                        for blk in blocks for op in blk.ops)
+
+    def kind(layer: int):
+        return key_of[id(src.layer(layer)[0])]
+
     out = []
     n_virtual = lay.pp * lay.virtual_stages
-    per_layer: dict = {}  # (moe, stage) -> (fwd Phase, bwd Phase, bwd compute ms)
+    per_layer: dict = {}  # (layer kind, stage) -> (fwd Phase, bwd Phase, bwd compute ms)
 
-    def layer_cost(moe: bool, stage: int):
-        key = (moe, stage)
+    def layer_cost(k, stage: int):
+        key = (k, stage)
         if key not in per_layer:
-            fwd, bwd, rec = kinds[moe]
+            fwd, bwd, rec = kinds[k]
             f, b = Phase(), Phase()
             coster.add(f, fwd, stage)
-            t = coster.add(b, rec, stage) + coster.add(b, bwd, stage, factors=True)
+            t = coster.add(b, rec, stage) + coster.add(b, bwd, stage)
             per_layer[key] = (f, b, t)
         return per_layer[key]
 
@@ -179,19 +208,19 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster) -> list[ChunkCost
         stage = vi % lay.pp
         c = ChunkCost()
         if vi == 0:
-            coster.add(c.fwd, emb, stage)
+            coster.add(c.fwd, emb[0], stage)
         for layer in layers:
-            _accumulate(c.fwd, layer_cost(spec.is_moe(layer), stage)[0])
+            _accumulate(c.fwd, layer_cost(kind(layer), stage)[0])
         if vi == n_virtual - 1:
-            coster.add(c.fwd, head, stage)
-            coster.add(c.bwd, extra[3], stage, factors=True)
+            coster.add(c.fwd, head[0], stage, gemm_factor=coster.head_factor)
+            coster.add(c.bwd, head[1], stage, gemm_factor=coster.head_factor)
         for layer in reversed(layers):
-            _, b, t = layer_cost(spec.is_moe(layer), stage)
+            _, b, t = layer_cost(kind(layer), stage)
             _accumulate(c.bwd, b)
             c.layer_bwd_ms.append(t)
             c.layer_grad_bytes.append(spec.layer_params(layer) / lay.tp * grad_bytes)
         if vi == 0:
-            coster.add(c.bwd, extra[1], stage, factors=True)
+            coster.add(c.bwd, emb[1], stage)
         out.append(c)
     for stage in range(lay.pp):
         total = local_params(spec, lay, stage)

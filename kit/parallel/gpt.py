@@ -38,6 +38,7 @@ class GPTSpec:
     topk: int = 2
     attention: str = "flash"  # "flash" (fused) | "unfused" (bmm, softmax, dropout, bmm)
     name: str = "gpt"
+    zoo: str | None = None  # the kit.workload zoo model it came from (its op graph can be captured)
 
     def __post_init__(self):
         for k in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -125,7 +126,7 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                        "models (zoo gpt*/opt*/llama*) and inline gpt:... shapes")
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
-                   or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), name=key)
+                   or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), name=key, zoo=key)
 
 
 @dataclass

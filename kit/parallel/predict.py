@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from kit.errors import KitError
 from kit.parallel.build import HostModel, build_iteration
 from kit.parallel.gpt import GPTSpec, parse_model
 from kit.parallel.layout import Layout
@@ -12,19 +13,34 @@ from kit.sim import simulate
 
 
 def predict_parallel(model, system, layout: Layout, nodes: int | None = None, predictor="auto",
-                     host: HostModel | None = None, calibration=None, keep=False) -> dict:
+                     host: HostModel | None = None, calibration=None, keep=False,
+                     graph="auto") -> dict:
     """Iteration time, critical-path breakdown and memory per rank.
 
     model: a GPTSpec, an inline shape ("gpt:layers=..,hidden=..,heads=..") or a GPT-style zoo
     name; system: a System or preset name (nodes: that many nodes of it); keep=True adds the
     SimResult under "_result" (for timelines and Perfetto export).
+    graph: where the per-rank kernels come from. True: the model's op graph captured by
+    kit.workload and sharded Megatron-style (kit.parallel.opgraph); False: the analytic GPT layer
+    (kit.parallel.gpt, the fast path for inline shapes); "auto": the captured graph for zoo
+    models when the layout has no sequence or expert parallelism, else the analytic layer.
     """
     from kit.hardware.system import get_system
 
     t0 = time.perf_counter()
     spec = model if isinstance(model, GPTSpec) else parse_model(model)
     sys_ = get_system(system, nodes=nodes) if isinstance(system, str) or nodes else system
-    g, costs, coster = build_iteration(spec, layout, sys_, predictor, host, calibration)
+    use_graph = graph is True or (graph == "auto" and spec.zoo is not None and not spec.experts
+                                  and not layout.sequence_parallel and layout.ep == 1)
+    source = None
+    if use_graph:
+        from kit.parallel.opgraph import graph_source
+
+        if spec.zoo is None:
+            raise KitError(f"model {spec.name!r} is an inline shape: there is no op graph to "
+                           "capture; use a zoo model name or graph=False")
+        source = graph_source(spec, spec.zoo, layout)
+    g, costs, coster = build_iteration(spec, layout, sys_, predictor, host, calibration, source)
     res = simulate(g)
     slow = res.slowest_rank()
     iteration_ms = res.makespan_ms
@@ -54,6 +70,8 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         "simulated_ranks": len(g.ranks),
         "ops": len(g),
         "predictor": coster.predictor.name,
+        "kernels_from": (f"captured op graph ({source.nodes} kernels per micro-batch)"
+                         if source is not None else "analytic GPT layer"),
         "seconds": time.perf_counter() - t0,
     }
     if keep:

@@ -1,0 +1,262 @@
+"""Megatron tensor parallelism applied to a captured op graph (kit.workload), layer by layer.
+
+The graph is what the model really runs (every aten op of forward and backward, with shapes and
+the tensors each op reads). Sharding it for TP degree t follows Megatron-LM (Shoeybi et al. 2019)
+by following the tensors, not the module names:
+
+* a linear GEMM whose input is replicated is column-parallel: its output width N is split
+  (W[K, N/t]) and its output is sharded;
+* a linear GEMM whose input is sharded is row-parallel: its reduction K is split (W[K/t, N]) and
+  an all-reduce of its [M, N] output follows (Megatron's g operator);
+* a batched GEMM or attention kernel on a sharded tensor runs a/t heads; any other kernel that
+  reads a sharded tensor runs on 1/t of it; kernels on replicated tensors run whole;
+* backward: the data-gradient GEMM of a column-parallel layer (the one that contracts over N) is
+  K-split and followed by the all-reduce of its input gradient (Megatron's f operator); the
+  other backward GEMMs of a sharded layer have the sharded dimension split; the rest follows
+  the tensors as in the forward;
+* the word embedding is vocab-parallel: a lookup in V/t rows and an all-reduce of its output; the
+  LM head is column-parallel over the vocabulary, followed by the vocab-parallel cross entropy
+  (softmax over V/t, an all-reduce of 3 floats per token). Megatron pads the vocabulary to a
+  multiple of 128·t (make-vocab-size-divisible-by).
+
+The result has the same shape as kit.parallel.gpt's analytic layer (Blocks of kernels separated
+by collectives), so chunk_costs, the pipeline schedules and the simulator treat both alike.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from kit import ops
+from kit.errors import KitError
+from kit.parallel.gpt import Block, GPTSpec
+
+VOCAB_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by (default)
+
+
+@dataclass
+class GraphSource:
+    """Per-rank kernels of a captured model under TP: the blocks chunk_costs consumes."""
+
+    layer_blocks: dict = field(default_factory=dict)  # key -> (fwd blocks, bwd blocks)
+    layer_keys: list = field(default_factory=list)  # layer index -> key
+    embedding: tuple = ((), ())  # (fwd blocks, bwd blocks)
+    head: tuple = ((), ())
+    model: str = "model"
+    nodes: int = 0  # kernels in the captured (fused) graph
+
+    def layer(self, layer: int) -> tuple:
+        return self.layer_blocks[self.layer_keys[layer]]
+
+
+def capture_model(model, micro_batch: int, seq: int, dtype: str, fusion: str = "eager"):
+    """The captured training graph (forward + backward, no optimizer) of one micro-batch, with
+    free ops dropped (fusion "eager") or memory-bound chains fused ("compiled")."""
+    from kit.workload.fusion import apply_fusion
+    from kit.workload.models import graph_of
+
+    graph = graph_of(model, micro_batch, seq, "train", dtype, None)
+    return apply_fusion(graph, fusion)
+
+
+def _split(op, attr: str, tp: int, what: str):
+    v = getattr(op, attr)
+    if v % tp:
+        raise KitError(f"--tp {tp} must divide {what} ({attr} = {v})")
+    return replace(op, **{attr: v // tp})
+
+
+def _split_value(op: ops.Gemm, value: int, tp: int, what: str, prefer=("n", "m", "k")):
+    """Split the first of op's dims (in `prefer` order) that equals value."""
+    for attr in prefer:
+        if getattr(op, attr) == value:
+            return _split(op, attr, tp, what)
+    return op  # no such dim (an op the layer does not own): leave it whole
+
+
+def _shard(op, tp: int):
+    """The op on 1/tp of its tensor (a kernel reading a TP-sharded activation)."""
+    if isinstance(op, ops.Attention):
+        kv = op.kv_heads or op.heads
+        return replace(op, heads=max(op.heads // tp, 1),
+                       kv_heads=max(kv // tp, 1) if op.kv_heads else None)
+    if isinstance(op, ops.Gemm):
+        return replace(op, b=max(op.b // tp, 1)) if op.b > 1 else op
+    if isinstance(op, (ops.Elementwise, ops.Dropout)):
+        return replace(op, numel=max(math.ceil(op.numel / tp), 1))
+    if isinstance(op, (ops.Softmax, ops.LayerNorm, ops.RMSNorm)):
+        if op.rows % tp == 0 or op.rows >= op.cols:
+            return replace(op, rows=max(math.ceil(op.rows / tp), 1))
+        return replace(op, cols=max(math.ceil(op.cols / tp), 1))
+    if isinstance(op, ops.Memcpy):
+        return replace(op, nbytes=max(op.nbytes // tp, 1))
+    parts = getattr(op, "parts", None)
+    if parts is not None:  # kit.workload Derived: scale x sum(parts)
+        return replace(op, parts=tuple(_shard(p, tp) for p in parts))
+    return op
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    m = VOCAB_MULTIPLE * tp
+    return -(-vocab // m) * m
+
+
+class _Sharder:
+    def __init__(self, graph, tp: int, vocab: int | None):
+        self.tp = tp
+        self.vocab = vocab
+        self.vocab_rank = padded_vocab(vocab, tp) // tp if vocab else None
+        self.state: dict[int, str] = {}  # node id -> "R" replicated, "S" sharded, "P" partial sum
+        self.role: dict[str, tuple] = {}  # module -> ("col", N) | ("row", K) | ("vocab", V)
+        self.bmm_modules: set = set()
+        self.by_id = {n.id: n for n in graph.nodes}
+
+    def _vocab_split(self, op, attr: str):
+        return replace(op, **{attr: self.vocab_rank})
+
+    def node(self, n) -> list:
+        """Items for one node: ("op", kit op) and ("comm", kind, bytes)."""
+        tp, op = self.tp, n.op
+        if tp == 1:
+            return [("op", op)]
+        items: list = []
+        partial = [d for d in n.deps if self.state.get(d) == "P"]
+        if partial and not (isinstance(op, ops.Elementwise) and op.kind == "add"):
+            # a partial sum (column-parallel input gradients) is read: all-reduce it first, once
+            nbytes = max(self.by_id[d].out_bytes for d in partial)
+            items.append(("comm", "allreduce", nbytes))
+            for d in partial:
+                self.state[d] = "R"
+        ins = any(self.state.get(d) == "S" for d in n.deps)
+        out = "R"
+        if partial and not items:
+            out = "P"  # summing partial gradients (q, k and v's): still partial
+        elif isinstance(op, ops.Gemm) and op.b == 1:
+            op, out, comm = self._linear(n, op, ins)
+            items.append(("op", op))
+            if comm:
+                items.append(("comm", "allreduce", op.m * op.n * ops.dtype_bytes(op.dtype)))
+            self.state[n.id] = out
+            return items
+        if isinstance(op, ops.EmbeddingBag) and self.vocab and op.rows == self.vocab:
+            op = replace(op, rows=self.vocab_rank)  # vocab-parallel lookup + all-reduce
+            items += [("op", op), ("comm", "allreduce", n.out_bytes)]
+            self.state[n.id] = "R"
+            return items
+        if ins or (isinstance(op, ops.Gemm) and n.module in self.bmm_modules):
+            if isinstance(op, ops.Gemm) and n.phase == "fwd":
+                self.bmm_modules.add(n.module)
+            op, out = _shard(op, tp), "S"
+        self.state[n.id] = out
+        return items + [("op", op)]
+
+    def _linear(self, n, op, ins: bool):
+        """(op on this rank, its output state, all-reduce after?) for a linear GEMM."""
+        tp, where = self.tp, n.module or n.aten
+        if n.phase == "fwd":
+            if ins:  # row-parallel: K split, all-reduce of the output
+                self.role[n.module] = ("row", op.k)
+                return _split(op, "k", tp, f"the reduction of row-parallel {where}"), "R", True
+            self.role[n.module] = ("col", op.n)  # column-parallel: N split
+            if self.vocab and op.n == self.vocab:
+                return self._vocab_split(op, "n"), "S", False
+            return _split(op, "n", tp, f"the output width of column-parallel {where}"), "S", False
+        kind, value = self.role.get(n.module, (None, None))
+        vocab = bool(self.vocab) and value == self.vocab
+
+        def split(o, attr):
+            return self._vocab_split(o, attr) if vocab else _split(o, attr, tp, f"{where} backward")
+
+        if kind == "col" and op.k == value:  # data gradient: contracts over N -> partial sum
+            return split(op, "k"), "P", False
+        if kind in ("col", "row"):
+            attr = next((a for a in ("n", "m", "k") if getattr(op, a) == value), None)
+            return (split(op, attr) if attr else op), "S", False
+        return op, ("S" if ins else "R"), False
+
+
+def _blocks(items: list, label: str) -> list[Block]:
+    out: list[Block] = []
+    for it in items:
+        if it[0] == "comm":
+            out.append(Block(f"{label} tp {it[1]}", comm=(it[1], float(it[2]), "tp")))
+            continue
+        if not out or out[-1].comm is not None:
+            out.append(Block(label))
+        from kit.workload.kernels import leaf_ops
+
+        for leaf, scale in leaf_ops(it[1]):
+            out[-1].ops.append(leaf)
+            out[-1].bwd_factor.append(scale)
+    return out
+
+
+def shard_graph(graph, tp: int, spec: GPTSpec | None = None) -> GraphSource:
+    """Split a captured (free-op-less) training graph into per-layer TP-sharded blocks."""
+    layers = sorted({n.layer for n in graph.nodes if n.layer is not None})
+    if not layers:
+        raise KitError(f"model {graph.model!r}: the captured graph has no numbered layers to "
+                       "pipeline (expected module paths like 'h.3' or 'layers.3')")
+    cfg = graph.meta.get("config") or {}
+    vocab = cfg.get("vocab_size") or (spec.vocab if spec else None)
+    heads = cfg.get("n_head") or cfg.get("num_attention_heads") or (spec.heads if spec else None)
+    kv = cfg.get("num_key_value_heads") or heads
+    if heads and (heads % tp or kv % tp):
+        raise KitError(f"--tp {tp} must divide the attention heads ({heads}, key/value {kv}) of "
+                       f"{graph.model}")
+    sh = _Sharder(graph, tp, vocab)
+    fwd_first = min((n.id for n in graph.nodes if n.phase == "fwd" and n.layer is not None), default=0)
+    bwd_first = min((n.id for n in graph.nodes if n.phase == "bwd" and n.layer is not None), default=0)
+    seg: dict = {}
+    head_tokens, head_vocab, has_loss = 0, 0, False
+    for n in graph.nodes:
+        if n.phase not in ("fwd", "bwd") or n.op is None:
+            continue
+        items = sh.node(n)
+        if n.layer is not None:
+            key = (n.layer, n.phase)
+        elif n.phase == "fwd":
+            key = ("emb" if n.id < fwd_first else "head", "fwd")
+        else:
+            key = ("head" if n.id < bwd_first else "emb", "bwd")
+        seg.setdefault(key, []).extend(items)
+        if key == ("head", "fwd"):
+            has_loss = has_loss or "softmax" in n.aten or "cross_entropy" in n.aten
+            if isinstance(n.op, ops.Gemm) and vocab and n.op.n == vocab:
+                head_tokens, head_vocab = n.op.m, (sh.vocab_rank if tp > 1 else vocab)
+    if head_tokens and not has_loss:  # the zoo captures up to the logits: add Megatron's loss
+        ce = ops.Softmax(head_tokens, head_vocab, "fp32")
+        seg.setdefault(("head", "fwd"), []).append(("op", ce))
+        seg.setdefault(("head", "bwd"), []).insert(0, ("op", ops.Elementwise("mul", head_tokens * head_vocab,
+                                                                            "fp32", inputs=2)))
+        if tp > 1:
+            seg[("head", "fwd")].append(("comm", "allreduce", 3 * head_tokens * 4))
+    src = GraphSource(model=graph.model, nodes=len(graph.nodes))
+    for layer in layers:
+        fwd = _blocks(seg.get((layer, "fwd"), []), "layer")
+        bwd = _blocks(seg.get((layer, "bwd"), []), "layer bwd")
+        sig = _signature(fwd, bwd)
+        src.layer_blocks.setdefault(sig, (fwd, bwd))
+        src.layer_keys.append(sig)
+    src.embedding = (_blocks(seg.get(("emb", "fwd"), []), "embedding"),
+                     _blocks(seg.get(("emb", "bwd"), []), "embedding bwd"))
+    src.head = (_blocks(seg.get(("head", "fwd"), []), "lm head"),
+                _blocks(seg.get(("head", "bwd"), []), "lm head bwd"))
+    return src
+
+
+def _signature(fwd, bwd) -> tuple:
+    return tuple((tuple(b.ops), tuple(b.bwd_factor), b.comm) for b in list(fwd) + list(bwd))
+
+
+def graph_source(spec: GPTSpec, model, layout, fusion: str = "eager") -> GraphSource:
+    """Capture `model` (a zoo name or HF-style config) at the layout's micro-batch and shard it."""
+    if layout.sequence_parallel or layout.ep > 1:
+        raise KitError("the op-graph path shards for TP and PP; sequence parallelism and expert "
+                       "parallelism use the analytic GPT layer (graph=False)")
+    graph = capture_model(model, layout.micro_batch, spec.seq, layout.dtype, fusion)
+    src = shard_graph(graph, layout.tp, spec)
+    if len(src.layer_keys) != spec.layers:
+        raise KitError(f"model {spec.name!r}: captured {len(src.layer_keys)} layers, its config "
+                       f"says {spec.layers}")
+    return src
