@@ -32,9 +32,15 @@ def resolve_predictor(name: str) -> str:
     return "tile" if has_shipped() else "wave"
 
 
+HERE = Path(__file__).resolve().parent
+COSTING_FILES = ("iteration.py", "fusion.py", "kernels.py", "latency_cache.py")
+
+
 def _predictor_stamp() -> str:
-    """Changes whenever a predictor's code or the shipped weights change."""
-    files = sorted(PREDICT_DIR.rglob("*.py")) + sorted((PREDICT_DIR / "weights").glob("*"))
+    """Changes whenever a predictor's code, the shipped weights or the code that turns a graph
+    into the ops to predict (fusion, derived kernels, iteration) change."""
+    files = (sorted(PREDICT_DIR.rglob("*.py")) + sorted((PREDICT_DIR / "weights").glob("*"))
+             + [HERE / n for n in COSTING_FILES])
     parts = []
     for f in files:
         try:
