@@ -273,3 +273,24 @@ def test_a_stray_et_found_in_the_folder_is_noted_not_fatal(tmp_path):
     assert any("not used" in n and "not from the same process" in n for n in r.to_dict()["notes"])
     with pytest.raises(KitError, match="not from the same process"):
         replay(d / "rank0.json", et=d / "et_other_run.json")
+
+
+def test_alignment_finds_the_profiled_iteration_and_resyncs_after_gaps():
+    from kit.trace.kineto import parse_events
+
+    names = ["aten::mm", "aten::relu", "aten::add", "aten::sum", "aten::mul", "aten::div"]
+    e = []
+    for it in range(3):  # three iterations of the same ops; External ids 1.., 10 µs apart
+        for k, name in enumerate(names):
+            ext = 1 + it * len(names) + k
+            e.append(ev("cpu_op", name, 1000 + 10 * ext, 5, **{"External id": ext}))
+    e.append(ev("cpu_op", "aten::extra", 1000 + 10 * 9 + 5, 1, **{"External id": 99}))
+    t = parse_events({"traceEvents": e}, "k.json", 0)
+    # the ET recorded the second iteration (rf_id = External id - 1), without its aten::sum
+    nodes = [{"id": 100 + k, "name": n, "rf_id": 6 + k, "parent": 1, "tid": 1, "inputs": [],
+              "input_types": [], "outputs": [], "output_types": []}
+             for k, n in enumerate(names) if n != "aten::sum"]
+    lk = link(parse_et({"schema": "1.0.1", "pid": None, "nodes": nodes}, "et.json"), t)
+    linked = {n: t.cpu_ops[i] for n, i in lk.op_of_node.items()}
+    assert len(linked) == 5
+    assert all(op.ext_id == (n - 100) + 7 for n, op in linked.items())  # all from iteration 2

@@ -3,8 +3,9 @@
 1. ET node <-> Kineto CPU op. Newer Kineto writes the ET's rf_id as "Record function id"; then
    the link is exact. Older Kineto (PyTorch <= 2.0) only has "External id", which is numbered
    per thread in a different order, so each ET thread's operator names (in rf_id order) are
-   aligned with each Kineto thread's (in External id order) by a longest-matching-blocks
-   alignment; a pair is linked only where the names agree.
+   aligned with each Kineto thread's (in External id order): start where most name matches
+   agree on the External id - rf_id offset, walk both in step, and after a mismatch skip ahead
+   in whichever gets back in step soonest. A pair is linked only where the names agree.
 2. Op -> GPU work. A kernel's correlation names its runtime call (cudaLaunchKernel, ...); the
    call's op is the innermost enclosing Kineto CPU op on its thread that is linked to the ET.
 3. Data flow. Walking the ET in execution order, every tensor remembers the GPU work that last
@@ -16,7 +17,7 @@ Everything is keyed by Kineto correlation ids, so kit.trace.build can map it ont
 """
 from __future__ import annotations
 
-import difflib
+import bisect
 from dataclasses import dataclass, field
 
 from kit.errors import KitError
@@ -64,9 +65,56 @@ class EtLink:
         return {"data_edges_cross_thread": cross, "data_edges_backwards": backwards}
 
 
-def _align(a: list[str], b: list[str]) -> list[tuple[int, int]]:
-    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    return [(blk.a + k, blk.b + k) for blk in sm.get_matching_blocks() for k in range(blk.size)]
+WINDOW = 64  # how far the aligner looks ahead to resynchronise after a mismatch
+
+
+def _anchor(a, a_rf, b, b_ext) -> int:
+    """Where in b the ET's first op sits: the External id offset most name matches agree on
+    (External id - rf_id), then the nearest spot where three names in a row agree."""
+    where: dict = {}
+    for j, name in enumerate(b):
+        where.setdefault(name, []).append(j)
+    votes: dict = {}
+    for i in range(min(len(a), 300)):
+        for j in where.get(a[i], ())[:500]:
+            d = b_ext[j] - a_rf[i]
+            votes[d] = votes.get(d, 0) + 1
+    if not votes:
+        return 0
+    delta = max(votes, key=lambda d: (votes[d], -abs(d)))
+    j0 = bisect.bisect_left(b_ext, a_rf[0] + delta)
+    for k in range(WINDOW):
+        for j in (j0 - k, j0 + k):
+            if 0 <= j and a[:3] == b[j:j + 3]:
+                return j
+    return min(j0, max(len(b) - 1, 0))
+
+
+def _align(a, a_rf, b, b_ext) -> list[tuple[int, int]]:
+    """Matched (index in a, index in b): walk both in order from the anchor; after a mismatch
+    skip ahead in whichever sequence gets both back in step soonest (two names in a row)."""
+    out = []
+    i, j = 0, _anchor(a, a_rf, b, b_ext)
+    n, m = len(a), len(b)
+
+    def agree(x, y):
+        return a[x] == b[y] and (x + 1 >= n or y + 1 >= m or a[x + 1] == b[y + 1])
+
+    while i < n and j < m:
+        if a[i] == b[j]:
+            out.append((i, j))
+            i, j = i + 1, j + 1
+            continue
+        for k in range(1, WINDOW):
+            if j + k < m and agree(i, j + k):
+                j += k
+                break
+            if i + k < n and agree(i + k, j):
+                i += k
+                break
+        else:
+            i, j = i + 1, j + 1
+    return out
 
 
 def _link_ops(et: ExecTrace, trace: RankTrace) -> tuple[dict, str]:
@@ -88,10 +136,13 @@ def _link_ops(et: ExecTrace, trace: RankTrace) -> tuple[dict, str]:
     free = set(k_threads)
     for tid, nodes in sorted(et_threads.items(), key=lambda kv: -len(kv[1])):
         names = [n.name for n in nodes]
+        rfs = [n.rf_id if n.rf_id is not None else k for k, n in enumerate(nodes)]
         best: list = []
         best_tid = None
         for ktid in free:
-            pairs = _align(names, [ops[i].name for i in k_threads[ktid]])
+            idx = k_threads[ktid]
+            pairs = _align(names, rfs, [ops[i].name for i in idx],
+                           [ops[i].ext_id if ops[i].ext_id is not None else -1 for i in idx])
             if len(pairs) > len(best):
                 best, best_tid = pairs, ktid
         if best_tid is None:
