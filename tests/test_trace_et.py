@@ -294,3 +294,14 @@ def test_alignment_finds_the_profiled_iteration_and_resyncs_after_gaps():
     linked = {n: t.cpu_ops[i] for n, i in lk.op_of_node.items()}
     assert len(linked) == 5
     assert all(op.ext_id == (n - 100) + 7 for n, op in linked.items())  # all from iteration 2
+
+
+EG = SHARED / "data/traces/moderato_param/train/compute/python/examples/pytorch/my_eg_jsons"
+
+
+@pytest.mark.skipif(not (EG / "alex_net.json").exists(), reason="moderato_param EG absent")
+def test_schema_1_0_0_tensors_without_device():
+    et = load_et(EG / "alex_net.json")[0]
+    assert et.schema == "1.0.0" and len(et.nodes) == 397  # 400 nodes less 3 roots
+    # aten::zeros (12) = aten::empty (13) writing tensor 5, then aten::zero_ (15) on tensor 5
+    assert (13, 15) in data_edges(et)

@@ -7,7 +7,8 @@ Two layouts are read:
 * schema 1.x-chakra.*: each node has id, name, ctrl_deps (its parent), inputs/outputs as
   {"values", "shapes", "types"} and the rest in attrs [{"name", "type", "value"}].
 
-A tensor value is [tensor_id, storage_id, offset, numel, elem_bytes, device]; a list of
+A tensor value is [tensor_id, storage_id, offset, numel, elem_bytes, device] (no device in
+schema 1.0.0); a list of
 tensors (GenericList[Tensor(..)..]) holds several. An operator's data dependencies are the
 operators that last wrote the tensors it reads. rf_id is the RecordFunction id, the key that
 links an ET node to the Kineto event of the same op (see kit.trace.link).
@@ -21,7 +22,8 @@ from pathlib import Path
 from kit.errors import KitError
 
 _ROOT = "[pytorch|profiler|execution_"  # the process/thread root nodes, not operators
-_NUM = re.compile(r"(\d+)")
+_RANK = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
+_TRAILING = re.compile(r"[-_](\d+)$")
 
 
 @dataclass
@@ -46,14 +48,16 @@ class ExecTrace:
 
     @property
     def rank_hint(self) -> int | None:
-        """The last number in the file name (dlrm_eg_3.json -> 3), if any."""
-        nums = _NUM.findall(Path(self.source.split(":")[-1]).name.split(".")[0])
-        return int(nums[-1]) if nums else None
+        """The rank in the file name (rank3_et.json, dlrm_eg_3.json -> 3), if it has one."""
+        stem = Path(self.source.split(":")[-1]).name.split(".")[0]
+        m = _RANK.search(stem) or _TRAILING.search(stem)
+        return int(m.group(1)) if m else None
 
 
 def _is_tensor(v) -> bool:
-    return (isinstance(v, list) and len(v) >= 6 and isinstance(v[0], int)
-            and not isinstance(v[0], bool) and isinstance(v[-1], str))
+    """[tensor_id, storage_id, offset, numel, elem_bytes(, device)]: 5 ints (schema 1.0.0) + device."""
+    return (isinstance(v, list) and len(v) >= 5
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in v[:5]))
 
 
 def _tensor_ids(values, types, where: str) -> tuple:
