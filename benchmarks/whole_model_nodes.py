@@ -9,7 +9,9 @@ embedding; elementwise; copy: .contiguous() nodes, and on the kit's side every c
 including the layout copies torch.matmul makes inside a NeuSight matmul node; fill; free: views
 and metadata, which launch nothing and time only the event overhead), then puts the kit's predicted
 kernels of the full model (eager) in the same classes. Output: JSON, one row per GPU, mode and
-class, with measured and predicted forward/backward ms and their ratio.
+class, with measured and predicted forward/backward ms and their ratio; and per configuration
+the whole-model APE as predicted and with the kit's GEMM time replaced by NeuSight's measured
+GEMM nodes (what a perfect GEMM predictor would leave: the error of everything else).
 
 Caveat: NeuSight times each node on its own with CUDA events, so short kernels include launch
 and Python time (a view reads ~0.01 ms), and a node's backward includes its autograd bookkeeping:
@@ -65,7 +67,7 @@ def kit_class(aten: str, op_class: str) -> str:
     return "elementwise"
 
 
-def compare(labels: Path, only: str = "") -> list[dict]:
+def compare(labels: Path, only: str = "") -> dict:
     import pandas as pd
 
     from kit.errors import KitError
@@ -75,6 +77,7 @@ def compare(labels: Path, only: str = "") -> list[dict]:
     from kit.workload.zoo import resolve
 
     sums: dict = {}
+    configs = []
     for f in sorted(labels.glob("*/*.csv")):
         if only not in str(f) or not f.with_suffix(".json").exists():
             continue
@@ -84,7 +87,8 @@ def compare(labels: Path, only: str = "") -> list[dict]:
         except KitError:
             continue
         raw = pd.read_csv(f)
-        layers = json.loads(f.with_suffix(".json").read_text()).get("num_layer") or 0
+        label = json.loads(f.with_suffix(".json").read_text())
+        layers = label.get("num_layer") or 0
         meta = raw["meta"].fillna("").astype(str)
         in_layer = meta.str.contains(r"\.0'|\.0\.", regex=True) | raw["target"].astype(str).str.contains(r"\.0\.")
         weight = in_layer.map({True: layers, False: 1})
@@ -97,9 +101,21 @@ def compare(labels: Path, only: str = "") -> list[dict]:
             row[0] += fw * w
             row[2] += (bw + acc) * w
         tl = it.timeline
+        pred_gemm = meas_gemm = 0.0
         for aten, cls, phase, ms in zip(tl["aten"], tl["op_class"], tl["phase"], tl["latency_ms"]):
-            row = sums.setdefault((gpu, mode, kit_class(aten, cls)), [0.0, 0.0, 0.0, 0.0])
+            cls = kit_class(aten, cls)
+            row = sums.setdefault((gpu, mode, cls), [0.0, 0.0, 0.0, 0.0])
             row[1 if phase == "fwd" else 3] += ms
+            pred_gemm += ms if cls == "gemm" else 0.0
+        for op, target, m, fw, bw, acc, w in zip(raw["op"], raw["target"].astype(str), meta, raw["fw_latency"],
+                                                 raw["bw_latency"], raw["acc_latency"], weight):
+            meas_gemm += (fw + bw + acc) * w if fx_class(op, target, m) == "gemm" else 0.0
+        measured = float(label["e2e_latency"])
+        swapped = it.total_ms - pred_gemm + meas_gemm
+        configs.append({"gpu": gpu, "config": f.stem, "mode": mode, "measured_ms": measured,
+                        "predicted_ms": it.total_ms, "ape": abs(it.total_ms - measured) / measured,
+                        "predicted_gemm_ms": pred_gemm, "measured_gemm_ms": meas_gemm,
+                        "ape_with_measured_gemm": abs(swapped - measured) / measured})
     out = []
     for (gpu, mode, cls), (mf, pf, mb, pb) in sorted(sums.items()):
         if cls == "none":
@@ -107,7 +123,7 @@ def compare(labels: Path, only: str = "") -> list[dict]:
         out.append({"gpu": gpu, "mode": mode, "class": cls, "measured_fwd_ms": mf, "predicted_fwd_ms": pf,
                     "fwd_ratio": pf / mf if mf else None, "measured_bwd_ms": mb, "predicted_bwd_ms": pb,
                     "bwd_ratio": pb / mb if mb else None})
-    return out
+    return {"classes": out, "configs": configs}
 
 
 def main():
