@@ -2,7 +2,8 @@
 
 Prints JSON:
   held_out   per predictor, held-out GPU (A100 80GB PCIe, L4) and op: n, MAPE, median and p90
-             APE (percent) and, for banded predictors, the p10-p90 coverage
+             APE (percent) and, for banded predictors, the p10-p90 coverage (the band is
+             calibrated on the training GPUs only: band_calibration, transfer_share)
   logo       leave-one-GPU-out over the five training GPUs: the tile-MLP trained on four,
              scored on the fifth's test rows
   goals      the issue's targets, met or not, per held-out GPU
@@ -96,6 +97,8 @@ def main(argv=None):
                               calibrate=True)
         result["training_seconds"] = round(time.perf_counter() - t0, 1)
     result["transfer_sigma"] = bundle.tile.transfer_sigma
+    result["band_calibration"] = bundle.tile.band
+    result["transfer_share"] = {g: round(bundle.tile.transfer_scale(g), 3) for g in HELD_OUT}
     held = test[test.gpu.isin(HELD_OUT)].reset_index(drop=True)
     names = ["roofline", "habitat", "li", "mlp", "tile"]
     predictors = build_predictors(names, args.weights, frame) if args.weights else None

@@ -114,7 +114,36 @@ below). A100 80GB PCIe and L4 appear in no training row.
 """),
     code("""
 tile = get_predictor("tile")
-{k: tile.manifest[k] for k in ("train_gpus", "seed", "command", "transfer_sigma")}
+{k: tile.manifest.get(k) for k in ("train_gpus", "seed", "command", "transfer_sigma",
+                                   "band_calibration")}
+"""),
+    md(r"""
+**The band.** Each prediction carries a p10–p90 band. Its half-width, in log latency, adds the
+quantile heads' width $h$, the ensemble members' spread $s$ and a transfer error $\sigma_c$ of
+the op class in quadrature, with the share $w$ of $\sigma_c$ a GPU gets by its distance $d$ to
+the nearest training GPU:
+
+$$\text{half-width}^2 = h^2 + (z_{0.9}\,s)^2 + (z_{0.9}\,w\,\sigma_c)^2,\qquad
+w = \min\!\left(1, \frac{d}{d_\text{near}}\right),\qquad z_{0.9} = 1.2816$$
+
+$\sigma_c$ is split-conformal: each training GPU is left out in turn, and $\sigma_c$ is the
+smallest value whose band holds 80% of the left-out GPU's rows. $d$ is the largest gap, in
+natural-log units, in any GPU feature; $d_\text{near}$ is the closest such transfer among the
+left-out training GPUs. Only training GPUs' rows go into it.
+
+**Takeaway:** a GPU next to a training GPU (A100 80GB, $d = \ln(1935/1555) = 0.22$) gets a
+narrower band than one unlike any (L4); with five training GPUs, every left-out one is a hard
+transfer, so the band stays wide on GPUs that transfer easily.
+"""),
+    code("""
+from kit.predict.features import gpu_distance
+band = tile.band
+d80 = gpu_distance("a100-pcie-80gb", band["train_gpus"])
+assert abs(d80 - np.log(1935 / 1555)) < 1e-9  # the bandwidth gap to the A100 40GB
+assert abs(tile.transfer_scale("a100-pcie-80gb") - min(1, d80 / band["near_distance"])) < 1e-12
+assert tile.transfer_scale("a100-pcie-40gb") == 0  # a training GPU: the heads' band alone
+{"d_a100_80gb": round(d80, 3), "share_a100_80gb": round(tile.transfer_scale("a100-pcie-80gb"), 3),
+ "share_l4": tile.transfer_scale("l4")}
 """),
     code("""
 if HAVE_DATA:

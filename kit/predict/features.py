@@ -80,6 +80,15 @@ def gpu_vector(gpu: GPU | str) -> np.ndarray:
     ])
 
 
+def gpu_distance(gpu: GPU | str, others) -> float:
+    """How far a GPU lies from the nearest of `others`: the largest gap in any GPU_FEATURES
+    column (natural-log units: 0.22 = the A100 80GB's 24% more bandwidth than the 40GB's),
+    minimised over `others`. 0 for a GPU in `others`; inf when `others` is empty."""
+    v = gpu_vector(gpu)
+    gaps = [float(np.abs(v - gpu_vector(o)).max()) for o in others]
+    return min(gaps) if gaps else math.inf
+
+
 # -- batches: dicts of arrays ----------------------------------------------------------------
 def arrays_from_ops(op_class: str, ops: list) -> dict:
     """The dims of a list of kit ops of one class (one dtype) as arrays."""

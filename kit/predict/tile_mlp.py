@@ -12,8 +12,9 @@ One model per op class (gemm, elementwise, softmax, layernorm). Each is a small 
 (seeds seed, seed+1, ...) whose members have three heads: the 10th, 50th and 90th percentile
 of log latency, trained with the pinball loss. The band p10–p90 combines, in quadrature, the
 heads' width, the members' disagreement (which grows off the training distribution) and a
-per-class transfer error σ measured by leaving each training GPU out in turn
-(kit.predict.training.transfer_sigma): a new GPU is exactly what those held-out GPUs were.
+per-class transfer error σ, split-conformal calibrated by leaving each training GPU out in
+turn (kit.predict.training.transfer_sigma): a new GPU is exactly what those held-out GPUs
+were. A GPU nearer a training GPU than any measured transfer gets a share of σ.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from kit.hardware import GPU, get_gpu
 from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
 from kit.errors import KitError
 from kit.predict.features import (CLASSES, arrays_from_frame, arrays_from_ops, feature_matrix,
-                                  feature_names, lib_tile, op_class_of, waves)
+                                  feature_names, gpu_distance, lib_tile, op_class_of, waves)
 
 QUANTILES = (0.1, 0.5, 0.9)
 Z80 = 1.2816  # standard normal 90th percentile: ±Z80·σ spans 80%
@@ -140,10 +141,19 @@ class TilePredictor:
     name = "tile"
 
     def __init__(self, chooser, models: dict, transfer_sigma: dict | None = None,
-                 manifest: dict | None = None):
+                 manifest: dict | None = None, band: dict | None = None):
         self.chooser, self.models = chooser, models
         self.transfer_sigma = {k: float(v) for k, v in (transfer_sigma or {}).items()}
         self.manifest = manifest or {}
+        self.band = dict(band or {})  # kit.predict.training.transfer_sigma's band settings
+
+    def transfer_scale(self, gpu: GPU | str) -> float:
+        """The share of the transfer σ a GPU gets: min(1, d / near_distance), d its distance to
+        the nearest training GPU (0 on a training GPU). 1 for weights without band settings."""
+        near, gpus = self.band.get("near_distance"), self.band.get("train_gpus")
+        if not near or not gpus:
+            return 1.0
+        return min(1.0, gpu_distance(gpu, gpus) / near)
 
     @classmethod
     def shipped(cls) -> "TilePredictor":
@@ -196,7 +206,7 @@ class TilePredictor:
         x = feature_matrix(cls, a, gpu, w)
         base = w["base_ms"]
         centre, lo, hi = combine(self.models[cls].log_quantiles(x, np.log(base)),
-                                 self.transfer_sigma.get(cls, 0.0))
+                                 self.transfer_sigma.get(cls, 0.0) * self.transfer_scale(gpu))
         lat = np.exp(centre)
         return pd.DataFrame({
             "latency_ms": lat, "roofline_ms": w["roofline_ms"], "bound": w["bound"],

@@ -71,8 +71,9 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
                  progress: bool = False, info: dict | None = None):
     """Fit every learned predictor on frame's rows of train_gpus; returns a weights Bundle.
 
-    calibrate: also fit one light tile-MLP per left-out training GPU to measure the transfer
-    error σ of each class (the band's width on GPUs outside the training set)."""
+    calibrate: also fit one light tile-MLP per left-out training GPU and calibrate each class's
+    transfer σ on those left-out rows (transfer_sigma: the band's width on GPUs outside the
+    training set); without it the band is the heads' and members' alone."""
     import torch
 
     from kit.predict.linear_li import LiPredictor
@@ -107,8 +108,8 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
                              hidden=s["hidden"], min_steps=s["min_steps"], progress=bar.update)
                if direct else None)
         if calibrate and len(gpus) > 1:
-            tile.transfer_sigma = transfer_sigma(frame, seed=seed, settings=light,
-                                                 progress=bar.update)
+            tile.transfer_sigma, tile.band = transfer_sigma(frame, seed=seed, settings=light,
+                                                            progress=bar.update)
     finally:
         bar.close()
     manifest = {
@@ -116,22 +117,33 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
         "rows": {c: int((frame.op_class == c).sum()) for c in classes},
         "training_seconds": round(time.perf_counter() - start, 1),
         "torch_version": torch.__version__, "transfer_sigma": tile.transfer_sigma,
+        "band_calibration": tile.band,
         **(info or {}),
     }
     tile.manifest = manifest
     return Bundle(tile, li, mlp, manifest)
 
 
-def transfer_sigma(frame: pd.DataFrame, *, seed: int, settings: dict, progress=None) -> dict:
-    """Per class, the log-latency error σ of a tile-MLP on a training GPU it was not fitted on.
+def transfer_sigma(frame: pd.DataFrame, *, seed: int, settings: dict, progress=None) -> tuple:
+    """Calibrate the band on the training GPUs alone: (σ per class, band settings).
 
-    Each training GPU is left out in turn; σ = 1.4826 · median |log measured − log predicted|
-    (every left-out GPU weighted alike): the normal σ that this typical transfer error implies,
-    robust to the one GPU that transfers worst."""
-    from kit.predict.tile_mlp import combine, fit_tile_predictor, training_design
+    Each training GPU is left out in turn and a light tile-MLP fitted on the others predicts
+    its training rows. Per class, σ is then the split-conformal choice: the smallest σ whose
+    band (kit.predict.tile_mlp.combine, heads in quadrature with Z80·σ) holds 80% of those
+    left-out rows, every left-out GPU weighted alike. No row of a GPU outside the training set
+    is used.
 
-    residuals: dict[str, list] = {}
-    for gpu in sorted(frame.gpu.unique()):
+    The band settings say how the predictor scales σ for a GPU: by min(1, d / near_distance),
+    d = kit.predict.features.gpu_distance to the nearest training GPU and near_distance the
+    smallest such distance among the left-out GPUs (the closest transfer that was measured).
+    On a training GPU (d = 0) only the in-distribution heads remain; nearer than any measured
+    transfer the error is taken to shrink linearly towards that."""
+    from kit.predict.features import gpu_distance
+    from kit.predict.tile_mlp import fit_tile_predictor, training_design
+
+    gpus = sorted(frame.gpu.unique())
+    rows: dict[str, list] = {}
+    for gpu in gpus:
         rest = frame[frame.gpu != gpu]
         model = fit_tile_predictor(rest, seed=seed, members=1, epochs=settings["epochs"],
                                    hidden=settings["hidden"], min_steps=settings["min_steps"],
@@ -140,16 +152,38 @@ def transfer_sigma(frame: pd.DataFrame, *, seed: int, settings: dict, progress=N
         for cls, cm in model.models.items():
             x, lb, ly, _ = training_design(held, cls, model.chooser)
             if len(x):
-                centre = combine(cm.log_quantiles(x, lb))[0]
-                residuals.setdefault(cls, []).append(np.abs(ly - centre))
-    out = {}
-    for cls, parts in residuals.items():
-        r = np.concatenate(parts)
-        w = np.concatenate([np.full(len(p), 1.0 / len(p)) for p in parts])
-        order = np.argsort(r)
-        cum = np.cumsum(w[order]) / w.sum()
-        out[cls] = round(1.4826 * float(r[order][np.searchsorted(cum, 0.5)]), 4)
-    return out
+                rows.setdefault(cls, []).append((cm.log_quantiles(x, lb), lb, ly))
+    sigma = {cls: round(conformal_sigma(parts), 4) for cls, parts in rows.items()}
+    near = min(gpu_distance(g, [o for o in gpus if o != g]) for g in gpus)
+    band = {"method": "split-conformal over leave-one-training-GPU-out residuals, 80% band",
+            "near_distance": round(near, 4), "train_gpus": gpus}
+    return sigma, band
+
+
+def band_coverage(logq: np.ndarray, log_base: np.ndarray, log_y: np.ndarray,
+                  sigma: float) -> np.ndarray:
+    """Per row, whether the measured log latency lies inside the predictor's p10–p90 band
+    (the same clipping as TilePredictor: p10 never below the base, never above the median)."""
+    from kit.predict.tile_mlp import combine
+
+    centre, lo, hi = combine(logq, sigma)
+    lo = np.minimum(np.maximum(lo, log_base), centre)
+    return (log_y >= lo) & (log_y <= np.maximum(hi, centre))
+
+
+def conformal_sigma(parts: list, target: float = 0.8) -> float:
+    """The smallest σ ≥ 0 whose band covers `target` of the rows of parts [(logq, log_base,
+    log_y) per left-out GPU], each GPU weighted alike (bisection; coverage grows with σ)."""
+    def cov(s):
+        return float(np.mean([band_coverage(q, lb, ly, s).mean() for q, lb, ly in parts]))
+
+    lo, hi = 0.0, 4.0
+    if cov(lo) >= target:
+        return 0.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cov(mid) < target else (lo, mid)
+    return hi
 
 
 class _NoBar:

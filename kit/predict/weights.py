@@ -53,6 +53,8 @@ def save_bundle(bundle: Bundle, out_dir: str | Path) -> Path:
     tensors.update(t)
     parts["tile_choice"] = meta
     parts["tile"] = {"transfer_sigma": bundle.tile.transfer_sigma, "classes": {}}
+    if bundle.tile.band:
+        parts["tile"]["band"] = bundle.tile.band
     for cls, model in bundle.tile.models.items():
         t, meta = model.state(prefix="tile.")
         tensors.update(t)
@@ -134,7 +136,8 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
         raise KitError(f"weights in {folder} do not match their manifest ({type(e).__name__}: "
                        f"{str(e).splitlines()[0][:200]})") from None
     info = {k: v for k, v in manifest.items() if k != "parts"}
-    tile = TilePredictor(chooser, models, parts["tile"].get("transfer_sigma", {}), info)
+    tile = TilePredictor(chooser, models, parts["tile"].get("transfer_sigma", {}), info,
+                         parts["tile"].get("band"))
     return Bundle(tile, li, mlp, info)
 
 
