@@ -6,10 +6,25 @@ TP, DP, PP and micro-batch; GPT, hidden 1024/2048, seq 1024, fp16, full activati
     .venv/bin/python benchmarks/vtrain_megatron.py --fit      # refit megatron-a100 (tile-MLP)
     .venv/bin/python benchmarks/vtrain_megatron.py --fit --predictor wave --name megatron-a100-wave
     .venv/bin/python benchmarks/vtrain_megatron.py --raw      # no profile: predictor + defaults
+    .venv/bin/python benchmarks/vtrain_megatron.py --lut      # all-reduce from vTrain's NCCL LUT
 
-The "megatron-a100" host profile (launch cost per kernel and per collective, kernel-time scales)
-is fitted on a seeded random half of the rows (the train split) and the error is reported on
-the other half (test) and on all rows. The fit writes kit/parallel/profiles.json.
+The "megatron-a100" host profile has six fitted constants, each a physical quantity:
+launch_us (host time per kernel), collective_rank_us (host/arrival cost of a collective per
+extra rank in its group), microbatch_ms (host work per forward micro-batch: get_batch, its TP
+broadcast, the loss), gemm_scale and other_scale (achieved / predicted kernel time) and
+full_vocab_scale (the LM head's GEMMs at TP = 1: measured about 2x slower than the same GEMMs
+split by TP). They are fitted (robust least squares on log time, ~2 minutes on one core) on a
+seeded sample of a seeded random half of the rows (train) and the error is reported on the
+other half (test) and on all rows. The fit writes kit/parallel/profiles.json.
+
+What the rows show (per-layer and per-micro-batch costs from regressing each (tp, dp, pp,
+hidden, micro-batch) group on layers and micro-batches): a host floor of ~3 ms per layer per
+micro-batch (forward + recompute + backward) that hides the GPU up to micro-batch 2-4; a
+per-micro-batch cost outside the layers of ~2-3 ms at TP >= 2 but 6-57 ms at TP = 1 (the LM
+head over the full 50257 vocabulary); TP = 8 at micro-batch 1 ~1.5 ms per layer slower than
+TP = 1..4. What is left after the fit is mostly per-(tp, hidden, micro-batch) offsets of the
+measurements (one scale per such group would bring the mean APE to ~1.2%), e.g. TP = 4 groups
+whose host floor is below TP = 1's.
 """
 import argparse
 import json
