@@ -114,15 +114,17 @@ def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | No
 
 
 def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = "auto",
-                      profile: str = "default", **layout) -> dict:
+                      profile: str = "default", graph="auto", **layout) -> dict:
     """Predict one training iteration of a GPT-style model on a parallel layout of a System:
     iteration_ms, the critical-path breakdown and memory per rank. layout: kit.parallel.Layout
-    fields (dp, tp, pp, ep, micro_batch, global_batch, virtual_stages, zero, recompute, ...)."""
+    fields (dp, tp, pp, ep, micro_batch, global_batch, virtual_stages, zero, recompute, ...).
+    graph: True shards the model's captured op graph, False uses the analytic GPT layer, "auto"
+    the graph for zoo models (see kit.parallel.predict_parallel)."""
     from kit.parallel import Layout, predict_parallel
     from kit.parallel.profiles import get_profile
 
     return predict_parallel(model, system, Layout(**layout), nodes=nodes, predictor=predictor,
-                            host=get_profile(profile))
+                            host=get_profile(profile), graph=graph)
 
 
 def replay_trace(trace, on=None, et=None) -> dict:

@@ -176,6 +176,8 @@ class _Sharder:
 
 
 def _blocks(items: list, label: str) -> list[Block]:
+    from kit.workload.kernels import leaf_ops
+
     out: list[Block] = []
     for it in items:
         if it[0] == "comm":
@@ -183,8 +185,6 @@ def _blocks(items: list, label: str) -> list[Block]:
             continue
         if not out or out[-1].comm is not None:
             out.append(Block(label))
-        from kit.workload.kernels import leaf_ops
-
         for leaf, scale in leaf_ops(it[1]):
             out[-1].ops.append(leaf)
             out[-1].bwd_factor.append(scale)
