@@ -111,8 +111,9 @@ def fit(train: pd.DataFrame, predictor: str, calibration=None, n: int = FIT_ROWS
     def residual(logp):
         return np.log(predict_rows(sub, host(logp), calibration) / y)
 
+    # bounded work: at most 40 steps of 1 + len(PARAMS) evaluations of FIT_ROWS rows each
     best = least_squares(residual, np.log(X0), loss="soft_l1", f_scale=0.05, diff_step=1e-3,
-                         max_nfev=30 * len(PARAMS))
+                         xtol=1e-4, ftol=1e-4, max_nfev=40)
     return {"collective_us": 0.0, **{k: float(v) for k, v in zip(PARAMS, np.exp(best.x))}}
 
 

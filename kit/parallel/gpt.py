@@ -124,9 +124,11 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     if not (h and layers and heads):
         raise KitError(f"model {name!r} is not GPT-style; multi-GPU prediction supports GPT-style "
                        "models (zoo gpt*/opt*/llama*) and inline gpt:... shapes")
+    experts = c.get("num_local_experts") or 0  # Mixtral-style: every layer's MLP is MoE
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
-                   or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), name=key, zoo=key)
+                   or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), experts=experts,
+                   moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key, zoo=key)
 
 
 @dataclass

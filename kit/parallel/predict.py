@@ -21,16 +21,17 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     name; system: a System or preset name (nodes: that many nodes of it); keep=True adds the
     SimResult under "_result" (for timelines and Perfetto export).
     graph: where the per-rank kernels come from. True: the model's op graph captured by
-    kit.workload and sharded Megatron-style (kit.parallel.opgraph); False: the analytic GPT layer
-    (kit.parallel.gpt, the fast path for inline shapes); "auto": the captured graph for zoo
-    models when the layout has no sequence or expert parallelism, else the analytic layer.
+    kit.workload and sharded Megatron-style (kit.parallel.opgraph; MoE experts TP-sharded like
+    any MLP); False: the analytic GPT layer (kit.parallel.gpt, the fast path for inline shapes);
+    "auto": the captured graph for zoo models when the layout has no sequence or expert
+    parallelism, else the analytic layer.
     """
     from kit.hardware.system import get_system
 
     t0 = time.perf_counter()
     spec = model if isinstance(model, GPTSpec) else parse_model(model)
     sys_ = get_system(system, nodes=nodes) if isinstance(system, str) or nodes else system
-    use_graph = graph is True or (graph == "auto" and spec.zoo is not None and not spec.experts
+    use_graph = graph is True or (graph == "auto" and spec.zoo is not None
                                   and not layout.sequence_parallel and layout.ep == 1)
     source = None
     if use_graph:
