@@ -16,6 +16,8 @@ GEMM nodes (what a perfect GEMM predictor would leave: the error of everything e
 Caveat: NeuSight times each node on its own with CUDA events, so short kernels include launch
 and Python time (a view reads ~0.01 ms), and a node's backward includes its autograd bookkeeping:
 the per-node sums exceed the whole-model labels by a few percent. Large kernels are reliable.
+The kit's side is in-stream time (kit.workload.iteration takes the learned predictor's isolated-
+kernel floor out of every kernel), so short kernels read lower here than their isolated labels.
 """
 from __future__ import annotations
 

@@ -26,7 +26,9 @@ torch.set_num_threads(1)
 import pandas as pd
 from kit.api import predict_model
 from kit.workload.zoo import build, config, graph_for, zoo_names
-from kit.workload.iteration import iteration
+from kit.workload.iteration import isolation_floor_ms, iteration
+from kit.hardware import get_gpu
+from kit.predict import get_predictor
 from kit.workload.fusion import apply_fusion
 from kit.cli.cmd_compare import compare
 zoo_names()
@@ -68,8 +70,12 @@ GPU runs kernels in order, never before they are issued:
 $$\text{end}_i = \max(\text{end}_{i-1},\ \text{issue}_i) + d_i .$$
 
 When the kernels are short (small batch), the GPU waits for the CPU: it **idles**. The wave model
-gives a tiny kernel only its few microseconds of work; a learned predictor trained on
-event-timed kernels also carries a per-kernel floor of its own, which moves the crossover.
+gives a tiny kernel only its few microseconds of work. A learned predictor is trained on kernels
+timed one at a time, where a short kernel's time is the dispatch floor $f$ (tens of µs); in a
+model the kernels queue back to back and the host's share is this timeline, so the kit runs each
+kernel for its isolated prediction less that floor, never below its roofline:
+
+$$d_i = \max\big(d_i^{\text{isolated}} - f,\ \min(\text{roofline}_i,\ d_i^{\text{isolated}})\big).$$
 """),
     code("""
 small = predict_model("gpt2", "h100-sxm", mode="inference", batch=1, seq=32, predictor="wave")
@@ -81,6 +87,9 @@ assert large.gpu_idle_ms / large.total_ms < 0.05         # GPU-bound
 auto = predict_model("gpt2", "h100-sxm", mode="inference", batch=1, seq=32)
 print(f"with the {auto.predictor} predictor: {auto.total_ms:.2f} ms, {auto.kernel_ms / len(auto.timeline) * 1e3:.1f} us per kernel")
 assert auto.total_ms >= auto.cpu_ms                     # never faster than the CPU can issue
+floor_us = 1e3 * isolation_floor_ms(get_predictor(auto.predictor), get_gpu("h100-sxm"))
+print(f"the {auto.predictor} predictor's isolated-kernel floor on h100-sxm: {floor_us:.1f} us")
+assert auto.predictor in ("wave", "roofline") or 1 < floor_us < 100
 """),
     md(r"""
 **Takeaway:** for small shapes the step time is the CPU's, not the GPU's: a faster GPU does not
@@ -171,7 +180,9 @@ panel
     md(r"""
 **Accuracy.** `kit validate --labels ../shared/data/neusight/label` predicts every NeuSight
 whole-model measurement; `benchmarks/whole_model.py` prints the errors as JSON. How close it gets
-depends on the kernel predictor behind `"auto"` (notebook 02).
+depends on the kernel predictor behind `"auto"` (notebook 02): `benchmarks/whole_model_nodes.py`
+puts NeuSight's per-node labels beside the kit's kernels, class by class, and shows that the GEMMs
+carry most of what is left.
 """),
 ]
 
