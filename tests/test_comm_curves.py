@@ -84,7 +84,7 @@ def test_a_calibration_only_applies_to_its_own_system(tmp_path):
 
 
 def _two_regimes():
-    # an algorithm switch at 2 MiB: below it a latency-bound algorithm (floor 300 us, 1 GB/s
+    # an algorithm switch at 1 MiB: below it a latency-bound algorithm (floor 300 us, 1.5 GB/s
     # plateau), above it one with a higher latency and twice the plateau
     low = BandwidthCurve("allreduce", 4, floor_us=300.0, busbw_max_gbs=1.5, half_bytes=4e5, steepness=1.0)
     high = BandwidthCurve("allreduce", 4, floor_us=0.0, busbw_max_gbs=3.0, half_bytes=6e6, steepness=1.0)
@@ -95,14 +95,14 @@ def test_piecewise_curve_switches_at_the_break_and_round_trips(tmp_path):
     low, high = _two_regimes()
     from dataclasses import replace
 
-    c = replace(low, switch_bytes=2**21, upper=replace(high, fit_mape=0.02), fit_mape=0.01)  # NaN != NaN
+    c = replace(low, switch_bytes=2**20, upper=replace(high, fit_mape=0.02), fit_mape=0.01)  # NaN != NaN
     high = c.upper
-    s = np.array([2.0**20, 2.0**21, 2.0**23])
-    assert c.time_us(s) == pytest.approx([float(low.time_us(2.0**20)), float(high.time_us(2.0**21)),
+    s = np.array([2.0**19, 2.0**20, 2.0**23])
+    assert c.time_us(s) == pytest.approx([float(low.time_us(2.0**19)), float(high.time_us(2.0**20)),
                                           float(high.time_us(2.0**23))])
-    assert c.time_us(2.0**20) == pytest.approx(float(low.time_us(2.0**20)))  # scalar path agrees
+    assert c.time_us(2.0**19) == pytest.approx(float(low.time_us(2.0**19)))  # scalar path agrees
     assert c.plateau_gbs() == 3.0 and c.regime(1e3) is c and c.regime(1e9) is high
-    assert c.breaks_bytes == (2**21,)
+    assert c.breaks_bytes == (2**20,)
     cal = Calibration("dgx-a100", (c,), "synthetic")
     back = load_calibration(cal.save(tmp_path / "pw.json"))
     assert back.curves[0] == c
@@ -115,9 +115,9 @@ def test_fit_finds_an_algorithm_switch_and_keeps_one_regime_without_one():
     low, high = _two_regimes()
     rng = np.random.default_rng(1)
     s = 2.0 ** np.arange(10, 25)  # 1 KiB .. 16 MiB
-    t = np.where(s < 2**21, low.time_us(s), high.time_us(s)) * np.exp(rng.normal(0, 0.01, s.size))
+    t = np.where(s < 2**20, low.time_us(s), high.time_us(s)) * np.exp(rng.normal(0, 0.01, s.size))
     c = fit_curve("allreduce", 4, s, t)
-    assert len(c.breaks_bytes) == 1 and 2**20 < c.breaks_bytes[0] < 2**21 * 1.0001
+    assert len(c.breaks_bytes) == 1 and 2**19 < c.breaks_bytes[0] < 2**20 * 1.0001
     assert np.abs(c.time_us(s) / t - 1).max() < 0.05
     one = fit_curve("allreduce", 4, s, t, breaks=0)
     assert one.breaks_bytes == () and one.fit_mape > 2 * c.fit_mape  # one sigmoid cannot follow the switch

@@ -218,3 +218,21 @@ def test_predicting_never_imports_scipy():
             "collective_table('alltoall', [1e3, 1e9], 'dgx-h100-x2'); print('scipy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_every_preset_is_sane_from_1_kib_to_8_gib():
+    from kit.comm import KINDS
+    from kit.hardware import list_systems
+
+    # NCCL's own latency model (src/graph/tuning.cc): the ring base latency with the LL protocol is
+    # 6.6 us, plus 0.6 us per NVLink hop. No preset may predict a collective faster than that.
+    s = 2.0 ** np.arange(10, 34)  # 1 KiB .. 8 GiB
+    for name in list_systems():
+        for kind in KINDS:
+            t = collective_table(kind, s, name)
+            us = t.time_ms.values * 1e3
+            assert np.all(np.isfinite(us)) and np.all(np.diff(us) >= -1e-9), (name, kind)
+            assert us[0] >= 6.6 + 0.6, (name, kind)
+            r = predict_collective(kind, s[-1], name)
+            assert r.bound == "bandwidth" and r.busbw_gbs <= r.plateau_busbw_gbs * (1 + 1e-9), (name, kind)
+            assert r.busbw_gbs >= 0.9 * r.plateau_busbw_gbs, (name, kind)  # 8 GiB sits on the plateau

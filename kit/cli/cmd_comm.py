@@ -62,9 +62,16 @@ def fit(args):
 
 
 def fit_text(r):
-    lines = [f"{c['kind']:>14} x{c['ranks']:<3d} floor {c['floor_us']:9.1f} us  plateau {c['busbw_max_gbs']:9.3f} "
-             f"GB/s  half {c['half_bytes']:11.4g} B  k {c['steepness']:.2f}  fit MAPE {100 * c['fit_mape']:.1f}% "
-             f"({c['n_points']} sizes)" for c in r["curves"]]
+    lines = []
+    for c in r["curves"]:
+        lines.append(f"{c['kind']:>14} x{c['ranks']:<3d} floor {c['floor_us']:9.1f} us  plateau {c['busbw_max_gbs']:9.3f} "
+                     f"GB/s  half {c['half_bytes']:11.4g} B  k {c['steepness']:.2f}  fit MAPE {100 * c['fit_mape']:.1f}% "
+                     f"({c['n_points']} sizes)")
+        up = c
+        while up.get("upper"):  # an algorithm switch: the regime that answers from switch_bytes up
+            sw, up = up["switch_bytes"], up["upper"]
+            lines.append(f"{'':>14}  from {sw:11.4g} B: floor {up['floor_us']:9.1f} us  plateau "
+                         f"{up['busbw_max_gbs']:9.3f} GB/s  half {up['half_bytes']:11.4g} B  k {up['steepness']:.2f}")
     return "\n".join(lines + [f"wrote {r['out']}" if r["out"] else "(not saved: pass --out FILE)"])
 
 

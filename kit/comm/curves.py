@@ -130,7 +130,7 @@ def curve_from_dict(d: dict, where: str = "curve") -> BandwidthCurve:
 
 
 NOISE_FLOOR = 0.02  # log-time residual (2%) below which a better fit is taken to be noise
-MIN_REGIME = 4  # sizes each regime needs, on each side of a break (four parameters each)
+MIN_REGIME = 5  # sizes each regime needs on each side of a break: more than its four parameters
 
 
 def fit_curve(kind: str, ranks: int, nbytes, time_us, breaks: int | None = None) -> BandwidthCurve:

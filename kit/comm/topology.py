@@ -116,17 +116,23 @@ def _mesh_ring_gbs(system: System, local: tuple[int, ...]) -> float:
     """Best total rate of concurrent directed rings (Hamiltonian cycles over NVLink) within the
     link capacities: a small linear program, as NCCL spreads channels over several rings."""
     f = system.fabric
-    links = {(a, b): f.pair_links(a, b) for a in local for b in local if a != b}
-    cycles = _hamiltonian_cycles(local, {a: [b for b in local if links.get((a, b))] for a in local})
+    # Links are the same both ways, so some optimum runs every ring in both directions at the same
+    # rate (average any optimum with its mirror image): pack undirected cycles into undirected
+    # link capacities and count each twice. Exact, and a quarter of the directed program.
+    pairs = [(a, b) for i, a in enumerate(local) for b in local[i + 1:]]
+    links = {e: f.pair_links(*e) for e in pairs}
+    nbrs = {a: [b for b in local if b != a and f.pair_links(a, b)] for a in local}
+    cycles = [c for c in _hamiltonian_cycles(local, nbrs) if c[1] < c[-1]]  # one per direction pair
     if not cycles:
         return 0.0
-    edges = {e: i for i, e in enumerate(links)}
+    edges = {e: i for i, e in enumerate(pairs)}
     a_ub = np.zeros((len(edges), len(cycles)))
     for j, order in enumerate(cycles):
         for i in range(len(order)):
-            a_ub[edges[(order[i], order[(i + 1) % len(order)])], j] = 1.0
-    b_ub = np.array([links[e] * f.link_bw_gbs for e in edges])
-    return max_packing(a_ub, b_ub) * f.efficiency
+            a, b = order[i], order[(i + 1) % len(order)]
+            a_ub[edges[(a, b) if (a, b) in edges else (b, a)], j] = 1.0
+    b_ub = np.array([links[e] * f.link_bw_gbs for e in pairs])
+    return 2.0 * max_packing(a_ub, b_ub) * f.efficiency
 
 
 def _hamiltonian_cycles(nodes: tuple[int, ...], nbrs: dict) -> list[tuple[int, ...]]:
