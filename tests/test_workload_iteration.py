@@ -111,3 +111,35 @@ def test_calibrate_from_kineto(tmp_path):
             (tmp_path / name).write_text(content)
         with pytest.raises(KitError, match=message):
             calibrate(tmp_path / name)
+
+
+def test_learned_predictor_floor_is_taken_out_in_the_stream(monkeypatch):
+    """A predictor trained on one-at-a-time kernels: every latency = work + a 30 us floor. In the
+    stream each kernel keeps its work (twice the roofline here), never less than its roofline."""
+    import pandas as pd
+
+    import kit.predict as kp
+    from kit.predict.roofline import roofline
+    from kit.workload import iteration as itm
+
+    floor = 0.03
+
+    class Isolated:
+        name = "tile"
+
+        def predict(self, ops, gpu):
+            roof = [roofline(op, gpu).time_ms for op in ops]
+            lat = [2 * r + floor for r in roof]
+            return pd.DataFrame({"latency_ms": lat, "latency_p10_ms": lat, "latency_p90_ms": lat,
+                                 "roofline_ms": roof})
+
+    monkeypatch.setitem(kp.PREDICTORS, "tile", Isolated)
+    monkeypatch.setattr(itm, "_FLOORS", {})
+    g = _graph()
+    it = iteration(g, GPU, predictor="tile", overhead=NONE)
+    roof = [roofline(n.op, GPU).time_ms for n in g.kernels()]
+    probe = roofline(Elementwise("add", itm.FLOOR_PROBE_NUMEL, inputs=2), GPU).time_ms
+    measured_floor = probe + floor  # the probe's own work (2x roofline) stays in the floor estimate
+    expected = [max(2 * r + floor - measured_floor, r) for r in roof]
+    assert it.timeline["latency_ms"].tolist() == pytest.approx(expected)
+    assert it.kernel_ms == pytest.approx(sum(expected))
