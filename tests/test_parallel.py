@@ -220,3 +220,26 @@ def test_fitted_profile_pins_its_predictor():
         assert host.predictor == entry["predictor"] and host.launch_us > 0
         assert "script" in entry and "trained_on" in entry
     assert get_profile("default") == HostModel()
+
+
+@pytest.mark.parametrize("name, published_b", [
+    ("llama3-8b", 8.03),  # Meta Llama 3 model card: 8B (8.03B in the HF safetensors index)
+    ("llama3-70b", 70.6),  # Meta Llama 3 model card: 70B (70.6B in the HF safetensors index)
+    ("mixtral-8x7b", 46.7),  # Jiang et al. 2024, Mixtral of Experts: 47B total parameters
+    ("gpt3-175b", 175.0),  # Brown et al. 2020, Table 2.1
+])
+def test_analytic_spec_parameter_count_matches_published(name, published_b):
+    from kit.parallel.gpt import parse_model
+
+    assert parse_model(name).params / 1e9 == pytest.approx(published_b, rel=0.01)
+
+
+def test_swiglu_layer_runs_three_projections():
+    from kit.parallel.gpt import GPTSpec, layer_forward
+
+    dense = GPTSpec(layers=1, hidden=256, heads=4, ffn=512, seq=128)
+    gated = GPTSpec(layers=1, hidden=256, heads=4, ffn=512, seq=128, gated=True)
+    flops = [sum(op.flops for blk in layer_forward(s, 1, 1, 1, False, "fp16", 0) for op in blk.ops
+                 if type(op).__name__ == "Gemm") for s in (dense, gated)]
+    # the MLP's GEMM FLOPs grow from 2·(2·t·h·f) to 3·(2·t·h·f); attention is unchanged
+    assert flops[1] - flops[0] == pytest.approx(2 * 128 * 256 * 512)

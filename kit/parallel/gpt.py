@@ -36,6 +36,9 @@ class GPTSpec:
     experts: int = 0  # MoE experts per MoE layer (0: dense)
     moe_every: int = 2  # every n-th layer is MoE
     topk: int = 2
+    gated: bool = False  # SwiGLU MLP (Llama, Mixtral): gate and up projections, then down
+    rope: bool = False  # rotary positions (Llama, Mixtral): no learned position table, and an
+    # output projection of its own (HF tie_word_embeddings false) instead of the tied embedding
     attention: str = "flash"  # "flash" (fused) | "unfused" (bmm, softmax, dropout, bmm)
     name: str = "gpt"
     zoo: str | None = None  # the kit.workload zoo model it came from (its op graph can be captured)
@@ -58,31 +61,43 @@ class GPTSpec:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices in one MLP (or one expert): 3 for SwiGLU, else 2."""
+        return 3 if self.gated else 2
+
     def is_moe(self, layer: int) -> bool:
         return self.experts > 0 and (layer % self.moe_every) == self.moe_every - 1
 
     def layer_params(self, layer: int = 0) -> int:
         h, kv = self.hidden, (self.kv_heads or self.heads) * self.head_dim
         attn = h * (h + 2 * kv) + h * h + 4 * h
-        mlp = 2 * h * self.f + self.f + h
+        mlp = self.mlp_matrices * h * self.f + self.f + h
         if self.is_moe(layer):
             mlp = self.experts * mlp + h * self.experts
         return attn + mlp + 4 * h  # two LayerNorms
 
     @property
     def params(self) -> int:
-        return sum(self.layer_params(i) for i in range(self.layers)) + self.vocab * self.hidden \
-            + self.seq * self.hidden + 2 * self.hidden
+        embed = (2 if self.rope else 1) * self.vocab * self.hidden
+        positions = 0 if self.rope else self.seq * self.hidden
+        return sum(self.layer_params(i) for i in range(self.layers)) + embed + positions + 2 * self.hidden
 
     def to_dict(self) -> dict:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.f, "kv_heads": self.kv_heads,
-                "experts": self.experts, "attention": self.attention, "params": self.params}
+                "experts": self.experts, "gated": self.gated, "rope": self.rope, "attention": self.attention,
+                "params": self.params}
+
+
+def _flag(v: str) -> bool:
+    return {"1": True, "true": True, "0": False, "false": False}[v.lower()]
 
 
 _INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
-         "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "attention": str}
+         "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "attention": str,
+         "gated": _flag, "rope": _flag}
 
 
 def parse_model(text: str, seq: int | None = None) -> GPTSpec:
@@ -100,8 +115,9 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
                 raise KitError(f"model {text!r}: unknown key {k!r}; valid: {', '.join(_KEYS)}")
             try:
                 kw[k] = _KEYS[k](v)
-            except ValueError:
-                raise KitError(f"model {text!r}: {k} must be {_KEYS[k].__name__}, got {v!r}") from None
+            except (ValueError, KeyError):
+                kind = "true or false" if _KEYS[k] is _flag else _KEYS[k].__name__
+                raise KitError(f"model {text!r}: {k} must be {kind}, got {v!r}") from None
         missing = [k for k in ("layers", "hidden", "heads") if k not in kw]
         if missing:
             raise KitError(f"model {text!r}: missing {', '.join(missing)}")
@@ -125,10 +141,12 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         raise KitError(f"model {name!r} is not GPT-style; multi-GPU prediction supports GPT-style "
                        "models (zoo gpt*/opt*/llama*) and inline gpt:... shapes")
     experts = c.get("num_local_experts") or 0  # Mixtral-style: every layer's MLP is MoE
+    llama = c.get("model_type") in ("llama", "mixtral")
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
                    or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), experts=experts,
-                   moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key, zoo=key)
+                   moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key, zoo=key,
+                   gated=llama, rope=llama)
 
 
 @dataclass
@@ -209,23 +227,31 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
         if ep > 1:
             blocks.append(Block("moe dispatch all-to-all",
                                 comm=("alltoall", routed * h * ops.dtype_bytes(dtype), "ep")))
-        mlp = Block("experts", [ops.linear(routed, h, f // tp, dtype),
-                                ops.Elementwise("gelu", routed * f // tp, dtype),
-                                ops.linear(routed, f // tp, h, dtype)])
+        mlp = Block("experts", _mlp_ops(spec, routed, tp, dtype))
         blocks.append(mlp)
         if ep > 1:
             blocks.append(Block("moe combine all-to-all",
                                 comm=("alltoall", routed * h * ops.dtype_bytes(dtype), "ep")))
         mlp = Block("moe out", [ops.Elementwise("mul", tok * h, dtype)])
     else:
-        mlp.ops += [ops.linear(tok, h, f // tp, dtype), ops.Elementwise("gelu", tok * f // tp, dtype),
-                    ops.linear(tok, f // tp, h, dtype)]
+        mlp.ops += _mlp_ops(spec, tok, tp, dtype)
     blocks.append(mlp)
     if tp > 1:
         blocks.append(Block("tp " + reduce[0], comm=reduce))
     blocks.append(Block("residual", [ops.Dropout(res_numel, dtype),
                                      ops.Elementwise("add", res_numel, dtype)]))
     return _merge(blocks)
+
+
+def _mlp_ops(spec: GPTSpec, tokens: int, tp: int, dtype: str) -> list:
+    """One MLP (or expert) on `tokens` rows, column- then row-parallel over tp ranks. SwiGLU runs
+    the gate and up projections as one GEMM of width 2f, then silu(gate)·up, then down."""
+    h, f = spec.hidden, spec.f // tp
+    if spec.gated:
+        return [ops.linear(tokens, h, 2 * f, dtype), ops.Elementwise("silu", tokens * f, dtype),
+                ops.Elementwise("mul", tokens * f, dtype), ops.linear(tokens, f, h, dtype)]
+    return [ops.linear(tokens, h, f, dtype), ops.Elementwise("gelu", tokens * f, dtype),
+            ops.linear(tokens, f, h, dtype)]
 
 
 def _merge(blocks: list[Block]) -> list[Block]:

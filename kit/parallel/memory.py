@@ -51,14 +51,14 @@ def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
         for layer in chunks[c * layout.pp + stage]:
             p = spec.layer_params(layer)
             if spec.is_moe(layer):
-                experts = spec.experts * 2 * spec.hidden * spec.f
+                experts = spec.experts * spec.mlp_matrices * spec.hidden * spec.f
                 n += (p - experts) / t + experts / (t * e)
             else:
                 n += p / t
     if stage == 0:
-        n += spec.vocab * spec.hidden / t + spec.seq * spec.hidden
-    if stage == layout.pp - 1 and layout.pp > 1:
-        n += spec.vocab * spec.hidden / t  # the output layer's copy of the tied embedding
+        n += spec.vocab * spec.hidden / t + (0 if spec.rope else spec.seq * spec.hidden)
+    if stage == layout.pp - 1 and (layout.pp > 1 or spec.rope):
+        n += spec.vocab * spec.hidden / t  # the output layer: untied (rope), or the tied copy on the last stage
     return n
 
 
