@@ -241,14 +241,25 @@ assert m == 64
 m
 """),
     md(r"""
-**(b)** A 12-layer model issues 60 kernels per layer per pass at 65 µs host time each (the
-fitted Megatron profile). What is the host floor of one forward + recompute + backward of one
-micro-batch?  $12 \times 3 \times 60 \times 65\,\mu s \approx 140$ ms, whatever the GPU.
+**(b)** The fitted `megatron-a100` profile charges every kernel a host launch cost. A layer's
+forward issues $n_f$ kernels; with full recompute a micro-batch runs the forward twice and the
+backward once ($n_b$ kernels), and each forward micro-batch costs the profile's `microbatch_ms`
+outside the layers. What is the host floor of one micro-batch of a 12-layer GPT on one GPU?
+$T_{host} = 12\,(2 n_f + n_b)\,t_{launch} + t_{mb}$, whatever the GPU.
 """),
     code("""
-floor_ms = 12 * 3 * 60 * 65e-3
-assert 135 < floor_ms < 145
-round(floor_ms, 1)
+from kit.parallel.gpt import GPTSpec, backward_of, layer_forward
+from kit.parallel.profiles import get_profile
+prof = get_profile("megatron-a100")
+layer = layer_forward(GPTSpec(layers=12, hidden=1024, heads=16, seq=1024, attention="unfused"),
+                      1, 1, 1, False, "fp16")
+n_f = sum(len(b.ops) for b in layer)
+n_b = sum(len(backward_of(b).ops) for b in layer)
+floor_ms = 12 * (2 * n_f + n_b) * prof.launch_us / 1e3 + prof.microbatch_ms
+assert n_b > n_f                      # every GEMM has two backward GEMMs
+assert floor_ms > 12 * 3 * n_f * prof.launch_us / 1e3
+{"kernels fwd": n_f, "kernels bwd": n_b, "launch_us": round(prof.launch_us, 1),
+ "host floor ms": round(floor_ms, 1)}
 """),
     md(r"""
 ## 10. The panel
