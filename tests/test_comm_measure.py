@@ -111,3 +111,15 @@ def test_nccl_without_gpus_is_a_clear_error():
         pytest.skip("GPUs present")
     with pytest.raises(KitError, match="nccl needs 2 GPUs"):
         collect("nccl", 2, "1K:4K")
+
+
+def test_cli_nccl_without_gpus_is_one_line_on_stderr(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        pytest.skip("GPUs present")
+    rc = main(["collect-comm", "--backend", "nccl", "--ranks", "2", "--out", str(tmp_path / "x.txt")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "nccl needs 2 GPUs" in err and "GPU(s)" in err and "--backend gloo" in err
+    assert not (tmp_path / "x.txt").exists()
