@@ -15,9 +15,12 @@ CATALOG_PATH = Path(__file__).with_name("gpus.json")
 _user_gpus: dict[str, GPU] = {}
 
 
+_NOT_ALNUM = re.compile(r"[^a-z0-9]")
+
+
 def _norm(name: str) -> str:
     """Case- and punctuation-insensitive form: 'NVIDIA H100 80GB HBM3' -> 'nvidiah10080gbhbm3'."""
-    return re.sub(r"[^a-z0-9]", "", name.lower())
+    return _NOT_ALNUM.sub("", name.lower())
 
 
 def _read_entries(path: Path) -> list[dict]:
@@ -37,12 +40,18 @@ def _read_entries(path: Path) -> list[dict]:
 
 
 @lru_cache(maxsize=1)
+def _builtin_entries() -> dict[str, dict]:
+    """The built-in catalog's raw entries by key (read once; validated lazily, per GPU)."""
+    return {e["key"]: e for e in _read_entries(CATALOG_PATH)}
+
+
+@lru_cache(maxsize=None)
+def _builtin_gpu(key: str) -> GPU:
+    return gpu_from_dict(_builtin_entries()[key], origin=CATALOG_PATH.name)
+
+
 def _builtin() -> dict[str, GPU]:
-    gpus = {}
-    for entry in _read_entries(CATALOG_PATH):
-        gpu = gpu_from_dict(entry, origin=CATALOG_PATH.name)
-        gpus[gpu.key] = gpu
-    return gpus
+    return {key: _builtin_gpu(key) for key in _builtin_entries()}
 
 
 def _all() -> dict[str, GPU]:
@@ -51,10 +60,15 @@ def _all() -> dict[str, GPU]:
 
 @lru_cache(maxsize=4)
 def _index(generation: int) -> dict[str, str]:
+    """Normalised key/name/alias -> key. Built from the raw entries, so looking one GPU up does not
+    validate all of them (a first collective prediction stays well under a millisecond)."""
     index: dict[str, str] = {}
-    for gpu in _all().values():
-        for name in (gpu.key, gpu.name, *gpu.aliases):
-            index.setdefault(_norm(name), gpu.key)
+    names = [(e["key"], e.get("name", ""), *e.get("aliases", ())) for e in _builtin_entries().values()]
+    names += [(g.key, g.name, *g.aliases) for g in _user_gpus.values()]
+    for key, *rest in names:
+        for name in (key, *rest):
+            if name:
+                index.setdefault(_norm(name), key)
     return index
 
 
@@ -95,7 +109,7 @@ def get_gpu(name: str | GPU) -> GPU:
     if key is None:
         raise KitError(f"unknown GPU {name!r}; close matches: {', '.join(close_matches(name))}"
                        " (`kit gpus` lists all)")
-    return _all()[key]
+    return _user_gpus[key] if key in _user_gpus else _builtin_gpu(key)
 
 
 def register_gpu(entry: dict | GPU, origin: str = "user GPU") -> GPU:
