@@ -135,3 +135,35 @@ def test_replicated_capture_with_optimizer_matches_full():
     assert key(fast) == key(full) and fast.meta["optimizer"] == "adamw"
     opt = fast.by_phase("opt")
     assert opt and opt[0].deps == (opt[0].id - 1,)  # waits for the end of the backward pass
+
+
+SWITCH4_CSV = DATA / "label" / "NVIDIA_L4" / "switch4-inf-512-1.csv"
+
+
+@pytest.mark.skipif(not SWITCH4_CSV.is_file(), reason="NeuSight L4 labels not present (set KIT_DATA)")
+def test_switch_base_4_matches_the_model_neusight_measured_on_l4():
+    """No DLmodel_config ships for the L4 label "switch4": its per-node CSV is the reference. Every
+    linear layer it ran (in, out features), its block count and its expert count match the zoo's."""
+    import csv
+    import re
+
+    import torch
+
+    csv.field_size_limit(1 << 30)
+    with SWITCH4_CSV.open() as f:
+        rows = [r for r in csv.DictReader(f) if r["op"] == "call_module"]
+    linear_names = {"q", "k", "v", "o", "wi", "wo", "lm_head", "classifier"}
+    theirs = set()
+    for r in rows:
+        if r["target"].split(".")[-1] in linear_names:
+            in_shape = json.loads(r["input_shapes"])[0]
+            out_shape = [int(x) for x in re.findall(r"\d+", r["output_shape"])]
+            theirs.add((in_shape[-1], out_shape[-1]))
+    blocks = {int(m.group(1)) for r in rows if (m := re.match(r"encoder\.block\.(\d+)\.", r["target"]))}
+    experts = {int(m.group(1)) for r in rows if (m := re.search(r"expert_(\d+)", r["target"]))}
+
+    model = zoo.build("switch4")
+    ours = {(m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    cfg = zoo.config("switch-base-4")
+    assert theirs == ours
+    assert len(blocks) == cfg["num_layers"] and len(experts) == cfg["num_experts"]

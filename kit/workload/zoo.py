@@ -50,7 +50,10 @@ def _llama(hidden, layers, heads, kv_heads, ff, vocab, theta, **extra):
 # GPT-3 XL..13B: NeuSight's DLmodel_configs; GPT-3 175B: Brown et al. 2020, Table 2.1;
 # BERT: Devlin et al. 2019; OPT-1.3B: HF facebook/opt-1.3b; Llama-3: Meta's model cards
 # (8B: 4096/32 layers/8 KV heads/14336; 70B: 8192/80/8/28672, vocab 128256, theta 5e5);
-# Mixtral 8x7B: Mistral AI's config; Switch-XL4: NeuSight's switchxl4.json; DLRM: MLPerf's
+# Mixtral 8x7B: Mistral AI's config; Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
+# switch-base architecture (Fedus et al. 2021; HF google/switch-base-8) with 4 experts, as NeuSight's
+# L4 label "switch4" shows it (per-node CSV: 12+12 blocks, d_model 768, d_ff 3072, 4 experts with
+# capacity 64, 12 heads, vocab 32128; no DLmodel_config ships for it); DLRM: MLPerf's
 # Criteo config (13 dense features, 26 tables, dim 128, bottom 512-256, top 1024-1024-512-256).
 ZOO = {
     "gpt2": (_gpt(768, 12, 12), 1024, ("gpt2-small", "gpt2_small", "gpt2s")),
@@ -79,6 +82,12 @@ ZOO = {
                     "decoder_sparse_step": 2, "vocab_size": 32128, "dropout_rate": 0.1,
                     "layer_norm_epsilon": 1e-6, "relative_attention_num_buckets": 32},
                    512, ("switchxl4", "switch-transformer-xl4")),
+    "switch-base-4": ({"model_type": "switch_transformers", "d_model": 768, "d_ff": 3072,
+                       "d_kv": 64, "num_heads": 12, "num_layers": 12, "num_decoder_layers": 12,
+                       "num_experts": 4, "expert_capacity": 64, "encoder_sparse_step": 2,
+                       "decoder_sparse_step": 2, "vocab_size": 32128, "dropout_rate": 0.1,
+                       "layer_norm_epsilon": 1e-6, "relative_attention_num_buckets": 32},
+                      512, ("switch4", "switch-base4")),
     "dlrm": ({"model_type": "dlrm", "dense_features": 13, "bottom_mlp": [512, 256],
               "embedding_dim": 128, "table_rows": [1_000_000] * 26,
               "top_mlp": [1024, 1024, 512, 256], "pooling": 1}, 1, ("dlrm-criteo",)),
