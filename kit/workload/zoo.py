@@ -46,6 +46,14 @@ def _llama(hidden, layers, heads, kv_heads, ff, vocab, theta, **extra):
             "max_position_embeddings": 8192, **extra}
 
 
+def _switch(d_model, d_ff, d_kv, heads, layers, experts=4):
+    return {"model_type": "switch_transformers", "d_model": d_model, "d_ff": d_ff, "d_kv": d_kv,
+            "num_heads": heads, "num_layers": layers, "num_decoder_layers": layers,
+            "num_experts": experts, "expert_capacity": 64, "encoder_sparse_step": 2,
+            "decoder_sparse_step": 2, "vocab_size": 32128, "dropout_rate": 0.1,
+            "layer_norm_epsilon": 1e-6, "relative_attention_num_buckets": 32}
+
+
 # name: (config, default seq, aliases). Sources: GPT-2 (Radford et al. 2019, HF configs);
 # GPT-3 XL..13B: NeuSight's DLmodel_configs; GPT-3 175B: Brown et al. 2020, Table 2.1;
 # BERT: Devlin et al. 2019; OPT-1.3B: HF facebook/opt-1.3b; Llama-3: Meta's model cards
@@ -76,18 +84,8 @@ ZOO = {
     "llama3-70b": (_llama(8192, 80, 64, 8, 28672, 128256, 500000.0), 8192, ("llama-3-70b", "llama3_70b")),
     "mixtral-8x7b": (_llama(4096, 32, 32, 8, 14336, 32000, 1e6, model_type="mixtral",
                             num_local_experts=8, num_experts_per_tok=2), 4096, ("mixtral",)),
-    "switch-xl4": ({"model_type": "switch_transformers", "d_model": 1024, "d_ff": 16384,
-                    "d_kv": 128, "num_heads": 32, "num_layers": 24, "num_decoder_layers": 24,
-                    "num_experts": 4, "expert_capacity": 64, "encoder_sparse_step": 2,
-                    "decoder_sparse_step": 2, "vocab_size": 32128, "dropout_rate": 0.1,
-                    "layer_norm_epsilon": 1e-6, "relative_attention_num_buckets": 32},
-                   512, ("switchxl4", "switch-transformer-xl4")),
-    "switch-base-4": ({"model_type": "switch_transformers", "d_model": 768, "d_ff": 3072,
-                       "d_kv": 64, "num_heads": 12, "num_layers": 12, "num_decoder_layers": 12,
-                       "num_experts": 4, "expert_capacity": 64, "encoder_sparse_step": 2,
-                       "decoder_sparse_step": 2, "vocab_size": 32128, "dropout_rate": 0.1,
-                       "layer_norm_epsilon": 1e-6, "relative_attention_num_buckets": 32},
-                      512, ("switch4", "switch-base4")),
+    "switch-xl4": (_switch(1024, 16384, 128, 32, 24), 512, ("switchxl4", "switch-transformer-xl4")),
+    "switch-base-4": (_switch(768, 3072, 64, 12, 12), 512, ("switch4", "switch-base4")),
     "dlrm": ({"model_type": "dlrm", "dense_features": 13, "bottom_mlp": [512, 256],
               "embedding_dim": 128, "table_rows": [1_000_000] * 26,
               "top_mlp": [1024, 1024, 512, 256], "pooling": 1}, 1, ("dlrm-criteo",)),
