@@ -70,11 +70,16 @@ class TileChooser:
 
     def choose_index(self, a: dict, gpu: GPU | str) -> np.ndarray:
         """Index into vocab of the tile chosen for each GEMM of the batch `a`."""
-        from kit.predict.nets import predict
+        from kit.predict.array_mlp import ArrayMLP
 
         if len(a["m"]) == 0:
             return np.zeros(0, dtype=int)
-        return predict(self.model, shape_matrix(a, get_gpu(gpu))).argmax(1)
+        x = shape_matrix(a, get_gpu(gpu))
+        if isinstance(self.model, ArrayMLP):  # loaded weights: no torch
+            return self.model(x).argmax(1)
+        from kit.predict.nets import predict
+
+        return predict(self.model, x).argmax(1)
 
     def tile_arrays(self, a: dict, gpu: GPU | str) -> tuple[dict, list[str]]:
         """(kit-orientation tile arrays for waves(), library tile names "MxN") per GEMM."""
@@ -103,16 +108,19 @@ class TileChooser:
 
     # -- weights ---------------------------------------------------------------------------
     def state(self) -> tuple[dict, dict]:
-        return ({f"tile_choice.{k}": v for k, v in self.model.state_dict().items()},
-                {"vocab": [list(v) for v in self.vocab], "n_in": int(self.model.x_mean.numel()),
-                 "hidden": int(self.model.net[0].out_features)})
+        from kit.predict.array_mlp import ArrayMLP
+
+        m = self.model
+        n_in, hidden = ((m.n_in, m.hidden) if isinstance(m, ArrayMLP)
+                        else (int(m.x_mean.numel()), int(m.net[0].out_features)))
+        return ({f"tile_choice.{k}": v for k, v in m.state_dict().items()},
+                {"vocab": [list(v) for v in self.vocab], "n_in": n_in, "hidden": hidden})
 
     @staticmethod
     def from_state(tensors: dict, meta: dict) -> "TileChooser":
-        from kit.predict.nets import MLP
+        from kit.predict.array_mlp import ArrayMLP
 
-        model = MLP(meta["n_in"], len(meta["vocab"]), hidden=meta["hidden"], depth=2)
-        model.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items()
-                               if k.startswith("tile_choice.")})
-        model.eval()
+        model = ArrayMLP({k.split(".", 1)[1]: v for k, v in tensors.items()
+                          if k.startswith("tile_choice.")},
+                         meta["n_in"], len(meta["vocab"]), hidden=meta["hidden"], depth=2)
         return TileChooser([tuple(v) for v in meta["vocab"]], model)

@@ -57,6 +57,26 @@ def direct_heads(out, log_base):
 HEADS = {"utilisation": heads_to_log_latency, "direct": direct_heads}
 
 
+def heads_to_log_latency_np(out: np.ndarray, log_base: np.ndarray) -> np.ndarray:
+    """heads_to_log_latency in numpy (for the numpy-loaded weights)."""
+    from kit.predict.array_mlp import logsigmoid, softplus
+
+    z = out[:, 0]
+    fast, slow = z + softplus(out[:, 1]), z - softplus(out[:, 2])
+    return log_base[:, None] - np.stack([logsigmoid(fast), logsigmoid(z), logsigmoid(slow)], 1)
+
+
+def direct_heads_np(out: np.ndarray, log_base: np.ndarray) -> np.ndarray:
+    """direct_heads in numpy."""
+    from kit.predict.array_mlp import softplus
+
+    c = out[:, 0] + log_base
+    return np.stack([c - softplus(out[:, 1]), c, c + softplus(out[:, 2])], 1)
+
+
+HEADS_NP = {"utilisation": heads_to_log_latency_np, "direct": direct_heads_np}
+
+
 class ClassModel:
     """The ensemble for one op class."""
 
@@ -93,6 +113,12 @@ class ClassModel:
 
     def log_quantiles(self, x: np.ndarray, log_base: np.ndarray) -> np.ndarray:
         """(members, n, 3) log-latency quantiles."""
+        from kit.predict.array_mlp import ArrayMLP
+
+        if all(isinstance(m, ArrayMLP) for m in self.members):  # loaded weights: no torch
+            lb = np.asarray(log_base, dtype=np.float32)
+            x32 = np.asarray(x, dtype=np.float32)
+            return np.stack([HEADS_NP[self.mode](m(x32), lb) for m in self.members]).astype(float)
         import torch
 
         lb = torch.as_tensor(log_base, dtype=torch.float32)
@@ -109,16 +135,13 @@ class ClassModel:
 
     @staticmethod
     def from_state(op_class: str, tensors: dict, meta: dict, prefix: str = "") -> "ClassModel":
-        from kit.predict.nets import MLP
+        from kit.predict.array_mlp import ArrayMLP
 
         nets = []
         for i in range(meta["members"]):
-            net = MLP(meta["n_in"], 3, hidden=meta["hidden"], depth=2)
             head = f"{prefix}{op_class}.{i}."
-            net.load_state_dict({k[len(head):]: v for k, v in tensors.items()
-                                 if k.startswith(head)})
-            net.eval()
-            nets.append(net)
+            nets.append(ArrayMLP({k[len(head):]: v for k, v in tensors.items() if k.startswith(head)},
+                                 meta["n_in"], 3, hidden=meta["hidden"], depth=2))
         return ClassModel(op_class, nets, meta["hidden"], meta.get("mode", "utilisation"),
                           meta["n_in"])
 

@@ -99,7 +99,7 @@ def read_manifest(weights_dir: str | Path) -> dict:
 
 def _read_tensors(path: Path) -> dict:
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.numpy import load_file  # plain arrays: predicting needs no torch
 
     if not path.is_file():
         raise KitError(f"weights file not found: {path}")
