@@ -180,21 +180,17 @@ def _bic(c: BandwidthCurve, s, t, p: int) -> float:
 
 def _switch(lower: BandwidthCurve, upper: BandwidthCurve, a: float, b: float) -> float:
     """Where the regimes meet between sizes a < b: their crossing (a library switches to the faster
-    algorithm), found by bisection in log size, else the geometric mean of a and b."""
-    def gap(x):
+    algorithm), found in log size, else the geometric mean of a and b."""
+    from scipy.optimize import brentq
+
+    def gap(log_x):
+        x = math.exp(log_x)
         return math.log(lower.time_us(x) / upper.time_us(x))
 
     lo, hi = math.log(a), math.log(b)
-    g_lo, g_hi = gap(a), gap(b)
-    if g_lo * g_hi > 0:
+    if gap(lo) * gap(hi) > 0:
         return math.sqrt(a * b)
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        if gap(math.exp(mid)) * g_lo > 0:
-            lo = mid
-        else:
-            hi = mid
-    return math.exp(0.5 * (lo + hi))
+    return math.exp(brentq(gap, lo, hi, xtol=1e-9))
 
 
 def _fit_regime(kind, ranks, s, t) -> BandwidthCurve:

@@ -169,8 +169,11 @@ class AnalyticSource:
         self.embedding = (emb, [backward_of(x) for x in emb])
         self.head = (head, [backward_of(x) for x in reversed(head)])
 
+    def layer_key(self, layer: int) -> bool:
+        return self.spec.is_moe(layer)
+
     def layer(self, layer: int) -> tuple:
-        return self.layer_blocks[self.spec.is_moe(layer)]
+        return self.layer_blocks[self.layer_key(layer)]
 
 
 def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> list[ChunkCost]:
@@ -181,14 +184,10 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> l
     src = source or AnalyticSource(spec, lay)
     kinds = {key: (fwd, bwd, _recompute_blocks(fwd, lay.recompute))
              for key, (fwd, bwd) in src.layer_blocks.items()}
-    key_of = {id(fb[0]): key for key, fb in src.layer_blocks.items()}
     emb, head = src.embedding, src.head
     extra = [emb[0], emb[1], head[0], head[1]]
     coster.predict_ops(op for group in list(kinds.values()) + [extra] for blocks in group
                        for blk in blocks for op in blk.ops)
-
-    def kind(layer: int):
-        return key_of[id(src.layer(layer)[0])]
 
     out = []
     n_virtual = lay.pp * lay.virtual_stages
@@ -210,12 +209,12 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> l
         if vi == 0:
             coster.add(c.fwd, emb[0], stage)
         for layer in layers:
-            _accumulate(c.fwd, layer_cost(kind(layer), stage)[0])
+            _accumulate(c.fwd, layer_cost(src.layer_key(layer), stage)[0])
         if vi == n_virtual - 1:
             coster.add(c.fwd, head[0], stage, gemm_factor=coster.head_factor)
             coster.add(c.bwd, head[1], stage, gemm_factor=coster.head_factor)
         for layer in reversed(layers):
-            _, b, t = layer_cost(kind(layer), stage)
+            _, b, t = layer_cost(src.layer_key(layer), stage)
             _accumulate(c.bwd, b)
             c.layer_bwd_ms.append(t)
             c.layer_grad_bytes.append(spec.layer_params(layer) / lay.tp * grad_bytes)

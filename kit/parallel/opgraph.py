@@ -45,8 +45,11 @@ class GraphSource:
     model: str = "model"
     nodes: int = 0  # kernels in the captured (fused) graph
 
+    def layer_key(self, layer: int):
+        return self.layer_keys[layer]
+
     def layer(self, layer: int) -> tuple:
-        return self.layer_blocks[self.layer_keys[layer]]
+        return self.layer_blocks[self.layer_key(layer)]
 
 
 def capture_model(model, micro_batch: int, seq: int, dtype: str, fusion: str = "eager"):

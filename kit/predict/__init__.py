@@ -3,7 +3,7 @@ from kit.predict.base import COLUMNS, Predictor, RooflinePredictor, WavePredicto
 from kit.predict.roofline import Roofline, roofline
 
 __all__ = ["COLUMNS", "Predictor", "Roofline", "RooflinePredictor", "WavePredictor", "roofline",
-           "get_predictor", "PREDICTORS"]
+           "get_predictor", "predictor_name", "PREDICTORS"]
 
 PREDICTORS = {"roofline": RooflinePredictor, "wave": WavePredictor}
 
@@ -19,15 +19,21 @@ def _register_learned() -> None:
 _register_learned()
 
 
+def predictor_name(name: str = "auto") -> str:
+    """The predictor a name stands for, without building it. "auto" is the best one available:
+    the shipped tile-MLP when present, else the wave model."""
+    if name != "auto":
+        return name
+    from kit.predict.weights import has_shipped
+
+    return "tile" if has_shipped() else "wave"
+
+
 def get_predictor(name: str = "auto"):
-    """A predictor by name. "auto" is the best one available: the shipped tile-MLP when present,
-    else the wave model."""
+    """A predictor by name (see predictor_name for "auto")."""
     from kit.errors import KitError
 
-    if name == "auto":
-        from kit.predict.weights import has_shipped
-
-        name = "tile" if has_shipped() else "wave"
+    name = predictor_name(name)
     try:
         return PREDICTORS[name]()
     except KeyError:

@@ -144,12 +144,19 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
             on = [tail_at(st) for st in sorted(streams)]
             if on:
                 return on, "et"
+        best, _ = last_ended(e)
+        return ([best] if best >= 0 else []), "timing"
+
+    def last_ended(ts, skip=None):
+        """(op, end) of the GPU op that ended last by ts (within TOL_US), on any stream but skip."""
         best, best_end = -1, -1.0
         for st, ends in stream_ends.items():
-            k = bisect.bisect_right(ends, e + TOL_US) - 1
+            if st == skip:
+                continue
+            k = bisect.bisect_right(ends, ts + TOL_US) - 1
             if k >= 0 and ends[k] > best_end:
                 best, best_end = stream_ops[st][k], ends[k]
-        return ([best] if best >= 0 else []), "timing"
+        return best, best_end
 
     ops_stream: dict[int, str] = {}
     for ts, order, ev in events:
@@ -182,13 +189,7 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
                         ready = max(ready, measured_end[op])
                         count(tg.gpu_waits, "et")
             if ge.ts_us > ready + TOL_US:  # it waited on an event of another stream
-                best, best_end = -1, -1.0
-                for st, ends in stream_ends.items():
-                    if st == ge.stream:
-                        continue
-                    k = bisect.bisect_right(ends, ge.ts_us + TOL_US) - 1
-                    if k >= 0 and ends[k] > best_end:
-                        best, best_end = stream_ops[st][k], ends[k]
+                best, best_end = last_ended(ge.ts_us, skip=ge.stream)
                 if best >= 0 and best_end > ready + TOL_US:  # that op ended while it waited
                     deps.append(best)
                     ready = best_end

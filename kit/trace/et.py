@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import KitError
+from kit.trace.kineto import int_or_none
 
 _ROOT = "[pytorch|profiler|execution_"  # the process/thread root nodes, not operators
 _RANK = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
@@ -81,10 +82,6 @@ def _attr_map(node, where: str) -> dict:
     return {a["name"]: a.get("value") for a in attrs if isinstance(a, dict) and "name" in a}
 
 
-def _int_or_none(v):
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def parse_et(doc, source: str) -> ExecTrace:
     """One loaded ET document -> ExecTrace; KitError naming the file and node if malformed."""
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
@@ -107,13 +104,13 @@ def parse_et(doc, source: str) -> ExecTrace:
             ins, outs = n.get("inputs", {}), n.get("outputs", {})
             if not isinstance(ins, dict) or not isinstance(outs, dict):
                 raise KitError(f"{where}: inputs/outputs must be {{values, shapes, types}} objects")
-            node = EtNode(nid, name, _int_or_none(a.get("rf_id")), _int_or_none(n.get("ctrl_deps")),
-                          _int_or_none(a.get("tid")),
+            node = EtNode(nid, name, int_or_none(a.get("rf_id")), int_or_none(n.get("ctrl_deps")),
+                          int_or_none(a.get("tid")),
                           _tensor_ids(ins.get("values", []), ins.get("types"), where),
                           _tensor_ids(outs.get("values", []), outs.get("types"), where))
         else:
-            node = EtNode(nid, name, _int_or_none(n.get("rf_id")), _int_or_none(n.get("parent")),
-                          _int_or_none(n.get("tid")),
+            node = EtNode(nid, name, int_or_none(n.get("rf_id")), int_or_none(n.get("parent")),
+                          int_or_none(n.get("tid")),
                           _tensor_ids(n.get("inputs", []), n.get("input_types"), where),
                           _tensor_ids(n.get("outputs", []), n.get("output_types"), where))
         et.nodes.append(node)

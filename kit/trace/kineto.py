@@ -116,12 +116,13 @@ def _num(v):
         return None
 
 
-def _int(v):
+def int_or_none(v):
+    """v as an int when it is a (non-bool, non-NaN) number, else None."""
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
 
 def _stream(v):
-    v = _int(v)
+    v = int_or_none(v)
     return str(v) if v is not None and v >= 0 else None
 
 
@@ -129,7 +130,7 @@ def _sync_event(args) -> SyncEvent | None:
     kind = args.get("cuda_sync_kind")
     if not isinstance(kind, str):
         return None
-    rec = _int(args.get("wait_on_cuda_event_record_corr_id"))
+    rec = int_or_none(args.get("wait_on_cuda_event_record_corr_id"))
     return SyncEvent(kind, _stream(args.get("stream")), _stream(args.get("wait_on_stream")),
                      rec if rec is not None and rec >= 0 else None)
 
@@ -163,7 +164,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
             skipped += 1
             continue
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        corr = _int(args.get("correlation", args.get("External id")))
+        corr = int_or_none(args.get("correlation", args.get("External id")))
         if cat == "cuda_sync":
             sync = _sync_event(args)
             if sync is not None and corr is not None:
@@ -176,7 +177,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
             t.gpu.append(GpuEvent(ts, dur, name, str(stream), kind, corr, args.get("bytes")))
         elif cat in RUNTIME_CATS:
             t.runtime.append(RuntimeCall(ts, dur, name, str(e.get("tid")), corr,
-                                         _int(args.get("External id"))))
+                                         int_or_none(args.get("External id"))))
         elif cat in CPU_OP_CATS:
             m = _STEP.fullmatch(name)
             if m:
@@ -184,8 +185,8 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
             else:
                 pids[e.get("pid")] = pids.get(e.get("pid"), 0) + 1
                 t.cpu_ops.append(CpuOp(ts, dur, name, str(e.get("tid")), args.get("Input Dims"),
-                                       args.get("Input type"), _int(args.get("External id")),
-                                       _int(args.get("Record function id"))))
+                                       args.get("Input type"), int_or_none(args.get("External id")),
+                                       int_or_none(args.get("Record function id"))))
     t.pid = max(pids, key=pids.get) if pids else None
     if how:
         t.rank_from = how

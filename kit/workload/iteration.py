@@ -256,9 +256,10 @@ def _prepared(graph: OpGraph, fusion: str) -> dict:
 def _latencies(graph: OpGraph, prep: dict, fusion: str, gpu, predictor):
     """predict_latencies, memoised in-process and on disk for cached captures
     (kit.workload.latency_cache): a repeated configuration needs no predictor."""
+    from kit.predict import predictor_name
     from kit.workload import latency_cache
 
-    key = (latency_cache.key_for(graph, fusion, gpu, latency_cache.resolve_predictor(predictor))
+    key = (latency_cache.key_for(graph, fusion, gpu, predictor_name(predictor))
            if isinstance(predictor, str) else None)
     memo = prep.setdefault("latencies", {})
     if key is not None and key in memo:

@@ -22,16 +22,6 @@ import numpy as np
 PREDICT_DIR = Path(__file__).resolve().parents[1] / "predict"
 
 
-def resolve_predictor(name: str) -> str:
-    """The concrete predictor name behind "auto" (kit.predict.get_predictor's rule), without
-    building the predictor."""
-    if name != "auto":
-        return name
-    from kit.predict.weights import has_shipped
-
-    return "tile" if has_shipped() else "wave"
-
-
 HERE = Path(__file__).resolve().parent
 COSTING_FILES = ("iteration.py", "fusion.py", "kernels.py", "latency_cache.py")
 
