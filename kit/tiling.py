@@ -157,7 +157,7 @@ def gemm_tiling_for(gemm: Gemm, gpu: GPU | str, tile: TileShape) -> Tiling:
     waves, fill = waves_for(tiles, slots)
     tile_flops = 2.0 * tile.tm * tile.tn * gemm.k
     tile_bytes = float(d * ((tile.tm + tile.tn) * gemm.k + tile.tm * tile.tn))
-    peak = gpu.peak_flops_per_s(gemm.dtype)
+    peak = gpu.gemm_peak_flops_per_s(gemm.dtype)  # AMD CDNA fp32: the FP32 matrix cores
     full = min(tiles, slots)
     last = tiles - (waves - 1) * slots
     wave_ms = _wave_ms(gpu, full, tile_flops, gemm_wave_bytes(gemm, tile, full), peak)

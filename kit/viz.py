@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from kit.hardware import get_gpu
-from kit.predict.roofline import compute_dtype, roofline
+from kit.predict.roofline import roofline
 from kit.tiling import Tiling
 
 MAX_WAVE_BARS = 64  # waves beyond this are summarised in one bar
@@ -18,13 +18,14 @@ alt.renderers.enable("svg")
 
 
 def roofline_frame(gpus, dtype: str = "fp32", intensities=None) -> pd.DataFrame:
-    """Attainable TFLOP/s = min(peak, bandwidth × intensity) per GPU over a log grid of intensity."""
+    """Attainable TFLOP/s = min(peak, bandwidth × intensity) per GPU over a log grid of intensity
+    (the GEMM peak of dtype: GPU.gemm_peak_tflops, AMD CDNA fp32 = its FP32 matrix cores)."""
     if intensities is None:
         intensities = np.logspace(-2, 4, 61)
     rows = []
     for name in gpus:
         gpu = get_gpu(name)
-        peak = gpu.peak_tflops(dtype)
+        peak = gpu.gemm_peak_tflops(dtype)
         if peak is None:
             continue
         for i in intensities:
@@ -37,9 +38,10 @@ def ridge_frame(gpus, dtype: str = "fp32") -> pd.DataFrame:
     rows = []
     for name in gpus:
         gpu = get_gpu(name)
-        if gpu.peak_tflops(dtype) is not None:
-            rows.append({"gpu": gpu.key, "ridge_flops_per_byte": gpu.ridge_flops_per_byte(dtype),
-                         "peak_tflops": gpu.peak_tflops(dtype)})
+        peak = gpu.gemm_peak_tflops(dtype)
+        if peak is not None:
+            rows.append({"gpu": gpu.key, "ridge_flops_per_byte": peak * 1e3 / gpu.mem_bw_gbs,
+                         "peak_tflops": peak})
     return pd.DataFrame(rows)
 
 
@@ -60,7 +62,7 @@ def roofline_chart(gpus, dtype: str = "fp32", ops=(), title: str | None = None) 
         pts = []
         for op, label in ops:
             r = roofline(op, gpu)
-            peak = gpu.peak_tflops(compute_dtype(op))
+            peak = r.peak_tflops
             pts.append({"op": label, "intensity_flops_per_byte": r.intensity_flops_per_byte,
                         "attainable_tflops": min(peak, gpu.mem_bw_gbs * r.intensity_flops_per_byte / 1e3),
                         "bound": r.bound})

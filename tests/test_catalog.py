@@ -54,6 +54,29 @@ def test_invalid_user_gpu_is_a_clear_error(bad, word):
         register_gpu(_entry(**bad))
 
 
+@pytest.mark.parametrize("bad", [0, -1.0, "fast", True, 10.0])
+def test_invalid_fp32_matrix_peak_is_a_clear_error(bad):
+    # 10.0 lies below the A100 base entry's 19.5 vector peak: no library would pick a slower unit
+    with pytest.raises(KitError, match="fp32_matrix_tflops"):
+        register_gpu(_entry(fp32_matrix_tflops=bad))
+
+
+def test_fp32_matrix_peak_is_optional_for_a_user_gpu():
+    try:
+        entry = _entry()
+        del entry["fp32_matrix_tflops"]
+        plain = register_gpu(entry)
+        assert plain.fp32_matrix_tflops is None and plain.gemm_peak_tflops("fp32") == 19.5
+        matrix = register_gpu(_entry(key="my-gpu-2", name="My GPU 2", aliases=[],
+                                     fp32_matrix_tflops=39))
+        assert matrix.gemm_peak_tflops("fp32") == 39.0 and matrix.gemm_peak_flops_per_s("fp32") == 39e12
+        assert matrix.peak_tflops("fp32") == 19.5  # the vector peak is untouched
+        assert matrix.gemm_peak_tflops("fp16") == 312.0
+    finally:
+        unregister_gpu("my-gpu")
+        unregister_gpu("my-gpu-2")
+
+
 def test_missing_field_and_bad_file(tmp_path):
     entry = _entry()
     del entry["tdp_w"]

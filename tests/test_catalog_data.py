@@ -9,6 +9,9 @@ Conventions the data follows (and these tests hold it to):
   (2 FLOPs per lane per clock; AMD: non-packed vector FP32); tf32/fp16/bf16/fp8 are tensor/matrix-core
   peaks, null where the GPU's tensor/matrix cores do not support the type (Pascal has no tensor cores:
   P100 fp16 is its 2x-rate half2 SIMT peak, P4's 1/64-rate fp16 is null).
+* fp32_matrix_tflops is the FP32 matrix-core peak at full FP32 precision (AMD CDNA MFMA FP32, the
+  unit rocBLAS/hipBLASLt sgemm runs on), null where there is none (every NVIDIA GPU: its tensor
+  cores take FP32 only as TF32, which PyTorch leaves off). GPU.gemm_peak_tflops picks it for fp32.
 * GeForce cards quote the FP32-accumulate tensor rate (what PyTorch uses).
 * interconnect_bw_gbs is NVLink / Infinity Fabric per GPU, both directions added, 0 = none.
 
@@ -27,7 +30,7 @@ import pytest
 
 from kit.hardware import get_gpu, gpu_from_dict, list_gpus
 from kit.hardware.catalog import CATALOG_PATH
-from kit.hardware.gpu import PEAK_FIELDS, REQUIRED_FIELDS
+from kit.hardware.gpu import OPTIONAL_PEAK_FIELDS, PEAK_FIELDS, REQUIRED_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("KIT_SHARED", REPO.parent / "shared"))
@@ -129,7 +132,8 @@ def test_catalog_size_and_required_keys(entries):
 
 
 def test_entries_have_exactly_the_schema_fields(entries):
-    expected = set(REQUIRED_FIELDS) | set(PEAK_FIELDS) | {"aliases", "notes"}
+    # the built-in catalog states every optional peak too (null where the unit does not exist)
+    expected = set(REQUIRED_FIELDS) | set(PEAK_FIELDS) | set(OPTIONAL_PEAK_FIELDS) | {"aliases", "notes"}
     for e in entries:
         assert set(e) == expected, f"{e.get('key')}: {sorted(set(e) ^ expected)}"
 
@@ -191,13 +195,34 @@ def test_tensor_peaks_are_consistent(gpus):
             assert gpus[key].fp16_tflops == pytest.approx(2 * gpus[key].fp32_tflops, rel=0.02)
 
 
+# AMD CDNA 1-3 whitepapers: an MFMA FP32 (v_mfma_f32_*_f32) compute unit does 256 FP32 FLOPs per
+# clock per CU, twice the 128 of its 64 non-packed vector lanes.
+CDNA_MFMA_FP32_FLOPS_PER_CLOCK_PER_CU = 256
+
+
+def test_fp32_matrix_peak_is_amd_mfma_only(gpus):
+    for g in gpus.values():
+        if g.vendor == "amd":
+            ref = CDNA_MFMA_FP32_FLOPS_PER_CLOCK_PER_CU * g.sm_count * g.boost_clock_mhz * 1e6 / 1e12
+            assert g.fp32_matrix_tflops == pytest.approx(ref, rel=0.01), (g.key, g.fp32_matrix_tflops, ref)
+            assert g.fp32_matrix_tflops == pytest.approx(2 * g.simt_fp32_tflops, rel=0.01), g.key
+            assert g.gemm_peak_tflops("fp32") == g.fp32_matrix_tflops
+        else:
+            # NVIDIA FP32 GEMMs (TF32 off) run on the SIMT lanes: the GEMM peak is the vector peak
+            assert g.fp32_matrix_tflops is None, g.key
+            assert g.gemm_peak_tflops("fp32") == g.fp32_tflops, g.key
+        for d in ("tf32", "fp16", "bf16", "fp8"):
+            assert g.gemm_peak_tflops(d) == g.peak_tflops(d), (g.key, d)
+        assert g.peak_tflops("fp32") == g.fp32_tflops  # elementwise ops keep the vector peak
+
+
 def test_variants_share_their_chip(gpus):
     # Same silicon, different memory: compute must match.
     for a, b in [("a100-pcie-40gb", "a100-sxm4-40gb"), ("a100-sxm4-40gb", "a100-sxm4-80gb"),
                  ("a100-pcie-40gb", "a100-pcie-80gb"), ("v100-sxm2-16gb", "v100-sxm2-32gb"),
                  ("v100-pcie-16gb", "v100-pcie-32gb"), ("h100-sxm", "h200")]:
         if a in gpus and b in gpus:
-            for f in ("sm_count", "boost_clock_mhz", *PEAK_FIELDS):
+            for f in ("sm_count", "boost_clock_mhz", *PEAK_FIELDS, *OPTIONAL_PEAK_FIELDS):
                 assert getattr(gpus[a], f) == getattr(gpus[b], f), (a, b, f)
     assert gpus["a100-sxm4-80gb"].mem_bw_gbs > gpus["a100-pcie-80gb"].mem_bw_gbs > gpus["a100-sxm4-40gb"].mem_bw_gbs
     assert gpus["h200"].mem_bw_gbs > gpus["h100-sxm"].mem_bw_gbs > gpus["h100-pcie"].mem_bw_gbs
@@ -277,7 +302,7 @@ def test_neusight_label_folders_resolve():
 
 def test_numbers_are_finite_and_plausible(gpus):
     for g in gpus.values():
-        for f in PEAK_FIELDS:
+        for f in (*PEAK_FIELDS, *OPTIONAL_PEAK_FIELDS):
             v = getattr(g, f)
             assert v is None or (math.isfinite(v) and 0 < v < 20000), (g.key, f, v)
         assert 1 <= g.memory_gib <= 512 and 100 <= g.mem_bw_gbs <= 20000, g.key
@@ -285,3 +310,23 @@ def test_numbers_are_finite_and_plausible(gpus):
         assert 0.5 <= g.l2_cache_mib <= 512 and 30 <= g.tdp_w <= 1500, g.key
         # Ridge point (FLOP/byte) for fp32 sits between 1 and 200 on every GPU here (L4: ~101).
         assert 1 < g.ridge_flops_per_byte("fp32") < 200, g.key
+
+
+def test_measured_amd_sgemm_lies_between_the_vector_and_the_matrix_peak():
+    """NeuSight's MI100/MI210 FP32 GEMMs (PyTorch 2.4.1; rocBLAS MFMA kernels, 'MI32x32x2x1' or
+    'MI16x16x4x1' in the kernel names) run faster than the vector peak allows and never faster
+    than the matrix peak: the matrix peak is the one a GEMM roofline must use."""
+    import pandas as pd
+
+    root = NEUSIGHT / "data" / "dataset_amd" / "test" / "collect"
+    files = sorted(root.glob("*/*/AMD Instinct MI*.csv")) if root.is_dir() else []
+    if not files:
+        pytest.skip(f"NeuSight AMD GEMM data not found under {root}")
+    for f in files:
+        d = pd.read_csv(f)
+        g = get_gpu(d.Device.iloc[0])
+        tflops = 2 * d.B * d.M * d.N * d.K / (d.Latency * 1e-3) / 1e12
+        assert tflops.max() > 1.2 * g.fp32_tflops, (f.name, tflops.max(), g.fp32_tflops)
+        assert tflops.max() < g.gemm_peak_tflops("fp32"), (f.name, tflops.max())
+        # Tensile names an MFMA kernel by its instruction: _MI32x32x2x1_ = v_mfma_f32_32x32x2f32
+        assert d["Kernel Name"].str.contains(r"_MI(?:32x32x2|16x16x4|16x16x1)x\d+_").mean() > 0.8, f.name

@@ -32,6 +32,8 @@ REQUIRED_FIELDS: dict[str, type] = {
     "source": str,
 }
 PEAK_FIELDS = tuple(f"{d}_tflops" for d in DTYPES)
+# Optional peaks: null (or absent, for a user's GPU) where the GPU has no such unit.
+OPTIONAL_PEAK_FIELDS = ("fp32_matrix_tflops",)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class GPU:
     pcie_gen: int
     tdp_w: float
     source: str  # where the numbers come from (datasheet, whitepaper URL)
+    # FP32 matrix-core peak at full FP32 precision (AMD CDNA MFMA FP32: rocBLAS/hipBLASLt sgemm
+    # issue these instructions); None where the GPU has none (NVIDIA: its tensor cores take FP32
+    # only as TF32, which PyTorch leaves off, so FP32 GEMMs run on the SIMT lanes).
+    fp32_matrix_tflops: float | None = None
     aliases: tuple[str, ...] = field(default=())
     notes: str = ""
 
@@ -71,6 +77,20 @@ class GPU:
         if dtype not in DTYPES:
             raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         return getattr(self, f"{dtype}_tflops")
+
+    def gemm_peak_tflops(self, dtype: str) -> float | None:
+        """The peak a GEMM (or attention) of dtype runs against. fp32: the FP32 matrix-core peak
+        where the GPU has one, else the vector peak; other dtypes: their tensor/matrix peak.
+        Elementwise and reduction ops always run against the vector peak (peak_tflops)."""
+        if dtype == "fp32" and self.fp32_matrix_tflops is not None:
+            return self.fp32_matrix_tflops
+        return self.peak_tflops(dtype)
+
+    def gemm_peak_flops_per_s(self, dtype: str) -> float:
+        """gemm_peak_tflops in FLOP/s; raises KitError when the GPU does not support dtype."""
+        if dtype == "fp32" and self.fp32_matrix_tflops is not None:
+            return self.fp32_matrix_tflops * 1e12
+        return self.peak_flops_per_s(dtype)
 
     def peak_flops_per_s(self, dtype: str) -> float:
         """Peak in FLOP/s; raises KitError when the GPU does not support dtype."""
@@ -142,8 +162,8 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
         if value < 0 or (value == 0 and not allow_zero):
             raise KitError(f"{label}: field {name} must be positive, got {value!r}")
         clean[name] = typ(value)
-    for name in PEAK_FIELDS:
-        value = entry[name]
+    for name in (*PEAK_FIELDS, *OPTIONAL_PEAK_FIELDS):
+        value = entry.get(name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -151,6 +171,10 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
         clean[name] = float(value)
     if clean["fp32_tflops"] is None:
         raise KitError(f"{label}: fp32_tflops is required (every GPU does fp32)")
+    matrix = clean.get("fp32_matrix_tflops")
+    if matrix is not None and matrix < clean["fp32_tflops"]:
+        raise KitError(f"{label}: fp32_matrix_tflops ({matrix:g}) is below fp32_tflops "
+                       f"({clean['fp32_tflops']:g}); give the FP32 matrix-core peak, or null if none")
     if clean["key"] != clean["key"].lower() or " " in clean["key"]:
         raise KitError(f"{label}: key must be lower-case with dashes, e.g. 'h100-sxm'")
     aliases = entry.get("aliases", [])

@@ -67,10 +67,12 @@ def op_class_of(op) -> str:
     return getattr(op, "op_class", type(op).__name__)
 
 
-def gpu_vector(gpu: GPU | str) -> np.ndarray:
-    """GPU_FEATURES for one GPU (fp32 SIMT peaks: the measured data is all FP32 sgemm)."""
+def gpu_vector(gpu: GPU | str, gemm: bool = False) -> np.ndarray:
+    """GPU_FEATURES for one GPU at its fp32 peak (the measured data is all FP32): for GEMMs the
+    peak of the unit sgemm runs on (GPU.gemm_peak_tflops: AMD CDNA's FP32 matrix cores; NVIDIA's
+    SIMT lanes, the same as the vector peak), for every other op the vector peak."""
     g = get_gpu(gpu)
-    peak = g.fp32_tflops
+    peak = g.gemm_peak_tflops("fp32") if gemm else g.fp32_tflops
     return np.array([
         math.log(peak * 1e3 / g.sm_count), math.log(g.mem_bw_gbs / g.sm_count),
         math.log(peak * 1e3 / g.mem_bw_gbs), math.log(g.l2_cache_mib / g.sm_count),
@@ -157,7 +159,7 @@ def waves(op_class: str, a: dict, gpu: GPU, dtype: str = "fp32") -> dict:
     (kit orientation: tm covers m)."""
     d = DTYPE_BYTES[dtype]
     flops, nbytes = work(op_class, a, dtype)
-    peak = gpu.peak_flops_per_s(dtype if op_class == "gemm" else "fp32")
+    peak = gpu.gemm_peak_flops_per_s(dtype) if op_class == "gemm" else gpu.peak_flops_per_s("fp32")
     bw = gpu.mem_bw_bytes_per_s
     if op_class == "gemm":
         tm, tn, threads = a["tm"], a["tn"], a["threads"]
@@ -225,10 +227,11 @@ def feature_matrix(op_class: str, a: dict, gpu: GPU | str, w: dict | None = None
     gpu = get_gpu(gpu)
     w = w if w is not None else waves(op_class, a, gpu)
     n = len(w["tiles"])
-    g = np.tile(gpu_vector(gpu), (n, 1))
-    sm_flops = gpu.fp32_tflops * 1e12 / gpu.sm_count
+    g = np.tile(gpu_vector(gpu, gemm=op_class == "gemm"), (n, 1))
+    peak = (gpu.gemm_peak_tflops("fp32") if op_class == "gemm" else gpu.fp32_tflops) * 1e12
+    sm_flops = peak / gpu.sm_count
     sm_bw = gpu.mem_bw_gbs * 1e9 / gpu.sm_count
-    ridge = gpu.fp32_tflops * 1e12 / (gpu.mem_bw_gbs * 1e9)
+    ridge = peak / (gpu.mem_bw_gbs * 1e9)
     common = [_log(w["tiles"]), _log(w["waves"]), w["last_wave_fill"], w["blocks_per_sm"]]
     to_l2 = _log(w["bytes"] / gpu.l2_cache_bytes)
     times = [_log(w["base_ms"]), _log(w["roofline_ms"])]

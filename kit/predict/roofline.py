@@ -32,15 +32,18 @@ class Roofline:
         return asdict(self)
 
 
-def compute_dtype(op) -> str:
-    """The peak an op runs against: tensor-core peak of its dtype for GEMMs and attention, fp32
-    vector peak for everything else (elementwise math runs on the SIMT lanes)."""
-    return op.dtype if isinstance(op, (Gemm, Attention)) else "fp32"
+def compute_peak_flops_per_s(op, gpu: GPU) -> float:
+    """The peak an op runs against. GEMMs and attention: the GPU's GEMM peak of their dtype
+    (GPU.gemm_peak_flops_per_s: tensor cores; for fp32, AMD CDNA's FP32 matrix cores, else the
+    SIMT lanes); everything else: the fp32 vector peak (elementwise math runs on the lanes)."""
+    if isinstance(op, (Gemm, Attention)):
+        return gpu.gemm_peak_flops_per_s(op.dtype)
+    return gpu.peak_flops_per_s("fp32")
 
 
 def roofline(op, gpu: GPU | str) -> Roofline:
     gpu = get_gpu(gpu)
-    peak = gpu.peak_flops_per_s(compute_dtype(op))
+    peak = compute_peak_flops_per_s(op, gpu)
     bw = gpu.mem_bw_bytes_per_s
     if isinstance(op, Memcpy) and op.direction != "d2d":
         bw = PCIE_X16_GBS.get(gpu.pcie_gen, PCIE_X16_GBS[4]) * 1e9

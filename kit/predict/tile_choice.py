@@ -23,7 +23,7 @@ def shape_matrix(a: dict, gpu: GPU | str) -> np.ndarray:
     """Shape features of a GEMM batch (kit.predict.features arrays) and the GPU's features."""
     shape = np.column_stack([np.log(a["m"]), np.log(a["n"]), np.log(a["k"]), np.log(a["b"]),
                              a["linear"]])
-    return np.column_stack([shape, np.tile(gpu_vector(gpu), (len(shape), 1))])
+    return np.column_stack([shape, np.tile(gpu_vector(gpu, gemm=True), (len(shape), 1))])
 
 
 class TileChooser:

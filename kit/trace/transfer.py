@@ -4,7 +4,7 @@ GPU op's measured duration for a prediction on the target.
 The measured duration is the calibration; the datasheets give the ratio (as in Habitat's wave
 scaling, Yu et al., ATC 2021):
 
-    GEMM-like kernel    t' = t · peak_src / peak_dst          (dtype read from the kernel name)
+    GEMM-like kernel    t' = t · peak_src / peak_dst          (GEMM peaks, dtype read from the kernel name)
     other kernels       t' = f + (t − f) · bw_src / bw_dst    (memory-bound; f = 2 µs floor)
     memcpy H2D/D2H      t' = t · pcie_src / pcie_dst          (PCIe generation bandwidth)
     collective          t' = t · comm(dst) / comm(src)        (kit.comm on both systems, with the
@@ -138,7 +138,7 @@ def transfer(tg: TraceGraph, on) -> str:
                     g.dur_ms[op] = d * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
             elif _GEMM.search(ge.name):
                 dtype = "fp16" if _HALF.search(ge.name) else "fp32"
-                ps, pd = src_gpu.peak_tflops(dtype), dst_gpu.peak_tflops(dtype)
+                ps, pd = src_gpu.gemm_peak_tflops(dtype), dst_gpu.gemm_peak_tflops(dtype)
                 if not ps or not pd:
                     ps, pd = src_gpu.fp32_tflops, dst_gpu.fp32_tflops
                 g.dur_ms[op] = d * ps / pd
