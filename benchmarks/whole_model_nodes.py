@@ -18,6 +18,10 @@ and Python time (a view reads ~0.01 ms), and a node's backward includes its auto
 the per-node sums exceed the whole-model labels by a few percent. Large kernels are reliable.
 The kit's side is in-stream time (kit.workload.iteration takes the learned predictor's isolated-
 kernel floor out of every kernel), so short kernels read lower here than their isolated labels.
+Each configuration also carries the label's forward/backward split (fw_latency, bwall_latency)
+beside the kit's: an FP32 transformer's backward does twice the forward's GEMM FLOPs, so a label
+whose backward is near or below its forward (bw/fw well under ~1.7) timed something extra in
+its forward pass, and its whole-model error is not the kernel model's.
 """
 from __future__ import annotations
 
@@ -117,7 +121,13 @@ def compare(labels: Path, only: str = "") -> dict:
         configs.append({"gpu": gpu, "config": f.stem, "mode": mode, "measured_ms": measured,
                         "predicted_ms": it.total_ms, "ape": abs(it.total_ms - measured) / measured,
                         "predicted_gemm_ms": pred_gemm, "measured_gemm_ms": meas_gemm,
-                        "ape_with_measured_gemm": abs(swapped - measured) / measured})
+                        "ape_with_measured_gemm": abs(swapped - measured) / measured,
+                        # the label's own phase split against the kit's (a label whose forward
+                        # is not about half its backward is suspect: see the module docstring)
+                        "measured_fwd_ms": label.get("fw_latency"),
+                        "measured_bwd_ms": label.get("bwall_latency") if mode == "train" else None,
+                        "predicted_fwd_ms": it.phases_ms.get("fwd"),
+                        "predicted_bwd_ms": it.phases_ms.get("bwd")})
     out = []
     for (gpu, mode, cls), (mf, pf, mb, pb) in sorted(sums.items()):
         if cls == "none":
