@@ -22,12 +22,20 @@ Each configuration also carries the label's forward/backward split (fw_latency, 
 beside the kit's: an FP32 transformer's backward does twice the forward's GEMM FLOPs, so a label
 whose backward is near or below its forward (bw/fw well under ~1.7) timed something extra in
 its forward pass, and its whole-model error is not the kernel model's.
+
+label_vs_kernel_data: every GEMM node of a label CSV (over 0.2 ms) against the same GPU's op-level
+measurement of the same shape in NeuSight's test sets (data/dataset/test, dataset_amd/test), the
+data a kernel predictor is scored on. A GPU whose ratio sits far from 1 was timed in another
+state in its labels than in its kernel data (clocks, power cap), and no kernel model can match
+both.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import ast
+import math
 import re
 from pathlib import Path
 
@@ -71,6 +79,71 @@ def kit_class(aten: str, op_class: str) -> str:
     if aten in ("full", "arange", "zeros", "ones", "fill_", "zero_", "scalar_tensor", "new_zeros"):
         return "fill"
     return "elementwise"
+
+
+def label_gemm_shape(op: str, target: str, shapes: str, out_shape: str, meta: str):
+    """(b, m, n, k) of a label's GEMM node in the kit's orientation (k the reduction), or None:
+    addmm(bias, x[M,K], W[K,N]); matmul of [B,H,S,D] by [B,H,D,T]; an nn.Linear module."""
+    try:
+        shp = ast.literal_eval(shapes)
+    except (ValueError, SyntaxError):
+        return None
+    if "addmm" in target and len(shp) == 3 and len(shp[1]) == 2 and len(shp[2]) == 2:
+        (m, k), (_, n) = shp[1], shp[2]
+        return 1, m, n, k
+    if "matmul" in target and len(shp) == 2 and len(shp[0]) == 4 and len(shp[1]) == 4:
+        a, b = shp
+        return a[0] * a[1], a[2], b[3], a[3]
+    if op == "call_module" and fx_class(op, target, meta) == "gemm" and len(shp) == 1:
+        try:
+            n = ast.literal_eval(out_shape)[-1]
+        except (ValueError, SyntaxError, TypeError, IndexError):
+            return None
+        return 1, math.prod(shp[0][:-1]), n, shp[0][-1]
+    return None
+
+
+def label_vs_kernel_data(labels: Path, data: Path) -> list[dict]:
+    """Per GPU: label GEMM node time over the op-level measurement of the same shape (geo mean)."""
+    import numpy as np
+    import pandas as pd
+
+    from kit.data import load_neusight
+    from kit.errors import KitError
+    from kit.hardware import get_gpu
+    from kit.predict.evaluate import load_test
+
+    frames = []
+    for load in (lambda: load_test(data / "data" / "dataset" / "test"),
+                 lambda: load_neusight("amd-test", data)):
+        try:
+            frames.append(load())
+        except KitError:
+            continue
+    if not frames:
+        return []
+    kern = pd.concat(frames, ignore_index=True)
+    kern = kern[kern.op_class == "gemm"]
+    ms = kern.groupby(["gpu", "b", "m", "n", "k"]).latency_ms.min().to_dict()
+    ratios: dict = {}
+    for f in sorted(labels.glob("*/*.csv")):
+        try:
+            gpu = get_gpu(f.parent.name).key
+        except KitError:
+            continue
+        raw = pd.read_csv(f)
+        for op, target, shapes, out_shape, meta, fw in zip(
+                raw["op"], raw["target"].astype(str), raw["input_shapes"].astype(str),
+                raw["output_shape"].astype(str), raw["meta"].fillna("").astype(str), raw["fw_latency"]):
+            shape = label_gemm_shape(op, target, shapes, out_shape, meta) if fw > 0.2 else None
+            if shape is not None and (gpu, *shape) in ms:
+                ratios.setdefault(gpu, []).append(fw / ms[(gpu, *shape)])
+    out = []
+    for gpu, r in sorted(ratios.items()):
+        r = np.array(r)
+        out.append({"gpu": gpu, "nodes": len(r), "label_over_kernel_data_geo": float(np.exp(np.log(r).mean())),
+                    "median": float(np.median(r)), "min": float(r.min()), "max": float(r.max())})
+    return out
 
 
 def compare(labels: Path, only: str = "") -> dict:
@@ -147,7 +220,9 @@ def main():
 
     torch.set_num_threads(1)
     data = Path(os.environ.get("KIT_DATA", ROOT.parent / "shared" / "data" / "neusight"))
-    rows = compare(Path(a.labels) if a.labels else data / "label", a.only)
+    labels = Path(a.labels) if a.labels else data / "label"
+    rows = compare(labels, a.only)
+    rows["label_vs_kernel_data"] = label_vs_kernel_data(labels, data)
     print(json.dumps(rows, indent=1, default=float))
 
 
