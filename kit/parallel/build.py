@@ -45,6 +45,9 @@ class HostModel:
     full_vocab_scale  achieved/predicted time of the LM head's GEMMs when the vocabulary is not
                       split over TP ranks (vTrain's A100 runs: about 2x slower than the same
                       GEMMs split by TP, which run at the predicted speed)
+    tp_comm_scale     achieved/predicted time of the TP/EP collectives inside a pass (the
+                      collective curves are timed back to back, as nccl-tests does; in a layer
+                      each one starts between compute kernels and waits out its group's skew)
     predictor         the kernel predictor a fitted profile was fitted with (used for "auto")
     """
 
@@ -57,6 +60,7 @@ class HostModel:
     microbatch_ms: float = 0.0
     collective_rank_us: float = 0.0
     full_vocab_scale: float = 1.0
+    tp_comm_scale: float = 1.0
     predictor: str | None = None
 
 

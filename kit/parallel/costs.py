@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kit.parallel.gpt import Block, GPTSpec, backward_of, embedding_forward, head_forward, layer_forward
+from kit.parallel.gpt import (Block, GPTSpec, backward_of, embedding_forward, head_backward, head_forward,
+                             layer_forward)
 from kit.parallel.layout import Layout
 from kit.parallel.memory import local_params, stage_layers
 
@@ -83,6 +84,7 @@ class Coster:
         self.launch_ms = getattr(host, "launch_us", 0.0) / 1e3
         self.collective_ms = getattr(host, "collective_us", 0.0) / 1e3
         self.collective_rank_ms = getattr(host, "collective_rank_us", 0.0) / 1e3
+        self.tp_comm_scale = getattr(host, "tp_comm_scale", 1.0)
         # the LM head's GEMMs over the whole vocabulary (TP = 1): see HostModel.full_vocab_scale
         self.head_factor = getattr(host, "full_vocab_scale", 1.0) if layout.tp == 1 else 1.0
         self._op_ms = _OP_CACHE.setdefault((self.predictor.name, self.gpu.key), {})
@@ -120,7 +122,7 @@ class Coster:
             if blk.comm is not None:
                 kind, nbytes, group = blk.comm
                 ranks = self.group(group, stage)
-                ms = self.comm_ms(kind, nbytes, ranks)
+                ms = self.comm_ms(kind, nbytes, ranks) * self.tp_comm_scale
                 if ms > 0:
                     phase.comm_ms += ms
                     phase.kernels += 1
@@ -165,9 +167,10 @@ class AnalyticSource:
                 fwd = layer_forward(spec, b, lay.tp, lay.ep, lay.sequence_parallel, dt, layer)
                 self.layer_blocks[moe] = (fwd, [backward_of(blk) for blk in reversed(fwd)])
         emb = embedding_forward(spec, b, lay.tp, dt)
-        head = head_forward(spec, b, lay.tp, dt)
-        self.embedding = (emb, [backward_of(x) for x in emb])
-        self.head = (head, [backward_of(x) for x in reversed(head)])
+        # the embedding's TP all-reduce has an identity backward (Megatron's
+        # reduce_from_tensor_model_parallel_region)
+        self.embedding = (emb, [backward_of(x) for x in emb if x.comm is None])
+        self.head = (head_forward(spec, b, lay.tp, dt), head_backward(spec, b, lay.tp, dt))
 
     def layer_key(self, layer: int) -> bool:
         return self.spec.is_moe(layer)

@@ -22,6 +22,36 @@ from kit import ops
 from kit.errors import KitError
 
 BWD_FACTOR = {"attention": 2.5, "default": 2.0}
+VOCAB_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by (default)
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 x TP (_vocab_size_with_padding), so
+    each rank's embedding and logits are a multiple of 128 wide."""
+    m = VOCAB_MULTIPLE * tp
+    return -(-vocab // m) * m
+
+
+def fused_softmax_available(b: int, heads_rank: int, seq: int) -> bool:
+    """Megatron's fused causal scale-mask-softmax kernel runs only when
+    FusedScaleMaskSoftmax.is_kernel_available holds (megatron/model/fused_softmax.py): fp16/bf16
+    input, 16 < seq <= 16384, seq % 4 == 0, and the attention batches b·(heads/tp) a multiple of
+    the kernel's batches per block (4 for seq > 128, else 8). Otherwise it falls back to PyTorch:
+    cast to fp32, scale, masked_fill, softmax, cast back (five kernels each way instead of one)."""
+    attn_batches = b * heads_rank
+    per_block = 4 if seq > 128 else 8
+    return 16 < seq <= 16384 and seq % 4 == 0 and attn_batches % per_block == 0
+
+
+def _attention_softmax(b: int, heads_rank: int, s: int, dtype: str) -> list:
+    """The attention-score softmax kernels of the unfused (bmm) attention path."""
+    rows = b * heads_rank * s
+    if dtype == "fp32" or fused_softmax_available(b, heads_rank, s):
+        return [ops.Softmax(rows, s, dtype)]
+    n = rows * s  # Megatron's torch path with softmax in fp32 (query-key layer scaling)
+    return [ops.Elementwise("cast", n, dtype, inputs=2), ops.Elementwise("mul", n, "fp32", inputs=1),
+            ops.Elementwise("where", n, "fp32", inputs=1), ops.Softmax(rows, s, "fp32"),
+            ops.Elementwise("cast", n, dtype, inputs=2)]
 
 
 @dataclass(frozen=True)
@@ -204,7 +234,7 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
         attn.ops.append(ops.Attention(b, heads, s, s, hd, dtype, causal=True))
     else:
         attn.ops += [ops.Gemm(m=s, n=s, k=hd, b=b * heads, dtype=dtype),
-                     ops.Softmax(b * heads * s, s, dtype),
+                     *_attention_softmax(b, heads, s, dtype),
                      ops.Dropout(b * heads * s * s, dtype),
                      ops.Gemm(m=s, n=hd, k=s, b=b * heads, dtype=dtype)]
     attn.ops.append(ops.linear(tok, h // tp, h, dtype))
@@ -267,7 +297,8 @@ def _merge(blocks: list[Block]) -> list[Block]:
 
 def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str) -> list[Block]:
     tok = b * spec.seq
-    blocks = [Block("embedding", [ops.EmbeddingBag(tok, spec.vocab // tp or 1, spec.hidden, 1, dtype),
+    v = padded_vocab(spec.vocab, tp) // tp
+    blocks = [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
                                   ops.Elementwise("add", tok * spec.hidden, dtype),
                                   ops.Dropout(tok * spec.hidden, dtype)])]
     if tp > 1:
@@ -277,11 +308,38 @@ def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str) -> list[Block]
 
 
 def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str) -> list[Block]:
+    """Final LayerNorm, the logits GEMM over this rank's (padded) vocabulary slice, and
+    Megatron's vocab-parallel cross entropy (tensor_parallel/cross_entropy.py) on the logits cast
+    to fp32: max, TP all-reduce of it, subtract, TP all-reduce of the target logit, exp, sum,
+    TP all-reduce of the sum, divide (the softmax kept for backward). Each of its passes reads
+    and writes the whole [tokens, vocab/tp] fp32 tensor; the all-reduces move tokens x 4 bytes."""
     tok = b * spec.seq
-    v = max(spec.vocab // tp, 1)
+    v = padded_vocab(spec.vocab, tp) // tp
+    n = tok * v
+    ar = ("allreduce", tok * 4, "tp")
     blocks = [Block("lm head", [ops.LayerNorm(tok, spec.hidden, dtype),
                                 ops.linear(tok, spec.hidden, v, dtype),
-                                ops.Softmax(tok, v, "fp32")])]
-    if tp > 1:  # vocab-parallel cross entropy: max, sum-exp and target logit over TP
-        blocks.append(Block("cross-entropy all-reduce", comm=("allreduce", 3 * tok * 4, "tp")))
-    return blocks
+                                ops.Elementwise("cast", n, dtype, inputs=2),
+                                ops.Elementwise("max", n, "fp32", inputs=1)]),
+              Block("cross-entropy max all-reduce", comm=ar),
+              Block("cross-entropy", [ops.Elementwise("sub", n, "fp32", inputs=1)]),
+              Block("cross-entropy target all-reduce", comm=ar),
+              Block("cross-entropy", [ops.Elementwise("exp", n, "fp32"),
+                                      ops.Elementwise("add", n, "fp32", inputs=1)]),
+              Block("cross-entropy sum all-reduce", comm=ar),
+              Block("cross-entropy", [ops.Elementwise("div", n, "fp32", inputs=1)])]
+    return _merge([blk for blk in blocks if blk.comm is None or tp > 1])
+
+
+def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str) -> list[Block]:
+    """Cross-entropy backward (softmax - one-hot, scaled in place by the loss gradient, cast back
+    to the model dtype: two passes), then the logits GEMM's data and weight gradients and the
+    final LayerNorm's backward."""
+    tok = b * spec.seq
+    v = padded_vocab(spec.vocab, tp) // tp
+    n = tok * v
+    gemm = ops.linear(tok, spec.hidden, v, dtype)
+    ln = ops.LayerNorm(tok, spec.hidden, dtype)
+    return [Block("lm head bwd", [ops.Elementwise("mul", n, "fp32", inputs=1),
+                                  ops.Elementwise("cast", n, dtype, inputs=2), *_gemm_bwd(gemm), ln],
+                  [1.0, 1.0, 1.0, 1.0, BWD_FACTOR["default"]])]

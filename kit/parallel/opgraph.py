@@ -29,9 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from kit import ops
 from kit.errors import KitError
-from kit.parallel.gpt import Block, GPTSpec
-
-VOCAB_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by (default)
+from kit.parallel.gpt import Block, GPTSpec, padded_vocab
 
 
 @dataclass
@@ -97,11 +95,6 @@ def _shard(op, tp: int):
     if parts is not None:  # kit.workload Derived: scale x sum(parts)
         return replace(op, parts=tuple(_shard(p, tp) for p in parts))
     return op
-
-
-def padded_vocab(vocab: int, tp: int) -> int:
-    m = VOCAB_MULTIPLE * tp
-    return -(-vocab // m) * m
 
 
 class _Sharder:
