@@ -95,11 +95,13 @@ With $p$ stages, $m$ micro-batches and per-stage pass times $t_f, t_b$, GPipe an
 
 $$T = (m + p - 1)(t_f + t_b), \qquad \text{bubble} = \frac{p-1}{m+p-1};$$
 
-interleaving $v$ chunks per stage divides the bubble by $v$. 1F1B holds only $p - s$
-micro-batches of activations on stage $s$; GPipe holds all $m$.
+interleaving $v$ chunks per stage divides the bubble by $v$. When the stages are not equal, the
+slowest one sets the pace: use its $t_f + t_b$. 1F1B holds only $p - s$ micro-batches of
+activations on stage $s$; GPipe holds all $m$.
 """),
     code("""
-# a small vocabulary keeps the first and last stages (embedding, LM head) as fast as the others
+# a small vocabulary keeps the first and last stages close to the others; the last one still
+# carries the final norm, the LM head and the fp32 cross entropy, so it is the slowest
 spec = GPTSpec(layers=16, hidden=2048, heads=16, seq=1024, vocab=1024, name="gpt-16x2048")
 host = HostModel(launch_us=0.0, p2p_sync=False)   # pure GPU time, to compare with the formula
 rows = []
@@ -107,7 +109,10 @@ for sched, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
     lay = Layout(pp=4, micro_batch=1, global_batch=8, schedule=sched, virtual_stages=v, dtype="bf16",
                  optimizer_step=False)   # forward and backward only, as in the formula
     r = predict_parallel(spec, "dgx-a100", lay, host=host)
-    stage = sum(c["fwd_ms"] + c["bwd_ms"] for c in r["per_microbatch_ms"] if c["stage"] == 1)
+    per_stage = {}
+    for c in r["per_microbatch_ms"]:
+        per_stage[c["stage"]] = per_stage.get(c["stage"], 0.0) + c["fwd_ms"] + c["bwd_ms"]
+    stage = max(per_stage.values())   # the bottleneck stage's forward + backward of one micro-batch
     rows.append({"schedule": sched, "iteration_ms": r["iteration_ms"], "stage_pass_ms": stage,
                  "formula_ms": (8 + 3 / v) * stage, "bubble": bubble_fraction(sched, 4, 8, v),
                  "stage0_inflight": in_flight(sched, 0, 4, 8, v)})
@@ -116,7 +121,7 @@ pipes
 """),
     code("""
 for row in pipes.itertuples():   # the formula ignores the point-to-point sends (~64 µs each here)
-    assert 0 <= (row.iteration_ms - row.formula_ms) / row.formula_ms < 0.07, row
+    assert abs(row.iteration_ms - row.formula_ms) / row.formula_ms < 0.03, row
 assert pipes.iteration_ms[2] < pipes.iteration_ms[1]                 # interleaving helps
 assert list(pipes.stage0_inflight[:2]) == [8, 4]                      # GPipe holds all 8
 """),
