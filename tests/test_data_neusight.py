@@ -139,7 +139,7 @@ def test_unknown_device_is_named(layout):
     ([HEAD + ",B", ADDU[1].rsplit(",", 1)[0]], "addu rows need column.*H"),
     ([HEAD + ",B,H", ADDU[1].replace("0.0245", "fast")], r"T4.csv:2: Latency must be a positive"),
     ([HEAD + ",B,H", ADDU[1].replace("0.0245", "-1")], "Latency must be a positive"),
-    ([HEAD + ",B,H", ADDU[1].replace("127,168", "127,1.5")], r"T4.csv:2: column 'H' must hold a whole"),
+    ([HEAD + ",B,H", ADDU[1].replace("127,168", "127,1.5")], r"T4.csv:2: column 'H' must hold a non-negative whole number, got '1.5'"),
     ([HEAD + ",B,H", ADDU[1].replace("addu,", "matmul,")], "unknown op.*'matmul'"),
     ([], "is empty"),
     ([HEAD + ",B,H", ADDU[1].replace("Tesla T4", "")], r"T4.csv:2: Device is empty"),

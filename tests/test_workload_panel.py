@@ -23,3 +23,18 @@ def test_panel_follows_controls():
     p.fusion.value = "compiled"
     assert any(r.get("op_class") == "fused" for r in p.chart_data())
     assert "ms</b>" in p.summary.value
+
+
+def test_seq_choices_follow_the_model_position_table():
+    from kit.errors import KitError
+    from kit.workload.zoo import max_seq
+
+    p = WholeModelPanel(model="gpt2", gpu="a100-pcie-40gb", mode="inference", batch=1, seq=1024)
+    assert max(p.seq.options) == max_seq("gpt2") == 1024 and 2048 not in p.seq.options
+    p.model.value = "bert-base"   # 512 positions: 1024 is no longer offered, the panel clamps to 512
+    assert max(p.seq.options) == 512 and p.seq.value == 512
+    assert p.result.total_ms > 0 and "ms</b>" in p.summary.value
+    p.model.value = "llama3-8b"   # rotary: no table, every length is offered again
+    assert 2048 in p.seq.options and p.seq.value == 512
+    with pytest.raises(KitError, match="learned positions"):
+        WholeModelPanel(model="bert-base", seq=1024)

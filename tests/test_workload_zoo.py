@@ -167,3 +167,19 @@ def test_switch_base_4_matches_the_model_neusight_measured_on_l4():
     cfg = zoo.config("switch-base-4")
     assert theirs == ours
     assert len(blocks) == cfg["num_layers"] and len(experts) == cfg["num_experts"]
+
+
+def test_sequence_longer_than_a_learned_position_table_is_one_clear_error():
+    # GPT-2 and BERT read positions from a table of n_positions / max_position_embeddings rows
+    for name, field in (("gpt2", "n_positions"), ("bert-large", "max_position_embeddings")):
+        limit = zoo.config(name)[field]
+        with pytest.raises(KitError, match=f"seq {limit + 1} is longer than .*{limit} learned positions"):
+            zoo.graph_for(name, 1, limit + 1, "inference", disk=False)
+    small = {"model_type": "gpt2", "n_embd": 64, "n_head": 2, "n_layer": 1, "n_positions": 32,
+             "vocab_size": 100}
+    assert zoo.graph_for(small, 1, 32, "inference", disk=False).nodes   # the limit itself is fine
+    with pytest.raises(KitError, match="33 is longer"):
+        zoo.graph_for(small, 1, 33, "inference", disk=False)
+    # rotary models have no table: a long sequence is only a bigger graph
+    llama = {**zoo.config("llama3-8b"), "num_hidden_layers": 1, "max_position_embeddings": 64}
+    zoo._check_positions(llama, 4096)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from kit.api import predict_model
 from kit.hardware import gpu_keys
-from kit.workload.zoo import resolve, zoo_names
+from kit.workload.zoo import max_seq, resolve, zoo_names
 from widgets.base import Panel
 
 SEQS = (32, 64, 128, 256, 512, 1024, 2048)
@@ -36,6 +36,10 @@ class WholeModelPanel(Panel):
     def __init__(self, model="gpt2", gpu="a100-pcie-40gb", mode="train", batch=1, seq=128,
                  fusion="eager"):
         self._init = dict(model=resolve(model), gpu=gpu, mode=mode, batch=batch, seq=seq, fusion=fusion)
+        if max_seq(self._init["model"]) is not None and seq > max_seq(self._init["model"]):
+            from kit.errors import KitError
+            raise KitError(f"seq {seq} is longer than {self._init['model']}'s "
+                           f"{max_seq(self._init['model'])} learned positions")
         self.result = None
         super().__init__()
 
@@ -48,11 +52,32 @@ class WholeModelPanel(Panel):
                                     style=style)
         self.batch = W.IntSlider(value=i["batch"], min=1, max=64, description="batch",
                                  continuous_update=False, style=style)
-        seqs = sorted(set(SEQS) | {i["seq"]})
-        self.seq = W.Dropdown(options=seqs, value=i["seq"], description="seq", style=style)
+        self.seq = W.Dropdown(options=self._seqs(i["model"]), value=i["seq"], description="seq",
+                              style=style)
         self.fusion = W.ToggleButtons(options=["eager", "compiled"], value=i["fusion"],
                                       description="fusion", style=style)
         return [self.model, self.gpu, self.mode, self.batch, self.seq, self.fusion]
+
+    def _seqs(self, model) -> list[int]:
+        """The sequence lengths offered: SEQS (and the one asked for) up to the model's learned
+        position table, if it has one (kit.workload.zoo.max_seq)."""
+        limit = max_seq(model)
+        return [s for s in sorted(set(SEQS) | {self._init["seq"]}) if limit is None or s <= limit]
+
+    def refresh(self, change=None):
+        """A model with a shorter position table (BERT: 512) narrows the seq choices first."""
+        if getattr(self, "_narrowing", False):
+            return
+        seqs = self._seqs(self.model.value)
+        if list(self.seq.options) != seqs:
+            self._narrowing = True
+            try:
+                value = self.seq.value if self.seq.value in seqs else max(seqs)
+                self.seq.options = seqs
+                self.seq.value = value
+            finally:
+                self._narrowing = False
+        super().refresh(change)
 
     def predict(self):
         self.result = predict_model(self.model.value, self.gpu.value, mode=self.mode.value,

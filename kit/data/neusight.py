@@ -142,8 +142,8 @@ def _int_column(raw: pd.DataFrame, col: str, rows: pd.Series) -> pd.Series:
     bad = rows & (values.isna() | (values != np.round(values)) | (values < 0))
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise KitError(f"{_where(raw, bad)}: column {col!r} must hold a whole number, got "
-                       f"{raw[col].iloc[i]!r}")
+        raise KitError(f"{_where(raw, bad)}: column {col!r} must hold a non-negative whole number, "
+                       f"got {str(raw[col].iloc[i])!r}")
     return values.where(rows).astype("Int64")
 
 

@@ -176,6 +176,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     if seq is None:
         seq = default_seq(model) if isinstance(model, str) else 512
     _check_positive(seq=seq)
+    _check_positions(model, seq)
     key = _key(model, batch, seq, mode, dtype, optimizer)
     if key in _LRU:
         _LRU.move_to_end(key)
@@ -264,3 +265,31 @@ def _check_positive(**values):
     for k, v in values.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise KitError(f"{k} must be a positive whole number, got {v!r}")
+
+
+# families whose positions are a learned table (nn.Embedding): a longer sequence has no row to read
+LEARNED_POSITIONS = {"gpt2": "n_positions", "bert": "max_position_embeddings",
+                     "opt": "max_position_embeddings"}
+
+
+def max_seq(model) -> int | None:
+    """The longest sequence a model can read: the rows of its learned position table (GPT-2's
+    n_positions, BERT's and OPT's max_position_embeddings); None for rotary models (Llama,
+    Mixtral) and the others, which have no such table."""
+    cfg = config(model) if isinstance(model, str) else dict(model)
+    kind = cfg.get("model_type", "gpt2")
+    field = LEARNED_POSITIONS.get(kind)
+    limit = cfg.get(field, 1024 if kind == "gpt2" else 512 if kind == "bert" else 2048) if field else None
+    return limit if isinstance(limit, int) else None
+
+
+def _check_positions(model, seq: int) -> None:
+    """KitError when seq exceeds the model's learned position table (max_seq)."""
+    limit = max_seq(model)
+    if limit is not None and seq > limit:
+        cfg = config(model) if isinstance(model, str) else dict(model)
+        kind = cfg.get("model_type", "gpt2")
+        name = resolve(model) if isinstance(model, str) else cfg.get("name", kind)
+        field = LEARNED_POSITIONS[kind]
+        raise KitError(f"seq {seq} is longer than {name}'s {limit} learned positions ({field}); "
+                       f"pass --seq {limit} or less, or a config with a larger {field}")
