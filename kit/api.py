@@ -1,6 +1,7 @@
 """The verbs every face of the kit shares (CLI, notebooks, widgets), so all give the same answer."""
 from __future__ import annotations
 
+from kit.errors import KitError
 from kit.hardware import get_gpu, list_gpus
 from kit.predict import get_predictor, roofline
 from kit.tiling import tiling
@@ -51,6 +52,9 @@ def op_tiling(op, gpu, predictor: str = "auto"):
 def predict_op(op, gpu, predictor: str = "auto") -> dict:
     """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
     gpu = get_gpu(gpu)
+    if op.bytes > gpu.memory_bytes:  # its operands alone would not fit: no such kernel runs
+        raise KitError(f"{op.op_class} moves {op.bytes / 2**30:.4g} GiB of operands, more than "
+                       f"{gpu.key}'s {gpu.memory_gib:g} GiB of memory: no such kernel can run on it")
     model = get_predictor(predictor)
     row = model.predict([op], gpu).iloc[0]
     roof = roofline(op, gpu)

@@ -65,6 +65,10 @@ def test_op_gemm_h100_bf16_matches_the_roofline_by_hand(capsys):
     (["op", "gemm", "--m", "inf", "--n", "64", "--k", "64", "--gpu", "t4"], ["--m", "inf"]),
     (["op", "gemm", "--m", "64.5", "--n", "64", "--k", "64", "--gpu", "t4"], ["--m", "64.5"]),
     (["op", "gemm", "--m", "64", "--n", "64", "--k", "64", "--gpu", "t4", "--dtype", "fp8"], ["t4", "fp8"]),
+    # three fp32 49152² matrices are 27 GiB: more than a T4's 16 GiB (an H100's 80 GiB holds them)
+    (["op", "gemm", "--m", "49152", "--n", "49152", "--k", "49152", "--gpu", "t4"], ["27 GiB", "16 GiB"]),
+    (["predict", "bert-base", "--gpu", "t4", "--mode", "inference", "--seq", "1024"],
+     ["seq 1024", "512 learned positions"]),
     (["gpus", "--add", "/no/such/file.json"], ["not found"]),
     (["frobnicate"], ["invalid choice"]),
 ])
@@ -75,6 +79,11 @@ def test_user_errors_exit_2_with_one_line(argv, words):
     assert len(lines) == 1 and "Traceback" not in err
     for w in words:
         assert w in lines[0]
+
+
+def test_an_op_that_fits_the_gpu_memory_is_predicted():
+    rc, out, err = run_cli("op", "gemm", "--m", "49152", "--n", "49152", "--k", "49152", "--gpu", "h100-sxm")
+    assert rc == 0 and "latency" in out, err
 
 
 def test_demo_prints_a_real_prediction():

@@ -35,7 +35,16 @@ def test_unsupported_dtype_shows_a_message_not_an_error():
     p = GemmPanel(gpu="v100-pcie-32gb")
     p.dtype.value = "fp8"
     assert "no fp8 support" in str(p.chart_data())
-    assert "does not support" in p.summary.value
+    assert "no fp8 support" in p.summary.value and "pick another dtype" in p.summary.value
+
+
+def test_a_gemm_beyond_the_gpu_memory_shows_a_message_not_an_error():
+    p = GemmPanel(gpu="t4")
+    for w in (p.m, p.n, p.k):
+        w.value = 65536   # three fp32 65536² matrices: 48 GiB, a T4 has 16
+    assert "48 GiB" in str(p.chart_data()) and "16 GiB" in p.summary.value
+    p.gpu.value = "h100-sxm"   # 80 GiB: it fits, and the panel predicts it again
+    assert "waves" in p.summary.value
 
 
 def test_stable_text_repr():

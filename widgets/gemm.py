@@ -35,12 +35,23 @@ class GemmPanel(Panel):
     def op(self) -> Gemm:
         return Gemm(m=self.m.value, n=self.n.value, k=self.k.value, dtype=self.dtype.value)
 
+    def _problem(self) -> str | None:
+        """Why this GEMM cannot run on the chosen GPU (no such dtype, operands beyond its
+        memory), or None."""
+        gpu = get_gpu(self.gpu.value)
+        if gpu.peak_tflops(self.dtype.value) is None:
+            return f"{self.gpu.value} has no {self.dtype.value} support; pick another dtype."
+        if self.op().bytes > gpu.memory_bytes:
+            return (f"the three matrices need {self.op().bytes / 2**30:.4g} GiB, more than "
+                    f"{gpu.key}'s {gpu.memory_gib:g} GiB; pick a smaller shape.")
+        return None
+
     def _supported(self) -> bool:
-        return get_gpu(self.gpu.value).peak_tflops(self.dtype.value) is not None
+        return self._problem() is None
 
     def make_chart(self):
         if not self._supported():
-            msg = f"{self.gpu.value} has no {self.dtype.value} support"
+            msg = self._problem()
             return alt.Chart(alt.Data(values=[{"msg": msg}])).mark_text(size=14).encode(text="msg:N")
         op = self.op()
         t = op_tiling(op, self.gpu.value)  # the tile the predictor chose
@@ -55,7 +66,7 @@ class GemmPanel(Panel):
     def summary_text(self) -> str:
         r = self.result()
         if r is None:
-            return f"{self.gpu.value} does not support {self.dtype.value}; pick another dtype."
+            return self._problem()
         tile = "x".join(map(str, r["tile_dims"][:2]))  # m x n of C, as the chart shows it
         return (f"{r['tiles']} tiles of {tile}, {r['blocks_per_sm']} blocks/SM, {r['waves']} waves "
                 f"(last {100 * r['last_wave_fill']:.0f}% full) · {r['bound']}-bound · roofline "
