@@ -243,3 +243,18 @@ def test_swiglu_layer_runs_three_projections():
                  if type(op).__name__ == "Gemm") for s in (dense, gated)]
     # the MLP's GEMM FLOPs grow from 2·(2·t·h·f) to 3·(2·t·h·f); attention is unchanged
     assert flops[1] - flops[0] == pytest.approx(2 * 128 * 256 * 512)
+
+
+def test_mfu_is_against_the_gemm_peak_also_on_fp32_matrix_cores():
+    from dataclasses import replace
+
+    from kit.hardware import get_gpu, get_system
+
+    spec = GPTSpec(layers=4, hidden=1024, heads=16, seq=512, vocab=1024, name="small")
+    for gpu in ("a100-pcie-40gb", "mi210"):   # MI210: FP32 matrix cores, 45.3 vs 22.6 TFLOP/s vector
+        system = replace(get_system("pcie8"), gpu_key=gpu)
+        lay = Layout(dp=2, micro_batch=2, global_batch=4, dtype="fp32")
+        r = predict_parallel(spec, system, lay)
+        achieved = 6.0 * spec.params * lay.batch * spec.seq / (r["iteration_ms"] / 1e3)
+        assert r["mfu"] == pytest.approx(achieved / (get_gpu(gpu).gemm_peak_tflops("fp32") * 1e12 * 2))
+        assert 0 < r["mfu"] < 1

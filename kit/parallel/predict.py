@@ -47,7 +47,7 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     iteration_ms = res.makespan_ms
     tokens = layout.batch * spec.seq
     flops = 6.0 * spec.params * tokens  # model FLOPs per iteration (no recompute), Kaplan et al.
-    peak = sys_.gpu.peak_tflops(layout.dtype if layout.dtype != "fp32" else "fp32") or 0.0
+    peak = sys_.gpu.gemm_peak_tflops(layout.dtype) or 0.0  # MFU is against the matrix peak
     out = {
         "model": spec.to_dict(),
         "system": sys_.key,
