@@ -151,6 +151,18 @@ def test_unreadable_traces_are_kit_errors(tmp_path, content, match):
         load_kineto(p)
 
 
+@pytest.mark.parametrize("name,content,match", [
+    ("rank0.json.gz", b'{"traceEvents": []}', "named .gz but not gzip data"),
+    ("ranks.tar.gz", b"not a tarball", "not a tar archive"),
+    ("ranks.tgz", gzip.compress(b'{"traceEvents": []}'), "not a tar archive"),   # gzip, but no tar inside
+])
+def test_misnamed_archives_say_what_they_are_not(tmp_path, name, content, match):
+    p = tmp_path / name
+    p.write_bytes(content)
+    with pytest.raises(KitError, match=match):
+        load_kineto(p)
+
+
 def test_missing_path_and_empty_folder(tmp_path):
     with pytest.raises(KitError, match="no such file"):
         load_kineto(tmp_path / "nope.json")

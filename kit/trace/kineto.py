@@ -211,6 +211,8 @@ def _load_bytes(raw: bytes, source: str):
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as e:
             raise KitError(f"{source}: corrupt gzip ({e})") from None
+    elif str(source).lower().endswith(".gz"):
+        raise KitError(f"{source}: named .gz but not gzip data")
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -252,6 +254,8 @@ def read_docs(path) -> list[tuple[str, object]]:
                         docs.append((f"{p}:{m.name}", _load_bytes(raw, f"{p}:{m.name}")))
         except (tarfile.TarError, OSError, EOFError) as e:
             raise KitError(f"trace {path}: unreadable tarball ({e})") from None
+    elif p.name.lower().endswith((".tar", ".tar.gz", ".tgz")):
+        raise KitError(f"trace {path}: not a tar archive (named like a tarball of per-rank Kineto files)")
     else:
         docs = [(str(p), _load_bytes(p.read_bytes(), str(p)))]
     return docs
