@@ -116,6 +116,11 @@ def main(argv=None):
     result["coverage_80"] = {g: round(coverage(tile_rows[tile_rows.gpu == g]), 3) for g in HELD_OUT}
     result["coverage_80_by_class"] = {f"{g}/{c}": round(coverage(p), 3)
                                       for (g, c), p in tile_rows.groupby(["gpu", "op_class"])}
+    result["band_ratio_median"] = {g: round(float((p.p90_ms / p.p10_ms).median()), 3)
+                                   for g, p in tile_rows.groupby("gpu")}
+    result["nested_logo_coverage"] = {  # calibration folds, training GPUs only (band settings)
+        c: round(float(np.mean(list(v.values()))), 3)
+        for c, v in bundle.tile.band.get("nested_coverage", {}).items()}
     result["goals"] = goals(rows)
     result["tile_choice_accuracy"] = tile_accuracy(bundle, held)
     from kit.predict.features import op_from_row

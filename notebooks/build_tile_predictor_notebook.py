@@ -119,21 +119,27 @@ tile = get_predictor("tile")
 """),
     md(r"""
 **The band.** Each prediction carries a p10–p90 band. Its half-width, in log latency, adds the
-quantile heads' width $h$, the ensemble members' spread $s$ and a transfer error $\sigma_c$ of
-the op class in quadrature, with the share $w$ of $\sigma_c$ a GPU gets by its distance $d$ to
-the nearest training GPU:
+quantile heads' width $h$, the ensemble members' spread $s$ and a transfer error $\sigma_c(d)$ of
+the op class in quadrature; $\sigma_c$ grows with the GPU's distance $d$ to the nearest training
+GPU, from an in-distribution anchor $\sigma_{c,0}$ to a transfer anchor $\sigma_c$:
 
-$$\text{half-width}^2 = h^2 + (z_{0.9}\,s)^2 + (z_{0.9}\,w\,\sigma_c)^2,\qquad
-w = \min\!\left(1, \frac{d}{d_\text{near}}\right),\qquad z_{0.9} = 1.2816$$
+$$\text{half-width}^2 = h^2 + (z_{0.9}\,s)^2 + (z_{0.9}\,\sigma_c(d))^2,\qquad
+\sigma_c(d) = \sigma_{c,0} + (\sigma_c - \sigma_{c,0})\min\!\left(1, \frac{d}{d_\text{near}}\right),
+\qquad z_{0.9} = 1.2816$$
 
-$\sigma_c$ is split-conformal: each training GPU is left out in turn, and $\sigma_c$ is the
-smallest value whose band holds 80% of the left-out GPU's rows. $d$ is the largest gap, in
-natural-log units, in any GPU feature; $d_\text{near}$ is the closest such transfer among the
-left-out training GPUs. Only training GPUs' rows go into it.
+Both anchors are split-conformal, on training GPUs' rows only, with folds fitted like the shipped
+ensemble (same members, epochs, so the same spread $s$): $\sigma_c$ leaves each training GPU
+out in turn and is the smallest value whose band holds 80% of the left-out GPUs' rows;
+$\sigma_{c,0}$ holds out one in five shapes on every training GPU (0 when the heads alone already
+hold 80% there, `heads_coverage_at_0`). $d$ is the largest gap, in natural-log units, in any GPU
+feature; $d_\text{near}$ is the closest transfer among the left-out training GPUs. The manifest
+also records the nested coverage (`nested_coverage`): each training GPU's rows under the band
+calibrated without it.
 
 **Takeaway:** a GPU next to a training GPU (A100 80GB, $d = \ln(1935/1555) = 0.22$) gets a
 narrower band than one unlike any (L4); with five training GPUs, every left-out one is a hard
-transfer, so the band stays wide on GPUs that transfer easily.
+transfer, so the band stays wide on GPUs that transfer easily, and nested coverage stays under
+80% on the hardest transfers.
 """),
     code("""
 from kit.predict.features import gpu_distance
@@ -141,9 +147,14 @@ band = tile.band
 d80 = gpu_distance("a100-pcie-80gb", band["train_gpus"])
 assert abs(d80 - np.log(1935 / 1555)) < 1e-9  # the bandwidth gap to the A100 40GB
 assert abs(tile.transfer_scale("a100-pcie-80gb") - min(1, d80 / band["near_distance"])) < 1e-12
-assert tile.transfer_scale("a100-pcie-40gb") == 0  # a training GPU: the heads' band alone
+assert tile.transfer_scale("a100-pcie-40gb") == 0  # a training GPU: the in-distribution anchor
+s0 = band.get("sigma_at_0", {}).get("gemm", 0.0)
+assert tile.class_sigma("gemm", "a100-pcie-40gb") == s0
+assert abs(tile.class_sigma("gemm", "l4") - tile.transfer_sigma["gemm"]) < 1e-12  # d > d_near
 {"d_a100_80gb": round(d80, 3), "share_a100_80gb": round(tile.transfer_scale("a100-pcie-80gb"), 3),
- "share_l4": tile.transfer_scale("l4")}
+ "share_l4": tile.transfer_scale("l4"),
+ "nested_coverage": {c: round(float(np.mean(list(v.values()))), 3)
+                     for c, v in band.get("nested_coverage", {}).items()}}
 """),
     code("""
 if HAVE_DATA:

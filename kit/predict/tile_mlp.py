@@ -12,9 +12,11 @@ One model per op class (gemm, elementwise, softmax, layernorm). Each is a small 
 (seeds seed, seed+1, ...) whose members have three heads: the 10th, 50th and 90th percentile
 of log latency, trained with the pinball loss. The band p10–p90 combines, in quadrature, the
 heads' width, the members' disagreement (which grows off the training distribution) and a
-per-class transfer error σ, split-conformal calibrated by leaving each training GPU out in
-turn (kit.predict.training.transfer_sigma): a new GPU is exactly what those held-out GPUs
-were. A GPU nearer a training GPU than any measured transfer gets a share of σ.
+per-class transfer error σ(d) that grows with the GPU's distance d to the nearest training GPU
+(kit.predict.training.transfer_sigma, split-conformal on the training GPUs alone): σ_0 at d = 0,
+measured on shapes held out of every training GPU, and σ from d_near on, measured by leaving
+each training GPU out in turn (a new GPU is exactly what those left-out GPUs were); linear
+in between (sigma_at_distance).
 """
 from __future__ import annotations
 
@@ -158,6 +160,15 @@ def combine(logq: np.ndarray, transfer_sigma: float = 0.0):
     return centre, centre - down, centre + up
 
 
+def sigma_at_distance(sigma_0: float, sigma_far: float, distance: float, near: float) -> float:
+    """The transfer σ at a GPU's distance to the nearest training GPU: σ_0 (the in-distribution
+    anchor) at 0, σ_far (the leave-one-GPU-out anchor) from `near` (the closest left-out
+    transfer) on, linear in between; never below σ_0, never decreasing with distance."""
+    sigma_far = max(sigma_far, sigma_0)
+    share = 1.0 if near <= 0 else min(1.0, max(0.0, distance) / near)
+    return sigma_0 + (sigma_far - sigma_0) * share
+
+
 class TilePredictor:
     """The kit's own predictor: tile choice + per-class utilisation ensembles."""
 
@@ -171,12 +182,20 @@ class TilePredictor:
         self.band = dict(band or {})  # kit.predict.training.transfer_sigma's band settings
 
     def transfer_scale(self, gpu: GPU | str) -> float:
-        """The share of the transfer σ a GPU gets: min(1, d / near_distance), d its distance to
-        the nearest training GPU (0 on a training GPU). 1 for weights without band settings."""
+        """The share of the way from σ_0 to σ a GPU gets: min(1, d / near_distance), d its
+        distance to the nearest training GPU (0 on a training GPU). 1 for weights without band
+        settings."""
         near, gpus = self.band.get("near_distance"), self.band.get("train_gpus")
         if not near or not gpus:
             return 1.0
         return min(1.0, gpu_distance(gpu, gpus) / near)
+
+    def class_sigma(self, op_class: str, gpu: GPU | str) -> float:
+        """The transfer σ of an op class on a GPU: sigma_at_distance between the band's σ_0
+        (sigma_at_0; 0 in weights calibrated before it was measured) and the class's σ."""
+        far = self.transfer_sigma.get(op_class, 0.0)
+        s0 = float(self.band.get("sigma_at_0", {}).get(op_class, 0.0))
+        return sigma_at_distance(s0, far, self.transfer_scale(gpu), 1.0)
 
     @classmethod
     def shipped(cls) -> "TilePredictor":
@@ -229,7 +248,7 @@ class TilePredictor:
         x = feature_matrix(cls, a, gpu, w)
         base = w["base_ms"]
         centre, lo, hi = combine(self.models[cls].log_quantiles(x, np.log(base)),
-                                 self.transfer_sigma.get(cls, 0.0) * self.transfer_scale(gpu))
+                                 self.class_sigma(cls, gpu))
         lat = np.exp(centre)
         return pd.DataFrame({
             "latency_ms": lat, "roofline_ms": w["roofline_ms"], "bound": w["bound"],

@@ -66,14 +66,21 @@ SETTINGS = {"members": 3, "epochs": 16, "hidden": 64, "chooser_epochs": 8, "min_
 QUICK = {"members": 2, "epochs": 2, "hidden": 16, "chooser_epochs": 1, "min_steps": 60}
 
 
+def calibration_settings(settings: dict) -> dict:
+    """The settings of the band's calibration folds (transfer_sigma): the shipped tile-MLP's
+    own, so each fold is the same kind of ensemble, with the same members' spread."""
+    return {**settings}
+
+
 def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads: int = 2,
                  settings: dict | None = None, direct: bool = True, calibrate: bool = False,
                  progress: bool = False, info: dict | None = None):
     """Fit every learned predictor on frame's rows of train_gpus; returns a weights Bundle.
 
-    calibrate: also fit one light tile-MLP per left-out training GPU and calibrate each class's
-    transfer σ on those left-out rows (transfer_sigma: the band's width on GPUs outside the
-    training set); without it the band is the heads' and members' alone."""
+    calibrate: also fit one tile-MLP (the shipped kind, calibration_settings) per left-out
+    training GPU and one on four in five shapes, and calibrate each class's transfer σ(d) on
+    their held-out rows (transfer_sigma: the band's width on GPUs outside the training set);
+    without it the band is the heads' and members' alone."""
     import torch
 
     from kit.predict.linear_li import LiPredictor
@@ -91,10 +98,11 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
     torch.use_deterministic_algorithms(True)
     classes = [c for c in MODELLED if (frame.op_class == c).any()]
     gpus = sorted(frame.gpu.unique())
-    light = {**s, "members": 1, "epochs": max(2, s["epochs"] // 3)}
+    light = calibration_settings(s)
     total = s["chooser_epochs"] + len(classes) * s["members"] * s["epochs"] * (2 if direct else 1)
-    if calibrate and len(gpus) > 1:
-        total += len(gpus) * (light["chooser_epochs"] + len(classes) * light["epochs"])
+    if calibrate and len(gpus) > 1:  # one fold per GPU and the in-distribution one
+        total += (len(gpus) + 1) * (light["chooser_epochs"]
+                                    + len(classes) * light["members"] * light["epochs"])
     bar = _bar(total, progress)
     start = time.perf_counter()
     try:
@@ -127,37 +135,100 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
 def transfer_sigma(frame: pd.DataFrame, *, seed: int, settings: dict, progress=None) -> tuple:
     """Calibrate the band on the training GPUs alone: (σ per class, band settings).
 
-    Each training GPU is left out in turn and a light tile-MLP fitted on the others predicts
-    its training rows. Per class, σ is then the split-conformal choice: the smallest σ whose
-    band (kit.predict.tile_mlp.combine, heads in quadrature with Z80·σ) holds 80% of those
-    left-out rows, every left-out GPU weighted alike. No row of a GPU outside the training set
-    is used.
+    Two anchors of the transfer error σ(d) as a function of d, the distance
+    (kit.predict.features.gpu_distance) from a GPU to the nearest training GPU:
 
-    The band settings say how the predictor scales σ for a GPU: by min(1, d / near_distance),
-    d = kit.predict.features.gpu_distance to the nearest training GPU and near_distance the
-    smallest such distance among the left-out GPUs (the closest transfer that was measured).
-    On a training GPU (d = 0) only the in-distribution heads remain; nearer than any measured
-    transfer the error is taken to shrink linearly towards that."""
+      d = 0         in distribution: one tile-MLP fitted on four in five shapes of every
+                    training GPU (shape_blocks) predicts the fifth; σ_0 per class is the
+                    split-conformal σ of those rows (0 when the heads alone hold 80%)
+      d ≥ d_near    leave one training GPU out: each is left out in turn, a tile-MLP fitted on
+                    the others predicts its rows; σ per class is the split-conformal σ of the
+                    left-out rows, every left-out GPU weighted alike. d_near is the smallest
+                    distance of a left-out GPU to the others (the closest measured transfer).
+
+    Between them σ(d) is linear (tile_mlp.sigma_at_distance). Every fold is fitted with the
+    given settings, the same kind of ensemble the predictor ships (members, epochs), so the
+    members' spread that the band already carries is the one calibrated against. No row of a
+    GPU outside the training set is used.
+
+    The band settings also record, per class, the heads' own in-distribution coverage, each
+    left-out GPU's distance and σ, and the nested leave-one-GPU-out coverage (nested_coverage):
+    each training GPU's rows under the band calibrated without it, with its distance to the
+    others, the honest estimate of the band's coverage on a new GPU."""
     from kit.predict.features import gpu_distance
     from kit.predict.tile_mlp import fit_tile_predictor, training_design
 
     gpus = sorted(frame.gpu.unique())
-    rows: dict[str, list] = {}
+    fit = lambda rows: fit_tile_predictor(  # noqa: E731
+        rows, seed=seed, members=settings["members"], epochs=settings["epochs"],
+        hidden=settings["hidden"], min_steps=settings["min_steps"],
+        chooser_epochs=settings["chooser_epochs"], progress=progress)
+
+    def design(model, held) -> dict:
+        out: dict[str, dict] = {}
+        for gpu in sorted(held.gpu.unique()):
+            for cls, cm in model.models.items():
+                x, lb, ly, _ = training_design(held[held.gpu == gpu], cls, model.chooser)
+                if len(x):
+                    out.setdefault(cls, {})[gpu] = (cm.log_quantiles(x, lb), lb, ly)
+        return out
+
+    logo: dict[str, dict] = {}
     for gpu in gpus:
-        rest = frame[frame.gpu != gpu]
-        model = fit_tile_predictor(rest, seed=seed, members=1, epochs=settings["epochs"],
-                                   hidden=settings["hidden"], min_steps=settings["min_steps"],
-                                   chooser_epochs=settings["chooser_epochs"], progress=progress)
-        held = frame[frame.gpu == gpu]
-        for cls, cm in model.models.items():
-            x, lb, ly, _ = training_design(held, cls, model.chooser)
-            if len(x):
-                rows.setdefault(cls, []).append((cm.log_quantiles(x, lb), lb, ly))
-    sigma = {cls: round(conformal_sigma(parts), 4) for cls, parts in rows.items()}
-    near = min(gpu_distance(g, [o for o in gpus if o != g]) for g in gpus)
-    band = {"method": "split-conformal over leave-one-training-GPU-out residuals, 80% band",
-            "near_distance": round(near, 4), "train_gpus": gpus}
+        for cls, parts in design(fit(frame[frame.gpu != gpu]), frame[frame.gpu == gpu]).items():
+            logo.setdefault(cls, {}).update(parts)
+    block = shape_blocks(frame) == 0
+    inside = design(fit(frame[~block]), frame[block])
+    distance = {g: gpu_distance(g, [o for o in gpus if o != g]) for g in gpus}
+    sigma = {cls: round(conformal_sigma(list(p.values())), 4) for cls, p in logo.items()}
+    sigma_0 = {cls: round(min(conformal_sigma(list(inside[cls].values())), sigma[cls]), 4)
+               for cls in sigma if cls in inside}
+    band = {"method": "σ(d) linear from the in-distribution split-conformal σ_0 (d = 0) to the "
+                      "leave-one-training-GPU-out split-conformal σ (d ≥ near_distance), 80% band",
+            "near_distance": round(min(distance.values()), 4), "train_gpus": gpus,
+            "sigma_at_0": sigma_0,
+            "heads_coverage_at_0": {cls: round(float(np.mean([band_coverage(*p, 0.0).mean()
+                                                              for p in inside[cls].values()])), 3)
+                                    for cls in inside},
+            "in_distribution_split": "1 in 5 shapes held out on every training GPU (shape_blocks)",
+            "fold_settings": {k: settings[k] for k in ("members", "epochs", "hidden")},
+            "logo": {g: {"distance": round(distance[g], 4),
+                         "sigma": {cls: round(conformal_sigma([p[g]]), 4)
+                                   for cls, p in logo.items() if g in p}} for g in gpus},
+            "nested_coverage": nested_coverage(logo, inside)}
     return sigma, band
+
+
+def nested_coverage(logo: dict, inside: dict) -> dict:
+    """Per class and training GPU g: the coverage of g's left-out rows under the band
+    calibrated from the other GPUs' folds alone (σ_0 from their in-distribution rows, σ and
+    near_distance from their left-out rows) at g's distance to them."""
+    from kit.predict.features import gpu_distance
+    from kit.predict.tile_mlp import sigma_at_distance
+
+    out = {}
+    for cls, parts in logo.items():
+        gpus = sorted(parts)
+        if len(gpus) < 3:
+            continue
+        res = {}
+        for g in gpus:
+            rest = [o for o in gpus if o != g]
+            s_far = conformal_sigma([parts[o] for o in rest])
+            s_0 = min(conformal_sigma([inside[cls][o] for o in rest if o in inside.get(cls, {})]),
+                      s_far)
+            near = min(gpu_distance(o, [r for r in rest if r != o]) for o in rest)
+            s = sigma_at_distance(s_0, s_far, gpu_distance(g, rest), near)
+            res[g] = round(float(band_coverage(*parts[g], s).mean()), 3)
+        out[cls] = res
+    return out
+
+
+def shape_blocks(frame: pd.DataFrame, n: int = 5) -> np.ndarray:
+    """Each row's block 0..n-1 by a hash of its shape (SHAPE_KEY without the GPU): a shape
+    falls in the same block on every GPU, so a held-out block holds shapes no GPU trained on."""
+    cols = [c for c in SHAPE_KEY if c != "gpu"]
+    return (pd.util.hash_pandas_object(frame[cols], index=False).to_numpy() % n).astype(int)
 
 
 def band_coverage(logq: np.ndarray, log_base: np.ndarray, log_y: np.ndarray,
@@ -174,6 +245,10 @@ def band_coverage(logq: np.ndarray, log_base: np.ndarray, log_y: np.ndarray,
 def conformal_sigma(parts: list, target: float = 0.8) -> float:
     """The smallest σ ≥ 0 whose band covers `target` of the rows of parts [(logq, log_base,
     log_y) per left-out GPU], each GPU weighted alike (bisection; coverage grows with σ)."""
+    parts = [p for p in parts if len(p[2])]
+    if not parts:
+        return 0.0
+
     def cov(s):
         return float(np.mean([band_coverage(q, lb, ly, s).mean() for q, lb, ly in parts]))
 
