@@ -49,12 +49,21 @@ def op_tiling(op, gpu, predictor: str = "auto"):
     return _tiling_of_row(op, gpu, get_predictor(predictor).predict([op], gpu).iloc[0])
 
 
+def memory_problem(op, gpu) -> str | None:
+    """Why op cannot run on gpu for want of memory (its operands alone exceed it), or None."""
+    gpu = get_gpu(gpu)
+    if op.bytes <= gpu.memory_bytes:
+        return None
+    return (f"{op.op_class} moves {op.bytes / 2**30:.4g} GiB of operands, more than "
+            f"{gpu.key}'s {gpu.memory_gib:g} GiB of memory: no such kernel can run on it")
+
+
 def predict_op(op, gpu, predictor: str = "auto") -> dict:
     """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
     gpu = get_gpu(gpu)
-    if op.bytes > gpu.memory_bytes:  # its operands alone would not fit: no such kernel runs
-        raise KitError(f"{op.op_class} moves {op.bytes / 2**30:.4g} GiB of operands, more than "
-                       f"{gpu.key}'s {gpu.memory_gib:g} GiB of memory: no such kernel can run on it")
+    problem = memory_problem(op, gpu)
+    if problem:
+        raise KitError(problem)
     model = get_predictor(predictor)
     row = model.predict([op], gpu).iloc[0]
     roof = roofline(op, gpu)

@@ -182,4 +182,5 @@ def test_sequence_longer_than_a_learned_position_table_is_one_clear_error():
         zoo.graph_for(small, 1, 33, "inference", disk=False)
     # rotary models have no table: a long sequence is only a bigger graph
     llama = {**zoo.config("llama3-8b"), "num_hidden_layers": 1, "max_position_embeddings": 64}
-    zoo._check_positions(llama, 4096)
+    assert zoo.max_seq(llama) is None
+    zoo.check_seq(llama, 4096)

@@ -5,7 +5,7 @@ import altair as alt
 import ipywidgets as W
 
 from kit import viz
-from kit.api import op_tiling, predict_op
+from kit.api import memory_problem, op_tiling, predict_op
 from kit.hardware import DTYPES, get_gpu, gpu_keys
 from kit.ops import Gemm
 from widgets.base import Panel
@@ -38,20 +38,17 @@ class GemmPanel(Panel):
     def _problem(self) -> str | None:
         """Why this GEMM cannot run on the chosen GPU (no such dtype, operands beyond its
         memory), or None."""
-        gpu = get_gpu(self.gpu.value)
-        if gpu.peak_tflops(self.dtype.value) is None:
+        if get_gpu(self.gpu.value).peak_tflops(self.dtype.value) is None:
             return f"{self.gpu.value} has no {self.dtype.value} support; pick another dtype."
-        if self.op().bytes > gpu.memory_bytes:
-            return (f"the three matrices need {self.op().bytes / 2**30:.4g} GiB, more than "
-                    f"{gpu.key}'s {gpu.memory_gib:g} GiB; pick a smaller shape.")
-        return None
+        problem = memory_problem(self.op(), self.gpu.value)
+        return f"{problem}; pick a smaller shape." if problem else None
 
     def _supported(self) -> bool:
         return self._problem() is None
 
     def make_chart(self):
-        if not self._supported():
-            msg = self._problem()
+        msg = self._problem()
+        if msg:
             return alt.Chart(alt.Data(values=[{"msg": msg}])).mark_text(size=14).encode(text="msg:N")
         op = self.op()
         t = op_tiling(op, self.gpu.value)  # the tile the predictor chose

@@ -9,7 +9,7 @@ import pandas as pd
 
 from kit.api import predict_model
 from kit.hardware import gpu_keys
-from kit.workload.zoo import max_seq, resolve, zoo_names
+from kit.workload.zoo import check_seq, max_seq, resolve, zoo_names
 from widgets.base import Panel
 
 SEQS = (32, 64, 128, 256, 512, 1024, 2048)
@@ -36,10 +36,7 @@ class WholeModelPanel(Panel):
     def __init__(self, model="gpt2", gpu="a100-pcie-40gb", mode="train", batch=1, seq=128,
                  fusion="eager"):
         self._init = dict(model=resolve(model), gpu=gpu, mode=mode, batch=batch, seq=seq, fusion=fusion)
-        if max_seq(self._init["model"]) is not None and seq > max_seq(self._init["model"]):
-            from kit.errors import KitError
-            raise KitError(f"seq {seq} is longer than {self._init['model']}'s "
-                           f"{max_seq(self._init['model'])} learned positions")
+        check_seq(self._init["model"], seq)
         self.result = None
         super().__init__()
 

@@ -66,18 +66,12 @@ SETTINGS = {"members": 3, "epochs": 16, "hidden": 64, "chooser_epochs": 8, "min_
 QUICK = {"members": 2, "epochs": 2, "hidden": 16, "chooser_epochs": 1, "min_steps": 60}
 
 
-def calibration_settings(settings: dict) -> dict:
-    """The settings of the band's calibration folds (transfer_sigma): the shipped tile-MLP's
-    own, so each fold is the same kind of ensemble, with the same members' spread."""
-    return {**settings}
-
-
 def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads: int = 2,
                  settings: dict | None = None, direct: bool = True, calibrate: bool = False,
                  progress: bool = False, info: dict | None = None):
     """Fit every learned predictor on frame's rows of train_gpus; returns a weights Bundle.
 
-    calibrate: also fit one tile-MLP (the shipped kind, calibration_settings) per left-out
+    calibrate: also fit one tile-MLP (the shipped kind: the same settings) per left-out
     training GPU and one on four in five shapes, and calibrate each class's transfer σ(d) on
     their held-out rows (transfer_sigma: the band's width on GPUs outside the training set);
     without it the band is the heads' and members' alone."""
@@ -98,11 +92,9 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
     torch.use_deterministic_algorithms(True)
     classes = [c for c in MODELLED if (frame.op_class == c).any()]
     gpus = sorted(frame.gpu.unique())
-    light = calibration_settings(s)
     total = s["chooser_epochs"] + len(classes) * s["members"] * s["epochs"] * (2 if direct else 1)
     if calibrate and len(gpus) > 1:  # one fold per GPU and the in-distribution one
-        total += (len(gpus) + 1) * (light["chooser_epochs"]
-                                    + len(classes) * light["members"] * light["epochs"])
+        total += (len(gpus) + 1) * (s["chooser_epochs"] + len(classes) * s["members"] * s["epochs"])
     bar = _bar(total, progress)
     start = time.perf_counter()
     try:
@@ -116,7 +108,7 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
                              hidden=s["hidden"], min_steps=s["min_steps"], progress=bar.update)
                if direct else None)
         if calibrate and len(gpus) > 1:
-            tile.transfer_sigma, tile.band = transfer_sigma(frame, seed=seed, settings=light,
+            tile.transfer_sigma, tile.band = transfer_sigma(frame, seed=seed, settings=s,
                                                             progress=bar.update)
     finally:
         bar.close()

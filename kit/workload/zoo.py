@@ -176,7 +176,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     if seq is None:
         seq = default_seq(model) if isinstance(model, str) else 512
     _check_positive(seq=seq)
-    _check_positions(model, seq)
+    check_seq(model, seq)
     key = _key(model, batch, seq, mode, dtype, optimizer)
     if key in _LRU:
         _LRU.move_to_end(key)
@@ -272,24 +272,31 @@ LEARNED_POSITIONS = {"gpt2": "n_positions", "bert": "max_position_embeddings",
                      "opt": "max_position_embeddings"}
 
 
+def _position_table(model) -> tuple[str, str, int] | None:
+    """(model name, config field, rows) of a model's learned position table, or None."""
+    cfg = config(model) if isinstance(model, str) else dict(model)
+    kind = cfg.get("model_type", "gpt2")
+    field = LEARNED_POSITIONS.get(kind)
+    if field is None:
+        return None
+    limit = cfg.get(field, 1024 if kind == "gpt2" else 512 if kind == "bert" else 2048)
+    if not isinstance(limit, int):
+        return None
+    return (resolve(model) if isinstance(model, str) else cfg.get("name", kind)), field, limit
+
+
 def max_seq(model) -> int | None:
     """The longest sequence a model can read: the rows of its learned position table (GPT-2's
     n_positions, BERT's and OPT's max_position_embeddings); None for rotary models (Llama,
     Mixtral) and the others, which have no such table."""
-    cfg = config(model) if isinstance(model, str) else dict(model)
-    kind = cfg.get("model_type", "gpt2")
-    field = LEARNED_POSITIONS.get(kind)
-    limit = cfg.get(field, 1024 if kind == "gpt2" else 512 if kind == "bert" else 2048) if field else None
-    return limit if isinstance(limit, int) else None
+    table = _position_table(model)
+    return table[2] if table else None
 
 
-def _check_positions(model, seq: int) -> None:
+def check_seq(model, seq: int) -> None:
     """KitError when seq exceeds the model's learned position table (max_seq)."""
-    limit = max_seq(model)
-    if limit is not None and seq > limit:
-        cfg = config(model) if isinstance(model, str) else dict(model)
-        kind = cfg.get("model_type", "gpt2")
-        name = resolve(model) if isinstance(model, str) else cfg.get("name", kind)
-        field = LEARNED_POSITIONS[kind]
+    table = _position_table(model)
+    if table and seq > table[2]:
+        name, field, limit = table
         raise KitError(f"seq {seq} is longer than {name}'s {limit} learned positions ({field}); "
                        f"pass --seq {limit} or less, or a config with a larger {field}")
