@@ -125,3 +125,17 @@ def test_predict_model_on_a_module_with_its_own_inputs():
     assert list(it.timeline["aten"]) == ["addmm", "relu"]
     # two tiny kernels, each issued 0.1 ms apart: CPU-bound, ends just after 0.2 ms
     assert 0.2 <= it.total_ms < 0.2 + it.kernel_ms + 1e-9
+
+
+def test_validate_refuses_impossible_latencies_and_says_when_nothing_was_predicted(tmp_path, capsys):
+    t4 = tmp_path / "Tesla_T4"
+    t4.mkdir()
+    for name, e2e in (("gpt2-inf-8-1", -3.0), ("gpt2-inf-8-2", float("nan")), ("gpt2-inf-8-4", 0)):
+        (t4 / f"{name}.json").write_text(json.dumps({"e2e_latency": e2e, "fw_latency": 1.0}))
+    r = _json(capsys, ["validate", "--labels", str(tmp_path)])
+    assert r["configs"] == [] and r["overall"]["mean_ape"] is None
+    assert len(r["skipped"]) == 3
+    assert all("e2e_latency must be a positive number" in s["reason"] for s in r["skipped"])
+    assert main(["validate", "--labels", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no configuration could be predicted (3 skipped" in out

@@ -38,6 +38,8 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             lab = parse_label_name(f.stem, f)
             data = json.loads(f.read_text())
             measured = float(data["e2e_latency"])
+            if not np.isfinite(measured) or measured <= 0:
+                raise ValueError(f"e2e_latency must be a positive number of ms, got {data['e2e_latency']!r}")
         except (KitError, ValueError, KeyError, TypeError) as e:
             skipped.append({"file": str(f), "reason": f"unreadable label: {e}"})
             continue
@@ -114,7 +116,9 @@ def text(r) -> str:
         lines.append(f"  {s['gpu']:<16} {s['mode']:<9} {100 * s['mean_ape']:5.1f}%  (max "
                      f"{100 * s['max_ape']:.1f}%, {s['configs']} configs)")
     o = r["overall"]
-    if o["configs"]:
+    if not o["configs"]:
+        lines.append(f"no configuration could be predicted ({len(r['skipped'])} skipped, listed below)")
+    else:
         lines.append(f"overall: {100 * o['mean_ape']:.1f}% mean APE over {o['configs']} configs")
     for s in r["skipped"]:
         where = s.get("file") or f"{s['gpu']}/{s['model']}-{s['mode']}-{s['seq']}-{s['batch']}{'-' + s['option'] if s.get('option') else ''}"
