@@ -234,15 +234,17 @@ to too fast as the intensity rises. L4 linear, whose shared weights raise the in
 better.
 """),
     code("""
-ridge = {g: get_gpu(g).fp32_tflops * 1e3 / get_gpu(g).mem_bw_gbs
-         for g in [*tile.manifest["train_gpus"], "a100-pcie-80gb", "l4"]}
-train_max = max(ridge[g] for g in tile.manifest["train_gpus"])
+from kit.predict.features import arrays_from_frame, work
+from kit.viz import ridge_frame
+ridge = ridge_frame([*tile.manifest["train_gpus"], "a100-pcie-80gb", "l4"]).set_index("gpu")
+ridge = ridge["ridge_flops_per_byte"].rename("ridge, FLOP/B")
+train_max = ridge[tile.manifest["train_gpus"]].max()
 assert abs(ridge["l4"] - 30.3e3 / 300) < 1e-9 and ridge["l4"] > 3 * train_max
 assert ridge["a100-pcie-80gb"] < train_max  # the other held-out GPU sits inside the training range
 if HAVE_DATA:
     l4 = held[(held.gpu == "l4") & (held.op == "bmm")]
-    intensity = np.array([(o := Gemm(m=int(r.m), n=int(r.n), k=int(r.k), b=int(r.b))).flops / o.bytes
-                          for r in l4.itertuples()])
+    flops, nbytes = work("gemm", arrays_from_frame("gemm", l4))
+    intensity = flops / nbytes
     assert (intensity < ridge["l4"]).mean() > 0.9 and intensity.max() < 1.2 * ridge["l4"]
     print(f"L4 bmm rows: {len(l4)}, intensity {intensity.min():.0f}-{intensity.max():.0f} FLOP/B, "
           f"{(intensity < ridge['l4']).mean():.0%} below the ridge of {ridge['l4']:.0f}")
@@ -251,7 +253,7 @@ if HAVE_DATA:
                            "signed error %": 100 * (t.predicted_ms.to_numpy() / t.measured_ms.to_numpy() - 1)})
     display(signed.groupby("intensity, FLOP/B", observed=True)["signed error %"]
             .agg(["size", "median"]).round(1))
-pd.Series(ridge).round(1).rename("ridge, FLOP/B")
+ridge.round(1)
 """),
 ]
 
