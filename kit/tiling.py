@@ -187,12 +187,41 @@ ELEMENTWISE_THREADS = 128
 ELEMENTWISE_ELEMS_PER_THREAD = 4
 
 
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def row_launch(op_class: str, cols: int, elem_bytes: int = 4) -> tuple[int, int]:
+    """(rows per block, threads per block) PyTorch launches for one softmax or norm over rows of
+    `cols` elements of `elem_bytes` each.
+
+    - softmax, rows up to 1024 columns (and 4 KiB): the persistent warp softmax. 128-thread
+      blocks; a row gets min(32, next_pow2(cols)) lanes, and each warp takes two rows when
+      next_pow2(cols) <= 128 (aten/src/ATen/native/cuda/PersistentSoftmax.cuh);
+    - softmax, longer rows: one row per block of max(32, next_pow2(min(cols / ILP, 1024) / 2))
+      threads, ILP = 16 B / elem_bytes (SoftMax.cu, SoftMax_getBlockSize);
+    - layer norm and RMS norm: one row per 32x4 = 128-thread block (layer_norm_kernel.cu).
+
+    NeuSight's training rows (PyTorch 2.1, fp32) record these launches: every one of them matches
+    (tests/test_tiling.py checks it against the data)."""
+    cols = int(cols)
+    if op_class == "softmax":
+        if cols <= 1024 and cols * elem_bytes <= 4096:
+            p2 = _next_pow2(cols)
+            lanes = min(p2, 32)
+            return (128 // lanes) * (2 if p2 <= 128 else 1), 128
+        ilp = max(1, 16 // elem_bytes)
+        return 1, max(32, _next_pow2(min(cols // ilp, 1024) // 2))
+    if op_class in ("layernorm", "rmsnorm"):
+        return 1, 128
+    raise KitError(f"row_launch: {op_class!r} is not a row op (softmax, layernorm, rmsnorm)")
+
+
 def vector_tiling(op, gpu: GPU | str) -> Tiling:
     """Blocks and waves of an elementwise, dropout, softmax or norm kernel.
 
-    Elementwise: one block of 128 threads covers 512 elements. Row ops (softmax, norms): rows of
-    up to 1024 columns go one warp per row, 4 rows per 128-thread block; longer rows get one block
-    of up to 1024 threads each (as in PyTorch's persistent and block softmax / layer-norm kernels).
+    Elementwise: one block of 128 threads covers 512 elements. Row ops (softmax, norms): the
+    blocks PyTorch launches for them (row_launch).
     """
     gpu = get_gpu(gpu)
     d = dtype_bytes(op.dtype)
@@ -206,10 +235,7 @@ def vector_tiling(op, gpu: GPU | str) -> Tiling:
         name = str(per_block)
         smem = 0
     elif isinstance(op, (Softmax, LayerNorm, RMSNorm)):
-        if op.cols <= 1024:
-            rows_per_block, threads = 4, 128
-        else:
-            rows_per_block, threads = 1, min(1024, 32 * math.ceil(op.cols / (32 * 4)))
+        rows_per_block, threads = row_launch(op.op_class, op.cols, d)
         tiles = math.ceil(op.rows / rows_per_block)
         tile_flops = op.flops / op.rows * rows_per_block
         tile_bytes = op.bytes / op.rows * rows_per_block

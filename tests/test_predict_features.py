@@ -41,7 +41,7 @@ def test_gemm_waves_match_kit_tiling(gpu):
 def test_vector_waves_match_kit_tiling(cls):
     g = get_gpu("v100-pcie-32gb")
     ops = VECTORS[cls]
-    w = waves(cls, arrays_from_ops(cls, ops), g)
+    w = waves(cls, arrays_from_ops(cls, ops), g, launch=True)
     for i, op in enumerate(ops):
         t = vector_tiling(op, g)
         assert (w["tiles"][i], w["waves"][i], w["blocks_per_sm"][i]) == (t.tiles, t.waves,

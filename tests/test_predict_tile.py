@@ -75,6 +75,17 @@ def test_tile_reported_for_gemms_and_dedupe(bundle):
     assert out.latency_ms[2] == out.latency_ms[3]
 
 
+def test_row_ops_report_the_launch_pytorch_makes(bundle):
+    """The features keep their own row blocking; the tiles and waves reported are kit.tiling's."""
+    from kit.tiling import vector_tiling
+
+    ops = [LayerNorm(1000, 512), Softmax(4096, 1000), Softmax(300, 4096), LayerNorm(64, 4096)]
+    out = bundle.tile.predict(ops, "a100-pcie-80gb")
+    for i, op in enumerate(ops):
+        t = vector_tiling(op, "a100-pcie-80gb")
+        assert (out.tiles[i], out.waves[i], out.tile[i]) == (t.tiles, t.waves, t.tile)
+
+
 def test_ops_without_a_model_fall_back_to_the_wave_model(bundle):
     out = bundle.tile.predict([Memcpy(2**20), OPS[0]], "t4")
     assert out.latency_ms[0] == pytest.approx(out.roofline_ms[0])

@@ -1,13 +1,19 @@
 """Tiles, occupancy and waves against hand calculations, and the roofline's bound."""
 import math
+import os
+from pathlib import Path
 
 import pytest
 
+from kit.errors import KitError
 from kit.hardware import get_gpu
 from kit.ops import Elementwise, Gemm, LayerNorm, Softmax
 from kit.predict import RooflinePredictor, WavePredictor, roofline
 from kit.tiling import (SIMT_TILES, TileShape, gemm_tiling, gemm_tiling_for, gemm_tilings,
-                        occupancy, vector_tiling, waves_for)
+                        occupancy, row_launch, vector_tiling, waves_for)
+
+REPO = Path(__file__).resolve().parents[1]
+NEUSIGHT = Path(os.environ.get("KIT_DATA", REPO.parent / "shared" / "data" / "neusight"))
 
 
 def test_waves_staircase():
@@ -93,6 +99,56 @@ def test_row_ops_one_warp_or_one_block_per_row():
     gpu = get_gpu("a10")
     assert vector_tiling(Softmax(rows=1000, cols=512), gpu).tiles == 250  # 4 rows per block
     assert vector_tiling(LayerNorm(rows=1000, cols=4096), gpu).tiles == 1000  # one row per block
+
+
+@pytest.mark.parametrize("op_class, cols, elem_bytes, expected", [
+    # warp softmax: 128 threads; 32 lanes per row (fewer for short rows), 2 rows a warp <= 128
+    ("softmax", 512, 4, (4, 128)), ("softmax", 1024, 4, (4, 128)), ("softmax", 100, 4, (8, 128)),
+    ("softmax", 16, 4, (16, 128)), ("softmax", 1, 4, (256, 128)),
+    # block softmax: next power of two of min(cols / 4, 1024) / 2, at least a warp
+    ("softmax", 1025, 4, (1, 128)), ("softmax", 2048, 4, (1, 256)), ("softmax", 4096, 4, (1, 512)),
+    ("softmax", 100_000, 4, (1, 512)), ("softmax", 2048, 2, (1, 128)),
+    # layer / RMS norm: one row per 32x4 block
+    ("layernorm", 512, 4, (1, 128)), ("layernorm", 16384, 4, (1, 128)), ("rmsnorm", 4096, 2, (1, 128)),
+])
+def test_row_launch_by_hand(op_class, cols, elem_bytes, expected):
+    assert row_launch(op_class, cols, elem_bytes) == expected
+
+
+def test_row_launch_rejects_other_ops():
+    with pytest.raises(KitError, match="not a row op"):
+        row_launch("gemm", 64)
+
+
+def test_vector_tiling_uses_the_launch():
+    gpu = get_gpu("a100-pcie-40gb")
+    t = vector_tiling(LayerNorm(rows=1000, cols=512), gpu)
+    assert (t.tiles, t.threads_per_block, t.tile_dims) == (1000, 128, (1, 512))
+    t = vector_tiling(Softmax(rows=10, cols=4096), gpu)
+    assert (t.tiles, t.threads_per_block) == (10, 512)
+    assert t.blocks_per_sm == gpu.max_threads_per_sm // 512
+
+
+@pytest.mark.skipif(not (NEUSIGHT / "data" / "dataset").is_dir(), reason="NeuSight data absent")
+@pytest.mark.parametrize("split, name", [("train", "softmax"), ("train", "ln"),
+                                         ("test", "softmax"), ("test", "ln")])
+def test_row_launch_matches_the_launches_in_the_data(split, name):
+    """Every measured softmax / layer-norm row records its kernel's block and grid: the launch
+    rule must give that block size, and that grid (PyTorch runs the warp softmax in chunks of
+    2^30 elements; the first chunk's launch is recorded)."""
+    from kit.data import load_measurements
+
+    rows = load_measurements(NEUSIGHT / "data" / "dataset" / split / f"{name}.csv")
+    assert len(rows) > 100
+    wrong = []
+    for r in rows.itertuples():
+        per_block, threads = row_launch(r.op_class, int(r.cols), 4)
+        warp = r.op_class == "softmax" and per_block > 1
+        first = min(int(r.rows), (1 << 30) // int(r.cols)) if warp else r.rows
+        grid = r.grid_x * r.grid_y * r.grid_z
+        if (r.block_x * r.block_y * r.block_z, grid) != (threads, math.ceil(first / per_block)):
+            wrong.append((r.gpu, r.rows, r.cols, r.block_x, r.block_y, grid))
+    assert not wrong, wrong[:5]
 
 
 def test_predictors_dedupe_and_keep_order():

@@ -26,8 +26,10 @@ import pandas as pd
 from kit.hardware import GPU, get_gpu
 from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
 from kit.errors import KitError
+from kit.ops import DTYPE_BYTES
 from kit.predict.features import (CLASSES, arrays_from_frame, arrays_from_ops, feature_matrix,
-                                  feature_names, gpu_distance, lib_tile, op_class_of, waves)
+                                  feature_names, gpu_distance, lib_tile, op_class_of,
+                                  row_launches, waves)
 
 QUANTILES = (0.1, 0.5, 0.9)
 Z80 = 1.2816  # standard normal 90th percentile: ±Z80·σ spans 80%
@@ -244,24 +246,25 @@ class TilePredictor:
             a.update(tile)
         w = waves(cls, a, gpu, dtype)
         if names is None:
-            names = tile_names(cls, a)
+            names = tile_names(cls, a, dtype)
         x = feature_matrix(cls, a, gpu, w)
         base = w["base_ms"]
         centre, lo, hi = combine(self.models[cls].log_quantiles(x, np.log(base)),
                                  self.class_sigma(cls, gpu))
         lat = np.exp(centre)
+        shown = w if cls in ("gemm", "elementwise") else waves(cls, a, gpu, dtype, launch=True)
         return pd.DataFrame({
             "latency_ms": lat, "roofline_ms": w["roofline_ms"], "bound": w["bound"],
-            "tile": names, "tiles": w["tiles"].astype(int), "waves": w["waves"].astype(int),
+            "tile": names, "tiles": shown["tiles"].astype(int), "waves": shown["waves"].astype(int),
             "utilisation": base / lat, "latency_p10_ms": np.minimum(np.maximum(np.exp(lo), base), lat),
             "latency_p90_ms": np.maximum(np.exp(hi), lat)}, columns=COLUMNS)
 
 
-def tile_names(cls: str, a: dict) -> list[str]:
+def tile_names(cls: str, a: dict, dtype: str = "fp32") -> list[str]:
     """kit.tiling's tile names of vector ops: "512" elements, or rows-per-block x cols."""
     if cls == "elementwise":
         return ["512"] * len(a["numel"])
-    rpb = np.where(a["cols"] <= 1024, 4, 1)
+    rpb = row_launches(cls, a["cols"], DTYPE_BYTES[dtype])[0].astype(int)
     return [f"{r}x{int(c)}" for r, c in zip(rpb, a["cols"])]
 
 
