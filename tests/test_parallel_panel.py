@@ -18,6 +18,9 @@ def test_panel_redraws_when_the_layout_changes():
     p.pp.value = 1
     assert len({r["rank"] for r in p.chart_data()}) == 1
     assert "iteration" in p.summary.value
+    lo, hi = p._result["band_ms"]
+    assert lo < p._result["iteration_ms"] < hi
+    assert f"p10–p90 {lo:.1f}–{hi:.1f}" in p.summary.value
 
 
 def test_impossible_layout_shows_a_message():

@@ -108,7 +108,9 @@ class TimelinePanel(Panel):
             return f"cannot run this layout: {self._error}"
         b = r["breakdown"]
         parts = ", ".join(f"{k} {b[k]:.1f} ms" for k in ("compute", "communication", "cpu") if b[k] > 0)
-        return (f"{r['layout']['world_size']} GPUs · iteration {r['iteration_ms']:.1f} ms · "
+        lo, hi = r["band_ms"]
+        band = f" (p10–p90 {lo:.1f}–{hi:.1f})" if hi > lo else ""
+        return (f"{r['layout']['world_size']} GPUs · iteration {r['iteration_ms']:.1f} ms{band} · "
                 f"critical path: {parts} · stage 0 waits {r['rank_breakdown']['wait']:.1f} ms "
                 f"(ideal bubble {100 * r['ideal_bubble_fraction']:.0f}%) · peak memory "
                 f"{max(s['total_gib'] for s in r['memory_per_rank']):.1f} GiB/rank")

@@ -64,10 +64,12 @@ def text(r) -> str:
         from kit.cli.cmd_predict_parallel import text_parallel
 
         return text_parallel(r)
-    band = r["band_ms"]
+    from kit.cli.cmd_predict_parallel import band_text
+
+    band = band_text(r["band_ms"])
     lines = [f"{r['model']} {r['mode']} on {r['gpu']}: batch {r.get('batch')}, seq {r.get('seq')}, "
              f"{r.get('dtype')}, {r['fusion']}, predictor {r['predictor']}",
-             f"  total     {r['total_ms']:.2f} ms   (band {band[0]:.2f}-{band[1]:.2f} ms)",
+             f"  total     {r['total_ms']:.2f} ms" + (f"  {band.strip()}" if band else ""),
              "  phases    " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["phases_ms"].items()),
              f"  kernels   {r['kernels']} launches, {r['kernel_ms']:.2f} ms of GPU work; CPU issue "
              f"{r['cpu_ms']:.2f} ms; GPU idle {max(r['gpu_idle_ms'], 0):.2f} ms",

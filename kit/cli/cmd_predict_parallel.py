@@ -58,6 +58,11 @@ def run_parallel(args) -> dict:
     return out
 
 
+def band_text(band) -> str:
+    """" (band lo-hi ms)", or nothing for a predictor without a band (lo == hi)."""
+    return f" (band {band[0]:.2f}-{band[1]:.2f} ms)" if band[1] > band[0] else ""
+
+
 def text_parallel(r) -> str:
     lay, m = r["layout"], r["model"]
     b = r["breakdown"]
@@ -65,8 +70,8 @@ def text_parallel(r) -> str:
              f"{lay['tp']} x pp {lay['pp']}" + (f" x ep {lay['ep']}" if lay["ep"] > 1 else "")
              + f" = {lay['world_size']} GPUs, {lay['schedule']}, micro-batch {lay['micro_batch']}, "
              f"global batch {lay['global_batch']} ({lay['micro_batches']} micro-batches), {lay['dtype']}",
-             f"  iteration {r['iteration_ms']:.2f} ms" + (f", {r['tokens_per_s']:.0f} tokens/s" if
-                                                         r["tokens_per_s"] else "")
+             f"  iteration {r['iteration_ms']:.2f} ms" + band_text(r["band_ms"])
+             + (f", {r['tokens_per_s']:.0f} tokens/s" if r["tokens_per_s"] else "")
              + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else ""),
              "  critical path: " + ", ".join(f"{k} {b[k]:.2f} ms" for k in
                                              ("compute", "communication", "cpu", "wait") if b[k] > 0),

@@ -84,15 +84,18 @@ def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=No
 
 
 def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
-                    host: HostModel | None = None, calibration=None, source=None):
+                    host: HostModel | None = None, calibration=None, source=None,
+                    quantile: str = "mid"):
     """(ExecGraph, chunk costs, Coster) for one iteration. source: the per-rank kernels (None:
-    the analytic GPT layer; a kit.parallel.opgraph.GraphSource: a captured, TP-sharded graph)."""
+    the analytic GPT layer; a kit.parallel.opgraph.GraphSource: a captured, TP-sharded graph).
+    quantile: every kernel at its predicted latency ("mid") or at one end of its band
+    ("p10", "p90"; kit.parallel.costs.Coster)."""
     host = host or HostModel()
     lay = layout
     lay.check_system(system)
     if predictor == "auto" and host.predictor:
         predictor = host.predictor
-    coster = Coster(lay, system, predictor, calibration, host)
+    coster = Coster(lay, system, predictor, calibration, host, quantile)
     costs: list[ChunkCost] = chunk_costs(spec, lay, coster, source)
     pp, v, m = lay.pp, lay.virtual_stages, lay.micro_batches
     n_virtual = pp * v

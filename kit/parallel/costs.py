@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from kit.errors import KitError
+
 from kit.parallel.gpt import (Block, GPTSpec, backward_of, embedding_forward, head_backward, head_forward,
                              layer_forward)
 from kit.parallel.layout import Layout
@@ -18,6 +22,11 @@ ATTENTION_CORE = ("attention", "softmax", "dropout")
 # across calls so sweeps over layouts pay for each distinct shape once
 _OP_CACHE: dict = {}
 _COMM_CACHE: dict = {}
+
+
+def _or(band, mid):
+    """A band end where the predictor gave one, else the latency itself."""
+    return np.where(np.isfinite(band), band, mid).tolist()
 
 
 @dataclass
@@ -69,12 +78,23 @@ def _recompute_blocks(fwd: list[Block], how: str) -> list[Block]:
     return []
 
 
-class Coster:
-    """Predicts blocks on a GPU and collectives on a system, caching both."""
+QUANTILES = {"mid": 0, "p10": 1, "p90": 2}  # which of a kernel's predictions op_ms returns
 
-    def __init__(self, layout: Layout, system, predictor="auto", calibration=None, host=None):
+
+class Coster:
+    """Predicts blocks on a GPU and collectives on a system, caching both.
+
+    quantile: which kernel time op_ms gives, the predictor's latency ("mid") or either end of
+    its p10-p90 band ("p10", "p90"; the latency itself for predictors without a band).
+    Collectives have no band: they keep their point prediction."""
+
+    def __init__(self, layout: Layout, system, predictor="auto", calibration=None, host=None,
+                 quantile: str = "mid"):
         from kit.predict import get_predictor
 
+        if quantile not in QUANTILES:
+            raise KitError(f"unknown quantile {quantile!r}; one of {', '.join(QUANTILES)}")
+        self.quantile = QUANTILES[quantile]
         self.layout, self.system = layout, system
         self.gpu = system.gpu
         self.predictor = get_predictor(predictor) if isinstance(predictor, str) else predictor
@@ -94,10 +114,14 @@ class Coster:
         new = [op for op in dict.fromkeys(ops) if op not in self._op_ms]
         if new:
             frame = self.predictor.predict(new, self.gpu)
-            self._op_ms.update(zip(new, frame.latency_ms.astype(float)))
+            mid = frame.latency_ms.to_numpy(float)
+            lo = frame.latency_p10_ms.to_numpy(float) if "latency_p10_ms" in frame else mid
+            hi = frame.latency_p90_ms.to_numpy(float) if "latency_p90_ms" in frame else mid
+            self._op_ms.update(zip(new, zip(mid, _or(lo, mid), _or(hi, mid))))
 
     def op_ms(self, op) -> float:
-        return self._op_ms[op] * (self.gemm_scale if op.op_class == "gemm" else self.other_scale)
+        return (self._op_ms[op][self.quantile]
+                * (self.gemm_scale if op.op_class == "gemm" else self.other_scale))
 
     def comm_ms(self, kind: str, nbytes: float, ranks) -> float:
         if len(ranks) < 2 or nbytes <= 0:

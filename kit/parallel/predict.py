@@ -15,7 +15,8 @@ from kit.sim import simulate
 def predict_parallel(model, system, layout: Layout, nodes: int | None = None, predictor="auto",
                      host: HostModel | None = None, calibration=None, keep=False,
                      graph="auto") -> dict:
-    """Iteration time, critical-path breakdown and memory per rank.
+    """Iteration time with its p10-p90 band (band_ms: the kernels' bands; collectives at their
+    point prediction), critical-path breakdown and memory per rank.
 
     model: a GPTSpec, an inline shape ("gpt:layers=..,hidden=..,heads=..") or a GPT-style zoo
     name; system: a System or preset name (nodes: that many nodes of it); keep=True adds the
@@ -43,6 +44,10 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         source = graph_source(spec, spec.zoo, layout)
     g, costs, coster = build_iteration(spec, layout, sys_, predictor, host, calibration, source)
     res = simulate(g)
+    # the band: the same iteration with every kernel at the p10 (p90) end of its band, errors
+    # taken as fully correlated as in kit.workload.iteration; collectives stay at their point
+    band = [simulate(build_iteration(spec, layout, sys_, coster.predictor, host, calibration,
+                                     source, quantile=q)[0]).makespan_ms for q in ("p10", "p90")]
     slow = res.slowest_rank()
     iteration_ms = res.makespan_ms
     tokens = layout.batch * spec.seq
@@ -54,6 +59,7 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         "gpu": sys_.gpu_key,
         "layout": layout.to_dict(),
         "iteration_ms": iteration_ms,
+        "band_ms": [min(band[0], iteration_ms), max(band[1], iteration_ms)],
         "tokens_per_s": tokens / (iteration_ms / 1e3) if iteration_ms > 0 else None,
         "mfu": flops / (iteration_ms / 1e3) / (peak * 1e12 * layout.world_size)
         if iteration_ms > 0 and peak else None,
