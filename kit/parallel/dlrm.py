@@ -81,6 +81,27 @@ def greedy_placement(tables, world: int) -> list[int]:
     return where
 
 
+def _rank(g: ExecGraph, r: int, run, cost: dict, local_r: list, emb_f_r: float, emb_b_r: float,
+          a2a_ms: float, ar_ms: float) -> None:
+    """One rank's DLRM iteration: MLPs on the compute stream, lookups, two all-to-alls and the
+    MLP gradient all-reduce."""
+    g.add_rank(r)
+    bot = run(r, "bottom mlp", cost["bottom"])
+    emb = run(r, "embedding lookup", (emb_f_r, 1)) if local_r else None
+    a2a = run(r, "all-to-all pooled embeddings", (a2a_ms, 1), deps=(emb,) if local_r else (),
+              stream="comm", kind="comm", group="a2a fwd")
+    run(r, "interaction", cost["interaction"], deps=(a2a, bot))
+    run(r, "top mlp", cost["top"])
+    topb = run(r, "top mlp bwd", cost["top bwd"])
+    ib = run(r, "interaction bwd", cost["interaction bwd"])
+    a2ab = run(r, "all-to-all embedding grads", (a2a_ms, 1), deps=(ib,), stream="comm",
+               kind="comm", group="a2a bwd")
+    embb = run(r, "embedding bwd + update", (emb_b_r, 1), deps=(a2ab,)) if local_r else a2ab
+    botb = run(r, "bottom mlp bwd", cost["bottom bwd"])
+    ar = run(r, "all-reduce MLP grads", (ar_ms, 1), deps=(botb, topb), stream="comm", kind="comm")
+    g.sync(r, [ar, embb, g.tail(r, "compute")], 0.0, "end of iteration")
+
+
 def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="auto",
                  launch_us: float = 10.0, optimizer: str = "rowwise_adagrad",
                  distribution=None, keep: bool = False) -> dict:
@@ -107,8 +128,12 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
     groups = {"bottom": bot_f, "bottom bwd": bot_b, "top": top_f, "top bwd": top_b,
               "interaction": inter_f, "interaction bwd": inter_b}
     allops = [op for v in groups.values() for op in v]
-    ms = dict(zip(allops, pred.predict(allops, gpu).latency_ms.astype(float)))
-    cost = {k: (sum(ms[o] for o in v), len(v)) for k, v in groups.items()}
+    frame = pred.predict(allops, gpu)
+    # the MLPs' kernels at their latency and at either end of their band (p10, p90; the latency
+    # for a predictor without one); lookups and collectives keep their point prediction
+    bands = {q: dict(zip(allops, frame[col].astype(float) if col in frame else frame.latency_ms))
+             for q, col in (("mid", "latency_ms"), ("p10", "latency_p10_ms"),
+                            ("p90", "latency_p90_ms"))}
     local = [[spec.tables[i] for i in range(len(spec.tables)) if placement[i] == r] for r in range(W)]
     emb_f = [lookup_cost(tb, batch * W, gpu, distribution).time_ms if tb else 0.0 for tb in local]
     emb_b = [lookup_cost(tb, batch * W, gpu, distribution, backward=True, optimizer=optimizer).time_ms
@@ -118,36 +143,29 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
     a2a_ms = predict_alltoallv(send, sys_).time_ms if W > 1 else 0.0
     ar_ms = predict_collective("allreduce", spec.mlp_params() * b, sys_).time_ms if W > 1 else 0.0
     lu = launch_us / 1e3
-    g = ExecGraph("dlrm")
 
-    def run(r, name, ms_k, deps=(), stream="compute", kind="compute", group=None):
-        k = max(ms_k[1], 1)
-        return g.gpu(r, stream, ms_k[0], name, kind=kind, launch_ms=k * lu, deps=deps, group=group)
+    def iteration(ms) -> ExecGraph:
+        cost = {k: (sum(ms[o] for o in v), len(v)) for k, v in groups.items()}
+        g = ExecGraph("dlrm")
 
-    for r in range(W):
-        g.add_rank(r)
-        bot = run(r, "bottom mlp", cost["bottom"])
-        emb = run(r, "embedding lookup", (emb_f[r], 1)) if local[r] else None
-        a2a = run(r, "all-to-all pooled embeddings", (a2a_ms, 1), deps=(emb,) if local[r] else (),
-                  stream="comm",
-                  kind="comm", group="a2a fwd")
-        run(r, "interaction", cost["interaction"], deps=(a2a, bot))
-        run(r, "top mlp", cost["top"])
-        topb = run(r, "top mlp bwd", cost["top bwd"])
-        ib = run(r, "interaction bwd", cost["interaction bwd"])
-        a2ab = run(r, "all-to-all embedding grads", (a2a_ms, 1), deps=(ib,), stream="comm",
-                   kind="comm", group="a2a bwd")
-        embb = run(r, "embedding bwd + update", (emb_b[r], 1), deps=(a2ab,)) if local[r] else a2ab
-        botb = run(r, "bottom mlp bwd", cost["bottom bwd"])
-        ar = run(r, "all-reduce MLP grads", (ar_ms, 1), deps=(botb, topb), stream="comm", kind="comm")
-        g.sync(r, [ar, embb, g.tail(r, "compute")], 0.0, "end of iteration")
-    res = simulate(g)
+        def run(r, name, ms_k, deps=(), stream="compute", kind="compute", group=None):
+            k = max(ms_k[1], 1)
+            return g.gpu(r, stream, ms_k[0], name, kind=kind, launch_ms=k * lu, deps=deps,
+                         group=group)
+
+        for r in range(W):
+            _rank(g, r, run, cost, local[r], emb_f[r], emb_b[r], a2a_ms, ar_ms)
+        return g
+
+    res = simulate(iteration(bands["mid"]))
+    band = [simulate(iteration(bands[q])).makespan_ms for q in ("p10", "p90")]
     slow = res.slowest_rank()
     emb_bytes = [sum(x.rows * x.dim * ops.dtype_bytes(x.dtype) for x in tb) for tb in local]
     opt_bytes = [sum(x.rows * 4 for x in tb) if optimizer == "rowwise_adagrad" else 0 for tb in local]
     mlp = spec.mlp_params() * b
     out = {"model": "dlrm", "system": sys_.key, "world_size": W, "batch_per_rank": batch,
            "iteration_ms": res.makespan_ms,
+           "band_ms": [min(band[0], res.makespan_ms), max(band[1], res.makespan_ms)],
            "ranks": [{"rank": r, "ms": res.rank_end_ms(r), "tables": len(local[r]),
                       "embedding_fwd_ms": emb_f[r], "embedding_bwd_ms": emb_b[r],
                       "wait_ms": res.breakdown(r)["wait"]} for r in range(W)],
