@@ -5,7 +5,8 @@
 Accuracy: mean APE for training and inference on the tile predictor's training GPUs (TRAIN_GPUS
 below: P4, P100, T4, V100-PCIe-32GB, A100-PCIe-40GB) and on the labelled GPUs outside them (unseen:
 the issue's goal), the worst configuration of each, every GPT-3 configuration, and the per-GPU
-summary over all labelled GPUs the catalog knows.
+summary over all labelled GPUs the catalog knows; with each, the share of measured steps inside
+their predicted p10-p90 band (band_coverage).
 Speed: `kit predict` for one configuration in fresh processes (capturing; capture cached on disk
 but the GPU not yet predicted; capture and prediction cached) with wall and CPU seconds and the
 slowest imports, then warm calls in one process, on the cores this machine has.
@@ -49,6 +50,10 @@ def accuracy(labels: Path, predictor: str) -> dict:
         apes = [c["ape"] for c in unseen if c["mode"] == mode]
         out[f"unseen_{mode}_mean_ape"] = _mean(apes)
         out[f"unseen_{mode}_configs"] = len(apes)
+        # the whole-model p10-p90 band (the kernels' bands, errors fully correlated): the share
+        # of measured steps inside it (the tile predictor's band aims at 80% per kernel)
+        out[f"unseen_{mode}_band_coverage"] = _mean([float(c["in_band"]) for c in unseen
+                                                     if c["mode"] == mode])
     out["unseen_max_ape"] = max((c["ape"] for c in unseen), default=None)
     out["unseen_over_15pct"] = sum(1 for c in unseen if c["ape"] > 0.15)
     out["unseen_worst"] = max(unseen, key=lambda c: c["ape"], default=None)
@@ -64,7 +69,8 @@ def accuracy(labels: Path, predictor: str) -> dict:
     out["train_gpus_configs"] = [{k: c[k] for k in ("gpu", "model", "mode", "seq", "batch", "option",
                                                "measured_ms", "predicted_ms", "ape")} for c in train_gpus]
     out["unseen_configs_list"] = [{k: c.get(k) for k in ("gpu", "model", "mode", "seq", "batch", "option",
-                                                     "measured_ms", "predicted_ms", "ape")} for c in unseen]
+                                                     "measured_ms", "predicted_ms", "ape", "band_ms",
+                                                     "in_band")} for c in unseen]
     return out
 
 

@@ -107,9 +107,30 @@ def test_validate_labels(tmp_path, capsys):
     assert "4 x t4" in skipped[("gpt2", "tp4", "t4")]  # no 4-GPU T4 system to run tp4 on
     assert "not in the zoo" in skipped[("resnet", "", "t4")]
     assert "not in the catalog" in skipped[("gpt2", "", "Unknown_GPU")]
+    it = predict_model("gpt2", "t4", "inference", 1, 8)
+    assert c["band_ms"] == pytest.approx([it.total_p10_ms, it.total_p90_ms])
+    assert c["in_band"] == (c["band_ms"][0] <= 4.0 <= c["band_ms"][1])
     assert r["summary"] == [{"gpu": "t4", "mode": "inference", "configs": 1, "mean_ape": c["ape"],
-                             "max_ape": c["ape"]}]
+                             "max_ape": c["ape"], "band_coverage": float(c["in_band"])}]
     assert main(["validate", "--labels", str(tmp_path / "nope")]) == 2
+
+
+def test_validate_band_coverage_counts_the_labels_inside(tmp_path, capsys):
+    """Two labels of one configuration: one at the predicted step (inside its band), one ten
+    times slower (outside): half the measurements lie in the band."""
+    from kit.api import predict_model
+
+    it = predict_model("gpt2", "t4", "inference", 1, 8)
+    assert it.total_p10_ms <= it.total_ms <= it.total_p90_ms < 10 * it.total_ms
+    for gpu in ("Tesla_T4", "T4"):  # two folders the catalog maps to the same GPU
+        (tmp_path / gpu).mkdir()
+    (tmp_path / "Tesla_T4" / "gpt2-inf-8-1.json").write_text(json.dumps({"e2e_latency": it.total_ms}))
+    (tmp_path / "T4" / "gpt2-inf-8-1.json").write_text(json.dumps({"e2e_latency": 10 * it.total_ms}))
+    r = _json(capsys, ["validate", "--labels", str(tmp_path)])
+    assert sorted(c["in_band"] for c in r["configs"]) == [False, True]
+    assert r["overall"]["band_coverage"] == 0.5
+    assert main(["validate", "--labels", str(tmp_path)]) == 0
+    assert "50% of the measurements in their p10-p90 band" in capsys.readouterr().out
 
 
 def test_predict_model_on_a_module_with_its_own_inputs():

@@ -5,6 +5,8 @@ DIR holds NeuSight's label layout, <GPU>/<model>-<train|inf>-<seq>-<batch>[-opti
 FP32, training = forward + backward with no optimizer step, inference = one forward pass,
 "-fusion" = torch.compile (the kit's compiled fusion). Configurations that cannot be predicted
 (GPU not in the catalog, model not in the zoo, multi-GPU options) are listed with the reason.
+Each prediction carries its p10-p90 band (band_ms) and whether the label lies in it (in_band);
+the summaries give that share as band_coverage.
 """
 from pathlib import Path
 
@@ -71,6 +73,7 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
                 continue
             pred = multi["predicted_ms"]
             row.update(predicted_ms=pred, ape=abs(pred - measured) / measured,
+                       **_band(multi["band_ms"], measured),
                        predictor=multi["predictor"], system=multi["system"])
             configs.append(row)
             continue
@@ -80,7 +83,8 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         graph = graph_of(model, lab["batch"], lab["seq"], row["mode"], "fp32", None)
         it = iteration(graph, gpu, predictor=predictor, fusion="compiled" if option == "fusion" else "eager")
         pred = it.total_ms
-        row.update(predicted_ms=pred, ape=abs(pred - measured) / measured, predictor=it.predictor)
+        row.update(predicted_ms=pred, ape=abs(pred - measured) / measured,
+                   **_band([it.total_p10_ms, it.total_p90_ms], measured), predictor=it.predictor)
         if row["mode"] == "train" and data.get("fw_latency"):
             row.update(measured_fwd_ms=float(data["fw_latency"]), predicted_fwd_ms=it.phases_ms.get("fwd"),
                        measured_bwd_ms=float(data.get("bwall_latency", 0.0)),
@@ -89,14 +93,26 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
     summary = []
     groups: dict = {}
     for c in configs:
-        groups.setdefault((c["gpu"], c["mode"]), []).append(c["ape"])
-    for (gpu, mode), apes in sorted(groups.items()):
-        summary.append({"gpu": gpu, "mode": mode, "configs": len(apes), "mean_ape": float(np.mean(apes)),
-                        "max_ape": float(np.max(apes))})
-    all_apes = [c["ape"] for c in configs]
+        groups.setdefault((c["gpu"], c["mode"]), []).append(c)
+    for (gpu, mode), group in sorted(groups.items()):
+        summary.append({"gpu": gpu, "mode": mode, "configs": len(group), **_scores(group)})
     return {"configs": configs, "summary": summary, "skipped": skipped,
-            "overall": {"configs": len(all_apes), "mean_ape": float(np.mean(all_apes)) if all_apes else None,
-                        "max_ape": float(np.max(all_apes)) if all_apes else None}}
+            "overall": {"configs": len(configs), **_scores(configs)}}
+
+
+def _band(band, measured: float) -> dict:
+    """The prediction's p10-p90 band and whether the measurement lies in it."""
+    lo, hi = float(band[0]), float(band[1])
+    return {"band_ms": [lo, hi], "in_band": bool(lo <= measured <= hi)}
+
+
+def _scores(configs: list) -> dict:
+    """Mean and max APE, and the share of measurements inside their band (None when empty)."""
+    if not configs:
+        return {"mean_ape": None, "max_ape": None, "band_coverage": None}
+    apes = [c["ape"] for c in configs]
+    return {"mean_ape": sum(apes) / len(apes), "max_ape": max(apes),
+            "band_coverage": sum(c["in_band"] for c in configs) / len(configs)}
 
 
 def run(args):
@@ -106,20 +122,24 @@ def run(args):
 
 def text(r) -> str:
     lines = [f"{'gpu':<16} {'model':<11} {'mode':<9} {'seq':>5} {'batch':>5} {'option':<7} "
-             f"{'measured':>10} {'predicted':>10} {'APE':>7}"]
+             f"{'measured':>10} {'predicted':>10} {'APE':>7}  in p10-p90 band"]
     for c in r["configs"]:
+        lo, hi = c["band_ms"]
         lines.append(f"{c['gpu']:<16} {c['model']:<11} {c['mode']:<9} {c['seq']:>5} {c['batch']:>5} "
                      f"{c['option'] or '-':<7} {c['measured_ms']:>8.2f}ms {c['predicted_ms']:>8.2f}ms "
-                     f"{100 * c['ape']:>6.1f}%")
+                     f"{100 * c['ape']:>6.1f}%  {'yes' if c['in_band'] else 'no ':<3} "
+                     f"({lo:.2f}-{hi:.2f} ms)")
     lines.append("mean APE per GPU and mode:")
     for s in r["summary"]:
         lines.append(f"  {s['gpu']:<16} {s['mode']:<9} {100 * s['mean_ape']:5.1f}%  (max "
-                     f"{100 * s['max_ape']:.1f}%, {s['configs']} configs)")
+                     f"{100 * s['max_ape']:.1f}%, {s['configs']} configs, "
+                     f"{100 * s['band_coverage']:.0f}% in band)")
     o = r["overall"]
     if not o["configs"]:
         lines.append(f"no configuration could be predicted ({len(r['skipped'])} skipped, listed below)")
     else:
-        lines.append(f"overall: {100 * o['mean_ape']:.1f}% mean APE over {o['configs']} configs")
+        lines.append(f"overall: {100 * o['mean_ape']:.1f}% mean APE over {o['configs']} configs, "
+                     f"{100 * o['band_coverage']:.0f}% of the measurements in their p10-p90 band")
     for s in r["skipped"]:
         where = s.get("file") or f"{s['gpu']}/{s['model']}-{s['mode']}-{s['seq']}-{s['batch']}{'-' + s['option'] if s.get('option') else ''}"
         lines.append(f"skipped {where}: {s['reason']}")

@@ -48,7 +48,7 @@ def node_system(gpu_key: str, n: int):
 
 def predict_label(model: str, seq: int, batch: int, option: str, gpu_key: str,
                   predictor: str = "auto") -> dict:
-    """{predicted_ms, system, layout} for one multi-GPU label."""
+    """{predicted_ms, band_ms, system, layout, breakdown, predictor} for one multi-GPU label."""
     from kit.parallel.predict import predict_parallel
 
     spec = parse_model(model, seq=seq)
@@ -57,5 +57,6 @@ def predict_label(model: str, seq: int, batch: int, option: str, gpu_key: str,
     system = node_system(gpu_key, lay.world_size)
     # the analytic layer these labels were validated with (the captured HF graph is the option)
     r = predict_parallel(spec, system, lay, predictor=predictor, graph=False)
-    return {"predicted_ms": r["iteration_ms"], "system": system.key, "layout": r["layout"],
+    return {"predicted_ms": r["iteration_ms"], "band_ms": r["band_ms"], "system": system.key,
+            "layout": r["layout"],
             "breakdown": r["breakdown"], "predictor": r["predictor"]}
