@@ -131,3 +131,49 @@ def test_many_ranks_and_ops_stay_fast():
     assert time.perf_counter() - t < 2.0
     assert g.world_size == 1024
     assert res.makespan_ms == pytest.approx(1000 * 0.1)  # the all-reduces hide under compute
+
+
+def _random_graph(seed: int) -> ExecGraph:
+    """Four ranks, two streams and a host thread each, with events, host syncs and collectives
+    issued in the same order on every rank."""
+    import random
+
+    rnd = random.Random(seed)
+    g = ExecGraph("random")
+    for step in range(30):
+        kind = rnd.choice(["kernel", "kernel", "comm", "sync", "collective"])
+        for r in range(4):
+            ms = rnd.uniform(0.0, 2.0)
+            if kind == "kernel":
+                g.gpu(r, "compute", ms, "k", launch_ms=rnd.uniform(0.0, 0.3))
+            elif kind == "comm":
+                tail = g.tail(r, "compute")
+                g.gpu(r, "comm", ms, "c", kind="comm", deps=(tail,) if tail >= 0 else ())
+            elif kind == "sync":
+                g.sync(r, [g.tail(r, "comm"), g.tail(r, "compute")], rnd.uniform(0, 0.1))
+            else:
+                g.collective(r, "comm", ms, "ar", group=("ar", step), launch_ms=0.01)
+    return g
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_retimed_makespan_equals_a_new_simulation(seed):
+    import random
+
+    g = _random_graph(seed)
+    res = simulate(g)
+    rnd = random.Random(100 + seed)
+    for _ in range(3):
+        other = [d * rnd.uniform(0.2, 3.0) for d in g.dur_ms]
+        again = g.copy()
+        again.dur_ms = other
+        assert res.retimed_makespan_ms(other) == pytest.approx(simulate(again).makespan_ms, rel=1e-12)
+    assert res.retimed_makespan_ms(g.dur_ms) == pytest.approx(res.makespan_ms, rel=1e-12)
+
+
+def test_retime_refuses_wrong_durations():
+    res = simulate(_random_graph(0))
+    with pytest.raises(KitError, match="durations for a graph"):
+        res.retimed_makespan_ms([1.0])
+    with pytest.raises(KitError, match=">= 0"):
+        res.retimed_makespan_ms([-1.0] * len(res.graph))

@@ -83,13 +83,37 @@ def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=No
     return head, tail
 
 
+class DurationsOnly(ExecGraph):
+    """An ExecGraph that records only each op's duration (and the resource tails a builder asks
+    for). The iteration's structure does not depend on the kernels' times, so re-costing a
+    built graph at another quantile needs only these (SimResult.retimed_makespan_ms)."""
+
+    def _add(self, rank, resource, kind, label, dur_ms, deps=(), group=None, tag=None) -> int:
+        self.dur_ms.append(dur_ms)
+        self._tail[(rank, resource)] = i = len(self.dur_ms) - 1
+        return i
+
+    def gpu(self, rank, stream, dur_ms, label, kind="compute", launch_ms=None, deps=(),
+            thread="cpu", group=None, tag=None) -> int:
+        if launch_ms is not None:
+            self._add(rank, thread, "launch", label, launch_ms)
+        return self._add(rank, stream, kind, label, dur_ms)
+
+    def cpu(self, rank, dur_ms, label="cpu", thread="cpu", deps=(), kind="cpu", tag=None) -> int:
+        return self._add(rank, thread, kind, label, dur_ms)
+
+    def sync(self, rank, on, dur_ms=0.0, label="sync", thread="cpu", tag=None) -> int:
+        return self._add(rank, thread, "sync", label, dur_ms)
+
+
 def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
                     host: HostModel | None = None, calibration=None, source=None,
-                    quantile: str = "mid"):
+                    quantile: str = "mid", graph_class=ExecGraph):
     """(ExecGraph, chunk costs, Coster) for one iteration. source: the per-rank kernels (None:
     the analytic GPT layer; a kit.parallel.opgraph.GraphSource: a captured, TP-sharded graph).
     quantile: every kernel at its predicted latency ("mid") or at one end of its band
-    ("p10", "p90"; kit.parallel.costs.Coster)."""
+    ("p10", "p90"; kit.parallel.costs.Coster). graph_class=DurationsOnly builds only the
+    durations."""
     host = host or HostModel()
     lay = layout
     lay.check_system(system)
@@ -101,13 +125,17 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
     n_virtual = pp * v
     act_bytes = lay.micro_batch * spec.seq * spec.hidden * (4 if lay.dtype == "fp32" else 2) / lay.tp
     wbytes = 4 if lay.dtype == "fp32" else 2
-    g = ExecGraph(f"{spec.name} {lay.dp}x{lay.tp}x{lay.pp}")
+    g = graph_class(f"{spec.name} {lay.dp}x{lay.tp}x{lay.pp}")
     g.meta.update(model=spec.to_dict(), layout=lay.to_dict(), system=system.key)
+
+    links: dict = {}
 
     def link_ms(vi: int) -> float:
         """Point-to-point time between virtual stages vi and vi + 1."""
-        a, b = vi % pp, (vi + 1) % pp
-        return coster.comm_ms("sendrecv", act_bytes, [lay.rank(a, 0, 0), lay.rank(b, 0, 0)])
+        if vi not in links:
+            a, b = vi % pp, (vi + 1) % pp
+            links[vi] = coster.comm_ms("sendrecv", act_bytes, [lay.rank(a, 0, 0), lay.rank(b, 0, 0)])
+        return links[vi]
 
     for stage in range(pp):
         r = g.add_rank(lay.rank(stage, 0, 0), members=lay.stage_ranks(stage))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from kit.errors import KitError
-from kit.parallel.build import HostModel, build_iteration
+from kit.parallel.build import DurationsOnly, HostModel, build_iteration
 from kit.parallel.gpt import GPTSpec, parse_model
 from kit.parallel.layout import Layout
 from kit.parallel.memory import memory_per_rank
@@ -46,8 +46,10 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     res = simulate(g)
     # the band: the same iteration with every kernel at the p10 (p90) end of its band, errors
     # taken as fully correlated as in kit.workload.iteration; collectives stay at their point
-    band = [simulate(build_iteration(spec, layout, sys_, coster.predictor, host, calibration,
-                                     source, quantile=q)[0]).makespan_ms for q in ("p10", "p90")]
+    band = [res.retimed_makespan_ms(build_iteration(spec, layout, sys_, coster.predictor, host,
+                                                    calibration, source, quantile=q,
+                                                    graph_class=DurationsOnly)[0].dur_ms)
+            for q in ("p10", "p90")]
     slow = res.slowest_rank()
     iteration_ms = res.makespan_ms
     tokens = layout.batch * spec.seq

@@ -29,6 +29,46 @@ class SimResult:
     start_ms: np.ndarray
     end_ms: np.ndarray
     ready_ms: dict  # collective op id -> the time its own rank was ready for it
+    done_order: list | None = None  # op ids in the order the simulation finished them
+
+    def retimed_makespan_ms(self, dur_ms) -> float:
+        """The makespan of the same graph with other op durations, without a new simulation.
+
+        Every queue is FIFO in a fixed order and every op starts at the max of its
+        predecessors' ends (a collective: of its members' ready times), so the timing is a
+        longest path over a fixed DAG. The order this simulation finished the ops in is a
+        topological order of that DAG for any durations: one pass in it re-times the graph."""
+        g = self.graph
+        d = [float(x) for x in dur_ms]
+        if len(d) != len(g):
+            raise KitError(f"retime: {len(d)} durations for a graph of {len(g)} ops")
+        if d and not min(d) >= 0:  # also catches NaN
+            raise KitError("retime: durations must be >= 0 ms")
+        prev, deps, group = g.prev, g.deps, g.group
+        size: dict = {}
+        for key in group:
+            if key is not None:
+                size[key] = size.get(key, 0) + 1
+        end = [0.0] * len(d)
+        order = self.done_order
+        n, k = len(order), 0
+        while k < n:
+            i = order[k]
+            key = group[i]
+            members = [i] if key is None or size[key] == 1 else order[k:k + size[key]]
+            t0 = 0.0
+            for j in members:  # a collective's members finish consecutively
+                p = prev[j]
+                t = end[p] if p >= 0 else 0.0
+                for q in deps[j]:
+                    if end[q] > t:
+                        t = end[q]
+                if t > t0:
+                    t0 = t
+            for j in members:
+                end[j] = t0 + d[j]
+            k += len(members)
+        return max(end) if end else 0.0
 
     def rank_end_ms(self, rank: int) -> float:
         ops = self.graph.order.get(rank)
@@ -97,6 +137,7 @@ def simulate(graph: ExecGraph) -> SimResult:
     waiters: dict = {}  # op id -> queues blocked on it
     arrived: dict = {}  # key -> [op ids]
     ready_at: dict = {}  # op id -> ready time (collectives only)
+    finished: list = []  # op ids in the order they were finished
     for i, d in enumerate(deps):
         for j in d:
             if rank_of[j] != rank_of[i]:
@@ -137,6 +178,7 @@ def simulate(graph: ExecGraph) -> SimResult:
                     start[j] = t0
                     end[j] = t0 + dur[j]
                     done[j] = True
+                    finished.append(j)
                     if j != i:
                         qj = res_of[j]
                         ptr[qj] += 1
@@ -149,6 +191,7 @@ def simulate(graph: ExecGraph) -> SimResult:
             start[i] = t
             end[i] = t + dur[i]
             done[i] = True
+            finished.append(i)
             if key is not None:
                 ready_at[i] = t
             ws = waiters.pop(i, None)
@@ -165,4 +208,4 @@ def simulate(graph: ExecGraph) -> SimResult:
         raise KitError(f"deadlock: op {g.label[stuck]!r} (group {key!r}) on rank {rank_of[stuck]} "
                        f"never started: {len(have)} of {size.get(key)} ranks reached it ({have}); "
                        "check that every rank issues its collectives in a consistent order")
-    return SimResult(g, np.asarray(start), np.asarray(end), ready_at)
+    return SimResult(g, np.asarray(start), np.asarray(end), ready_at, finished)
