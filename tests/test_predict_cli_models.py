@@ -82,6 +82,11 @@ def test_compare_throughput_cost_and_memory(tiny, capsys):
     assert mem["weights_bytes"] == 4 * params and mem["grads_bytes"] == 4 * params
     assert mem["optimizer_bytes"] == 2 * 4 * params  # AdamW assumed when training
     assert t4["fits"] is True
+    lo, hi = t4["band_ms"]
+    assert lo <= t4["step_ms"] <= hi
+    assert main(["compare", "tinymodel:make", "--gpus", "t4", "--batch", "2", "--seq", "4"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("t4 "))
+    assert (f"{lo:.1f}-{hi:.1f}" if hi > lo else " - ") in line
     assert main(["compare", "tinymodel:make", "--gpus", "t4", "--price-per-hour", "t4=cheap"]) == 2
     assert "GPU=DOLLARS" in capsys.readouterr().err
 

@@ -82,10 +82,13 @@ def text(r) -> str:
              f"{m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, grads "
              f"{m['grads_bytes'] / 2**30:.1f}, optimizer {m['optimizer_bytes'] / 2**30:.1f}, activations "
              f"{m['activations_bytes'] / 2**30:.1f})",
-             f"{'gpu':<18} {'step ms':>10} {u + '/s':>12} {'fits':>5} {'J/step':>9} {'$/M ' + u:>12}"]
+             f"{'gpu':<18} {'step ms':>10} {'p10-p90 ms':>19} {u + '/s':>12} {'fits':>5} "
+             f"{'J/step':>9} {'$/M ' + u:>12}"]
     for row in r["rows"]:
         cost = row[f"cost_per_m_{u}"]
-        lines.append(f"{row['gpu']:<18} {row['step_ms']:>10.2f} {row[f'{u}_per_s']:>12.0f} "
+        lo, hi = row["band_ms"]
+        band = f"{lo:.1f}-{hi:.1f}" if hi > lo else "-"
+        lines.append(f"{row['gpu']:<18} {row['step_ms']:>10.2f} {band:>19} {row[f'{u}_per_s']:>12.0f} "
                      f"{'yes' if row['fits'] else 'NO':>5} {row['energy_j_per_step']:>9.1f} "
                      f"{('-' if cost is None else f'{cost:.3f}'):>12}")
     return "\n".join(lines)
