@@ -40,6 +40,27 @@ def test_parameter_counts_match_published_numbers():
     assert _count(zoo.build("llama3-8b")) == 8_030_261_248
 
 
+def test_gpt3_xl_is_neusights_config_and_gpt3_1p3b_the_papers():
+    """NeuSight's gpt3_xl is 3072 wide (2.9B); Brown et al.'s XL (Table 2.1) is 2048 wide, 1.3B."""
+    V, P = 50257, 2048
+    for name, d in (("gpt3-xl", 3072), ("gpt3-1.3b", 2048)):
+        assert _count(zoo.build(name)) == 24 * (12 * d * d + 13 * d) + V * d + P * d + 2 * d
+    assert round(_count(zoo.build("gpt3-1.3b")) / 1e9, 1) == 1.3
+
+
+def test_names_do_not_collide_and_a_decimal_point_counts():
+    """gpt3-1.3b (1.3 billion) must not resolve to gpt3-13b, as punctuation-blind matching did."""
+    assert zoo.resolve("GPT3_XL_paper") == "gpt3-1.3b" == zoo.resolve("gpt3-1p3b")
+    assert zoo.resolve("gpt3-13b") == "gpt3-13b" == zoo.resolve("GPT3_13")
+    assert zoo.resolve("gpt3-2p7b") == "gpt3-2.7b" == zoo.resolve("gpt3_27")
+    assert zoo.resolve("OPT 1.3B") == "opt-1.3b"
+    seen = {}
+    for key, (_, _, aliases) in zoo.ZOO.items():
+        for name in (key, *aliases):
+            assert seen.setdefault(zoo._norm(name), key) == key, (name, seen[zoo._norm(name)], key)
+            assert zoo.resolve(name) == key
+
+
 def test_huge_model_builds_on_meta_and_matches_formula():
     m = zoo.build("gpt3-175b")
     d, L, V, P = 12288, 96, 50257, 2048

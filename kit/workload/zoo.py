@@ -55,7 +55,11 @@ def _switch(d_model, d_ff, d_kv, heads, layers, experts=4):
 
 
 # name: (config, default seq, aliases). Sources: GPT-2 (Radford et al. 2019, HF configs);
-# GPT-3 XL..13B: NeuSight's DLmodel_configs; GPT-3 175B: Brown et al. 2020, Table 2.1;
+# GPT-3 XL..13B: NeuSight's DLmodel_configs (its gpt3_xl has n_embd 3072 = the paper's 24 heads
+# of 128, so 2.9B parameters, not the paper's 1.3B XL; the zoo keeps it so the labels compare like
+# for like); GPT-3 1.3B (the paper's XL: 24 layers, d_model 2048; its 24 heads of 128 do not split
+# 2048 in a GPT-2 block, so 16 heads of 128, GPT-Neo 1.3B's layout, with the same parameters) and
+# 175B: Brown et al. 2020, Table 2.1;
 # BERT: Devlin et al. 2019; OPT-1.3B: HF facebook/opt-1.3b; Llama-3: Meta's model cards
 # (8B: 4096/32 layers/8 KV heads/14336; 70B: 8192/80/8/28672, vocab 128256, theta 5e5);
 # Mixtral 8x7B: Mistral AI's config; Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
@@ -69,6 +73,7 @@ ZOO = {
     "gpt2-large": (_gpt(1280, 20, 36), 1024, ("gpt2_large", "gpt2-l", "gpt2l")),
     "gpt2-xl": (_gpt(1600, 25, 48), 1024, ("gpt2_xl",)),
     "gpt3-xl": (_gpt(3072, 24, 24, 2048), 2048, ("gpt3_xl",)),
+    "gpt3-1.3b": (_gpt(2048, 16, 24, 2048), 2048, ("gpt3-xl-paper",)),
     "gpt3-2.7b": (_gpt(2560, 32, 32, 2048), 2048, ("gpt3_27", "gpt3-2p7b")),
     "gpt3-6.7b": (_gpt(4096, 32, 32, 2048), 2048, ("gpt3_67", "gpt3-6p7b")),
     "gpt3-13b": (_gpt(5120, 40, 40, 2048), 2048, ("gpt3_13",)),
@@ -93,7 +98,9 @@ ZOO = {
 
 
 def _norm(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
+    """Case and punctuation do not matter, but a decimal point does: "gpt3-1.3b" (1.3 billion)
+    is not "gpt3-13b"; it reads as "p", as in "gpt3-2p7b"."""
+    return re.sub(r"[^a-z0-9]", "", re.sub(r"(?<=\d)\.(?=\d)", "p", name.lower()))
 
 
 _INDEX = {_norm(a): key for key, (_, _, aliases) in ZOO.items() for a in (key, *aliases)}
