@@ -44,8 +44,17 @@ def test_evaluate_json_shape_and_roofline_by_hand(tmp_path, weights, capsys):
     test = write_csv(tmp_path / "bmm.csv")
     out = run_json(capsys, "evaluate", "--test", str(test), "--predictors", "roofline,tile,li",
                    "--weights", str(weights))
-    assert {tuple(sorted(r)) for r in out} == {tuple(sorted(("predictor", "gpu", "op", "n", "mape",
-                                                             "median_ape", "p90_ape")))}
+    keys = {"predictor", "gpu", "op", "n", "mape", "median_ape", "p90_ape"}
+    assert all(set(r) == keys for r in out if r["predictor"] != "tile")  # no band: no coverage
+    assert all(set(r) == keys | {"coverage_80"} for r in out if r["predictor"] == "tile")
+    # the tile-MLP's coverage by hand: its L4 bmm rows inside their p10-p90 band
+    from kit.predict.evaluate import build_predictors, load_test, predict_rows
+
+    rows = predict_rows(load_test(test), build_predictors(["tile"], weights))
+    rows = rows[(rows.gpu == "l4") & (rows.op == "bmm")]
+    inside = ((rows.measured_ms >= rows.p10_ms) & (rows.measured_ms <= rows.p90_ms)).mean()
+    tile_l4 = next(r for r in out if r["predictor"] == "tile" and r["gpu"] == "l4" and r["op"] == "bmm")
+    assert tile_l4["coverage_80"] == pytest.approx(inside, abs=1e-3)
     assert {(r["predictor"], r["gpu"], r["op"]) for r in out} >= {("tile", "l4", "bmm"),
                                                                  ("roofline", "t4", "bmm")}
     # the T4 row by hand: NeuSight (B, M, N, K) = (4, 64, 64, 64) is the kit's Gemm(m=64, k=64, n=64, b=4)

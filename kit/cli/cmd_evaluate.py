@@ -14,11 +14,13 @@ def run(args):
 
 
 def text(rows):
-    head = f"{'predictor':<9} {'gpu':<16} {'op':<8} {'n':>6} {'MAPE%':>8} {'median%':>8} {'p90%':>8}"
+    head = (f"{'predictor':<9} {'gpu':<16} {'op':<8} {'n':>6} {'MAPE%':>8} {'median%':>8} {'p90%':>8}"
+            f" {'in band':>8}")
     lines = [head]
     for r in rows:
+        cov = f"{100 * r['coverage_80']:7.1f}%" if "coverage_80" in r else f"{'-':>8}"
         lines.append(f"{r['predictor']:<9} {r['gpu']:<16} {r['op']:<8} {r['n']:>6} {r['mape']:>8.2f}"
-                     f" {r['median_ape']:>8.2f} {r['p90_ape']:>8.2f}")
+                     f" {r['median_ape']:>8.2f} {r['p90_ape']:>8.2f} {cov}")
     return "\n".join(lines)
 
 

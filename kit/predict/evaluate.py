@@ -136,7 +136,8 @@ def build_predictors(names, weights_dir=None, measurements: pd.DataFrame | None 
 
 def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
              data_dir=None) -> list[dict]:
-    """Score predictors (names, default all) on test rows; returns summarise()'s list."""
+    """Score predictors (names, default all) on test rows: summarise()'s list, plus coverage_80
+    (the share of rows inside the p10-p90 band) for predictors that give a band."""
     frame = test if isinstance(test, pd.DataFrame) else load_test(test)
     names = parse_predictors(predictors if isinstance(predictors, str) or predictors is None
                              else ",".join(predictors))
@@ -145,4 +146,10 @@ def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
         from kit.predict.training import training_frame
 
         measurements = training_frame(data_dir)
-    return summarise(predict_rows(frame, build_predictors(names, weights_dir, measurements)))
+    rows = predict_rows(frame, build_predictors(names, weights_dir, measurements))
+    out = summarise(rows)
+    for r in out:  # banded predictors: the share of measured latencies inside the p10-p90 band
+        part = rows[(rows.predictor == r["predictor"]) & (rows.gpu == r["gpu"]) & (rows.op == r["op"])]
+        if (part.p90_ms > part.p10_ms).any():
+            r["coverage_80"] = round(coverage(part), 3)
+    return out
