@@ -1,8 +1,10 @@
 """Panel: pick a GPU the tile-MLP never trained on and see predicted against measured latency.
 
 The rows come from kit.predict.evaluate.predict_rows. Without rows given, the panel reads
-NeuSight's test set from KIT_DATA when it is there; with no data at all it plots the prediction
-against the roofline (nothing measured to compare with). No model logic lives here.
+NeuSight's test set from KIT_DATA when it is there; with no data, or for a GPU the test set does
+not cover (H200, MI210...), it plots the prediction for a sweep of the chosen op class against the
+roofline (nothing measured to compare with). The summary's statistics cover every selected row;
+the chart draws at most MAX_POINTS of them. No model logic lives here.
 """
 from __future__ import annotations
 
@@ -40,8 +42,19 @@ class TilePredictorPanel(Panel):
     title = "Tile-MLP on a GPU it never saw: predicted vs measured"
 
     def __init__(self, rows: pd.DataFrame | None = None, gpus=HELD_OUT):
-        self.rows = rows if rows is not None else measured_rows(gpus)
-        self.gpus = list(gpus) if self.rows is None else sorted(self.rows.gpu.unique())
+        from kit.errors import KitError
+        from kit.hardware import get_gpu
+
+        if rows is not None:
+            if rows.empty:
+                raise KitError("TilePredictorPanel: the rows given are empty; pass predict_rows "
+                               "output with at least one row, or rows=None")
+            self.rows, self.gpus = rows, sorted(rows.gpu.unique())
+        else:  # every GPU asked for is offered; one without measurements shows the roofline sweep
+            self.gpus = list(dict.fromkeys(get_gpu(g).key for g in gpus))
+            if not self.gpus:
+                raise KitError("TilePredictorPanel: no GPU given")
+            self.rows = measured_rows(self.gpus)
         super().__init__()
 
     def controls(self):
@@ -49,24 +62,39 @@ class TilePredictorPanel(Panel):
         self.op_class = W.Dropdown(options=CLASSES, value="all", description="ops")
         return [self.gpu, self.op_class]
 
-    def selected(self) -> pd.DataFrame:
-        if self.rows is None:
+    def measured(self) -> bool:
+        """Whether the chosen GPU has measured rows (else: predictions against the roofline)."""
+        return self.rows is not None and bool((self.rows.gpu == self.gpu.value).any())
+
+    def all_selected(self) -> pd.DataFrame:
+        """Every row of the chosen GPU and op class (the summary's statistics use them all)."""
+        if not self.measured():
             return self._unmeasured()
         rows = self.rows[self.rows.gpu == self.gpu.value]
         if self.op_class.value != "all":
             rows = rows[rows.op_class == self.op_class.value]
-        if len(rows) > MAX_POINTS:  # altair's row limit; a fixed, even thinning
+        return rows
+
+    def selected(self) -> pd.DataFrame:
+        """The rows drawn: all_selected(), evenly thinned to MAX_POINTS (altair's row limit)."""
+        rows = self.all_selected()
+        if len(rows) > MAX_POINTS:
             rows = rows.iloc[np.linspace(0, len(rows) - 1, MAX_POINTS).astype(int)]
         return rows
 
     def _unmeasured(self) -> pd.DataFrame:
-        """No data: predictions for a sweep of square GEMMs against their roofline."""
-        from kit.ops import Gemm
+        """No measurements of this GPU: predictions for a sweep of the chosen op class (square
+        GEMMs for "all") against their roofline."""
+        from kit.ops import Elementwise, Gemm, LayerNorm, Softmax
         from kit.predict import get_predictor
 
-        ops = [Gemm(m=s, n=s, k=s) for s in (64, 128, 256, 512, 1024, 2048, 4096)]
+        sweeps = {"elementwise": ("add", [Elementwise("add", 1 << k) for k in range(12, 29, 2)]),
+                  "softmax": ("softmax", [Softmax(4096, 1 << k) for k in range(5, 15)]),
+                  "layernorm": ("layernorm", [LayerNorm(4096, 1 << k) for k in range(5, 15)])}
+        name, ops = sweeps.get(self.op_class.value,
+                               ("bmm", [Gemm(m=s, n=s, k=s) for s in (64, 128, 256, 512, 1024, 2048, 4096)]))
         pred = get_predictor("auto").predict(ops, self.gpu.value)
-        return pd.DataFrame({"gpu": self.gpu.value, "op": "bmm", "op_class": "gemm",
+        return pd.DataFrame({"gpu": self.gpu.value, "op": name, "op_class": ops[0].op_class,
                              "measured_ms": pred.roofline_ms, "predicted_ms": pred.latency_ms,
                              "p10_ms": pred.latency_p10_ms, "p90_ms": pred.latency_p90_ms,
                              "ape": np.nan, "tile": pred.tile})
@@ -75,7 +103,7 @@ class TilePredictorPanel(Panel):
         rows = self.selected()
         data = rows[["op", "op_class", "measured_ms", "predicted_ms", "p10_ms", "p90_ms",
                      "ape", "tile"]].round(6)
-        x_title = "measured ms" if self.rows is not None else "roofline ms (no measurements)"
+        x_title = "measured ms" if self.measured() else "roofline ms (no measurements)"
         lo = float(min(data.measured_ms.min(), data.predicted_ms.min()))
         hi = float(max(data.measured_ms.max(), data.predicted_ms.max()))
         scale = alt.Scale(type="log", domain=[lo, hi])
@@ -91,11 +119,15 @@ class TilePredictorPanel(Panel):
                                                title=f"{self.gpu.value}: predicted vs measured")
 
     def summary_text(self) -> str:
-        rows = self.selected()
-        if self.rows is None:
-            return "no measurements found (set KIT_DATA to NeuSight's folder): prediction vs roofline"
+        if not self.measured():
+            what = "square GEMMs" if self.op_class.value in ("all", "gemm") else self.op_class.value
+            where = ("set KIT_DATA to NeuSight's folder" if self.rows is None
+                     else f"NeuSight's test set has none of {self.gpu.value}")
+            return f"no measurements found ({where}): prediction vs roofline for a sweep of {what}"
+        rows = self.all_selected()
         if rows.empty:
             return "no rows for this choice"
         inside = ((rows.measured_ms >= rows.p10_ms) & (rows.measured_ms <= rows.p90_ms)).mean()
-        return (f"{len(rows)} kernels · MAPE {rows.ape.mean():.1f}% · median APE "
+        shown = f" (chart shows {MAX_POINTS} of them)" if len(rows) > MAX_POINTS else ""
+        return (f"{len(rows)} kernels{shown} · MAPE {rows.ape.mean():.1f}% · median APE "
                 f"{rows.ape.median():.1f}% · measured inside the p10–p90 band {100 * inside:.0f}%")

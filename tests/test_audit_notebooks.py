@@ -1,0 +1,67 @@
+"""Audit of the notebook series and its panels, as a workshop participant would use them: every
+control through its range, edge values, and the figures the prose quotes. Each test fails
+without the fix it guards."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import widgets.tile_predictor as tp
+from widgets.tile_predictor import MAX_POINTS, TilePredictorPanel
+
+
+def _finite(rows):
+    return all(not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))
+               for r in rows for k, v in r.items() if k != "ape")
+
+
+def _rows(gpu, n, ape):
+    """n measured rows of one GPU whose prediction is off by `ape` per cent (band +-1%)."""
+    measured = np.full(n, 1.0)
+    pred = measured * (1 + ape / 100)
+    return pd.DataFrame({"predictor": "tile", "gpu": gpu, "op": "bmm", "op_class": "gemm",
+                         "measured_ms": measured, "predicted_ms": pred, "p10_ms": pred * 0.99,
+                         "p90_ms": pred * 1.01, "tile": "128x128", "ape": ape})
+
+
+# -- tile-predictor panel --------------------------------------------------------------------
+def test_tile_summary_covers_every_row_not_only_the_drawn_ones():
+    # 3,000 rows 10% off, then 1,000 rows 50% off: the chart draws MAX_POINTS of the 4,000,
+    # but the summary's count and MAPE are of all 4,000 (by hand: (3000*10 + 1000*50) / 4000)
+    rows = pd.concat([_rows("l4", 3000, 10.0), _rows("l4", 1000, 50.0)], ignore_index=True)
+    p = TilePredictorPanel(rows=rows)
+    assert len([r for r in p.chart_data() if "op" in r]) == MAX_POINTS
+    assert p.summary.value.startswith(f"4000 kernels (chart shows {MAX_POINTS} of them)")
+    assert f"MAPE {(3000 * 10 + 1000 * 50) / 4000:.1f}%" in p.summary.value
+
+
+def test_tile_panel_offers_a_gpu_the_test_set_never_measured(monkeypatch):
+    monkeypatch.setattr(tp, "measured_rows", lambda gpus, *a, **k: _rows("a100-pcie-80gb", 20, 5.0))
+    p = TilePredictorPanel(gpus=("a100-pcie-80gb", "H200"))  # was: h200 silently dropped
+    assert list(p.gpu.options) == ["a100-pcie-80gb", "h200"]
+    assert "MAPE 5.0%" in p.summary.value
+    p.gpu.value = "h200"
+    pts = [r for r in p.chart_data() if "op" in r]
+    assert pts and _finite(pts) and all(r["predicted_ms"] >= r["measured_ms"] for r in pts)
+    assert "none of h200" in p.summary.value
+    only = TilePredictorPanel(gpus=("mi210",))  # was: IndexError on an empty GPU list
+    assert only.gpu.value == "mi210" and only.chart_data()
+
+
+def test_tile_panel_without_data_sweeps_the_chosen_op_class(monkeypatch):
+    monkeypatch.setattr(tp, "measured_rows", lambda *a, **k: None)
+    p = TilePredictorPanel(gpus=("h200",))
+    for cls in ("softmax", "layernorm", "elementwise", "gemm"):
+        p.op_class.value = cls
+        pts = [r for r in p.chart_data() if "op" in r]
+        assert pts and {r["op_class"] for r in pts} == {cls}, cls  # was: GEMMs whatever the choice
+        assert all(r["predicted_ms"] >= r["measured_ms"] for r in pts)
+        assert _finite(pts)
+
+
+def test_tile_panel_rejects_empty_rows():
+    from kit.errors import KitError
+
+    with pytest.raises(KitError, match="empty"):
+        TilePredictorPanel(rows=_rows("l4", 0, 1.0))
