@@ -32,8 +32,11 @@ def predict(args):
         return {"system": system.key, "table": t.to_dict("records")}
     if args.bytes is None:
         raise KitError("give --bytes SIZE (e.g. 1e9 or 64M) or --sizes MIN:MAX")
-    nbytes = parse_sizes(args.bytes)[0] if any(c.isalpha() for c in args.bytes.lower().replace("e", "")) \
-        else float(args.bytes)
+    try:
+        nbytes = parse_sizes(args.bytes)[0] if any(c.isalpha() for c in args.bytes.lower().replace("e", "")) \
+            else float(args.bytes)
+    except ValueError:
+        raise KitError(f"--bytes takes one size in bytes (1e9, 64M), got {args.bytes!r}") from None
     return predict_collective(args.collective, nbytes, system, ranks, args.calibration).to_dict()
 
 

@@ -250,8 +250,11 @@ class Calibration:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        except OSError as e:
+            raise KitError(f"cannot write the calibration to {path}: {e.strerror or e}") from None
         return path
 
 

@@ -45,9 +45,9 @@ def parse_sizes(spec) -> list[int]:
         text = str(spec).strip().upper().replace("IB", "").replace("I", "")
 
         def one(tok: str) -> int:
-            m = re.fullmatch(r"([0-9.]+(?:E[0-9]+)?)\s*([KMG]?)B?", tok.strip())
+            m = re.fullmatch(r"((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:E[0-9]+)?)\s*([KMG]?)B?", tok.strip())
             if not m:
-                raise KitError(f"bad size {tok!r}: use bytes or K/M/G suffixes (binary), e.g. 64K")
+                raise KitError(f"bad size in {spec!r}: use bytes or K/M/G suffixes (binary), e.g. 64K")
             return int(float(m.group(1)) * _UNITS[m.group(2)])
 
         if ":" in text:
@@ -55,7 +55,10 @@ def parse_sizes(spec) -> list[int]:
             if len(parts) not in (2, 3):
                 raise KitError(f"bad size range {spec!r}: use MIN:MAX or MIN:MAX:FACTOR")
             lo, hi = one(parts[0]), one(parts[1])
-            factor = float(parts[2]) if len(parts) == 3 else 2.0
+            try:
+                factor = float(parts[2]) if len(parts) == 3 else 2.0
+            except ValueError:
+                raise KitError(f"bad size range {spec!r}: FACTOR must be a number > 1") from None
             if lo <= 0 or hi < lo or factor <= 1:
                 raise KitError(f"bad size range {spec!r}: need 0 < MIN <= MAX and FACTOR > 1")
             out, s = [], float(lo)

@@ -40,6 +40,20 @@ def _float(tok: str, where: str) -> float:
         raise KitError(f"{where}: expected a number, got {tok!r}") from None
 
 
+def _time(tok: str, where: str) -> float:
+    """A measured time: finite and >= 0 (a NaN or negative time is a corrupt row, not one to drop)."""
+    t = _float(tok, where)
+    if not 0 <= t < float("inf"):
+        raise KitError(f"{where}: a time must be a finite number >= 0 us, got {tok!r}")
+    return t
+
+
+def _whole(tok: str, where: str) -> int:
+    if not tok.isdigit():
+        raise KitError(f"{where}: expected a whole number >= 0, got {tok!r}")
+    return int(tok)
+
+
 def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
     """nccl-tests output -> tidy DataFrame (one row per size per run)."""
     import pandas as pd
@@ -64,8 +78,11 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
             continue
         tok = s.split()
         where = f"{src} line {no}"
+        numeric = re.fullmatch(r"[-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?", tok[0]) is not None
         if len(tok) < 11 or not tok[0].isdigit():
-            if tok[0].isdigit():
+            if numeric and len(tok) >= 11:
+                raise KitError(f"{where}: the size must be a whole number of bytes >= 0, got {tok[0]!r}")
+            if numeric:
                 raise KitError(f"{where}: a nccl-tests row needs size, count, type and 8 time/bandwidth "
                                f"columns, got {len(tok)} fields")
             continue  # other chatter (warnings, hostnames)
@@ -77,9 +94,9 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
         section_ranks = n
         oop, inp = tok[-8:-4], tok[-4:]
         rows.append({"kind": cur_kind, "ranks": section_ranks, "size_bytes": int(tok[0]),
-                     "count": int(tok[1]), "dtype": tok[2], "time_us": _float(oop[0], where),
+                     "count": _whole(tok[1], where), "dtype": tok[2], "time_us": _time(oop[0], where),
                      "algbw_gbs": _float(oop[1], where), "busbw_gbs": _float(oop[2], where),
-                     "time_us_in_place": _float(inp[0], where), "busbw_gbs_in_place": _float(inp[2], where),
+                     "time_us_in_place": _time(inp[0], where), "busbw_gbs_in_place": _float(inp[2], where),
                      "wrong": 0 if oop[3] == "N/A" else int(_float(oop[3], where)), "source": src})
     if not rows:
         raise KitError(f"{src}: no nccl-tests result rows found (expected lines like "

@@ -1,0 +1,136 @@
+"""Audit of the multi-GPU user surface: bad inputs give one KitError line, never a traceback,
+a silently dropped row, or a number that contradicts itself."""
+import pytest
+
+from kit.cli import main
+from kit.errors import KitError
+
+
+def _err(capsys, argv) -> str:
+    """Run the CLI, expect exit 2 and exactly one stderr line; return it."""
+    assert main(argv) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+# ---- kit comm ---------------------------------------------------------------------------------
+
+def _nccl(rows) -> str:
+    """A minimal 8-rank all_reduce_perf section; rows are token lists after size/count/type/redop/root."""
+    head = "# Collective test starting: all_reduce_perf\n" + "".join(
+        f"#  Rank {i:2d} Group  0 Pid 1 on n device {i} [0x07] A100\n" for i in range(8))
+    return head + "".join("  ".join(r) + "\n" for r in rows)
+
+
+def _row(size, time="30.00"):
+    return [str(size), str(max(int(size) // 4, 0) if str(size).lstrip("-").isdigit() else 1), "float",
+            "sum", "-1", time, "1.0", "1.75", "0", time, "1.0", "1.75", "0"]
+
+
+SIZES = [1024, 4096, 16384, 65536, 262144, 1048576]
+
+
+def _fit_error(tmp_path, capsys, row, col, value) -> str:
+    """`kit comm fit` on a good file with one cell replaced; the one error line."""
+    rows = [_row(s) for s in SIZES]
+    rows[row][col] = value
+    f = tmp_path / "ar.txt"
+    f.write_text(_nccl(rows))
+    return _err(capsys, ["comm", "fit", str(f), "--system", "dgx-a100"])
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-5.0"])
+def test_comm_fit_rejects_a_corrupt_time_instead_of_dropping_the_row(tmp_path, capsys, bad):
+    line = _fit_error(tmp_path, capsys, 2, 5, bad)
+    assert "line 12" in line and repr(bad) in line  # 1 header + 8 rank lines + the third row
+
+
+def test_comm_fit_rejects_a_negative_size_row_instead_of_skipping_it(tmp_path, capsys):
+    assert "'-1024'" in _fit_error(tmp_path, capsys, 0, 0, "-1024")
+
+
+def test_comm_fit_non_numeric_count_is_one_line(tmp_path, capsys):
+    assert "'abc'" in _fit_error(tmp_path, capsys, 1, 1, "abc")
+
+
+def test_comm_fit_out_to_a_directory_is_one_line(tmp_path, capsys):
+    f = tmp_path / "ar.txt"
+    f.write_text(_nccl([_row(s, f"{20 + s / 1e5:.2f}") for s in SIZES]))
+    assert main(["comm", "fit", str(f), "--system", "dgx-a100", "--json"]) == 0  # the file is fine
+    capsys.readouterr()
+    assert "cannot write" in _err(capsys, ["comm", "fit", str(f), "--system", "dgx-a100",
+                                           "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--bytes", "1,000"], "'1,000'"),
+    (["--bytes", "1.5.5M"], "'1.5.5M'"),
+    (["--bytes", "inf"], "'inf'"),  # the message quotes what was typed, not 'NF'
+    (["--sizes", "1K:1M:abc"], "FACTOR"),
+])
+def test_comm_predict_bad_sizes_are_one_line(capsys, argv, needle):
+    assert needle in _err(capsys, ["comm", "predict", "allreduce", *argv])
+
+
+def test_parse_sizes_decimal_and_binary_units():
+    from kit.comm.measure import parse_sizes
+
+    assert parse_sizes(".5M,1.5K,2") == [2, 1536, 524288]  # 0.5 x 2^20, 1.5 x 2^10
+    assert parse_sizes("64KiB:256KiB") == [65536, 131072, 262144]
+
+
+# ---- kit predict --system: model shapes and layouts --------------------------------------------
+
+BASE = "gpt:layers=4,hidden=1024,heads=16,seq=512,vocab=50257"
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ("ffn=0", "ffn"),  # was silently the default 4 x hidden
+    ("kv_heads=0", "kv_heads"),  # was silently the heads
+    ("kv_heads=5", "divide heads 16"),
+    ("experts=-1", "experts"),  # was silently dense
+    ("experts=8,moe_every=0", "moe_every"),  # was ZeroDivisionError
+    ("experts=8,topk=9", "topk 9"),
+    ("experts=8,topk=0", "topk"),
+])
+def test_inline_model_rejects_impossible_shapes(capsys, extra, needle):
+    assert needle in _err(capsys, ["predict", f"{BASE},{extra}", "--system", "dgx-a100"])
+
+
+def test_analytic_tp_must_divide_kv_heads(capsys):
+    # 16 query heads in 4 groups: tp 8 cannot split 4 key/value heads (Megatron asserts the same)
+    assert "key/value heads 4" in _err(capsys, ["predict", f"{BASE},kv_heads=4", "--system", "dgx-a100",
+                                                "--tp", "8"])
+
+
+def test_ep_needs_experts_it_can_divide(capsys):
+    assert "no experts" in _err(capsys, ["predict", "gpt2", "--system", "dgx-h100", "--dp", "2", "--ep", "2"])
+    assert "3 experts" in _err(capsys, ["predict", f"{BASE},experts=3", "--system", "dgx-h100",
+                                        "--dp", "2", "--ep", "2"])
+
+
+def test_moe_active_params_and_mfu_count_only_the_routed_experts():
+    from kit.api import predict_multi_gpu
+    from kit.parallel import parse_model
+
+    spec = parse_model("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=1000,experts=4,topk=1,moe_every=1")
+    expert = 2 * 64 * 256 + 256 + 64  # two matrices and their biases, ffn 4 x 64
+    assert spec.active_params == spec.params - 2 * 3 * expert  # 3 idle experts in each of 2 layers
+    # Mixtral 8x7B: 46.7B parameters, 12.9B active (Jiang et al. 2024)
+    mixtral = parse_model("mixtral-8x7b")
+    assert abs(mixtral.active_params / 1e9 - 12.9) < 0.05
+    r = predict_multi_gpu(spec, "dgx-h100", dp=2, ep=2, dtype="bf16", graph=False)
+    from kit.hardware import get_gpu
+
+    peak = get_gpu("h100-sxm").gemm_peak_tflops("bf16")
+    tokens = 2 * 32
+    want = 6 * spec.active_params * tokens / (r["iteration_ms"] / 1e3) / (peak * 1e12 * 2)
+    assert r["mfu"] == pytest.approx(want, rel=1e-9)
+
+
+def test_predict_multi_gpu_unknown_layout_field_is_a_kit_error():
+    from kit.api import predict_multi_gpu
+
+    with pytest.raises(KitError, match="tpp"):
+        predict_multi_gpu("gpt2", "dgx-a100", tpp=2)
