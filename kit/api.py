@@ -133,9 +133,17 @@ def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = 
     fields (dp, tp, pp, ep, micro_batch, global_batch, virtual_stages, zero, recompute, ...).
     graph: True shards the model's captured op graph, False uses the analytic GPT layer, "auto"
     the graph for zoo models (see kit.parallel.predict_parallel)."""
+    from dataclasses import fields
+
+    from kit.errors import KitError
     from kit.parallel import Layout, predict_parallel
     from kit.parallel.profiles import get_profile
 
+    known = [f.name for f in fields(Layout)]
+    unknown = sorted(set(layout) - set(known))
+    if unknown:
+        raise KitError(f"predict_multi_gpu: unknown layout field(s) {', '.join(unknown)}; "
+                       f"valid: {', '.join(known)}")
     return predict_parallel(model, system, Layout(**layout), nodes=nodes, predictor=predictor,
                             host=get_profile(profile), graph=graph)
 

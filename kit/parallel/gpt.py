@@ -80,6 +80,14 @@ class GPTSpec:
                 raise KitError(f"model {self.name}: {k} must be a positive whole number, got {v!r}")
         if self.hidden % self.heads:
             raise KitError(f"model {self.name}: hidden {self.hidden} is not a multiple of heads {self.heads}")
+        for k, low in (("ffn", 1), ("kv_heads", 1), ("experts", 0), ("moe_every", 1), ("topk", 1)):
+            v = getattr(self, k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+                raise KitError(f"model {self.name}: {k} must be a whole number >= {low}, got {v!r}")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise KitError(f"model {self.name}: kv_heads {self.kv_heads} must divide heads {self.heads}")
+        if self.experts and self.topk > self.experts:
+            raise KitError(f"model {self.name}: topk {self.topk} is more than its {self.experts} experts")
         if self.attention not in ("flash", "unfused"):
             raise KitError(f"model {self.name}: attention must be flash or unfused, got {self.attention!r}")
 
@@ -112,6 +120,13 @@ class GPTSpec:
         embed = (2 if self.rope else 1) * self.vocab * self.hidden
         positions = 0 if self.rope else self.seq * self.hidden
         return sum(self.layer_params(i) for i in range(self.layers)) + embed + positions + 2 * self.hidden
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: a MoE layer's top-k experts, not all of them."""
+        idle = self.mlp_matrices * self.hidden * self.f + self.f + self.hidden
+        moe_layers = sum(self.is_moe(i) for i in range(self.layers))
+        return self.params - moe_layers * (self.experts - self.topk) * idle
 
     def to_dict(self) -> dict:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
@@ -213,8 +228,9 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
                   layer: int = 0) -> list[Block]:
     """The forward blocks of one layer on one TP rank, in order (compute, comm, compute, ...)."""
     s, h, a, hd, f = spec.seq, spec.hidden, spec.heads, spec.head_dim, spec.f
-    if a % tp or f % tp:
-        raise KitError(f"--tp {tp} must divide heads {a} and ffn {f}")
+    if a % tp or f % tp or (spec.kv_heads or a) % tp:
+        raise KitError(f"--tp {tp} must divide heads {a}" + (f", key/value heads {spec.kv_heads}"
+                       if spec.kv_heads else "") + f" and ffn {f}")
     kv = (spec.kv_heads or a) * hd
     tok = b * s
     act = tok * h * ops.dtype_bytes(dtype)

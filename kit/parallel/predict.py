@@ -31,6 +31,10 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
 
     t0 = time.perf_counter()
     spec = model if isinstance(model, GPTSpec) else parse_model(model)
+    if layout.ep > 1 and not spec.experts:
+        raise KitError(f"--ep {layout.ep}: {spec.name} has no experts; expert parallelism needs a MoE model")
+    if layout.ep > 1 and spec.experts % layout.ep:
+        raise KitError(f"--ep {layout.ep} must divide the {spec.experts} experts of {spec.name}")
     sys_ = get_system(system, nodes=nodes) if isinstance(system, str) or nodes else system
     use_graph = graph is True or (graph == "auto" and spec.zoo is not None
                                   and not layout.sequence_parallel and layout.ep == 1)
@@ -53,7 +57,8 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     slow = res.slowest_rank()
     iteration_ms = res.makespan_ms
     tokens = layout.batch * spec.seq
-    flops = 6.0 * spec.params * tokens  # model FLOPs per iteration (no recompute), Kaplan et al.
+    # model FLOPs per iteration (no recompute), Kaplan et al.; a MoE token runs its top-k experts only
+    flops = 6.0 * spec.active_params * tokens
     peak = sys_.gpu.gemm_peak_tflops(layout.dtype) or 0.0  # MFU is against the matrix peak
     out = {
         "model": spec.to_dict(),
