@@ -65,3 +65,27 @@ def test_tile_panel_rejects_empty_rows():
 
     with pytest.raises(KitError, match="empty"):
         TilePredictorPanel(rows=_rows("l4", 0, 1.0))
+
+
+# -- whole-model panel -----------------------------------------------------------------------
+def test_whole_model_says_when_the_step_does_not_fit():
+    from widgets.whole_model import WholeModelPanel
+
+    p = WholeModelPanel(model="gpt2", gpu="t4", mode="train", batch=1, seq=128)
+    assert "does not fit" not in p.summary.value  # 124 M parameters x 16 B: 2 GB of 16 GiB
+    p.model.value = "gpt3-175b"  # 175 B parameters: fp32 weights, gradients, AdamW = 16 B each
+    s = p.summary.value
+    assert "does not fit" in s and "t4 has 16 GiB" in s
+    need_gib = float(s.split("needs about ")[1].split(" GiB")[0].replace(",", ""))
+    assert need_gib > 16 * 174e9 / 2**30
+
+
+def test_whole_model_seq_is_off_for_dlrm():
+    from widgets.whole_model import WholeModelPanel
+
+    p = WholeModelPanel(model="gpt2", gpu="a100-pcie-40gb", mode="inference", batch=1, seq=128)
+    assert not p.seq.disabled
+    p.model.value = "dlrm"  # DLRM has no sequence: the same step for every seq
+    assert p.seq.disabled
+    p.model.value = "bert-base"
+    assert not p.seq.disabled

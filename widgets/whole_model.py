@@ -1,15 +1,19 @@
 """The whole-model panel: model, GPU, mode, batch and sequence length drive a breakdown by op
 class and phase, and a timeline of the CPU issuing ops against the GPU running them (one bar
-per layer and phase)."""
+per layer and phase). The summary says when the step would not fit in the GPU's memory (the
+estimate `kit compare` uses), and the seq control is off for DLRM, which has no sequence."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import altair as alt
 import ipywidgets as W
 import pandas as pd
 
 from kit.api import predict_model
-from kit.hardware import gpu_keys
-from kit.workload.zoo import check_seq, max_seq, resolve, zoo_names
+from kit.hardware import get_gpu, gpu_keys
+from kit.workload.models import memory_bytes
+from kit.workload.zoo import check_seq, config, max_seq, resolve, zoo_names
 from widgets.base import Panel
 
 SEQS = (32, 64, 128, 256, 512, 1024, 2048)
@@ -50,7 +54,7 @@ class WholeModelPanel(Panel):
         self.batch = W.IntSlider(value=i["batch"], min=1, max=64, description="batch",
                                  continuous_update=False, style=style)
         self.seq = W.Dropdown(options=self._seqs(i["model"]), value=i["seq"], description="seq",
-                              style=style)
+                              style=style, disabled=not uses_seq(i["model"]))
         self.fusion = W.ToggleButtons(options=["eager", "compiled"], value=i["fusion"],
                                       description="fusion", style=style)
         return [self.model, self.gpu, self.mode, self.batch, self.seq, self.fusion]
@@ -74,6 +78,7 @@ class WholeModelPanel(Panel):
                 self.seq.value = value
             finally:
                 self._narrowing = False
+        self.seq.disabled = not uses_seq(self.model.value)
         super().refresh(change)
 
     def predict(self):
@@ -107,6 +112,18 @@ class WholeModelPanel(Panel):
         phases = ", ".join(f"{k} {v:.2f} ms" for k, v in it.phases_ms.items())
         idle = max(it.gpu_idle_ms, 0.0)
         bound = "CPU-bound (GPU idles waiting for launches)" if idle > 0.1 * it.total_ms else "GPU-bound"
+        need = memory_bytes(SimpleNamespace(meta=it.meta))["total_bytes"]  # reads graph.meta only
+        gpu = get_gpu(it.gpu)
+        fit = ("" if need <= gpu.memory_bytes else
+               f"; <b>does not fit</b>: needs about {need / 2**30:,.1f} GiB (weights"
+               f"{', gradients, AdamW state' if it.mode == 'train' else ''}, activations), "
+               f"{gpu.key} has {gpu.memory_gib:g} GiB")
         return (f"<b>{it.total_ms:.2f} ms</b> per {'step' if it.mode == 'train' else 'pass'} "
                 f"({phases}); {int(it.timeline['kernels'].sum())} kernels, GPU idle {idle:.2f} ms: "
-                f"{bound}; predictor {it.predictor}")
+                f"{bound}; predictor {it.predictor}{fit}")
+
+
+def uses_seq(model) -> bool:
+    """Whether the model reads a sequence (DLRM does not: seq changes nothing); the rule
+    `kit compare` uses to count tokens rather than samples."""
+    return config(model).get("model_type") != "dlrm"
