@@ -134,3 +134,53 @@ def test_predict_multi_gpu_unknown_layout_field_is_a_kit_error():
 
     with pytest.raises(KitError, match="tpp"):
         predict_multi_gpu("gpt2", "dgx-a100", tpp=2)
+
+
+# ---- kit shard ---------------------------------------------------------------------------------
+
+TABLES = "name,rows,dim,pooling\nt0,1000000,64,20\nt1,500000,128,10\nt2,20000,32,1\n"
+
+
+def _tables(tmp_path, text=TABLES, bom=False):
+    f = tmp_path / "tables.csv"
+    f.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+    return str(f)
+
+
+def test_shard_reads_a_csv_with_a_byte_order_mark(tmp_path):
+    from kit.sharding import read_tables
+
+    plain, marked = read_tables(_tables(tmp_path)), read_tables(_tables(tmp_path, bom=True))
+    assert [t.name for t in marked] == ["t0", "t1", "t2"] and [t.rows for t in marked] == [t.rows for t in plain]
+
+
+@pytest.mark.parametrize("kinds", [["dp"], ["rw"], ["cw", "dp"]])
+def test_shard_without_table_wise_plans_with_the_kinds_allowed(tmp_path, kinds):
+    from kit.api import shard_tables
+
+    r = shard_tables(_tables(tmp_path), "dgx-a100", time_budget_s=0.2, kinds=kinds)
+    assert {p["kind"] for p in r["plan"]} <= set(kinds)
+    # the cost: the slowest forward, the slowest backward (the all-to-alls sync the ranks between
+    # them) and the collectives
+    parts = r["parts"]
+    comm = sum(parts[k] for k in ("input_alltoall_ms", "output_alltoall_ms", "grad_alltoall_ms", "allreduce_ms"))
+    assert r["cost_ms"] == pytest.approx(max(parts["fwd_ms"]) + max(parts["bwd_ms"]) + comm, rel=1e-6)
+
+
+def test_shard_kinds_with_no_placement_is_one_line(tmp_path, capsys):
+    # twrw needs several nodes; dgx-a100 is one
+    line = _err(capsys, ["shard", "--tables", _tables(tmp_path), "--system", "dgx-a100", "--kinds", "twrw"])
+    assert "twrw" in line and "t0" in line
+    assert "empty" in _err(capsys, ["shard", "--tables", _tables(tmp_path), "--system", "dgx-a100",
+                                    "--kinds", ","])
+    assert "directory" in _err(capsys, ["shard", "--tables", str(tmp_path), "--system", "dgx-a100"])
+
+
+def test_shard_tiny_memory_cap_is_printed_as_given(tmp_path, capsys):
+    line = _err(capsys, ["shard", "--tables", _tables(tmp_path), "--system", "dgx-a100",
+                         "--memory-gib", "0.0001", "--budget-s", "0.2"])
+    assert "0.0001 GiB" in line  # was "0.0 GiB"
+
+
+def test_replay_et_and_no_et_conflict(capsys):
+    assert "not allowed" in _err(capsys, ["replay", "x.json", "--et", "y.json", "--no-et"])

@@ -56,6 +56,13 @@ class ShardingModel:
         self.gpu = system.gpu
         self.cap = float(memory_cap_bytes) if memory_cap_bytes else memory_fraction * self.gpu.memory_bytes
         self.options = [options_for(t, W, self.g, kinds) for t in self.tables]
+        stuck = [t.name or f"t{i}" for i, (t, o) in enumerate(zip(self.tables, self.options)) if not o]
+        if stuck:
+            raise KitError(f"no placement of kind {', '.join(kinds)} exists on {system.key} ({W} GPUs, "
+                           f"{W // self.g} node(s)) for table(s) {', '.join(stuck[:5])}"
+                           + (f" and {len(stuck) - 5} more" if len(stuck) > 5 else "")
+                           + "; twrw needs several nodes, rw and dp several GPUs, cw a dim it can split; "
+                           "allow more kinds")
         self.n_options = np.array([len(o) for o in self.options])
         T, O = len(self.tables), int(self.n_options.max())
         from kit.sharding.a2a import A2ASurrogate

@@ -36,12 +36,12 @@ def greedy(model, key) -> np.ndarray:
     for t in sorted(range(T), key=lambda t: -key(model.tables[t])):
         opts = model.options[t]
         tw = [(o, opt.ranks[0]) for o, opt in enumerate(opts) if opt.kind == "tw"]
-        need = model.contrib[t, [o for o, _ in tw], 3 * W + np.array([r for _, r in tw])]
+        need = model.contrib[t, [o for o, _ in tw], 3 * W + np.array([r for _, r in tw], dtype=np.int64)]
         fits = [(load[r], r, o) for (o, r), nb in zip(tw, need) if mem[r] + nb <= model.cap]
         if fits:
             _, r, o = min(fits)
-        else:  # too big for any one rank: spread it over every rank
-            o = next((o for o, opt in enumerate(opts) if opt.kind == "rw"), tw[0][0])
+        else:  # too big for any one rank (or table-wise not allowed): spread it over every rank
+            o = next((o for o, opt in enumerate(opts) if opt.kind == "rw"), tw[0][0] if tw else 0)
         choice[t] = o
         mem += model.contrib[t, o, 3 * W:4 * W]
         load += key(model.tables[t]) * (model.contrib[t, o, 2 * W:3 * W] > 0) \

@@ -30,10 +30,12 @@ def _number(text: str, col: str, where: str, whole: bool):
 def read_tables(path: str | Path) -> list[Table]:
     """Tables from a CSV; every problem (missing file/column, bad value) is a KitError."""
     path = Path(path)
+    if path.is_dir():
+        raise KitError(f"{path} is a directory, expected a tables CSV file")
     if not path.is_file():
         raise KitError(f"tables file not found: {path}")
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
+    try:  # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
+        with open(path, encoding="utf-8-sig", newline="") as f:
             rows = list(csv.DictReader(f))
             header = rows and list(rows[0].keys()) or []
             if not rows:
