@@ -46,8 +46,9 @@ def register(sub):
                     "compare each rank's step; --on predicts it on another GPU or system", run, text)
     p.add_argument("trace", help="Kineto JSON (.json/.json.gz), a folder of per-rank files, or a tarball")
     p.add_argument("--on", metavar="GPU_OR_SYSTEM", help="transfer to this GPU or system")
-    p.add_argument("--et", metavar="ET", help="PyTorch execution trace(s) of the same run (file, "
+    et = p.add_mutually_exclusive_group()
+    et.add_argument("--et", metavar="ET", help="PyTorch execution trace(s) of the same run (file, "
                    "folder or tarball); by default those found with TRACE are used")
-    p.add_argument("--no-et", action="store_true", help="ignore execution traces")
+    et.add_argument("--no-et", action="store_true", help="ignore execution traces")
     p.add_argument("--trace", dest="trace_out", metavar="OUT.json", help="write the replayed timeline "
                    "as Perfetto JSON")
