@@ -317,8 +317,10 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
             raise KitError("an optimizer step needs mode='train'")
     except KitError:
         raise
-    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as e:
+    except Exception as e:  # the user's forward: KeyError, AssertionError, AttributeError, ...
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if not isinstance(e, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)):
+            msg = f"{type(e).__name__}: {msg}"
         raise KitError(f"capturing {name or type(model).__name__} failed: {msg} (inputs must "
                        "match the model's forward; data-dependent shapes cannot run on meta)") from None
     finally:

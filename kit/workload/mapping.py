@@ -27,6 +27,7 @@ FREE_OPS = {
     "squeeze_", "transpose_", "t_", "as_strided_", "_record_function_enter_new",
     "_record_function_exit", "item", "clone_free", "zeros_like_free", "lift", "split_copy_free",
     "_assert_async", "_assert_scalar", "_functional_assert_async", "record_stream",
+    "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk",  # LSTM/GRU gates: views
 }
 
 # aten op -> elementwise kind (kit.ops.ELEMENTWISE_FLOPS); everything here is one pass over
@@ -59,6 +60,14 @@ ELEMENTWISE = {
     "constant_pad_nd": "copy", "roll": "copy", "flip": "copy", "one_hot": "fill", "type_as": "cast",
     "sgn": "abs", "isnan": "sub", "isinf": "sub", "nan_to_num": "where", "lt_": "sub",
     "mul_Scalar": "mul", "polar": "mul", "view_as_real_copy": "copy",
+    # in-place forms (LSTM/GRU cells on meta, Tensor.clamp_, ...) and more activations
+    "sigmoid_": "sigmoid", "tanh_": "tanh", "clamp_": "clamp", "clamp_min_": "clamp",
+    "clamp_max_": "clamp", "hardtanh_": "clamp", "leaky_relu_": "max", "elu_": "exp",
+    "gelu_": "gelu", "logical_and_": "mul", "logical_or_": "add", "hardswish": "clamp",
+    "hardswish_": "clamp", "hardsigmoid": "clamp", "hardsigmoid_": "clamp",
+    "hardswish_backward": "where", "hardsigmoid_backward": "where", "leaky_relu_backward": "where",
+    "elu_backward": "exp", "softplus_backward": "exp", "log_sigmoid_backward": "sigmoid",
+    "xlogy": "log",
 }
 REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "var", "std", "var_mean",
               "std_mean", "norm", "linalg_vector_norm", "prod", "any", "all", "logsumexp",

@@ -2,6 +2,7 @@
 
     "gpt2-large"              a zoo name (kit.workload.zoo; cached per shape)
     {"model_type": "gpt2", ...}  an HF-style config dict (cached per shape)
+    "config.json"             an HF-style config file (as the dict above)
     "mypkg.models:make"       a Python path "module:callable"; the callable returns an
                               nn.Module (with example_inputs(batch, seq), or taking
                               input_ids of shape (batch, seq)), a config dict, or a
@@ -11,6 +12,8 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+import json
 import sys
 from pathlib import Path
 
@@ -19,8 +22,17 @@ from kit.errors import KitError
 OPTIMIZER_STATE_TENSORS = {"adamw": 2, "adamw-fused": 2, "adam": 2, "sgd": 1, None: 0, "none": 0}
 
 
+def _oneline(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
 def load_callable(spec: str):
     mod_name, _, attr = spec.partition(":")
+    if "=" in attr:  # an inline shape (gpt:layers=..,hidden=..): kit.parallel reads those
+        raise KitError(f"model {spec!r}: inline shapes (gpt:/moe:/llama:key=value,...) are for "
+                       "multi-GPU prediction (--system); on one GPU give a zoo name, an HF-style "
+                       "config .json file or a Python path 'module:callable'")
     if not mod_name or not attr:
         raise KitError(f"model path {spec!r} must look like 'module:callable'")
     if str(Path.cwd()) not in sys.path:
@@ -29,6 +41,8 @@ def load_callable(spec: str):
         module = importlib.import_module(mod_name)
     except ImportError as e:
         raise KitError(f"cannot import module {mod_name!r} for model {spec!r}: {e}") from None
+    except Exception as e:  # the user's module failed while importing (SyntaxError, NameError, ...)
+        raise KitError(f"importing module {mod_name!r} for model {spec!r} failed: {_oneline(e)}") from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -37,9 +51,30 @@ def load_callable(spec: str):
     return obj
 
 
+def read_config(path: str) -> dict:
+    """An HF-style config.json file as a dict (its file name, without .json, names the model)."""
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise KitError(f"model config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise KitError(f"cannot read model config {path}: {_oneline(e)}") from None
+    except json.JSONDecodeError as e:
+        raise KitError(f"model config {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    if not isinstance(cfg, dict):
+        raise KitError(f"model config {path} must be a JSON object (an HF config.json), "
+                       f"got a {type(cfg).__name__}")
+    return {"name": p.stem, **cfg}
+
+
 def _inputs_for(module, batch: int, seq: int):
     if hasattr(module, "example_inputs"):
-        return module.example_inputs(batch, seq)
+        try:
+            return module.example_inputs(batch, seq)
+        except Exception as e:
+            raise KitError(f"{type(module).__name__}.example_inputs({batch}, {seq}) failed: "
+                           f"{_oneline(e)}") from None
     import torch
 
     return (torch.zeros(batch, seq, dtype=torch.long, device="meta"),)
@@ -53,6 +88,8 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
 
     if isinstance(model, dict):
         return zoo.graph_for(model, batch, seq, mode, dtype, optimizer)
+    if isinstance(model, str) and model.lower().endswith(".json"):
+        return zoo.graph_for(read_config(model), batch, seq, mode, dtype, optimizer)
     if isinstance(model, str) and ":" not in model:
         return zoo.graph_for(model, batch, seq, mode, dtype, optimizer)
     obj = load_callable(model) if isinstance(model, str) else model
@@ -61,9 +98,15 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
 
     if callable(obj) and not isinstance(obj, torch.nn.Module):
         try:
-            obj = obj()
+            inspect.signature(obj).bind()
         except TypeError as e:
             raise KitError(f"model callable {name!r} must take no arguments: {e}") from None
+        except ValueError:  # a builtin without a signature: let the call say
+            pass
+        try:
+            obj = obj()
+        except Exception as e:
+            raise KitError(f"model callable {name!r} failed: {_oneline(e)}") from None
     if isinstance(obj, dict):
         return zoo.graph_for(obj, batch, seq, mode, dtype, optimizer)
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
