@@ -30,12 +30,18 @@ def _read_entries(path: Path) -> list[dict]:
         raise KitError(f"GPU file not found: {path}") from None
     except json.JSONDecodeError as e:
         raise KitError(f"GPU file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    except UnicodeDecodeError:
+        raise KitError(f"GPU file {path} is not a text (JSON) file") from None
+    except OSError as e:  # a folder, no permission, ...
+        raise KitError(f"cannot read GPU file {path}: {e.strerror or e}") from None
     if isinstance(data, dict) and "gpus" in data:
         data = data["gpus"]
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list):
         raise KitError(f"GPU file {path}: expected a list of GPU objects or {{'gpus': [...]}}")
+    if not data:
+        raise KitError(f"GPU file {path} holds no GPU entries")
     return data
 
 

@@ -166,7 +166,8 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
         value = entry.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+                or not math.isfinite(value)):
             raise KitError(f"{label}: field {name} must be a positive number or null, got {value!r}")
         clean[name] = float(value)
     if clean["fp32_tflops"] is None:
