@@ -20,7 +20,7 @@ def parse_prices(text: str | None) -> dict:
             price = float(value)
         except ValueError:
             price = -1.0
-        if not sep or price < 0:
+        if not sep or not 0 <= price < float("inf"):  # also NaN
             raise KitError(f"--price-per-hour entry {part!r} must look like GPU=DOLLARS, e.g. h100-sxm=2.5")
         prices[get_gpu(name.strip()).key] = price
     return prices
@@ -44,8 +44,7 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
     unit = "tokens" if per_token else "samples"
     prices = prices or {}
     rows = []
-    for name in gpus:
-        gpu = get_gpu(name)
+    for gpu in {get_gpu(name).key: get_gpu(name) for name in gpus}.values():  # aliases: one row
         it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
         step_s = it.total_ms / 1e3
         row = {"gpu": gpu.key, "step_ms": it.total_ms, "band_ms": [it.total_p10_ms, it.total_p90_ms],

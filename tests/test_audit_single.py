@@ -1,0 +1,191 @@
+"""Audit of the single-GPU user surface: bad inputs give one KitError line, user models map every
+op, and the CLI's outputs agree with hand computations."""
+import json
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kit.cli import main
+from kit.errors import KitError
+from kit.hardware import load_gpu_file, unregister_gpu
+from kit.ops import Elementwise
+from kit.workload.capture import capture
+from kit.workload.models import graph_of
+
+torch.set_num_threads(1)
+
+TINY_GPT = {"model_type": "gpt2", "n_embd": 64, "n_head": 2, "n_layer": 1, "n_positions": 64,
+            "vocab_size": 128}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "cache"))
+
+
+def _kit(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# -- capture of user models --------------------------------------------------------------------
+class _LSTM(nn.Module):
+    def __init__(self, cls=nn.LSTM):
+        super().__init__()
+        self.rnn = cls(8, 16, batch_first=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU])
+def test_rnn_cells_map_every_op(cls):
+    # on meta an LSTM/GRU runs its cells op by op: unsafe_split (a view) and in-place sigmoid_/
+    # tanh_ were 'unknown' kernels; the split is free and the activations are elementwise
+    g = capture(_LSTM(cls), (torch.zeros(2, 3, 8),), mode="train")
+    assert not [n.aten for n in g.nodes if n.op_class == "unknown"]
+    assert not [n for n in g.nodes if "unsafe_split" in n.aten and n.op is not None]
+    sig = [n.op for n in g.nodes if n.aten == "aten.sigmoid_.default"]
+    assert sig and sig[0] == Elementwise("sigmoid", 2 * 16, "fp32", inputs=1)
+
+
+class _Custom(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.ops.aten.hardswish(self.a(x)).clamp_(0, 1).mean()
+
+
+def test_clamp_and_hardswish_are_elementwise():
+    g = capture(_Custom(), (torch.zeros(3, 4),), mode="train")
+    classes = {n.aten: n.op_class for n in g.nodes}
+    assert classes["aten.clamp_.default"] == "elementwise"
+    assert classes["aten.hardswish.default"] == "elementwise"
+    assert classes["aten.hardswish_backward.default"] == "elementwise"
+
+
+class _KeyErr(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 1)
+
+    def forward(self, batch):
+        return self.a(batch["missing"])
+
+
+class _Assert(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 1)
+
+    def forward(self, x):
+        assert x.shape[1] == 5, "want 5 features"
+        return self.a(x)
+
+
+@pytest.mark.parametrize("model,inputs,word", [(_KeyErr(), ({"x": torch.zeros(2, 4)},), "KeyError"),
+                                                (_Assert(), (torch.zeros(2, 4),), "want 5 features")])
+def test_forward_errors_are_one_kit_error(model, inputs, word):
+    with pytest.raises(KitError, match=word):
+        capture(model, inputs, mode="inference")
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "audit_um.py").write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__(); self.a = nn.Linear(4, 1)
+            def forward(self, x): return self.a(x)
+            def example_inputs(self, b, s): raise ValueError("no inputs here")
+        def bad_inputs(): return M()
+        def raises(): raise RuntimeError("boom")
+        def needs(x): return x
+    """))
+    (tmp_path / "audit_broken.py").write_text("raise NameError('oops')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in ("audit_um", "audit_broken"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("spec,word", [("audit_um:raises", "RuntimeError: boom"),
+                                       ("audit_um:bad_inputs", "example_inputs.*no inputs here"),
+                                       ("audit_um:needs", "must take no arguments"),
+                                       ("audit_broken:x", "NameError: oops"),
+                                       ("gpt:layers=2,hidden=64,heads=2", "--system")])
+def test_user_code_failures_are_one_kit_error(user_module, spec, word):
+    with pytest.raises(KitError, match=word):
+        graph_of(spec, 2, 8, "inference")
+
+
+def test_config_json_file_is_the_config_dict(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY_GPT))
+    from_file = graph_of(str(path), 2, 16, "inference")
+    from_dict = graph_of(TINY_GPT, 2, 16, "inference")
+    assert from_file.model == "tiny"
+    assert [(n.aten, n.op) for n in from_file.nodes] == [(n.aten, n.op) for n in from_dict.nodes]
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(KitError, match="JSON object"):
+        graph_of(str(tmp_path / "list.json"), 2, 16)
+    with pytest.raises(KitError, match="not found"):
+        graph_of(str(tmp_path / "none.json"), 2, 16)
+
+
+# -- user GPU files ----------------------------------------------------------------------------
+def _h100_entry(**changes):
+    from kit.hardware.catalog import _builtin_entries
+
+    return {**_builtin_entries()["h100-sxm"], "key": "audit-gpu", "name": "Audit GPU",
+            "aliases": [], **changes}
+
+
+@pytest.mark.parametrize("content,word", [(b"\xd0\xcf\x11\xe0 binary", "not a text"),
+                                          (b"[]", "no GPU entries"),
+                                          (b'{"gpus": []}', "no GPU entries")])
+def test_gpu_file_bad_content(tmp_path, content, word):
+    path = tmp_path / "g.json"
+    path.write_bytes(content)
+    with pytest.raises(KitError, match=word):
+        load_gpu_file(path)
+
+
+def test_gpu_file_folder_is_one_error(tmp_path, capsys):
+    rc, _, err = _kit(capsys, "gpus", "--add", str(tmp_path))
+    assert rc == 2 and "cannot read GPU file" in err and "Traceback" not in err
+
+
+def test_gpu_file_infinite_peak_is_rejected(tmp_path):
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(_h100_entry(fp16_tflops=float("inf"))))  # json writes Infinity
+    try:
+        with pytest.raises(KitError, match="fp16_tflops must be a positive number"):
+            load_gpu_file(path)
+    finally:
+        unregister_gpu("audit-gpu")
+
+
+# -- kit compare -------------------------------------------------------------------------------
+@pytest.mark.parametrize("price", ["nan", "inf", "-1"])
+def test_compare_price_must_be_finite(price):
+    from kit.cli.cmd_compare import parse_prices
+
+    with pytest.raises(KitError, match="GPU=DOLLARS"):
+        parse_prices(f"h100-sxm={price}")
+
+
+def test_compare_one_row_per_gpu_even_by_alias():
+    from kit.cli.cmd_compare import compare
+
+    r = compare(TINY_GPT, ["a100", "a100-sxm4-40gb", "NVIDIA H100 SXM5 80GB"], mode="inference",
+                batch=1, seq=16)
+    assert [row["gpu"] for row in r["rows"]] == ["a100-sxm4-40gb", "h100-sxm"]
