@@ -89,3 +89,18 @@ def test_whole_model_seq_is_off_for_dlrm():
     assert p.seq.disabled
     p.model.value = "bert-base"
     assert not p.seq.disabled
+
+
+# -- embedding panel -------------------------------------------------------------------------
+def test_embedding_backward_is_not_shown_as_a_zero_hit_rate():
+    from widgets.embeddings import EmbeddingPanel
+
+    p = EmbeddingPanel(rows=10**7, dim=128, pooling=30, batch=4096, alpha=1.0)
+    hits = [r["value"] for r in p.chart_data() if r.get("what") == "hit_rate"]
+    assert max(hits) > 0.5 and "L2 hit rate" in p.summary.value
+    p.backward.value = True  # the backward kernel reads each unique row once: no lookup hit rate
+    rows = p.chart_data()
+    assert not [r for r in rows if r.get("what") == "hit_rate"]  # was: a flat line at 0
+    assert [r for r in rows if r.get("what") == "unique_fraction"]
+    assert "hit rate 0.0%" not in p.summary.value and "backward kernel" in p.summary.value
+    assert "backward kernel time" in str(p.chart.to_dict())
