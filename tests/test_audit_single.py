@@ -189,3 +189,23 @@ def test_compare_one_row_per_gpu_even_by_alias():
     r = compare(TINY_GPT, ["a100", "a100-sxm4-40gb", "NVIDIA H100 SXM5 80GB"], mode="inference",
                 batch=1, seq=16)
     assert [row["gpu"] for row in r["rows"]] == ["a100-sxm4-40gb", "h100-sxm"]
+
+
+# -- kit validate ------------------------------------------------------------------------------
+def test_validate_skips_a_label_it_cannot_predict(tmp_path, capsys):
+    # one label past GPT-2's 1024 positions used to abort the whole run with an error naming
+    # no file; now it is skipped with the reason, like every other unpredictable label
+    gpu = tmp_path / "NVIDIA_A100-PCIE-40GB"
+    gpu.mkdir()
+    (gpu / "gpt2-train-2048-1.json").write_text('{"e2e_latency": 10.0}')
+    (gpu / "gpt2-inf-0-1.json").write_text('{"e2e_latency": 10.0}')
+    from kit.cli.cmd_validate import validate
+
+    r = validate(tmp_path)
+    reasons = {s["seq"]: s["reason"] for s in r["skipped"]}
+    assert "1024 learned positions" in reasons[2048] and "positive" in reasons[0]
+    assert r["overall"]["configs"] == 0
+    rc, out, _ = _kit(capsys, "validate", "--labels", str(tmp_path))
+    assert rc == 0 and "no configuration could be predicted (2 skipped" in out
+    rc, _, err = _kit(capsys, "validate", "--labels", str(gpu / "gpt2-inf-0-1.json"))
+    assert rc == 2 and "is a file, not a folder" in err
