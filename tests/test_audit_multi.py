@@ -184,3 +184,31 @@ def test_shard_tiny_memory_cap_is_printed_as_given(tmp_path, capsys):
 
 def test_replay_et_and_no_et_conflict(capsys):
     assert "not allowed" in _err(capsys, ["replay", "x.json", "--et", "y.json", "--no-et"])
+
+
+# ---- kit collect, collect-comm, collect-embedding: error paths (no GPU needed) ----------------
+
+@pytest.mark.parametrize("argv", [
+    ["collect", "--ops", "gemm", "--shapes", "tiny-gemm:1", "--device", "cpu"],
+    ["collect-embedding"],
+    ["collect-comm", "--sizes", "1K:2K"],
+])
+def test_collect_out_directory_is_one_line_before_measuring(tmp_path, capsys, argv):
+    assert "directory" in _err(capsys, [*argv, "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("flag, value", [("--cooldown-ms", "-5"), ("--cooldown-ms", "nan"),
+                                         ("--threads", "-3"), ("--threads", "0")])
+def test_collect_rejects_bad_cooldown_and_threads(tmp_path, capsys, flag, value):
+    out = tmp_path / "c.csv"
+    line = _err(capsys, ["collect", "--ops", "gemm", "--shapes", "tiny-gemm:1", "--device", "cpu",
+                         "--out", str(out), flag, value])
+    assert flag in line and not out.exists()  # nothing measured first
+
+
+@pytest.mark.parametrize("flag, value, needle", [("--dist", ";", "empty"), ("--mode", ",", "empty"),
+                                                 ("--mode", "max", "'max'")])
+def test_collect_embedding_empty_grid_or_unknown_mode_is_an_error(tmp_path, capsys, flag, value, needle):
+    out = tmp_path / "e.csv"
+    assert needle in _err(capsys, ["collect-embedding", "--out", str(out), flag, value])
+    assert not out.exists()  # was: a header-only file and "0 rows written" (or a row failure per config)

@@ -1,5 +1,9 @@
 """`kit collect`: benchmark ops on this machine's CPU or GPU into a schema CSV (resumable)."""
-from kit.cli import add_command
+import argparse
+from pathlib import Path
+
+from kit.cli import add_command, positive_int
+from kit.errors import KitError
 
 
 def run(args):
@@ -9,6 +13,8 @@ def run(args):
 
     if args.gpu_file:
         load_gpu_file(args.gpu_file)
+    if Path(args.out).is_dir():
+        raise KitError(f"--out {args.out} is a directory; give a CSV file name")
     return collect(args.ops, resolve_shapes(args.shapes), args.out, device=args.device,
                    dtype=args.dtype, resume=args.resume, warmup=args.warmup, repeats=args.repeats,
                    profile=not args.no_profile, cooldown_ms=args.cooldown_ms,
@@ -27,9 +33,17 @@ def text(r):
     return "\n".join(lines)
 
 
-def _count(s):
-    from kit.errors import KitError
+def _cooldown_ms(s):
+    try:
+        value = float(s)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0, got {s!r}")
+    return value
 
+
+def _count(s):
     try:
         value = int(s)
     except ValueError:
@@ -53,10 +67,10 @@ def register(sub):
     p.add_argument("--warmup", type=_count, default=5, help="untimed calls first (default 5)")
     p.add_argument("--repeats", type=_count, default=25,
                    help="timed calls; latency = mean of the fastest fifth (default 25)")
-    p.add_argument("--cooldown-ms", type=float, default=0.0, help="sleep between measurements")
+    p.add_argument("--cooldown-ms", type=_cooldown_ms, default=0.0, help="sleep between measurements")
     p.add_argument("--no-profile", action="store_true", help="CUDA: skip the torch.profiler pass "
                    "(no kernel names or launch dims)")
-    p.add_argument("--threads", type=_count, help="CPU: torch threads to use")
+    p.add_argument("--threads", type=positive_int, help="CPU: torch threads to use")
     p.add_argument("--progress", action="store_true", default=None,
                    help="always show the progress bar (default: on a terminal, for 20+ measurements)")
     p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")

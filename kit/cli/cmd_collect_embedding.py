@@ -14,13 +14,17 @@ def _ints(s):
     return vals
 
 
+def _names(s):
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
 def run(args):
     from kit.embedding.collect import collect, grid
 
     passes = ("forward", "backward") if args.backward else ("forward",)
     cfgs = grid(_ints(args.batch), _ints(args.rows), _ints(args.dim), _ints(args.pooling),
                 [d for d in args.dist.split(";") if d.strip()], tables=_ints(args.tables),
-                modes=args.mode.split(","), dtypes=args.dtype.split(","), passes=passes,
+                modes=_names(args.mode), dtypes=_names(args.dtype), passes=passes,
                 optimizer=args.optimizer)
     return collect(cfgs, args.out, device=args.device, backend=args.backend, repeats=args.repeats,
                    warmup=args.warmup, resume=args.resume)

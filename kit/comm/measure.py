@@ -282,6 +282,8 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
     for name, v in (("iters", iters), ("warmup", warmup), ("repeats", repeats)):
         if not isinstance(v, int) or v < (0 if name == "warmup" else 1):
             raise KitError(f"{name} must be a whole number >= {0 if name == 'warmup' else 1}, got {v!r}")
+    if out is not None and Path(out).is_dir():  # before minutes of measuring, not after
+        raise KitError(f"--out {out} is a directory; give a file name (nccl-tests text)")
     with tempfile.TemporaryDirectory(prefix="kit-comm-") as tmp:
         result = os.path.join(tmp, "rows.json")
         saved = {v: os.environ.get(v) for v in _THREAD_VARS}
@@ -315,8 +317,11 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
                    for k in kinds)
     if out is not None:
         out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+        except OSError as e:
+            raise KitError(f"cannot write the measurements to {out}: {e.strerror or e}") from None
     table = pd.DataFrame([{**r, "ranks": ranks, "algbw_gbs": r["size_bytes"] / r["time_us"] / 1e3,
                            "source": str(out or "")} for r in rows])
     return text, table.reindex(columns=COLUMNS)

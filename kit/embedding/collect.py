@@ -158,9 +158,15 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
         raise KitError(f"backend must be torch, fbgemm or auto, got {backend!r}")
     if repeats < 1 or warmup < 0:
         raise KitError("repeats must be >= 1 and warmup >= 0")
+    if not configs:
+        raise KitError("nothing to measure: the grid is empty (no distribution, mode or dtype given?)")
     for cfg in configs:
         if cfg["dtype"] not in TORCH_DTYPES:
             raise KitError(f"dtype {cfg['dtype']!r} not measurable; choose one of {', '.join(TORCH_DTYPES)}")
+        if cfg["mode"] not in ("sum", "mean"):
+            raise KitError(f"mode {cfg['mode']!r} not measurable; choose sum or mean")
+    if out.is_dir():
+        raise KitError(f"--out {out} is a directory; give a CSV file name")
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     exists = out.is_file() and out.stat().st_size > 0
     if exists and not resume:
