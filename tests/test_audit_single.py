@@ -209,3 +209,37 @@ def test_validate_skips_a_label_it_cannot_predict(tmp_path, capsys):
     assert rc == 0 and "no configuration could be predicted (2 skipped" in out
     rc, _, err = _kit(capsys, "validate", "--labels", str(gpu / "gpt2-inf-0-1.json"))
     assert rc == 2 and "is a file, not a folder" in err
+
+
+# -- measurement CSVs (kit evaluate --test, kit data summary --file) -----------------------------
+NEUSIGHT_HEAD = ("OPName,Latency,Device,Torch Version,CUDNN Version,Kernel Name,Warps per SM,"
+                 "Blocks per SM,Grid x,Grid y,Grid z,Block x,Block y,Block z,CUDA Version,Kernels,"
+                 "B,M,N,K")
+
+
+def _neusight_csv(path, latency):
+    path.write_text(NEUSIGHT_HEAD + "\n" + "\n".join(
+        f"bmm,{lat},NVIDIA L4,p2.1.0,8902,k,1,1,1,1,1,256,1,1,cu121,;k,8,64,64,64"
+        for lat in ("0.25", latency)) + "\n")
+
+
+@pytest.mark.parametrize("latency", ["inf", "0", "-1", "nan"])
+def test_measured_latency_must_be_finite_and_positive(tmp_path, capsys, latency):
+    # an infinite latency was read and scored: MAPE nan in every column
+    path = tmp_path / "t.csv"
+    _neusight_csv(path, latency)
+    rc, out, err = _kit(capsys, "evaluate", "--test", str(path), "--predictors", "roofline")
+    assert rc == 2 and f"{path}:3: Latency must be a positive number" in err
+    assert "np.float64" not in err
+
+
+def test_kit_schema_latency_must_be_finite(tmp_path):
+    from kit.data import load_measurements
+
+    src = tmp_path / "t.csv"
+    _neusight_csv(src, "0.5")
+    frame = load_measurements(src)
+    frame.loc[1, "latency_ms"] = float("inf")
+    frame.to_csv(tmp_path / "kit.csv", index=False)
+    with pytest.raises(KitError, match="latency_ms must be a positive number; row 3 has 'inf'"):
+        load_measurements(tmp_path / "kit.csv")

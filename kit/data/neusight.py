@@ -175,11 +175,11 @@ def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
     out["dtype"] = "fp32"  # NeuSight measured FP32 only (SIMT sgemm, TF32 off)
 
     latency = pd.to_numeric(raw["Latency"], errors="coerce")
-    bad = latency.isna() | ~(latency > 0)
+    bad = ~(np.isfinite(latency) & (latency > 0))  # NaN, zero, negative or infinite
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         raise KitError(f"{_where(raw, bad)}: Latency must be a positive number of ms, got "
-                       f"{raw['Latency'].iloc[i]!r}")
+                       f"{str(raw['Latency'].iloc[i])!r}")
     out["latency_ms"] = latency.astype("float64")
 
     cls = info["op_class"]

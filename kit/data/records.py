@@ -217,10 +217,12 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
     else:
         schema.op_columns(raw["op"].astype("str"))  # validates the op names
     frame = schema.conform(raw)
-    if frame["latency_ms"].isna().any() or (frame["latency_ms"] <= 0).any():
-        bad = int(np.flatnonzero((frame["latency_ms"].isna() | (frame["latency_ms"] <= 0)).to_numpy())[0])
+    lat = frame["latency_ms"]
+    wrong = ~(np.isfinite(lat) & (lat > 0))  # NaN, zero, negative or infinite
+    if wrong.any():
+        bad = int(np.flatnonzero(wrong.to_numpy())[0])
         raise KitError(f"{path}: latency_ms must be a positive number; row {bad + 2} has "
-                       f"{raw['latency_ms'].iloc[bad]!r}")
+                       f"{str(raw['latency_ms'].iloc[bad])!r}")
     need_gpu = frame["gpu"].isna() & frame["device_name"].notna()
     if need_gpu.any():  # rows without a catalog key: look the device up (CPU rows stay NaN)
         keys = schema.gpu_keys_for(frame.loc[need_gpu, "device_name"], str(path)).astype("str")
