@@ -104,3 +104,29 @@ def test_embedding_backward_is_not_shown_as_a_zero_hit_rate():
     assert [r for r in rows if r.get("what") == "unique_fraction"]
     assert "hit rate 0.0%" not in p.summary.value and "backward kernel" in p.summary.value
     assert "backward kernel time" in str(p.chart.to_dict())
+
+
+# -- timeline panel --------------------------------------------------------------------------
+def test_timeline_runs_on_every_system_of_its_dropdown():
+    from widgets.timeline import TimelinePanel
+
+    p = TimelinePanel(system="dgx-a100", dp=1, tp=2, pp=4, micro_batches=4)
+    p.system.value = "dgx1-v100"  # V100 has no bf16: was "cannot run this layout" whatever the layout
+    assert p._result is not None and "8 GPUs, fp16" in p.summary.value
+    assert any(r.get("critical") for r in p.chart_data())
+    p.system.value = "a100x4-nvlink"  # 8 GPUs on a 4-GPU box: was "...; add --nodes", a CLI flag
+    assert p._result is None and "add --nodes" not in p.summary.value
+    assert "= 8 GPUs, but a100x4-nvlink has 4: pick a smaller dp, tp or pp" in p.summary.value
+    assert "pick a smaller" in p.chart_data()[0]["msg"]
+    p.pp.value = 2  # 2 x 2 = 4 GPUs fit
+    assert p._result is not None and "4 GPUs, bf16" in p.summary.value
+
+
+def test_timeline_says_when_interleaving_rounds_the_micro_batches():
+    from widgets.timeline import TimelinePanel
+
+    p = TimelinePanel(system="dgx-a100", dp=1, tp=1, pp=4, micro_batches=8, schedule="interleaved")
+    assert "micro-batches" not in p.summary.value.split("·")[0]
+    p.m.value = 7  # interleaved needs a multiple of pp = 4: 7 - 7 % 4 = 4 are simulated
+    assert p.layout().global_batch == 4
+    assert "4 micro-batches (interleaved needs a multiple of pp)" in p.summary.value

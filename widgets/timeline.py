@@ -1,6 +1,10 @@
 """The timeline panel: a parallel layout drives a Gantt chart per rank and stream of one
 simulated training iteration, with the critical path highlighted.
 
+The dtype is bf16 where the system's GPU has it, else fp16 (V100); interleaving rounds the
+micro-batches to a multiple of pp; the summary states both. A layout of more GPUs than the
+system has shows a message saying which controls to lower.
+
 timeline_chart() draws any kit.sim timeline (a parallel prediction, a replayed trace).
 """
 from __future__ import annotations
@@ -9,7 +13,7 @@ import altair as alt
 import ipywidgets as W
 import pandas as pd
 
-from kit.hardware import list_systems
+from kit.hardware import get_system, list_systems
 from kit.parallel import GPTSpec, Layout, predict_parallel
 from widgets.base import Panel
 
@@ -74,6 +78,20 @@ class TimelinePanel(Panel):
             w.layout = W.Layout(width="130px")
         return [self.system, self.schedule, self.pp, self.tp, self.dp, self.m]
 
+    def dtype(self) -> str:
+        """bf16 on a GPU that has it, else fp16 (V100 and older have no bf16)."""
+        gpu = get_system(self.system.value).gpu
+        return "bf16" if gpu.peak_tflops("bf16") is not None else "fp16"
+
+    def _too_big(self) -> str | None:
+        """Why the layout does not fit the system (in the panel's words, not the CLI's), or None."""
+        have = get_system(self.system.value).world_size
+        dp, tp, pp = self.dp.value, self.tp.value, self.pp.value
+        if dp * tp * pp <= have:
+            return None
+        return (f"layout dp {dp} x tp {tp} x pp {pp} = {dp * tp * pp} GPUs, but {self.system.value} "
+                f"has {have}: pick a smaller dp, tp or pp")
+
     def layout(self) -> Layout:
         pp = self.pp.value
         sched = self.schedule.value if pp > 1 else "1f1b"
@@ -82,14 +100,16 @@ class TimelinePanel(Panel):
             m = max(pp, m - m % pp)
         return Layout(dp=self.dp.value, tp=self.tp.value, pp=pp, micro_batch=1,
                       global_batch=m * self.dp.value, schedule=sched,
-                      virtual_stages=2 if sched == "interleaved" else 1, dtype="bf16")
+                      virtual_stages=2 if sched == "interleaved" else 1, dtype=self.dtype())
 
     def result(self) -> dict:
         from kit.errors import KitError
 
+        self._result, self._error = None, self._too_big()
+        if self._error:
+            return None
         try:
             self._result = predict_parallel(self.model, self.system.value, self.layout(), keep=True)
-            self._error = None
         except KitError as e:
             self._result, self._error = None, str(e)
         return self._result
@@ -110,7 +130,11 @@ class TimelinePanel(Panel):
         parts = ", ".join(f"{k} {b[k]:.1f} ms" for k in ("compute", "communication", "cpu") if b[k] > 0)
         lo, hi = r["band_ms"]
         band = f" (p10–p90 {lo:.1f}–{hi:.1f})" if hi > lo else ""
-        return (f"{r['layout']['world_size']} GPUs · iteration {r['iteration_ms']:.1f} ms{band} · "
+        lay = self.layout()
+        m = lay.global_batch // lay.dp
+        used = f", {m} micro-batches (interleaved needs a multiple of pp)" if m != self.m.value else ""
+        return (f"{r['layout']['world_size']} GPUs, {lay.dtype}{used} · "
+                f"iteration {r['iteration_ms']:.1f} ms{band} · "
                 f"critical path: {parts} · stage 0 waits {r['rank_breakdown']['wait']:.1f} ms "
                 f"(ideal bubble {100 * r['ideal_bubble_fraction']:.0f}%) · peak memory "
                 f"{max(s['total_gib'] for s in r['memory_per_rank']):.1f} GiB/rank")
