@@ -1,6 +1,8 @@
 """The verbs every face of the kit shares (CLI, notebooks, widgets), so all give the same answer."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from kit.errors import KitError
 from kit.hardware import get_gpu, list_gpus
 from kit.predict import get_predictor, roofline
@@ -169,6 +171,10 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
 
     gpus = parse_gpu_list(train_gpus) if isinstance(train_gpus, str) else list(train_gpus)
     data = resolve_data_dir(data_dir)
+    try:  # before minutes of training, not after
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KitError(f"cannot create weights folder {out}: {e.strerror}") from None
     bundle = train_bundle(training_frame(data, gpus), gpus, seed=seed, threads=threads,
                           settings=QUICK if quick else None, direct=direct, calibrate=not quick,
                           progress=progress,

@@ -243,3 +243,15 @@ def test_kit_schema_latency_must_be_finite(tmp_path):
     frame.to_csv(tmp_path / "kit.csv", index=False)
     with pytest.raises(KitError, match="latency_ms must be a positive number; row 3 has 'inf'"):
         load_measurements(tmp_path / "kit.csv")
+
+
+# -- kit train ---------------------------------------------------------------------------------
+def test_train_checks_its_out_folder_before_training(tmp_path):
+    # an --out that cannot be created was found only after the whole training (minutes)
+    from kit.api import train_predictors
+
+    (tmp_path / "data").mkdir()  # a NeuSight-shaped folder with nothing to train on
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(KitError, match="cannot create weights folder"):
+        train_predictors("T4", blocker / "weights", data_dir=tmp_path, quick=True)
