@@ -106,9 +106,11 @@ def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_ada
 
     if isinstance(tables, (str, bytes)) or hasattr(tables, "__fspath__"):
         tables = read_tables(tables)
-    sysobj = get_system(system, nodes=nodes) if nodes else get_system(system)
+    sysobj = get_system(system, nodes=nodes) if nodes is not None else get_system(system)
+    if isinstance(kinds, str):  # "rw,dp" as the CLI takes it, not the letters of "rw"
+        kinds = [k.strip() for k in kinds.split(",") if k.strip()]
     return plan_sharding(tables, sysobj, batch=batch, optimizer=optimizer, memory_cap_gib=memory_gib,
-                         kinds=tuple(kinds) if kinds else KINDS, time_budget_s=time_budget_s)
+                         kinds=tuple(kinds) if kinds is not None else KINDS, time_budget_s=time_budget_s)
 
 
 def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | None = None,

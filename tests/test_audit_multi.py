@@ -212,3 +212,26 @@ def test_collect_embedding_empty_grid_or_unknown_mode_is_an_error(tmp_path, caps
     out = tmp_path / "e.csv"
     assert needle in _err(capsys, ["collect-embedding", "--out", str(out), flag, value])
     assert not out.exists()  # was: a header-only file and "0 rows written" (or a row failure per config)
+
+
+# ---- the Python verbs --------------------------------------------------------------------------
+
+def test_shard_tables_verb_checks_nodes_budget_and_takes_a_kinds_string(tmp_path):
+    from kit.api import shard_tables
+
+    with pytest.raises(KitError, match="nodes"):
+        shard_tables(_tables(tmp_path), "dgx-a100", nodes=0)  # was silently one node
+    with pytest.raises(KitError, match="time budget"):
+        shard_tables(_tables(tmp_path), "dgx-a100", time_budget_s=-1)
+    r = shard_tables(_tables(tmp_path), "dgx-a100", kinds="rw,dp", time_budget_s=0.1)  # was 'r', 'w'
+    assert {p["kind"] for p in r["plan"]} <= {"rw", "dp"}
+
+
+@pytest.mark.parametrize("kw, needle", [({"graph": "maybe"}, "graph"), ({"system": None}, "system"),
+                                        ({"model": 123}, "model")])
+def test_predict_multi_gpu_bad_arguments_are_kit_errors(kw, needle):
+    from kit.api import predict_multi_gpu
+
+    args = {"model": "gpt2", "system": "dgx-a100", **kw}
+    with pytest.raises(KitError, match=needle):
+        predict_multi_gpu(args.pop("model"), args.pop("system"), **args)

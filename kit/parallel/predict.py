@@ -27,14 +27,21 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     "auto": the captured graph for zoo models when the layout has no sequence or expert
     parallelism, else the analytic layer.
     """
-    from kit.hardware.system import get_system
+    from kit.hardware.system import System, get_system
 
     t0 = time.perf_counter()
+    if graph not in (True, False, "auto"):
+        raise KitError(f"graph must be True (the captured op graph), False (the analytic layer) or "
+                       f"'auto', got {graph!r}")
+    if not isinstance(model, (GPTSpec, str)):
+        raise KitError(f"model must be a zoo name, an inline gpt:... shape or a GPTSpec, got {model!r}")
     spec = model if isinstance(model, GPTSpec) else parse_model(model)
     if layout.ep > 1 and not spec.experts:
         raise KitError(f"--ep {layout.ep}: {spec.name} has no experts; expert parallelism needs a MoE model")
     if layout.ep > 1 and spec.experts % layout.ep:
         raise KitError(f"--ep {layout.ep} must divide the {spec.experts} experts of {spec.name}")
+    if not isinstance(system, (str, System)):
+        raise KitError(f"system must be a preset name (see `kit systems`) or a System, got {system!r}")
     sys_ = get_system(system, nodes=nodes) if isinstance(system, str) or nodes else system
     use_graph = graph is True or (graph == "auto" and spec.zoo is not None
                                   and not layout.sequence_parallel and layout.ep == 1)

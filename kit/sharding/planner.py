@@ -47,6 +47,8 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     system = _system(system)
     if memory_cap_gib is not None and not memory_cap_gib > 0:
         raise KitError(f"memory cap must be a positive number of GiB, got {memory_cap_gib!r}")
+    if not isinstance(time_budget_s, (int, float)) or not 0 <= time_budget_s < float("inf"):
+        raise KitError(f"time budget must be a number of seconds >= 0, got {time_budget_s!r}")
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         raise KitError(f"unknown sharding kind(s) {', '.join(bad) or '(none)'}; choose from {', '.join(KINDS)}")
