@@ -235,3 +235,19 @@ def test_predict_multi_gpu_bad_arguments_are_kit_errors(kw, needle):
     args = {"model": "gpt2", "system": "dgx-a100", **kw}
     with pytest.raises(KitError, match=needle):
         predict_multi_gpu(args.pop("model"), args.pop("system"), **args)
+
+
+# ---- systems -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["dgx-h100-x0", "dgx-h100-x99999999999"])
+def test_system_node_suffix_out_of_range_is_one_line(capsys, name):
+    # x0 was ValueError (max of no nodes), a huge count a MemoryError building the rank list
+    assert "nodes must be" in _err(capsys, ["comm", "predict", "allreduce", "--bytes", "1e6", "--system", name])
+
+
+def test_system_node_limit_is_inclusive():
+    from kit.hardware.system import MAX_NODES, get_system
+
+    assert get_system("dgx-h100", nodes=MAX_NODES).world_size == 8 * MAX_NODES
+    with pytest.raises(KitError, match="nodes"):
+        get_system("dgx-h100", nodes=MAX_NODES + 1)

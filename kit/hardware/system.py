@@ -263,13 +263,15 @@ def get_system(name: str | System, nodes: int | None = None, network: str | None
     return _lookup(name, nodes, network)
 
 
+MAX_NODES = 2**17  # x 8 GPUs: 1,048,576 ranks, beyond any cluster built (and rank lists stay small)
+
+
 @lru_cache(maxsize=512)
 def _lookup(name: str, nodes: int | None, network: str | None) -> System:
     entry, net, n = _parse(name)
-    if nodes is not None:
-        if nodes < 1:
-            raise KitError(f"nodes must be a whole number >= 1, got {nodes!r}")
-        n = nodes
+    n = nodes if nodes is not None else n
+    if not 1 <= n <= MAX_NODES:  # '<preset>-x0' as well as nodes=0; a million GPUs at most
+        raise KitError(f"nodes must be a whole number from 1 to {MAX_NODES:,}, got {n!r}")
     net = network if network is not None else net
     if net is not None:
         _network(net)
