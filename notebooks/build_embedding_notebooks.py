@@ -65,12 +65,15 @@ skew
 """),
     code("""
 assert skew.unique_rows.is_monotonic_decreasing
+third, quarter = (Zipf(a).expected_unique(n, E) / u for a in (1.0, 1.05))
+assert 0.3 < third < 0.37 and 0.25 < quarter < 0.3            # the takeaway's "a third to a quarter"
 x = Zipf(1.05).sample(n, E, np.random.default_rng(0))      # a seeded stream of that skew
 assert abs(np.unique(x).size / Zipf(1.05).expected_unique(n, E) - 1) < 0.01
 """),
     md(r"""
-**Takeaway:** at $\alpha \approx 1$, typical of click logs, a million lookups touch about a fifth as
-many rows as uniform ones do. The rest are repeats, and repeats can come from L2.
+**Takeaway:** at $\alpha \approx 1$, typical of click logs, a million lookups touch only a third
+($\alpha = 1$) to a quarter ($\alpha = 1.05$) as many rows as uniform ones do. The rest are
+repeats, and repeats can come from L2.
 
 ## 2. L2 hits
 
@@ -155,7 +158,9 @@ TBE's fused backward sorts the indices (8-bit radix passes), sums each unique ro
 and updates the row in place: $2Ur$ bytes of rows. Row-wise Adagrad keeps one fp32 per row,
 read and written, and a lone 4-byte value still moves a 32-byte sector: $+\,2U\cdot 32$ bytes.
 The backward is many small kernels (fills, scans, the sort, run-length encoding, the segment
-kernels): their floors, read off FBGEMM's kernels in a V100 DLRM trace, add about 75 µs.
+kernels): their floors, read off FBGEMM's kernels in a V100 DLRM trace, add about 73 µs; beyond
+4,096 lookups the sort takes more passes, $5 + 9$ µs per 8-bit pass of the row ids (3 passes
+for $2^{24}$ rows: 105 µs in all).
 """),
     code("""
 t = Table(rows=2**24, dim=32, pooling=5)
@@ -164,6 +169,7 @@ ada = lookup_cost(t, 1024, a100, "uniform", backward=True, optimizer="rowwise_ad
 extra = ada.parts["dram_bytes"] - sgd.parts["dram_bytes"]
 print(f"row-wise Adagrad adds {extra / 1e6:.2f} MB over SGD ({sgd.parts['unique_rows']:,.0f} rows)")
 assert abs(extra - 2 * sgd.parts["unique_rows"] * 32) < 1
+assert abs(sgd.parts["launch_ms"] - (10 * 0.0025 + 4 * 0.012 + 0.005 + 3 * 0.009)) < 1e-12  # 105 us
 """),
     md(r"""
 ## 6. Real indices and reuse histograms
@@ -273,10 +279,15 @@ by_hand = max(fwd) + max(bwd) + a2a(out) + a2a(out.T) + a2a(idx)
 kit_ms = m.exact_cost(choice)["cost_ms"]
 print(f"{kit_ms:.4f} ms by the kit, {by_hand:.4f} ms by hand")
 assert abs(kit_ms / by_hand - 1) < 1e-6
+print(f"lookups {max(fwd) + max(bwd):.4f} ms (forward: b, backward: a sets the pace), "
+      f"all-to-alls {a2a(out) + a2a(out.T) + a2a(idx):.4f} ms")
+assert np.argmax(fwd) == 1 and np.argmax(bwd) == 0
+assert a2a(out) + a2a(out.T) + a2a(idx) > max(fwd) + max(bwd)
 """),
     md(r"""
-**Takeaway:** with two tables, two ranks sit idle and the slower table sets the pace; the
-all-to-all is small next to the lookups.
+**Takeaway:** with two tables, two ranks sit idle, and each pass waits for its slower table (b's
+forward, a's backward). Tables this small cost less to look up than to exchange: the three
+all-to-alls, each near its latency floor, take longer than the lookups.
 
 ## 2. Pricing thousands of plans at once
 
@@ -315,7 +326,8 @@ assert best_ms <= min(base.values())
     md(r"""
 ## 4. Is it optimal? Exhaustive search on a small case
 
-Four tables on four GPUs have about $14^4$ plans: few enough to price them all.
+Four tables on four GPUs have 6 to 14 placements each (the two with $D = 16$ cannot be split by
+column), $6\cdot 6\cdot 10\cdot 14 = 5{,}040$ plans: few enough to price them all.
 """),
     code("""
 small = ShardingModel(synthetic_tables(4, seed=3), sysm, batch=512)
@@ -324,6 +336,7 @@ opt_choice, opt_ms, n_plans = exhaustive(small)
 found, found_ms, _, _ = local_search(small, time_budget_s=600.0, seed=1)
 print(f"{n_plans:,} plans; optimum {opt_ms:.4f} ms, search {found_ms:.4f} ms")
 assert abs(found_ms - opt_ms) <= 1e-6 * opt_ms         # float32 sums: same plan cost
+assert n_plans == np.prod(small.n_options) == 6 * 6 * 10 * 14
 """),
     md(r"""
 ## 5. A memory cap forces a big table apart
