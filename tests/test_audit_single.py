@@ -255,3 +255,34 @@ def test_train_checks_its_out_folder_before_training(tmp_path):
     blocker.write_text("")
     with pytest.raises(KitError, match="cannot create weights folder"):
         train_predictors("T4", blocker / "weights", data_dir=tmp_path, quick=True)
+
+
+# -- kit predict (one GPU) ---------------------------------------------------------------------
+def test_predict_dtype_choices_are_what_capture_takes():
+    from kit.cli import build_parser
+    from kit.cli.cmd_predict import MODEL_DTYPES
+    from kit.workload.capture import TORCH_DTYPES
+
+    assert set(MODEL_DTYPES) == set(TORCH_DTYPES)
+    with pytest.raises(KitError, match="invalid choice: 'fp8'"):  # was offered, then refused
+        build_parser().parse_args(["predict", "gpt2", "--gpu", "a100", "--dtype", "fp8"])
+
+
+def test_predict_says_when_the_step_does_not_fit(tmp_path, capsys):
+    # inference keeps 2x the largest forward output: the MLP's (1e6·64, 4·64) fp32 hidden = 65.5 GB
+    # (wider than the 128-entry vocabulary's logits)
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY_GPT))
+    batch, seq = 1_000_000, 64
+    rc, out, _ = _kit(capsys, "predict", str(path), "--gpu", "a100-sxm4-40gb", "--mode", "inference",
+                      "--batch", str(batch), "--seq", str(seq), "--json")
+    m = json.loads(out)["memory"]
+    assert rc == 0 and m["activations_bytes"] == 2 * batch * seq * max(4 * 64, 128) * 4
+    assert m["total_bytes"] == m["weights_bytes"] + m["activations_bytes"]  # no grads, no state
+    assert m["gpu_memory_bytes"] == 40 * 2**30 and m["fits"] is False
+    rc, out, _ = _kit(capsys, "predict", str(path), "--gpu", "a100-sxm4-40gb", "--mode", "inference",
+                      "--batch", str(batch), "--seq", str(seq))
+    assert f"needs {m['total_bytes'] / 2**30:.1f} GiB" in out and "would not fit" in out
+    rc, out, _ = _kit(capsys, "predict", str(path), "--gpu", "a100-sxm4-40gb", "--mode", "inference",
+                      "--batch", "1", "--seq", str(seq))
+    assert rc == 0 and "would not fit" not in out

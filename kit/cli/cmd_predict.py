@@ -1,18 +1,21 @@
 """`kit predict MODEL --gpu NAME ...`: one training step or inference pass of a whole model."""
 from kit.cli import add_command, positive_int
-from kit.hardware import DTYPES
+
+# the dtypes a whole model can be captured in (kit.workload.capture.TORCH_DTYPES; no fp8 models)
+MODEL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 
 
 def add_model_args(p):
     """Arguments shared by predict and compare (the multi-GPU options extend this parser)."""
     from kit.workload.zoo import zoo_names
 
-    p.add_argument("model", help="a zoo model (" + ", ".join(zoo_names()) + "), or a Python path "
-                   "'module:callable' returning an nn.Module, an HF-style config dict or (module, inputs)")
+    p.add_argument("model", help="a zoo model (" + ", ".join(zoo_names()) + "), an HF-style "
+                   "config .json file, or a Python path 'module:callable' returning an nn.Module, "
+                   "an HF-style config dict or (module, inputs)")
     p.add_argument("--mode", default="train", choices=["train", "inference"])
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the model's)")
-    p.add_argument("--dtype", default="fp32", choices=DTYPES)
+    p.add_argument("--dtype", default="fp32", choices=MODEL_DTYPES)
     p.add_argument("--fusion", default="eager", choices=["eager", "compiled"])
     p.add_argument("--optimizer", default=None,
                    help="add an optimizer step to training: adamw, adamw-fused, adam, sgd")
@@ -28,6 +31,17 @@ def overhead_from(args):
 
         return calibrate(args.overhead_trace)
     return None
+
+
+def memory_need(it, gpu) -> dict:
+    """kit.workload.models.memory_bytes of a predicted step (its meta holds the capture's sizes),
+    with the GPU's memory and whether the step fits in it, as `kit compare` reports."""
+    from kit.hardware import get_gpu
+    from kit.workload.models import memory_bytes
+
+    mem = memory_bytes(it)
+    gpu = get_gpu(gpu)
+    return {**mem, "gpu_memory_bytes": gpu.memory_bytes, "fits": mem["total_bytes"] <= gpu.memory_bytes}
 
 
 def run(args):
@@ -49,6 +63,7 @@ def run(args):
                        dtype=args.dtype, fusion=args.fusion, optimizer=args.optimizer,
                        predictor=args.predictor, overhead=overhead_from(args))
     out = it.to_dict()
+    out["memory"] = memory_need(it, it.gpu)
     if args.trace:
         try:
             with open(args.trace, "w") as f:
@@ -83,6 +98,12 @@ def text(r) -> str:
     if r.get("unknown_ops"):
         lines.append("  unknown ops (costed as memory-bound): "
                      + ", ".join(f"{k} x{v}" for k, v in r["unknown_ops"].items()))
+    m = r.get("memory")
+    if m and not m["fits"]:
+        lines.append(f"  note: needs {m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, "
+                     f"grads {m['grads_bytes'] / 2**30:.1f}, optimizer {m['optimizer_bytes'] / 2**30:.1f}, "
+                     f"activations {m['activations_bytes'] / 2**30:.1f}), more than {r['gpu']}'s "
+                     f"{m['gpu_memory_bytes'] / 2**30:g} GiB: it would not fit on one GPU")
     for t, why in r.get("fallbacks", {}).items():
         lines.append(f"  note: {t}: {why}")
     if r.get("trace"):
