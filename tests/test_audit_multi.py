@@ -251,3 +251,16 @@ def test_system_node_limit_is_inclusive():
     assert get_system("dgx-h100", nodes=MAX_NODES).world_size == 8 * MAX_NODES
     with pytest.raises(KitError, match="nodes"):
         get_system("dgx-h100", nodes=MAX_NODES + 1)
+
+
+def test_comm_fit_ranks_hint_checked_against_the_file_and_the_system(tmp_path, capsys):
+    rows = [_row(s, f"{20 + s / 1e5:.2f}") for s in SIZES]
+    f = tmp_path / "ar.txt"
+    f.write_text(_nccl(rows))  # 8 '#  Rank' lines
+    assert "8 '#  Rank'" in _err(capsys, ["comm", "fit", str(f), "--system", "dgx-a100", "--ranks", "64"])
+    assert "positive" in _err(capsys, ["comm", "fit", str(f), "--system", "dgx-a100", "--ranks=-4"])
+    bare = tmp_path / "bare.txt"  # no device lines: the hint is the rank count
+    bare.write_text("\n".join(ln for ln in _nccl(rows).splitlines() if "Rank" not in ln) + "\n")
+    assert "has 8 GPUs" in _err(capsys, ["comm", "fit", str(bare), "--system", "dgx-a100", "--ranks", "64"])
+    assert main(["comm", "fit", str(bare), "--system", "dgx-a100", "--nodes", "8", "--ranks", "64", "--json"]) == 0
+    assert '"ranks": 64' in capsys.readouterr().out

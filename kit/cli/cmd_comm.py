@@ -1,5 +1,5 @@
 """`kit comm fit|predict`: collective cost on a system, from presets or fitted curves."""
-from kit.cli import add_command
+from kit.cli import add_command, positive_int
 from kit.errors import KitError
 
 
@@ -59,6 +59,10 @@ def fit(args):
     system = _system(args)
     table = read_measurements(args.file, fmt=args.format, kind=args.kind, ranks=args.ranks_hint)
     cal = fit_table(table, system=system.key, source=str(args.file))
+    big = sorted({c.ranks for c in cal.curves if c.ranks > system.world_size})
+    if big:
+        raise KitError(f"{args.file}: measured on {big[-1]} ranks, but {system.key} has {system.world_size} "
+                       "GPUs; pass --nodes (or the system it ran on)")
     if args.out:
         cal.save(args.out)
     return {"out": args.out, **cal.to_dict()}
@@ -102,4 +106,4 @@ def register(sub):
     f.add_argument("--out", help="calibration file to write (JSON)")
     f.add_argument("--format", default="auto", choices=["auto", "nccl-tests", "param"])
     f.add_argument("--kind", help="collective, when the file does not say")
-    f.add_argument("--ranks", dest="ranks_hint", type=int, help="rank count, when the file does not say")
+    f.add_argument("--ranks", dest="ranks_hint", type=positive_int, help="rank count, when the file does not say")

@@ -88,6 +88,9 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
             continue  # other chatter (warnings, hostnames)
         if cur_kind is None:
             raise KitError(f"{src}: no '# Collective test starting:' line; pass kind= (e.g. allreduce)")
+        if ranks and rank_lines and ranks != len(rank_lines):
+            raise KitError(f"{src}: ranks={ranks} given, but the file lists {len(rank_lines)} '#  Rank' "
+                           "device lines; drop ranks= or fix the file")
         n = ranks or (len(rank_lines) if rank_lines else None)
         if n is None:
             raise KitError(f"{src}: no '#  Rank' device lines to count ranks; pass ranks=")
@@ -168,6 +171,8 @@ def parse_param(path, kind: str | None = None, ranks: int | None = None):
 
 def read_measurements(path, fmt: str = "auto", kind: str | None = None, ranks: int | None = None):
     """Either format; 'auto' looks for COMMS-RES lines."""
+    if ranks is not None and (isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1):
+        raise KitError(f"ranks must be a whole number >= 1, got {ranks!r}")
     if fmt not in ("auto", "nccl-tests", "param"):
         raise KitError(f"unknown benchmark format {fmt!r}; choose auto, nccl-tests or param")
     if fmt == "auto":
