@@ -264,3 +264,23 @@ def test_comm_fit_ranks_hint_checked_against_the_file_and_the_system(tmp_path, c
     assert "has 8 GPUs" in _err(capsys, ["comm", "fit", str(bare), "--system", "dgx-a100", "--ranks", "64"])
     assert main(["comm", "fit", str(bare), "--system", "dgx-a100", "--nodes", "8", "--ranks", "64", "--json"]) == 0
     assert '"ranks": 64' in capsys.readouterr().out
+
+
+PARAM_HEAD = ("\tCOMMS-RES-all_reduce-float32  size (B)  num-elements  Latency(us):p50  p75  p95  Min  Max  "
+              "algBW(GB/s)  busBW(GB/s)\n")
+
+
+@pytest.mark.parametrize("col, bad, needle", [(2, "nan", "'nan'"), (2, "-3", "'-3'"), (0, "-4096", "-4096"),
+                                              (0, "4096.5", "4096.5")])
+def test_param_corrupt_latency_or_size_is_named_not_dropped(tmp_path, capsys, col, bad, needle):
+    lines = []
+    for s in SIZES:
+        t = 20 + s / 1e5
+        alg = s / t / 1e3
+        vals = [str(s), str(s // 4)] + [f"{t:.2f}"] * 5 + [f"{alg:.2f}", f"{alg * 1.75:.2f}"]
+        lines.append(vals)
+    lines[1][col] = bad
+    f = tmp_path / "param.txt"
+    f.write_text(PARAM_HEAD + "".join("\tCOMMS-RES-all_reduce-float32  " + "  ".join(v) + "\n" for v in lines))
+    line = _err(capsys, ["comm", "fit", str(f), "--system", "dgx-a100"])
+    assert "line 3" in line and needle in line

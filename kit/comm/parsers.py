@@ -150,7 +150,11 @@ def parse_param(path, kind: str | None = None, ranks: int | None = None):
         t = rec.get("p50", rec.get("latency"))
         if t is None or "size" not in rec:
             raise KitError(f"{src}: the PARAM header lacks size (B) or Latency(us):p50")
-        rows.append({"kind": cur_kind, "ranks": ranks, "size_bytes": int(rec["size"]),
+        t = _time(vals[cols.index("p50" if "p50" in rec else "latency")], where)
+        size = rec["size"]
+        if not (size >= 0 and size == int(size)):
+            raise KitError(f"{where}: the size must be a whole number of bytes >= 0, got {size:g}")
+        rows.append({"kind": cur_kind, "ranks": ranks, "size_bytes": int(size),
                      "count": int(rec.get("num-elements", 0)), "dtype": "", "time_us": t,
                      "algbw_gbs": rec.get("algbw", float("nan")), "busbw_gbs": rec.get("busbw", float("nan")),
                      "time_us_in_place": float("nan"), "busbw_gbs_in_place": float("nan"), "wrong": 0,
