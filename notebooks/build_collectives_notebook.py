@@ -1,5 +1,5 @@
-"""Writes notebooks/04_collectives.ipynb (then run
-`.venv/bin/jupyter nbconvert --to notebook --execute --inplace notebooks/04_collectives.ipynb`)."""
+"""Writes notebooks/04_collectives.ipynb, outputs cleared (nbval runs it:
+`.venv/bin/python -m pytest --nbval-lax --nbval-current-env notebooks/04_collectives.ipynb`)."""
 import sys
 from pathlib import Path
 

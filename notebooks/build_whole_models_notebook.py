@@ -1,5 +1,5 @@
-"""Writes notebooks/03_whole_models.ipynb (then run
-`.venv/bin/jupyter nbconvert --to notebook --execute --inplace notebooks/03_whole_models.ipynb`)."""
+"""Writes notebooks/03_whole_models.ipynb, outputs cleared (nbval runs it:
+`.venv/bin/python -m pytest --nbval-lax --nbval-current-env notebooks/03_whole_models.ipynb`)."""
 from pathlib import Path
 
 import nbformat as nbf
@@ -132,7 +132,8 @@ assert compiled_ms < eager_ms
 
 `kit compare` predicts one model on many GPUs: step time, throughput, whether weights, gradients,
 AdamW state and activations fit, energy at TDP, and, with **your** prices per GPU-hour, the cost
-per million tokens. The kit has no built-in prices.
+per million tokens ($/h ÷ 3600 × step seconds ÷ tokens per step × 10⁶). The kit has no built-in
+prices: a GPU without one shows "no price".
 """),
     code("""
 r = compare("gpt2", ["t4", "l4", "a100-pcie-40gb", "h100-sxm"], mode="train", batch=4, seq=256,
@@ -142,7 +143,11 @@ table = pd.DataFrame(r["rows"])[["gpu", "step_ms", "tokens_per_s", "fits", "ener
 for row in r["rows"]:
     assert abs(row["tokens_per_s"] - 4 * 256 / (row["step_ms"] / 1e3)) < 1e-6 * row["tokens_per_s"]
 assert table.set_index("gpu").loc["h100-sxm", "step_ms"] < table.set_index("gpu").loc["t4", "step_ms"]
-table.round(3)
+t4 = table.set_index("gpu").loc["t4"]
+assert abs(t4.cost_per_m_tokens - 0.35 / 3600 * t4.step_ms / 1e3 / (4 * 256) * 1e6) < 1e-12
+shown = table.round(3)
+shown["cost_per_m_tokens"] = [f"{v:.3f}" if pd.notna(v) else "no price" for v in shown.cost_per_m_tokens]
+shown
 """),
     md(r"""
 **Memory.** Weights alone of GPT-3 175B in fp16 are $2\cdot 175\times 10^9$ bytes = 350 GB: more

@@ -130,3 +130,20 @@ def test_timeline_says_when_interleaving_rounds_the_micro_batches():
     p.m.value = 7  # interleaved needs a multiple of pp = 4: 7 - 7 % 4 = 4 are simulated
     assert p.layout().global_batch == 4
     assert "4 micro-batches (interleaved needs a multiple of pp)" in p.summary.value
+
+
+# -- the notebooks as stored -----------------------------------------------------------------
+def test_notebooks_are_stored_with_outputs_cleared():
+    """The builders write cleared notebooks; stored outputs go stale (03 and 04 kept a run's
+    outputs and widget views that no longer had a model behind them)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "notebooks"
+    books = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+    assert len(books) >= 8
+    for path in books:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        assert nb["metadata"]["kernelspec"]["name"] == "python3", path.name
+        code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+        assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), path.name
