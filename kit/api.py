@@ -62,6 +62,8 @@ def memory_problem(op, gpu) -> str | None:
 
 def predict_op(op, gpu, predictor: str = "auto") -> dict:
     """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
+    if not (hasattr(op, "flops") and hasattr(op, "bytes") and hasattr(op, "op_class")):
+        raise KitError(f"predict_op needs a kit.ops op (Gemm, Elementwise, Softmax, ...), got {op!r}")
     gpu = get_gpu(gpu)
     problem = memory_problem(op, gpu)
     if problem:

@@ -286,3 +286,27 @@ def test_predict_says_when_the_step_does_not_fit(tmp_path, capsys):
     rc, out, _ = _kit(capsys, "predict", str(path), "--gpu", "a100-sxm4-40gb", "--mode", "inference",
                       "--batch", "1", "--seq", str(seq))
     assert rc == 0 and "would not fit" not in out
+
+
+# -- configs and the Python verbs --------------------------------------------------------------
+@pytest.mark.parametrize("change,word", [({"n_embd": -5}, "negative dimension"),
+                                         ({"n_embd": "64"}, "cannot build a model")])
+def test_config_with_bad_values_is_one_kit_error(change, word):
+    with pytest.raises(KitError, match=word):  # were a RuntimeError / TypeError traceback
+        graph_of({**TINY_GPT, **change}, 1, 8, "inference")
+
+
+def test_kv_heads_must_divide_query_heads():
+    # 4 query heads over 3 KV heads repeated k/v 4 // 3 = 1 time: a shape mismatch deep in
+    # autograd ("returned an invalid gradient"); now it names the heads
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+           "num_key_value_heads": 3, "intermediate_size": 128, "vocab_size": 100}
+    with pytest.raises(KitError, match="4 query heads are not a multiple of 3 key/value heads"):
+        graph_of(cfg, 1, 8, "train")
+
+
+def test_predict_op_needs_an_op():
+    from kit.api import predict_op
+
+    with pytest.raises(KitError, match="needs a kit.ops op"):
+        predict_op("gemm", "a100")

@@ -152,6 +152,9 @@ def _fused_dropout(input, p=0.5, training=True, inplace=False):
 def _fused_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                 enable_gqa=False):
     if k.shape[-3] != q.shape[-3]:  # grouped-query attention: repeat k/v heads
+        if q.shape[-3] % k.shape[-3]:
+            raise KitError(f"attention: {q.shape[-3]} query heads are not a multiple of "
+                           f"{k.shape[-3]} key/value heads")
         rep = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
     if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None:

@@ -150,6 +150,9 @@ def build(model: str | dict):
             return cls(cfg)
     except KeyError as e:
         raise KitError(f"{kind} config is missing key {e.args[0]!r}") from None
+    except (RuntimeError, TypeError, ValueError, ZeroDivisionError) as e:  # n_embd -5, "64", ...
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise KitError(f"{kind} config cannot build a model: {msg}") from None
 
 
 # -- cached capture -----------------------------------------------------------------------------
