@@ -284,3 +284,39 @@ def test_param_corrupt_latency_or_size_is_named_not_dropped(tmp_path, capsys, co
     f.write_text(PARAM_HEAD + "".join("\tCOMMS-RES-all_reduce-float32  " + "  ".join(v) + "\n" for v in lines))
     line = _err(capsys, ["comm", "fit", str(f), "--system", "dgx-a100"])
     assert "line 3" in line and needle in line
+
+
+# ---- kit replay --------------------------------------------------------------------------------
+
+def _kineto(tmp_path, kernel_dur=40.0, rank=None):
+    import json
+
+    ev = lambda name, ts, dur, cat, tid=1, **a: {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat,
+                                                  "pid": 1, "tid": tid, "args": a}
+    doc = {"traceEvents": [ev("ProfilerStep#1", 0, 100, "cpu_op"), ev("aten::mm", 10, 20, "cpu_op"),
+                           ev("cudaLaunchKernel", 15, 5, "cuda_runtime", correlation=7),
+                           ev("sgemm", 30, kernel_dur, "kernel", tid=7, correlation=7, stream=7)],
+           "deviceProperties": [{"name": "NVIDIA A100-SXM4-40GB"}]}
+    if rank is not None:
+        doc["distributedInfo"] = {"rank": rank}
+    f = tmp_path / "trace.json"
+    f.write_text(json.dumps(doc))  # json writes inf as Infinity, as a broken exporter could
+    return str(f)
+
+
+def test_replay_skips_an_infinite_duration_instead_of_printing_inf(tmp_path):
+    import math
+
+    from kit.api import replay_trace
+
+    r = replay_trace(_kineto(tmp_path, kernel_dur=float("inf")))
+    (rank,) = r["ranks"]
+    assert math.isfinite(rank["predicted_ms"]) and rank["predicted_ms"] == pytest.approx(0.100)
+    assert any("skipped 1 event" in n for n in r["notes"])
+
+
+def test_replay_negative_rank_in_distributed_info_is_not_a_rank(tmp_path):
+    from kit.api import replay_trace
+
+    r = replay_trace(_kineto(tmp_path, rank=-3))
+    assert [x["rank"] for x in r["ranks"]] == [0]

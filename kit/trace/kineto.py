@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import tarfile
 from dataclasses import dataclass, field
@@ -110,10 +111,12 @@ class RankTrace:
 
 
 def _num(v):
+    """v as a finite float, else None (a NaN or infinite ts/dur is as good as a missing one)."""
     try:
-        return float(v)
+        x = float(v)
     except (TypeError, ValueError):
         return None
+    return x if math.isfinite(x) else None
 
 
 def int_or_none(v):
@@ -145,7 +148,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     dist = doc.get("distributedInfo") or {}
     rank = dist.get("rank") if isinstance(dist, dict) else None
     how = None
-    if not isinstance(rank, int) or isinstance(rank, bool):
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         m = _RANK_IN_NAME.search(Path(source).name)
         rank = int(m.group(1)) if m else fallback_rank
         how = "its file name" if m else "its position among the files"
@@ -193,7 +196,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
         why = "no distributedInfo" if not dist else "distributedInfo has no rank"
         t.notes.insert(0, f"{Path(source).name}: {why}; rank {rank} taken from {how}")
     if skipped:
-        t.notes.append(f"skipped {skipped} events with missing ts/dur/name")
+        t.notes.append(f"skipped {skipped} events with a missing (or non-finite, negative) ts/dur or no name")
     t.steps.sort(key=lambda s: s[1])
     t.runtime.sort(key=lambda c: c.ts_us)
     t.gpu.sort(key=lambda g: g.ts_us)
