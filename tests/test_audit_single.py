@@ -310,3 +310,23 @@ def test_predict_op_needs_an_op():
 
     with pytest.raises(KitError, match="needs a kit.ops op"):
         predict_op("gemm", "a100")
+
+
+# -- kit op ------------------------------------------------------------------------------------
+def test_op_text_names_the_bound_its_utilisation_is_of(capsys):
+    # a 1x1x1e7 fp16 GEMM is one tile on one SM: its bound is that wave at the SM's peak, 1,000x
+    # the roofline; the text said "utilisation 100.0% of the roofline" beside a 0.044 ms roofline
+    from kit.hardware import get_gpu
+
+    argv = ["op", "gemm", "--m", "1", "--n", "1", "--k", "10000000", "--gpu", "v100-sxm2-32gb",
+            "--dtype", "fp16", "--predictor", "tile"]
+    _, out, _ = _kit(capsys, *argv, "--json")
+    r = json.loads(out)
+    tm, tn = (int(x) for x in r["tile"].split("x"))
+    gpu = get_gpu("v100-sxm2-32gb")
+    wave_ms = 2 * tm * tn * 10**7 / (gpu.peak_tflops("fp16") * 1e12 / gpu.sm_count) * 1e3
+    assert r["waves"] == 1 and r["utilisation"] * r["latency_ms"] == pytest.approx(wave_ms, rel=1e-3)
+    _, text, _ = _kit(capsys, *argv)
+    assert f"of its wave bound, {wave_ms:.4g} ms" in text and "of the roofline" not in text
+    _, text, _ = _kit(capsys, *argv[:-1], "roofline")
+    assert "utilisation 100.0% of the roofline" in text
