@@ -9,7 +9,7 @@ from kit.hardware import get_gpu
 from kit.predict.roofline import roofline
 from kit.tiling import Tiling
 
-MAX_WAVE_BARS = 64  # waves beyond this are summarised in one bar
+MAX_WAVE_BARS = 64  # beyond this, the first 63 waves and the last are drawn (the title says so)
 
 # Charts shown in a notebook render offline, as SVG drawn by vl-convert: altair 6's default
 # renderer loads vega from a CDN (blank without network), and JupyterLab 4.6 renders only
@@ -93,7 +93,15 @@ def waves_chart(t: Tiling, title: str | None = None) -> alt.Chart:
         color=alt.Color("kind:N", scale=alt.Scale(domain=["tiles", "empty slots"],
                                                   range=["#4c78a8", "#e0e0e0"])),
         tooltip=["wave", "kind", "blocks"],
-    ).properties(title=title or f"{t.tiles} tiles of {t.tile} in {t.waves} waves", width=300, height=260)
+    ).properties(title=title or _waves_title(t), width=300, height=260)
+
+
+def _waves_title(t: Tiling) -> str:
+    title = (f"{t.tiles} tile{'s' if t.tiles != 1 else ''} of {t.tile} in {t.waves} "
+             f"wave{'s' if t.waves != 1 else ''}")
+    if t.waves > MAX_WAVE_BARS:  # waves_frame drops the middle ones
+        title += f" (waves {MAX_WAVE_BARS}-{t.waves - 1} not drawn)"
+    return title
 
 
 def staircase_chart(frame: pd.DataFrame, x: str, title: str) -> alt.Chart:

@@ -147,3 +147,28 @@ def test_notebooks_are_stored_with_outputs_cleared():
         assert nb["metadata"]["kernelspec"]["name"] == "python3", path.name
         code = [c for c in nb["cells"] if c["cell_type"] == "code"]
         assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), path.name
+
+
+# -- GEMM panel and the waves chart ----------------------------------------------------------
+def test_gemm_summary_of_a_single_tile_is_not_zero_percent_full():
+    from widgets.gemm import GemmPanel
+
+    p = GemmPanel(m=1, n=1, k=1, gpu="a100-sxm4-80gb")
+    s = p.summary.value  # 1 tile in 108 SMs x blocks/SM slots: 0.04%, was printed "0% full"
+    assert s.startswith("1 tile of ") and "1 wave (last <1% full)" in s
+
+
+def test_waves_chart_says_which_waves_it_leaves_out():
+    from kit import viz
+    from kit.hardware import get_gpu
+    from kit.ops import Gemm
+    from kit.tiling import SIMT_TILES, gemm_tiling_for
+
+    t = gemm_tiling_for(Gemm(m=32768, n=32768, k=64), get_gpu("a100-sxm4-80gb"), SIMT_TILES[0])
+    assert t.waves == -(-(256 * 256) // 216) == 304  # 128x128 tiles, 216 slots a wave
+    chart = viz.waves_chart(t).to_dict()
+    drawn = {r["wave"] for r in viz.waves_frame(t).to_dict("records")}
+    assert drawn == set(range(1, viz.MAX_WAVE_BARS)) | {304}
+    assert chart["title"] == f"65536 tiles of {t.tile} in 304 waves (waves 64-303 not drawn)"
+    small = gemm_tiling_for(Gemm(m=128, n=128, k=64), get_gpu("a100-sxm4-80gb"), SIMT_TILES[0])
+    assert viz.waves_chart(small).to_dict()["title"] == f"1 tile of {small.tile} in 1 wave"

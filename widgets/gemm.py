@@ -65,6 +65,9 @@ class GemmPanel(Panel):
         if r is None:
             return self._problem()
         tile = "x".join(map(str, r["tile_dims"][:2]))  # m x n of C, as the chart shows it
-        return (f"{r['tiles']} tiles of {tile}, {r['blocks_per_sm']} blocks/SM, {r['waves']} waves "
-                f"(last {100 * r['last_wave_fill']:.0f}% full) · {r['bound']}-bound · roofline "
+        fill = 100 * r["last_wave_fill"]
+        fill = "<1%" if fill < 0.5 else f"{fill:.0f}%"  # one tile of 2,000 slots is not "0% full"
+        waves = f"{r['waves']} wave{'s' if r['waves'] != 1 else ''}"
+        return (f"{r['tiles']} tile{'s' if r['tiles'] != 1 else ''} of {tile}, {r['blocks_per_sm']} "
+                f"blocks/SM, {waves} (last {fill} full) · {r['bound']}-bound · roofline "
                 f"{r['roofline_ms']:.4g} ms · predicted {r['latency_ms']:.4g} ms ({r['predictor']})")
