@@ -320,3 +320,25 @@ def test_replay_negative_rank_in_distributed_info_is_not_a_rank(tmp_path):
 
     r = replay_trace(_kineto(tmp_path, rank=-3))
     assert [x["rank"] for x in r["ranks"]] == [0]
+
+
+def test_virtual_stages_with_an_explicit_non_interleaved_schedule_is_an_error(capsys):
+    from kit.parallel import Layout
+
+    with pytest.raises(KitError, match="gpipe"):  # was silently turned into interleaved
+        Layout(pp=2, virtual_stages=2, schedule="gpipe")
+    assert Layout(pp=2, virtual_stages=2).schedule == "interleaved"  # the default still switches
+    assert "--schedule 1f1b" in _err(capsys, ["predict", BASE, "--system", "dgx-a100", "--pp", "2",
+                                              "--virtual-stages", "2", "--schedule", "1f1b"])
+
+
+def test_sequence_parallel_needs_seq_divisible_by_tp(capsys):
+    line = _err(capsys, ["predict", "gpt:layers=2,hidden=256,heads=4,seq=511,vocab=1000", "--system",
+                         "dgx-a100", "--tp", "2", "--sequence-parallel"])
+    assert "seq 511" in line
+
+
+def test_parallel_text_says_where_the_kernels_come_from(capsys):
+    assert main(["predict", "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=1000", "--system", "dgx-a100",
+                 "--tp", "2", "--sequence-parallel"]) == 0
+    assert "kernels from the analytic GPT layer" in capsys.readouterr().out

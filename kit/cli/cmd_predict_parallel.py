@@ -40,6 +40,9 @@ def run_parallel(args) -> dict:
         raise KitError(f"--dtype {dtype}: multi-GPU training supports fp16, bf16 or fp32")
     if getattr(args, "mode", "train") != "train":
         raise KitError("--system predicts training iterations; drop --mode inference")
+    if args.schedule not in (None, "interleaved") and args.virtual_stages > 1:
+        raise KitError(f"--virtual-stages {args.virtual_stages} is the interleaved schedule; drop "
+                       f"--schedule {args.schedule} or pass --schedule interleaved")
     spec = parse_model(args.model, seq=args.seq)
     lay = Layout(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep,
                  micro_batch=args.micro_batch or args.batch, global_batch=args.global_batch,
@@ -83,7 +86,7 @@ def text_parallel(r) -> str:
         lines.append(f"  {'':22}{s['stage']:>5}  {s['weights_gib']:7.2f}  {s['grads_gib']:5.2f}  "
                      f"{s['optimizer_gib']:9.2f}  {s['activations_gib']:11.2f}  {s['total_gib']:5.2f}{flag}")
     lines.append(f"  simulated {r['simulated_ranks']} representative ranks, {r['ops']} ops, "
-                 f"{r['seconds']:.2f} s")
+                 f"{r['seconds']:.2f} s; kernels from the {r['kernels_from']}")
     if r.get("trace"):
         lines.append(f"  trace written to {r['trace']} (open in ui.perfetto.dev)")
     return "\n".join(lines)

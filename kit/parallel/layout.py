@@ -49,6 +49,9 @@ class Layout:
                            f"micro-batch x dp = {self.micro_batch} x {self.dp}")
         if self.schedule not in SCHEDULES:
             raise KitError(f"schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        if self.virtual_stages > 1 and self.schedule == "gpipe":
+            raise KitError(f"virtual stages {self.virtual_stages} need the interleaved 1F1B schedule, "
+                           "not gpipe")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             object.__setattr__(self, "schedule", "interleaved")
         if self.schedule == "interleaved" and self.pp == 1:

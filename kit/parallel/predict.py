@@ -36,6 +36,9 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     if not isinstance(model, (GPTSpec, str)):
         raise KitError(f"model must be a zoo name, an inline gpt:... shape or a GPTSpec, got {model!r}")
     spec = model if isinstance(model, GPTSpec) else parse_model(model)
+    if layout.sequence_parallel and spec.seq % layout.tp:
+        raise KitError(f"sequence parallelism splits the sequence over --tp {layout.tp}: seq {spec.seq} "
+                       "is not a multiple of it")
     if layout.ep > 1 and not spec.experts:
         raise KitError(f"--ep {layout.ep}: {spec.name} has no experts; expert parallelism needs a MoE model")
     if layout.ep > 1 and spec.experts % layout.ep:
