@@ -330,3 +330,24 @@ def test_op_text_names_the_bound_its_utilisation_is_of(capsys):
     assert f"of its wave bound, {wave_ms:.4g} ms" in text and "of the roofline" not in text
     _, text, _ = _kit(capsys, *argv[:-1], "roofline")
     assert "utilisation 100.0% of the roofline" in text
+
+
+# -- kit demo ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("gpu,dtype", [("h100-sxm", "bf16"), ("t4", "fp16"), ("p4", "fp32")])
+def test_demo_runs_on_a_gpu_without_bf16(monkeypatch, gpu, dtype):
+    # `kit demo --gpu t4` stopped at "t4 has no bf16 support": the tour's dtype was fixed
+    import argparse
+
+    import kit.api
+    from kit.cli import cmd_demo
+
+    seen = []
+
+    class _Step:
+        def to_dict(self):
+            return {}
+
+    monkeypatch.setattr(kit.api, "predict_model", lambda *a, **kw: seen.append(kw["dtype"]) or _Step())
+    monkeypatch.setattr(kit.api, "predict_op", lambda op, g: seen.append(op.dtype) or {})
+    r = cmd_demo.run(argparse.Namespace(gpu=gpu, system="dgx-h100"))
+    assert seen == [dtype, dtype] and r["dtype"] == dtype

@@ -11,11 +11,15 @@ def run(args):
     from kit.hardware import get_system
     from kit.ops import Gemm
 
+    from kit.hardware import get_gpu
+
     gpu = args.gpu
-    step = predict_model("gpt2", gpu, mode="train", batch=8, seq=1024, dtype="bf16")
+    # bf16 where the GPU has it, else fp16 (T4, V100, P100), else fp32 (P4)
+    dtype = next(d for d in ("bf16", "fp16", "fp32") if get_gpu(gpu).peak_tflops(d))
+    step = predict_model("gpt2", gpu, mode="train", batch=8, seq=1024, dtype=dtype)
     allreduce = predict_collective("allreduce", 1e9, get_system(args.system))
-    return {"gpu": gpu, "system": args.system,
-            "gemm": predict_op(Gemm(m=8192, n=8192, k=8192, dtype="bf16"), gpu),
+    return {"gpu": gpu, "system": args.system, "dtype": dtype,
+            "gemm": predict_op(Gemm(m=8192, n=8192, k=8192, dtype=dtype), gpu),
             "gpt2_train_step": step.to_dict(),
             "allreduce_1gb": allreduce.to_dict()}
 
@@ -27,7 +31,7 @@ def text(r):
     a = r["allreduce_1gb"]
     return "\n".join([
         f"kit demo on {r['gpu']} (every number below is a prediction; no GPU needed)", "",
-        "1. One 8192³ bf16 GEMM:", op_text(r["gemm"]), "",
+        f"1. One 8192³ {r['dtype']} GEMM:", op_text(r["gemm"]), "",
         "2. A GPT-2 (124M) training step, batch 8 × 1024 tokens:", model_text(r["gpt2_train_step"]), "",
         f"3. An all-reduce of 1 GB over the 8 GPUs of a {r['system']}: {a['time_ms']:.3f} ms via "
         f"{a['algorithm']}, busbw {a['busbw_gbs']:.0f} GB/s ({a['bound']}-bound)", "",
