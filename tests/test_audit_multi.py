@@ -342,3 +342,11 @@ def test_parallel_text_says_where_the_kernels_come_from(capsys):
     assert main(["predict", "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=1000", "--system", "dgx-a100",
                  "--tp", "2", "--sequence-parallel"]) == 0
     assert "kernels from the analytic GPT layer" in capsys.readouterr().out
+
+
+def test_moe_inline_shape_needs_experts():
+    from kit.parallel import parse_model
+
+    with pytest.raises(KitError, match="experts"):  # was silently a dense model
+        parse_model("moe:layers=2,hidden=64,heads=4")
+    assert parse_model("moe:layers=2,hidden=64,heads=4,experts=4").experts == 4

@@ -166,6 +166,8 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
         missing = [k for k in ("layers", "hidden", "heads") if k not in kw]
         if missing:
             raise KitError(f"model {text!r}: missing {', '.join(missing)}")
+        if m.group(1).lower() == "moe" and not kw.get("experts"):
+            raise KitError(f"model {text!r}: a moe: shape needs experts=N (N >= 1)")
         if seq is not None:
             kw["seq"] = seq
         return GPTSpec(name=text, **kw)
