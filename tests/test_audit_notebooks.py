@@ -172,3 +172,14 @@ def test_waves_chart_says_which_waves_it_leaves_out():
     assert chart["title"] == f"65536 tiles of {t.tile} in 304 waves (waves 64-303 not drawn)"
     small = gemm_tiling_for(Gemm(m=128, n=128, k=64), get_gpu("a100-sxm4-80gb"), SIMT_TILES[0])
     assert viz.waves_chart(small).to_dict()["title"] == f"1 tile of {small.tile} in 1 wave"
+
+
+def test_embedding_says_when_the_tables_exceed_the_gpu():
+    from widgets.embeddings import EmbeddingPanel
+
+    p = EmbeddingPanel(gpu="a100-sxm4-40gb", rows=10**7, dim=128)  # 10^7 x 128 x 4 B = 5.1 GB
+    assert "more than" not in p.summary.value
+    p.rows.value = 10**9  # 10^9 x 128 x 4 B = 512 GB on a 40 GiB GPU
+    assert "the tables hold 512 GB, more than a100-sxm4-40gb's 40 GiB" in p.summary.value
+    p.tables.value = 2
+    assert "the tables hold 1,024 GB" in p.summary.value

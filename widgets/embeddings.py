@@ -41,9 +41,12 @@ class EmbeddingPanel(Panel):
         self.backward = W.Checkbox(value=i["backward"], description="backward kernel (row-wise Adagrad)")
         return [self.gpu, self.alpha, self.rows, self.dim, self.pooling, self.batch, self.tables, self.backward]
 
+    def table(self, alpha: float) -> Table:
+        return Table(rows=self.rows.value, dim=self.dim.value, pooling=self.pooling.value,
+                     distribution=Zipf(alpha))
+
     def cost(self, alpha: float):
-        t = Table(rows=self.rows.value, dim=self.dim.value, pooling=self.pooling.value,
-                  distribution=Zipf(alpha))
+        t = self.table(alpha)
         return lookup_cost([t] * self.tables.value, self.batch.value, self.gpu.value,
                            backward=self.backward.value, optimizer="rowwise_adagrad")
 
@@ -82,7 +85,12 @@ class EmbeddingPanel(Panel):
         p = r.parts
         reuse = ("backward kernel: sorts them, reads and updates each unique row once"
                  if self.backward.value else f"L2 hit rate {100 * p['hit_rate']:.1f}%")
+        held = self.table(self.alpha.value).bytes * self.tables.value
+        gpu = get_gpu(self.gpu.value)
+        fit = ("" if held <= gpu.memory_bytes else
+               f" · the tables hold {held / 1e9:,.0f} GB, more than {gpu.key}'s {gpu.memory_gib:g} GiB: "
+               "shard them over GPUs (notebook 07)")
         return (f"{p['lookups']:,.0f} lookups touch {p['unique_rows']:,.0f} unique rows; {reuse} · "
                 f"DRAM {p['dram_bytes'] / 1e6:.1f} MB in {p['dram_ms']:.4f} ms, "
                 f"L2 {p['l2_bytes'] / 1e6:.1f} MB in {p['l2_ms']:.4f} ms · {p['bound']}-bound · "
-                f"{r.time_ms:.4f} ms")
+                f"{r.time_ms:.4f} ms{fit}")
