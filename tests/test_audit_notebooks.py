@@ -183,3 +183,19 @@ def test_embedding_says_when_the_tables_exceed_the_gpu():
     assert "the tables hold 512 GB, more than a100-sxm4-40gb's 40 GiB" in p.summary.value
     p.tables.value = 2
     assert "the tables hold 1,024 GB" in p.summary.value
+
+
+# -- collectives panel -----------------------------------------------------------------------
+def test_collectives_size_axis_reads_in_binary_units():
+    import re
+
+    import vl_convert as vlc
+
+    from widgets.collectives import CollectivesPanel
+
+    p = CollectivesPanel(system="dgx-a100", collective="allreduce", ranks=8)
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", vlc.vegalite_to_svg(p.chart.to_dict()))
+    want = ["1 KiB", "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB", "4 MiB", "16 MiB", "64 MiB",
+            "256 MiB", "1 GiB", "4 GiB"]  # powers of 4 from 2^10 to 2^32
+    assert texts[:len(want)] == want  # was 1.024k ... 1.073741824G
+    assert not [t for t in texts if re.fullmatch(r"[\d.]+[kMG]", t)]

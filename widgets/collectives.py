@@ -13,6 +13,9 @@ from kit.hardware import get_system, list_systems
 from widgets.base import Panel
 
 SIZES_BYTES = np.logspace(10, 33, 93, base=2.0)  # 1 KiB .. 8 GiB, 4 points per doubling
+# axis labels in the summary's binary units (the ticks are powers of 2: "~s" wrote 1.073741824G)
+BINARY_LABEL = " : ".join(f"datum.value >= {1024 ** p} ? format(datum.value / {1024 ** p}, '~g') + ' {u}'"
+                          for p, u in ((3, "GiB"), (2, "MiB"), (1, "KiB"))) + " : datum.value + ' B'"
 
 
 class CollectivesPanel(Panel):
@@ -59,8 +62,8 @@ class CollectivesPanel(Panel):
         r = self.result()
         t = t.assign(time_us=t.time_ms * 1e3, size_mib=t.size_bytes / 2**20)
         data = t[["size_bytes", "size_mib", "time_us", "busbw_gbs", "algorithm"]].round(6)
-        x = alt.X("size_bytes:Q", scale=alt.Scale(type="log", base=2), title="message size (bytes)",
-                  axis=alt.Axis(format="~s"))
+        x = alt.X("size_bytes:Q", scale=alt.Scale(type="log", base=2), title="message size",
+                  axis=alt.Axis(labelExpr=BINARY_LABEL))
         marks = _marks(r)
         cross = alt.Chart(alt.Data(values=[marks["crossover"]])).mark_rule(strokeDash=[4, 4], color="gray").encode(
             x="size_bytes:Q", tooltip=["label:N", "size_bytes:Q"])
