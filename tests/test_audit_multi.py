@@ -350,3 +350,9 @@ def test_moe_inline_shape_needs_experts():
     with pytest.raises(KitError, match="experts"):  # was silently a dense model
         parse_model("moe:layers=2,hidden=64,heads=4")
     assert parse_model("moe:layers=2,hidden=64,heads=4,experts=4").experts == 4
+
+
+def test_shard_unknown_column_is_named_not_ignored(tmp_path, capsys):
+    # 'zipf' instead of 'zipf_alpha' made every table uniform without a word
+    f = _tables(tmp_path, "name,rows,dim,pooling,zipf\nt0,1000,16,4,1.2\n")
+    assert "'zipf'" in _err(capsys, ["shard", "--tables", f, "--system", "dgx-a100"])

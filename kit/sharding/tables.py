@@ -48,6 +48,10 @@ def read_tables(path: str | Path) -> list[Table]:
     if missing:
         raise KitError(f"{path}: missing column(s) {', '.join(missing)}; the tables CSV needs "
                        f"{', '.join(REQUIRED)} and may have {', '.join(OPTIONAL)}")
+    unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
+    if unknown:  # a misspelt zipf_alpha would silently make every table uniform
+        raise KitError(f"{path}: unknown column(s) {', '.join(map(repr, unknown))}; the tables CSV has "
+                       f"{', '.join(REQUIRED)} and may have {', '.join(OPTIONAL)}")
     if not rows:
         raise KitError(f"{path}: no tables (only a header)")
     tables, names = [], set()
