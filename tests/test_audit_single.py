@@ -1,5 +1,6 @@
 """Audit of the single-GPU user surface: bad inputs give one KitError line, user models map every
 op, and the CLI's outputs agree with hand computations."""
+import dataclasses
 import json
 import sys
 import textwrap
@@ -351,3 +352,27 @@ def test_demo_runs_on_a_gpu_without_bf16(monkeypatch, gpu, dtype):
     monkeypatch.setattr(kit.api, "predict_op", lambda op, g: seen.append(op.dtype) or {})
     r = cmd_demo.run(argparse.Namespace(gpu=gpu, system="dgx-h100"))
     assert seen == [dtype, dtype] and r["dtype"] == dtype
+
+
+@dataclasses.dataclass
+class _Out:
+    logits: torch.Tensor
+
+
+class _DataclassOut(nn.Module):
+    def __init__(self, wrap=True):
+        super().__init__()
+        self.a = nn.Linear(16, 4)
+        self.wrap = wrap
+
+    def forward(self, x):
+        y = self.a(x)
+        return _Out(y) if self.wrap else (y,)
+
+
+def test_training_through_a_dataclass_output():
+    # pytree does not open a user's dataclass: training capture said the output had no tensor
+    wrapped = capture(_DataclassOut(True), (torch.zeros(2, 16),), mode="train")
+    plain = capture(_DataclassOut(False), (torch.zeros(2, 16),), mode="train")
+    assert [n.aten for n in wrapped.nodes] == [n.aten for n in plain.nodes]
+    assert any(n.phase == "bwd" for n in wrapped.nodes)

@@ -243,13 +243,27 @@ def capture_optimizer(model: torch.nn.Module, optimizer, dtype: str | None = Non
     return rec.nodes
 
 
+def _output_tensors(output) -> list:
+    """Tensors in a model's output: pytree leaves, and the fields of a dataclass (a user's own
+    output class, which pytree does not open)."""
+    import dataclasses
+
+    out = []
+    for leaf in tree_leaves(output):
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            out += _output_tensors([getattr(leaf, f.name) for f in dataclasses.fields(leaf)])
+    return out
+
+
 def _backward_root(output):
-    leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
-    for t in leaves:
+    for t in _output_tensors(output):
         if t.is_floating_point() and t.requires_grad:
             return t
     raise KitError("training capture: the model's output has no floating tensor that requires "
-                   "grad (does the model have trainable parameters on the output's path?)")
+                   f"grad (it returned a {type(output).__name__}; does the model have trainable "
+                   "parameters on the output's path?)")
 
 
 def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=None,
