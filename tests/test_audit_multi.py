@@ -356,3 +356,14 @@ def test_shard_unknown_column_is_named_not_ignored(tmp_path, capsys):
     # 'zipf' instead of 'zipf_alpha' made every table uniform without a word
     f = _tables(tmp_path, "name,rows,dim,pooling,zipf\nt0,1000,16,4,1.2\n")
     assert "'zipf'" in _err(capsys, ["shard", "--tables", f, "--system", "dgx-a100"])
+
+
+@pytest.mark.parametrize("flag", [["--tp", "2"], ["--sequence-parallel"], ["--zero", "1"], ["--nodes", "2"]])
+def test_layout_flag_without_system_is_an_error_not_one_gpu(capsys, flag):
+    line = _err(capsys, ["predict", "gpt2", "--gpu", "a100-sxm4-40gb", "--seq", "64", *flag])
+    assert flag[0] in line and "--system" in line
+
+
+def test_gpu_and_system_together_is_an_error(capsys):
+    # the system's own GPU was used and --gpu silently dropped
+    assert "--gpu" in _err(capsys, ["predict", BASE, "--gpu", "a100-sxm4-40gb", "--system", "dgx-h100"])

@@ -28,6 +28,25 @@ def add_parallel_args(p) -> None:
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--no-overlap", action="store_true", help="all-reduce gradients after backward")
     g.add_argument("--profile", default="default", help="host profile: default, megatron-a100, ...")
+    p.set_defaults(func=_needs_system(p.get_default("func"), p))
+
+
+_LAYOUT_FLAGS = ("nodes", "dp", "tp", "pp", "ep", "micro_batch", "global_batch", "virtual_stages", "schedule",
+                 "zero", "recompute", "sequence_parallel", "no_overlap", "profile")
+
+
+def _needs_system(func, parser):
+    """Wrap `kit predict`'s func: a layout flag without --system is an error, not silently one GPU."""
+    def run(args):
+        if not getattr(args, "system", None):
+            given = [f for f in _LAYOUT_FLAGS if getattr(args, f, None) != parser.get_default(f)]
+            if given:
+                from kit.errors import KitError
+
+                raise KitError(f"--{given[0].replace('_', '-')} is a multi-GPU option: add --system "
+                               "(see `kit systems`), or drop it to predict one GPU with --gpu")
+        return func(args)
+    return run
 
 
 def run_parallel(args) -> dict:
@@ -40,6 +59,9 @@ def run_parallel(args) -> dict:
         raise KitError(f"--dtype {dtype}: multi-GPU training supports fp16, bf16 or fp32")
     if getattr(args, "mode", "train") != "train":
         raise KitError("--system predicts training iterations; drop --mode inference")
+    if getattr(args, "gpu", None):
+        raise KitError(f"--gpu and --system both given: --system {args.system} brings its own GPUs; drop --gpu "
+                       "(or use --gpu alone for one GPU)")
     if args.schedule not in (None, "interleaved") and args.virtual_stages > 1:
         raise KitError(f"--virtual-stages {args.virtual_stages} is the interleaved schedule; drop "
                        f"--schedule {args.schedule} or pass --schedule interleaved")
