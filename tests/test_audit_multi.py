@@ -367,3 +367,14 @@ def test_layout_flag_without_system_is_an_error_not_one_gpu(capsys, flag):
 def test_gpu_and_system_together_is_an_error(capsys):
     # the system's own GPU was used and --gpu silently dropped
     assert "--gpu" in _err(capsys, ["predict", BASE, "--gpu", "a100-sxm4-40gb", "--system", "dgx-h100"])
+
+
+def test_sim_graph_refuses_an_infinite_duration():
+    from kit.sim.graph import ExecGraph
+
+    g = ExecGraph()
+    with pytest.raises(KitError, match="finite"):  # an inf op made the makespan and errors inf
+        g.cpu(0, float("inf"), "launch")
+    op = g.cpu(0, 1.0, "launch")
+    with pytest.raises(KitError, match="finite"):
+        g.set_duration(op, float("inf"))

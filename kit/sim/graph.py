@@ -18,6 +18,8 @@ The graph is stored as flat columns (lists), not objects, so 100k+ ops per rank 
 """
 from __future__ import annotations
 
+import math
+
 from kit.errors import KitError
 
 GPU_KINDS = ("compute", "comm", "memcpy")
@@ -71,8 +73,9 @@ class ExecGraph:
         if rank not in self.members:
             self.add_rank(rank)
         dur_ms = float(dur_ms)
-        if not dur_ms >= 0:  # also catches NaN
-            raise KitError(f"op {label!r} on rank {rank}: duration must be >= 0 ms, got {dur_ms!r}")
+        if not 0 <= dur_ms < math.inf:  # also catches NaN
+            raise KitError(f"op {label!r} on rank {rank}: duration must be a finite number >= 0 ms, "
+                           f"got {dur_ms!r}")
         i = len(self.dur_ms)
         for d in deps:
             if not 0 <= d < i:
@@ -133,8 +136,8 @@ class ExecGraph:
         return self.sync(rank, tails, dur_ms, label, thread)
 
     def set_duration(self, op: int, dur_ms: float) -> None:
-        if not float(dur_ms) >= 0:
-            raise KitError(f"op {op}: duration must be >= 0 ms, got {dur_ms!r}")
+        if not 0 <= float(dur_ms) < math.inf:
+            raise KitError(f"op {op}: duration must be a finite number >= 0 ms, got {dur_ms!r}")
         self.dur_ms[op] = float(dur_ms)
 
     def copy(self) -> "ExecGraph":
