@@ -378,3 +378,35 @@ def test_sim_graph_refuses_an_infinite_duration():
     op = g.cpu(0, 1.0, "launch")
     with pytest.raises(KitError, match="finite"):
         g.set_duration(op, float("inf"))
+
+
+# ---- DLRM hybrid -------------------------------------------------------------------------------
+
+def _dlrm_spec(**kw):
+    from kit.embedding import Table
+    from kit.parallel.dlrm import DLRMSpec
+
+    return DLRMSpec(tables=tuple(Table(rows=10000, dim=128, pooling=4) for _ in range(8)), **kw)
+
+
+@pytest.mark.parametrize("kw, needle", [({"bottom": ()}, "bottom"),  # was IndexError
+                                        ({"bottom": (512, 0, 128)}, "bottom"),
+                                        ({"dense_features": 0}, "dense_features"),
+                                        ({"dtype": "int8"}, "dtype")])
+def test_dlrm_spec_rejects_impossible_mlps(kw, needle):
+    with pytest.raises(KitError, match=needle):
+        _dlrm_spec(**kw)
+
+
+def test_dlrm_placement_must_be_whole_ranks_and_numpy_ints_work():
+    import numpy as np
+
+    from kit.parallel.dlrm import predict_dlrm
+
+    with pytest.raises(KitError, match="placement"):  # 0.5 was taken as a rank
+        predict_dlrm(_dlrm_spec(), "dgx-a100", 64, placement=[0.5] * 8)
+    with pytest.raises(KitError, match="launch_us"):
+        predict_dlrm(_dlrm_spec(), "dgx-a100", 64, launch_us=-5)
+    a = predict_dlrm(_dlrm_spec(), "dgx-a100", np.int64(64), placement=list(np.arange(8)))
+    b = predict_dlrm(_dlrm_spec(), "dgx-a100", 64, placement=list(range(8)))
+    assert a["iteration_ms"] == b["iteration_ms"]

@@ -15,11 +15,17 @@ all-to-alls synchronise them, and a rank with heavy tables makes the others wait
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from kit import ops
 from kit.errors import KitError
 from kit.sim import ExecGraph, simulate
+
+
+def _whole(x) -> bool:
+    """A whole number (int or numpy integer), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,14 @@ class DLRMSpec:
     def __post_init__(self):
         if not self.tables:
             raise KitError("DLRM needs at least one embedding table")
+        for name in ("bottom", "top"):
+            w = getattr(self, name)
+            if not w or any(not _whole(x) or x < 1 for x in w):
+                raise KitError(f"DLRM: the {name} MLP needs one or more positive whole widths, got {w!r}")
+        if not _whole(self.dense_features) or self.dense_features < 1:
+            raise KitError(f"DLRM: dense_features must be a positive whole number, got {self.dense_features!r}")
+        if self.dtype not in ("fp16", "bf16", "fp32"):
+            raise KitError(f"DLRM: dtype must be fp16, bf16 or fp32, got {self.dtype!r}")
         dims = {t.dim for t in self.tables}
         if len(dims) != 1 or self.bottom[-1] not in dims:
             raise KitError(f"DLRM: every table dim and the bottom MLP's last width must agree, got "
@@ -111,12 +125,19 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
     from kit.hardware.system import get_system
     from kit.predict import get_predictor
 
+    if not _whole(batch) or batch < 1:
+        raise KitError(f"DLRM batch must be a positive whole number (samples per rank), got {batch!r}")
+    batch = int(batch)
+    if not 0 <= launch_us < float("inf"):
+        raise KitError(f"launch_us must be a finite number >= 0, got {launch_us!r}")
     sys_ = get_system(system)
     W = sys_.world_size
     placement = list(placement) if placement is not None else greedy_placement(spec.tables, W)
-    if len(placement) != len(spec.tables) or any(not 0 <= p < W for p in placement):
+    if len(placement) != len(spec.tables) or any(not _whole(p) or not 0 <= p < W
+                                                                       for p in placement):
         raise KitError(f"placement must give a rank in 0..{W - 1} for each of the "
                        f"{len(spec.tables)} tables")
+    placement = [int(p) for p in placement]
     gpu, dt = sys_.gpu, spec.dtype
     b = ops.dtype_bytes(dt)
     t = len(spec.tables) + 1
