@@ -376,3 +376,12 @@ def test_training_through_a_dataclass_output():
     plain = capture(_DataclassOut(False), (torch.zeros(2, 16),), mode="train")
     assert [n.aten for n in wrapped.nodes] == [n.aten for n in plain.nodes]
     assert any(n.phase == "bwd" for n in wrapped.nodes)
+
+
+def test_fused_adamw_captures_on_meta():
+    # `--optimizer adamw-fused` (in kit predict --help) failed: torch refuses fused=True on meta
+    g = capture(nn.Linear(16, 4), (torch.zeros(2, 16),), mode="train", optimizer="adamw-fused")
+    fused = [n for n in g.nodes if n.aten == "aten._fused_adamw_.default"]
+    assert len(fused) == 1 and fused[0].op_class == "optimizer" and fused[0].phase == "opt"
+    params = 16 * 4 + 4
+    assert fused[0].op.bytes == pytest.approx(7 * params * 4)  # reads p, g, m, v; writes p, m, v

@@ -213,15 +213,33 @@ def _make_optimizer(optimizer, params):
                    "or pass a callable(params) -> torch.optim.Optimizer")
 
 
-def _optimizer_steps(rec: "_Recorder", optimizer, params) -> None:
-    opt = _make_optimizer(optimizer, params)
-    if opt is None:
+@contextmanager
+def _fused_on_meta():
+    """Let fused optimizers (AdamW(fused=True)) take meta parameters: torch refuses devices
+    without a fused kernel, but meta has one for shapes (aten._fused_adamw_)."""
+    import torch.optim.optimizer as optim_base
+
+    devices = getattr(optim_base, "_get_fused_kernels_supported_devices", None)
+    if devices is None:
+        yield
         return
-    rec.phase, rec.recording = "opt", False
-    with rec:
-        opt.step()  # the first step allocates the state: not the steady state
-        rec.recording = True
-        opt.step()
+    optim_base._get_fused_kernels_supported_devices = lambda: [*devices(), "meta"]
+    try:
+        yield
+    finally:
+        optim_base._get_fused_kernels_supported_devices = devices
+
+
+def _optimizer_steps(rec: "_Recorder", optimizer, params) -> None:
+    with _fused_on_meta():
+        opt = _make_optimizer(optimizer, params)
+        if opt is None:
+            return
+        rec.phase, rec.recording = "opt", False
+        with rec:
+            opt.step()  # the first step allocates the state: not the steady state
+            rec.recording = True
+            opt.step()
 
 
 def capture_optimizer(model: torch.nn.Module, optimizer, dtype: str | None = None) -> list[Node]:
