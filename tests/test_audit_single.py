@@ -208,6 +208,8 @@ def test_validate_skips_a_label_it_cannot_predict(tmp_path, capsys):
     assert r["overall"]["configs"] == 0
     rc, out, _ = _kit(capsys, "validate", "--labels", str(tmp_path))
     assert rc == 0 and "no configuration could be predicted (2 skipped" in out
+    rc, _, err = _kit(capsys, "validate", "--labels", str(tmp_path), "--predictor", "nope")
+    assert rc == 2 and "unknown predictor 'nope'" in err
     rc, _, err = _kit(capsys, "validate", "--labels", str(gpu / "gpt2-inf-0-1.json"))
     assert rc == 2 and "is a file, not a folder" in err
 

@@ -27,6 +27,9 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
     from kit.workload.models import graph_of
     from kit.workload.zoo import resolve
 
+    from kit.predict import get_predictor
+
+    get_predictor(predictor)  # an unknown predictor is one error, not a skip of every label
     models = {resolve(m) for m in models} if models else None
     root = Path(labels_dir)
     if not root.is_dir():
