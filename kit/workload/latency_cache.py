@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 
 PREDICT_DIR = Path(__file__).resolve().parents[1] / "predict"
+# what the predictors compute with, outside kit/predict: tiles, waves and the op definitions
+KIT_FILES = tuple(Path(__file__).resolve().parents[1] / n for n in ("tiling.py", "ops.py"))
 
 
 HERE = Path(__file__).resolve().parent
@@ -30,7 +32,7 @@ def _predictor_stamp() -> str:
     """Changes whenever a predictor's code, the shipped weights or the code that turns a graph
     into the ops to predict (fusion, derived kernels, iteration) change."""
     files = (sorted(PREDICT_DIR.rglob("*.py")) + sorted((PREDICT_DIR / "weights").glob("*"))
-             + [HERE / n for n in COSTING_FILES])
+             + [HERE / n for n in COSTING_FILES] + list(KIT_FILES))
     parts = []
     for f in files:
         try:
