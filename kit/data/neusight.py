@@ -136,13 +136,16 @@ def _where(raw: pd.DataFrame, bad: pd.Series) -> str:
     return f"{raw['_file'].iloc[i]}:{raw['_line'].iloc[i]}"
 
 
-def _int_column(raw: pd.DataFrame, col: str, rows: pd.Series) -> pd.Series:
-    """Whole, non-negative numbers in col where rows is true (KitError naming file:line)."""
+def _int_column(raw: pd.DataFrame, col: str, rows: pd.Series, positive: bool = False) -> pd.Series:
+    """Whole, non-negative numbers in col where rows is true, or positive ones (a shape's
+    dimensions: an op over 0 rows was never measured); KitError naming file:line."""
     values = pd.to_numeric(raw[col], errors="coerce")
-    bad = rows & (values.isna() | (values != np.round(values)) | (values < 0))
+    low = values <= 0 if positive else values < 0
+    bad = rows & (values.isna() | (values != np.round(values)) | low)
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise KitError(f"{_where(raw, bad)}: column {col!r} must hold a non-negative whole number, "
+        what = "a positive" if positive else "a non-negative"
+        raise KitError(f"{_where(raw, bad)}: column {col!r} must hold {what} whole number, "
                        f"got {str(raw[col].iloc[i])!r}")
     return values.where(rows).astype("Int64")
 
@@ -189,7 +192,7 @@ def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
 
     def dim(c: str, rows: pd.Series) -> pd.Series:
         if c in raw.columns:
-            return _int_column(raw, c, rows)
+            return _int_column(raw, c, rows, positive=True)
         if rows.any():
             raise KitError(f"{_where(raw, rows)}: needs column {c!r}")
         return pd.Series(pd.NA, index=raw.index, dtype="Int64")
