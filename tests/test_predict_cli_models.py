@@ -91,6 +91,16 @@ def test_compare_throughput_cost_and_memory(tiny, capsys):
     assert "GPU=DOLLARS" in capsys.readouterr().err
 
 
+def test_compare_dlrm_counts_samples_and_has_no_sequence(capsys):
+    r = _json(capsys, ["compare", "dlrm", "--gpus", "t4", "--batch", "64"])
+    assert r["unit"] == "samples" and r["seq"] is None
+    row = r["rows"][0]
+    assert row["samples_per_s"] == pytest.approx(64 / (row["step_ms"] / 1e3))
+    assert main(["compare", "dlrm", "--gpus", "t4", "--batch", "64"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith("dlrm train, batch 64, fp32") and "seq" not in head
+
+
 def test_validate_labels(tmp_path, capsys):
     t4 = tmp_path / "Tesla_T4"
     t4.mkdir()

@@ -60,7 +60,8 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
     unknown = sorted(set(prices) - {r["gpu"] for r in rows})
     if unknown:
         raise KitError(f"prices given for GPUs not compared: {', '.join(unknown)}")
-    return {"model": graph.model, "mode": mode, "batch": batch, "seq": seq_used, "dtype": dtype,
+    return {"model": graph.model, "mode": mode, "batch": batch,
+            "seq": seq_used if per_token else None, "dtype": dtype,  # DLRM has no sequence
             "unit": unit, "memory": mem, "rows": rows}
 
 
@@ -77,7 +78,8 @@ def run(args):
 def text(r) -> str:
     u = r["unit"]
     m = r["memory"]
-    lines = [f"{r['model']} {r['mode']}, batch {r['batch']}, seq {r['seq']}, {r['dtype']}: needs "
+    seq = f", seq {r['seq']}" if r["seq"] is not None else ""
+    lines = [f"{r['model']} {r['mode']}, batch {r['batch']}{seq}, {r['dtype']}: needs "
              f"{m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, grads "
              f"{m['grads_bytes'] / 2**30:.1f}, optimizer {m['optimizer_bytes'] / 2**30:.1f}, activations "
              f"{m['activations_bytes'] / 2**30:.1f})",
