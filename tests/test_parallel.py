@@ -258,3 +258,17 @@ def test_mfu_is_against_the_gemm_peak_also_on_fp32_matrix_cores():
         achieved = 6.0 * spec.params * lay.batch * spec.seq / (r["iteration_ms"] / 1e3)
         assert r["mfu"] == pytest.approx(achieved / (get_gpu(gpu).gemm_peak_tflops("fp32") * 1e12 * 2))
         assert 0 < r["mfu"] < 1
+
+
+def test_llama_inline_shape_is_llama_style():
+    from kit.parallel.gpt import parse_model
+
+    text = "llama:layers=32,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256,seq=8192"
+    inline, zoo = parse_model(text), parse_model("llama3-8b")
+    assert inline.gated and inline.rope
+    assert inline.params == zoo.params  # the zoo's Llama-3 8B, built from its HF config
+    assert abs(inline.params / 8.03e9 - 1) < 0.001  # Meta's model card: 8.03B
+    off = parse_model("llama:layers=2,hidden=64,heads=4,gated=false,rope=false")
+    plain = parse_model("gpt:layers=2,hidden=64,heads=4")
+    assert not (off.gated or off.rope or plain.gated or plain.rope)
+    assert off.params == plain.params

@@ -147,7 +147,8 @@ _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "
 
 def parse_model(text: str, seq: int | None = None) -> GPTSpec:
     """An inline shape (`gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=...]`) or
-    a GPT-style zoo name (gpt2, gpt3-175b, ...)."""
+    a GPT-style zoo name (gpt2, gpt3-175b, ...). A `llama:` shape is Llama-style unless told
+    otherwise (gated=true: a SwiGLU MLP; rope=true: rotary positions); `moe:` needs experts=N."""
     m = _INLINE.match(text.strip())
     if m:
         kw: dict = {}
@@ -168,6 +169,9 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
             raise KitError(f"model {text!r}: missing {', '.join(missing)}")
         if m.group(1).lower() == "moe" and not kw.get("experts"):
             raise KitError(f"model {text!r}: a moe: shape needs experts=N (N >= 1)")
+        if m.group(1).lower() == "llama":
+            kw.setdefault("gated", True)
+            kw.setdefault("rope", True)
         if seq is not None:
             kw["seq"] = seq
         return GPTSpec(name=text, **kw)
