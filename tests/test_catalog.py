@@ -42,6 +42,24 @@ def test_register_from_dict_and_file(tmp_path):
         get_gpu("my-gpu")
 
 
+def test_a_name_or_alias_of_another_gpu_is_refused():
+    builtin = get_gpu("h100-sxm")
+    for clash in ({"aliases": ["H100"]}, {"name": builtin.name}, {"aliases": ["a100_pcie_40gb"]}):
+        with pytest.raises(KitError, match="already names '(h100-sxm|a100-pcie-40gb)'"):
+            register_gpu(_entry(**clash))
+        with pytest.raises(KitError):
+            get_gpu("my-gpu")  # nothing was registered
+    try:  # a built-in key replaces that GPU, its own name and aliases included
+        fixed = register_gpu({**builtin.to_dict(), "mem_bw_gbs": 3000.0})
+        assert get_gpu("H100").mem_bw_gbs == 3000.0 and get_gpu("h100-sxm") is fixed
+        again = register_gpu(_entry())
+        assert register_gpu(_entry()).key == again.key  # registering the same GPU twice is fine
+    finally:
+        unregister_gpu("h100-sxm")
+        unregister_gpu("my-gpu")
+    assert get_gpu("h100-sxm").mem_bw_gbs == builtin.mem_bw_gbs
+
+
 @pytest.mark.parametrize("bad, word", [
     ({"sm_count": -4}, "sm_count"),
     ({"mem_bw_gbs": "fast"}, "mem_bw_gbs"),

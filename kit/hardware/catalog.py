@@ -119,8 +119,17 @@ def get_gpu(name: str | GPU) -> GPU:
 
 
 def register_gpu(entry: dict | GPU, origin: str = "user GPU") -> GPU:
-    """Add a user's GPU (a dict in the catalog's format, or a GPU). It is validated first."""
+    """Add a user's GPU (a dict in the catalog's format, or a GPU). It is validated first.
+
+    A user GPU with a built-in key replaces that GPU (to correct a spec); a name or alias that
+    already names another GPU is refused: lookups would silently keep finding the other one."""
     gpu = entry if isinstance(entry, GPU) else gpu_from_dict(entry, origin=origin)
+    index = _index(_generation[0])
+    for name in (gpu.name, *gpu.aliases):
+        other = index.get(_norm(name)) if name else None
+        if other is not None and other != gpu.key:
+            raise KitError(f"{origin}: GPU {gpu.key!r}: {name!r} already names {other!r}; "
+                           "give it another name or alias (or use that key to replace it)")
     _user_gpus[gpu.key] = gpu
     _generation[0] += 1
     return gpu
