@@ -205,3 +205,14 @@ def test_collect_rejects_bad_settings(tmp_path):
     with pytest.raises(KitError, match="--repeats >= 1"):
         collect("bmm", [(1, 2, 3, 4)], tmp_path / "x.csv", device="cpu", repeats=0)
     assert not (tmp_path / "x.csv").exists()
+
+
+@pytest.mark.parametrize("kw, word", [({"threads": -3}, "--threads"), ({"threads": 0}, "--threads"),
+                                      ({"threads": 1.5}, "--threads"),
+                                      ({"cooldown_ms": -5}, "--cooldown-ms"),
+                                      ({"cooldown_ms": float("nan")}, "--cooldown-ms")])
+def test_collect_refuses_bad_settings_before_measuring(tmp_path, kw, word):
+    out = tmp_path / "m.csv"
+    with pytest.raises(KitError, match=word):
+        collect("add", "tiny-vec:2", out, **kw)
+    assert not out.exists()

@@ -264,6 +264,11 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
         raise KitError("--dtype tf32 needs --device cuda (tf32 is a tensor-core mode)")
     if warmup < 0 or repeats < 1:
         raise KitError(f"need --warmup >= 0 and --repeats >= 1, got {warmup} and {repeats}")
+    if not (isinstance(cooldown_ms, (int, float)) and 0 <= cooldown_ms < float("inf")):
+        raise KitError(f"--cooldown-ms must be a finite number >= 0, got {cooldown_ms!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise KitError(f"--threads must be a whole number >= 1, got {threads!r}")
     ops = expand_ops(ops)
     tasks, unmatched = plan(ops, shapes)
     env = environment(device)
