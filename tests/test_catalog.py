@@ -66,6 +66,13 @@ def test_a_name_or_alias_of_another_gpu_is_refused():
     ({"fp8_tflops": 0}, "fp8_tflops"),
     ({"key": "My GPU"}, "lower-case"),
     ({"warp_size": 32}, "warp_size"),
+    # unit slips: a clock in GHz, bandwidth in B/s, a peak in FLOP/s, absurd sizes
+    ({"boost_clock_mhz": 1.41}, "boost_clock_mhz = 1.41 is outside.*check its unit"),
+    ({"mem_bw_gbs": 1.555e12}, "mem_bw_gbs .* outside"),
+    ({"fp32_tflops": 19.5e12}, "fp32_tflops .* outside"),
+    ({"sm_count": 10**30}, "sm_count .* outside"),
+    ({"max_threads_per_sm": 16}, "max_threads_per_sm .* outside"),
+    ({"max_threads_per_sm": 2000}, "multiple of the 32-thread warp"),
 ])
 def test_invalid_user_gpu_is_a_clear_error(bad, word):
     with pytest.raises(KitError, match=word):

@@ -31,6 +31,17 @@ REQUIRED_FIELDS: dict[str, type] = {
     "tdp_w": float,
     "source": str,
 }
+# What a GPU spec can plausibly be: far wider than any catalog GPU (33 of them span 20-304 SMs,
+# 1.06-2.52 GHz, 192-8,000 GB/s, 1,024-2,560 threads per SM, 5.5-2,250 TFLOP/s), so a real
+# future GPU passes and a unit slip (a clock in GHz, bandwidth in B/s, sm_count 1e30) does not.
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "sm_count": (1, 4096), "fp32_lanes_per_sm": (8, 1024), "boost_clock_mhz": (100, 10000),
+    "memory_gib": (0.25, 65536), "mem_bw_gbs": (1, 200000), "l2_cache_mib": (0.0625, 16384),
+    "smem_per_sm_kib": (1, 4096), "registers_per_sm": (1024, 1 << 22),
+    "max_threads_per_sm": (32, 65536), "max_blocks_per_sm": (1, 1024),
+    "interconnect_bw_gbs": (0, 100000), "pcie_gen": (1, 8), "tdp_w": (1, 100000),
+}
+PLAUSIBLE_TFLOPS = (1e-3, 1e6)
 PEAK_FIELDS = tuple(f"{d}_tflops" for d in DTYPES)
 # Optional peaks: null (or absent, for a user's GPU) where the GPU has no such unit.
 OPTIONAL_PEAK_FIELDS = ("fp32_matrix_tflops",)
@@ -156,12 +167,19 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise KitError(f"{label}: field {name} must be a number, got {value!r}")
-        if typ is int and float(value) != int(value):
-            raise KitError(f"{label}: field {name} must be a whole number, got {value!r}")
         allow_zero = name == "interconnect_bw_gbs"
         if value < 0 or (value == 0 and not allow_zero):
             raise KitError(f"{label}: field {name} must be positive, got {value!r}")
+        lo, hi = PLAUSIBLE[name]
+        if not lo <= value <= hi:
+            raise KitError(f"{label}: field {name} = {value!r} is outside what a GPU can have "
+                           f"({lo:g} to {hi:g}); check its unit")
+        if typ is int and float(value) != int(value):
+            raise KitError(f"{label}: field {name} must be a whole number, got {value!r}")
         clean[name] = typ(value)
+    if clean["max_threads_per_sm"] % 32:
+        raise KitError(f"{label}: max_threads_per_sm must be a multiple of the 32-thread warp, "
+                       f"got {clean['max_threads_per_sm']}")
     for name in (*PEAK_FIELDS, *OPTIONAL_PEAK_FIELDS):
         value = entry.get(name)
         if value is None:
@@ -169,6 +187,9 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
                 or not math.isfinite(value)):
             raise KitError(f"{label}: field {name} must be a positive number or null, got {value!r}")
+        if not PLAUSIBLE_TFLOPS[0] <= value <= PLAUSIBLE_TFLOPS[1]:
+            raise KitError(f"{label}: field {name} = {value!r} TFLOP/s is outside what a GPU can "
+                           f"have ({PLAUSIBLE_TFLOPS[0]:g} to {PLAUSIBLE_TFLOPS[1]:g}); check its unit")
         clean[name] = float(value)
     if clean["fp32_tflops"] is None:
         raise KitError(f"{label}: fp32_tflops is required (every GPU does fp32)")
