@@ -55,4 +55,6 @@ def register(sub):
     p.add_argument("--memory-gib", type=positive_float, default=None,
                    help="memory cap per GPU for tables + optimizer state (default 90%% of the GPU's)")
     p.add_argument("--kinds", default=None, help="allowed kinds, comma-separated: tw,cw,rw,twrw,dp")
-    p.add_argument("--budget-s", type=positive_float, default=2.0, help="search time budget (s)")
+    p.add_argument("--budget-s", type=positive_float, default=2.0,
+                   help="time budget of the plan search (s); building the cost model and the "
+                        "exact re-pricing of the best plans come on top of it")
