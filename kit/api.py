@@ -110,7 +110,9 @@ def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_ada
         tables = read_tables(tables)
     sysobj = get_system(system, nodes=nodes) if nodes is not None else get_system(system)
     if isinstance(kinds, str):  # "rw,dp" as the CLI takes it, not the letters of "rw"
-        kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+        text, kinds = kinds, [k.strip() for k in kinds.split(",") if k.strip()]
+        if not kinds:
+            raise KitError(f"--kinds is empty ({text!r}); name some of {', '.join(KINDS)}")
     return plan_sharding(tables, sysobj, batch=batch, optimizer=optimizer, memory_cap_gib=memory_gib,
                          kinds=tuple(kinds) if kinds is not None else KINDS, time_budget_s=time_budget_s)
 
@@ -141,7 +143,6 @@ def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = 
     the graph for zoo models (see kit.parallel.predict_parallel)."""
     from dataclasses import fields
 
-    from kit.errors import KitError
     from kit.parallel import Layout, predict_parallel
     from kit.parallel.profiles import get_profile
 

@@ -8,3 +8,13 @@ into one line on stderr and exit code 2.
 
 class KitError(Exception):
     """A problem with the user's input, explained in one line."""
+
+
+def one_line(e: BaseException, with_type: bool = True) -> str:
+    """A caught exception (from a user's model, module or config) as one line for a KitError:
+    its message's first line, after its type name unless with_type is False; the bare type name
+    when it has no message."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if not msg:
+        return type(e).__name__
+    return f"{type(e).__name__}: {msg}" if with_type else msg

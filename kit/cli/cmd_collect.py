@@ -1,5 +1,4 @@
 """`kit collect`: benchmark ops on this machine's CPU or GPU into a schema CSV (resumable)."""
-import argparse
 from pathlib import Path
 
 from kit.cli import add_command, positive_int
@@ -33,16 +32,6 @@ def text(r):
     return "\n".join(lines)
 
 
-def _cooldown_ms(s):
-    try:
-        value = float(s)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0, got {s!r}")
-    return value
-
-
 def _count(s):
     try:
         value = int(s)
@@ -67,7 +56,7 @@ def register(sub):
     p.add_argument("--warmup", type=_count, default=5, help="untimed calls first (default 5)")
     p.add_argument("--repeats", type=_count, default=25,
                    help="timed calls; latency = mean of the fastest fifth (default 25)")
-    p.add_argument("--cooldown-ms", type=_cooldown_ms, default=0.0, help="sleep between measurements")
+    p.add_argument("--cooldown-ms", type=float, default=0.0, help="sleep between measurements")
     p.add_argument("--no-profile", action="store_true", help="CUDA: skip the torch.profiler pass "
                    "(no kernel names or launch dims)")
     p.add_argument("--threads", type=positive_int, help="CPU: torch threads to use")

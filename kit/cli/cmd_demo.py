@@ -8,10 +8,8 @@ DEFAULT_SYSTEM = "dgx-h100"
 def run(args):
     from kit.api import predict_model, predict_op
     from kit.comm import predict_collective
-    from kit.hardware import get_system
+    from kit.hardware import get_gpu, get_system
     from kit.ops import Gemm
-
-    from kit.hardware import get_gpu
 
     gpu = args.gpu
     # bf16 where the GPU has it, else fp16 (T4, V100, P100), else fp32 (P4)

@@ -7,18 +7,7 @@ def run(args):
 
     return shard_tables(args.tables, args.system, batch=args.batch, optimizer=args.optimizer,
                         memory_gib=args.memory_gib, nodes=args.nodes, time_budget_s=args.budget_s,
-                        kinds=_kinds(args.kinds))
-
-
-def _kinds(text):
-    from kit.errors import KitError
-
-    if text is None:
-        return None
-    kinds = [k.strip() for k in text.split(",") if k.strip()]
-    if not kinds:
-        raise KitError(f"--kinds is empty ({text!r}); name some of tw, cw, rw, twrw, dp")
-    return kinds
+                        kinds=args.kinds)
 
 
 def text(r) -> str:

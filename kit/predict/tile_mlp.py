@@ -276,8 +276,9 @@ class TilePredictor:
         small = np.flatnonzero(tiles < slots)
         if not small.size:
             return lat, p10, p90
-        twins = [one_wave_twin(cls, ops[i], int(slots[i])) for i in small]
-        full = self._predict_class(cls, twins, gpu)  # a twin fills its wave: no recursion
+        # small ops of one kind and row length share a twin: predict each twin once
+        twins, where = dedupe([one_wave_twin(cls, ops[i], int(slots[i])) for i in small])
+        full = expand(self._predict_class(cls, twins, gpu), where)  # a twin fills its wave
         lat, p10, p90 = lat.copy(), p10.copy(), p90.copy()
         lat[small] = np.minimum(lat[small], full.latency_ms.to_numpy(float))
         p10[small] = np.minimum(p10[small], np.minimum(full.latency_p10_ms.to_numpy(float),

@@ -32,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from kit.errors import KitError
+from kit.errors import KitError, one_line
 from kit.workload.graph import Node, OpGraph
 from kit.workload.mapping import map_op, nbytes, tensors
 
@@ -353,9 +353,8 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     except KitError:
         raise
     except Exception as e:  # the user's forward: KeyError, AssertionError, AttributeError, ...
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if not isinstance(e, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)):
-            msg = f"{type(e).__name__}: {msg}"
+        msg = one_line(e, with_type=not isinstance(
+            e, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)))
         raise KitError(f"capturing {name or type(model).__name__} failed: {msg} (inputs must "
                        "match the model's forward; data-dependent shapes cannot run on meta)") from None
     finally:

@@ -17,14 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from kit.errors import KitError
+from kit.errors import KitError, one_line
 
 OPTIMIZER_STATE_TENSORS = {"adamw": 2, "adamw-fused": 2, "adam": 2, "sgd": 1, None: 0, "none": 0}
-
-
-def _oneline(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
 def load_callable(spec: str):
@@ -42,7 +37,7 @@ def load_callable(spec: str):
     except ImportError as e:
         raise KitError(f"cannot import module {mod_name!r} for model {spec!r}: {e}") from None
     except Exception as e:  # the user's module failed while importing (SyntaxError, NameError, ...)
-        raise KitError(f"importing module {mod_name!r} for model {spec!r} failed: {_oneline(e)}") from None
+        raise KitError(f"importing module {mod_name!r} for model {spec!r} failed: {one_line(e)}") from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -59,7 +54,7 @@ def read_config(path: str) -> dict:
     except FileNotFoundError:
         raise KitError(f"model config file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise KitError(f"cannot read model config {path}: {_oneline(e)}") from None
+        raise KitError(f"cannot read model config {path}: {one_line(e)}") from None
     except json.JSONDecodeError as e:
         raise KitError(f"model config {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
     if not isinstance(cfg, dict):
@@ -74,7 +69,7 @@ def _inputs_for(module, batch: int, seq: int):
             return module.example_inputs(batch, seq)
         except Exception as e:
             raise KitError(f"{type(module).__name__}.example_inputs({batch}, {seq}) failed: "
-                           f"{_oneline(e)}") from None
+                           f"{one_line(e)}") from None
     import torch
 
     return (torch.zeros(batch, seq, dtype=torch.long, device="meta"),)
@@ -106,7 +101,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         try:
             obj = obj()
         except Exception as e:
-            raise KitError(f"model callable {name!r} failed: {_oneline(e)}") from None
+            raise KitError(f"model callable {name!r} failed: {one_line(e)}") from None
     if isinstance(obj, dict):
         return zoo.graph_for(obj, batch, seq, mode, dtype, optimizer)
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):

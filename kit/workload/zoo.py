@@ -23,7 +23,7 @@ import re
 from collections import OrderedDict
 from pathlib import Path
 
-from kit.errors import KitError
+from kit.errors import KitError, one_line
 
 
 def _gpt(n_embd, n_head, n_layer, n_positions=1024):
@@ -151,8 +151,7 @@ def build(model: str | dict):
     except KeyError as e:
         raise KitError(f"{kind} config is missing key {e.args[0]!r}") from None
     except (RuntimeError, TypeError, ValueError, ZeroDivisionError) as e:  # n_embd -5, "64", ...
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise KitError(f"{kind} config cannot build a model: {msg}") from None
+        raise KitError(f"{kind} config cannot build a model: {one_line(e, with_type=False)}") from None
 
 
 # -- cached capture -----------------------------------------------------------------------------
