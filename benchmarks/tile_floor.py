@@ -1,0 +1,113 @@
+"""How low can a kernel's error go from its shape alone? The noise floor of each test set.
+
+Prints JSON with, per GPU of NeuSight's test set (the two held-out GPUs and the five training
+GPUs) and op class:
+  shipped    the shipped tile-MLP on those rows (transfer on the held-out GPUs)
+  own_fit    the same model family fitted on that GPU's *own* test rows, scored on shapes it did
+             not see: five folds by shape (kit.predict.training.shape_blocks), each fold scored by
+             a tile-MLP (one member, the shipped settings) trained on the other four. It sees the
+             target GPU and even its kernel names, so no transfer predictor can be expected to do
+             better; what it cannot fit is measurement noise or something the shape does not say.
+and, for GEMMs, `batch_inversions`: pairs of test rows with the same (m, n, k) where the batch
+grew at least 1.5x yet the kernel ran faster (more work, less time: noise in the measurement).
+
+    .venv/bin/python benchmarks/tile_floor.py [--data DIR] [--gpus l4,a100-pcie-80gb] [--threads 2]
+
+Needs the NeuSight data (KIT_DATA). Takes about a minute on two cores. Not run by the tests.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+
+from kit.predict.evaluate import load_test, predict_rows, summarise
+from kit.predict.training import SETTINGS, shape_blocks
+
+FOLDS = 5
+
+
+def own_fit_rows(part: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """predict_rows of one GPU's rows, each fold predicted by a tile-MLP fitted on the others."""
+    from kit.predict.tile_mlp import fit_tile_predictor
+
+    fold = shape_blocks(part, FOLDS)
+    out = []
+    for f in range(FOLDS):
+        train, held = part[fold != f], part[fold == f].reset_index(drop=True)
+        if train.empty or held.empty:
+            continue
+        model = fit_tile_predictor(train, seed=seed, members=1, epochs=SETTINGS["epochs"],
+                                   hidden=SETTINGS["hidden"], min_steps=SETTINGS["min_steps"],
+                                   chooser_epochs=SETTINGS["chooser_epochs"])
+        out.append(predict_rows(held, {"own_fit": model}))
+    return pd.concat(out, ignore_index=True)
+
+
+def batch_inversions(part: pd.DataFrame, min_ms: float = 0.05) -> dict:
+    """Same (op, m, n, k), batch b2 >= 1.5 b1, and t(b2) < t(b1): how often, and the worst."""
+    pairs = inverted = 0
+    worst = None
+    for key, grp in part[part.op_class == "gemm"].groupby(["op", "m", "n", "k"], sort=True):
+        b, t = grp.b.to_numpy(float), grp.latency_ms.to_numpy(float)
+        big = (b[None, :] >= 1.5 * b[:, None]) & (t[None, :] > min_ms)
+        pairs += int(big.sum())
+        bad = big & (t[None, :] < t[:, None])
+        inverted += int(bad.sum())
+        if bad.any():
+            i, j = np.unravel_index(np.argmax(np.where(bad, t[:, None] / t[None, :], 0)), bad.shape)
+            speed = float(t[i] / t[j])
+            if worst is None or speed > worst["faster_by"]:
+                worst = {"op": key[0], "m": int(key[1]), "n": int(key[2]), "k": int(key[3]),
+                         "b": [int(b[i]), int(b[j])], "ms": [round(float(t[i]), 4),
+                                                             round(float(t[j]), 4)],
+                         "faster_by": round(speed, 3)}
+    return {"pairs": pairs, "inverted": inverted,
+            "share": round(inverted / pairs, 4) if pairs else None, "worst": worst}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", help="NeuSight folder (default KIT_DATA)")
+    ap.add_argument("--gpus", help="comma-separated catalog keys (default: every GPU in the test set)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    import torch
+
+    from kit.data import resolve_data_dir
+    from kit.predict.nets import set_threads
+    from kit.predict.weights import shipped_tile
+
+    set_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    test = load_test(resolve_data_dir(args.data) / "data" / "dataset" / "test")
+    gpus = args.gpus.split(",") if args.gpus else sorted(test.gpu.unique())
+    shipped = shipped_tile()
+    result = {"folds": FOLDS, "settings": {**SETTINGS, "members": 1}, "gpus": {}}
+    t0 = time.perf_counter()
+    for gpu in gpus:
+        part = test[test.gpu == gpu].reset_index(drop=True)
+        if part.empty:
+            print(f"no test rows for {gpu}", file=sys.stderr)
+            continue
+        rows = pd.concat([predict_rows(part, {"shipped": shipped}), own_fit_rows(part, args.seed)],
+                         ignore_index=True)
+        by_class = summarise(rows.assign(op=rows.op_class))
+        result["gpus"][gpu] = {
+            "classes": {c: {s["predictor"]: {k: s[k] for k in ("n", "mape", "median_ape")}
+                            for s in by_class if s["op"] == c}
+                        for c in sorted(rows.op_class.unique())},
+            "batch_inversions": batch_inversions(part)}
+        print(f"{gpu} done", file=sys.stderr, flush=True)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    json.dump(result, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
