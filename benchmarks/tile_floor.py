@@ -11,6 +11,14 @@ GPUs) and op class:
 and, for GEMMs, `batch_inversions`: pairs of test rows with the same (m, n, k) where the batch
 grew at least 1.5x yet the kernel ran faster (more work, less time: noise in the measurement).
 
+On the training GPUs, `train_test_shift` compares the two files directly: each vector-op test row
+against the training rows of the same op whose every dimension is within 10% of it, time per
+element against time per element (median over the matched rows; above 1 the test file runs
+faster). Elementwise ops match to within 1%, so the method itself adds no bias; a class far from
+1 was measured differently in the two files, and no model of the training file can predict the
+test file better than that. GEMMs are left out: within 10% a dimension can cross a tile boundary,
+which changes the time per FLOP by itself.
+
     .venv/bin/python benchmarks/tile_floor.py [--data DIR] [--gpus l4,a100-pcie-80gb] [--threads 2]
 
 Needs the NeuSight data (KIT_DATA). Takes about a minute on two cores. Not run by the tests.
@@ -29,6 +37,7 @@ from kit.predict.evaluate import load_test, predict_rows, summarise
 from kit.predict.training import SETTINGS, shape_blocks
 
 FOLDS = 5
+NEIGHBOUR = 1.10  # train_test_shift: a training row within this factor in every dimension
 
 
 def own_fit_rows(part: pd.DataFrame, seed: int) -> pd.DataFrame:
@@ -70,6 +79,34 @@ def batch_inversions(part: pd.DataFrame, min_ms: float = 0.05) -> dict:
             "share": round(inverted / pairs, 4) if pairs else None, "worst": worst}
 
 
+def train_test_shift(train: pd.DataFrame, part: pd.DataFrame) -> dict:
+    """Per vector class: how much faster per element one GPU's test rows run than its training
+    rows of the same op and nearly the same shape (NEIGHBOUR); matched rows and the median."""
+    out = {}
+    tol = np.log(NEIGHBOUR)
+    for cls in ("elementwise", "softmax", "layernorm"):
+        ratios = []
+        for op, test_op in part[part.op_class == cls].groupby("op", sort=True):
+            ref = train[train.op == op]
+            if ref.empty:
+                continue
+            dims = ["rows", "cols"] if cls != "elementwise" else None
+            if dims is None:  # elementwise: only the element count matters
+                key_r = np.log((ref.rows * ref.cols).to_numpy(float))[:, None]
+                key_t = np.log((test_op.rows * test_op.cols).to_numpy(float))[:, None]
+            else:
+                key_r, key_t = np.log(ref[dims].to_numpy(float)), np.log(test_op[dims].to_numpy(float))
+            per_r = ref.latency_ms.to_numpy(float) / (ref.rows * ref.cols).to_numpy(float)
+            per_t = test_op.latency_ms.to_numpy(float) / (test_op.rows * test_op.cols).to_numpy(float)
+            for i in range(len(key_t)):
+                near = np.abs(key_r - key_t[i]).max(axis=1) < tol
+                if near.any():
+                    ratios.append(float(np.median(per_r[near]) / per_t[i]))
+        if ratios:
+            out[cls] = {"matched": len(ratios), "test_faster_by": round(float(np.median(ratios)), 3)}
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", help="NeuSight folder (default KIT_DATA)")
@@ -81,11 +118,14 @@ def main(argv=None):
 
     from kit.data import resolve_data_dir
     from kit.predict.nets import set_threads
+    from kit.predict.training import DEFAULT_TRAIN_GPUS, training_frame
     from kit.predict.weights import shipped_tile
 
     set_threads(args.threads)
     torch.use_deterministic_algorithms(True)
-    test = load_test(resolve_data_dir(args.data) / "data" / "dataset" / "test")
+    root = resolve_data_dir(args.data)
+    test = load_test(root / "data" / "dataset" / "test")
+    train = training_frame(root, DEFAULT_TRAIN_GPUS)
     gpus = args.gpus.split(",") if args.gpus else sorted(test.gpu.unique())
     shipped = shipped_tile()
     result = {"folds": FOLDS, "settings": {**SETTINGS, "members": 1}, "gpus": {}}
@@ -103,6 +143,8 @@ def main(argv=None):
                             for s in by_class if s["op"] == c}
                         for c in sorted(rows.op_class.unique())},
             "batch_inversions": batch_inversions(part)}
+        if gpu in DEFAULT_TRAIN_GPUS:
+            result["gpus"][gpu]["train_test_shift"] = train_test_shift(train[train.gpu == gpu], part)
         print(f"{gpu} done", file=sys.stderr, flush=True)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     json.dump(result, sys.stdout, indent=1)
