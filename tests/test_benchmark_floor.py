@@ -1,0 +1,55 @@
+"""benchmarks/tile_floor.py's data checks on small hand-made tables: batch inversions and the
+train/test shift find what was planted, and nothing where nothing was."""
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+
+@pytest.fixture(scope="module")
+def floor():
+    spec = importlib.util.spec_from_file_location(
+        "tile_floor", Path(__file__).resolve().parents[1] / "benchmarks/tile_floor.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def gemm_rows(rows):
+    return pd.DataFrame([{"op": "bmm", "op_class": "gemm", "b": b, "m": 64, "n": 196, "k": 196,
+                          "latency_ms": t} for b, t in rows])
+
+
+def test_batch_inversions_counts_a_faster_larger_batch(floor):
+    clean = floor.batch_inversions(gemm_rows([(8, 0.10), (16, 0.19), (32, 0.37)]))
+    assert clean["pairs"] == 3 and clean["inverted"] == 0 and clean["worst"] is None
+    noisy = floor.batch_inversions(gemm_rows([(8, 0.10), (16, 0.19), (32, 0.08)]))
+    assert noisy["inverted"] == 2 and noisy["pairs"] == 3
+    # the worst inversion is b=16 at 0.19 ms against b=32 at 0.08 ms
+    assert noisy["worst"]["b"] == [16, 32]
+    assert noisy["worst"]["faster_by"] == pytest.approx(0.19 / 0.08, abs=1e-3)
+
+
+def test_batch_inversions_ignores_pairs_below_the_time_floor(floor):
+    # b=32 at 0.03 ms is under min_ms: launch noise, not a measurement of the kernel
+    out = floor.batch_inversions(gemm_rows([(8, 0.10), (32, 0.03)]))
+    assert out["pairs"] == 0 and out["inverted"] == 0
+
+
+def vector_rows(op, cls, shapes, per_elem_ms):
+    return pd.DataFrame([{"op": op, "op_class": cls, "rows": r, "cols": c,
+                          "latency_ms": r * c * per_elem_ms} for r, c in shapes])
+
+
+def test_train_test_shift_finds_a_planted_speed_up(floor):
+    train = pd.concat([vector_rows("ln", "layernorm", [(16000, 1000), (9000, 3000)], 1e-8),
+                       vector_rows("add", "elementwise", [(1, 10 ** 7)], 2e-8)])
+    # layer norm test rows 25% faster per element, within 10% of a training shape; one far away
+    test = pd.concat([vector_rows("ln", "layernorm", [(16384, 1024), (8192, 3072)], 1e-8 / 1.25),
+                      vector_rows("ln", "layernorm", [(10 ** 6, 768)], 1e-9),
+                      vector_rows("add", "elementwise", [(1, 1.05 * 10 ** 7)], 2e-8)])
+    out = floor.train_test_shift(train, test)
+    assert out["layernorm"] == {"matched": 2, "test_faster_by": pytest.approx(1.25, abs=1e-3)}
+    assert out["elementwise"] == {"matched": 1, "test_faster_by": pytest.approx(1.0, abs=1e-3)}
+    assert "softmax" not in out  # no rows of it on either side
