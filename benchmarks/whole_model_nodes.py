@@ -42,8 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import ast
-import math
 import re
 from pathlib import Path
 
@@ -89,36 +87,14 @@ def kit_class(aten: str, op_class: str) -> str:
     return "elementwise"
 
 
-def label_gemm_shape(op: str, target: str, shapes: str, out_shape: str, meta: str):
-    """(b, m, n, k) of a label's GEMM node in the kit's orientation (k the reduction), or None:
-    addmm(bias, x[M,K], W[K,N]); matmul of [B,H,S,D] by [B,H,D,T]; an nn.Linear module."""
-    try:
-        shp = ast.literal_eval(shapes)
-    except (ValueError, SyntaxError):
-        return None
-    if "addmm" in target and len(shp) == 3 and len(shp[1]) == 2 and len(shp[2]) == 2:
-        (m, k), (_, n) = shp[1], shp[2]
-        return 1, m, n, k
-    if "matmul" in target and len(shp) == 2 and len(shp[0]) == 4 and len(shp[1]) == 4:
-        a, b = shp
-        return a[0] * a[1], a[2], b[3], a[3]
-    if op == "call_module" and fx_class(op, target, meta) == "gemm" and len(shp) == 1:
-        try:
-            n = ast.literal_eval(out_shape)[-1]
-        except (ValueError, SyntaxError, TypeError, IndexError):
-            return None
-        return 1, math.prod(shp[0][:-1]), n, shp[0][-1]
-    return None
-
-
 def label_vs_kernel_data(labels: Path, data: Path) -> list[dict]:
-    """Per GPU: label GEMM node time over the op-level measurement of the same shape (geo mean)."""
+    """Per GPU: label GEMM node time over the op-level measurement of the same shape (geo mean),
+    and by_node: the same split by node kind and by the kernel rows (linear or bmm) matched."""
     import numpy as np
     import pandas as pd
 
-    from kit.data import load_neusight
+    from kit.data import label_gemm_nodes, load_label_nodes, load_neusight
     from kit.errors import KitError
-    from kit.hardware import get_gpu
     from kit.predict.evaluate import load_test
 
     frames = []
@@ -132,34 +108,21 @@ def label_vs_kernel_data(labels: Path, data: Path) -> list[dict]:
         return []
     kern = pd.concat(frames, ignore_index=True)
     kern = kern[kern.op_class == "gemm"]
-    ms = kern.groupby(["gpu", "b", "m", "n", "k"]).latency_ms.min().to_dict()
-    by_op = kern.groupby(["gpu", "op", "b", "m", "n", "k"]).latency_ms.min().to_dict()
-    ratios: dict = {}
-    split: dict = {}
-    for f in sorted(labels.glob("*/*.csv")):
-        try:
-            gpu = get_gpu(f.parent.name).key
-        except KitError:
-            continue
-        raw = pd.read_csv(f)
-        for op, target, shapes, out_shape, meta, fw in zip(
-                raw["op"], raw["target"].astype(str), raw["input_shapes"].astype(str),
-                raw["output_shape"].astype(str), raw["meta"].fillna("").astype(str), raw["fw_latency"]):
-            shape = label_gemm_shape(op, target, shapes, out_shape, meta) if fw > 0.2 else None
-            if shape is not None and (gpu, *shape) in ms:
-                ratios.setdefault(gpu, []).append(fw / ms[(gpu, *shape)])
-            if shape is None:
-                continue
-            node = "addmm" if "addmm" in target else "matmul" if "matmul" in target else "Linear"
-            for kernel_op in ("linear", "bmm"):
-                if (gpu, kernel_op, *shape) in by_op:
-                    split.setdefault((gpu, node, kernel_op), []).append(
-                        fw / by_op[(gpu, kernel_op, *shape)])
+    dims = ["gpu", "b", "m", "n", "k"]
+    ms = kern.groupby(dims).latency_ms.min().rename("kernel_ms").reset_index()
+    by_op = kern.groupby(["op", *dims]).latency_ms.min().rename("kernel_ms").reset_index()
+    nodes = label_gemm_nodes(load_label_nodes(labels.parent))
+    nodes = nodes[nodes.gpu.notna() & (nodes.fw_latency_ms > 0.2)]
+    nodes = nodes.assign(**{c: nodes[c].astype(int) for c in ("b", "m", "n", "k")})
+    overall = nodes.merge(ms, on=dims)
+    split = nodes.merge(by_op, on=dims)
     out = []
-    for gpu, r in sorted(ratios.items()):
-        r = np.array(r)
-        kinds = [{"node": node, "kernel_op": kop, "nodes": len(v), "median": float(np.median(v))}
-                 for (g, node, kop), v in sorted(split.items()) if g == gpu]
+    for gpu, grp in overall.groupby("gpu", sort=True):
+        r = (grp.fw_latency_ms / grp.kernel_ms).to_numpy(float)
+        part = split[split.gpu == gpu]
+        kinds = [{"node": {"linear": "Linear"}.get(node, node), "kernel_op": kop, "nodes": len(g),
+                  "median": float(np.median(g.fw_latency_ms / g.kernel_ms))}
+                 for (node, kop), g in part.groupby(["kind", "op"], sort=True)]
         out.append({"gpu": gpu, "nodes": len(r), "label_over_kernel_data_geo": float(np.exp(np.log(r).mean())),
                     "median": float(np.median(r)), "min": float(r.min()), "max": float(r.max()),
                     "by_node": kinds})

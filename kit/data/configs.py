@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def _number(data: dict, key: str, where: Path) -> float:
 NODE_COLUMNS = {"Name": "name", "op": "fx_op", "target": "target", "input_shapes": "input_shapes",
                 "output_shape": "output_shape", "dtype": "dtype", "latency": "latency_ms",
                 "fw_latency": "fw_latency_ms", "bw_latency": "bw_latency_ms",
-                "acc_latency": "acc_latency_ms"}
+                "acc_latency": "acc_latency_ms", "meta": "module_stack"}
 
 
 def load_label_nodes(data_dir: str | Path | None = None) -> pd.DataFrame:
@@ -107,10 +108,13 @@ def load_label_nodes(data_dir: str | Path | None = None) -> pd.DataFrame:
             raise KitError(f"label CSV {f} is malformed: {e}") from None
         if "latency" not in raw.columns and "e2e_latency" in raw.columns:
             raw = raw.rename(columns={"e2e_latency": "latency"})  # one file names it so
+        if "meta" not in raw.columns:
+            raw = raw.assign(meta="")  # the module stack is optional: it only names modules
         missing = [c for c in NODE_COLUMNS if c not in raw.columns]
         if missing:
             raise KitError(f"label CSV {f}: missing column(s) {', '.join(missing)}")
         part = raw[list(NODE_COLUMNS)].rename(columns=NODE_COLUMNS)
+        part["module_stack"] = part.module_stack.fillna("").astype(str)
         meta = {"gpu": _device_key(f.parent.name, f), "device_dir": f.parent.name,
                 **parse_label_name(f.stem, f)}
         for key in ("num_gpus", "option"):
@@ -121,6 +125,48 @@ def load_label_nodes(data_dir: str | Path | None = None) -> pd.DataFrame:
     frame = pd.concat(frames, ignore_index=True)
     lead = ["gpu", "device_dir", "model", "mode", "seq", "batch"]
     return frame[lead + [c for c in frame.columns if c not in lead]]
+
+
+def label_gemm_shape(fx_op: str, target: str, input_shapes: str, output_shape: str,
+                     module_stack: str = ""):
+    """(kind, b, m, n, k) of a per-node label's GEMM, in kit.ops.Gemm's orientation (output
+    m x n, reduction k), or None for any other node. kind: "addmm" (HF GPT-2's Conv1D,
+    addmm(bias, x[M,K], W[K,N]): both operands row-major), "linear" (an nn.Linear module,
+    x @ W.t()) or "matmul" (a 4-d matmul, [B,H,S,D] by [B,H,D,T])."""
+    import ast
+
+    try:
+        shp = ast.literal_eval(str(input_shapes))
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(shp, (list, tuple)):
+        return None
+    if "addmm" in target and len(shp) == 3 and len(shp[1]) == 2 and len(shp[2]) == 2:
+        (m, k), (_, n) = shp[1], shp[2]
+        return "addmm", 1, m, n, k
+    if "matmul" in target and len(shp) == 2 and len(shp[0]) == 4 and len(shp[1]) == 4:
+        a, b = shp
+        return "matmul", a[0] * a[1], a[2], b[3], a[3]
+    classes = re.findall(r"<class '([^']+)'>", str(module_stack))
+    if (fx_op == "call_module" and classes and classes[-1].endswith(".Linear") and len(shp) == 1
+            and shp[0]):
+        try:
+            n = ast.literal_eval(str(output_shape))[-1]
+        except (ValueError, SyntaxError, TypeError, IndexError):
+            return None
+        return "linear", 1, math.prod(shp[0][:-1]), n, shp[0][-1]
+    return None
+
+
+def label_gemm_nodes(nodes: pd.DataFrame) -> pd.DataFrame:
+    """The GEMM nodes of load_label_nodes' table, with kind, b, m, n, k (label_gemm_shape)."""
+    found = [label_gemm_shape(*r) for r in zip(
+        nodes.fx_op.astype(str), nodes.target.astype(str), nodes.input_shapes.astype(str),
+        nodes.output_shape.astype(str), nodes.module_stack.astype(str))]
+    keep = [i for i, f in enumerate(found) if f is not None]
+    dims = pd.DataFrame([found[i] for i in keep], columns=["kind", "b", "m", "n", "k"],
+                        index=nodes.index[keep])
+    return nodes.loc[dims.index].join(dims)
 
 
 def load_model_configs(data_dir: str | Path | None = None) -> dict[str, dict]:

@@ -1,0 +1,52 @@
+"""kit.data.configs.label_gemm_shape / label_gemm_nodes: the GEMM nodes of NeuSight's per-node
+labels, with their shapes in kit.ops.Gemm's orientation (output m x n, reduction k)."""
+import pandas as pd
+import pytest
+
+from kit.data.configs import label_gemm_nodes, label_gemm_shape
+
+LINEAR = ("{'nn_module_stack': OrderedDict([('bert', <class 'x.BertModel'>), "
+          "('bert.q', <class 'torch.nn.modules.linear.Linear'>)])}")
+NORM = ("{'nn_module_stack': OrderedDict([('bert.ln', "
+        "<class 'torch.nn.modules.normalization.LayerNorm'>)])}")
+
+
+def test_addmm_is_conv1d_with_the_weight_stored_in_by_out():
+    got = label_gemm_shape("call_function", "<built-in method addmm of type object>",
+                           "[[7680], [4096, 2560], [2560, 7680]]", "(4096, 7680)")
+    assert got == ("addmm", 1, 4096, 7680, 2560)
+
+
+def test_matmul_folds_batch_and_heads():
+    got = label_gemm_shape("call_function", "<built-in method matmul of type object>",
+                           "[[2, 32, 2048, 80], [2, 32, 80, 2048]]", "(2, 32, 2048, 2048)")
+    assert got == ("matmul", 64, 2048, 2048, 80)
+
+
+def test_linear_module_flattens_the_tokens():
+    got = label_gemm_shape("call_module", "bert.q", "[[2, 512, 1024]]", "(2, 512, 3072)", LINEAR)
+    assert got == ("linear", 1, 1024, 3072, 1024)
+
+
+@pytest.mark.parametrize("args", [
+    ("call_module", "bert.ln", "[[2, 512, 1024]]", "(2, 512, 1024)", NORM),  # not a GEMM
+    ("call_function", "<built-in method addmm>", "not a list", "(1,)", ""),  # malformed shapes
+    ("call_function", "<built-in method matmul>", "[[4, 8], [8, 2]]", "(4, 2)", ""),  # 2-d matmul
+    ("call_module", "bert.q", "[[2, 512, 1024]]", "garbage", LINEAR),  # unreadable output shape
+])
+def test_other_nodes_are_none(args):
+    assert label_gemm_shape(*args) is None
+
+
+def test_label_gemm_nodes_keeps_only_gemms_with_their_rows():
+    nodes = pd.DataFrame({
+        "gpu": ["l4"] * 3, "fx_op": ["call_function", "call_module", "call_module"],
+        "target": ["<built-in method addmm>", "bert.q", "bert.ln"],
+        "input_shapes": ["[[96], [16, 64], [64, 96]]", "[[2, 8, 96]]", "[[2, 8, 96]]"],
+        "output_shape": ["(16, 96)", "(2, 8, 32)", "(2, 8, 96)"],
+        "module_stack": ["", LINEAR, NORM], "fw_latency_ms": [0.5, 0.25, 0.1]})
+    got = label_gemm_nodes(nodes)
+    assert list(got.index) == [0, 1]
+    assert list(got.kind) == ["addmm", "linear"]
+    assert got[["b", "m", "n", "k"]].values.tolist() == [[1, 16, 96, 64], [1, 16, 32, 96]]
+    assert list(got.fw_latency_ms) == [0.5, 0.25]
