@@ -54,6 +54,10 @@ def op_tiling(op, gpu, predictor: str = "auto"):
 def memory_problem(op, gpu) -> str | None:
     """Why op cannot run on gpu for want of memory (its operands alone exceed it), or None."""
     gpu = get_gpu(gpu)
+    table = getattr(op, "table_bytes", 0.0)  # an embedding table is resident, not only what is read
+    if table > gpu.memory_bytes:
+        return (f"{op.op_class} table of {table / 2**30:.4g} GiB is larger than {gpu.key}'s "
+                f"{gpu.memory_gib:g} GiB of memory: shard it (`kit shard`) or give fewer rows")
     if op.bytes <= gpu.memory_bytes:
         return None
     return (f"{op.op_class} moves {op.bytes / 2**30:.4g} GiB of operands, more than "

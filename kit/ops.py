@@ -217,6 +217,11 @@ class EmbeddingBag:
         return self.batch * self.pooling
 
     @property
+    def table_bytes(self) -> float:
+        """The (rows, dim) table, which must sit in device memory however few rows are read."""
+        return float(self.rows * self.dim * dtype_bytes(self.dtype))
+
+    @property
     def flops(self) -> float:
         extra = self.batch * self.dim if self.mode == "mean" else 0
         return float(self.lookups * self.dim + extra)
@@ -245,6 +250,10 @@ class Attention:
         _positive_ints("attention", b=self.b, heads=self.heads, seq_q=self.seq_q,
                        seq_kv=self.seq_kv, head_dim=self.head_dim)
         dtype_bytes(self.dtype)
+        if self.kv_heads is not None:  # grouped-query: each K/V head serves heads / kv_heads queries
+            _positive_ints("attention", kv_heads=self.kv_heads)
+            if self.heads % self.kv_heads:
+                raise KitError(f"attention: kv_heads {self.kv_heads} must divide heads {self.heads}")
 
     @property
     def flops(self) -> float:

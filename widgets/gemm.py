@@ -6,9 +6,12 @@ import ipywidgets as W
 
 from kit import viz
 from kit.api import memory_problem, op_tiling, predict_op
+from kit.errors import KitError
 from kit.hardware import DTYPES, get_gpu, gpu_keys
 from kit.ops import Gemm
 from widgets.base import Panel
+
+MAX_DIM = 1 << 20  # the largest m, n or k the panel's boxes take
 
 
 class GemmPanel(Panel):
@@ -16,6 +19,11 @@ class GemmPanel(Panel):
 
     def __init__(self, m=4096, n=4096, k=4096, gpu="a100-sxm4-80gb", dtype="fp32",
                  compare=("v100-sxm2-32gb", "h100-sxm")):
+        Gemm(m=m, n=n, k=k, dtype=dtype)  # a KitError for a shape or dtype no GEMM has
+        for name, value in (("m", m), ("n", n), ("k", k)):
+            if value > MAX_DIM:  # the text boxes would clamp it to MAX_DIM without a word
+                raise KitError(f"GemmPanel: {name} {value:,} is above the panel's {MAX_DIM:,}; "
+                               "predict it with kit.api.predict_op")
         self._init = dict(m=m, n=n, k=k, gpu=get_gpu(gpu).key, dtype=dtype)
         self.compare = tuple(get_gpu(g).key for g in compare)
         super().__init__()
@@ -23,9 +31,9 @@ class GemmPanel(Panel):
     def controls(self):
         i = self._init
         style = {"description_width": "initial"}
-        self.m = W.BoundedIntText(value=i["m"], min=1, max=1 << 20, description="m", style=style)
-        self.n = W.BoundedIntText(value=i["n"], min=1, max=1 << 20, description="n", style=style)
-        self.k = W.BoundedIntText(value=i["k"], min=1, max=1 << 20, description="k", style=style)
+        self.m = W.BoundedIntText(value=i["m"], min=1, max=MAX_DIM, description="m", style=style)
+        self.n = W.BoundedIntText(value=i["n"], min=1, max=MAX_DIM, description="n", style=style)
+        self.k = W.BoundedIntText(value=i["k"], min=1, max=MAX_DIM, description="k", style=style)
         self.gpu = W.Dropdown(options=gpu_keys(), value=i["gpu"], description="GPU")
         self.dtype = W.Dropdown(options=list(DTYPES), value=i["dtype"], description="dtype")
         for w in (self.m, self.n, self.k):

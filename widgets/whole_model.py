@@ -13,7 +13,7 @@ import pandas as pd
 from kit.api import predict_model
 from kit.hardware import get_gpu, gpu_keys
 from kit.workload.models import memory_bytes
-from kit.workload.zoo import check_seq, config, max_seq, resolve, zoo_names
+from kit.workload.zoo import check_seq, max_seq, resolve, uses_seq, zoo_names
 from widgets.base import Panel
 
 SEQS = (32, 64, 128, 256, 512, 1024, 2048)
@@ -83,7 +83,9 @@ class WholeModelPanel(Panel):
 
     def predict(self):
         self.result = predict_model(self.model.value, self.gpu.value, mode=self.mode.value,
-                                    batch=self.batch.value, seq=self.seq.value, fusion=self.fusion.value)
+                                    batch=self.batch.value,
+                                    seq=self.seq.value if uses_seq(self.model.value) else None,
+                                    fusion=self.fusion.value)
         return self.result
 
     def make_chart(self):
@@ -121,9 +123,3 @@ class WholeModelPanel(Panel):
         return (f"<b>{it.total_ms:.2f} ms</b> per {'step' if it.mode == 'train' else 'pass'} "
                 f"({phases}); {int(it.timeline['kernels'].sum())} kernels, GPU idle {idle:.2f} ms: "
                 f"{bound}; predictor {it.predictor}{fit}")
-
-
-def uses_seq(model) -> bool:
-    """Whether the model reads a sequence (DLRM does not: seq changes nothing); the rule
-    `kit compare` uses to count tokens rather than samples."""
-    return config(model).get("model_type") != "dlrm"

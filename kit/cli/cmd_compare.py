@@ -37,9 +37,11 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
         raise KitError("--gpus needs at least one GPU")
     graph = graph_of(model, batch, seq, mode, dtype, optimizer)
     mem = memory_bytes(graph)
-    seq_used = graph.meta.get("seq") or 1
+    # a module with its own example inputs knows its batch, and no sequence; DLRM reads none
+    seq_used = graph.meta.get("seq")
+    batch = graph.meta.get("batch") or batch
     config = graph.meta.get("config") or {}
-    per_token = config.get("model_type") != "dlrm"
+    per_token = seq_used is not None and config.get("model_type") != "dlrm"
     items = batch * (seq_used if per_token else 1)
     unit = "tokens" if per_token else "samples"
     prices = prices or {}

@@ -82,7 +82,8 @@ def text(r) -> str:
     from kit.cli.cmd_predict_parallel import band_text
 
     band = band_text(r["band_ms"])
-    lines = [f"{r['model']} {r['mode']} on {r['gpu']}: batch {r.get('batch')}, seq {r.get('seq')}, "
+    seq = f"seq {r['seq']}, " if r.get("seq") is not None else ""  # none: inputs given with the model
+    lines = [f"{r['model']} {r['mode']} on {r['gpu']}: batch {r.get('batch')}, {seq}"
              f"{r.get('dtype')}, {r['fusion']}, predictor {r['predictor']}",
              f"  total     {r['total_ms']:.2f} ms" + (f"  {band.strip()}" if band else ""),
              "  phases    " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["phases_ms"].items()),

@@ -42,9 +42,12 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         try:
             lab = parse_label_name(f.stem, f)
             data = json.loads(f.read_text())
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a JSON object with e2e_latency, got {type(data).__name__}")
             measured = float(data["e2e_latency"])
             if not np.isfinite(measured) or measured <= 0:
                 raise ValueError(f"e2e_latency must be a positive number of ms, got {data['e2e_latency']!r}")
+            fwd, bwd = (_phase_ms(data, key) for key in ("fw_latency", "bwall_latency"))
         except (KitError, ValueError, KeyError, TypeError) as e:
             skipped.append({"file": str(f), "reason": f"unreadable label: {e}"})
             continue
@@ -92,10 +95,9 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         pred = it.total_ms
         row.update(predicted_ms=pred, ape=abs(pred - measured) / measured,
                    **_band([it.total_p10_ms, it.total_p90_ms], measured), predictor=it.predictor)
-        if row["mode"] == "train" and data.get("fw_latency"):
-            row.update(measured_fwd_ms=float(data["fw_latency"]), predicted_fwd_ms=it.phases_ms.get("fwd"),
-                       measured_bwd_ms=float(data.get("bwall_latency", 0.0)),
-                       predicted_bwd_ms=it.phases_ms.get("bwd"))
+        if row["mode"] == "train" and fwd:  # a label without bwall_latency has no measured backward
+            row.update(measured_fwd_ms=fwd, predicted_fwd_ms=it.phases_ms.get("fwd"),
+                       measured_bwd_ms=bwd or None, predicted_bwd_ms=it.phases_ms.get("bwd"))
         configs.append(row)
     summary = []
     groups: dict = {}
@@ -105,6 +107,23 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         summary.append({"gpu": gpu, "mode": mode, "configs": len(group), **_scores(group)})
     return {"configs": configs, "summary": summary, "skipped": skipped,
             "overall": {"configs": len(configs), **_scores(configs)}}
+
+
+def _phase_ms(data: dict, key: str) -> float | None:
+    """A label's optional phase time (fw_latency, bwall_latency): None when absent, else a finite
+    number of ms >= 0 (NeuSight writes 0 where a phase was not measured)."""
+    import math
+
+    if data.get(key) is None:
+        return None
+    value = data[key]
+    try:
+        ms = float(value)
+    except (TypeError, ValueError):
+        ms = -1.0
+    if isinstance(value, bool) or not (math.isfinite(ms) and ms >= 0):
+        raise ValueError(f"{key} must be a number of ms >= 0, got {value!r}")
+    return ms
 
 
 def _band(band, measured: float) -> dict:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kit.errors import KitError
 from kit.hardware import GPU, get_gpu
 from kit.predict.base import COLUMNS, dedupe, expand
 from kit.predict.features import arrays_from_frame, gpu_vector, op_class_of
@@ -86,10 +87,23 @@ class HabitatPredictor:
             for key, t in zip(keys, grp.latency_ms.to_numpy(float)):
                 self.measured.setdefault((gpu, key), float(t))
 
+    def _origins(self, dest: GPU, ops) -> list[str]:
+        """The training GPUs that run every dtype of ops (a bf16 GEMM on L4 scales from the
+        A100, not from the nearer T4, which has no bf16); a KitError when dest or none does."""
+        dtypes = sorted({getattr(op, "dtype", None) or "fp32" for op in ops})
+        for d in dtypes:
+            dest.peak_flops_per_s(d)  # "l4 has no fp8 support": the GPU asked about, first
+        able = [g for g in self.train_gpus if all(get_gpu(g).peak_tflops(d) for d in dtypes)]
+        if not able:
+            raise KitError(f"habitat scales a kernel from a training GPU, and none of "
+                           f"{', '.join(self.train_gpus)} runs {', '.join(dtypes)}; choose another "
+                           "predictor")
+        return able
+
     def predict(self, ops, gpu: GPU | str) -> pd.DataFrame:
         dest = get_gpu(gpu)
-        origin = nearest_gpu(dest, self.train_gpus)
         unique, where = dedupe(list(ops))
+        origin = nearest_gpu(dest, self._origins(dest, unique))
         keys = [(origin.key, op_key(op)) for op in unique]
         fp32 = [getattr(op, "dtype", "fp32") == "fp32" for op in unique]
         missing = [op for op, k, f in zip(unique, keys, fp32) if not (f and k in self.measured)]

@@ -79,14 +79,12 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
              optimizer: str | None = None, inputs=None):
     """The captured OpGraph of any supported model spec at one shape. `inputs` (a tuple or a dict
     of tensors, any device) overrides the example inputs of a module."""
-    from kit.workload import zoo
-
     if isinstance(model, dict):
-        return zoo.graph_for(model, batch, seq, mode, dtype, optimizer)
+        return _zoo_graph(model, batch, seq, mode, dtype, optimizer)
     if isinstance(model, str) and model.lower().endswith(".json"):
-        return zoo.graph_for(read_config(model), batch, seq, mode, dtype, optimizer)
+        return _zoo_graph(read_config(model), batch, seq, mode, dtype, optimizer)
     if isinstance(model, str) and ":" not in model:
-        return zoo.graph_for(model, batch, seq, mode, dtype, optimizer)
+        return _zoo_graph(model, batch, seq, mode, dtype, optimizer)
     obj = load_callable(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else type(model).__name__
     import torch
@@ -103,19 +101,49 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         except Exception as e:
             raise KitError(f"model callable {name!r} failed: {one_line(e)}") from None
     if isinstance(obj, dict):
-        return zoo.graph_for(obj, batch, seq, mode, dtype, optimizer)
+        return _zoo_graph(obj, batch, seq, mode, dtype, optimizer)
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
         obj, inputs = obj
     if not isinstance(obj, torch.nn.Module):
         raise KitError(f"model {name!r} gave a {type(obj).__name__}; expected an nn.Module, a "
                        "config dict or (module, inputs)")
-    zoo._check_positive(batch=batch)
-    seq = seq or 512
+    from kit.workload import zoo
     from kit.workload.capture import capture
 
-    return capture(obj, inputs if inputs is not None else _inputs_for(obj, batch, seq), mode=mode,
-                   optimizer=optimizer, dtype=dtype, name=name,
-                   meta={"batch": batch, "seq": seq})
+    zoo._check_positive(batch=batch)
+    if inputs is None:
+        seq = seq or 512
+        inputs, meta = _inputs_for(obj, batch, seq), {"batch": batch, "seq": seq}
+    else:  # the inputs fix the shape: a batch or seq asked for would be silently ignored
+        if batch != 1 or seq is not None:
+            raise KitError(f"model {name!r} comes with its own example inputs, which fix the batch "
+                           f"and sequence; drop --batch/--seq (got batch {batch}, seq {seq}) or "
+                           "return a module that takes input_ids or has example_inputs(batch, seq)")
+        meta = {"batch": _leading_dim(inputs), "seq": None}
+    return capture(obj, inputs, mode=mode, optimizer=optimizer, dtype=dtype, name=name, meta=meta)
+
+
+def _leading_dim(inputs) -> int:
+    """The batch of given example inputs: the first dimension of their first tensor (1 if none)."""
+    import torch
+
+    values = (list(inputs.values()) if isinstance(inputs, dict) else
+              list(inputs) if isinstance(inputs, (tuple, list)) else [inputs])
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.dim():
+            return int(v.shape[0])
+    return 1
+
+
+def _zoo_graph(model, batch, seq, mode, dtype, optimizer):
+    """zoo.graph_for, refusing a sequence length for a model that reads none (DLRM)."""
+    from kit.workload import zoo
+
+    if seq is not None and not zoo.uses_seq(model):
+        name = model if isinstance(model, str) else model.get("name", model.get("model_type"))
+        raise KitError(f"{name} reads no sequence (dense features and sparse ids per sample); "
+                       f"drop --seq (got {seq})")
+    return zoo.graph_for(model, batch, seq, mode, dtype, optimizer)
 
 
 def memory_bytes(graph) -> dict:

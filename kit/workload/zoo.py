@@ -276,6 +276,12 @@ def _check_positive(**values):
             raise KitError(f"{k} must be a positive whole number, got {v!r}")
 
 
+def uses_seq(model) -> bool:
+    """Whether a zoo name or config reads a sequence (DLRM does not: a seq would change nothing)."""
+    cfg = config(model) if isinstance(model, str) else dict(model)
+    return cfg.get("model_type") != "dlrm"
+
+
 # families whose positions are a learned table (nn.Embedding): a longer sequence has no row to read
 LEARNED_POSITIONS = {"gpt2": "n_positions", "bert": "max_position_embeddings",
                      "opt": "max_position_embeddings"}

@@ -1,0 +1,171 @@
+"""Second audit of the single-GPU surface (kit op / predict / compare / validate, kit.api, the
+panels): bad input is one KitError line, flags are never silently ignored, and outputs agree."""
+import json
+import sys
+import textwrap
+
+import pytest
+
+from kit.errors import KitError
+from test_audit_single import _cache, _kit  # noqa: F401  (_cache: autouse, a fresh KIT_CACHE)
+
+
+# -- kit validate: the optional phase times of a label ------------------------------------------
+def _label(tmp_path, content):
+    d = tmp_path / "labels" / "Tesla_T4"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "gpt2-train-8-1.json").write_text(content)
+    return str(tmp_path / "labels")
+
+
+@pytest.mark.parametrize("content,word", [
+    ('{"e2e_latency": 50, "fw_latency": "x", "bwall_latency": 30}', "fw_latency"),
+    ('{"e2e_latency": 50, "fw_latency": 20, "bwall_latency": NaN}', "bwall_latency"),
+    ('{"e2e_latency": 50, "fw_latency": -3, "bwall_latency": 30}', "fw_latency"),
+    ('[50, 20, 30]', "JSON object"),
+])
+def test_validate_skips_a_label_with_a_bad_phase_time(tmp_path, capsys, content, word):
+    # a non-numeric fw_latency or a NaN bwall_latency was a ValueError/TypeError traceback
+    rc, out, err = _kit(capsys, "validate", "--labels", _label(tmp_path, content), "--json")
+    assert rc == 0 and not err
+    r = json.loads(out)
+    assert not r["configs"] and len(r["skipped"]) == 1 and word in r["skipped"][0]["reason"]
+
+
+@pytest.mark.parametrize("bwall", [', "bwall_latency": null', ""])
+def test_validate_label_without_a_backward_has_no_measured_backward(tmp_path, capsys, bwall):
+    # a missing bwall_latency was reported as a measured backward of 0.0 ms (null: a traceback)
+    labels = _label(tmp_path, '{"e2e_latency": 50, "fw_latency": 20' + bwall + "}")
+    rc, out, err = _kit(capsys, "validate", "--labels", labels, "--json")
+    assert rc == 0, err
+    (c,) = json.loads(out)["configs"]
+    assert c["measured_fwd_ms"] == 20.0 and c["measured_bwd_ms"] is None
+
+
+# -- sequence and batch flags a model cannot use -------------------------------------------------
+@pytest.mark.parametrize("cmd", [["predict", "dlrm", "--gpu", "t4"], ["compare", "dlrm", "--gpus", "t4"]])
+def test_dlrm_refuses_a_sequence_length(capsys, cmd):
+    # --seq was ignored for DLRM (the step did not change) while predict printed "seq 1000"
+    rc, out, err = _kit(capsys, *cmd, "--mode", "inference", "--seq", "1000")
+    assert rc == 2 and not out and "dlrm" in err and "--seq" in err and len(err.splitlines()) == 1
+
+
+def test_dlrm_panel_still_predicts_with_its_seq_control_off():
+    from widgets.whole_model import WholeModelPanel
+
+    p = WholeModelPanel(model="dlrm", gpu="t4", mode="inference", seq=128)
+    assert p.seq.disabled
+    p.make_chart()
+    assert p.result.total_ms > 0
+
+
+@pytest.fixture
+def fixed_inputs(tmp_path, monkeypatch):
+    (tmp_path / "audit2_fixed.py").write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        def mlp():
+            return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)), (torch.zeros(4, 64),)
+    """))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    sys.modules.pop("audit2_fixed", None)
+
+
+@pytest.mark.parametrize("flags", [["--batch", "8"], ["--seq", "7"]])
+def test_module_with_its_own_inputs_refuses_batch_and_seq(fixed_inputs, capsys, flags):
+    # (module, inputs) fixes the shape: --batch 8 --seq 7 were ignored, yet compare multiplied
+    # them into tokens/s (8 * 7 tokens for a step that ran 4 samples)
+    for cmd in (["predict", "audit2_fixed:mlp", "--gpu", "t4"], ["compare", "audit2_fixed:mlp", "--gpus", "t4"]):
+        rc, out, err = _kit(capsys, *cmd, *flags)
+        assert rc == 2 and not out and "own example inputs" in err
+
+
+def test_module_with_its_own_inputs_counts_its_samples(fixed_inputs, capsys):
+    rc, out, err = _kit(capsys, "compare", "audit2_fixed:mlp", "--gpus", "t4", "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    (row,) = r["rows"]
+    # four samples (the inputs' leading dim), no sequence: samples/s = 4 / step
+    assert r["unit"] == "samples" and r["batch"] == 4 and r["seq"] is None
+    assert row["samples_per_s"] == pytest.approx(4 / (row["step_ms"] / 1e3))
+    rc, out, err = _kit(capsys, "predict", "audit2_fixed:mlp", "--gpu", "t4")
+    assert rc == 0 and "batch 4," in out.splitlines()[0] and "seq" not in out.splitlines()[0]
+
+
+def test_predict_model_with_inputs_and_a_batch_is_a_kit_error():
+    import torch
+    import torch.nn as nn
+
+    from kit.api import predict_model
+
+    with pytest.raises(KitError, match="own example inputs"):
+        predict_model(nn.Linear(8, 4), "t4", batch=16, inputs=(torch.zeros(2, 8),))
+
+
+# -- ops ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kv_heads,word", [(0, "positive"), (-4, "positive"), (3, "divide"), (16, "divide")])
+def test_attention_kv_heads_must_divide_heads(kv_heads, word):
+    # kv_heads -4 gave a smaller byte count than MHA; 0 was taken as "no GQA"; 3 of 8 heads ran
+    from kit.ops import Attention
+
+    with pytest.raises(KitError, match=word):
+        Attention(1, 8, 128, 128, 64, kv_heads=kv_heads)
+    gqa = Attention(1, 8, 128, 128, 64, kv_heads=2)
+    mha = Attention(1, 8, 128, 128, 64)
+    # Q and O: 8 heads each; K and V: 2 heads each (4 bytes per fp32 element)
+    assert gqa.bytes == 4 * 128 * 64 * (2 * 8 + 2 * 2) and gqa.bytes < mha.bytes
+
+
+def test_embedding_table_larger_than_the_gpu_is_an_error(capsys):
+    # the table (1e9 x 128 fp32 = 476.8 GiB) cannot sit in an 80 GiB GPU; only the rows read were
+    # checked, so the lookup was predicted at 28 ns
+    rc, out, err = _kit(capsys, "op", "embedding", "--batch", "10", "--rows", "1e9", "--dim", "128",
+                        "--pooling", "10", "--gpu", "a100-sxm4-80gb")
+    assert rc == 2 and not out and "table" in err and "476.8 GiB" in err
+    rc, out, err = _kit(capsys, "op", "embedding", "--batch", "10", "--rows", "1e7", "--dim", "128",
+                        "--pooling", "10", "--gpu", "a100-sxm4-80gb")
+    assert rc == 0, err
+
+
+# -- panels ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw,word", [({"m": 3_000_000}, "above the panel"), ({"n": 0}, "positive"),
+                                     ({"k": 2.5}, "positive"), ({"dtype": "int8"}, "unknown dtype")])
+def test_gemm_panel_refuses_a_shape_its_boxes_would_clamp(kw, word):
+    # the BoundedIntText boxes clamped m=3e6 to 1,048,576 and n=0 to 1 without a word, and the
+    # panel predicted that other GEMM; dtype int8 was an ipywidgets TraitError
+    from widgets.gemm import MAX_DIM, GemmPanel
+
+    with pytest.raises(KitError, match=word):
+        GemmPanel(**kw)
+    p = GemmPanel(m=MAX_DIM, n=64, k=64)
+    assert (p.m.value, p.n.value, p.k.value) == (MAX_DIM, 64, 64)
+
+
+# -- predictors -----------------------------------------------------------------------------------
+def test_habitat_scales_a_bf16_kernel_from_a_training_gpu_that_runs_bf16(capsys):
+    # L4's nearest training GPU is the T4, which has no bf16: `--gpu l4 --dtype bf16` failed with
+    # "t4 has no bf16 support", naming a GPU the user never asked about
+    from kit.hardware import get_gpu
+    from kit.ops import Gemm
+    from kit.predict import get_predictor
+    from kit.predict.habitat import nearest_gpu
+
+    hab = get_predictor("habitat")
+    assert nearest_gpu(get_gpu("l4"), hab.train_gpus).key == "t4"  # fp32 still scales from T4
+    rc, out, err = _kit(capsys, "op", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--gpu", "l4",
+                        "--dtype", "bf16", "--predictor", "habitat", "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["predictor"] == "habitat" and r["latency_ms"] >= r["roofline_ms"]
+    able = [g for g in hab.train_gpus if get_gpu(g).peak_tflops("bf16")]
+    origin = nearest_gpu(get_gpu("l4"), able).key
+    assert origin != "t4" and hab.predict([Gemm(4096, 4096, 4096, dtype="bf16")], "l4").latency_ms[0] \
+        == pytest.approx(r["latency_ms"])
+    # a GPU without the dtype is named as itself; a dtype no training GPU runs names the predictor
+    rc, out, err = _kit(capsys, "op", "gemm", "--m", "64", "--n", "64", "--k", "64", "--gpu", "t4",
+                        "--dtype", "bf16", "--predictor", "habitat")
+    assert rc == 2 and "t4 has no bf16" in err
+    rc, out, err = _kit(capsys, "op", "gemm", "--m", "64", "--n", "64", "--k", "64", "--gpu", "h100-sxm",
+                        "--dtype", "fp8", "--predictor", "habitat")
+    assert rc == 2 and "habitat" in err and "fp8" in err and "another predictor" in err
