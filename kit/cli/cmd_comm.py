@@ -27,6 +27,8 @@ def predict(args):
 
     system = _system(args)
     ranks = _ranks(args.ranks)
+    if args.sizes and args.bytes is not None:
+        raise KitError(f"--bytes {args.bytes} and --sizes {args.sizes} both given: one size or a sweep, not both")
     if args.sizes:
         t = collective_table(args.collective, parse_sizes(args.sizes), system, ranks, args.calibration)
         return {"system": system.key, "table": t.to_dict("records")}

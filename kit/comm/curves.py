@@ -122,8 +122,12 @@ def curve_from_dict(d: dict, where: str = "curve") -> BandwidthCurve:
         raise KitError(f"{where}: missing field {e.args[0]}") from None
     except (TypeError, ValueError, AttributeError) as e:
         raise KitError(f"{where}: bad value ({e})") from None
-    if not (c.busbw_max_gbs > 0 and c.half_bytes > 0 and c.steepness > 0 and c.floor_us >= 0):
-        raise KitError(f"{where}: busbw_max_gbs, half_bytes and steepness must be positive")
+    finite = all(math.isfinite(v) for v in (c.busbw_max_gbs, c.half_bytes, c.steepness, c.floor_us))
+    if c.ranks < 1:
+        raise KitError(f"{where}: ranks must be a whole number >= 1, got {d['ranks']!r}")
+    if not (finite and c.busbw_max_gbs > 0 and c.half_bytes > 0 and c.steepness > 0 and c.floor_us >= 0):
+        raise KitError(f"{where}: busbw_max_gbs, half_bytes and steepness must be positive and finite, "
+                       "floor_us finite and >= 0")
     if c.upper is not None and not (c.switch_bytes > 0 and c.upper.kind == c.kind and c.upper.ranks == c.ranks):
         raise KitError(f"{where}: an upper regime needs a positive switch_bytes and the same kind and ranks")
     return c
@@ -271,7 +275,10 @@ def load_calibration(path: str | Path | Calibration) -> Calibration:
     if not isinstance(d, dict) or d.get("format") != CALIBRATION_FORMAT:
         raise KitError(f"{path} is not a kit calibration (expected format {CALIBRATION_FORMAT!r}; "
                        "make one with `kit comm fit`)")
-    curves = tuple(curve_from_dict(c, f"{path} curve {i}") for i, c in enumerate(d.get("curves", [])))
+    listed = d.get("curves")
+    if not isinstance(listed, list):
+        raise KitError(f"calibration {path}: 'curves' must be a list of fitted curves, got {listed!r:.40}")
+    curves = tuple(curve_from_dict(c, f"{path} curve {i}") for i, c in enumerate(listed))
     if not curves:
         raise KitError(f"calibration {path} has no curves")
     return Calibration(system=str(d.get("system", "")), curves=curves, source=str(path))
@@ -282,11 +289,22 @@ def fit_table(table, system: str = "", source: str = "", min_points: int = 4) ->
     missing = {"kind", "ranks", "size_bytes", "time_us"} - set(table.columns)
     if missing:
         raise KitError(f"measurement table lacks column(s) {', '.join(sorted(missing))}")
-    curves = []
+    where = source or "the table"
+    if "wrong" in table.columns and (table["wrong"] > 0).any():
+        bad = table[table["wrong"] > 0]
+        first = bad.iloc[0]
+        raise KitError(f"{where}: the benchmark counted wrong results in {len(bad)} row(s) (first: "
+                       f"{first['kind']} x{first['ranks']} at {first['size_bytes']} B, #wrong "
+                       f"{first['wrong']}); a run that fails its own check is not fitted: re-run it")
+    curves, short = [], []
     for (kind, ranks), g in table.groupby(["kind", "ranks"], sort=True):
         g = g.groupby("size_bytes", as_index=False)["time_us"].median()
         if len(g) >= min_points:
             curves.append(fit_curve(kind, int(ranks), g.size_bytes.values, g.time_us.values))
-    if not curves:
-        raise KitError(f"no (collective, ranks) group in {source or 'the table'} has {min_points}+ sizes to fit")
+        else:
+            short.append(f"{kind} x{ranks} ({len(g)})")
+    if short:  # fitting the others alone would drop these measurements without a word
+        raise KitError(f"{where}: a curve needs {min_points}+ sizes; too few for {', '.join(short)}"
+                       + (f" (the others fit: {', '.join(f'{c.kind} x{c.ranks}' for c in curves)})"
+                          if curves else ""))
     return Calibration(system=system, curves=tuple(curves), source=source)

@@ -54,6 +54,11 @@ def _whole(tok: str, where: str) -> int:
     return int(tok)
 
 
+def _wrong(tok: str, where: str) -> int:
+    """A #wrong cell: "N/A" when nccl-tests ran without checking (-c 0)."""
+    return 0 if tok == "N/A" else _whole(tok, where)
+
+
 def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
     """nccl-tests output -> tidy DataFrame (one row per size per run)."""
     import pandas as pd
@@ -100,7 +105,7 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
                      "count": _whole(tok[1], where), "dtype": tok[2], "time_us": _time(oop[0], where),
                      "algbw_gbs": _float(oop[1], where), "busbw_gbs": _float(oop[2], where),
                      "time_us_in_place": _time(inp[0], where), "busbw_gbs_in_place": _float(inp[2], where),
-                     "wrong": 0 if oop[3] == "N/A" else int(_float(oop[3], where)), "source": src})
+                     "wrong": _wrong(oop[3], where) + _wrong(inp[3], where), "source": src})
     if not rows:
         raise KitError(f"{src}: no nccl-tests result rows found (expected lines like "
                        "'  1048576  262144  float  sum  -1  44.2  23.7  ...')")

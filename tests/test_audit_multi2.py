@@ -1,0 +1,76 @@
+"""Second audit of the multi-GPU surface (kit comm, kit predict --system, kit replay, kit
+collect-embedding, the parallel layout and the multi-GPU panels): bad input is one KitError line,
+never a traceback, a silently dropped measurement or a flag that changes nothing."""
+import json
+
+import pytest
+
+from kit.cli import main
+from kit.errors import KitError
+
+
+def _err(capsys, argv) -> str:
+    """Run the CLI, expect exit 2 and exactly one stderr line; return it."""
+    assert main(argv) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+SIZES = [1024 * 4**i for i in range(6)]
+
+
+def _section(name: str, sizes, wrong: int = 0, ranks: int = 8) -> str:
+    """One nccl-tests section on `ranks` A100s, time 20 us + size / 100 kB/us."""
+    out = f"# Collective test starting: {name}\n" + "".join(
+        f"#  Rank {i:2d} Group  0 Pid 1 on n device {i} [0x07] A100\n" for i in range(ranks))
+    for s in sizes:
+        t = 20 + s / 1e5
+        alg = s / t / 1e3
+        cells = f"{t:.2f}  {alg:.2f}  {alg * 1.75:.2f}  {wrong}"
+        out += f"  {s}  {s // 4}  float  sum  -1  {cells}  {cells}\n"
+    return out
+
+
+# ---- kit comm fit / predict --------------------------------------------------------------------
+
+def test_comm_fit_refuses_a_collective_with_too_few_sizes_instead_of_dropping_it(tmp_path, capsys):
+    f = tmp_path / "two.txt"
+    f.write_text(_section("all_reduce_perf", SIZES) + _section("all_gather_perf", SIZES[:3]))
+    # was: the all-reduce curve alone, the all-gather measurements gone without a word
+    line = _err(capsys, ["comm", "fit", str(f), "--system", "dgx-a100"])
+    assert "allgather x8 (3)" in line and "allreduce x8" in line
+    f.write_text(_section("all_reduce_perf", SIZES) + _section("all_gather_perf", SIZES))
+    assert main(["comm", "fit", str(f), "--system", "dgx-a100", "--json"]) == 0
+    assert {c["kind"] for c in json.loads(capsys.readouterr().out)["curves"]} == {"allreduce", "allgather"}
+
+
+def test_comm_fit_refuses_a_run_that_failed_its_own_check(tmp_path, capsys):
+    f = tmp_path / "wrong.txt"
+    f.write_text(_section("all_reduce_perf", SIZES, wrong=5))  # nccl-tests: "Out of bounds values: FAILED"
+    line = _err(capsys, ["comm", "fit", str(f), "--system", "dgx-a100"])
+    assert "wrong results" in line and "6 row(s)" in line
+    unchecked = tmp_path / "na.txt"  # -c 0: no check, '#wrong' is N/A; still fitted
+    unchecked.write_text(_section("all_reduce_perf", SIZES, wrong="N/A"))
+    assert main(["comm", "fit", str(unchecked), "--system", "dgx-a100", "--json"]) == 0
+
+
+@pytest.mark.parametrize("curves, needle", [
+    ("null", "'curves' must be a list"),  # was TypeError: 'NoneType' object is not iterable
+    ("7", "'curves' must be a list"),
+    ('[{"kind": "allreduce", "ranks": 8, "floor_us": 5, "busbw_max_gbs": "inf", "half_bytes": 1e6, '
+     '"steepness": 1}]', "finite"),  # was 0.005 ms for 1 GB, "plateau inf"
+    ('[{"kind": "allreduce", "ranks": 0, "floor_us": 5, "busbw_max_gbs": 100, "half_bytes": 1e6, '
+     '"steepness": 1}]', "ranks"),
+])
+def test_comm_calibration_file_with_bad_curves_is_one_line(tmp_path, capsys, curves, needle):
+    f = tmp_path / "cal.json"
+    f.write_text('{"format": "kit-comm-calibration", "system": "dgx-a100", "curves": ' + curves + "}")
+    assert needle in _err(capsys, ["comm", "predict", "allreduce", "--bytes", "1e9", "--system", "dgx-a100",
+                                   "--calibration", str(f)])
+
+
+def test_comm_predict_bytes_and_sizes_together_is_an_error(capsys):
+    # --bytes was silently dropped for the sweep
+    line = _err(capsys, ["comm", "predict", "allreduce", "--bytes", "1e9", "--sizes", "1K:1M"])
+    assert "--bytes" in line and "--sizes" in line
