@@ -74,3 +74,48 @@ def test_comm_predict_bytes_and_sizes_together_is_an_error(capsys):
     # --bytes was silently dropped for the sweep
     line = _err(capsys, ["comm", "predict", "allreduce", "--bytes", "1e9", "--sizes", "1K:1M"])
     assert "--bytes" in line and "--sizes" in line
+
+
+# ---- kit predict --system ------------------------------------------------------------------------
+
+BASE = "gpt:layers=4,hidden=1024,heads=16,seq=512,vocab=50257"
+
+
+@pytest.mark.parametrize("flag", [["--optimizer", "sgd"], ["--fusion", "compiled"],
+                                  ["--overhead-trace", "no-such-trace.json"]])
+def test_single_gpu_flags_with_system_are_errors_not_ignored(capsys, flag):
+    # each printed the same iteration as without it (the trace file was not even opened)
+    line = _err(capsys, ["predict", BASE, "--system", "dgx-a100", *flag])
+    assert flag[0] in line and "single-GPU" in line
+
+
+def test_batch_and_micro_batch_that_disagree_are_an_error(capsys):
+    # --batch 4 was dropped for --micro-batch 2 (global batch 2)
+    assert "--micro-batch 2" in _err(capsys, ["predict", BASE, "--system", "dgx-a100", "--batch", "4",
+                                             "--micro-batch", "2"])
+    assert main(["predict", BASE, "--system", "dgx-a100", "--batch", "4", "--micro-batch", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["layout"]["micro_batch"] == 4
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"sequence_parallel": "yes"}, "sequence_parallel"),  # a string was taken as True
+    ({"overlap_grad_reduce": "no"}, "overlap_grad_reduce"),  # "no" overlapped
+    ({"optimizer_step": "no"}, "optimizer_step"),
+    ({"bucket_bytes": float("nan")}, "bucket_bytes"),  # one bucket, silently
+    ({"bucket_bytes": -1}, "bucket_bytes"),
+    ({"global_batch": True}, "global-batch"),  # printed "global_batch": true
+    ({"zero": True}, "zero"),
+    ({"zero": 1.0}, "zero"),
+])
+def test_layout_fields_of_the_wrong_type_are_kit_errors(kw, needle):
+    from kit.parallel import Layout
+
+    with pytest.raises(KitError, match=needle):
+        Layout(**kw)
+
+
+def test_predict_multi_gpu_predictor_none_is_a_kit_error():
+    from kit.api import predict_multi_gpu
+
+    with pytest.raises(KitError, match="predictor"):  # was AttributeError: 'NoneType' ... 'name'
+        predict_multi_gpu(BASE, "dgx-a100", predictor=None)

@@ -62,6 +62,16 @@ def run_parallel(args) -> dict:
     if getattr(args, "gpu", None):
         raise KitError(f"--gpu and --system both given: --system {args.system} brings its own GPUs; drop --gpu "
                        "(or use --gpu alone for one GPU)")
+    # single-GPU options the parallel model has no place for: refused, not silently dropped
+    ignored = [flag for flag, on in (("--optimizer", getattr(args, "optimizer", None)),
+                                     ("--fusion compiled", getattr(args, "fusion", "eager") != "eager"),
+                                     ("--overhead-trace", getattr(args, "overhead_trace", None))) if on]
+    if ignored:
+        raise KitError(f"{ignored[0]} is a single-GPU option (--gpu): with --system every step ends in an Adam "
+                       "update and runs eager kernels, with the host costs of --profile; drop it")
+    if args.micro_batch and args.batch != 1 and args.batch != args.micro_batch:
+        raise KitError(f"--batch {args.batch} and --micro-batch {args.micro_batch} disagree: with --system, "
+                       "--batch is the micro-batch; give one of them (and --global-batch for the iteration)")
     if args.schedule not in (None, "interleaved") and args.virtual_stages > 1:
         raise KitError(f"--virtual-stages {args.virtual_stages} is the interleaved schedule; drop "
                        f"--schedule {args.schedule} or pass --schedule interleaved")

@@ -98,6 +98,9 @@ class Coster:
         self.layout, self.system = layout, system
         self.gpu = system.gpu
         self.predictor = get_predictor(predictor) if isinstance(predictor, str) else predictor
+        if not (hasattr(self.predictor, "predict") and hasattr(self.predictor, "name")):
+            raise KitError(f"predictor must be a name (auto, wave, roofline, ...) or a kit predictor, "
+                           f"got {predictor!r}")
         self.calibration = calibration
         self.gemm_scale = getattr(host, "gemm_scale", 1.0)
         self.other_scale = getattr(host, "other_scale", 1.0)

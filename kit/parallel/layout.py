@@ -42,7 +42,7 @@ class Layout:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise KitError(f"--{name.replace('_', '-')} must be a positive whole number, got {v!r}")
         if self.global_batch is not None and (not isinstance(self.global_batch, int)
-                                              or self.global_batch < 1):
+                                              or isinstance(self.global_batch, bool) or self.global_batch < 1):
             raise KitError(f"--global-batch must be a positive whole number, got {self.global_batch!r}")
         if self.global_batch is not None and self.global_batch % (self.micro_batch * self.dp):
             raise KitError(f"--global-batch {self.global_batch} must be a multiple of "
@@ -56,12 +56,18 @@ class Layout:
             object.__setattr__(self, "schedule", "interleaved")
         if self.schedule == "interleaved" and self.pp == 1:
             raise KitError("interleaved pipeline (--virtual-stages > 1) needs --pp > 1")
-        if self.zero not in (0, 1, 2, 3):
+        if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in (0, 1, 2, 3):
             raise KitError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.recompute not in RECOMPUTE:
             raise KitError(f"--recompute {self.recompute!r}: choose one of {', '.join(RECOMPUTE)}")
         if self.dtype not in DTYPES:
             raise KitError(f"--dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        for name in ("sequence_parallel", "overlap_grad_reduce", "optimizer_step"):
+            if not isinstance(getattr(self, name), bool):  # "no" would be taken as True
+                raise KitError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        b = self.bucket_bytes
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < float("inf"):
+            raise KitError(f"bucket_bytes must be a positive finite number of bytes, got {b!r}")
         if self.dp % self.ep:
             raise KitError(f"--ep {self.ep} must divide --dp {self.dp} (experts are sharded over "
                            "data-parallel ranks)")
