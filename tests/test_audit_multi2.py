@@ -119,3 +119,15 @@ def test_predict_multi_gpu_predictor_none_is_a_kit_error():
 
     with pytest.raises(KitError, match="predictor"):  # was AttributeError: 'NoneType' ... 'name'
         predict_multi_gpu(BASE, "dgx-a100", predictor=None)
+
+
+# ---- kit replay ----------------------------------------------------------------------------------
+
+def test_replay_on_a_system_with_an_impossible_node_count_says_so(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 5,
+                                                  "cat": "cpu_op", "pid": 1, "tid": 1}]}))
+    # was "not a GPU nor a system", for a preset that exists
+    line = _err(capsys, ["replay", str(trace), "--on", "dgx-a100-x0"])
+    assert "nodes must be" in line
+    assert "not a GPU" in _err(capsys, ["replay", str(trace), "--on", "no-such-box"])

@@ -40,13 +40,15 @@ def resolve_target(on):
     try:
         sys_ = get_system(on)
         return sys_.gpu, sys_
-    except KitError:
-        pass
+    except KitError as e:
+        system_error = str(e)
     try:
         return get_gpu(on), None
     except KitError:
         from kit.hardware.system import list_systems
 
+        if not system_error.startswith("unknown system"):  # a system name with a bad part (x0 nodes)
+            raise KitError(f"--on {on!r}: {system_error}") from None
         raise KitError(f"--on {on!r}: not a GPU (see `kit gpus`) nor a system (one of "
                        f"{', '.join(list_systems())})") from None
 
