@@ -131,3 +131,13 @@ def test_replay_on_a_system_with_an_impossible_node_count_says_so(tmp_path, caps
     line = _err(capsys, ["replay", str(trace), "--on", "dgx-a100-x0"])
     assert "nodes must be" in line
     assert "not a GPU" in _err(capsys, ["replay", str(trace), "--on", "no-such-box"])
+
+
+# ---- kit collect-embedding -----------------------------------------------------------------------
+
+def test_collect_embedding_optimizer_without_backward_is_an_error(tmp_path, capsys):
+    out = tmp_path / "e.csv"
+    # the forward-only rows were written with an empty optimizer column, the flag unused
+    line = _err(capsys, ["collect-embedding", "--out", str(out), "--rows", "1000", "--batch", "4",
+                         "--optimizer", "rowwise_adagrad"])
+    assert "--backward" in line and not out.exists()

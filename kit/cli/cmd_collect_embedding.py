@@ -21,11 +21,15 @@ def _names(s):
 def run(args):
     from kit.embedding.collect import collect, grid
 
+    from kit.errors import KitError
+
+    if args.optimizer and not args.backward:  # the forward pass has no optimizer step to time
+        raise KitError(f"--optimizer {args.optimizer} times the backward's update: add --backward, or drop it")
     passes = ("forward", "backward") if args.backward else ("forward",)
     cfgs = grid(_ints(args.batch), _ints(args.rows), _ints(args.dim), _ints(args.pooling),
                 [d for d in args.dist.split(";") if d.strip()], tables=_ints(args.tables),
                 modes=_names(args.mode), dtypes=_names(args.dtype), passes=passes,
-                optimizer=args.optimizer)
+                optimizer=args.optimizer or "sgd")
     return collect(cfgs, args.out, device=args.device, backend=args.backend, repeats=args.repeats,
                    warmup=args.warmup, resume=args.resume)
 
@@ -54,7 +58,8 @@ def register(sub):
     p.add_argument("--mode", default="sum", help="sum and/or mean")
     p.add_argument("--dtype", default="fp32", help="fp32, fp16, bf16")
     p.add_argument("--backward", action="store_true", help="also time backward + optimizer step")
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "rowwise_adagrad"])
+    p.add_argument("--optimizer", default=None, choices=["sgd", "rowwise_adagrad"],
+                   help="the update --backward times (default sgd)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--resume", action="store_true", help="carry on with an existing --out file")
