@@ -141,3 +141,32 @@ def test_collect_embedding_optimizer_without_backward_is_an_error(tmp_path, caps
     line = _err(capsys, ["collect-embedding", "--out", str(out), "--rows", "1000", "--batch", "4",
                          "--optimizer", "rowwise_adagrad"])
     assert "--backward" in line and not out.exists()
+
+
+# ---- panels ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("panel, kw, needle", [
+    ("collectives.CollectivesPanel", {"ranks": 1}, "ranks"),
+    ("collectives.CollectivesPanel", {"size_bytes": 1}, "size_bytes"),
+    ("timeline.TimelinePanel", {"pp": 3}, "pp 3"),
+    ("timeline.TimelinePanel", {"micro_batches": 0}, "micro_batches"),
+    ("timeline.TimelinePanel", {"schedule": "zb"}, "schedule"),
+    ("sharding.ShardingPanel", {"batch": 100}, "batch 100"),
+    ("sharding.ShardingPanel", {"n_tables": 100}, "n_tables"),
+])
+def test_panel_arguments_their_controls_cannot_show_are_kit_errors(panel, kw, needle):
+    import importlib
+
+    module, cls = panel.split(".")
+    # a Dropdown raised a bare TraitError ("Invalid selection: value not found"), a slider clamped
+    with pytest.raises(KitError, match=needle):
+        getattr(importlib.import_module(f"widgets.{module}"), cls)(**kw)
+
+
+def test_panels_take_collective_aliases_and_multi_node_systems():
+    from widgets.collectives import CollectivesPanel
+    from widgets.timeline import TimelinePanel
+
+    assert CollectivesPanel(collective="all_reduce").collective.value == "allreduce"  # was TraitError
+    p = TimelinePanel(system="dgx-h100-x2", dp=2, tp=8, pp=1, micro_batches=1)  # was TraitError
+    assert p.system.value == "dgx-h100-x2" and p._result is not None and "16 GPUs" in p.summary.value

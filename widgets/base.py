@@ -47,6 +47,22 @@ def enable_offline_charts() -> None:
         cls.enable_offline()
 
 
+def check_init(panel: str, name: str, value, options=None, lo=None, hi=None, whole: bool = True):
+    """A constructor argument its control can show: one of `options`, or a (whole) number within
+    [lo, hi] (an ipywidgets Dropdown raises a bare TraitError for anything else, a slider clamps
+    it without a word). Returns value; anything else is a KitError naming it."""
+    from kit.errors import KitError
+
+    if options is not None and value not in list(options):
+        raise KitError(f"{panel}: {name} {value!r} is not one of its choices "
+                       f"({', '.join(map(str, options))})")
+    kinds = int if whole else (int, float)
+    if lo is not None and not (isinstance(value, kinds) and not isinstance(value, bool) and lo <= value <= hi):
+        raise KitError(f"{panel}: {name} must be a {'whole ' if whole else ''}number from {lo:,} to "
+                       f"{hi:,}, got {value!r}")
+    return value
+
+
 class Panel:
     title = "panel"
 

@@ -8,9 +8,9 @@ import altair as alt
 import ipywidgets as W
 import numpy as np
 
-from kit.comm import KINDS, collective_table, predict_collective
+from kit.comm import KINDS, canonical_kind, collective_table, predict_collective
 from kit.hardware import get_system, list_systems
-from widgets.base import Panel
+from widgets.base import Panel, check_init
 
 SIZES_BYTES = np.logspace(10, 33, 93, base=2.0)  # 1 KiB .. 8 GiB, 4 points per doubling
 # axis labels in the summary's binary units (the ticks are powers of 2: "~s" wrote 1.073741824G)
@@ -22,8 +22,11 @@ class CollectivesPanel(Panel):
     title = "Collectives on a real topology: time and bus bandwidth against message size"
 
     def __init__(self, system="dgx-h100", collective="allreduce", ranks=8, size_bytes=2**27):
-        self._init = dict(system=get_system(system).key, collective=collective, ranks=ranks,
-                          size=size_bytes)
+        world = get_system(system).world_size
+        self._init = dict(system=get_system(system).key, collective=canonical_kind(collective),
+                          ranks=check_init("CollectivesPanel", "ranks", ranks, lo=2, hi=world),
+                          size=check_init("CollectivesPanel", "size_bytes", size_bytes, lo=2**10, hi=2**33,
+                                          whole=False))
         super().__init__()
 
     def controls(self):

@@ -5,10 +5,12 @@ import altair as alt
 import ipywidgets as W
 import pandas as pd
 
+from kit.hardware import get_system
 from kit.sharding import plan_sharding, synthetic_tables
-from widgets.base import Panel
+from widgets.base import Panel, check_init
 
 SYSTEMS = ["dgx1-v100", "a100x4-nvlink", "dgx-a100", "dgx-h100", "hgx-h200", "pcie8"]
+BATCHES = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 class ShardingPanel(Panel):
@@ -16,15 +18,19 @@ class ShardingPanel(Panel):
 
     def __init__(self, tables=None, system="dgx-a100", batch=512, n_tables=20, seed=0, budget_s=0.5):
         self._tables, self._seed, self._budget = tables, seed, budget_s
-        self._init = dict(system=system, batch=batch, n_tables=n_tables)
+        name = "ShardingPanel"
+        self._init = dict(system=get_system(system).key,
+                          batch=check_init(name, "batch", batch, BATCHES),
+                          n_tables=n_tables if tables is not None
+                          else check_init(name, "n_tables", n_tables, lo=2, hi=60))
         self._result = None
         super().__init__()
 
     def controls(self):
         i, s = self._init, {"description_width": "initial"}
-        self.system = W.Dropdown(options=SYSTEMS, value=i["system"], description="system")
-        self.batch = W.Dropdown(options=[64, 128, 256, 512, 1024, 2048, 4096], value=i["batch"],
-                                description="batch/rank")
+        names = SYSTEMS if i["system"] in SYSTEMS else [i["system"], *SYSTEMS]
+        self.system = W.Dropdown(options=names, value=i["system"], description="system")
+        self.batch = W.Dropdown(options=list(BATCHES), value=i["batch"], description="batch/rank")
         self.n_tables = W.IntSlider(value=i["n_tables"], min=2, max=60, description="tables",
                                     continuous_update=False, disabled=self._tables is not None, style=s)
         self.plan = W.Dropdown(options=["search", "greedy_size", "greedy_dim_pooling",

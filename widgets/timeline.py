@@ -15,11 +15,13 @@ import pandas as pd
 
 from kit.hardware import get_system, list_systems
 from kit.parallel import GPTSpec, Layout, predict_parallel
-from widgets.base import Panel
+from kit.parallel.layout import SCHEDULES
+from widgets.base import Panel, check_init
 
 KIND_COLORS = {"compute": "#4c78a8", "comm": "#f58518", "memcpy": "#54a24b", "launch": "#b8b8b8",
                "cpu": "#9d755d", "sync": "#e45756", "idle": "#eeeeee"}
 MAX_ROWS = 4000
+DEGREES = (1, 2, 4, 8)  # the dp, tp and pp choices
 
 
 def timeline_rows(timeline: pd.DataFrame, critical_ops=(), max_rows: int = MAX_ROWS) -> pd.DataFrame:
@@ -59,19 +61,25 @@ class TimelinePanel(Panel):
                  micro_batches=8, schedule="1f1b"):
         self.model = model or GPTSpec(layers=16, hidden=2048, heads=16, seq=1024, vocab=50257,
                                       name="gpt-1.3b")
-        self._init = dict(system=system, dp=dp, tp=tp, pp=pp, m=micro_batches, schedule=schedule)
+        name = "TimelinePanel"
+        self._init = dict(system=get_system(system).key,
+                          m=check_init(name, "micro_batches", micro_batches, lo=1, hi=32),
+                          schedule=check_init(name, "schedule", schedule, SCHEDULES),
+                          **{k: check_init(name, k, v, DEGREES) for k, v in (("dp", dp), ("tp", tp), ("pp", pp))})
         self._result = None
         super().__init__()
 
     def controls(self):
         i = self._init
         style = {"description_width": "initial"}
-        self.system = W.Dropdown(options=list_systems(), value=i["system"], description="system")
-        self.schedule = W.Dropdown(options=["1f1b", "gpipe", "interleaved"], value=i["schedule"],
-                                   description="schedule")
-        self.pp = W.Dropdown(options=[1, 2, 4, 8], value=i["pp"], description="pp")
-        self.tp = W.Dropdown(options=[1, 2, 4, 8], value=i["tp"], description="tp")
-        self.dp = W.Dropdown(options=[1, 2, 4, 8], value=i["dp"], description="dp")
+        names = list_systems()
+        if i["system"] not in names:  # another node count or network of a preset
+            names = [i["system"], *names]
+        self.system = W.Dropdown(options=names, value=i["system"], description="system")
+        self.schedule = W.Dropdown(options=list(SCHEDULES), value=i["schedule"], description="schedule")
+        self.pp = W.Dropdown(options=list(DEGREES), value=i["pp"], description="pp")
+        self.tp = W.Dropdown(options=list(DEGREES), value=i["tp"], description="tp")
+        self.dp = W.Dropdown(options=list(DEGREES), value=i["dp"], description="dp")
         self.m = W.IntSlider(value=i["m"], min=1, max=32, description="micro-batches",
                              continuous_update=False, style=style)
         for w in (self.pp, self.tp, self.dp):
