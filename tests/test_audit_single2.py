@@ -169,3 +169,54 @@ def test_habitat_scales_a_bf16_kernel_from_a_training_gpu_that_runs_bf16(capsys)
     rc, out, err = _kit(capsys, "op", "gemm", "--m", "64", "--n", "64", "--k", "64", "--gpu", "h100-sxm",
                         "--dtype", "fp8", "--predictor", "habitat")
     assert rc == 2 and "habitat" in err and "fp8" in err and "another predictor" in err
+
+
+# -- evaluate and the CPU overhead --------------------------------------------------------------
+@pytest.mark.parametrize("names", ["", " , ", []])
+def test_evaluate_empty_predictor_list_is_an_error_not_all_of_them(names):
+    # `--predictors ""` (or predictors=[]) ran all five predictors; `--predictors ,` was an error
+    import pandas as pd
+
+    from kit.api import evaluate_predictors
+    from kit.predict.evaluate import ALL_PREDICTORS, parse_predictors
+
+    assert parse_predictors(None) == list(ALL_PREDICTORS)
+    with pytest.raises(KitError, match="none given"):
+        evaluate_predictors(pd.DataFrame(), names)
+
+
+@pytest.mark.parametrize("kw", [{"cpu_op_us": float("nan")}, {"launch_us": -100.0},
+                                {"free_op_us": float("inf")}, {"cpu_op_us": "10"}])
+def test_cpu_overhead_must_be_finite_and_non_negative(kw):
+    # NaN gave a NaN step; launch_us -100 gave cpu_ms -7.5 and gpu_idle_ms < 0
+    from kit.workload.iteration import CpuOverhead
+
+    with pytest.raises(KitError, match="CpuOverhead"):
+        CpuOverhead(**kw)
+
+
+@pytest.mark.parametrize("overhead", ["x", 5, {"cpu_op_us": 1.0}])
+def test_predict_model_overhead_of_the_wrong_type_is_a_kit_error(overhead):
+    # was AttributeError: 'str' object has no attribute 'cpu_op_us'
+    from kit.api import predict_model
+
+    cfg = {"model_type": "gpt2", "n_embd": 64, "n_head": 2, "n_layer": 1, "n_positions": 64, "vocab_size": 128}
+    with pytest.raises(KitError, match="CpuOverhead"):
+        predict_model(cfg, "t4", seq=32, overhead=overhead)
+
+
+@pytest.mark.parametrize("event,word", [({"name": "b", "dur": 5}, "ts None"),
+                                        ({"name": "b", "ts": "x", "dur": 5}, "ts 'x'"),
+                                        ({"name": "k", "ts": 1, "dur": None}, "dur None"),
+                                        ({"name": "k", "ts": 1, "dur": -40}, "dur -40")])
+def test_overhead_trace_with_a_corrupt_span_is_one_line(tmp_path, capsys, event, word):
+    # a span without ts, or with a string ts / null dur, was a KeyError/ValueError/TypeError
+    # traceback; a negative launch duration gave a negative launch_us
+    good = [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 0, "dur": 5, "pid": 1, "tid": 1},
+            {"ph": "X", "cat": "cpu_op", "name": "c", "ts": 20, "dur": 5, "pid": 1, "tid": 1}]
+    bad = {"ph": "X", "cat": "cuda_runtime" if event["name"] == "k" else "cpu_op", "pid": 1, "tid": 1,
+           **event, "name": "cudaLaunchKernel" if event["name"] == "k" else "b"}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": good + [bad]}))
+    rc, out, err = _kit(capsys, "predict", "gpt2", "--gpu", "t4", "--seq", "32", "--overhead-trace", str(path))
+    assert rc == 2 and not out and word in err and len(err.splitlines()) == 1

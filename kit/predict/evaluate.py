@@ -96,7 +96,8 @@ def coverage(rows: pd.DataFrame) -> float:
 
 
 def parse_predictors(text: str | None) -> list[str]:
-    names = ALL_PREDICTORS if not text else [s.strip() for s in text.split(",") if s.strip()]
+    # None: every predictor; an empty list ("", ",") is a mistake, not a request for all of them
+    names = ALL_PREDICTORS if text is None else [s.strip() for s in text.split(",") if s.strip()]
     from kit.predict import PREDICTORS
 
     valid = sorted(set(PREDICTORS) | set(ALL_PREDICTORS))

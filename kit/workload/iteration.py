@@ -40,6 +40,15 @@ class CpuOverhead:
     free_op_us: float = 3.0  # a view/reshape: dispatch only
     source: str = "default"
 
+    def __post_init__(self):
+        import math
+
+        for name in ("cpu_op_us", "launch_us", "free_op_us"):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not (math.isfinite(value) and value >= 0)):
+                raise KitError(f"CpuOverhead: {name} must be a finite number of µs >= 0, got {value!r}")
+
     def to_dict(self) -> dict:
         return {"cpu_op_us": self.cpu_op_us, "launch_us": self.launch_us,
                 "free_op_us": self.free_op_us, "source": self.source}
@@ -278,7 +287,10 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
               overhead: CpuOverhead | None = None) -> Iteration:
     """Predict one iteration (the graph's phases) of a captured graph on one GPU."""
     gpu = get_gpu(gpu)
-    overhead = overhead or CpuOverhead()
+    overhead = CpuOverhead() if overhead is None else overhead
+    if not isinstance(overhead, CpuOverhead):
+        raise KitError(f"overhead must be a kit.workload.iteration.CpuOverhead (or None), got "
+                       f"{type(overhead).__name__} {overhead!r}")
     if not isinstance(graph, OpGraph):
         raise KitError(f"iteration needs an OpGraph (from kit.workload.capture), got {type(graph).__name__}")
     prep = _prepared(graph, fusion)

@@ -33,7 +33,15 @@ def _load(path: Path) -> list[dict]:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise KitError(f"Kineto trace {path}: no 'traceEvents' list")
-    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+    spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+    for e in spans:  # a span without a time is a corrupt trace: say which, not a traceback
+        for key in ("ts", "dur"):
+            value = e.get(key)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+            if not ok or (key == "dur" and value < 0):
+                raise KitError(f"Kineto trace {path}: event {e.get('name')!r} has {key} {value!r}; "
+                               f"expected a finite number of µs{' >= 0' if key == 'dur' else ''}")
+    return spans
 
 
 def _top_level(ops: list[dict]) -> list[dict]:
