@@ -220,3 +220,24 @@ def test_overhead_trace_with_a_corrupt_span_is_one_line(tmp_path, capsys, event,
     path.write_text(json.dumps({"traceEvents": good + [bad]}))
     rc, out, err = _kit(capsys, "predict", "gpt2", "--gpu", "t4", "--seq", "32", "--overhead-trace", str(path))
     assert rc == 2 and not out and word in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("kw,word", [({"batch": 100}, "1..64"), ({"batch": 0}, "1..64"),
+                                     ({"batch": 2.0}, "whole number"), ({"mode": "eval"}, "unknown mode"),
+                                     ({"fusion": "x"}, "unknown fusion"), ({"gpu": "nosuch"}, "unknown GPU")])
+def test_whole_model_panel_refuses_what_its_controls_would_clamp(kw, word):
+    # batch 100 was clamped to the slider's 64 (batch 0 to 1) and predicted without a word;
+    # an unknown mode/fusion/GPU was an ipywidgets TraitError
+    from widgets.whole_model import WholeModelPanel
+
+    with pytest.raises(KitError, match=word):
+        WholeModelPanel(**{"model": "gpt2", "gpu": "t4", "seq": 32, **kw})
+
+
+def test_whole_model_panel_takes_a_gpu_alias_as_the_cli_does():
+    # 'H100' is an alias `kit predict --gpu` takes; the panel's dropdown refused it (TraitError)
+    from kit.hardware import get_gpu
+    from widgets.whole_model import WholeModelPanel
+
+    p = WholeModelPanel(model="gpt2", gpu="H100", seq=32, mode="inference")
+    assert p.gpu.value == get_gpu("H100").key == p.result.gpu

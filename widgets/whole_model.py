@@ -11,12 +11,14 @@ import ipywidgets as W
 import pandas as pd
 
 from kit.api import predict_model
+from kit.errors import KitError
 from kit.hardware import get_gpu, gpu_keys
 from kit.workload.models import memory_bytes
 from kit.workload.zoo import check_seq, max_seq, resolve, uses_seq, zoo_names
 from widgets.base import Panel
 
 SEQS = (32, 64, 128, 256, 512, 1024, 2048)
+MODES, FUSIONS, MAX_BATCH = ("train", "inference"), ("eager", "compiled"), 64
 
 
 def timeline_bars(timeline: pd.DataFrame) -> pd.DataFrame:
@@ -39,7 +41,15 @@ class WholeModelPanel(Panel):
 
     def __init__(self, model="gpt2", gpu="a100-pcie-40gb", mode="train", batch=1, seq=128,
                  fusion="eager"):
-        self._init = dict(model=resolve(model), gpu=gpu, mode=mode, batch=batch, seq=seq, fusion=fusion)
+        for name, value, options in (("mode", mode, MODES), ("fusion", fusion, FUSIONS)):
+            if value not in options:
+                raise KitError(f"WholeModelPanel: unknown {name} {value!r}; choose {' or '.join(options)}")
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+            # the slider would clamp it to 1..MAX_BATCH without a word
+            raise KitError(f"WholeModelPanel: batch must be a whole number in 1..{MAX_BATCH}, got "
+                           f"{batch!r}; predict larger ones with kit.api.predict_model")
+        self._init = dict(model=resolve(model), gpu=get_gpu(gpu).key, mode=mode, batch=batch, seq=seq,
+                          fusion=fusion)
         check_seq(self._init["model"], seq)
         self.result = None
         super().__init__()
@@ -49,13 +59,13 @@ class WholeModelPanel(Panel):
         style = {"description_width": "initial"}
         self.model = W.Dropdown(options=zoo_names(), value=i["model"], description="model", style=style)
         self.gpu = W.Dropdown(options=gpu_keys(), value=i["gpu"], description="GPU", style=style)
-        self.mode = W.ToggleButtons(options=["train", "inference"], value=i["mode"], description="mode",
+        self.mode = W.ToggleButtons(options=list(MODES), value=i["mode"], description="mode",
                                     style=style)
-        self.batch = W.IntSlider(value=i["batch"], min=1, max=64, description="batch",
+        self.batch = W.IntSlider(value=i["batch"], min=1, max=MAX_BATCH, description="batch",
                                  continuous_update=False, style=style)
         self.seq = W.Dropdown(options=self._seqs(i["model"]), value=i["seq"], description="seq",
                               style=style, disabled=not uses_seq(i["model"]))
-        self.fusion = W.ToggleButtons(options=["eager", "compiled"], value=i["fusion"],
+        self.fusion = W.ToggleButtons(options=list(FUSIONS), value=i["fusion"],
                                       description="fusion", style=style)
         return [self.model, self.gpu, self.mode, self.batch, self.seq, self.fusion]
 
