@@ -70,6 +70,31 @@ def test_comm_calibration_file_with_bad_curves_is_one_line(tmp_path, capsys, cur
                                    "--calibration", str(f)])
 
 
+def _param_log(tmp_path, ranks: int, plateau_gbs: float) -> str:
+    """A PARAM comms all-reduce log on `ranks` ranks, bandwidths printed with 2 decimals as PARAM does."""
+    f = 2 * (ranks - 1) / ranks
+    text = ("\tCOMMS-RES-all_reduce-float32  size (B)  num-elements  Latency(us):p50  p75  p95  Min  Max  "
+            "algBW(GB/s)  busBW(GB/s)\n")
+    for s in [1024 * 4**i for i in range(8)]:
+        t = 20 + s / (plateau_gbs * 1e3)
+        alg = s / t / 1e3
+        text += f"\tCOMMS-RES-all_reduce-float32  {s}  {s // 4}" + f"  {t:.2f}" * 5 + f"  {alg:.2f}  {alg * f:.2f}\n"
+    path = tmp_path / f"param{ranks}.txt"
+    path.write_text(text)
+    return str(path)
+
+
+def test_param_rank_count_is_inferred_only_when_the_printed_bandwidths_allow_one(tmp_path, capsys):
+    from kit.comm.parsers import parse_param
+
+    assert set(parse_param(_param_log(tmp_path, 8, 100.0)).ranks) == {8}
+    # 64 ranks at ~5 GB/s: busBW/algBW of the top row (9.79 / 4.97) read as 66 ranks, and the fit
+    # went on under that count; now the printed digits fit 63-72 ranks and the user is asked
+    line = _err(capsys, ["comm", "fit", _param_log(tmp_path, 64, 5.0), "--system", "dgx-a100", "--nodes", "9"])
+    assert "rank count" in line and "63 to 72" in line
+    assert set(parse_param(_param_log(tmp_path, 64, 5.0), ranks=64).ranks) == {64}
+
+
 def test_comm_predict_bytes_and_sizes_together_is_an_error(capsys):
     # --bytes was silently dropped for the sweep
     line = _err(capsys, ["comm", "predict", "allreduce", "--bytes", "1e9", "--sizes", "1K:1M"])

@@ -13,6 +13,7 @@ time_us_in_place, busbw_gbs_in_place, wrong, source. time_us is the out-of-place
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -115,14 +116,30 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
 _PARAM_COL = re.compile(r"size\s*\(B\)|num-elements|Latency\(us\):p\d+|p\d+|Min|Max|algBW\(GB/s\)|busBW\(GB/s\)")
 
 
-def _ranks_from_ratio(kind: str, ratio: float, where: str) -> int:
-    """Invert the busbw factor: 2(n-1)/n = r -> n = 2/(2-r);  (n-1)/n = r -> n = 1/(1-r)."""
+def _ranks_from_ratio(kind: str, pairs, where: str, half: float = 0.005) -> int:
+    """The rank count n whose busbw factor (2(n-1)/n, or (n-1)/n) every (algBW, busBW) pair
+    agrees with, each value known to +-half (PARAM prints 2 decimals). Every pair bounds n; the
+    bounds of all pairs must leave exactly one whole n >= 2 (a single ratio is too coarse beyond
+    a few ranks: algBW 4.97, busBW 9.79 reads as 66 ranks for 64)."""
     top = 2.0 if kind == "allreduce" else 1.0
-    if top - ratio > 1e-9:
-        n = round(top / (top - ratio))
-        if n >= 2 and abs(busbw_factor(kind, n) - ratio) <= 0.02 * ratio:
-            return n
-    raise KitError(f"{where}: cannot infer the rank count from busBW/algBW = {ratio:.3f}; pass ranks=")
+    lo, hi = 2.0, math.inf
+    for alg, bus in pairs:
+        if not (alg > half and bus > half):
+            continue
+        r_lo, r_hi = (bus - half) / (alg + half), (bus + half) / (alg - half)
+        lo = max(lo, top / (top - r_lo) if r_lo < top else math.inf)
+        hi = min(hi, top / (top - r_hi) if r_hi < top else math.inf)
+    if lo > hi:
+        seen = "no rank count"
+    elif hi == math.inf:
+        seen = f"{math.ceil(lo - 1e-9)} ranks or more"
+    else:
+        fits = list(range(math.ceil(lo - 1e-9), math.floor(hi + 1e-9) + 1))
+        if len(fits) == 1:
+            return fits[0]
+        seen = f"{fits[0]} to {fits[-1]} ranks" if fits else "no rank count"
+    raise KitError(f"{where}: cannot infer the rank count of {kind} from busBW/algBW (they fit {seen}); "
+                   "pass ranks=")
 
 
 def parse_param(path, kind: str | None = None, ranks: int | None = None):
@@ -166,13 +183,12 @@ def parse_param(path, kind: str | None = None, ranks: int | None = None):
                      "source": src})
     if not rows:
         raise KitError(f"{src}: no PARAM 'COMMS-RES' result lines found")
-    if ranks is None:  # PARAM prints 2 decimals: infer from the row with the largest algBW
+    if ranks is None:  # from busBW/algBW, which PARAM prints with 2 decimals
         for kind in {r["kind"] for r in rows}:
             mine = [r for r in rows if r["kind"] == kind]
-            top = max(mine, key=lambda r: r["algbw_gbs"] if r["algbw_gbs"] == r["algbw_gbs"] else -1)
-            if kind in ("broadcast", "reduce", "sendrecv") or not top["algbw_gbs"] > 0:
+            if kind in ("broadcast", "reduce", "sendrecv"):
                 raise KitError(f"{src}: cannot infer the rank count of {kind} from its bandwidths; pass ranks=")
-            n = _ranks_from_ratio(kind, top["busbw_gbs"] / top["algbw_gbs"], src)
+            n = _ranks_from_ratio(kind, [(r["algbw_gbs"], r["busbw_gbs"]) for r in mine], src)
             for r in mine:
                 r["ranks"] = n
     return pd.DataFrame(rows, columns=COLUMNS)
