@@ -23,12 +23,14 @@ def _tiling_of_row(op, gpu, row):
     from kit.tiling import SIMT_TILES, TENSOR_TILES, TileShape, gemm_tiling_for
 
     t = tiling(op, gpu)
-    if not isinstance(op, Gemm) or not row.tile or t is None or t.tiles == row.tiles:
+    if not isinstance(op, Gemm) or not row.tile or t is None:
         return t
     try:
         a, b = (int(x) for x in str(row.tile).split("x"))
     except ValueError:
         return t
+    if t.tiles == row.tiles and tuple(t.tile_dims[:2]) in ((a, b), (b, a)):
+        return t  # the same tile: one 128x32 tile is not kit.tiling's one 32x32 tile
     # the op's own candidates win where SIMT and tensor-core tiles share a shape
     own = SIMT_TILES if op.dtype == "fp32" else TENSOR_TILES
     other = TENSOR_TILES if own is SIMT_TILES else SIMT_TILES

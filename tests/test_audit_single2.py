@@ -241,3 +241,16 @@ def test_whole_model_panel_takes_a_gpu_alias_as_the_cli_does():
 
     p = WholeModelPanel(model="gpt2", gpu="H100", seq=32, mode="inference")
     assert p.gpu.value == get_gpu("H100").key == p.result.gpu
+
+
+@pytest.mark.parametrize("gpu", ["t4", "a100-sxm4-80gb"])
+def test_predict_op_tile_dims_are_the_tile_it_names(gpu):
+    # a 1x1 GEMM is one tile whichever tile is chosen: the tile-MLP named 128x32 while tile_dims,
+    # blocks/SM and the last wave's fill came from kit.tiling's own 32x32 tile
+    from kit.api import predict_op
+    from kit.ops import Gemm
+
+    r = predict_op(Gemm(1, 1, 10**7), gpu)
+    a, b = (int(x) for x in r["tile"].split("x"))
+    assert r["tiles"] == 1 and sorted(r["tile_dims"][:2]) == sorted([a, b])
+    assert r["last_wave_fill"] == pytest.approx(1 / r["slots"])
