@@ -158,6 +158,32 @@ def test_replay_on_a_system_with_an_impossible_node_count_says_so(tmp_path, caps
     assert "not a GPU" in _err(capsys, ["replay", str(trace), "--on", "no-such-box"])
 
 
+def test_replay_on_a_gpu_says_the_collectives_keep_their_measured_times(tmp_path):
+    from kit.api import replay_trace
+
+    ev = lambda name, ts, dur, cat, tid=1, **a: {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat,
+                                                  "pid": 1, "tid": tid, "args": a}
+    doc = {"traceEvents": [ev("ProfilerStep#1", 0, 200, "cpu_op"),
+                           ev("nccl:all_reduce", 10, 20, "cpu_op", **{"Input Dims": [[1 << 20]],
+                                                                      "Input type": ["float"]}),
+                           ev("cudaLaunchKernel", 15, 5, "cuda_runtime", correlation=7),
+                           ev("ncclKernel_AllReduce_RING_LL_Sum_float", 30, 100, "kernel", tid=7,
+                              correlation=7, stream=7)],
+           "deviceProperties": [{"name": "NVIDIA A100-SXM4-40GB"}]}
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({**doc, "distributedInfo": {"rank": rank}}))
+    on_gpu = replay_trace(str(tmp_path), on="h100-sxm")
+    # was: the all-reduces silently kept their A100 times
+    assert any("2 collective(s) keep their measured times" in n and "not a system" in n for n in on_gpu["notes"])
+    from kit.trace import replay
+
+    on_system = replay(str(tmp_path), on="dgx-h100")
+    assert not any("keep their measured times" in n for n in on_system.to_dict()["notes"])
+    g = on_system.tg.graph
+    comm = [g.dur_ms[i] for i in range(len(g.dur_ms)) if g.kind[i] == "comm"]
+    assert len(comm) == 2 and all(0 < d < 0.100 for d in comm)  # re-predicted on NVLink 4: under A100's 100 us
+
+
 # ---- kit collect-embedding -----------------------------------------------------------------------
 
 def test_collect_embedding_optimizer_without_backward_is_an_error(tmp_path, capsys):

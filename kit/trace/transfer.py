@@ -108,6 +108,7 @@ def transfer(tg: TraceGraph, on) -> str:
     world = max(len(tg.traces), 1)
     if dst_sys is not None and dst_sys.world_size < world:
         raise KitError(f"--on {on}: {dst_sys.world_size} GPUs, but the trace has {world} ranks")
+    kept = {}  # why collectives keep their measured times -> how many
     for t in tg.traces:
         if not t.gpu_name:
             continue
@@ -122,10 +123,14 @@ def transfer(tg: TraceGraph, on) -> str:
             d = g.dur_ms[op]
             kind = g.kind[op]
             if kind == "comm":
-                if dst_sys is None or src_sys is None:
-                    continue
-                nbytes, _ = _size_of(sizes, starts, call)
-                if not nbytes:
+                why = ("--on names a GPU, not a system to predict them on" if dst_sys is None else
+                       f"no single-node preset has {world} x {src_gpu.key} to rescale them from"
+                       if src_sys is None else None)
+                nbytes = None if why else _size_of(sizes, starts, call)[0]
+                if why is None and not nbytes:
+                    why = "no nccl:* annotation with their size"
+                if why:
+                    kept[why] = kept.get(why, 0) + 1
                     continue
                 ck = _collective_kind(ge.name)
                 ranks = list(range(world))
@@ -147,4 +152,5 @@ def transfer(tg: TraceGraph, on) -> str:
             else:
                 f = min(d, KERNEL_FLOOR_MS)
                 g.dur_ms[op] = f + (d - f) * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
+    tg.notes += [f"{n} collective(s) keep their measured times: {why}" for why, n in kept.items()]
     return dst_sys.key if dst_sys is not None else dst_gpu.key
