@@ -254,3 +254,28 @@ def test_predict_op_tile_dims_are_the_tile_it_names(gpu):
     a, b = (int(x) for x in r["tile"].split("x"))
     assert r["tiles"] == 1 and sorted(r["tile_dims"][:2]) == sorted([a, b])
     assert r["last_wave_fill"] == pytest.approx(1 / r["slots"])
+
+
+def _rows(**change):
+    import pandas as pd
+
+    rows = {"gpu": ["t4"] * 2, "op": ["bmm"] * 2, "op_class": ["gemm"] * 2, "measured_ms": [1.0, 2.0],
+            "predicted_ms": [1.1, 2.2], "p10_ms": [1.0, 2.0], "p90_ms": [1.2, 2.4], "ape": [10.0, 10.0],
+            "tile": ["128x64"] * 2}
+    rows.update(change)
+    return pd.DataFrame({k: v for k, v in rows.items() if v is not None})
+
+
+@pytest.mark.parametrize("rows,word", [(_rows(ape=None), "lack column"), (_rows(gpu=None), "gpu"),
+                                       (_rows(measured_ms=[1.0, 0.0]), "measured_ms"),
+                                       (_rows(measured_ms=[1.0, float("nan")]), "measured_ms"),
+                                       ([1, 2], "DataFrame")])
+def test_tile_predictor_panel_checks_the_rows_it_is_given(rows, word):
+    # rows without an ape (or gpu) column were a KeyError/AttributeError; a measured 0 ms gave
+    # "MAPE inf%" and a log axis from 0; a list was reported as "empty"
+    from widgets.tile_predictor import TilePredictorPanel
+
+    with pytest.raises(KitError, match=word):
+        TilePredictorPanel(rows=rows)
+    p = TilePredictorPanel(rows=_rows())
+    assert "2 kernels" in p.summary.value and "MAPE 10.0%" in p.summary.value

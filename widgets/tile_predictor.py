@@ -18,6 +18,7 @@ from widgets.base import Panel
 HELD_OUT = ("a100-pcie-80gb", "l4")
 CLASSES = ("all", "gemm", "elementwise", "softmax", "layernorm")
 MAX_POINTS = 3000
+ROW_COLUMNS = ("gpu", "op", "op_class", "measured_ms", "predicted_ms", "p10_ms", "p90_ms", "ape", "tile")
 
 
 def measured_rows(gpus=HELD_OUT, predictor=None) -> pd.DataFrame | None:
@@ -46,9 +47,19 @@ class TilePredictorPanel(Panel):
         from kit.hardware import get_gpu
 
         if rows is not None:
+            if not isinstance(rows, pd.DataFrame):
+                raise KitError(f"TilePredictorPanel: rows must be a DataFrame (predict_rows output), "
+                               f"got {type(rows).__name__}")
             if rows.empty:
                 raise KitError("TilePredictorPanel: the rows given are empty; pass predict_rows "
                                "output with at least one row, or rows=None")
+            missing = [c for c in ROW_COLUMNS if c not in rows.columns]
+            if missing:
+                raise KitError(f"TilePredictorPanel: the rows lack column(s) {', '.join(missing)}; "
+                               "pass kit.predict.evaluate.predict_rows output")
+            measured = pd.to_numeric(rows.measured_ms, errors="coerce")
+            if not (np.isfinite(measured) & (measured > 0)).all():  # an APE of inf, a log axis from 0
+                raise KitError("TilePredictorPanel: every measured_ms must be a finite number > 0")
             self.rows, self.gpus = rows, sorted(rows.gpu.unique())
         else:  # every GPU asked for is offered; one without measurements shows the roofline sweep
             self.gpus = list(dict.fromkeys(get_gpu(g).key for g in gpus))
