@@ -158,18 +158,20 @@ def test_replay_on_a_system_with_an_impossible_node_count_says_so(tmp_path, caps
     assert "not a GPU" in _err(capsys, ["replay", str(trace), "--on", "no-such-box"])
 
 
+def _nccl_events() -> list:
+    """One step: an all-reduce of 2^20 floats (4 MiB) launched at 15 us, its kernel 100 us long."""
+    ev = lambda name, ts, dur, cat, tid=1, **a: {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat,
+                                                  "pid": 1, "tid": tid, "args": a}
+    return [ev("ProfilerStep#1", 0, 200, "cpu_op"),
+            ev("nccl:all_reduce", 10, 20, "cpu_op", **{"Input Dims": [[1 << 20]], "Input type": ["float"]}),
+            ev("cudaLaunchKernel", 15, 5, "cuda_runtime", correlation=7),
+            ev("ncclKernel_AllReduce_RING_LL_Sum_float", 30, 100, "kernel", tid=7, correlation=7, stream=7)]
+
+
 def test_replay_on_a_gpu_says_the_collectives_keep_their_measured_times(tmp_path):
     from kit.api import replay_trace
 
-    ev = lambda name, ts, dur, cat, tid=1, **a: {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat,
-                                                  "pid": 1, "tid": tid, "args": a}
-    doc = {"traceEvents": [ev("ProfilerStep#1", 0, 200, "cpu_op"),
-                           ev("nccl:all_reduce", 10, 20, "cpu_op", **{"Input Dims": [[1 << 20]],
-                                                                      "Input type": ["float"]}),
-                           ev("cudaLaunchKernel", 15, 5, "cuda_runtime", correlation=7),
-                           ev("ncclKernel_AllReduce_RING_LL_Sum_float", 30, 100, "kernel", tid=7,
-                              correlation=7, stream=7)],
-           "deviceProperties": [{"name": "NVIDIA A100-SXM4-40GB"}]}
+    doc = {"traceEvents": _nccl_events(), "deviceProperties": [{"name": "NVIDIA A100-SXM4-40GB"}]}
     for rank in (0, 1):
         (tmp_path / f"rank{rank}.json").write_text(json.dumps({**doc, "distributedInfo": {"rank": rank}}))
     on_gpu = replay_trace(str(tmp_path), on="h100-sxm")
@@ -182,6 +184,24 @@ def test_replay_on_a_gpu_says_the_collectives_keep_their_measured_times(tmp_path
     g = on_system.tg.graph
     comm = [g.dur_ms[i] for i in range(len(g.dur_ms)) if g.kind[i] == "comm"]
     assert len(comm) == 2 and all(0 < d < 0.100 for d in comm)  # re-predicted on NVLink 4: under A100's 100 us
+
+
+def test_one_rank_of_an_eight_gpu_job_rescales_its_all_reduce_as_eight_ranks(tmp_path):
+    from kit.comm import predict_collective
+    from kit.trace import replay
+
+    doc = {"traceEvents": _nccl_events(), "deviceProperties": [{"name": "NVIDIA A100-SXM4-40GB"}],
+           "distributedInfo": {"rank": 0, "world_size": 8}}
+    f = tmp_path / "rank0.json"
+    f.write_text(json.dumps(doc))
+    g = replay(str(f), on="dgx-h100").tg.graph
+    (comm,) = [g.dur_ms[i] for i in range(len(g.dur_ms)) if g.kind[i] == "comm"]
+    h100, a100 = (predict_collective("allreduce", 4 << 20, s, ranks=list(range(8))).time_ms
+                  for s in ("dgx-h100", "dgx-a100"))
+    # was rescaled as a 1-rank local copy (0.0958 ms, the HBM ratio) for the job's 8-rank all-reduce
+    assert comm == pytest.approx(0.100 * h100 / a100, rel=1e-9)
+    with pytest.raises(KitError, match="8 ranks"):
+        replay(str(f), on="a100x4-nvlink")
 
 
 # ---- kit collect-embedding -----------------------------------------------------------------------

@@ -252,7 +252,8 @@ def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
     gpu_ranks = [r for r, s in per_rank.items() if s]
     if len(gpu_ranks) < 2:
         if gpu_ranks and len(tg.traces) == 1:
-            tg.notes.append("one rank of a larger job: collectives keep their measured durations")
+            tg.notes.append("one rank of a larger job: its collectives are not synchronised with the other "
+                            "ranks (they take their measured durations, or those --on predicts)")
         return
     shape = {r: [len(v) for v in per_rank[r].values()] for r in gpu_ranks}
     ref = shape[gpu_ranks[0]]

@@ -19,6 +19,7 @@ import re
 
 from kit.errors import KitError
 from kit.trace.build import TraceGraph
+from kit.trace.kineto import int_or_none
 
 KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent GPU
 _GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma", re.I)
@@ -105,9 +106,12 @@ def transfer(tg: TraceGraph, on) -> str:
 
     dst_gpu, dst_sys = resolve_target(on)
     g = tg.graph
-    world = max(len(tg.traces), 1)
+    # the job's size: its distributedInfo world_size when the files are some of its ranks (one
+    # rank's trace of an 8-GPU job has 8-rank collectives, not a 1-rank local copy)
+    sizes_said = [t.world_size for t in tg.traces if int_or_none(t.world_size) and t.world_size > 0]
+    world = max([len(tg.traces), 1, *sizes_said])
     if dst_sys is not None and dst_sys.world_size < world:
-        raise KitError(f"--on {on}: {dst_sys.world_size} GPUs, but the trace has {world} ranks")
+        raise KitError(f"--on {on}: {dst_sys.world_size} GPUs, but the trace's job has {world} ranks")
     kept = {}  # why collectives keep their measured times -> how many
     for t in tg.traces:
         if not t.gpu_name:
