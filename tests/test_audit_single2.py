@@ -279,3 +279,34 @@ def test_tile_predictor_panel_checks_the_rows_it_is_given(rows, word):
         TilePredictorPanel(rows=rows)
     p = TilePredictorPanel(rows=_rows())
     assert "2 kernels" in p.summary.value and "MAPE 10.0%" in p.summary.value
+
+
+# -- GPUs the catalog lacks ---------------------------------------------------------------------
+def test_evaluate_and_validate_take_a_gpu_file(tmp_path, capsys):
+    # the error for test rows of an unknown GPU says to add it, but kit evaluate (and validate)
+    # had no --gpu-file: `kit gpus --add` lasts one process, so the rows could not be scored
+    from kit.hardware import unregister_gpu
+    from kit.hardware.catalog import _builtin_entries
+
+    entry = {**_builtin_entries()["l4"], "key": "audit2-l4", "name": "Audit2 L4", "aliases": []}
+    (tmp_path / "gpu.json").write_text(json.dumps(entry))
+    head = "OPName,Latency,Device,B,M,N,K\n"
+    (tmp_path / "t.csv").write_text(head + "bmm,0.5,Audit2 L4,8,256,256,256\n")
+    (tmp_path / "labels" / "Audit2 L4").mkdir(parents=True)
+    (tmp_path / "labels" / "Audit2 L4" / "gpt2-inf-8-1.json").write_text('{"e2e_latency": 5.0}')
+    try:
+        rc, out, err = _kit(capsys, "evaluate", "--test", str(tmp_path / "t.csv"), "--predictors", "roofline")
+        assert rc == 2 and "not in the GPU catalog" in err
+        rc, out, err = _kit(capsys, "evaluate", "--test", str(tmp_path / "t.csv"), "--predictors",
+                            "roofline", "--gpu-file", str(tmp_path / "gpu.json"), "--json")
+        assert rc == 0, err
+        (row,) = json.loads(out)
+        assert (row["gpu"], row["n"]) == ("audit2-l4", 1)
+        unregister_gpu("audit2-l4")
+        rc, out, err = _kit(capsys, "validate", "--labels", str(tmp_path / "labels"), "--gpu-file",
+                            str(tmp_path / "gpu.json"), "--json")
+        assert rc == 0, err
+        (c,) = json.loads(out)["configs"]
+        assert c["gpu"] == "audit2-l4" and c["measured_ms"] == 5.0
+    finally:
+        unregister_gpu("audit2-l4")

@@ -4,7 +4,10 @@ from kit.cli import add_command
 
 def run(args):
     from kit.api import evaluate_predictors
+    from kit.hardware import load_gpu_file
 
+    if args.gpu_file:  # test rows of a GPU the catalog lacks
+        load_gpu_file(args.gpu_file)
     data = None
     if args.data:
         from kit.data import resolve_data_dir
@@ -36,3 +39,4 @@ def register(sub):
                    "roofline,habitat,li,mlp,tile")
     p.add_argument("--weights", metavar="DIR", help="weights folder from `kit train --out` "
                    "(default: the shipped weights)")
+    p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")

@@ -142,6 +142,10 @@ def _scores(configs: list) -> dict:
 
 
 def run(args):
+    if args.gpu_file:  # labels of a GPU the catalog lacks
+        from kit.hardware import load_gpu_file
+
+        load_gpu_file(args.gpu_file)
     return validate(args.labels, args.predictor,
                     models=[m.strip() for m in args.models.split(",")] if args.models else None)
 
@@ -177,3 +181,4 @@ def register(sub):
     p.add_argument("--labels", required=True, metavar="DIR", help="NeuSight label directory (label/<GPU>/...json)")
     p.add_argument("--predictor", default="auto")
     p.add_argument("--models", default=None, help="only these zoo models (comma-separated)")
+    p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")
