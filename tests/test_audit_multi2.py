@@ -204,6 +204,21 @@ def test_one_rank_of_an_eight_gpu_job_rescales_its_all_reduce_as_eight_ranks(tmp
         replay(str(f), on="a100x4-nvlink")
 
 
+# ---- kit shard -----------------------------------------------------------------------------------
+
+def test_shard_memory_cap_above_the_gpu_is_an_error(tmp_path, capsys):
+    f = tmp_path / "tables.csv"
+    f.write_text("name,rows,dim,pooling\nhuge,100000000,256,10\nt1,1000,16,1\n")  # huge: 95 GiB of fp32
+    # --memory-gib 1000 on 40 GiB GPUs was taken: the greedy baselines put all 95 GiB on rank 0
+    line = _err(capsys, ["shard", "--tables", str(f), "--system", "dgx-a100", "--memory-gib", "1000",
+                         "--budget-s", "0.1"])
+    assert "1000 GiB" in line and "40 GiB" in line
+    assert main(["shard", "--tables", str(f), "--system", "dgx-a100", "--memory-gib", "40", "--budget-s", "0.1",
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert max(r["parts"]["memory_bytes"]) <= 40 * 2**30
+
+
 # ---- kit collect-embedding -----------------------------------------------------------------------
 
 def test_collect_embedding_optimizer_without_backward_is_an_error(tmp_path, capsys):
