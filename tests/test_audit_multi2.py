@@ -95,6 +95,17 @@ def test_param_rank_count_is_inferred_only_when_the_printed_bandwidths_allow_one
     assert set(parse_param(_param_log(tmp_path, 64, 5.0), ranks=64).ranks) == {64}
 
 
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "alltoall"])
+def test_one_rank_plateau_busbw_agrees_with_its_busbw(kind):
+    from kit.comm import predict_collective
+
+    one = predict_collective(kind, 1e9, "dgx-h100", ranks=1)
+    # was: "busbw 0.0 GB/s (plateau 2438)", the plateau of the algbw
+    assert one.busbw_gbs == 0 and one.plateau_busbw_gbs == 0
+    eight = predict_collective(kind, 1e12, "dgx-h100", ranks=8)
+    assert 0 < eight.busbw_gbs <= eight.plateau_busbw_gbs < 1.01 * eight.busbw_gbs  # 1 TB: at the plateau
+
+
 def test_comm_predict_bytes_and_sizes_together_is_an_error(capsys):
     # --bytes was silently dropped for the sweep
     line = _err(capsys, ["comm", "predict", "allreduce", "--bytes", "1e9", "--sizes", "1K:1M"])
@@ -120,6 +131,16 @@ def test_batch_and_micro_batch_that_disagree_are_an_error(capsys):
                                              "--micro-batch", "2"])
     assert main(["predict", BASE, "--system", "dgx-a100", "--batch", "4", "--micro-batch", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["layout"]["micro_batch"] == 4
+
+
+def test_zoo_seq_beyond_its_positions_is_refused_on_the_analytic_path_too(capsys):
+    # the captured-graph path refused gpt2 --seq 4096 (1024 learned positions); with
+    # --sequence-parallel (the analytic layer) it was priced with a position table grown to 4096
+    line = _err(capsys, ["predict", "gpt2", "--system", "dgx-a100", "--seq", "4096", "--tp", "2",
+                         "--sequence-parallel"])
+    assert "1024 learned positions" in line
+    assert main(["predict", "gpt2", "--system", "dgx-a100", "--seq", "1024", "--tp", "2",
+                 "--sequence-parallel", "--json"]) == 0
 
 
 @pytest.mark.parametrize("kw, needle", [

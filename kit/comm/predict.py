@@ -157,7 +157,8 @@ def _result(kind, size, t_us, plan, curve, system, group, source) -> CollectiveR
         kind=kind, nbytes=size, ranks=n, time_ms=t_us / 1e3, algorithm=plan.algorithm,
         algbw_gbs=algbw, busbw_gbs=algbw * busbw_factor(kind, n), latency_ms=lat_us / 1e3, bandwidth_ms=bw_us / 1e3,
         floor_ms=piece.floor_us / 1e3, bound="bandwidth" if bw_us > max(lat_us, piece.floor_us) else "latency",
-        crossover_bytes=curve.crossover_bytes(), plateau_busbw_gbs=curve.plateau_gbs(),
+        crossover_bytes=curve.crossover_bytes(),
+        plateau_busbw_gbs=curve.plateau_gbs() * busbw_factor(kind, n) / f,  # 0 on one rank, as busbw is
         source=source, system=system.key, nodes_spanned=group.n_nodes)
 
 
