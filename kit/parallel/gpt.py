@@ -180,11 +180,13 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
 
 def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     try:
-        from kit.workload.zoo import config, default_seq, resolve
+        from kit.workload.zoo import check_seq, config, default_seq, resolve
     except ImportError:  # pragma: no cover - the zoo ships with the kit
         raise KitError(f"unknown model {name!r}; give an inline shape gpt:layers=..,hidden=..,heads=..")
     key = resolve(name)
     c = config(key)
+    if seq is not None:  # the analytic layer too: a zoo model's learned position table is its limit
+        check_seq(key, seq)
     h = c.get("n_embd") or c.get("hidden_size")
     layers = c.get("n_layer") or c.get("num_hidden_layers")
     heads = c.get("n_head") or c.get("num_attention_heads")
