@@ -144,6 +144,7 @@ def build(model: str | dict):
         kind = "gpt2"
     if kind not in FAMILIES:
         raise KitError(f"config model_type {kind!r} is not supported: choose one of {', '.join(FAMILIES)}")
+    _check_sizes(kind, cfg)
     cls = getattr(zoo_models, FAMILIES[kind], None) or getattr(zoo_modern, FAMILIES[kind])
     try:
         with torch.device("meta"):
@@ -152,6 +153,27 @@ def build(model: str | dict):
         raise KitError(f"{kind} config is missing key {e.args[0]!r}") from None
     except (RuntimeError, TypeError, ValueError, ZeroDivisionError) as e:  # n_embd -5, "64", ...
         raise KitError(f"{kind} config cannot build a model: {one_line(e, with_type=False)}") from None
+
+
+# config fields that count something a model must have at least one of (layers, widths, heads,
+# vocabulary, experts, table rows); 0 built an empty model that predicted a few µs
+SIZE_FIELDS = ("n_layer", "num_hidden_layers", "num_layers", "num_decoder_layers", "n_embd",
+               "hidden_size", "d_model", "d_ff", "d_kv", "ffn_dim", "intermediate_size", "n_inner",
+               "n_head", "num_attention_heads", "num_heads", "num_key_value_heads", "head_dim",
+               "vocab_size", "n_positions", "max_position_embeddings", "num_experts",
+               "num_local_experts", "num_experts_per_tok", "embedding_dim", "dense_features",
+               "pooling", "bottom_mlp", "top_mlp", "table_rows")
+
+
+def _check_sizes(kind: str, cfg: dict) -> None:
+    """A KitError for a size of 0 (or an empty list of them). Negative and non-integer sizes
+    fail in torch as the model is built, which build() reports as one line."""
+    for name in SIZE_FIELDS:
+        value = cfg.get(name)
+        many = isinstance(value, (list, tuple))
+        if (many and (not value or 0 in value)) or (not many and value == 0):
+            raise KitError(f"{kind} config cannot build a model: {name} must be "
+                           f"{'a list of ' if many else ''}at least 1, got {value!r}")
 
 
 # -- cached capture -----------------------------------------------------------------------------
