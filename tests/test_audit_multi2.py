@@ -95,6 +95,20 @@ def test_param_rank_count_is_inferred_only_when_the_printed_bandwidths_allow_one
     assert set(parse_param(_param_log(tmp_path, 64, 5.0), ranks=64).ranks) == {64}
 
 
+def test_comm_fit_kind_that_contradicts_the_file_is_an_error(tmp_path, capsys):
+    # --kind is "collective, when the file does not say": it silently relabelled an all-gather run
+    f = tmp_path / "ag.txt"
+    f.write_text(_section("all_gather_perf", SIZES))
+    line = _err(capsys, ["comm", "fit", str(f), "--system", "dgx-a100", "--kind", "allreduce"])
+    assert "measures allgather" in line and "kind=allreduce" in line
+    line = _err(capsys, ["comm", "fit", _param_log(tmp_path, 8, 100.0), "--system", "dgx-a100", "--kind", "allgather"])
+    assert "measures allreduce" in line
+    assert main(["comm", "fit", str(f), "--system", "dgx-a100", "--kind", "all_gather", "--json"]) == 0  # agrees
+    unnamed = tmp_path / "unnamed.txt"  # a collective the kit has no name for: --kind says what it is
+    unnamed.write_text(_section("hypercube_perf", SIZES))
+    assert main(["comm", "fit", str(unnamed), "--system", "dgx-a100", "--kind", "allgather", "--json"]) == 0
+
+
 @pytest.mark.parametrize("kind", ["allreduce", "allgather", "alltoall"])
 def test_one_rank_plateau_busbw_agrees_with_its_busbw(kind):
     from kit.comm import predict_collective

@@ -60,6 +60,19 @@ def _wrong(tok: str, where: str) -> int:
     return 0 if tok == "N/A" else _whole(tok, where)
 
 
+def _said_kind(given: str | None, said: str, where: str) -> str:
+    """The collective a file names; kind= is for files that name none, and may not contradict one."""
+    try:
+        k = canonical_kind(said)
+    except KitError:
+        if given is not None:  # a name we do not know (gather_perf): kind= says what it is
+            return given
+        raise
+    if given is not None and given != k:
+        raise KitError(f"{where}: the file measures {k}, but kind={given} was given; drop kind= (--kind)")
+    return k
+
+
 def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
     """nccl-tests output -> tidy DataFrame (one row per size per run)."""
     import pandas as pd
@@ -73,7 +86,7 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
             continue
         m = re.match(r"#\s*Collective test starting:\s*(\S+)", s)
         if m:
-            cur_kind = kind or canonical_kind(m.group(1))
+            cur_kind = _said_kind(kind, m.group(1), f"{src} line {no}")
             rank_lines, section_ranks = set(), None
             continue
         m = re.match(r"#\s+Rank\s+(\d+)\s", s)
@@ -154,8 +167,8 @@ def parse_param(path, kind: str | None = None, ranks: int | None = None):
             continue
         head, _, rest = line.strip().partition(" ")
         m = re.match(r"COMMS-RES-([A-Za-z_0-9]+?)(?:-[a-z]+\d*)?$", head)
-        if m and kind is None:
-            cur_kind = canonical_kind(m.group(1))
+        if m:
+            cur_kind = _said_kind(kind, m.group(1), f"{src} line {no}")
         if re.search(r"size", rest) and re.search(r"Latency|algBW", rest):
             cols = [(c.split(":")[-1] if ":" in c else c.split("(")[0]).lower().replace(" ", "")
                     for c in _PARAM_COL.findall(rest)]
