@@ -330,3 +330,15 @@ def test_config_with_a_zero_size_is_one_kit_error(cfg, field):
     with pytest.raises(KitError, match=f"{field} must be"):
         graph_of(cfg, 1, None if cfg["model_type"] == "dlrm" else 8, "inference")
     assert graph_of({**TINY, "n_inner": None}, 1, 8, "inference").nodes  # null: the default
+
+
+def test_config_without_seq_defaults_within_its_position_table(tmp_path, capsys):
+    # a config with n_positions 64 and no --seq failed with "seq 512 is longer than 64 learned
+    # positions", a 512 the user never asked for
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps(TINY))
+    rc, out, err = _kit(capsys, "predict", str(path), "--gpu", "t4", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["seq"] == TINY["n_positions"]
+    rc, out, err = _kit(capsys, "predict", str(path), "--gpu", "t4", "--seq", "65")
+    assert rc == 2 and "64 learned positions" in err

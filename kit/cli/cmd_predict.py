@@ -14,7 +14,8 @@ def add_model_args(p):
                    "an HF-style config dict or (module, inputs)")
     p.add_argument("--mode", default="train", choices=["train", "inference"])
     p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: a zoo model's "
+                   "own; 512 for a config or module, or the config's position table if shorter)")
     p.add_argument("--dtype", default="fp32", choices=MODEL_DTYPES)
     p.add_argument("--fusion", default="eager", choices=["eager", "compiled"])
     p.add_argument("--optimizer", default=None,

@@ -204,8 +204,8 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
               dtype: str = "fp32", optimizer: str | None = None, disk: bool | None = None):
     """The captured OpGraph of a zoo model / config for one shape, cached."""
     _check_positive(batch=batch)
-    if seq is None:
-        seq = default_seq(model) if isinstance(model, str) else 512
+    if seq is None:  # a config: 512, or its learned position table if that is shorter
+        seq = default_seq(model) if isinstance(model, str) else min(512, max_seq(model) or 512)
     _check_positive(seq=seq)
     check_seq(model, seq)
     key = _key(model, batch, seq, mode, dtype, optimizer)
