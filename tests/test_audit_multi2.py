@@ -274,6 +274,11 @@ def test_collect_embedding_optimizer_without_backward_is_an_error(tmp_path, caps
     ("timeline.TimelinePanel", {"schedule": "zb"}, "schedule"),
     ("sharding.ShardingPanel", {"batch": 100}, "batch 100"),
     ("sharding.ShardingPanel", {"n_tables": 100}, "n_tables"),
+    ("embeddings.EmbeddingPanel", {"rows": 5_000_000}, "rows 5000000"),
+    ("embeddings.EmbeddingPanel", {"dim": 100}, "dim 100"),
+    ("embeddings.EmbeddingPanel", {"pooling": 500}, "pooling"),
+    ("embeddings.EmbeddingPanel", {"alpha": 2.0}, "alpha"),
+    ("embeddings.EmbeddingPanel", {"tables": 64}, "tables"),
 ])
 def test_panel_arguments_their_controls_cannot_show_are_kit_errors(panel, kw, needle):
     import importlib

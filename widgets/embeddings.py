@@ -11,9 +11,12 @@ import pandas as pd
 
 from kit.embedding import Table, Zipf, lookup_cost
 from kit.hardware import get_gpu, gpu_keys
-from widgets.base import Panel
+from widgets.base import Panel, check_init
 
 ALPHAS = [round(0.1 * i, 1) for i in range(17)]  # 0.0 .. 1.6
+ROWS = tuple(10**k for k in range(3, 10))
+DIMS = (8, 16, 32, 64, 128, 256, 512)
+BATCHES = tuple(2**k for k in range(6, 17))
 
 
 class EmbeddingPanel(Panel):
@@ -21,8 +24,13 @@ class EmbeddingPanel(Panel):
 
     def __init__(self, gpu="a100-sxm4-40gb", rows=10_000_000, dim=128, pooling=30, batch=4096,
                  alpha=1.0, tables=1, backward=False):
-        self._init = dict(gpu=get_gpu(gpu).key, rows=rows, dim=dim, pooling=pooling, batch=batch,
-                          alpha=alpha, tables=tables, backward=backward)
+        name = "EmbeddingPanel"
+        self._init = dict(gpu=get_gpu(gpu).key, rows=check_init(name, "rows", rows, ROWS),
+                          dim=check_init(name, "dim", dim, DIMS),
+                          pooling=check_init(name, "pooling", pooling, lo=1, hi=200),
+                          batch=check_init(name, "batch", batch, BATCHES),
+                          alpha=check_init(name, "alpha", alpha, lo=0.0, hi=1.6, whole=False),
+                          tables=check_init(name, "tables", tables, lo=1, hi=32), backward=bool(backward))
         super().__init__()
 
     def controls(self):
@@ -31,11 +39,11 @@ class EmbeddingPanel(Panel):
                               value=i["gpu"], description="GPU")
         self.alpha = W.FloatSlider(value=i["alpha"], min=0.0, max=1.6, step=0.1, description="Zipf α",
                                    continuous_update=False, style=s)
-        self.rows = W.Dropdown(options=[10**k for k in range(3, 10)], value=i["rows"], description="rows E")
-        self.dim = W.Dropdown(options=[8, 16, 32, 64, 128, 256, 512], value=i["dim"], description="dim D")
+        self.rows = W.Dropdown(options=list(ROWS), value=i["rows"], description="rows E")
+        self.dim = W.Dropdown(options=list(DIMS), value=i["dim"], description="dim D")
         self.pooling = W.IntSlider(value=i["pooling"], min=1, max=200, description="pooling L",
                                    continuous_update=False, style=s)
-        self.batch = W.Dropdown(options=[2**k for k in range(6, 17)], value=i["batch"], description="batch")
+        self.batch = W.Dropdown(options=list(BATCHES), value=i["batch"], description="batch")
         self.tables = W.IntSlider(value=i["tables"], min=1, max=32, description="tables at once",
                                   continuous_update=False, style=s)
         self.backward = W.Checkbox(value=i["backward"], description="backward kernel (row-wise Adagrad)")
