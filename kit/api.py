@@ -47,14 +47,22 @@ def _tiling_of_row(op, gpu, row):
     return fallback or t
 
 
+def _need_op(op, verb: str) -> None:
+    """A KitError unless op is a kit.ops op (it has flops, bytes and an op_class)."""
+    if not (hasattr(op, "flops") and hasattr(op, "bytes") and hasattr(op, "op_class")):
+        raise KitError(f"{verb} needs a kit.ops op (Gemm, Elementwise, Softmax, ...), got {op!r}")
+
+
 def op_tiling(op, gpu, predictor: str = "auto"):
     """The Tiling (tiles, occupancy, waves) of the tile the predictor says the op runs with."""
+    _need_op(op, "op_tiling")
     gpu = get_gpu(gpu)
     return _tiling_of_row(op, gpu, get_predictor(predictor).predict([op], gpu).iloc[0])
 
 
 def memory_problem(op, gpu) -> str | None:
     """Why op cannot run on gpu for want of memory (its operands alone exceed it), or None."""
+    _need_op(op, "memory_problem")
     gpu = get_gpu(gpu)
     table = getattr(op, "table_bytes", 0.0)  # an embedding table is resident, not only what is read
     if table > gpu.memory_bytes:
@@ -68,8 +76,7 @@ def memory_problem(op, gpu) -> str | None:
 
 def predict_op(op, gpu, predictor: str = "auto") -> dict:
     """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
-    if not (hasattr(op, "flops") and hasattr(op, "bytes") and hasattr(op, "op_class")):
-        raise KitError(f"predict_op needs a kit.ops op (Gemm, Elementwise, Softmax, ...), got {op!r}")
+    _need_op(op, "predict_op")
     gpu = get_gpu(gpu)
     problem = memory_problem(op, gpu)
     if problem:

@@ -342,3 +342,12 @@ def test_config_without_seq_defaults_within_its_position_table(tmp_path, capsys)
     assert json.loads(out)["seq"] == TINY["n_positions"]
     rc, out, err = _kit(capsys, "predict", str(path), "--gpu", "t4", "--seq", "65")
     assert rc == 2 and "64 learned positions" in err
+
+
+@pytest.mark.parametrize("verb", ["op_tiling", "memory_problem", "predict_op"])
+def test_api_op_verbs_refuse_what_is_not_an_op(verb):
+    # op_tiling("x", ...) and memory_problem("x", ...) were AttributeErrors ('str' has no 'flops')
+    import kit.api
+
+    with pytest.raises(KitError, match=f"{verb} needs a kit.ops op"):
+        getattr(kit.api, verb)("gemm 64x64x64", "t4")
