@@ -126,6 +126,25 @@ def test_comm_predict_bytes_and_sizes_together_is_an_error(capsys):
     assert "--bytes" in line and "--sizes" in line
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["comm", "predict", "allreduce", "--bytes", "1e9", "--system", "dgx-a100-x2", "--nodes", "4"], "2 node(s)"),
+    (["comm", "predict", "allreduce", "--bytes", "1e9", "--system", "dgx-a100-ib-hdr-x4", "--network", "roce-400g"],
+     "network ib-hdr"),
+    (["predict", "gpt2", "--system", "dgx-h100-x4", "--nodes", "8"], "nodes=8"),
+])
+def test_system_name_and_flags_that_disagree_are_an_error(capsys, argv, needle):
+    # --nodes / --network silently replaced what the name says (dgx-a100-x2 --nodes 4 ran 4 nodes)
+    assert needle in _err(capsys, argv)
+
+
+def test_system_name_and_flags_that_agree_and_rescaling_a_system_still_work():
+    from kit.hardware import get_system
+
+    assert get_system("dgx-a100-x2", nodes=2).key == "dgx-a100-x2"
+    assert get_system("dgx-a100-ib-hdr-x4", network="ib-hdr").key == "dgx-a100-ib-hdr-x4"
+    assert get_system(get_system("dgx-a100-x2"), nodes=4).nodes == 4  # a System object is rescaled
+
+
 # ---- kit predict --system ------------------------------------------------------------------------
 
 BASE = "gpt:layers=4,hidden=1024,heads=16,seq=512,vocab=50257"

@@ -252,7 +252,8 @@ def _parse(name: str) -> tuple[dict, str | None, int]:
 
 def get_system(name: str | System, nodes: int | None = None, network: str | None = None) -> System:
     """A preset by name, optionally as `nodes` boxes over `network` (default: the preset's own)."""
-    if isinstance(name, System):
+    rescale = isinstance(name, System)  # a System to put on other nodes or another network
+    if rescale:
         if nodes is None and network is None:
             return name
         name = name.key
@@ -260,6 +261,14 @@ def get_system(name: str | System, nodes: int | None = None, network: str | None
         raise KitError(f"system name must be a non-empty string, got {name!r}")
     if isinstance(nodes, bool) or not (nodes is None or isinstance(nodes, int)):
         raise KitError(f"nodes must be a whole number >= 1, got {nodes!r}")
+    if not rescale and (nodes is not None or network is not None):
+        _, net, n = _parse(name)
+        said_nodes = re.fullmatch(r".+-x\d+", _norm(name)) is not None
+        if nodes is not None and said_nodes and n != nodes:
+            raise KitError(f"system {name!r} names {n} node(s), but nodes={nodes} (--nodes) was given; give one")
+        if network is not None and net is not None and net != network:
+            raise KitError(f"system {name!r} names network {net}, but network={network} (--network) was "
+                           "given; give one")
     return _lookup(name, nodes, network)
 
 
