@@ -351,3 +351,22 @@ def test_api_op_verbs_refuse_what_is_not_an_op(verb):
 
     with pytest.raises(KitError, match=f"{verb} needs a kit.ops op"):
         getattr(kit.api, verb)("gemm 64x64x64", "t4")
+
+
+@pytest.mark.parametrize("flag,word", [("--weights", "weights are for the learned"),
+                                       ("--data", "habitat's measured reference")])
+def test_evaluate_refuses_a_flag_its_predictors_would_ignore(tmp_path, capsys, flag, word):
+    # --weights with only roofline, or --data without habitat, were read by nothing: a user
+    # comparing weights saw the same table and took the weights for equal
+    (tmp_path / "t.csv").write_text("OPName,Latency,Device,B,M,N,K\nbmm,0.5,NVIDIA L4,8,256,256,256\n")
+    value = str(tmp_path / "weights")  # never read: the flag is refused first
+    if flag == "--data":  # cmd_evaluate resolves --data before scoring: a real folder
+        from kit.data import resolve_data_dir
+
+        try:
+            value = str(resolve_data_dir(None))
+        except KitError:
+            pytest.skip("no NeuSight data here")
+    rc, out, err = _kit(capsys, "evaluate", "--test", str(tmp_path / "t.csv"), "--predictors", "roofline",
+                        flag, value)
+    assert rc == 2 and word in err and len(err.splitlines()) == 1

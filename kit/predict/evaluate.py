@@ -19,6 +19,7 @@ from kit.predict.features import CLASSES, op_from_row
 VISIBLE = ["op", "op_class", "elem_kind", "scalar", "gpu", "dtype", "b", "m", "n", "k", "rows",
            "cols"]
 ALL_PREDICTORS = ("roofline", "habitat", "li", "mlp", "tile")
+LEARNED = ("habitat", "li", "mlp", "tile")  # the predictors that read weights
 RESULT_KEYS = ("predictor", "gpu", "op", "n", "mape", "median_ape", "p90_ape")
 
 
@@ -114,7 +115,7 @@ def build_predictors(names, weights_dir=None, measurements: pd.DataFrame | None 
     from kit.predict.habitat import HabitatPredictor
     from kit.predict.weights import load_bundle, shipped_bundle
 
-    learned = {"habitat", "li", "mlp", "tile"}
+    learned = set(LEARNED)
     bundle = None
     if learned & set(names):
         bundle = load_bundle(weights_dir) if weights_dir is not None else shipped_bundle()
@@ -142,6 +143,12 @@ def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
     frame = test if isinstance(test, pd.DataFrame) else load_test(test)
     names = parse_predictors(predictors if isinstance(predictors, str) or predictors is None
                              else ",".join(predictors))
+    if weights_dir is not None and not set(LEARNED) & set(names):  # else silently unused
+        raise KitError(f"weights are for the learned predictors ({', '.join(LEARNED)}); "
+                       f"{', '.join(names)} read none")
+    if data_dir is not None and "habitat" not in names:
+        raise KitError(f"the NeuSight data (--data) is habitat's measured reference; "
+                       f"{', '.join(names)} do not read it: add habitat or drop --data")
     measurements = None
     if "habitat" in names and data_dir is not None:
         from kit.predict.training import training_frame
