@@ -370,3 +370,16 @@ def test_evaluate_refuses_a_flag_its_predictors_would_ignore(tmp_path, capsys, f
     rc, out, err = _kit(capsys, "evaluate", "--test", str(tmp_path / "t.csv"), "--predictors", "roofline",
                         flag, value)
     assert rc == 2 and word in err and len(err.splitlines()) == 1
+
+
+def test_compare_price_example_in_help_is_accepted():
+    # --help's example named 'a100-sxm-80gb', which is no GPU: copying it gave "unknown GPU"
+    import re
+
+    from kit.cli import build_parser
+    from kit.cli.cmd_compare import parse_prices
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["compare"]
+    (example,) = re.findall(r"e\.g\. (\S+=[\d.]+(?:,\S+=[\d.]+)*)", " ".join(sub.format_help().split()))
+    prices = parse_prices(example)
+    assert len(prices) == example.count("=") and all(p > 0 for p in prices.values())

@@ -103,4 +103,4 @@ def register(sub):
     add_model_args(p)
     p.add_argument("--gpus", required=True, help="comma-separated GPU names")
     p.add_argument("--price-per-hour", default=None, metavar="A=..,B=..",
-                   help="your price per GPU-hour in dollars, e.g. h100-sxm=2.5,a100-sxm-80gb=1.6")
+                   help="your price per GPU-hour in dollars, e.g. h100-sxm=2.5,a100-sxm4-80gb=1.6")
