@@ -193,6 +193,26 @@ def test_layout_fields_of_the_wrong_type_are_kit_errors(kw, needle):
         Layout(**kw)
 
 
+def test_per_stage_times_are_keyed_by_stage_not_by_rank():
+    from kit.api import predict_multi_gpu
+
+    r = predict_multi_gpu("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000", "dgx-a100", pp=4, dp=2,
+                          global_batch=8, dtype="bf16")
+    # was {0: .., 2: .., 4: .., 6: ..}: the stages' representative ranks (stage x dp x tp)
+    assert sorted(r["per_stage_ms"]) == [0, 1, 2, 3]
+    assert max(r["per_stage_ms"].values()) == pytest.approx(r["iteration_ms"])
+
+
+def test_text_names_the_stage_of_the_slowest_rank_not_its_rank_number():
+    from kit.api import predict_multi_gpu
+    from kit.cli.cmd_predict_parallel import text_parallel
+
+    r = predict_multi_gpu("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000", "dgx-a100", pp=2, dp=2,
+                          global_batch=4, dtype="bf16")
+    r["rank_breakdown"] = {**r["rank_breakdown"], "rank": 2}  # stage 1's representative (1 x dp 2 x tp 1)
+    assert "stage 1 (rank 2) waits" in text_parallel(r)  # was "stage 2 waits" of a 2-stage pipeline
+
+
 def test_predict_multi_gpu_predictor_none_is_a_kit_error():
     from kit.api import predict_multi_gpu
 

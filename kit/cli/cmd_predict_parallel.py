@@ -111,7 +111,8 @@ def text_parallel(r) -> str:
              "  critical path: " + ", ".join(f"{k} {b[k]:.2f} ms" for k in
                                              ("compute", "communication", "cpu", "wait") if b[k] > 0),
              f"  ideal pipeline bubble {100 * r['ideal_bubble_fraction']:.1f}%; "
-             f"stage {r['rank_breakdown']['rank']} waits {r['rank_breakdown']['wait']:.2f} ms",
+             f"stage {r['rank_breakdown']['rank'] // (lay['dp'] * lay['tp'])} (rank {r['rank_breakdown']['rank']}) "
+             f"waits {r['rank_breakdown']['wait']:.2f} ms",
              "  memory per rank (GiB):  stage  weights  grads  optimizer  activations  total"]
     for s in r["memory_per_rank"]:
         flag = "" if s.get("fits", True) else "  > GPU memory!"

@@ -84,7 +84,8 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         "rank_breakdown": {"rank": slow, **res.breakdown(slow)},
         "ideal_bubble_fraction": bubble_fraction(layout.schedule, layout.pp, layout.micro_batches,
                                                  layout.virtual_stages),
-        "per_stage_ms": {int(r): res.rank_end_ms(r) for r in g.ranks},
+        # by pipeline stage (its representative is rank stage x dp x tp: 0, 2, 4, ... when dp x tp = 2)
+        "per_stage_ms": {st: res.rank_end_ms(layout.rank(st, 0, 0)) for st in range(layout.pp)},
         "per_microbatch_ms": [{"stage": i % layout.pp, "chunk": i // layout.pp,
                                "fwd_ms": c.fwd.compute_ms + c.fwd.comm_ms,
                                "bwd_ms": c.bwd.compute_ms + c.bwd.comm_ms,
