@@ -333,5 +333,7 @@ def test_panels_take_collective_aliases_and_multi_node_systems():
     from widgets.timeline import TimelinePanel
 
     assert CollectivesPanel(collective="all_reduce").collective.value == "allreduce"  # was TraitError
+    assert CollectivesPanel(system="a100x4-nvlink").ranks.value == 4  # the default fits a 4-GPU box
+    assert CollectivesPanel(system="dgx-h100-x2").ranks.value == 8
     p = TimelinePanel(system="dgx-h100-x2", dp=2, tp=8, pp=1, micro_batches=1)  # was TraitError
     assert p.system.value == "dgx-h100-x2" and p._result is not None and "16 GPUs" in p.summary.value

@@ -21,8 +21,9 @@ BINARY_LABEL = " : ".join(f"datum.value >= {1024 ** p} ? format(datum.value / {1
 class CollectivesPanel(Panel):
     title = "Collectives on a real topology: time and bus bandwidth against message size"
 
-    def __init__(self, system="dgx-h100", collective="allreduce", ranks=8, size_bytes=2**27):
+    def __init__(self, system="dgx-h100", collective="allreduce", ranks=None, size_bytes=2**27):
         world = get_system(system).world_size
+        ranks = min(world, 8) if ranks is None else ranks  # default: one node's worth
         self._init = dict(system=get_system(system).key, collective=canonical_kind(collective),
                           ranks=check_init("CollectivesPanel", "ranks", ranks, lo=2, hi=world),
                           size=check_init("CollectivesPanel", "size_bytes", size_bytes, lo=2**10, hi=2**33,
