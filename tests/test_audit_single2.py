@@ -129,8 +129,9 @@ def test_embedding_table_larger_than_the_gpu_is_an_error(capsys):
 
 
 # -- panels ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kw,word", [({"m": 3_000_000}, "above the panel"), ({"n": 0}, "positive"),
-                                     ({"k": 2.5}, "positive"), ({"dtype": "int8"}, "unknown dtype")])
+@pytest.mark.parametrize("kw,word", [({"m": 3_000_000}, "m must be a whole number from 1 to 1,048,576"),
+                                     ({"n": 0}, "n must be"), ({"k": 2.5}, "k must be"),
+                                     ({"dtype": "int8"}, "unknown dtype")])
 def test_gemm_panel_refuses_a_shape_its_boxes_would_clamp(kw, word):
     # the BoundedIntText boxes clamped m=3e6 to 1,048,576 and n=0 to 1 without a word, and the
     # panel predicted that other GEMM; dtype int8 was an ipywidgets TraitError
@@ -222,9 +223,9 @@ def test_overhead_trace_with_a_corrupt_span_is_one_line(tmp_path, capsys, event,
     assert rc == 2 and not out and word in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("kw,word", [({"batch": 100}, "1..64"), ({"batch": 0}, "1..64"),
-                                     ({"batch": 2.0}, "whole number"), ({"mode": "eval"}, "unknown mode"),
-                                     ({"fusion": "x"}, "unknown fusion"), ({"gpu": "nosuch"}, "unknown GPU")])
+@pytest.mark.parametrize("kw,word", [({"batch": 100}, "from 1 to 64"), ({"batch": 0}, "from 1 to 64"),
+                                     ({"batch": 2.0}, "whole number"), ({"mode": "eval"}, "mode 'eval'"),
+                                     ({"fusion": "x"}, "fusion 'x'"), ({"gpu": "nosuch"}, "unknown GPU")])
 def test_whole_model_panel_refuses_what_its_controls_would_clamp(kw, word):
     # batch 100 was clamped to the slider's 64 (batch 0 to 1) and predicted without a word;
     # an unknown mode/fusion/GPU was an ipywidgets TraitError

@@ -6,10 +6,9 @@ import ipywidgets as W
 
 from kit import viz
 from kit.api import memory_problem, op_tiling, predict_op
-from kit.errors import KitError
 from kit.hardware import DTYPES, get_gpu, gpu_keys
 from kit.ops import Gemm
-from widgets.base import Panel
+from widgets.base import Panel, check_init
 
 MAX_DIM = 1 << 20  # the largest m, n or k the panel's boxes take
 
@@ -19,11 +18,9 @@ class GemmPanel(Panel):
 
     def __init__(self, m=4096, n=4096, k=4096, gpu="a100-sxm4-80gb", dtype="fp32",
                  compare=("v100-sxm2-32gb", "h100-sxm")):
-        Gemm(m=m, n=n, k=k, dtype=dtype)  # a KitError for a shape or dtype no GEMM has
-        for name, value in (("m", m), ("n", n), ("k", k)):
-            if value > MAX_DIM:  # the text boxes would clamp it to MAX_DIM without a word
-                raise KitError(f"GemmPanel: {name} {value:,} is above the panel's {MAX_DIM:,}; "
-                               "predict it with kit.api.predict_op")
+        for name, value in (("m", m), ("n", n), ("k", k)):  # the boxes would clamp it
+            check_init("GemmPanel", name, value, lo=1, hi=MAX_DIM)
+        Gemm(m=m, n=n, k=k, dtype=dtype)  # a KitError for a dtype no GEMM has
         self._init = dict(m=m, n=n, k=k, gpu=get_gpu(gpu).key, dtype=dtype)
         self.compare = tuple(get_gpu(g).key for g in compare)
         super().__init__()

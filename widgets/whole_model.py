@@ -11,11 +11,10 @@ import ipywidgets as W
 import pandas as pd
 
 from kit.api import predict_model
-from kit.errors import KitError
 from kit.hardware import get_gpu, gpu_keys
 from kit.workload.models import memory_bytes
 from kit.workload.zoo import check_seq, max_seq, resolve, uses_seq, zoo_names
-from widgets.base import Panel
+from widgets.base import Panel, check_init
 
 SEQS = (32, 64, 128, 256, 512, 1024, 2048)
 MODES, FUSIONS, MAX_BATCH = ("train", "inference"), ("eager", "compiled"), 64
@@ -41,13 +40,9 @@ class WholeModelPanel(Panel):
 
     def __init__(self, model="gpt2", gpu="a100-pcie-40gb", mode="train", batch=1, seq=128,
                  fusion="eager"):
-        for name, value, options in (("mode", mode, MODES), ("fusion", fusion, FUSIONS)):
-            if value not in options:
-                raise KitError(f"WholeModelPanel: unknown {name} {value!r}; choose {' or '.join(options)}")
-        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
-            # the slider would clamp it to 1..MAX_BATCH without a word
-            raise KitError(f"WholeModelPanel: batch must be a whole number in 1..{MAX_BATCH}, got "
-                           f"{batch!r}; predict larger ones with kit.api.predict_model")
+        check_init("WholeModelPanel", "mode", mode, MODES)
+        check_init("WholeModelPanel", "fusion", fusion, FUSIONS)
+        check_init("WholeModelPanel", "batch", batch, lo=1, hi=MAX_BATCH)  # the slider would clamp it
         self._init = dict(model=resolve(model), gpu=get_gpu(gpu).key, mode=mode, batch=batch, seq=seq,
                           fusion=fusion)
         check_seq(self._init["model"], seq)
