@@ -384,3 +384,36 @@ def test_compare_price_example_in_help_is_accepted():
     (example,) = re.findall(r"e\.g\. (\S+=[\d.]+(?:,\S+=[\d.]+)*)", " ".join(sub.format_help().split()))
     prices = parse_prices(example)
     assert len(prices) == example.count("=") and all(p > 0 for p in prices.values())
+
+
+# -- catalog ------------------------------------------------------------------------------------
+def test_gh200_host_copies_run_over_its_c2c_link_not_pcie(capsys):
+    # the GH200's host link is NVLink-C2C (450 GB/s each way, its notes say 900 GB/s in all); a
+    # 1 GB h2d copy was priced at PCIe gen5 x16's 63 GB/s, 15.9 ms instead of 2.2 ms
+    from kit.hardware import get_gpu
+    from kit.ops import Memcpy
+    from kit.predict.roofline import PCIE_X16_GBS, roofline
+
+    gh = get_gpu("gh200")
+    assert gh.host_link_gbs == 450 and "NVLink-C2C" in gh.notes
+    assert roofline(Memcpy(10**9, "h2d"), gh).time_ms == pytest.approx(1e9 / 450e9 * 1e3)
+    h100 = get_gpu("h100-sxm")  # no host_link_gbs: PCIe of its generation
+    assert h100.host_link_gbs is None
+    assert roofline(Memcpy(10**9, "d2h"), h100).time_ms == pytest.approx(1e9 / (PCIE_X16_GBS[h100.pcie_gen] * 1e9) * 1e3)
+    rc, out, err = _kit(capsys, "op", "memcpy", "--bytes", "1e9", "--direction", "h2d", "--gpu", "gh200", "--json")
+    assert rc == 0 and json.loads(out)["latency_ms"] == pytest.approx(1e9 / 450e9 * 1e3)
+
+
+@pytest.mark.parametrize("bad", [0, -5, "450", float("inf"), True])
+def test_user_gpu_host_link_must_be_a_bandwidth(tmp_path, bad):
+    from kit.hardware import load_gpu_file, unregister_gpu
+    from kit.hardware.catalog import _builtin_entries
+
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({**_builtin_entries()["h100-sxm"], "key": "audit2-gpu", "name": "Audit2 GPU",
+                                "aliases": [], "host_link_gbs": bad}))
+    try:
+        with pytest.raises(KitError, match="host_link_gbs"):
+            load_gpu_file(path)
+    finally:
+        unregister_gpu("audit2-gpu")

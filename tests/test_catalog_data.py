@@ -30,7 +30,7 @@ import pytest
 
 from kit.hardware import get_gpu, gpu_from_dict, list_gpus
 from kit.hardware.catalog import CATALOG_PATH
-from kit.hardware.gpu import OPTIONAL_PEAK_FIELDS, PEAK_FIELDS, REQUIRED_FIELDS
+from kit.hardware.gpu import OPTIONAL_FIELDS, OPTIONAL_PEAK_FIELDS, PEAK_FIELDS, REQUIRED_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("KIT_SHARED", REPO.parent / "shared"))
@@ -133,7 +133,8 @@ def test_catalog_size_and_required_keys(entries):
 
 def test_entries_have_exactly_the_schema_fields(entries):
     # the built-in catalog states every optional peak too (null where the unit does not exist)
-    expected = set(REQUIRED_FIELDS) | set(PEAK_FIELDS) | set(OPTIONAL_PEAK_FIELDS) | {"aliases", "notes"}
+    expected = (set(REQUIRED_FIELDS) | set(PEAK_FIELDS) | set(OPTIONAL_PEAK_FIELDS) | set(OPTIONAL_FIELDS)
+                | {"aliases", "notes"})
     for e in entries:
         assert set(e) == expected, f"{e.get('key')}: {sorted(set(e) ^ expected)}"
 

@@ -45,6 +45,8 @@ PLAUSIBLE_TFLOPS = (1e-3, 1e6)
 PEAK_FIELDS = tuple(f"{d}_tflops" for d in DTYPES)
 # Optional peaks: null (or absent, for a user's GPU) where the GPU has no such unit.
 OPTIONAL_PEAK_FIELDS = ("fp32_matrix_tflops",)
+# Other optional numbers: null (or absent, for a user's GPU) where they do not apply.
+OPTIONAL_FIELDS = ("host_link_gbs",)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class GPU:
     # issue these instructions); None where the GPU has none (NVIDIA: its tensor cores take FP32
     # only as TF32, which PyTorch leaves off, so FP32 GEMMs run on the SIMT lanes).
     fp32_matrix_tflops: float | None = None
+    # the CPU<->GPU link per direction, GB/s, where it is not PCIe x16 of pcie_gen (GH200: the
+    # NVLink-C2C to its Grace CPU); None: PCIe
+    host_link_gbs: float | None = None
     aliases: tuple[str, ...] = field(default=())
     notes: str = ""
 
@@ -197,6 +202,14 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
     if matrix is not None and matrix < clean["fp32_tflops"]:
         raise KitError(f"{label}: fp32_matrix_tflops ({matrix:g}) is below fp32_tflops "
                        f"({clean['fp32_tflops']:g}); give the FP32 matrix-core peak, or null if none")
+    link = entry.get("host_link_gbs")
+    if link is not None:
+        lo, hi = PLAUSIBLE["mem_bw_gbs"]
+        if (isinstance(link, bool) or not isinstance(link, (int, float)) or not math.isfinite(link)
+                or not lo <= link <= hi):
+            raise KitError(f"{label}: field host_link_gbs must be a number of GB/s ({lo:g} to "
+                           f"{hi:g}) or null, got {link!r}")
+        clean["host_link_gbs"] = float(link)
     if clean["key"] != clean["key"].lower() or " " in clean["key"]:
         raise KitError(f"{label}: key must be lower-case with dashes, e.g. 'h100-sxm'")
     aliases = entry.get("aliases", [])

@@ -13,7 +13,8 @@ from kit.hardware import GPU, get_gpu
 from kit.ops import Attention, Gemm, Memcpy
 
 # PCIe x16 bandwidth per direction, GB/s, by generation (PCI-SIG: 8/16/32/64 GT/s per lane,
-# 128b/130b encoding; gen6 PAM4 FLIT). Used for host<->device copies.
+# 128b/130b encoding; gen6 PAM4 FLIT). Used for host<->device copies, unless the GPU's
+# host_link_gbs names another link (GH200's NVLink-C2C).
 PCIE_X16_GBS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0}
 
 
@@ -46,7 +47,7 @@ def roofline(op, gpu: GPU | str) -> Roofline:
     peak = compute_peak_flops_per_s(op, gpu)
     bw = gpu.mem_bw_bytes_per_s
     if isinstance(op, Memcpy) and op.direction != "d2d":
-        bw = PCIE_X16_GBS.get(gpu.pcie_gen, PCIE_X16_GBS[4]) * 1e9
+        bw = (gpu.host_link_gbs or PCIE_X16_GBS.get(gpu.pcie_gen, PCIE_X16_GBS[4])) * 1e9
     compute_ms = op.flops / peak * 1e3
     memory_ms = op.bytes / bw * 1e3
     bound = "compute" if compute_ms >= memory_ms else "memory"
