@@ -417,3 +417,13 @@ def test_user_gpu_host_link_must_be_a_bandwidth(tmp_path, bad):
             load_gpu_file(path)
     finally:
         unregister_gpu("audit2-gpu")
+
+
+def test_dlrm_prediction_reports_no_sequence_as_compare_does(capsys):
+    # kit predict dlrm printed "batch 1, seq 1" (the zoo's placeholder) where kit compare
+    # rightly shows no sequence
+    rc, out, err = _kit(capsys, "predict", "dlrm", "--gpu", "t4", "--mode", "inference", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["seq"] is None
+    rc, out, err = _kit(capsys, "predict", "dlrm", "--gpu", "t4", "--mode", "inference")
+    assert rc == 0 and "seq" not in out.splitlines()[0]

@@ -256,7 +256,8 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     cfg = config(model) if isinstance(model, str) else dict(model)
     layer_key = next((k for k in LAYER_KEYS if k in cfg), None)
     n_layers = cfg.get("n_layer") or cfg.get("num_hidden_layers") or cfg.get("num_layers")
-    meta = {"batch": batch, "seq": seq, "config": cfg, "n_layers": n_layers}
+    meta = {"batch": batch, "seq": seq if uses_seq(cfg) else None,  # DLRM reads no sequence
+            "config": cfg, "n_layers": n_layers}
     full = build(cfg)
     inputs = full.example_inputs(batch, seq)
     if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and isinstance(n_layers, int)
