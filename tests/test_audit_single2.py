@@ -427,3 +427,14 @@ def test_dlrm_prediction_reports_no_sequence_as_compare_does(capsys):
     assert json.loads(out)["seq"] is None
     rc, out, err = _kit(capsys, "predict", "dlrm", "--gpu", "t4", "--mode", "inference")
     assert rc == 0 and "seq" not in out.splitlines()[0]
+
+
+def test_habitat_vector_ops_in_a_dtype_without_a_peak_still_predict():
+    # vector ops run on the fp32 lanes whatever their dtype: a bf16 layernorm on a T4 is priced by
+    # every predictor, and habitat must not refuse it for the T4's missing bf16 tensor peak
+    from kit.api import predict_op
+    from kit.ops import LayerNorm
+
+    for predictor in ("roofline", "tile", "habitat"):
+        r = predict_op(LayerNorm(4096, 1024, "bf16"), "t4", predictor)
+        assert r["latency_ms"] >= r["roofline_ms"] > 0

@@ -20,6 +20,7 @@ import pandas as pd
 
 from kit.errors import KitError
 from kit.hardware import GPU, get_gpu
+from kit.ops import Attention, Gemm
 from kit.predict.base import COLUMNS, dedupe, expand
 from kit.predict.features import arrays_from_frame, gpu_vector, op_class_of
 from kit.predict.roofline import roofline
@@ -90,7 +91,8 @@ class HabitatPredictor:
     def _origins(self, dest: GPU, ops) -> list[str]:
         """The training GPUs that run every dtype of ops (a bf16 GEMM on L4 scales from the
         A100, not from the nearer T4, which has no bf16); a KitError when dest or none does."""
-        dtypes = sorted({getattr(op, "dtype", None) or "fp32" for op in ops})
+        # only GEMMs and attention run against a dtype's own peak (kit.predict.roofline)
+        dtypes = sorted({op.dtype for op in ops if isinstance(op, (Gemm, Attention))} | {"fp32"})
         for d in dtypes:
             dest.peak_flops_per_s(d)  # "l4 has no fp8 support": the GPU asked about, first
         able = [g for g in self.train_gpus if all(get_gpu(g).peak_tflops(d) for d in dtypes)]
