@@ -210,7 +210,9 @@ def test_collect_rejects_bad_settings(tmp_path):
 @pytest.mark.parametrize("kw, word", [({"threads": -3}, "--threads"), ({"threads": 0}, "--threads"),
                                       ({"threads": 1.5}, "--threads"),
                                       ({"cooldown_ms": -5}, "--cooldown-ms"),
-                                      ({"cooldown_ms": float("nan")}, "--cooldown-ms")])
+                                      ({"cooldown_ms": float("nan")}, "--cooldown-ms"),
+                                      ({"repeats": 2.5}, "--repeats"), ({"repeats": "3"}, "--repeats"),
+                                      ({"warmup": 1.5}, "--warmup"), ({"repeats": True}, "--repeats")])
 def test_collect_refuses_bad_settings_before_measuring(tmp_path, kw, word):
     out = tmp_path / "m.csv"
     with pytest.raises(KitError, match=word):

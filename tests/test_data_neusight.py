@@ -132,6 +132,9 @@ def test_unknown_device_is_named(layout):
           ADDU + [ADDU[1].replace("Tesla T4", "Tesla Q9000")])
     with pytest.raises(KitError, match="'Tesla Q9000' in .*Tesla T4.csv is not in the GPU catalog"):
         load_neusight(data_dir=layout)
+    # the remedy it names lasts beyond one process: --gpu-file on the command that reads the data
+    with pytest.raises(KitError, match="--gpu-file FILE"):
+        load_neusight(data_dir=layout)
 
 
 @pytest.mark.parametrize("lines,message", [

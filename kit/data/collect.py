@@ -262,8 +262,10 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
         raise KitError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
     if dtype == "tf32" and device != "cuda":
         raise KitError("--dtype tf32 needs --device cuda (tf32 is a tensor-core mode)")
-    if warmup < 0 or repeats < 1:
-        raise KitError(f"need --warmup >= 0 and --repeats >= 1, got {warmup} and {repeats}")
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    if not (whole(warmup) and whole(repeats)) or warmup < 0 or repeats < 1:
+        raise KitError(f"need whole numbers --warmup >= 0 and --repeats >= 1, got {warmup!r} and "
+                       f"{repeats!r}")
     if not (isinstance(cooldown_ms, (int, float)) and 0 <= cooldown_ms < float("inf")):
         raise KitError(f"--cooldown-ms must be a finite number >= 0, got {cooldown_ms!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)

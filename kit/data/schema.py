@@ -169,7 +169,8 @@ def gpu_keys_for(device_names: pd.Series, where: str = "") -> pd.Series:
         except KitError as e:
             at = f" in {where}" if where else ""
             raise KitError(f"device {name!r}{at} is not in the GPU catalog ({e}); "
-                           "add it with kit.hardware.register_gpu or `kit gpus --add FILE`") from None
+                           "add it with kit.hardware.register_gpu, or give the command --gpu-file FILE "
+                           "(`kit gpus --add FILE` only lists it)") from None
     return device_names.map(keys)
 
 
