@@ -79,6 +79,14 @@ def batch_inversions(part: pd.DataFrame, min_ms: float = 0.05) -> dict:
             "share": round(inverted / pairs, 4) if pairs else None, "worst": worst}
 
 
+def _shape_key(cls: str, rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: its log shape (the element count for elementwise ops, rows and cols for row
+    ops) and its time per element."""
+    numel = (rows.rows * rows.cols).to_numpy(float)
+    dims = numel[:, None] if cls == "elementwise" else rows[["rows", "cols"]].to_numpy(float)
+    return np.log(dims), rows.latency_ms.to_numpy(float) / numel
+
+
 def train_test_shift(train: pd.DataFrame, part: pd.DataFrame) -> dict:
     """Per vector class: how much faster per element one GPU's test rows run than its training
     rows of the same op and nearly the same shape (NEIGHBOUR); matched rows and the median."""
@@ -90,14 +98,8 @@ def train_test_shift(train: pd.DataFrame, part: pd.DataFrame) -> dict:
             ref = train[train.op == op]
             if ref.empty:
                 continue
-            dims = ["rows", "cols"] if cls != "elementwise" else None
-            if dims is None:  # elementwise: only the element count matters
-                key_r = np.log((ref.rows * ref.cols).to_numpy(float))[:, None]
-                key_t = np.log((test_op.rows * test_op.cols).to_numpy(float))[:, None]
-            else:
-                key_r, key_t = np.log(ref[dims].to_numpy(float)), np.log(test_op[dims].to_numpy(float))
-            per_r = ref.latency_ms.to_numpy(float) / (ref.rows * ref.cols).to_numpy(float)
-            per_t = test_op.latency_ms.to_numpy(float) / (test_op.rows * test_op.cols).to_numpy(float)
+            key_r, per_r = _shape_key(cls, ref)
+            key_t, per_t = _shape_key(cls, test_op)
             for i in range(len(key_t)):
                 near = np.abs(key_r - key_t[i]).max(axis=1) < tol
                 if near.any():

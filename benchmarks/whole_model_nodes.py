@@ -93,7 +93,7 @@ def label_vs_kernel_data(labels: Path, data: Path) -> list[dict]:
     import numpy as np
     import pandas as pd
 
-    from kit.data import label_gemm_nodes, load_label_nodes, load_neusight
+    from kit.data import label_gemm_nodes, label_kernel_pairs, load_label_nodes, load_neusight
     from kit.errors import KitError
     from kit.predict.evaluate import load_test
 
@@ -107,22 +107,15 @@ def label_vs_kernel_data(labels: Path, data: Path) -> list[dict]:
     if not frames:
         return []
     kern = pd.concat(frames, ignore_index=True)
-    kern = kern[kern.op_class == "gemm"]
-    dims = ["gpu", "b", "m", "n", "k"]
-    ms = kern.groupby(dims).latency_ms.min().rename("kernel_ms").reset_index()
-    by_op = kern.groupby(["op", *dims]).latency_ms.min().rename("kernel_ms").reset_index()
-    nodes = label_gemm_nodes(load_label_nodes(labels.parent))
-    nodes = nodes[nodes.gpu.notna() & (nodes.fw_latency_ms > 0.2)]
-    nodes = nodes.assign(**{c: nodes[c].astype(int) for c in ("b", "m", "n", "k")})
-    overall = nodes.merge(ms, on=dims)
-    split = nodes.merge(by_op, on=dims)
+    nodes = label_gemm_nodes(load_label_nodes(labels_dir=labels))
+    overall = label_kernel_pairs(nodes, kern)
+    split = label_kernel_pairs(nodes, kern, by_op=True)
     out = []
     for gpu, grp in overall.groupby("gpu", sort=True):
-        r = (grp.fw_latency_ms / grp.kernel_ms).to_numpy(float)
-        part = split[split.gpu == gpu]
+        r = grp.ratio.to_numpy(float)
         kinds = [{"node": {"linear": "Linear"}.get(node, node), "kernel_op": kop, "nodes": len(g),
-                  "median": float(np.median(g.fw_latency_ms / g.kernel_ms))}
-                 for (node, kop), g in part.groupby(["kind", "op"], sort=True)]
+                  "median": float(g.ratio.median())}
+                 for (node, kop), g in split[split.gpu == gpu].groupby(["kind", "op"], sort=True)]
         out.append({"gpu": gpu, "nodes": len(r), "label_over_kernel_data_geo": float(np.exp(np.log(r).mean())),
                     "median": float(np.median(r)), "min": float(r.min()), "max": float(r.max()),
                     "by_node": kinds})

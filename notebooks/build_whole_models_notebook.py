@@ -201,7 +201,7 @@ labels can be predicted from kernel measurements.
     code("""
 from kit.errors import KitError
 try:
-    from kit.data import label_gemm_nodes, load_label_nodes, resolve_data_dir
+    from kit.data import label_gemm_nodes, label_kernel_pairs, load_label_nodes, resolve_data_dir
     from kit.predict.evaluate import load_test
     nodes = label_gemm_nodes(load_label_nodes())
     kernels = load_test(resolve_data_dir() / "data" / "dataset" / "test")
@@ -210,12 +210,8 @@ except KitError as e:
     HAVE_DATA = False
     print("no measured data:", e)
 if HAVE_DATA:
-    dims = ["gpu", "b", "m", "n", "k"]
-    kern = (kernels[kernels.op_class == "gemm"].groupby(dims).latency_ms.min()
-            .rename("kernel_ms").reset_index())
-    big = nodes[nodes.gpu.notna() & (nodes.fw_latency_ms > 0.2)]  # long enough to time well
-    both = big.astype({c: int for c in dims[1:]}).merge(kern, on=dims)
-    ratio = (both.fw_latency_ms / both.kernel_ms).groupby(both.gpu).median()
+    both = label_kernel_pairs(nodes, kernels)  # nodes over 0.2 ms, long enough to time well
+    ratio = both.groupby("gpu").ratio.median()
     display(ratio.round(2).rename("label node / kernel data, same shape (median)").to_frame())
     assert ratio["l4"] < 0.8 and ratio["p4"] > 1.3 and 1.1 < ratio["a100-pcie-40gb"] < 1.25
     assert all(abs(ratio[g] - 1) <= 0.05 for g in ("a100-pcie-80gb", "p100-pcie-16gb", "t4",

@@ -3,7 +3,7 @@ labels, with their shapes in kit.ops.Gemm's orientation (output m x n, reduction
 import pandas as pd
 import pytest
 
-from kit.data.configs import label_gemm_nodes, label_gemm_shape
+from kit.data.configs import label_gemm_nodes, label_gemm_shape, label_kernel_pairs
 
 LINEAR = ("{'nn_module_stack': OrderedDict([('bert', <class 'x.BertModel'>), "
           "('bert.q', <class 'torch.nn.modules.linear.Linear'>)])}")
@@ -50,3 +50,18 @@ def test_label_gemm_nodes_keeps_only_gemms_with_their_rows():
     assert list(got.kind) == ["addmm", "linear"]
     assert got[["b", "m", "n", "k"]].values.tolist() == [[1, 16, 96, 64], [1, 16, 32, 96]]
     assert list(got.fw_latency_ms) == [0.5, 0.25]
+
+
+def test_label_kernel_pairs_takes_the_fastest_kernel_of_the_same_shape():
+    nodes = pd.DataFrame({"gpu": ["l4", "l4", "l4", None], "kind": ["addmm", "linear", "addmm", "addmm"],
+                          "b": [1, 1, 1, 1], "m": [16, 16, 64, 16], "n": [96, 96, 96, 96],
+                          "k": [64, 64, 64, 64], "fw_latency_ms": [0.5, 0.1, 0.9, 0.5]})
+    kernels = pd.DataFrame({"gpu": ["l4"] * 3 + ["t4"], "op": ["linear", "linear", "bmm", "linear"],
+                            "op_class": ["gemm"] * 4, "b": [1] * 4, "m": [16] * 4, "n": [96] * 4,
+                            "k": [64] * 4, "latency_ms": [1.0, 0.8, 0.4, 0.2]})
+    # the 0.1 ms node is under min_ms; the 64-row node has no kernel row; the GPU-less node none
+    got = label_kernel_pairs(nodes, kernels)
+    assert got[["kind", "kernel_ms"]].values.tolist() == [["addmm", 0.4]]
+    assert got.ratio.tolist() == pytest.approx([0.5 / 0.4])
+    split = label_kernel_pairs(nodes, kernels, by_op=True).sort_values("op")
+    assert split[["op", "kernel_ms"]].values.tolist() == [["bmm", 0.4], ["linear", 0.8]]

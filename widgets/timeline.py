@@ -143,7 +143,7 @@ class TimelinePanel(Panel):
         used = f", {m} micro-batches (interleaved needs a multiple of pp)" if m != self.m.value else ""
         return (f"{r['layout']['world_size']} GPUs, {lay.dtype}{used} · "
                 f"iteration {r['iteration_ms']:.1f} ms{band} · "
-                f"critical path: {parts} · stage {r['rank_breakdown']['rank'] // (lay.dp * lay.tp)} waits "
+                f"critical path: {parts} · stage {lay.stage_of(r['rank_breakdown']['rank'])} waits "
                 f"{r['rank_breakdown']['wait']:.1f} ms "
                 f"(ideal bubble {100 * r['ideal_bubble_fraction']:.0f}%) · peak memory "
                 f"{max(s['total_gib'] for s in r['memory_per_rank']):.1f} GiB/rank")

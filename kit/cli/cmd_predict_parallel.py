@@ -99,6 +99,8 @@ def band_text(band) -> str:
 
 
 def text_parallel(r) -> str:
+    from kit.parallel.layout import stage_of
+
     lay, m = r["layout"], r["model"]
     b = r["breakdown"]
     lines = [f"{m['name']} ({m['params'] / 1e9:.2f}B params) on {r['system']}: dp {lay['dp']} x tp "
@@ -111,7 +113,7 @@ def text_parallel(r) -> str:
              "  critical path: " + ", ".join(f"{k} {b[k]:.2f} ms" for k in
                                              ("compute", "communication", "cpu", "wait") if b[k] > 0),
              f"  ideal pipeline bubble {100 * r['ideal_bubble_fraction']:.1f}%; "
-             f"stage {r['rank_breakdown']['rank'] // (lay['dp'] * lay['tp'])} (rank {r['rank_breakdown']['rank']}) "
+             f"stage {stage_of(r['rank_breakdown']['rank'], lay['dp'], lay['tp'])} (rank {r['rank_breakdown']['rank']}) "
              f"waits {r['rank_breakdown']['wait']:.2f} ms",
              "  memory per rank (GiB):  stage  weights  grads  optimizer  activations  total"]
     for s in r["memory_per_rank"]:

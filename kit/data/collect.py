@@ -268,8 +268,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                        f"{repeats!r}")
     if not (isinstance(cooldown_ms, (int, float)) and 0 <= cooldown_ms < float("inf")):
         raise KitError(f"--cooldown-ms must be a finite number >= 0, got {cooldown_ms!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 1):
+    if threads is not None and not (whole(threads) and threads >= 1):
         raise KitError(f"--threads must be a whole number >= 1, got {threads!r}")
     ops = expand_ops(ops)
     tasks, unmatched = plan(ops, shapes)

@@ -97,11 +97,13 @@ NODE_COLUMNS = {"Name": "name", "op": "fx_op", "target": "target", "input_shapes
                 "acc_latency": "acc_latency_ms", "meta": "module_stack"}
 
 
-def load_label_nodes(data_dir: str | Path | None = None) -> pd.DataFrame:
-    """The per-FX-node label CSVs (a one-layer model, latencies in ms), one row per node."""
-    root = resolve_data_dir(data_dir)
+def load_label_nodes(data_dir: str | Path | None = None,
+                     labels_dir: str | Path | None = None) -> pd.DataFrame:
+    """The per-FX-node label CSVs (a one-layer model, latencies in ms), one row per node, from
+    data_dir/label or from labels_dir itself (a folder of <GPU>/<model>-....csv)."""
+    root = Path(labels_dir) if labels_dir is not None else resolve_data_dir(data_dir) / "label"
     frames = []
-    for f in sorted((root / "label").glob("*/*.csv")):
+    for f in sorted(root.glob("*/*.csv")):
         try:
             raw = pd.read_csv(f)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
@@ -121,7 +123,7 @@ def load_label_nodes(data_dir: str | Path | None = None) -> pd.DataFrame:
             meta.pop(key)
         frames.append(part.assign(**meta))
     if not frames:
-        raise KitError(f"no per-node label CSVs under {root / 'label'}")
+        raise KitError(f"no per-node label CSVs under {root}")
     frame = pd.concat(frames, ignore_index=True)
     lead = ["gpu", "device_dir", "model", "mode", "seq", "batch"]
     return frame[lead + [c for c in frame.columns if c not in lead]]
@@ -167,6 +169,25 @@ def label_gemm_nodes(nodes: pd.DataFrame) -> pd.DataFrame:
     dims = pd.DataFrame([found[i] for i in keep], columns=["kind", "b", "m", "n", "k"],
                         index=nodes.index[keep])
     return nodes.loc[dims.index].join(dims)
+
+
+GEMM_DIMS = ["gpu", "b", "m", "n", "k"]
+
+
+def label_kernel_pairs(nodes: pd.DataFrame, kernels: pd.DataFrame, min_ms: float = 0.2,
+                       by_op: bool = False) -> pd.DataFrame:
+    """The GEMM label nodes (label_gemm_nodes) beside the fastest op-level measurement of the
+    same GPU and shape in `kernels` (a measurement table, e.g. NeuSight's test sets): their
+    columns plus kernel_ms and ratio = fw_latency_ms / kernel_ms. Nodes under min_ms (launch
+    noise) and shapes with no measurement are left out; by_op keeps one row per kernel op
+    (linear or bmm rows) matched, in column `op`."""
+    gemm = kernels[kernels.op_class == "gemm"]
+    keys = ["op", *GEMM_DIMS] if by_op else GEMM_DIMS
+    fastest = gemm.groupby(keys).latency_ms.min().rename("kernel_ms").reset_index()
+    timed = nodes[nodes.gpu.notna() & (nodes.fw_latency_ms > min_ms)]
+    timed = timed.astype({c: int for c in GEMM_DIMS[1:]})
+    pairs = timed.merge(fastest, on=GEMM_DIMS)
+    return pairs.assign(ratio=pairs.fw_latency_ms / pairs.kernel_ms)
 
 
 def load_model_configs(data_dir: str | Path | None = None) -> dict[str, dict]:

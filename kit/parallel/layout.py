@@ -103,6 +103,10 @@ class Layout:
         """Ranks of stage pp_i and pp_i + 1 at dp 0, tp 0 (a point-to-point link)."""
         return [self.rank(pp_i, 0, 0), self.rank(pp_i + 1, 0, 0)]
 
+    def stage_of(self, rank: int) -> int:
+        """The pipeline stage a rank belongs to (the inverse of rank()'s pp_i)."""
+        return stage_of(rank, self.dp, self.tp)
+
     def stage_ranks(self, pp_i: int) -> list[int]:
         return list(range(pp_i * self.dp * self.tp, (pp_i + 1) * self.dp * self.tp))
 
@@ -121,3 +125,8 @@ class Layout:
                 "schedule": self.schedule, "zero": self.zero, "recompute": self.recompute,
                 "sequence_parallel": self.sequence_parallel, "dtype": self.dtype,
                 "world_size": self.world_size, "optimizer_step": self.optimizer_step}
+
+
+def stage_of(rank: int, dp: int, tp: int) -> int:
+    """The pipeline stage of a rank in a dp x tp x pp layout (ranks are stage-major)."""
+    return int(rank) // (dp * tp)
