@@ -256,9 +256,20 @@ class Attention:
                 raise KitError(f"attention: kv_heads {self.kv_heads} must divide heads {self.heads}")
 
     @property
+    def causal_fraction(self) -> float:
+        """The share of (query, key) pairs a causal mask keeps: 1 without one. PyTorch's is_causal
+        aligns the mask top-left (torch.nn.functional.scaled_dot_product_attention docs): query i
+        (from 1) sees keys 1..min(i, seq_kv), so seq_q = seq_kv keeps (L + 1) / 2L, a bit over half."""
+        if not self.causal:
+            return 1.0
+        q, kv = self.seq_q, self.seq_kv
+        pairs = q * (q + 1) / 2 if q <= kv else kv * (kv + 1) / 2 + (q - kv) * kv
+        return pairs / (q * kv)
+
+    @property
     def flops(self) -> float:
         full = 4.0 * self.b * self.heads * self.seq_q * self.seq_kv * self.head_dim
-        return full / 2 if self.causal else full
+        return full * self.causal_fraction
 
     @property
     def bytes(self) -> float:

@@ -53,12 +53,23 @@ def test_embedding_bag_by_hand():
     assert e.flops == lookups * 64
 
 
-def test_attention_causal_halves_flops():
+def test_attention_causal_keeps_the_masked_pairs_only():
     a = Attention(b=2, heads=8, seq_q=1024, seq_kv=1024, head_dim=64, dtype="bf16")
     c = Attention(b=2, heads=8, seq_q=1024, seq_kv=1024, head_dim=64, dtype="bf16", causal=True)
     assert a.flops == 4 * 2 * 8 * 1024 * 1024 * 64
-    assert c.flops == a.flops / 2
+    assert a.flops / 2 < c.flops < a.flops / 2 * 1.01  # the diagonal: a bit over half
     assert a.bytes == 2 * 4 * 2 * 8 * 1024 * 64
+
+
+@pytest.mark.parametrize("seq_q,seq_kv", [(7, 7), (3, 10), (10, 3), (1, 64), (64, 1)])
+def test_attention_causal_unequal_lengths_counts_torch_mask(seq_q, seq_kv):
+    """is_causal in torch aligns the mask top-left: count what torch's own mask keeps."""
+    import torch
+
+    kept = float(torch.ones(seq_q, seq_kv, dtype=torch.bool).tril().sum())
+    full = Attention(b=1, heads=2, seq_q=seq_q, seq_kv=seq_kv, head_dim=4)
+    causal = Attention(b=1, heads=2, seq_q=seq_q, seq_kv=seq_kv, head_dim=4, causal=True)
+    assert causal.flops == pytest.approx(full.flops * kept / (seq_q * seq_kv))
 
 
 def test_memcpy():

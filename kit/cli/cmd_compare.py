@@ -47,6 +47,9 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
     prices = prices or {}
     rows = []
     for gpu in {get_gpu(name).key: get_gpu(name) for name in gpus}.values():  # aliases: one row
+        if gpu.peak_tflops(dtype) is None:  # a row that says so; the other GPUs still compare
+            rows.append(unsupported_row(gpu, dtype, unit, mem, prices))
+            continue
         it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
         step_s = it.total_ms / 1e3
         row = {"gpu": gpu.key, "step_ms": it.total_ms, "band_ms": [it.total_p10_ms, it.total_p90_ms],
@@ -55,16 +58,32 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
                "energy_j_per_step": gpu.tdp_w * step_s, "tdp_w": gpu.tdp_w,
                f"energy_j_per_m_{unit}": gpu.tdp_w * step_s / items * 1e6,
                "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": None,
-               "predictor": it.predictor}
+               "predictor": it.predictor, "unsupported": None}
         if gpu.key in prices:
             row[f"cost_per_m_{unit}"] = prices[gpu.key] / 3600 * step_s / items * 1e6
         rows.append(row)
     unknown = sorted(set(prices) - {r["gpu"] for r in rows})
     if unknown:
         raise KitError(f"prices given for GPUs not compared: {', '.join(unknown)}")
+    if all(r["unsupported"] for r in rows):
+        raise KitError(f"none of {', '.join(r['gpu'] for r in rows)} supports {dtype}: "
+                       + "; ".join(r["unsupported"] for r in rows))
     return {"model": graph.model, "mode": mode, "batch": batch,
             "seq": seq_used if per_token else None, "dtype": dtype,  # DLRM has no sequence
             "unit": unit, "memory": mem, "rows": rows}
+
+
+def unsupported_row(gpu, dtype: str, unit: str, mem: dict, prices: dict) -> dict:
+    """A GPU that cannot run the dtype: no time, throughput, energy or cost, and the reason."""
+    from kit.hardware.gpu import DTYPES
+
+    supported = [d for d in DTYPES if gpu.peak_tflops(d)]
+    return {"gpu": gpu.key, "step_ms": None, "band_ms": None, f"{unit}_per_s": None,
+            "memory_need_gib": mem["total_bytes"] / 2**30, "memory_gib": gpu.memory_gib,
+            "fits": mem["total_bytes"] <= gpu.memory_bytes, "energy_j_per_step": None,
+            "tdp_w": gpu.tdp_w, f"energy_j_per_m_{unit}": None,
+            "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": None, "predictor": None,
+            "unsupported": f"{gpu.key} has no {dtype} support (it has {', '.join(supported)})"}
 
 
 def run(args):
@@ -88,6 +107,10 @@ def text(r) -> str:
              f"{'gpu':<18} {'step ms':>10} {'p10-p90 ms':>19} {u + '/s':>12} {'fits':>5} "
              f"{'J/step':>9} {'$/M ' + u:>12}"]
     for row in r["rows"]:
+        if row["unsupported"]:
+            lines.append(f"{row['gpu']:<18} {'-':>10} {'-':>19} {'-':>12} {'-':>5} {'-':>9} "
+                         f"{'-':>12}  {row['unsupported']}")
+            continue
         cost = row[f"cost_per_m_{u}"]
         lo, hi = row["band_ms"]
         band = f"{lo:.1f}-{hi:.1f}" if hi > lo else "-"
