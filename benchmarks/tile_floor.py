@@ -19,6 +19,13 @@ faster). Elementwise ops match to within 1%, so the method itself adds no bias; 
 test file better than that. GEMMs are left out: within 10% a dimension can cross a tile boundary,
 which changes the time per FLOP by itself.
 
+`sustained_efficiency` asks whether a GEMM's speed depends on how long it runs: the median share
+of the GPU's FP32 GEMM peak that Linear rows with every dimension at least 512 (enough tiles to
+fill the GPU) reach, per band of measured duration, in the test file and, on the training GPUs,
+in the training file, with the shipped model's median predicted/measured ratio per band. A GPU
+that holds its clock stays level; a power- or heat-limited one falls as the kernels grow longer.
+The shape features cannot tell a throttled long kernel from a slow one.
+
     .venv/bin/python benchmarks/tile_floor.py [--data DIR] [--gpus l4,a100-pcie-80gb] [--threads 2]
 
 Needs the NeuSight data (KIT_DATA). Takes about a minute on two cores. Not run by the tests.
@@ -109,6 +116,43 @@ def train_test_shift(train: pd.DataFrame, part: pd.DataFrame) -> dict:
     return out
 
 
+DURATION_EDGES_MS = (0.0, 1.0, 10.0, 100.0, float("inf"))
+SATURATED_DIM = 512  # sustained_efficiency: every GEMM dimension at least this
+
+
+def _duration_band(ms: float) -> str:
+    for lo, hi in zip(DURATION_EDGES_MS, DURATION_EDGES_MS[1:]):
+        if lo < ms <= hi:
+            return f"{lo:g}-{hi:g} ms" if hi < float("inf") else f"over {lo:g} ms"
+    raise ValueError(f"duration {ms} ms is not positive")
+
+
+def sustained_efficiency(rows: pd.DataFrame, gpu: str, predicted_ms=None) -> dict:
+    """Per duration band of the Linear rows with every dim >= SATURATED_DIM: n, the median share
+    of the GPU's FP32 GEMM peak, and (given predictions aligned with `rows`) the median
+    predicted/measured ratio."""
+    from kit.hardware import get_gpu
+
+    peak = get_gpu(gpu).gemm_peak_flops_per_s("fp32")
+    keep = ((rows.op == "linear") & (rows[["m", "n", "k"]].min(axis=1) >= SATURATED_DIM)).to_numpy()
+    part = rows[keep]
+    ms = part.latency_ms.to_numpy(float)
+    share = 2.0 * part.b * part.m * part.n * part.k / (ms * 1e-3) / peak
+    table = pd.DataFrame({"band": [_duration_band(t) for t in ms], "share": share.to_numpy(float),
+                          "ms": ms})
+    if predicted_ms is not None:
+        table["ratio"] = np.asarray(predicted_ms, float)[keep] / ms
+    out = {}
+    for lo in DURATION_EDGES_MS[:-1]:  # in order of duration
+        band = _duration_band(lo + 1e-9)
+        grp = table[table.band == band]
+        if len(grp):
+            out[band] = {"n": int(len(grp)), "peak_share": round(float(grp.share.median()), 3)}
+            if "ratio" in grp:
+                out[band]["predicted_over_measured"] = round(float(grp.ratio.median()), 3)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", help="NeuSight folder (default KIT_DATA)")
@@ -145,8 +189,13 @@ def main(argv=None):
                             for s in by_class if s["op"] == c}
                         for c in sorted(rows.op_class.unique())},
             "batch_inversions": batch_inversions(part)}
+        shipped_ms = rows[rows.predictor == "shipped"].sort_values("row").predicted_ms.to_numpy()
+        result["gpus"][gpu]["sustained_efficiency"] = {
+            "test": sustained_efficiency(part, gpu, shipped_ms)}
         if gpu in DEFAULT_TRAIN_GPUS:
             result["gpus"][gpu]["train_test_shift"] = train_test_shift(train[train.gpu == gpu], part)
+            result["gpus"][gpu]["sustained_efficiency"]["train"] = sustained_efficiency(
+                train[train.gpu == gpu], gpu)
         print(f"{gpu} done", file=sys.stderr, flush=True)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     json.dump(result, sys.stdout, indent=1)

@@ -53,3 +53,27 @@ def test_train_test_shift_finds_a_planted_speed_up(floor):
     assert out["layernorm"] == {"matched": 2, "test_faster_by": pytest.approx(1.25, abs=1e-3)}
     assert out["elementwise"] == {"matched": 1, "test_faster_by": pytest.approx(1.0, abs=1e-3)}
     assert "softmax" not in out  # no rows of it on either side
+
+
+def test_sustained_efficiency_finds_a_planted_slowdown_of_long_kernels(floor):
+    from kit.hardware import get_gpu
+
+    peak = get_gpu("t4").gemm_peak_flops_per_s("fp32")
+
+    def row(m, share, op="linear"):
+        flops = 2.0 * m * 1024 * 1024
+        return {"op": op, "op_class": "gemm", "b": 1, "m": m, "n": 1024, "k": 1024,
+                "latency_ms": flops / (share * peak) * 1e3}
+
+    # short kernels at 60% of peak, long ones at 30%; a skinny one and a bmm are left out
+    rows = pd.DataFrame([row(1024, 0.6), row(2048, 0.6), row(2 ** 17, 0.3), row(2 ** 18, 0.3),
+                         row(64, 0.9), row(4096, 0.99, op="bmm")])
+    assert rows.latency_ms.iloc[1] < 1.0 < rows.latency_ms.iloc[2]  # the bands the test means
+    predicted = rows.latency_ms.to_numpy() * 1.5  # a model 1.5x slow everywhere
+    out = floor.sustained_efficiency(rows, "t4", predicted)
+    short = out["0-1 ms"]
+    long_ = [v for k, v in out.items() if k != "0-1 ms"]
+    assert short == {"n": 2, "peak_share": 0.6, "predicted_over_measured": 1.5}
+    assert sum(v["n"] for v in long_) == 2 and all(v["peak_share"] == 0.3 for v in long_)
+    assert list(out)[0] == "0-1 ms"  # bands in duration order, the shortest first
+    assert "predicted_over_measured" not in floor.sustained_efficiency(rows, "t4")["0-1 ms"]

@@ -1,0 +1,30 @@
+"""benchmarks/gemm_ablation.py's variants keep exactly the rows they name."""
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+
+@pytest.fixture(scope="module")
+def ablation():
+    spec = importlib.util.spec_from_file_location(
+        "gemm_ablation", Path(__file__).resolve().parents[1] / "benchmarks/gemm_ablation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ROWS = pd.DataFrame({"gpu": ["p4", "p4", "t4", "t4"], "latency_ms": [0.5, 5.0, 0.5, 5.0]})
+
+
+def test_variants_drop_what_they_say(ablation):
+    assert ablation.variant_rows(ROWS, "all").equals(ROWS)
+    long_gone = ablation.variant_rows(ROWS, "drop_p4_long")
+    assert list(zip(long_gone.gpu, long_gone.latency_ms)) == [("p4", 0.5), ("t4", 0.5), ("t4", 5.0)]
+    assert set(ablation.variant_rows(ROWS, "drop_p4").gpu) == {"t4"}
+
+
+def test_an_unknown_variant_is_one_clear_error(ablation):
+    with pytest.raises(SystemExit, match="unknown variant 'nope'; choose from all"):
+        ablation.variant_rows(ROWS, "nope")
