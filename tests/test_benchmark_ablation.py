@@ -1,18 +1,12 @@
 """benchmarks/gemm_ablation.py's variants keep exactly the rows they name."""
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 import pytest
+from benchmark_modules import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def ablation():
-    spec = importlib.util.spec_from_file_location(
-        "gemm_ablation", Path(__file__).resolve().parents[1] / "benchmarks/gemm_ablation.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gemm_ablation")
 
 
 ROWS = pd.DataFrame({"gpu": ["p4", "p4", "t4", "t4"], "latency_ms": [0.5, 5.0, 0.5, 5.0]})

@@ -1,19 +1,13 @@
 """benchmarks/tile_floor.py's data checks on small hand-made tables: batch inversions and the
 train/test shift find what was planted, and nothing where nothing was."""
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 import pytest
+from benchmark_modules import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def floor():
-    spec = importlib.util.spec_from_file_location(
-        "tile_floor", Path(__file__).resolve().parents[1] / "benchmarks/tile_floor.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("tile_floor")
 
 
 def gemm_rows(rows):
