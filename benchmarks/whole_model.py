@@ -6,7 +6,8 @@ Accuracy: mean APE for training and inference on the tile predictor's training G
 below: P4, P100, T4, V100-PCIe-32GB, A100-PCIe-40GB) and on the labelled GPUs outside them (unseen:
 the issue's goal), the worst configuration of each, every GPT-3 configuration, and the per-GPU
 summary over all labelled GPUs the catalog knows; with each, the share of measured steps inside
-their predicted p10-p90 band (band_coverage).
+their predicted p10-p90 band (band_coverage). four_gpu_costing: the 4-GPU labels under both
+kernel sources (analytic layer, captured graph), each isolated and in the stream.
 Speed: `kit predict` for one configuration in fresh processes (capturing; capture cached on disk
 but the GPU not yet predicted; capture and prediction cached) with wall and CPU seconds and the
 slowest imports, then warm calls in one process, on the cores this machine has.
@@ -71,6 +72,48 @@ def accuracy(labels: Path, predictor: str) -> dict:
     out["unseen_configs_list"] = [{k: c.get(k) for k in ("gpu", "model", "mode", "seq", "batch", "option",
                                                      "measured_ms", "predicted_ms", "ape", "band_ms",
                                                      "in_band")} for c in unseen]
+    return out
+
+
+def four_gpu_costing(labels: Path, predictor: str) -> list:
+    """NeuSight's 4-GPU labels under both kernel sources and both costings (kit.parallel.costs.
+    IN_STREAM_BY_SOURCE): the analytic layer isolated (what `kit validate` scores) or in the
+    stream, the captured HF graph in the stream (its default, as `kit predict --gpu`) or isolated.
+    Signed errors in %."""
+    import dataclasses
+    import json as _json
+
+    from kit.data.configs import parse_label_name
+    from kit.errors import KitError
+    from kit.hardware import get_gpu
+    from kit.parallel.gpt import parse_model
+    from kit.parallel.neusight import label_layout, node_system
+    from kit.parallel.predict import predict_parallel
+    from kit.workload.zoo import resolve
+
+    out = []
+    for f in sorted(labels.glob("*/*.json")):
+        try:
+            lab = parse_label_name(f.stem, f)
+            option = lab["option"] if isinstance(lab["option"], str) else ""
+            if not option.startswith(("dp", "tp", "pp")):
+                continue
+            gpu, model = get_gpu(f.parent.name).key, resolve(lab["model"])
+            measured = float(_json.loads(f.read_text())["e2e_latency"])
+            lay = label_layout(option, lab["batch"])
+            system = node_system(gpu, lay.world_size)
+            spec = parse_model(model, seq=lab["seq"])
+        except (KitError, ValueError, KeyError):
+            continue
+        row = {"gpu": gpu, "model": model, "seq": lab["seq"], "batch": lab["batch"], "option": option,
+               "measured_ms": measured}
+        for name, graph, in_stream in (("analytic_isolated", False, False), ("analytic_in_stream", False, True),
+                                       ("graph_in_stream", True, True), ("graph_isolated", True, False)):
+            s = spec if graph else dataclasses.replace(spec, attention="unfused")
+            ms = predict_parallel(s, system, lay, predictor=predictor, graph=graph,
+                                  in_stream=in_stream)["iteration_ms"]
+            row[f"{name}_err_pct"] = 100 * (ms - measured) / measured
+        out.append(row)
     return out
 
 
@@ -205,6 +248,7 @@ def main():
     t = time.perf_counter()
     out = {"labels": str(labels), "accuracy": accuracy(labels, a.predictor)}
     out["validate_s"] = time.perf_counter() - t
+    out["four_gpu_costing"] = four_gpu_costing(labels, a.predictor)
     if not a.skip_speed:
         out["speed"] = speed()
     print(json.dumps(out, indent=2, default=float))

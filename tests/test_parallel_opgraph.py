@@ -78,19 +78,22 @@ def test_vocab_parallel_embedding_and_head(gpt2):
 
 
 def test_graph_and_analytic_paths_agree_on_parallel_speedup():
-    """Both paths give the same speed-up of a 2x2x2 layout over one GPU within a few percent.
-    Their GEMMs and collectives are identical (tests above); the captured HF graph also runs the
-    eager kernels Megatron fuses or skips (GELU-tanh as 8 elementwise ops, layout copies, mask
-    selects, the tied-embedding gradient add), about 0.5 ms more per layer here, so its
-    absolute time is higher, never lower."""
+    """Costed alike (isolated kernel times; by default each path has its own costing,
+    kit.parallel.costs.IN_STREAM_BY_SOURCE), both paths give the same speed-up of a 2x2x2 layout
+    over one GPU within a few percent. (In the stream they do not: the HF graph's many small
+    kernels shrink to their roofline under TP, 0.56 against 0.62 here.) Their GEMMs and
+    collectives are identical (tests above);
+    the captured HF graph also runs the eager kernels Megatron fuses or skips (GELU-tanh as 8
+    elementwise ops, layout copies, mask selects, the tied-embedding gradient add), about 0.5 ms
+    more per layer here, so its absolute time is higher, never lower."""
     spec = parse_model("gpt2-medium", seq=512)
     one, three_d = Layout(micro_batch=2, global_batch=4), Layout(dp=2, tp=2, pp=2, micro_batch=2,
                                                                   global_batch=8)
     t = {}
     for graph in (True, False):
         s = spec if graph else dataclasses.replace(spec, attention="unfused")
-        t[graph] = [predict_parallel(s, "dgx-a100", lay, host=NO_HOST, graph=graph)["iteration_ms"]
-                    for lay in (one, three_d)]
+        t[graph] = [predict_parallel(s, "dgx-a100", lay, host=NO_HOST, graph=graph,
+                                     in_stream=False)["iteration_ms"] for lay in (one, three_d)]
     ratio_graph, ratio_analytic = t[True][1] / t[True][0], t[False][1] / t[False][0]
     assert ratio_graph == pytest.approx(ratio_analytic, rel=0.05)
     assert 0.1 < t[True][0] / t[False][0] - 1 < 0.5

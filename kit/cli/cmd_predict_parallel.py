@@ -122,6 +122,8 @@ def text_parallel(r) -> str:
                      f"{s['optimizer_gib']:9.2f}  {s['activations_gib']:11.2f}  {s['total_gib']:5.2f}{flag}")
     lines.append(f"  simulated {r['simulated_ranks']} representative ranks, {r['ops']} ops, "
                  f"{r['seconds']:.2f} s; kernels from the {r['kernels_from']}")
+    if r.get("kernel_costing"):
+        lines.append(f"  kernel times: {r['kernel_costing']['note']}")
     if r.get("trace"):
         lines.append(f"  trace written to {r['trace']} (open in ui.perfetto.dev)")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.parallel.costs import ChunkCost, Coster, chunk_costs, optimizer_ms
+from kit.parallel.costs import IN_STREAM_BY_SOURCE, ChunkCost, Coster, chunk_costs, optimizer_ms
 from kit.parallel.gpt import GPTSpec
 from kit.parallel.layout import Layout
 from kit.parallel.schedule import schedule
@@ -108,18 +108,25 @@ class DurationsOnly(ExecGraph):
 
 def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
                     host: HostModel | None = None, calibration=None, source=None,
-                    quantile: str = "mid", graph_class=ExecGraph):
+                    quantile: str = "mid", graph_class=ExecGraph, in_stream: bool | None = None):
     """(ExecGraph, chunk costs, Coster) for one iteration. source: the per-rank kernels (None:
     the analytic GPT layer; a kit.parallel.opgraph.GraphSource: a captured, TP-sharded graph).
     quantile: every kernel at its predicted latency ("mid") or at one end of its band
     ("p10", "p90"; kit.parallel.costs.Coster). graph_class=DurationsOnly builds only the
-    durations."""
+    durations. in_stream: kernels in the stream, without the learned predictor's isolated-kernel
+    floor (None: for a captured op graph, not for the analytic layer; see Coster)."""
     host = host or HostModel()
     lay = layout
     lay.check_system(system)
     if predictor == "auto" and host.predictor:
         predictor = host.predictor
-    coster = Coster(lay, system, predictor, calibration, host, quantile)
+    if in_stream is None:  # by source: kit.parallel.costs.IN_STREAM_BY_SOURCE
+        in_stream = IN_STREAM_BY_SOURCE["analytic GPT layer" if source is None else "captured op graph"]
+    elif not isinstance(in_stream, bool):
+        from kit.errors import KitError
+
+        raise KitError(f"in_stream must be True, False or None (by the kernels' source), got {in_stream!r}")
+    coster = Coster(lay, system, predictor, calibration, host, quantile, in_stream)
     costs: list[ChunkCost] = chunk_costs(spec, lay, coster, source)
     pp, v, m = lay.pp, lay.virtual_stages, lay.micro_batches
     n_virtual = pp * v

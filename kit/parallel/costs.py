@@ -71,14 +71,28 @@ def _recompute_blocks(fwd: list[Block], how: str) -> list[Block]:
     if how == "full":
         return fwd
     if how == "selective":  # only the attention core (scores, softmax, dropout, ·V)
-        core = [(op, f) for blk in fwd
-                for op, f in zip(blk.ops, blk.bwd_factor or [1.0] * len(blk.ops))
+        core = [(op, f, n) for blk in fwd
+                for op, f, n in zip(blk.ops, blk.bwd_factor or [1.0] * len(blk.ops), blk.kernel_counts())
                 if op.op_class in ATTENTION_CORE or (op.op_class == "gemm" and op.b > 1)]
-        return [Block("recompute attention", [op for op, _ in core], [f for _, f in core])]
+        return [Block("recompute attention", [op for op, _, _ in core], [f for _, f, _ in core],
+                      kernels=[n for _, _, n in core])]
     return []
 
 
 QUANTILES = {"mid": 0, "p10": 1, "p90": 2}  # which of a kernel's predictions op_ms returns
+
+# In-stream or isolated kernel times, by where the kernels come from (measured, not assumed):
+# * the captured op graph is every aten op the model runs, the kernels `kit predict --gpu`
+#   costs. In the stream (the isolated-kernel floor out, as that path does) a one-GPU layout
+#   agrees with it, and NeuSight's 4-GPU gpt2_large labels (4x A100-SXM4) come out dp4 -0.9%,
+#   tp4 -0.1%, pp4_1 +6.8%, against +13.8%, +14.6%, +11.5% with isolated times.
+# * the analytic GPT layer is Megatron's fused layer: on HF GPT-2 it has half the kernels
+#   (gelu as one kernel, not eight; no mask or view arithmetic) and ~10% less isolated time.
+#   Isolated, it is what is validated: those labels 0.6%, 2.2%, 0.2% (in the stream 6.6%, 4.5%,
+#   1.9%), and vTrain's Megatron runs 4.9% on the held-out half with the megatron-a100 profile
+#   fitted so (in the stream: 8.1%, 5.8% after refitting it). The floor its kernels keep stands
+#   in for work the layer does not list; that is a calibration, and it is why the two differ.
+IN_STREAM_BY_SOURCE = {"captured op graph": True, "analytic GPT layer": False}
 
 
 class Coster:
@@ -86,10 +100,15 @@ class Coster:
 
     quantile: which kernel time op_ms gives, the predictor's latency ("mid") or either end of
     its p10-p90 band ("p10", "p90"; the latency itself for predictors without a band).
-    Collectives have no band: they keep their point prediction."""
+    Collectives have no band: they keep their point prediction.
+
+    in_stream: a learned predictor's kernels, timed one at a time, carry a dispatch floor; in the
+    stream each kernel runs without it (kit.workload.iteration.in_stream_ms, the rule of the
+    single-GPU path). True: take it out; False: keep the isolated times. build_iteration picks
+    by the kernels' source (see IN_STREAM_BY_SOURCE)."""
 
     def __init__(self, layout: Layout, system, predictor="auto", calibration=None, host=None,
-                 quantile: str = "mid"):
+                 quantile: str = "mid", in_stream: bool = True):
         from kit.predict import get_predictor
 
         if quantile not in QUANTILES:
@@ -101,6 +120,12 @@ class Coster:
         if not (hasattr(self.predictor, "predict") and hasattr(self.predictor, "name")):
             raise KitError(f"predictor must be a name (auto, wave, roofline, ...) or a kit predictor, "
                            f"got {predictor!r}")
+        if not isinstance(in_stream, bool):
+            raise KitError(f"in_stream must be True or False, got {in_stream!r}")
+        from kit.workload.iteration import isolation_floor_ms
+
+        self.in_stream = in_stream
+        self.floor_ms = isolation_floor_ms(self.predictor, self.gpu) if in_stream else 0.0
         self.calibration = calibration
         self.gemm_scale = getattr(host, "gemm_scale", 1.0)
         self.other_scale = getattr(host, "other_scale", 1.0)
@@ -120,11 +145,18 @@ class Coster:
             mid = frame.latency_ms.to_numpy(float)
             lo = frame.latency_p10_ms.to_numpy(float) if "latency_p10_ms" in frame else mid
             hi = frame.latency_p90_ms.to_numpy(float) if "latency_p90_ms" in frame else mid
-            self._op_ms.update(zip(new, zip(mid, _or(lo, mid), _or(hi, mid))))
+            roof = frame.roofline_ms.to_numpy(float) if "roofline_ms" in frame else mid
+            self._op_ms.update(zip(new, zip(mid, _or(lo, mid), _or(hi, mid), _or(roof, mid))))
 
-    def op_ms(self, op) -> float:
-        return (self._op_ms[op][self.quantile]
-                * (self.gemm_scale if op.op_class == "gemm" else self.other_scale))
+    def op_ms(self, op, scale: float = 1.0, kernels: float = 1.0) -> float:
+        """The op's time x scale (a backward factor), in the stream when in_stream (less
+        kernels x the predictor's floor, never below the roofline), then calibrated."""
+        t = self._op_ms[op][self.quantile] * scale
+        if self.floor_ms > 0:
+            from kit.workload.iteration import in_stream_ms
+
+            t = float(in_stream_ms(t, self._op_ms[op][3] * scale, self.floor_ms, kernels))
+        return t * (self.gemm_scale if op.op_class == "gemm" else self.other_scale)
 
     def comm_ms(self, kind: str, nbytes: float, ranks) -> float:
         if len(ranks) < 2 or nbytes <= 0:
@@ -159,13 +191,14 @@ class Coster:
                                              + self.collective_rank_ms * (len(ranks) - 1))
                 continue
             f = blk.bwd_factor if blk.bwd_factor else [1.0] * len(blk.ops)
-            for op, k in zip(blk.ops, f):
-                t = self.op_ms(op) * k * (gemm_factor if op.op_class == "gemm" else 1.0)
+            counts = blk.kernel_counts()
+            for op, k, n in zip(blk.ops, f, counts):
+                t = self.op_ms(op, k, n) * (gemm_factor if op.op_class == "gemm" else 1.0)
                 total += t
                 phase.last_ms = t
                 phase.seq_ms.append(t)
-                phase.seq_host_ms.append(self.launch_ms)
-            phase.kernels += len(blk.ops)
+                phase.seq_host_ms.append(self.launch_ms * n)
+            phase.kernels += int(round(sum(counts)))
         phase.compute_ms += total
         return total
 

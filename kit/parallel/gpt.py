@@ -210,6 +210,10 @@ class Block:
     ops: list = field(default_factory=list)  # kit ops (compute)
     bwd_factor: list = field(default_factory=list)  # per op: time multiplier (1 for explicit ops)
     comm: tuple | None = None  # (kind, nbytes, group name) for a collective
+    kernels: list = field(default_factory=list)  # per op: kernels it launches (empty: one each)
+
+    def kernel_counts(self) -> list:
+        return self.kernels if self.kernels else [1.0] * len(self.ops)
 
 
 def _gemm_bwd(g: ops.Gemm) -> list:
@@ -312,6 +316,8 @@ def _merge(blocks: list[Block]) -> list[Block]:
     out: list[Block] = []
     for blk in blocks:
         if out and blk.comm is None and out[-1].comm is None:
+            if blk.kernels or out[-1].kernels:
+                out[-1].kernels = out[-1].kernel_counts() + blk.kernel_counts()
             out[-1].ops += blk.ops
             out[-1].bwd_factor += blk.bwd_factor
         else:

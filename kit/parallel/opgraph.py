@@ -181,9 +181,12 @@ def _blocks(items: list, label: str) -> list[Block]:
             continue
         if not out or out[-1].comm is not None:
             out.append(Block(label))
-        for leaf, scale in leaf_ops(it[1]):
+        leaves = leaf_ops(it[1])
+        kernels = (it[2] if len(it) > 2 else 1) / len(leaves)  # the node's kernels, spread
+        for leaf, scale in leaves:
             out[-1].ops.append(leaf)
             out[-1].bwd_factor.append(scale)
+            out[-1].kernels.append(kernels)
     return out
 
 
@@ -208,7 +211,8 @@ def shard_graph(graph, tp: int, spec: GPTSpec | None = None) -> GraphSource:
     for n in graph.nodes:
         if n.phase not in ("fwd", "bwd") or n.op is None:
             continue
-        items = sh.node(n)
+        # an op item carries its node's kernel launches (a layer-norm backward is two)
+        items = [it + (max(n.kernels, 1),) if it[0] == "op" else it for it in sh.node(n)]
         if n.layer is not None:
             key = (n.layer, n.phase)
         elif n.phase == "fwd":
@@ -242,7 +246,8 @@ def shard_graph(graph, tp: int, spec: GPTSpec | None = None) -> GraphSource:
 
 
 def _signature(fwd, bwd) -> tuple:
-    return tuple((tuple(b.ops), tuple(b.bwd_factor), b.comm) for b in list(fwd) + list(bwd))
+    return tuple((tuple(b.ops), tuple(b.bwd_factor), tuple(b.kernels), b.comm)
+                 for b in list(fwd) + list(bwd))
 
 
 def graph_source(spec: GPTSpec, model, layout, fusion: str = "eager") -> GraphSource:

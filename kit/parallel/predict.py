@@ -14,7 +14,7 @@ from kit.sim import simulate
 
 def predict_parallel(model, system, layout: Layout, nodes: int | None = None, predictor="auto",
                      host: HostModel | None = None, calibration=None, keep=False,
-                     graph="auto") -> dict:
+                     graph="auto", in_stream: bool | None = None) -> dict:
     """Iteration time with its p10-p90 band (band_ms: the kernels' bands; collectives at their
     point prediction), critical-path breakdown and memory per rank.
 
@@ -26,6 +26,9 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     any MLP); False: the analytic GPT layer (kit.parallel.gpt, the fast path for inline shapes);
     "auto": the captured graph for zoo models when the layout has no sequence or expert
     parallelism, else the analytic layer.
+    in_stream: kernels without the learned predictor's isolated-kernel floor, as `kit predict
+    --gpu` costs them. None: for the captured graph yes, for the analytic layer no (what each is
+    validated with: kit.parallel.costs.IN_STREAM_BY_SOURCE); True/False force it.
     """
     from kit.hardware.system import System, get_system
 
@@ -33,6 +36,8 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     if graph not in (True, False, "auto"):
         raise KitError(f"graph must be True (the captured op graph), False (the analytic layer) or "
                        f"'auto', got {graph!r}")
+    if in_stream is not None and not isinstance(in_stream, bool):
+        raise KitError(f"in_stream must be True, False or None (by the kernels' source), got {in_stream!r}")
     if not isinstance(model, (GPTSpec, str)):
         raise KitError(f"model must be a zoo name, an inline gpt:... shape or a GPTSpec, got {model!r}")
     spec = model if isinstance(model, GPTSpec) else parse_model(model)
@@ -56,13 +61,15 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
             raise KitError(f"model {spec.name!r} is an inline shape: there is no op graph to "
                            "capture; use a zoo model name or graph=False")
         source = graph_source(spec, spec.zoo, layout)
-    g, costs, coster = build_iteration(spec, layout, sys_, predictor, host, calibration, source)
+    g, costs, coster = build_iteration(spec, layout, sys_, predictor, host, calibration, source,
+                                       in_stream=in_stream)
     res = simulate(g)
     # the band: the same iteration with every kernel at the p10 (p90) end of its band, errors
     # taken as fully correlated as in kit.workload.iteration; collectives stay at their point
     band = [res.retimed_makespan_ms(build_iteration(spec, layout, sys_, coster.predictor, host,
                                                     calibration, source, quantile=q,
-                                                    graph_class=DurationsOnly)[0].dur_ms)
+                                                    graph_class=DurationsOnly,
+                                                    in_stream=coster.in_stream)[0].dur_ms)
             for q in ("p10", "p90")]
     slow = res.slowest_rank()
     iteration_ms = res.makespan_ms
@@ -97,8 +104,34 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         "predictor": coster.predictor.name,
         "kernels_from": (f"captured op graph ({source.nodes} kernels per micro-batch)"
                          if source is not None else "analytic GPT layer"),
+        "kernel_costing": {"in_stream": coster.in_stream, "isolation_floor_ms": coster.floor_ms,
+                           "note": _costing_note(coster, layout, source is not None)},
         "seconds": time.perf_counter() - t0,
     }
     if keep:
         out["_result"] = res
     return out
+
+
+def _costing_note(coster, layout: Layout, captured: bool) -> str:
+    """How the kernels were costed, in words (and, for one GPU, how it compares with --gpu)."""
+    ms = coster.floor_ms
+    if coster.in_stream:
+        text = (f"in the stream (the predictor's isolated-kernel floor ({1e3 * ms:.1f} us) taken out "
+                "of each kernel, as `kit predict --gpu` does)" if ms > 0
+                else "in the stream (this predictor has no isolated-kernel floor)")
+    else:
+        from kit.workload.iteration import isolation_floor_ms
+
+        floor = isolation_floor_ms(coster.predictor, coster.gpu)
+        text = ("isolated-kernel times, as the analytic layer is validated and fitted"
+                + (f" (each keeps the predictor's {1e3 * floor:.1f} us floor)" if floor > 0 else ""))
+    if layout.world_size == 1 and captured and coster.in_stream:
+        text += ("; one GPU: `kit predict --gpu` costs the same kernels and differs only by "
+                 "Megatron's loss (softmax over the vocabulary)"
+                 + (" and fused Adam step" if layout.optimizer_step else "")
+                 + " here and its host costs (CpuOverhead there, --profile here)")
+    elif layout.world_size == 1 and not captured:
+        text += ("; one GPU: these are Megatron's fused layer's kernels, not the captured ones "
+                 "`kit predict --gpu` costs in the stream")
+    return text

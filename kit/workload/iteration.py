@@ -183,9 +183,8 @@ def _predict_leaves(model, nodes, gpu, prepared):
     floor = isolation_floor_ms(model, gpu)
     if floor > 0:  # in the stream, not one kernel at a time (see LEARNED_FROM_ISOLATED)
         kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)
-        roof = out[:, 3]
         for c in range(3):
-            out[:, c] = np.maximum(out[:, c] - floor * kernels, np.minimum(roof, out[:, c]))
+            out[:, c] = in_stream_ms(out[:, c], out[:, 3], floor, kernels)
     return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks
 
 
@@ -204,6 +203,12 @@ def _predict_leaves(model, nodes, gpu, prepared):
 LEARNED_FROM_ISOLATED = ("tile", "mlp", "habitat", "li")
 FLOOR_PROBE_NUMEL = 1 << 17
 _FLOORS: dict = {}
+
+
+def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0):
+    """A kernel's (or node's) time in the stream from its isolated prediction (the rule above);
+    numpy arrays or floats. kit.parallel.costs.Coster uses the same rule."""
+    return np.maximum(isolated_ms - floor_ms * kernels, np.minimum(roofline_ms, isolated_ms))
 
 
 def isolation_floor_ms(model, gpu) -> float:
