@@ -77,6 +77,9 @@ def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=No
     if cpu_ms > 0 and ph.seq_ms:
         cpu_ms = max(cpu_ms, ph.paced_ms() - lu - last)
     rest = g.cpu(r, cpu_ms, label, kind="launch", tag=tag)
+    # the host op spans the pass's kernel-by-kernel race; only the part past the GPU's own work
+    # held the GPU up (kit.sim.critical counts just that as cpu)
+    g.meta.setdefault("paced", set()).add(rest)
     if ph.comm_ms > 0:
         g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag)
     tail = g.gpu(r, "compute", last, label, deps=(rest,), tag=tag)

@@ -11,6 +11,12 @@ member of its group. The walk follows that binding predecessor. Segments tile [0
     wait           the rank was ready for a collective and waited for another rank to arrive
     idle           nothing ran before the rank's first op (e.g. a late start)
 
+A host op that paces a whole pass (one op standing for the race between launches and kernels;
+the builder lists it in graph.meta["paced"]) overlaps the GPU's own work. When a GPU op waited
+for one that started while the GPU was still busy, only the gap after the GPU's previous op is
+cpu, and the walk goes on along the GPU: the path counts the host time that held the GPU up,
+not the time the host ran alongside it.
+
 With follow_ranks=True the walk jumps, at each wait, to the rank that arrived last, so the path
 crosses ranks and has no wait segments: it is the chain that set the makespan.
 """
@@ -75,6 +81,7 @@ def path_segments(res, rank: int | None = None, follow_ranks: bool = False) -> l
 
         raise KitError(f"rank {rank} has no ops: simulated ranks are {g.ranks}")
     cur = max(ops, key=lambda i: res.end_ms[i])
+    paced = g.meta.get("paced", ())
     segs = []
     guard = len(g) + 1
     while cur >= 0 and guard:
@@ -82,6 +89,13 @@ def path_segments(res, rank: int | None = None, follow_ranks: bool = False) -> l
         s, e = float(res.start_ms[cur]), float(res.end_ms[cur])
         segs.append((g.rank[cur], g.resource[cur], g.label[cur], _CAUSE[g.kind[cur]], s, e, cur))
         best, t = _binding(res, cur)
+        p = g.prev[cur]
+        if (best in paced and best != p and p >= 0 and res.end_ms[p] > res.start_ms[best] + _EPS
+                and s > res.end_ms[p] + _EPS):  # the GPU waited on a host op that overlapped it
+            segs.append((g.rank[cur], g.resource[cur], f"{g.label[best]} (host)", "cpu",
+                         float(res.end_ms[p]), s, best))
+            cur = p
+            continue
         if g.group[cur] is not None and s > t + _EPS:
             last = _peer_that_arrived_last(res, cur)
             if follow_ranks and last >= 0 and g.rank[last] != g.rank[cur]:
