@@ -180,6 +180,7 @@ def main(argv=None):
     if args.fit:
         doc = json.loads(PROFILES_PATH.read_text()) if PROFILES_PATH.exists() else {}
         doc[args.name] = {**params, "p2p_sync": True, "step_overhead_ms": 0.0,
+                          "kernels": "analytic GPT layer",  # what it costs: GPTSpec shapes
                                 "trained_on": "vTrain ground_truth_single.csv (commit f8dda84), "
                                 f"seeded random half (seed {SEED}, {len(train)} rows; {FIT_ROWS} sampled)",
                                 "script": "benchmarks/vtrain_megatron.py --fit"

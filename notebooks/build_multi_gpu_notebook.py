@@ -274,7 +274,9 @@ assert floor_ms > 12 * 3 * n_f * prof.launch_us / 1e3
 ## 10. The panel
 
 Pick a system and a layout; the Gantt chart shows one representative rank per pipeline stage,
-its CPU thread and streams, with the critical path underlined in black.
+its CPU thread, its "launch race" lane (how long the host's launches and the kernels, racing
+each other, hold a pass: the host thread itself is free to run ahead) and its streams, with the
+critical path underlined in black.
 """),
     code("""
 from widgets.timeline import TimelinePanel

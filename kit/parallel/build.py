@@ -49,6 +49,9 @@ class HostModel:
                       collective curves are timed back to back, as nccl-tests does; in a layer
                       each one starts between compute kernels and waits out its group's skew)
     predictor         the kernel predictor a fitted profile was fitted with (used for "auto")
+    kernels           the kernel source a fitted profile was fitted with ("analytic GPT layer":
+                      its launch_us and scales are per fused Megatron kernel, so graph="auto"
+                      costs zoo models on that layer too; None: either source)
     """
 
     launch_us: float = 10.0
@@ -62,27 +65,30 @@ class HostModel:
     full_vocab_scale: float = 1.0
     tp_comm_scale: float = 1.0
     predictor: str | None = None
+    kernels: str | None = None
 
 
 def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=None):
     """Launch + run one pass; returns (first GPU op, last GPU op).
 
-    The host's part is sized so that, from an idle GPU, the pass ends exactly when the kernel
-    by kernel race between launches and kernels ends (Phase.paced_ms); from a busy GPU it
-    ends after the GPU's own work."""
+    The host thread spends the pass's own issue time (host_total_ms) and is then free for what
+    comes next, as a real host runs ahead of the GPU. The kernel-by-kernel race between launches
+    and kernels (Phase.paced_ms) is a separate op on the rank's "launch race" lane, from the
+    first launch on: from an idle GPU the pass ends exactly when that race ends; from a busy GPU
+    it ends after the GPU's own work. The structure never depends on the kernels' times."""
     lu = host.launch_us / 1e3
     last = min(ph.last_ms, ph.compute_ms)
-    head = g.gpu(r, "compute", ph.compute_ms - last, label, launch_ms=lu, deps=deps, tag=tag)
-    cpu_ms = max(ph.host_total_ms - lu, 0.0)
-    if cpu_ms > 0 and ph.seq_ms:
-        cpu_ms = max(cpu_ms, ph.paced_ms() - lu - last)
-    rest = g.cpu(r, cpu_ms, label, kind="launch", tag=tag)
-    # the host op spans the pass's kernel-by-kernel race; only the part past the GPU's own work
-    # held the GPU up (kit.sim.critical counts just that as cpu)
-    g.meta.setdefault("paced", set()).add(rest)
+    launch = g.cpu(r, lu, label, kind="launch", tag=tag)
+    head = g.gpu(r, "compute", ph.compute_ms - last, label, deps=(launch,) + tuple(deps), tag=tag)
+    rest = g.cpu(r, max(ph.host_total_ms - lu, 0.0), label, kind="launch", tag=tag)
+    race = max(ph.paced_ms() - lu - last, 0.0) if ph.seq_ms else 0.0
+    pace = g.cpu(r, race, label + " launch race", thread="launch race", deps=(launch,), kind="launch",
+                 tag=tag)
+    # the race overlaps the GPU's work; kit.sim.critical counts as cpu only its part past it
+    g.meta.setdefault("paced", set()).add(pace)
     if ph.comm_ms > 0:
         g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag)
-    tail = g.gpu(r, "compute", last, label, deps=(rest,), tag=tag)
+    tail = g.gpu(r, "compute", last, label, deps=(rest, pace), tag=tag)
     return head, tail
 
 

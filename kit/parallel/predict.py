@@ -25,7 +25,8 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     kit.workload and sharded Megatron-style (kit.parallel.opgraph; MoE experts TP-sharded like
     any MLP); False: the analytic GPT layer (kit.parallel.gpt, the fast path for inline shapes);
     "auto": the captured graph for zoo models when the layout has no sequence or expert
-    parallelism, else the analytic layer.
+    parallelism and the host profile was not fitted on the analytic layer (HostModel.kernels),
+    else the analytic layer.
     in_stream: kernels without the learned predictor's isolated-kernel floor, as `kit predict
     --gpu` costs them. None: for the captured graph yes, for the analytic layer no (what each is
     validated with: kit.parallel.costs.IN_STREAM_BY_SOURCE); True/False force it.
@@ -51,8 +52,13 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     if not isinstance(system, (str, System)):
         raise KitError(f"system must be a preset name (see `kit systems`) or a System, got {system!r}")
     sys_ = get_system(system, nodes=nodes) if isinstance(system, str) or nodes else system
+    profile_kernels = getattr(host, "kernels", None)
+    if profile_kernels not in (None, "analytic GPT layer"):
+        raise KitError(f"host profile kernels must be 'analytic GPT layer' or None, got {profile_kernels!r}")
+    # a profile fitted on the analytic layer's kernels (per-kernel host cost, scales) holds there
     use_graph = graph is True or (graph == "auto" and spec.zoo is not None
-                                  and not layout.sequence_parallel and layout.ep == 1)
+                                  and not layout.sequence_parallel and layout.ep == 1
+                                  and profile_kernels is None)
     source = None
     if use_graph:
         from kit.parallel.opgraph import graph_source
@@ -103,7 +109,9 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         "ops": len(g),
         "predictor": coster.predictor.name,
         "kernels_from": (f"captured op graph ({source.nodes} kernels per micro-batch)"
-                         if source is not None else "analytic GPT layer"),
+                         if source is not None else "analytic GPT layer"
+                         + (" (the host profile was fitted on it)"
+                            if graph == "auto" and spec.zoo is not None and profile_kernels else "")),
         "kernel_costing": {"in_stream": coster.in_stream, "isolation_floor_ms": coster.floor_ms,
                            "note": _costing_note(coster, layout, source is not None)},
         "seconds": time.perf_counter() - t0,

@@ -14,7 +14,7 @@ from kit.parallel.build import HostModel
 PROFILES_PATH = Path(__file__).with_name("profiles.json")
 _FIELDS = ("launch_us", "collective_us", "p2p_sync", "step_overhead_ms", "gemm_scale", "other_scale",
            "microbatch_ms", "collective_rank_us", "full_vocab_scale", "tp_comm_scale",
-           "predictor")
+           "predictor", "kernels")
 
 
 def profiles() -> dict:
