@@ -165,6 +165,21 @@ def test_upsample_bilinear_and_im2col_are_known():
     assert cols.op.bytes == _copy_bytes((1 * 2 * 64 + 1 * 2 * 9 * 36) * F32)
 
 
+def test_the_deterministic_upsample_is_known_too():
+    """With deterministic algorithms on (kit.predict.training.train_bundle turns them on for the
+    process), torch runs the bilinear upsample as _unsafe_index gathers and its backward as
+    _unsafe_index_put scatters: known either way."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        g = capture(_Fn(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), nn.Conv2d(2, 2, 1)),
+                    (torch.zeros(1, 2, 4, 4),), mode="train")
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert _nodes(g, "_unsafe_index") and _nodes(g, "_unsafe_index_put")
+    assert not g.unknown_ops(), g.unknown_ops()
+
+
 # -- torch.where ---------------------------------------------------------------------------------
 def test_where_reads_three_tensors():
     assert Elementwise("where", 1000).n_inputs == 3

@@ -80,7 +80,10 @@ INDEXING = {"index", "index_select", "gather", "scatter", "scatter_", "scatter_a
             "embedding_dense_backward", "_embedding_bag_backward", "_embedding_bag_dense_backward",
             "topk", "sort", "argsort", "nonzero", "histc", "bincount", "unique", "_unique2",
             "searchsorted", "select_backward", "slice_backward", "index_put_impl_", "_index_put_impl_",
-            "new_zeros_scatter", "sparse_coo_tensor"}
+            "new_zeros_scatter", "sparse_coo_tensor",
+            # the gathers and scatters of upsampling under torch.use_deterministic_algorithms(True)
+            "_unsafe_index", "_unsafe_index_put", "_unsafe_masked_index",
+            "_unsafe_masked_index_put_accumulate"}
 ATTENTION_FWD = {"_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
                  "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
                  "_flash_attention_forward", "_efficient_attention_forward",
