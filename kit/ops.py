@@ -27,6 +27,7 @@ ELEMENTWISE_FLOPS = {
     "fill": 0, "clamp": 2, "square": 1, "erf": 4, "sin": 4, "cos": 4, "unknown": 0,
 }
 BINARY_KINDS = {"add", "sub", "mul", "div", "pow", "max", "min"}
+TERNARY_KINDS = {"where"}  # torch.where(cond, a, b) reads three tensors
 SOFTMAX_FLOPS_PER_ELEM = 8  # max (1), subtract (1), exp (4), sum (1), divide (1)
 LAYERNORM_FLOPS_PER_ELEM = 8  # mean (1), centre (1), square+sum (2), normalise (2), scale+shift (2)
 RMSNORM_FLOPS_PER_ELEM = 5  # square+sum (2), normalise (1), scale (1), rsqrt amortised (1)
@@ -102,7 +103,7 @@ class Elementwise:
     def n_inputs(self) -> int:
         if self.inputs is not None:
             return self.inputs
-        return 2 if self.kind in BINARY_KINDS else 1
+        return 3 if self.kind in TERNARY_KINDS else 2 if self.kind in BINARY_KINDS else 1
 
     @property
     def flops(self) -> float:

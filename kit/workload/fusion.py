@@ -15,7 +15,8 @@ from kit.workload.graph import Node, OpGraph, renumber
 from kit.workload.kernels import Derived, copy_of
 
 FUSIONS = ("eager", "compiled")
-FUSIBLE = {"elementwise", "reduction", "dropout", "softmax", "layernorm", "rmsnorm"}
+FUSIBLE = {"elementwise", "reduction", "dropout", "softmax", "layernorm", "rmsnorm", "batchnorm",
+           "groupnorm", "pooling", "upsample"}
 
 
 def apply_fusion(graph: OpGraph, fusion: str = "eager") -> OpGraph:

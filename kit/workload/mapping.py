@@ -14,6 +14,7 @@ import torch
 from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, Gemm, LayerNorm, RMSNorm,
                      Softmax)
 from kit.workload.kernels import Derived, copy_of, memory_bound
+from kit.workload.mapping_vision import VISION_OPS, map_vision
 
 # ops that only change metadata, alias storage or allocate without writing: no kernel
 FREE_OPS = {
@@ -75,11 +76,14 @@ REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "var", "std", "
               "nll_loss2d_forward", "_foreach_norm", "aminmax"}
 INDEXING = {"index", "index_select", "gather", "scatter", "scatter_", "scatter_add",
             "scatter_add_", "index_put", "index_put_", "index_add", "index_add_", "index_copy",
-            "index_copy_", "masked_scatter", "masked_select", "take", "nll_loss_backward",
+            "index_copy_", "masked_scatter", "masked_select", "take", "nll_loss_backward", "nll_loss2d_backward",
             "embedding_dense_backward", "_embedding_bag_backward", "_embedding_bag_dense_backward",
             "topk", "sort", "argsort", "nonzero", "histc", "bincount", "unique", "_unique2",
             "searchsorted", "select_backward", "slice_backward", "index_put_impl_", "_index_put_impl_",
-            "new_zeros_scatter", "sparse_coo_tensor"}
+            "new_zeros_scatter", "sparse_coo_tensor",
+            # the gathers and scatters of upsampling under torch.use_deterministic_algorithms(True)
+            "_unsafe_index", "_unsafe_index_put", "_unsafe_masked_index",
+            "_unsafe_masked_index_put_accumulate"}
 ATTENTION_FWD = {"_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
                  "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
                  "_flash_attention_forward", "_efficient_attention_forward",
@@ -224,10 +228,8 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
         # zero the (num_weights, dim) gradient, then scatter-add every row of grad into it
         return memory_bound("embedding", num_weights * dim * dsize + 2 * nbytes(grad), dtype,
                             label=packet), "embedding", 2
-    if packet == "convolution":
-        return _conv(args, out, dtype), "gemm", 1
-    if packet == "convolution_backward":
-        return _conv_backward(args, dtype), "gemm", 2
+    if packet in VISION_OPS:  # convolutions, batch/group norm, pooling, upsampling, im2col
+        return map_vision(packet, args, ins, outs, dtype)
     if packet.startswith("_foreach_") or packet.startswith("_fused_adam") or packet == "_fused_sgd_":
         op, kernels = _foreach(packet, args, out)
         if packet.startswith("_fused_adam"):  # param, grad, m, v read; param, m, v written
@@ -299,31 +301,6 @@ def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float):
         return op
     # a narrower input (a bool mask): the learned n-input pass scaled by the bytes really moved
     return Derived("elementwise", (op,), (streams + 1) / (n + 1), f"{kind} ({streams:g} input streams)")
-
-
-def _conv(args, out, dtype: str) -> Gemm:
-    """Implicit-GEMM view of a convolution: M = N·out spatial, N = Cout, K = Cin/groups · kernel."""
-    x, w = args[0], args[1]
-    y = tensors(out)[0]
-    groups = int(args[8]) if len(args) > 8 else 1
-    spatial = math.prod(y.shape[2:]) if y.dim() > 2 else 1
-    k = max(1, (w.shape[1]) * math.prod(w.shape[2:]))
-    return Gemm(m=max(1, y.shape[0] * spatial), n=max(1, w.shape[0] // groups), k=k, b=groups,
-                dtype=dtype, kind="linear", shared_rhs=True)
-
-
-def _conv_backward(args, dtype: str) -> Derived:
-    grad, x, w = args[0], args[1], args[2]
-    groups = int(args[9]) if len(args) > 9 else 1
-    spatial_out = math.prod(grad.shape[2:]) if grad.dim() > 2 else 1
-    spatial_in = math.prod(x.shape[2:]) if x.dim() > 2 else 1
-    kernel = max(1, math.prod(w.shape[2:]))
-    cout, cin_g = w.shape[0] // groups, w.shape[1]
-    dx = Gemm(m=max(1, x.shape[0] * spatial_in), n=cin_g, k=max(1, cout * kernel), b=groups,
-              dtype=dtype, kind="linear")
-    dw = Gemm(m=cout, n=max(1, cin_g * kernel), k=max(1, grad.shape[0] * spatial_out), b=groups,
-              dtype=dtype, kind="linear")
-    return Derived("gemm", (dx, dw), 1.0, "convolution backward")
 
 
 __all__ = ["map_op", "kit_dtype", "tensors", "nbytes", "copy_of"]

@@ -139,10 +139,10 @@ def _zoo_graph(model, batch, seq, mode, dtype, optimizer):
     """zoo.graph_for, refusing a sequence length for a model that reads none (DLRM)."""
     from kit.workload import zoo
 
-    if seq is not None and not zoo.uses_seq(model):
+    reads = zoo.inputs_instead_of_seq(model)
+    if seq is not None and reads is not None:
         name = model if isinstance(model, str) else model.get("name", model.get("model_type"))
-        raise KitError(f"{name} reads no sequence (dense features and sparse ids per sample); "
-                       f"drop --seq (got {seq})")
+        raise KitError(f"{name} reads no sequence ({reads}); drop --seq (got {seq})")
     return zoo.graph_for(model, batch, seq, mode, dtype, optimizer)
 
 

@@ -66,7 +66,11 @@ def _switch(d_model, d_ff, d_kv, heads, layers, experts=4):
 # switch-base architecture (Fedus et al. 2021; HF google/switch-base-8) with 4 experts, as NeuSight's
 # L4 label "switch4" shows it (per-node CSV: 12+12 blocks, d_model 768, d_ff 3072, 4 experts with
 # capacity 64, 12 heads, vocab 32128; no DLmodel_config ships for it); DLRM: MLPerf's
-# Criteo config (13 dense features, 26 tables, dim 128, bottom 512-256, top 1024-1024-512-256).
+# Criteo config (13 dense features, 26 tables, dim 128, bottom 512-256, top 1024-1024-512-256);
+# ResNet-50: He et al. 2016, Table 1 (50-layer, bottleneck [3, 4, 6, 3]) with torchvision's v1.5
+# stride placement, 25,557,032 parameters; VGG-16: Simonyan & Zisserman 2015, Table 1 config D,
+# 138,357,544 parameters; ViT-B/16: Dosovitskiy et al. 2021, Table 1 (ViT-Base: 12 layers, 768,
+# MLP 3072, 12 heads, patch 16), 86,567,656 parameters (torchvision's counts for all three).
 ZOO = {
     "gpt2": (_gpt(768, 12, 12), 1024, ("gpt2-small", "gpt2_small", "gpt2s")),
     "gpt2-medium": (_gpt(1024, 16, 24), 1024, ("gpt2_med", "gpt2-m", "gpt2m")),
@@ -94,6 +98,16 @@ ZOO = {
     "dlrm": ({"model_type": "dlrm", "dense_features": 13, "bottom_mlp": [512, 256],
               "embedding_dim": 128, "table_rows": [1_000_000] * 26,
               "top_mlp": [1024, 1024, 512, 256], "pooling": 1}, 1, ("dlrm-criteo",)),
+    "resnet50": ({"model_type": "resnet", "embedding_size": 64, "hidden_sizes": [256, 512, 1024, 2048],
+                  "depths": [3, 4, 6, 3], "num_channels": 3, "num_labels": 1000, "image_size": 224},
+                 1, ("resnet-50", "rn50")),
+    "vgg16": ({"model_type": "vgg", "layers": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512,
+                                               512, 512, "M", 512, 512, 512, "M"],
+               "num_channels": 3, "num_labels": 1000, "image_size": 224}, 1, ("vgg-16",)),
+    "vit-b16": ({"model_type": "vit", "hidden_size": 768, "num_hidden_layers": 12,
+                 "num_attention_heads": 12, "intermediate_size": 3072, "patch_size": 16,
+                 "image_size": 224, "num_channels": 3, "layer_norm_eps": 1e-6,
+                 "hidden_dropout_prob": 0.0, "num_labels": 1000}, 1, ("vit-b-16", "vit-base-patch16-224")),
 }
 
 
@@ -129,14 +143,15 @@ def default_seq(name: str) -> int:
 
 FAMILIES = {"gpt2": "GPT2LMHeadModel", "bert": "BertForPreTraining", "opt": "OPTForCausalLM",
             "llama": "LlamaForCausalLM", "mistral": "LlamaForCausalLM", "mixtral": "LlamaForCausalLM",
-            "switch_transformers": "SwitchTransformer", "dlrm": "DLRM"}
+            "switch_transformers": "SwitchTransformer", "dlrm": "DLRM", "resnet": "ResNet",
+            "vgg": "VGG", "vit": "ViT"}
 
 
 def build(model: str | dict):
     """An nn.Module on the meta device, from a zoo name or an HF-style config dict."""
     import torch
 
-    from kit.workload import zoo_models, zoo_modern
+    from kit.workload import zoo_models, zoo_modern, zoo_vision
 
     cfg = config(model) if isinstance(model, str) else dict(model)
     kind = cfg.get("model_type")
@@ -145,7 +160,8 @@ def build(model: str | dict):
     if kind not in FAMILIES:
         raise KitError(f"config model_type {kind!r} is not supported: choose one of {', '.join(FAMILIES)}")
     _check_sizes(kind, cfg)
-    cls = getattr(zoo_models, FAMILIES[kind], None) or getattr(zoo_modern, FAMILIES[kind])
+    cls = next(getattr(m, FAMILIES[kind]) for m in (zoo_models, zoo_modern, zoo_vision)
+               if hasattr(m, FAMILIES[kind]))
     try:
         with torch.device("meta"):
             return cls(cfg)
@@ -162,7 +178,9 @@ SIZE_FIELDS = ("n_layer", "num_hidden_layers", "num_layers", "num_decoder_layers
                "n_head", "num_attention_heads", "num_heads", "num_key_value_heads", "head_dim",
                "vocab_size", "n_positions", "max_position_embeddings", "num_experts",
                "num_local_experts", "num_experts_per_tok", "embedding_dim", "dense_features",
-               "pooling", "bottom_mlp", "top_mlp", "table_rows")
+               "pooling", "bottom_mlp", "top_mlp", "table_rows", "embedding_size", "hidden_sizes",
+               "depths", "num_labels", "image_size", "patch_size", "num_channels", "layers",
+               "classifier_size")
 
 
 def _check_sizes(kind: str, cfg: dict) -> None:
@@ -196,7 +214,8 @@ def _key(model, batch, seq, mode, dtype, optimizer) -> str:
 def _code_stamp() -> str:
     """Changes whenever the capture code or the models change (invalidates disk caches)."""
     here = Path(__file__).parent
-    names = ("capture.py", "mapping.py", "kernels.py", "zoo.py", "zoo_models.py", "zoo_modern.py", "graph.py", "replicate.py")
+    names = ("capture.py", "mapping.py", "kernels.py", "zoo.py", "zoo_models.py", "zoo_modern.py",
+             "zoo_vision.py", "mapping_vision.py", "graph.py", "replicate.py")
     return "-".join(str(int((here / n).stat().st_mtime)) for n in names if (here / n).exists())
 
 
@@ -256,7 +275,7 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     cfg = config(model) if isinstance(model, str) else dict(model)
     layer_key = next((k for k in LAYER_KEYS if k in cfg), None)
     n_layers = cfg.get("n_layer") or cfg.get("num_hidden_layers") or cfg.get("num_layers")
-    meta = {"batch": batch, "seq": seq if uses_seq(cfg) else None,  # DLRM reads no sequence
+    meta = {"batch": batch, "seq": seq if uses_seq(cfg) else None,  # DLRM, CNNs read no sequence
             "config": cfg, "n_layers": n_layers}
     full = build(cfg)
     inputs = full.example_inputs(batch, seq)
@@ -299,10 +318,21 @@ def _check_positive(**values):
             raise KitError(f"{k} must be a positive whole number, got {v!r}")
 
 
+# families that read no sequence, and what they read instead (a seq would change nothing)
+NO_SEQUENCE = {"dlrm": "dense features and sparse ids per sample",
+               "resnet": "images of the config's image_size", "vgg": "images of the config's image_size",
+               "vit": "images of the config's image_size"}
+
+
 def uses_seq(model) -> bool:
-    """Whether a zoo name or config reads a sequence (DLRM does not: a seq would change nothing)."""
+    """Whether a zoo name or config reads a sequence (DLRM and the vision models do not)."""
+    return inputs_instead_of_seq(model) is None
+
+
+def inputs_instead_of_seq(model) -> str | None:
+    """What a model that reads no sequence reads instead ("images of ..."); None if it reads one."""
     cfg = config(model) if isinstance(model, str) else dict(model)
-    return cfg.get("model_type") != "dlrm"
+    return NO_SEQUENCE.get(cfg.get("model_type"))
 
 
 # families whose positions are a learned table (nn.Embedding): a longer sequence has no row to read

@@ -1,0 +1,144 @@
+"""aten op -> kit op for convolutional and vision models: convolutions, batch and group norm,
+pooling, upsampling, im2col. kit.workload.mapping.map_op hands these ops here.
+
+* A convolution is an implicit GEMM (cuDNN's and CUTLASS's view): M = N·output pixels,
+  N = output channels, K = input channels · kernel pixels (per group).
+* Batch norm, group norm, pooling, upsampling and im2col do next to no arithmetic per byte
+  (batch norm: ~8 FLOPs per element against 12 bytes, far below any GPU's ridge point), so each
+  is a memory-bound kernel (kit.workload.kernels.memory_bound: the learned copy of the bytes it
+  moves), counted pass by pass below. Batch norm is not costed as kit.ops.LayerNorm, the
+  nearest class by name: LayerNorm's model learned one thread block per row over rows of at most
+  a few thousand columns (NeuSight's ln data: H <= 4,100), while batch norm reduces over N·H·W
+  (10^5-10^6 elements) per channel with the whole grid; the bytes are what both share.
+"""
+from __future__ import annotations
+
+import math
+
+from kit.ops import Gemm
+from kit.workload.kernels import Derived, copy_of, memory_bound
+
+BATCH_NORM = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+              "_native_batch_norm_legit_no_training", "cudnn_batch_norm", "miopen_batch_norm",
+              "batch_norm"}
+BATCH_NORM_BWD = {"native_batch_norm_backward", "cudnn_batch_norm_backward",
+                  "miopen_batch_norm_backward", "batch_norm_backward"}
+GROUP_NORM = {"native_group_norm"}
+GROUP_NORM_BWD = {"native_group_norm_backward"}
+POOLING = {"max_pool2d_with_indices", "max_pool3d_with_indices", "max_pool2d", "max_pool1d",
+           "avg_pool2d", "avg_pool3d", "avg_pool1d", "_adaptive_avg_pool2d", "_adaptive_avg_pool3d",
+           "adaptive_avg_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "adaptive_max_pool1d"}
+POOLING_BWD = {"max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward",
+               "avg_pool2d_backward", "avg_pool3d_backward", "_adaptive_avg_pool2d_backward",
+               "_adaptive_avg_pool3d_backward", "adaptive_max_pool2d_backward",
+               "adaptive_max_pool3d_backward"}
+UPSAMPLE = {f"{p}upsample_{m}{d}" for p in ("", "_") for m in ("nearest", "nearest_exact", "linear",
+                                                            "bilinear", "bicubic", "trilinear")
+            for d in ("1d", "2d", "3d", "2d_aa")}
+UPSAMPLE_BWD = {name + "_backward" for name in UPSAMPLE}
+IM2COL = {"im2col", "col2im"}
+CONV = {"convolution", "_convolution", "cudnn_convolution", "convolution_overrideable"}
+CONV_BWD = {"convolution_backward", "convolution_backward_overrideable"}
+VISION_OPS = (BATCH_NORM | BATCH_NORM_BWD | GROUP_NORM | GROUP_NORM_BWD | POOLING | POOLING_BWD
+              | UPSAMPLE | UPSAMPLE_BWD | IM2COL | CONV | CONV_BWD)
+
+
+def _bytes(*ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _is_training_bn(packet: str, args) -> bool:
+    """native_batch_norm(x, w, b, mean, var, training, ...); the _legit forms say it in the name
+    or at args[5]; cudnn/miopen: args[5] as well."""
+    if packet == "_native_batch_norm_legit_no_training":
+        return False
+    if packet == "_native_batch_norm_legit" and len(args) == 6:  # no running stats: (x,w,b,train,m,eps)
+        return bool(args[3])
+    flag = args[5] if len(args) > 5 else True
+    return bool(flag) if isinstance(flag, bool) else True
+
+
+def map_vision(packet: str, args, ins, outs, dtype: str):
+    """(kit op, op_class, kernels) for an op in VISION_OPS."""
+    if packet in CONV:
+        return conv(args, outs, dtype), "gemm", 1
+    if packet in CONV_BWD:
+        return conv_backward(args, dtype)
+    x = args[0]
+    if packet in BATCH_NORM:
+        # training: one pass reads x for the per-channel mean and variance, a second reads x and
+        # writes y (2 kernels); inference: y = x·scale + shift with the running statistics (1)
+        train = _is_training_bn(packet, args)
+        moved = (3 if train else 2) * _bytes(x) + _bytes(*ins[1:])
+        return memory_bound("batchnorm", moved, dtype, label=packet), "batchnorm", 2 if train else 1
+    if packet in BATCH_NORM_BWD:
+        # dgamma/dbeta reduce over dy and x; dx reads dy and x again and writes dx (2 kernels)
+        grad, inp = args[0], args[1]
+        return memory_bound("batchnorm", 2 * _bytes(grad, inp) + _bytes(inp), dtype,
+                            label=packet), "batchnorm", 2
+    if packet in GROUP_NORM:
+        # row moments over each (sample, group) read x; the affine pass reads x and writes y
+        return memory_bound("groupnorm", 3 * _bytes(x) + _bytes(*ins[1:]), dtype,
+                            label=packet), "groupnorm", 2
+    if packet in GROUP_NORM_BWD:
+        grad, inp = args[0], args[1]
+        return memory_bound("groupnorm", 2 * _bytes(grad, inp) + _bytes(inp), dtype,
+                            label=packet), "groupnorm", 2
+    if packet in POOLING or packet in UPSAMPLE or packet in IM2COL:
+        # one pass: read the input (overlapping windows hit the cache), write the output (and
+        # int64 argmax indices for max pooling)
+        cls = "pooling" if packet in POOLING else "upsample" if packet in UPSAMPLE else "indexing"
+        return memory_bound(cls, _bytes(x, *outs), dtype, label=packet), cls, 1
+    # POOLING_BWD, UPSAMPLE_BWD: read the output gradient (and the argmax indices), write the
+    # input gradient; the forward input passed along is only read for its shape
+    indices = [t for t in ins[1:] if not t.is_floating_point()]
+    cls = "pooling" if packet in POOLING_BWD else "upsample"
+    return memory_bound(cls, _bytes(x, *indices, *outs), dtype, label=packet), cls, 1
+
+
+def conv(args, outs, dtype: str) -> Gemm:
+    """Implicit-GEMM view of a convolution: M = N·out spatial, N = Cout/groups,
+    K = Cin/groups · kernel, one GEMM per group. A transposed convolution is the GEMM of its
+    gradient-of-input form: M = N·in spatial, N = Cout/groups · kernel, K = Cin/groups."""
+    x, w = args[0], args[1]
+    y = outs[0]
+    transposed = bool(args[6]) if len(args) > 6 else False
+    groups = int(args[8]) if len(args) > 8 else 1
+    kernel = math.prod(w.shape[2:])
+    if transposed:  # weight (Cin, Cout/groups, *kernel)
+        m, n, k = x.shape[0] * math.prod(x.shape[2:]), w.shape[1] * kernel, w.shape[0] // groups
+    else:  # weight (Cout, Cin/groups, *kernel)
+        m, n, k = y.shape[0] * math.prod(y.shape[2:]), w.shape[0] // groups, w.shape[1] * kernel
+    return Gemm(m=max(1, m), n=max(1, n), k=max(1, k), b=groups, dtype=dtype, kind="linear",
+                shared_rhs=groups == 1)
+
+
+def conv_backward(args, dtype: str) -> tuple[Derived, str, int]:
+    """convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, transposed,
+    output_padding, groups, output_mask): the gradient-of-input and gradient-of-weight GEMMs
+    and the bias gradient (a reduction of grad over N·H·W), each only where output_mask asks
+    (the first layer's input needs no gradient). Each GEMM does the forward's multiply-adds:
+    N·(pixels of the smaller side)·Cin/g·Cout/g·kernel per group; a strided convolution's input
+    gradient is the GEMM over the input's pixels with K shrunk by the stride (implicit dgrad)."""
+    grad, x, w = args[0], args[1], args[2]
+    groups = int(args[9]) if len(args) > 9 else 1
+    mask = list(args[10]) if len(args) > 10 else [True, True, args[3] is not None]
+    transposed = bool(args[7]) if len(args) > 7 else False
+    kernel = max(1, math.prod(w.shape[2:]))
+    cin_g, cout_g = x.shape[1] // groups, grad.shape[1] // groups
+    spatial_x = math.prod(x.shape[2:]) if x.dim() > 2 else 1
+    spatial_small = spatial_x if transposed else (math.prod(grad.shape[2:]) if grad.dim() > 2 else 1)
+    batch = x.shape[0]
+    parts = []
+    if mask[0]:
+        k = max(1, round(cout_g * kernel * spatial_small / max(spatial_x, 1)))
+        parts.append(Gemm(m=max(1, batch * spatial_x), n=max(1, cin_g), k=k, b=groups, dtype=dtype,
+                          kind="linear", shared_rhs=groups == 1))
+    if mask[1]:
+        parts.append(Gemm(m=max(1, cout_g), n=max(1, cin_g * kernel), k=max(1, batch * spatial_small),
+                          b=groups, dtype=dtype, kind="linear"))
+    if len(mask) > 2 and mask[2]:
+        parts.append(copy_of(_bytes(grad), dtype))
+    if not parts:  # nothing asked for: a launch that does nothing, costed as the smallest copy
+        parts.append(copy_of(1, dtype))
+    return Derived("gemm", tuple(parts), 1.0, "convolution backward"), "gemm", len(parts)
