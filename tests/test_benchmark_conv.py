@@ -1,6 +1,5 @@
 """benchmarks/conv_model.py: a measured conv row becomes the op a captured model's conv is
 costed as, and the scores on a small slice of NeuSight's conv rows are whole and finite."""
-import importlib.util
 import math
 import os
 from pathlib import Path
@@ -9,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn as nn
+from benchmark_modules import load_benchmark
 
 from kit.workload.capture import capture
 
@@ -20,10 +20,7 @@ shared = pytest.mark.skipif(not (NEUSIGHT / "data" / "dataset").is_dir(),
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("conv_model", REPO / "benchmarks/conv_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("conv_model")
 
 
 def _row(b=4, cin=16, cout=32, ks=3, size=14, stride=1, pad=1, latency_ms=0.1, gpu="t4",

@@ -1,7 +1,6 @@
 """HostModel terms of kit.parallel (per-micro-batch host work, per-rank collective cost, the
 unsplit LM head's scale) against hand computations, and the shipped megatron-a100 profile on
 vTrain's held-out rows."""
-import importlib.util
 import os
 from pathlib import Path
 
@@ -71,10 +70,9 @@ def test_full_vocab_scale_slows_only_the_unsplit_lm_head():
 def test_shipped_megatron_profile_on_held_out_vtrain_rows():
     """The fitted profile predicts a seeded sample of the test half (rows it was not fitted on)
     within a mean APE of 8% (the full test half: see benchmarks/vtrain_megatron.py)."""
-    spec = importlib.util.spec_from_file_location(
-        "vtrain_megatron", Path(__file__).resolve().parents[1] / "benchmarks/vtrain_megatron.py")
-    vm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vm)
+    from benchmark_modules import load_benchmark
+
+    vm = load_benchmark("vtrain_megatron")
     import pandas as pd
 
     from kit.parallel.profiles import get_profile
