@@ -22,6 +22,11 @@ def _tiling_of_row(op, gpu, row):
     from kit.ops import Gemm
     from kit.tiling import SIMT_TILES, TENSOR_TILES, TileShape, gemm_tiling_for
 
+    split = int(getattr(row, "split_k", 1) or 1)
+    if isinstance(op, Gemm) and split > 1:  # kit.predict.split_k: the tiles of the split GEMM
+        from kit.predict.split_k import split_op
+
+        op = split_op(op, split)
     t = tiling(op, gpu)
     if not isinstance(op, Gemm) or not row.tile or t is None:
         return t
@@ -105,6 +110,7 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         "tile": str(row.tile),
         "tiles": int(row.tiles),
         "waves": int(row.waves),
+        "split_k": int(getattr(row, "split_k", 1) or 1),
     }
     if t is not None:
         out.update(tile_dims=list(t.tile_dims), blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,

@@ -253,8 +253,9 @@ def test_predict_op_tile_dims_are_the_tile_it_names(gpu):
 
     r = predict_op(Gemm(1, 1, 10**7), gpu)
     a, b = (int(x) for x in r["tile"].split("x"))
-    assert r["tiles"] == 1 and sorted(r["tile_dims"][:2]) == sorted([a, b])
-    assert r["last_wave_fill"] == pytest.approx(1 / r["slots"])
+    # one output tile, split S ways along k (kit.predict.split_k): S tiles of the named tile
+    assert r["tiles"] == r["split_k"] and sorted(r["tile_dims"][:2]) == sorted([a, b])
+    assert r["last_wave_fill"] == pytest.approx(r["split_k"] / r["slots"])
 
 
 def _rows(**change):

@@ -113,3 +113,18 @@ def test_mixed_dtypes_keep_their_order(bundle):
     # fp16 runs against the tensor-core peak, so its roofline is far below the fp32 one
     assert out.roofline_ms[0] < out.roofline_ms[1] / 5
     assert (out.latency_ms >= out.roofline_ms).all()
+
+
+def test_training_leaves_torch_deterministic_mode_as_it_found_it(frame):
+    # train_bundle turned deterministic algorithms on for the rest of the process, which changes
+    # how torch records some ops later (bilinear upsampling became _unsafe_index)
+    import torch
+
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        for state in (False, True):
+            torch.use_deterministic_algorithms(state)
+            train_bundle(frame, GPUS, seed=3, threads=1, settings=TINY, direct=False)
+            assert torch.are_deterministic_algorithms_enabled() is state
+    finally:
+        torch.use_deterministic_algorithms(before)

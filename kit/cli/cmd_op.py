@@ -50,7 +50,9 @@ def text(r):
              f"  intensity {r['intensity_flops_per_byte']:.1f} FLOP/B vs ridge {r['ridge_flops_per_byte']:.1f} FLOP/B",
              f"  work      {r['flops']:.3g} FLOPs, {r['bytes']:.3g} bytes"]
     if r["tiles"]:
-        lines.append(f"  tiling    tile {r['tile']}, {r['tiles']} tiles, {r['blocks_per_sm']} blocks/SM"
+        split = (f" split-k {r['split_k']} (the reduction split {r['split_k']} ways, then a kernel"
+                 " sums the partial outputs)," if r.get("split_k", 1) > 1 else ",")
+        lines.append(f"  tiling    tile {r['tile']}{split} {r['tiles']} tiles, {r['blocks_per_sm']} blocks/SM"
                      f" (limited by {r['occupancy_limiter']}), {r['waves']} waves,"
                      f" last wave {100 * r['last_wave_fill']:.0f}% full")
         # utilisation is bound / latency; the tile predictor's bound is the larger of the roofline

@@ -10,6 +10,8 @@ A predictor takes a batch of ops on one GPU and returns a DataFrame with one row
     utilisation     roofline_ms-per-wave / achieved-per-wave, in (0, 1]
     latency_p10_ms, latency_p90_ms   an uncertainty band (equal to latency_ms when the
                     predictor has none)
+    split_k         for a GEMM, the ways its reduction is split (kit.predict.split_k; 1: not
+                    split, and for every op that is not a GEMM)
 
 Repeated ops are predicted once (dedupe), so whole models with thousands of identical layers cost
 only as much as their distinct shapes.
@@ -24,8 +26,14 @@ from kit.hardware import GPU, get_gpu
 from kit.predict.roofline import roofline
 from kit.tiling import tiling
 
-COLUMNS = ["latency_ms", "roofline_ms", "bound", "tile", "tiles", "waves", "utilisation",
-           "latency_p10_ms", "latency_p90_ms"]
+ROW_COLUMNS = ["latency_ms", "roofline_ms", "bound", "tile", "tiles", "waves", "utilisation",
+               "latency_p10_ms", "latency_p90_ms"]
+COLUMNS = [*ROW_COLUMNS, "split_k"]
+
+
+def frame_of(rows: list[tuple]) -> pd.DataFrame:
+    """A prediction frame from rows of ROW_COLUMNS, none of them split (split_k 1)."""
+    return pd.DataFrame(rows, columns=ROW_COLUMNS).assign(split_k=1)[COLUMNS]
 
 
 class Predictor(Protocol):
@@ -64,7 +72,7 @@ class _AnalyticPredictor:
             util = r.time_ms / latency if latency > 0 else 1.0
             rows.append((latency, r.time_ms, r.bound, t.tile if t else "", t.tiles if t else 0,
                          t.waves if t else 0, util, latency, latency))
-        return expand(pd.DataFrame(rows, columns=COLUMNS), where)
+        return expand(frame_of(rows), where)
 
 
 class RooflinePredictor(_AnalyticPredictor):

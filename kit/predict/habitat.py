@@ -21,7 +21,7 @@ import pandas as pd
 from kit.errors import KitError
 from kit.hardware import GPU, get_gpu
 from kit.ops import Attention, Gemm
-from kit.predict.base import COLUMNS, dedupe, expand
+from kit.predict.base import dedupe, expand, frame_of
 from kit.predict.features import arrays_from_frame, gpu_vector, op_class_of
 from kit.predict.roofline import roofline
 
@@ -126,4 +126,4 @@ class HabitatPredictor:
             # the origin's tile and waves need not hold on the destination: none reported
             rows.append((lat, r_d.time_ms, r_d.bound, "", 0, 0, r_d.time_ms / lat,
                          min(lo, lat), max(hi, lat)))
-        return expand(pd.DataFrame(rows, columns=COLUMNS), where)
+        return expand(frame_of(rows), where)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from kit.hardware import GPU, get_gpu
-from kit.predict.base import COLUMNS, dedupe, expand
+from kit.predict.base import dedupe, expand, frame_of
 from kit.predict.features import CLASSES, op_class_of
 from kit.predict.roofline import roofline
 
@@ -86,4 +86,4 @@ class LiPredictor:
                 lat = r.time_ms
             util = r.time_ms / lat if lat > 0 else 1.0
             rows.append((lat, r.time_ms, r.bound, "", 0, 0, util, lat, lat))
-        return expand(pd.DataFrame(rows, columns=COLUMNS), where)
+        return expand(frame_of(rows), where)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from kit.hardware import GPU, get_gpu
-from kit.predict.base import COLUMNS, dedupe, expand
+from kit.predict.base import dedupe, expand, frame_of
 from kit.predict.features import (CLASSES, ELEM_KINDS, arrays_from_frame, arrays_from_ops,
                                   gpu_vector, op_class_of, work)
 from kit.predict.roofline import roofline
@@ -89,4 +89,4 @@ class DirectMLP:
             lat = max(lat, r.time_ms)
             rows.append((lat, r.time_ms, r.bound, "", 0, 0, r.time_ms / lat,
                          min(max(lo, r.time_ms), lat), max(hi, lat)))
-        return expand(pd.DataFrame(rows, columns=COLUMNS), where)
+        return expand(frame_of(rows), where)

@@ -27,6 +27,7 @@ import pandas as pd
 
 from kit.hardware import GPU, get_gpu
 from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
+from kit.predict.split_k import apply_split_k
 from kit.errors import KitError
 from kit.ops import DTYPE_BYTES
 from kit.predict.features import (CLASSES, arrays_from_frame, arrays_from_ops,
@@ -178,6 +179,7 @@ class TilePredictor:
     """The kit's own predictor: tile choice + per-class utilisation ensembles."""
 
     name = "tile"
+    split_k = True  # kit.predict.split_k: GEMMs that underfill the GPU may split their reduction
 
     def __init__(self, chooser, models: dict, transfer_sigma: dict | None = None,
                  manifest: dict | None = None, band: dict | None = None):
@@ -221,14 +223,27 @@ class TilePredictor:
             if cls == "other":  # attention, embedding, memcpy, ...: the wave model
                 out.loc[idx, COLUMNS] = WavePredictor().predict(ops_c, gpu).values
                 continue
-            out.loc[idx, COLUMNS] = self._predict_class(cls, ops_c, gpu).values
+            part = self._predict_class(cls, ops_c, gpu)
+            if cls == "gemm" and self.split_k:
+                part = apply_split_k(lambda o: self._predict_class("gemm", o, gpu),
+                                     lambda o: self._predict_reduce(o, gpu),
+                                     ops_c, part.reset_index(drop=True), gpu.sm_count)
+            out.loc[idx, COLUMNS] = part[COLUMNS].values
         for c in ("latency_ms", "roofline_ms", "utilisation", "latency_p10_ms", "latency_p90_ms"):
             out[c] = out[c].astype(float)
         out["tiles"] = out["tiles"].astype(int)
         out["waves"] = out["waves"].astype(int)
         out["tile"] = out["tile"].astype(str)
         out["bound"] = out["bound"].astype(str)
+        out["split_k"] = out["split_k"].astype(int)
         return expand(out, where)
+
+    def _predict_reduce(self, ops: list, gpu: GPU) -> pd.DataFrame:
+        """A split GEMM's reduce kernels: the elementwise model, or the wave model in weights
+        fitted without one (a GEMM-only fit)."""
+        if "elementwise" in self.models:
+            return self._predict_class("elementwise", ops, gpu)
+        return WavePredictor().predict(ops, gpu)
 
     def _predict_class(self, cls: str, ops: list, gpu: GPU) -> pd.DataFrame:
         dtypes = {getattr(op, "dtype", "fp32") for op in ops}
@@ -262,7 +277,8 @@ class TilePredictor:
         return pd.DataFrame({
             "latency_ms": lat, "roofline_ms": w["roofline_ms"], "bound": w["bound"],
             "tile": names, "tiles": shown["tiles"].astype(int), "waves": shown["waves"].astype(int),
-            "utilisation": base / lat, "latency_p10_ms": p10, "latency_p90_ms": p90}, columns=COLUMNS)
+            "utilisation": base / lat, "latency_p10_ms": p10, "latency_p90_ms": p90,
+            "split_k": 1}, columns=COLUMNS)
 
     def _one_wave_cap(self, cls, ops, gpu, tiles, slots, lat, p10, p90):
         """Every block of a one-wave kernel runs at once, so removing blocks cannot make it

@@ -89,7 +89,8 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
     if frame.empty:
         raise KitError("no training rows to fit on")
     set_threads(threads)
-    torch.use_deterministic_algorithms(True)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # for this fit only: restored below
     classes = [c for c in MODELLED if (frame.op_class == c).any()]
     gpus = sorted(frame.gpu.unique())
     total = s["chooser_epochs"] + len(classes) * s["members"] * s["epochs"] * (2 if direct else 1)
@@ -112,6 +113,7 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
                                                             progress=bar.update)
     finally:
         bar.close()
+        torch.use_deterministic_algorithms(was_deterministic)
     manifest = {
         "train_gpus": gpus, "seed": seed, "threads": threads, "settings": s,
         "rows": {c: int((frame.op_class == c).sum()) for c in classes},

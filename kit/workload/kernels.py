@@ -45,9 +45,9 @@ def copy_of(nbytes: float, dtype: str = "fp32") -> Elementwise:
     return Elementwise("copy", numel, dtype)
 
 
-def memory_bound(op_class: str, nbytes: float, dtype: str = "fp32", flops: float = 0.0,
-                 label: str = "") -> Derived:
-    """A kernel limited by the bytes it moves: costed as a copy of those bytes."""
+def memory_bound(op_class: str, nbytes: float, dtype: str = "fp32", label: str = "") -> Derived:
+    """A kernel limited by the bytes it moves: costed as a copy of those bytes (so it reports the
+    copy's bytes and no FLOPs)."""
     return Derived(op_class, (copy_of(nbytes, dtype),), 1.0, label)
 
 

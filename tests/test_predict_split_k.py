@@ -1,0 +1,99 @@
+"""kit.predict.split_k: which GEMMs may split their reduction, and the fastest choice wins."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from kit.ops import Gemm
+from kit.predict.base import COLUMNS
+from kit.predict.split_k import (MIN_SPLIT_K, SPLITS, apply_split_k, reduce_op, split_choices,
+                                 split_op)
+
+
+def test_only_underfilled_gemms_with_a_long_reduction_are_candidates():
+    ops = [Gemm(m=64, n=64, k=8 * MIN_SPLIT_K), Gemm(m=64, n=64, k=MIN_SPLIT_K),
+           Gemm(m=4096, n=4096, k=1 << 16)]
+    choices = split_choices(ops, np.array([2, 2, 100]), sm_count=16)
+    # op 0: tiles x S <= 16 and k / S >= MIN_SPLIT_K -> S = 2, 4, 8; op 1: k too short; op 2: full
+    assert choices == [(0, 2), (0, 4), (0, 8)]
+    assert all(s in SPLITS for _, s in choices)
+
+
+def test_split_and_reduce_ops_keep_the_work():
+    op = Gemm(m=64, n=96, k=1000, b=2)
+    s = split_op(op, 4)
+    assert (s.b, s.k, s.m, s.n) == (8, 250, 64, 96) and s.flops == op.flops
+    r = reduce_op(op, 4)
+    assert r.numel == 2 * 64 * 96 and r.n_inputs == 4
+
+
+def _frame(lat, roof, tiles, tile="128x128"):
+    n = len(lat)
+    return pd.DataFrame({"latency_ms": lat, "roofline_ms": roof, "bound": ["compute"] * n,
+                         "tile": [tile] * n, "tiles": tiles, "waves": [1] * n,
+                         "utilisation": [0.5] * n, "latency_p10_ms": [x * 0.9 for x in lat],
+                         "latency_p90_ms": [x * 1.2 for x in lat], "split_k": 1}, columns=COLUMNS)
+
+
+def _fake(per_op_ms):
+    """A batch predictor whose latency is per_op_ms(op), its band +-10%."""
+    def predict(ops):
+        lat = [per_op_ms(o) for o in ops]
+        f = _frame(lat, [0.0] * len(ops), [getattr(o, "b", 1) * 2 for o in ops])
+        f["latency_p10_ms"], f["latency_p90_ms"] = f.latency_ms * 0.9, f.latency_ms * 1.1
+        return f
+    return predict
+
+
+def test_the_fastest_split_wins_and_reports_itself():
+    op = Gemm(m=64, n=64, k=4096)
+    frame = _frame([10.0], [0.5], [2])
+    # a split GEMM takes 8 / S ms and its reduce 0.1 * S ms: S = 8 (1 + 0.8) beats S = 4 (2 + 0.4)
+    out = apply_split_k(_fake(lambda o: 8.0 / o.b), _fake(lambda r: 0.1 * r.n_inputs), [op],
+                        frame, sm_count=64)
+    assert out.latency_ms.iloc[0] == pytest.approx(8 / 8 + 0.8)
+    assert out.split_k.iloc[0] == 8 and out.tile.iloc[0] == "128x128" and out.tiles.iloc[0] == 16
+    assert out.latency_p10_ms.iloc[0] == pytest.approx(0.9 * 1.8)
+    assert out.latency_p90_ms.iloc[0] == pytest.approx(1.1 * 1.8)
+
+
+def test_no_split_when_splitting_is_slower_or_below_the_roofline():
+    op = Gemm(m=64, n=64, k=4096)
+    slow = apply_split_k(_fake(lambda o: 20.0), _fake(lambda r: 1.0), [op],
+                         _frame([10.0], [0.5], [2]), 64)
+    assert slow.latency_ms.iloc[0] == 10.0 and slow.split_k.iloc[0] == 1
+    # a split predicted below the op's roofline is held at the roofline
+    floor = apply_split_k(_fake(lambda o: 0.01), _fake(lambda r: 0.01), [op],
+                          _frame([10.0], [3.0], [2]), 64)
+    assert floor.latency_ms.iloc[0] == pytest.approx(3.0)
+
+
+def test_tile_predictor_splits_only_what_underfills():
+    from kit.predict.weights import has_shipped, shipped_tile
+
+    if not has_shipped():
+        pytest.skip("no shipped weights")
+    tile = shipped_tile()
+    ops = [Gemm(m=64, n=576, k=100352), Gemm(m=4096, n=4096, k=4096)]
+    try:
+        tile.split_k = False
+        off = tile.predict(ops, "a100-pcie-80gb")
+    finally:
+        tile.split_k = True
+    on = tile.predict(ops, "a100-pcie-80gb")
+    assert on.split_k.iloc[0] > 1 and on.latency_ms.iloc[0] < off.latency_ms.iloc[0]
+    assert (off.split_k == 1).all()
+    assert on.latency_ms.iloc[0] >= on.roofline_ms.iloc[0]
+    assert on.iloc[1].equals(off.iloc[1])  # 4096^3 fills the GPU: untouched
+
+
+def test_a_gemm_only_fit_still_splits(tmp_path):
+    # weights with a GEMM model alone (notebook 02's live fit) price the reduce with the waves
+    from kit.predict.tile_mlp import fit_tile_predictor
+    from predict_synthetic import synthetic_frame
+
+    frame = synthetic_frame(("t4", "v100-pcie-32gb"), n=20)
+    tile = fit_tile_predictor(frame[frame.op_class == "gemm"], members=1, epochs=1, hidden=8,
+                              min_steps=5, chooser_epochs=1)
+    assert set(tile.models) == {"gemm"}
+    out = tile.predict([Gemm(m=64, n=576, k=100352)], "a100-pcie-80gb")
+    assert out.latency_ms.iloc[0] >= out.roofline_ms.iloc[0] and out.split_k.iloc[0] >= 1
