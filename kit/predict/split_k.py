@@ -51,7 +51,7 @@ def apply_split_k(predict_gemm, predict_reduce, ops: list, frame: pd.DataFrame,
                   sm_count: int) -> pd.DataFrame:
     """frame (kit.predict.base COLUMNS, the unsplit predictions of ops) with every op whose best
     split beats it replaced by that split: its latency and band (GEMM + reduce), split_k = S,
-    tiles and waves of the split GEMM (the tile itself is the same). predict_gemm / predict_reduce: a predictor's GEMM and elementwise batch
+    and the tile, tiles and waves of the split GEMM. predict_gemm / predict_reduce: a predictor's GEMM and elementwise batch
     predictions (no split of their own)."""
     choices = split_choices(ops, frame.tiles.to_numpy(int), sm_count)
     out = frame.copy()
@@ -71,6 +71,7 @@ def apply_split_k(predict_gemm, predict_reduce, ops: list, frame: pd.DataFrame,
             for c in cols:
                 out.at[i, c] = float(total[c][j])
             out.at[i, "split_k"] = s
+            out.at[i, "tile"] = gemm.tile.iloc[j]  # the split GEMM's own tile (shape changed)
             out.at[i, "tiles"] = int(gemm.tiles.iloc[j])
             out.at[i, "waves"] = int(gemm.waves.iloc[j])
             # the split GEMM's own bound (its waves at peak) over the whole time, reduce included
