@@ -1,5 +1,6 @@
-"""How well the kit predicts a convolution: the implicit GEMM the whole-model path costs a conv
-as, against NeuSight's measured conv2d rows.
+"""How well the kit predicts a convolution, costed as the whole-model path costs it (the faster of
+its implicit GEMM and, for a 3x3 stride-1 conv, Winograd F(4x4, 3x3)), against NeuSight's
+measured conv2d rows.
 
 Each measured row (F.conv2d without bias, fp32, square kernel and input; NeuSight's
 train/collect/conv files) is turned into the kit op exactly as a captured model's aten
@@ -50,7 +51,7 @@ def conv_op(row) -> object:
     args = (x, w, None, [stride, stride], [pad, pad], [1, 1], False, [0, 0], 1)
     op, op_class, _ = map_op("convolution", args, {}, y)
     assert op_class == "gemm", op_class
-    return op
+    return op  # an implicit GEMM, or the Cheapest of it and Winograd (kit.workload.mapping_vision)
 
 
 def sample_rows(rows: pd.DataFrame, per_gpu: int, seed: int) -> pd.DataFrame:
@@ -65,6 +66,7 @@ def predict_rows(rows: pd.DataFrame, predictors=PREDICTORS) -> pd.DataFrame:
     """One row per (measured row, predictor): gpu, kernel_size, algorithm, measured_ms,
     predicted_ms, ape."""
     from kit.predict import get_predictor
+    from kit.workload.iteration import isolated_latencies
 
     ops = [conv_op(r) for r in rows.itertuples(index=False)]
     algorithm = rows.kernels.fillna("").map(algorithm_of).to_numpy()
@@ -72,7 +74,7 @@ def predict_rows(rows: pd.DataFrame, predictors=PREDICTORS) -> pd.DataFrame:
     for name in predictors:
         model = get_predictor(name)
         for gpu, idx in rows.groupby("gpu").indices.items():
-            pred = model.predict([ops[i] for i in idx], gpu)["latency_ms"].to_numpy(float)
+            pred = isolated_latencies([ops[i] for i in idx], gpu, model)[:, 0]
             meas = rows.latency_ms.to_numpy(float)[idx]
             out.append(pd.DataFrame({"predictor": name, "gpu": gpu,
                                      "kernel_size": rows.kernel_size.to_numpy()[idx].astype(int),

@@ -256,3 +256,61 @@ def test_bad_resnet_config_is_a_kit_error(change, message):
 def test_vit_image_must_split_into_patches():
     with pytest.raises(KitError, match="multiple of patch_size"):
         zoo.build({**zoo.config("vit-b16"), "image_size": 100})
+
+
+# -- Winograd: the fastest of the implicit GEMM and F(4x4, 3x3) ---------------------------------
+def _conv_node(layer, shape):
+    g = capture(_Fn(lambda x: x, layer), (torch.zeros(shape),), mode="inference")
+    return _one(g, "convolution", "fwd")
+
+
+def test_a_plain_3x3_conv_may_run_as_winograd_others_may_not():
+    from kit.ops import Gemm
+    from kit.workload.kernels import Cheapest, leaf_options
+
+    n3 = _conv_node(nn.Conv2d(64, 128, 3, padding=1, bias=False), (2, 64, 30, 30))
+    assert isinstance(n3.op, Cheapest) and len(leaf_options(n3.op)) == 2
+    implicit, wino = n3.op.options
+    assert isinstance(implicit, Gemm) and n3.op.flops == implicit.flops  # reports the direct conv
+    gemm = next(p for p in wino.parts if isinstance(p, Gemm))
+    tiles = 2 * 8 * 8  # ceil(30 / 4) ** 2 output tiles of 4x4 per image
+    assert (gemm.b, gemm.m, gemm.n, gemm.k) == (36, tiles, 128, 64)
+    assert 36 * tiles * 64 * 128 < implicit.flops / 2  # 36 multiplies per tile, not 16 x 9
+    for layer in (nn.Conv2d(64, 128, 3, stride=2, padding=1, bias=False),
+                  nn.Conv2d(64, 128, 1, bias=False),
+                  nn.Conv2d(64, 128, 3, padding=2, dilation=2, bias=False),
+                  nn.Conv2d(64, 128, 3, padding=1, groups=2, bias=False)):
+        assert isinstance(_conv_node(layer, (2, 64, 30, 30)).op, Gemm), layer
+
+
+def test_a_conv_costs_its_fastest_way():
+    from kit.predict import get_predictor
+    from kit.workload.iteration import isolated_latencies
+
+    op = _conv_node(nn.Conv2d(256, 256, 3, padding=1, bias=False), (16, 256, 28, 28)).op
+    model = get_predictor("tile")
+    each = [isolated_latencies([o], "v100-pcie-32gb", model)[0, 0] for o in op.options]
+    both = isolated_latencies([op], "v100-pcie-32gb", model)[0]
+    assert both[0] == pytest.approx(min(each)) and both[1] <= both[0] <= both[2]
+
+
+def test_fastest_option_sums_each_option_then_takes_the_least():
+    import numpy as np
+
+    from kit.workload.iteration import _fastest_option
+
+    # node 0: option 0 = 3 + 4, option 1 = 5 -> 5; node 1: one option of 2; node 2: no leaves
+    vals = np.array([[3.0, 1, 4, 0], [4.0, 1, 4, 0], [5.0, 2, 6, 1], [2.0, 1, 3, 0]])
+    out = _fastest_option(vals, np.array([0, 0, 0, 1]), np.array([0, 0, 1, 0]), 3)
+    assert out.tolist() == [[5.0, 2, 6, 1], [2.0, 1, 3, 0], [0.0, 0, 0, 0]]
+
+
+def test_tf32_reaches_every_way_to_run_a_conv():
+    from kit.ops import Gemm
+    from kit.workload.capture import _as_tf32
+
+    node = _conv_node(nn.Conv2d(16, 16, 3, padding=1, bias=False), (1, 16, 8, 8))
+    tf = _as_tf32(node).op
+    gemms = [tf.options[0]] + [p for p in tf.options[1].parts if isinstance(p, Gemm)]
+    assert [g.dtype for g in gemms] == ["tf32", "tf32"]
+    assert all(p.dtype == "fp32" for p in tf.options[1].parts if not isinstance(p, Gemm))

@@ -384,16 +384,19 @@ def _as_tf32(node: Node) -> Node:
     from dataclasses import replace
 
     from kit.ops import Attention, Gemm
-    from kit.workload.kernels import Derived
+    from kit.workload.kernels import Cheapest, Derived
 
-    op = node.op
-    if isinstance(op, (Gemm, Attention)) and op.dtype == "fp32":
-        return replace(node, op=replace(op, dtype="tf32"))
-    if isinstance(op, Derived) and any(isinstance(p, (Gemm, Attention)) for p in op.parts):
-        parts = tuple(replace(p, dtype="tf32") if isinstance(p, (Gemm, Attention)) else p
-                      for p in op.parts)
-        return replace(node, op=replace(op, parts=parts))
-    return node
+    def tf32(op):
+        if isinstance(op, (Gemm, Attention)) and op.dtype == "fp32":
+            return replace(op, dtype="tf32")
+        if isinstance(op, Derived):
+            return replace(op, parts=tuple(tf32(p) for p in op.parts))
+        if isinstance(op, Cheapest):  # every way to run it (a conv: implicit GEMM, Winograd)
+            return replace(op, options=tuple(tf32(o) for o in op.options))
+        return op
+
+    op = tf32(node.op)
+    return node if op == node.op else replace(node, op=op)
 
 
 def _by_layer(saved) -> dict:

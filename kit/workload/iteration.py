@@ -26,7 +26,7 @@ from kit.errors import KitError
 from kit.hardware import get_gpu
 from kit.workload.fusion import apply_fusion
 from kit.workload.graph import OpGraph
-from kit.workload.kernels import leaf_ops
+from kit.workload.kernels import leaf_options
 
 
 @dataclass(frozen=True)
@@ -116,13 +116,42 @@ def _generic_path(path: str) -> str:
 
 
 def _leaves(nodes):
-    leaves, owner, scale = [], [], []
+    """Every leaf op of every way to run each node (kit.workload.kernels.leaf_options): the
+    leaves, and per leaf its node, scale and option."""
+    leaves, owner, scale, option = [], [], [], []
     for i, n in enumerate(nodes):
-        for op, sc in leaf_ops(n.op):
-            leaves.append(op)
-            owner.append(i)
-            scale.append(sc)
-    return leaves, np.asarray(owner, dtype=int), np.asarray(scale, dtype=float)
+        for k, ways in enumerate(leaf_options(n.op)):
+            for op, sc in ways:
+                leaves.append(op)
+                owner.append(i)
+                scale.append(sc)
+                option.append(k)
+    return (leaves, np.asarray(owner, dtype=int), np.asarray(scale, dtype=float),
+            np.asarray(option, dtype=int))
+
+
+def _fastest_option(vals, owner, option, n_nodes: int):
+    """Per node, the (latency, p10, p90, roofline) sums of its fastest option (by latency)."""
+    per = np.zeros((n_nodes, int(option.max()) + 1 if len(option) else 1, vals.shape[1]))
+    np.add.at(per, (owner, option), vals)
+    seen = np.zeros(per.shape[:2], dtype=bool)
+    seen[owner, option] = True
+    best = np.where(seen, per[:, :, 0], np.inf).argmin(axis=1)
+    return per[np.arange(n_nodes), best]
+
+
+def isolated_latencies(ops, gpu, predictor="auto") -> np.ndarray:
+    """(n, 3) latency, p10, p90 of each op (kit op, Derived or Cheapest) timed on its own, as a
+    microbenchmark measures it: a Cheapest at its fastest option, no in-stream correction."""
+    from types import SimpleNamespace
+
+    from kit.predict import get_predictor
+
+    model = get_predictor(predictor) if isinstance(predictor, str) else predictor
+    leaves, owner, scale, option = _leaves([SimpleNamespace(op=op) for op in ops])
+    cols = ["latency_ms", "latency_p10_ms", "latency_p90_ms", "roofline_ms"]
+    vals = model.predict(leaves, gpu)[cols].to_numpy(dtype=float)
+    return _fastest_option(vals * scale[:, None], owner, option, len(ops))[:, :3]
 
 
 def predict_latencies(nodes, gpu, predictor: str = "auto", leaves=None):
@@ -155,7 +184,7 @@ def _one_torch_thread():
 def _predict_leaves(model, nodes, gpu, prepared):
     from kit.predict import get_predictor
 
-    leaves, owner, scale = prepared
+    leaves, owner, scale, option = prepared
     cols = ["latency_ms", "latency_p10_ms", "latency_p90_ms"]
     fallbacks: dict = {}
     if not leaves:
@@ -177,9 +206,7 @@ def _predict_leaves(model, nodes, gpu, prepared):
             except Exception as e:  # noqa: BLE001 - reported, never silent
                 fallbacks[tname] = f"{model.name} failed ({type(e).__name__}: {e}); used wave"
                 vals[idx] = fallback.predict(ops, gpu)[cols].to_numpy(dtype=float)
-    vals = vals * scale[:, None]
-    out = np.zeros((len(nodes), 4))
-    np.add.at(out, owner, vals)
+    out = _fastest_option(vals * scale[:, None], owner, option, len(nodes))
     floor = isolation_floor_ms(model, gpu)
     if floor > 0:  # in the stream, not one kernel at a time (see LEARNED_FROM_ISOLATED)
         kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)

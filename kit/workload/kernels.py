@@ -7,6 +7,11 @@ Examples:
   forward's 2 (Dao, "FlashAttention-2", 2023, section 3.2);
 * a reduction, a softmax backward or an unknown op = a memory-bound copy moving the same bytes;
 * a convolution backward = two GEMMs (grad input, grad weight).
+
+A `Cheapest` kernel is one of several ways to compute the same result, as a library picks an
+algorithm (cuDNN: an implicit GEMM or Winograd for a 3x3 convolution): it costs the fastest
+option on the GPU at hand (kit.workload.iteration), and reports the FLOPs and bytes of the
+first, nominal one.
 """
 from __future__ import annotations
 
@@ -38,6 +43,27 @@ class Derived:
         return self.scale * sum(p.bytes for p in self.parts)
 
 
+@dataclass(frozen=True)
+class Cheapest:
+    """The fastest of `options` (kit ops or Derived), each a complete way to run the kernel."""
+
+    op_class: str
+    options: tuple
+    label: str = ""
+
+    @property
+    def dtype(self) -> str:
+        return getattr(self.options[0], "dtype", "fp32")
+
+    @property
+    def flops(self) -> float:
+        return self.options[0].flops
+
+    @property
+    def bytes(self) -> float:
+        return self.options[0].bytes
+
+
 def copy_of(nbytes: float, dtype: str = "fp32") -> Elementwise:
     """The elementwise copy that moves nbytes (half read, half written): the proxy of a
     memory-bound kernel."""
@@ -51,8 +77,18 @@ def memory_bound(op_class: str, nbytes: float, dtype: str = "fp32", label: str =
     return Derived(op_class, (copy_of(nbytes, dtype),), 1.0, label)
 
 
+def leaf_options(op) -> list[list]:
+    """Per way of running a node's op (one, or a Cheapest's options): its leaf_ops."""
+    if isinstance(op, Cheapest):
+        return [leaf_ops(o) for o in op.options]
+    return [leaf_ops(op)]
+
+
 def leaf_ops(op) -> list:
-    """The kit ops a node's op is made of, with the scale each is multiplied by."""
+    """The kit ops a node's op is made of, with the scale each is multiplied by (for a Cheapest,
+    its nominal first option's; leaf_options gives them all)."""
+    if isinstance(op, Cheapest):
+        return leaf_ops(op.options[0])
     if isinstance(op, Derived):
         return [(p, op.scale * s) for part in op.parts for p, s in leaf_ops(part)]
     return [(op, 1.0)]

@@ -2,7 +2,9 @@
 pooling, upsampling, im2col. kit.workload.mapping.map_op hands these ops here.
 
 * A convolution is an implicit GEMM (cuDNN's and CUTLASS's view): M = N·output pixels,
-  N = output channels, K = input channels · kernel pixels (per group).
+  N = output channels, K = input channels · kernel pixels (per group). A plain 3x3 stride-1
+  one may also run as Winograd F(4x4, 3x3) (`winograd`): it is the Cheapest of the two, and the
+  predictor's faster one is what it costs, as cuDNN picks an algorithm.
 * Batch norm, group norm, pooling, upsampling and im2col do next to no arithmetic per byte
   (batch norm: ~8 FLOPs per element against 12 bytes, far below any GPU's ridge point), so each
   is a memory-bound kernel (kit.workload.kernels.memory_bound: the learned copy of the bytes it
@@ -15,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from kit.ops import Gemm
-from kit.workload.kernels import Derived, copy_of, memory_bound
+from kit.ops import Gemm, dtype_bytes
+from kit.workload.kernels import Cheapest, Derived, copy_of, memory_bound
 
 BATCH_NORM = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
               "_native_batch_norm_legit_no_training", "cudnn_batch_norm", "miopen_batch_norm",
@@ -61,7 +63,11 @@ def _is_training_bn(packet: str, args) -> bool:
 def map_vision(packet: str, args, ins, outs, dtype: str):
     """(kit op, op_class, kernels) for an op in VISION_OPS."""
     if packet in CONV:
-        return conv(args, outs, dtype), "gemm", 1
+        implicit = conv(args, outs, dtype)
+        wino = winograd(args, outs, dtype)
+        if wino is None:
+            return implicit, "gemm", 1
+        return Cheapest("gemm", (implicit, wino), "convolution (implicit GEMM or Winograd)"), "gemm", 1
     if packet in CONV_BWD:
         return conv_backward(args, dtype)
     x = args[0]
@@ -111,6 +117,36 @@ def conv(args, outs, dtype: str) -> Gemm:
         m, n, k = y.shape[0] * math.prod(y.shape[2:]), w.shape[0] // groups, w.shape[1] * kernel
     return Gemm(m=max(1, m), n=max(1, n), k=max(1, k), b=groups, dtype=dtype, kind="linear",
                 shared_rhs=groups == 1)
+
+
+WINOGRAD_TILE = 4  # F(4x4, 3x3): cuDNN's non-fused winogradforwarddata4x4 / filter4x4 kernels
+
+
+def winograd(args, outs, dtype: str) -> Derived | None:
+    """Winograd F(4x4, 3x3) for a plain 3x3 stride-1 2-d convolution (None for any other):
+    each 6x6 input tile gives a 4x4 output tile with 36 multiplies instead of 144 (Lavin and
+    Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016). Four kernels: the
+    data and filter transforms, 36 batched GEMMs of (N x tiles) x Cin x Cout, and the output
+    transform; the transforms are memory-bound copies of what they read and write.
+
+    NeuSight's conv rows (all 3x3, stride 1) name Winograd kernels in 61-81% of rows per GPU."""
+    x, w, y = args[0], args[1], outs[0]
+    stride = list(args[3]) if len(args) > 3 else [1, 1]
+    dilation = list(args[5]) if len(args) > 5 else [1, 1]
+    transposed = bool(args[6]) if len(args) > 6 else False
+    groups = int(args[8]) if len(args) > 8 else 1
+    if (x.dim() != 4 or tuple(w.shape[2:]) != (3, 3) or set(stride) != {1} or set(dilation) != {1}
+            or transposed or groups != 1):
+        return None
+    n, cin, cout = x.shape[0], x.shape[1], w.shape[0]
+    a = WINOGRAD_TILE + 2
+    tiles = n * math.ceil(y.shape[2] / WINOGRAD_TILE) * math.ceil(y.shape[3] / WINOGRAD_TILE)
+    d = dtype_bytes(dtype)
+    parts = (Gemm(m=max(1, tiles), n=max(1, cout), k=max(1, cin), b=a * a, dtype=dtype),
+             copy_of(_bytes(x) + a * a * tiles * cin * d, dtype),       # data transform
+             copy_of(_bytes(w) + a * a * cout * cin * d, dtype),        # filter transform
+             copy_of(a * a * tiles * cout * d + _bytes(y), dtype))      # output transform
+    return Derived("gemm", parts, 1.0, "winograd F(4x4, 3x3)")
 
 
 def conv_backward(args, dtype: str) -> tuple[Derived, str, int]:
