@@ -232,6 +232,12 @@ def test_predict_resnet50_on_the_cli(capsys):
     assert not r.get("unknown_ops") and r["seq"] is None
     assert classes["gemm"] > 0.5 and "batchnorm" in classes and "pooling" in classes
     assert r["phases_ms"]["bwd"] > r["phases_ms"]["fwd"] > 0
+    assert r["image_size"] == zoo.config("resnet50")["image_size"]  # the images, in place of a seq
+    assert main(["predict", "resnet50", "--gpu", "a100-pcie-80gb", "--batch", "4"]) == 0
+    size = r["image_size"]
+    assert f"batch 4, images {size}x{size}, fp32" in capsys.readouterr().out.splitlines()[0]
+    assert main(["predict", "gpt2", "--gpu", "t4", "--seq", "32", "--json"]) == 0
+    assert "image_size" not in json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -84,6 +84,8 @@ def text(r) -> str:
 
     band = band_text(r["band_ms"])
     seq = f"seq {r['seq']}, " if r.get("seq") is not None else ""  # none: inputs given with the model
+    if r.get("image_size"):
+        seq = f"images {r['image_size']}x{r['image_size']}, "
     lines = [f"{r['model']} {r['mode']} on {r['gpu']}: batch {r.get('batch')}, {seq}"
              f"{r.get('dtype')}, {r['fusion']}, predictor {r['predictor']}",
              f"  total     {r['total_ms']:.2f} ms" + (f"  {band.strip()}" if band else ""),

@@ -98,7 +98,12 @@ class Iteration:
                 "overhead": self.overhead.to_dict(), "fallbacks": self.fallbacks,
                 "unknown_ops": self.meta.get("unknown_ops", {}),
                 **{k: self.meta[k] for k in ("batch", "seq", "dtype", "params", "param_bytes",
-                                             "activation_bytes", "optimizer") if k in self.meta}}
+                                             "activation_bytes", "optimizer") if k in self.meta},
+                **self._image()}
+
+    def _image(self) -> dict:
+        """A vision model's image side, where the graph has no seq (see _prepare's meta)."""
+        return {"image_size": self.meta["image_size"]} if self.meta.get("image_size") else {}
 
     def to_trace(self) -> dict:
         """Chrome/Perfetto trace-event JSON (open in ui.perfetto.dev): a CPU track of op issue
@@ -287,6 +292,9 @@ def _prepared(graph: OpGraph, fusion: str) -> dict:
                "where": [_generic_path(n.module) for n in nodes],
                "kernels": np.array([max(n.kernels, 1) for n in nodes], dtype=int)}
     meta = {k: v for k, v in graph.meta.items() if k != "config"}
+    cfg = graph.meta.get("config")
+    if isinstance(cfg, dict) and cfg.get("image_size") and graph.meta.get("seq") is None:
+        meta["image_size"] = int(cfg["image_size"])  # a vision model's images, in place of a seq
     meta.update(ops=len(graph), unknown_ops=dict(graph.unknown_ops()))
     memo[fusion] = {"kernels": kernels, "leaves": _leaves(nodes), "free_before": free_before,
                     "trailing_free": trailing, "columns": columns, "meta": meta,
