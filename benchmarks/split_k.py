@@ -29,11 +29,7 @@ def score(frame: pd.DataFrame, tile) -> dict:
         ops = [op_from_row(r) for r in visible_columns(part).to_dict("records")]
         y = part.latency_ms.to_numpy(float)
         split = part.grid_z.fillna(1).to_numpy(float) > 1
-        pred = {}
-        for on in (False, True):
-            tile.split_k = on
-            pred[on] = tile.predict(ops, gpu)
-        tile.split_k = True
+        pred = {on: tile.predict(ops, gpu, split_k=on) for on in (False, True)}
         chosen = pred[True].split_k.to_numpy() > 1
         out[gpu] = {}
         for name, mask in (("split", split), ("unsplit", ~split)):

@@ -179,7 +179,6 @@ class TilePredictor:
     """The kit's own predictor: tile choice + per-class utilisation ensembles."""
 
     name = "tile"
-    split_k = True  # kit.predict.split_k: GEMMs that underfill the GPU may split their reduction
 
     def __init__(self, chooser, models: dict, transfer_sigma: dict | None = None,
                  manifest: dict | None = None, band: dict | None = None):
@@ -210,7 +209,9 @@ class TilePredictor:
 
         return shipped_bundle().tile
 
-    def predict(self, ops, gpu: GPU | str) -> pd.DataFrame:
+    def predict(self, ops, gpu: GPU | str, split_k: bool = True) -> pd.DataFrame:
+        """The protocol's frame for ops on gpu. split_k: GEMMs that underfill the GPU may split
+        their reduction (kit.predict.split_k); False gives the unsplit prediction of each."""
         gpu = get_gpu(gpu)
         unique, where = dedupe(list(ops))
         out = pd.DataFrame(index=range(len(unique)), columns=COLUMNS)
@@ -224,7 +225,7 @@ class TilePredictor:
                 out.loc[idx, COLUMNS] = WavePredictor().predict(ops_c, gpu).values
                 continue
             part = self._predict_class(cls, ops_c, gpu)
-            if cls == "gemm" and self.split_k:
+            if cls == "gemm" and split_k:
                 part = apply_split_k(lambda o: self._predict_class("gemm", o, gpu),
                                      lambda o: self._predict_reduce(o, gpu),
                                      ops_c, part.reset_index(drop=True), gpu.sm_count)
