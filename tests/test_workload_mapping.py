@@ -67,3 +67,70 @@ def test_dropout_and_its_backward_move_nine_bytes_per_element():
     assert len(fwd) == 1 and fwd[0].op.bytes == pytest.approx(n * 9)  # x in; y and a bool mask out
     bwd = [k for k in g.kernels() if k.name() == "native_dropout_backward"]
     assert len(bwd) == 1 and bwd[0].op.bytes == pytest.approx(n * 9)  # dy and the mask in; dx out
+
+
+class _RightWeight(nn.Module):
+    """x @ W on a transposed (non-contiguous) 3-d x: without grad torch.matmul does not fold it
+    into one mm but expands W over the batch and calls bmm (nn.MultiheadAttention's in-projection
+    at inference)."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(k, n))
+
+    def forward(self, x):
+        return x.transpose(0, 1) @ self.w
+
+
+class _LeftWeight(_RightWeight):
+    def forward(self, x):
+        return self.w.t() @ x.transpose(1, 2)
+
+
+def _gemms(graph):
+    return [n.op for n in graph.kernels() if n.op_class == "gemm"]
+
+
+def test_weight_expanded_over_the_batch_is_read_once():
+    seq, batch, k, n = 128, 8, 512, 1536
+    (op,) = _gemms(capture(_RightWeight(k, n), (torch.zeros(batch, seq, k),), mode="inference"))
+    assert (op.b, op.m, op.n, op.k) == (seq, batch, n, k)
+    # x read once, W read once (not once per batch entry), y written: fp32
+    assert op.bytes == 4 * (seq * batch * k + k * n + seq * batch * n)
+    assert op.flops == 2 * seq * batch * n * k
+
+
+def test_left_operand_expanded_over_the_batch_is_read_once():
+    batch, seq, k, n = 16, 256, 512, 768  # W^T (n x k) @ x^T (k x seq), per batch entry
+    (op,) = _gemms(capture(_LeftWeight(k, n), (torch.zeros(batch, seq, k),), mode="inference"))
+    assert op.b == batch and op.k == k and {op.m, op.n} == {n, seq}
+    assert op.bytes == 4 * (batch * seq * k + k * n + batch * n * seq)
+    assert op.flops == 2 * batch * seq * n * k
+
+
+def test_a_true_batched_matmul_reads_every_operand_in_full():
+    class Bmm(nn.Module):
+        def forward(self, a, b):
+            return a @ b
+
+    a, b = torch.zeros(12, 64, 32), torch.zeros(12, 32, 48)
+    (op,) = _gemms(capture(Bmm(), (a, b), mode="inference"))
+    assert op.bytes == 4 * (a.numel() + b.numel() + 12 * 64 * 48)
+
+
+def test_glu_reads_both_halves_and_writes_one():
+    g = capture(nn.Sequential(_Add((1024,)), nn.GLU()), (torch.zeros(64, 1024),), mode="train")
+    assert not g.unknown_ops()
+    (fwd,) = [k.op for k in g.kernels() if k.name() == "glu"]
+    assert fwd.bytes == 4 * (64 * 1024 + 64 * 512)  # x in, y (half of x) out
+    (bwd,) = [k.op for k in g.kernels() if k.name() == "glu_backward"]
+    assert bwd.bytes == pytest.approx(4 * (64 * 512 + 2 * 64 * 1024))  # dy and x in; dx out
+
+
+@pytest.mark.parametrize("module", [nn.PixelShuffle(2), nn.PixelUnshuffle(2), nn.ChannelShuffle(4)])
+def test_layout_shuffles_are_copies(module):
+    x = torch.zeros(2, 16, 32, 32)
+    g = capture(module, (x,), mode="inference")
+    assert not g.unknown_ops()
+    (op,) = [k.op for k in g.kernels()]
+    assert op.bytes == 2 * x.numel() * 4  # every element read once and written once

@@ -69,6 +69,9 @@ ELEMENTWISE = {
     "hardswish_backward": "where", "hardsigmoid_backward": "where", "leaky_relu_backward": "where",
     "elu_backward": "exp", "softplus_backward": "exp", "log_sigmoid_backward": "sigmoid",
     "xlogy": "log",
+    # layout shuffles: read every element once, write it once elsewhere
+    "pixel_shuffle": "copy", "pixel_unshuffle": "copy", "channel_shuffle": "copy",
+    "native_channel_shuffle": "copy",
 }
 REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "var", "std", "var_mean",
               "std_mean", "norm", "linalg_vector_norm", "prod", "any", "all", "logsumexp",
@@ -138,7 +141,19 @@ def _gemm(packet: str, args, dtype: str) -> Gemm:
         return Gemm(m=a.shape[0], n=b.shape[1], k=a.shape[1], b=1, dtype=dtype, kind="linear",
                     shared_rhs=True)
     a, b = (args[0], args[1]) if packet == "bmm" else (args[1], args[2])
-    return Gemm(m=a.shape[1], n=b.shape[2], k=a.shape[2], b=a.shape[0], dtype=dtype, kind="bmm")
+    m, n, k, batch = a.shape[1], b.shape[2], a.shape[2], a.shape[0]
+    if _expanded(b):  # x @ W on a non-contiguous 3-d x without grad: W expanded over the batch
+        return Gemm(m=m, n=n, k=k, b=batch, dtype=dtype, kind="bmm", shared_rhs=True)
+    if _expanded(a):  # C^T = B^T A^T: the expanded A is the shared operand
+        return Gemm(m=n, n=m, k=k, b=batch, dtype=dtype, kind="bmm", shared_rhs=True)
+    return Gemm(m=m, n=n, k=k, b=batch, dtype=dtype, kind="bmm")
+
+
+def _expanded(t: torch.Tensor) -> bool:
+    """A bmm operand broadcast over the batch (batch stride 0, as torch.matmul passes a weight it
+    does not fold into one mm): one matrix that the kernel reads from DRAM once, not b copies.
+    cuBLAS takes the stride-0 batch as it is (strided-batched GEMM), so the batch stays."""
+    return t.dim() == 3 and t.shape[0] > 1 and t.stride(0) == 0
 
 
 def _attention(q, k, v, dtype: str, causal: bool) -> Attention:
@@ -247,6 +262,12 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
             # in-place scatters touch only the rows they write, not the whole destination
             moved = sum(nbytes(t) for t in ins[1:]) * 2 or moved
         return memory_bound("indexing", moved, dtype, label=packet), "indexing", 1
+    if packet == "glu":  # reads both halves of x, writes their gated product
+        return Elementwise("sigmoid", max(1, int(lead.numel() * mult)), dtype, inputs=2), "elementwise", 1
+    if packet == "glu_backward":  # reads dy (half of x's size) and x, writes dx
+        n = max(1, int(args[1].numel() * mult))
+        return Derived("elementwise", (Elementwise("mul", n, dtype, inputs=2),), 2.5 / 3,
+                       "glu backward"), "elementwise", 1
     if packet in ELEMENTWISE:
         return _elementwise(ELEMENTWISE[packet], ins, outs, lead, dtype, mult), "elementwise", 1
     moved = sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs)
