@@ -10,7 +10,7 @@ from kit.ops import Elementwise, Gemm
 from kit.predict import get_predictor
 from kit.workload.fusion import apply_fusion
 from kit.workload.graph import Node, OpGraph
-from kit.workload.iteration import CpuOverhead, gpu_timeline, iteration
+from kit.workload.iteration import CpuOverhead, gpu_timeline, iteration, ready_ms
 from kit.workload.overhead import calibrate
 
 N = 1 << 20  # elements
@@ -36,6 +36,17 @@ def test_gpu_timeline_by_hand():
     start, end = gpu_timeline(np.array([1.0, 2.0, 10.0]), np.array([5.0, 1.0, 1.0]))
     # kernel 0 waits for its issue at 1; kernel 1 waits for the GPU (6); kernel 2 for the CPU (10)
     assert start.tolist() == [1.0, 6.0, 10.0] and end.tolist() == [6.0, 7.0, 11.0]
+
+
+def test_a_node_of_many_kernels_starts_after_its_first_launch():
+    # issue ends at 1.0 ms; 5 µs launches. One kernel: ready at its issue. Four kernels taking
+    # 2 ms: the first was launched three launches (0.015 ms) earlier. Four taking 0.004 ms: the
+    # GPU outruns the launches, so the last kernel (0.001 ms) starts after the last launch.
+    ready = ready_ms(np.array([1.0, 1.0, 1.0]), np.array([2.0, 2.0, 0.004]),
+                     np.array([1.0, 4.0, 4.0]), 5.0)
+    assert ready == pytest.approx([1.0, 0.985, 1.0 + 0.001 - 0.004])
+    start, end = gpu_timeline(ready, np.array([2.0, 2.0, 0.004]))
+    assert end[0] == pytest.approx(3.0)
 
 
 def test_gpu_bound_total_is_kernel_sum():

@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from kit.errors import KitError, one_line
+from kit.workload import rnn_capture
 from kit.workload.graph import Node, OpGraph
 from kit.workload.mapping import map_op, nbytes, tensors
 
@@ -112,10 +113,19 @@ class _Recorder(TorchDispatchMode):
             op, op_class, kernels = map_op(packet, args, {**named, **kwargs}, out)
         else:
             op, op_class, kernels = map_op(packet, args, kwargs, out)
+        self._add(name, op, op_class, kernels, ins, outs, self._path())
+
+    def record_fused(self, name: str, op, op_class: str, kernels: int, ins, outs,
+                     path: str | None = None):
+        """Record one node that stands for a library call whose own ops ran unrecorded
+        (kit.workload.rnn_capture); path defaults to the current module's."""
+        if self.recording:
+            self._add(name, op, op_class, kernels, ins, outs, self._path() if path is None else path)
+
+    def _add(self, name, op, op_class, kernels, ins, outs, path):
         deps = set()
         for t in ins:
             deps.update(self.writers.get(_storage_key(t), ()))
-        path = self._path()
         nid = len(self.nodes)
         in_keys = {_storage_key(t) for t in ins}
         for t in outs:
@@ -132,7 +142,12 @@ class _Recorder(TorchDispatchMode):
 
 
 class _SdpaToFused(TorchFunctionMode):
-    """Route F.scaled_dot_product_attention to the fused aten kernel a GPU would run."""
+    """Route F.scaled_dot_product_attention, dropout and recurrent layers to the fused kernels a
+    GPU would run (recurrent layers: kit.workload.rnn_capture, recorded through `rec`)."""
+
+    def __init__(self, rec: "_Recorder"):
+        super().__init__()
+        self.rec = rec
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -140,6 +155,10 @@ class _SdpaToFused(TorchFunctionMode):
             return _fused_sdpa(*args, **kwargs)
         if func is F.dropout:  # a GPU runs the fused native_dropout kernel
             return _fused_dropout(*args, **kwargs)
+        if func in rnn_capture.SEQUENCE or func in rnn_capture.CELLS:
+            out = rnn_capture.fused(self.rec, func, args, kwargs)
+            if out is not NotImplemented:
+                return out
         return func(*args, **kwargs)
 
 
@@ -336,7 +355,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
             handles.append(m.register_forward_hook(post))
         model.train(train)
         grad_ctx = torch.enable_grad() if train else torch.no_grad()
-        with grad_ctx, _SdpaToFused(), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with grad_ctx, _SdpaToFused(rec), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with _swapped(model, params, buffers):
                 out = model(*args, **kwargs)
         if train:

@@ -257,6 +257,18 @@ def isolation_floor_ms(model, gpu) -> float:
     return _FLOORS[key]
 
 
+def ready_ms(issue_ms: np.ndarray, dur_ms: np.ndarray, launches: np.ndarray,
+             launch_us: float) -> np.ndarray:
+    """When each node's GPU work may start, for gpu_timeline. A node of k kernels (a cuDNN RNN,
+    a conv backward, a foreach optimizer step) is launched kernel by kernel: its first kernel
+    can run once the first launch is done, k - 1 launches before the node's issue ends, and its
+    last (dur / k, the kernels taken as equal) only after the last launch. A one-kernel node is
+    ready at its issue time."""
+    k = np.maximum(launches, 1.0)
+    first = issue_ms - (k - 1) * launch_us / 1e3
+    return np.maximum(first, issue_ms + dur_ms / k - dur_ms)
+
+
 def gpu_timeline(issue_ms: np.ndarray, dur_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(start, end) of kernels run in order, each no earlier than its issue time."""
     if len(dur_ms) == 0:
@@ -343,7 +355,7 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
     trailing_free = prep["trailing_free"]
     timelines = {}
     for key, d in (("mid", lat), ("p10", p10), ("p90", p90)):
-        start, end = gpu_timeline(issue, d)
+        start, end = gpu_timeline(ready_ms(issue, d, launches, overhead.launch_us), d)
         cpu_end = (issue[-1] if len(issue) else 0.0) + trailing_free * overhead.free_op_us / 1e3
         timelines[key] = (start, end, max(end[-1] if len(end) else 0.0, cpu_end))
     start, end, total = timelines["mid"]

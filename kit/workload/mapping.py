@@ -71,7 +71,8 @@ ELEMENTWISE = {
     "xlogy": "log",
     # layout shuffles: read every element once, write it once elsewhere
     "pixel_shuffle": "copy", "pixel_unshuffle": "copy", "channel_shuffle": "copy",
-    "native_channel_shuffle": "copy",
+    "native_channel_shuffle": "copy", "_pack_padded_sequence": "copy",
+    "_pack_padded_sequence_backward": "copy", "_pad_packed_sequence": "copy",
 }
 REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "var", "std", "var_mean",
               "std_mean", "norm", "linalg_vector_norm", "prod", "any", "all", "logsumexp",
