@@ -410,3 +410,9 @@ def test_dlrm_placement_must_be_whole_ranks_and_numpy_ints_work():
     a = predict_dlrm(_dlrm_spec(), "dgx-a100", np.int64(64), placement=list(np.arange(8)))
     b = predict_dlrm(_dlrm_spec(), "dgx-a100", 64, placement=list(range(8)))
     assert a["iteration_ms"] == b["iteration_ms"]
+
+
+def test_python_path_on_a_system_says_it_runs_on_one_gpu(capsys):
+    # the zoo's error listed 'module:callable' as an option while refusing exactly that
+    err = _err(capsys, ["predict", "os.path:join", "--system", "dgx-a100", "--dp", "2"])
+    assert "one GPU (--gpu)" in err and "choose a zoo model" not in err

@@ -183,6 +183,10 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         from kit.workload.zoo import check_seq, config, default_seq, resolve
     except ImportError:  # pragma: no cover - the zoo ships with the kit
         raise KitError(f"unknown model {name!r}; give an inline shape gpt:layers=..,hidden=..,heads=..")
+    if ":" in name:  # a Python path: kit.workload.models loads those, on one GPU only
+        raise KitError(f"model {name!r}: a Python path 'module:callable' is predicted on one GPU "
+                       "(--gpu); multi-GPU prediction takes a GPT-style zoo name or an inline "
+                       "gpt:layers=..,hidden=..,heads=.. shape")
     key = resolve(name)
     c = config(key)
     if seq is not None:  # the analytic layer too: a zoo model's learned position table is its limit
