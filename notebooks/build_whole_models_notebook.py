@@ -190,6 +190,28 @@ against 40-198% with the implicit GEMM alone, since cuDNN ran Winograd in most o
 Convolution backward and the other kernel sizes have no measurements to check against.
 """),
     md(r"""
+## 5c. Recurrent models: capture what the GPU runs
+
+On meta tensors PyTorch runs an `nn.LSTM` as its CPU code does: about a dozen small ops per
+time step. A GPU runs it through cuDNN (Appleyard et al., 2016): per layer, **one** GEMM of the
+input by $W_{ih}$ for all $T$ steps at once ($T\cdot B$ rows), then per step one recurrent GEMM
+$h_{t-1} W_{hh}^T$ ($B$ rows) and one fused kernel for the gates: $1 + 2T$ kernels a layer. The
+capture records that schedule (`kit/workload/rnn.py`), so a small-batch LSTM is costed as the
+launch-bound chain of tiny GEMMs it is on a GPU, not as five times as many kernels.
+"""),
+    code("""
+import torch.nn as nn
+from kit.workload.capture import capture
+T, B, layers = 64, 8, 2
+lstm = nn.LSTM(256, 512, num_layers=layers, batch_first=True)
+x = torch.zeros(B, T, 256)
+(rnn_node,) = [n for n in capture(lstm, (x,), mode="inference").kernels() if n.op_class == "rnn"]
+assert rnn_node.kernels == layers * (1 + 2 * T)
+it = predict_model(lstm, "a100-pcie-80gb", mode="inference", inputs=(x,))
+print(f"{rnn_node.name()}: {rnn_node.kernels} kernels, {it.total_ms:.2f} ms on an A100-80GB "
+      f"({it.kernel_ms / rnn_node.kernels * 1e3:.0f} us a kernel: far from any roofline)")
+"""),
+    md(r"""
 ## 6. A trace you can open
 
 `kit predict MODEL --gpu NAME --trace out.json` (or `it.to_trace()`) writes the predicted
