@@ -141,7 +141,7 @@ class _Recorder(TorchDispatchMode):
                                _shape_text(ins), kernels))
 
 
-class _SdpaToFused(TorchFunctionMode):
+class _GpuKernels(TorchFunctionMode):
     """Route F.scaled_dot_product_attention, dropout and recurrent layers to the fused kernels a
     GPU would run (recurrent layers: kit.workload.rnn_capture, recorded through `rec`)."""
 
@@ -355,7 +355,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
             handles.append(m.register_forward_hook(post))
         model.train(train)
         grad_ctx = torch.enable_grad() if train else torch.no_grad()
-        with grad_ctx, _SdpaToFused(rec), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with grad_ctx, _GpuKernels(rec), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with _swapped(model, params, buffers):
                 out = model(*args, **kwargs)
         if train:
