@@ -115,6 +115,15 @@ class _Recorder(TorchDispatchMode):
             op, op_class, kernels = map_op(packet, args, kwargs, out)
         self._add(name, op, op_class, kernels, ins, outs, self._path())
 
+    @contextmanager
+    def muted(self):
+        """Run ops without recording them (a library call recorded as one node instead)."""
+        was, self.recording = self.recording, False
+        try:
+            yield
+        finally:
+            self.recording = was
+
     def record_fused(self, name: str, op, op_class: str, kernels: int, ins, outs,
                      path: str | None = None):
         """Record one node that stands for a library call whose own ops ran unrecorded

@@ -85,13 +85,12 @@ def _dropouts(s: RnnShape, training: bool) -> list:
 def forward(s: RnnShape, training: bool = False) -> tuple[Derived, int]:
     """The forward pass as one Derived kernel set, and how many kernels it launches."""
     gw, t, b = s.gate_width, s.steps, s.batch
+    recurrent = _per_step(linear(b, s.hidden, gw, s.dtype), t, "gemm")
+    step_gates = _per_step(Elementwise(POINTWISE[s.kind], b * gw, s.dtype, inputs=2), t, "elementwise")
     parts = []
     for in_features in s.layer_inputs():
         for _ in range(s.directions):
-            step_gates = Elementwise(POINTWISE[s.kind], b * gw, s.dtype, inputs=2)
-            parts += [linear(t * b, in_features, gw, s.dtype),
-                      _per_step(linear(b, s.hidden, gw, s.dtype), t, "gemm"),
-                      _per_step(step_gates, t, "elementwise")]
+            parts += [linear(t * b, in_features, gw, s.dtype), recurrent, step_gates]
     drops = _dropouts(s, training)
     kernels = s.layers * s.directions * (1 + 2 * t) + len(drops)
     return Derived("rnn", tuple(parts + drops), 1.0, f"cuDNN {s.kind} forward"), kernels

@@ -10,8 +10,6 @@ Packed sequences and LSTMs with a projection (proj_size) keep their decompositio
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from kit.workload.mapping import kit_dtype
@@ -20,15 +18,6 @@ from kit.workload.rnn import GATES, RnnShape, backward, forward
 SEQUENCE = {torch._VF.lstm: "lstm", torch._VF.gru: "gru", torch._VF.rnn_tanh: "rnn_tanh",
             torch._VF.rnn_relu: "rnn_relu"}
 CELLS = {torch._VF.lstm_cell: "lstm", torch._VF.gru_cell: "gru"}
-
-
-@contextmanager
-def _muted(rec):
-    was, rec.recording = rec.recording, False
-    try:
-        yield
-    finally:
-        rec.recording = was
 
 
 def _sequence_shape(kind: str, args) -> RnnShape | None:
@@ -86,7 +75,7 @@ def _flatten(args):
 class _Fused(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rec, func, shape, training, rebuild, *flat):
-        with _muted(rec):
+        with rec.muted():
             out = func(*rebuild(flat))
             reserve = torch.empty(shape.reserve_elems(), dtype=flat[0].dtype, device="meta")
         outs = out if isinstance(out, tuple) else (out,)
@@ -100,7 +89,7 @@ class _Fused(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         rec, needs = ctx.rec, ctx.needs_input_grad[5:]
-        with _muted(rec):
+        with rec.muted():
             outs = [torch.empty(s, dtype=d, device="meta") if need else None
                     for (s, d), need in zip(ctx.metas, needs)]
         (reserve,) = ctx.saved_tensors
