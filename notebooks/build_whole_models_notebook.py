@@ -212,6 +212,36 @@ print(f"{rnn_node.name()}: {rnn_node.kernels} kernels, {it.total_ms:.2f} ms on a
       f"({it.kernel_ms / rnn_node.kernels * 1e3:.0f} us a kernel: far from any roofline)")
 """),
     md(r"""
+## 5d. Generating tokens: one decode step with a KV cache
+
+A decoder generates text one token at a time. Each step reads **one** new token per sequence:
+every weight GEMM has $m = $ batch rows, so it is a matrix-vector product that reads the whole
+weight matrix from DRAM for a handful of FLOPs. Attention reads the keys and values of every
+earlier token from the **KV cache**, $2 \cdot L \cdot B \cdot h_{kv} \cdot T \cdot d$ elements.
+`mode="decode"` (CLI: `--mode decode`, with `--seq` the tokens already in the cache) captures that
+step with a static cache written in place (`kit/workload/kv_cache.py`).
+
+**Takeaway:** a decode step is bounded by bytes (weights plus cache), not FLOPs, and in eager
+PyTorch its hundreds of tiny kernels often leave the GPU waiting on the CPU.
+"""),
+    code("""
+gpu = get_gpu("h100-sxm")
+step = predict_model("llama3-8b", gpu, mode="decode", batch=8, seq=4096, dtype="bf16")
+cache_gib = step.meta["kv_cache_bytes"] / 2**30
+weights_ms = step.meta["param_bytes"] / gpu.mem_bw_bytes_per_s * 1e3
+assert step.meta["kv_cache_bytes"] == 2 * 32 * 8 * 8 * 4097 * 128 * 2  # K and V, 32 layers, bf16
+assert step.kernel_ms >= weights_ms  # every weight is read once a step
+print(f"llama3-8b, 8 sequences at 4,096 tokens of context on an H100: {step.total_ms:.1f} ms a step, "
+      f"{8 / step.total_ms * 1e3:.0f} tokens/s; KV cache {cache_gib:.2f} GiB; the weights alone take "
+      f"{weights_ms:.1f} ms at the memory roofline; GPU idle {max(step.gpu_idle_ms, 0):.1f} ms")
+"""),
+    md(r"""
+The GEMM times of a decode step come from the tile predictor at $m \le 16$, where NeuSight's
+FP32 data has about 35 rows per GPU (cuBLAS SGEMM reached 25-45% of DRAM bandwidth there). No
+half-precision GEMV has been measured for the kit yet, so treat these GEMM times as the least
+certain part of the step.
+"""),
+    md(r"""
 ## 6. A trace you can open
 
 `kit predict MODEL --gpu NAME --trace out.json` (or `it.to_trace()`) writes the predicted

@@ -38,3 +38,24 @@ def test_seq_choices_follow_the_model_position_table():
     assert 2048 in p.seq.options and p.seq.value == 512
     with pytest.raises(KitError, match="learned positions"):
         WholeModelPanel(model="bert-base", seq=1024)
+
+
+def test_decode_is_offered_for_decoders_only_and_leaves_a_position_for_the_new_token():
+    from kit.errors import KitError
+
+    p = WholeModelPanel(model="gpt2", gpu="a100-pcie-40gb", mode="decode", batch=4, seq=512)
+    assert p.result.mode == "decode" and "decode" in p.mode.options
+    want = predict_model("gpt2", "a100-pcie-40gb", "decode", 4, 512)
+    assert p.result.total_ms == pytest.approx(want.total_ms)
+    assert "token step" in p.summary.value and "tokens/s" in p.summary.value
+    assert 1024 not in p.seq.options  # gpt2 has 1024 positions: a context of 1023 at most
+    p.model.value = "bert-base"  # an encoder has no decode step: the panel falls back
+    assert "decode" not in p.mode.options and p.mode.value == "inference"
+    assert p.result.mode == "inference"
+    p.model.value = "gpt2"
+    p.mode.value = "inference"
+    p.seq.value = 1024
+    p.mode.value = "decode"
+    assert p.seq.value == 512 and p.result.mode == "decode"
+    with pytest.raises(KitError, match="decoder-only"):
+        WholeModelPanel(model="bert-base", mode="decode")

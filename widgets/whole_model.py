@@ -1,7 +1,9 @@
 """The whole-model panel: model, GPU, mode, batch and sequence length drive a breakdown by op
 class and phase, and a timeline of the CPU issuing ops against the GPU running them (one bar
 per layer and phase). The summary says when the step would not fit in the GPU's memory (the
-estimate `kit compare` uses), and the seq control is off for DLRM, which has no sequence."""
+estimate `kit compare` uses), and the seq control is off for DLRM, which has no sequence.
+Decoder-only models also offer mode decode: one generated token per sequence, with seq tokens
+already in the KV cache (kit.workload.kv_cache)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -13,11 +15,11 @@ import pandas as pd
 from kit.api import predict_model
 from kit.hardware import get_gpu, gpu_keys
 from kit.workload.models import memory_bytes
-from kit.workload.zoo import check_seq, max_seq, resolve, uses_seq, zoo_names
+from kit.workload.zoo import check_mode, check_seq, decodes, max_seq, resolve, uses_seq, zoo_names
 from widgets.base import Panel, check_init
 
 SEQS = (32, 64, 128, 256, 512, 1024, 2048)
-MODES, FUSIONS, MAX_BATCH = ("train", "inference"), ("eager", "compiled"), 64
+MODES, FUSIONS, MAX_BATCH = ("train", "inference", "decode"), ("eager", "compiled"), 64
 
 
 def timeline_bars(timeline: pd.DataFrame) -> pd.DataFrame:
@@ -45,7 +47,8 @@ class WholeModelPanel(Panel):
         check_init("WholeModelPanel", "batch", batch, lo=1, hi=MAX_BATCH)  # the slider would clamp it
         self._init = dict(model=resolve(model), gpu=get_gpu(gpu).key, mode=mode, batch=batch, seq=seq,
                           fusion=fusion)
-        check_seq(self._init["model"], seq)
+        check_mode(self._init["model"], mode)
+        check_seq(self._init["model"], seq + 1 if mode == "decode" else seq)
         self.result = None
         super().__init__()
 
@@ -54,30 +57,44 @@ class WholeModelPanel(Panel):
         style = {"description_width": "initial"}
         self.model = W.Dropdown(options=zoo_names(), value=i["model"], description="model", style=style)
         self.gpu = W.Dropdown(options=gpu_keys(), value=i["gpu"], description="GPU", style=style)
-        self.mode = W.ToggleButtons(options=list(MODES), value=i["mode"], description="mode",
-                                    style=style)
+        self.mode = W.ToggleButtons(options=self._modes(i["model"]), value=i["mode"],
+                                    description="mode", style=style)
         self.batch = W.IntSlider(value=i["batch"], min=1, max=MAX_BATCH, description="batch",
                                  continuous_update=False, style=style)
-        self.seq = W.Dropdown(options=self._seqs(i["model"]), value=i["seq"], description="seq",
+        self.seq = W.Dropdown(options=self._seqs(i["model"], i["mode"]), value=i["seq"], description="seq",
                               style=style, disabled=not uses_seq(i["model"]))
         self.fusion = W.ToggleButtons(options=list(FUSIONS), value=i["fusion"],
                                       description="fusion", style=style)
         return [self.model, self.gpu, self.mode, self.batch, self.seq, self.fusion]
 
-    def _seqs(self, model) -> list[int]:
+    @staticmethod
+    def _modes(model) -> list[str]:
+        """decode only for decoder-only models (kit.workload.zoo.decodes)."""
+        return list(MODES) if decodes(model) else [m for m in MODES if m != "decode"]
+
+    def _seqs(self, model, mode) -> list[int]:
         """The sequence lengths offered: SEQS (and the one asked for) up to the model's learned
-        position table, if it has one (kit.workload.zoo.max_seq)."""
+        position table, if it has one (kit.workload.zoo.max_seq); a decode step's context leaves
+        a position for the new token."""
         limit = max_seq(model)
+        if limit is not None and mode == "decode":
+            limit -= 1
         return [s for s in sorted(set(SEQS) | {self._init["seq"]}) if limit is None or s <= limit]
 
     def refresh(self, change=None):
-        """A model with a shorter position table (BERT: 512) narrows the seq choices first."""
+        """A model without a decode step narrows the modes, and one with a shorter position table
+        (BERT: 512) the seq choices, before the prediction."""
         if getattr(self, "_narrowing", False):
             return
-        seqs = self._seqs(self.model.value)
-        if list(self.seq.options) != seqs:
+        modes = self._modes(self.model.value)
+        seqs = self._seqs(self.model.value, self.mode.value if self.mode.value in modes else "inference")
+        if list(self.mode.options) != modes or list(self.seq.options) != seqs:
             self._narrowing = True
             try:
+                if list(self.mode.options) != modes:
+                    mode = self.mode.value if self.mode.value in modes else "inference"
+                    self.mode.options = modes
+                    self.mode.value = mode
                 value = self.seq.value if self.seq.value in seqs else max(seqs)
                 self.seq.options = seqs
                 self.seq.value = value
@@ -123,8 +140,12 @@ class WholeModelPanel(Panel):
         gpu = get_gpu(it.gpu)
         fit = ("" if need <= gpu.memory_bytes else
                f"; <b>does not fit</b>: needs about {need / 2**30:,.1f} GiB (weights"
-               f"{', gradients, AdamW state' if it.mode == 'train' else ''}, activations), "
+               f"{', gradients, AdamW state' if it.mode == 'train' else ''}, activations"
+               f"{', KV cache' if it.mode == 'decode' else ''}), "
                f"{gpu.key} has {gpu.memory_gib:g} GiB")
-        return (f"<b>{it.total_ms:.2f} ms</b> per {'step' if it.mode == 'train' else 'pass'} "
+        per = {"train": "step", "inference": "pass"}.get(it.mode, "token step")
+        tokens = (f"; {it.to_dict()['tokens_per_s']:,.0f} tokens/s over the batch"
+                  if it.mode == "decode" else "")
+        return (f"<b>{it.total_ms:.2f} ms</b> per {per}{tokens} "
                 f"({phases}); {int(it.timeline['kernels'].sum())} kernels, GPU idle {idle:.2f} ms: "
                 f"{bound}; predictor {it.predictor}{fit}")

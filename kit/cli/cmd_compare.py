@@ -42,7 +42,9 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
     batch = graph.meta.get("batch") or batch
     config = graph.meta.get("config") or {}
     per_token = seq_used is not None and config.get("model_type") != "dlrm"
-    items = batch * (seq_used if per_token else 1)
+    decode = graph.meta.get("mode") == "decode"  # one new token per sequence and step
+    per_token = per_token or decode
+    items = batch * (seq_used if per_token and not decode else 1)
     unit = "tokens" if per_token else "samples"
     prices = prices or {}
     rows = []
@@ -70,6 +72,7 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
                        + "; ".join(r["unsupported"] for r in rows))
     return {"model": graph.model, "mode": mode, "batch": batch,
             "seq": seq_used if per_token else None, "dtype": dtype,  # DLRM has no sequence
+            "context": seq_used if decode else None,
             "unit": unit, "memory": mem, "rows": rows}
 
 
@@ -100,10 +103,13 @@ def text(r) -> str:
     u = r["unit"]
     m = r["memory"]
     seq = f", seq {r['seq']}" if r["seq"] is not None else ""
+    if r.get("context") is not None:
+        seq = f", context {r['context']} (one new token per sequence a step)"
+    cache = f", KV cache {m['kv_cache_bytes'] / 2**30:.1f}" if m.get("kv_cache_bytes") else ""
     lines = [f"{r['model']} {r['mode']}, batch {r['batch']}{seq}, {r['dtype']}: needs "
              f"{m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, grads "
              f"{m['grads_bytes'] / 2**30:.1f}, optimizer {m['optimizer_bytes'] / 2**30:.1f}, activations "
-             f"{m['activations_bytes'] / 2**30:.1f})",
+             f"{m['activations_bytes'] / 2**30:.1f}{cache})",
              f"{'gpu':<18} {'step ms':>10} {'p10-p90 ms':>19} {u + '/s':>12} {'fits':>5} "
              f"{'J/step':>9} {'$/M ' + u:>12}"]
     for row in r["rows"]:

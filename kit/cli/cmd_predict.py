@@ -12,10 +12,13 @@ def add_model_args(p):
     p.add_argument("model", help="a zoo model (" + ", ".join(zoo_names()) + "), an HF-style "
                    "config .json file, or a Python path 'module:callable' returning an nn.Module, "
                    "an HF-style config dict or (module, inputs)")
-    p.add_argument("--mode", default="train", choices=["train", "inference"])
+    p.add_argument("--mode", default="train", choices=["train", "inference", "decode"],
+                   help="train: forward + backward; inference: one forward pass over --seq tokens; "
+                   "decode: one generated token per sequence, --seq tokens already in a KV cache")
     p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: a zoo model's "
-                   "own; 512 for a config or module, or the config's position table if shorter)")
+    p.add_argument("--seq", type=positive_int, default=None, help="sequence length, or with --mode "
+                   "decode the tokens in the KV cache (default: a zoo model's own; 512 for a config "
+                   "or module, or the config's position table if shorter)")
     p.add_argument("--dtype", default="fp32", choices=MODEL_DTYPES)
     p.add_argument("--fusion", default="eager", choices=["eager", "compiled"])
     p.add_argument("--optimizer", default=None,
@@ -84,12 +87,17 @@ def text(r) -> str:
 
     band = band_text(r["band_ms"])
     seq = f"seq {r['seq']}, " if r.get("seq") is not None else ""  # none: inputs given with the model
+    if r.get("mode") == "decode" and r.get("context") is not None:
+        seq = f"context {r['context']}, "
     if r.get("image_size"):
         seq = f"images {r['image_size']}x{r['image_size']}, "
     lines = [f"{r['model']} {r['mode']} on {r['gpu']}: batch {r.get('batch')}, {seq}"
              f"{r.get('dtype')}, {r['fusion']}, predictor {r['predictor']}",
              f"  total     {r['total_ms']:.2f} ms" + (f"  {band.strip()}" if band else ""),
              "  phases    " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["phases_ms"].items()),
+             *([f"  decode    {r['batch']} new tokens a step (one per sequence): "
+                f"{r['tokens_per_s']:.1f} tokens/s; KV cache {r['kv_cache_bytes'] / 2**30:.2f} GiB"]
+               if r.get("mode") == "decode" else []),
              f"  kernels   {r['kernels']} launches, {r['kernel_ms']:.2f} ms of GPU work; CPU issue "
              f"{r['cpu_ms']:.2f} ms; GPU idle {max(r['gpu_idle_ms'], 0):.2f} ms",
              "  by class:"]
@@ -106,7 +114,8 @@ def text(r) -> str:
     if m and not m["fits"]:
         lines.append(f"  note: needs {m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, "
                      f"grads {m['grads_bytes'] / 2**30:.1f}, optimizer {m['optimizer_bytes'] / 2**30:.1f}, "
-                     f"activations {m['activations_bytes'] / 2**30:.1f}), more than {r['gpu']}'s "
+                     f"activations {m['activations_bytes'] / 2**30:.1f}, KV cache "
+                     f"{m.get('kv_cache_bytes', 0) / 2**30:.1f}), more than {r['gpu']}'s "
                      f"{m['gpu_memory_bytes'] / 2**30:g} GiB: it would not fit on one GPU")
     for t, why in r.get("fallbacks", {}).items():
         lines.append(f"  note: {t}: {why}")

@@ -58,7 +58,7 @@ def run_parallel(args) -> dict:
     if dtype not in ("fp16", "bf16", "fp32"):
         raise KitError(f"--dtype {dtype}: multi-GPU training supports fp16, bf16 or fp32")
     if getattr(args, "mode", "train") != "train":
-        raise KitError("--system predicts training iterations; drop --mode inference")
+        raise KitError(f"--system predicts training iterations; drop --mode {args.mode}")
     if getattr(args, "gpu", None):
         raise KitError(f"--gpu and --system both given: --system {args.system} brings its own GPUs; drop --gpu "
                        "(or use --gpu alone for one GPU)")

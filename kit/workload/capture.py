@@ -179,13 +179,15 @@ def _fused_dropout(input, p=0.5, training=True, inplace=False):
 
 def _fused_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                 enable_gqa=False):
-    if k.shape[-3] != q.shape[-3]:  # grouped-query attention: repeat k/v heads
+    flash = q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None
+    if k.shape[-3] != q.shape[-3]:  # grouped-query attention
         if q.shape[-3] % k.shape[-3]:
             raise KitError(f"attention: {q.shape[-3]} query heads are not a multiple of "
                            f"{k.shape[-3]} key/value heads")
-        rep = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
-    if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None:
+        if not (flash and enable_gqa):  # only flash attention reads grouped K/V heads as they
+            rep = q.shape[-3] // k.shape[-3]  # are (torch's SDPA docs, "GQA"); the rest repeat
+            k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    if flash:
         return torch.ops.aten._scaled_dot_product_flash_attention(
             q, k, v, dropout_p, is_causal, False, scale=scale)[0]
     need_lse = torch.is_grad_enabled() and q.requires_grad

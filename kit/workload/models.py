@@ -111,6 +111,9 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
     from kit.workload.capture import capture
 
     zoo._check_positive(batch=batch)
+    zoo.check_mode(None, mode, optimizer)
+    if mode == "decode":
+        return _decode_graph(obj, name, batch, seq, dtype, inputs)
     if inputs is None:
         seq = seq or 512
         inputs, meta = _inputs_for(obj, batch, seq), {"batch": batch, "seq": seq}
@@ -121,6 +124,39 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
                            "return a module that takes input_ids or has example_inputs(batch, seq)")
         meta = {"batch": _leading_dim(inputs), "seq": None}
     return capture(obj, inputs, mode=mode, optimizer=optimizer, dtype=dtype, name=name, meta=meta)
+
+
+def _decode_graph(module, name: str, batch: int, seq: int | None, dtype: str, inputs):
+    """A decode step of a user's module: its `decode_inputs(batch, context)` (the new tokens and
+    a KV cache, as the zoo's decoders give them), or inputs of that kind given with it. The
+    floating inputs are the cache, counted as its memory."""
+    import torch
+
+    from kit.workload.capture import TORCH_DTYPES, capture
+
+    if inputs is None:
+        if not hasattr(module, "decode_inputs"):
+            raise KitError(f"mode decode: model {name!r} has no decode_inputs(batch, context) giving "
+                           "the new tokens and a KV cache; give it one, or use a zoo decoder or an "
+                           "HF-style config")
+        seq = seq or 512
+        try:
+            inputs = module.decode_inputs(batch, seq)
+        except Exception as e:
+            raise KitError(f"{type(module).__name__}.decode_inputs({batch}, {seq}) failed: "
+                           f"{one_line(e)}") from None
+        meta = {"batch": batch, "seq": seq}
+    else:
+        if batch != 1 or seq is not None:
+            raise KitError(f"model {name!r} comes with its own example inputs, which fix the batch "
+                           f"and context; drop --batch/--seq (got batch {batch}, seq {seq})")
+        meta = {"batch": _leading_dim(inputs), "seq": None}
+    leaves = [t for t in torch.utils._pytree.tree_leaves(inputs)
+              if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    size = TORCH_DTYPES[dtype].itemsize if dtype in TORCH_DTYPES else None
+    meta.update(mode="decode", context=meta["seq"],
+                kv_cache_bytes=int(sum(t.numel() * (size or t.element_size()) for t in leaves)))
+    return capture(module, inputs, mode="inference", dtype=dtype, name=name, meta=meta)
 
 
 def _leading_dim(inputs) -> int:
@@ -156,5 +192,7 @@ def memory_bytes(graph) -> dict:
     states = OPTIMIZER_STATE_TENSORS.get(m.get("optimizer") or "adamw", 2) if train else 0
     optim = states * int(m.get("params", 0)) * 4  # fp32 state tensors
     acts = int(m.get("activation_bytes", 0))
+    cache = int(m.get("kv_cache_bytes", 0))  # a decode step's KV cache (kit.workload.kv_cache)
     return {"weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optim,
-            "activations_bytes": acts, "total_bytes": weights + grads + optim + acts}
+            "activations_bytes": acts, "kv_cache_bytes": cache,
+            "total_bytes": weights + grads + optim + acts + cache}

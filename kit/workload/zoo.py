@@ -215,7 +215,7 @@ def _code_stamp() -> str:
     """Changes whenever the capture code or the models change (invalidates disk caches)."""
     here = Path(__file__).parent
     names = ("capture.py", "mapping.py", "kernels.py", "zoo.py", "zoo_models.py", "zoo_modern.py",
-             "zoo_vision.py", "mapping_vision.py", "graph.py", "replicate.py")
+             "zoo_vision.py", "mapping_vision.py", "graph.py", "replicate.py", "kv_cache.py")
     return "-".join(str(int((here / n).stat().st_mtime)) for n in names if (here / n).exists())
 
 
@@ -226,7 +226,8 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     if seq is None:  # a config: 512, or its learned position table if that is shorter
         seq = default_seq(model) if isinstance(model, str) else min(512, max_seq(model) or 512)
     _check_positive(seq=seq)
-    check_seq(model, seq)
+    check_mode(model, mode, optimizer)
+    check_seq(model, seq + 1 if mode == "decode" else seq)  # decode: the context and the new token
     key = _key(model, batch, seq, mode, dtype, optimizer)
     if key in _LRU:
         _LRU.move_to_end(key)
@@ -278,7 +279,16 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     meta = {"batch": batch, "seq": seq if uses_seq(cfg) else None,  # DLRM, CNNs read no sequence
             "config": cfg, "n_layers": n_layers}
     full = build(cfg)
-    inputs = full.example_inputs(batch, seq)
+    if mode == "decode":  # one new token per sequence, `seq` tokens already in a static KV cache
+        from kit.workload.capture import TORCH_DTYPES
+        from kit.workload.kv_cache import cache_bytes
+
+        inputs = full.decode_inputs(batch, seq)
+        meta.update(mode="decode", context=seq,
+                    kv_cache_bytes=cache_bytes(inputs[1], TORCH_DTYPES.get(dtype)))
+        mode = "inference"  # captured as a forward pass without gradients
+    else:
+        inputs = full.example_inputs(batch, seq)
     if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and isinstance(n_layers, int)
             and n_layers > 3 and (optimizer is None or mode == "train")):
         small = capture(build({**cfg, layer_key: 3}), inputs, mode=mode, dtype=dtype, name=name, meta=meta)
@@ -296,6 +306,31 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
                 graph = _with_optimizer(graph, capture_optimizer(full, optimizer, dtype))
             return graph
     return capture(full, inputs, mode=mode, optimizer=optimizer, dtype=dtype, name=name, meta=meta)
+
+
+MODES = ("train", "inference", "decode")
+DECODERS = ("gpt2", "opt", "llama", "mistral", "mixtral")  # families with a KV-cache decode step
+
+
+def decodes(model) -> bool:
+    """Whether a zoo name or config is a decoder-only model with a KV-cache decode step."""
+    cfg = config(model) if isinstance(model, str) else dict(model)
+    return (cfg.get("model_type") or ("gpt2" if "n_embd" in cfg else None)) in DECODERS
+
+
+def check_mode(model, mode: str, optimizer=None) -> None:
+    """KitError for a mode the model cannot run: an unknown one, an optimizer step outside
+    training, or a decode step of a model that is not a decoder with a KV cache."""
+    if mode not in MODES:
+        raise KitError(f"unknown mode {mode!r}: choose {', '.join(MODES)}")
+    if optimizer not in (None, "none") and mode != "train":
+        raise KitError(f"an optimizer step needs mode train (got mode {mode})")
+    if mode == "decode" and model is not None and not decodes(model):  # None: a user's module
+        cfg = config(model) if isinstance(model, str) else dict(model)
+        kind = cfg.get("model_type")
+        name = resolve(model) if isinstance(model, str) else cfg.get("name", kind)
+        raise KitError(f"mode decode (one generated token with a KV cache) needs a decoder-only "
+                       f"model ({', '.join(DECODERS)}); {name} is a {kind} model")
 
 
 def _with_optimizer(graph, opt_nodes):

@@ -4,7 +4,10 @@ models launches: GPT-2/GPT-3 (Conv1D addmm, explicit matmul attention with a cau
 the tanh-form "gelu_new" as eight elementwise ops), BERT (BertForPreTraining), OPT, and a
 Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query SDPA) with an optional mixture of experts.
 
-Each model takes a config dict (HF key names) and exposes `example_inputs(batch, seq)`.
+Each model takes a config dict (HF key names) and exposes `example_inputs(batch, seq)`. The
+decoders (GPT-2/3, OPT, Llama) also take a static KV cache and expose `decode_inputs(batch,
+context)`: one new token per sequence, with `context` tokens already in the cache
+(kit.workload.kv_cache).
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from kit.workload.kv_cache import cache_update, check_decode_step, static_cache
 
 
 def _ids(batch: int, seq: int) -> torch.Tensor:
@@ -54,9 +59,11 @@ class GPT2Attention(nn.Module):
     def _split(self, t):
         return t.view(t.size()[:-1] + (self.heads, self.head_dim)).permute(0, 2, 1, 3)
 
-    def forward(self, h):
+    def forward(self, h, cache=None, cache_pos=None):
         q, k, v = self.c_attn(h).split(h.size(-1), dim=2)
         q, k, v = self._split(q), self._split(k), self._split(v)
+        if cache is not None:  # attend over the whole cache, this step's keys written into it
+            k, v = cache_update(cache, k, v, cache_pos)
         w = torch.matmul(q, k.transpose(-1, -2))
         w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
         ql, kl = q.size(-2), k.size(-2)
@@ -88,8 +95,8 @@ class GPT2Block(nn.Module):
         self.ln_1, self.ln_2 = nn.LayerNorm(c["n_embd"], eps=eps), nn.LayerNorm(c["n_embd"], eps=eps)
         self.attn, self.mlp = GPT2Attention(c), GPT2MLP(c)
 
-    def forward(self, h):
-        h = self.attn(self.ln_1(h)) + h
+    def forward(self, h, cache=None, cache_pos=None):
+        h = self.attn(self.ln_1(h), cache, cache_pos) + h
         return h + self.mlp(self.ln_2(h))
 
 
@@ -103,13 +110,14 @@ class GPT2Model(nn.Module):
         self.h = nn.ModuleList(GPT2Block(c) for _ in range(c["n_layer"]))
         self.ln_f = nn.LayerNorm(d, eps=c.get("layer_norm_epsilon", 1e-5))
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, kv_cache=None):
         shape = input_ids.size()
         input_ids = input_ids.view(-1, shape[-1])
-        pos = torch.arange(0, shape[-1], dtype=torch.long, device=input_ids.device).unsqueeze(0)
+        past = check_decode_step(kv_cache, shape[-1])
+        pos = torch.arange(past, past + shape[-1], dtype=torch.long, device=input_ids.device).unsqueeze(0)
         h = self.drop(self.wte(input_ids) + self.wpe(pos))
-        for block in self.h:
-            h = block(h)
+        for i, block in enumerate(self.h):
+            h = block(h) if kv_cache is None else block(h, kv_cache[i], pos[0])
         return self.ln_f(h).view(shape + (h.size(-1),))
 
 
@@ -124,11 +132,16 @@ class GPT2LMHeadModel(nn.Module):
         self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied
 
-    def forward(self, input_ids):
-        return self.lm_head(self.transformer(input_ids))
+    def forward(self, input_ids, kv_cache=None):
+        return self.lm_head(self.transformer(input_ids, kv_cache))
 
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
+
+    def decode_inputs(self, batch, context):
+        c = self.config
+        return (_ids(batch, 1), static_cache(batch, c["n_layer"], c["n_head"], context + 1,
+                                             c["n_embd"] // c["n_head"]))
 
 
 # -- BERT ---------------------------------------------------------------------------------------
@@ -209,15 +222,18 @@ class OPTLayer(nn.Module):
     def _shape(self, t, s, b):
         return t.view(b, s, self.heads, self.head_dim).transpose(1, 2).contiguous()
 
-    def forward(self, h, mask):
+    def forward(self, h, mask, cache=None, cache_pos=None):
         b, s, d = h.shape
         x = self.self_attn_layer_norm(h)
         q = self._shape(self.q_proj(x) * self.scaling, s, b).view(b * self.heads, -1, self.head_dim)
-        k = self._shape(self.k_proj(x), s, b).view(b * self.heads, -1, self.head_dim)
-        v = self._shape(self.v_proj(x), s, b).view(b * self.heads, -1, self.head_dim)
-        w = torch.bmm(q, k.transpose(1, 2)).view(b, self.heads, s, s) + mask
+        k, v = self._shape(self.k_proj(x), s, b), self._shape(self.v_proj(x), s, b)
+        if cache is not None:  # attend over the whole cache, this step's keys written into it
+            k, v = cache_update(cache, k, v, cache_pos)
+        t = k.size(-2)  # keys attended: s, or the cache's length
+        k, v = k.view(b * self.heads, -1, self.head_dim), v.view(b * self.heads, -1, self.head_dim)
+        w = torch.bmm(q, k.transpose(1, 2)).view(b, self.heads, s, t) + mask
         w = torch.max(w, torch.tensor(torch.finfo(w.dtype).min, device=w.device))
-        w = F.softmax(w.view(b * self.heads, s, s), dim=-1)
+        w = F.softmax(w.view(b * self.heads, s, t), dim=-1)
         w = F.dropout(w, p=self.attn_dropout, training=self.training)
         a = torch.bmm(w, v).view(b, self.heads, s, self.head_dim).transpose(1, 2).reshape(b, s, d)
         h = h + F.dropout(self.out_proj(a), p=self.dropout, training=self.training)
@@ -238,22 +254,38 @@ class OPTForCausalLM(nn.Module):
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
         self.lm_head.weight = self.embed_tokens.weight  # tied
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, kv_cache=None):
         b, s = input_ids.shape
         dev = input_ids.device
+        past = check_decode_step(kv_cache, s)
+        t = past + s  # keys attended: the cached ones and this step's
         h = self.embed_tokens(input_ids)
-        attn = torch.ones(b, s, dtype=torch.bool, device=dev)
+        attn = torch.ones(b, t, dtype=torch.bool, device=dev)
         lo = torch.finfo(h.dtype).min
-        causal = torch.full((s, s), lo, device=dev)
-        cond = torch.arange(s, device=dev)
-        causal = causal.masked_fill_(cond < (cond + 1).view(s, 1), 0).to(h.dtype)
-        inverted = 1.0 - attn[:, None, None, :].expand(b, 1, s, s).to(h.dtype)
+        causal = torch.full((s, t), lo, device=dev)
+        cond = torch.arange(t, device=dev)
+        query = cond[past:] if past else cond  # the new tokens' positions
+        causal = causal.masked_fill_(cond < (query + 1).view(s, 1), 0).to(h.dtype)
+        inverted = 1.0 - attn[:, None, None, :].expand(b, 1, s, t).to(h.dtype)
         mask = inverted.masked_fill(inverted.to(torch.bool), lo) + causal[None, None]
         positions = (torch.cumsum(attn.long(), dim=1) * attn.long()).long() - 1
+        if past:
+            positions = positions[:, past:]
         h = h + self.embed_positions(positions + 2)
-        for layer in self.layers:
-            h = layer(h, mask)
+        if kv_cache is None:
+            for layer in self.layers:
+                h = layer(h, mask)
+        else:
+            cache_pos = torch.arange(past, t, device=dev)
+            for i, layer in enumerate(self.layers):
+                h = layer(h, mask, kv_cache[i], cache_pos)
         return self.lm_head(self.final_layer_norm(h))
 
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
+
+    def decode_inputs(self, batch, context):
+        c = self.config
+        heads = c["num_attention_heads"]
+        return (_ids(batch, 1), static_cache(batch, c["num_hidden_layers"], heads, context + 1,
+                                             c["hidden_size"] // heads))

@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kit.workload.kv_cache import cache_update, check_decode_step, static_cache
+
 
 def _ids(batch: int, seq: int) -> torch.Tensor:
     return torch.zeros(batch, seq, dtype=torch.long, device="meta")
@@ -51,13 +53,15 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, d, bias=False)
 
-    def forward(self, h, cos, sin):
+    def forward(self, h, cos, sin, cache=None, cache_pos=None):
         b, s, _ = h.shape
         q = self.q_proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        if cache is not None:  # one new token attends to every cached one: no causal mask
+            k, v = cache_update(cache, k, v, cache_pos)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None,
                                            enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
 
@@ -88,6 +92,8 @@ class ExpertChoiceMoE(nn.Module):
         e = len(self.experts)
         cap = math.ceil(s * self.top_k / e)
         cap = b * min(cap, self.capacity) if self.capacity else b * cap
+        if s * self.top_k < e:  # fewer routed slots per sequence than experts (a decode step,
+            cap = min(cap, math.ceil(b * s * self.top_k / e))  # s = 1): spread over the batch
         cap = min(cap, x.shape[0])
         out = torch.zeros_like(x)
         for i, expert in enumerate(self.experts):
@@ -110,8 +116,8 @@ class LlamaLayer(nn.Module):
         else:
             self.mlp = SwiGLU(d, ff)
 
-    def forward(self, h, cos, sin):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+    def forward(self, h, cos, sin, cache=None, cache_pos=None):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, cache_pos)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -131,19 +137,32 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
         self.register_buffer("inv_freq", torch.empty(self.head_dim // 2), persistent=False)
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, kv_cache=None):
         b, s = input_ids.shape
+        past = check_decode_step(kv_cache, s)
         h = self.embed_tokens(input_ids)
-        pos = torch.arange(s, device=h.device, dtype=torch.float32)
+        pos = (torch.arange(past, past + s, device=h.device, dtype=torch.float32) if past else
+               torch.arange(s, device=h.device, dtype=torch.float32))
         freqs = torch.outer(pos, self.inv_freq.float())
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(h.dtype)[None, None], emb.sin().to(h.dtype)[None, None]
-        for layer in self.layers:
-            h = layer(h, cos, sin)
+        if kv_cache is None:
+            for layer in self.layers:
+                h = layer(h, cos, sin)
+        else:
+            cache_pos = torch.arange(past, past + s, device=h.device)
+            for i, layer in enumerate(self.layers):
+                h = layer(h, cos, sin, kv_cache[i], cache_pos)
         return self.lm_head(self.norm(h))
 
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
+
+    def decode_inputs(self, batch, context):
+        c = self.config
+        kv_heads = c.get("num_key_value_heads", c["num_attention_heads"])
+        return (_ids(batch, 1), static_cache(batch, c["num_hidden_layers"], kv_heads, context + 1,
+                                             self.head_dim))
 
 
 # -- Switch Transformer (T5 blocks, sparse MLP every other layer) ------------------------------

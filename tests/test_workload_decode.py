@@ -1,0 +1,175 @@
+"""Decode steps: one generated token per sequence with a static KV cache (kit.workload.kv_cache)."""
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kit.cli import main
+from kit.errors import KitError
+from kit.hardware import get_gpu
+from kit.ops import Attention, Gemm
+from kit.workload import zoo
+from kit.workload.iteration import iteration
+from kit.workload.models import graph_of, memory_bytes
+
+torch.set_num_threads(1)
+GPT = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100,
+       "n_positions": 64, "name": "tiny-gpt"}
+OPT = {"model_type": "opt", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+       "ffn_dim": 256, "vocab_size": 100, "max_position_embeddings": 64, "name": "tiny-opt"}
+LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 2,
+         "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 100, "name": "tiny-llama"}
+
+
+def _gemms(graph):
+    return [n for n in graph if n.op_class == "gemm"]
+
+
+@pytest.mark.parametrize("cfg", [GPT, OPT, LLAMA], ids=["gpt2", "opt", "llama"])
+def test_every_weight_gemm_reads_one_token_per_sequence(cfg):
+    b, ctx = 3, 20
+    g = zoo.graph_for(cfg, batch=b, seq=ctx, mode="decode", dtype="fp16", disk=False)
+    assert g.meta["mode"] == "decode" and g.meta["context"] == ctx
+    assert {n.phase for n in g} == {"fwd"}
+    weights = [n.op for n in _gemms(g) if n.op.kind != "bmm"]
+    assert weights and all(op.m * op.b == b for op in weights), [(o.b, o.m) for o in weights]
+    # the cache writes: one index_copy_ for keys and one for values per layer, moving the new
+    # token's keys (not the cache): b x kv_heads x 1 x head_dim fp16 values, read and written
+    writes = [n for n in g if "index_copy" in n.aten]
+    assert len(writes) == 2 * 2
+    kvh = cfg.get("num_key_value_heads", cfg.get("n_head", cfg.get("num_attention_heads")))
+    d = cfg.get("n_embd", cfg.get("hidden_size")) // cfg.get("n_head", cfg.get("num_attention_heads"))
+    assert all(n.op.bytes < 4 * (b * kvh * d * 2 + 8) for n in writes), [n.op.bytes for n in writes]
+
+
+def test_attention_reads_the_whole_cache_from_one_query():
+    b, ctx = 2, 30
+    g = zoo.graph_for(LLAMA, batch=b, seq=ctx, mode="decode", dtype="bf16", disk=False)
+    att = [n.op for n in g if n.op_class == "attention"]
+    # flash attention reads grouped K/V heads as they are (no repeat_interleave copies)
+    assert att == [Attention(b=b, heads=8, seq_q=1, seq_kv=ctx + 1, head_dim=8, dtype="bf16",
+                             causal=False, kv_heads=2)] * 2
+    assert not [n for n in g if "repeat_interleave" in n.aten or n.aten.startswith("aten.index.")]
+    gpt = zoo.graph_for(GPT, batch=b, seq=ctx, mode="decode", disk=False)
+    bmm = [n.op for n in _gemms(gpt) if n.op.kind == "bmm"]
+    assert {(op.b, op.m, op.k) for op in bmm} == {(b * 4, 1, 16), (b * 4, 1, ctx + 1)}
+    assert {op.n for op in bmm} == {ctx + 1, 16}  # q·K over the cache, then the weights·V
+
+
+def test_gqa_prefill_in_half_precision_reads_grouped_heads_fp32_repeats():
+    half = zoo.graph_for(LLAMA, batch=1, seq=16, mode="train", dtype="fp16", disk=False)
+    single = zoo.graph_for(LLAMA, batch=1, seq=16, mode="train", dtype="fp32", disk=False)
+    assert {n.op.kv_heads for n in half if n.op_class == "attention" and n.phase == "fwd"} == {2}
+    assert {n.op.kv_heads for n in single if n.op_class == "attention" and n.phase == "fwd"} == {None}
+    assert not [n for n in half if "repeat_interleave" in n.aten]
+
+
+def test_kv_cache_bytes_and_memory():
+    b, ctx = 4, 40
+    g = zoo.graph_for(LLAMA, batch=b, seq=ctx, mode="decode", dtype="bf16", disk=False)
+    want = 2 * 2 * b * 2 * (ctx + 1) * 8 * 2  # keys+values x layers x b x kv_heads x len x d x bf16
+    assert g.meta["kv_cache_bytes"] == want
+    mem = memory_bytes(g)
+    assert mem["kv_cache_bytes"] == want and mem["grads_bytes"] == mem["optimizer_bytes"] == 0
+    assert mem["total_bytes"] == mem["weights_bytes"] + mem["activations_bytes"] + want
+    # the zoo's 70B model at a long context and a large batch: the cache alone exceeds 80 GB
+    big = zoo.graph_for("llama3-70b", batch=64, seq=8192, mode="decode", dtype="bf16", disk=False)
+    assert big.meta["kv_cache_bytes"] == 2 * 80 * 64 * 8 * 8193 * 128 * 2
+    assert memory_bytes(big)["total_bytes"] > get_gpu("h100-sxm").memory_bytes
+
+
+def test_decode_step_reads_every_weight_and_grows_with_the_context():
+    gpu = get_gpu("h100-sxm")
+    short = iteration(zoo.graph_for("llama3-8b", 8, 256, "decode", "bf16", disk=False), gpu)
+    long = iteration(zoo.graph_for("llama3-8b", 8, 16384, "decode", "bf16", disk=False), gpu)
+    weights = short.meta["param_bytes"]
+    # every weight is read once a step: no faster than the weights at the memory roofline
+    assert short.kernel_ms >= weights / gpu.mem_bw_bytes_per_s * 1e3
+    cls = {r["op_class"]: r["ms"] for r in short.by_class().to_dict("records")}
+    cls_long = {r["op_class"]: r["ms"] for r in long.by_class().to_dict("records")}
+    assert cls_long["gemm"] == pytest.approx(cls["gemm"])  # the same weight GEMMs
+    # attention reads the cache: 64x the context, at least 16x the time (more once bandwidth-bound)
+    assert cls_long["attention"] > 16 * cls["attention"]
+    assert long.total_ms > short.total_ms
+    # the GPU work of 8 new tokens is far below a forward pass over 8 x 256 tokens, which does
+    # 256x the FLOPs for the same weights read
+    prefill = iteration(zoo.graph_for("llama3-8b", 8, 256, "inference", "bf16", disk=False), gpu)
+    assert short.kernel_ms < prefill.kernel_ms / 4
+
+
+def test_moe_decode_spreads_the_batch_over_the_experts():
+    moe = {**LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2,
+           "name": "tiny-moe"}
+    g = zoo.graph_for(moe, batch=6, seq=12, mode="decode", disk=False)
+    expert = [n.op for n in _gemms(g) if ".experts." in n.module]
+    assert expert and {op.m for op in expert} == {3}  # ceil(6 tokens x top-2 / 4 experts)
+
+
+def test_bad_decode_requests_are_one_clear_error():
+    with pytest.raises(KitError, match="decoder-only"):
+        zoo.graph_for("bert-base", 1, 16, "decode", disk=False)
+    with pytest.raises(KitError, match="optimizer step needs mode train"):
+        zoo.graph_for(GPT, 1, 16, "decode", optimizer="adamw", disk=False)
+    with pytest.raises(KitError, match="64 learned positions"):  # the context and the new token
+        zoo.graph_for(GPT, 1, 64, "decode", disk=False)
+    zoo.graph_for(GPT, 1, 63, "decode", disk=False)
+    with pytest.raises(KitError, match="unknown mode"):
+        zoo.graph_for(GPT, 1, 16, "generate", disk=False)
+    with pytest.raises(KitError, match="decode_inputs"):
+        graph_of(nn.Linear(4, 4), 1, 8, mode="decode")
+
+
+class _UserDecoder(nn.Module):
+    """A user's own decoder with a decode_inputs(batch, context), as the zoo's have."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qkv, self.out = nn.Embedding(10, 32), nn.Linear(32, 96), nn.Linear(32, 10)
+
+    def forward(self, ids, cache):
+        q, k, v = self.qkv(self.emb(ids)).unsqueeze(1).chunk(3, dim=-1)
+        pos = torch.tensor([cache[0].size(2) - 1], device=ids.device)
+        cache[0].index_copy_(2, pos, k)
+        cache[1].index_copy_(2, pos, v)
+        return self.out(F.scaled_dot_product_attention(q, *cache).squeeze(1))
+
+    def decode_inputs(self, batch, context):
+        return (torch.zeros(batch, 1, dtype=torch.long),
+                (torch.zeros(batch, 1, context + 1, 32), torch.zeros(batch, 1, context + 1, 32)))
+
+
+def test_a_users_module_decodes_through_its_decode_inputs():
+    g = graph_of(_UserDecoder(), 2, 100, mode="decode", dtype="fp16")
+    assert g.meta["mode"] == "decode" and g.meta["context"] == 100
+    assert g.meta["kv_cache_bytes"] == 2 * 2 * 101 * 32 * 2
+    att = [n.op for n in g if n.op_class == "attention"]
+    assert att == [Attention(b=2, heads=1, seq_q=1, seq_kv=101, head_dim=32, dtype="fp16")]
+
+
+def _json(capsys, argv):
+    rc = main(argv + ["--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return json.loads(out.out)
+
+
+def test_cli_predict_and_compare_report_tokens_per_second(capsys):
+    r = _json(capsys, ["predict", "gpt2", "--gpu", "a100-pcie-40gb", "--mode", "decode",
+                       "--batch", "4", "--seq", "100"])
+    assert r["mode"] == "decode" and r["context"] == 100 and set(r["phases_ms"]) == {"fwd"}
+    assert r["tokens_per_s"] == pytest.approx(4 / r["total_ms"] * 1e3)
+    assert r["kv_cache_bytes"] == 2 * 12 * 4 * 12 * 101 * 64 * 4  # fp32, 12 layers, 12 heads
+    assert r["memory"]["kv_cache_bytes"] == r["kv_cache_bytes"]
+    c = _json(capsys, ["compare", "gpt2", "--gpus", "a100-pcie-40gb,t4", "--mode", "decode",
+                       "--batch", "4", "--seq", "100"])
+    assert c["unit"] == "tokens" and c["context"] == 100
+    for row in c["rows"]:
+        assert row["tokens_per_s"] == pytest.approx(4 / row["step_ms"] * 1e3)
+    assert main(["predict", "gpt2", "--gpu", "t4", "--mode", "decode", "--seq", "100"]) == 0
+    assert "tokens/s" in capsys.readouterr().out
+    assert main(["predict", "bert-base", "--gpu", "t4", "--mode", "decode"]) == 2
+    assert "decoder-only" in capsys.readouterr().err
+    assert main(["predict", "gpt2", "--system", "dgx-a100", "--mode", "decode"]) == 2
+    assert "drop --mode decode" in capsys.readouterr().err
