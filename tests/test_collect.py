@@ -218,3 +218,22 @@ def test_collect_refuses_bad_settings_before_measuring(tmp_path, kw, word):
     with pytest.raises(KitError, match=word):
         collect("add", "tiny-vec:2", out, **kw)
     assert not out.exists()
+
+
+def test_decode_grids_hold_every_weight_a_zoo_decode_step_reads():
+    """decode-linear against the capture itself: each weight GEMM of a decode step of the zoo's
+    gpt2, opt-1.3b and llama3-8b (and llama3-70b's) is in the grid, at m = 1..64."""
+    from kit.data.shapes import DECODE_TOKENS, decode_shapes
+    from kit.workload import zoo
+
+    linear = set(resolve_shapes("decode-linear"))
+    assert linear == set(decode_shapes("decode-linear")) and {1, 64} <= set(DECODE_TOKENS)
+    for model in ("gpt2", "opt-1.3b", "llama3-8b", "llama3-70b"):
+        g = zoo.graph_for(model, batch=1, seq=16, mode="decode", dtype="bf16", disk=False)
+        weights = {(n.op.k, n.op.n) for n in g if n.op_class == "gemm" and n.op.kind != "bmm"}
+        assert weights, model
+        for k, n in weights:
+            assert {(1, m, k, n) for m in DECODE_TOKENS} <= linear, (model, k, n)
+    bmm = resolve_shapes("decode-bmm")
+    assert all(b > 1 and m == 1 for b, m, _, _ in bmm)
+    assert {(b, n, k) for b, _, n, k in bmm} == {(b, k, n) for b, _, n, k in bmm}  # q·Kᵀ and p·V

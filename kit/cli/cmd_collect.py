@@ -48,7 +48,8 @@ def register(sub):
     p.add_argument("--shapes", required=True, metavar="GRID_OR_FILE",
                    help="a dims file (B;M;N;K or B;H a line, NeuSight's format) or a grid: random-bmm, "
                    "random-linear, random-vec, tiny-gemm, tiny-vec [:COUNT[:SEED]], gpt2-layers, "
-                   "gpt2-large-layers, bert-large-layers, gpt3-xl-layers, opt-1.3b-layers")
+                   "gpt2-large-layers, bert-large-layers, gpt3-xl-layers, opt-1.3b-layers, decode-linear, "
+                   "decode-bmm")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"])
     p.add_argument("--out", required=True, metavar="FILE.csv")

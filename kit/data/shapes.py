@@ -15,6 +15,10 @@ Named grids (`NAME[:COUNT[:SEED]]` for the random ones; every draw is seeded):
     <model>-layers  the GEMM and vector shapes of one transformer layer of a real model at
                     batch 1, 2, 4, 8 and the model's context length: gpt2, gpt2-large,
                     bert-large, gpt3-xl, opt-1.3b (e.g. "gpt2-layers")
+    decode-linear   the weight GEMMs of a decode step (kit.workload.kv_cache): every weight of
+                    GPT-2, OPT-1.3B, Llama-3 8B and 70B at m = 1..64 new tokens (NeuSight's
+                    data has ~35 GEMMs a GPU with m <= 16, and none in half precision)
+    decode-bmm      attention's q·Kᵀ and p·V of one query over 512..16384 cached tokens
 """
 from __future__ import annotations
 
@@ -40,11 +44,30 @@ MODELS = {
 }
 MODEL_BATCHES = (1, 2, 4, 8)
 RANDOM_GRIDS = ("random-bmm", "random-linear", "random-vec", "tiny-gemm", "tiny-vec")
+# (in, out) of the weights a decode step reads: GPT-2 (768, 3072, vocab 50257), OPT-1.3B (2048,
+# 8192), Llama-3 8B (4096, 8 KV heads of 128, 14336, vocab 128256) and 70B (8192, 28672): their
+# HF config.json files (kit.workload.zoo)
+DECODE_WEIGHTS = ((768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257),
+                  (2048, 2048), (2048, 8192), (8192, 2048), (2048, 50272),
+                  (4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096), (4096, 128256),
+                  (8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (8192, 128256))
+DECODE_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+DECODE_ATTENTION = ((32, 128), (256, 128), (512, 64))  # (batch x heads, head_dim)
+DECODE_CONTEXTS = (512, 2048, 8192, 16384)
+DECODE_GRIDS = ("decode-linear", "decode-bmm")
 DEFAULT_COUNT = 1000
 
 
 def grid_names() -> list[str]:
-    return [*RANDOM_GRIDS, *(f"{m}-layers" for m in MODELS)]
+    return [*RANDOM_GRIDS, *(f"{m}-layers" for m in MODELS), *DECODE_GRIDS]
+
+
+def decode_shapes(name: str) -> list[tuple[int, ...]]:
+    """The decode grids (see the module doc), NeuSight order: decode-linear (1, m, in, out);
+    decode-bmm (b·h, 1, d, T) for q·Kᵀ and (b·h, 1, T, d) for p·V."""
+    if name == "decode-linear":
+        return [(1, m, n_in, n_out) for n_in, n_out in DECODE_WEIGHTS for m in DECODE_TOKENS]
+    return [s for bh, d in DECODE_ATTENTION for t in DECODE_CONTEXTS for s in ((bh, 1, d, t), (bh, 1, t, d))]
 
 
 def shape_kind(shape: tuple) -> str:
@@ -149,6 +172,8 @@ def resolve_shapes(spec: str) -> list[tuple[int, ...]]:
         if count < 1 or len(rest) > 2:
             raise KitError(f"grid {spec!r}: write {name}[:COUNT[:SEED]] with COUNT >= 1")
         return random_grid(name, count, seed)
+    if name in DECODE_GRIDS and not rest:
+        return decode_shapes(name)
     if name.endswith("-layers") and name[:-len("-layers")] in MODELS and not rest:
         return model_layer_shapes(name[:-len("-layers")])
     if Path(spec).exists() or any(c in spec for c in "/\\.") :
