@@ -153,6 +153,18 @@ def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | No
     return iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
 
 
+def predict_generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 128,
+                       dtype: str = "fp32", fusion: str = "eager", predictor: str = "auto",
+                       overhead=None) -> dict:
+    """Predict generating `new_tokens` per sequence after a `prompt`-token prefill on one GPU:
+    time to first token, time per output token, total and tokens/s, with the KV cache in the
+    memory need (kit.workload.generation)."""
+    from kit.workload.generation import generation
+
+    return generation(model, gpu, batch=batch, prompt=prompt, new_tokens=new_tokens, dtype=dtype,
+                      fusion=fusion, predictor=predictor, overhead=overhead)
+
+
 def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = "auto",
                       profile: str = "default", graph="auto", **layout) -> dict:
     """Predict one training iteration of a GPT-style model on a parallel layout of a System:

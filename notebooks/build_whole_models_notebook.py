@@ -236,6 +236,20 @@ print(f"llama3-8b, 8 sequences at 4,096 tokens of context on an H100: {step.tota
       f"{weights_ms:.1f} ms at the memory roofline; GPU idle {max(step.gpu_idle_ms, 0):.1f} ms")
 """),
     md(r"""
+A whole answer is the prompt's **prefill** (one forward pass over it, which yields the first
+token: the time to first token, TTFT) and then one decode step per further token, each with one
+more token in the cache. `predict_generation` (CLI: `--mode generate --new-tokens N`) sums the
+steps from decode steps predicted at five contexts and interpolated between them.
+"""),
+    code("""
+from kit.api import predict_generation
+gen = predict_generation("llama3-8b", gpu, batch=8, prompt=1024, new_tokens=256, dtype="bf16")
+assert abs(gen["total_ms"] - gen["ttft_ms"] - 255 * gen["tpot_ms"]) < 1e-6 * gen["total_ms"]
+assert gen["ttft_ms"] > gen["tpot_ms"]  # one token after the prompt costs less than the prompt
+print(f"TTFT {gen['ttft_ms']:.0f} ms, then {gen['tpot_ms']:.1f} ms a token: "
+      f"{gen['total_ms'] / 1e3:.2f} s for 256 tokens x 8 sequences ({gen['tokens_per_s']:.0f} tokens/s)")
+"""),
+    md(r"""
 The GEMM times of a decode step come from the tile predictor at $m \le 16$, where NeuSight's
 FP32 data has about 35 rows per GPU (cuBLAS SGEMM reached 25-45% of DRAM bandwidth there). No
 half-precision GEMV has been measured for the kit yet, so treat these GEMM times as the least

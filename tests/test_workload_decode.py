@@ -116,7 +116,7 @@ def test_bad_decode_requests_are_one_clear_error():
         zoo.graph_for(GPT, 1, 64, "decode", disk=False)
     zoo.graph_for(GPT, 1, 63, "decode", disk=False)
     with pytest.raises(KitError, match="unknown mode"):
-        zoo.graph_for(GPT, 1, 16, "generate", disk=False)
+        zoo.graph_for(GPT, 1, 16, "sample", disk=False)
     with pytest.raises(KitError, match="decode_inputs"):
         graph_of(nn.Linear(4, 4), 1, 8, mode="decode")
 

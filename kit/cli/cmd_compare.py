@@ -6,7 +6,7 @@ step at TDP (an upper bound: TDP × step time), and, where the user gives prices
 cost per million tokens (or samples). No prices are built in.
 """
 from kit.cli import add_command
-from kit.cli.cmd_predict import add_model_args, overhead_from
+from kit.cli.cmd_predict import add_model_args, check_new_tokens, overhead_from
 
 
 def parse_prices(text: str | None) -> dict:
@@ -27,7 +27,8 @@ def parse_prices(text: str | None) -> dict:
 
 
 def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="eager",
-            optimizer=None, predictor="auto", prices=None, overhead=None) -> dict:
+            optimizer=None, predictor="auto", prices=None, overhead=None,
+            new_tokens: int | None = None) -> dict:
     from kit.errors import KitError
     from kit.hardware import get_gpu
     from kit.workload.iteration import iteration
@@ -35,6 +36,9 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
 
     if not gpus:
         raise KitError("--gpus needs at least one GPU")
+    if mode == "generate":
+        return compare_generation(model, gpus, batch, seq or 512, new_tokens or 128, dtype, fusion,
+                                  predictor, prices or {}, overhead)
     graph = graph_of(model, batch, seq, mode, dtype, optimizer)
     mem = memory_bytes(graph)
     # a module with its own example inputs knows its batch, and no sequence; DLRM reads none
@@ -76,17 +80,64 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
             "unit": unit, "memory": mem, "rows": rows}
 
 
-def unsupported_row(gpu, dtype: str, unit: str, mem: dict, prices: dict) -> dict:
-    """A GPU that cannot run the dtype: no time, throughput, energy or cost, and the reason."""
+def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, predictor, prices,
+                       overhead) -> dict:
+    """compare for mode generate: a row's step is the whole generation (kit.workload.generation),
+    its throughput the batch's new tokens over it, with TTFT and TPOT beside."""
+    from kit.errors import KitError
+    from kit.hardware import get_gpu
+    from kit.workload.generation import generation
+
+    chosen = list({get_gpu(name).key: get_gpu(name) for name in gpus}.values())  # aliases: one row
+    unknown = sorted(set(prices) - {g.key for g in chosen})
+    if unknown:
+        raise KitError(f"prices given for GPUs not compared: {', '.join(unknown)}")
+    if all(g.peak_tflops(dtype) is None for g in chosen):
+        raise KitError(f"none of {', '.join(g.key for g in chosen)} supports {dtype}: "
+                       + "; ".join(no_dtype(g, dtype) for g in chosen))
+    runs = {g.key: generation(model, g, batch=batch, prompt=prompt, new_tokens=new_tokens,
+                              dtype=dtype, fusion=fusion, predictor=predictor, overhead=overhead)
+            for g in chosen if g.peak_tflops(dtype) is not None}
+    first = next(iter(runs.values()))
+    mem, items = first["memory"], batch * new_tokens
+    rows = []
+    for gpu in chosen:
+        r = runs.get(gpu.key)
+        if r is None:
+            rows.append(unsupported_row(gpu, dtype, "tokens", mem, prices))
+            continue
+        step_s = r["total_ms"] / 1e3
+        band = [r["ttft_band_ms"][i] + r["decode_band_ms"][i] for i in (0, 1)]
+        rows.append({"gpu": gpu.key, "step_ms": r["total_ms"], "band_ms": band,
+                     "ttft_ms": r["ttft_ms"], "tpot_ms": r["tpot_ms"], "tokens_per_s": items / step_s,
+                     "memory_need_gib": mem["total_bytes"] / 2**30, "memory_gib": gpu.memory_gib,
+                     "fits": mem["total_bytes"] <= gpu.memory_bytes,
+                     "energy_j_per_step": gpu.tdp_w * step_s, "tdp_w": gpu.tdp_w,
+                     "energy_j_per_m_tokens": gpu.tdp_w * step_s / items * 1e6,
+                     "price_per_hour": prices.get(gpu.key),
+                     "cost_per_m_tokens": (prices[gpu.key] / 3600 * step_s / items * 1e6
+                                           if gpu.key in prices else None),
+                     "predictor": r["predictor"], "unsupported": None})
+    return {"model": first["model"], "mode": "generate", "batch": batch, "seq": prompt,
+            "dtype": dtype, "prompt": prompt, "new_tokens": new_tokens, "context": None,
+            "unit": "tokens", "memory": mem, "rows": rows}
+
+
+def no_dtype(gpu, dtype: str) -> str:
+    """Why a GPU cannot run a dtype, naming the ones it can."""
     from kit.hardware.gpu import DTYPES
 
-    supported = [d for d in DTYPES if gpu.peak_tflops(d)]
+    return f"{gpu.key} has no {dtype} support (it has {', '.join(d for d in DTYPES if gpu.peak_tflops(d))})"
+
+
+def unsupported_row(gpu, dtype: str, unit: str, mem: dict, prices: dict) -> dict:
+    """A GPU that cannot run the dtype: no time, throughput, energy or cost, and the reason."""
     return {"gpu": gpu.key, "step_ms": None, "band_ms": None, f"{unit}_per_s": None,
             "memory_need_gib": mem["total_bytes"] / 2**30, "memory_gib": gpu.memory_gib,
             "fits": mem["total_bytes"] <= gpu.memory_bytes, "energy_j_per_step": None,
             "tdp_w": gpu.tdp_w, f"energy_j_per_m_{unit}": None,
             "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": None, "predictor": None,
-            "unsupported": f"{gpu.key} has no {dtype} support (it has {', '.join(supported)})"}
+            "unsupported": no_dtype(gpu, dtype)}
 
 
 def run(args):
@@ -95,14 +146,18 @@ def run(args):
     if args.gpu_file:
         load_gpu_file(args.gpu_file)
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    check_new_tokens(args)
     return compare(args.model, gpus, args.mode, args.batch, args.seq, args.dtype, args.fusion,
-                   args.optimizer, args.predictor, parse_prices(args.price_per_hour), overhead_from(args))
+                   args.optimizer, args.predictor, parse_prices(args.price_per_hour), overhead_from(args),
+                   args.new_tokens)
 
 
 def text(r) -> str:
     u = r["unit"]
     m = r["memory"]
     seq = f", seq {r['seq']}" if r["seq"] is not None else ""
+    if r.get("mode") == "generate":
+        seq = f", prompt {r['prompt']}, {r['new_tokens']} new tokens (step = the whole generation)"
     if r.get("context") is not None:
         seq = f", context {r['context']} (one new token per sequence a step)"
     cache = f", KV cache {m['kv_cache_bytes'] / 2**30:.1f}" if m.get("kv_cache_bytes") else ""

@@ -12,9 +12,12 @@ def add_model_args(p):
     p.add_argument("model", help="a zoo model (" + ", ".join(zoo_names()) + "), an HF-style "
                    "config .json file, or a Python path 'module:callable' returning an nn.Module, "
                    "an HF-style config dict or (module, inputs)")
-    p.add_argument("--mode", default="train", choices=["train", "inference", "decode"],
+    p.add_argument("--mode", default="train", choices=["train", "inference", "decode", "generate"],
                    help="train: forward + backward; inference: one forward pass over --seq tokens; "
-                   "decode: one generated token per sequence, --seq tokens already in a KV cache")
+                   "decode: one generated token per sequence, --seq tokens already in a KV cache; "
+                   "generate: a --seq-token prompt's prefill, then --new-tokens decode steps")
+    p.add_argument("--new-tokens", type=positive_int, default=None,
+                   help="with --mode generate: tokens generated per sequence (default 128)")
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--seq", type=positive_int, default=None, help="sequence length, or with --mode "
                    "decode the tokens in the KV cache (default: a zoo model's own; 512 for a config "
@@ -48,6 +51,34 @@ def memory_need(it, gpu) -> dict:
     return {**mem, "gpu_memory_bytes": gpu.memory_bytes, "fits": mem["total_bytes"] <= gpu.memory_bytes}
 
 
+def check_new_tokens(args) -> None:
+    from kit.errors import KitError
+
+    if getattr(args, "new_tokens", None) is not None and args.mode != "generate":
+        raise KitError(f"--new-tokens goes with --mode generate (got --mode {args.mode})")
+    if args.mode == "generate" and args.optimizer:
+        raise KitError("an optimizer step needs mode train (got mode generate)")
+
+
+def generation_text(r) -> str:
+    pre, steps = r["prefill"], r["decode_steps"]
+    lines = [f"{r['model']} generate on {r['gpu']}: batch {r['batch']}, prompt {r['prompt']}, "
+             f"{r['new_tokens']} new tokens, {r['dtype']}, {r['fusion']}, predictor {r['predictor']}",
+             f"  total     {r['total_ms']:.1f} ms  ({r['tokens_per_s']:.1f} tokens/s over the batch)",
+             f"  TTFT      {r['ttft_ms']:.2f} ms  (the prompt's prefill; GPU idle {pre['gpu_idle_ms']:.2f} ms)"]
+    if steps:
+        lines.append(f"  TPOT      {r['tpot_ms']:.2f} ms a token after the first (decode steps "
+                     f"{steps[0]['ms']:.2f} ms at context {steps[0]['context']} to "
+                     f"{steps[-1]['ms']:.2f} ms at {steps[-1]['context']}; GPU idle "
+                     f"{steps[0]['gpu_idle_ms']:.2f}-{steps[-1]['gpu_idle_ms']:.2f} ms a step)")
+    m = r["memory"]
+    lines.append(f"  memory    {m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, "
+                 f"KV cache {m.get('kv_cache_bytes', 0) / 2**30:.2f}, activations "
+                 f"{m['activations_bytes'] / 2**30:.2f}) of {m['gpu_memory_bytes'] / 2**30:g} GiB"
+                 + ("" if m["fits"] else ": it would not fit on one GPU"))
+    return "\n".join(lines)
+
+
 def run(args):
     import json
 
@@ -63,6 +94,17 @@ def run(args):
         return run_parallel(args)
     if not args.gpu:
         raise KitError("kit predict: give --gpu (one GPU) or --system (multi-GPU)")
+    check_new_tokens(args)
+    if args.mode == "generate":
+        if args.trace:
+            raise KitError("--trace shows one step; with --mode generate, trace a prefill "
+                           "(--mode inference) or a step (--mode decode)")
+        from kit.api import predict_generation
+
+        return predict_generation(args.model, args.gpu, batch=args.batch, prompt=args.seq or 512,
+                                  new_tokens=args.new_tokens or 128, dtype=args.dtype,
+                                  fusion=args.fusion, predictor=args.predictor,
+                                  overhead=overhead_from(args))
     it = predict_model(args.model, args.gpu, mode=args.mode, batch=args.batch, seq=args.seq,
                        dtype=args.dtype, fusion=args.fusion, optimizer=args.optimizer,
                        predictor=args.predictor, overhead=overhead_from(args))
@@ -79,6 +121,8 @@ def run(args):
 
 
 def text(r) -> str:
+    if r.get("mode") == "generate":
+        return generation_text(r)
     if "iteration_ms" in r:
         from kit.cli.cmd_predict_parallel import text_parallel
 

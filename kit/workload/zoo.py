@@ -321,6 +321,9 @@ def decodes(model) -> bool:
 def check_mode(model, mode: str, optimizer=None) -> None:
     """KitError for a mode the model cannot run: an unknown one, an optimizer step outside
     training, or a decode step of a model that is not a decoder with a KV cache."""
+    if mode == "generate":
+        raise KitError("mode generate is a prefill and many decode steps, not one graph: use "
+                       "kit.api.predict_generation (CLI: kit predict --mode generate)")
     if mode not in MODES:
         raise KitError(f"unknown mode {mode!r}: choose {', '.join(MODES)}")
     if optimizer not in (None, "none") and mode != "train":

@@ -1,0 +1,101 @@
+"""Generating text: a prompt's prefill, then one decode step per new token.
+
+    r = generation(model, gpu, batch=8, prompt=1024, new_tokens=256, dtype="bf16")
+
+A decoder answers a prompt of P tokens by running one forward pass over them (the prefill,
+`mode="inference"`), which also yields the first new token: the time to first token (TTFT). Each
+further token is one decode step (`mode="decode"`, kit.workload.kv_cache) with the tokens so far
+in the KV cache: the i-th new token (i = 2..N) decodes with P + i - 1 cached tokens.
+
+    TTFT  = prefill(P)
+    total = TTFT + sum_{c = P+1}^{P+N-1} decode(c)
+    TPOT  = (total - TTFT) / (N - 1)              (time per output token after the first)
+
+A decode step's time is its weights (the same at every context) plus attention over the cache
+(growing with it), so the sum is taken from decode steps predicted at `samples` contexts spread
+over [P+1, P+N-1] (first and last included) and linear interpolation between them: exact for a
+step that is affine in its context, and each sample is a full capture and prediction.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kit.errors import KitError
+
+DECODE_SAMPLES = 5
+
+
+def sample_contexts(prompt: int, new_tokens: int, samples: int = DECODE_SAMPLES) -> list[int]:
+    """The contexts at which decode steps are predicted: up to `samples`, evenly spread over
+    the N - 1 decode steps' contexts P+1 .. P+N-1, ends included."""
+    if new_tokens < 2:
+        return []
+    lo, hi = prompt + 1, prompt + new_tokens - 1
+    return sorted({int(round(c)) for c in np.linspace(lo, hi, min(samples, hi - lo + 1))})
+
+
+def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_tokens: int) -> float:
+    """Sum over every decode context P+1..P+N-1 of the step time interpolated between samples."""
+    if new_tokens < 2:
+        return 0.0
+    every = np.arange(prompt + 1, prompt + new_tokens, dtype=float)
+    return float(np.interp(every, np.asarray(contexts, float), np.asarray(step_ms, float)).sum())
+
+
+def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 128,
+               dtype: str = "fp32", fusion: str = "eager", predictor: str = "auto", overhead=None,
+               samples: int = DECODE_SAMPLES) -> dict:
+    """Predict generating `new_tokens` per sequence after a `prompt`-token prefill (module doc).
+    model: a zoo decoder or an HF-style config of one (kit.workload.zoo.DECODERS)."""
+    from kit.workload import zoo
+    from kit.workload.iteration import iteration
+    from kit.workload.models import graph_of, memory_bytes
+
+    for name, value in (("batch", batch), ("prompt", prompt), ("new_tokens", new_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise KitError(f"generation: {name} must be a positive whole number, got {value!r}")
+    if not isinstance(model, (str, dict)) or (isinstance(model, str) and ":" in model):
+        raise KitError("generation needs a zoo decoder or an HF-style config (a Python module "
+                       "has no prefill-and-decode pair the kit can build); use mode decode for "
+                       "one step of a module with decode_inputs")
+    if not zoo.decodes(model):
+        name = zoo.resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type"))
+        raise KitError(f"mode generate needs a decoder-only model ({', '.join(zoo.DECODERS)}); "
+                       f"{name} is not one")
+    limit = zoo.max_seq(model)
+    if limit is not None and prompt + new_tokens - 1 > limit:  # the last step's context + its token
+        raise KitError(f"a prompt of {prompt} and {new_tokens} new tokens need {prompt + new_tokens - 1} "
+                       f"positions; the model has {limit} (its learned position table): shorten "
+                       "--seq or --new-tokens")
+    run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
+    prefill = iteration(graph_of(model, batch, prompt, "inference", dtype), gpu, **run)
+    contexts = sample_contexts(prompt, new_tokens, samples)
+    steps = [iteration(graph_of(model, batch, c, "decode", dtype), gpu, **run) for c in contexts]
+    step_ms = [s.total_ms for s in steps]
+    decode_ms = summed_steps_ms(contexts, step_ms, prompt, new_tokens)
+    band = [summed_steps_ms(contexts, [getattr(s, f"total_{q}_ms") for s in steps], prompt,
+                            new_tokens) for q in ("p10", "p90")]
+    total = prefill.total_ms + decode_ms
+    mem = memory_bytes(prefill)
+    if contexts:  # the cache at its longest, and the larger of the two passes' activations
+        last = memory_bytes(graph_of(model, batch, prompt + new_tokens - 1, "decode", dtype))
+        acts = max(mem["activations_bytes"], last["activations_bytes"])
+        mem = {**last, "activations_bytes": acts,
+               "total_bytes": last["total_bytes"] - last["activations_bytes"] + acts}
+    from kit.hardware import get_gpu
+
+    g = get_gpu(gpu)
+    return {"model": prefill.model, "gpu": g.key, "mode": "generate", "batch": batch,
+            "prompt": prompt, "new_tokens": new_tokens, "dtype": dtype, "fusion": fusion,
+            "predictor": prefill.predictor, "ttft_ms": prefill.total_ms,
+            "ttft_band_ms": [prefill.total_p10_ms, prefill.total_p90_ms],
+            "tpot_ms": decode_ms / (new_tokens - 1) if new_tokens > 1 else None,
+            "decode_ms": decode_ms, "decode_band_ms": band, "total_ms": total,
+            "tokens_per_s": batch * new_tokens / total * 1e3,
+            "decode_steps": [{"context": c, "ms": s.total_ms, "kernel_ms": s.kernel_ms,
+                              "gpu_idle_ms": max(s.gpu_idle_ms, 0.0)} for c, s in zip(contexts, steps)],
+            "prefill": {"ms": prefill.total_ms, "kernel_ms": prefill.kernel_ms,
+                        "gpu_idle_ms": max(prefill.gpu_idle_ms, 0.0),
+                        "by_class": prefill.by_class().to_dict("records")},
+            "memory": {**mem, "gpu_memory_bytes": g.memory_bytes,
+                       "fits": mem["total_bytes"] <= g.memory_bytes}}

@@ -1,0 +1,98 @@
+"""Generation: a prompt's prefill, then decode steps summed over a growing KV cache."""
+import json
+
+import numpy as np
+import pytest
+
+from kit.api import predict_generation, predict_model
+from kit.cli import main
+from kit.errors import KitError
+from kit.workload.generation import generation, sample_contexts, summed_steps_ms
+
+GPT = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100,
+       "n_positions": 128, "name": "tiny-gpt"}
+GPU = "a100-pcie-40gb"
+
+
+def test_sample_contexts_cover_every_decode_step():
+    assert sample_contexts(100, 1) == []  # one token: the prefill made it
+    assert sample_contexts(100, 2) == [101]
+    c = sample_contexts(100, 257, samples=5)
+    assert c[0] == 101 and c[-1] == 356 and len(c) == 5 and c == sorted(set(c))
+    assert sample_contexts(10, 4, samples=5) == [11, 12, 13]
+
+
+def test_the_sum_is_exact_for_a_step_affine_in_its_context():
+    prompt, new = 300, 97
+    contexts = sample_contexts(prompt, new)
+    step = lambda c: 2.5 + 0.01 * c  # noqa: E731
+    every = np.arange(prompt + 1, prompt + new)
+    assert summed_steps_ms(contexts, [step(c) for c in contexts], prompt, new) == pytest.approx(
+        sum(step(c) for c in every))
+    assert len(every) == new - 1
+
+
+def test_generation_is_its_prefill_and_its_decode_steps():
+    b, p, n = 2, 20, 6
+    r = predict_generation(GPT, GPU, batch=b, prompt=p, new_tokens=n)
+    assert r["ttft_ms"] == pytest.approx(predict_model(GPT, GPU, "inference", b, p).total_ms)
+    for s in r["decode_steps"]:
+        assert s["ms"] == pytest.approx(predict_model(GPT, GPU, "decode", b, s["context"]).total_ms)
+    # every context sampled (5 samples, 5 steps): the sum is the steps' own sum
+    direct = sum(predict_model(GPT, GPU, "decode", b, c).total_ms for c in range(p + 1, p + n))
+    assert r["decode_ms"] == pytest.approx(direct)
+    assert r["total_ms"] == pytest.approx(r["ttft_ms"] + direct)
+    assert r["tpot_ms"] == pytest.approx(direct / (n - 1))
+    assert r["tokens_per_s"] == pytest.approx(b * n / r["total_ms"] * 1e3)
+    # the memory holds the cache at its longest: p + n - 1 cached tokens and the last new one
+    assert r["memory"]["kv_cache_bytes"] == 2 * 2 * b * 4 * (p + n) * 16 * 4
+    one = generation(GPT, GPU, batch=b, prompt=p, new_tokens=1)
+    assert one["total_ms"] == pytest.approx(one["ttft_ms"]) and one["tpot_ms"] is None
+
+
+def test_longer_prompts_cost_more_first_token_and_longer_answers_more_decode():
+    short = generation("gpt2", GPU, batch=4, prompt=128, new_tokens=32)
+    long_prompt = generation("gpt2", GPU, batch=4, prompt=512, new_tokens=32)
+    long_answer = generation("gpt2", GPU, batch=4, prompt=128, new_tokens=128)
+    assert long_prompt["ttft_ms"] > short["ttft_ms"]
+    assert long_answer["ttft_ms"] == pytest.approx(short["ttft_ms"])
+    assert long_answer["decode_ms"] > 3 * short["decode_ms"]  # 127 steps against 31
+
+
+def test_bad_generation_requests_are_one_clear_error():
+    with pytest.raises(KitError, match="decoder-only"):
+        generation("bert-base", GPU)
+    with pytest.raises(KitError, match="need 1099 positions"):
+        generation("gpt2", GPU, prompt=1000, new_tokens=100)
+    with pytest.raises(KitError, match="new_tokens must be a positive"):
+        generation("gpt2", GPU, new_tokens=0)
+    with pytest.raises(KitError, match="zoo decoder or an HF-style config"):
+        generation("mypkg:make", GPU)
+    with pytest.raises(KitError, match="predict_generation"):
+        predict_model("gpt2", GPU, mode="generate")
+
+
+def _json(capsys, argv):
+    rc = main(argv + ["--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return json.loads(out.out)
+
+
+def test_cli_generate(capsys):
+    r = _json(capsys, ["predict", "gpt2", "--gpu", GPU, "--mode", "generate", "--batch", "2",
+                       "--seq", "64", "--new-tokens", "16"])
+    assert r["mode"] == "generate" and r["prompt"] == 64 and r["new_tokens"] == 16
+    assert r["total_ms"] == pytest.approx(r["ttft_ms"] + r["decode_ms"])
+    c = _json(capsys, ["compare", "gpt2", "--gpus", f"{GPU},t4", "--mode", "generate", "--batch",
+                       "2", "--seq", "64", "--new-tokens", "16"])
+    assert c["unit"] == "tokens" and [row["gpu"] for row in c["rows"]] == [GPU, "t4"]
+    for row in c["rows"]:
+        assert row["tokens_per_s"] == pytest.approx(2 * 16 / row["step_ms"] * 1e3)
+        assert row["step_ms"] == pytest.approx(row["ttft_ms"] + 15 * row["tpot_ms"])
+    assert main(["predict", "gpt2", "--gpu", GPU, "--mode", "generate", "--seq", "64"]) == 0
+    assert "TTFT" in capsys.readouterr().out
+    assert main(["predict", "gpt2", "--gpu", GPU, "--mode", "generate", "--trace", "t.json"]) == 2
+    assert "--trace shows one step" in capsys.readouterr().err
+    assert main(["predict", "gpt2", "--gpu", GPU, "--new-tokens", "4"]) == 2
+    assert "--new-tokens goes with --mode generate" in capsys.readouterr().err
