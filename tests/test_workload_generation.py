@@ -62,7 +62,7 @@ def test_longer_prompts_cost_more_first_token_and_longer_answers_more_decode():
 def test_bad_generation_requests_are_one_clear_error():
     with pytest.raises(KitError, match="decoder-only"):
         generation("bert-base", GPU)
-    with pytest.raises(KitError, match="need 1099 positions"):
+    with pytest.raises(KitError, match="1000 tokens and 99 new need 1099 positions"):
         generation("gpt2", GPU, prompt=1000, new_tokens=100)
     with pytest.raises(KitError, match="new_tokens must be a positive"):
         generation("gpt2", GPU, new_tokens=0)
@@ -70,6 +70,13 @@ def test_bad_generation_requests_are_one_clear_error():
         generation("mypkg:make", GPU)
     with pytest.raises(KitError, match="predict_generation"):
         predict_model("gpt2", GPU, mode="generate")
+
+
+def test_a_config_file_generates(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(GPT))
+    r = generation(str(path), GPU, batch=1, prompt=16, new_tokens=4)
+    assert r["model"] == "tiny-gpt" and r["new_tokens"] == 4 and r["tpot_ms"] > 0
 
 
 def _json(capsys, argv):

@@ -48,7 +48,7 @@ class WholeModelPanel(Panel):
         self._init = dict(model=resolve(model), gpu=get_gpu(gpu).key, mode=mode, batch=batch, seq=seq,
                           fusion=fusion)
         check_mode(self._init["model"], mode)
-        check_seq(self._init["model"], seq + 1 if mode == "decode" else seq)
+        check_seq(self._init["model"], seq, 1 if mode == "decode" else 0)
         self.result = None
         super().__init__()
 

@@ -49,11 +49,13 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     model: a zoo decoder or an HF-style config of one (kit.workload.zoo.DECODERS)."""
     from kit.workload import zoo
     from kit.workload.iteration import iteration
-    from kit.workload.models import graph_of, memory_bytes
+    from kit.workload.models import graph_of, memory_bytes, read_config
 
     for name, value in (("batch", batch), ("prompt", prompt), ("new_tokens", new_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise KitError(f"generation: {name} must be a positive whole number, got {value!r}")
+    if isinstance(model, str) and model.lower().endswith(".json"):
+        model = read_config(model)
     if not isinstance(model, (str, dict)) or (isinstance(model, str) and ":" in model):
         raise KitError("generation needs a zoo decoder or an HF-style config (a Python module "
                        "has no prefill-and-decode pair the kit can build); use mode decode for "
@@ -62,11 +64,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
         name = zoo.resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type"))
         raise KitError(f"mode generate needs a decoder-only model ({', '.join(zoo.DECODERS)}); "
                        f"{name} is not one")
-    limit = zoo.max_seq(model)
-    if limit is not None and prompt + new_tokens - 1 > limit:  # the last step's context + its token
-        raise KitError(f"a prompt of {prompt} and {new_tokens} new tokens need {prompt + new_tokens - 1} "
-                       f"positions; the model has {limit} (its learned position table): shorten "
-                       "--seq or --new-tokens")
+    zoo.check_seq(model, prompt, new_tokens - 1)  # the last step's context and its new token
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
     prefill = iteration(graph_of(model, batch, prompt, "inference", dtype), gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples)

@@ -227,7 +227,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
         seq = default_seq(model) if isinstance(model, str) else min(512, max_seq(model) or 512)
     _check_positive(seq=seq)
     check_mode(model, mode, optimizer)
-    check_seq(model, seq + 1 if mode == "decode" else seq)  # decode: the context and the new token
+    check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
     key = _key(model, batch, seq, mode, dtype, optimizer)
     if key in _LRU:
         _LRU.move_to_end(key)
@@ -399,10 +399,15 @@ def max_seq(model) -> int | None:
     return table[2] if table else None
 
 
-def check_seq(model, seq: int) -> None:
-    """KitError when seq exceeds the model's learned position table (max_seq)."""
+def check_seq(model, seq: int, new_tokens: int = 0) -> None:
+    """KitError when seq (and, for decoding, the new tokens after it) exceeds the model's learned
+    position table (max_seq)."""
     table = _position_table(model)
-    if table and seq > table[2]:
+    if table and seq + new_tokens > table[2]:
         name, field, limit = table
+        if new_tokens:
+            raise KitError(f"{seq} tokens and {new_tokens} new need {seq + new_tokens} positions, more "
+                           f"than {name}'s {limit} learned positions ({field}); pass --seq "
+                           f"{limit - new_tokens} or less, or a config with a larger {field}")
         raise KitError(f"seq {seq} is longer than {name}'s {limit} learned positions ({field}); "
                        f"pass --seq {limit} or less, or a config with a larger {field}")
