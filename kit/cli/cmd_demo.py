@@ -34,7 +34,8 @@ def text(r):
         f"3. An all-reduce of 1 GB over the 8 GPUs of a {r['system']}: {a['time_ms']:.3f} ms via "
         f"{a['algorithm']}, busbw {a['busbw_gbs']:.0f} GB/s ({a['bound']}-bound)", "",
         "Next: `kit predict gpt3-xl --gpu a100-sxm4-80gb --mode train --batch 4 --seq 2048`, "
-        "`kit compare`, `kit systems`, `make lab`."])
+        "`kit predict llama3-8b --gpu h100-sxm --mode generate --dtype bf16` (time to first "
+        "token, then per token), `kit compare`, `kit systems`, `make lab`."])
 
 
 def register(sub):
