@@ -173,3 +173,17 @@ def test_cli_predict_and_compare_report_tokens_per_second(capsys):
     assert "decoder-only" in capsys.readouterr().err
     assert main(["predict", "gpt2", "--system", "dgx-a100", "--mode", "decode"]) == 2
     assert "drop --mode decode" in capsys.readouterr().err
+
+
+def test_cuda_graphs_take_the_host_out_of_a_decode_step(capsys):
+    argv = ["predict", "gpt2", "--gpu", "h100-sxm", "--mode", "decode", "--batch", "4", "--seq",
+            "256", "--dtype", "bf16", "--fusion", "compiled"]
+    plain, graphs = _json(capsys, argv), _json(capsys, argv + ["--cuda-graphs"])
+    assert plain["gpu_idle_ms"] > 0  # eager-launched, the small model waits on the CPU
+    assert graphs["cpu_ms"] == 0 and graphs["total_ms"] == pytest.approx(graphs["kernel_ms"])
+    assert graphs["kernel_ms"] == pytest.approx(plain["kernel_ms"])
+    assert graphs["overhead"]["source"].startswith("cuda graph")
+    assert main(argv + ["--cuda-graphs", "--overhead-trace", "t.json"]) == 2
+    assert "give one" in capsys.readouterr().err
+    assert main(["predict", "gpt2", "--system", "dgx-a100", "--cuda-graphs"]) == 2
+    assert "--cuda-graphs is a single-GPU option" in capsys.readouterr().err

@@ -30,9 +30,19 @@ def add_model_args(p):
     p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")
     p.add_argument("--overhead-trace", metavar="KINETO.json",
                    help="calibrate the CPU launch overhead from a Kineto trace")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="the step replays a CUDA graph (torch.compile mode reduce-overhead): no "
+                   "per-op host cost")
 
 
 def overhead_from(args):
+    if getattr(args, "cuda_graphs", False):
+        from kit.errors import KitError
+        from kit.workload.iteration import CUDA_GRAPH
+
+        if getattr(args, "overhead_trace", None):
+            raise KitError("--cuda-graphs and --overhead-trace both set the host cost; give one")
+        return CUDA_GRAPH
     if getattr(args, "overhead_trace", None):
         from kit.workload.overhead import calibrate
 

@@ -65,7 +65,8 @@ def run_parallel(args) -> dict:
     # single-GPU options the parallel model has no place for: refused, not silently dropped
     ignored = [flag for flag, on in (("--optimizer", getattr(args, "optimizer", None)),
                                      ("--fusion compiled", getattr(args, "fusion", "eager") != "eager"),
-                                     ("--overhead-trace", getattr(args, "overhead_trace", None))) if on]
+                                     ("--overhead-trace", getattr(args, "overhead_trace", None)),
+                                     ("--cuda-graphs", getattr(args, "cuda_graphs", False))) if on]
     if ignored:
         raise KitError(f"{ignored[0]} is a single-GPU option (--gpu): with --system every step ends in an Adam "
                        "update and runs eager kernels, with the host costs of --profile; drop it")

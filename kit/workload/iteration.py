@@ -54,6 +54,12 @@ class CpuOverhead:
                 "free_op_us": self.free_op_us, "source": self.source}
 
 
+# A step captured into a CUDA graph (torch.compile(mode="reduce-overhead"), torch.cuda.graphs) is
+# replayed by one host call: no per-op dispatch and no per-kernel launch, so the GPU runs the
+# kernels back to back and only their own times (at least KERNEL_MIN_US each) remain.
+CUDA_GRAPH = CpuOverhead(0.0, 0.0, 0.0, source="cuda graph: one replay, no per-op host cost")
+
+
 @dataclass
 class Iteration:
     """A predicted iteration: totals, parts and the per-kernel timeline (a DataFrame)."""
@@ -240,14 +246,22 @@ def _predict_leaves(model, nodes, gpu, prepared):
 # (128 Ki fp32 elements, ~1.5 MB) less that add's roofline, on the GPU at hand (so it carries
 # over to GPUs without labels).
 LEARNED_FROM_ISOLATED = ("tile", "mlp", "habitat", "li")
+# The shortest kernels of real Kineto traces run 2-3 us on the GPU, back to back in the stream:
+# fill/elementwise kernels on a few hundred elements take 2-3 us (PARAM's 8-rank DLRM trace,
+# V100-SXM2: median 2-3 us per elementwise kind; HTA's A100 fixtures; PARAM's RTX 2080 Ti resnet
+# trace: cuDNN's offset kernels 2 us). Launching and draining a grid has that cost however
+# little the kernel does, so no kernel is taken as shorter than this in the stream.
+KERNEL_MIN_US = 2.0
 FLOOR_PROBE_NUMEL = 1 << 17
 _FLOORS: dict = {}
 
 
 def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0):
     """A kernel's (or node's) time in the stream from its isolated prediction (the rule above);
-    numpy arrays or floats. kit.parallel.costs.Coster uses the same rule."""
-    return np.maximum(isolated_ms - floor_ms * kernels, np.minimum(roofline_ms, isolated_ms))
+    numpy arrays or floats. kit.parallel.costs.Coster uses the same rule. A kernel in the stream
+    takes at least KERNEL_MIN_US (never more than its isolated prediction)."""
+    low = np.maximum(roofline_ms, KERNEL_MIN_US / 1e3 * np.asarray(kernels, dtype=float))
+    return np.maximum(isolated_ms - floor_ms * kernels, np.minimum(low, isolated_ms))
 
 
 def isolation_floor_ms(model, gpu) -> float:
