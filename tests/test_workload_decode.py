@@ -167,6 +167,7 @@ def test_cli_predict_and_compare_report_tokens_per_second(capsys):
     assert c["unit"] == "tokens" and c["context"] == 100
     for row in c["rows"]:
         assert row["tokens_per_s"] == pytest.approx(4 / row["step_ms"] * 1e3)
+        assert row["fits"] and row["max_batch"] >= 4
     assert main(["predict", "gpt2", "--gpu", "t4", "--mode", "decode", "--seq", "100"]) == 0
     assert "tokens/s" in capsys.readouterr().out
     assert main(["predict", "bert-base", "--gpu", "t4", "--mode", "decode"]) == 2
@@ -187,3 +188,18 @@ def test_cuda_graphs_take_the_host_out_of_a_decode_step(capsys):
     assert "give one" in capsys.readouterr().err
     assert main(["predict", "gpt2", "--system", "dgx-a100", "--cuda-graphs"]) == 2
     assert "--cuda-graphs is a single-GPU option" in capsys.readouterr().err
+
+
+def test_max_batch_is_the_largest_batch_whose_memory_fits():
+    from kit.workload.models import max_batch
+
+    gpu = get_gpu("l4")
+    for model, ctx in (("llama3-8b", 8192), ("gpt2", 1000)):
+        mem = memory_bytes(zoo.graph_for(model, 8, ctx, "decode", "bf16", disk=False))
+        top = max_batch(mem, 8, gpu.memory_bytes)
+        assert top > 0
+        at = memory_bytes(zoo.graph_for(model, top, ctx, "decode", "bf16", disk=False))
+        over = memory_bytes(zoo.graph_for(model, top + 1, ctx, "decode", "bf16", disk=False))
+        assert at["total_bytes"] <= gpu.memory_bytes < over["total_bytes"], (model, top)
+    big = memory_bytes(zoo.graph_for("llama3-70b", 1, 128, "decode", "bf16", disk=False))
+    assert max_batch(big, 1, gpu.memory_bytes) == 0  # 140 GB of weights on a 24 GB card

@@ -97,6 +97,7 @@ def test_cli_generate(capsys):
     for row in c["rows"]:
         assert row["tokens_per_s"] == pytest.approx(2 * 16 / row["step_ms"] * 1e3)
         assert row["step_ms"] == pytest.approx(row["ttft_ms"] + 15 * row["tpot_ms"])
+        assert row["fits"] and row["max_batch"] >= 2
     assert main(["predict", "gpt2", "--gpu", GPU, "--mode", "generate", "--seq", "64"]) == 0
     assert "TTFT" in capsys.readouterr().out
     assert main(["predict", "gpt2", "--gpu", GPU, "--mode", "generate", "--trace", "t.json"]) == 2

@@ -32,7 +32,7 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
     from kit.errors import KitError
     from kit.hardware import get_gpu
     from kit.workload.iteration import iteration
-    from kit.workload.models import graph_of, memory_bytes
+    from kit.workload.models import graph_of, max_batch, memory_bytes
 
     if not gpus:
         raise KitError("--gpus needs at least one GPU")
@@ -67,6 +67,8 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
                "predictor": it.predictor, "unsupported": None}
         if gpu.key in prices:
             row[f"cost_per_m_{unit}"] = prices[gpu.key] / 3600 * step_s / items * 1e6
+        if decode:  # sequences that fit beside the weights at this context
+            row["max_batch"] = max_batch(mem, batch, gpu.memory_bytes)
         rows.append(row)
     unknown = sorted(set(prices) - {r["gpu"] for r in rows})
     if unknown:
@@ -87,6 +89,7 @@ def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, pr
     from kit.errors import KitError
     from kit.hardware import get_gpu
     from kit.workload.generation import generation
+    from kit.workload.models import max_batch
 
     chosen = list({get_gpu(name).key: get_gpu(name) for name in gpus}.values())  # aliases: one row
     unknown = sorted(set(prices) - {g.key for g in chosen})
@@ -117,7 +120,8 @@ def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, pr
                      "price_per_hour": prices.get(gpu.key),
                      "cost_per_m_tokens": (prices[gpu.key] / 3600 * step_s / items * 1e6
                                            if gpu.key in prices else None),
-                     "predictor": r["predictor"], "unsupported": None})
+                     "predictor": r["predictor"], "unsupported": None,
+                     "max_batch": max_batch(mem, batch, gpu.memory_bytes)})
     return {"model": first["model"], "mode": "generate", "batch": batch, "seq": prompt,
             "dtype": dtype, "prompt": prompt, "new_tokens": new_tokens, "context": None,
             "unit": "tokens", "memory": mem, "rows": rows}
@@ -177,7 +181,8 @@ def text(r) -> str:
         band = f"{lo:.1f}-{hi:.1f}" if hi > lo else "-"
         lines.append(f"{row['gpu']:<18} {row['step_ms']:>10.2f} {band:>19} {row[f'{u}_per_s']:>12.0f} "
                      f"{'yes' if row['fits'] else 'NO':>5} {row['energy_j_per_step']:>9.1f} "
-                     f"{('-' if cost is None else f'{cost:.3f}'):>12}")
+                     f"{('-' if cost is None else f'{cost:.3f}'):>12}"
+                     + (f"  max batch {row['max_batch']:,}" if "max_batch" in row else ""))
     return "\n".join(lines)
 
 

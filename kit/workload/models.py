@@ -196,3 +196,13 @@ def memory_bytes(graph) -> dict:
     return {"weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optim,
             "activations_bytes": acts, "kv_cache_bytes": cache,
             "total_bytes": weights + grads + optim + acts + cache}
+
+
+def max_batch(mem: dict, batch: int, memory_bytes: int) -> int:
+    """The largest batch of a decode step or a generation whose memory_bytes estimate fits in
+    `memory_bytes`: the weights stay, the KV cache and the activations grow with the batch (both
+    linear in it), so floor((memory - weights) / per-sequence bytes); 0 when the weights alone
+    do not fit."""
+    per_sequence = (mem["kv_cache_bytes"] + mem["activations_bytes"]) / batch
+    free = memory_bytes - mem["weights_bytes"]
+    return max(int(free // per_sequence), 0) if per_sequence > 0 else 0
