@@ -1,7 +1,7 @@
 """Measure decode steps of the zoo's decoders on this machine, beside the kit's prediction.
 
     python benchmarks/decode_steps.py --device cuda --models gpt2,opt-1.3b,llama3-8b \
-        --batches 1,8,32 --contexts 512,4096 --dtype bf16 > decode_steps.json
+        --batches 1,8,32 --contexts 512,4096 --dtype bf16 [--kv-cache static|dynamic] > out.json
 
 For each (model, batch, context) it builds the zoo model with random weights on the device
 (`kit.workload.zoo.build`, then real memory), fills a static KV cache of `context` tokens
@@ -55,13 +55,17 @@ def real_model(model, dtype: str, device: str) -> torch.nn.Module:
     return m.to(TORCH_DTYPES[dtype]).eval()
 
 
-def real_inputs(m, batch: int, context: int, dtype: str, device: str):
+def real_inputs(m, batch: int, context: int, dtype: str, device: str, kind: str = "static"):
     """decode_inputs on the device: token ids, and a zeroed cache in the model's dtype."""
-    ids, cache = m.decode_inputs(batch, context)
+    from kit.workload.kv_cache import LayerCache
+
+    ids, cache = m.decode_inputs(batch, context, kind)
     ids = torch.zeros(ids.shape, dtype=torch.long, device=device)
-    cache = tuple(tuple(torch.zeros(t.shape, dtype=TORCH_DTYPES[dtype], device=device) for t in pair)
-                  for pair in cache)
-    return ids, cache
+
+    def real(t):
+        return torch.zeros(t.shape, dtype=TORCH_DTYPES[dtype], device=device)
+
+    return ids, tuple(LayerCache(real(c.keys), real(c.values), c.kind) for c in cache)
 
 
 def _time_ms(step, device: str, repeats: int) -> float:
@@ -106,10 +110,10 @@ def _kernels(step, steps: int = 3) -> dict:
 
 
 def measure(model, batch: int, context: int, dtype: str = "bf16", device: str = "cuda",
-            warmup: int = 3, repeats: int = 20, gpu: str | None = None) -> dict:
+            warmup: int = 3, repeats: int = 20, gpu: str | None = None, kind: str = "static") -> dict:
     """One row of the output (see the module doc)."""
     m = real_model(model, dtype, device)
-    ids, cache = real_inputs(m, batch, context, dtype, device)
+    ids, cache = real_inputs(m, batch, context, dtype, device, kind)
 
     def step():
         with torch.no_grad():
@@ -120,7 +124,7 @@ def measure(model, batch: int, context: int, dtype: str = "bf16", device: str = 
     if device == "cuda":
         torch.cuda.synchronize()
     name = model if isinstance(model, str) else model.get("name", model.get("model_type"))
-    row = {"model": name, "batch": batch, "context": context, "dtype": dtype,
+    row = {"model": name, "batch": batch, "context": context, "dtype": dtype, "kv_cache": kind,
            "measured_ms": _time_ms(step, device, repeats)}
     if device == "cuda":
         row.update(_kernels(step))
@@ -128,7 +132,8 @@ def measure(model, batch: int, context: int, dtype: str = "bf16", device: str = 
     if gpu is not None:
         from kit.api import predict_model
 
-        it = predict_model(model, gpu, mode="decode", batch=batch, seq=context, dtype=dtype)
+        it = predict_model(model, gpu, mode="decode", batch=batch, seq=context, dtype=dtype,
+                           kv_cache=kind)
         row.update(predicted_ms=it.total_ms, predicted_kernel_ms=it.kernel_ms, predicted_gpu=it.gpu)
     return row
 
@@ -160,6 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=list(TORCH_DTYPES))
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--gpu", default=None, help="catalog GPU to predict for (default: this device)")
+    ap.add_argument("--kv-cache", default="static", choices=["static", "dynamic"])
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("decode_steps: no CUDA device here; use --device cpu", file=sys.stderr)
@@ -171,7 +177,7 @@ def main(argv=None) -> int:
             for context in _ints(args.contexts):
                 try:
                     rows.append(measure(model, batch, context, args.dtype, args.device,
-                                        repeats=args.repeats, gpu=gpu))
+                                        repeats=args.repeats, gpu=gpu, kind=args.kv_cache))
                 except (RuntimeError, KitError) as e:  # out of memory, a context too long
                     rows.append({"model": model, "batch": batch, "context": context,
                                  "dtype": args.dtype, "error": str(e).splitlines()[0][:200]})

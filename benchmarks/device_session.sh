@@ -10,7 +10,7 @@
 #    (NeuSight's data has ~35 GEMMs a GPU with m <= 16, all FP32);
 # 2. a random sweep of Linear and bmm GEMMs in bf16 and fp32, and vector ops in bf16;
 # 3. eager decode steps of gpt2, opt-1.3b and llama3-8b (benchmarks/decode_steps.py), measured
-#    beside the kit's prediction for this GPU.
+#    beside the kit's prediction for this GPU, and the last model again with HF's dynamic cache.
 # Each CSV carries its provenance (device name, torch and CUDA versions) in its rows; the
 # collector resumes a CSV it finds, so a second run after a timeout carries on. The device tool
 # returns at most 8 files: everything lands in OUT_DIR/session/, packed at the end into
@@ -55,6 +55,9 @@ collect vector_bf16 "elementwise,softmax,layernorm" "$VEC" bf16
 $PY benchmarks/decode_steps.py --device "$DEVICE" --models "$MODELS" --batches "$BATCHES" \
     --contexts "$CONTEXTS" --dtype bf16 --repeats "$REPEATS" ${GPU:+--gpu "$GPU"} \
     > "$OUT_DIR/decode_steps.json" || echo "decode_steps failed ($?)"
+$PY benchmarks/decode_steps.py --device "$DEVICE" --models "${MODELS##*,}" --batches "$BATCHES" \
+    --contexts "$CONTEXTS" --dtype bf16 --repeats "$REPEATS" --kv-cache dynamic ${GPU:+--gpu "$GPU"} \
+    > "$OUT_DIR/decode_steps_dynamic.json" || echo "decode_steps (dynamic cache) failed ($?)"
 echo "device_session: done in $(( $(date +%s) - start )) s" | tee -a "$OUT_DIR/provenance.txt"
 ls -l "$OUT_DIR"
 cp "$OUT_DIR/provenance.txt" "$OUT_DIR/decode_steps.json" "$FINAL/" 2>/dev/null

@@ -138,7 +138,7 @@ def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_ada
 
 def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | None = None,
                   dtype: str = "fp32", fusion: str = "eager", optimizer: str | None = None,
-                  predictor: str = "auto", overhead=None, inputs=None):
+                  predictor: str = "auto", overhead=None, inputs=None, kv_cache: str = "static"):
     """Predict one training step or inference pass of a whole model on one GPU.
 
     model: a zoo name, an HF-style config dict, a "module:callable" path or an nn.Module
@@ -149,20 +149,20 @@ def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | No
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of
 
-    graph = graph_of(model, batch, seq, mode, dtype, optimizer, inputs)
+    graph = graph_of(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache)
     return iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
 
 
 def predict_generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 128,
                        dtype: str = "fp32", fusion: str = "eager", predictor: str = "auto",
-                       overhead=None) -> dict:
+                       overhead=None, kv_cache: str = "static") -> dict:
     """Predict generating `new_tokens` per sequence after a `prompt`-token prefill on one GPU:
     time to first token, time per output token, total and tokens/s, with the KV cache in the
     memory need (kit.workload.generation)."""
     from kit.workload.generation import generation
 
     return generation(model, gpu, batch=batch, prompt=prompt, new_tokens=new_tokens, dtype=dtype,
-                      fusion=fusion, predictor=predictor, overhead=overhead)
+                      fusion=fusion, predictor=predictor, overhead=overhead, kv_cache=kv_cache)
 
 
 def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = "auto",

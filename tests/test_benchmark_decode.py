@@ -33,3 +33,13 @@ def test_measure_gives_a_time_and_the_prediction():
     assert row["measured_ms"] > 0 and row["predicted_ms"] > 0
     assert row["predicted_gpu"] == "a100-pcie-40gb" and row["context"] == 6
     assert "measured_kernel_ms" not in row  # kernels are recorded on CUDA only
+
+
+def test_a_dynamic_cache_runs_for_real():
+    bench = load_benchmark("decode_steps")
+    m = bench.real_model(LLAMA, "fp32", "cpu")
+    ids, cache = bench.real_inputs(m, 2, 5, "fp32", "cpu", kind="dynamic")
+    assert cache[0].kind == "dynamic" and cache[0].keys.shape == (2, 2, 5, 8)  # no slot yet
+    with torch.no_grad():
+        logits = m(ids, cache)
+    assert logits.shape == (2, 1, 64) and torch.isfinite(logits).all()

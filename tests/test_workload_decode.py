@@ -203,3 +203,36 @@ def test_max_batch_is_the_largest_batch_whose_memory_fits():
         assert at["total_bytes"] <= gpu.memory_bytes < over["total_bytes"], (model, top)
     big = memory_bytes(zoo.graph_for("llama3-70b", 1, 128, "decode", "bf16", disk=False))
     assert max_batch(big, 1, gpu.memory_bytes) == 0  # 140 GB of weights on a 24 GB card
+
+
+def test_a_dynamic_cache_copies_itself_every_step():
+    """HF's DynamicCache: torch.cat per layer for keys and for values, reading the whole cache
+    and writing it a token longer; a static cache writes only the new token."""
+    b, ctx = 2, 40
+    static = zoo.graph_for(LLAMA, batch=b, seq=ctx, mode="decode", dtype="bf16", disk=False)
+    dynamic = zoo.graph_for(LLAMA, batch=b, seq=ctx, mode="decode", dtype="bf16", disk=False,
+                            kv_cache="dynamic")
+    assert dynamic.meta["kv_cache"] == "dynamic" and static.meta["kv_cache"] == "static"
+    assert not [n for n in dynamic if "index_copy" in n.aten]
+    layer = b * 2 * ctx * 8 * 2  # one layer's keys: b x kv_heads x ctx x head_dim x bf16
+    grown = b * 2 * (ctx + 1) * 8 * 2
+    cats = [n for n in dynamic if n.aten.startswith("aten.cat") and n.out_bytes == grown]
+    assert len(cats) == 2 * 2  # keys and values, 2 layers (RoPE's rotate_half cats are small)
+    assert all(n.op.bytes >= layer + grown for n in cats), [n.op.bytes for n in cats]
+    att = {n.op for n in dynamic if n.op_class == "attention"}
+    assert att == {n.op for n in static if n.op_class == "attention"}  # both attend ctx + 1
+    assert dynamic.meta["kv_cache_bytes"] == static.meta["kv_cache_bytes"]
+    gpu = get_gpu("h100-sxm")
+    slow = iteration(zoo.graph_for("llama3-8b", 32, 8192, "decode", "bf16", disk=False,
+                                   kv_cache="dynamic"), gpu)
+    fast = iteration(zoo.graph_for("llama3-8b", 32, 8192, "decode", "bf16", disk=False), gpu)
+    cache = fast.meta["kv_cache_bytes"]
+    # the copies read and write the whole cache: at least that many bytes at peak bandwidth more
+    assert slow.kernel_ms - fast.kernel_ms > 2 * cache / gpu.mem_bw_bytes_per_s * 1e3 * 0.9
+    with pytest.raises(KitError, match="is for decoding"):
+        zoo.graph_for(LLAMA, 1, 16, "inference", kv_cache="dynamic", disk=False)
+    with pytest.raises(KitError, match="unknown KV cache"):
+        zoo.graph_for(LLAMA, 1, 16, "decode", kv_cache="paged", disk=False)
+    with pytest.raises(KitError, match="brings its own cache"):
+        graph_of(_UserDecoder(), 2, 100, mode="decode", kv_cache="dynamic")
+    assert main(["predict", "gpt2", "--gpu", "t4", "--kv-cache", "dynamic"]) == 2

@@ -28,7 +28,7 @@ def parse_prices(text: str | None) -> dict:
 
 def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="eager",
             optimizer=None, predictor="auto", prices=None, overhead=None,
-            new_tokens: int | None = None) -> dict:
+            new_tokens: int | None = None, kv_cache: str = "static") -> dict:
     from kit.errors import KitError
     from kit.hardware import get_gpu
     from kit.workload.iteration import iteration
@@ -38,8 +38,8 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
         raise KitError("--gpus needs at least one GPU")
     if mode == "generate":
         return compare_generation(model, gpus, batch, seq or 512, new_tokens or 128, dtype, fusion,
-                                  predictor, prices or {}, overhead)
-    graph = graph_of(model, batch, seq, mode, dtype, optimizer)
+                                  predictor, prices or {}, overhead, kv_cache)
+    graph = graph_of(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache)
     mem = memory_bytes(graph)
     # a module with its own example inputs knows its batch, and no sequence; DLRM reads none
     seq_used = graph.meta.get("seq")
@@ -83,7 +83,7 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
 
 
 def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, predictor, prices,
-                       overhead) -> dict:
+                       overhead, kv_cache="static") -> dict:
     """compare for mode generate: a row's step is the whole generation (kit.workload.generation),
     its throughput the batch's new tokens over it, with TTFT and TPOT beside."""
     from kit.errors import KitError
@@ -99,7 +99,8 @@ def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, pr
         raise KitError(f"none of {', '.join(g.key for g in chosen)} supports {dtype}: "
                        + "; ".join(no_dtype(g, dtype) for g in chosen))
     runs = {g.key: generation(model, g, batch=batch, prompt=prompt, new_tokens=new_tokens,
-                              dtype=dtype, fusion=fusion, predictor=predictor, overhead=overhead)
+                              dtype=dtype, fusion=fusion, predictor=predictor, overhead=overhead,
+                              kv_cache=kv_cache)
             for g in chosen if g.peak_tflops(dtype) is not None}
     first = next(iter(runs.values()))
     mem, items = first["memory"], batch * new_tokens
@@ -153,7 +154,7 @@ def run(args):
     check_new_tokens(args)
     return compare(args.model, gpus, args.mode, args.batch, args.seq, args.dtype, args.fusion,
                    args.optimizer, args.predictor, parse_prices(args.price_per_hour), overhead_from(args),
-                   args.new_tokens)
+                   args.new_tokens, args.kv_cache or "static")
 
 
 def text(r) -> str:

@@ -18,6 +18,9 @@ def add_model_args(p):
                    "generate: a --seq-token prompt's prefill, then --new-tokens decode steps")
     p.add_argument("--new-tokens", type=positive_int, default=None,
                    help="with --mode generate: tokens generated per sequence (default 128)")
+    p.add_argument("--kv-cache", choices=["static", "dynamic"], default=None,
+                   help="with --mode decode or generate: a static cache written in place (default) "
+                   "or HF's DynamicCache, concatenated each step")
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--seq", type=positive_int, default=None, help="sequence length, or with --mode "
                    "decode the tokens in the KV cache (default: a zoo model's own; 512 for a config "
@@ -62,10 +65,13 @@ def memory_need(it, gpu) -> dict:
 
 
 def check_new_tokens(args) -> None:
+    """--new-tokens and --kv-cache only where they mean something (never silently dropped)."""
     from kit.errors import KitError
 
     if getattr(args, "new_tokens", None) is not None and args.mode != "generate":
         raise KitError(f"--new-tokens goes with --mode generate (got --mode {args.mode})")
+    if getattr(args, "kv_cache", None) is not None and args.mode not in ("decode", "generate"):
+        raise KitError(f"--kv-cache goes with --mode decode or generate (got --mode {args.mode})")
     if args.mode == "generate" and args.optimizer:
         raise KitError("an optimizer step needs mode train (got mode generate)")
 
@@ -114,10 +120,11 @@ def run(args):
         return predict_generation(args.model, args.gpu, batch=args.batch, prompt=args.seq or 512,
                                   new_tokens=args.new_tokens or 128, dtype=args.dtype,
                                   fusion=args.fusion, predictor=args.predictor,
-                                  overhead=overhead_from(args))
+                                  overhead=overhead_from(args), kv_cache=args.kv_cache or "static")
     it = predict_model(args.model, args.gpu, mode=args.mode, batch=args.batch, seq=args.seq,
                        dtype=args.dtype, fusion=args.fusion, optimizer=args.optimizer,
-                       predictor=args.predictor, overhead=overhead_from(args))
+                       predictor=args.predictor, overhead=overhead_from(args),
+                       kv_cache=args.kv_cache or "static")
     out = it.to_dict()
     out["memory"] = memory_need(it, it.gpu)
     if args.trace:
@@ -142,7 +149,7 @@ def text(r) -> str:
     band = band_text(r["band_ms"])
     seq = f"seq {r['seq']}, " if r.get("seq") is not None else ""  # none: inputs given with the model
     if r.get("mode") == "decode" and r.get("context") is not None:
-        seq = f"context {r['context']}, "
+        seq = f"context {r['context']} ({r.get('kv_cache', 'static')} cache), "
     if r.get("image_size"):
         seq = f"images {r['image_size']}x{r['image_size']}, "
     lines = [f"{r['model']} {r['mode']} on {r['gpu']}: batch {r.get('batch')}, {seq}"

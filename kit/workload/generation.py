@@ -44,7 +44,7 @@ def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_
 
 def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 128,
                dtype: str = "fp32", fusion: str = "eager", predictor: str = "auto", overhead=None,
-               samples: int = DECODE_SAMPLES) -> dict:
+               samples: int = DECODE_SAMPLES, kv_cache: str = "static") -> dict:
     """Predict generating `new_tokens` per sequence after a `prompt`-token prefill (module doc).
     model: a zoo decoder or an HF-style config of one (kit.workload.zoo.DECODERS)."""
     from kit.workload import zoo
@@ -64,11 +64,13 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
         name = zoo.resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type"))
         raise KitError(f"mode generate needs a decoder-only model ({', '.join(zoo.DECODERS)}); "
                        f"{name} is not one")
+    zoo.check_mode(model, "decode", None, kv_cache)
     zoo.check_seq(model, prompt, new_tokens - 1)  # the last step's context and its new token
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
     prefill = iteration(graph_of(model, batch, prompt, "inference", dtype), gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples)
-    steps = [iteration(graph_of(model, batch, c, "decode", dtype), gpu, **run) for c in contexts]
+    steps = [iteration(graph_of(model, batch, c, "decode", dtype, kv_cache=kv_cache), gpu, **run)
+             for c in contexts]
     step_ms = [s.total_ms for s in steps]
     decode_ms = summed_steps_ms(contexts, step_ms, prompt, new_tokens)
     band = [summed_steps_ms(contexts, [getattr(s, f"total_{q}_ms") for s in steps], prompt,
@@ -76,7 +78,8 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     total = prefill.total_ms + decode_ms
     mem = memory_bytes(prefill)
     if contexts:  # the cache at its longest, and the larger of the two passes' activations
-        last = memory_bytes(graph_of(model, batch, prompt + new_tokens - 1, "decode", dtype))
+        last = memory_bytes(graph_of(model, batch, prompt + new_tokens - 1, "decode", dtype,
+                                     kv_cache=kv_cache))
         acts = max(mem["activations_bytes"], last["activations_bytes"])
         mem = {**last, "activations_bytes": acts,
                "total_bytes": last["total_bytes"] - last["activations_bytes"] + acts}
@@ -85,6 +88,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     g = get_gpu(gpu)
     return {"model": prefill.model, "gpu": g.key, "mode": "generate", "batch": batch,
             "prompt": prompt, "new_tokens": new_tokens, "dtype": dtype, "fusion": fusion,
+            "kv_cache": kv_cache,
             "predictor": prefill.predictor, "ttft_ms": prefill.total_ms,
             "ttft_band_ms": [prefill.total_p10_ms, prefill.total_p90_ms],
             "tpot_ms": decode_ms / (new_tokens - 1) if new_tokens > 1 else None,

@@ -13,26 +13,55 @@ StaticCache does (`index_copy_` at `cache_position`) and as serving engines do. 
 DynamicCache instead concatenates (torch.cat) and so copies the whole cache every step; that is
 not modelled. Its size, 2 · layers · batch · kv_heads · length · head_dim · bytes per element,
 is what `kit.workload.models.memory_bytes` adds for a decode step.
+
+A dynamic cache (`kind="dynamic"`, HF's DynamicCache, the default of HF's eager generate())
+holds only the tokens so far and grows by concatenation: every step and layer, torch.cat reads
+the whole cache and writes it again one token longer, for keys and for values. At long contexts
+and large batches those copies cost as much as the weights.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from kit.errors import KitError
+from kit.workload.zoo import KV_CACHES
 
 
-def static_cache(batch: int, layers: int, kv_heads: int, length: int, head_dim: int) -> tuple:
-    """Per layer a (keys, values) pair of meta tensors of shape (batch, kv_heads, length, head_dim).
-    Floating, so that capture casts them to the model's dtype with the other inputs."""
-    shape = (batch, kv_heads, length, head_dim)
-    return tuple((torch.zeros(shape, device="meta"), torch.zeros(shape, device="meta"))
+KINDS = KV_CACHES  # kit.workload.zoo keeps the names, so that checking one needs no torch
+
+
+class LayerCache(NamedTuple):
+    """One layer's keys and values, (batch, kv_heads, length, head_dim), and how they grow. A
+    NamedTuple, so capture's tree_map reaches (and casts) the tensors and keeps the kind."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    kind: str = "static"
+
+
+def make_cache(kind: str, batch: int, layers: int, kv_heads: int, context: int, head_dim: int) -> tuple:
+    """Per layer a LayerCache of meta tensors holding `context` tokens: static caches have room
+    for the step's new token too, dynamic ones grow to it. Floating, so that capture casts them
+    to the model's dtype with the other inputs."""
+    if kind not in KINDS:
+        raise KitError(f"unknown KV cache {kind!r}: choose {', '.join(KINDS)}")
+    shape = (batch, kv_heads, context + (kind == "static"), head_dim)
+    return tuple(LayerCache(torch.zeros(shape, device="meta"), torch.zeros(shape, device="meta"), kind)
                  for _ in range(layers))
 
 
 def cache_bytes(cache, dtype: torch.dtype | None = None) -> int:
-    """Bytes a cache occupies, counted in `dtype` (the model's) if given."""
+    """Bytes a cache occupies after the step (a dynamic one a token longer), counted in `dtype`
+    (the model's) if given."""
     size = dtype.itemsize if dtype is not None else None
-    return int(sum(t.numel() * (size or t.element_size()) for pair in cache for t in pair))
+    total = 0
+    for layer in cache:
+        for t in (layer.keys, layer.values):
+            grown = (t.shape[2] + 1) / t.shape[2] if layer.kind == "dynamic" else 1
+            total += t.numel() * grown * (size or t.element_size())
+    return int(total)
 
 
 def check_decode_step(kv_cache, new_tokens: int) -> int:
@@ -43,12 +72,16 @@ def check_decode_step(kv_cache, new_tokens: int) -> int:
         return 0
     if new_tokens != 1:
         raise KitError(f"a KV-cache step reads one new token per sequence, got {new_tokens}")
-    return int(kv_cache[0][0].size(-2)) - new_tokens
+    first = kv_cache[0]
+    length = int(first.keys.size(-2))
+    return length if first.kind == "dynamic" else length - new_tokens
 
 
-def cache_update(cache, k, v, cache_pos):
-    """Write this step's keys and values at `cache_pos` (dim 2) and return the whole cache."""
-    keys, values = cache
-    keys.index_copy_(2, cache_pos, k)
-    values.index_copy_(2, cache_pos, v)
-    return keys, values
+def cache_update(cache: LayerCache, k, v, cache_pos):
+    """This step's keys and values in the cache, and the whole cache to attend over: written
+    at `cache_pos` (dim 2) in place, or concatenated onto a dynamic cache."""
+    if cache.kind == "dynamic":
+        return torch.cat((cache.keys, k), dim=2), torch.cat((cache.values, v), dim=2)
+    cache.keys.index_copy_(2, cache_pos, k)
+    cache.values.index_copy_(2, cache_pos, v)
+    return cache.keys, cache.values

@@ -76,15 +76,16 @@ def _inputs_for(module, batch: int, seq: int):
 
 
 def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
-             optimizer: str | None = None, inputs=None):
+             optimizer: str | None = None, inputs=None, kv_cache: str = "static"):
     """The captured OpGraph of any supported model spec at one shape. `inputs` (a tuple or a dict
-    of tensors, any device) overrides the example inputs of a module."""
+    of tensors, any device) overrides the example inputs of a module. kv_cache: a decode step's
+    cache, "static" or "dynamic" (kit.workload.kv_cache; the zoo's decoders)."""
     if isinstance(model, dict):
-        return _zoo_graph(model, batch, seq, mode, dtype, optimizer)
+        return _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache)
     if isinstance(model, str) and model.lower().endswith(".json"):
-        return _zoo_graph(read_config(model), batch, seq, mode, dtype, optimizer)
+        return _zoo_graph(read_config(model), batch, seq, mode, dtype, optimizer, kv_cache)
     if isinstance(model, str) and ":" not in model:
-        return _zoo_graph(model, batch, seq, mode, dtype, optimizer)
+        return _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache)
     obj = load_callable(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else type(model).__name__
     import torch
@@ -111,7 +112,10 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
     from kit.workload.capture import capture
 
     zoo._check_positive(batch=batch)
-    zoo.check_mode(None, mode, optimizer)
+    zoo.check_mode(None, mode, optimizer, kv_cache)
+    if kv_cache != "static":
+        raise KitError(f"a {kv_cache} KV cache is built for the zoo's decoders and HF-style configs; "
+                       f"model {name!r} brings its own cache through decode_inputs")
     if mode == "decode":
         return _decode_graph(obj, name, batch, seq, dtype, inputs)
     if inputs is None:
@@ -171,7 +175,7 @@ def _leading_dim(inputs) -> int:
     return 1
 
 
-def _zoo_graph(model, batch, seq, mode, dtype, optimizer):
+def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static"):
     """zoo.graph_for, refusing a sequence length for a model that reads none (DLRM)."""
     from kit.workload import zoo
 
@@ -179,7 +183,7 @@ def _zoo_graph(model, batch, seq, mode, dtype, optimizer):
     if seq is not None and reads is not None:
         name = model if isinstance(model, str) else model.get("name", model.get("model_type"))
         raise KitError(f"{name} reads no sequence ({reads}); drop --seq (got {seq})")
-    return zoo.graph_for(model, batch, seq, mode, dtype, optimizer)
+    return zoo.graph_for(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache)
 
 
 def memory_bytes(graph) -> dict:

@@ -220,15 +220,18 @@ def _code_stamp() -> str:
 
 
 def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str = "train",
-              dtype: str = "fp32", optimizer: str | None = None, disk: bool | None = None):
-    """The captured OpGraph of a zoo model / config for one shape, cached."""
+              dtype: str = "fp32", optimizer: str | None = None, disk: bool | None = None,
+              kv_cache: str = "static"):
+    """The captured OpGraph of a zoo model / config for one shape, cached. kv_cache: how a
+    decode step's cache grows, "static" or "dynamic" (kit.workload.kv_cache)."""
     _check_positive(batch=batch)
     if seq is None:  # a config: 512, or its learned position table if that is shorter
         seq = default_seq(model) if isinstance(model, str) else min(512, max_seq(model) or 512)
     _check_positive(seq=seq)
-    check_mode(model, mode, optimizer)
+    check_mode(model, mode, optimizer, kv_cache)
     check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
-    key = _key(model, batch, seq, mode, dtype, optimizer)
+    captured = f"decode:{kv_cache}" if mode == "decode" else mode
+    key = _key(model, batch, seq, captured, dtype, optimizer)
     if key in _LRU:
         _LRU.move_to_end(key)
         return _LRU[key]
@@ -241,7 +244,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError):
             graph = None
     if graph is None:
-        graph = _capture(model, batch, seq, mode, dtype, optimizer)
+        graph = _capture(model, batch, seq, captured, dtype, optimizer)
         if use_disk:
             _write(path, graph)
     graph.meta["cache_key"] = key  # kit.workload.latency_cache keys predictions on it
@@ -279,12 +282,13 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     meta = {"batch": batch, "seq": seq if uses_seq(cfg) else None,  # DLRM, CNNs read no sequence
             "config": cfg, "n_layers": n_layers}
     full = build(cfg)
-    if mode == "decode":  # one new token per sequence, `seq` tokens already in a static KV cache
+    if mode.startswith("decode"):  # one new token per sequence, `seq` tokens in the KV cache
         from kit.workload.capture import TORCH_DTYPES
         from kit.workload.kv_cache import cache_bytes
 
-        inputs = full.decode_inputs(batch, seq)
-        meta.update(mode="decode", context=seq,
+        kind = mode.partition(":")[2] or "static"
+        inputs = full.decode_inputs(batch, seq, kind)
+        meta.update(mode="decode", context=seq, kv_cache=kind,
                     kv_cache_bytes=cache_bytes(inputs[1], TORCH_DTYPES.get(dtype)))
         mode = "inference"  # captured as a forward pass without gradients
     else:
@@ -310,6 +314,7 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
 
 MODES = ("train", "inference", "decode")
 DECODERS = ("gpt2", "opt", "llama", "mistral", "mixtral")  # families with a KV-cache decode step
+KV_CACHES = ("static", "dynamic")  # how a decode step's cache grows (kit.workload.kv_cache)
 
 
 def decodes(model) -> bool:
@@ -318,9 +323,14 @@ def decodes(model) -> bool:
     return (cfg.get("model_type") or ("gpt2" if "n_embd" in cfg else None)) in DECODERS
 
 
-def check_mode(model, mode: str, optimizer=None) -> None:
+def check_mode(model, mode: str, optimizer=None, kv_cache: str = "static") -> None:
     """KitError for a mode the model cannot run: an unknown one, an optimizer step outside
-    training, or a decode step of a model that is not a decoder with a KV cache."""
+    training, a decode step of a model that is not a decoder with a KV cache, or a cache kind
+    outside decoding."""
+    if kv_cache not in KV_CACHES:
+        raise KitError(f"unknown KV cache {kv_cache!r}: choose {', '.join(KV_CACHES)}")
+    if kv_cache != "static" and mode not in ("decode", "generate"):
+        raise KitError(f"a {kv_cache} KV cache is for decoding (mode decode or generate), not {mode}")
     if mode == "generate":
         raise KitError("mode generate is a prefill and many decode steps, not one graph: use "
                        "kit.api.predict_generation (CLI: kit predict --mode generate)")

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kit.workload.kv_cache import cache_update, check_decode_step, static_cache
+from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 
 
 def _ids(batch: int, seq: int) -> torch.Tensor:
@@ -138,10 +138,10 @@ class GPT2LMHeadModel(nn.Module):
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
 
-    def decode_inputs(self, batch, context):
+    def decode_inputs(self, batch, context, cache="static"):
         c = self.config
-        return (_ids(batch, 1), static_cache(batch, c["n_layer"], c["n_head"], context + 1,
-                                             c["n_embd"] // c["n_head"]))
+        return (_ids(batch, 1), make_cache(cache, batch, c["n_layer"], c["n_head"], context,
+                                           c["n_embd"] // c["n_head"]))
 
 
 # -- BERT ---------------------------------------------------------------------------------------
@@ -284,8 +284,8 @@ class OPTForCausalLM(nn.Module):
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
 
-    def decode_inputs(self, batch, context):
+    def decode_inputs(self, batch, context, cache="static"):
         c = self.config
         heads = c["num_attention_heads"]
-        return (_ids(batch, 1), static_cache(batch, c["num_hidden_layers"], heads, context + 1,
-                                             c["hidden_size"] // heads))
+        return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"], heads, context,
+                                           c["hidden_size"] // heads))

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kit.workload.kv_cache import cache_update, check_decode_step, static_cache
+from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 
 
 def _ids(batch: int, seq: int) -> torch.Tensor:
@@ -158,11 +158,11 @@ class LlamaForCausalLM(nn.Module):
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
 
-    def decode_inputs(self, batch, context):
+    def decode_inputs(self, batch, context, cache="static"):
         c = self.config
         kv_heads = c.get("num_key_value_heads", c["num_attention_heads"])
-        return (_ids(batch, 1), static_cache(batch, c["num_hidden_layers"], kv_heads, context + 1,
-                                             self.head_dim))
+        return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"], kv_heads, context,
+                                           self.head_dim))
 
 
 # -- Switch Transformer (T5 blocks, sparse MLP every other layer) ------------------------------
