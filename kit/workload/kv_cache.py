@@ -26,10 +26,10 @@ from typing import NamedTuple
 import torch
 
 from kit.errors import KitError
-from kit.workload.zoo import KV_CACHES
+from kit.workload.modes import KV_CACHES
 
 
-KINDS = KV_CACHES  # kit.workload.zoo keeps the names, so that checking one needs no torch
+KINDS = KV_CACHES  # kit.workload.modes keeps the names, so that checking one needs no torch
 
 
 class LayerCache(NamedTuple):

@@ -1,0 +1,43 @@
+"""What a captured step can be, and which models can take each: the modes of capture (train,
+inference, decode) and the KV-cache kinds of a decode step (kit.workload.kv_cache). Kept apart
+from the zoo and free of torch, so that checking a request imports neither."""
+from __future__ import annotations
+
+from kit.errors import KitError
+
+MODES = ("train", "inference", "decode")
+DECODERS = ("gpt2", "opt", "llama", "mistral", "mixtral")  # families with a KV-cache decode step
+KV_CACHES = ("static", "dynamic")  # how a decode step's cache grows (kit.workload.kv_cache)
+
+
+def decodes(model) -> bool:
+    """Whether a zoo name or config is a decoder-only model with a KV-cache decode step."""
+    from kit.workload.zoo import config
+
+    cfg = config(model) if isinstance(model, str) else dict(model)
+    return (cfg.get("model_type") or ("gpt2" if "n_embd" in cfg else None)) in DECODERS
+
+
+def check_mode(model, mode: str, optimizer=None, kv_cache: str = "static") -> None:
+    """KitError for a mode the model cannot run: an unknown one, an optimizer step outside
+    training, a decode step of a model that is not a decoder with a KV cache, or a cache kind
+    outside decoding."""
+    if kv_cache not in KV_CACHES:
+        raise KitError(f"unknown KV cache {kv_cache!r}: choose {', '.join(KV_CACHES)}")
+    if kv_cache != "static" and mode not in ("decode", "generate"):
+        raise KitError(f"a {kv_cache} KV cache is for decoding (mode decode or generate), not {mode}")
+    if mode == "generate":
+        raise KitError("mode generate is a prefill and many decode steps, not one graph: use "
+                       "kit.api.predict_generation (CLI: kit predict --mode generate)")
+    if mode not in MODES:
+        raise KitError(f"unknown mode {mode!r}: choose {', '.join(MODES)}")
+    if optimizer not in (None, "none") and mode != "train":
+        raise KitError(f"an optimizer step needs mode train (got mode {mode})")
+    if mode == "decode" and model is not None and not decodes(model):  # None: a user's module
+        from kit.workload.zoo import config, resolve
+
+        cfg = config(model) if isinstance(model, str) else dict(model)
+        kind = cfg.get("model_type")
+        name = resolve(model) if isinstance(model, str) else cfg.get("name", kind)
+        raise KitError(f"mode decode (one generated token with a KV cache) needs a decoder-only "
+                       f"model ({', '.join(DECODERS)}); {name} is a {kind} model")
