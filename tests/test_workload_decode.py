@@ -236,3 +236,5 @@ def test_a_dynamic_cache_copies_itself_every_step():
     with pytest.raises(KitError, match="brings its own cache"):
         graph_of(_UserDecoder(), 2, 100, mode="decode", kv_cache="dynamic")
     assert main(["predict", "gpt2", "--gpu", "t4", "--kv-cache", "dynamic"]) == 2
+    for flag in (["--kv-cache", "dynamic"], ["--new-tokens", "8"]):  # --system would drop them
+        assert main(["predict", "gpt2", "--system", "dgx-a100", *flag]) == 2

@@ -104,13 +104,13 @@ def run(args):
 
     if args.gpu_file:
         load_gpu_file(args.gpu_file)
+    check_new_tokens(args)  # before either path: neither may drop them silently
     if getattr(args, "system", None):  # multi-GPU: kit/cli/cmd_predict_parallel.py
         from kit.cli.cmd_predict_parallel import run_parallel
 
         return run_parallel(args)
     if not args.gpu:
         raise KitError("kit predict: give --gpu (one GPU) or --system (multi-GPU)")
-    check_new_tokens(args)
     if args.mode == "generate":
         if args.trace:
             raise KitError("--trace shows one step; with --mode generate, trace a prefill "
