@@ -1,15 +1,15 @@
 """Decode steps: one generated token per sequence with a static KV cache (kit.workload.kv_cache)."""
-import json
-
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from cli_json import cli_json
+
 from kit.cli import main
 from kit.errors import KitError
 from kit.hardware import get_gpu
-from kit.ops import Attention, Gemm
+from kit.ops import Attention
 from kit.workload import zoo
 from kit.workload.iteration import iteration
 from kit.workload.models import graph_of, memory_bytes
@@ -148,21 +148,14 @@ def test_a_users_module_decodes_through_its_decode_inputs():
     assert att == [Attention(b=2, heads=1, seq_q=1, seq_kv=101, head_dim=32, dtype="fp16")]
 
 
-def _json(capsys, argv):
-    rc = main(argv + ["--json"])
-    out = capsys.readouterr()
-    assert rc == 0, out.err
-    return json.loads(out.out)
-
-
 def test_cli_predict_and_compare_report_tokens_per_second(capsys):
-    r = _json(capsys, ["predict", "gpt2", "--gpu", "a100-pcie-40gb", "--mode", "decode",
+    r = cli_json(capsys, ["predict", "gpt2", "--gpu", "a100-pcie-40gb", "--mode", "decode",
                        "--batch", "4", "--seq", "100"])
     assert r["mode"] == "decode" and r["context"] == 100 and set(r["phases_ms"]) == {"fwd"}
     assert r["tokens_per_s"] == pytest.approx(4 / r["total_ms"] * 1e3)
     assert r["kv_cache_bytes"] == 2 * 12 * 4 * 12 * 101 * 64 * 4  # fp32, 12 layers, 12 heads
     assert r["memory"]["kv_cache_bytes"] == r["kv_cache_bytes"]
-    c = _json(capsys, ["compare", "gpt2", "--gpus", "a100-pcie-40gb,t4", "--mode", "decode",
+    c = cli_json(capsys, ["compare", "gpt2", "--gpus", "a100-pcie-40gb,t4", "--mode", "decode",
                        "--batch", "4", "--seq", "100"])
     assert c["unit"] == "tokens" and c["context"] == 100
     for row in c["rows"]:
@@ -179,7 +172,7 @@ def test_cli_predict_and_compare_report_tokens_per_second(capsys):
 def test_cuda_graphs_take_the_host_out_of_a_decode_step(capsys):
     argv = ["predict", "gpt2", "--gpu", "h100-sxm", "--mode", "decode", "--batch", "4", "--seq",
             "256", "--dtype", "bf16", "--fusion", "compiled"]
-    plain, graphs = _json(capsys, argv), _json(capsys, argv + ["--cuda-graphs"])
+    plain, graphs = cli_json(capsys, argv), cli_json(capsys, argv + ["--cuda-graphs"])
     assert plain["gpu_idle_ms"] > 0  # eager-launched, the small model waits on the CPU
     assert graphs["cpu_ms"] == 0 and graphs["total_ms"] == pytest.approx(graphs["kernel_ms"])
     assert graphs["kernel_ms"] == pytest.approx(plain["kernel_ms"])

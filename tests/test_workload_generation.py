@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from kit.api import predict_generation, predict_model
+from cli_json import cli_json
+
 from kit.cli import main
 from kit.errors import KitError
 from kit.workload.generation import generation, sample_contexts, summed_steps_ms
@@ -79,19 +81,12 @@ def test_a_config_file_generates(tmp_path):
     assert r["model"] == "tiny-gpt" and r["new_tokens"] == 4 and r["tpot_ms"] > 0
 
 
-def _json(capsys, argv):
-    rc = main(argv + ["--json"])
-    out = capsys.readouterr()
-    assert rc == 0, out.err
-    return json.loads(out.out)
-
-
 def test_cli_generate(capsys):
-    r = _json(capsys, ["predict", "gpt2", "--gpu", GPU, "--mode", "generate", "--batch", "2",
+    r = cli_json(capsys, ["predict", "gpt2", "--gpu", GPU, "--mode", "generate", "--batch", "2",
                        "--seq", "64", "--new-tokens", "16"])
     assert r["mode"] == "generate" and r["prompt"] == 64 and r["new_tokens"] == 16
     assert r["total_ms"] == pytest.approx(r["ttft_ms"] + r["decode_ms"])
-    c = _json(capsys, ["compare", "gpt2", "--gpus", f"{GPU},t4", "--mode", "generate", "--batch",
+    c = cli_json(capsys, ["compare", "gpt2", "--gpus", f"{GPU},t4", "--mode", "generate", "--batch",
                        "2", "--seq", "64", "--new-tokens", "16"])
     assert c["unit"] == "tokens" and [row["gpu"] for row in c["rows"]] == [GPU, "t4"]
     for row in c["rows"]:

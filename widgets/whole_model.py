@@ -144,7 +144,7 @@ class WholeModelPanel(Panel):
                f"{', KV cache' if it.mode == 'decode' else ''}), "
                f"{gpu.key} has {gpu.memory_gib:g} GiB")
         per = {"train": "step", "inference": "pass"}.get(it.mode, "token step")
-        tokens = (f"; {it.to_dict()['tokens_per_s']:,.0f} tokens/s over the batch"
+        tokens = (f"; {it.tokens_per_s:,.0f} tokens/s over the batch"
                   if it.mode == "decode" else "")
         return (f"<b>{it.total_ms:.2f} ms</b> per {per}{tokens} "
                 f"({phases}); {int(it.timeline['kernels'].sum())} kernels, GPU idle {idle:.2f} ms: "

@@ -6,7 +6,7 @@ step at TDP (an upper bound: TDP × step time), and, where the user gives prices
 cost per million tokens (or samples). No prices are built in.
 """
 from kit.cli import add_command
-from kit.cli.cmd_predict import add_model_args, check_new_tokens, overhead_from
+from kit.cli.cmd_predict import add_model_args, check_decode_args, overhead_from
 
 
 def parse_prices(text: str | None) -> dict:
@@ -57,16 +57,8 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
             rows.append(unsupported_row(gpu, dtype, unit, mem, prices))
             continue
         it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
-        step_s = it.total_ms / 1e3
-        row = {"gpu": gpu.key, "step_ms": it.total_ms, "band_ms": [it.total_p10_ms, it.total_p90_ms],
-               f"{unit}_per_s": items / step_s, "memory_need_gib": mem["total_bytes"] / 2**30,
-               "memory_gib": gpu.memory_gib, "fits": mem["total_bytes"] <= gpu.memory_bytes,
-               "energy_j_per_step": gpu.tdp_w * step_s, "tdp_w": gpu.tdp_w,
-               f"energy_j_per_m_{unit}": gpu.tdp_w * step_s / items * 1e6,
-               "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": None,
-               "predictor": it.predictor, "unsupported": None}
-        if gpu.key in prices:
-            row[f"cost_per_m_{unit}"] = prices[gpu.key] / 3600 * step_s / items * 1e6
+        row = gpu_row(gpu, it.total_ms, [it.total_p10_ms, it.total_p90_ms], items, unit, mem,
+                      prices, it.predictor)
         if decode:  # sequences that fit beside the weights at this context
             row["max_batch"] = max_batch(mem, batch, gpu.memory_bytes)
         rows.append(row)
@@ -110,22 +102,28 @@ def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, pr
         if r is None:
             rows.append(unsupported_row(gpu, dtype, "tokens", mem, prices))
             continue
-        step_s = r["total_ms"] / 1e3
         band = [r["ttft_band_ms"][i] + r["decode_band_ms"][i] for i in (0, 1)]
-        rows.append({"gpu": gpu.key, "step_ms": r["total_ms"], "band_ms": band,
-                     "ttft_ms": r["ttft_ms"], "tpot_ms": r["tpot_ms"], "tokens_per_s": items / step_s,
-                     "memory_need_gib": mem["total_bytes"] / 2**30, "memory_gib": gpu.memory_gib,
-                     "fits": mem["total_bytes"] <= gpu.memory_bytes,
-                     "energy_j_per_step": gpu.tdp_w * step_s, "tdp_w": gpu.tdp_w,
-                     "energy_j_per_m_tokens": gpu.tdp_w * step_s / items * 1e6,
-                     "price_per_hour": prices.get(gpu.key),
-                     "cost_per_m_tokens": (prices[gpu.key] / 3600 * step_s / items * 1e6
-                                           if gpu.key in prices else None),
-                     "predictor": r["predictor"], "unsupported": None,
+        rows.append({**gpu_row(gpu, r["total_ms"], band, items, "tokens", mem, prices, r["predictor"]),
+                     "ttft_ms": r["ttft_ms"], "tpot_ms": r["tpot_ms"],
                      "max_batch": max_batch(mem, batch, gpu.memory_bytes)})
     return {"model": first["model"], "mode": "generate", "batch": batch, "seq": prompt,
             "dtype": dtype, "prompt": prompt, "new_tokens": new_tokens, "context": None,
             "unit": "tokens", "memory": mem, "rows": rows}
+
+
+def gpu_row(gpu, step_ms: float, band_ms, items: float, unit: str, mem: dict, prices: dict,
+            predictor: str) -> dict:
+    """One GPU's row: a step of `items` tokens or samples in step_ms, its memory need against the
+    GPU's, energy at TDP and, where a price is given, the cost per million items."""
+    step_s = step_ms / 1e3
+    cost = prices[gpu.key] / 3600 * step_s / items * 1e6 if gpu.key in prices else None
+    return {"gpu": gpu.key, "step_ms": step_ms, "band_ms": list(band_ms),
+            f"{unit}_per_s": items / step_s, "memory_need_gib": mem["total_bytes"] / 2**30,
+            "memory_gib": gpu.memory_gib, "fits": mem["total_bytes"] <= gpu.memory_bytes,
+            "energy_j_per_step": gpu.tdp_w * step_s, "tdp_w": gpu.tdp_w,
+            f"energy_j_per_m_{unit}": gpu.tdp_w * step_s / items * 1e6,
+            "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": cost,
+            "predictor": predictor, "unsupported": None}
 
 
 def no_dtype(gpu, dtype: str) -> str:
@@ -151,7 +149,7 @@ def run(args):
     if args.gpu_file:
         load_gpu_file(args.gpu_file)
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
-    check_new_tokens(args)
+    check_decode_args(args)
     return compare(args.model, gpus, args.mode, args.batch, args.seq, args.dtype, args.fusion,
                    args.optimizer, args.predictor, parse_prices(args.price_per_hour), overhead_from(args),
                    args.new_tokens, args.kv_cache or "static")

@@ -64,7 +64,7 @@ def memory_need(it, gpu) -> dict:
     return {**mem, "gpu_memory_bytes": gpu.memory_bytes, "fits": mem["total_bytes"] <= gpu.memory_bytes}
 
 
-def check_new_tokens(args) -> None:
+def check_decode_args(args) -> None:
     """--new-tokens and --kv-cache only where they mean something (never silently dropped)."""
     from kit.errors import KitError
 
@@ -104,7 +104,7 @@ def run(args):
 
     if args.gpu_file:
         load_gpu_file(args.gpu_file)
-    check_new_tokens(args)  # before either path: neither may drop them silently
+    check_decode_args(args)  # before either path: neither may drop them silently
     if getattr(args, "system", None):  # multi-GPU: kit/cli/cmd_predict_parallel.py
         from kit.cli.cmd_predict_parallel import run_parallel
 

@@ -47,6 +47,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
                samples: int = DECODE_SAMPLES, kv_cache: str = "static") -> dict:
     """Predict generating `new_tokens` per sequence after a `prompt`-token prefill (module doc).
     model: a zoo decoder or an HF-style config of one (kit.workload.zoo.DECODERS)."""
+    from kit.hardware import get_gpu
     from kit.workload import zoo
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of, memory_bytes, read_config
@@ -83,8 +84,6 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
         acts = max(mem["activations_bytes"], last["activations_bytes"])
         mem = {**last, "activations_bytes": acts,
                "total_bytes": last["total_bytes"] - last["activations_bytes"] + acts}
-    from kit.hardware import get_gpu
-
     g = get_gpu(gpu)
     return {"model": prefill.model, "gpu": g.key, "mode": "generate", "batch": batch,
             "prompt": prompt, "new_tokens": new_tokens, "dtype": dtype, "fusion": fusion,

@@ -106,13 +106,13 @@ class Iteration:
                 **{k: self.meta[k] for k in ("batch", "seq", "dtype", "params", "param_bytes",
                                              "activation_bytes", "optimizer", "context",
                                              "kv_cache", "kv_cache_bytes") if k in self.meta},
-                **self._image(), **self._decode()}
+                **self._image(),
+                **({"tokens_per_s": self.tokens_per_s} if self.mode == "decode" else {})}
 
-    def _decode(self) -> dict:
+    @property
+    def tokens_per_s(self) -> float:
         """A decode step's throughput: one new token per sequence (kit.workload.kv_cache)."""
-        if self.mode != "decode":
-            return {}
-        return {"tokens_per_s": self.meta.get("batch", 1) / max(self.total_ms, 1e-12) * 1e3}
+        return self.meta.get("batch", 1) / max(self.total_ms, 1e-12) * 1e3
 
     def _image(self) -> dict:
         """A vision model's image side, where the graph has no seq (see _prepare's meta)."""

@@ -1,4 +1,4 @@
-"""A static KV cache for autoregressive decoding, on meta tensors.
+"""The KV cache of autoregressive decoding, on meta tensors.
 
 One decode step of a decoder-only model reads one new token per sequence. Each attention layer
 projects that token's query, key and value, writes the key and value into the cache, and attends
@@ -8,11 +8,10 @@ over everything the cache holds:
                cache[:, :, pos] = k, v      (one index_copy_ kernel each, the new token's bytes)
                attention(q, cache)          (reads the whole cache: 2·b·kv_heads·(context+1)·d)
 
-The cache is static: preallocated at its full length and written in place, as HF transformers'
-StaticCache does (`index_copy_` at `cache_position`) and as serving engines do. HF's default
-DynamicCache instead concatenates (torch.cat) and so copies the whole cache every step; that is
-not modelled. Its size, 2 · layers · batch · kv_heads · length · head_dim · bytes per element,
-is what `kit.workload.models.memory_bytes` adds for a decode step.
+A static cache (the default) is preallocated at its full length and written in place, as HF
+transformers' StaticCache does (`index_copy_` at `cache_position`) and as serving engines do.
+Its size, 2 · layers · batch · kv_heads · length · head_dim · bytes per element, is what
+`kit.workload.models.memory_bytes` adds for a decode step.
 
 A dynamic cache (`kind="dynamic"`, HF's DynamicCache, the default of HF's eager generate())
 holds only the tokens so far and grows by concatenation: every step and layer, torch.cat reads

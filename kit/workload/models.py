@@ -108,59 +108,48 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
     if not isinstance(obj, torch.nn.Module):
         raise KitError(f"model {name!r} gave a {type(obj).__name__}; expected an nn.Module, a "
                        "config dict or (module, inputs)")
+    from torch.utils._pytree import tree_leaves
+
     from kit.workload import zoo
-    from kit.workload.capture import capture
+    from kit.workload.capture import TORCH_DTYPES, capture
 
     zoo._check_positive(batch=batch)
     zoo.check_mode(None, mode, optimizer, kv_cache)
     if kv_cache != "static":
         raise KitError(f"a {kv_cache} KV cache is built for the zoo's decoders and HF-style configs; "
                        f"model {name!r} brings its own cache through decode_inputs")
-    if mode == "decode":
-        return _decode_graph(obj, name, batch, seq, dtype, inputs)
+    decode = mode == "decode"  # the new tokens and a KV cache, from the module's decode_inputs
     if inputs is None:
         seq = seq or 512
-        inputs, meta = _inputs_for(obj, batch, seq), {"batch": batch, "seq": seq}
+        inputs = _decode_inputs_for(obj, name, batch, seq) if decode else _inputs_for(obj, batch, seq)
+        meta = {"batch": batch, "seq": seq}
     else:  # the inputs fix the shape: a batch or seq asked for would be silently ignored
         if batch != 1 or seq is not None:
             raise KitError(f"model {name!r} comes with its own example inputs, which fix the batch "
                            f"and sequence; drop --batch/--seq (got batch {batch}, seq {seq}) or "
                            "return a module that takes input_ids or has example_inputs(batch, seq)")
         meta = {"batch": _leading_dim(inputs), "seq": None}
-    return capture(obj, inputs, mode=mode, optimizer=optimizer, dtype=dtype, name=name, meta=meta)
+    if decode:  # the floating inputs are the cache: its memory
+        size = TORCH_DTYPES[dtype].itemsize if dtype in TORCH_DTYPES else None
+        leaves = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        meta.update(mode="decode", context=meta["seq"],
+                    kv_cache_bytes=int(sum(t.numel() * (size or t.element_size()) for t in leaves)))
+    return capture(obj, inputs, mode="inference" if decode else mode, optimizer=optimizer,
+                   dtype=dtype, name=name, meta=meta)
 
 
-def _decode_graph(module, name: str, batch: int, seq: int | None, dtype: str, inputs):
-    """A decode step of a user's module: its `decode_inputs(batch, context)` (the new tokens and
-    a KV cache, as the zoo's decoders give them), or inputs of that kind given with it. The
-    floating inputs are the cache, counted as its memory."""
-    import torch
-
-    from kit.workload.capture import TORCH_DTYPES, capture
-
-    if inputs is None:
-        if not hasattr(module, "decode_inputs"):
-            raise KitError(f"mode decode: model {name!r} has no decode_inputs(batch, context) giving "
-                           "the new tokens and a KV cache; give it one, or use a zoo decoder or an "
-                           "HF-style config")
-        seq = seq or 512
-        try:
-            inputs = module.decode_inputs(batch, seq)
-        except Exception as e:
-            raise KitError(f"{type(module).__name__}.decode_inputs({batch}, {seq}) failed: "
-                           f"{one_line(e)}") from None
-        meta = {"batch": batch, "seq": seq}
-    else:
-        if batch != 1 or seq is not None:
-            raise KitError(f"model {name!r} comes with its own example inputs, which fix the batch "
-                           f"and context; drop --batch/--seq (got batch {batch}, seq {seq})")
-        meta = {"batch": _leading_dim(inputs), "seq": None}
-    leaves = [t for t in torch.utils._pytree.tree_leaves(inputs)
-              if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    size = TORCH_DTYPES[dtype].itemsize if dtype in TORCH_DTYPES else None
-    meta.update(mode="decode", context=meta["seq"],
-                kv_cache_bytes=int(sum(t.numel() * (size or t.element_size()) for t in leaves)))
-    return capture(module, inputs, mode="inference", dtype=dtype, name=name, meta=meta)
+def _decode_inputs_for(module, name: str, batch: int, context: int):
+    """A user's module's decode_inputs(batch, context): the new tokens and a KV cache, as the
+    zoo's decoders give them."""
+    if not hasattr(module, "decode_inputs"):
+        raise KitError(f"mode decode: model {name!r} has no decode_inputs(batch, context) giving "
+                       "the new tokens and a KV cache; give it one, or use a zoo decoder or an "
+                       "HF-style config")
+    try:
+        return module.decode_inputs(batch, context)
+    except Exception as e:
+        raise KitError(f"{type(module).__name__}.decode_inputs({batch}, {context}) failed: "
+                       f"{one_line(e)}") from None
 
 
 def _leading_dim(inputs) -> int:
