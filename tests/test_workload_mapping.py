@@ -3,6 +3,7 @@ the fused dropout kernel and its backward."""
 import pytest
 import torch
 import torch.nn as nn
+from aten_log import AtenLog
 
 from kit.ops import Elementwise
 from kit.workload.capture import capture
@@ -70,13 +71,13 @@ def test_dropout_and_its_backward_move_nine_bytes_per_element():
 
 
 class _RightWeight(nn.Module):
-    """x @ W on a transposed (non-contiguous) 3-d x: without grad torch.matmul does not fold it
-    into one mm but expands W over the batch and calls bmm (nn.MultiheadAttention's in-projection
-    at inference)."""
+    """x @ W on a transposed (non-contiguous) 3-d x: when W does not require grad, torch.matmul
+    does not fold it into one mm but expands W over the batch and calls bmm (nn.MultiheadAttention's
+    in-projection on the slow path of a frozen model)."""
 
-    def __init__(self, k, n):
+    def __init__(self, k, n, frozen=True):
         super().__init__()
-        self.w = nn.Parameter(torch.zeros(k, n))
+        self.w = nn.Parameter(torch.zeros(k, n), requires_grad=not frozen)
 
     def forward(self, x):
         return x.transpose(0, 1) @ self.w
@@ -106,6 +107,21 @@ def test_left_operand_expanded_over_the_batch_is_read_once():
     assert op.b == batch and op.k == k and {op.m, op.n} == {n, seq}
     assert op.bytes == 4 * (batch * seq * k + k * n + batch * n * seq)
     assert op.flops == 2 * batch * seq * n * k
+
+
+def test_a_weight_that_requires_grad_folds_the_matmul_into_one_mm_at_inference_too():
+    """torch.matmul folds when the weight requires grad, whatever the grad mode (torch's
+    should_fold), so an inference capture keeps the model's requires_grad."""
+    seq, batch, k, n = 128, 8, 512, 1536
+    x = torch.zeros(batch, seq, k)
+    for model in (_RightWeight(k, n, frozen=False), _LeftWeight(k, n, frozen=False)):
+        with torch.no_grad(), AtenLog() as log:
+            model(x)
+        graph = capture(model, (x,), mode="inference")
+        captured = [n.name() for n in graph.kernels() if n.op_class == "gemm"]
+        assert captured == [o for o in log.ops if o in ("mm", "bmm", "addmm")] == ["mm"]
+        (op,) = _gemms(graph)
+        assert op.b == 1 and op.m * op.n == seq * batch * n and op.k == k
 
 
 def test_a_true_batched_matmul_reads_every_operand_in_full():

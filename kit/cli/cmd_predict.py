@@ -171,6 +171,12 @@ def text(r) -> str:
     if r.get("unknown_ops"):
         lines.append("  unknown ops (costed as memory-bound): "
                      + ", ".join(f"{k} x{v}" for k, v in r["unknown_ops"].items()))
+    fast = r.get("fast_path") or {}
+    if fast.get("taken"):
+        lines.append("  torch's native inference fast path: " + ", ".join(
+            f"{k} x{v}" for k, v in fast["taken"].items()))
+    for why, n in (fast.get("declined") or {}).items():
+        lines.append(f"  slow path (as torch would run it) x{n}: {why}")
     m = r.get("memory")
     if m and not m["fits"]:
         lines.append(f"  note: needs {m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, "

@@ -24,7 +24,8 @@ attention kernel rather than the math fallback that meta tensors would take.
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
+from collections import Counter
+from contextlib import ExitStack, contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from kit.errors import KitError, one_line
-from kit.workload import rnn_capture
+from kit.workload import fast_path, rnn_capture
 from kit.workload.graph import Node, OpGraph
 from kit.workload.mapping import map_op, nbytes, tensors
 
@@ -333,7 +334,9 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
             raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(TORCH_DTYPES)}")
         tdtype = TORCH_DTYPES[dtype]
     train = mode == "train"
-    params = {n: torch.nn.Parameter(_to_meta(p, tdtype), requires_grad=train and p.requires_grad)
+    # requires_grad stays the model's in inference too (it runs under no_grad): torch.matmul
+    # folds a transposed 3-d input into one mm only when the weight requires grad
+    params = {n: torch.nn.Parameter(_to_meta(p, tdtype), requires_grad=p.requires_grad)
               for n, p in model.named_parameters()}
     buffers = {n: _to_meta(b, tdtype if b.is_floating_point() else None)
                for n, b in model.named_buffers()}
@@ -360,7 +363,11 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
 
     handles = []
     was_training = model.training
+    fast_taken, fast_declined = Counter(), Counter()
+    stack = ExitStack()
     try:
+        if not train:  # before the hooks below: a user's own hooks block the fast path
+            stack.enter_context(fast_path.swapped(model, rec, names, fast_taken, fast_declined))
         for m in model.modules():
             handles.append(m.register_forward_pre_hook(pre))
             handles.append(m.register_forward_hook(post))
@@ -390,6 +397,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     finally:
         for h in handles:
             h.remove()
+        stack.close()
         model.train(was_training)
 
     nodes = rec.nodes if dtype != "tf32" else [_as_tf32(n) for n in rec.nodes]
@@ -405,6 +413,8 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
             "mode": mode, "dtype": dtype or _dtype_name(params), "optimizer":
             (optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom"))
             if optimizer is not None else None, "fusion": "eager"}
+    if fast_taken or fast_declined:  # kit.workload.fast_path: torch's native inference kernels
+        info["fast_path"] = {"taken": dict(fast_taken), "declined": dict(fast_declined)}
     info.update(meta or {})
     return OpGraph(tuple(nodes), name or type(model).__name__, info)
 

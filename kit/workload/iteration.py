@@ -105,7 +105,8 @@ class Iteration:
                 "unknown_ops": self.meta.get("unknown_ops", {}),
                 **{k: self.meta[k] for k in ("batch", "seq", "dtype", "params", "param_bytes",
                                              "activation_bytes", "optimizer", "context",
-                                             "kv_cache", "kv_cache_bytes") if k in self.meta},
+                                             "kv_cache", "kv_cache_bytes", "fast_path")
+                   if k in self.meta},
                 **self._image(),
                 **({"tokens_per_s": self.tokens_per_s} if self.mode == "decode" else {})}
 
