@@ -59,3 +59,22 @@ def test_decode_is_offered_for_decoders_only_and_leaves_a_position_for_the_new_t
     assert p.seq.value == 512 and p.result.mode == "decode"
     with pytest.raises(KitError, match="decoder-only"):
         WholeModelPanel(model="bert-base", mode="decode")
+
+
+def test_the_cache_kind_drives_a_decode_step_and_is_off_in_the_other_modes():
+    p = WholeModelPanel(model="gpt2", gpu="a100-pcie-40gb", mode="decode", batch=8, seq=512)
+    static_gpu_ms = p.result.kernel_ms
+    assert not p.kv_cache.disabled and "static KV cache" in p.summary.value
+    p.kv_cache.value = "dynamic"  # grown by torch.cat: every step re-reads and re-writes the cache
+    want = predict_model("gpt2", "a100-pcie-40gb", "decode", 8, 512, kv_cache="dynamic")
+    assert p.result.total_ms == pytest.approx(want.total_ms)
+    assert p.result.kernel_ms > static_gpu_ms  # more GPU work (eager gpt2 still waits on the CPU)
+    assert "dynamic KV cache" in p.summary.value
+    p.mode.value = "inference"  # no cache: the control is off and takes no part
+    assert p.kv_cache.disabled and p.result.mode == "inference"
+    assert p.result.total_ms == pytest.approx(predict_model("gpt2", "a100-pcie-40gb", "inference",
+                                                            8, 512).total_ms)
+    from kit.errors import KitError
+
+    with pytest.raises(KitError, match="kv_cache 'paged' is not one of its choices"):
+        WholeModelPanel(model="gpt2", mode="decode", kv_cache="paged")

@@ -3,7 +3,8 @@ class and phase, and a timeline of the CPU issuing ops against the GPU running t
 per layer and phase). The summary says when the step would not fit in the GPU's memory (the
 estimate `kit compare` uses), and the seq control is off for DLRM, which has no sequence.
 Decoder-only models also offer mode decode: one generated token per sequence, with seq tokens
-already in the KV cache (kit.workload.kv_cache)."""
+already in the KV cache (kit.workload.kv_cache), static (written in place) or dynamic (HF's
+DynamicCache, grown by torch.cat every step); the cache control is off in the other modes."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import pandas as pd
 from kit.api import predict_model
 from kit.hardware import get_gpu, gpu_keys
 from kit.workload.models import memory_bytes
+from kit.workload.modes import KV_CACHES
 from kit.workload.zoo import check_mode, check_seq, decodes, max_seq, resolve, uses_seq, zoo_names
 from widgets.base import Panel, check_init
 
@@ -41,12 +43,13 @@ class WholeModelPanel(Panel):
     title = "Whole model: one training step or inference pass, kernel by kernel"
 
     def __init__(self, model="gpt2", gpu="a100-pcie-40gb", mode="train", batch=1, seq=128,
-                 fusion="eager"):
+                 fusion="eager", kv_cache="static"):
         check_init("WholeModelPanel", "mode", mode, MODES)
         check_init("WholeModelPanel", "fusion", fusion, FUSIONS)
+        check_init("WholeModelPanel", "kv_cache", kv_cache, KV_CACHES)
         check_init("WholeModelPanel", "batch", batch, lo=1, hi=MAX_BATCH)  # the slider would clamp it
         self._init = dict(model=resolve(model), gpu=get_gpu(gpu).key, mode=mode, batch=batch, seq=seq,
-                          fusion=fusion)
+                          fusion=fusion, kv_cache=kv_cache)
         check_mode(self._init["model"], mode)
         check_seq(self._init["model"], seq, 1 if mode == "decode" else 0)
         self.result = None
@@ -65,7 +68,10 @@ class WholeModelPanel(Panel):
                               style=style, disabled=not uses_seq(i["model"]))
         self.fusion = W.ToggleButtons(options=list(FUSIONS), value=i["fusion"],
                                       description="fusion", style=style)
-        return [self.model, self.gpu, self.mode, self.batch, self.seq, self.fusion]
+        self.kv_cache = W.ToggleButtons(options=list(KV_CACHES), value=i["kv_cache"],
+                                        description="KV cache", style=style,
+                                        disabled=i["mode"] != "decode")
+        return [self.model, self.gpu, self.mode, self.batch, self.seq, self.fusion, self.kv_cache]
 
     @staticmethod
     def _modes(model) -> list[str]:
@@ -101,13 +107,16 @@ class WholeModelPanel(Panel):
             finally:
                 self._narrowing = False
         self.seq.disabled = not uses_seq(self.model.value)
+        self.kv_cache.disabled = self.mode.value != "decode"
         super().refresh(change)
 
     def predict(self):
         self.result = predict_model(self.model.value, self.gpu.value, mode=self.mode.value,
                                     batch=self.batch.value,
                                     seq=self.seq.value if uses_seq(self.model.value) else None,
-                                    fusion=self.fusion.value)
+                                    fusion=self.fusion.value,
+                                    kv_cache=self.kv_cache.value if self.mode.value == "decode"
+                                    else "static")
         return self.result
 
     def make_chart(self):
@@ -144,8 +153,8 @@ class WholeModelPanel(Panel):
                f"{', KV cache' if it.mode == 'decode' else ''}), "
                f"{gpu.key} has {gpu.memory_gib:g} GiB")
         per = {"train": "step", "inference": "pass"}.get(it.mode, "token step")
-        tokens = (f"; {it.tokens_per_s:,.0f} tokens/s over the batch"
-                  if it.mode == "decode" else "")
+        tokens = (f"; {it.tokens_per_s:,.0f} tokens/s over the batch, "
+                  f"{it.meta.get('kv_cache', 'static')} KV cache" if it.mode == "decode" else "")
         return (f"<b>{it.total_ms:.2f} ms</b> per {per}{tokens} "
                 f"({phases}); {int(it.timeline['kernels'].sum())} kernels, GPU idle {idle:.2f} ms: "
                 f"{bound}; predictor {it.predictor}{fit}")
