@@ -175,3 +175,17 @@ def test_validate_refuses_impossible_latencies_and_says_when_nothing_was_predict
     assert main(["validate", "--labels", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "no configuration could be predicted (3 skipped" in out
+
+
+def test_a_module_that_does_not_take_token_ids_is_told_how_to_give_its_inputs(tmp_path, monkeypatch,
+                                                                               capsys):
+    (tmp_path / "floatmodel.py").write_text(
+        "import torch.nn as nn\n"
+        "def make():\n"
+        "    return nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, batch_first=True), 1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["predict", "floatmodel:make", "--gpu", GPU, "--mode", "inference", "--batch", "2",
+                 "--seq", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "token ids of shape (2, 4)" in err and "example_inputs(batch, seq)" in err

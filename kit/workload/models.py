@@ -119,6 +119,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         raise KitError(f"a {kv_cache} KV cache is built for the zoo's decoders and HF-style configs; "
                        f"model {name!r} brings its own cache through decode_inputs")
     decode = mode == "decode"  # the new tokens and a KV cache, from the module's decode_inputs
+    guessed = inputs is None and not decode and not hasattr(obj, "example_inputs")
     if inputs is None:
         seq = seq or 512
         inputs = _decode_inputs_for(obj, name, batch, seq) if decode else _inputs_for(obj, batch, seq)
@@ -134,8 +135,16 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         leaves = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
         meta.update(mode="decode", context=meta["seq"],
                     kv_cache_bytes=int(sum(t.numel() * (size or t.element_size()) for t in leaves)))
-    return capture(obj, inputs, mode="inference" if decode else mode, optimizer=optimizer,
-                   dtype=dtype, name=name, meta=meta)
+    try:
+        return capture(obj, inputs, mode="inference" if decode else mode, optimizer=optimizer,
+                       dtype=dtype, name=name, meta=meta)
+    except KitError as e:
+        if not guessed:
+            raise
+        # the kit fed token ids of shape (batch, seq): say so, and how to give the right inputs
+        raise KitError(f"{e}; the kit gave it token ids of shape ({batch}, {seq}): give the module "
+                       "example_inputs(batch, seq), or make the callable return (module, inputs)"
+                       ) from None
 
 
 def _decode_inputs_for(module, name: str, batch: int, context: int):
