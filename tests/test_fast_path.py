@@ -8,7 +8,7 @@ import torch.nn as nn
 from aten_log import AtenLog
 
 from kit.workload import fast_path
-from kit.workload.capture import capture
+from kit.workload.capture import _Recorder, capture
 
 torch.set_num_threads(1)
 
@@ -21,10 +21,6 @@ def _torch_takes_fast_path(module, *args, grad=False, **kwargs) -> bool:
     with torch.set_grad_enabled(grad), AtenLog() as log:
         module(*args, **kwargs)
     return native in log.ops
-
-
-class _Stack:
-    stack = [""]
 
 
 def _layer(**kw):
@@ -101,7 +97,7 @@ def test_encoder_layer_kernels_compute_what_torch_computes(name):
     x = torch.randn(2, 6, 32)
     with torch.no_grad():
         expected = layer(x)
-        got = fast_path.encoder_layer(layer, x, None, _Stack(), {})
+        got = fast_path.encoder_layer(layer, x, None, _Recorder(), {})
     assert torch.allclose(got, expected, atol=1e-5)
 
 

@@ -125,6 +125,16 @@ class _Recorder(TorchDispatchMode):
         finally:
             self.recording = was
 
+    @contextmanager
+    def within(self, path: str):
+        """Record ops as run by the module at `path` (a submodule run without its own call, as
+        kit.workload.fast_path runs torch's native kernels)."""
+        self.stack.append(path)
+        try:
+            yield
+        finally:
+            self.stack.pop()
+
     def record_fused(self, name: str, op, op_class: str, kernels: int, ins, outs,
                      path: str | None = None):
         """Record one node that stands for a library call whose own ops ran unrecorded

@@ -41,11 +41,11 @@ def _first(checks) -> str:
     return next((why for why, bad in checks if bad()), "")
 
 
-def why_not_encoder(layer: nn.TransformerEncoderLayer, src, src_mask=None,
-                    src_key_padding_mask=None, user_hooks: bool = False) -> str:
+def why_not_encoder(layer: nn.TransformerEncoderLayer, src, user_hooks: bool = False) -> str:
     """Why torch's TransformerEncoderLayer.forward would not take its fast path ("" if it
     would). The device, the capture's own hooks and its torch-function mode are not reasons:
-    they are the capture's, not the model's. user_hooks: the user's own hooks on the layer."""
+    they are the capture's, not the model's; nor are the masks, which only matter to torch for a
+    nested-tensor input. user_hooks: the user's own hooks on the layer."""
     sa = layer.self_attn
     return _first((
         ("torch.backends.mha fast path disabled", lambda: not torch.backends.mha.get_fastpath_enabled()),
@@ -100,15 +100,6 @@ def why_not_mha(mha: nn.MultiheadAttention, query, key, value, key_padding_mask=
     ))
 
 
-@contextmanager
-def _within(rec, path: str):
-    rec.stack.append(path)
-    try:
-        yield
-    finally:
-        rec.stack.pop()
-
-
 def native_mha(x, mha: nn.MultiheadAttention, mask=None, need_weights: bool = False,
                average: bool = True):
     """The kernels of torch's native self-attention on x (batch, tokens, embed): (out, weights)."""
@@ -155,7 +146,7 @@ def _merged(mha: nn.MultiheadAttention, attn_mask, key_padding_mask, query):
 def encoder_layer(layer: nn.TransformerEncoderLayer, src, mask, rec, names: dict):
     """torch's transformer_encoder_layer_forward, kernel by kernel."""
     def at(mod):
-        return _within(rec, names.get(id(mod), rec.stack[-1]))
+        return rec.within(names.get(id(mod), rec.stack[-1]))
 
     def norm(mod, x):
         with at(mod):
@@ -192,7 +183,7 @@ def swapped(model: nn.Module, rec, names: dict, taken: Counter, declined: Counte
         slow = layer.forward
 
         def forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-            why = why_not_encoder(layer, src, src_mask, src_key_padding_mask, hooked)
+            why = why_not_encoder(layer, src, hooked)
             if why:
                 declined[f"{type(layer).__name__}: {why}"] += 1
                 return slow(src, src_mask, src_key_padding_mask, is_causal=is_causal)

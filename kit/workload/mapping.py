@@ -88,6 +88,8 @@ INDEXING = {"index", "index_select", "gather", "scatter", "scatter_", "scatter_a
             # the gathers and scatters of upsampling under torch.use_deterministic_algorithms(True)
             "_unsafe_index", "_unsafe_index_put", "_unsafe_masked_index",
             "_unsafe_masked_index_put_accumulate"}
+# one matrix product (mm; addmm adds a bias, _addmm_activation a bias and ReLU/GELU epilogue)
+MATMULS = ("mm", "addmm", "_addmm_activation")
 ATTENTION_FWD = {"_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
                  "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
                  "_flash_attention_forward", "_efficient_attention_forward",
@@ -137,7 +139,7 @@ def _rows_cols(x: torch.Tensor, norm_dims: int = 1) -> tuple[int, int]:
 
 
 def _gemm(packet: str, args, dtype: str) -> Gemm:
-    if packet in ("mm", "addmm", "_addmm_activation"):  # the last: bias and ReLU/GELU epilogue
+    if packet in MATMULS:
         a, b = (args[0], args[1]) if packet == "mm" else (args[1], args[2])
         return Gemm(m=a.shape[0], n=b.shape[1], k=a.shape[1], b=1, dtype=dtype, kind="linear",
                     shared_rhs=True)
@@ -200,7 +202,7 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
     if lead is None:
         return None, "free", 0
     dtype, mult = kit_dtype(ins[0] if ins and ins[0].is_floating_point() else lead)
-    if packet in ("mm", "addmm", "_addmm_activation", "bmm", "baddbmm"):
+    if packet in (*MATMULS, "bmm", "baddbmm"):
         return _gemm(packet, args, dtype), "gemm", 1
     if packet in ATTENTION_FWD:
         return _attention(args[0], args[1], args[2], dtype, _causal_arg(packet, args, kwargs)), "attention", 1
