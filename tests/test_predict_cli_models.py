@@ -189,3 +189,22 @@ def test_a_module_that_does_not_take_token_ids_is_told_how_to_give_its_inputs(tm
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "token ids of shape (2, 4)" in err and "example_inputs(batch, seq)" in err
+
+
+def test_a_data_dependent_module_is_not_told_about_token_ids(tmp_path, monkeypatch, capsys):
+    (tmp_path / "routedmodel.py").write_text(
+        "import torch, torch.nn as nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.e = nn.Embedding(10, 8); self.l = nn.Linear(8, 8)\n"
+        "    def forward(self, ids):\n"
+        "        h = self.e(ids)\n"
+        "        return self.l(h[h.sum(-1) > 0])\n"
+        "def make():\n"
+        "    return M()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["predict", "routedmodel:make", "--gpu", GPU, "--mode", "inference", "--batch", "2",
+                 "--seq", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "needs the tensor's values" in err and "token ids" not in err

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from kit.errors import KitError
 from kit.ops import Attention, Dropout, Gemm
-from kit.workload.capture import capture, layer_of
+from kit.workload.capture import DataDependentCapture, capture, layer_of
 from kit.workload.kernels import Derived
 
 torch.set_num_threads(1)
@@ -123,6 +123,43 @@ def test_bad_inputs_are_kit_errors():
         capture(_mlp(), (torch.zeros(2, 7),), mode="inference")  # wrong feature size
     with pytest.raises(KitError, match="dtype"):
         capture(_mlp(), (torch.zeros(2, 8),), dtype="int3")
+
+
+def test_a_failed_op_is_named_with_its_module():
+    with pytest.raises(KitError) as e:
+        capture(_mlp(), (torch.zeros(2, 7),), mode="inference", name="mlp")
+    msg = str(e.value)
+    assert "capturing mlp failed in module '0' at aten." in msg and "\n" not in msg
+    assert not isinstance(e.value, DataDependentCapture)
+
+
+class _Routed(nn.Module):
+    """Experts fed by boolean masks or torch.where: token counts that depend on the data."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.gate, self.expert = nn.Linear(8, 2), nn.Linear(8, 8)
+
+    def forward(self, x):
+        if self.how == "item":
+            return self.expert(x) * float(self.gate(x).max())
+        pick = self.gate(x).argmax(-1) == 0
+        if self.how == "mask":
+            return self.expert(x[pick])
+        return self.expert(x[torch.where(pick)[0]])
+
+
+@pytest.mark.parametrize("how,op", [("mask", "aten.index"), ("where", "aten.nonzero"),
+                                    ("item", "aten._local_scalar_dense")])
+def test_data_dependent_ops_are_named_with_what_to_do(how, op):
+    with pytest.raises(DataDependentCapture) as e:
+        capture(_Routed(how), (torch.zeros(6, 8),), mode="inference", name="routed")
+    msg = str(e.value)
+    assert msg.startswith("capturing routed failed in its top-level forward: " + op)
+    assert "meta tensors" in msg and "static shapes" in msg and "\n" not in msg
+    # the same module with static shapes captures
+    assert capture(nn.Sequential(nn.Linear(8, 2)), (torch.zeros(6, 8),), mode="inference").nodes
 
 
 def test_layer_of():

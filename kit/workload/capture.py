@@ -42,6 +42,37 @@ MODES = ("train", "inference")
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                 "tf32": torch.float32}
 _LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+# aten ops whose output size, or a host value, depends on the tensor's data: meta tensors hold
+# none, so a capture cannot run them (boolean-mask indexing and torch.where(cond) are nonzero;
+# .item(), bool(t) and int(t) are _local_scalar_dense)
+DATA_DEPENDENT = ("nonzero", "argwhere", "masked_select", "_unique", "unique_dim",
+                  "unique_consecutive", "bincount", "_local_scalar_dense", "repeat_interleave",
+                  "histc")
+
+
+class DataDependentCapture(KitError):
+    """A model's forward ran an op whose output depends on the tensor's values."""
+
+
+def _capture_failure(name: str, e: Exception, failed) -> KitError:
+    """The one-line KitError for a forward that raised: the aten op and module it failed in
+    (failed = _Recorder.failed), and for a data-dependent op what to do about it."""
+    msg = one_line(e, with_type=not isinstance(
+        e, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)))
+    op, where = failed if failed else (None, None)
+    at = "" if where is None else f" in module {where!r}" if where else " in its top-level forward"
+    packet = op.split(".")[1] if op and op.startswith("aten.") else ""
+    dependent = (packet.startswith(DATA_DEPENDENT) or "nonzero()" in msg or "data-dependent" in msg
+                 or "meta tensor" in msg and ("item()" in msg or "copy out" in msg))
+    if dependent:
+        return DataDependentCapture(
+            f"capturing {name} failed{at}: {op or 'an op'} needs the tensor's values (boolean-mask "
+            "indexing, torch.where(cond), nonzero, unique, .item() or if/int/bool on a tensor), "
+            "and the capture runs on meta tensors, which hold none; give that code static "
+            "shapes (for mixture-of-experts routing, a fixed number of tokens per expert, "
+            f"chosen by topk as the zoo's MoE does) [torch: {msg.split('. ')[0]}]")
+    return KitError(f"capturing {name} failed{at}{' at ' + op if op else ''}: {msg} (inputs "
+                    "must match the model's forward)")
 
 
 def layer_of(path: str) -> int | None:
@@ -77,6 +108,7 @@ class _Recorder(TorchDispatchMode):
         self.stack = [""]
         self.seq_path: dict[int, str] = {}
         self.param_path: dict[int, str] = {}
+        self.failed: tuple[str, str] | None = None  # (aten op, module path) of a failed op
 
     def _path(self) -> str:
         if self.phase == "fwd":
@@ -94,7 +126,12 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception:
+            if self.failed is None:  # the innermost op that failed, and where
+                self.failed = (str(func), self.stack[-1] if self.phase == "fwd" else self.phase)
+            raise
         if self.recording:
             self._record(func, args, kwargs, out)
         else:  # unrecorded (the optimizer's first step): forget what its outputs' storages held
@@ -400,10 +437,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     except KitError:
         raise
     except Exception as e:  # the user's forward: KeyError, AssertionError, AttributeError, ...
-        msg = one_line(e, with_type=not isinstance(
-            e, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)))
-        raise KitError(f"capturing {name or type(model).__name__} failed: {msg} (inputs must "
-                       "match the model's forward; data-dependent shapes cannot run on meta)") from None
+        raise _capture_failure(name or type(model).__name__, e, rec.failed) from None
     finally:
         for h in handles:
             h.remove()

@@ -111,7 +111,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
     from torch.utils._pytree import tree_leaves
 
     from kit.workload import zoo
-    from kit.workload.capture import TORCH_DTYPES, capture
+    from kit.workload.capture import TORCH_DTYPES, DataDependentCapture, capture
 
     zoo._check_positive(batch=batch)
     zoo.check_mode(None, mode, optimizer, kv_cache)
@@ -139,7 +139,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         return capture(obj, inputs, mode="inference" if decode else mode, optimizer=optimizer,
                        dtype=dtype, name=name, meta=meta)
     except KitError as e:
-        if not guessed:
+        if not guessed or isinstance(e, DataDependentCapture):  # not a question of its inputs
             raise
         # the kit fed token ids of shape (batch, seq): say so, and how to give the right inputs
         raise KitError(f"{e}; the kit gave it token ids of shape ({batch}, {seq}): give the module "
