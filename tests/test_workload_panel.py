@@ -78,3 +78,44 @@ def test_the_cache_kind_drives_a_decode_step_and_is_off_in_the_other_modes():
 
     with pytest.raises(KitError, match="kv_cache 'paged' is not one of its choices"):
         WholeModelPanel(model="gpt2", mode="decode", kv_cache="paged")
+
+
+def test_generate_shows_first_token_then_decode_and_leaves_positions_for_the_new_tokens():
+    from kit.api import predict_generation
+    from kit.errors import KitError
+
+    p = WholeModelPanel(model="gpt2", gpu="a100-pcie-40gb", mode="generate", batch=4, seq=256,
+                        new_tokens=32)
+    want = predict_generation("gpt2", "a100-pcie-40gb", batch=4, prompt=256, new_tokens=32)
+    assert p.result["ttft_ms"] == pytest.approx(want["ttft_ms"])
+    assert p.result["tpot_ms"] == pytest.approx(want["tpot_ms"])
+    assert not p.new_tokens.disabled and not p.kv_cache.disabled
+    rows = p.chart_data()
+    split = {}
+    for r in rows:
+        if "part" in r:
+            split[r["part"]] = split.get(r["part"], 0.0) + r["ms"]
+    assert split["prefill (first token)"] == pytest.approx(want["ttft_ms"], rel=1e-4)
+    assert split["decode (31 tokens)"] == pytest.approx(want["decode_ms"], rel=1e-4)
+    steps = [r for r in rows if "tokens in cache" in r]
+    assert [s["tokens in cache"] for s in steps] == [s["context"] for s in want["decode_steps"]]
+    assert "TTFT" in p.summary.value and "TPOT" in p.summary.value
+    # gpt2 has 1024 positions: 256 new tokens after a prompt leave 769 for it
+    p.new_tokens.value = 256
+    assert max(p.seq.options) <= 1024 - 255 and p.result["new_tokens"] == 256
+    assert p.result["total_ms"] > want["total_ms"]
+    static_gpu_ms = p.result["decode_kernel_ms"]
+    p.kv_cache.value = "dynamic"  # torch.cat every step: more GPU work in the decode steps
+    assert p.result["kv_cache"] == "dynamic" and "dynamic KV cache" in p.summary.value
+    assert p.result["decode_kernel_ms"] > static_gpu_ms
+    p.mode.value = "inference"  # one pass: the new-tokens control is off
+    assert p.new_tokens.disabled and p.kv_cache.disabled and p.result.mode == "inference"
+    p.mode.value = "generate"
+    p.model.value = "bert-base"  # an encoder generates nothing: the panel falls back
+    assert "generate" not in p.mode.options and p.result.mode == "inference"
+    with pytest.raises(KitError, match="new_tokens 5 is not one of its choices"):
+        WholeModelPanel(model="gpt2", mode="generate", new_tokens=5)
+    with pytest.raises(KitError, match="decoder-only"):
+        WholeModelPanel(model="bert-base", mode="generate")
+    with pytest.raises(KitError, match="positions"):
+        WholeModelPanel(model="gpt2", mode="generate", seq=1024, new_tokens=16)

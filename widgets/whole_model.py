@@ -4,7 +4,11 @@ per layer and phase). The summary says when the step would not fit in the GPU's 
 estimate `kit compare` uses), and the seq control is off for DLRM, which has no sequence.
 Decoder-only models also offer mode decode: one generated token per sequence, with seq tokens
 already in the KV cache (kit.workload.kv_cache), static (written in place) or dynamic (HF's
-DynamicCache, grown by torch.cat every step); the cache control is off in the other modes."""
+DynamicCache, grown by torch.cat every step); the cache control is off in the other modes.
+Mode generate answers a seq-token prompt with `new tokens` tokens (kit.api.predict_generation):
+the prefill's time to first token, then one decode step per token, charted as the time split
+between prefill and decode (GPU work against GPU waiting on the CPU) and the decode step's time
+as the cache grows; seq leaves positions for the new tokens."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -13,7 +17,7 @@ import altair as alt
 import ipywidgets as W
 import pandas as pd
 
-from kit.api import predict_model
+from kit.api import predict_generation, predict_model
 from kit.hardware import get_gpu, gpu_keys
 from kit.workload.models import memory_bytes
 from kit.workload.modes import KV_CACHES
@@ -21,7 +25,9 @@ from kit.workload.zoo import check_mode, check_seq, decodes, max_seq, resolve, u
 from widgets.base import Panel, check_init
 
 SEQS = (32, 64, 128, 256, 512, 1024, 2048)
-MODES, FUSIONS, MAX_BATCH = ("train", "inference", "decode"), ("eager", "compiled"), 64
+MODES, FUSIONS, MAX_BATCH = ("train", "inference", "decode", "generate"), ("eager", "compiled"), 64
+NEW_TOKENS = (16, 32, 64, 128, 256)
+DECODING = ("decode", "generate")  # the modes with a KV cache
 
 
 def timeline_bars(timeline: pd.DataFrame) -> pd.DataFrame:
@@ -43,15 +49,16 @@ class WholeModelPanel(Panel):
     title = "Whole model: one training step or inference pass, kernel by kernel"
 
     def __init__(self, model="gpt2", gpu="a100-pcie-40gb", mode="train", batch=1, seq=128,
-                 fusion="eager", kv_cache="static"):
+                 fusion="eager", kv_cache="static", new_tokens=64):
         check_init("WholeModelPanel", "mode", mode, MODES)
         check_init("WholeModelPanel", "fusion", fusion, FUSIONS)
         check_init("WholeModelPanel", "kv_cache", kv_cache, KV_CACHES)
+        check_init("WholeModelPanel", "new_tokens", new_tokens, NEW_TOKENS)
         check_init("WholeModelPanel", "batch", batch, lo=1, hi=MAX_BATCH)  # the slider would clamp it
         self._init = dict(model=resolve(model), gpu=get_gpu(gpu).key, mode=mode, batch=batch, seq=seq,
-                          fusion=fusion, kv_cache=kv_cache)
-        check_mode(self._init["model"], mode)
-        check_seq(self._init["model"], seq, 1 if mode == "decode" else 0)
+                          fusion=fusion, kv_cache=kv_cache, new_tokens=new_tokens)
+        check_mode(self._init["model"], "decode" if mode == "generate" else mode)
+        check_seq(self._init["model"], seq, self._after(mode, new_tokens))
         self.result = None
         super().__init__()
 
@@ -64,27 +71,37 @@ class WholeModelPanel(Panel):
                                     description="mode", style=style)
         self.batch = W.IntSlider(value=i["batch"], min=1, max=MAX_BATCH, description="batch",
                                  continuous_update=False, style=style)
-        self.seq = W.Dropdown(options=self._seqs(i["model"], i["mode"]), value=i["seq"], description="seq",
-                              style=style, disabled=not uses_seq(i["model"]))
+        self.seq = W.Dropdown(options=self._seqs(i["model"], i["mode"], i["new_tokens"]), value=i["seq"],
+                              description="seq", style=style, disabled=not uses_seq(i["model"]))
         self.fusion = W.ToggleButtons(options=list(FUSIONS), value=i["fusion"],
                                       description="fusion", style=style)
         self.kv_cache = W.ToggleButtons(options=list(KV_CACHES), value=i["kv_cache"],
                                         description="KV cache", style=style,
-                                        disabled=i["mode"] != "decode")
-        return [self.model, self.gpu, self.mode, self.batch, self.seq, self.fusion, self.kv_cache]
+                                        disabled=i["mode"] not in DECODING)
+        self.new_tokens = W.Dropdown(options=list(NEW_TOKENS), value=i["new_tokens"],
+                                     description="new tokens", style=style,
+                                     disabled=i["mode"] != "generate")
+        return [self.model, self.gpu, self.mode, self.batch, self.seq, self.fusion, self.kv_cache,
+                self.new_tokens]
 
     @staticmethod
     def _modes(model) -> list[str]:
-        """decode only for decoder-only models (kit.workload.zoo.decodes)."""
-        return list(MODES) if decodes(model) else [m for m in MODES if m != "decode"]
+        """decode and generate only for decoder-only models (kit.workload.zoo.decodes)."""
+        return list(MODES) if decodes(model) else [m for m in MODES if m not in DECODING]
 
-    def _seqs(self, model, mode) -> list[int]:
+    @staticmethod
+    def _after(mode, new_tokens) -> int:
+        """Positions a prompt of seq tokens must leave free: one for a decode step's new token;
+        generate's last step decodes at seq + new_tokens - 1 (kit.workload.generation)."""
+        return {"decode": 1, "generate": new_tokens - 1}.get(mode, 0)
+
+    def _seqs(self, model, mode, new_tokens) -> list[int]:
         """The sequence lengths offered: SEQS (and the one asked for) up to the model's learned
-        position table, if it has one (kit.workload.zoo.max_seq); a decode step's context leaves
-        a position for the new token."""
+        position table, if it has one (kit.workload.zoo.max_seq), less the positions decoding
+        needs after them (_after)."""
         limit = max_seq(model)
-        if limit is not None and mode == "decode":
-            limit -= 1
+        if limit is not None:
+            limit -= self._after(mode, new_tokens)
         return [s for s in sorted(set(SEQS) | {self._init["seq"]}) if limit is None or s <= limit]
 
     def refresh(self, change=None):
@@ -93,7 +110,8 @@ class WholeModelPanel(Panel):
         if getattr(self, "_narrowing", False):
             return
         modes = self._modes(self.model.value)
-        seqs = self._seqs(self.model.value, self.mode.value if self.mode.value in modes else "inference")
+        seqs = self._seqs(self.model.value, self.mode.value if self.mode.value in modes else "inference",
+                          self.new_tokens.value)
         if list(self.mode.options) != modes or list(self.seq.options) != seqs:
             self._narrowing = True
             try:
@@ -107,20 +125,29 @@ class WholeModelPanel(Panel):
             finally:
                 self._narrowing = False
         self.seq.disabled = not uses_seq(self.model.value)
-        self.kv_cache.disabled = self.mode.value != "decode"
+        self.kv_cache.disabled = self.mode.value not in DECODING
+        self.new_tokens.disabled = self.mode.value != "generate"
         super().refresh(change)
 
     def predict(self):
+        """An Iteration (kit.workload.iteration) for one step or pass; for mode generate the
+        dict of kit.api.predict_generation."""
+        kv_cache = self.kv_cache.value if self.mode.value in DECODING else "static"
+        if self.mode.value == "generate":
+            self.result = predict_generation(self.model.value, self.gpu.value, batch=self.batch.value,
+                                             prompt=self.seq.value, new_tokens=self.new_tokens.value,
+                                             fusion=self.fusion.value, kv_cache=kv_cache)
+            return self.result
         self.result = predict_model(self.model.value, self.gpu.value, mode=self.mode.value,
                                     batch=self.batch.value,
                                     seq=self.seq.value if uses_seq(self.model.value) else None,
-                                    fusion=self.fusion.value,
-                                    kv_cache=self.kv_cache.value if self.mode.value == "decode"
-                                    else "static")
+                                    fusion=self.fusion.value, kv_cache=kv_cache)
         return self.result
 
     def make_chart(self):
         it = self.predict()
+        if self.mode.value == "generate":
+            return self._generation_chart(it)
         t = it.timeline
         by = (t.groupby(["op_class", "phase"], sort=False)["latency_ms"].sum().reset_index()
               .rename(columns={"latency_ms": "ms"}).round(6))
@@ -140,7 +167,47 @@ class WholeModelPanel(Panel):
         ).properties(width=420, height=120, title="timeline (one bar per layer)")
         return alt.hconcat(breakdown, timeline).resolve_scale(color="shared")
 
+    @staticmethod
+    def _generation_chart(r: dict):
+        """Prefill against decode (GPU work and the GPU waiting on the CPU), and the decode step's
+        time at the contexts kit predicted it at."""
+        parts = []
+        for part, total, busy in (("prefill (first token)", r["ttft_ms"], r["prefill"]["kernel_ms"]),
+                                  (f"decode ({r['new_tokens'] - 1} tokens)", r["decode_ms"],
+                                   r["decode_kernel_ms"])):
+            parts += [{"part": part, "GPU": "busy", "ms": busy},
+                      {"part": part, "GPU": "waiting on the CPU", "ms": max(total - busy, 0.0)}]
+        split = alt.Chart(pd.DataFrame(parts).round(6)).mark_bar().encode(
+            x=alt.X("ms:Q", title="time (ms)", stack="zero"),
+            y=alt.Y("part:N", title=None, sort=None),
+            color=alt.Color("GPU:N", title="GPU"),
+            tooltip=["part:N", "GPU:N", alt.Tooltip("ms:Q", format=".3f")],
+        ).properties(width=300, height=120, title="where a generation's time goes")
+        steps = pd.DataFrame([{"tokens in cache": s["context"], "ms": s["ms"]}
+                              for s in r["decode_steps"]]).round(6)
+        line = alt.Chart(steps).mark_line(point=True).encode(
+            x=alt.X("tokens in cache:Q", scale=alt.Scale(zero=False)),
+            y=alt.Y("ms:Q", title="decode step (ms)", scale=alt.Scale(zero=False)),
+            tooltip=["tokens in cache:Q", alt.Tooltip("ms:Q", format=".3f")],
+        ).properties(width=300, height=120, title="one decode step as the cache grows")
+        return alt.hconcat(split, line).resolve_scale(color="independent")
+
+    def _generation_summary(self) -> str:
+        r, gpu = self.result, get_gpu(self.result["gpu"])
+        need = r["memory"]["total_bytes"]
+        fit = ("" if r["memory"]["fits"] else
+               f"; <b>does not fit</b>: needs about {need / 2**30:,.1f} GiB (weights, activations, "
+               f"KV cache), {gpu.key} has {gpu.memory_gib:g} GiB")
+        tpot = (f", then <b>{r['tpot_ms']:.2f} ms</b> a token (TPOT) for {r['new_tokens'] - 1} more"
+                if r["tpot_ms"] is not None else "")
+        return (f"first token after <b>{r['ttft_ms']:.2f} ms</b> (TTFT){tpot}; "
+                f"{r['total_ms']:.1f} ms for {r['new_tokens']} tokens a sequence, "
+                f"{r['tokens_per_s']:,.0f} tokens/s over the batch, {r['kv_cache']} KV cache; "
+                f"predictor {r['predictor']}{fit}")
+
     def summary_text(self):
+        if self.mode.value == "generate":
+            return self._generation_summary()
         it = self.result
         phases = ", ".join(f"{k} {v:.2f} ms" for k, v in it.phases_ms.items())
         idle = max(it.gpu_idle_ms, 0.0)

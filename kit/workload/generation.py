@@ -14,7 +14,9 @@ in the KV cache: the i-th new token (i = 2..N) decodes with P + i - 1 cached tok
 A decode step's time is its weights (the same at every context) plus attention over the cache
 (growing with it), so the sum is taken from decode steps predicted at `samples` contexts spread
 over [P+1, P+N-1] (first and last included) and linear interpolation between them: exact for a
-step that is affine in its context, and each sample is a full capture and prediction.
+step that is affine in its context, and each sample is a full capture and prediction. The steps'
+GPU work (their kernels, without the time the GPU waits on the CPU) is summed the same way
+(`decode_kernel_ms`).
 """
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
              for c in contexts]
     step_ms = [s.total_ms for s in steps]
     decode_ms = summed_steps_ms(contexts, step_ms, prompt, new_tokens)
+    decode_kernel_ms = summed_steps_ms(contexts, [s.kernel_ms for s in steps], prompt, new_tokens)
     band = [summed_steps_ms(contexts, [getattr(s, f"total_{q}_ms") for s in steps], prompt,
                             new_tokens) for q in ("p10", "p90")]
     total = prefill.total_ms + decode_ms
@@ -91,7 +94,8 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
             "predictor": prefill.predictor, "ttft_ms": prefill.total_ms,
             "ttft_band_ms": [prefill.total_p10_ms, prefill.total_p90_ms],
             "tpot_ms": decode_ms / (new_tokens - 1) if new_tokens > 1 else None,
-            "decode_ms": decode_ms, "decode_band_ms": band, "total_ms": total,
+            "decode_ms": decode_ms, "decode_kernel_ms": decode_kernel_ms, "decode_band_ms": band,
+            "total_ms": total,
             "tokens_per_s": batch * new_tokens / total * 1e3,
             "decode_steps": [{"context": c, "ms": s.total_ms, "kernel_ms": s.kernel_ms,
                               "gpu_idle_ms": max(s.gpu_idle_ms, 0.0)} for c, s in zip(contexts, steps)],
