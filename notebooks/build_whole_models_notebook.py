@@ -285,7 +285,8 @@ len(kernels)
     md(r"""
 ## 7. The panel
 
-Pick a model, a GPU, the mode, the batch and the sequence length: the bars show where the GPU time
+Pick a model, a GPU, the mode, the batch, the sequence length and the dtype (the ones the GPU
+supports): the bars show where the GPU time
 goes, the timeline shows the CPU issuing each layer against the GPU running it. For a decoder,
 mode `decode` is one token step with the KV cache kind of your choice, and mode `generate` answers
 a `seq`-token prompt with `new tokens` tokens: the prefill (TTFT) against the decode steps, and

@@ -119,3 +119,26 @@ def test_generate_shows_first_token_then_decode_and_leaves_positions_for_the_new
         WholeModelPanel(model="bert-base", mode="generate")
     with pytest.raises(KitError, match="positions"):
         WholeModelPanel(model="gpt2", mode="generate", seq=1024, new_tokens=16)
+
+
+def test_dtype_follows_what_the_gpu_supports():
+    from kit.errors import KitError
+
+    p = WholeModelPanel(model="gpt2", gpu="a100-pcie-40gb", mode="inference", batch=4, seq=256,
+                        dtype="bf16")
+    want = predict_model("gpt2", "a100-pcie-40gb", "inference", 4, 256, dtype="bf16")
+    assert p.result.total_ms == pytest.approx(want.total_ms) and "bf16" in p.summary.value
+    fp32 = predict_model("gpt2", "a100-pcie-40gb", "inference", 4, 256).kernel_ms
+    assert p.result.kernel_ms < fp32  # tensor cores: half precision does the GEMMs faster
+    p.gpu.value = "t4"  # Turing has no bf16: the control narrows and falls back to fp16
+    assert list(p.dtype.options) == ["fp32", "fp16"] and p.dtype.value == "fp16"
+    assert p.result.total_ms == pytest.approx(
+        predict_model("gpt2", "t4", "inference", 4, 256, dtype="fp16").total_ms)
+    p.gpu.value = "h100-sxm"
+    assert "bf16" in p.dtype.options and p.dtype.value == "fp16"
+    p.mode.value = "generate"
+    assert p.result["dtype"] == "fp16" and "fp16" in p.summary.value
+    with pytest.raises(KitError, match="no bf16 support"):
+        WholeModelPanel(model="gpt2", gpu="t4", dtype="bf16")
+    with pytest.raises(KitError, match="dtype 'fp8' is not one of its choices"):
+        WholeModelPanel(model="gpt2", dtype="fp8")

@@ -8,7 +8,8 @@ DynamicCache, grown by torch.cat every step); the cache control is off in the ot
 Mode generate answers a seq-token prompt with `new tokens` tokens (kit.api.predict_generation):
 the prefill's time to first token, then one decode step per token, charted as the time split
 between prefill and decode (GPU work against GPU waiting on the CPU) and the decode step's time
-as the cache grows; seq leaves positions for the new tokens."""
+as the cache grows; seq leaves positions for the new tokens. The dtype control offers what the
+GPU supports (no bf16 before Ampere: a bf16 choice falls back to fp16 there)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -27,6 +28,7 @@ from widgets.base import Panel, check_init
 SEQS = (32, 64, 128, 256, 512, 1024, 2048)
 MODES, FUSIONS, MAX_BATCH = ("train", "inference", "decode", "generate"), ("eager", "compiled"), 64
 NEW_TOKENS = (16, 32, 64, 128, 256)
+PANEL_DTYPES = ("fp32", "fp16", "bf16")
 DECODING = ("decode", "generate")  # the modes with a KV cache
 
 
@@ -49,14 +51,16 @@ class WholeModelPanel(Panel):
     title = "Whole model: one training step or inference pass, kernel by kernel"
 
     def __init__(self, model="gpt2", gpu="a100-pcie-40gb", mode="train", batch=1, seq=128,
-                 fusion="eager", kv_cache="static", new_tokens=64):
+                 fusion="eager", kv_cache="static", new_tokens=64, dtype="fp32"):
         check_init("WholeModelPanel", "mode", mode, MODES)
         check_init("WholeModelPanel", "fusion", fusion, FUSIONS)
         check_init("WholeModelPanel", "kv_cache", kv_cache, KV_CACHES)
         check_init("WholeModelPanel", "new_tokens", new_tokens, NEW_TOKENS)
         check_init("WholeModelPanel", "batch", batch, lo=1, hi=MAX_BATCH)  # the slider would clamp it
+        check_init("WholeModelPanel", "dtype", dtype, PANEL_DTYPES)
+        get_gpu(gpu).peak_flops_per_s(dtype)  # one KitError naming what the GPU supports
         self._init = dict(model=resolve(model), gpu=get_gpu(gpu).key, mode=mode, batch=batch, seq=seq,
-                          fusion=fusion, kv_cache=kv_cache, new_tokens=new_tokens)
+                          fusion=fusion, kv_cache=kv_cache, new_tokens=new_tokens, dtype=dtype)
         check_mode(self._init["model"], "decode" if mode == "generate" else mode)
         check_seq(self._init["model"], seq, self._after(mode, new_tokens))
         self.result = None
@@ -81,8 +85,16 @@ class WholeModelPanel(Panel):
         self.new_tokens = W.Dropdown(options=list(NEW_TOKENS), value=i["new_tokens"],
                                      description="new tokens", style=style,
                                      disabled=i["mode"] != "generate")
-        return [self.model, self.gpu, self.mode, self.batch, self.seq, self.fusion, self.kv_cache,
-                self.new_tokens]
+        self.dtype = W.ToggleButtons(options=self._dtypes(i["gpu"]), value=i["dtype"],
+                                     description="dtype", style=style)
+        return [self.model, self.gpu, self.mode, self.batch, self.seq, self.dtype, self.fusion,
+                self.kv_cache, self.new_tokens]
+
+    @staticmethod
+    def _dtypes(gpu) -> list[str]:
+        """PANEL_DTYPES that gpu has a peak for."""
+        g = get_gpu(gpu)
+        return [d for d in PANEL_DTYPES if g.peak_tflops(d)]
 
     @staticmethod
     def _modes(model) -> list[str]:
@@ -105,16 +117,23 @@ class WholeModelPanel(Panel):
         return [s for s in sorted(set(SEQS) | {self._init["seq"]}) if limit is None or s <= limit]
 
     def refresh(self, change=None):
-        """A model without a decode step narrows the modes, and one with a shorter position table
-        (BERT: 512) the seq choices, before the prediction."""
+        """A model without a decode step narrows the modes, one with a shorter position table
+        (BERT: 512) the seq choices, and a GPU without bf16 the dtypes, before the prediction."""
         if getattr(self, "_narrowing", False):
             return
         modes = self._modes(self.model.value)
         seqs = self._seqs(self.model.value, self.mode.value if self.mode.value in modes else "inference",
                           self.new_tokens.value)
-        if list(self.mode.options) != modes or list(self.seq.options) != seqs:
+        dtypes = self._dtypes(self.gpu.value)
+        if (list(self.mode.options) != modes or list(self.seq.options) != seqs
+                or list(self.dtype.options) != dtypes):
             self._narrowing = True
             try:
+                if list(self.dtype.options) != dtypes:
+                    dtype = (self.dtype.value if self.dtype.value in dtypes else
+                             "fp16" if "fp16" in dtypes else "fp32")
+                    self.dtype.options = dtypes
+                    self.dtype.value = dtype
                 if list(self.mode.options) != modes:
                     mode = self.mode.value if self.mode.value in modes else "inference"
                     self.mode.options = modes
@@ -136,12 +155,14 @@ class WholeModelPanel(Panel):
         if self.mode.value == "generate":
             self.result = predict_generation(self.model.value, self.gpu.value, batch=self.batch.value,
                                              prompt=self.seq.value, new_tokens=self.new_tokens.value,
-                                             fusion=self.fusion.value, kv_cache=kv_cache)
+                                             dtype=self.dtype.value, fusion=self.fusion.value,
+                                             kv_cache=kv_cache)
             return self.result
         self.result = predict_model(self.model.value, self.gpu.value, mode=self.mode.value,
                                     batch=self.batch.value,
                                     seq=self.seq.value if uses_seq(self.model.value) else None,
-                                    fusion=self.fusion.value, kv_cache=kv_cache)
+                                    dtype=self.dtype.value, fusion=self.fusion.value,
+                                    kv_cache=kv_cache)
         return self.result
 
     def make_chart(self):
@@ -203,7 +224,7 @@ class WholeModelPanel(Panel):
         return (f"first token after <b>{r['ttft_ms']:.2f} ms</b> (TTFT){tpot}; "
                 f"{r['total_ms']:.1f} ms for {r['new_tokens']} tokens a sequence, "
                 f"{r['tokens_per_s']:,.0f} tokens/s over the batch, {r['kv_cache']} KV cache; "
-                f"predictor {r['predictor']}{fit}")
+                f"{r['dtype']}, predictor {r['predictor']}{fit}")
 
     def summary_text(self):
         if self.mode.value == "generate":
@@ -224,4 +245,4 @@ class WholeModelPanel(Panel):
                   f"{it.meta.get('kv_cache', 'static')} KV cache" if it.mode == "decode" else "")
         return (f"<b>{it.total_ms:.2f} ms</b> per {per}{tokens} "
                 f"({phases}); {int(it.timeline['kernels'].sum())} kernels, GPU idle {idle:.2f} ms: "
-                f"{bound}; predictor {it.predictor}{fit}")
+                f"{bound}; {self.dtype.value}, predictor {it.predictor}{fit}")
