@@ -49,7 +49,7 @@ NEIGHBOUR = 1.10  # train_test_shift: a training row within this factor in every
 
 def own_fit_rows(part: pd.DataFrame, seed: int) -> pd.DataFrame:
     """predict_rows of one GPU's rows, each fold predicted by a tile-MLP fitted on the others."""
-    from kit.predict.tile_mlp import fit_tile_predictor
+    from kit.predict.tile_fit import fit_tile_predictor
 
     fold = shape_blocks(part, FOLDS)
     out = []

@@ -96,7 +96,7 @@ HAVE_DATA
 """),
     code("""
 if HAVE_DATA:
-    from kit.predict.tile_mlp import fit_tile_predictor
+    from kit.predict.tile_fit import fit_tile_predictor
     from kit.predict.evaluate import predict_rows
     from kit.predict.base import RooflinePredictor
     gemms = data[data.op_class == "gemm"]

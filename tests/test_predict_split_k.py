@@ -84,7 +84,7 @@ def test_tile_predictor_splits_only_what_underfills():
 
 def test_a_gemm_only_fit_still_splits(tmp_path):
     # weights with a GEMM model alone (notebook 02's live fit) price the reduce with the waves
-    from kit.predict.tile_mlp import fit_tile_predictor
+    from kit.predict.tile_fit import fit_tile_predictor
     from predict_synthetic import synthetic_frame
 
     frame = synthetic_frame(("t4", "v100-pcie-32gb"), n=20)

@@ -53,7 +53,8 @@ class DirectMLP:
     @staticmethod
     def fit(frame: pd.DataFrame, *, seed: int = 0, members: int = 3, epochs: int = 30,
             hidden: int = 64, min_steps: int = 300, progress=None) -> "DirectMLP":
-        from kit.predict.tile_mlp import ClassModel, gpu_balanced_weights
+        from kit.predict.tile_fit import gpu_balanced_weights
+        from kit.predict.tile_mlp import ClassModel
 
         models = {}
         for cls in CLASSES:

@@ -81,7 +81,7 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
     from kit.predict.mlp_direct import DirectMLP
     from kit.predict.nets import set_threads
     from kit.predict.tile_choice import TileChooser
-    from kit.predict.tile_mlp import fit_tile_predictor
+    from kit.predict.tile_fit import fit_tile_predictor
     from kit.predict.weights import Bundle
 
     s = {**SETTINGS, **(settings or {})}
@@ -150,7 +150,7 @@ def transfer_sigma(frame: pd.DataFrame, *, seed: int, settings: dict, progress=N
     each training GPU's rows under the band calibrated without it, with its distance to the
     others, the honest estimate of the band's coverage on a new GPU."""
     from kit.predict.features import gpu_distance
-    from kit.predict.tile_mlp import fit_tile_predictor, training_design
+    from kit.predict.tile_fit import fit_tile_predictor, training_design
 
     gpus = sorted(frame.gpu.unique())
     fit = lambda rows: fit_tile_predictor(  # noqa: E731
