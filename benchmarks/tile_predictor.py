@@ -7,6 +7,9 @@ Prints JSON:
   logo       leave-one-GPU-out over the five training GPUs: the tile-MLP trained on four,
              scored on the fifth's test rows
   goals      the issue's targets, met or not, per held-out GPU
+  other_vendor  the same predictors on NeuSight's AMD measurements (MI100, MI210: their vector-op
+             files and their GEMM test collects, PyTorch 2.4.1 on ROCm), GPUs of another vendor
+             that no predictor was trained on, per GPU and op and per op class
   training_seconds, throughput_ops_per_s, tile_choice_accuracy
 
     .venv/bin/python benchmarks/tile_predictor.py [--weights DIR] [--skip-logo] [--threads 2]
@@ -60,6 +63,26 @@ def goals(rows):
                                        "met": med <= GEMM_MEDIAN_GOAL}
         out[gpu] = res
     return out
+
+
+AMD_FILES = ("data/dataset_amd/train/elem.csv", "data/dataset_amd/train/ln.csv",
+             "data/dataset_amd/train/softmax.csv", "data/dataset_amd/test/collect/linear/p2.4.1",
+             "data/dataset_amd/test/collect/bmm/p2.4.1")
+
+
+def other_vendor(root, predictors):
+    """Scores on NeuSight's AMD rows (AMD_FILES; only those present are read)."""
+    import pandas as pd
+
+    parts = [load_test(root / f) for f in AMD_FILES if (root / f).exists()]
+    if not parts:
+        return None
+    amd = pd.concat(parts, ignore_index=True)
+    rows = predict_rows(amd, predictors)
+    tile_rows = rows[rows.predictor == "tile"]
+    return {"rows": {g: int((amd.gpu == g).sum()) for g in sorted(amd.gpu.unique())},
+            "by_op": scores(rows), "by_class": class_scores(rows),
+            "coverage_80": {g: round(coverage(p), 3) for g, p in tile_rows.groupby("gpu")}}
 
 
 def tile_accuracy(bundle, test):
@@ -122,6 +145,7 @@ def main(argv=None):
         c: round(float(np.mean(list(v.values()))), 3)
         for c, v in bundle.tile.band.get("nested_coverage", {}).items()}
     result["goals"] = goals(rows)
+    result["other_vendor"] = other_vendor(root, predictors)
     result["tile_choice_accuracy"] = tile_accuracy(bundle, held)
     from kit.predict.features import op_from_row
 
