@@ -191,29 +191,38 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
-def row_launch(op_class: str, cols: int, elem_bytes: int = 4) -> tuple[int, int]:
+def row_launch(op_class: str, cols: int, elem_bytes: int = 4,
+               vendor: str = "nvidia") -> tuple[int, int]:
     """(rows per block, threads per block) PyTorch launches for one softmax or norm over rows of
-    `cols` elements of `elem_bytes` each.
+    `cols` elements of `elem_bytes` each, on a GPU of `vendor` (its warp: 32 lanes on NVIDIA, a
+    64-lane wavefront on AMD CDNA).
 
     - softmax, rows up to 1024 columns (and 4 KiB): the persistent warp softmax. 128-thread
-      blocks; a row gets min(32, next_pow2(cols)) lanes, and each warp takes two rows when
+      blocks; a row gets min(warp, next_pow2(cols)) lanes, and each warp takes two rows when
       next_pow2(cols) <= 128 (aten/src/ATen/native/cuda/PersistentSoftmax.cuh);
-    - softmax, longer rows: one row per block of max(32, next_pow2(min(cols / ILP, 1024) / 2))
-      threads, ILP = 16 B / elem_bytes (SoftMax.cu, SoftMax_getBlockSize);
-    - layer norm and RMS norm: one row per 32x4 = 128-thread block (layer_norm_kernel.cu).
+    - softmax, longer rows, one row per block: on CUDA max(32, next_pow2(min(cols / ILP, 1024)
+      / 2)) threads, ILP = 16 B / elem_bytes (SoftMax.cu, SoftMax_getBlockSize, PyTorch 2.1); on
+      ROCm 1024 threads (min(cols, 1024) rounded up to whole wavefronts, as NeuSight's PyTorch
+      2.4.1 rows record it);
+    - layer norm and RMS norm: one row per block of warp x 4 threads (layer_norm_kernel.cu).
 
-    NeuSight's training rows (PyTorch 2.1, fp32) record these launches: every one of them matches
-    (tests/test_tiling.py checks it against the data)."""
+    NeuSight's rows record these launches, PyTorch 2.1 on CUDA and 2.4.1 on ROCm: every one of
+    them matches (tests/test_tiling.py checks it against the data)."""
     cols = int(cols)
+    if vendor not in ("nvidia", "amd"):
+        raise KitError(f"row_launch: unknown vendor {vendor!r} (nvidia, amd)")
+    warp = 64 if vendor == "amd" else 32
     if op_class == "softmax":
         if cols <= 1024 and cols * elem_bytes <= 4096:
             p2 = _next_pow2(cols)
-            lanes = min(p2, 32)
+            lanes = min(p2, warp)
             return (128 // lanes) * (2 if p2 <= 128 else 1), 128
+        if vendor == "amd":
+            return 1, min(1024, -(-cols // warp) * warp)
         ilp = max(1, 16 // elem_bytes)
         return 1, max(32, _next_pow2(min(cols // ilp, 1024) // 2))
     if op_class in ("layernorm", "rmsnorm"):
-        return 1, 128
+        return 1, warp * 4
     raise KitError(f"row_launch: {op_class!r} is not a row op (softmax, layernorm, rmsnorm)")
 
 
@@ -235,7 +244,7 @@ def vector_tiling(op, gpu: GPU | str) -> Tiling:
         name = str(per_block)
         smem = 0
     elif isinstance(op, (Softmax, LayerNorm, RMSNorm)):
-        rows_per_block, threads = row_launch(op.op_class, op.cols, d)
+        rows_per_block, threads = row_launch(op.op_class, op.cols, d, gpu.vendor)
         tiles = math.ceil(op.rows / rows_per_block)
         tile_flops = op.flops / op.rows * rows_per_block
         tile_bytes = op.bytes / op.rows * rows_per_block

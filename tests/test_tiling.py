@@ -115,6 +115,25 @@ def test_row_launch_by_hand(op_class, cols, elem_bytes, expected):
     assert row_launch(op_class, cols, elem_bytes) == expected
 
 
+@pytest.mark.parametrize("op_class, cols, expected", [
+    # a 64-lane wavefront: one row a wavefront from 64 columns up, two rows per 128 threads
+    ("softmax", 512, (2, 128)), ("softmax", 1024, (2, 128)), ("softmax", 100, (4, 128)),
+    ("softmax", 16, (16, 128)),
+    # ROCm's block softmax: 1024 threads a row (fewer only for rows under 1024, never launched)
+    ("softmax", 1025, (1, 1024)), ("softmax", 4096, (1, 1024)),
+    ("layernorm", 768, (1, 256)), ("rmsnorm", 4096, (1, 256)),
+])
+def test_row_launch_on_amd_by_hand(op_class, cols, expected):
+    assert row_launch(op_class, cols, 4, "amd") == expected
+    gpu = get_gpu("mi210")
+    op = (Softmax if op_class == "softmax" else LayerNorm)(rows=10_000, cols=cols)
+    if op_class != "rmsnorm":
+        t = vector_tiling(op, gpu)
+        assert (t.threads_per_block, t.tiles) == (expected[1], math.ceil(10_000 / expected[0]))
+    with pytest.raises(KitError, match="unknown vendor"):
+        row_launch(op_class, cols, 4, "intel")
+
+
 def test_row_launch_rejects_other_ops():
     with pytest.raises(KitError, match="not a row op"):
         row_launch("gemm", 64)
@@ -131,18 +150,23 @@ def test_vector_tiling_uses_the_launch():
 
 @pytest.mark.skipif(not (NEUSIGHT / "data" / "dataset").is_dir(), reason="NeuSight data absent")
 @pytest.mark.parametrize("split, name", [("train", "softmax"), ("train", "ln"),
-                                         ("test", "softmax"), ("test", "ln")])
+                                         ("test", "softmax"), ("test", "ln"),
+                                         ("amd", "softmax"), ("amd", "ln")])
 def test_row_launch_matches_the_launches_in_the_data(split, name):
     """Every measured softmax / layer-norm row records its kernel's block and grid: the launch
     rule must give that block size, and that grid (PyTorch runs the warp softmax in chunks of
-    2^30 elements; the first chunk's launch is recorded)."""
+    2^30 elements; the first chunk's launch is recorded). dataset_amd: MI100 and MI210 rows,
+    PyTorch 2.4.1 on ROCm."""
     from kit.data import load_measurements
+    from kit.hardware import get_gpu
 
-    rows = load_measurements(NEUSIGHT / "data" / "dataset" / split / f"{name}.csv")
+    folder = "dataset_amd" if split == "amd" else "dataset"
+    rows = load_measurements(NEUSIGHT / "data" / folder / ("train" if split == "amd" else split)
+                             / f"{name}.csv")
     assert len(rows) > 100
     wrong = []
     for r in rows.itertuples():
-        per_block, threads = row_launch(r.op_class, int(r.cols), 4)
+        per_block, threads = row_launch(r.op_class, int(r.cols), 4, get_gpu(r.gpu).vendor)
         warp = r.op_class == "softmax" and per_block > 1
         first = min(int(r.rows), (1 << 30) // int(r.cols)) if warp else r.rows
         grid = r.grid_x * r.grid_y * r.grid_z

@@ -263,7 +263,7 @@ class TilePredictor:
             a.update(tile)
         w = waves(cls, a, gpu, dtype)
         if names is None:
-            names = tile_names(cls, a, dtype)
+            names = tile_names(cls, a, dtype, gpu.vendor)
         x = feature_matrix(cls, a, gpu, w)
         base = w["base_ms"]
         centre, lo, hi = combine(self.models[cls].log_quantiles(x, np.log(base)),
@@ -335,9 +335,9 @@ def one_wave_twin(cls: str, op, slots: int):
     return replace(op, rows=int(slots * rows_per_tile))
 
 
-def tile_names(cls: str, a: dict, dtype: str = "fp32") -> list[str]:
+def tile_names(cls: str, a: dict, dtype: str = "fp32", vendor: str = "nvidia") -> list[str]:
     """kit.tiling's tile names of vector ops: "512" elements, or rows-per-block x cols."""
     if cls == "elementwise":
         return ["512"] * len(a["numel"])
-    rpb = row_launches(cls, a["cols"], DTYPE_BYTES[dtype])[0].astype(int)
+    rpb = row_launches(cls, a["cols"], DTYPE_BYTES[dtype], vendor)[0].astype(int)
     return [f"{r}x{int(c)}" for r, c in zip(rpb, a["cols"])]
