@@ -198,7 +198,14 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         raise KitError(f"model {name!r} is not GPT-style; multi-GPU prediction supports GPT-style "
                        "models (zoo gpt*/opt*/llama*) and inline gpt:... shapes")
     experts = c.get("num_local_experts") or 0  # Mixtral-style: every layer's MLP is MoE
-    llama = c.get("model_type") in ("llama", "mixtral")
+    from kit.workload.modes import LLAMA_FAMILIES
+
+    llama = c.get("model_type") in LLAMA_FAMILIES
+    head_dim = c.get("head_dim")
+    if head_dim is not None and head_dim * heads != h:
+        raise KitError(f"model {name!r} has {heads} heads of {head_dim} over a {h}-wide model; the "
+                       "multi-GPU layer assumes heads x head size = hidden: predict it on one GPU "
+                       "(--gpu)")
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
                    or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), experts=experts,

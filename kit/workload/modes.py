@@ -6,7 +6,9 @@ from __future__ import annotations
 from kit.errors import KitError
 
 MODES = ("train", "inference", "decode")
-DECODERS = ("gpt2", "opt", "llama", "mistral", "mixtral")  # families with a KV-cache decode step
+# the families the zoo's Llama-style decoder builds (kit.workload.zoo_modern)
+LLAMA_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "phi3")
+DECODERS = ("gpt2", "opt", *LLAMA_FAMILIES)  # families with a KV-cache decode step
 KV_CACHES = ("static", "dynamic")  # how a decode step's cache grows (kit.workload.kv_cache)
 
 

@@ -24,7 +24,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 from kit.errors import KitError, one_line
-from kit.workload.modes import DECODERS, KV_CACHES, MODES, check_mode, decodes  # noqa: F401
+from kit.workload.modes import (DECODERS, KV_CACHES, LLAMA_FAMILIES, MODES, check_mode,  # noqa: F401
+                                decodes)
 
 
 def _gpt(n_embd, n_head, n_layer, n_positions=1024):
@@ -63,7 +64,9 @@ def _switch(d_model, d_ff, d_kv, heads, layers, experts=4):
 # 175B: Brown et al. 2020, Table 2.1;
 # BERT: Devlin et al. 2019; OPT-1.3B: HF facebook/opt-1.3b; Llama-3: Meta's model cards
 # (8B: 4096/32 layers/8 KV heads/14336; 70B: 8192/80/8/28672, vocab 128256, theta 5e5);
-# Mixtral 8x7B: Mistral AI's config; Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
+# Mixtral 8x7B: Mistral AI's config; Qwen2.5-7B, Qwen3-8B, Gemma-7B, Phi-3-mini (4k): the
+# config.json of Qwen/Qwen2.5-7B, Qwen/Qwen3-8B, google/gemma-7b, microsoft/Phi-3-mini-4k-instruct
+# on the HF Hub; Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
 # switch-base architecture (Fedus et al. 2021; HF google/switch-base-8) with 4 experts, as NeuSight's
 # L4 label "switch4" shows it (per-node CSV: 12+12 blocks, d_model 768, d_ff 3072, 4 experts with
 # capacity 64, 12 heads, vocab 32128; no DLmodel_config ships for it); DLRM: MLPerf's
@@ -94,6 +97,18 @@ ZOO = {
     "llama3-70b": (_llama(8192, 80, 64, 8, 28672, 128256, 500000.0), 8192, ("llama-3-70b", "llama3_70b")),
     "mixtral-8x7b": (_llama(4096, 32, 32, 8, 14336, 32000, 1e6, model_type="mixtral",
                             num_local_experts=8, num_experts_per_tok=2), 4096, ("mixtral",)),
+    "qwen2.5-7b": (_llama(3584, 28, 28, 4, 18944, 152064, 1e6, model_type="qwen2",
+                          rms_norm_eps=1e-6, max_position_embeddings=32768,
+                          tie_word_embeddings=False), 4096, ("qwen2.5_7b", "qwen25-7b")),
+    "qwen3-8b": (_llama(4096, 36, 32, 8, 12288, 151936, 1e6, model_type="qwen3", head_dim=128,
+                        rms_norm_eps=1e-6, max_position_embeddings=40960,
+                        tie_word_embeddings=False), 4096, ("qwen3_8b",)),
+    "gemma-7b": (_llama(3072, 28, 16, 16, 24576, 256000, 10000.0, model_type="gemma",
+                        head_dim=256, rms_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh",
+                        tie_word_embeddings=True), 4096, ("gemma_7b",)),
+    "phi3-mini": (_llama(3072, 32, 32, 32, 8192, 32064, 10000.0, model_type="phi3",
+                         max_position_embeddings=4096, tie_word_embeddings=False), 4096,
+                  ("phi-3-mini", "phi3_mini", "phi-3-mini-4k")),
     "switch-xl4": (_switch(1024, 16384, 128, 32, 24), 512, ("switchxl4", "switch-transformer-xl4")),
     "switch-base-4": (_switch(768, 3072, 64, 12, 12), 512, ("switch4", "switch-base4")),
     "dlrm": ({"model_type": "dlrm", "dense_features": 13, "bottom_mlp": [512, 256],
@@ -143,7 +158,7 @@ def default_seq(name: str) -> int:
 
 
 FAMILIES = {"gpt2": "GPT2LMHeadModel", "bert": "BertForPreTraining", "opt": "OPTForCausalLM",
-            "llama": "LlamaForCausalLM", "mistral": "LlamaForCausalLM", "mixtral": "LlamaForCausalLM",
+            **{f: "LlamaForCausalLM" for f in LLAMA_FAMILIES},
             "switch_transformers": "SwitchTransformer", "dlrm": "DLRM", "resnet": "ResNet",
             "vgg": "VGG", "vit": "ViT"}
 
@@ -267,7 +282,7 @@ def _write(path: Path, graph) -> None:
 
 
 LAYER_KEYS = ("n_layer", "num_hidden_layers")  # families whose layers are all alike
-REPLICABLE = {"gpt2", "bert", "opt", "llama", "mistral", "mixtral"}
+REPLICABLE = {"gpt2", "bert", "opt", *LLAMA_FAMILIES}
 
 
 def _capture(model, batch, seq, mode, dtype, optimizer):

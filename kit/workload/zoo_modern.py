@@ -2,6 +2,18 @@
 grouped-query SDPA), its mixture-of-experts variant (Mixtral-style top-k experts), a
 Switch-Transformer encoder-decoder (T5 blocks with a sparse MLP every other layer), and DLRM.
 
+The Llama-style decoder also builds the families that differ from Llama only in a few places, as
+HF's modeling files write them (transformers/models/<family>):
+* qwen2: biases on the q, k and v projections;
+* qwen3: no biases, an RMSNorm over each head of q and k before RoPE (q_norm, k_norm);
+* gemma: a GeGLU MLP (gelu, tanh approximation), head_dim of its own (256 on Gemma-7B: 16 heads
+  of 256 over a 3072 model), the embedding scaled by sqrt(hidden), RMSNorm scaling by (1 + w)
+  in fp32, the LM head tied to the embedding;
+* phi3: the q, k, v projections fused into one qkv_proj, gate and up into one gate_up_proj;
+and any of them ties the LM head to the embedding with tie_word_embeddings (the same GEMM, one
+weight fewer in memory and in the optimizer). llama's attention_bias adds biases to all four
+projections.
+
 Mixture-of-experts routing has data-dependent shapes, which cannot run on meta tensors. Each
 expert here takes its `capacity` tokens, chosen by topk over its router column (expert-choice
 dispatch), so the shapes are static and each expert does the work of a capacity-limited
@@ -23,17 +35,29 @@ def _ids(batch: int, seq: int) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """HF LlamaRMSNorm / T5LayerNorm, eager: fp32 variance, rsqrt, scale."""
+    """HF LlamaRMSNorm / T5LayerNorm, eager: fp32 variance, rsqrt, scale. offset (Gemma): scale
+    by (1 + weight) in fp32, then cast."""
 
-    def __init__(self, d: int, eps: float = 1e-6):
+    def __init__(self, d: int, eps: float = 1e-6, offset: bool = False):
         super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.empty(d)), eps
+        self.weight, self.eps, self.offset = nn.Parameter(torch.empty(d)), eps, offset
 
     def forward(self, x):
         dtype = x.dtype
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (x * (1.0 + self.weight.float())).to(dtype)
         return self.weight * x.to(dtype)
+
+
+def _family(c) -> str:
+    return c.get("model_type", "llama")
+
+
+def _norm(c, d: int) -> RMSNorm:
+    return RMSNorm(d, c.get("rms_norm_eps", 1e-6 if _family(c) == "gemma" else 1e-5),
+                   offset=_family(c) == "gemma")
 
 
 def _rotate_half(x):
@@ -44,20 +68,38 @@ def _rotate_half(x):
 class LlamaAttention(nn.Module):
     def __init__(self, c):
         super().__init__()
-        d = c["hidden_size"]
+        d, family = c["hidden_size"], _family(c)
         self.heads = c["num_attention_heads"]
         self.kv_heads = c.get("num_key_value_heads", self.heads)
         self.head_dim = c.get("head_dim", d // self.heads)
-        self.q_proj = nn.Linear(d, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, d, bias=False)
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        every = bool(c.get("attention_bias", False))  # Llama: biases on all four projections
+        qkv_bias = every or family == "qwen2"
+        self.fused = family == "phi3"
+        if self.fused:
+            self.qkv_proj = nn.Linear(d, q + 2 * kv, bias=qkv_bias)
+        else:
+            self.q_proj = nn.Linear(d, q, bias=qkv_bias)
+            self.k_proj = nn.Linear(d, kv, bias=qkv_bias)
+            self.v_proj = nn.Linear(d, kv, bias=qkv_bias)
+        self.o_proj = nn.Linear(q, d, bias=every)
+        self.q_norm = self.k_norm = None
+        if family == "qwen3":
+            self.q_norm, self.k_norm = _norm(c, self.head_dim), _norm(c, self.head_dim)
 
     def forward(self, h, cos, sin, cache=None, cache_pos=None):
         b, s, _ = h.shape
-        q = self.q_proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.fused:
+            q, k, v = self.qkv_proj(h).split([self.heads * self.head_dim,
+                                              *(2 * [self.kv_heads * self.head_dim])], dim=-1)
+        else:
+            q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        q = q.view(b, s, self.heads, self.head_dim)
+        k = k.view(b, s, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         if cache is not None:  # one new token attends to every cached one: no causal mask
             k, v = cache_update(cache, k, v, cache_pos)
@@ -67,13 +109,34 @@ class LlamaAttention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, d: int, ff: int):
+    """The gated MLP: down(act(gate(x)) * up(x)); act silu (SwiGLU) or tanh-approximated gelu
+    (Gemma's GeGLU); fused (Phi-3): gate and up are one GEMM, split after."""
+
+    def __init__(self, d: int, ff: int, act: str = "silu", fused: bool = False):
         super().__init__()
-        self.gate_proj, self.up_proj = nn.Linear(d, ff, bias=False), nn.Linear(d, ff, bias=False)
+        if act not in ("silu", "gelu_pytorch_tanh", "gelu"):
+            raise ValueError(f"hidden_act {act!r} is not a gated-MLP activation the zoo builds "
+                             "(silu, gelu_pytorch_tanh, gelu)")
+        self.act, self.fused = act, fused
+        if fused:
+            self.gate_up_proj = nn.Linear(d, 2 * ff, bias=False)
+        else:
+            self.gate_proj, self.up_proj = nn.Linear(d, ff, bias=False), nn.Linear(d, ff, bias=False)
         self.down_proj = nn.Linear(ff, d, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        a = F.silu(gate) if self.act == "silu" else F.gelu(
+            gate, approximate="tanh" if self.act == "gelu_pytorch_tanh" else "none")
+        return self.down_proj(a * up)
+
+
+def _mlp_of(c, d: int, ff: int) -> SwiGLU:
+    act = c.get("hidden_act") or ("gelu_pytorch_tanh" if _family(c) == "gemma" else "silu")
+    return SwiGLU(d, ff, act, fused=_family(c) == "phi3")
 
 
 class ExpertChoiceMoE(nn.Module):
@@ -106,15 +169,15 @@ class ExpertChoiceMoE(nn.Module):
 class LlamaLayer(nn.Module):
     def __init__(self, c, moe: bool):
         super().__init__()
-        d, ff, eps = c["hidden_size"], c["intermediate_size"], c.get("rms_norm_eps", 1e-5)
-        self.input_layernorm, self.post_attention_layernorm = RMSNorm(d, eps), RMSNorm(d, eps)
+        d, ff = c["hidden_size"], c["intermediate_size"]
+        self.input_layernorm, self.post_attention_layernorm = _norm(c, d), _norm(c, d)
         self.self_attn = LlamaAttention(c)
         if moe:
-            experts = nn.ModuleList(SwiGLU(d, ff) for _ in range(c["num_local_experts"]))
+            experts = nn.ModuleList(_mlp_of(c, d, ff) for _ in range(c["num_local_experts"]))
             self.mlp = ExpertChoiceMoE(d, experts, c.get("num_experts_per_tok", 2),
                                        c.get("expert_capacity"))
         else:
-            self.mlp = SwiGLU(d, ff)
+            self.mlp = _mlp_of(c, d, ff)
 
     def forward(self, h, cos, sin, cache=None, cache_pos=None):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, cache_pos)
@@ -122,7 +185,8 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama-style decoder; with "num_local_experts" in the config, Mixtral-style MoE layers."""
+    """Llama-style decoder; with "num_local_experts" in the config, Mixtral-style MoE layers;
+    Qwen2, Qwen3, Gemma and Phi-3 by their model_type (the module docstring)."""
 
     def __init__(self, c):
         super().__init__()
@@ -133,14 +197,19 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(c["vocab_size"], d)
         moe = bool(c.get("num_local_experts"))
         self.layers = nn.ModuleList(LlamaLayer(c, moe) for _ in range(c["num_hidden_layers"]))
-        self.norm = RMSNorm(d, c.get("rms_norm_eps", 1e-5))
+        self.norm = _norm(c, d)
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
+        if c.get("tie_word_embeddings", _family(c) == "gemma"):
+            self.lm_head.weight = self.embed_tokens.weight
+        self.scale = d ** 0.5 if _family(c) == "gemma" else None
         self.register_buffer("inv_freq", torch.empty(self.head_dim // 2), persistent=False)
 
     def forward(self, input_ids, kv_cache=None):
         b, s = input_ids.shape
         past = check_decode_step(kv_cache, s)
         h = self.embed_tokens(input_ids)
+        if self.scale is not None:  # Gemma: the embedding times sqrt(hidden), in its dtype
+            h = h * torch.tensor(self.scale, dtype=h.dtype)
         pos = (torch.arange(past, past + s, device=h.device, dtype=torch.float32) if past else
                torch.arange(s, device=h.device, dtype=torch.float32))
         freqs = torch.outer(pos, self.inv_freq.float())

@@ -1,0 +1,115 @@
+"""Qwen2, Qwen3, Gemma and Phi-3 through the zoo's Llama-style decoder: what each family changes
+(biases, q/k norms, GeGLU, embedding scale, tied head, fused projections) is in the captured graph,
+and the zoo's models have the parameters of the published ones."""
+import pytest
+
+from kit.errors import KitError
+from kit.workload import zoo
+
+
+def _tiny(family, **extra):
+    return {"model_type": family, "hidden_size": 32, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_hidden_layers": 1, "intermediate_size": 48,
+            "vocab_size": 50, **extra}
+
+
+def _unique_params(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _by_hand(c) -> int:
+    """Parameters of a Llama-style decoder from its config, counted per weight."""
+    family, d, ff, V = c["model_type"], c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    heads = c["num_attention_heads"]
+    hd = c.get("head_dim", d // heads)
+    q, kv = heads * hd, c.get("num_key_value_heads", heads) * hd
+    attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if family == "qwen2" else 0)
+    attn += 2 * hd if family == "qwen3" else 0  # q_norm, k_norm
+    layer = attn + 3 * d * ff + 2 * d  # gate, up, down; two norms
+    tied = c.get("tie_word_embeddings", family == "gemma")
+    return c["num_hidden_layers"] * layer + V * d * (1 if tied else 2) + d
+
+
+@pytest.mark.parametrize("name, published_billions", [
+    ("qwen2.5-7b", 7.61), ("qwen3-8b", 8.19), ("gemma-7b", 8.54), ("phi3-mini", 3.82)])
+def test_parameters_match_the_config_and_the_model_card(name, published_billions):
+    model = zoo.build(name)
+    n = _unique_params(model)
+    assert n == _by_hand(zoo.config(name))
+    assert abs(n / 1e9 - published_billions) < 0.01  # the HF model cards' totals
+
+
+def _fwd_gemms(g, layer_part):
+    return [n for n in g.by_phase("fwd") if n.op_class == "gemm" and layer_part in n.module]
+
+
+def test_qwen2_biases_the_qkv_projections_only():
+    g = zoo.graph_for(_tiny("qwen2"), batch=2, seq=8, mode="inference", disk=False)
+    ops = {n.module.rsplit(".", 1)[-1]: n.aten for n in _fwd_gemms(g, "self_attn")}
+    assert ops["q_proj"].startswith("aten.addmm") and ops["v_proj"].startswith("aten.addmm")
+    assert ops["o_proj"].startswith("aten.mm")
+    plain = zoo.graph_for(_tiny("llama"), batch=2, seq=8, mode="inference", disk=False)
+    assert all(n.aten.startswith("aten.mm") for n in _fwd_gemms(plain, "self_attn"))
+
+
+def test_qwen3_normalises_q_and_k_per_head():
+    g = zoo.graph_for(_tiny("qwen3", head_dim=16), batch=2, seq=8, mode="inference", disk=False)
+    normed = {n.module for n in g.by_phase("fwd") if n.module.endswith(("q_norm", "k_norm"))}
+    assert normed == {"layers.0.self_attn.q_norm", "layers.0.self_attn.k_norm"}
+    q = next(n for n in _fwd_gemms(g, "q_proj"))
+    assert q.op.n == 4 * 16  # head_dim 16 of its own: q is 64 wide over a 32-wide model
+
+
+def test_gemma_scales_the_embedding_ties_the_head_and_gates_with_gelu():
+    cfg = _tiny("gemma", head_dim=16)
+    model = zoo.build(cfg)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    g = zoo.graph_for(cfg, batch=2, seq=8, mode="train", disk=False)
+    assert g.meta["params"] == _by_hand(cfg)
+    fwd = g.by_phase("fwd")
+    assert any(n.aten.startswith("aten.gelu") and "mlp" in n.module for n in fwd)
+    assert not any(n.aten.startswith("aten.silu") for n in fwd)
+    first = next(i for i, n in enumerate(fwd) if n.aten.startswith("aten.embedding"))
+    assert fwd[first + 1].aten.startswith("aten.mul") and fwd[first + 1].module == ""
+    llama = zoo.graph_for(_tiny("llama"), batch=2, seq=8, mode="train", disk=False)
+    assert llama.meta["params"] == _by_hand({**_tiny("llama")})
+
+
+def test_phi3_fuses_qkv_and_gate_up_into_one_gemm_each():
+    cfg = _tiny("phi3")
+    g = zoo.graph_for(cfg, batch=2, seq=8, mode="inference", disk=False)
+    gemms = {n.module.rsplit(".", 1)[-1]: n.op for n in _fwd_gemms(g, "layers.0")}
+    assert set(gemms) == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
+    assert gemms["qkv_proj"].n == 32 + 2 * 16 and gemms["gate_up_proj"].n == 2 * 48
+    unfused = zoo.graph_for(_tiny("llama"), batch=2, seq=8, mode="inference", disk=False)
+    flops = lambda graph: sum(n.op.flops for n in _fwd_gemms(graph, "layers.0"))  # noqa: E731
+    assert flops(g) == pytest.approx(flops(unfused))  # the same work in fewer kernels
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma", "phi3"])
+def test_each_family_decodes_trains_and_replicates_its_layers(family):
+    from kit.workload.capture import capture
+
+    cfg = _tiny(family, num_hidden_layers=5, **({"head_dim": 16} if family in ("qwen3", "gemma") else {}))
+    step = zoo.graph_for(cfg, batch=2, seq=16, mode="decode", disk=False)
+    assert step.meta["mode"] == "decode" and step.meta["kv_cache_bytes"] > 0
+    fast = zoo.graph_for(cfg, batch=2, seq=8, mode="train", disk=False)
+    assert fast.meta.get("replicated_from") == 3
+    model = zoo.build(cfg)
+    full = capture(model, model.example_inputs(2, 8), mode="train")
+    key = lambda g: [(n.aten, n.phase, n.module, n.op) for n in g]  # noqa: E731
+    assert key(fast) == key(full)
+
+
+def test_an_activation_the_gated_mlp_does_not_build_is_one_clear_error():
+    with pytest.raises(KitError, match="hidden_act 'relu2' is not a gated-MLP activation"):
+        zoo.build(_tiny("qwen2", hidden_act="relu2"))
+
+
+def test_multi_gpu_takes_the_families_and_refuses_a_head_size_of_its_own():
+    from kit.parallel.gpt import parse_model
+
+    spec = parse_model("qwen2.5-7b")
+    assert spec.gated and spec.rope and spec.kv_heads == 4
+    with pytest.raises(KitError, match="16 heads of 256 over a 3072-wide model"):
+        parse_model("gemma-7b")
