@@ -205,3 +205,28 @@ def test_sequence_longer_than_a_learned_position_table_is_one_clear_error():
     llama = {**zoo.config("llama3-8b"), "num_hidden_layers": 1, "max_position_embeddings": 64}
     assert zoo.max_seq(llama) is None
     zoo.check_seq(llama, 4096)
+
+
+def test_t5_is_the_switch_transformer_without_experts():
+    """HF: google-t5/t5-base 222,903,552 parameters (head tied to the shared embedding),
+    google/flan-t5-xl 2,849,757,184 (gated-gelu FF, head of its own)."""
+    base, flan = zoo.build("t5-base"), zoo.build("flan-t5-xl")
+    assert _count_unique(base) == 222_903_552 and _count_unique(flan) == 2_849_757_184
+    assert base.lm_head.weight is base.shared.weight and flan.lm_head.weight is not flan.shared.weight
+    tiny = {"model_type": "t5", "d_model": 32, "d_ff": 64, "d_kv": 8, "num_heads": 4,
+            "num_layers": 2, "vocab_size": 50}
+    g = zoo.graph_for(tiny, batch=2, seq=8, mode="train", disk=False)
+    assert not any(".experts." in n.module for n in g) and not g.unknown_ops()
+    gated = zoo.graph_for({**tiny, "feed_forward_proj": "gated-gelu"}, batch=2, seq=8,
+                          mode="inference", disk=False)
+    ff = {n.module.rsplit(".", 1)[-1] for n in gated if ".mlp." in n.module and n.op_class == "gemm"}
+    assert ff == {"wi_0", "wi_1", "wo"}
+    assert any(n.aten.startswith("aten.gelu") for n in gated)
+    with pytest.raises(KitError, match="feed_forward_proj 'gated-relu2' is not one the zoo builds"):
+        zoo.build({**tiny, "feed_forward_proj": "gated-relu2"})
+    with pytest.raises(KitError, match="decoder-only"):
+        zoo.graph_for("t5-base", batch=1, seq=8, mode="decode")
+
+
+def _count_unique(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -66,7 +66,8 @@ def _switch(d_model, d_ff, d_kv, heads, layers, experts=4):
 # (8B: 4096/32 layers/8 KV heads/14336; 70B: 8192/80/8/28672, vocab 128256, theta 5e5);
 # Mixtral 8x7B: Mistral AI's config; Qwen2.5-7B, Qwen3-8B, Gemma-7B, Phi-3-mini (4k): the
 # config.json of Qwen/Qwen2.5-7B, Qwen/Qwen3-8B, google/gemma-7b, microsoft/Phi-3-mini-4k-instruct
-# on the HF Hub; Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
+# on the HF Hub; T5-Base and Flan-T5-XL: the config.json of google-t5/t5-base and
+# google/flan-t5-xl (Raffel et al. 2020; Chung et al. 2022); Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
 # switch-base architecture (Fedus et al. 2021; HF google/switch-base-8) with 4 experts, as NeuSight's
 # L4 label "switch4" shows it (per-node CSV: 12+12 blocks, d_model 768, d_ff 3072, 4 experts with
 # capacity 64, 12 heads, vocab 32128; no DLmodel_config ships for it); DLRM: MLPerf's
@@ -109,6 +110,14 @@ ZOO = {
     "phi3-mini": (_llama(3072, 32, 32, 32, 8192, 32064, 10000.0, model_type="phi3",
                          max_position_embeddings=4096, tie_word_embeddings=False), 4096,
                   ("phi-3-mini", "phi3_mini", "phi-3-mini-4k")),
+    "t5-base": ({"model_type": "t5", "d_model": 768, "d_ff": 3072, "d_kv": 64, "num_heads": 12,
+                 "num_layers": 12, "vocab_size": 32128, "feed_forward_proj": "relu",
+                 "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6,
+                 "relative_attention_num_buckets": 32}, 512, ("t5_base",)),
+    "flan-t5-xl": ({"model_type": "t5", "d_model": 2048, "d_ff": 5120, "d_kv": 64, "num_heads": 32,
+                    "num_layers": 24, "vocab_size": 32128, "feed_forward_proj": "gated-gelu",
+                    "tie_word_embeddings": False, "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6,
+                    "relative_attention_num_buckets": 32}, 512, ("flan_t5_xl", "flan-t5-3b")),
     "switch-xl4": (_switch(1024, 16384, 128, 32, 24), 512, ("switchxl4", "switch-transformer-xl4")),
     "switch-base-4": (_switch(768, 3072, 64, 12, 12), 512, ("switch4", "switch-base4")),
     "dlrm": ({"model_type": "dlrm", "dense_features": 13, "bottom_mlp": [512, 256],
@@ -159,7 +168,7 @@ def default_seq(name: str) -> int:
 
 FAMILIES = {"gpt2": "GPT2LMHeadModel", "bert": "BertForPreTraining", "opt": "OPTForCausalLM",
             **{f: "LlamaForCausalLM" for f in LLAMA_FAMILIES},
-            "switch_transformers": "SwitchTransformer", "dlrm": "DLRM", "resnet": "ResNet",
+            "switch_transformers": "SwitchTransformer", "t5": "SwitchTransformer", "dlrm": "DLRM", "resnet": "ResNet",
             "vgg": "VGG", "vit": "ViT"}
 
 

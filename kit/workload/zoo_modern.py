@@ -272,13 +272,31 @@ class T5Attention(nn.Module):
 
 
 class T5FF(nn.Module):
+    """T5's feed-forward: wo(relu(wi(x))), or with feed_forward_proj "gated-gelu" / "gated-silu"
+    (T5 v1.1, Flan-T5) wo(act(wi_0(x)) * wi_1(x)), act gelu_new (tanh) or silu."""
+
     def __init__(self, c):
         super().__init__()
-        self.wi, self.wo = nn.Linear(c["d_model"], c["d_ff"], bias=False), nn.Linear(c["d_ff"], c["d_model"], bias=False)
+        d, ff = c["d_model"], c["d_ff"]
+        proj = c.get("feed_forward_proj", "relu")
+        if proj not in ("relu", "gated-gelu", "gated-silu"):
+            raise ValueError(f"feed_forward_proj {proj!r} is not one the zoo builds "
+                             "(relu, gated-gelu, gated-silu)")
+        self.gated = proj.startswith("gated")
+        self.act = proj
+        if self.gated:
+            self.wi_0, self.wi_1 = nn.Linear(d, ff, bias=False), nn.Linear(d, ff, bias=False)
+        else:
+            self.wi = nn.Linear(d, ff, bias=False)
+        self.wo = nn.Linear(ff, d, bias=False)
         self.dropout = nn.Dropout(c.get("dropout_rate", 0.1))
 
     def forward(self, x):
-        return self.wo(self.dropout(F.relu(self.wi(x))))
+        if not self.gated:
+            return self.wo(self.dropout(F.relu(self.wi(x))))
+        g = self.wi_0(x)
+        g = F.gelu(g, approximate="tanh") if self.act == "gated-gelu" else F.silu(g)
+        return self.wo(self.dropout(g * self.wi_1(x)))
 
 
 class SwitchBlock(nn.Module):
@@ -305,19 +323,28 @@ class SwitchBlock(nn.Module):
 
 
 class SwitchTransformer(nn.Module):
+    """Switch Transformer, or with model_type t5 the dense T5 it is built on (no sparse layers;
+    the LM head tied to the shared embedding unless tie_word_embeddings is false, and then the
+    decoder output scaled by d_model^-0.5 as HF's T5ForConditionalGeneration does)."""
+
     def __init__(self, c):
         super().__init__()
         self.config = c
         d = c["d_model"]
+        t5 = c.get("model_type") == "t5"
         self.shared = nn.Embedding(c["vocab_size"], d)
         n_enc, n_dec = c["num_layers"], c.get("num_decoder_layers", c["num_layers"])
-        es, ds = c.get("encoder_sparse_step", 2), c.get("decoder_sparse_step", 2)
+        sparse = 0 if t5 else 2
+        es, ds = c.get("encoder_sparse_step", sparse), c.get("decoder_sparse_step", sparse)
         self.encoder = nn.ModuleList(SwitchBlock(c, False, es > 0 and i % es == 1, i == 0) for i in range(n_enc))
         self.decoder = nn.ModuleList(SwitchBlock(c, True, ds > 0 and i % ds == 1, i == 0) for i in range(n_dec))
         eps = c.get("layer_norm_epsilon", 1e-6)
         self.enc_ln, self.dec_ln = RMSNorm(d, eps), RMSNorm(d, eps)
         self.dropout = nn.Dropout(c.get("dropout_rate", 0.1))
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
+        self.scaled = not t5 or c.get("tie_word_embeddings", True)
+        if t5 and self.scaled:
+            self.lm_head.weight = self.shared.weight
 
     def forward(self, input_ids, decoder_input_ids):
         h, bias = self.dropout(self.shared(input_ids)), None
@@ -327,7 +354,9 @@ class SwitchTransformer(nn.Module):
         h, bias, cross = self.dropout(self.shared(decoder_input_ids)), None, None
         for block in self.decoder:
             h, bias, cross = block(h, bias, enc, cross)
-        h = self.dropout(self.dec_ln(h)) * (self.config["d_model"] ** -0.5)
+        h = self.dropout(self.dec_ln(h))
+        if self.scaled:
+            h = h * (self.config["d_model"] ** -0.5)
         return self.lm_head(h)
 
     def example_inputs(self, batch, seq):
