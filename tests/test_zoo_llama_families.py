@@ -1,6 +1,7 @@
-"""Qwen2, Qwen3, Gemma and Phi-3 through the zoo's Llama-style decoder: what each family changes
-(biases, q/k norms, GeGLU, embedding scale, tied head, fused projections) is in the captured graph,
-and the zoo's models have the parameters of the published ones."""
+"""Qwen2, Qwen3, Gemma 1-3 and Phi-3 through the zoo's Llama-style decoder: what each family
+changes (biases, q/k norms, GeGLU, embedding scale, tied head, fused projections, Gemma 2's
+soft-capped eager attention and four norms a layer) is in the captured graph, and the zoo's models
+have the parameters of the published ones."""
 import pytest
 
 from kit.errors import KitError
@@ -24,14 +25,16 @@ def _by_hand(c) -> int:
     hd = c.get("head_dim", d // heads)
     q, kv = heads * hd, c.get("num_key_value_heads", heads) * hd
     attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if family == "qwen2" else 0)
-    attn += 2 * hd if family == "qwen3" else 0  # q_norm, k_norm
-    layer = attn + 3 * d * ff + 2 * d  # gate, up, down; two norms
-    tied = c.get("tie_word_embeddings", family == "gemma")
+    attn += 2 * hd if family in ("qwen3", "gemma3_text") else 0  # q_norm, k_norm
+    norms = 4 if family in ("gemma2", "gemma3_text") else 2
+    layer = attn + 3 * d * ff + norms * d  # gate, up, down; the norms
+    tied = c.get("tie_word_embeddings", family.startswith("gemma"))
     return c["num_hidden_layers"] * layer + V * d * (1 if tied else 2) + d
 
 
 @pytest.mark.parametrize("name, published_billions", [
-    ("qwen2.5-7b", 7.61), ("qwen3-8b", 8.19), ("gemma-7b", 8.54), ("phi3-mini", 3.82)])
+    ("qwen2.5-7b", 7.61), ("qwen3-8b", 8.19), ("gemma-7b", 8.54), ("phi3-mini", 3.82),
+    ("gemma2-9b", 9.24), ("gemma3-1b", 1.00)])
 def test_parameters_match_the_config_and_the_model_card(name, published_billions):
     model = zoo.build(name)
     n = _unique_params(model)
@@ -86,11 +89,31 @@ def test_phi3_fuses_qkv_and_gate_up_into_one_gemm_each():
     assert flops(g) == pytest.approx(flops(unfused))  # the same work in fewer kernels
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma", "phi3"])
+def test_gemma2_softcaps_attention_eagerly_and_gemma3_norms_q_and_k_under_sdpa():
+    g2 = zoo.graph_for(_tiny("gemma2", head_dim=16), batch=2, seq=8, mode="inference", disk=False)
+    fwd = g2.by_phase("fwd")
+    attn = [n for n in fwd if n.module == "layers.0.self_attn"]
+    assert not g2.op_classes().get("attention")  # no fused SDPA kernel: the eager path
+    assert any(n.aten.startswith("aten.tanh") for n in attn)  # the soft cap on the logits
+    assert any(n.op_class == "softmax" for n in attn)
+    assert sum(1 for n in attn if n.op_class == "gemm") == 2  # scores and the weighted sum
+    assert fwd[-1].aten.startswith("aten.mul") and any(  # the logits' cap closes the pass
+        n.aten.startswith("aten.tanh") and n.module == "" for n in fwd[-3:])
+    norms = {n.module.rsplit(".", 1)[-1] for n in fwd if n.module.endswith("layernorm")}
+    assert norms == {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"}
+    g3 = zoo.graph_for(_tiny("gemma3_text", head_dim=16), batch=2, seq=8, mode="train", disk=False)
+    assert g3.op_classes()["attention"] == 2  # fused SDPA forward and backward
+    assert any(n.module.endswith("q_norm") for n in g3)
+    assert not any(n.aten.startswith("aten.tanh") for n in g3)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"])
 def test_each_family_decodes_trains_and_replicates_its_layers(family):
     from kit.workload.capture import capture
 
-    cfg = _tiny(family, num_hidden_layers=5, **({"head_dim": 16} if family in ("qwen3", "gemma") else {}))
+    cfg = _tiny(family, num_hidden_layers=5,
+                **({"head_dim": 16} if family in ("qwen3", "gemma", "gemma2", "gemma3_text") else {}))
     step = zoo.graph_for(cfg, batch=2, seq=16, mode="decode", disk=False)
     assert step.meta["mode"] == "decode" and step.meta["kv_cache_bytes"] > 0
     fast = zoo.graph_for(cfg, batch=2, seq=8, mode="train", disk=False)

@@ -67,7 +67,8 @@ def _switch(d_model, d_ff, d_kv, heads, layers, experts=4):
 # Mixtral 8x7B: Mistral AI's config; Qwen2.5-7B, Qwen3-8B, Gemma-7B, Phi-3-mini (4k): the
 # config.json of Qwen/Qwen2.5-7B, Qwen/Qwen3-8B, google/gemma-7b, microsoft/Phi-3-mini-4k-instruct
 # on the HF Hub; T5-Base and Flan-T5-XL: the config.json of google-t5/t5-base and
-# google/flan-t5-xl (Raffel et al. 2020; Chung et al. 2022); Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
+# google/flan-t5-xl (Raffel et al. 2020; Chung et al. 2022); Gemma-2-9B and Gemma-3-1B: the
+# config.json of google/gemma-2-9b and google/gemma-3-1b-pt; Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
 # switch-base architecture (Fedus et al. 2021; HF google/switch-base-8) with 4 experts, as NeuSight's
 # L4 label "switch4" shows it (per-node CSV: 12+12 blocks, d_model 768, d_ff 3072, 4 experts with
 # capacity 64, 12 heads, vocab 32128; no DLmodel_config ships for it); DLRM: MLPerf's
@@ -107,6 +108,15 @@ ZOO = {
     "gemma-7b": (_llama(3072, 28, 16, 16, 24576, 256000, 10000.0, model_type="gemma",
                         head_dim=256, rms_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh",
                         tie_word_embeddings=True), 4096, ("gemma_7b",)),
+    "gemma2-9b": (_llama(3584, 42, 16, 8, 14336, 256000, 10000.0, model_type="gemma2",
+                         head_dim=256, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                         query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                         final_logit_softcapping=30.0, sliding_window=4096,
+                         tie_word_embeddings=True), 4096, ("gemma-2-9b", "gemma2_9b")),
+    "gemma3-1b": (_llama(1152, 26, 4, 1, 6912, 262144, 1e6, model_type="gemma3_text",
+                         head_dim=256, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                         query_pre_attn_scalar=256, sliding_window=512, max_position_embeddings=32768,
+                         tie_word_embeddings=True), 4096, ("gemma-3-1b", "gemma3_1b")),
     "phi3-mini": (_llama(3072, 32, 32, 32, 8192, 32064, 10000.0, model_type="phi3",
                          max_position_embeddings=4096, tie_word_embeddings=False), 4096,
                   ("phi-3-mini", "phi3_mini", "phi-3-mini-4k")),

@@ -10,7 +10,13 @@ HF's modeling files write them (transformers/models/<family>):
   of 256 over a 3072 model), the embedding scaled by sqrt(hidden), RMSNorm scaling by (1 + w)
   in fp32, the LM head tied to the embedding;
 * phi3: the q, k, v projections fused into one qkv_proj, gate and up into one gate_up_proj;
-and any of them ties the LM head to the embedding with tie_word_embeddings (the same GEMM, one
+* gemma2: Gemma with a norm after attention and around the MLP (four a layer), attention logits
+  soft-capped (tanh(w / 50) * 50), which SDPA cannot do, so HF runs it eagerly (matmul, scale,
+  the cap, an additive causal mask, an fp32 softmax, matmul, with the KV heads repeated), and
+  the final logits soft-capped too; scaled by query_pre_attn_scalar^-0.5;
+* gemma3_text: Gemma 2's four norms with Qwen3's q/k norms, SDPA without soft-capping;
+their sliding-window layers attend as the global ones do (a window longer than the sequence
+changes nothing; past it the zoo's cost is an upper bound), and any of them ties the LM head to the embedding with tie_word_embeddings (the same GEMM, one
 weight fewer in memory and in the optimizer). llama's attention_bias adds biases to all four
 projections.
 
@@ -51,13 +57,20 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+GEMMA = ("gemma", "gemma2", "gemma3_text")
+SANDWICH = ("gemma2", "gemma3_text")  # a norm before and after attention and the MLP
+
+
 def _family(c) -> str:
     return c.get("model_type", "llama")
 
 
+def _gemma(c) -> bool:
+    return _family(c) in GEMMA
+
+
 def _norm(c, d: int) -> RMSNorm:
-    return RMSNorm(d, c.get("rms_norm_eps", 1e-6 if _family(c) == "gemma" else 1e-5),
-                   offset=_family(c) == "gemma")
+    return RMSNorm(d, c.get("rms_norm_eps", 1e-6 if _gemma(c) else 1e-5), offset=_gemma(c))
 
 
 def _rotate_half(x):
@@ -84,10 +97,29 @@ class LlamaAttention(nn.Module):
             self.v_proj = nn.Linear(d, kv, bias=qkv_bias)
         self.o_proj = nn.Linear(q, d, bias=every)
         self.q_norm = self.k_norm = None
-        if family == "qwen3":
+        if family in ("qwen3", "gemma3_text"):
             self.q_norm, self.k_norm = _norm(c, self.head_dim), _norm(c, self.head_dim)
+        self.scaling = (c.get("query_pre_attn_scalar", self.head_dim) ** -0.5 if family in SANDWICH
+                        else None)
+        self.softcap = c.get("attn_logit_softcapping", 50.0) if family == "gemma2" else None
 
-    def forward(self, h, cos, sin, cache=None, cache_pos=None):
+    def _eager(self, q, k, v, mask):
+        """HF's eager attention (Gemma 2's soft-capped logits): KV heads repeated to the query
+        heads, scores, the cap, the additive mask, an fp32 softmax, the weighted sum."""
+        rep = self.heads // self.kv_heads
+        if rep > 1:
+            b, kv, s, d = k.shape
+            k = k[:, :, None].expand(b, kv, rep, s, d).reshape(b, kv * rep, s, d)
+            v = v[:, :, None].expand(b, kv, rep, s, d).reshape(b, kv * rep, s, d)
+        w = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+        if self.softcap is not None:
+            w = torch.tanh(w / self.softcap) * self.softcap
+        if mask is not None:
+            w = w + mask
+        w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(w, v)
+
+    def forward(self, h, cos, sin, cache=None, cache_pos=None, mask=None):
         b, s, _ = h.shape
         if self.fused:
             q, k, v = self.qkv_proj(h).split([self.heads * self.head_dim,
@@ -103,8 +135,11 @@ class LlamaAttention(nn.Module):
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         if cache is not None:  # one new token attends to every cached one: no causal mask
             k, v = cache_update(cache, k, v, cache_pos)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None,
-                                           enable_gqa=self.kv_heads != self.heads)
+        if self.softcap is not None:
+            a = self._eager(q, k, v, mask)
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None, scale=self.scaling,
+                                               enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -135,7 +170,8 @@ class SwiGLU(nn.Module):
 
 
 def _mlp_of(c, d: int, ff: int) -> SwiGLU:
-    act = c.get("hidden_act") or ("gelu_pytorch_tanh" if _family(c) == "gemma" else "silu")
+    act = (c.get("hidden_activation") or c.get("hidden_act")
+           or ("gelu_pytorch_tanh" if _gemma(c) else "silu"))
     return SwiGLU(d, ff, act, fused=_family(c) == "phi3")
 
 
@@ -171,6 +207,9 @@ class LlamaLayer(nn.Module):
         super().__init__()
         d, ff = c["hidden_size"], c["intermediate_size"]
         self.input_layernorm, self.post_attention_layernorm = _norm(c, d), _norm(c, d)
+        self.sandwich = _family(c) in SANDWICH
+        if self.sandwich:
+            self.pre_feedforward_layernorm, self.post_feedforward_layernorm = _norm(c, d), _norm(c, d)
         self.self_attn = LlamaAttention(c)
         if moe:
             experts = nn.ModuleList(_mlp_of(c, d, ff) for _ in range(c["num_local_experts"]))
@@ -179,14 +218,18 @@ class LlamaLayer(nn.Module):
         else:
             self.mlp = _mlp_of(c, d, ff)
 
-    def forward(self, h, cos, sin, cache=None, cache_pos=None):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, cache_pos)
+    def forward(self, h, cos, sin, cache=None, cache_pos=None, mask=None):
+        a = self.self_attn(self.input_layernorm(h), cos, sin, cache, cache_pos, mask)
+        if self.sandwich:  # Gemma 2/3: the norms also close attention and the MLP
+            h = h + self.post_attention_layernorm(a)
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = h + a
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class LlamaForCausalLM(nn.Module):
     """Llama-style decoder; with "num_local_experts" in the config, Mixtral-style MoE layers;
-    Qwen2, Qwen3, Gemma and Phi-3 by their model_type (the module docstring)."""
+    Qwen2, Qwen3, Gemma (1, 2, 3) and Phi-3 by their model_type (the module docstring)."""
 
     def __init__(self, c):
         super().__init__()
@@ -199,9 +242,12 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(LlamaLayer(c, moe) for _ in range(c["num_hidden_layers"]))
         self.norm = _norm(c, d)
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
-        if c.get("tie_word_embeddings", _family(c) == "gemma"):
+        if c.get("tie_word_embeddings", _gemma(c)):
             self.lm_head.weight = self.embed_tokens.weight
-        self.scale = d ** 0.5 if _family(c) == "gemma" else None
+        self.scale = d ** 0.5 if _gemma(c) else None
+        self.eager = _family(c) == "gemma2"  # soft-capped attention takes an explicit mask
+        self.final_softcap = (c.get("final_logit_softcapping", 30.0) if _family(c) == "gemma2"
+                              else c.get("final_logit_softcapping"))
         self.register_buffer("inv_freq", torch.empty(self.head_dim // 2), persistent=False)
 
     def forward(self, input_ids, kv_cache=None):
@@ -216,13 +262,18 @@ class LlamaForCausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(h.dtype)[None, None], emb.sin().to(h.dtype)[None, None]
         if kv_cache is None:
+            mask = (torch.full((s, s), float("-inf"), dtype=h.dtype, device=h.device).triu(1)[None, None]
+                    if self.eager else None)
             for layer in self.layers:
-                h = layer(h, cos, sin)
+                h = layer(h, cos, sin, mask=mask)
         else:
             cache_pos = torch.arange(past, past + s, device=h.device)
             for i, layer in enumerate(self.layers):
                 h = layer(h, cos, sin, kv_cache[i], cache_pos)
-        return self.lm_head(self.norm(h))
+        logits = self.lm_head(self.norm(h))
+        if self.final_softcap:  # Gemma 2: tanh(logits / cap) * cap
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
 
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
