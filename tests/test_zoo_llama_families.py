@@ -24,22 +24,29 @@ def _by_hand(c) -> int:
     heads = c["num_attention_heads"]
     hd = c.get("head_dim", d // heads)
     q, kv = heads * hd, c.get("num_key_value_heads", heads) * hd
-    attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if family == "qwen2" else 0)
-    attn += 2 * hd if family in ("qwen3", "gemma3_text") else 0  # q_norm, k_norm
+    attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if family in ("qwen2", "qwen2_moe") else 0)
+    attn += 2 * hd if family in ("qwen3", "qwen3_moe", "gemma3_text") else 0  # q_norm, k_norm
     norms = 4 if family in ("gemma2", "gemma3_text") else 2
-    layer = attn + 3 * d * ff + norms * d  # gate, up, down; the norms
+    mlp = 3 * d * ff  # gate, up, down
+    if family.endswith("_moe"):  # routed experts and their router; a shared expert and its gate
+        experts = c["num_experts"]
+        mlp = experts * 3 * d * c["moe_intermediate_size"] + d * experts
+        if c.get("shared_expert_intermediate_size"):
+            mlp += 3 * d * c["shared_expert_intermediate_size"] + d
+    layer = attn + mlp + norms * d
     tied = c.get("tie_word_embeddings", family.startswith("gemma"))
     return c["num_hidden_layers"] * layer + V * d * (1 if tied else 2) + d
 
 
 @pytest.mark.parametrize("name, published_billions", [
     ("qwen2.5-7b", 7.61), ("qwen3-8b", 8.19), ("gemma-7b", 8.54), ("phi3-mini", 3.82),
-    ("gemma2-9b", 9.24), ("gemma3-1b", 1.00)])
+    ("gemma2-9b", 9.24), ("gemma3-1b", 1.00), ("qwen3-30b-a3b", 30.5)])
 def test_parameters_match_the_config_and_the_model_card(name, published_billions):
     model = zoo.build(name)
     n = _unique_params(model)
     assert n == _by_hand(zoo.config(name))
-    assert abs(n / 1e9 - published_billions) < 0.01  # the HF model cards' totals
+    digits = len(str(published_billions).split(".")[1])  # within the card's last stated digit
+    assert abs(n / 1e9 - published_billions) < 10 ** -digits
 
 
 def _fwd_gemms(g, layer_part):
@@ -108,6 +115,21 @@ def test_gemma2_softcaps_attention_eagerly_and_gemma3_norms_q_and_k_under_sdpa()
     assert not any(n.aten.startswith("aten.tanh") for n in g3)
 
 
+def test_qwen_moe_routes_to_its_experts_and_qwen2_moe_adds_a_gated_shared_expert():
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)
+    g3 = zoo.graph_for(_tiny("qwen3_moe", head_dim=16, **moe), batch=2, seq=8, mode="inference",
+                       disk=False)
+    experts = [n for n in g3.by_phase("fwd") if ".experts." in n.module and n.op_class == "gemm"]
+    assert len(experts) == 4 * 3 and {n.op.n for n in experts if n.module.endswith("up_proj")} == {24}
+    assert any(n.module.endswith("q_norm") for n in g3)
+    cfg2 = _tiny("qwen2_moe", **moe, shared_expert_intermediate_size=40)
+    g2 = zoo.graph_for(cfg2, batch=2, seq=8, mode="train", disk=False)
+    shared = [n for n in g2.by_phase("fwd") if ".shared_expert." in n.module and n.op_class == "gemm"]
+    assert len(shared) == 3 and any(n.module.endswith("shared_expert_gate") for n in g2)
+    assert any(n.aten.startswith("aten.sigmoid") for n in g2.by_phase("fwd"))
+    assert g2.meta["params"] == _by_hand(cfg2)
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"])
 def test_each_family_decodes_trains_and_replicates_its_layers(family):
     from kit.workload.capture import capture
@@ -136,3 +158,5 @@ def test_multi_gpu_takes_the_families_and_refuses_a_head_size_of_its_own():
     assert spec.gated and spec.rope and spec.kv_heads == 4
     with pytest.raises(KitError, match="16 heads of 256 over a 3072-wide model"):
         parse_model("gemma-7b")
+    with pytest.raises(KitError, match="does not model Qwen's MoE layers"):
+        parse_model("qwen3-30b-a3b")

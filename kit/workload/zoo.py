@@ -68,7 +68,8 @@ def _switch(d_model, d_ff, d_kv, heads, layers, experts=4):
 # config.json of Qwen/Qwen2.5-7B, Qwen/Qwen3-8B, google/gemma-7b, microsoft/Phi-3-mini-4k-instruct
 # on the HF Hub; T5-Base and Flan-T5-XL: the config.json of google-t5/t5-base and
 # google/flan-t5-xl (Raffel et al. 2020; Chung et al. 2022); Gemma-2-9B and Gemma-3-1B: the
-# config.json of google/gemma-2-9b and google/gemma-3-1b-pt; Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
+# config.json of google/gemma-2-9b and google/gemma-3-1b-pt; Qwen3-30B-A3B: Qwen/Qwen3-30B-A3B's
+# config.json; Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
 # switch-base architecture (Fedus et al. 2021; HF google/switch-base-8) with 4 experts, as NeuSight's
 # L4 label "switch4" shows it (per-node CSV: 12+12 blocks, d_model 768, d_ff 3072, 4 experts with
 # capacity 64, 12 heads, vocab 32128; no DLmodel_config ships for it); DLRM: MLPerf's
@@ -117,6 +118,10 @@ ZOO = {
                          head_dim=256, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
                          query_pre_attn_scalar=256, sliding_window=512, max_position_embeddings=32768,
                          tie_word_embeddings=True), 4096, ("gemma-3-1b", "gemma3_1b")),
+    "qwen3-30b-a3b": (_llama(2048, 48, 32, 4, 6144, 151936, 1e6, model_type="qwen3_moe", head_dim=128,
+                             num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                             rms_norm_eps=1e-6, max_position_embeddings=40960,
+                             tie_word_embeddings=False), 4096, ("qwen3-30b", "qwen3_30b_a3b")),
     "phi3-mini": (_llama(3072, 32, 32, 32, 8192, 32064, 10000.0, model_type="phi3",
                          max_position_embeddings=4096, tie_word_embeddings=False), 4096,
                   ("phi-3-mini", "phi3_mini", "phi-3-mini-4k")),

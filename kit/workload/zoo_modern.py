@@ -58,6 +58,7 @@ class RMSNorm(nn.Module):
 
 
 GEMMA = ("gemma", "gemma2", "gemma3_text")
+QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 SANDWICH = ("gemma2", "gemma3_text")  # a norm before and after attention and the MLP
 
 
@@ -87,7 +88,7 @@ class LlamaAttention(nn.Module):
         self.head_dim = c.get("head_dim", d // self.heads)
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         every = bool(c.get("attention_bias", False))  # Llama: biases on all four projections
-        qkv_bias = every or family == "qwen2"
+        qkv_bias = every or family in ("qwen2", "qwen2_moe")
         self.fused = family == "phi3"
         if self.fused:
             self.qkv_proj = nn.Linear(d, q + 2 * kv, bias=qkv_bias)
@@ -97,7 +98,7 @@ class LlamaAttention(nn.Module):
             self.v_proj = nn.Linear(d, kv, bias=qkv_bias)
         self.o_proj = nn.Linear(q, d, bias=every)
         self.q_norm = self.k_norm = None
-        if family in ("qwen3", "gemma3_text"):
+        if family in ("qwen3", "qwen3_moe", "gemma3_text"):
             self.q_norm, self.k_norm = _norm(c, self.head_dim), _norm(c, self.head_dim)
         self.scaling = (c.get("query_pre_attn_scalar", self.head_dim) ** -0.5 if family in SANDWICH
                         else None)
@@ -169,6 +170,11 @@ class SwiGLU(nn.Module):
         return self.down_proj(a * up)
 
 
+def _experts(c) -> int:
+    """Routed experts a layer has: Mixtral's num_local_experts, Qwen-MoE's num_experts."""
+    return c.get("num_local_experts") or (c.get("num_experts") if _family(c) in QWEN_MOE else 0) or 0
+
+
 def _mlp_of(c, d: int, ff: int) -> SwiGLU:
     act = (c.get("hidden_activation") or c.get("hidden_act")
            or ("gelu_pytorch_tanh" if _gemma(c) else "silu"))
@@ -176,12 +182,16 @@ def _mlp_of(c, d: int, ff: int) -> SwiGLU:
 
 
 class ExpertChoiceMoE(nn.Module):
-    """Router + experts with static per-expert capacity (see the module docstring)."""
+    """Router + experts with static per-expert capacity (see the module docstring); with
+    `shared` (Qwen2-MoE), an expert every token goes through too, weighted by a sigmoid gate."""
 
-    def __init__(self, d: int, experts: nn.ModuleList, top_k: int, capacity: int | None):
+    def __init__(self, d: int, experts: nn.ModuleList, top_k: int, capacity: int | None,
+                 shared: nn.Module | None = None):
         super().__init__()
         self.gate = nn.Linear(d, len(experts), bias=False)
         self.experts, self.top_k, self.capacity = experts, top_k, capacity
+        self.shared_expert = shared
+        self.shared_expert_gate = nn.Linear(d, 1, bias=False) if shared is not None else None
 
     def forward(self, x):
         shape = x.shape
@@ -199,6 +209,8 @@ class ExpertChoiceMoE(nn.Module):
             weight, idx = torch.topk(probs[:, i], cap)
             y = expert(x.index_select(0, idx)) * weight.to(x.dtype).unsqueeze(-1)
             out.index_add_(0, idx, y)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out.view(shape)
 
 
@@ -212,9 +224,12 @@ class LlamaLayer(nn.Module):
             self.pre_feedforward_layernorm, self.post_feedforward_layernorm = _norm(c, d), _norm(c, d)
         self.self_attn = LlamaAttention(c)
         if moe:
-            experts = nn.ModuleList(_mlp_of(c, d, ff) for _ in range(c["num_local_experts"]))
+            n, eff = _experts(c), c.get("moe_intermediate_size", ff)
+            experts = nn.ModuleList(_mlp_of(c, d, eff) for _ in range(n))
+            shared = (_mlp_of(c, d, c["shared_expert_intermediate_size"])
+                      if c.get("shared_expert_intermediate_size") else None)
             self.mlp = ExpertChoiceMoE(d, experts, c.get("num_experts_per_tok", 2),
-                                       c.get("expert_capacity"))
+                                       c.get("expert_capacity"), shared)
         else:
             self.mlp = _mlp_of(c, d, ff)
 
@@ -238,7 +253,7 @@ class LlamaForCausalLM(nn.Module):
         self.head_dim = c.get("head_dim", d // c["num_attention_heads"])
         self.theta = c.get("rope_theta", 10000.0)
         self.embed_tokens = nn.Embedding(c["vocab_size"], d)
-        moe = bool(c.get("num_local_experts"))
+        moe = bool(_experts(c))
         self.layers = nn.ModuleList(LlamaLayer(c, moe) for _ in range(c["num_hidden_layers"]))
         self.norm = _norm(c, d)
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
