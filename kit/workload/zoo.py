@@ -191,7 +191,7 @@ def build(model: str | dict):
     """An nn.Module on the meta device, from a zoo name or an HF-style config dict."""
     import torch
 
-    from kit.workload import zoo_models, zoo_modern, zoo_vision
+    from kit.workload import zoo_dlrm, zoo_models, zoo_modern, zoo_t5, zoo_vision
 
     cfg = config(model) if isinstance(model, str) else dict(model)
     kind = cfg.get("model_type")
@@ -200,7 +200,7 @@ def build(model: str | dict):
     if kind not in FAMILIES:
         raise KitError(f"config model_type {kind!r} is not supported: choose one of {', '.join(FAMILIES)}")
     _check_sizes(kind, cfg)
-    cls = next(getattr(m, FAMILIES[kind]) for m in (zoo_models, zoo_modern, zoo_vision)
+    cls = next(getattr(m, FAMILIES[kind]) for m in (zoo_models, zoo_modern, zoo_t5, zoo_dlrm, zoo_vision)
                if hasattr(m, FAMILIES[kind]))
     try:
         with torch.device("meta"):
@@ -255,7 +255,8 @@ def _code_stamp() -> str:
     """Changes whenever the capture code or the models change (invalidates disk caches)."""
     here = Path(__file__).parent
     names = ("capture.py", "mapping.py", "kernels.py", "zoo.py", "zoo_models.py", "zoo_modern.py",
-             "zoo_vision.py", "mapping_vision.py", "graph.py", "replicate.py", "kv_cache.py")
+             "zoo_t5.py", "zoo_dlrm.py", "zoo_vision.py", "mapping_vision.py", "graph.py",
+             "replicate.py", "kv_cache.py")
     return "-".join(str(int((here / n).stat().st_mtime)) for n in names if (here / n).exists())
 
 

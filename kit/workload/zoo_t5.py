@@ -1,0 +1,140 @@
+"""The zoo's Switch Transformer (Fedus et al. 2021: T5 blocks with a sparse MLP every other
+layer, experts through kit.workload.zoo_modern's static-capacity MoE) and the dense T5 it is built
+on (Raffel et al. 2020), as HF's SwitchTransformers and T5ForConditionalGeneration run them."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kit.workload.zoo_modern import ExpertChoiceMoE, RMSNorm, _ids
+
+
+class T5Attention(nn.Module):
+    def __init__(self, c, causal: bool, bias: bool):
+        super().__init__()
+        d, self.heads, self.d_kv = c["d_model"], c["num_heads"], c["d_kv"]
+        inner = self.heads * self.d_kv
+        self.q, self.k, self.v = (nn.Linear(d, inner, bias=False) for _ in range(3))
+        self.o = nn.Linear(inner, d, bias=False)
+        self.causal, self.dropout = causal, c.get("dropout_rate", 0.1)
+        self.buckets = c.get("relative_attention_num_buckets", 32)
+        self.relative_attention_bias = nn.Embedding(self.buckets, self.heads) if bias else None
+
+    def position_bias(self, s: int, dev):
+        ctx = torch.arange(s, dtype=torch.long, device=dev)[:, None]
+        rel = torch.arange(s, dtype=torch.long, device=dev)[None, :] - ctx
+        rel = torch.abs(rel) if not self.causal else -torch.min(rel, torch.zeros_like(rel))
+        large = (torch.log(rel.float().clamp(min=1) / 8) / math.log(128 / 8) * 8).to(torch.long) + 8
+        bucket = torch.where(rel < 8, rel, torch.min(large, torch.full_like(large, self.buckets - 1)))
+        return self.relative_attention_bias(bucket).permute(2, 0, 1).unsqueeze(0)
+
+    def forward(self, h, kv=None, bias=None):
+        b, s, _ = h.shape
+        kv = h if kv is None else kv
+        split = lambda t: t.view(b, -1, self.heads, self.d_kv).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q(h)), split(self.k(kv)), split(self.v(kv))
+        w = torch.matmul(q, k.transpose(3, 2))
+        if bias is None and self.relative_attention_bias is not None:
+            bias = self.position_bias(s, h.device)
+        elif bias is None and kv is not h:  # HF: cross-attention bias = zeros + encoder mask, reused
+            bias = torch.zeros(b, self.heads, s, kv.shape[1], dtype=w.dtype, device=w.device)
+        if bias is not None:
+            w = w + bias
+        w = F.dropout(F.softmax(w.float(), dim=-1).type_as(w), p=self.dropout, training=self.training)
+        a = torch.matmul(w, v).transpose(1, 2).contiguous().view(b, -1, self.heads * self.d_kv)
+        return self.o(a), bias
+
+
+class T5FF(nn.Module):
+    """T5's feed-forward: wo(relu(wi(x))), or with feed_forward_proj "gated-gelu" / "gated-silu"
+    (T5 v1.1, Flan-T5) wo(act(wi_0(x)) * wi_1(x)), act gelu_new (tanh) or silu."""
+
+    def __init__(self, c):
+        super().__init__()
+        d, ff = c["d_model"], c["d_ff"]
+        proj = c.get("feed_forward_proj", "relu")
+        if proj not in ("relu", "gated-gelu", "gated-silu"):
+            raise ValueError(f"feed_forward_proj {proj!r} is not one the zoo builds "
+                             "(relu, gated-gelu, gated-silu)")
+        self.gated = proj.startswith("gated")
+        self.act = proj
+        if self.gated:
+            self.wi_0, self.wi_1 = nn.Linear(d, ff, bias=False), nn.Linear(d, ff, bias=False)
+        else:
+            self.wi = nn.Linear(d, ff, bias=False)
+        self.wo = nn.Linear(ff, d, bias=False)
+        self.dropout = nn.Dropout(c.get("dropout_rate", 0.1))
+
+    def forward(self, x):
+        if not self.gated:
+            return self.wo(self.dropout(F.relu(self.wi(x))))
+        g = self.wi_0(x)
+        g = F.gelu(g, approximate="tanh") if self.act == "gated-gelu" else F.silu(g)
+        return self.wo(self.dropout(g * self.wi_1(x)))
+
+
+class SwitchBlock(nn.Module):
+    def __init__(self, c, decoder: bool, sparse: bool, first: bool):
+        super().__init__()
+        d, eps = c["d_model"], c.get("layer_norm_epsilon", 1e-6)
+        self.self_attn, self.ln_self = T5Attention(c, causal=decoder, bias=first), RMSNorm(d, eps)
+        self.cross_attn = T5Attention(c, False, False) if decoder else None
+        self.ln_cross = RMSNorm(d, eps) if decoder else None
+        if sparse:
+            experts = nn.ModuleList(T5FF(c) for _ in range(c["num_experts"]))
+            self.mlp = ExpertChoiceMoE(d, experts, 1, c.get("expert_capacity"))
+        else:
+            self.mlp = T5FF(c)
+        self.ln_ff, self.dropout = RMSNorm(d, eps), nn.Dropout(c.get("dropout_rate", 0.1))
+
+    def forward(self, h, bias, enc=None, cross_bias=None):
+        a, bias = self.self_attn(self.ln_self(h), bias=bias)
+        h = h + self.dropout(a)
+        if self.cross_attn is not None:
+            a, cross_bias = self.cross_attn(self.ln_cross(h), kv=enc, bias=cross_bias)
+            h = h + self.dropout(a)
+        return h + self.dropout(self.mlp(self.ln_ff(h))), bias, cross_bias
+
+
+class SwitchTransformer(nn.Module):
+    """Switch Transformer, or with model_type t5 the dense T5 it is built on (no sparse layers;
+    the LM head tied to the shared embedding unless tie_word_embeddings is false, and then the
+    decoder output scaled by d_model^-0.5 as HF's T5ForConditionalGeneration does)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        d = c["d_model"]
+        t5 = c.get("model_type") == "t5"
+        self.shared = nn.Embedding(c["vocab_size"], d)
+        n_enc, n_dec = c["num_layers"], c.get("num_decoder_layers", c["num_layers"])
+        sparse = 0 if t5 else 2
+        es, ds = c.get("encoder_sparse_step", sparse), c.get("decoder_sparse_step", sparse)
+        self.encoder = nn.ModuleList(SwitchBlock(c, False, es > 0 and i % es == 1, i == 0) for i in range(n_enc))
+        self.decoder = nn.ModuleList(SwitchBlock(c, True, ds > 0 and i % ds == 1, i == 0) for i in range(n_dec))
+        eps = c.get("layer_norm_epsilon", 1e-6)
+        self.enc_ln, self.dec_ln = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.dropout = nn.Dropout(c.get("dropout_rate", 0.1))
+        self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
+        self.scaled = not t5 or c.get("tie_word_embeddings", True)
+        if t5 and self.scaled:
+            self.lm_head.weight = self.shared.weight
+
+    def forward(self, input_ids, decoder_input_ids):
+        h, bias = self.dropout(self.shared(input_ids)), None
+        for block in self.encoder:
+            h, bias, _ = block(h, bias)
+        enc = self.dropout(self.enc_ln(h))
+        h, bias, cross = self.dropout(self.shared(decoder_input_ids)), None, None
+        for block in self.decoder:
+            h, bias, cross = block(h, bias, enc, cross)
+        h = self.dropout(self.dec_ln(h))
+        if self.scaled:
+            h = h * (self.config["d_model"] ** -0.5)
+        return self.lm_head(h)
+
+    def example_inputs(self, batch, seq):
+        return (_ids(batch, seq), _ids(batch, seq))
