@@ -208,3 +208,22 @@ def test_a_data_dependent_module_is_not_told_about_token_ids(tmp_path, monkeypat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "needs the tensor's values" in err and "token ids" not in err
+
+
+def _bound(capsys, argv):
+    assert main(["predict", *argv]) == 0
+    return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  bound"))
+
+
+def test_the_text_says_which_side_sets_the_time_and_what_would_move_it(capsys):
+    small = ["gpt2", "--gpu", "h100-sxm", "--mode", "inference", "--batch", "1", "--seq", "32"]
+    r = _json(capsys, ["predict", *small, "--json"])
+    assert r["gpu_idle_ms"] > 0.1 * r["total_ms"]  # a tiny forward on a fast GPU waits on the CPU
+    line = _bound(capsys, small)
+    assert line.startswith("  bound     CPU: the GPU waits") and f"{r['gpu_idle_ms']:.2f} ms" in line
+    assert "--fusion compiled" in line and "--cuda-graphs" in line
+    assert "--cuda-graphs" not in _bound(capsys, [*small, "--fusion", "compiled", "--cuda-graphs"])
+    graphed = _json(capsys, ["predict", *small, "--cuda-graphs", "--json"])
+    top = max(graphed["by_class"], key=lambda c: c["ms"])
+    line = _bound(capsys, [*small, "--cuda-graphs"])  # no host cost: the kernels set the time
+    assert line.startswith("  bound     GPU") and f"{top['op_class']} kernels take" in line

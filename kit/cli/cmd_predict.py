@@ -137,6 +137,25 @@ def run(args):
     return out
 
 
+def bound_line(r) -> str:
+    """Which side sets a step's time: the CPU when the GPU waits for launches more than a tenth
+    of the step (the whole-model panel's rule), with what could close the gap; else the GPU, and
+    the op class that takes most of it."""
+    idle, total = max(r["gpu_idle_ms"], 0.0), r["total_ms"]
+    if total > 0 and idle > 0.1 * total:
+        tips = []
+        if r.get("fusion") != "compiled":
+            tips.append("--fusion compiled (fewer kernels)")
+        if "cuda graph" not in (r.get("overhead") or {}).get("source", ""):
+            tips.append("--cuda-graphs (no host cost per op)")
+        tip = f"; {' or '.join(tips)} could close the gap" if tips else ""
+        return (f"  bound     CPU: the GPU waits {idle:.2f} ms ({100 * idle / total:.0f}%) for "
+                f"launches{tip}")
+    top = max(r["by_class"], key=lambda c: c["ms"]) if r["by_class"] else None
+    what = f"; {top['op_class']} kernels take {100 * top['share']:.0f}% of it" if top else ""
+    return f"  bound     GPU: the CPU keeps ahead and the kernels set the time{what}"
+
+
 def text(r) -> str:
     if r.get("mode") == "generate":
         return generation_text(r)
@@ -161,6 +180,7 @@ def text(r) -> str:
                if r.get("mode") == "decode" else []),
              f"  kernels   {r['kernels']} launches, {r['kernel_ms']:.2f} ms of GPU work; CPU issue "
              f"{r['cpu_ms']:.2f} ms; GPU idle {max(r['gpu_idle_ms'], 0):.2f} ms",
+             bound_line(r),
              "  by class:"]
     for c in r["by_class"]:
         lines.append(f"    {c['op_class']:<12} {c['ms']:10.3f} ms  {100 * c['share']:5.1f}%  ({c['kernels']} kernels)")
