@@ -160,3 +160,14 @@ def test_multi_gpu_takes_the_families_and_refuses_a_head_size_of_its_own():
         parse_model("gemma-7b")
     with pytest.raises(KitError, match="does not model Qwen's MoE layers"):
         parse_model("qwen3-30b-a3b")
+
+
+def test_a_multimodal_config_points_to_its_text_model():
+    nested = {"model_type": "gemma3", "text_config": _tiny("gemma3_text", head_dim=16),
+              "vision_config": {"model_type": "siglip_vision_model"}}
+    with pytest.raises(KitError, match="multimodal: its language model is the text_config inside "
+                                       "it \\(model_type 'gemma3_text'\\)"):
+        zoo.build(nested)
+    assert zoo.build(nested["text_config"]) is not None
+    with pytest.raises(KitError, match="model_type 'falcon' is not supported"):
+        zoo.build({"model_type": "falcon", "text_config": {"model_type": "falcon"}})

@@ -198,6 +198,11 @@ def build(model: str | dict):
     if kind is None and "n_embd" in cfg:
         kind = "gpt2"
     if kind not in FAMILIES:
+        inner = cfg.get("text_config")
+        if isinstance(inner, dict) and inner.get("model_type") in FAMILIES:  # Gemma 3, Llava, ...
+            raise KitError(f"config model_type {kind!r} is multimodal: its language model is the "
+                           f"text_config inside it (model_type {inner['model_type']!r}); pass that "
+                           "dict to predict the text model (the vision tower is not built)")
         raise KitError(f"config model_type {kind!r} is not supported: choose one of {', '.join(FAMILIES)}")
     _check_sizes(kind, cfg)
     cls = next(getattr(m, FAMILIES[kind]) for m in (zoo_models, zoo_modern, zoo_t5, zoo_dlrm, zoo_vision)
