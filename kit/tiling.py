@@ -194,8 +194,8 @@ def _next_pow2(x: int) -> int:
 def row_launch(op_class: str, cols: int, elem_bytes: int = 4,
                vendor: str = "nvidia") -> tuple[int, int]:
     """(rows per block, threads per block) PyTorch launches for one softmax or norm over rows of
-    `cols` elements of `elem_bytes` each, on a GPU of `vendor` (its warp: 32 lanes on NVIDIA, a
-    64-lane wavefront on AMD CDNA).
+    `cols` elements of `elem_bytes` each, on a GPU of `vendor` (its warp: a 64-lane wavefront on
+    AMD CDNA, any case; 32 lanes on NVIDIA and any other vendor).
 
     - softmax, rows up to 1024 columns (and 4 KiB): the persistent warp softmax. 128-thread
       blocks; a row gets min(warp, next_pow2(cols)) lanes, and each warp takes two rows when
@@ -209,15 +209,14 @@ def row_launch(op_class: str, cols: int, elem_bytes: int = 4,
     NeuSight's rows record these launches, PyTorch 2.1 on CUDA and 2.4.1 on ROCm: every one of
     them matches (tests/test_tiling.py checks it against the data)."""
     cols = int(cols)
-    if vendor not in ("nvidia", "amd"):
-        raise KitError(f"row_launch: unknown vendor {vendor!r} (nvidia, amd)")
-    warp = 64 if vendor == "amd" else 32
+    amd = str(vendor).lower() == "amd"  # any other vendor (a user's GPU file) launches as CUDA does
+    warp = 64 if amd else 32
     if op_class == "softmax":
         if cols <= 1024 and cols * elem_bytes <= 4096:
             p2 = _next_pow2(cols)
             lanes = min(p2, warp)
             return (128 // lanes) * (2 if p2 <= 128 else 1), 128
-        if vendor == "amd":
+        if amd:
             return 1, min(1024, -(-cols // warp) * warp)
         ilp = max(1, 16 // elem_bytes)
         return 1, max(32, _next_pow2(min(cols // ilp, 1024) // 2))

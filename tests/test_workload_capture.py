@@ -144,6 +144,8 @@ class _Routed(nn.Module):
     def forward(self, x):
         if self.how == "item":
             return self.expert(x) * float(self.gate(x).max())
+        if self.how == "equal":
+            return self.expert(x) if torch.equal(x, x) else x
         pick = self.gate(x).argmax(-1) == 0
         if self.how == "mask":
             return self.expert(x[pick])
@@ -165,3 +167,54 @@ def test_data_dependent_ops_are_named_with_what_to_do(how, op):
 def test_layer_of():
     assert layer_of("transformer.h.3.attn") == 3
     assert layer_of("layers.12") == 12 and layer_of("lm_head") is None and layer_of("") is None
+
+
+class _Caught(nn.Module):
+    """A forward that catches one failure and then fails elsewhere."""
+
+    def __init__(self, then):
+        super().__init__()
+        self.inner, self.then = nn.Linear(4, 4), then
+
+    def forward(self, x):
+        y = self.inner(x)
+        try:
+            y[y > 0]  # needs values: fails on meta, and the forward goes on
+        except Exception:
+            pass
+        if self.then == "mm":
+            return y @ torch.zeros(5, 3)
+        return {}["missing"]
+
+
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g @ torch.zeros(5, 3)
+
+
+def test_the_failure_named_is_the_one_that_raised():
+    with pytest.raises(KitError) as e:
+        capture(nn.Sequential(_Caught("mm")), (torch.zeros(2, 4),), mode="inference", name="m")
+    assert str(e.value).startswith("capturing m failed in module '0' at aten.mm")
+    with pytest.raises(KitError) as e:  # no op failed last: the module running is named
+        capture(nn.Sequential(_Caught("key")), (torch.zeros(2, 4),), mode="inference", name="m")
+    assert not isinstance(e.value, DataDependentCapture)
+    assert str(e.value).startswith("capturing m failed in module '0': KeyError: 'missing'")
+    with pytest.raises(DataDependentCapture, match="aten.equal.default needs the tensor's values"):
+        capture(_Routed("equal"), (torch.zeros(6, 8),), mode="inference", name="routed")
+
+    class Back(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return _Twice.apply(self.inner(x))
+
+    with pytest.raises(KitError, match="capturing b failed in the backward pass at aten.mm"):
+        capture(Back(), (torch.zeros(2, 4),), mode="train", name="b")

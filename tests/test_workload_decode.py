@@ -105,6 +105,12 @@ def test_moe_decode_spreads_the_batch_over_the_experts():
     g = zoo.graph_for(moe, batch=6, seq=12, mode="decode", disk=False)
     expert = [n.op for n in _gemms(g) if ".experts." in n.module]
     assert expert and {op.m for op in expert} == {3}  # ceil(6 tokens x top-2 / 4 experts)
+    # one sequence routes 2 token-expert pairs: 2 of 4 experts run, one token each (HF's loop
+    # skips the experts no token chose)
+    one = zoo.graph_for(moe, batch=1, seq=12, mode="decode", disk=False)
+    ran = {n.module.split(".experts.")[1].split(".")[0] for n in _gemms(one)
+           if ".experts." in n.module and n.module.startswith("layers.0.")}
+    assert len(ran) == 2 and {n.op.m for n in _gemms(one) if ".experts." in n.module} == {1}
 
 
 def test_bad_decode_requests_are_one_clear_error():

@@ -115,7 +115,7 @@ def test_generate_shows_first_token_then_decode_and_leaves_positions_for_the_new
     assert "generate" not in p.mode.options and p.result.mode == "inference"
     with pytest.raises(KitError, match="new_tokens 5 is not one of its choices"):
         WholeModelPanel(model="gpt2", mode="generate", new_tokens=5)
-    with pytest.raises(KitError, match="decoder-only"):
+    with pytest.raises(KitError, match="mode generate needs a decoder-only model"):
         WholeModelPanel(model="bert-base", mode="generate")
     with pytest.raises(KitError, match="positions"):
         WholeModelPanel(model="gpt2", mode="generate", seq=1024, new_tokens=16)

@@ -171,3 +171,20 @@ def test_a_multimodal_config_points_to_its_text_model():
     assert zoo.build(nested["text_config"]) is not None
     with pytest.raises(KitError, match="model_type 'falcon' is not supported"):
         zoo.build({"model_type": "falcon", "text_config": {"model_type": "falcon"}})
+
+
+def test_qwen_moe_makes_the_layers_hf_makes_dense_dense():
+    cfg = _tiny("qwen3_moe", head_dim=16, num_hidden_layers=5, num_experts=4, num_experts_per_tok=2,
+                moe_intermediate_size=24)
+
+    def sparse(c):
+        g = zoo.graph_for(c, batch=2, seq=8, mode="inference", disk=False)
+        return sorted({n.layer for n in g if ".experts." in n.module})
+
+    assert sparse(cfg) == [0, 1, 2, 3, 4]
+    assert sparse({**cfg, "decoder_sparse_step": 2}) == [1, 3]  # HF: (i + 1) % step == 0
+    assert sparse({**cfg, "mlp_only_layers": [4]}) == [0, 1, 2, 3]  # not replicated from layer 1
+    with pytest.raises(KitError, match="num_experts_per_tok 8 is more than the 4 experts"):
+        zoo.build({**cfg, "num_experts_per_tok": 8})
+    with pytest.raises(KitError, match="missing key 'num_experts'"):
+        zoo.build({k: v for k, v in cfg.items() if k != "num_experts"})

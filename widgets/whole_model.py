@@ -19,10 +19,12 @@ import ipywidgets as W
 import pandas as pd
 
 from kit.api import predict_generation, predict_model
+from kit.errors import KitError
 from kit.hardware import get_gpu, gpu_keys
 from kit.workload.models import memory_bytes
 from kit.workload.modes import KV_CACHES
-from kit.workload.zoo import check_mode, check_seq, decodes, max_seq, resolve, uses_seq, zoo_names
+from kit.workload.zoo import (DECODERS, check_mode, check_seq, decodes, max_seq, resolve, uses_seq,
+                              zoo_names)
 from widgets.base import Panel, check_init
 
 SEQS = (32, 64, 128, 256, 512, 1024, 2048)
@@ -61,7 +63,10 @@ class WholeModelPanel(Panel):
         get_gpu(gpu).peak_flops_per_s(dtype)  # one KitError naming what the GPU supports
         self._init = dict(model=resolve(model), gpu=get_gpu(gpu).key, mode=mode, batch=batch, seq=seq,
                           fusion=fusion, kv_cache=kv_cache, new_tokens=new_tokens, dtype=dtype)
-        check_mode(self._init["model"], "decode" if mode == "generate" else mode)
+        if mode == "generate" and not decodes(self._init["model"]):
+            raise KitError(f"WholeModelPanel: mode generate needs a decoder-only model "
+                           f"({', '.join(DECODERS)}); {self._init['model']} is not one")
+        check_mode(self._init["model"], mode if mode != "generate" else "decode")
         check_seq(self._init["model"], seq, self._after(mode, new_tokens))
         self.result = None
         super().__init__()

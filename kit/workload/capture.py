@@ -47,22 +47,45 @@ _LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 # .item(), bool(t) and int(t) are _local_scalar_dense)
 DATA_DEPENDENT = ("nonzero", "argwhere", "masked_select", "_unique", "unique_dim",
                   "unique_consecutive", "bincount", "_local_scalar_dense", "repeat_interleave",
-                  "histc")
+                  "histc", "equal", "is_nonzero")
+_NEEDS_VALUES = ("nonzero()", "data-dependent", "to numpy")  # in torch's message
+
+
+def _caused(exc: BaseException, e: BaseException) -> bool:
+    """Whether exc is e or in the chain that raised e (a failure the forward caught and went
+    on from is not)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if e is exc:
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _where(phase: str, path: str) -> str:
+    if phase == "bwd":
+        return f" in the backward pass of module {path!r}" if path else " in the backward pass"
+    if phase == "opt":
+        return " in the optimizer step"
+    return f" in module {path!r}" if path else " in its top-level forward"
 
 
 class DataDependentCapture(KitError):
     """A model's forward ran an op whose output depends on the tensor's values."""
 
 
-def _capture_failure(name: str, e: Exception, failed) -> KitError:
+def _capture_failure(name: str, e: Exception, rec) -> KitError:
     """The one-line KitError for a forward that raised: the aten op and module it failed in
-    (failed = _Recorder.failed), and for a data-dependent op what to do about it."""
+    (rec.failed, when that failure is what raised e; else the module running), and for an op
+    that needs the tensor's values what to do about it."""
     msg = one_line(e, with_type=not isinstance(
         e, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)))
-    op, where = failed if failed else (None, None)
-    at = "" if where is None else f" in module {where!r}" if where else " in its top-level forward"
+    op, at = None, _where(rec.phase, rec.stack[-1] if rec.phase == "fwd" else "")
+    if rec.failed is not None and _caused(rec.failed[3], e):
+        op, at = rec.failed[0], _where(rec.failed[1], rec.failed[2])
     packet = op.split(".")[1] if op and op.startswith("aten.") else ""
-    dependent = (packet.startswith(DATA_DEPENDENT) or "nonzero()" in msg or "data-dependent" in msg
+    dependent = (packet.startswith(DATA_DEPENDENT) or any(k in msg for k in _NEEDS_VALUES)
                  or "meta tensor" in msg and ("item()" in msg or "copy out" in msg))
     if dependent:
         return DataDependentCapture(
@@ -108,7 +131,7 @@ class _Recorder(TorchDispatchMode):
         self.stack = [""]
         self.seq_path: dict[int, str] = {}
         self.param_path: dict[int, str] = {}
-        self.failed: tuple[str, str] | None = None  # (aten op, module path) of a failed op
+        self.failed: tuple | None = None  # (aten op, phase, module path, exception): the last failure
 
     def _path(self) -> str:
         if self.phase == "fwd":
@@ -128,9 +151,10 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         try:
             out = func(*args, **kwargs)
-        except Exception:
-            if self.failed is None:  # the innermost op that failed, and where
-                self.failed = (str(func), self.stack[-1] if self.phase == "fwd" else self.phase)
+        except Exception as exc:
+            if self.failed is None or self.failed[3] is not exc:  # the innermost op that failed
+                path = self.stack[-1] if self.phase == "fwd" else self._path()
+                self.failed = (str(func), self.phase, path, exc)
             raise
         if self.recording:
             self._record(func, args, kwargs, out)
@@ -437,7 +461,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     except KitError:
         raise
     except Exception as e:  # the user's forward: KeyError, AssertionError, AttributeError, ...
-        raise _capture_failure(name or type(model).__name__, e, rec.failed) from None
+        raise _capture_failure(name or type(model).__name__, e, rec) from None
     finally:
         for h in handles:
             h.remove()

@@ -315,6 +315,14 @@ LAYER_KEYS = ("n_layer", "num_hidden_layers")  # families whose layers are all a
 REPLICABLE = {"gpt2", "bert", "opt", *LLAMA_FAMILIES}
 
 
+def _alike_layers(cfg: dict) -> bool:
+    """Whether every layer is built alike, so one can be repeated: a Qwen-MoE config with
+    mlp_only_layers, or a decoder_sparse_step over 1, mixes dense layers in."""
+    if cfg.get("model_type") not in ("qwen2_moe", "qwen3_moe"):
+        return True
+    return not cfg.get("mlp_only_layers") and cfg.get("decoder_sparse_step", 1) == 1
+
+
 def _capture(model, batch, seq, mode, dtype, optimizer):
     """Capture; for models of identical layers, capture three and repeat the middle one
     (kit.workload.replicate: the same graph, a fraction of the time)."""
@@ -340,7 +348,7 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     else:
         inputs = full.example_inputs(batch, seq)
     if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and isinstance(n_layers, int)
-            and n_layers > 3 and (optimizer is None or mode == "train")):
+            and n_layers > 3 and (optimizer is None or mode == "train") and _alike_layers(cfg)):
         small = capture(build({**cfg, layer_key: 3}), inputs, mode=mode, dtype=dtype, name=name, meta=meta)
         graph = expand_layers(small, n_layers)
         if graph is not None:

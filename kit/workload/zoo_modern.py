@@ -177,7 +177,15 @@ class SwiGLU(nn.Module):
 
 def _experts(c) -> int:
     """Routed experts a layer has: Mixtral's num_local_experts, Qwen-MoE's num_experts."""
-    return c.get("num_local_experts") or (c.get("num_experts") if _family(c) in QWEN_MOE else 0) or 0
+    return c.get("num_local_experts") or (c["num_experts"] if _family(c) in QWEN_MOE else 0) or 0
+
+
+def sparse_layer(c, i: int) -> bool:
+    """Whether layer i's MLP is the MoE: every layer's in Mixtral; in Qwen-MoE (HF's rule) those
+    not in mlp_only_layers whose i + 1 is a multiple of decoder_sparse_step."""
+    if _family(c) not in QWEN_MOE:
+        return True
+    return i not in (c.get("mlp_only_layers") or []) and (i + 1) % c.get("decoder_sparse_step", 1) == 0
 
 
 def _mlp_of(c, d: int, ff: int) -> SwiGLU:
@@ -194,6 +202,8 @@ class ExpertChoiceMoE(nn.Module):
                  shared: nn.Module | None = None):
         super().__init__()
         self.gate = nn.Linear(d, len(experts), bias=False)
+        if top_k > len(experts):
+            raise ValueError(f"num_experts_per_tok {top_k} is more than the {len(experts)} experts")
         self.experts, self.top_k, self.capacity = experts, top_k, capacity
         self.shared_expert = shared
         self.shared_expert_gate = nn.Linear(d, 1, bias=False) if shared is not None else None
@@ -209,8 +219,11 @@ class ExpertChoiceMoE(nn.Module):
         if s * self.top_k < e:  # fewer routed slots per sequence than experts (a decode step,
             cap = min(cap, math.ceil(b * s * self.top_k / e))  # s = 1): spread over the batch
         cap = min(cap, x.shape[0])
+        # a step routes b*s*top_k token-expert pairs: when that is fewer than the experts (a
+        # decode step), at most that many experts get a token, and HF's loop runs only those
+        active = min(e, b * s * self.top_k)
         out = torch.zeros_like(x)
-        for i, expert in enumerate(self.experts):
+        for i, expert in enumerate(list(self.experts)[:active]):
             weight, idx = torch.topk(probs[:, i], cap)
             y = expert(x.index_select(0, idx)) * weight.to(x.dtype).unsqueeze(-1)
             out.index_add_(0, idx, y)
@@ -259,7 +272,8 @@ class LlamaForCausalLM(nn.Module):
         self.theta = c.get("rope_theta", 10000.0)
         self.embed_tokens = nn.Embedding(c["vocab_size"], d)
         moe = bool(_experts(c))
-        self.layers = nn.ModuleList(LlamaLayer(c, moe) for _ in range(c["num_hidden_layers"]))
+        self.layers = nn.ModuleList(LlamaLayer(c, moe and sparse_layer(c, i))
+                                    for i in range(c["num_hidden_layers"]))
         self.norm = _norm(c, d)
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
         if c.get("tie_word_embeddings", _gemma(c)):
