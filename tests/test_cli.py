@@ -47,6 +47,22 @@ def test_gpus_json_lists_the_catalog():
         assert all(field in g for g in gpus)
 
 
+def test_models_lists_the_zoo_with_what_each_can_do(capsys):
+    from kit.workload import zoo
+
+    assert main(["models", "--json"]) == 0
+    rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
+    assert list(rows) == zoo.zoo_names()
+    assert rows["gpt2"]["params"] == 124_439_808  # HF's count
+    assert "decode" in rows["qwen3-8b"]["modes"] and "generate" in rows["llama3-8b"]["modes"]
+    assert rows["bert-base"]["modes"] == ["train", "inference"]  # an encoder: no KV-cache step
+    assert rows["resnet50"]["default_seq"] is None and rows["resnet50"]["reads"].startswith("images")
+    assert rows["gpt2"]["max_seq"] == 1024 and rows["llama3-8b"]["max_seq"] is None
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(rows) + 2 and lines[1].split()[:3] == ["gpt2", "gpt2", "124.4M"]
+
+
 def test_op_gemm_h100_bf16_matches_the_roofline_by_hand(capsys):
     assert main(["op", "gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--gpu", "h100-sxm",
                  "--dtype", "bf16", "--json"]) == 0

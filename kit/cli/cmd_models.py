@@ -1,0 +1,40 @@
+"""`kit models`: the zoo, with each model's family, parameters, default sequence and modes."""
+from kit.cli import add_command
+
+
+def run(args):
+    from kit.workload import zoo
+
+    rows = []
+    for name in zoo.zoo_names():
+        cfg = zoo.config(name)
+        model = zoo.build(name)  # on the meta device: no memory, a fraction of a second
+        params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        modes = ["train", "inference", *(["decode", "generate"] if zoo.decodes(name) else [])]
+        rows.append({"model": name, "family": cfg.get("model_type", "gpt2"), "params": params,
+                     "default_seq": zoo.default_seq(name) if zoo.uses_seq(name) else None,
+                     "reads": zoo.inputs_instead_of_seq(name) or "token ids",
+                     "max_seq": zoo.max_seq(name), "modes": modes,
+                     "aliases": list(zoo.ZOO[name][2])})
+    return rows
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def text(rows):
+    head = ["model", "family", "params", "seq", "modes", "aliases"]
+    table = [[r["model"], r["family"], _params(r["params"]),
+              "-" if r["default_seq"] is None else str(r["default_seq"]), ",".join(r["modes"]),
+              ", ".join(r["aliases"])] for r in rows]
+    widths = [max(len(t[i]) for t in [head, *table]) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) if i == 2 else c.ljust(w) for i, (c, w) in enumerate(zip(t, widths))).rstrip()
+             for t in [head, *table]]
+    return "\n".join(lines + [f"{len(rows)} zoo models (seq: the default of `kit predict`); an HF-style "
+                              "config.json or a Python path 'module:callable' works too"])
+
+
+def register(sub):
+    add_command(sub, "models", "list the zoo: each model's family, parameters, default sequence "
+                "and modes", run, text)
