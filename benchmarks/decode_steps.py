@@ -56,16 +56,15 @@ def real_model(model, dtype: str, device: str) -> torch.nn.Module:
 
 
 def real_inputs(m, batch: int, context: int, dtype: str, device: str, kind: str = "static"):
-    """decode_inputs on the device: token ids, and a zeroed cache in the model's dtype."""
-    from kit.workload.kv_cache import LayerCache
-
+    """decode_inputs on the device: token ids, and a zeroed cache in the model's dtype (its
+    kind, context and sliding window kept)."""
     ids, cache = m.decode_inputs(batch, context, kind)
     ids = torch.zeros(ids.shape, dtype=torch.long, device=device)
 
     def real(t):
         return torch.zeros(t.shape, dtype=TORCH_DTYPES[dtype], device=device)
 
-    return ids, tuple(LayerCache(real(c.keys), real(c.values), c.kind) for c in cache)
+    return ids, tuple(c._replace(keys=real(c.keys), values=real(c.values)) for c in cache)
 
 
 def _time_ms(step, device: str, repeats: int) -> float:

@@ -11,6 +11,7 @@ from kit.errors import KitError
 from kit.hardware import get_gpu
 from kit.ops import Attention
 from kit.workload import zoo
+from kit.workload.capture import capture
 from kit.workload.iteration import iteration
 from kit.workload.models import graph_of, memory_bytes
 
@@ -237,3 +238,38 @@ def test_a_dynamic_cache_copies_itself_every_step():
     assert main(["predict", "gpt2", "--gpu", "t4", "--kv-cache", "dynamic"]) == 2
     for flag in (["--kv-cache", "dynamic"], ["--new-tokens", "8"]):  # --system would drop them
         assert main(["predict", "gpt2", "--system", "dgx-a100", *flag]) == 2
+
+
+def test_sliding_window_layers_keep_only_the_window():
+    from kit.workload.kv_cache import cache_bytes, check_decode_step, make_cache
+
+    cache = make_cache("static", 2, 3, 4, 16, 8, windows=[4, 0, 32])
+    assert [c.keys.shape[2] for c in cache] == [4, 17, 17]  # full window; all tokens; not yet full
+    assert [c.sliding for c in cache] == [True, False, False] and check_decode_step(cache, 1) == 16
+    grown = make_cache("dynamic", 2, 1, 4, 16, 8, windows=[4])[0]
+    assert grown.keys.shape[2] == 3  # window - 1, and the step's token makes it 4
+    assert cache_bytes(make_cache("dynamic", 2, 1, 4, 16, 8, windows=[4])) == 2 * 2 * 4 * 3 * 8 * 4
+
+    # Gemma 3's pattern: every third layer global here, the others slide over 4 tokens
+    gemma3 = {"model_type": "gemma3_text", "hidden_size": 32, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 6,
+              "intermediate_size": 48, "vocab_size": 50, "sliding_window": 4,
+              "sliding_window_pattern": 3}
+    step = zoo.graph_for(gemma3, batch=2, seq=16, mode="decode", disk=False)
+    kv = {n.layer: n.op.seq_kv for n in step if n.op_class == "attention"}
+    assert kv == {0: 4, 1: 4, 2: 17, 3: 4, 4: 4, 5: 17}
+    assert "replicated_from" not in step.meta  # the layers differ: all six captured
+    model = zoo.build(gemma3)
+    full = capture(model, model.decode_inputs(2, 16), mode="inference")
+    assert [(n.aten, n.module, n.op) for n in step] == [(n.aten, n.module, n.op) for n in full]
+    unslid = zoo.graph_for({**gemma3, "sliding_window": None}, batch=2, seq=16, mode="decode", disk=False)
+    assert step.meta["kv_cache_bytes"] < unslid.meta["kv_cache_bytes"]
+    # shorter than the window, a sliding layer is like any other
+    early = zoo.graph_for(gemma3, batch=2, seq=2, mode="decode", disk=False)
+    plain = zoo.graph_for({**gemma3, "sliding_window": None}, batch=2, seq=2, mode="decode", disk=False)
+    assert [(n.aten, n.op) for n in early] == [(n.aten, n.op) for n in plain]
+    # Mistral slides on every layer: they stay alike, and one stands for the rest
+    mistral = {**LLAMA, "model_type": "mistral", "num_hidden_layers": 5, "sliding_window": 8}
+    fast = zoo.graph_for(mistral, batch=2, seq=16, mode="decode", disk=False)
+    assert fast.meta.get("replicated_from") == 3
+    assert {n.op.seq_kv for n in fast if n.op_class == "attention"} == {8}

@@ -17,6 +17,12 @@ A dynamic cache (`kind="dynamic"`, HF's DynamicCache, the default of HF's eager 
 holds only the tokens so far and grows by concatenation: every step and layer, torch.cat reads
 the whole cache and writes it again one token longer, for keys and for values. At long contexts
 and large batches those copies cost as much as the weights.
+
+A sliding-window layer (Mistral's sliding_window, Gemma 2's every other layer, Gemma 3's five in
+six) keeps only the last `window` tokens, as HF's sliding cache layers do: while the context is
+shorter the layer is like any other; once it is full, each step shifts the window by one
+(static: the cache without its oldest token, concatenated with the new one, copied back in
+place; dynamic: concatenated, then the oldest dropped), and attention reads `window` tokens.
 """
 from __future__ import annotations
 
@@ -33,22 +39,41 @@ KINDS = KV_CACHES  # kit.workload.modes keeps the names, so that checking one ne
 
 class LayerCache(NamedTuple):
     """One layer's keys and values, (batch, kv_heads, length, head_dim), and how they grow. A
-    NamedTuple, so capture's tree_map reaches (and casts) the tensors and keeps the kind."""
+    NamedTuple, so capture's tree_map reaches (and casts) the tensors and keeps the rest.
+    context: the tokens before this step; window: a sliding layer's full length (0: none)."""
 
     keys: torch.Tensor
     values: torch.Tensor
     kind: str = "static"
+    context: int = 0
+    window: int = 0
+
+    @property
+    def sliding(self) -> bool:
+        """Whether the window is full, so that this step shifts it."""
+        return 0 < self.window <= self.context
 
 
-def make_cache(kind: str, batch: int, layers: int, kv_heads: int, context: int, head_dim: int) -> tuple:
+def make_cache(kind: str, batch: int, layers: int, kv_heads: int, context: int, head_dim: int,
+               windows=None) -> tuple:
     """Per layer a LayerCache of meta tensors holding `context` tokens: static caches have room
-    for the step's new token too, dynamic ones grow to it. Floating, so that capture casts them
-    to the model's dtype with the other inputs."""
+    for the step's new token too, dynamic ones grow to it. windows: per layer a sliding window
+    (0 or None: none); a layer whose window is full holds window tokens (static) or window - 1
+    (dynamic, one more after the step). Floating, so that capture casts them to the model's
+    dtype with the other inputs."""
     if kind not in KINDS:
         raise KitError(f"unknown KV cache {kind!r}: choose {', '.join(KINDS)}")
-    shape = (batch, kv_heads, context + (kind == "static"), head_dim)
-    return tuple(LayerCache(torch.zeros(shape, device="meta"), torch.zeros(shape, device="meta"), kind)
-                 for _ in range(layers))
+    out = []
+    for w in (windows or [0] * layers):
+        w = int(w or 0)
+        if 0 < w <= context:
+            length = w if kind == "static" else w - 1
+        else:
+            length = context + (kind == "static")
+        shape = (batch, kv_heads, length, head_dim)
+        out.append(LayerCache(torch.zeros(shape, device="meta"), torch.zeros(shape, device="meta"),
+                              kind, context, w))
+    return tuple(out)
 
 
 def cache_bytes(cache, dtype: torch.dtype | None = None) -> int:
@@ -58,7 +83,7 @@ def cache_bytes(cache, dtype: torch.dtype | None = None) -> int:
     total = 0
     for layer in cache:
         for t in (layer.keys, layer.values):
-            grown = (t.shape[2] + 1) / t.shape[2] if layer.kind == "dynamic" else 1
+            grown = (t.shape[2] + 1) / t.shape[2] if layer.kind == "dynamic" and not layer.sliding else 1
             total += t.numel() * grown * (size or t.element_size())
     return int(total)
 
@@ -71,16 +96,20 @@ def check_decode_step(kv_cache, new_tokens: int) -> int:
         return 0
     if new_tokens != 1:
         raise KitError(f"a KV-cache step reads one new token per sequence, got {new_tokens}")
-    first = kv_cache[0]
-    length = int(first.keys.size(-2))
-    return length if first.kind == "dynamic" else length - new_tokens
+    return kv_cache[0].context
 
 
 def cache_update(cache: LayerCache, k, v, cache_pos):
     """This step's keys and values in the cache, and the whole cache to attend over: written
     at `cache_pos` (dim 2) in place, or concatenated onto a dynamic cache."""
-    if cache.kind == "dynamic":
+    if cache.kind == "dynamic":  # a full window drops its oldest token after: a view, no kernel
         return torch.cat((cache.keys, k), dim=2), torch.cat((cache.values, v), dim=2)
+    if cache.sliding:  # shift the full window by one, in place
+        keys = torch.cat((cache.keys[:, :, 1:], k), dim=2)
+        values = torch.cat((cache.values[:, :, 1:], v), dim=2)
+        cache.keys.copy_(keys)
+        cache.values.copy_(values)
+        return cache.keys, cache.values
     cache.keys.index_copy_(2, cache_pos, k)
     cache.values.index_copy_(2, cache_pos, v)
     return cache.keys, cache.values

@@ -347,8 +347,12 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
         mode = "inference"  # captured as a forward pass without gradients
     else:
         inputs = full.example_inputs(batch, seq)
+    # a decode step whose layers keep caches of different lengths (sliding windows on some
+    # layers only, past the window) has layers that differ: no layer can stand for the others
+    caches = {tuple(c.keys.shape) for c in inputs[1]} if meta.get("mode") == "decode" else set()
     if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and isinstance(n_layers, int)
-            and n_layers > 3 and (optimizer is None or mode == "train") and _alike_layers(cfg)):
+            and n_layers > 3 and (optimizer is None or mode == "train") and _alike_layers(cfg)
+            and len(caches) <= 1):
         small = capture(build({**cfg, layer_key: 3}), inputs, mode=mode, dtype=dtype, name=name, meta=meta)
         graph = expand_layers(small, n_layers)
         if graph is not None:

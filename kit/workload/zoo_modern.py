@@ -175,6 +175,29 @@ class SwiGLU(nn.Module):
         return self.down_proj(a * up)
 
 
+def sliding_windows(c) -> list[int]:
+    """Per layer the sliding window its decode cache keeps (0: every token), as HF's configs
+    type the layers: an explicit layer_types list; else Gemma 2 slides on even layers, Gemma 3
+    on all but every sliding_window_pattern-th (6), Qwen only with use_sliding_window and from
+    max_window_layers on, any other family with a sliding_window on every layer."""
+    n, w = c["num_hidden_layers"], c.get("sliding_window") or 0
+    types = c.get("layer_types")
+    if types:
+        return [w if t == "sliding_attention" else 0 for t in types]
+    family = _family(c)
+    if not w or family == "gemma":
+        return [0] * n
+    if family == "gemma2":
+        return [w if i % 2 == 0 else 0 for i in range(n)]
+    if family == "gemma3_text":
+        pattern = c.get("sliding_window_pattern", 6)
+        return [w if (i + 1) % pattern else 0 for i in range(n)]
+    if family.startswith("qwen"):
+        first = c.get("max_window_layers", n)
+        return [w if c.get("use_sliding_window") and i >= first else 0 for i in range(n)]
+    return [w] * n
+
+
 def _experts(c) -> int:
     """Routed experts a layer has: Mixtral's num_local_experts, Qwen-MoE's num_experts."""
     return c.get("num_local_experts") or (c["num_experts"] if _family(c) in QWEN_MOE else 0) or 0
@@ -316,4 +339,4 @@ class LlamaForCausalLM(nn.Module):
         c = self.config
         kv_heads = c.get("num_key_value_heads", c["num_attention_heads"])
         return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"], kv_heads, context,
-                                           self.head_dim))
+                                           self.head_dim, sliding_windows(c)))
