@@ -188,3 +188,56 @@ def test_qwen_moe_makes_the_layers_hf_makes_dense_dense():
         zoo.build({**cfg, "num_experts_per_tok": 8})
     with pytest.raises(KitError, match="missing key 'num_experts'"):
         zoo.build({k: v for k, v in cfg.items() if k != "num_experts"})
+
+
+DEEPSEEK = {"model_type": "deepseek_v3", "hidden_size": 32, "intermediate_size": 64,
+            "moe_intermediate_size": 16, "num_hidden_layers": 5, "num_attention_heads": 4,
+            "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 4,
+            "topk_group": 2, "first_k_dense_replace": 1, "q_lora_rank": 24, "kv_lora_rank": 16,
+            "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "vocab_size": 50}
+
+
+def test_deepseek_v3_has_latent_attention_dense_first_layers_and_shared_experts():
+    from kit.workload.capture import capture
+
+    model = zoo.build("deepseek-v3")
+    n = _unique_params(model)
+    assert abs(n / 1e9 - 671) < 1  # DeepSeek-V3's card: 671B (the HF model, no MTP layer)
+    g = zoo.graph_for(DEEPSEEK, batch=2, seq=8, mode="inference", disk=False)
+    gemms = {n.module.rsplit(".", 1)[-1]: n.op for n in g if n.op_class == "gemm"
+             and n.module.startswith("layers.2.self_attn")}
+    assert set(gemms) == {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}
+    assert gemms["kv_a_proj_with_mqa"].n == 16 + 4 and gemms["kv_b_proj"].n == 4 * (8 + 8)
+    assert gemms["q_b_proj"].n == 4 * (8 + 4)
+    routed = {n.layer for n in g if ".experts." in n.module}
+    assert routed == {1, 2, 3, 4}  # the first layer is dense
+    assert any(n.module.endswith("mlp.shared_expert") or ".shared_expert." in n.module for n in g)
+    assert any(n.aten.startswith("aten.sigmoid") and n.module.endswith(".mlp") for n in g)
+    for mode in ("train", "inference", "decode"):  # layers 1-3 captured, 1 + 3 alike expanded
+        fast = zoo.graph_for(DEEPSEEK, batch=2, seq=8, mode=mode, disk=False)
+        assert fast.meta.get("replicated_from") == 4
+        m = zoo.build(DEEPSEEK)
+        inputs = m.decode_inputs(2, 8) if mode == "decode" else m.example_inputs(2, 8)
+        full = capture(m, inputs, mode="inference" if mode == "decode" else mode)
+        key = lambda graph: [(n.aten, n.phase, n.module, n.layer, n.deps, n.op) for n in graph]  # noqa: E731
+        assert key(fast) == key(full), mode
+        assert fast.meta["activation_bytes"] == full.meta["activation_bytes"]
+    step = zoo.graph_for(DEEPSEEK, batch=2, seq=8, mode="decode", disk=False)
+    heads, context = 4, 8 + 1
+    assert step.meta["kv_cache_bytes"] == 5 * 2 * heads * context * ((8 + 4) + 8) * 4  # k 12, v 8 wide
+
+
+def test_deepseek_is_refused_by_the_multi_gpu_layer():
+    from kit.parallel.gpt import parse_model
+
+    with pytest.raises(KitError, match="does not model DeepSeek's latent attention"):
+        parse_model("deepseek-v3")
+
+
+def test_half_precision_mla_takes_the_memory_efficient_kernel():
+    g = zoo.graph_for(DEEPSEEK, batch=2, seq=8, mode="inference", dtype="bf16", disk=False)
+    kernels = {n.aten for n in g if n.op_class == "attention"}
+    assert kernels == {"aten._scaled_dot_product_efficient_attention.default"}
+    llama = zoo.graph_for(_tiny("llama"), batch=2, seq=8, mode="inference", dtype="bf16", disk=False)
+    assert {n.aten for n in llama if n.op_class == "attention"} == {
+        "aten._scaled_dot_product_flash_attention.default"}

@@ -198,6 +198,9 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         raise KitError(f"model {name!r} is not GPT-style; multi-GPU prediction supports GPT-style "
                        "models (zoo gpt*/opt*/llama*) and inline gpt:... shapes")
     experts = c.get("num_local_experts") or 0  # Mixtral-style: every layer's MLP is MoE
+    if c.get("model_type") == "deepseek_v3":
+        raise KitError(f"model {name!r}: the multi-GPU layer does not model DeepSeek's latent "
+                       "attention and MoE layers; predict it on one GPU (--gpu)")
     if c.get("model_type") in ("qwen2_moe", "qwen3_moe"):  # num_experts, moe_intermediate_size
         raise KitError(f"model {name!r}: the multi-GPU layer does not model Qwen's MoE layers; "
                        "predict it on one GPU (--gpu)")

@@ -251,7 +251,10 @@ def _fused_dropout(input, p=0.5, training=True, inplace=False):
 
 def _fused_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                 enable_gqa=False):
-    flash = q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None
+    # flash attention needs one head size for q, k and v: values of their own width (DeepSeek's
+    # MLA) go to the memory-efficient kernel, as torch's dispatcher sends them
+    flash = (q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None
+             and v.shape[-1] == q.shape[-1])
     if k.shape[-3] != q.shape[-3]:  # grouped-query attention
         if q.shape[-3] % k.shape[-3]:
             raise KitError(f"attention: {q.shape[-3]} query heads are not a multiple of "
@@ -427,9 +430,12 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         if len(rec.stack) > 1:
             rec.stack.pop()
 
+    alive = []  # the saved storages, held so that none is freed and its address reused
+
     def pack(t):
         nbytes_saved = t.untyped_storage().nbytes() if t.device.type == "meta" else 0
         saved[_storage_key(t)] = (nbytes_saved, layer_of(rec.stack[-1]))
+        alive.append(t.untyped_storage())
         return t
 
     handles = []

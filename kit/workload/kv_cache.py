@@ -55,12 +55,13 @@ class LayerCache(NamedTuple):
 
 
 def make_cache(kind: str, batch: int, layers: int, kv_heads: int, context: int, head_dim: int,
-               windows=None) -> tuple:
+               windows=None, value_dim: int | None = None) -> tuple:
     """Per layer a LayerCache of meta tensors holding `context` tokens: static caches have room
     for the step's new token too, dynamic ones grow to it. windows: per layer a sliding window
     (0 or None: none); a layer whose window is full holds window tokens (static) or window - 1
-    (dynamic, one more after the step). Floating, so that capture casts them to the model's
-    dtype with the other inputs."""
+    (dynamic, one more after the step). value_dim: the values' head size where it is not the
+    keys' (DeepSeek's MLA). Floating, so that capture casts them to the model's dtype with the
+    other inputs."""
     if kind not in KINDS:
         raise KitError(f"unknown KV cache {kind!r}: choose {', '.join(KINDS)}")
     out = []
@@ -71,7 +72,8 @@ def make_cache(kind: str, batch: int, layers: int, kv_heads: int, context: int, 
         else:
             length = context + (kind == "static")
         shape = (batch, kv_heads, length, head_dim)
-        out.append(LayerCache(torch.zeros(shape, device="meta"), torch.zeros(shape, device="meta"),
+        vshape = (batch, kv_heads, length, value_dim or head_dim)
+        out.append(LayerCache(torch.zeros(shape, device="meta"), torch.zeros(vshape, device="meta"),
                               kind, context, w))
     return tuple(out)
 

@@ -27,10 +27,14 @@ def _rename(path: str, layer: int) -> str:
     return path[:m.start(1)] + str(layer) + path[m.end(1):]
 
 
-def expand_layers(small: OpGraph, n_layers: int) -> OpGraph | None:
-    if n_layers < 3 or small.layers() != [0, 1, 2]:
+def expand_layers(small: OpGraph, n_layers: int, first: int = 0) -> OpGraph | None:
+    """The graph of n_layers from `small`, captured with first + 3 layers: layers 0..first-1 are
+    kept as they are (a stack that opens with layers of their own, as DeepSeek's dense ones),
+    layers first..first+2 are alike and first+1 is the template (the module doc)."""
+    alike = (first, first + 1, first + 2)
+    if first < 0 or n_layers < first + 3 or small.layers() != list(range(first + 3)):
         return None
-    if n_layers == 3:
+    if n_layers == first + 3:
         return small
     runs: dict[tuple[str, int], list[int]] = {}
     for n in small.nodes:
@@ -40,27 +44,27 @@ def expand_layers(small: OpGraph, n_layers: int) -> OpGraph | None:
         if ids[-1] - ids[0] + 1 != len(ids):
             return None  # interleaved with other nodes: not a clean run
     for phase in {p for p, _ in runs}:
-        lengths = {len(runs.get((phase, layer), ())) for layer in (0, 1, 2)}
+        lengths = {len(runs.get((phase, layer), ())) for layer in alike}
         if len(lengths) != 1:
             return None
     pos = {i: k for ids in runs.values() for k, i in enumerate(ids)}
-    last = n_layers - 1
-    new_layer_of = {0: 0, 1: 1, 2: last}
+    last, template = n_layers - 1, first + 1
+    new_layer_of = {**{i: i for i in range(first + 1)}, first + 2: last}
 
     # output order: per node of the small graph, and the template run of each phase expanded
     order: list[tuple[int, int]] = []  # (small id, new layer)
-    copies = list(range(2, last))
+    copies = list(range(first + 2, last))
     for n in small.nodes:
         if n.layer is None:
             order.append((n.id, -1))
             continue
         run = runs[(n.phase, n.layer)]
-        if n.layer == 1 and n.id == run[0]:
+        if n.layer == template and n.id == run[0]:
             # the backward pass meets layers high to low: copies before the template run
-            seq = copies[::-1] + [1] if n.phase != "fwd" else [1] + copies
+            seq = copies[::-1] + [template] if n.phase != "fwd" else [template] + copies
             for layer in seq:
                 order.extend((i, layer) for i in run)
-        elif n.layer != 1:
+        elif n.layer != template:
             order.append((n.id, new_layer_of[n.layer]))
     new_id = {key: k for k, key in enumerate(order)}
 
@@ -71,7 +75,7 @@ def expand_layers(small: OpGraph, n_layers: int) -> OpGraph | None:
             return new_id[(small_id, -1)]
         if layer < 0 or layer > last:
             return None
-        src = {0: 0, last: 2}.get(layer, 1)
+        src = layer if layer <= first else first + 2 if layer == last else template
         ids = runs.get((d.phase, src))
         if not ids:
             return None
@@ -84,7 +88,7 @@ def expand_layers(small: OpGraph, n_layers: int) -> OpGraph | None:
         for d in n.deps:
             dl = small.nodes[d].layer
             if dl is None or n.layer is None:
-                target = new_id.get((d, -1)) if dl is None else rep(d, dl if dl != 2 else last)
+                target = new_id.get((d, -1)) if dl is None else rep(d, new_layer_of.get(dl, dl))
             else:
                 target = rep(d, layer + (dl - n.layer))
             if target is not None:

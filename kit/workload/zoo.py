@@ -69,7 +69,8 @@ def _switch(d_model, d_ff, d_kv, heads, layers, experts=4):
 # on the HF Hub; T5-Base and Flan-T5-XL: the config.json of google-t5/t5-base and
 # google/flan-t5-xl (Raffel et al. 2020; Chung et al. 2022); Gemma-2-9B and Gemma-3-1B: the
 # config.json of google/gemma-2-9b and google/gemma-3-1b-pt; Qwen3-30B-A3B: Qwen/Qwen3-30B-A3B's
-# config.json; Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
+# config.json; DeepSeek-V3: deepseek-ai/DeepSeek-V3's config.json (the HF model, without the
+# multi-token-prediction layer); Switch-XL4: NeuSight's switchxl4.json; Switch-Base-4: the
 # switch-base architecture (Fedus et al. 2021; HF google/switch-base-8) with 4 experts, as NeuSight's
 # L4 label "switch4" shows it (per-node CSV: 12+12 blocks, d_model 768, d_ff 3072, 4 experts with
 # capacity 64, 12 heads, vocab 32128; no DLmodel_config ships for it); DLRM: MLPerf's
@@ -122,6 +123,15 @@ ZOO = {
                              num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
                              rms_norm_eps=1e-6, max_position_embeddings=40960,
                              tie_word_embeddings=False), 4096, ("qwen3-30b", "qwen3_30b_a3b")),
+    "deepseek-v3": ({"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
+                     "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+                     "num_key_value_heads": 128, "n_routed_experts": 256, "n_shared_experts": 1,
+                     "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
+                     "routed_scaling_factor": 2.5, "first_k_dense_replace": 3, "q_lora_rank": 1536,
+                     "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                     "v_head_dim": 128, "vocab_size": 129280, "rms_norm_eps": 1e-6,
+                     "rope_theta": 10000.0, "max_position_embeddings": 163840,
+                     "tie_word_embeddings": False}, 4096, ("deepseek_v3", "deepseek-r1")),
     "phi3-mini": (_llama(3072, 32, 32, 32, 8192, 32064, 10000.0, model_type="phi3",
                          max_position_embeddings=4096, tie_word_embeddings=False), 4096,
                   ("phi-3-mini", "phi3_mini", "phi-3-mini-4k")),
@@ -182,7 +192,7 @@ def default_seq(name: str) -> int:
 
 
 FAMILIES = {"gpt2": "GPT2LMHeadModel", "bert": "BertForPreTraining", "opt": "OPTForCausalLM",
-            **{f: "LlamaForCausalLM" for f in LLAMA_FAMILIES},
+            **{f: "LlamaForCausalLM" for f in LLAMA_FAMILIES}, "deepseek_v3": "DeepseekV3ForCausalLM",
             "switch_transformers": "SwitchTransformer", "t5": "SwitchTransformer", "dlrm": "DLRM", "resnet": "ResNet",
             "vgg": "VGG", "vit": "ViT"}
 
@@ -191,7 +201,7 @@ def build(model: str | dict):
     """An nn.Module on the meta device, from a zoo name or an HF-style config dict."""
     import torch
 
-    from kit.workload import zoo_dlrm, zoo_models, zoo_modern, zoo_t5, zoo_vision
+    from kit.workload import zoo_deepseek, zoo_dlrm, zoo_models, zoo_modern, zoo_t5, zoo_vision
 
     cfg = config(model) if isinstance(model, str) else dict(model)
     kind = cfg.get("model_type")
@@ -205,8 +215,8 @@ def build(model: str | dict):
                            "dict to predict the text model (the vision tower is not built)")
         raise KitError(f"config model_type {kind!r} is not supported: choose one of {', '.join(FAMILIES)}")
     _check_sizes(kind, cfg)
-    cls = next(getattr(m, FAMILIES[kind]) for m in (zoo_models, zoo_modern, zoo_t5, zoo_dlrm, zoo_vision)
-               if hasattr(m, FAMILIES[kind]))
+    modules = (zoo_models, zoo_modern, zoo_deepseek, zoo_t5, zoo_dlrm, zoo_vision)
+    cls = next(getattr(m, FAMILIES[kind]) for m in modules if hasattr(m, FAMILIES[kind]))
     try:
         with torch.device("meta"):
             return cls(cfg)
@@ -260,7 +270,7 @@ def _code_stamp() -> str:
     """Changes whenever the capture code or the models change (invalidates disk caches)."""
     here = Path(__file__).parent
     names = ("capture.py", "mapping.py", "kernels.py", "zoo.py", "zoo_models.py", "zoo_modern.py",
-             "zoo_t5.py", "zoo_dlrm.py", "zoo_vision.py", "mapping_vision.py", "graph.py",
+             "zoo_deepseek.py", "zoo_t5.py", "zoo_dlrm.py", "zoo_vision.py", "mapping_vision.py", "graph.py",
              "replicate.py", "kv_cache.py")
     return "-".join(str(int((here / n).stat().st_mtime)) for n in names if (here / n).exists())
 
@@ -312,7 +322,7 @@ def _write(path: Path, graph) -> None:
 
 
 LAYER_KEYS = ("n_layer", "num_hidden_layers")  # families whose layers are all alike
-REPLICABLE = {"gpt2", "bert", "opt", *LLAMA_FAMILIES}
+REPLICABLE = {"gpt2", "bert", "opt", "deepseek_v3", *LLAMA_FAMILIES}
 
 
 def _alike_layers(cfg: dict) -> bool:
@@ -353,17 +363,20 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and isinstance(n_layers, int)
             and n_layers > 3 and (optimizer is None or mode == "train") and _alike_layers(cfg)
             and len(caches) <= 1):
-        small = capture(build({**cfg, layer_key: 3}), inputs, mode=mode, dtype=dtype, name=name, meta=meta)
-        graph = expand_layers(small, n_layers)
+        first = cfg.get("first_k_dense_replace", 0) if cfg.get("model_type") == "deepseek_v3" else 0
+        small = capture(build({**cfg, layer_key: first + 3}), inputs, mode=mode, dtype=dtype, name=name,
+                        meta=meta)
+        graph = expand_layers(small, n_layers, first) if n_layers > first + 3 else None
         if graph is not None:
-            per_layer = small.meta["saved_bytes_by_layer"].get(1, 0)
+            per_layer = small.meta["saved_bytes_by_layer"].get(first + 1, 0)
             params = {id(p): p for p in full.parameters()}
             n_params = sum(p.numel() for p in params.values())
             graph.meta.update(params=n_params, param_bytes=n_params * small.meta["param_bytes"]
                               // max(small.meta["params"], 1),
-                              activation_bytes=small.meta["activation_bytes"] + (n_layers - 3) * per_layer
+                              activation_bytes=small.meta["activation_bytes"]
+                              + (n_layers - first - 3) * per_layer
                               if mode == "train" else small.meta["activation_bytes"],
-                              replicated_from=3, optimizer=optimizer)
+                              replicated_from=first + 3, optimizer=optimizer)
             if optimizer is not None:
                 graph = _with_optimizer(graph, capture_optimizer(full, optimizer, dtype))
             return graph

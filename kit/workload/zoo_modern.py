@@ -222,20 +222,25 @@ class ExpertChoiceMoE(nn.Module):
     `shared` (Qwen2-MoE), an expert every token goes through too, weighted by a sigmoid gate."""
 
     def __init__(self, d: int, experts: nn.ModuleList, top_k: int, capacity: int | None,
-                 shared: nn.Module | None = None):
+                 shared: nn.Module | None = None, gated_shared: bool = True):
         super().__init__()
         self.gate = nn.Linear(d, len(experts), bias=False)
         if top_k > len(experts):
             raise ValueError(f"num_experts_per_tok {top_k} is more than the {len(experts)} experts")
         self.experts, self.top_k, self.capacity = experts, top_k, capacity
         self.shared_expert = shared
-        self.shared_expert_gate = nn.Linear(d, 1, bias=False) if shared is not None else None
+        self.shared_expert_gate = (nn.Linear(d, 1, bias=False) if shared is not None and gated_shared
+                                   else None)
+
+    def route(self, x):
+        """Each token's score for each expert (a softmax over the router's logits)."""
+        return F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
 
     def forward(self, x):
         shape = x.shape
         b, s = shape[0], shape[1]
         x = x.reshape(-1, shape[-1])
-        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        probs = self.route(x)
         e = len(self.experts)
         cap = math.ceil(s * self.top_k / e)
         cap = b * min(cap, self.capacity) if self.capacity else b * cap
@@ -250,8 +255,10 @@ class ExpertChoiceMoE(nn.Module):
             weight, idx = torch.topk(probs[:, i], cap)
             y = expert(x.index_select(0, idx)) * weight.to(x.dtype).unsqueeze(-1)
             out.index_add_(0, idx, y)
-        if self.shared_expert is not None:
+        if self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        elif self.shared_expert is not None:  # DeepSeek: added as it is
+            out = out + self.shared_expert(x)
         return out.view(shape)
 
 

@@ -1,0 +1,147 @@
+"""The zoo's DeepSeek-V3 (model_type deepseek_v3), as HF's DeepseekV3ForCausalLM runs it eagerly.
+
+* Multi-head latent attention (DeepSeek-AI, "DeepSeek-V2", arXiv:2405.04434): q through a low-rank
+  pair (q_a_proj, RMSNorm, q_b_proj; or one q_proj without q_lora_rank); keys and values from
+  one shared compressed vector (kv_a_proj_with_mqa, RMSNorm, kv_b_proj) plus a rotary part
+  (qk_rope_head_dim) shared by the heads; the query and key heads are qk_nope + qk_rope wide, the
+  value heads v_head_dim. HF caches the expanded keys and values (not the compressed vector),
+  and so does this model.
+* Mixture of experts from layer first_k_dense_replace on: n_routed_experts of width
+  moe_intermediate_size behind a sigmoid router with group-limited top-k (n_group, topk_group),
+  plus n_shared_experts fused into one MLP that every token goes through, added ungated;
+  the first layers are dense (intermediate_size). Routing goes through the zoo's static-capacity
+  MoE (kit.workload.zoo_modern).
+
+The attention kernel is costed on the query's head size for the values too (192 against 128 on
+V3): its FLOPs read about a fifth high. The multi-token-prediction module is not built (HF's
+model has none).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
+from kit.workload.zoo_modern import ExpertChoiceMoE, RMSNorm, SwiGLU, _ids, _rotate_half
+
+
+class MLAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, eps = c["hidden_size"], c.get("rms_norm_eps", 1e-6)
+        self.heads = c["num_attention_heads"]
+        self.nope, self.rope = c["qk_nope_head_dim"], c["qk_rope_head_dim"]
+        self.v_dim, self.rank = c["v_head_dim"], c["kv_lora_rank"]
+        self.qk_dim = self.nope + self.rope
+        bias = bool(c.get("attention_bias", False))
+        q_rank = c.get("q_lora_rank")
+        if q_rank:
+            self.q_a_proj = nn.Linear(d, q_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(q_rank, eps)
+            self.q_b_proj = nn.Linear(q_rank, self.heads * self.qk_dim, bias=False)
+        else:
+            self.q_proj = nn.Linear(d, self.heads * self.qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, self.rank + self.rope, bias=bias)
+        self.kv_a_layernorm = RMSNorm(self.rank, eps)
+        self.kv_b_proj = nn.Linear(self.rank, self.heads * (self.nope + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(self.heads * self.v_dim, d, bias=bias)
+
+    def forward(self, h, cos, sin, cache=None, cache_pos=None):
+        b, s, _ = h.shape
+        q = (self.q_b_proj(self.q_a_layernorm(self.q_a_proj(h))) if hasattr(self, "q_a_proj")
+             else self.q_proj(h))
+        q = q.view(b, s, self.heads, self.qk_dim).transpose(1, 2)
+        q_pass, q_rot = torch.split(q, [self.nope, self.rope], dim=-1)
+        k_pass, k_rot = torch.split(self.kv_a_proj_with_mqa(h), [self.rank, self.rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(k_pass)).view(b, s, self.heads, self.nope + self.v_dim)
+        k_pass, v = torch.split(kv.transpose(1, 2), [self.nope, self.v_dim], dim=-1)
+        k_rot = k_rot.view(b, 1, s, self.rope)
+        q_rot, k_rot = q_rot * cos + _rotate_half(q_rot) * sin, k_rot * cos + _rotate_half(k_rot) * sin
+        k_rot = k_rot.expand(*k_pass.shape[:-1], -1)
+        q, k = torch.cat((q_pass, q_rot), dim=-1), torch.cat((k_pass, k_rot), dim=-1)
+        if cache is not None:  # one new token attends to every cached one: no causal mask
+            k, v = cache_update(cache, k, v, cache_pos)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None, scale=self.qk_dim ** -0.5)
+        return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
+
+
+class DeepseekMoE(ExpertChoiceMoE):
+    """Sigmoid router with a per-expert correction bias and group-limited top-k (HF's
+    DeepseekV3TopkRouter), the routed experts, and the shared experts added ungated."""
+
+    def __init__(self, c):
+        d, e = c["hidden_size"], c["n_routed_experts"]
+        width = c["moe_intermediate_size"]
+        experts = nn.ModuleList(SwiGLU(d, width) for _ in range(e))
+        shared = SwiGLU(d, width * c.get("n_shared_experts", 1)) if c.get("n_shared_experts", 1) else None
+        super().__init__(d, experts, c.get("num_experts_per_tok", 8), None, shared, gated_shared=False)
+        self.groups, self.top_groups = c.get("n_group", 1), c.get("topk_group", 1)
+        if e % self.groups or self.top_groups > self.groups:
+            raise ValueError(f"{e} experts do not split into n_group {self.groups} groups of which "
+                             f"topk_group {self.top_groups} are kept")
+        self.scale = c.get("routed_scaling_factor", 1.0)
+        self.register_buffer("e_score_correction_bias", torch.empty(e), persistent=False)
+
+    def route(self, x):
+        e = len(self.experts)
+        scores = torch.sigmoid(F.linear(x.float(), self.gate.weight.float()))
+        choice = scores + self.e_score_correction_bias
+        if self.groups > 1:  # keep the topk_group groups whose two best experts score highest
+            best = choice.view(-1, self.groups, e // self.groups).topk(2, dim=-1)[0].sum(dim=-1)
+            keep = torch.zeros_like(best).scatter_(1, torch.topk(best, self.top_groups, dim=-1)[1], 1)
+            keep = keep.unsqueeze(-1).expand(-1, self.groups, e // self.groups).reshape(-1, e)
+            choice = choice.masked_fill(~keep.bool(), 0.0)
+        weights = scores.gather(1, torch.topk(choice, self.top_k, dim=-1)[1])
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.scale
+        return scores
+
+
+class DeepseekLayer(nn.Module):
+    def __init__(self, c, moe: bool):
+        super().__init__()
+        d, eps = c["hidden_size"], c.get("rms_norm_eps", 1e-6)
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.self_attn = MLAttention(c)
+        self.mlp = DeepseekMoE(c) if moe else SwiGLU(d, c["intermediate_size"])
+
+    def forward(self, h, cos, sin, cache=None, cache_pos=None):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, cache_pos)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DeepseekV3ForCausalLM(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        d = c["hidden_size"]
+        self.first_dense = c.get("first_k_dense_replace", 0)
+        self.embed_tokens = nn.Embedding(c["vocab_size"], d)
+        self.layers = nn.ModuleList(DeepseekLayer(c, i >= self.first_dense)
+                                    for i in range(c["num_hidden_layers"]))
+        self.norm = RMSNorm(d, c.get("rms_norm_eps", 1e-6))
+        self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
+        self.register_buffer("inv_freq", torch.empty(c["qk_rope_head_dim"] // 2), persistent=False)
+
+    def forward(self, input_ids, kv_cache=None):
+        b, s = input_ids.shape
+        past = check_decode_step(kv_cache, s)
+        h = self.embed_tokens(input_ids)
+        pos = torch.arange(past, past + s, device=h.device, dtype=torch.float32)
+        freqs = torch.outer(pos, self.inv_freq.float())
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(h.dtype)[None, None], emb.sin().to(h.dtype)[None, None]
+        cache_pos = torch.arange(past, past + s, device=h.device) if kv_cache is not None else None
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, kv_cache[i] if kv_cache is not None else None, cache_pos)
+        return self.lm_head(self.norm(h))
+
+    def example_inputs(self, batch, seq):
+        return (_ids(batch, seq),)
+
+    def decode_inputs(self, batch, context, cache="static"):
+        c = self.config
+        return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"],
+                                           c["num_attention_heads"], context,
+                                           c["qk_nope_head_dim"] + c["qk_rope_head_dim"],
+                                           value_dim=c["v_head_dim"]))
