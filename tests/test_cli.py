@@ -47,11 +47,19 @@ def test_gpus_json_lists_the_catalog():
         assert all(field in g for g in gpus)
 
 
-def test_models_lists_the_zoo_with_what_each_can_do(capsys):
+def test_models_lists_the_zoo_with_what_each_can_do(capsys, tmp_path, monkeypatch):
     from kit.workload import zoo
 
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path))
     assert main(["models", "--json"]) == 0
-    rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
+    first = capsys.readouterr().out
+    cached = list(tmp_path.glob("workload/models-*.json"))
+    assert len(cached) == 1  # counted once, then read back
+    cached[0].write_text("{not json")  # a broken cache is counted again
+    assert main(["models", "--json"]) == 0
+    again = capsys.readouterr().out
+    assert again == first
+    rows = {r["model"]: r for r in json.loads(again)}
     assert list(rows) == zoo.zoo_names()
     assert rows["gpt2"]["params"] == 124_439_808  # HF's count
     assert "decode" in rows["qwen3-8b"]["modes"] and "generate" in rows["llama3-8b"]["modes"]
