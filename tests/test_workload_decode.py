@@ -248,7 +248,8 @@ def test_sliding_window_layers_keep_only_the_window():
     assert [c.sliding for c in cache] == [True, False, False] and check_decode_step(cache, 1) == 16
     grown = make_cache("dynamic", 2, 1, 4, 16, 8, windows=[4])[0]
     assert grown.keys.shape[2] == 3  # window - 1, and the step's token makes it 4
-    assert cache_bytes(make_cache("dynamic", 2, 1, 4, 16, 8, windows=[4])) == 2 * 2 * 4 * 3 * 8 * 4
+    # after the step the full window is a view of the concatenation, whose storage holds 4 tokens
+    assert cache_bytes(make_cache("dynamic", 2, 1, 4, 16, 8, windows=[4])) == 2 * 2 * 4 * 4 * 8 * 4
 
     # Gemma 3's pattern: every third layer global here, the others slide over 4 tokens
     gemma3 = {"model_type": "gemma3_text", "hidden_size": 32, "num_attention_heads": 4,

@@ -227,6 +227,29 @@ def test_deepseek_v3_has_latent_attention_dense_first_layers_and_shared_experts(
     assert step.meta["kv_cache_bytes"] == 5 * 2 * heads * context * ((8 + 4) + 8) * 4  # k 12, v 8 wide
 
 
+def test_deepseek_stacks_short_of_the_replicated_size_and_hf_defaults():
+    from kit.workload.capture import capture
+
+    short = {**DEEPSEEK, "first_k_dense_replace": 2, "num_hidden_layers": 4}  # 2 dense + 2 MoE
+    for mode in ("decode", "train"):
+        g = zoo.graph_for(short, batch=2, seq=8, mode=mode, disk=False)
+        m = zoo.build(short)
+        full = capture(m, m.decode_inputs(2, 8) if mode == "decode" else m.example_inputs(2, 8),
+                       mode="inference" if mode == "decode" else mode)
+        assert [(n.aten, n.module, n.op) for n in g] == [(n.aten, n.module, n.op) for n in full]
+    six = {**DEEPSEEK, "num_hidden_layers": 6}
+    fast = zoo.graph_for(six, batch=2, seq=8, mode="inference", disk=False)
+    m = zoo.build(six)
+    full = capture(m, m.example_inputs(2, 8), mode="inference")
+    assert fast.meta.get("replicated_from") == 4 and fast.meta["buffer_bytes"] == full.meta["buffer_bytes"]
+    # keys a config leaves out take HF's DeepseekV3Config defaults: three dense layers first
+    bare = {k: v for k, v in six.items() if k not in ("first_k_dense_replace", "n_group", "topk_group")}
+    g = zoo.graph_for({**bare, "n_routed_experts": 16}, batch=2, seq=8, mode="inference", disk=False)
+    assert {n.layer for n in g if ".experts." in n.module} == {3, 4, 5}
+    with pytest.raises(KitError, match="8 experts do not split into n_group 8 groups of two or more"):
+        zoo.build({**DEEPSEEK, "n_group": 8, "topk_group": 4})
+
+
 def test_deepseek_is_refused_by_the_multi_gpu_layer():
     from kit.parallel.gpt import parse_model
 

@@ -12,7 +12,10 @@ def run(args):
     from kit import __version__
     from kit.workload import zoo
 
-    stamp = hashlib.sha256(f"{__version__}-{zoo._code_stamp()}".encode()).hexdigest()[:16]
+    from pathlib import Path
+
+    own = int(Path(__file__).stat().st_mtime)  # the table's own code, beside the zoo's and modes'
+    stamp = hashlib.sha256(f"{__version__}-{zoo._code_stamp()}-{own}".encode()).hexdigest()[:16]
     path = zoo.cache_dir() / f"models-{stamp}.json"
     try:
         return json.loads(path.read_text())

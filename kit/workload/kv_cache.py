@@ -85,7 +85,9 @@ def cache_bytes(cache, dtype: torch.dtype | None = None) -> int:
     total = 0
     for layer in cache:
         for t in (layer.keys, layer.values):
-            grown = (t.shape[2] + 1) / t.shape[2] if layer.kind == "dynamic" and not layer.sliding else 1
+            # a dynamic cache is one token longer after the step; a full dynamic window is a view
+            # of the concatenated keys, whose storage holds the whole window
+            grown = (t.shape[2] + 1) / t.shape[2] if layer.kind == "dynamic" else 1
             total += t.numel() * grown * (size or t.element_size())
     return int(total)
 

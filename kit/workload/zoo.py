@@ -269,7 +269,7 @@ def _key(model, batch, seq, mode, dtype, optimizer) -> str:
 def _code_stamp() -> str:
     """Changes whenever the capture code or the models change (invalidates disk caches)."""
     here = Path(__file__).parent
-    names = ("capture.py", "mapping.py", "kernels.py", "zoo.py", "zoo_models.py", "zoo_modern.py",
+    names = ("capture.py", "mapping.py", "kernels.py", "modes.py", "zoo.py", "zoo_models.py", "zoo_modern.py",
              "zoo_deepseek.py", "zoo_t5.py", "zoo_dlrm.py", "zoo_vision.py", "mapping_vision.py", "graph.py",
              "replicate.py", "kv_cache.py")
     return "-".join(str(int((here / n).stat().st_mtime)) for n in names if (here / n).exists())
@@ -325,6 +325,17 @@ LAYER_KEYS = ("n_layer", "num_hidden_layers")  # families whose layers are all a
 REPLICABLE = {"gpt2", "bert", "opt", "deepseek_v3", *LLAMA_FAMILIES}
 
 
+def _distinct_first_layers(cfg: dict, n_layers) -> int:
+    """Layers a stack opens with that differ from the rest (DeepSeek's dense ones), 0 when
+    every layer is alike (or all of them are those)."""
+    if cfg.get("model_type") != "deepseek_v3" or not isinstance(n_layers, int):
+        return 0
+    from kit.workload.zoo_deepseek import first_dense
+
+    first = first_dense(cfg)
+    return first if first < n_layers else 0
+
+
 def _alike_layers(cfg: dict) -> bool:
     """Whether every layer is built alike, so one can be repeated: a Qwen-MoE config with
     mlp_only_layers, or a decoder_sparse_step over 1, mixes dense layers in."""
@@ -360,19 +371,21 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     # a decode step whose layers keep caches of different lengths (sliding windows on some
     # layers only, past the window) has layers that differ: no layer can stand for the others
     caches = {tuple(c.keys.shape) for c in inputs[1]} if meta.get("mode") == "decode" else set()
+    first = _distinct_first_layers(cfg, n_layers)  # kept as they are, before the alike ones
     if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and isinstance(n_layers, int)
-            and n_layers > 3 and (optimizer is None or mode == "train") and _alike_layers(cfg)
+            and n_layers > first + 3 and (optimizer is None or mode == "train") and _alike_layers(cfg)
             and len(caches) <= 1):
-        first = cfg.get("first_k_dense_replace", 0) if cfg.get("model_type") == "deepseek_v3" else 0
-        small = capture(build({**cfg, layer_key: first + 3}), inputs, mode=mode, dtype=dtype, name=name,
-                        meta=meta)
-        graph = expand_layers(small, n_layers, first) if n_layers > first + 3 else None
+        few = build({**cfg, layer_key: first + 3})
+        small = capture(few, inputs, mode=mode, dtype=dtype, name=name, meta=meta)
+        graph = expand_layers(small, n_layers, first)
         if graph is not None:
             per_layer = small.meta["saved_bytes_by_layer"].get(first + 1, 0)
             params = {id(p): p for p in full.parameters()}
             n_params = sum(p.numel() for p in params.values())
+            n_buffers, few_buffers = (sum(b.numel() for b in m.buffers()) for m in (full, few))
             graph.meta.update(params=n_params, param_bytes=n_params * small.meta["param_bytes"]
                               // max(small.meta["params"], 1),
+                              buffer_bytes=n_buffers * small.meta["buffer_bytes"] // max(few_buffers, 1),
                               activation_bytes=small.meta["activation_bytes"]
                               + (n_layers - first - 3) * per_layer
                               if mode == "train" else small.meta["activation_bytes"],

@@ -12,7 +12,9 @@
   the first layers are dense (intermediate_size). Routing goes through the zoo's static-capacity
   MoE (kit.workload.zoo_modern).
 
-The attention kernel is costed on the query's head size for the values too (192 against 128 on
+A key a config leaves out takes HF's DeepseekV3Config default (DEFAULTS: first_k_dense_replace 3,
+n_group 8, topk_group 4, routed_scaling_factor 2.5, q_lora_rank 1536, ...); an explicit null
+q_lora_rank means one q_proj. The attention kernel is costed on the query's head size for the values too (192 against 128 on
 V3): its FLOPs read about a fifth high. The multi-token-prediction module is not built (HF's
 model has none).
 """
@@ -25,17 +27,32 @@ import torch.nn.functional as F
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 from kit.workload.zoo_modern import ExpertChoiceMoE, RMSNorm, SwiGLU, _ids, _rotate_half
 
+# HF transformers' DeepseekV3Config defaults for the keys that shape the model
+DEFAULTS = {"first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+            "q_lora_rank": 1536, "n_shared_experts": 1, "num_experts_per_tok": 8,
+            "n_routed_experts": 256, "moe_intermediate_size": 2048, "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+
+
+def _get(c, key):
+    return c[key] if key in c else DEFAULTS[key]
+
+
+def first_dense(c) -> int:
+    """The dense layers a DeepSeek stack opens with (first_k_dense_replace)."""
+    return _get(c, "first_k_dense_replace")
+
 
 class MLAttention(nn.Module):
     def __init__(self, c):
         super().__init__()
         d, eps = c["hidden_size"], c.get("rms_norm_eps", 1e-6)
         self.heads = c["num_attention_heads"]
-        self.nope, self.rope = c["qk_nope_head_dim"], c["qk_rope_head_dim"]
-        self.v_dim, self.rank = c["v_head_dim"], c["kv_lora_rank"]
+        self.nope, self.rope = _get(c, "qk_nope_head_dim"), _get(c, "qk_rope_head_dim")
+        self.v_dim, self.rank = _get(c, "v_head_dim"), _get(c, "kv_lora_rank")
         self.qk_dim = self.nope + self.rope
         bias = bool(c.get("attention_bias", False))
-        q_rank = c.get("q_lora_rank")
+        q_rank = _get(c, "q_lora_rank")
         if q_rank:
             self.q_a_proj = nn.Linear(d, q_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(q_rank, eps)
@@ -71,16 +88,16 @@ class DeepseekMoE(ExpertChoiceMoE):
     DeepseekV3TopkRouter), the routed experts, and the shared experts added ungated."""
 
     def __init__(self, c):
-        d, e = c["hidden_size"], c["n_routed_experts"]
-        width = c["moe_intermediate_size"]
+        d, e = c["hidden_size"], _get(c, "n_routed_experts")
+        width, n_shared = _get(c, "moe_intermediate_size"), _get(c, "n_shared_experts")
         experts = nn.ModuleList(SwiGLU(d, width) for _ in range(e))
-        shared = SwiGLU(d, width * c.get("n_shared_experts", 1)) if c.get("n_shared_experts", 1) else None
-        super().__init__(d, experts, c.get("num_experts_per_tok", 8), None, shared, gated_shared=False)
-        self.groups, self.top_groups = c.get("n_group", 1), c.get("topk_group", 1)
-        if e % self.groups or self.top_groups > self.groups:
-            raise ValueError(f"{e} experts do not split into n_group {self.groups} groups of which "
-                             f"topk_group {self.top_groups} are kept")
-        self.scale = c.get("routed_scaling_factor", 1.0)
+        shared = SwiGLU(d, width * n_shared) if n_shared else None
+        super().__init__(d, experts, _get(c, "num_experts_per_tok"), None, shared, gated_shared=False)
+        self.groups, self.top_groups = _get(c, "n_group"), _get(c, "topk_group")
+        if e % self.groups or self.top_groups > self.groups or (self.groups > 1 and e // self.groups < 2):
+            raise ValueError(f"{e} experts do not split into n_group {self.groups} groups of two or "
+                             f"more of which topk_group {self.top_groups} are kept")
+        self.scale = _get(c, "routed_scaling_factor")
         self.register_buffer("e_score_correction_bias", torch.empty(e), persistent=False)
 
     def route(self, x):
@@ -115,13 +132,13 @@ class DeepseekV3ForCausalLM(nn.Module):
         super().__init__()
         self.config = c
         d = c["hidden_size"]
-        self.first_dense = c.get("first_k_dense_replace", 0)
+        self.first_dense = first_dense(c)
         self.embed_tokens = nn.Embedding(c["vocab_size"], d)
         self.layers = nn.ModuleList(DeepseekLayer(c, i >= self.first_dense)
                                     for i in range(c["num_hidden_layers"]))
         self.norm = RMSNorm(d, c.get("rms_norm_eps", 1e-6))
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
-        self.register_buffer("inv_freq", torch.empty(c["qk_rope_head_dim"] // 2), persistent=False)
+        self.register_buffer("inv_freq", torch.empty(_get(c, "qk_rope_head_dim") // 2), persistent=False)
 
     def forward(self, input_ids, kv_cache=None):
         b, s = input_ids.shape
@@ -143,5 +160,5 @@ class DeepseekV3ForCausalLM(nn.Module):
         c = self.config
         return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"],
                                            c["num_attention_heads"], context,
-                                           c["qk_nope_head_dim"] + c["qk_rope_head_dim"],
-                                           value_dim=c["v_head_dim"]))
+                                           _get(c, "qk_nope_head_dim") + _get(c, "qk_rope_head_dim"),
+                                           value_dim=_get(c, "v_head_dim")))
