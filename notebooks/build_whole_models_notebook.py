@@ -271,6 +271,44 @@ half-precision GEMV has been measured for the kit yet, so treat these GEMM times
 certain part of the step.
 """),
     md(r"""
+## 5e. Families that change the decode step: sliding windows and experts
+
+Decoders differ in more than their sizes (`kit models` lists the zoo). Two changes matter most
+for a decode step. **Sliding-window layers** keep only the last $W$ tokens in the cache (Gemma 2
+on every other layer, Gemma 3 on five in six, Mistral on all), so past $W$ tokens of context their
+cache and their attention stop growing. **Mixture-of-experts layers** hold many experts, but one
+decode step runs only those its tokens pick: at most batch $\times$ top-$k$ of them, each with the
+weights of one small MLP.
+
+**Takeaway:** parameter count alone does not set a decode step's cost; how many weights and
+cached tokens the step actually reads does.
+"""),
+    code("""
+from kit.workload import zoo
+rows = []
+for name in ("llama3-8b", "gemma2-9b", "gemma3-1b", "qwen3-30b-a3b"):
+    cfg = zoo.config(name)
+    it = predict_model(name, gpu, mode="decode", batch=8, seq=8192, dtype="bf16")
+    full = (predict_model({**cfg, "sliding_window": None, "name": name + " (no window)"}, gpu,
+                          mode="decode", batch=8, seq=8192, dtype="bf16")
+            if cfg.get("sliding_window") else it)
+    rows.append({"model": name, "params (B)": round(it.meta["params"] / 1e9, 2),
+                 "KV cache (GiB)": round(it.meta["kv_cache_bytes"] / 2**30, 2),
+                 "without its window (GiB)": round(full.meta["kv_cache_bytes"] / 2**30, 2),
+                 "GPU work (ms)": round(it.kernel_ms, 1), "step (ms)": round(it.total_ms, 1)})
+table = pd.DataFrame(rows).set_index("model")
+assert (table["KV cache (GiB)"] <= table["without its window (GiB)"]).all()
+assert table.loc["gemma3-1b", "KV cache (GiB)"] < table.loc["gemma3-1b", "without its window (GiB)"] / 3
+table
+"""),
+    md(r"""
+Two rows cost more than their bytes suggest, and both follow HF's eager code. Gemma 2 soft-caps
+its attention scores, so HF runs attention by hand and first repeats each key/value head for the
+query heads it serves: a copy of the whole cache, every layer, every step. Qwen3-30B-A3B runs its
+experts one by one: at batch 8 up to 64 of its 128 experts a layer, each three small GEMMs, whose
+times are the least certain part of a decode step (above). Serving engines fuse both away.
+"""),
+    md(r"""
 ## 6. A trace you can open
 
 `kit predict MODEL --gpu NAME --trace out.json` (or `it.to_trace()`) writes the predicted
