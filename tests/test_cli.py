@@ -53,9 +53,9 @@ def test_models_lists_the_zoo_with_what_each_can_do(capsys, tmp_path, monkeypatc
     monkeypatch.setenv("KIT_CACHE", str(tmp_path))
     assert main(["models", "--json"]) == 0
     first = capsys.readouterr().out
-    cached = list(tmp_path.glob("workload/models-*.json"))
+    cached = list(tmp_path.glob("workload/models-*.pkl"))
     assert len(cached) == 1  # counted once, then read back
-    cached[0].write_text("{not json")  # a broken cache is counted again
+    cached[0].write_bytes(b"not a pickle")  # a broken cache is counted again
     assert main(["models", "--json"]) == 0
     again = capsys.readouterr().out
     assert again == first

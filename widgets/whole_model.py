@@ -98,8 +98,7 @@ class WholeModelPanel(Panel):
     @staticmethod
     def _dtypes(gpu) -> list[str]:
         """PANEL_DTYPES that gpu has a peak for."""
-        g = get_gpu(gpu)
-        return [d for d in PANEL_DTYPES if g.peak_tflops(d)]
+        return [d for d in PANEL_DTYPES if d in get_gpu(gpu).dtypes]
 
     @staticmethod
     def _modes(model) -> list[str]:

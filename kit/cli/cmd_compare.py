@@ -128,9 +128,7 @@ def gpu_row(gpu, step_ms: float, band_ms, items: float, unit: str, mem: dict, pr
 
 def no_dtype(gpu, dtype: str) -> str:
     """Why a GPU cannot run a dtype, naming the ones it can."""
-    from kit.hardware.gpu import DTYPES
-
-    return f"{gpu.key} has no {dtype} support (it has {', '.join(d for d in DTYPES if gpu.peak_tflops(d))})"
+    return f"{gpu.key} has no {dtype} support (it has {', '.join(gpu.dtypes)})"
 
 
 def unsupported_row(gpu, dtype: str, unit: str, mem: dict, prices: dict) -> dict:

@@ -6,29 +6,21 @@ def run(args):
     """The table, from the cache when the zoo's code has not changed since it was counted
     (building the largest zoo models on the meta device takes seconds)."""
     import hashlib
-    import json
-    import os
+    import pickle
+    from pathlib import Path
 
     from kit import __version__
     from kit.workload import zoo
 
-    from pathlib import Path
-
     own = int(Path(__file__).stat().st_mtime)  # the table's own code, beside the zoo's and modes'
     stamp = hashlib.sha256(f"{__version__}-{zoo._code_stamp()}-{own}".encode()).hexdigest()[:16]
-    path = zoo.cache_dir() / f"models-{stamp}.json"
+    path = zoo.cache_dir() / f"models-{stamp}.pkl"
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return pickle.loads(path.read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError):
         pass
     rows = _rows()
-    try:  # an unwritable cache is skipped, never an error
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(rows))
-        tmp.replace(path)
-    except OSError:
-        pass
+    zoo._write(path, rows)  # atomically; an unwritable cache is skipped
     return rows
 
 

@@ -114,9 +114,13 @@ class GPU:
 
         peak = self.peak_tflops(dtype)
         if peak is None:
-            raise KitError(f"{self.key} has no {dtype} support; it supports "
-                           + ", ".join(d for d in DTYPES if self.peak_tflops(d)))
+            raise KitError(f"{self.key} has no {dtype} support; it supports " + ", ".join(self.dtypes))
         return peak * 1e12
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtypes this GPU has a peak for, in DTYPES order."""
+        return tuple(d for d in DTYPES if self.peak_tflops(d))
 
     @property
     def mem_bw_bytes_per_s(self) -> float:

@@ -48,7 +48,9 @@ _LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 DATA_DEPENDENT = ("nonzero", "argwhere", "masked_select", "_unique", "unique_dim",
                   "unique_consecutive", "bincount", "_local_scalar_dense", "repeat_interleave",
                   "histc", "equal", "is_nonzero")
-_NEEDS_VALUES = ("nonzero()", "data-dependent", "to numpy")  # in torch's message
+# in torch's message when the failed op is not one of those (indexing with a mask, .tolist(), ...)
+_NEEDS_VALUES = ("nonzero()", "data-dependent", "to numpy", "item() cannot be called on meta",
+                 "copy out of meta tensor")
 
 
 def _caused(exc: BaseException, e: BaseException) -> bool:
@@ -85,8 +87,7 @@ def _capture_failure(name: str, e: Exception, rec) -> KitError:
     if rec.failed is not None and _caused(rec.failed[3], e):
         op, at = rec.failed[0], _where(rec.failed[1], rec.failed[2])
     packet = op.split(".")[1] if op and op.startswith("aten.") else ""
-    dependent = (packet.startswith(DATA_DEPENDENT) or any(k in msg for k in _NEEDS_VALUES)
-                 or "meta tensor" in msg and ("item()" in msg or "copy out" in msg))
+    dependent = packet.startswith(DATA_DEPENDENT) or any(k in msg for k in _NEEDS_VALUES)
     if dependent:
         return DataDependentCapture(
             f"capturing {name} failed{at}: {op or 'an op'} needs the tensor's values (boolean-mask "

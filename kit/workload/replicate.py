@@ -8,6 +8,10 @@ a node of layer m that read a node of layer m+δ reads the node at the same posi
 m+δ's run. The result is the graph a full capture gives (tests compare the two), at the cost
 of capturing three layers.
 
+A stack that opens with layers of its own (DeepSeek's dense layers before its MoE ones, a
+Qwen-MoE config's leading mlp_only_layers) keeps those `first` layers as they are and repeats one
+of the alike layers after them; leading_layers reads `first` off the built model.
+
 Returns None when the captured layers are not interchangeable (runs of different lengths or
 interleaved): the caller then captures the full model.
 """
@@ -25,6 +29,24 @@ def _rename(path: str, layer: int) -> str:
     if not m:
         return path
     return path[:m.start(1)] + str(layer) + path[m.end(1):]
+
+
+def leading_layers(model, n_layers: int) -> int | None:
+    """How many layers a model's stack (its first ModuleList of n_layers) opens with before the
+    rest are built alike (the same submodule types and parameter shapes); None without such a
+    stack. n_layers - 1 when no two closing layers are alike."""
+    from torch import nn
+
+    stack = next((m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == n_layers),
+                 None)
+    if stack is None:
+        return None
+    shape = [tuple((name, type(m).__name__, tuple(tuple(p.shape) for p in m.parameters(recurse=False)))
+                   for name, m in layer.named_modules()) for layer in stack]
+    first = n_layers - 1
+    while first > 0 and shape[first - 1] == shape[-1]:
+        first -= 1
+    return first
 
 
 def expand_layers(small: OpGraph, n_layers: int, first: int = 0) -> OpGraph | None:

@@ -311,7 +311,8 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
 
 
 def _write(path: Path, graph) -> None:
-    """Write a capture atomically; an unwritable cache is skipped, never an error."""
+    """Pickle a capture (or any cached result) atomically; an unwritable cache is skipped, never
+    an error."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -325,30 +326,11 @@ LAYER_KEYS = ("n_layer", "num_hidden_layers")  # families whose layers are all a
 REPLICABLE = {"gpt2", "bert", "opt", "deepseek_v3", *LLAMA_FAMILIES}
 
 
-def _distinct_first_layers(cfg: dict, n_layers) -> int:
-    """Layers a stack opens with that differ from the rest (DeepSeek's dense ones), 0 when
-    every layer is alike (or all of them are those)."""
-    if cfg.get("model_type") != "deepseek_v3" or not isinstance(n_layers, int):
-        return 0
-    from kit.workload.zoo_deepseek import first_dense
-
-    first = first_dense(cfg)
-    return first if first < n_layers else 0
-
-
-def _alike_layers(cfg: dict) -> bool:
-    """Whether every layer is built alike, so one can be repeated: a Qwen-MoE config with
-    mlp_only_layers, or a decoder_sparse_step over 1, mixes dense layers in."""
-    if cfg.get("model_type") not in ("qwen2_moe", "qwen3_moe"):
-        return True
-    return not cfg.get("mlp_only_layers") and cfg.get("decoder_sparse_step", 1) == 1
-
-
 def _capture(model, batch, seq, mode, dtype, optimizer):
     """Capture; for models of identical layers, capture three and repeat the middle one
     (kit.workload.replicate: the same graph, a fraction of the time)."""
     from kit.workload.capture import capture, capture_optimizer
-    from kit.workload.replicate import expand_layers
+    from kit.workload.replicate import expand_layers, leading_layers
 
     name = resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type", "model"))
     cfg = config(model) if isinstance(model, str) else dict(model)
@@ -371,10 +353,9 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     # a decode step whose layers keep caches of different lengths (sliding windows on some
     # layers only, past the window) has layers that differ: no layer can stand for the others
     caches = {tuple(c.keys.shape) for c in inputs[1]} if meta.get("mode") == "decode" else set()
-    first = _distinct_first_layers(cfg, n_layers)  # kept as they are, before the alike ones
-    if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and isinstance(n_layers, int)
-            and n_layers > first + 3 and (optimizer is None or mode == "train") and _alike_layers(cfg)
-            and len(caches) <= 1):
+    first = leading_layers(full, n_layers) if isinstance(n_layers, int) else None
+    if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and first is not None
+            and n_layers > first + 3 and (optimizer is None or mode == "train") and len(caches) <= 1):
         few = build({**cfg, layer_key: first + 3})
         small = capture(few, inputs, mode=mode, dtype=dtype, name=name, meta=meta)
         graph = expand_layers(small, n_layers, first)

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
-from kit.workload.zoo_modern import ExpertChoiceMoE, RMSNorm, SwiGLU, _ids, _rotate_half
+from kit.workload.zoo_modern import ExpertChoiceMoE, RMSNorm, SwiGLU, _ids, _rotate_half, rope_tables
 
 # HF transformers' DeepseekV3Config defaults for the keys that shape the model
 DEFAULTS = {"first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
@@ -36,11 +36,6 @@ DEFAULTS = {"first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "routed_s
 
 def _get(c, key):
     return c[key] if key in c else DEFAULTS[key]
-
-
-def first_dense(c) -> int:
-    """The dense layers a DeepSeek stack opens with (first_k_dense_replace)."""
-    return _get(c, "first_k_dense_replace")
 
 
 class MLAttention(nn.Module):
@@ -132,9 +127,9 @@ class DeepseekV3ForCausalLM(nn.Module):
         super().__init__()
         self.config = c
         d = c["hidden_size"]
-        self.first_dense = first_dense(c)
+        dense = _get(c, "first_k_dense_replace")
         self.embed_tokens = nn.Embedding(c["vocab_size"], d)
-        self.layers = nn.ModuleList(DeepseekLayer(c, i >= self.first_dense)
+        self.layers = nn.ModuleList(DeepseekLayer(c, i >= dense)
                                     for i in range(c["num_hidden_layers"]))
         self.norm = RMSNorm(d, c.get("rms_norm_eps", 1e-6))
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
@@ -144,10 +139,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         b, s = input_ids.shape
         past = check_decode_step(kv_cache, s)
         h = self.embed_tokens(input_ids)
-        pos = torch.arange(past, past + s, device=h.device, dtype=torch.float32)
-        freqs = torch.outer(pos, self.inv_freq.float())
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(h.dtype)[None, None], emb.sin().to(h.dtype)[None, None]
+        cos, sin = rope_tables(self.inv_freq, past, s, h)
         cache_pos = torch.arange(past, past + s, device=h.device) if kv_cache is not None else None
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, kv_cache[i] if kv_cache is not None else None, cache_pos)

@@ -79,6 +79,16 @@ def _norm(c, d: int) -> RMSNorm:
     return RMSNorm(d, c.get("rms_norm_eps", 1e-6 if _gemma(c) else 1e-5), offset=_gemma(c))
 
 
+def rope_tables(inv_freq, past: int, s: int, like):
+    """The rotary cos and sin, (1, 1, s, 2 * len(inv_freq)) in like's dtype, for positions
+    past .. past + s - 1, as HF's rotary embedding computes them."""
+    pos = (torch.arange(past, past + s, device=like.device, dtype=torch.float32) if past else
+           torch.arange(s, device=like.device, dtype=torch.float32))
+    freqs = torch.outer(pos, inv_freq.float())
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(like.dtype)[None, None], emb.sin().to(like.dtype)[None, None]
+
+
 def _rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -320,11 +330,7 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed_tokens(input_ids)
         if self.scale is not None:  # Gemma: the embedding times sqrt(hidden), in its dtype
             h = h * torch.tensor(self.scale, dtype=h.dtype)
-        pos = (torch.arange(past, past + s, device=h.device, dtype=torch.float32) if past else
-               torch.arange(s, device=h.device, dtype=torch.float32))
-        freqs = torch.outer(pos, self.inv_freq.float())
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(h.dtype)[None, None], emb.sin().to(h.dtype)[None, None]
+        cos, sin = rope_tables(self.inv_freq, past, s, h)
         if kv_cache is None:
             mask = (torch.full((s, s), float("-inf"), dtype=h.dtype, device=h.device).triu(1)[None, None]
                     if self.eager else None)
