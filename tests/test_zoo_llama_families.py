@@ -184,6 +184,15 @@ def test_qwen_moe_makes_the_layers_hf_makes_dense_dense():
     assert sparse(cfg) == [0, 1, 2, 3, 4]
     assert sparse({**cfg, "decoder_sparse_step": 2}) == [1, 3]  # HF: (i + 1) % step == 0
     assert sparse({**cfg, "mlp_only_layers": [4]}) == [0, 1, 2, 3]  # not replicated from layer 1
+    # dense layers that open the stack are kept, and one of the MoE layers after them repeated
+    from kit.workload.capture import capture
+
+    lead = {**cfg, "num_hidden_layers": 6, "mlp_only_layers": [0, 1]}
+    fast = zoo.graph_for(lead, batch=2, seq=8, mode="train", disk=False)
+    model = zoo.build(lead)
+    full = capture(model, model.example_inputs(2, 8), mode="train")
+    assert fast.meta.get("replicated_from") == 5
+    assert [(n.aten, n.module, n.deps, n.op) for n in fast] == [(n.aten, n.module, n.deps, n.op) for n in full]
     with pytest.raises(KitError, match="num_experts_per_tok 8 is more than the 4 experts"):
         zoo.build({**cfg, "num_experts_per_tok": 8})
     with pytest.raises(KitError, match="missing key 'num_experts'"):
