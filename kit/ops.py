@@ -245,6 +245,7 @@ class Attention:
     dtype: str = "fp32"
     causal: bool = False
     kv_heads: int | None = None
+    v_head_dim: int | None = None  # the values' head size where it is not q/k's (DeepSeek's MLA)
     op_class = "attention"
 
     def __post_init__(self):
@@ -255,6 +256,12 @@ class Attention:
             _positive_ints("attention", kv_heads=self.kv_heads)
             if self.heads % self.kv_heads:
                 raise KitError(f"attention: kv_heads {self.kv_heads} must divide heads {self.heads}")
+        if self.v_head_dim is not None:
+            _positive_ints("attention", v_head_dim=self.v_head_dim)
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
 
     @property
     def causal_fraction(self) -> float:
@@ -269,14 +276,15 @@ class Attention:
 
     @property
     def flops(self) -> float:
-        full = 4.0 * self.b * self.heads * self.seq_q * self.seq_kv * self.head_dim
+        # Q·Kᵀ contracts over q/k's head size, P·V over the values' (2 FLOPs a multiply-add each)
+        full = 2.0 * self.b * self.heads * self.seq_q * self.seq_kv * (self.head_dim + self.value_dim)
         return full * self.causal_fraction
 
     @property
     def bytes(self) -> float:
         kvh = self.kv_heads or self.heads
-        q_o = 2 * self.b * self.heads * self.seq_q * self.head_dim
-        k_v = 2 * self.b * kvh * self.seq_kv * self.head_dim
+        q_o = self.b * self.heads * self.seq_q * (self.head_dim + self.value_dim)
+        k_v = self.b * kvh * self.seq_kv * (self.head_dim + self.value_dim)
         return float(dtype_bytes(self.dtype) * (q_o + k_v))
 
 

@@ -95,6 +95,24 @@ def test_sdpa_is_one_fused_attention_kernel_and_dropout_is_fused():
     assert not [n for n in inf if n.op_class == "dropout"]
 
 
+def test_sdpa_with_values_narrower_than_queries_costs_each_product_on_its_own_head_size():
+    class Narrow(nn.Module):  # q/k heads of 12, values of 8 (DeepSeek's latent attention)
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = torch.zeros(2, 4, 16, 12), torch.zeros(2, 4, 16, 12), torch.zeros(2, 4, 16, 8)
+    (node,) = [n for n in capture(Narrow(), (q, k, v), mode="inference") if n.op_class == "attention"]
+    op = node.op
+    assert (op.head_dim, op.v_head_dim, op.value_dim) == (12, 8, 8)
+    same = Attention(b=2, heads=4, seq_q=16, seq_kv=16, head_dim=12, causal=True)
+    assert same.v_head_dim is None and same.value_dim == 12
+    # scores over 12, context over 8: (12 + 8) / (12 + 12) of the square-head kernel's work
+    assert op.flops == pytest.approx(same.flops * 20 / 24)
+    assert op.bytes == pytest.approx(4 * 2 * 4 * 16 * (12 + 8) * 2)  # q, o and k, v in fp32
+    with pytest.raises(KitError, match="v_head_dim must be a positive whole number"):
+        Attention(b=1, heads=1, seq_q=1, seq_kv=1, head_dim=8, v_head_dim=0)
+
+
 def test_unknown_ops_are_reported_and_costed_as_memory_bound():
     class Odd(nn.Module):
         def forward(self, x):

@@ -218,6 +218,10 @@ def test_deepseek_v3_has_latent_attention_dense_first_layers_and_shared_experts(
     assert set(gemms) == {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}
     assert gemms["kv_a_proj_with_mqa"].n == 16 + 4 and gemms["kv_b_proj"].n == 4 * (8 + 8)
     assert gemms["q_b_proj"].n == 4 * (8 + 4)
+    att = [n.op for n in g if n.op_class == "attention"]
+    assert len(att) == 5 and {(a.head_dim, a.value_dim) for a in att} == {(8 + 4, 8)}
+    # Q·Kᵀ over the 12-wide q/k heads, P·V over the 8-wide values
+    assert att[0].flops == pytest.approx(2 * 2 * 4 * 8 * 8 * (12 + 8) * att[0].causal_fraction)
     routed = {n.layer for n in g if ".experts." in n.module}
     assert routed == {1, 2, 3, 4}  # the first layer is dense
     assert any(n.module.endswith("mlp.shared_expert") or ".shared_expert." in n.module for n in g)

@@ -160,12 +160,14 @@ def _expanded(t: torch.Tensor) -> bool:
 
 
 def _attention(q, k, v, dtype: str, causal: bool) -> Attention:
-    """q: (b, heads, seq_q, d), k/v: (b, kv_heads, seq_kv, d) (any leading batch dims)."""
+    """q/k: (b, heads or kv_heads, seq, d), v: (b, kv_heads, seq_kv, dv) (any leading batch dims).
+    The values' head size dv may differ from d (DeepSeek's multi-head latent attention)."""
     b = math.prod(q.shape[:-3]) if q.dim() > 3 else 1
     heads, seq_q, d = q.shape[-3], q.shape[-2], q.shape[-1]
-    kv_heads, seq_kv = k.shape[-3], k.shape[-2]
+    kv_heads, seq_kv, dv = k.shape[-3], k.shape[-2], v.shape[-1]
     return Attention(b=b, heads=heads, seq_q=seq_q, seq_kv=seq_kv, head_dim=d, dtype=dtype,
-                     causal=bool(causal), kv_heads=kv_heads if kv_heads != heads else None)
+                     causal=bool(causal), kv_heads=kv_heads if kv_heads != heads else None,
+                     v_head_dim=dv if dv != d else None)
 
 
 def _causal_arg(packet: str, args, kwargs) -> bool:
