@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from kit.errors import KitError, one_line
-from kit.workload import fast_path, rnn_capture
+from kit.workload import fast_path, hf_compat, rnn_capture
 from kit.workload.graph import Node, OpGraph
 from kit.workload.mapping import map_op, nbytes, tensors
 
@@ -71,6 +71,22 @@ def _where(phase: str, path: str) -> str:
     if phase == "opt":
         return " in the optimizer step"
     return f" in module {path!r}" if path else " in its top-level forward"
+
+
+_GROUPED_MM = torch.ops.aten._grouped_mm.default
+
+
+def _grouped_mm_any_dtype(func, args, kwargs):
+    """torch's meta kernel of _grouped_mm takes bf16 (or scaled fp8) operands only, the CUTLASS
+    kernel's types; a grouped GEMM of fp32 or fp16 operands (HF's MoE experts in those dtypes)
+    gets its output shape from bf16 stand-ins and keeps its own dtype."""
+    a, b = args[0], args[1]
+    if a.dtype == b.dtype == torch.bfloat16 or a.element_size() == 1:
+        return func(*args, **kwargs)
+    cast = [t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+            for t in args[:2]]
+    out_dtype = kwargs.get("out_dtype") or a.dtype
+    return func(*cast, *args[2:], **{**kwargs, "out_dtype": None}).to(out_dtype)
 
 
 class DataDependentCapture(KitError):
@@ -151,7 +167,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         try:
-            out = func(*args, **kwargs)
+            out = _grouped_mm_any_dtype(func, args, kwargs) if func is _GROUPED_MM else func(*args, **kwargs)
         except Exception as exc:
             if self.failed is None or self.failed[3] is not exc:  # the innermost op that failed
                 path = self.stack[-1] if self.phase == "fwd" else self._path()
@@ -452,7 +468,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         model.train(train)
         grad_ctx = torch.enable_grad() if train else torch.no_grad()
         with grad_ctx, _GpuKernels(rec), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with _swapped(model, params, buffers):
+            with _swapped(model, params, buffers), hf_compat.answered():
                 out = model(*args, **kwargs)
         if train:
             root = _backward_root(out)

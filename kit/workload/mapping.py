@@ -152,6 +152,37 @@ def _gemm(packet: str, args, dtype: str) -> Gemm:
     return Gemm(m=m, n=n, k=k, b=batch, dtype=dtype, kind="bmm")
 
 
+def _grouped_gemm(args, kwargs, dtype: str) -> Gemm:
+    """torch._grouped_mm (F.grouped_mm): one launch of many GEMMs, as MoE experts run (HF's
+    grouped_mm experts, transformers 5). A 2-D operand is cut into groups along one dimension by
+    `offs`, whose values the capture does not have: the groups are taken as even, over as many
+    experts as there are rows to share (min(groups, rows)), and costed as that batch of GEMMs.
+
+        (S, K) x (E, K, N)   tokens sorted by expert, one weight per expert (the forward and dx)
+        (M, S) x (S, N)      the contraction cut per expert: the weight gradient, (E, M, N)
+        (E, M, K) x (K, N')  the columns cut per group
+        (E, M, K) x (E, K, N) a plain batch of E GEMMs (no offs)
+    """
+    a, b = args[0], args[1]
+    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+    if a.dim() == 3 and b.dim() == 3:
+        return Gemm(m=a.shape[1], n=b.shape[2], k=a.shape[2], b=a.shape[0], dtype=dtype, kind="bmm")
+    groups = offs.numel() if isinstance(offs, torch.Tensor) else (b.shape[0] if b.dim() == 3 else a.shape[0])
+
+    def even(total: int) -> tuple[int, int]:  # (groups that get a share, each one's share)
+        g = max(1, min(groups, total))
+        return g, max(1, math.ceil(total / g))
+
+    if a.dim() == 2 and b.dim() == 3:
+        g, rows = even(a.shape[0])
+        return Gemm(m=rows, n=b.shape[2], k=a.shape[1], b=g, dtype=dtype, kind="bmm")
+    if a.dim() == 2 and b.dim() == 2:
+        g, inner = even(a.shape[1])
+        return Gemm(m=a.shape[0], n=b.shape[1], k=inner, b=g, dtype=dtype, kind="bmm")
+    g, cols = even(b.shape[-1])
+    return Gemm(m=a.shape[-2], n=cols, k=a.shape[-1], b=g, dtype=dtype, kind="bmm")
+
+
 def _expanded(t: torch.Tensor) -> bool:
     """A bmm operand broadcast over the batch (batch stride 0, as torch.matmul passes a weight it
     does not fold into one mm): one matrix that the kernel reads from DRAM once, not b copies.
@@ -206,6 +237,8 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
     dtype, mult = kit_dtype(ins[0] if ins and ins[0].is_floating_point() else lead)
     if packet in (*MATMULS, "bmm", "baddbmm"):
         return _gemm(packet, args, dtype), "gemm", 1
+    if packet == "_grouped_mm":
+        return _grouped_gemm(args, kwargs, dtype), "gemm", 1
     if packet in ATTENTION_FWD:
         return _attention(args[0], args[1], args[2], dtype, _causal_arg(packet, args, kwargs)), "attention", 1
     if packet in ATTENTION_BWD:
