@@ -150,3 +150,22 @@ def test_layout_shuffles_are_copies(module):
     assert not g.unknown_ops()
     (op,) = [k.op for k in g.kernels()]
     assert op.bytes == 2 * x.numel() * 4  # every element read once and written once
+
+
+@pytest.mark.parametrize("gather", [
+    lambda src, idx: src.index_select(0, idx),
+    lambda src, idx: src[idx],
+    lambda src, idx: torch.gather(src, 0, idx[:, None].expand(-1, src.shape[1])),
+])
+def test_a_gather_moves_the_rows_it_selects_not_its_whole_source(gather):
+    class Pick(nn.Module):
+        def forward(self, src, idx):
+            return gather(src, idx)
+
+    src, idx = torch.zeros(10_000, 64), torch.zeros(4, dtype=torch.long)
+    (node,) = [n for n in capture(Pick(), (src, idx), mode="inference") if n.op_class == "indexing"]
+    picked = 4 * 64 * 4  # four fp32 rows of 64
+    # int64 indices: one per row, or one per element for gather
+    index_bytes = 4 * 64 * 8 if node.aten == "aten.gather.default" else 4 * 8
+    assert node.op.bytes == pytest.approx(2 * picked + index_bytes)
+    assert node.op.bytes < 10_000 * 64 * 4 / 100  # a hundredth of the source, not all of it

@@ -78,6 +78,7 @@ REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "var", "std", "
               "std_mean", "norm", "linalg_vector_norm", "prod", "any", "all", "logsumexp",
               "count_nonzero", "max_dim", "min_dim", "cumsum", "cumprod", "nll_loss_forward",
               "nll_loss2d_forward", "_foreach_norm", "aminmax"}
+GATHERS = {"index", "index_select", "gather", "take", "_unsafe_index"}  # out[i] = src[idx[i]]
 INDEXING = {"index", "index_select", "gather", "scatter", "scatter_", "scatter_add",
             "scatter_add_", "index_put", "index_put_", "index_add", "index_add_", "index_copy",
             "index_copy_", "masked_scatter", "masked_select", "take", "nll_loss_backward", "nll_loss2d_backward",
@@ -293,6 +294,13 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
     if packet in REDUCTIONS:
         moved = sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs)
         return memory_bound("reduction", moved, dtype, label=packet), "reduction", 1
+    if packet in GATHERS and outs:
+        # a gather reads the rows it selects, not its whole source (an expert's tokens out of
+        # the batch, the experts' weights a decode step picks): the output's bytes, read and
+        # written, and the indices
+        idx = sum(nbytes(t) for t in ins if not t.is_floating_point() and not t.is_complex())
+        return memory_bound("indexing", 2 * sum(nbytes(t) for t in outs) + idx, dtype,
+                            label=packet), "indexing", 1
     if packet in INDEXING:
         moved = sum(nbytes(t) for t in ins) + 2 * sum(nbytes(t) for t in outs)
         if packet in ("index_put", "index_put_", "_index_put_impl_", "index_add", "index_add_",
