@@ -278,7 +278,9 @@ for a decode step. **Sliding-window layers** keep only the last $W$ tokens in th
 on every other layer, Gemma 3 on five in six, Mistral on all), so past $W$ tokens of context their
 cache and their attention stop growing. **Mixture-of-experts layers** hold many experts, but one
 decode step runs only those its tokens pick: at most batch $\times$ top-$k$ of them, each with the
-weights of one small MLP.
+weights of one small MLP. How it runs them is the library's choice: Hugging Face transformers 5
+runs a prefill's experts as one grouped GEMM, and its `generate` switches a decode step to
+`batched_mm`, which gathers a copy of the expert's weights for every (token, expert) pair.
 
 **Takeaway:** parameter count alone does not set a decode step's cost; how many weights and
 cached tokens the step actually reads does.
@@ -299,14 +301,20 @@ for name in ("llama3-8b", "gemma2-9b", "gemma3-1b", "qwen3-30b-a3b"):
 table = pd.DataFrame(rows).set_index("model")
 assert (table["KV cache (GiB)"] <= table["without its window (GiB)"]).all()
 assert table.loc["gemma3-1b", "KV cache (GiB)"] < table.loc["gemma3-1b", "without its window (GiB)"] / 3
-table
+moe = predict_model("qwen3-30b-a3b", gpu, mode="decode", batch=8, seq=8192, dtype="bf16")
+top = moe.top_kernels(2)
+assert top["where"].str.endswith("mlp.experts").all()  # the expert gathers and their GEMVs lead
+display(table, top[["where", "aten", "count", "ms", "shapes"]])
 """),
     md(r"""
 Two rows cost more than their bytes suggest, and both follow HF's eager code. Gemma 2 soft-caps
 its attention scores, so HF runs attention by hand and first repeats each key/value head for the
-query heads it serves: a copy of the whole cache, every layer, every step. Qwen3-30B-A3B runs its
-experts one by one: at batch 8 up to 64 of its 128 experts a layer, each three small GEMMs, whose
-times are the least certain part of a decode step (above). Serving engines fuse both away.
+query heads it serves: a copy of the whole cache, every layer, every step. Qwen3-30B-A3B's 8
+sequences pick 8 experts each, 64 (token, expert) pairs a layer, and `batched_mm` gathers a copy
+of the chosen expert's weights for each pair, then reads the copies again in a batch of
+matrix-vector products: the gathers are the step's largest kernels, and the GEMVs the least
+certain (above). Serving engines fuse both away (flash attention with soft-capping, fused MoE
+kernels that read each expert once).
 """),
     md(r"""
 ## 6. A trace you can open

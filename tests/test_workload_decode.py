@@ -9,7 +9,7 @@ from cli_json import cli_json
 from kit.cli import main
 from kit.errors import KitError
 from kit.hardware import get_gpu
-from kit.ops import Attention
+from kit.ops import Attention, Gemm
 from kit.workload import zoo
 from kit.workload.capture import capture
 from kit.workload.iteration import iteration
@@ -100,18 +100,25 @@ def test_decode_step_reads_every_weight_and_grows_with_the_context():
     assert short.kernel_ms < prefill.kernel_ms / 4
 
 
-def test_moe_decode_spreads_the_batch_over_the_experts():
+def test_moe_decode_runs_hf_generates_batched_experts():
+    """HF's generate switches grouped_mm experts to batched_mm for its decode steps on GPUs:
+    each (token, expert) pair gathers its expert's weights and runs one row through them."""
     moe = {**LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2,
            "name": "tiny-moe"}
     g = zoo.graph_for(moe, batch=6, seq=12, mode="decode", disk=False)
-    expert = [n.op for n in _gemms(g) if ".experts." in n.module]
-    assert expert and {op.m for op in expert} == {3}  # ceil(6 tokens x top-2 / 4 experts)
-    # one sequence routes 2 token-expert pairs: 2 of 4 experts run, one token each (HF's loop
-    # skips the experts no token chose)
-    one = zoo.graph_for(moe, batch=1, seq=12, mode="decode", disk=False)
-    ran = {n.module.split(".experts.")[1].split(".")[0] for n in _gemms(one)
-           if ".experts." in n.module and n.module.startswith("layers.0.")}
-    assert len(ran) == 2 and {n.op.m for n in _gemms(one) if ".experts." in n.module} == {1}
+    layer0 = [n for n in g if n.module == "layers.0.mlp.experts"]
+    bmm = [n.op for n in layer0 if n.op_class == "gemm"]
+    pairs = 6 * 2  # 6 tokens, top-2
+    assert bmm == [Gemm(m=2 * 128, n=1, k=64, b=pairs, dtype="fp32", kind="bmm"),
+                   Gemm(m=64, n=1, k=128, b=pairs, dtype="fp32", kind="bmm")]
+    gathers = [n.op for n in layer0 if n.aten == "aten.index.Tensor"]
+    # the gathered weights: a copy of the expert's up and down matrices per pair, read and written
+    assert [op.bytes for op in gathers] == [2 * pairs * 2 * 128 * 64 * 4 + pairs * 8,
+                                            2 * pairs * 64 * 128 * 4 + pairs * 8]
+    # a prefill of the same model runs the grouped GEMM over the experts the tokens reach
+    pre = zoo.graph_for(moe, batch=1, seq=3, mode="inference", disk=False)
+    grouped = [n.op for n in pre if n.module == "layers.0.mlp.experts" and n.op_class == "gemm"]
+    assert grouped[0] == Gemm(m=2, n=2 * 128, k=64, b=4, dtype="fp32", kind="bmm")  # 6 pairs, 4 experts
 
 
 def test_bad_decode_requests_are_one_clear_error():

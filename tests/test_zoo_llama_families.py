@@ -119,8 +119,10 @@ def test_qwen_moe_routes_to_its_experts_and_qwen2_moe_adds_a_gated_shared_expert
     moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)
     g3 = zoo.graph_for(_tiny("qwen3_moe", head_dim=16, **moe), batch=2, seq=8, mode="inference",
                        disk=False)
-    experts = [n for n in g3.by_phase("fwd") if ".experts." in n.module and n.op_class == "gemm"]
-    assert len(experts) == 4 * 3 and {n.op.n for n in experts if n.module.endswith("up_proj")} == {24}
+    experts = [n for n in g3.by_phase("fwd") if n.module.endswith(".mlp.experts") and n.op_class == "gemm"]
+    # HF 5's grouped_mm experts: one grouped GEMM up (gate and up, 2 x 24 wide), one down, a layer
+    assert [n.aten for n in experts] == ["aten._grouped_mm.default"] * 2
+    assert [n.op.n for n in experts[:2]] == [48, 32] and {n.op.b for n in experts} == {4}
     assert any(n.module.endswith("q_norm") for n in g3)
     cfg2 = _tiny("qwen2_moe", **moe, shared_expert_intermediate_size=40)
     g2 = zoo.graph_for(cfg2, batch=2, seq=8, mode="train", disk=False)
@@ -179,7 +181,7 @@ def test_qwen_moe_makes_the_layers_hf_makes_dense_dense():
 
     def sparse(c):
         g = zoo.graph_for(c, batch=2, seq=8, mode="inference", disk=False)
-        return sorted({n.layer for n in g if ".experts." in n.module})
+        return sorted({n.layer for n in g if n.module.endswith(".mlp.experts")})
 
     assert sparse(cfg) == [0, 1, 2, 3, 4]
     assert sparse({**cfg, "decoder_sparse_step": 2}) == [1, 3]  # HF: (i + 1) % step == 0
@@ -222,7 +224,7 @@ def test_deepseek_v3_has_latent_attention_dense_first_layers_and_shared_experts(
     assert len(att) == 5 and {(a.head_dim, a.value_dim) for a in att} == {(8 + 4, 8)}
     # Q·Kᵀ over the 12-wide q/k heads, P·V over the 8-wide values
     assert att[0].flops == pytest.approx(2 * 2 * 4 * 8 * 8 * (12 + 8) * att[0].causal_fraction)
-    routed = {n.layer for n in g if ".experts." in n.module}
+    routed = {n.layer for n in g if n.module.endswith(".mlp.experts")}
     assert routed == {1, 2, 3, 4}  # the first layer is dense
     assert any(n.module.endswith("mlp.shared_expert") or ".shared_expert." in n.module for n in g)
     assert any(n.aten.startswith("aten.sigmoid") and n.module.endswith(".mlp") for n in g)
@@ -258,7 +260,7 @@ def test_deepseek_stacks_short_of_the_replicated_size_and_hf_defaults():
     # keys a config leaves out take HF's DeepseekV3Config defaults: three dense layers first
     bare = {k: v for k, v in six.items() if k not in ("first_k_dense_replace", "n_group", "topk_group")}
     g = zoo.graph_for({**bare, "n_routed_experts": 16}, batch=2, seq=8, mode="inference", disk=False)
-    assert {n.layer for n in g if ".experts." in n.module} == {3, 4, 5}
+    assert {n.layer for n in g if n.module.endswith(".mlp.experts")} == {3, 4, 5}
     with pytest.raises(KitError, match="8 experts do not split into n_group 8 groups of two or more"):
         zoo.build({**DEEPSEEK, "n_group": 8, "topk_group": 4})
 

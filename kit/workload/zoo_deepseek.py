@@ -9,14 +9,14 @@
 * Mixture of experts from layer first_k_dense_replace on: n_routed_experts of width
   moe_intermediate_size behind a sigmoid router with group-limited top-k (n_group, topk_group),
   plus n_shared_experts fused into one MLP that every token goes through, added ungated;
-  the first layers are dense (intermediate_size). Routing goes through the zoo's static-capacity
-  MoE (kit.workload.zoo_modern).
+  the first layers are dense (intermediate_size). The experts run as HF 5 runs them
+  (kit.workload.zoo_experts: grouped_mm, batched_mm in a decode step).
 
 A key a config leaves out takes HF's DeepseekV3Config default (DEFAULTS: first_k_dense_replace 3,
 n_group 8, topk_group 4, routed_scaling_factor 2.5, q_lora_rank 1536, ...); an explicit null
-q_lora_rank means one q_proj. The attention kernel is costed on the query's head size for the values too (192 against 128 on
-V3): its FLOPs read about a fifth high. The multi-token-prediction module is not built (HF's
-model has none).
+q_lora_rank means one q_proj. The attention kernel costs the values on their own head size (128
+against the queries' 192 on V3). The multi-token-prediction module is not built (HF's model has
+none).
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
-from kit.workload.zoo_modern import ExpertChoiceMoE, RMSNorm, SwiGLU, _ids, _rotate_half, rope_tables
+from kit.workload.zoo_experts import TopKMoE
+from kit.workload.zoo_modern import RMSNorm, SwiGLU, _ids, _rotate_half, rope_tables
 
 # HF transformers' DeepseekV3Config defaults for the keys that shape the model
 DEFAULTS = {"first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
@@ -78,16 +79,17 @@ class MLAttention(nn.Module):
         return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
 
 
-class DeepseekMoE(ExpertChoiceMoE):
+class DeepseekMoE(TopKMoE):
     """Sigmoid router with a per-expert correction bias and group-limited top-k (HF's
     DeepseekV3TopkRouter), the routed experts, and the shared experts added ungated."""
 
     def __init__(self, c):
         d, e = c["hidden_size"], _get(c, "n_routed_experts")
         width, n_shared = _get(c, "moe_intermediate_size"), _get(c, "n_shared_experts")
-        experts = nn.ModuleList(SwiGLU(d, width) for _ in range(e))
         shared = SwiGLU(d, width * n_shared) if n_shared else None
-        super().__init__(d, experts, _get(c, "num_experts_per_tok"), None, shared, gated_shared=False)
+        super().__init__(d, e, _get(c, "num_experts_per_tok"), width,
+                         implementation=c.get("experts_implementation") or "grouped_mm",
+                         shared=shared, gated_shared=False)
         self.groups, self.top_groups = _get(c, "n_group"), _get(c, "topk_group")
         if e % self.groups or self.top_groups > self.groups or (self.groups > 1 and e // self.groups < 2):
             raise ValueError(f"{e} experts do not split into n_group {self.groups} groups of two or "
@@ -96,7 +98,7 @@ class DeepseekMoE(ExpertChoiceMoE):
         self.register_buffer("e_score_correction_bias", torch.empty(e), persistent=False)
 
     def route(self, x):
-        e = len(self.experts)
+        e = self.experts.num_experts
         scores = torch.sigmoid(F.linear(x.float(), self.gate.weight.float()))
         choice = scores + self.e_score_correction_bias
         if self.groups > 1:  # keep the topk_group groups whose two best experts score highest
@@ -104,9 +106,10 @@ class DeepseekMoE(ExpertChoiceMoE):
             keep = torch.zeros_like(best).scatter_(1, torch.topk(best, self.top_groups, dim=-1)[1], 1)
             keep = keep.unsqueeze(-1).expand(-1, self.groups, e // self.groups).reshape(-1, e)
             choice = choice.masked_fill(~keep.bool(), 0.0)
-        weights = scores.gather(1, torch.topk(choice, self.top_k, dim=-1)[1])
+        index = torch.topk(choice, self.top_k, dim=-1)[1]
+        weights = scores.gather(1, index)
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.scale
-        return scores
+        return weights, index  # fp32, as HF's router leaves them
 
 
 class DeepseekLayer(nn.Module):
@@ -119,7 +122,9 @@ class DeepseekLayer(nn.Module):
 
     def forward(self, h, cos, sin, cache=None, cache_pos=None):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, cache_pos)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        x = self.post_attention_layernorm(h)
+        # an MoE's decode step (a forward with a cache) runs as HF's generate runs it
+        return h + (self.mlp(x, decode=cache is not None) if isinstance(self.mlp, DeepseekMoE) else self.mlp(x))
 
 
 class DeepseekV3ForCausalLM(nn.Module):

@@ -1,11 +1,7 @@
 """The zoo's Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query SDPA) and its
-mixture-of-experts variant (Mixtral-style top-k experts). The Switch Transformer and T5 are in
-kit.workload.zoo_t5, DLRM in kit.workload.zoo_dlrm.
-
-Mixture-of-experts routing has data-dependent shapes, which cannot run on meta tensors. Each
-expert here takes its `capacity` tokens, chosen by topk over its router column (expert-choice
-dispatch), so the shapes are static and each expert does the work of a capacity-limited
-token-choice router: capacity = min(expert_capacity, ceil(tokens·top_k / experts)) per sequence.
+mixture-of-experts variants (Mixtral, Qwen2-MoE, Qwen3-MoE: top-k experts as HF transformers 5
+runs them, kit.workload.zoo_experts). The Switch Transformer and T5 are in kit.workload.zoo_t5,
+DLRM in kit.workload.zoo_dlrm.
 
 The Llama-style decoder also builds the families that differ from Llama only in a few places, as
 HF's modeling files write them (transformers/models/<family>):
@@ -25,20 +21,15 @@ changes nothing; past it the zoo's cost is an upper bound), and any of them ties
 weight fewer in memory and in the optimizer). llama's attention_bias adds biases to all four
 projections.
 
-Mixture-of-experts routing has data-dependent shapes, which cannot run on meta tensors. Each
-expert here takes its `capacity` tokens, chosen by topk over its router column (expert-choice
-dispatch), so the shapes are static and each expert does the work of a capacity-limited
-token-choice router: capacity = min(expert_capacity, ceil(tokens·top_k / experts)) per sequence.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
+from kit.workload.zoo_experts import TopKMoE, activate
 
 
 def _ids(batch: int, seq: int) -> torch.Tensor:
@@ -180,9 +171,7 @@ class SwiGLU(nn.Module):
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        a = F.silu(gate) if self.act == "silu" else F.gelu(
-            gate, approximate="tanh" if self.act == "gelu_pytorch_tanh" else "none")
-        return self.down_proj(a * up)
+        return self.down_proj(activate(self.act, gate) * up)
 
 
 def sliding_windows(c) -> list[int]:
@@ -221,55 +210,12 @@ def sparse_layer(c, i: int) -> bool:
     return i not in (c.get("mlp_only_layers") or []) and (i + 1) % c.get("decoder_sparse_step", 1) == 0
 
 
+def _act(c) -> str:
+    return c.get("hidden_activation") or c.get("hidden_act") or ("gelu_pytorch_tanh" if _gemma(c) else "silu")
+
+
 def _mlp_of(c, d: int, ff: int) -> SwiGLU:
-    act = (c.get("hidden_activation") or c.get("hidden_act")
-           or ("gelu_pytorch_tanh" if _gemma(c) else "silu"))
-    return SwiGLU(d, ff, act, fused=_family(c) == "phi3")
-
-
-class ExpertChoiceMoE(nn.Module):
-    """Router + experts with static per-expert capacity (see the module docstring); with
-    `shared` (Qwen2-MoE), an expert every token goes through too, weighted by a sigmoid gate."""
-
-    def __init__(self, d: int, experts: nn.ModuleList, top_k: int, capacity: int | None,
-                 shared: nn.Module | None = None, gated_shared: bool = True):
-        super().__init__()
-        self.gate = nn.Linear(d, len(experts), bias=False)
-        if top_k > len(experts):
-            raise ValueError(f"num_experts_per_tok {top_k} is more than the {len(experts)} experts")
-        self.experts, self.top_k, self.capacity = experts, top_k, capacity
-        self.shared_expert = shared
-        self.shared_expert_gate = (nn.Linear(d, 1, bias=False) if shared is not None and gated_shared
-                                   else None)
-
-    def route(self, x):
-        """Each token's score for each expert (a softmax over the router's logits)."""
-        return F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
-
-    def forward(self, x):
-        shape = x.shape
-        b, s = shape[0], shape[1]
-        x = x.reshape(-1, shape[-1])
-        probs = self.route(x)
-        e = len(self.experts)
-        cap = math.ceil(s * self.top_k / e)
-        cap = b * min(cap, self.capacity) if self.capacity else b * cap
-        if s * self.top_k < e:  # fewer routed slots per sequence than experts (a decode step,
-            cap = min(cap, math.ceil(b * s * self.top_k / e))  # s = 1): spread over the batch
-        cap = min(cap, x.shape[0])
-        # a step routes b*s*top_k token-expert pairs: when that is fewer than the experts (a
-        # decode step), at most that many experts get a token, and HF's loop runs only those
-        active = min(e, b * s * self.top_k)
-        out = torch.zeros_like(x)
-        for i, expert in enumerate(list(self.experts)[:active]):
-            weight, idx = torch.topk(probs[:, i], cap)
-            y = expert(x.index_select(0, idx)) * weight.to(x.dtype).unsqueeze(-1)
-            out.index_add_(0, idx, y)
-        if self.shared_expert_gate is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        elif self.shared_expert is not None:  # DeepSeek: added as it is
-            out = out + self.shared_expert(x)
-        return out.view(shape)
+    return SwiGLU(d, ff, _act(c), fused=_family(c) == "phi3")
 
 
 class LlamaLayer(nn.Module):
@@ -281,13 +227,15 @@ class LlamaLayer(nn.Module):
         if self.sandwich:
             self.pre_feedforward_layernorm, self.post_feedforward_layernorm = _norm(c, d), _norm(c, d)
         self.self_attn = LlamaAttention(c)
+        self.moe = moe
         if moe:
-            n, eff = _experts(c), c.get("moe_intermediate_size", ff)
-            experts = nn.ModuleList(_mlp_of(c, d, eff) for _ in range(n))
             shared = (_mlp_of(c, d, c["shared_expert_intermediate_size"])
                       if c.get("shared_expert_intermediate_size") else None)
-            self.mlp = ExpertChoiceMoE(d, experts, c.get("num_experts_per_tok", 2),
-                                       c.get("expert_capacity"), shared)
+            self.mlp = TopKMoE(d, _experts(c), c.get("num_experts_per_tok", 2),
+                               c.get("moe_intermediate_size", ff), _act(c),
+                               c.get("experts_implementation") or "grouped_mm",
+                               c.get("norm_topk_prob", _family(c) not in QWEN_MOE),
+                               cast=_family(c) in QWEN_MOE, shared=shared)
         else:
             self.mlp = _mlp_of(c, d, ff)
 
@@ -295,9 +243,13 @@ class LlamaLayer(nn.Module):
         a = self.self_attn(self.input_layernorm(h), cos, sin, cache, cache_pos, mask)
         if self.sandwich:  # Gemma 2/3: the norms also close attention and the MLP
             h = h + self.post_attention_layernorm(a)
-            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+            return h + self.post_feedforward_layernorm(self._mlp(self.pre_feedforward_layernorm(h), cache))
         h = h + a
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self._mlp(self.post_attention_layernorm(h), cache)
+
+    def _mlp(self, x, cache):
+        """The MLP; an MoE's decode step (a forward with a cache) runs as HF's generate runs it."""
+        return self.mlp(x, decode=cache is not None) if self.moe else self.mlp(x)
 
 
 class LlamaForCausalLM(nn.Module):

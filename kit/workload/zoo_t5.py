@@ -1,6 +1,12 @@
 """The zoo's Switch Transformer (Fedus et al. 2021: T5 blocks with a sparse MLP every other
-layer, experts through kit.workload.zoo_modern's static-capacity MoE) and the dense T5 it is built
-on (Raffel et al. 2020), as HF's SwitchTransformers and T5ForConditionalGeneration run them."""
+layer) and the dense T5 it is built on (Raffel et al. 2020), as HF's SwitchTransformers and
+T5ForConditionalGeneration run them.
+
+Switch routing has data-dependent shapes, which cannot run on meta tensors. Each expert here
+takes its `capacity` tokens, chosen by topk over its router column (expert-choice dispatch), so
+the shapes are static and each expert does the work of a capacity-limited token-choice router:
+capacity = min(expert_capacity, ceil(tokens·top_k / experts)) per sequence. (The Llama-style and
+DeepSeek MoE follow HF 5's experts code instead: kit.workload.zoo_experts.)"""
 from __future__ import annotations
 
 import math
@@ -9,7 +15,31 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kit.workload.zoo_modern import ExpertChoiceMoE, RMSNorm, _ids
+from kit.workload.zoo_modern import RMSNorm, _ids
+
+
+class ExpertChoiceMoE(nn.Module):
+    """Switch's router + experts with static per-expert capacity (the module docstring)."""
+
+    def __init__(self, d: int, experts: nn.ModuleList, top_k: int, capacity: int | None):
+        super().__init__()
+        self.gate = nn.Linear(d, len(experts), bias=False)
+        self.experts, self.top_k, self.capacity = experts, top_k, capacity
+
+    def forward(self, x):
+        shape = x.shape
+        b, s = shape[0], shape[1]
+        x = x.reshape(-1, shape[-1])
+        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        e = len(self.experts)
+        cap = math.ceil(s * self.top_k / e)
+        cap = min(b * min(cap, self.capacity) if self.capacity else b * cap, x.shape[0])
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            weight, idx = torch.topk(probs[:, i], cap)
+            y = expert(x.index_select(0, idx)) * weight.to(x.dtype).unsqueeze(-1)
+            out.index_add_(0, idx, y)
+        return out.view(shape)
 
 
 class T5Attention(nn.Module):
