@@ -126,3 +126,36 @@ def test_fit_finds_an_algorithm_switch_and_keeps_one_regime_without_one():
     assert fit_curve("allreduce", 4, s, t1).breaks_bytes == ()
     with pytest.raises(KitError, match="breaks"):
         fit_curve("allreduce", 4, s, t1, breaks=3)
+
+
+def test_a_curve_applies_only_to_groups_spanning_its_nodes(tmp_path):
+    from kit.comm.parsers import format_nccl_tests, parse_nccl_tests
+
+    truth = BandwidthCurve("allreduce", 8, 20.0, 200.0, 4e6, 1.0)
+    rows = [{"size_bytes": int(s), "count": int(s) // 4, "dtype": "float", "time_us": float(truth.time_us(s))}
+            for s in 2 ** np.arange(12, 30, 2)]
+    f = tmp_path / "one_node.txt"
+    f.write_text(format_nccl_tests(rows, "allreduce", 8, [f"Pid 1 on node1 device {i} X" for i in range(8)]))
+    table = parse_nccl_tests(f)
+    assert set(table.nodes) == {1}
+    path = fit_table(table, system="dgx-h100-x2", source="one node").save(tmp_path / "cal.json")
+    assert load_calibration(path).curves[0].nodes == 1
+    inside = predict_collective("allreduce", 2**25, "dgx-h100-x2", ranks=8, calibration=path)
+    assert inside.source.startswith("calibration")
+    # the same 8 ranks over two nodes: the one-node curve does not apply, the preset answers
+    split = [0, 1, 2, 3, 8, 9, 10, 11]
+    across = predict_collective("allreduce", 2**25, "dgx-h100-x2", ranks=split, calibration=path)
+    assert across.source == "preset" and across.nodes_spanned == 2
+    assert across.time_ms == predict_collective("allreduce", 2**25, "dgx-h100-x2", ranks=split).time_ms
+    # a file naming two hosts records two nodes, and a curve from it answers for the split group
+    f.write_text(format_nccl_tests(rows, "allreduce", 8, [f"Pid 1 on node{i // 4} device {i % 4} X"
+                                                          for i in range(8)]))
+    two = fit_table(parse_nccl_tests(f), system="dgx-h100-x2", source="two nodes")
+    assert two.curve("allreduce", 8, 2).nodes == 2 and two.curve("allreduce", 8, 1) is None
+    assert predict_collective("allreduce", 2**25, "dgx-h100-x2", ranks=split,
+                              calibration=two).source.startswith("calibration")
+    # a source that does not say (no nodes column, PARAM): as before, any group of 8 ranks
+    unknown = fit_table(table.drop(columns="nodes"), system="dgx-h100-x2")
+    assert unknown.curves[0].nodes == 0 and "nodes" not in unknown.curves[0].to_dict()
+    assert predict_collective("allreduce", 2**25, "dgx-h100-x2", ranks=split,
+                              calibration=unknown).source.startswith("calibration")

@@ -236,3 +236,48 @@ def test_every_preset_is_sane_from_1_kib_to_8_gib():
             r = predict_collective(kind, s[-1], name)
             assert r.bound == "bandwidth" and r.busbw_gbs <= r.plateau_busbw_gbs * (1 + 1e-9), (name, kind)
             assert r.busbw_gbs >= 0.9 * r.plateau_busbw_gbs, (name, kind)  # 8 GiB sits on the plateau
+
+
+def test_alltoallv_parts_add_up_to_the_time():
+    # the self part (diagonal) is a local copy: no bandwidth time, and it was once divided by
+    # the busiest rank's off-diagonal bytes, inflating bandwidth_ms by n/(n-1)
+    even = predict_alltoallv(np.full((8, 8), 2.0**24), "dgx-h100")
+    assert even.time_ms == pytest.approx(max(even.floor_ms, even.latency_ms + even.bandwidth_ms), rel=1e-12)
+    assert even.bound == "bandwidth" and even.nbytes == 8 * 2.0**24
+    # the same traffic as an even all-to-all of 128 MiB per rank: the same parts
+    same = predict_collective("alltoall", 8 * 2.0**24, "dgx-h100")
+    for f in ("time_ms", "latency_ms", "bandwidth_ms", "crossover_bytes", "plateau_busbw_gbs", "busbw_gbs"):
+        assert getattr(even, f) == pytest.approx(getattr(same, f), rel=1e-9), f
+    rng = np.random.default_rng(3)
+    uneven = predict_alltoallv(rng.uniform(0, 2**26, (16, 16)), "dgx-h100-x2")
+    assert uneven.time_ms == pytest.approx(uneven.latency_ms + uneven.bandwidth_ms, rel=1e-12)
+
+
+def test_local_only_alltoallv_takes_no_network_time():
+    r = predict_alltoallv(np.diag(np.full(8, 1e9)), "dgx-h100")  # was bandwidth_ms = 1e6 ms
+    assert r.bandwidth_ms == 0 and r.bound == "latency"
+    assert r.time_ms == pytest.approx(max(r.floor_ms, r.latency_ms))
+    assert r.crossover_bytes == float("inf")
+    one = predict_alltoallv([[1e9]], "dgx-h100", ranks=1)
+    assert one.bandwidth_ms == 0 and one.plateau_busbw_gbs == 0
+
+
+def test_ring_steps_across_two_nodes():
+    from kit.comm.algorithms import plans, ring_steps
+
+    s = get_system("dgx-h100-x2")
+    g = resolve_group(s, 16)
+    net = s.network.step_latency_us
+    # 2(N-1) = 30 all-reduce steps (was 2N = 32); the slowest chunk crosses both node links in
+    # each of its two passes: 4 steps at the network latency
+    assert ring_steps("allreduce", g) == (26, 4)
+    assert ring_steps("allgather", g) == ring_steps("reducescatter", g) == (13, 2)  # N-1 = 15
+    assert ring_steps("broadcast", g) == (14, 1)  # a chain crosses the node boundary once
+    ring = {k: next(p for p in plans(s, k, g) if p.algorithm == "ring") for k in ("allreduce", "allgather")}
+    assert ring["allreduce"].latency_us == pytest.approx(BASE + 26 * STEP + 4 * net)
+    assert ring["allgather"].latency_us == pytest.approx(BASE + 13 * STEP + 2 * net)
+    # one rank per node: every link crosses nodes; one node: none does (unchanged)
+    assert ring_steps("allreduce", resolve_group(s, [0, 8])) == (0, 2)
+    one = resolve_group(get_system("dgx-h100"), 8)
+    assert ring_steps("allreduce", one) == (14, 0) and ring_steps("allgather", one) == (7, 0)
+    assert plans(get_system("dgx-h100"), "allreduce", one)[0].latency_us == pytest.approx(BASE + 14 * STEP)

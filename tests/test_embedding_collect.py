@@ -7,6 +7,7 @@ import pytest
 from kit.cli import main
 from kit.embedding import Zipf
 from kit.embedding.collect import COLUMNS, collect, grid, load
+from kit.embedding.correction import fit_correction
 from kit.errors import KitError
 
 
@@ -26,7 +27,7 @@ def test_rows_are_written_with_measured_unique_counts(tmp_path):
     assert (df["latency_ms"] > 0).all() and (df["lookups"] == 48).all()
     # the measured unique count is the sampled stream's own: at most the lookups, and for
     # Zipf(1.2) close to the model's expectation for 48 draws from 500 rows
-    z = df[df["distribution"] == "zipf(1.2)"]["unique_rows"].iloc[0]
+    z = df[df["distribution"] == "zipf:1.2"]["unique_rows"].iloc[0]
     assert 1 <= z <= 48
     assert z == pytest.approx(Zipf(1.2).expected_unique(48, 500), abs=8)
     assert (df[df["distribution"] == "uniform"]["unique_rows"] > z).all()
@@ -70,3 +71,34 @@ def test_cli(tmp_path, capsys):
     assert main(["collect-embedding", "--out", str(out), "--rows", "x"]) == 2
     assert "whole numbers" in capsys.readouterr().err
     assert main(["collect-embedding", "--out", str(tmp_path / "d.csv"), "--dist", "bogus"]) == 2
+
+
+def test_distinct_distributions_get_distinct_rows_and_keys(tmp_path):
+    specs = ["reuse:0.3,0.2", "reuse:0.05,0.45", "zipf:1.2000001", "zipf:1.2"]
+    cfgs = tiny(distributions=specs)
+    assert [c["distribution"] for c in cfgs] == specs  # describe() made two pairs of equal labels
+    out = tmp_path / "e.csv"
+    assert collect(cfgs, out, repeats=1, warmup=0)["written"] == 4
+    r = collect(cfgs, out, repeats=1, warmup=0, resume=True)
+    assert (r["written"], r["skipped"]) == (0, 4)
+    assert list(load(out)["distribution"]) == specs
+
+
+def test_resume_reads_an_older_files_zipf_labels(tmp_path):
+    out = tmp_path / "old.csv"
+    collect(tiny(), out, repeats=1, warmup=0)
+    out.write_text(out.read_text().replace("zipf:1.2", "zipf(1.2)"))  # as written before specs
+    r = collect(tiny(), out, repeats=1, warmup=0, resume=True)
+    assert (r["written"], r["skipped"]) == (0, 2)
+
+
+def test_collect_then_fit_a_correction_with_a_reuse_histogram(tmp_path):
+    out = tmp_path / "reuse.csv"
+    cfgs = tiny(batch=[8, 32], distributions=["reuse:0.3,0.2", "uniform"], passes=("forward", "backward"))
+    assert collect(cfgs, out, repeats=1, warmup=0)["written"] == 8
+    c = fit_correction(out, gpu="v100-sxm2-32gb")  # was: unknown distribution 'reuse(2 bins, ...)'
+    assert c.trained_on["rows"] == 8 and all(np.isfinite(c.weights))
+    # an older file's reuse label cannot be read back: one clear error naming the row
+    out.write_text(out.read_text().replace("reuse:0.3,0.2", "reuse(2 bins, cold 0.500)"))
+    with pytest.raises(KitError, match=r"row \d+: .*label, not its spec"):
+        fit_correction(out, gpu="v100-sxm2-32gb")

@@ -99,3 +99,24 @@ def test_parse_distribution_and_errors():
         Zipf(-1)
     with pytest.raises(KitError):
         Empirical(np.array([1.5, 2.0]))
+
+
+def test_spec_reads_back_exactly_and_keeps_distinct_distributions_apart():
+    dists = [Uniform(), Zipf(1.2), Zipf(1.2000001), Zipf(1e-05), ReuseHistogram((0.3, 0.2)),
+             ReuseHistogram((0.05, 0.45)), ReuseHistogram((0.1, 0.0, 1 / 3))]
+    specs = [d.spec() for d in dists]
+    assert specs[:2] == ["uniform", "zipf:1.2"] and specs[4] == "reuse:0.3,0.2"
+    assert len(set(specs)) == len(dists)  # describe() gave zipf(1.2) twice and reuse(2 bins, ...) twice
+    assert [parse_distribution(s) for s in specs] == dists
+    # an older collector's labels: zipf and uniform still read, a reuse label is refused clearly
+    assert parse_distribution("zipf(1.2)") == Zipf(1.2)
+    with pytest.raises(KitError, match="label, not its spec"):
+        parse_distribution(ReuseHistogram((0.3, 0.2)).describe())
+
+
+def test_index_tensors_compare_by_value():
+    a, b = Empirical(np.arange(50) % 7), Empirical(np.arange(50) % 7)
+    assert a == b and hash(a) == hash(b) and a.spec() == b.spec()
+    assert a != Empirical(np.arange(50) % 8)
+    with pytest.raises(KitError, match="index tensor"):
+        parse_distribution(a.spec())

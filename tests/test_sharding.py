@@ -169,3 +169,22 @@ def test_read_tables(tmp_path):
             read_tables(bad)
     with pytest.raises(KitError, match="not found"):
         read_tables(tmp_path / "missing.csv")
+
+
+def test_lookup_costs_are_cached_per_dtype_and_distribution_not_per_name():
+    # unnamed tables once shared one cache entry: the first table's cost went to both
+    shape = dict(rows=10**6, dim=64, pooling=20)
+    for a, b in ((dict(dtype="fp16"), dict(dtype="fp32")),
+                 (dict(distribution=Uniform()), dict(distribution=Zipf(0.9)))):
+        for tabs in ([Table(**shape, **a), Table(**shape, **b)], [Table(**shape, **b), Table(**shape, **a)]):
+            m = model_for(tabs)
+            want = []
+            for t, tab in enumerate(tabs):  # option 0: table-wise on rank 0, the whole batch
+                r = lookup_cost(tab, m.batch * m.world, GPU, l2_share=float(m.l2_shares[t]))
+                want.append(r.time_ms - r.parts["launch_ms"])
+            assert m.contrib[:, 0, 0] == pytest.approx(want, rel=1e-12)
+            assert want[0] != pytest.approx(want[1], rel=1e-3)
+    # equal tables under different names share an entry
+    m = model_for([Table(**shape, name="a"), Table(**shape, name="b")])
+    assert m.contrib[0, 0, 0] == m.contrib[1, 0, 0]
+    assert len(m._lookup_cache) == len(model_for([Table(**shape, name="a")])._lookup_cache)

@@ -16,6 +16,12 @@ For a group of N ranks on k nodes (at most g per node), with
   reduce-scatter / all-gather   ring (N-1 steps, wire (N-1)/N), nvls in one NVSwitch node,
                                hier-ring across nodes (rail-wise across, then ring inside)
   broadcast / reduce           pipelined ring chain (N-1 steps, wire 1)
+  Which steps pay s_net (ring_steps): each step's latency is charged at the link it crosses (the
+  idea of NCCL's tuning model), following the slowest chunk. A ring over k > 1 nodes (ranks
+  grouped by node) has exactly k node-crossing links; a reduce-scatter or all-gather chunk
+  travels N-1 of the N links, so the slowest crosses min(k, N-1) of them: N-1 steps, min(k, N-1)
+  at s_net, the rest at s_in; an all-reduce is both, 2(N-1) steps, 2 min(k, N-1) at s_net. A
+  chain (broadcast/reduce) visits each node once: N-1 steps, k-1 at s_net. One node: all at s_in.
   all-to-all / send-recv       direct transfers; see alltoallv_us
 Every algorithm also pays kappa/M per byte (kappa/2 for collectives without a full reduction),
 the local HBM traffic that does not overlap the wire. Sources: NCCL's algorithms and its tuning
@@ -48,6 +54,17 @@ def _mem(system: System) -> float:
     return system.gpu.mem_bw_gbs * _NS
 
 
+def ring_steps(kind: str, group: Group) -> tuple[int, int]:
+    """(steps at the intra-node latency, steps at the network latency) of a ring or chain
+    algorithm on this group; see the module doc. Their sum is 2(N-1) for all-reduce, else N-1."""
+    n, k = group.size, group.n_nodes
+    if kind in ("broadcast", "reduce"):
+        return n - k, k - 1
+    passes = 2 if kind == "allreduce" else 1
+    inter = 0 if k == 1 else min(k, n - 1)
+    return passes * (n - 1 - inter), passes * inter
+
+
 def _kappa(system: System, full_reduce: bool) -> float:
     k = system.soft("hbm_bytes_per_byte")
     return (k if full_reduce else k / 2) / _mem(system)
@@ -65,11 +82,13 @@ def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
     b_net = node_net_gbs(system, group) * _NS if k > 1 else math.inf
     nvls = nvls_gbs(system) * _NS if system.fabric.kind == "nvswitch" else 0.0
     slow = 1.0 / min(b_ring, b_net)
+    intra, inter = ring_steps(kind, group)
+    ring_lat = base + intra * s_in + inter * s_net
     out: list[Plan] = []
     if kind == "allreduce":
         w = 2.0 * (n - 1) / n
         kap = _kappa(system, True)
-        out.append(Plan("ring", base + 2 * (n - k) * s_in + 2 * k * s_net * (k > 1), w * slow + kap))
+        out.append(Plan("ring", ring_lat, w * slow + kap))
         if k == 1 and nvls and n > 2:
             out.append(Plan("nvls", base + 2 * s_in, 1.0 / nvls + kap / 2))
         if k > 1:
@@ -88,15 +107,14 @@ def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
     elif kind in ("reducescatter", "allgather"):
         w = (n - 1) / n
         kap = _kappa(system, False)
-        out.append(Plan("ring", base + (n - k) * s_in + k * s_net * (k > 1), w * slow + kap))
+        out.append(Plan("ring", ring_lat, w * slow + kap))
         if k == 1 and nvls and n > 2:
             out.append(Plan("nvls", base + s_in, w / b_ring + kap))
         if k > 1:  # across the rails first, then inside each node (one after the other)
             out.append(Plan("hier-ring", base + (g - 1) * s_in + (k - 1) * s_net,
                             (g - 1) / g / b_ring + (k - 1) / k / b_net + kap))
     elif kind in ("broadcast", "reduce"):
-        out.append(Plan("ring", base + (n - k) * s_in + k * s_net * (k > 1),
-                        slow + _kappa(system, False)))
+        out.append(Plan("ring", ring_lat, slow + _kappa(system, False)))
     elif kind == "alltoall":
         m = np.full((n, n), 1.0 / n)
         np.fill_diagonal(m, 0.0)

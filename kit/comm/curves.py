@@ -46,6 +46,7 @@ class BandwidthCurve:
     max_bytes: float = 0.0
     switch_bytes: float = math.inf  # from this size up `upper` answers (an algorithm switch)
     upper: BandwidthCurve | None = None
+    nodes: int = 0  # nodes the measured group spanned (0: not known, e.g. PARAM output)
 
     @property
     def factor(self) -> float:
@@ -101,6 +102,8 @@ class BandwidthCurve:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if not self.nodes:  # unknown: as files written before nodes were recorded
+            del d["nodes"]
         if self.upper is None:
             del d["switch_bytes"], d["upper"]
         else:
@@ -114,7 +117,8 @@ def curve_from_dict(d: dict, where: str = "curve") -> BandwidthCurve:
                            floor_us=float(d["floor_us"]), busbw_max_gbs=float(d["busbw_max_gbs"]),
                            half_bytes=float(d["half_bytes"]), steepness=float(d["steepness"]),
                            n_points=int(d.get("n_points", 0)), fit_mape=float(d.get("fit_mape", "nan")),
-                           min_bytes=float(d.get("min_bytes", 0)), max_bytes=float(d.get("max_bytes", 0)))
+                           min_bytes=float(d.get("min_bytes", 0)), max_bytes=float(d.get("max_bytes", 0)),
+                           nodes=int(d.get("nodes", 0)))
         if d.get("upper") is not None:
             up = curve_from_dict(d["upper"], f"{where} upper regime")
             c = replace(c, switch_bytes=float(d["switch_bytes"]), upper=up)
@@ -125,6 +129,9 @@ def curve_from_dict(d: dict, where: str = "curve") -> BandwidthCurve:
     finite = all(math.isfinite(v) for v in (c.busbw_max_gbs, c.half_bytes, c.steepness, c.floor_us))
     if c.ranks < 1:
         raise KitError(f"{where}: ranks must be a whole number >= 1, got {d['ranks']!r}")
+    if not 0 <= c.nodes <= c.ranks:
+        raise KitError(f"{where}: nodes must be a whole number from 1 to ranks (or 0: not known), "
+                       f"got {d['nodes']!r}")
     if not (finite and c.busbw_max_gbs > 0 and c.half_bytes > 0 and c.steepness > 0 and c.floor_us >= 0):
         raise KitError(f"{where}: busbw_max_gbs, half_bytes and steepness must be positive and finite, "
                        "floor_us finite and >= 0")
@@ -235,18 +242,24 @@ def _fit_regime(kind, ranks, s, t) -> BandwidthCurve:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Fitted curves for one system, keyed by (kind, ranks)."""
+    """Fitted curves for one system, keyed by (kind, ranks, nodes spanned).
+
+    A group of 8 ranks in one node and one split over two nodes run at different speeds, so a
+    curve whose nodes are known answers only for groups spanning that many nodes; a curve
+    whose nodes are not known (0) answers for any group of its rank count."""
 
     system: str
     curves: tuple[BandwidthCurve, ...]
     source: str = ""
 
-    def curve(self, kind: str, ranks: int) -> BandwidthCurve | None:
+    def curve(self, kind: str, ranks: int, nodes: int | None = None) -> BandwidthCurve | None:
+        """The curve for `ranks` ranks spanning `nodes` nodes (None: any), else None. A curve
+        measured on exactly that many nodes comes before one whose nodes are not known."""
         kind = canonical_kind(kind)
-        for c in self.curves:
-            if c.kind == kind and c.ranks == ranks:
-                return c
-        return None
+        same = [c for c in self.curves if c.kind == kind and c.ranks == ranks]
+        if nodes is None:
+            return same[0] if same else None
+        return next((c for c in same if c.nodes == nodes), None) or next((c for c in same if not c.nodes), None)
 
     def to_dict(self) -> dict:
         return {"format": CALIBRATION_FORMAT, "version": 1, "system": self.system,
@@ -285,7 +298,8 @@ def load_calibration(path: str | Path | Calibration) -> Calibration:
 
 
 def fit_table(table, system: str = "", source: str = "", min_points: int = 4) -> Calibration:
-    """Fit one curve per (kind, ranks) of a measurement table (columns kind, ranks, size_bytes, time_us)."""
+    """Fit one curve per (kind, ranks, nodes) of a measurement table (columns kind, ranks,
+    size_bytes, time_us, and optionally nodes: the nodes the group spanned, NaN or 0 when not known)."""
     missing = {"kind", "ranks", "size_bytes", "time_us"} - set(table.columns)
     if missing:
         raise KitError(f"measurement table lacks column(s) {', '.join(sorted(missing))}")
@@ -296,13 +310,19 @@ def fit_table(table, system: str = "", source: str = "", min_points: int = 4) ->
         raise KitError(f"{where}: the benchmark counted wrong results in {len(bad)} row(s) (first: "
                        f"{first['kind']} x{first['ranks']} at {first['size_bytes']} B, #wrong "
                        f"{first['wrong']}); a run that fails its own check is not fitted: re-run it")
+    nodes = table["nodes"].fillna(0) if "nodes" in table.columns else 0
+    table = table.assign(nodes=nodes)
+    if not ((table["nodes"] >= 0) & (table["nodes"] <= table["ranks"]) & (table["nodes"] % 1 == 0)).all():
+        raise KitError(f"{where}: nodes must be a whole number from 1 to ranks (or empty: not known)")
     curves, short = [], []
-    for (kind, ranks), g in table.groupby(["kind", "ranks"], sort=True):
+    for (kind, ranks, n_nodes), g in table.groupby(["kind", "ranks", "nodes"], sort=True):
         g = g.groupby("size_bytes", as_index=False)["time_us"].median()
+        on = f" on {int(n_nodes)} node(s)" if n_nodes else ""
         if len(g) >= min_points:
-            curves.append(fit_curve(kind, int(ranks), g.size_bytes.values, g.time_us.values))
+            curves.append(replace(fit_curve(kind, int(ranks), g.size_bytes.values, g.time_us.values),
+                                  nodes=int(n_nodes)))
         else:
-            short.append(f"{kind} x{ranks} ({len(g)})")
+            short.append(f"{kind} x{ranks} ({len(g)}){on}")
     if short:  # fitting the others alone would drop these measurements without a word
         raise KitError(f"{where}: a curve needs {min_points}+ sizes; too few for {', '.join(short)}"
                        + (f" (the others fit: {', '.join(f'{c.kind} x{c.ranks}' for c in curves)})"

@@ -322,6 +322,7 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
             out.write_text(text)
         except OSError as e:
             raise KitError(f"cannot write the measurements to {out}: {e.strerror or e}") from None
-    table = pd.DataFrame([{**r, "ranks": ranks, "algbw_gbs": r["size_bytes"] / r["time_us"] / 1e3,
+    # every rank is spawned on this host: one node
+    table = pd.DataFrame([{**r, "ranks": ranks, "nodes": 1, "algbw_gbs": r["size_bytes"] / r["time_us"] / 1e3,
                            "source": str(out or "")} for r in rows])
     return text, table.reindex(columns=COLUMNS)

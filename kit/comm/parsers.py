@@ -1,12 +1,14 @@
 """Read collective benchmarks into one tidy table, and write the nccl-tests text format.
 
-Table columns: kind, ranks, size_bytes, count, dtype, time_us, algbw_gbs, busbw_gbs,
-time_us_in_place, busbw_gbs_in_place, wrong, source. time_us is the out-of-place time (PARAM: p50).
+Table columns: kind, ranks, nodes, size_bytes, count, dtype, time_us, algbw_gbs, busbw_gbs,
+time_us_in_place, busbw_gbs_in_place, wrong, source. time_us is the out-of-place time (PARAM: p50);
+nodes is the number of hosts the ranks ran on, empty (NaN) where the file does not say.
 
 * nccl-tests (github.com/NVIDIA/nccl-tests) stdout: `#` comment lines, one row per size with
   size, count, type, [redop, root,] then time/algbw/busbw/#wrong out-of-place and in-place.
   The collective comes from "# Collective test starting: all_reduce_perf" (or `kind=`), the rank
-  count from the "#  Rank N" device lines (or `ranks=`). Several runs may be concatenated.
+  count from the "#  Rank N" device lines (or `ranks=`), the nodes from the distinct hosts those
+  lines name ("... Pid 4242 on node1 device 0 ..."). Several runs may be concatenated.
 * PARAM comms (github.com/facebookresearch/param, train/comms/pt/comms.py): "COMMS-RES" lines,
   a header naming size (B), num-elements, Latency(us):p50, p75, p95, [Min, Max,] algBW, busBW.
   The ranks come from `ranks=` or from busBW/algBW (the nccl-tests factor of the collective).
@@ -20,7 +22,7 @@ from pathlib import Path
 from kit.comm.conventions import NCCL_TESTS_NAME, busbw_factor, canonical_kind
 from kit.errors import KitError
 
-COLUMNS = ["kind", "ranks", "size_bytes", "count", "dtype", "time_us", "algbw_gbs", "busbw_gbs",
+COLUMNS = ["kind", "ranks", "nodes", "size_bytes", "count", "dtype", "time_us", "algbw_gbs", "busbw_gbs",
            "time_us_in_place", "busbw_gbs_in_place", "wrong", "source"]
 
 
@@ -79,7 +81,7 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
 
     text, src = _read(path)
     kind = canonical_kind(kind) if kind else None
-    rows, cur_kind, rank_lines, section_ranks = [], kind, set(), None
+    rows, cur_kind, rank_lines, hosts, section_ranks = [], kind, set(), {}, None
     for no, line in enumerate(text.splitlines(), 1):
         s = line.strip()
         if not s:
@@ -87,11 +89,14 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
         m = re.match(r"#\s*Collective test starting:\s*(\S+)", s)
         if m:
             cur_kind = _said_kind(kind, m.group(1), f"{src} line {no}")
-            rank_lines, section_ranks = set(), None
+            rank_lines, hosts, section_ranks = set(), {}, None
             continue
         m = re.match(r"#\s+Rank\s+(\d+)\s", s)
         if m:
             rank_lines.add(int(m.group(1)))
+            host = re.search(r"\son\s+(\S+)\s+device\s", s)
+            if host:
+                hosts[int(m.group(1))] = host.group(1)
             continue
         if s.startswith("#"):
             continue
@@ -115,7 +120,8 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
             raise KitError(f"{src}: no '#  Rank' device lines to count ranks; pass ranks=")
         section_ranks = n
         oop, inp = tok[-8:-4], tok[-4:]
-        rows.append({"kind": cur_kind, "ranks": section_ranks, "size_bytes": int(tok[0]),
+        nodes = len(set(hosts.values())) if rank_lines and len(hosts) == len(rank_lines) == n else None
+        rows.append({"kind": cur_kind, "ranks": section_ranks, "nodes": nodes, "size_bytes": int(tok[0]),
                      "count": _whole(tok[1], where), "dtype": tok[2], "time_us": _time(oop[0], where),
                      "algbw_gbs": _float(oop[1], where), "busbw_gbs": _float(oop[2], where),
                      "time_us_in_place": _time(inp[0], where), "busbw_gbs_in_place": _float(inp[2], where),

@@ -7,7 +7,9 @@
 
 A preset's time is max(floor, latency + size x cost-per-byte) of the best algorithm, which is a
 BandwidthCurve with k = 1 (kit.comm.curves); a calibration replaces it by the curve fitted to
-measurements of the same collective on the same number of ranks.
+measurements of the same collective on the same number of ranks spanning the same number of nodes
+(a curve whose nodes the measurements did not tell answers for any). When no curve matches, the
+preset answers.
 """
 from __future__ import annotations
 
@@ -106,7 +108,7 @@ def _evaluate(kind, s, system, group, cal):
     times = np.stack([c.time_us(s) for _, c in pcs])
     lat_plus = np.stack([p.latency_us + p.us_per_byte * s for p, _ in pcs])
     best = np.lexsort((lat_plus, times), axis=0)[0] if len(pcs) > 1 else np.zeros(len(s), int)
-    fitted = cal.curve(kind, group.size) if cal else None
+    fitted = cal.curve(kind, group.size, group.n_nodes) if cal else None
     t = fitted.time_us(s) if fitted else times[best, np.arange(len(s))]
     return t, best, pcs, fitted
 
@@ -140,7 +142,7 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     size = float(s[0])
     pcs = _plan_curves(system, kind, group)
     plan, curve = min(pcs, key=lambda pc: (pc[1].time_us(size), pc[0].latency_us + pc[0].us_per_byte * size))
-    fitted = cal.curve(kind, group.size) if cal else None
+    fitted = cal.curve(kind, group.size, group.n_nodes) if cal else None
     t = float(fitted.time_us(size)) if fitted else curve.time_us(size)
     return _result(kind, size, t, plan, fitted or curve, system, group,
                    f"calibration:{cal.source}" if fitted else "preset")
@@ -166,7 +168,12 @@ def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
     """Uneven all-to-all: send_bytes[i][j] bytes from group rank i to group rank j.
 
     The time is set by the busiest rank (the max over ranks of bytes sent or received, on each
-    link it uses) plus the all-to-all latency. algbw = the largest per-rank send / time.
+    link it uses) plus the all-to-all latency: time = max(floor, latency + bandwidth). The
+    diagonal (a rank's bytes to itself) is a local copy and takes no bandwidth time, so a
+    local-only matrix is latency-bound. nbytes is the nccl-tests size, the largest per-rank send
+    including the self part; algbw = nbytes / time. The cost per byte behind the crossover and the
+    plateau is per byte of nbytes (bandwidth / nbytes: scaling the matrix scales both); without
+    traffic between ranks the crossover and the plateau are infinite.
     """
     system = get_system(system)
     m = np.asarray(send_bytes, dtype=float)
@@ -178,17 +185,24 @@ def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
     if group.size != m.shape[0]:
         raise KitError(f"send_bytes is {m.shape[0]}x{m.shape[0]} but the group has {group.size} ranks")
     n = group.size
-    lat = alltoall_latency_us(system, group)
+    lat_us = alltoall_latency_us(system, group)
+    floor_us = _floor_us(system, group)
     kap = system.soft("hbm_bytes_per_byte") / 2 / (system.gpu.mem_bw_gbs * 1e3)
-    sent = m.sum(1) - np.diag(m)
-    busiest = float(max(sent.max(), (m.sum(0) - np.diag(m)).max())) if n > 1 else 0.0
-    bw_us = alltoallv_us(system, group, m) + kap * busiest if n > 1 else 0.0
-    t_us = max(lat + bw_us, _floor_us(system, group))
+    off = m - np.diag(np.diag(m))
+    busiest = float(max(off.sum(1).max(), off.sum(0).max()))
+    bw_us = alltoallv_us(system, group, m) + kap * busiest if busiest > 0 else 0.0
+    t_us = max(lat_us + bw_us, floor_us)
     size = float(m.sum(1).max())
-    per_byte = bw_us / busiest if busiest > 0 else 1.0
-    plan = Plan("p2p", lat, per_byte)
-    curve = plan_curve(system, "alltoall", group, plan)
-    return _result("alltoall", size, t_us, plan, curve, system, group, "preset")
+    per_byte = bw_us / size if size > 0 else 0.0
+    f = busbw_factor("alltoall", n)
+    algbw = size / t_us / 1e3 if t_us > 0 else 0.0
+    return CollectiveResult(
+        kind="alltoall", nbytes=size, ranks=n, time_ms=t_us / 1e3, algorithm="p2p", algbw_gbs=algbw,
+        busbw_gbs=algbw * f, latency_ms=lat_us / 1e3, bandwidth_ms=bw_us / 1e3, floor_ms=floor_us / 1e3,
+        bound="bandwidth" if bw_us > max(lat_us, floor_us) else "latency",
+        crossover_bytes=max(lat_us, floor_us) / per_byte if per_byte > 0 else math.inf,
+        plateau_busbw_gbs=f / (per_byte * 1e3) if per_byte > 0 else (math.inf if f > 0 else 0.0),
+        source="preset", system=system.key, nodes_spanned=group.n_nodes)
 
 
 __all__ = ["KINDS", "collective_table", "plan_curve", "predict_alltoallv", "predict_collective"]

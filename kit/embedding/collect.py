@@ -5,6 +5,9 @@ table-batched embedding, cuda only, used when fbgemm_gpu is installed; "auto" pi
 Each config is (batch, rows, dim, pooling, tables, distribution, mode, dtype, pass): `tables`
 equal tables each look up `batch` bags of exactly `pooling` indices drawn from the distribution
 (seeded). pass "forward" times the lookup; pass "backward" times backward + optimizer step.
+The distribution column holds its spec (Distribution.spec: "zipf:1.05", "reuse:0.3,0.2"), which
+loses nothing: distinct distributions get distinct rows and resume keys, and the correction fitter
+reads it back. Files from before hold describe() labels; their zipf and uniform rows still resume.
 
 Timing as the op collector's (kit.data.collect): mean of the fastest fifth of `repeats` calls
 after `warmup`. Each finished row is appended with one write, flush and fsync; a resumed run
@@ -40,7 +43,7 @@ def grid(batch, rows, dim, pooling, distributions, tables=(1,), modes=("sum",), 
     for b, e, d, l, dist, t, mo, dt, ps in itertools.product(batch, rows, dim, pooling, distributions,
                                                               tables, modes, dtypes, passes):
         out.append({"batch": int(b), "rows": int(e), "dim": int(d), "pooling": int(l), "tables": int(t),
-                    "distribution": parse_distribution(dist).describe(), "_dist": dist, "mode": mo,
+                    "distribution": parse_distribution(dist).spec(), "_dist": dist, "mode": mo,
                     "dtype": dt, "pass": ps, "optimizer": optimizer if ps == "backward" else ""})
     return out
 
@@ -139,7 +142,16 @@ def _existing_keys(path: Path) -> set[tuple]:
         if reader.fieldnames != COLUMNS:
             raise KitError(f"{path} is not an embedding measurement CSV (its header differs from "
                            f"{', '.join(COLUMNS[:5])}, ...); choose another --out")
-        return {tuple(r[k] for k in KEY) for r in reader}
+        return {tuple(_spec(r[k]) if k == "distribution" else r[k] for k in KEY) for r in reader}
+
+
+def _spec(label: str) -> str:
+    """The spec of a stored distribution: itself, or an older file's zipf(1.05) label as its spec
+    (a reuse or index-tensor label is kept as it is: it matches no spec, so those rows re-run)."""
+    try:
+        return parse_distribution(label).spec()
+    except KitError:
+        return label
 
 
 def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: str = "torch",

@@ -62,6 +62,8 @@ class Correction:
 
 
 def _analytic(row, gpu):
+    """The analytic cost of one collector row; its distribution is the stored spec (or an older
+    file's zipf/uniform label)."""
     from kit.embedding.cost import Table, lookup_cost
     from kit.embedding.distributions import parse_distribution
 
@@ -86,13 +88,17 @@ def fit_correction(data, gpu=None, ridge: float = 1e-2) -> Correction:
         raise KitError(f"need at least {len(FEATURES)} measurements to fit a correction, got {len(df)}")
     X, y = [], []
     gpus = set()
-    for row in df.to_dict("records"):
+    src = str(data) if not hasattr(data, "columns") else "DataFrame"
+    for i, row in enumerate(df.to_dict("records")):
         name = gpu or row["device_name"]
         if name == "cpu":
             raise KitError("these measurements ran on the CPU; pass the GPU to fit against (gpu=...)")
         g = get_gpu(name)
         gpus.add(g.key)
-        r, tables, backward = _analytic(row, g)
+        try:
+            r, tables, backward = _analytic(row, g)
+        except KitError as e:
+            raise KitError(f"{src} row {i + 1}: {e}") from None
         X.append(features(r.parts, tables, backward))
         y.append(math.log(float(row["latency_ms"]) / r.time_ms))
     X, y = np.array(X), np.array(y)
@@ -100,7 +106,6 @@ def fit_correction(data, gpu=None, ridge: float = 1e-2) -> Correction:
     w = np.linalg.solve(A, X.T @ y)
     before = float(np.mean(np.abs(np.expm1(y))))
     after = float(np.mean(np.abs(np.expm1(y - X @ w))))
-    src = str(data) if not hasattr(data, "columns") else "DataFrame"
     return Correction(tuple(float(v) for v in w), gpu=",".join(sorted(gpus)),
                       trained_on={"source": src, "rows": int(len(df)),
                                   "backends": sorted(set(map(str, df["backend"]))),

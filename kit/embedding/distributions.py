@@ -2,7 +2,8 @@
 many of its accesses an LRU-like cache of C rows would serve.
 
 Four kinds, one interface (`expected_unique(n, rows)`, `expected_misses(n, rows, cache_rows)`,
-`sample(n, rows, rng)`):
+`sample(n, rows, rng)`, and two labels: `spec()` the lossless text parse_distribution reads back,
+e.g. "zipf:1.2000001", "reuse:0.3,0.2", and `describe()` a short one for people, e.g. "zipf(1.2)"):
 
 * Uniform           p_i = 1/E
 * Zipf(α)           p_i ∝ i^-α, i = 1..E (rank 1 the hottest)
@@ -36,6 +37,7 @@ ranks whose probability is the bin's mean (∫ x^-α dx over the bin / width).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -104,7 +106,13 @@ class Distribution:
         raise NotImplementedError
 
     def describe(self) -> str:
+        """A short label for people (may round: not for keys or files; see spec)."""
         return self.kind
+
+    def spec(self) -> str:
+        """The distribution as text that loses nothing: parse_distribution(d.spec()) == d (an
+        index tensor's spec names it by a digest instead, and cannot be read back)."""
+        raise KitError(f"{type(self).__name__} has no text spec; give it a spec() method")
 
 
 def _characteristic_time(p: np.ndarray, c: np.ndarray, cache_rows: float) -> float:
@@ -164,6 +172,9 @@ class Uniform(Distribution):
     def _sample_ranks(self, n, rows, rng):
         return rng.integers(0, rows, size=n, dtype=np.int64)
 
+    def spec(self):
+        return "uniform"
+
 
 @dataclass(frozen=True)
 class Zipf(Distribution):
@@ -189,6 +200,9 @@ class Zipf(Distribution):
 
     def describe(self):
         return f"zipf({self.alpha:g})"
+
+    def spec(self):
+        return f"zipf:{float(self.alpha)!r}"  # repr: the shortest text that reads back exactly
 
 
 @dataclass(frozen=True)
@@ -287,6 +301,9 @@ class ReuseHistogram(Distribution):
     def describe(self):
         return f"reuse({len(self.bins)} bins, cold {self.cold_fraction:.3f})"
 
+    def spec(self):
+        return "reuse:" + ",".join(repr(b) for b in self.bins)
+
 
 def _as_index_array(indices) -> np.ndarray:
     if hasattr(indices, "detach"):  # a torch tensor
@@ -311,6 +328,13 @@ class Empirical(Distribution):
         self.unique_ids = ids
         self._freq_counts = counts
         self.reuse = ReuseHistogram.from_indices(self.indices)
+        self._digest = hashlib.sha1(self.indices.tobytes()).hexdigest()[:16]
+
+    def __eq__(self, other):  # by value, so that equal tensors share cached costs
+        return isinstance(other, Empirical) and self.spec() == other.spec()
+
+    def __hash__(self):
+        return hash(self.spec())
 
     def groups(self, rows):
         if self.unique_ids[-1] >= rows:
@@ -346,10 +370,15 @@ class Empirical(Distribution):
     def describe(self):
         return f"indices(n={self.indices.size}, unique={self.unique_ids.size})"
 
+    def spec(self):
+        return f"indices:n={self.indices.size},unique={self.unique_ids.size},sha1={self._digest}"
+
 
 def parse_distribution(spec) -> Distribution:
     """A Distribution from a Distribution, None (uniform), a number (Zipf α), an index array,
-    or a string: 'uniform', 'zipf:1.05', 'reuse:0.1,0.2,0.05'."""
+    or a string: 'uniform', 'zipf:1.05', 'reuse:0.1,0.2,0.05' (what spec() writes). The
+    describe() label 'zipf(1.05)' is read too (older collector CSVs hold it); the reuse and
+    index-tensor labels cannot be, as they do not hold the bins or the indices."""
     if spec is None:
         return Uniform()
     if isinstance(spec, Distribution):
@@ -362,6 +391,13 @@ def parse_distribution(spec) -> Distribution:
             return Uniform()
         if s.startswith("zipf(") and s.endswith(")"):  # describe() form: zipf(1.05)
             s = f"zipf:{s[5:-1]}"
+        if s.startswith("reuse("):
+            raise KitError(f"distribution {spec!r} is a reuse histogram's label, not its spec: it does not "
+                           "hold the bins (collector CSVs written before specs were stored have such "
+                           "labels); re-measure those rows, or give 'reuse:F0,F1,...'")
+        if s.startswith(("indices(", "indices:")):
+            raise KitError(f"distribution {spec!r} names an index tensor but does not hold it; pass the "
+                           "tensor itself, or a distribution: uniform, zipf:ALPHA or reuse:F0,F1,...")
         name, _, arg = s.partition(":")
         try:
             if name == "zipf":

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from kit.embedding import Table, lookup_cost
+from kit.embedding import Table, Uniform, lookup_cost
 from kit.embedding.cost import LAUNCH_MS, backward_fixed_ms
 from kit.errors import KitError
 from kit.ops import dtype_bytes
@@ -90,8 +90,6 @@ class ShardingModel:
     # -- per-option features ------------------------------------------------------------
     @staticmethod
     def _footprint(tab: Table, rows: int, pooling: float, batch: int) -> float:
-        from kit.embedding import Uniform
-
         dist = tab.distribution or Uniform()
         return dist.expected_unique(batch * pooling, max(1, rows)) * tab.sector_row_bytes
 
@@ -100,7 +98,11 @@ class ShardingModel:
 
     def _shard_ms(self, table: Table, rows: int, dim: int, pooling: float, batch: int,
                   l2_share: float) -> tuple[float, float]:
-        key = (table.name, rows, dim, pooling, batch, round(l2_share, 3))
+        """(fwd, bwd) ms of one shard, cached on everything the cost depends on: the shard's shape,
+        dtype and index distribution (by value; None is uniform), batch and L2 share. The name is
+        only a label: equal tables share an entry, and unnamed tables do not collide."""
+        dist = table.distribution or Uniform()
+        key = (rows, dim, pooling, table.dtype, dist, batch, round(l2_share, 3))
         if key not in self._lookup_cache:
             shard = Table(rows=max(1, rows), dim=dim, pooling=pooling, dtype=table.dtype,
                           name=table.name, distribution=table.distribution)
