@@ -279,3 +279,28 @@ def test_half_precision_mla_takes_the_memory_efficient_kernel():
     llama = zoo.graph_for(_tiny("llama"), batch=2, seq=8, mode="inference", dtype="bf16", disk=False)
     assert {n.aten for n in llama if n.op_class == "attention"} == {
         "aten._scaled_dot_product_flash_attention.default"}
+
+
+def test_a_prefill_past_the_window_masks_its_sliding_layers_as_hf_does():
+    from kit.workload.capture import capture
+
+    cfg = _tiny("gemma3_text", head_dim=16, num_hidden_layers=6, sliding_window=8)  # 5 slide, 1 full
+
+    def attention(seq):
+        g = zoo.graph_for(cfg, batch=2, seq=seq, mode="inference", disk=False)
+        return g, [n.op for n in g if n.op_class == "attention"]
+
+    g, att = attention(16)  # past the window: the five sliding layers get the boolean mask
+    assert [a.causal for a in att] == [False] * 5 + [True]
+    assert att[0].flops == pytest.approx(att[5].flops / att[5].causal_fraction)  # the full square
+    assert sum(1 for n in g if n.aten == "aten.bitwise_and.Tensor") == 1  # one mask a forward
+    assert "replicated_from" not in g.meta  # the layers differ: captured whole
+    model = zoo.build(cfg)
+    full = capture(model, model.example_inputs(2, 16), mode="inference")
+    assert [(n.aten, n.op) for n in g] == [(n.aten, n.op) for n in full]
+    _, short = attention(7)  # shorter than the window: is_causal everywhere, as before
+    assert all(a.causal for a in short)
+    mistral = zoo.graph_for(_tiny("mistral", num_hidden_layers=5, sliding_window=4), batch=1, seq=8,
+                            mode="train", disk=False)
+    assert mistral.meta.get("replicated_from") == 3  # every layer slides: alike, replicated
+    assert not any(n.op.causal for n in mistral if n.op_class == "attention" and n.phase == "fwd")

@@ -353,9 +353,13 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     # a decode step whose layers keep caches of different lengths (sliding windows on some
     # layers only, past the window) has layers that differ: no layer can stand for the others
     caches = {tuple(c.keys.shape) for c in inputs[1]} if meta.get("mode") == "decode" else set()
+    # likewise a prefill whose sliding layers get a window mask (seq >= window) and the others not
+    masks = ({w if w and seq >= w else 0 for w in full.windows}
+             if meta.get("mode") != "decode" and hasattr(full, "windows") else set())
     first = leading_layers(full, n_layers) if isinstance(n_layers, int) else None
     if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and first is not None
-            and n_layers > first + 3 and (optimizer is None or mode == "train") and len(caches) <= 1):
+            and n_layers > first + 3 and (optimizer is None or mode == "train")
+            and len(caches) <= 1 and len(masks) <= 1):
         few = build({**cfg, layer_key: first + 3})
         small = capture(few, inputs, mode=mode, dtype=dtype, name=name, meta=meta)
         graph = expand_layers(small, n_layers, first)

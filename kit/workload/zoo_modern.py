@@ -16,9 +16,12 @@ HF's modeling files write them (transformers/models/<family>):
   the cap, an additive causal mask, an fp32 softmax, matmul, with the KV heads repeated), and
   the final logits soft-capped too; scaled by query_pre_attn_scalar^-0.5;
 * gemma3_text: Gemma 2's four norms with Qwen3's q/k norms, SDPA without soft-capping;
-their sliding-window layers attend as the global ones do (a window longer than the sequence
-changes nothing; past it the zoo's cost is an upper bound), and any of them ties the LM head to the embedding with tie_word_embeddings (the same GEMM, one
-weight fewer in memory and in the optimizer). llama's attention_bias adds biases to all four
+their sliding-window layers attend as HF 5 runs them under SDPA: with is_causal while the
+sequence is shorter than the window, and from the window on with a boolean window mask, built
+once a forward, which keeps SDPA from skipping the causal half (the full square is computed);
+Gemma 2's eager attention computes the full square either way. Any of them ties the LM head to
+the embedding with tie_word_embeddings (the same GEMM, one weight fewer in memory and in the
+optimizer). llama's attention_bias adds biases to all four
 projections.
 
 """
@@ -85,6 +88,16 @@ def _rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _window_mask(b: int, s: int, w: int, device):
+    """HF's sliding-window causal mask for a prefill of s >= w tokens (transformers 5
+    masking_utils: once the keys reach the window, SDPA cannot use is_causal and gets this boolean
+    mask, so its kernel computes the full square): key j is seen from query i when
+    i - w < j <= i. One mask a forward, shared by the sliding layers."""
+    pos = torch.arange(s, device=device)
+    rel = pos[None, :] - pos[:, None]  # key minus query
+    return ((rel <= 0) & (rel > -w))[None, None].expand(b, 1, s, s)
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, c):
         super().__init__()
@@ -144,6 +157,9 @@ class LlamaAttention(nn.Module):
             k, v = cache_update(cache, k, v, cache_pos)
         if self.softcap is not None:
             a = self._eager(q, k, v, mask)
+        elif mask is not None:  # a sliding window's boolean mask: the full square, no causal skip
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
+                                               enable_gqa=self.kv_heads != self.heads)
         else:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None, scale=self.scaling,
                                                enable_gqa=self.kv_heads != self.heads)
@@ -275,6 +291,7 @@ class LlamaForCausalLM(nn.Module):
         self.final_softcap = (c.get("final_logit_softcapping", 30.0) if _family(c) == "gemma2"
                               else c.get("final_logit_softcapping"))
         self.register_buffer("inv_freq", torch.empty(self.head_dim // 2), persistent=False)
+        self.windows = sliding_windows(c)
 
     def forward(self, input_ids, kv_cache=None):
         b, s = input_ids.shape
@@ -286,8 +303,11 @@ class LlamaForCausalLM(nn.Module):
         if kv_cache is None:
             mask = (torch.full((s, s), float("-inf"), dtype=h.dtype, device=h.device).triu(1)[None, None]
                     if self.eager else None)
-            for layer in self.layers:
-                h = layer(h, cos, sin, mask=mask)
+            window = None
+            for layer, w in zip(self.layers, self.windows):
+                if w and s >= w and not self.eager and window is None:
+                    window = _window_mask(b, s, w, h.device)
+                h = layer(h, cos, sin, mask=window if w and s >= w and not self.eager else mask)
         else:
             cache_pos = torch.arange(past, past + s, device=h.device)
             for i, layer in enumerate(self.layers):
