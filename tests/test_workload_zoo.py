@@ -218,6 +218,14 @@ def test_t5_is_the_switch_transformer_without_experts():
             "num_layers": 2, "vocab_size": 50}
     g = zoo.graph_for(tiny, batch=2, seq=8, mode="train", disk=False)
     assert not any(".experts." in n.module for n in g) and not g.unknown_ops()
+    # HF 5 runs T5's attention through SDPA, the position bias as a float mask (no causal skip);
+    # the Switch Transformer stays eager, as NeuSight's HF 4 labels ran it
+    att = [n.op for n in g if n.op_class == "attention" and n.phase == "fwd"]
+    assert len(att) == 2 + 2 * 2 and not any(a.causal for a in att)  # enc self; dec self, cross
+    assert not any(n.op_class == "softmax" for n in g)
+    switch = zoo.graph_for({**tiny, "model_type": "switch_transformers", "num_experts": 2},
+                           batch=2, seq=8, mode="inference", disk=False)
+    assert any(n.op_class == "softmax" for n in switch) and not any(n.op_class == "attention" for n in switch)
     gated = zoo.graph_for({**tiny, "feed_forward_proj": "gated-gelu"}, batch=2, seq=8,
                           mode="inference", disk=False)
     ff = {n.module.rsplit(".", 1)[-1] for n in gated if ".mlp." in n.module and n.op_class == "gemm"}

@@ -50,6 +50,9 @@ class T5Attention(nn.Module):
         self.q, self.k, self.v = (nn.Linear(d, inner, bias=False) for _ in range(3))
         self.o = nn.Linear(inner, d, bias=False)
         self.causal, self.dropout = causal, c.get("dropout_rate", 0.1)
+        # T5 as HF 5 runs it: SDPA with the position bias as a float mask (its memory-efficient
+        # kernel); the Switch Transformer as NeuSight's labels ran it under HF 4: eager
+        self.sdpa = c.get("model_type") == "t5"
         self.buckets = c.get("relative_attention_num_buckets", 32)
         self.relative_attention_bias = nn.Embedding(self.buckets, self.heads) if bias else None
 
@@ -66,11 +69,16 @@ class T5Attention(nn.Module):
         kv = h if kv is None else kv
         split = lambda t: t.view(b, -1, self.heads, self.d_kv).transpose(1, 2)  # noqa: E731
         q, k, v = split(self.q(h)), split(self.k(kv)), split(self.v(kv))
-        w = torch.matmul(q, k.transpose(3, 2))
         if bias is None and self.relative_attention_bias is not None:
             bias = self.position_bias(s, h.device)
         elif bias is None and kv is not h:  # HF: cross-attention bias = zeros + encoder mask, reused
-            bias = torch.zeros(b, self.heads, s, kv.shape[1], dtype=w.dtype, device=w.device)
+            bias = torch.zeros(b, self.heads, s, kv.shape[1], dtype=q.dtype, device=q.device)
+        if self.sdpa:  # T5 scales nothing: its init folds 1/sqrt(d_kv) into the weights
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
+                                               dropout_p=self.dropout if self.training else 0.0,
+                                               scale=1.0)
+            return self.o(a.transpose(1, 2).reshape(b, -1, self.heads * self.d_kv)), bias
+        w = torch.matmul(q, k.transpose(3, 2))
         if bias is not None:
             w = w + bias
         w = F.dropout(F.softmax(w.float(), dim=-1).type_as(w), p=self.dropout, training=self.training)
