@@ -4,11 +4,14 @@ For each family, a small config is built twice: as the zoo's plain-torch model
 (kit.workload.zoo.build) and as transformers' own model (AutoModelForCausalLM.from_config on the
 meta device, T5ForConditionalGeneration for t5), with SDPA attention (eager for gemma2, which HF
 runs eagerly). Both are captured by kit.workload.capture in inference and training, and compared
-per op class: kernels, GFLOP and MB moved, the zoo's against HF's.
+per op class: kernels, GFLOP and MB moved, the zoo's against HF's; and, for the decoders, one
+decode step over 16 cached tokens: HF's DynamicCache (filled with meta tensors) and its MoE
+experts switched to batched_mm, as generate runs a decode step on a GPU, against the zoo's
+decode step with `kv_cache="dynamic"`.
 
 Prints JSON: per family, mode and class {zoo: [kernels, gflop, mb], hf: [...], same: bool}, and per
 family `gemm_attention_same`: whether the GEMM and attention kernels, FLOPs and bytes are
-identical in both modes (what sets most of a step's time). Small elementwise differences (HF's
+identical in every mode (what sets most of a step's time). Small elementwise differences (HF's
 rotary scaling multiplies, its mask construction) are reported, not judged.
 
 gpt2, opt and bert are listed under `hf4_families`: the zoo builds them as NeuSight's labels ran
@@ -116,8 +119,51 @@ def compare(family: str, cfg: dict, dtype: str, batch: int = 2, seq: int = 16) -
             if cls in KEY_CLASSES and not same:
                 key_same = False
         result["modes"][mode] = rows
+    if family != "t5":  # a decode step: one new token a sequence over `seq` cached, as generate runs it
+        try:
+            zoo_cls = by_class(zoo.graph_for({"model_type": family, **cfg}, batch=batch, seq=seq,
+                                             mode="decode", dtype=dtype, kv_cache="dynamic", disk=False))
+            hf_cls = by_class(_hf_decode(theirs, family, batch, seq, dtype))
+            rows = {}
+            for cls in sorted(set(zoo_cls) | set(hf_cls)):
+                z, h = zoo_cls.get(cls, [0, 0.0, 0.0]), hf_cls.get(cls, [0, 0.0, 0.0])
+                same = z[0] == h[0] and all(abs(a - b) <= 1e-6 * max(abs(b), 1e-9)
+                                            for a, b in zip(z[1:], h[1:]))
+                rows[cls] = {"zoo": z, "hf": h, "same": same}
+                if cls in KEY_CLASSES and not same:
+                    key_same = False
+            result["modes"]["decode"] = rows
+        except Exception as e:
+            result["modes"]["decode"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            key_same = False
     result["gemm_attention_same"] = key_same
     return result
+
+
+def _hf_decode(model, family: str, batch: int, context: int, dtype: str):
+    """HF's decode step: its DynamicCache holding `context` tokens (meta tensors), one new token
+    a sequence; MoE experts switched to batched_mm, as generate does on GPUs."""
+    import torch
+    import transformers
+
+    from kit.workload.capture import TORCH_DTYPES, capture
+
+    if family in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"):
+        model.set_experts_implementation("batched_mm")
+    c = model.config
+    heads = c.num_attention_heads
+    kv_heads = 1 if family == "deepseek_v3" else getattr(c, "num_key_value_heads", heads)
+    head = getattr(c, "head_dim", None) or c.hidden_size // heads
+    # DeepSeek's MLA caches its compressed latent and rotary key, one head of each
+    k_dim, v_dim = ((c.kv_lora_rank, c.qk_rope_head_dim) if family == "deepseek_v3" else (head, head))
+    cache = transformers.DynamicCache(config=c)
+    kind = TORCH_DTYPES[dtype]
+    for layer in range(c.num_hidden_layers):
+        cache.update(torch.zeros(batch, kv_heads, context, k_dim, device="meta", dtype=kind),
+                     torch.zeros(batch, kv_heads, context, v_dim, device="meta", dtype=kind), layer)
+    ids = torch.zeros(batch, 1, dtype=torch.long)
+    return capture(model, {"input_ids": ids, "past_key_values": cache, "use_cache": True},
+                   mode="inference", dtype=dtype)
 
 
 def main() -> None:

@@ -236,3 +236,29 @@ def test_the_failure_named_is_the_one_that_raised():
 
     with pytest.raises(KitError, match="capturing b failed in the backward pass at aten.mm"):
         capture(Back(), (torch.zeros(2, 4),), mode="train", name="b")
+
+
+def test_the_backward_of_a_copy_into_a_slice_belongs_to_its_module():
+    class Assemble(nn.Module):  # HF 5's DeepSeek builds its keys this way
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 6), nn.Linear(8, 2)
+
+        def forward(self, x):
+            out = x.new_empty(*x.shape[:-1], 8)
+            out[..., :6].copy_(self.a(x))
+            out[..., 6:].copy_(self.b(x))
+            return out
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Assemble()])
+
+        def forward(self, x):
+            return self.layers[0](x) * 2
+
+    g = capture(Outer(), (torch.zeros(4, 8),), mode="train")
+    copies = [n for n in g if n.phase == "bwd" and n.op_class != "free" and n.module == ""]
+    assert not [n for n in copies if n.aten != "aten.mul.Tensor"], [(n.aten, n.module) for n in copies]
+    assert {n.layer for n in g if n.phase == "bwd" and n.aten == "aten.copy_.default"} == {0}

@@ -238,8 +238,12 @@ def test_deepseek_v3_has_latent_attention_dense_first_layers_and_shared_experts(
         assert key(fast) == key(full), mode
         assert fast.meta["activation_bytes"] == full.meta["activation_bytes"]
     step = zoo.graph_for(DEEPSEEK, batch=2, seq=8, mode="decode", disk=False)
-    heads, context = 4, 8 + 1
-    assert step.meta["kv_cache_bytes"] == 5 * 2 * heads * context * ((8 + 4) + 8) * 4  # k 12, v 8 wide
+    context = 8 + 1
+    # HF 5's MLA cache: the 16-wide latent and the 4-wide rotary key, one head, fp32
+    assert step.meta["kv_cache_bytes"] == 5 * 2 * 1 * context * (16 + 4) * 4
+    # a decode step expands the latent of every cached token: kv_b_proj over the whole context
+    kv_b = [n.op for n in step if n.module == "layers.1.self_attn.kv_b_proj" and n.op_class == "gemm"]
+    assert len(kv_b) == 1 and kv_b[0].m == 2 * context and kv_b[0].n == 4 * (8 + 8)
 
 
 def test_deepseek_stacks_short_of_the_replicated_size_and_hf_defaults():

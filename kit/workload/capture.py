@@ -161,7 +161,13 @@ class _Recorder(TorchDispatchMode):
                 return ""
             if type(node).__name__ == "AccumulateGrad":
                 return self.param_path.get(id(getattr(node, "variable", None)), "")
-            return self.seq_path.get(node._sequence_nr(), "")
+            seq = node._sequence_nr()
+            # an in-place op on a view (CopySlices) gets its node after the forward recorded the
+            # op: its number is missing, and the op recorded just before it ran in its module
+            for nr in range(seq, max(seq - 8, -1), -1):
+                if nr in self.seq_path:
+                    return self.seq_path[nr]
+            return ""
         return "optimizer"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -4,8 +4,9 @@
   pair (q_a_proj, RMSNorm, q_b_proj; or one q_proj without q_lora_rank); keys and values from
   one shared compressed vector (kv_a_proj_with_mqa, RMSNorm, kv_b_proj) plus a rotary part
   (qk_rope_head_dim) shared by the heads; the query and key heads are qk_nope + qk_rope wide, the
-  value heads v_head_dim. HF caches the expanded keys and values (not the compressed vector),
-  and so does this model.
+  value heads v_head_dim. HF 5 caches the compressed vector and the rotary key (kv_lora_rank +
+  qk_rope_head_dim a token and layer) and expands them after the cache, so a decode step runs
+  kv_b_proj over every cached token; so does this model.
 * Mixture of experts from layer first_k_dense_replace on: n_routed_experts of width
   moe_intermediate_size behind a sigmoid router with group-limited top-k (n_group, topk_group),
   plus n_shared_experts fused into one MLP that every token goes through, added ungated;
@@ -66,17 +67,28 @@ class MLAttention(nn.Module):
              else self.q_proj(h))
         q = q.view(b, s, self.heads, self.qk_dim).transpose(1, 2)
         q_pass, q_rot = torch.split(q, [self.nope, self.rope], dim=-1)
-        k_pass, k_rot = torch.split(self.kv_a_proj_with_mqa(h), [self.rank, self.rope], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(k_pass)).view(b, s, self.heads, self.nope + self.v_dim)
-        k_pass, v = torch.split(kv.transpose(1, 2), [self.nope, self.v_dim], dim=-1)
+        latent, k_rot = torch.split(self.kv_a_proj_with_mqa(h), [self.rank, self.rope], dim=-1)
+        latent = self.kv_a_layernorm(latent).view(b, 1, s, self.rank)  # one "head" each, as HF
         k_rot = k_rot.view(b, 1, s, self.rope)
         q_rot, k_rot = q_rot * cos + _rotate_half(q_rot) * sin, k_rot * cos + _rotate_half(k_rot) * sin
-        k_rot = k_rot.expand(*k_pass.shape[:-1], -1)
-        q, k = torch.cat((q_pass, q_rot), dim=-1), torch.cat((k_pass, k_rot), dim=-1)
-        if cache is not None:  # one new token attends to every cached one: no causal mask
-            k, v = cache_update(cache, k, v, cache_pos)
+        if cache is not None:  # the cache holds the compressed latent and the rotary key
+            latent, k_rot = cache_update(cache, latent, k_rot, cache_pos)
+        q = torch.cat((q_pass, q_rot), dim=-1)
+        k, v = self._expand(latent, k_rot)
+        # one new token attends to every cached one: no causal mask
         a = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None, scale=self.qk_dim ** -0.5)
         return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
+
+    def _expand(self, latent, k_rot):
+        """Keys and values of every head from the latent (kv_b_proj over all cached tokens), the
+        shared rotary key copied to each head, as HF 5's expand_kv does after the cache."""
+        b, _, length, _ = latent.shape
+        kv = self.kv_b_proj(latent).view(b, length, self.heads, self.nope + self.v_dim).transpose(1, 2)
+        k_pass, v = torch.split(kv, [self.nope, self.v_dim], dim=-1)
+        k = kv.new_empty(b, self.heads, length, self.qk_dim)
+        k[..., :self.nope].copy_(k_pass)
+        k[..., self.nope:].copy_(k_rot.expand(-1, self.heads, -1, -1))
+        return k, v
 
 
 class DeepseekMoE(TopKMoE):
@@ -154,8 +166,10 @@ class DeepseekV3ForCausalLM(nn.Module):
         return (_ids(batch, seq),)
 
     def decode_inputs(self, batch, context, cache="static"):
+        """HF 5's cache for MLA: a layer keeps the compressed latent (kv_lora_rank) and the shared
+        rotary key (qk_rope_head_dim) of each token, one head of each, not per-head keys and
+        values."""
         c = self.config
-        return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"],
-                                           c["num_attention_heads"], context,
-                                           _get(c, "qk_nope_head_dim") + _get(c, "qk_rope_head_dim"),
-                                           value_dim=_get(c, "v_head_dim")))
+        return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"], 1, context,
+                                           _get(c, "kv_lora_rank"),
+                                           value_dim=_get(c, "qk_rope_head_dim")))
