@@ -116,3 +116,17 @@ def test_graph_errors_are_one_line(gpt2):
         predict_parallel("gpt:layers=2,hidden=64,heads=2,seq=32", "dgx-a100", Layout(), graph=True)
     with pytest.raises(KitError, match="sequence parallelism"):
         graph_source(gpt2, "gpt2", Layout(tp=2, sequence_parallel=True))
+
+
+def test_tensor_parallel_over_a_captured_moe_graph_is_refused_not_mis_sharded():
+    from kit.parallel.opgraph import shard_graph
+    from kit.workload import zoo
+
+    tiny = {"model_type": "mixtral", "hidden_size": 32, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 24,
+            "vocab_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2}
+    g = zoo.graph_for(tiny, batch=2, seq=8, mode="train", dtype="bf16", disk=False)
+    with pytest.raises(KitError, match="mixture-of-experts layers .*tensor parallelism over its "
+                                       "captured graph is not modelled"):
+        shard_graph(g, 2)
+    assert shard_graph(g, 1).layer_keys  # one rank: nothing to shard, the graph as captured

@@ -118,7 +118,9 @@ def test_moe_decode_runs_hf_generates_batched_experts():
     # a prefill of the same model runs the grouped GEMM over the experts the tokens reach
     pre = zoo.graph_for(moe, batch=1, seq=3, mode="inference", disk=False)
     grouped = [n.op for n in pre if n.module == "layers.0.mlp.experts" and n.op_class == "gemm"]
-    assert grouped[0] == Gemm(m=2, n=2 * 128, k=64, b=4, dtype="fp32", kind="bmm")  # 6 pairs, 4 experts
+    # 6 pairs over 4 experts: shares of 2 rounded up, scaled back to the 6 rows' work
+    assert grouped[0].parts == (Gemm(m=2, n=2 * 128, k=64, b=4, dtype="fp32", kind="bmm"),)
+    assert grouped[0].flops == pytest.approx(2 * 6 * 64 * 2 * 128)
 
 
 def test_bad_decode_requests_are_one_clear_error():

@@ -51,6 +51,32 @@ def test_a_grouped_gemm_is_one_gemm_kernel_over_the_experts_its_rows_reach(dtype
     assert few[0] == Gemm(m=1, n=32, k=32, b=3, dtype=dtype, kind="bmm")
 
 
+def test_uneven_shares_cost_the_real_rows():
+    (up, down) = [n.op for n in capture(Experts(), _inputs(50), mode="train", dtype="bf16")
+                  if n.op_class == "gemm" and n.phase == "fwd"]
+    # 50 rows over 4 experts: shares of 13 rounded up, the work of 50 rows
+    assert up.parts == (Gemm(m=13, n=32, k=32, b=4, dtype="bf16", kind="bmm"),)
+    assert up.flops == pytest.approx(2 * 50 * 32 * 32) and down.flops == pytest.approx(2 * 50 * 16 * 32)
+    bwd = [n.op for n in capture(Experts(), _inputs(50), mode="train", dtype="bf16")
+           if n.op_class == "gemm" and n.phase == "bwd"]
+    assert sum(o.flops for o in bwd) == pytest.approx(2 * down.flops + up.flops)
+
+
+def test_an_out_dtype_given_positionally_or_by_name_keeps_the_shape_and_dtype():
+    class WithOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(4, 32, 48))
+
+        def forward(self, x, offs):
+            return F.grouped_mm(x, self.w, offs=offs, out_dtype=x.dtype) * 2
+
+    for dtype in ("fp32", "fp16", "bf16"):
+        g = capture(WithOut(), _inputs(64), mode="inference", dtype=dtype)
+        (mm,) = [n for n in g if n.op_class == "gemm"]
+        assert mm.op == Gemm(m=16, n=48, k=32, b=4, dtype=dtype, kind="bmm")
+
+
 def test_the_grouped_gemm_backward_costs_dx_and_the_per_expert_weight_gradient():
     g = capture(Experts(), _inputs(64), mode="train", dtype="fp32")
     fwd = [n.op for n in g if n.op_class == "gemm" and n.phase == "fwd"]
@@ -147,3 +173,29 @@ def test_grouped_gemm_with_mismatched_operands_is_one_capture_error():
 
     with pytest.raises(KitError, match="_grouped_mm"):
         capture(Bad(), (torch.zeros(8, 16), torch.zeros(2, 12, 24)), mode="inference", dtype="bf16")
+
+
+def test_parameters_hf_keeps_in_fp32_stay_fp32_in_a_half_precision_capture():
+    class Routed(nn.Module):
+        _keep_in_fp32_modules_strict = ["gate.weight"]  # as HF's DeepSeek-V3 declares
+        _keep_in_fp32_modules = ["wo"]  # as HF's T5 declares: fp16 only
+
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(16, 4, bias=False)  # a router, as HF's: no bias
+            self.wo, self.proj = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.gate(x.float()).sum() + self.wo(x.float()).sum() + self.proj(x).sum()
+
+    x = (torch.zeros(8, 16),)
+    for dtype, wo_fp32 in (("bf16", False), ("fp16", True)):
+        g = capture(Routed(), x, mode="inference", dtype=dtype)
+        gemms = {n.module: n.op.dtype for n in g if n.op_class == "gemm"}
+        assert gemms["gate"] == "fp32" and gemms["proj"] == dtype
+        assert gemms["wo"] == ("fp32" if wo_fp32 else dtype)
+        # weights: gate's 16x4 in fp32 always, wo's 16x16 (+16) in fp32 under fp16 only
+        fp32 = 64 + (272 if wo_fp32 else 0)
+        assert g.meta["param_bytes"] == fp32 * 4 + (64 + 272 + 272 - fp32) * 2
+    full = capture(Routed(), x, mode="inference", dtype="fp32")
+    assert full.meta["param_bytes"] == (64 + 272 + 272) * 4

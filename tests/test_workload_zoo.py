@@ -226,6 +226,13 @@ def test_t5_is_the_switch_transformer_without_experts():
     switch = zoo.graph_for({**tiny, "model_type": "switch_transformers", "num_experts": 2},
                            batch=2, seq=8, mode="inference", disk=False)
     assert any(n.op_class == "softmax" for n in switch) and not any(n.op_class == "attention" for n in switch)
+    # in fp16, HF keeps T5's wo in fp32 and casts into it; the norms bring the stream back to fp16
+    half = zoo.graph_for(tiny, batch=2, seq=8, mode="inference", dtype="fp16", disk=False)
+    dtypes = {n.module.rsplit(".", 1)[-1]: n.op.dtype for n in half if n.op_class == "gemm"}
+    assert dtypes["wo"] == "fp32" and dtypes["wi"] == "fp16" and dtypes["q"] == "fp16"
+    assert {n.op.dtype for n in zoo.graph_for({**tiny, "model_type": "switch_transformers", "num_experts": 2},
+                                              batch=2, seq=8, mode="inference", dtype="fp16", disk=False)
+            if n.op_class == "gemm"} == {"fp16"}
     gated = zoo.graph_for({**tiny, "feed_forward_proj": "gated-gelu"}, batch=2, seq=8,
                           mode="inference", disk=False)
     ff = {n.module.rsplit(".", 1)[-1] for n in gated if ".mlp." in n.module and n.op_class == "gemm"}

@@ -203,6 +203,13 @@ def shard_graph(graph, tp: int, spec: GPTSpec | None = None) -> GraphSource:
     if heads and (heads % tp or kv % tp):
         raise KitError(f"--tp {tp} must divide the attention heads ({heads}, key/value {kv}) of "
                        f"{graph.model}")
+    moe = next((n.module for n in graph.nodes if n.aten == "aten._grouped_mm.default"
+                or ".experts" in (n.module or "")), None)
+    if tp > 1 and moe is not None:  # a router and expert GEMMs are not Megatron's linear pairs
+        raise KitError(f"model {graph.model!r} has mixture-of-experts layers ({moe}); tensor "
+                       "parallelism over its captured graph is not modelled (Megatron's column/row "
+                       "pairs do not hold for a router and its experts): use --tp 1, or the "
+                       "analytic layer (a moe: model) for expert parallelism")
     sh = _Sharder(graph, tp, vocab)
     fwd_first = min((n.id for n in graph.nodes if n.phase == "fwd" and n.layer is not None), default=0)
     bwd_first = min((n.id for n in graph.nodes if n.phase == "bwd" and n.layer is not None), default=0)

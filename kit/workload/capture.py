@@ -73,6 +73,17 @@ def _where(phase: str, path: str) -> str:
     return f" in module {path!r}" if path else " in its top-level forward"
 
 
+def _kept_in_fp32(model, dtype: str | None):
+    """Which parameters a cast to dtype leaves in fp32, by HF's class attributes:
+    _keep_in_fp32_modules_strict under fp16 and bf16 (DeepSeek-V3's router weight and bias),
+    _keep_in_fp32_modules under fp16 only (T5's wo). An entry names a module or a parameter
+    path ("gate.weight") matched on whole dotted parts."""
+    names = list(getattr(model, "_keep_in_fp32_modules_strict", None) or []) if dtype in ("fp16", "bf16") else []
+    if dtype == "fp16":
+        names += list(getattr(model, "_keep_in_fp32_modules", None) or [])
+    return lambda name: any(f".{k}." in f".{name}." for k in names)
+
+
 _GROUPED_MM = torch.ops.aten._grouped_mm.default
 
 
@@ -83,10 +94,11 @@ def _grouped_mm_any_dtype(func, args, kwargs):
     a, b = args[0], args[1]
     if a.dtype == b.dtype == torch.bfloat16 or a.element_size() == 1:
         return func(*args, **kwargs)
-    cast = [t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-            for t in args[:2]]
-    out_dtype = kwargs.get("out_dtype") or a.dtype
-    return func(*cast, *args[2:], **{**kwargs, "out_dtype": None}).to(out_dtype)
+    named = {arg.name: value for arg, value in zip(func._schema.arguments, args)}
+    named.update(kwargs)
+    out_dtype = named.get("out_dtype") or a.dtype
+    named.update(self=a.to(torch.bfloat16), mat2=b.to(torch.bfloat16), out_dtype=None)
+    return func(**named).to(out_dtype)
 
 
 class DataDependentCapture(KitError):
@@ -433,9 +445,10 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     train = mode == "train"
     # requires_grad stays the model's in inference too (it runs under no_grad): torch.matmul
     # folds a transposed 3-d input into one mm only when the weight requires grad
-    params = {n: torch.nn.Parameter(_to_meta(p, tdtype), requires_grad=p.requires_grad)
+    kept = _kept_in_fp32(model, dtype)
+    params = {n: torch.nn.Parameter(_to_meta(p, None if kept(n) else tdtype), requires_grad=p.requires_grad)
               for n, p in model.named_parameters()}
-    buffers = {n: _to_meta(b, tdtype if b.is_floating_point() else None)
+    buffers = {n: _to_meta(b, tdtype if b.is_floating_point() and not kept(n) else None)
                for n, b in model.named_buffers()}
     args, kwargs = (((), dict(inputs)) if isinstance(inputs, dict) else
                     ((tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)), {}))
@@ -498,10 +511,10 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         model.train(was_training)
 
     nodes = rec.nodes if dtype != "tf32" else [_as_tf32(n) for n in rec.nodes]
-    unique = {id(p): p for p in model.parameters()}
-    n_params = sum(p.numel() for p in unique.values())
-    param_bytes = sum(p.numel() * (tdtype.itemsize if tdtype and p.is_floating_point()
-                                   else p.element_size()) for p in unique.values())
+    unique = {id(p): (n, p) for n, p in model.named_parameters()}
+    n_params = sum(p.numel() for _, p in unique.values())
+    param_bytes = sum(p.numel() * (tdtype.itemsize if tdtype and p.is_floating_point() and not kept(n)
+                                   else 4 if kept(n) else p.element_size()) for n, p in unique.values())
     fwd_out = [n.out_bytes for n in rec.nodes if n.phase == "fwd"]
     info = {"params": int(n_params), "param_bytes": int(param_bytes),
             "buffer_bytes": int(sum(nbytes(b) for b in buffers.values())),

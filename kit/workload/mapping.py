@@ -169,19 +169,22 @@ def _grouped_gemm(args, kwargs, dtype: str) -> Gemm:
     if a.dim() == 3 and b.dim() == 3:
         return Gemm(m=a.shape[1], n=b.shape[2], k=a.shape[2], b=a.shape[0], dtype=dtype, kind="bmm")
     groups = offs.numel() if isinstance(offs, torch.Tensor) else (b.shape[0] if b.dim() == 3 else a.shape[0])
-
-    def even(total: int) -> tuple[int, int]:  # (groups that get a share, each one's share)
-        g = max(1, min(groups, total))
-        return g, max(1, math.ceil(total / g))
-
     if a.dim() == 2 and b.dim() == 3:
-        g, rows = even(a.shape[0])
-        return Gemm(m=rows, n=b.shape[2], k=a.shape[1], b=g, dtype=dtype, kind="bmm")
-    if a.dim() == 2 and b.dim() == 2:
-        g, inner = even(a.shape[1])
-        return Gemm(m=a.shape[0], n=b.shape[1], k=inner, b=g, dtype=dtype, kind="bmm")
-    g, cols = even(b.shape[-1])
-    return Gemm(m=a.shape[-2], n=cols, k=a.shape[-1], b=g, dtype=dtype, kind="bmm")
+        total, cut = a.shape[0], lambda share, g: Gemm(m=share, n=b.shape[2], k=a.shape[1], b=g,
+                                                       dtype=dtype, kind="bmm")
+    elif a.dim() == 2 and b.dim() == 2:
+        total, cut = a.shape[1], lambda share, g: Gemm(m=a.shape[0], n=b.shape[1], k=share, b=g,
+                                                       dtype=dtype, kind="bmm")
+    else:
+        total, cut = b.shape[-1], lambda share, g: Gemm(m=a.shape[-2], n=share, k=a.shape[-1], b=g,
+                                                        dtype=dtype, kind="bmm")
+    g = max(1, min(groups, total))  # the groups that get a share
+    share = max(1, math.ceil(total / g))
+    op = cut(share, g)
+    if share * g == total:
+        return op
+    # shares that do not divide evenly: the rounded-up batch, scaled to the real work (2·S·K·N)
+    return Derived("gemm", (op,), total / (share * g), "grouped GEMM, uneven shares")
 
 
 def _expanded(t: torch.Tensor) -> bool:

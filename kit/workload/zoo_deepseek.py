@@ -140,6 +140,9 @@ class DeepseekLayer(nn.Module):
 
 
 class DeepseekV3ForCausalLM(nn.Module):
+    # HF keeps the router in fp32 whatever the model's dtype (the capture reads this, as HF does)
+    _keep_in_fp32_modules_strict = ["e_score_correction_bias", "gate.weight"]
+
     def __init__(self, c):
         super().__init__()
         self.config = c

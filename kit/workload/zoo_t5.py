@@ -18,6 +18,18 @@ import torch.nn.functional as F
 from kit.workload.zoo_modern import RMSNorm, _ids
 
 
+class T5LayerNorm(RMSNorm):
+    """HF's T5LayerNorm: the variance in fp32, the input scaled in its own dtype, then cast to a
+    half-precision weight's dtype (so an fp32 residual stream, as T5 gets behind an fp32 `wo`,
+    goes back to fp16 at every norm)."""
+
+    def forward(self, x):
+        x = x * torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            x = x.to(self.weight.dtype)
+        return self.weight * x
+
+
 class ExpertChoiceMoE(nn.Module):
     """Switch's router + experts with static per-expert capacity (the module docstring)."""
 
@@ -108,25 +120,29 @@ class T5FF(nn.Module):
 
     def forward(self, x):
         if not self.gated:
-            return self.wo(self.dropout(F.relu(self.wi(x))))
-        g = self.wi_0(x)
-        g = F.gelu(g, approximate="tanh") if self.act == "gated-gelu" else F.silu(g)
-        return self.wo(self.dropout(g * self.wi_1(x)))
+            h = self.dropout(F.relu(self.wi(x)))
+        else:
+            g = self.wi_0(x)
+            g = F.gelu(g, approximate="tanh") if self.act == "gated-gelu" else F.silu(g)
+            h = self.dropout(g * self.wi_1(x))
+        if h.dtype != self.wo.weight.dtype:  # HF keeps wo in fp32 under fp16 and casts into it
+            h = h.to(self.wo.weight.dtype)
+        return self.wo(h)
 
 
 class SwitchBlock(nn.Module):
     def __init__(self, c, decoder: bool, sparse: bool, first: bool):
         super().__init__()
         d, eps = c["d_model"], c.get("layer_norm_epsilon", 1e-6)
-        self.self_attn, self.ln_self = T5Attention(c, causal=decoder, bias=first), RMSNorm(d, eps)
+        self.self_attn, self.ln_self = T5Attention(c, causal=decoder, bias=first), T5LayerNorm(d, eps)
         self.cross_attn = T5Attention(c, False, False) if decoder else None
-        self.ln_cross = RMSNorm(d, eps) if decoder else None
+        self.ln_cross = T5LayerNorm(d, eps) if decoder else None
         if sparse:
             experts = nn.ModuleList(T5FF(c) for _ in range(c["num_experts"]))
             self.mlp = ExpertChoiceMoE(d, experts, 1, c.get("expert_capacity"))
         else:
             self.mlp = T5FF(c)
-        self.ln_ff, self.dropout = RMSNorm(d, eps), nn.Dropout(c.get("dropout_rate", 0.1))
+        self.ln_ff, self.dropout = T5LayerNorm(d, eps), nn.Dropout(c.get("dropout_rate", 0.1))
 
     def forward(self, h, bias, enc=None, cross_bias=None):
         a, bias = self.self_attn(self.ln_self(h), bias=bias)
@@ -147,6 +163,8 @@ class SwitchTransformer(nn.Module):
         self.config = c
         d = c["d_model"]
         t5 = c.get("model_type") == "t5"
+        # HF's T5 keeps wo in fp32 in an fp16 model (the capture reads this, as HF's loader does)
+        self._keep_in_fp32_modules = ["wo"] if t5 else []
         self.shared = nn.Embedding(c["vocab_size"], d)
         n_enc, n_dec = c["num_layers"], c.get("num_decoder_layers", c["num_layers"])
         sparse = 0 if t5 else 2
@@ -154,7 +172,7 @@ class SwitchTransformer(nn.Module):
         self.encoder = nn.ModuleList(SwitchBlock(c, False, es > 0 and i % es == 1, i == 0) for i in range(n_enc))
         self.decoder = nn.ModuleList(SwitchBlock(c, True, ds > 0 and i % ds == 1, i == 0) for i in range(n_dec))
         eps = c.get("layer_norm_epsilon", 1e-6)
-        self.enc_ln, self.dec_ln = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.enc_ln, self.dec_ln = T5LayerNorm(d, eps), T5LayerNorm(d, eps)
         self.dropout = nn.Dropout(c.get("dropout_rate", 0.1))
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
         self.scaled = not t5 or c.get("tie_word_embeddings", True)
