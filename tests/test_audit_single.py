@@ -181,7 +181,7 @@ def test_gpu_file_infinite_peak_is_rejected(tmp_path):
 def test_compare_price_must_be_finite(price):
     from kit.cli.cmd_compare import parse_prices
 
-    with pytest.raises(KitError, match="GPU=DOLLARS"):
+    with pytest.raises(KitError, match="must be a positive number of dollars"):
         parse_prices(f"h100-sxm={price}")
 
 
@@ -293,7 +293,7 @@ def test_predict_says_when_the_step_does_not_fit(tmp_path, capsys):
 
 
 # -- configs and the Python verbs --------------------------------------------------------------
-@pytest.mark.parametrize("change,word", [({"n_embd": -5}, "negative dimension"),
+@pytest.mark.parametrize("change,word", [({"n_embd": -5}, "n_embd must be a positive whole number"),
                                          ({"n_embd": "64"}, "cannot build a model")])
 def test_config_with_bad_values_is_one_kit_error(change, word):
     with pytest.raises(KitError, match=word):  # were a RuntimeError / TypeError traceback

@@ -168,13 +168,14 @@ def test_validate_refuses_impossible_latencies_and_says_when_nothing_was_predict
     t4.mkdir()
     for name, e2e in (("gpt2-inf-8-1", -3.0), ("gpt2-inf-8-2", float("nan")), ("gpt2-inf-8-4", 0)):
         (t4 / f"{name}.json").write_text(json.dumps({"e2e_latency": e2e, "fw_latency": 1.0}))
+    # every label unreadable: an error exit naming the first one (it was exit 0, nothing predicted)
+    assert main(["validate", "--labels", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "none of the 3 label file(s)" in err and "e2e_latency must be a positive number" in err
+    (t4 / "gpt2-inf-8-8.json").write_text(json.dumps({"e2e_latency": 5.0}))  # one good label
     r = _json(capsys, ["validate", "--labels", str(tmp_path)])
-    assert r["configs"] == [] and r["overall"]["mean_ape"] is None
-    assert len(r["skipped"]) == 3
+    assert len(r["configs"]) == 1 and len(r["skipped"]) == 3
     assert all("e2e_latency must be a positive number" in s["reason"] for s in r["skipped"])
-    assert main(["validate", "--labels", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "no configuration could be predicted (3 skipped" in out
 
 
 def _capture_error(tmp_path, monkeypatch, capsys, module: str, source: str) -> str:

@@ -250,9 +250,9 @@ def test_vision_cli_errors_are_one_line(argv, message, capsys):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"image_size": 0}, "image_size must be at least 1"),
+    ({"image_size": 0}, "image_size must be a positive whole number"),
     ({"image_size": "big"}, "image_size must be a positive whole number"),
-    ({"depths": [3, 0, 6, 3]}, "depths must be a list of at least 1"),
+    ({"depths": [3, 0, 6, 3]}, "depths must be a list of positive whole numbers"),
 ])
 def test_bad_resnet_config_is_a_kit_error(change, message):
     with pytest.raises(KitError, match=message):

@@ -64,7 +64,7 @@ def test_longer_prompts_cost_more_first_token_and_longer_answers_more_decode():
 def test_bad_generation_requests_are_one_clear_error():
     with pytest.raises(KitError, match="decoder-only"):
         generation("bert-base", GPU)
-    with pytest.raises(KitError, match="1000 tokens and 99 new need 1099 positions"):
+    with pytest.raises(KitError, match="1000 tokens and 100 new need 1100 positions"):
         generation("gpt2", GPU, prompt=1000, new_tokens=100)
     with pytest.raises(KitError, match="new_tokens must be a positive"):
         generation("gpt2", GPU, new_tokens=0)

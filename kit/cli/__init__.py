@@ -12,6 +12,7 @@ import importlib
 import json
 import pkgutil
 import sys
+import warnings
 
 from kit.errors import KitError
 
@@ -77,7 +78,19 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def _note(message, category, filename, lineno, file=None, line=None):
+    """A warning on the command line: one line, without Python's file, line and category."""
+    print(f"kit: note: {str(message).strip().splitlines()[0] if str(message).strip() else category.__name__}",
+          file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    with warnings.catch_warnings():  # restored on return (tests call main many times)
+        warnings.showwarning = _note
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

@@ -2,18 +2,19 @@
 from pathlib import Path
 
 from kit.cli import add_command, positive_int
+from kit.cli.outputs import nonempty
 from kit.errors import KitError
 
 
 def run(args):
+    from kit.cli.outputs import output_path
     from kit.data.collect import collect
     from kit.data.shapes import resolve_shapes
     from kit.hardware import load_gpu_file
 
+    output_path(args.out, "--out", [args.shapes if Path(args.shapes).is_file() else None, args.gpu_file])
     if args.gpu_file:
         load_gpu_file(args.gpu_file)
-    if Path(args.out).is_dir():
-        raise KitError(f"--out {args.out} is a directory; give a CSV file name")
     return collect(args.ops, resolve_shapes(args.shapes), args.out, device=args.device,
                    dtype=args.dtype, resume=args.resume, warmup=args.warmup, repeats=args.repeats,
                    profile=not args.no_profile, cooldown_ms=args.cooldown_ms,
@@ -63,4 +64,4 @@ def register(sub):
     p.add_argument("--threads", type=positive_int, help="CPU: torch threads to use")
     p.add_argument("--progress", action="store_true", default=None,
                    help="always show the progress bar (default: on a terminal, for 20+ measurements)")
-    p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")
+    p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")

@@ -4,7 +4,14 @@ from kit.errors import KitError
 
 
 def run(args):
+    from pathlib import Path
+
+    from kit.cli.outputs import output_path
     from kit.comm.measure import collect
+
+    output_path(args.out, "--out")
+    if Path(args.out).exists():  # as collect and collect-embedding: never clobber earlier measurements
+        raise KitError(f"{args.out} already exists; choose another --out, or move or delete it first")
 
     kinds = [k for k in args.collectives.split(",") if k.strip()]
     if not kinds:

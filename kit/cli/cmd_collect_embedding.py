@@ -19,10 +19,11 @@ def _names(s):
 
 
 def run(args):
+    from kit.cli.outputs import output_path
     from kit.embedding.collect import collect, grid
-
     from kit.errors import KitError
 
+    output_path(args.out, "--out")
     if args.optimizer and not args.backward:  # the forward pass has no optimizer step to time
         raise KitError(f"--optimizer {args.optimizer} times the backward's update: add --backward, or drop it")
     passes = ("forward", "backward") if args.backward else ("forward",)

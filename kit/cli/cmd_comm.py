@@ -1,5 +1,6 @@
 """`kit comm fit|predict`: collective cost on a system, from presets or fitted curves."""
 from kit.cli import add_command, positive_int
+from kit.cli.outputs import nonempty
 from kit.errors import KitError
 
 
@@ -13,6 +14,22 @@ def _ranks(text):
     if not vals:
         raise KitError("--ranks is empty")
     return vals[0] if len(vals) == 1 and "," not in str(text) else vals
+
+
+def _bytes(text: str) -> float:
+    """--bytes: one whole, positive, finite byte count (1e9, 64M)."""
+    import math
+
+    from kit.comm.measure import parse_sizes
+
+    try:
+        nbytes = parse_sizes(text)[0] if any(c.isalpha() for c in text.lower().replace("e", "")) \
+            else float(text)
+    except (ValueError, KitError):
+        nbytes = float("nan")
+    if not (math.isfinite(nbytes) and nbytes >= 1 and nbytes == int(nbytes)):
+        raise KitError(f"--bytes takes one positive whole size in bytes (1e9, 64M), got {text!r}")
+    return nbytes
 
 
 def _system(args):
@@ -34,11 +51,7 @@ def predict(args):
         return {"system": system.key, "table": t.to_dict("records")}
     if args.bytes is None:
         raise KitError("give --bytes SIZE (e.g. 1e9 or 64M) or --sizes MIN:MAX")
-    try:
-        nbytes = parse_sizes(args.bytes)[0] if any(c.isalpha() for c in args.bytes.lower().replace("e", "")) \
-            else float(args.bytes)
-    except ValueError:
-        raise KitError(f"--bytes takes one size in bytes (1e9, 64M), got {args.bytes!r}") from None
+    nbytes = _bytes(args.bytes)
     return predict_collective(args.collective, nbytes, system, ranks, args.calibration).to_dict()
 
 
@@ -55,9 +68,12 @@ def predict_text(r):
 
 
 def fit(args):
+    from kit.cli.outputs import output_path
     from kit.comm import fit_table
+    from kit.comm.curves import check_plausible
     from kit.comm.parsers import read_measurements
 
+    output_path(args.out, "--out", [args.file])
     system = _system(args)
     table = read_measurements(args.file, fmt=args.format, kind=args.kind, ranks=args.ranks_hint)
     cal = fit_table(table, system=system.key, source=str(args.file))
@@ -65,6 +81,7 @@ def fit(args):
     if big:
         raise KitError(f"{args.file}: measured on {big[-1]} ranks, but {system.key} has {system.world_size} "
                        "GPUs; pass --nodes (or the system it ran on)")
+    check_plausible(cal, system)  # before saving: a later predict would trust it
     if args.out:
         cal.save(args.out)
     return {"out": args.out, **cal.to_dict()}
@@ -99,7 +116,7 @@ def register(sub):
     q.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")
     q.add_argument("--network", help="inter-node network (ib-hdr, ib-ndr, roce-400g, ...)")
     q.add_argument("--ranks", help="a count (8) or a comma list of global ranks (0,1,8,9); default all")
-    q.add_argument("--calibration", help="a curve file from `kit comm fit`")
+    q.add_argument("--calibration", type=nonempty, help="a curve file from `kit comm fit`")
     f = add_command(sub2, "fit", "fit bandwidth curves to nccl-tests or PARAM comms output", fit, fit_text)
     f.add_argument("file", help="benchmark output (nccl-tests text, PARAM comms log, or collect-comm file)")
     f.add_argument("--system", required=True, help="the system it was measured on")

@@ -7,22 +7,57 @@ cost per million tokens (or samples). No prices are built in.
 """
 from kit.cli import add_command
 from kit.cli.cmd_predict import add_model_args, check_decode_args, overhead_from
+from kit.cli.outputs import nonempty
+
+
+MAX_PRICE = 1000.0  # dollars per GPU-hour: far above any rental; more is a typo
+
+
+def _items(text: str, flag: str) -> list[str]:
+    """A comma list with no empty items (a stray comma is a mistake, not nothing)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or "" in parts:
+        from kit.errors import KitError
+
+        raise KitError(f"{flag} {text!r} has an empty item; separate names with single commas")
+    return parts
+
+
+def parse_gpus(text: str) -> list[str]:
+    """--gpus: GPU names, each GPU once (an alias of one already named is a duplicate)."""
+    from kit.errors import KitError
+    from kit.hardware import get_gpu
+
+    seen: dict = {}
+    for name in _items(text, "--gpus"):
+        key = get_gpu(name).key
+        if key in seen:
+            raise KitError(f"--gpus names {key} twice ({seen[key]!r} and {name!r}); give each GPU once")
+        seen[key] = name
+    return list(seen.values())
 
 
 def parse_prices(text: str | None) -> dict:
     from kit.errors import KitError
     from kit.hardware import get_gpu
 
-    prices = {}
-    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+    prices, named = {}, {}
+    for part in _items(text, "--price-per-hour") if text is not None else []:
         name, sep, value = part.partition("=")
+        if not sep or not name.strip():
+            raise KitError(f"--price-per-hour entry {part!r} must look like GPU=DOLLARS, e.g. h100-sxm=2.5")
         try:
             price = float(value)
         except ValueError:
-            price = -1.0
-        if not sep or not 0 <= price < float("inf"):  # also NaN
-            raise KitError(f"--price-per-hour entry {part!r} must look like GPU=DOLLARS, e.g. h100-sxm=2.5")
-        prices[get_gpu(name.strip()).key] = price
+            raise KitError(f"--price-per-hour entry {part!r}: {value.strip()!r} is not a number of dollars; "
+                           "write GPU=DOLLARS, e.g. h100-sxm=2.5") from None
+        if not 0 < price <= MAX_PRICE:  # also NaN and inf
+            raise KitError(f"--price-per-hour entry {part!r}: the price must be a positive number of dollars "
+                           f"per GPU-hour, at most {MAX_PRICE:g}")
+        key = get_gpu(name.strip()).key
+        if key in prices:
+            raise KitError(f"--price-per-hour prices {key} twice ({named[key]!r} and {part!r}); give one price")
+        prices[key], named[key] = price, part
     return prices
 
 
@@ -146,7 +181,7 @@ def run(args):
 
     if args.gpu_file:
         load_gpu_file(args.gpu_file)
-    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    gpus = parse_gpus(args.gpus)
     check_decode_args(args)
     return compare(args.model, gpus, args.mode, args.batch, args.seq, args.dtype, args.fusion,
                    args.optimizer, args.predictor, parse_prices(args.price_per_hour), overhead_from(args),
@@ -187,6 +222,6 @@ def register(sub):
     p = add_command(sub, "compare", "compare GPUs for one model: time, throughput, memory, energy, cost",
                     run, text)
     add_model_args(p)
-    p.add_argument("--gpus", required=True, help="comma-separated GPU names")
-    p.add_argument("--price-per-hour", default=None, metavar="A=..,B=..",
+    p.add_argument("--gpus", type=nonempty, required=True, help="comma-separated GPU names")
+    p.add_argument("--price-per-hour", type=nonempty, default=None, metavar="A=..,B=..",
                    help="your price per GPU-hour in dollars, e.g. h100-sxm=2.5,a100-sxm4-80gb=1.6")

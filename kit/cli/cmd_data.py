@@ -1,5 +1,6 @@
 """`kit data summary|fetch`: the measured data the kit trains and checks on."""
 from kit.cli import add_command
+from kit.cli.outputs import nonempty
 
 SUMMARY_PARTS = ("train-collect", "train", "test", "amd-train-collect", "amd-train", "amd-test",
                  "labels")
@@ -40,8 +41,10 @@ def summary_text(r):
 
 
 def fetch(args):
+    from kit.cli.outputs import output_path
     from kit.data.fetch import fetch_neusight
 
+    output_path(args.dest, "--dest", folder=True)
     return fetch_neusight(dest=args.dest, force=args.force)
 
 
@@ -64,11 +67,11 @@ def register(sub):
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(p))
     s = add_command(data_sub, "summary", "row counts per op and GPU of a NeuSight part or a CSV",
                     summary, summary_text)
-    s.add_argument("--data", metavar="DIR", help="NeuSight folder (default: $KIT_DATA, else "
+    s.add_argument("--data", type=nonempty, metavar="DIR", help="NeuSight folder (default: $KIT_DATA, else "
                    "../shared/data/neusight, else the `kit data fetch` cache)")
     s.add_argument("--part", default="train-collect", choices=SUMMARY_PARTS)
-    s.add_argument("--file", metavar="CSV", help="summarise a measurement CSV instead (kit or NeuSight format)")
+    s.add_argument("--file", type=nonempty, metavar="CSV", help="summarise a measurement CSV instead (kit or NeuSight format)")
     f = add_command(data_sub, "fetch", "download a public data set, pinned and hash-checked", fetch, fetch_text)
     f.add_argument("dataset", choices=["neusight"])
-    f.add_argument("--dest", metavar="DIR", help="where to put it (default: the kit cache)")
+    f.add_argument("--dest", type=nonempty, metavar="DIR", help="where to put it (default: the kit cache)")
     f.add_argument("--force", action="store_true", help="download again even when files verify")

@@ -1,5 +1,6 @@
 """`kit evaluate`: score predictors against measured test rows (NeuSight's test format or the kit's)."""
 from kit.cli import add_command
+from kit.cli.outputs import nonempty
 
 
 def run(args):
@@ -30,13 +31,13 @@ def text(rows):
 def register(sub):
     p = add_command(sub, "evaluate", "score predictors on measured test rows (APE in percent)",
                     run, text)
-    p.add_argument("--test", required=True, metavar="FILE_OR_DIR",
+    p.add_argument("--test", type=nonempty, required=True, metavar="FILE_OR_DIR",
                    help="a test CSV (NeuSight format: OPName, Latency, Device, B, M, N, K or B, H)"
                         " or a folder of them")
-    p.add_argument("--data", metavar="DIR",
+    p.add_argument("--data", type=nonempty, metavar="DIR",
                    help="NeuSight data folder: training measurements for habitat's reference")
-    p.add_argument("--predictors", metavar="LIST", help="comma-separated, default "
+    p.add_argument("--predictors", type=nonempty, metavar="LIST", help="comma-separated, default "
                    "roofline,habitat,li,mlp,tile")
-    p.add_argument("--weights", metavar="DIR", help="weights folder from `kit train --out` "
+    p.add_argument("--weights", type=nonempty, metavar="DIR", help="weights folder from `kit train --out` "
                    "(default: the shipped weights)")
-    p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")
+    p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")

@@ -1,5 +1,6 @@
 """`kit gpus`: the GPU catalog."""
 from kit.cli import add_command
+from kit.cli.outputs import nonempty
 
 COLUMNS = [("key", "{}"), ("sm_count", "{}"), ("boost_clock_mhz", "{:.0f}"), ("memory_gib", "{:g}"),
            ("mem_bw_gbs", "{:.0f}"), ("l2_cache_mib", "{:g}"), ("fp32_tflops", "{:.1f}"),
@@ -25,4 +26,4 @@ def text(gpus):
 
 def register(sub):
     p = add_command(sub, "gpus", "list the GPU catalog", run, text)
-    p.add_argument("--add", metavar="FILE", help="also load your own GPU(s) from a JSON file")
+    p.add_argument("--add", type=nonempty, metavar="FILE", help="also load your own GPU(s) from a JSON file")

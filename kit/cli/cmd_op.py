@@ -1,5 +1,6 @@
 """`kit op KIND ...`: predict one operation on one GPU, with its tiles, waves and bound."""
 from kit.cli import add_command, positive_int
+from kit.cli.outputs import nonempty
 from kit.hardware import DTYPES
 
 
@@ -8,7 +9,7 @@ def _gpu_args(p, dtype=True):
     if dtype:
         p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--predictor", default="auto", help="auto, wave, roofline, ...")
-    p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")
+    p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")
 
 
 def _build(args):

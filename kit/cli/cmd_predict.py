@@ -1,5 +1,6 @@
 """`kit predict MODEL --gpu NAME ...`: one training step or inference pass of a whole model."""
 from kit.cli import add_command, positive_int
+from kit.cli.outputs import nonempty
 
 # the dtypes a whole model can be captured in (kit.workload.capture.TORCH_DTYPES; no fp8 models)
 MODEL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
@@ -30,8 +31,8 @@ def add_model_args(p):
     p.add_argument("--optimizer", default=None,
                    help="add an optimizer step to training: adamw, adamw-fused, adam, sgd")
     p.add_argument("--predictor", default="auto", help="kernel predictor: auto, wave, roofline, ...")
-    p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")
-    p.add_argument("--overhead-trace", metavar="KINETO.json",
+    p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")
+    p.add_argument("--overhead-trace", type=nonempty, metavar="KINETO.json",
                    help="calibrate the CPU launch overhead from a Kineto trace")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="the step replays a CUDA graph (torch.compile mode reduce-overhead): no "
@@ -96,12 +97,12 @@ def generation_text(r) -> str:
 
 
 def run(args):
-    import json
-
     from kit.api import predict_model
+    from kit.cli.outputs import model_files, output_path
     from kit.errors import KitError
     from kit.hardware import load_gpu_file
 
+    output_path(args.trace, "--trace", [*model_files(args.model), args.gpu_file, args.overhead_trace])
     if args.gpu_file:
         load_gpu_file(args.gpu_file)
     check_decode_args(args)  # before either path: neither may drop them silently
@@ -128,12 +129,9 @@ def run(args):
     out = it.to_dict()
     out["memory"] = memory_need(it, it.gpu)
     if args.trace:
-        try:
-            with open(args.trace, "w") as f:
-                json.dump(it.to_trace(), f)
-        except OSError as e:
-            raise KitError(f"cannot write trace {args.trace}: {e.strerror}") from None
-        out["trace"] = args.trace
+        from kit.trace.perfetto import write_json
+
+        out["trace"] = write_json(it.to_trace(), args.trace)  # gzipped when named .gz
     return out
 
 

@@ -2,11 +2,15 @@
 step times and the critical path; with --on, predict the same step on another GPU or system.
 PyTorch execution traces next to the Kineto files (or given with --et) are linked to them."""
 from kit.cli import add_command
+from kit.cli.outputs import nonempty
 
 
 def run(args):
+    from kit.cli.outputs import output_path
     from kit.trace import replay
     from kit.trace.perfetto import write_perfetto
+
+    output_path(args.trace_out, "--trace", [args.trace, args.et])
 
     r = replay(args.trace, on=args.on, et=False if args.no_et else args.et)
     out = r.to_dict()
@@ -47,7 +51,7 @@ def register(sub):
     p.add_argument("trace", help="Kineto JSON (.json/.json.gz), a folder of per-rank files, or a tarball")
     p.add_argument("--on", metavar="GPU_OR_SYSTEM", help="transfer to this GPU or system")
     et = p.add_mutually_exclusive_group()
-    et.add_argument("--et", metavar="ET", help="PyTorch execution trace(s) of the same run (file, "
+    et.add_argument("--et", type=nonempty, metavar="ET", help="PyTorch execution trace(s) of the same run (file, "
                    "folder or tarball); by default those found with TRACE are used")
     et.add_argument("--no-et", action="store_true", help="ignore execution traces")
     p.add_argument("--trace", dest="trace_out", metavar="OUT.json", help="write the replayed timeline "

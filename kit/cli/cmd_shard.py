@@ -1,5 +1,6 @@
 """`kit shard --tables FILE.csv --system NAME`: plan where embedding tables live on a multi-GPU system."""
 from kit.cli import add_command, positive_float, positive_int
+from kit.cli.outputs import nonempty
 
 
 def run(args):
@@ -35,7 +36,7 @@ def text(r) -> str:
 
 def register(sub):
     p = add_command(sub, "shard", "plan embedding-table sharding over a multi-GPU system", run, text)
-    p.add_argument("--tables", required=True, metavar="FILE.csv",
+    p.add_argument("--tables", type=nonempty, required=True, metavar="FILE.csv",
                    help="CSV with columns name, rows, dim, pooling [, zipf_alpha, dtype]")
     p.add_argument("--system", required=True, help="system preset (see kit.hardware.list_systems)")
     p.add_argument("--nodes", type=positive_int, default=None, help="number of nodes of the preset")

@@ -1,12 +1,15 @@
 """`kit train`: fit the learned predictors (tile-MLP, tile chooser, Li, direct MLP) on measured data."""
 from kit.cli import add_command
+from kit.cli.outputs import nonempty
 
 
 def run(args):
     import shlex
 
     from kit.api import train_predictors
+    from kit.cli.outputs import output_path
 
+    output_path(args.out, "--out", folder=True)
     command = " ".join(["kit train", *(["--data", shlex.quote(str(args.data))] if args.data else []),
                         "--train-gpus", shlex.quote(args.train_gpus), "--out", shlex.quote(args.out),
                         "--seed", str(args.seed), "--threads", str(args.threads),
@@ -27,8 +30,8 @@ def register(sub):
     from kit.cli import positive_int
 
     p = add_command(sub, "train", "fit the learned predictors on measured kernels", run, text)
-    p.add_argument("--data", metavar="DIR", help="NeuSight data folder (default: $KIT_DATA)")
-    p.add_argument("--train-gpus", required=True, metavar="LIST",
+    p.add_argument("--data", type=nonempty, metavar="DIR", help="NeuSight data folder (default: $KIT_DATA)")
+    p.add_argument("--train-gpus", type=nonempty, required=True, metavar="LIST",
                    help="comma-separated GPUs to train on, e.g. P4,P100,T4,V100-PCIe-32GB,A100-PCIe-40GB")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the weights to")
     p.add_argument("--seed", type=int, default=0)

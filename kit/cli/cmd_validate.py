@@ -11,6 +11,7 @@ the summaries give that share as band_coverage.
 from pathlib import Path
 
 from kit.cli import add_command
+from kit.cli.outputs import nonempty
 
 MULTI_GPU = ("dp", "tp", "pp")
 
@@ -48,6 +49,15 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             if not np.isfinite(measured) or measured <= 0:
                 raise ValueError(f"e2e_latency must be a positive number of ms, got {data['e2e_latency']!r}")
             fwd, bwd = (_phase_ms(data, key) for key in ("fw_latency", "bwall_latency"))
+        except IsADirectoryError:
+            skipped.append({"file": str(f), "reason": "unreadable label: a folder, not a JSON file"})
+            continue
+        except OSError as e:
+            skipped.append({"file": str(f), "reason": f"unreadable label: {e.strerror or e}"})
+            continue
+        except UnicodeDecodeError:
+            skipped.append({"file": str(f), "reason": "unreadable label: binary data, not JSON text"})
+            continue
         except (KitError, ValueError, KeyError, TypeError) as e:
             skipped.append({"file": str(f), "reason": f"unreadable label: {e}"})
             continue
@@ -99,6 +109,10 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             row.update(measured_fwd_ms=fwd, predicted_fwd_ms=it.phases_ms.get("fwd"),
                        measured_bwd_ms=bwd or None, predicted_bwd_ms=it.phases_ms.get("bwd"))
         configs.append(row)
+    if len(skipped) == len(files) and all("file" in s for s in skipped):
+        first = skipped[0]
+        raise KitError(f"none of the {len(files)} label file(s) under {root} could be read; "
+                       f"{first['file']}: {first['reason']}")
     summary = []
     groups: dict = {}
     for c in configs:
@@ -178,7 +192,7 @@ def text(r) -> str:
 
 def register(sub):
     p = add_command(sub, "validate", "predict every whole-model label and report the errors", run, text)
-    p.add_argument("--labels", required=True, metavar="DIR", help="NeuSight label directory (label/<GPU>/...json)")
+    p.add_argument("--labels", type=nonempty, required=True, metavar="DIR", help="NeuSight label directory (label/<GPU>/...json)")
     p.add_argument("--predictor", default="auto")
-    p.add_argument("--models", default=None, help="only these zoo models (comma-separated)")
-    p.add_argument("--gpu-file", metavar="FILE", help="load your own GPU(s) from a JSON file first")
+    p.add_argument("--models", type=nonempty, default=None, help="only these zoo models (comma-separated)")
+    p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")

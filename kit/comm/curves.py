@@ -275,6 +275,31 @@ class Calibration:
         return path
 
 
+MAX_FIT_MAPE = 0.5  # a fit off by more than half on its own points does not describe them
+PLATEAU_HEADROOM = 2.0  # busbw above twice a GPU's own links (NVLS, SHARP reduce in the switch)
+
+
+def check_plausible(cal: Calibration, system) -> None:
+    """KitError when a calibration cannot describe real transfers on `system` (a kit System):
+    a plateau busbw above PLATEAU_HEADROOM x the GPU's fabric or network bandwidth (times that
+    do not grow with size, or shrink), or a fit off by more than MAX_FIT_MAPE on its points."""
+    per_gpu = max(system.gpu_bw_gbs, system.network.nic_bw_gbs * system.nics_per_gpu)
+    where = cal.source or "the calibration"
+    for c in cal.curves:
+        regime, name = c, f"{c.kind} x{c.ranks}"
+        while regime is not None:
+            if regime.busbw_max_gbs > PLATEAU_HEADROOM * per_gpu:
+                raise KitError(f"{where}: {name} fits a busbw plateau of {regime.busbw_max_gbs:,.0f} GB/s, "
+                               f"more than {PLATEAU_HEADROOM:g}x the {per_gpu:,.0f} GB/s a GPU of "
+                               f"{system.key} can move: the times do not grow with size as transfers' "
+                               "do; check the measurements (and --system)")
+            regime = regime.upper
+        if c.fit_mape > MAX_FIT_MAPE:  # NaN (not recorded) passes
+            raise KitError(f"{where}: {name}'s curve is off by {100 * c.fit_mape:.0f}% on its own "
+                           f"points (at most {100 * MAX_FIT_MAPE:.0f}%): the times do not follow a "
+                           "latency + bandwidth curve; check the measurements")
+
+
 def load_calibration(path: str | Path | Calibration) -> Calibration:
     if isinstance(path, Calibration):
         return path
@@ -283,6 +308,11 @@ def load_calibration(path: str | Path | Calibration) -> Calibration:
         d = json.loads(path.read_text())
     except FileNotFoundError:
         raise KitError(f"calibration file not found: {path}") from None
+    except IsADirectoryError:
+        raise KitError(f"calibration {path} is a folder; give the JSON file `kit comm fit --out` wrote") from None
+    except UnicodeDecodeError:
+        raise KitError(f"calibration file {path} holds binary data, not JSON text; give the file "
+                       "`kit comm fit --out` wrote") from None
     except (OSError, json.JSONDecodeError) as e:
         raise KitError(f"calibration file {path} is not valid JSON: {e}") from None
     if not isinstance(d, dict) or d.get("format") != CALIBRATION_FORMAT:

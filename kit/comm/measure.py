@@ -33,14 +33,25 @@ from kit.errors import KitError
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 WORD_BYTES = 4  # float32, nccl-tests type "float"
+MAX_BYTES = 1 << 40  # 1 TiB: no rank holds a buffer this big; larger sizes are typos
 INTERLEAVE_BYTES = 1 << 30  # buffers held at once per rank while interleaving sizes
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _whole_bytes(value, spec) -> int:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not (v == v and abs(v) < float("inf")) or v != int(v):
+        raise KitError(f"sizes must be whole byte counts, got {value!r} in {spec!r}")
+    return int(v)
 
 
 def parse_sizes(spec) -> list[int]:
     """'1K:4M' (doubling), '1K:4M:4' (x4 steps), '1K,64K,1M', or a list of byte counts."""
     if isinstance(spec, (list, tuple)):
-        out = [int(float(s)) if not isinstance(s, str) else parse_sizes(s)[0] for s in spec]
+        out = [_whole_bytes(s, spec) if not isinstance(s, str) else parse_sizes(s)[0] for s in spec]
     else:
         text = str(spec).strip().upper().replace("IB", "").replace("I", "")
 
@@ -48,7 +59,10 @@ def parse_sizes(spec) -> list[int]:
             m = re.fullmatch(r"((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:E[0-9]+)?)\s*([KMG]?)B?", tok.strip())
             if not m:
                 raise KitError(f"bad size in {spec!r}: use bytes or K/M/G suffixes (binary), e.g. 64K")
-            return int(float(m.group(1)) * _UNITS[m.group(2)])
+            value = float(m.group(1)) * _UNITS[m.group(2)]
+            if value != int(value):
+                raise KitError(f"bad size {tok.strip()!r} in {spec!r}: sizes are whole bytes")
+            return int(value)
 
         if ":" in text:
             parts = text.split(":")
@@ -59,8 +73,8 @@ def parse_sizes(spec) -> list[int]:
                 factor = float(parts[2]) if len(parts) == 3 else 2.0
             except ValueError:
                 raise KitError(f"bad size range {spec!r}: FACTOR must be a number > 1") from None
-            if lo <= 0 or hi < lo or factor <= 1:
-                raise KitError(f"bad size range {spec!r}: need 0 < MIN <= MAX and FACTOR > 1")
+            if lo <= 0 or hi < lo or not 1 < factor < float("inf"):  # also NaN
+                raise KitError(f"bad size range {spec!r}: need 0 < MIN <= MAX and a finite FACTOR > 1")
             out, s = [], float(lo)
             while s <= hi * (1 + 1e-9):
                 out.append(int(round(s)))
@@ -89,7 +103,7 @@ def _quantile(stat: str) -> float:
     """'min' -> 0, 'median' -> 0.5, 'p10' -> 0.1: the quantile of the samples a rank reports."""
     q = {"min": 0.0, "median": 0.5}.get(stat)
     m = re.fullmatch(r"p([0-9]{1,2})", str(stat))
-    if q is None and m:
+    if q is None and m and 1 <= int(m.group(1)) <= 99:
         q = int(m.group(1)) / 100
     if q is None:
         raise KitError(f"stat must be min, median or a percentile p1..p99 (e.g. p10), got {stat!r}")
@@ -284,6 +298,10 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
             raise KitError(f"{name} must be a whole number >= {0 if name == 'warmup' else 1}, got {v!r}")
     if out is not None and Path(out).is_dir():  # before minutes of measuring, not after
         raise KitError(f"--out {out} is a directory; give a file name (nccl-tests text)")
+    too_big = [s for s in sizes if s > MAX_BYTES]
+    if too_big:
+        raise KitError(f"size {too_big[0]:.4g} B is more than any device holds (at most "
+                       f"{MAX_BYTES // 2**30} GiB a buffer); give smaller --sizes")
     with tempfile.TemporaryDirectory(prefix="kit-comm-") as tmp:
         result = os.path.join(tmp, "rows.json")
         saved = {v: os.environ.get(v) for v in _THREAD_VARS}
@@ -293,9 +311,9 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
                                               repeats, stat, timing, pin, result), nprocs=ranks, join=True,
                                start_method=start_method)
         except Exception as e:  # a worker failed: say which and why, in one line
-            msg = str(e).strip().splitlines()
+            msg = [m for m in str(e).strip().splitlines() if any(c.isalnum() for c in m)]
             raise KitError(f"collect-comm ({backend}, {ranks} ranks) failed: "
-                           f"{msg[-1] if msg else type(e).__name__}") from None
+                           f"{msg[-1].strip() if msg else type(e).__name__}") from None
         finally:
             for v, old in saved.items():
                 if old is None:

@@ -250,7 +250,7 @@ def format_nccl_tests(rows, kind: str, ranks: int, devices: list[str], meta: str
         t = r["time_us"]
         alg = r["size_bytes"] / t / 1e3 if t > 0 else 0.0
         bus_sum += alg * f
-        cells = "{:>9.2f}{:>8.2f}{:>8.2f}{:>7d}".format(t, alg, alg * f, int(r.get("wrong", 0)))
+        cells = " {:>8.2f} {:>7.2f} {:>7.2f}{:>7d}".format(t, alg, alg * f, int(r.get("wrong", 0)))
         text += "{:>12}{:>14}{:>10}{:>8}{:>8}".format(r["size_bytes"], r["count"], r["dtype"], redop,
                                                       root) + cells + cells + "\n"
     text += f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {bus_sum / len(rows):.4f} \n#\n"

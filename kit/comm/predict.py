@@ -21,7 +21,7 @@ import numpy as np
 
 from kit.comm.algorithms import Plan, alltoall_latency_us, alltoallv_us, plans
 from kit.comm.conventions import KINDS, CollectiveResult, busbw_factor, canonical_kind
-from kit.comm.curves import BandwidthCurve, Calibration, load_calibration
+from kit.comm.curves import BandwidthCurve, Calibration, check_plausible, load_calibration
 from kit.comm.topology import Group, resolve_group
 from kit.errors import KitError
 from kit.hardware.system import System, get_system
@@ -58,6 +58,8 @@ def _inputs(kind, system, ranks, calibration):
     cal = _calibration(calibration)
     if cal is not None and cal.system:
         _check_same_system(cal, system)
+    if cal is not None:
+        check_plausible(cal, system)
     return kind, system, group, cal
 
 

@@ -21,6 +21,7 @@ import tempfile
 import time
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 
 from kit.data import schema
 from kit.data.records import Appender, row_key
@@ -278,6 +279,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
     base = {"dtype": dtype, "source": "collector", "split": "train", **env}
     timer = time_cuda if device == "cuda" else time_cpu
     failed, measured = [], 0
+    new = not (Path(out).is_file() and Path(out).stat().st_size > 0)
     with Appender(out, resume=resume) as sink:
         todo, planned = [], set()
         for op, shape in tasks:
@@ -317,6 +319,12 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                     time.sleep(cooldown_ms / 1000)
         bar.close()
         total = len(sink.keys)
+    if todo and not measured:  # nothing written: a failure, not "0 measured"
+        if new:  # the header alone would make the next run ask for --resume
+            Path(out).unlink(missing_ok=True)
+        first = failed[0]
+        raise KitError(f"every measurement failed ({len(failed)}); nothing was written to {out}. "
+                       f"First: {first['op']} {tuple(first['shape'])}: {first['error']}")
     return {"out": str(out), "device": env["device_name"], "gpu": env["gpu"], "dtype": dtype,
             "planned": len(tasks), "skipped": len(tasks) - len(todo), "measured": measured,
             "failed": failed, "ops_without_shapes": unmatched, "rows_in_file": total}

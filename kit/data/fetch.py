@@ -71,7 +71,10 @@ def file_url(base_url: str, manifest: dict, rel: str) -> str:
 
 def _download(url: str, target: Path, expected: str, opener) -> None:
     """url -> target, atomically, when its sha256 is expected; KitError otherwise."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KitError(f"cannot create folder {target.parent}: {e.strerror or e}") from None
     tmp = target.with_name(target.name + ".part")
     h = hashlib.sha256()
     try:
@@ -101,7 +104,33 @@ def fetch_neusight(dest: str | Path | None = None, force: bool = False, base_url
     """Download every manifest file that is missing or fails its hash into dest; verify the rest."""
     manifest = manifest if isinstance(manifest, dict) else load_manifest(manifest or MANIFEST_PATH)
     dest = Path(dest) if dest is not None else fetched_dir()
-    opener = opener or _urlopen
+    if dest.exists() and not dest.is_dir():
+        raise KitError(f"--dest {dest} is a file, not a folder; choose a folder to download into")
+    created = next((p for p in reversed([dest, *dest.parents]) if not p.exists()), None)
+    try:
+        return _fetch_into(dest, force, base_url, manifest, opener or _urlopen, progress)
+    except BaseException:
+        if created is not None:  # a failed first download leaves no empty folders behind
+            try:
+                _remove_empty_dirs(created)
+            except OSError:
+                pass
+        raise
+
+
+def _remove_empty_dirs(top: Path) -> None:
+    """rmdir top and the folders under it, deepest first, where empty (files already fetched stay)."""
+    if not top.is_dir():
+        return
+    for p in sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
+        if not any(p.iterdir()):
+            p.rmdir()
+    if not any(top.iterdir()):
+        top.rmdir()
+
+
+def _fetch_into(dest: Path, force: bool, base_url: str, manifest: dict, opener,
+                progress: bool | None) -> dict:
     files = manifest["files"]
     show = progress if progress is not None else sys.stderr.isatty()
     bar = None

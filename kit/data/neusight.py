@@ -181,8 +181,9 @@ def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
     bad = ~(np.isfinite(latency) & (latency > 0))  # NaN, zero, negative or infinite
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise KitError(f"{_where(raw, bad)}: Latency must be a positive number of ms, got "
-                       f"{str(raw['Latency'].iloc[i])!r}")
+        value = raw["Latency"].iloc[i]
+        got = "an empty cell (or NaN)" if pd.isna(value) or not str(value).strip() else repr(str(value))
+        raise KitError(f"{_where(raw, bad)}: Latency must be a positive number of ms, got {got}")
     out["latency_ms"] = latency.astype("float64")
 
     cls = info["op_class"]

@@ -111,7 +111,7 @@ class Appender:
                 warnings.warn(f"{self.path}: dropped an unfinished last line ({cut} bytes)", stacklevel=2)
             self._check_header()
             if self.path.stat().st_size:
-                existing = schema.conform(_read_schema_csv(self.path))
+                existing = schema.conform(_read_schema_csv(self.path), str(self.path))
                 self.keys = {row_key(r) for r in existing.to_dict("records")}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8", newline="")
@@ -193,6 +193,8 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
     The format is told by the header: NeuSight's has OPName, Latency and Device.
     """
     path = Path(path)
+    if path.is_dir():
+        raise KitError(f"measurement file {path} is a folder; give a CSV file")
     if not path.is_file():
         raise KitError(f"measurement file not found: {path}")
     try:
@@ -200,7 +202,8 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
             header = next(csv.reader([f.readline()]), [])
     except UnicodeDecodeError:
         raise KitError(f"{path} is not a text CSV") from None
-    if all(c in header for c in NEUSIGHT_COLUMNS):
+    neusight = any(c in header for c in NEUSIGHT_COLUMNS) and "op" not in header
+    if neusight:  # read_neusight_csv names a missing OPName, Latency or Device
         split = "test" if "test" in path.parts else "train"
         return from_neusight(read_neusight_csv(path), f"neusight:{path.name}", split)
     needed = ("op", "latency_ms")
@@ -216,7 +219,8 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
             raw[col] = info[col] if col not in raw else raw[col].where(raw[col].notna(), info[col])
     else:
         schema.op_columns(raw["op"].astype("str"))  # validates the op names
-    frame = schema.conform(raw)
+    frame = schema.conform(raw, str(path))
+    schema.check_rows(frame, str(path))  # what evaluate would refuse, named here for every reader
     lat = frame["latency_ms"]
     wrong = ~(np.isfinite(lat) & (lat > 0))  # NaN, zero, negative or infinite
     if wrong.any():

@@ -174,11 +174,12 @@ def gpu_keys_for(device_names: pd.Series, where: str = "") -> pd.Series:
     return device_names.map(keys)
 
 
-def conform(frame: pd.DataFrame) -> pd.DataFrame:
+def conform(frame: pd.DataFrame, where: str = "") -> pd.DataFrame:
     """The frame with exactly the schema's columns, in order and with the schema's dtypes.
 
     Missing columns are added empty; extra columns are dropped. Values that cannot take the
-    column's dtype (e.g. "abc" as an m) are a KitError naming the column.
+    column's dtype (e.g. "abc" as an m) are a KitError naming the column, and, with `where` (the
+    CSV file the frame was read from, header on line 1), the file and line.
     """
     out = {}
     n = len(frame)
@@ -203,10 +204,14 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
                 if values.dtype.kind == "f" and (values.dropna() == np.round(values.dropna())).all():
                     values = values.astype("Int64")  # 8902.0 -> "8902"
                 out[col] = values.astype("str").where(values.notna(), np.nan)
-        except (ValueError, TypeError) as e:
-            bad = _first_bad(values, dtype)
-            raise KitError(f"column {col!r} must hold {dtype} values; found {bad!r} ({e})") from None
+        except (ValueError, TypeError):
+            i, bad = _first_bad(values, dtype)
+            at = f"{where}:{i + 2}: " if where else f"row {i}: " if i is not None else ""
+            raise KitError(f"{at}column {col!r} must hold {KINDS[dtype]}, got {bad!r}") from None
     return pd.DataFrame(out, index=frame.index)
+
+
+KINDS = {"Int64": "whole numbers", "float64": "finite numbers", "boolean": "true or false", "str": "text"}
 
 
 def _to_boolean(values: pd.Series) -> pd.Series:
@@ -219,17 +224,21 @@ def _to_boolean(values: pd.Series) -> pd.Series:
     return pd.array(mapped.tolist(), dtype="boolean")
 
 
-def _first_bad(values: pd.Series, dtype: str):
-    for v in values:
+def _first_bad(values: pd.Series, dtype: str) -> tuple[int | None, object]:
+    """(position, value) of the first value that cannot take dtype; (None, None) if none stands out."""
+    for i, v in enumerate(values):
         if pd.isna(v):
             continue
         try:
-            f = float(v)
+            if dtype == "boolean":
+                _to_boolean(pd.Series([v]))
+                continue
+            f = float(pd.to_numeric(pd.Series([v]), errors="raise").iloc[0])
             if dtype == "Int64" and f != round(f):
-                return v
-        except (TypeError, ValueError):
-            return v
-    return None
+                return i, v
+        except (TypeError, ValueError, OverflowError):
+            return i, v
+    return None, None
 
 
 def empty() -> pd.DataFrame:
@@ -246,3 +255,46 @@ def check(frame: pd.DataFrame) -> None:
     wrong = {c: str(frame[c].dtype) for c, d in COLUMNS.items() if str(frame[c].dtype) != d}
     if wrong:
         raise KitError(f"measurement table has wrong dtypes: {wrong}")
+
+
+# the shape columns each op class needs (positive, but a conv's padding may be 0)
+CLASS_DIMS = {"gemm": ("b", "m", "n", "k"), "elementwise": ("rows", "cols"), "softmax": ("rows", "cols"),
+              "layernorm": ("rows", "cols"), "conv": CONV_DIMS}
+
+
+def check_rows(frame: pd.DataFrame, where: str) -> None:
+    """KitError naming `where` (a CSV, header on line 1) and the line of the first row whose
+    op_class is not its op's, whose dtype or gpu the kit does not know, or whose shape has a
+    missing, zero or negative dimension: what evaluate or a predictor would refuse later, or
+    count silently."""
+    from kit.hardware import DTYPES, get_gpu
+
+    def first(bad: pd.Series) -> tuple[str, int]:
+        i = int(np.flatnonzero(bad.to_numpy(dtype=bool))[0])
+        return f"{where}:{i + 2}", i
+
+    cls = op_columns(frame["op"].astype("str"))["op_class"]
+    bad = (frame["op_class"] != cls).fillna(True)
+    if bad.any():
+        at, i = first(bad)
+        raise KitError(f"{at}: op {frame['op'].iloc[i]} is in op class {cls.iloc[i]}, but op_class says "
+                       f"{frame['op_class'].iloc[i]!r}")
+    bad = frame["dtype"].notna() & ~frame["dtype"].isin(DTYPES)
+    if bad.any():
+        at, i = first(bad)
+        raise KitError(f"{at}: unknown dtype {frame['dtype'].iloc[i]!r}; choose one of {', '.join(DTYPES)}")
+    for gpu in pd.unique(frame["gpu"].dropna()):
+        try:
+            get_gpu(gpu)
+        except KitError as e:
+            raise KitError(f"{first(frame['gpu'] == gpu)[0]}: gpu {gpu!r}: {e}") from None
+    for op_class, dims in CLASS_DIMS.items():
+        rows = cls == op_class
+        for c in dims:
+            bad = rows & (frame[c].isna() | (frame[c] < (0 if c == "padding" else 1))).fillna(True)
+            if bad.any():
+                at, i = first(bad)
+                v = frame[c].iloc[i]
+                what = "a whole number >= 0" if c == "padding" else "a positive whole number"
+                raise KitError(f"{at}: a {frame['op'].iloc[i]} row needs {c} to be {what}, got "
+                               f"{'nothing' if pd.isna(v) else v}")

@@ -89,7 +89,11 @@ def read_dims_file(path: str | Path) -> list[tuple[int, ...]]:
     except FileNotFoundError:
         raise KitError(f"shapes file not found: {path} (or use a named grid: "
                        f"{', '.join(grid_names())})") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except IsADirectoryError:
+        raise KitError(f"shapes file {path} is a folder; give a dims file or a named grid") from None
+    except UnicodeDecodeError:
+        raise KitError(f"cannot read shapes file {path}: binary data, not text") from None
+    except OSError as e:
         raise KitError(f"cannot read shapes file {path}: {e}") from None
     shapes: dict[tuple, None] = {}
     for number, line in enumerate(text.splitlines(), 1):
@@ -162,6 +166,8 @@ def model_layer_shapes(model: str, batches=MODEL_BATCHES) -> list[tuple[int, ...
 
 def resolve_shapes(spec: str) -> list[tuple[int, ...]]:
     """A named grid (see the module doc) or a path to a dims file."""
+    if not spec.strip():
+        raise KitError(f"--shapes is empty: give a dims file or a grid: {', '.join(grid_names())}")
     name, *rest = spec.split(":")
     if name in RANDOM_GRIDS:
         try:
@@ -169,8 +175,8 @@ def resolve_shapes(spec: str) -> list[tuple[int, ...]]:
             seed = int(rest[1]) if len(rest) > 1 else 0
         except ValueError:
             raise KitError(f"grid {spec!r}: write {name}[:COUNT[:SEED]] with whole numbers") from None
-        if count < 1 or len(rest) > 2:
-            raise KitError(f"grid {spec!r}: write {name}[:COUNT[:SEED]] with COUNT >= 1")
+        if count < 1 or seed < 0 or len(rest) > 2:
+            raise KitError(f"grid {spec!r}: write {name}[:COUNT[:SEED]] with COUNT >= 1 and SEED >= 0")
         return random_grid(name, count, seed)
     if name in DECODE_GRIDS and not rest:
         return decode_shapes(name)

@@ -221,6 +221,13 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
             written += 1
             if progress:
                 progress(row)
+    if failed and not written:  # every config tried failed: an error, not "0 rows written"
+        if not exists:  # the header alone would make the next run ask for --resume
+            out.unlink(missing_ok=True)
+        first = failed[0]
+        raise KitError(f"every measurement failed ({len(failed)}); nothing was written to {out}. "
+                       f"First: batch {first['batch']} rows {first['rows']} dim {first['dim']}: "
+                       f"{first['error']}")
     return {"out": str(out), "backend": backend, "device": device, "device_name": device_name,
             "written": written, "skipped": skipped, "failed": failed}
 

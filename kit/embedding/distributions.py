@@ -398,7 +398,9 @@ def parse_distribution(spec) -> Distribution:
         if s.startswith(("indices(", "indices:")):
             raise KitError(f"distribution {spec!r} names an index tensor but does not hold it; pass the "
                            "tensor itself, or a distribution: uniform, zipf:ALPHA or reuse:F0,F1,...")
-        name, _, arg = s.partition(":")
+        name, sep, arg = s.partition(":")
+        if sep and not arg.strip():  # "zipf:" is a value left out, not the default
+            raise KitError(f"distribution {spec!r} has nothing after ':'; give e.g. zipf:1.05 or reuse:0.3,0.2")
         try:
             if name == "zipf":
                 return Zipf(float(arg or 1.0))

@@ -73,11 +73,20 @@ def save_bundle(bundle: Bundle, out_dir: str | Path) -> Path:
     return out
 
 
+def _folder_of(path: Path) -> Path:
+    """A weights folder, or the folder of its manifest.json or model.safetensors; any other file
+    is named in the error rather than its parent folder."""
+    if path.is_file():
+        if path.name not in (MANIFEST_FILE, TENSORS_FILE):
+            raise KitError(f"{path} is a file, not a predictor weights folder (expected a folder with "
+                           f"{TENSORS_FILE} + {MANIFEST_FILE}, as `kit train --out` writes)")
+        return path.parent
+    return path
+
+
 def read_manifest(weights_dir: str | Path) -> dict:
     """The manifest of a weights folder; KitError unless it is this kit's predictor manifest."""
-    path = Path(weights_dir)
-    if path.is_file():
-        path = path.parent
+    path = _folder_of(Path(weights_dir))
     mpath = path / MANIFEST_FILE
     if not mpath.is_file():
         raise KitError(f"{path} is not a predictor weights folder: no {MANIFEST_FILE} "
@@ -86,6 +95,8 @@ def read_manifest(weights_dir: str | Path) -> dict:
         manifest = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise KitError(f"{mpath} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise KitError(f"cannot read {mpath}: {e.strerror or e}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise KitError(f"{mpath} is not a gpu-perf-kit predictor manifest "
                        f"(its format tag should be {FORMAT!r})")
@@ -117,9 +128,7 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
     from kit.predict.tile_choice import TileChooser
     from kit.predict.tile_mlp import ClassModel, TilePredictor
 
-    folder = Path(weights_dir) if weights_dir is not None else SHIPPED_DIR
-    if folder.is_file():
-        folder = folder.parent
+    folder = _folder_of(Path(weights_dir)) if weights_dir is not None else SHIPPED_DIR
     manifest = read_manifest(folder)
     tensors = _read_tensors(folder / TENSORS_FILE)
     parts = manifest["parts"]
@@ -131,7 +140,7 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
         if "mlp" in parts:
             mlp = DirectMLP({cls: ClassModel.from_state(cls, tensors, meta, prefix="mlp.")
                              for cls, meta in parts["mlp"]["classes"].items()})
-        li = LiPredictor(parts["li"]["coefs"])
+        li = LiPredictor(_li_coefs(parts["li"]["coefs"], folder / MANIFEST_FILE))
     except (KeyError, RuntimeError, TypeError, ValueError) as e:
         raise KitError(f"weights in {folder} do not match their manifest ({type(e).__name__}: "
                        f"{str(e).splitlines()[0][:200]})") from None
@@ -139,6 +148,26 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
     tile = TilePredictor(chooser, models, parts["tile"].get("transfer_sigma", {}), info,
                          parts["tile"].get("band"))
     return Bundle(tile, li, mlp, info)
+
+
+def _li_coefs(coefs, where: Path) -> dict:
+    """The Li coefficients of a manifest: {op_class: {gpu: [a, c, d]}}, each a finite number >= 0
+    (a string, NaN or a negative slope would give a silently wrong or NaN prediction)."""
+    import math
+
+    if not isinstance(coefs, dict):
+        raise KitError(f"{where}: parts.li.coefs must be an object of op classes, got {type(coefs).__name__}")
+    for cls, table in coefs.items():
+        if not isinstance(table, dict) or not table:
+            raise KitError(f"{where}: parts.li.coefs.{cls} must be a non-empty object of GPUs")
+        for gpu, line in table.items():
+            ok = isinstance(line, list) and len(line) == 3 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                for v in line)
+            if not ok:
+                raise KitError(f"{where}: parts.li.coefs.{cls}.{gpu} must be 3 finite numbers >= 0 "
+                               f"(ms per GFLOP, ms per MB, ms), got {line!r:.80}; retrain with `kit train`")
+    return coefs
 
 
 _shipped: list = []

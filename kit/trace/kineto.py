@@ -222,6 +222,21 @@ def _load_bytes(raw: bytes, source: str):
         raise KitError(f"{source}: not valid JSON ({e})") from None
 
 
+def load_json_file(path, what: str = "trace"):
+    """One JSON file, plain or gzip, as kit replay reads it; any problem is one KitError naming
+    `what` and the path (missing, a folder, unreadable, corrupt gzip, not JSON)."""
+    p = Path(path)
+    if not p.exists():
+        raise KitError(f"{what} not found: {p}")
+    if p.is_dir():
+        raise KitError(f"{what} {p} is a folder; give a .json or .json.gz file")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise KitError(f"cannot read {what} {p}: {e.strerror or e}") from None
+    return _load_bytes(raw, f"{what} {p}")
+
+
 def _is_trace_name(name: str) -> bool:
     n = name.lower()
     return n.endswith((".json", ".json.gz")) and not n.startswith(".")
@@ -295,4 +310,4 @@ def read_json_text(text: str, source: str = "<string>") -> RankTrace:
 
 
 __all__ = ["CpuOp", "GpuEvent", "RankTrace", "RuntimeCall", "SYNC_CALLS", "SyncEvent",
-           "is_execution_trace", "load_kineto", "parse_events", "read_docs", "read_json_text"]
+           "is_execution_trace", "load_json_file", "load_kineto", "parse_events", "read_docs", "read_json_text"]

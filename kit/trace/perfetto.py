@@ -53,7 +53,11 @@ def to_perfetto(timeline, critical_ops=None, min_dur_ms: float = 0.0) -> dict:
 
 def write_perfetto(timeline, path, critical_ops=None) -> str:
     """Write the Perfetto JSON to path (.json or .json.gz); returns the path."""
-    doc = to_perfetto(timeline, critical_ops)
+    return write_json(to_perfetto(timeline, critical_ops), path)
+
+
+def write_json(doc, path) -> str:
+    """A trace document as JSON at path, gzipped when it ends in .gz; returns the path."""
     p = Path(path)
     try:
         if p.suffix == ".gz":

@@ -68,7 +68,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
         raise KitError(f"mode generate needs a decoder-only model ({', '.join(zoo.DECODERS)}); "
                        f"{name} is not one")
     zoo.check_mode(model, "decode", None, kv_cache)
-    zoo.check_seq(model, prompt, new_tokens - 1)  # the last step's context and its new token
+    zoo.check_seq(model, prompt, new_tokens)  # the last decode step: context P+N-1, and its new token
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
     prefill = iteration(graph_of(model, batch, prompt, "inference", dtype), gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples)

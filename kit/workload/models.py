@@ -36,6 +36,8 @@ def load_callable(spec: str):
         module = importlib.import_module(mod_name)
     except ImportError as e:
         raise KitError(f"cannot import module {mod_name!r} for model {spec!r}: {e}") from None
+    except SystemExit as e:  # sys.exit(0) would end the run silently with success
+        raise KitError(f"importing module {mod_name!r} for model {spec!r} {_exited(e)}") from None
     except Exception as e:  # the user's module failed while importing (SyntaxError, NameError, ...)
         raise KitError(f"importing module {mod_name!r} for model {spec!r} failed: {one_line(e)}") from None
     obj = module
@@ -44,6 +46,11 @@ def load_callable(spec: str):
             raise KitError(f"module {mod_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _exited(e: SystemExit) -> str:
+    """A user's code calling sys.exit() (or raising SystemExit), as the rest of a KitError."""
+    return (f"called sys.exit({e.code!r}); a model's code must return, not exit the program")
 
 
 def read_config(path: str) -> dict:
@@ -67,6 +74,8 @@ def _inputs_for(module, batch: int, seq: int):
     if hasattr(module, "example_inputs"):
         try:
             return module.example_inputs(batch, seq)
+        except SystemExit as e:
+            raise KitError(f"{type(module).__name__}.example_inputs({batch}, {seq}) {_exited(e)}") from None
         except Exception as e:
             raise KitError(f"{type(module).__name__}.example_inputs({batch}, {seq}) failed: "
                            f"{one_line(e)}") from None
@@ -99,6 +108,8 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
             pass
         try:
             obj = obj()
+        except SystemExit as e:
+            raise KitError(f"model callable {name!r} {_exited(e)}") from None
         except Exception as e:
             raise KitError(f"model callable {name!r} failed: {one_line(e)}") from None
     if isinstance(obj, dict):
@@ -138,6 +149,8 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
     try:
         return capture(obj, inputs, mode="inference" if decode else mode, optimizer=optimizer,
                        dtype=dtype, name=name, meta=meta)
+    except SystemExit as e:  # from the module's forward
+        raise KitError(f"model {name!r} {_exited(e)} while it was run") from None
     except KitError as e:
         if not guessed or isinstance(e, DataDependentCapture):  # not a question of its inputs
             raise
@@ -156,6 +169,8 @@ def _decode_inputs_for(module, name: str, batch: int, context: int):
                        "HF-style config")
     try:
         return module.decode_inputs(batch, context)
+    except SystemExit as e:
+        raise KitError(f"{type(module).__name__}.decode_inputs({batch}, {context}) {_exited(e)}") from None
     except Exception as e:
         raise KitError(f"{type(module).__name__}.decode_inputs({batch}, {context}) failed: "
                        f"{one_line(e)}") from None

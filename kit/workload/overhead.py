@@ -9,8 +9,6 @@ synchronise or allocate. The launch alone is the median `cudaLaunchKernel` (runt
 """
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +21,9 @@ LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "hipLaunchKernel", "c
 
 
 def _load(path: Path) -> list[dict]:
-    try:
-        raw = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
-        data = json.loads(raw)
-    except FileNotFoundError:
-        raise KitError(f"Kineto trace not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
-        raise KitError(f"Kineto trace {path} is not valid trace JSON: {e}") from None
+    from kit.trace.kineto import load_json_file  # kit replay's reader: gzip, truncation, binary
+
+    data = load_json_file(path, "Kineto trace")
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise KitError(f"Kineto trace {path}: no 'traceEvents' list")

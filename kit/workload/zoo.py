@@ -239,14 +239,21 @@ SIZE_FIELDS = ("n_layer", "num_hidden_layers", "num_layers", "num_decoder_layers
 
 
 def _check_sizes(kind: str, cfg: dict) -> None:
-    """A KitError for a size of 0 (or an empty list of them). Negative and non-integer sizes
-    fail in torch as the model is built, which build() reports as one line."""
+    """A KitError for a size that is not a positive whole number: 0, negative, fractional, a bool
+    (JSON true is not 1 layer), a string, or an empty list of them. A list may hold markers
+    (vgg's "M" for a max-pool) beside its sizes."""
     for name in SIZE_FIELDS:
         value = cfg.get(name)
+        if value is None:
+            continue
         many = isinstance(value, (list, tuple))
-        if (many and (not value or 0 in value)) or (not many and value == 0):
+        items = [v for v in value if not isinstance(v, str)] if many else [value]
+        bad = (many and not value) or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                                          for v in items)
+        if bad:
             raise KitError(f"{kind} config cannot build a model: {name} must be "
-                           f"{'a list of ' if many else ''}at least 1, got {value!r}")
+                           f"{'a list of ' if many else 'a '}positive whole number"
+                           f"{'s' if many else ''}, got {value!r}")
 
 
 # -- cached capture -----------------------------------------------------------------------------
@@ -281,8 +288,13 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     """The captured OpGraph of a zoo model / config for one shape, cached. kv_cache: how a
     decode step's cache grows, "static" or "dynamic" (kit.workload.kv_cache)."""
     _check_positive(batch=batch)
+    if isinstance(model, dict):  # its sizes before a default seq is read off them
+        _check_sizes(model.get("model_type", "gpt2"), model)
     if seq is None:  # a config: 512, or its learned position table if that is shorter
         seq = default_seq(model) if isinstance(model, str) else min(512, max_seq(model) or 512)
+        limit = max_seq(model)
+        if mode == "decode" and limit and seq >= limit:  # the default context leaves the new token a position
+            seq = limit - 1
     _check_positive(seq=seq)
     check_mode(model, mode, optimizer, kv_cache)
     check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
@@ -450,6 +462,10 @@ def check_seq(model, seq: int, new_tokens: int = 0) -> None:
     table = _position_table(model)
     if table and seq + new_tokens > table[2]:
         name, field, limit = table
+        if new_tokens >= limit:  # no --seq helps: the new tokens alone take every position
+            raise KitError(f"{new_tokens} new tokens alone need more than {name}'s {limit} learned "
+                           f"positions ({field}), whatever the prompt; generate at most {limit - 1} "
+                           f"(--new-tokens), or use a config with a larger {field}")
         if new_tokens:
             raise KitError(f"{seq} tokens and {new_tokens} new need {seq + new_tokens} positions, more "
                            f"than {name}'s {limit} learned positions ({field}); pass --seq "

@@ -1,0 +1,66 @@
+"""Paths the CLI writes to, checked before any work: an empty name, a folder where a file goes
+(or the reverse), a missing parent folder, or an output that is one of the command's own inputs
+(writing it would destroy the input) is one KitError, never a clobbered file or a silent no-op.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kit.errors import KitError
+
+
+def nonempty(s: str) -> str:
+    """argparse type: any text but the empty string (an empty path or value is never meant)."""
+    import argparse
+
+    if not s.strip():
+        raise argparse.ArgumentTypeError("expected a value, got an empty string")
+    return s
+
+
+def model_files(model: str | None) -> list[str]:
+    """The files a model argument reads: a config .json, or a 'module:callable' module's .py."""
+    if not model:
+        return []
+    mod, sep, _ = model.partition(":")
+    if sep and mod:
+        base = mod.replace(".", os.sep)
+        return [base + ".py", os.path.join(base, "__init__.py")]
+    return [model]
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def output_path(value: str | None, flag: str, inputs=(), folder: bool = False) -> str | None:
+    """value, once it is a usable output (a file, or a folder with folder=True) whose parent folder
+    exists and which is none of `inputs` (paths the command reads; None and "" are ignored)."""
+    if value is None:
+        return None
+    if not str(value).strip():
+        raise KitError(f"{flag} is empty; give a {'folder' if folder else 'file'} name")
+    p = Path(value)
+    if not folder and p.is_dir():
+        raise KitError(f"{flag} {value} is a directory; give a file name")
+    if folder and p.exists() and not p.is_dir():
+        raise KitError(f"{flag} {value} is a file; give a folder")
+    parent = p.absolute().parent
+    if not parent.is_dir():
+        raise KitError(f"{flag} {value}: folder {parent} does not exist; create it first")
+    for given in inputs:
+        if not given:
+            continue
+        if _same(p, Path(given)):
+            raise KitError(f"{flag} {value} is the input file {given}: writing it would destroy "
+                           "the input; choose another name")
+        if p.exists() and Path(given).is_dir() and Path(given).resolve() in p.resolve().parents:
+            raise KitError(f"{flag} {value} is a file of the input folder {given}: writing it would "
+                           "destroy that input; choose another name")
+    return value
