@@ -1,4 +1,6 @@
 """`kit comm fit|predict`: collective cost on a system, from presets or fitted curves."""
+import warnings
+
 from kit.cli import add_command, positive_int
 from kit.cli.outputs import nonempty
 from kit.errors import KitError
@@ -70,7 +72,7 @@ def predict_text(r):
 def fit(args):
     from kit.cli.outputs import output_path
     from kit.comm import fit_table
-    from kit.comm.curves import check_plausible
+    from kit.comm.curves import NOISY_FIT_MAPE, check_plausible
     from kit.comm.parsers import read_measurements
 
     output_path(args.out, "--out", [args.file])
@@ -82,6 +84,10 @@ def fit(args):
         raise KitError(f"{args.file}: measured on {big[-1]} ranks, but {system.key} has {system.world_size} "
                        "GPUs; pass --nodes (or the system it ran on)")
     check_plausible(cal, system)  # before saving: a later predict would trust it
+    for c in cal.curves:
+        if c.fit_mape > NOISY_FIT_MAPE:
+            warnings.warn(f"{c.kind} x{c.ranks}'s curve is off by {100 * c.fit_mape:.0f}% on its own "
+                          "points: noisy measurements (a loaded host?); its predictions are as rough")
     if args.out:
         cal.save(args.out)
     return {"out": args.out, **cal.to_dict()}

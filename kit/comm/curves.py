@@ -275,14 +275,15 @@ class Calibration:
         return path
 
 
-MAX_FIT_MAPE = 0.5  # a fit off by more than half on its own points does not describe them
+NOISY_FIT_MAPE = 0.5  # a fit off by more than half on its own points: said, not refused
 PLATEAU_HEADROOM = 2.0  # busbw above twice a GPU's own links (NVLS, SHARP reduce in the switch)
 
 
 def check_plausible(cal: Calibration, system) -> None:
     """KitError when a calibration cannot describe real transfers on `system` (a kit System):
     a plateau busbw above PLATEAU_HEADROOM x the GPU's fabric or network bandwidth (times that
-    do not grow with size, or shrink), or a fit off by more than MAX_FIT_MAPE on its points."""
+    do not grow with size, or shrink). A noisy fit (measurements on a loaded host) is not refused
+    here: `kit comm fit` reports each curve's fit error and notes those above NOISY_FIT_MAPE."""
     per_gpu = max(system.gpu_bw_gbs, system.network.nic_bw_gbs * system.nics_per_gpu)
     where = cal.source or "the calibration"
     for c in cal.curves:
@@ -294,10 +295,6 @@ def check_plausible(cal: Calibration, system) -> None:
                                f"{system.key} can move: the times do not grow with size as transfers' "
                                "do; check the measurements (and --system)")
             regime = regime.upper
-        if c.fit_mape > MAX_FIT_MAPE:  # NaN (not recorded) passes
-            raise KitError(f"{where}: {name}'s curve is off by {100 * c.fit_mape:.0f}% on its own "
-                           f"points (at most {100 * MAX_FIT_MAPE:.0f}%): the times do not follow a "
-                           "latency + bandwidth curve; check the measurements")
 
 
 def load_calibration(path: str | Path | Calibration) -> Calibration:
