@@ -2,8 +2,8 @@
 
 For each family, a small config is built twice: as the zoo's plain-torch model
 (kit.workload.zoo.build) and as transformers' own model (AutoModelForCausalLM.from_config on the
-meta device, T5ForConditionalGeneration for t5), with SDPA attention (eager for gemma2, which HF
-runs eagerly). Both are captured by kit.workload.capture in inference and training, and compared
+meta device, T5ForConditionalGeneration for t5), with SDPA attention (eager for gemma2 and
+gpt_oss, which HF runs eagerly: soft-capping, attention sinks). Both are captured by kit.workload.capture in inference and training, and compared
 per op class: kernels, GFLOP and MB moved, the zoo's against HF's; and, for the decoders, one
 decode step over 16 cached tokens: HF's DynamicCache (filled with meta tensors) and its MoE
 experts switched to batched_mm, as generate runs a decode step on a GPU, against the zoo's
@@ -53,6 +53,8 @@ FAMILIES = {
                     "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1, "q_lora_rank": 24,
                     "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
                     "v_head_dim": 8, "vocab_size": 50},
+    "gpt_oss": {**TINY, "head_dim": 16, "intermediate_size": 32, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "sliding_window": 8},
     "t5": {"d_model": 64, "d_ff": 128, "d_kv": 16, "num_layers": 2, "num_decoder_layers": 2,
            "num_heads": 4, "vocab_size": 100},
 }
@@ -71,7 +73,7 @@ def hf_model(family: str, cfg: dict):
     import transformers
 
     hf_cfg = transformers.AutoConfig.for_model(family, **cfg)
-    hf_cfg._attn_implementation = "eager" if family == "gemma2" else "sdpa"
+    hf_cfg._attn_implementation = "eager" if family in ("gemma2", "gpt_oss") else "sdpa"
     with torch.device("meta"):
         if family == "t5":
             return transformers.T5ForConditionalGeneration(hf_cfg)
@@ -148,7 +150,7 @@ def _hf_decode(model, family: str, batch: int, context: int, dtype: str):
 
     from kit.workload.capture import TORCH_DTYPES, capture
 
-    if family in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"):
+    if family in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss"):
         model.set_experts_implementation("batched_mm")
     c = model.config
     heads = c.num_attention_heads

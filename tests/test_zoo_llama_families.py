@@ -308,3 +308,42 @@ def test_a_prefill_past_the_window_masks_its_sliding_layers_as_hf_does():
                             mode="train", disk=False)
     assert mistral.meta.get("replicated_from") == 3  # every layer slides: alike, replicated
     assert not any(n.op.causal for n in mistral if n.op_class == "attention" and n.phase == "fwd")
+
+
+GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "num_hidden_layers": 4, "intermediate_size": 32, "vocab_size": 100,
+           "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8}
+
+
+def test_gpt_oss_has_sinks_biased_clamped_experts_and_the_cards_sizes():
+    """openai/gpt-oss-20b and -120b: 20,914,757,184 and 116,829,156,672 parameters, as HF's
+    GptOssForCausalLM counts them from their config.json (the cards' 21B and 117B)."""
+    from kit.parallel.gpt import parse_model
+
+    assert _unique_params(zoo.build("gpt-oss-20b")) == 20_914_757_184
+    assert _unique_params(zoo.build("gpt-oss-120b")) == 116_829_156_672
+    model = zoo.build(GPT_OSS)
+    layer = model.layers[0]
+    assert tuple(layer.self_attn.sinks.shape) == (4,) and layer.self_attn.q_proj.bias is not None
+    experts = layer.mlp.experts  # stored as HF does: (E, H, 2I) with biases
+    assert tuple(experts.gate_up_proj.shape) == (4, 64, 64) and tuple(experts.down_proj_bias.shape) == (4, 64)
+    assert layer.mlp.gate.bias is not None
+    g = zoo.graph_for(GPT_OSS, batch=2, seq=16, mode="inference", dtype="bf16", disk=False)
+    # eager attention with the sinks: scores, a softmax over the keys and the sink, the weighted sum
+    att = [n for n in g if n.module == "layers.0.self_attn"]
+    assert sum(n.op_class == "softmax" for n in att) == 1 and sum(n.op_class == "gemm" for n in att) == 2
+    soft = next(n.op for n in att if n.op_class == "softmax")
+    assert (soft.rows, soft.cols) == (2 * 4 * 16, 16 + 1)  # one more column: the sink
+    moe = [n for n in g if n.module == "layers.0.mlp.experts" and n.op_class == "gemm"]
+    assert [n.op.n for n in moe] == [2 * 32, 64] and {n.op.b for n in moe} == {4}
+    # the norms stay fp32 in an fp16 model, as HF keeps them
+    half = zoo.graph_for(GPT_OSS, batch=2, seq=16, mode="inference", dtype="fp16", disk=False)
+    assert half.meta["param_bytes"] > zoo.graph_for(GPT_OSS, batch=2, seq=16, mode="inference",
+                                                    dtype="bf16", disk=False).meta["param_bytes"]
+    # decoding: even layers keep the 8-token window, odd ones every token
+    step = zoo.graph_for(GPT_OSS, batch=2, seq=32, mode="decode", dtype="bf16", disk=False)
+    keys = {i: [n.op.n for n in step if n.module == f"layers.{i}.self_attn" and n.op_class == "gemm"][0]
+            for i in range(4)}
+    assert keys == {0: 8, 1: 33, 2: 8, 3: 33}  # the scores' width: the keys each layer reads
+    with pytest.raises(KitError, match="does not model GPT-OSS"):
+        parse_model("gpt-oss-20b")

@@ -201,6 +201,9 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     if c.get("model_type") == "deepseek_v3":
         raise KitError(f"model {name!r}: the multi-GPU layer does not model DeepSeek's latent "
                        "attention and MoE layers; predict it on one GPU (--gpu)")
+    if c.get("model_type") == "gpt_oss":
+        raise KitError(f"model {name!r}: the multi-GPU layer does not model GPT-OSS's attention "
+                       "sinks and biased, clamped experts; predict it on one GPU (--gpu)")
     if c.get("model_type") in ("qwen2_moe", "qwen3_moe"):  # num_experts, moe_intermediate_size
         raise KitError(f"model {name!r}: the multi-GPU layer does not model Qwen's MoE layers; "
                        "predict it on one GPU (--gpu)")

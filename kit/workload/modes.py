@@ -8,7 +8,7 @@ from kit.errors import KitError
 MODES = ("train", "inference", "decode")
 # the families the zoo's Llama-style decoder builds (kit.workload.zoo_modern)
 LLAMA_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma",
-                  "gemma2", "gemma3_text", "phi3")
+                  "gemma2", "gemma3_text", "phi3", "gpt_oss")
 DECODERS = ("gpt2", "opt", *LLAMA_FAMILIES, "deepseek_v3")  # families with a KV-cache decode step
 KV_CACHES = ("static", "dynamic")  # how a decode step's cache grows (kit.workload.kv_cache)
 

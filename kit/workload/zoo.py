@@ -132,6 +132,16 @@ ZOO = {
                      "v_head_dim": 128, "vocab_size": 129280, "rms_norm_eps": 1e-6,
                      "rope_theta": 10000.0, "max_position_embeddings": 163840,
                      "tie_word_embeddings": False}, 4096, ("deepseek_v3", "deepseek-r1")),
+    # openai/gpt-oss-20b and -120b config.json (the experts as bf16, as HF runs them without the
+    # MXFP4 kernels); their model cards: 21B and 117B parameters
+    "gpt-oss-20b": (_llama(2880, 24, 64, 8, 2880, 201088, 150000.0, model_type="gpt_oss", head_dim=64,
+                           num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+                           attention_bias=True, max_position_embeddings=131072,
+                           tie_word_embeddings=False), 4096, ("gpt_oss_20b", "gpt-oss")),
+    "gpt-oss-120b": (_llama(2880, 36, 64, 8, 2880, 201088, 150000.0, model_type="gpt_oss", head_dim=64,
+                            num_local_experts=128, num_experts_per_tok=4, sliding_window=128,
+                            attention_bias=True, max_position_embeddings=131072,
+                            tie_word_embeddings=False), 4096, ("gpt_oss_120b",)),
     "phi3-mini": (_llama(3072, 32, 32, 32, 8192, 32064, 10000.0, model_type="phi3",
                          max_position_embeddings=4096, tie_word_embeddings=False), 4096,
                   ("phi-3-mini", "phi3_mini", "phi-3-mini-4k")),

@@ -41,12 +41,22 @@ def activate(act: str, x):
 
 
 class Experts(nn.Module):
-    """E experts of width I over a model of width H, as HF 5's <Family>Experts store them."""
+    """E experts of width I over a model of width H, as HF 5's <Family>Experts store them:
+    gate_up_proj (E, 2I, H) and down_proj (E, H, I). oai (GPT-OSS): stored transposed,
+    (E, H, 2I) and (E, I, H), with a bias on each, gate and up interleaved in the 2I columns, and
+    a clamped SwiGLU, (clamp(up) + 1) * g * sigmoid(alpha * g) with g = clamp(gate, max=limit)."""
 
-    def __init__(self, experts: int, d: int, inter: int, act: str = "silu"):
+    def __init__(self, experts: int, d: int, inter: int, act: str = "silu", oai: dict | None = None):
         super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inter, d))
-        self.down_proj = nn.Parameter(torch.empty(experts, d, inter))
+        self.oai = oai
+        if oai is None:
+            self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inter, d))
+            self.down_proj = nn.Parameter(torch.empty(experts, d, inter))
+        else:
+            self.gate_up_proj = nn.Parameter(torch.empty(experts, d, 2 * inter))
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(experts, 2 * inter))
+            self.down_proj = nn.Parameter(torch.empty(experts, inter, d))
+            self.down_proj_bias = nn.Parameter(torch.empty(experts, d))
         self.act = act
 
     @property
@@ -54,8 +64,16 @@ class Experts(nn.Module):
         return self.gate_up_proj.shape[0]
 
     def _gated(self, h):
+        if self.oai is not None:
+            gate, up = h[..., ::2].clamp(max=self.oai["limit"]), h[..., 1::2]
+            up = up.clamp(min=-self.oai["limit"], max=self.oai["limit"])
+            return (up + 1) * (gate * torch.sigmoid(gate * self.oai["alpha"]))
         gate, up = h.chunk(2, dim=-1)
         return activate(self.act, gate) * up
+
+    def _weight(self, w):
+        """A weight as x @ w takes it per expert: (E, in, out)."""
+        return w if self.oai is not None else w.transpose(-2, -1)
 
     def forward(self, x, index, weights, implementation: str = "grouped_mm"):
         """x: (T, H) tokens; index, weights: (T, k) each token's experts and routing weights."""
@@ -72,8 +90,13 @@ class Experts(nn.Module):
         w = weights.reshape(-1)[perm]
         counts = torch.histc(ids.int(), bins=self.num_experts, min=0, max=self.num_experts - 1)
         offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
-        h = self._gated(_GROUPED_MM(xs, self.gate_up_proj.transpose(-2, -1), offs=offs))
-        y = _GROUPED_MM(h, self.down_proj.transpose(-2, -1), offs=offs) * w.unsqueeze(-1)
+        h = _GROUPED_MM(xs, self._weight(self.gate_up_proj), offs=offs)
+        if self.oai is not None:  # each row's expert bias, gathered and added in place
+            h.add_(self.gate_up_proj_bias[ids])
+        y = _GROUPED_MM(self._gated(h), self._weight(self.down_proj), offs=offs)
+        if self.oai is not None:
+            y.add_(self.down_proj_bias[ids])
+        y = y * w.unsqueeze(-1)
         back = torch.empty_like(perm)
         back[perm] = torch.arange(perm.shape[0], device=perm.device)
         return y[back].view(t, k, -1).sum(dim=1).to(x.dtype)
@@ -82,10 +105,20 @@ class Experts(nn.Module):
         t, k = index.shape
         ids = index.reshape(-1)
         xs = x.repeat_interleave(k, dim=0)
-        h = torch.bmm(self.gate_up_proj[ids], xs.unsqueeze(-1)).squeeze(-1)
-        y = torch.bmm(self.down_proj[ids], self._gated(h).unsqueeze(-1)).squeeze(-1)
+        h = self._rows(xs, self.gate_up_proj[ids])
+        if self.oai is not None:
+            h.add_(self.gate_up_proj_bias[ids])
+        y = self._rows(self._gated(h), self.down_proj[ids])
+        if self.oai is not None:
+            y.add_(self.down_proj_bias[ids])
         y = y * weights.reshape(-1).unsqueeze(-1)
         return y.view(t, k, -1).sum(dim=1).to(x.dtype)
+
+    def _rows(self, rows, w):
+        """Each row through its own gathered weight (HF's _batched_linear)."""
+        if self.oai is not None:  # (S, 1, in) @ (S, in, out)
+            return torch.bmm(rows.unsqueeze(1), w).squeeze(1)
+        return torch.bmm(w, rows.unsqueeze(-1)).squeeze(-1)  # (S, out, in) @ (S, in, 1)
 
     def _eager(self, x, index, weights):
         t, k = index.shape
@@ -96,8 +129,12 @@ class Experts(nn.Module):
         for e in range(active):
             w, pairs = torch.topk(flat, share)  # stands in for HF's torch.where on the expert's mask
             tokens = pairs // k
-            h = self._gated(F.linear(x[tokens], self.gate_up_proj[e]))
-            y = F.linear(h, self.down_proj[e]) * w.unsqueeze(-1)
+            if self.oai is not None:  # GPT-OSS's own loop: x @ W + b
+                h = self._gated(x[tokens] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e])
+                y = (h @ self.down_proj[e] + self.down_proj_bias[e]) * w.unsqueeze(-1)
+            else:
+                h = self._gated(F.linear(x[tokens], self.gate_up_proj[e]))
+                y = F.linear(h, self.down_proj[e]) * w.unsqueeze(-1)
             out.index_add_(0, tokens, y.to(out.dtype))
         return out
 
@@ -145,3 +182,18 @@ class TopKMoE(nn.Module):
         elif self.shared_expert is not None:
             out = out + self.shared_expert(x)
         return out.view(shape)
+
+
+class OaiMoE(TopKMoE):
+    """GPT-OSS's MoE (HF's GptOssMLP): a router with a bias, top k of its logits, a softmax over
+    those k only (in the logits' dtype); the oai experts (Experts). No shared expert."""
+
+    def __init__(self, d: int, experts: int, top_k: int, inter: int, implementation: str = "grouped_mm",
+                 alpha: float = 1.702, limit: float = 7.0):
+        super().__init__(d, experts, top_k, inter, implementation=implementation, normalize=False)
+        self.gate = nn.Linear(d, experts, bias=True)
+        self.experts = Experts(experts, d, inter, oai={"alpha": alpha, "limit": limit})
+
+    def route(self, x):
+        top, index = torch.topk(self.gate(x), self.top_k, dim=-1)
+        return F.softmax(top, dim=1, dtype=top.dtype), index

@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
-from kit.workload.zoo_experts import TopKMoE, activate
+from kit.workload.zoo_experts import OaiMoE, TopKMoE, activate
 
 
 def _ids(batch: int, seq: int) -> torch.Tensor:
@@ -41,11 +41,13 @@ def _ids(batch: int, seq: int) -> torch.Tensor:
 
 class RMSNorm(nn.Module):
     """HF LlamaRMSNorm / T5LayerNorm, eager: fp32 variance, rsqrt, scale. offset (Gemma): scale
-    by (1 + weight) in fp32, then cast."""
+    by (1 + weight) in fp32, then cast. scale_fp32 (GPT-OSS): the weight times the fp32 value,
+    then cast."""
 
-    def __init__(self, d: int, eps: float = 1e-6, offset: bool = False):
+    def __init__(self, d: int, eps: float = 1e-6, offset: bool = False, scale_fp32: bool = False):
         super().__init__()
         self.weight, self.eps, self.offset = nn.Parameter(torch.empty(d)), eps, offset
+        self.scale_fp32 = scale_fp32
 
     def forward(self, x):
         dtype = x.dtype
@@ -53,6 +55,8 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.offset:
             return (x * (1.0 + self.weight.float())).to(dtype)
+        if self.scale_fp32:
+            return (self.weight * x).to(dtype)
         return self.weight * x.to(dtype)
 
 
@@ -70,15 +74,22 @@ def _gemma(c) -> bool:
 
 
 def _norm(c, d: int) -> RMSNorm:
-    return RMSNorm(d, c.get("rms_norm_eps", 1e-6 if _gemma(c) else 1e-5), offset=_gemma(c))
+    return RMSNorm(d, c.get("rms_norm_eps", 1e-6 if _gemma(c) else 1e-5), offset=_gemma(c),
+                   scale_fp32=_family(c) == "gpt_oss")
 
 
-def rope_tables(inv_freq, past: int, s: int, like):
+def rope_tables(inv_freq, past: int, s: int, like, halves: bool = False):
     """The rotary cos and sin, (1, 1, s, 2 * len(inv_freq)) in like's dtype, for positions
-    past .. past + s - 1, as HF's rotary embedding computes them."""
+    past .. past + s - 1, as HF's rotary embedding computes them. halves (GPT-OSS): one copy of
+    the frequencies, (1, 1, s, len(inv_freq)), times YaRN's attention scaling, as its rotary
+    embedding returns them."""
     pos = (torch.arange(past, past + s, device=like.device, dtype=torch.float32) if past else
            torch.arange(s, device=like.device, dtype=torch.float32))
     freqs = torch.outer(pos, inv_freq.float())
+    if halves:
+        scale = torch.ones((), device=like.device)  # YaRN's attention factor (its value costs nothing)
+        return ((freqs.cos() * scale).to(like.dtype)[None, None],
+                (freqs.sin() * scale).to(like.dtype)[None, None])
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(like.dtype)[None, None], emb.sin().to(like.dtype)[None, None]
 
@@ -86,6 +97,12 @@ def rope_tables(inv_freq, past: int, s: int, like):
 def _rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_halves(x, cos, sin):
+    """GPT-OSS's rotary: the two halves of x turned by half-width tables, then joined."""
+    first, second = torch.chunk(x, 2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
 
 
 def _window_mask(b: int, s: int, w: int, device):
@@ -106,7 +123,7 @@ class LlamaAttention(nn.Module):
         self.kv_heads = c.get("num_key_value_heads", self.heads)
         self.head_dim = c.get("head_dim", d // self.heads)
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        every = bool(c.get("attention_bias", False))  # Llama: biases on all four projections
+        every = bool(c.get("attention_bias", family == "gpt_oss"))  # biases on all four projections
         qkv_bias = every or family in ("qwen2", "qwen2_moe")
         self.fused = family == "phi3"
         if self.fused:
@@ -120,8 +137,11 @@ class LlamaAttention(nn.Module):
         if family in ("qwen3", "qwen3_moe", "gemma3_text"):
             self.q_norm, self.k_norm = _norm(c, self.head_dim), _norm(c, self.head_dim)
         self.scaling = (c.get("query_pre_attn_scalar", self.head_dim) ** -0.5 if family in SANDWICH
-                        else None)
+                        else self.head_dim ** -0.5 if family == "gpt_oss" else None)
         self.softcap = c.get("attn_logit_softcapping", 50.0) if family == "gemma2" else None
+        # GPT-OSS: a learned sink logit per head joins every row's softmax (HF runs it eagerly)
+        self.sinks = nn.Parameter(torch.empty(self.heads)) if family == "gpt_oss" else None
+        self.eager = self.softcap is not None or self.sinks is not None
 
     def _eager(self, q, k, v, mask):
         """HF's eager attention (Gemma 2's soft-capped logits): KV heads repeated to the query
@@ -136,7 +156,13 @@ class LlamaAttention(nn.Module):
             w = torch.tanh(w / self.softcap) * self.softcap
         if mask is not None:
             w = w + mask
-        w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        if self.sinks is not None:  # GPT-OSS: the sinks as one more column, max-shifted, dropped after
+            b, h, sq, _ = w.shape
+            w = torch.cat([w, self.sinks.reshape(1, -1, 1, 1).expand(b, -1, sq, -1)], dim=-1)
+            w = w - w.max(dim=-1, keepdim=True).values
+            w = F.softmax(w, dim=-1, dtype=w.dtype)[..., :-1].to(v.dtype)
+        else:
+            w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
         return torch.matmul(w, v)
 
     def forward(self, h, cos, sin, cache=None, cache_pos=None, mask=None):
@@ -152,10 +178,13 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if self.sinks is not None:  # GPT-OSS
+            q, k = _rotate_halves(q, cos, sin), _rotate_halves(k, cos, sin)
+        else:
+            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         if cache is not None:  # one new token attends to every cached one: no causal mask
             k, v = cache_update(cache, k, v, cache_pos)
-        if self.softcap is not None:
+        if self.eager:
             a = self._eager(q, k, v, mask)
         elif mask is not None:  # a sliding window's boolean mask: the full square, no causal skip
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
@@ -192,9 +221,10 @@ class SwiGLU(nn.Module):
 
 def sliding_windows(c) -> list[int]:
     """Per layer the sliding window its decode cache keeps (0: every token), as HF's configs
-    type the layers: an explicit layer_types list; else Gemma 2 slides on even layers, Gemma 3
-    on all but every sliding_window_pattern-th (6), Qwen only with use_sliding_window and from
-    max_window_layers on, any other family with a sliding_window on every layer."""
+    type the layers: an explicit layer_types list; else Gemma 2 and GPT-OSS slide on even
+    layers, Gemma 3 on all but every sliding_window_pattern-th (6), Qwen only with
+    use_sliding_window and from max_window_layers on, any other family with a sliding_window on
+    every layer."""
     n, w = c["num_hidden_layers"], c.get("sliding_window") or 0
     types = c.get("layer_types")
     if types:
@@ -202,7 +232,7 @@ def sliding_windows(c) -> list[int]:
     family = _family(c)
     if not w or family == "gemma":
         return [0] * n
-    if family == "gemma2":
+    if family in ("gemma2", "gpt_oss"):
         return [w if i % 2 == 0 else 0 for i in range(n)]
     if family == "gemma3_text":
         pattern = c.get("sliding_window_pattern", 6)
@@ -244,7 +274,11 @@ class LlamaLayer(nn.Module):
             self.pre_feedforward_layernorm, self.post_feedforward_layernorm = _norm(c, d), _norm(c, d)
         self.self_attn = LlamaAttention(c)
         self.moe = moe
-        if moe:
+        if moe and _family(c) == "gpt_oss":
+            self.mlp = OaiMoE(d, _experts(c), c.get("num_experts_per_tok", 4), ff,
+                              c.get("experts_implementation") or "grouped_mm",
+                              c.get("swiglu_alpha", 1.702), c.get("swiglu_limit", 7.0))
+        elif moe:
             shared = (_mlp_of(c, d, c["shared_expert_intermediate_size"])
                       if c.get("shared_expert_intermediate_size") else None)
             self.mlp = TopKMoE(d, _experts(c), c.get("num_experts_per_tok", 2),
@@ -287,7 +321,10 @@ class LlamaForCausalLM(nn.Module):
         if c.get("tie_word_embeddings", _gemma(c)):
             self.lm_head.weight = self.embed_tokens.weight
         self.scale = d ** 0.5 if _gemma(c) else None
-        self.eager = _family(c) == "gemma2"  # soft-capped attention takes an explicit mask
+        # soft-capped (Gemma 2) and sink (GPT-OSS) attention run eagerly, on an explicit mask
+        self.eager = _family(c) in ("gemma2", "gpt_oss")
+        if _family(c) == "gpt_oss":  # HF keeps the norms in fp32 in an fp16 model
+            self._keep_in_fp32_modules = ["post_attention_layernorm", "input_layernorm", "norm"]
         self.final_softcap = (c.get("final_logit_softcapping", 30.0) if _family(c) == "gemma2"
                               else c.get("final_logit_softcapping"))
         self.register_buffer("inv_freq", torch.empty(self.head_dim // 2), persistent=False)
@@ -299,7 +336,7 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed_tokens(input_ids)
         if self.scale is not None:  # Gemma: the embedding times sqrt(hidden), in its dtype
             h = h * torch.tensor(self.scale, dtype=h.dtype)
-        cos, sin = rope_tables(self.inv_freq, past, s, h)
+        cos, sin = rope_tables(self.inv_freq, past, s, h, halves=_family(self.config) == "gpt_oss")
         if kv_cache is None:
             mask = (torch.full((s, s), float("-inf"), dtype=h.dtype, device=h.device).triu(1)[None, None]
                     if self.eager else None)
