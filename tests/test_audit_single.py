@@ -181,7 +181,7 @@ def test_gpu_file_infinite_peak_is_rejected(tmp_path):
 def test_compare_price_must_be_finite(price):
     from kit.cli.cmd_compare import parse_prices
 
-    with pytest.raises(KitError, match="must be a positive number of dollars"):
+    with pytest.raises(KitError, match="must be a number of dollars per GPU-hour from 0 to"):
         parse_prices(f"h100-sxm={price}")
 
 

@@ -10,8 +10,9 @@ def run(args):
     from kit.comm.measure import collect
 
     output_path(args.out, "--out")
-    if Path(args.out).exists():  # as collect and collect-embedding: never clobber earlier measurements
-        raise KitError(f"{args.out} already exists; choose another --out, or move or delete it first")
+    if Path(args.out).exists() and not args.force:  # never clobber earlier measurements unasked
+        raise KitError(f"{args.out} already exists; pass --force to measure it again over it, or "
+                       "choose another --out")
 
     kinds = [k for k in args.collectives.split(",") if k.strip()]
     if not kinds:
@@ -36,6 +37,7 @@ def register(sub):
     p = add_command(sub, "collect-comm", "measure collectives (NCCL on GPUs, gloo on CPU processes) "
                     "over a sweep of sizes; writes nccl-tests output", run, text)
     p.add_argument("--backend", choices=["nccl", "gloo"], default="gloo")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out")
     p.add_argument("--ranks", type=int, default=2, help="processes (one per GPU for nccl)")
     p.add_argument("--sizes", default="1K:1M", help="MIN:MAX[:FACTOR] or a comma list (K/M/G binary)")
     p.add_argument("--collectives", default="allreduce",

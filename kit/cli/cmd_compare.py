@@ -14,8 +14,11 @@ MAX_PRICE = 1000.0  # dollars per GPU-hour: far above any rental; more is a typo
 
 
 def _items(text: str, flag: str) -> list[str]:
-    """A comma list with no empty items (a stray comma is a mistake, not nothing)."""
+    """A comma list with no empty items (",," is a mistake, not nothing); a trailing comma is
+    allowed, as it always was."""
     parts = [p.strip() for p in text.split(",")]
+    if len(parts) > 1 and parts[-1] == "":
+        parts = parts[:-1]
     if not text.strip() or "" in parts:
         from kit.errors import KitError
 
@@ -51,9 +54,9 @@ def parse_prices(text: str | None) -> dict:
         except ValueError:
             raise KitError(f"--price-per-hour entry {part!r}: {value.strip()!r} is not a number of dollars; "
                            "write GPU=DOLLARS, e.g. h100-sxm=2.5") from None
-        if not 0 < price <= MAX_PRICE:  # also NaN and inf
-            raise KitError(f"--price-per-hour entry {part!r}: the price must be a positive number of dollars "
-                           f"per GPU-hour, at most {MAX_PRICE:g}")
+        if not 0 <= price <= MAX_PRICE:  # also NaN and inf; 0: a GPU already owned
+            raise KitError(f"--price-per-hour entry {part!r}: the price must be a number of dollars per "
+                           f"GPU-hour from 0 to {MAX_PRICE:g}")
         key = get_gpu(name.strip()).key
         if key in prices:
             raise KitError(f"--price-per-hour prices {key} twice ({named[key]!r} and {part!r}); give one price")

@@ -1,6 +1,7 @@
 """Paths the CLI writes to, checked before any work: an empty name, a folder where a file goes
-(or the reverse), a missing parent folder, or an output that is one of the command's own inputs
+(or the reverse), a parent that is a file, or an output that is one of the command's own inputs
 (writing it would destroy the input) is one KitError, never a clobbered file or a silent no-op.
+A missing parent folder is fine: the commands create it, as they always have.
 """
 from __future__ import annotations
 
@@ -20,14 +21,15 @@ def nonempty(s: str) -> str:
 
 
 def model_files(model: str | None) -> list[str]:
-    """The files a model argument reads: a config .json, or a 'module:callable' module's .py."""
+    """The files a model argument reads: a config .json, or a 'module:callable' module's .py. A
+    zoo name reads no file (a file or folder of that name in the working folder is not it)."""
     if not model:
         return []
     mod, sep, _ = model.partition(":")
     if sep and mod:
         base = mod.replace(".", os.sep)
         return [base + ".py", os.path.join(base, "__init__.py")]
-    return [model]
+    return [model] if model.lower().endswith(".json") else []
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -40,8 +42,9 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def output_path(value: str | None, flag: str, inputs=(), folder: bool = False) -> str | None:
-    """value, once it is a usable output (a file, or a folder with folder=True) whose parent folder
-    exists and which is none of `inputs` (paths the command reads; None and "" are ignored)."""
+    """value, once it is a usable output (a file, or a folder with folder=True) under folders (or
+    folders to be made), which is none of `inputs` (paths the command reads; None and "" are
+    ignored)."""
     if value is None:
         return None
     if not str(value).strip():
@@ -51,9 +54,9 @@ def output_path(value: str | None, flag: str, inputs=(), folder: bool = False) -
         raise KitError(f"{flag} {value} is a directory; give a file name")
     if folder and p.exists() and not p.is_dir():
         raise KitError(f"{flag} {value} is a file; give a folder")
-    parent = p.absolute().parent
-    if not parent.is_dir():
-        raise KitError(f"{flag} {value}: folder {parent} does not exist; create it first")
+    parent = next((a for a in p.absolute().parents if a.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise KitError(f"{flag} {value}: {parent} is a file, not a folder")
     for given in inputs:
         if not given:
             continue

@@ -264,10 +264,11 @@ CLASS_DIMS = {"gemm": ("b", "m", "n", "k"), "elementwise": ("rows", "cols"), "so
 
 def check_rows(frame: pd.DataFrame, where: str) -> None:
     """KitError naming `where` (a CSV, header on line 1) and the line of the first row whose
-    op_class is not its op's, whose dtype or gpu the kit does not know, or whose shape has a
-    missing, zero or negative dimension: what evaluate or a predictor would refuse later, or
-    count silently."""
-    from kit.hardware import DTYPES, get_gpu
+    op_class is not its op's, whose dtype the kit does not know, or whose shape has a missing,
+    zero or negative dimension: what evaluate or a predictor would refuse later, or count
+    silently. The gpu is not looked up: a collect on a GPU of the user's own file (--gpu-file)
+    names one the catalog lacks, and whoever predicts it says so."""
+    from kit.hardware import DTYPES
 
     def first(bad: pd.Series) -> tuple[str, int]:
         i = int(np.flatnonzero(bad.to_numpy(dtype=bool))[0])
@@ -283,11 +284,6 @@ def check_rows(frame: pd.DataFrame, where: str) -> None:
     if bad.any():
         at, i = first(bad)
         raise KitError(f"{at}: unknown dtype {frame['dtype'].iloc[i]!r}; choose one of {', '.join(DTYPES)}")
-    for gpu in pd.unique(frame["gpu"].dropna()):
-        try:
-            get_gpu(gpu)
-        except KitError as e:
-            raise KitError(f"{first(frame['gpu'] == gpu)[0]}: gpu {gpu!r}: {e}") from None
     for op_class, dims in CLASS_DIMS.items():
         rows = cls == op_class
         for c in dims:

@@ -153,9 +153,6 @@ class GPU:
         return d
 
 
-VENDORS = ("nvidia", "amd")  # the vendors the catalog (and the tile and launch models) know
-
-
 def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
     """Validate one catalog entry and build a GPU; every problem is a KitError naming the field."""
     from kit.errors import KitError
@@ -217,9 +214,7 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
             raise KitError(f"{label}: field host_link_gbs must be a number of GB/s ({lo:g} to "
                            f"{hi:g}) or null, got {link!r}")
         clean["host_link_gbs"] = float(link)
-    if clean["vendor"].strip().lower() not in VENDORS:  # the warp size and tiles depend on it
-        raise KitError(f"{label}: field vendor must be one of {', '.join(VENDORS)}, got {clean['vendor']!r}")
-    clean["vendor"] = clean["vendor"].strip().lower()
+    clean["vendor"] = clean["vendor"].strip().lower()  # amd: 64-lane wavefronts; any other as CUDA
     if clean["key"] != clean["key"].lower() or " " in clean["key"]:
         raise KitError(f"{label}: key must be lower-case with dashes, e.g. 'h100-sxm'")
     aliases = entry.get("aliases", [])

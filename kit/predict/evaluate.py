@@ -41,6 +41,13 @@ def load_test(path: str | Path) -> pd.DataFrame:
         raise KitError(f"test file or folder not found: {path}")
     frame = pd.concat([load_measurements(f) for f in files], ignore_index=True)
     frame = frame[frame.gpu.notna()]
+    from kit.hardware import get_gpu
+
+    for gpu in pd.unique(frame["gpu"]):  # a predictor needs the GPU: one the catalog (or a
+        try:  # --gpu-file) knows
+            get_gpu(gpu)
+        except KitError as e:
+            raise KitError(f"{path}: test rows on gpu {gpu!r}: {e}") from None
     frame = frame.drop_duplicates([*VISIBLE, "latency_ms"])
     frame = frame[frame.op_class.isin(CLASSES)].reset_index(drop=True)
     if frame.empty:

@@ -60,6 +60,7 @@ def write_json(doc, path) -> str:
     """A trace document as JSON at path, gzipped when it ends in .gz; returns the path."""
     p = Path(path)
     try:
+        p.parent.mkdir(parents=True, exist_ok=True)  # as the collectors make their --out folders
         if p.suffix == ".gz":
             import gzip
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
 import pickle
 import re
@@ -258,8 +259,8 @@ def _check_sizes(kind: str, cfg: dict) -> None:
             continue
         many = isinstance(value, (list, tuple))
         items = [v for v in value if not isinstance(v, str)] if many else [value]
-        bad = (many and not value) or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
-                                          for v in items)
+        bad = (many and not value) or any(isinstance(v, bool) or not isinstance(v, numbers.Integral)
+                                          or v < 1 for v in items)  # numpy integers are whole
         if bad:
             raise KitError(f"{kind} config cannot build a model: {name} must be "
                            f"{'a list of ' if many else 'a '}positive whole number"
