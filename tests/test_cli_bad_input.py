@@ -152,15 +152,18 @@ def test_nonsense_values_are_refused(tmp_path, capsys, argv, word):
 
 def test_gpu_file_vendor_must_be_given_and_any_other_launches_as_cuda(tmp_path, capsys):
     from kit.cli import main
-    from kit.hardware import get_gpu
+    from kit.hardware import get_gpu, unregister_gpu
 
     entry = {**get_gpu("h100-sxm").to_dict(), "key": "my-gpu", "name": "My GPU", "aliases": [],
              "vendor": " "}
     (tmp_path / "g.json").write_text(json.dumps(entry))
     assert "field vendor must be a non-empty string" in _err(capsys, "gpus", "--add", tmp_path / "g.json")
     (tmp_path / "g.json").write_text(json.dumps({**entry, "vendor": "Intel"}))  # tiling: as CUDA
-    assert main(["op", "softmax", "--rows", "64", "--cols", "512", "--gpu", "my-gpu",
-                 "--gpu-file", str(tmp_path / "g.json")]) == 0
+    try:
+        assert main(["op", "softmax", "--rows", "64", "--cols", "512", "--gpu", "my-gpu",
+                     "--gpu-file", str(tmp_path / "g.json")]) == 0
+    finally:  # the GPU file registers in-process: leave the catalog as the other tests find it
+        unregister_gpu("my-gpu")
     capsys.readouterr()
 
 

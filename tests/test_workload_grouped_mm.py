@@ -1,5 +1,4 @@
 """Grouped GEMMs (torch._grouped_mm, HF's MoE experts) and HF's value checks under the capture."""
-import math
 import sys
 import types
 
@@ -163,7 +162,8 @@ def test_no_transformers_module_means_nothing_is_swapped(monkeypatch):
     monkeypatch.delitem(sys.modules, hf_compat.MASKING, raising=False)
     with hf_compat.answered():
         assert hf_compat.MASKING not in sys.modules
-    assert math.isfinite(capture(nn.Linear(4, 4), (torch.zeros(2, 4),), mode="inference").meta["params"])
+    g = capture(nn.Linear(4, 4), (torch.zeros(2, 4),), mode="inference")  # a capture still records
+    assert [n.op for n in g if n.op_class == "gemm"] == [Gemm(m=2, n=4, k=4, b=1, kind="linear", shared_rhs=True)]
 
 
 def test_grouped_gemm_with_mismatched_operands_is_one_capture_error():

@@ -19,19 +19,16 @@ def _ranks(text):
 
 
 def _bytes(text: str) -> float:
-    """--bytes: one whole, positive, finite byte count (1e9, 64M)."""
-    import math
-
+    """--bytes: one whole, positive byte count (1e9, 64M), as --sizes reads each size."""
     from kit.comm.measure import parse_sizes
 
     try:
-        nbytes = parse_sizes(text)[0] if any(c.isalpha() for c in text.lower().replace("e", "")) \
-            else float(text)
-    except (ValueError, KitError):
-        nbytes = float("nan")
-    if not (math.isfinite(nbytes) and nbytes >= 1 and nbytes == int(nbytes)):
+        sizes = parse_sizes(text)
+    except KitError:
+        sizes = []
+    if len(sizes) != 1 or sizes[0] < 1:
         raise KitError(f"--bytes takes one positive whole size in bytes (1e9, 64M), got {text!r}")
-    return nbytes
+    return float(sizes[0])
 
 
 def _system(args):

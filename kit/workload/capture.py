@@ -446,9 +446,9 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     # requires_grad stays the model's in inference too (it runs under no_grad): torch.matmul
     # folds a transposed 3-d input into one mm only when the weight requires grad
     kept = _kept_in_fp32(model, dtype)
-    params = {n: torch.nn.Parameter(_to_meta(p, None if kept(n) else tdtype), requires_grad=p.requires_grad)
+    params = {n: torch.nn.Parameter(_to_meta(p, torch.float32 if kept(n) else tdtype), requires_grad=p.requires_grad)
               for n, p in model.named_parameters()}
-    buffers = {n: _to_meta(b, tdtype if b.is_floating_point() and not kept(n) else None)
+    buffers = {n: _to_meta(b, torch.float32 if kept(n) else tdtype)
                for n, b in model.named_buffers()}
     args, kwargs = (((), dict(inputs)) if isinstance(inputs, dict) else
                     ((tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)), {}))
@@ -511,10 +511,8 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         model.train(was_training)
 
     nodes = rec.nodes if dtype != "tf32" else [_as_tf32(n) for n in rec.nodes]
-    unique = {id(p): (n, p) for n, p in model.named_parameters()}
-    n_params = sum(p.numel() for _, p in unique.values())
-    param_bytes = sum(p.numel() * (tdtype.itemsize if tdtype and p.is_floating_point() and not kept(n)
-                                   else 4 if kept(n) else p.element_size()) for n, p in unique.values())
+    n_params = sum(p.numel() for p in params.values())  # tied weights once (named_parameters)
+    param_bytes = sum(nbytes(p) for p in params.values())  # in the dtypes the capture ran them
     fwd_out = [n.out_bytes for n in rec.nodes if n.phase == "fwd"]
     info = {"params": int(n_params), "param_bytes": int(param_bytes),
             "buffer_bytes": int(sum(nbytes(b) for b in buffers.values())),

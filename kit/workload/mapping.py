@@ -153,7 +153,7 @@ def _gemm(packet: str, args, dtype: str) -> Gemm:
     return Gemm(m=m, n=n, k=k, b=batch, dtype=dtype, kind="bmm")
 
 
-def _grouped_gemm(args, kwargs, dtype: str) -> Gemm:
+def _grouped_gemm(args, kwargs, dtype: str) -> Gemm | Derived:
     """torch._grouped_mm (F.grouped_mm): one launch of many GEMMs, as MoE experts run (HF's
     grouped_mm experts, transformers 5). A 2-D operand is cut into groups along one dimension by
     `offs`, whose values the capture does not have: the groups are taken as even, over as many

@@ -143,21 +143,21 @@ class TopKMoE(nn.Module):
     """A router, the routed experts and optional shared experts. The router: a softmax over the
     logits in fp32 and the top k (Mixtral, Qwen-MoE; normalised to sum to one with
     norm_topk_prob; weights cast back to the model's dtype with `cast`, as Qwen's router does,
-    kept in fp32 as Mixtral's); subclasses route otherwise (DeepSeek). `shared`: an MLP every
-    token goes through, behind a sigmoid gate (Qwen2-MoE) or added as it is (gated_shared
-    False: DeepSeek)."""
+    kept in fp32 as Mixtral's); subclasses route otherwise (DeepSeek, GPT-OSS). `shared`: an MLP
+    every token goes through, behind a sigmoid gate (Qwen2-MoE) or added as it is (gated_shared
+    False: DeepSeek). `oai`: GPT-OSS's experts (Experts) and a router with a bias."""
 
     def __init__(self, d: int, experts: int, top_k: int, inter: int, act: str = "silu",
                  implementation: str = "grouped_mm", normalize: bool = True, cast: bool = False,
-                 shared: nn.Module | None = None, gated_shared: bool = True):
+                 shared: nn.Module | None = None, gated_shared: bool = True, oai: dict | None = None):
         super().__init__()
         if top_k > experts:
             raise ValueError(f"num_experts_per_tok {top_k} is more than the {experts} experts")
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"experts_implementation {implementation!r} is not one of "
                              f"{', '.join(IMPLEMENTATIONS)}")
-        self.gate = nn.Linear(d, experts, bias=False)
-        self.experts = Experts(experts, d, inter, act)
+        self.gate = nn.Linear(d, experts, bias=oai is not None)  # GPT-OSS's router has a bias
+        self.experts = Experts(experts, d, inter, act, oai)
         self.top_k, self.normalize, self.cast, self.implementation = top_k, normalize, cast, implementation
         self.shared_expert = shared
         self.shared_expert_gate = (nn.Linear(d, 1, bias=False) if shared is not None and gated_shared
@@ -190,9 +190,8 @@ class OaiMoE(TopKMoE):
 
     def __init__(self, d: int, experts: int, top_k: int, inter: int, implementation: str = "grouped_mm",
                  alpha: float = 1.702, limit: float = 7.0):
-        super().__init__(d, experts, top_k, inter, implementation=implementation, normalize=False)
-        self.gate = nn.Linear(d, experts, bias=True)
-        self.experts = Experts(experts, d, inter, oai={"alpha": alpha, "limit": limit})
+        super().__init__(d, experts, top_k, inter, implementation=implementation, normalize=False,
+                         oai={"alpha": alpha, "limit": limit})
 
     def route(self, x):
         top, index = torch.topk(self.gate(x), self.top_k, dim=-1)

@@ -86,10 +86,9 @@ def rope_tables(inv_freq, past: int, s: int, like, halves: bool = False):
     pos = (torch.arange(past, past + s, device=like.device, dtype=torch.float32) if past else
            torch.arange(s, device=like.device, dtype=torch.float32))
     freqs = torch.outer(pos, inv_freq.float())
-    if halves:
-        scale = torch.ones((), device=like.device)  # YaRN's attention factor (its value costs nothing)
-        return ((freqs.cos() * scale).to(like.dtype)[None, None],
-                (freqs.sin() * scale).to(like.dtype)[None, None])
+    if halves:  # times YaRN's attention factor, a scalar (its value changes no cost)
+        return ((freqs.cos() * 1.0).to(like.dtype)[None, None],
+                (freqs.sin() * 1.0).to(like.dtype)[None, None])
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(like.dtype)[None, None], emb.sin().to(like.dtype)[None, None]
 
