@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.errors import KitError
 from kit.hardware import get_gpu, gpu_from_dict, list_gpus
 from kit.hardware.catalog import CATALOG_PATH
 from kit.hardware.gpu import OPTIONAL_FIELDS, OPTIONAL_PEAK_FIELDS, PEAK_FIELDS, REQUIRED_FIELDS
@@ -165,6 +166,34 @@ def test_per_sm_limits_follow_compute_capability(gpus):
         if g.vendor == "amd":
             assert g.smem_per_sm_kib == 64, g.key  # LDS per CU on CDNA 1-3
             assert g.max_threads_per_sm % 64 == 0, g.key  # whole wave64 slots
+
+
+# the per-SM cache global loads go through, KiB, by compute capability (CUDA C++ Programming Guide)
+CC_L1_KIB = {"6.0": 24, "6.1": 48, "7.0": 128, "7.5": 96, "8.0": 192, "8.6": 128, "8.9": 128,
+             "9.0": 256, "10.0": 256}
+CDNA_L1_KIB = {"cdna": 16, "cdna2": 16, "cdna3": 32}  # vector L1 per CU (AMD CDNA whitepapers)
+
+
+def test_l1_cache_follows_architecture(gpus):
+    for key, cc in COMPUTE_CAPABILITY.items():
+        if key in gpus:
+            assert gpus[key].l1_cache_kib_per_sm == CC_L1_KIB[cc], key
+            if cc not in ("6.0", "6.1"):  # Volta on: shared memory is carved out of the same block
+                assert gpus[key].l1_cache_kib_per_sm >= gpus[key].smem_per_sm_kib, key
+    for g in gpus.values():
+        if g.vendor == "amd":
+            assert g.l1_cache_kib_per_sm == CDNA_L1_KIB[g.arch], g.key
+        assert g.l1_cache_bytes == g.l1_cache_kib_per_sm * 1024, g.key
+
+
+def test_l1_cache_is_optional_for_a_users_gpu(entries):
+    e = dict(next(x for x in entries if x["key"] == "l4"), key="my-l4")
+    del e["l1_cache_kib_per_sm"]
+    g = gpu_from_dict(e)
+    assert g.l1_cache_kib_per_sm is None and g.l1_cache_bytes == g.smem_per_sm_kib * 1024
+    for bad in (0, -4, "128", True, float("nan"), 1e9):
+        with pytest.raises(KitError, match="l1_cache_kib_per_sm"):
+            gpu_from_dict({**e, "l1_cache_kib_per_sm": bad})
 
 
 def test_dtype_support_by_architecture(gpus):

@@ -46,7 +46,7 @@ PEAK_FIELDS = tuple(f"{d}_tflops" for d in DTYPES)
 # Optional peaks: null (or absent, for a user's GPU) where the GPU has no such unit.
 OPTIONAL_PEAK_FIELDS = ("fp32_matrix_tflops",)
 # Other optional numbers: null (or absent, for a user's GPU) where they do not apply.
-OPTIONAL_FIELDS = ("host_link_gbs",)
+OPTIONAL_FIELDS = ("host_link_gbs", "l1_cache_kib_per_sm")
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,13 @@ class GPU:
     # the CPU<->GPU link per direction, GB/s, where it is not PCIe x16 of pcie_gen (GH200: the
     # NVLink-C2C to its Grace CPU); None: PCIe
     host_link_gbs: float | None = None
+    # the per-SM cache that global loads go through (NVIDIA: the unified L1/texture/shared-memory
+    # block; AMD: the vector L1 per CU, beside its LDS), KiB. Every catalog entry gives it (CUDA C++
+    # Programming Guide, compute-capability sections: 24 KB L1/texture on 6.0, 48 on 6.1, 128 on
+    # 7.0, 96 on 7.5, 192 on 8.0, 128 on 8.6 and 8.9, 256 on 9.0 and 10.0; AMD CDNA, CDNA 2 and
+    # CDNA 3 whitepapers: 16 KB, 16 KB, 32 KB). None (a user's GPU without it): smem_per_sm_kib
+    # stands in (l1_cache_bytes)
+    l1_cache_kib_per_sm: float | None = None
     aliases: tuple[str, ...] = field(default=())
     notes: str = ""
 
@@ -129,6 +136,11 @@ class GPU:
     @property
     def l2_cache_bytes(self) -> float:
         return self.l2_cache_mib * 2**20
+
+    @property
+    def l1_cache_bytes(self) -> float:
+        """The per-SM L1 in bytes; the shared memory's size where the entry does not give it."""
+        return (self.l1_cache_kib_per_sm or self.smem_per_sm_kib) * 1024
 
     @property
     def memory_bytes(self) -> float:
@@ -206,14 +218,18 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
     if matrix is not None and matrix < clean["fp32_tflops"]:
         raise KitError(f"{label}: fp32_matrix_tflops ({matrix:g}) is below fp32_tflops "
                        f"({clean['fp32_tflops']:g}); give the FP32 matrix-core peak, or null if none")
-    link = entry.get("host_link_gbs")
-    if link is not None:
-        lo, hi = PLAUSIBLE["mem_bw_gbs"]
-        if (isinstance(link, bool) or not isinstance(link, (int, float)) or not math.isfinite(link)
-                or not lo <= link <= hi):
-            raise KitError(f"{label}: field host_link_gbs must be a number of GB/s ({lo:g} to "
-                           f"{hi:g}) or null, got {link!r}")
-        clean["host_link_gbs"] = float(link)
+    # optional numbers: (the plausible range they share, their unit)
+    for name, (like, unit) in {"host_link_gbs": ("mem_bw_gbs", "GB/s"),
+                               "l1_cache_kib_per_sm": ("smem_per_sm_kib", "KiB")}.items():
+        value = entry.get(name)
+        if value is None:
+            continue
+        lo, hi = PLAUSIBLE[like]
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or not lo <= value <= hi):
+            raise KitError(f"{label}: field {name} must be a number of {unit} ({lo:g} to "
+                           f"{hi:g}) or null, got {value!r}")
+        clean[name] = float(value)
     clean["vendor"] = clean["vendor"].strip().lower()  # amd: 64-lane wavefronts; any other as CUDA
     if clean["key"] != clean["key"].lower() or " " in clean["key"]:
         raise KitError(f"{label}: key must be lower-case with dashes, e.g. 'h100-sxm'")

@@ -6,6 +6,8 @@ bytes against one SM's share of the bandwidth, its intensity against the ridge p
 waves the GPU needs, how full the last wave is, and the GPU's memory, L2 and power per SM.
 
     base_ms = max((waves − 1) · full_wave_ms + last_wave_ms, roofline_ms)
+              (softmax and norms: also the DRAM time of their compulsory bytes plus the
+               re-reads that spill the caches, kit.predict.row_reread)
     full_wave_ms = ceil(tiles in the wave / SMs) · tile FLOPs / (peak / SMs)
     latency = base_ms / utilisation,  utilisation in (0, 1]
 
@@ -28,6 +30,7 @@ from kit.errors import KitError
 from kit.hardware import GPU, get_gpu
 from kit.ops import (DTYPE_BYTES, ELEMENTWISE_FLOPS, Elementwise, Gemm, LayerNorm, RMSNorm,
                      Softmax)
+from kit.predict.row_reread import reread_bytes
 from kit.tiling import (BASE_REGS_PER_THREAD, ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS,
                         occupancy, row_launch)
 
@@ -218,10 +221,14 @@ def waves(op_class: str, a: dict, gpu: GPU, dtype: str = "fp32", launch: bool = 
     full_ms = np.ceil(np.minimum(tiles, slots) / gpu.sm_count) * tile_flops / sm_peak * 1e3
     last_ms = np.ceil(last / gpu.sm_count) * tile_flops / sm_peak * 1e3
     roof = np.maximum(flops / peak, nbytes / bw) * 1e3
+    base = np.maximum((n_waves - 1) * full_ms + last_ms, roof)
+    if op_class in ("softmax", "layernorm"):  # re-reads that spill the caches go to DRAM
+        base = np.maximum(base, (nbytes + reread_bytes(op_class, a["rows"], a["cols"], gpu, d))
+                          / bw * 1e3)
     return {"flops": flops, "bytes": nbytes, "tiles": tiles, "blocks_per_sm": bps,
             "slots": slots, "waves": n_waves, "last_wave_fill": last / slots,
             "threads": threads, "tile_flops": tile_flops, "tile_bytes": tile_bytes,
-            "base_ms": np.maximum((n_waves - 1) * full_ms + last_ms, roof), "roofline_ms": roof,
+            "base_ms": base, "roofline_ms": roof,
             "bound": np.where(flops / peak >= nbytes / bw, "compute", "memory")}
 
 
