@@ -112,6 +112,16 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         "waves": int(row.waves),
         "split_k": int(getattr(row, "split_k", 1) or 1),
     }
+    import numpy as np
+
+    from kit.ops import DTYPE_BYTES
+    from kit.predict.features import op_class_of
+    from kit.predict.row_reread import reread_bytes
+
+    cls = op_class_of(op)
+    if cls in ("softmax", "layernorm"):  # DRAM bytes of the row re-reads that spill the caches
+        out["reread_bytes"] = float(reread_bytes(cls, np.array([op.rows]), np.array([op.cols]),
+                                                 gpu, DTYPE_BYTES[op.dtype])[0])
     if t is not None:
         out.update(tile_dims=list(t.tile_dims), blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,
                    last_wave_fill=t.last_wave_fill, threads_per_block=t.threads_per_block)

@@ -191,6 +191,9 @@ def test_l1_cache_is_optional_for_a_users_gpu(entries):
     del e["l1_cache_kib_per_sm"]
     g = gpu_from_dict(e)
     assert g.l1_cache_kib_per_sm is None and g.l1_cache_bytes == g.smem_per_sm_kib * 1024
+    amd = dict(next(x for x in entries if x["key"] == "mi210"), key="my-mi210")
+    del amd["l1_cache_kib_per_sm"]
+    assert gpu_from_dict(amd).l1_cache_bytes == 16 * 1024  # the vector L1, not the 64 KiB LDS
     for bad in (0, -4, "128", True, float("nan"), 1e9):
         with pytest.raises(KitError, match="l1_cache_kib_per_sm"):
             gpu_from_dict({**e, "l1_cache_kib_per_sm": bad})

@@ -59,8 +59,14 @@ def text(r):
         # utilisation is bound / latency; the tile predictor's bound is the larger of the roofline
         # and its waves at peak (one wave of a 1x1x1e7 GEMM's single tile runs on one SM)
         bound_ms = r["utilisation"] * r["latency_ms"]
+        reread = r.get("reread_bytes") or 0.0
+        reread_ms = r["memory_ms"] * (r["bytes"] + reread) / r["bytes"] if r["bytes"] else 0.0
         if abs(bound_ms - r["roofline_ms"]) <= 1e-6 * r["roofline_ms"]:
             lines.append(f"  utilisation {100 * r['utilisation']:.1f}% of the roofline")
+        elif reread and abs(bound_ms - reread_ms) <= 1e-6 * reread_ms:
+            lines.append(f"  utilisation {100 * r['utilisation']:.1f}% of its DRAM time with re-reads,"
+                         f" {bound_ms:.4g} ms: the rows resident at once spill the L1 and L2, so"
+                         f" {reread:.3g} bytes of re-reads reach DRAM, above the roofline")
         else:
             lines.append(f"  utilisation {100 * r['utilisation']:.1f}% of its wave bound, {bound_ms:.4g} ms"
                          f" ({r['waves']} waves of {r['tile']} tiles at peak), above the roofline")

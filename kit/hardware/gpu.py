@@ -87,8 +87,7 @@ class GPU:
     # block; AMD: the vector L1 per CU, beside its LDS), KiB. Every catalog entry gives it (CUDA C++
     # Programming Guide, compute-capability sections: 24 KB L1/texture on 6.0, 48 on 6.1, 128 on
     # 7.0, 96 on 7.5, 192 on 8.0, 128 on 8.6 and 8.9, 256 on 9.0 and 10.0; AMD CDNA, CDNA 2 and
-    # CDNA 3 whitepapers: 16 KB, 16 KB, 32 KB). None (a user's GPU without it): smem_per_sm_kib
-    # stands in (l1_cache_bytes)
+    # CDNA 3 whitepapers: 16 KB, 16 KB, 32 KB). None (a user's GPU without it): see l1_cache_bytes
     l1_cache_kib_per_sm: float | None = None
     aliases: tuple[str, ...] = field(default=())
     notes: str = ""
@@ -139,8 +138,12 @@ class GPU:
 
     @property
     def l1_cache_bytes(self) -> float:
-        """The per-SM L1 in bytes; the shared memory's size where the entry does not give it."""
-        return (self.l1_cache_kib_per_sm or self.smem_per_sm_kib) * 1024
+        """The per-SM L1 in bytes. Where the entry does not give it: an AMD CU's 16 KiB vector L1
+        (CDNA 1 and 2; its LDS is apart), else the shared memory's size (NVIDIA carves shared
+        memory out of the L1 since Volta)."""
+        if self.l1_cache_kib_per_sm:
+            return self.l1_cache_kib_per_sm * 1024
+        return (16 if self.vendor == "amd" else self.smem_per_sm_kib) * 1024
 
     @property
     def memory_bytes(self) -> float:
