@@ -54,21 +54,43 @@ def _tiling_of_row(op, gpu, row):
 
 def _need_op(op, verb: str) -> None:
     """A KitError unless op is a kit.ops op (it has flops, bytes and an op_class)."""
-    if not (hasattr(op, "flops") and hasattr(op, "bytes") and hasattr(op, "op_class")):
+    if isinstance(op, type) or not (hasattr(op, "flops") and hasattr(op, "bytes")
+                                    and hasattr(op, "op_class")):
         raise KitError(f"{verb} needs a kit.ops op (Gemm, Elementwise, Softmax, ...), got {op!r}")
+
+
+def _path_arg(value, what: str):
+    """value as given, once it is a path: a non-empty string or an os.PathLike."""
+    if isinstance(value, bytes) or not (isinstance(value, str) or hasattr(value, "__fspath__")) \
+            or not str(value).strip():
+        raise KitError(f"{what} must be a path (a non-empty string or Path), got {value!r}")
+    return value
+
+
+def _whole(value, what: str, low: int):
+    """value as a Python int, once it is a whole number >= low (numpy integers too)."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise KitError(f"{what} must be a whole number of at least {low}, got {value!r}")
+    return int(value)
+
+
+def _op_on_gpu(op, gpu, verb: str):
+    """The GPU, once op is a kit.ops op."""
+    _need_op(op, verb)
+    return get_gpu(gpu)  # a dtype without a peak: GEMMs refuse it; vector ops run on the fp32 lanes
 
 
 def op_tiling(op, gpu, predictor: str = "auto"):
     """The Tiling (tiles, occupancy, waves) of the tile the predictor says the op runs with."""
-    _need_op(op, "op_tiling")
-    gpu = get_gpu(gpu)
+    gpu = _op_on_gpu(op, gpu, "op_tiling")
     return _tiling_of_row(op, gpu, get_predictor(predictor).predict([op], gpu).iloc[0])
 
 
 def memory_problem(op, gpu) -> str | None:
     """Why op cannot run on gpu for want of memory (its operands alone exceed it), or None."""
-    _need_op(op, "memory_problem")
-    gpu = get_gpu(gpu)
+    gpu = _op_on_gpu(op, gpu, "memory_problem")
     table = getattr(op, "table_bytes", 0.0)  # an embedding table is resident, not only what is read
     if table > gpu.memory_bytes:
         return (f"{op.op_class} table of {table / 2**30:.4g} GiB is larger than {gpu.key}'s "
@@ -81,8 +103,7 @@ def memory_problem(op, gpu) -> str | None:
 
 def predict_op(op, gpu, predictor: str = "auto") -> dict:
     """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
-    _need_op(op, "predict_op")
-    gpu = get_gpu(gpu)
+    gpu = _op_on_gpu(op, gpu, "predict_op")
     problem = memory_problem(op, gpu)
     if problem:
         raise KitError(problem)
@@ -135,8 +156,19 @@ def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_ada
     from kit.hardware.system import get_system
     from kit.sharding import KINDS, plan_sharding, read_tables
 
+    from kit.embedding import Table
+
     if isinstance(tables, (str, bytes)) or hasattr(tables, "__fspath__"):
-        tables = read_tables(tables)
+        tables = read_tables(_path_arg(tables, "tables"))
+    if not isinstance(tables, (list, tuple)) or not all(isinstance(t, Table) for t in tables):
+        raise KitError("tables must be a CSV path or a list of kit.embedding.Table, got "
+                       f"{tables!r:.200}")
+    if memory_gib is not None and (isinstance(memory_gib, bool)
+                                   or not isinstance(memory_gib, (int, float)) or not memory_gib > 0):
+        raise KitError(f"memory_gib must be a positive number of GiB (or None), got {memory_gib!r}")
+    if kinds is not None and not isinstance(kinds, str) and not (
+            isinstance(kinds, (list, tuple)) and all(isinstance(k, str) for k in kinds)):
+        raise KitError(f"kinds must be names (\"rw,dp\" or a list of them), got {kinds!r}")
     sysobj = get_system(system, nodes=nodes) if nodes is not None else get_system(system)
     if isinstance(kinds, str):  # "rw,dp" as the CLI takes it, not the letters of "rw"
         text, kinds = kinds, [k.strip() for k in kinds.split(",") if k.strip()]
@@ -159,8 +191,12 @@ def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | No
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of
 
+    from kit.workload.models import memory_fit
+
     graph = graph_of(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache)
-    return iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
+    it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
+    it.meta["memory"] = memory_fit(it, gpu)  # the time of a step that would not fit, and that
+    return it  # it would not (it.fits)
 
 
 def predict_generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 128,
@@ -202,6 +238,10 @@ def replay_trace(trace, on=None, et=None) -> dict:
     execution traces to link (None: those found with the trace; False: none)."""
     from kit.trace import replay
 
+    _path_arg(trace, "trace")
+    if et is not None and et is not False:
+        for e in (et if isinstance(et, (list, tuple)) else [et]):
+            _path_arg(e, "et (an execution trace; None: those found, False: none)")
     return replay(trace, on=on, et=et).to_dict()
 
 
@@ -215,7 +255,14 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     from kit.predict.training import QUICK, parse_gpu_list, train_bundle, training_frame
     from kit.predict.weights import save_bundle
 
-    gpus = parse_gpu_list(train_gpus) if isinstance(train_gpus, str) else list(train_gpus)
+    if isinstance(train_gpus, str):
+        gpus = parse_gpu_list(train_gpus)
+    elif isinstance(train_gpus, (list, tuple)) and all(isinstance(g, str) for g in train_gpus):
+        gpus = parse_gpu_list(",".join(train_gpus))
+    else:
+        raise KitError(f"train_gpus must be GPU names (\"P4,T4\" or a list of them), got {train_gpus!r}")
+    _path_arg(out, "out (the weights folder)")
+    seed, threads = _whole(seed, "seed", 0), _whole(threads, "threads", 1)
     data = resolve_data_dir(data_dir)
     try:  # before minutes of training, not after
         Path(out).mkdir(parents=True, exist_ok=True)
@@ -237,6 +284,22 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
 def evaluate_predictors(test, predictors=None, weights=None, data_dir=None) -> list[dict]:
     """Score predictors on measured test rows (a NeuSight-format or kit CSV, or a folder):
     [{predictor, gpu, op, n, mape, median_ape, p90_ape}] in percent."""
-    from kit.predict.evaluate import evaluate
+    import pandas as pd
 
+    from kit.predict.evaluate import VISIBLE, evaluate, parse_predictors
+
+    if predictors is not None and not (isinstance(predictors, str) or (
+            isinstance(predictors, (list, tuple)) and all(isinstance(p, str) for p in predictors))):
+        raise KitError(f"predictors must be names (\"tile,roofline\" or a list), got {predictors!r}")
+    parse_predictors(predictors if isinstance(predictors, str) or predictors is None
+                     else ",".join(predictors))  # unknown or no names: before reading the rows
+    if isinstance(test, pd.DataFrame):
+        missing = [c for c in (*VISIBLE, "latency_ms") if c not in test.columns]
+        if missing:
+            raise KitError(f"test frame lacks the columns {', '.join(missing)} (a kit.data "
+                           "measurement table; or give a CSV path)")
+    else:
+        _path_arg(test, "test (a CSV or a folder of them)")
+    if weights is not None:
+        _path_arg(weights, "weights (a folder from train_predictors)")
     return evaluate(test, predictors, weights_dir=weights, data_dir=data_dir)

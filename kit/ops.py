@@ -9,6 +9,7 @@ Conventions
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from kit.errors import KitError
@@ -41,8 +42,12 @@ def dtype_bytes(dtype: str) -> int:
         raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}") from None
 
 
-def _positive_ints(op: str, **dims) -> None:
+def _positive_ints(op: str, obj, **dims) -> None:
+    """Each dim a positive whole number; a numpy integer is stored on obj as a Python int."""
     for name, value in dims.items():
+        if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+            value = int(value)  # numpy integers (not numpy bools: they are not Integral)
+            object.__setattr__(obj, name, value)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise KitError(f"{op}: {name} must be a positive whole number, got {value!r}")
 
@@ -61,7 +66,7 @@ class Gemm:
     op_class = "gemm"
 
     def __post_init__(self):
-        _positive_ints(self.kind, b=self.b, m=self.m, n=self.n, k=self.k)
+        _positive_ints(self.kind, self, b=self.b, m=self.m, n=self.n, k=self.k)
         dtype_bytes(self.dtype)
 
     @property
@@ -94,10 +99,10 @@ class Elementwise:
         if self.kind not in ELEMENTWISE_FLOPS:
             raise KitError(f"unknown elementwise kind {self.kind!r}: choose one of "
                            + ", ".join(sorted(ELEMENTWISE_FLOPS)))
-        _positive_ints(f"elementwise {self.kind}", numel=self.numel)
+        _positive_ints(f"elementwise {self.kind}", self, numel=self.numel)
         dtype_bytes(self.dtype)
         if self.inputs is not None:
-            _positive_ints(f"elementwise {self.kind}", inputs=self.inputs)
+            _positive_ints(f"elementwise {self.kind}", self, inputs=self.inputs)
 
     @property
     def n_inputs(self) -> int:
@@ -123,7 +128,7 @@ class _RowOp:
     extra_bytes_per_col = 0  # parameters read once (weight, bias)
 
     def __post_init__(self):
-        _positive_ints(self.op_class, rows=self.rows, cols=self.cols)
+        _positive_ints(self.op_class, self, rows=self.rows, cols=self.cols)
         dtype_bytes(self.dtype)
 
     @property
@@ -176,7 +181,7 @@ class Dropout:
     op_class = "dropout"
 
     def __post_init__(self):
-        _positive_ints("dropout", numel=self.numel)
+        _positive_ints("dropout", self, numel=self.numel)
         dtype_bytes(self.dtype)
         if not 0 <= self.p < 1:
             raise KitError(f"dropout: p must be in [0, 1), got {self.p!r}")
@@ -207,7 +212,7 @@ class EmbeddingBag:
     op_class = "embedding"
 
     def __post_init__(self):
-        _positive_ints("embedding_bag", batch=self.batch, rows=self.rows, dim=self.dim,
+        _positive_ints("embedding_bag", self, batch=self.batch, rows=self.rows, dim=self.dim,
                        pooling=self.pooling)
         dtype_bytes(self.dtype)
         if self.mode not in ("sum", "mean"):
@@ -249,15 +254,15 @@ class Attention:
     op_class = "attention"
 
     def __post_init__(self):
-        _positive_ints("attention", b=self.b, heads=self.heads, seq_q=self.seq_q,
+        _positive_ints("attention", self, b=self.b, heads=self.heads, seq_q=self.seq_q,
                        seq_kv=self.seq_kv, head_dim=self.head_dim)
         dtype_bytes(self.dtype)
         if self.kv_heads is not None:  # grouped-query: each K/V head serves heads / kv_heads queries
-            _positive_ints("attention", kv_heads=self.kv_heads)
+            _positive_ints("attention", self, kv_heads=self.kv_heads)
             if self.heads % self.kv_heads:
                 raise KitError(f"attention: kv_heads {self.kv_heads} must divide heads {self.heads}")
         if self.v_head_dim is not None:
-            _positive_ints("attention", v_head_dim=self.v_head_dim)
+            _positive_ints("attention", self, v_head_dim=self.v_head_dim)
 
     @property
     def value_dim(self) -> int:
@@ -297,7 +302,7 @@ class Memcpy:
     op_class = "memcpy"
 
     def __post_init__(self):
-        _positive_ints("memcpy", nbytes=self.nbytes)
+        _positive_ints("memcpy", self, nbytes=self.nbytes)
         if self.direction not in ("d2d", "h2d", "d2h"):
             raise KitError(f"memcpy: direction must be d2d, h2d or d2h, got {self.direction!r}")
 

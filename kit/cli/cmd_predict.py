@@ -55,14 +55,10 @@ def overhead_from(args):
 
 
 def memory_need(it, gpu) -> dict:
-    """kit.workload.models.memory_bytes of a predicted step (its meta holds the capture's sizes),
-    with the GPU's memory and whether the step fits in it, as `kit compare` reports."""
-    from kit.hardware import get_gpu
-    from kit.workload.models import memory_bytes
+    """kit.workload.models.memory_fit of a predicted step on gpu."""
+    from kit.workload.models import memory_fit
 
-    mem = memory_bytes(it)
-    gpu = get_gpu(gpu)
-    return {**mem, "gpu_memory_bytes": gpu.memory_bytes, "fits": mem["total_bytes"] <= gpu.memory_bytes}
+    return memory_fit(it, gpu)
 
 
 def check_decode_args(args) -> None:

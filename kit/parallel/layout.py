@@ -9,6 +9,7 @@ Expert parallelism (EP) splits the DP ranks into groups of `ep` that share the e
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 
 from kit.errors import KitError
@@ -16,6 +17,11 @@ from kit.errors import KitError
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("fp16", "bf16", "fp32")
+
+
+# micro-batches per replica the event simulator will take (each adds events on every rank; a
+# million took about 10 s and gigabytes): Megatron runs use tens to a few thousand
+MAX_MICRO_BATCHES = 65536
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,10 @@ class Layout:
     optimizer_step: bool = True  # False: forward + backward (+ gradient sync) only
 
     def __post_init__(self):
+        for name in ("dp", "tp", "pp", "ep", "micro_batch", "virtual_stages", "global_batch", "zero"):
+            v = getattr(self, name)  # numpy integers are whole numbers too
+            if isinstance(v, numbers.Integral) and not isinstance(v, (bool, int)):
+                object.__setattr__(self, name, int(v))
         for name in ("dp", "tp", "pp", "ep", "micro_batch", "virtual_stages"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -47,6 +57,10 @@ class Layout:
         if self.global_batch is not None and self.global_batch % (self.micro_batch * self.dp):
             raise KitError(f"--global-batch {self.global_batch} must be a multiple of "
                            f"micro-batch x dp = {self.micro_batch} x {self.dp}")
+        if self.micro_batches > MAX_MICRO_BATCHES:
+            raise KitError(f"--global-batch {self.global_batch} gives {self.micro_batches:,} micro-batches "
+                           f"per replica (global batch / (micro-batch x dp)); the simulator takes at "
+                           f"most {MAX_MICRO_BATCHES:,}: raise --micro-batch or --dp")
         if self.schedule not in SCHEDULES:
             raise KitError(f"schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
         if self.virtual_stages > 1 and self.schedule == "gpipe":

@@ -33,6 +33,8 @@ def get_predictor(name: str = "auto"):
     """A predictor by name (see predictor_name for "auto")."""
     from kit.errors import KitError
 
+    if not isinstance(name, str):
+        raise KitError(f"predictor must be a name ({', '.join(PREDICTORS)} or auto), got {name!r}")
     name = predictor_name(name)
     try:
         return PREDICTORS[name]()

@@ -107,8 +107,15 @@ class Iteration:
                                              "activation_bytes", "optimizer", "context",
                                              "kv_cache", "kv_cache_bytes", "fast_path")
                    if k in self.meta},
+                **({"memory": self.meta["memory"]} if "memory" in self.meta else {}),
                 **self._image(),
                 **({"tokens_per_s": self.tokens_per_s} if self.mode == "decode" else {})}
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the step fits in the GPU's memory (kit.workload.models.memory_fit; set by
+        kit.api.predict_model), None where it was not checked."""
+        return self.meta.get("memory", {}).get("fits")
 
     @property
     def tokens_per_s(self) -> float:

@@ -215,6 +215,16 @@ def memory_bytes(graph) -> dict:
             "total_bytes": weights + grads + optim + acts + cache}
 
 
+def memory_fit(graph, gpu) -> dict:
+    """memory_bytes of a graph or predicted step (its meta holds the capture's sizes), with the
+    GPU's memory and whether the step fits in it, as `kit predict` and `kit compare` report."""
+    from kit.hardware import get_gpu
+
+    mem = memory_bytes(graph)
+    gpu = get_gpu(gpu)
+    return {**mem, "gpu_memory_bytes": gpu.memory_bytes, "fits": mem["total_bytes"] <= gpu.memory_bytes}
+
+
 def max_batch(mem: dict, batch: int, memory_bytes: int) -> int:
     """The largest batch of a decode step or a generation whose memory_bytes estimate fits in
     `memory_bytes`: the weights stay, the KV cache and the activations grow with the batch (both

@@ -1,0 +1,70 @@
+"""The Python verbs (kit.api) answer bad input with one KitError that names it, as the CLI does."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from kit import api
+from kit.errors import KitError
+from kit.ops import Gemm, Softmax
+from kit.parallel.layout import MAX_MICRO_BATCHES, Layout
+
+BAD = [
+    ("trace must be a path", lambda: api.replay_trace(None)),
+    ("trace must be a path", lambda: api.replay_trace("")),
+    ("trace must be a path", lambda: api.replay_trace(5)),
+    ("et .* must be a path", lambda: api.replay_trace("x.json", et=True)),
+    ("tables must be a CSV path or a list of kit.embedding.Table",
+     lambda: api.shard_tables([{"rows": 10, "dim": 4, "pooling": 1}], "dgx-a100")),
+    ("tables must be a CSV path or a list", lambda: api.shard_tables(5, "dgx-a100")),
+    ("tables must be a path", lambda: api.shard_tables("", "dgx-a100")),
+    ("predictor must be a name", lambda: api.predict_op(Gemm(8, 8, 8), "a100-pcie-40gb", ["tile"])),
+    ("needs a kit.ops op", lambda: api.predict_op(Gemm, "a100-pcie-40gb")),
+    ("test frame lacks the columns", lambda: api.evaluate_predictors(pd.DataFrame({"a": [1]}))),
+    ("test .* must be a path", lambda: api.evaluate_predictors("")),
+    ("test .* must be a path", lambda: api.evaluate_predictors(None)),
+    ("predictors must be names", lambda: api.evaluate_predictors("x.csv", predictors=5)),
+    ("weights .* must be a path", lambda: api.evaluate_predictors("x.csv", weights=5)),
+    ("train_gpus must be GPU names", lambda: api.train_predictors(None, "/tmp/w")),
+    ("train_gpus must be GPU names", lambda: api.train_predictors(5, "/tmp/w")),
+    ("out .* must be a path", lambda: api.train_predictors("P4", "")),
+    ("out .* must be a path", lambda: api.train_predictors("P4", None)),
+    ("seed must be a whole number", lambda: api.train_predictors("P4", "/tmp/w", seed="x")),
+    ("seed must be a whole number", lambda: api.train_predictors("P4", "/tmp/w", seed=2.5)),
+    ("threads must be a whole number of at least 1",
+     lambda: api.train_predictors("P4", "/tmp/w", threads=0)),
+    ("micro-batches per replica", lambda: api.predict_multi_gpu(
+        "gpt:layers=4,hidden=1024,heads=16,seq=512", "dgx-a100", dp=8, global_batch=10**9)),
+]
+
+
+@pytest.mark.parametrize("match, call", BAD, ids=[f"{i}-{m[:30]}" for i, (m, _) in enumerate(BAD)])
+def test_bad_input_is_one_clear_error(match, call):
+    with pytest.raises(KitError, match=match):
+        call()
+
+
+def test_numpy_integers_are_whole_numbers():
+    g = Gemm(np.int64(64), np.int32(32), np.int64(16), b=np.int64(2))
+    assert (g.m, g.n, g.k, g.b) == (64, 32, 16, 2) and all(type(v) is int for v in (g.m, g.b))
+    assert g == Gemm(64, 32, 16, b=2)
+    with pytest.raises(KitError, match="rows must be a positive whole number"):
+        Softmax(np.float64(3.0), 4)
+    with pytest.raises(KitError, match="rows must be a positive whole number"):
+        Softmax(np.bool_(True), 4)
+    lay = Layout(dp=np.int64(8), micro_batch=np.int32(2), global_batch=np.int64(64))
+    assert lay.micro_batches == 4 and type(lay.dp) is int and type(lay.global_batch) is int
+
+
+def test_micro_batch_cap_is_the_simulators_limit():
+    ok = Layout(dp=1, micro_batch=1, global_batch=MAX_MICRO_BATCHES)
+    assert ok.micro_batches == MAX_MICRO_BATCHES
+    with pytest.raises(KitError, match=f"{MAX_MICRO_BATCHES + 1:,} micro-batches"):
+        Layout(dp=1, micro_batch=1, global_batch=MAX_MICRO_BATCHES + 1)
+
+
+def test_a_step_that_does_not_fit_says_so():
+    big = api.predict_model("gpt2", "t4", mode="train", batch=64, seq=1024)
+    small = api.predict_model("gpt2", "a100-pcie-40gb", mode="inference", batch=1, seq=128)
+    assert big.fits is False and small.fits is True
+    mem = big.to_dict()["memory"]
+    assert mem["total_bytes"] > mem["gpu_memory_bytes"] == 16 * 2**30
