@@ -12,6 +12,8 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
+import numpy as np
+
 from kit.errors import KitError
 
 # bytes per element; tf32 is stored as fp32
@@ -52,6 +54,9 @@ def _positive_ints(op: str, obj, **dims) -> None:
             raise KitError(f"{op}: {name} must be a positive whole number, got {value!r}")
 
 
+GEMM_KINDS = ("bmm", "linear", "mm")
+
+
 @dataclass(frozen=True)
 class Gemm:
     """A (batched) matrix multiply. `shared_rhs`: B is one weight shared over the batch (Linear)."""
@@ -66,6 +71,10 @@ class Gemm:
     op_class = "gemm"
 
     def __post_init__(self):
+        if self.kind not in GEMM_KINDS:
+            raise KitError(f"gemm kind {self.kind!r}: choose one of {', '.join(GEMM_KINDS)}")
+        if not isinstance(self.shared_rhs, (bool, np.bool_)):
+            raise KitError(f"{self.kind}: shared_rhs must be True or False, got {self.shared_rhs!r}")
         _positive_ints(self.kind, self, b=self.b, m=self.m, n=self.n, k=self.k)
         dtype_bytes(self.dtype)
 
@@ -96,7 +105,7 @@ class Elementwise:
     op_class = "elementwise"
 
     def __post_init__(self):
-        if self.kind not in ELEMENTWISE_FLOPS:
+        if not isinstance(self.kind, str) or self.kind not in ELEMENTWISE_FLOPS:
             raise KitError(f"unknown elementwise kind {self.kind!r}: choose one of "
                            + ", ".join(sorted(ELEMENTWISE_FLOPS)))
         _positive_ints(f"elementwise {self.kind}", self, numel=self.numel)
@@ -183,8 +192,8 @@ class Dropout:
     def __post_init__(self):
         _positive_ints("dropout", self, numel=self.numel)
         dtype_bytes(self.dtype)
-        if not 0 <= self.p < 1:
-            raise KitError(f"dropout: p must be in [0, 1), got {self.p!r}")
+        if isinstance(self.p, bool) or not isinstance(self.p, numbers.Real) or not 0 <= self.p < 1:
+            raise KitError(f"dropout: p must be a number in [0, 1), got {self.p!r}")
 
     @property
     def flops(self) -> float:

@@ -5,7 +5,7 @@ import pytest
 
 from kit import api
 from kit.errors import KitError
-from kit.ops import Gemm, Softmax
+from kit.ops import Dropout, Elementwise, Gemm, Softmax
 from kit.parallel.layout import MAX_MICRO_BATCHES, Layout
 
 BAD = [
@@ -68,3 +68,18 @@ def test_a_step_that_does_not_fit_says_so():
     assert big.fits is False and small.fits is True
     mem = big.to_dict()["memory"]
     assert mem["total_bytes"] > mem["gpu_memory_bytes"] == 16 * 2**30
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Dropout(1000, p="0.1"), "p must be a number"),
+    (lambda: Dropout(1000, p=None), "p must be a number"),
+    (lambda: Dropout(1000, p=True), "p must be a number"),
+    (lambda: Elementwise(["add"], 10), "unknown elementwise kind"),
+    (lambda: Gemm(256, 256, 256, shared_rhs="yes"), "shared_rhs must be True or False"),
+    (lambda: Gemm(256, 256, 256, kind="matmul"), "gemm kind 'matmul'"),
+    (lambda: Gemm(256, 256, 256, kind=None), "gemm kind None"),
+])
+def test_op_constructors_name_a_bad_field(make, match):
+    with pytest.raises(KitError, match=match):
+        make()
+    assert Dropout(1000, p=np.float64(0.2)).p == 0.2 and Gemm(8, 8, 8, shared_rhs=np.True_).shared_rhs
