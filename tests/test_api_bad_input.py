@@ -83,3 +83,15 @@ def test_op_constructors_name_a_bad_field(make, match):
     with pytest.raises(KitError, match=match):
         make()
     assert Dropout(1000, p=np.float64(0.2)).p == 0.2 and Gemm(8, 8, 8, shared_rhs=np.True_).shared_rhs
+
+
+def test_multi_gpu_graph_and_nodes_are_what_was_asked():
+    from kit.hardware.system import get_system
+
+    box = get_system("dgx-h100")
+    with pytest.raises(KitError, match="graph must be True"):
+        api.predict_multi_gpu("gpt2", box, dp=8, graph=1)  # 1 == True, but not a choice
+    with pytest.raises(KitError, match="nodes must be a whole number"):
+        api.predict_multi_gpu("gpt2", box, dp=8, nodes=0)  # was ignored for a System object
+    two = api.predict_multi_gpu("gpt2", box, nodes=2, dp=16)  # a System on two of its nodes
+    assert two["system"] == "dgx-h100-x2" and two["layout"]["world_size"] == 16

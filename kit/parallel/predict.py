@@ -34,7 +34,7 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     from kit.hardware.system import System, get_system
 
     t0 = time.perf_counter()
-    if graph not in (True, False, "auto"):
+    if not (graph is True or graph is False or graph == "auto"):  # 1 == True: not a choice
         raise KitError(f"graph must be True (the captured op graph), False (the analytic layer) or "
                        f"'auto', got {graph!r}")
     if in_stream is not None and not isinstance(in_stream, bool):
@@ -51,7 +51,7 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         raise KitError(f"--ep {layout.ep} must divide the {spec.experts} experts of {spec.name}")
     if not isinstance(system, (str, System)):
         raise KitError(f"system must be a preset name (see `kit systems`) or a System, got {system!r}")
-    sys_ = get_system(system, nodes=nodes) if isinstance(system, str) or nodes else system
+    sys_ = get_system(system, nodes=nodes)  # a System kept as given unless nodes are named
     profile_kernels = getattr(host, "kernels", None)
     if profile_kernels not in (None, "analytic GPT layer"):
         raise KitError(f"host profile kernels must be 'analytic GPT layer' or None, got {profile_kernels!r}")
