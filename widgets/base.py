@@ -13,6 +13,8 @@ No model logic lives in a panel: it only calls kit.
 """
 from __future__ import annotations
 
+import html
+
 import altair as alt
 import ipywidgets as W
 
@@ -97,10 +99,19 @@ class Panel:
 
     # -- shared --------------------------------------------------------------------------
     def refresh(self, change=None) -> None:
-        """Recompute from the controls and redraw in place."""
-        self.chart = self.make_chart()
+        """Recompute from the controls and redraw in place. A KitError (a choice the kit cannot
+        answer: no plan fits, a value out of range) replaces the chart and the summary with its
+        message, so the panel never keeps showing the previous answer under the new controls."""
+        from kit.errors import KitError
+
+        try:
+            chart, text = self.make_chart(), None
+            text = self.summary_text()
+        except KitError as e:
+            chart, text = message_chart(str(e)), f"cannot show this choice: {html.escape(str(e))}"
+        self.chart = chart
         self.chart_widget.chart = self.chart
-        self.summary.value = self.summary_text()
+        self.summary.value = text
 
     def chart_data(self):
         """The rows the chart shows (tests assert on these, never on pixels)."""
@@ -120,3 +131,10 @@ class Panel:
         data = dict(data)
         data["text/plain"] = repr(self)  # stable for nbval
         return data, meta
+
+
+def message_chart(text: str):
+    """A chart that only says text (in place of one the choice cannot give)."""
+    import altair as alt
+
+    return alt.Chart(alt.Data(values=[{"msg": text}])).mark_text(size=14).encode(text="msg:N")

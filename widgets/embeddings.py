@@ -10,6 +10,7 @@ import ipywidgets as W
 import pandas as pd
 
 from kit.embedding import Table, Zipf, lookup_cost
+from kit.errors import KitError
 from kit.hardware import get_gpu, gpu_keys
 from widgets.base import Panel, check_init
 
@@ -19,12 +20,20 @@ DIMS = (8, 16, 32, 64, 128, 256, 512)
 BATCHES = tuple(2**k for k in range(6, 17))
 
 
+def nvidia_gpus() -> list[str]:
+    """The GPUs offered (a user's registered ones too): NVIDIA's."""
+    return [g for g in gpu_keys() if get_gpu(g).vendor == "nvidia"]
+
+
 class EmbeddingPanel(Panel):
     title = "Embedding lookups: skew, L2 hits and time"
 
     def __init__(self, gpu="a100-sxm4-40gb", rows=10_000_000, dim=128, pooling=30, batch=4096,
                  alpha=1.0, tables=1, backward=False):
         name = "EmbeddingPanel"
+        if get_gpu(gpu).vendor != "nvidia":  # the lookup model's L2 and launch figures are NVIDIA's
+            raise KitError(f"{name}: gpu {get_gpu(gpu).key!r} is not offered; the panel offers the "
+                           f"NVIDIA GPUs: {', '.join(nvidia_gpus())}")
         self._init = dict(gpu=get_gpu(gpu).key, rows=check_init(name, "rows", rows, ROWS),
                           dim=check_init(name, "dim", dim, DIMS),
                           pooling=check_init(name, "pooling", pooling, lo=1, hi=200),
@@ -35,7 +44,7 @@ class EmbeddingPanel(Panel):
 
     def controls(self):
         i, s = self._init, {"description_width": "initial"}
-        self.gpu = W.Dropdown(options=[g for g in gpu_keys() if get_gpu(g).vendor == "nvidia"],
+        self.gpu = W.Dropdown(options=nvidia_gpus(),
                               value=i["gpu"], description="GPU")
         self.alpha = W.FloatSlider(value=i["alpha"], min=0.0, max=1.6, step=0.1, description="Zipf α",
                                    continuous_update=False, style=s)

@@ -8,7 +8,7 @@ from kit import viz
 from kit.api import memory_problem, op_tiling, predict_op
 from kit.hardware import DTYPES, get_gpu, gpu_keys
 from kit.ops import Gemm
-from widgets.base import Panel, check_init
+from widgets.base import Panel, check_init, message_chart
 
 MAX_DIM = 1 << 20  # the largest m, n or k the panel's boxes take
 
@@ -22,6 +22,7 @@ class GemmPanel(Panel):
             check_init("GemmPanel", name, value, lo=1, hi=MAX_DIM)
         Gemm(m=m, n=n, k=k, dtype=dtype)  # a KitError for a dtype no GEMM has
         self._init = dict(m=m, n=n, k=k, gpu=get_gpu(gpu).key, dtype=dtype)
+        compare = [compare] if isinstance(compare, str) else compare  # one name, or several
         self.compare = tuple(get_gpu(g).key for g in compare)
         super().__init__()
 
@@ -54,7 +55,7 @@ class GemmPanel(Panel):
     def make_chart(self):
         msg = self._problem()
         if msg:
-            return alt.Chart(alt.Data(values=[{"msg": msg}])).mark_text(size=14).encode(text="msg:N")
+            return message_chart(msg)
         op = self.op()
         t = op_tiling(op, self.gpu.value)  # the tile the predictor chose
         gpus = [self.gpu.value] + [g for g in self.compare if g != self.gpu.value]

@@ -5,6 +5,8 @@ import altair as alt
 import ipywidgets as W
 import pandas as pd
 
+from kit.embedding import Table
+from kit.errors import KitError
 from kit.hardware import get_system
 from kit.sharding import plan_sharding, synthetic_tables
 from widgets.base import Panel, check_init
@@ -17,11 +19,20 @@ class ShardingPanel(Panel):
     title = "Sharding embedding tables: per-rank load and the all-to-all"
 
     def __init__(self, tables=None, system="dgx-a100", batch=512, n_tables=20, seed=0, budget_s=0.5):
-        self._tables, self._seed, self._budget = tables, seed, budget_s
         name = "ShardingPanel"
+        if isinstance(tables, str) or hasattr(tables, "__fspath__"):  # a tables CSV, as kit shard reads
+            from kit.sharding import read_tables
+
+            tables = read_tables(tables)
+        if tables is not None and (not isinstance(tables, (list, tuple)) or not tables
+                                   or not all(isinstance(t, Table) for t in tables)):
+            raise KitError(f"{name}: tables must be a CSV path or a non-empty list of "
+                           f"kit.embedding.Table (None: synthetic ones), got {tables!r:.200}")
+        seed = check_init(name, "seed", seed, lo=0, hi=2**32 - 1)
+        self._tables, self._seed, self._budget = tables, seed, budget_s
         self._init = dict(system=get_system(system).key,
                           batch=check_init(name, "batch", batch, BATCHES),
-                          n_tables=n_tables if tables is not None
+                          n_tables=len(tables) if tables is not None
                           else check_init(name, "n_tables", n_tables, lo=2, hi=60))
         self._result = None
         super().__init__()
@@ -31,7 +42,8 @@ class ShardingPanel(Panel):
         names = SYSTEMS if i["system"] in SYSTEMS else [i["system"], *SYSTEMS]
         self.system = W.Dropdown(options=names, value=i["system"], description="system")
         self.batch = W.Dropdown(options=list(BATCHES), value=i["batch"], description="batch/rank")
-        self.n_tables = W.IntSlider(value=i["n_tables"], min=2, max=60, description="tables",
+        self.n_tables = W.IntSlider(value=i["n_tables"], min=min(2, i["n_tables"]),
+                                    max=max(60, i["n_tables"]), description="tables",
                                     continuous_update=False, disabled=self._tables is not None, style=s)
         self.plan = W.Dropdown(options=["search", "greedy_size", "greedy_dim_pooling",
                                         "greedy_dim_pooling_log_rows"], value="search", description="show")
@@ -40,7 +52,7 @@ class ShardingPanel(Panel):
     def result(self) -> dict:
         key = (self.system.value, self.batch.value, self.n_tables.value)
         if self._result is None or self._result[0] != key:
-            tables = self._tables or synthetic_tables(self.n_tables.value, seed=self._seed)
+            tables = self._tables if self._tables is not None else synthetic_tables(self.n_tables.value, seed=self._seed)
             self._result = (key, plan_sharding(tables, self.system.value, batch=self.batch.value,
                                                time_budget_s=self._budget))
         return self._result[1]

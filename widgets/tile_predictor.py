@@ -62,6 +62,7 @@ class TilePredictorPanel(Panel):
                 raise KitError("TilePredictorPanel: every measured_ms must be a finite number > 0")
             self.rows, self.gpus = rows, sorted(rows.gpu.unique())
         else:  # every GPU asked for is offered; one without measurements shows the roofline sweep
+            gpus = [gpus] if isinstance(gpus, str) else gpus  # one name, or several
             self.gpus = list(dict.fromkeys(get_gpu(g).key for g in gpus))
             if not self.gpus:
                 raise KitError("TilePredictorPanel: no GPU given")
@@ -112,6 +113,10 @@ class TilePredictorPanel(Panel):
 
     def make_chart(self):
         rows = self.selected()
+        if rows.empty:  # a log scale over no rows has no domain (NaN), which no browser can draw
+            from widgets.base import message_chart
+
+            return message_chart(f"no {self.op_class.value} rows of {self.gpu.value}")
         data = rows[["op", "op_class", "measured_ms", "predicted_ms", "p10_ms", "p90_ms",
                      "ape", "tile"]].round(6)
         x_title = "measured ms" if self.measured() else "roofline ms (no measurements)"

@@ -16,7 +16,7 @@ import pandas as pd
 from kit.hardware import get_system, list_systems
 from kit.parallel import GPTSpec, Layout, predict_parallel
 from kit.parallel.layout import SCHEDULES
-from widgets.base import Panel, check_init
+from widgets.base import Panel, check_init, message_chart
 
 KIND_COLORS = {"compute": "#4c78a8", "comm": "#f58518", "memcpy": "#54a24b", "launch": "#b8b8b8",
                "cpu": "#9d755d", "sync": "#e45756", "idle": "#eeeeee"}
@@ -125,7 +125,7 @@ class TimelinePanel(Panel):
     def make_chart(self):
         r = self.result()
         if r is None:
-            return alt.Chart(alt.Data(values=[{"msg": self._error}])).mark_text(size=14).encode(text="msg:N")
+            return message_chart(self._error)
         res = r["_result"]
         crit = [s[6] for s in _segments(res, r["breakdown"]["rank"])]
         return timeline_chart(res.timeline(), crit, title=f"{r['iteration_ms']:.1f} ms per iteration")

@@ -60,6 +60,9 @@ class WholeModelPanel(Panel):
         check_init("WholeModelPanel", "new_tokens", new_tokens, NEW_TOKENS)
         check_init("WholeModelPanel", "batch", batch, lo=1, hi=MAX_BATCH)  # the slider would clamp it
         check_init("WholeModelPanel", "dtype", dtype, PANEL_DTYPES)
+        if seq is None:  # a model without a sequence (DLRM, ViT) takes none; the others their default
+            seq = 128
+        check_init("WholeModelPanel", "seq", seq, lo=1, hi=2**20)
         get_gpu(gpu).peak_flops_per_s(dtype)  # one KitError naming what the GPU supports
         self._init = dict(model=resolve(model), gpu=get_gpu(gpu).key, mode=mode, batch=batch, seq=seq,
                           fusion=fusion, kv_cache=kv_cache, new_tokens=new_tokens, dtype=dtype)
