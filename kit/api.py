@@ -76,21 +76,17 @@ def _whole(value, what: str, low: int):
     return int(value)
 
 
-def _op_on_gpu(op, gpu, verb: str):
-    """The GPU, once op is a kit.ops op."""
-    _need_op(op, verb)
-    return get_gpu(gpu)  # a dtype without a peak: GEMMs refuse it; vector ops run on the fp32 lanes
-
-
 def op_tiling(op, gpu, predictor: str = "auto"):
     """The Tiling (tiles, occupancy, waves) of the tile the predictor says the op runs with."""
-    gpu = _op_on_gpu(op, gpu, "op_tiling")
+    _need_op(op, "op_tiling")
+    gpu = get_gpu(gpu)
     return _tiling_of_row(op, gpu, get_predictor(predictor).predict([op], gpu).iloc[0])
 
 
 def memory_problem(op, gpu) -> str | None:
     """Why op cannot run on gpu for want of memory (its operands alone exceed it), or None."""
-    gpu = _op_on_gpu(op, gpu, "memory_problem")
+    _need_op(op, "memory_problem")
+    gpu = get_gpu(gpu)
     table = getattr(op, "table_bytes", 0.0)  # an embedding table is resident, not only what is read
     if table > gpu.memory_bytes:
         return (f"{op.op_class} table of {table / 2**30:.4g} GiB is larger than {gpu.key}'s "
@@ -103,7 +99,8 @@ def memory_problem(op, gpu) -> str | None:
 
 def predict_op(op, gpu, predictor: str = "auto") -> dict:
     """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
-    gpu = _op_on_gpu(op, gpu, "predict_op")
+    _need_op(op, "predict_op")
+    gpu = get_gpu(gpu)
     problem = memory_problem(op, gpu)
     if problem:
         raise KitError(problem)
@@ -154,15 +151,9 @@ def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_ada
                  time_budget_s: float = 2.0, kinds=None) -> dict:
     """Plan embedding-table sharding: tables is a CSV path or a list of kit.embedding.Table."""
     from kit.hardware.system import get_system
-    from kit.sharding import KINDS, plan_sharding, read_tables
+    from kit.sharding import KINDS, as_tables, plan_sharding
 
-    from kit.embedding import Table
-
-    if isinstance(tables, (str, bytes)) or hasattr(tables, "__fspath__"):
-        tables = read_tables(_path_arg(tables, "tables"))
-    if not isinstance(tables, (list, tuple)) or not all(isinstance(t, Table) for t in tables):
-        raise KitError("tables must be a CSV path or a list of kit.embedding.Table, got "
-                       f"{tables!r:.200}")
+    tables = as_tables(tables)
     if memory_gib is not None and (isinstance(memory_gib, bool)
                                    or not isinstance(memory_gib, (int, float)) or not memory_gib > 0):
         raise KitError(f"memory_gib must be a positive number of GiB (or None), got {memory_gib!r}")
@@ -189,14 +180,12 @@ def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | No
     timeline, to_trace(), to_dict()).
     """
     from kit.workload.iteration import iteration
-    from kit.workload.models import graph_of
-
-    from kit.workload.models import memory_fit
+    from kit.workload.models import graph_of, memory_fit
 
     graph = graph_of(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache)
     it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
-    it.meta["memory"] = memory_fit(it, gpu)  # the time of a step that would not fit, and that
-    return it  # it would not (it.fits)
+    it.meta["memory"] = memory_fit(it, gpu)  # a step that would not fit says so (it.fits)
+    return it
 
 
 def predict_generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 128,

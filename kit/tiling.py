@@ -191,6 +191,22 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
+ROW_REGS_PER_THREAD = 32  # a softmax or norm block's registers per thread, as costed here
+ROW_SMEM_BYTES = 32 * 4 * 2  # its shared memory: per-warp partial sums
+
+
+def warp_lanes(vendor: str) -> int:
+    """Lanes of a warp: a 64-lane wavefront on AMD CDNA; 32 on NVIDIA and any other vendor (a
+    user's GPU file launches as CUDA does)."""
+    return 64 if str(vendor).lower() == "amd" else 32
+
+
+def warp_softmax(cols: int, elem_bytes: int = 4) -> bool:
+    """Whether PyTorch runs a softmax row as the persistent warp softmax (row held in registers):
+    up to 1024 columns and 4 KiB."""
+    return cols <= 1024 and cols * elem_bytes <= 4096
+
+
 def row_launch(op_class: str, cols: int, elem_bytes: int = 4,
                vendor: str = "nvidia") -> tuple[int, int]:
     """(rows per block, threads per block) PyTorch launches for one softmax or norm over rows of
@@ -209,10 +225,10 @@ def row_launch(op_class: str, cols: int, elem_bytes: int = 4,
     NeuSight's rows record these launches, PyTorch 2.1 on CUDA and 2.4.1 on ROCm: every one of
     them matches (tests/test_tiling.py checks it against the data)."""
     cols = int(cols)
-    amd = str(vendor).lower() == "amd"  # any other vendor (a user's GPU file) launches as CUDA does
-    warp = 64 if amd else 32
+    warp = warp_lanes(vendor)
+    amd = warp == 64
     if op_class == "softmax":
-        if cols <= 1024 and cols * elem_bytes <= 4096:
+        if warp_softmax(cols, elem_bytes):
             p2 = _next_pow2(cols)
             lanes = min(p2, warp)
             return (128 // lanes) * (2 if p2 <= 128 else 1), 128
@@ -249,10 +265,10 @@ def vector_tiling(op, gpu: GPU | str) -> Tiling:
         tile_bytes = op.bytes / op.rows * rows_per_block
         dims = (rows_per_block, op.cols)
         name = f"{rows_per_block}x{op.cols}"
-        smem = 32 * 4 * 2  # per-warp partial sums
+        smem = ROW_SMEM_BYTES
     else:
         raise KitError(f"vector_tiling: no vector tiling for {type(op).__name__}")
-    occ = occupancy(gpu, threads, 32, smem)
+    occ = occupancy(gpu, threads, ROW_REGS_PER_THREAD, smem)
     slots = gpu.sm_count * occ.blocks_per_sm
     waves, fill = waves_for(tiles, slots)
     peak = gpu.peak_flops_per_s("fp32")

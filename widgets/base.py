@@ -135,6 +135,4 @@ class Panel:
 
 def message_chart(text: str):
     """A chart that only says text (in place of one the choice cannot give)."""
-    import altair as alt
-
     return alt.Chart(alt.Data(values=[{"msg": text}])).mark_text(size=14).encode(text="msg:N")

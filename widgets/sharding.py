@@ -5,10 +5,8 @@ import altair as alt
 import ipywidgets as W
 import pandas as pd
 
-from kit.embedding import Table
-from kit.errors import KitError
 from kit.hardware import get_system
-from kit.sharding import plan_sharding, synthetic_tables
+from kit.sharding import as_tables, plan_sharding, synthetic_tables
 from widgets.base import Panel, check_init
 
 SYSTEMS = ["dgx1-v100", "a100x4-nvlink", "dgx-a100", "dgx-h100", "hgx-h200", "pcie8"]
@@ -20,14 +18,8 @@ class ShardingPanel(Panel):
 
     def __init__(self, tables=None, system="dgx-a100", batch=512, n_tables=20, seed=0, budget_s=0.5):
         name = "ShardingPanel"
-        if isinstance(tables, str) or hasattr(tables, "__fspath__"):  # a tables CSV, as kit shard reads
-            from kit.sharding import read_tables
-
-            tables = read_tables(tables)
-        if tables is not None and (not isinstance(tables, (list, tuple)) or not tables
-                                   or not all(isinstance(t, Table) for t in tables)):
-            raise KitError(f"{name}: tables must be a CSV path or a non-empty list of "
-                           f"kit.embedding.Table (None: synthetic ones), got {tables!r:.200}")
+        if tables is not None:  # a tables CSV or Tables, as kit.api.shard_tables takes (None: synthetic)
+            tables = as_tables(tables, f"{name}: tables")
         seed = check_init(name, "seed", seed, lo=0, hi=2**32 - 1)
         self._tables, self._seed, self._budget = tables, seed, budget_s
         self._init = dict(system=get_system(system).key,
@@ -52,7 +44,8 @@ class ShardingPanel(Panel):
     def result(self) -> dict:
         key = (self.system.value, self.batch.value, self.n_tables.value)
         if self._result is None or self._result[0] != key:
-            tables = self._tables if self._tables is not None else synthetic_tables(self.n_tables.value, seed=self._seed)
+            tables = (self._tables if self._tables is not None
+                      else synthetic_tables(self.n_tables.value, seed=self._seed))
             self._result = (key, plan_sharding(tables, self.system.value, batch=self.batch.value,
                                                time_budget_s=self._budget))
         return self._result[1]

@@ -13,7 +13,7 @@ import ipywidgets as W
 import numpy as np
 import pandas as pd
 
-from widgets.base import Panel
+from widgets.base import Panel, message_chart
 
 HELD_OUT = ("a100-pcie-80gb", "l4")
 CLASSES = ("all", "gemm", "elementwise", "softmax", "layernorm")
@@ -114,8 +114,6 @@ class TilePredictorPanel(Panel):
     def make_chart(self):
         rows = self.selected()
         if rows.empty:  # a log scale over no rows has no domain (NaN), which no browser can draw
-            from widgets.base import message_chart
-
             return message_chart(f"no {self.op_class.value} rows of {self.gpu.value}")
         data = rows[["op", "op_class", "measured_ms", "predicted_ms", "p10_ms", "p90_ms",
                      "ape", "tile"]].round(6)

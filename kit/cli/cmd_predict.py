@@ -54,13 +54,6 @@ def overhead_from(args):
     return None
 
 
-def memory_need(it, gpu) -> dict:
-    """kit.workload.models.memory_fit of a predicted step on gpu."""
-    from kit.workload.models import memory_fit
-
-    return memory_fit(it, gpu)
-
-
 def check_decode_args(args) -> None:
     """--new-tokens and --kv-cache only where they mean something (never silently dropped)."""
     from kit.errors import KitError
@@ -122,8 +115,7 @@ def run(args):
                        dtype=args.dtype, fusion=args.fusion, optimizer=args.optimizer,
                        predictor=args.predictor, overhead=overhead_from(args),
                        kv_cache=args.kv_cache or "static")
-    out = it.to_dict()
-    out["memory"] = memory_need(it, it.gpu)
+    out = it.to_dict()  # with its memory need (kit.api.predict_model)
     if args.trace:
         from kit.trace.perfetto import write_json
 

@@ -32,7 +32,7 @@ from kit.ops import (DTYPE_BYTES, ELEMENTWISE_FLOPS, Elementwise, Gemm, LayerNor
                      Softmax)
 from kit.predict.row_reread import reread_bytes
 from kit.tiling import (BASE_REGS_PER_THREAD, ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS,
-                        occupancy, row_launch)
+                        ROW_REGS_PER_THREAD, ROW_SMEM_BYTES, occupancy, row_launch)
 
 # the four op classes the tile-MLP models (RMSNorm rides on the layer-norm model)
 CLASSES = ("gemm", "elementwise", "softmax", "layernorm")
@@ -40,7 +40,6 @@ ELEM_KINDS = ("add", "mul", "div", "pow", "relu", "gelu", "tanh")
 ROW_FLOPS = {"softmax": Softmax.flops_per_elem, "layernorm": LayerNorm.flops_per_elem}
 ROW_EXTRA = {"softmax": Softmax.extra_bytes_per_col, "layernorm": LayerNorm.extra_bytes_per_col}
 STAGES = 2  # kit.tiling.TileShape's default pipeline depth
-ROW_SMEM_BYTES = 32 * 4 * 2  # kit.tiling.vector_tiling: per-warp partial sums
 
 GPU_FEATURES = [
     "log_sm_gflops",       # per-SM fp32 peak, GFLOP/s
@@ -210,7 +209,7 @@ def waves(op_class: str, a: dict, gpu: GPU, dtype: str = "fp32", launch: bool = 
         rpb, threads = (row_launches(op_class, a["cols"], d, gpu.vendor) if launch
                         else feature_row_blocking(a["cols"]))
         tiles = np.ceil(a["rows"] / rpb)
-        bps = _occupancy(gpu, threads, np.full(len(tiles), 32.0),
+        bps = _occupancy(gpu, threads, np.full(len(tiles), float(ROW_REGS_PER_THREAD)),
                          np.full(len(tiles), float(ROW_SMEM_BYTES)))
         tile_flops = flops / a["rows"] * rpb
         tile_bytes = nbytes / a["rows"] * rpb

@@ -40,21 +40,22 @@ from __future__ import annotations
 import numpy as np
 
 from kit.hardware import GPU
-from kit.tiling import occupancy, row_launch
+from kit.tiling import (ROW_REGS_PER_THREAD, ROW_SMEM_BYTES, occupancy, row_launch, warp_lanes,
+                        warp_softmax)
 
 PASSES = {"softmax": 3.0, "layernorm": 2.0}  # reads of each long row (RMS norm: layernorm's)
 L1_START, L1_SPAN = 0.6, 0.5
 L2_START, L2_SPAN = 0.35, 0.45
-ROW_REGS = 32  # registers per thread the features' occupancy assumes for row kernels
-ROW_SMEM_BYTES = 32 * 4 * 2  # per-warp partial sums (kit.tiling.vector_tiling)
 
 
 def ramp(x: np.ndarray, start: float, span: float) -> np.ndarray:
     return np.clip((np.asarray(x, dtype=float) - start) / span, 0.0, 1.0)
 
 
-def passes_of(op_class: str, cols: float, gpu: GPU, elem_bytes: int) -> float:
-    """Reads of each row from memory, as PyTorch's kernel makes them.
+def passes_of(op_class: str, cols: float, gpu: GPU, elem_bytes: int,
+              threads: int | None = None) -> float:
+    """Reads of each row from memory, as PyTorch's kernel makes them (threads: its block's,
+    from kit.tiling.row_launch where not given).
 
     - softmax up to 1,024 columns: the warp softmax holds its row in registers, one read;
     - longer softmax rows: three (cunn_SoftMaxForward), except where the row goes once into
@@ -65,12 +66,13 @@ def passes_of(op_class: str, cols: float, gpu: GPU, elem_bytes: int) -> float:
     - layer and RMS norm: two, moments then normalise."""
     if op_class != "softmax":
         return PASSES[op_class]
-    if cols <= 1024 and cols * elem_bytes <= 4096:
+    if warp_softmax(cols, elem_bytes):
         return 1.0
-    _, threads = row_launch(op_class, int(cols), elem_bytes, gpu.vendor)
-    warp = 64 if str(gpu.vendor).lower() == "amd" else 32
-    fits = cols * elem_bytes + threads // warp * 4 <= min(gpu.smem_per_sm_bytes, 64 * 1024)
-    if str(gpu.vendor).lower() == "amd" and cols % max(1, 16 // elem_bytes) == 0 and fits:
+    warp = warp_lanes(gpu.vendor)
+    if threads is None:
+        threads = row_launch(op_class, int(cols), elem_bytes, gpu.vendor)[1]
+    if (warp == 64 and cols % max(1, 16 // elem_bytes) == 0
+            and cols * elem_bytes + threads // warp * 4 <= min(gpu.smem_per_sm_bytes, 64 * 1024)):
         return 1.0
     return PASSES[op_class]
 
@@ -81,18 +83,16 @@ def resident_rows(op_class: str, rows: np.ndarray, cols: np.ndarray, gpu: GPU,
     launches the kernel (blocks per SM by kit.tiling.occupancy, rows per block by
     kit.tiling.row_launch), and no more rows than the op has."""
     rows = np.asarray(rows, dtype=float)
-    cols = np.asarray(cols, dtype=float)
-    uniq, inv = np.unique(cols, return_inverse=True)
+    uniq, inv = np.unique(np.asarray(cols, dtype=float), return_inverse=True)
     slots, passes = [], []
     for c in uniq:
         rpb, threads = row_launch(op_class, int(c), elem_bytes, gpu.vendor)
-        slots.append(occupancy(gpu, threads, ROW_REGS, ROW_SMEM_BYTES).blocks_per_sm * rpb)
-        passes.append(passes_of(op_class, c, gpu, elem_bytes))
+        occ = occupancy(gpu, threads, ROW_REGS_PER_THREAD, ROW_SMEM_BYTES)
+        slots.append(occ.blocks_per_sm * rpb)
+        passes.append(passes_of(op_class, c, gpu, elem_bytes, threads))
     inv = inv.reshape(-1)
-    per_sm = np.array(slots, dtype=float)[inv]
-    per_sm = np.minimum(per_sm, np.ceil(rows / gpu.sm_count))
-    on_gpu = np.minimum(rows, per_sm * gpu.sm_count)
-    return per_sm, on_gpu, np.array(passes)[inv]
+    per_sm = np.minimum(np.array(slots, dtype=float)[inv], np.ceil(rows / gpu.sm_count))
+    return per_sm, np.minimum(rows, per_sm * gpu.sm_count), np.array(passes)[inv]
 
 
 def miss_fraction(op_class: str, rows: np.ndarray, cols: np.ndarray, gpu: GPU,

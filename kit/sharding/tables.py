@@ -78,6 +78,19 @@ def read_tables(path: str | Path) -> list[Table]:
     return tables
 
 
+def as_tables(tables, who: str = "tables") -> list[Table]:
+    """tables as a list of kit.embedding.Table: a tables CSV (read_tables) or such a list; anything
+    else, an empty list included, is a KitError naming it."""
+    if isinstance(tables, str) or hasattr(tables, "__fspath__"):
+        if not str(tables).strip():
+            raise KitError(f"{who} must be a path (a non-empty string or Path), got {tables!r}")
+        tables = read_tables(tables)
+    if not isinstance(tables, (list, tuple)) or not tables or not all(isinstance(t, Table) for t in tables):
+        raise KitError(f"{who} must be a CSV path or a list of kit.embedding.Table (a non-empty "
+                       f"list), got {tables!r:.200}")
+    return list(tables)
+
+
 def synthetic_tables(n: int = 26, seed: int = 0, alpha: float | None = None) -> list[Table]:
     """A seeded, DLRM-like mix: rows 10^3-10^7.5 (log-uniform), dims 16-256, pooling 1-80,
     Zipf α in [0.3, 1.3] (or the given α for every table)."""
