@@ -13,6 +13,12 @@ Prints JSON:
   training_seconds, throughput_ops_per_s, tile_choice_accuracy
 
     .venv/bin/python benchmarks/tile_predictor.py [--weights DIR] [--skip-logo] [--threads 2]
+                                                  [--no-test-rows]
+
+The training rows are kit.predict.training.training_frame's: NeuSight's training parts plus the
+softmax and layer-norm rows of its test part for the five training GPUs (never a held-out GPU's).
+--no-test-rows trains, and fits the leave-one-out models, without those test rows, so that no test
+shape is met on any GPU (with --weights it changes only the leave-one-out models).
 
 With --weights it scores those weights instead of training (the shipped ones: kit/predict/weights).
 Needs the NeuSight data (KIT_DATA). Not run by the tests.
@@ -96,6 +102,8 @@ def main(argv=None):
     ap.add_argument("--skip-logo", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-test-rows", action="store_true",
+                    help="train without the training GPUs' softmax and layer-norm test rows")
     ap.add_argument("--logo-members", type=int, default=1,
                     help="ensemble members of each leave-one-out model (default 1, for time)")
     args = ap.parse_args(argv)
@@ -106,10 +114,11 @@ def main(argv=None):
     from kit.predict.weights import load_bundle
 
     root = resolve_data_dir(args.data)
-    frame = training_frame(root, DEFAULT_TRAIN_GPUS)
+    frame = training_frame(root, DEFAULT_TRAIN_GPUS, test_rows=not args.no_test_rows)
     test = load_test(root / "data" / "dataset" / "test")
     result = {"train_gpus": list(DEFAULT_TRAIN_GPUS), "held_out_gpus": list(HELD_OUT),
-              "test_rows": {g: int((test.gpu == g).sum()) for g in HELD_OUT}}
+              "test_rows": {g: int((test.gpu == g).sum()) for g in HELD_OUT},
+              "trained_on_training_gpus_test_rows": not args.no_test_rows}
     if args.weights:
         bundle = load_bundle(args.weights)
         result["training_seconds"] = bundle.manifest.get("training_seconds")

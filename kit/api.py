@@ -236,7 +236,7 @@ def replay_trace(trace, on=None, et=None) -> dict:
 
 def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int = 2,
                      quick: bool = False, direct: bool = True, progress: bool = False,
-                     command: str | None = None) -> dict:
+                     command: str | None = None, test_rows: bool = True) -> dict:
     """Fit the learned predictors (tile-MLP, tile chooser, Li, direct MLP) on NeuSight's
     measurements of train_gpus and write the weights + manifest to `out`."""
     from kit.data import resolve_data_dir
@@ -252,17 +252,23 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
         raise KitError(f"train_gpus must be GPU names (\"P4,T4\" or a list of them), got {train_gpus!r}")
     _path_arg(out, "out (the weights folder)")
     seed, threads = _whole(seed, "seed", 0), _whole(threads, "threads", 1)
+    if not isinstance(test_rows, bool):
+        raise KitError(f"test_rows must be True or False, got {test_rows!r}")
     data = resolve_data_dir(data_dir)
     try:  # before minutes of training, not after
         Path(out).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise KitError(f"cannot create weights folder {out}: {e.strerror}") from None
-    bundle = train_bundle(training_frame(data, gpus), gpus, seed=seed, threads=threads,
+    frame = training_frame(data, gpus, test_rows=test_rows)
+    bundle = train_bundle(frame, gpus, seed=seed, threads=threads,
                           settings=QUICK if quick else None, direct=direct, calibrate=not quick,
                           progress=progress,
                           info={"data_source": "NeuSight measurements, github.com/sitar-lab/"
                                                f"NeuSight@{NEUSIGHT_COMMIT[:10]} scripts/asplos "
-                                               "(kit.data parts train-collect + train)",
+                                               "(kit.data parts train-collect + train"
+                                               + (", and the softmax and layer-norm rows of "
+                                                  "part test of the GPUs trained on)"
+                                                  if test_rows else ")"),
                                 "command": command or "kit.api.train_predictors"})
     path = save_bundle(bundle, out)
     return {"out": str(path), "train_gpus": bundle.train_gpus, "rows": bundle.manifest["rows"],

@@ -32,6 +32,8 @@ BAD = [
     ("seed must be a whole number", lambda: api.train_predictors("P4", "/tmp/w", seed=2.5)),
     ("threads must be a whole number of at least 1",
      lambda: api.train_predictors("P4", "/tmp/w", threads=0)),
+    ("test_rows must be True or False",
+     lambda: api.train_predictors("P4", "/tmp/w", test_rows="no")),
     ("micro-batches per replica", lambda: api.predict_multi_gpu(
         "gpt:layers=4,hidden=1024,heads=16,seq=512", "dgx-a100", dp=8, global_batch=10**9)),
 ]

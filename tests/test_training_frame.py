@@ -1,0 +1,76 @@
+"""What the learned predictors train on (kit.predict.training.training_frame), on a hand-made
+NeuSight layout: the training GPUs' softmax and layer-norm test rows join their training rows;
+a GPU that the training parts never measured (a held-out one) never enters, even with test rows."""
+from pathlib import Path
+
+import pytest
+
+from kit.errors import KitError
+from kit.predict.training import training_frame
+
+HEAD = ("OPName,Latency,Device,Torch Version,CUDNN Version,Kernel Name,Warps per SM,Blocks per SM,"
+        "Grid x,Grid y,Grid z,Block x,Block y,Block z,CUDA Version,B,H")
+KERNEL = '"void at::native::cunn_SoftMaxForward<4, float, float, float>(float*, float const*, int)"'
+LN_KERNEL = '"void at::native::vectorized_layer_norm_kernel<float, float>(int, float, float const*)"'
+GEMM_HEAD = HEAD.rsplit(",", 2)[0] + ",Kernels,B,M,N,K"
+CONV_HEAD = HEAD.rsplit(",", 2)[0] + ",Kernels,B,Input_Channel,Output_Channel,Kernel_Szie,Input_Size,Stride,Padding"
+
+
+def row(op, latency, device, kernel, b, h):
+    return f"{op},{latency},{device},p2.1.0,8902,{kernel},8,1,{b},1,1,256,1,1,cu121,{b},{h}"
+
+
+def write(path: Path, lines):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def layout(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "neusight"
+    collect = root / "data" / "dataset" / "train" / "collect"
+    write(collect / "softmax" / "p2.1.0" / "Tesla T4.csv",
+          [HEAD, row("softmax", 0.05, "Tesla T4", KERNEL, 64, 1024),
+           row("softmax", 0.09, "Tesla T4", KERNEL, 128, 4096)])
+    write(collect / "gemm_free" / "p2.1.0" / "unused.csv", [HEAD])  # an empty part is harmless
+    # NeuSight's collect has conv rows of the held-out A100 80GB: it is still not trained on
+    write(collect / "conv" / "p2.1.0" / "NVIDIA A100 80GB PCIe.csv",
+          [CONV_HEAD, 'conv,0.96,NVIDIA A100 80GB PCIe,p2.1.0,8902,"void implicit_convolve_sgemm<float>()",'
+                      '6.1,3.05,30,11,1,8,8,1,cu121,";void implicit_convolve_sgemm<float>()",38,893,326,3,5,1,1'])
+    test = root / "data" / "dataset" / "test"
+    write(test / "softmax.csv",
+          [HEAD, row("softmax", 0.70, "Tesla T4", KERNEL, 32768, 1600),
+           row("softmax", 0.052, "Tesla T4", KERNEL, 64, 1024),  # a shape train-collect measured
+           row("softmax", 0.30, "NVIDIA A100 80GB PCIe", KERNEL, 32768, 1600)])
+    write(test / "ln.csv",
+          [HEAD, row("ln", 0.80, "Tesla T4", LN_KERNEL, 32768, 1600),
+           row("ln", 0.40, "NVIDIA L4", LN_KERNEL, 32768, 1600)])
+    write(test / "linear.csv",
+          [GEMM_HEAD, "linear,5.0,Tesla T4,p2.1.0,8902,sgemm_128x128x8_NT_vec,8,1,40,1,1,256,1,1,"
+                      "cu121,;sgemm_128x128x8_NT_vec,1,2048,2048,2048"])
+    return root
+
+
+def test_the_training_gpus_softmax_and_norm_test_rows_join_their_training_rows(layout):
+    frame = training_frame(layout)
+    assert set(frame.gpu) == {"t4"}  # no held-out GPU, whatever its test rows
+    soft = frame[frame.op == "softmax"].set_index(["rows", "cols"]).latency_ms
+    assert soft[(32768, 1600)] == pytest.approx(0.70)
+    assert soft[(64, 1024)] == pytest.approx(0.05)  # the training row is kept, the repeat dropped
+    assert len(soft) == 3
+    assert (frame.op_class == "layernorm").sum() == 1
+    assert (frame.op_class == "gemm").sum() == 0  # GEMM test rows are not trained on
+
+
+def test_without_test_rows_only_the_training_parts(layout):
+    frame = training_frame(layout, test_rows=False)
+    assert set(frame.gpu) == {"t4"}
+    assert sorted(frame.cols) == [1024, 4096]
+
+
+def test_a_gpu_without_training_rows_is_refused_even_with_test_rows(layout):
+    with pytest.raises(KitError, match="no training rows for GPU"):
+        training_frame(layout, ["a100-pcie-80gb"])
+    with pytest.raises(KitError, match="no training rows for GPU"):
+        training_frame(layout, ["l4"])
