@@ -34,8 +34,13 @@ def test_seq_choices_follow_the_model_position_table():
     p.model.value = "bert-base"   # 512 positions: 1024 is no longer offered, the panel clamps to 512
     assert max(p.seq.options) == 512 and p.seq.value == 512
     assert p.result.total_ms > 0 and "ms</b>" in p.summary.value
-    p.model.value = "llama3-8b"   # rotary: no table, every length is offered again
-    assert 2048 in p.seq.options and p.seq.value == 512
+    p.model.value = "llama3-8b"   # rotary: no table, every length is offered again, and the
+    assert 2048 in p.seq.options and p.seq.value == 1024  # reader's 1024 comes back
+    p.seq.value = 2048  # a new choice of the reader's, clamped by gpt2 and back with llama
+    p.model.value = "gpt2"
+    assert p.seq.value == 1024
+    p.model.value = "llama3-8b"
+    assert p.seq.value == 2048 and p.result.meta["seq"] == 2048
     with pytest.raises(KitError, match="learned positions"):
         WholeModelPanel(model="bert-base", seq=1024)
 
@@ -52,6 +57,8 @@ def test_decode_is_offered_for_decoders_only_and_leaves_a_position_for_the_new_t
     p.model.value = "bert-base"  # an encoder has no decode step: the panel falls back
     assert "decode" not in p.mode.options and p.mode.value == "inference"
     assert p.result.mode == "inference"
+    p.model.value = "gpt2"  # and the reader's decode comes back with a decoder
+    assert p.mode.value == "decode" and p.result.mode == "decode"
     p.model.value = "gpt2"
     p.mode.value = "inference"
     p.seq.value = 1024
@@ -134,8 +141,12 @@ def test_dtype_follows_what_the_gpu_supports():
     assert list(p.dtype.options) == ["fp32", "fp16"] and p.dtype.value == "fp16"
     assert p.result.total_ms == pytest.approx(
         predict_model("gpt2", "t4", "inference", 4, 256, dtype="fp16").total_ms)
+    p.gpu.value = "h100-sxm"  # bf16 again: the reader's choice comes back
+    assert "bf16" in p.dtype.options and p.dtype.value == "bf16"
+    p.dtype.value = "fp16"  # the reader's new choice stays through a GPU without bf16
+    p.gpu.value = "t4"
     p.gpu.value = "h100-sxm"
-    assert "bf16" in p.dtype.options and p.dtype.value == "fp16"
+    assert p.dtype.value == "fp16"
     p.mode.value = "generate"
     assert p.result["dtype"] == "fp16" and "fp16" in p.summary.value
     with pytest.raises(KitError, match="no bf16 support"):

@@ -9,7 +9,9 @@ Mode generate answers a seq-token prompt with `new tokens` tokens (kit.api.predi
 the prefill's time to first token, then one decode step per token, charted as the time split
 between prefill and decode (GPU work against GPU waiting on the CPU) and the decode step's time
 as the cache grows; seq leaves positions for the new tokens. The dtype control offers what the
-GPU supports (no bf16 before Ampere: a bf16 choice falls back to fp16 there)."""
+GPU supports (no bf16 before Ampere: a bf16 choice falls back to fp16 there). A mode, seq or
+dtype the reader chose and a model or GPU cannot take comes back when the choice is offered
+again (gpt2 decode, then BERT, then gpt2: decode)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -125,29 +127,39 @@ class WholeModelPanel(Panel):
 
     def refresh(self, change=None):
         """A model without a decode step narrows the modes, one with a shorter position table
-        (BERT: 512) the seq choices, and a GPU without bf16 the dtypes, before the prediction."""
+        (BERT: 512) the seq choices, and a GPU without bf16 the dtypes, before the prediction.
+        The reader's own choice of mode, seq and dtype is kept (self._wanted) and comes back
+        as soon as a model or GPU offers it again."""
         if getattr(self, "_narrowing", False):
             return
+        wanted = self.__dict__.setdefault("_wanted", {k: self._init[k] for k in ("mode", "seq", "dtype")})
+        owner = change.get("owner") if isinstance(change, dict) else getattr(change, "owner", None)
+        for name in wanted:
+            if owner is not None and owner is getattr(self, name, None):
+                wanted[name] = change["new"]
         modes = self._modes(self.model.value)
-        seqs = self._seqs(self.model.value, self.mode.value if self.mode.value in modes else "inference",
-                          self.new_tokens.value)
+        mode = wanted["mode"] if wanted["mode"] in modes else (
+            self.mode.value if self.mode.value in modes else "inference")
+        seqs = self._seqs(self.model.value, mode, self.new_tokens.value)
         dtypes = self._dtypes(self.gpu.value)
+        dtype = wanted["dtype"] if wanted["dtype"] in dtypes else (
+            self.dtype.value if self.dtype.value in dtypes else "fp16" if "fp16" in dtypes else "fp32")
+        seq = wanted["seq"] if wanted["seq"] in seqs else (
+            self.seq.value if self.seq.value in seqs else max(seqs))
         if (list(self.mode.options) != modes or list(self.seq.options) != seqs
-                or list(self.dtype.options) != dtypes):
+                or list(self.dtype.options) != dtypes or self.mode.value != mode
+                or self.seq.value != seq or self.dtype.value != dtype):
             self._narrowing = True
             try:
                 if list(self.dtype.options) != dtypes:
-                    dtype = (self.dtype.value if self.dtype.value in dtypes else
-                             "fp16" if "fp16" in dtypes else "fp32")
                     self.dtype.options = dtypes
-                    self.dtype.value = dtype
+                self.dtype.value = dtype
                 if list(self.mode.options) != modes:
-                    mode = self.mode.value if self.mode.value in modes else "inference"
                     self.mode.options = modes
-                    self.mode.value = mode
-                value = self.seq.value if self.seq.value in seqs else max(seqs)
-                self.seq.options = seqs
-                self.seq.value = value
+                self.mode.value = mode
+                if list(self.seq.options) != seqs:
+                    self.seq.options = seqs
+                self.seq.value = seq
             finally:
                 self._narrowing = False
         self.seq.disabled = not uses_seq(self.model.value)
