@@ -72,7 +72,7 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     if not np.isfinite(chosen["cost_ms"]):
         need = max(t.bytes for t in model.tables) / 2**30
         raise KitError(f"no plan fits the memory cap of {model.cap / 2**30:.3g} GiB per GPU "
-                       f"(largest table {need:.3g} GiB); raise --memory-gib or use more GPUs")
+                       f"(largest table {need:.3g} GiB); raise the cap (--memory-gib) or use more GPUs")
     lookups = np.array(chosen["per_rank_ms"])
     plan = []
     for t, o in enumerate(choice):

@@ -138,7 +138,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
     else:  # the inputs fix the shape: a batch or seq asked for would be silently ignored
         if batch != 1 or seq is not None:
             raise KitError(f"model {name!r} comes with its own example inputs, which fix the batch "
-                           f"and sequence; drop --batch/--seq (got batch {batch}, seq {seq}) or "
+                           f"and sequence; give no batch or seq (--batch/--seq; got batch {batch}, seq {seq}) or "
                            "return a module that takes input_ids or has example_inputs(batch, seq)")
         meta = {"batch": _leading_dim(inputs), "seq": None}
     if decode:  # the floating inputs are the cache: its memory
@@ -195,7 +195,7 @@ def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static"):
     reads = zoo.inputs_instead_of_seq(model)
     if seq is not None and reads is not None:
         name = model if isinstance(model, str) else model.get("name", model.get("model_type"))
-        raise KitError(f"{name} reads no sequence ({reads}); drop --seq (got {seq})")
+        raise KitError(f"{name} reads no sequence ({reads}); give no seq (--seq; got {seq})")
     return zoo.graph_for(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache)
 
 

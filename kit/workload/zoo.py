@@ -479,7 +479,7 @@ def check_seq(model, seq: int, new_tokens: int = 0) -> None:
                            f"(--new-tokens), or use a config with a larger {field}")
         if new_tokens:
             raise KitError(f"{seq} tokens and {new_tokens} new need {seq + new_tokens} positions, more "
-                           f"than {name}'s {limit} learned positions ({field}); pass --seq "
-                           f"{limit - new_tokens} or less, or a config with a larger {field}")
+                           f"than {name}'s {limit} learned positions ({field}); give a seq of "
+                           f"{limit - new_tokens} or less (--seq), or a config with a larger {field}")
         raise KitError(f"seq {seq} is longer than {name}'s {limit} learned positions ({field}); "
-                       f"pass --seq {limit} or less, or a config with a larger {field}")
+                       f"give a seq of {limit} or less (--seq), or a config with a larger {field}")
