@@ -16,9 +16,11 @@ Prints JSON:
                                                   [--no-test-rows]
 
 The training rows are kit.predict.training.training_frame's: NeuSight's training parts plus the
-softmax and layer-norm rows of its test part for the five training GPUs (never a held-out GPU's).
+softmax and layer-norm rows of its test files for the five training GPUs (never a held-out GPU's).
 --no-test-rows trains, and fits the leave-one-out models, without those test rows, so that no test
-shape is met on any GPU (with --weights it changes only the leave-one-out models).
+shape is met on any GPU; with --weights it changes the leave-one-out models only, and the weights'
+manifest says what they were trained on (trained_on_test_rows). Habitat scales kernels of the
+training parts alone, either way.
 
 With --weights it scores those weights instead of training (the shipped ones: kit/predict/weights).
 Needs the NeuSight data (KIT_DATA). Not run by the tests.
@@ -118,29 +120,32 @@ def main(argv=None):
     test = load_test(root / "data" / "dataset" / "test")
     result = {"train_gpus": list(DEFAULT_TRAIN_GPUS), "held_out_gpus": list(HELD_OUT),
               "test_rows": {g: int((test.gpu == g).sum()) for g in HELD_OUT},
-              "trained_on_training_gpus_test_rows": not args.no_test_rows}
+              "logo_test_rows": not args.no_test_rows}
     if args.weights:
         bundle = load_bundle(args.weights)
         result["training_seconds"] = bundle.manifest.get("training_seconds")
+        result["trained_on_test_rows"] = bundle.manifest.get("test_rows_trained_on", 0)
         result["weights"] = args.weights
     else:
         t0 = time.perf_counter()
         bundle = train_bundle(frame, DEFAULT_TRAIN_GPUS, seed=args.seed, threads=args.threads,
                               calibrate=True)
         result["training_seconds"] = round(time.perf_counter() - t0, 1)
+        result["trained_on_test_rows"] = int((frame.split == "test").sum())
     result["transfer_sigma"] = bundle.tile.transfer_sigma
     result["band_calibration"] = bundle.tile.band
     result["transfer_share"] = {g: round(bundle.tile.transfer_scale(g), 3) for g in HELD_OUT}
     held = test[test.gpu.isin(HELD_OUT)].reset_index(drop=True)
     names = ["roofline", "habitat", "li", "mlp", "tile"]
-    predictors = build_predictors(names, args.weights, frame) if args.weights else None
+    reference = frame[frame.split != "test"]  # habitat's measured kernels: the training parts
+    predictors = build_predictors(names, args.weights, reference) if args.weights else None
     if predictors is None:
         from kit.predict.habitat import HabitatPredictor
         from kit.predict.base import RooflinePredictor
 
         predictors = {"roofline": RooflinePredictor(), "li": bundle.li, "mlp": bundle.mlp,
                       "tile": bundle.tile,
-                      "habitat": HabitatPredictor(bundle.tile, bundle.train_gpus, frame)}
+                      "habitat": HabitatPredictor(bundle.tile, bundle.train_gpus, reference)}
     rows = predict_rows(held, predictors)
     result["held_out"] = scores(rows)
     result["held_out_by_class"] = class_scores(rows)

@@ -238,7 +238,9 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
                      quick: bool = False, direct: bool = True, progress: bool = False,
                      command: str | None = None, test_rows: bool = True) -> dict:
     """Fit the learned predictors (tile-MLP, tile chooser, Li, direct MLP) on NeuSight's
-    measurements of train_gpus and write the weights + manifest to `out`."""
+    measurements of train_gpus and write the weights + manifest to `out`. test_rows: also the
+    softmax and layer-norm rows of NeuSight's test files for those GPUs
+    (kit.predict.training.training_frame); the manifest counts them (test_rows_trained_on)."""
     from kit.data import resolve_data_dir
     from kit.data.fetch import NEUSIGHT_COMMIT
     from kit.predict.training import QUICK, parse_gpu_list, train_bundle, training_frame
@@ -260,15 +262,17 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     except OSError as e:
         raise KitError(f"cannot create weights folder {out}: {e.strerror}") from None
     frame = training_frame(data, gpus, test_rows=test_rows)
+    n_test = int((frame.split == "test").sum())  # 0 when the data has no test files
     bundle = train_bundle(frame, gpus, seed=seed, threads=threads,
                           settings=QUICK if quick else None, direct=direct, calibrate=not quick,
                           progress=progress,
                           info={"data_source": "NeuSight measurements, github.com/sitar-lab/"
                                                f"NeuSight@{NEUSIGHT_COMMIT[:10]} scripts/asplos "
                                                "(kit.data parts train-collect + train"
-                                               + (", and the softmax and layer-norm rows of "
-                                                  "part test of the GPUs trained on)"
-                                                  if test_rows else ")"),
+                                               + (f", and {n_test} softmax and layer-norm rows "
+                                                  "of part test of the GPUs trained on)"
+                                                  if n_test else ")"),
+                                "test_rows_trained_on": n_test,
                                 "command": command or "kit.api.train_predictors"})
     path = save_bundle(bundle, out)
     return {"out": str(path), "train_gpus": bundle.train_gpus, "rows": bundle.manifest["rows"],

@@ -1,10 +1,13 @@
 """What the learned predictors train on (kit.predict.training.training_frame), on a hand-made
 NeuSight layout: the training GPUs' softmax and layer-norm test rows join their training rows;
-a GPU that the training parts never measured (a held-out one) never enters, even with test rows."""
+a GPU without train-collect rows of a modelled op (a held-out one) never enters, even with test
+rows or large-shape training rows; a malformed extra file is an error, not a silent skip."""
+import json
 from pathlib import Path
 
 import pytest
 
+from kit import api
 from kit.errors import KitError
 from kit.predict.training import training_frame
 
@@ -33,7 +36,11 @@ def layout(tmp_path, monkeypatch):
     write(collect / "softmax" / "p2.1.0" / "Tesla T4.csv",
           [HEAD, row("softmax", 0.05, "Tesla T4", KERNEL, 64, 1024),
            row("softmax", 0.09, "Tesla T4", KERNEL, 128, 4096)])
-    write(collect / "gemm_free" / "p2.1.0" / "unused.csv", [HEAD])  # an empty part is harmless
+    write(collect / "bmm" / "p2.1.0" / "Tesla T4.csv",
+          [GEMM_HEAD, "bmm,0.0355,Tesla T4,p2.1.0,8902,volta_sgemm_64x64_nn,0.65,0.325,1,1,13,64,1,1,"
+                      "cu121,;volta_sgemm_64x64_nn,13,27,15,29",
+           "bmm,0.0345,Tesla T4,p2.1.0,8902,volta_sgemm_64x64_nn,1.1,0.55,1,1,22,64,1,1,"
+           "cu121,;volta_sgemm_64x64_nn,22,18,10,14"])
     # NeuSight's collect has conv rows of the held-out A100 80GB: it is still not trained on
     write(collect / "conv" / "p2.1.0" / "NVIDIA A100 80GB PCIe.csv",
           [CONV_HEAD, 'conv,0.96,NVIDIA A100 80GB PCIe,p2.1.0,8902,"void implicit_convolve_sgemm<float>()",'
@@ -46,6 +53,9 @@ def layout(tmp_path, monkeypatch):
     write(test / "ln.csv",
           [HEAD, row("ln", 0.80, "Tesla T4", LN_KERNEL, 32768, 1600),
            row("ln", 0.40, "NVIDIA L4", LN_KERNEL, 32768, 1600)])
+    large = root / "data" / "dataset" / "train"  # the large-shape subsets: L4's row is not taken
+    write(large / "softmax.csv", [HEAD, row("softmax", 0.40, "Tesla T4", KERNEL, 8192, 2048),
+                                  row("softmax", 0.20, "NVIDIA L4", KERNEL, 8192, 2048)])
     write(test / "linear.csv",
           [GEMM_HEAD, "linear,5.0,Tesla T4,p2.1.0,8902,sgemm_128x128x8_NT_vec,8,1,40,1,1,256,1,1,"
                       "cu121,;sgemm_128x128x8_NT_vec,1,2048,2048,2048"])
@@ -58,15 +68,18 @@ def test_the_training_gpus_softmax_and_norm_test_rows_join_their_training_rows(l
     soft = frame[frame.op == "softmax"].set_index(["rows", "cols"]).latency_ms
     assert soft[(32768, 1600)] == pytest.approx(0.70)
     assert soft[(64, 1024)] == pytest.approx(0.05)  # the training row is kept, the repeat dropped
-    assert len(soft) == 3
+    assert soft[(8192, 2048)] == pytest.approx(0.40)
+    assert len(soft) == 4
     assert (frame.op_class == "layernorm").sum() == 1
-    assert (frame.op_class == "gemm").sum() == 0  # GEMM test rows are not trained on
+    assert (frame.op_class == "gemm").sum() == 2  # the training rows: GEMM test rows are not taken
+    assert sorted(frame.split) == ["test"] * 2 + ["train"] * 5
 
 
 def test_without_test_rows_only_the_training_parts(layout):
     frame = training_frame(layout, test_rows=False)
     assert set(frame.gpu) == {"t4"}
-    assert sorted(frame.cols) == [1024, 4096]
+    assert sorted(frame[frame.op == "softmax"].cols) == [1024, 2048, 4096]
+    assert (frame.split == "train").all()
 
 
 def test_a_gpu_without_training_rows_is_refused_even_with_test_rows(layout):
@@ -74,3 +87,25 @@ def test_a_gpu_without_training_rows_is_refused_even_with_test_rows(layout):
         training_frame(layout, ["a100-pcie-80gb"])
     with pytest.raises(KitError, match="no training rows for GPU"):
         training_frame(layout, ["l4"])
+
+
+def test_a_malformed_test_file_is_an_error_and_a_missing_one_is_skipped(layout):
+    soft = layout / "data" / "dataset" / "test" / "softmax.csv"
+    text = soft.read_text()
+    soft.write_text(text.replace("0.7,Tesla T4", "fast,Tesla T4"))  # a latency that is no number
+    with pytest.raises(KitError, match="softmax.csv"):
+        training_frame(layout)
+    assert len(training_frame(layout, test_rows=False)) == 5  # not read without test rows
+    soft.unlink()
+    (layout / "data" / "dataset" / "test" / "ln.csv").unlink()
+    assert (training_frame(layout).split == "train").all()
+
+
+def test_the_manifest_counts_the_test_rows_trained_on(layout, tmp_path):
+    for test_rows, n in ((True, 2), (False, 0)):
+        out = tmp_path / f"w{n}"
+        r = api.train_predictors("T4", str(out), data_dir=str(layout), quick=True, direct=False,
+                                 test_rows=test_rows)
+        m = json.loads((out / "manifest.json").read_text())
+        assert m["test_rows_trained_on"] == n and r["rows"]["softmax"] == 2 + n // 2 + 1
+        assert ("2 softmax and layer-norm rows of part test" in m["data_source"]) == test_rows

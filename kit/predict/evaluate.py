@@ -160,7 +160,9 @@ def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
     if "habitat" in names and data_dir is not None:
         from kit.predict.training import training_frame
 
-        measurements = training_frame(data_dir)
+        # habitat scales the kernels of the training parts (test_rows=False): with the test rows
+        # it would look up, on a training GPU, the very row it is scored on
+        measurements = training_frame(data_dir, test_rows=False)
     rows = predict_rows(frame, build_predictors(names, weights_dir, measurements))
     out = summarise(rows)
     for r in out:  # banded predictors: the share of measured latencies inside the p10-p90 band
