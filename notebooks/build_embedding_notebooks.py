@@ -16,7 +16,12 @@ def code(s):
 
 
 def write(name, cells):
+    """Write cells as notebooks/<name>, with cell ids from their place (not random: a rebuild
+    changes nothing but what changed); tests/test_notebook_builders.py holds each notebook to its
+    builder."""
     nb = nbf.v4.new_notebook()
+    for i, cell in enumerate(cells):
+        cell["id"] = f"{Path(name).stem.split('_')[0]}-{i:02d}"
     nb.cells = cells
     nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
                    "language_info": {"name": "python"}}

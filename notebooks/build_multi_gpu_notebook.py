@@ -1,18 +1,10 @@
 """Writes notebooks/06_multi_gpu.ipynb (then run
 `.venv/bin/jupyter nbconvert --to notebook --execute --inplace notebooks/06_multi_gpu.ipynb`)."""
+import sys
 from pathlib import Path
 
-import nbformat as nbf
-
-HERE = Path(__file__).parent
-
-
-def md(s):
-    return nbf.v4.new_markdown_cell(s.strip())
-
-
-def code(s):
-    return nbf.v4.new_code_cell(s.strip())
+sys.path.insert(0, str(Path(__file__).parent))
+from build_embedding_notebooks import code, md, write  # noqa: E402  (shared notebook helpers)
 
 
 CELLS = [
@@ -287,15 +279,5 @@ panel
 ]
 
 
-def build() -> nbf.NotebookNode:
-    nb = nbf.v4.new_notebook()
-    nb.cells = CELLS
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    return nb
-
-
 if __name__ == "__main__":
-    path = HERE / "06_multi_gpu.ipynb"
-    nbf.write(build(), path)
-    print(path)
+    write("06_multi_gpu.ipynb", CELLS)

@@ -1,11 +1,10 @@
 """Writes notebooks/03_whole_models.ipynb, outputs cleared (nbval runs it:
 `.venv/bin/python -m pytest --nbval-lax --nbval-current-env notebooks/03_whole_models.ipynb`)."""
+import sys
 from pathlib import Path
 
-import nbformat as nbf
-from build_collectives_notebook import code, md  # the cell helpers every builder uses
-
-HERE = Path(__file__).parent
+sys.path.insert(0, str(Path(__file__).parent))
+from build_embedding_notebooks import code, md, write  # noqa: E402  (shared notebook helpers)
 
 
 CELLS = [
@@ -383,11 +382,7 @@ if HAVE_DATA:
 
 
 def main():
-    nb = nbf.v4.new_notebook()
-    nb.cells = CELLS
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    nbf.write(nb, HERE / "03_whole_models.ipynb")
+    write("03_whole_models.ipynb", CELLS)
 
 
 if __name__ == "__main__":
