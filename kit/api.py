@@ -244,7 +244,7 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     from kit.data import resolve_data_dir
     from kit.data.fetch import NEUSIGHT_COMMIT
     from kit.predict.training import QUICK, parse_gpu_list, train_bundle, training_frame
-    from kit.predict.weights import save_bundle
+    from kit.predict.weights import check_weights_folder, save_bundle
 
     if isinstance(train_gpus, str):
         gpus = parse_gpu_list(train_gpus)
@@ -256,11 +256,10 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     seed, threads = _whole(seed, "seed", 0), _whole(threads, "threads", 1)
     if not isinstance(test_rows, bool):
         raise KitError(f"test_rows must be True or False, got {test_rows!r}")
+    if not 0 <= seed < 2**63:
+        raise KitError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed}")
     data = resolve_data_dir(data_dir)
-    try:  # before minutes of training, not after
-        Path(out).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise KitError(f"cannot create weights folder {out}: {e.strerror}") from None
+    check_weights_folder(out)  # before minutes of training, not after
     frame = training_frame(data, gpus, test_rows=test_rows)
     n_test = int((frame.split == "test").sum())  # 0 when the data has no test files
     bundle = train_bundle(frame, gpus, seed=seed, threads=threads,

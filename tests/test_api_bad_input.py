@@ -32,6 +32,7 @@ BAD = [
     ("seed must be a whole number", lambda: api.train_predictors("P4", "/tmp/w", seed=2.5)),
     ("threads must be a whole number of at least 1",
      lambda: api.train_predictors("P4", "/tmp/w", threads=0)),
+    ("seed must be a whole number from 0 to 2", lambda: api.train_predictors("P4", "/tmp/w", seed=2**70)),
     ("test_rows must be True or False",
      lambda: api.train_predictors("P4", "/tmp/w", test_rows="no")),
     ("micro-batches per replica", lambda: api.predict_multi_gpu(

@@ -257,7 +257,7 @@ def test_train_checks_its_out_folder_before_training(tmp_path):
     (tmp_path / "data").mkdir()  # a NeuSight-shaped folder with nothing to train on
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(KitError, match="cannot create weights folder"):
+    with pytest.raises(KitError, match="cannot write the weights folder"):
         train_predictors("T4", blocker / "weights", data_dir=tmp_path, quick=True)
 
 

@@ -97,6 +97,10 @@ def test_a_malformed_test_file_is_an_error_and_a_missing_one_is_skipped(layout):
         training_frame(layout)
     assert len(training_frame(layout, test_rows=False)) == 5  # not read without test rows
     soft.unlink()
+    soft.mkdir()  # a folder in the file's place is no missing file
+    with pytest.raises(KitError, match="softmax.csv is a folder"):
+        training_frame(layout)
+    soft.rmdir()
     (layout / "data" / "dataset" / "test" / "ln.csv").unlink()
     assert (training_frame(layout).split == "train").all()
 
@@ -109,3 +113,91 @@ def test_the_manifest_counts_the_test_rows_trained_on(layout, tmp_path):
         m = json.loads((out / "manifest.json").read_text())
         assert m["test_rows_trained_on"] == n and r["rows"]["softmax"] == 2 + n // 2 + 1
         assert ("2 softmax and layer-norm rows of part test" in m["data_source"]) == test_rows
+
+
+# -- where the weights go: kit train --out ---------------------------------------------------
+def _train(layout, out, gpus="T4"):
+    return api.train_predictors(gpus, str(out), data_dir=str(layout), quick=True, direct=False)
+
+
+@pytest.mark.parametrize("name, content", [("manifest.json", '{"name": "my-web-app"}'),
+                                           ("model.safetensors", "not weights"),
+                                           ("notes.txt", "my notes")])
+def test_a_folder_holding_someone_elses_files_is_not_written_over(layout, tmp_path, name, content):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / name).write_text(content)
+    with pytest.raises(KitError, match="not written over|holds other files"):
+        _train(layout, out)
+    assert [p.name for p in out.iterdir()] == [name] and (out / name).read_text() == content
+
+
+def test_the_data_folder_is_no_weights_folder(layout):
+    with pytest.raises(KitError, match="holds other files"):
+        _train(layout, layout)
+
+
+def test_kit_weights_are_replaced_and_a_failed_training_leaves_no_folder(layout, tmp_path):
+    out = tmp_path / "w"
+    _train(layout, out)
+    first = json.loads((out / "manifest.json").read_text())
+    _train(layout, out)  # how the shipped weights are reproduced: the same folder again
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.safetensors"]
+    assert json.loads((out / "manifest.json").read_text())["rows"] == first["rows"]
+    deep = tmp_path / "new" / "deep" / "w"
+    with pytest.raises(KitError, match="no training rows for GPU"):
+        _train(layout, deep, gpus="L4")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_target_that_cannot_be_written_is_found_before_training(layout, tmp_path, monkeypatch):
+    out = tmp_path / "w"
+    (out / "manifest.json").mkdir(parents=True)
+    monkeypatch.setattr("kit.predict.training.train_bundle",
+                        lambda *a, **k: pytest.fail("trained before checking --out"))
+    with pytest.raises(KitError, match="manifest.json is a folder"):
+        _train(layout, out)
+
+
+def test_a_failed_write_keeps_the_old_weights_whole(layout, tmp_path, monkeypatch):
+    out = tmp_path / "w"
+    _train(layout, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("os.replace", refuse)
+    with pytest.raises(KitError, match="cannot write the weights into .*No space left"):
+        _train(layout, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no partial files either
+
+
+# -- kit evaluate on such weights ---------------------------------------------------------------
+ADDU = ('addu,0.0245,Tesla T4,p2.1.0,8902,"void at::native::vectorized_elementwise_kernel<4>(int)",'
+        '1.55,0.38,42,1,1,128,1,1,cu121,127,168')
+
+
+def test_evaluate_marks_classes_the_weights_lack_and_rows_they_trained_on(layout, tmp_path, recwarn):
+    out = tmp_path / "w"
+    api.train_predictors("T4", str(out), data_dir=str(layout), quick=True, direct=False)
+    elem = tmp_path / "elem.csv"
+    write(elem, [HEAD, ADDU])  # no elementwise rows were trained on
+    rows = api.evaluate_predictors(str(elem), None, weights=str(out))  # default list: mlp left out
+    assert {r["predictor"] for r in rows} == {"roofline", "habitat", "li", "tile"}
+    by = {r["predictor"]: r for r in rows}
+    wave = api.evaluate_predictors(str(elem), "wave")[0]
+    assert by["tile"]["fallback"] == "wave" and by["tile"]["mape"] == wave["mape"]
+    assert by["li"]["fallback"] == "roofline" and by["li"]["mape"] == by["roofline"]["mape"]
+    assert "fallback" not in by["roofline"]
+    notes = [str(w.message) for w in recwarn]
+    assert any("no direct MLP" in n for n in notes)
+    assert any("no tile model for elementwise" in n for n in notes)
+    assert not any("in-sample" in n for n in notes)
+    with pytest.raises(KitError, match="no direct MLP"):  # asked for by name: an error
+        api.evaluate_predictors(str(elem), "mlp", weights=str(out))
+    recwarn.clear()
+    rows = api.evaluate_predictors(str(layout / "data" / "dataset" / "test" / "softmax.csv"),
+                                   "tile", weights=str(out))
+    assert all("fallback" not in r for r in rows)
+    assert any("2 softmax and layer-norm rows of NeuSight's test files, of t4" in str(w.message)
+               and "in-sample" in str(w.message) for w in recwarn)

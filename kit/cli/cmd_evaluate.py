@@ -24,7 +24,8 @@ def text(rows):
     for r in rows:
         cov = f"{100 * r['coverage_80']:7.1f}%" if "coverage_80" in r else f"{'-':>8}"
         lines.append(f"{r['predictor']:<9} {r['gpu']:<16} {r['op']:<8} {r['n']:>6} {r['mape']:>8.2f}"
-                     f" {r['median_ape']:>8.2f} {r['p90_ape']:>8.2f} {cov}")
+                     f" {r['median_ape']:>8.2f} {r['p90_ape']:>8.2f} {cov}"
+                     + (f"  ({r['fallback']} model: not learned)" if "fallback" in r else ""))
     return "\n".join(lines)
 
 

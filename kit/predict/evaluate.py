@@ -8,6 +8,8 @@ The latency is the target.
 """
 from __future__ import annotations
 
+import warnings
+
 from pathlib import Path
 
 import numpy as np
@@ -116,16 +118,35 @@ def parse_predictors(text: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def build_predictors(names, weights_dir=None, measurements: pd.DataFrame | None = None) -> dict:
-    """Predictor objects by name, the learned ones from weights_dir (default: shipped)."""
-    from kit.predict import PREDICTORS
-    from kit.predict.habitat import HabitatPredictor
+def load_weights(names, weights_dir=None):
+    """The weights bundle the learned predictors among names read (None when none is named)."""
     from kit.predict.weights import load_bundle, shipped_bundle
 
-    learned = set(LEARNED)
-    bundle = None
-    if learned & set(names):
-        bundle = load_bundle(weights_dir) if weights_dir is not None else shipped_bundle()
+    if not set(LEARNED) & set(names):
+        return None
+    return load_bundle(weights_dir) if weights_dir is not None else shipped_bundle()
+
+
+FALLBACK = {"tile": "wave", "habitat": "wave", "li": "roofline", "mlp": "roofline"}
+
+
+def learned_classes(name: str, bundle) -> set:
+    """The op classes a learned predictor has a model for in bundle (the others fall back to
+    FALLBACK[name]: the roofline, or the wave model, which is the roofline with whole waves)."""
+    if name in ("tile", "habitat"):  # habitat's reference for kernels it has not measured
+        return set(bundle.tile.models)
+    if name == "mlp":
+        return set(bundle.mlp.models) if bundle.mlp is not None else set()
+    return set(bundle.li.coefs) if name == "li" else set(CLASSES)
+
+
+def build_predictors(names, weights_dir=None, measurements: pd.DataFrame | None = None,
+                     bundle=None) -> dict:
+    """Predictor objects by name, the learned ones from bundle or weights_dir (default: shipped)."""
+    from kit.predict import PREDICTORS
+    from kit.predict.habitat import HabitatPredictor
+
+    bundle = bundle if bundle is not None else load_weights(names, weights_dir)
     out = {}
     for name in names:
         if name == "tile":
@@ -163,10 +184,37 @@ def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
         # habitat scales the kernels of the training parts (test_rows=False): with the test rows
         # it would look up, on a training GPU, the very row it is scored on
         measurements = training_frame(data_dir, test_rows=False)
-    rows = predict_rows(frame, build_predictors(names, weights_dir, measurements))
+    bundle = load_weights(names, weights_dir)
+    if predictors is None and bundle is not None and bundle.mlp is None:  # not asked for by name
+        names = [n for n in names if n != "mlp"]
+        warnings.warn("these weights have no direct MLP (trained with --no-direct): mlp left out")
+    rows = predict_rows(frame, build_predictors(names, weights_dir, measurements, bundle=bundle))
     out = summarise(rows)
+    cls_of = dict(zip(rows.op, rows.op_class))
+    fallback = {}
     for r in out:  # banded predictors: the share of measured latencies inside the p10-p90 band
         part = rows[(rows.predictor == r["predictor"]) & (rows.gpu == r["gpu"]) & (rows.op == r["op"])]
         if (part.p90_ms > part.p10_ms).any():
             r["coverage_80"] = round(coverage(part), 3)
+        if r["predictor"] in LEARNED and cls_of[r["op"]] not in learned_classes(r["predictor"], bundle):
+            r["fallback"] = FALLBACK[r["predictor"]]  # a class these weights have no model of
+            fallback.setdefault(r["predictor"], set()).add(cls_of[r["op"]])
+    for name, classes in fallback.items():
+        warnings.warn(f"these weights have no {name} model for {', '.join(sorted(classes))}: "
+                      f"{name}'s rows of it are the {FALLBACK[name]} model's (marked fallback)")
+    _note_in_sample(frame, bundle, names)
     return out
+
+
+def _note_in_sample(frame: pd.DataFrame, bundle, names) -> None:
+    """A note when the weights trained on NeuSight's softmax and layer-norm test rows
+    (kit.predict.training.training_frame) and the scored rows hold those classes on a GPU
+    trained on: scored on NeuSight's test files, those rows are in-sample."""
+    n = int((bundle.manifest.get("test_rows_trained_on") or 0) if bundle is not None else 0)
+    if not n or not set(LEARNED) & set(names):
+        return
+    hit = frame[frame.op_class.isin(["softmax", "layernorm"]) & frame.gpu.isin(bundle.train_gpus)]
+    if len(hit):
+        warnings.warn(f"these weights trained on {n} softmax and layer-norm rows of NeuSight's test "
+                      f"files, of {', '.join(sorted(hit.gpu.unique()))}: scored on those files, "
+                      "these GPUs' softmax and layernorm rows are in-sample")

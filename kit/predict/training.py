@@ -53,6 +53,8 @@ def training_frame(data_dir=None, gpus=None, test_rows: bool = True) -> pd.DataF
     trained = set(collect.gpu[collect.op_class.isin(MODELLED)].dropna().unique())
     parts = [collect]
     for name in VECTOR_FILES + (TEST_ROW_FILES if test_rows else ()):
+        if (root / name).exists() and not (root / name).is_file():
+            raise KitError(f"{root / name} is a folder, not a measurement CSV")
         if (root / name).is_file():
             rows = load_measurements(root / name)
             split = "test" if name in TEST_ROW_FILES else "train"  # not from the folder's name

@@ -39,8 +39,47 @@ class Bundle:
         return list(self.manifest.get("train_gpus", []))
 
 
+def check_weights_folder(out_dir: str | Path) -> Path:
+    """KitError unless out_dir can take a weights bundle: a folder still to be made (under one
+    that can be written), an empty one, or one holding kit weights alone, which are replaced (as
+    `kit train` reproduces the shipped ones). Anything else there is the user's and is not
+    written over. Nothing is created: a training that fails leaves no folder behind."""
+    import os
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise KitError(f"weights folder {out} is a file; give a folder")
+    if out.is_dir():
+        others = sorted(p.name for p in out.iterdir() if p.name not in (TENSORS_FILE, MANIFEST_FILE))
+        if others:
+            shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            raise KitError(f"weights folder {out} holds other files ({shown}); give a new or empty "
+                           f"folder, or one holding kit weights alone")
+        for name in (TENSORS_FILE, MANIFEST_FILE):
+            if (out / name).exists() and not (out / name).is_file():
+                raise KitError(f"{out / name} is a folder; the weights cannot be written there")
+        if (out / MANIFEST_FILE).exists() or (out / TENSORS_FILE).exists():
+            try:
+                fmt = json.loads((out / MANIFEST_FILE).read_text()).get("format")
+            except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+                fmt = None
+            if fmt != FORMAT:
+                raise KitError(f"{out} holds a {MANIFEST_FILE} or {TENSORS_FILE} that is not kit "
+                               f"weights; it is not written over: give another folder")
+    base = out
+    while not base.exists():  # the nearest folder that exists must take the new ones
+        base = base.parent
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        raise KitError(f"cannot write the weights folder {out}: {base} is not a writable folder")
+    return out
+
+
 def save_bundle(bundle: Bundle, out_dir: str | Path) -> Path:
-    """Write model.safetensors and manifest.json into out_dir (created if needed)."""
+    """Write model.safetensors and manifest.json into out_dir (created if needed), each to a
+    temporary name first and then renamed, so a failed write leaves the old files whole."""
+    import os
+
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -67,9 +106,18 @@ def save_bundle(bundle: Bundle, out_dir: str | Path) -> Path:
             parts["mlp"]["classes"][cls] = meta
     parts["li"] = {"coefs": bundle.li.coefs}
     manifest = {"format": FORMAT, "version": VERSION, **bundle.manifest, "parts": parts}
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / TENSORS_FILE))
-    (out / TENSORS_FILE).chmod(0o644)  # safetensors writes 0600; weights are meant to be shared
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    tmp = {name: out / f".{name}.partial" for name in (TENSORS_FILE, MANIFEST_FILE)}
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp[TENSORS_FILE]))
+        tmp[TENSORS_FILE].chmod(0o644)  # safetensors writes 0600; weights are meant to be shared
+        tmp[MANIFEST_FILE].write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        for name, path in tmp.items():
+            os.replace(path, out / name)
+    except (OSError, SafetensorError) as e:  # safetensors reports I/O as its own error
+        for path in tmp.values():
+            if path.is_file():
+                path.unlink()
+        raise KitError(f"cannot write the weights into {out}: {getattr(e, 'strerror', None) or e}") from None
     return out
 
 
