@@ -86,3 +86,21 @@ def test_shipped_weights_are_small_and_say_what_they_were_trained_on():
 
     out = get_predictor("auto").predict(OPS, "a100-pcie-80gb")
     assert (out.latency_ms >= out.roofline_ms).all()
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m["parts"]["tile"].__setitem__("transfer_sigma", "wide"), "transfer_sigma must map"),
+    (lambda m: m["parts"]["tile"]["transfer_sigma"].__setitem__("gemm", float("nan")),
+     "transfer_sigma must map"),
+    (lambda m: m["parts"]["tile"]["transfer_sigma"].__setitem__("gemm", -0.1), "transfer_sigma must map"),
+    (lambda m: m.__setitem__("train_gpus", "t4"), "train_gpus must be a list of GPU names"),
+])
+def test_refuses_a_manifest_with_a_bad_band_or_gpu_list(saved, tmp_path, edit, match):
+    _, out = saved
+    m = json.loads((out / MANIFEST_FILE).read_text())
+    m["parts"]["tile"].setdefault("transfer_sigma", {"gemm": 0.2})
+    edit(m)
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(m))
+    (tmp_path / TENSORS_FILE).write_bytes((out / TENSORS_FILE).read_bytes())
+    with pytest.raises(KitError, match=match):
+        load_bundle(tmp_path)

@@ -193,9 +193,26 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
         raise KitError(f"weights in {folder} do not match their manifest ({type(e).__name__}: "
                        f"{str(e).splitlines()[0][:200]})") from None
     info = {k: v for k, v in manifest.items() if k != "parts"}
+    _check_info(parts["tile"].get("transfer_sigma", {}), info, folder / MANIFEST_FILE)
     tile = TilePredictor(chooser, models, parts["tile"].get("transfer_sigma", {}), info,
                          parts["tile"].get("band"))
     return Bundle(tile, li, mlp, info)
+
+
+def _check_info(sigma, info: dict, where: Path) -> None:
+    """KitError for a transfer σ that is not {op_class: finite number >= 0} (a string failed deep
+    inside, NaN dropped the band's coverage without a word) and for train_gpus that are not a
+    list of names ("t4" was read letter by letter)."""
+    import math
+
+    if not isinstance(sigma, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            for v in sigma.values()):
+        raise KitError(f"{where}: parts.tile.transfer_sigma must map op classes to finite numbers "
+                       f">= 0, got {sigma!r:.80}; retrain with `kit train`")
+    gpus = info.get("train_gpus", [])
+    if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
+        raise KitError(f"{where}: train_gpus must be a list of GPU names, got {gpus!r:.80}")
 
 
 def _li_coefs(coefs, where: Path) -> dict:
