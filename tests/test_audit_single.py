@@ -208,7 +208,7 @@ def test_validate_skips_a_label_it_cannot_predict(tmp_path, capsys):
     assert "1024 learned positions" in reasons[2048] and "positive" in reasons[0]
     assert r["overall"]["configs"] == 0
     rc, out, _ = _kit(capsys, "validate", "--labels", str(tmp_path))
-    assert rc == 0 and "no configuration could be predicted (2 skipped" in out
+    assert rc == 2 and "no configuration could be predicted (2 skipped" in out
     rc, _, err = _kit(capsys, "validate", "--labels", str(tmp_path), "--predictor", "nope")
     assert rc == 2 and "unknown predictor 'nope'" in err
     rc, _, err = _kit(capsys, "validate", "--labels", str(gpu / "gpt2-inf-0-1.json"))

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from cli_json import cli_error
 from kit.cli import main
 from kit.errors import KitError
 
@@ -18,13 +19,7 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KIT_CACHE", str(tmp_path / "cache"))
 
 
-def _err(capsys, *argv) -> str:
-    """The one error line of a command that must fail with exit 2."""
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert rc == 2, (out, err)
-    assert "Traceback" not in err and err.startswith("kit: error: ") and err.count("\n") == 1, err
-    return err
+_err = cli_error  # the one `kit: error:` line of a command that must fail
 
 
 def _kit_csv(path, **change):

@@ -19,9 +19,7 @@ MULTI_GPU = ("dp", "tp", "pp")
 def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dict:
     import json
 
-    import numpy as np
-
-    from kit.data.configs import parse_label_name
+    from kit.data.configs import label_e2e_ms, label_phase_ms, parse_label_name
     from kit.errors import KitError
     from kit.hardware import get_gpu
     from kit.workload.iteration import iteration
@@ -40,30 +38,33 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         raise KitError(f"no label files under {root} (expected <GPU>/<model>-<train|inf>-<seq>-<batch>.json)")
     configs, skipped = [], []
     for f in files:
+        label = f.relative_to(root).as_posix()  # the file as the user finds it under --labels
         try:
             lab = parse_label_name(f.stem, f)
             data = json.loads(f.read_text())
             if not isinstance(data, dict):
                 raise ValueError(f"expected a JSON object with e2e_latency, got {type(data).__name__}")
-            measured = float(data["e2e_latency"])
-            if not np.isfinite(measured) or measured <= 0:
-                raise ValueError(f"e2e_latency must be a positive number of ms, got {data['e2e_latency']!r}")
-            fwd, bwd = (_phase_ms(data, key) for key in ("fw_latency", "bwall_latency"))
+            measured = label_e2e_ms(data)  # the rules kit data summary --part labels applies
+            fwd, bwd = (label_phase_ms(data, key) for key in ("fw_latency", "bwall_latency"))
         except IsADirectoryError:
-            skipped.append({"file": str(f), "reason": "unreadable label: a folder, not a JSON file"})
+            skipped.append({"file": str(f), "label": label, "reason": "unreadable label: a folder, not a JSON file"})
             continue
         except OSError as e:
-            skipped.append({"file": str(f), "reason": f"unreadable label: {e.strerror or e}"})
+            skipped.append({"file": str(f), "label": label, "reason": f"unreadable label: {e.strerror or e}"})
             continue
         except UnicodeDecodeError:
-            skipped.append({"file": str(f), "reason": "unreadable label: binary data, not JSON text"})
+            skipped.append({"file": str(f), "label": label, "reason": "unreadable label: binary data, not JSON text"})
+            continue
+        except RecursionError:
+            skipped.append({"file": str(f), "label": label, "reason": "unreadable label: JSON nested too deep"})
             continue
         except (KitError, ValueError, KeyError, TypeError) as e:
-            skipped.append({"file": str(f), "reason": f"unreadable label: {e}"})
+            skipped.append({"file": str(f), "label": label, "reason": f"unreadable label: {e}"})
             continue
         option = lab["option"] if isinstance(lab["option"], str) else ""
         row = {"gpu": f.parent.name, "model": lab["model"], "mode": "train" if lab["mode"] == "train" else "inference",
-               "seq": lab["seq"], "batch": lab["batch"], "option": option, "measured_ms": measured}
+               "seq": lab["seq"], "batch": lab["batch"], "option": option, "measured_ms": measured,
+               "label": label}
         try:
             gpu = get_gpu(f.parent.name).key
         except KitError:
@@ -123,23 +124,6 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             "overall": {"configs": len(configs), **_scores(configs)}}
 
 
-def _phase_ms(data: dict, key: str) -> float | None:
-    """A label's optional phase time (fw_latency, bwall_latency): None when absent, else a finite
-    number of ms >= 0 (NeuSight writes 0 where a phase was not measured)."""
-    import math
-
-    if data.get(key) is None:
-        return None
-    value = data[key]
-    try:
-        ms = float(value)
-    except (TypeError, ValueError):
-        ms = -1.0
-    if isinstance(value, bool) or not (math.isfinite(ms) and ms >= 0):
-        raise ValueError(f"{key} must be a number of ms >= 0, got {value!r}")
-    return ms
-
-
 def _band(band, measured: float) -> dict:
     """The prediction's p10-p90 band and whether the measurement lies in it."""
     lo, hi = float(band[0]), float(band[1])
@@ -160,8 +144,20 @@ def run(args):
         from kit.hardware import load_gpu_file
 
         load_gpu_file(args.gpu_file)
-    return validate(args.labels, args.predictor,
-                    models=[m.strip() for m in args.models.split(",")] if args.models else None)
+    r = validate(args.labels, args.predictor,
+                 models=[m.strip() for m in args.models.split(",")] if args.models else None)
+    if not r["configs"]:  # nothing validated: list what was skipped and why, then fail
+        import json
+
+        from kit.cli import _json_default
+        from kit.errors import KitError
+
+        print(json.dumps(r, indent=2, default=_json_default) if args.json else text(r), flush=True)
+        if r["skipped"]:
+            raise KitError(f"no label under {args.labels} could be validated: all "
+                           f"{len(r['skipped'])} were skipped (listed above)")
+        raise KitError(f"no label under {args.labels} is of the chosen model(s) {args.models or ''}".rstrip())
+    return r
 
 
 def text(r) -> str:
@@ -185,7 +181,7 @@ def text(r) -> str:
         lines.append(f"overall: {100 * o['mean_ape']:.1f}% mean APE over {o['configs']} configs, "
                      f"{100 * o['band_coverage']:.0f}% of the measurements in their p10-p90 band")
     for s in r["skipped"]:
-        where = s.get("file") or f"{s['gpu']}/{s['model']}-{s['mode']}-{s['seq']}-{s['batch']}{'-' + s['option'] if s.get('option') else ''}"
+        where = s.get("label") or s.get("file") or f"{s['gpu']}/{s['model']}-{s['mode']}-{s['seq']}-{s['batch']}{'-' + s['option'] if s.get('option') else ''}"
         lines.append(f"skipped {where}: {s['reason']}")
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-CACHE_VERSION = "1"  # bump when a loader's output changes for the same input files
+CACHE_VERSION = "2"  # bump when a loader's output changes for the same input files
 
 
 def cache_dir() -> Path:

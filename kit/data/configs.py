@@ -19,13 +19,18 @@ import numpy as np
 import pandas as pd
 
 from kit.data.neusight import resolve_data_dir
-from kit.errors import KitError
+from kit.errors import KitError, one_line
 
 LABEL_NAME = re.compile(r"^(?P<model>[A-Za-z0-9_.]+)-(?P<mode>train|inf)-(?P<seq>\d+)-(?P<batch>\d+)"
                         r"(?:-(?P<option>[A-Za-z0-9_]+))?$")
 LABEL_COLUMNS = ["gpu", "device_dir", "model", "mode", "seq", "batch", "option", "num_gpus",
                  "num_layer", "e2e_latency_ms", "fw_latency_ms", "bwall_latency_ms", "path"]
 _GPUS_IN_OPTION = re.compile(r"^(?:dp|tp|pp)(\d+)")
+# The largest batch and seq a label's name may give, and their product (tokens). No whole-model
+# measurement comes near (NeuSight's labels: batch <= 16, seq <= 2048); beyond them the model's
+# tensors overflow int64 sizes and the capture fails with a torch error instead of a prediction.
+MAX_LABEL_BATCH = MAX_LABEL_SEQ = 2 ** 31
+MAX_LABEL_TOKENS = 2 ** 40
 
 
 def _read_json(path: Path):
@@ -33,8 +38,14 @@ def _read_json(path: Path):
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise KitError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    except UnicodeDecodeError:  # before ValueError, its base class
+        raise KitError(f"{path} is not JSON text (binary data, or not UTF-8)") from None
+    except (ValueError, RecursionError) as e:  # a 5,000-digit number, arrays nested too deep
+        raise KitError(f"{path} is not valid JSON: {one_line(e, with_type=False)}") from None
+    except IsADirectoryError:
+        raise KitError(f"{path} is a folder, not a JSON file") from None
     except OSError as e:
-        raise KitError(f"cannot read {path}: {e.strerror}") from None
+        raise KitError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def _device_key(name: str, where: Path) -> str:
@@ -52,11 +63,55 @@ def parse_label_name(stem: str, where: Path | None = None) -> dict:
     if not hit:
         raise KitError(f"label file {where or stem}: name must be "
                        "<model>-<train|inf>-<seq>-<batch>[-option]")
+    sizes = {}
+    for key, most in (("seq", MAX_LABEL_SEQ), ("batch", MAX_LABEL_BATCH)):
+        digits = hit[key].lstrip("0") or "0"
+        if len(digits) > len(str(most)) or int(digits) > most:  # no int() of a 5,000-digit name
+            shown = digits if len(digits) <= 30 else digits[:12] + "..." + digits[-6:]
+            raise KitError(f"label file {where or stem}: {key} {shown} is too large "
+                           f"(at most {most:,})")
+        sizes[key] = int(digits)
+    if sizes["seq"] * sizes["batch"] > MAX_LABEL_TOKENS:
+        raise KitError(f"label file {where or stem}: batch x seq = {sizes['batch'] * sizes['seq']:,} "
+                       f"tokens is too large (at most 2^40 = {MAX_LABEL_TOKENS:,})")
     option = hit["option"]
     many = _GPUS_IN_OPTION.match(option or "")
-    return {"model": hit["model"], "mode": hit["mode"], "seq": int(hit["seq"]),
-            "batch": int(hit["batch"]), "option": option if option else np.nan,
+    return {"model": hit["model"], "mode": hit["mode"], "seq": sizes["seq"],
+            "batch": sizes["batch"], "option": option if option else np.nan,
             "num_gpus": int(many.group(1)) if many else 1}
+
+
+def label_e2e_ms(data: dict) -> float:
+    """A label's e2e_latency: a finite number of ms > 0 (not a bool or a string); ValueError
+    saying what is wrong. kit validate and load_labels share the rule."""
+    if "e2e_latency" not in data:
+        raise ValueError("missing key e2e_latency (the measured ms)")
+    value = data["e2e_latency"]
+    if not _finite(value) or value <= 0:
+        raise ValueError(f"e2e_latency must be a positive number of ms, got {value!r}")
+    return float(value)
+
+
+def label_phase_ms(data: dict, key: str) -> float | None:
+    """A label's optional phase time (fw_latency, bwall_latency): None when absent or null, else
+    a finite number of ms >= 0 (NeuSight writes 0 where a phase was not measured); ValueError
+    saying what is wrong."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if not _finite(value) or value < 0:
+        raise ValueError(f"{key} must be a number of ms >= 0, got {value!r}")
+    return float(value)
+
+
+def _finite(value) -> bool:
+    """A JSON number (not a bool, a string or null) that is finite as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past float's range
+        return False
 
 
 def load_labels(data_dir: str | Path | None = None) -> pd.DataFrame:
@@ -72,11 +127,15 @@ def load_labels(data_dir: str | Path | None = None) -> pd.DataFrame:
                    if not isinstance(data, dict) or k not in data]
         if missing:
             raise KitError(f"label {f}: missing key(s) {', '.join(missing)}")
+        try:  # the rules kit validate skips a label by
+            e2e = label_e2e_ms(data)
+            fw, bwall = (label_phase_ms(data, k) for k in ("fw_latency", "bwall_latency"))
+        except ValueError as e:
+            raise KitError(f"label {f}: {e}") from None
         rows.append({"gpu": _device_key(f.parent.name, f), "device_dir": f.parent.name,
                      **parse_label_name(f.stem, f), "num_layer": _number(data, "num_layer", f),
-                     "e2e_latency_ms": _number(data, "e2e_latency", f),
-                     "fw_latency_ms": _number(data, "fw_latency", f),
-                     "bwall_latency_ms": _number(data, "bwall_latency", f), "path": str(f)})
+                     "e2e_latency_ms": e2e, "fw_latency_ms": np.nan if fw is None else fw,
+                     "bwall_latency_ms": np.nan if bwall is None else bwall, "path": str(f)})
     frame = pd.DataFrame(rows, columns=LABEL_COLUMNS)
     return frame.astype({"seq": "int64", "batch": "int64", "num_gpus": "int64", "num_layer": "Int64"})
 

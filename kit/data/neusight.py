@@ -89,10 +89,14 @@ def part_files(part: str, root: Path) -> list[Path]:
 
 def read_neusight_csv(path: Path) -> pd.DataFrame:
     """A NeuSight-format CSV as it is on disk (columns unrenamed); KitError when malformed."""
+    if Path(path).is_dir():  # e.g. a collect/<op>/p*/<GPU>.csv that is a folder
+        raise KitError(f"{path} is a folder, not a CSV file")
     try:
         head = pd.read_csv(path, nrows=0)
     except FileNotFoundError:
         raise KitError(f"file not found: {path}") from None
+    except OSError as e:  # unreadable (permissions, ...)
+        raise KitError(f"cannot read {path}: {e.strerror or e}") from None
     except pd.errors.EmptyDataError:
         raise KitError(f"{path} is empty (expected a NeuSight CSV with a header)") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
@@ -110,7 +114,12 @@ def read_neusight_csv(path: Path) -> pd.DataFrame:
         raise KitError(f"{_where(raw.assign(_file=str(path), _line=raw.index + 2), raw['OPName'].isna())}: "
                        "OPName is empty")
     for op in pd.unique(raw["OPName"]):
-        needed = [c for c in _required_dims(schema.op_info(str(op).strip())[0]) if c not in raw.columns]
+        try:
+            op_class = schema.op_info(str(op).strip())[0]
+        except KitError as e:  # name the first row of the unknown op
+            line = int(np.flatnonzero((raw["OPName"] == op).to_numpy())[0]) + 2
+            raise KitError(f"{path}:{line}: {e}") from None
+        needed = [c for c in _required_dims(op_class) if c not in raw.columns]
         if needed:
             raise KitError(f"{path}: {op} rows need column(s) {', '.join(needed)}; the file has "
                            f"{', '.join(map(str, raw.columns))}")
@@ -136,18 +145,45 @@ def _where(raw: pd.DataFrame, bad: pd.Series) -> str:
     return f"{raw['_file'].iloc[i]}:{raw['_line'].iloc[i]}"
 
 
+# Bounds on a measured shape, far past any real measurement (NeuSight's largest: a dimension of
+# 4,194,304 = 2^22, operands of 2^34 elements, a GEMM of 2^43.6 multiply-adds), that keep every
+# product the kit forms from the dimensions exact in int64 and float64 (a linear row's m = B*M,
+# element counts, FLOPs = 2 * MACs): one dimension <= 2^31, one operand <= 2^40 elements (4 TiB
+# in FP32), one op <= 2^53 multiply-adds.
+MAX_DIM = 2 ** 31
+MAX_ELEMENTS = 2 ** 40
+MAX_MACS = 2 ** 53
+
+
 def _int_column(raw: pd.DataFrame, col: str, rows: pd.Series, positive: bool = False) -> pd.Series:
     """Whole, non-negative numbers in col where rows is true, or positive ones (a shape's
-    dimensions: an op over 0 rows was never measured); KitError naming file:line."""
+    dimensions: an op over 0 rows was never measured), at most MAX_DIM; KitError naming
+    file:line and the column."""
     values = pd.to_numeric(raw[col], errors="coerce")
     low = values <= 0 if positive else values < 0
-    bad = rows & (values.isna() | (values != np.round(values)) | low)
+    huge = values > MAX_DIM
+    bad = rows & (values.isna() | (values != np.round(values)) | low | huge)
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
+        got = str(raw[col].iloc[i])
+        if huge.iloc[i]:
+            raise KitError(f"{_where(raw, bad)}: column {col!r} must be at most 2^31 = {MAX_DIM:,} "
+                           f"(no measured shape is that large), got {got!r}")
         what = "a positive" if positive else "a non-negative"
-        raise KitError(f"{_where(raw, bad)}: column {col!r} must hold {what} whole number, "
-                       f"got {str(raw[col].iloc[i])!r}")
+        raise KitError(f"{_where(raw, bad)}: column {col!r} must hold {what} whole number, got {got!r}")
     return values.where(rows).astype("Int64")
+
+
+def _check_sizes(raw: pd.DataFrame, rows: pd.Series, sizes: list, most: int, unit: str) -> None:
+    """KitError naming file:line and the columns of the first row (of rows) where a size exceeds
+    most; sizes: [(what, columns, float Series), ...], each a product of columns."""
+    for what, columns, size in sizes:
+        bad = rows & (size > most)
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise KitError(f"{_where(raw, bad)}: {str(raw['OPName'].iloc[i]).strip()} row too large "
+                           f"to be a measurement: {what} = {size.iloc[i]:.4g} {unit} (at most "
+                           f"2^{most.bit_length() - 1}); check column(s) {', '.join(columns)}")
 
 
 def _map_unique(values: pd.Series, fn) -> pd.Series:
@@ -201,15 +237,42 @@ def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
     B = dim("B", is_gemm | is_vec | is_conv)
     M, N, K = (dim(c, is_gemm) for c in ("M", "N", "K"))
     H = dim("H", is_vec)
+    f = {name: col.astype("float64").fillna(0.0) for name, col in
+         (("B", B), ("M", M), ("N", N), ("K", K), ("H", H))}
+    # NeuSight's bmm is [B, M, N] @ [B, N, K]; its linear x [B*M, N] @ W [N, K]
+    _check_sizes(raw, is_gemm, [("B*M*N", "BMN", f["B"] * f["M"] * f["N"]),
+                                ("B*M*K", "BMK", f["B"] * f["M"] * f["K"])], MAX_ELEMENTS, "elements")
+    _check_sizes(raw, is_bmm, [("B*N*K", "BNK", f["B"] * f["N"] * f["K"])], MAX_ELEMENTS, "elements")
+    _check_sizes(raw, is_linear, [("N*K", "NK", f["N"] * f["K"])], MAX_ELEMENTS, "elements")
+    _check_sizes(raw, is_gemm, [("B*M*N*K", "BMNK", f["B"] * f["M"] * f["N"] * f["K"])], MAX_MACS,
+                 "multiply-adds")
+    _check_sizes(raw, is_vec, [("B*H", "BH", f["B"] * f["H"])], MAX_ELEMENTS, "elements")
     out["b"] = B.where(is_bmm | is_conv, pd.Series(1, index=raw.index, dtype="Int64").where(is_linear))
     out["m"] = M.where(is_bmm, (B * M).where(is_linear))
     out["k"] = N.where(is_gemm)
     out["n"] = K.where(is_gemm)
     out["rows"] = B.where(is_vec)
     out["cols"] = H.where(is_vec)
+    conv = {}
     for src, dst in _CONV_RENAMES.items():
         if src != "B" and src in raw.columns:
             out[dst] = _int_column(raw, src, is_conv)
+            conv[dst] = out[dst].astype("float64").fillna(0.0)
+    if is_conv.any():  # (read_neusight_csv made sure conv rows have every column)
+        k_col = "Kernel_Size" if "Kernel_Size" in raw.columns else "Kernel_Szie"  # as out reads it
+        b, cin, cout, k = f["B"], conv["in_channels"], conv["out_channels"], conv["kernel_size"]
+        side = conv["input_size"] + 2 * conv["padding"]  # no output side is larger
+        _check_sizes(raw, is_conv, [
+            ("B*Input_Channel*Input_Size^2", ("B", "Input_Channel", "Input_Size"),
+             b * cin * conv["input_size"] ** 2),
+            (f"Output_Channel*Input_Channel*{k_col}^2", ("Output_Channel", "Input_Channel", k_col),
+             cout * cin * k ** 2),
+            ("B*Output_Channel*(Input_Size+2*Padding)^2", ("B", "Output_Channel", "Input_Size", "Padding"),
+             b * cout * side ** 2)], MAX_ELEMENTS, "elements")
+        _check_sizes(raw, is_conv, [
+            (f"B*Output_Channel*Input_Channel*{k_col}^2*(Input_Size+2*Padding)^2",
+             ("B", "Output_Channel", "Input_Channel", k_col, "Input_Size", "Padding"),
+             b * cout * cin * k ** 2 * side ** 2)], MAX_MACS, "multiply-adds")
 
     for src, dst in _RENAMES.items():
         if src in raw.columns:

@@ -213,6 +213,12 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
                        f"expected the kit schema ({', '.join(HEADER[:6])}, ...) or NeuSight's "
                        f"({', '.join(NEUSIGHT_COLUMNS)}, ...)")
     raw = _read_schema_csv(path)
+    known = raw["op"].isin(list(schema.OPS))
+    if not known.all():  # name the line of the first op the schema lacks
+        i = int(np.flatnonzero(~known.to_numpy())[0])
+        op = raw["op"].iloc[i]
+        raise KitError(f"{path}:{i + 2}: " + ("op is empty" if pd.isna(op) else
+                       f"unknown op {op!r}: the schema knows {', '.join(schema.OPS)}"))
     if "op_class" not in raw or raw["op_class"].isna().any():
         info = schema.op_columns(raw["op"].astype("str"))
         for col in info:
