@@ -1,6 +1,7 @@
 """The verbs every face of the kit shares (CLI, notebooks, widgets), so all give the same answer."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kit.errors import KitError
@@ -254,6 +255,9 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
         raise KitError(f"train_gpus must be GPU names (\"P4,T4\" or a list of them), got {train_gpus!r}")
     _path_arg(out, "out (the weights folder)")
     seed, threads = _whole(seed, "seed", 0), _whole(threads, "threads", 1)
+    cores = os.cpu_count() or 1
+    if threads > cores:  # torch would oversubscribe the cores: far slower, never faster
+        raise KitError(f"threads {threads} is more than this machine's {cores} cores")
     if not isinstance(test_rows, bool):
         raise KitError(f"test_rows must be True or False, got {test_rows!r}")
     if not 0 <= seed < 2**63:

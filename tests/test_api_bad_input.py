@@ -33,6 +33,8 @@ BAD = [
     ("threads must be a whole number of at least 1",
      lambda: api.train_predictors("P4", "/tmp/w", threads=0)),
     ("seed must be a whole number from 0 to 2", lambda: api.train_predictors("P4", "/tmp/w", seed=2**70)),
+    ("threads 1000000 is more than this machine's",
+     lambda: api.train_predictors("P4", "/tmp/w", threads=10**6)),
     ("test_rows must be True or False",
      lambda: api.train_predictors("P4", "/tmp/w", test_rows="no")),
     ("micro-batches per replica", lambda: api.predict_multi_gpu(

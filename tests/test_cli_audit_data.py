@@ -7,6 +7,7 @@ import pytest
 
 from cli_json import cli_error
 from kit.cli import main
+from kit.data import load_measurements
 from kit.errors import KitError
 
 GOOD = {"num_layer": 24, "e2e_latency": 50.0, "fw_latency": 50.0, "bwall_latency": 0}
@@ -234,3 +235,12 @@ def test_unknown_op_in_a_kit_csv_names_file_and_line(tmp_path, capsys):
     (tmp_path / "k.csv").write_text("\n".join(lines) + "\n")
     err = _err(capsys, "data", "summary", "--file", tmp_path / "k.csv")
     assert "k.csv:3: unknown op 'frobnicate'" in err
+
+
+def test_a_test_path_that_is_no_file_and_an_empty_csv_say_so(capsys, tmp_path):
+    assert "is not a regular file or folder" in _err(capsys, "evaluate", "--test", "/dev/null")
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    assert "empty.csv is empty" in _err(capsys, "evaluate", "--test", empty)
+    with pytest.raises(KitError, match="empty.csv is empty"):
+        load_measurements(empty)

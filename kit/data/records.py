@@ -207,6 +207,8 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
         split = "test" if "test" in path.parts else "train"
         return from_neusight(read_neusight_csv(path), f"neusight:{path.name}", split)
     needed = ("op", "latency_ms")
+    if not any(c.strip() for c in header):
+        raise KitError(f"{path} is empty (expected a measurement CSV with a header)")
     if not all(c in header for c in needed):
         missing = [c for c in needed if c not in header]
         raise KitError(f"{path}: not a measurement CSV: missing column(s) {', '.join(missing)}; "

@@ -39,6 +39,8 @@ def load_test(path: str | Path) -> pd.DataFrame:
             raise KitError(f"no .csv test files in {path}")
     elif path.is_file():
         files = [path]
+    elif path.exists():
+        raise KitError(f"{path} is not a regular file or folder (expected a CSV or a folder of them)")
     else:
         raise KitError(f"test file or folder not found: {path}")
     frame = pd.concat([load_measurements(f) for f in files], ignore_index=True)
