@@ -235,11 +235,12 @@ def replay_trace(trace, on=None, et=None) -> dict:
     return replay(trace, on=on, et=et).to_dict()
 
 
-def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int = 2,
+def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int | None = None,
                      quick: bool = False, direct: bool = True, progress: bool = False,
                      command: str | None = None, test_rows: bool = True) -> dict:
     """Fit the learned predictors (tile-MLP, tile chooser, Li, direct MLP) on NeuSight's
-    measurements of train_gpus and write the weights + manifest to `out`. test_rows: also the
+    measurements of train_gpus and write the weights + manifest to `out` (threads: torch threads,
+    default two or the cores if fewer; at most the cores). test_rows: also the
     softmax and layer-norm rows of NeuSight's test files for those GPUs
     (kit.predict.training.training_frame); the manifest counts them (test_rows_trained_on)."""
     from kit.data import resolve_data_dir
@@ -254,8 +255,10 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     else:
         raise KitError(f"train_gpus must be GPU names (\"P4,T4\" or a list of them), got {train_gpus!r}")
     _path_arg(out, "out (the weights folder)")
-    seed, threads = _whole(seed, "seed", 0), _whole(threads, "threads", 1)
     cores = os.cpu_count() or 1
+    if threads is None:  # two, or the cores there are (a one-core Binder)
+        threads = min(2, cores)
+    seed, threads = _whole(seed, "seed", 0), _whole(threads, "threads", 1)
     if threads > cores:  # torch would oversubscribe the cores: far slower, never faster
         raise KitError(f"threads {threads} is more than this machine's {cores} cores")
     if not isinstance(test_rows, bool):

@@ -201,3 +201,12 @@ def test_evaluate_marks_classes_the_weights_lack_and_rows_they_trained_on(layout
     assert all("fallback" not in r for r in rows)
     assert any("2 softmax and layer-norm rows of NeuSight's test files, of t4" in str(w.message)
                and "in-sample" in str(w.message) for w in recwarn)
+
+
+def test_threads_default_to_two_or_the_cores_and_never_exceed_them(layout, tmp_path, monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 1)  # a one-core Binder
+    out = tmp_path / "w"
+    api.train_predictors("T4", str(out), data_dir=str(layout), quick=True, direct=False)
+    assert json.loads((out / "manifest.json").read_text())["threads"] == 1
+    with pytest.raises(KitError, match="threads 2 is more than this machine's 1 cores"):
+        api.train_predictors("T4", str(out), data_dir=str(layout), quick=True, threads=2)

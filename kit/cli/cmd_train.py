@@ -4,20 +4,22 @@ from kit.cli.outputs import nonempty
 
 
 def run(args):
+    import os
     import shlex
 
     from kit.api import train_predictors
     from kit.cli.outputs import output_path
 
     output_path(args.out, "--out", folder=True)
+    threads = args.threads or min(2, os.cpu_count() or 1)  # in the command: a rerun matches
     command = " ".join(["kit train", *(["--data", shlex.quote(str(args.data))] if args.data else []),
                         "--train-gpus", shlex.quote(args.train_gpus), "--out", shlex.quote(args.out),
-                        "--seed", str(args.seed), "--threads", str(args.threads),
+                        "--seed", str(args.seed), "--threads", str(threads),
                         *(["--quick"] if args.quick else []),
                         *(["--no-direct"] if args.no_direct else []),
                         *(["--no-test-rows"] if args.no_test_rows else [])])
     return train_predictors(args.train_gpus, args.out, data_dir=args.data, seed=args.seed,
-                            threads=args.threads, quick=args.quick, direct=not args.no_direct,
+                            threads=threads, quick=args.quick, direct=not args.no_direct,
                             test_rows=not args.no_test_rows, progress=not args.json, command=command)
 
 
@@ -36,7 +38,8 @@ def register(sub):
                    help="comma-separated GPUs to train on, e.g. P4,P100,T4,V100-PCIe-32GB,A100-PCIe-40GB")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the weights to")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads (default 2, or the cores if fewer; at most the cores)")
     p.add_argument("--quick", action="store_true", help="tiny settings (seconds; for checks)")
     p.add_argument("--no-direct", action="store_true", help="skip the direct-MLP baseline")
     p.add_argument("--no-test-rows", action="store_true",
