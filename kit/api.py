@@ -245,7 +245,8 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     (kit.predict.training.training_frame); the manifest counts them (test_rows_trained_on)."""
     from kit.data import resolve_data_dir
     from kit.data.fetch import NEUSIGHT_COMMIT
-    from kit.predict.training import QUICK, parse_gpu_list, train_bundle, training_frame
+    from kit.predict.training import (QUICK, default_threads, parse_gpu_list, train_bundle,
+                                      training_frame)
     from kit.predict.weights import check_weights_folder, save_bundle
 
     if isinstance(train_gpus, str):
@@ -255,10 +256,9 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     else:
         raise KitError(f"train_gpus must be GPU names (\"P4,T4\" or a list of them), got {train_gpus!r}")
     _path_arg(out, "out (the weights folder)")
+    seed = _whole(seed, "seed", 0)
+    threads = default_threads() if threads is None else _whole(threads, "threads", 1)
     cores = os.cpu_count() or 1
-    if threads is None:  # two, or the cores there are (a one-core Binder)
-        threads = min(2, cores)
-    seed, threads = _whole(seed, "seed", 0), _whole(threads, "threads", 1)
     if threads > cores:  # torch would oversubscribe the cores: far slower, never faster
         raise KitError(f"threads {threads} is more than this machine's {cores} cores")
     if not isinstance(test_rows, bool):

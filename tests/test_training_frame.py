@@ -106,12 +106,13 @@ def test_a_malformed_test_file_is_an_error_and_a_missing_one_is_skipped(layout):
 
 
 def test_the_manifest_counts_the_test_rows_trained_on(layout, tmp_path):
-    for test_rows, n in ((True, 2), (False, 0)):
+    # the layout's softmax rows: 2 collect + 1 large-shape, + 1 test row (and 1 layer-norm one)
+    for test_rows, n, softmax in ((True, 2, 4), (False, 0, 3)):
         out = tmp_path / f"w{n}"
         r = api.train_predictors("T4", str(out), data_dir=str(layout), quick=True, direct=False,
                                  test_rows=test_rows)
         m = json.loads((out / "manifest.json").read_text())
-        assert m["test_rows_trained_on"] == n and r["rows"]["softmax"] == 2 + n // 2 + 1
+        assert m["test_rows_trained_on"] == n and r["rows"]["softmax"] == softmax
         assert ("2 softmax and layer-norm rows of part test" in m["data_source"]) == test_rows
 
 

@@ -73,6 +73,7 @@ class WholeModelPanel(Panel):
                            f"({', '.join(DECODERS)}); {self._init['model']} is not one")
         check_mode(self._init["model"], mode if mode != "generate" else "decode")
         check_seq(self._init["model"], seq, self._after(mode, new_tokens))
+        self._wanted = {k: self._init[k] for k in ("mode", "seq", "dtype")}  # the reader's choices
         self.result = None
         super().__init__()
 
@@ -132,40 +133,39 @@ class WholeModelPanel(Panel):
         as soon as a model or GPU offers it again."""
         if getattr(self, "_narrowing", False):
             return
-        wanted = self.__dict__.setdefault("_wanted", {k: self._init[k] for k in ("mode", "seq", "dtype")})
         owner = change.get("owner") if isinstance(change, dict) else getattr(change, "owner", None)
-        for name in wanted:
-            if owner is not None and owner is getattr(self, name, None):
-                wanted[name] = change["new"]
+        for name in self._wanted:
+            if owner is getattr(self, name):
+                self._wanted[name] = change["new"]
         modes = self._modes(self.model.value)
-        mode = wanted["mode"] if wanted["mode"] in modes else (
-            self.mode.value if self.mode.value in modes else "inference")
+        mode = self._pick("mode", modes, "inference")
         seqs = self._seqs(self.model.value, mode, self.new_tokens.value)
         dtypes = self._dtypes(self.gpu.value)
-        dtype = wanted["dtype"] if wanted["dtype"] in dtypes else (
-            self.dtype.value if self.dtype.value in dtypes else "fp16" if "fp16" in dtypes else "fp32")
-        seq = wanted["seq"] if wanted["seq"] in seqs else (
-            self.seq.value if self.seq.value in seqs else max(seqs))
-        if (list(self.mode.options) != modes or list(self.seq.options) != seqs
-                or list(self.dtype.options) != dtypes or self.mode.value != mode
-                or self.seq.value != seq or self.dtype.value != dtype):
+        choices = {"dtype": (dtypes, self._pick("dtype", dtypes, "fp16" if "fp16" in dtypes else "fp32")),
+                   "mode": (modes, mode), "seq": (seqs, self._pick("seq", seqs, max(seqs)))}
+        if any(list(getattr(self, n).options) != opts or getattr(self, n).value != value
+               for n, (opts, value) in choices.items()):
             self._narrowing = True
             try:
-                if list(self.dtype.options) != dtypes:
-                    self.dtype.options = dtypes
-                self.dtype.value = dtype
-                if list(self.mode.options) != modes:
-                    self.mode.options = modes
-                self.mode.value = mode
-                if list(self.seq.options) != seqs:
-                    self.seq.options = seqs
-                self.seq.value = seq
+                for name, (opts, value) in choices.items():
+                    control = getattr(self, name)
+                    if list(control.options) != opts:
+                        control.options = opts
+                    control.value = value
             finally:
                 self._narrowing = False
         self.seq.disabled = not uses_seq(self.model.value)
         self.kv_cache.disabled = self.mode.value not in DECODING
         self.new_tokens.disabled = self.mode.value != "generate"
         super().refresh(change)
+
+    def _pick(self, name: str, options: list, fallback):
+        """The reader's choice of control `name` where options hold it, else the control's
+        current value, else fallback."""
+        for value in (self._wanted[name], getattr(self, name).value):
+            if value in options:
+                return value
+        return fallback
 
     def predict(self):
         """An Iteration (kit.workload.iteration) for one step or pass; for mode generate the

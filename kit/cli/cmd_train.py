@@ -4,14 +4,14 @@ from kit.cli.outputs import nonempty
 
 
 def run(args):
-    import os
     import shlex
 
     from kit.api import train_predictors
     from kit.cli.outputs import output_path
+    from kit.predict.training import default_threads
 
     output_path(args.out, "--out", folder=True)
-    threads = args.threads or min(2, os.cpu_count() or 1)  # in the command: a rerun matches
+    threads = args.threads or default_threads()  # named in the command, so a rerun matches
     command = " ".join(["kit train", *(["--data", shlex.quote(str(args.data))] if args.data else []),
                         "--train-gpus", shlex.quote(args.train_gpus), "--out", shlex.quote(args.out),
                         "--seed", str(args.seed), "--threads", str(threads),

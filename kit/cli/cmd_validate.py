@@ -17,9 +17,7 @@ MULTI_GPU = ("dp", "tp", "pp")
 
 
 def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dict:
-    import json
-
-    from kit.data.configs import label_e2e_ms, label_phase_ms, parse_label_name
+    from kit.data.configs import label_e2e_ms, label_phase_ms, parse_label_name, read_json
     from kit.errors import KitError
     from kit.hardware import get_gpu
     from kit.workload.iteration import iteration
@@ -41,23 +39,11 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         label = f.relative_to(root).as_posix()  # the file as the user finds it under --labels
         try:
             lab = parse_label_name(f.stem, f)
-            data = json.loads(f.read_text())
+            data = read_json(f)  # a folder, binary, malformed JSON: one KitError naming it
             if not isinstance(data, dict):
                 raise ValueError(f"expected a JSON object with e2e_latency, got {type(data).__name__}")
             measured = label_e2e_ms(data)  # the rules kit data summary --part labels applies
             fwd, bwd = (label_phase_ms(data, key) for key in ("fw_latency", "bwall_latency"))
-        except IsADirectoryError:
-            skipped.append({"file": str(f), "label": label, "reason": "unreadable label: a folder, not a JSON file"})
-            continue
-        except OSError as e:
-            skipped.append({"file": str(f), "label": label, "reason": f"unreadable label: {e.strerror or e}"})
-            continue
-        except UnicodeDecodeError:
-            skipped.append({"file": str(f), "label": label, "reason": "unreadable label: binary data, not JSON text"})
-            continue
-        except RecursionError:
-            skipped.append({"file": str(f), "label": label, "reason": "unreadable label: JSON nested too deep"})
-            continue
         except (KitError, ValueError, KeyError, TypeError) as e:
             skipped.append({"file": str(f), "label": label, "reason": f"unreadable label: {e}"})
             continue

@@ -33,7 +33,8 @@ MAX_LABEL_BATCH = MAX_LABEL_SEQ = 2 ** 31
 MAX_LABEL_TOKENS = 2 ** 40
 
 
-def _read_json(path: Path):
+def read_json(path: Path):
+    """A JSON file's content; one KitError naming the file when it cannot be read or parsed."""
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -122,7 +123,7 @@ def load_labels(data_dir: str | Path | None = None) -> pd.DataFrame:
         raise KitError(f"no label JSON files under {root / 'label'} (expected label/<GPU>/<model>-....json)")
     rows = []
     for f in files:
-        data = _read_json(f)
+        data = read_json(f)
         missing = [k for k in ("e2e_latency", "fw_latency", "bwall_latency", "num_layer")
                    if not isinstance(data, dict) or k not in data]
         if missing:
@@ -255,7 +256,7 @@ def load_model_configs(data_dir: str | Path | None = None) -> dict[str, dict]:
     files = sorted((root / "data" / "DLmodel_configs").glob("*.json"))
     if not files:
         raise KitError(f"no model configs under {root / 'data' / 'DLmodel_configs'}")
-    return {f.stem: _read_json(f) for f in files}
+    return {f.stem: read_json(f) for f in files}
 
 
 DEVICE_FIELDS = {"Dev_Mem": "memory_gb", "Mem_Bw": "mem_bw_gbs", "Num_Sm": "sm_count",
@@ -279,7 +280,7 @@ def load_device_configs(data_dir: str | Path | None = None) -> pd.DataFrame:
         raise KitError(f"no device configs under {root / 'data'}")
     rows = []
     for f in files:
-        data = _read_json(f)
+        data = read_json(f)
         if not isinstance(data, dict) or "Device" not in data:
             raise KitError(f"device config {f}: missing key 'Device'")
         try:

@@ -133,13 +133,13 @@ FALLBACK = {"tile": "wave", "habitat": "wave", "li": "roofline", "mlp": "rooflin
 
 
 def learned_classes(name: str, bundle) -> set:
-    """The op classes a learned predictor has a model for in bundle (the others fall back to
+    """The op classes a learned predictor (LEARNED) has a model for in bundle (the others fall back to
     FALLBACK[name]: the roofline, or the wave model, which is the roofline with whole waves)."""
     if name in ("tile", "habitat"):  # habitat's reference for kernels it has not measured
         return set(bundle.tile.models)
     if name == "mlp":
         return set(bundle.mlp.models) if bundle.mlp is not None else set()
-    return set(bundle.li.coefs) if name == "li" else set(CLASSES)
+    return set(bundle.li.coefs)
 
 
 def build_predictors(names, weights_dir=None, measurements: pd.DataFrame | None = None,

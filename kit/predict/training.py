@@ -88,6 +88,14 @@ def parse_gpu_list(text: str) -> list[str]:
     return list(dict.fromkeys(get_gpu(n).key for n in names))
 
 
+def default_threads() -> int:
+    """Torch threads for training when none are given: two, or the cores if fewer (a one-core
+    Binder)."""
+    import os
+
+    return min(2, os.cpu_count() or 1)
+
+
 SETTINGS = {"members": 3, "epochs": 16, "hidden": 64, "chooser_epochs": 8, "min_steps": 300}
 QUICK = {"members": 2, "epochs": 2, "hidden": 16, "chooser_epochs": 1, "min_steps": 60}
 
