@@ -19,7 +19,7 @@ The training rows are kit.predict.training.training_frame's: NeuSight's training
 softmax and layer-norm rows of its test files for the five training GPUs (never a held-out GPU's).
 --no-test-rows trains, and fits the leave-one-out models, without those test rows, so that no test
 shape is met on any GPU; with --weights it changes the leave-one-out models only, and the weights'
-manifest says what they were trained on (trained_on_test_rows). Habitat scales kernels of the
+manifest says what they were trained on (test_rows_trained_on). Habitat scales kernels of the
 training parts alone, either way.
 
 With --weights it scores those weights instead of training (the shipped ones: kit/predict/weights).
@@ -124,14 +124,14 @@ def main(argv=None):
     if args.weights:
         bundle = load_bundle(args.weights)
         result["training_seconds"] = bundle.manifest.get("training_seconds")
-        result["trained_on_test_rows"] = bundle.manifest.get("test_rows_trained_on", 0)
+        result["test_rows_trained_on"] = bundle.manifest.get("test_rows_trained_on", 0)
         result["weights"] = args.weights
     else:
         t0 = time.perf_counter()
         bundle = train_bundle(frame, DEFAULT_TRAIN_GPUS, seed=args.seed, threads=args.threads,
                               calibrate=True)
         result["training_seconds"] = round(time.perf_counter() - t0, 1)
-        result["trained_on_test_rows"] = int((frame.split == "test").sum())
+        result["test_rows_trained_on"] = int((frame.split == "test").sum())
     result["transfer_sigma"] = bundle.tile.transfer_sigma
     result["band_calibration"] = bundle.tile.band
     result["transfer_share"] = {g: round(bundle.tile.transfer_scale(g), 3) for g in HELD_OUT}

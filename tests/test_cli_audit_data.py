@@ -244,3 +244,14 @@ def test_a_test_path_that_is_no_file_and_an_empty_csv_say_so(capsys, tmp_path):
     assert "empty.csv is empty" in _err(capsys, "evaluate", "--test", empty)
     with pytest.raises(KitError, match="empty.csv is empty"):
         load_measurements(empty)
+
+
+def test_validate_names_a_malformed_label_once(tmp_path, capsys):
+    # the skip line named the label, then its reason repeated the absolute path
+    bad = tmp_path / "Tesla_T4" / "gpt2-inf-8-2.json"
+    _label(tmp_path, "gpt2-inf-8-1.json", GOOD)
+    bad.write_text("{bad")
+    out = _ok(capsys, "validate", "--labels", tmp_path)
+    (line,) = [x for x in out.splitlines() if x.startswith("skipped")]
+    assert line.startswith("skipped Tesla_T4/gpt2-inf-8-2.json: unreadable label:")
+    assert "not valid JSON" in line and str(tmp_path) not in line

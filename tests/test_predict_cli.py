@@ -102,3 +102,23 @@ def test_unknown_device_in_a_test_csv_is_refused(tmp_path, capsys):
     path.write_text(path.read_text().replace("Tesla T4", "Imaginary GPU 9000"))
     assert main(["evaluate", "--test", str(path), "--predictors", "roofline"]) == 2
     assert "Imaginary GPU 9000" in capsys.readouterr().err
+
+
+def test_evaluate_a_callers_frame_renumbers_repeats_and_names_missing_columns(tmp_path):
+    # two loaded frames concatenated repeat index labels: rows were paired by label with the
+    # wrong answers (pandas 'All arrays must be of the same length'); a frame without the
+    # measured latency was a KeyError
+    import pandas as pd
+
+    from kit.errors import KitError
+    from kit.predict.evaluate import evaluate, load_test
+
+    one = load_test(write_csv(tmp_path / "bmm.csv"))
+    single = evaluate(one, ["roofline"])
+    twice = evaluate(pd.concat([one, one]), ["roofline"])
+    assert [r["n"] * 2 for r in single] == [r["n"] for r in twice]
+    assert [r["mape"] for r in single] == [r["mape"] for r in twice]
+    with pytest.raises(KitError, match="lack column.*latency_ms"):
+        evaluate(one.drop(columns=["latency_ms"]), ["roofline"])
+    with pytest.raises(KitError, match="empty"):
+        evaluate(one.head(0), ["roofline"])

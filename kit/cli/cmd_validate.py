@@ -45,7 +45,9 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             measured = label_e2e_ms(data)  # the rules kit data summary --part labels applies
             fwd, bwd = (label_phase_ms(data, key) for key in ("fw_latency", "bwall_latency"))
         except (KitError, ValueError, KeyError, TypeError) as e:
-            skipped.append({"file": str(f), "label": label, "reason": f"unreadable label: {e}"})
+            msg = str(e)  # the file is named once, by the skip line, not again inside the reason
+            msg = "the file" + msg[len(str(f)):] if msg.startswith(str(f)) else msg
+            skipped.append({"file": str(f), "label": label, "reason": f"unreadable label: {msg}"})
             continue
         option = lab["option"] if isinstance(lab["option"], str) else ""
         row = {"gpu": f.parent.name, "model": lab["model"], "mode": "train" if lab["mode"] == "train" else "inference",

@@ -59,6 +59,19 @@ def load_test(path: str | Path) -> pd.DataFrame:
     return frame
 
 
+def _test_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """A caller's own frame of test rows (load_test's columns), checked and renumbered: rows
+    are matched to their predictions by index, so a repeated index label (two frames
+    concatenated) would pair a row with the wrong answers."""
+    missing = [c for c in (*VISIBLE, "latency_ms") if c not in frame.columns]
+    if missing:
+        raise KitError(f"test rows lack column(s) {', '.join(missing)} "
+                       f"(load them with kit.predict.evaluate.load_test)")
+    if frame.empty:
+        raise KitError("no test rows to score (the frame is empty)")
+    return frame.reset_index(drop=True)
+
+
 def visible_columns(frame: pd.DataFrame) -> pd.DataFrame:
     """Only what a predictor may see of a test row."""
     return frame[VISIBLE].copy()
@@ -170,7 +183,7 @@ def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
              data_dir=None) -> list[dict]:
     """Score predictors (names, default all) on test rows: summarise()'s list, plus coverage_80
     (the share of rows inside the p10-p90 band) for predictors that give a band."""
-    frame = test if isinstance(test, pd.DataFrame) else load_test(test)
+    frame = _test_frame(test) if isinstance(test, pd.DataFrame) else load_test(test)
     names = parse_predictors(predictors if isinstance(predictors, str) or predictors is None
                              else ",".join(predictors))
     if weights_dir is not None and not set(LEARNED) & set(names):  # else silently unused
