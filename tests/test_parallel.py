@@ -272,3 +272,55 @@ def test_llama_inline_shape_is_llama_style():
     plain = parse_model("gpt:layers=2,hidden=64,heads=4")
     assert not (off.gated or off.rope or plain.gated or plain.rope)
     assert off.params == plain.params
+
+
+def _comm_blocks(blocks):
+    return [b.comm for b in blocks if b.comm is not None]
+
+
+def test_lm_head_backward_reduces_its_data_gradient_over_tp():
+    # the logits GEMM is column-parallel: its data gradient is a partial sum over the TP ranks,
+    # all-reduced (reduce-scattered with sequence parallelism) before the final LayerNorm's
+    # backward; the analytic layer had no such collective (the op-graph path had)
+    from kit.parallel.costs import AnalyticSource
+
+    act = 2 * SPEC.seq * SPEC.hidden * 2  # micro-batch 2, fp16
+    plain = AnalyticSource(SPEC, Layout(tp=4, micro_batch=2, dtype="fp16"))
+    assert _comm_blocks(plain.head[1]) == [("allreduce", act, "tp")]
+    assert _comm_blocks(plain.embedding[0]) == [("allreduce", act, "tp")]
+    sp = AnalyticSource(SPEC, Layout(tp=4, micro_batch=2, dtype="fp16", sequence_parallel=True))
+    assert _comm_blocks(sp.head[1]) == [("reducescatter", act, "tp")]
+    assert _comm_blocks(sp.head[0])[0] == ("allgather", act, "tp")  # before the logits GEMM
+    assert _comm_blocks(sp.embedding[0]) == [("reducescatter", act, "tp")]
+    # with sequence parallelism the final LayerNorm runs on this rank's quarter of the tokens
+    ln = [op for blk in sp.head[1] for op in blk.ops if op.op_class == "layernorm"]
+    assert [op.rows for op in ln] == [2 * SPEC.seq // 4]
+    single = AnalyticSource(SPEC, Layout(tp=1, micro_batch=2, dtype="fp16"))
+    assert _comm_blocks(single.head[1]) == [] and _comm_blocks(single.embedding[0]) == []
+
+
+def test_dp_buckets_wait_for_their_layers_tp_collectives():
+    # each gradient bucket's all-reduce started after its layers' compute alone, with all the
+    # backward's TP all-reduces lumped after the last bucket, and the LM head's backward (which
+    # runs first) was counted in the last bucket
+    import re
+
+    from kit.hardware import get_system
+    from kit.parallel.build import build_iteration
+    from kit.sim import simulate
+
+    spec = GPTSpec(layers=8, hidden=2048, heads=16, seq=1024, vocab=32000, name="t")
+    lay = Layout(dp=2, tp=2, micro_batch=1, optimizer_step=False, dtype="fp16", bucket_bytes=20e6)
+    g, costs, _ = build_iteration(spec, lay, get_system("dgx-a100"), "roofline", NO_HOST)
+    tl = simulate(g).timeline()
+    tl = tl[tl["rank"] == 0]
+    name = tl.set_index("name")
+    buckets = sorted(int(m.group(1)) for n in tl.name if (m := re.fullmatch(r"B0 bucket (\d+)", n)))
+    assert len(buckets) > 2
+    for k in buckets:  # the bucket's TP collectives, then its DP all-reduce
+        tp_end = name.loc[f"B0 bucket {k} tp/ep comm", "end_ms"]
+        assert name.loc[f"B0 bucket {k}", "end_ms"] <= name.loc[f"B0 bucket {k} tp/ep comm", "start_ms"]
+        assert name.loc[f"dp allreduce bucket {k}", "start_ms"] >= tp_end - 1e-9
+    assert name.loc["B0 head", "end_ms"] <= name.loc["B0 bucket 0", "start_ms"]
+    tp_bwd = tl[tl.name.str.startswith("B0") & (tl.kind == "comm")]
+    assert (tp_bwd.end_ms - tp_bwd.start_ms).sum() == pytest.approx(costs[0].bwd.comm_ms, rel=1e-9)

@@ -91,6 +91,18 @@ def test_data_parallel_all_reduces_the_dense_gradient():
     assert d["output_alltoall_ms"] == 0 and d["input_alltoall_ms"] == 0
 
 
+def test_data_parallel_gradient_is_in_the_tables_dtype():
+    # the all-reduce was priced at 4 bytes per element whatever the table's dtype
+    def allreduce_ms(dtype):
+        tab = Table(rows=10**9, dim=32, pooling=2, name="small", dtype=dtype)
+        m = model_for([tab], memory_cap_bytes=1e15)
+        dp = next(o for o, opt in enumerate(m.options[0]) if opt.kind == "dp")
+        return m.describe([dp])["allreduce_ms"]
+
+    for dtype, nbytes in (("fp32", 4), ("fp16", 2), ("bf16", 2)):
+        assert allreduce_ms(dtype) == pytest.approx(0.02 + 2 * (nbytes * 10**9 * 32) / 100e9 * 1e3, rel=1e-4)
+
+
 def test_memory_cap_forces_big_tables_off_one_rank():
     big = Table(rows=10**8, dim=64, pooling=4, name="big")  # 25.6 GB of weights
     m = model_for([big], memory_cap_bytes=10e9)

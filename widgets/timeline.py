@@ -145,7 +145,7 @@ class TimelinePanel(Panel):
                 f"iteration {r['iteration_ms']:.1f} ms{band} · "
                 f"critical path: {parts} · stage {lay.stage_of(r['rank_breakdown']['rank'])} waits "
                 f"{r['rank_breakdown']['wait']:.1f} ms "
-                f"(ideal bubble {100 * r['ideal_bubble_fraction']:.0f}%) · peak memory "
+                f"(ideal bubble {100 * r['ideal_bubble_fraction']:.0f}% of the iteration) · peak memory "
                 f"{max(s['total_gib'] for s in r['memory_per_rank']):.1f} GiB/rank")
 
 

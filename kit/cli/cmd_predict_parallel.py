@@ -113,7 +113,7 @@ def text_parallel(r) -> str:
              + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else ""),
              "  critical path: " + ", ".join(f"{k} {b[k]:.2f} ms" for k in
                                              ("compute", "communication", "cpu", "wait") if b[k] > 0),
-             f"  ideal pipeline bubble {100 * r['ideal_bubble_fraction']:.1f}%; "
+             f"  ideal pipeline bubble {100 * r['ideal_bubble_fraction']:.1f}% of the iteration; "
              f"stage {stage_of(r['rank_breakdown']['rank'], lay['dp'], lay['tp'])} (rank {r['rank_breakdown']['rank']}) "
              f"waits {r['rank_breakdown']['wait']:.2f} ms",
              "  memory per rank (GiB):  stage  weights  grads  optimizer  activations  total"]

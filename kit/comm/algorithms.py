@@ -110,7 +110,8 @@ def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
         out.append(Plan("ring", ring_lat, w * slow + kap))
         if k == 1 and nvls and n > 2:
             out.append(Plan("nvls", base + s_in, w / b_ring + kap))
-        if k > 1:  # across the rails first, then inside each node (one after the other)
+        if k > 1:  # reduce-scatter inside each node first, then across the nodes on the 1/g
+            # each rank holds (all-gather: the reverse), one phase after the other
             out.append(Plan("hier-ring", base + (g - 1) * s_in + (k - 1) * s_net,
                             (g - 1) / g / b_ring + (k - 1) / k / b_net + kap))
     elif kind in ("broadcast", "reduce"):

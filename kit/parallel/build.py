@@ -205,31 +205,44 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
 
 def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp_group, grad_ops,
                        tag):
-    """The last backward of a chunk, split at gradient-bucket boundaries; each bucket's
-    all-reduce (ZeRO-1/2: reduce-scatter) starts on the comm stream when its layers are done."""
+    """The last backward of a chunk, in the order it runs: the LM head's backward (last chunk),
+    then the layers, split at gradient-bucket boundaries, each bucket its layers' compute and then
+    their TP/EP collectives on the compute stream, then the embedding's backward (first chunk).
+    Each bucket's all-reduce (ZeRO-1/2: reduce-scatter) starts on the comm stream when its layers,
+    collectives included, are done."""
     kind = "reducescatter" if lay.zero in (1, 2) else "allreduce"
     lu = host.launch_us / 1e3
     ph = cost.bwd
-    extra_ms = ph.compute_ms - sum(cost.layer_bwd_ms)  # embedding/head backward
-    buckets, acc_ms, acc_bytes = [], 0.0, 0.0
-    for t_ms, nbytes in zip(cost.layer_bwd_ms, cost.layer_grad_bytes):
-        acc_ms += t_ms
-        acc_bytes += nbytes
-        if acc_bytes >= lay.bucket_bytes:
-            buckets.append((acc_ms, acc_bytes))
-            acc_ms = acc_bytes = 0.0
-    buckets.append((acc_ms + extra_ms, acc_bytes))
-    rest_bytes = cost.params * (4 if lay.dtype == "fp32" else 2) - sum(b for _, b in buckets)
+    layer_comm = cost.layer_bwd_comm_ms or [0.0] * len(cost.layer_bwd_ms)
+    # the embedding's backward (and its comm): what the head and the layers leave
+    tail_ms = max(ph.compute_ms - sum(cost.layer_bwd_ms) - cost.head_bwd_ms, 0.0)
+    tail_comm_ms = max(ph.comm_ms - sum(layer_comm) - cost.head_bwd_comm_ms, 0.0)
+    buckets, acc = [], [0.0, 0.0, 0.0]  # [compute ms, comm ms, gradient bytes]
+    for t_ms, c_ms, nbytes in zip(cost.layer_bwd_ms, layer_comm, cost.layer_grad_bytes):
+        acc = [acc[0] + t_ms, acc[1] + c_ms, acc[2] + nbytes]
+        if acc[2] >= lay.bucket_bytes:
+            buckets.append(acc)
+            acc = [0.0, 0.0, 0.0]
+    buckets.append([acc[0] + tail_ms, acc[1] + tail_comm_ms, acc[2]])
+    rest_bytes = cost.params * (4 if lay.dtype == "fp32" else 2) - sum(b[2] for b in buckets)
     if rest_bytes > 0:  # embedding / head gradients travel in the last bucket
-        buckets[-1] = (buckets[-1][0], buckets[-1][1] + rest_bytes)
+        buckets[-1][2] += rest_bytes
     kernels_per_bucket = max(ph.kernels // len(buckets), 1)
     tail = -1
-    for k, (t_ms, nbytes) in enumerate(buckets):
+    if cost.head_bwd_ms > 0 or cost.head_bwd_comm_ms > 0:
+        launch = g.cpu(r, lu, label, kind="launch", tag=tag)
+        tail = g.gpu(r, "compute", cost.head_bwd_ms, f"{label} head", deps=(launch,) + tuple(deps),
+                     tag=tag)
+        deps = ()
+        if cost.head_bwd_comm_ms > 0:
+            tail = g.gpu(r, "compute", cost.head_bwd_comm_ms, f"{label} head tp comm", kind="comm",
+                         tag=tag)
+    for k, (t_ms, c_ms, nbytes) in enumerate(buckets):
         launch = g.cpu(r, kernels_per_bucket * lu, label, kind="launch", tag=tag)
         tail = g.gpu(r, "compute", t_ms, f"{label} bucket {k}", deps=(launch,) + tuple(deps), tag=tag)
         deps = ()
-        if k == len(buckets) - 1 and ph.comm_ms > 0:
-            tail = g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag)
+        if c_ms > 0:
+            tail = g.gpu(r, "compute", c_ms, f"{label} bucket {k} tp/ep comm", kind="comm", tag=tag)
         grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, nbytes, dp_group),
                               f"dp {kind} bucket {k}", kind="comm", deps=(tail,), tag=tag))
     return tail

@@ -64,6 +64,9 @@ class ChunkCost:
     bwd: Phase = field(default_factory=Phase)
     layer_bwd_ms: list = field(default_factory=list)  # per layer, backward order
     layer_grad_bytes: list = field(default_factory=list)  # per layer, backward order
+    layer_bwd_comm_ms: list = field(default_factory=list)  # per layer's TP/EP comm, backward order
+    head_bwd_ms: float = 0.0  # the LM head's backward compute (the last chunk's; it runs first)
+    head_bwd_comm_ms: float = 0.0
     params: float = 0.0
 
 
@@ -227,11 +230,12 @@ class AnalyticSource:
             if moe not in self.layer_blocks:
                 fwd = layer_forward(spec, b, lay.tp, lay.ep, lay.sequence_parallel, dt, layer)
                 self.layer_blocks[moe] = (fwd, [backward_of(blk) for blk in reversed(fwd)])
-        emb = embedding_forward(spec, b, lay.tp, dt)
+        sp = lay.sequence_parallel
+        emb = embedding_forward(spec, b, lay.tp, dt, sp)
         # the embedding's TP all-reduce has an identity backward (Megatron's
         # reduce_from_tensor_model_parallel_region)
         self.embedding = (emb, [backward_of(x) for x in emb if x.comm is None])
-        self.head = (head_forward(spec, b, lay.tp, dt), head_backward(spec, b, lay.tp, dt))
+        self.head = (head_forward(spec, b, lay.tp, dt, sp), head_backward(spec, b, lay.tp, dt, sp))
 
     def layer_key(self, layer: int) -> bool:
         return self.spec.is_moe(layer)
@@ -276,11 +280,13 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> l
             _accumulate(c.fwd, layer_cost(src.layer_key(layer), stage)[0])
         if vi == n_virtual - 1:
             coster.add(c.fwd, head[0], stage, gemm_factor=coster.head_factor)
-            coster.add(c.bwd, head[1], stage, gemm_factor=coster.head_factor)
+            c.head_bwd_ms = coster.add(c.bwd, head[1], stage, gemm_factor=coster.head_factor)
+            c.head_bwd_comm_ms = c.bwd.comm_ms
         for layer in reversed(layers):
             _, b, t = layer_cost(src.layer_key(layer), stage)
             _accumulate(c.bwd, b)
             c.layer_bwd_ms.append(t)
+            c.layer_bwd_comm_ms.append(b.comm_ms)
             c.layer_grad_bytes.append(spec.layer_params(layer) / lay.tp * grad_bytes)
         if vi == 0:
             coster.add(c.bwd, emb[1], stage)

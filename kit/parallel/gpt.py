@@ -345,32 +345,51 @@ def _merge(blocks: list[Block]) -> list[Block]:
     return out
 
 
-def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str) -> list[Block]:
+def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
+    """Vocab-parallel lookup, position add and dropout, then the TP reduction of the partial
+    embeddings: an all-reduce, or with sequence parallelism a reduce-scatter (Megatron's
+    reduce_scatter_embeddings), after which the dropout runs on this rank's tokens only."""
     tok = b * spec.seq
     v = padded_vocab(spec.vocab, tp) // tp
-    blocks = [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
-                                  ops.Elementwise("add", tok * spec.hidden, dtype),
-                                  ops.Dropout(tok * spec.hidden, dtype)])]
-    if tp > 1:
-        blocks.append(Block("embedding all-reduce",
-                            comm=("allreduce", tok * spec.hidden * ops.dtype_bytes(dtype), "tp")))
-    return blocks
+    act = tok * spec.hidden * ops.dtype_bytes(dtype)
+    if tp == 1:
+        return [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
+                                    ops.Elementwise("add", tok * spec.hidden, dtype),
+                                    ops.Dropout(tok * spec.hidden, dtype)])]
+    if sp:
+        rows = tok // tp if tok % tp == 0 else tok
+        return [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
+                                    ops.Elementwise("add", tok * spec.hidden, dtype)]),
+                Block("embedding reduce-scatter", comm=("reducescatter", act, "tp")),
+                Block("embedding dropout", [ops.Dropout(rows * spec.hidden, dtype)])]
+    return [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
+                                ops.Elementwise("add", tok * spec.hidden, dtype),
+                                ops.Dropout(tok * spec.hidden, dtype)]),
+            Block("embedding all-reduce", comm=("allreduce", act, "tp"))]
 
 
-def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str) -> list[Block]:
+def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
     """Final LayerNorm, the logits GEMM over this rank's (padded) vocabulary slice, and
     Megatron's vocab-parallel cross entropy (tensor_parallel/cross_entropy.py) on the logits cast
     to fp32: max, TP all-reduce of it, subtract, TP all-reduce of the target logit, exp, sum,
     TP all-reduce of the sum, divide (the softmax kept for backward). Each of its passes reads
-    and writes the whole [tokens, vocab/tp] fp32 tensor; the all-reduces move tokens x 4 bytes."""
+    and writes the whole [tokens, vocab/tp] fp32 tensor; the all-reduces move tokens x 4 bytes.
+    With sequence parallelism the LayerNorm runs on this rank's tokens and an all-gather of the
+    activations feeds the column-parallel logits GEMM."""
     tok = b * spec.seq
     v = padded_vocab(spec.vocab, tp) // tp
     n = tok * v
     ar = ("allreduce", tok * 4, "tp")
-    blocks = [Block("lm head", [ops.LayerNorm(tok, spec.hidden, dtype),
-                                ops.linear(tok, spec.hidden, v, dtype),
-                                ops.Elementwise("cast", n, dtype, inputs=2),
-                                ops.Elementwise("max", n, "fp32", inputs=1)]),
+    if sp and tp > 1:
+        rows = tok // tp if tok % tp == 0 else tok
+        first = [Block("final ln", [ops.LayerNorm(rows, spec.hidden, dtype)]),
+                 Block("sp all-gather", comm=("allgather", tok * spec.hidden * ops.dtype_bytes(dtype), "tp")),
+                 Block("lm head", [])]
+    else:
+        first = [Block("lm head", [ops.LayerNorm(tok, spec.hidden, dtype)])]
+    first[-1].ops += [ops.linear(tok, spec.hidden, v, dtype), ops.Elementwise("cast", n, dtype, inputs=2),
+                      ops.Elementwise("max", n, "fp32", inputs=1)]
+    blocks = [*first,
               Block("cross-entropy max all-reduce", comm=ar),
               Block("cross-entropy", [ops.Elementwise("sub", n, "fp32", inputs=1)]),
               Block("cross-entropy target all-reduce", comm=ar),
@@ -381,15 +400,24 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str) -> list[Block]:
     return _merge([blk for blk in blocks if blk.comm is None or tp > 1])
 
 
-def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str) -> list[Block]:
+def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
     """Cross-entropy backward (softmax - one-hot, scaled in place by the loss gradient, cast back
-    to the model dtype: two passes), then the logits GEMM's data and weight gradients and the
-    final LayerNorm's backward."""
+    to the model dtype: two passes), then the logits GEMM's data and weight gradients, the TP
+    reduction of the data gradient's partial sums (the column-parallel GEMM's f operator: an
+    all-reduce, or with sequence parallelism a reduce-scatter), and the final LayerNorm's
+    backward."""
     tok = b * spec.seq
     v = padded_vocab(spec.vocab, tp) // tp
     n = tok * v
     gemm = ops.linear(tok, spec.hidden, v, dtype)
-    ln = ops.LayerNorm(tok, spec.hidden, dtype)
-    return [Block("lm head bwd", [ops.Elementwise("mul", n, "fp32", inputs=1),
-                                  ops.Elementwise("cast", n, dtype, inputs=2), *_gemm_bwd(gemm), ln],
-                  [1.0, 1.0, 1.0, 1.0, BWD_FACTOR["default"]])]
+    rows = tok // tp if sp and tp > 1 and tok % tp == 0 else tok
+    ln = ops.LayerNorm(rows, spec.hidden, dtype)
+    blocks = [Block("lm head bwd", [ops.Elementwise("mul", n, "fp32", inputs=1),
+                                    ops.Elementwise("cast", n, dtype, inputs=2), *_gemm_bwd(gemm)],
+                    [1.0, 1.0, 1.0, 1.0])]
+    if tp > 1:
+        blocks.append(Block("lm head tp " + ("reducescatter" if sp else "allreduce"),
+                            comm=("reducescatter" if sp else "allreduce",
+                                  tok * spec.hidden * ops.dtype_bytes(dtype), "tp")))
+    blocks.append(Block("final ln bwd", [ln], [BWD_FACTOR["default"]]))
+    return _merge(blocks)

@@ -9,7 +9,11 @@ stage) on this stage (0 unless interleaved).
 * Interleaved 1F1B (Megatron-LM, Narayanan et al. SC'21): v chunks per stage; micro-batches
   go in groups of pp through chunk 0, then chunk 1, ...; warm-up (pp − s − 1)·2 + (v − 1)·pp.
 
-Bubble fraction of 1F1B/GPipe: (pp − 1) / m; interleaved: (pp − 1) / (v · m).
+Bubble: with equal stage times and free communication, GPipe and 1F1B idle (pp − 1) passes
+out of m + pp − 1, a share (pp − 1) / (m + pp − 1) of the iteration (bubble_fraction). Against
+the useful work alone that is (pp − 1) / m, the form Narayanan et al. quote. Interleaving
+divides the bubble by v: (pp − 1) / (v · m + pp − 1) of the iteration, (pp − 1) / (v · m) of
+the work.
 """
 from __future__ import annotations
 
@@ -69,7 +73,8 @@ def in_flight(kind: str, stage: int, pp: int, m: int, v: int = 1) -> int:
 
 
 def bubble_fraction(kind: str, pp: int, m: int, v: int = 1) -> float:
-    """Idle share of the pipeline in the ideal schedule (equal stage times, free comm)."""
+    """Idle share of the iteration in the ideal schedule (equal stage times, free comm):
+    (pp - 1) / (m + pp - 1), not the (pp - 1) / m of bubble time over useful work."""
     if kind == "interleaved":
         return (pp - 1) / (v * m + pp - 1)
     return (pp - 1) / (m + pp - 1)

@@ -131,7 +131,7 @@ class ShardingModel:
         tab, W, b = self.tables[t], self.world, self.batch
         out, idx = [], []
         if opt.kind == "dp":
-            return out, idx, 4.0 * tab.rows * tab.dim
+            return out, idx, dtype_bytes(tab.dtype) * tab.rows * tab.dim  # the gradient in the table dtype
         if opt.kind in ("tw", "cw"):
             d = tab.dim // len(opt.ranks)
             for r in opt.ranks:
