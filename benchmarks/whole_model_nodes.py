@@ -148,7 +148,7 @@ def compare(labels: Path, only: str = "") -> dict:
         in_layer = meta.str.contains(r"\.0'|\.0\.", regex=True) | raw["target"].astype(str).str.contains(r"\.0\.")
         weight = in_layer.map({True: layers, False: 1})
         mode = "train" if mode == "train" else "inference"
-        it = iteration(graph_of(key, int(batch), int(seq), mode, "fp32", None), gpu)
+        it = iteration(graph_of(key, int(batch), int(seq), mode, "fp32", None, loss=False), gpu)
         for op, target, m, fw, bw, acc, w in zip(raw["op"], raw["target"].astype(str), meta, raw["fw_latency"],
                                                  raw["bw_latency"], raw["acc_latency"], weight):
             cls = fx_class(op, target, m)

@@ -172,18 +172,21 @@ def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_ada
 
 def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | None = None,
                   dtype: str = "fp32", fusion: str = "eager", optimizer: str | None = None,
-                  predictor: str = "auto", overhead=None, inputs=None, kv_cache: str = "static"):
+                  predictor: str = "auto", overhead=None, inputs=None, kv_cache: str = "static",
+                  loss: bool = True):
     """Predict one training step or inference pass of a whole model on one GPU.
 
     model: a zoo name, an HF-style config dict, a "module:callable" path or an nn.Module
     (with `inputs`, a tuple or dict of example tensors, when it does not take input_ids).
+    loss: a language model's training step includes the cross-entropy over the vocabulary
+    (False: backward from the logits, as NeuSight's labels; kit validate).
     Returns a kit.workload.iteration.Iteration (total_ms, phases_ms, by_class(), top_kernels(),
     timeline, to_trace(), to_dict()).
     """
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of, memory_fit
 
-    graph = graph_of(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache)
+    graph = graph_of(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache, loss)
     it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
     it.meta["memory"] = memory_fit(it, gpu)  # a step that would not fit says so (it.fits)
     return it

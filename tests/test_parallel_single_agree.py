@@ -39,7 +39,8 @@ def _loss_ms(model: str, batch: int, seq: int, gpu) -> tuple[float, float]:
 @pytest.mark.parametrize("model,batch,seq", CONFIGS)
 def test_one_gpu_layout_agrees_with_single_gpu(model, batch, seq):
     gpu = get_system(SYSTEM).gpu
-    single = predict_model(model, gpu.key, mode="train", batch=batch, seq=seq, predictor="tile")
+    single = predict_model(model, gpu.key, mode="train", batch=batch, seq=seq, predictor="tile",
+                           loss=False)  # Megatron's loss is added below
     lay = Layout(micro_batch=batch, dtype="fp32", optimizer_step=False)
     multi = predict_parallel(parse_model(model, seq=seq), SYSTEM, lay, predictor="tile",
                              host=HostModel(), graph=True)
@@ -57,7 +58,7 @@ def test_isolated_times_are_what_made_them_disagree():
     above can tell the two costings apart."""
     model, batch, seq = CONFIGS[0]
     single = predict_model(model, get_system(SYSTEM).gpu.key, mode="train", batch=batch, seq=seq,
-                           predictor="tile")
+                           predictor="tile", loss=False)
     lay = Layout(micro_batch=batch, dtype="fp32", optimizer_step=False)
     iso = predict_parallel(parse_model(model, seq=seq), SYSTEM, lay, predictor="tile",
                            host=HostModel(), graph=True, in_stream=False)

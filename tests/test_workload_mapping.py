@@ -169,3 +169,86 @@ def test_a_gather_moves_the_rows_it_selects_not_its_whole_source(gather):
     index_bytes = 4 * 64 * 8 if node.aten == "aten.gather.default" else 4 * 8
     assert node.op.bytes == pytest.approx(2 * picked + index_bytes)
     assert node.op.bytes < 10_000 * 64 * 4 / 100  # a hundredth of the source, not all of it
+
+
+def test_a_small_broadcast_operand_is_read_once():
+    # (1, 1024, 256) bf16 = 0.5 MiB, on chip, broadcast over a batch of 8: read once, not free
+    class Half(_Add):
+        pass
+
+    x = torch.zeros(8, 1024, 256, dtype=torch.bfloat16)
+    op = _only(capture(Half((1, 1024, 256)), (x,), mode="inference", dtype="bf16"), "add")
+    n = 8 * 1024 * 256
+    assert op.bytes == pytest.approx(2 * n + 2 * n + 2 * 1024 * 256)  # x, y, the operand once
+
+
+class _Cast(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize("name,fn,in_dtype,in_b,out_b", [
+    # each input at its own element size, the output at its own: the kit took the first
+    # input's dtype for the pass and weighed inputs against the output's, so the sizes multiplied
+    ("_to_copy", lambda x: x.to(torch.bfloat16), torch.float32, 4, 2),   # was 2x
+    ("_to_copy", lambda x: x.to(torch.float32), torch.bfloat16, 2, 4),   # was 0.67x
+    ("lt", lambda x: x < 0.5, torch.float32, 4, 1),                      # was 4x
+    ("_to_copy", lambda x: x.to(torch.bool), torch.float32, 4, 1),
+])
+def test_elementwise_bytes_follow_each_tensors_own_dtype(name, fn, in_dtype, in_b, out_b):
+    x = torch.zeros(64, 4096, dtype=in_dtype)
+    op = _only(capture(_Cast(fn), (x,), mode="inference"), name)
+    assert op.bytes == pytest.approx(64 * 4096 * (in_b + out_b))
+
+
+def test_mixed_dtype_multiply_reads_both_inputs_at_their_sizes():
+    class Scale(nn.Module):  # an expert's bf16 output times an fp32 routing weight -> fp32
+        def forward(self, x, w):
+            return x * w
+
+    x, w = torch.zeros(512, 1024, dtype=torch.bfloat16), torch.zeros(512, 1024)
+    op = _only(capture(Scale(), (x, w), mode="inference"), "mul")
+    assert op.bytes == pytest.approx(512 * 1024 * (2 + 4 + 4))  # was half of it
+
+
+def test_a_fill_only_writes():
+    class Fill(nn.Module):
+        def forward(self, x):
+            return x.new_zeros(1024, 1024)
+
+    op = _only(capture(Fill(), (torch.zeros(4),), mode="inference"), "new_zeros")
+    assert op.bytes == pytest.approx(1024 * 1024 * 4)
+
+
+def test_embedding_bag_backward_zeroes_the_table_once_and_touches_the_looked_up_rows():
+    # the dense gradient: the (rows, dim) table zeroed once, then each index's row read-modify-
+    # written with its bag's gradient; it was costed at twice the table
+    rows, dim, bags, pooling = 100_000, 64, 256, 4
+    bag = nn.EmbeddingBag(rows, dim, mode="sum")
+    idx = torch.zeros(bags * pooling, dtype=torch.int64)
+    offsets = torch.arange(0, bags * pooling, pooling)
+    g = capture(bag, (idx, offsets), mode="train")
+    (node,) = [n for n in g.kernels() if "embedding_bag" in n.name() and n.phase == "bwd"]
+    table = rows * dim * 4
+    touched = 2 * bags * pooling * dim * 4
+    assert table + touched <= node.op.bytes <= table + touched + 8 * 8 * bags * pooling
+    assert node.op.bytes < 1.2 * table
+
+
+def test_slice_backward_zeroes_the_input_grad_and_copies_the_slice():
+    class Half(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(256, 1024))
+
+        def forward(self, x):
+            return (self.w * x)[:, :512]
+
+    g = capture(Half(), (torch.zeros(256, 1024),), mode="train")
+    ops = [n.op for n in g.kernels() if n.name() == "slice_backward"]
+    assert ops, [n.name() for n in g.kernels()]
+    assert ops[0].bytes == pytest.approx(256 * 1024 * 4 + 2 * 256 * 512 * 4)  # was 1.25x

@@ -143,7 +143,7 @@ def test_each_family_decodes_trains_and_replicates_its_layers(family):
     fast = zoo.graph_for(cfg, batch=2, seq=8, mode="train", disk=False)
     assert fast.meta.get("replicated_from") == 3
     model = zoo.build(cfg)
-    full = capture(model, model.example_inputs(2, 8), mode="train")
+    full = capture(model, model.example_inputs(2, 8), mode="train", loss=zoo.lm_loss(cfg["vocab_size"]))
     key = lambda g: [(n.aten, n.phase, n.module, n.op) for n in g]  # noqa: E731
     assert key(fast) == key(full)
 
@@ -192,7 +192,7 @@ def test_qwen_moe_makes_the_layers_hf_makes_dense_dense():
     lead = {**cfg, "num_hidden_layers": 6, "mlp_only_layers": [0, 1]}
     fast = zoo.graph_for(lead, batch=2, seq=8, mode="train", disk=False)
     model = zoo.build(lead)
-    full = capture(model, model.example_inputs(2, 8), mode="train")
+    full = capture(model, model.example_inputs(2, 8), mode="train", loss=zoo.lm_loss(lead["vocab_size"]))
     assert fast.meta.get("replicated_from") == 5
     assert [(n.aten, n.module, n.deps, n.op) for n in fast] == [(n.aten, n.module, n.deps, n.op) for n in full]
     with pytest.raises(KitError, match="num_experts_per_tok 8 is more than the 4 experts"):
@@ -233,7 +233,8 @@ def test_deepseek_v3_has_latent_attention_dense_first_layers_and_shared_experts(
         assert fast.meta.get("replicated_from") == 4
         m = zoo.build(DEEPSEEK)
         inputs = m.decode_inputs(2, 8) if mode == "decode" else m.example_inputs(2, 8)
-        full = capture(m, inputs, mode="inference" if mode == "decode" else mode)
+        full = capture(m, inputs, mode="inference" if mode == "decode" else mode,
+                       loss=zoo.lm_loss(DEEPSEEK["vocab_size"]))
         key = lambda graph: [(n.aten, n.phase, n.module, n.layer, n.deps, n.op) for n in graph]  # noqa: E731
         assert key(fast) == key(full), mode
         assert fast.meta["activation_bytes"] == full.meta["activation_bytes"]
@@ -254,7 +255,7 @@ def test_deepseek_stacks_short_of_the_replicated_size_and_hf_defaults():
         g = zoo.graph_for(short, batch=2, seq=8, mode=mode, disk=False)
         m = zoo.build(short)
         full = capture(m, m.decode_inputs(2, 8) if mode == "decode" else m.example_inputs(2, 8),
-                       mode="inference" if mode == "decode" else mode)
+                       mode="inference" if mode == "decode" else mode, loss=zoo.lm_loss(short["vocab_size"]))
         assert [(n.aten, n.module, n.op) for n in g] == [(n.aten, n.module, n.op) for n in full]
     six = {**DEEPSEEK, "num_hidden_layers": 6}
     fast = zoo.graph_for(six, batch=2, seq=8, mode="inference", disk=False)

@@ -30,6 +30,9 @@ def add_model_args(p):
     p.add_argument("--fusion", default="eager", choices=["eager", "compiled"])
     p.add_argument("--optimizer", default=None,
                    help="add an optimizer step to training: adamw, adamw-fused, adam, sgd")
+    p.add_argument("--no-loss", action="store_true",
+                   help="train: start the backward pass at a language model's logits, leaving out "
+                        "the cross-entropy over the vocabulary (as NeuSight's labels, kit validate)")
     p.add_argument("--predictor", default="auto", help="kernel predictor: auto, wave, roofline, ...")
     p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")
     p.add_argument("--overhead-trace", type=nonempty, metavar="KINETO.json",
@@ -64,6 +67,12 @@ def check_decode_args(args) -> None:
         raise KitError(f"--kv-cache goes with --mode decode or generate (got --mode {args.mode})")
     if args.mode == "generate" and args.optimizer:
         raise KitError("an optimizer step needs mode train (got mode generate)")
+    if getattr(args, "no_loss", False):
+        if args.mode != "train":
+            raise KitError(f"--no-loss goes with --mode train (got --mode {args.mode})")
+        if getattr(args, "system", None):
+            raise KitError("--no-loss is for one GPU (--gpu): a multi-GPU step (--system) runs "
+                           "Megatron's vocab-parallel cross entropy")
 
 
 def generation_text(r) -> str:
@@ -114,7 +123,7 @@ def run(args):
     it = predict_model(args.model, args.gpu, mode=args.mode, batch=args.batch, seq=args.seq,
                        dtype=args.dtype, fusion=args.fusion, optimizer=args.optimizer,
                        predictor=args.predictor, overhead=overhead_from(args),
-                       kv_cache=args.kv_cache or "static")
+                       kv_cache=args.kv_cache or "static", loss=not args.no_loss)
     out = it.to_dict()  # with its memory need (kit.api.predict_model)
     if args.trace:
         from kit.trace.perfetto import write_json
@@ -158,7 +167,9 @@ def text(r) -> str:
     lines = [f"{r['model']} {r['mode']} on {r['gpu']}: batch {r.get('batch')}, {seq}"
              f"{r.get('dtype')}, {r['fusion']}, predictor {r['predictor']}",
              f"  total     {r['total_ms']:.2f} ms" + (f"  {band.strip()}" if band else ""),
-             "  phases    " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["phases_ms"].items()),
+             "  phases    " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["phases_ms"].items())
+             + ("; the forward ends with the loss, cross-entropy over the vocabulary (--no-loss: "
+                "from the logits)" if r.get("loss") else ""),
              *([f"  decode    {r['batch']} new tokens a step (one per sequence): "
                 f"{r['tokens_per_s']:.1f} tokens/s; KV cache {r['kv_cache_bytes'] / 2**30:.2f} GiB"]
                if r.get("mode") == "decode" else []),

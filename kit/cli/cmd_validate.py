@@ -86,7 +86,8 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             skipped.append({**row, "reason": f"unknown option {option!r}"})
             continue
         try:  # one label the kit cannot predict (seq past the position table, ...) is skipped
-            graph = graph_of(model, lab["batch"], lab["seq"], row["mode"], "fp32", None)
+            graph = graph_of(model, lab["batch"], lab["seq"], row["mode"], "fp32", None,
+                             loss=False)  # NeuSight's labels: backward from the logits
             it = iteration(graph, gpu, predictor=predictor, fusion="compiled" if option == "fusion" else "eager")
         except KitError as e:
             skipped.append({**row, "reason": str(e)})

@@ -56,7 +56,7 @@ def capture_model(model, micro_batch: int, seq: int, dtype: str, fusion: str = "
     from kit.workload.fusion import apply_fusion
     from kit.workload.models import graph_of
 
-    graph = graph_of(model, micro_batch, seq, "train", dtype, None)
+    graph = graph_of(model, micro_batch, seq, "train", dtype, None, loss=False)  # Megatron's loss is added
     return apply_fusion(graph, fusion)
 
 

@@ -425,13 +425,16 @@ def _backward_root(output):
 
 
 def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=None,
-            dtype: str | None = None, name: str | None = None, meta: dict | None = None) -> OpGraph:
+            dtype: str | None = None, name: str | None = None, meta: dict | None = None,
+            loss=None) -> OpGraph:
     """Run `model` on meta tensors and record its ops.
 
     inputs: a tuple of positional inputs, or a dict of keyword inputs (tensors of any device:
     only their shapes and dtypes are used). dtype: cast parameters and floating inputs to
     "fp32" | "fp16" | "bf16" (None: keep the model's). optimizer: None, "adamw", "adamw-fused",
-    "adam", "sgd" or callable(params) (training only).
+    "adam", "sgd" or callable(params) (training only). loss: None (the backward starts from
+    the model's output) or callable(output tensor) -> the tensor to backpropagate from, recorded
+    as part of the forward pass in module "loss" (training only; kit.workload.zoo.lm_loss).
     """
     if not isinstance(model, torch.nn.Module):
         raise KitError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
@@ -489,6 +492,10 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         with grad_ctx, _GpuKernels(rec), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with _swapped(model, params, buffers), hf_compat.answered():
                 out = model(*args, **kwargs)
+            if train and loss is not None:
+                rec.stack.append("loss")
+                out = loss(_backward_root(out))
+                rec.stack.pop()
         if train:
             root = _backward_root(out)
             rec.phase = "bwd"

@@ -105,7 +105,7 @@ class Iteration:
                 "unknown_ops": self.meta.get("unknown_ops", {}),
                 **{k: self.meta[k] for k in ("batch", "seq", "dtype", "params", "param_bytes",
                                              "activation_bytes", "optimizer", "context",
-                                             "kv_cache", "kv_cache_bytes", "fast_path")
+                                             "kv_cache", "kv_cache_bytes", "fast_path", "loss")
                    if k in self.meta},
                 **({"memory": self.meta["memory"]} if "memory" in self.meta else {}),
                 **self._image(),

@@ -285,6 +285,21 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
         # zero the (num_weights, dim) gradient, then scatter-add every row of grad into it
         return memory_bound("embedding", num_weights * dim * dsize + 2 * nbytes(grad), dtype,
                             label=packet), "embedding", 2
+    if packet in ("_embedding_bag_backward", "_embedding_bag_dense_backward") and outs:
+        # like embedding_dense_backward: zero the (num_weights, dim) gradient once, then add each
+        # bag's gradient row into the row of every index in the bag (read it, read-modify-write
+        # the row); plus the index, offset and bag-size reads
+        grad, idx = args[0], args[1]
+        row = grad.shape[-1] * grad.element_size()
+        ints = sum(nbytes(t) for t in ins if not t.is_floating_point())
+        return memory_bound("embedding", nbytes(outs[0]) + 2 * idx.numel() * row + ints, dtype,
+                            label=packet), "embedding", 2
+    if packet in ("slice_backward", "select_backward", "nll_loss_backward") and outs:
+        # zero the input-sized gradient, then copy grad into its slice (or, for the NLL loss,
+        # write -grad/n at each row's target): write it, read and write grad, read the targets
+        ints = sum(nbytes(t) for t in ins if not t.is_floating_point())
+        return memory_bound("indexing", nbytes(outs[0]) + 2 * nbytes(args[0]) + ints, dtype,
+                            label=packet), "indexing", 2
     if packet in VISION_OPS:  # convolutions, batch/group norm, pooling, upsampling, im2col
         return map_vision(packet, args, ins, outs, dtype)
     if packet.startswith("_foreach_") or packet.startswith("_fused_adam") or packet == "_fused_sgd_":
@@ -318,7 +333,11 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
         return Derived("elementwise", (Elementwise("mul", n, dtype, inputs=2),), 2.5 / 3,
                        "glu backward"), "elementwise", 1
     if packet in ELEMENTWISE:
-        return _elementwise(ELEMENTWISE[packet], ins, outs, lead, dtype, mult), "elementwise", 1
+        # an elementwise pass is one sweep over its output: it is sized in the output's dtype,
+        # and each input weighs its own element size against it (input_streams): a cast
+        # fp32 -> bf16 reads 4 and writes 2 bytes an element, a comparison writes 1-byte bools
+        odtype, omult = kit_dtype(lead)
+        return _elementwise(ELEMENTWISE[packet], ins, outs, lead, odtype, omult), "elementwise", 1
     moved = sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs)
     return memory_bound("unknown", max(moved, 1), dtype, label=packet), "unknown", 1
 
@@ -355,20 +374,24 @@ def input_streams(ins, lead) -> float:
             continue
         if t.numel() >= lead.numel() or nbytes(t) >= BROADCAST_STREAM_BYTES:
             streams += t.element_size() / out_size
+        elif nbytes(t) >= 0.01 * nbytes(lead):  # kept on chip: read from DRAM once (a bias
+            streams += nbytes(t) / max(nbytes(lead), 1)  # row is too small to count)
     return streams
 
 
 def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float):
     numel = max(1, int(lead.numel() * mult))
-    if kind in ("fill",):
-        return Elementwise(kind, numel, dtype, inputs=1)  # no read; bytes ~ write + a little
+    if kind in ("fill",):  # no read: the learned one-input pass, at the bytes a write moves
+        return Derived("elementwise", (Elementwise(kind, numel, dtype, inputs=1),), 0.5, "fill (write only)")
     if kind == "copy" and len(ins) > 1:  # cat/stack: read every input once, write the output
         return Elementwise("copy", numel, dtype, inputs=1)
     streams = input_streams(ins, lead)
     n = max(1, round(streams))
     op = Elementwise(kind, numel, dtype, inputs=n)
-    if abs(streams - n) < 1e-6 or streams < 1:
+    if abs(streams - n) < 1e-6:
         return op
+    if streams == 0:  # nothing read from DRAM (scalar or on-chip inputs): a write, like a fill
+        return Derived("elementwise", (op,), 0.5, f"{kind} (write only)")
     # a narrower input (a bool mask): the learned n-input pass scaled by the bytes really moved
     return Derived("elementwise", (op,), (streams + 1) / (n + 1), f"{kind} ({streams:g} input streams)")
 

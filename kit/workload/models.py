@@ -85,16 +85,19 @@ def _inputs_for(module, batch: int, seq: int):
 
 
 def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
-             optimizer: str | None = None, inputs=None, kv_cache: str = "static"):
+             optimizer: str | None = None, inputs=None, kv_cache: str = "static", loss: bool = True):
     """The captured OpGraph of any supported model spec at one shape. `inputs` (a tuple or a dict
     of tensors, any device) overrides the example inputs of a module. kv_cache: a decode step's
-    cache, "static" or "dynamic" (kit.workload.kv_cache; the zoo's decoders)."""
+    cache, "static" or "dynamic" (kit.workload.kv_cache; the zoo's decoders). loss: a zoo or
+    HF-style language model's training step includes the cross-entropy over the vocabulary
+    (kit.workload.zoo.lm_loss); False backpropagates from the logits. A module of your own is
+    captured as its forward returns: return the loss to include it."""
     if isinstance(model, dict):
-        return _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache)
+        return _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache, loss)
     if isinstance(model, str) and model.lower().endswith(".json"):
-        return _zoo_graph(read_config(model), batch, seq, mode, dtype, optimizer, kv_cache)
+        return _zoo_graph(read_config(model), batch, seq, mode, dtype, optimizer, kv_cache, loss)
     if isinstance(model, str) and ":" not in model:
-        return _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache)
+        return _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache, loss)
     obj = load_callable(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else type(model).__name__
     import torch
@@ -113,7 +116,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         except Exception as e:
             raise KitError(f"model callable {name!r} failed: {one_line(e)}") from None
     if isinstance(obj, dict):
-        return _zoo_graph(obj, batch, seq, mode, dtype, optimizer)
+        return _zoo_graph(obj, batch, seq, mode, dtype, optimizer, loss=loss)
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
         obj, inputs = obj
     if not isinstance(obj, torch.nn.Module):
@@ -188,7 +191,7 @@ def _leading_dim(inputs) -> int:
     return 1
 
 
-def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static"):
+def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static", loss=True):
     """zoo.graph_for, refusing a sequence length for a model that reads none (DLRM)."""
     from kit.workload import zoo
 
@@ -196,7 +199,7 @@ def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static"):
     if seq is not None and reads is not None:
         name = model if isinstance(model, str) else model.get("name", model.get("model_type"))
         raise KitError(f"{name} reads no sequence ({reads}); give no seq (--seq; got {seq})")
-    return zoo.graph_for(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache)
+    return zoo.graph_for(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache, loss=loss)
 
 
 def memory_bytes(graph) -> dict:

@@ -293,11 +293,32 @@ def _code_stamp() -> str:
     return "-".join(str(int((here / n).stat().st_mtime)) for n in names if (here / n).exists())
 
 
+def lm_loss(vocab: int):
+    """The training loss of a language model, as HF's ForCausalLMLoss and a Megatron-free
+    training script compute it: the logits upcast to fp32, then cross-entropy (log-softmax and
+    the NLL mean) against integer labels. An output whose last dimension is not the vocabulary
+    (a pooled classifier, an encoder's hidden states) is returned as it is: no loss is made up."""
+    import torch
+    import torch.nn.functional as F
+
+    def loss(logits):
+        if logits.dim() < 2 or logits.shape[-1] != vocab:
+            return logits
+        flat = logits.float().reshape(-1, vocab)
+        labels = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)  # the batch's labels
+        return F.cross_entropy(flat, labels)
+
+    return loss
+
+
 def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str = "train",
               dtype: str = "fp32", optimizer: str | None = None, disk: bool | None = None,
-              kv_cache: str = "static"):
+              kv_cache: str = "static", loss: bool = True):
     """The captured OpGraph of a zoo model / config for one shape, cached. kv_cache: how a
-    decode step's cache grows, "static" or "dynamic" (kit.workload.kv_cache)."""
+    decode step's cache grows, "static" or "dynamic" (kit.workload.kv_cache). loss: a training
+    step of a language model ends its forward pass with the cross-entropy over the vocabulary
+    (lm_loss) and starts its backward there; False starts it at the logits, as NeuSight's
+    labels were measured (kit validate)."""
     _check_positive(batch=batch)
     if isinstance(model, dict):  # its sizes before a default seq is read off them
         _check_sizes(model.get("model_type", "gpt2"), model)
@@ -310,7 +331,8 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     check_mode(model, mode, optimizer, kv_cache)
     check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
     captured = f"decode:{kv_cache}" if mode == "decode" else mode
-    key = _key(model, batch, seq, captured, dtype, optimizer)
+    loss = bool(loss) and mode == "train"
+    key = _key(model, batch, seq, captured + (":loss" if loss else ""), dtype, optimizer)
     if key in _LRU:
         _LRU.move_to_end(key)
         return _LRU[key]
@@ -323,7 +345,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError):
             graph = None
     if graph is None:
-        graph = _capture(model, batch, seq, captured, dtype, optimizer)
+        graph = _capture(model, batch, seq, captured, dtype, optimizer, loss)
         if use_disk:
             _write(path, graph)
     graph.meta["cache_key"] = key  # kit.workload.latency_cache keys predictions on it
@@ -349,7 +371,7 @@ LAYER_KEYS = ("n_layer", "num_hidden_layers")  # families whose layers are all a
 REPLICABLE = {"gpt2", "bert", "opt", "deepseek_v3", *LLAMA_FAMILIES}
 
 
-def _capture(model, batch, seq, mode, dtype, optimizer):
+def _capture(model, batch, seq, mode, dtype, optimizer, loss=False):
     """Capture; for models of identical layers, capture three and repeat the middle one
     (kit.workload.replicate: the same graph, a fraction of the time)."""
     from kit.workload.capture import capture, capture_optimizer
@@ -361,6 +383,9 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
     n_layers = cfg.get("n_layer") or cfg.get("num_hidden_layers") or cfg.get("num_layers")
     meta = {"batch": batch, "seq": seq if uses_seq(cfg) else None,  # DLRM, CNNs read no sequence
             "config": cfg, "n_layers": n_layers}
+    vocab = cfg.get("vocab_size")
+    loss_fn = lm_loss(vocab) if loss and mode == "train" and isinstance(vocab, int) else None
+    meta["loss"] = "cross-entropy" if loss_fn is not None else None
     full = build(cfg)
     if mode.startswith("decode"):  # one new token per sequence, `seq` tokens in the KV cache
         from kit.workload.capture import TORCH_DTYPES
@@ -384,7 +409,7 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
             and n_layers > first + 3 and (optimizer is None or mode == "train")
             and len(caches) <= 1 and len(masks) <= 1):
         few = build({**cfg, layer_key: first + 3})
-        small = capture(few, inputs, mode=mode, dtype=dtype, name=name, meta=meta)
+        small = capture(few, inputs, mode=mode, dtype=dtype, name=name, meta=meta, loss=loss_fn)
         graph = expand_layers(small, n_layers, first)
         if graph is not None:
             per_layer = small.meta["saved_bytes_by_layer"].get(first + 1, 0)
@@ -401,7 +426,8 @@ def _capture(model, batch, seq, mode, dtype, optimizer):
             if optimizer is not None:
                 graph = _with_optimizer(graph, capture_optimizer(full, optimizer, dtype))
             return graph
-    return capture(full, inputs, mode=mode, optimizer=optimizer, dtype=dtype, name=name, meta=meta)
+    return capture(full, inputs, mode=mode, optimizer=optimizer, dtype=dtype, name=name, meta=meta,
+                   loss=loss_fn)
 
 
 def _with_optimizer(graph, opt_nodes):
