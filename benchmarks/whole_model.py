@@ -55,6 +55,11 @@ def accuracy(labels: Path, predictor: str) -> dict:
         # of measured steps inside it (the tile predictor's band aims at 80% per kernel)
         out[f"unseen_{mode}_band_coverage"] = _mean([float(c["in_band"]) for c in unseen
                                                      if c["mode"] == mode])
+        # the same over one-GPU labels only: the 4-GPU labels (options dp4, tp4, pp4_1) are
+        # predicted by the multi-GPU path and also reported on their own
+        one = [c["ape"] for c in unseen if c["mode"] == mode and not c.get("option", "").startswith(("dp", "tp", "pp"))]
+        out[f"unseen_{mode}_one_gpu_mean_ape"] = _mean(one)
+        out[f"unseen_{mode}_one_gpu_configs"] = len(one)
     out["unseen_max_ape"] = max((c["ape"] for c in unseen), default=None)
     out["unseen_over_15pct"] = sum(1 for c in unseen if c["ape"] > 0.15)
     out["unseen_worst"] = max(unseen, key=lambda c: c["ape"], default=None)

@@ -309,10 +309,6 @@ def test_neusight_device_configs_agree(gpus):
         if path.stem.endswith("_TP"):
             # A 2-way tensor-parallel pair of H100s: bandwidth (and memory, L2) are summed over 2 GPUs.
             bw = bw / 2
-        if cfg["Device"] == "AMD Instinct MI250":
-            # NeuSight describes one GCD (what ROCm exposes as a device); the catalog entry is the
-            # whole two-GCD package from the datasheet.
-            sms, bw = 2 * sms, 2 * bw
         if cfg["Device"] == "Tesla P4":
             # NeuSight counts 40 units of 64 lanes; GP104 has 20 SMs of 128 lanes. Same 2560 lanes.
             assert sms * cfg["Core_Per_SM"] == g.sm_count * g.fp32_lanes_per_sm, path.name

@@ -49,3 +49,21 @@ def test_cli_text_and_json_show_the_unsupported_row(capsys):
                "--mode", "inference", "--json"])
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert rc == 0 and [row["unsupported"] is None for row in rows] == [True, False]
+
+
+def test_a_step_that_does_not_fit_gets_a_time_but_no_cost(capsys):
+    # the cost per million tokens was printed for a step that needs more memory than the GPU has
+    import json
+
+    from kit.cli import main
+
+    assert main(["compare", "gpt2", "--gpus", "p4,h100-sxm", "--batch", "8", "--seq", "1024",
+                 "--price-per-hour", "p4=1,h100-sxm=1", "--json"]) == 0
+    rows = {r["gpu"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    p4, h100 = rows["p4"], rows["h100-sxm"]
+    assert not p4["fits"] and p4["step_ms"] > 0 and p4["cost_per_m_tokens"] is None
+    assert h100["fits"] and h100["cost_per_m_tokens"] == pytest.approx(
+        1 / 3600 * h100["step_ms"] / 1e3 / (8 * 1024) * 1e6)
+    assert main(["compare", "gpt2", "--gpus", "p4,h100-sxm", "--batch", "8", "--seq", "1024",
+                 "--price-per-hour", "p4=1,h100-sxm=1"]) == 0
+    assert "fits NO" in capsys.readouterr().out

@@ -324,3 +324,26 @@ def test_dp_buckets_wait_for_their_layers_tp_collectives():
     assert name.loc["B0 head", "end_ms"] <= name.loc["B0 bucket 0", "start_ms"]
     tp_bwd = tl[tl.name.str.startswith("B0") & (tl.kind == "comm")]
     assert (tp_bwd.end_ms - tp_bwd.start_ms).sum() == pytest.approx(costs[0].bwd.comm_ms, rel=1e-9)
+
+
+def test_activation_count_follows_gqa_gated_mlp_and_moe():
+    # Korthikanti et al.'s GPT count, written out for any layer (it was GPT's 34h a token for
+    # every model): replicated 10h; Q, K, V and the out-projection input; the MLP's inputs
+    from kit.parallel.memory import activation_bytes_per_layer
+
+    s, b, h, a, f = 2048, 1, 4096, 32, 14336
+    llama = GPTSpec(layers=2, hidden=h, heads=a, seq=s, vocab=1000, kv_heads=8, ffn=f, gated=True,
+                    name="l")
+    lay = Layout(micro_batch=b, dtype="bf16")
+    per_token = 10 * h + (2 * h + 2 * 2 * h * 8 / a + 2 * h) + 6 * f
+    assert activation_bytes_per_layer(llama, lay) == pytest.approx(s * b * per_token)
+    tp = Layout(micro_batch=b, dtype="bf16", tp=4)
+    assert activation_bytes_per_layer(llama, tp) == pytest.approx(s * b * (10 * h + (per_token - 10 * h) / 4))
+    moe = GPTSpec(layers=2, hidden=h, heads=a, seq=s, vocab=1000, kv_heads=8, ffn=f, gated=True,
+                  experts=8, topk=2, name="m")
+    dense_mlp, moe_mlp = 6 * f, 2 * (6 * f + 2 * h)
+    layer = next(i for i in range(2) if moe.is_moe(i))
+    assert activation_bytes_per_layer(moe, lay, layer) - activation_bytes_per_layer(llama, lay) == \
+        pytest.approx(s * b * (moe_mlp - dense_mlp))
+    gpt = GPTSpec(layers=2, hidden=h, heads=a, seq=s, vocab=1000, name="g", attention="unfused")
+    assert activation_bytes_per_layer(gpt, lay) == pytest.approx(s * b * h * (34 + 5 * a * s / h))

@@ -115,7 +115,7 @@ def register(sub):
     q.add_argument("collective", help="allreduce, reducescatter, allgather, broadcast, reduce, alltoall, sendrecv")
     q.add_argument("--bytes", help="nccl-tests size in bytes (1e9, 64M)")
     q.add_argument("--sizes", help="a sweep instead: MIN:MAX[:FACTOR] or a comma list")
-    q.add_argument("--system", default="dgx-h100", help="preset (see `kit systems`)")
+    q.add_argument("--system", default="dgx-h100", help="preset (see `kit systems`; default dgx-h100)")
     q.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")
     q.add_argument("--network", help="inter-node network (ib-hdr, ib-ndr, roce-400g, ...)")
     q.add_argument("--ranks", help="a count (8) or a comma list of global ranks (0,1,8,9); default all")

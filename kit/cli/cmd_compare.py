@@ -154,10 +154,12 @@ def gpu_row(gpu, step_ms: float, band_ms, items: float, unit: str, mem: dict, pr
     """One GPU's row: a step of `items` tokens or samples in step_ms, its memory need against the
     GPU's, energy at TDP and, where a price is given, the cost per million items."""
     step_s = step_ms / 1e3
-    cost = prices[gpu.key] / 3600 * step_s / items * 1e6 if gpu.key in prices else None
+    fits = mem["total_bytes"] <= gpu.memory_bytes
+    # a step that does not fit has a time (what it would take) but no price: it cannot be bought
+    cost = prices[gpu.key] / 3600 * step_s / items * 1e6 if gpu.key in prices and fits else None
     return {"gpu": gpu.key, "step_ms": step_ms, "band_ms": list(band_ms),
             f"{unit}_per_s": items / step_s, "memory_need_gib": mem["total_bytes"] / 2**30,
-            "memory_gib": gpu.memory_gib, "fits": mem["total_bytes"] <= gpu.memory_bytes,
+            "memory_gib": gpu.memory_gib, "fits": fits,
             "energy_j_per_step": gpu.tdp_w * step_s, "tdp_w": gpu.tdp_w,
             f"energy_j_per_m_{unit}": gpu.tdp_w * step_s / items * 1e6,
             "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": cost,
@@ -218,6 +220,9 @@ def text(r) -> str:
                      f"{'yes' if row['fits'] else 'NO':>5} {row['energy_j_per_step']:>9.1f} "
                      f"{('-' if cost is None else f'{cost:.3f}'):>12}"
                      + (f"  max batch {row['max_batch']:,}" if "max_batch" in row else ""))
+    if any(not row["unsupported"] and not row["fits"] for row in r["rows"]):
+        lines.append("fits NO: the step needs more memory than the GPU has; its time is what it "
+                     "would take, and it gets no cost (a smaller batch, bf16 or more GPUs)")
     return "\n".join(lines)
 
 

@@ -24,8 +24,9 @@ def add_model_args(p):
                    "or HF's DynamicCache, concatenated each step")
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--seq", type=positive_int, default=None, help="sequence length, or with --mode "
-                   "decode the tokens in the KV cache (default: a zoo model's own; 512 for a config "
-                   "or module, or the config's position table if shorter)")
+                   "decode the tokens in the KV cache, or with --mode generate the prompt (default: a "
+                   "zoo model's own; 512 for a config or module, or the config's position table if "
+                   "shorter; a 512-token prompt for generate)")
     p.add_argument("--dtype", default="fp32", choices=MODEL_DTYPES)
     p.add_argument("--fusion", default="eager", choices=["eager", "compiled"])
     p.add_argument("--optimizer", default=None,

@@ -121,6 +121,9 @@ def text_parallel(r) -> str:
         flag = "" if s.get("fits", True) else "  > GPU memory!"
         lines.append(f"  {'':22}{s['stage']:>5}  {s['weights_gib']:7.2f}  {s['grads_gib']:5.2f}  "
                      f"{s['optimizer_gib']:9.2f}  {s['activations_gib']:11.2f}  {s['total_gib']:5.2f}{flag}")
+    lines.append("  (Megatron's memory: mixed-precision Adam, 2 + 2 + 12 bytes a parameter (fp32: 4 + 4 + 8); "
+                 "activations by Korthikanti et al.'s count for its fused kernels, less than the "
+                 "eager graph's saved tensors `kit predict --gpu` counts)")
     lines.append(f"  simulated {r['simulated_ranks']} representative ranks, {r['ops']} ops, "
                  f"{r['seconds']:.2f} s; kernels from the {r['kernels_from']}")
     if r.get("kernel_costing"):

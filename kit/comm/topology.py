@@ -57,7 +57,7 @@ def _resolve_group(system: System, ranks) -> Group:
     elif isinstance(ranks, (int, np.integer)) and not isinstance(ranks, bool):
         if not 1 <= ranks <= world:
             raise KitError(f"ranks={ranks} does not fit {system.key}: it has {world} GPUs "
-                           f"({system.nodes} node(s) x {system.gpus_per_node}); use nodes= for more")
+                           f"({system.nodes} node(s) x {system.gpus_per_node}); use nodes= (--nodes) for more")
         chosen = tuple(range(int(ranks)))
     else:
         try:

@@ -6,7 +6,9 @@ variance) per parameter; fp32 training keeps 4 + 4 + 8. ZeRO-1 shards the optimi
 the DP ranks, ZeRO-2 also the gradients, ZeRO-3 (FSDP) also the weights.
 
 Activations per layer and micro-batch (Korthikanti et al., "Reducing Activation Recomputation in
-Large Transformer Models", 2022, Table 2), in bytes for 2-byte activations:
+Large Transformer Models", 2022, Table 2; activation_bytes_per_layer writes their count for
+grouped-query attention, gated MLPs and MoE layers too), in bytes for 2-byte activations, for
+their GPT layer:
 
     no recompute, TP only           s·b·h·(10 + 24/t + 5·a·s/(h·t))
     + sequence parallel             s·b·h·(34 + 5·a·s/h) / t
@@ -62,15 +64,34 @@ def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
     return n
 
 
-def activation_bytes_per_layer(spec: GPTSpec, layout: Layout) -> float:
+def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None = None) -> float:
+    """Korthikanti et al.'s count, per token in units of 2-byte activations, written for any
+    GPT-style layer (their GPT: kv = a heads, f = 4h, GeLU, dense):
+
+        replicated     10h: both norms' inputs (4h), both dropout masks (2h), the QKV and the
+                       first MLP GEMMs' inputs (2h + 2h)
+        attention/t    Q (2h), K and V (2h·kv/a each), the output projection's input (2h);
+                       flash attention keeps its output in place of the scores' inputs
+        MLP/t          4f (the activation's and the down GEMM's inputs), 6f when gated (the
+                       gate and up outputs, and their product); an MoE layer runs it for topk
+                       routed copies of each token, whose dispatched inputs add 2h·topk
+        scores/t       5·a·s (softmax output, its dropout mask and output), unless flash or
+                       selective recompute
+
+    so GPT's layer is s·b·h·(10 + 24/t + 5as/(ht)) as in their Table 2."""
     s, b, h, a, t = spec.seq, layout.micro_batch, spec.hidden, spec.heads, layout.tp
     scale = 2.0 if layout.dtype == "fp32" else 1.0  # the paper counts 2-byte activations
     if layout.recompute == "full":
         return scale * 2 * s * b * h / (t if layout.sequence_parallel else 1)
-    scores = 0.0 if (layout.recompute == "selective" or spec.attention == "flash") else 5 * a * s / h
+    kv = spec.kv_heads or a
+    attn = 2 * h + 4 * h * kv / a + 2 * h
+    mlp = (6 if spec.gated else 4) * spec.f
+    if layer is not None and spec.is_moe(layer):  # the router's input is the MLP input counted above
+        mlp = spec.topk * (mlp + 2 * h)
+    scores = 0.0 if (layout.recompute == "selective" or spec.attention == "flash") else 5 * a * s
     if layout.sequence_parallel:
-        return scale * s * b * h * (34 + scores) / t
-    return scale * s * b * h * (10 + 24 / t + scores / t)
+        return scale * s * b * (10 * h + attn + mlp + scores) / t
+    return scale * s * b * (10 * h + (attn + mlp + scores) / t)
 
 
 def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
@@ -84,13 +105,15 @@ def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
         weights = p * w_b / (dp if z >= 3 else 1)
         grads = p * g_b / (dp if z >= 2 else 1)
         optim = p * o_b / (dp if z >= 1 else 1)
-        per_layer = activation_bytes_per_layer(spec, layout)
-        layers_per_chunk = max(len(chunks[c * layout.pp + stage]) for c in range(layout.virtual_stages))
+        per_chunk = max(sum(activation_bytes_per_layer(spec, layout, layer)
+                            for layer in chunks[c * layout.pp + stage])
+                        for c in range(layout.virtual_stages))
         live = in_flight(layout.schedule, stage, layout.pp, layout.micro_batches,
                          layout.virtual_stages)
-        acts = per_layer * layers_per_chunk * live
+        acts = per_chunk * live
         if layout.recompute == "full":  # one layer is rematerialised in full during backward
-            acts += activation_bytes_per_layer(spec, layout.with_(recompute="none"))
+            acts += max(activation_bytes_per_layer(spec, layout.with_(recompute="none"), layer)
+                        for c in range(layout.virtual_stages) for layer in chunks[c * layout.pp + stage])
         if stage == layout.pp - 1:  # fp32 logits for the loss
             acts += layout.micro_batch * spec.seq * (spec.vocab / layout.tp) * 4
         total = weights + grads + optim + acts

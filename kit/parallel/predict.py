@@ -136,7 +136,8 @@ def _costing_note(coster, layout: Layout, captured: bool) -> str:
                 + (f" (each keeps the predictor's {1e3 * floor:.1f} us floor)" if floor > 0 else ""))
     if layout.world_size == 1 and captured and coster.in_stream:
         text += ("; one GPU: `kit predict --gpu` costs the same kernels and differs only by "
-                 "Megatron's loss (softmax over the vocabulary)"
+                 "the loss (Megatron's vocab-parallel cross entropy here, torch's log-softmax and "
+                 "NLL there)"
                  + (" and fused Adam step" if layout.optimizer_step else "")
                  + " here and its host costs (CpuOverhead there, --profile here)")
     elif layout.world_size == 1 and not captured:
