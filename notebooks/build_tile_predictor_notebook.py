@@ -195,7 +195,8 @@ network can only clamp to the edge of what it saw. The benchmark
 **How low could the error go?** Give the same model family every advantage: train it on the
 target GPU's *own* measured GEMMs (four in five shapes, kernel names included) and score it on
 the fifth. What it still cannot fit is noise in the measurements, or something the shape does not
-say. On the A100 80GB that floor is about 2%; on L4 it is about 14%, above the issue's 10% goal
+say. On the A100 80GB that floor is about 2%; on L4 it is about 14% in the quick fit below (15%
+with the benchmark's full five-fold fit, `benchmarks/tile_floor.py`), above the issue's 10% goal
 for any predictor. L4's own rows disagree with each other: below, the same 64×196×196 bmm runs
 faster with more batches (`benchmarks/tile_floor.py` counts such pairs on every GPU).
 
