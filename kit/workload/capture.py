@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from kit.errors import KitError, one_line
 from kit.workload import fast_path, hf_compat, rnn_capture
-from kit.workload.graph import Node, OpGraph
+from kit.workload.graph import Node, OpGraph, Region, new_tensor_id
 from kit.workload.mapping import map_op, nbytes, tensors
 
 MODES = ("train", "inference")
@@ -144,6 +144,33 @@ def _shape_text(ins) -> str:
     return "x".join("[" + ",".join(str(s) for s in t.shape) + "]" for t in ins[:4])
 
 
+# in-place ops that overwrite their first argument without reading it
+_OVERWRITES = {"copy_", "fill_", "zero_", "bernoulli_", "uniform_", "normal_", "random_",
+               "exponential_", "geometric_", "cauchy_", "log_normal_", "index_copy_"}
+
+
+def _accesses(func, packet: str, args, kwargs, ins: list) -> tuple[list, list]:
+    """(read, written): the tensors among an op's inputs (ins) whose values it reads (not its
+    out= arguments, nor the target an overwriting in-place op such as copy_ or fill_ writes
+    without reading), and those its schema says it writes in place (Tensor(a!): self of add_,
+    the lists of a _foreach_*_ op, which returns nothing)."""
+    written, unread = [], []
+    try:
+        schema = func._schema.arguments
+    except AttributeError:
+        schema = ()
+    for i, a in enumerate(schema):
+        if a.alias_info is not None and a.alias_info.is_write:
+            value = tensors(args[i] if i < len(args) else kwargs.get(a.name))
+            written += value
+            if a.is_out or (i == 0 and packet in _OVERWRITES):
+                unread += value
+    if not unread:
+        return ins, written
+    skip = {id(t) for t in unread}
+    return [t for t in ins if id(t) not in skip], written
+
+
 class _Recorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -161,6 +188,8 @@ class _Recorder(TorchDispatchMode):
         self.seq_path: dict[int, str] = {}
         self.param_path: dict[int, str] = {}
         self.failed: tuple | None = None  # (aten op, phase, module path, exception): the last failure
+        self.tensor_ids: dict = {}  # storage -> the id of the tensor it holds now (Region.tensor)
+        self.regions: dict = {}  # one Region object per distinct region (shared by its readers)
 
     def _path(self) -> str:
         if self.phase == "fwd":
@@ -196,6 +225,7 @@ class _Recorder(TorchDispatchMode):
         else:  # unrecorded (the optimizer's first step): forget what its outputs' storages held
             for t in tensors(out):
                 self.writers.pop(_storage_key(t), None)
+                self.tensor_ids.pop(_storage_key(t), None)
         return out
 
     def _record(self, func, args, kwargs, out):
@@ -210,7 +240,8 @@ class _Recorder(TorchDispatchMode):
             op, op_class, kernels = map_op(packet, args, {**named, **kwargs}, out)
         else:
             op, op_class, kernels = map_op(packet, args, kwargs, out)
-        self._add(name, op, op_class, kernels, ins, outs, self._path())
+        read, written = _accesses(func, packet, args, kwargs, ins) if op is not None else (ins, ())
+        self._add(name, op, op_class, kernels, ins, outs, self._path(), read, written)
 
     @contextmanager
     def muted(self):
@@ -238,23 +269,56 @@ class _Recorder(TorchDispatchMode):
         if self.recording:
             self._add(name, op, op_class, kernels, ins, outs, self._path() if path is None else path)
 
-    def _add(self, name, op, op_class, kernels, ins, outs, path):
+    def _region(self, t: torch.Tensor, key) -> Region:
+        """The Region of t: its storage's tensor id (a first sight, as of a parameter, an
+        input or an optimizer state, gets a negative one), its byte offset and its own bytes
+        (capped at the storage's)."""
+        tid = self.tensor_ids.get(key)
+        if tid is None:  # made by no recorded op: it outlives the step (negative id, Region)
+            tid = self.tensor_ids[key] = -new_tensor_id()
+        size, own = t.element_size(), nbytes(t)
+        try:
+            storage, offset = t.untyped_storage().nbytes(), t.storage_offset() * size
+        except (RuntimeError, NotImplementedError):  # no storage (as _storage_key)
+            storage, offset = own, 0
+        region = Region(tid, offset, min(own, storage), storage)
+        return self.regions.setdefault(region, region)
+
+    def _add(self, name, op, op_class, kernels, ins, outs, path, read=None, written=()):
+        """Record one node. read: the inputs whose values it reads (default all of ins; an
+        out= argument or the target of copy_/fill_ is written, not read); written: inputs it
+        writes in place, returned or not (only its tensor records see those: its dependencies
+        come from the storages of its outputs)."""
         deps = set()
         for t in ins:
             deps.update(self.writers.get(_storage_key(t), ()))
         nid = len(self.nodes)
+        kernel = op is not None
+        # tensor-level reads, before the outputs below give fresh storages new ids
+        reads = () if not kernel else tuple(dict.fromkeys(
+            self._region(t, _storage_key(t)) for t in (ins if read is None else read)
+            if t.device.type == "meta"))
         in_keys = {_storage_key(t) for t in ins}
+        writes = []
         for t in outs:
             key = _storage_key(t)
             if key not in in_keys:  # fresh storage (also from free ops: allocation, lift_fresh)
                 self.writers[key] = (nid,)
-            elif op is not None:  # an in-place or out= write into an input's storage
+                self.tensor_ids[key] = new_tensor_id()
+            elif kernel:  # an in-place or out= write into an input's storage
                 partial = t.numel() < t.untyped_storage().nbytes() // max(t.element_size(), 1)
                 self.writers[key] = (tuple(self.writers.get(key, ())) + (nid,)) if partial else (nid,)
             # a view aliases its input's storage: the writers stay the same
+            if kernel and t.device.type == "meta":
+                writes.append(self._region(t, key))
+        returned = {id(t) for t in outs}
+        for t in written:  # in place and not returned (a _foreach_*_ op's lists)
+            if id(t) not in returned and t.device.type == "meta":
+                writes.append(self._region(t, _storage_key(t)))
         self.nodes.append(Node(nid, name, op, op_class, self.phase, tuple(sorted(deps)), path,
-                               layer_of(path), sum(nbytes(t) for t in outs) if op is not None else 0,
-                               _shape_text(ins), kernels))
+                               layer_of(path), sum(nbytes(t) for t in outs) if kernel else 0,
+                               _shape_text(ins), kernels, reads=reads,
+                               writes=tuple(dict.fromkeys(writes))))
 
 
 class _GpuKernels(TorchFunctionMode):

@@ -7,8 +7,26 @@
   GEMM, the backward pass, the model's output). GEMMs and attention stay library kernels.
 
     fused bytes = Σ external inputs (each read once) + Σ external outputs
+
+counted at tensor level from the capture's records (Node.reads, Node.writes):
+
+* an external input is a distinct region of a tensor that members read and no earlier member
+  wrote: a slice of a GEMM output counts its own bytes (q and k of one q|k|v output: two
+  thirds of it), a whole tensor counts once however many members read it, and only the
+  outputs of a multi-output producer that the chain reads count (a dropout's y, not its mask);
+* an external output is a tensor a member wrote that a node outside the chain reads later (the
+  next kernel, the backward pass, the optimizer) or that no node reads after it (the model's
+  output), and any write into a tensor that outlives the step (a parameter or an optimizer
+  state updated in place: once, however many members update it). A member with several
+  outputs (native_dropout's y and mask, a layer norm's y, mean and rstd) is charged only those
+  that leave the chain.
+
+Graphs without records (built by hand) fall back to a node-level estimate from out_bytes and
+op.bytes.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from kit.errors import KitError
 from kit.workload.graph import Node, OpGraph, renumber
@@ -33,29 +51,86 @@ def _in_bytes(n: Node) -> float:
     return max(float(n.op.bytes) - n.out_bytes, 0.0)
 
 
-def _fused(group: list[Node], consumers: dict[int, list[int]], new_id: int, by_id: dict) -> Node:
+def _node_level(group: list[Node], consumers: dict[int, list[int]],
+                by_id: dict) -> tuple[float, float]:
+    """(ext_in, ext_out) from node-level bytes, for nodes without tensor records: each external
+    producer's whole output read once; reads of tensors no node produced (parameters, inputs)
+    are what a member reads beyond its deps; a member's whole output written if any node outside
+    reads it."""
     ids = {n.id for n in group}
-    # each external producer's output is read once, however many members read it; reads of
-    # tensors no node produced (parameters, inputs) are what a member reads beyond its deps
     producers = {d for n in group for d in n.deps if d not in ids}
     ext_in = sum(by_id[d].out_bytes for d in producers)
     ext_in += sum(max(_in_bytes(n) - sum(by_id[d].out_bytes for d in n.deps), 0.0) for n in group)
     ext_out = sum(n.out_bytes for n in group if not consumers[n.id] or
                   any(c not in ids for c in consumers[n.id]))
+    return ext_in, ext_out
+
+
+def _capped(regions: dict) -> float:
+    """Bytes of distinct regions, per tensor at most its storage's bytes."""
+    per: dict[int, list[int]] = {}
+    for r in regions:
+        acc = per.setdefault(r.tensor, [0, r.storage])
+        acc[0] += r.nbytes
+    return float(sum(min(b, cap) for b, cap in per.values()))
+
+
+def _tensor_level(group: list[Node], readers: dict[int, list[int]]) -> tuple[float, float]:
+    """(ext_in, ext_out) from the members' tensor records (the module docstring).
+    readers: tensor id -> ids of the nodes of the graph reading it, ascending."""
+    ids = {n.id for n in group}
+    written: set[int] = set()
+    ext_in: dict = {}
+    ext_out: dict = {}
+    for n in group:  # issue order: a tensor an earlier member wrote is read on chip
+        for r in n.reads:
+            if r.tensor not in written:
+                ext_in[r] = None
+        written.update(w.tensor for w in n.writes)
+    for n in group:
+        for w in n.writes:
+            later = [r for r in readers.get(w.tensor, ()) if r > n.id]
+            if w.tensor < 0 or not later or any(r not in ids for r in later):
+                ext_out[w] = None
+    return _capped(ext_in), _capped(ext_out)
+
+
+def _fused(group: list[Node], consumers: dict[int, list[int]], new_id: int, by_id: dict,
+           readers: dict[int, list[int]] | None = None) -> Node:
+    ids = {n.id for n in group}
+    recorded = readers is not None and all(n.writes for n in group)
+    ext_in, ext_out = (_tensor_level(group, readers) if recorded
+                       else _node_level(group, consumers, by_id))
     dtype = getattr(group[0].op, "dtype", "fp32")
     op = Derived("fused", (copy_of(max(ext_in + ext_out, 1.0), dtype),), 1.0,
                  "+".join(n.name() for n in group))
     deps = tuple(sorted({d for n in group for d in n.deps if d not in ids}))
     names = "+".join(dict.fromkeys(n.name() for n in group))
+    # the fused kernel reads what its members read from outside and writes what they wrote
+    written = {w.tensor for n in group for w in n.writes}
+    reads = tuple(dict.fromkeys(r for n in group for r in n.reads if r.tensor not in written))
+    writes = tuple(dict.fromkeys(w for n in group for w in n.writes))
     return Node(new_id, f"fused[{names}]", op, "fused", group[0].phase, deps, group[0].module,
                 group[0].layer, int(ext_out), group[0].shapes, 1,
-                tuple(m for n in group for m in (n.members or (n.id,))))
+                tuple(m for n in group for m in (n.members or (n.id,))), reads, writes)
+
+
+def _readers(kernels: OpGraph) -> dict[int, list[int]]:
+    """tensor id -> ids of the nodes reading it, ascending."""
+    out: dict[int, list[int]] = {}
+    for n in kernels.nodes:
+        for r in n.reads:
+            ids = out.setdefault(r.tensor, [])
+            if not ids or ids[-1] != n.id:
+                ids.append(n.id)
+    return out
 
 
 def fuse_chains(kernels: OpGraph) -> OpGraph:
     """Fuse runs of consecutive fusible kernels of one phase (see the module docstring)."""
     consumers = kernels.consumers()
     by_id = {n.id: n for n in kernels.nodes}
+    readers = _readers(kernels)
     out: list[Node] = []
     group: list[Node] = []
     remap: dict[int, int] = {}
@@ -66,7 +141,7 @@ def fuse_chains(kernels: OpGraph) -> OpGraph:
         if len(group) == 1:
             node = group[0]
         else:
-            node = _fused(group, consumers, group[0].id, by_id)
+            node = _fused(group, consumers, group[0].id, by_id, readers)
         for n in group:
             remap[n.id] = node.id
         out.append(node)
@@ -87,6 +162,5 @@ def fuse_chains(kernels: OpGraph) -> OpGraph:
     fixed = []
     for n in out:
         deps = tuple(sorted({remap[d] for d in n.deps if remap.get(d, d) != n.id}))
-        fixed.append(Node(n.id, n.aten, n.op, n.op_class, n.phase, deps, n.module, n.layer,
-                          n.out_bytes, n.shapes, n.kernels, n.members))
+        fixed.append(replace(n, deps=deps))
     return renumber(kernels, fixed, fusion="compiled")

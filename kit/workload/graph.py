@@ -11,13 +11,47 @@ through this file only; no stage mutates a graph, they build new ones.
 """
 from __future__ import annotations
 
+import itertools
+import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 PHASES = ("fwd", "bwd", "opt")
 FREE = "free"  # op_class of nodes that launch no kernel
 UNKNOWN = "unknown"  # op_class of ops the mapping does not know (costed as memory-bound)
+
+
+class Region(NamedTuple):
+    """The part of one tensor an op reads or writes.
+
+    tensor   the tensor's id: one storage, from the op that made it (a fresh output) until it
+             is freed; in-place writes keep it. Negative for a storage no recorded op made
+             (parameters, buffers, inputs, optimizer state): those outlive the step, so an
+             in-place write to one is an output. Ids never repeat within a process
+             (new_tensor_id), so the producer of a read is the latest node before it whose
+             writes hold the same id, whatever the graph's node ids become (renumbered, fused,
+             appended)
+    offset   byte offset of the region in its storage
+    nbytes   bytes of the region: the view's own numel x itemsize, at most the storage's
+    storage  bytes of the whole storage (a cap on the regions of one tensor counted together)
+    """
+
+    tensor: int
+    offset: int
+    nbytes: int
+    storage: int
+
+
+# from a random start: a graph pickled by one process (the zoo's disk cache) and nodes a later
+# process records cannot share an id by chance
+_TENSOR_IDS = itertools.count(1 + (int.from_bytes(os.urandom(5), "big") << 20))
+
+
+def new_tensor_id() -> int:
+    """A tensor id not given out before in this process, nor (but by a 2^-40 chance) in
+    another (Region.tensor)."""
+    return next(_TENSOR_IDS)
 
 
 @dataclass(frozen=True)
@@ -36,6 +70,12 @@ class Node:
     out_bytes bytes of the tensors it produces
     shapes    input shapes, for reports ("[8,1024,768]x[768,2304]")
     kernels   number of GPU kernels it stands for (1; >1 once fused; 0 when free)
+    reads     the tensors it reads, at tensor level: Regions (see Region), one per distinct
+              region; recorded by the capture for kernels (free nodes and hand-built graphs: ())
+    writes    the tensors it writes, as Regions (an op with several outputs writes several)
+
+    reads and writes are what compiled fusion (kit.workload.fusion) counts a fused kernel's
+    bytes from; they take no part in a node's equality or hash.
     """
 
     id: int
@@ -50,6 +90,8 @@ class Node:
     shapes: str = ""
     kernels: int = 1
     members: tuple[int, ...] = field(default=())  # ids in the captured graph this node stands for
+    reads: tuple[Region, ...] = field(default=(), compare=False, repr=False)
+    writes: tuple[Region, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def free(self) -> bool:

@@ -18,8 +18,9 @@ interleaved): the caller then captures the full model.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 
-from kit.workload.graph import Node, OpGraph
+from kit.workload.graph import Node, OpGraph, Region, new_tensor_id
 
 _FIRST_NUM = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
@@ -103,20 +104,58 @@ def expand_layers(small: OpGraph, n_layers: int, first: int = 0) -> OpGraph | No
             return None
         return new_id.get((ids[pos[small_id]], layer))
 
+    def moved(d: int, n: Node, layer: int) -> int | None:
+        """New id of the node that small node d, read by n, becomes for n's copy in `layer`."""
+        dl = small.nodes[d].layer
+        if dl is None or n.layer is None:
+            return new_id.get((d, -1)) if dl is None else rep(d, new_layer_of.get(dl, dl))
+        return rep(d, layer + (dl - n.layer))
+
+    # tensor records (Node.reads/writes): a copy of the template writes tensors of its own
+    # (fresh ids); a read goes to the tensor at the same place among its moved producer's writes
+    writers: dict[int, list[int]] = {}  # tensor id -> small ids writing it, ascending
+    for n in small.nodes:
+        for w in n.writes:
+            ids = writers.setdefault(w.tensor, [])
+            if not ids or ids[-1] != n.id:
+                ids.append(n.id)
+    interned: dict = {}
+
+    def region(r: Region, tid: int) -> Region:
+        if tid == r.tensor:
+            return r
+        r = r._replace(tensor=tid)
+        return interned.setdefault(r, r)
+
+    copied = any(small.nodes[sid].layer == template and layer != template for sid, layer in order)
+    writes: list[tuple[Region, ...]] = []
+    for sid, layer in order:
+        n = small.nodes[sid]
+        if copied and n.layer == template and layer != template:
+            writes.append(tuple(region(w, new_tensor_id() * (1 if w.tensor > 0 else -1))
+                                for w in n.writes))
+        else:
+            writes.append(n.writes)
+
+    def read(r: Region, sid: int, n: Node, layer: int) -> Region:
+        ids = writers.get(r.tensor)
+        i = bisect_left(ids, sid) - 1 if ids else -1
+        if i < 0:  # no node wrote it (a parameter, an input): the same tensor in every copy
+            return r
+        d = small.nodes[ids[i]]
+        target = moved(d.id, n, layer)
+        if target is None:
+            return r
+        j = next(j for j, w in enumerate(d.writes) if w.tensor == r.tensor)
+        return region(r, writes[target][j].tensor)
+
     nodes = []
     for k, (sid, layer) in enumerate(order):
         n = small.nodes[sid]
-        deps = []
-        for d in n.deps:
-            dl = small.nodes[d].layer
-            if dl is None or n.layer is None:
-                target = new_id.get((d, -1)) if dl is None else rep(d, new_layer_of.get(dl, dl))
-            else:
-                target = rep(d, layer + (dl - n.layer))
-            if target is not None:
-                deps.append(target)
+        deps = [t for t in (moved(d, n, layer) for d in n.deps) if t is not None]
         lay = None if layer < 0 else layer
+        reads = tuple(read(r, sid, n, layer) for r in n.reads) if copied else n.reads
         nodes.append(Node(k, n.aten, n.op, n.op_class, n.phase, tuple(sorted(set(deps))),
                           _rename(n.module, lay) if lay is not None else n.module, lay,
-                          n.out_bytes, n.shapes, n.kernels, ()))
+                          n.out_bytes, n.shapes, n.kernels, (), reads, writes[k]))
     return OpGraph(tuple(nodes), small.model, dict(small.meta))

@@ -1,0 +1,177 @@
+"""Compiled fusion counts a fused kernel's bytes at tensor level (kit.workload.fusion): each
+external input region read once, only the outputs that leave the chain written. The expected
+bytes are worked out here from the tensors' shapes."""
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kit.workload import zoo
+from kit.workload.capture import capture
+from kit.workload.fusion import apply_fusion
+
+T, D = 4096, 256  # tokens, width
+BF16, FP32, BOOL = 2, 4, 1
+E = T * D * BF16  # one bf16 activation
+
+
+def _fused(graph, phase="fwd"):
+    return [n for n in apply_fusion(graph, "compiled")
+            if n.op_class == "fused" and n.phase == phase]
+
+
+class DropoutResidualNorm(nn.Module):
+    """GPT-2's residual: Linear -> dropout -> + x -> LayerNorm -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.ln, self.nxt = nn.Linear(D, D), nn.LayerNorm(D), nn.Linear(D, D)
+
+    def forward(self, x):
+        return self.nxt(self.ln(F.dropout(self.fc(x), 0.1, self.training) + x))
+
+
+def test_dropout_residual_layernorm_chain_moves_its_tensors_once():
+    g = capture(DropoutResidualNorm(), (torch.empty(T, D, requires_grad=True),), mode="train",
+                dtype="bf16")
+    [fused] = _fused(g)
+    assert fused.aten == "fused[native_dropout+add+native_layer_norm]"
+    # reads: the fc output, x (whole: the old estimate cut it by the dropout mask's bytes), the
+    # LayerNorm's weight and bias
+    ext_in = E + E + 2 * D * BF16
+    # writes: the dropout mask (its backward), the sum (the LayerNorm backward's input), the
+    # LayerNorm's y (nxt and its weight gradient) and its mean and rstd (fp32, its backward);
+    # not the dropout's y, which only the add reads
+    ext_out = T * D * BOOL + E + E + 2 * T * FP32
+    assert fused.out_bytes == ext_out
+    assert fused.op.bytes == pytest.approx(ext_in + ext_out, rel=1e-12)
+
+
+class QK(nn.Module):
+    """GPT-2 attention's start: q and k made contiguous from one q|k|v GEMM output."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(D, 3 * D)
+
+    def forward(self, x):
+        q, k, _v = self.qkv(x).view(8, T // 8, 3 * D).split(D, dim=-1)
+        q, k = q.transpose(0, 1).contiguous(), k.transpose(0, 1).contiguous()
+        return torch.bmm(q, k.transpose(1, 2))
+
+
+def test_slices_of_one_gemm_output_read_their_own_bytes():
+    g = capture(QK(), (torch.empty(T, D),), mode="inference", dtype="bf16")
+    [fused] = _fused(g)
+    assert [m.name() for m in (g.nodes[i] for i in fused.members)] == ["clone", "clone"]
+    # reads q and k, two thirds of the q|k|v output (not all of it), writes their copies
+    assert fused.op.bytes == pytest.approx(2 * E + 2 * E, rel=1e-12)
+    assert fused.out_bytes == 2 * E
+
+
+class NormThenChain(nn.Module):
+    """A LayerNorm (y, mean, rstd) read by a GEMM and, as the residual, by a chain after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln, self.fc = nn.LayerNorm(D), nn.Linear(D, D)
+
+    def forward(self, x):
+        h = self.ln(x)
+        return F.gelu(self.fc(h)) + h
+
+
+def test_a_chain_reads_only_the_output_of_a_multi_output_producer_it_uses():
+    g = capture(NormThenChain(), (torch.empty(T, D, requires_grad=True),), mode="train",
+                dtype="bf16")
+    norm = next(n for n in g if n.name() == "native_layer_norm")
+    assert norm.out_bytes == E + 2 * T * FP32  # y, mean and rstd
+    [fused] = _fused(g)
+    assert fused.aten == "fused[gelu+add]"
+    # reads the fc output and the LayerNorm's y (not its mean and rstd); writes the sum, the
+    # model's output (gelu's output is read by the add alone: its backward reads its input)
+    assert fused.op.bytes == pytest.approx(E + E + E, rel=1e-12)
+    assert fused.out_bytes == E
+
+
+class DropoutThenChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.fc2 = nn.Linear(D, D), nn.Linear(D, D)
+
+    def forward(self, x):
+        d = F.dropout(self.fc(x), 0.1, self.training)
+        return F.gelu(self.fc2(d)) + d
+
+
+def test_a_chain_does_not_read_the_dropout_mask_it_does_not_use():
+    g = capture(DropoutThenChain(), (torch.empty(T, D),), mode="train", dtype="bf16")
+    [fused] = _fused(g)
+    assert fused.aten == "fused[gelu+add]"
+    # reads fc2's output and the dropout's y (its bool mask goes to the backward pass only)
+    assert fused.op.bytes == pytest.approx(E + E + E, rel=1e-12)
+
+
+def test_records_are_regions_and_leave_a_node_hashable_and_its_equality_alone():
+    from kit.workload.graph import Region
+
+    g = capture(QK(), (torch.empty(T, D),), mode="inference", dtype="bf16")
+    gemm, q, k = [n for n in g if not n.free][:3]
+    [out] = gemm.writes
+    assert isinstance(out, Region) and out.nbytes == out.storage == 3 * E
+    # the copies read q and k: a third each of the GEMM's output, at their own offsets
+    assert [(r.tensor, r.offset, r.nbytes) for r in q.reads + k.reads] == [
+        (out.tensor, 0, E), (out.tensor, D * BF16, E)]
+    assert not any(n.reads or n.writes for n in g if n.free)
+    bare = replace(q, reads=(), writes=())
+    assert bare == q and hash(bare) == hash(q)
+
+
+def test_eager_mode_is_unchanged_and_a_graph_without_records_keeps_the_node_level_estimate():
+    g = capture(DropoutResidualNorm(), (torch.empty(T, D, requires_grad=True),), mode="train",
+                dtype="bf16")
+    bare = g.with_nodes([replace(n, reads=(), writes=()) for n in g])
+    eager, eager_bare = apply_fusion(g, "eager"), apply_fusion(bare, "eager")
+    assert [(n.aten, n.op, n.deps, n.out_bytes) for n in eager] == \
+        [(n.aten, n.op, n.deps, n.out_bytes) for n in eager_bare]
+    assert [n.op for n in eager] == [n.op for n in g if not n.free]  # the mapping's costs
+    # without records, the node-level estimate: it writes the dropout's whole output (y too)
+    [new], [old] = _fused(g), _fused(bare)
+    assert old.members == new.members and old.out_bytes == new.out_bytes + E
+
+
+@pytest.mark.parametrize("family,optimizer", [("gpt2", None), ("llama", None), ("gpt2", "adamw")])
+def test_replicated_layers_fuse_to_the_bytes_of_a_full_capture(family, optimizer):
+    cfg = ({"model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 5, "vocab_size": 100,
+            "n_positions": 16} if family == "gpt2" else
+           {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_hidden_layers": 5, "intermediate_size": 64,
+            "vocab_size": 50})
+    fast = zoo.graph_for(cfg, batch=2, seq=8, mode="train", optimizer=optimizer, disk=False)
+    assert fast.meta.get("replicated_from") == 3
+    model = zoo.build(cfg)
+    full = capture(model, model.example_inputs(2, 8), mode="train", optimizer=optimizer,
+                   loss=zoo.lm_loss(cfg["vocab_size"]))
+
+    def fused(g):
+        return [(n.aten, n.phase, n.op.bytes, n.out_bytes) for n in apply_fusion(g, "compiled")]
+
+    # copies of the template layer write tensors of their own, and a kernel fused across two
+    # layers (a residual add, then the next layer's norm) reads the sum its own member wrote;
+    # the optimizer step, captured apart and appended, reads the gradients as tensors of its own
+    assert fused(fast) == fused(full)
+    assert any(n.op_class == "fused" and n.phase == "bwd" for n in apply_fusion(fast, "compiled"))
+
+
+def test_a_compiled_adamw_step_reads_four_tensors_per_parameter_and_writes_three():
+    model = nn.Sequential(nn.Linear(D, 2 * D), nn.Linear(2 * D, D))
+    g = capture(model, (torch.empty(64, D),), mode="train", optimizer="adamw")
+    param_bytes = sum(p.numel() for p in model.parameters()) * FP32
+    [step] = [n for n in apply_fusion(g, "compiled") if n.phase == "opt"]
+    assert step.op_class == "fused" and step.name().startswith("fused[_foreach_mul_+")
+    # reads the parameters, their gradients and both moments; writes the parameters and the
+    # moments back (they outlive the step), each once however many of the chain's ops update it
+    assert step.op.bytes == pytest.approx(7 * param_bytes, rel=1e-12)
+    assert step.out_bytes == 3 * param_bytes
