@@ -1,27 +1,39 @@
 """Measure decode steps of the zoo's decoders on this machine, beside the kit's prediction.
 
     python benchmarks/decode_steps.py --device cuda --models gpt2,opt-1.3b,llama3-8b \
-        --batches 1,8,32 --contexts 512,4096 --dtype bf16 [--kv-cache static|dynamic] > out.json
+        --batches 1,8,32 --contexts 512,2000,4096 --dtype bf16 [--kv-cache static|dynamic] \
+        [--jsonl rows.jsonl] [--time-limit SECONDS] > out.json
 
-For each (model, batch, context) it builds the zoo model with random weights on the device
-(`kit.workload.zoo.build`, then real memory), fills a static KV cache of `context` tokens
-(`decode_inputs`, the cache `kit predict --mode decode` captures), and times one eager decode
-step: CUDA events around the call, the mean of the fastest half of `--repeats` (after warm-up).
-On CUDA it also records the step's GPU kernels with torch.profiler: their summed device time
-(the GPU's work, which the kit predicts as kernel_ms, apart from the CPU's issue time) and the
-ten longest kernels by name, so the GEMMs can be set beside the kit's tile predictions.
+For each model it builds the zoo model once with random weights on the device
+(`kit.workload.zoo.build`, cast to the dtype on the meta device, then real memory), and for each
+(batch, context) fills a static KV cache of `context` tokens (`decode_inputs`, the cache
+`kit predict --mode decode` captures) and times one eager decode step: CUDA events around the
+call, the mean of the fastest half of `--repeats` (after warm-up). On CUDA it also records the
+step's GPU kernels with torch.profiler: their summed device time (the GPU's work, which the kit
+predicts as kernel_ms, apart from the CPU's issue time) and the ten longest kernels by name.
+
+A context the model cannot decode at (past its learned positions: `zoo.check_seq(model,
+context, 1)`) is a row with "skipped" and the reason, not a crash. Any error in a row is recorded
+in that row ("error"); a CUDA error that loses the context (device-side assert, illegal address)
+stops the sweep (no CUDA call after it, empty_cache included), and the rows so far are kept.
+With --jsonl each row is appended to that file (flushed and fsynced) as soon as it is measured,
+and a rerun with the same file skips the rows already there; --time-limit starts no row after
+that many seconds.
 
 Output: JSON {"device", "torch", "rows": [{model, batch, context, dtype, measured_ms,
-measured_kernel_ms, kernels, top_kernels, predicted_ms, predicted_kernel_ms, predicted_gpu}]}.
-The prediction is for the kit's catalog entry of the device (`--gpu`, or the CUDA device's name
-looked up in the catalog); on a CPU there is none. This is a measurement script for a machine
-with a GPU (prepared for benchmarks/device_session.sh); no test times anything with it.
+measured_kernel_ms, kernels, top_kernels, predicted_ms, predicted_kernel_ms, predicted_gpu,
+seconds}]} on stdout at the end. The prediction is for the kit's catalog entry of the device
+(`--gpu`, or the CUDA device's name looked up in the catalog); on a CPU there is none. This is a
+measurement script for a machine with a GPU (prepared for benchmarks/device_session.sh); the
+tests run it on the CPU with small configs.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,7 +52,7 @@ def real_model(model, dtype: str, device: str) -> torch.nn.Module:
     """The zoo model with memory on `device`: weights N(0, 0.02), causal-mask buffers lower
     triangular, rotary frequencies as Llama's (random values would time the same, but NaNs
     could take slow paths)."""
-    m = zoo.build(model).to_empty(device=device)
+    m = zoo.build(model).to(TORCH_DTYPES[dtype]).to_empty(device=device)  # never in fp32 first
     cfg = m.config
     with torch.no_grad():
         for p in m.parameters():
@@ -108,10 +120,46 @@ def _kernels(step, steps: int = 3) -> dict:
                             for n, v in top]}
 
 
+FATAL = ("CUDA error", "device-side assert", "illegal memory access", "illegal instruction",
+         "unspecified launch failure", "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address")
+
+
+def is_fatal(e: BaseException) -> bool:
+    """A CUDA error after which the context is unusable (sticky): stop, and call no CUDA API."""
+    if isinstance(e, getattr(torch, "OutOfMemoryError", ())):
+        return False
+    acc = getattr(torch, "AcceleratorError", None)
+    if acc is not None and isinstance(e, acc):
+        return True
+    return any(s in str(e) for s in FATAL)
+
+
+def skip_reason(model, context: int) -> str | None:
+    """Why a decode step at `context` cannot run on this model (None when it can): one new token
+    after `context` cached ones needs context + 1 learned positions."""
+    try:
+        zoo.check_seq(model, context, 1)
+    except KitError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def _name(model) -> str:
+    return model if isinstance(model, str) else model.get("name", model.get("model_type"))
+
+
 def measure(model, batch: int, context: int, dtype: str = "bf16", device: str = "cuda",
-            warmup: int = 3, repeats: int = 20, gpu: str | None = None, kind: str = "static") -> dict:
-    """One row of the output (see the module doc)."""
-    m = real_model(model, dtype, device)
+            warmup: int = 3, repeats: int = 20, gpu: str | None = None, kind: str = "static",
+            m=None) -> dict:
+    """One row of the output (see the module doc); `m`: the model, already built (real_model)."""
+    reason = skip_reason(model, context)
+    if reason:
+        return {"model": _name(model), "batch": batch, "context": context, "dtype": dtype,
+                "kv_cache": kind, "skipped": reason}
+    t0 = time.perf_counter()
+    own = m is None
+    if own:
+        m = real_model(model, dtype, device)
     ids, cache = real_inputs(m, batch, context, dtype, device, kind)
 
     def step():
@@ -122,19 +170,111 @@ def measure(model, batch: int, context: int, dtype: str = "bf16", device: str = 
         step()
     if device == "cuda":
         torch.cuda.synchronize()
-    name = model if isinstance(model, str) else model.get("name", model.get("model_type"))
-    row = {"model": name, "batch": batch, "context": context, "dtype": dtype, "kv_cache": kind,
+    row = {"model": _name(model), "batch": batch, "context": context, "dtype": dtype, "kv_cache": kind,
            "measured_ms": _time_ms(step, device, repeats)}
     if device == "cuda":
         row.update(_kernels(step))
-    del m, cache
+    del cache, ids, step
+    if own:
+        del m
     if gpu is not None:
         from kit.api import predict_model
 
-        it = predict_model(model, gpu, mode="decode", batch=batch, seq=context, dtype=dtype,
-                           kv_cache=kind)
-        row.update(predicted_ms=it.total_ms, predicted_kernel_ms=it.kernel_ms, predicted_gpu=it.gpu)
+        try:
+            it = predict_model(model, gpu, mode="decode", batch=batch, seq=context, dtype=dtype,
+                               kv_cache=kind)
+            row.update(predicted_ms=it.total_ms, predicted_kernel_ms=it.kernel_ms, predicted_gpu=it.gpu)
+        except Exception as e:  # noqa: BLE001 - the measurement stands without it
+            row["predict_error"] = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    row["seconds"] = round(time.perf_counter() - t0, 3)
     return row
+
+
+class Rows:
+    """Rows kept in memory and, with a path, appended to a JSON-lines file one fsynced line
+    each; rows already in the file (measured or skipped) are not run again."""
+
+    def __init__(self, path: str | None):
+        self.path, self.rows, self.done = (Path(path) if path else None), [], set()
+        if self.path and self.path.is_file():
+            for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+                try:
+                    r = json.loads(line)
+                except ValueError:  # a line cut short by a kill
+                    continue
+                if isinstance(r, dict) and "model" in r and "error" not in r:
+                    self.rows.append(r)
+                    self.done.add(self.key(r))
+
+    @staticmethod
+    def key(r) -> tuple:
+        return (str(r.get("model")), int(r.get("batch", 0)), int(r.get("context", 0)),
+                str(r.get("dtype")), str(r.get("kv_cache", "static")))
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            data = self.path.read_bytes() if self.path.is_file() else b""
+            with open(self.path, "ab") as f:
+                if data and not data.endswith(b"\n"):
+                    f.write(b"\n")  # after a line cut short
+                f.write((json.dumps(row, default=_json_default) + "\n").encode())
+                f.flush()
+                os.fsync(f.fileno())
+
+
+def _json_default(x):
+    return None if isinstance(x, float) and not math.isfinite(x) else str(x)
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        try:
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - never after a sticky error (the caller stops first)
+            pass
+
+
+def sweep(models, batches, contexts, dtype: str, device: str, repeats: int, gpu: str | None,
+          kind: str, rows: Rows, time_limit: float | None = None, warmup: int = 3) -> str | None:
+    """Every (model, batch, context) into rows; returns why it stopped early (None: it did not)."""
+    t0 = time.monotonic()
+    for model in models:
+        todo = [(b, c) for b in batches for c in contexts
+                if Rows.key({"model": _name(model), "batch": b, "context": c, "dtype": dtype,
+                             "kv_cache": kind}) not in rows.done]
+        if not todo:
+            continue
+        m = None
+        for batch, context in todo:
+            base = {"model": _name(model), "batch": batch, "context": context, "dtype": dtype, "kv_cache": kind}
+            if time_limit is not None and time.monotonic() - t0 >= time_limit:
+                return f"time limit ({time_limit:g} s) reached before {model} b{batch} c{context}"
+            reason = skip_reason(model, context)
+            if reason:
+                rows.add({**base, "skipped": reason})
+                print(json.dumps(rows.rows[-1]), file=sys.stderr, flush=True)
+                continue
+            try:
+                if m is None:  # once per model
+                    m = real_model(model, dtype, device)
+                rows.add(measure(model, batch, context, dtype, device, warmup=warmup,
+                                 repeats=repeats, gpu=gpu, kind=kind, m=m))
+            except Exception as e:  # noqa: BLE001 - out of memory, a model that does not build, ...
+                fatal = device == "cuda" and is_fatal(e)
+                text = str(e).splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                rows.add({**base, "error": f"{type(e).__name__}: {text}", **({"fatal": True} if fatal else {})})
+                print(json.dumps(rows.rows[-1]), file=sys.stderr, flush=True)
+                if fatal:  # the context is gone: no CUDA call after this one
+                    return f"CUDA error at {model} b{batch} c{context}: {text}"
+                _free(device)
+                continue
+            print(json.dumps(rows.rows[-1]), file=sys.stderr, flush=True)
+        del m
+        _free(device)
+    return None
 
 
 def catalog_gpu(device: str, given: str | None) -> str | None:
@@ -160,34 +300,44 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--models", default="gpt2,opt-1.3b,llama3-8b")
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--contexts", default="512,4096")
+    ap.add_argument("--contexts", default="512,2000,4096",
+                    help="contexts past a model's learned positions are skipped with the reason")
     ap.add_argument("--dtype", default="bf16", choices=list(TORCH_DTYPES))
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--gpu", default=None, help="catalog GPU to predict for (default: this device)")
+    ap.add_argument("--no-predict", action="store_true", help="measure only")
     ap.add_argument("--kv-cache", default="static", choices=["static", "dynamic"])
+    ap.add_argument("--jsonl", default=None, help="append each row to this file as it is measured "
+                    "(and skip the rows already in it)")
+    ap.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                    help="start no row after this many seconds")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("decode_steps: no CUDA device here; use --device cpu", file=sys.stderr)
         return 2
-    gpu = catalog_gpu(args.device, args.gpu)
-    rows = []
-    for model in args.models.split(","):
-        for batch in _ints(args.batches):
-            for context in _ints(args.contexts):
-                try:
-                    rows.append(measure(model, batch, context, args.dtype, args.device,
-                                        repeats=args.repeats, gpu=gpu, kind=args.kv_cache))
-                except (RuntimeError, KitError) as e:  # out of memory, a context too long
-                    rows.append({"model": model, "batch": batch, "context": context,
-                                 "dtype": args.dtype, "error": str(e).splitlines()[0][:200]})
-                    if args.device == "cuda":
-                        torch.cuda.empty_cache()
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    gpu = None
+    if not args.no_predict:
+        try:
+            gpu = catalog_gpu(args.device, args.gpu)
+        except KitError as e:
+            print(f"decode_steps: no prediction: {e}", file=sys.stderr)
+    rows = Rows(args.jsonl)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    stopped = sweep(models, _ints(args.batches), _ints(args.contexts), args.dtype, args.device,
+                    args.repeats, gpu, args.kv_cache, rows, args.time_limit, args.warmup)
+    if stopped:
+        print(f"decode_steps: stopped: {stopped}", file=sys.stderr, flush=True)
+    fatal = bool(stopped and stopped.startswith("CUDA error"))
+    device = "cpu"
+    if args.device == "cuda":
+        try:
+            device = torch.cuda.get_device_name() if not fatal else "cuda (context lost)"
+        except Exception:  # noqa: BLE001
+            device = "cuda"
     print(json.dumps({"device": device, "torch": torch.__version__, "predicted_for": gpu,
-                      "rows": rows}, indent=1, default=lambda x: None if isinstance(x, float)
-                     and not math.isfinite(x) else str(x)))
-    return 0
+                      "stopped": stopped, "rows": rows.rows}, indent=1, default=_json_default))
+    return 3 if fatal else 0
 
 
 if __name__ == "__main__":

@@ -1,64 +1,194 @@
 #!/usr/bin/env bash
 # One prepared run for a session that is lent a GPU: measure what no reference dataset has, with
-# the kit's own collector, in well under ten minutes, into OUT_DIR (the device tool's $OUT).
+# the kit's own collector, inside a fixed wall-time budget, into OUT_DIR (the device tool's $OUT).
 #
-#   bash benchmarks/device_session.sh [OUT_DIR]          # on the GPU machine (python3 has torch)
-#   DEVICE=cpu QUICK=1 bash benchmarks/device_session.sh /tmp/out   # a dry run anywhere
+#   bash benchmarks/device_session.sh [OUT_DIR]                       # on the GPU machine
+#   DEVICE=cpu QUICK=1 PY=.venv/bin/python bash benchmarks/device_session.sh /tmp/out  # dry run
 #
-# 1. decode GEMMs (kit/data/shapes.py: decode-linear, decode-bmm) in bf16 and fp16: the weight
-#    GEMMs of a decode step at m = 1..64 and attention over 512..16384 cached tokens
-#    (NeuSight's data has ~35 GEMMs a GPU with m <= 16, all FP32);
-# 2. a random sweep of Linear and bmm GEMMs in bf16 and fp32, and vector ops in bf16;
-# 3. eager decode steps of gpt2, opt-1.3b and llama3-8b (benchmarks/decode_steps.py), measured
-#    beside the kit's prediction for this GPU, and the last model again with HF's dynamic cache.
-# Each CSV carries its provenance (device name, torch and CUDA versions) in its rows; the
-# collector resumes a CSV it finds, so a second run after a timeout carries on. The device tool
-# returns at most 8 files: everything lands in OUT_DIR/session/, packed at the end into
-# OUT_DIR/device_session.tar.gz beside provenance.txt and decode_steps.json.
+# Environment: DEVICE (cuda), QUICK (tiny grids), PY (python3), BUDGET (540: seconds of wall time
+# for the whole script, packing included; run it under a device timeout_s of 600), GPU (catalog
+# key to predict for; default the device's), RESUME_FROM (an earlier device_session.tar.gz,
+# carried into the working tree: unpacked first; the collectors resume its CSVs and decode_steps
+# skips the rows of its JSONL, so a second run measures only what the first did not finish).
+#
+# Steps, most valuable first (a step is skipped when too little time is left; each runs under
+# `timeout` set from the deadline, and the collectors get --time-limit a little under it, so they
+# stop cleanly and write their summaries):
+#  1. decode GEMMs (kit/data/shapes.py: decode-linear, decode-bmm) in bf16: the weight GEMMs of
+#     a decode step at m = 1..64 (with a bias, NeuSight's form) and attention over 512..16384
+#     cached tokens;
+#  2. eager decode steps of gpt2, opt-1.3b and llama3-8b (benchmarks/decode_steps.py) beside the
+#     kit's prediction; contexts past a model's learned positions are skipped with the reason;
+#  3. decode-linear without a bias (Llama's projections) in bf16, and with one in fp16;
+#  4. random sweeps of Linear and bmm GEMMs in bf16 and fp32, and vector ops in bf16;
+#  5. the last model's decode steps again with HF's dynamic cache.
+# The collector flushes the L2 before each timed call and warms each op group for 500 ms (see
+# kit/data/collect.py); each CSV gets FILE.meta.json (provenance and settings) and, if anything
+# failed, FILE.failed.jsonl.
+#
+# Output: OUT_DIR/log.txt (everything printed, as it is printed) and OUT_DIR/device_session.tar.gz
+# (session/: the CSVs and their .meta.json, the collectors' --json summaries (*.result.json),
+# decode_steps*.jsonl/.json, provenance.json, nvidia-smi -q before and after, nvidia-smi samples
+# every second, steps.txt: each step's exit status and seconds). The pack runs from an EXIT
+# trap, so whatever exists is packed however the script ends (short of SIGKILL). Two files come
+# back; the device tool returns at most 8.
 set -u
 FINAL=${1:-${OUT:-out}}
 OUT_DIR=$FINAL/session
 DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-}
+PY=${PY:-python3}
+BUDGET=${BUDGET:-540}
+PACK_RESERVE=${PACK_RESERVE:-20}  # seconds kept for the pack at the end
+GRACE=10                          # timeout's --kill-after: a step may overrun its limit by this
+MIN_STEP=${MIN_STEP:-25}          # skip a step with less time than this left
+T0=$(date +%s)
+DEADLINE=$((T0 + BUDGET - PACK_RESERVE - GRACE))
 mkdir -p "$OUT_DIR"
+LOG=$FINAL/log.txt
+exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export KIT_CACHE=${KIT_CACHE:-/tmp/kit-cache}
-PY=${PY:-python3}
+SMI_PID=
+
+packed=
+pack() {  # whatever exists under session/ into one tarball; runs once, from the EXIT trap
+  [ -n "$packed" ] && return
+  packed=1
+  trap '' TERM INT HUP
+  [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    timeout 15 nvidia-smi -q > "$OUT_DIR/nvidia-smi-after.txt" 2>&1
+  fi
+  echo "device_session: finished $(date -u +%FT%TZ), $(( $(date +%s) - T0 )) s"
+  ls -l "$OUT_DIR"
+  cp "$LOG" "$OUT_DIR/log.txt" 2>/dev/null
+  if tar -czf "$FINAL/device_session.tar.gz.part" -C "$FINAL" session; then
+    mv -f "$FINAL/device_session.tar.gz.part" "$FINAL/device_session.tar.gz" && rm -rf "$OUT_DIR"
+    echo "device_session: packed into $FINAL/device_session.tar.gz ($(du -k "$FINAL/device_session.tar.gz" | cut -f1) KiB)"
+  else
+    echo "device_session: tar failed; the files stay in $OUT_DIR"
+  fi
+}
+finish() {
+  pack
+  exec 1>&- 2>&-        # let tee see the end of its input, then wait for it to write the log
+  wait "$TEE_PID" 2>/dev/null || sleep 1
+}
+trap finish EXIT
+trap 'echo "device_session: signal received, packing"; exit 143' TERM INT HUP
+
 if [ -n "$QUICK" ]; then
   LINEAR=tiny-gemm:4 BMM=tiny-gemm:4 RLINEAR=tiny-gemm:4:1 RBMM=tiny-gemm:4:2 RFP32=tiny-gemm:4:3
   VEC=tiny-vec:4 REPEATS=3
-  MODELS=${MODELS:-gpt2} BATCHES=1 CONTEXTS=16
+  MODELS=${MODELS:-gpt2} BATCHES=1 CONTEXTS=16,2000
 else
   LINEAR=decode-linear BMM=decode-bmm RLINEAR=random-linear:150:1 RBMM=random-bmm:150:2
   RFP32=random-linear:150:3 VEC=random-vec:60 REPEATS=25
-  MODELS=${MODELS:-gpt2,opt-1.3b,llama3-8b} BATCHES=1,8,32 CONTEXTS=512,4096
+  MODELS=${MODELS:-gpt2,opt-1.3b,llama3-8b} BATCHES=1,8,32 CONTEXTS=512,2000,4096
 fi
-start=$(date +%s)
-{
-  echo "device_session: $(date -u +%FT%TZ) device=$DEVICE quick=${QUICK:-no}"
-  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
-          torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv
-} | tee "$OUT_DIR/provenance.txt"
 
-collect() {  # name ops shapes dtype
-  $PY -m kit collect --device "$DEVICE" --ops "$2" --shapes "$3" --dtype "$4" \
-      --repeats "$REPEATS" --out "$OUT_DIR/$1.csv" --resume || echo "collect $1 failed ($?)"
+echo "device_session: $(date -u +%FT%TZ) device=$DEVICE quick=${QUICK:-no} budget=${BUDGET}s host=$(hostname)"
+if [ -n "${RESUME_FROM:-}" ]; then
+  if [ -f "$RESUME_FROM" ] && tar -xzf "$RESUME_FROM" -C "$FINAL" session; then
+    echo "device_session: resumed from $RESUME_FROM: $(ls "$OUT_DIR" | wc -l) files"
+    rm -f "$OUT_DIR/log.txt"  # the earlier log is in the earlier tarball
+  else
+    echo "device_session: RESUME_FROM=$RESUME_FROM is not a readable tarball with session/; starting afresh"
+  fi
+fi
+
+# ---- provenance -----------------------------------------------------------------------------
+if command -v nvidia-smi >/dev/null 2>&1; then
+  timeout 20 nvidia-smi -q > "$OUT_DIR/nvidia-smi-before.txt" 2>&1
+  FIELDS=timestamp,pstate,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu,memory.used
+  for r in clocks_event_reasons.active clocks_throttle_reasons.active; do
+    if timeout 10 nvidia-smi --query-gpu=$FIELDS,$r --format=csv,noheader >/dev/null 2>&1; then
+      FIELDS=$FIELDS,$r; break
+    fi
+  done
+  nvidia-smi --query-gpu=$FIELDS --format=csv -lms 1000 > "$OUT_DIR/nvidia-smi-samples.csv" 2>&1 &
+  SMI_PID=$!
+fi
+timeout 60 "$PY" - "$OUT_DIR/provenance.json" "$DEVICE" <<'EOF' || echo "device_session: provenance failed ($?)"
+import json, platform, socket, subprocess, sys, time
+import torch
+out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
+       "platform": platform.platform(), "python": sys.version.split()[0], "torch": torch.__version__,
+       "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    out.update(device=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)),
+               sms=p.multi_processor_count, memory_bytes=p.total_memory,
+               l2_bytes=getattr(p, "L2_cache_size", None),
+               cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+               nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None)
+try:
+    q = "name,driver_version,vbios_version,clocks.max.sm,clocks.max.mem,power.limit,power.max_limit"
+    out["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv"],
+                                       capture_output=True, text=True, timeout=15).stdout.strip()
+except (OSError, subprocess.SubprocessError) as e:
+    out["nvidia_smi"] = f"unavailable: {e}"
+for mod in ("numpy", "pandas", "triton", "fbgemm_gpu", "transformers"):
+    try:
+        out[mod] = __import__(mod).__version__
+    except Exception:
+        out[mod] = None
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+print("provenance:", json.dumps({k: out.get(k) for k in ("torch", "torch_cuda", "device", "l2_bytes")}))
+EOF
+echo "device_session: provenance done at $(( $(date +%s) - T0 )) s"
+
+# ---- steps ----------------------------------------------------------------------------------
+STEP_LIMIT=0
+step_limit() {  # cap -> STEP_LIMIT (seconds; 0: skip the step)
+  local left=$(( DEADLINE - $(date +%s) )) cap=$1
+  if [ "$left" -lt "$MIN_STEP" ]; then STEP_LIMIT=0; else STEP_LIMIT=$(( cap < left ? cap : left )); fi
 }
-collect decode_linear_bf16 linear "$LINEAR" bf16
-collect decode_bmm_bf16 bmm "$BMM" bf16
-collect decode_linear_fp16 linear "$LINEAR" fp16
-collect random_linear_bf16 linear "$RLINEAR" bf16
-collect random_bmm_bf16 bmm "$RBMM" bf16
-collect random_linear_fp32 linear "$RFP32" fp32
-collect vector_bf16 "elementwise,softmax,layernorm" "$VEC" bf16
-$PY benchmarks/decode_steps.py --device "$DEVICE" --models "$MODELS" --batches "$BATCHES" \
-    --contexts "$CONTEXTS" --dtype bf16 --repeats "$REPEATS" ${GPU:+--gpu "$GPU"} \
-    > "$OUT_DIR/decode_steps.json" || echo "decode_steps failed ($?)"
-$PY benchmarks/decode_steps.py --device "$DEVICE" --models "${MODELS##*,}" --batches "$BATCHES" \
-    --contexts "$CONTEXTS" --dtype bf16 --repeats "$REPEATS" --kv-cache dynamic ${GPU:+--gpu "$GPU"} \
-    > "$OUT_DIR/decode_steps_dynamic.json" || echo "decode_steps (dynamic cache) failed ($?)"
-echo "device_session: done in $(( $(date +%s) - start )) s" | tee -a "$OUT_DIR/provenance.txt"
-ls -l "$OUT_DIR"
-cp "$OUT_DIR/provenance.txt" "$OUT_DIR/decode_steps.json" "$FINAL/" 2>/dev/null
-tar -czf "$FINAL/device_session.tar.gz" -C "$FINAL" session && rm -rf "$OUT_DIR"
+note() {  # name rc seconds limit
+  echo "$1 rc=$2 ${3}s limit=${4}s" >> "$OUT_DIR/steps.txt"
+  echo "device_session: step $1 rc=$2 in ${3}s (limit ${4}s); $(( DEADLINE - $(date +%s) ))s left"
+}
+collect() {  # name cap ops shapes dtype [extra collect flags...]
+  local name=$1 cap=$2 ops=$3 shapes=$4 dtype=$5
+  shift 5
+  step_limit "$cap"
+  if [ "$STEP_LIMIT" = 0 ]; then note "$name" skipped 0 0; return; fi
+  local t=$(date +%s) tl=$(( STEP_LIMIT > 40 ? STEP_LIMIT - 20 : STEP_LIMIT / 2 ))
+  timeout --kill-after=$GRACE "$STEP_LIMIT" "$PY" -m kit collect --device "$DEVICE" --ops "$ops" \
+      --shapes "$shapes" --dtype "$dtype" --repeats "$REPEATS" --warmup-ms 500 --time-limit "$tl" \
+      --out "$OUT_DIR/$name.csv" --resume --json "$@" > "$OUT_DIR/$name.result.json"
+  local rc=$?
+  note "$name" $rc $(( $(date +%s) - t )) "$STEP_LIMIT"
+  "$PY" -c 'import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+    print("  %s: %s measured, %s already there, %s failed, stopped: %s" % (
+        sys.argv[2], r["measured"], r["skipped"], len(r["failed"]), r.get("stopped")))
+except Exception as e:
+    print("  %s: no summary (%s)" % (sys.argv[2], e))' "$OUT_DIR/$name.result.json" "$name"
+}
+decode() {  # name cap models kv-cache
+  local name=$1 cap=$2 models=$3 kind=$4
+  step_limit "$cap"
+  if [ "$STEP_LIMIT" = 0 ]; then note "$name" skipped 0 0; return; fi
+  local t=$(date +%s) tl=$(( STEP_LIMIT > 40 ? STEP_LIMIT - 25 : STEP_LIMIT / 2 ))
+  timeout --kill-after=$GRACE "$STEP_LIMIT" "$PY" benchmarks/decode_steps.py --device "$DEVICE" \
+      --models "$models" --batches "$BATCHES" --contexts "$CONTEXTS" --dtype bf16 \
+      --repeats "$REPEATS" --kv-cache "$kind" ${GPU:+--gpu "$GPU"} --time-limit "$tl" \
+      --jsonl "$OUT_DIR/$name.jsonl" > "$OUT_DIR/$name.json"
+  note "$name" $? $(( $(date +%s) - t )) "$STEP_LIMIT"
+}
+
+collect decode_linear_bf16 60 linear "$LINEAR" bf16
+collect decode_bmm_bf16 45 bmm "$BMM" bf16
+decode decode_steps 150 "$MODELS" static
+collect decode_linear_nobias_bf16 50 linear "$LINEAR" bf16 --no-bias
+collect decode_linear_fp16 50 linear "$LINEAR" fp16
+collect random_linear_bf16 50 linear "$RLINEAR" bf16
+collect random_bmm_bf16 45 bmm "$RBMM" bf16
+collect random_linear_fp32 50 linear "$RFP32" fp32
+collect vector_bf16 45 "elementwise,softmax,layernorm" "$VEC" bf16
+decode decode_steps_dynamic 60 "${MODELS##*,}" dynamic
+echo "device_session: steps done in $(( $(date +%s) - T0 )) s"

@@ -126,3 +126,45 @@ def test_cli_nccl_without_gpus_is_one_line_on_stderr(tmp_path, capsys):
     assert rc == 2 and len(err.splitlines()) == 1
     assert "nccl needs 2 GPUs" in err and "GPU(s)" in err and "--backend gloo" in err
     assert not (tmp_path / "x.txt").exists()
+
+
+def test_rows_are_kept_as_they_are_measured_when_a_rank_dies(tmp_path, monkeypatch):
+    from kit.comm import measure
+
+    real = measure._op
+
+    def dies_at_broadcast(kind, count, n, rank, dev):
+        if kind == "broadcast":
+            raise RuntimeError("rank died")
+        return real(kind, count, n, rank, dev)
+
+    monkeypatch.setattr(measure, "_op", dies_at_broadcast)  # forked ranks inherit it
+    out = tmp_path / "c.txt"
+    with pytest.raises(KitError, match=r"2 row\(s\) measured before are in .*c.txt.rows.jsonl"):
+        collect(backend="gloo", ranks=2, sizes=[1024, 4096], kinds=["allreduce", "broadcast"], iters=2,
+                warmup=0, repeats=1, out=out, start_method="fork")
+    rows = measure.read_rows(measure.rows_path(out))
+    assert [(r["kind"], r["size_bytes"]) for r in rows] == [("allreduce", 1024), ("allreduce", 4096)]
+
+
+def test_sendrecv_is_one_batched_pair_and_the_rows_file_goes(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from kit.comm import measure
+
+    marker = tmp_path / "batched"
+    real = dist.batch_isend_irecv
+
+    def spy(ops):
+        marker.write_text(str(len(ops)))
+        return real(ops)
+
+    monkeypatch.setattr(dist, "batch_isend_irecv", spy)
+    out = tmp_path / "s.txt"
+    _, table = collect(backend="gloo", ranks=2, sizes=[1024], kinds=["sendrecv"], iters=2, warmup=0,
+                       repeats=1, out=out, start_method="fork")
+    assert marker.read_text() == "2" and (table.wrong == 0).all()
+    assert out.is_file() and not measure.rows_path(out).exists()
+    with open(measure.rows_path(out), "w") as f:  # a line cut short is dropped on reading
+        f.write('{"kind": "allreduce", "size_bytes": 4}\n{"kind": "allre')
+    assert len(measure.read_rows(measure.rows_path(out))) == 1

@@ -102,3 +102,61 @@ def test_collect_then_fit_a_correction_with_a_reuse_histogram(tmp_path):
     out.write_text(out.read_text().replace("reuse:0.3,0.2", "reuse(2 bins, cold 0.500)"))
     with pytest.raises(KitError, match=r"row \d+: .*label, not its spec"):
         fit_correction(out, gpu="v100-sxm2-32gb")
+
+
+# ---- timing methodology (CPU) ----------------------------------------------------------------
+
+def test_fbgemm_tables_take_the_rows_dtype():
+    from enum import Enum
+
+    from kit.embedding.collect import _precision
+
+    class SparseType(Enum):  # fbgemm_gpu.split_embedding_configs.SparseType's members used
+        FP32 = 0
+        FP16 = 1
+        BF16 = 2
+
+    assert _precision("bf16", SparseType) == {"weights_precision": SparseType.BF16,
+                                              "output_dtype": SparseType.BF16}
+    assert _precision("fp16", SparseType)["weights_precision"] is SparseType.FP16
+    assert _precision("fp32", SparseType)["output_dtype"] is SparseType.FP32
+
+
+def test_backward_rows_time_backward_only_and_indices_rotate(monkeypatch):
+    import torch
+
+    from kit.embedding import collect as E
+
+    forwards, inputs = [], []
+    real = torch.nn.EmbeddingBag.forward
+
+    def spy(self, input, offsets=None, *a, **k):
+        forwards.append(1)
+        inputs.append(input.clone())
+        return real(self, input, offsets, *a, **k)
+
+    monkeypatch.setattr(torch.nn.EmbeddingBag, "forward", spy)
+    cfg = {**tiny(passes=("backward",))[0], "_sets": 3}
+    call, unique, before = E._torch_call(cfg, "cpu")
+    before()
+    n = len(forwards)
+    call()
+    assert len(forwards) == n == 1  # the timed call ran no forward
+    cfg = {**tiny()[0], "_sets": 3}
+    call, unique, before = E._torch_call(cfg, "cpu")
+    inputs.clear()
+    for _ in range(4):
+        before()
+        call()
+    assert not torch.equal(inputs[0], inputs[1]) and torch.equal(inputs[0], inputs[3])  # 3 sets, cycled
+    assert E.n_index_sets({"batch": 16, "pooling": 3, "tables": 1}, 12) == 12
+    assert E.n_index_sets({"batch": 1 << 20, "pooling": 100, "tables": 8}, 12) == 1  # budget
+
+
+def test_collect_writes_its_metadata(tmp_path):
+    import json
+
+    out = tmp_path / "e.csv"
+    collect(tiny(), out, repeats=2, warmup=1)
+    run = json.loads((tmp_path / "e.meta.json").read_text())["runs"][0]
+    assert run["status"] == "done" and run["settings"]["repeats"] == 2 and run["written"] == 2

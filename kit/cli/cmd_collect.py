@@ -18,27 +18,37 @@ def run(args):
     return collect(args.ops, resolve_shapes(args.shapes), args.out, device=args.device,
                    dtype=args.dtype, resume=args.resume, warmup=args.warmup, repeats=args.repeats,
                    profile=not args.no_profile, cooldown_ms=args.cooldown_ms,
-                   progress=args.progress, threads=args.threads)
+                   progress=args.progress, threads=args.threads, l2_flush=not args.no_l2_flush,
+                   warmup_ms=args.warmup_ms, bias=not args.no_bias, time_limit_s=args.time_limit)
 
 
 def text(r):
     lines = [f"{r['measured']} measured, {r['skipped']} already in {r['out']} "
              f"({r['rows_in_file']} rows now) on {r['device']} ({r['dtype']})"]
+    if r.get("stopped"):
+        lines.append(f"  stopped early: {r['stopped']}")
     if r["ops_without_shapes"]:
         lines.append(f"  no shapes of their kind for: {', '.join(r['ops_without_shapes'])}")
     for f in r["failed"][:10]:
         lines.append(f"  failed: {f['op']} {f['shape']}: {f['error']}")
     if len(r["failed"]) > 10:
-        lines.append(f"  ... and {len(r['failed']) - 10} more failures (see --json)")
+        lines.append(f"  ... and {len(r['failed']) - 10} more failures (see --json or "
+                     f"{r.get('failures_file')})")
     return "\n".join(lines)
 
 
-def _count(s):
-    try:
-        value = int(s)
-    except ValueError:
-        raise KitError(f"expected a whole number, got {s!r}") from None
-    return value
+def _parsed(cast, what: str):
+    """An argparse type: cast(s), or one KitError naming what was expected (the collector checks
+    the range itself)."""
+    def parse(s):
+        try:
+            return cast(s)
+        except ValueError:
+            raise KitError(f"expected {what}, got {s!r}") from None
+    return parse
+
+
+_seconds, _count = _parsed(float, "a number"), _parsed(int, "a whole number")
 
 
 def register(sub):
@@ -58,6 +68,16 @@ def register(sub):
     p.add_argument("--warmup", type=_count, default=5, help="untimed calls first (default 5)")
     p.add_argument("--repeats", type=_count, default=25,
                    help="timed calls; latency = mean of the fastest fifth (default 25)")
+    p.add_argument("--warmup-ms", type=_seconds, default=None,
+                   help="run each op's largest shape this long before its first measurement, so "
+                   "clocks leave idle (default 1000 on CUDA, 0 on CPU)")
+    p.add_argument("--no-l2-flush", action="store_true", help="CUDA: do not overwrite twice the L2 "
+                   "before each timed call (operands then stay in L2 between repeats)")
+    p.add_argument("--no-bias", action="store_true", help="linear without a bias (Llama's "
+                   "projections; the default, with one, is NeuSight's form)")
+    p.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
+                   help="start no measurement after this many seconds (stops cleanly; --resume "
+                   "carries on)")
     p.add_argument("--cooldown-ms", type=float, default=0.0, help="sleep between measurements")
     p.add_argument("--no-profile", action="store_true", help="CUDA: skip the torch.profiler pass "
                    "(no kernel names or launch dims)")

@@ -32,7 +32,7 @@ def run(args):
                 modes=_names(args.mode), dtypes=_names(args.dtype), passes=passes,
                 optimizer=args.optimizer or "sgd")
     return collect(cfgs, args.out, device=args.device, backend=args.backend, repeats=args.repeats,
-                   warmup=args.warmup, resume=args.resume)
+                   warmup=args.warmup, resume=args.resume, l2_flush=not args.no_l2_flush)
 
 
 def text(r):
@@ -64,3 +64,5 @@ def register(sub):
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--resume", action="store_true", help="carry on with an existing --out file")
+    p.add_argument("--no-l2-flush", action="store_true", help="CUDA: do not overwrite twice the L2 "
+                   "before each timed call")

@@ -15,7 +15,10 @@ through or waits a scheduler tick; NCCL's default is the median), and the row is
 rank's. With `pin` (gloo's default) each rank runs on one core, round-robin, with one compute
 thread (OMP/MKL/torch), so that ranks do not fight over threads. Each result is then validated
 once (#wrong = elements that differ from the expected values), as nccl-tests does. Sizes follow
-nccl-tests: all-gather and reduce-scatter sizes are totals.
+nccl-tests: all-gather and reduce-scatter sizes are totals. sendrecv is a ring shift posted as
+one dist.batch_isend_irecv pair. Rank 0 appends each row (one fsynced JSON line) as its
+(collective, size) finishes, to FILE.rows.jsonl beside --out, so a crash or hang keeps what was
+measured; the file is removed once FILE is written.
 """
 from __future__ import annotations
 
@@ -172,9 +175,10 @@ def _op(kind, count, n, rank, dev):
         return (lambda: dist.all_to_all_single(y, x)), check
     x, y = torch.ones(count, **opts), torch.empty(count, **opts)  # sendrecv: ring shift
 
-    def call():
-        reqs = [dist.isend(x, (rank + 1) % n), dist.irecv(y, (rank - 1) % n)]
-        for r in reqs:
+    def call():  # one batched pair: with two ranks both peers are the same rank, and separate
+        # isend/irecv on one NCCL communicator could each wait for the other (a deadlock)
+        ops = [dist.P2POp(dist.isend, x, (rank + 1) % n), dist.P2POp(dist.irecv, y, (rank - 1) % n)]
+        for r in dist.batch_isend_irecv(ops):
             r.wait()
 
     def check():
@@ -191,6 +195,30 @@ def _pin(rank: int) -> None:
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
     except (AttributeError, OSError):  # not Linux, or not allowed: leave the scheduler to it
         pass
+
+
+def _append_row(path, row: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_rows(path) -> list[dict]:
+    """The rows a sweep appended to `path` (JSON lines); a line cut short by a crash is dropped."""
+    rows = []
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return rows
+    for line in text.splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and "kind" in r:
+            rows.append(r)
+    return rows
 
 
 def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, timing, pin, result_path):
@@ -228,7 +256,6 @@ def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, 
             out.append((time.perf_counter() - t0) * 1e6)
         return out
 
-    rows = []
     for kind in kinds:
         for chunk in _interleave_chunks(kind, sizes, n):
             ops = [(size, *_op(kind, _count(kind, size, n), n, rank, dev)) for size in chunk]
@@ -247,12 +274,27 @@ def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, 
                 wrong = torch.tensor([check()], dtype=torch.float64, device=dev)
                 dist.all_reduce(wrong)
                 count = _count(kind, size, n)
-                rows.append({"kind": kind, "size_bytes": count * WORD_BYTES, "count": count,
-                             "dtype": "float", "time_us": float(t.item()), "wrong": int(wrong.item())})
-    if rank == 0:
-        Path(result_path).write_text(json.dumps(rows))
+                row = {"kind": kind, "size_bytes": count * WORD_BYTES, "count": count,
+                       "dtype": "float", "time_us": float(t.item()), "wrong": int(wrong.item())}
+                if rank == 0:  # one fsynced line as each (kind, size) finishes: a crash keeps it
+                    _append_row(result_path, row)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _nccl_version():
+    try:
+        import torch
+
+        return ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def rows_path(out) -> Path:
+    """Where a sweep into `out` appends its rows as they are measured."""
+    out = Path(out)
+    return out.with_name(out.name + ".rows.jsonl")
 
 
 def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allreduce",),
@@ -303,7 +345,12 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
         raise KitError(f"size {too_big[0]:.4g} B is more than any device holds (at most "
                        f"{MAX_BYTES // 2**30} GiB a buffer); give smaller --sizes")
     with tempfile.TemporaryDirectory(prefix="kit-comm-") as tmp:
-        result = os.path.join(tmp, "rows.json")
+        # rows land one line each as they are measured: beside --out (FILE.rows.jsonl, kept if
+        # the sweep dies, removed once FILE is written), else in a temporary folder
+        result = os.path.join(tmp, "rows.jsonl") if out is None else str(rows_path(out))
+        if out is not None:
+            Path(result).parent.mkdir(parents=True, exist_ok=True)
+            Path(result).unlink(missing_ok=True)
         saved = {v: os.environ.get(v) for v in _THREAD_VARS}
         os.environ.update({v: "1" for v in _THREAD_VARS})  # spawned ranks start single-threaded
         try:
@@ -312,15 +359,18 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
                                start_method=start_method)
         except Exception as e:  # a worker failed: say which and why, in one line
             msg = [m for m in str(e).strip().splitlines() if any(c.isalnum() for c in m)]
+            kept = read_rows(result)
+            where = (f"; the {len(kept)} row(s) measured before are in {result}"
+                     if kept and out is not None else "")
             raise KitError(f"collect-comm ({backend}, {ranks} ranks) failed: "
-                           f"{msg[-1].strip() if msg else type(e).__name__}") from None
+                           f"{msg[-1].strip() if msg else type(e).__name__}{where}") from None
         finally:
             for v, old in saved.items():
                 if old is None:
                     os.environ.pop(v, None)
                 else:
                     os.environ[v] = old
-        rows = json.loads(Path(result).read_text())
+        rows = read_rows(result)
     if backend == "nccl":
         devices = [f"Pid {os.getpid():6d} on {socket.gethostname()} device {i:2d} "
                    f"{torch.cuda.get_device_name(i)}" for i in range(ranks)]
@@ -328,7 +378,8 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
         devices = [f"Pid {os.getpid():6d} on {socket.gethostname()} device {i:2d} [cpu] gloo process"
                    for i in range(ranks)]
     meta = (f"step: list warmup iters: {warmup} iters: {iters} agg iters: 1 validation: 1 graph: 0 "
-            f"# kit collect-comm backend={backend} torch={torch.__version__} stat={stat} timing={timing} "
+            f"# kit collect-comm backend={backend} torch={torch.__version__} "
+            f"nccl={_nccl_version() if backend == 'nccl' else None} stat={stat} timing={timing} "
             f"repeats={repeats} pinned={pin}; "
             "in-place columns repeat the measured call")
     text = "".join(format_nccl_tests([r for r in rows if r["kind"] == k], k, ranks, devices, meta)
@@ -340,6 +391,7 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
             out.write_text(text)
         except OSError as e:
             raise KitError(f"cannot write the measurements to {out}: {e.strerror or e}") from None
+        rows_path(out).unlink(missing_ok=True)  # the text holds them now
     # every rank is spawned on this host: one node
     table = pd.DataFrame([{**r, "ranks": ranks, "nodes": 1, "algbw_gbs": r["size_bytes"] / r["time_us"] / 1e3,
                            "source": str(out or "")} for r in rows])

@@ -36,13 +36,13 @@ def _format(value) -> str:
     return str(value)
 
 
-def format_row(row: dict) -> str:
-    """One CSV line (with its newline) in the schema's column order."""
-    unknown = set(row) - set(HEADER)
+def format_row(row: dict, header: list[str] = HEADER) -> str:
+    """One CSV line (with its newline) in the header's column order (the schema's)."""
+    unknown = set(row) - set(header)
     if unknown:
         raise KitError(f"not schema columns: {', '.join(sorted(unknown))}")
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow([_format(row.get(c)) for c in HEADER])
+    csv.writer(buf, lineterminator="\n").writerow([_format(row.get(c)) for c in header])
     return buf.getvalue()
 
 
@@ -96,35 +96,47 @@ def repair(path: Path, fields: int | None = None) -> int:
 
 
 class Appender:
-    """Append schema rows to a CSV durably; the header is written once, when the file is new."""
+    """Append schema rows to a CSV durably; the header is written once, when the file is new.
+
+    A subclass may write more columns after the schema's (NEW_HEADER) and resume files with any
+    header of ACCEPTED, each in its own format."""
+
+    NEW_HEADER: list[str] = HEADER
+    ACCEPTED: tuple = (HEADER,)
 
     def __init__(self, path: str | Path, resume: bool = False):
         self.path = Path(path)
         self.keys: set[tuple] = set()
+        self.header = self.NEW_HEADER
         exists = self.path.is_file() and self.path.stat().st_size > 0
         if exists and not resume:
             raise KitError(f"{self.path} already exists; pass --resume to carry on with it, "
                            "or choose another --out")
         if exists:
-            cut = repair(self.path, fields=len(HEADER))
+            self._check_header()
+            cut = repair(self.path, fields=len(self.header))
             if cut:
                 warnings.warn(f"{self.path}: dropped an unfinished last line ({cut} bytes)", stacklevel=2)
-            self._check_header()
             if self.path.stat().st_size:
                 existing = schema.conform(_read_schema_csv(self.path), str(self.path))
                 self.keys = {row_key(r) for r in existing.to_dict("records")}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8", newline="")
         if self.path.stat().st_size == 0:
-            self._write(",".join(HEADER) + "\n")
+            self._write(",".join(self.header) + "\n")
             _fsync_dir(self.path.parent)
 
     def _check_header(self):
+        """The file's header (a finished first line) must be one this appender writes; it is kept."""
         with open(self.path, encoding="utf-8", newline="") as f:
             first = f.readline()
-        if first and first.rstrip("\r\n").split(",") != HEADER:
+        if not first.endswith("\n"):
+            return  # cut short before its newline: repair() drops it, the header is rewritten
+        cols = first.rstrip("\r\n").split(",")
+        if cols not in self.ACCEPTED:
             raise KitError(f"{self.path} is not a kit measurement CSV (its header differs from "
                            "kit.data.schema.COLUMNS); choose another --out")
+        self.header = cols
 
     def _write(self, text: str):
         self._file.write(text)
@@ -135,10 +147,12 @@ class Appender:
         return key in self.keys
 
     def append(self, row: dict) -> None:
+        if set(row) - set(self.header) <= set(self.NEW_HEADER) - set(self.header):
+            row = {k: v for k, v in row.items() if k in self.header}  # an older file's format
         key = row_key(row)
         if key in self.keys:
             return
-        self._write(format_row(row))
+        self._write(format_row(row, self.header))
         self.keys.add(key)
 
     def close(self):

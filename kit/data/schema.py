@@ -105,6 +105,9 @@ def op_info(op: str) -> tuple[str, str | None, bool]:
 _TILE_PATTERNS = [
     re.compile(r"tilesize(\d+)x(\d+)x(\d+)"),                   # cutlass/xmma: ..._tilesize128x128x8_...
     re.compile(r"_MT(\d+)x(\d+)x(\d+)"),                       # rocBLAS/Tensile: Cijk_..._MT128x64x16_...
+    # cuBLAS 12.8+ on Hopper/Blackwell: nvjet_<types>_<tileM>x<tileN>_<tileK>x<stages>_<cluster>_...,
+    # e.g. nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNT; the whole structure must be there
+    re.compile(r"^nvjet_(?:sm\d+_)?[a-z0-9]+_(\d+)x(\d+)_(\d+)x\d+_\d+x\d+(?:_|$)"),
     re.compile(r"cutlass\w*?gemm\w*?_(\d+)x(\d+)_(\d+)x\d+"),   # cutlass_80_simt_sgemm_128x256_8x4_tn
     re.compile(r"(?<![a-z])[sdhc]gemm_(\d+)x(\d+)x(\d+)"),      # sgemm_128x128x8_NT
     re.compile(r"(?:maxwell|volta|turing|ampere|hopper|sm\d+)_\w*?gemm_(\d+)x(\d+)"),  # ampere_sgemm_128x64_tn
@@ -119,6 +122,8 @@ def parse_tile(kernel_name) -> tuple[int | None, int | None, int | None]:
     (128, 64, None)
     >>> parse_tile("sm80_xmma_gemm_f32f32_tilesize64x64x8_stage3")
     (64, 64, 8)
+    >>> parse_tile("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNT")
+    (128, 256, 64)
     """
     if not isinstance(kernel_name, str):
         return (None, None, None)

@@ -4,14 +4,21 @@ Backends: "torch" (nn.EmbeddingBag, one per table, cpu or cuda) and "fbgemm" (FB
 table-batched embedding, cuda only, used when fbgemm_gpu is installed; "auto" picks it then).
 Each config is (batch, rows, dim, pooling, tables, distribution, mode, dtype, pass): `tables`
 equal tables each look up `batch` bags of exactly `pooling` indices drawn from the distribution
-(seeded). pass "forward" times the lookup; pass "backward" times backward + optimizer step.
+(seeded). pass "forward" times the lookup; pass "backward" times backward + optimizer step only
+(its forward runs before the timed region, each repeat).
 The distribution column holds its spec (Distribution.spec: "zipf:1.05", "reuse:0.3,0.2"), which
 loses nothing: distinct distributions get distinct rows and resume keys, and the correction fitter
 reads it back. Files from before hold describe() labels; their zipf and uniform rows still resume.
 
 Timing as the op collector's (kit.data.collect): mean of the fastest fifth of `repeats` calls
-after `warmup`. Each finished row is appended with one write, flush and fsync; a resumed run
-drops an unfinished last line and skips configs already in the file.
+after `warmup`. Each call reads a fresh index set (warmup + repeats sets are drawn up front, at
+most INDEX_BUDGET bytes of them, and cycled), so that repeats do not find the rows the last one
+touched in L2; on CUDA the L2 is also flushed before each timed call (l2_flush, as
+kit.data.collect), as in training, where a step's other work evicts it. unique_rows is the mean
+over the sets. fbgemm tables are held in the row's dtype (weights_precision) and return it
+(output_dtype). Each finished row is appended with one write, flush and fsync; a resumed run
+drops an unfinished last line and skips configs already in the file. FILE.meta.json beside it
+records the device, versions and settings of each run (kit.data.collect.Meta).
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.data.collect import summarise_ms, time_cpu, time_cuda
+from kit.data.collect import Meta, _now, l2_flusher, summarise_ms, time_cpu, time_cuda
 from kit.data.records import _fsync_dir, repair
 from kit.embedding.distributions import parse_distribution
 from kit.errors import KitError
@@ -34,6 +41,7 @@ COLUMNS = ["backend", "device", "device_name", "pass", "optimizer", "mode", "dty
 KEY = ["backend", "device_name", "pass", "optimizer", "mode", "dtype", "batch", "rows", "dim",
        "pooling", "tables", "distribution"]
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+INDEX_BUDGET = 1 << 30  # bytes of pre-drawn index sets at most (int64 indices)
 
 
 def grid(batch, rows, dim, pooling, distributions, tables=(1,), modes=("sum",), dtypes=("fp32",),
@@ -50,29 +58,62 @@ def grid(batch, rows, dim, pooling, distributions, tables=(1,), modes=("sum",), 
 
 def _fbgemm():
     try:
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
             ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
     except ImportError:
         return None
-    return EmbOptimType, EmbeddingLocation, PoolingMode, ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
+    return (EmbOptimType, EmbeddingLocation, PoolingMode, ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen, SparseType)
+
+
+def _precision(dtype: str, sparse_type) -> dict:
+    """fbgemm's TBE keyword arguments for a row dtype: tables held in it and output in it."""
+    t = {"fp32": sparse_type.FP32, "fp16": sparse_type.FP16, "bf16": sparse_type.BF16}[dtype]
+    return {"weights_precision": t, "output_dtype": t}
+
+
+def n_index_sets(cfg: dict, wanted: int) -> int:
+    """How many index sets to draw: one per call (`wanted`), at most INDEX_BUDGET bytes of them."""
+    per_set = 8 * cfg["batch"] * cfg["pooling"] * cfg["tables"]
+    return max(1, min(wanted, INDEX_BUDGET // max(per_set, 1)))
 
 
 def _inputs(cfg, device):
+    """(index sets, offsets, mean unique rows): cfg["_sets"] sets (default 1), each a list of one
+    index tensor per table, drawn from one seeded stream."""
     import torch
 
     rng = np.random.default_rng(1234 + cfg["rows"] + cfg["batch"])
     dist = parse_distribution(cfg["_dist"])
     n = cfg["batch"] * cfg["pooling"]
-    idx = [dist.sample(n, cfg["rows"], rng) for _ in range(cfg["tables"])]
-    unique = float(np.mean([np.unique(i).size for i in idx]))
-    ind = [torch.from_numpy(i).to(device) for i in idx]
+    sets, uniques = [], []
+    for _ in range(int(cfg.get("_sets", 1))):
+        idx = [dist.sample(n, cfg["rows"], rng) for _ in range(cfg["tables"])]
+        uniques += [np.unique(i).size for i in idx]
+        sets.append([torch.from_numpy(i).to(device) for i in idx])
     offsets = torch.arange(0, n + 1, cfg["pooling"], dtype=torch.int64, device=device)
-    return ind, offsets, unique
+    return sets, offsets, float(np.mean(uniques))
+
+
+class _Rotor:
+    """The index set of the next call: advance() (outside the timed region) moves to the next."""
+
+    def __init__(self, sets):
+        self.sets, self.i = sets, 0
+
+    def advance(self):
+        self.i = (self.i + 1) % len(self.sets)
+
+    @property
+    def cur(self):
+        return self.sets[self.i]
 
 
 def _torch_call(cfg, device):
+    """(call, unique rows, before): before() runs outside the timed region before each call:
+    it moves to the next index set and, for a backward row, runs the forward."""
     import torch
 
     if cfg["pass"] == "backward" and cfg["optimizer"] != "sgd":
@@ -80,23 +121,29 @@ def _torch_call(cfg, device):
     dtype = getattr(torch, TORCH_DTYPES[cfg["dtype"]])
     bags = [torch.nn.EmbeddingBag(cfg["rows"], cfg["dim"], mode=cfg["mode"], sparse=True,
                                   dtype=dtype, device=device) for _ in range(cfg["tables"])]
-    ind, offsets, unique = _inputs(cfg, device)
+    sets, offsets, unique = _inputs(cfg, device)
+    rotor = _Rotor(sets)
     if cfg["pass"] == "forward":
         def call():
             with torch.no_grad():
-                for bag, i in zip(bags, ind):
+                for bag, i in zip(bags, rotor.cur):
                     bag(i, offsets[:-1])
-        return call, unique
+        return call, unique, rotor.advance
     opt = torch.optim.SGD([p for b in bags for p in b.parameters()], lr=0.01)
-    outs = [bag(i, offsets[:-1]) for bag, i in zip(bags, ind)]
-    grad = torch.ones_like(outs[0])
+    outs: list = []
+    grad = torch.ones(cfg["batch"], cfg["dim"], dtype=dtype, device=device)
 
-    def call():
-        for bag, i in zip(bags, ind):
-            bag(i, offsets[:-1]).backward(grad)
+    def before():
+        rotor.advance()
+        outs[:] = [bag(i, offsets[:-1]) for bag, i in zip(bags, rotor.cur)]
+
+    def call():  # backward + update only: the forward ran in before()
+        for out in outs:
+            out.backward(grad)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return call, unique
+        outs.clear()
+    return call, unique, before
 
 
 def _fbgemm_call(cfg, device):
@@ -107,26 +154,33 @@ def _fbgemm_call(cfg, device):
         raise KitError("the fbgemm backend needs fbgemm_gpu installed (pip install fbgemm-gpu)")
     if device != "cuda":
         raise KitError("the fbgemm backend runs on cuda only")
-    EmbOptimType, EmbeddingLocation, PoolingMode, ComputeDevice, TBE = fb
+    EmbOptimType, EmbeddingLocation, PoolingMode, ComputeDevice, TBE, SparseType = fb
     optim = {"sgd": EmbOptimType.EXACT_SGD, "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
              "": EmbOptimType.EXACT_SGD}[cfg["optimizer"]]
     specs = [(cfg["rows"], cfg["dim"], EmbeddingLocation.DEVICE, ComputeDevice.CUDA)] * cfg["tables"]
     tbe = TBE(specs, optimizer=optim, learning_rate=0.01,
-              pooling_mode=PoolingMode.SUM if cfg["mode"] == "sum" else PoolingMode.MEAN)
-    ind, _, unique = _inputs(cfg, device)
+              pooling_mode=PoolingMode.SUM if cfg["mode"] == "sum" else PoolingMode.MEAN,
+              **_precision(cfg["dtype"], SparseType))
+    sets, _, unique = _inputs(cfg, device)
+    rotor = _Rotor([torch.cat(ind) for ind in sets])
     n = cfg["batch"] * cfg["pooling"]
-    indices = torch.cat(ind)
     offsets = torch.arange(0, n * cfg["tables"] + 1, cfg["pooling"], dtype=torch.int64, device=device)
     if cfg["pass"] == "forward":
         def call():
             with torch.no_grad():
-                tbe(indices, offsets)
-        return call, unique
-    grad = torch.ones(cfg["batch"], cfg["dim"] * cfg["tables"], device=device)
+                tbe(rotor.cur, offsets)
+        return call, unique, rotor.advance
+    dtype = getattr(torch, TORCH_DTYPES[cfg["dtype"]])
+    grad = torch.ones(cfg["batch"], cfg["dim"] * cfg["tables"], dtype=dtype, device=device)
+    outs: list = []
 
-    def call():
-        tbe(indices, offsets).backward(grad)  # fused backward applies the optimizer
-    return call, unique
+    def before():
+        rotor.advance()
+        outs[:] = [tbe(rotor.cur, offsets)]
+
+    def call():  # the fused backward applies the optimizer; the forward ran in before()
+        outs.pop().backward(grad)
+    return call, unique, before
 
 
 def _format(row: dict) -> str:
@@ -155,7 +209,8 @@ def _spec(label: str) -> str:
 
 
 def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: str = "torch",
-            repeats: int = 10, warmup: int = 2, resume: bool = False, progress=None) -> dict:
+            repeats: int = 10, warmup: int = 2, resume: bool = False, progress=None,
+            l2_flush: bool = True) -> dict:
     """Measure every config, appending one fsynced CSV row each; returns a summary."""
     import torch
 
@@ -189,6 +244,24 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
         done = _existing_keys(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     timer = time_cuda if device == "cuda" else time_cpu
+    flush, policy = l2_flusher(device, l2_flush)
+    fbgemm_version = None
+    if backend == "fbgemm":
+        try:
+            import fbgemm_gpu
+
+            fbgemm_version = getattr(fbgemm_gpu, "__version__", None)
+        except ImportError:
+            pass
+    meta = Meta(out, {"started": _now(), "finished": None, "status": "running", "device": device,
+                      "device_name": device_name, "backend": backend, "fbgemm_version": fbgemm_version,
+                      "torch_version": torch.__version__,
+                      "cuda_version": torch.version.cuda if device == "cuda" else None,
+                      "settings": {"repeats": repeats, "warmup": warmup, **policy,
+                                   "indices": "a fresh index set each call (cycled)",
+                                   "backward": "backward + optimizer step only; the forward runs "
+                                               "outside the timed region"}}, exists)
+    meta.write()
     written, skipped, failed = 0, 0, []
     with open(out, "a", encoding="utf-8", newline="") as f:
         if out.stat().st_size == 0:
@@ -204,12 +277,18 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
                 skipped += 1
                 continue
             try:
-                call, unique = (_fbgemm_call if backend == "fbgemm" else _torch_call)(cfg, device)
-                times = timer(call, warmup, repeats)
+                sized = {**cfg, "_sets": n_index_sets(cfg, warmup + repeats)}
+                call, unique, before = (_fbgemm_call if backend == "fbgemm" else _torch_call)(sized, device)
+                times = timer(call, warmup, repeats, flush=flush, before=before)
+                del call, before
             except KitError:
                 raise
             except (RuntimeError, ValueError, MemoryError) as e:  # e.g. out of memory: keep going
                 failed.append({**row, "error": str(e).splitlines()[0][:200]})
+                from kit.data.collect import is_fatal_cuda_error
+
+                if device == "cuda" and is_fatal_cuda_error(e):  # the context is lost: stop
+                    break
                 continue
             row.update(unique_rows=unique, lookups=cfg["batch"] * cfg["pooling"] * cfg["tables"],
                        latency_ms=summarise_ms(times), latency_min_ms=float(min(times)),
@@ -221,6 +300,9 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
             written += 1
             if progress:
                 progress(row)
+    meta.run.update(finished=_now(), status="done", written=written, skipped=skipped,
+                    failed=len(failed))
+    meta.write()
     if failed and not written:  # every config tried failed: an error, not "0 rows written"
         if not exists:  # the header alone would make the next run ask for --resume
             out.unlink(missing_ok=True)
