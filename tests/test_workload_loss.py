@@ -73,3 +73,15 @@ def test_validate_predicts_neusights_labels_without_the_loss(capsys, tmp_path):
     (row,) = json.loads(capsys.readouterr().out)["configs"]
     ref = predict_model("gpt2", "t4", mode="train", batch=1, seq=8, loss=False).total_ms
     assert row["predicted_ms"] == pytest.approx(ref, rel=1e-9)
+
+
+def test_compare_takes_no_loss_too(capsys):
+    # kit compare shares kit predict's model arguments: --no-loss was accepted and ignored
+    rows = {}
+    for flag in ([], ["--no-loss"]):
+        assert main(["compare", "gpt2", "--gpus", "t4", "--batch", "1", "--seq", "8", "--json", *flag]) == 0
+        r = json.loads(capsys.readouterr().out)
+        rows[bool(flag)] = r
+    assert rows[False]["loss"] == "cross-entropy" and rows[True]["loss"] is None
+    assert rows[False]["rows"][0]["step_ms"] > rows[True]["rows"][0]["step_ms"]
+    assert main(["compare", "gpt2", "--gpus", "t4", "--mode", "inference", "--no-loss"]) == 2

@@ -66,7 +66,7 @@ def parse_prices(text: str | None) -> dict:
 
 def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="eager",
             optimizer=None, predictor="auto", prices=None, overhead=None,
-            new_tokens: int | None = None, kv_cache: str = "static") -> dict:
+            new_tokens: int | None = None, kv_cache: str = "static", loss: bool = True) -> dict:
     from kit.errors import KitError
     from kit.hardware import get_gpu
     from kit.workload.iteration import iteration
@@ -77,7 +77,7 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
     if mode == "generate":
         return compare_generation(model, gpus, batch, seq or 512, new_tokens or 128, dtype, fusion,
                                   predictor, prices or {}, overhead, kv_cache)
-    graph = graph_of(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache)
+    graph = graph_of(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache, loss=loss)
     mem = memory_bytes(graph)
     # a module with its own example inputs knows its batch, and no sequence; DLRM reads none
     seq_used = graph.meta.get("seq")
@@ -108,7 +108,7 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
                        + "; ".join(r["unsupported"] for r in rows))
     return {"model": graph.model, "mode": mode, "batch": batch,
             "seq": seq_used if per_token else None, "dtype": dtype,  # DLRM has no sequence
-            "context": seq_used if decode else None,
+            "context": seq_used if decode else None, "loss": graph.meta.get("loss"),
             "unit": unit, "memory": mem, "rows": rows}
 
 
@@ -190,7 +190,7 @@ def run(args):
     check_decode_args(args)
     return compare(args.model, gpus, args.mode, args.batch, args.seq, args.dtype, args.fusion,
                    args.optimizer, args.predictor, parse_prices(args.price_per_hour), overhead_from(args),
-                   args.new_tokens, args.kv_cache or "static")
+                   args.new_tokens, args.kv_cache or "static", loss=not args.no_loss)
 
 
 def text(r) -> str:
