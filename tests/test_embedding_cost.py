@@ -117,3 +117,22 @@ def test_distributions_per_table():
     assert r.per_table[1]["unique_rows"] < r.per_table[0]["unique_rows"]
     r2 = lookup_cost([a, b], 2048, GPU, ["uniform", Zipf(1.2)])
     assert r2.parts["unique_rows"] == pytest.approx(r.parts["unique_rows"])
+
+
+@pytest.mark.parametrize("gpu", ["v100-sxm2-32gb", "a100-sxm4-80gb", "h100-sxm"])
+def test_forward_is_bounded_by_l2_bandwidth_and_skew_never_slows_it(gpu):
+    # hits were the only L2 traffic, so a skewed lookup came out faster than every row read
+    # passing through the L2 allows, and more skew (more hits) could make it slower
+    from kit.embedding import Zipf, lookup_cost
+    from kit.embedding.cost import l2_bw_gbs
+
+    g = get_gpu(gpu)
+    times = []
+    for alpha in (1.05, 1.2, 1.5, 2.0, 3.0):
+        tabs = [Table(rows=100_000, dim=32, pooling=80, name=f"t{i}", distribution=Zipf(alpha))
+                for i in range(4)]
+        c = lookup_cost(tabs, 65536, g)
+        floor_ms = c.parts["lookups"] * tabs[0].sector_row_bytes / (l2_bw_gbs(g) * 1e9) * 1e3
+        assert c.time_ms - c.parts["launch_ms"] >= floor_ms * (1 - 1e-9)
+        times.append(c.time_ms)
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:]))

@@ -125,6 +125,24 @@ def test_transfer_scales_gemm_by_peak_and_keeps_cpu(tmp_path):
     assert on.ranks[0]["predicted_ms"] == pytest.approx(base.ranks[0]["predicted_ms"] - saved)
 
 
+def test_transfer_scales_an_fbgemm_embedding_kernel_by_memory_bandwidth(tmp_path):
+    # "fbgemm" holds "gemm": the embedding lookups were rescaled by the FP32 peak ratio
+    from kit.hardware import get_gpu
+    from kit.trace.transfer import KERNEL_FLOOR_MS
+
+    name = "void fbgemm_gpu::split_embedding_codegen_forward_unweighted_kernel<float, float>"
+    doc = rank_trace(0, comm_dur=50, work=1000)
+    for e in doc["traceEvents"]:
+        if e["name"] == "volta_sgemm_128x64_nn":
+            e["name"] = name
+    p = write(tmp_path, "r0.json", doc)
+    tl = replay(p, on="h100-sxm").timeline()
+    k = tl[tl.name.str.contains("split_embedding")].iloc[0]
+    v, h = get_gpu("v100-sxm2-32gb"), get_gpu("h100-sxm")
+    f = KERNEL_FLOOR_MS
+    assert k.end_ms - k.start_ms == pytest.approx(f + (1.0 - f) * v.mem_bw_gbs / h.mem_bw_gbs)
+
+
 def test_perfetto_export_has_one_process_per_rank(tmp_path):
     r = replay(write(tmp_path, "r0.json", rank_trace(0)))
     crit = r.critical_path().op

@@ -9,7 +9,7 @@ Forward, one table with B bags of L rows of D elements (n = B·L lookups):
     M    = expected misses of a cache of C_t rows, H = n - M hits
     r    = row bytes rounded up to 32-B sectors           (DRAM and L2 move whole sectors)
     DRAM = M·r + n·idx_bytes + B·D·out_bytes              rows, indices, pooled output
-    L2   = H·r
+    L2   = n·r                                            every row read passes through L2 (hits and misses)
     t    = fixed + max(DRAM / (BW_dram·e), L2 / BW_l2), with the achievable DRAM bandwidth also
            capped by the bytes a GPU keeps in flight (Little's law): warps · rows_in_flight · r / latency
 
@@ -207,7 +207,7 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
         if not backward:
             misses = d.expected_misses(k, t.rows, share / r)
             dram = misses * r + k * index_bytes + out_bytes + (batch + 1) * index_bytes
-            l2 = (k - misses) * r
+            l2 = k * r  # every row read passes through the L2: the hits, and the misses it fills
             dram_gbs = _achieved_dram_gbs(gpu, batch * (len(tables) if fused else 1), r, t.pooling)
         else:
             misses = u

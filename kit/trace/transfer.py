@@ -23,6 +23,7 @@ from kit.trace.kineto import int_or_none
 
 KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent GPU
 _GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma", re.I)
+_FBGEMM = re.compile(r"fbgemm", re.I)  # the library's name says nothing of the kernel's kind
 _HALF = re.compile(r"h884|h1688|h16816|hmma|fp16|half|bf16|f16|s1688|s16816|tensorop|884|1688", re.I)
 _KIND = (("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("allgather", "allgather"),
          ("all_gather", "allgather"), ("reducescatter", "reducescatter"),
@@ -147,7 +148,7 @@ def transfer(tg: TraceGraph, on) -> str:
                         PCIE_GBS.get(dst_gpu.pcie_gen, 16.0)
                 else:
                     g.dur_ms[op] = d * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
-            elif _GEMM.search(ge.name):
+            elif _GEMM.search(_FBGEMM.sub("", ge.name)):  # fbgemm's embedding kernels are no GEMMs
                 dtype = "fp16" if _HALF.search(ge.name) else "fp32"
                 ps, pd = src_gpu.gemm_peak_tflops(dtype), dst_gpu.gemm_peak_tflops(dtype)
                 if not ps or not pd:
