@@ -10,6 +10,8 @@ from cli_json import cli_json
 from kit.cli import main
 from kit.errors import KitError
 from kit.workload.generation import generation, sample_contexts, summed_steps_ms
+from kit.workload.iteration import iteration
+from kit.workload.models import graph_of
 
 GPT = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100,
        "n_positions": 128, "name": "tiny-gpt"}
@@ -18,17 +20,18 @@ GPU = "a100-pcie-40gb"
 
 def test_sample_contexts_cover_every_decode_step():
     assert sample_contexts(100, 1) == []  # one token: the prefill made it
-    assert sample_contexts(100, 2) == [101]
+    # the step making new token i (2..N) has P + i - 2 tokens cached before it
+    assert sample_contexts(100, 2) == [100]
     c = sample_contexts(100, 257, samples=5)
-    assert c[0] == 101 and c[-1] == 356 and len(c) == 5 and c == sorted(set(c))
-    assert sample_contexts(10, 4, samples=5) == [11, 12, 13]
+    assert c[0] == 100 and c[-1] == 355 and len(c) == 5 and c == sorted(set(c))
+    assert sample_contexts(10, 4, samples=5) == [10, 11, 12]
 
 
 def test_the_sum_is_exact_for_a_step_affine_in_its_context():
     prompt, new = 300, 97
     contexts = sample_contexts(prompt, new)
     step = lambda c: 2.5 + 0.01 * c  # noqa: E731
-    every = np.arange(prompt + 1, prompt + new)
+    every = np.arange(prompt, prompt + new - 1)
     assert summed_steps_ms(contexts, [step(c) for c in contexts], prompt, new) == pytest.approx(
         sum(step(c) for c in every))
     assert len(every) == new - 1
@@ -37,19 +40,26 @@ def test_the_sum_is_exact_for_a_step_affine_in_its_context():
 def test_generation_is_its_prefill_and_its_decode_steps():
     b, p, n = 2, 20, 6
     r = predict_generation(GPT, GPU, batch=b, prompt=p, new_tokens=n)
-    assert r["ttft_ms"] == pytest.approx(predict_model(GPT, GPU, "inference", b, p).total_ms)
+    # the prefill computes the last position's logits only: less than a full forward pass
+    last = iteration(graph_of(GPT, b, p, "inference", "fp32", last_logits=True), GPU)
+    assert r["ttft_ms"] == pytest.approx(last.total_ms)
+    prefill = graph_of(GPT, b, p, "inference", "fp32", last_logits=True)
+    head = [n.op for n in prefill if n.module == "lm_head" and n.op is not None]
+    assert [op.m for op in head] == [b]  # one row a sequence (a full pass: b * p rows)
     for s in r["decode_steps"]:
         assert s["ms"] == pytest.approx(predict_model(GPT, GPU, "decode", b, s["context"]).total_ms)
     # every context sampled (5 samples, 5 steps): the sum is the steps' own sum
-    direct = sum(predict_model(GPT, GPU, "decode", b, c).total_ms for c in range(p + 1, p + n))
+    direct = sum(predict_model(GPT, GPU, "decode", b, c).total_ms for c in range(p, p + n - 1))
     assert r["decode_ms"] == pytest.approx(direct)
     assert r["total_ms"] == pytest.approx(r["ttft_ms"] + direct)
     assert r["tpot_ms"] == pytest.approx(direct / (n - 1))
     assert r["tokens_per_s"] == pytest.approx(b * n / r["total_ms"] * 1e3)
-    # the memory holds the cache at its longest: p + n - 1 cached tokens and the last new one
-    assert r["memory"]["kv_cache_bytes"] == 2 * 2 * b * 4 * (p + n) * 16 * 4
+    # the memory holds the cache at its longest: p + n - 1 tokens (the last new one is never fed)
+    assert r["memory"]["kv_cache_bytes"] == 2 * 2 * b * 4 * (p + n - 1) * 16 * 4
     one = generation(GPT, GPU, batch=b, prompt=p, new_tokens=1)
     assert one["total_ms"] == pytest.approx(one["ttft_ms"]) and one["tpot_ms"] is None
+    # the prompt's cache, which the prefill wrote, is in the memory need (it was left out)
+    assert one["memory"]["kv_cache_bytes"] == 2 * 2 * b * 4 * p * 16 * 4
 
 
 def test_longer_prompts_cost_more_first_token_and_longer_answers_more_decode():
@@ -64,8 +74,10 @@ def test_longer_prompts_cost_more_first_token_and_longer_answers_more_decode():
 def test_bad_generation_requests_are_one_clear_error():
     with pytest.raises(KitError, match="decoder-only"):
         generation("bert-base", GPU)
-    with pytest.raises(KitError, match="1000 tokens and 100 new need 1100 positions"):
+    with pytest.raises(KitError, match="1000-token prompt and 100 new tokens need 1099 positions"):
         generation("gpt2", GPU, prompt=1000, new_tokens=100)
+    # P + N - 1 positions: 1000 + 25 fits gpt2's 1024 (it was refused one token early)
+    assert generation("gpt2", GPU, prompt=1000, new_tokens=25)["new_tokens"] == 25
     with pytest.raises(KitError, match="new_tokens must be a positive"):
         generation("gpt2", GPU, new_tokens=0)
     with pytest.raises(KitError, match="zoo decoder or an HF-style config"):
@@ -99,3 +111,23 @@ def test_cli_generate(capsys):
     assert "--trace shows one step" in capsys.readouterr().err
     assert main(["predict", "gpt2", "--gpu", GPU, "--new-tokens", "4"]) == 2
     assert "--new-tokens goes with --mode generate" in capsys.readouterr().err
+
+
+def test_generate_memory_counts_the_last_positions_logits_only():
+    # the prefill's activations held every prompt position's logits (b x p x vocab), so generate's
+    # memory need was several times decode's at the same context and its max batch far smaller
+    big = {**GPT, "vocab_size": 32000}
+    full = graph_of(big, 8, 64, "inference", "fp32")
+    last = graph_of(big, 8, 64, "inference", "fp32", last_logits=True)
+    assert full.meta["activation_bytes"] >= 2 * 8 * 64 * 32000 * 4
+    assert last.meta["activation_bytes"] < full.meta["activation_bytes"] / 8
+    r = generation(big, GPU, batch=8, prompt=64, new_tokens=8)
+    assert r["memory"]["activations_bytes"] < full.meta["activation_bytes"] / 8
+
+
+def test_cuda_graphs_refuse_a_dynamic_cache(capsys):
+    # it was accepted and predicted a replayed step for a cache that is reallocated every step
+    assert main(["predict", "gpt2", "--gpu", GPU, "--mode", "decode", "--seq", "64",
+                 "--kv-cache", "dynamic", "--cuda-graphs"]) == 2
+    assert "--kv-cache static" in capsys.readouterr().err
+    assert main(["predict", "gpt2", "--gpu", GPU, "--mode", "decode", "--seq", "64", "--cuda-graphs"]) == 0

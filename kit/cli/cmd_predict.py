@@ -68,6 +68,9 @@ def check_decode_args(args) -> None:
         raise KitError(f"--kv-cache goes with --mode decode or generate (got --mode {args.mode})")
     if args.mode == "generate" and args.optimizer:
         raise KitError("an optimizer step needs mode train (got mode generate)")
+    if getattr(args, "cuda_graphs", False) and getattr(args, "kv_cache", None) == "dynamic":
+        raise KitError("--cuda-graphs replays one captured step, and a dynamic KV cache changes "
+                       "its tensors' shapes every step: use --kv-cache static with it")
     if getattr(args, "no_loss", False):
         if args.mode != "train":
             raise KitError(f"--no-loss goes with --mode train (got --mode {args.mode})")

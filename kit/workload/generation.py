@@ -3,12 +3,14 @@
     r = generation(model, gpu, batch=8, prompt=1024, new_tokens=256, dtype="bf16")
 
 A decoder answers a prompt of P tokens by running one forward pass over them (the prefill,
-`mode="inference"`), which also yields the first new token: the time to first token (TTFT). Each
-further token is one decode step (`mode="decode"`, kit.workload.kv_cache) with the tokens so far
-in the KV cache: the i-th new token (i = 2..N) decodes with P + i - 1 cached tokens.
+`mode="inference"`, computing the logits of each sequence's last position only, as HF generate
+and serving engines do), which also yields the first new token: the time to first token (TTFT).
+Each further token is one decode step (`mode="decode"`, kit.workload.kv_cache): the step that
+makes the i-th new token (i = 2..N) feeds the (i-1)-th with P + i - 2 tokens already cached. The
+last new token is never fed back, so the whole generation needs P + N - 1 positions.
 
     TTFT  = prefill(P)
-    total = TTFT + sum_{c = P+1}^{P+N-1} decode(c)
+    total = TTFT + sum_{c = P}^{P+N-2} decode(c)
     TPOT  = (total - TTFT) / (N - 1)              (time per output token after the first)
 
 A decode step's time is its weights (the same at every context) plus attention over the cache
@@ -29,18 +31,18 @@ DECODE_SAMPLES = 5
 
 def sample_contexts(prompt: int, new_tokens: int, samples: int = DECODE_SAMPLES) -> list[int]:
     """The contexts at which decode steps are predicted: up to `samples`, evenly spread over
-    the N - 1 decode steps' contexts P+1 .. P+N-1, ends included."""
+    the N - 1 decode steps' contexts P .. P+N-2 (the tokens cached before each), ends included."""
     if new_tokens < 2:
         return []
-    lo, hi = prompt + 1, prompt + new_tokens - 1
+    lo, hi = prompt, prompt + new_tokens - 2
     return sorted({int(round(c)) for c in np.linspace(lo, hi, min(samples, hi - lo + 1))})
 
 
 def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_tokens: int) -> float:
-    """Sum over every decode context P+1..P+N-1 of the step time interpolated between samples."""
+    """Sum over every decode context P..P+N-2 of the step time interpolated between samples."""
     if new_tokens < 2:
         return 0.0
-    every = np.arange(prompt + 1, prompt + new_tokens, dtype=float)
+    every = np.arange(prompt, prompt + new_tokens - 1, dtype=float)
     return float(np.interp(every, np.asarray(contexts, float), np.asarray(step_ms, float)).sum())
 
 
@@ -68,9 +70,15 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
         raise KitError(f"mode generate needs a decoder-only model ({', '.join(zoo.DECODERS)}); "
                        f"{name} is not one")
     zoo.check_mode(model, "decode", None, kv_cache)
-    zoo.check_seq(model, prompt, new_tokens)  # the last decode step: context P+N-1, and its new token
+    limit = zoo.max_seq(model)  # P + N - 1 positions: the last new token is never fed back
+    if limit and prompt + new_tokens - 1 > limit:
+        name = zoo.resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type"))
+        raise KitError(f"a {prompt}-token prompt and {new_tokens} new tokens need "
+                       f"{prompt + new_tokens - 1} positions, more than {name}'s {limit}; give a "
+                       f"prompt of {max(limit - new_tokens + 1, 0)} or less (--seq) or fewer new "
+                       "tokens (--new-tokens)")
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
-    prefill = iteration(graph_of(model, batch, prompt, "inference", dtype), gpu, **run)
+    prefill = iteration(graph_of(model, batch, prompt, "inference", dtype, last_logits=True), gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples)
     steps = [iteration(graph_of(model, batch, c, "decode", dtype, kv_cache=kv_cache), gpu, **run)
              for c in contexts]
@@ -81,9 +89,11 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
                             new_tokens) for q in ("p10", "p90")]
     total = prefill.total_ms + decode_ms
     mem = memory_bytes(prefill)
-    if contexts:  # the cache at its longest, and the larger of the two passes' activations
-        last = memory_bytes(graph_of(model, batch, prompt + new_tokens - 1, "decode", dtype,
-                                     kv_cache=kv_cache))
+    # the cache at its longest (P + N - 1 tokens; after a lone new token, the prompt's P, which
+    # the prefill wrote), and the larger of the two passes' activations
+    cached = prompt + new_tokens - 2 if new_tokens > 1 else prompt - 1
+    if cached >= 1:
+        last = memory_bytes(graph_of(model, batch, cached, "decode", dtype, kv_cache=kv_cache))
         acts = max(mem["activations_bytes"], last["activations_bytes"])
         mem = {**last, "activations_bytes": acts,
                "total_bytes": last["total_bytes"] - last["activations_bytes"] + acts}

@@ -85,19 +85,22 @@ def _inputs_for(module, batch: int, seq: int):
 
 
 def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
-             optimizer: str | None = None, inputs=None, kv_cache: str = "static", loss: bool = True):
+             optimizer: str | None = None, inputs=None, kv_cache: str = "static", loss: bool = True,
+             last_logits: bool = False):
     """The captured OpGraph of any supported model spec at one shape. `inputs` (a tuple or a dict
     of tensors, any device) overrides the example inputs of a module. kv_cache: a decode step's
     cache, "static" or "dynamic" (kit.workload.kv_cache; the zoo's decoders). loss: a zoo or
     HF-style language model's training step includes the cross-entropy over the vocabulary
     (kit.workload.zoo.lm_loss); False backpropagates from the logits. A module of your own is
-    captured as its forward returns: return the loss to include it."""
+    captured as its forward returns: return the loss to include it. last_logits: a zoo or HF-style
+    decoder's inference pass computes the last position's logits only (generation's prefill)."""
+    zoo_args = (kv_cache, loss, last_logits)
     if isinstance(model, dict):
-        return _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache, loss)
+        return _zoo_graph(model, batch, seq, mode, dtype, optimizer, *zoo_args)
     if isinstance(model, str) and model.lower().endswith(".json"):
-        return _zoo_graph(read_config(model), batch, seq, mode, dtype, optimizer, kv_cache, loss)
+        return _zoo_graph(read_config(model), batch, seq, mode, dtype, optimizer, *zoo_args)
     if isinstance(model, str) and ":" not in model:
-        return _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache, loss)
+        return _zoo_graph(model, batch, seq, mode, dtype, optimizer, *zoo_args)
     obj = load_callable(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else type(model).__name__
     import torch
@@ -191,7 +194,8 @@ def _leading_dim(inputs) -> int:
     return 1
 
 
-def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static", loss=True):
+def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static", loss=True,
+               last_logits=False):
     """zoo.graph_for, refusing a sequence length for a model that reads none (DLRM)."""
     from kit.workload import zoo
 
@@ -199,7 +203,8 @@ def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static", los
     if seq is not None and reads is not None:
         name = model if isinstance(model, str) else model.get("name", model.get("model_type"))
         raise KitError(f"{name} reads no sequence ({reads}); give no seq (--seq; got {seq})")
-    return zoo.graph_for(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache, loss=loss)
+    return zoo.graph_for(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache, loss=loss,
+                         last_logits=last_logits)
 
 
 def memory_bytes(graph) -> dict:

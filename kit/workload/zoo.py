@@ -313,12 +313,14 @@ def lm_loss(vocab: int):
 
 def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str = "train",
               dtype: str = "fp32", optimizer: str | None = None, disk: bool | None = None,
-              kv_cache: str = "static", loss: bool = True):
+              kv_cache: str = "static", loss: bool = True, last_logits: bool = False):
     """The captured OpGraph of a zoo model / config for one shape, cached. kv_cache: how a
     decode step's cache grows, "static" or "dynamic" (kit.workload.kv_cache). loss: a training
     step of a language model ends its forward pass with the cross-entropy over the vocabulary
     (lm_loss) and starts its backward there; False starts it at the logits, as NeuSight's
-    labels were measured (kit validate)."""
+    labels were measured (kit validate). last_logits: an inference pass computes the logits of
+    each sequence's last position only, as generation's prefill does (HF generate's
+    logits_to_keep=1, serving engines): the LM head reads one row a sequence."""
     _check_positive(batch=batch)
     if isinstance(model, dict):  # its sizes before a default seq is read off them
         _check_sizes(model.get("model_type", "gpt2"), model)
@@ -332,7 +334,9 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
     captured = f"decode:{kv_cache}" if mode == "decode" else mode
     loss = bool(loss) and mode == "train"
-    key = _key(model, batch, seq, captured + (":loss" if loss else ""), dtype, optimizer)
+    last_logits = bool(last_logits) and mode == "inference"
+    key = _key(model, batch, seq, captured + (":loss" if loss else "") + (":last" if last_logits else ""),
+               dtype, optimizer)
     if key in _LRU:
         _LRU.move_to_end(key)
         return _LRU[key]
@@ -345,7 +349,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError):
             graph = None
     if graph is None:
-        graph = _capture(model, batch, seq, captured, dtype, optimizer, loss)
+        graph = _capture(model, batch, seq, captured, dtype, optimizer, loss, last_logits)
         if use_disk:
             _write(path, graph)
     graph.meta["cache_key"] = key  # kit.workload.latency_cache keys predictions on it
@@ -371,7 +375,12 @@ LAYER_KEYS = ("n_layer", "num_hidden_layers")  # families whose layers are all a
 REPLICABLE = {"gpt2", "bert", "opt", "deepseek_v3", *LLAMA_FAMILIES}
 
 
-def _capture(model, batch, seq, mode, dtype, optimizer, loss=False):
+def _last_position(module, args):
+    """A forward pre-hook for the LM head: only each sequence's last position (a view)."""
+    return (args[0][..., -1:, :], *args[1:])
+
+
+def _capture(model, batch, seq, mode, dtype, optimizer, loss=False, last_logits=False):
     """Capture; for models of identical layers, capture three and repeat the middle one
     (kit.workload.replicate: the same graph, a fraction of the time)."""
     from kit.workload.capture import capture, capture_optimizer
@@ -387,6 +396,9 @@ def _capture(model, batch, seq, mode, dtype, optimizer, loss=False):
     loss_fn = lm_loss(vocab) if loss and mode == "train" and isinstance(vocab, int) else None
     meta["loss"] = "cross-entropy" if loss_fn is not None else None
     full = build(cfg)
+    if last_logits and hasattr(full, "lm_head"):
+        full.lm_head.register_forward_pre_hook(_last_position)
+        meta["last_logits"] = True
     if mode.startswith("decode"):  # one new token per sequence, `seq` tokens in the KV cache
         from kit.workload.capture import TORCH_DTYPES
         from kit.workload.kv_cache import cache_bytes
@@ -409,6 +421,8 @@ def _capture(model, batch, seq, mode, dtype, optimizer, loss=False):
             and n_layers > first + 3 and (optimizer is None or mode == "train")
             and len(caches) <= 1 and len(masks) <= 1):
         few = build({**cfg, layer_key: first + 3})
+        if meta.get("last_logits"):
+            few.lm_head.register_forward_pre_hook(_last_position)
         small = capture(few, inputs, mode=mode, dtype=dtype, name=name, meta=meta, loss=loss_fn)
         graph = expand_layers(small, n_layers, first)
         if graph is not None:
