@@ -251,8 +251,9 @@ print(f"eager {step.total_ms:.1f} ms a step (GPU idle {max(step.gpu_idle_ms, 0):
 """),
     md(r"""
 A whole answer is the prompt's **prefill** (one forward pass over it, which yields the first
-token: the time to first token, TTFT) and then one decode step per further token, each with one
-more token in the cache. `predict_generation` (CLI: `--mode generate --new-tokens N`) sums the
+token: the time to first token, TTFT; only the last position's logits are computed, as HF's
+`generate` does) and then one decode step per further token, each with one more token in the
+cache. `predict_generation` (CLI: `--mode generate --new-tokens N`) sums the
 steps from decode steps predicted at five contexts and interpolated between them.
 """),
     code("""
