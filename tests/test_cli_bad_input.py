@@ -338,8 +338,9 @@ def test_decode_default_context_fits_and_new_tokens_alone_are_named():
     assert graph.meta["seq"] == TINY["n_positions"] - 1
     with pytest.raises(KitError, match="100000 new tokens alone need more than .* 64 learned positions"):
         generation(dict(TINY), "h100-sxm", prompt=8, new_tokens=100000)
-    with pytest.raises(KitError, match=r"seq of 4 or less \(--seq\)"):
+    with pytest.raises(KitError, match=r"seq of 5 or less \(--seq\)"):  # P + N - 1 <= 64
         generation(dict(TINY), "h100-sxm", prompt=8, new_tokens=60)
+    assert generation(dict(TINY), "h100-sxm", prompt=5, new_tokens=60)["new_tokens"] == 60
 
 
 def test_comm_fit_refuses_impossible_measurements(tmp_path, capsys):

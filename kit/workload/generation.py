@@ -73,10 +73,13 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     limit = zoo.max_seq(model)  # P + N - 1 positions: the last new token is never fed back
     if limit and prompt + new_tokens - 1 > limit:
         name = zoo.resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type"))
+        if new_tokens > limit:  # no prompt helps: the new tokens alone take every position
+            raise KitError(f"{new_tokens} new tokens alone need more than {name}'s {limit} learned "
+                           f"positions, whatever the prompt; generate at most {limit} (--new-tokens)")
         raise KitError(f"a {prompt}-token prompt and {new_tokens} new tokens need "
-                       f"{prompt + new_tokens - 1} positions, more than {name}'s {limit}; give a "
-                       f"prompt of {max(limit - new_tokens + 1, 0)} or less (--seq) or fewer new "
-                       "tokens (--new-tokens)")
+                       f"{prompt + new_tokens - 1} positions (the last new token is never fed back), "
+                       f"more than {name}'s {limit}; give a seq of {limit - new_tokens + 1} or less "
+                       "(--seq) or fewer new tokens (--new-tokens)")
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
     prefill = iteration(graph_of(model, batch, prompt, "inference", dtype, last_logits=True), gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples)
