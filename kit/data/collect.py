@@ -25,9 +25,8 @@ snapshots, torch flags and every collector setting; written at the start of a ru
 its end, one entry per run) and FILE.failed.jsonl (one line per failed measurement). A CUDA error
 (illegal address, device-side assert: the context is lost) stops the run cleanly.
 
-Files written by this collector have two optional columns after kit.data.schema.COLUMNS,
-kernel_ms and latency_median_ms (load_measurements drops them; read them with pandas); a file
-from before, without them, is resumed in its own format.
+Rows carry kernel_ms and latency_median_ms (kit.data.schema.COLUMNS, the last two); a file
+from before them is resumed in its own format.
 """
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kit.data import schema
-from kit.data.records import HEADER, Appender, row_key
+from kit.data.records import Appender, row_key
 from kit.data.shapes import shape_kind
 from kit.errors import KitError
 
@@ -372,19 +371,6 @@ def plan(ops: list[str], shapes: list[tuple]) -> tuple[list[tuple[str, tuple]], 
     return tasks, unmatched
 
 
-EXTRA_COLUMNS = ("kernel_ms", "latency_median_ms")  # optional, after schema.COLUMNS
-FULL_HEADER = HEADER + list(EXTRA_COLUMNS)
-
-
-class Sink(Appender):
-    """Append collector rows to a CSV durably (kit.data.records.Appender) with EXTRA_COLUMNS
-    after the schema's. A file from before (the schema's header alone) is resumed in its own
-    format."""
-
-    NEW_HEADER = FULL_HEADER
-    ACCEPTED = (HEADER, FULL_HEADER)
-
-
 def side_path(out: str | Path, suffix: str) -> Path:
     """FILE.csv -> FILE<suffix> beside it (e.g. .meta.json, .failed.jsonl)."""
     out = Path(out)
@@ -563,7 +549,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
     failed, measured, stopped = [], 0, None
     new = not (Path(out).is_file() and Path(out).stat().st_size > 0)
     failures = side_path(out, ".failed.jsonl")
-    with Sink(out, resume=resume) as sink:
+    with Appender(out, resume=resume) as sink:
         todo, planned = [], set()
         for op, shape in tasks:
             row = {"op": op, **shape_columns(op, shape), **base}
@@ -655,8 +641,6 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                                    latency_median_ms=median_ms(times), **extra)
                         if row.get("kernel_name"):
                             row.update(zip(("tile_m", "tile_n", "tile_k"), schema.parse_tile(row["kernel_name"])))
-                        if sink.header == HEADER:  # a file from before: its own columns
-                            row = {k: v for k, v in row.items() if k not in EXTRA_COLUMNS}
                         sink.append(row)
                         measured += 1
                         del call

@@ -22,6 +22,7 @@ from kit.data.neusight import NEUSIGHT_COLUMNS, from_neusight, read_neusight_csv
 from kit.errors import KitError
 
 HEADER = list(schema.COLUMNS)
+LEGACY_HEADER = [c for c in HEADER if c not in schema.LATER_COLUMNS]  # kit CSVs from before them
 KEY_COLUMNS = ("op", "dtype", "device_name", "b", "m", "n", "k", "rows", "cols", "in_channels",
                "out_channels", "kernel_size", "input_size", "stride", "padding")
 
@@ -102,7 +103,7 @@ class Appender:
     header of ACCEPTED, each in its own format."""
 
     NEW_HEADER: list[str] = HEADER
-    ACCEPTED: tuple = (HEADER,)
+    ACCEPTED: tuple = (HEADER, LEGACY_HEADER)
 
     def __init__(self, path: str | Path, resume: bool = False):
         self.path = Path(path)

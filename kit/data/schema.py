@@ -75,7 +75,11 @@ COLUMNS: dict[str, str] = {
     "blocks_per_sm": "float64", "warps_per_sm": "float64",
     "source": "str", "split": "str",
     "torch_version": "str", "cuda_version": "str", "cudnn_version": "str",
+    # the kit's own collector (kit.data.collect) since it keeps them: the summed device time of
+    # the profiled call's kernels, and the median of the timed calls (latency_ms: the fastest fifth)
+    "kernel_ms": "float64", "latency_median_ms": "float64",
 }
+LATER_COLUMNS = ("kernel_ms", "latency_median_ms")  # absent from kit CSVs written before them
 GEMM_DIMS = ("b", "m", "n", "k")
 VECTOR_DIMS = ("rows", "cols")
 CONV_DIMS = ("b", "in_channels", "out_channels", "kernel_size", "input_size", "stride", "padding")
