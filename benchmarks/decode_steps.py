@@ -33,7 +33,6 @@ import argparse
 import gc
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from kit.errors import KitError  # noqa: E402
+from kit.data.collect import is_fatal_cuda_error  # noqa: E402
+from kit.data.records import append_jsonl, read_jsonl  # noqa: E402
+from kit.errors import KitError, one_line  # noqa: E402
 from kit.workload import zoo  # noqa: E402
 from kit.workload.capture import TORCH_DTYPES  # noqa: E402
 
@@ -120,27 +121,13 @@ def _kernels(step, steps: int = 3) -> dict:
                             for n, v in top]}
 
 
-FATAL = ("CUDA error", "device-side assert", "illegal memory access", "illegal instruction",
-         "unspecified launch failure", "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address")
-
-
-def is_fatal(e: BaseException) -> bool:
-    """A CUDA error after which the context is unusable (sticky): stop, and call no CUDA API."""
-    if isinstance(e, getattr(torch, "OutOfMemoryError", ())):
-        return False
-    acc = getattr(torch, "AcceleratorError", None)
-    if acc is not None and isinstance(e, acc):
-        return True
-    return any(s in str(e) for s in FATAL)
-
-
 def skip_reason(model, context: int) -> str | None:
     """Why a decode step at `context` cannot run on this model (None when it can): one new token
     after `context` cached ones needs context + 1 learned positions."""
     try:
         zoo.check_seq(model, context, 1)
     except KitError as e:
-        return str(e).splitlines()[0]
+        return one_line(e, with_type=False)
     return None
 
 
@@ -174,7 +161,7 @@ def measure(model, batch: int, context: int, dtype: str = "bf16", device: str = 
            "measured_ms": _time_ms(step, device, repeats)}
     if device == "cuda":
         row.update(_kernels(step))
-    del cache, ids, step
+    ids = cache = step = None  # free the step's memory before the next row
     if own:
         del m
     if gpu is not None:
@@ -185,26 +172,22 @@ def measure(model, batch: int, context: int, dtype: str = "bf16", device: str = 
                                kv_cache=kind)
             row.update(predicted_ms=it.total_ms, predicted_kernel_ms=it.kernel_ms, predicted_gpu=it.gpu)
         except Exception as e:  # noqa: BLE001 - the measurement stands without it
-            row["predict_error"] = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            row["predict_error"] = one_line(e, with_type=False)[:200]
     row["seconds"] = round(time.perf_counter() - t0, 3)
     return row
 
 
 class Rows:
     """Rows kept in memory and, with a path, appended to a JSON-lines file one fsynced line
-    each; rows already in the file (measured or skipped) are not run again."""
+    each (kit.data.records.append_jsonl); rows already in the file (measured or skipped) are
+    not run again."""
 
     def __init__(self, path: str | None):
         self.path, self.rows, self.done = (Path(path) if path else None), [], set()
-        if self.path and self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    r = json.loads(line)
-                except ValueError:  # a line cut short by a kill
-                    continue
-                if isinstance(r, dict) and "model" in r and "error" not in r:
-                    self.rows.append(r)
-                    self.done.add(self.key(r))
+        for r in read_jsonl(self.path) if self.path else []:
+            if "model" in r and "error" not in r:
+                self.rows.append(r)
+                self.done.add(self.key(r))
 
     @staticmethod
     def key(r) -> tuple:
@@ -214,14 +197,7 @@ class Rows:
     def add(self, row: dict) -> None:
         self.rows.append(row)
         if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            data = self.path.read_bytes() if self.path.is_file() else b""
-            with open(self.path, "ab") as f:
-                if data and not data.endswith(b"\n"):
-                    f.write(b"\n")  # after a line cut short
-                f.write((json.dumps(row, default=_json_default) + "\n").encode())
-                f.flush()
-                os.fsync(f.fileno())
+            append_jsonl(self.path, row, default=_json_default)
 
 
 def _json_default(x):
@@ -263,8 +239,8 @@ def sweep(models, batches, contexts, dtype: str, device: str, repeats: int, gpu:
                 rows.add(measure(model, batch, context, dtype, device, warmup=warmup,
                                  repeats=repeats, gpu=gpu, kind=kind, m=m))
             except Exception as e:  # noqa: BLE001 - out of memory, a model that does not build, ...
-                fatal = device == "cuda" and is_fatal(e)
-                text = str(e).splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                fatal = device == "cuda" and is_fatal_cuda_error(e)
+                text = one_line(e, with_type=False)[:300]
                 rows.add({**base, "error": f"{type(e).__name__}: {text}", **({"fatal": True} if fatal else {})})
                 print(json.dumps(rows.rows[-1]), file=sys.stderr, flush=True)
                 if fatal:  # the context is gone: no CUDA call after this one

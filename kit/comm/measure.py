@@ -22,7 +22,6 @@ measured; the file is removed once FILE is written.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from kit.comm.conventions import KINDS, canonical_kind
 from kit.errors import KitError
+from kit.data.records import append_jsonl, read_jsonl
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 WORD_BYTES = 4  # float32, nccl-tests type "float"
@@ -197,28 +197,9 @@ def _pin(rank: int) -> None:
         pass
 
 
-def _append_row(path, row: dict) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def read_rows(path) -> list[dict]:
     """The rows a sweep appended to `path` (JSON lines); a line cut short by a crash is dropped."""
-    rows = []
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return rows
-    for line in text.splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(r, dict) and "kind" in r:
-            rows.append(r)
-    return rows
+    return [r for r in read_jsonl(path) if "kind" in r]
 
 
 def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, timing, pin, result_path):
@@ -277,7 +258,7 @@ def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, 
                 row = {"kind": kind, "size_bytes": count * WORD_BYTES, "count": count,
                        "dtype": "float", "time_us": float(t.item()), "wrong": int(wrong.item())}
                 if rank == 0:  # one fsynced line as each (kind, size) finishes: a crash keeps it
-                    _append_row(result_path, row)
+                    append_jsonl(result_path, row)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -37,6 +37,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,9 +48,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kit.data import schema
-from kit.data.records import Appender, row_key
+from kit.data.records import Appender, append_jsonl, row_key
 from kit.data.shapes import shape_kind
-from kit.errors import KitError
+from kit.errors import KitError, one_line
 
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 OPS_OF_KIND = {"gemm": ("bmm", "linear"), "conv": ("conv",),
@@ -145,12 +146,6 @@ def summarise_ms(times_ms: list[float]) -> float:
     """Mean of the fastest fifth (at least one) of the timed calls."""
     keep = max(1, len(times_ms) // 5)
     return float(sum(sorted(times_ms)[:keep]) / keep)
-
-
-def median_ms(times_ms: list[float]) -> float:
-    t = sorted(times_ms)
-    mid = len(t) // 2
-    return float(t[mid] if len(t) % 2 else (t[mid - 1] + t[mid]) / 2)
 
 
 def time_cpu(call, warmup: int, repeats: int, flush=None, before=None) -> list[float]:
@@ -499,10 +494,6 @@ def _groups(todo: list) -> list[list]:
     return out
 
 
-def _size(shape: tuple) -> int:
-    return math.prod(shape)
-
-
 def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: bool = False,
             warmup: int = 5, repeats: int = 25, profile: bool = True, cooldown_ms: float = 0.0,
             progress: bool | None = None, threads: int | None = None, l2_flush: bool = True,
@@ -588,13 +579,14 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
         show = progress if progress is not None else (sys.stderr.isatty() and len(todo) >= 20)
         bar = _progress(len(todo), show)
 
+        def out_of_time() -> bool:
+            return time_limit_s is not None and time.monotonic() - t_start >= time_limit_s
+
         def fail(op, shape, error):
             item = {"op": op, "shape": list(shape), "error": error}
             failed.append(item)
             try:
-                with open(failures, "a", encoding="utf-8") as f:
-                    f.write(json.dumps({"time": _now(), "dtype": dtype, "device": env["device_name"],
-                                        **item}) + "\n")
+                append_jsonl(failures, {"time": _now(), "dtype": dtype, "device": env["device_name"], **item})
             except OSError:
                 pass
 
@@ -604,18 +596,18 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                 for group in _groups(todo):
                     if stopped:
                         break
-                    if warmup_ms and (time_limit_s is None or time.monotonic() - t_start < time_limit_s):
-                        op, shape, _ = max(group, key=lambda t: _size(t[1]))
+                    if warmup_ms and not out_of_time():
+                        op, shape, _ = max(group, key=lambda t: math.prod(t[1]))
                         try:
                             warm_for(build_call(op, shape, dtype, device, bias), warmup_ms / 1000, sync)
                         except Exception as e:  # noqa: BLE001 - its measurement will say
                             if is_fatal_cuda_error(e):
-                                stopped = f"CUDA error while warming up {op} {shape}: {_line(e)}"
+                                stopped = f"CUDA error while warming up {op} {shape}: {_why(e)}"
                                 fail(op, shape, stopped)
                                 break
                             _release(device)
                     for op, shape, row in group:
-                        if time_limit_s is not None and time.monotonic() - t_start >= time_limit_s:
+                        if out_of_time():
                             stopped = f"time limit ({time_limit_s:g} s) reached"
                             break
                         try:
@@ -624,10 +616,10 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                             extra = _kernel_info(call, flush) if device == "cuda" and profile else {}
                         except Exception as e:  # noqa: BLE001 - out of memory, unsupported dtype, ...
                             call = None
-                            fail(op, shape, _line(e))
+                            fail(op, shape, _why(e))
                             bar.update(1)
                             if device == "cuda" and is_fatal_cuda_error(e):
-                                stopped = f"CUDA error (the context is lost; rerun with --resume): {_line(e)}"
+                                stopped = f"CUDA error (the context is lost; rerun with --resume): {_why(e)}"
                                 break
                             _release(device)
                             continue
@@ -638,7 +630,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                             continue
                         info = schema.op_info(op)
                         row.update(op_class=info[0], elem_kind=info[1], scalar=info[2], latency_ms=latency,
-                                   latency_median_ms=median_ms(times), **extra)
+                                   latency_median_ms=float(statistics.median(times)), **extra)
                         if row.get("kernel_name"):
                             row.update(zip(("tile_m", "tile_n", "tile_k"), schema.parse_tile(row["kernel_name"])))
                         sink.append(row)
@@ -675,9 +667,9 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
             "failures_file": str(failures) if failed else None}
 
 
-def _line(e: BaseException) -> str:
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else type(e).__name__)[:300]
+def _why(e: BaseException) -> str:
+    """A failed measurement's reason: the exception's first line, at most 300 characters."""
+    return one_line(e, with_type=False)[:300]
 
 
 def _kernel_info(call, flush=None) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 import warnings
@@ -164,6 +165,39 @@ class Appender:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def append_jsonl(path: str | Path, obj, default=None) -> None:
+    """Append obj to a JSON-lines file as one line, flushed and fsynced (a killed run keeps every
+    line it finished); a line cut short before it is ended first, so the two never merge."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab+") as f:
+        cut = False
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            cut = f.read(1) != b"\n"
+        f.write((("\n" if cut else "") + json.dumps(obj, default=default) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file, in order; a line cut short by a kill, or anything
+    else that is not a JSON object, is left out. A missing file is none."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
 
 
 def _fsync_dir(path: Path) -> None:

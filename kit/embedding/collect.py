@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.data.collect import Meta, _now, l2_flusher, summarise_ms, time_cpu, time_cuda
+from kit.data.collect import (Meta, _now, is_fatal_cuda_error, l2_flusher, summarise_ms, time_cpu,
+                              time_cuda)
 from kit.data.records import _fsync_dir, repair
 from kit.embedding.distributions import parse_distribution
 from kit.errors import KitError
@@ -285,8 +286,6 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
                 raise
             except (RuntimeError, ValueError, MemoryError) as e:  # e.g. out of memory: keep going
                 failed.append({**row, "error": str(e).splitlines()[0][:200]})
-                from kit.data.collect import is_fatal_cuda_error
-
                 if device == "cuda" and is_fatal_cuda_error(e):  # the context is lost: stop
                     break
                 continue

@@ -9,7 +9,6 @@ The latency is the target.
 from __future__ import annotations
 
 import warnings
-
 from pathlib import Path
 
 import numpy as np

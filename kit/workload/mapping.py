@@ -381,18 +381,15 @@ def input_streams(ins, lead) -> float:
 
 def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float):
     numel = max(1, int(lead.numel() * mult))
-    if kind in ("fill",):  # no read: the learned one-input pass, at the bytes a write moves
-        return Derived("elementwise", (Elementwise(kind, numel, dtype, inputs=1),), 0.5, "fill (write only)")
     if kind == "copy" and len(ins) > 1:  # cat/stack: read every input once, write the output
         return Elementwise("copy", numel, dtype, inputs=1)
-    streams = input_streams(ins, lead)
+    streams = 0.0 if kind == "fill" else input_streams(ins, lead)  # a fill reads nothing
     n = max(1, round(streams))
     op = Elementwise(kind, numel, dtype, inputs=n)
     if abs(streams - n) < 1e-6:
         return op
-    if streams == 0:  # nothing read from DRAM (scalar or on-chip inputs): a write, like a fill
-        return Derived("elementwise", (op,), 0.5, f"{kind} (write only)")
-    # a narrower input (a bool mask): the learned n-input pass scaled by the bytes really moved
+    # narrower inputs (a bool mask), or none read from DRAM (a fill, scalar or on-chip inputs:
+    # a write alone, half a one-input pass): the learned n-input pass scaled by the bytes moved
     return Derived("elementwise", (op,), (streams + 1) / (n + 1), f"{kind} ({streams:g} input streams)")
 
 
