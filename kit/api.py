@@ -289,9 +289,11 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
             "transfer_sigma": bundle.tile.transfer_sigma}
 
 
-def evaluate_predictors(test, predictors=None, weights=None, data_dir=None) -> list[dict]:
+def evaluate_predictors(test, predictors=None, weights=None, data_dir=None,
+                        target: str = "latency") -> list[dict]:
     """Score predictors on measured test rows (a NeuSight-format or kit CSV, or a folder):
-    [{predictor, gpu, op, n, mape, median_ape, p90_ape}] in percent."""
+    [{predictor, gpu, op, n, mape, median_ape, p90_ape}] in percent. target: "latency" (the
+    timed call) or "kernel" (the summed kernel time the kit's collector records, kernel_ms)."""
     import pandas as pd
 
     from kit.predict.evaluate import VISIBLE, evaluate, parse_predictors
@@ -310,4 +312,4 @@ def evaluate_predictors(test, predictors=None, weights=None, data_dir=None) -> l
         _path_arg(test, "test (a CSV or a folder of them)")
     if weights is not None:
         _path_arg(weights, "weights (a folder from train_predictors)")
-    return evaluate(test, predictors, weights_dir=weights, data_dir=data_dir)
+    return evaluate(test, predictors, weights_dir=weights, data_dir=data_dir, target=target)

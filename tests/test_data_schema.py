@@ -18,6 +18,11 @@ TILES = [
     ("void cutlass::Kernel<cutlass_80_simt_sgemm_128x256_8x4_tn_align1>(cutlass_80_simt_sgemm_128x256_8x4_tn_align1::Params)",
      (128, 256, 8)),
     ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>", (128, 128, 32)),
+    # measured on an H200 (measurements/h200-2026-12-04): unaligned bf16 GEMMs fall back to these
+    ("void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_256x128_tn_align1>(cutlass_75_tensorop_bf16_s1688gemm_bf16_256x128_tn_align1::Params)",
+     (256, 128, None)),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align2>", (16, 16, 128)),
+    ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_bias_TNT", (64, 8, 64)),
     ("Cijk_Ailk_Bljk_SB_MT128x64x16_MI32x32x2x1_SE_1LDSB0_APM1", (128, 64, 16)),
     ("cudnn_infer_volta_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1", (128, 128, None)),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float> >", (None, None, None)),

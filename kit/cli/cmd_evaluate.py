@@ -14,7 +14,8 @@ def run(args):
         from kit.data import resolve_data_dir
 
         data = resolve_data_dir(args.data)
-    return evaluate_predictors(args.test, args.predictors, weights=args.weights, data_dir=data)
+    return evaluate_predictors(args.test, args.predictors, weights=args.weights, data_dir=data,
+                               target=args.target)
 
 
 def text(rows):
@@ -33,7 +34,7 @@ def register(sub):
     p = add_command(sub, "evaluate", "score predictors on measured test rows (APE in percent)",
                     run, text)
     p.add_argument("--test", type=nonempty, required=True, metavar="FILE_OR_DIR",
-                   help="a test CSV (NeuSight format: OPName, Latency, Device, B, M, N, K or B, H)"
+                   help="a test CSV or CSV.gz (NeuSight format: OPName, Latency, Device, B, M, N, K or B, H)"
                         " or a folder of them")
     p.add_argument("--data", type=nonempty, metavar="DIR",
                    help="NeuSight data folder: training measurements for habitat's reference")
@@ -41,4 +42,7 @@ def register(sub):
                    "roofline,habitat,li,mlp,tile")
     p.add_argument("--weights", type=nonempty, metavar="DIR", help="weights folder from `kit train --out` "
                    "(default: the shipped weights)")
+    p.add_argument("--target", choices=["latency", "kernel"], default="latency",
+                   help="score against the timed call (latency_ms, default) or its summed GPU kernel "
+                        "time (kernel_ms: the kit collector's rows only)")
     p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")

@@ -8,6 +8,7 @@ and `repair` drops that unfinished line before a resumed run appends to the file
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import math
@@ -213,10 +214,26 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def is_gzip(path: Path) -> bool:
+    """A measurement file kept gzipped (FILE.csv.gz), as the project's own measurements ship."""
+    return Path(path).suffix == ".gz"
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped for a .gz; a broken archive is one KitError naming the file."""
+    try:
+        if is_gzip(path):
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        with open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise KitError(f"cannot read {path}: {e}") from None
+
+
 def _read_schema_csv(path: Path) -> pd.DataFrame:
     text_cols = {c: "str" for c, d in schema.COLUMNS.items() if d in ("str", "boolean")}
-    with open(path, "rb") as f:
-        data = f.read()
+    data = _read_bytes(path)
     dropped = False
     if data and not data.endswith(b"\n"):
         last = data[data.rfind(b"\n") + 1:]
@@ -237,7 +254,8 @@ def _read_schema_csv(path: Path) -> pd.DataFrame:
 
 
 def load_measurements(path: str | Path) -> pd.DataFrame:
-    """A measurement CSV as a schema table: the kit's own (the collector's) or NeuSight's format.
+    """A measurement CSV (or a gzipped FILE.csv.gz) as a schema table: the kit's own (the
+    collector's) or NeuSight's format.
 
     The format is told by the header: NeuSight's has OPName, Latency and Device.
     """
@@ -247,10 +265,13 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
     if not path.is_file():
         raise KitError(f"measurement file not found: {path}")
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        opener = gzip.open if is_gzip(path) else open
+        with opener(path, "rt", encoding="utf-8", newline="") as f:
             header = next(csv.reader([f.readline()]), [])
     except UnicodeDecodeError:
         raise KitError(f"{path} is not a text CSV") from None
+    except (OSError, EOFError) as e:  # a .gz that is not gzip, or is cut short
+        raise KitError(f"cannot read {path}: {e}") from None
     neusight = any(c in header for c in NEUSIGHT_COLUMNS) and "op" not in header
     if neusight:  # read_neusight_csv names a missing OPName, Latency or Device
         split = "test" if "test" in path.parts else "train"

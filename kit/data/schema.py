@@ -113,6 +113,8 @@ _TILE_PATTERNS = [
     # e.g. nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNT; the whole structure must be there
     re.compile(r"^nvjet_(?:sm\d+_)?[a-z0-9]+_(\d+)x(\d+)_(\d+)x\d+_\d+x\d+(?:_|$)"),
     re.compile(r"cutlass\w*?gemm\w*?_(\d+)x(\d+)_(\d+)x\d+"),   # cutlass_80_simt_sgemm_128x256_8x4_tn
+    # cuBLAS's Turing-style tensor-op kernels name no k: cutlass_75_tensorop_bf16_s1688gemm_bf16_64x64_tn_align1
+    re.compile(r"cutlass\w*?gemm\w*?_(\d+)x(\d+)_[nt][nt]_align\d"),
     re.compile(r"(?<![a-z])[sdhc]gemm_(\d+)x(\d+)x(\d+)"),      # sgemm_128x128x8_NT
     re.compile(r"(?:maxwell|volta|turing|ampere|hopper|sm\d+)_\w*?gemm_(\d+)x(\d+)"),  # ampere_sgemm_128x64_tn
     re.compile(r"scudnn_(?:winograd_)?(\d+)x(\d+)"),             # cudnn_infer_volta_scudnn_128x64_relu_...
@@ -128,6 +130,8 @@ def parse_tile(kernel_name) -> tuple[int | None, int | None, int | None]:
     (64, 64, 8)
     >>> parse_tile("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNT")
     (128, 256, 64)
+    >>> parse_tile("cutlass_75_tensorop_bf16_s1688gemm_bf16_64x64_tn_align1")
+    (64, 64, None)
     """
     if not isinstance(kernel_name, str):
         return (None, None, None)

@@ -33,9 +33,9 @@ def load_test(path: str | Path) -> pd.DataFrame:
 
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.glob("*.csv"))
+        files = sorted([*path.glob("*.csv"), *path.glob("*.csv.gz")])
         if not files:
-            raise KitError(f"no .csv test files in {path}")
+            raise KitError(f"no .csv (or .csv.gz) test files in {path}")
     elif path.is_file():
         files = [path]
     elif path.exists():
@@ -178,11 +178,37 @@ def build_predictors(names, weights_dir=None, measurements: pd.DataFrame | None 
     return out
 
 
+TARGETS = ("latency", "kernel")
+
+
+def with_target(frame: pd.DataFrame, target: str = "latency") -> pd.DataFrame:
+    """The rows scored against `target`: "latency" (latency_ms, the timed call, as every source
+    has it) or "kernel" (kernel_ms, the call's summed GPU kernel time, which only the kit's
+    collector records: NeuSight's rows have none), put in latency_ms. Rows without a kernel
+    time are dropped; none at all is a KitError."""
+    if target not in TARGETS:
+        raise KitError(f"unknown target {target!r}: choose {' or '.join(TARGETS)}")
+    if target == "latency":
+        return frame
+    kernel = pd.to_numeric(frame["kernel_ms"], errors="coerce") if "kernel_ms" in frame else None
+    keep = kernel.notna() & (kernel > 0) if kernel is not None else None
+    if keep is None or not keep.any():
+        raise KitError("no test row has a kernel time (kernel_ms): only the kit's collector "
+                       "records one (NeuSight's rows are event latencies); use the latency target")
+    out = frame[keep].copy()
+    out["latency_ms"] = kernel[keep]
+    return out.reset_index(drop=True)
+
+
 def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
-             data_dir=None) -> list[dict]:
+             data_dir=None, target: str = "latency") -> list[dict]:
     """Score predictors (names, default all) on test rows: summarise()'s list, plus coverage_80
-    (the share of rows inside the p10-p90 band) for predictors that give a band."""
+    (the share of rows inside the p10-p90 band) for predictors that give a band. target:
+    "latency" scores against the measured latency_ms, "kernel" against kernel_ms (with_target)."""
+    if target not in TARGETS:  # before reading any rows
+        raise KitError(f"unknown target {target!r}: choose {' or '.join(TARGETS)}")
     frame = _test_frame(test) if isinstance(test, pd.DataFrame) else load_test(test)
+    frame = with_target(frame, target)
     names = parse_predictors(predictors if isinstance(predictors, str) or predictors is None
                              else ",".join(predictors))
     if weights_dir is not None and not set(LEARNED) & set(names):  # else silently unused

@@ -1,0 +1,187 @@
+"""Score the kit against the project's own H200 measurements (measurements/h200-2026-12-04).
+
+    python benchmarks/h200_measured.py [--dir measurements/h200-2026-12-04] [--skip-models] > out.json
+
+No H200 row was ever used to train or fit anything in the kit, so every number here is for an
+unseen GPU. Three parts:
+* whole_model: each measured training step / inference pass (benchmarks/model_steps.py) beside
+  kit.api.predict_model for the same model, dtype, batch and sequence on "h200" (train = forward,
+  LM loss, backward, no optimizer, as measured). APE of the step time, and of the summed kernel
+  time against the predicted kernel time; means per dtype and mode.
+* ops: the op sweeps (`kit collect`), scored as a whole model uses them: the tile predictor's
+  in-stream time (kit.workload.iteration.in_stream_ms: the isolated prediction less its dispatch
+  floor, never under the roofline or 2 us) against each row's summed kernel time (kernel_ms),
+  by dtype, op class, kernel-time bucket and, for GEMMs, whether both leading dimensions (n and
+  k) are 16-byte aligned (cuBLAS takes its Hopper kernels only then; unaligned 16-bit GEMMs run
+  legacy cutlass_75/80 tensor-op kernels at a fraction of the speed). Also the isolated
+  prediction against the event-timed latency_ms, as `kit evaluate` scores NeuSight's rows.
+* decode: the eager decode steps (benchmarks/decode_steps.py), whose predictions were made on the
+  H200 machine when they were measured: APE of the step time and of the kernel time.
+APE is |predicted - measured| / measured in percent; geo_bias is the geometric mean of
+predicted / measured (below 1: the kit is fast).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from kit.errors import KitError  # noqa: E402
+
+DEFAULT_DIR = ROOT / "measurements" / "h200-2026-12-04"
+GPU = "h200"
+BUCKETS_MS = ((0.0, 0.02, "<20us"), (0.02, 0.1, "20-100us"), (0.1, 1.0, "0.1-1ms"), (1.0, math.inf, ">=1ms"))
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+
+
+def _stats(ape: pd.Series, ratio: pd.Series | None = None) -> dict:
+    out = {"n": int(len(ape)), "mape": round(float(ape.mean()), 2),
+           "median_ape": round(float(ape.median()), 2), "p90_ape": round(float(ape.quantile(0.9)), 2)}
+    if ratio is not None:
+        out["geo_bias"] = round(float(np.exp(np.log(ratio).mean())), 3)
+    return out
+
+
+def read_jsonl_rows(paths) -> list[dict]:
+    rows = []
+    for p in paths:
+        for line in Path(p).read_text().splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
+def whole_model(folder: Path, limit: int | None = None) -> dict:
+    """Predict every measured model step (see the module doc)."""
+    from kit.api import predict_model
+
+    rows = [r for r in read_jsonl_rows(sorted((folder / "model_steps").glob("*.jsonl"))) if "error" not in r]
+    if limit is not None:
+        rows = rows[:limit]
+    out = []
+    for r in rows:
+        it = predict_model(r["model"], GPU, mode=r["mode"], batch=r["batch"], seq=r["seq"], dtype=r["dtype"])
+        out.append({k: r[k] for k in ("model", "dtype", "batch", "seq", "mode", "measured_ms", "measured_kernel_ms")}
+                   | {"predicted_ms": round(it.total_ms, 3), "predicted_kernel_ms": round(it.kernel_ms, 3),
+                      "ape": round(abs(it.total_ms - r["measured_ms"]) / r["measured_ms"] * 100, 2),
+                      "kernel_ape": round(abs(it.kernel_ms - r["measured_kernel_ms"]) / r["measured_kernel_ms"] * 100, 2)})
+    frame = pd.DataFrame(out)
+    summary = []
+    if len(frame):
+        for (dtype, mode), part in frame.groupby(["dtype", "mode"], sort=True):
+            s = _stats(part.ape, part.predicted_ms / part.measured_ms)
+            summary.append({"dtype": dtype, "mode": mode, **s, "max_ape": round(float(part.ape.max()), 2),
+                            "kernel_mape": round(float(part.kernel_ape.mean()), 2)})
+    return {"rows": out, "summary": summary}
+
+
+def op_rows(folder: Path) -> pd.DataFrame:
+    """Every op-sweep row with the tile predictor's isolated and in-stream times and the roofline."""
+    from kit.data.records import load_measurements
+    from kit.hardware import get_gpu
+    from kit.predict import get_predictor
+    from kit.predict.evaluate import _test_frame, predict_rows
+    from kit.workload.iteration import in_stream_ms, isolation_floor_ms
+
+    files = sorted([*folder.glob("*/*.csv.gz"), *folder.glob("*/*.csv")])
+    if not files:
+        raise KitError(f"no measurement CSVs under {folder}")
+    frames = []
+    for f in files:
+        d = load_measurements(f)
+        d["file"] = f.name
+        frames.append(d)
+    frame = _test_frame(pd.concat(frames, ignore_index=True))
+    tile, roof = get_predictor("tile"), get_predictor("roofline")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pred = predict_rows(frame, {"tile": tile, "roofline": roof})
+    t = pred[pred.predictor == "tile"].set_index("row").sort_index()
+    r = pred[pred.predictor == "roofline"].set_index("row").sort_index()
+    floor = isolation_floor_ms(tile, get_gpu(GPU))
+    frame["isolated_ms"] = t.predicted_ms.to_numpy()
+    frame["roofline_ms"] = r.predicted_ms.to_numpy()
+    frame["in_stream_ms"] = in_stream_ms(frame.isolated_ms.to_numpy(), frame.roofline_ms.to_numpy(), floor)
+    size = frame.dtype.map(DTYPE_BYTES).fillna(4)
+    n, k = frame.n.fillna(0), frame.k.fillna(0)
+    frame["aligned"] = ((n * size) % 16 == 0) & ((k * size) % 16 == 0)
+    frame["floor_ms"] = floor
+    return frame
+
+
+def ops(frame: pd.DataFrame) -> dict:
+    f = frame[frame.kernel_ms.notna() & (frame.kernel_ms > 0)].copy()
+    f["ape"] = (f.in_stream_ms - f.kernel_ms).abs() / f.kernel_ms * 100
+    f["ratio"] = f.in_stream_ms / f.kernel_ms
+    f["bucket"] = pd.cut(f.kernel_ms, [b[0] for b in BUCKETS_MS] + [math.inf], right=False,
+                         labels=[b[2] for b in BUCKETS_MS])
+    in_stream = []
+    for (cls, dtype, bucket), part in f.groupby(["op_class", "dtype", "bucket"], sort=True, observed=True):
+        in_stream.append({"op_class": cls, "dtype": dtype, "kernel_time": bucket, **_stats(part.ape, part.ratio)})
+    gemm = []
+    g = f[(f.op_class == "gemm") & (f.kernel_ms >= 0.02)]
+    for (dtype, aligned), part in g.groupby(["dtype", "aligned"], sort=True):
+        gemm.append({"dtype": dtype, "aligned_16B": bool(aligned), **_stats(part.ape, part.ratio)})
+    lat = frame.copy()
+    lat["ape"] = (lat.isolated_ms - lat.latency_ms).abs() / lat.latency_ms * 100
+    isolated = [{"op_class": c, "dtype": d, **_stats(p.ape, p.isolated_ms / p.latency_ms)}
+                for (c, d), p in lat.groupby(["op_class", "dtype"], sort=True)]
+    return {"rows": int(len(frame)), "floor_ms": round(float(frame.floor_ms.iloc[0]), 4),
+            "in_stream_vs_kernel_ms": in_stream, "gemm_over_20us_by_alignment": gemm,
+            "isolated_vs_latency_ms": isolated}
+
+
+def decode(folder: Path) -> dict:
+    rows = [r for r in read_jsonl_rows(sorted((folder / "session").glob("decode_steps*.jsonl")))
+            if "measured_ms" in r and "predicted_ms" in r]
+    out = [{k: r[k] for k in ("model", "batch", "context", "kv_cache", "measured_ms", "measured_kernel_ms",
+                              "predicted_ms", "predicted_kernel_ms")}
+           | {"ape": round(abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] * 100, 2),
+              "kernel_ape": round(abs(r["predicted_kernel_ms"] - r["measured_kernel_ms"]) / r["measured_kernel_ms"] * 100, 2)}
+           for r in rows]
+    frame = pd.DataFrame(out)
+    summary = []
+    if len(frame):
+        for (model, kind), part in frame.groupby(["model", "kv_cache"], sort=True):
+            summary.append({"model": model, "kv_cache": kind, "n": int(len(part)),
+                            "mape": round(float(part.ape.mean()), 2),
+                            "kernel_mape": round(float(part.kernel_ape.mean()), 2),
+                            "kernel_geo_bias": round(float(np.exp(np.log(
+                                part.predicted_kernel_ms / part.measured_kernel_ms).mean())), 3)})
+    return {"rows": out, "summary": summary}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default=str(DEFAULT_DIR), help="the measurement folder")
+    ap.add_argument("--skip-models", action="store_true", help="leave out the whole-model part (the slow one)")
+    args = ap.parse_args(argv)
+    folder = Path(args.dir)
+    try:
+        if not folder.is_dir():
+            raise KitError(f"measurement folder not found: {folder}")
+        t0 = time.perf_counter()
+        out = {"source": str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder), "gpu": GPU,
+               "ops": ops(op_rows(folder)), "decode": decode(folder)}
+        if not args.skip_models:
+            out["whole_model"] = whole_model(folder)
+        out["seconds"] = round(time.perf_counter() - t0, 1)
+    except KitError as e:
+        print(f"h200_measured: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The project's own H200 measurements (measurements/h200-2026-12-04): every file loads as the
+schema says, gzipped CSVs read like plain ones, `kit evaluate --target kernel` scores kernel
+times, and benchmarks/h200_measured.py recomputes its figures from the rows."""
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from benchmark_modules import load_benchmark
+
+from kit.data.records import load_measurements
+from kit.errors import KitError
+from kit.predict.evaluate import evaluate, load_test, with_target
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = ROOT / "measurements" / "h200-2026-12-04"
+CSVS = sorted(FOLDER.glob("*/*.csv.gz"))
+
+
+def test_every_measurement_file_loads_as_h200_rows():
+    assert len(CSVS) >= 10
+    total = 0
+    for path in CSVS:
+        rows = load_measurements(path)
+        meta = json.loads(Path(str(path).replace(".csv.gz", ".meta.json")).read_text())
+        assert meta["runs"][-1]["device_name"] == "NVIDIA H200"
+        assert set(rows.gpu) == {"h200"}
+        assert (rows.latency_ms > 0).all() and (rows.kernel_ms > 0).all()
+        assert set(rows.dtype) == {meta["runs"][-1]["settings"]["dtype"]}
+        total += len(rows)
+    assert total == 11303  # the README's count
+    steps = [json.loads(line) for f in sorted((FOLDER / "model_steps").glob("*.jsonl"))
+             for line in f.read_text().splitlines()]
+    assert len(steps) == 48 and all(r["measured_ms"] > 0 and r["measured_kernel_ms"] > 0 for r in steps)
+
+
+def test_a_gzipped_csv_reads_as_the_plain_one(tmp_path):
+    src = CSVS[0]
+    plain = tmp_path / "rows.csv"
+    plain.write_bytes(gzip.decompress(src.read_bytes()))
+    pd.testing.assert_frame_equal(load_measurements(src), load_measurements(plain))
+    folder = tmp_path / "tests"
+    folder.mkdir()
+    shutil.copy(src, folder / "a.csv.gz")
+    assert len(load_test(folder)) == len(load_test(src))
+
+
+def test_a_broken_gzip_is_one_clear_error(tmp_path):
+    bad = tmp_path / "rows.csv.gz"
+    bad.write_bytes(b"op,latency_ms\nadd,1\n")  # plain text under a .gz name
+    with pytest.raises(KitError, match="cannot read .*rows.csv.gz"):
+        load_measurements(bad)
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(gzip.compress(CSVS[0].read_bytes())[:40])
+    with pytest.raises(KitError, match="cut.csv.gz"):
+        load_measurements(cut)
+
+
+def test_the_kernel_target_scores_kernel_ms(tmp_path):
+    rows = load_test(FOLDER / "session" / "decode_bmm_bf16.csv.gz")
+    kernel = with_target(rows, "kernel")
+    assert np.allclose(kernel.latency_ms, rows.kernel_ms)
+    assert (rows.latency_ms != rows.kernel_ms).any()  # a different target, not a relabelling
+    by_latency = evaluate(rows, ["roofline"])
+    by_kernel = evaluate(rows, ["roofline"], target="kernel")
+    assert by_latency[0]["n"] == by_kernel[0]["n"] == len(rows)
+    assert by_latency[0]["mape"] != by_kernel[0]["mape"]
+    neusight = rows.copy()
+    neusight["kernel_ms"] = np.nan  # as NeuSight's rows load
+    with pytest.raises(KitError, match="kernel time"):
+        with_target(neusight, "kernel")
+    with pytest.raises(KitError, match="unknown target"):
+        evaluate(rows, ["roofline"], target="wall")
+
+
+def test_the_benchmark_recomputes_its_figures(tmp_path):
+    bench = load_benchmark("h200_measured")
+    # a small copy of the folder: one op file, the decode rows, two model rows
+    small = tmp_path / "h200"
+    (small / "session").mkdir(parents=True)
+    (small / "model_steps").mkdir()
+    shutil.copy(FOLDER / "session" / "decode_bmm_bf16.csv.gz", small / "session")
+    shutil.copy(FOLDER / "session" / "decode_steps.jsonl", small / "session")
+    lines = (FOLDER / "model_steps" / "model_steps_1.jsonl").read_text().splitlines()
+    gpt2 = [line for line in lines if '"model": "gpt2"' in line][:1]
+    (small / "model_steps" / "a.jsonl").write_text("\n".join(gpt2) + "\n")
+    frame = bench.op_rows(small)
+    assert len(frame) == 24 and (frame.in_stream_ms <= frame.isolated_ms + 1e-12).all()
+    assert (frame.in_stream_ms >= frame.roofline_ms - 1e-12).all()
+    out = bench.ops(frame)
+    ape = (frame.in_stream_ms - frame.kernel_ms).abs() / frame.kernel_ms * 100
+    n = sum(r["n"] for r in out["in_stream_vs_kernel_ms"])
+    mean = sum(r["n"] * r["mape"] for r in out["in_stream_vs_kernel_ms"]) / n
+    assert n == 24 and mean == pytest.approx(ape.mean(), abs=0.05)
+    dec = bench.decode(small)
+    assert len(dec["rows"]) == sum(1 for line in (small / "session" / "decode_steps.jsonl").read_text().splitlines()
+                                   if "measured_ms" in line)
+    r = dec["rows"][0]
+    assert r["ape"] == pytest.approx(abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] * 100, abs=0.01)
+    whole = bench.whole_model(small)
+    from kit.api import predict_model
+
+    row = json.loads(gpt2[0])
+    it = predict_model("gpt2", "h200", mode=row["mode"], batch=row["batch"], seq=row["seq"], dtype=row["dtype"])
+    assert whole["rows"][0]["predicted_ms"] == pytest.approx(it.total_ms, abs=1e-3)
+    assert whole["summary"][0]["n"] == 1
+    assert bench.main(["--dir", str(tmp_path / "missing")]) == 2
