@@ -55,11 +55,27 @@ def _positive_ints(op: str, obj, **dims) -> None:
 
 
 GEMM_KINDS = ("bmm", "linear", "mm")
+MAX_ALIGN_ELEMS = 8  # 16 bytes of a 16-bit dtype: the alignment cuBLAS's fastest kernels need
+
+
+def lead_alignment(*dims: int) -> int:
+    """The largest power of two, up to MAX_ALIGN_ELEMS, dividing every dim: how many elements
+    a kernel may load at once along the leading dimensions (strides) of a GEMM's matrices."""
+    align = MAX_ALIGN_ELEMS
+    for d in dims:
+        d = int(d)
+        while align > 1 and d % align:
+            align //= 2
+    return align
 
 
 @dataclass(frozen=True)
 class Gemm:
-    """A (batched) matrix multiply. `shared_rhs`: B is one weight shared over the batch (Linear)."""
+    """A (batched) matrix multiply. `shared_rhs`: B is one weight shared over the batch (Linear).
+    `align`: lead_alignment of the leading dimensions of its operands as laid out in memory (the
+    capture reads them off the strides: a weight gradient's transposed operand leads with m; a
+    measured Linear or bmm row leads with n and k); None: aligned (the analytic layers, a
+    convolution's implicit GEMM, which the libraries pad)."""
 
     m: int
     n: int
@@ -68,6 +84,7 @@ class Gemm:
     dtype: str = "fp32"
     kind: str = "bmm"  # "bmm" | "linear" | "mm"
     shared_rhs: bool = False
+    align: int | None = None
     op_class = "gemm"
 
     def __post_init__(self):
@@ -77,6 +94,15 @@ class Gemm:
             raise KitError(f"{self.kind}: shared_rhs must be True or False, got {self.shared_rhs!r}")
         _positive_ints(self.kind, self, b=self.b, m=self.m, n=self.n, k=self.k)
         dtype_bytes(self.dtype)
+        if self.align is not None:
+            _positive_ints(self.kind, self, align=self.align)
+            if self.align != lead_alignment(self.align):
+                raise KitError(f"{self.kind}: align must be 1, 2, 4 or {MAX_ALIGN_ELEMS}, got {self.align!r}")
+
+    @property
+    def lead_align(self) -> int:
+        """The alignment (elements) of its leading dimensions: `align`, else MAX_ALIGN_ELEMS."""
+        return self.align if self.align is not None else MAX_ALIGN_ELEMS
 
     @property
     def flops(self) -> float:

@@ -21,7 +21,7 @@ def test_inference_records_two_gemms_and_a_relu():
     g = capture(_mlp(), (torch.zeros(2, 8),), mode="inference")
     k = g.kernels()
     assert [n.op_class for n in k] == ["gemm", "elementwise", "gemm"]
-    assert k[0].op == Gemm(m=2, n=16, k=8, dtype="fp32", kind="linear", shared_rhs=True)
+    assert k[0].op == Gemm(m=2, n=16, k=8, dtype="fp32", kind="linear", shared_rhs=True, align=8)
     assert k[2].op.m == 2 and k[2].op.n == 4 and k[2].op.k == 16
     assert k[1].op.numel == 2 * 16 and k[1].op.kind == "relu"
     assert {n.phase for n in g} == {"fwd"}

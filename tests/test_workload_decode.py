@@ -109,8 +109,8 @@ def test_moe_decode_runs_hf_generates_batched_experts():
     layer0 = [n for n in g if n.module == "layers.0.mlp.experts"]
     bmm = [n.op for n in layer0 if n.op_class == "gemm"]
     pairs = 6 * 2  # 6 tokens, top-2
-    assert bmm == [Gemm(m=2 * 128, n=1, k=64, b=pairs, dtype="fp32", kind="bmm"),
-                   Gemm(m=64, n=1, k=128, b=pairs, dtype="fp32", kind="bmm")]
+    assert bmm == [Gemm(m=2 * 128, n=1, k=64, b=pairs, dtype="fp32", kind="bmm", align=8),
+                   Gemm(m=64, n=1, k=128, b=pairs, dtype="fp32", kind="bmm", align=8)]
     gathers = [n.op for n in layer0 if n.aten == "aten.index.Tensor"]
     # the gathered weights: a copy of the expert's up and down matrices per pair, read and written
     assert [op.bytes for op in gathers] == [2 * pairs * 2 * 128 * 64 * 4 + pairs * 8,

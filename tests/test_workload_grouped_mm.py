@@ -163,7 +163,7 @@ def test_no_transformers_module_means_nothing_is_swapped(monkeypatch):
     with hf_compat.answered():
         assert hf_compat.MASKING not in sys.modules
     g = capture(nn.Linear(4, 4), (torch.zeros(2, 4),), mode="inference")  # a capture still records
-    assert [n.op for n in g if n.op_class == "gemm"] == [Gemm(m=2, n=4, k=4, b=1, kind="linear", shared_rhs=True)]
+    assert [n.op for n in g if n.op_class == "gemm"] == [Gemm(m=2, n=4, k=4, b=1, kind="linear", shared_rhs=True, align=4)]
 
 
 def test_grouped_gemm_with_mismatched_operands_is_one_capture_error():

@@ -27,8 +27,8 @@ def test_three_implementations_do_the_same_expert_flops_in_different_kernels():
             assert [n.aten for n in gemms] == ["aten._grouped_mm.default"] * 2
             assert gemms[0].op == Gemm(m=8, n=48, k=32, b=4, dtype="fp32", kind="bmm")
         elif how == "batched_mm":  # a row per pair through its own gathered copy of the weights
-            assert [n.op for n in gemms] == [Gemm(m=48, n=1, k=32, b=pairs, kind="bmm"),
-                                             Gemm(m=32, n=1, k=24, b=pairs, kind="bmm")]
+            assert [n.op for n in gemms] == [Gemm(m=48, n=1, k=32, b=pairs, kind="bmm", align=8),
+                                             Gemm(m=32, n=1, k=24, b=pairs, kind="bmm", align=8)]
         else:  # the loop: each of the 4 experts two GEMMs on its 8 pairs
             assert len(gemms) == 4 * 2 and {n.op.m for n in gemms} == {8}
             assert {n.module for n in gemms} == {"layers.0.mlp.experts"}

@@ -28,8 +28,8 @@ import pandas as pd
 
 from kit.errors import KitError
 from kit.hardware import GPU, get_gpu
-from kit.ops import (DTYPE_BYTES, ELEMENTWISE_FLOPS, Elementwise, Gemm, LayerNorm, RMSNorm,
-                     Softmax)
+from kit.ops import (DTYPE_BYTES, ELEMENTWISE_FLOPS, MAX_ALIGN_ELEMS, Elementwise, Gemm, LayerNorm,
+                     RMSNorm, Softmax, lead_alignment)
 from kit.predict.row_reread import reread_bytes
 from kit.tiling import (BASE_REGS_PER_THREAD, ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS,
                         ROW_REGS_PER_THREAD, ROW_SMEM_BYTES, occupancy, row_launch)
@@ -99,7 +99,8 @@ def arrays_from_ops(op_class: str, ops: list) -> dict:
     f = lambda attr: np.array([getattr(o, attr) for o in ops], dtype=float)  # noqa: E731
     if op_class == "gemm":
         return {"m": f("m"), "n": f("n"), "k": f("k"), "b": f("b"),
-                "linear": np.array([float(o.shared_rhs) for o in ops])}
+                "linear": np.array([float(o.shared_rhs) for o in ops]),
+                "align": np.array([float(getattr(o, "lead_align", MAX_ALIGN_ELEMS)) for o in ops])}
     if op_class == "elementwise":
         return {"numel": f("numel"), "inputs": np.array([float(o.n_inputs) for o in ops]),
                 "kind": np.array([o.kind for o in ops], dtype=object)}
@@ -114,6 +115,8 @@ def arrays_from_frame(op_class: str, frame: pd.DataFrame) -> dict:
     if op_class == "gemm":
         a = {"m": num("m"), "n": num("n"), "k": num("k"), "b": num("b"),
              "linear": (frame.op.to_numpy(dtype=object) == "linear").astype(float)}
+        a["align"] = np.array([float(lead_alignment(n, k)) if np.isfinite(n) and np.isfinite(k)
+                               else float(MAX_ALIGN_ELEMS) for n, k in zip(a["n"], a["k"])])
     elif op_class == "elementwise":
         kind = frame.elem_kind.to_numpy(dtype=object)
         unknown = sorted(set(kind) - set(ELEMENTWISE_FLOPS), key=str)
@@ -181,6 +184,34 @@ def feature_row_blocking(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             np.where(short, 128.0, np.minimum(1024.0, 32 * np.ceil(cols / 128))))
 
 
+# A 16-bit GEMM on Hopper whose leading dimensions are not 16-byte aligned (an odd vocabulary:
+# GPT-2's 50257; BERT's 30522 is 2-aligned) cannot take cuBLAS's TMA/wgmma kernels (nvjet). It
+# runs Turing/Ampere-style mma.sync kernels that load 2 (cutlass_75_tensorop_*_align1) or 4-8
+# bytes (cutlass_80_tensorop_*_align2/4) at a time. Measured on an H200
+# (measurements/h200-2026-12-04, kernel time, GEMMs over 0.05 ms): the best of them reached 129
+# TFLOP/s at align 1 and 239 at align 2-4, 13% and 24% of the 989 TFLOP/s dense peak, where
+# aligned nvjet kernels reached 572 in the same sweeps and 830-894 inside models. So such a GEMM
+# runs against that share of the peak. Measured on one Hopper GPU only; other architectures are
+# left as they were (their aligned kernels are mma.sync kernels too, with a smaller gap).
+UNALIGNED_PEAK_SHARE = {"hopper": {1: 0.13, 2: 0.24, 4: 0.24}}
+TENSOR_16BIT = ("bf16", "fp16")
+
+
+def unaligned_peak_share(gpu: GPU, dtype: str, align, min_mn=None) -> np.ndarray | float:
+    """The share of the dense peak a 16-bit GEMM with leading dimensions aligned to `align`
+    elements runs against (UNALIGNED_PEAK_SHARE; 1.0 where aligned or not measured). A GEMV
+    (min(m, n) = 1, `min_mn`) keeps the whole peak: cuBLAS runs it on its gemv kernels, no
+    tensor cores (334 of the H200's 390 unaligned rows with m or n of 1)."""
+    shares = UNALIGNED_PEAK_SHARE.get(gpu.arch)
+    if align is None or shares is None or dtype not in TENSOR_16BIT:
+        return 1.0
+    align = np.asarray(align, dtype=float)
+    share = np.select([align <= 1, align <= 2, align <= 4], [shares[1], shares[2], shares[4]], 1.0)
+    if min_mn is not None:
+        share = np.where(np.asarray(min_mn, dtype=float) <= 1, 1.0, share)
+    return share
+
+
 def waves(op_class: str, a: dict, gpu: GPU, dtype: str = "fp32", launch: bool = False) -> dict:
     """Tiles, blocks per SM, slots, waves, last-wave fill, tile FLOPs and bytes, base_ms and
     roofline_ms per op. GEMM batches carry their tile as a["tm"], a["tn"], a["threads"]
@@ -189,6 +220,8 @@ def waves(op_class: str, a: dict, gpu: GPU, dtype: str = "fp32", launch: bool = 
     d = DTYPE_BYTES[dtype]
     flops, nbytes = work(op_class, a, dtype)
     peak = gpu.gemm_peak_flops_per_s(dtype) if op_class == "gemm" else gpu.peak_flops_per_s("fp32")
+    if op_class == "gemm":
+        peak = peak * unaligned_peak_share(gpu, dtype, a.get("align"), np.minimum(a["m"], a["n"]))
     bw = gpu.mem_bw_bytes_per_s
     if op_class == "gemm":
         tm, tn, threads = a["tm"], a["tn"], a["threads"]
@@ -309,7 +342,8 @@ def op_from_row(row) -> object:
     if cls == "gemm":
         linear = get("op") == "linear"
         return Gemm(m=i["m"], n=i["n"], k=i["k"], b=i["b"], dtype=dtype,
-                    kind="linear" if linear else "bmm", shared_rhs=linear)
+                    kind="linear" if linear else "bmm", shared_rhs=linear,
+                    align=lead_alignment(i["n"], i["k"]))  # a call as the collector makes it
     if cls == "elementwise":
         return Elementwise(get("elem_kind"), i["rows"] * i["cols"], dtype,
                            1 if get("scalar") is True else None)

@@ -39,7 +39,7 @@ def split_choices(ops: list, tiles: np.ndarray, sm_count: int) -> list[tuple[int
 
 def split_op(op, s: int):
     """The S-way split of a GEMM: S times the batch, each reducing ceil(k / S)."""
-    return replace(op, b=op.b * s, k=math.ceil(op.k / s))
+    return replace(op, b=op.b * s, k=math.ceil(op.k / s), align=op.lead_align)  # strides kept
 
 
 def reduce_op(op, s: int) -> Elementwise:

@@ -12,7 +12,7 @@ import math
 import torch
 
 from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, Gemm, LayerNorm, RMSNorm,
-                     Softmax)
+                     Softmax, MAX_ALIGN_ELEMS, lead_alignment)
 from kit.workload.kernels import Derived, copy_of, memory_bound
 from kit.workload.mapping_vision import VISION_OPS, map_vision
 
@@ -139,18 +139,34 @@ def _rows_cols(x: torch.Tensor, norm_dims: int = 1) -> tuple[int, int]:
     return max(1, x.numel() // max(cols, 1)), max(cols, 1)
 
 
+def _leading(t: torch.Tensor) -> int:
+    """The leading dimension (stride, in elements) of the matrix in t's last two dims: the
+    larger of their strides, as a BLAS sees a row- or column-major operand; a vector (a dim of
+    1) has none that matters (MAX_ALIGN_ELEMS)."""
+    if t.dim() < 2 or min(t.shape[-2:]) <= 1:
+        return MAX_ALIGN_ELEMS
+    return max(int(t.stride(-2)), int(t.stride(-1)), 1)
+
+
+def _align(a: torch.Tensor, b: torch.Tensor, n: int) -> int:
+    """lead_alignment of both operands' leading dimensions and the (contiguous) output's, n
+    (a one-column output has none that matters)."""
+    return lead_alignment(_leading(a), _leading(b), n if n > 1 else MAX_ALIGN_ELEMS)
+
+
 def _gemm(packet: str, args, dtype: str) -> Gemm:
     if packet in MATMULS:
         a, b = (args[0], args[1]) if packet == "mm" else (args[1], args[2])
         return Gemm(m=a.shape[0], n=b.shape[1], k=a.shape[1], b=1, dtype=dtype, kind="linear",
-                    shared_rhs=True)
+                    shared_rhs=True, align=_align(a, b, b.shape[1]))
     a, b = (args[0], args[1]) if packet == "bmm" else (args[1], args[2])
     m, n, k, batch = a.shape[1], b.shape[2], a.shape[2], a.shape[0]
+    align = _align(a, b, n)
     if _expanded(b):  # x @ W on a non-contiguous 3-d x without grad: W expanded over the batch
-        return Gemm(m=m, n=n, k=k, b=batch, dtype=dtype, kind="bmm", shared_rhs=True)
+        return Gemm(m=m, n=n, k=k, b=batch, dtype=dtype, kind="bmm", shared_rhs=True, align=align)
     if _expanded(a):  # C^T = B^T A^T: the expanded A is the shared operand
-        return Gemm(m=n, n=m, k=k, b=batch, dtype=dtype, kind="bmm", shared_rhs=True)
-    return Gemm(m=m, n=n, k=k, b=batch, dtype=dtype, kind="bmm")
+        return Gemm(m=n, n=m, k=k, b=batch, dtype=dtype, kind="bmm", shared_rhs=True, align=align)
+    return Gemm(m=m, n=n, k=k, b=batch, dtype=dtype, kind="bmm", align=align)
 
 
 def _grouped_gemm(args, kwargs, dtype: str) -> Gemm | Derived:
