@@ -122,12 +122,16 @@ def linear(tokens: int, in_features: int, out_features: int, dtype: str = "fp32"
 
 @dataclass(frozen=True)
 class Elementwise:
-    """y = f(x) or y = f(x1, x2) over numel elements. `inputs` = tensors read (scalar forms: 1)."""
+    """y = f(x) or y = f(x1, x2) over numel elements. `inputs` = tensors read (scalar forms: 1).
+    `vectorized`: False where PyTorch cannot take its vectorized kernel (an input broadcast,
+    a 0-dim tensor on the device among them, or not contiguous): the generic kernel computes
+    every element's offsets and is limited by that, not by the bytes (kit.workload.iteration)."""
 
     kind: str
     numel: int
     dtype: str = "fp32"
     inputs: int | None = None
+    vectorized: bool = True
     op_class = "elementwise"
 
     def __post_init__(self):
@@ -138,6 +142,8 @@ class Elementwise:
         dtype_bytes(self.dtype)
         if self.inputs is not None:
             _positive_ints(f"elementwise {self.kind}", self, inputs=self.inputs)
+        if not isinstance(self.vectorized, (bool, np.bool_)):
+            raise KitError(f"elementwise {self.kind}: vectorized must be True or False, got {self.vectorized!r}")
 
     @property
     def n_inputs(self) -> int:

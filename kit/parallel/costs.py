@@ -130,6 +130,11 @@ class Coster:
 
         self.in_stream = in_stream
         self.floor_ms = isolation_floor_ms(self.predictor, self.gpu) if in_stream else 0.0
+        from kit.workload.iteration import generic_loop_rate
+
+        # PyTorch's generic elementwise loop (a broadcast or strided input), as the single-GPU
+        # path costs it; the roofline stays a bound on the bytes
+        self.generic_rate = generic_loop_rate(self.gpu) if self.predictor.name != "roofline" else 0.0
         self.calibration = calibration
         self.gemm_scale = getattr(host, "gemm_scale", 1.0)
         self.other_scale = getattr(host, "other_scale", 1.0)
@@ -160,6 +165,8 @@ class Coster:
             from kit.workload.iteration import in_stream_ms
 
             t = float(in_stream_ms(t, self._op_ms[op][3] * scale, self.floor_ms, kernels))
+        if self.generic_rate and not getattr(op, "vectorized", True):
+            t = max(t, op.numel / self.generic_rate * 1e3)
         return t * (self.gemm_scale if op.op_class == "gemm" else self.other_scale)
 
     def comm_ms(self, kind: str, nbytes: float, ranks) -> float:

@@ -26,7 +26,8 @@ from kit.errors import KitError
 from kit.hardware import get_gpu
 from kit.workload.fusion import apply_fusion
 from kit.workload.graph import OpGraph
-from kit.workload.kernels import leaf_options
+from kit.ops import Elementwise
+from kit.workload.kernels import leaf_ops, leaf_options
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,43 @@ def _predict_leaves(model, nodes, gpu, prepared):
         kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)
         for c in range(3):
             out[:, c] = in_stream_ms(out[:, c], out[:, 3], floor, kernels)
+    if getattr(model, "name", None) != "roofline":  # the roofline stays a bound on the bytes
+        out[:, :3] = np.maximum(out[:, :3], generic_loop_ms(nodes, gpu)[:, None])
     return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks
+
+
+# PyTorch's generic elementwise kernel (elementwise_kernel<128, 4>: a broadcast or strided input,
+# Elementwise.vectorized False) computes every element's offsets, dimension by dimension, and
+# is limited by that work rather than by the bytes it moves: on an H200
+# (measurements/h200-2026-12-04, kernels of whole-model steps) a div by a 0-dim device tensor,
+# a where over a broadcast mask, a broadcast mask add and a clamp ran at 285-414 G elements/s
+# in bf16 and 298-349 in fp32, whatever the dtype, where the vectorized kernels stream at the
+# memory's speed (a bf16 mul: 1,040 G elements/s). 350 G elements/s over 132 SMs at 1,980 MHz
+# is 1.34 elements per SM per clock; other NVIDIA GPUs get it at their SMs and clock (an
+# A100: 204 G elements/s). Measured on that one GPU; not applied to AMD's.
+GENERIC_LOOP_ELEMS_PER_SM_CLOCK = 1.34
+
+
+def generic_loop_rate(gpu) -> float:
+    """Elements a second PyTorch's generic elementwise loop runs at on gpu (0: not known)."""
+    if getattr(gpu, "vendor", None) != "nvidia":
+        return 0.0
+    return GENERIC_LOOP_ELEMS_PER_SM_CLOCK * gpu.sm_count * gpu.boost_clock_mhz * 1e6
+
+
+def generic_loop_ms(nodes, gpu) -> np.ndarray:
+    """Per node, the time its generic-loop elementwise kernels take at the rate above (0 for
+    nodes without any, and on GPUs it is not known for)."""
+    out = np.zeros(len(nodes))
+    rate = generic_loop_rate(gpu)
+    if not rate:
+        return out
+    for i, n in enumerate(nodes):
+        elems = sum(op.numel for op, _ in leaf_ops(n.op)
+                    if isinstance(op, Elementwise) and not op.vectorized)
+        if elems:
+            out[i] = elems / rate * 1e3
+    return out
 
 
 # Predictors learned from kernels timed one at a time (NeuSight's microbenchmarks: CUDA events

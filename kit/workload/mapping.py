@@ -395,13 +395,30 @@ def input_streams(ins, lead) -> float:
     return streams
 
 
+def vectorizable(ins, lead) -> bool:
+    """Whether PyTorch's CUDA elementwise loop can take its vectorized kernel: every input the
+    kernel reads has the output's shape and, like the output, is contiguous. A broadcast input
+    (a bias, a mask over heads, a 0-dim tensor on the device such as HF's torch.tensor(min,
+    device=...)) or a strided one (a permute's copy) sends it to the generic kernel, which
+    computes each element's offsets. A 0-dim CPU tensor is passed as a scalar and does not."""
+    if not lead.is_contiguous():
+        return False
+    for t in ins:
+        if t.dim() == 0 and t.device.type == "cpu":
+            continue
+        if tuple(t.shape) != tuple(lead.shape) or not t.is_contiguous():
+            return False
+    return True
+
+
 def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float):
     numel = max(1, int(lead.numel() * mult))
     if kind == "copy" and len(ins) > 1:  # cat/stack: read every input once, write the output
         return Elementwise("copy", numel, dtype, inputs=1)
     streams = 0.0 if kind == "fill" else input_streams(ins, lead)  # a fill reads nothing
     n = max(1, round(streams))
-    op = Elementwise(kind, numel, dtype, inputs=n)
+    op = Elementwise(kind, numel, dtype, inputs=n,
+                     vectorized=kind == "fill" or vectorizable(ins, lead))
     if abs(streams - n) < 1e-6:
         return op
     # narrower inputs (a bool mask), or none read from DRAM (a fill, scalar or on-chip inputs:
@@ -409,4 +426,4 @@ def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float):
     return Derived("elementwise", (op,), (streams + 1) / (n + 1), f"{kind} ({streams:g} input streams)")
 
 
-__all__ = ["map_op", "kit_dtype", "tensors", "nbytes", "copy_of"]
+__all__ = ["map_op", "kit_dtype", "tensors", "nbytes", "copy_of", "vectorizable"]

@@ -1,0 +1,78 @@
+"""Elementwise kernels PyTorch cannot vectorize (a broadcast, a 0-dim device tensor, a strided
+input): the capture marks them, and a whole-model prediction gives each at least the time the
+generic loop takes at GENERIC_LOOP_ELEMS_PER_SM_CLOCK (kit.workload.iteration)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kit.errors import KitError
+from kit.hardware import get_gpu
+from kit.ops import Elementwise
+from kit.workload.capture import capture
+from kit.workload.iteration import GENERIC_LOOP_ELEMS_PER_SM_CLOCK, generic_loop_ms, predict_latencies
+from kit.workload.kernels import Derived
+from kit.workload.mapping import vectorizable
+
+
+def meta(*shape):
+    return torch.empty(*shape, device="meta")
+
+
+def test_what_pytorch_vectorizes():
+    out = meta(4, 8, 16)
+    assert vectorizable([meta(4, 8, 16), meta(4, 8, 16)], out)
+    assert vectorizable([meta(4, 8, 16), torch.tensor(2.0)], out)  # a CPU scalar: passed by value
+    assert not vectorizable([meta(4, 8, 16), meta(16)], out)  # a broadcast bias
+    assert not vectorizable([meta(4, 8, 16), meta(())], out)  # a 0-dim tensor on the device
+    assert not vectorizable([meta(4, 16, 8).transpose(1, 2)], out)  # a permute's copy
+    assert not vectorizable([meta(4, 8, 16)], meta(4, 16, 8).transpose(1, 2))
+
+
+class Scale(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2.0  # a Python scalar: vectorized
+        y = y * torch.tensor(3.0, device=x.device)  # HF's torch.tensor(finfo.min, device=...)
+        return y.transpose(1, 2).contiguous()  # a strided copy
+
+
+def test_the_capture_marks_them():
+    graph = capture(Scale(), (torch.empty(2, 8, 16),), mode="inference", dtype="bf16")
+    ew = [n.op for n in graph.nodes if n.op_class == "elementwise"]
+    flat = [op.parts[0] if isinstance(op, Derived) else op for op in ew]
+    assert [op.vectorized for op in flat] == [True, False, False]
+    with pytest.raises(KitError, match="vectorized"):
+        Elementwise("mul", 8, vectorized="no")
+
+
+def test_a_generic_loop_takes_its_elements_time():
+    h200 = get_gpu("h200")
+    n = 1 << 27
+    generic = SimpleNamespace(op=Elementwise("mul", n, "bf16", inputs=1, vectorized=False), kernels=1,
+                              op_class="elementwise")
+    fast = SimpleNamespace(op=Elementwise("mul", n, "bf16", inputs=1), kernels=1, op_class="elementwise")
+    rate = GENERIC_LOOP_ELEMS_PER_SM_CLOCK * h200.sm_count * h200.boost_clock_mhz * 1e6
+    assert generic_loop_ms([generic, fast], h200).tolist() == pytest.approx([n / rate * 1e3, 0.0])
+    lat, p10, p90, _, _ = predict_latencies([generic, fast], h200, "tile")
+    assert lat[0] >= n / rate * 1e3 - 1e-12 and p10[0] >= n / rate * 1e3 - 1e-12
+    assert lat[1] < n / rate * 1e3  # bytes alone: the memory streams it faster
+    assert generic_loop_ms([generic], get_gpu("mi210")).tolist() == [0.0]  # measured on NVIDIA only
+
+
+def test_the_multi_gpu_coster_costs_them_the_same_way():
+    from kit.parallel import Layout
+    from kit.parallel.costs import Coster
+    from kit.hardware.system import get_system
+
+    system = get_system("dgx-a100")
+    n = 1 << 27
+    generic = Elementwise("mul", n, "bf16", inputs=1, vectorized=False)
+    fast = Elementwise("mul", n, "bf16", inputs=1)
+    coster = Coster(Layout(), system, "tile")
+    coster.predict_ops([generic, fast])
+    bound = n / (GENERIC_LOOP_ELEMS_PER_SM_CLOCK * system.gpu.sm_count * system.gpu.boost_clock_mhz * 1e6) * 1e3
+    assert coster.op_ms(generic) == pytest.approx(bound * coster.other_scale)
+    assert coster.op_ms(fast) < coster.op_ms(generic)
+    roof = Coster(Layout(), system, "roofline")
+    roof.predict_ops([generic])
+    assert roof.op_ms(generic) < bound  # the roofline stays a bound on the bytes
