@@ -64,6 +64,8 @@ def _split(op, attr: str, tp: int, what: str):
     v = getattr(op, attr)
     if v % tp:
         raise KitError(f"--tp {tp} must divide {what} ({attr} = {v})")
+    if getattr(op, "align", None) is not None:  # the split dim is a weight's: it leads an operand
+        return replace(op, **{attr: v // tp}, align=min(op.align, ops.lead_alignment(v // tp)))
     return replace(op, **{attr: v // tp})
 
 
@@ -108,7 +110,14 @@ class _Sharder:
         self.by_id = {n.id: n for n in graph.nodes}
 
     def _vocab_split(self, op, attr: str):
-        return replace(op, **{attr: self.vocab_rank})
+        """The LM head's GEMM over this rank's share of the padded vocabulary (a multiple of
+        128): the vocabulary no longer limits its alignment (Gemm.align), the hidden size, the
+        other weight dim (k of the logits; n of the data and weight gradients), does."""
+        new = replace(op, **{attr: self.vocab_rank})
+        if getattr(op, "align", None) is None:
+            return new
+        hidden = getattr(new, "k" if attr == "n" else "n")
+        return replace(new, align=ops.lead_alignment(hidden, self.vocab_rank))
 
     def node(self, n) -> list:
         """Items for one node: ("op", kit op) and ("comm", kind, bytes)."""

@@ -30,6 +30,7 @@ from dataclasses import replace
 
 from kit.errors import KitError
 from kit.workload.graph import Node, OpGraph, renumber
+from kit.ops import Elementwise
 from kit.workload.kernels import Derived, copy_of
 
 FUSIONS = ("eager", "compiled")
@@ -115,6 +116,18 @@ def _fused(group: list[Node], consumers: dict[int, list[int]], new_id: int, by_i
                 tuple(m for n in group for m in (n.members or (n.id,))), reads, writes)
 
 
+def _generated(op):
+    """A memory-bound op as the compiler's own kernel runs it: Inductor generates an indexed
+    kernel for a broadcast or strided input too, not PyTorch's generic elementwise loop
+    (Elementwise.vectorized, kit.workload.iteration.generic_loop_ms)."""
+    if isinstance(op, Elementwise) and not op.vectorized:
+        return replace(op, vectorized=True)
+    if isinstance(op, Derived):
+        parts = tuple(_generated(p) for p in op.parts)
+        return op if parts == op.parts else replace(op, parts=parts)
+    return op
+
+
 def _readers(kernels: OpGraph) -> dict[int, list[int]]:
     """tensor id -> ids of the nodes reading it, ascending."""
     out: dict[int, list[int]] = {}
@@ -138,8 +151,10 @@ def fuse_chains(kernels: OpGraph) -> OpGraph:
     def flush():
         if not group:
             return
-        if len(group) == 1:
+        if len(group) == 1:  # a chain of one is a generated kernel too
             node = group[0]
+            op = _generated(node.op)
+            node = node if op is node.op else replace(node, op=op)
         else:
             node = _fused(group, consumers, group[0].id, by_id, readers)
         for n in group:

@@ -148,10 +148,19 @@ def _leading(t: torch.Tensor) -> int:
     return max(int(t.stride(-2)), int(t.stride(-1)), 1)
 
 
+def _offsets(t: torch.Tensor) -> tuple[int, ...]:
+    """Where t's matrices start, in elements: its storage offset and, for a batch of matrices,
+    the batch stride (cuBLAS loads each matrix from base + i x stride). 0 constrains nothing."""
+    return (int(t.storage_offset()), int(t.stride(0)) if t.dim() == 3 and t.shape[0] > 1 else 0)
+
+
 def _align(a: torch.Tensor, b: torch.Tensor, n: int) -> int:
-    """lead_alignment of both operands' leading dimensions and the (contiguous) output's, n
-    (a one-column output has none that matters)."""
-    return lead_alignment(_leading(a), _leading(b), n if n > 1 else MAX_ALIGN_ELEMS)
+    """lead_alignment of both operands' leading dimensions, where their matrices start (a
+    pointer off a 16-byte boundary, as a slice from an odd column gives, rules out the aligned
+    kernels as an odd stride does) and the (contiguous) output's leading dimension, n (a
+    one-column output has none that matters)."""
+    return lead_alignment(_leading(a), _leading(b), *_offsets(a), *_offsets(b),
+                          n if n > 1 else MAX_ALIGN_ELEMS)
 
 
 def _gemm(packet: str, args, dtype: str) -> Gemm:
@@ -353,7 +362,13 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
         # and each input weighs its own element size against it (input_streams): a cast
         # fp32 -> bf16 reads 4 and writes 2 bytes an element, a comparison writes 1-byte bools
         odtype, omult = kit_dtype(lead)
-        return _elementwise(ELEMENTWISE[packet], ins, outs, lead, odtype, omult), "elementwise", 1
+        if packet == "copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            ins = [args[1]]  # copy_ reads its source and writes self (not a cat of the two)
+        elif packet in ("masked_fill", "masked_fill_"):
+            # a value tensor is read on the host (value.item()) and passed to the kernel by value
+            ins = [t for t in ins if t.dim() > 0]
+        return _elementwise(ELEMENTWISE[packet], ins, outs, lead, odtype, omult,
+                            cpu_scalars=packet != "where"), "elementwise", 1
     moved = sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs)
     return memory_bound("unknown", max(moved, 1), dtype, label=packet), "unknown", 1
 
@@ -395,30 +410,56 @@ def input_streams(ins, lead) -> float:
     return streams
 
 
-def vectorizable(ins, lead) -> bool:
-    """Whether PyTorch's CUDA elementwise loop can take its vectorized kernel: every input the
-    kernel reads has the output's shape and, like the output, is contiguous. A broadcast input
-    (a bias, a mask over heads, a 0-dim tensor on the device such as HF's torch.tensor(min,
-    device=...)) or a strided one (a permute's copy) sends it to the generic kernel, which
-    computes each element's offsets. A 0-dim CPU tensor is passed as a scalar and does not."""
-    if not lead.is_contiguous():
+def _layout(t: torch.Tensor) -> tuple:
+    """t's (size, stride) pairs, leaving out dims of size 1 (their stride is never used)."""
+    return tuple((int(s), int(st)) for s, st in zip(t.shape, t.stride()) if s != 1)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one block of memory with no gap or overlap, in some order of
+    its dims (contiguous, or a permutation of a contiguous tensor: a transpose, channels-last)."""
+    expect = 1
+    for size, stride in sorted(_layout(t), key=lambda d: d[1]):
+        if stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def vectorizable(ins, lead, cpu_scalars: bool = True) -> bool:
+    """Whether PyTorch's CUDA elementwise loop can take its vectorized kernel. TensorIterator
+    orders and merges the dims of the output and every input it reads; the loop is vectorized
+    when they merge into one run every operand walks with unit stride: each input has the
+    output's shape and the output's strides, and the output is dense (contiguous, or a
+    transpose or channels-last layout that all of them share). A broadcast input (a bias, a
+    mask over heads, a 0-dim tensor on the device such as HF's torch.tensor(min, device=...))
+    or one laid out otherwise (a permute's copy) sends it to the generic kernel, which
+    computes each element's offsets. A 0-dim CPU tensor is passed as a scalar and does not
+    (cpu_scalars; torch.where copies one to the device, where it is a broadcast input)."""
+    if not _dense(lead):
         return False
+    layout = _layout(lead)
     for t in ins:
-        if t.dim() == 0 and t.device.type == "cpu":
+        if cpu_scalars and t.dim() == 0 and t.device.type == "cpu":
             continue
-        if tuple(t.shape) != tuple(lead.shape) or not t.is_contiguous():
+        if tuple(t.shape) != tuple(lead.shape) or _layout(t) != layout:
             return False
     return True
 
 
-def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float):
+def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float, cpu_scalars: bool = True):
     numel = max(1, int(lead.numel() * mult))
     if kind == "copy" and len(ins) > 1:  # cat/stack: read every input once, write the output
-        return Elementwise("copy", numel, dtype, inputs=1)
+        # PyTorch's cat kernel streams contiguous inputs; a strided one (rotate_half's halves
+        # of q and k) takes its strided variant (CatArrayBatchedCopy with stride metadata, or
+        # a copy_ per input past 4 dims), which computes each element's offsets: on the H200
+        # llama3-8b's ran at ~225 G elements/s (measurements/h200-2026-12-04, model_steps)
+        return Elementwise("copy", numel, dtype, inputs=1,
+                           vectorized=all(t.is_contiguous() for t in ins))
     streams = 0.0 if kind == "fill" else input_streams(ins, lead)  # a fill reads nothing
     n = max(1, round(streams))
     op = Elementwise(kind, numel, dtype, inputs=n,
-                     vectorized=kind == "fill" or vectorizable(ins, lead))
+                     vectorized=kind == "fill" or vectorizable(ins, lead, cpu_scalars))
     if abs(streams - n) < 1e-6:
         return op
     # narrower inputs (a bool mask), or none read from DRAM (a fill, scalar or on-chip inputs:
