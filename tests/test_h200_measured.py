@@ -111,3 +111,29 @@ def test_the_benchmark_recomputes_its_figures(tmp_path):
     assert whole["rows"][0]["predicted_ms"] == pytest.approx(it.total_ms, abs=1e-3)
     assert whole["summary"][0]["n"] == 1
     assert bench.main(["--dir", str(tmp_path / "missing")]) == 2
+
+
+def test_the_kernel_target_meets_in_stream_times():
+    """A kernel time carries no dispatch floor, so the learned predictors meet it without theirs:
+    each prediction is kit.workload.iteration.in_stream_ms of the isolated one."""
+    from kit.hardware import get_gpu
+    from kit.predict import get_predictor
+    from kit.predict.evaluate import predict_rows
+    from kit.workload.iteration import in_stream_ms, isolation_floor_ms
+
+    rows = with_target(load_test(FOLDER / "sweeps" / "vector_fp32_c.csv.gz"), "kernel").head(40)
+    tile = get_predictor("tile")
+    isolated = predict_rows(rows, {"tile": tile})
+    stream = predict_rows(rows, {"tile": tile}, in_stream=True)
+    floor = isolation_floor_ms(tile, get_gpu("h200"))
+    assert floor > 0
+    from kit.predict.features import op_from_row
+
+    ops = [op_from_row(r) for r in rows.to_dict("records")]
+    roof = get_predictor("roofline").predict(ops, "h200").latency_ms.to_numpy()
+    assert np.allclose(stream.predicted_ms, in_stream_ms(isolated.predicted_ms.to_numpy(), roof, floor))
+    assert (stream.predicted_ms < isolated.predicted_ms).all()
+    scored = {r["op"]: r for r in evaluate(rows, ["tile"], target="kernel")}
+    ape = (stream.predicted_ms - stream.measured_ms).abs() / stream.measured_ms * 100
+    mine = pd.DataFrame({"op": stream.op, "ape": ape}).groupby("op").ape.mean().round(2)
+    assert {op: r["mape"] for op, r in scored.items()} == mine.to_dict()

@@ -44,5 +44,6 @@ def register(sub):
                    "(default: the shipped weights)")
     p.add_argument("--target", choices=["latency", "kernel"], default="latency",
                    help="score against the timed call (latency_ms, default) or its summed GPU kernel "
-                        "time (kernel_ms: the kit collector's rows only)")
+                        "time (kernel_ms: the kit collector's rows only), which the learned predictors "
+                        "meet with their in-stream time (less the dispatch floor of an isolated call)")
     p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")
