@@ -151,3 +151,22 @@ def test_a_cat_of_strided_inputs_computes_offsets():
     graph = capture(RotateHalf(), (torch.empty(4, 128, 64),), mode="inference", dtype="bf16")
     cats = [op.vectorized for aten, op in _elementwise(graph) if aten == "aten.cat.default"]
     assert cats == [False, True]
+
+
+def test_max_over_a_dim_is_a_reduction_not_an_elementwise_pass():
+    """aten.max.dim arrives as the packet "max", as the elementwise max of two tensors does: it
+    reads its whole input (64 x 4096), not just the 64 outputs."""
+    import torch
+
+    from kit.workload.capture import capture
+
+    class M(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.max(x, dim=-1).values, torch.max(x, y)
+
+    g = capture(M(), (torch.zeros(64, 4096), torch.zeros(64, 4096)), mode="inference")
+    red = [n for n in g.nodes if n.aten.startswith("aten.max.dim")]
+    pair = [n for n in g.nodes if n.aten.startswith("aten.maximum")]
+    moved = sum(p.bytes for p in red[0].op.parts) * red[0].op.scale
+    assert red[0].op_class == "reduction" and moved >= 64 * 4096 * 4
+    assert pair and pair[0].op_class == "elementwise"

@@ -334,7 +334,9 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
             return Derived("optimizer", (op,), 7 / 5, packet), "optimizer", kernels
         cls = "reduction" if packet == "_foreach_norm" else "elementwise"
         return op, cls, kernels
-    if packet in REDUCTIONS:
+    if packet in REDUCTIONS or (packet in ("max", "min") and len(ins) == 1):
+        # aten.max.dim / max (one tensor: a reduction, values and indices) reach here as "max",
+        # like the elementwise max.other of two tensors
         moved = sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs)
         return memory_bound("reduction", moved, dtype, label=packet), "reduction", 1
     if packet in GATHERS and outs:
