@@ -379,6 +379,59 @@ if HAVE_DATA:
     assert all(abs(ratio[g] - 1) <= 0.05 for g in ("a100-pcie-80gb", "p100-pcie-16gb", "t4",
                                                   "v100-pcie-32gb"))
 """),
+    md(r"""
+## What a real GPU showed: an H200
+
+The project measured its own runs on an NVIDIA H200, a GPU no reference dataset has
+(`measurements/h200-2026-12-04`, with their provenance; `benchmarks/h200_measured.py` scores the
+kit on all 48 whole-model rows). Here are GPT-2's, at batch 8 and 1,024 tokens: a training step
+(forward, the LM loss, backward) and an inference pass, in fp32 and in bf16.
+
+Two things the FP32 reference data never showed decided the bf16 rows.
+* **Alignment.** GPT-2's vocabulary, 50,257, is odd. A 16-bit GEMM whose leading dimensions are
+  not multiples of 8 elements (16 bytes) cannot use cuBLAS's Hopper kernels. It falls back to
+  older tensor-op kernels, which reached only 13% of the peak there. The capture reads each GEMM's
+  alignment off its operands' strides (`Gemm.align`). All three of the LM head's GEMMs are
+  unaligned, the weight gradient's included.
+* **PyTorch's generic elementwise loop.** A mask broadcast over the heads, a division by a 0-dim
+  tensor and a permute's copy all run a kernel that computes every element's offsets. That kernel
+  is limited by the elements it handles, not by the bytes it moves (`Elementwise.vectorized`).
+"""),
+    code("""
+import kit
+from dataclasses import replace
+from pathlib import Path
+from kit.data.records import read_jsonl
+here = [Path("../measurements"), Path(kit.__file__).resolve().parents[1] / "measurements"]
+steps = next((p / "h200-2026-12-04" / "model_steps" / "model_steps_1.jsonl" for p in here
+              if (p / "h200-2026-12-04").is_dir()), None)
+if steps is None:
+    print("the measurements folder is not here (an installed kit without the repository)")
+else:
+    rows = []
+    for r in read_jsonl(steps):
+        if r["model"] == "gpt2":
+            it = predict_model("gpt2", "h200", mode=r["mode"], batch=r["batch"], seq=r["seq"], dtype=r["dtype"])
+            rows.append({"dtype": r["dtype"], "mode": r["mode"], "measured ms": round(r["measured_ms"], 1),
+                         "predicted ms": round(it.total_ms, 1),
+                         "APE %": round(abs(it.total_ms - r["measured_ms"]) / r["measured_ms"] * 100, 1)})
+    h200 = pd.DataFrame(rows)
+    display(h200)
+    assert len(h200) == 4 and (h200["APE %"] < 10).all()
+"""),
+    code("""
+g16 = graph_for("gpt2", batch=8, seq=1024, mode="train", dtype="bf16")
+head = [n.op for n in g16.nodes if n.op_class == "gemm" and 50257 in (n.op.m, n.op.n, n.op.k)]
+assert len(head) == 3 and all(op.lead_align == 1 for op in head)
+tile = get_predictor("tile")
+odd = tile.predict(head, "h200").latency_ms.sum()
+even = tile.predict([replace(op, align=8) for op in head], "h200").latency_ms.sum()
+generic = [n for n in g16.nodes if n.op_class == "elementwise"
+           and not getattr(getattr(n.op, "parts", [n.op])[0], "vectorized", True)]
+print(f"LM head, 3 GEMMs: {odd:.1f} ms as they are, {even:.1f} ms were the vocabulary padded to 50,304")
+print(f"{len(generic)} of {sum(n.op_class == 'elementwise' for n in g16.nodes)} elementwise kernels run the generic loop")
+assert odd > 3 * even and len(generic) > 0
+"""),
 ]
 
 
