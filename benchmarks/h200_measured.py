@@ -7,7 +7,8 @@ unseen GPU. Three parts:
 * whole_model: each measured training step / inference pass (benchmarks/model_steps.py) beside
   kit.api.predict_model for the same model, dtype, batch and sequence on "h200" (train = forward,
   LM loss, backward, no optimizer, as measured). APE of the step time, and of the summed kernel
-  time against the predicted kernel time; means per dtype and mode.
+  time against the predicted kernel time; means per dtype and mode, and the share of measured
+  steps inside the predicted p10-p90 band (band_coverage).
 * ops: the op sweeps (`kit collect`), scored as a whole model uses them: the tile predictor's
   in-stream time (kit.workload.iteration.in_stream_ms: the isolated prediction less its dispatch
   floor, never under the roofline or 2 us) against each row's summed kernel time (kernel_ms),
@@ -73,6 +74,8 @@ def whole_model(folder: Path, limit: int | None = None) -> dict:
         it = predict_model(r["model"], GPU, mode=r["mode"], batch=r["batch"], seq=r["seq"], dtype=r["dtype"])
         out.append({k: r[k] for k in ("model", "dtype", "batch", "seq", "mode", "measured_ms", "measured_kernel_ms")}
                    | {"predicted_ms": round(it.total_ms, 3), "predicted_kernel_ms": round(it.kernel_ms, 3),
+                      "band_ms": [round(it.total_p10_ms, 3), round(it.total_p90_ms, 3)],
+                      "in_band": bool(it.total_p10_ms <= r["measured_ms"] <= it.total_p90_ms),
                       "ape": round(abs(it.total_ms - r["measured_ms"]) / r["measured_ms"] * 100, 2),
                       "kernel_ape": round(abs(it.kernel_ms - r["measured_kernel_ms"]) / r["measured_kernel_ms"] * 100, 2)})
     frame = pd.DataFrame(out)
@@ -81,7 +84,8 @@ def whole_model(folder: Path, limit: int | None = None) -> dict:
         for (dtype, mode), part in frame.groupby(["dtype", "mode"], sort=True):
             s = _stats(part.ape, part.predicted_ms / part.measured_ms)
             summary.append({"dtype": dtype, "mode": mode, **s, "max_ape": round(float(part.ape.max()), 2),
-                            "kernel_mape": round(float(part.kernel_ape.mean()), 2)})
+                            "kernel_mape": round(float(part.kernel_ape.mean()), 2),
+                            "band_coverage": round(float(part.in_band.mean()), 3)})
     return {"rows": out, "summary": summary}
 
 

@@ -110,6 +110,9 @@ def test_the_benchmark_recomputes_its_figures(tmp_path):
     it = predict_model("gpt2", "h200", mode=row["mode"], batch=row["batch"], seq=row["seq"], dtype=row["dtype"])
     assert whole["rows"][0]["predicted_ms"] == pytest.approx(it.total_ms, abs=1e-3)
     assert whole["summary"][0]["n"] == 1
+    lo, hi = whole["rows"][0]["band_ms"]
+    assert lo <= whole["rows"][0]["predicted_ms"] <= hi
+    assert whole["summary"][0]["band_coverage"] == float(lo <= row["measured_ms"] <= hi)
     assert bench.main(["--dir", str(tmp_path / "missing")]) == 2
 
 
