@@ -267,6 +267,17 @@ def catalog_gpu(device: str, given: str | None) -> str | None:
         return None
 
 
+def prediction_gpu(prog: str, device: str, given: str | None, no_predict: bool) -> str | None:
+    """catalog_gpu, or None (with one line on stderr saying why) when there is none to predict for."""
+    if no_predict:
+        return None
+    try:
+        return catalog_gpu(device, given)
+    except KitError as e:
+        print(f"{prog}: no prediction: {e}", file=sys.stderr)
+        return None
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -292,12 +303,7 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("decode_steps: no CUDA device here; use --device cpu", file=sys.stderr)
         return 2
-    gpu = None
-    if not args.no_predict:
-        try:
-            gpu = catalog_gpu(args.device, args.gpu)
-        except KitError as e:
-            print(f"decode_steps: no prediction: {e}", file=sys.stderr)
+    gpu = prediction_gpu("decode_steps", args.device, args.gpu, args.no_predict)
     rows = Rows(args.jsonl)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     stopped = sweep(models, _ints(args.batches), _ints(args.contexts), args.dtype, args.device,

@@ -53,31 +53,34 @@ def _stats(ape: pd.Series, ratio: pd.Series | None = None) -> dict:
     return out
 
 
-def read_jsonl_rows(paths) -> list[dict]:
-    rows = []
-    for p in paths:
-        for line in Path(p).read_text().splitlines():
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
+def _rows(folder: Path, pattern: str) -> list[dict]:
+    """The JSON-lines rows of every file matching pattern under folder (kit.data.records.read_jsonl)."""
+    from kit.data.records import read_jsonl
+
+    return [r for f in sorted(folder.glob(pattern)) for r in read_jsonl(f)]
+
+
+def _scored(r: dict, it) -> dict:
+    """A measured row's prediction (an Iteration) and both APEs: step time and kernel time."""
+    return {"predicted_ms": round(it.total_ms, 3), "predicted_kernel_ms": round(it.kernel_ms, 3),
+            "ape": round(abs(it.total_ms - r["measured_ms"]) / r["measured_ms"] * 100, 2),
+            "kernel_ape": round(abs(it.kernel_ms - r["measured_kernel_ms"]) / r["measured_kernel_ms"] * 100, 2)}
 
 
 def whole_model(folder: Path, limit: int | None = None) -> dict:
     """Predict every measured model step (see the module doc)."""
     from kit.api import predict_model
 
-    rows = [r for r in read_jsonl_rows(sorted((folder / "model_steps").glob("*.jsonl"))) if "error" not in r]
+    rows = [r for r in _rows(folder, "model_steps/*.jsonl") if "error" not in r]
     if limit is not None:
         rows = rows[:limit]
     out = []
     for r in rows:
         it = predict_model(r["model"], GPU, mode=r["mode"], batch=r["batch"], seq=r["seq"], dtype=r["dtype"])
         out.append({k: r[k] for k in ("model", "dtype", "batch", "seq", "mode", "measured_ms", "measured_kernel_ms")}
-                   | {"predicted_ms": round(it.total_ms, 3), "predicted_kernel_ms": round(it.kernel_ms, 3),
-                      "band_ms": [round(it.total_p10_ms, 3), round(it.total_p90_ms, 3)],
-                      "in_band": bool(it.total_p10_ms <= r["measured_ms"] <= it.total_p90_ms),
-                      "ape": round(abs(it.total_ms - r["measured_ms"]) / r["measured_ms"] * 100, 2),
-                      "kernel_ape": round(abs(it.kernel_ms - r["measured_kernel_ms"]) / r["measured_kernel_ms"] * 100, 2)})
+                   | _scored(r, it)
+                   | {"band_ms": [round(it.total_p10_ms, 3), round(it.total_p90_ms, 3)],
+                      "in_band": bool(it.total_p10_ms <= r["measured_ms"] <= it.total_p90_ms)})
     frame = pd.DataFrame(out)
     summary = []
     if len(frame):
@@ -150,17 +153,13 @@ def decode(folder: Path) -> dict:
     made on the H200 machine when they were measured: predicted_then_ms)."""
     from kit.api import predict_model
 
-    rows = [r for r in read_jsonl_rows(sorted((folder / "session").glob("decode_steps*.jsonl")))
-            if "measured_ms" in r]
+    rows = [r for r in _rows(folder, "session/decode_steps*.jsonl") if "measured_ms" in r]
     out = []
     for r in rows:
         it = predict_model(r["model"], GPU, mode="decode", batch=r["batch"], seq=r["context"],
                            dtype=r["dtype"], kv_cache=r.get("kv_cache", "static"))
         out.append({k: r[k] for k in ("model", "batch", "context", "kv_cache", "measured_ms", "measured_kernel_ms")}
-                   | {"predicted_ms": round(it.total_ms, 3), "predicted_kernel_ms": round(it.kernel_ms, 3),
-                      "predicted_then_ms": r.get("predicted_ms"),
-                      "ape": round(abs(it.total_ms - r["measured_ms"]) / r["measured_ms"] * 100, 2),
-                      "kernel_ape": round(abs(it.kernel_ms - r["measured_kernel_ms"]) / r["measured_kernel_ms"] * 100, 2)})
+                   | _scored(r, it) | {"predicted_then_ms": r.get("predicted_ms")})
     frame = pd.DataFrame(out)
     summary = []
     if len(frame):
@@ -168,8 +167,8 @@ def decode(folder: Path) -> dict:
             summary.append({"model": model, "kv_cache": kind, "n": int(len(part)),
                             "mape": round(float(part.ape.mean()), 2),
                             "kernel_mape": round(float(part.kernel_ape.mean()), 2),
-                            "kernel_geo_bias": round(float(np.exp(np.log(
-                                part.predicted_kernel_ms / part.measured_kernel_ms).mean())), 3)})
+                            "kernel_geo_bias": _stats(part.kernel_ape, part.predicted_kernel_ms
+                                                      / part.measured_kernel_ms)["geo_bias"]})
     return {"rows": out, "summary": summary}
 
 

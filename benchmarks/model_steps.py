@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from decode_steps import _free, _json_default, _kernels, _time_ms, catalog_gpu, real_model  # noqa: E402
+from decode_steps import _free, _json_default, _kernels, _time_ms, prediction_gpu, real_model  # noqa: E402
 from kit.data.collect import is_fatal_cuda_error  # noqa: E402
 from kit.data.records import append_jsonl, read_jsonl  # noqa: E402
 from kit.errors import KitError, one_line  # noqa: E402
@@ -270,12 +270,7 @@ def main(argv=None) -> int:
         print("model_steps: no CUDA device here; use --device cpu", file=sys.stderr)
         return 2
     set_tf32(False)
-    gpu = None
-    if not args.no_predict:
-        try:
-            gpu = catalog_gpu(args.device, args.gpu)
-        except KitError as e:
-            print(f"model_steps: no prediction: {e}", file=sys.stderr)
+    gpu = prediction_gpu("model_steps", args.device, args.gpu, args.no_predict)
     rows, stopped = sweep(configs, modes, args.device, args.repeats, args.warmup, gpu,
                           Path(args.jsonl) if args.jsonl else None, args.time_limit)
     if stopped:

@@ -115,8 +115,6 @@ def arrays_from_frame(op_class: str, frame: pd.DataFrame) -> dict:
     if op_class == "gemm":
         a = {"m": num("m"), "n": num("n"), "k": num("k"), "b": num("b"),
              "linear": (frame.op.to_numpy(dtype=object) == "linear").astype(float)}
-        a["align"] = np.array([float(lead_alignment(n, k)) if np.isfinite(n) and np.isfinite(k)
-                               else float(MAX_ALIGN_ELEMS) for n, k in zip(a["n"], a["k"])])
     elif op_class == "elementwise":
         kind = frame.elem_kind.to_numpy(dtype=object)
         unknown = sorted(set(kind) - set(ELEMENTWISE_FLOPS), key=str)
@@ -133,6 +131,9 @@ def arrays_from_frame(op_class: str, frame: pd.DataFrame) -> dict:
     for name, v in a.items():
         if v.dtype == float and (np.isnan(v).any() or (v < (0 if name == "linear" else 1)).any()):
             raise KitError(f"{op_class} rows need positive {name}; some are missing or < 1")
+    if op_class == "gemm":  # lead_alignment(n, k): the lowest set bit of gcd(n, k), at most 8
+        g = np.gcd(a["n"].astype(np.int64), a["k"].astype(np.int64))
+        a["align"] = np.minimum(g & -g, MAX_ALIGN_ELEMS).astype(float)
     return a
 
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kit.errors import KitError
-from kit.workload.graph import Node, OpGraph, renumber
 from kit.ops import Elementwise
+from kit.workload.graph import Node, OpGraph, renumber
 from kit.workload.kernels import Derived, copy_of
 
 FUSIONS = ("eager", "compiled")

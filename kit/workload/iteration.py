@@ -24,10 +24,10 @@ import pandas as pd
 
 from kit.errors import KitError
 from kit.hardware import get_gpu
+from kit.ops import Elementwise
 from kit.workload.fusion import apply_fusion
 from kit.workload.graph import OpGraph
-from kit.ops import Elementwise
-from kit.workload.kernels import leaf_ops, leaf_options
+from kit.workload.kernels import leaf_options
 
 
 @dataclass(frozen=True)
@@ -240,7 +240,7 @@ def _predict_leaves(model, nodes, gpu, prepared):
         for c in range(3):
             out[:, c] = in_stream_ms(out[:, c], out[:, 3], floor, kernels)
     if getattr(model, "name", None) != "roofline":  # the roofline stays a bound on the bytes
-        out[:, :3] = np.maximum(out[:, :3], generic_loop_ms(nodes, gpu)[:, None])
+        out[:, :3] = np.maximum(out[:, :3], generic_loop_ms(nodes, gpu, prepared)[:, None])
     return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks
 
 
@@ -263,18 +263,18 @@ def generic_loop_rate(gpu) -> float:
     return GENERIC_LOOP_ELEMS_PER_SM_CLOCK * gpu.sm_count * gpu.boost_clock_mhz * 1e6
 
 
-def generic_loop_ms(nodes, gpu) -> np.ndarray:
+def generic_loop_ms(nodes, gpu, prepared=None) -> np.ndarray:
     """Per node, the time its generic-loop elementwise kernels take at the rate above (0 for
-    nodes without any, and on GPUs it is not known for)."""
+    nodes without any, and on GPUs it is not known for). prepared: the nodes' _leaves, when
+    the caller has them; a Cheapest counts its nominal (first) option, as leaf_ops does."""
     out = np.zeros(len(nodes))
     rate = generic_loop_rate(gpu)
     if not rate:
         return out
-    for i, n in enumerate(nodes):
-        elems = sum(op.numel for op, _ in leaf_ops(n.op)
-                    if isinstance(op, Elementwise) and not op.vectorized)
-        if elems:
-            out[i] = elems / rate * 1e3
+    leaves, owner, _, option = prepared if prepared is not None else _leaves(nodes)
+    for op, i, k in zip(leaves, owner, option):
+        if k == 0 and isinstance(op, Elementwise) and not op.vectorized:
+            out[i] += op.numel / rate * 1e3
     return out
 
 
