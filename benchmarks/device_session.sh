@@ -11,9 +11,10 @@
 # carried into the working tree: unpacked first; the collectors resume its CSVs and decode_steps
 # skips the rows of its JSONL, so a second run measures only what the first did not finish).
 #
-# Steps, most valuable first (a step is skipped when too little time is left; each runs under
-# `timeout` set from the deadline, and the collectors get --time-limit a little under it, so they
-# stop cleanly and write their summaries):
+# PLAN picks the steps (most valuable first; a step is skipped when too little time is left; each
+# runs under `timeout` set from the deadline, and the collectors get --time-limit a little under
+# it, so they stop cleanly and write their summaries). PLAN=decode (the default; the first
+# session, 2026-12-04):
 #  1. decode GEMMs (kit/data/shapes.py: decode-linear, decode-bmm) in bf16: the weight GEMMs of
 #     a decode step at m = 1..64 (with a bias, NeuSight's form) and attention over 512..16384
 #     cached tokens;
@@ -22,6 +23,13 @@
 #  3. decode-linear without a bias (Llama's projections) in bf16, and with one in fp16;
 #  4. random sweeps of Linear and bmm GEMMs in bf16 and fp32, and vector ops in bf16;
 #  5. the last model's decode steps again with HF's dynamic cache.
+# PLAN=aligned (the second session): what the first showed the kit lacks on Hopper,
+#  1. aligned bf16 Linear GEMMs (--shapes aligned-linear: N and K multiples of 64, as in real
+#     models; cuBLAS's nvjet kernels, which the first session's random shapes rarely reached);
+#  2. whole-model steps of the 13 bf16 configurations of the first session again
+#     (benchmarks/model_steps.py, now with random token ids: the first run's were all zero);
+#  3. fused attention, forward and forward+backward, bf16 (benchmarks/attention_sweep.py);
+#  4. aligned bf16 bmm (--shapes aligned-bmm), then aligned Linear in fp16, tf32 and fp32.
 # The collector flushes the L2 before each timed call and warms each op group for 500 ms (see
 # kit/data/collect.py); each CSV gets FILE.meta.json (provenance and settings) and, if anything
 # failed, FILE.failed.jsonl.
@@ -79,11 +87,17 @@ finish() {
 trap finish EXIT
 trap 'echo "device_session: signal received, packing"; exit 143' TERM INT HUP
 
+PLAN=${PLAN:-decode}
+case "$PLAN" in decode|aligned) ;; *) echo "device_session: PLAN must be decode or aligned, not $PLAN"; exit 2;; esac
 if [ -n "$QUICK" ]; then
+  ALINEAR=tiny-gemm:4:5 ABMM=tiny-gemm:4:6 ATT_COUNT=2 ATT_MAX_SEQ=128
+  MODEL_CONFIGS=gpt2:fp32:1:32
   LINEAR=tiny-gemm:4 BMM=tiny-gemm:4 RLINEAR=tiny-gemm:4:1 RBMM=tiny-gemm:4:2 RFP32=tiny-gemm:4:3
   VEC=tiny-vec:4 REPEATS=3
   MODELS=${MODELS:-gpt2} BATCHES=1 CONTEXTS=16,2000
 else
+  ALINEAR=aligned-linear:700:31 ABMM=aligned-bmm:400:32 ATT_COUNT=120 ATT_MAX_SEQ=8192
+  MODEL_CONFIGS=gpt2:bf16:8:1024,bert-large:bf16:16:512,opt-1.3b:bf16:8:2048,llama3-8b:bf16:1:2048,gpt3-2.7b:bf16:4:2048,llama3-8b:bf16:4:2048,gpt2-xl:bf16:8:1024,gpt3-xl:bf16:4:2048,gpt2-large:bf16:8:1024,opt-1.3b:bf16:2:2048,gpt3-6.7b:bf16:1:2048,qwen3-8b:bf16:2:2048,bert-base:bf16:64:512
   LINEAR=decode-linear BMM=decode-bmm RLINEAR=random-linear:150:1 RBMM=random-bmm:150:2
   RFP32=random-linear:150:3 VEC=random-vec:60 REPEATS=25
   MODELS=${MODELS:-gpt2,opt-1.3b,llama3-8b} BATCHES=1,8,32 CONTEXTS=512,2000,4096
@@ -181,6 +195,38 @@ decode() {  # name cap models kv-cache
   note "$name" $? $(( $(date +%s) - t )) "$STEP_LIMIT"
 }
 
+attention() {  # name cap dtype
+  local name=$1 cap=$2 dtype=$3
+  step_limit "$cap"
+  if [ "$STEP_LIMIT" = 0 ]; then note "$name" skipped 0 0; return; fi
+  local t=$(date +%s) tl=$(( STEP_LIMIT > 40 ? STEP_LIMIT - 20 : STEP_LIMIT / 2 ))
+  timeout --kill-after=$GRACE "$STEP_LIMIT" "$PY" benchmarks/attention_sweep.py --device "$DEVICE" \
+      --dtype "$dtype" --count "$ATT_COUNT" --seed 1 --max-seq "$ATT_MAX_SEQ" --repeats "$REPEATS" \
+      --time-limit "$tl" --jsonl "$OUT_DIR/$name.jsonl" > "$OUT_DIR/$name.json"
+  note "$name" $? $(( $(date +%s) - t )) "$STEP_LIMIT"
+}
+models() {  # name cap configs
+  local name=$1 cap=$2 configs=$3
+  step_limit "$cap"
+  if [ "$STEP_LIMIT" = 0 ]; then note "$name" skipped 0 0; return; fi
+  local t=$(date +%s) tl=$(( STEP_LIMIT > 40 ? STEP_LIMIT - 30 : STEP_LIMIT / 2 ))
+  timeout --kill-after=$GRACE "$STEP_LIMIT" "$PY" benchmarks/model_steps.py --device "$DEVICE" \
+      --configs "$configs" --no-predict --repeats 10 --time-limit "$tl" \
+      --jsonl "$OUT_DIR/$name.jsonl" > "$OUT_DIR/$name.json"
+  note "$name" $? $(( $(date +%s) - t )) "$STEP_LIMIT"
+}
+
+if [ "$PLAN" = aligned ]; then
+  collect aligned_linear_bf16 60 linear "$ALINEAR" bf16
+  models model_steps_bf16 200 "$MODEL_CONFIGS"
+  attention attention_bf16 75 bf16
+  collect aligned_bmm_bf16 45 bmm "$ABMM" bf16
+  collect aligned_linear_fp16 35 linear "$ALINEAR" fp16
+  collect aligned_linear_tf32 35 linear "$ALINEAR" tf32
+  collect aligned_linear_fp32 35 linear "$ALINEAR" fp32
+  echo "device_session: steps done in $(( $(date +%s) - T0 )) s"
+  exit 0
+fi
 collect decode_linear_bf16 60 linear "$LINEAR" bf16
 collect decode_bmm_bf16 45 bmm "$BMM" bf16
 decode decode_steps 150 "$MODELS" static

@@ -1,9 +1,15 @@
-"""Score the kit against the project's own H200 measurements (measurements/h200-2026-12-04).
+"""Score the kit against the project's own H200 measurements (measurements/h200-2026-12-04 and
+measurements/h200-2026-12-04-b, the second session's).
 
-    python benchmarks/h200_measured.py [--dir measurements/h200-2026-12-04] [--skip-models] > out.json
+    python benchmarks/h200_measured.py [--dir FOLDER ...] [--skip-models] > out.json
 
-No H200 row was ever used to train or fit anything in the kit, so every number here is for an
-unseen GPU. Three parts:
+--dir may be given more than once (default: both folders); where two folders measured the same
+whole-model configuration, the later folder's row is scored (the second session remeasured the
+bf16 rows with random token ids; the first's were all zero). The tile-MLP was never trained on
+an H200 row. A few constants were read off these rows (the unaligned 16-bit share of the peak,
+the generic loop's rate: the first folder; the tensor-core curves of kit.predict.tensor_core:
+the second folder's op sweeps, benchmarks/tensor_core_fit.py), so the op scores of those rows
+are in-sample for them; the whole-model rows were never fitted. Three parts:
 * whole_model: each measured training step / inference pass (benchmarks/model_steps.py) beside
   kit.api.predict_model for the same model, dtype, batch and sequence on "h200" (train = forward,
   LM loss, backward, no optimizer, as measured). APE of the step time, and of the summed kernel
@@ -39,7 +45,7 @@ import pandas as pd  # noqa: E402
 
 from kit.errors import KitError  # noqa: E402
 
-DEFAULT_DIR = ROOT / "measurements" / "h200-2026-12-04"
+DEFAULT_DIRS = (ROOT / "measurements" / "h200-2026-12-04", ROOT / "measurements" / "h200-2026-12-04-b")
 GPU = "h200"
 BUCKETS_MS = ((0.0, 0.02, "<20us"), (0.02, 0.1, "20-100us"), (0.1, 1.0, "0.1-1ms"), (1.0, math.inf, ">=1ms"))
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
@@ -53,11 +59,16 @@ def _stats(ape: pd.Series, ratio: pd.Series | None = None) -> dict:
     return out
 
 
-def _rows(folder: Path, pattern: str) -> list[dict]:
-    """The JSON-lines rows of every file matching pattern under folder (kit.data.records.read_jsonl)."""
+def _folders(folder) -> list[Path]:
+    return [Path(folder)] if isinstance(folder, (str, Path)) else [Path(f) for f in folder]
+
+
+def _rows(folder, pattern: str) -> list[dict]:
+    """The JSON-lines rows of every file matching pattern under each folder, in order
+    (kit.data.records.read_jsonl)."""
     from kit.data.records import read_jsonl
 
-    return [r for f in sorted(folder.glob(pattern)) for r in read_jsonl(f)]
+    return [r for d in _folders(folder) for f in sorted(d.glob(pattern)) for r in read_jsonl(f)]
 
 
 def _scored(r: dict, it) -> dict:
@@ -71,7 +82,12 @@ def whole_model(folder: Path, limit: int | None = None) -> dict:
     """Predict every measured model step (see the module doc)."""
     from kit.api import predict_model
 
-    rows = [r for r in _rows(folder, "model_steps/*.jsonl") if "error" not in r]
+    latest = {}
+    for r in (r for d in _folders(folder) for pattern in ("model_steps/*.jsonl", "[!m]*/model_steps*.jsonl")
+              for r in _rows(d, pattern)):
+        if "error" not in r:  # a later folder's row of the same configuration replaces the earlier
+            latest[(r["model"], r["dtype"], r["batch"], r["seq"], r["mode"])] = r
+    rows = list(latest.values())
     if limit is not None:
         rows = rows[:limit]
     out = []
@@ -100,9 +116,9 @@ def op_rows(folder: Path) -> pd.DataFrame:
     from kit.predict.evaluate import _test_frame, predict_rows
     from kit.workload.iteration import in_stream_ms, isolation_floor_ms
 
-    files = sorted([*folder.glob("*/*.csv.gz"), *folder.glob("*/*.csv")])
+    files = [f for d in _folders(folder) for f in sorted([*d.glob("*/*.csv.gz"), *d.glob("*/*.csv")])]
     if not files:
-        raise KitError(f"no measurement CSVs under {folder}")
+        raise KitError(f"no measurement CSVs under {', '.join(map(str, _folders(folder)))}")
     frames = []
     for f in files:
         d = load_measurements(f)
@@ -174,15 +190,17 @@ def decode(folder: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", default=str(DEFAULT_DIR), help="the measurement folder")
+    ap.add_argument("--dir", action="append", default=None,
+                    help="a measurement folder (repeat for more; default: both H200 folders)")
     ap.add_argument("--skip-models", action="store_true", help="leave out the whole-model part (the slow one)")
     args = ap.parse_args(argv)
-    folder = Path(args.dir)
+    folder = [Path(d) for d in (args.dir or DEFAULT_DIRS)]
     try:
-        if not folder.is_dir():
-            raise KitError(f"measurement folder not found: {folder}")
+        for d in folder:
+            if not d.is_dir():
+                raise KitError(f"measurement folder not found: {d}")
         t0 = time.perf_counter()
-        out = {"source": str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder), "gpu": GPU,
+        out = {"source": [str(d.relative_to(ROOT) if d.is_relative_to(ROOT) else d) for d in folder], "gpu": GPU,
                "ops": ops(op_rows(folder)), "decode": decode(folder)}
         if not args.skip_models:
             out["whole_model"] = whole_model(folder)

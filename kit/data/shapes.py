@@ -11,6 +11,10 @@ Named grids (`NAME[:COUNT[:SEED]]` for the random ones; every draw is seeded):
     random-bmm      B, M, N, K each log-uniform in [1, 1024], like NeuSight's train_bmm dims
     random-linear   B=1, M log-uniform in [1, 8192], N and K in [1, 65536], at most 1 GiB fp32
     random-vec      B log-uniform in [1, 16384], H in [1, 4096], like NeuSight's train_vec dims
+    aligned-linear  B=1, M log-uniform in [1, 16384], N and K multiples of 64 in [64, 16384]
+                    (log-uniform): the aligned GEMMs of real models, which random-linear's
+                    uniform dims rarely draw (1 in 64 has N and K both multiples of 8)
+    aligned-bmm     B log-uniform in [1, 512], M, N, K multiples of 16 in [16, 4096]
     tiny-gemm, tiny-vec   dims in [1, 32] (smoke tests: fast anywhere)
     <model>-layers  the GEMM and vector shapes of one transformer layer of a real model at
                     batch 1, 2, 4, 8 and the model's context length: gpt2, gpt2-large,
@@ -43,7 +47,8 @@ MODELS = {
     "opt-1.3b": (2048, 32, 8192, 50272, 2048),
 }
 MODEL_BATCHES = (1, 2, 4, 8)
-RANDOM_GRIDS = ("random-bmm", "random-linear", "random-vec", "tiny-gemm", "tiny-vec")
+RANDOM_GRIDS = ("random-bmm", "random-linear", "random-vec", "aligned-linear", "aligned-bmm",
+                "tiny-gemm", "tiny-vec")
 # (in, out) of the weights a decode step reads: GPT-2 (768, 3072, vocab 50257), OPT-1.3B (2048,
 # 8192), Llama-3 8B (4096, 8 KV heads of 128, 14336, vocab 128256) and 70B (8192, 28672): their
 # HF config.json files (kit.workload.zoo)
@@ -134,6 +139,16 @@ def random_grid(name: str, count: int = DEFAULT_COUNT, seed: int = 0) -> list[tu
             if 4 * (m * n + n * k + m * k) > 2**30:  # keep one call's tensors under 1 GiB fp32
                 continue
             shape = (1, int(m), int(n), int(k))
+        elif name == "aligned-linear":
+            m, n, k = _log_uniform(rng, 16384, 1)[0], *(64 * _log_uniform(rng, 256, 2))
+            if 4 * (m * n + n * k + m * k) > 2**30:
+                continue
+            shape = (1, int(m), int(n), int(k))
+        elif name == "aligned-bmm":
+            b, (m, n, k) = _log_uniform(rng, 512, 1)[0], 16 * _log_uniform(rng, 256, 3)
+            if 4 * b * (m * n + n * k + m * k) > 2**30:
+                continue
+            shape = (int(b), int(m), int(n), int(k))
         elif name == "random-vec":
             shape = (int(_log_uniform(rng, 16384, 1)[0]), int(_log_uniform(rng, 4096, 1)[0]))
         elif name == "tiny-gemm":

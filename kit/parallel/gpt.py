@@ -9,7 +9,8 @@ s tokens, hidden h, a heads, FFN width f:
     MLP block:       LN, x·W[h, f/t], GeLU, ·W[f/t, h], TP all-reduce, dropout + residual
 
 Backward: each GEMM becomes two (data grad, weight grad); memory-bound kernels move about twice
-their forward bytes; flash attention's backward costs about 2.5x its forward (Dao 2023).
+their forward bytes; flash attention's backward costs ATTENTION_BWD_SCALE (2.8) times its forward
+(kit.workload.kernels).
 A MoE layer swaps the MLP for a router and top-k experts sharded over EP ranks, with an
 all-to-all to dispatch tokens and one to combine them (Lepikhin et al. 2020).
 """
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field
 
 from kit import ops
 from kit.errors import KitError
+from kit.workload.kernels import ATTENTION_BWD_SCALE
 
-BWD_FACTOR = {"attention": 2.5, "default": 2.0}
+BWD_FACTOR = {"attention": ATTENTION_BWD_SCALE, "default": 2.0}
 VOCAB_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by (default)
 
 

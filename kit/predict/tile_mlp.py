@@ -28,7 +28,8 @@ import pandas as pd
 from kit.hardware import GPU, get_gpu
 from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
 from kit.predict.split_k import apply_split_k
-from kit.ops import DTYPE_BYTES
+from kit.predict.tensor_core import applies, attention_params_for, kernel_ms_of, params_for
+from kit.ops import DTYPE_BYTES, Attention
 from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_blocking,
                                   gpu_distance, op_class_of, row_launches, waves)
 from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
@@ -220,7 +221,9 @@ class TilePredictor:
         for cls, idx in by_class.items():
             ops_c = [unique[i] for i in idx]
             if cls == "other":  # attention, embedding, memcpy, ...: the wave model
-                out.loc[idx, COLUMNS] = WavePredictor().predict(ops_c, gpu).values
+                part = WavePredictor().predict(ops_c, gpu)
+                self._fused_attention(ops_c, gpu, part)
+                out.loc[idx, COLUMNS] = part[COLUMNS].values
                 continue
             part = self._predict_class(cls, ops_c, gpu)
             if cls == "gemm" and split_k:
@@ -272,12 +275,48 @@ class TilePredictor:
         p10, p90 = np.minimum(np.maximum(np.exp(lo), base), lat), np.maximum(np.exp(hi), lat)
         if cls in ONE_WAVE_CLASSES:
             lat, p10, p90 = self._one_wave_cap(cls, ops, gpu, w["tiles"], w["slots"], lat, p10, p90)
+        if cls == "gemm":
+            self._tensor_core(a, gpu, dtype, w["roofline_ms"], lat, p10, p90)
         shown = w if cls in ("gemm", "elementwise") else waves(cls, a, gpu, dtype, launch=True)
         return pd.DataFrame({
             "latency_ms": lat, "roofline_ms": w["roofline_ms"], "bound": w["bound"],
             "tile": names, "tiles": shown["tiles"].astype(int), "waves": shown["waves"].astype(int),
             "utilisation": base / lat, "latency_p10_ms": p10, "latency_p90_ms": p90,
             "split_k": 1}, columns=COLUMNS)
+
+    def _tensor_core(self, a: dict, gpu: GPU, dtype: str, roofline_ms, lat, p10, p90) -> None:
+        """Aligned tensor-core GEMMs on Hopper take kit.predict.tensor_core's measured curve, not
+        the utilisation learned from FP32 SIMT kernels (in place), plus this predictor's dispatch
+        floor, so the isolated latency means what it means for every other op."""
+        params = params_for(gpu, dtype)
+        if params is None:
+            return
+        tc = applies(gpu, dtype, a["align"])
+        if not tc.any():
+            return
+        from kit.workload.iteration import isolation_floor_ms
+
+        floor = isolation_floor_ms(self, gpu)
+        t, lo, hi = kernel_ms_of(np.asarray(roofline_ms, dtype=float)[tc], params)
+        lat[tc], p10[tc], p90[tc] = t + floor, lo + floor, hi + floor
+
+    def _fused_attention(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
+        """Fused attention in a dtype kit.predict.tensor_core has a measured curve for on this
+        GPU's architecture takes it (in place), plus this predictor's dispatch floor."""
+        rows = [i for i, op in enumerate(ops)
+                if isinstance(op, Attention) and attention_params_for(gpu, op.dtype) is not None]
+        if not rows:
+            return
+        from kit.workload.iteration import isolation_floor_ms
+
+        floor = isolation_floor_ms(self, gpu)
+        for i in rows:
+            op = ops[i]
+            t, lo, hi = kernel_ms_of([part.at[i, "roofline_ms"]], attention_params_for(gpu, op.dtype),
+                                     [op.causal], [op.head_dim < 128])
+            lat = float(t[0]) + floor
+            part.loc[i, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = (
+                lat, float(lo[0]) + floor, float(hi[0]) + floor, part.at[i, "roofline_ms"] / lat)
 
     def _one_wave_cap(self, cls, ops, gpu, tiles, slots, lat, p10, p90):
         """Every block of a one-wave kernel runs at once, so adding blocks up to a full wave

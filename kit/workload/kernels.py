@@ -3,8 +3,7 @@
 A `Derived` kernel is `scale × (sum of its parts)`: the parts are ordinary kit ops that a
 predictor knows (Attention, Elementwise, Gemm, ...), the scale turns them into the kernel at hand.
 Examples:
-* attention backward = 2.5 × attention forward: FlashAttention's backward does 5 matmuls to the
-  forward's 2 (Dao, "FlashAttention-2", 2023, section 3.2);
+* attention backward = ATTENTION_BWD_SCALE (2.8) × attention forward (see below);
 * a reduction, a softmax backward or an unknown op = a memory-bound copy moving the same bytes;
 * a convolution backward = two GEMMs (grad input, grad weight).
 
@@ -19,6 +18,13 @@ import math
 from dataclasses import dataclass
 
 from kit.ops import Elementwise, dtype_bytes
+
+# A fused attention's backward takes this many times its forward. It does 5 matmuls to the
+# forward's 2, 2.5x the FLOPs (FlashAttention-2, Dao 2023, sec. 3.2), and runs at a lower share
+# of the peak than the forward (that paper's sec. 4.1 benchmarks). On the project's H200 (cuDNN's
+# sm90 flash kernels, measurements/h200-2026-12-04-b/session/attention_bf16.jsonl) the backward
+# took 2.77x the forward's kernel time, median over 113 shapes (2.7-3.0 by head size and mask).
+ATTENTION_BWD_SCALE = 2.8
 
 
 @dataclass(frozen=True)

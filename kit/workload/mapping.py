@@ -13,7 +13,7 @@ import torch
 
 from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, Gemm, LayerNorm, RMSNorm,
                      Softmax, MAX_ALIGN_ELEMS, lead_alignment)
-from kit.workload.kernels import Derived, copy_of, memory_bound
+from kit.workload.kernels import ATTENTION_BWD_SCALE, Derived, copy_of, memory_bound
 from kit.workload.mapping_vision import VISION_OPS, map_vision
 
 # ops that only change metadata, alias storage or allocate without writing: no kernel
@@ -98,7 +98,6 @@ ATTENTION_FWD = {"_scaled_dot_product_efficient_attention", "_scaled_dot_product
                  "_scaled_dot_product_fused_attention_overrideable"}
 ATTENTION_BWD = {name + "_backward" for name in ATTENTION_FWD} | {
     "_flash_attention_backward", "_efficient_attention_backward"}
-ATTENTION_BWD_SCALE = 2.5  # backward = 5 matmuls vs forward's 2 (FlashAttention-2, sec. 3.2)
 
 _FLOAT_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
                  torch.float64: "fp32"}

@@ -1,0 +1,73 @@
+"""Aligned tensor-core GEMMs on Hopper: a kernel time from the roofline, measured, not learned.
+
+The tile-MLP learned each tile's utilisation from FP32 SIMT kernels, the only kind in NeuSight's
+data. Hopper's 16-bit and TF32 GEMMs with 16-byte-aligned operands run cuBLAS's TMA/wgmma kernels
+(nvjet, sm90_xmma) under a persistent tile scheduler, and the learned utilisation does not carry
+over to them: on the H200's aligned bf16 GEMMs over 20 us the tile-MLP was 46% off (2x slow
+where it predicted a low utilisation, 20% fast where it predicted a high one), while the
+measured share of the roofline stayed between 0.55 and 0.82 whatever the shape. Such a GEMM's
+kernel time is therefore a curve in its roofline time alone,
+
+    kernel_ms = max(a * roofline_ms ** beta, roofline_ms / eff_max) + c0_us / 1e3
+
+(beta < 1: bigger GEMMs reach a bigger share of the peak, up to eff_max, the best share any
+fitting row reached), with a p10-p90 band from the fitting rows' residuals.
+
+Provenance: fitted by benchmarks/tensor_core_fit.py on the project's own H200 sweeps
+(measurements/h200-2026-12-04-b: 1,100 aligned bf16 Linear/bmm shapes for bf16, also used for
+fp16; the even half of 700 aligned tf32 Linear shapes for tf32), and checked there on other
+shapes (bf16, 1,100 more), on fp16 and on the odd tf32 half; tests/test_tensor_core.py refits
+and compares. Measured on one Hopper GPU: applied to Hopper only (kit.hardware arch "hopper"),
+to GEMMs whose leading dimensions are 16-byte aligned (unaligned ones stay on the tile-MLP with
+kit.predict.features.UNALIGNED_PEAK_SHARE). The curve gives a kernel's own time; the tile
+predictor adds its dispatch floor (kit.workload.iteration.isolation_floor_ms) so its isolated
+latencies stay comparable with its other classes', and a whole model takes the floor out again.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kit.ops import MAX_ALIGN_ELEMS
+
+# benchmarks/tensor_core_fit.py's output, as printed ("fits" -> dtype -> "fit")
+_BF16 = {"a": 0.9513, "beta": 0.8847, "c0_us": 2.829, "eff_max": 0.7357, "band_log": [-0.0976, 0.1836]}
+_TF32 = {"a": 1.1083, "beta": 0.85, "c0_us": 3.938, "eff_max": 0.6794, "band_log": [-0.2099, 0.3627]}
+TENSOR_CORE_GEMM = {"hopper": {"bf16": _BF16, "fp16": _BF16, "tf32": _TF32}}
+# fused attention's forward (cuDNN's sm90 flash kernels, what torch's SDPA ran on the H200),
+# fitted on the even rows of the attention sweep (benchmarks/attention_sweep.py), also used for fp16
+_ATTENTION = {"a": 1.6979, "beta": 1.014, "c0_us": 5.281, "eff_max": 0.6374, "causal_factor": 1.2361, "small_head_factor": 1.2206, "band_log": [-0.0959, 0.2395]}
+FUSED_ATTENTION = {"hopper": {"bf16": _ATTENTION, "fp16": _ATTENTION}}
+
+
+def params_for(gpu, dtype: str) -> dict | None:
+    """The fitted curve for GEMMs of `dtype` on `gpu` (None: the tile-MLP's)."""
+    return TENSOR_CORE_GEMM.get(getattr(gpu, "arch", None), {}).get(dtype)
+
+
+def attention_params_for(gpu, dtype: str) -> dict | None:
+    """The fitted forward curve of fused attention in `dtype` on `gpu` (None: the wave model's)."""
+    return FUSED_ATTENTION.get(getattr(gpu, "arch", None), {}).get(dtype)
+
+
+def applies(gpu, dtype: str, align) -> np.ndarray:
+    """Which GEMMs (by their leading alignment in elements) take the curve on gpu."""
+    align = np.asarray(align, dtype=float)
+    if params_for(gpu, dtype) is None:
+        return np.zeros(align.shape, dtype=bool)
+    elem_bytes = 4 if dtype == "tf32" else 2
+    return align * elem_bytes >= 16 if dtype == "tf32" else align >= MAX_ALIGN_ELEMS
+
+
+def kernel_ms_of(roofline_ms, params: dict, causal=None, small_head=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kernel time, p10, p90) in ms from roofline times, by the curve in the module doc; for
+    attention, `causal` and `small_head` (head size under 128) scale the curve by the params'
+    causal_factor and small_head_factor."""
+    r = np.asarray(roofline_ms, dtype=float)
+    t = np.maximum(params["a"] * r ** params["beta"], r / params["eff_max"])
+    if causal is not None:
+        t = t * np.where(np.asarray(causal, dtype=bool), params.get("causal_factor", 1.0), 1.0)
+    if small_head is not None:
+        t = t * np.where(np.asarray(small_head, dtype=bool), params.get("small_head_factor", 1.0), 1.0)
+    t = t + params["c0_us"] / 1e3
+    lo, hi = params["band_log"]
+    return t, np.maximum(t * np.exp(lo), r), t * np.exp(hi)

@@ -1,0 +1,122 @@
+"""kit.predict.tensor_core: the measured kernel-time curves of aligned tensor-core GEMMs and fused
+attention on Hopper, how the tile predictor applies them, and the script that fits them."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kit.hardware import get_gpu
+from kit.ops import Attention, Gemm
+from kit.predict import get_predictor
+from kit.predict.tensor_core import (FUSED_ATTENTION, TENSOR_CORE_GEMM, applies, attention_params_for,
+                                     kernel_ms_of, params_for)
+from kit.predict.roofline import roofline
+from kit.workload.iteration import in_stream_ms, isolation_floor_ms
+
+ROOT = Path(__file__).resolve().parents[1]
+MEAS = ROOT / "measurements" / "h200-2026-12-04-b"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_curve_never_beats_the_roofline_and_the_band_holds_the_centre():
+    r = np.logspace(-4, 2, 200)
+    for params in (*TENSOR_CORE_GEMM["hopper"].values(), *FUSED_ATTENTION["hopper"].values()):
+        t, lo, hi = kernel_ms_of(r, params)
+        assert (t >= r).all() and (lo >= r).all()
+        assert (lo <= t).all() and (t <= hi).all()
+        assert (np.diff(t) > 0).all()  # a bigger roofline time is never faster
+        # the share of the peak never passes eff_max, and a tiny kernel costs about c0
+        assert (r / (t - params["c0_us"] / 1e3) <= params["eff_max"] + 1e-9).all()
+        assert t[0] == pytest.approx(params["c0_us"] / 1e3, rel=0.2)
+
+
+def test_attention_factors_scale_the_curve():
+    p = FUSED_ATTENTION["hopper"]["bf16"]
+    base = kernel_ms_of([1.0], p)[0][0] - p["c0_us"] / 1e3
+    causal = kernel_ms_of([1.0], p, [True], [False])[0][0] - p["c0_us"] / 1e3
+    small = kernel_ms_of([1.0], p, [False], [True])[0][0] - p["c0_us"] / 1e3
+    assert causal == pytest.approx(base * p["causal_factor"])
+    assert small == pytest.approx(base * p["small_head_factor"])
+
+
+def test_which_gpus_dtypes_and_alignments_take_the_curve():
+    h200, a100 = get_gpu("h200"), get_gpu("a100-pcie-40gb")
+    assert params_for(h200, "bf16") is not None and params_for(h200, "fp16") is not None
+    assert params_for(h200, "fp32") is None  # SIMT sgemm: the tile-MLP's own ground
+    assert params_for(a100, "bf16") is None and attention_params_for(a100, "bf16") is None
+    assert applies(h200, "bf16", [8, 4, 2, 1]).tolist() == [True, False, False, False]
+    assert applies(h200, "tf32", [4, 2, 1]).tolist() == [True, False, False]  # 4 x 4 bytes = 16
+    assert not applies(a100, "bf16", [8]).any()
+
+
+def test_tile_predictor_uses_the_curve_on_hopper_only():
+    tile = get_predictor("tile")
+    g = Gemm(m=4096, n=4096, k=4096, dtype="bf16")
+    h200 = get_gpu("h200")
+    row = tile.predict([g], h200).iloc[0]
+    floor = isolation_floor_ms(tile, h200)
+    t, lo, hi = kernel_ms_of([roofline(g, h200).time_ms], params_for(h200, "bf16"))
+    assert row.latency_ms == pytest.approx(t[0] + floor)
+    assert row.latency_p10_ms == pytest.approx(lo[0] + floor) and row.latency_p90_ms == pytest.approx(hi[0] + floor)
+    # in a model the dispatch floor comes out again: the curve's kernel time
+    assert in_stream_ms(row.latency_ms, row.roofline_ms, floor) == pytest.approx(t[0])
+    # unaligned: the tile-MLP against the unaligned share of the peak, far slower than the curve
+    odd = tile.predict([replace(g, align=1)], h200).iloc[0]
+    assert odd.latency_ms > 3 * row.latency_ms
+    # fp32 on the same GPU, and bf16 on an Ampere GPU, keep the tile-MLP (not the curve)
+    f32 = tile.predict([replace(g, dtype="fp32")], h200).iloc[0]
+    t32 = kernel_ms_of([f32.roofline_ms], params_for(h200, "bf16"))[0][0]
+    assert abs(f32.latency_ms - floor - t32) / t32 > 0.05
+
+
+def test_tile_predictor_uses_the_attention_curve():
+    tile = get_predictor("tile")
+    h200 = get_gpu("h200")
+    ops = [Attention(b=4, heads=32, seq_q=2048, seq_kv=2048, head_dim=128, dtype="bf16", causal=True),
+           Attention(b=4, heads=32, seq_q=2048, seq_kv=2048, head_dim=64, dtype="bf16", causal=False)]
+    pred = tile.predict(ops, h200)
+    floor = isolation_floor_ms(tile, h200)
+    p = attention_params_for(h200, "bf16")
+    for op, row in zip(ops, pred.itertuples()):
+        t = kernel_ms_of([roofline(op, h200).time_ms], p, [op.causal], [op.head_dim < 128])[0][0]
+        assert row.latency_ms == pytest.approx(t + floor)
+        assert row.utilisation == pytest.approx(row.roofline_ms / row.latency_ms)
+    # fp32 attention keeps the wave model
+    f32 = tile.predict([replace(ops[0], dtype="fp32")], h200).iloc[0]
+    wave = get_predictor("wave").predict([replace(ops[0], dtype="fp32")], h200).iloc[0]
+    assert f32.latency_ms == pytest.approx(wave.latency_ms)
+
+
+@pytest.mark.skipif(not MEAS.is_dir(), reason="the measurements folder is not here")
+def test_fit_script_reproduces_the_shipped_constants(capsys):
+    import tensor_core_fit
+
+    assert tensor_core_fit.main([]) == 0
+    out = json.loads(capsys.readouterr().out)
+    fits = out["fits"]
+    shipped = {"bf16": TENSOR_CORE_GEMM["hopper"]["bf16"], "tf32": TENSOR_CORE_GEMM["hopper"]["tf32"],
+               "attention_bf16": FUSED_ATTENTION["hopper"]["bf16"]}
+    for name, params in shipped.items():
+        fitted = fits[name]["fit"]
+        for k, v in params.items():
+            if k == "band_log":
+                assert fitted[k] == pytest.approx(v, abs=2e-3), (name, k)
+            else:
+                assert fitted[k] == pytest.approx(v, rel=2e-3, abs=2e-3), (name, k)
+    # the checks are on rows the fit never saw, and report every bucket they have
+    bf16 = {r["kernel_time"]: r for r in fits["bf16"]["checks"]["other_shapes_bf16"]}
+    assert bf16[">=20us"]["n"] > 100 and math.isfinite(bf16[">=20us"]["mape"])
+    assert 0 <= bf16[">=20us"]["band_coverage"] <= 1
+
+
+def test_fit_script_names_a_missing_folder(tmp_path, capsys):
+    import tensor_core_fit
+
+    assert tensor_core_fit.main(["--dir", str(tmp_path / "nope")]) == 2
+    assert "not found" in capsys.readouterr().err
