@@ -25,8 +25,8 @@ Rows (measurements/h200-2026-12-04-b; kernel_ms, the summed time of the call's k
   and weight-gradient GEMMs, benchmarks/gemm_layouts.py); checked on the same three kinds of
   sweep drawn with other seeds (extra/aligned_*_bf16_b, seeds 41 and 42; layouts/
   gemm_layouts_bf16_b, seed 52) and on session/aligned_linear_fp16;
-* tf32: fitted on the even rows of session/aligned_linear_tf32 and layouts/gemm_layouts_tf32,
-  checked on the odd ones.
+* tf32: fitted on the even shapes of session/aligned_linear_tf32 and layouts/gemm_layouts_tf32
+  (a layout shape's three GEMMs stay together), checked on the odd ones.
 The output (JSON): per dtype the fitted constants and, per check set and kernel-time bucket, n,
 MAPE, median APE and the band's coverage. tests/test_tensor_core.py refits from these files and
 checks the constants in kit.predict.tensor_core are what this script gives.
@@ -57,7 +57,7 @@ SETS = {  # dtype: (fitting files, [(check name, files, rows)]); rows: every row
                                      "layouts/gemm_layouts_bf16_b.jsonl.gz"], None),
               ("fp16", ["session/aligned_linear_fp16.csv.gz"], None)]),
     "tf32": (["session/aligned_linear_tf32.csv.gz", "layouts/gemm_layouts_tf32.jsonl.gz"],
-             [("odd_rows_tf32", ["session/aligned_linear_tf32.csv.gz", "layouts/gemm_layouts_tf32.jsonl.gz"], "odd")]),
+             [("odd_shapes_tf32", ["session/aligned_linear_tf32.csv.gz", "layouts/gemm_layouts_tf32.jsonl.gz"], "odd")]),
 }
 
 
@@ -65,7 +65,8 @@ ATTENTION_FILE = "session/attention_bf16.jsonl"
 
 
 def load(folder: Path, files: list[str], rows: str | None = None) -> pd.DataFrame:
-    """The aligned rows of `files` with a kernel time, in file order (rows: "even"/"odd"/None)."""
+    """The 16-byte-aligned rows of `files` with a kernel time, in file order; rows "even"/"odd":
+    the even or odd shapes only (None: all)."""
     from kit.data.records import load_measurements
 
     frames = []
@@ -73,19 +74,25 @@ def load(folder: Path, files: list[str], rows: str | None = None) -> pd.DataFram
         path = folder / name
         if not path.exists():
             raise KitError(f"measurement file not found: {path}")
+        size = 4 if name.find("tf32") >= 0 or name.find("fp32") >= 0 else 2
         if name.endswith((".jsonl", ".jsonl.gz")):  # benchmarks/gemm_layouts.py rows: kit's m, n, k
             f = pd.read_json(path, lines=True)
             f = f[f.get("error", pd.Series(index=f.index, dtype=object)).isna()].assign(b=1, op="mm")
+            # every layout's leading dimensions are d_in and d_out (the weight gradient reduces
+            # over the tokens, which lead nothing); the halves split shapes, not rows, so a
+            # shape's three layouts stay together
+            lead = np.gcd(f.d_in.to_numpy(int), f.d_out.to_numpy(int))
+            shape = f.groupby(["tokens", "d_in", "d_out"], sort=False).ngroup().to_numpy()
         else:
             f = load_measurements(path)
+            lead = np.gcd(f.n.to_numpy(int), f.k.to_numpy(int))
+            shape = np.arange(len(f))
+        keep = (lead * size) % 16 == 0
         if rows is not None:
-            f = f.iloc[(0 if rows == "even" else 1)::2]
-        frames.append(f[["op", "dtype", "b", "m", "n", "k", "kernel_ms"]])
+            keep &= shape % 2 == (0 if rows == "even" else 1)
+        frames.append(f.loc[keep, ["op", "dtype", "b", "m", "n", "k", "kernel_ms"]])
     d = pd.concat(frames, ignore_index=True)
-    d = d[d.kernel_ms.notna() & (d.kernel_ms > 0)]
-    size = d.dtype.map({"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4})
-    aligned = ((d.n * size) % 16 == 0) & ((d.k * size) % 16 == 0)
-    return d[aligned].reset_index(drop=True)
+    return d[d.kernel_ms.notna() & (d.kernel_ms > 0)].reset_index(drop=True)
 
 
 def roofline_ms(d: pd.DataFrame) -> np.ndarray:
@@ -192,9 +199,11 @@ def main(argv=None) -> int:
         c, croof = attention_rows(folder, "odd")
         pred, p10, p90 = kernel_ms_of(croof, params, c.causal.to_numpy(bool), c.head_dim.to_numpy() < 128)
         bwd = (c.train_kernel_ms - c.fwd_kernel_ms).to_numpy(float)
+        every = pd.concat([d, c])
         out["fits"]["attention_bf16"] = {
             "fit": params,
-            "measured_bwd_over_fwd_median": round(float(np.median(bwd / c.fwd_kernel_ms)), 3),
+            "measured_bwd_over_fwd_median": round(float(np.median(
+                (every.train_kernel_ms - every.fwd_kernel_ms) / every.fwd_kernel_ms)), 3),
             "checks": {"odd_rows_fwd": score(pred, p10, p90, c.fwd_kernel_ms.to_numpy(float)),
                        "odd_rows_bwd": score(ATTENTION_BWD_SCALE * pred, ATTENTION_BWD_SCALE * p10,
                                              ATTENTION_BWD_SCALE * p90, bwd)}}

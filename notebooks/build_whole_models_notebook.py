@@ -432,6 +432,40 @@ print(f"LM head, 3 GEMMs: {odd:.1f} ms as they are, {even:.1f} ms were the vocab
 print(f"{len(generic)} of {sum(n.op_class == 'elementwise' for n in g16.nodes)} elementwise kernels run the generic loop")
 assert odd > 3 * even and len(generic) > 0
 """),
+    md(r"""
+### Tensor cores on Hopper: a measured curve
+
+A second H200 session (`measurements/h200-2026-12-04-b`) timed aligned 16-bit GEMMs and fused
+attention. The tile-MLP's utilisation, learned from FP32 SIMT kernels, did not carry over to the
+H200's aligned bf16 GEMMs (cuBLAS's nvjet kernels, under a persistent tile scheduler): their
+measured share of the roofline stays between about 0.55 and 0.82 whatever the shape. So on Hopper
+such a GEMM's kernel time is a curve in its roofline time alone,
+`max(a * roofline^beta, roofline / eff_max) + c0` (`kit.predict.tensor_core`, fitted by
+`benchmarks/tensor_core_fit.py` on some sweeps and checked on others). Below, one sweep of 700
+aligned bf16 Linear shapes, scored as `kit evaluate --target kernel` scores them: the measured
+kernel time against the kit's time in the stream.
+"""),
+    code("""
+import kit.viz  # noqa: F401  (charts render offline, as SVG)
+import altair as alt
+from kit.predict.evaluate import load_test, predict_rows, with_target
+sweep = next((p / "h200-2026-12-04-b" / "session" / "aligned_linear_bf16.csv.gz" for p in here
+              if (p / "h200-2026-12-04-b").is_dir()), None)
+if sweep is None:
+    print("the measurements folder is not here (an installed kit without the repository)")
+else:
+    rows = with_target(load_test(sweep), "kernel")
+    pred = predict_rows(rows, {"tile": tile}, in_stream=True).set_index("row").sort_index()
+    rows["kit ms"] = pred.predicted_ms.to_numpy()
+    big = rows[rows.kernel_ms >= 0.02]
+    ape = (big["kit ms"] - big.kernel_ms).abs() / big.kernel_ms * 100
+    print(f"{len(big)} of {len(rows)} GEMMs run over 20 us: MAPE {ape.mean():.1f}%, median {ape.median():.1f}%")
+    assert ape.median() < 15
+    display(alt.Chart(rows[["m", "n", "k", "kernel_ms", "kit ms"]]).mark_circle(size=18, opacity=0.6).encode(
+        x=alt.X("kit ms", scale=alt.Scale(type="log")),
+        y=alt.Y("kernel_ms", title="measured kernel ms", scale=alt.Scale(type="log")),
+        tooltip=["m", "n", "k", "kernel_ms", "kit ms"]).properties(width=320, height=260))
+"""),
 ]
 
 

@@ -120,3 +120,54 @@ def test_fit_script_names_a_missing_folder(tmp_path, capsys):
 
     assert tensor_core_fit.main(["--dir", str(tmp_path / "nope")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_a_curve_gemm_is_never_split_and_others_still_are():
+    """The curve holds cuBLAS's own split-K; the kit's rule must not split such a GEMM again
+    (a decode down-projection at batch 8: split 4 ways it came out at its roofline, 40% fast)."""
+    tile = get_predictor("tile")
+    h200 = get_gpu("h200")
+    down = Gemm(m=8, n=4096, k=14336, dtype="bf16", kind="linear", shared_rhs=True)
+    row = tile.predict([down], h200).iloc[0]
+    assert row.split_k == 1
+    t = kernel_ms_of([roofline(down, h200).time_ms], params_for(h200, "bf16"))[0][0]
+    assert row.latency_ms == pytest.approx(t + isolation_floor_ms(tile, h200))
+    # the same GEMM unaligned, or in fp32, may still split (the tile-MLP's rule)
+    mixed = tile.predict([down, replace(down, dtype="fp32"), replace(down, align=2)], h200)
+    assert mixed.split_k.iloc[0] == 1 and (mixed.split_k.iloc[1:] > 1).any()
+
+
+def test_decode_attention_keeps_the_wave_model():
+    tile, wave = get_predictor("tile"), get_predictor("wave")
+    h200 = get_gpu("h200")
+    dec = Attention(b=8, heads=32, seq_q=1, seq_kv=4096, head_dim=128, dtype="bf16", kv_heads=8)
+    assert tile.predict([dec], h200).latency_ms.iloc[0] == pytest.approx(wave.predict([dec], h200).latency_ms.iloc[0])
+
+
+def test_a_scaled_kernel_takes_its_floor_out_scaled():
+    """attention backward = 2.8 x forward: in a model it costs 2.8 x the forward's kernel time,
+    not 2.8 x (kernel + floor) less one floor."""
+    from kit.workload.graph import Node
+    from kit.workload.iteration import predict_latencies
+    from kit.workload.kernels import ATTENTION_BWD_SCALE, Derived
+
+    h200 = get_gpu("h200")
+    fwd = Attention(b=8, heads=12, seq_q=1024, seq_kv=1024, head_dim=64, dtype="bf16", causal=True)
+    bwd = Derived("attention", (fwd,), ATTENTION_BWD_SCALE, "attention backward")
+    nodes = [Node(id=0, aten="a", op=fwd, op_class="attention", phase="fwd"),
+             Node(id=1, aten="b", op=bwd, op_class="attention", phase="bwd")]
+    lat = predict_latencies(nodes, h200, "tile")[0]
+    assert lat[1] == pytest.approx(ATTENTION_BWD_SCALE * lat[0], rel=1e-6)
+
+
+def test_the_multi_gpu_coster_scales_the_floor_the_same_way():
+    from kit.hardware.system import get_system
+    from kit.parallel import Layout
+    from kit.parallel.costs import Coster
+
+    system = get_system("hgx-h200")
+    fwd = Attention(b=8, heads=12, seq_q=1024, seq_kv=1024, head_dim=64, dtype="bf16", causal=True)
+    coster = Coster(Layout(), system, "tile")
+    coster.predict_ops([fwd])
+    assert coster.floor_ms > 0
+    assert coster.op_ms(fwd, scale=2.8) == pytest.approx(2.8 * coster.op_ms(fwd), rel=1e-6)

@@ -164,7 +164,8 @@ class Coster:
         if self.floor_ms > 0:
             from kit.workload.iteration import in_stream_ms
 
-            t = float(in_stream_ms(t, self._op_ms[op][3] * scale, self.floor_ms, kernels))
+            # the floor scales with the op: a backward factor multiplies the isolated time, floor included
+            t = float(in_stream_ms(t, self._op_ms[op][3] * scale, self.floor_ms * scale, kernels))
         if self.generic_rate and not getattr(op, "vectorized", True):
             t = max(t, op.numel / self.generic_rate * 1e3)
         return t * (self.gemm_scale if op.op_class == "gemm" else self.other_scale)

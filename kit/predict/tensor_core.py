@@ -14,14 +14,18 @@ kernel time is therefore a curve in its roofline time alone,
 fitting row reached), with a p10-p90 band from the fitting rows' residuals.
 
 Provenance: fitted by benchmarks/tensor_core_fit.py on the project's own H200 sweeps
-(measurements/h200-2026-12-04-b: 1,100 aligned bf16 Linear/bmm shapes for bf16, also used for
-fp16; the even half of 700 aligned tf32 Linear shapes for tf32), and checked there on other
-shapes (bf16, 1,100 more), on fp16 and on the odd tf32 half; tests/test_tensor_core.py refits
-and compares. Measured on one Hopper GPU: applied to Hopper only (kit.hardware arch "hopper"),
-to GEMMs whose leading dimensions are 16-byte aligned (unaligned ones stay on the tile-MLP with
-kit.predict.features.UNALIGNED_PEAK_SHARE). The curve gives a kernel's own time; the tile
-predictor adds its dispatch floor (kit.workload.iteration.isolation_floor_ms) so its isolated
-latencies stay comparable with its other classes', and a whole model takes the floor out again.
+(measurements/h200-2026-12-04-b): for bf16, also used for fp16, 2,000 aligned bf16 GEMMs (Linear,
+bmm, and a Linear layer's forward, input-gradient and weight-gradient GEMMs); for tf32 the even
+half of the aligned tf32 shapes. Each is checked there on shapes it never saw (bf16: 2,000 more;
+fp16; the odd tf32 half); tests/test_tensor_core.py refits and compares. Measured on one Hopper
+GPU, the H200, and applied to every Hopper GPU in the catalog (kit.hardware arch "hopper"). It
+applies to GEMMs whose leading dimensions are 16-byte aligned; unaligned ones stay on the
+tile-MLP with kit.predict.features.UNALIGNED_PEAK_SHARE. Such a GEMM is never split by the
+kit's split-K rule (kit.predict.split_k), since its curve already holds cuBLAS's own splits.
+Attention takes its curve only from ATTENTION_MIN_SEQ_Q queries up, the range it was fitted on.
+The curve gives a kernel's own time. The tile predictor adds its dispatch floor
+(kit.workload.iteration.isolation_floor_ms), so its isolated latencies stay comparable with its
+other classes', and a whole model takes the floor out again.
 """
 from __future__ import annotations
 
@@ -30,11 +34,12 @@ import numpy as np
 from kit.ops import MAX_ALIGN_ELEMS
 
 # benchmarks/tensor_core_fit.py's output, as printed ("fits" -> dtype -> "fit")
-_BF16 = {"a": 0.9513, "beta": 0.8847, "c0_us": 2.829, "eff_max": 0.7357, "band_log": [-0.0976, 0.1836]}
-_TF32 = {"a": 1.1083, "beta": 0.85, "c0_us": 3.938, "eff_max": 0.6794, "band_log": [-0.2099, 0.3627]}
+_BF16 = {"a": 1.0904, "beta": 0.9112, "c0_us": 2.871, "eff_max": 0.7716, "band_log": [-0.1176, 0.184]}
+_TF32 = {"a": 1.1882, "beta": 0.8562, "c0_us": 3.875, "eff_max": 0.6511, "band_log": [-0.234, 0.3875]}
 TENSOR_CORE_GEMM = {"hopper": {"bf16": _BF16, "fp16": _BF16, "tf32": _TF32}}
 # fused attention's forward (cuDNN's sm90 flash kernels, what torch's SDPA ran on the H200),
-# fitted on the even rows of the attention sweep (benchmarks/attention_sweep.py), also used for fp16
+# fitted on the even rows of the attention sweep (benchmarks/attention_sweep.py: prefill and training
+# shapes, 128..8192 queries over as many keys), also used for fp16
 _ATTENTION = {"a": 1.6979, "beta": 1.014, "c0_us": 5.281, "eff_max": 0.6374, "causal_factor": 1.2361, "small_head_factor": 1.2206, "band_log": [-0.0959, 0.2395]}
 FUSED_ATTENTION = {"hopper": {"bf16": _ATTENTION, "fp16": _ATTENTION}}
 
@@ -56,6 +61,25 @@ def applies(gpu, dtype: str, align) -> np.ndarray:
         return np.zeros(align.shape, dtype=bool)
     elem_bytes = 4 if dtype == "tf32" else 2
     return align * elem_bytes >= 16 if dtype == "tf32" else align >= MAX_ALIGN_ELEMS
+
+
+def curve_gemm(gpu, op) -> bool:
+    """Whether a kit Gemm takes the measured curve on gpu (Hopper, a fitted dtype, aligned)."""
+    return params_for(gpu, op.dtype) is not None and bool(applies(gpu, op.dtype, [op.lead_align])[0])
+
+
+# the fitted attention shapes were prefills and training steps: 128..8192 queries, as many keys
+# (benchmarks/attention_sweep.py). A decode step's attention (one query, or a few, over a cache) is
+# memory-bound and ran other kernels (sm80_flash_fprop); it keeps the wave model.
+ATTENTION_MIN_SEQ_Q = 128
+
+
+def curve_attention(gpu, op) -> bool:
+    """Whether a kit op is a fused attention that takes the measured curve on gpu."""
+    from kit.ops import Attention
+
+    return (isinstance(op, Attention) and op.seq_q >= ATTENTION_MIN_SEQ_Q
+            and attention_params_for(gpu, op.dtype) is not None)
 
 
 def kernel_ms_of(roofline_ms, params: dict, causal=None, small_head=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -28,7 +28,7 @@ import pandas as pd
 from kit.hardware import GPU, get_gpu
 from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
 from kit.predict.split_k import apply_split_k
-from kit.predict.tensor_core import applies, attention_params_for, kernel_ms_of, params_for
+from kit.predict.tensor_core import applies, attention_params_for, curve_attention, curve_gemm, kernel_ms_of, params_for
 from kit.ops import DTYPE_BYTES, Attention
 from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_blocking,
                                   gpu_distance, op_class_of, row_launches, waves)
@@ -227,9 +227,16 @@ class TilePredictor:
                 continue
             part = self._predict_class(cls, ops_c, gpu)
             if cls == "gemm" and split_k:
-                part = apply_split_k(lambda o: self._predict_class("gemm", o, gpu),
-                                     lambda o: self._predict_reduce(o, gpu),
-                                     ops_c, part.reset_index(drop=True), gpu.sm_count)
+                # a GEMM on a measured tensor-core curve keeps it: the curve was fitted on kernel
+                # times that already hold cuBLAS's own split-K and reduce kernels
+                free = [j for j, op in enumerate(ops_c) if not curve_gemm(gpu, op)]
+                if free:
+                    part = part.reset_index(drop=True)
+                    split = apply_split_k(lambda o: self._predict_class("gemm", o, gpu),
+                                          lambda o: self._predict_reduce(o, gpu),
+                                          [ops_c[j] for j in free],
+                                          part.loc[free].reset_index(drop=True), gpu.sm_count)
+                    part.loc[free, COLUMNS] = split[COLUMNS].values
             out.loc[idx, COLUMNS] = part[COLUMNS].values
         for c in ("latency_ms", "roofline_ms", "utilisation", "latency_p10_ms", "latency_p90_ms"):
             out[c] = out[c].astype(float)
@@ -303,8 +310,7 @@ class TilePredictor:
     def _fused_attention(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
         """Fused attention in a dtype kit.predict.tensor_core has a measured curve for on this
         GPU's architecture takes it (in place), plus this predictor's dispatch floor."""
-        rows = [i for i, op in enumerate(ops)
-                if isinstance(op, Attention) and attention_params_for(gpu, op.dtype) is not None]
+        rows = [i for i, op in enumerate(ops) if curve_attention(gpu, op)]
         if not rows:
             return
         from kit.workload.iteration import isolation_floor_ms

@@ -157,14 +157,22 @@ def _leaves(nodes):
             np.asarray(option, dtype=int))
 
 
-def _fastest_option(vals, owner, option, n_nodes: int):
-    """Per node, the (latency, p10, p90, roofline) sums of its fastest option (by latency)."""
+def _fastest_option(vals, owner, option, n_nodes: int, scale=None):
+    """Per node, the (latency, p10, p90, roofline) sums of its fastest option (by latency). With
+    `scale` (each leaf's), also each node's mean leaf scale in that option."""
     per = np.zeros((n_nodes, int(option.max()) + 1 if len(option) else 1, vals.shape[1]))
     np.add.at(per, (owner, option), vals)
     seen = np.zeros(per.shape[:2], dtype=bool)
     seen[owner, option] = True
     best = np.where(seen, per[:, :, 0], np.inf).argmin(axis=1)
-    return per[np.arange(n_nodes), best]
+    out = per[np.arange(n_nodes), best]
+    if scale is None:
+        return out
+    sums, counts = np.zeros(per.shape[:2]), np.zeros(per.shape[:2])
+    np.add.at(sums, (owner, option), scale)
+    np.add.at(counts, (owner, option), 1.0)
+    rows = np.arange(n_nodes)
+    return out, np.where(counts[rows, best] > 0, sums[rows, best] / np.maximum(counts[rows, best], 1), 1.0)
 
 
 def isolated_latencies(ops, gpu, predictor="auto") -> np.ndarray:
@@ -233,12 +241,14 @@ def _predict_leaves(model, nodes, gpu, prepared):
             except Exception as e:  # noqa: BLE001 - reported, never silent
                 fallbacks[tname] = f"{model.name} failed ({type(e).__name__}: {e}); used wave"
                 vals[idx] = fallback.predict(ops, gpu)[cols].to_numpy(dtype=float)
-    out = _fastest_option(vals * scale[:, None], owner, option, len(nodes))
+    out, leaf_scale = _fastest_option(vals * scale[:, None], owner, option, len(nodes), scale)
     floor = isolation_floor_ms(model, gpu)
     if floor > 0:  # in the stream, not one kernel at a time (see LEARNED_FROM_ISOLATED)
+        # each leaf's isolated time carries one floor, and a Derived kernel scales it with the
+        # rest (attention backward: 2.8 x (forward + floor)), so the floor comes out scaled
         kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)
         for c in range(3):
-            out[:, c] = in_stream_ms(out[:, c], out[:, 3], floor, kernels)
+            out[:, c] = in_stream_ms(out[:, c], out[:, 3], floor * leaf_scale, kernels)
     if getattr(model, "name", None) != "roofline":  # the roofline stays a bound on the bytes
         out[:, :3] = np.maximum(out[:, :3], generic_loop_ms(nodes, gpu, prepared)[:, None])
     return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks
@@ -301,7 +311,7 @@ FLOOR_PROBE_NUMEL = 1 << 17
 _FLOORS: dict = {}
 
 
-def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0):
+def in_stream_ms(isolated_ms, roofline_ms, floor_ms, kernels=1.0):
     """A kernel's (or node's) time in the stream from its isolated prediction (the rule above);
     numpy arrays or floats. kit.parallel.costs.Coster uses the same rule. A kernel in the stream
     takes at least KERNEL_MIN_US (never more than its isolated prediction)."""

@@ -23,7 +23,7 @@ from kit.ops import Elementwise, dtype_bytes
 # forward's 2, 2.5x the FLOPs (FlashAttention-2, Dao 2023, sec. 3.2), and runs at a lower share
 # of the peak than the forward (that paper's sec. 4.1 benchmarks). On the project's H200 (cuDNN's
 # sm90 flash kernels, measurements/h200-2026-12-04-b/session/attention_bf16.jsonl) the backward
-# took 2.77x the forward's kernel time, median over 113 shapes (2.7-3.0 by head size and mask).
+# took 2.79x the forward's kernel time, median over 113 shapes (2.7-3.0 by head size and mask).
 ATTENTION_BWD_SCALE = 2.8
 
 
