@@ -144,6 +144,11 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
     if t is not None:
         out.update(tile_dims=list(t.tile_dims), blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,
                    last_wave_fill=t.last_wave_fill, threads_per_block=t.threads_per_block)
+    if model.name == "tile":
+        from kit.predict.tensor_core import curve_attention, curve_gemm
+
+        if (cls == "gemm" and curve_gemm(gpu, op)) or curve_attention(gpu, op):
+            out["source"] = "kit.predict.tensor_core"  # a measured curve, not the tile-MLP
     return out
 
 

@@ -171,3 +171,16 @@ def test_the_multi_gpu_coster_scales_the_floor_the_same_way():
     coster.predict_ops([fwd])
     assert coster.floor_ms > 0
     assert coster.op_ms(fwd, scale=2.8) == pytest.approx(2.8 * coster.op_ms(fwd), rel=1e-6)
+
+
+def test_kit_op_says_when_the_curve_answered(capsys):
+    from kit.api import predict_op
+    from kit.cli import main
+
+    g = Gemm(m=4096, n=4096, k=4096, dtype="bf16")
+    assert predict_op(g, "h200")["source"] == "kit.predict.tensor_core"
+    assert "source" not in predict_op(g, "a100-pcie-40gb")
+    assert "source" not in predict_op(replace(g, dtype="fp32"), "h200")
+    assert "source" not in predict_op(g, "h200", "wave")
+    main(["op", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--gpu", "h200", "--dtype", "bf16"])
+    assert "measured on an H200" in capsys.readouterr().out

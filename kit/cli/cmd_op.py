@@ -50,6 +50,11 @@ def text(r):
              f" memory {r['memory_ms']:.4g} ms",
              f"  intensity {r['intensity_flops_per_byte']:.1f} FLOP/B vs ridge {r['ridge_flops_per_byte']:.1f} FLOP/B",
              f"  work      {r['flops']:.3g} FLOPs, {r['bytes']:.3g} bytes"]
+    if r.get("source") == "kit.predict.tensor_core":
+        lines.append("  source    a curve measured on an H200 (kit.predict.tensor_core): Hopper's aligned"
+                     " tensor-core kernels reach a share of the roofline set by their size, not by"
+                     " their tiles, so the latency is that curve plus the dispatch floor; the tiling"
+                     " below is the kit's tile choice, for the picture")
     if r["tiles"]:
         split = (f" split-k {r['split_k']} (the reduction split {r['split_k']} ways, then a kernel"
                  " sums the partial outputs)," if r.get("split_k", 1) > 1 else ",")
