@@ -171,6 +171,16 @@ def _accesses(func, packet: str, args, kwargs, ins: list) -> tuple[list, list]:
     return [t for t in ins if id(t) not in skip], written
 
 
+def _without_outs(func, kwargs: dict) -> dict:
+    """kwargs less the out= arguments of func's schema (keyword-only: out, or values and
+    indices of aten.sort.values, ...), which an op writes and returns without reading them."""
+    try:
+        outs = {a.name for a in func._schema.arguments if a.is_out}
+    except AttributeError:
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k not in outs} if outs else kwargs
+
+
 class _Recorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -235,11 +245,12 @@ class _Recorder(TorchDispatchMode):
             return  # host-side bookkeeping (optimizer step counters, ...): no GPU kernel
         name = str(func)  # "aten.mm.default"
         packet = name.split(".")[1] if name.startswith("aten.") else name
+        given = _without_outs(func, kwargs)  # an out= tensor is written, not read: out has it
         if "attention" in packet:  # name the arguments (is_causal sits at different positions)
             named = {a.name: v for a, v in zip(func._schema.arguments, args)}
-            op, op_class, kernels = map_op(packet, args, {**named, **kwargs}, out)
+            op, op_class, kernels = map_op(packet, args, {**named, **given}, out)
         else:
-            op, op_class, kernels = map_op(packet, args, kwargs, out)
+            op, op_class, kernels = map_op(packet, args, given, out)
         read, written = _accesses(func, packet, args, kwargs, ins) if op is not None else (ins, ())
         self._add(name, op, op_class, kernels, ins, outs, self._path(), read, written)
 

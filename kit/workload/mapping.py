@@ -138,19 +138,39 @@ def _rows_cols(x: torch.Tensor, norm_dims: int = 1) -> tuple[int, int]:
     return max(1, x.numel() // max(cols, 1)), max(cols, 1)
 
 
+def _copied(t: torch.Tensor) -> bool:
+    """Whether PyTorch copies t's matrices contiguous before cuBLAS sees them. cuBLAS takes a
+    matrix with one unit stride and the other at least that dimension's extent (its leading
+    dimension); PyTorch clones any other (a slice of every other column, strides (2k, 2); a
+    stride-0 broadcast row) with MemoryFormat::Contiguous first (prepare_matrix_for_cublas and
+    prepare_batch_matrix_for_cublas, aten/src/ATen/native/cuda/Blas.cpp)."""
+    if t.dim() < 2 or min(t.shape[-2:]) <= 1:
+        return False
+    rows, cols = t.shape[-2:]
+    row_stride, col_stride = int(t.stride(-2)), int(t.stride(-1))
+    return not ((col_stride == 1 and row_stride >= cols) or (row_stride == 1 and col_stride >= rows))
+
+
 def _leading(t: torch.Tensor) -> int:
-    """The leading dimension (stride, in elements) of the matrix in t's last two dims: the
-    larger of their strides, as a BLAS sees a row- or column-major operand; a vector (a dim of
-    1) has none that matters (MAX_ALIGN_ELEMS)."""
+    """The leading dimension (stride, in elements) of the matrix in t's last two dims, as cuBLAS
+    gets it: the stride that is not 1 (row- or column-major), or for an operand PyTorch copies
+    first (_copied) the copy's, its column count; a vector (a dim of 1) has none that matters
+    (MAX_ALIGN_ELEMS)."""
     if t.dim() < 2 or min(t.shape[-2:]) <= 1:
         return MAX_ALIGN_ELEMS
+    if _copied(t):
+        return int(t.shape[-1])
     return max(int(t.stride(-2)), int(t.stride(-1)), 1)
 
 
 def _offsets(t: torch.Tensor) -> tuple[int, ...]:
     """Where t's matrices start, in elements: its storage offset and, for a batch of matrices,
-    the batch stride (cuBLAS loads each matrix from base + i x stride). 0 constrains nothing."""
-    return (int(t.storage_offset()), int(t.stride(0)) if t.dim() == 3 and t.shape[0] > 1 else 0)
+    the batch stride (cuBLAS loads each matrix from base + i x stride); a copied operand
+    (_copied) starts at 0 and packs its matrices. 0 constrains nothing."""
+    batched = t.dim() == 3 and t.shape[0] > 1
+    if _copied(t):
+        return (0, int(t.shape[-2] * t.shape[-1]) if batched else 0)
+    return (int(t.storage_offset()), int(t.stride(0)) if batched else 0)
 
 
 def _align(a: torch.Tensor, b: torch.Tensor, n: int) -> int:
@@ -449,23 +469,34 @@ def vectorizable(ins, lead, cpu_scalars: bool = True) -> bool:
 
 
 def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float, cpu_scalars: bool = True):
-    numel = max(1, int(lead.numel() * mult))
+    """One elementwise pass over lead's elements. numel counts elements (the generic loop's
+    rate is per element, kit.workload.iteration); an element wider than the kit dtype (mult:
+    int64 or float64 as 2 fp32 words) scales the bytes (a Derived), not the count."""
+    numel = max(1, lead.numel())
     if kind == "copy" and len(ins) > 1:  # cat/stack: read every input once, write the output
         # PyTorch's cat kernel streams contiguous inputs; a strided one (rotate_half's halves
         # of q and k) takes its strided variant (CatArrayBatchedCopy with stride metadata, or
         # a copy_ per input past 4 dims), which computes each element's offsets: on the H200
         # llama3-8b's ran at ~225 G elements/s (measurements/h200-2026-12-04, model_steps)
-        return Elementwise("copy", numel, dtype, inputs=1,
-                           vectorized=all(t.is_contiguous() for t in ins))
-    streams = 0.0 if kind == "fill" else input_streams(ins, lead)  # a fill reads nothing
+        op = Elementwise("copy", numel, dtype, inputs=1, vectorized=all(t.is_contiguous() for t in ins))
+        return _scaled(op, mult, f"{kind} ({mult:g} {dtype} words an element)")
+    if kind == "fill":  # a fill reads nothing: vectorized when its output is dense, as any
+        # TensorIterator loop (fill_ on a strided view, y[:, ::2], takes the generic loop); a
+        # 0-dim value on the device is copied in (fill_(Tensor) calls self.copy_(value), Fill.cpp)
+        streams, vectorized = 0.0, vectorizable([t for t in ins if t.dim() == 0], lead, cpu_scalars)
+    else:
+        streams, vectorized = input_streams(ins, lead), vectorizable(ins, lead, cpu_scalars)
     n = max(1, round(streams))
-    op = Elementwise(kind, numel, dtype, inputs=n,
-                     vectorized=kind == "fill" or vectorizable(ins, lead, cpu_scalars))
-    if abs(streams - n) < 1e-6:
-        return op
+    op = Elementwise(kind, numel, dtype, inputs=n, vectorized=vectorized)
     # narrower inputs (a bool mask), or none read from DRAM (a fill, scalar or on-chip inputs:
     # a write alone, half a one-input pass): the learned n-input pass scaled by the bytes moved
-    return Derived("elementwise", (op,), (streams + 1) / (n + 1), f"{kind} ({streams:g} input streams)")
+    label = f"{kind} ({streams:g} input streams)" if mult == 1 else \
+        f"{kind} ({streams:g} input streams, {mult:g} {dtype} words an element)"
+    return _scaled(op, mult * (streams + 1) / (n + 1), label)
+
+
+def _scaled(op: Elementwise, scale: float, label: str):
+    return op if abs(scale - 1) < 1e-6 else Derived("elementwise", (op,), scale, label)
 
 
 __all__ = ["map_op", "kit_dtype", "tensors", "nbytes", "copy_of", "vectorizable"]
