@@ -17,7 +17,8 @@ time alone:
 beta < 1: a bigger GEMM reaches a bigger share of the peak, up to eff_max (the curve alone
 would pass the peak past a few ms). a, beta, c0 and eff_max are fitted by least squares on log
 kernel time over the fitting rows; the p10-p90 band is the 10th and 90th
-percentile of the fitting rows' log residuals over 20 us.
+percentile of the fitting rows' log residuals, taken apart for the rows the curve puts under
+20 us (band_log_short: launch and tail effects spread them wider) and the rest (band_log).
 
 Rows (measurements/h200-2026-12-04-b; kernel_ms, the summed time of the call's kernels):
 * bf16 (also used for fp16): fitted on session/aligned_linear_bf16 and aligned_bmm_bf16 (seeds
@@ -62,6 +63,7 @@ SETS = {  # dtype: (fitting files, [(check name, files, rows)]); rows: every row
 
 
 ATTENTION_FILE = "session/attention_bf16.jsonl"
+SHORT_MS = 0.02  # kit.predict.tensor_core.SHORT_MS: the curve's two bands part here
 
 
 def load(folder: Path, files: list[str], rows: str | None = None) -> pd.DataFrame:
@@ -131,10 +133,15 @@ def fit(roof: np.ndarray, kernel_ms: np.ndarray, causal=None, small_head=None) -
     if extra:
         p0, lo, hi = p0 + [1.0, 1.0], lo + [0.5, 0.5], hi + [3.0, 3.0]
     res = least_squares(lambda p: np.log(model(p)) - np.log(kernel_ms), p0, bounds=(lo, hi))
-    resid = np.log(kernel_ms / model(res.x))[kernel_ms >= 0.02]
-    q10, q90 = np.quantile(resid, [0.1, 0.9])
+    pred = model(res.x)
+    resid = np.log(kernel_ms / pred)
+    short = pred < SHORT_MS
+
+    def band(r):
+        return [round(float(q), 4) for q in np.quantile(r, [0.1, 0.9])]
+
     out = {k: round(float(v), 3 if k == "c0_us" else 4) for k, v in params(res.x).items() if k != "band_log"}
-    return out | {"band_log": [round(float(q10), 4), round(float(q90), 4)], "rows": int(len(roof))}
+    return out | {"band_log": band(resid[~short]), "band_log_short": band(resid[short]), "rows": int(len(roof))}
 
 
 def attention_rows(folder: Path, rows: str) -> tuple[pd.DataFrame, np.ndarray]:

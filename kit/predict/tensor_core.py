@@ -11,7 +11,8 @@ kernel time is therefore a curve in its roofline time alone,
     kernel_ms = max(a * roofline_ms ** beta, roofline_ms / eff_max) + c0_us / 1e3
 
 (beta < 1: bigger GEMMs reach a bigger share of the peak, up to eff_max, the best share any
-fitting row reached), with a p10-p90 band from the fitting rows' residuals.
+fitting row reached), with a p10-p90 band from the fitting rows' residuals (one for kernels
+the curve puts under 20 us, one for the rest).
 
 Provenance: fitted by benchmarks/tensor_core_fit.py on the project's own H200 sweeps
 (measurements/h200-2026-12-04-b): for bf16, also used for fp16, 2,000 aligned bf16 GEMMs (Linear,
@@ -34,13 +35,13 @@ import numpy as np
 from kit.ops import MAX_ALIGN_ELEMS
 
 # benchmarks/tensor_core_fit.py's output, as printed ("fits" -> dtype -> "fit")
-_BF16 = {"a": 1.0904, "beta": 0.9112, "c0_us": 2.871, "eff_max": 0.7716, "band_log": [-0.1176, 0.184]}
-_TF32 = {"a": 1.1882, "beta": 0.8562, "c0_us": 3.875, "eff_max": 0.6511, "band_log": [-0.234, 0.3875]}
+_BF16 = {"a": 1.0904, "beta": 0.9112, "c0_us": 2.871, "eff_max": 0.7716, "band_log": [-0.1323, 0.1583], "band_log_short": [-0.2144, 0.304]}
+_TF32 = {"a": 1.1882, "beta": 0.8562, "c0_us": 3.875, "eff_max": 0.6511, "band_log": [-0.2567, 0.3075], "band_log_short": [-0.343, 0.3178]}
 TENSOR_CORE_GEMM = {"hopper": {"bf16": _BF16, "fp16": _BF16, "tf32": _TF32}}
 # fused attention's forward (cuDNN's sm90 flash kernels, what torch's SDPA ran on the H200),
 # fitted on the even rows of the attention sweep (benchmarks/attention_sweep.py: prefill and training
 # shapes, 128..8192 queries over as many keys), also used for fp16
-_ATTENTION = {"a": 1.6979, "beta": 1.014, "c0_us": 5.281, "eff_max": 0.6374, "causal_factor": 1.2361, "small_head_factor": 1.2206, "band_log": [-0.0959, 0.2395]}
+_ATTENTION = {"a": 1.6979, "beta": 1.014, "c0_us": 5.281, "eff_max": 0.6374, "causal_factor": 1.2361, "small_head_factor": 1.2206, "band_log": [-0.097, 0.2395], "band_log_short": [-0.2394, 0.2797]}
 FUSED_ATTENTION = {"hopper": {"bf16": _ATTENTION, "fp16": _ATTENTION}}
 
 
@@ -61,6 +62,9 @@ def applies(gpu, dtype: str, align) -> np.ndarray:
         return np.zeros(align.shape, dtype=bool)
     elem_bytes = 4 if dtype == "tf32" else 2
     return align * elem_bytes >= 16 if dtype == "tf32" else align >= MAX_ALIGN_ELEMS
+
+
+SHORT_MS = 0.02  # kernels the curve puts under 20 us take their own, wider band (band_log_short)
 
 
 def curve_gemm(gpu, op) -> bool:
@@ -93,5 +97,7 @@ def kernel_ms_of(roofline_ms, params: dict, causal=None, small_head=None) -> tup
     if small_head is not None:
         t = t * np.where(np.asarray(small_head, dtype=bool), params.get("small_head_factor", 1.0), 1.0)
     t = t + params["c0_us"] / 1e3
-    lo, hi = params["band_log"]
+    short = t < SHORT_MS
+    lo = np.where(short, params.get("band_log_short", params["band_log"])[0], params["band_log"][0])
+    hi = np.where(short, params.get("band_log_short", params["band_log"])[1], params["band_log"][1])
     return t, np.maximum(t * np.exp(lo), r), t * np.exp(hi)
