@@ -184,3 +184,37 @@ def test_kit_op_says_when_the_curve_answered(capsys):
     assert "source" not in predict_op(g, "h200", "wave")
     main(["op", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--gpu", "h200", "--dtype", "bf16"])
     assert "measured on an H200" in capsys.readouterr().out
+
+
+def test_kit_op_reads_the_alignment_off_the_dims(capsys):
+    from kit.cli import main
+
+    main(["op", "gemm", "--m", "4096", "--n", "4095", "--k", "4096", "--gpu", "h200", "--dtype", "bf16", "--json"])
+    odd = json.loads(capsys.readouterr().out)
+    main(["op", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--gpu", "h200", "--dtype", "bf16", "--json"])
+    even = json.loads(capsys.readouterr().out)
+    assert "source" not in odd and even["source"] == "kit.predict.tensor_core"
+    assert odd["latency_ms"] > 3 * even["latency_ms"]  # the legacy kernels, at 13% of the peak
+
+
+def test_a_short_prefill_keeps_the_curve_and_decode_does_not():
+    tile = get_predictor("tile")
+    h200 = get_gpu("h200")
+    p = attention_params_for(h200, "bf16")
+    short = Attention(b=1, heads=12, seq_q=64, seq_kv=64, head_dim=64, dtype="bf16")
+    t = kernel_ms_of([roofline(short, h200).time_ms], p, [False], [True])[0][0]
+    assert tile.predict([short], h200).latency_ms.iloc[0] == pytest.approx(t + isolation_floor_ms(tile, h200))
+    assert t > p["c0_us"] / 1e3  # at least the curve's fixed cost, not a roofline of 0.1 us
+
+
+def test_a_kernel_shedding_floors_never_sheds_more_than_it_carries():
+    """An RNN's Derived (leaf scales 1, t, t; kernels = their sum) sheds one floor a kernel, as
+    before; a scaled single kernel sheds every floor it carries."""
+    import torch
+    from kit.api import predict_model
+
+    lstm = predict_model(torch.nn.LSTM(256, 512, num_layers=2, batch_first=True), "h200",
+                         mode="inference", inputs=(torch.empty(8, 64, 256),))
+    # 258 kernels: far above 258 x the 2 us kernel minimum they collapsed to when floors were
+    # shed per scale unit
+    assert lstm.kernel_ms > 3 * 258 * 2e-3

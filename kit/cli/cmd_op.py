@@ -1,4 +1,6 @@
 """`kit op KIND ...`: predict one operation on one GPU, with its tiles, waves and bound."""
+from dataclasses import replace
+
 from kit.cli import add_command, positive_int
 from kit.cli.outputs import nonempty
 from kit.hardware import DTYPES
@@ -16,10 +18,14 @@ def _build(args):
     from kit import ops
 
     kind = args.op_kind
+    # the leading dimensions of contiguous operands, as a measured row's (kit.ops.lead_alignment):
+    # an odd n or k takes the unaligned path a 16-bit GEMM runs on
     if kind == "gemm":
-        return ops.Gemm(m=args.m, n=args.n, k=args.k, b=args.b, dtype=args.dtype)
+        return ops.Gemm(m=args.m, n=args.n, k=args.k, b=args.b, dtype=args.dtype,
+                        align=ops.lead_alignment(args.n, args.k))
     if kind == "linear":
-        return ops.linear(args.tokens, args.in_features, args.out_features, args.dtype)
+        op = ops.linear(args.tokens, args.in_features, args.out_features, args.dtype)
+        return replace(op, align=ops.lead_alignment(op.n, op.k))
     if kind == "elementwise":
         return ops.Elementwise(args.kind, args.numel, args.dtype)
     if kind in ("softmax", "layernorm", "rmsnorm"):

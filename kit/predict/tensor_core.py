@@ -23,7 +23,8 @@ GPU, the H200, and applied to every Hopper GPU in the catalog (kit.hardware arch
 applies to GEMMs whose leading dimensions are 16-byte aligned; unaligned ones stay on the
 tile-MLP with kit.predict.features.UNALIGNED_PEAK_SHARE. Such a GEMM is never split by the
 kit's split-K rule (kit.predict.split_k), since its curve already holds cuBLAS's own splits.
-Attention takes its curve only from ATTENTION_MIN_SEQ_Q queries up, the range it was fitted on.
+Attention takes its curve except where it looks like a decode step (under ATTENTION_MIN_SEQ_Q
+queries over a longer cache), outside the prefill shapes it was fitted on.
 The curve gives a kernel's own time. The tile predictor adds its dispatch floor
 (kit.workload.iteration.isolation_floor_ms), so its isolated latencies stay comparable with its
 other classes', and a whole model takes the floor out again.
@@ -72,9 +73,10 @@ def curve_gemm(gpu, op) -> bool:
     return params_for(gpu, op.dtype) is not None and bool(applies(gpu, op.dtype, [op.lead_align])[0])
 
 
-# the fitted attention shapes were prefills and training steps: 128..8192 queries, as many keys
-# (benchmarks/attention_sweep.py). A decode step's attention (one query, or a few, over a cache) is
-# memory-bound and ran other kernels (sm80_flash_fprop); it keeps the wave model.
+# the fitted attention shapes were prefills and training steps: 128..8192 queries over as many
+# keys (benchmarks/attention_sweep.py). A decode step's attention (a few queries over a longer
+# cache) is memory-bound and ran other kernels (sm80_flash_fprop); it keeps the wave model. A
+# short prefill (queries = keys < 128) takes the curve, its fixed cost included.
 ATTENTION_MIN_SEQ_Q = 128
 
 
@@ -82,8 +84,9 @@ def curve_attention(gpu, op) -> bool:
     """Whether a kit op is a fused attention that takes the measured curve on gpu."""
     from kit.ops import Attention
 
-    return (isinstance(op, Attention) and op.seq_q >= ATTENTION_MIN_SEQ_Q
-            and attention_params_for(gpu, op.dtype) is not None)
+    if not isinstance(op, Attention) or attention_params_for(gpu, op.dtype) is None:
+        return False
+    return not (op.seq_q < ATTENTION_MIN_SEQ_Q and op.seq_kv > op.seq_q)  # not decode-like
 
 
 def kernel_ms_of(roofline_ms, params: dict, causal=None, small_head=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -159,7 +159,7 @@ def _leaves(nodes):
 
 def _fastest_option(vals, owner, option, n_nodes: int, scale=None):
     """Per node, the (latency, p10, p90, roofline) sums of its fastest option (by latency). With
-    `scale` (each leaf's), also each node's mean leaf scale in that option."""
+    `scale` (each leaf's), also the sum of its leaves' scales in that option."""
     per = np.zeros((n_nodes, int(option.max()) + 1 if len(option) else 1, vals.shape[1]))
     np.add.at(per, (owner, option), vals)
     seen = np.zeros(per.shape[:2], dtype=bool)
@@ -168,11 +168,9 @@ def _fastest_option(vals, owner, option, n_nodes: int, scale=None):
     out = per[np.arange(n_nodes), best]
     if scale is None:
         return out
-    sums, counts = np.zeros(per.shape[:2]), np.zeros(per.shape[:2])
+    sums = np.zeros(per.shape[:2])
     np.add.at(sums, (owner, option), scale)
-    np.add.at(counts, (owner, option), 1.0)
-    rows = np.arange(n_nodes)
-    return out, np.where(counts[rows, best] > 0, sums[rows, best] / np.maximum(counts[rows, best], 1), 1.0)
+    return out, sums[np.arange(n_nodes), best]
 
 
 def isolated_latencies(ops, gpu, predictor="auto") -> np.ndarray:
@@ -241,14 +239,16 @@ def _predict_leaves(model, nodes, gpu, prepared):
             except Exception as e:  # noqa: BLE001 - reported, never silent
                 fallbacks[tname] = f"{model.name} failed ({type(e).__name__}: {e}); used wave"
                 vals[idx] = fallback.predict(ops, gpu)[cols].to_numpy(dtype=float)
-    out, leaf_scale = _fastest_option(vals * scale[:, None], owner, option, len(nodes), scale)
+    out, carried = _fastest_option(vals * scale[:, None], owner, option, len(nodes), scale)
     floor = isolation_floor_ms(model, gpu)
     if floor > 0:  # in the stream, not one kernel at a time (see LEARNED_FROM_ISOLATED)
-        # each leaf's isolated time carries one floor, and a Derived kernel scales it with the
-        # rest (attention backward: 2.8 x (forward + floor)), so the floor comes out scaled
+        # each leaf's isolated time carries one floor, scaled with it (attention backward:
+        # 2.8 x (forward + floor)): a node sheds a floor per kernel, or every floor its leaves
+        # carry where that is more (a scaled single kernel)
         kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)
+        shed = floor * np.maximum(kernels, carried) / kernels
         for c in range(3):
-            out[:, c] = in_stream_ms(out[:, c], out[:, 3], floor * leaf_scale, kernels)
+            out[:, c] = in_stream_ms(out[:, c], out[:, 3], shed, kernels)
     if getattr(model, "name", None) != "roofline":  # the roofline stays a bound on the bytes
         out[:, :3] = np.maximum(out[:, :3], generic_loop_ms(nodes, gpu, prepared)[:, None])
     return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks

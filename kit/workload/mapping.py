@@ -469,17 +469,18 @@ def vectorizable(ins, lead, cpu_scalars: bool = True) -> bool:
 
 
 def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float, cpu_scalars: bool = True):
-    """One elementwise pass over lead's elements. numel counts elements (the generic loop's
-    rate is per element, kit.workload.iteration); an element wider than the kit dtype (mult:
-    int64 or float64 as 2 fp32 words) scales the bytes (a Derived), not the count."""
-    numel = max(1, lead.numel())
+    """One elementwise pass over lead's elements. An element wider than the kit dtype (mult:
+    int64 or float64 as 2 fp32 words) counts as mult elements, so the learned predictors see
+    the bytes as one pass over them (a Derived of mult passes would carry mult fixed costs).
+    The generic loop's element count then counts such an element mult times: an overestimate
+    kept for these rare ops (position ids, masks)."""
+    numel = max(1, int(lead.numel() * mult))
     if kind == "copy" and len(ins) > 1:  # cat/stack: read every input once, write the output
         # PyTorch's cat kernel streams contiguous inputs; a strided one (rotate_half's halves
         # of q and k) takes its strided variant (CatArrayBatchedCopy with stride metadata, or
         # a copy_ per input past 4 dims), which computes each element's offsets: on the H200
         # llama3-8b's ran at ~225 G elements/s (measurements/h200-2026-12-04, model_steps)
-        op = Elementwise("copy", numel, dtype, inputs=1, vectorized=all(t.is_contiguous() for t in ins))
-        return _scaled(op, mult, f"{kind} ({mult:g} {dtype} words an element)")
+        return Elementwise("copy", numel, dtype, inputs=1, vectorized=all(t.is_contiguous() for t in ins))
     if kind == "fill":  # a fill reads nothing: vectorized when its output is dense, as any
         # TensorIterator loop (fill_ on a strided view, y[:, ::2], takes the generic loop); a
         # 0-dim value on the device is copied in (fill_(Tensor) calls self.copy_(value), Fill.cpp)
@@ -488,15 +489,11 @@ def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float, cpu_scalar
         streams, vectorized = input_streams(ins, lead), vectorizable(ins, lead, cpu_scalars)
     n = max(1, round(streams))
     op = Elementwise(kind, numel, dtype, inputs=n, vectorized=vectorized)
+    if abs(streams - n) < 1e-6:
+        return op
     # narrower inputs (a bool mask), or none read from DRAM (a fill, scalar or on-chip inputs:
     # a write alone, half a one-input pass): the learned n-input pass scaled by the bytes moved
-    label = f"{kind} ({streams:g} input streams)" if mult == 1 else \
-        f"{kind} ({streams:g} input streams, {mult:g} {dtype} words an element)"
-    return _scaled(op, mult * (streams + 1) / (n + 1), label)
-
-
-def _scaled(op: Elementwise, scale: float, label: str):
-    return op if abs(scale - 1) < 1e-6 else Derived("elementwise", (op,), scale, label)
+    return Derived("elementwise", (op,), (streams + 1) / (n + 1), f"{kind} ({streams:g} input streams)")
 
 
 __all__ = ["map_op", "kit_dtype", "tensors", "nbytes", "copy_of", "vectorizable"]
