@@ -30,6 +30,11 @@
 #     (benchmarks/model_steps.py, now with random token ids: the first run's were all zero);
 #  3. fused attention, forward and forward+backward, bf16 (benchmarks/attention_sweep.py);
 #  4. aligned bf16 bmm (--shapes aligned-bmm), then aligned Linear in fp16, tf32 and fp32.
+# PLAN=rows (for a next session): the vector ops of real models at their sizes, in bf16 and fp32
+# (--shapes gpt2-layers, bert-large-layers, opt-1.3b-layers: softmax over the attention scores,
+# layer norm, GELU, residual adds), where the second session's whole models showed PyTorch's
+# warp softmax taking as long in bf16 as in fp32 (its rate set by elements, not bytes) and the
+# random sweeps' rows were too small to say at what rate.
 # The collector flushes the L2 before each timed call and warms each op group for 500 ms (see
 # kit/data/collect.py); each CSV gets FILE.meta.json (provenance and settings) and, if anything
 # failed, FILE.failed.jsonl.
@@ -88,8 +93,9 @@ trap finish EXIT
 trap 'echo "device_session: signal received, packing"; exit 143' TERM INT HUP
 
 PLAN=${PLAN:-decode}
-case "$PLAN" in decode|aligned) ;; *) echo "device_session: PLAN must be decode or aligned, not $PLAN"; exit 2;; esac
+case "$PLAN" in decode|aligned|rows) ;; *) echo "device_session: PLAN must be decode, aligned or rows, not $PLAN"; exit 2;; esac
 if [ -n "$QUICK" ]; then
+  ROW_MODELS=${ROW_MODELS:-gpt2}
   ALINEAR=tiny-gemm:4:5 ABMM=tiny-gemm:4:6 ATT_COUNT=2 ATT_MAX_SEQ=128
   MODEL_CONFIGS=gpt2:fp32:1:32
   LINEAR=tiny-gemm:4 BMM=tiny-gemm:4 RLINEAR=tiny-gemm:4:1 RBMM=tiny-gemm:4:2 RFP32=tiny-gemm:4:3
@@ -216,6 +222,14 @@ models() {  # name cap configs
   note "$name" $? $(( $(date +%s) - t )) "$STEP_LIMIT"
 }
 
+if [ "$PLAN" = rows ]; then
+  for m in ${ROW_MODELS:-gpt2 bert-large opt-1.3b}; do
+    collect "rows_${m}_bf16" 60 "elementwise,softmax,layernorm" "${m}-layers" bf16
+    collect "rows_${m}_fp32" 60 "elementwise,softmax,layernorm" "${m}-layers" fp32
+  done
+  echo "device_session: steps done in $(( $(date +%s) - T0 )) s"
+  exit 0
+fi
 if [ "$PLAN" = aligned ]; then
   collect aligned_linear_bf16 60 linear "$ALINEAR" bf16
   models model_steps_bf16 200 "$MODEL_CONFIGS"

@@ -359,3 +359,24 @@ def test_device_session_packs_on_exit_and_keeps_to_its_deadline(tmp_path):
     log = (out / "log.txt").read_text()
     assert "step decode_linear_bf16 rc=124" in log and "packed into" in log
     assert "step vector_bf16 rc=skipped" in log
+
+
+@pytest.mark.parametrize("plan, first_step", [("aligned", "aligned_linear_bf16"), ("rows", "rows_gpt2_bf16")])
+def test_device_session_runs_the_plan_it_is_given(tmp_path, plan, first_step):
+    fake = tmp_path / "py"  # python that succeeds at once in every step
+    fake.write_text("#!/bin/bash\nexit 0\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "DEVICE": "cpu", "QUICK": "1", "PY": str(fake), "BUDGET": "60", "PLAN": plan}
+    r = subprocess.run(["bash", str(ROOT / "benchmarks/device_session.sh"), str(out)], env=env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    log = (out / "log.txt").read_text()
+    assert f"step {first_step} rc=0" in log and "decode_linear_bf16" not in log
+
+
+def test_device_session_refuses_an_unknown_plan(tmp_path):
+    env = {**os.environ, "DEVICE": "cpu", "QUICK": "1", "PLAN": "everything"}
+    r = subprocess.run(["bash", str(ROOT / "benchmarks/device_session.sh"), str(tmp_path / "out")], env=env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "PLAN must be decode, aligned or rows, not everything" in r.stdout + r.stderr
