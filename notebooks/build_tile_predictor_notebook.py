@@ -349,6 +349,31 @@ pd.DataFrame([{"op": name, "threads": t.threads_per_block, "blocks/SM": t.blocks
                "waves": t.waves} for name, t in (("layernorm 8192x1024", ln),
                                                  ("softmax 8192x4096", sm))])
 """),
+    md(r"""
+**(f)** Where the utilisation does not carry over: tensor cores on Hopper. Every kernel the tile-MLP
+learned from is an FP32 SIMT kernel. On an H200, aligned bf16 GEMMs run cuBLAS's nvjet kernels
+(TMA loads, wgmma, a persistent tile scheduler). There, the learned utilisation was 46% off on
+kernels over 20 us, while the measured share of the roofline stayed between 0.55 and 0.82 whatever
+the shape. A persistent scheduler leaves little wave quantisation to learn. So on Hopper the kit
+prices such a GEMM with a curve measured on the project's own H200
+(`measurements/h200-2026-12-04-b`, fitted by `benchmarks/tensor_core_fit.py`):
+$t = \max(a\,R^{\beta},\ R/e_{\max}) + c_0$ in the roofline time $R$. With $\beta < 1$, a bigger GEMM
+reaches a bigger share of the peak, up to $e_{\max}$. The table gives that share at a few sizes.
+"""),
+    code("""
+from kit.predict.tensor_core import TENSOR_CORE_GEMM, kernel_ms_of
+from kit.predict.roofline import roofline
+curve = TENSOR_CORE_GEMM["hopper"]["bf16"]
+sizes = [256, 1024, 4096, 16384]
+share = []
+for n in sizes:
+    r = roofline(Gemm(m=n, n=n, k=n, dtype="bf16"), "h200").time_ms
+    t = kernel_ms_of([r], curve)[0][0]
+    share.append({"m = n = k": n, "roofline ms": round(r, 4), "kernel ms": round(t, 4), "share of the peak": round(r / t, 2)})
+share = pd.DataFrame(share)
+assert share["share of the peak"].is_monotonic_increasing and share["share of the peak"].max() <= curve["eff_max"]
+share
+"""),
 ]
 
 
