@@ -27,6 +27,7 @@ import pandas as pd
 
 from kit.hardware import GPU, get_gpu
 from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
+from kit.predict.element_rates import element_bound_ms
 from kit.predict.split_k import apply_split_k
 from kit.predict.tensor_core import applies, attention_params_for, curve_attention, curve_gemm, kernel_ms_of, params_for
 from kit.ops import DTYPE_BYTES, Attention
@@ -278,12 +279,14 @@ class TilePredictor:
         base = w["base_ms"]
         centre, lo, hi = combine(self.models[cls].log_quantiles(x, np.log(base)),
                                  self.class_sigma(cls, gpu))
-        lat = np.exp(centre)
+        lat = np.exp(centre).astype(np.float64)  # float64: the curves and bounds below write into it
         p10, p90 = np.minimum(np.maximum(np.exp(lo), base), lat), np.maximum(np.exp(hi), lat)
         if cls in ONE_WAVE_CLASSES:
             lat, p10, p90 = self._one_wave_cap(cls, ops, gpu, w["tiles"], w["slots"], lat, p10, p90)
         if cls == "gemm":
             self._tensor_core(a, gpu, dtype, w["roofline_ms"], lat, p10, p90)
+        if cls == "elementwise":
+            self._element_bound(a, gpu, lat, p10, p90)
         shown = w if cls in ("gemm", "elementwise") else waves(cls, a, gpu, dtype, launch=True)
         return pd.DataFrame({
             "latency_ms": lat, "roofline_ms": w["roofline_ms"], "bound": w["bound"],
@@ -306,6 +309,17 @@ class TilePredictor:
         floor = isolation_floor_ms(self, gpu)
         t, lo, hi = kernel_ms_of(np.asarray(roofline_ms, dtype=float)[tc], params)
         lat[tc], p10[tc], p90[tc] = t + floor, lo + floor, hi + floor
+
+    def _element_bound(self, a: dict, gpu: GPU, lat, p10, p90) -> None:
+        """Kinds whose elements set their speed (kit.predict.element_rates) are no faster than
+        that, plus this predictor's dispatch floor (in place)."""
+        bound = element_bound_ms(a["kind"], a["numel"], gpu)
+        if not (bound > 0).any():
+            return
+        from kit.workload.iteration import isolation_floor_ms
+
+        low = np.where(bound > 0, bound + isolation_floor_ms(self, gpu), 0.0)
+        lat[:], p10[:], p90[:] = np.maximum(lat, low), np.maximum(p10, low), np.maximum(p90, low)
 
     def _fused_attention(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
         """Fused attention in a dtype kit.predict.tensor_core has a measured curve for on this

@@ -272,6 +272,19 @@ def _foreach(packet: str, args, out) -> tuple[Elementwise, int]:
     return Elementwise("add", max(1, int(numel * mult)), dtype, inputs=reads), kernels
 
 
+# pow with these scalar exponents does not run powf: PyTorch's CUDA pow kernel takes sqrt, rsqrt
+# and reciprocal for 0.5, -0.5 and -1, and multiplies for 2, 3 and -2 (x*x, x*x*x, 1/(x*x):
+# aten/src/ATen/native/cuda/PowKernel.cu); GPT-2's GELU cubes its input so
+POW_FAST = {2.0: "square", 3.0: "mul", -2.0: "div", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "reciprocal"}
+
+
+def _pow_kind(args) -> str:
+    exp = args[1] if len(args) > 1 else None
+    if isinstance(exp, (int, float)) and not isinstance(exp, bool):
+        return POW_FAST.get(float(exp), "pow")
+    return "pow"
+
+
 def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
     """(kit op or None, op_class, kernels) for one aten op; packet is the aten name ("mm")."""
     kwargs = kwargs or {}
@@ -388,7 +401,8 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
         elif packet in ("masked_fill", "masked_fill_"):
             # a value tensor is read on the host (value.item()) and passed to the kernel by value
             ins = [t for t in ins if t.dim() > 0]
-        return _elementwise(ELEMENTWISE[packet], ins, outs, lead, odtype, omult,
+        kind = _pow_kind(args) if ELEMENTWISE[packet] == "pow" else ELEMENTWISE[packet]
+        return _elementwise(kind, ins, outs, lead, odtype, omult,
                             cpu_scalars=packet != "where"), "elementwise", 1
     moved = sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs)
     return memory_bound("unknown", max(moved, 1), dtype, label=packet), "unknown", 1
