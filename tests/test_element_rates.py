@@ -65,3 +65,24 @@ def test_the_script_reads_the_shipped_rates_off_the_sweeps(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["bounds"] == ELEMS_PER_SM_CLOCK
     assert element_rates.main(["--dir", str(folder / "nope")]) == 2
+
+
+def test_a_lifted_op_keeps_its_band_and_a_small_one_is_not_lifted_to_the_floor():
+    tile = get_predictor("tile")
+    h200 = get_gpu("h200")
+    big = tile.predict([Elementwise("pow", 1 << 24, "bf16", inputs=2)], h200).iloc[0]
+    assert big.latency_p10_ms <= big.latency_ms < big.latency_p90_ms  # not collapsed to a point
+    # a small op: the bound adds its (tiny) element time, not a jump to the dispatch floor
+    small = Elementwise("gelu", 1000, "bf16")
+    a100 = get_gpu("a100-pcie-80gb")
+    with_bound = tile.predict([small], a100).latency_ms.iloc[0]
+    without = tile.predict([Elementwise("relu", 1000, "bf16")], a100).latency_ms.iloc[0]
+    assert with_bound < 3 * without
+
+
+def test_exponents_zero_and_one_and_a_cpu_scalar_tensor():
+    x = torch.empty(64, 1024, device="meta")
+    assert leaf_ops(map_op("pow", (x, 0), {}, x)[0])[0][0].kind == "fill"
+    assert leaf_ops(map_op("pow", (x, 1.0), {}, x)[0])[0][0].kind == "copy"
+    assert leaf_ops(map_op("pow", (x, torch.tensor(2.0)), {}, x)[0])[0][0].kind == "square"
+    assert leaf_ops(map_op("pow", (2.0, x), {}, x)[0])[0][0].kind == "pow"  # scalar ** tensor

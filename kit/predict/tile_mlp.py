@@ -312,14 +312,18 @@ class TilePredictor:
 
     def _element_bound(self, a: dict, gpu: GPU, lat, p10, p90) -> None:
         """Kinds whose elements set their speed (kit.predict.element_rates) are no faster than
-        that, plus this predictor's dispatch floor (in place)."""
+        that (in place), plus the dispatch floor the prediction carries (this predictor's floor,
+        or all of a prediction under it). Where the bound lifts an op, its band moves up with it:
+        p90 by the same factor, p10 to the bound (the fastest rate measured)."""
         bound = element_bound_ms(a["kind"], a["numel"], gpu)
         if not (bound > 0).any():
             return
         from kit.workload.iteration import isolation_floor_ms
 
-        low = np.where(bound > 0, bound + isolation_floor_ms(self, gpu), 0.0)
-        lat[:], p10[:], p90[:] = np.maximum(lat, low), np.maximum(p10, low), np.maximum(p90, low)
+        low = np.where(bound > 0, bound + np.minimum(lat, isolation_floor_ms(self, gpu)), 0.0)
+        lift = np.maximum(1.0, low / lat)
+        p10[:] = np.where(lift > 1, low, p10)
+        lat[:], p90[:] = lat * lift, p90 * lift
 
     def _fused_attention(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
         """Fused attention in a dtype kit.predict.tensor_core has a measured curve for on this

@@ -275,11 +275,17 @@ def _foreach(packet: str, args, out) -> tuple[Elementwise, int]:
 # pow with these scalar exponents does not run powf: PyTorch's CUDA pow kernel takes sqrt, rsqrt
 # and reciprocal for 0.5, -0.5 and -1, and multiplies for 2, 3 and -2 (x*x, x*x*x, 1/(x*x):
 # aten/src/ATen/native/cuda/PowKernel.cu); GPT-2's GELU cubes its input so
-POW_FAST = {2.0: "square", 3.0: "mul", -2.0: "div", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "reciprocal"}
+# (exponents 0 and 1 are a fill and a copy: aten/src/ATen/native/Pow.cpp)
+POW_FAST = {2.0: "square", 3.0: "mul", -2.0: "div", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "reciprocal",
+            0.0: "fill", 1.0: "copy"}
 
 
 def _pow_kind(args) -> str:
-    exp = args[1] if len(args) > 1 else None
+    """The kind of a pow(tensor, exponent): a cheap kernel for an exponent in POW_FAST given as a
+    number or as a 0-dim CPU tensor (its value is known at capture; CUDA takes the scalar path)."""
+    exp = args[1] if len(args) > 1 and isinstance(args[0], torch.Tensor) else None
+    if isinstance(exp, torch.Tensor) and exp.dim() == 0 and exp.device.type == "cpu":
+        exp = exp.item()
     if isinstance(exp, (int, float)) and not isinstance(exp, bool):
         return POW_FAST.get(float(exp), "pow")
     return "pow"
