@@ -14,6 +14,8 @@ import torch
 from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, Gemm, LayerNorm, RMSNorm,
                      Softmax, MAX_ALIGN_ELEMS, lead_alignment)
 from kit.workload.kernels import ATTENTION_BWD_SCALE, Derived, copy_of, memory_bound
+from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, POW_FAST, _elementwise,  # noqa: F401
+                                              _pow_kind, input_streams, nbytes, vectorizable)
 from kit.workload.mapping_vision import VISION_OPS, map_vision
 
 # ops that only change metadata, alias storage or allocate without writing: no kernel
@@ -127,10 +129,6 @@ def tensors(obj) -> list[torch.Tensor]:
     if isinstance(obj, dict):
         return [t for o in obj.values() for t in tensors(o)]
     return []
-
-
-def nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 def _rows_cols(x: torch.Tensor, norm_dims: int = 1) -> tuple[int, int]:
@@ -272,25 +270,6 @@ def _foreach(packet: str, args, out) -> tuple[Elementwise, int]:
     return Elementwise("add", max(1, int(numel * mult)), dtype, inputs=reads), kernels
 
 
-# pow with these scalar exponents does not run powf: PyTorch's CUDA pow kernel takes sqrt, rsqrt
-# and reciprocal for 0.5, -0.5 and -1, and multiplies for 2, 3 and -2 (x*x, x*x*x, 1/(x*x):
-# aten/src/ATen/native/cuda/PowKernel.cu); GPT-2's GELU cubes its input so
-# (exponents 0 and 1 are a fill and a copy: aten/src/ATen/native/Pow.cpp)
-POW_FAST = {2.0: "square", 3.0: "mul", -2.0: "div", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "reciprocal",
-            0.0: "fill", 1.0: "copy"}
-
-
-def _pow_kind(args) -> str:
-    """The kind of a pow(tensor, exponent): a cheap kernel for an exponent in POW_FAST given as a
-    number or as a 0-dim CPU tensor (its value is known at capture; CUDA takes the scalar path)."""
-    exp = args[1] if len(args) > 1 and isinstance(args[0], torch.Tensor) else None
-    if isinstance(exp, torch.Tensor) and exp.dim() == 0 and exp.device.type == "cpu":
-        exp = exp.item()
-    if isinstance(exp, (int, float)) and not isinstance(exp, bool):
-        return POW_FAST.get(float(exp), "pow")
-    return "pow"
-
-
 def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
     """(kit op or None, op_class, kernels) for one aten op; packet is the aten name ("mm")."""
     kwargs = kwargs or {}
@@ -426,94 +405,5 @@ def _dropout(args, dtype: str, mult: float) -> Derived:
     return Derived("dropout", (base,), drop.bytes / base.bytes, "dropout (y and a bool mask)")
 
 
-BROADCAST_STREAM_BYTES = 2 * 2**20  # a broadcast operand this large is re-read from DRAM
-
-
-def input_streams(ins, lead) -> float:
-    """How many output-sized read streams an elementwise kernel's inputs amount to.
-
-    A full-size input is one stream, weighted by its element size against the output's (a bool
-    mask read by a fp32 kernel is a quarter stream). A broadcast operand (smaller than the output,
-    not a scalar) is re-read once per output element: it stays on chip when small (a bias, a
-    BERT padding mask row) but streams from DRAM when it is larger than the L2 slice it competes
-    for (GPT-2's position embeddings broadcast over the batch, OPT's (b, 1, s, s) mask broadcast
-    over heads): NeuSight's per-node labels on P4, T4 and V100 time such adds like two-input adds.
-    """
-    out_size = max(lead.element_size(), 1)
-    streams = 0.0
-    for t in ins:
-        if t.numel() <= 1:
-            continue
-        if t.numel() >= lead.numel() or nbytes(t) >= BROADCAST_STREAM_BYTES:
-            streams += t.element_size() / out_size
-        elif nbytes(t) >= 0.01 * nbytes(lead):  # kept on chip: read from DRAM once (a bias
-            streams += nbytes(t) / max(nbytes(lead), 1)  # row is too small to count)
-    return streams
-
-
-def _layout(t: torch.Tensor) -> tuple:
-    """t's (size, stride) pairs, leaving out dims of size 1 (their stride is never used)."""
-    return tuple((int(s), int(st)) for s, st in zip(t.shape, t.stride()) if s != 1)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether t's elements fill one block of memory with no gap or overlap, in some order of
-    its dims (contiguous, or a permutation of a contiguous tensor: a transpose, channels-last)."""
-    expect = 1
-    for size, stride in sorted(_layout(t), key=lambda d: d[1]):
-        if stride != expect:
-            return False
-        expect *= size
-    return True
-
-
-def vectorizable(ins, lead, cpu_scalars: bool = True) -> bool:
-    """Whether PyTorch's CUDA elementwise loop can take its vectorized kernel. TensorIterator
-    orders and merges the dims of the output and every input it reads; the loop is vectorized
-    when they merge into one run every operand walks with unit stride: each input has the
-    output's shape and the output's strides, and the output is dense (contiguous, or a
-    transpose or channels-last layout that all of them share). A broadcast input (a bias, a
-    mask over heads, a 0-dim tensor on the device such as HF's torch.tensor(min, device=...))
-    or one laid out otherwise (a permute's copy) sends it to the generic kernel, which
-    computes each element's offsets. A 0-dim CPU tensor is passed as a scalar and does not
-    (cpu_scalars; torch.where copies one to the device, where it is a broadcast input)."""
-    if not _dense(lead):
-        return False
-    layout = _layout(lead)
-    for t in ins:
-        if cpu_scalars and t.dim() == 0 and t.device.type == "cpu":
-            continue
-        if tuple(t.shape) != tuple(lead.shape) or _layout(t) != layout:
-            return False
-    return True
-
-
-def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float, cpu_scalars: bool = True):
-    """One elementwise pass over lead's elements. An element wider than the kit dtype (mult:
-    int64 or float64 as 2 fp32 words) counts as mult elements, so the learned predictors see
-    the bytes as one pass over them (a Derived of mult passes would carry mult fixed costs).
-    The generic loop's element count then counts such an element mult times: an overestimate
-    kept for these rare ops (position ids, masks)."""
-    numel = max(1, int(lead.numel() * mult))
-    if kind == "copy" and len(ins) > 1:  # cat/stack: read every input once, write the output
-        # PyTorch's cat kernel streams contiguous inputs; a strided one (rotate_half's halves
-        # of q and k) takes its strided variant (CatArrayBatchedCopy with stride metadata, or
-        # a copy_ per input past 4 dims), which computes each element's offsets: on the H200
-        # llama3-8b's ran at ~225 G elements/s (measurements/h200-2026-12-04, model_steps)
-        return Elementwise("copy", numel, dtype, inputs=1, vectorized=all(t.is_contiguous() for t in ins))
-    if kind == "fill":  # a fill reads nothing: vectorized when its output is dense, as any
-        # TensorIterator loop (fill_ on a strided view, y[:, ::2], takes the generic loop); a
-        # 0-dim value on the device is copied in (fill_(Tensor) calls self.copy_(value), Fill.cpp)
-        streams, vectorized = 0.0, vectorizable([t for t in ins if t.dim() == 0], lead, cpu_scalars)
-    else:
-        streams, vectorized = input_streams(ins, lead), vectorizable(ins, lead, cpu_scalars)
-    n = max(1, round(streams))
-    op = Elementwise(kind, numel, dtype, inputs=n, vectorized=vectorized)
-    if abs(streams - n) < 1e-6:
-        return op
-    # narrower inputs (a bool mask), or none read from DRAM (a fill, scalar or on-chip inputs:
-    # a write alone, half a one-input pass): the learned n-input pass scaled by the bytes moved
-    return Derived("elementwise", (op,), (streams + 1) / (n + 1), f"{kind} ({streams:g} input streams)")
-
-
-__all__ = ["map_op", "kit_dtype", "tensors", "nbytes", "copy_of", "vectorizable"]
+__all__ = ["map_op", "kit_dtype", "tensors", "nbytes", "copy_of", "vectorizable", "input_streams", "POW_FAST",
+           "BROADCAST_STREAM_BYTES"]

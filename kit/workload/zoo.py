@@ -288,7 +288,8 @@ def _code_stamp() -> str:
     """Changes whenever the capture code or the models change (invalidates disk caches)."""
     here = Path(__file__).parent
     names = ("capture.py", "mapping.py", "kernels.py", "modes.py", "zoo.py", "zoo_models.py", "zoo_modern.py",
-             "zoo_deepseek.py", "zoo_experts.py", "zoo_t5.py", "zoo_dlrm.py", "zoo_vision.py", "mapping_vision.py", "graph.py",
+             "zoo_deepseek.py", "zoo_experts.py", "zoo_t5.py", "zoo_dlrm.py", "zoo_vision.py", "mapping_vision.py",
+             "mapping_elementwise.py", "graph.py",
              "replicate.py", "kv_cache.py", "../ops.py")  # ops.py: the pickled ops' classes
     return "-".join(str(int((here / n).stat().st_mtime)) for n in names if (here / n).exists())
 
