@@ -33,11 +33,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from decode_steps import _free  # noqa: E402
 from kit.data.collect import is_fatal_cuda_error, l2_flusher, profile_cuda  # noqa: E402
 from kit.data.records import append_jsonl, read_jsonl  # noqa: E402
 from kit.errors import KitError, one_line  # noqa: E402
@@ -116,14 +118,6 @@ def measure(shape, dtype: str, device: str, repeats: int, flush) -> dict:
                    train_kernel_ms=t.get("kernel_ms"), train_kernels=t.get("kernels", "")[:600],
                    train_n_kernels=t.get("n_kernels", 0))
     return row
-
-
-def _free(device: str) -> None:
-    import gc
-
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
 
 
 def sweep(shapes, dtype: str, device: str, repeats: int, jsonl: str | None,

@@ -33,7 +33,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from attention_sweep import _free, _timed  # noqa: E402
+from attention_sweep import _timed  # noqa: E402
+from decode_steps import _free  # noqa: E402
 from kit.data.collect import is_fatal_cuda_error, l2_flusher, profile_cuda  # noqa: E402
 from kit.data.records import append_jsonl, read_jsonl  # noqa: E402
 from kit.errors import KitError, one_line  # noqa: E402

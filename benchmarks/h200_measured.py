@@ -44,11 +44,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kit.errors import KitError  # noqa: E402
+from kit.ops import DTYPE_BYTES  # noqa: E402
 
 DEFAULT_DIRS = (ROOT / "measurements" / "h200-2026-12-04", ROOT / "measurements" / "h200-2026-12-04-b")
 GPU = "h200"
 BUCKETS_MS = ((0.0, 0.02, "<20us"), (0.02, 0.1, "20-100us"), (0.1, 1.0, "0.1-1ms"), (1.0, math.inf, ">=1ms"))
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 
 
 def _stats(ape: pd.Series, ratio: pd.Series | None = None) -> dict:

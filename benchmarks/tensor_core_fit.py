@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kit.errors import KitError  # noqa: E402
+from kit.ops import DTYPE_BYTES  # noqa: E402
 
 DEFAULT_DIR = ROOT / "measurements" / "h200-2026-12-04-b"
 GPU = "h200"
@@ -76,7 +77,6 @@ def load(folder: Path, files: list[str], rows: str | None = None) -> pd.DataFram
         path = folder / name
         if not path.exists():
             raise KitError(f"measurement file not found: {path}")
-        size = 4 if name.find("tf32") >= 0 or name.find("fp32") >= 0 else 2
         if name.endswith((".jsonl", ".jsonl.gz")):  # benchmarks/gemm_layouts.py rows: kit's m, n, k
             f = pd.read_json(path, lines=True)
             f = f[f.get("error", pd.Series(index=f.index, dtype=object)).isna()].assign(b=1, op="mm")
@@ -89,7 +89,7 @@ def load(folder: Path, files: list[str], rows: str | None = None) -> pd.DataFram
             f = load_measurements(path)
             lead = np.gcd(f.n.to_numpy(int), f.k.to_numpy(int))
             shape = np.arange(len(f))
-        keep = (lead * size) % 16 == 0
+        keep = (lead * f.dtype.map(DTYPE_BYTES).to_numpy()) % 16 == 0
         if rows is not None:
             keep &= shape % 2 == (0 if rows == "even" else 1)
         frames.append(f.loc[keep, ["op", "dtype", "b", "m", "n", "k", "kernel_ms"]])

@@ -164,10 +164,8 @@ class Coster:
         if self.floor_ms > 0:
             from kit.workload.iteration import in_stream_ms
 
-            # a backward factor multiplies the isolated time, floor included: shed a floor per
-            # kernel, or every floor it carries where that is more (kit.workload.iteration)
-            k = max(kernels, 1e-9)
-            t = float(in_stream_ms(t, self._op_ms[op][3] * scale, self.floor_ms * max(k, scale) / k, kernels))
+            # a backward factor multiplies the isolated time, floor included: it carries `scale`
+            t = float(in_stream_ms(t, self._op_ms[op][3] * scale, self.floor_ms, kernels, carried=scale))
         if self.generic_rate and not getattr(op, "vectorized", True):
             t = max(t, op.numel / self.generic_rate * 1e3)
         return t * (self.gemm_scale if op.op_class == "gemm" else self.other_scale)

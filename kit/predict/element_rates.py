@@ -19,15 +19,19 @@ from __future__ import annotations
 import numpy as np
 
 ELEMS_PER_SM_CLOCK = {"pow": 1.30, "gelu": 2.80}
-MEASURED_ON = "h200"
+
+
+def elements_per_s(gpu, per_sm_clock):
+    """A rate in elements per SM per clock, measured on the H200, on gpu's SMs and boost clock
+    (0 off NVIDIA). Also the generic elementwise loop's (kit.workload.iteration)."""
+    rate = np.asarray(per_sm_clock, dtype=float)
+    if getattr(gpu, "vendor", None) != "nvidia":
+        return rate * 0.0
+    return rate * gpu.sm_count * gpu.boost_clock_mhz * 1e6
 
 
 def element_bound_ms(kinds, numel, gpu) -> np.ndarray:
     """Per op, the least time its elements take at its kind's rate (0: no rate for the kind, or
     not an NVIDIA GPU)."""
-    numel = np.asarray(numel, dtype=float)
-    if getattr(gpu, "vendor", None) != "nvidia":
-        return np.zeros(len(numel))
-    rate = np.array([ELEMS_PER_SM_CLOCK.get(k, 0.0) for k in kinds], dtype=float)
-    per_s = rate * gpu.sm_count * gpu.boost_clock_mhz * 1e6
-    return np.where(per_s > 0, numel / np.where(per_s > 0, per_s, 1.0) * 1e3, 0.0)
+    per_s = elements_per_s(gpu, [ELEMS_PER_SM_CLOCK.get(k, 0.0) for k in kinds])
+    return np.asarray(numel, dtype=float) / np.where(per_s > 0, per_s, np.inf) * 1e3

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kit.ops import MAX_ALIGN_ELEMS
+from kit.ops import DTYPE_BYTES
 
 # benchmarks/tensor_core_fit.py's output, as printed ("fits" -> dtype -> "fit")
 _BF16 = {"a": 1.0904, "beta": 0.9112, "c0_us": 2.871, "eff_max": 0.7716, "band_log": [-0.1323, 0.1583], "band_log_short": [-0.2144, 0.304]}
@@ -57,12 +57,12 @@ def attention_params_for(gpu, dtype: str) -> dict | None:
 
 
 def applies(gpu, dtype: str, align) -> np.ndarray:
-    """Which GEMMs (by their leading alignment in elements) take the curve on gpu."""
+    """Which GEMMs (by their leading alignment in elements) take the curve on gpu: a fitted
+    dtype whose leading dimensions are 16-byte aligned."""
     align = np.asarray(align, dtype=float)
     if params_for(gpu, dtype) is None:
         return np.zeros(align.shape, dtype=bool)
-    elem_bytes = 4 if dtype == "tf32" else 2
-    return align * elem_bytes >= 16 if dtype == "tf32" else align >= MAX_ALIGN_ELEMS
+    return align * DTYPE_BYTES[dtype] >= 16
 
 
 SHORT_MS = 0.02  # kernels the curve puts under 20 us take their own, wider band (band_log_short)
@@ -70,7 +70,7 @@ SHORT_MS = 0.02  # kernels the curve puts under 20 us take their own, wider band
 
 def curve_gemm(gpu, op) -> bool:
     """Whether a kit Gemm takes the measured curve on gpu (Hopper, a fitted dtype, aligned)."""
-    return params_for(gpu, op.dtype) is not None and bool(applies(gpu, op.dtype, [op.lead_align])[0])
+    return bool(applies(gpu, op.dtype, [op.lead_align])[0])
 
 
 # the fitted attention shapes were prefills and training steps: 128..8192 queries over as many
@@ -101,6 +101,6 @@ def kernel_ms_of(roofline_ms, params: dict, causal=None, small_head=None) -> tup
         t = t * np.where(np.asarray(small_head, dtype=bool), params.get("small_head_factor", 1.0), 1.0)
     t = t + params["c0_us"] / 1e3
     short = t < SHORT_MS
-    lo = np.where(short, params.get("band_log_short", params["band_log"])[0], params["band_log"][0])
-    hi = np.where(short, params.get("band_log_short", params["band_log"])[1], params["band_log"][1])
+    lo, hi = (np.where(short, s, b) for s, b in zip(params.get("band_log_short", params["band_log"]),
+                                                     params["band_log"]))
     return t, np.maximum(t * np.exp(lo), r), t * np.exp(hi)

@@ -30,7 +30,7 @@ from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
 from kit.predict.element_rates import element_bound_ms
 from kit.predict.split_k import apply_split_k
 from kit.predict.tensor_core import applies, attention_params_for, curve_attention, curve_gemm, kernel_ms_of, params_for
-from kit.ops import DTYPE_BYTES, Attention
+from kit.ops import DTYPE_BYTES
 from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_blocking,
                                   gpu_distance, op_class_of, row_launches, waves)
 from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
@@ -298,16 +298,13 @@ class TilePredictor:
         """Aligned tensor-core GEMMs on Hopper take kit.predict.tensor_core's measured curve, not
         the utilisation learned from FP32 SIMT kernels (in place), plus this predictor's dispatch
         floor, so the isolated latency means what it means for every other op."""
-        params = params_for(gpu, dtype)
-        if params is None:
-            return
         tc = applies(gpu, dtype, a["align"])
         if not tc.any():
             return
         from kit.workload.iteration import isolation_floor_ms
 
         floor = isolation_floor_ms(self, gpu)
-        t, lo, hi = kernel_ms_of(np.asarray(roofline_ms, dtype=float)[tc], params)
+        t, lo, hi = kernel_ms_of(np.asarray(roofline_ms, dtype=float)[tc], params_for(gpu, dtype))
         lat[tc], p10[tc], p90[tc] = t + floor, lo + floor, hi + floor
 
     def _element_bound(self, a: dict, gpu: GPU, lat, p10, p90) -> None:
@@ -334,13 +331,13 @@ class TilePredictor:
         from kit.workload.iteration import isolation_floor_ms
 
         floor = isolation_floor_ms(self, gpu)
-        for i in rows:
-            op = ops[i]
-            t, lo, hi = kernel_ms_of([part.at[i, "roofline_ms"]], attention_params_for(gpu, op.dtype),
-                                     [op.causal], [op.head_dim < 128])
-            lat = float(t[0]) + floor
-            part.loc[i, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = (
-                lat, float(lo[0]) + floor, float(hi[0]) + floor, part.at[i, "roofline_ms"] / lat)
+        for dtype in sorted({ops[i].dtype for i in rows}):
+            idx = [i for i in rows if ops[i].dtype == dtype]
+            roof = part.loc[idx, "roofline_ms"].to_numpy(dtype=float)
+            t, lo, hi = kernel_ms_of(roof, attention_params_for(gpu, dtype), [ops[i].causal for i in idx],
+                                     [ops[i].head_dim < 128 for i in idx])
+            part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = np.column_stack(
+                [t + floor, lo + floor, hi + floor, roof / (t + floor)])
 
     def _one_wave_cap(self, cls, ops, gpu, tiles, slots, lat, p10, p90):
         """Every block of a one-wave kernel runs at once, so adding blocks up to a full wave

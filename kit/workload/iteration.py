@@ -242,13 +242,11 @@ def _predict_leaves(model, nodes, gpu, prepared):
     out, carried = _fastest_option(vals * scale[:, None], owner, option, len(nodes), scale)
     floor = isolation_floor_ms(model, gpu)
     if floor > 0:  # in the stream, not one kernel at a time (see LEARNED_FROM_ISOLATED)
-        # each leaf's isolated time carries one floor, scaled with it (attention backward:
-        # 2.8 x (forward + floor)): a node sheds a floor per kernel, or every floor its leaves
-        # carry where that is more (a scaled single kernel)
+        # each leaf's isolated time carries one floor, scaled with it: a node carries the sum
+        # of its leaves' scales (in_stream_ms sheds them, or one a kernel where that is more)
         kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)
-        shed = floor * np.maximum(kernels, carried) / kernels
         for c in range(3):
-            out[:, c] = in_stream_ms(out[:, c], out[:, 3], shed, kernels)
+            out[:, c] = in_stream_ms(out[:, c], out[:, 3], floor, kernels, carried)
     if getattr(model, "name", None) != "roofline":  # the roofline stays a bound on the bytes
         out[:, :3] = np.maximum(out[:, :3], generic_loop_ms(nodes, gpu, prepared)[:, None])
     return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks
@@ -268,9 +266,9 @@ GENERIC_LOOP_ELEMS_PER_SM_CLOCK = 1.34
 
 def generic_loop_rate(gpu) -> float:
     """Elements a second PyTorch's generic elementwise loop runs at on gpu (0: not known)."""
-    if getattr(gpu, "vendor", None) != "nvidia":
-        return 0.0
-    return GENERIC_LOOP_ELEMS_PER_SM_CLOCK * gpu.sm_count * gpu.boost_clock_mhz * 1e6
+    from kit.predict.element_rates import elements_per_s
+
+    return float(elements_per_s(gpu, GENERIC_LOOP_ELEMS_PER_SM_CLOCK))
 
 
 def generic_loop_ms(nodes, gpu, prepared=None) -> np.ndarray:
@@ -311,12 +309,17 @@ FLOOR_PROBE_NUMEL = 1 << 17
 _FLOORS: dict = {}
 
 
-def in_stream_ms(isolated_ms, roofline_ms, floor_ms, kernels=1.0):
+def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0, carried=None):
     """A kernel's (or node's) time in the stream from its isolated prediction (the rule above);
     numpy arrays or floats. kit.parallel.costs.Coster uses the same rule. A kernel in the stream
-    takes at least KERNEL_MIN_US (never more than its isolated prediction)."""
-    low = np.maximum(roofline_ms, KERNEL_MIN_US / 1e3 * np.asarray(kernels, dtype=float))
-    return np.maximum(isolated_ms - floor_ms * kernels, np.minimum(low, isolated_ms))
+    takes at least KERNEL_MIN_US (never more than its isolated prediction).
+
+    carried: the floors the isolated time holds, where that is more than one a kernel (a scaled
+    kernel, attention backward = 2.8 x (forward + floor), holds 2.8): it sheds them all."""
+    kernels = np.asarray(kernels, dtype=float)
+    shed = kernels if carried is None else np.maximum(kernels, carried)
+    low = np.maximum(roofline_ms, KERNEL_MIN_US / 1e3 * kernels)
+    return np.maximum(isolated_ms - floor_ms * shed, np.minimum(low, isolated_ms))
 
 
 def isolation_floor_ms(model, gpu) -> float:
