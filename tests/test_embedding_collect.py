@@ -59,8 +59,12 @@ def test_refusals(tmp_path):
     try:
         import fbgemm_gpu  # noqa: F401
     except ImportError:
-        with pytest.raises(KitError):
+        with pytest.raises(KitError, match="fbgemm_gpu installed"):
             collect(tiny(), tmp_path / "z.csv", backend="fbgemm")
+        # nothing was measured, so nothing was written: a header-only file refused the next run
+        assert not (tmp_path / "z.csv").exists()
+        collect(tiny(), tmp_path / "z.csv", repeats=1)
+        assert len((tmp_path / "z.csv").read_text().splitlines()) > 1
 
 
 def test_cli(tmp_path, capsys):

@@ -157,7 +157,7 @@ def test_plan_sharding_result_shape_and_guarantee():
     r = plan_sharding(tabs, StandInSystem(8, 8), batch=512, time_budget_s=1.0, comm=StandInComm())
     assert {"plan", "cost_ms", "per_rank_ms", "baselines", "plans_evaluated", "search_s"} <= set(r)
     assert len(r["plan"]) == 12 and len(r["per_rank_ms"]) == 8
-    assert r["cost_ms"] <= min(r["baselines"].values()) + 1e-9
+    assert r["cost_ms"] <= min(v for v in r["baselines"].values() if v is not None) + 1e-9
     assert r["imbalance"] == pytest.approx(max(r["per_rank_ms"]) / np.mean(r["per_rank_ms"]))
 
 

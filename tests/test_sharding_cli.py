@@ -22,7 +22,7 @@ def test_shard_json(tmp_path, capsys):
     assert [p["table"] for p in r["plan"]] == ["user", "item", "cat", "query", "ad"]
     assert len(r["per_rank_ms"]) == 8
     assert set(r["baselines"]) == {"greedy_size", "greedy_dim_pooling", "greedy_dim_pooling_log_rows"}
-    assert r["cost_ms"] <= min(r["baselines"].values()) + 1e-9
+    assert r["cost_ms"] <= min(v for v in r["baselines"].values() if v is not None) + 1e-9
     assert r["plans_evaluated"] > 100
 
 

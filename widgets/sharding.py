@@ -59,7 +59,8 @@ class ShardingPanel(Panel):
             color=alt.Color("kind:N", title="sharding"), tooltip=["table", "kind", "lookup_ms"],
             detail="table:N").properties(width=320, height=240, title=f"plan ({shown}), per rank")
         costs = pd.DataFrame([{"plan": "search", "cost_ms": r["cost_ms"]}]
-                             + [{"plan": k, "cost_ms": v} for k, v in r["baselines"].items()])
+                             + [{"plan": k, "cost_ms": v} for k, v in r["baselines"].items()
+                                if v is not None])  # a baseline with no plan under the cap
         costs["shown"] = costs["plan"] == shown
         comp = alt.Chart(costs).mark_bar().encode(
             y=alt.Y("plan:N", sort=None, title=None), x=alt.X("cost_ms:Q", title="iteration (ms)"),
@@ -73,4 +74,5 @@ class ShardingPanel(Panel):
         return (f"{len(r['plan'])} tables on {r['system']}: {r['cost_ms']:.3f} ms, imbalance "
                 f"{r['imbalance']:.3f}; all-to-all in {p['input_alltoall_ms']:.3f} + "
                 f"{p['output_alltoall_ms']:.3f} + {p['grad_alltoall_ms']:.3f} ms; "
-                f"{100 * r['improvement_vs_best_baseline']:.1f}% better than {r['best_baseline']}")
+                + (f"{100 * r['improvement_vs_best_baseline']:.1f}% better than {r['best_baseline']}"
+                   if r["best_baseline"] else "no baseline found a plan that fits"))

@@ -78,6 +78,20 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def _strict(o):
+    """o with every non-finite float (an infeasible plan's inf, a missing NaN) as null: JSON
+    (RFC 8259) has no Infinity or NaN, and a strict reader (JavaScript's JSON.parse) rejects them."""
+    import math
+
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _strict(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_strict(v) for v in o]
+    return o
+
+
 def _note(message, category, filename, lineno, file=None, line=None):
     """A warning on the command line: one line, without Python's file, line and category."""
     print(f"kit: note: {str(message).strip().splitlines()[0] if str(message).strip() else category.__name__}",
@@ -106,7 +120,8 @@ def _main(argv: list[str] | None) -> int:
         if result is None:
             return 0
         if getattr(args, "json", False) or args.text is None:
-            print(json.dumps(result, indent=2, default=_json_default))
+            plain = json.loads(json.dumps(result, default=_json_default))  # numpy -> Python
+            print(json.dumps(_strict(plain), indent=2, allow_nan=False))
         else:
             print(args.text(result))
         return 0

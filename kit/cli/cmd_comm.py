@@ -69,7 +69,7 @@ def predict_text(r):
 def fit(args):
     from kit.cli.outputs import output_path
     from kit.comm import fit_table
-    from kit.comm.curves import NOISY_FIT_MAPE, check_plausible
+    from kit.comm.curves import NOISY_FIT_MAPE, check_plausible, slow_curves
     from kit.comm.parsers import read_measurements
 
     output_path(args.out, "--out", [args.file])
@@ -81,6 +81,8 @@ def fit(args):
         raise KitError(f"{args.file}: measured on {big[-1]} ranks, but {system.key} has {system.world_size} "
                        "GPUs; pass --nodes (or the system it ran on)")
     check_plausible(cal, system)  # before saving: a later predict would trust it
+    for line in slow_curves(cal, system):
+        warnings.warn(line)
     for c in cal.curves:
         if c.fit_mape > NOISY_FIT_MAPE:
             warnings.warn(f"{c.kind} x{c.ranks}'s curve is off by {100 * c.fit_mape:.0f}% on its own "

@@ -25,9 +25,10 @@ def text(r) -> str:
         lines.append(f"    rank {rank:>3}  {ms:8.3f} ms  {mem / 2**30:7.2f} GiB  {bar}")
     lines.append("  baselines:")
     for name, ms in r["baselines"].items():
-        lines.append(f"    {name:<30} {ms:8.3f} ms")
-    lines.append(f"  search: {r['plans_evaluated']:,} plans priced in {r['search_s']:.2f} s; "
-                 f"{100 * r['improvement_vs_best_baseline']:.1f}% faster than {r['best_baseline']}")
+        lines.append(f"    {name:<30} " + (f"{ms:8.3f} ms" if ms is not None else "no plan fits the cap"))
+    vs = (f"{100 * r['improvement_vs_best_baseline']:.1f}% faster than {r['best_baseline']}"
+          if r["best_baseline"] else "no baseline found a plan that fits")
+    lines.append(f"  search: {r['plans_evaluated']:,} plans priced in {r['search_s']:.2f} s; {vs}")
     lines.append("  plan:")
     for p in r["plan"]:
         lines.append(f"    {p['table']:<24} {p['label']}")

@@ -297,6 +297,27 @@ def check_plausible(cal: Calibration, system) -> None:
             regime = regime.upper
 
 
+SLOW_PLATEAU_SHARE = 0.25  # a plateau under a quarter of the slowest link a GPU of the system has
+
+
+def slow_curves(cal: Calibration, system) -> list[str]:
+    """The curves whose plateau busbw is under SLOW_PLATEAU_SHARE of the slowest link a GPU of
+    `system` has (its fabric, or its share of the NICs): measured elsewhere (CPU processes with
+    gloo reach a few GB/s), or on a loaded host. Said, not refused: a user may mean it."""
+    slowest = min(system.gpu_bw_gbs, system.network.nic_bw_gbs * system.nics_per_gpu)
+    out = []
+    for c in cal.curves:
+        top = c
+        while top.upper is not None:
+            top = top.upper
+        if top.busbw_max_gbs < SLOW_PLATEAU_SHARE * slowest:
+            out.append(f"{c.kind} x{c.ranks} plateaus at {top.busbw_max_gbs:.3g} GB/s, under "
+                       f"{SLOW_PLATEAU_SHARE:g}x the {slowest:.3g} GB/s of {system.key}'s slowest link "
+                       f"a GPU has: measured on another machine (CPU processes with gloo?); "
+                       f"predictions with it will be that slow")
+    return out
+
+
 def load_calibration(path: str | Path | Calibration) -> Calibration:
     if isinstance(path, Calibration):
         return path

@@ -27,6 +27,7 @@ import re
 import socket
 import tempfile
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -325,6 +326,13 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
     if too_big:
         raise KitError(f"size {too_big[0]:.4g} B is more than any device holds (at most "
                        f"{MAX_BYTES // 2**30} GiB a buffer); give smaller --sizes")
+    rounded = sorted({(k, s, _count(k, s, ranks) * WORD_BYTES) for k in kinds for s in sizes
+                      if _count(k, s, ranks) * WORD_BYTES != s})
+    if rounded:  # whole fp32 words, and for the split kinds whole words per rank: say so
+        shown = ", ".join(f"{s:,} B -> {m:,} B ({k})" for k, s, m in rounded[:4])
+        warnings.warn(f"{len(rounded)} size(s) rounded to whole {WORD_BYTES}-byte words"
+                      f"{' per rank' if any(k in ('allgather', 'reducescatter', 'alltoall') for k, _, _ in rounded) else ''}"
+                      f": {shown}{', ...' if len(rounded) > 4 else ''}; the output has the sizes measured")
     with tempfile.TemporaryDirectory(prefix="kit-comm-") as tmp:
         # rows land one line each as they are measured: beside --out (FILE.rows.jsonl, kept if
         # the sweep dies, removed once FILE is written), else in a temporary folder

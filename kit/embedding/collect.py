@@ -224,6 +224,10 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
         backend = "fbgemm" if device == "cuda" and _fbgemm() is not None else "torch"
     if backend not in ("torch", "fbgemm"):
         raise KitError(f"backend must be torch, fbgemm or auto, got {backend!r}")
+    if backend == "fbgemm" and _fbgemm() is None:  # before --out is created: nothing measured
+        raise KitError("the fbgemm backend needs fbgemm_gpu installed (pip install fbgemm-gpu)")
+    if backend == "fbgemm" and device != "cuda":
+        raise KitError("the fbgemm backend runs on cuda only")
     if repeats < 1 or warmup < 0:
         raise KitError("repeats must be >= 1 and warmup >= 0")
     if not configs:

@@ -92,6 +92,13 @@ def l2_bw_gbs(gpu: GPU) -> float:
     return per * gpu.sm_count * gpu.boost_clock_mhz * 1e6 / 1e9
 
 
+# a pebibyte is more than any system in the catalog holds (the largest production tables are tens
+# of GiB to a few TiB), and a million lookups per sample is 10^4 times the heaviest pooling of
+# DLRM-style models (~100s); past these a table's int64 byte counts and costs overflow
+MAX_TABLE_BYTES = 2**50
+MAX_POOLING = 1_000_000
+
+
 @dataclass(frozen=True)
 class Table:
     """One embedding table: rows E, dim D, pooling factor L (mean rows per bag), dtype."""
@@ -111,7 +118,14 @@ class Table:
         if isinstance(self.pooling, bool) or not isinstance(self.pooling, (int, float)) \
                 or not math.isfinite(self.pooling) or self.pooling <= 0:
             raise KitError(f"table {self.name or '?'}: pooling must be a positive number, got {self.pooling!r}")
-        dtype_bytes(self.dtype)
+        size = self.rows * self.dim * dtype_bytes(self.dtype)
+        if size > MAX_TABLE_BYTES:  # past int64 row-byte arithmetic long before it matters
+            raise KitError(f"table {self.name or '?'}: {self.rows:,} rows x {self.dim:,} {self.dtype} "
+                           f"is {size / 2**50:.3g} PiB, more than any GPU system holds (at most "
+                           f"1 PiB a table)")
+        if self.pooling > MAX_POOLING:
+            raise KitError(f"table {self.name or '?'}: pooling {self.pooling:g} lookups per sample "
+                           f"is implausible (at most {MAX_POOLING:,})")
 
     @property
     def row_bytes(self) -> int:

@@ -161,6 +161,8 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
             k = k.replace("-", "_")
             if k not in _KEYS:
                 raise KitError(f"model {text!r}: unknown key {k!r}; valid: {', '.join(_KEYS)}")
+            if k in kw:  # the last one had won without a word
+                raise KitError(f"model {text!r}: {k} is given twice")
             try:
                 kw[k] = _KEYS[k](v)
             except (ValueError, KeyError):

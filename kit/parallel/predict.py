@@ -52,6 +52,12 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     if not isinstance(system, (str, System)):
         raise KitError(f"system must be a preset name (see `kit systems`) or a System, got {system!r}")
     sys_ = get_system(system, nodes=nodes)  # a System kept as given unless nodes are named
+    need = -(-layout.world_size // sys_.gpus_per_node)
+    if nodes is not None and nodes > need:  # the layout sits on the first nodes: the rest idle
+        raise KitError(f"--nodes {nodes} gives {nodes * sys_.gpus_per_node} GPUs, but dp {layout.dp} "
+                       f"x tp {layout.tp} x pp {layout.pp} = {layout.world_size} GPUs fill "
+                       f"{need} node{'s' * (need > 1)}; raise dp, tp or pp to span the nodes, "
+                       f"or give --nodes {need}")
     profile_kernels = getattr(host, "kernels", None)
     if profile_kernels not in (None, "analytic GPT layer"):
         raise KitError(f"host profile kernels must be 'analytic GPT layer' or None, got {profile_kernels!r}")

@@ -33,6 +33,21 @@ def _system(system):
     return system
 
 
+def _no_fit(model) -> str:
+    """Why no plan fits: the largest table's share, or the tables' total over every GPU's cap."""
+    cap_gib = model.cap / 2**30
+    largest = max(t.bytes for t in model.tables) / 2**30
+    total = sum(t.bytes for t in model.tables) / 2**30
+    fix = "raise the cap (--memory-gib) or use more GPUs"
+    if total > cap_gib * model.world:
+        return (f"no plan fits the memory cap: the tables hold {total:.3g} GiB (weights alone, before optimizer "
+                f"state) and {model.world} GPUs x {cap_gib:.3g} GiB hold {cap_gib * model.world:.3g} "
+                f"GiB; {fix}")
+    return (f"no plan fits the memory cap of {cap_gib:.3g} GiB per GPU with the optimizer's state "
+            f"(tables {total:.3g} GiB in all, the largest {largest:.3g} GiB, over {model.world} "
+            f"GPUs); {fix}")
+
+
 def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_adagrad",
                   memory_cap_gib: float | None = None, kinds=KINDS, time_budget_s: float = 2.0,
                   seed: int = 0, comm=None) -> dict:
@@ -70,9 +85,10 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     if base_exact[best_base]["cost_ms"] < chosen["cost_ms"]:  # never return worse than a baseline
         choice, chosen = base[best_base], base_exact[best_base]
     if not np.isfinite(chosen["cost_ms"]):
-        need = max(t.bytes for t in model.tables) / 2**30
-        raise KitError(f"no plan fits the memory cap of {model.cap / 2**30:.3g} GiB per GPU "
-                       f"(largest table {need:.3g} GiB); raise the cap (--memory-gib) or use more GPUs")
+        raise KitError(_no_fit(model))
+    # a baseline that found no plan under the cap has no time (None), and is no yardstick
+    feasible = {k: v["cost_ms"] for k, v in base_exact.items() if np.isfinite(v["cost_ms"])}
+    best_base = min(feasible, key=feasible.get) if feasible else None
     lookups = np.array(chosen["per_rank_ms"])
     plan = []
     for t, o in enumerate(choice):
@@ -85,9 +101,10 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
         "plan": plan, "shards": shards(model, choice),
         "baseline_shards": {k: shards(model, c) for k, c in base.items()}, "cost_ms": chosen["cost_ms"], "per_rank_ms": chosen["per_rank_ms"],
         "imbalance": float(lookups.max() / lookups.mean()) if lookups.mean() > 0 else 1.0,
-        "baselines": {k: v["cost_ms"] for k, v in base_exact.items()},
+        "baselines": {k: v["cost_ms"] if np.isfinite(v["cost_ms"]) else None
+                      for k, v in base_exact.items()},
         "best_baseline": best_base,
-        "improvement_vs_best_baseline": 1 - chosen["cost_ms"] / base_exact[best_base]["cost_ms"],
+        "improvement_vs_best_baseline": 1 - chosen["cost_ms"] / feasible[best_base] if best_base else None,
         "model_cost_ms": float(model.cost(np.asarray(choice)[None])[0]),
         "parts": {k: chosen[k] for k in ("fwd_ms", "bwd_ms", "output_alltoall_ms", "grad_alltoall_ms",
                                         "input_alltoall_ms", "allreduce_ms", "memory_bytes")},

@@ -71,10 +71,13 @@ def read_tables(path: str | Path) -> list[Table]:
         dtype = r.get("dtype") or "fp32"
         if dtype not in DTYPE_BYTES:
             raise KitError(f"{where}: dtype {dtype!r} unknown; choose one of {', '.join(DTYPE_BYTES)}")
-        tables.append(Table(rows=_number(r["rows"], "rows", where, True),
-                            dim=_number(r["dim"], "dim", where, True),
-                            pooling=_number(r["pooling"], "pooling", where, False),
-                            dtype=dtype, name=name, distribution=dist))
+        n_rows, dim = _number(r["rows"], "rows", where, True), _number(r["dim"], "dim", where, True)
+        pooling = _number(r["pooling"], "pooling", where, False)
+        try:  # Table bounds the size and pooling: its message, with the line
+            tables.append(Table(rows=n_rows, dim=dim, pooling=pooling, dtype=dtype, name=name,
+                                distribution=dist))
+        except KitError as e:
+            raise KitError(f"{where}: {e}") from None
     return tables
 
 
