@@ -27,6 +27,12 @@ Per rank, within the profiled steps:
   arrived last and so waited least (the others' extra time was waiting).
 * Clock offsets between ranks are estimated from the collectives' end times, which a ring or
   all-to-all makes near-simultaneous on every rank; each rank starts at its aligned step start.
+* The job's size is the largest distributedInfo world_size, or the number of files when that is
+  more (job_world_size; kit.trace.transfer rescales the collectives for that many ranks). When
+  the files hold only some of its ranks, the collectives are not synchronised: a group matched
+  across the ranks present lacks its members on the missing ones (the rank that arrived last and
+  the clock offsets may be among them), so, as for a single rank of a larger job, each collective
+  keeps its own measured duration and each rank its own start; a note names the missing ranks.
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from kit.sim import ExecGraph
-from kit.trace.kineto import SYNC_CALLS, RankTrace, RuntimeCall
+from kit.trace.kineto import SYNC_CALLS, RankTrace, RuntimeCall, int_or_none
 
 UNRECORDED = "(launch not recorded)"
 
@@ -44,6 +50,39 @@ TOL_US = 1.0  # timestamps are whole µs in Kineto
 
 def is_collective_kernel(name: str) -> bool:
     return name.lower().startswith("nccl") or name.startswith("rccl")
+
+
+def job_world_size(traces) -> int:
+    """The job's rank count: the largest world_size the files' distributedInfo states, or the
+    number of files when that is more (or none is stated). One rank's trace of an 8-GPU job is
+    part of an 8-rank job, its collectives 8-rank ones."""
+    said = [w for t in traces if (w := int_or_none(t.world_size)) is not None and w > 0]
+    return max([len(traces), 1, *said])
+
+
+def missing_ranks(traces) -> list[int]:
+    """Rank ids of the job (job_world_size) that no file holds; [] when the files are the whole
+    job, or a single rank (which has its own note)."""
+    world = job_world_size(traces)
+    if not 1 < len(traces) < world:
+        return []
+    present = {t.rank for t in traces}
+    return [r for r in range(world) if r not in present]
+
+
+def rank_list(ranks) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    out, run = [], []
+    for r in sorted(ranks):
+        if run and r == run[-1] + 1:
+            run.append(r)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [r]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
 
 
 @dataclass
@@ -61,6 +100,7 @@ class TraceGraph:
     syncs: dict = field(default_factory=dict)  # host syncs by what set their deps: cuda_sync/et/timing
     sync_ops: dict = field(default_factory=dict)  # rank -> [(op id, RuntimeCall, what set its deps)]
     gpu_waits: dict = field(default_factory=dict)  # cross-stream GPU deps by source
+    missing_ranks: list = field(default_factory=list)  # the job's ranks no file holds
     notes: list = field(default_factory=list)
 
 
@@ -284,7 +324,17 @@ def build_graph(traces: list[RankTrace], sync_collectives: bool = True,
     tg = TraceGraph(g, list(traces), links=dict(links or {}))
     for t in traces:
         _build_rank(g, tg, t)
-    if sync_collectives:
+    tg.missing_ranks = missing_ranks(traces)
+    if tg.missing_ranks:
+        world = job_world_size(traces)
+        many = len(tg.missing_ranks) > 1
+        note = (f"rank{'s' if many else ''} {rank_list(tg.missing_ranks)} missing: the files hold "
+                f"{len(traces)} of the job's {world} ranks (distributedInfo world_size {world})")
+        if any(g.kind[op] == "comm" for ops in tg.gpu_ops.values() for op, *_ in ops):
+            note += ("; collectives are not synchronised across an incomplete job (each takes its "
+                     f"measured duration, or the one --on predicts for {world} ranks)")
+        tg.notes.append(note)
+    if sync_collectives and not tg.missing_ranks:
         _match_collectives(g, tg)
     starts = {t.rank: t.window_us()[0] - tg.offsets_us.get(t.rank, 0.0) for t in traces}
     if tg.collectives_synced:

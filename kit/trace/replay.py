@@ -42,6 +42,7 @@ class Replay:
             "max_abs_error_pct": max(errs) if errs else None,
             "critical_path": {"rank": slow, **self.result.breakdown(slow)},
             "collectives_synced": self.tg.collectives_synced,
+            "missing_ranks": list(self.tg.missing_ranks),
             "execution_traces": [lk.stats(t) for t in self.tg.traces
                                  if (lk := self.tg.links.get(t.rank)) is not None],
             "host_syncs": dict(self.tg.syncs),

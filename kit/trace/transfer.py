@@ -6,7 +6,10 @@ scaling, Yu et al., ATC 2021):
 
     GEMM-like kernel    t' = t · peak_src / peak_dst          (GEMM peaks, dtype read from the kernel name)
     other kernels       t' = f + (t − f) · bw_src / bw_dst    (memory-bound; f = 2 µs floor)
-    memcpy H2D/D2H      t' = t · pcie_src / pcie_dst          (PCIe generation bandwidth)
+    memcpy H2D/D2H      t' = t · pcie_src / pcie_dst          (PCIe generation bandwidth), for a
+                                                              copy that ran near link speed
+    host-bound copy     t' = t                                (pageable, or under half the link's
+                                                              rate: see host_bound_copy)
     collective          t' = t · comm(dst) / comm(src)        (kit.comm on both systems, with the
                                                                size from the nccl:* annotation)
 
@@ -18,7 +21,7 @@ import bisect
 import re
 
 from kit.errors import KitError
-from kit.trace.build import TraceGraph
+from kit.trace.build import TraceGraph, job_world_size, rank_list
 from kit.trace.kineto import int_or_none
 
 KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent GPU
@@ -32,6 +35,33 @@ _KIND = (("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("allgather", 
 _TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "half": 2, "long": 8,
                "long int": 8, "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1}
 PCIE_GBS = {3: 16.0, 4: 32.0, 5: 64.0, 6: 128.0}  # x16 per direction, PCI-SIG
+# a host<->device copy measured under this fraction of its link's rate was paced by the host
+# (staging, or per-copy latency), not by the link: host_bound_copy
+HOST_BOUND_LINK_FRACTION = 0.5
+
+
+def host_bound_copy(ge, link_gbs: float) -> bool:
+    """Whether a host<->device copy's time was set by the host rather than by the PCIe link, so
+    that a faster link (--on) leaves it unchanged.
+
+    * Pageable memory ("Pageable" in Kineto's name, e.g. "Memcpy HtoD (Pageable -> Device)")
+      cannot be DMA'd directly: the driver copies it through a pinned staging buffer with the
+      CPU, chunk by chunk, and the DMA waits on that copy (CUDA C++ Best Practices Guide,
+      "Pinned Memory"; the CUDA Runtime API's "API synchronization behavior": a pageable copy is
+      staged and returns once the data is in the staging buffer). Its rate is the host's memcpy
+      rate: PARAM's ResNet trace on an RTX 2080 Ti (PCIe 3, 16 GB/s) copies 77 MB pageable
+      batches at 2.5-6 GB/s.
+    * Any copy whose measured rate (Kineto's bytes / duration) is under HOST_BOUND_LINK_FRACTION
+      of the source link's rate did not run at link speed either: staged, or so small that the
+      copy's fixed latency (~1-2 µs) is its time, which a faster link does not shorten.
+
+    A copy without a byte count, not named pageable, is taken as link-bound (as before)."""
+    if "pageable" in ge.name.lower():
+        return True
+    nbytes = int_or_none(ge.bytes)
+    if not nbytes or nbytes <= 0 or not ge.dur_us or ge.dur_us <= 0:
+        return False
+    return nbytes / ge.dur_us / 1e3 < HOST_BOUND_LINK_FRACTION * link_gbs  # bytes/µs -> GB/s
 
 
 def resolve_target(on):
@@ -108,12 +138,13 @@ def transfer(tg: TraceGraph, on) -> str:
     dst_gpu, dst_sys = resolve_target(on)
     g = tg.graph
     # the job's size: its distributedInfo world_size when the files are some of its ranks (one
-    # rank's trace of an 8-GPU job has 8-rank collectives, not a 1-rank local copy)
-    sizes_said = [t.world_size for t in tg.traces if int_or_none(t.world_size) and t.world_size > 0]
-    world = max([len(tg.traces), 1, *sizes_said])
+    # rank's trace of an 8-GPU job has 8-rank collectives, not a 1-rank local copy); build_graph
+    # leaves the collectives of such an incomplete job unsynchronised, at the same size
+    world = job_world_size(tg.traces)
     if dst_sys is not None and dst_sys.world_size < world:
         raise KitError(f"--on {on}: {dst_sys.world_size} GPUs, but the trace's job has {world} ranks")
     kept = {}  # why collectives keep their measured times -> how many
+    host_bound = {}  # rank -> host<->device copies kept at their measured durations
     for t in tg.traces:
         if not t.gpu_name:
             continue
@@ -144,8 +175,11 @@ def transfer(tg: TraceGraph, on) -> str:
                 g.dur_ms[op] = d * b / a
             elif kind == "memcpy":
                 if "HtoD" in ge.name or "DtoH" in ge.name:
-                    g.dur_ms[op] = d * PCIE_GBS.get(src_gpu.pcie_gen, 16.0) / \
-                        PCIE_GBS.get(dst_gpu.pcie_gen, 16.0)
+                    link_src = PCIE_GBS.get(src_gpu.pcie_gen, 16.0)
+                    if host_bound_copy(ge, link_src):  # the host is unchanged by --on
+                        host_bound[t.rank] = host_bound.get(t.rank, 0) + 1
+                        continue
+                    g.dur_ms[op] = d * link_src / PCIE_GBS.get(dst_gpu.pcie_gen, 16.0)
                 else:
                     g.dur_ms[op] = d * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
             elif _GEMM.search(_FBGEMM.sub("", ge.name)):  # fbgemm's embedding kernels are no GEMMs
@@ -158,4 +192,10 @@ def transfer(tg: TraceGraph, on) -> str:
                 f = min(d, KERNEL_FLOOR_MS)
                 g.dur_ms[op] = f + (d - f) * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
     tg.notes += [f"{n} collective(s) keep their measured times: {why}" for why, n in kept.items()]
+    if host_bound:
+        n, where = sum(host_bound.values()), rank_list(host_bound)
+        tg.notes.append(f"{n} host-bound host<->device cop{'ies' if n > 1 else 'y'} (pageable, or under "
+                        f"{HOST_BOUND_LINK_FRACTION:.0%} of the PCIe link's rate; rank"
+                        f"{'s' if len(host_bound) > 1 else ''} {where}) keep the measured duration: the "
+                        "host sets it, not the link")
     return dst_sys.key if dst_sys is not None else dst_gpu.key
