@@ -139,6 +139,8 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
     guessed = inputs is None and not decode and not hasattr(obj, "example_inputs")
     if inputs is None:
         seq = seq or 512
+        zoo._check_positive(seq=seq)
+        zoo.check_tokens(batch, seq)
         inputs = _decode_inputs_for(obj, name, batch, seq) if decode else _inputs_for(obj, batch, seq)
         meta = {"batch": batch, "seq": seq}
     else:  # the inputs fix the shape: a batch or seq asked for would be silently ignored

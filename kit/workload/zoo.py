@@ -331,6 +331,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
         if mode == "decode" and limit and seq >= limit:  # the default context leaves the new token a position
             seq = limit - 1
     _check_positive(seq=seq)
+    check_tokens(batch, seq if uses_seq(model) else None)
     check_mode(model, mode, optimizer, kv_cache)
     check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
     captured = f"decode:{kv_cache}" if mode == "decode" else mode
@@ -463,6 +464,21 @@ def _check_positive(**values):
     for k, v in values.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise KitError(f"{k} must be a positive whole number, got {v!r}")
+
+
+# tokens (samples) a step may hold: 2^40, past any GPU's memory by orders of magnitude, and
+# far enough under int64 that a step's example tensors ([batch, seq, hidden], the logits) are
+# sized without overflow (past it torch raised its own errors before the capture began)
+MAX_TOKENS = 2**40
+
+
+def check_tokens(batch: int, seq: int | None = None) -> None:
+    """A KitError when batch x seq is past MAX_TOKENS."""
+    if batch * (seq or 1) > MAX_TOKENS:
+        what = f"batch {batch:,} x seq {seq:,} is {batch * seq:.3g} tokens" if seq else \
+            f"batch {batch:,} is {batch:.3g} samples"
+        raise KitError(f"{what} a step, more than any GPU holds (at most 2^40); give a smaller "
+                       f"--batch{' or --seq' if seq else ''}")
 
 
 # families that read no sequence, and what they read instead (a seq would change nothing)

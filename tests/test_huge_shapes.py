@@ -1,0 +1,48 @@
+"""A batch or sequence past any GPU is one error line (exit 2) or a KitError, never torch's
+overflow traceback from building the example inputs (it was a 40-line RuntimeError/TypeError)."""
+import pytest
+
+from kit import api
+from kit.cli import main
+from kit.errors import KitError
+from kit.workload.zoo import MAX_TOKENS
+
+
+@pytest.mark.parametrize("argv", [
+    ["predict", "gpt2", "--gpu", "h100", "--batch", "1e16"],
+    ["predict", "gpt2", "--gpu", "h100", "--batch", "9223372036854775807"],
+    ["predict", "gpt2", "--gpu", "h100", "--mode", "decode", "--batch", "1e19", "--seq", "8"],
+    ["predict", "gpt2", "--gpu", "h100", "--mode", "generate", "--batch", "1e30", "--new-tokens", "2",
+     "--seq", "8"],
+    ["predict", "resnet50", "--gpu", "h100", "--batch", "1e19"],
+    ["predict", "dlrm", "--gpu", "h100", "--batch", "1e19"],
+    ["compare", "gpt2", "--gpus", "h100,a100", "--batch", "1e19"],
+])
+def test_huge_shapes_are_one_line(capsys, argv):
+    assert main(argv) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "more than any GPU holds" in err[0]
+
+
+def test_the_bound_in_the_api_and_just_under_it():
+    with pytest.raises(KitError, match="tokens a step"):
+        api.predict_model("gpt2", "h100", batch=2**64)
+    with pytest.raises(KitError, match="samples a step"):
+        api.predict_model("dlrm", "h100", batch=MAX_TOKENS + 1, mode="inference")
+    with pytest.raises(KitError, match="tokens a step"):
+        api.predict_generation("gpt2", "h100", batch=2**64, prompt=8, new_tokens=2)
+
+
+def test_a_module_with_a_huge_batch(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tiny_mod.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.e = torch.nn.Embedding(100, 8)\n"
+        "    def forward(self, ids):\n"
+        "        return self.e(ids).sum()\n"
+        "def build():\n"
+        "    return M()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["predict", "tiny_mod:build", "--gpu", "h100", "--batch", "1e19"]) == 2
+    assert "more than any GPU holds" in capsys.readouterr().err
