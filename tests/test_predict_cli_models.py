@@ -235,3 +235,19 @@ def test_the_text_says_which_side_sets_the_time_and_what_would_move_it(capsys):
     top = max(graphed["by_class"], key=lambda c: c["ms"])
     line = _bound(capsys, [*small, "--cuda-graphs"])  # no host cost: the kernels set the time
     assert line.startswith("  bound     GPU") and f"{top['op_class']} kernels take" in line
+
+
+def test_memory_follows_the_step_dtype(tiny, capsys):
+    # a bf16 step holds bf16 weights, gradients and AdamW state (torch.optim's zeros_like), as
+    # its optimizer kernels are timed: the state was charged at 4 bytes whatever the dtype
+    params = 50 * 16 + 2 * (16 * 16 + 16) + 16 * 50 + 50
+    mems = {}
+    for dtype in ("fp32", "bf16"):
+        r = _json(capsys, ["predict", "tinymodel:make", "--gpu", GPU, "--batch", "2", "--seq", "4",
+                           "--dtype", dtype, "--optimizer", "adamw"])
+        mems[dtype] = (r["memory"], r["phases_ms"])
+    width = {"fp32": 4, "bf16": 2}
+    for dtype, (mem, _) in mems.items():
+        assert mem["weights_bytes"] == width[dtype] * params
+        assert mem["optimizer_bytes"] == 2 * width[dtype] * params
+    assert mems["bf16"][0]["optimizer_bytes"] * 2 == mems["fp32"][0]["optimizer_bytes"]

@@ -221,8 +221,10 @@ def text(r) -> str:
                      f"{('-' if cost is None else f'{cost:.3f}'):>12}"
                      + (f"  max batch {row['max_batch']:,}" if "max_batch" in row else ""))
     if any(not row["unsupported"] and not row["fits"] for row in r["rows"]):
+        fixes = "a smaller batch, bf16 or more GPUs" if r["dtype"] in ("fp32", "tf32") else \
+            "a smaller batch or more GPUs"
         lines.append("fits NO: the step needs more memory than the GPU has; its time is what it "
-                     "would take, and it gets no cost (a smaller batch, bf16 or more GPUs)")
+                     f"would take, and it gets no cost ({fixes})")
     return "\n".join(lines)
 
 

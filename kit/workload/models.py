@@ -210,14 +210,20 @@ def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static", los
 
 
 def memory_bytes(graph) -> dict:
-    """Rough device-memory need: weights, gradients, optimizer state, activations (bytes)."""
+    """Rough device-memory need: weights, gradients, optimizer state, activations (bytes).
+
+    The step is the one captured: a model in --dtype throughout (a bf16 step holds bf16 weights,
+    gradients and optimizer state, as torch's optimizers make their state like the parameters,
+    and as the step's optimizer kernels are timed). Mixed precision with fp32 master weights and
+    fp32 state would need 12 more bytes a parameter under AdamW than a bf16 step."""
     m = graph.meta
     weights = int(m.get("param_bytes", 0))
     train = m.get("mode") == "train"
     grads = weights if train else 0
-    # training without a named optimizer: assume AdamW (two fp32 state tensors per parameter)
+    # training without a named optimizer: assume AdamW (two state tensors per parameter), each
+    # in the parameters' dtype (torch.optim's zeros_like(param))
     states = OPTIMIZER_STATE_TENSORS.get(m.get("optimizer") or "adamw", 2) if train else 0
-    optim = states * int(m.get("params", 0)) * 4  # fp32 state tensors
+    optim = states * weights
     acts = int(m.get("activation_bytes", 0))
     cache = int(m.get("kv_cache_bytes", 0))  # a decode step's KV cache (kit.workload.kv_cache)
     return {"weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optim,
