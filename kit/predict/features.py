@@ -185,27 +185,39 @@ def feature_row_blocking(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             np.where(short, 128.0, np.minimum(1024.0, 32 * np.ceil(cols / 128))))
 
 
-# A 16-bit GEMM on Hopper whose leading dimensions are not 16-byte aligned (an odd vocabulary:
-# GPT-2's 50257; BERT's 30522 is 2-aligned) cannot take cuBLAS's TMA/wgmma kernels (nvjet). It
-# runs Turing/Ampere-style mma.sync kernels that load 2 (cutlass_75_tensorop_*_align1) or 4-8
-# bytes (cutlass_80_tensorop_*_align2/4) at a time. Measured on an H200
-# (measurements/h200-2026-12-04, kernel time, GEMMs over 0.05 ms): the best of them reached 129
-# TFLOP/s at align 1 and 239 at align 2-4, 13% and 24% of the 989 TFLOP/s dense peak, where
-# aligned nvjet kernels reached 572 in the same sweeps and 830-894 inside models. So such a GEMM
-# runs against that share of the peak. Measured on one Hopper GPU only; other architectures are
-# left as they were (their aligned kernels are mma.sync kernels too, with a smaller gap).
-UNALIGNED_PEAK_SHARE = {"hopper": {1: 0.13, 2: 0.24, 4: 0.24}}
+# A 16-bit GEMM whose leading dimensions are not 16-byte aligned (an odd vocabulary: GPT-2's
+# 50257; BERT's 30522 is 2-aligned) cannot take cuBLAS's vectorised kernels (on Hopper its
+# TMA/wgmma nvjet kernels). It runs Turing/Ampere-style mma.sync kernels that load 2
+# (cutlass_75_tensorop_*_align1) or 4-8 bytes (cutlass_80_tensorop_*_align2/4) at a time.
+# Measured on an H200 (measurements/h200-2026-12-04, kernel time, GEMMs over 0.05 ms): the best
+# of them reached 129 TFLOP/s at align 1 and 239 at align 2-4, 13% and 24% of the 989 TFLOP/s
+# dense peak, where aligned nvjet kernels reached 572 in the same sweeps and 830-894 inside
+# models. Those kernels are bound by their narrow loads, which an SM issues at a rate per clock,
+# not by the tensor cores, so the H200's rates are kept per SM and clock (0.13 x 989.4e12 /
+# (132 SMs x 1.98 GHz) = 492 FLOP per SM-clock at align 1, 909 at 2-4) and carried to every
+# NVIDIA GPU with tensor cores as a share of its dense peak: min(1, rate x SMs x clock / peak).
+# Hopper keeps 0.13 and 0.24; an A100 gets 0.24 and 0.44 (it had the whole peak, so an
+# odd-vocabulary GEMM ran 2x faster on an A100 than on an H100); an RTX 4090, whose
+# FP32-accumulate peak is 512 per SM-clock, loses almost nothing. Measured on the H200 alone:
+# the rates on other GPUs are this carry-over, not measurements.
+UNALIGNED_SHARE_ON_H200 = {1: 0.13, 2: 0.24, 4: 0.24}
+H200_DENSE_FLOP_PER_SM_CLOCK = 989.4e12 / (132 * 1980e6)  # the catalog's h200: bf16, SMs, clock
 TENSOR_16BIT = ("bf16", "fp16")
 
 
 def unaligned_peak_share(gpu: GPU, dtype: str, align, min_mn=None) -> np.ndarray | float:
     """The share of the dense peak a 16-bit GEMM with leading dimensions aligned to `align`
-    elements runs against (UNALIGNED_PEAK_SHARE; 1.0 where aligned or not measured). A GEMV
-    (min(m, n) = 1, `min_mn`) keeps the whole peak: cuBLAS runs it on its gemv kernels, no
-    tensor cores (334 of the H200's 390 unaligned rows with m or n of 1)."""
-    shares = UNALIGNED_PEAK_SHARE.get(gpu.arch)
-    if align is None or shares is None or dtype not in TENSOR_16BIT:
+    elements runs against on an NVIDIA GPU (UNALIGNED_SHARE_ON_H200 per SM-clock; 1.0 where aligned,
+    without tensor cores or on another vendor). A GEMV (min(m, n) = 1, `min_mn`) keeps the
+    whole peak: cuBLAS runs it on its gemv kernels, no tensor cores (334 of the H200's 390
+    unaligned rows with m or n of 1)."""
+    if align is None or dtype not in TENSOR_16BIT or gpu.vendor != "nvidia" \
+            or gpu.arch == "pascal" or not gpu.peak_tflops(dtype):  # Pascal: no tensor cores
         return 1.0
+    peak = gpu.gemm_peak_flops_per_s(dtype)
+    per_clock = gpu.sm_count * gpu.boost_clock_mhz * 1e6
+    shares = {a: min(1.0, v * H200_DENSE_FLOP_PER_SM_CLOCK * per_clock / peak)
+              for a, v in UNALIGNED_SHARE_ON_H200.items()}
     align = np.asarray(align, dtype=float)
     share = np.select([align <= 1, align <= 2, align <= 4], [shares[1], shares[2], shares[4]], 1.0)
     if min_mn is not None:

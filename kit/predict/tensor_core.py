@@ -21,7 +21,7 @@ half of the aligned tf32 shapes. Each is checked there on shapes it never saw (b
 fp16; the odd tf32 half); tests/test_tensor_core.py refits and compares. Measured on one Hopper
 GPU, the H200, and applied to every Hopper GPU in the catalog (kit.hardware arch "hopper"). It
 applies to GEMMs whose leading dimensions are 16-byte aligned; unaligned ones stay on the
-tile-MLP with kit.predict.features.UNALIGNED_PEAK_SHARE. Such a GEMM is never split by the
+tile-MLP with kit.predict.features.unaligned_peak_share. Such a GEMM is never split by the
 kit's split-K rule (kit.predict.split_k), since its curve already holds cuBLAS's own splits.
 Attention takes its curve except where it looks like a decode step (under ATTENTION_MIN_SEQ_Q
 queries over a longer cache), outside the prefill shapes it was fitted on.
