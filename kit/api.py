@@ -102,9 +102,6 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
     """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
     _need_op(op, "predict_op")
     gpu = get_gpu(gpu)
-    dtype = getattr(op, "dtype", None)
-    if dtype is not None and gpu.peak_tflops(dtype) is None:  # every op kind, as a whole model
-        gpu.peak_flops_per_s(dtype)  # its KitError: "<gpu> has no <dtype> support; it supports ..."
     problem = memory_problem(op, gpu)
     if problem:
         raise KitError(problem)

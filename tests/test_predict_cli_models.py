@@ -251,3 +251,20 @@ def test_memory_follows_the_step_dtype(tiny, capsys):
         assert mem["weights_bytes"] == width[dtype] * params
         assert mem["optimizer_bytes"] == 2 * width[dtype] * params
     assert mems["bf16"][0]["optimizer_bytes"] * 2 == mems["fp32"][0]["optimizer_bytes"]
+
+
+def test_a_config_is_not_named_as_the_zoo_model_of_its_type(tmp_path, monkeypatch, capsys):
+    # a 1-layer, 64-wide gpt2 config read as "gpt2" (the zoo's 124M model) in predict and compare
+    (tmp_path / "cfgmod.py").write_text(
+        "def small():\n"
+        "    return {'model_type': 'gpt2', 'n_embd': 64, 'n_head': 2, 'n_layer': 1,\n"
+        "            'vocab_size': 128, 'n_positions': 64}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = _json(capsys, ["predict", "cfgmod:small", "--gpu", GPU, "--seq", "16"])
+    assert r["model"] == "cfgmod:small"
+    from kit.api import predict_model
+
+    cfg = {"model_type": "gpt2", "n_embd": 64, "n_head": 2, "n_layer": 1, "vocab_size": 128,
+           "n_positions": 64}
+    assert predict_model(cfg, GPU, seq=16).model == "gpt2 config"
+    assert predict_model({**cfg, "name": "mine"}, GPU, seq=16).model == "mine"

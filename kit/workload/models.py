@@ -118,8 +118,8 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
             raise KitError(f"model callable {name!r} {_exited(e)}") from None
         except Exception as e:
             raise KitError(f"model callable {name!r} failed: {one_line(e)}") from None
-    if isinstance(obj, dict):
-        return _zoo_graph(obj, batch, seq, mode, dtype, optimizer, loss=loss)
+    if isinstance(obj, dict):  # named after the callable that made it, unless it names itself
+        return _zoo_graph({"name": name, **obj}, batch, seq, mode, dtype, optimizer, loss=loss)
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
         obj, inputs = obj
     if not isinstance(obj, torch.nn.Module):

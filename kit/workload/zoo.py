@@ -388,7 +388,9 @@ def _capture(model, batch, seq, mode, dtype, optimizer, loss=False, last_logits=
     from kit.workload.capture import capture, capture_optimizer
     from kit.workload.replicate import expand_layers, leading_layers
 
-    name = resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type", "model"))
+    # a config without a name is not the zoo model of its type (a 4-layer gpt2 is no "gpt2")
+    name = resolve(model) if isinstance(model, str) else \
+        model.get("name", f"{model.get('model_type', 'model')} config")
     cfg = config(model) if isinstance(model, str) else dict(model)
     layer_key = next((k for k in LAYER_KEYS if k in cfg), None)
     n_layers = cfg.get("n_layer") or cfg.get("num_hidden_layers") or cfg.get("num_layers")
