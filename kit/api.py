@@ -191,6 +191,9 @@ def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | No
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of, memory_fit
 
+    if loss is not True and mode != "train":  # as the CLI's --no-loss: it would change nothing
+        raise KitError(f"loss={loss!r} goes with mode 'train' (got mode {mode!r}): only a training "
+                       "step has a loss to leave out")
     graph = graph_of(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache, loss)
     it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
     it.meta["memory"] = memory_fit(it, gpu)  # a step that would not fit says so (it.fits)

@@ -46,3 +46,14 @@ def test_a_module_with_a_huge_batch(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["predict", "tiny_mod:build", "--gpu", "h100", "--batch", "1e19"]) == 2
     assert "more than any GPU holds" in capsys.readouterr().err
+
+
+def test_api_option_combinations_the_cli_refuses():
+    import numpy as np
+
+    with pytest.raises(KitError, match="goes with mode 'train'"):
+        api.predict_model("gpt2", "h100", mode="inference", loss=False)
+    # numpy integers are whole numbers here as everywhere else in the API
+    g = api.predict_generation("gpt2", "h100", batch=np.int64(1), prompt=np.int64(16),
+                               new_tokens=np.int64(2))
+    assert g["prompt"] == 16 and type(g["prompt"]) is int and g["new_tokens"] == 2

@@ -86,7 +86,7 @@ def test_compare_throughput_cost_and_memory(tiny, capsys):
     assert lo <= t4["step_ms"] <= hi
     assert main(["compare", "tinymodel:make", "--gpus", "t4", "--batch", "2", "--seq", "4"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("t4 "))
-    assert (f"{lo:.1f}-{hi:.1f}" if hi > lo else " - ") in line
+    assert (f"{lo:.2f}-{hi:.2f}" if hi > lo else " - ") in line
     assert main(["compare", "tinymodel:make", "--gpus", "t4", "--price-per-hour", "t4=cheap"]) == 2
     assert "GPU=DOLLARS" in capsys.readouterr().err
 

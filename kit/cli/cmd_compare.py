@@ -215,7 +215,7 @@ def text(r) -> str:
             continue
         cost = row[f"cost_per_m_{u}"]
         lo, hi = row["band_ms"]
-        band = f"{lo:.1f}-{hi:.1f}" if hi > lo else "-"
+        band = f"{lo:.2f}-{hi:.2f}" if hi > lo else "-"  # as the step: 16.56 read outside "16.6-16.9"
         lines.append(f"{row['gpu']:<18} {row['step_ms']:>10.2f} {band:>19} {row[f'{u}_per_s']:>12.0f} "
                      f"{'yes' if row['fits'] else 'NO':>5} {row['energy_j_per_step']:>9.1f} "
                      f"{('-' if cost is None else f'{cost:.3f}'):>12}"

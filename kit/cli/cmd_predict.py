@@ -174,7 +174,7 @@ def text(r) -> str:
              "  phases    " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["phases_ms"].items())
              + ("; the forward ends with the loss, cross-entropy over the vocabulary (--no-loss: "
                 "from the logits)" if r.get("loss") else ""),
-             *([f"  decode    {r['batch']} new tokens a step (one per sequence): "
+             *([f"  decode    {r['batch']} new token{'s' * (r['batch'] > 1)} a step (one per sequence): "
                 f"{r['tokens_per_s']:.1f} tokens/s; KV cache {r['kv_cache_bytes'] / 2**30:.2f} GiB"]
                if r.get("mode") == "decode" else []),
              f"  kernels   {r['kernels']} launches, {r['kernel_ms']:.2f} ms of GPU work; CPU issue "
