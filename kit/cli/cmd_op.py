@@ -61,7 +61,12 @@ def text(r):
                      " tensor-core kernels reach a share of the roofline set by their size, not by"
                      " their tiles, so the latency is that curve plus the dispatch floor; the tiling"
                      " below is the kit's tile choice, for the picture")
-    if r["tiles"]:
+    if r.get("tile") == "gemv":
+        lines.append("  source    cuBLAS's gemv kernels (m or n of 1) stream the matrix once: a share"
+                     " of the DRAM bandwidth measured on an H200 (kit.predict.gemv) plus the dispatch"
+                     " floor, not a GEMM tile")
+        lines.append(f"  utilisation {100 * r['utilisation']:.1f}% of the roofline")
+    elif r["tiles"]:
         split = (f" split-k {r['split_k']} (the reduction split {r['split_k']} ways, then a kernel"
                  " sums the partial outputs)," if r.get("split_k", 1) > 1 else ",")
         lines.append(f"  tiling    tile {r['tile']}{split} {r['tiles']} tiles, {r['blocks_per_sm']} blocks/SM"

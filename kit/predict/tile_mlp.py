@@ -28,6 +28,8 @@ import pandas as pd
 from kit.hardware import GPU, get_gpu
 from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
 from kit.predict.element_rates import element_bound_ms
+from kit.predict.gemv import applies as gemv_applies
+from kit.predict.gemv import kernel_ms_of as gemv_kernel_ms
 from kit.predict.split_k import apply_split_k
 from kit.predict.tensor_core import applies, attention_params_for, curve_attention, curve_gemm, kernel_ms_of, params_for
 from kit.ops import DTYPE_BYTES
@@ -230,10 +232,13 @@ class TilePredictor:
                 out.loc[idx, COLUMNS] = part[COLUMNS].values
                 continue
             part = self._predict_class(cls, ops_c, gpu)
+            gemv = gemv_applies(gpu, ops_c) if cls == "gemm" and self._gemv_rule else \
+                np.zeros(len(ops_c), dtype=bool)
             if cls == "gemm" and split_k:
                 # a GEMM on a measured tensor-core curve keeps it: the curve was fitted on kernel
-                # times that already hold cuBLAS's own split-K and reduce kernels
-                free = [j for j, op in enumerate(ops_c) if not curve_gemm(gpu, op)]
+                # times that already hold cuBLAS's own split-K and reduce kernels; a gemv kernel
+                # is no tiled GEMM to split
+                free = [j for j, op in enumerate(ops_c) if not curve_gemm(gpu, op) and not gemv[j]]
                 if free:
                     part = part.reset_index(drop=True)
                     split = apply_split_k(lambda o: self._predict_class("gemm", o, gpu),
@@ -241,6 +246,8 @@ class TilePredictor:
                                           [ops_c[j] for j in free],
                                           part.loc[free].reset_index(drop=True), gpu.sm_count)
                     part.loc[free, COLUMNS] = split[COLUMNS].values
+            if gemv.any():
+                part = self._gemv(ops_c, gpu, gemv, part.reset_index(drop=True))
             out.loc[idx, COLUMNS] = part[COLUMNS].values
         for c in ("latency_ms", "roofline_ms", "utilisation", "latency_p10_ms", "latency_p90_ms"):
             out[c] = out[c].astype(float)
@@ -250,6 +257,25 @@ class TilePredictor:
         out["bound"] = out["bound"].astype(str)
         out["split_k"] = out["split_k"].astype(int)
         return expand(out, where)
+
+    _gemv_rule = True  # False: the tile-MLP's own GEMV prediction (benchmarks/gemv_fit.py)
+
+    def _gemv(self, ops: list, gpu: GPU, rows: np.ndarray, part: pd.DataFrame) -> pd.DataFrame:
+        """FP32/TF32 GEMMs with m or n of 1 take kit.predict.gemv's stream of their bytes, plus
+        this predictor's dispatch floor, so the isolated latency means what it means for every
+        other op; the tile shown is the gemv kernel's (no tiles, one wave)."""
+        from kit.workload.iteration import isolation_floor_ms
+
+        floor = isolation_floor_ms(self, gpu)
+        idx = np.flatnonzero(rows)
+        t, lo, hi = gemv_kernel_ms(np.array([ops[i].bytes for i in idx]), gpu.mem_bw_gbs)
+        lat = t + floor
+        part.loc[idx, "latency_ms"] = lat
+        part.loc[idx, "latency_p10_ms"] = np.maximum(lo + floor, part.loc[idx, "roofline_ms"].to_numpy(float))
+        part.loc[idx, "latency_p90_ms"] = hi + floor
+        part.loc[idx, "utilisation"] = part.loc[idx, "roofline_ms"].to_numpy(float) / lat
+        part.loc[idx, ["tile", "tiles", "waves", "split_k"]] = ["gemv", 1, 1, 1]
+        return part
 
     def _predict_reduce(self, ops: list, gpu: GPU) -> pd.DataFrame:
         """A split GEMM's reduce kernels: the elementwise model, or the wave model in weights

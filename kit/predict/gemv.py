@@ -1,0 +1,36 @@
+"""FP32/TF32 matrix-vector products: a GEMM with m or n of 1 on an NVIDIA GPU streams its matrix.
+
+cuBLAS runs such a GEMM on its gemv and dot kernels (gemv2T_kernel_val, internal::gemvx,
+dot_kernel on an H200), not on a GEMM tile: the tile-MLP, which prices it as a 32-128-row tile
+that is nearly all padding (and never saw one: NeuSight's thinnest GEMMs have m or n of 2), was
+2.3-5x slow on the H200's FP32 rows. So its kernel time is a stream of its bytes:
+
+    kernel_ms = (c0_us + bytes / (eff x DRAM bandwidth) x 1e6) / 1e3,  band: exp(band_log) x that
+
+with c0 and eff fitted on the H200's random FP32 sweeps by benchmarks/gemv_fit.py and checked on
+its aligned FP32 and TF32 sweeps of other shapes (16% MAPE there; the tile-MLP 100-440%). A
+DRAM-bound kernel's share of the bandwidth is what carries over between GPUs; the constants are
+the H200's alone (measurements/h200-2026-12-04 and -b). 16-bit GEMVs keep their models (the
+Hopper curve, or the tile-MLP with the dense peak: within 5% of the H200's median there).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# benchmarks/gemv_fit.py on the H200's FP32 random sweeps (tests/test_gemv.py refits them)
+PARAMS = {"c0_us": 3.0, "eff": 0.51, "band_log": [-0.4728, 0.3862]}
+DTYPES = ("fp32", "tf32")
+
+
+def applies(gpu, ops) -> np.ndarray:
+    """Per op: an FP32/TF32 GEMM with m or n of 1 on an NVIDIA GPU."""
+    if gpu.vendor != "nvidia":
+        return np.zeros(len(ops), dtype=bool)
+    return np.array([getattr(o, "dtype", None) in DTYPES and min(o.m, o.n) == 1 for o in ops], dtype=bool)
+
+
+def kernel_ms_of(nbytes, bw_gbs: float, params: dict = PARAMS):
+    """(kernel_ms, p10, p90) of gemv kernels moving nbytes at bw_gbs of DRAM bandwidth."""
+    t = (params["c0_us"] + np.asarray(nbytes, dtype=float) / (params["eff"] * bw_gbs * 1e9) * 1e6) / 1e3
+    lo, hi = params["band_log"]
+    return t, t * np.exp(lo), t * np.exp(hi)

@@ -1,0 +1,76 @@
+"""FP32/TF32 GEMMs with m or n of 1 stream their matrix (kit.predict.gemv): the tile-MLP priced
+them as a padded GEMM tile, 2.3-5x slow on the H200 and 726x the roofline for a 1x1x1e7 dot
+product on an A100."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.hardware import get_gpu
+from kit.ops import Gemm
+from kit.predict.gemv import PARAMS, applies
+from kit.predict.tile_mlp import TilePredictor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+@pytest.fixture(scope="module")
+def tile():
+    return TilePredictor.shipped()
+
+
+def test_which_gemms_are_gemvs():
+    ops = [Gemm(m=1, n=4096, k=4096), Gemm(m=4096, n=1, k=4096, b=3), Gemm(m=2, n=4096, k=4096),
+           Gemm(m=1, n=4096, k=4096, dtype="bf16"), Gemm(m=1, n=4096, k=4096, dtype="tf32")]
+    assert applies(get_gpu("a100-sxm4-80gb"), ops).tolist() == [True, True, False, False, True]
+    assert not applies(get_gpu("mi300x"), ops).any()  # rocBLAS: not measured
+
+
+@pytest.mark.parametrize("gpu", ["a100-sxm4-80gb", "h100-sxm", "t4", "l4"])
+def test_a_gemv_streams_its_bytes(tile, gpu):
+    g = get_gpu(gpu)
+    ops = [Gemm(m=1, n=1, k=10**7), Gemm(m=1, n=8192, k=8192), Gemm(m=8192, n=1, k=8192)]
+    pred = tile.predict(ops, g)
+    assert (pred.tile == "gemv").all() and (pred.split_k == 1).all()
+    assert (pred.latency_ms >= pred.roofline_ms).all()
+    # a streaming kernel: within a few times its DRAM time plus the floor, never 100s of times
+    assert (pred.latency_ms < 4 * pred.roofline_ms + 0.05).all(), pred.latency_ms.tolist()
+    assert (pred.latency_p10_ms <= pred.latency_ms).all() and (pred.latency_ms <= pred.latency_p90_ms).all()
+    # a faster memory streams it faster: the DRAM time, not a tile's FLOPs, sets it
+    big = tile.predict([Gemm(m=1, n=16384, k=16384)], g).latency_ms.iloc[0]
+    assert big > 3 * pred.latency_ms.iloc[1] - 2 * 0.05
+
+
+def test_the_rule_off_gives_the_tile_mlp_and_two_rows_keep_it(tile):
+    g = get_gpu("a100-sxm4-80gb")
+    op = Gemm(m=1, n=1, k=10**7)
+    tile._gemv_rule = False
+    try:
+        raw = tile.predict([op], g).latency_ms.iloc[0]
+    finally:
+        tile._gemv_rule = True
+    assert raw > 20 * tile.predict([op], g).latency_ms.iloc[0]  # what the rule replaced
+    assert tile.predict([Gemm(m=2, n=4096, k=4096)], g).tile.iloc[0] != "gemv"
+
+
+def test_fit_script_reproduces_the_shipped_constants(capsys):
+    import gemv_fit
+
+    assert gemv_fit.main([]) == 0
+    out = json.loads(capsys.readouterr().out)
+    fitted = out["params"]
+    assert fitted["c0_us"] == pytest.approx(PARAMS["c0_us"], abs=1e-9)
+    assert fitted["eff"] == pytest.approx(PARAMS["eff"], abs=1e-9)
+    assert fitted["band_log"] == pytest.approx(PARAMS["band_log"], abs=2e-3)
+    every = {r["bytes"]: r for r in out["check_rows"]}["all"]
+    assert every["n"] > 40 and every["mape"] < out["tile_mlp_mape"]["check_rows"]
+
+
+def test_fit_script_names_a_missing_folder(tmp_path, capsys):
+    import gemv_fit
+
+    assert gemv_fit.main(["--root", str(tmp_path / "nope")]) == 2
+    assert "not found" in capsys.readouterr().err
