@@ -251,7 +251,7 @@ def test_predict_op_tile_dims_are_the_tile_it_names(gpu):
     from kit.api import predict_op
     from kit.ops import Gemm
 
-    r = predict_op(Gemm(1, 1, 10**7), gpu)
+    r = predict_op(Gemm(2, 2, 10**7), gpu)  # 1x1 is a GEMV now (kit.predict.gemv): no tile
     a, b = (int(x) for x in r["tile"].split("x"))
     # one output tile, split S ways along k (kit.predict.split_k): S tiles of the named tile
     assert r["tiles"] == r["split_k"] and sorted(r["tile_dims"][:2]) == sorted([a, b])
