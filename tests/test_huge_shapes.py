@@ -57,3 +57,11 @@ def test_api_option_combinations_the_cli_refuses():
     g = api.predict_generation("gpt2", "h100", batch=np.int64(1), prompt=np.int64(16),
                                new_tokens=np.int64(2))
     assert g["prompt"] == 16 and type(g["prompt"]) is int and g["new_tokens"] == 2
+
+
+def test_an_empty_gpu_and_a_copy_without_a_ridge(capsys):
+    assert main(["predict", "gpt2", "--gpu", ""]) == 2
+    assert "--gpu is empty" in capsys.readouterr().err
+    assert main(["op", "memcpy", "--direction", "h2d", "--bytes", "1e9", "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "ridge" not in out and "work" in out

@@ -54,7 +54,8 @@ def text(r):
              f"  latency   {r['latency_ms']:.4g} ms   (band {r['latency_p10_ms']:.4g}-{r['latency_p90_ms']:.4g})",
              f"  roofline  {r['roofline_ms']:.4g} ms   {r['bound']}-bound: compute {r['compute_ms']:.4g} ms,"
              f" memory {r['memory_ms']:.4g} ms",
-             f"  intensity {r['intensity_flops_per_byte']:.1f} FLOP/B vs ridge {r['ridge_flops_per_byte']:.1f} FLOP/B",
+             *([] if r["op"] == "memcpy" else  # a copy over a link has no FLOPs and no ridge
+               [f"  intensity {r['intensity_flops_per_byte']:.1f} FLOP/B vs ridge {r['ridge_flops_per_byte']:.1f} FLOP/B"]),
              f"  work      {r['flops']:.3g} FLOPs, {r['bytes']:.3g} bytes"]
     if r.get("source") == "kit.predict.tensor_core":
         lines.append("  source    a curve measured on an H200 (kit.predict.tensor_core): Hopper's aligned"

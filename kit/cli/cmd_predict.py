@@ -112,6 +112,8 @@ def run(args):
         from kit.cli.cmd_predict_parallel import run_parallel
 
         return run_parallel(args)
+    if args.gpu is not None and not args.gpu.strip():
+        raise KitError("--gpu is empty: name a GPU (see `kit gpus`)")
     if not args.gpu:
         raise KitError("kit predict: give --gpu (one GPU) or --system (multi-GPU)")
     if args.mode == "generate":
