@@ -70,6 +70,13 @@ def test_refuses_tensors_that_do_not_fit_the_manifest(saved, tmp_path):
     tensors = load_file(str(out / TENSORS_FILE))
     dropped = {k: v for k, v in tensors.items() if not k.startswith("tile.gemm.")}
     save_file(dropped, str(tmp_path / TENSORS_FILE))
+    # the manifest records the file's sha256 (tests/test_audit_data_fixes.py): that refuses first
+    with pytest.raises(KitError, match="sha256 .* is not the .* manifest.json records"):
+        load_bundle(tmp_path)
+    # a manifest written before the hash was recorded: the tensors' shapes are still checked
+    m = json.loads((out / MANIFEST_FILE).read_text())
+    del m["sha256"]
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(m))
     with pytest.raises(KitError, match="do not match their manifest"):
         load_bundle(tmp_path)
 

@@ -4,10 +4,13 @@ DIR holds NeuSight's label layout, <GPU>/<model>-<train|inf>-<seq>-<batch>[-opti
 {e2e_latency, fw_latency, bwall_latency} in ms. Settings match how the labels were measured:
 FP32, training = forward + backward with no optimizer step, inference = one forward pass,
 "-fusion" = torch.compile (the kit's compiled fusion). Configurations that cannot be predicted
-(GPU not in the catalog, model not in the zoo, multi-GPU options) are listed with the reason.
+(GPU not in the catalog, model not in the zoo, multi-GPU options) are listed with the reason;
+an unreadable label file is also a note. A configuration labelled twice on one GPU (under two
+folder names of it, T4/ and Tesla_T4/) is scored once: the second label is listed as skipped.
 Each prediction carries its p10-p90 band (band_ms) and whether the label lies in it (in_band);
 the summaries give that share as band_coverage.
 """
+import warnings
 from pathlib import Path
 
 from kit.cli import add_command
@@ -35,6 +38,7 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
     if not files:
         raise KitError(f"no label files under {root} (expected <GPU>/<model>-<train|inf>-<seq>-<batch>.json)")
     configs, skipped = [], []
+    seen: dict = {}  # (gpu, model, mode, seq, batch, option) -> the row of its first label
     for f in files:
         label = f.relative_to(root).as_posix()  # the file as the user finds it under --labels
         try:
@@ -61,6 +65,17 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         row["gpu"] = gpu
         if gpus and gpu not in gpus:
             continue
+        key = (gpu, row["model"], row["mode"], row["seq"], row["batch"], option)
+        if key in seen:  # the same GPU under two folder names (T4/ and Tesla_T4/): scored once
+            first = seen[key]
+            values = ("the same measurement" if first["measured_ms"] == measured else
+                      f"measured {first['measured_ms']:g} ms there, {measured:g} ms here")
+            reason = (f"the same configuration as {first['label']} (both folders are GPU {gpu}; "
+                      f"{values}): counted once")
+            skipped.append({**row, "reason": reason})
+            warnings.warn(f"{label}: {reason}")
+            continue
+        seen[key] = row
         try:
             model = resolve(lab["model"])
         except KitError:
@@ -103,6 +118,9 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         first = skipped[0]
         raise KitError(f"none of the {len(files)} label file(s) under {root} could be read; "
                        f"{first['file']}: {first['reason']}")
+    for s in skipped:  # besides the listing: a note, even with --json
+        if "file" in s:
+            warnings.warn(f"{s['file']}: skipped, {s['reason']}")
     summary = []
     groups: dict = {}
     for c in configs:

@@ -70,7 +70,11 @@ def file_url(base_url: str, manifest: dict, rel: str) -> str:
 
 
 def _download(url: str, target: Path, expected: str, opener) -> None:
-    """url -> target, atomically, when its sha256 is expected; KitError otherwise."""
+    """url -> target, atomically, when its sha256 is expected; KitError otherwise (no .part file
+    is left behind)."""
+    if target.is_dir():  # os.replace cannot put the file there: refused before downloading it
+        raise KitError(f"{target} is a folder where the file {target.name} belongs; move it away "
+                       "(or choose another --dest) and fetch again")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -91,7 +95,12 @@ def _download(url: str, target: Path, expected: str, opener) -> None:
         tmp.unlink(missing_ok=True)
         raise KitError(f"{url}: sha256 {h.hexdigest()[:16]}... does not match the manifest's "
                        f"{expected[:16]}...; the file was not kept")
-    os.replace(tmp, target)
+    try:
+        os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise KitError(f"cannot put the downloaded {target.name} at {target}: "
+                       f"{e.strerror or e}") from None
 
 
 def _urlopen(url: str):

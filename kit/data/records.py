@@ -235,10 +235,13 @@ def _read_schema_csv(path: Path) -> pd.DataFrame:
     text_cols = {c: "str" for c, d in schema.COLUMNS.items() if d in ("str", "boolean")}
     data = _read_bytes(path)
     dropped = False
-    if data and not data.endswith(b"\n"):
+    if data and not data.endswith(b"\n") and b"\n" in data:
         last = data[data.rfind(b"\n") + 1:]
         fields = next(csv.reader([last.decode("utf-8", "replace")]), [])
-        if len(fields) < len(HEADER):  # an unfinished line from a killed writer
+        # the file's own header, not the schema's: a file of some of the columns is read too
+        head = data[:data.find(b"\n")].decode("utf-8-sig", "replace")
+        header = next(csv.reader([head.rstrip("\r")]), [])
+        if len(fields) < len(header):  # an unfinished line from a killed writer
             data = data[:data.rfind(b"\n") + 1]
             dropped = True
     if dropped:
@@ -266,7 +269,8 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
         raise KitError(f"measurement file not found: {path}")
     try:
         opener = gzip.open if is_gzip(path) else open
-        with opener(path, "rt", encoding="utf-8", newline="") as f:
+        # utf-8-sig: a BOM (Excel's "CSV UTF-8") is no part of the first column's name
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
             header = next(csv.reader([f.readline()]), [])
     except UnicodeDecodeError:
         raise KitError(f"{path} is not a text CSV") from None
@@ -297,16 +301,72 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
             raw[col] = info[col] if col not in raw else raw[col].where(raw[col].notna(), info[col])
     else:
         schema.op_columns(raw["op"].astype("str"))  # validates the op names
-    frame = schema.conform(raw, str(path))
-    schema.check_rows(frame, str(path))  # what evaluate would refuse, named here for every reader
-    lat = frame["latency_ms"]
-    wrong = ~(np.isfinite(lat) & (lat > 0))  # NaN, zero, negative or infinite
-    if wrong.any():
-        bad = int(np.flatnonzero(wrong.to_numpy())[0])
-        raise KitError(f"{path}: latency_ms must be a positive number; row {bad + 2} has "
-                       f"{str(raw['latency_ms'].iloc[bad])!r}")
+    return checked_table(raw, str(path))
+
+
+TIMES = ("latency_ms", "kernel_ms")  # kernel_ms may be missing (the kit collector's rows only)
+
+
+def bad_times(frame: pd.DataFrame, column: str) -> pd.Series:
+    """True where a row's time (ms) in column is not a positive, finite number: NaN, zero,
+    negative or infinite. A missing kernel_ms is no bad one (only the kit's collector has it)."""
+    values = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+    bad = ~(np.isfinite(values) & (values > 0))
+    return bad & values.notna() if column == "kernel_ms" else bad
+
+
+def check_times(frame: pd.DataFrame, where: str, lines: bool = True,
+                raw: pd.DataFrame | None = None) -> None:
+    """KitError naming the first row whose latency_ms (or kernel_ms, where it has one) is not a
+    positive, finite number of ms. lines: the frame was read from the CSV `where` names (header
+    on line 1); else rows are named by their index label. raw: the values as the file has them,
+    for the message."""
+    for col in TIMES:
+        if col not in frame:
+            continue
+        wrong = bad_times(frame, col)
+        if wrong.any():
+            i = int(np.flatnonzero(wrong.to_numpy())[0])
+            shown = raw if raw is not None and col in raw else frame
+            row = f"row {i + 2}" if lines else f"the row at index {frame.index[i]!r}"
+            raise KitError(f"{where}: {col} must be a positive number; {row} has "
+                           f"{str(shown[col].iloc[i])!r}")
+
+
+def gpu_keys(frame: pd.DataFrame, where: str = "") -> pd.DataFrame:
+    """frame with its gpu column as catalog keys: a row without one gets its device_name's (a CPU
+    row stays NaN), and a gpu the catalog knows by another name ("T4", "Tesla T4") gets its key
+    ("t4"), as NeuSight's Device is mapped; "cpu" is no GPU (NaN). A gpu the catalog lacks is kept
+    as written: a collect on a GPU of the user's own file (--gpu-file) names one, and whoever
+    predicts it says so."""
+    from kit.hardware import get_gpu
+
     need_gpu = frame["gpu"].isna() & frame["device_name"].notna()
     if need_gpu.any():  # rows without a catalog key: look the device up (CPU rows stay NaN)
-        keys = schema.gpu_keys_for(frame.loc[need_gpu, "device_name"], str(path)).astype("str")
+        keys = schema.gpu_keys_for(frame.loc[need_gpu, "device_name"], where).astype("str")
         frame["gpu"] = frame["gpu"].where(~need_gpu, keys.reindex(frame.index))
+    table = {}
+    for name in pd.unique(frame["gpu"].dropna()):
+        text = str(name).strip()
+        if not text or text.lower() == "cpu" or text.lower().startswith("cpu:"):
+            table[name] = np.nan
+            continue
+        try:
+            table[name] = get_gpu(text).key
+        except KitError:
+            table[name] = name
+    if any(k != v for k, v in table.items()):
+        frame["gpu"] = frame["gpu"].map(table).astype("str")
     return frame
+
+
+def checked_table(raw: pd.DataFrame, where: str, lines: bool = True) -> pd.DataFrame:
+    """A table of measured rows (with op_class filled) as the schema's, with the checks every
+    reader applies (load_measurements, and kit.predict.evaluate on a caller's own frame): column
+    types, each row's op class, dtype and shape (schema.check_rows), positive finite times
+    (check_times) and the gpu as catalog keys (gpu_keys). KitError names `where` and the row:
+    its CSV line with lines, else its index label."""
+    frame = schema.conform(raw, where if lines else "")
+    schema.check_rows(frame, where, lines=lines)  # what evaluate would refuse, named for every reader
+    check_times(frame, where, lines=lines, raw=raw if lines else None)
+    return gpu_keys(frame, where)

@@ -275,17 +275,18 @@ CLASS_DIMS = {"gemm": ("b", "m", "n", "k"), "elementwise": ("rows", "cols"), "so
               "layernorm": ("rows", "cols"), "conv": CONV_DIMS}
 
 
-def check_rows(frame: pd.DataFrame, where: str) -> None:
+def check_rows(frame: pd.DataFrame, where: str, lines: bool = True) -> None:
     """KitError naming `where` (a CSV, header on line 1) and the line of the first row whose
     op_class is not its op's, whose dtype the kit does not know, or whose shape has a missing,
     zero or negative dimension: what evaluate or a predictor would refuse later, or count
     silently. The gpu is not looked up: a collect on a GPU of the user's own file (--gpu-file)
-    names one the catalog lacks, and whoever predicts it says so."""
+    names one the catalog lacks, and whoever predicts it says so. lines=False: the frame was
+    not read from a file (a caller's own table); a row is named by its index label."""
     from kit.hardware import DTYPES
 
     def first(bad: pd.Series) -> tuple[str, int]:
         i = int(np.flatnonzero(bad.to_numpy(dtype=bool))[0])
-        return f"{where}:{i + 2}", i
+        return (f"{where}:{i + 2}" if lines else f"{where}, the row at index {frame.index[i]!r}"), i
 
     cls = op_columns(frame["op"].astype("str"))["op_class"]
     bad = (frame["op_class"] != cls).fillna(True)

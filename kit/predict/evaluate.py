@@ -28,7 +28,8 @@ def load_test(path: str | Path) -> pd.DataFrame:
     """Test rows from a measurement CSV (NeuSight's format or the kit's) or a folder of them.
 
     Exact repeats (same op, shape, GPU and latency, as NeuSight's test/vec.csv repeats
-    elem/ln/softmax) are kept once. Rows of op classes no predictor models (conv) are dropped."""
+    elem/ln/softmax) are kept once. Rows of op classes no predictor models (conv) are dropped;
+    so are rows without a GPU (a CPU measurement), with a note (scorable_rows)."""
     from kit.data import load_measurements
 
     path = Path(path)
@@ -43,32 +44,57 @@ def load_test(path: str | Path) -> pd.DataFrame:
     else:
         raise KitError(f"test file or folder not found: {path}")
     frame = pd.concat([load_measurements(f) for f in files], ignore_index=True)
-    frame = frame[frame.gpu.notna()]
+    return scorable_rows(frame, str(path))
+
+
+def scorable_rows(frame: pd.DataFrame, where: str) -> pd.DataFrame:
+    """The rows of a checked measurement table (kit.data.records.checked_table: what
+    load_measurements returns) that the predictors can score, as load_test and evaluate() on a
+    caller's frame both take them: rows without a GPU (a CPU measurement, or neither gpu nor
+    device_name) are left out with a note, none on a GPU is a KitError; a GPU the catalog (or
+    a --gpu-file) lacks is a KitError; exact repeats are kept once; rows of an op class no
+    predictor models (conv) are dropped."""
     from kit.hardware import get_gpu
 
+    no_gpu = frame["gpu"].isna()
+    if no_gpu.all():
+        raise KitError(f"{where}: none of the {len(frame)} test row(s) is on a GPU (each lacks a gpu "
+                       "and a device_name the catalog knows, or was measured on the CPU); the "
+                       "predictors price GPU kernels")
+    if no_gpu.any():
+        n = int(no_gpu.sum())
+        warnings.warn(f"{where}: {n} of the {len(frame)} test rows {'has' if n == 1 else 'have'} no "
+                      "GPU (no gpu or device_name, or a CPU measurement): left out, as no predictor "
+                      "prices them")
+        frame = frame[~no_gpu]
     for gpu in pd.unique(frame["gpu"]):  # a predictor needs the GPU: one the catalog (or a
         try:  # --gpu-file) knows
             get_gpu(gpu)
         except KitError as e:
-            raise KitError(f"{path}: test rows on gpu {gpu!r}: {e}") from None
+            raise KitError(f"{where}: test rows on gpu {gpu!r}: {e}") from None
     frame = frame.drop_duplicates([*VISIBLE, "latency_ms"])
     frame = frame[frame.op_class.isin(CLASSES)].reset_index(drop=True)
     if frame.empty:
-        raise KitError(f"{path}: no test rows of a modelled op class ({', '.join(CLASSES)})")
+        raise KitError(f"{where}: no test rows of a modelled op class ({', '.join(CLASSES)})")
     return frame
 
 
 def _test_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """A caller's own frame of test rows (load_test's columns), checked and renumbered: rows
-    are matched to their predictions by index, so a repeated index label (two frames
-    concatenated) would pair a row with the wrong answers."""
+    """A caller's own frame of test rows (load_test's columns), renumbered (rows are matched to
+    their predictions by index, so a repeated index label, two frames concatenated, would pair a
+    row with the wrong answers), then checked as a CSV's rows are (checked_table: op classes,
+    dtypes, shapes, positive finite latencies) and taken as load_test takes them (scorable_rows:
+    rows without a GPU left out with a note, exact repeats once)."""
+    from kit.data.records import checked_table
+
     missing = [c for c in (*VISIBLE, "latency_ms") if c not in frame.columns]
     if missing:
         raise KitError(f"test rows lack column(s) {', '.join(missing)} "
                        f"(load them with kit.predict.evaluate.load_test)")
     if frame.empty:
         raise KitError("no test rows to score (the frame is empty)")
-    return frame.reset_index(drop=True)
+    where = "the test frame"
+    return scorable_rows(checked_table(frame.reset_index(drop=True), where, lines=False), where)
 
 
 def visible_columns(frame: pd.DataFrame) -> pd.DataFrame:
@@ -196,17 +222,26 @@ def with_target(frame: pd.DataFrame, target: str = "latency") -> pd.DataFrame:
     """The rows scored against `target`: "latency" (latency_ms, the timed call, as every source
     has it) or "kernel" (kernel_ms, the call's summed GPU kernel time, which only the kit's
     collector records: NeuSight's rows have none), put in latency_ms. Rows without a kernel
-    time are dropped; none at all is a KitError. evaluate() scores the kernel target against
-    the learned predictors' in-stream times (predict_rows), without their dispatch floor."""
+    time are dropped with a note; none at all, or a kernel time that is zero, negative or
+    infinite, is a KitError. evaluate() scores the kernel target against the learned
+    predictors' in-stream times (predict_rows), without their dispatch floor."""
     if target not in TARGETS:
         raise KitError(f"unknown target {target!r}: choose {' or '.join(TARGETS)}")
     if target == "latency":
         return frame
+    from kit.data.records import check_times
+
+    if "kernel_ms" in frame:  # zero, negative or infinite: an error, as such a latency_ms is
+        check_times(frame[["kernel_ms"]], "the test rows", lines=False)
     kernel = pd.to_numeric(frame["kernel_ms"], errors="coerce") if "kernel_ms" in frame else None
-    keep = kernel.notna() & (kernel > 0) if kernel is not None else None
+    keep = kernel.notna() if kernel is not None else None
     if keep is None or not keep.any():
         raise KitError("no test row has a kernel time (kernel_ms): only the kit's collector "
                        "records one (NeuSight's rows are event latencies); use the latency target")
+    if not keep.all():
+        n = int((~keep).sum())
+        warnings.warn(f"{n} of the {len(frame)} test rows {'has' if n == 1 else 'have'} no kernel "
+                      "time (kernel_ms): left out of the kernel target")
     out = frame[keep].copy()
     out["latency_ms"] = kernel[keep]
     return out.reset_index(drop=True)
@@ -242,6 +277,7 @@ def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
         warnings.warn("these weights have no direct MLP (trained with --no-direct): mlp left out")
     rows = predict_rows(frame, build_predictors(names, weights_dir, measurements, bundle=bundle),
                         in_stream=target == "kernel")
+    _check_finite(rows, weights_dir)
     out = summarise(rows)
     cls_of = dict(zip(rows.op, rows.op_class))
     fallback = {}
@@ -257,6 +293,26 @@ def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
                       f"{name}'s rows of it are the {FALLBACK[name]} model's (marked fallback)")
     _note_in_sample(frame, bundle, names)
     return out
+
+
+def _check_finite(rows: pd.DataFrame, weights_dir=None) -> None:
+    """KitError when a predictor gave a latency (or band edge) that is not a positive finite
+    number: its scores would print as nan or inf with exit 0 (damaged weights did)."""
+    pred = rows[["predicted_ms", "p10_ms", "p90_ms"]].apply(pd.to_numeric, errors="coerce")
+    bad = ~(np.isfinite(pred) & (pred > 0)).all(axis=1)
+    if not bad.any():
+        return
+    i = int(np.flatnonzero(bad.to_numpy())[0])
+    first = rows.iloc[i]
+    value = next(float(v) for v in pred.iloc[i] if not (np.isfinite(v) and v > 0))
+    name = first.predictor
+    n = int((bad & (rows.predictor == name)).sum())
+    weights = f"the weights in {weights_dir}" if weights_dir is not None else "the shipped weights"
+    cause = (f"{weights} may be damaged: restore them, or retrain with `kit train --out DIR`"
+             if name in LEARNED else "a bug in the kit: please report it")
+    raise KitError(f"{name} gave no finite, positive latency (or band) for {n} of its "
+                   f"{int((rows.predictor == name).sum())} test rows (the first: {first.op} on "
+                   f"{first.gpu}, got {value}); {cause}")
 
 
 def _note_in_sample(frame: pd.DataFrame, bundle, names) -> None:

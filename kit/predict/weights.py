@@ -6,15 +6,23 @@
                               rows), the seed, the command that reproduces them, and each
                               component's settings (tile vocabulary, Li coefficients, transfer σ)
 
-The loader refuses anything else (a missing or foreign manifest, a file that is not
-safetensors, tensors that do not fit the manifest) with a KitError that says what it expected.
-The package ships default weights in kit/predict/weights/.
+The manifest records the sha256 of model.safetensors (key "sha256", written by save_bundle, as
+`kit train` does). The loader refuses anything else (a missing or foreign manifest, manifest
+values of the wrong type, a file that is not safetensors, a file whose sha256 is not the one
+its manifest records, tensors holding NaN or infinite values, tensors that do not fit the
+manifest) with a KitError that says what it expected. Weights written before the hash was
+recorded (no "sha256" in the manifest) are still read, with every other check. The package ships
+default weights in kit/predict/weights/.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from kit.errors import KitError
 
@@ -110,6 +118,8 @@ def save_bundle(bundle: Bundle, out_dir: str | Path) -> Path:
     try:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp[TENSORS_FILE]))
         tmp[TENSORS_FILE].chmod(0o644)  # safetensors writes 0600; weights are meant to be shared
+        # the file as written: the loader refuses one changed since (same seed: same hash)
+        manifest["sha256"] = {TENSORS_FILE: hashlib.sha256(tmp[TENSORS_FILE].read_bytes()).hexdigest()}
         tmp[MANIFEST_FILE].write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         for name, path in tmp.items():
             os.replace(path, out / name)
@@ -153,20 +163,80 @@ def read_manifest(weights_dir: str | Path) -> dict:
                        f"this kit reads version {VERSION}")
     if not isinstance(manifest.get("parts"), dict):
         raise KitError(f"{mpath}: manifest has no 'parts' section")
+    _check_manifest_types(manifest, mpath)
     return manifest
 
 
-def _read_tensors(path: Path) -> dict:
+def _number(v, low: float = 0.0) -> bool:
+    """A finite number >= low (not a bool, not text)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= low
+
+
+def _check_manifest_types(manifest: dict, where: Path) -> None:
+    """KitError, one line naming the key, for manifest values the loader or evaluate reads that
+    are of the wrong type (a hand-edited manifest gave tracebacks: test_rows_trained_on "abc",
+    parts.tile.band "x")."""
+    sha = manifest.get("sha256")
+    if sha is not None and not (isinstance(sha, dict) and isinstance(sha.get(TENSORS_FILE), str)
+                                and len(sha[TENSORS_FILE]) == 64
+                                and all(c in "0123456789abcdef" for c in sha[TENSORS_FILE])):
+        raise KitError(f"{where}: sha256 must be {{\"{TENSORS_FILE}\": its 64 hex digits}}, got "
+                       f"{sha!r:.80}; retrain with `kit train`")
+    n = manifest.get("test_rows_trained_on")
+    if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+        raise KitError(f"{where}: test_rows_trained_on must be a whole number >= 0, got {n!r:.80}")
+    parts = manifest["parts"]
+    for name in ("tile_choice", "tile", "li", "mlp"):
+        if name in parts and not isinstance(parts[name], dict):
+            raise KitError(f"{where}: parts.{name} must be an object, got {parts[name]!r:.80}; "
+                           "retrain with `kit train`")
+    band = parts.get("tile", {}).get("band")
+    if band is None:
+        return
+    if not isinstance(band, dict):
+        raise KitError(f"{where}: parts.tile.band must be an object of band settings, as `kit train` "
+                       f"writes, got {band!r:.80}; retrain with `kit train`")
+    rules = {"near_distance": ("a number >= 0", lambda v: v is None or _number(v)),
+             "train_gpus": ("a list of GPU names",
+                            lambda v: isinstance(v, list) and all(isinstance(g, str) for g in v)),
+             "sigma_at_0": ("an object of op classes to numbers >= 0",
+                            lambda v: isinstance(v, dict) and all(_number(x) for x in v.values()))}
+    for key, (what, ok) in rules.items():
+        if key in band and not ok(band[key]):
+            raise KitError(f"{where}: parts.tile.band.{key} must be {what}, got {band[key]!r:.80}; "
+                           "retrain with `kit train`")
+
+
+def _read_tensors(path: Path, sha256: str | None = None) -> dict:
+    """The tensors of a weights file, as numpy arrays. KitError when it is not safetensors, when
+    sha256 (the manifest's) is given and the file's differs, or when a tensor holds NaN or
+    infinite values (a damaged file scored nan or inf, with exit 0)."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file  # plain arrays: predicting needs no torch
+    from safetensors.numpy import load  # plain arrays: predicting needs no torch
 
     if not path.is_file():
         raise KitError(f"weights file not found: {path}")
     try:
-        return load_file(str(path))
+        data = path.read_bytes()
+    except OSError as e:
+        raise KitError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        tensors = load(data)
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise KitError(f"{path} is not a safetensors weights file ({e}); "
                        "retrain with `kit train --out DIR`") from None
+    if sha256 is not None:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != sha256:
+            raise KitError(f"{path}: its sha256 {digest[:16]}... is not the {sha256[:16]}... its "
+                           f"{MANIFEST_FILE} records: the file was changed or damaged after `kit train` "
+                           "wrote it; restore it, or retrain with `kit train --out DIR`")
+    for name, array in sorted(tensors.items()):
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            bad = int((~np.isfinite(array)).sum())
+            raise KitError(f"{path}: tensor {name!r} holds {bad} NaN or infinite value(s): the "
+                           "weights are damaged; restore them, or retrain with `kit train --out DIR`")
+    return tensors
 
 
 def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
@@ -178,8 +248,9 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
 
     folder = _folder_of(Path(weights_dir)) if weights_dir is not None else SHIPPED_DIR
     manifest = read_manifest(folder)
-    tensors = _read_tensors(folder / TENSORS_FILE)
+    tensors = _read_tensors(folder / TENSORS_FILE, (manifest.get("sha256") or {}).get(TENSORS_FILE))
     parts = manifest["parts"]
+    info = {k: v for k, v in manifest.items() if k != "parts"}
     try:
         chooser = TileChooser.from_state(tensors, parts["tile_choice"])
         models = {cls: ClassModel.from_state(cls, tensors, meta, prefix="tile.")
@@ -189,13 +260,12 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
             mlp = DirectMLP({cls: ClassModel.from_state(cls, tensors, meta, prefix="mlp.")
                              for cls, meta in parts["mlp"]["classes"].items()})
         li = LiPredictor(_li_coefs(parts["li"]["coefs"], folder / MANIFEST_FILE))
-    except (KeyError, RuntimeError, TypeError, ValueError) as e:
+        _check_info(parts["tile"].get("transfer_sigma", {}), info, folder / MANIFEST_FILE)
+        tile = TilePredictor(chooser, models, parts["tile"].get("transfer_sigma", {}), info,
+                             parts["tile"].get("band"))
+    except (KeyError, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as e:
         raise KitError(f"weights in {folder} do not match their manifest ({type(e).__name__}: "
-                       f"{str(e).splitlines()[0][:200]})") from None
-    info = {k: v for k, v in manifest.items() if k != "parts"}
-    _check_info(parts["tile"].get("transfer_sigma", {}), info, folder / MANIFEST_FILE)
-    tile = TilePredictor(chooser, models, parts["tile"].get("transfer_sigma", {}), info,
-                         parts["tile"].get("band"))
+                       f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
     return Bundle(tile, li, mlp, info)
 
 
@@ -203,11 +273,7 @@ def _check_info(sigma, info: dict, where: Path) -> None:
     """KitError for a transfer σ that is not {op_class: finite number >= 0} (a string failed deep
     inside, NaN dropped the band's coverage without a word) and for train_gpus that are not a
     list of names ("t4" was read letter by letter)."""
-    import math
-
-    if not isinstance(sigma, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-            for v in sigma.values()):
+    if not isinstance(sigma, dict) or not all(_number(v) for v in sigma.values()):
         raise KitError(f"{where}: parts.tile.transfer_sigma must map op classes to finite numbers "
                        f">= 0, got {sigma!r:.80}; retrain with `kit train`")
     gpus = info.get("train_gpus", [])
@@ -218,17 +284,13 @@ def _check_info(sigma, info: dict, where: Path) -> None:
 def _li_coefs(coefs, where: Path) -> dict:
     """The Li coefficients of a manifest: {op_class: {gpu: [a, c, d]}}, each a finite number >= 0
     (a string, NaN or a negative slope would give a silently wrong or NaN prediction)."""
-    import math
-
     if not isinstance(coefs, dict):
         raise KitError(f"{where}: parts.li.coefs must be an object of op classes, got {type(coefs).__name__}")
     for cls, table in coefs.items():
         if not isinstance(table, dict) or not table:
             raise KitError(f"{where}: parts.li.coefs.{cls} must be a non-empty object of GPUs")
         for gpu, line in table.items():
-            ok = isinstance(line, list) and len(line) == 3 and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                for v in line)
+            ok = isinstance(line, list) and len(line) == 3 and all(_number(v) for v in line)
             if not ok:
                 raise KitError(f"{where}: parts.li.coefs.{cls}.{gpu} must be 3 finite numbers >= 0 "
                                f"(ms per GFLOP, ms per MB, ms), got {line!r:.80}; retrain with `kit train`")
