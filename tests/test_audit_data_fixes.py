@@ -321,3 +321,16 @@ def test_validate_notes_an_unreadable_label_and_scores_a_label_under_two_gpu_nam
         reasons["Tesla_T4/bert_large-inf-512-8.json"]
     text = [str(w.message) for w in notes]
     assert any("bert_large-inf-512-16.json: skipped, unreadable label" in t for t in text)
+
+
+def test_gpu_keys_keep_a_missing_gpu_missing():
+    # on pandas 2, astype("str") wrote a missing GPU as the text "nan", which evaluate then
+    # refused as an unknown GPU instead of leaving the row out with a note (pyproject allows 2.1+)
+    import numpy as np
+    import pandas as pd
+
+    from kit.data.records import gpu_keys
+
+    frame = pd.DataFrame({"gpu": ["T4", "cpu", np.nan], "device_name": [np.nan, np.nan, np.nan]})
+    out = gpu_keys(frame)["gpu"]
+    assert out.iloc[0] == "t4" and out.iloc[1:].isna().all()

@@ -80,3 +80,8 @@ def test_a_split_keeps_the_operands_strides():
     op = Gemm(m=64, n=4096, k=4096, dtype="bf16", align=8)
     assert split_op(op, 3).k == 1366 and split_op(op, 3).lead_align == 8
     assert split_op(Gemm(m=64, n=4097, k=4096, align=1), 2).lead_align == 1
+
+
+def test_volta_and_amd_keep_the_whole_peak_turing_does_not():
+    assert unaligned_peak_share(get_gpu("v100-sxm2-32gb"), "fp16", [1]) == 1.0
+    assert unaligned_peak_share(get_gpu("t4"), "fp16", [1])[0] < 1.0

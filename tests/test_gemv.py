@@ -74,3 +74,13 @@ def test_fit_script_names_a_missing_folder(tmp_path, capsys):
 
     assert gemv_fit.main(["--root", str(tmp_path / "nope")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_a_depthwise_convolution_is_no_gemv(tile):
+    # a grouped convolution's implicit GEMM (b = groups, no shared weight) has n = 1 forward and
+    # m = 1 in its weight gradient; cuDNN runs it on its own kernels, not cuBLAS's gemv
+    g = get_gpu("a100-sxm4-80gb")
+    conv = Gemm(m=32 * 56 * 56, n=1, k=9, b=256, kind="linear", shared_rhs=False)
+    wgrad = Gemm(m=1, n=9, k=32 * 56 * 56, b=256, kind="linear")
+    assert not applies(g, [conv, wgrad]).any()
+    assert (tile.predict([conv, wgrad], g).tile != "gemv").all()

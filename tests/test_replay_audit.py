@@ -181,3 +181,20 @@ def test_resnet_pageable_batches_stay_on_the_critical_path_on_h100():
     assert on["critical_path"]["memcpy"] == pytest.approx(base["memcpy"], abs=0.01)  # its DtoD copies scale
     assert on["critical_path"]["cpu"] == pytest.approx(base["cpu"], abs=0.01)
     assert any("61 host-bound host<->device copies" in n for n in on["notes"])
+
+
+def test_a_host_bound_copy_is_never_faster_than_the_target_link(tmp_path):
+    # a host-bound copy keeps its measured time, unless the target's link cannot carry its bytes
+    # that fast: a 77 MB pageable copy at 3.4 GB/s on PCIe 3 stays 23 ms on an H100 (PCIe 5), but
+    # a 28 GB/s pinned-but-slow copy measured on PCIe 5 cannot run at 28 GB/s over PCIe 3
+    from kit.hardware import get_gpu
+    from kit.trace.transfer import PCIE_GBS
+
+    mb = 77_070_336
+    p = tmp_path / "r0.json"
+    p.write_text(json.dumps(copies_rank([("Memcpy HtoD (Pageable -> Device)", mb, 2_750)], gpu="NVIDIA H100 PCIe")))
+    r = replay(p, on="p100-pcie-16gb")
+    d = [r.tg.graph.dur_ms[op] for op, *_ in r.tg.gpu_ops[0]][0]
+    link = PCIE_GBS[get_gpu("p100-pcie-16gb").pcie_gen]
+    assert d == pytest.approx(mb / (link * 1e9) * 1e3)
+    assert d > 2.75

@@ -333,6 +333,12 @@ def check_times(frame: pd.DataFrame, where: str, lines: bool = True,
                            f"{str(shown[col].iloc[i])!r}")
 
 
+def _text(values: pd.Series) -> pd.Series:
+    """values as text, a missing one kept missing (astype("str") alone writes it as the text
+    "nan" on pandas 2; pandas 3's str dtype keeps it)."""
+    return values.astype("str").where(values.notna())
+
+
 def gpu_keys(frame: pd.DataFrame, where: str = "") -> pd.DataFrame:
     """frame with its gpu column as catalog keys: a row without one gets its device_name's (a CPU
     row stays NaN), and a gpu the catalog knows by another name ("T4", "Tesla T4") gets its key
@@ -343,7 +349,7 @@ def gpu_keys(frame: pd.DataFrame, where: str = "") -> pd.DataFrame:
 
     need_gpu = frame["gpu"].isna() & frame["device_name"].notna()
     if need_gpu.any():  # rows without a catalog key: look the device up (CPU rows stay NaN)
-        keys = schema.gpu_keys_for(frame.loc[need_gpu, "device_name"], where).astype("str")
+        keys = _text(schema.gpu_keys_for(frame.loc[need_gpu, "device_name"], where))
         frame["gpu"] = frame["gpu"].where(~need_gpu, keys.reindex(frame.index))
     table = {}
     for name in pd.unique(frame["gpu"].dropna()):
@@ -356,7 +362,7 @@ def gpu_keys(frame: pd.DataFrame, where: str = "") -> pd.DataFrame:
         except KitError:
             table[name] = name
     if any(k != v for k, v in table.items()):
-        frame["gpu"] = frame["gpu"].map(table).astype("str")
+        frame["gpu"] = _text(frame["gpu"].map(table))
     return frame
 
 

@@ -198,7 +198,8 @@ def feature_row_blocking(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # NVIDIA GPU with tensor cores as a share of its dense peak: min(1, rate x SMs x clock / peak).
 # Hopper keeps 0.13 and 0.24; an A100 gets 0.24 and 0.44 (it had the whole peak, so an
 # odd-vocabulary GEMM ran 2x faster on an A100 than on an H100); an RTX 4090, whose
-# FP32-accumulate peak is 512 per SM-clock, loses almost nothing. Measured on the H200 alone:
+# FP32-accumulate peak is 512 per SM-clock, loses almost nothing. Turing on (the align-1 kernels
+# are sm75's); not Volta, whose HMMA.884 kernels are others. Measured on the H200 alone:
 # the rates on other GPUs are this carry-over, not measurements.
 UNALIGNED_SHARE_ON_H200 = {1: 0.13, 2: 0.24, 4: 0.24}
 H200_DENSE_FLOP_PER_SM_CLOCK = 989.4e12 / (132 * 1980e6)  # the catalog's h200: bf16, SMs, clock
@@ -208,11 +209,13 @@ TENSOR_16BIT = ("bf16", "fp16")
 def unaligned_peak_share(gpu: GPU, dtype: str, align, min_mn=None) -> np.ndarray | float:
     """The share of the dense peak a 16-bit GEMM with leading dimensions aligned to `align`
     elements runs against on an NVIDIA GPU (UNALIGNED_SHARE_ON_H200 per SM-clock; 1.0 where aligned,
-    without tensor cores or on another vendor). A GEMV (min(m, n) = 1, `min_mn`) keeps the
+    on Pascal and Volta or on another vendor). A GEMV (min(m, n) = 1, `min_mn`) keeps the
     whole peak: cuBLAS runs it on its gemv kernels, no tensor cores (334 of the H200's 390
     unaligned rows with m or n of 1)."""
     if align is None or dtype not in TENSOR_16BIT or gpu.vendor != "nvidia" \
-            or gpu.arch == "pascal" or not gpu.peak_tflops(dtype):  # Pascal: no tensor cores
+            or gpu.arch in ("pascal", "volta") or not gpu.peak_tflops(dtype):
+        # Pascal has no tensor cores; Volta's HMMA.884 path has its own kernels, not the sm75+
+        # mma.sync ones measured (cutlass_75_*_align1 and cutlass_80_*_align2/4)
         return 1.0
     peak = gpu.gemm_peak_flops_per_s(dtype)
     per_clock = gpu.sm_count * gpu.boost_clock_mhz * 1e6

@@ -23,10 +23,15 @@ DTYPES = ("fp32", "tf32")
 
 
 def applies(gpu, ops) -> np.ndarray:
-    """Per op: an FP32/TF32 GEMM with m or n of 1 on an NVIDIA GPU."""
+    """Per op: an FP32/TF32 GEMM with m or n of 1 on an NVIDIA GPU, not a grouped convolution's
+    implicit GEMM (kind "linear", one per group, b = groups, no shared weight: a depthwise
+    convolution has n = 1 forward and m = 1 in its weight gradient, and cuDNN runs it on its
+    own kernels over the activations, not cuBLAS's gemv over an im2col matrix)."""
     if gpu.vendor != "nvidia":
         return np.zeros(len(ops), dtype=bool)
-    return np.array([getattr(o, "dtype", None) in DTYPES and min(o.m, o.n) == 1 for o in ops], dtype=bool)
+    return np.array([getattr(o, "dtype", None) in DTYPES and min(o.m, o.n) == 1
+                     and not (o.kind == "linear" and o.b > 1 and not o.shared_rhs) for o in ops],
+                    dtype=bool)
 
 
 def kernel_ms_of(nbytes, bw_gbs: float, params: dict = PARAMS):

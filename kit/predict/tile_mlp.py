@@ -38,9 +38,6 @@ from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_b
 from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
 
 QUANTILES = (0.1, 0.5, 0.9)
-# no kernel is shorter in the stream (kit.workload.iteration.KERNEL_MIN_US), and an isolated
-# call carries the dispatch floor on top (8-30 us on the catalog's GPUs)
-MIN_ISOLATED_MS = 0.002
 FLOOR_SHARE = 0.5  # of the dispatch floor, the least an isolated vector or row call predicts
 Z80 = 1.2816  # standard normal 90th percentile: ±Z80·σ spans 80%
 
@@ -346,7 +343,7 @@ class TilePredictor:
         FLOP features are empty, came out at 0.08 us on an H100 and 3.9 us at 64 elements, against
         12 us for any other kind. Such a prediction takes that share of the floor plus its
         roofline, its band lifted with it."""
-        if getattr(self, "_probing_floor", False) or not (lat < MIN_ISOLATED_MS * 5).any():
+        if getattr(self, "_probing_floor", False):
             return  # the floor's own probe (an add of 2^17 elements) predicts unfloored
         from kit.workload.iteration import isolation_floor_ms
 

@@ -176,10 +176,14 @@ def transfer(tg: TraceGraph, on) -> str:
             elif kind == "memcpy":
                 if "HtoD" in ge.name or "DtoH" in ge.name:
                     link_src = PCIE_GBS.get(src_gpu.pcie_gen, 16.0)
-                    if host_bound_copy(ge, link_src):  # the host is unchanged by --on
+                    link_dst = PCIE_GBS.get(dst_gpu.pcie_gen, 16.0)
+                    if host_bound_copy(ge, link_src):  # the host is unchanged by --on ...
                         host_bound[t.rank] = host_bound.get(t.rank, 0) + 1
+                        nbytes = int_or_none(ge.bytes)  # ... but a slower link still binds
+                        if nbytes and nbytes > 0:
+                            g.dur_ms[op] = max(d, nbytes / (link_dst * 1e9) * 1e3)
                         continue
-                    g.dur_ms[op] = d * link_src / PCIE_GBS.get(dst_gpu.pcie_gen, 16.0)
+                    g.dur_ms[op] = d * link_src / link_dst
                 else:
                     g.dur_ms[op] = d * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
             elif _GEMM.search(_FBGEMM.sub("", ge.name)):  # fbgemm's embedding kernels are no GEMMs
