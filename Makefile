@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# torch first: a CPU build pinned here (an unpinned torch pulls a multi-GB CUDA build).
+# torch first, pinned (an unpinned torch pulls the newest multi-GB CUDA build). Where pip's
+# index is plain PyPI, torch==2.13.0 on Linux is the CUDA build too; for the CPU build:
+#   make demo TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
@@ -13,7 +15,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
