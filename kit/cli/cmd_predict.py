@@ -27,7 +27,10 @@ def add_model_args(p):
                    "decode the tokens in the KV cache, or with --mode generate the prompt (default: a "
                    "zoo model's own; 512 for a config or module, or the config's position table if "
                    "shorter; a 512-token prompt for generate)")
-    p.add_argument("--dtype", default="fp32", choices=MODEL_DTYPES)
+    p.add_argument("--dtype", default="fp32", choices=MODEL_DTYPES,
+                   help="fp32: strict FP32 GEMMs and convolutions, as NeuSight measured (stock "
+                        "PyTorch lets cuDNN's convolutions use TF32 on Ampere and later: --dtype "
+                        "tf32 is closer for a CNN); tf32: FP32 tensors on TF32 tensor cores")
     p.add_argument("--fusion", default="eager", choices=["eager", "compiled"])
     p.add_argument("--optimizer", default=None,
                    help="add an optimizer step to training: adamw, adamw-fused, adam, sgd")
