@@ -334,3 +334,23 @@ def test_gpu_keys_keep_a_missing_gpu_missing():
     frame = pd.DataFrame({"gpu": ["T4", "cpu", np.nan], "device_name": [np.nan, np.nan, np.nan]})
     out = gpu_keys(frame)["gpu"]
     assert out.iloc[0] == "t4" and out.iloc[1:].isna().all()
+
+
+def test_a_foreign_parquet_under_the_caches_name_is_rebuilt(tmp_path, monkeypatch):
+    # a valid parquet file of another table under the cache's name was trusted (1 row)
+    import pandas as pd
+
+    from kit.data.cache import cache_dir, cache_key, cached_table
+    from kit.data.schema import COLUMNS
+
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "in.csv"
+    src.write_text("x\n1\n")
+    path = cache_dir() / f"t--{cache_key('t', [src])}.parquet"
+    path.parent.mkdir(parents=True)
+    pd.DataFrame({"a": [1]}).to_parquet(path, index=False)
+    built = pd.DataFrame({c: pd.Series([], dtype="object") for c in COLUMNS})
+    with pytest.warns(UserWarning, match="not the measurement schema"):
+        out = cached_table("t", [src], lambda: built)
+    assert list(out.columns) == list(COLUMNS)
+    assert list(pd.read_parquet(path).columns) == list(COLUMNS)  # rewritten

@@ -105,6 +105,10 @@ def test_data_summary_refuses_a_label_with_a_number_json_cannot_read(tmp_path, c
     ({"e2e_latency": True}, "e2e_latency must be a positive number of ms, got True"),
     ({"fw_latency": -1}, "fw_latency must be a number of ms >= 0, got -1"),
     ({"bwall_latency": float("nan")}, "bwall_latency must be a number of ms >= 0, got nan"),
+    # a phase longer than the step it is part of (accepted before)
+    ({"e2e_latency": 10.0, "fw_latency": 20.0, "bwall_latency": 0}, "fw_latency 20 ms is longer than the whole step"),
+    ({"e2e_latency": 10.0, "fw_latency": 6.0, "bwall_latency": 6.0},
+     "fw_latency + bwall_latency = 12 ms is longer than the whole step"),
 ])
 def test_data_summary_refuses_the_labels_validate_skips(tmp_path, capsys, change, message):
     # they were counted as labels (validate skips every one of them)

@@ -20,7 +20,7 @@ MULTI_GPU = ("dp", "tp", "pp")
 
 
 def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dict:
-    from kit.data.configs import label_e2e_ms, label_phase_ms, parse_label_name, read_json
+    from kit.data.configs import label_times_ms, parse_label_name, read_json
     from kit.errors import KitError
     from kit.hardware import get_gpu
     from kit.workload.iteration import iteration
@@ -46,8 +46,7 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             data = read_json(f)  # a folder, binary, malformed JSON: one KitError naming it
             if not isinstance(data, dict):
                 raise ValueError(f"expected a JSON object with e2e_latency, got {type(data).__name__}")
-            measured = label_e2e_ms(data)  # the rules kit data summary --part labels applies
-            fwd, bwd = (label_phase_ms(data, key) for key in ("fw_latency", "bwall_latency"))
+            measured, fwd, bwd = label_times_ms(data)  # the rules kit data summary --part labels applies
         except (KitError, ValueError, KeyError, TypeError) as e:
             msg = str(e)  # the file is named once, by the skip line, not again inside the reason
             msg = "the file" + msg[len(str(f)):] if msg.startswith(str(f)) else msg

@@ -39,9 +39,17 @@ def cached_table(name: str, files: Sequence[Path], build: Callable[[], pd.DataFr
     path = cache_dir() / f"{name}--{cache_key(name, files)}.parquet"
     if path.is_file():
         try:
-            return pd.read_parquet(path)
+            frame = pd.read_parquet(path)
         except Exception as e:  # a corrupt or foreign cache file: rebuild it
             warnings.warn(f"ignoring unreadable cache {path}: {e}", stacklevel=2)
+        else:
+            from kit.data.schema import COLUMNS
+
+            if list(frame.columns) == list(COLUMNS):
+                return frame
+            # a parquet file under this table's name, but not this table (a user's, a tool's)
+            warnings.warn(f"ignoring cache {path}: its columns are not the measurement schema's",
+                          stacklevel=2)
     frame = build()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -105,6 +105,24 @@ def label_phase_ms(data: dict, key: str) -> float | None:
     return float(value)
 
 
+PHASE_SLACK = 0.01  # a phase may exceed the step it is part of by this share (timer rounding)
+
+
+def label_times_ms(data: dict) -> tuple:
+    """(e2e, fw, bwall) of a label (label_e2e_ms, label_phase_ms), the phases no longer than
+    the step they are parts of: ValueError saying which is not. (NeuSight's 99 labels hold: the
+    forward is at most the step, forward + backward at most 1.0x it.)"""
+    e2e = label_e2e_ms(data)
+    fw, bwall = (label_phase_ms(data, k) for k in ("fw_latency", "bwall_latency"))
+    top = e2e * (1 + PHASE_SLACK)
+    if fw is not None and fw > top:
+        raise ValueError(f"fw_latency {fw:g} ms is longer than the whole step, e2e_latency {e2e:g} ms")
+    if fw is not None and bwall is not None and fw + bwall > top:
+        raise ValueError(f"fw_latency + bwall_latency = {fw + bwall:g} ms is longer than the whole "
+                         f"step, e2e_latency {e2e:g} ms")
+    return e2e, fw, bwall
+
+
 def _finite(value) -> bool:
     """A JSON number (not a bool, a string or null) that is finite as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -129,8 +147,7 @@ def load_labels(data_dir: str | Path | None = None) -> pd.DataFrame:
         if missing:
             raise KitError(f"label {f}: missing key(s) {', '.join(missing)}")
         try:  # the rules kit validate skips a label by
-            e2e = label_e2e_ms(data)
-            fw, bwall = (label_phase_ms(data, k) for k in ("fw_latency", "bwall_latency"))
+            e2e, fw, bwall = label_times_ms(data)
         except ValueError as e:
             raise KitError(f"label {f}: {e}") from None
         rows.append({"gpu": _device_key(f.parent.name, f), "device_dir": f.parent.name,
