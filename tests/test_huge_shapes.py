@@ -65,3 +65,18 @@ def test_an_empty_gpu_and_a_copy_without_a_ridge(capsys):
     assert main(["op", "memcpy", "--direction", "h2d", "--bytes", "1e9", "--gpu", "h100"]) == 0
     out = capsys.readouterr().out
     assert "ridge" not in out and "work" in out
+
+
+def test_decode_with_a_callers_inputs_says_what_it_counted_as_cache():
+    # any floating input given with mode decode was counted as the KV cache without a word
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        it = api.predict_model(torch.nn.Linear(64, 64), "h100", inputs=(torch.zeros(4, 8, 64),),
+                               mode="decode")
+    notes = [str(w.message) for w in caught if "counted as its KV cache" in str(w.message)]
+    assert len(notes) == 1 and "decode_inputs" in notes[0]
+    assert it.meta["kv_cache_bytes"] == 4 * 8 * 64 * 4

@@ -15,6 +15,7 @@ import importlib
 import inspect
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from kit.errors import KitError, one_line
@@ -137,6 +138,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
                        f"model {name!r} brings its own cache through decode_inputs")
     decode = mode == "decode"  # the new tokens and a KV cache, from the module's decode_inputs
     guessed = inputs is None and not decode and not hasattr(obj, "example_inputs")
+    given = inputs is not None  # the caller's own inputs, not the module's decode_inputs
     if inputs is None:
         seq = seq or 512
         zoo._check_positive(seq=seq)
@@ -154,6 +156,10 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         leaves = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
         meta.update(mode="decode", context=meta["seq"],
                     kv_cache_bytes=int(sum(t.numel() * (size or t.element_size()) for t in leaves)))
+        if given and leaves:  # nothing says which of them is the cache: say what was assumed
+            warnings.warn(f"mode decode: the {len(leaves)} floating input(s) of model {name!r} are "
+                          f"counted as its KV cache ({meta['kv_cache_bytes'] / 2**30:.3g} GiB); give "
+                          "the module decode_inputs(batch, context) to say what the cache is")
     try:
         return capture(obj, inputs, mode="inference" if decode else mode, optimizer=optimizer,
                        dtype=dtype, name=name, meta=meta)
