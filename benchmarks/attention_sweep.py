@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from decode_steps import _free  # noqa: E402
+from decode_steps import _free, _time_ms  # noqa: E402
 from kit.data.collect import is_fatal_cuda_error, l2_flusher, profile_cuda  # noqa: E402
 from kit.data.records import append_jsonl, read_jsonl  # noqa: E402
 from kit.errors import KitError, one_line  # noqa: E402
@@ -65,28 +65,6 @@ def draw_shapes(count: int, seed: int, max_seq: int | None = None) -> list[tuple
     return [grid[i] for i in pick]
 
 
-def _timed(call, device: str, repeats: int, flush) -> float:
-    times = []
-    for _ in range(repeats):
-        if flush is not None:
-            flush()
-        if device == "cuda":
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            call()
-            times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    fast = times[:max(1, len(times) // 2)]
-    return sum(fast) / len(fast)
-
-
 def measure(shape, dtype: str, device: str, repeats: int, flush) -> dict:
     batch, heads, seq, head_dim, causal = shape
     tdt = TORCH_DTYPES[dtype]
@@ -110,8 +88,8 @@ def measure(shape, dtype: str, device: str, repeats: int, flush) -> dict:
             call()
     if device == "cuda":
         torch.cuda.synchronize()
-    row = {"fwd_ms": _timed(fwd, device, repeats, flush),
-           "train_ms": _timed(train, device, repeats, flush)}
+    row = {"fwd_ms": _time_ms(fwd, device, repeats, flush),
+           "train_ms": _time_ms(train, device, repeats, flush)}
     if device == "cuda":
         f, t = profile_cuda(fwd, flush), profile_cuda(train, flush)
         row.update(fwd_kernel_ms=f.get("kernel_ms"), fwd_kernels=f.get("kernels", "")[:400],
@@ -154,22 +132,33 @@ def sweep(shapes, dtype: str, device: str, repeats: int, jsonl: str | None,
             "torch": torch.__version__, "dtype": dtype, "stopped": stopped, "rows": rows}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def sweep_parser(doc: str, dtypes: tuple, count: int, seed: int) -> argparse.ArgumentParser:
+    """The options of a shape sweep on one device (this script's and gemm_layouts.py's)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
-    ap.add_argument("--count", type=int, default=120)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--max-seq", type=int, default=None, help="draw only shapes with seq <= this")
+    ap.add_argument("--dtype", default="bf16", choices=dtypes)
+    ap.add_argument("--count", type=int, default=count)
+    ap.add_argument("--seed", type=int, default=seed)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--jsonl", default=None)
     ap.add_argument("--time-limit", type=float, default=None)
+    return ap
+
+
+def check_sweep(args) -> None:
+    """KitError for a sweep's options that cannot run."""
+    if args.count < 1 or args.repeats < 1:
+        raise KitError("--count and --repeats must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise KitError("--device cuda: torch sees no CUDA device here")
+
+
+def main(argv=None) -> int:
+    ap = sweep_parser(__doc__, ("bf16", "fp16", "fp32"), 120, 1)
+    ap.add_argument("--max-seq", type=int, default=None, help="draw only shapes with seq <= this")
     args = ap.parse_args(argv)
     try:
-        if args.count < 1 or args.repeats < 1:
-            raise KitError("--count and --repeats must be at least 1")
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise KitError("--device cuda: torch sees no CUDA device here")
+        check_sweep(args)
         shapes = draw_shapes(args.count, args.seed, args.max_seq)
         out = sweep(shapes, args.dtype, args.device, args.repeats, args.jsonl, args.time_limit)
     except KitError as e:

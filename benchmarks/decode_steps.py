@@ -80,10 +80,15 @@ def real_inputs(m, batch: int, context: int, dtype: str, device: str, kind: str 
     return ids, tuple(c._replace(keys=real(c.keys), values=real(c.values)) for c in cache)
 
 
-def _time_ms(step, device: str, repeats: int) -> float:
+def _time_ms(step, device: str, repeats: int, flush=None) -> float:
+    """The mean of the faster half of `repeats` timed calls, ms (CUDA events on a GPU); flush,
+    when given, runs before each call, outside the timed region (an L2 flush)."""
     times = []
     for _ in range(repeats):
+        if flush is not None:
+            flush()
         if device == "cuda":
+            torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             step()

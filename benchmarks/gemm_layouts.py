@@ -18,7 +18,6 @@ Rows are JSON lines, fsynced; a rerun skips rows already there; an error is the 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -33,8 +32,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from attention_sweep import _timed  # noqa: E402
-from decode_steps import _free  # noqa: E402
+from attention_sweep import check_sweep, sweep_parser  # noqa: E402
+from decode_steps import _free, _time_ms  # noqa: E402
 from kit.data.collect import is_fatal_cuda_error, l2_flusher, profile_cuda  # noqa: E402
 from kit.data.records import append_jsonl, read_jsonl  # noqa: E402
 from kit.errors import KitError, one_line  # noqa: E402
@@ -101,7 +100,7 @@ def sweep(shapes, dtype: str, device: str, repeats: int, jsonl: str | None, time
                 fn = fns[layout]
                 for _ in range(3):
                     fn()
-                row["latency_ms"] = _timed(fn, device, repeats, flush)
+                row["latency_ms"] = _time_ms(fn, device, repeats, flush)
                 if device == "cuda":
                     k = profile_cuda(fn, flush)
                     row.update(kernel_ms=k.get("kernel_ms"), kernel_name=k.get("kernel_name"),
@@ -124,20 +123,9 @@ def sweep(shapes, dtype: str, device: str, repeats: int, jsonl: str | None, time
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "tf32"))
-    ap.add_argument("--count", type=int, default=150)
-    ap.add_argument("--seed", type=int, default=51)
-    ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--jsonl", default=None)
-    ap.add_argument("--time-limit", type=float, default=None)
-    args = ap.parse_args(argv)
+    args = sweep_parser(__doc__, ("bf16", "fp16", "fp32", "tf32"), 150, 51).parse_args(argv)
     try:
-        if args.count < 1 or args.repeats < 1:
-            raise KitError("--count and --repeats must be at least 1")
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise KitError("--device cuda: torch sees no CUDA device here")
+        check_sweep(args)
         if args.dtype == "tf32":
             if args.device != "cuda":
                 raise KitError("--dtype tf32 needs --device cuda (tf32 is a tensor-core mode)")

@@ -39,7 +39,6 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kit.errors import KitError  # noqa: E402
-from kit.ops import DTYPE_BYTES  # noqa: E402
 
 DEFAULT_ROOT = ROOT / "measurements"
 GPU = "h200"
@@ -56,6 +55,7 @@ EFF_GRID = np.round(np.arange(0.10, 1.0001, 0.01), 2)
 def gemv_rows(root: Path, files: list[str]) -> pd.DataFrame:
     """The FP32/TF32 rows of files with m or n of 1 and a kernel time, with their bytes."""
     from kit.predict.evaluate import load_test, with_target
+    from kit.predict.features import op_from_row
 
     parts = []
     for f in files:
@@ -65,8 +65,10 @@ def gemv_rows(root: Path, files: list[str]) -> pd.DataFrame:
         parts.append(load_test(path))
     rows = with_target(pd.concat(parts, ignore_index=True), "kernel")
     rows = rows[((rows.m == 1) | (rows.n == 1)) & rows.dtype.isin(["fp32", "tf32"])].copy()
-    rows["bytes"] = rows.dtype.map(DTYPE_BYTES) * rows.b * (rows.m * rows.k + rows.k * rows.n + rows.m * rows.n)
-    return rows.reset_index(drop=True)
+    rows = rows.reset_index(drop=True)
+    # the bytes the predictor streams (kit.ops.Gemm.bytes: a shared weight read once)
+    rows["bytes"] = [op_from_row(r).bytes for r in rows.to_dict("records")]
+    return rows
 
 
 def fit(rows: pd.DataFrame, bw_gbs: float) -> dict:

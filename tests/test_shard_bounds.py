@@ -70,6 +70,9 @@ def test_no_fit_names_the_total_when_the_total_binds(tmp_path, capsys):
 
 def test_every_json_output_is_strict(capsys):
     # the CLI writes null for any non-finite number, never Infinity or NaN
-    from kit.cli import _strict
-    assert _strict({"a": [float("inf"), 1.0, {"b": float("nan")}], "c": "x"}) == \
-        {"a": [None, 1.0, {"b": None}], "c": "x"}
+    import numpy as np
+
+    from kit.cli import json_text
+    assert json.loads(json_text({"a": [float("inf"), 1.0, {"b": float("nan")}], "c": "x",
+                                 "d": np.float32("nan"), "e": np.array([np.inf, 2.0])})) == \
+        {"a": [None, 1.0, {"b": None}], "c": "x", "d": None, "e": [None, 2.0]}

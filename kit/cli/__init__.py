@@ -66,30 +66,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _json_default(o):
-    import numpy as np
-
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def _strict(o):
-    """o with every non-finite float (an infeasible plan's inf, a missing NaN) as null: JSON
-    (RFC 8259) has no Infinity or NaN, and a strict reader (JavaScript's JSON.parse) rejects them."""
+def _plain(o):
+    """o as plain JSON values in one pass: numpy scalars and arrays as Python ones, objects with
+    to_dict as their dict, and every non-finite float (an infeasible plan's inf, a missing NaN)
+    as null: JSON (RFC 8259) has no Infinity or NaN, and a strict reader (JavaScript's
+    JSON.parse) rejects them."""
     import math
+
+    import numpy as np
 
     if isinstance(o, float):
         return o if math.isfinite(o) else None
     if isinstance(o, dict):
-        return {k: _strict(v) for k, v in o.items()}
+        return {k: _plain(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
-        return [_strict(v) for v in o]
+        return [_plain(v) for v in o]
+    if isinstance(o, np.generic):
+        return _plain(o.item())
+    if isinstance(o, np.ndarray):
+        return _plain(o.tolist())
+    if hasattr(o, "to_dict"):
+        return _plain(o.to_dict())
     return o
+
+
+def json_text(result) -> str:
+    """What every command prints under --json: strict JSON (TypeError on a value it cannot hold)."""
+    return json.dumps(_plain(result), indent=2, allow_nan=False)
 
 
 def _note(message, category, filename, lineno, file=None, line=None):
@@ -120,8 +123,7 @@ def _main(argv: list[str] | None) -> int:
         if result is None:
             return 0
         if getattr(args, "json", False) or args.text is None:
-            plain = json.loads(json.dumps(result, default=_json_default))  # numpy -> Python
-            print(json.dumps(_strict(plain), indent=2, allow_nan=False))
+            print(json_text(result))
         else:
             print(args.text(result))
         return 0

@@ -153,12 +153,10 @@ def run(args):
     r = validate(args.labels, args.predictor,
                  models=[m.strip() for m in args.models.split(",")] if args.models else None)
     if not r["configs"]:  # nothing validated: list what was skipped and why, then fail
-        import json
-
-        from kit.cli import _json_default
+        from kit.cli import json_text
         from kit.errors import KitError
 
-        print(json.dumps(r, indent=2, default=_json_default) if args.json else text(r), flush=True)
+        print(json_text(r) if args.json else text(r), flush=True)
         if r["skipped"]:
             raise KitError(f"no label under {args.labels} could be validated: all "
                            f"{len(r['skipped'])} were skipped (listed above)")
