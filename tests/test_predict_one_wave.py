@@ -102,7 +102,9 @@ def test_under_a_wave_more_rows_never_predict_faster(tile, gpu, cls):
     rows = [4 * 2 ** k for k in range(20) if 4 * 2 ** k <= full_rows] + [full_rows]
     for cols in (768, 1024):
         lat = tile.predict([cls(r, cols) for r in rows], gpu).latency_ms.to_numpy(float)
-        assert (np.diff(lat) >= -1e-9 * lat[1:]).all(), (gpu, cols, lat)
+        # the networks run in float32, and a batch of another size can round differently
+        # (seen: a 5e-7 relative dip), so the check allows float32's rounding, no more
+        assert (np.diff(lat) >= -1e-6 * lat[1:]).all(), (gpu, cols, lat)
 
 
 def test_the_ladder_rungs():
