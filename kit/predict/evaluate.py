@@ -28,8 +28,8 @@ def load_test(path: str | Path) -> pd.DataFrame:
     """Test rows from a measurement CSV (NeuSight's format or the kit's) or a folder of them.
 
     Exact repeats (same op, shape, GPU and latency, as NeuSight's test/vec.csv repeats
-    elem/ln/softmax) are kept once. Rows of op classes no predictor models (conv) are dropped;
-    so are rows without a GPU (a CPU measurement), with a note (scorable_rows)."""
+    elem/ln/softmax) are kept once, rows of op classes no predictor models (conv) and rows
+    without a GPU (a CPU measurement) are left out, each with a note (scorable_rows)."""
     from kit.data import load_measurements
 
     path = Path(path)
@@ -52,8 +52,8 @@ def scorable_rows(frame: pd.DataFrame, where: str) -> pd.DataFrame:
     load_measurements returns) that the predictors can score, as load_test and evaluate() on a
     caller's frame both take them: rows without a GPU (a CPU measurement, or neither gpu nor
     device_name) are left out with a note, none on a GPU is a KitError; a GPU the catalog (or
-    a --gpu-file) lacks is a KitError; exact repeats are kept once; rows of an op class no
-    predictor models (conv) are dropped."""
+    a --gpu-file) lacks is a KitError; exact repeats are kept once and rows of an op class no
+    predictor models (conv) are left out, each with a note."""
     from kit.hardware import get_gpu
 
     no_gpu = frame["gpu"].isna()
@@ -72,8 +72,19 @@ def scorable_rows(frame: pd.DataFrame, where: str) -> pd.DataFrame:
             get_gpu(gpu)
         except KitError as e:
             raise KitError(f"{where}: test rows on gpu {gpu!r}: {e}") from None
-    frame = frame.drop_duplicates([*VISIBLE, "latency_ms"])
-    frame = frame[frame.op_class.isin(CLASSES)].reset_index(drop=True)
+    repeats = frame.duplicated([*VISIBLE, "latency_ms"])
+    if repeats.any():  # said, not silent: a score over n rows counts each measurement once
+        n = int(repeats.sum())
+        warnings.warn(f"{where}: {n} test row{'' if n == 1 else 's'} repeat{'s' if n == 1 else ''} "
+                      "another exactly (op, shape, dtype, GPU and latency; NeuSight's vec.csv "
+                      "repeats its elem, ln and softmax files): counted once")
+        frame = frame[~repeats]
+    modelled = frame.op_class.isin(CLASSES)
+    if modelled.any() and not modelled.all():
+        what = ", ".join(f"{int(c)} {k}" for k, c in frame.op_class[~modelled].value_counts().items())
+        warnings.warn(f"{where}: {what} row(s) left out: the predictors scored here price "
+                      f"{', '.join(CLASSES)} (benchmarks/conv_model.py scores conv2d rows)")
+    frame = frame[modelled].reset_index(drop=True)
     if frame.empty:
         raise KitError(f"{where}: no test rows of a modelled op class ({', '.join(CLASSES)})")
     return frame
@@ -260,10 +271,11 @@ def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
                              else ",".join(predictors))
     if weights_dir is not None and not set(LEARNED) & set(names):  # else silently unused
         raise KitError(f"weights are for the learned predictors ({', '.join(LEARNED)}); "
-                       f"{', '.join(names)} read none")
+                       f"{', '.join(names)} {'reads' if len(names) == 1 else 'read'} none")
     if data_dir is not None and "habitat" not in names:
         raise KitError(f"the NeuSight data (--data) is habitat's measured reference; "
-                       f"{', '.join(names)} do not read it: add habitat or drop --data")
+                       f"{', '.join(names)} {'does' if len(names) == 1 else 'do'} not read it: add habitat "
+                       "or drop --data")
     measurements = None
     if "habitat" in names and data_dir is not None:
         from kit.predict.training import training_frame
