@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kit.errors import KitError
+from kit.errors import KitError, whole_number
 from kit.hardware import get_gpu, list_gpus
 from kit.predict import get_predictor, roofline
 from kit.tiling import tiling
@@ -66,15 +66,6 @@ def _path_arg(value, what: str):
             or not str(value).strip():
         raise KitError(f"{what} must be a path (a non-empty string or Path), got {value!r}")
     return value
-
-
-def _whole(value, what: str, low: int):
-    """value as a Python int, once it is a whole number >= low (numpy integers too)."""
-    import numbers
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise KitError(f"{what} must be a whole number of at least {low}, got {value!r}")
-    return int(value)
 
 
 def op_tiling(op, gpu, predictor: str = "auto"):
@@ -267,8 +258,8 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     else:
         raise KitError(f"train_gpus must be GPU names (\"P4,T4\" or a list of them), got {train_gpus!r}")
     _path_arg(out, "out (the weights folder)")
-    seed = _whole(seed, "seed", 0)
-    threads = default_threads() if threads is None else _whole(threads, "threads", 1)
+    seed = whole_number(seed, "seed", 0)
+    threads = default_threads() if threads is None else whole_number(threads, "threads", 1)
     cores = os.cpu_count() or 1
     if threads > cores:  # torch would oversubscribe the cores: far slower, never faster
         raise KitError(f"threads {threads} is more than this machine's {cores} cores")

@@ -18,3 +18,13 @@ def one_line(e: BaseException, with_type: bool = True) -> str:
     if not msg:
         return type(e).__name__
     return f"{type(e).__name__}: {msg}" if with_type else msg
+
+
+def whole_number(value, what: str, low: int = 1) -> int:
+    """value as a Python int, once it is a whole number >= low (numpy integers too; a bool is
+    not a number here); else a KitError naming `what`."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise KitError(f"{what} must be a whole number of at least {low}, got {value!r}")
+    return int(value)

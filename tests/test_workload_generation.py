@@ -78,7 +78,7 @@ def test_bad_generation_requests_are_one_clear_error():
         generation("gpt2", GPU, prompt=1000, new_tokens=100)
     # P + N - 1 positions: 1000 + 25 fits gpt2's 1024 (it was refused one token early)
     assert generation("gpt2", GPU, prompt=1000, new_tokens=25)["new_tokens"] == 25
-    with pytest.raises(KitError, match="new_tokens must be a positive"):
+    with pytest.raises(KitError, match="generation: new_tokens must be a whole number of at least 1, got 0"):
         generation("gpt2", GPU, new_tokens=0)
     with pytest.raises(KitError, match="zoo decoder or an HF-style config"):
         generation("mypkg:make", GPU)

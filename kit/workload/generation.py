@@ -22,11 +22,9 @@ GPU work (their kernels, without the time the GPU waits on the CPU) is summed th
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
-from kit.errors import KitError
+from kit.errors import KitError, whole_number
 
 DECODE_SAMPLES = 5
 
@@ -58,10 +56,8 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of, memory_bytes, read_config
 
-    for name, value in (("batch", batch), ("prompt", prompt), ("new_tokens", new_tokens)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
-            raise KitError(f"generation: {name} must be a positive whole number, got {value!r}")
-    batch, prompt, new_tokens = int(batch), int(prompt), int(new_tokens)  # numpy integers too
+    batch, prompt, new_tokens = (whole_number(v, f"generation: {name}") for name, v in (
+        ("batch", batch), ("prompt", prompt), ("new_tokens", new_tokens)))  # numpy integers too
     if isinstance(model, str) and model.lower().endswith(".json"):
         model = read_config(model)
     if not isinstance(model, (str, dict)) or (isinstance(model, str) and ":" in model):
