@@ -157,7 +157,10 @@ def test_a_slow_path_encoder_is_recorded_as_torch_runs_it_with_the_reason():
     # the slow path folds the transposed input into one GEMM, as torch does with weights that
     # require grad
     assert all(n.op.b == 1 for n in g.kernels() if n.name() in ("mm", "addmm"))
-    assert "_scaled_dot_product_efficient_attention" not in _kernels(g)
+    # and its attention is F.multi_head_attention_forward's call of SDPA (need_weights=False):
+    # the fused kernel on a GPU (fp32: memory-efficient), not the CPU's bmm-softmax-bmm
+    assert "_scaled_dot_product_efficient_attention" in _kernels(g)
+    assert "bmm" not in _kernels(g)
 
 
 def test_training_capture_is_untouched_and_a_users_hook_blocks_the_fast_path():

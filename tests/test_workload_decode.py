@@ -74,7 +74,8 @@ def test_kv_cache_bytes_and_memory():
     assert g.meta["kv_cache_bytes"] == want
     mem = memory_bytes(g)
     assert mem["kv_cache_bytes"] == want and mem["grads_bytes"] == mem["optimizer_bytes"] == 0
-    assert mem["total_bytes"] == mem["weights_bytes"] + mem["activations_bytes"] + want
+    assert mem["buffers_bytes"] == g.meta["buffer_bytes"] > 0  # RoPE's inverse frequencies
+    assert mem["total_bytes"] == mem["weights_bytes"] + mem["activations_bytes"] + want + mem["buffers_bytes"]
     # the zoo's 70B model at a long context and a large batch: the cache alone exceeds 80 GB
     big = zoo.graph_for("llama3-70b", batch=64, seq=8192, mode="decode", dtype="bf16", disk=False)
     assert big.meta["kv_cache_bytes"] == 2 * 80 * 64 * 8 * 8193 * 128 * 2

@@ -24,6 +24,7 @@ attention kernel rather than the math fallback that meta tensors would take.
 from __future__ import annotations
 
 import re
+import sys
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 
@@ -111,7 +112,8 @@ def _capture_failure(name: str, e: Exception, rec) -> KitError:
     that needs the tensor's values what to do about it."""
     msg = one_line(e, with_type=not isinstance(
         e, (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)))
-    op, at = None, _where(rec.phase, rec.stack[-1] if rec.phase == "fwd" else "")
+    running = rec.raised_in[1] if rec.raised_in is not None and rec.raised_in[0] is e else rec.stack[-1]
+    op, at = None, _where(rec.phase, running if rec.phase == "fwd" else "")
     if rec.failed is not None and _caused(rec.failed[3], e):
         op, at = rec.failed[0], _where(rec.failed[1], rec.failed[2])
     packet = op.split(".")[1] if op and op.startswith("aten.") else ""
@@ -198,6 +200,7 @@ class _Recorder(TorchDispatchMode):
         self.seq_path: dict[int, str] = {}
         self.param_path: dict[int, str] = {}
         self.failed: tuple | None = None  # (aten op, phase, module path, exception): the last failure
+        self.raised_in: tuple | None = None  # (exception, module path): where a forward raised
         self.tensor_ids: dict = {}  # storage -> the id of the tensor it holds now (Region.tensor)
         self.regions: dict = {}  # one Region object per distinct region (shared by its readers)
 
@@ -207,6 +210,10 @@ class _Recorder(TorchDispatchMode):
             self.seq_path.setdefault(torch.autograd._get_sequence_nr() - 1, path)
             return path
         if self.phase == "bwd":
+            if len(self.stack) > 1:  # a module's forward run again in the backward: activation
+                path = self.stack[-1]  # checkpointing's recompute, named by its module hooks
+                self.seq_path.setdefault(torch.autograd._get_sequence_nr() - 1, path)
+                return path
             node = torch._C._current_autograd_node()
             if node is None:
                 return ""
@@ -350,7 +357,25 @@ class _GpuKernels(TorchFunctionMode):
             out = rnn_capture.fused(self.rec, func, args, kwargs)
             if out is not NotImplemented:
                 return out
+        if getattr(func, "__module__", None) == F.__name__:  # this mode is off while func runs:
+            with _functional_fused():  # F.multi_head_attention_forward's own SDPA and dropout
+                return func(*args, **kwargs)  # calls must still reach the fused kernels
         return func(*args, **kwargs)
+
+
+@contextmanager
+def _functional_fused():
+    """Point torch.nn.functional's own names scaled_dot_product_attention and dropout at the
+    fused kernels a GPU runs, for the duration of one composite functional call. Such a call
+    (nn.MultiheadAttention's F.multi_head_attention_forward, under nn.Transformer* too) runs
+    with _GpuKernels off, so its inner calls by module-global name were the CPU's: math
+    attention, upcast to fp32 in 16-bit dtypes, and an unfused dropout."""
+    saved = F.scaled_dot_product_attention, F.dropout
+    F.scaled_dot_product_attention, F.dropout = _fused_sdpa, _fused_dropout
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, F.dropout = saved
 
 
 def _fused_dropout(input, p=0.5, training=True, inplace=False):
@@ -490,10 +515,15 @@ def _output_tensors(output) -> list:
     return out
 
 
+def _grad_outputs(output) -> list:
+    """The floating tensors of a model's output that require grad, in order."""
+    return [t for t in _output_tensors(output) if t.is_floating_point() and t.requires_grad]
+
+
 def _backward_root(output):
-    for t in _output_tensors(output):
-        if t.is_floating_point() and t.requires_grad:
-            return t
+    roots = _grad_outputs(output)
+    if roots:
+        return roots[0]
     raise KitError("training capture: the model's output has no floating tensor that requires "
                    f"grad (it returned a {type(output).__name__}; does the model have trainable "
                    "parameters on the output's path?)")
@@ -508,8 +538,9 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     only their shapes and dtypes are used). dtype: cast parameters and floating inputs to
     "fp32" | "fp16" | "bf16" (None: keep the model's). optimizer: None, "adamw", "adamw-fused",
     "adam", "sgd" or callable(params) (training only). loss: None (the backward starts from
-    the model's output) or callable(output tensor) -> the tensor to backpropagate from, recorded
-    as part of the forward pass in module "loss" (training only; kit.workload.zoo.lm_loss).
+    every floating output that requires grad, as from a loss summing them) or callable(first
+    such output) -> the tensor to backpropagate from, recorded as part of the forward pass in
+    module "loss" (training only; kit.workload.zoo.lm_loss).
     """
     if not isinstance(model, torch.nn.Module):
         raise KitError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
@@ -541,6 +572,9 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         rec.stack.append(names.get(id(mod), rec.stack[-1]))
 
     def post(mod, _args, _out):
+        raised = sys.exc_info()[1]  # in flight when the module's forward raised (always_call)
+        if raised is not None and (rec.raised_in is None or rec.raised_in[0] is not raised):
+            rec.raised_in = (raised, rec.stack[-1])  # the innermost module it came from
         if len(rec.stack) > 1:
             rec.stack.pop()
 
@@ -561,24 +595,30 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
             stack.enter_context(fast_path.swapped(model, rec, names, fast_taken, fast_declined))
         for m in model.modules():
             handles.append(m.register_forward_pre_hook(pre))
-            handles.append(m.register_forward_hook(post))
+            # always_call: a forward that raises still pops (checkpointing stops its recompute
+            # early by raising inside the module)
+            handles.append(m.register_forward_hook(post, always_call=True))
         model.train(train)
         grad_ctx = torch.enable_grad() if train else torch.no_grad()
+        # the meta parameters stay in place through the backward: activation checkpointing
+        # recomputes the forward there, which must see them (and the GPU's fused kernels)
+        stack.enter_context(_swapped(model, params, buffers))
+        stack.enter_context(hf_compat.answered())
         with grad_ctx, _GpuKernels(rec), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with _swapped(model, params, buffers), hf_compat.answered():
-                out = model(*args, **kwargs)
+            out = model(*args, **kwargs)
             if train and loss is not None:
                 rec.stack.append("loss")
                 out = loss(_backward_root(out))
                 rec.stack.pop()
         if train:
-            root = _backward_root(out)
+            _backward_root(out)  # one that requires grad, or the error naming what came back
+            # from every output that requires grad, as a loss summing them would (BERT's
+            # pretraining heads, a MoE's auxiliary loss): each node's backward still runs once
+            roots = _grad_outputs(out)
             rec.phase = "bwd"
-            with rec:
-                if root.numel() == 1:
-                    root.backward()
-                else:
-                    root.backward(torch.empty_like(root))
+            with _GpuKernels(rec), rec:
+                torch.autograd.backward(roots, [None if r.numel() == 1 else torch.empty_like(r)
+                                                for r in roots])
             _optimizer_steps(rec, optimizer, [p for p in params.values() if p.requires_grad])
         elif optimizer not in (None, "none"):
             raise KitError("an optimizer step needs mode='train'")

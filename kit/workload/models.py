@@ -140,7 +140,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
     guessed = inputs is None and not decode and not hasattr(obj, "example_inputs")
     given = inputs is not None  # the caller's own inputs, not the module's decode_inputs
     if inputs is None:
-        seq = seq or 512
+        seq = 512 if seq is None else seq  # 0 is refused below, never replaced
         zoo._check_positive(seq=seq)
         zoo.check_tokens(batch, seq)
         inputs = _decode_inputs_for(obj, name, batch, seq) if decode else _inputs_for(obj, batch, seq)
@@ -216,7 +216,8 @@ def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static", los
 
 
 def memory_bytes(graph) -> dict:
-    """Rough device-memory need: weights, gradients, optimizer state, activations (bytes).
+    """Rough device-memory need: weights, gradients, optimizer state, activations, a decode
+    step's KV cache and the module's buffers (bytes).
 
     The step is the one captured: a model in --dtype throughout (a bf16 step holds bf16 weights,
     gradients and optimizer state, as torch's optimizers make their state like the parameters,
@@ -232,9 +233,10 @@ def memory_bytes(graph) -> dict:
     optim = states * weights
     acts = int(m.get("activation_bytes", 0))
     cache = int(m.get("kv_cache_bytes", 0))  # a decode step's KV cache (kit.workload.kv_cache)
+    buffers = int(m.get("buffer_bytes", 0))  # the module's buffers (masks, RoPE tables, ...)
     return {"weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optim,
-            "activations_bytes": acts, "kv_cache_bytes": cache,
-            "total_bytes": weights + grads + optim + acts + cache}
+            "activations_bytes": acts, "kv_cache_bytes": cache, "buffers_bytes": buffers,
+            "total_bytes": weights + grads + optim + acts + cache + buffers}
 
 
 def memory_fit(graph, gpu) -> dict:
