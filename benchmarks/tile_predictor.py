@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from kit.predict.evaluate import build_predictors, coverage, load_test, predict_rows, summarise
+from kit.predict.evaluate import build_predictors, coverage, load_neusight_test, load_test, predict_rows, summarise
 from kit.predict.training import DEFAULT_TRAIN_GPUS, train_bundle, training_frame
 
 HELD_OUT = ("a100-pcie-80gb", "l4")
@@ -117,7 +117,7 @@ def main(argv=None):
 
     root = resolve_data_dir(args.data)
     frame = training_frame(root, DEFAULT_TRAIN_GPUS, test_rows=not args.no_test_rows)
-    test = load_test(root / "data" / "dataset" / "test")
+    test = load_neusight_test(root)
     result = {"train_gpus": list(DEFAULT_TRAIN_GPUS), "held_out_gpus": list(HELD_OUT),
               "test_rows": {g: int((test.gpu == g).sum()) for g in HELD_OUT},
               "logo_test_rows": not args.no_test_rows}

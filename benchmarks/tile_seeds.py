@@ -72,7 +72,7 @@ def main(argv=None):
     if not seeds:
         raise SystemExit("--seeds: give at least one seed")
     from kit.data import load_measurements, resolve_data_dir
-    from kit.predict.evaluate import load_test, predict_rows, summarise
+    from kit.predict.evaluate import load_neusight_test, predict_rows, summarise
     from kit.predict.training import DEFAULT_TRAIN_GPUS, SETTINGS, train_bundle, training_frame
 
     root = resolve_data_dir(args.data)
@@ -80,7 +80,7 @@ def main(argv=None):
     tests = {name: load_measurements(root / "data" / "dataset" / "test" / f"{name}.csv")
              for name in GEMM_TEST_FILES[args.gemm_test_rows]}
     frame = with_gemm_test_rows(frame, tests, args.gemm_test_rows, DEFAULT_TRAIN_GPUS)
-    test = load_test(root / "data" / "dataset" / "test")
+    test = load_neusight_test(root)
     held = test[test.gpu.isin(HELD_OUT) & (test.op_class == "gemm")].reset_index(drop=True)
     settings = {**SETTINGS, **({"members": args.members} if args.members else {})}
     runs, seconds = [], {}

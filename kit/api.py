@@ -19,9 +19,13 @@ def gpus_table():
 
 def _tiling_of_row(op, gpu, row):
     """The tiling behind a prediction: for a GEMM, the tile the predictor chose (a learned
-    predictor reports the library's tile, named column-major as cuBLAS does), else kit.tiling's."""
+    predictor reports the library's tile, named column-major as cuBLAS does), else kit.tiling's;
+    None for a GEMV the predictor streams (tile "gemv", kit.predict.gemv), which has no tiles."""
     from kit.ops import Gemm
     from kit.tiling import SIMT_TILES, TENSOR_TILES, TileShape, gemm_tiling_for
+
+    if str(getattr(row, "tile", "")) == "gemv":
+        return None
 
     split = int(getattr(row, "split_k", 1) or 1)
     if isinstance(op, Gemm) and split > 1:  # kit.predict.split_k: the tiles of the split GEMM
@@ -69,7 +73,8 @@ def _path_arg(value, what: str):
 
 
 def op_tiling(op, gpu, predictor: str = "auto"):
-    """The Tiling (tiles, occupancy, waves) of the tile the predictor says the op runs with."""
+    """The Tiling (tiles, occupancy, waves) of the tile the predictor says the op runs with;
+    None where it has none (a GEMV the predictor streams, kit.predict.gemv)."""
     _need_op(op, "op_tiling")
     gpu = get_gpu(gpu)
     return _tiling_of_row(op, gpu, get_predictor(predictor).predict([op], gpu).iloc[0])

@@ -161,9 +161,8 @@ assert abs(tile.class_sigma("gemm", "l4") - tile.transfer_sigma["gemm"]) < 1e-12
 """),
     code("""
 if HAVE_DATA:
-    from kit.data import resolve_data_dir
-    from kit.predict.evaluate import load_test, predict_rows
-    test = load_test(resolve_data_dir() / "data" / "dataset" / "test")
+    from kit.predict.evaluate import load_neusight_test, predict_rows
+    test = load_neusight_test()
     held = test[test.gpu.isin(["a100-pcie-80gb", "l4"])].reset_index(drop=True)
     rows = predict_rows(held, {"tile": tile, "roofline": get_predictor("roofline")})
     errors = (rows.groupby(["predictor", "gpu", "op_class"]).ape.mean().round(1)

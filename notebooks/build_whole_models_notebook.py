@@ -265,10 +265,13 @@ print(f"TTFT {gen['ttft_ms']:.0f} ms, then {gen['tpot_ms']:.1f} ms a token: "
       f"{gen['total_ms'] / 1e3:.2f} s for 256 tokens x 8 sequences ({gen['tokens_per_s']:.0f} tokens/s)")
 """),
     md(r"""
-The GEMM times of a decode step come from the tile predictor at $m \le 16$, where NeuSight's
-FP32 data has about 35 rows per GPU (cuBLAS SGEMM reached 25-45% of DRAM bandwidth there). No
-half-precision GEMV has been measured for the kit yet, so treat these GEMM times as the least
-certain part of the step.
+On a Hopper GPU in bf16 the weight GEMMs of a decode step ($m \le 16$: matrix-vector products in
+all but name) take the measured tensor-core curve (`kit.predict.tensor_core`, fitted on the
+project's own H200 sweeps, decode shapes among them), with its 2.9 us floor; the step's GPU work
+came within 8-14% of the kernel time measured on the H200 (README, "Decode steps"). Off Hopper,
+or in a dtype without a curve, they come from the tile predictor, or from the streaming GEMV
+model for FP32 and TF32 (`kit.predict.gemv`), and there no 16-bit decode GEMM has been measured:
+treat those GEMM times as the least certain part of the step.
 """),
     md(r"""
 ## 5e. Families that change the decode step: sliding windows and experts
@@ -312,8 +315,7 @@ its attention scores, so HF runs attention by hand and first repeats each key/va
 query heads it serves: a copy of the whole cache, every layer, every step. Qwen3-30B-A3B's 8
 sequences pick 8 experts each, 64 (token, expert) pairs a layer, and `batched_mm` gathers a copy
 of the chosen expert's weights for each pair, then reads the copies again in a batch of
-matrix-vector products: the gathers are the step's largest kernels, and the GEMVs the least
-certain (above). Serving engines fuse both away (flash attention with soft-capping, fused MoE
+matrix-vector products: the gathers are the step's largest kernels. Serving engines fuse both away (flash attention with soft-capping, fused MoE
 kernels that read each expert once).
 """),
     md(r"""
@@ -363,10 +365,10 @@ labels can be predicted from kernel measurements.
     code("""
 from kit.errors import KitError
 try:
-    from kit.data import label_gemm_nodes, label_kernel_pairs, load_label_nodes, resolve_data_dir
-    from kit.predict.evaluate import load_test
+    from kit.data import label_gemm_nodes, label_kernel_pairs, load_label_nodes
+    from kit.predict.evaluate import load_neusight_test
     nodes = label_gemm_nodes(load_label_nodes())
-    kernels = load_test(resolve_data_dir() / "data" / "dataset" / "test")
+    kernels = load_neusight_test()
     HAVE_DATA = True
 except KitError as e:
     HAVE_DATA = False
@@ -383,8 +385,8 @@ if HAVE_DATA:
 ## What a real GPU showed: an H200
 
 The project measured its own runs on an NVIDIA H200, a GPU no reference dataset has
-(`measurements/h200-2026-12-04`, with their provenance; `benchmarks/h200_measured.py` scores the
-kit on all 48 whole-model rows). Here are GPT-2's, at batch 8 and 1,024 tokens: a training step
+(`measurements/h200-2026-12-04` and `-b`, with their provenance; `benchmarks/h200_measured.py`
+scores the kit on all 60 whole-model rows). Here are GPT-2's, at batch 8 and 1,024 tokens: a training step
 (forward, the LM loss, backward) and an inference pass, in fp32 and in bf16.
 
 Two things the FP32 reference data never showed decided the bf16 rows.

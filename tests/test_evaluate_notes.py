@@ -42,3 +42,22 @@ def test_rows_of_an_unmodelled_class_are_left_out_with_a_note(tmp_path, capsys):
     # a folder of GEMM rows alone has nothing left out and says nothing of it
     assert main(["evaluate", "--test", str(folder / "gemm.csv"), "--predictors", "roofline"]) == 0
     assert "left out" not in capsys.readouterr().err
+
+
+def test_neusight_folders_known_repeats_are_not_noted_again(tmp_path):
+    """NeuSight's test/vec.csv repeats its elem, ln and softmax files row for row: the notebooks
+    and panels read that folder through load_neusight_test, without a note for those repeats."""
+    import warnings
+
+    from kit.predict.evaluate import load_neusight_test, load_test
+
+    folder = tmp_path / "data" / "dataset" / "test"
+    folder.mkdir(parents=True)
+    _write(folder / "bmm.csv", NS_HEAD, [BMM, LINEAR])
+    _write(folder / "vec.csv", NS_HEAD, [BMM])  # a file of repeats, as vec.csv is
+    with pytest.warns(UserWarning, match="1 test row repeats another exactly"):
+        noted = load_test(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = load_neusight_test(tmp_path)
+    assert len(quiet) == len(noted) == 2

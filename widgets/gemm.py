@@ -11,6 +11,8 @@ from kit.ops import Gemm
 from widgets.base import Panel, check_init, message_chart
 
 MAX_DIM = 1 << 20  # the largest m, n or k the panel's boxes take
+GEMV_NOTE = ("a matrix-vector product (m or n of 1): cuBLAS's gemv kernel streams the matrix "
+             "once, no GEMM tiles or waves (kit.predict.gemv)")
 
 
 class GemmPanel(Panel):
@@ -59,7 +61,8 @@ class GemmPanel(Panel):
         op = self.op()
         t = op_tiling(op, self.gpu.value)  # the tile the predictor chose
         gpus = [self.gpu.value] + [g for g in self.compare if g != self.gpu.value]
-        return alt.hconcat(viz.waves_chart(t),
+        left = viz.waves_chart(t) if t is not None else message_chart(GEMV_NOTE)
+        return alt.hconcat(left,
                            viz.roofline_chart(gpus, self.dtype.value, ops=[(op, "this GEMM")])
                            ).resolve_scale(color="independent")  # shared, "gpu" had no colour
 
@@ -70,10 +73,18 @@ class GemmPanel(Panel):
         r = self.result()
         if r is None:
             return self._problem()
+        tail = (f"{r['bound']}-bound · roofline {r['roofline_ms']:.4g} ms · predicted "
+                f"{r['latency_ms']:.4g} ms ({r['predictor']}")
+        if r.get("source") == "kit.predict.tensor_core":
+            tail += "; Hopper's measured tensor-core curve: the tiles are for the picture"
+        tail += ")"
+        if r["tile"] == "gemv":  # no tiles: the summary says so, as kit op does
+            return f"{GEMV_NOTE} · {tail}"
+        split = (f", reduction split {r['split_k']} ways (split-K: then a kernel sums the partial "
+                 "outputs)" if r.get("split_k", 1) > 1 else "")
         tile = "x".join(map(str, r["tile_dims"][:2]))  # m x n of C, as the chart shows it
         fill = 100 * r["last_wave_fill"]
         fill = "<1%" if fill < 0.5 else f"{fill:.0f}%"  # one tile of 2,000 slots is not "0% full"
         waves = f"{r['waves']} wave{'s' if r['waves'] != 1 else ''}"
-        return (f"{r['tiles']} tile{'s' if r['tiles'] != 1 else ''} of {tile}, {r['blocks_per_sm']} "
-                f"blocks/SM, {waves} (last {fill} full) · {r['bound']}-bound · roofline "
-                f"{r['roofline_ms']:.4g} ms · predicted {r['latency_ms']:.4g} ms ({r['predictor']})")
+        return (f"{r['tiles']} tile{'s' if r['tiles'] != 1 else ''} of {tile}{split}, "
+                f"{r['blocks_per_sm']} blocks/SM, {waves} (last {fill} full) · {tail}")

@@ -26,10 +26,9 @@ def measured_rows(gpus=HELD_OUT, predictor=None) -> pd.DataFrame | None:
     from kit.errors import KitError
 
     try:
-        from kit.data import resolve_data_dir
-        from kit.predict.evaluate import load_test, predict_rows
+        from kit.predict.evaluate import load_neusight_test, predict_rows
 
-        test = load_test(resolve_data_dir() / "data" / "dataset" / "test")
+        test = load_neusight_test()
     except KitError:
         return None
     if predictor is None:
