@@ -19,7 +19,9 @@ Rows (kernel_ms, the summed time of the call's kernels; FP32 and TF32, m or n of
 * fitted on the random sweeps: measurements/h200-2026-12-04/session/random_linear_fp32,
   sweeps/random_linear_fp32_b and sweeps/random_bmm_fp32_c;
 * checked on the aligned sweeps of the second session, other shapes and seeds:
-  measurements/h200-2026-12-04-b/session/aligned_linear_fp32 and aligned_linear_tf32.
+  measurements/h200-2026-12-04-b/session/aligned_linear_fp32 and aligned_linear_tf32;
+* and, with the same constants, on the 16-bit rows the rule also takes (check_16bit: the random
+  bf16 and fp16 sweeps' GEMVs that Hopper's measured curve does not cover, mostly unaligned).
 The output (JSON): the fitted constants and, per set and size bucket, n, MAPE, median APE and
 the band's coverage, with the tile-MLP's MAPE on the same rows. tests/test_gemv.py refits and
 checks the constants in kit.predict.gemv are what this script gives.
@@ -47,15 +49,27 @@ FIT = ["h200-2026-12-04/session/random_linear_fp32.csv.gz",
        "h200-2026-12-04/sweeps/random_bmm_fp32_c.csv.gz"]
 CHECK = ["h200-2026-12-04-b/session/aligned_linear_fp32.csv.gz",
          "h200-2026-12-04-b/session/aligned_linear_tf32.csv.gz"]
+# 16-bit GEMVs the rule takes (off the measured curve: kit.predict.gemv.applies), scored with the
+# FP32 constants: the random bf16/fp16 sweeps, mostly unaligned
+CHECK_16BIT = ["h200-2026-12-04/session/random_linear_bf16.csv.gz",
+               "h200-2026-12-04/session/random_bmm_bf16.csv.gz",
+               "h200-2026-12-04/sweeps/random_linear_bf16_b.csv.gz",
+               "h200-2026-12-04/sweeps/random_linear_bf16_c.csv.gz",
+               "h200-2026-12-04/sweeps/random_bmm_bf16_b.csv.gz",
+               "h200-2026-12-04/sweeps/random_bmm_bf16_c.csv.gz",
+               "h200-2026-12-04/sweeps/random_linear_fp16_c.csv.gz"]
 BUCKETS_BYTES = ((0, 1e6, "<1MB"), (1e6, 1e7, "1-10MB"), (1e7, 1e8, "10-100MB"), (1e8, math.inf, ">=100MB"))
 C0_GRID_US = np.round(np.arange(1.0, 5.0001, 0.1), 1)
 EFF_GRID = np.round(np.arange(0.10, 1.0001, 0.01), 2)
 
 
-def gemv_rows(root: Path, files: list[str]) -> pd.DataFrame:
-    """The FP32/TF32 rows of files with m or n of 1 and a kernel time, with their bytes."""
+def gemv_rows(root: Path, files: list[str], dtypes=("fp32", "tf32")) -> pd.DataFrame:
+    """The rows of files in dtypes with m or n of 1 and a kernel time, with their bytes; 16-bit
+    rows only where the rule takes them (kit.predict.gemv.applies: off the measured curve)."""
+    from kit.hardware import get_gpu
     from kit.predict.evaluate import load_test, with_target
     from kit.predict.features import op_from_row
+    from kit.predict.gemv import applies
 
     parts = []
     for f in files:
@@ -64,10 +78,13 @@ def gemv_rows(root: Path, files: list[str]) -> pd.DataFrame:
             raise KitError(f"measurement file not found: {path} (give --root, the measurements folder)")
         parts.append(load_test(path))
     rows = with_target(pd.concat(parts, ignore_index=True), "kernel")
-    rows = rows[((rows.m == 1) | (rows.n == 1)) & rows.dtype.isin(["fp32", "tf32"])].copy()
+    rows = rows[((rows.m == 1) | (rows.n == 1)) & rows.dtype.isin(list(dtypes))].copy()
     rows = rows.reset_index(drop=True)
+    ops = [op_from_row(r) for r in rows.to_dict("records")]
+    taken = applies(get_gpu(GPU), ops) if ops else np.zeros(0, dtype=bool)
+    rows, ops = rows[taken].reset_index(drop=True), [o for o, t in zip(ops, taken) if t]
     # the bytes the predictor streams (kit.ops.Gemm.bytes: a shared weight read once)
-    rows["bytes"] = [op_from_row(r).bytes for r in rows.to_dict("records")]
+    rows["bytes"] = [o.bytes for o in ops]
     return rows
 
 
@@ -130,13 +147,16 @@ def main(argv=None) -> int:
     bw = get_gpu(GPU).mem_bw_gbs
     try:
         fitting, checking = gemv_rows(root, FIT), gemv_rows(root, CHECK)
+        half = gemv_rows(root, CHECK_16BIT, ("bf16", "fp16"))
     except KitError as e:
         print(f"gemv_fit: error: {e}", file=sys.stderr)
         return 2
     params = fit(fitting, bw)
     out = {"gpu": GPU, "params": params,
            "fit_rows": score(fitting, params, bw), "check_rows": score(checking, params, bw),
-           "tile_mlp_mape": {"fit_rows": tile_mape(fitting), "check_rows": tile_mape(checking)}}
+           "check_16bit": score(half, params, bw),
+           "tile_mlp_mape": {"fit_rows": tile_mape(fitting), "check_rows": tile_mape(checking),
+                             "check_16bit": tile_mape(half)}}
     json.dump(out, sys.stdout, indent=1)
     print()
     return 0

@@ -88,7 +88,7 @@ class CollectivesPanel(Panel):
     def summary_text(self) -> str:
         r = self.result()
         return (f"{r.kind} of {_human(r.nbytes)} on {r.system} ({r.ranks} ranks, {r.nodes_spanned} node(s)): "
-                f"<b>{r.time_ms * 1e3:.1f} us</b> via {r.algorithm}, busbw {r.busbw_gbs:.1f} GB/s "
+                f"<b>{r.time_ms * 1e3:.1f} us</b> via {r.algorithm}, busbw {r.busbw_gbs:.3g} GB/s "
                 f"(plateau {r.plateau_busbw_gbs:.0f}); {r.bound}-bound; crossover at {_human(r.crossover_bytes)}")
 
     def __repr__(self) -> str:

@@ -140,7 +140,9 @@ class TilePredictorPanel(Panel):
         rows = self.all_selected()
         if rows.empty:
             return "no rows for this choice"
-        inside = ((rows.measured_ms >= rows.p10_ms) & (rows.measured_ms <= rows.p90_ms)).mean()
+        from kit.predict.evaluate import coverage
+
+        inside = coverage(rows)
         shown = f" (chart shows {MAX_POINTS} of them)" if len(rows) > MAX_POINTS else ""
         return (f"{len(rows)} kernels{shown} · MAPE {rows.ape.mean():.1f}% · median APE "
                 f"{rows.ape.median():.1f}% · measured inside the p10–p90 band {100 * inside:.0f}%")

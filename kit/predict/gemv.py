@@ -1,4 +1,4 @@
-"""FP32/TF32 matrix-vector products: a GEMM with m or n of 1 on an NVIDIA GPU streams its matrix.
+"""Matrix-vector products: a GEMM with m or n of 1 on an NVIDIA GPU streams its matrix.
 
 cuBLAS runs such a GEMM on its gemv and dot kernels (gemv2T_kernel_val, internal::gemvx,
 dot_kernel on an H200), not on a GEMM tile: the tile-MLP, which prices it as a 32-128-row tile
@@ -10,8 +10,17 @@ that is nearly all padding (and never saw one: NeuSight's thinnest GEMMs have m 
 with c0 and eff fitted on the H200's random FP32 sweeps by benchmarks/gemv_fit.py and checked on
 its aligned FP32 and TF32 sweeps of other shapes (16% MAPE there; the tile-MLP 100-440%). A
 DRAM-bound kernel's share of the bandwidth is what carries over between GPUs; the constants are
-the H200's alone (measurements/h200-2026-12-04 and -b). 16-bit GEMVs keep their models (the
-Hopper curve, or the tile-MLP with the dense peak: within 5% of the H200's median there).
+the H200's alone (measurements/h200-2026-12-04 and -b).
+
+16-bit GEMVs stream too where no measured curve covers them (every GPU but Hopper, and Hopper's
+unaligned ones): the tile-MLP had them as a padded tile at the unaligned 16-bit share of the
+peak, so a bf16 GEMV on an A100 came out slower than the same fp32 one (62 against 37 us for
+1x512x4096). On the H200's 16-bit GEMV rows off the curve (its random bf16 and fp16 sweeps,
+mostly unaligned) this rule, with the FP32 constants, scores the MAPE that benchmarks/gemv_fit.py
+prints as check_16bit (31% over 387 rows, against 86% for the tile-MLP); it leans fast there (those
+small kernels reach less of the bandwidth than FP32's), so its band is the FP32 fit's. Aligned
+16-bit GEMVs on Hopper keep the measured curve (kit.predict.tensor_core), which fits them better
+(9-15% on the decode sweeps).
 """
 from __future__ import annotations
 
@@ -19,19 +28,24 @@ import numpy as np
 
 # benchmarks/gemv_fit.py on the H200's FP32 random sweeps (tests/test_gemv.py refits them)
 PARAMS = {"c0_us": 3.0, "eff": 0.51, "band_log": [-0.4728, 0.3862]}
-DTYPES = ("fp32", "tf32")
+DTYPES = ("fp32", "tf32", "bf16", "fp16")
+HALF = ("bf16", "fp16")  # these keep Hopper's measured curve where it applies (aligned)
 
 
 def applies(gpu, ops) -> np.ndarray:
-    """Per op: an FP32/TF32 GEMM with m or n of 1 on an NVIDIA GPU, not a grouped convolution's
-    implicit GEMM (kind "linear", one per group, b = groups, no shared weight: a depthwise
-    convolution has n = 1 forward and m = 1 in its weight gradient, and cuDNN runs it on its
-    own kernels over the activations, not cuBLAS's gemv over an im2col matrix)."""
+    """Per op: a GEMM with m or n of 1 on an NVIDIA GPU, in FP32, TF32 (the rule was checked on
+    the H200's aligned TF32 GEMVs: it keeps them) or a 16-bit dtype that no measured curve
+    covers (kit.predict.tensor_core: Hopper's aligned ones), and not a grouped
+    convolution's implicit GEMM (kind "linear", one per group, b = groups, no shared weight: a
+    depthwise convolution has n = 1 forward and m = 1 in its weight gradient, and cuDNN runs it
+    on its own kernels over the activations, not cuBLAS's gemv over an im2col matrix)."""
+    from kit.predict.tensor_core import curve_gemm
+
     if gpu.vendor != "nvidia":
         return np.zeros(len(ops), dtype=bool)
     return np.array([getattr(o, "dtype", None) in DTYPES and min(o.m, o.n) == 1
-                     and not (o.kind == "linear" and o.b > 1 and not o.shared_rhs) for o in ops],
-                    dtype=bool)
+                     and not (o.kind == "linear" and o.b > 1 and not o.shared_rhs)
+                     and not (o.dtype in HALF and curve_gemm(gpu, o)) for o in ops], dtype=bool)
 
 
 def kernel_ms_of(nbytes, bw_gbs: float, params: dict = PARAMS):

@@ -1,6 +1,9 @@
-"""The GEMM panel says what the prediction came from, as `kit op` does: a GEMV has no tiles or
-waves (it claimed "1 tile ... last 4% full" beside a chart of 64 tiles), a split-K GEMM says it is
-split, and a GEMM on Hopper's measured curve says its tiles are for the picture."""
+"""From a panels audit. The GEMM panel says what the prediction came from, as `kit op` does: a
+GEMV has no tiles or waves (it claimed "1 tile ... last 4% full" beside a chart of 64 tiles), a
+split-K GEMM says it is split, and a GEMM on Hopper's measured curve says its tiles are for the
+picture. The collectives panel gives a small collective's busbw in significant figures."""
+import re
+
 import altair as alt
 
 from kit.api import op_tiling, predict_op
@@ -31,3 +34,13 @@ def test_split_k_and_the_measured_curve_are_named():
     plain = GemmPanel(m=4096, n=4096, k=4096, gpu="a100-sxm4-80gb")
     assert "split" not in plain.summary_text() and "curve" not in plain.summary_text()
     assert isinstance(plain.make_chart(), alt.HConcatChart)
+
+
+def test_a_small_collectives_busbw_is_not_zero():
+    from kit.comm import predict_collective
+    from widgets.collectives import CollectivesPanel
+
+    text = CollectivesPanel(size_bytes=1024).summary_text()  # was "busbw 0.0 GB/s"
+    shown = float(re.search(r"busbw ([0-9.e+-]+) GB/s", text).group(1))
+    want = predict_collective("allreduce", 1024, "dgx-h100").busbw_gbs
+    assert shown > 0 and shown == float(f"{want:.3g}")
