@@ -154,7 +154,7 @@ def test_notebooks_are_stored_with_outputs_cleared():
 def test_gemm_summary_of_a_single_tile_is_not_zero_percent_full():
     from widgets.gemm import GemmPanel
 
-    p = GemmPanel(m=1, n=1, k=1, gpu="a100-sxm4-80gb")
+    p = GemmPanel(m=2, n=2, k=2, gpu="a100-sxm4-80gb")  # m or n of 1 is a gemv: no tiles
     s = p.summary.value  # 1 tile in 108 SMs x blocks/SM slots: 0.04%, was printed "0% full"
     assert s.startswith("1 tile of ") and "1 wave (last <1% full)" in s
 

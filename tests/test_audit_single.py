@@ -283,7 +283,8 @@ def test_predict_says_when_the_step_does_not_fit(tmp_path, capsys):
                       "--batch", str(batch), "--seq", str(seq), "--json")
     m = json.loads(out)["memory"]
     assert rc == 0 and m["activations_bytes"] == 2 * batch * seq * max(4 * 64, 128) * 4
-    assert m["total_bytes"] == m["weights_bytes"] + m["activations_bytes"]  # no grads, no state
+    # no grads, no state; the buffers are GPT-2's causal masks
+    assert m["total_bytes"] == m["weights_bytes"] + m["activations_bytes"] + m["buffers_bytes"]
     assert m["gpu_memory_bytes"] == 40 * 2**30 and m["fits"] is False
     rc, out, _ = _kit(capsys, "predict", str(path), "--gpu", "a100-sxm4-40gb", "--mode", "inference",
                       "--batch", str(batch), "--seq", str(seq))
@@ -319,11 +320,12 @@ def test_predict_op_needs_an_op():
 
 # -- kit op ------------------------------------------------------------------------------------
 def test_op_text_names_the_bound_its_utilisation_is_of(capsys):
-    # a 1x1x1e7 fp16 GEMM is one tile on one SM: its bound is that wave at the SM's peak, 1,000x
+    # a 2x2x1e7 fp16 GEMM is one tile on one SM: its bound is that wave at the SM's peak, 1,000x
     # the roofline; the text said "utilisation 100.0% of the roofline" beside a 0.044 ms roofline
+    # (m or n of 1 is a GEMV now, kit.predict.gemv: a stream, no tile)
     from kit.hardware import get_gpu
 
-    argv = ["op", "gemm", "--m", "1", "--n", "1", "--k", "10000000", "--gpu", "v100-sxm2-32gb",
+    argv = ["op", "gemm", "--m", "2", "--n", "2", "--k", "10000000", "--gpu", "v100-sxm2-32gb",
             "--dtype", "fp16", "--predictor", "tile"]
     _, out, _ = _kit(capsys, *argv, "--json")
     r = json.loads(out)

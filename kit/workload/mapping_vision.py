@@ -5,6 +5,15 @@ pooling, upsampling, im2col. kit.workload.mapping.map_op hands these ops here.
   N = output channels, K = input channels · kernel pixels (per group). A plain 3x3 stride-1
   one may also run as Winograd F(4x4, 3x3) (`winograd`): it is the Cheapest of the two, and the
   predictor's faster one is what it costs, as cuDNN picks an algorithm.
+* A grouped convolution of narrow groups (fewer than NARROW_GROUP_CHANNELS channels in or out)
+  is not costed as its per-group GEMM alone: that GEMM is mostly padding on the narrowest tile
+  (a depthwise conv's has n = 1, k = 9 forward and m = 1 in its weight gradient, and was
+  predicted 10-75x its roofline, slower than the dense conv of the same shape). It is the
+  Cheapest of that GEMM, the GEMM of super-groups that fill a tile, the dense conv (a grouped
+  conv is the dense one with a block-diagonal weight) and, for a depthwise conv or one of at
+  most DIRECT_MAX_CHANNELS channels a group, a direct kernel costed as a stream of its bytes
+  (`direct`). Forward, input gradient and weight gradient each pick their own, as cuDNN finds
+  an algorithm per pass. The FLOPs reported stay the per-group GEMM's (torch's counter's).
 * Batch norm, group norm, pooling, upsampling and im2col do next to no arithmetic per byte
   (batch norm: ~8 FLOPs per element against 12 bytes, far below any GPU's ridge point), so each
   is a memory-bound kernel (kit.workload.kernels.memory_bound: the learned copy of the bytes it
@@ -15,6 +24,7 @@ pooling, upsampling, im2col. kit.workload.mapping.map_op hands these ops here.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from kit.ops import Gemm, dtype_bytes
@@ -63,11 +73,7 @@ def _is_training_bn(packet: str, args) -> bool:
 def map_vision(packet: str, args, ins, outs, dtype: str):
     """(kit op, op_class, kernels) for an op in VISION_OPS."""
     if packet in CONV:
-        implicit = conv(args, outs, dtype)
-        wino = winograd(args, outs, dtype)
-        if wino is None:
-            return implicit, "gemm", 1
-        return Cheapest("gemm", (implicit, wino), "convolution (implicit GEMM or Winograd)"), "gemm", 1
+        return conv_forward(args, outs, dtype), "gemm", 1
     if packet in CONV_BWD:
         return conv_backward(args, dtype)
     x = args[0]
@@ -102,19 +108,101 @@ def map_vision(packet: str, args, ins, outs, dtype: str):
     return memory_bound(cls, _bytes(x, *indices, *outs), dtype, label=packet), cls, 1
 
 
-def conv(args, outs, dtype: str) -> Gemm:
+# Grouped convolutions. cuDNN and CUTLASS run one in one of a few ways (CUTLASS 2.x names them
+# in conv::GroupMode): a GEMM tile within one group (kSingleGroup: the per-group implicit GEMM);
+# a tile across several groups when a group has fewer channels than the tile is wide
+# (kMultipleGroup: the GEMM of super-groups with a block-diagonal weight, the zeros multiplied
+# too); a direct kernel for depthwise ones (kDepthwise; PyTorch's conv_depthwise2d / 3d too: a
+# thread an output element, the taps read through the cache, and for the weight gradient a
+# block per weight element reducing over N·H·W). And any grouped conv is the dense conv of its
+# channels with a block-diagonal weight, so the dense kernels (implicit GEMM, Winograd) bound it.
+# Not calibrated: the project has no timed depthwise or grouped kernels (NeuSight's conv rows
+# are dense), so the direct kernel is the roofline-like stream below. PyTorch's fp32 weight-
+# gradient kernel reads grad and x once per tap through L2 and may well run slower than that.
+#
+# A group is narrow below this many channels (in or out): kit.tiling's narrowest GEMM tiles,
+# SIMT and tensor-core, are 32 wide, so a narrower group pads its tile.
+NARROW_GROUP_CHANNELS = 32
+# A depthwise conv (one input channel a group, any channel multiplier), or one of at most this
+# many channels a group (ResNeXt-50 32x4d's first two stages: 4 and 8), may run as a direct
+# kernel: 8 channels fill a quarter of a 32-wide tile, and a 3x3 one does 2·8·9 = 144 FLOPs per
+# output element against ~8 bytes in FP32 (18 FLOPs/byte), within 2x of the lowest FP32 ridge in
+# the catalog, where DIRECT_FLOPS_PER_BYTE takes over. Wider groups stay GEMMs.
+DIRECT_MAX_CHANNELS = 8
+# A direct kernel computes on the CUDA cores in fp32 whatever the storage dtype (PyTorch's opmath
+# accumulator), one load per multiply-add. It is costed as a stream of its bytes, or of its FLOPs
+# at this many FLOPs a byte where those weigh more (a 7x7 depthwise conv: 12 FLOPs/byte in fp32).
+# 8 is under the lowest FP32 ridge in the GPU catalog (B200 9.4, A100-SXM4 9.6 FLOPs/byte), so
+# a direct kernel is not costed under its FLOP roofline on any of them (on a GPU of more FLOPs
+# per byte, an L4's 101, a 7x7 one comes out up to ~3x its roofline).
+DIRECT_FLOPS_PER_BYTE = 8.0
+
+
+def _groups(args, at: int) -> int:
+    return int(args[at]) if len(args) > at else 1
+
+
+def grouped_ways(cin: int, cout: int, groups: int) -> tuple[list[int], bool]:
+    """How a conv of `groups` groups over cin -> cout channels may run: the group counts of its
+    GEMMs (its own first; for a narrow conv, then the super-groups a multiple-group tile fills,
+    then 1, the dense conv) and whether a direct kernel applies. A dense or wide-group conv:
+    ([groups], False)."""
+    cin_g, cout_g = cin // groups, cout // groups
+    if groups == 1 or min(cin_g, cout_g) >= NARROW_GROUP_CHANNELS:
+        return [groups], False
+    # the most super-groups (a divisor of groups) whose channels fill the narrowest tile
+    fill = max((d for d in range(1, groups + 1)
+                if groups % d == 0 and min(cin, cout) // d >= NARROW_GROUP_CHANNELS), default=1)
+    counts = list(dict.fromkeys([groups, fill, 1]))
+    return counts, cin_g == 1 or max(cin_g, cout_g) <= DIRECT_MAX_CHANNELS
+
+
+def direct(nbytes: float, flops: float, dtype: str, label: str) -> Derived:
+    """A direct (non-GEMM) grouped or depthwise convolution pass: memory-bound, costed as the
+    copy of the bytes it moves (each tensor once: the taps' re-reads hit the cache), or of its
+    FLOPs / DIRECT_FLOPS_PER_BYTE where that is more. Reports the copy's bytes and no FLOPs;
+    the Cheapest it sits in reports the per-group GEMM's (torch's FLOP counter's) FLOPs."""
+    return memory_bound("gemm", max(nbytes, flops / DIRECT_FLOPS_PER_BYTE), dtype, label)
+
+
+def conv_forward(args, outs, dtype: str):
+    """The kit op of a convolution's forward: its implicit GEMM, or the Cheapest of that and
+    Winograd for a plain 3x3 one. A narrow grouped conv (grouped_ways) is the Cheapest of its
+    per-group GEMM (first: its FLOPs and bytes are the ones reported), the super-group GEMM,
+    the dense conv (implicit GEMM or Winograd) and a direct kernel (x, w and y once)."""
+    x, y = args[0], outs[0]
+    counts, has_direct = grouped_ways(x.shape[1], y.shape[1], _groups(args, 8))
+    implicit = conv(args, outs, dtype)
+    if len(counts) == 1:
+        wino = winograd(args, outs, dtype)
+        if wino is None:
+            return implicit
+        return Cheapest("gemm", (implicit, wino), "convolution (implicit GEMM or Winograd)")
+    options = [implicit] + [conv(args, outs, dtype, as_groups=g) for g in counts[1:]]
+    wino = winograd(args, outs, dtype, dense=True)
+    if wino is not None:
+        options.append(wino)
+    if has_direct:
+        options.append(direct(_bytes(x, args[1], y), implicit.flops, dtype, "direct grouped convolution"))
+    return Cheapest("gemm", tuple(options), "grouped convolution (per group, super-group, dense or direct)")
+
+
+def conv(args, outs, dtype: str, as_groups: int | None = None) -> Gemm:
     """Implicit-GEMM view of a convolution: M = N·out spatial, N = Cout/groups,
     K = Cin/groups · kernel, one GEMM per group. A transposed convolution is the GEMM of its
-    gradient-of-input form: M = N·in spatial, N = Cout/groups · kernel, K = Cin/groups."""
+    gradient-of-input form: M = N·in spatial, N = Cout/groups · kernel, K = Cin/groups.
+    as_groups: the same conv run in that many (super-)groups of block-diagonal weights (1: the
+    dense conv of its channels); it must divide the conv's groups."""
     x, w = args[0], args[1]
     y = outs[0]
     transposed = bool(args[6]) if len(args) > 6 else False
-    groups = int(args[8]) if len(args) > 8 else 1
+    groups = as_groups or _groups(args, 8)
     kernel = math.prod(w.shape[2:])
+    cin, cout = x.shape[1], y.shape[1]
     if transposed:  # weight (Cin, Cout/groups, *kernel)
-        m, n, k = x.shape[0] * math.prod(x.shape[2:]), w.shape[1] * kernel, w.shape[0] // groups
+        m, n, k = x.shape[0] * math.prod(x.shape[2:]), cout // groups * kernel, cin // groups
     else:  # weight (Cout, Cin/groups, *kernel)
-        m, n, k = y.shape[0] * math.prod(y.shape[2:]), w.shape[0] // groups, w.shape[1] * kernel
+        m, n, k = y.shape[0] * math.prod(y.shape[2:]), cout // groups, cin // groups * kernel
     return Gemm(m=max(1, m), n=max(1, n), k=max(1, k), b=groups, dtype=dtype, kind="linear",
                 shared_rhs=groups == 1)
 
@@ -122,59 +210,87 @@ def conv(args, outs, dtype: str) -> Gemm:
 WINOGRAD_TILE = 4  # F(4x4, 3x3): cuDNN's non-fused winogradforwarddata4x4 / filter4x4 kernels
 
 
-def winograd(args, outs, dtype: str) -> Derived | None:
+def winograd(args, outs, dtype: str, dense: bool = False) -> Derived | None:
     """Winograd F(4x4, 3x3) for a plain 3x3 stride-1 2-d convolution (None for any other):
     each 6x6 input tile gives a 4x4 output tile with 36 multiplies instead of 144 (Lavin and
     Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016). Four kernels: the
     data and filter transforms, 36 batched GEMMs of (N x tiles) x Cin x Cout, and the output
     transform; the transforms are memory-bound copies of what they read and write.
+    dense: a grouped conv run as the dense conv of its channels (a block-diagonal weight).
 
     NeuSight's conv rows (all 3x3, stride 1) name Winograd kernels in 61-81% of rows per GPU."""
     x, w, y = args[0], args[1], outs[0]
     stride = list(args[3]) if len(args) > 3 else [1, 1]
     dilation = list(args[5]) if len(args) > 5 else [1, 1]
     transposed = bool(args[6]) if len(args) > 6 else False
-    groups = int(args[8]) if len(args) > 8 else 1
+    groups = _groups(args, 8)
     if (x.dim() != 4 or tuple(w.shape[2:]) != (3, 3) or set(stride) != {1} or set(dilation) != {1}
-            or transposed or groups != 1):
+            or transposed or (groups != 1 and not dense)):
         return None
-    n, cin, cout = x.shape[0], x.shape[1], w.shape[0]
+    n, cin, cout = x.shape[0], x.shape[1], y.shape[1]
     a = WINOGRAD_TILE + 2
     tiles = n * math.ceil(y.shape[2] / WINOGRAD_TILE) * math.ceil(y.shape[3] / WINOGRAD_TILE)
     d = dtype_bytes(dtype)
     parts = (Gemm(m=max(1, tiles), n=max(1, cout), k=max(1, cin), b=a * a, dtype=dtype),
              copy_of(_bytes(x) + a * a * tiles * cin * d, dtype),       # data transform
-             copy_of(_bytes(w) + a * a * cout * cin * d, dtype),        # filter transform
+             copy_of(groups * _bytes(w) + a * a * cout * cin * d, dtype),  # filter transform
              copy_of(a * a * tiles * cout * d + _bytes(y), dtype))      # output transform
     return Derived("gemm", parts, 1.0, "winograd F(4x4, 3x3)")
 
 
-def conv_backward(args, dtype: str) -> tuple[Derived, str, int]:
-    """convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, transposed,
-    output_padding, groups, output_mask): the gradient-of-input and gradient-of-weight GEMMs
-    and the bias gradient (a reduction of grad over N·H·W), each only where output_mask asks
-    (the first layer's input needs no gradient). Each GEMM does the forward's multiply-adds:
-    N·(pixels of the smaller side)·Cin/g·Cout/g·kernel per group; a strided convolution's input
-    gradient is the GEMM over the input's pixels with K shrunk by the stride (implicit dgrad)."""
-    grad, x, w = args[0], args[1], args[2]
-    groups = int(args[9]) if len(args) > 9 else 1
-    mask = list(args[10]) if len(args) > 10 else [True, True, args[3] is not None]
-    transposed = bool(args[7]) if len(args) > 7 else False
+def _backward_gemms(grad, x, w, groups: int, transposed: bool, mask, dtype: str) -> list:
+    """[input gradient, weight gradient] GEMMs, each only where mask asks (None where not)."""
     kernel = max(1, math.prod(w.shape[2:]))
     cin_g, cout_g = x.shape[1] // groups, grad.shape[1] // groups
     spatial_x = math.prod(x.shape[2:]) if x.dim() > 2 else 1
     spatial_small = spatial_x if transposed else (math.prod(grad.shape[2:]) if grad.dim() > 2 else 1)
     batch = x.shape[0]
-    parts = []
+    dx = dw = None
     if mask[0]:
         k = max(1, round(cout_g * kernel * spatial_small / max(spatial_x, 1)))
-        parts.append(Gemm(m=max(1, batch * spatial_x), n=max(1, cin_g), k=k, b=groups, dtype=dtype,
-                          kind="linear", shared_rhs=groups == 1))
+        dx = Gemm(m=max(1, batch * spatial_x), n=max(1, cin_g), k=k, b=groups, dtype=dtype,
+                  kind="linear", shared_rhs=groups == 1)
     if mask[1]:
-        parts.append(Gemm(m=max(1, cout_g), n=max(1, cin_g * kernel), k=max(1, batch * spatial_small),
-                          b=groups, dtype=dtype, kind="linear"))
-    if len(mask) > 2 and mask[2]:
-        parts.append(copy_of(_bytes(grad), dtype))
+        dw = Gemm(m=max(1, cout_g), n=max(1, cin_g * kernel), k=max(1, batch * spatial_small),
+                  b=groups, dtype=dtype, kind="linear")
+    return [dx, dw]
+
+
+def conv_backward(args, dtype: str):
+    """convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, transposed,
+    output_padding, groups, output_mask): the gradient-of-input and gradient-of-weight GEMMs
+    and the bias gradient (a reduction of grad over N·H·W), each only where output_mask asks
+    (the first layer's input needs no gradient). Each GEMM does the forward's multiply-adds:
+    N·(pixels of the smaller side)·Cin/g·Cout/g·kernel per group; a strided convolution's input
+    gradient is the GEMM over the input's pixels with K shrunk by the stride (implicit dgrad).
+
+    A narrow grouped conv (grouped_ways) picks, per gradient, the cheapest of its per-group GEMM,
+    the super-group and dense GEMMs and a direct kernel (input gradient: grad and w read, dx
+    written; weight gradient: grad and x read, dw written): the Cheapest of every combination,
+    the per-group GEMMs first (their FLOPs and bytes are the ones reported)."""
+    grad, x, w = args[0], args[1], args[2]
+    groups = _groups(args, 9)
+    mask = list(args[10]) if len(args) > 10 else [True, True, args[3] is not None]
+    transposed = bool(args[7]) if len(args) > 7 else False
+    bias = [copy_of(_bytes(grad), dtype)] if len(mask) > 2 and mask[2] else []
+    own = _backward_gemms(grad, x, w, groups, transposed, mask, dtype)
+    parts = [p for p in own if p is not None] + bias
     if not parts:  # nothing asked for: a launch that does nothing, costed as the smallest copy
         parts.append(copy_of(1, dtype))
-    return Derived("gemm", tuple(parts), 1.0, "convolution backward"), "gemm", len(parts)
+    counts, has_direct = grouped_ways(x.shape[1], grad.shape[1], groups)
+    if len(counts) == 1 or not any(own):
+        return Derived("gemm", tuple(parts), 1.0, "convolution backward"), "gemm", len(parts)
+    others = [_backward_gemms(grad, x, w, g, transposed, mask, dtype) for g in counts[1:]]
+    ways = []  # per gradient asked for: the per-group GEMM first, then the others
+    for i, gemm in enumerate(own):
+        if gemm is None:
+            continue
+        way = [gemm] + [o[i] for o in others]
+        if has_direct:  # dx: grad, w read, dx (x's size) written; dw: grad, x read, dw written
+            way.append(direct(_bytes(grad, w, x), gemm.flops, dtype,
+                              ("input", "weight")[i] + " gradient, direct"))
+        ways.append(way)
+    options = tuple(Derived("gemm", tuple(pick) + tuple(bias), 1.0, "convolution backward")
+                    for pick in itertools.product(*ways))
+    label = "grouped convolution backward (per group, super-group, dense or direct)"
+    return Cheapest("gemm", options, label), "gemm", len(parts)
