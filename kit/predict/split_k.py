@@ -7,15 +7,16 @@ kernel's grid z, often with a splitKreduce_kernel after it; 10-52% of each train
 rows are split).
 
 The tile-MLP is fitted on every row as if unsplit, so on the training GPUs' own split rows it is
-far off (29% MAPE on the A100-40GB's). The split choice here is the library's rule in kind:
-only a GEMM that underfills the GPU (tiles x S <= SMs) with at least MIN_SPLIT_K of reduction
-per split is a candidate, and the fastest of unsplit and each candidate S wins, each candidate
-costed by the same tile-MLP (the S-way batched GEMM of k / S, plus the reduce as an elementwise
-add of S inputs). On an 800-row sample of each training GPU's own Linear rows
-(benchmarks/split_k.py; rows the model was fitted on) 1 of 2,634 unsplit rows is split, and the
-split rows' MAPE falls on four of five GPUs (A100-40GB 29 -> 19%, P100 24 -> 14%, T4 19 -> 13%,
-V100 17 -> 12%; P4 17.0 -> 17.7%). The held-out GPUs' GEMM test rows hardly ever underfill, so
-their figures barely move; a convolution's weight gradient (K = batch x image) does.
+far off (29% MAPE on the A100-40GB's). The split choice here is the library's rule in kind: only
+an unbatched GEMM whose split launches at most BLOCKS_PER_SM_SPLIT blocks a SM (tiles x S) with
+at least MIN_SPLIT_K of reduction per split is a candidate, and the fastest of unsplit and each
+candidate S wins, each candidate costed by the same tile-MLP (the S-way batched GEMM of k / S,
+plus the reduce as an elementwise add of S inputs). On an 800-row sample of each training
+GPU's own Linear rows (benchmarks/split_k.py; rows the model was fitted on) the split rows' MAPE
+goes A100-40GB 29 -> 12.7%, V100 17 -> 7.9%, P100 24 -> 14.8%, T4 19 -> 13.0% (P4 17.0 -> 17.8%)
+and the unsplit rows' stays within 0.2 point (1.8% of them split); on the test rows, the
+held-out GPUs' Linear rows go A100-80GB 7.9 -> 7.7%, L4 12.4 -> 12.0%, and a convolution's
+weight gradient (K = batch x image) comes out split.
 """
 from __future__ import annotations
 
@@ -27,14 +28,39 @@ import pandas as pd
 
 from kit.ops import Elementwise
 
-SPLITS = (2, 4, 8, 16, 32, 64)
-MIN_SPLIT_K = 256  # each split reduces at least this much of k
+SPLITS = (2, 4, 8, 16, 32, 64, 128)
+MIN_SPLIT_K = 128  # each split reduces at least this much of k
+# a split may launch up to this many blocks a SM (tiles x S <= BLOCKS_PER_SM_SPLIT x SMs). The
+# library does not stop at one block a SM: on the training GPUs' split Linear rows (grid z > 1)
+# the blocks per SM reach 7.9 (A100-40GB), 10.8 (P100) and 12.9 (P4) at the 90th percentile,
+# with k per split down to ~66 (1st percentile; 10th: 135-242) and S up to 162. With the cap at
+# one block a SM (and 256 of k a split), the split rows of benchmarks/split_k.py's training
+# sample scored A100-40GB 19.0%, V100 11.6%, P100 14.0%, T4 12.8%, P4 17.7%; at 8: 12.7, 7.9,
+# 14.8, 13.0, 17.8, the unsplit rows within 0.1 point but the A100-40GB's 4.90 -> 4.99%. At 16
+# the A100-40GB's unsplit rows fell to 5.26% and the P100's split ones to 15.9%: 8 it is.
+BLOCKS_PER_SM_SPLIT = 8
+# what the rule was before that evidence, kept for GPUs whose library it does not describe
+# (rocBLAS on AMD: NeuSight's AMD rows record no grid; its labels moved 2-5 points the wrong way
+# under the cuBLAS limits)
+OTHER_VENDOR = {"blocks_per_sm": 1, "min_split_k": 256, "max_split": 64}
 
 
-def split_choices(ops: list, tiles: np.ndarray, sm_count: int) -> list[tuple[int, int]]:
-    """(op index, S) for every candidate split: tiles x S <= sm_count, k / S >= MIN_SPLIT_K."""
+def split_limits(vendor: str) -> dict:
+    """The split rule's limits for a GPU vendor: cuBLAS's as measured (nvidia), else the old."""
+    if vendor == "nvidia":
+        return {"blocks_per_sm": BLOCKS_PER_SM_SPLIT, "min_split_k": MIN_SPLIT_K, "max_split": max(SPLITS)}
+    return dict(OTHER_VENDOR)
+
+
+def split_choices(ops: list, tiles: np.ndarray, sm_count: int,
+                  limits: dict | None = None) -> list[tuple[int, int]]:
+    """(op index, S) for every candidate split of an unbatched GEMM (b = 1: of NeuSight's 87,623
+    bmm rows, cuBLAS split 11, all of batch 1): tiles x S <= blocks_per_sm x sm_count and
+    k / S >= min_split_k (limits: split_limits; default NVIDIA's)."""
+    lim = limits or split_limits("nvidia")
     return [(i, s) for i, op in enumerate(ops) for s in SPLITS
-            if tiles[i] * s <= sm_count and op.k // s >= MIN_SPLIT_K]
+            if s <= lim["max_split"] and op.b == 1 and tiles[i] * s <= lim["blocks_per_sm"] * sm_count
+            and op.k // s >= lim["min_split_k"]]
 
 
 def split_op(op, s: int):
@@ -48,12 +74,12 @@ def reduce_op(op, s: int) -> Elementwise:
 
 
 def apply_split_k(predict_gemm, predict_reduce, ops: list, frame: pd.DataFrame,
-                  sm_count: int) -> pd.DataFrame:
+                  sm_count: int, limits: dict | None = None) -> pd.DataFrame:
     """frame (kit.predict.base COLUMNS, the unsplit predictions of ops) with every op whose best
     split beats it replaced by that split: its latency and band (GEMM + reduce), split_k = S,
     and the tile, tiles and waves of the split GEMM. predict_gemm / predict_reduce: a predictor's GEMM and elementwise batch
     predictions (no split of their own)."""
-    choices = split_choices(ops, frame.tiles.to_numpy(int), sm_count)
+    choices = split_choices(ops, frame.tiles.to_numpy(int), sm_count, limits)
     out = frame.copy()
     if not choices:
         return out

@@ -30,7 +30,7 @@ from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
 from kit.predict.element_rates import element_bound_ms
 from kit.predict.gemv import applies as gemv_applies
 from kit.predict.gemv import kernel_ms_of as gemv_kernel_ms
-from kit.predict.split_k import apply_split_k
+from kit.predict.split_k import apply_split_k, split_limits
 from kit.predict.tensor_core import applies, attention_params_for, curve_attention, curve_gemm, kernel_ms_of, params_for
 from kit.ops import DTYPE_BYTES
 from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_blocking,
@@ -242,7 +242,8 @@ class TilePredictor:
                     split = apply_split_k(lambda o: self._predict_class("gemm", o, gpu),
                                           lambda o: self._predict_reduce(o, gpu),
                                           [ops_c[j] for j in free],
-                                          part.loc[free].reset_index(drop=True), gpu.sm_count)
+                                          part.loc[free].reset_index(drop=True), gpu.sm_count,
+                                          split_limits(gpu.vendor))
                     part.loc[free, COLUMNS] = split[COLUMNS].values
             if gemv.any():
                 part = self._gemv(ops_c, gpu, gemv, part.reset_index(drop=True))
