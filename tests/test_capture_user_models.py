@@ -142,3 +142,18 @@ def test_buffers_count_in_memory():
 def test_seq_zero_is_refused_for_a_module_not_replaced():
     with pytest.raises(KitError, match="seq must be a positive whole number, got 0"):
         graph_of(WithTable(), 2, 0, "inference")  # ran at seq 512
+
+
+class OnCuda(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x):
+        return self.lin(x) + torch.arange(x.shape[1], device="cuda").unsqueeze(-1)
+
+
+def test_a_model_that_puts_tensors_on_cuda_itself_is_told_what_to_do():
+    # it said "Torch not compiled with CUDA enabled (inputs must match the model's forward)"
+    with pytest.raises(KitError, match=r"puts a tensor on a CUDA device itself .*device=x\.device"):
+        capture(OnCuda(), (torch.randn(2, 16, D),), mode="inference")

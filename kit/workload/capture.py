@@ -106,6 +106,13 @@ class DataDependentCapture(KitError):
     """A model's forward ran an op whose output depends on the tensor's values."""
 
 
+# what torch says when code asks for a CUDA device on a machine without one
+# (or, on a machine with one, a CUDA tensor meeting the capture's meta ones)
+_NEEDS_GPU = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver",
+              "No CUDA GPUs are available", "CUDA driver initialization failed",
+              "Tensor on device cuda")
+
+
 def _capture_failure(name: str, e: Exception, rec) -> KitError:
     """The one-line KitError for a forward that raised: the aten op and module it failed in
     (rec.failed, when that failure is what raised e; else the module running), and for an op
@@ -125,6 +132,11 @@ def _capture_failure(name: str, e: Exception, rec) -> KitError:
             "and the capture runs on meta tensors, which hold none; give that code static "
             "shapes (for mixture-of-experts routing, a fixed number of tokens per expert, "
             f"chosen by topk as the zoo's MoE does) [torch: {msg.split('. ')[0]}]")
+    if any(k in msg for k in _NEEDS_GPU):  # the model's own code asked for a CUDA device
+        return KitError(f"capturing {name} failed{at}: the model puts a tensor on a CUDA device "
+                        f"itself (.cuda(), .to('cuda') or device='cuda'), and the capture runs on "
+                        f"meta tensors, without a GPU: create it on an input's device "
+                        f"(device=x.device) [torch: {msg}]")
     return KitError(f"capturing {name} failed{at}{' at ' + op if op else ''}: {msg} (inputs "
                     "must match the model's forward)")
 
