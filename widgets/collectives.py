@@ -74,16 +74,18 @@ class CollectivesPanel(Panel):
         label = alt.Chart(alt.Data(values=[marks["crossover"]])).mark_text(
             align="left", dx=4, dy=-6, color="gray").encode(x="size_bytes:Q", y=alt.value(8), text="label:N")
 
-        def panel(field, title, scale_type):
+        def panel(field, title, scale_type, chart_title):
             base = alt.Chart(data).mark_line(point=False).encode(
                 x=x, y=alt.Y(f"{field}:Q", scale=alt.Scale(type=scale_type), title=title),
                 color=alt.Color("algorithm:N", title="algorithm"),
                 tooltip=["size_bytes:Q", "time_us:Q", "busbw_gbs:Q", "algorithm:N"])
             here = alt.Chart(alt.Data(values=[marks["here"]])).mark_point(size=80, filled=True, color="black").encode(
                 x="size_bytes:Q", y=f"{field}:Q")
-            return (base + here + cross + label).properties(width=330, height=240)
+            return (base + here + cross + label).properties(width=330, height=240, title=chart_title)
 
-        return alt.hconcat(panel("time_us", "time (us)", "log"), panel("busbw_gbs", "busbw (GB/s)", "linear"))
+        where = f"{r.kind}, {r.ranks} ranks of {r.system}"
+        return alt.hconcat(panel("time_us", "time (us)", "log", f"{where}: time"),
+                           panel("busbw_gbs", "busbw (GB/s)", "linear", f"{where}: bus bandwidth"))
 
     def summary_text(self) -> str:
         r = self.result()

@@ -18,6 +18,9 @@ ALPHAS = [round(0.1 * i, 1) for i in range(17)]  # 0.0 .. 1.6
 ROWS = tuple(10**k for k in range(3, 10))
 DIMS = (8, 16, 32, 64, 128, 256, 512)
 BATCHES = tuple(2**k for k in range(6, 17))
+SERIES = {"hit_rate": "L2 hit rate (fraction of lookups)",  # the legend's words for sweep() columns
+          "unique_fraction": "unique rows (fraction of lookups)",
+          "time_ms": "kernel time (ms)", "dram_ms": "DRAM traffic time (ms)", "l2_ms": "L2 traffic time (ms)"}
 
 
 def nvidia_gpus() -> list[str]:
@@ -84,15 +87,17 @@ class EmbeddingPanel(Panel):
         backward = self.backward.value
         rates = df.melt(id_vars="alpha", value_vars=["unique_fraction"] if backward else
                         ["hit_rate", "unique_fraction"], var_name="what")
+        rates["series"] = rates["what"].map(SERIES)
         left = (alt.Chart(rates).mark_line(point=True).encode(
             x=alt.X("alpha:Q", title="Zipf α"), y=alt.Y("value:Q", title="fraction of lookups"),
-            color=alt.Color("what:N", title=None)) + rule).properties(
+            color=alt.Color("series:N", title=None, sort=list(SERIES.values()))) + rule).properties(
             width=300, height=220, title="unique rows (backward: each read and updated once)"
             if backward else "L2 hit rate and unique rows")
         parts = df.melt(id_vars="alpha", value_vars=["time_ms", "dram_ms", "l2_ms"], var_name="part")
+        parts["series"] = parts["part"].map(SERIES)
         right = (alt.Chart(parts).mark_line(point=True).encode(
             x=alt.X("alpha:Q", title="Zipf α"), y=alt.Y("value:Q", title="ms"),
-            color=alt.Color("part:N", title=None)) + rule).properties(
+            color=alt.Color("series:N", title=None, sort=list(SERIES.values()))) + rule).properties(
             width=300, height=220,
             title=f"{'backward' if backward else 'forward'} kernel time: DRAM vs L2")
         return alt.hconcat(left, right).resolve_scale(color="independent")

@@ -60,11 +60,21 @@ class GemmPanel(Panel):
             return message_chart(msg)
         op = self.op()
         t = op_tiling(op, self.gpu.value)  # the tile the predictor chose
-        gpus = [self.gpu.value] + [g for g in self.compare if g != self.gpu.value]
         left = viz.waves_chart(t) if t is not None else message_chart(GEMV_NOTE)
-        return alt.hconcat(left,
-                           viz.roofline_chart(gpus, self.dtype.value, ops=[(op, "this GEMM")])
-                           ).resolve_scale(color="independent")  # shared, "gpu" had no colour
+        roof = viz.roofline_chart(self._gpus(), self.dtype.value, ops=[(op, "this GEMM")])
+        if self._left_out():
+            roof = roof.properties(title=alt.TitleParams(roof.title, subtitle=self._left_out()))
+        return alt.hconcat(left, roof).resolve_scale(color="independent")  # shared, "gpu" had no colour
+
+    def _gpus(self) -> list[str]:
+        """The chosen GPU, then the compared ones."""
+        return [self.gpu.value] + [g for g in self.compare if g != self.gpu.value]
+
+    def _left_out(self) -> str:
+        """Which compared GPUs the roofline leaves out (no GEMM peak for the dtype), or ""."""
+        dtype = self.dtype.value
+        lack = [g for g in self._gpus() if get_gpu(g).gemm_peak_tflops(dtype) is None]
+        return f"left off the roofline (no {dtype}): {', '.join(lack)}" if lack else ""
 
     def result(self) -> dict | None:
         return predict_op(self.op(), self.gpu.value) if self._supported() else None
@@ -78,6 +88,8 @@ class GemmPanel(Panel):
         if r.get("source") == "kit.predict.tensor_core":
             tail += "; Hopper's measured tensor-core curve: the tiles are for the picture"
         tail += ")"
+        if self._left_out():
+            tail += f" · {self._left_out()}"
         if r["tile"] == "gemv":  # no tiles: the summary says so, as kit op does
             return f"{GEMV_NOTE} · {tail}"
         split = (f", reduction split {r['split_k']} ways (split-K: then a kernel sums the partial "

@@ -11,6 +11,8 @@ from widgets.base import Panel, check_init
 
 SYSTEMS = ["dgx1-v100", "a100x4-nvlink", "dgx-a100", "dgx-h100", "hgx-h200", "pcie8"]
 BATCHES = (64, 128, 256, 512, 1024, 2048, 4096)
+KIND_NAMES = {"tw": "table-wise (tw)", "cw": "column-wise (cw)", "rw": "row-wise (rw)",
+              "twrw": "table-row-wise (twrw)", "dp": "data-parallel (dp)"}  # TorchRec's names
 
 
 class ShardingPanel(Panel):
@@ -54,9 +56,13 @@ class ShardingPanel(Panel):
         r = self.result()
         shown = self.plan.value
         shards = pd.DataFrame(r["shards"] if shown == "search" else r["baseline_shards"][shown])
+        shards["sharding"] = shards["kind"].map(lambda k: KIND_NAMES.get(k, k))
+        ranks = list(range(r["world_size"]))  # every rank, an idle one too
         bars = alt.Chart(shards).mark_bar().encode(
-            x=alt.X("rank:O", title="rank"), y=alt.Y("sum(lookup_ms):Q", title="lookup fwd+bwd (ms)"),
-            color=alt.Color("kind:N", title="sharding"), tooltip=["table", "kind", "lookup_ms"],
+            x=alt.X("rank:O", title="rank", scale=alt.Scale(domain=ranks)),
+            y=alt.Y("sum(lookup_ms):Q", title="lookup fwd+bwd (ms)"),
+            color=alt.Color("sharding:N", title="sharding", sort=list(KIND_NAMES.values())),
+            tooltip=["table", "sharding", "lookup_ms"],
             detail="table:N").properties(width=320, height=240, title=f"plan ({shown}), per rank")
         costs = pd.DataFrame([{"plan": "search", "cost_ms": r["cost_ms"]}]
                              + [{"plan": k, "cost_ms": v} for k, v in r["baselines"].items()
@@ -71,8 +77,15 @@ class ShardingPanel(Panel):
     def summary_text(self) -> str:
         r = self.result()
         p = r["parts"]
-        return (f"{len(r['plan'])} tables on {r['system']}: {r['cost_ms']:.3f} ms, imbalance "
-                f"{r['imbalance']:.3f}; all-to-all in {p['input_alltoall_ms']:.3f} + "
-                f"{p['output_alltoall_ms']:.3f} + {p['grad_alltoall_ms']:.3f} ms; "
-                + (f"{100 * r['improvement_vs_best_baseline']:.1f}% better than {r['best_baseline']}"
-                   if r["best_baseline"] else "no baseline found a plan that fits"))
+        searched = (f"{len(r['plan'])} tables on {r['system']}: {r['cost_ms']:.3f} ms, imbalance "
+                    f"{r['imbalance']:.3f}; all-to-all in {p['input_alltoall_ms']:.3f} + "
+                    f"{p['output_alltoall_ms']:.3f} + {p['grad_alltoall_ms']:.3f} ms; "
+                    + (f"{100 * r['improvement_vs_best_baseline']:.1f}% better than {r['best_baseline']}"
+                       if r["best_baseline"] else "no baseline found a plan that fits"))
+        shown = self.plan.value
+        if shown == "search":
+            return searched
+        cost = r["baselines"].get(shown)
+        what = (f"the chart shows the {shown} baseline, which finds no plan under the memory cap"
+                if cost is None else f"the chart shows the {shown} baseline: {cost:.3f} ms")
+        return f"{what} · searched plan: {searched}"

@@ -18,6 +18,12 @@ from widgets.base import Panel, message_chart
 HELD_OUT = ("a100-pcie-80gb", "l4")
 CLASSES = ("all", "gemm", "elementwise", "softmax", "layernorm")
 MAX_POINTS = 3000
+# the legend's words for NeuSight's op names (kit/data/schema.py; a trailing "u": a scalar operand)
+OP_NAMES = {"bmm": "batched matmul", "linear": "linear layer", "conv": "2-D convolution",
+            "add": "add", "addu": "add a scalar", "mul": "multiply", "mulu": "multiply by a scalar",
+            "div": "divide", "divu": "divide by a scalar", "pow": "power (tensor exponent)",
+            "powu": "power (scalar exponent)", "relu": "ReLU", "gelu": "GELU", "tanh": "tanh",
+            "softmax": "softmax", "ln": "layer norm", "layernorm": "layer norm"}
 ROW_COLUMNS = ("gpu", "op", "op_class", "measured_ms", "predicted_ms", "p10_ms", "p90_ms", "ape", "tile")
 
 
@@ -116,6 +122,7 @@ class TilePredictorPanel(Panel):
             return message_chart(f"no {self.op_class.value} rows of {self.gpu.value}")
         data = rows[["op", "op_class", "measured_ms", "predicted_ms", "p10_ms", "p90_ms",
                      "ape", "tile"]].round(6)
+        data["op_name"] = data.op.map(lambda o: OP_NAMES.get(o, o))
         x_title = "measured ms" if self.measured() else "roofline ms (no measurements)"
         lo = float(min(data.measured_ms.min(), data.predicted_ms.min()))
         hi = float(max(data.measured_ms.max(), data.predicted_ms.max()))
@@ -123,8 +130,8 @@ class TilePredictorPanel(Panel):
         points = alt.Chart(data).mark_circle(size=18, opacity=0.6).encode(
             x=alt.X("measured_ms:Q", scale=scale, title=x_title),
             y=alt.Y("predicted_ms:Q", scale=scale, title="predicted ms (tile-MLP)"),
-            color=alt.Color("op:N", title="op"),
-            tooltip=["op", "tile", "measured_ms", "predicted_ms", "p10_ms", "p90_ms", "ape"])
+            color=alt.Color("op_name:N", title="op"),
+            tooltip=["op_name", "op", "tile", "measured_ms", "predicted_ms", "p10_ms", "p90_ms", "ape"])
         diagonal = alt.Chart(pd.DataFrame({"measured_ms": [lo, hi], "predicted_ms": [lo, hi]})
                              ).mark_line(color="gray", strokeDash=[4, 4]).encode(
             x="measured_ms:Q", y="predicted_ms:Q")

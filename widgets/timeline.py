@@ -84,7 +84,15 @@ class TimelinePanel(Panel):
                              continuous_update=False, style=style)
         for w in (self.pp, self.tp, self.dp):
             w.layout = W.Layout(width="130px")
+        self._pp_changed()
+        self.pp.observe(self._pp_changed, names="value")
         return [self.system, self.schedule, self.pp, self.tp, self.dp, self.m]
+
+    def _pp_changed(self, change=None):
+        """One stage (pp 1) has no pipeline schedule: the control is off and says why."""
+        one = self.pp.value == 1
+        self.schedule.disabled = one
+        self.schedule.tooltip = "pp 1: one stage, no pipeline schedule" if one else None
 
     def dtype(self) -> str:
         """bf16 on a GPU that has it, else fp16 (V100 and older have no bf16)."""
