@@ -110,3 +110,30 @@ def test_a_gemm_only_fit_still_splits(tmp_path):
     assert set(tile.models) == {"gemm"}
     out = tile.predict([Gemm(m=64, n=576, k=100352)], "a100-pcie-80gb")
     assert out.latency_ms.iloc[0] >= out.roofline_ms.iloc[0]  # and no KeyError for the reduce
+
+
+def test_a_small_output_with_a_long_reduction_takes_cublass_sliced_tile():
+    """On Volta and later cuBLAS runs an output of at most 64x64 with a long k on its 32x32
+    sliced kernel (NeuSight's A100-40GB rows: 20 of 21); the classifier chose 128x128 for a
+    small conv's weight gradient (32 x 27, k = 802,816), 2.4 ms on an A100, 26x its roofline.
+    Its split-K batch keeps the tile; Pascal (128x32 there) and a bmm keep the classifier's."""
+    from kit.predict import tile_choice
+    from kit.predict.weights import has_shipped, shipped_tile
+
+    if not has_shipped():
+        pytest.skip("no shipped weights")
+    tile = shipped_tile()
+    wgrad = Gemm(m=32, n=27, k=802816, kind="linear")  # as kit.workload.mapping_vision gives it
+    bmm = Gemm(m=16, n=16, k=4096, b=8, kind="bmm")
+    r = tile.predict([wgrad, bmm], "a100-pcie-40gb")
+    assert r.tile.iloc[0] == "32x32" and r.split_k.iloc[0] > 1 and r.latency_ms.iloc[0] < 0.5
+    saved = tile_choice.SLICED_ARCHS
+    tile_choice.SLICED_ARCHS = ()  # the classifier alone
+    try:
+        alone = tile.predict([wgrad, bmm], "a100-pcie-40gb")
+        pascal = tile.predict([wgrad], "p100-pcie-16gb")
+    finally:
+        tile_choice.SLICED_ARCHS = saved
+    assert alone.tile.iloc[0] != "32x32" and alone.latency_ms.iloc[0] > 4 * r.latency_ms.iloc[0]
+    assert r.tile.iloc[1] == alone.tile.iloc[1]  # a batched GEMM is the classifier's
+    assert tile.predict([wgrad], "p100-pcie-16gb").tile.iloc[0] == pascal.tile.iloc[0]

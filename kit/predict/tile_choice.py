@@ -17,6 +17,16 @@ from kit.ops import Gemm
 from kit.predict.features import arrays_from_frame, arrays_from_ops, gpu_vector, lib_tile
 
 FEATURES = ["log_m", "log_n", "log_k", "log_b", "linear"]
+# An unbatched GEMM whose whole output fits a 64x64 block and whose reduction is long runs on
+# cuBLAS's 32x32 "sliced" SIMT kernel on Volta and later (volta_/ampere_sgemm_32x32_sliced1x4,
+# split along k): NeuSight's such Linear rows (k >= 1,024) ran it 20 of 21 times on the
+# A100-40GB, 15 of 21 on the V100, 8 of 16 on the T4 (64x32 the rest), where Pascal ran 128x32
+# every time. The classifier met few such rows and chose 128x128 for them (NeuSight's own
+# 14x55x17348 on the A100-40GB: 0.20 ms predicted, 0.06 ms measured), so they take the 32x32 tile.
+SLICED_ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+SLICED_MAX_OUTPUT = 64 * 64  # elements of the output
+SLICED_MIN_K = 1024
+SLICED_TILE = (32, 32)
 
 
 def shape_matrix(a: dict, gpu: GPU | str) -> np.ndarray:
@@ -74,12 +84,31 @@ class TileChooser:
 
         if len(a["m"]) == 0:
             return np.zeros(0, dtype=int)
-        x = shape_matrix(a, get_gpu(gpu))
+        gpu = get_gpu(gpu)
+        x = shape_matrix(a, gpu)
         if isinstance(self.model, ArrayMLP):  # loaded weights: no torch
-            return self.model(x).argmax(1)
-        from kit.predict.nets import predict
+            chosen = self.model(x).argmax(1)
+        else:
+            from kit.predict.nets import predict
 
-        return predict(self.model, x).argmax(1)
+            chosen = predict(self.model, x).argmax(1)
+        return self._sliced(a, gpu, np.asarray(chosen))
+
+    def _sliced(self, a: dict, gpu: GPU, chosen: np.ndarray) -> np.ndarray:
+        """chosen, with the 32x32 tile for the small-output, long-k GEMMs cuBLAS runs on its
+        sliced kernel (SLICED_ARCHS; a vocabulary without that tile changes nothing)."""
+        small = [i for i, v in enumerate(self.vocab) if (v[0], v[1]) == SLICED_TILE]
+        if not small or gpu.vendor != "nvidia" or gpu.arch not in SLICED_ARCHS:
+            return chosen
+        # unbatched, or the split-K batch of a Linear's or a convolution's GEMM (kit.predict.
+        # split_k; its whole reduction is b x k), which runs the same kernel; NeuSight's small
+        # batched GEMMs (bmm) ran other tiles
+        b = np.asarray(a["b"])
+        linear = np.asarray(a.get("linear_kind", a["linear"])) > 0
+        one = (b == 1) | linear
+        reduction = np.asarray(a["k"]) * np.where(linear, b, 1)
+        take = one & (np.asarray(a["m"]) * np.asarray(a["n"]) <= SLICED_MAX_OUTPUT) & (reduction >= SLICED_MIN_K)
+        return np.where(take, small[0], chosen)
 
     def tile_arrays(self, a: dict, gpu: GPU | str) -> tuple[dict, list[str]]:
         """(kit-orientation tile arrays for waves(), library tile names "MxN") per GEMM."""
