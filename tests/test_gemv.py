@@ -67,7 +67,9 @@ def test_the_rule_off_gives_the_tile_mlp_and_two_rows_keep_it(tile):
         raw = tile.predict([op], g).latency_ms.iloc[0]
     finally:
         tile._gemv_rule = True
-    assert raw > 20 * tile.predict([op], g).latency_ms.iloc[0]  # what the rule replaced
+    # what the rule replaced: ~28 ms on a 128x128 tile, ~2 ms on the sliced 32x32 one
+    # (kit.predict.tile_choice.SLICED_ARCHS), still 18x the stream
+    assert raw > 10 * tile.predict([op], g).latency_ms.iloc[0]
     assert tile.predict([Gemm(m=2, n=4096, k=4096)], g).tile.iloc[0] != "gemv"
 
 

@@ -12,15 +12,17 @@ from kit.predict.split_k import (BLOCKS_PER_SM_SPLIT, MIN_SPLIT_K, SPLITS, apply
 def test_only_underfilled_gemms_with_a_long_reduction_are_candidates():
     ops = [Gemm(m=64, n=64, k=8 * MIN_SPLIT_K), Gemm(m=64, n=64, k=MIN_SPLIT_K),
            Gemm(m=4096, n=4096, k=1 << 16), Gemm(m=64, n=64, k=1 << 16),
-           Gemm(m=64, n=64, k=1 << 16, b=4)]
-    choices = split_choices(ops, np.array([2, 2, 100, 30, 8]), sm_count=16)
+           Gemm(m=64, n=64, k=1 << 16, b=4), Gemm(m=64, n=64, k=1 << 16, b=4, kind="linear")]
+    tiles = np.array([2, 2, 100, 30, 8, 8])
+    choices = split_choices(ops, tiles, sm_count=16)
     # op 0: k / S >= MIN_SPLIT_K -> S = 2, 4, 8; op 1: k too short; op 2: 100 tiles x 2 is over
-    # 8 blocks a SM; op 3: 30 x S <= 128 -> S = 2, 4; op 4: batched, never split (as cuBLAS)
-    assert choices == [(0, 2), (0, 4), (0, 8), (3, 2), (3, 4)]
+    # 8 blocks a SM; op 3: 30 x S <= 128 -> S = 2, 4; op 4: a bmm, never split (as cuBLAS);
+    # op 5: a grouped convolution's per-group GEMMs (kind linear) split: 8 x S <= 128
+    assert choices == [(0, 2), (0, 4), (0, 8), (3, 2), (3, 4), (5, 2), (5, 4), (5, 8), (5, 16)]
     assert all(s in SPLITS for _, s in choices) and BLOCKS_PER_SM_SPLIT == 8
     # another vendor's library keeps the old limits: one block a SM, 256 of k a split
-    amd = split_choices(ops, np.array([2, 2, 100, 30, 8]), sm_count=16, limits=split_limits("amd"))
-    assert amd == [(0, 2), (0, 4)]
+    amd = split_choices(ops, tiles, sm_count=16, limits=split_limits("amd"))
+    assert amd == [(0, 2), (0, 4), (5, 2)]
 
 
 def test_a_conv_weight_gradient_splits_as_cublas_does_beyond_one_block_a_sm():
@@ -52,8 +54,9 @@ def _frame(lat, roof, tiles, tile="128x128"):
 
 
 def _fake(per_op_ms):
-    """A batch predictor whose latency is per_op_ms(op), its band +-10%."""
-    def predict(ops):
+    """A batch predictor whose latency is per_op_ms(op), its band +-10% (ways: a split batch's
+    S, which apply_split_k passes to its GEMM predictor)."""
+    def predict(ops, ways=None):
         lat = [per_op_ms(o) for o in ops]
         f = _frame(lat, [0.0] * len(ops), [getattr(o, "b", 1) * 2 for o in ops])
         f["latency_p10_ms"], f["latency_p90_ms"] = f.latency_ms * 0.9, f.latency_ms * 1.1
@@ -137,3 +140,14 @@ def test_a_small_output_with_a_long_reduction_takes_cublass_sliced_tile():
     assert alone.tile.iloc[0] != "32x32" and alone.latency_ms.iloc[0] > 4 * r.latency_ms.iloc[0]
     assert r.tile.iloc[1] == alone.tile.iloc[1]  # a batched GEMM is the classifier's
     assert tile.predict([wgrad], "p100-pcie-16gb").tile.iloc[0] == pascal.tile.iloc[0]
+    # a grouped conv's groups (b = 32, each reducing 288) and a 16-bit GEMM (the evidence is
+    # cuBLAS's SGEMM kernel) keep the classifier's tile too
+    grouped = Gemm(m=49, n=32, k=288, b=32, kind="linear")
+    half = Gemm(m=32, n=27, k=802816, kind="linear", dtype="fp16")
+    with_rule = tile.predict([grouped, half], "a100-pcie-40gb", split_k=False)
+    tile_choice.SLICED_ARCHS = ()
+    try:
+        without = tile.predict([grouped, half], "a100-pcie-40gb", split_k=False)
+    finally:
+        tile_choice.SLICED_ARCHS = saved
+    assert with_rule.tile.tolist() == without.tile.tolist()

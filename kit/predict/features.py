@@ -100,8 +100,6 @@ def arrays_from_ops(op_class: str, ops: list) -> dict:
     if op_class == "gemm":
         return {"m": f("m"), "n": f("n"), "k": f("k"), "b": f("b"),
                 "linear": np.array([float(o.shared_rhs) for o in ops]),
-                # a Linear's or a convolution's GEMM, or its split-K batch (not a bmm); no feature
-                "linear_kind": np.array([float(o.kind == "linear") for o in ops]),
                 "align": np.array([float(getattr(o, "lead_align", MAX_ALIGN_ELEMS)) for o in ops])}
     if op_class == "elementwise":
         return {"numel": f("numel"), "inputs": np.array([float(o.n_inputs) for o in ops]),
@@ -117,7 +115,6 @@ def arrays_from_frame(op_class: str, frame: pd.DataFrame) -> dict:
     if op_class == "gemm":
         a = {"m": num("m"), "n": num("n"), "k": num("k"), "b": num("b"),
              "linear": (frame.op.to_numpy(dtype=object) == "linear").astype(float)}
-        a["linear_kind"] = a["linear"]
     elif op_class == "elementwise":
         kind = frame.elem_kind.to_numpy(dtype=object)
         unknown = sorted(set(kind) - set(ELEMENTWISE_FLOPS), key=str)
@@ -132,7 +129,7 @@ def arrays_from_frame(op_class: str, frame: pd.DataFrame) -> dict:
     else:
         raise KitError(f"no features for op class {op_class!r}; modelled: {', '.join(CLASSES)}")
     for name, v in a.items():
-        if v.dtype == float and (np.isnan(v).any() or (v < (0 if name in ("linear", "linear_kind") else 1)).any()):
+        if v.dtype == float and (np.isnan(v).any() or (v < (0 if name == "linear" else 1)).any()):
             raise KitError(f"{op_class} rows need positive {name}; some are missing or < 1")
     if op_class == "gemm":  # lead_alignment(n, k): the lowest set bit of gcd(n, k), at most 8
         g = np.gcd(a["n"].astype(np.int64), a["k"].astype(np.int64))

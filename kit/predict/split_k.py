@@ -54,13 +54,14 @@ def split_limits(vendor: str) -> dict:
 
 def split_choices(ops: list, tiles: np.ndarray, sm_count: int,
                   limits: dict | None = None) -> list[tuple[int, int]]:
-    """(op index, S) for every candidate split of an unbatched GEMM (b = 1: of NeuSight's 87,623
-    bmm rows, cuBLAS split 11, all of batch 1): tiles x S <= blocks_per_sm x sm_count and
-    k / S >= min_split_k (limits: split_limits; default NVIDIA's)."""
+    """(op index, S) for every candidate split of a GEMM that is not a batched matmul (b = 1, or
+    a convolution's per-group GEMMs, kind "linear": of NeuSight's 87,623 bmm rows cuBLAS split
+    11, all of batch 1): tiles x S <= blocks_per_sm x sm_count and k / S >= min_split_k
+    (limits: split_limits; default NVIDIA's)."""
     lim = limits or split_limits("nvidia")
     return [(i, s) for i, op in enumerate(ops) for s in SPLITS
-            if s <= lim["max_split"] and op.b == 1 and tiles[i] * s <= lim["blocks_per_sm"] * sm_count
-            and op.k // s >= lim["min_split_k"]]
+            if s <= lim["max_split"] and (op.b == 1 or op.kind == "linear")
+            and tiles[i] * s <= lim["blocks_per_sm"] * sm_count and op.k // s >= lim["min_split_k"]]
 
 
 def split_op(op, s: int):
@@ -77,13 +78,14 @@ def apply_split_k(predict_gemm, predict_reduce, ops: list, frame: pd.DataFrame,
                   sm_count: int, limits: dict | None = None) -> pd.DataFrame:
     """frame (kit.predict.base COLUMNS, the unsplit predictions of ops) with every op whose best
     split beats it replaced by that split: its latency and band (GEMM + reduce), split_k = S,
-    and the tile, tiles and waves of the split GEMM. predict_gemm / predict_reduce: a predictor's GEMM and elementwise batch
-    predictions (no split of their own)."""
+    and the tile, tiles and waves of the split GEMM. predict_gemm(split GEMMs, their S) /
+    predict_reduce(reduce ops): a predictor's GEMM and elementwise batch predictions (no split
+    of their own)."""
     choices = split_choices(ops, frame.tiles.to_numpy(int), sm_count, limits)
     out = frame.copy()
     if not choices:
         return out
-    gemm = predict_gemm([split_op(ops[i], s) for i, s in choices])
+    gemm = predict_gemm([split_op(ops[i], s) for i, s in choices], [s for _, s in choices])
     red = predict_reduce([reduce_op(ops[i], s) for i, s in choices])
     cols = ("latency_ms", "latency_p10_ms", "latency_p90_ms")
     # never below the op's own roofline (a split Linear's batch shares the weight in the

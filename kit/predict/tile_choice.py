@@ -78,8 +78,9 @@ class TileChooser:
             sample_weight=weight, min_steps=min_steps, progress=progress)
         return TileChooser(vocab, model)
 
-    def choose_index(self, a: dict, gpu: GPU | str) -> np.ndarray:
-        """Index into vocab of the tile chosen for each GEMM of the batch `a`."""
+    def choose_index(self, a: dict, gpu: GPU | str, dtype: str = "fp32") -> np.ndarray:
+        """Index into vocab of the tile chosen for each GEMM of the batch `a` (of one dtype;
+        a["split_ways"], where given: each GEMM is the split-K batch of that many ways)."""
         from kit.predict.array_mlp import ArrayMLP
 
         if len(a["m"]) == 0:
@@ -92,27 +93,26 @@ class TileChooser:
             from kit.predict.nets import predict
 
             chosen = predict(self.model, x).argmax(1)
-        return self._sliced(a, gpu, np.asarray(chosen))
+        return self._sliced(a, gpu, dtype, np.asarray(chosen))
 
-    def _sliced(self, a: dict, gpu: GPU, chosen: np.ndarray) -> np.ndarray:
-        """chosen, with the 32x32 tile for the small-output, long-k GEMMs cuBLAS runs on its
-        sliced kernel (SLICED_ARCHS; a vocabulary without that tile changes nothing)."""
+    def _sliced(self, a: dict, gpu: GPU, dtype: str, chosen: np.ndarray) -> np.ndarray:
+        """chosen, with the 32x32 tile for the small-output, long-k FP32 GEMMs cuBLAS runs on
+        its sliced SGEMM kernel (SLICED_ARCHS; a vocabulary without that tile changes nothing)."""
         small = [i for i, v in enumerate(self.vocab) if (v[0], v[1]) == SLICED_TILE]
-        if not small or gpu.vendor != "nvidia" or gpu.arch not in SLICED_ARCHS:
+        if not small or dtype != "fp32" or gpu.vendor != "nvidia" or gpu.arch not in SLICED_ARCHS:
             return chosen
-        # unbatched, or the split-K batch of a Linear's or a convolution's GEMM (kit.predict.
-        # split_k; its whole reduction is b x k), which runs the same kernel; NeuSight's small
-        # batched GEMMs (bmm) ran other tiles
-        b = np.asarray(a["b"])
-        linear = np.asarray(a.get("linear_kind", a["linear"])) > 0
-        one = (b == 1) | linear
-        reduction = np.asarray(a["k"]) * np.where(linear, b, 1)
-        take = one & (np.asarray(a["m"]) * np.asarray(a["n"]) <= SLICED_MAX_OUTPUT) & (reduction >= SLICED_MIN_K)
+        # an unbatched GEMM, or the split-K batch of one (kit.predict.split_k: b = S ways, each
+        # reducing k, the whole reduction S x k), which runs the same kernel; batched GEMMs
+        # (NeuSight's small bmm rows ran other tiles) and a grouped conv's groups keep the choice
+        ways = np.asarray(a.get("split_ways", np.ones(len(chosen))), dtype=float)
+        unbatched = np.asarray(a["b"]) == ways
+        take = (unbatched & (np.asarray(a["m"]) * np.asarray(a["n"]) <= SLICED_MAX_OUTPUT)
+                & (np.asarray(a["k"]) * ways >= SLICED_MIN_K))
         return np.where(take, small[0], chosen)
 
-    def tile_arrays(self, a: dict, gpu: GPU | str) -> tuple[dict, list[str]]:
+    def tile_arrays(self, a: dict, gpu: GPU | str, dtype: str = "fp32") -> tuple[dict, list[str]]:
         """(kit-orientation tile arrays for waves(), library tile names "MxN") per GEMM."""
-        v = np.array(self.vocab, dtype=float).reshape(-1, 4)[self.choose_index(a, gpu)]
+        v = np.array(self.vocab, dtype=float).reshape(-1, 4)[self.choose_index(a, gpu, dtype)]
         names = [f"{int(m)}x{int(n)}" for m, n in v[:, :2]]
         return lib_tile(v[:, 0], v[:, 1], v[:, 3], v[:, 2]), names
 

@@ -239,7 +239,7 @@ class TilePredictor:
                 free = [j for j, op in enumerate(ops_c) if not curve_gemm(gpu, op) and not gemv[j]]
                 if free:
                     part = part.reset_index(drop=True)
-                    split = apply_split_k(lambda o: self._predict_class("gemm", o, gpu),
+                    split = apply_split_k(lambda o, ways: self._predict_class("gemm", o, gpu, ways),
                                           lambda o: self._predict_reduce(o, gpu),
                                           [ops_c[j] for j in free],
                                           part.loc[free].reset_index(drop=True), gpu.sm_count,
@@ -283,13 +283,15 @@ class TilePredictor:
             return self._predict_class("elementwise", ops, gpu)
         return WavePredictor().predict(ops, gpu)
 
-    def _predict_class(self, cls: str, ops: list, gpu: GPU) -> pd.DataFrame:
+    def _predict_class(self, cls: str, ops: list, gpu: GPU, split_ways=None) -> pd.DataFrame:
+        """split_ways: for GEMMs that are split-K batches (kit.predict.split_k), each one's S."""
         dtypes = {getattr(op, "dtype", "fp32") for op in ops}
         if len(dtypes) > 1:  # one batch per dtype
             frames, order = [], []
             for d in sorted(dtypes):
                 idx = [i for i, op in enumerate(ops) if op.dtype == d]
-                frames.append(self._predict_class(cls, [ops[i] for i in idx], gpu))
+                frames.append(self._predict_class(cls, [ops[i] for i in idx], gpu,
+                                                  None if split_ways is None else [split_ways[i] for i in idx]))
                 order += idx
             out = pd.concat(frames, ignore_index=True)
             out.index = order
@@ -298,7 +300,9 @@ class TilePredictor:
         a = arrays_from_ops(cls, ops)
         names = None
         if cls == "gemm":
-            tile, names = self.chooser.tile_arrays(a, gpu)
+            if split_ways is not None:
+                a["split_ways"] = np.asarray(split_ways, dtype=float)
+            tile, names = self.chooser.tile_arrays(a, gpu, dtype)
             a.update(tile)
         w = waves(cls, a, gpu, dtype)
         if names is None:

@@ -251,9 +251,9 @@ def memory_fit(graph, gpu) -> dict:
 
 def max_batch(mem: dict, batch: int, memory_bytes: int) -> int:
     """The largest batch of a decode step or a generation whose memory_bytes estimate fits in
-    `memory_bytes`: the weights stay, the KV cache and the activations grow with the batch (both
-    linear in it), so floor((memory - weights) / per-sequence bytes); 0 when the weights alone
-    do not fit."""
+    `memory_bytes`: the weights and buffers stay, the KV cache and the activations grow with the
+    batch (both linear in it), so floor((memory - weights - buffers) / per-sequence bytes); 0
+    when those alone do not fit."""
     per_sequence = (mem["kv_cache_bytes"] + mem["activations_bytes"]) / batch
-    free = memory_bytes - mem["weights_bytes"]
+    free = memory_bytes - mem["weights_bytes"] - mem.get("buffers_bytes", 0)  # buffers stay too
     return max(int(free // per_sequence), 0) if per_sequence > 0 else 0
