@@ -62,8 +62,9 @@ class GemmPanel(Panel):
         t = op_tiling(op, self.gpu.value)  # the tile the predictor chose
         left = viz.waves_chart(t) if t is not None else message_chart(GEMV_NOTE)
         roof = viz.roofline_chart(self._gpus(), self.dtype.value, ops=[(op, "this GEMM")])
-        if self._left_out():
-            roof = roof.properties(title=alt.TitleParams(roof.title, subtitle=self._left_out()))
+        left_out = self._left_out()
+        if left_out:
+            roof = roof.properties(title=alt.TitleParams(roof.title, subtitle=left_out))
         return alt.hconcat(left, roof).resolve_scale(color="independent")  # shared, "gpu" had no colour
 
     def _gpus(self) -> list[str]:
@@ -88,8 +89,9 @@ class GemmPanel(Panel):
         if r.get("source") == "kit.predict.tensor_core":
             tail += "; Hopper's measured tensor-core curve: the tiles are for the picture"
         tail += ")"
-        if self._left_out():
-            tail += f" · {self._left_out()}"
+        left_out = self._left_out()
+        if left_out:
+            tail += f" · {left_out}"
         if r["tile"] == "gemv":  # no tiles: the summary says so, as kit op does
             return f"{GEMV_NOTE} · {tail}"
         split = (f", reduction split {r['split_k']} ways (split-K: then a kernel sums the partial "

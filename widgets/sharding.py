@@ -7,12 +7,12 @@ import pandas as pd
 
 from kit.hardware import get_system
 from kit.sharding import as_tables, plan_sharding, synthetic_tables
+from kit.sharding.plans import KIND_NAMES as PLAN_KIND_NAMES
 from widgets.base import Panel, check_init
 
 SYSTEMS = ["dgx1-v100", "a100x4-nvlink", "dgx-a100", "dgx-h100", "hgx-h200", "pcie8"]
 BATCHES = (64, 128, 256, 512, 1024, 2048, 4096)
-KIND_NAMES = {"tw": "table-wise (tw)", "cw": "column-wise (cw)", "rw": "row-wise (rw)",
-              "twrw": "table-row-wise (twrw)", "dp": "data-parallel (dp)"}  # TorchRec's names
+KIND_NAMES = {k: f"{v} ({k})" for k, v in PLAN_KIND_NAMES.items()}  # the legend's words
 
 
 class ShardingPanel(Panel):

@@ -6,7 +6,7 @@ from kit.cli.outputs import nonempty
 MODEL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 
 
-def _buffers(m: dict, fmt: str) -> str:
+def buffers_text(m: dict, fmt: str) -> str:
     """", buffers X" (GiB) for a memory dict whose module holds buffers, else nothing."""
     b = m.get("buffers_bytes", 0)
     return f", buffers {b / 2**30:{fmt}}" if b else ""
@@ -102,7 +102,7 @@ def generation_text(r) -> str:
     m = r["memory"]
     lines.append(f"  memory    {m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, "
                  f"KV cache {m.get('kv_cache_bytes', 0) / 2**30:.2f}, activations "
-                 f"{m['activations_bytes'] / 2**30:.2f}{_buffers(m, '.2f')}) of {m['gpu_memory_bytes'] / 2**30:g} GiB"
+                 f"{m['activations_bytes'] / 2**30:.2f}{buffers_text(m, '.2f')}) of {m['gpu_memory_bytes'] / 2**30:g} GiB"
                  + ("" if m["fits"] else ": it would not fit on one GPU"))
     return "\n".join(lines)
 
@@ -212,7 +212,7 @@ def text(r) -> str:
         lines.append(f"  note: needs {m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, "
                      f"grads {m['grads_bytes'] / 2**30:.1f}, optimizer {m['optimizer_bytes'] / 2**30:.1f}, "
                      f"activations {m['activations_bytes'] / 2**30:.1f}, KV cache "
-                     f"{m.get('kv_cache_bytes', 0) / 2**30:.1f}{_buffers(m, '.1f')}), more than {r['gpu']}'s "
+                     f"{m.get('kv_cache_bytes', 0) / 2**30:.1f}{buffers_text(m, '.1f')}), more than {r['gpu']}'s "
                      f"{m['gpu_memory_bytes'] / 2**30:g} GiB: it would not fit on one GPU")
     for t, why in r.get("fallbacks", {}).items():
         lines.append(f"  note: {t}: {why}")

@@ -24,12 +24,13 @@ LEARNED = ("habitat", "li", "mlp", "tile")  # the predictors that read weights
 RESULT_KEYS = ("predictor", "gpu", "op", "n", "mape", "median_ape", "p90_ape")
 
 
-def load_test(path: str | Path) -> pd.DataFrame:
+def load_test(path: str | Path, note_repeats: bool = True) -> pd.DataFrame:
     """Test rows from a measurement CSV (NeuSight's format or the kit's) or a folder of them.
 
     Exact repeats (same op, shape, GPU and latency, as NeuSight's test/vec.csv repeats
     elem/ln/softmax) are kept once, rows of op classes no predictor models (conv) and rows
-    without a GPU (a CPU measurement) are left out, each with a note (scorable_rows)."""
+    without a GPU (a CPU measurement) are left out, each with a note (scorable_rows; the
+    repeats' note only where note_repeats)."""
     from kit.data import load_measurements
 
     path = Path(path)
@@ -44,7 +45,7 @@ def load_test(path: str | Path) -> pd.DataFrame:
     else:
         raise KitError(f"test file or folder not found: {path}")
     frame = pd.concat([load_measurements(f) for f in files], ignore_index=True)
-    return scorable_rows(frame, str(path))
+    return scorable_rows(frame, str(path), note_repeats)
 
 
 def load_neusight_test(data_dir=None) -> pd.DataFrame:
@@ -53,18 +54,17 @@ def load_neusight_test(data_dir=None) -> pd.DataFrame:
     those repeats are counted once without a note (load_test notes any other repeat)."""
     from kit.data import resolve_data_dir
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*test rows? repeats? another exactly")
-        return load_test(resolve_data_dir(data_dir) / "data" / "dataset" / "test")
+    return load_test(resolve_data_dir(data_dir) / "data" / "dataset" / "test", note_repeats=False)
 
 
-def scorable_rows(frame: pd.DataFrame, where: str) -> pd.DataFrame:
+def scorable_rows(frame: pd.DataFrame, where: str, note_repeats: bool = True) -> pd.DataFrame:
     """The rows of a checked measurement table (kit.data.records.checked_table: what
     load_measurements returns) that the predictors can score, as load_test and evaluate() on a
     caller's frame both take them: rows without a GPU (a CPU measurement, or neither gpu nor
     device_name) are left out with a note, none on a GPU is a KitError; a GPU the catalog (or
     a --gpu-file) lacks is a KitError; exact repeats are kept once and rows of an op class no
-    predictor models (conv) are left out, each with a note."""
+    predictor models (conv) are left out, each with a note (the repeats' only where
+    note_repeats: NeuSight's test folder repeats itself knowingly, load_neusight_test)."""
     from kit.hardware import get_gpu
 
     no_gpu = frame["gpu"].isna()
@@ -84,12 +84,11 @@ def scorable_rows(frame: pd.DataFrame, where: str) -> pd.DataFrame:
         except KitError as e:
             raise KitError(f"{where}: test rows on gpu {gpu!r}: {e}") from None
     repeats = frame.duplicated([*VISIBLE, "latency_ms"])
-    if repeats.any():  # said, not silent: a score over n rows counts each measurement once
+    if repeats.any() and note_repeats:  # said: a score over n rows counts each measurement once
         n = int(repeats.sum())
         warnings.warn(f"{where}: {n} test row{'' if n == 1 else 's'} repeat{'s' if n == 1 else ''} "
-                      "another exactly (op, shape, dtype, GPU and latency; NeuSight's vec.csv "
-                      "repeats its elem, ln and softmax files): counted once")
-        frame = frame[~repeats]
+                      "another exactly (op, shape, dtype, GPU and latency): counted once")
+    frame = frame[~repeats]
     modelled = frame.op_class.isin(CLASSES)
     if modelled.any() and not modelled.all():
         what = ", ".join(f"{int(c)} {k}" for k, c in frame.op_class[~modelled].value_counts().items())

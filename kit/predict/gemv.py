@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from kit.predict.features import TENSOR_16BIT
+
 # benchmarks/gemv_fit.py on the H200's FP32 random sweeps (tests/test_gemv.py refits them)
 PARAMS = {"c0_us": 3.0, "eff": 0.51, "band_log": [-0.4728, 0.3862]}
-DTYPES = ("fp32", "tf32", "bf16", "fp16")
-HALF = ("bf16", "fp16")  # these keep Hopper's measured curve where it applies (aligned)
+DTYPES = ("fp32", "tf32", *TENSOR_16BIT)
 
 
 def applies(gpu, ops) -> np.ndarray:
@@ -45,7 +46,7 @@ def applies(gpu, ops) -> np.ndarray:
         return np.zeros(len(ops), dtype=bool)
     return np.array([getattr(o, "dtype", None) in DTYPES and min(o.m, o.n) == 1
                      and not (o.kind == "linear" and o.b > 1 and not o.shared_rhs)
-                     and not (o.dtype in HALF and curve_gemm(gpu, o)) for o in ops], dtype=bool)
+                     and not (o.dtype in TENSOR_16BIT and curve_gemm(gpu, o)) for o in ops], dtype=bool)
 
 
 def kernel_ms_of(nbytes, bw_gbs: float, params: dict = PARAMS):

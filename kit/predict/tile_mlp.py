@@ -260,7 +260,7 @@ class TilePredictor:
     _gemv_rule = True  # False: the tile-MLP's own GEMV prediction (benchmarks/gemv_fit.py)
 
     def _gemv(self, ops: list, gpu: GPU, rows: np.ndarray, part: pd.DataFrame) -> pd.DataFrame:
-        """FP32/TF32 GEMMs with m or n of 1 take kit.predict.gemv's stream of their bytes, plus
+        """GEMMs with m or n of 1 (kit.predict.gemv.applies) take its stream of their bytes, plus
         this predictor's dispatch floor, so the isolated latency means what it means for every
         other op; the tile shown is the gemv kernel's (no tiles, one wave)."""
         from kit.workload.iteration import isolation_floor_ms

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KINDS = ("tw", "cw", "rw", "twrw", "dp")
+KIND_NAMES = {"tw": "table-wise", "cw": "column-wise", "rw": "row-wise", "twrw": "table-row-wise",
+              "dp": "data-parallel"}  # in words, as above
 CW_SHARDS = (2, 4)  # column-shard counts tried
 MIN_CW_DIM = 16  # no column shard narrower than this (fp32: 64 B, two sectors)
 

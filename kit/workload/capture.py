@@ -623,12 +623,11 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
                 out = loss(_backward_root(out))
                 rec.stack.pop()
         if train:
-            _backward_root(out)  # one that requires grad, or the error naming what came back
             # from every output that requires grad, as a loss summing them would (BERT's
             # pretraining heads): each node's backward still runs once. A model that returns
             # its loss (HF's {"loss", "logits"}; a MoE's auxiliary losses) backpropagates from
             # its scalar outputs alone: the logits beside the loss take no gradient of their own
-            roots = _grad_outputs(out)
+            roots = _grad_outputs(out) or [_backward_root(out)]  # none: the error naming it
             scalars = [r for r in roots if r.numel() == 1]
             roots = scalars or roots
             rec.phase = "bwd"
