@@ -19,7 +19,9 @@ SIZES = [1024, 4096, 16384, 65536]
 def gloo2(tmp_path_factory):
     out = tmp_path_factory.mktemp("comm") / "gloo2.txt"
     rc = main(["collect-comm", "--backend", "gloo", "--ranks", "2", "--sizes", "1K:64K:4",
-               "--collectives", ALL, "--iters", "10", "--warmup", "2", "--repeats", "1", "--out", str(out)])
+               "--collectives", ALL, "--iters", "10", "--warmup", "2", "--repeats", "3", "--out", str(out)])
+    # three rounds over the sizes: one stalled round (a 64K allreduce once timed 3.5 ms, 20x its
+    # neighbours, and broke the fit below) is outvoted by the others
     assert rc == 0
     return out
 
