@@ -143,8 +143,13 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
     if model.name == "tile":
         from kit.predict.tensor_core import curve_attention, curve_gemm
 
-        if (cls == "gemm" and curve_gemm(gpu, op)) or curve_attention(gpu, op):
+        if cls == "gemm" and curve_gemm(gpu, op):
             out["source"] = "kit.predict.tensor_core"  # a measured curve, not the tile-MLP
+        elif curve_attention(gpu, op):
+            from kit.predict.tensor_core import attention_params_for
+
+            carried = attention_params_for(gpu, op.dtype).get("carried_from")
+            out["source"] = "kit.predict.tensor_core" + (f" (carried from the {carried} curve)" if carried else "")
     return out
 
 

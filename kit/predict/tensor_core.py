@@ -23,7 +23,8 @@ GPU, the H200, and applied to every Hopper GPU in the catalog (kit.hardware arch
 applies to GEMMs whose leading dimensions are 16-byte aligned; unaligned ones stay on the
 tile-MLP with kit.predict.features.unaligned_peak_share. Such a GEMM is never split by the
 kit's split-K rule (kit.predict.split_k), since its curve already holds cuBLAS's own splits.
-Attention takes its curve except where it looks like a decode step (under ATTENTION_MIN_SEQ_Q
+Attention takes its curve on every GPU and dtype (carried over, with a wider band, where it was not
+measured: CARRIED_ATTENTION) except where it looks like a decode step (under ATTENTION_MIN_SEQ_Q
 queries over a longer cache), outside the prefill shapes it was fitted on.
 The curve gives a kernel's own time. The tile predictor adds its dispatch floor
 (kit.workload.iteration.isolation_floor_ms), so its isolated latencies stay comparable with its
@@ -44,6 +45,24 @@ TENSOR_CORE_GEMM = {"hopper": {"bf16": _BF16, "fp16": _BF16, "tf32": _TF32}}
 # shapes, 128..8192 queries over as many keys), also used for fp16
 _ATTENTION = {"a": 1.6979, "beta": 1.014, "c0_us": 5.281, "eff_max": 0.6374, "causal_factor": 1.2361, "small_head_factor": 1.2206, "band_log": [-0.097, 0.2395], "band_log_short": [-0.2394, 0.2797]}
 FUSED_ATTENTION = {"hopper": {"bf16": _ATTENTION, "fp16": _ATTENTION}}
+# Every other GPU and dtype has no measured attention kernel here. There the same curve is carried
+# over as a share of that GPU's own peak for the dtype (kit.predict.roofline), which is what the
+# wave model's bare roofline (100% of the peak, no launch cost) had stood for. The H200's curve
+# sits at 0.59-0.64 of the peak for large shapes; FlashAttention-2's forward reaches "50-73% of the
+# theoretical maximum FLOPs/s on A100" (T. Dao, "FlashAttention-2: Faster Attention with Better
+# Parallelism and Work Partitioning", ICLR 2024, abstract), the range the carried curve falls in.
+# The band widens by CARRIED_SIGMA_LOG in quadrature: half that range's width in log terms
+# (ln(0.73 / 0.50) / 2 = 0.19), rounded up, for a GPU, kernel library and dtype never measured.
+CARRIED_SIGMA_LOG = 0.25
+
+
+def _carried(params: dict) -> dict:
+    wide = {k: [-float(np.hypot(lo, CARRIED_SIGMA_LOG)), float(np.hypot(hi, CARRIED_SIGMA_LOG))]
+            for k, (lo, hi) in ((k, params[k]) for k in ("band_log", "band_log_short"))}
+    return {**params, **wide, "carried_from": "h200 bf16"}
+
+
+CARRIED_ATTENTION = _carried(_ATTENTION)
 
 
 def params_for(gpu, dtype: str) -> dict | None:
@@ -51,9 +70,10 @@ def params_for(gpu, dtype: str) -> dict | None:
     return TENSOR_CORE_GEMM.get(getattr(gpu, "arch", None), {}).get(dtype)
 
 
-def attention_params_for(gpu, dtype: str) -> dict | None:
-    """The fitted forward curve of fused attention in `dtype` on `gpu` (None: the wave model's)."""
-    return FUSED_ATTENTION.get(getattr(gpu, "arch", None), {}).get(dtype)
+def attention_params_for(gpu, dtype: str) -> dict:
+    """The forward curve of fused attention in `dtype` on `gpu`: measured (FUSED_ATTENTION), else
+    the H200's carried over with a wider band (CARRIED_ATTENTION, marked "carried_from")."""
+    return FUSED_ATTENTION.get(getattr(gpu, "arch", None), {}).get(dtype) or CARRIED_ATTENTION
 
 
 def applies(gpu, dtype: str, align) -> np.ndarray:
@@ -81,10 +101,11 @@ ATTENTION_MIN_SEQ_Q = 128
 
 
 def curve_attention(gpu, op) -> bool:
-    """Whether a kit op is a fused attention that takes the measured curve on gpu."""
+    """Whether a kit op is a fused attention that takes the curve on gpu (measured or carried:
+    attention_params_for): every attention but a decode-like one."""
     from kit.ops import Attention
 
-    if not isinstance(op, Attention) or attention_params_for(gpu, op.dtype) is None:
+    if not isinstance(op, Attention):
         return False
     return not (op.seq_q < ATTENTION_MIN_SEQ_Q and op.seq_kv > op.seq_q)  # not decode-like
 

@@ -33,6 +33,7 @@ from kit.predict.gemv import kernel_ms_of as gemv_kernel_ms
 from kit.predict.split_k import apply_split_k, split_limits
 from kit.predict.tensor_core import applies, attention_params_for, curve_attention, curve_gemm, kernel_ms_of, params_for
 from kit.ops import DTYPE_BYTES
+from kit.predict.roofline import roofline
 from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_blocking,
                                   gpu_distance, op_class_of, row_launches, waves)
 from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
@@ -377,8 +378,9 @@ class TilePredictor:
         lat[:], p90[:] = lat * lift, p90 * lift
 
     def _fused_attention(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
-        """Fused attention in a dtype kit.predict.tensor_core has a measured curve for on this
-        GPU's architecture takes it (in place), plus this predictor's dispatch floor."""
+        """Fused attention takes kit.predict.tensor_core's curve (in place): measured on Hopper
+        in 16-bit, carried over with a wider band elsewhere, plus this predictor's dispatch
+        floor. Before, attention off Hopper ran at its bare roofline, 100% of the peak."""
         rows = [i for i, op in enumerate(ops) if curve_attention(gpu, op)]
         if not rows:
             return
@@ -388,8 +390,18 @@ class TilePredictor:
         for dtype in sorted({ops[i].dtype for i in rows}):
             idx = [i for i in rows if ops[i].dtype == dtype]
             roof = part.loc[idx, "roofline_ms"].to_numpy(dtype=float)
-            t, lo, hi = kernel_ms_of(roof, attention_params_for(gpu, dtype), [ops[i].causal for i in idx],
-                                     [ops[i].head_dim < 128 for i in idx])
+            params, small = attention_params_for(gpu, dtype), [ops[i].head_dim < 128 for i in idx]
+            t, lo, hi = kernel_ms_of(roof, params, [ops[i].causal for i in idx], small)
+            # a causal mask only removes work: the curve's causal factor (fitted on square
+            # shapes, where the mask keeps half the pairs) never makes a masked attention slower
+            # than the same one unmasked, as it did where the mask keeps nearly every pair
+            # (queries far fewer than keys) or the kernel is memory-bound
+            masked = [j for j, i in enumerate(idx) if ops[i].causal]
+            if masked:
+                full = np.array([roofline(replace(ops[idx[j]], causal=False), gpu).time_ms for j in masked])
+                cap = kernel_ms_of(full, params, None, [small[j] for j in masked])
+                for arr, bound in zip((t, lo, hi), cap):
+                    arr[masked] = np.minimum(arr[masked], bound)
             part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = np.column_stack(
                 [t + floor, lo + floor, hi + floor, roof / (t + floor)])
 
