@@ -347,3 +347,32 @@ def test_activation_count_follows_gqa_gated_mlp_and_moe():
         pytest.approx(s * b * (moe_mlp - dense_mlp))
     gpt = GPTSpec(layers=2, hidden=h, heads=a, seq=s, vocab=1000, name="g", attention="unfused")
     assert activation_bytes_per_layer(gpt, lay) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+
+
+def test_expert_parallelism_shards_the_gradient_reduction_and_the_optimizer():
+    """Each rank reduces its own experts' gradients over the ranks holding the same experts
+    (dp / ep of them), the rest over the whole DP group, and steps only its own parameters. Before,
+    every rank all-reduced and stepped all experts of every layer whatever ep was: a Mixtral-style
+    step on 8 H100s took 911 ms at ep 2 and 914 at ep 8."""
+    from kit.hardware.system import get_system
+    from kit.parallel.build import build_iteration
+    from kit.parallel.memory import local_params
+
+    moe = parse_model("moe:layers=4,hidden=1024,heads=16,seq=512,experts=8,topk=2")
+    system = get_system("dgx-a100")
+    gb = 2  # bf16 gradients
+    times, by_ep = {}, {}
+    for ep in (1, 2, 8):
+        lay = Layout(dp=8, ep=ep, micro_batch=1, global_batch=8, dtype="bf16")
+        chunk = build_iteration(moe, lay, system)[1][0]
+        grad = sum(chunk.layer_grad_bytes) + sum(chunk.layer_expert_grad_bytes)
+        assert chunk.params == pytest.approx(local_params(moe, lay, 0))
+        assert grad <= chunk.params * gb * (1 + 1e-9)  # embeddings travel in the last bucket
+        assert lay.edp_group(0) == [lay.rank(0, d, 0) for d in range(0, 8, ep)]
+        times[ep] = predict_parallel(moe, "dgx-a100", lay)["iteration_ms"]
+        by_ep[ep] = chunk
+    # the expert shard a rank holds, and so reduces and steps, is 1/ep of the experts
+    assert by_ep[2].expert_params == pytest.approx(by_ep[1].expert_params / 2)
+    assert by_ep[8].expert_params == pytest.approx(by_ep[1].expert_params / 8)
+    assert by_ep[8].params < by_ep[2].params < by_ep[1].params
+    assert times[8] < times[2] < times[1]

@@ -176,7 +176,8 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
                 if host.p2p_sync:
                     g.sync(r, [rv], 0.0, "sync after p2p", tag=(phase, mb, c))
             if lay.zero == 3 and lay.dp > 1:
-                ag = g.gpu(r, "comm", coster.comm_ms("allgather", cost.params * wbytes, dp_group),
+                ag = g.gpu(r, "comm", _sharded_comm_ms(coster, "allgather", cost.params, cost.expert_params,
+                                                       wbytes, stage),
                            "fsdp all-gather weights", kind="comm", tag=(phase, mb, c))
                 deps.append(ag)
             label = f"{phase}{mb}" + (f".{c}" if v > 1 else "")
@@ -190,8 +191,9 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
             else:
                 _, tail = _pass(g, r, ph, label, host, deps, (phase, mb, c))
                 if not fwd and lay.zero == 3 and lay.dp > 1:
-                    grad_ops.append(g.gpu(r, "comm", coster.comm_ms(
-                        "reducescatter", cost.params * wbytes, dp_group), "fsdp reduce-scatter grads",
+                    grad_ops.append(g.gpu(r, "comm", _sharded_comm_ms(
+                        coster, "reducescatter", cost.params, cost.expert_params, wbytes, stage),
+                        "fsdp reduce-scatter grads",
                         kind="comm", deps=(tail,), tag=(phase, mb, c)))
             dst = vi + 1 if fwd else vi - 1
             if 0 <= dst < n_virtual:
@@ -201,6 +203,14 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
                              deps=(tail,), tag=(phase, mb, c))
         _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, wbytes)
     return g, costs, coster
+
+
+def _sharded_comm_ms(coster, kind: str, params: float, experts: float, wbytes: float, stage: int) -> float:
+    """A ZeRO collective over a rank's parameters: the dense ones over the DP group, its expert
+    shard over the expert-DP group (the ranks that hold the same experts), one after the other."""
+    ms = coster.comm_ms(kind, (params - experts) * wbytes, coster.group("dp", stage))
+    edp = coster.group("edp", stage)
+    return ms + (coster.comm_ms(kind, experts * wbytes, edp) if experts > 0 and len(edp) > 1 else 0.0)
 
 
 def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp_group, grad_ops,
@@ -217,14 +227,17 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
     # the embedding's backward (and its comm): what the head and the layers leave
     tail_ms = max(ph.compute_ms - sum(cost.layer_bwd_ms) - cost.head_bwd_ms, 0.0)
     tail_comm_ms = max(ph.comm_ms - sum(layer_comm) - cost.head_bwd_comm_ms, 0.0)
-    buckets, acc = [], [0.0, 0.0, 0.0]  # [compute ms, comm ms, gradient bytes]
-    for t_ms, c_ms, nbytes in zip(cost.layer_bwd_ms, layer_comm, cost.layer_grad_bytes):
-        acc = [acc[0] + t_ms, acc[1] + c_ms, acc[2] + nbytes]
-        if acc[2] >= lay.bucket_bytes:
+    # [compute ms, comm ms, gradient bytes (dense), expert gradient bytes]
+    expert_bytes = cost.layer_expert_grad_bytes or [0.0] * len(cost.layer_bwd_ms)
+    buckets, acc = [], [0.0, 0.0, 0.0, 0.0]
+    for t_ms, c_ms, nbytes, ebytes in zip(cost.layer_bwd_ms, layer_comm, cost.layer_grad_bytes,
+                                          expert_bytes):
+        acc = [acc[0] + t_ms, acc[1] + c_ms, acc[2] + nbytes, acc[3] + ebytes]
+        if acc[2] + acc[3] >= lay.bucket_bytes:
             buckets.append(acc)
-            acc = [0.0, 0.0, 0.0]
-    buckets.append([acc[0] + tail_ms, acc[1] + tail_comm_ms, acc[2]])
-    rest_bytes = cost.params * (4 if lay.dtype == "fp32" else 2) - sum(b[2] for b in buckets)
+            acc = [0.0, 0.0, 0.0, 0.0]
+    buckets.append([acc[0] + tail_ms, acc[1] + tail_comm_ms, acc[2], acc[3]])
+    rest_bytes = cost.params * (4 if lay.dtype == "fp32" else 2) - sum(b[2] + b[3] for b in buckets)
     if rest_bytes > 0:  # embedding / head gradients travel in the last bucket
         buckets[-1][2] += rest_bytes
     kernels_per_bucket = max(ph.kernels // len(buckets), 1)
@@ -237,7 +250,8 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
         if cost.head_bwd_comm_ms > 0:
             tail = g.gpu(r, "compute", cost.head_bwd_comm_ms, f"{label} head tp comm", kind="comm",
                          tag=tag)
-    for k, (t_ms, c_ms, nbytes) in enumerate(buckets):
+    edp_group = coster.group("edp", lay.stage_of(dp_group[0]))
+    for k, (t_ms, c_ms, nbytes, ebytes) in enumerate(buckets):
         launch = g.cpu(r, kernels_per_bucket * lu, label, kind="launch", tag=tag)
         tail = g.gpu(r, "compute", t_ms, f"{label} bucket {k}", deps=(launch,) + tuple(deps), tag=tag)
         deps = ()
@@ -245,6 +259,9 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
             tail = g.gpu(r, "compute", c_ms, f"{label} bucket {k} tp/ep comm", kind="comm", tag=tag)
         grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, nbytes, dp_group),
                               f"dp {kind} bucket {k}", kind="comm", deps=(tail,), tag=tag))
+        if ebytes > 0 and len(edp_group) > 1:  # the experts' gradients, over their replicas
+            grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, ebytes, edp_group),
+                                  f"expert-dp {kind} bucket {k}", kind="comm", deps=(tail,), tag=tag))
     return tail
 
 
@@ -252,19 +269,25 @@ def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, wbytes):
     """Gradient sync not yet issued, the optimizer step, and ZeRO's weight all-gather."""
     chunks = [costs[c * lay.pp + stage] for c in range(lay.virtual_stages)]
     params = sum(ch.params for ch in chunks)
+    experts = sum(ch.expert_params for ch in chunks)
     if lay.dp > 1 and not grad_ops:  # no overlap: one pass over all gradients after backward
         kind = "reducescatter" if lay.zero in (1, 2) else "allreduce"
         tail = g.tail(r, "compute")
-        grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, params * wbytes, dp_group),
+        grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, (params - experts) * wbytes, dp_group),
                               f"dp {kind} gradients", kind="comm", deps=(tail,) if tail >= 0 else ()))
+        edp_group = coster.group("edp", stage)
+        if experts > 0 and len(edp_group) > 1:
+            grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, experts * wbytes, edp_group),
+                                  f"expert-dp {kind} gradients", kind="comm",
+                                  deps=(tail,) if tail >= 0 else ()))
     if not lay.optimizer_step:
         if grad_ops:
             g.sync(r, grad_ops, 0.0, "wait for gradients")
         return
-    opt = g.gpu(r, "compute", optimizer_ms(params, lay, coster), "optimizer step",
+    opt = g.gpu(r, "compute", optimizer_ms(params, lay, coster, experts), "optimizer step",
                 launch_ms=host.launch_us / 1e3, deps=tuple(grad_ops))
     if lay.zero in (1, 2) and lay.dp > 1:
-        g.gpu(r, "comm", coster.comm_ms("allgather", params * wbytes, dp_group),
+        g.gpu(r, "comm", _sharded_comm_ms(coster, "allgather", params, experts, wbytes, stage),
               "zero all-gather weights", kind="comm", deps=(opt,))
     if host.step_overhead_ms > 0:
         g.cpu(r, host.step_overhead_ms, "step overhead")

@@ -15,7 +15,7 @@ from kit.errors import KitError
 from kit.parallel.gpt import (Block, GPTSpec, backward_of, embedding_forward, head_backward, head_forward,
                              layer_forward)
 from kit.parallel.layout import Layout
-from kit.parallel.memory import local_params, stage_layers
+from kit.parallel.memory import layer_expert_params, local_params, stage_layers
 
 ATTENTION_CORE = ("attention", "softmax", "dropout")
 # predictions are pure functions of (predictor, GPU, op) and (system, collective): cache them
@@ -63,11 +63,13 @@ class ChunkCost:
     fwd: Phase = field(default_factory=Phase)
     bwd: Phase = field(default_factory=Phase)
     layer_bwd_ms: list = field(default_factory=list)  # per layer, backward order
-    layer_grad_bytes: list = field(default_factory=list)  # per layer, backward order
+    layer_grad_bytes: list = field(default_factory=list)  # per layer, backward order; dense part
+    layer_expert_grad_bytes: list = field(default_factory=list)  # per layer: this rank's experts
     layer_bwd_comm_ms: list = field(default_factory=list)  # per layer's TP/EP comm, backward order
     head_bwd_ms: float = 0.0  # the LM head's backward compute (the last chunk's; it runs first)
     head_bwd_comm_ms: float = 0.0
-    params: float = 0.0
+    params: float = 0.0  # this rank's parameters in the chunk, its expert shard included
+    expert_params: float = 0.0  # of which expert weights (reduced over the expert-DP group)
 
 
 def _recompute_blocks(fwd: list[Block], how: str) -> list[Block]:
@@ -183,7 +185,8 @@ class Coster:
 
     def group(self, name: str, stage: int) -> list[int]:
         lay = self.layout
-        return {"tp": lay.tp_group(stage), "ep": lay.ep_group(stage), "dp": lay.dp_group(stage)}[name]
+        return {"tp": lay.tp_group(stage), "ep": lay.ep_group(stage), "dp": lay.dp_group(stage),
+                "edp": lay.edp_group(stage)}[name]
 
     def add(self, phase: Phase, blocks: list[Block], stage: int, factors: bool = False,
             gemm_factor: float = 1.0) -> float:
@@ -295,25 +298,34 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> l
             _accumulate(c.bwd, b)
             c.layer_bwd_ms.append(t)
             c.layer_bwd_comm_ms.append(b.comm_ms)
-            c.layer_grad_bytes.append(spec.layer_params(layer) / lay.tp * grad_bytes)
+            # expert weights are sharded over the EP group and reduced over the expert-DP group
+            # (kit.parallel.build); the rest of the layer over the whole DP group
+            experts = layer_expert_params(spec, layer)
+            c.layer_grad_bytes.append((spec.layer_params(layer) - experts) / lay.tp * grad_bytes)
+            c.layer_expert_grad_bytes.append(experts / (lay.tp * lay.ep) * grad_bytes)
         if vi == 0:
             coster.add(c.bwd, emb[1], stage)
         out.append(c)
     for stage in range(lay.pp):
         total = local_params(spec, lay, stage)
         chunks = [out[c * lay.pp + stage] for c in range(lay.virtual_stages)]
-        layer_sum = sum(sum(ch.layer_grad_bytes) for ch in chunks) / grad_bytes
+        layer_sum = sum(sum(ch.layer_grad_bytes) + sum(ch.layer_expert_grad_bytes) for ch in chunks) / grad_bytes
         for ch in chunks:  # embedding/head parameters go to the chunk that owns them
-            ch.params = sum(ch.layer_grad_bytes) / grad_bytes
+            ch.expert_params = sum(ch.layer_expert_grad_bytes) / grad_bytes
+            ch.params = sum(ch.layer_grad_bytes) / grad_bytes + ch.expert_params
         chunks[0].params += max(total - layer_sum, 0.0)
     return out
 
 
-def optimizer_ms(params: float, layout: Layout, coster: Coster) -> float:
-    """Adam over the local (ZeRO-sharded) fp32 state: read param, grad, m, v; write param, m, v."""
+def optimizer_ms(params: float, layout: Layout, coster: Coster, expert_params: float = 0.0) -> float:
+    """Adam over the local (ZeRO-sharded) fp32 state: read param, grad, m, v; write param, m, v.
+    params: the rank's parameters, expert_params of them its expert shard, which ZeRO shards
+    over the expert-DP group (dp / ep ranks), the rest over the DP group."""
     from kit import ops
 
-    n = int(params / (layout.dp if layout.zero >= 1 else 1))
+    zero = layout.zero >= 1
+    n = int((params - expert_params) / (layout.dp if zero else 1)
+            + expert_params / (layout.dp // layout.ep if zero else 1))
     if n < 1:
         return 0.0
     op = ops.Elementwise("add", n, "fp32", inputs=6)

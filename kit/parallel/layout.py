@@ -113,6 +113,11 @@ class Layout:
     def ep_group(self, pp_i: int = 0, tp_i: int = 0) -> list[int]:
         return [self.rank(pp_i, d, tp_i) for d in range(self.ep)]
 
+    def edp_group(self, pp_i: int = 0, tp_i: int = 0, dp_i: int = 0) -> list[int]:
+        """The expert-data-parallel group of DP rank dp_i: the dp / ep ranks that hold the same
+        experts (one from each EP group), over which those experts' gradients are reduced."""
+        return [self.rank(pp_i, d, tp_i) for d in range(dp_i % self.ep, self.dp, self.ep)]
+
     def pp_pair(self, pp_i: int) -> list[int]:
         """Ranks of stage pp_i and pp_i + 1 at dp 0, tp 0 (a point-to-point link)."""
         return [self.rank(pp_i, 0, 0), self.rank(pp_i + 1, 0, 0)]

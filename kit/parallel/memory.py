@@ -44,6 +44,11 @@ def stage_layers(spec: GPTSpec, layout: Layout) -> list[list[int]]:
     return out
 
 
+def layer_expert_params(spec: GPTSpec, layer: int) -> int:
+    """The expert weights of a layer (0 for a dense one): what expert parallelism shards."""
+    return spec.experts * spec.mlp_matrices * spec.hidden * spec.f if spec.is_moe(layer) else 0
+
+
 def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
     """Parameters one rank of `stage` holds (TP- and EP-sharded), before ZeRO."""
     t, e = layout.tp, layout.ep
@@ -51,12 +56,8 @@ def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
     n = 0.0
     for c in range(layout.virtual_stages):
         for layer in chunks[c * layout.pp + stage]:
-            p = spec.layer_params(layer)
-            if spec.is_moe(layer):
-                experts = spec.experts * spec.mlp_matrices * spec.hidden * spec.f
-                n += (p - experts) / t + experts / (t * e)
-            else:
-                n += p / t
+            p, experts = spec.layer_params(layer), layer_expert_params(spec, layer)
+            n += (p - experts) / t + experts / (t * e)
     if stage == 0:
         n += spec.vocab * spec.hidden / t + (0 if spec.rope else spec.seq * spec.hidden)
     if stage == layout.pp - 1 and (layout.pp > 1 or spec.rope):
