@@ -1,6 +1,7 @@
 """kit.parallel.opgraph: Megatron TP/PP sharding of a captured op graph, against hand counts and
 against the analytic GPT layer."""
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -110,7 +111,27 @@ def test_auto_uses_the_captured_graph_for_zoo_models_only(gpt2):
     inline = predict_parallel("gpt:layers=4,hidden=256,heads=4,seq=128", "dgx-a100", lay)
     assert inline["kernels_from"] == "analytic GPT layer"
     sp = predict_parallel("gpt2", "dgx-a100", lay.with_(sequence_parallel=True))
-    assert sp["kernels_from"] == "analytic GPT layer"
+    # said, since the same layout without sequence parallelism costs other kernels
+    assert sp["kernels_from"].startswith("analytic GPT layer (sequence and expert parallelism")
+    assert "--kernels analytic" in sp["kernels_from"]
+    forced = predict_parallel("gpt2", "dgx-a100", lay, graph=False)
+    assert forced["kernels_from"] == "analytic GPT layer"
+
+
+def test_cli_kernels_option_picks_the_source(gpt2, capsys):
+    from kit.cli import main
+
+    base = ["predict", "gpt2", "--system", "dgx-a100", "--tp", "2", "--batch", "1", "--json"]
+    sources = {}
+    for extra in ([], ["--kernels", "analytic"], ["--kernels", "graph"]):
+        assert main(base + extra) == 0
+        sources[tuple(extra)] = json.loads(capsys.readouterr().out)["kernels_from"]
+    assert sources[()].startswith("captured op graph") and sources[("--kernels", "graph")] == sources[()]
+    assert sources[("--kernels", "analytic")] == "analytic GPT layer"
+    assert main(base + ["--kernels", "graph", "--sequence-parallel"]) == 2
+    assert "--kernels graph" in capsys.readouterr().err
+    assert main(["predict", "gpt2", "--gpu", "a100-sxm4-80gb", "--kernels", "analytic"]) == 2
+    assert "--kernels is a multi-GPU option" in capsys.readouterr().err
 
 
 def test_graph_errors_are_one_line(gpt2):

@@ -28,11 +28,16 @@ def add_parallel_args(p) -> None:
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--no-overlap", action="store_true", help="all-reduce gradients after backward")
     g.add_argument("--profile", default="default", help="host profile: default, megatron-a100, ...")
+    g.add_argument("--kernels", default="auto", choices=["auto", "graph", "analytic"],
+                   help="where the per-rank kernels come from: the model's captured op graph, or the "
+                        "analytic Megatron layer (sequence and expert parallelism need it); auto: the "
+                        "graph for zoo models where the layout allows it. Give the same choice to "
+                        "runs you compare")
     p.set_defaults(func=_needs_system(p.get_default("func"), p))
 
 
 _LAYOUT_FLAGS = ("nodes", "dp", "tp", "pp", "ep", "micro_batch", "global_batch", "virtual_stages", "schedule",
-                 "zero", "recompute", "sequence_parallel", "no_overlap", "profile")
+                 "zero", "recompute", "sequence_parallel", "no_overlap", "profile", "kernels")
 
 
 def _needs_system(func, parser):
@@ -83,8 +88,13 @@ def run_parallel(args) -> dict:
                  schedule=args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b"),
                  zero=args.zero, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
                  dtype=dtype, overlap_grad_reduce=not args.no_overlap)
+    kernels = getattr(args, "kernels", "auto")
+    if kernels == "graph" and (lay.sequence_parallel or lay.ep > 1):
+        raise KitError("--kernels graph: the captured op graph has no sequence or expert parallelism; "
+                       "drop --sequence-parallel/--ep or use --kernels analytic")
     out = predict_parallel(spec, args.system, lay, nodes=args.nodes, predictor=args.predictor,
-                           host=get_profile(args.profile), keep=bool(args.trace))
+                           host=get_profile(args.profile), keep=bool(args.trace),
+                           graph={"auto": "auto", "graph": True, "analytic": False}[kernels])
     res = out.pop("_result", None)
     if args.trace and res is not None:
         from kit.trace.perfetto import write_perfetto

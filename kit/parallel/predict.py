@@ -117,7 +117,13 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         "kernels_from": (f"captured op graph ({source.nodes} kernels per micro-batch)"
                          if source is not None else "analytic GPT layer"
                          + (" (the host profile was fitted on it)"
-                            if graph == "auto" and spec.zoo is not None and profile_kernels else "")),
+                            if graph == "auto" and spec.zoo is not None and profile_kernels else "")
+                         + (" (sequence and expert parallelism are costed on it alone; the same "
+                            "layout without them costs this zoo model's captured graph, other "
+                            "kernels: compare runs with the same source, graph=False / --kernels "
+                            "analytic)"
+                            if graph == "auto" and spec.zoo is not None and not profile_kernels
+                            and (layout.sequence_parallel or layout.ep > 1) else "")),
         "kernel_costing": {"in_stream": coster.in_stream, "isolation_floor_ms": coster.floor_ms,
                            "note": _costing_note(coster, layout, source is not None)},
         "seconds": time.perf_counter() - t0,
