@@ -284,9 +284,12 @@ def test_a_plain_3x3_conv_may_run_as_winograd_others_may_not():
     assert 36 * tiles * 64 * 128 < implicit.flops / 2  # 36 multiplies per tile, not 16 x 9
     for layer in (nn.Conv2d(64, 128, 3, stride=2, padding=1, bias=False),
                   nn.Conv2d(64, 128, 1, bias=False),
-                  nn.Conv2d(64, 128, 3, padding=2, dilation=2, bias=False),
-                  nn.Conv2d(64, 128, 3, padding=1, groups=2, bias=False)):
+                  nn.Conv2d(64, 128, 3, padding=2, dilation=2, bias=False)):
         assert isinstance(_conv_node(layer, (2, 64, 30, 30)).op, Gemm), layer
+    # a grouped 3x3 conv runs its per-group GEMM, bounded by the dense conv of its channels
+    # (implicit GEMM or Winograd over the block-diagonal weight)
+    grouped = _conv_node(nn.Conv2d(64, 128, 3, padding=1, groups=2, bias=False), (2, 64, 30, 30)).op
+    assert isinstance(grouped.options[0], Gemm) and grouped.options[0].b == 2
 
 
 def test_a_conv_costs_its_fastest_way():

@@ -145,11 +145,15 @@ def _groups(args, at: int) -> int:
 def grouped_ways(cin: int, cout: int, groups: int) -> tuple[list[int], bool]:
     """How a conv of `groups` groups over cin -> cout channels may run: the group counts of its
     GEMMs (its own first; for a narrow conv, then the super-groups a multiple-group tile fills,
-    then 1, the dense conv) and whether a direct kernel applies. A dense or wide-group conv:
-    ([groups], False)."""
+    then 1, the dense conv) and whether a direct kernel applies. A dense conv: ([1], False); a
+    wide-group one: ([groups, 1], False), its per-group GEMM bounded by the dense conv (a group
+    of 8 x 32 channels' weight gradient, a b = 8 GEMM of 32 x 32 outputs over N·H·W, had come out
+    1.4x slower than the dense conv's that contains it, at 8x the FLOPs)."""
     cin_g, cout_g = cin // groups, cout // groups
-    if groups == 1 or min(cin_g, cout_g) >= NARROW_GROUP_CHANNELS:
+    if groups == 1:
         return [groups], False
+    if min(cin_g, cout_g) >= NARROW_GROUP_CHANNELS:
+        return [groups, 1], False
     # the most super-groups (a divisor of groups) whose channels fill the narrowest tile
     fill = max((d for d in range(1, groups + 1)
                 if groups % d == 0 and min(cin, cout) // d >= NARROW_GROUP_CHANNELS), default=1)
@@ -167,7 +171,7 @@ def direct(nbytes: float, flops: float, dtype: str, label: str) -> Derived:
 
 def conv_forward(args, outs, dtype: str):
     """The kit op of a convolution's forward: its implicit GEMM, or the Cheapest of that and
-    Winograd for a plain 3x3 one. A narrow grouped conv (grouped_ways) is the Cheapest of its
+    Winograd for a plain 3x3 one. A grouped conv (grouped_ways) is the Cheapest of its
     per-group GEMM (first: its FLOPs and bytes are the ones reported), the super-group GEMM,
     the dense conv (implicit GEMM or Winograd) and a direct kernel (x, w and y once)."""
     x, y = args[0], outs[0]
@@ -264,7 +268,7 @@ def conv_backward(args, dtype: str):
     N·(pixels of the smaller side)·Cin/g·Cout/g·kernel per group; a strided convolution's input
     gradient is the GEMM over the input's pixels with K shrunk by the stride (implicit dgrad).
 
-    A narrow grouped conv (grouped_ways) picks, per gradient, the cheapest of its per-group GEMM,
+    A grouped conv (grouped_ways) picks, per gradient, the cheapest of its per-group GEMM,
     the super-group and dense GEMMs and a direct kernel (input gradient: grad and w read, dx
     written; weight gradient: grad and x read, dw written): the Cheapest of every combination,
     the per-group GEMMs first (their FLOPs and bytes are the ones reported)."""
