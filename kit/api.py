@@ -141,14 +141,12 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         out.update(tile_dims=list(t.tile_dims), blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,
                    last_wave_fill=t.last_wave_fill, threads_per_block=t.threads_per_block)
     if model.name == "tile":
-        from kit.predict.tensor_core import curve_attention, curve_gemm
+        from kit.predict.tensor_core import attention_params_for, curve_attention, curve_gemm, params_for
 
-        if cls == "gemm" and curve_gemm(gpu, op):
-            out["source"] = "kit.predict.tensor_core"  # a measured curve, not the tile-MLP
-        elif curve_attention(gpu, op):
-            from kit.predict.tensor_core import attention_params_for
-
-            carried = attention_params_for(gpu, op.dtype).get("carried_from")
+        params = (params_for(gpu, op.dtype) if cls == "gemm" and curve_gemm(gpu, op)
+                  else attention_params_for(gpu, op.dtype) if curve_attention(gpu, op) else None)
+        if params is not None and out.get("tile") != "gemv":  # a curve, not the tile-MLP
+            carried = params.get("carried_from")
             out["source"] = "kit.predict.tensor_core" + (f" (carried from the {carried} curve)" if carried else "")
     return out
 

@@ -24,8 +24,11 @@ def tile():
 
 def test_which_gemms_are_gemvs():
     ops = [Gemm(m=1, n=4096, k=4096), Gemm(m=4096, n=1, k=4096, b=3), Gemm(m=2, n=4096, k=4096),
-           Gemm(m=1, n=4096, k=4096, dtype="bf16"), Gemm(m=1, n=4096, k=4096, dtype="tf32")]
-    assert applies(get_gpu("a100-sxm4-80gb"), ops).tolist() == [True, True, False, True, True]
+           Gemm(m=1, n=4096, k=4096, dtype="bf16"), Gemm(m=1, n=4096, k=4096, dtype="tf32"),
+           Gemm(m=1, n=4095, k=4095, dtype="bf16", align=1)]
+    # an aligned 16-bit GEMV takes the tensor-core curve carried from the H200
+    assert applies(get_gpu("a100-sxm4-80gb"), ops).tolist() == [True, True, False, False, True, True]
+    assert applies(get_gpu("p100-pcie-16gb"), [Gemm(m=1, n=4096, k=4096, dtype="fp16")]).all()  # no tensor cores
     assert not applies(get_gpu("mi300x"), ops).any()  # rocBLAS: not measured
     # on Hopper an aligned 16-bit GEMV keeps the measured tensor-core curve; an unaligned one streams
     hopper = [Gemm(m=1, n=4096, k=4096, dtype="bf16", align=8), Gemm(m=1, n=4095, k=4095, dtype="bf16", align=1),
@@ -36,10 +39,13 @@ def test_which_gemms_are_gemvs():
 @pytest.mark.parametrize("gpu", ["a100-sxm4-80gb", "l4", "rtx-4090"])
 def test_a_16_bit_gemv_is_never_slower_than_the_same_fp32_one(tile, gpu):
     """It was: the tile-MLP priced a bf16 GEMV as a padded tile at the unaligned 16-bit share of
-    the peak (1x512x4096 on an A100: 62 us, the fp32 one 37 us); half the bytes now stream."""
-    for shape in ({"m": 1, "n": 512, "k": 4096}, {"m": 4096, "n": 1, "k": 14336}):
+    the peak (1x512x4096 on an A100: 62 us, the fp32 one 37 us). An unaligned one streams half the
+    bytes; an aligned one takes the tensor-core curve carried from the H200."""
+    for shape in ({"m": 1, "n": 512, "k": 4096}, {"m": 4096, "n": 1, "k": 14336},
+                  {"m": 1, "n": 511, "k": 4095, "align": 1}):
         rows = tile.predict([Gemm(**shape, dtype=d) for d in ("fp32", "bf16", "fp16")], gpu)
-        assert (rows.tile == "gemv").all()
+        assert rows.tile.iloc[0] == "gemv"
+        assert (rows.tile.iloc[1:] == "gemv").all() == (shape.get("align") == 1), rows.tile.tolist()
         fp32, bf16, fp16 = rows.latency_ms.tolist()
         assert bf16 == fp16 < fp32, (gpu, shape, rows.latency_ms.tolist())
 

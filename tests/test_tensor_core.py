@@ -49,7 +49,12 @@ def test_which_gpus_dtypes_and_alignments_take_the_curve():
     h200, a100 = get_gpu("h200"), get_gpu("a100-pcie-40gb")
     assert params_for(h200, "bf16") is not None and params_for(h200, "fp16") is not None
     assert params_for(h200, "fp32") is None  # SIMT sgemm: the tile-MLP's own ground
-    assert params_for(a100, "bf16") is None
+    # GEMMs: measured on Hopper, carried to NVIDIA's other tensor-core GPUs with a wider band;
+    # FP32 (SIMT), FP8 and AMD keep the tile-MLP
+    assert params_for(a100, "bf16")["carried_from"] and "carried_from" not in params_for(h200, "bf16")
+    assert params_for(a100, "bf16")["band_log"][1] > params_for(h200, "bf16")["band_log"][1]
+    assert params_for(a100, "fp32") is None and params_for(get_gpu("mi300x"), "bf16") is None
+    assert params_for(get_gpu("h100-sxm"), "fp8") is None
     # attention has a curve everywhere: measured on Hopper in 16-bit, carried elsewhere, wider
     measured, carried = attention_params_for(h200, "bf16"), attention_params_for(a100, "bf16")
     assert "carried_from" not in measured and carried["carried_from"]
@@ -60,7 +65,7 @@ def test_which_gpus_dtypes_and_alignments_take_the_curve():
         {k: measured[k] for k in ("a", "beta", "c0_us", "eff_max")}
     assert applies(h200, "bf16", [8, 4, 2, 1]).tolist() == [True, False, False, False]
     assert applies(h200, "tf32", [4, 2, 1]).tolist() == [True, False, False]  # 4 x 4 bytes = 16
-    assert not applies(a100, "bf16", [8]).any()
+    assert applies(a100, "bf16", [8, 1]).tolist() == [True, False]
 
 
 def test_tile_predictor_uses_the_curve_on_hopper_only():
@@ -77,7 +82,7 @@ def test_tile_predictor_uses_the_curve_on_hopper_only():
     # unaligned: the tile-MLP against the unaligned share of the peak, far slower than the curve
     odd = tile.predict([replace(g, align=1)], h200).iloc[0]
     assert odd.latency_ms > 3 * row.latency_ms
-    # fp32 on the same GPU, and bf16 on an Ampere GPU, keep the tile-MLP (not the curve)
+    # fp32 on the same GPU keeps the tile-MLP (not the curve)
     f32 = tile.predict([replace(g, dtype="fp32")], h200).iloc[0]
     t32 = kernel_ms_of([f32.roofline_ms], params_for(h200, "bf16"))[0][0]
     assert abs(f32.latency_ms - floor - t32) / t32 > 0.05
@@ -209,7 +214,8 @@ def test_kit_op_says_when_the_curve_answered(capsys):
 
     g = Gemm(m=4096, n=4096, k=4096, dtype="bf16")
     assert predict_op(g, "h200")["source"] == "kit.predict.tensor_core"
-    assert "source" not in predict_op(g, "a100-pcie-40gb")
+    assert predict_op(g, "a100-pcie-40gb")["source"] == "kit.predict.tensor_core (carried from the h200 bf16 curve)"
+    assert "source" not in predict_op(g, "mi300x")
     assert "source" not in predict_op(replace(g, dtype="fp32"), "h200")
     assert "source" not in predict_op(g, "h200", "wave")
     main(["op", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--gpu", "h200", "--dtype", "bf16"])

@@ -57,11 +57,14 @@ def text(r):
              *([] if r["op"] == "memcpy" else  # a copy over a link has no FLOPs and no ridge
                [f"  intensity {r['intensity_flops_per_byte']:.1f} FLOP/B vs ridge {r['ridge_flops_per_byte']:.1f} FLOP/B"]),
              f"  work      {r['flops']:.3g} FLOPs, {r['bytes']:.3g} bytes"]
-    if r.get("source") == "kit.predict.tensor_core":
+    if str(r.get("source", "")).startswith("kit.predict.tensor_core"):
+        carried = "carried" in r["source"]
         lines.append("  source    a curve measured on an H200 (kit.predict.tensor_core): Hopper's aligned"
                      " tensor-core kernels reach a share of the roofline set by their size, not by"
-                     " their tiles, so the latency is that curve plus the dispatch floor; the tiling"
-                     " below is the kit's tile choice, for the picture")
+                     " their tiles, so the latency is that curve plus the dispatch floor"
+                     + ("; carried over to this GPU as a share of its own peak, with a wider band:"
+                        " no tensor-core kernel of it was timed" if carried else "")
+                     + "; the tiling below is the kit's tile choice, for the picture")
     if r.get("tile") == "gemv":
         lines.append("  source    cuBLAS's gemv kernels (m or n of 1) stream the matrix once: a share"
                      " of the DRAM bandwidth measured on an H200 (kit.predict.gemv) plus the dispatch"

@@ -12,15 +12,17 @@ its aligned FP32 and TF32 sweeps of other shapes (16% MAPE there; the tile-MLP 1
 DRAM-bound kernel's share of the bandwidth is what carries over between GPUs; the constants are
 the H200's alone (measurements/h200-2026-12-04 and -b).
 
-16-bit GEMVs stream too where no measured curve covers them (every GPU but Hopper, and Hopper's
-unaligned ones): the tile-MLP had them as a padded tile at the unaligned 16-bit share of the
+16-bit GEMVs stream too where no tensor-core curve covers them (unaligned ones, and GPUs
+without tensor cores): the tile-MLP had them as a padded tile at the unaligned 16-bit share of the
 peak, so a bf16 GEMV on an A100 came out slower than the same fp32 one (62 against 37 us for
 1x512x4096). On the H200's 16-bit GEMV rows off the curve (its random bf16 and fp16 sweeps,
 mostly unaligned) this rule, with the FP32 constants, scores the MAPE that benchmarks/gemv_fit.py
 prints as check_16bit (31% over 387 rows, against 86% for the tile-MLP); it leans fast there (those
 small kernels reach less of the bandwidth than FP32's), so its band is the FP32 fit's. Aligned
-16-bit GEMVs on Hopper keep the measured curve (kit.predict.tensor_core), which fits them better
-(9-15% on the decode sweeps).
+16-bit GEMVs take the tensor-core curve (kit.predict.tensor_core: measured on Hopper, carried to
+NVIDIA's other tensor-core GPUs), which fits them better on the H200 (9-15% on the decode
+sweeps); at this rule's 51% of the bandwidth, a batch-1 decode step on an A100 had come out
+slower than a batch-2 one, whose m = 2 GEMMs stream at the roofline in the stream.
 """
 from __future__ import annotations
 

@@ -65,9 +65,26 @@ def _carried(params: dict) -> dict:
 CARRIED_ATTENTION = _carried(_ATTENTION)
 
 
+# NVIDIA architectures with tensor cores, where cuBLAS runs 16-bit (and, from Ampere, TF32) GEMMs
+# on them. Off Hopper no tensor-core GEMM has been timed here; there the H200's curve is carried
+# over as a share of the GPU's own peak, its band widened (CARRIED_GEMM), as for attention. The
+# tile-MLP it replaces there had learned its utilisation from FP32 SIMT kernels, and on Hopper,
+# where tensor-core kernels were measured, that utilisation was 46% off (module doc); off Hopper
+# it put large GEMMs at 91-98% of the tensor peak (A100, V100), a 64-tile 1024^3 GEMM on an A100's
+# 108 SMs at 91% in the stream, and a 2x2x2 one 8x faster than a 1x1x1 one.
+TENSOR_CORE_ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+CARRIED_GEMM = {dtype: _carried(params) for dtype, params in TENSOR_CORE_GEMM["hopper"].items()}
+
+
 def params_for(gpu, dtype: str) -> dict | None:
-    """The fitted curve for GEMMs of `dtype` on `gpu` (None: the tile-MLP's)."""
-    return TENSOR_CORE_GEMM.get(getattr(gpu, "arch", None), {}).get(dtype)
+    """The curve for GEMMs of `dtype` on `gpu`: measured (TENSOR_CORE_GEMM), carried from the
+    H200 (CARRIED_GEMM, marked "carried_from") on NVIDIA's other tensor-core architectures, or
+    None (the tile-MLP's: FP32, FP8, AMD)."""
+    arch = getattr(gpu, "arch", None)
+    measured = TENSOR_CORE_GEMM.get(arch, {}).get(dtype)
+    if measured is not None or getattr(gpu, "vendor", None) != "nvidia" or arch not in TENSOR_CORE_ARCHS:
+        return measured
+    return CARRIED_GEMM.get(dtype)
 
 
 def attention_params_for(gpu, dtype: str) -> dict:
