@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kit.errors import KitError, whole_number
+from kit.errors import KitError, need_path, whole_number, yes_no
 from kit.hardware import get_gpu, list_gpus
 from kit.predict import get_predictor, roofline
 from kit.tiling import tiling
@@ -66,10 +66,7 @@ def _need_op(op, verb: str) -> None:
 
 def _path_arg(value, what: str):
     """value as given, once it is a path: a non-empty string or an os.PathLike."""
-    if isinstance(value, bytes) or not (isinstance(value, str) or hasattr(value, "__fspath__")) \
-            or not str(value).strip():
-        raise KitError(f"{what} must be a path (a non-empty string or Path), got {value!r}")
-    return value
+    return need_path(value, what)
 
 
 def op_tiling(op, gpu, predictor: str = "auto"):
@@ -162,6 +159,9 @@ def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_ada
     if memory_gib is not None and (isinstance(memory_gib, bool)
                                    or not isinstance(memory_gib, (int, float)) or not memory_gib > 0):
         raise KitError(f"memory_gib must be a positive number of GiB (or None), got {memory_gib!r}")
+    if isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float)) \
+            or not 0 < time_budget_s < float("inf"):  # as the CLI's --budget-s: no search is no plan
+        raise KitError(f"time budget must be a positive number of seconds, got {time_budget_s!r}")
     if kinds is not None and not isinstance(kinds, str) and not (
             isinstance(kinds, (list, tuple)) and all(isinstance(k, str) for k in kinds)):
         raise KitError(f"kinds must be names (\"rw,dp\" or a list of them), got {kinds!r}")
@@ -187,9 +187,12 @@ def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | No
     Returns a kit.workload.iteration.Iteration (total_ms, phases_ms, by_class(), top_kernels(),
     timeline, to_trace(), to_dict()).
     """
+    from kit.workload.fusion import check_fusion
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of, memory_fit
 
+    check_fusion(fusion)  # before the capture; iteration() memoises on it as a dict key
+    loss = yes_no(loss, "loss")
     if loss is not True and mode != "train":  # as the CLI's --no-loss: it would change nothing
         raise KitError(f"loss={loss!r} goes with mode 'train' (got mode {mode!r}): only a training "
                        "step has a loss to leave out")

@@ -28,3 +28,22 @@ def whole_number(value, what: str, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise KitError(f"{what} must be a whole number of at least {low}, got {value!r}")
     return int(value)
+
+
+def need_path(value, what: str):
+    """value as given, once it is a path: a non-empty string or an os.PathLike (not bytes); else
+    a KitError naming `what`."""
+    if isinstance(value, bytes) or not (isinstance(value, str) or hasattr(value, "__fspath__")) \
+            or not str(value).strip():
+        raise KitError(f"{what} must be a path (a non-empty string or os.PathLike), got {value!r}")
+    return value
+
+
+def yes_no(value, what: str) -> bool:
+    """value as a Python bool, once it is one (a numpy bool too); else a KitError naming `what`:
+    a string such as "no" or a number would otherwise count by its truth."""
+    import numpy as np
+
+    if not isinstance(value, (bool, np.bool_)):
+        raise KitError(f"{what} must be True or False, got {value!r}")
+    return bool(value)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kit.errors import KitError
+from kit.errors import KitError, yes_no
 
 # bytes per element; tf32 is stored as fp32
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -40,18 +40,27 @@ DROPOUT_FLOPS_PER_ELEM = 3  # random draw compare (1), mask (1), scale by 1/(1-p
 def dtype_bytes(dtype: str) -> int:
     try:
         return DTYPE_BYTES[dtype]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: a list or dict, which no dict key can be
         raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}") from None
 
 
+# no tensor has a dimension (or element or byte count) past int64, which torch and CUDA index
+# with; below it an op's FLOPs and bytes (products of a few dims) stay finite as float64
+MAX_DIM = 2**63 - 1
+
+
 def _positive_ints(op: str, obj, **dims) -> None:
-    """Each dim a positive whole number; a numpy integer is stored on obj as a Python int."""
+    """Each dim a positive whole number of at most MAX_DIM; a numpy integer is stored on obj as a
+    Python int."""
     for name, value in dims.items():
         if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
             value = int(value)  # numpy integers (not numpy bools: they are not Integral)
             object.__setattr__(obj, name, value)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise KitError(f"{op}: {name} must be a positive whole number, got {value!r}")
+        if value > MAX_DIM:  # shown by its digits: a float cannot hold 10**400
+            raise KitError(f"{op}: {name} ~10^{len(str(value)) - 1} is more than any tensor holds (at most "
+                           f"2**63 - 1, the int64 that torch and CUDA index with)")
 
 
 GEMM_KINDS = ("bmm", "linear", "mm")
@@ -298,6 +307,7 @@ class Attention:
         _positive_ints("attention", self, b=self.b, heads=self.heads, seq_q=self.seq_q,
                        seq_kv=self.seq_kv, head_dim=self.head_dim)
         dtype_bytes(self.dtype)
+        object.__setattr__(self, "causal", yes_no(self.causal, "attention: causal"))
         if self.kv_heads is not None:  # grouped-query: each K/V head serves heads / kv_heads queries
             _positive_ints("attention", self, kv_heads=self.kv_heads)
             if self.heads % self.kv_heads:

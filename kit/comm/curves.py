@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from kit.comm.conventions import busbw_factor, canonical_kind
-from kit.errors import KitError
+from kit.errors import KitError, need_path
 
 CALIBRATION_FORMAT = "kit-comm-calibration"
 
@@ -112,6 +113,11 @@ class BandwidthCurve:
 
 
 def curve_from_dict(d: dict, where: str = "curve") -> BandwidthCurve:
+    for name in ("ranks", "nodes"):  # int("8") and int(8.5) would take a string or a fraction
+        v = d.get(name, 0) if isinstance(d, dict) else 0
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise KitError(f"{where}: {name} must be a whole number (not a string or a fraction), "
+                           f"got {v!r}")
     try:
         c = BandwidthCurve(kind=canonical_kind(d["kind"]), ranks=int(d["ranks"]),
                            floor_us=float(d["floor_us"]), busbw_max_gbs=float(d["busbw_max_gbs"]),
@@ -137,6 +143,9 @@ def curve_from_dict(d: dict, where: str = "curve") -> BandwidthCurve:
                        "floor_us finite and >= 0")
     if c.upper is not None and not (c.switch_bytes > 0 and c.upper.kind == c.kind and c.upper.ranks == c.ranks):
         raise KitError(f"{where}: an upper regime needs a positive switch_bytes and the same kind and ranks")
+    if not 0 <= c.min_bytes <= c.max_bytes and (c.min_bytes, c.max_bytes) != (0, 0):  # (0, 0): not recorded
+        raise KitError(f"{where}: the sizes fitted must run from min_bytes up to max_bytes (both >= 0), "
+                       f"got min_bytes {c.min_bytes:g} and max_bytes {c.max_bytes:g}")
     return c
 
 
@@ -321,7 +330,7 @@ def slow_curves(cal: Calibration, system) -> list[str]:
 def load_calibration(path: str | Path | Calibration) -> Calibration:
     if isinstance(path, Calibration):
         return path
-    path = Path(path)
+    path = Path(need_path(path, "the calibration file"))
     try:
         d = json.loads(path.read_text())
     except FileNotFoundError:
@@ -342,6 +351,13 @@ def load_calibration(path: str | Path | Calibration) -> Calibration:
     curves = tuple(curve_from_dict(c, f"{path} curve {i}") for i, c in enumerate(listed))
     if not curves:
         raise KitError(f"calibration {path} has no curves")
+    seen = {}
+    for i, c in enumerate(curves):  # a second curve would never be read: curve() takes the first
+        first = seen.setdefault((c.kind, c.ranks, c.nodes), i)
+        if first != i:
+            on = f" on {c.nodes} node(s)" if c.nodes else ""
+            raise KitError(f"calibration {path}: curves {first} and {i} are both for {c.kind} on "
+                           f"{c.ranks} ranks{on}; keep one")
     return Calibration(system=str(d.get("system", "")), curves=curves, source=str(path))
 
 

@@ -337,9 +337,14 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
         # rows land one line each as they are measured: beside --out (FILE.rows.jsonl, kept if
         # the sweep dies, removed once FILE is written), else in a temporary folder
         result = os.path.join(tmp, "rows.jsonl") if out is None else str(rows_path(out))
-        if out is not None:
-            Path(result).parent.mkdir(parents=True, exist_ok=True)
-            Path(result).unlink(missing_ok=True)
+        if out is not None:  # a fresh, empty rows file: an unwritable --out fails before any rank starts
+            try:
+                Path(result).parent.mkdir(parents=True, exist_ok=True)
+                Path(result).unlink(missing_ok=True)
+                Path(result).touch()
+            except OSError as e:
+                raise KitError(f"cannot write beside --out {out} ({result}): {e.strerror or e}; "
+                               "choose another --out") from None
         saved = {v: os.environ.get(v) for v in _THREAD_VARS}
         os.environ.update({v: "1" for v in _THREAD_VARS})  # spawned ranks start single-threaded
         try:
@@ -351,6 +356,8 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
             kept = read_rows(result)
             where = (f"; the {len(kept)} row(s) measured before are in {result}"
                      if kept and out is not None else "")
+            if not kept and out is not None:  # the empty rows file made above: nothing to keep
+                Path(result).unlink(missing_ok=True)
             raise KitError(f"collect-comm ({backend}, {ranks} ranks) failed: "
                            f"{msg[-1].strip() if msg else type(e).__name__}{where}") from None
         finally:

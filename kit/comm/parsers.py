@@ -111,13 +111,13 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
                                f"columns, got {len(tok)} fields")
             continue  # other chatter (warnings, hostnames)
         if cur_kind is None:
-            raise KitError(f"{src}: no '# Collective test starting:' line; pass kind= (e.g. allreduce)")
+            raise KitError(f"{src}: no '# Collective test starting:' line; pass kind= (CLI: --kind), e.g. allreduce")
         if ranks and rank_lines and ranks != len(rank_lines):
             raise KitError(f"{src}: ranks={ranks} given, but the file lists {len(rank_lines)} '#  Rank' "
-                           "device lines; drop ranks= or fix the file")
+                           "device lines; drop ranks= (CLI: --ranks) or fix the file")
         n = ranks or (len(rank_lines) if rank_lines else None)
         if n is None:
-            raise KitError(f"{src}: no '#  Rank' device lines to count ranks; pass ranks=")
+            raise KitError(f"{src}: no '#  Rank' device lines to count ranks; pass ranks= (CLI: --ranks)")
         section_ranks = n
         oop, inp = tok[-8:-4], tok[-4:]
         nodes = len(set(hosts.values())) if rank_lines and len(hosts) == len(rank_lines) == n else None
@@ -158,7 +158,7 @@ def _ranks_from_ratio(kind: str, pairs, where: str, half: float = 0.005) -> int:
             return fits[0]
         seen = f"{fits[0]} to {fits[-1]} ranks" if fits else "no rank count"
     raise KitError(f"{where}: cannot infer the rank count of {kind} from busBW/algBW (they fit {seen}); "
-                   "pass ranks=")
+                   "pass ranks= (CLI: --ranks)")
 
 
 def parse_param(path, kind: str | None = None, ranks: int | None = None):
@@ -206,7 +206,7 @@ def parse_param(path, kind: str | None = None, ranks: int | None = None):
         for kind in {r["kind"] for r in rows}:
             mine = [r for r in rows if r["kind"] == kind]
             if kind in ("broadcast", "reduce", "sendrecv"):
-                raise KitError(f"{src}: cannot infer the rank count of {kind} from its bandwidths; pass ranks=")
+                raise KitError(f"{src}: cannot infer the rank count of {kind} from its bandwidths; pass ranks= (CLI: --ranks)")
             n = _ranks_from_ratio(kind, [(r["algbw_gbs"], r["busbw_gbs"]) for r in mine], src)
             for r in mine:
                 r["ranks"] = n

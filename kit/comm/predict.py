@@ -93,7 +93,7 @@ def _load_cached(path: str, stamp: int) -> Calibration:
 
 
 def _sizes(nbytes) -> np.ndarray:
-    if isinstance(nbytes, (int, float)) and not isinstance(nbytes, bool) and 0 <= nbytes < float("inf"):
+    if isinstance(nbytes, (int, float)) and not isinstance(nbytes, bool) and 1 <= nbytes < float("inf"):
         return np.array([float(nbytes)])
     try:
         s = np.atleast_1d(np.asarray(nbytes, dtype=float))
@@ -101,6 +101,8 @@ def _sizes(nbytes) -> np.ndarray:
         raise KitError(f"message size must be a number of bytes, got {nbytes!r}") from None
     if s.size == 0 or not np.all(np.isfinite(s)) or np.any(s < 0):
         raise KitError(f"message size must be a non-negative finite number of bytes, got {nbytes!r}")
+    if np.any(s < 1):  # as the CLI's --bytes and --sizes: 0 bytes is no collective at all
+        raise KitError(f"message size must be at least 1 byte, got {nbytes!r}")
     return s
 
 
@@ -178,7 +180,14 @@ def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
     traffic between ranks the crossover and the plateau are infinite.
     """
     system = get_system(system)
-    m = np.asarray(send_bytes, dtype=float)
+    try:
+        raw = np.asarray(send_bytes)
+    except (ValueError, TypeError):  # ragged rows
+        raw = None
+    if raw is None or raw.dtype.kind not in "iuf":  # bools, strings, None, objects
+        raise KitError("send_bytes must be a square ranks x ranks matrix of byte counts (numbers, "
+                       f"every row as long as the others), got {send_bytes!r:.80}")
+    m = raw.astype(float)
     if m.ndim != 2 or m.shape[0] != m.shape[1]:
         raise KitError(f"send_bytes must be a square ranks x ranks matrix, got shape {m.shape}")
     if not np.all(np.isfinite(m)) or np.any(m < 0):

@@ -6,6 +6,7 @@ per (system, group), so a repeated prediction costs microseconds.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -61,9 +62,11 @@ def _resolve_group(system: System, ranks) -> Group:
         chosen = tuple(range(int(ranks)))
     else:
         try:
+            if any(isinstance(r, bool) or not isinstance(r, numbers.Integral) for r in ranks):
+                raise ValueError  # int(0.5) would take rank 0: a rank id is a whole number
             chosen = tuple(sorted(int(r) for r in ranks))
         except (TypeError, ValueError):
-            raise KitError(f"ranks must be None, a count or a list of rank ids, got {ranks!r}") from None
+            raise KitError(f"ranks must be None, a count or a list of whole rank ids, got {ranks!r}") from None
         if not chosen:
             raise KitError("ranks is an empty list; a group needs at least one rank")
         if len(set(chosen)) != len(chosen):

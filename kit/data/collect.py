@@ -450,13 +450,16 @@ class Meta:
         return self.doc["runs"][:-1]
 
     def write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.doc, f, indent=1, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(self.doc, f, indent=1, default=str)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:
+            raise KitError(f"cannot write {self.path}: {e.strerror or e}; choose another --out") from None
 
 
 FATAL_CUDA = ("CUDA error", "device-side assert", "illegal memory access", "illegal instruction",

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from kit.data import schema
-from kit.errors import KitError
+from kit.errors import KitError, need_path
 
 NEUSIGHT_COLUMNS = ("OPName", "Latency", "Device")  # how a NeuSight CSV is recognised
 _RENAMES = {"Kernel Name": "kernel_name", "Warps per SM": "warps_per_sm",
@@ -67,7 +67,7 @@ def default_data_dir() -> Path:
 
 def resolve_data_dir(path: str | Path | None = None) -> Path:
     """The NeuSight folder to read; KitError when it is not there."""
-    root = Path(path) if path is not None else default_data_dir()
+    root = Path(need_path(path, "the NeuSight data folder")) if path is not None else default_data_dir()
     if not (root / "data").is_dir() and not (root / "label").is_dir():
         raise KitError(f"NeuSight data not found at {root} (no data/ or label/ folder inside); pass "
                        "--data DIR, set KIT_DATA, or run `kit data fetch neusight`")

@@ -21,7 +21,7 @@ import pandas as pd
 
 from kit.data import schema
 from kit.data.neusight import NEUSIGHT_COLUMNS, from_neusight, read_neusight_csv
-from kit.errors import KitError
+from kit.errors import KitError, need_path
 
 HEADER = list(schema.COLUMNS)
 LEGACY_HEADER = [c for c in HEADER if c not in schema.LATER_COLUMNS]  # kit CSVs from before them
@@ -123,16 +123,23 @@ class Appender:
             if self.path.stat().st_size:
                 existing = schema.conform(_read_schema_csv(self.path), str(self.path))
                 self.keys = {row_key(r) for r in existing.to_dict("records")}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8", newline="")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8", newline="")
+        except OSError as e:
+            raise KitError(f"cannot write {self.path}: {e.strerror or e}; choose another --out") from None
         if self.path.stat().st_size == 0:
             self._write(",".join(self.header) + "\n")
             _fsync_dir(self.path.parent)
 
     def _check_header(self):
         """The file's header (a finished first line) must be one this appender writes; it is kept."""
-        with open(self.path, encoding="utf-8", newline="") as f:
-            first = f.readline()
+        try:
+            with open(self.path, encoding="utf-8", newline="") as f:
+                first = f.readline()
+        except UnicodeDecodeError:
+            raise KitError(f"{self.path} is not a kit measurement CSV (it is not UTF-8 text); "
+                           "choose another --out") from None
         if not first.endswith("\n"):
             return  # cut short before its newline: repair() drops it, the header is rewritten
         cols = first.rstrip("\r\n").split(",")
@@ -262,7 +269,7 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
 
     The format is told by the header: NeuSight's has OPName, Latency and Device.
     """
-    path = Path(path)
+    path = Path(need_path(path, "the measurement file"))
     if path.is_dir():
         raise KitError(f"measurement file {path} is a folder; give a CSV file")
     if not path.is_file():

@@ -192,12 +192,16 @@ def _format(row: dict) -> str:
 
 
 def _existing_keys(path: Path) -> set[tuple]:
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        if reader.fieldnames != COLUMNS:
-            raise KitError(f"{path} is not an embedding measurement CSV (its header differs from "
-                           f"{', '.join(COLUMNS[:5])}, ...); choose another --out")
-        return {tuple(_spec(r[k]) if k == "distribution" else r[k] for k in KEY) for r in reader}
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames != COLUMNS:
+                raise KitError(f"{path} is not an embedding measurement CSV (its header differs from "
+                               f"{', '.join(COLUMNS[:5])}, ...); choose another --out")
+            return {tuple(_spec(r[k]) if k == "distribution" else r[k] for k in KEY) for r in reader}
+    except UnicodeDecodeError:
+        raise KitError(f"{path} is not an embedding measurement CSV (it is not UTF-8 text); "
+                       "choose another --out") from None
 
 
 def _spec(label: str) -> str:
@@ -247,7 +251,10 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
     if exists:
         repair(out)
         done = _existing_keys(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KitError(f"cannot write {out}: {e.strerror or e}; choose another --out") from None
     timer = time_cuda if device == "cuda" else time_cpu
     flush, policy = l2_flusher(device, l2_flush)
     fbgemm_version = None
@@ -268,7 +275,11 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
                                                "outside the timed region"}}, exists)
     meta.write()
     written, skipped, failed = 0, 0, []
-    with open(out, "a", encoding="utf-8", newline="") as f:
+    try:
+        f = open(out, "a", encoding="utf-8", newline="")
+    except OSError as e:
+        raise KitError(f"cannot write {out}: {e.strerror or e}; choose another --out") from None
+    with f:
         if out.stat().st_size == 0:
             f.write(",".join(COLUMNS) + "\n")
             f.flush()

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 
 from kit.embedding.distributions import Distribution, parse_distribution
-from kit.errors import KitError
+from kit.errors import KitError, yes_no
 from kit.hardware import GPU, get_gpu
 from kit.ops import dtype_bytes
 
@@ -126,6 +126,12 @@ class Table:
         if self.pooling > MAX_POOLING:
             raise KitError(f"table {self.name or '?'}: pooling {self.pooling:g} lookups per sample "
                            f"is implausible (at most {MAX_POOLING:,})")
+        if self.distribution is not None and not isinstance(self.distribution, Distribution):
+            try:  # a spec ('zipf:1.05', a Zipf alpha, indices) becomes its Distribution here
+                dist = parse_distribution(self.distribution)
+            except KitError as e:
+                raise KitError(f"table {self.name or '?'}: {e}") from None
+            object.__setattr__(self, "distribution", dist)
 
     @property
     def row_bytes(self) -> int:
@@ -191,6 +197,7 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
     tables = _as_tables(tables)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise KitError(f"batch must be a positive whole number, got {batch!r}")
+    backward, fused = yes_no(backward, "backward"), yes_no(fused, "fused")
     if optimizer not in OPTIMIZERS:
         raise KitError(f"unknown optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
     if mode not in ("sum", "mean"):

@@ -149,13 +149,15 @@ def _zipf_bins(rows: int) -> tuple[np.ndarray, np.ndarray]:
 @lru_cache(maxsize=256)
 def _zipf_groups(alpha: float, rows: int) -> tuple[np.ndarray, np.ndarray]:
     starts, stops = _zipf_bins(rows)
-    # a wide bin's weight Σ_{i=start}^{stop-1} i^-a ≈ ∫_{start-1/2}^{stop-1/2} x^-a dx
-    lo, hi = starts - 0.5, stops - 0.5
+    mass = starts ** -alpha  # a single rank's weight (ranks >= 1: underflows to 0, never overflows)
+    wide = stops - starts > 1
+    # a wide bin's weight Σ_{i=start}^{stop-1} i^-a ≈ ∫_{start-1/2}^{stop-1/2} x^-a dx, on the wide
+    # bins only: the single ranks' (start - 1/2)^(1-a) overflows for a huge alpha (0.5^-1e30)
+    lo, hi = starts[wide] - 0.5, stops[wide] - 0.5
     if abs(alpha - 1.0) < 1e-12:
-        mass = np.log(hi / lo)
+        mass[wide] = np.log(hi / lo)
     else:
-        mass = (hi ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha)
-    mass = np.where(stops - starts == 1, starts ** -alpha, mass)
+        mass[wide] = (hi ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha)
     count = stops - starts
     return mass / mass.sum() / count, count
 

@@ -7,7 +7,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from kit.errors import KitError
+from kit.errors import KitError, need_path
 from kit.hardware.gpu import GPU, gpu_from_dict
 
 CATALOG_PATH = Path(__file__).with_name("gpus.json")
@@ -136,9 +136,20 @@ def register_gpu(entry: dict | GPU, origin: str = "user GPU") -> GPU:
 
 
 def load_gpu_file(path: str | Path) -> list[GPU]:
-    """Register every GPU in a JSON file (one object, a list, or {"gpus": [...]})."""
-    path = Path(path)
-    return [register_gpu(e, origin=str(path)) for e in _read_entries(path)]
+    """Register every GPU in a JSON file (one object, a list, or {"gpus": [...]}). Each entry is
+    validated, and the keys checked, before any is registered; a key given twice is refused (the
+    last would silently replace the first)."""
+    path = Path(need_path(path, "the GPU file"))
+    gpus = [gpu_from_dict(e, origin=str(path)) for e in _read_entries(path)]
+    seen = {}
+    for gpu in gpus:  # keys are looked up ignoring case and punctuation, as names are
+        other = seen.get(_norm(gpu.key))
+        if other is not None:
+            also = f" (as {other!r} too)" if other != gpu.key else ""
+            raise KitError(f"GPU file {path}: key {gpu.key!r} is given twice{also}; keep one entry "
+                           "for it, or give the other a key of its own")
+        seen[_norm(gpu.key)] = gpu.key
+    return [register_gpu(gpu, origin=str(path)) for gpu in gpus]
 
 
 def unregister_gpu(key: str) -> None:

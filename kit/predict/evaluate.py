@@ -67,6 +67,8 @@ def scorable_rows(frame: pd.DataFrame, where: str, note_repeats: bool = True) ->
     note_repeats: NeuSight's test folder repeats itself knowingly, load_neusight_test)."""
     from kit.hardware import get_gpu
 
+    if frame.empty:  # a header and no rows: "none of the 0 rows is on a GPU" would mislead
+        raise KitError(f"{where} has no rows (a header only); give a file with measurements")
     no_gpu = frame["gpu"].isna()
     if no_gpu.all():
         raise KitError(f"{where}: none of the {len(frame)} test row(s) is on a GPU (each lacks a gpu "

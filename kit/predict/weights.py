@@ -51,8 +51,10 @@ def check_weights_folder(out_dir: str | Path) -> Path:
     """KitError unless out_dir can take a weights bundle: a folder still to be made (under one
     that can be written), an empty one, or one holding kit weights alone, which are replaced (as
     `kit train` reproduces the shipped ones). Anything else there is the user's and is not
-    written over. Nothing is created: a training that fails leaves no folder behind."""
+    written over. Nothing is left behind (a trial entry is made and removed at once): a
+    training that fails leaves no folder behind."""
     import os
+    import tempfile
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -77,8 +79,13 @@ def check_weights_folder(out_dir: str | Path) -> Path:
     base = out
     while not base.exists():  # the nearest folder that exists must take the new ones
         base = base.parent
-    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+    if not base.is_dir():
         raise KitError(f"cannot write the weights folder {out}: {base} is not a writable folder")
+    try:  # a real entry, made and removed: permission bits do not tell (/proc, a read-only mount)
+        os.rmdir(tempfile.mkdtemp(prefix=".kit-write-check-", dir=base))
+    except OSError as e:
+        raise KitError(f"cannot write the weights folder {out}: {base} is not a writable folder "
+                       f"({e.strerror or e})") from None
     return out
 
 

@@ -16,7 +16,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.errors import KitError
+from kit.errors import KitError, need_path
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "cuda_profiler_range"}
@@ -256,7 +256,7 @@ def is_execution_trace(doc) -> bool:
 
 def read_docs(path) -> list[tuple[str, object]]:
     """(source, loaded JSON) for every *.json/*.json.gz in a file, .gz, folder or tarball."""
-    p = Path(path)
+    p = Path(need_path(path, "the trace"))
     if not p.exists():
         raise KitError(f"trace {path}: no such file or folder")
     docs: list[tuple[str, object]] = []

@@ -560,7 +560,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         raise KitError(f"unknown mode {mode!r}: choose train or inference")
     tdtype = None
     if dtype is not None:
-        if dtype not in TORCH_DTYPES:
+        if not isinstance(dtype, str) or dtype not in TORCH_DTYPES:
             raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(TORCH_DTYPES)}")
         tdtype = TORCH_DTYPES[dtype]
     train = mode == "train"

@@ -38,10 +38,15 @@ FUSIBLE = {"elementwise", "reduction", "dropout", "softmax", "layernorm", "rmsno
            "groupnorm", "pooling", "upsample"}
 
 
+def check_fusion(fusion) -> None:
+    """KitError unless fusion names a fusion mode (a string of FUSIONS)."""
+    if not isinstance(fusion, str) or fusion not in FUSIONS:
+        raise KitError(f"unknown fusion {fusion!r}: choose eager or compiled")
+
+
 def apply_fusion(graph: OpGraph, fusion: str = "eager") -> OpGraph:
     """The kernel graph (free ops dropped, edges kept) under a fusion mode."""
-    if fusion not in FUSIONS:
-        raise KitError(f"unknown fusion {fusion!r}: choose eager or compiled")
+    check_fusion(fusion)
     kernels = graph.without_free()
     if fusion == "eager":
         return kernels.with_nodes(kernels.nodes, fusion="eager")

@@ -53,6 +53,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     model: a zoo decoder or an HF-style config of one (kit.workload.zoo.DECODERS)."""
     from kit.hardware import get_gpu
     from kit.workload import zoo
+    from kit.workload.fusion import check_fusion
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of, memory_bytes, read_config
 
@@ -79,6 +80,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
                        f"{prompt + new_tokens - 1} positions (the last new token is never fed back), "
                        f"more than {name}'s {limit}; give a seq of {limit - new_tokens + 1} or less "
                        "(--seq) or fewer new tokens (--new-tokens)")
+    check_fusion(fusion)  # before the captures; iteration() memoises on it as a dict key
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
     prefill = iteration(graph_of(model, batch, prompt, "inference", dtype, last_logits=True), gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +60,8 @@ def cache_dir() -> Path:
 
 def load(key: str | None, n: int):
     """(lat, p10, p90, predictor name, fallbacks) or None (no key, missing, unreadable, or a
-    different number of kernels than the graph has)."""
+    different number of kernels than the graph has). A corrupt file (empty, cut short, not an
+    npz, other contents) is a miss: it is predicted again and written over."""
     if key is None:
         return None
     path = cache_dir() / f"{key}.npz"
@@ -67,11 +69,12 @@ def load(key: str | None, n: int):
         with np.load(path, allow_pickle=False) as z:
             vals = z["latency"]
             info = json.loads(str(z["info"]))
-    except (OSError, KeyError, ValueError):
+        predictor, fallbacks = info["predictor"], info.get("fallbacks", {})
+    except (OSError, EOFError, KeyError, ValueError, TypeError, AttributeError, zipfile.BadZipFile):
         return None
     if vals.shape != (3, n):
         return None
-    return vals[0], vals[1], vals[2], info["predictor"], info.get("fallbacks", {})
+    return vals[0], vals[1], vals[2], predictor, fallbacks
 
 
 def save(key: str | None, lat, p10, p90, predictor: str, fallbacks: dict) -> None:

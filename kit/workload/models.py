@@ -18,7 +18,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from kit.errors import KitError, one_line
+from kit.errors import KitError, one_line, yes_no
 
 OPTIMIZER_STATE_TENSORS = {"adamw": 2, "adamw-fused": 2, "adam": 2, "sgd": 1, None: 0, "none": 0}
 
@@ -95,7 +95,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
     (kit.workload.zoo.lm_loss); False backpropagates from the logits. A module of your own is
     captured as its forward returns: return the loss to include it. last_logits: a zoo or HF-style
     decoder's inference pass computes the last position's logits only (generation's prefill)."""
-    zoo_args = (kv_cache, loss, last_logits)
+    zoo_args = (kv_cache, yes_no(loss, "loss"), yes_no(last_logits, "last_logits"))
     if isinstance(model, dict):
         return _zoo_graph(model, batch, seq, mode, dtype, optimizer, *zoo_args)
     if isinstance(model, str) and model.lower().endswith(".json"):
@@ -152,7 +152,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
                            "return a module that takes input_ids or has example_inputs(batch, seq)")
         meta = {"batch": _leading_dim(inputs), "seq": None}
     if decode:  # the floating inputs are the cache: its memory
-        size = TORCH_DTYPES[dtype].itemsize if dtype in TORCH_DTYPES else None
+        size = TORCH_DTYPES[dtype].itemsize if isinstance(dtype, str) and dtype in TORCH_DTYPES else None
         leaves = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
         meta.update(mode="decode", context=meta["seq"],
                     kv_cache_bytes=int(sum(t.numel() * (size or t.element_size()) for t in leaves)))

@@ -11,7 +11,9 @@ A user's own HF-style config dict works too: build({"model_type": "gpt2", "n_emb
 Captures are cached per model, shape, mode, dtype and optimizer: in-process (LRU) and on disk
 as pickles under $KIT_CACHE/workload (default ~/.cache/gpu-perf-kit; disk=False opts out), so a
 second process loads the graph without capturing and without importing torch. The key covers
-the kit version and the capture code's files, so a change to either re-captures.
+the kit version and the capture code's files, so a change to either re-captures. An optimizer
+given as a callable is keyed by its module and qualified name; one without a lasting name (a
+lambda, closure or partial) is captured afresh on every call and cached nowhere.
 """
 from __future__ import annotations
 
@@ -265,6 +267,15 @@ def _check_sizes(kind: str, cfg: dict) -> None:
             raise KitError(f"{kind} config cannot build a model: {name} must be "
                            f"{'a list of ' if many else 'a '}positive whole number"
                            f"{'s' if many else ''}, got {value!r}")
+    whole, parts = HEAD_SPLITS.get(kind, (None, None))
+    if isinstance(cfg.get(whole), int) and isinstance(cfg.get(parts), int) and cfg[whole] % cfg[parts]:
+        raise KitError(f"{kind} config cannot build a model: {whole} {cfg[whole]} must be a "
+                       f"multiple of {parts} {cfg[parts]} (each attention head gets an equal share)")
+
+
+# the width these families split evenly into attention heads (they have no head_dim of their own)
+HEAD_SPLITS = {"gpt2": ("n_embd", "n_head"), "bert": ("hidden_size", "num_attention_heads"),
+               "opt": ("hidden_size", "num_attention_heads")}
 
 
 # -- cached capture -----------------------------------------------------------------------------
@@ -276,11 +287,29 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KIT_CACHE") or Path.home() / ".cache" / "gpu-perf-kit") / "workload"
 
 
+def _optimizer_name(optimizer):
+    """An optimizer as it goes into a cache key: a name as it is, a callable(params) by its
+    module and qualified name (torch.optim.SGD, mypkg.opt:make), or None for a callable whose
+    name does not say what it builds (a lambda, a closure, a functools.partial, a bound method,
+    a callable object, anything defined in __main__): captures with those are never cached."""
+    if optimizer is None or isinstance(optimizer, str):
+        return optimizer
+    import inspect
+
+    module = getattr(optimizer, "__module__", None)
+    qualname = getattr(optimizer, "__qualname__", None)
+    named = inspect.isfunction(optimizer) or inspect.isclass(optimizer)
+    if not named or not module or module == "__main__" or not qualname or "<" in qualname:
+        return None
+    return f"{module}:{qualname}"
+
+
 def _key(model, batch, seq, mode, dtype, optimizer) -> str:
     from kit import __version__
 
     ident = resolve(model) if isinstance(model, str) else json.dumps(model, sort_keys=True, default=str)
-    raw = json.dumps([ident, batch, seq, mode, dtype, optimizer, __version__, _code_stamp()])
+    raw = json.dumps([ident, batch, seq, mode, dtype, _optimizer_name(optimizer), __version__,
+                      _code_stamp()], default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
@@ -337,6 +366,10 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     captured = f"decode:{kv_cache}" if mode == "decode" else mode
     loss = bool(loss) and mode == "train"
     last_logits = bool(last_logits) and mode == "inference"
+    if optimizer is not None and _optimizer_name(optimizer) is None:
+        # a lambda, closure or partial: its name does not say what it builds (two lambdas share
+        # one), in this process or the next, so the capture is neither cached nor keyed
+        return _capture(model, batch, seq, captured, dtype, optimizer, loss, last_logits)
     key = _key(model, batch, seq, captured + (":loss" if loss else "") + (":last" if last_logits else ""),
                dtype, optimizer)
     if key in _LRU:
