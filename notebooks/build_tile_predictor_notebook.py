@@ -358,6 +358,10 @@ prices such a GEMM with a curve measured on the project's own H200
 (`measurements/h200-2026-12-04-b`, fitted by `benchmarks/tensor_core_fit.py`):
 $t = \max(a\,R^{\beta},\ R/e_{\max}) + c_0$ in the roofline time $R$. With $\beta < 1$, a bigger GEMM
 reaches a bigger share of the peak, up to $e_{\max}$. The table gives that share at a few sizes.
+No tensor-core kernel of another GPU has been timed here, so on NVIDIA's other tensor-core GPUs
+(Volta to Blackwell) the same curve is carried over as a share of each GPU's own peak, with a wider
+band: a transfer by its form, not a fit. FP32 GEMMs everywhere stay with the tile-MLP, whose ground
+they are.
 """),
     code("""
 from kit.predict.tensor_core import TENSOR_CORE_GEMM, kernel_ms_of
