@@ -376,3 +376,25 @@ def test_expert_parallelism_shards_the_gradient_reduction_and_the_optimizer():
     assert by_ep[8].expert_params == pytest.approx(by_ep[1].expert_params / 8)
     assert by_ep[8].params < by_ep[2].params < by_ep[1].params
     assert times[8] < times[2] < times[1]
+
+
+def test_zero_shards_a_ranks_expert_weights_over_the_expert_dp_group_in_memory_too():
+    """The time model steps and ZeRO-shards a rank's expert shard over the dp / ep ranks that hold
+    the same experts; the memory table had divided it by dp, 2.1x low at dp 8, ep 8."""
+    from kit.parallel.memory import local_expert_params, local_params, memory_per_rank
+
+    moe = parse_model("moe:layers=4,hidden=1024,heads=16,seq=512,experts=8,topk=2")
+    for zero in (1, 2, 3):
+        lay = Layout(dp=8, ep=8, zero=zero, micro_batch=1, global_batch=8, dtype="bf16")
+        p, e = local_params(moe, lay, 0), local_expert_params(moe, lay, 0)
+        assert 0 < e < p
+        row = memory_per_rank(moe, lay)[0]
+        # the expert-DP group has dp / ep = 1 rank: the expert shard is not sharded at all
+        assert row["optimizer_gib"] * 2**30 == pytest.approx((p - e) * 12 / 8 + e * 12)
+        if zero >= 2:
+            assert row["grads_gib"] * 2**30 == pytest.approx((p - e) * 2 / 8 + e * 2)
+        if zero >= 3:
+            assert row["weights_gib"] * 2**30 == pytest.approx((p - e) * 2 / 8 + e * 2)
+    dense = Layout(dp=8, zero=1, micro_batch=1, global_batch=8, dtype="bf16")
+    assert memory_per_rank(moe, dense)[0]["optimizer_gib"] * 2**30 == pytest.approx(
+        local_params(moe, dense, 0) * 12 / 8)

@@ -49,6 +49,14 @@ def layer_expert_params(spec: GPTSpec, layer: int) -> int:
     return spec.experts * spec.mlp_matrices * spec.hidden * spec.f if spec.is_moe(layer) else 0
 
 
+def local_expert_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
+    """Of local_params, the expert weights one rank of `stage` holds (its EP shard): ZeRO shards
+    them over the expert-DP group (dp / ep ranks), not over the whole DP group."""
+    chunks = stage_layers(spec, layout)
+    return sum(layer_expert_params(spec, layer) / (layout.tp * layout.ep)
+               for c in range(layout.virtual_stages) for layer in chunks[c * layout.pp + stage])
+
+
 def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
     """Parameters one rank of `stage` holds (TP- and EP-sharded), before ZeRO."""
     t, e = layout.tp, layout.ep
@@ -102,10 +110,14 @@ def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
     rows = []
     chunks = stage_layers(spec, layout)
     for stage in range(layout.pp):
-        p = local_params(spec, layout, stage)
-        weights = p * w_b / (dp if z >= 3 else 1)
-        grads = p * g_b / (dp if z >= 2 else 1)
-        optim = p * o_b / (dp if z >= 1 else 1)
+        p, e = local_params(spec, layout, stage), local_expert_params(spec, layout, stage)
+
+        def sharded(nbytes: float, stage_from: int) -> float:  # ZeRO: the dense part over dp,
+            if z < stage_from:                                  # the expert shard over dp / ep
+                return p * nbytes
+            return (p - e) * nbytes / dp + e * nbytes / (dp // layout.ep)
+
+        weights, grads, optim = sharded(w_b, 3), sharded(g_b, 2), sharded(o_b, 1)
         per_chunk = max(sum(activation_bytes_per_layer(spec, layout, layer)
                             for layer in chunks[c * layout.pp + stage])
                         for c in range(layout.virtual_stages))
