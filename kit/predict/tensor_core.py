@@ -56,13 +56,13 @@ FUSED_ATTENTION = {"hopper": {"bf16": _ATTENTION, "fp16": _ATTENTION}}
 CARRIED_SIGMA_LOG = 0.25
 
 
-def _carried(params: dict) -> dict:
+def _carried(params: dict, source: str) -> dict:
     wide = {k: [-float(np.hypot(lo, CARRIED_SIGMA_LOG)), float(np.hypot(hi, CARRIED_SIGMA_LOG))]
             for k, (lo, hi) in ((k, params[k]) for k in ("band_log", "band_log_short"))}
-    return {**params, **wide, "carried_from": "h200 bf16"}
+    return {**params, **wide, "carried_from": source}
 
 
-CARRIED_ATTENTION = _carried(_ATTENTION)
+CARRIED_ATTENTION = _carried(_ATTENTION, "h200 bf16 attention")
 
 
 # NVIDIA architectures with tensor cores, where cuBLAS runs 16-bit (and, from Ampere, TF32) GEMMs
@@ -73,7 +73,9 @@ CARRIED_ATTENTION = _carried(_ATTENTION)
 # it put large GEMMs at 91-98% of the tensor peak (A100, V100), a 64-tile 1024^3 GEMM on an A100's
 # 108 SMs at 91% in the stream, and a 2x2x2 one 8x faster than a 1x1x1 one.
 TENSOR_CORE_ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
-CARRIED_GEMM = {dtype: _carried(params) for dtype, params in TENSOR_CORE_GEMM["hopper"].items()}
+# each dtype from the curve fitted for it (fp16 took bf16's there too)
+CARRIED_GEMM = {dtype: _carried(params, "h200 " + ("tf32" if dtype == "tf32" else "bf16"))
+                for dtype, params in TENSOR_CORE_GEMM["hopper"].items()}
 
 
 def params_for(gpu, dtype: str) -> dict | None:
