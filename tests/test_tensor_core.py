@@ -273,3 +273,22 @@ def test_an_unaligned_gemm_is_never_faster_than_its_aligned_twin(gpu, dtype):
     src = predict_op(Gemm(m=4096, n=4096, k=4096, dtype=dtype), gpu).get("source", "")
     if "carried" in src:
         assert ("tf32" in src) == (dtype == "tf32")
+
+
+@pytest.mark.parametrize("gpu", ["a100-sxm4-80gb", "h200", "mi300x"])
+def test_attention_grows_smoothly_from_a_decode_step_to_a_prefill(gpu):
+    """One query keeps the decode roofline (the H200's decode steps bear it out), 128 take the
+    curve; in between a log-linear blend. It had jumped 1.8x from 127 queries to 128 (A100,
+    4,096 keys: 0.27 -> 0.48 ms, found by a review)."""
+    from kit.workload.iteration import in_stream_ms
+
+    tile = get_predictor("tile")
+    g = get_gpu(gpu)
+    qs = [1, 2, 4, 16, 64, 127, 128, 129]
+    pred = tile.predict([Attention(b=8, heads=32, seq_q=q, seq_kv=4096, head_dim=128, dtype="bf16")
+                         for q in qs], g)
+    kernel = in_stream_ms(pred.latency_ms.to_numpy(), pred.roofline_ms.to_numpy(), isolation_floor_ms(tile, g))
+    assert kernel[0] == pytest.approx(pred.roofline_ms.iloc[0])  # one query: the roofline
+    assert all(b >= a * (1 - 1e-9) for a, b in zip(kernel, kernel[1:]))  # more queries, never faster
+    assert kernel[6] / kernel[5] < 1.05  # 127 -> 128 queries: no step
+    assert ((pred.latency_p10_ms <= pred.latency_ms) & (pred.latency_ms <= pred.latency_p90_ms)).all()
