@@ -130,6 +130,9 @@ def test_cli_kernels_option_picks_the_source(gpt2, capsys):
     assert sources[("--kernels", "analytic")] == "analytic GPT layer"
     assert main(base + ["--kernels", "graph", "--sequence-parallel"]) == 2
     assert "--kernels graph" in capsys.readouterr().err
+    assert main(["predict", "gpt:layers=2,hidden=64,heads=2,seq=32", "--system", "dgx-a100",
+                 "--kernels", "graph"]) == 2
+    assert "--kernels analytic" in capsys.readouterr().err
     assert main(["predict", "gpt2", "--gpu", "a100-sxm4-80gb", "--kernels", "analytic"]) == 2
     assert "--kernels is a multi-GPU option" in capsys.readouterr().err
 

@@ -89,6 +89,9 @@ def run_parallel(args) -> dict:
                  zero=args.zero, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
                  dtype=dtype, overlap_grad_reduce=not args.no_overlap)
     kernels = getattr(args, "kernels", "auto")
+    if kernels == "graph" and spec.zoo is None:
+        raise KitError(f"--kernels graph: {spec.name!r} is an inline shape, with no op graph to capture; "
+                       "use a zoo model name or --kernels analytic")
     if kernels == "graph" and (lay.sequence_parallel or lay.ep > 1):
         raise KitError("--kernels graph: the captured op graph has no sequence or expert parallelism; "
                        "drop --sequence-parallel/--ep or use --kernels analytic")
