@@ -140,11 +140,15 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
     if model.name == "tile":
         from kit.predict.tensor_core import attention_params_for, curve_attention, curve_gemm, params_for
 
+        from kit.ops import Attention
+
         params = (params_for(gpu, op.dtype) if cls == "gemm" and curve_gemm(gpu, op)
-                  else attention_params_for(gpu, op.dtype) if curve_attention(gpu, op) else None)
+                  else attention_params_for(gpu, op.dtype) if isinstance(op, Attention) else None)
         if params is not None and out.get("tile") != "gemv":  # a curve, not the tile-MLP
             carried = params.get("carried_from")
             out["source"] = "kit.predict.tensor_core" + (f" (carried from the {carried} curve)" if carried else "")
+            if isinstance(op, Attention) and not curve_attention(gpu, op):
+                out["source"] += " (blended with the roofline: under 128 queries)"
     return out
 
 

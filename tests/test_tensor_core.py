@@ -172,11 +172,16 @@ def test_a_curve_gemm_is_never_split_and_others_still_are():
     assert mixed.split_k.iloc[0] == 1 and (mixed.split_k.iloc[1:] > 1).any()
 
 
-def test_decode_attention_keeps_the_wave_model():
-    tile, wave = get_predictor("tile"), get_predictor("wave")
+def test_decode_attention_keeps_its_roofline_in_the_stream():
+    from kit.workload.iteration import in_stream_ms
+
+    tile = get_predictor("tile")
     h200 = get_gpu("h200")
     dec = Attention(b=8, heads=32, seq_q=1, seq_kv=4096, head_dim=128, dtype="bf16", kv_heads=8)
-    assert tile.predict([dec], h200).latency_ms.iloc[0] == pytest.approx(wave.predict([dec], h200).latency_ms.iloc[0])
+    row = tile.predict([dec], h200).iloc[0]
+    floor = isolation_floor_ms(tile, h200)
+    assert row.latency_ms == pytest.approx(roofline(dec, h200).time_ms + floor)  # isolated: + the floor
+    assert in_stream_ms(row.latency_ms, row.roofline_ms, floor) == pytest.approx(roofline(dec, h200).time_ms)
 
 
 def test_a_scaled_kernel_takes_its_floor_out_scaled():
@@ -233,14 +238,19 @@ def test_kit_op_reads_the_alignment_off_the_dims(capsys):
     assert odd["latency_ms"] > 3 * even["latency_ms"]  # the legacy kernels, at 13% of the peak
 
 
-def test_a_short_prefill_keeps_the_curve_and_decode_does_not():
+def test_a_short_prefill_blends_the_curve_and_its_roofline():
+    """Under 128 queries (the fitted shapes had 128-8192): exp((1 - w) ln roofline + w ln curve),
+    w = log2(queries) / 7, plus the floor."""
     tile = get_predictor("tile")
     h200 = get_gpu("h200")
     p = attention_params_for(h200, "bf16")
     short = Attention(b=1, heads=12, seq_q=64, seq_kv=64, head_dim=64, dtype="bf16")
-    t = kernel_ms_of([roofline(short, h200).time_ms], p, [False], [True])[0][0]
-    assert tile.predict([short], h200).latency_ms.iloc[0] == pytest.approx(t + isolation_floor_ms(tile, h200))
-    assert t > p["c0_us"] / 1e3  # at least the curve's fixed cost, not a roofline of 0.1 us
+    r = roofline(short, h200).time_ms
+    t = kernel_ms_of([r], p, [False], [True])[0][0]
+    w = 6 / 7
+    assert tile.predict([short], h200).latency_ms.iloc[0] == pytest.approx(
+        r ** (1 - w) * t ** w + isolation_floor_ms(tile, h200))
+    assert r ** (1 - w) * t ** w > 0.5 * p["c0_us"] / 1e3  # most of the curve's fixed cost, not 0.1 us
 
 
 def test_a_kernel_shedding_floors_never_sheds_more_than_it_carries():
@@ -291,4 +301,12 @@ def test_attention_grows_smoothly_from_a_decode_step_to_a_prefill(gpu):
     assert kernel[0] == pytest.approx(pred.roofline_ms.iloc[0])  # one query: the roofline
     assert all(b >= a * (1 - 1e-9) for a, b in zip(kernel, kernel[1:]))  # more queries, never faster
     assert kernel[6] / kernel[5] < 1.05  # 127 -> 128 queries: no step
+    assert kernel[1] / kernel[0] < 1.2  # 1 -> 2 queries: no step either
     assert ((pred.latency_p10_ms <= pred.latency_ms) & (pred.latency_ms <= pred.latency_p90_ms)).all()
+    # more keys never make it faster: at 16 queries, 17 keys had come out 45% under 16
+    for q in (16, 64):
+        keys = [q, q + 1, 2 * q, 4096]
+        more = tile.predict([Attention(b=8, heads=32, seq_q=q, seq_kv=kv, head_dim=128, dtype="bf16")
+                             for kv in keys], g)
+        t = in_stream_ms(more.latency_ms.to_numpy(), more.roofline_ms.to_numpy(), isolation_floor_ms(tile, g))
+        assert all(b >= a * (1 - 1e-9) for a, b in zip(t, t[1:])), (q, t)

@@ -113,20 +113,19 @@ def curve_gemm(gpu, op) -> bool:
 
 
 # the fitted attention shapes were prefills and training steps: 128..8192 queries over as many
-# keys (benchmarks/attention_sweep.py). A decode step's attention (a few queries over a longer
-# cache) is memory-bound and ran other kernels (sm80_flash_fprop); it keeps the wave model. A
-# short prefill (queries = keys < 128) takes the curve, its fixed cost included.
+# keys (benchmarks/attention_sweep.py). A decode step's attention (one query over a longer cache)
+# is memory-bound and ran other kernels (sm80_flash_fprop); it keeps its roofline in the stream.
+# Under this many queries an attention takes a blend of the two (TilePredictor._fused_attention).
 ATTENTION_MIN_SEQ_Q = 128
 
 
 def curve_attention(gpu, op) -> bool:
-    """Whether a kit op is a fused attention that takes the curve on gpu (measured or carried:
-    attention_params_for): every attention but a decode-like one."""
+    """Whether a kit op is a fused attention that takes the whole curve on gpu (measured or
+    carried: attention_params_for): ATTENTION_MIN_SEQ_Q queries or more. Fewer take a blend of
+    the curve and the roofline."""
     from kit.ops import Attention
 
-    if not isinstance(op, Attention):
-        return False
-    return not (op.seq_q < ATTENTION_MIN_SEQ_Q and op.seq_kv > op.seq_q)  # not decode-like
+    return isinstance(op, Attention) and op.seq_q >= ATTENTION_MIN_SEQ_Q
 
 
 def kernel_ms_of(roofline_ms, params: dict, causal=None, small_head=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -31,7 +31,8 @@ from kit.predict.element_rates import element_bound_ms
 from kit.predict.gemv import applies as gemv_applies
 from kit.predict.gemv import kernel_ms_of as gemv_kernel_ms
 from kit.predict.split_k import apply_split_k, split_limits
-from kit.predict.tensor_core import applies, attention_params_for, curve_attention, curve_gemm, kernel_ms_of, params_for
+from kit.predict.tensor_core import (ATTENTION_MIN_SEQ_Q, applies, attention_params_for, curve_attention, curve_gemm,
+                                     kernel_ms_of, params_for)
 from kit.ops import DTYPE_BYTES
 from kit.predict.roofline import roofline
 from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_blocking,
@@ -406,16 +407,17 @@ class TilePredictor:
         in 16-bit, carried over with a wider band elsewhere, plus this predictor's dispatch
         floor. Before, attention off Hopper ran at its bare roofline, 100% of the peak.
 
-        A decode-like attention (a few queries over a longer cache: tensor_core.curve_attention)
-        keeps the wave model's roofline at one query, which the H200's decode steps bear out (the
-        curve there made their kernel time 8.6 -> 14.4% off), and between 2 and 127 queries takes
-        the log-linear blend of that roofline and the curve, by log2(queries) / 7: it had jumped
-        1.8x from 127 queries to 128 (A100, 4,096 keys: 0.27 -> 0.48 ms)."""
+        Under 128 queries (ATTENTION_MIN_SEQ_Q: the fitted shapes had 128 to 8,192) an attention
+        takes the log-linear blend of its roofline and the curve, by w = log2(queries) / 7, plus
+        the floor: one query (a decode step) keeps the roofline in the stream, which the H200's
+        decode steps bear out (the curve there made their kernel time 8.6 -> 14.4% off). The
+        weight follows the queries alone, so the time grows with queries and with keys: it had
+        jumped 1.8x from 127 queries to 128 over a longer cache (A100, 4,096 keys: 0.27 -> 0.48
+        ms), and dropped 45% from 16 keys to 17 at 16 queries, where only a longer cache made an
+        attention decode-like."""
         from kit.ops import Attention
-        from kit.predict.tensor_core import ATTENTION_MIN_SEQ_Q
 
-        rows = [i for i, op in enumerate(ops) if curve_attention(gpu, op)
-                or (isinstance(op, Attention) and 1 < op.seq_q < ATTENTION_MIN_SEQ_Q)]
+        rows = [i for i, op in enumerate(ops) if isinstance(op, Attention)]
         if not rows:
             return
         from kit.workload.iteration import isolation_floor_ms
@@ -436,10 +438,8 @@ class TilePredictor:
                 cap = kernel_ms_of(full, params, None, [small[j] for j in masked])
                 for arr, bound in zip((t, lo, hi), cap):
                     arr[masked] = np.minimum(arr[masked], bound)
-            # the share of the way from the decode roofline to the curve: 1 for the curve's own
-            # rows, log2(queries) / log2(ATTENTION_MIN_SEQ_Q) for a decode-like one
-            w = np.array([1.0 if curve_attention(gpu, ops[i]) else
-                          np.log2(ops[i].seq_q) / np.log2(ATTENTION_MIN_SEQ_Q) for i in idx])
+            # the share of the way from the roofline to the curve: 1 from 128 queries on
+            w = np.minimum(1.0, np.log2([ops[i].seq_q for i in idx]) / np.log2(ATTENTION_MIN_SEQ_Q))
             t, lo, hi = (np.exp((1 - w) * np.log(roof) + w * np.log(x)) for x in (t, lo, hi))
             part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = np.column_stack(
                 [t + floor, lo + floor, hi + floor, roof / (t + floor)])
