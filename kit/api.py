@@ -152,7 +152,9 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         if params is not None and out.get("tile") != "gemv":  # a curve, not the tile-MLP
             carried = params.get("carried_from")
             out["source"] = "kit.predict.tensor_core" + (f" (carried from the {carried} curve)" if carried else "")
-            if isinstance(op, Attention) and not curve_attention(gpu, op):
+            if isinstance(op, Attention) and op.seq_q == 1:  # the blend's weight is 0
+                out["source"] = "roofline (one query, a decode step: kit.predict.tensor_core's curve takes no part)"
+            elif isinstance(op, Attention) and not curve_attention(gpu, op):
                 out["source"] += " (blended with the roofline: under 128 queries)"
             if lifted:
                 out["source"] += " (its aligned twin's time: an unaligned GEMM is never faster)"

@@ -182,6 +182,10 @@ def test_decode_attention_keeps_its_roofline_in_the_stream():
     floor = isolation_floor_ms(tile, h200)
     assert row.latency_ms == pytest.approx(roofline(dec, h200).time_ms + floor)  # isolated: + the floor
     assert in_stream_ms(row.latency_ms, row.roofline_ms, floor) == pytest.approx(roofline(dec, h200).time_ms)
+    from kit.api import predict_op
+
+    assert predict_op(dec, h200)["source"].startswith("roofline (one query")
+    assert "blended" in predict_op(replace(dec, seq_q=2), h200)["source"]
 
 
 def test_a_scaled_kernel_takes_its_floor_out_scaled():

@@ -62,3 +62,13 @@ def test_summary_and_waves_picture_tell_the_same_story():
         waves, tiles = _waves(p)
         assert len(waves) == r["waves"] or r["waves"] > 64  # the chart caps its bars at 64 waves
         assert tiles == r["tiles"]
+
+
+def test_panel_names_the_tensor_core_curve_measured_or_carried():
+    p = GemmPanel(m=4096, n=4096, k=4096, gpu="h100-sxm")
+    p.dtype.value = "bf16"
+    assert "Hopper's measured tensor-core curve" in p.summary_text()
+    p.gpu.value = "a100-sxm4-80gb"
+    assert "carried to this GPU" in p.summary_text()
+    p.dtype.value = "fp32"
+    assert "tensor-core curve" not in p.summary_text()

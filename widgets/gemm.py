@@ -86,8 +86,10 @@ class GemmPanel(Panel):
             return self._problem()
         tail = (f"{r['bound']}-bound · roofline {r['roofline_ms']:.4g} ms · predicted "
                 f"{r['latency_ms']:.4g} ms ({r['predictor']}")
-        if r.get("source") == "kit.predict.tensor_core":
-            tail += "; Hopper's measured tensor-core curve: the tiles are for the picture"
+        source = str(r.get("source", ""))
+        if source.startswith("kit.predict.tensor_core"):
+            tail += ("; the H200's tensor-core curve, carried to this GPU" if "carried" in source
+                     else "; Hopper's measured tensor-core curve") + ": the tiles are for the picture"
         tail += ")"
         left_out = self._left_out()
         if left_out:
