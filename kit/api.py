@@ -139,14 +139,12 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
                    last_wave_fill=t.last_wave_fill, threads_per_block=t.threads_per_block)
     if model.name == "tile":
         from kit.ops import Attention
-        from kit.predict.tensor_core import attention_params_for, curve_attention, curve_gemm, kernel_ms_of, params_for
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.predict.tensor_core import attention_params_for, curve_attention, curve_gemm, params_for
 
         gemm_curve = params_for(gpu, op.dtype) if cls == "gemm" else None
-        # an unaligned GEMM the aligned twin's curve lifted (TilePredictor._aligned_bound)
-        lifted = (gemm_curve is not None and not curve_gemm(gpu, op) and out.get("tile") != "gemv"
-                  and out["latency_ms"] <= (1 + 1e-9) * (kernel_ms_of([roof.time_ms], gemm_curve)[0][0]
-                                                         + isolation_floor_ms(model, gpu)))
+        # an unaligned GEMM its aligned twin's time lifted (TilePredictor._aligned_bound)
+        lifted = (cls == "gemm" and out.get("tile") != "gemv"
+                  and out["latency_ms"] <= (1 + 1e-9) * model.aligned_twin_ms([op], gpu)[0])
         params = (gemm_curve if cls == "gemm" and (curve_gemm(gpu, op) or lifted)
                   else attention_params_for(gpu, op.dtype) if isinstance(op, Attention) else None)
         if params is not None and out.get("tile") != "gemv":  # a curve, not the tile-MLP

@@ -2,16 +2,11 @@
 a silently dropped row, or a number that contradicts itself."""
 import pytest
 
+from cli_support import one_error_line as _err
 from kit.cli import main
 from kit.errors import KitError
 
 
-def _err(capsys, argv) -> str:
-    """Run the CLI, expect exit 2 and exactly one stderr line; return it."""
-    assert main(argv) == 2
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 # ---- kit comm ---------------------------------------------------------------------------------

@@ -3,14 +3,10 @@ in an inline shape, collective sizes the collector rounds, and a calibration far
 the system it is fitted for. Each is one error line, or a note, never a silent change."""
 import pytest
 
+from cli_support import one_error_line as _err
 from kit.cli import main
 
 
-def _err(capsys, argv) -> str:
-    assert main(argv) == 2
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000"

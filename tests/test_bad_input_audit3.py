@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kit import api, ops
+from cli_support import one_error_line as _err
 from kit.cli import main
 from kit.errors import KitError
 from test_audit_single import _cache  # noqa: F401  (autouse: a fresh KIT_CACHE)
@@ -16,12 +17,6 @@ TINY_GPT = {"model_type": "gpt2", "n_embd": 64, "n_head": 2, "n_layer": 2, "n_po
             "vocab_size": 1000}
 
 
-def _err(capsys, argv) -> str:
-    """Run the CLI, expect exit 2 and exactly one stderr line; return it."""
-    assert main(argv) == 2
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 # a folder that says it can be written (os.access, as root) but takes no new entry

@@ -206,8 +206,9 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
 
 
 def _sharded_comm_ms(coster, kind: str, params: float, experts: float, wbytes: float, stage: int) -> float:
-    """A ZeRO collective over a rank's parameters: the dense ones over the DP group, its expert
-    shard over the expert-DP group (the ranks that hold the same experts), one after the other."""
+    """A collective over a rank's parameters (ZeRO's, or the gradients' in one pass): the dense
+    ones over the DP group, its expert shard over the expert-DP group (the ranks that hold the
+    same experts), one after the other."""
     ms = coster.comm_ms(kind, (params - experts) * wbytes, coster.group("dp", stage))
     edp = coster.group("edp", stage)
     return ms + (coster.comm_ms(kind, experts * wbytes, edp) if experts > 0 and len(edp) > 1 else 0.0)
@@ -273,13 +274,8 @@ def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, wbytes):
     if lay.dp > 1 and not grad_ops:  # no overlap: one pass over all gradients after backward
         kind = "reducescatter" if lay.zero in (1, 2) else "allreduce"
         tail = g.tail(r, "compute")
-        grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, (params - experts) * wbytes, dp_group),
+        grad_ops.append(g.gpu(r, "comm", _sharded_comm_ms(coster, kind, params, experts, wbytes, stage),
                               f"dp {kind} gradients", kind="comm", deps=(tail,) if tail >= 0 else ()))
-        edp_group = coster.group("edp", stage)
-        if experts > 0 and len(edp_group) > 1:
-            grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, experts * wbytes, edp_group),
-                                  f"expert-dp {kind} gradients", kind="comm",
-                                  deps=(tail,) if tail >= 0 else ()))
     if not lay.optimizer_step:
         if grad_ops:
             g.sync(r, grad_ops, 0.0, "wait for gradients")

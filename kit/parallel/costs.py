@@ -15,7 +15,7 @@ from kit.errors import KitError
 from kit.parallel.gpt import (Block, GPTSpec, backward_of, embedding_forward, head_backward, head_forward,
                              layer_forward)
 from kit.parallel.layout import Layout
-from kit.parallel.memory import layer_expert_params, local_params, stage_layers
+from kit.parallel.memory import layer_expert_params, local_params, stage_layers, zero_kept
 
 ATTENTION_CORE = ("attention", "softmax", "dropout")
 # predictions are pure functions of (predictor, GPU, op) and (system, collective): cache them
@@ -323,9 +323,7 @@ def optimizer_ms(params: float, layout: Layout, coster: Coster, expert_params: f
     over the expert-DP group (dp / ep ranks), the rest over the DP group."""
     from kit import ops
 
-    zero = layout.zero >= 1
-    n = int((params - expert_params) / (layout.dp if zero else 1)
-            + expert_params / (layout.dp // layout.ep if zero else 1))
+    n = int(zero_kept(params, expert_params, layout, 1))
     if n < 1:
         return 0.0
     op = ops.Elementwise("add", n, "fp32", inputs=6)

@@ -57,6 +57,15 @@ def local_expert_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
                for c in range(layout.virtual_stages) for layer in chunks[c * layout.pp + stage])
 
 
+def zero_kept(params: float, experts: float, layout: Layout, zero_from: int) -> float:
+    """Of a rank's params (experts of them its expert shard), what it keeps of a state that ZeRO
+    shards from stage zero_from on (1: optimizer state, 2: gradients, 3: weights): the dense part
+    over the DP group, the expert shard over the expert-DP group (dp / ep ranks)."""
+    if layout.zero < zero_from:
+        return params
+    return (params - experts) / layout.dp + experts / (layout.dp // layout.ep)
+
+
 def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
     """Parameters one rank of `stage` holds (TP- and EP-sharded), before ZeRO."""
     t, e = layout.tp, layout.ep
@@ -106,18 +115,12 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
 def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
     """One row per pipeline stage (all ranks of a stage hold the same), sizes in GiB."""
     w_b, g_b, o_b = (4, 4, 8) if layout.dtype == "fp32" else (2, 2, 12)
-    dp, z = layout.dp, layout.zero
     rows = []
     chunks = stage_layers(spec, layout)
     for stage in range(layout.pp):
         p, e = local_params(spec, layout, stage), local_expert_params(spec, layout, stage)
-
-        def sharded(nbytes: float, stage_from: int) -> float:  # ZeRO: the dense part over dp,
-            if z < stage_from:                                  # the expert shard over dp / ep
-                return p * nbytes
-            return (p - e) * nbytes / dp + e * nbytes / (dp // layout.ep)
-
-        weights, grads, optim = sharded(w_b, 3), sharded(g_b, 2), sharded(o_b, 1)
+        weights, grads, optim = (zero_kept(p, e, layout, z_from) * nbytes
+                                 for nbytes, z_from in ((w_b, 3), (g_b, 2), (o_b, 1)))
         per_chunk = max(sum(activation_bytes_per_layer(spec, layout, layer)
                             for layer in chunks[c * layout.pp + stage])
                         for c in range(layout.virtual_stages))

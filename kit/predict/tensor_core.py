@@ -24,8 +24,8 @@ applies to GEMMs whose leading dimensions are 16-byte aligned; unaligned ones st
 tile-MLP with kit.predict.features.unaligned_peak_share. Such a GEMM is never split by the
 kit's split-K rule (kit.predict.split_k), since its curve already holds cuBLAS's own splits.
 Attention takes its curve on every GPU and dtype (carried over, with a wider band, where it was not
-measured: CARRIED_ATTENTION) except where it looks like a decode step (under ATTENTION_MIN_SEQ_Q
-queries over a longer cache), outside the prefill shapes it was fitted on.
+measured: CARRIED_ATTENTION) from ATTENTION_MIN_SEQ_Q queries on, the prefill shapes it was fitted
+on; under that, a blend of the curve and the roofline (one query, a decode step: the roofline).
 The curve gives a kernel's own time. The tile predictor adds its dispatch floor
 (kit.workload.iteration.isolation_floor_ms), so its isolated latencies stay comparable with its
 other classes', and a whole model takes the floor out again.

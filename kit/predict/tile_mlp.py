@@ -31,8 +31,8 @@ from kit.predict.element_rates import element_bound_ms
 from kit.predict.gemv import applies as gemv_applies
 from kit.predict.gemv import kernel_ms_of as gemv_kernel_ms
 from kit.predict.split_k import apply_split_k, split_limits
-from kit.predict.tensor_core import (ATTENTION_MIN_SEQ_Q, applies, attention_params_for, curve_attention, curve_gemm,
-                                     kernel_ms_of, params_for)
+from kit.predict.tensor_core import (ATTENTION_MIN_SEQ_Q, applies, attention_params_for, curve_gemm, kernel_ms_of,
+                                     params_for)
 from kit.ops import DTYPE_BYTES
 from kit.predict.roofline import roofline
 from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_blocking,
@@ -349,22 +349,32 @@ class TilePredictor:
         aligned, on the curve (padding it would be a way to run it), split-K included. TF32 and
         Volta's fp16, which no unaligned share slows, had come out 15-20% under their aligned
         twins on an A100, a B200 and a V100. The band moves up with it."""
-        rows = [j for j, op in enumerate(ops) if params_for(gpu, op.dtype) is not None
-                and not curve_gemm(gpu, op) and part.tile.iloc[j] != "gemv"]
+        twin = self.aligned_twin_ms(ops, gpu)
+        rows = [j for j in range(len(ops)) if np.isfinite(twin[j]) and part.tile.iloc[j] != "gemv"]
         if not rows:
             return part
-        from kit.workload.iteration import isolation_floor_ms
-
-        floor = isolation_floor_ms(self, gpu)
-        # kit.predict.roofline's roofline: the full tensor peak, whatever the alignment
-        bound = np.array([kernel_ms_of([roofline(ops[j], gpu).time_ms], params_for(gpu, ops[j].dtype))[0][0]
-                          for j in rows]) + floor
-        lift = np.maximum(1.0, bound / part.latency_ms.to_numpy(dtype=float)[rows])
+        lift = np.maximum(1.0, twin[rows] / part.latency_ms.to_numpy(dtype=float)[rows])
         # utilisation stays a share of the same wave bound: it falls as the latency rises
         for col, f in (("latency_ms", lift), ("latency_p10_ms", lift), ("latency_p90_ms", lift),
                        ("utilisation", 1.0 / lift)):
             part.loc[part.index[rows], col] = part[col].to_numpy(dtype=float)[rows] * f
         return part
+
+    def aligned_twin_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
+        """Per GEMM, the isolated latency of its aligned twin on the tensor-core curve (the
+        curve at the full tensor peak, plus this predictor's dispatch floor): the least an
+        unaligned GEMM in a dtype with a curve may take (_aligned_bound). NaN for an op on the
+        curve itself or in a dtype without one."""
+        from kit.workload.iteration import isolation_floor_ms
+
+        gpu = get_gpu(gpu)
+        out = np.full(len(ops), np.nan)
+        for j, op in enumerate(ops):
+            params = params_for(gpu, op.dtype)
+            if params is not None and not curve_gemm(gpu, op):
+                # kit.predict.roofline's roofline: the full tensor peak, whatever the alignment
+                out[j] = kernel_ms_of([roofline(op, gpu).time_ms], params)[0][0]
+        return out + isolation_floor_ms(self, gpu) if np.isfinite(out).any() else out
 
     def _dispatch_floor(self, gpu: GPU, roofline_ms, lat, p10, p90) -> None:
         """A vector or row kernel's isolated call is never under FLOOR_SHARE of this predictor's

@@ -5,11 +5,11 @@ pooling, upsampling, im2col. kit.workload.mapping.map_op hands these ops here.
   N = output channels, K = input channels · kernel pixels (per group). A plain 3x3 stride-1
   one may also run as Winograd F(4x4, 3x3) (`winograd`): it is the Cheapest of the two, and the
   predictor's faster one is what it costs, as cuDNN picks an algorithm.
-* A grouped convolution of narrow groups (fewer than NARROW_GROUP_CHANNELS channels in or out)
-  is not costed as its per-group GEMM alone: that GEMM is mostly padding on the narrowest tile
+* A grouped convolution is not costed as its per-group GEMM alone: for narrow groups (fewer
+  than NARROW_GROUP_CHANNELS channels in or out) that GEMM is mostly padding on the narrowest tile
   (a depthwise conv's has n = 1, k = 9 forward and m = 1 in its weight gradient, and was
   predicted 10-75x its roofline, slower than the dense conv of the same shape). It is the
-  Cheapest of that GEMM, the GEMM of super-groups that fill a tile, the dense conv (a grouped
+  Cheapest of that GEMM, the GEMMs of super-groups (grouped_ways), the dense conv (a grouped
   conv is the dense one with a block-diagonal weight) and, for a depthwise conv or one of at
   most DIRECT_MAX_CHANNELS channels a group, a direct kernel costed as a stream of its bytes
   (`direct`). Forward, input gradient and weight gradient each pick their own, as cuDNN finds
