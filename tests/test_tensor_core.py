@@ -188,6 +188,25 @@ def test_decode_attention_keeps_its_roofline_in_the_stream():
     assert "blended" in predict_op(replace(dec, seq_q=2), h200)["source"]
 
 
+def test_a_decode_attention_band_has_the_curves_width():
+    """One query keeps its roofline as the centre, but not a zero-width band: the band is the
+    curve's relative width around the blended centre, p10 never under the roofline."""
+    tile = get_predictor("tile")
+    for gpu in ("h200", "a100-pcie-40gb"):
+        g = get_gpu(gpu)
+        floor = isolation_floor_ms(tile, g)
+        for q in (1, 2, 16, 127, 128, 512):
+            att = Attention(b=8, heads=32, seq_q=q, seq_kv=4096, head_dim=128, dtype="bf16", kv_heads=8)
+            row = tile.predict([att], g).iloc[0]
+            full = tile.predict([replace(att, seq_q=4096)], g).iloc[0]
+            k = row.latency_ms - floor
+            width = np.log((row.latency_p90_ms - floor) / k)
+            full_width = np.log((full.latency_p90_ms - floor) / (full.latency_ms - floor))
+            assert width == pytest.approx(full_width, rel=0.2), (gpu, q)
+            assert row.latency_p10_ms >= row.roofline_ms + floor - 1e-12
+            assert row.latency_p10_ms <= row.latency_ms <= row.latency_p90_ms
+
+
 def test_a_scaled_kernel_takes_its_floor_out_scaled():
     """attention backward = 2.8 x forward: in a model it costs 2.8 x the forward's kernel time,
     not 2.8 x (kernel + floor) less one floor."""

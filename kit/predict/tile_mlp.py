@@ -424,7 +424,8 @@ class TilePredictor:
         weight follows the queries alone, so the time grows with queries and with keys: it had
         jumped 1.8x from 127 queries to 128 over a longer cache (A100, 4,096 keys: 0.27 -> 0.48
         ms), and dropped 45% from 16 keys to 17 at 16 queries, where only a longer cache made an
-        attention decode-like."""
+        attention decode-like. The band is the curve's, relative to that centre, its p10 never
+        under the roofline."""
         from kit.ops import Attention
 
         rows = [i for i, op in enumerate(ops) if isinstance(op, Attention)]
@@ -450,7 +451,10 @@ class TilePredictor:
                     arr[masked] = np.minimum(arr[masked], bound)
             # the share of the way from the roofline to the curve: 1 from 128 queries on
             w = np.minimum(1.0, np.log2([ops[i].seq_q for i in idx]) / np.log2(ATTENTION_MIN_SEQ_Q))
-            t, lo, hi = (np.exp((1 - w) * np.log(roof) + w * np.log(x)) for x in (t, lo, hi))
+            centre = np.exp((1 - w) * np.log(roof) + w * np.log(t))
+            # the band keeps the curve's relative width around the blended centre, never under
+            # the roofline: blending its ends too had left one query a zero-width band
+            t, lo, hi = centre, np.minimum(np.maximum(roof, centre * lo / t), centre), centre * hi / t
             part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = np.column_stack(
                 [t + floor, lo + floor, hi + floor, roof / (t + floor)])
 
