@@ -156,6 +156,12 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
                 out["source"] += " (blended with the roofline: under 128 queries)"
             if lifted:
                 out["source"] += " (its aligned twin's time: an unaligned GEMM is never faster)"
+        from kit.ops import elementwise_proxy
+
+        proxy = elementwise_proxy(op)
+        if proxy is not None:
+            out["source"] = (f"the learned elementwise {proxy[0].kind} pass over {proxy[0].numel} "
+                             f"elements, times {proxy[1]:.4g} for the bytes it moves (as in a model)")
     return out
 
 

@@ -9,6 +9,7 @@ Conventions
 """
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 
@@ -367,3 +368,29 @@ class Memcpy:
 
 
 Op = Gemm | Elementwise | Softmax | LayerNorm | RMSNorm | Dropout | EmbeddingBag | Attention | Memcpy
+
+
+def copy_of(nbytes: float, dtype: str = "fp32") -> Elementwise:
+    """The elementwise copy that moves nbytes (half read, half written): the proxy of a
+    memory-bound kernel."""
+    numel = max(1, math.ceil(nbytes / (2 * dtype_bytes(dtype))))
+    return Elementwise("copy", numel, dtype)
+
+
+def elementwise_proxy(op) -> tuple[Elementwise, float] | None:
+    """(pass, scale): the learned elementwise pass a memory-bound op without a model of its own is
+    costed as, its time scaled by the bytes the op really moves; None for other ops.
+
+    Dropout: CUDA's fused kernel reads x and writes y and a one-byte mask in one pass (the Philox
+    draw is ~20 integer ops per element, far below any GPU's ridge point), so it is the one-input
+    pass that reads x and writes y, times its bytes over that pass's. A device-to-device memcpy is
+    the copy of its bytes. A captured model costs them so (kit.workload.mapping), and `kit op`
+    the same way, so both get the per-kernel cost, achieved bandwidth and band the elementwise
+    model learned, not the bare wave model (a 1,024-element dropout had come out at 3 ns)."""
+    if isinstance(op, Dropout):
+        base = Elementwise("mul", op.numel, op.dtype, inputs=1)
+    elif isinstance(op, Memcpy) and op.direction == "d2d":
+        base = copy_of(op.bytes)
+    else:
+        return None
+    return base, op.bytes / base.bytes

@@ -110,6 +110,23 @@ def test_an_op_that_fits_the_gpu_memory_is_predicted():
     assert rc == 0 and "latency" in out, err
 
 
+def test_op_dropout_and_a_device_copy_say_they_are_the_learned_elementwise_pass(capsys):
+    """They had printed their bare roofline (a 1,024-element dropout: 3 ns) with a zero-width
+    band; now the learned pass a model costs them as, and a line that says so."""
+    from kit.api import predict_op
+    from kit.ops import Dropout, Elementwise, Memcpy
+
+    assert main(["op", "dropout", "--numel", "1024", "--gpu", "h100-sxm"]) == 0
+    assert "source    the learned elementwise mul pass over 1024 elements" in capsys.readouterr().out
+    assert main(["op", "memcpy", "--bytes", "1e9", "--gpu", "a100-pcie-40gb"]) == 0
+    assert "learned elementwise copy pass" in capsys.readouterr().out
+    drop = predict_op(Dropout(1024), "h100-sxm")
+    mul = predict_op(Elementwise("mul", 1024, inputs=1), "h100-sxm")
+    assert drop["latency_ms"] > mul["latency_ms"] > 100 * drop["roofline_ms"]
+    assert drop["latency_p90_ms"] > drop["latency_ms"]
+    assert "source" not in predict_op(Memcpy(10**9, "h2d"), "h100-sxm")
+
+
 def test_demo_prints_a_real_prediction():
     rc, out, _ = run_cli("demo", "--json")
     r = json.loads(out)

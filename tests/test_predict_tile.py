@@ -87,9 +87,34 @@ def test_row_ops_report_the_launch_pytorch_makes(bundle):
 
 
 def test_ops_without_a_model_fall_back_to_the_wave_model(bundle):
-    out = bundle.tile.predict([Memcpy(2**20), OPS[0]], "t4")
+    out = bundle.tile.predict([Memcpy(2**20, "h2d"), OPS[0]], "t4")
     assert out.latency_ms[0] == pytest.approx(out.roofline_ms[0])
     assert out.tile[0] == ""
+
+
+@pytest.mark.parametrize("numel", [1, 1024, 10**8])
+def test_dropout_and_a_device_copy_take_their_learned_elementwise_pass(bundle, numel):
+    """As a captured model costs them (kit.ops.elementwise_proxy): the learned pass times the
+    bytes they move, with its band and floor, never under their roofline. A 1,024-element
+    dropout had come out at 3 ns, with a zero-width band (the bare wave model)."""
+    from kit.ops import Dropout, elementwise_proxy
+    from kit.workload.mapping import _dropout
+
+    ops = [Dropout(numel, "fp16", 0.1), Memcpy(4 * numel, "d2d")]
+    out = bundle.tile.predict(ops, "t4")
+    for i, op in enumerate(ops):
+        base, scale = elementwise_proxy(op)
+        assert scale * base.bytes == pytest.approx(op.bytes)
+        row = bundle.tile.predict([base], "t4").iloc[0]
+        assert out.latency_ms[i] == pytest.approx(scale * row.latency_ms)
+        assert out.latency_p90_ms[i] == pytest.approx(scale * row.latency_p90_ms)
+        assert out.latency_ms[i] >= out.roofline_ms[i]
+        assert out.latency_p10_ms[i] <= out.latency_ms[i] < out.latency_p90_ms[i]
+    import torch
+
+    derived = _dropout([torch.empty(numel, dtype=torch.float16, device="meta"), 0.1], "fp16", 1.0)
+    assert derived.parts == (elementwise_proxy(ops[0])[0],)
+    assert derived.scale == pytest.approx(elementwise_proxy(ops[0])[1])
 
 
 def test_utilisation_carries_to_an_unseen_gpu():

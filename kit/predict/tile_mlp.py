@@ -229,6 +229,7 @@ class TilePredictor:
             if cls == "other":  # attention, embedding, memcpy, ...: the wave model
                 part = WavePredictor().predict(ops_c, gpu)
                 self._fused_attention(ops_c, gpu, part)
+                self._elementwise_proxies(ops_c, gpu, part)
                 out.loc[idx, COLUMNS] = part[COLUMNS].values
                 continue
             part = self._predict_class(cls, ops_c, gpu)
@@ -457,6 +458,23 @@ class TilePredictor:
             t, lo, hi = centre, np.minimum(np.maximum(roof, centre * lo / t), centre), centre * hi / t
             part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = np.column_stack(
                 [t + floor, lo + floor, hi + floor, roof / (t + floor)])
+
+    def _elementwise_proxies(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
+        """Dropout and a device-to-device memcpy take their learned elementwise pass, scaled by
+        their bytes (kit.ops.elementwise_proxy), in place: as a captured model costs them. The
+        tiling shown stays the op's own (kit.tiling's)."""
+        from kit.ops import elementwise_proxy
+
+        proxies = {i: p for i, op in enumerate(ops) if (p := elementwise_proxy(op)) is not None}
+        if not proxies:
+            return
+        idx = list(proxies)
+        pred = self.predict([proxies[i][0] for i in idx], gpu)
+        scale = np.array([proxies[i][1] for i in idx])
+        lat = pred.latency_ms.to_numpy(float) * scale
+        part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = np.column_stack(
+            [lat, pred.latency_p10_ms.to_numpy(float) * scale, pred.latency_p90_ms.to_numpy(float) * scale,
+             part.loc[idx, "roofline_ms"].to_numpy(float) / lat])
 
     def _one_wave_cap(self, cls, ops, gpu, tiles, slots, lat, p10, p90):
         """Every block of a one-wave kernel runs at once, so adding blocks up to a full wave

@@ -14,10 +14,9 @@ first, nominal one.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from kit.ops import Elementwise, dtype_bytes
+from kit.ops import copy_of  # noqa: F401 (re-exported: the kit's mappings import it from here)
 
 # A fused attention's backward takes this many times its forward. It does 5 matmuls to the
 # forward's 2, 2.5x the FLOPs (FlashAttention-2, Dao 2023, sec. 3.2), and runs at a lower share
@@ -68,13 +67,6 @@ class Cheapest:
     @property
     def bytes(self) -> float:
         return self.options[0].bytes
-
-
-def copy_of(nbytes: float, dtype: str = "fp32") -> Elementwise:
-    """The elementwise copy that moves nbytes (half read, half written): the proxy of a
-    memory-bound kernel."""
-    numel = max(1, math.ceil(nbytes / (2 * dtype_bytes(dtype))))
-    return Elementwise("copy", numel, dtype)
 
 
 def memory_bound(op_class: str, nbytes: float, dtype: str = "fp32", label: str = "") -> Derived:

@@ -12,7 +12,7 @@ import math
 import torch
 
 from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, Gemm, LayerNorm, RMSNorm,
-                     Softmax, MAX_ALIGN_ELEMS, lead_alignment)
+                     Softmax, MAX_ALIGN_ELEMS, elementwise_proxy, lead_alignment)
 from kit.workload.kernels import ATTENTION_BWD_SCALE, Derived, copy_of, memory_bound
 from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, POW_FAST, _elementwise,  # noqa: F401
                                               _pow_kind, input_streams, nbytes, vectorizable)
@@ -394,15 +394,12 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
 
 
 def _dropout(args, dtype: str, mult: float) -> Derived:
-    """CUDA's fused dropout kernel: one pass that reads x and writes y and a one-byte mask (the
-    Philox draw is ~20 integer ops per element, far below any GPU's ridge point: memory-bound).
-    It is costed as the learned one-input elementwise pass (read x, write y) scaled by the bytes
-    it really moves (kit.ops.Dropout.bytes), so it gets the per-kernel cost and achieved
-    bandwidth the elementwise model learned, not the bare wave model."""
+    """CUDA's fused dropout kernel, costed as kit.ops.elementwise_proxy says (the learned
+    one-input pass, scaled by the bytes dropout moves), as `kit op dropout` costs it."""
     p = float(args[1]) if len(args) > 1 else 0.5
     drop = Dropout(max(1, int(args[0].numel() * mult)), dtype, min(max(p, 0.0), 0.99))
-    base = Elementwise("mul", drop.numel, dtype, inputs=1)
-    return Derived("dropout", (base,), drop.bytes / base.bytes, "dropout (y and a bool mask)")
+    base, scale = elementwise_proxy(drop)
+    return Derived("dropout", (base,), scale, "dropout (y and a bool mask)")
 
 
 __all__ = ["map_op", "kit_dtype", "tensors", "nbytes", "copy_of", "vectorizable", "input_streams", "POW_FAST",
