@@ -50,11 +50,17 @@ def test_which_gpus_dtypes_and_alignments_take_the_curve():
     assert params_for(h200, "bf16") is not None and params_for(h200, "fp16") is not None
     assert params_for(h200, "fp32") is None  # SIMT sgemm: the tile-MLP's own ground
     # GEMMs: measured on Hopper, carried to NVIDIA's other tensor-core GPUs with a wider band;
-    # FP32 (SIMT), FP8 and AMD keep the tile-MLP
+    # FP32 (SIMT) and AMD keep the tile-MLP; FP8 takes the bf16 curve where tensor cores have it
     assert params_for(a100, "bf16")["carried_from"] and "carried_from" not in params_for(h200, "bf16")
     assert params_for(a100, "bf16")["band_log"][1] > params_for(h200, "bf16")["band_log"][1]
     assert params_for(a100, "fp32") is None and params_for(get_gpu("mi300x"), "bf16") is None
-    assert params_for(get_gpu("h100-sxm"), "fp8") is None
+    for gpu in ("h100-sxm", "l4", "b200"):
+        assert params_for(get_gpu(gpu), "fp8")["carried_from"] == "h200 bf16"
+    assert params_for(get_gpu("mi300x"), "fp8") is None
+    assert params_for(get_gpu("v100-sxm2-32gb"), "fp8") is None  # no fp8 tensor cores
+    # FP8 kernels run only on 16-byte aligned operands: the most alignment the kit tracks is it
+    h100 = get_gpu("h100-sxm")
+    assert applies(h100, "fp8", [8, 4]).tolist() == [True, False]
     # attention has a curve everywhere: measured on Hopper in 16-bit, carried elsewhere, wider
     measured, carried = attention_params_for(h200, "bf16"), attention_params_for(a100, "bf16")
     assert "carried_from" not in measured and carried["carried_from"]
@@ -186,6 +192,24 @@ def test_decode_attention_keeps_its_roofline_in_the_stream():
 
     assert predict_op(dec, h200)["source"].startswith("roofline (one query")
     assert "blended" in predict_op(replace(dec, seq_q=2), h200)["source"]
+
+
+def test_fp8_gemms_take_the_carried_curve_like_bf16_at_half_the_bytes():
+    """The tile-MLP had priced them alone: a 1x1x1 FP8 GEMM on an H100 at 0.7 us (no floor;
+    bf16 16 us), a 1x1x2^31 GEMV split 128 ways at 30x its roofline (bf16 streamed it)."""
+    tile = get_predictor("tile")
+    for gpu in ("h100-sxm", "b200", "l4"):
+        g = get_gpu(gpu)
+        floor = isolation_floor_ms(tile, g)
+        shapes = [dict(m=1, n=1, k=1), dict(m=1, n=1, k=2**31), dict(m=16, n=8192, k=8192),
+                  dict(m=8192, n=8192, k=8192)]
+        for shape in shapes:
+            f8, bf = (tile.predict([Gemm(**shape, dtype=d)], g).iloc[0] for d in ("fp8", "bf16"))
+            assert f8.latency_ms >= floor and f8.split_k == 1
+            assert f8.latency_ms <= bf.latency_ms * (1 + 1e-9), (gpu, shape)
+            assert f8.latency_ms >= f8.roofline_ms
+            t = kernel_ms_of([roofline(Gemm(**shape, dtype="fp8"), g).time_ms], params_for(g, "fp8"))[0][0]
+            assert f8.latency_ms == pytest.approx(t + floor)
 
 
 def test_a_decode_attention_band_has_the_curves_width():

@@ -1,4 +1,4 @@
-"""Matrix-vector products: a GEMM with m or n of 1 on an NVIDIA GPU streams its matrix.
+"""Matrix-vector products: a GEMM with m or n of 1 streams its matrix.
 
 cuBLAS runs such a GEMM on its gemv and dot kernels (gemv2T_kernel_val, internal::gemvx,
 dot_kernel on an H200), not on a GEMM tile: the tile-MLP, which prices it as a 32-128-row tile
@@ -10,7 +10,10 @@ that is nearly all padding (and never saw one: NeuSight's thinnest GEMMs have m 
 with c0 and eff fitted on the H200's random FP32 sweeps by benchmarks/gemv_fit.py and checked on
 its aligned FP32 and TF32 sweeps of other shapes (16% MAPE there; the tile-MLP 100-440%). A
 DRAM-bound kernel's share of the bandwidth is what carries over between GPUs; the constants are
-the H200's alone (measurements/h200-2026-12-04 and -b).
+the H200's alone (measurements/h200-2026-12-04 and -b). They are carried to every other GPU,
+AMD's too (rocBLAS's gemv kernels are streams as well), as a share of its bandwidth: no GEMV
+off the H200 has been timed. On AMD the tile-MLP had priced a GEMV as padded tiles split up to
+32 ways: 1x1x2^31 in bf16 on an MI300X at 132 ms, 160x its roofline.
 
 16-bit GEMVs stream too where no tensor-core curve covers them (unaligned ones, and GPUs
 without tensor cores): the tile-MLP had them as a padded tile at the unaligned 16-bit share of the
@@ -32,23 +35,23 @@ from kit.predict.features import TENSOR_16BIT
 
 # benchmarks/gemv_fit.py on the H200's FP32 random sweeps (tests/test_gemv.py refits them)
 PARAMS = {"c0_us": 3.0, "eff": 0.51, "band_log": [-0.4728, 0.3862]}
-DTYPES = ("fp32", "tf32", *TENSOR_16BIT)
+DTYPES = ("fp32", "tf32", *TENSOR_16BIT, "fp8")
+# the dtypes whose aligned GEMVs keep a tensor-core curve where one covers them
+CURVE_FIRST = (*TENSOR_16BIT, "fp8")
 
 
 def applies(gpu, ops) -> np.ndarray:
-    """Per op: a GEMM with m or n of 1 on an NVIDIA GPU, in FP32, TF32 (the rule was checked on
-    the H200's aligned TF32 GEMVs: it keeps them) or a 16-bit dtype that no measured curve
+    """Per op: a GEMM with m or n of 1, in FP32, TF32 (the rule was checked on
+    the H200's aligned TF32 GEMVs: it keeps them) or a 16-bit or FP8 dtype that no curve
     covers (kit.predict.tensor_core: Hopper's aligned ones), and not a grouped
     convolution's implicit GEMM (kind "linear", one per group, b = groups, no shared weight: a
     depthwise convolution has n = 1 forward and m = 1 in its weight gradient, and cuDNN runs it
     on its own kernels over the activations, not cuBLAS's gemv over an im2col matrix)."""
     from kit.predict.tensor_core import curve_gemm
 
-    if gpu.vendor != "nvidia":
-        return np.zeros(len(ops), dtype=bool)
     return np.array([getattr(o, "dtype", None) in DTYPES and min(o.m, o.n) == 1
                      and not (o.kind == "linear" and o.b > 1 and not o.shared_rhs)
-                     and not (o.dtype in TENSOR_16BIT and curve_gemm(gpu, o)) for o in ops], dtype=bool)
+                     and not (o.dtype in CURVE_FIRST and curve_gemm(gpu, o)) for o in ops], dtype=bool)
 
 
 def kernel_ms_of(nbytes, bw_gbs: float, params: dict = PARAMS):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kit.ops import DTYPE_BYTES
+from kit.ops import DTYPE_BYTES, MAX_ALIGN_ELEMS
 
 # benchmarks/tensor_core_fit.py's output, as printed ("fits" -> dtype -> "fit")
 _BF16 = {"a": 1.0904, "beta": 0.9112, "c0_us": 2.871, "eff_max": 0.7716, "band_log": [-0.1323, 0.1583], "band_log_short": [-0.2144, 0.304]}
@@ -76,16 +76,25 @@ TENSOR_CORE_ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 # each dtype from the curve fitted for it (fp16 took bf16's there too)
 CARRIED_GEMM = {dtype: _carried(params, "h200 " + ("tf32" if dtype == "tf32" else "bf16"))
                 for dtype, params in TENSOR_CORE_GEMM["hopper"].items()}
+# FP8 GEMMs (Ada, Hopper and Blackwell tensor cores: the GPUs with an fp8 peak) take the bf16 curve
+# carried over as a share of the fp8 peak, as other architectures take it: no FP8 kernel has been
+# timed here. The tile-MLP had priced them alone: no dispatch floor (a 1x1x1 FP8 GEMM on an H100 at
+# 0.7 us, a bf16 one at 16 us), a GEMV split 128 ways at 30x its roofline, and 84% of the H100's
+# fp8 peak for 8192^3.
+FP8_ARCHS = ("ada", "hopper", "blackwell")
+CARRIED_GEMM["fp8"] = _carried(_BF16, "h200 bf16")
 
 
 def params_for(gpu, dtype: str) -> dict | None:
     """The curve for GEMMs of `dtype` on `gpu`: measured (TENSOR_CORE_GEMM), carried from the
     H200 (CARRIED_GEMM, marked "carried_from") on NVIDIA's other tensor-core architectures, or
-    None (the tile-MLP's: FP32, FP8, AMD)."""
+    None (the tile-MLP's: FP32, AMD, FP8 off FP8_ARCHS)."""
     arch = getattr(gpu, "arch", None)
     measured = TENSOR_CORE_GEMM.get(arch, {}).get(dtype)
     if measured is not None or getattr(gpu, "vendor", None) != "nvidia" or arch not in TENSOR_CORE_ARCHS:
         return measured
+    if dtype == "fp8" and arch not in FP8_ARCHS:
+        return None
     return CARRIED_GEMM.get(dtype)
 
 
@@ -97,11 +106,13 @@ def attention_params_for(gpu, dtype: str) -> dict:
 
 def applies(gpu, dtype: str, align) -> np.ndarray:
     """Which GEMMs (by their leading alignment in elements) take the curve on gpu: a fitted
-    dtype whose leading dimensions are 16-byte aligned."""
+    dtype whose leading dimensions are 16-byte aligned. FP8 at the most alignment the kit
+    tracks (MAX_ALIGN_ELEMS: 8 bytes of it): cuBLASLt's FP8 kernels take only 16-byte aligned
+    operands (torch._scaled_mm refuses others), so an FP8 GEMM that runs at all is aligned."""
     align = np.asarray(align, dtype=float)
     if params_for(gpu, dtype) is None:
         return np.zeros(align.shape, dtype=bool)
-    return align * DTYPE_BYTES[dtype] >= 16
+    return (align * DTYPE_BYTES[dtype] >= 16) | (align >= MAX_ALIGN_ELEMS)
 
 
 SHORT_MS = 0.02  # kernels the curve puts under 20 us take their own, wider band (band_log_short)

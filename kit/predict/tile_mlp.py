@@ -40,6 +40,7 @@ from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_b
 from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
 
 QUANTILES = (0.1, 0.5, 0.9)
+FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row twin (_few_rows_bound)
 FLOOR_SHARE = 0.5  # of the dispatch floor, the least an isolated vector or row call predicts
 Z80 = 1.2816  # standard normal 90th percentile: ±Z80·σ spans 80%
 
@@ -251,6 +252,7 @@ class TilePredictor:
             if gemv.any():
                 part = self._gemv(ops_c, gpu, gemv, part.reset_index(drop=True))
             if cls == "gemm":
+                part = self._few_rows_bound(ops_c, gpu, part.reset_index(drop=True))
                 part = self._aligned_bound(ops_c, gpu, part.reset_index(drop=True))
             out.loc[idx, COLUMNS] = part[COLUMNS].values
         for c in ("latency_ms", "roofline_ms", "utilisation", "latency_p10_ms", "latency_p90_ms"):
@@ -344,6 +346,30 @@ class TilePredictor:
         floor = isolation_floor_ms(self, gpu)
         t, lo, hi = kernel_ms_of(np.asarray(roofline_ms, dtype=float)[tc], params_for(gpu, dtype))
         lat[tc], p10[tc], p90[tc] = t + floor, lo + floor, hi + floor
+
+    def _few_rows_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
+        """A GEMM whose m or n is r (2 <= r <= FEW_ROWS) is never slower than r calls of its
+        one-row twin (a GEMV on most paths): it could run as those. Where the tile-MLP is off its
+        data for thin GEMMs the gap had been a cliff once GEMVs streamed: on an MI300X (no timed
+        AMD GEMV, no tensor-core curve) a bf16 GEMM of 8192 x 8192 weights took 0.067 ms at one
+        row and 0.25 ms at two. The band moves down with it, its p10 never under the roofline."""
+        rows = [j for j, op in enumerate(ops)
+                if 2 <= min(op.m, op.n) <= FEW_ROWS and part.tile.iloc[j] != "gemv"]
+        if not rows:
+            return part
+        twins = [replace(ops[j], m=1) if ops[j].m <= ops[j].n else replace(ops[j], n=1) for j in rows]
+        count = np.array([min(ops[j].m, ops[j].n) for j in rows], dtype=float)
+        bound = count * self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
+        lat = part.latency_ms.to_numpy(dtype=float)[rows]
+        f = np.minimum(1.0, bound / lat)
+        at = part.index[rows]
+        roof = part.roofline_ms.to_numpy(dtype=float)[rows]
+        part.loc[at, "latency_ms"] = lat * f
+        part.loc[at, "latency_p90_ms"] = part.latency_p90_ms.to_numpy(dtype=float)[rows] * f
+        part.loc[at, "latency_p10_ms"] = np.minimum(
+            np.maximum(part.latency_p10_ms.to_numpy(dtype=float)[rows] * f, roof), lat * f)
+        part.loc[at, "utilisation"] = part.utilisation.to_numpy(dtype=float)[rows] / f
+        return part
 
     def _aligned_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
         """An unaligned GEMM in a dtype with a tensor-core curve is never faster than the same GEMM
