@@ -81,7 +81,15 @@ def test_compare_throughput_cost_and_memory(tiny, capsys):
     mem = r["memory"]
     assert mem["weights_bytes"] == 4 * params and mem["grads_bytes"] == 4 * params
     assert mem["optimizer_bytes"] == 2 * 4 * params  # AdamW assumed when training
+    assert mem["optimizer_assumed"] == "adamw"  # and said so: the step timed has no update
     assert t4["fits"] is True
+    named = _json(capsys, ["compare", "tinymodel:make", "--gpus", "t4", "--batch", "2", "--seq", "4",
+                           "--optimizer", "sgd"])["memory"]
+    assert named["optimizer_bytes"] == 4 * params and "optimizer_assumed" not in named
+    assert _json(capsys, ["compare", "tinymodel:make", "--gpus", "t4", "--batch", "2", "--seq", "4",
+                          "--optimizer", "none"])["memory"]["optimizer_bytes"] == 0
+    assert main(["compare", "tinymodel:make", "--gpus", "t4", "--batch", "2", "--seq", "4"]) == 0
+    assert "(AdamW's state, assumed: the step timed has no optimizer" in capsys.readouterr().out
     lo, hi = t4["band_ms"]
     assert lo <= t4["step_ms"] <= hi
     assert main(["compare", "tinymodel:make", "--gpus", "t4", "--batch", "2", "--seq", "4"]) == 0

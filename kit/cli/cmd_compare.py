@@ -6,7 +6,7 @@ step at TDP (an upper bound: TDP × step time), and, where the user gives prices
 cost per million tokens (or samples). No prices are built in.
 """
 from kit.cli import add_command
-from kit.cli.cmd_predict import buffers_text, add_model_args, check_decode_args, overhead_from
+from kit.cli.cmd_predict import buffers_text, optimizer_text, add_model_args, check_decode_args, overhead_from
 from kit.cli.outputs import nonempty
 
 
@@ -204,7 +204,7 @@ def text(r) -> str:
     cache = f", KV cache {m['kv_cache_bytes'] / 2**30:.1f}" if m.get("kv_cache_bytes") else ""
     lines = [f"{r['model']} {r['mode']}, batch {r['batch']}{seq}, {r['dtype']}: needs "
              f"{m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, grads "
-             f"{m['grads_bytes'] / 2**30:.1f}, optimizer {m['optimizer_bytes'] / 2**30:.1f}, activations "
+             f"{m['grads_bytes'] / 2**30:.1f}, {optimizer_text(m, '.1f')}, activations "
              f"{m['activations_bytes'] / 2**30:.1f}{cache}{buffers_text(m, '.1f')})",
              f"{'gpu':<18} {'step ms':>10} {'p10-p90 ms':>19} {u + '/s':>12} {'fits':>5} "
              f"{'J/step':>9} {'$/M ' + u:>12}"]

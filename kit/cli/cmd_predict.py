@@ -6,6 +6,14 @@ from kit.cli.outputs import nonempty
 MODEL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 
 
+def optimizer_text(m: dict, fmt: str) -> str:
+    """"optimizer X" (GiB), saying when it is AdamW's state assumed for a step timed without
+    an optimizer."""
+    assumed = (" (AdamW's state, assumed: the step timed has no optimizer; --optimizer adds its "
+               "update, none drops the state)" if m.get("optimizer_assumed") else "")
+    return f"optimizer {m['optimizer_bytes'] / 2**30:{fmt}}{assumed}"
+
+
 def buffers_text(m: dict, fmt: str) -> str:
     """", buffers X" (GiB) for a memory dict whose module holds buffers, else nothing."""
     b = m.get("buffers_bytes", 0)
@@ -39,7 +47,9 @@ def add_model_args(p):
                         "tf32 is closer for a CNN); tf32: FP32 tensors on TF32 tensor cores")
     p.add_argument("--fusion", default="eager", choices=["eager", "compiled"])
     p.add_argument("--optimizer", default=None,
-                   help="add an optimizer step to training: adamw, adamw-fused, adam, sgd")
+                   help="add an optimizer step to training: adamw, adamw-fused, adam, sgd (momentum 0.9), "
+                        "none (no step and no state; without the option, no step is timed but the memory "
+                        "counts AdamW's state)")
     p.add_argument("--no-loss", action="store_true",
                    help="train: start the backward pass at a language model's logits, leaving out "
                         "the cross-entropy over the vocabulary (as NeuSight's labels, kit validate)")
@@ -210,7 +220,7 @@ def text(r) -> str:
     m = r.get("memory")
     if m and not m["fits"]:
         lines.append(f"  note: needs {m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, "
-                     f"grads {m['grads_bytes'] / 2**30:.1f}, optimizer {m['optimizer_bytes'] / 2**30:.1f}, "
+                     f"grads {m['grads_bytes'] / 2**30:.1f}, {optimizer_text(m, '.1f')}, "
                      f"activations {m['activations_bytes'] / 2**30:.1f}, KV cache "
                      f"{m.get('kv_cache_bytes', 0) / 2**30:.1f}{buffers_text(m, '.1f')}), more than {r['gpu']}'s "
                      f"{m['gpu_memory_bytes'] / 2**30:g} GiB: it would not fit on one GPU")

@@ -222,7 +222,9 @@ def memory_bytes(graph) -> dict:
     The step is the one captured: a model in --dtype throughout (a bf16 step holds bf16 weights,
     gradients and optimizer state, as torch's optimizers make their state like the parameters,
     and as the step's optimizer kernels are timed). Mixed precision with fp32 master weights and
-    fp32 state would need 12 more bytes a parameter under AdamW than a bf16 step."""
+    fp32 state would need 12 more bytes a parameter under AdamW than a bf16 step. A training
+    step captured without an optimizer counts AdamW's state all the same (optimizer_assumed):
+    its update is not timed, but a run keeps the state."""
     m = graph.meta
     weights = int(m.get("param_bytes", 0))
     train = m.get("mode") == "train"
@@ -231,12 +233,15 @@ def memory_bytes(graph) -> dict:
     # in the parameters' dtype (torch.optim's zeros_like(param))
     states = OPTIMIZER_STATE_TENSORS.get(m.get("optimizer") or "adamw", 2) if train else 0
     optim = states * weights
+    # the step captured without an optimizer has no update to time, but a run needs the state
+    assumed = train and not m.get("optimizer")
     acts = int(m.get("activation_bytes", 0))
     cache = int(m.get("kv_cache_bytes", 0))  # a decode step's KV cache (kit.workload.kv_cache)
     buffers = int(m.get("buffer_bytes", 0))  # the module's buffers (masks, RoPE tables, ...)
     return {"weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optim,
             "activations_bytes": acts, "kv_cache_bytes": cache, "buffers_bytes": buffers,
-            "total_bytes": weights + grads + optim + acts + cache + buffers}
+            "total_bytes": weights + grads + optim + acts + cache + buffers,
+            **({"optimizer_assumed": "adamw"} if assumed else {})}
 
 
 def memory_fit(graph, gpu) -> dict:
