@@ -92,6 +92,21 @@ def test_ops_without_a_model_fall_back_to_the_wave_model(bundle):
     assert out.tile[0] == ""
 
 
+def test_an_embedding_or_host_copy_takes_the_least_isolated_time(bundle):
+    """They had no floor: a one-row lookup at 5 fs, a one-byte host-to-device copy at 16 fs."""
+    from kit.ops import EmbeddingBag
+    from kit.predict.tile_mlp import FLOOR_SHARE
+    from kit.workload.iteration import isolation_floor_ms
+
+    floor = isolation_floor_ms(bundle.tile, get_gpu("t4"))
+    assert floor > 0
+    tiny = [EmbeddingBag(1, 1, 1, 1), Memcpy(1, "h2d"), Memcpy(1, "d2h")]
+    out = bundle.tile.predict(tiny, "t4")
+    assert (out.latency_ms >= FLOOR_SHARE * floor).all() and (out.latency_ms > out.roofline_ms).all()
+    big = bundle.tile.predict([Memcpy(2**30, "h2d")], "t4").iloc[0]
+    assert big.latency_ms == pytest.approx(big.roofline_ms)  # a long copy: its bytes set it
+
+
 @pytest.mark.parametrize("numel", [1, 1024, 10**8])
 def test_dropout_and_a_device_copy_take_their_learned_elementwise_pass(bundle, numel):
     """As a captured model costs them (kit.ops.elementwise_proxy): the learned pass times the

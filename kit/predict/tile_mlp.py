@@ -231,6 +231,7 @@ class TilePredictor:
                 part = WavePredictor().predict(ops_c, gpu)
                 self._fused_attention(ops_c, gpu, part)
                 self._elementwise_proxies(ops_c, gpu, part)
+                self._wave_floor(ops_c, gpu, part)
                 out.loc[idx, COLUMNS] = part[COLUMNS].values
                 continue
             part = self._predict_class(cls, ops_c, gpu)
@@ -402,6 +403,22 @@ class TilePredictor:
                 # kit.predict.roofline's roofline: the full tensor peak, whatever the alignment
                 out[j] = kernel_ms_of([roofline(op, gpu).time_ms], params)[0][0]
         return out + isolation_floor_ms(self, gpu) if np.isfinite(out).any() else out
+
+    def _wave_floor(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
+        """An embedding lookup or a host-device copy, still the wave model's, takes the same
+        least isolated time as a vector kernel (_dispatch_floor), in place: they had none, so a
+        one-row lookup came out at 5 fs and a one-byte host-to-device copy at 16 fs."""
+        from kit.ops import EmbeddingBag, Memcpy, elementwise_proxy
+
+        idx = [i for i, op in enumerate(ops) if isinstance(op, (EmbeddingBag, Memcpy))
+               and elementwise_proxy(op) is None]
+        if not idx:
+            return
+        cols = ["latency_ms", "latency_p10_ms", "latency_p90_ms"]
+        lat, p10, p90 = (part.loc[idx, c].to_numpy(dtype=float).copy() for c in cols)
+        roof = part.loc[idx, "roofline_ms"].to_numpy(dtype=float)
+        self._dispatch_floor(gpu, roof, lat, p10, p90)
+        part.loc[idx, cols + ["utilisation"]] = np.column_stack([lat, p10, p90, roof / lat])
 
     def _dispatch_floor(self, gpu: GPU, roofline_ms, lat, p10, p90) -> None:
         """A vector or row kernel's isolated call is never under FLOOR_SHARE of this predictor's
