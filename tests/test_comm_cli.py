@@ -74,3 +74,16 @@ def test_user_errors_exit_2_with_one_line(argv, words, capsys):
     assert err.count("\n") == 0 and err.startswith("kit: error:")
     for w in words:
         assert w in err
+
+
+def test_a_latency_bound_collective_says_its_floor_is_a_framework_calls(capsys):
+    """80 us for a 1-byte all-reduce on a DGX H100 is the host-side floor fitted on vTrain's
+    table, 4-8x what a device-side benchmark shows; the text now says which it is."""
+    assert main(["comm", "predict", "allreduce", "--bytes", "1", "--system", "dgx-h100"]) == 0
+    out = capsys.readouterr().out
+    r = predict_collective("allreduce", 1, "dgx-h100")
+    assert r.bound == "latency" and r.floor_ms > r.latency_ms
+    assert f"framework-level call, {r.floor_ms * 1e3:.1f} us" in out
+    assert f"own latency (NCCL's fixed cost and its steps) is {r.latency_ms * 1e3:.1f} us" in out
+    assert main(["comm", "predict", "allreduce", "--bytes", "1e9", "--system", "dgx-h100"]) == 0
+    assert "framework-level" not in capsys.readouterr().out

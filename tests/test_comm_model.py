@@ -281,3 +281,16 @@ def test_ring_steps_across_two_nodes():
     one = resolve_group(get_system("dgx-h100"), 8)
     assert ring_steps("allreduce", one) == (14, 0) and ring_steps("allgather", one) == (7, 0)
     assert plans(get_system("dgx-h100"), "allreduce", one)[0].latency_us == pytest.approx(BASE + 14 * STEP)
+
+
+@pytest.mark.parametrize("system", ["dgx-h100", "dgx-a100"])
+def test_a_one_rank_collective_is_no_faster_than_copying_its_buffer(system):
+    """NCCL copies it out of place: read and write every byte. It had taken 1.38 bytes of HBM
+    traffic a byte, so a 1 GB one on an H100 (0.45 ms) beat its copy at the full bandwidth."""
+    from kit.hardware.system import get_system
+
+    gpu = get_system(system).gpu
+    for size in (1e6, 1e9):
+        r = predict_collective("allreduce", size, system, ranks=1)
+        assert r.algorithm == "local"
+        assert r.time_ms >= 2 * size / (gpu.mem_bw_gbs * 1e9) * 1e3
