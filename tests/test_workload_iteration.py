@@ -85,6 +85,20 @@ def test_compiled_fusion_moves_only_external_bytes():
         apply_fusion(g, "jit")
 
 
+def test_a_top_kernel_group_shows_its_costliest_members_shapes():
+    """One group (where, aten, class, phase) may hold kernels of several shapes: a decode step's
+    KV-cache cats and the rotary embedding's small cats. It had shown the first member's."""
+    small, big = Elementwise("add", 64, inputs=2), Elementwise("add", 2**26, inputs=2)
+    nodes = (Node(0, "aten.add.Tensor", small, "elementwise", "fwd", (), "h.0.attn", 0, 256,
+                  shapes="[8]x[8]"),
+             Node(1, "aten.add.Tensor", big, "elementwise", "fwd", (0,), "h.0.attn", 0, 2**28,
+                  shapes="[8192,8192]x[8192,8192]"))
+    it = iteration(OpGraph(nodes, "toy", {"mode": "inference"}), GPU, predictor="wave", overhead=NONE)
+    top = it.top_kernels()
+    assert len(top) == 1 and top.iloc[0]["count"] == 2
+    assert top.iloc[0]["shapes"] == "[8192,8192]x[8192,8192]"
+
+
 def test_breakdowns_and_trace():
     it = iteration(_graph(), GPU, predictor="wave", overhead=CpuOverhead())
     by = it.by_class()
