@@ -20,7 +20,7 @@ without tensor cores): the tile-MLP had them as a padded tile at the unaligned 1
 peak, so a bf16 GEMV on an A100 came out slower than the same fp32 one (62 against 37 us for
 1x512x4096). On the H200's 16-bit GEMV rows off the curve (its random bf16 and fp16 sweeps,
 mostly unaligned) this rule, with the FP32 constants, scores the MAPE that benchmarks/gemv_fit.py
-prints as check_16bit (31% over 387 rows, against 86% for the tile-MLP); it leans fast there (those
+prints as check_16bit (31% over 387 rows, against 80% for the tile-MLP); it leans fast there (those
 small kernels reach less of the bandwidth than FP32's), so its band is the FP32 fit's. Aligned
 16-bit GEMVs take the tensor-core curve (kit.predict.tensor_core: measured on Hopper, carried to
 NVIDIA's other tensor-core GPUs), which fits them better on the H200 (9-15% on the decode
