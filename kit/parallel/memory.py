@@ -79,6 +79,8 @@ def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
         n += spec.vocab * spec.hidden / t + (0 if spec.rope else spec.seq * spec.hidden)
     if stage == layout.pp - 1 and (layout.pp > 1 or spec.rope):
         n += spec.vocab * spec.hidden / t  # the output layer: untied (rope), or the tied copy on the last stage
+    if stage == layout.pp - 1:
+        n += 2 * spec.hidden  # the final norm (weight and bias, as GPTSpec.params counts it), replicated over tp
     return n
 
 
