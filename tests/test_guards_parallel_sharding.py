@@ -152,7 +152,7 @@ def _system():
     return get_system("dgx-a100")
 
 
-def test_interleaved_embedding_parameters_sit_on_the_first_chunk():
+def test_interleaved_embedding_and_head_parameters_sit_on_the_chunks_that_run_them():
     """With v chunks per stage, the first virtual stage (stage 0, chunk 0) runs the embedding, so
     its parameters (vocab/t x h of the vocab-parallel table, plus the replicated seq x h position
     table) are counted in that chunk's params, not in stage 0's later chunk; each stage's chunks
@@ -170,6 +170,11 @@ def test_interleaved_embedding_parameters_sit_on_the_first_chunk():
     embedding = 1024 * 512 / t + 256 * 512
     assert costs[0].params == pytest.approx(per_chunk_layers * per_layer + embedding)  # chunk 0
     assert costs[pp].params == pytest.approx(per_chunk_layers * per_layer)  # chunk 1 of stage 0
+    # the last virtual stage (stage pp-1, chunk v-1) runs the output layer (the tied copy here)
+    # and the final norm; the last stage's first chunk holds its layers alone (it had held them)
+    head = 1024 * 512 / t + 2 * 512
+    assert costs[pp * v - 1].params == pytest.approx(per_chunk_layers * per_layer + head)
+    assert costs[pp - 1].params == pytest.approx(per_chunk_layers * per_layer)
     for stage in range(pp):
         total = sum(costs[c * pp + stage].params for c in range(v))
         assert total == pytest.approx(local_params(spec, lay, stage))

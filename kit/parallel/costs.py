@@ -15,7 +15,7 @@ from kit.errors import KitError
 from kit.parallel.gpt import (Block, GPTSpec, backward_of, embedding_forward, head_backward, head_forward,
                              layer_forward)
 from kit.parallel.layout import Layout
-from kit.parallel.memory import layer_expert_params, local_params, stage_layers, zero_kept
+from kit.parallel.memory import edge_params, layer_expert_params, stage_layers, zero_kept
 
 ATTENTION_CORE = ("attention", "softmax", "dropout")
 # predictions are pure functions of (predictor, GPU, op) and (system, collective): cache them
@@ -307,13 +307,15 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> l
             coster.add(c.bwd, emb[1], stage)
         out.append(c)
     for stage in range(lay.pp):
-        total = local_params(spec, lay, stage)
         chunks = [out[c * lay.pp + stage] for c in range(lay.virtual_stages)]
-        layer_sum = sum(sum(ch.layer_grad_bytes) + sum(ch.layer_expert_grad_bytes) for ch in chunks) / grad_bytes
-        for ch in chunks:  # embedding/head parameters go to the chunk that owns them
+        for ch in chunks:
             ch.expert_params = sum(ch.layer_expert_grad_bytes) / grad_bytes
             ch.params = sum(ch.layer_grad_bytes) / grad_bytes + ch.expert_params
-        chunks[0].params += max(total - layer_sum, 0.0)
+        # the embedding sits on the stage's first chunk, the output layer and final norm on its
+        # last (the one that runs them: with interleaving, virtual stage v * pp - 1, not chunk 0)
+        first, last = edge_params(spec, lay, stage)
+        chunks[0].params += first
+        chunks[-1].params += last
     return out
 
 

@@ -75,13 +75,21 @@ def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
         for layer in chunks[c * layout.pp + stage]:
             p, experts = spec.layer_params(layer), layer_expert_params(spec, layer)
             n += (p - experts) / t + experts / (t * e)
-    if stage == 0:
-        n += spec.vocab * spec.hidden / t + (0 if spec.rope else spec.seq * spec.hidden)
-    if stage == layout.pp - 1 and (layout.pp > 1 or spec.rope):
-        n += spec.vocab * spec.hidden / t  # the output layer: untied (rope), or the tied copy on the last stage
+    return n + sum(edge_params(spec, layout, stage))
+
+
+def edge_params(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float]:
+    """Parameters of a stage outside its layers, per rank: (the embedding, on its first chunk;
+    the output layer and the final norm, on its last chunk)."""
+    t = layout.tp
+    first = (spec.vocab * spec.hidden / t + (0 if spec.rope else spec.seq * spec.hidden)
+             if stage == 0 else 0.0)
+    last = 0.0
     if stage == layout.pp - 1:
-        n += 2 * spec.hidden  # the final norm (weight and bias, as GPTSpec.params counts it), replicated over tp
-    return n
+        if layout.pp > 1 or spec.rope:
+            last += spec.vocab * spec.hidden / t  # the output layer: untied (rope), or the tied copy on the last stage
+        last += 2 * spec.hidden  # the final norm (weight and bias, as GPTSpec.params counts it), replicated over tp
+    return first, last
 
 
 def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None = None) -> float:
