@@ -206,11 +206,11 @@ MOE = GPTSpec(layers=2, hidden=512, heads=8, seq=256, vocab=1000, experts=8, moe
 
 
 def _moe_layer_bytes(h, f, experts, ep, tp=1, nbytes=2):
-    """(dense, expert) gradient bytes of one MoE layer on one rank: the expert weights are the E
-    MLPs' 2hf matrices, E/ep of them on the rank; the rest is dense: attention 4h^2 + 4h, router
-    h*E, the experts' biases E*(f + h), two LayerNorms 4h."""
-    dense = (4 * h * h + 4 * h) + h * experts + experts * (f + h) + 4 * h
-    expert = experts * 2 * h * f
+    """(dense, expert) gradient bytes of one MoE layer on one rank: the experts are the E MLPs'
+    2hf matrices and their f + h biases, E/ep of them on the rank (each expert's biases live with
+    it); the rest is dense: attention 4h^2 + 4h, router h*E, two LayerNorms 4h."""
+    dense = (4 * h * h + 4 * h) + h * experts + 4 * h
+    expert = experts * (2 * h * f + f + h)
     return dense / tp * nbytes, expert / (tp * ep) * nbytes
 
 

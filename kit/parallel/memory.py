@@ -45,8 +45,12 @@ def stage_layers(spec: GPTSpec, layout: Layout) -> list[list[int]]:
 
 
 def layer_expert_params(spec: GPTSpec, layer: int) -> int:
-    """The expert weights of a layer (0 for a dense one): what expert parallelism shards."""
-    return spec.experts * spec.mlp_matrices * spec.hidden * spec.f if spec.is_moe(layer) else 0
+    """The expert weights and biases of a layer (0 for a dense one): what expert parallelism
+    shards (GPTSpec.layer_params counts each expert's f + h biases with it; they had been left
+    with the dense parameters, replicated over the EP ranks)."""
+    if not spec.is_moe(layer):
+        return 0
+    return spec.experts * (spec.mlp_matrices * spec.hidden * spec.f + spec.f + spec.hidden)
 
 
 def local_expert_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
