@@ -156,6 +156,11 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
                 out["source"] += " (blended with the roofline: under 128 queries)"
             if lifted:
                 out["source"] += " (its aligned twin's time: an unaligned GEMM is never faster)"
+        few = model.few_rows_ms([op], gpu)[0] if cls == "gemm" else np.nan
+        if np.isfinite(few) and not lifted and abs(out["latency_ms"] - few) <= 1e-9 * few:
+            rows = min(op.m, op.n)
+            out["source"] = (f"{rows} calls of its one-row twin ({few / rows:.4g} ms each): a GEMM this "
+                             "thin is never slower than those; the tile-MLP's own answer was slower")
         from kit.ops import elementwise_proxy
 
         proxy = elementwise_proxy(op)

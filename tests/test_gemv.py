@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,18 @@ def test_a_thin_gemm_is_never_slower_than_as_many_one_row_calls(tile, gpu, dtype
         assert lat <= m * one * (1 + 1e-9), (gpu, dtype, m, rows.latency_ms.tolist())
     assert (rows.latency_p10_ms >= rows.roofline_ms - 1e-12).all()
     assert (rows.latency_p10_ms <= rows.latency_ms).all() and (rows.latency_ms <= rows.latency_p90_ms).all()
+
+
+def test_kit_op_says_when_the_one_row_calls_set_a_thin_gemm(capsys):
+    from kit.api import predict_op
+    from kit.cli import main
+
+    op = Gemm(m=2, n=8192, k=8192, dtype="bf16", kind="linear", shared_rhs=True)
+    r = predict_op(op, "mi300x")
+    one = predict_op(replace(op, m=1), "mi300x")
+    assert r["latency_ms"] == pytest.approx(2 * one["latency_ms"])
+    assert r["source"].startswith("2 calls of its one-row twin")
+    assert "source" not in predict_op(replace(op, m=64), "mi300x")  # too thick for the bound
+    assert main(["op", "gemm", "--m", "2", "--n", "8192", "--k", "8192", "--gpu", "mi300x",
+                 "--dtype", "bf16"]) == 0
+    assert "source    2 calls of its one-row twin" in capsys.readouterr().out

@@ -65,7 +65,8 @@ def text(r):
                      + ("; carried over to this GPU as a share of its own peak, with a wider band:"
                         " no tensor-core kernel of it was timed" if carried else "")
                      + "; the tiling below is the kit's tile choice, for the picture")
-    if str(r.get("source", "")).startswith("the learned elementwise"):
+    if str(r.get("source", "")).startswith("the learned elementwise") or \
+            " calls of its one-row twin " in str(r.get("source", "")):
         lines.append(f"  source    {r['source']}")
     if r.get("tile") == "gemv":
         lines.append("  source    cuBLAS's gemv kernels (m or n of 1) stream the matrix once: a share"

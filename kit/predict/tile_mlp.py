@@ -354,13 +354,11 @@ class TilePredictor:
         data for thin GEMMs the gap had been a cliff once GEMVs streamed: on an MI300X (no timed
         AMD GEMV, no tensor-core curve) a bf16 GEMM of 8192 x 8192 weights took 0.067 ms at one
         row and 0.25 ms at two. The band moves down with it, its p10 never under the roofline."""
-        rows = [j for j, op in enumerate(ops)
-                if 2 <= min(op.m, op.n) <= FEW_ROWS and part.tile.iloc[j] != "gemv"]
+        every = self.few_rows_ms(ops, gpu)
+        rows = [j for j in range(len(ops)) if np.isfinite(every[j])]
         if not rows:
             return part
-        twins = [replace(ops[j], m=1) if ops[j].m <= ops[j].n else replace(ops[j], n=1) for j in rows]
-        count = np.array([min(ops[j].m, ops[j].n) for j in rows], dtype=float)
-        bound = count * self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
+        bound = every[rows]
         lat = part.latency_ms.to_numpy(dtype=float)[rows]
         f = np.minimum(1.0, bound / lat)
         at = part.index[rows]
@@ -371,6 +369,17 @@ class TilePredictor:
             np.maximum(part.latency_p10_ms.to_numpy(dtype=float)[rows] * f, roof), lat * f)
         part.loc[at, "utilisation"] = part.utilisation.to_numpy(dtype=float)[rows] / f
         return part
+
+    def few_rows_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
+        """Per GEMM, r calls of its one-row twin where its m or n is r (2 <= r <= FEW_ROWS): the
+        most it may take (_few_rows_bound); NaN for any other."""
+        out = np.full(len(ops), np.nan)
+        rows = [j for j, op in enumerate(ops) if 2 <= min(op.m, op.n) <= FEW_ROWS]
+        if rows:
+            twins = [replace(ops[j], m=1) if ops[j].m <= ops[j].n else replace(ops[j], n=1) for j in rows]
+            count = np.array([min(ops[j].m, ops[j].n) for j in rows], dtype=float)
+            out[rows] = count * self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
+        return out
 
     def _aligned_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
         """An unaligned GEMM in a dtype with a tensor-core curve is never faster than the same GEMM
