@@ -85,5 +85,9 @@ def test_a_latency_bound_collective_says_its_floor_is_a_framework_calls(capsys):
     assert r.bound == "latency" and r.floor_ms > r.latency_ms
     assert f"framework-level call, {r.floor_ms * 1e3:.1f} us" in out
     assert f"own latency (NCCL's fixed cost and its steps) is {r.latency_ms * 1e3:.1f} us" in out
-    assert main(["comm", "predict", "allreduce", "--bytes", "1e9", "--system", "dgx-h100"]) == 0
-    assert "framework-level" not in capsys.readouterr().out
+    # latency-bound but past the floor (latency + bandwidth, 92 us at 12 MB): no such note
+    for size in ("1e9", "12e6"):
+        assert main(["comm", "predict", "allreduce", "--bytes", size, "--system", "dgx-h100"]) == 0
+        out = capsys.readouterr().out
+        r = predict_collective("allreduce", float(size), "dgx-h100")
+        assert r.time_ms > r.floor_ms and "framework-level" not in out

@@ -107,6 +107,14 @@ def test_an_embedding_or_host_copy_takes_the_least_isolated_time(bundle):
     assert big.latency_ms == pytest.approx(big.roofline_ms)  # a long copy: its bytes set it
 
 
+def test_a_device_copy_never_gets_faster_as_it_grows(bundle):
+    """Scaled to its exact bytes, the proxy copy's rounding to whole fp32 elements had made a
+    9-byte copy faster than an 8-byte one, and a 1-byte one a quarter of the floor."""
+    sizes = [1, 2, 4, 7, 8, 9, 15, 16, 17, 1000, 4096, 10**6]
+    lat = bundle.tile.predict([Memcpy(n, "d2d") for n in sizes], "t4").latency_ms.to_numpy(float)
+    assert (np.diff(lat) >= -1e-12).all(), lat.tolist()
+
+
 @pytest.mark.parametrize("numel", [1, 1024, 10**8])
 def test_dropout_and_a_device_copy_take_their_learned_elementwise_pass(bundle, numel):
     """As a captured model costs them (kit.ops.elementwise_proxy): the learned pass times the

@@ -71,12 +71,14 @@ def _floor_note(r) -> str:
     call's launch and cross-rank skew (the systems' presets fit it on a measured all-reduce
     table), more than the collective's own latency, so a reader comparing with a device-side
     benchmark knows why."""
-    if r.get("bound") != "latency" or r.get("floor_ms", 0) <= r.get("latency_ms", 0):
-        return ""
-    return (f"\n  the time is the floor of a framework-level call, {r['floor_ms'] * 1e3:.1f} us: launch and "
-            f"cross-rank skew, fitted on vTrain's measured NCCL all-reduce table (kit/hardware/"
-            f"systems.json); the collective's own latency (NCCL's fixed cost and its steps) is "
-            f"{r['latency_ms'] * 1e3:.1f} us")
+    floor, t = r.get("floor_ms", 0.0), r.get("time_ms", 0.0)
+    if floor <= r.get("latency_ms", 0.0) or abs(t - floor) > 1e-9 * floor:
+        return ""  # the time is latency + bandwidth, past the floor
+    fitted = ("fitted on your calibration" if str(r.get("source", "")).startswith("calibration")
+              else "fitted on vTrain's measured NCCL all-reduce table (kit/hardware/systems.json)")
+    return (f"\n  the time is the floor of a framework-level call, {floor * 1e3:.1f} us: launch and "
+            f"cross-rank skew, {fitted}; the collective's own latency (NCCL's fixed cost and its "
+            f"steps) is {r['latency_ms'] * 1e3:.1f} us")
 
 
 def fit(args):
