@@ -70,3 +70,27 @@ def test_parameters_match_hf_5s_stacked_experts():
     assert tuple(experts.gate_up_proj.shape) == (4, 2 * 24, 32)
     assert tuple(experts.down_proj.shape) == (4, 32, 24)
     assert tuple(model.layers[0].mlp.gate.weight.shape) == (4, 32)
+
+
+def test_kit_predict_says_a_moe_decode_step_gathers_expert_weights(tmp_path, capsys):
+    """HF's generate runs a decode step's experts as batched_mm, a copy of its expert's matrices
+    per (token, expert) pair: batching then gains little, which the output now says."""
+    import json
+
+    from kit.cli import main
+
+    for how, noted in (("grouped_mm", True), ("eager", False)):
+        path = tmp_path / f"{how}.json"
+        path.write_text(json.dumps({**MIXTRAL, "experts_implementation": how}))
+        g = zoo.graph_for({**MIXTRAL, "experts_implementation": how}, batch=8, seq=64, mode="decode",
+                          disk=False)
+        gathers = [n for n in g if n.aten.startswith("aten.index") and n.module.endswith("experts")
+                   and n.shapes.split("x")[0].count(",") == 2]  # the stacked (E, rows, cols) weight
+        assert bool(gathers) == noted
+        assert main(["predict", str(path), "--gpu", "h200", "--mode", "decode", "--batch", "8",
+                     "--seq", "64", "--json"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert (r["expert_gather_ms"] > 0) == noted
+        assert main(["predict", str(path), "--gpu", "h200", "--mode", "decode", "--batch", "8",
+                     "--seq", "64"]) == 0
+        assert ("gathers expert weights" in capsys.readouterr().out) == noted

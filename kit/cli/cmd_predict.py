@@ -226,6 +226,12 @@ def text(r) -> str:
                      f"{m['gpu_memory_bytes'] / 2**30:g} GiB: it would not fit on one GPU")
     for t, why in r.get("fallbacks", {}).items():
         lines.append(f"  note: {t}: {why}")
+    gather = r.get("expert_gather_ms", 0.0)  # kit.workload.iteration.Iteration.expert_gather_ms
+    if gather:
+        lines.append(f"  note: {gather:.4g} ms of this step gathers expert weights: HF's generate runs "
+                     "a MoE decode step as batched_mm, each (token, expert) pair copying its expert's "
+                     "matrices (kit.workload.zoo_experts), so batching gains little; a serving engine's "
+                     "grouped GEMM reads each expert once")
     if r.get("trace"):
         lines.append(f"  trace written to {r['trace']} (open in ui.perfetto.dev)")
     return "\n".join(lines)

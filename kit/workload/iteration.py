@@ -114,7 +114,20 @@ class Iteration:
                    if k in self.meta},
                 **({"memory": self.meta["memory"]} if "memory" in self.meta else {}),
                 **self._image(),
-                **({"tokens_per_s": self.tokens_per_s} if self.mode == "decode" else {})}
+                **({"tokens_per_s": self.tokens_per_s, "expert_gather_ms": self.expert_gather_ms}
+                   if self.mode == "decode" else {})}
+
+    @property
+    def expert_gather_ms(self) -> float:
+        """The kernel time spent gathering expert weights: HF's batched_mm, which its generate
+        runs for a MoE decode step, copies each (token, expert) pair's expert matrices with an
+        index op in the experts module (kit.workload.zoo_experts) whose source is the stacked
+        (experts, rows, cols) weight; the eager loop's index ops pick token rows (2-D) instead."""
+        t = self.timeline
+        first = t["shapes"].astype(str).str.split("x").str[0]
+        hit = ((t["aten"] == "index") & t["where"].astype(str).str.endswith("experts")
+               & (first.str.count(",") == 2))
+        return float(t.loc[hit, "latency_ms"].sum())
 
     @property
     def fits(self) -> bool | None:
