@@ -11,6 +11,7 @@ import pytest
 
 from kit.parallel import GPTSpec, HostModel, Layout, memory_per_rank, parse_model
 from kit.parallel.schedule import bubble_fraction, in_flight, schedule
+from sharding_support import StandInComm, StandInSystem
 
 GIB = 2**30
 NO_HOST = HostModel(launch_us=0.0, p2p_sync=False)
@@ -339,35 +340,10 @@ def test_big_lookups_run_at_the_gather_efficiency_of_peak_bandwidth():
 # kit.sharding.model
 # ---------------------------------------------------------------------------------------------
 
-class _System:
-    def __init__(self, world=4, gpus_per_node=4):
-        from kit.hardware import get_gpu
-
-        self.world_size, self.gpus_per_node, self.key = world, gpus_per_node, "guard"
-        self.gpu = get_gpu("a100-sxm4-40gb")
-
-    def node_of(self, r):
-        return r // self.gpus_per_node
-
-
-class _Comm:
-    """A linear stand-in for kit.comm: these tests check shards and bytes, not collectives."""
-
-    @staticmethod
-    def predict_alltoallv(m, system, ranks=None):
-        m = np.asarray(m, float).copy()
-        np.fill_diagonal(m, 0)
-        return 0.01 + max(m.sum(1).max(), m.sum(0).max()) / 100e9 * 1e3
-
-    @staticmethod
-    def predict_collective(kind, nbytes, system):
-        return 0.02 + 2 * nbytes / 100e9 * 1e3
-
-
 def _model(tables, optimizer="rowwise_adagrad"):
     from kit.sharding import ShardingModel
 
-    return ShardingModel(tables, _System(), comm=_Comm(), optimizer=optimizer, memory_cap_bytes=1e15)
+    return ShardingModel(tables, StandInSystem(), comm=StandInComm(), optimizer=optimizer, memory_cap_bytes=1e15)
 
 
 def _option(m, t, kind, k=None):
