@@ -21,6 +21,9 @@ Backward (FBGEMM TBE's fused backward: sort the indices, sum each unique row's g
     rows  = 2·U·r (read + write the updated rows)
     state = rowwise_adagrad: 2·U·32 (one fp32 per row, a whole sector each way); sgd: none
     fixed = the kernel floors of TBE's ~14-20 backward kernels (backward_fixed_ms)
+    The sort and grad bytes stream at the lookups' parallelism (Little's law over n), the row and
+    state updates at the unique rows' (over U): a table of a few rows updates few rows, but still
+    sorts and reads every lookup's gradient.
 
 parts["launch_ms"] is the fixed part (launch + kernel floors), the rest is the memory time.
 Constants are per architecture where the catalog has no field (L2 bandwidth). A learned
@@ -175,6 +178,11 @@ def _as_tables(tables) -> list[Table]:
     return out
 
 
+def _sectors(nbytes: float) -> int:
+    """Bytes rounded up to whole 32-B sectors."""
+    return SECTOR_BYTES * math.ceil(nbytes / SECTOR_BYTES)
+
+
 def _achieved_dram_gbs(gpu: GPU, bags: float, row_bytes: float, pooling: float) -> float:
     """min(efficiency · peak, bytes in flight / latency): few bags cannot fill the memory pipe."""
     warps = gpu.sm_count * gpu.max_threads_per_sm / 32
@@ -230,6 +238,7 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
             dram = misses * r + k * index_bytes + out_bytes + (batch + 1) * index_bytes
             l2 = k * r  # every row read passes through the L2: the hits, and the misses it fills
             dram_gbs = _achieved_dram_gbs(gpu, batch * (len(tables) if fused else 1), r, t.pooling)
+            dram_ms = dram / (dram_gbs * 1e9) * 1e3
         else:
             misses = u
             passes = sort_passes(sum(x.rows for x in tables) if fused else t.rows)
@@ -242,8 +251,14 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
             state = 2 * u * SECTOR_BYTES if optimizer == "rowwise_adagrad" else 0.0
             dram = sort + grad_dram + 2 * u * r + state
             l2 = grad_rows - grad_dram if grad_dram < grad_rows else 0.0
-            dram_gbs = _achieved_dram_gbs(gpu, u * (len(tables) if fused else 1), r, 1)
-        dram_ms = dram / (dram_gbs * 1e9) * 1e3
+            # the sort and the grad_output reads run over the lookups, a warp per lookup's row; the
+            # row and optimizer-state updates over the unique rows only, so only they are capped
+            # by how few rows there are to keep in flight (a 3-row table updates 3 rows, but still
+            # sorts and reads every lookup's gradient at the lookups' parallelism)
+            per = len(tables) if fused else 1
+            stream_gbs = _achieved_dram_gbs(gpu, k * per, _sectors(t.dim * GRAD_BYTES), 1)
+            update_gbs = _achieved_dram_gbs(gpu, u * per, r, 1)
+            dram_ms = ((sort + grad_dram) / stream_gbs + (2 * u * r + state) / update_gbs) / 1e6
         l2_ms = l2 / (l2_gbs * 1e9) * 1e3
         rows_out.append({"name": t.name, "rows": t.rows, "dim": t.dim, "pooling": t.pooling,
                          "distribution": d.describe(), "lookups": k, "unique_rows": u,
