@@ -138,9 +138,9 @@ round(serial["iteration_ms"], 2), round(overlap["iteration_ms"], 2)
 ## 5. Tensor parallelism and memory per rank
 
 Megatron TP splits every GEMM $t$ ways and adds two all-reduces of the activations per layer and
-pass. Memory per rank (ZeRO, Korthikanti et al. 2022): $2+2+12$ bytes of weights, gradients and
-Adam state per parameter (ZeRO-1/2/3 shard the last, then the gradients, then the weights over
-DP), and per layer $sbh(10 + 24/t + 5as/(ht))$ bytes of activations, $34\,sbh/t$ with sequence
+pass. Memory per rank (ZeRO, Korthikanti et al. 2022): $2+4+12$ bytes of weights, gradients and
+Adam state per parameter in bf16, whose gradients Megatron keeps in fp32 ($2+2+12$ in fp16;
+ZeRO-1/2/3 shard the last, then the gradients, then the weights over DP), and per layer $sbh(10 + 24/t + 5as/(ht))$ bytes of activations, $34\,sbh/t$ with sequence
 parallelism and selective recompute.
 """),
     code("""
@@ -153,6 +153,7 @@ mem[["zero", "weights_gib", "grads_gib", "optimizer_gib", "activations_gib", "to
     code("""
 m0 = memory_per_rank(gpt3, lay)[1]
 assert abs(m0["optimizer_gib"] / m0["weights_gib"] - 6.0) < 1e-9          # 12 B vs 2 B per parameter
+assert abs(m0["grads_gib"] / m0["weights_gib"] - 2.0) < 1e-9              # fp32 gradients, bf16 weights
 per_layer_bytes = 34 * 2048 * 1 * 12288 / 8
 assert abs(m0["activations_gib"] * 2**30 - per_layer_bytes * 6 * 15) < 1   # 6 layers, 15 in flight
 assert mem.total_gib.is_monotonic_decreasing

@@ -230,11 +230,12 @@ def test_zero3_reduces_the_expert_gradients_over_the_expert_dp_group():
     dp_group = lay.dp_group(0)
     edp_group = [lay.rank(0, d, 0) for d in range(0, 4, 2)]
     assert len(edp_group) == 2
-    for kind, label in (("reducescatter", "fsdp reduce-scatter grads"),
-                        ("allgather", "fsdp all-gather weights")):
-        expert_ms = coster.comm_ms(kind, e * 2, edp_group)
+    # bf16: the weights gather in bf16 (2 B), the gradients reduce in fp32 (4 B, Megatron's default)
+    for kind, label, nbytes in (("reducescatter", "fsdp reduce-scatter grads", 4),
+                                ("allgather", "fsdp all-gather weights", 2)):
+        expert_ms = coster.comm_ms(kind, e * nbytes, edp_group)
         assert expert_ms > 0
-        expect = coster.comm_ms(kind, (p - e) * 2, dp_group) + expert_ms
+        expect = coster.comm_ms(kind, (p - e) * nbytes, dp_group) + expert_ms
         durs = [d for lab, d in zip(g.label, g.dur_ms) if lab == label]
         assert durs and durs == pytest.approx([expect] * len(durs), rel=1e-12)
 

@@ -360,7 +360,7 @@ def test_expert_parallelism_shards_the_gradient_reduction_and_the_optimizer():
 
     moe = parse_model("moe:layers=4,hidden=1024,heads=16,seq=512,experts=8,topk=2")
     system = get_system("dgx-a100")
-    gb = 2  # bf16 gradients
+    gb = 4  # a bf16 model's gradients are fp32 (Megatron's default)
     times, by_ep = {}, {}
     for ep in (1, 2, 8):
         lay = Layout(dp=8, ep=ep, micro_batch=1, global_batch=8, dtype="bf16")
@@ -392,9 +392,40 @@ def test_zero_shards_a_ranks_expert_weights_over_the_expert_dp_group_in_memory_t
         # the expert-DP group has dp / ep = 1 rank: the expert shard is not sharded at all
         assert row["optimizer_gib"] * 2**30 == pytest.approx((p - e) * 12 / 8 + e * 12)
         if zero >= 2:
-            assert row["grads_gib"] * 2**30 == pytest.approx((p - e) * 2 / 8 + e * 2)
+            assert row["grads_gib"] * 2**30 == pytest.approx((p - e) * 4 / 8 + e * 4)  # fp32
         if zero >= 3:
             assert row["weights_gib"] * 2**30 == pytest.approx((p - e) * 2 / 8 + e * 2)
     dense = Layout(dp=8, zero=1, micro_batch=1, global_batch=8, dtype="bf16")
     assert memory_per_rank(moe, dense)[0]["optimizer_gib"] * 2**30 == pytest.approx(
         local_params(moe, dense, 0) * 12 / 8)
+
+
+def test_bf16_gradients_are_fp32_unless_asked_and_the_dp_sync_moves_their_bytes():
+    """Megatron-LM keeps and all-reduces a bf16 model's gradients in fp32 (its distributed-
+    optimizer docs: 18 B a parameter for bf16 params with fp32 grads, 2 + 4 + 12); the gradients
+    had been counted at 2 B, which halved both their memory and the DP all-reduce."""
+    from kit.hardware.system import get_system
+    from kit.parallel.build import build_iteration
+    from kit.parallel.memory import local_params
+
+    spec = parse_model("gpt:layers=4,hidden=1024,heads=16,seq=512")
+    system = get_system("dgx-a100")
+    by = {}
+    for dtype, grad_dtype in (("bf16", None), ("bf16", "bf16"), ("fp16", None), ("fp32", None)):
+        lay = Layout(dp=8, micro_batch=1, global_batch=8, dtype=dtype, grad_dtype=grad_dtype,
+                     overlap_grad_reduce=False)
+        p = local_params(spec, lay, 0)
+        row = memory_per_rank(spec, lay)[0]
+        g, _, coster = build_iteration(spec, lay, system)
+        [ar] = [d for lab, d in zip(g.label, g.dur_ms) if lab == "dp allreduce gradients"][:1]
+        by[(dtype, grad_dtype)] = (row["grads_gib"] * 2**30 / p, ar,
+                                   coster.comm_ms("allreduce", p * 4, lay.dp_group(0)),
+                                   coster.comm_ms("allreduce", p * 2, lay.dp_group(0)))
+    assert by[("bf16", None)][0] == pytest.approx(4) and by[("bf16", None)][1] == pytest.approx(by[("bf16", None)][2])
+    assert by[("bf16", "bf16")][0] == pytest.approx(2) and by[("bf16", "bf16")][1] == pytest.approx(by[("bf16", "bf16")][3])
+    assert by[("fp16", None)][0] == pytest.approx(2) and by[("fp16", None)][1] == pytest.approx(by[("fp16", None)][3])
+    assert by[("fp32", None)][0] == pytest.approx(4)
+    with pytest.raises(KitError, match="fp32 weights take fp32 gradients"):
+        Layout(dtype="fp32", grad_dtype="bf16")
+    with pytest.raises(KitError, match="--grad-dtype"):
+        Layout(dtype="bf16", grad_dtype="int8")

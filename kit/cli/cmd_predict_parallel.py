@@ -27,6 +27,9 @@ def add_parallel_args(p) -> None:
     g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--no-overlap", action="store_true", help="all-reduce gradients after backward")
+    g.add_argument("--grad-dtype", default=None, choices=["fp32", "bf16", "fp16"],
+                   help="dtype gradients are kept and reduced in (default: fp32 for bf16 and fp32 "
+                        "models, as Megatron-LM does; fp16 for fp16)")
     g.add_argument("--profile", default="default", help="host profile: default, megatron-a100, ...")
     g.add_argument("--kernels", default="auto", choices=["auto", "graph", "analytic"],
                    help="where the per-rank kernels come from: the model's captured op graph, or the "
@@ -37,7 +40,8 @@ def add_parallel_args(p) -> None:
 
 
 _LAYOUT_FLAGS = ("nodes", "dp", "tp", "pp", "ep", "micro_batch", "global_batch", "virtual_stages", "schedule",
-                 "zero", "recompute", "sequence_parallel", "no_overlap", "profile", "kernels")
+                 "zero", "recompute", "sequence_parallel", "no_overlap", "grad_dtype", "profile",
+                 "kernels")
 
 
 def _needs_system(func, parser):
@@ -87,7 +91,8 @@ def run_parallel(args) -> dict:
                  virtual_stages=args.virtual_stages,
                  schedule=args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b"),
                  zero=args.zero, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
-                 dtype=dtype, overlap_grad_reduce=not args.no_overlap)
+                 dtype=dtype, grad_dtype=getattr(args, "grad_dtype", None),
+                 overlap_grad_reduce=not args.no_overlap)
     kernels = getattr(args, "kernels", "auto")
     if kernels == "graph" and spec.zoo is None:
         raise KitError(f"--kernels graph: {spec.name!r} is an inline shape, with no op graph to capture; "
@@ -120,7 +125,9 @@ def text_parallel(r) -> str:
     lines = [f"{m['name']} ({m['params'] / 1e9:.2f}B params) on {r['system']}: dp {lay['dp']} x tp "
              f"{lay['tp']} x pp {lay['pp']}" + (f" x ep {lay['ep']}" if lay["ep"] > 1 else "")
              + f" = {lay['world_size']} GPUs, {lay['schedule']}, micro-batch {lay['micro_batch']}, "
-             f"global batch {lay['global_batch']} ({lay['micro_batches']} micro-batches), {lay['dtype']}",
+             f"global batch {lay['global_batch']} ({lay['micro_batches']} micro-batches), {lay['dtype']}"
+             + (f" with {lay['grad_dtype']} gradients" if lay.get("grad_dtype", lay["dtype"]) != lay["dtype"]
+                else ""),
              f"  iteration {r['iteration_ms']:.2f} ms" + band_text(r["band_ms"])
              + (f", {r['tokens_per_s']:.0f} tokens/s" if r["tokens_per_s"] else "")
              + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else ""),
@@ -134,7 +141,11 @@ def text_parallel(r) -> str:
         flag = "" if s.get("fits", True) else "  > GPU memory!"
         lines.append(f"  {'':22}{s['stage']:>5}  {s['weights_gib']:7.2f}  {s['grads_gib']:5.2f}  "
                      f"{s['optimizer_gib']:9.2f}  {s['activations_gib']:11.2f}  {s['total_gib']:5.2f}{flag}")
-    lines.append("  (Megatron's memory: mixed-precision Adam, 2 + 2 + 12 bytes a parameter (fp32: 4 + 4 + 8); "
+    w_b, g_b = (4, 4) if lay["dtype"] == "fp32" else (2, 4 if lay.get("grad_dtype") == "fp32" else 2)
+    o_b = 8 if lay["dtype"] == "fp32" else 12
+    grads = f"{lay.get('grad_dtype', lay['dtype'])} gradients"
+    lines.append(f"  (Megatron's memory: {lay['dtype']} weights, {grads} and fp32 Adam state, {w_b} + {g_b} + {o_b} "
+                 "bytes a parameter, before ZeRO's sharding; "
                  "activations by Korthikanti et al.'s count for its fused kernels, less than the "
                  "eager graph's saved tensors `kit predict --gpu` counts)")
     lines.append(f"  simulated {r['simulated_ranks']} representative ranks, {r['ops']} ops, "

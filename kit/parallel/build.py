@@ -140,7 +140,7 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
     pp, v, m = lay.pp, lay.virtual_stages, lay.micro_batches
     n_virtual = pp * v
     act_bytes = lay.micro_batch * spec.seq * spec.hidden * (4 if lay.dtype == "fp32" else 2) / lay.tp
-    wbytes = 4 if lay.dtype == "fp32" else 2
+    wbytes, gbytes = lay.weight_bytes, lay.grad_bytes
     g = graph_class(f"{spec.name} {lay.dp}x{lay.tp}x{lay.pp}")
     g.meta.update(model=spec.to_dict(), layout=lay.to_dict(), system=system.key)
 
@@ -192,7 +192,7 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
                 _, tail = _pass(g, r, ph, label, host, deps, (phase, mb, c))
                 if not fwd and lay.zero == 3 and lay.dp > 1:
                     grad_ops.append(g.gpu(r, "comm", _sharded_comm_ms(
-                        coster, "reducescatter", cost.params, cost.expert_params, wbytes, stage),
+                        coster, "reducescatter", cost.params, cost.expert_params, gbytes, stage),
                         "fsdp reduce-scatter grads",
                         kind="comm", deps=(tail,), tag=(phase, mb, c)))
             dst = vi + 1 if fwd else vi - 1
@@ -201,17 +201,18 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
                 g.collective(r, "send-fwd" if fwd else "send-bwd", link_ms(min(dst, vi)),
                              "send " + ("activation" if fwd else "gradient"), group=key,
                              deps=(tail,), tag=(phase, mb, c))
-        _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, wbytes)
+        _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host)
     return g, costs, coster
 
 
-def _sharded_comm_ms(coster, kind: str, params: float, experts: float, wbytes: float, stage: int) -> float:
+def _sharded_comm_ms(coster, kind: str, params: float, experts: float, nbytes_each: float,
+                     stage: int) -> float:
     """A collective over a rank's parameters (ZeRO's, or the gradients' in one pass): the dense
     ones over the DP group, its expert shard over the expert-DP group (the ranks that hold the
     same experts), one after the other."""
-    ms = coster.comm_ms(kind, (params - experts) * wbytes, coster.group("dp", stage))
+    ms = coster.comm_ms(kind, (params - experts) * nbytes_each, coster.group("dp", stage))
     edp = coster.group("edp", stage)
-    return ms + (coster.comm_ms(kind, experts * wbytes, edp) if experts > 0 and len(edp) > 1 else 0.0)
+    return ms + (coster.comm_ms(kind, experts * nbytes_each, edp) if experts > 0 and len(edp) > 1 else 0.0)
 
 
 def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp_group, grad_ops,
@@ -238,7 +239,7 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
             buckets.append(acc)
             acc = [0.0, 0.0, 0.0, 0.0]
     buckets.append([acc[0] + tail_ms, acc[1] + tail_comm_ms, acc[2], acc[3]])
-    rest_bytes = cost.params * (4 if lay.dtype == "fp32" else 2) - sum(b[2] + b[3] for b in buckets)
+    rest_bytes = cost.params * lay.grad_bytes - sum(b[2] + b[3] for b in buckets)
     if rest_bytes > 0:  # embedding / head gradients travel in the last bucket
         buckets[-1][2] += rest_bytes
     kernels_per_bucket = max(ph.kernels // len(buckets), 1)
@@ -266,7 +267,7 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
     return tail
 
 
-def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, wbytes):
+def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host):
     """Gradient sync not yet issued, the optimizer step, and ZeRO's weight all-gather."""
     chunks = [costs[c * lay.pp + stage] for c in range(lay.virtual_stages)]
     params = sum(ch.params for ch in chunks)
@@ -274,7 +275,8 @@ def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, wbytes):
     if lay.dp > 1 and not grad_ops:  # no overlap: one pass over all gradients after backward
         kind = "reducescatter" if lay.zero in (1, 2) else "allreduce"
         tail = g.tail(r, "compute")
-        grad_ops.append(g.gpu(r, "comm", _sharded_comm_ms(coster, kind, params, experts, wbytes, stage),
+        grad_ops.append(g.gpu(r, "comm", _sharded_comm_ms(coster, kind, params, experts, lay.grad_bytes,
+                                                          stage),
                               f"dp {kind} gradients", kind="comm", deps=(tail,) if tail >= 0 else ()))
     if not lay.optimizer_step:
         if grad_ops:
@@ -283,7 +285,7 @@ def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, wbytes):
     opt = g.gpu(r, "compute", optimizer_ms(params, lay, coster, experts), "optimizer step",
                 launch_ms=host.launch_us / 1e3, deps=tuple(grad_ops))
     if lay.zero in (1, 2) and lay.dp > 1:
-        g.gpu(r, "comm", _sharded_comm_ms(coster, "allgather", params, experts, wbytes, stage),
+        g.gpu(r, "comm", _sharded_comm_ms(coster, "allgather", params, experts, lay.weight_bytes, stage),
               "zero all-gather weights", kind="comm", deps=(opt,))
     if host.step_overhead_ms > 0:
         g.cpu(r, host.step_overhead_ms, "step overhead")

@@ -259,7 +259,7 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> l
     """One ChunkCost per virtual stage (chunk-major: index = chunk · pp + stage). source: where
     the per-rank kernels come from (AnalyticSource by default, or an opgraph.GraphSource)."""
     lay = layout
-    grad_bytes = 4 if lay.dtype == "fp32" else 2
+    grad_bytes = lay.grad_bytes
     src = source or AnalyticSource(spec, lay)
     kinds = {key: (fwd, bwd, _recompute_blocks(fwd, lay.recompute))
              for key, (fwd, bwd) in src.layer_blocks.items()}

@@ -17,6 +17,12 @@ from kit.errors import KitError
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("fp16", "bf16", "fp32")
+# The gradients' dtype when none is given: Megatron-LM keeps and all-reduces bf16 models'
+# gradients in fp32 (it forces accumulate_allreduce_grads_in_fp32 for bf16; its distributed-
+# optimizer docs count 18 B per parameter for "bf16 param, fp32 grads" against 20 for fp16 and
+# 16 for fp32), DeepSpeed's bf16 optimizer accumulates them in fp32 too; fp16 models keep fp16
+# gradients (with loss scaling), as the ZeRO paper counts them.
+DEFAULT_GRAD_DTYPE = {"fp16": "fp16", "bf16": "fp32", "fp32": "fp32"}
 
 
 # micro-batches per replica the event simulator will take (each adds events on every rank; a
@@ -38,6 +44,7 @@ class Layout:
     recompute: str = "none"
     sequence_parallel: bool = False
     dtype: str = "fp16"
+    grad_dtype: str | None = None  # None: DEFAULT_GRAD_DTYPE[dtype]
     overlap_grad_reduce: bool = True  # bucketed all-reduce during the last backward
     bucket_bytes: float = 40e6 * 2  # Megatron's default bucket: 40M parameters of fp16 grads
     optimizer_step: bool = True  # False: forward + backward (+ gradient sync) only
@@ -76,6 +83,13 @@ class Layout:
             raise KitError(f"--recompute {self.recompute!r}: choose one of {', '.join(RECOMPUTE)}")
         if self.dtype not in DTYPES:
             raise KitError(f"--dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if self.grad_dtype is None:
+            object.__setattr__(self, "grad_dtype", DEFAULT_GRAD_DTYPE[self.dtype])
+        if self.grad_dtype not in DTYPES:
+            raise KitError(f"--grad-dtype {self.grad_dtype!r}: choose one of {', '.join(DTYPES)}")
+        if self.dtype == "fp32" and self.grad_dtype != "fp32":
+            raise KitError(f"--grad-dtype {self.grad_dtype} with --dtype fp32: fp32 weights take "
+                           "fp32 gradients")
         for name in ("sequence_parallel", "overlap_grad_reduce", "optimizer_step"):
             if not isinstance(getattr(self, name), bool):  # "no" would be taken as True
                 raise KitError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -87,6 +101,16 @@ class Layout:
                            "data-parallel ranks)")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one weight as the model computes with it (what ZeRO-3 all-gathers)."""
+        return 4 if self.dtype == "fp32" else 2
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes of one gradient as it is kept and reduced over the data-parallel ranks."""
+        return 4 if self.grad_dtype == "fp32" else 2
 
     @property
     def world_size(self) -> int:
@@ -143,7 +167,7 @@ class Layout:
                 "micro_batches": self.micro_batches, "virtual_stages": self.virtual_stages,
                 "schedule": self.schedule, "zero": self.zero, "recompute": self.recompute,
                 "sequence_parallel": self.sequence_parallel, "dtype": self.dtype,
-                "world_size": self.world_size, "optimizer_step": self.optimizer_step}
+                "grad_dtype": self.grad_dtype, "world_size": self.world_size, "optimizer_step": self.optimizer_step}
 
 
 def stage_of(rank: int, dp: int, tp: int) -> int:

@@ -2,7 +2,8 @@
 
 Model states (Rajbhandari et al., ZeRO, SC'20): mixed-precision Adam keeps 2 B of fp16/bf16
 weights, 2 B of gradients and K = 12 B of optimizer state (fp32 master weights, momentum,
-variance) per parameter; fp32 training keeps 4 + 4 + 8. ZeRO-1 shards the optimizer state over
+variance) per parameter; fp32 training keeps 4 + 4 + 8. A bf16 model's gradients are fp32 by
+default (Layout.grad_dtype: Megatron-LM's 18 B per "bf16 param, fp32 grads" parameter). ZeRO-1 shards the optimizer state over
 the DP ranks, ZeRO-2 also the gradients, ZeRO-3 (FSDP) also the weights.
 
 Activations per layer and micro-batch (Korthikanti et al., "Reducing Activation Recomputation in
@@ -128,7 +129,8 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
 
 def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
     """One row per pipeline stage (all ranks of a stage hold the same), sizes in GiB."""
-    w_b, g_b, o_b = (4, 4, 8) if layout.dtype == "fp32" else (2, 2, 12)
+    w_b, g_b = layout.weight_bytes, layout.grad_bytes
+    o_b = 8 if layout.dtype == "fp32" else 12
     rows = []
     chunks = stage_layers(spec, layout)
     for stage in range(layout.pp):
