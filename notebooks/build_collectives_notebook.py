@@ -195,7 +195,9 @@ Across nodes a group's bandwidth is set by the NICs ($R$ rails of $B_{\text{NIC}
 kit weighs a flat **ring** ($2(N-1)$ steps), NCCL's **tree** (fewer steps, 2 bytes per byte on the
 node links), a **hierarchical** ring (reduce-scatter inside, all-reduce across, all-gather inside)
 and, where the switches reduce (InfiniBand SHARP), **collnet** / **NVLS+SHARP**, and takes the
-fastest for each size.
+fastest for each size. NCCL reduces in the network only through its CollNet plugin, switched on
+with `NCCL_COLLNET_ENABLE=1`, so the InfiniBand presets leave SHARP off; the `ib-ndr-sharp` and
+`ib-hdr-sharp` networks turn it on, and then the all-reduce no longer slows with the node count.
 """),
     code("""
 cluster = "dgx-h100-roce-400g-x4"  # 4 DGX H100 over 8 x 400 GbE RoCE each: no SHARP
@@ -209,6 +211,17 @@ expect = 1 / (1 / (50 * 0.85) + 2.75 / 3352)
 print(f"2 GPUs on 2 nodes: busbw plateau {one_per_node.plateau_busbw_gbs:.1f} GB/s")
 assert abs(one_per_node.plateau_busbw_gbs - expect) < 1e-6 * expect
 assert picks.algorithm.iloc[0] == "tree" and picks.algorithm.iloc[-1] == "ring"
+"""),
+    code("""
+# one GPU per node, so the network alone carries the all-reduce: 1 GiB over 4 and 32 nodes
+sharp_table = pd.DataFrame([
+    {"network": net, "nodes": n, **{k: r[k] for k in ("algorithm", "time_ms")}}
+    for net in ("ib-ndr", "ib-ndr-sharp") for n in (4, 32)
+    for r in [predict_collective("allreduce", 2**30, f"dgx-h100-{net}-x{n}",
+                                 ranks=[8 * i for i in range(n)]).to_dict()]])
+print(sharp_table.round(2).to_string(index=False))
+t = sharp_table.set_index(["network", "nodes"]).time_ms
+assert t["ib-ndr", 32] > t["ib-ndr", 4] and abs(t["ib-ndr-sharp", 32] / t["ib-ndr-sharp", 4] - 1) < 0.05
 """),
     md(r"""
 ## 6. Uneven all-to-all

@@ -90,7 +90,9 @@ def test_multi_node_ring_is_bounded_by_the_nics():
     r = predict_collective("allreduce", 2.0**36, "dgx-h100-ib-ndr-x2")
     assert t.busbw_gbs.iloc[0] == pytest.approx(
         1 / (1 / (8 * 50 * 0.85) + KAPPA / (1.875 * 3352)), rel=0.01)  # RoCE: 85% efficiency
-    assert r.nodes_spanned == 2 and r.algorithm in ("nvls-sharp", "collnet-sharp")
+    assert r.nodes_spanned == 2 and r.algorithm not in ("nvls-sharp", "collnet-sharp")  # CollNet is opt-in
+    sharp = predict_collective("allreduce", 2.0**36, "dgx-h100-ib-ndr-sharp-x2")
+    assert sharp.algorithm in ("nvls-sharp", "collnet-sharp") and sharp.time_ms < r.time_ms
     # one GPU per node: a single 50 GB/s rail
     one = predict_collective("allreduce", 2.0**36, "dgx-h100-roce-400g-x2", ranks=[0, 8])
     assert one.plateau_busbw_gbs == pytest.approx(1 / (1 / (50 * 0.85) + KAPPA / 3352))
@@ -294,3 +296,22 @@ def test_a_one_rank_collective_is_no_faster_than_copying_its_buffer(system):
         r = predict_collective("allreduce", size, system, ranks=1)
         assert r.algorithm == "local"
         assert r.time_ms >= 2 * size / (gpu.mem_bw_gbs * 1e9) * 1e3
+
+
+def test_sharp_is_opt_in_and_never_labels_a_one_gpu_per_node_group_nvls():
+    """NCCL reduces in the network only through CollNet (its SHARP plugin and
+    NCCL_COLLNET_ENABLE=1), off by default: on the IB presets an all-reduce over more nodes takes
+    longer, and only the -sharp network gives the node-count-free in-network reduction. With one
+    GPU per node there is no NVLink to run NVLS over: that group had been labelled nvls-sharp and
+    charged half the HBM traffic."""
+    ranks = lambda nodes: [8 * i for i in range(nodes)]  # noqa: E731  one GPU per node
+    plain = [predict_collective("allreduce", 1e9, f"dgx-h100-x{n}", ranks=ranks(n)).time_ms for n in (2, 16)]
+    assert plain[1] > plain[0] * 1.05
+    sharp = []
+    for n in (4, 16):  # (at 2 nodes a ring moves as many bytes a byte as the switch does)
+        r = predict_collective("allreduce", 1e9, f"dgx-h100-ib-ndr-sharp-x{n}", ranks=ranks(n))
+        assert r.algorithm == "collnet-sharp"
+        sharp.append(r.time_ms)
+    assert sharp[1] < plain[1] and sharp[1] == pytest.approx(sharp[0], rel=0.05)
+    full = predict_collective("allreduce", 1e9, "dgx-h100-ib-ndr-sharp-x2")
+    assert full.algorithm in ("nvls-sharp", "collnet-sharp")

@@ -347,7 +347,7 @@ def test_nvls_sharp_pays_half_the_hbm_traffic():
     """NVLS inside a node and SHARP across nodes reduce in the switches: like the one-node NVLS
     all-reduce, the GPU's own HBM traffic is half a full reduction's (kappa/2 / M). Per byte:
     max(1 / nvls rate, 1 / node network rate) + kappa/2 / M."""
-    system = get_system("dgx-h100", nodes=2)
+    system = get_system("dgx-h100", nodes=2, network="ib-ndr-sharp")
     assert system.network.sharp and system.fabric.nvls
     group = resolve_group(system, None)
     nvls = nvls_gbs(system) * 1e3

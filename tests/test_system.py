@@ -66,7 +66,8 @@ def test_multi_node_forms():
     c = get_system("DGX A100 RoCE 200G x2")  # case and punctuation do not matter
     assert (c.nodes, c.network.key, c.network.nic_bw_gbs) == (2, "roce-200g", 25.0)
     d = get_system("dgx-a100", nodes=2, network="ib-hdr")
-    assert d.network.sharp and d.nics_per_node == 8
+    assert not d.network.sharp and d.nics_per_node == 8  # NCCL's CollNet is opt-in
+    assert get_system("dgx-a100", nodes=2, network="ib-hdr-sharp").network.sharp
     assert get_system("vtrain-a100").key == "dgx-a100"
     assert set(network_keys()) >= {"ib-hdr", "ib-ndr", "roce-400g"}
 

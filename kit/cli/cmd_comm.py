@@ -134,7 +134,8 @@ def register(sub):
     q.add_argument("--sizes", help="a sweep instead: MIN:MAX[:FACTOR] or a comma list")
     q.add_argument("--system", default="dgx-h100", help="preset (see `kit systems`; default dgx-h100)")
     q.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")
-    q.add_argument("--network", help="inter-node network (ib-hdr, ib-ndr, roce-400g, ...)")
+    q.add_argument("--network", help="inter-node network (ib-hdr, ib-ndr, roce-400g, ...; ib-ndr-sharp and "
+                   "ib-hdr-sharp reduce in the switches, as NCCL does with CollNet on)")
     q.add_argument("--ranks", help="a count (8) or a comma list of global ranks (0,1,8,9); default all")
     q.add_argument("--calibration", type=nonempty, help="a curve file from `kit comm fit`")
     f = add_command(sub2, "fit", "fit bandwidth curves to nccl-tests or PARAM comms output", fit, fit_text)

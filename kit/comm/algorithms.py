@@ -13,6 +13,7 @@ For a group of N ranks on k nodes (at most g per node), with
               collnet-sharp   intra ring reduce-scatter/all-gather, in-network (SHARP) reduction:
                            1 byte per byte on the node links, pipelined with the intra part
               nvls-sharp   NVLS inside, SHARP across nodes, pipelined
+              (SHARP only on a network with it on, e.g. ib-ndr-sharp: NCCL's CollNet is opt-in)
   reduce-scatter / all-gather   ring (N-1 steps, wire (N-1)/N), nvls in one NVSwitch node,
                                hier-ring across nodes (rail-wise across, then ring inside)
   broadcast / reduce           pipelined ring chain (N-1 steps, wire 1)
@@ -107,7 +108,7 @@ def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
             if system.network.sharp:
                 out.append(Plan("collnet-sharp", base + 2 * (g - 1) * s_in + 2 * s_net,
                                 max(w_in / b_ring, 1.0 / b_net) + kap))
-                if nvls:
+                if nvls and g > 2:  # NVLS inside a node needs more than two of its GPUs
                     out.append(Plan("nvls-sharp", base + 2 * s_in + 2 * s_net,
                                     max(1.0 / nvls, 1.0 / b_net) + kap / 2))
     elif kind in ("reducescatter", "allgather"):
