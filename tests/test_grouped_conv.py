@@ -177,8 +177,9 @@ def test_the_dense_conv_keeps_its_gemms_and_bounds_a_wide_grouped_conv():
     assert fwd.op.flops == fwd.op.options[0].flops  # the per-group GEMM's FLOPs are reported
     assert isinstance(bwd.op, Cheapest) and [p.b for p in bwd.op.options[0].parts] == [2, 2]
     assert grouped_ways(64, 128, 2) == ([2, 1], False)
-    assert grouped_ways(128, 128, 32) == ([32, 4, 2, 1], True)  # 4 super-groups of 32 channels, or 2
-    assert grouped_ways(16, 16, 16) == ([16, 1], True)  # too few channels for a super-group
+    # its own groups, then every coarser way as super-groups (a divisor of the groups), down to dense
+    assert grouped_ways(128, 128, 32) == ([32, 16, 8, 4, 2, 1], True)
+    assert grouped_ways(16, 16, 16) == ([16, 8, 4, 2, 1], True)
 
 
 def test_a_wide_grouped_convs_weight_gradient_is_never_slower_than_the_dense_ones():

@@ -5,15 +5,18 @@ pooling, upsampling, im2col. kit.workload.mapping.map_op hands these ops here.
   N = output channels, K = input channels · kernel pixels (per group). A plain 3x3 stride-1
   one may also run as Winograd F(4x4, 3x3) (`winograd`): it is the Cheapest of the two, and the
   predictor's faster one is what it costs, as cuDNN picks an algorithm.
-* A grouped convolution is not costed as its per-group GEMM alone: for narrow groups (fewer
-  than NARROW_GROUP_CHANNELS channels in or out) that GEMM is mostly padding on the narrowest tile
-  (a depthwise conv's has n = 1, k = 9 forward and m = 1 in its weight gradient, and was
-  predicted 10-75x its roofline, slower than the dense conv of the same shape). It is the
-  Cheapest of that GEMM, the GEMMs of super-groups (grouped_ways), the dense conv (a grouped
-  conv is the dense one with a block-diagonal weight) and, for a depthwise conv or one of at
-  most DIRECT_MAX_CHANNELS channels a group, a direct kernel costed as a stream of its bytes
-  (`direct`). Forward, input gradient and weight gradient each pick their own, as cuDNN finds
-  an algorithm per pass. The FLOPs reported stay the per-group GEMM's (torch's counter's).
+* A grouped convolution is not costed as its per-group GEMM alone: for narrow groups that GEMM
+  is mostly padding on the narrowest tile (a depthwise conv's has n = 1, k = 9 forward and m = 1
+  in its weight gradient, and was predicted 10-75x its roofline, slower than the dense conv of
+  the same shape). A conv of G groups may run as d super-groups for every divisor d of G (a
+  block-diagonal weight, its zeros multiplied too; d = G: per group, d = 1: the dense conv)
+  (grouped_ways), so it is the Cheapest of those GEMMs, the dense conv's Winograd and, for a
+  depthwise conv or one of at most DIRECT_MAX_CHANNELS channels a group, a direct kernel costed
+  as a stream of its bytes (`direct`). Every way open to G / p groups is open to G groups at no
+  more cost (the same super-group GEMMs; a direct kernel of fewer weight bytes and FLOPs), so
+  for the same channels more groups are never predicted slower than fewer. Forward, input
+  gradient and weight gradient each pick their own, as cuDNN finds an algorithm per pass. The
+  FLOPs reported stay the per-group GEMM's (torch's counter's).
 * Batch norm, group norm, pooling, upsampling and im2col do next to no arithmetic per byte
   (batch norm: ~8 FLOPs per element against 12 bytes, far below any GPU's ridge point), so each
   is a memory-bound kernel (kit.workload.kernels.memory_bound: the learned copy of the bytes it
@@ -120,9 +123,10 @@ def map_vision(packet: str, args, ins, outs, dtype: str):
 # are dense), so the direct kernel is the roofline-like stream below. PyTorch's fp32 weight-
 # gradient kernel reads grad and x once per tap through L2 and may well run slower than that.
 #
-# A group is narrow below this many channels (in or out): kit.tiling's narrowest GEMM tiles,
-# SIMT and tensor-core, are 32 wide, so a narrower group pads its tile.
-NARROW_GROUP_CHANNELS = 32
+# Which super-groups pay off is left to the predictor: every divisor of the groups is a way (a
+# ladder of the groups and of the super-groups that fill a 32-wide tile had left 16 groups of 12
+# channels unable to run as 8 super-groups of 24, and predicted them 1.7x slower than 8 groups of
+# 24 channels on a P100; found by an audit).
 # A depthwise conv (one input channel a group, any channel multiplier), or one of at most this
 # many channels a group (ResNeXt-50 32x4d's first two stages: 4 and 8), may run as a direct
 # kernel: 8 channels fill a quarter of a 32-wide tile, and a 3x3 one does 2·8·9 = 144 FLOPs per
@@ -144,28 +148,22 @@ def _groups(args, at: int) -> int:
 
 def grouped_ways(cin: int, cout: int, groups: int) -> tuple[list[int], bool]:
     """How a conv of `groups` groups over cin -> cout channels may run: the group counts of its
-    GEMMs (its own first; for a narrow conv, then the super-groups a multiple-group tile fills,
-    then 1, the dense conv) and whether a direct kernel applies. A dense conv: ([1], False); a
-    wide-group one: ([groups, groups / 2, groups / 4 where whole and over 1, 1], False), its
-    per-group GEMM bounded by super-groups of 2 and 4 groups and by the dense conv (a group
-    of 8 x 32 channels' weight gradient, a b = 8 GEMM of 32 x 32 outputs over N·H·W, had come out
-    1.4x slower than the dense conv's that contains it, at 8x the FLOPs)."""
+    GEMMs, its own first (the per-group GEMM, whose FLOPs are reported), then every other
+    divisor of `groups`, largest first, down to 1 (the dense conv): d super-groups of
+    groups / d groups each, with a block-diagonal weight. And whether a direct kernel applies
+    (a depthwise conv, or at most DIRECT_MAX_CHANNELS channels a group in and out). A dense
+    conv: ([1], False). The divisors of groups / p are divisors of groups, and a super-group
+    GEMM depends only on its own count, so every way to run fewer groups of the same channels
+    is a way to run more, at no more cost: more groups are never predicted slower.
+    (Earlier ladders, [groups, groups / 2, groups / 4, 1] and, for narrow groups, [groups,
+    the super-groups filling a 32-wide tile, 1], missed some: 16 groups of 12 channels could not
+    run as the 8 super-groups of 24 that 8 groups run as, and came out 1.7x slower.)"""
+    if groups <= 1:
+        return [1], False
     cin_g, cout_g = cin // groups, cout // groups
-    if groups == 1:
-        return [groups], False
-    def ladder(count: int) -> list[int]:
-        """count, and the super-groups of 2 and 4 of its groups where those divide it: 8 groups
-        of 32 channels' backward had come out 12% slower than 4 groups of 64 at half the FLOPs,
-        and then 16 groups of 16 slower than 8 of 32 (found by reviews)."""
-        return [count] + [count // j for j in (2, 4) if count % j == 0 and count // j >= 2]
-
-    if min(cin_g, cout_g) >= NARROW_GROUP_CHANNELS:
-        return list(dict.fromkeys([*ladder(groups), 1])), False
-    # the most super-groups (a divisor of groups) whose channels fill the narrowest tile
-    fill = max((d for d in range(1, groups + 1)
-                if groups % d == 0 and min(cin, cout) // d >= NARROW_GROUP_CHANNELS), default=1)
-    counts = list(dict.fromkeys([groups, *ladder(fill), 1]))
-    return counts, cin_g == 1 or max(cin_g, cout_g) <= DIRECT_MAX_CHANNELS
+    small = [d for d in range(1, math.isqrt(groups) + 1) if groups % d == 0]
+    divisors = sorted({*small, *(groups // d for d in small)}, reverse=True)
+    return divisors, cin_g == 1 or max(cin_g, cout_g) <= DIRECT_MAX_CHANNELS
 
 
 def direct(nbytes: float, flops: float, dtype: str, label: str) -> Derived:
@@ -179,7 +177,7 @@ def direct(nbytes: float, flops: float, dtype: str, label: str) -> Derived:
 def conv_forward(args, outs, dtype: str):
     """The kit op of a convolution's forward: its implicit GEMM, or the Cheapest of that and
     Winograd for a plain 3x3 one. A grouped conv (grouped_ways) is the Cheapest of its
-    per-group GEMM (first: its FLOPs and bytes are the ones reported), the super-group GEMM,
+    per-group GEMM (first: its FLOPs and bytes are the ones reported), the super-group GEMMs,
     the dense conv (implicit GEMM or Winograd) and a direct kernel (x, w and y once)."""
     x, y = args[0], outs[0]
     counts, has_direct = grouped_ways(x.shape[1], y.shape[1], _groups(args, 8))
