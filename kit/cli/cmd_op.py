@@ -66,7 +66,8 @@ def text(r):
                         " no tensor-core kernel of it was timed" if carried else "")
                      + "; the tiling below is the kit's tile choice, for the picture")
     if str(r.get("source", "")).startswith("the learned elementwise") or \
-            " calls of its one-row twin " in str(r.get("source", "")):
+            " calls of its one-row twin " in str(r.get("source", "")) or \
+            str(r.get("source", "")).startswith("its bytes at "):
         lines.append(f"  source    {r['source']}")
     if r.get("tile") == "gemv":
         lines.append("  source    cuBLAS's gemv kernels (m or n of 1) stream the matrix once: a share"

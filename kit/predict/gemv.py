@@ -54,6 +54,22 @@ def applies(gpu, ops) -> np.ndarray:
                      and not (o.dtype in CURVE_FIRST and curve_gemm(gpu, o)) for o in ops], dtype=bool)
 
 
+# The largest share of the DRAM bandwidth any GEMM kernel reached on the H200 (kernel time, the
+# operands' and output's bytes once; measurements/h200-2026-12-04 and -b, 10,147 GEMM rows): 0.73
+# in FP32 (1,724 rows; SIMT gemmSN/sgemm and gemv kernels), 0.81 in TF32 (700), 0.93 in bf16 and
+# 0.92 in fp16 (7,723; LM-head GEMMs of 1-8 rows over 2 GB of weights). No GEMM streams faster than
+# that (TilePredictor._stream_bound), carried to other GPUs as a share of their bandwidth, as the
+# GEMV rule is; fp8, never timed, takes the 16-bit share.
+STREAM_SHARE_MAX = {"fp32": 0.73, "tf32": 0.81, "fp16": 0.92, "bf16": 0.93, "fp8": 0.93}
+STREAM_SHARE_DEFAULT = 0.93
+
+
+def stream_bound_ms(ops, bw_gbs: float) -> np.ndarray:
+    """Per GEMM, its bytes at the largest share of bw_gbs a GEMM of its dtype was measured at (ms)."""
+    share = np.array([STREAM_SHARE_MAX.get(o.dtype, STREAM_SHARE_DEFAULT) for o in ops], dtype=float)
+    return np.array([o.bytes for o in ops], dtype=float) / (share * bw_gbs * 1e9) * 1e3
+
+
 def kernel_ms_of(nbytes, bw_gbs: float, params: dict = PARAMS):
     """(kernel_ms, p10, p90) of gemv kernels moving nbytes at bw_gbs of DRAM bandwidth."""
     t = (params["c0_us"] + np.asarray(nbytes, dtype=float) / (params["eff"] * bw_gbs * 1e9) * 1e6) / 1e3

@@ -30,6 +30,7 @@ from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
 from kit.predict.element_rates import element_bound_ms
 from kit.predict.gemv import applies as gemv_applies
 from kit.predict.gemv import kernel_ms_of as gemv_kernel_ms
+from kit.predict.gemv import stream_bound_ms as gemv_stream_bound_ms
 from kit.predict.split_k import apply_split_k, split_limits
 from kit.predict.tensor_core import (ATTENTION_MIN_SEQ_Q, applies, attention_params_for, curve_gemm, kernel_ms_of,
                                      params_for)
@@ -255,6 +256,7 @@ class TilePredictor:
             if cls == "gemm":
                 part = self._few_rows_bound(ops_c, gpu, part.reset_index(drop=True))
                 part = self._aligned_bound(ops_c, gpu, part.reset_index(drop=True))
+                part = self._stream_bound(ops_c, gpu, part.reset_index(drop=True))
             out.loc[idx, COLUMNS] = part[COLUMNS].values
         for c in ("latency_ms", "roofline_ms", "utilisation", "latency_p10_ms", "latency_p90_ms"):
             out[c] = out[c].astype(float)
@@ -395,6 +397,27 @@ class TilePredictor:
         for col, f in (("latency_ms", lift), ("latency_p10_ms", lift), ("latency_p90_ms", lift),
                        ("utilisation", 1.0 / lift)):
             part.loc[part.index[rows], col] = part[col].to_numpy(dtype=float)[rows] * f
+        return part
+
+    def _stream_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
+        """No GEMM streams its bytes faster than the largest share of the bandwidth a GEMM of its
+        dtype reached on the H200 (kit.predict.gemv.STREAM_SHARE_MAX), plus this predictor's
+        dispatch floor. A split-K Linear of a few rows had come out at 100% of an L4's bandwidth
+        (its split batch shares the weight in the features, so the tile-MLP saw a k / S slice of
+        it, and only the roofline held it): 2 x 4096 x 4096 in FP32 at 0.224 ms, half its
+        one-row twin's time. The band moves up with it, p10 to the bound."""
+        from kit.workload.iteration import isolation_floor_ms
+
+        low = gemv_stream_bound_ms(ops, gpu.mem_bw_gbs) + isolation_floor_ms(self, gpu)
+        lat = part.latency_ms.to_numpy(dtype=float)
+        lift = np.maximum(1.0, low / lat)
+        if not (lift > 1).any():
+            return part
+        p10 = part.latency_p10_ms.to_numpy(dtype=float)
+        part["latency_ms"] = lat * lift
+        part["latency_p90_ms"] = part.latency_p90_ms.to_numpy(dtype=float) * lift
+        part["latency_p10_ms"] = np.where(lift > 1, np.maximum(p10, low), p10)
+        part["utilisation"] = part.utilisation.to_numpy(dtype=float) / lift
         return part
 
     def aligned_twin_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
