@@ -161,6 +161,11 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
             rows = min(op.m, op.n)
             out["source"] = (f"{rows} calls of its one-row twin ({few / rows:.4g} ms each): a GEMM this "
                              "thin is never slower than those; the tile-MLP's own answer was slower")
+        batches = model.few_batches_ms([op], gpu)[0] if cls == "gemm" else np.nan
+        if np.isfinite(batches) and abs(out["latency_ms"] - batches) <= 1e-9 * batches:
+            out["source"] = (f"{op.b} back-to-back calls of its b = 1 twin (their kernel times and one "
+                             "dispatch floor): a batch this small is never slower than those; the "
+                             "tile-MLP's own answer was slower")
         if cls == "gemm" and out.get("tile") != "gemv":
             from kit.predict.gemv import STREAM_SHARE_DEFAULT, STREAM_SHARE_MAX, stream_bound_ms
             from kit.workload.iteration import isolation_floor_ms

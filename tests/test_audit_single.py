@@ -325,20 +325,29 @@ def test_op_text_names_the_bound_its_utilisation_is_of(capsys):
     # (m or n of 1 is a GEMV now, kit.predict.gemv: a stream, no tile)
     from kit.hardware import get_gpu
 
-    argv = ["op", "gemm", "--m", "2", "--n", "2", "--k", "10000000", "--gpu", "v100-sxm2-32gb",
-            "--dtype", "fp16", "--predictor", "tile"]
+    # (a 2x2 one is bounded by its one-row twins now, which the wave bound exceeds: its share is
+    # then the roofline's, never over 100% of a bound above the latency; a 33x33 one in FP32 is
+    # still one wave of tiles on the tile-MLP)
+    argv = ["op", "gemm", "--m", "33", "--n", "33", "--k", "10000000", "--gpu", "v100-sxm2-32gb",
+            "--dtype", "fp32", "--predictor", "tile"]
     _, out, _ = _kit(capsys, *argv, "--json")
     r = json.loads(out)
     tm, tn = (int(x) for x in r["tile"].split("x"))
     gpu = get_gpu("v100-sxm2-32gb")
     k = -(-10**7 // r["split_k"])  # split-K (kit.predict.split_k): each tile reduces k / S
     per_sm = -(-r["tiles"] // gpu.sm_count)  # the busiest SM's tiles (a split may run several)
-    wave_ms = per_sm * 2 * tm * tn * k / (gpu.peak_tflops("fp16") * 1e12 / gpu.sm_count) * 1e3
+    wave_ms = per_sm * 2 * tm * tn * k / (gpu.peak_tflops("fp32") * 1e12 / gpu.sm_count) * 1e3
     assert r["waves"] == 1 and r["utilisation"] * r["latency_ms"] == pytest.approx(wave_ms, rel=1e-3)
     _, text, _ = _kit(capsys, *argv)
     assert f"of its wave bound, {wave_ms:.4g} ms" in text and "of the roofline" not in text
     _, text, _ = _kit(capsys, *argv[:-1], "roofline")
     assert "utilisation 100.0% of the roofline" in text
+    thin = ["op", "gemm", "--m", "2", "--n", "2", "--k", "10000000", "--gpu", "v100-sxm2-32gb", "--dtype", "fp16"]
+    _, out, _ = _kit(capsys, *thin, "--json")
+    r = json.loads(out)
+    assert 0 < r["utilisation"] <= 1 and r["utilisation"] * r["latency_ms"] == pytest.approx(r["roofline_ms"])
+    _, text, _ = _kit(capsys, *thin)
+    assert "of the roofline" in text and "of its wave bound" not in text
 
 
 # -- kit demo ----------------------------------------------------------------------------------

@@ -67,7 +67,8 @@ def text(r):
                      + "; the tiling below is the kit's tile choice, for the picture")
     if str(r.get("source", "")).startswith("the learned elementwise") or \
             " calls of its one-row twin " in str(r.get("source", "")) or \
-            str(r.get("source", "")).startswith("its bytes at "):
+            str(r.get("source", "")).startswith("its bytes at ") or \
+            " back-to-back calls of its b = 1 twin " in str(r.get("source", "")):
         lines.append(f"  source    {r['source']}")
     if r.get("tile") == "gemv":
         lines.append("  source    cuBLAS's gemv kernels (m or n of 1) stream the matrix once: a share"
