@@ -364,21 +364,7 @@ class TilePredictor:
         data for thin GEMMs the gap had been a cliff once GEMVs streamed: on an MI300X (no timed
         AMD GEMV, no tensor-core curve) a bf16 GEMM of 8192 x 8192 weights took 0.067 ms at one
         row and 0.25 ms at two. The band moves down with it, its p10 never under the roofline."""
-        every = self.few_rows_ms(ops, gpu)
-        rows = [j for j in range(len(ops)) if np.isfinite(every[j])]
-        if not rows:
-            return part
-        bound = every[rows]
-        lat = part.latency_ms.to_numpy(dtype=float)[rows]
-        f = np.minimum(1.0, bound / lat)
-        at = part.index[rows]
-        roof = part.roofline_ms.to_numpy(dtype=float)[rows]
-        part.loc[at, "latency_ms"] = lat * f
-        part.loc[at, "latency_p90_ms"] = part.latency_p90_ms.to_numpy(dtype=float)[rows] * f
-        part.loc[at, "latency_p10_ms"] = np.minimum(
-            np.maximum(part.latency_p10_ms.to_numpy(dtype=float)[rows] * f, roof), lat * f)
-        part.loc[at, "utilisation"] = part.utilisation.to_numpy(dtype=float)[rows] / f
-        return part
+        return _cap_at(part, self.few_rows_ms(ops, gpu))
 
     def few_rows_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
         """Per GEMM, r calls of its one-row twin where its m or n is r (2 <= r <= FEW_ROWS): the
@@ -397,22 +383,7 @@ class TilePredictor:
         unbatched GEMM only (cuBLAS's rule in NeuSight's data), so a batch of 2 of a small output
         over a long k walked all of k on a couple of SMs: 24 x 8 outputs over k = 16384 on an
         H100 took 0.053 ms at b = 1 and 1.07 ms at b = 2. The band moves down with it."""
-        every = self.few_batches_ms(ops, gpu)
-        rows = [j for j in range(len(ops)) if np.isfinite(every[j])]
-        if not rows:
-            return part
-        lat = part.latency_ms.to_numpy(dtype=float)[rows]
-        f = np.minimum(1.0, every[rows] / lat)
-        if not (f < 1).any():
-            return part
-        at = part.index[rows]
-        roof = part.roofline_ms.to_numpy(dtype=float)[rows]
-        part.loc[at, "latency_ms"] = lat * f
-        part.loc[at, "latency_p90_ms"] = part.latency_p90_ms.to_numpy(dtype=float)[rows] * f
-        part.loc[at, "latency_p10_ms"] = np.minimum(
-            np.maximum(part.latency_p10_ms.to_numpy(dtype=float)[rows] * f, roof), lat * f)
-        part.loc[at, "utilisation"] = part.utilisation.to_numpy(dtype=float)[rows] / f
-        return part
+        return _cap_at(part, self.few_batches_ms(ops, gpu))
 
     def few_batches_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
         """Per GEMM of batch b (2 <= b <= FEW_ROWS), b kernel times of its b = 1 twin plus one
@@ -631,6 +602,24 @@ class TilePredictor:
 
 # classes whose kernels are one block per tile of a fixed size (tile_mlp._one_wave_cap)
 ONE_WAVE_CLASSES = ("elementwise", "softmax", "layernorm")
+
+
+def _cap_at(part: pd.DataFrame, bound: np.ndarray) -> pd.DataFrame:
+    """Each row's latency at most bound (NaN: no bound), its band scaled down with it, p10 never
+    under the roofline nor over the latency; utilisation stays a share of the same bound."""
+    rows = [j for j in range(len(bound)) if np.isfinite(bound[j])]
+    if not rows:
+        return part
+    lat = part.latency_ms.to_numpy(dtype=float)[rows]
+    f = np.minimum(1.0, bound[rows] / lat)
+    at = part.index[rows]
+    roof = part.roofline_ms.to_numpy(dtype=float)[rows]
+    part.loc[at, "latency_ms"] = lat * f
+    part.loc[at, "latency_p90_ms"] = part.latency_p90_ms.to_numpy(dtype=float)[rows] * f
+    part.loc[at, "latency_p10_ms"] = np.minimum(
+        np.maximum(part.latency_p10_ms.to_numpy(dtype=float)[rows] * f, roof), lat * f)
+    part.loc[at, "utilisation"] = part.utilisation.to_numpy(dtype=float)[rows] / f
+    return part
 
 
 def wave_ladder(cls: str, op, tiles: int, slots: int) -> list:
