@@ -379,7 +379,8 @@ def copy_of(nbytes: float, dtype: str = "fp32") -> Elementwise:
 
 def elementwise_proxy(op) -> tuple[Elementwise, float] | None:
     """(pass, scale): the learned elementwise pass a memory-bound op without a model of its own is
-    costed as, its time scaled by the bytes the op really moves; None for other ops.
+    costed as, its time scaled by the bytes the op really moves; None for other ops (an embedding
+    lookup: the copy of its bytes, below).
 
     Dropout: CUDA's fused kernel reads x and writes y and a one-byte mask in one pass (the Philox
     draw is ~20 integer ops per element, far below any GPU's ridge point), so it is the one-input
@@ -390,6 +391,13 @@ def elementwise_proxy(op) -> tuple[Elementwise, float] | None:
     if isinstance(op, Dropout):
         base = Elementwise("mul", op.numel, op.dtype, inputs=1)
         return base, op.bytes / base.bytes
+    if isinstance(op, EmbeddingBag):
+        # a lookup streams its rows, indices and output: the copy of its bytes, unscaled, so it
+        # gets the learned pass's achieved bandwidth, floor and band; the wave model had it at
+        # 100% of the bandwidth with a zero-width band, and its floor lift had made a lookup of
+        # 128 rows a bag 1.6x faster than one of 100 (kit.embedding.cost is the TBE model, with
+        # its index distribution and L2, for embedding tables)
+        return copy_of(op.bytes), 1.0
     if isinstance(op, Memcpy) and op.direction == "d2d":
         # the copy of its bytes, unscaled, as kit.workload.kernels.memory_bound costs one: scaled
         # to the exact bytes, the whole fp32 elements' rounding had made a 9-byte copy faster

@@ -41,6 +41,9 @@ from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_b
 from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
 
 QUANTILES = (0.1, 0.5, 0.9)
+# A PCIe link's achievable share of its rate after packet overheads (kit/hardware/systems.json's
+# pcie3-5 fabrics: ~80% achievable after TLP/DLLP overhead)
+PCIE_EFFICIENCY = 0.80
 FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row twin (_few_rows_bound)
 FLOOR_SHARE = 0.5  # of the dispatch floor, the least an isolated vector or row call predicts
 Z80 = 1.2816  # standard normal 90th percentile: ±Z80·σ spans 80%
@@ -454,20 +457,24 @@ class TilePredictor:
         return out + isolation_floor_ms(self, gpu) if np.isfinite(out).any() else out
 
     def _wave_floor(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
-        """An embedding lookup or a host-device copy, still the wave model's, takes the same
-        least isolated time as a vector kernel (_dispatch_floor), in place: they had none, so a
-        one-row lookup came out at 5 fs and a one-byte host-to-device copy at 16 fs."""
-        from kit.ops import EmbeddingBag, Memcpy, elementwise_proxy
+        """A host-device copy, still the wave model's, is its bytes at PCIE_EFFICIENCY of a PCIe
+        link (all of any other host link's rate) plus the least isolated time of a vector kernel (_dispatch_floor's share of the
+        floor), in place; its band runs from the link's full rate up as far again (in ratio).
+        It had no floor (a one-byte copy came out at 16 fs), then a floor only under it, so a
+        copy of 131,072 bytes took 1.4x one of 262,144, both at the link's full rate."""
+        from kit.ops import Memcpy, elementwise_proxy
+        from kit.workload.iteration import isolation_floor_ms
 
-        idx = [i for i, op in enumerate(ops) if isinstance(op, (EmbeddingBag, Memcpy))
-               and elementwise_proxy(op) is None]
+        idx = [i for i, op in enumerate(ops) if isinstance(op, Memcpy) and elementwise_proxy(op) is None]
         if not idx:
             return
-        cols = ["latency_ms", "latency_p10_ms", "latency_p90_ms"]
-        lat, p10, p90 = (part.loc[idx, c].to_numpy(dtype=float).copy() for c in cols)
+        low = FLOOR_SHARE * isolation_floor_ms(self, gpu)
         roof = part.loc[idx, "roofline_ms"].to_numpy(dtype=float)
-        self._dispatch_floor(gpu, roof, lat, p10, p90)
-        part.loc[idx, cols + ["utilisation"]] = np.column_stack([lat, p10, p90, roof / lat])
+        # a host link other than PCIe (GH200's NVLink-C2C) has no measured share: its full rate
+        eff = PCIE_EFFICIENCY if gpu.host_link_gbs is None else 1.0
+        lat, p10 = low + roof / eff, low + roof
+        part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = \
+            np.column_stack([lat, p10, lat * lat / p10, roof / lat])
 
     def _dispatch_floor(self, gpu: GPU, roofline_ms, lat, p10, p90) -> None:
         """A vector or row kernel's isolated call is never under FLOOR_SHARE of this predictor's
