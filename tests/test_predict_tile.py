@@ -203,3 +203,17 @@ def test_training_leaves_torch_deterministic_mode_as_it_found_it(frame):
             assert torch.are_deterministic_algorithms_enabled() is state
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("gpu,dtype", [("t4", "fp32"), ("h100-sxm", "bf16"), ("a100-sxm4-80gb", "fp16")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_never_gets_faster_as_the_head_grows(bundle, gpu, dtype, causal):
+    """The small-head factor (heads under 128, fitted on the H200) scaled the curve of the head's
+    own roofline, so a head of 127 came out 1.21x slower than one of 128, which the kernels pad
+    it to."""
+    from kit.ops import Attention
+
+    heads = (32, 64, 80, 96, 112, 120, 127, 128, 160, 256)
+    ops = [Attention(8, 32, 2048, 2048, h, dtype=dtype, causal=causal) for h in heads]
+    lat = bundle.tile.predict(ops, gpu).latency_ms.to_numpy(float)
+    assert (np.diff(lat) >= -1e-12).all(), (gpu, dtype, causal, lat.tolist())

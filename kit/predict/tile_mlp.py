@@ -549,6 +549,14 @@ class TilePredictor:
                 cap = kernel_ms_of(full, params, None, [small[j] for j in masked])
                 for arr, bound in zip((t, lo, hi), cap):
                     arr[masked] = np.minimum(arr[masked], bound)
+            # a head under 128 is never slower than the same attention at 128 (the kernels pad
+            # it there): the small-head factor alone had made a head of 127 1.21x slower than 128
+            narrow = [j for j in range(len(idx)) if small[j]]
+            if narrow:
+                padded = np.array([roofline(replace(ops[idx[j]], head_dim=128), gpu).time_ms for j in narrow])
+                cap = kernel_ms_of(padded, params, [ops[idx[j]].causal for j in narrow], None)
+                for arr, bound in zip((t, lo, hi), cap):
+                    arr[narrow] = np.minimum(arr[narrow], bound)
             # the share of the way from the roofline to the curve: 1 from 128 queries on
             w = np.minimum(1.0, np.log2([ops[i].seq_q for i in idx]) / np.log2(ATTENTION_MIN_SEQ_Q))
             centre = np.exp((1 - w) * np.log(roof) + w * np.log(t))
