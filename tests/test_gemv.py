@@ -217,3 +217,22 @@ def test_kit_op_says_when_the_unbatched_calls_set_a_small_batch(capsys):
 
     assert main(["op", "gemm", "--m", "24", "--n", "24", "--k", "16384", "--b", "2", "--gpu", "h100-sxm"]) == 0
     assert "source    2 back-to-back calls of its b = 1 twin" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gpu,dtype", [("l40s", "fp32"), ("mi300x", "fp8"), ("h100-sxm", "bf16"), ("t4", "fp16")])
+def test_a_tiny_gemm_takes_the_least_isolated_time_a_vector_kernel_does(tile, gpu, dtype):
+    """Only the vector and row classes were floored: a 2 x 1 x 2 Linear on an L40S took 2.6 us
+    against 29 us for its GEMV twin, an fp8 32 x 2 x 1 GEMM on an MI300X 0.7 us (the stream
+    bound, _stream_bound, adds the whole dispatch floor to its bytes' time now, as the GEMV
+    and curve paths do)."""
+    from kit.predict.tile_mlp import FLOOR_SHARE
+    from kit.workload.iteration import isolation_floor_ms
+
+    g = get_gpu(gpu)
+    if dtype == "fp8" and not g.gemm_peak_tflops("fp8"):
+        pytest.skip(f"{gpu} has no fp8")
+    low = FLOOR_SHARE * isolation_floor_ms(tile, g)
+    ops = [Gemm(m=m, n=n, k=k, dtype=dtype, kind=kind, shared_rhs=kind == "linear")
+           for m in (2, 32) for n in (2, 16) for k in (1, 8, 24) for kind in ("linear", "bmm")]
+    lat = tile.predict(ops, g).latency_ms.to_numpy(float)
+    assert (lat >= low * (1 - 1e-9)).all(), (gpu, dtype, lat.min(), low)
