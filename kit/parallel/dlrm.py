@@ -3,7 +3,10 @@ model-parallel (each table lives on one rank), the MLPs are data-parallel.
 
 Per rank, per iteration of `batch` samples per rank (W ranks, global batch B·W):
 
-    forward   bottom MLP on its B samples; lookups of its tables for all B·W samples;
+    forward   input all-to-all: rank j sends the owner of each table the indices and offsets of
+              j's samples for it, on a stream of its own (TorchRec's data-dist stream) while
+              the bottom MLP runs; the lookups wait for it;
+              bottom MLP on its B samples; lookups of its tables for all B·W samples;
               all-to-all: rank i sends rank j the pooled rows of i's tables for j's samples;
               feature interaction (pairwise dots) and top MLP on its B samples
     backward  top MLP and interaction; all-to-all of the pooled-row gradients (the reverse);
@@ -12,11 +15,20 @@ Per rank, per iteration of `batch` samples per rank (W ranks, global batch B·W)
 
 The ranks are not symmetric (each holds different tables), so every rank is simulated; the
 all-to-alls synchronise them, and a rank with heavy tables makes the others wait.
+
+The embedding side is priced by kit.sharding's model of the same table-wise plan
+(ShardingModel.exact_cost): the lookups and their backward with the optimizer, the three
+all-to-alls (indices, pooled rows, their gradients) and each rank's table and optimizer-state
+bytes against its memory cap (`fits`). The default placement is kit.sharding's greedy baseline
+by dim x pooling, table-wise, onto ranks with memory left.
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
+
+import numpy as np
 
 from kit import ops
 from kit.errors import KitError
@@ -84,31 +96,67 @@ def _mlp(batch, widths, first, dtype, final_act=None):
     return fwd, bwd
 
 
-def greedy_placement(tables, world: int) -> list[int]:
-    """Largest-first onto the least-loaded rank, load = rows read per sample (pooling x dim)."""
-    load = [0.0] * world
-    where = [0] * len(tables)
-    for i in sorted(range(len(tables)), key=lambda i: -tables[i].pooling * tables[i].dim):
-        r = min(range(world), key=lambda k: load[k])
-        where[i] = r
-        load[r] += tables[i].pooling * tables[i].dim
-    return where
+class _NoCap:
+    """What kit.sharding's greedy reads of a ShardingModel (options, shards per rank, bytes per
+    rank), for table-wise placements of `tables` on `world` ranks with no memory to run out of."""
+
+    def __init__(self, tables, world: int):
+        from kit.sharding import options_for
+
+        self.tables, self.world, self.cap = list(tables), world, float("inf")
+        self.options = [options_for(t, world, world, ("tw",)) for t in self.tables]
+        self.contrib = np.zeros((len(self.tables), world, 4 * world))
+        for t, opts in enumerate(self.options):
+            for o, opt in enumerate(opts):
+                self.contrib[t, o, 2 * world + opt.ranks[0]] = 1.0  # one shard there, no bytes
+
+
+def greedy_placement(tables, world, model=None) -> list[int]:
+    """kit.sharding's greedy_dim_pooling baseline, table-wise: largest dim x pooling first onto
+    the least-loaded rank (load = rows read per sample) with memory left for the table and its
+    optimizer state; a table that fits on no rank goes to rank 0. `model`: a table-wise
+    kit.sharding.ShardingModel of these tables (its memory cap); without one (world: the number
+    of ranks) memory is not checked."""
+    from kit.sharding.search import GREEDY_KEYS, greedy
+
+    model = model if model is not None else _NoCap(tables, world)
+    choice = greedy(model, GREEDY_KEYS["greedy_dim_pooling"])
+    return [model.options[t][o].ranks[0] for t, o in enumerate(choice)]
+
+
+def sharding_model(tables, system, batch: int, optimizer: str = "rowwise_adagrad",
+                   distribution=None, memory_cap_gib: float | None = None):
+    """kit.sharding's model of `tables` placed table-wise on `system` at `batch` samples per rank;
+    `distribution` is given to the tables without one of their own (as lookup_cost does)."""
+    from kit.embedding.distributions import parse_distribution
+    from kit.sharding import ShardingModel
+
+    if distribution is not None:
+        d = parse_distribution(distribution)
+        tables = [t if t.distribution is not None else dataclasses.replace(t, distribution=d)
+                  for t in tables]
+    if memory_cap_gib is not None and not 0 < memory_cap_gib < float("inf"):
+        raise KitError(f"memory cap must be a positive number of GiB, got {memory_cap_gib!r}")
+    return ShardingModel(list(tables), system, batch=int(batch), optimizer=optimizer, kinds=("tw",),
+                         memory_cap_bytes=memory_cap_gib * 2**30 if memory_cap_gib else None)
 
 
 def _rank(g: ExecGraph, r: int, run, cost: dict, local_r: list, emb_f_r: float, emb_b_r: float,
-          a2a_ms: float, ar_ms: float) -> None:
-    """One rank's DLRM iteration: MLPs on the compute stream, lookups, two all-to-alls and the
+          comm: dict, ar_ms: float) -> None:
+    """One rank's DLRM iteration: MLPs on the compute stream, lookups, three all-to-alls and the
     MLP gradient all-reduce."""
     g.add_rank(r)
+    idx = run(r, "all-to-all indices", (comm["input"], 1), stream="input dist", kind="comm",
+              group="a2a idx")
     bot = run(r, "bottom mlp", cost["bottom"])
-    emb = run(r, "embedding lookup", (emb_f_r, 1)) if local_r else None
-    a2a = run(r, "all-to-all pooled embeddings", (a2a_ms, 1), deps=(emb,) if local_r else (),
+    emb = run(r, "embedding lookup", (emb_f_r, 1), deps=(idx,)) if local_r else None
+    a2a = run(r, "all-to-all pooled embeddings", (comm["output"], 1), deps=(emb,) if local_r else (),
               stream="comm", kind="comm", group="a2a fwd")
     run(r, "interaction", cost["interaction"], deps=(a2a, bot))
     run(r, "top mlp", cost["top"])
     topb = run(r, "top mlp bwd", cost["top bwd"])
     ib = run(r, "interaction bwd", cost["interaction bwd"])
-    a2ab = run(r, "all-to-all embedding grads", (a2a_ms, 1), deps=(ib,), stream="comm",
+    a2ab = run(r, "all-to-all embedding grads", (comm["grad"], 1), deps=(ib,), stream="comm",
                kind="comm", group="a2a bwd")
     embb = run(r, "embedding bwd + update", (emb_b_r, 1), deps=(a2ab,)) if local_r else a2ab
     botb = run(r, "bottom mlp bwd", cost["bottom bwd"])
@@ -118,12 +166,16 @@ def _rank(g: ExecGraph, r: int, run, cost: dict, local_r: list, emb_f_r: float, 
 
 def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="auto",
                  launch_us: float = 10.0, optimizer: str = "rowwise_adagrad",
-                 distribution=None, keep: bool = False) -> dict:
-    """Iteration time per rank, critical path and memory of the DLRM hybrid on a System."""
-    from kit.comm import predict_alltoallv, predict_collective
-    from kit.embedding import lookup_cost
+                 distribution=None, keep: bool = False, memory_cap_gib: float | None = None) -> dict:
+    """Iteration time per rank, critical path and memory of the DLRM hybrid on a System.
+
+    The embedding side is kit.sharding's ShardingModel.exact_cost of the table-wise plan (see
+    the module docstring); `fits` says whether every rank's tables and optimizer state fit its
+    memory cap (kit.sharding's: 0.9 of the GPU's memory, or memory_cap_gib)."""
+    from kit.comm import predict_collective
     from kit.hardware.system import get_system
     from kit.predict import get_predictor
+    from kit.sharding import Option
 
     if not _whole(batch) or batch < 1:
         raise KitError(f"DLRM batch must be a positive whole number (samples per rank), got {batch!r}")
@@ -132,12 +184,14 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
         raise KitError(f"launch_us must be a finite number >= 0, got {launch_us!r}")
     sys_ = get_system(system)
     W = sys_.world_size
-    placement = list(placement) if placement is not None else greedy_placement(spec.tables, W)
+    model = sharding_model(spec.tables, sys_, batch, optimizer, distribution, memory_cap_gib)
+    placement = list(placement) if placement is not None else greedy_placement(spec.tables, W, model)
     if len(placement) != len(spec.tables) or any(not _whole(p) or not 0 <= p < W
                                                                        for p in placement):
         raise KitError(f"placement must give a rank in 0..{W - 1} for each of the "
                        f"{len(spec.tables)} tables")
     placement = [int(p) for p in placement]
+    plan = model.exact_cost([opts.index(Option("tw", (p,))) for opts, p in zip(model.options, placement)])
     gpu, dt = sys_.gpu, spec.dtype
     b = ops.dtype_bytes(dt)
     t = len(spec.tables) + 1
@@ -156,12 +210,9 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
              for q, col in (("mid", "latency_ms"), ("p10", "latency_p10_ms"),
                             ("p90", "latency_p90_ms"))}
     local = [[spec.tables[i] for i in range(len(spec.tables)) if placement[i] == r] for r in range(W)]
-    emb_f = [lookup_cost(tb, batch * W, gpu, distribution).time_ms if tb else 0.0 for tb in local]
-    emb_b = [lookup_cost(tb, batch * W, gpu, distribution, backward=True, optimizer=optimizer).time_ms
-             if tb else 0.0 for tb in local]
-    send = [[batch * sum(x.dim for x in local[i]) * b if i != j else 0.0 for j in range(W)]
-            for i in range(W)]
-    a2a_ms = predict_alltoallv(send, sys_).time_ms if W > 1 else 0.0
+    emb_f, emb_b = plan["fwd_ms"], plan["bwd_ms"]
+    comm = {"input": plan["input_alltoall_ms"], "output": plan["output_alltoall_ms"],
+            "grad": plan["grad_alltoall_ms"]}
     ar_ms = predict_collective("allreduce", spec.mlp_params() * b, sys_).time_ms if W > 1 else 0.0
     lu = launch_us / 1e3
 
@@ -175,14 +226,14 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
                          group=group)
 
         for r in range(W):
-            _rank(g, r, run, cost, local[r], emb_f[r], emb_b[r], a2a_ms, ar_ms)
+            _rank(g, r, run, cost, local[r], emb_f[r], emb_b[r], comm, ar_ms)
         return g
 
     res = simulate(iteration(bands["mid"]))
     band = [simulate(iteration(bands[q])).makespan_ms for q in ("p10", "p90")]
     slow = res.slowest_rank()
-    emb_bytes = [sum(x.rows * x.dim * ops.dtype_bytes(x.dtype) for x in tb) for tb in local]
-    opt_bytes = [sum(x.rows * 4 for x in tb) if optimizer == "rowwise_adagrad" else 0 for tb in local]
+    emb_bytes = [sum(x.bytes for x in tb) for tb in local]
+    opt_bytes = [m - e for m, e in zip(plan["memory_bytes"], emb_bytes)]  # kit.sharding's count
     mlp = spec.mlp_params() * b
     out = {"model": "dlrm", "system": sys_.key, "world_size": W, "batch_per_rank": batch,
            "iteration_ms": res.makespan_ms,
@@ -190,12 +241,16 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
            "ranks": [{"rank": r, "ms": res.rank_end_ms(r), "tables": len(local[r]),
                       "embedding_fwd_ms": emb_f[r], "embedding_bwd_ms": emb_b[r],
                       "wait_ms": res.breakdown(r)["wait"]} for r in range(W)],
-           "all_to_all_ms": a2a_ms, "allreduce_ms": ar_ms,
+           "all_to_all_ms": comm["output"], "grad_all_to_all_ms": comm["grad"],
+           "input_all_to_all_ms": comm["input"], "embedding_comm_ms": sum(comm.values()),
+           "allreduce_ms": ar_ms,
            "breakdown": {"rank": slow, **res.breakdown(slow)},
            "memory_per_rank": [{"rank": r, "embedding_gib": emb_bytes[r] / 2**30,
                                 "embedding_optimizer_gib": opt_bytes[r] / 2**30,
                                 "mlp_gib": 3 * mlp / 2**30, "total_gib":
-                                (emb_bytes[r] + opt_bytes[r] + 3 * mlp) / 2**30} for r in range(W)],
+                                (emb_bytes[r] + opt_bytes[r] + 3 * mlp) / 2**30,
+                                "fits": plan["memory_bytes"][r] <= model.cap} for r in range(W)],
+           "memory_cap_gib": model.cap / 2**30, "fits": not plan["over_memory_cap"],
            "placement": placement}
     if keep:
         out["_result"] = res

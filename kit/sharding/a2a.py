@@ -72,8 +72,11 @@ class A2ASurrogate:
                 X.append(self.terms(self.block(m)[None])[0])
                 y.append(ms)
         X, y = np.array(X), np.array(y)
-        self.coef, _ = nnls(X / y[:, None], np.ones_like(y))
         self.max_form = False
+        if len(y) == 0:  # one rank (nothing to send) or only floor-level sends: the floor alone
+            self.coef, self.max_rel_err = np.zeros(len(self.terms(self.block(np.zeros((W, W)))[None])[0])), 0.0
+            return  # (scipy's nnls on an empty system aborts the process: a double free)
+        self.coef, _ = nnls(X / y[:, None], np.ones_like(y))
         err_sum = np.abs(X @ self.coef / y - 1)
         if X.shape[1] > 2:  # resources that are busy at once: try a0 + max_k c_k·term_k too
             from scipy.optimize import least_squares
