@@ -124,6 +124,10 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
                             "analytic)"
                             if graph == "auto" and spec.zoo is not None and not profile_kernels
                             and (layout.sequence_parallel or layout.ep > 1) else "")),
+        # auto switched a zoo model off its captured graph (sequence or expert parallelism need
+        # the analytic layer): the same layout without them costs other kernels
+        "kernels_switched": bool(graph == "auto" and spec.zoo is not None and not profile_kernels
+                                 and (layout.sequence_parallel or layout.ep > 1)),
         "kernel_costing": {"in_stream": coster.in_stream, "isolation_floor_ms": coster.floor_ms,
                            "note": _costing_note(coster, layout, source is not None)},
         "seconds": time.perf_counter() - t0,
