@@ -447,3 +447,20 @@ def test_a_switch_to_the_analytic_layer_is_said_up_front(capsys):
     r = predict_parallel("llama3-8b", "dgx-h100", Layout(tp=8, sequence_parallel=True, dtype="bf16"))
     assert r["kernels_switched"] and not predict_parallel(
         "llama3-8b", "dgx-h100", Layout(tp=8, dtype="bf16"))["kernels_switched"]
+
+
+@pytest.mark.parametrize("layout,groups", [
+    (dict(dp=8), {"data parallel"}),
+    (dict(tp=8), {"tensor/expert parallel"}),
+    (dict(pp=4, global_batch=8), {"pipeline"}),
+    (dict(tp=2, pp=2, dp=2, global_batch=8), {"tensor/expert parallel", "data parallel", "pipeline"}),
+])
+def test_the_critical_paths_communication_is_split_by_the_parallelism_it_serves(layout, groups):
+    """The critical path said only "communication": TP, DP and pipeline traffic could not be
+    told apart in the text or the JSON."""
+    spec = parse_model("gpt:layers=8,hidden=1024,heads=16,seq=512")
+    r = predict_parallel(spec, "dgx-a100", Layout(dtype="bf16", overlap_grad_reduce=False, **layout))
+    by = r["communication_by_group"]
+    assert sum(by.values()) == pytest.approx(r["breakdown"]["communication"], rel=1e-9, abs=1e-9)
+    assert {k for k, v in by.items() if v > 0} <= groups and by["other"] == 0.0
+    assert r["breakdown"]["communication"] > 0

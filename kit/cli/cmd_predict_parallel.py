@@ -137,7 +137,9 @@ def text_parallel(r) -> str:
              + (f", {r['tokens_per_s']:.0f} tokens/s" if r["tokens_per_s"] else "")
              + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else ""),
              "  critical path: " + ", ".join(f"{k} {b[k]:.2f} ms" for k in
-                                             ("compute", "communication", "cpu", "wait") if b[k] > 0),
+                                             ("compute", "communication", "cpu", "wait") if b[k] > 0)
+             + ("" if not b["communication"] else " (communication: " + ", ".join(
+                 f"{k} {v:.2f} ms" for k, v in r.get("communication_by_group", {}).items() if v > 0) + ")"),
              f"  ideal pipeline bubble {100 * r['ideal_bubble_fraction']:.1f}% of the iteration; "
              f"stage {stage_of(r['rank_breakdown']['rank'], lay['dp'], lay['tp'])} (rank {r['rank_breakdown']['rank']}) "
              f"waits {r['rank_breakdown']['wait']:.2f} ms",

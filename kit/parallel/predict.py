@@ -12,6 +12,33 @@ from kit.parallel.schedule import bubble_fraction
 from kit.sim import simulate
 
 
+COMM_GROUPS = ("tensor/expert parallel", "data parallel", "pipeline", "other")
+
+
+def comm_group(label: str) -> str:
+    """Which parallelism a communication op of the iteration graph (kit.parallel.build) serves."""
+    if "tp/ep comm" in label or "tp comm" in label:
+        return "tensor/expert parallel"
+    if label.startswith(("dp ", "expert-dp ", "fsdp ", "zero ")):
+        return "data parallel"
+    if label.startswith(("send ", "recv ")):
+        return "pipeline"
+    return "other"
+
+
+def communication_by_group(res, rank: int) -> dict:
+    """ms of communication on the critical path (followed across ranks, as the breakdown is)
+    by the parallelism it serves: TP/EP collectives inside the passes, DP gradient and ZeRO
+    collectives, pipeline sends and receives."""
+    from kit.sim.critical import path_segments
+
+    out = {k: 0.0 for k in COMM_GROUPS}
+    for seg in path_segments(res, rank, follow_ranks=True):
+        if seg[3] == "communication":
+            out[comm_group(seg[2])] += float(seg[5] - seg[4])
+    return out
+
+
 def predict_parallel(model, system, layout: Layout, nodes: int | None = None, predictor="auto",
                      host: HostModel | None = None, calibration=None, keep=False,
                      graph="auto", in_stream: bool | None = None) -> dict:
@@ -100,6 +127,7 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         "mfu": flops / (iteration_ms / 1e3) / (peak * 1e12 * layout.world_size)
         if iteration_ms > 0 and peak else None,
         "breakdown": {"rank": slow, **res.breakdown(slow, follow_ranks=True)},
+        "communication_by_group": communication_by_group(res, slow),
         "rank_breakdown": {"rank": slow, **res.breakdown(slow)},
         "ideal_bubble_fraction": bubble_fraction(layout.schedule, layout.pp, layout.micro_batches,
                                                  layout.virtual_stages),
