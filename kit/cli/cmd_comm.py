@@ -60,7 +60,7 @@ def predict_text(r):
                  f"busbw {x['busbw_gbs']:7.1f} GB/s" for x in r["table"]]
         return "\n".join([f"{r['table'][0]['kind']} on {r['system']} ({r['table'][0]['ranks']} ranks, "
                           f"{r['table'][0]['source']})", *lines])
-    return (f"{r['kind']} of {r['nbytes']:.4g} B on {r['system']} ({r['ranks']} ranks, {r['nodes_spanned']} "
+    return (f"{r['kind']} of {r['size_bytes']:.4g} B on {r['system']} ({r['ranks']} ranks, {r['nodes_spanned']} "
             f"node(s)): {r['time_ms']:.4g} ms via {r['algorithm']}; algbw {r['algbw_gbs']:.1f} GB/s, busbw "
             f"{r['busbw_gbs']:.1f} GB/s (plateau {r['plateau_busbw_gbs']:.0f}); {r['bound']}-bound, crossover at "
             f"{r['crossover_bytes'] / 2**20:.3g} MiB [{r['source']}]" + _floor_note(r))
@@ -84,12 +84,14 @@ def _floor_note(r) -> str:
 def fit(args):
     from kit.cli.outputs import output_path
     from kit.comm import fit_table
-    from kit.comm.curves import NOISY_FIT_MAPE, check_plausible, slow_curves
+    from kit.comm.curves import NOISY_FIT_MAPE, check_measured_gpu, check_plausible, slow_curves
     from kit.comm.parsers import read_measurements
 
     output_path(args.out, "--out", [args.file])
     system = _system(args)
     table = read_measurements(args.file, fmt=args.format, kind=args.kind, ranks=args.ranks_hint)
+    for line in check_measured_gpu(table, system, where=str(args.file), any_gpu=args.any_gpu):
+        warnings.warn(line)  # a device the catalog does not know, or another GPU under --any-gpu
     cal = fit_table(table, system=system.key, source=str(args.file))
     big = sorted({c.ranks for c in cal.curves if c.ranks > system.world_size})
     if big:
@@ -140,10 +142,13 @@ def register(sub):
     q.add_argument("--calibration", type=nonempty, help="a curve file from `kit comm fit`")
     f = add_command(sub2, "fit", "fit bandwidth curves to nccl-tests or PARAM comms output", fit, fit_text)
     f.add_argument("file", help="benchmark output (nccl-tests text, PARAM comms log, or collect-comm file)")
-    f.add_argument("--system", required=True, help="the system it was measured on")
+    f.add_argument("--system", required=True, help="the system it was measured on (its GPU must be the one "
+                   "the file's '#  Rank' device lines name)")
     f.add_argument("--nodes", type=int)
     f.add_argument("--network")
     f.add_argument("--out", help="calibration file to write (JSON)")
     f.add_argument("--format", default="auto", choices=["auto", "nccl-tests", "param"])
     f.add_argument("--kind", help="collective, when the file does not say")
     f.add_argument("--ranks", dest="ranks_hint", type=positive_int, help="rank count, when the file does not say")
+    f.add_argument("--any-gpu", action="store_true", help="fit even when the file's device lines name another "
+                   "GPU than --system's (e.g. a variant no preset has), with a note")

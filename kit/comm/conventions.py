@@ -76,5 +76,18 @@ class CollectiveResult:
     system: str
     nodes_spanned: int = 1
 
+    @property
+    def size_bytes(self) -> float:
+        """nbytes under the name collective_table's column (and --sizes JSON) gives it."""
+        return self.nbytes
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields, plus size_bytes beside nbytes: the message size under the name a
+        collective_table row (`kit comm predict --sizes --json`) uses. nbytes stays, with the same
+        value, as an alias for readers of the earlier single-size JSON."""
+        out = {}
+        for key, value in asdict(self).items():
+            out[key] = value
+            if key == "nbytes":
+                out["size_bytes"] = value
+        return out

@@ -327,6 +327,50 @@ def slow_curves(cal: Calibration, system) -> list[str]:
     return out
 
 
+def check_measured_gpu(table, system, where: str = "", any_gpu: bool = False) -> list[str]:
+    """KitError when the device names a measurement table carries (the "#  Rank" lines of a
+    nccl-tests or `kit collect-comm` file; kit.comm.parsers.device_names) map to a catalog GPU
+    other than `system`'s (a kit System): curves fitted to another GPU's links would be saved as
+    this system's. any_gpu=True (CLI: --any-gpu) fits them anyway, with a note. Returns the notes
+    to show: names the catalog cannot map ("[cpu] gloo process"), which are not checked, and
+    GPUs let through by any_gpu. A table naming no device (PARAM logs, bare files) passes."""
+    from kit.comm.parsers import device_names
+    from kit.hardware import get_gpu
+
+    where = where or "the measurements"
+    notes, unknown = [], []
+    for name in device_names(table):
+        try:
+            key = get_gpu(name).key
+        except KitError:
+            unknown.append(repr(name))
+            continue
+        if key == system.gpu_key:
+            continue
+        if any_gpu:
+            notes.append(f"{where}: measured on {name} ({key}), fitted to {system.key} ({system.gpu_key}) "
+                         "anyway, as --any-gpu asks")
+            continue
+        raise KitError(f"{where}: measured on {name} ({key}), but --system {system.key} has "
+                       f"{system.gpu_key}; {_fit_on(key, system.key)}")
+    if unknown:
+        notes.append(f"{where}: its device lines name {', '.join(unknown)}, not a GPU in the catalog: "
+                     f"not checked against {system.key}'s {system.gpu_key}")
+    return notes
+
+
+def _fit_on(gpu_key: str, asked: str) -> str:
+    """How to fit measurements of gpu_key: the single-node presets built of it, else --any-gpu."""
+    from kit.hardware.system import get_system, list_systems
+
+    presets = [n for n in list_systems() if get_system(n).nodes == 1 and get_system(n).gpu_key == gpu_key]
+    if presets:
+        return (f"pass the system it ran on (--system {' or '.join(presets)}), or --any-gpu to fit it "
+                f"to {asked} anyway")
+    return (f"no preset is built of {gpu_key} (`kit systems`): pass --any-gpu to fit it to {asked} "
+            "anyway, if the two boxes differ only in what collectives do not use (memory size)")
+
+
 def load_calibration(path: str | Path | Calibration) -> Calibration:
     if isinstance(path, Calibration):
         return path

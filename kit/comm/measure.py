@@ -293,7 +293,7 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
     import torch
     import torch.multiprocessing as mp
 
-    from kit.comm.parsers import COLUMNS, format_nccl_tests
+    from kit.comm.parsers import COLUMNS, format_nccl_tests, joined_devices
 
     if backend not in ("gloo", "nccl"):
         raise KitError(f"unknown backend {backend!r}; choose gloo (CPU processes) or nccl (GPUs)")
@@ -367,12 +367,11 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
                 else:
                     os.environ[v] = old
         rows = read_rows(result)
-    if backend == "nccl":
-        devices = [f"Pid {os.getpid():6d} on {socket.gethostname()} device {i:2d} "
-                   f"{torch.cuda.get_device_name(i)}" for i in range(ranks)]
-    else:
-        devices = [f"Pid {os.getpid():6d} on {socket.gethostname()} device {i:2d} [cpu] gloo process"
-                   for i in range(ranks)]
+    # the name ending each "#  Rank" line: `kit comm fit` checks it against --system's GPU
+    names = ([torch.cuda.get_device_name(i) for i in range(ranks)] if backend == "nccl"
+             else ["[cpu] gloo process"] * ranks)
+    devices = [f"Pid {os.getpid():6d} on {socket.gethostname()} device {i:2d} {name}"
+               for i, name in enumerate(names)]
     meta = (f"step: list warmup iters: {warmup} iters: {iters} agg iters: 1 validation: 1 graph: 0 "
             f"# kit collect-comm backend={backend} torch={torch.__version__} "
             f"nccl={_nccl_version() if backend == 'nccl' else None} stat={stat} timing={timing} "
@@ -390,5 +389,5 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
         rows_path(out).unlink(missing_ok=True)  # the text holds them now
     # every rank is spawned on this host: one node
     table = pd.DataFrame([{**r, "ranks": ranks, "nodes": 1, "algbw_gbs": r["size_bytes"] / r["time_us"] / 1e3,
-                           "source": str(out or "")} for r in rows])
+                           "source": str(out or ""), "device": joined_devices(names)} for r in rows])
     return text, table.reindex(columns=COLUMNS)

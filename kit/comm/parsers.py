@@ -1,17 +1,22 @@
 """Read collective benchmarks into one tidy table, and write the nccl-tests text format.
 
 Table columns: kind, ranks, nodes, size_bytes, count, dtype, time_us, algbw_gbs, busbw_gbs,
-time_us_in_place, busbw_gbs_in_place, wrong, source. time_us is the out-of-place time (PARAM: p50);
-nodes is the number of hosts the ranks ran on, empty (NaN) where the file does not say.
+time_us_in_place, busbw_gbs_in_place, wrong, source, device. time_us is the out-of-place time (PARAM:
+p50); nodes is the number of hosts the ranks ran on, empty (NaN) where the file does not say; device
+is the device name the ranks' lines give ("NVIDIA A100-SXM4-40GB"; several, if they differ, joined
+by "; ": read them with device_names), empty (None) where the file names none.
 
 * nccl-tests (github.com/NVIDIA/nccl-tests) stdout: `#` comment lines, one row per size with
   size, count, type, [redop, root,] then time/algbw/busbw/#wrong out-of-place and in-place.
   The collective comes from "# Collective test starting: all_reduce_perf" (or `kind=`), the rank
   count from the "#  Rank N" device lines (or `ranks=`), the nodes from the distinct hosts those
-  lines name ("... Pid 4242 on node1 device 0 ..."). Several runs may be concatenated.
+  lines name ("... Pid 4242 on node1 device 0 ..."), the device from the name that ends them
+  ("device  0 [0x07] NVIDIA A100-SXM4-40GB"; `kit collect-comm` writes no bus id, and
+  "[cpu] gloo process" for CPU ranks). Several runs may be concatenated.
 * PARAM comms (github.com/facebookresearch/param, train/comms/pt/comms.py): "COMMS-RES" lines,
   a header naming size (B), num-elements, Latency(us):p50, p75, p95, [Min, Max,] algBW, busBW.
   The ranks come from `ranks=` or from busBW/algBW (the nccl-tests factor of the collective).
+  A PARAM log names no GPU model (its ranks' device is "cuda:N"): its rows have no device.
 """
 from __future__ import annotations
 
@@ -23,7 +28,32 @@ from kit.comm.conventions import NCCL_TESTS_NAME, busbw_factor, canonical_kind
 from kit.errors import KitError
 
 COLUMNS = ["kind", "ranks", "nodes", "size_bytes", "count", "dtype", "time_us", "algbw_gbs", "busbw_gbs",
-           "time_us_in_place", "busbw_gbs_in_place", "wrong", "source"]
+           "time_us_in_place", "busbw_gbs_in_place", "wrong", "source", "device"]
+
+DEVICE_SEP = "; "  # between the names of a run whose ranks' devices differ
+
+# "... device  0 [0x07] NVIDIA A100-SXM4-40GB", "[0000:07:00] ..." (a bus id, or none), then the name
+_DEVICE = re.compile(r"\sdevice\s+\d+(?:\s+\[(?:0x)?[0-9a-fA-F:.]+\])?\s+(\S.*?)\s*$")
+
+
+def device_name(rank_line: str) -> str | None:
+    """The device a nccl-tests "#  Rank" line names, or None where it names none."""
+    m = _DEVICE.search(rank_line)
+    return m.group(1) if m else None
+
+
+def joined_devices(names) -> str | None:
+    """The device cell of a run's rows: its ranks' distinct device names (None where none)."""
+    names = sorted({n for n in names if n})
+    return DEVICE_SEP.join(names) if names else None
+
+
+def device_names(table) -> list[str]:
+    """The distinct device names a measurement table's rows carry (none without a device column)."""
+    if "device" not in getattr(table, "columns", ()):
+        return []
+    cells = [c for c in table["device"].dropna().unique() if isinstance(c, str) and c]
+    return sorted({n for c in cells for n in c.split(DEVICE_SEP) if n})
 
 
 def _read(path) -> tuple[str, str]:
@@ -81,7 +111,7 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
 
     text, src = _read(path)
     kind = canonical_kind(kind) if kind else None
-    rows, cur_kind, rank_lines, hosts, section_ranks = [], kind, set(), {}, None
+    rows, cur_kind, rank_lines, hosts, devices, section_ranks = [], kind, set(), {}, {}, None
     for no, line in enumerate(text.splitlines(), 1):
         s = line.strip()
         if not s:
@@ -89,7 +119,7 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
         m = re.match(r"#\s*Collective test starting:\s*(\S+)", s)
         if m:
             cur_kind = _said_kind(kind, m.group(1), f"{src} line {no}")
-            rank_lines, hosts, section_ranks = set(), {}, None
+            rank_lines, hosts, devices, section_ranks = set(), {}, {}, None
             continue
         m = re.match(r"#\s+Rank\s+(\d+)\s", s)
         if m:
@@ -97,6 +127,9 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
             host = re.search(r"\son\s+(\S+)\s+device\s", s)
             if host:
                 hosts[int(m.group(1))] = host.group(1)
+            name = device_name(s)
+            if name:
+                devices[int(m.group(1))] = name
             continue
         if s.startswith("#"):
             continue
@@ -125,7 +158,8 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
                      "count": _whole(tok[1], where), "dtype": tok[2], "time_us": _time(oop[0], where),
                      "algbw_gbs": _float(oop[1], where), "busbw_gbs": _float(oop[2], where),
                      "time_us_in_place": _time(inp[0], where), "busbw_gbs_in_place": _float(inp[2], where),
-                     "wrong": _wrong(oop[3], where) + _wrong(inp[3], where), "source": src})
+                     "wrong": _wrong(oop[3], where) + _wrong(inp[3], where), "source": src,
+                     "device": joined_devices(devices.values())})
     if not rows:
         raise KitError(f"{src}: no nccl-tests result rows found (expected lines like "
                        "'  1048576  262144  float  sum  -1  44.2  23.7  ...')")
@@ -199,7 +233,7 @@ def parse_param(path, kind: str | None = None, ranks: int | None = None):
                      "count": int(rec.get("num-elements", 0)), "dtype": "", "time_us": t,
                      "algbw_gbs": rec.get("algbw", float("nan")), "busbw_gbs": rec.get("busbw", float("nan")),
                      "time_us_in_place": float("nan"), "busbw_gbs_in_place": float("nan"), "wrong": 0,
-                     "source": src})
+                     "source": src, "device": None})
     if not rows:
         raise KitError(f"{src}: no PARAM 'COMMS-RES' result lines found")
     if ranks is None:  # from busBW/algBW, which PARAM prints with 2 decimals

@@ -129,7 +129,8 @@ def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
     names = np.array([p.algorithm for p, _ in pcs])[best]
     return pd.DataFrame({"kind": kind, "size_bytes": s, "ranks": n, "time_ms": t / 1e3,
                          "algorithm": names, "algbw_gbs": algbw, "busbw_gbs": algbw * busbw_factor(kind, n),
-                         "source": "calibration" if fitted else "preset", "system": system.key})
+                         "source": "calibration" if fitted else "preset", "system": system.key,
+                         "nodes_spanned": group.n_nodes})  # as predict_collective's result has
 
 
 def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration=None) -> CollectiveResult:
