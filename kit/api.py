@@ -167,15 +167,17 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
                              "dispatch floor): a batch this small is never slower than those; the "
                              "tile-MLP's own answer was slower")
         if cls == "gemm" and out.get("tile") != "gemv":
-            from kit.predict.gemv import STREAM_SHARE_DEFAULT, STREAM_SHARE_MAX, stream_bound_ms
+            from kit.predict.gemv import MEASURED_STREAM, STREAM_SHARE_DEFAULT, STREAM_SHARE_MAX, stream_bound_ms
             from kit.workload.iteration import isolation_floor_ms
 
             low = stream_bound_ms([op], gpu.mem_bw_gbs)[0] + isolation_floor_ms(model, gpu)
             if abs(out["latency_ms"] - low) <= 1e-9 * low:
                 share = STREAM_SHARE_MAX.get(op.dtype, STREAM_SHARE_DEFAULT)
-                out["source"] = (f"its bytes at {100 * share:.0f}% of the memory bandwidth, the most a "
-                                 f"{op.dtype} GEMM reached on the H200, plus the dispatch floor: no GEMM "
-                                 "streams faster; the tile-MLP's own answer was faster")
+                whose = (f"the most a {op.dtype} GEMM reached on the H200" if op.dtype in MEASURED_STREAM
+                         else f"the most a 16-bit GEMM reached on the H200 ({op.dtype} was not timed)")
+                out["source"] = (f"its bytes at {100 * share:.0f}% of the memory bandwidth, {whose}, plus "
+                                 "the dispatch floor: no GEMM streams faster; the tile-MLP's own answer "
+                                 "was faster")
         from kit.ops import elementwise_proxy
 
         proxy = elementwise_proxy(op)

@@ -102,3 +102,15 @@ def test_one_gpu_holds_every_table_and_sends_nothing():
     assert r["iteration_ms"] > r["ranks"][0]["embedding_fwd_ms"] + r["ranks"][0]["embedding_bwd_ms"] > 0
     model = ShardingModel(list(MIXED), one, batch=64, kinds=("tw",))
     assert model.exact_cost([0] * len(MIXED))["output_alltoall_ms"] == 0.0
+
+
+def test_fits_counts_the_mlps_as_the_memory_table_does():
+    """fits compared the tables and their optimizer state alone with the cap while total_gib
+    beside it also held the MLPs: a rank over its cap read fits True (review)."""
+    rows = int(35.5 * 2**30 / 512)
+    tables = tuple(Table(rows=rows, dim=128, pooling=20) for _ in range(4))
+    r = predict_dlrm(DLRMSpec(tables=tables, top=(8192, 8192, 4096, 1)), "a100x4-nvlink", batch=64)
+    for row in r["memory_per_rank"]:
+        assert row["fits"] == (row["total_gib"] <= r["memory_cap_gib"])
+    assert r["fits"] == all(row["fits"] for row in r["memory_per_rank"])
+    assert not r["fits"]

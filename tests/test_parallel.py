@@ -464,3 +464,27 @@ def test_the_critical_paths_communication_is_split_by_the_parallelism_it_serves(
     assert sum(by.values()) == pytest.approx(r["breakdown"]["communication"], rel=1e-9, abs=1e-9)
     assert {k for k, v in by.items() if v > 0} <= groups and by["other"] == 0.0
     assert r["breakdown"]["communication"] > 0
+
+
+def test_a_gradient_bucket_is_megatrons_40m_parameters_whatever_the_gradients_dtype():
+    """fp32 gradients for bf16 models had halved the parameters a bucket holds (its size was
+    80 MB of gradient bytes), doubling the DP buckets (review)."""
+    from kit.parallel.layout import BUCKET_PARAMS
+
+    for dtype, grad in (("fp16", None), ("bf16", None), ("bf16", "bf16"), ("fp32", None)):
+        lay = Layout(dp=8, dtype=dtype, grad_dtype=grad)
+        assert lay.bucket_bytes == BUCKET_PARAMS * lay.grad_bytes
+    spec = parse_model("gpt:layers=24,hidden=1600,heads=25,seq=256")
+    counts = {}
+    for grad in (None, "bf16"):
+        g = build_iteration_graph(spec, Layout(dp=8, dtype="bf16", grad_dtype=grad))
+        counts[grad] = sum(lab.startswith("dp allreduce bucket") for lab in g.label)
+    assert counts[None] == counts["bf16"] > 1
+    assert Layout(bucket_bytes=1e6).bucket_bytes == 1e6  # a user's bucket stays bytes
+
+
+def build_iteration_graph(spec, lay):
+    from kit.hardware.system import get_system
+    from kit.parallel.build import build_iteration
+
+    return build_iteration(spec, lay, get_system("dgx-a100"), "roofline")[0]

@@ -217,3 +217,21 @@ def test_attention_never_gets_faster_as_the_head_grows(bundle, gpu, dtype, causa
     ops = [Attention(8, 32, 2048, 2048, h, dtype=dtype, causal=causal) for h in heads]
     lat = bundle.tile.predict(ops, gpu).latency_ms.to_numpy(float)
     assert (np.diff(lat) >= -1e-12).all(), (gpu, dtype, causal, lat.tolist())
+
+
+@pytest.mark.parametrize("gpu,dtype,seq", [("h100-sxm", "bf16", (128, 32768)), ("l4", "fp32", (512, 8192)),
+                                           ("h100-sxm", "bf16", (4096, 4096))])
+def test_a_narrow_causal_head_is_never_slower_than_its_padded_twin(bundle, gpu, dtype, seq):
+    """The padded cap took the twin's causal time alone, not capped by its unmasked one as the
+    twin itself is: a causal head of 127 over 32,768 keys came out 1.20x a head of 128 (review)."""
+    from kit.ops import Attention
+
+    ops = [Attention(2, 16, seq[0], seq[1], h, dtype=dtype, causal=True) for h in (64, 120, 127, 128)]
+    lat = bundle.tile.predict(ops, gpu).latency_ms.to_numpy(float)
+    assert (np.diff(lat) >= -1e-12).all(), lat.tolist()
+
+
+def test_a_gh200_host_copy_has_a_band(bundle):
+    """Its C2C link had no efficiency, so its band was zero-width (review)."""
+    out = bundle.tile.predict([Memcpy(n, "h2d") for n in (262_144, 10**10)], "gh200")
+    assert (out.latency_p90_ms > out.latency_ms).all() and (out.latency_p10_ms <= out.latency_ms).all()

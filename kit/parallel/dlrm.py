@@ -170,8 +170,12 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
     """Iteration time per rank, critical path and memory of the DLRM hybrid on a System.
 
     The embedding side is kit.sharding's ShardingModel.exact_cost of the table-wise plan (see
-    the module docstring); `fits` says whether every rank's tables and optimizer state fit its
-    memory cap (kit.sharding's: 0.9 of the GPU's memory, or memory_cap_gib)."""
+    the module docstring); `fits` says whether every rank's total (its tables, their optimizer
+    state and the MLPs' weights, gradients and optimizer state) fits its memory cap
+    (kit.sharding's: 0.9 of the GPU's memory, or memory_cap_gib). The greedy placement packs the
+    tables against the cap as kit.sharding does, without the MLPs. The pooled rows and their
+    gradients travel in fp32 whatever spec.dtype (kit.sharding's OUT_BYTES: TorchRec's default
+    output dtype), and the indices as int64."""
     from kit.comm import predict_collective
     from kit.hardware.system import get_system
     from kit.predict import get_predictor
@@ -249,8 +253,10 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
                                 "embedding_optimizer_gib": opt_bytes[r] / 2**30,
                                 "mlp_gib": 3 * mlp / 2**30, "total_gib":
                                 (emb_bytes[r] + opt_bytes[r] + 3 * mlp) / 2**30,
-                                "fits": plan["memory_bytes"][r] <= model.cap} for r in range(W)],
-           "memory_cap_gib": model.cap / 2**30, "fits": not plan["over_memory_cap"],
+                                "fits": emb_bytes[r] + opt_bytes[r] + 3 * mlp <= model.cap}
+                               for r in range(W)],
+           "memory_cap_gib": model.cap / 2**30,
+           "fits": all(emb_bytes[r] + opt_bytes[r] + 3 * mlp <= model.cap for r in range(W)),
            "placement": placement}
     if keep:
         out["_result"] = res

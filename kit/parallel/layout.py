@@ -23,6 +23,7 @@ DTYPES = ("fp16", "bf16", "fp32")
 # 16 for fp32), DeepSpeed's bf16 optimizer accumulates them in fp32 too; fp16 models keep fp16
 # gradients (with loss scaling), as the ZeRO paper counts them.
 DEFAULT_GRAD_DTYPE = {"fp16": "fp16", "bf16": "fp32", "fp32": "fp32"}
+BUCKET_PARAMS = 40e6  # Megatron's default gradient bucket: 40M parameters
 
 
 # micro-batches per replica the event simulator will take (each adds events on every rank; a
@@ -46,7 +47,7 @@ class Layout:
     dtype: str = "fp16"
     grad_dtype: str | None = None  # None: DEFAULT_GRAD_DTYPE[dtype]
     overlap_grad_reduce: bool = True  # bucketed all-reduce during the last backward
-    bucket_bytes: float = 40e6 * 2  # Megatron's default bucket: 40M parameters of fp16 grads
+    bucket_bytes: float | None = None  # gradient bytes a bucket; None: Megatron's 40M parameters
     optimizer_step: bool = True  # False: forward + backward (+ gradient sync) only
 
     def __post_init__(self):
@@ -93,6 +94,8 @@ class Layout:
         for name in ("sequence_parallel", "overlap_grad_reduce", "optimizer_step"):
             if not isinstance(getattr(self, name), bool):  # "no" would be taken as True
                 raise KitError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.bucket_bytes is None:  # Megatron's bucket is a parameter count, whatever the dtype
+            object.__setattr__(self, "bucket_bytes", BUCKET_PARAMS * self.grad_bytes)
         b = self.bucket_bytes
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < float("inf"):
             raise KitError(f"bucket_bytes must be a positive finite number of bytes, got {b!r}")

@@ -62,6 +62,7 @@ def applies(gpu, ops) -> np.ndarray:
 # GEMV rule is; fp8, never timed, takes the 16-bit share.
 STREAM_SHARE_MAX = {"fp32": 0.73, "tf32": 0.81, "fp16": 0.92, "bf16": 0.93, "fp8": 0.93}
 STREAM_SHARE_DEFAULT = 0.93
+MEASURED_STREAM = ("fp32", "tf32", "fp16", "bf16")  # the dtypes whose share was measured
 
 
 def stream_bound_ms(ops, bw_gbs: float) -> np.ndarray:

@@ -44,7 +44,7 @@ QUANTILES = (0.1, 0.5, 0.9)
 # A PCIe link's achievable share of its rate after packet overheads (kit/hardware/systems.json's
 # pcie3-5 fabrics: ~80% achievable after TLP/DLLP overhead)
 PCIE_EFFICIENCY = 0.80
-FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row twin (_few_rows_bound)
+FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row twin (few_rows_ms)
 FLOOR_SHARE = 0.5  # of the dispatch floor, the least an isolated vector or row call predicts
 Z80 = 1.2816  # standard normal 90th percentile: ±Z80·σ spans 80%
 
@@ -257,9 +257,12 @@ class TilePredictor:
             if gemv.any():
                 part = self._gemv(ops_c, gpu, gemv, part.reset_index(drop=True))
             if cls == "gemm":
-                part = self._few_rows_bound(ops_c, gpu, part.reset_index(drop=True))
-                part = self._few_batches_bound(ops_c, gpu, part.reset_index(drop=True))
+                # the caps (ways it could run: as one-row or unbatched calls) hold over the
+                # aligned twin's lift too, so they apply on both sides of it
+                rows_ms, batches_ms = self.few_rows_ms(ops_c, gpu), self.few_batches_ms(ops_c, gpu)
+                part = _cap_at(_cap_at(part.reset_index(drop=True), rows_ms), batches_ms)
                 part = self._aligned_bound(ops_c, gpu, part.reset_index(drop=True))
+                part = _cap_at(_cap_at(part, rows_ms), batches_ms)
                 part = self._stream_bound(ops_c, gpu, part.reset_index(drop=True))
             out.loc[idx, COLUMNS] = part[COLUMNS].values
         for c in ("latency_ms", "roofline_ms", "utilisation", "latency_p10_ms", "latency_p90_ms"):
@@ -361,17 +364,12 @@ class TilePredictor:
         t, lo, hi = kernel_ms_of(np.asarray(roofline_ms, dtype=float)[tc], params_for(gpu, dtype))
         lat[tc], p10[tc], p90[tc] = t + floor, lo + floor, hi + floor
 
-    def _few_rows_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
-        """A GEMM whose m or n is r (2 <= r <= FEW_ROWS) is never slower than r calls of its
-        one-row twin (a GEMV on most paths): it could run as those. Where the tile-MLP is off its
-        data for thin GEMMs the gap had been a cliff once GEMVs streamed: on an MI300X (no timed
-        AMD GEMV, no tensor-core curve) a bf16 GEMM of 8192 x 8192 weights took 0.067 ms at one
-        row and 0.25 ms at two. The band moves down with it, its p10 never under the roofline."""
-        return _cap_at(part, self.few_rows_ms(ops, gpu))
-
     def few_rows_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
         """Per GEMM, r calls of its one-row twin where its m or n is r (2 <= r <= FEW_ROWS): the
-        most it may take (_few_rows_bound); NaN for any other."""
+        most it may take, as it could run as those (predict caps it, _cap_at); NaN for any other.
+        Where the tile-MLP is off its data for thin GEMMs the gap had been a cliff once GEMVs
+        streamed: on an MI300X (no timed AMD GEMV, no tensor-core curve) a bf16 GEMM of 8192 x
+        8192 weights took 0.067 ms at one row and 0.25 ms at two."""
         out = np.full(len(ops), np.nan)
         rows = [j for j, op in enumerate(ops) if 2 <= min(op.m, op.n) <= FEW_ROWS]
         if rows:
@@ -380,17 +378,13 @@ class TilePredictor:
             out[rows] = count * self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
         return out
 
-    def _few_batches_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
-        """A batched GEMM of b (2 <= b <= FEW_ROWS) is never slower than b back-to-back calls of
-        its b = 1 twin: their kernel times and one dispatch floor. Split-K is open to an
-        unbatched GEMM only (cuBLAS's rule in NeuSight's data), so a batch of 2 of a small output
-        over a long k walked all of k on a couple of SMs: 24 x 8 outputs over k = 16384 on an
-        H100 took 0.053 ms at b = 1 and 1.07 ms at b = 2. The band moves down with it."""
-        return _cap_at(part, self.few_batches_ms(ops, gpu))
-
     def few_batches_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
         """Per GEMM of batch b (2 <= b <= FEW_ROWS), b kernel times of its b = 1 twin plus one
-        dispatch floor: the most it may take (_few_batches_bound); NaN for any other."""
+        dispatch floor: the most it may take, as it could run as those back-to-back calls
+        (predict caps it, _cap_at); NaN for any other. Split-K is open to an unbatched GEMM only
+        (cuBLAS's rule in NeuSight's data), so a batch of 2 of a small output over a long k had
+        walked all of k on a couple of SMs: 24 x 8 outputs over k = 16384 on an H100 took
+        0.053 ms at b = 1 and 1.07 ms at b = 2."""
         from kit.workload.iteration import isolation_floor_ms
 
         gpu = get_gpu(gpu)
@@ -470,11 +464,14 @@ class TilePredictor:
             return
         low = FLOOR_SHARE * isolation_floor_ms(self, gpu)
         roof = part.loc[idx, "roofline_ms"].to_numpy(dtype=float)
-        # a host link other than PCIe (GH200's NVLink-C2C) has no measured share: its full rate
-        eff = PCIE_EFFICIENCY if gpu.host_link_gbs is None else 1.0
-        lat, p10 = low + roof / eff, low + roof
+        if gpu.host_link_gbs is None:  # PCIe: its achievable share, the band as far again
+            lat, p10 = low + roof / PCIE_EFFICIENCY, low + roof
+            p90 = lat * lat / p10
+        else:  # another host link (GH200's NVLink-C2C) has no measured share: its full rate, the
+            lat = p10 = low + roof  # band up to PCIe's share of it
+            p90 = low + roof / PCIE_EFFICIENCY
         part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = \
-            np.column_stack([lat, p10, lat * lat / p10, roof / lat])
+            np.column_stack([lat, p10, p90, roof / lat])
 
     def _dispatch_floor(self, gpu: GPU, roofline_ms, lat, p10, p90) -> None:
         """A vector or row kernel's isolated call is never under FLOOR_SHARE of this predictor's
@@ -553,10 +550,15 @@ class TilePredictor:
             # it there): the small-head factor alone had made a head of 127 1.21x slower than 128
             narrow = [j for j in range(len(idx)) if small[j]]
             if narrow:
-                padded = np.array([roofline(replace(ops[idx[j]], head_dim=128), gpu).time_ms for j in narrow])
-                cap = kernel_ms_of(padded, params, [ops[idx[j]].causal for j in narrow], None)
-                for arr, bound in zip((t, lo, hi), cap):
-                    arr[narrow] = np.minimum(arr[narrow], bound)
+                twins = [replace(ops[idx[j]], head_dim=128) for j in narrow]
+                padded = np.array([roofline(o, gpu).time_ms for o in twins])
+                cap = kernel_ms_of(padded, params, [o.causal for o in twins], None)
+                # the padded twin's own time, its causal one capped by its unmasked one as above
+                unmasked = kernel_ms_of(np.array([roofline(replace(o, causal=False), gpu).time_ms
+                                                  for o in twins]), params, None, None)
+                causal = np.array([o.causal for o in twins])
+                for arr, bound, free in zip((t, lo, hi), cap, unmasked):
+                    arr[narrow] = np.minimum(arr[narrow], np.where(causal, np.minimum(bound, free), bound))
             # the share of the way from the roofline to the curve: 1 from 128 queries on
             w = np.minimum(1.0, np.log2([ops[i].seq_q for i in idx]) / np.log2(ATTENTION_MIN_SEQ_Q))
             centre = np.exp((1 - w) * np.log(roof) + w * np.log(t))
