@@ -6,7 +6,8 @@ never-worse-than-greedy guarantee. Prints JSON.
 1. Speed: 60 tables on 8 GPUs (dgx-a100): plans priced per second by ShardingModel.cost on
    random plans (batches of 2048), and by the local search's own neighbourhood pricing.
 2. Optimality: random small cases (4 tables on a100x4-nvlink, every kind allowed: up to 14
-   options a table, fewer for a table too narrow to split; at most 38,416 plans); the share where local_search reaches the exhaustive optimum (same model).
+   options a table, fewer for a table too narrow to split; at most 38,416 plans); the share
+   where local_search reaches the exhaustive optimum (same model).
    And small two-node cases (3 tables on dgx-h100-roce-400g-x2, 16 GPUs; ~52 options a table).
 3. Guarantee: on every case, and on 10 cases of 60 tables on 8 GPUs, the chosen plan vs the best
    greedy baseline under the vectorised model, and after exact re-pricing (plan_sharding).
