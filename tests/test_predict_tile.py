@@ -87,9 +87,11 @@ def test_row_ops_report_the_launch_pytorch_makes(bundle):
 
 
 def test_ops_without_a_model_fall_back_to_the_wave_model(bundle):
-    from kit.predict.tile_mlp import FLOOR_SHARE, PCIE_EFFICIENCY
+    from kit.hardware.system import pcie_efficiency
+    from kit.predict.tile_mlp import FLOOR_SHARE
     from kit.workload.iteration import isolation_floor_ms
 
+    PCIE_EFFICIENCY = pcie_efficiency(get_gpu("t4").pcie_gen)
     out = bundle.tile.predict([Memcpy(2**20, "h2d"), OPS[0]], "t4")
     # the link's achievable share of its rate, plus half the dispatch floor
     low = FLOOR_SHARE * isolation_floor_ms(bundle.tile, get_gpu("t4"))
@@ -102,9 +104,11 @@ def test_ops_without_a_model_fall_back_to_the_wave_model(bundle):
 def test_an_embedding_or_host_copy_takes_the_least_isolated_time(bundle):
     """They had no floor: a one-row lookup at 5 fs, a one-byte host-to-device copy at 16 fs."""
     from kit.ops import EmbeddingBag
-    from kit.predict.tile_mlp import FLOOR_SHARE, PCIE_EFFICIENCY
+    from kit.hardware.system import pcie_efficiency
+    from kit.predict.tile_mlp import FLOOR_SHARE
     from kit.workload.iteration import isolation_floor_ms
 
+    PCIE_EFFICIENCY = pcie_efficiency(get_gpu("t4").pcie_gen)
     floor = isolation_floor_ms(bundle.tile, get_gpu("t4"))
     assert floor > 0
     tiny = [EmbeddingBag(1, 1, 1, 1), Memcpy(1, "h2d"), Memcpy(1, "d2h")]

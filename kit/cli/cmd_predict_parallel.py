@@ -126,8 +126,7 @@ def text_parallel(r) -> str:
              f"{lay['tp']} x pp {lay['pp']}" + (f" x ep {lay['ep']}" if lay["ep"] > 1 else "")
              + f" = {lay['world_size']} GPUs, {lay['schedule']}, micro-batch {lay['micro_batch']}, "
              f"global batch {lay['global_batch']} ({lay['micro_batches']} micro-batches), {lay['dtype']}"
-             + (f" with {lay['grad_dtype']} gradients" if lay.get("grad_dtype", lay["dtype"]) != lay["dtype"]
-                else ""),
+             + (f" with {lay['grad_dtype']} gradients" if lay["grad_dtype"] != lay["dtype"] else ""),
              *(["  note: kernels from the analytic Megatron layer, which "
                 + ("--sequence-parallel" if lay["sequence_parallel"] else "--ep")
                 + " needs; without it this model is costed on its captured graph, other kernels"
@@ -148,10 +147,9 @@ def text_parallel(r) -> str:
         flag = "" if s.get("fits", True) else "  > GPU memory!"
         lines.append(f"  {'':22}{s['stage']:>5}  {s['weights_gib']:7.2f}  {s['grads_gib']:5.2f}  "
                      f"{s['optimizer_gib']:9.2f}  {s['activations_gib']:11.2f}  {s['total_gib']:5.2f}{flag}")
-    w_b, g_b = (4, 4) if lay["dtype"] == "fp32" else (2, 4 if lay.get("grad_dtype") == "fp32" else 2)
-    o_b = 8 if lay["dtype"] == "fp32" else 12
-    grads = f"{lay.get('grad_dtype', lay['dtype'])} gradients"
-    lines.append(f"  (Megatron's memory: {lay['dtype']} weights, {grads} and fp32 Adam state, {w_b} + {g_b} + {o_b} "
+    per = r["state_bytes_per_param"]
+    lines.append(f"  (Megatron's memory: {lay['dtype']} weights, {lay['grad_dtype']} gradients and fp32 Adam "
+                 f"state, {per['weights']} + {per['grads']} + {per['optimizer']} "
                  "bytes a parameter, before ZeRO's sharding; "
                  "activations by Korthikanti et al.'s count for its fused kernels, less than the "
                  "eager graph's saved tensors `kit predict --gpu` counts)")

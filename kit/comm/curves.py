@@ -363,7 +363,7 @@ def _fit_on(gpu_key: str, asked: str) -> str:
     """How to fit measurements of gpu_key: the single-node presets built of it, else --any-gpu."""
     from kit.hardware.system import get_system, list_systems
 
-    presets = [n for n in list_systems() if get_system(n).nodes == 1 and get_system(n).gpu_key == gpu_key]
+    presets = [n for n, s in ((n, get_system(n)) for n in list_systems()) if s.nodes == 1 and s.gpu_key == gpu_key]
     if presets:
         return (f"pass the system it ran on (--system {' or '.join(presets)}), or --any-gpu to fit it "
                 f"to {asked} anyway")

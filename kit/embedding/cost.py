@@ -142,7 +142,7 @@ class Table:
 
     @property
     def sector_row_bytes(self) -> int:
-        return SECTOR_BYTES * math.ceil(self.row_bytes / SECTOR_BYTES)
+        return _sectors(self.row_bytes)
 
     @property
     def bytes(self) -> int:

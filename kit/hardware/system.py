@@ -171,6 +171,14 @@ def _network(key: str) -> Network:
                    source=n["source"])
 
 
+def pcie_efficiency(gen: int) -> float:
+    """The achievable share of a PCIe x16 link's rate, from the pcieN fabric of systems.json
+    (the nearest generation listed, for one it does not list)."""
+    fabrics = _data()["fabrics"]
+    known = sorted(int(k[4:]) for k in fabrics if k.startswith("pcie"))
+    return float(fabrics[f"pcie{min(max(int(gen), known[0]), known[-1])}"]["efficiency"])
+
+
 def _link(key: str, where: str) -> dict:
     fabrics = _data()["fabrics"]
     if key not in fabrics:

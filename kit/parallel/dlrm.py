@@ -28,8 +28,6 @@ import dataclasses
 import numbers
 from dataclasses import dataclass
 
-import numpy as np
-
 from kit import ops
 from kit.errors import KitError
 from kit.sim import ExecGraph, simulate
@@ -96,32 +94,22 @@ def _mlp(batch, widths, first, dtype, final_act=None):
     return fwd, bwd
 
 
-class _NoCap:
-    """What kit.sharding's greedy reads of a ShardingModel (options, shards per rank, bytes per
-    rank), for table-wise placements of `tables` on `world` ranks with no memory to run out of."""
-
-    def __init__(self, tables, world: int):
-        from kit.sharding import options_for
-
-        self.tables, self.world, self.cap = list(tables), world, float("inf")
-        self.options = [options_for(t, world, world, ("tw",)) for t in self.tables]
-        self.contrib = np.zeros((len(self.tables), world, 4 * world))
-        for t, opts in enumerate(self.options):
-            for o, opt in enumerate(opts):
-                self.contrib[t, o, 2 * world + opt.ranks[0]] = 1.0  # one shard there, no bytes
-
-
 def greedy_placement(tables, world, model=None) -> list[int]:
     """kit.sharding's greedy_dim_pooling baseline, table-wise: largest dim x pooling first onto
     the least-loaded rank (load = rows read per sample) with memory left for the table and its
-    optimizer state; a table that fits on no rank goes to rank 0. `model`: a table-wise
-    kit.sharding.ShardingModel of these tables (its memory cap); without one (world: the number
-    of ranks) memory is not checked."""
-    from kit.sharding.search import GREEDY_KEYS, greedy
+    optimizer state. `model`: a table-wise kit.sharding.ShardingModel of these tables (its memory
+    cap). Without one (world: the number of ranks) memory is not checked, and the rule reduces to
+    largest-first onto the least-loaded rank, lowest rank on a tie, as kit.sharding's greedy does."""
+    if model is not None:
+        from kit.sharding.search import GREEDY_KEYS, greedy
 
-    model = model if model is not None else _NoCap(tables, world)
-    choice = greedy(model, GREEDY_KEYS["greedy_dim_pooling"])
-    return [model.options[t][o].ranks[0] for t, o in enumerate(choice)]
+        choice = greedy(model, GREEDY_KEYS["greedy_dim_pooling"])
+        return [model.options[t][o].ranks[0] for t, o in enumerate(choice)]
+    load, where = [0.0] * world, [0] * len(tables)
+    for i in sorted(range(len(tables)), key=lambda i: -tables[i].dim * tables[i].pooling):
+        where[i] = min(range(world), key=lambda r: (load[r], r))
+        load[where[i]] += tables[i].dim * tables[i].pooling
+    return where
 
 
 def sharding_model(tables, system, batch: int, optimizer: str = "rowwise_adagrad",
@@ -239,6 +227,7 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
     emb_bytes = [sum(x.bytes for x in tb) for tb in local]
     opt_bytes = [m - e for m, e in zip(plan["memory_bytes"], emb_bytes)]  # kit.sharding's count
     mlp = spec.mlp_params() * b
+    total = [emb_bytes[r] + opt_bytes[r] + 3 * mlp for r in range(W)]
     out = {"model": "dlrm", "system": sys_.key, "world_size": W, "batch_per_rank": batch,
            "iteration_ms": res.makespan_ms,
            "band_ms": [min(band[0], res.makespan_ms), max(band[1], res.makespan_ms)],
@@ -251,12 +240,9 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
            "breakdown": {"rank": slow, **res.breakdown(slow)},
            "memory_per_rank": [{"rank": r, "embedding_gib": emb_bytes[r] / 2**30,
                                 "embedding_optimizer_gib": opt_bytes[r] / 2**30,
-                                "mlp_gib": 3 * mlp / 2**30, "total_gib":
-                                (emb_bytes[r] + opt_bytes[r] + 3 * mlp) / 2**30,
-                                "fits": emb_bytes[r] + opt_bytes[r] + 3 * mlp <= model.cap}
-                               for r in range(W)],
-           "memory_cap_gib": model.cap / 2**30,
-           "fits": all(emb_bytes[r] + opt_bytes[r] + 3 * mlp <= model.cap for r in range(W)),
+                                "mlp_gib": 3 * mlp / 2**30, "total_gib": total[r] / 2**30,
+                                "fits": total[r] <= model.cap} for r in range(W)],
+           "memory_cap_gib": model.cap / 2**30, "fits": max(total) <= model.cap,
            "placement": placement}
     if keep:
         out["_result"] = res

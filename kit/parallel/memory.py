@@ -127,10 +127,14 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
     return scale * s * b * (10 * h + (attn + mlp + scores) / t)
 
 
+def state_bytes(layout: Layout) -> tuple[int, int, int]:
+    """Bytes a parameter of (weights, gradients, optimizer state) before ZeRO's sharding."""
+    return layout.weight_bytes, layout.grad_bytes, 8 if layout.dtype == "fp32" else 12
+
+
 def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
     """One row per pipeline stage (all ranks of a stage hold the same), sizes in GiB."""
-    w_b, g_b = layout.weight_bytes, layout.grad_bytes
-    o_b = 8 if layout.dtype == "fp32" else 12
+    w_b, g_b, o_b = state_bytes(layout)
     rows = []
     chunks = stage_layers(spec, layout)
     for stage in range(layout.pp):

@@ -7,7 +7,7 @@ from kit.errors import KitError
 from kit.parallel.build import DurationsOnly, HostModel, build_iteration
 from kit.parallel.gpt import GPTSpec, parse_model
 from kit.parallel.layout import Layout
-from kit.parallel.memory import memory_per_rank
+from kit.parallel.memory import memory_per_rank, state_bytes
 from kit.parallel.schedule import bubble_fraction
 from kit.sim import simulate
 
@@ -112,6 +112,10 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
             for q in ("p10", "p90")]
     slow = res.slowest_rank()
     iteration_ms = res.makespan_ms
+    # auto moved a zoo model off its captured graph (sequence or expert parallelism need the
+    # analytic layer): the same layout without them costs other kernels
+    switched = bool(graph == "auto" and spec.zoo is not None and not profile_kernels
+                    and (layout.sequence_parallel or layout.ep > 1))
     tokens = layout.batch * spec.seq
     # model FLOPs per iteration (no recompute), Kaplan et al.; a MoE token runs its top-k experts only
     flops = 6.0 * spec.active_params * tokens
@@ -139,6 +143,7 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
                                "tp_ep_comm_ms": c.fwd.comm_ms + c.bwd.comm_ms}
                               for i, c in enumerate(costs)],
         "memory_per_rank": memory_per_rank(spec, layout, sys_.gpu),
+        "state_bytes_per_param": dict(zip(("weights", "grads", "optimizer"), state_bytes(layout))),
         "simulated_ranks": len(g.ranks),
         "ops": len(g),
         "predictor": coster.predictor.name,
@@ -149,13 +154,8 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
                          + (" (sequence and expert parallelism are costed on it alone; the same "
                             "layout without them costs this zoo model's captured graph, other "
                             "kernels: compare runs with the same source, graph=False / --kernels "
-                            "analytic)"
-                            if graph == "auto" and spec.zoo is not None and not profile_kernels
-                            and (layout.sequence_parallel or layout.ep > 1) else "")),
-        # auto switched a zoo model off its captured graph (sequence or expert parallelism need
-        # the analytic layer): the same layout without them costs other kernels
-        "kernels_switched": bool(graph == "auto" and spec.zoo is not None and not profile_kernels
-                                 and (layout.sequence_parallel or layout.ep > 1)),
+                            "analytic)" if switched else "")),
+        "kernels_switched": switched,
         "kernel_costing": {"in_stream": coster.in_stream, "isolation_floor_ms": coster.floor_ms,
                            "note": _costing_note(coster, layout, source is not None)},
         "seconds": time.perf_counter() - t0,

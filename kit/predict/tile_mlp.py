@@ -41,9 +41,6 @@ from kit.predict.features import (arrays_from_ops, feature_matrix, feature_row_b
 from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
 
 QUANTILES = (0.1, 0.5, 0.9)
-# A PCIe link's achievable share of its rate after packet overheads (kit/hardware/systems.json's
-# pcie3-5 fabrics: ~80% achievable after TLP/DLLP overhead)
-PCIE_EFFICIENCY = 0.80
 FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row twin (few_rows_ms)
 FLOOR_SHARE = 0.5  # of the dispatch floor, the least an isolated vector or row call predicts
 Z80 = 1.2816  # standard normal 90th percentile: ±Z80·σ spans 80%
@@ -451,11 +448,13 @@ class TilePredictor:
         return out + isolation_floor_ms(self, gpu) if np.isfinite(out).any() else out
 
     def _wave_floor(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
-        """A host-device copy, still the wave model's, is its bytes at PCIE_EFFICIENCY of a PCIe
-        link (all of any other host link's rate) plus the least isolated time of a vector kernel (_dispatch_floor's share of the
-        floor), in place; its band runs from the link's full rate up as far again (in ratio).
+        """A host-device copy, still the wave model's, is its bytes at the achievable share of a
+        PCIe link (kit.hardware.system.pcie_efficiency; all of any other host link's rate) plus
+        the least isolated time of a vector kernel (_dispatch_floor's share of the floor), in
+        place; its band runs from the link's full rate up as far again (in ratio).
         It had no floor (a one-byte copy came out at 16 fs), then a floor only under it, so a
         copy of 131,072 bytes took 1.4x one of 262,144, both at the link's full rate."""
+        from kit.hardware.system import pcie_efficiency
         from kit.ops import Memcpy, elementwise_proxy
         from kit.workload.iteration import isolation_floor_ms
 
@@ -464,12 +463,13 @@ class TilePredictor:
             return
         low = FLOOR_SHARE * isolation_floor_ms(self, gpu)
         roof = part.loc[idx, "roofline_ms"].to_numpy(dtype=float)
+        eff = pcie_efficiency(gpu.pcie_gen)
         if gpu.host_link_gbs is None:  # PCIe: its achievable share, the band as far again
-            lat, p10 = low + roof / PCIE_EFFICIENCY, low + roof
+            lat, p10 = low + roof / eff, low + roof
             p90 = lat * lat / p10
         else:  # another host link (GH200's NVLink-C2C) has no measured share: its full rate, the
             lat = p10 = low + roof  # band up to PCIe's share of it
-            p90 = low + roof / PCIE_EFFICIENCY
+            p90 = low + roof / eff
         part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = \
             np.column_stack([lat, p10, p90, roof / lat])
 

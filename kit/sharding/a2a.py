@@ -74,7 +74,8 @@ class A2ASurrogate:
         X, y = np.array(X), np.array(y)
         self.max_form = False
         if len(y) == 0:  # one rank (nothing to send) or only floor-level sends: the floor alone
-            self.coef, self.max_rel_err = np.zeros(len(self.terms(self.block(np.zeros((W, W)))[None])[0])), 0.0
+            self.coef = np.zeros(self.terms(self.block(np.zeros((W, W)))[None]).shape[1])
+            self.max_rel_err = 0.0
             return  # (scipy's nnls on an empty system aborts the process: a double free)
         self.coef, _ = nnls(X / y[:, None], np.ones_like(y))
         err_sum = np.abs(X @ self.coef / y - 1)
