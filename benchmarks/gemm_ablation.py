@@ -52,7 +52,8 @@ def main(argv=None):
     from kit.predict.evaluate import load_test, predict_rows, summarise
     from kit.predict.nets import set_threads
     from kit.predict.tile_fit import gpu_balanced_weights, training_design
-    from kit.predict.tile_mlp import ClassModel, TilePredictor
+    from kit.predict.tile_ensemble import ClassModel
+    from kit.predict.tile_mlp import TilePredictor
     from kit.predict.training import DEFAULT_TRAIN_GPUS, SETTINGS, training_frame
     from kit.predict.weights import shipped_tile
 

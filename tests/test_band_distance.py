@@ -9,7 +9,8 @@ import pytest
 
 from kit.ops import Gemm
 from kit.predict.features import gpu_distance
-from kit.predict.tile_mlp import Z80, TilePredictor, combine, sigma_at_distance
+from kit.predict.tile_ensemble import Z80, combine, sigma_at_distance
+from kit.predict.tile_mlp import TilePredictor
 from kit.predict.training import (band_coverage, conformal_sigma, nested_coverage, shape_blocks,
                                   train_bundle)
 from kit.predict.weights import load_bundle, save_bundle

@@ -5,7 +5,8 @@ other kind."""
 import pytest
 
 from kit.ops import Elementwise, Softmax
-from kit.predict.tile_mlp import FLOOR_SHARE, TilePredictor
+from kit.predict.small_op_bounds import FLOOR_SHARE
+from kit.predict.tile_mlp import TilePredictor
 from kit.workload.iteration import isolation_floor_ms
 from kit.hardware import get_gpu
 

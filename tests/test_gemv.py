@@ -225,7 +225,7 @@ def test_a_tiny_gemm_takes_the_least_isolated_time_a_vector_kernel_does(tile, gp
     against 29 us for its GEMV twin, an fp8 32 x 2 x 1 GEMM on an MI300X 0.7 us (the stream
     bound, _stream_bound, adds the whole dispatch floor to its bytes' time now, as the GEMV
     and curve paths do)."""
-    from kit.predict.tile_mlp import FLOOR_SHARE
+    from kit.predict.small_op_bounds import FLOOR_SHARE
     from kit.workload.iteration import isolation_floor_ms
 
     g = get_gpu(gpu)

@@ -22,7 +22,8 @@ from kit.predict.features import arrays_from_ops, waves
 from kit.predict.gemv import PARAMS as GEMV_PARAMS
 from kit.predict.roofline import roofline
 from kit.predict.tensor_core import SHORT_MS, attention_params_for, kernel_ms_of, params_for
-from kit.predict.tile_mlp import TilePredictor, one_wave_twin
+from kit.predict.small_op_bounds import one_wave_twin
+from kit.predict.tile_mlp import TilePredictor
 from kit.tiling import TILE_SLACK, gemm_tiling, gemm_tilings
 from kit.workload.fusion import apply_fusion
 from kit.workload.graph import Node, OpGraph
@@ -132,7 +133,7 @@ def test_element_bound_adds_only_the_floor_a_prediction_carries(tile, monkeypatc
 def test_a_vector_op_just_under_one_wave_is_not_slower_than_a_full_wave(tile, gpu):
     """Every block of a one-wave kernel runs at once, so an elementwise, softmax or layer norm
     op with half to all of a wave's blocks is never slower than the same op grown to exactly
-    one full wave (kit.predict.tile_mlp.one_wave_twin). Kinds with an element rate (gelu, pow)
+    one full wave (kit.predict.small_op_bounds.one_wave_twin). Kinds with an element rate (gelu, pow)
     too: their element bound had been added after the cap, on the op's own uncapped latency,
     which left a bf16 gelu at 0.9 of a wave on a V100 a hair over the full wave."""
     g = get_gpu(gpu)

@@ -7,7 +7,7 @@ import pytest
 
 from kit.ops import Gemm, Softmax
 from kit.predict.features import gpu_distance
-from kit.predict.tile_mlp import Z80
+from kit.predict.tile_ensemble import Z80
 from kit.predict.training import band_coverage, conformal_sigma, train_bundle
 from kit.predict.weights import load_bundle, save_bundle
 from predict_synthetic import synthetic_frame

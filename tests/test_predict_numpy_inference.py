@@ -70,7 +70,7 @@ def test_shipped_quantiles_equal_their_torch_networks():
     x = rng.normal(size=(50, model.n_in)).astype(np.float32)
     lb = rng.normal(size=50).astype(np.float32)
     got = model.log_quantiles(x, lb)
-    from kit.predict.tile_mlp import HEADS
+    from kit.predict.tile_ensemble import HEADS
 
     with torch.no_grad():
         want = np.stack([HEADS[model.mode](_torch_twin(m)(torch.as_tensor(x)), torch.as_tensor(lb)).numpy()

@@ -5,7 +5,7 @@ import pytest
 
 from kit.hardware import get_gpu
 from kit.ops import Elementwise, LayerNorm, RMSNorm, Softmax
-from kit.predict import get_predictor, tile_mlp
+from kit.predict import get_predictor, small_op_bounds, tile_mlp
 
 GPUS = ("a100-pcie-40gb", "h100-sxm", "l4", "t4")
 BLOCK_THREADS = 128  # PyTorch's vectorised elementwise kernels and the features' short-row blocks
@@ -85,7 +85,7 @@ def test_twin_fills_exactly_one_wave():
     for op, cls in ((Elementwise("mul", 999, "bf16"), "elementwise"),
                     (LayerNorm(3, 4096, "bf16"), "layernorm"), (Softmax(5, 300), "softmax")):
         slots = waves(cls, arrays_from_ops(cls, [op]), gpu, op.dtype)["slots"][0]
-        twin = tile_mlp.one_wave_twin(cls, op, int(slots))
+        twin = small_op_bounds.one_wave_twin(cls, op, int(slots))
         w = waves(cls, arrays_from_ops(cls, [twin]), gpu, twin.dtype)
         assert (twin.dtype, type(twin)) == (op.dtype, type(op))
         assert w["tiles"][0] == w["slots"][0] == slots
@@ -109,9 +109,9 @@ def test_under_a_wave_more_rows_never_predict_faster(tile, gpu, cls):
 
 def test_the_ladder_rungs():
     op = LayerNorm(8, 768)
-    ladder = tile_mlp.wave_ladder("layernorm", op, tiles=2, slots=40)
+    ladder = small_op_bounds.wave_ladder("layernorm", op, tiles=2, slots=40)
     assert [o.rows for o in ladder] == [16, 32, 64, 128, 160]  # 4 rows a tile; the last a full wave
-    assert tile_mlp.wave_ladder("layernorm", op, tiles=2, slots=3) == [LayerNorm(12, 768)]
+    assert small_op_bounds.wave_ladder("layernorm", op, tiles=2, slots=3) == [LayerNorm(12, 768)]
 
 
 @pytest.mark.skipif(not __import__("os").environ.get("KIT_DATA"), reason="needs KIT_DATA")

@@ -88,7 +88,7 @@ def test_row_ops_report_the_launch_pytorch_makes(bundle):
 
 def test_ops_without_a_model_fall_back_to_the_wave_model(bundle):
     from kit.hardware.system import pcie_efficiency
-    from kit.predict.tile_mlp import FLOOR_SHARE
+    from kit.predict.small_op_bounds import FLOOR_SHARE
     from kit.workload.iteration import isolation_floor_ms
 
     PCIE_EFFICIENCY = pcie_efficiency(get_gpu("t4").pcie_gen)
@@ -105,7 +105,7 @@ def test_an_embedding_or_host_copy_takes_the_least_isolated_time(bundle):
     """They had no floor: a one-row lookup at 5 fs, a one-byte host-to-device copy at 16 fs."""
     from kit.ops import EmbeddingBag
     from kit.hardware.system import pcie_efficiency
-    from kit.predict.tile_mlp import FLOOR_SHARE
+    from kit.predict.small_op_bounds import FLOOR_SHARE
     from kit.workload.iteration import isolation_floor_ms
 
     PCIE_EFFICIENCY = pcie_efficiency(get_gpu("t4").pcie_gen)

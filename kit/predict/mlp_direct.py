@@ -48,13 +48,13 @@ class DirectMLP:
     name = "mlp"
 
     def __init__(self, models: dict):
-        self.models = models  # op_class -> kit.predict.tile_mlp.ClassModel (mode "direct")
+        self.models = models  # op_class -> kit.predict.tile_ensemble.ClassModel (mode "direct")
 
     @staticmethod
     def fit(frame: pd.DataFrame, *, seed: int = 0, members: int = 3, epochs: int = 30,
             hidden: int = 64, min_steps: int = 300, progress=None) -> "DirectMLP":
         from kit.predict.tile_fit import gpu_balanced_weights
-        from kit.predict.tile_mlp import ClassModel
+        from kit.predict.tile_ensemble import ClassModel
 
         models = {}
         for cls in CLASSES:
@@ -69,7 +69,7 @@ class DirectMLP:
         return DirectMLP(models)
 
     def predict(self, ops, gpu: GPU | str) -> pd.DataFrame:
-        from kit.predict.tile_mlp import combine
+        from kit.predict.tile_ensemble import combine
 
         gpu = get_gpu(gpu)
         unique, where = dedupe(list(ops))

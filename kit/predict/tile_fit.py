@@ -11,7 +11,8 @@ from kit.errors import KitError
 from kit.hardware import get_gpu
 from kit.predict.features import (CLASSES, arrays_from_frame, feature_matrix, feature_names,
                                   lib_tile, waves)
-from kit.predict.tile_mlp import ClassModel, TilePredictor
+from kit.predict.tile_ensemble import ClassModel
+from kit.predict.tile_mlp import TilePredictor
 
 
 def observed_tiles(grp: pd.DataFrame, chooser=None) -> dict:

@@ -174,7 +174,7 @@ def transfer_sigma(frame: pd.DataFrame, *, seed: int, settings: dict, progress=N
                     left-out rows, every left-out GPU weighted alike. d_near is the smallest
                     distance of a left-out GPU to the others (the closest measured transfer).
 
-    Between them σ(d) is linear (tile_mlp.sigma_at_distance). Every fold is fitted with the
+    Between them σ(d) is linear (tile_ensemble.sigma_at_distance). Every fold is fitted with the
     given settings, the same kind of ensemble the predictor ships (members, epochs), so the
     members' spread that the band already carries is the one calibrated against. No row of a
     GPU outside the training set is used.
@@ -232,7 +232,7 @@ def nested_coverage(logo: dict, inside: dict) -> dict:
     calibrated from the other GPUs' folds alone (σ_0 from their in-distribution rows, σ and
     near_distance from their left-out rows) at g's distance to them."""
     from kit.predict.features import gpu_distance
-    from kit.predict.tile_mlp import sigma_at_distance
+    from kit.predict.tile_ensemble import sigma_at_distance
 
     out = {}
     for cls, parts in logo.items():
@@ -263,7 +263,7 @@ def band_coverage(logq: np.ndarray, log_base: np.ndarray, log_y: np.ndarray,
                   sigma: float) -> np.ndarray:
     """Per row, whether the measured log latency lies inside the predictor's p10–p90 band
     (the same clipping as TilePredictor: p10 never below the base, never above the median)."""
-    from kit.predict.tile_mlp import combine
+    from kit.predict.tile_ensemble import combine
 
     centre, lo, hi = combine(logq, sigma)
     lo = np.minimum(np.maximum(lo, log_base), centre)

@@ -251,7 +251,8 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
     from kit.predict.linear_li import LiPredictor
     from kit.predict.mlp_direct import DirectMLP
     from kit.predict.tile_choice import TileChooser
-    from kit.predict.tile_mlp import ClassModel, TilePredictor
+    from kit.predict.tile_ensemble import ClassModel
+    from kit.predict.tile_mlp import TilePredictor
 
     folder = _folder_of(Path(weights_dir)) if weights_dir is not None else SHIPPED_DIR
     manifest = read_manifest(folder)

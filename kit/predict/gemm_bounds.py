@@ -1,0 +1,157 @@
+"""Bounds on the tile-MLP's GEMMs: ways a library could run a GEMM, each a time it need not
+exceed or cannot beat (TilePredictor mixes these in). The GEMV stream, Hopper's measured
+tensor-core curve, as many one-row or unbatched calls (caps), the aligned twin on the curve and
+the bandwidth a GEMM of its dtype ever streamed at (lifts)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from kit.hardware import GPU, get_gpu
+from kit.predict.gemv import kernel_ms_of as gemv_kernel_ms
+from kit.predict.gemv import stream_bound_ms as gemv_stream_bound_ms
+from kit.predict.roofline import roofline
+from kit.predict.tensor_core import applies, curve_gemm, kernel_ms_of, params_for
+
+FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row twin (few_rows_ms)
+
+
+class GemmBounds:
+    """TilePredictor's GEMM rules; each needs self.predict and the dispatch floor
+    (kit.workload.iteration.isolation_floor_ms)."""
+
+    def _gemv(self, ops: list, gpu: GPU, rows: np.ndarray, part: pd.DataFrame) -> pd.DataFrame:
+        """GEMMs with m or n of 1 (kit.predict.gemv.applies) take its stream of their bytes, plus
+        this predictor's dispatch floor, so the isolated latency means what it means for every
+        other op; the tile shown is the gemv kernel's (no tiles, one wave)."""
+        from kit.workload.iteration import isolation_floor_ms
+
+        floor = isolation_floor_ms(self, gpu)
+        idx = np.flatnonzero(rows)
+        t, lo, hi = gemv_kernel_ms(np.array([ops[i].bytes for i in idx]), gpu.mem_bw_gbs)
+        lat = t + floor
+        part.loc[idx, "latency_ms"] = lat
+        part.loc[idx, "latency_p10_ms"] = np.maximum(lo + floor, part.loc[idx, "roofline_ms"].to_numpy(float))
+        part.loc[idx, "latency_p90_ms"] = hi + floor
+        part.loc[idx, "utilisation"] = part.loc[idx, "roofline_ms"].to_numpy(float) / lat
+        part.loc[idx, ["tile", "tiles", "waves", "split_k"]] = ["gemv", 1, 1, 1]
+        return part
+
+    def _tensor_core(self, a: dict, gpu: GPU, dtype: str, roofline_ms, lat, p10, p90) -> None:
+        """Aligned tensor-core GEMMs on Hopper take kit.predict.tensor_core's measured curve, not
+        the utilisation learned from FP32 SIMT kernels (in place), plus this predictor's dispatch
+        floor, so the isolated latency means what it means for every other op."""
+        tc = applies(gpu, dtype, a["align"])
+        if not tc.any():
+            return
+        from kit.workload.iteration import isolation_floor_ms
+
+        floor = isolation_floor_ms(self, gpu)
+        t, lo, hi = kernel_ms_of(np.asarray(roofline_ms, dtype=float)[tc], params_for(gpu, dtype))
+        lat[tc], p10[tc], p90[tc] = t + floor, lo + floor, hi + floor
+
+    def few_rows_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
+        """Per GEMM, r calls of its one-row twin where its m or n is r (2 <= r <= FEW_ROWS): the
+        most it may take, as it could run as those (predict caps it, cap_at); NaN for any other.
+        Where the tile-MLP is off its data for thin GEMMs the gap had been a cliff once GEMVs
+        streamed: on an MI300X (no timed AMD GEMV, no tensor-core curve) a bf16 GEMM of 8192 x
+        8192 weights took 0.067 ms at one row and 0.25 ms at two."""
+        out = np.full(len(ops), np.nan)
+        rows = [j for j, op in enumerate(ops) if 2 <= min(op.m, op.n) <= FEW_ROWS]
+        if rows:
+            twins = [replace(ops[j], m=1) if ops[j].m <= ops[j].n else replace(ops[j], n=1) for j in rows]
+            count = np.array([min(ops[j].m, ops[j].n) for j in rows], dtype=float)
+            out[rows] = count * self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
+        return out
+
+    def few_batches_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
+        """Per GEMM of batch b (2 <= b <= FEW_ROWS), b kernel times of its b = 1 twin plus one
+        dispatch floor: the most it may take, as it could run as those back-to-back calls
+        (predict caps it, cap_at); NaN for any other. Split-K is open to an unbatched GEMM only
+        (cuBLAS's rule in NeuSight's data), so a batch of 2 of a small output over a long k had
+        walked all of k on a couple of SMs: 24 x 8 outputs over k = 16384 on an H100 took
+        0.053 ms at b = 1 and 1.07 ms at b = 2."""
+        from kit.workload.iteration import isolation_floor_ms
+
+        gpu = get_gpu(gpu)
+        out = np.full(len(ops), np.nan)
+        rows = [j for j, op in enumerate(ops) if 2 <= op.b <= FEW_ROWS]
+        if rows:
+            floor = isolation_floor_ms(self, gpu)
+            twin = self.predict([replace(ops[j], b=1) for j in rows], gpu).latency_ms.to_numpy(dtype=float)
+            b = np.array([ops[j].b for j in rows], dtype=float)
+            out[rows] = b * np.maximum(twin - floor, 0.0) + floor
+        return out
+
+    def _aligned_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
+        """An unaligned GEMM in a dtype with a tensor-core curve is never faster than the same GEMM
+        aligned, on the curve (padding it would be a way to run it), split-K included. TF32 and
+        Volta's fp16, which no unaligned share slows, had come out 15-20% under their aligned
+        twins on an A100, a B200 and a V100. The band moves up with it."""
+        twin = self.aligned_twin_ms(ops, gpu)
+        rows = [j for j in range(len(ops)) if np.isfinite(twin[j]) and part.tile.iloc[j] != "gemv"]
+        if not rows:
+            return part
+        lift = np.maximum(1.0, twin[rows] / part.latency_ms.to_numpy(dtype=float)[rows])
+        # utilisation stays a share of the same wave bound: it falls as the latency rises
+        for col, f in (("latency_ms", lift), ("latency_p10_ms", lift), ("latency_p90_ms", lift),
+                       ("utilisation", 1.0 / lift)):
+            part.loc[part.index[rows], col] = part[col].to_numpy(dtype=float)[rows] * f
+        return part
+
+    def _stream_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
+        """No GEMM streams its bytes faster than the largest share of the bandwidth a GEMM of its
+        dtype reached on the H200 (kit.predict.gemv.STREAM_SHARE_MAX), plus this predictor's
+        dispatch floor. A split-K Linear of a few rows had come out at 100% of an L4's bandwidth
+        (its split batch shares the weight in the features, so the tile-MLP saw a k / S slice of
+        it, and only the roofline held it): 2 x 4096 x 4096 in FP32 at 0.224 ms, half its
+        one-row twin's time. The band moves up with it, p10 to the bound."""
+        from kit.workload.iteration import isolation_floor_ms
+
+        low = gemv_stream_bound_ms(ops, gpu.mem_bw_gbs) + isolation_floor_ms(self, gpu)
+        lat = part.latency_ms.to_numpy(dtype=float)
+        lift = np.maximum(1.0, low / lat)
+        if not (lift > 1).any():
+            return part
+        p10 = part.latency_p10_ms.to_numpy(dtype=float)
+        part["latency_ms"] = lat * lift
+        part["latency_p90_ms"] = part.latency_p90_ms.to_numpy(dtype=float) * lift
+        part["latency_p10_ms"] = np.where(lift > 1, np.maximum(p10, low), p10)
+        part["utilisation"] = part.utilisation.to_numpy(dtype=float) / lift
+        return part
+
+    def aligned_twin_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
+        """Per GEMM, the isolated latency of its aligned twin on the tensor-core curve (the
+        curve at the full tensor peak, plus this predictor's dispatch floor): the least an
+        unaligned GEMM in a dtype with a curve may take (_aligned_bound). NaN for an op on the
+        curve itself or in a dtype without one."""
+        from kit.workload.iteration import isolation_floor_ms
+
+        gpu = get_gpu(gpu)
+        out = np.full(len(ops), np.nan)
+        for j, op in enumerate(ops):
+            params = params_for(gpu, op.dtype)
+            if params is not None and not curve_gemm(gpu, op):
+                # kit.predict.roofline's roofline: the full tensor peak, whatever the alignment
+                out[j] = kernel_ms_of([roofline(op, gpu).time_ms], params)[0][0]
+        return out + isolation_floor_ms(self, gpu) if np.isfinite(out).any() else out
+
+
+def cap_at(part: pd.DataFrame, bound: np.ndarray) -> pd.DataFrame:
+    """Each row's latency at most bound (NaN: no bound), its band scaled down with it, p10 never
+    under the roofline nor over the latency; utilisation stays a share of the same bound."""
+    rows = [j for j in range(len(bound)) if np.isfinite(bound[j])]
+    if not rows:
+        return part
+    lat = part.latency_ms.to_numpy(dtype=float)[rows]
+    f = np.minimum(1.0, bound[rows] / lat)
+    at = part.index[rows]
+    roof = part.roofline_ms.to_numpy(dtype=float)[rows]
+    part.loc[at, "latency_ms"] = lat * f
+    part.loc[at, "latency_p90_ms"] = part.latency_p90_ms.to_numpy(dtype=float)[rows] * f
+    part.loc[at, "latency_p10_ms"] = np.minimum(
+        np.maximum(part.latency_p10_ms.to_numpy(dtype=float)[rows] * f, roof), lat * f)
+    part.loc[at, "utilisation"] = part.utilisation.to_numpy(dtype=float)[rows] / f
+    return part

@@ -1,0 +1,216 @@
+"""Bounds on the tile-MLP's small and non-GEMM ops (TilePredictor mixes these in): the dispatch
+floor under a vector or row call, the element rates, the one-wave cap, fused attention on the
+tensor-core curve, host copies at a link's share and the ops priced as an elementwise pass."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from kit.hardware import GPU
+from kit.predict.base import dedupe, expand
+from kit.predict.element_rates import element_bound_ms
+from kit.predict.features import feature_row_blocking
+from kit.predict.roofline import roofline
+from kit.predict.tensor_core import ATTENTION_MIN_SEQ_Q, attention_params_for, kernel_ms_of
+from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
+
+FLOOR_SHARE = 0.5  # of the dispatch floor, the least an isolated vector or row call predicts
+# classes whose kernels are one block per tile of a fixed size (SmallOpBounds._one_wave_cap)
+ONE_WAVE_CLASSES = ("elementwise", "softmax", "layernorm")
+
+
+class SmallOpBounds:
+    """TilePredictor's rules for vector, row, attention and copy ops; each needs
+    self.predict / self._predict_class and the dispatch floor."""
+
+    def _wave_floor(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
+        """A host-device copy, still the wave model's, is its bytes at the achievable share of a
+        PCIe link (kit.hardware.system.pcie_efficiency; all of any other host link's rate) plus
+        the least isolated time of a vector kernel (_dispatch_floor's share of the floor), in
+        place; its band runs from the link's full rate up as far again (in ratio).
+        It had no floor (a one-byte copy came out at 16 fs), then a floor only under it, so a
+        copy of 131,072 bytes took 1.4x one of 262,144, both at the link's full rate."""
+        from kit.hardware.system import pcie_efficiency
+        from kit.ops import Memcpy, elementwise_proxy
+        from kit.workload.iteration import isolation_floor_ms
+
+        idx = [i for i, op in enumerate(ops) if isinstance(op, Memcpy) and elementwise_proxy(op) is None]
+        if not idx:
+            return
+        low = FLOOR_SHARE * isolation_floor_ms(self, gpu)
+        roof = part.loc[idx, "roofline_ms"].to_numpy(dtype=float)
+        eff = pcie_efficiency(gpu.pcie_gen)
+        if gpu.host_link_gbs is None:  # PCIe: its achievable share, the band as far again
+            lat, p10 = low + roof / eff, low + roof
+            p90 = lat * lat / p10
+        else:  # another host link (GH200's NVLink-C2C) has no measured share: its full rate, the
+            lat = p10 = low + roof  # band up to PCIe's share of it
+            p90 = low + roof / eff
+        part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = \
+            np.column_stack([lat, p10, p90, roof / lat])
+
+    def _dispatch_floor(self, gpu: GPU, roofline_ms, lat, p10, p90) -> None:
+        """A vector or row kernel's isolated call is never under FLOOR_SHARE of this predictor's
+        dispatch floor (in place). Every measured call carries most of it (NeuSight's fastest
+        vector rows: 0.63x the floor on the P100, 0.96x on the A100 40GB, above it elsewhere), so
+        a prediction far under it is the MLP off its data: a one-element fill, copy or cast, whose
+        FLOP features are empty, came out at 0.08 us on an H100 and 3.9 us at 64 elements, against
+        12 us for any other kind. Such a prediction takes that share of the floor plus its
+        roofline, its band lifted with it."""
+        if getattr(self, "_probing_floor", False):
+            return  # the floor's own probe (an add of 2^17 elements) predicts unfloored
+        from kit.workload.iteration import isolation_floor_ms
+
+        self._probing_floor = True
+        try:
+            low = FLOOR_SHARE * isolation_floor_ms(self, gpu)
+        finally:
+            self._probing_floor = False
+        t = low + np.asarray(roofline_ms, dtype=float)
+        lift = np.where(lat < low, np.maximum(1.0, t / lat), 1.0)
+        lat[:], p10[:], p90[:] = lat * lift, p10 * lift, p90 * lift
+
+    def _element_bound(self, a: dict, gpu: GPU, lat, p10, p90) -> None:
+        """Kinds whose elements set their speed (kit.predict.element_rates) are no faster than
+        that (in place), plus the dispatch floor the prediction carries (this predictor's floor,
+        or all of a prediction under it). Where the bound lifts an op, its band moves up with it:
+        p90 by the same factor, p10 to the bound (the fastest rate measured)."""
+        bound = element_bound_ms(a["kind"], a["numel"], gpu)
+        if not (bound > 0).any():
+            return
+        from kit.workload.iteration import isolation_floor_ms
+
+        low = np.where(bound > 0, bound + np.minimum(lat, isolation_floor_ms(self, gpu)), 0.0)
+        lift = np.maximum(1.0, low / lat)
+        p10[:] = np.where(lift > 1, low, p10)
+        lat[:], p90[:] = lat * lift, p90 * lift
+
+    def _fused_attention(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
+        """Fused attention takes kit.predict.tensor_core's curve (in place): measured on Hopper
+        in 16-bit, carried over with a wider band elsewhere, plus this predictor's dispatch
+        floor. Before, attention off Hopper ran at its bare roofline, 100% of the peak.
+
+        Under 128 queries (ATTENTION_MIN_SEQ_Q: the fitted shapes had 128 to 8,192) an attention
+        takes the log-linear blend of its roofline and the curve, by w = log2(queries) / 7, plus
+        the floor: one query (a decode step) keeps the roofline in the stream, which the H200's
+        decode steps bear out (the curve there made their kernel time 8.6 -> 14.4% off). The
+        weight follows the queries alone, so the time grows with queries and with keys: it had
+        jumped 1.8x from 127 queries to 128 over a longer cache (A100, 4,096 keys: 0.27 -> 0.48
+        ms), and dropped 45% from 16 keys to 17 at 16 queries, where only a longer cache made an
+        attention decode-like. The band is the curve's, relative to that centre, its p10 never
+        under the roofline."""
+        from kit.ops import Attention
+
+        rows = [i for i, op in enumerate(ops) if isinstance(op, Attention)]
+        if not rows:
+            return
+        from kit.workload.iteration import isolation_floor_ms
+
+        floor = isolation_floor_ms(self, gpu)
+        for dtype in sorted({ops[i].dtype for i in rows}):
+            idx = [i for i in rows if ops[i].dtype == dtype]
+            roof = part.loc[idx, "roofline_ms"].to_numpy(dtype=float)
+            params, small = attention_params_for(gpu, dtype), [ops[i].head_dim < 128 for i in idx]
+            t, lo, hi = kernel_ms_of(roof, params, [ops[i].causal for i in idx], small)
+            # a causal mask only removes work: the curve's causal factor (fitted on square
+            # shapes, where the mask keeps half the pairs) never makes a masked attention slower
+            # than the same one unmasked, as it did where the mask keeps nearly every pair
+            # (queries far fewer than keys) or the kernel is memory-bound
+            masked = [j for j, i in enumerate(idx) if ops[i].causal]
+            if masked:
+                full = np.array([roofline(replace(ops[idx[j]], causal=False), gpu).time_ms for j in masked])
+                cap = kernel_ms_of(full, params, None, [small[j] for j in masked])
+                for arr, bound in zip((t, lo, hi), cap):
+                    arr[masked] = np.minimum(arr[masked], bound)
+            # a head under 128 is never slower than the same attention at 128 (the kernels pad
+            # it there): the small-head factor alone had made a head of 127 1.21x slower than 128
+            narrow = [j for j in range(len(idx)) if small[j]]
+            if narrow:
+                twins = [replace(ops[idx[j]], head_dim=128) for j in narrow]
+                padded = np.array([roofline(o, gpu).time_ms for o in twins])
+                cap = kernel_ms_of(padded, params, [o.causal for o in twins], None)
+                # the padded twin's own time, its causal one capped by its unmasked one as above
+                unmasked = kernel_ms_of(np.array([roofline(replace(o, causal=False), gpu).time_ms
+                                                  for o in twins]), params, None, None)
+                causal = np.array([o.causal for o in twins])
+                for arr, bound, free in zip((t, lo, hi), cap, unmasked):
+                    arr[narrow] = np.minimum(arr[narrow], np.where(causal, np.minimum(bound, free), bound))
+            # the share of the way from the roofline to the curve: 1 from 128 queries on
+            w = np.minimum(1.0, np.log2([ops[i].seq_q for i in idx]) / np.log2(ATTENTION_MIN_SEQ_Q))
+            centre = np.exp((1 - w) * np.log(roof) + w * np.log(t))
+            # the band keeps the curve's relative width around the blended centre, never under
+            # the roofline: blending its ends too had left one query a zero-width band
+            t, lo, hi = centre, np.minimum(np.maximum(roof, centre * lo / t), centre), centre * hi / t
+            part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = np.column_stack(
+                [t + floor, lo + floor, hi + floor, roof / (t + floor)])
+
+    def _elementwise_proxies(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
+        """Dropout and a device-to-device memcpy take their learned elementwise pass, scaled by
+        their bytes (kit.ops.elementwise_proxy), in place: as a captured model costs them. The
+        tiling shown stays the op's own (kit.tiling's)."""
+        from kit.ops import elementwise_proxy
+
+        proxies = {i: p for i, op in enumerate(ops) if (p := elementwise_proxy(op)) is not None}
+        if not proxies:
+            return
+        idx = list(proxies)
+        pred = self.predict([proxies[i][0] for i in idx], gpu)
+        scale = np.array([proxies[i][1] for i in idx])
+        lat = pred.latency_ms.to_numpy(float) * scale
+        part.loc[idx, ["latency_ms", "latency_p10_ms", "latency_p90_ms", "utilisation"]] = np.column_stack(
+            [lat, pred.latency_p10_ms.to_numpy(float) * scale, pred.latency_p90_ms.to_numpy(float) * scale,
+             part.loc[idx, "roofline_ms"].to_numpy(float) / lat])
+
+    def _one_wave_cap(self, cls, ops, gpu, tiles, slots, lat, p10, p90):
+        """Every block of a one-wave kernel runs at once, so adding blocks up to a full wave
+        cannot make it faster: an op with fewer tiles than the GPU has slots is capped, quantile
+        by quantile, at the prediction for the same op grown to each size of a doubling ladder
+        from itself to exactly one full wave (wave_ladder), the lowest of them.
+
+        The networks saw few such ops (1% of the vector rows are under 4,500 elements) and,
+        left alone, rise as an op shrinks: gelu on 37 elements came out at 0.67 ms on the
+        A100-PCIe-40GB, where NeuSight measured 0.03 ms and the same gelu on a million
+        elements is predicted at 0.03 ms. The full wave alone was too loose a cap where a wave
+        is large: a layer norm of 4 rows of 768 took the 6,912-row wave's 0.086 ms, where
+        NeuSight measured 0.047 ms for every layer norm up to ~1e5 elements on that GPU."""
+        small = np.flatnonzero(tiles < slots)
+        if not small.size:
+            return lat, p10, p90
+        ladders = [wave_ladder(cls, ops[i], int(tiles[i]), int(slots[i])) for i in small]
+        # small ops of one kind and row length share rungs: predict each rung once
+        rungs, where = dedupe([op for ladder in ladders for op in ladder])
+        pred = expand(self._predict_class(cls, rungs, gpu), where)
+        owner = np.repeat(np.arange(small.size), [len(ladder) for ladder in ladders])
+        caps = []
+        for col in ("latency_ms", "latency_p10_ms", "latency_p90_ms"):
+            cap = np.full(small.size, np.inf)
+            np.minimum.at(cap, owner, pred[col].to_numpy(float))
+            caps.append(cap)
+        lat, p10, p90 = lat.copy(), p10.copy(), p90.copy()
+        lat[small] = np.minimum(lat[small], caps[0])
+        p10[small] = np.minimum(p10[small], np.minimum(caps[1], lat[small]))
+        p90[small] = np.maximum(np.minimum(p90[small], caps[2]), lat[small])
+        return lat, p10, p90
+
+
+
+def wave_ladder(cls: str, op, tiles: int, slots: int) -> list:
+    """The op grown to 2x, 4x, ... its tiles while under one wave, then to exactly one full
+    wave (one_wave_twin): sizes the op cannot be slower than."""
+    ladder, grow = [], 2
+    while tiles * grow < slots:
+        ladder.append(one_wave_twin(cls, op, tiles * grow))
+        grow *= 2
+    return ladder + [one_wave_twin(cls, op, slots)]
+
+
+def one_wave_twin(cls: str, op, slots: int):
+    """The same op (kind, dtype, row length) grown to exactly `slots` tiles: one full wave.
+    Elementwise tiles are ELEMENTWISE_THREADS x ELEMENTWISE_ELEMS_PER_THREAD elements; row ops
+    are blocked as the features are (feature_row_blocking)."""
+    if cls == "elementwise":
+        return replace(op, numel=int(slots * ELEMENTWISE_THREADS * ELEMENTWISE_ELEMS_PER_THREAD))
+    rows_per_tile = feature_row_blocking(np.array([float(op.cols)]))[0][0]
+    return replace(op, rows=int(slots * rows_per_tile))
