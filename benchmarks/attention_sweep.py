@@ -40,7 +40,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from decode_steps import _free, _time_ms  # noqa: E402
-from kit.data.collect import is_fatal_cuda_error, l2_flusher, profile_cuda  # noqa: E402
+from kit.data.timing import is_fatal_cuda_error, l2_flusher, profile_cuda  # noqa: E402
 from kit.data.records import append_jsonl, read_jsonl  # noqa: E402
 from kit.errors import KitError, one_line  # noqa: E402
 from kit.workload.capture import TORCH_DTYPES  # noqa: E402

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from kit.data.collect import is_fatal_cuda_error  # noqa: E402
+from kit.data.timing import is_fatal_cuda_error  # noqa: E402
 from kit.data.records import append_jsonl, read_jsonl  # noqa: E402
 from kit.errors import KitError, one_line  # noqa: E402
 from kit.workload import zoo  # noqa: E402

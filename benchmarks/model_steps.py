@@ -46,7 +46,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from decode_steps import _free, _json_default, _kernels, _time_ms, prediction_gpu, real_model  # noqa: E402
-from kit.data.collect import is_fatal_cuda_error  # noqa: E402
+from kit.data.timing import is_fatal_cuda_error  # noqa: E402
 from kit.data.records import append_jsonl, read_jsonl  # noqa: E402
 from kit.errors import KitError, one_line  # noqa: E402
 from kit.workload import zoo  # noqa: E402

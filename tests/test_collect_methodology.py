@@ -15,6 +15,7 @@ import torch
 
 from kit.cli import main
 from kit.data import collect as C
+from kit.data import timing as T
 from kit.data import load_measurements, schema
 from kit.data.records import HEADER
 
@@ -29,7 +30,7 @@ def test_time_cpu_keeps_flush_and_setup_out_of_the_timed_region():
                        flush=lambda: (log.append("flush"), time.sleep(0.02)),
                        before=lambda: (log.append("before"), time.sleep(0.02)))
     assert len(times) == 3 and max(times) < 15  # the 20 ms sleeps are not in the times
-    assert log == ["before", "call"] * 2 + ["flush", "before", "call"] * 3
+    assert log == ["before", "call"] * 2 + ["before", "flush", "call"] * 3  # flush after the setup
 
 
 class _FakeEvent:
@@ -52,6 +53,12 @@ def test_time_cuda_flushes_before_the_start_event(monkeypatch):
     times = C.time_cuda(lambda: log.append("call"), warmup=1, repeats=2, flush=lambda: log.append("flush"))
     assert times == [1.0, 1.0]
     assert log == ["call", "sync"] + ["flush", "record", "call", "record"] * 2 + ["sync"]
+    # a backward timed after its forward (before): the flush comes after the forward, so the
+    # backward finds the L2 cold (the embedding collector's M3)
+    log.clear()
+    C.time_cuda(lambda: log.append("backward"), warmup=0, repeats=2, flush=lambda: log.append("flush"),
+                before=lambda: log.append("forward"))
+    assert log == ["sync"] + ["forward", "flush", "record", "backward", "record"] * 2 + ["sync"]
 
 
 def test_warm_for_runs_at_least_the_time_asked_in_few_syncs():
@@ -87,12 +94,12 @@ def test_l2_size_from_torch_else_the_catalog_and_a_flush_of_twice_it(monkeypatch
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
-    assert C.l2_bytes() == (60 << 20, "torch.cuda.get_device_properties")
+    assert T.l2_bytes() == (60 << 20, "torch.cuda.get_device_properties")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: object())
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H200")
     from kit.hardware import get_gpu
 
-    assert C.l2_bytes() == (int(get_gpu("h200").l2_cache_mib * 2**20), "kit catalog")
+    assert T.l2_bytes() == (int(get_gpu("h200").l2_cache_mib * 2**20), "kit catalog")
     made = []
 
     class Buf:
@@ -101,7 +108,7 @@ def test_l2_size_from_torch_else_the_catalog_and_a_flush_of_twice_it(monkeypatch
 
     monkeypatch.setattr(torch, "empty", lambda n, dtype=None, device=None: made.append((n, device)) or Buf())
     flush, policy = C.l2_flusher("cuda", True)
-    assert policy["l2_flush"] and policy["flush_bytes"] == 2 * C.l2_bytes()[0]
+    assert policy["l2_flush"] and policy["flush_bytes"] == 2 * T.l2_bytes()[0]
     assert made == [(policy["flush_bytes"] // 4, "cuda")]
     flush()
     assert made[-1] == "zero"
@@ -113,7 +120,7 @@ def test_kernel_ms_is_the_sum_of_the_kernels_durations():
     events = [{"cat": "kernel", "name": "a", "ts": 1, "dur": 40.0, "args": {}},
               {"cat": "kernel", "name": "b", "ts": 50, "dur": 4.5, "args": {}},
               {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 9}]
-    assert C.kernels_from_trace(events)["kernel_ms"] == pytest.approx(0.0445)
+    assert T.kernels_from_trace(events)["kernel_ms"] == pytest.approx(0.0445)
 
 
 # ---- inputs and bias --------------------------------------------------------------------------
@@ -159,7 +166,7 @@ def test_new_csvs_carry_the_median_and_kernel_ms_and_old_ones_resume_in_their_fo
     d = load_measurements(new)
     schema.check(d)
     assert len(d) == 2 and (d.latency_median_ms >= d.latency_ms).all()  # the loader keeps them
-    r = C.collect("bmm", [(1, 2, 3, 4), (1, 5, 5, 5)], new, device="cpu", warmup=0, repeats=1,
+    r = C.collect("bmm", [(1, 2, 3, 4), (1, 5, 5, 5)], new, device="cpu", warmup=0, repeats=3,
                   resume=True, progress=False)
     assert (r["measured"], r["skipped"]) == (1, 1) and len(load_measurements(new)) == 3
 
@@ -168,7 +175,8 @@ def test_new_csvs_carry_the_median_and_kernel_ms_and_old_ones_resume_in_their_fo
     row = {"op": "bmm", "op_class": "gemm", "dtype": "fp32", "device_name": "cpu: x", "b": "1",
            "m": "9", "n": "9", "k": "9", "latency_ms": "0.5", "source": "collector", "split": "train"}
     old.write_text(",".join(legacy) + "\n" + ",".join(row.get(c, "") for c in legacy) + "\n")
-    C.collect("bmm", [(1, 2, 3, 4)], old, device="cpu", warmup=0, repeats=1, resume=True, progress=False)
+    C.collect("bmm", [(1, 2, 3, 4)], old, device="cpu", warmup=0, repeats=1, resume=True, progress=False,
+              force=True)  # no old.meta.json: how its row was measured is unknown
     lines = old.read_text().splitlines()
     assert lines[0] == ",".join(legacy) and len(lines) == 3
     assert all(len(line.split(",")) == len(legacy) for line in lines)
@@ -194,7 +202,7 @@ def test_metadata_is_written_at_the_start_and_completed_at_the_end(tmp_path, mon
     s = run["settings"]
     assert (s["repeats"], s["warmup_calls"], s["l2_flush"], s["dtype"]) == (2, 1, False, "fp32")
     assert "fastest fifth" in s["statistic"] and run["torch_version"] == torch.__version__
-    C.collect("bmm", [(1, 3, 3, 4)], out, device="cpu", warmup=0, repeats=1, resume=True, progress=False)
+    C.collect("bmm", [(1, 3, 3, 4)], out, device="cpu", warmup=0, repeats=2, resume=True, progress=False)
     assert len(json.loads(meta.read_text())["runs"]) == 2  # one entry per run
 
 
@@ -222,32 +230,46 @@ def test_time_limit_stops_cleanly(tmp_path):
     assert not (tmp_path / "m.csv").exists()  # a header alone would ask for --resume
 
 
-def test_a_sticky_cuda_error_stops_the_run_without_empty_cache(tmp_path, monkeypatch):
+def _cuda_sweep(tmp_path, monkeypatch, error: str, empty_cache):
+    """A fake CUDA sweep of three bmm shapes whose second measurement raises RuntimeError(error)."""
     env = {"device_name": "NVIDIA H200", "gpu": "h200", "torch_version": "x", "cuda_version": "12",
            "cudnn_version": None}
     monkeypatch.setattr(C, "environment", lambda device: env)
     monkeypatch.setattr(C, "build_call", lambda *a, **k: (lambda: None))
-    monkeypatch.setattr(C, "nvidia_smi", lambda *a, **k: {"error": "none here"})
+    monkeypatch.setattr(C, "gpu_snapshot", lambda *a, **k: {"error": "none here"})
+    monkeypatch.setattr(C, "run_record", lambda device: {"status": "running", "torch": {}})
     tries = []
 
     def timer(call, warmup, repeats, flush=None, before=None):
         tries.append(1)
         if len(tries) == 2:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            raise RuntimeError(error)
         return [0.01] * repeats
 
+    monkeypatch.setattr(C, "time_cuda", timer)
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    r = C.collect("bmm", [(1, 2, 3, 4), (1, 3, 3, 3), (1, 4, 4, 4)], tmp_path / "m.csv", device="cuda",
+                  warmup=0, repeats=2, profile=False, l2_flush=False, warmup_ms=0, progress=False)
+    return len(tries), r
+
+
+def test_a_sticky_cuda_error_stops_the_run_without_empty_cache(tmp_path, monkeypatch):
     def never():
         raise AssertionError("empty_cache after a sticky CUDA error")
 
-    monkeypatch.setattr(C, "time_cuda", timer)
-    monkeypatch.setattr(torch.cuda, "empty_cache", never)
-    out = tmp_path / "m.csv"
-    r = C.collect("bmm", [(1, 2, 3, 4), (1, 3, 3, 3), (1, 4, 4, 4)], out, device="cuda", warmup=0,
-                  repeats=2, profile=False, l2_flush=False, warmup_ms=0, progress=False)
-    assert len(tries) == 2 and r["measured"] == 1 and "CUDA error" in r["stopped"]
-    assert len(load_measurements(out)) == 1
+    tries, r = _cuda_sweep(tmp_path, monkeypatch, "CUDA error: an illegal memory access was encountered", never)
+    assert tries == 2 and r["measured"] == 1 and "CUDA error" in r["stopped"]
+    assert len(load_measurements(tmp_path / "m.csv")) == 1
     assert json.loads((tmp_path / "m.meta.json").read_text())["runs"][0]["status"].startswith("stopped")
     assert "illegal memory access" in (tmp_path / "m.failed.jsonl").read_text()
+
+
+def test_an_out_of_memory_row_fails_alone_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    emptied = []
+    tries, r = _cuda_sweep(tmp_path, monkeypatch, "CUDA error: out of memory", lambda: emptied.append(1))
+    assert tries == 3 and r["measured"] == 2 and r["stopped"] is None and emptied == [1]
+    assert len(load_measurements(tmp_path / "m.csv")) == 2
+    assert "out of memory" in (tmp_path / "m.failed.jsonl").read_text()
 
 
 def test_which_errors_are_fatal():

@@ -19,11 +19,13 @@ def run(args):
                    dtype=args.dtype, resume=args.resume, warmup=args.warmup, repeats=args.repeats,
                    profile=not args.no_profile, cooldown_ms=args.cooldown_ms,
                    progress=args.progress, threads=args.threads, l2_flush=not args.no_l2_flush,
-                   warmup_ms=args.warmup_ms, bias=not args.no_bias, time_limit_s=args.time_limit)
+                   warmup_ms=args.warmup_ms, bias=not args.no_bias, time_limit_s=args.time_limit,
+                   force=args.force)
 
 
 def text(r):
-    lines = [f"{r['measured']} measured, {r['skipped']} already in {r['out']} "
+    twice = f", {r['duplicates']} repeated in the plan" if r.get("duplicates") else ""
+    lines = [f"{r['measured']} measured, {r['skipped']} already in {r['out']}{twice} "
              f"({r['rows_in_file']} rows now) on {r['device']} ({r['dtype']})"]
     if r.get("stopped"):
         lines.append(f"  stopped early: {r['stopped']}")
@@ -64,7 +66,10 @@ def register(sub):
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"])
     p.add_argument("--out", required=True, metavar="FILE.csv")
-    p.add_argument("--resume", action="store_true", help="carry on with an existing --out file")
+    p.add_argument("--resume", action="store_true", help="carry on with an existing --out file, "
+                   "measured with the same --repeats, L2 flush, profiler, threads and bias")
+    p.add_argument("--force", action="store_true", help="with --resume: carry on with a file whose "
+                   "FILE.meta.json is missing (how its rows were measured is unknown)")
     p.add_argument("--warmup", type=_count, default=5, help="untimed calls first (default 5)")
     p.add_argument("--repeats", type=_count, default=25,
                    help="timed calls; latency = mean of the fastest fifth (default 25)")

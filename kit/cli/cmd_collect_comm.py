@@ -10,6 +10,9 @@ def run(args):
     from kit.comm.measure import collect
 
     output_path(args.out, "--out")
+    if args.resume and args.force:
+        raise KitError("--resume keeps the rows a stopped sweep measured and --force discards them; "
+                       "pass one")
     if Path(args.out).exists() and not args.force:  # never clobber earlier measurements unasked
         raise KitError(f"{args.out} already exists; pass --force to measure it again over it, or "
                        "choose another --out")
@@ -19,7 +22,7 @@ def run(args):
         raise KitError("--collectives is empty; name at least one, e.g. allreduce")
     _, table = collect(backend=args.backend, ranks=args.ranks, sizes=args.sizes, kinds=kinds,
                        iters=args.iters, warmup=args.warmup, repeats=args.repeats, stat=args.stat,
-                       timing=args.timing, out=args.out)
+                       timing=args.timing, out=args.out, resume=args.resume, force=args.force)
     return {"out": args.out, "backend": args.backend, "ranks": args.ranks, "rows": len(table),
             "wrong": int(table.wrong.sum()),
             "results": table[["kind", "size_bytes", "time_us", "algbw_gbs", "wrong"]].to_dict("records")}
@@ -37,7 +40,11 @@ def register(sub):
     p = add_command(sub, "collect-comm", "measure collectives (NCCL on GPUs, gloo on CPU processes) "
                     "over a sweep of sizes; writes nccl-tests output", run, text)
     p.add_argument("--backend", choices=["nccl", "gloo"], default="gloo")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --out")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out, and discard "
+                   "the rows a stopped sweep kept in FILE.rows.jsonl")
+    p.add_argument("--resume", action="store_true", help="carry on with the rows a stopped sweep kept "
+                   "in FILE.rows.jsonl (same settings): measure only the (collective, size) pairs "
+                   "missing, then write --out with them all")
     p.add_argument("--ranks", type=int, default=2, help="processes (one per GPU for nccl)")
     p.add_argument("--sizes", default="1K:1M", help="MIN:MAX[:FACTOR] or a comma list (K/M/G binary)")
     p.add_argument("--collectives", default="allreduce",

@@ -32,11 +32,13 @@ def run(args):
                 modes=_names(args.mode), dtypes=_names(args.dtype), passes=passes,
                 optimizer=args.optimizer or "sgd")
     return collect(cfgs, args.out, device=args.device, backend=args.backend, repeats=args.repeats,
-                   warmup=args.warmup, resume=args.resume, l2_flush=not args.no_l2_flush)
+                   warmup=args.warmup, resume=args.resume, l2_flush=not args.no_l2_flush,
+                   warmup_ms=args.warmup_ms)
 
 
 def text(r):
-    lines = [f"{r['written']} rows written, {r['skipped']} already there, to {r['out']} "
+    twice = f", {r['duplicates']} repeated in the grid" if r.get("duplicates") else ""
+    lines = [f"{r['written']} rows written, {r['skipped']} already there{twice}, to {r['out']} "
              f"({r['backend']} on {r['device_name']})"]
     for f in r["failed"][:10]:
         lines.append(f"  failed: batch {f['batch']} rows {f['rows']} dim {f['dim']}: {f['error']}")
@@ -63,6 +65,8 @@ def register(sub):
                    help="the update --backward times (default sgd)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup-ms", type=float, default=None, help="run the largest config this long "
+                   "first, so that clocks leave idle (default 1000 on CUDA, 0 on CPU)")
     p.add_argument("--resume", action="store_true", help="carry on with an existing --out file")
     p.add_argument("--no-l2-flush", action="store_true", help="CUDA: do not overwrite twice the L2 "
                    "before each timed call")

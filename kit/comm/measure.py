@@ -17,8 +17,10 @@ thread (OMP/MKL/torch), so that ranks do not fight over threads. Each result is 
 once (#wrong = elements that differ from the expected values), as nccl-tests does. Sizes follow
 nccl-tests: all-gather and reduce-scatter sizes are totals. sendrecv is a ring shift posted as
 one dist.batch_isend_irecv pair. Rank 0 appends each row (one fsynced JSON line) as its
-(collective, size) finishes, to FILE.rows.jsonl beside --out, so a crash or hang keeps what was
-measured; the file is removed once FILE is written.
+(collective, size) finishes, to FILE.rows.jsonl beside --out (after a line of the settings), so a
+crash or hang keeps what was measured; the file is removed once FILE is written. A rerun refuses
+to start over those rows: `resume` measures only the pairs missing and writes FILE with them all
+(`force` discards them). One sweep at a time writes FILE (kit.data.records.Lock).
 """
 from __future__ import annotations
 
@@ -28,12 +30,13 @@ import socket
 import tempfile
 import time
 import warnings
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
 from kit.comm.conventions import KINDS, canonical_kind
 from kit.errors import KitError
-from kit.data.records import append_jsonl, read_jsonl
+from kit.data.records import Lock, append_jsonl, read_jsonl
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 WORD_BYTES = 4  # float32, nccl-tests type "float"
@@ -203,7 +206,28 @@ def read_rows(path) -> list[dict]:
     return [r for r in read_jsonl(path) if "kind" in r]
 
 
-def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, timing, pin, result_path):
+def _kept(result: Path, settings: dict, resume: bool, force: bool) -> list[dict]:
+    """The rows an earlier, stopped sweep kept in `result` that this one carries on with (resume),
+    after checking they were measured the same way; KitError rather than losing them unasked."""
+    lines = read_jsonl(result)
+    rows = [r for r in lines if "kind" in r]
+    if not rows or force:
+        return []
+    if not resume:
+        raise KitError(f"{result} holds {len(rows)} row(s) a stopped sweep measured; pass --resume to "
+                       "measure only the rest (the output keeps them), or --force to discard them")
+    then = next((r["settings"] for r in lines if isinstance(r.get("settings"), dict)), None)
+    if then is None:
+        raise KitError(f"{result} does not say how its rows were measured (an older kit wrote it); "
+                       "pass --force to discard them, or choose another --out")
+    differ = [f"{k} {then.get(k)!r} then, {v!r} now" for k, v in settings.items() if then.get(k) != v]
+    if differ:
+        raise KitError(f"--resume would mix methods: {result}'s rows differ in {'; '.join(differ)}; "
+                       "rerun with their settings, or pass --force to discard them")
+    return rows
+
+
+def _worker(rank, n, backend, port, work, iters, warmup, repeats, stat, timing, pin, result_path):
     import torch
     import torch.distributed as dist
 
@@ -221,6 +245,12 @@ def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=n, timeout=timedelta(seconds=300))
     sync = torch.cuda.synchronize if backend == "nccl" else (lambda: None)
+    pids = torch.zeros(n, dtype=torch.int64, device=dev)
+    pids[rank] = os.getpid()
+    dist.all_reduce(pids)  # each rank's own pid, for the output's "#  Rank" lines
+    if rank == 0:
+        append_jsonl(result_path, {"pids": [int(p) for p in pids.tolist()]})
+
     def sample(call):
         sync()
         dist.barrier()
@@ -238,7 +268,7 @@ def _worker(rank, n, backend, port, kinds, sizes, iters, warmup, repeats, stat, 
             out.append((time.perf_counter() - t0) * 1e6)
         return out
 
-    for kind in kinds:
+    for kind, sizes in work:
         for chunk in _interleave_chunks(kind, sizes, n):
             ops = [(size, *_op(kind, _count(kind, size, n), n, rank, dev)) for size in chunk]
             for _, call, _ in ops:
@@ -281,8 +311,13 @@ def rows_path(out) -> Path:
 
 def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allreduce",),
             iters: int = 20, warmup: int = 5, repeats: int = 3, stat: str | None = None, out=None,
-            start_method: str = "spawn", timing: str | None = None, pin: bool | None = None):
+            start_method: str = "spawn", timing: str | None = None, pin: bool | None = None,
+            resume: bool = False, force: bool = False):
     """Run the sweep; returns (nccl-tests text, tidy DataFrame). Writes `out` when given.
+
+    resume: carry on with the rows a stopped sweep into `out` kept (FILE.rows.jsonl, measured with
+    the same settings): measure only the (collective, size) pairs missing, and write `out` with
+    them all. force: discard those rows. Without either, they are refused, not lost.
 
     stat, timing and pin default by backend (module doc): gloo p10 / call / pinned, NCCL
     median / batch / not pinned.
@@ -291,7 +326,6 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
     process's imports and starts in a fraction of the time, which the tests use."""
     import pandas as pd
     import torch
-    import torch.multiprocessing as mp
 
     from kit.comm.parsers import COLUMNS, format_nccl_tests, joined_devices
 
@@ -306,7 +340,7 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
         if have < ranks or not torch.distributed.is_nccl_available():
             raise KitError(f"nccl needs {ranks} GPUs (one per rank) and an NCCL build of torch; "
                            f"found {have} GPU(s); use --backend gloo on CPU")
-    kinds = [canonical_kind(k) for k in kinds]
+    kinds = list(dict.fromkeys(canonical_kind(k) for k in kinds))  # allreduce,all_reduce: once
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise KitError(f"cannot measure {bad}; choose from {', '.join(KINDS)}")
@@ -333,61 +367,83 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
         warnings.warn(f"{len(rounded)} size(s) rounded to whole {WORD_BYTES}-byte words"
                       f"{' per rank' if any(k in ('allgather', 'reducescatter', 'alltoall') for k, _, _ in rounded) else ''}"
                       f": {shown}{', ...' if len(rounded) > 4 else ''}; the output has the sizes measured")
-    with tempfile.TemporaryDirectory(prefix="kit-comm-") as tmp:
+    settings = {"backend": backend, "ranks": ranks, "iters": iters, "repeats": repeats, "stat": stat,
+                "timing": timing, "pinned": pin}
+    with tempfile.TemporaryDirectory(prefix="kit-comm-") as tmp, \
+            (Lock(out) if out is not None else nullcontext()):
         # rows land one line each as they are measured: beside --out (FILE.rows.jsonl, kept if
         # the sweep dies, removed once FILE is written), else in a temporary folder
-        result = os.path.join(tmp, "rows.jsonl") if out is None else str(rows_path(out))
-        if out is not None:  # a fresh, empty rows file: an unwritable --out fails before any rank starts
-            try:
-                Path(result).parent.mkdir(parents=True, exist_ok=True)
-                Path(result).unlink(missing_ok=True)
-                Path(result).touch()
+        result = Path(tmp, "rows.jsonl") if out is None else rows_path(out)
+        kept = _kept(result, settings, resume, force) if out is not None else []
+        if not kept:  # a fresh rows file, saying how its rows are measured: an unwritable --out
+            try:  # fails before any rank starts
+                result.parent.mkdir(parents=True, exist_ok=True)
+                result.write_text("")
+                append_jsonl(result, {"settings": settings})
             except OSError as e:
                 raise KitError(f"cannot write beside --out {out} ({result}): {e.strerror or e}; "
                                "choose another --out") from None
-        saved = {v: os.environ.get(v) for v in _THREAD_VARS}
-        os.environ.update({v: "1" for v in _THREAD_VARS})  # spawned ranks start single-threaded
-        try:
-            mp.start_processes(_worker, args=(ranks, backend, _free_port(), kinds, sizes, iters, warmup,
-                                              repeats, stat, timing, pin, result), nprocs=ranks, join=True,
-                               start_method=start_method)
-        except Exception as e:  # a worker failed: say which and why, in one line
-            msg = [m for m in str(e).strip().splitlines() if any(c.isalnum() for c in m)]
-            kept = read_rows(result)
-            where = (f"; the {len(kept)} row(s) measured before are in {result}"
-                     if kept and out is not None else "")
-            if not kept and out is not None:  # the empty rows file made above: nothing to keep
-                Path(result).unlink(missing_ok=True)
-            raise KitError(f"collect-comm ({backend}, {ranks} ranks) failed: "
-                           f"{msg[-1].strip() if msg else type(e).__name__}{where}") from None
-        finally:
-            for v, old in saved.items():
-                if old is None:
-                    os.environ.pop(v, None)
-                else:
-                    os.environ[v] = old
-        rows = read_rows(result)
-    # the name ending each "#  Rank" line: `kit comm fit` checks it against --system's GPU
-    names = ([torch.cuda.get_device_name(i) for i in range(ranks)] if backend == "nccl"
-             else ["[cpu] gloo process"] * ranks)
-    devices = [f"Pid {os.getpid():6d} on {socket.gethostname()} device {i:2d} {name}"
-               for i, name in enumerate(names)]
-    meta = (f"step: list warmup iters: {warmup} iters: {iters} agg iters: 1 validation: 1 graph: 0 "
-            f"# kit collect-comm backend={backend} torch={torch.__version__} "
-            f"nccl={_nccl_version() if backend == 'nccl' else None} stat={stat} timing={timing} "
-            f"repeats={repeats} pinned={pin}; "
-            "in-place columns repeat the measured call")
-    text = "".join(format_nccl_tests([r for r in rows if r["kind"] == k], k, ranks, devices, meta)
-                   for k in kinds)
-    if out is not None:
-        out = Path(out)
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
-        except OSError as e:
-            raise KitError(f"cannot write the measurements to {out}: {e.strerror or e}") from None
-        rows_path(out).unlink(missing_ok=True)  # the text holds them now
+        have = {(r["kind"], r["size_bytes"]) for r in kept}
+        work = [(k, todo) for k in kinds
+                if (todo := [s for s in sizes if (k, _count(k, s, ranks) * WORD_BYTES) not in have])]
+        if work:
+            _spawn(work, ranks, backend, iters, warmup, repeats, stat, timing, pin, result, start_method,
+                   resumed=bool(kept), keep=out is not None)
+        lines = read_jsonl(result)
+        rows = [r for r in lines if "kind" in r]
+        kinds += [k for k in dict.fromkeys(r["kind"] for r in rows) if k not in kinds]  # kept ones too
+        rows.sort(key=lambda r: (kinds.index(r["kind"]), r["size_bytes"]))
+        pids = next((r["pids"] for r in reversed(lines) if "pids" in r), None) or [os.getpid()] * ranks
+        # the name ending each "#  Rank" line: `kit comm fit` checks it against --system's GPU
+        names = ([torch.cuda.get_device_name(i) for i in range(ranks)] if backend == "nccl"
+                 else ["[cpu] gloo process"] * ranks)
+        devices = [f"Pid {pid:6d} on {socket.gethostname()} device {i:2d} {name}"
+                   for i, (pid, name) in enumerate(zip(pids, names))]
+        meta = (f"step: list warmup iters: {warmup} iters: {iters} agg iters: 1 validation: 1 graph: 0 "
+                f"# kit collect-comm backend={backend} torch={torch.__version__} "
+                f"nccl={_nccl_version() if backend == 'nccl' else None} stat={stat} timing={timing} "
+                f"repeats={repeats} pinned={pin}; "
+                "in-place columns repeat the measured call")
+        text = "".join(format_nccl_tests([r for r in rows if r["kind"] == k], k, ranks, devices, meta)
+                       for k in kinds if any(r["kind"] == k for r in rows))
+        if out is not None:
+            out = Path(out)
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(text)
+            except OSError as e:
+                raise KitError(f"cannot write the measurements to {out}: {e.strerror or e}") from None
+            result.unlink(missing_ok=True)  # the text holds them now
     # every rank is spawned on this host: one node
     table = pd.DataFrame([{**r, "ranks": ranks, "nodes": 1, "algbw_gbs": r["size_bytes"] / r["time_us"] / 1e3,
                            "source": str(out or ""), "device": joined_devices(names)} for r in rows])
     return text, table.reindex(columns=COLUMNS)
+
+
+def _spawn(work, ranks, backend, iters, warmup, repeats, stat, timing, pin, result, start_method,
+           resumed: bool, keep: bool) -> None:
+    """Run the ranks over `work` ((kind, sizes) pairs), appending rows to `result`; KitError in one
+    line when a rank fails, saying where the rows measured before it are."""
+    import torch.multiprocessing as mp
+
+    saved = {v: os.environ.get(v) for v in _THREAD_VARS}
+    os.environ.update({v: "1" for v in _THREAD_VARS})  # spawned ranks start single-threaded
+    try:
+        mp.start_processes(_worker, args=(ranks, backend, _free_port(), work, iters, warmup, repeats,
+                                          stat, timing, pin, str(result)), nprocs=ranks, join=True,
+                           start_method=start_method)
+    except Exception as e:  # a worker failed: say which and why, in one line
+        msg = [m for m in str(e).strip().splitlines() if any(c.isalnum() for c in m)]
+        kept = read_rows(result)
+        where = (f"; the {len(kept)} row(s) measured before are in {result} (--resume measures the rest)"
+                 if kept and keep else "")
+        if not kept and keep and not resumed:  # the fresh rows file made above: nothing to keep
+            Path(result).unlink(missing_ok=True)
+        raise KitError(f"collect-comm ({backend}, {ranks} ranks) failed: "
+                       f"{msg[-1].strip() if msg else type(e).__name__}{where}") from None
+    finally:
+        for v, old in saved.items():
+            if old is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = old

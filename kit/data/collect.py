@@ -1,7 +1,7 @@
 """The collector: benchmark ops with torch on the local device and append schema rows durably.
 
-Timing (latency_ms = mean of the fastest fifth of `repeats` calls, at least one; NeuSight takes
-the mean of the 5 fastest of 25; latency_median_ms = their median):
+Timing (kit.data.timing; latency_ms = mean of the fastest fifth of `repeats` calls, at least one;
+NeuSight takes the mean of the 5 fastest of 25; latency_median_ms = their median):
   * CUDA: before the first shape of each op (a shape group) its largest shape runs for at least
     `warmup_ms` (default 1000 ms on CUDA) so that clocks leave idle; each shape then gets `warmup`
     untimed calls. Each timed call has its own CUDA event pair. With `l2_flush` (the default on
@@ -9,9 +9,9 @@ the mean of the 5 fastest of 25; latency_median_ms = their median):
     torch.cuda.get_device_properties, else the kit's catalog) is overwritten before each timed
     call, outside the event pair: operands are read from HBM as in a real step, not from L2.
     The flush kernel also puts the GPU behind the CPU, so the event pair holds the GPU's time
-    with little of the host's dispatch. One extra call (after a flush) under torch.profiler
-    gives the kernel names, launch dims (grid, block, blocks/warps per SM) and kernel_ms, the
-    summed device time of the call's kernels (GPU time only).
+    with little of the host's dispatch. PROFILED_CALLS more calls (each after a flush) under
+    torch.profiler give the kernel names, launch dims (grid, block, blocks/warps per SM) and
+    kernel_ms, the median over those calls of each call's summed kernel durations (GPU time only).
   * CPU: time.perf_counter_ns around each call (no flush; warmup_ms defaults to 0).
 
 Inputs: GEMMs and conv read signed data (activations standard normal, weights and bias
@@ -20,36 +20,36 @@ unless `bias=False` (Llama's projections have none; NeuSight's data has one).
 
 Each finished measurement is one line appended with flush + fsync, so a killed run keeps
 everything it finished, and `resume=True` skips every (op, shape, dtype, device) already in the
-file. Beside FILE.csv: FILE.meta.json (provenance: device, driver, versions, nvidia-smi
-snapshots, torch flags and every collector setting; written at the start of a run and updated at
-its end, one entry per run) and FILE.failed.jsonl (one line per failed measurement). A CUDA error
-(illegal address, device-side assert: the context is lost) stops the run cleanly.
+file: only when the earlier runs measured the same way (provenance.mixed_settings; a file without
+its meta.json needs force=True). One run at a time writes a file (records.exclusive). Beside
+FILE.csv: FILE.meta.json (provenance: device, driver, versions, nvidia-smi snapshots of the timed
+GPU, torch flags and every collector setting; written at the start of a run and updated at its
+end, one entry per run; Ctrl-C and SIGTERM leave "interrupted") and FILE.failed.jsonl (one line
+per failed measurement: out of memory, an invalid launch configuration, ...). A CUDA error that
+loses the context (illegal address, device-side assert) stops the run cleanly.
 
 Rows carry kernel_ms and latency_median_ms (kit.data.schema.COLUMNS, the last two); a file
 from before them is resumed in its own format.
 """
 from __future__ import annotations
 
-import csv
-import json
 import math
-import os
-import platform
-import shutil
-import socket
+import signal
 import statistics
-import subprocess
 import sys
-import tempfile
+import threading
 import time
 import warnings
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 
 from kit.data import schema
+from kit.data.provenance import (Meta, _now, environment, gpu_snapshot, mixed_settings,
+                                 run_record, side_path, torch_settings)
 from kit.data.records import Appender, append_jsonl, row_key
 from kit.data.shapes import shape_kind
+from kit.data.timing import (PROFILED_CALLS, is_fatal_cuda_error, l2_flusher, profile_cuda,
+                             summarise_ms, time_cpu, time_cuda, warm_for)
 from kit.errors import KitError, one_line
 
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -142,193 +142,6 @@ def build_call(op: str, shape: tuple, dtype: str, device: str, bias: bool = True
     return lambda: fn(x)
 
 
-def summarise_ms(times_ms: list[float]) -> float:
-    """Mean of the fastest fifth (at least one) of the timed calls."""
-    keep = max(1, len(times_ms) // 5)
-    return float(sum(sorted(times_ms)[:keep]) / keep)
-
-
-def time_cpu(call, warmup: int, repeats: int, flush=None, before=None) -> list[float]:
-    """perf_counter times of `repeats` calls after `warmup`; flush() and before() (when given) run
-    before each call, outside the timed region."""
-    for _ in range(warmup):
-        if before is not None:
-            before()
-        call()
-    times = []
-    for _ in range(repeats):
-        if flush is not None:
-            flush()
-        if before is not None:
-            before()
-        t0 = time.perf_counter_ns()
-        call()
-        times.append((time.perf_counter_ns() - t0) / 1e6)
-    return times
-
-
-def time_cuda(call, warmup: int, repeats: int, flush=None, before=None) -> list[float]:
-    """CUDA event times of `repeats` calls after `warmup`; flush() (an L2 flush) and before()
-    (e.g. a forward pass whose backward is timed) run before each call, outside the events."""
-    import torch
-
-    for _ in range(warmup):
-        if before is not None:
-            before()
-        call()
-    torch.cuda.synchronize()
-    pairs = []
-    for _ in range(repeats):
-        if flush is not None:
-            flush()
-        if before is not None:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in pairs]
-
-
-def warm_for(call, seconds: float, sync=None, clock=time.perf_counter, max_calls: int = 1 << 20) -> int:
-    """Run call back to back for at least `seconds` (sync()ed before the clock is read); returns
-    the number of calls. Batches grow to what the time left allows, so a slow op overshoots by
-    about one call, and a fast one needs few syncs."""
-    if not seconds or seconds <= 0:
-        return 0
-    t0, n, batch = clock(), 0, 1
-    while True:
-        for _ in range(batch):
-            call()
-        n += batch
-        if sync is not None:
-            sync()
-        spent = clock() - t0
-        if spent >= seconds or n >= max_calls:
-            return n
-        per_call = spent / n
-        left = int((seconds - spent) / per_call) + 1 if per_call > 0 else 2 * batch
-        batch = max(1, min(2 * batch, left, max_calls - n))
-
-
-def l2_bytes(device_index: int | None = None) -> tuple[int | None, str]:
-    """The GPU's L2 in bytes and where the number came from: torch's device properties, else the
-    kit's catalog entry of the device name; (None, "unknown") without either."""
-    import torch
-
-    idx = torch.cuda.current_device() if device_index is None else device_index
-    try:
-        size = int(getattr(torch.cuda.get_device_properties(idx), "L2_cache_size", 0) or 0)
-    except Exception:  # noqa: BLE001 - an old torch, a driver that does not say
-        size = 0
-    if size > 0:
-        return size, "torch.cuda.get_device_properties"
-    try:
-        from kit.hardware import get_gpu
-
-        return int(get_gpu(torch.cuda.get_device_name(idx)).l2_cache_mib * 2**20), "kit catalog"
-    except Exception:  # noqa: BLE001 - not in the catalog
-        return None, "unknown"
-
-
-FLUSH_FALLBACK_BYTES = 256 << 20  # triton's do_bench buffer, when the L2 size is unknown
-FLUSH_MIN_BYTES = 8 << 20
-
-
-def l2_flusher(device: str, enabled: bool):
-    """(flush or None, policy dict): on CUDA with `enabled`, a callable that overwrites a buffer of
-    twice the L2 (buf.zero_(), one memset kernel, as triton's do_bench)."""
-    if device != "cuda" or not enabled:
-        why = "off (--no-l2-flush)" if device == "cuda" else "not applicable (cpu)"
-        return None, {"l2_flush": False, "l2_policy": why}
-    import torch
-
-    size, source = l2_bytes()
-    flush_bytes = max(2 * size, FLUSH_MIN_BYTES) if size else FLUSH_FALLBACK_BYTES
-    buf = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
-    return buf.zero_, {"l2_flush": True, "l2_bytes": size, "l2_bytes_from": source,
-                       "flush_bytes": flush_bytes,
-                       "l2_policy": f"flushed: {flush_bytes} B overwritten (zero_) before each timed "
-                                    "call and before the profiled call, outside the timed region"}
-
-
-def profile_cuda(call, flush=None) -> dict:
-    """Kernel names, the main (longest) kernel's launch dims and kernel_ms (the summed device
-    time of the call's kernels), from one profiled call (after flush(), outside the profiler)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    if flush is not None:
-        flush()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    fd, tmp = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(tmp)
-        with open(tmp) as f:
-            events = json.load(f).get("traceEvents", [])
-    finally:
-        os.unlink(tmp)
-    return kernels_from_trace(events)
-
-
-def kernels_from_trace(events: list[dict]) -> dict:
-    """Schema kernel columns from Kineto trace events: every kernel's name, in launch order, and
-    the longest one's name, grid, block and blocks/warps per SM; kernel_ms, the kernels' summed
-    durations (the trace's dur is in microseconds)."""
-    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e.get("ts", 0))
-    if not kernels:
-        return {}
-    main = max(kernels, key=lambda e: e.get("dur", 0))
-    args = main.get("args", {})
-    grid, block = args.get("grid") or [None] * 3, args.get("block") or [None] * 3
-    kernel_ms = sum(float(e.get("dur", 0) or 0) for e in kernels) / 1e3
-    return {"kernel_name": main.get("name"), "kernels": ";".join(e.get("name", "") for e in kernels),
-            "n_kernels": len(kernels), "kernel_ms": kernel_ms if kernel_ms > 0 else None,
-            **dict(zip(("grid_x", "grid_y", "grid_z"), grid)),
-            **dict(zip(("block_x", "block_y", "block_z"), block)),
-            "blocks_per_sm": args.get("blocks per SM"), "warps_per_sm": args.get("warps per SM")}
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def environment(device: str) -> dict:
-    """device_name, gpu key and software versions of the device to measure on."""
-    import torch
-
-    versions = {"torch_version": torch.__version__,
-                "cuda_version": torch.version.cuda if device == "cuda" else None,
-                "cudnn_version": (str(torch.backends.cudnn.version())
-                                  if device == "cuda" and torch.backends.cudnn.is_available() else None)}
-    if device == "cpu":
-        return {"device_name": f"cpu: {_cpu_name()}", "gpu": None, **versions}
-    if not torch.cuda.is_available():
-        raise KitError("--device cuda: no CUDA GPU is visible to torch here; use --device cpu")
-    name = torch.cuda.get_device_name()
-    from kit.hardware import get_gpu
-
-    try:
-        key = get_gpu(name).key
-    except KitError:
-        raise KitError(f"this GPU, {name!r}, is not in the catalog; add it with --gpu-file FILE "
-                       "(the format of `kit gpus --json`) so its rows can be read back") from None
-    return {"device_name": name, "gpu": key, **versions}
-
-
 @contextmanager
 def _math_mode(dtype: str, device: str):
     import torch
@@ -366,124 +179,32 @@ def plan(ops: list[str], shapes: list[tuple]) -> tuple[list[tuple[str, tuple]], 
     return tasks, unmatched
 
 
-def side_path(out: str | Path, suffix: str) -> Path:
-    """FILE.csv -> FILE<suffix> beside it (e.g. .meta.json, .failed.jsonl)."""
-    out = Path(out)
-    stem = out.name[:-4] if out.name.lower().endswith(".csv") else out.name
-    return out.with_name(stem + suffix)
+@contextmanager
+def sigterm_interrupts():
+    """While the block runs, SIGTERM (as `timeout` and batch systems send) raises
+    KeyboardInterrupt("SIGTERM"), so that a run it stops records itself interrupted, as Ctrl-C
+    does; the earlier handler is back afterwards. Off the main thread (no handler can be set) a
+    no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
+    def stop(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-SMI_FIELDS = ("name", "pci.bus_id", "driver_version", "pstate", "clocks.sm", "clocks.mem",
-              "clocks.max.sm", "clocks.max.mem", "temperature.gpu", "power.draw", "power.limit",
-              "utilization.gpu", "memory.used", "memory.total")
-SMI_REASONS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # new name, old name
-
-
-def nvidia_smi(index: int | None = None, timeout: float = 15.0) -> dict:
-    """One nvidia-smi --query-gpu snapshot (clocks, power, temperature, throttle reasons) of GPU
-    `index`, as {field: text}; {"error": ...} when nvidia-smi is missing or fails. Never raises."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return {"error": "nvidia-smi not found"}
-    last = "no query ran"
-    for extra in (*[(r,) for r in SMI_REASONS], ()):  # a driver that lacks a field refuses the query
-        fields = SMI_FIELDS + extra
-        cmd = [exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
-        if index is not None:
-            cmd += ["-i", str(index)]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        except (OSError, subprocess.SubprocessError) as e:
-            return {"error": f"nvidia-smi: {e}"}
-        if r.returncode == 0 and r.stdout.strip():
-            values = next(csv.reader([r.stdout.strip().splitlines()[0]], skipinitialspace=True), [])
-            out = dict(zip(fields, (v.strip() for v in values)))
-            out["time"] = _now()
-            return out
-        last = (r.stderr or r.stdout).strip().splitlines()[0] if (r.stderr or r.stdout).strip() else f"rc {r.returncode}"
-    return {"error": f"nvidia-smi: {last}"}
-
-
-def torch_settings(device: str) -> dict:
-    """The torch flags that change what a GEMM or conv runs (read when the run starts)."""
-    import torch
-
-    out = {"float32_matmul_precision": torch.get_float32_matmul_precision(),
-           "num_threads": torch.get_num_threads()}
-    if device == "cuda":
-        m = torch.backends.cuda.matmul
-        for name in ("allow_tf32", "allow_fp16_reduced_precision_reduction",
-                     "allow_bf16_reduced_precision_reduction"):
-            out[f"matmul.{name}"] = getattr(m, name, None)
-        cudnn = torch.backends.cudnn
-        out.update({"cudnn.allow_tf32": cudnn.allow_tf32, "cudnn.benchmark": cudnn.benchmark,
-                    "cudnn.deterministic": cudnn.deterministic})
-        try:
-            out["cuda_driver_api"] = int(torch._C._cuda_getDriverVersion())
-        except Exception:  # noqa: BLE001 - private, may be gone
-            pass
-    return out
-
-
-class Meta:
-    """FILE.meta.json: {"csv", "runs": [...]}, this run's entry written at its start and updated at
-    its end (atomically: a temporary file renamed over it)."""
-
-    def __init__(self, out: str | Path, run: dict, resume: bool):
-        self.path = side_path(out, ".meta.json")
-        self.doc = {"csv": Path(out).name, "runs": []}
-        if resume and self.path.is_file():
-            try:
-                old = json.loads(self.path.read_text())
-                if isinstance(old, dict) and isinstance(old.get("runs"), list):
-                    self.doc = old
-            except (OSError, ValueError):
-                pass
-        self.doc["runs"].append(run)
-        self.run = run
-
-    def earlier(self) -> list[dict]:
-        return self.doc["runs"][:-1]
-
-    def write(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(self.doc, f, indent=1, default=str)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as e:
-            raise KitError(f"cannot write {self.path}: {e.strerror or e}; choose another --out") from None
-
-
-FATAL_CUDA = ("CUDA error", "device-side assert", "illegal memory access", "illegal instruction",
-              "unspecified launch failure", "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address",
-              "cudaErrorLaunchFailure", "an illegal", "uncorrectable ECC")
-
-
-def is_fatal_cuda_error(e: BaseException) -> bool:
-    """A CUDA error that leaves the context unusable (sticky): every later call, empty_cache
-    included, raises again. Out of memory is not one (torch.OutOfMemoryError)."""
+    old = signal.signal(signal.SIGTERM, stop)
     try:
-        import torch
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
 
-        if isinstance(e, getattr(torch, "OutOfMemoryError", ())):
-            return False
-        acc = getattr(torch, "AcceleratorError", None)
-        if acc is not None and isinstance(e, acc):
-            return True
-    except ImportError:
-        pass
-    text = str(e)
-    if "out of memory" in text and "CUDA error" not in text:
-        return False
-    return any(s in text for s in FATAL_CUDA)
+
+def stopped_by(e: BaseException) -> str:
+    """The meta status of a run an exception ended: "interrupted: SIGTERM" (or KeyboardInterrupt,
+    SystemExit) when it was stopped, else "failed: " and the error in one line."""
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        return f"interrupted: {e if isinstance(e, KeyboardInterrupt) and str(e) else type(e).__name__}"
+    return f"failed: {one_line(e)}"
 
 
 def _groups(todo: list) -> list[list]:
@@ -500,8 +221,12 @@ def _groups(todo: list) -> list[list]:
 def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: bool = False,
             warmup: int = 5, repeats: int = 25, profile: bool = True, cooldown_ms: float = 0.0,
             progress: bool | None = None, threads: int | None = None, l2_flush: bool = True,
-            warmup_ms: float | None = None, bias: bool = True, time_limit_s: float | None = None) -> dict:
+            warmup_ms: float | None = None, bias: bool = True, time_limit_s: float | None = None,
+            force: bool = False) -> dict:
     """Measure every (op, shape) not yet in `out`; returns counts and where the rows went.
+
+    resume carries on with rows measured the same way only (mixed_settings); force: resume a file
+    whose FILE.meta.json is missing or unreadable (how its rows were measured is unknown).
 
     l2_flush: overwrite twice the L2 before each timed call (CUDA). warmup_ms: run each op's
     largest shape this long before its first measurement (default 1000 on CUDA, 0 on CPU).
@@ -550,8 +275,10 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
             key = row_key(row)  # e.g. linear (2, 3, k, n) and (1, 6, k, n) are the same GEMM
             if key not in sink and key not in planned:
                 todo.append((op, shape, row))
-                planned.add(key)
+            planned.add(key)
+        in_file = sum(key in sink for key in planned)
         flush, policy = l2_flusher(device, l2_flush)
+        profiled = bool(profile and device == "cuda")
         settings = {"device": device, "dtype": dtype, "ops": ops, "shapes": len(shapes),
                     "planned": len(tasks), "to_measure": len(todo), "warmup_calls": warmup,
                     "warmup_ms_per_op": warmup_ms, "repeats": repeats,
@@ -559,25 +286,27 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                                  "latency_median_ms: their median",
                     "timer": ("a CUDA event pair around each call" if device == "cuda"
                               else "time.perf_counter_ns around each call"),
-                    **policy, "profile": bool(profile and device == "cuda"),
-                    "kernel_ms": ("summed kernel durations of one profiled call"
-                                  if profile and device == "cuda" else None),
+                    **policy, "profile": profiled,
+                    "kernel_ms": (f"median over {PROFILED_CALLS} profiled calls of each call's summed "
+                                  "kernel durations" if profiled else None),
+                    "profiled_calls": PROFILED_CALLS if profiled else 0,
                     "linear_bias": bool(bias),
                     "inputs": "bmm/linear/conv: activations N(0,1), weights and bias N(0,0.02); "
                               "vector ops: U[0.5,1.5)",
                     "cooldown_ms": cooldown_ms, "threads": threads, "time_limit_s": time_limit_s}
-        meta = Meta(out, {"started": _now(), "finished": None, "status": "running",
-                          "host": socket.gethostname(), "python": sys.version.split()[0],
-                          "argv": sys.argv, **env, "settings": settings,
-                          "torch": torch_settings(device),
-                          "nvidia_smi_before": nvidia_smi() if device == "cuda" else None},
-                    resume)
-        if any("linear" in r.get("settings", {}).get("ops", []) and
-               r.get("settings", {}).get("linear_bias", True) != bool(bias) for r in meta.earlier()) \
-                and "linear" in ops and todo:
-            raise KitError(f"{out} holds linear rows measured {'without' if bias else 'with'} a bias "
-                           f"(see {meta.path.name}); measure {'with' if bias else 'without'} one into "
-                           "another --out")
+        meta = Meta(out, {**run_record(device), **env, "settings": settings}, resume)
+        if todo and sink.keys:  # resuming rows: measured the same way, or not at all
+            if not meta.found and not force:
+                raise KitError(f"{out} holds {len(sink.keys)} rows but no readable {meta.path.name} "
+                               "says how they were measured; pass --force with --resume to add to "
+                               "them anyway, or choose another --out")
+            mixed = mixed_settings(meta.earlier(), meta.run)
+            if mixed:
+                raise KitError(f"--resume would mix methods in {out}: its earlier runs (see "
+                               f"{meta.path.name}) differ in {'; '.join(mixed)}; rerun with their "
+                               "settings, or choose another --out")
+            if not meta.found:
+                meta.run["adopted_rows"] = f"{len(sink.keys)} rows from before, with no meta.json (--force)"
         meta.write()
         show = progress if progress is not None else (sys.stderr.isatty() and len(todo) >= 20)
         bar = _progress(len(todo), show)
@@ -594,7 +323,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                 pass
 
         try:
-            with _math_mode(dtype, device), torch.inference_mode():
+            with sigterm_interrupts(), _math_mode(dtype, device), torch.inference_mode():
                 meta.run["torch"]["in_run"] = torch_settings(device)
                 for group in _groups(todo):
                     if stopped:
@@ -616,7 +345,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                         try:
                             call = build_call(op, shape, dtype, device, bias)
                             times = timer(call, warmup, repeats, flush=flush)
-                            extra = _kernel_info(call, flush) if device == "cuda" and profile else {}
+                            extra = _kernel_info(call, flush) if profiled else {}
                         except Exception as e:  # noqa: BLE001 - out of memory, unsupported dtype, ...
                             call = None
                             fail(op, shape, _why(e))
@@ -642,9 +371,8 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                         bar.update(1)
                         if cooldown_ms:
                             time.sleep(cooldown_ms / 1000)
-        except BaseException as e:  # interrupted: say so in the metadata, then go on raising
-            meta.run.update(status=f"interrupted: {type(e).__name__}", finished=_now(),
-                            measured=measured, failed=len(failed))
+        except BaseException as e:  # Ctrl-C, SIGTERM, a full disk: say so in the metadata, then raise
+            meta.run.update(status=stopped_by(e), finished=_now(), measured=measured, failed=len(failed))
             meta.write()
             raise
         finally:
@@ -653,7 +381,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
     meta.run.update(finished=_now(), status=("done" if not stopped else f"stopped: {stopped}"),
                     measured=measured, failed=len(failed), rows_in_file=total,
                     seconds=round(time.monotonic() - t_start, 3),
-                    nvidia_smi_after=(nvidia_smi() if device == "cuda" and not stopped else None))
+                    nvidia_smi_after=(gpu_snapshot() if device == "cuda" and not stopped else None))
     if todo and not measured and new:  # the header alone would make the next run ask for --resume
         Path(out).unlink(missing_ok=True)
     if todo and not measured and not stopped:  # nothing written: a failure, not "0 measured"
@@ -664,10 +392,10 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                        f"First: {first['op']} {tuple(first['shape'])}: {first['error']}")
     meta.write()
     return {"out": str(out), "device": env["device_name"], "gpu": env["gpu"], "dtype": dtype,
-            "planned": len(tasks), "skipped": len(tasks) - len(todo), "measured": measured,
-            "failed": failed, "ops_without_shapes": unmatched, "rows_in_file": total,
-            "stopped": stopped, "l2_flush": policy["l2_flush"], "meta": str(meta.path),
-            "failures_file": str(failures) if failed else None}
+            "planned": len(tasks), "skipped": in_file, "duplicates": len(tasks) - len(planned),
+            "measured": measured, "failed": failed, "ops_without_shapes": unmatched,
+            "rows_in_file": total, "stopped": stopped, "l2_flush": policy["l2_flush"],
+            "meta": str(meta.path), "failures_file": str(failures) if failed else None}
 
 
 def _why(e: BaseException) -> str:

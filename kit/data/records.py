@@ -3,11 +3,13 @@
 A schema CSV has the header `kit.data.schema.COLUMNS` once, then one line per finished
 measurement. The appender writes each line with one write, then flush and fsync, so a run killed
 at any moment (SIGKILL included) keeps every finished row; at worst the last line is cut short,
-and `repair` drops that unfinished line before a resumed run appends to the file.
+and `repair` drops that unfinished line before a resumed run appends to the file. One run at a
+time appends to a file (Lock), and never to a gzipped one (plain_csv).
 """
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import io
 import json
@@ -60,13 +62,16 @@ def row_key(row) -> tuple:
     return tuple(_key_part(row.get(c)) for c in KEY_COLUMNS)
 
 
-def repair(path: Path, fields: int | None = None) -> int:
-    """Cut an unfinished last line (no newline) off a CSV; returns the bytes removed.
-
-    With `fields`, a last line that has all of them is taken as finished (someone saved the file
-    without a final newline): it gets its newline instead of being cut.
-    """
-    with open(path, "rb+") as f:
+def repair(path: Path) -> int:
+    """Cut an unfinished last line off a CSV the collectors write, with a warning; returns the bytes
+    removed. Every row is written with its newline, so a last line without one is unfinished, even
+    when it has every field (a kill can cut the last field short): it is measured again. A cut
+    header leaves the file empty (its writer writes the header again)."""
+    try:
+        f = open(path, "rb+")
+    except OSError as e:
+        raise KitError(f"cannot write {path}: {e.strerror or e}; choose another --out") from None
+    with f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
             return 0
@@ -74,28 +79,93 @@ def repair(path: Path, fields: int | None = None) -> int:
         if f.read(1) == b"\n":
             return 0
         # search backwards for the last newline, 64 KiB at a time
-        end = size
-        keep = 0
+        end, keep = size, 0
         while end > 0:
             start = max(0, end - 65536)
             f.seek(start)
-            chunk = f.read(end - start)
-            hit = chunk.rfind(b"\n")
+            hit = f.read(end - start).rfind(b"\n")
             if hit >= 0:
                 keep = start + hit + 1
                 break
             end = start
-        f.seek(keep)
-        last = f.read(size - keep).decode("utf-8", "replace")
-        if fields is not None and len(next(csv.reader([last]), [])) >= fields:
-            f.seek(size)
-            f.write(b"\n")
-            keep = size
-        else:
-            f.truncate(keep)
+        f.truncate(keep)
         f.flush()
         os.fsync(f.fileno())
-        return size - keep
+    warnings.warn(f"{path}: dropped an unfinished last line ({size - keep} bytes)", stacklevel=3)
+    return size - keep
+
+
+def plain_csv(path: Path) -> None:
+    """KitError unless path is (or will be) a plain CSV: the collectors append lines, so they
+    cannot write gzip (a .gz name, or gzip's magic bytes under another)."""
+    path = Path(path)
+    magic = b""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(2)
+    except OSError:  # not there yet, or unreadable: the reader that follows says so
+        pass
+    if is_gzip(path) or magic == b"\x1f\x8b":
+        raise KitError(f"{path}: the collectors append to a plain CSV and cannot write gzip; give "
+                       "--out a .csv name (gunzip a gzipped file first to resume it; gzip the CSV "
+                       "once it is done)")
+
+
+def first_line(path: Path, what: str) -> str:
+    """The file's first line, with its newline when it is finished; KitError when the file cannot
+    be read or is not UTF-8 text (so not `what`)."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.readline()
+    except UnicodeDecodeError:
+        raise KitError(f"{path} is not {what} (it is not UTF-8 text); choose another --out") from None
+    except OSError as e:
+        raise KitError(f"cannot read {path}: {e.strerror or e}; choose another --out") from None
+
+
+class Lock:
+    """One writer at a time: an exclusive fcntl.flock on PATH.lock beside the file, taken without
+    waiting (KitError when another run holds it) and removed by release(). The kernel drops the
+    lock of a killed run, so a lock file left behind blocks no one."""
+
+    def __init__(self, path: str | Path):
+        import fcntl
+
+        self.fd, self.path = None, Path(str(path) + ".lock")
+        while self.fd is None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise KitError(f"cannot write {self.path} beside {path}: {e.strerror or e}; "
+                               "choose another --out") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):  # a file system without locks
+                    self.fd = fd
+                    break
+                os.close(fd)
+                raise KitError(f"{path} is being written by another run (it holds {self.path.name}); "
+                               "wait for it to end, or choose another --out") from None
+            try:  # the holder may have removed the file between our open and flock: lock the new one
+                self.fd = fd if os.stat(self.path).st_ino == os.fstat(fd).st_ino else None
+            except FileNotFoundError:
+                pass
+            if self.fd is None:
+                os.close(fd)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 class Appender:
@@ -111,15 +181,22 @@ class Appender:
         self.path = Path(path)
         self.keys: set[tuple] = set()
         self.header = self.NEW_HEADER
+        plain_csv(self.path)
         exists = self.path.is_file() and self.path.stat().st_size > 0
         if exists and not resume:
             raise KitError(f"{self.path} already exists; pass --resume to carry on with it, "
                            "or choose another --out")
+        self._lock = Lock(self.path)
+        try:
+            self._open(exists)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open(self, exists: bool):
         if exists:
             self._check_header()
-            cut = repair(self.path, fields=len(self.header))
-            if cut:
-                warnings.warn(f"{self.path}: dropped an unfinished last line ({cut} bytes)", stacklevel=2)
+            repair(self.path)
             if self.path.stat().st_size:
                 existing = schema.conform(_read_schema_csv(self.path), str(self.path))
                 self.keys = {row_key(r) for r in existing.to_dict("records")}
@@ -134,14 +211,9 @@ class Appender:
 
     def _check_header(self):
         """The file's header (a finished first line) must be one this appender writes; it is kept."""
-        try:
-            with open(self.path, encoding="utf-8", newline="") as f:
-                first = f.readline()
-        except UnicodeDecodeError:
-            raise KitError(f"{self.path} is not a kit measurement CSV (it is not UTF-8 text); "
-                           "choose another --out") from None
+        first = first_line(self.path, "a kit measurement CSV")
         if not first.endswith("\n"):
-            return  # cut short before its newline: repair() drops it, the header is rewritten
+            return  # cut short before its newline: repair() drops it, _open writes it again
         cols = first.rstrip("\r\n").split(",")
         if cols not in self.ACCEPTED:
             raise KitError(f"{self.path} is not a kit measurement CSV (its header differs from "
@@ -167,6 +239,7 @@ class Appender:
 
     def close(self):
         self._file.close()
+        self._lock.release()
 
     def __enter__(self):
         return self

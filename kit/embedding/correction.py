@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,8 +119,15 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default=None, help="GPU the rows ran on (default: their device_name)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    c = fit_correction(args.csv, gpu=args.gpu)
-    c.save(args.out)
+    try:
+        c = fit_correction(args.csv, gpu=args.gpu)
+        c.save(args.out)
+    except KitError as e:  # the kit's CLI contract: one line, exit 2
+        print(f"kit: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"kit: error: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
+        return 2
     print(json.dumps(c.trained_on, indent=2))
     return 0
 
