@@ -159,8 +159,9 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         few = model.few_rows_ms([op], gpu)[0] if cls == "gemm" else np.nan
         if np.isfinite(few) and not lifted and abs(out["latency_ms"] - few) <= 1e-9 * few:
             rows = min(op.m, op.n)
-            out["source"] = (f"{rows} calls of its one-row twin ({few / rows:.4g} ms each): a GEMM this "
-                             "thin is never slower than those; the tile-MLP's own answer was slower")
+            out["source"] = (f"{rows} back-to-back calls of its one-row twin (their kernel times and one "
+                             "dispatch floor): a GEMM this thin is never slower than those; the "
+                             "tile-MLP's own answer was slower")
         batches = model.few_batches_ms([op], gpu)[0] if cls == "gemm" else np.nan
         if np.isfinite(batches) and abs(out["latency_ms"] - batches) <= 1e-9 * batches:
             out["source"] = (f"{op.b} back-to-back calls of its b = 1 twin (their kernel times and one "

@@ -59,9 +59,10 @@ def test_more_groups_never_take_longer_and_never_longer_than_the_dense_conv(gpu,
     dense_fwd, dense_bwd = ladder[0][1:]
     for g, f, b in ladder[1:]:
         assert f <= dense_fwd * (1 + 1e-9) and b <= dense_bwd * (1 + 1e-9), (g, ladder)
-    # the auditor's A100 numbers: depthwise backward 37.4 ms, 5x the dense conv's 7.1 ms
+    # the auditor's A100 numbers: depthwise backward 37.4 ms, 5x the dense conv's 7.1 ms (two
+    # implicit GEMMs then; 2.0 ms now that each gradient may run as Winograd)
     if (gpu, dtype) == ("a100-sxm4-80gb", "fp32"):
-        assert ladder[-1][2] < dense_bwd / 20
+        assert ladder[-1][2] < dense_bwd / 10
 
 
 def _roofline_ms(gpu, dtype, n, c, h_out, h_in, kernel, flop_peak=None):
@@ -154,22 +155,25 @@ def test_a_depthwise_convs_direct_kernel_moves_each_tensor_once():
     assert len(direct) == 1 and direct[0].bytes == pytest.approx(x + w + y, abs=8)
     assert direct[0].flops == 0  # a stream; the node reports the per-group GEMM's FLOPs
     # the backward's all-direct way: dx (grad, w; dx) and dw (grad, x; dw), as two kernels
-    streams = [o for o in bwd.op.options if all(not isinstance(p, Gemm) for p in o.parts)]
+    streams = [o for o in bwd.op.options
+               if all(isinstance(p, Derived) and "direct" in p.label for p in o.parts)]
     assert len(streams) == 1 and len(streams[0].parts) == 2
     assert streams[0].bytes == pytest.approx(2 * (x + w + y), abs=16)
 
 
 def test_the_dense_conv_keeps_its_gemms_and_bounds_a_wide_grouped_conv():
-    """A dense 3x3 conv is its implicit GEMM or Winograd, its backward the two GEMMs; at 32+
-    channels a group the per-group GEMM comes first (reported) and the dense conv bounds it."""
+    """A dense 3x3 conv is its implicit GEMM or Winograd, its backward the two GEMMs (first:
+    reported) or Winograd's; at 32+ channels a group the per-group GEMM comes first (reported)
+    and the dense conv bounds it."""
     n, h = 2, 16
     fwd, bwd = _nodes(capture(_model(64, 128, 3, 1), (torch.zeros(n, 64, h, h),), mode="train"))
     assert isinstance(fwd.op, Cheapest) and len(fwd.op.options) == 2
     assert fwd.op.options[0] == Gemm(m=n * h * h, n=128, k=64 * 9, b=1, kind="linear", shared_rhs=True)
     assert isinstance(fwd.op.options[1], Derived) and "winograd" in fwd.op.options[1].label
-    assert isinstance(bwd.op, Derived) and bwd.op.parts == (
+    assert isinstance(bwd.op, Cheapest) and bwd.op.options[0].parts == (
         Gemm(m=n * h * h, n=64, k=128 * 9, b=1, kind="linear", shared_rhs=True),
         Gemm(m=128, n=64 * 9, k=n * h * h, b=1, kind="linear"))
+    assert len(bwd.op.options) == 4  # each gradient as its GEMM or as Winograd
     fwd, bwd = _nodes(capture(_model(64, 128, 3, 2), (torch.zeros(n, 64, h, h),), mode="train"))
     assert isinstance(fwd.op, Cheapest)
     assert fwd.op.options[0] == Gemm(m=n * h * h, n=64, k=32 * 9, b=2, kind="linear", shared_rhs=False)

@@ -15,7 +15,7 @@ from kit.errors import KitError
 from kit.ops import Elementwise
 from kit.workload import zoo
 from kit.workload.capture import capture
-from kit.workload.kernels import Derived
+from kit.workload.kernels import Cheapest, Derived
 
 torch.set_num_threads(1)
 F32 = 4
@@ -83,6 +83,8 @@ def test_first_conv_backward_skips_the_input_gradient_and_counts_the_bias():
     g = capture(layer, (torch.zeros(2, 3, 16, 16),), mode="train")
     op = _one(g, "convolution_backward", "bwd").op
     w_grad_flops = 2 * 8 * 3 * 9 * 2 * 16 * 16
+    # a 3x3 conv's dw may run as its GEMM (the first option, reported) or as Winograd
+    op = op.options[0] if isinstance(op, Cheapest) else op
     assert isinstance(op, Derived) and len(op.parts) == 2  # dw and the bias reduction
     assert op.flops == w_grad_flops
     assert op.parts[1].bytes == _copy_bytes(2 * 8 * 16 * 16 * F32)  # reads grad once

@@ -66,7 +66,7 @@ def text(r):
                         " no tensor-core kernel of it was timed" if carried else "")
                      + "; the tiling below is the kit's tile choice, for the picture")
     if str(r.get("source", "")).startswith("the learned elementwise") or \
-            " calls of its one-row twin " in str(r.get("source", "")) or \
+            " back-to-back calls of its one-row twin " in str(r.get("source", "")) or \
             str(r.get("source", "")).startswith("its bytes at ") or \
             " back-to-back calls of its b = 1 twin " in str(r.get("source", "")):
         lines.append(f"  source    {r['source']}")

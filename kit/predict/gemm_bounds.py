@@ -53,17 +53,25 @@ class GemmBounds:
         lat[tc], p10[tc], p90[tc] = t + floor, lo + floor, hi + floor
 
     def few_rows_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
-        """Per GEMM, r calls of its one-row twin where its m or n is r (2 <= r <= FEW_ROWS): the
-        most it may take, as it could run as those (predict caps it, cap_at); NaN for any other.
-        Where the tile-MLP is off its data for thin GEMMs the gap had been a cliff once GEMVs
-        streamed: on an MI300X (no timed AMD GEMV, no tensor-core curve) a bf16 GEMM of 8192 x
-        8192 weights took 0.067 ms at one row and 0.25 ms at two."""
+        """Per GEMM, r kernel times of its one-row twin where its m or n is r (2 <= r <= FEW_ROWS),
+        plus one dispatch floor: the most it may take, as it could run as those back-to-back calls
+        (predict caps it, cap_at); NaN for any other. Where the tile-MLP is off its data for thin
+        GEMMs the gap had been a cliff once GEMVs streamed: on an MI300X (no timed AMD GEMV, no
+        tensor-core curve) a bf16 GEMM of 8192 x 8192 weights took 0.067 ms at one row and 0.25
+        ms at two. The floor counts once, as in few_batches_ms: r whole isolated calls had held r
+        floors, and in a model (which sheds one) a Linear(256, 1024) of 2 rows took 8.6x its one
+        row on an A100."""
+        from kit.workload.iteration import isolation_floor_ms
+
+        gpu = get_gpu(gpu)
         out = np.full(len(ops), np.nan)
         rows = [j for j, op in enumerate(ops) if 2 <= min(op.m, op.n) <= FEW_ROWS]
         if rows:
+            floor = isolation_floor_ms(self, gpu)
             twins = [replace(ops[j], m=1) if ops[j].m <= ops[j].n else replace(ops[j], n=1) for j in rows]
             count = np.array([min(ops[j].m, ops[j].n) for j in rows], dtype=float)
-            out[rows] = count * self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
+            twin = self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
+            out[rows] = count * np.maximum(twin - floor, 0.0) + floor
         return out
 
     def few_batches_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:

@@ -174,19 +174,26 @@ def _leaves(nodes):
             np.asarray(option, dtype=int))
 
 
-def _fastest_option(vals, owner, option, n_nodes: int, scale=None):
-    """Per node, the (latency, p10, p90, roofline) sums of its fastest option (by latency). With
-    `scale` (each leaf's), also the sum of its leaves' scales in that option."""
+def _per_option(vals, owner, option, n_nodes: int, scale=None):
+    """Per node and option, the sums of its leaves' (latency, p10, p90, roofline) (n, k, 4),
+    which options a node has (n, k), and the sums of its leaves' scales (n, k)."""
     per = np.zeros((n_nodes, int(option.max()) + 1 if len(option) else 1, vals.shape[1]))
     np.add.at(per, (owner, option), vals)
     seen = np.zeros(per.shape[:2], dtype=bool)
     seen[owner, option] = True
+    sums = np.zeros(per.shape[:2])
+    np.add.at(sums, (owner, option), np.ones(len(owner)) if scale is None else scale)
+    return per, seen, sums
+
+
+def _fastest_option(vals, owner, option, n_nodes: int, scale=None):
+    """Per node, the (latency, p10, p90, roofline) sums of its fastest option (by latency). With
+    `scale` (each leaf's), also the sum of its leaves' scales in that option."""
+    per, seen, sums = _per_option(vals, owner, option, n_nodes, scale)
     best = np.where(seen, per[:, :, 0], np.inf).argmin(axis=1)
     out = per[np.arange(n_nodes), best]
     if scale is None:
         return out
-    sums = np.zeros(per.shape[:2])
-    np.add.at(sums, (owner, option), scale)
     return out, sums[np.arange(n_nodes), best]
 
 
@@ -256,14 +263,19 @@ def _predict_leaves(model, nodes, gpu, prepared):
             except Exception as e:  # noqa: BLE001 - reported, never silent
                 fallbacks[tname] = f"{model.name} failed ({type(e).__name__}: {e}); used wave"
                 vals[idx] = fallback.predict(ops, gpu)[cols].to_numpy(dtype=float)
-    out, carried = _fastest_option(vals * scale[:, None], owner, option, len(nodes), scale)
+    per, seen, carried = _per_option(vals * scale[:, None], owner, option, len(nodes), scale)
     floor = isolation_floor_ms(model, gpu)
     if floor > 0:  # in the stream, not one kernel at a time (see LEARNED_FROM_ISOLATED)
-        # each leaf's isolated time carries one floor, scaled with it: a node carries the sum
-        # of its leaves' scales (in_stream_ms sheds them, or one a kernel where that is more)
-        kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)
+        # each leaf's isolated time carries one floor, scaled with it: an option carries the
+        # sum of its leaves' scales (in_stream_ms sheds them, or one a kernel where that is
+        # more). The fastest option is chosen in the stream: chosen on isolated times, a 3x3
+        # conv's Winograd (four kernels, four floors) had lost to the implicit GEMM (one) at
+        # batch 8 on an A100, 91 us against 29 us in the stream, and won at batch 16 (42 us)
+        kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)[:, None]
         for c in range(3):
-            out[:, c] = in_stream_ms(out[:, c], out[:, 3], floor, kernels, carried)
+            per[:, :, c] = in_stream_ms(per[:, :, c], per[:, :, 3], floor, kernels, carried)
+    best = np.where(seen, per[:, :, 0], np.inf).argmin(axis=1)
+    out = per[np.arange(len(nodes)), best]
     if getattr(model, "name", None) != "roofline":  # the roofline stays a bound on the bytes
         out[:, :3] = np.maximum(out[:, :3], generic_loop_ms(nodes, gpu, prepared)[:, None])
     return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks

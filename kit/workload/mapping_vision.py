@@ -247,6 +247,45 @@ def winograd(args, outs, dtype: str, dense: bool = False) -> Derived | None:
     return Derived("gemm", parts, 1.0, "winograd F(4x4, 3x3)")
 
 
+def winograd_backward(args, mask, dtype: str, dense: bool = False) -> list | None:
+    """[input gradient, weight gradient] as Winograd F(4x4, 3x3) (cuDNN's WINOGRAD_NONFUSED
+    algorithms for both), for the plain 3x3 stride-1 convolutions whose forward may run so
+    (winograd); None for any other. The input gradient is a 3x3 convolution of grad by the
+    flipped weight: the forward's four kernels with Cin and Cout swapped, over x's tiles. The
+    weight gradient transforms x and grad into the same 6x6 tiles, multiplies them in 36 batched
+    GEMMs of Cout x Cin over the tiles, and transforms the 36 products back to 3x3 filters.
+    Only the gradients mask asks for (None where not). dense: a grouped conv run as the dense
+    conv of its channels (a block-diagonal weight), as its forward may (winograd). Without them
+    a 3x3 conv's backward, two implicit GEMMs, had cost 7.5x its Winograd forward for twice the
+    multiply-adds."""
+    grad, x, w = args[0], args[1], args[2]
+    if len(args) < 10:
+        return None
+    # the forward's arguments (x, w, bias, stride, padding, dilation, transposed, output
+    # padding, groups) from the backward's (grad, x, w, bias sizes, stride, ...): its conditions
+    if winograd([x, w, None, *args[4:10]], [grad], dtype, dense) is None:
+        return None
+    wb = _groups(args, 9) * _bytes(w)  # the dense weight a block-diagonal one becomes
+    n, cin, cout = x.shape[0], x.shape[1], grad.shape[1]
+    a, d = WINOGRAD_TILE + 2, dtype_bytes(dtype)
+    tiles = n * math.ceil(x.shape[2] / WINOGRAD_TILE) * math.ceil(x.shape[3] / WINOGRAD_TILE)
+    out_tiles = n * math.ceil(grad.shape[2] / WINOGRAD_TILE) * math.ceil(grad.shape[3] / WINOGRAD_TILE)
+    dx = dw = None
+    if mask[0]:
+        dx = Derived("gemm", (Gemm(m=max(1, tiles), n=max(1, cin), k=max(1, cout), b=a * a, dtype=dtype),
+                              copy_of(_bytes(grad) + a * a * tiles * cout * d, dtype),   # grad transform
+                              copy_of(wb + a * a * cout * cin * d, dtype),              # filter transform
+                              copy_of(a * a * tiles * cin * d + _bytes(x), dtype)),     # output transform
+                     1.0, "winograd F(4x4, 3x3) input gradient")
+    if mask[1]:
+        dw = Derived("gemm", (Gemm(m=max(1, cout), n=max(1, cin), k=max(1, out_tiles), b=a * a, dtype=dtype),
+                              copy_of(_bytes(x) + a * a * out_tiles * cin * d, dtype),   # x transform
+                              copy_of(_bytes(grad) + a * a * out_tiles * cout * d, dtype),  # grad transform
+                              copy_of(a * a * cout * cin * d + wb, dtype)),             # filter out
+                     1.0, "winograd F(4x4, 3x3) weight gradient")
+    return [dx, dw]
+
+
 def _backward_gemms(grad, x, w, groups: int, transposed: bool, mask, dtype: str) -> list:
     """[input gradient, weight gradient] GEMMs, each only where mask asks (None where not)."""
     kernel = max(1, math.prod(w.shape[2:]))
@@ -288,13 +327,21 @@ def conv_backward(args, dtype: str):
         parts.append(copy_of(1, dtype))
     counts, has_direct = grouped_ways(x.shape[1], grad.shape[1], groups)
     if len(counts) == 1 or not any(own):
-        return Derived("gemm", tuple(parts), 1.0, "convolution backward"), "gemm", len(parts)
+        wino = winograd_backward(args, mask, dtype) if any(own) else None
+        if wino is None:
+            return Derived("gemm", tuple(parts), 1.0, "convolution backward"), "gemm", len(parts)
+        ways = [[g, wg] for g, wg in zip(own, wino) if g is not None]
+        options = tuple(Derived("gemm", tuple(pick) + tuple(bias), 1.0, "convolution backward")
+                        for pick in itertools.product(*ways))
+        return Cheapest("gemm", options, "convolution backward (implicit GEMM or Winograd)"), \
+            "gemm", len(parts)
     others = [_backward_gemms(grad, x, w, g, transposed, mask, dtype) for g in counts[1:]]
+    wino = winograd_backward(args, mask, dtype, dense=True) or [None, None]
     ways = []  # per gradient asked for: the per-group GEMM first, then the others
     for i, gemm in enumerate(own):
         if gemm is None:
             continue
-        way = [gemm] + [o[i] for o in others]
+        way = [gemm] + [o[i] for o in others] + ([wino[i]] if wino[i] is not None else [])
         if has_direct:  # dx: grad, w read, dx (x's size) written; dw: grad, x read, dw written
             way.append(direct(_bytes(grad, w, x), gemm.flops, dtype,
                               ("input", "weight")[i] + " gradient, direct"))
