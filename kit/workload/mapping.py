@@ -11,11 +11,12 @@ import math
 
 import torch
 
-from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, Gemm, LayerNorm, RMSNorm,
-                     Softmax, MAX_ALIGN_ELEMS, elementwise_proxy, lead_alignment)
+from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, LayerNorm, RMSNorm, Softmax,
+                     elementwise_proxy)
 from kit.workload.kernels import ATTENTION_BWD_SCALE, Derived, copy_of, memory_bound
 from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, POW_FAST, _elementwise,  # noqa: F401
                                               _pow_kind, input_streams, nbytes, vectorizable)
+from kit.workload.mapping_gemm import GEMM_OPS, flops_gemm, map_gemm
 from kit.workload.mapping_vision import VISION_OPS, map_vision
 
 # ops that only change metadata, alias storage or allocate without writing: no kernel
@@ -31,6 +32,10 @@ FREE_OPS = {
     "_record_function_exit", "item", "clone_free", "zeros_like_free", "lift", "split_copy_free",
     "_assert_async", "_assert_scalar", "_functional_assert_async", "record_stream",
     "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk",  # LSTM/GRU gates: views
+    "_conj", "_neg_view",  # a lazy conjugate or negation: a bit on the tensor, no kernel
+    # a sparse tensor's parts and its wrapping of them (nn.Embedding(sparse=True)'s gradient)
+    "_indices", "_values", "indices", "values", "_sparse_coo_tensor_with_dims_and_tensors",
+    "_coalesced_", "_nnz",
 }
 
 # aten op -> elementwise kind (kit.ops.ELEMENTWISE_FLOPS); everything here is one pass over
@@ -75,11 +80,25 @@ ELEMENTWISE = {
     "pixel_shuffle": "copy", "pixel_unshuffle": "copy", "channel_shuffle": "copy",
     "native_channel_shuffle": "copy", "_pack_padded_sequence": "copy",
     "_pack_padded_sequence_backward": "copy", "_pad_packed_sequence": "copy",
+    # padding by reflection or replication: a copy into the larger output; the backward adds
+    # the output's gradient into the input's (a copy of the larger gradient, read once)
+    **{f"{kind}_pad{d}d{bwd}": "copy" for kind in ("reflection", "replication") for d in (1, 2, 3)
+       for bwd in ("", "_backward")},
+    # more activations, and the losses' backward passes (one pass over the input's gradient)
+    "threshold": "clamp", "threshold_": "clamp", "_prelu_kernel": "max",
+    "_prelu_kernel_backward": "where", "celu": "exp", "celu_": "exp", "logit": "log",
+    "expm1": "exp", "log1p": "log", "log2": "log", "exp2": "exp", "atan": "tanh", "erfc": "erf",
+    "logaddexp": "exp", "mse_loss_backward": "sub", "smooth_l1_loss_backward": "where",
+    "huber_loss_backward": "where", "binary_cross_entropy_backward": "div",
+    "soft_margin_loss_backward": "exp",
 }
 REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "var", "std", "var_mean",
               "std_mean", "norm", "linalg_vector_norm", "prod", "any", "all", "logsumexp",
               "count_nonzero", "max_dim", "min_dim", "cumsum", "cumprod", "nll_loss_forward",
-              "nll_loss2d_forward", "_foreach_norm", "aminmax"}
+              "nll_loss2d_forward", "_foreach_norm", "aminmax",
+              # losses: one pass over the input and target, reduced (or not: reduction="none")
+              "mse_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+              "smooth_l1_loss", "huber_loss", "soft_margin_loss"}
 GATHERS = {"index", "index_select", "gather", "take", "_unsafe_index"}  # out[i] = src[idx[i]]
 INDEXING = {"index", "index_select", "gather", "scatter", "scatter_", "scatter_add",
             "scatter_add_", "index_put", "index_put_", "index_add", "index_add_", "index_copy",
@@ -91,8 +110,6 @@ INDEXING = {"index", "index_select", "gather", "scatter", "scatter_", "scatter_a
             # the gathers and scatters of upsampling under torch.use_deterministic_algorithms(True)
             "_unsafe_index", "_unsafe_index_put", "_unsafe_masked_index",
             "_unsafe_masked_index_put_accumulate"}
-# one matrix product (mm; addmm adds a bias, _addmm_activation a bias and ReLU/GELU epilogue)
-MATMULS = ("mm", "addmm", "_addmm_activation")
 ATTENTION_FWD = {"_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
                  "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
                  "_flash_attention_forward", "_efficient_attention_forward",
@@ -108,6 +125,9 @@ _FLOAT_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "
 def kit_dtype(t: torch.Tensor) -> tuple[str, float]:
     """(kit dtype, element-count multiplier) that move the same bytes as tensor t's dtype."""
     d = t.dtype
+    if d.is_complex:  # a real and an imaginary part, each of the real dtype
+        real, mult = kit_dtype(torch.empty(0, dtype=d.to_real()))
+        return real, 2 * mult
     if d in _FLOAT_DTYPES:
         return _FLOAT_DTYPES[d], (2.0 if d == torch.float64 else 1.0)
     size = t.element_size()
@@ -131,117 +151,23 @@ def tensors(obj) -> list[torch.Tensor]:
     return []
 
 
+def _dense(ts: list) -> list:
+    """The tensors a kernel moves: a sparse COO tensor as its indices and values (nnz rows, not
+    its dense size)."""
+    return [p for t in ts for p in ((t._indices(), t._values()) if t.is_sparse else (t,))]
+
+
 def _rows_cols(x: torch.Tensor, norm_dims: int = 1) -> tuple[int, int]:
     cols = math.prod(x.shape[-norm_dims:]) if x.dim() else 1
     return max(1, x.numel() // max(cols, 1)), max(cols, 1)
-
-
-def _copied(t: torch.Tensor) -> bool:
-    """Whether PyTorch copies t's matrices contiguous before cuBLAS sees them. cuBLAS takes a
-    matrix with one unit stride and the other at least that dimension's extent (its leading
-    dimension); PyTorch clones any other (a slice of every other column, strides (2k, 2); a
-    stride-0 broadcast row) with MemoryFormat::Contiguous first (prepare_matrix_for_cublas and
-    prepare_batch_matrix_for_cublas, aten/src/ATen/native/cuda/Blas.cpp)."""
-    if t.dim() < 2 or min(t.shape[-2:]) <= 1:
-        return False
-    rows, cols = t.shape[-2:]
-    row_stride, col_stride = int(t.stride(-2)), int(t.stride(-1))
-    return not ((col_stride == 1 and row_stride >= cols) or (row_stride == 1 and col_stride >= rows))
-
-
-def _leading(t: torch.Tensor) -> int:
-    """The leading dimension (stride, in elements) of the matrix in t's last two dims, as cuBLAS
-    gets it: the stride that is not 1 (row- or column-major), or for an operand PyTorch copies
-    first (_copied) the copy's, its column count; a vector (a dim of 1) has none that matters
-    (MAX_ALIGN_ELEMS)."""
-    if t.dim() < 2 or min(t.shape[-2:]) <= 1:
-        return MAX_ALIGN_ELEMS
-    if _copied(t):
-        return int(t.shape[-1])
-    return max(int(t.stride(-2)), int(t.stride(-1)), 1)
-
-
-def _offsets(t: torch.Tensor) -> tuple[int, ...]:
-    """Where t's matrices start, in elements: its storage offset and, for a batch of matrices,
-    the batch stride (cuBLAS loads each matrix from base + i x stride); a copied operand
-    (_copied) starts at 0 and packs its matrices. 0 constrains nothing."""
-    batched = t.dim() == 3 and t.shape[0] > 1
-    if _copied(t):
-        return (0, int(t.shape[-2] * t.shape[-1]) if batched else 0)
-    return (int(t.storage_offset()), int(t.stride(0)) if batched else 0)
-
-
-def _align(a: torch.Tensor, b: torch.Tensor, n: int) -> int:
-    """lead_alignment of both operands' leading dimensions, where their matrices start (a
-    pointer off a 16-byte boundary, as a slice from an odd column gives, rules out the aligned
-    kernels as an odd stride does) and the (contiguous) output's leading dimension, n (a
-    one-column output has none that matters)."""
-    return lead_alignment(_leading(a), _leading(b), *_offsets(a), *_offsets(b),
-                          n if n > 1 else MAX_ALIGN_ELEMS)
-
-
-def _gemm(packet: str, args, dtype: str) -> Gemm:
-    if packet in MATMULS:
-        a, b = (args[0], args[1]) if packet == "mm" else (args[1], args[2])
-        return Gemm(m=a.shape[0], n=b.shape[1], k=a.shape[1], b=1, dtype=dtype, kind="linear",
-                    shared_rhs=True, align=_align(a, b, b.shape[1]))
-    a, b = (args[0], args[1]) if packet == "bmm" else (args[1], args[2])
-    m, n, k, batch = a.shape[1], b.shape[2], a.shape[2], a.shape[0]
-    align = _align(a, b, n)
-    if _expanded(b):  # x @ W on a non-contiguous 3-d x without grad: W expanded over the batch
-        return Gemm(m=m, n=n, k=k, b=batch, dtype=dtype, kind="bmm", shared_rhs=True, align=align)
-    if _expanded(a):  # C^T = B^T A^T: the expanded A is the shared operand
-        return Gemm(m=n, n=m, k=k, b=batch, dtype=dtype, kind="bmm", shared_rhs=True, align=align)
-    return Gemm(m=m, n=n, k=k, b=batch, dtype=dtype, kind="bmm", align=align)
-
-
-def _grouped_gemm(args, kwargs, dtype: str) -> Gemm | Derived:
-    """torch._grouped_mm (F.grouped_mm): one launch of many GEMMs, as MoE experts run (HF's
-    grouped_mm experts, transformers 5). A 2-D operand is cut into groups along one dimension by
-    `offs`, whose values the capture does not have: the groups are taken as even, over as many
-    experts as there are rows to share (min(groups, rows)), and costed as that batch of GEMMs.
-
-        (S, K) x (E, K, N)   tokens sorted by expert, one weight per expert (the forward and dx)
-        (M, S) x (S, N)      the contraction cut per expert: the weight gradient, (E, M, N)
-        (E, M, K) x (K, N')  the columns cut per group
-        (E, M, K) x (E, K, N) a plain batch of E GEMMs (no offs)
-    """
-    a, b = args[0], args[1]
-    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
-    if a.dim() == 3 and b.dim() == 3:
-        return Gemm(m=a.shape[1], n=b.shape[2], k=a.shape[2], b=a.shape[0], dtype=dtype, kind="bmm")
-    groups = offs.numel() if isinstance(offs, torch.Tensor) else (b.shape[0] if b.dim() == 3 else a.shape[0])
-    if a.dim() == 2 and b.dim() == 3:
-        total, cut = a.shape[0], lambda share, g: Gemm(m=share, n=b.shape[2], k=a.shape[1], b=g,
-                                                       dtype=dtype, kind="bmm")
-    elif a.dim() == 2 and b.dim() == 2:
-        total, cut = a.shape[1], lambda share, g: Gemm(m=a.shape[0], n=b.shape[1], k=share, b=g,
-                                                       dtype=dtype, kind="bmm")
-    else:
-        total, cut = b.shape[-1], lambda share, g: Gemm(m=a.shape[-2], n=share, k=a.shape[-1], b=g,
-                                                        dtype=dtype, kind="bmm")
-    g = max(1, min(groups, total))  # the groups that get a share
-    share = max(1, math.ceil(total / g))
-    op = cut(share, g)
-    if share * g == total:
-        return op
-    # shares that do not divide evenly: the rounded-up batch, scaled to the real work (2·S·K·N)
-    return Derived("gemm", (op,), total / (share * g), "grouped GEMM, uneven shares")
-
-
-def _expanded(t: torch.Tensor) -> bool:
-    """A bmm operand broadcast over the batch (batch stride 0, as torch.matmul passes a weight it
-    does not fold into one mm): one matrix that the kernel reads from DRAM once, not b copies.
-    cuBLAS takes the stride-0 batch as it is (strided-batched GEMM), so the batch stays."""
-    return t.dim() == 3 and t.shape[0] > 1 and t.stride(0) == 0
 
 
 def _attention(q, k, v, dtype: str, causal: bool) -> Attention:
     """q/k: (b, heads or kv_heads, seq, d), v: (b, kv_heads, seq_kv, dv) (any leading batch dims).
     The values' head size dv may differ from d (DeepSeek's multi-head latent attention)."""
     b = math.prod(q.shape[:-3]) if q.dim() > 3 else 1
-    heads, seq_q, d = q.shape[-3], q.shape[-2], q.shape[-1]
-    kv_heads, seq_kv, dv = k.shape[-3], k.shape[-2], v.shape[-1]
+    heads, seq_q, d = q.shape[-3] if q.dim() > 2 else 1, q.shape[-2], q.shape[-1]
+    kv_heads, seq_kv, dv = k.shape[-3] if k.dim() > 2 else 1, k.shape[-2], v.shape[-1]
     return Attention(b=b, heads=heads, seq_q=seq_q, seq_kv=seq_kv, head_dim=d, dtype=dtype,
                      causal=bool(causal), kv_heads=kv_heads if kv_heads != heads else None,
                      v_head_dim=dv if dv != d else None)
@@ -275,16 +201,14 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
     kwargs = kwargs or {}
     if packet in FREE_OPS:
         return None, "free", 0
-    ins = tensors(args) + tensors(kwargs)
-    outs = tensors(out)
+    ins = _dense(tensors(args) + tensors(kwargs))
+    outs = _dense(tensors(out))
     lead = (outs or ins or [None])[0]
     if lead is None:
         return None, "free", 0
     dtype, mult = kit_dtype(ins[0] if ins and ins[0].is_floating_point() else lead)
-    if packet in (*MATMULS, "bmm", "baddbmm"):
-        return _gemm(packet, args, dtype), "gemm", 1
-    if packet == "_grouped_mm":
-        return _grouped_gemm(args, kwargs, dtype), "gemm", 1
+    if packet in GEMM_OPS:
+        return map_gemm(packet, args, kwargs, dtype)
     if packet in ATTENTION_FWD:
         return _attention(args[0], args[1], args[2], dtype, _causal_arg(packet, args, kwargs)), "attention", 1
     if packet in ATTENTION_BWD:
@@ -363,6 +287,14 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
         idx = sum(nbytes(t) for t in ins if not t.is_floating_point() and not t.is_complex())
         return memory_bound("indexing", 2 * sum(nbytes(t) for t in outs) + idx, dtype,
                             label=packet), "indexing", 1
+    if packet in ("index_fill", "index_fill_"):  # (self, dim, index, value): the named slices
+        target, index = args[0], args[2]
+        per_slice = target.numel() // max(target.shape[int(args[1])], 1) if target.dim() else 1
+        moved = index.numel() * per_slice * target.element_size() + nbytes(index)
+        copy = 2 * nbytes(target) if packet == "index_fill" else 0  # out of place: self copied
+        return memory_bound("indexing", moved + copy, dtype, label=packet), "indexing", 1 + bool(copy)
+    if packet.startswith(("grid_sampler", "cudnn_grid_sampler")) and outs:
+        return _grid_sampler(packet, args, outs, dtype), "indexing", 1
     if packet in INDEXING:
         moved = sum(nbytes(t) for t in ins) + 2 * sum(nbytes(t) for t in outs)
         if packet in ("index_put", "index_put_", "_index_put_impl_", "index_add", "index_add_",
@@ -389,8 +321,38 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
         kind = _pow_kind(args) if ELEMENTWISE[packet] == "pow" else ELEMENTWISE[packet]
         return _elementwise(kind, ins, outs, lead, odtype, omult,
                             cpu_scalars=packet != "where"), "elementwise", 1
-    moved = sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs)
-    return memory_bound("unknown", max(moved, 1), dtype, label=packet), "unknown", 1
+    moved = max(sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs), 1)
+    flops = _registry_flops(packet, args, kwargs, out)
+    if flops > 0:  # never under its FLOPs at the GPU's peak: the copy of its bytes and those FLOPs
+        return Derived("unknown", (copy_of(moved, dtype), flops_gemm(flops, dtype)), 1.0,
+                       packet), "unknown", 1
+    return memory_bound("unknown", moved, dtype, label=packet), "unknown", 1
+
+
+def _registry_flops(packet: str, args, kwargs, out) -> float:
+    """The FLOPs torch.utils.flop_counter counts for an op it knows (its flop_registry: GEMMs,
+    convolutions, attention, _scaled_mm), 0 for the rest."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(getattr(torch.ops.aten, packet, None))
+    if formula is None:
+        return 0.0
+    try:
+        return float(formula(*args, **kwargs, out_val=out))
+    except Exception:  # a formula for another overload's arguments: no count
+        return 0.0
+
+
+def _grid_sampler(packet: str, args, outs, dtype: str) -> Derived:
+    """F.grid_sample: each output element reads the input at its 4 (2-D) or 8 (3-D) corners and
+    its grid point; the backward zeroes the input's gradient, adds each gradient element into its
+    corners (a read and a write each) and reads the input's corners for the grid's gradient."""
+    corners = 8 if "3d" in packet else 4
+    if "backward" not in packet:
+        moved = (corners + 1) * nbytes(outs[0]) + nbytes(args[1])
+    else:  # (grad, input, grid, ...) -> (grad input, grad grid)
+        moved = nbytes(outs[0]) + 3 * corners * nbytes(args[0]) + 2 * nbytes(args[2])
+    return memory_bound("indexing", moved, dtype, label=packet)
 
 
 def _dropout(args, dtype: str, mult: float) -> Derived:

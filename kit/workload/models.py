@@ -150,7 +150,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
             raise KitError(f"model {name!r} comes with its own example inputs, which fix the batch "
                            f"and sequence; give no batch or seq (--batch/--seq; got batch {batch}, seq {seq}) or "
                            "return a module that takes input_ids or has example_inputs(batch, seq)")
-        meta = {"batch": _leading_dim(inputs), "seq": None}
+        meta = {"batch": _leading_dim(inputs, obj), "seq": None}
     if decode:  # the floating inputs are the cache: its memory
         size = TORCH_DTYPES[dtype].itemsize if isinstance(dtype, str) and dtype in TORCH_DTYPES else None
         leaves = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
@@ -190,14 +190,20 @@ def _decode_inputs_for(module, name: str, batch: int, context: int):
                        f"{one_line(e)}") from None
 
 
-def _leading_dim(inputs) -> int:
-    """The batch of given example inputs: the first dimension of their first tensor (1 if none)."""
+def _leading_dim(inputs, module=None) -> int:
+    """The batch of given example inputs: the first dimension of their first tensor (1 if none).
+    For a module that says where its batch is (batch_first: nn.MultiheadAttention, nn.LSTM,
+    nn.Transformer, ...), the second dimension when batch_first is False, and 1 for an
+    unbatched input (fewer than 3 dims)."""
     import torch
 
     values = (list(inputs.values()) if isinstance(inputs, dict) else
               list(inputs) if isinstance(inputs, (tuple, list)) else [inputs])
+    batch_first = getattr(module, "batch_first", None)
     for v in values:
         if isinstance(v, torch.Tensor) and v.dim():
+            if isinstance(batch_first, bool):
+                return int(v.shape[0 if batch_first else 1]) if v.dim() >= 3 else 1
             return int(v.shape[0])
     return 1
 
@@ -224,15 +230,18 @@ def memory_bytes(graph) -> dict:
     and as the step's optimizer kernels are timed). Mixed precision with fp32 master weights and
     fp32 state would need 12 more bytes a parameter under AdamW than a bf16 step. A training
     step captured without an optimizer counts AdamW's state all the same (optimizer_assumed):
-    its update is not timed, but a run keeps the state."""
+    its update is not timed, but a run keeps the state. Gradients and optimizer state are
+    those of the trainable parameters (requires_grad; trainable_param_bytes): a frozen backbone
+    has neither."""
     m = graph.meta
     weights = int(m.get("param_bytes", 0))
+    trainable = int(m.get("trainable_param_bytes", weights))  # a graph from before: all of them
     train = m.get("mode") == "train"
-    grads = weights if train else 0
+    grads = trainable if train else 0
     # training without a named optimizer: assume AdamW (two state tensors per parameter), each
     # in the parameters' dtype (torch.optim's zeros_like(param))
     states = OPTIMIZER_STATE_TENSORS.get(m.get("optimizer") or "adamw", 2) if train else 0
-    optim = states * weights
+    optim = states * trainable
     # the step captured without an optimizer has no update to time, but a run needs the state
     assumed = train and not m.get("optimizer")
     acts = int(m.get("activation_bytes", 0))

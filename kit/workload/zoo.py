@@ -268,6 +268,8 @@ def _check_sizes(kind: str, cfg: dict) -> None:
                            f"{'a list of ' if many else 'a '}positive whole number"
                            f"{'s' if many else ''}, got {value!r}")
     whole, parts = HEAD_SPLITS.get(kind, (None, None))
+    if kind in LLAMA_FAMILIES and cfg.get("head_dim") is not None:  # heads of a size of their own
+        whole = None
     if isinstance(cfg.get(whole), int) and isinstance(cfg.get(parts), int) and cfg[whole] % cfg[parts]:
         raise KitError(f"{kind} config cannot build a model: {whole} {cfg[whole]} must be a "
                        f"multiple of {parts} {cfg[parts]} (each attention head gets an equal share)")
@@ -275,7 +277,8 @@ def _check_sizes(kind: str, cfg: dict) -> None:
 
 # the width these families split evenly into attention heads (they have no head_dim of their own)
 HEAD_SPLITS = {"gpt2": ("n_embd", "n_head"), "bert": ("hidden_size", "num_attention_heads"),
-               "opt": ("hidden_size", "num_attention_heads")}
+               "opt": ("hidden_size", "num_attention_heads"),
+               **{f: ("hidden_size", "num_attention_heads") for f in LLAMA_FAMILIES}}  # no head_dim
 
 
 # -- cached capture -----------------------------------------------------------------------------
@@ -316,7 +319,8 @@ def _key(model, batch, seq, mode, dtype, optimizer) -> str:
 def _code_stamp() -> str:
     """Changes whenever the capture code or the models change (invalidates disk caches)."""
     here = Path(__file__).parent
-    names = ("capture.py", "mapping.py", "kernels.py", "modes.py", "zoo.py", "zoo_models.py", "zoo_modern.py",
+    names = ("capture.py", "capture_roots.py", "capture_errors.py", "recorder.py", "gpu_kernels.py",
+             "mapping.py", "mapping_gemm.py", "kernels.py", "modes.py", "zoo.py", "zoo_models.py", "zoo_modern.py",
              "zoo_deepseek.py", "zoo_experts.py", "zoo_t5.py", "zoo_dlrm.py", "zoo_vision.py", "mapping_vision.py",
              "mapping_elementwise.py", "graph.py", "fast_path.py", "rnn_capture.py", "hf_compat.py",
              "replicate.py", "kv_cache.py", "../ops.py")  # ops.py: the pickled ops' classes
@@ -467,7 +471,10 @@ def _capture(model, batch, seq, mode, dtype, optimizer, loss=False, last_logits=
             params = {id(p): p for p in full.parameters()}
             n_params = sum(p.numel() for p in params.values())
             n_buffers, few_buffers = (sum(b.numel() for b in m.buffers()) for m in (full, few))
+            n_trainable = sum(p.numel() for p in params.values() if p.requires_grad)
             graph.meta.update(params=n_params, param_bytes=n_params * small.meta["param_bytes"]
+                              // max(small.meta["params"], 1),
+                              trainable_param_bytes=n_trainable * small.meta["param_bytes"]
                               // max(small.meta["params"], 1),
                               buffer_bytes=n_buffers * small.meta["buffer_bytes"] // max(few_buffers, 1),
                               activation_bytes=small.meta["activation_bytes"]

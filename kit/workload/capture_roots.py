@@ -1,0 +1,88 @@
+"""Where a training capture starts its backward pass: the model's outputs that a loss reads.
+
+The capture has no loss of the user's, so it gives a gradient to every floating output that
+requires grad, as a loss over all of them would (BERT's two pretraining heads; a VAE's
+reconstruction beside its KL term), with one exception: an output that a scalar output was
+computed from takes its gradient through that scalar. A scalar output is a loss (HF's
+{"loss", "logits"}, a MoE's auxiliary loss, a VAE's KL term) and starts the backward with the seed
+1; the logits beside HF's loss are upstream of it, so they get no seed of their own. Each autograd
+node still runs once: torch sums the gradients that reach a node before it runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from kit.errors import KitError
+
+
+def output_tensors(output) -> list:
+    """Tensors in a model's output: pytree leaves, and the values of what pytree does not open:
+    a dataclass (a user's own output class) and a Mapping subclass (an OrderedDict-based
+    ModelOutput of one's own, an EasyDict)."""
+    out = []
+    for leaf in tree_leaves(output):
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            out += output_tensors([getattr(leaf, f.name) for f in dataclasses.fields(leaf)])
+        elif isinstance(leaf, Mapping):
+            out += output_tensors(list(leaf.values()))
+    return out
+
+
+def grad_outputs(output) -> list:
+    """The floating tensors of a model's output that require grad, in order."""
+    return [t for t in output_tensors(output) if t.is_floating_point() and t.requires_grad]
+
+
+def backward_root(output):
+    """The first output a loss can be computed from; a KitError naming the output when none."""
+    roots = grad_outputs(output)
+    if roots:
+        return roots[0]
+    raise KitError("training capture: the model's output has no floating tensor that requires "
+                   f"grad (it returned a {type(output).__name__}; does the model have trainable "
+                   "parameters on the output's path?)")
+
+
+def _upstream(scalars: list, held: list) -> set:
+    """The gradient edges, (id of an autograd node, its output number), that the backward from
+    `scalars` passes through. held gets the nodes, so that no id is reused while it is kept."""
+    seen = set()
+    todo = [torch.autograd.graph.get_gradient_edge(s).node for s in scalars]
+    visited = set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in visited:
+            continue
+        visited.add(id(node))
+        held.append(node)
+        for nxt, nr in node.next_functions:
+            if nxt is not None:
+                held.append(nxt)
+                seen.add((id(nxt), nr))
+                todo.append(nxt)
+    return seen
+
+
+def backward_roots(output) -> list:
+    """The roots for torch.autograd.backward: every scalar output, and every other floating
+    output requiring grad that no scalar output was computed from (module docstring)."""
+    outputs = grad_outputs(output) or [backward_root(output)]  # none: the error naming it
+    scalars = [t for t in outputs if t.numel() == 1]
+    held: list = []
+    covered = _upstream(scalars, held) if scalars else set()
+    edges = [torch.autograd.graph.get_gradient_edge(t) for t in outputs]
+    roots = [t for t, e in zip(outputs, edges)
+             if t.numel() == 1 or (id(e.node), e.output_nr) not in covered]
+    return roots
+
+
+def seeds(roots: list) -> list:
+    """The gradients the backward starts from: 1 for a scalar (None), else one of the root's
+    shape."""
+    return [None if t.numel() == 1 else torch.empty_like(t) for t in roots]
