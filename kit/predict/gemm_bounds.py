@@ -74,6 +74,26 @@ class GemmBounds:
             out[rows] = count * np.maximum(twin - floor, 0.0) + floor
         return out
 
+    def two_row_ms(self, ops: list, gpu: GPU | str, rows: np.ndarray) -> np.ndarray:
+        """Per GEMV (rows: m or n of 1, the other over 1), the isolated latency of its two-row
+        twin: the most it may take, as the twin's kernel could run it with a row of padding
+        (predict caps it, cap_at); NaN for any other. The GEMV rule streams at one share of the
+        bandwidth, fitted on the H200's GEMVs of 1-100 MB (kit.predict.gemv); a large FP32 GEMV
+        there streamed at 0.65-0.70 of it, and the rule's 0.51 had put an fp32 decode step at
+        batch 1 on an L4 (phi3-mini, 256 cached) at 1.35x the same step at batch 2."""
+        out = np.full(len(ops), np.nan)
+        if getattr(self, "_in_two_row_twin", False):
+            return out  # the twin's own one-row cap predicts its GEMV uncapped
+        idx = [j for j in np.flatnonzero(rows) if max(ops[j].m, ops[j].n) > 1]
+        if idx:
+            twins = [replace(ops[j], m=2) if ops[j].m == 1 else replace(ops[j], n=2) for j in idx]
+            self._in_two_row_twin = True
+            try:
+                out[idx] = self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
+            finally:
+                self._in_two_row_twin = False
+        return out
+
     def few_batches_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
         """Per GEMM of batch b (2 <= b <= FEW_ROWS), b kernel times of its b = 1 twin plus one
         dispatch floor: the most it may take, as it could run as those back-to-back calls

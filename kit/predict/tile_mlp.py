@@ -107,6 +107,7 @@ class TilePredictor(GemmBounds, SmallOpBounds):
                     part.loc[free, COLUMNS] = split[COLUMNS].values
             if gemv.any():
                 part = self._gemv(ops_c, gpu, gemv, part.reset_index(drop=True))
+                part = cap_at(part.reset_index(drop=True), self.two_row_ms(ops_c, gpu, gemv))
             if cls == "gemm":
                 # the caps (ways it could run: as one-row or unbatched calls) hold over the
                 # aligned twin's lift too, so they apply on both sides of it

@@ -487,4 +487,5 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
     return Iteration(graph.model, gpu.key, graph.meta.get("mode", "train"), fusion, pname,
                      float(total), float(timelines["p10"][2]), float(timelines["p90"][2]),
                      kernel_ms, float(issue[-1]) if len(issue) else 0.0,
-                     float(total - kernel_ms), phases_ms, frame, overhead, meta, fallbacks)
+                     # idle: never under 0 (CUDA graphs' replay can round it to -1e-9)
+                     max(float(total - kernel_ms), 0.0), phases_ms, frame, overhead, meta, fallbacks)
