@@ -175,3 +175,31 @@ def test_a_compiled_adamw_step_reads_four_tensors_per_parameter_and_writes_three
     # moments back (they outlive the step), each once however many of the chain's ops update it
     assert step.op.bytes == pytest.approx(7 * param_bytes, rel=1e-12)
     assert step.out_bytes == 3 * param_bytes
+
+
+def test_a_returned_tensor_a_later_member_reads_is_still_written():
+    """y = gelu(l(x)); z = y * 2; return y, z: the fused [gelu + mul] kernel writes y too (the
+    caller gets it), though the mul reads it on chip. It had been charged z's write alone."""
+    import torch
+    import torch.nn as nn
+
+    from kit.workload.capture import capture
+    from kit.workload.fusion import apply_fusion
+
+    class TwoOut(nn.Module):
+        def __init__(self, both):
+            super().__init__()
+            self.l, self.both = nn.Linear(256, 256), both
+
+        def forward(self, x):
+            y = torch.nn.functional.gelu(self.l(x))
+            z = y * 2.0
+            return (y, z) if self.both else z
+
+    x = torch.randn(512, 256)
+    one = 512 * 256 * 4  # bytes of l(x), y and z alike
+    for both, tensors in ((False, 2), (True, 3)):  # read l(x); write z (and y)
+        g = capture(TwoOut(both), (x,), mode="inference")
+        fused = [n for n in apply_fusion(g, "compiled").nodes if n.op_class == "fused"]
+        assert len(fused) == 1
+        assert fused[0].op.bytes == pytest.approx(tensors * one)

@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_map
 from kit.errors import KitError
 from kit.workload import fast_path, hf_compat
 from kit.workload.capture_errors import DataDependentCapture, capture_failure  # noqa: F401
-from kit.workload.capture_roots import backward_root, backward_roots, seeds
+from kit.workload.capture_roots import backward_root, backward_roots, output_tensors, seeds
 from kit.workload.gpu_kernels import GpuKernels
 from kit.workload.graph import Node, OpGraph
 from kit.workload.mapping import nbytes
@@ -262,6 +262,8 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         stack.enter_context(_no_nested_tensors(model))
         with grad_ctx, GpuKernels(rec), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = model(*args, **kwargs)
+            # the tensors the model returns: a fused chain writes them though a member reads them
+            returned = [rec.tensor_ids.get(storage_key(o)) for o in output_tensors(out)]
             if train and loss is not None:
                 rec.stack.append("loss")
                 out = loss(backward_root(out))
@@ -291,6 +293,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     fwd_out = [n.out_bytes for n in rec.nodes if n.phase == "fwd"]
     info = {"params": int(n_params), "param_bytes": int(param_bytes),
             "trainable_param_bytes": int(trainable),
+            "output_tensors": sorted({int(i) for i in returned if i is not None}),
             "buffer_bytes": int(sum(nbytes(b) for b in buffers.values())),
             "activation_bytes": int(sum(b for b, _ in saved.values()) if train else 2 * max(fwd_out, default=0)),
             "saved_bytes_by_layer": _by_layer(saved.values()),

@@ -15,8 +15,8 @@ counted at tensor level from the capture's records (Node.reads, Node.writes):
   thirds of it), a whole tensor counts once however many members read it, and only the
   outputs of a multi-output producer that the chain reads count (a dropout's y, not its mask);
 * an external output is a tensor a member wrote that a node outside the chain reads later (the
-  next kernel, the backward pass, the optimizer) or that no node reads after it (the model's
-  output), and any write into a tensor that outlives the step (a parameter or an optimizer
+  next kernel, the backward pass, the optimizer) or that no node reads after it, or that the
+  model returns (OpGraph.meta's output_tensors: also when a later member reads it), and any write into a tensor that outlives the step (a parameter or an optimizer
   state updated in place: once, however many members update it). A member with several
   outputs (native_dropout's y and mask, a layer norm's y, mean and rstd) is charged only those
   that leave the chain.
@@ -81,9 +81,11 @@ def _capped(regions: dict) -> float:
     return float(sum(min(b, cap) for b, cap in per.values()))
 
 
-def _tensor_level(group: list[Node], readers: dict[int, list[int]]) -> tuple[float, float]:
+def _tensor_level(group: list[Node], readers: dict[int, list[int]],
+                  returned: frozenset = frozenset()) -> tuple[float, float]:
     """(ext_in, ext_out) from the members' tensor records (the module docstring).
-    readers: tensor id -> ids of the nodes of the graph reading it, ascending."""
+    readers: tensor id -> ids of the nodes of the graph reading it, ascending; returned: the ids
+    of the tensors the model returns (written out even where a later member reads them)."""
     ids = {n.id for n in group}
     written: set[int] = set()
     ext_in: dict = {}
@@ -96,16 +98,16 @@ def _tensor_level(group: list[Node], readers: dict[int, list[int]]) -> tuple[flo
     for n in group:
         for w in n.writes:
             later = [r for r in readers.get(w.tensor, ()) if r > n.id]
-            if w.tensor < 0 or not later or any(r not in ids for r in later):
+            if w.tensor < 0 or w.tensor in returned or not later or any(r not in ids for r in later):
                 ext_out[w] = None
     return _capped(ext_in), _capped(ext_out)
 
 
 def _fused(group: list[Node], consumers: dict[int, list[int]], new_id: int, by_id: dict,
-           readers: dict[int, list[int]] | None = None) -> Node:
+           readers: dict[int, list[int]] | None = None, returned: frozenset = frozenset()) -> Node:
     ids = {n.id for n in group}
     recorded = readers is not None and all(n.writes for n in group)
-    ext_in, ext_out = (_tensor_level(group, readers) if recorded
+    ext_in, ext_out = (_tensor_level(group, readers, returned) if recorded
                        else _node_level(group, consumers, by_id))
     dtype = getattr(group[0].op, "dtype", "fp32")
     label = "+".join(n.name() for n in group)
@@ -154,6 +156,7 @@ def fuse_chains(kernels: OpGraph) -> OpGraph:
     consumers = kernels.consumers()
     by_id = {n.id: n for n in kernels.nodes}
     readers = _readers(kernels)
+    returned = frozenset(kernels.meta.get("output_tensors", ()))
     out: list[Node] = []
     group: list[Node] = []
     remap: dict[int, int] = {}
@@ -166,7 +169,7 @@ def fuse_chains(kernels: OpGraph) -> OpGraph:
             op = _generated(node.op)
             node = node if op is node.op else replace(node, op=op)
         else:
-            node = _fused(group, consumers, group[0].id, by_id, readers)
+            node = _fused(group, consumers, group[0].id, by_id, readers, returned)
         for n in group:
             remap[n.id] = node.id
         out.append(node)

@@ -107,9 +107,11 @@ class Node:
 class OpGraph:
     """A captured model: nodes in issue order plus what the model is.
 
-    meta keys (all optional, filled by capture): params (count), param_bytes, buffer_bytes,
-    activation_bytes (peak saved-for-backward estimate), config (dict), mode ("train" |
-    "inference"), batch, seq, dtype, optimizer, n_layers, fusion ("eager" | "compiled").
+    meta keys (all optional, filled by capture): params (count), param_bytes,
+    trainable_param_bytes (the parameters that get gradients and optimizer state), buffer_bytes,
+    activation_bytes (peak saved-for-backward estimate), output_tensors (the Region.tensor ids of
+    what the model returns), config (dict), mode ("train" | "inference"), batch, seq, dtype,
+    optimizer, n_layers, fusion ("eager" | "compiled").
     """
 
     nodes: tuple[Node, ...]
