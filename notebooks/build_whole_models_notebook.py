@@ -163,7 +163,8 @@ assert 174e9 < params < 176e9 and 2 * params > 80 * 2**30
 A CNN goes through the same capture. A convolution is an implicit GEMM (M = batch x output pixels,
 N = output channels, K = input channels x kernel pixels); a plain 3x3 stride-1 one may also run
 as Winograd F(4x4, 3x3), 36 small GEMMs with a quarter of the multiplies plus three transforms,
-and, as cuDNN picks an algorithm, the kit costs whichever its predictor finds faster. Batch norm
+and, as cuDNN picks an algorithm, the kit costs whichever its predictor finds faster in the
+stream (the backward's two gradients too: cuDNN has Winograd algorithms for each). Batch norm
 and pooling move bytes and barely compute, so they are memory-bound kernels.
 """),
     code("""
