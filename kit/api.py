@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from kit.errors import KitError, need_path, whole_number, yes_no
 from kit.hardware import get_gpu, list_gpus
@@ -290,12 +289,15 @@ def replay_trace(trace, on=None, et=None) -> dict:
 
 def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int | None = None,
                      quick: bool = False, direct: bool = True, progress: bool = False,
-                     command: str | None = None, test_rows: bool = True) -> dict:
+                     command: str | None = None, test_rows: bool = True, extra=None) -> dict:
     """Fit the learned predictors (tile-MLP, tile chooser, Li, direct MLP) on NeuSight's
     measurements of train_gpus and write the weights + manifest to `out` (threads: torch threads,
     default two or the cores if fewer; at most the cores). test_rows: also the
     softmax and layer-norm rows of NeuSight's test files for those GPUs
-    (kit.predict.training.training_frame); the manifest counts them (test_rows_trained_on)."""
+    (kit.predict.training.training_frame); the manifest counts them (test_rows_trained_on).
+    extra: paths of one's own measurements (the kit's collector CSVs or folders of them) whose
+    FP32 rows join the training data (kit.predict.own_measurements); the manifest lists each
+    file with its sha256 and rows (extra_data)."""
     from kit.data import resolve_data_dir
     from kit.data.fetch import NEUSIGHT_COMMIT
     from kit.predict.training import (QUICK, default_threads, parse_gpu_list, train_bundle,
@@ -318,9 +320,21 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
         raise KitError(f"test_rows must be True or False, got {test_rows!r}")
     if not 0 <= seed < 2**63:
         raise KitError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed}")
+    if isinstance(extra, (str, os.PathLike)):
+        extra = [extra]
+    if extra is not None and not (isinstance(extra, (list, tuple))
+                                  and all(isinstance(e, (str, os.PathLike)) for e in extra)):
+        raise KitError(f"extra must be paths of measurement CSVs or folders, got {extra!r}")
+    extra = list(extra or [])
     data = resolve_data_dir(data_dir)
     check_weights_folder(out)  # before minutes of training, not after
-    frame = training_frame(data, gpus, test_rows=test_rows)
+    extra_files = []
+    if extra:
+        from kit.predict.own_measurements import own_rows
+        from kit.predict.training import MODELLED
+
+        _, extra_files = own_rows(extra, MODELLED)
+    frame = training_frame(data, gpus, test_rows=test_rows, extra=extra)
     n_test = int((frame.split == "test").sum())  # 0 when the data has no test files
     bundle = train_bundle(frame, gpus, seed=seed, threads=threads,
                           settings=QUICK if quick else None, direct=direct, calibrate=not quick,
@@ -330,8 +344,12 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
                                                "(kit.data parts train-collect + train"
                                                + (f", and {n_test} softmax and layer-norm rows "
                                                   "of part test of the GPUs trained on)"
-                                                  if n_test else ")"),
-                                "test_rows_trained_on": n_test,
+                                                  if n_test else ")")
+                                + (f"; and {sum(f.get('rows', 0) for f in extra_files)} FP32 rows of the "
+                                   f"user's own measurements in {sum('rows' in f for f in extra_files)} "
+                                   "file(s) (extra_data)"
+                                   if extra_files else ""),
+                                "test_rows_trained_on": n_test, "extra_data": extra_files,
                                 "command": command or "kit.api.train_predictors"})
     path = save_bundle(bundle, out)
     return {"out": str(path), "train_gpus": bundle.train_gpus, "rows": bundle.manifest["rows"],

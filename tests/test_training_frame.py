@@ -211,3 +211,63 @@ def test_threads_default_to_two_or_the_cores_and_never_exceed_them(layout, tmp_p
     assert json.loads((out / "manifest.json").read_text())["threads"] == 1
     with pytest.raises(KitError, match="threads 2 is more than this machine's 1 cores"):
         api.train_predictors("T4", str(out), data_dir=str(layout), quick=True, threads=2)
+
+
+# -- one's own measurements: kit train --extra ----------------------------------------------------
+def _own_csv(path: Path, rows):
+    """A kit-format (collector) CSV of softmax rows: (gpu, dtype, rows, cols, latency_ms)."""
+    from kit.data.records import HEADER
+
+    lines = [",".join(HEADER)]
+    for gpu, dtype, r, c, lat in rows:
+        row = {"op": "softmax", "op_class": "softmax", "gpu": gpu, "device_name": gpu, "dtype": dtype,
+               "rows": r, "cols": c, "latency_ms": lat, "source": "collector", "split": "train"}
+        lines.append(",".join(str(row.get(k, "")) for k in HEADER))
+    write(path, lines)
+    return path
+
+
+def test_own_fp32_rows_join_and_others_are_left_out_with_the_count(layout, tmp_path):
+    own = _own_csv(tmp_path / "own" / "h100.csv",
+                   [("h100-sxm", "fp32", 512, 1024, 0.02), ("h100-sxm", "fp32", 4096, 4096, 0.11),
+                    ("h100-sxm", "bf16", 4096, 4096, 0.06)])
+    # a folder's other CSVs (nvidia-smi samples) are skipped, a file named outright is not
+    write(tmp_path / "own" / "provenance" / "smi.csv", ["timestamp,clocks.sm", "1,1980"])
+    frame = training_frame(layout, ["t4", "h100-sxm"], extra=[tmp_path / "own"])
+    with pytest.raises(KitError, match="not a measurement CSV"):
+        training_frame(layout, ["t4", "h100-sxm"], extra=[tmp_path / "own" / "provenance" / "smi.csv"])
+    h100 = frame[frame.gpu == "h100-sxm"]
+    assert sorted(h100.latency_ms) == [0.02, 0.11] and set(h100.dtype) == {"fp32"}
+    assert len(frame[frame.gpu == "t4"]) == len(training_frame(layout, ["t4"]))
+    out = tmp_path / "w"
+    api.train_predictors("T4,H100-SXM", str(out), data_dir=str(layout), quick=True, direct=False,
+                         extra=[str(own)])
+    m = json.loads((out / "manifest.json").read_text())
+    (rec,) = m["extra_data"]
+    assert rec["rows"] == 2 and rec["left_out"]["not fp32"] == 1 and len(rec["sha256"]) == 64
+    assert "h100-sxm" in m["train_gpus"] and "2 FP32 rows of the user's own" in m["data_source"]
+
+
+def test_own_rows_of_a_gpu_not_trained_on_or_none_usable_are_refused(layout, tmp_path):
+    own = _own_csv(tmp_path / "h100.csv", [("h100-sxm", "fp32", 512, 1024, 0.02)])
+    with pytest.raises(KitError, match="h100-sxm, which --train-gpus does not name"):
+        training_frame(layout, ["t4"], extra=[own])
+    half = _own_csv(tmp_path / "bf16.csv", [("h100-sxm", "bf16", 512, 1024, 0.02)])
+    with pytest.raises(KitError, match="FP32"):
+        training_frame(layout, ["t4", "h100-sxm"], extra=[half])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(KitError, match="no measurement CSVs"):
+        training_frame(layout, ["t4"], extra=[tmp_path / "empty"])
+    with pytest.raises(KitError, match="not found"):
+        training_frame(layout, ["t4"], extra=[tmp_path / "nowhere.csv"])
+
+
+def test_kit_train_names_its_extra_data_in_the_command(layout, tmp_path, capsys):
+    from kit.cli import main
+
+    own = _own_csv(tmp_path / "h100.csv", [("h100-sxm", "fp32", 512, 1024, 0.02)])
+    out = tmp_path / "w"
+    assert main(["train", "--data", str(layout), "--train-gpus", "T4,H100-SXM", "--out", str(out),
+                 "--quick", "--no-direct", "--extra", str(own), "--json"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert f"--extra {own}" in m["command"]

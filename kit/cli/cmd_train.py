@@ -17,10 +17,12 @@ def run(args):
                         "--seed", str(args.seed), "--threads", str(threads),
                         *(["--quick"] if args.quick else []),
                         *(["--no-direct"] if args.no_direct else []),
-                        *(["--no-test-rows"] if args.no_test_rows else [])])
+                        *(["--no-test-rows"] if args.no_test_rows else []),
+                        *[a for e in (args.extra or []) for a in ("--extra", shlex.quote(e))]])
     return train_predictors(args.train_gpus, args.out, data_dir=args.data, seed=args.seed,
                             threads=threads, quick=args.quick, direct=not args.no_direct,
-                            test_rows=not args.no_test_rows, progress=not args.json, command=command)
+                            test_rows=not args.no_test_rows, progress=not args.json, command=command,
+                            extra=args.extra)
 
 
 def text(r):
@@ -42,6 +44,10 @@ def register(sub):
                    help="torch threads (default 2, or the cores if fewer; at most the cores)")
     p.add_argument("--quick", action="store_true", help="tiny settings (seconds; for checks)")
     p.add_argument("--no-direct", action="store_true", help="skip the direct-MLP baseline")
+    p.add_argument("--extra", action="append", type=nonempty, metavar="PATH",
+                   help="also train on your own measurements: a kit collect CSV (or .csv.gz) or a "
+                        "folder of them; their FP32 rows of GEMMs, vector ops, softmax and layer "
+                        "norm on a catalog GPU are used; name that GPU in --train-gpus (repeatable)")
     p.add_argument("--no-test-rows", action="store_true",
                    help="train on NeuSight's training parts alone, without the softmax and "
                         "layer-norm rows of its test part for the GPUs trained on (the model "

@@ -30,7 +30,7 @@ VECTOR_FILES = ("data/dataset/train/elem.csv", "data/dataset/train/ln.csv",
 TEST_ROW_FILES = ("data/dataset/test/ln.csv", "data/dataset/test/softmax.csv")
 
 
-def training_frame(data_dir=None, gpus=None, test_rows: bool = True) -> pd.DataFrame:
+def training_frame(data_dir=None, gpus=None, test_rows: bool = True, extra=()) -> pd.DataFrame:
     """The modelled rows of NeuSight's training data (kit.data), one row per (op, shape, GPU):
     part "train-collect", then the large-shape vector subsets of part "train" (VECTOR_FILES).
 
@@ -45,7 +45,10 @@ def training_frame(data_dir=None, gpus=None, test_rows: bool = True) -> pd.DataF
     rows never enter a training frame. Most of a held-out GPU's test shapes were measured on the
     training GPUs too (A100 80GB: all but 2 of 81), so with test_rows its softmax and layer-norm
     shapes were met, on other GPUs. A missing extra file is skipped; a malformed one is a KitError.
-    The train-collect row is kept where a shape repeats."""
+    The train-collect row is kept where a shape repeats.
+
+    extra: paths of one's own measurements (kit.predict.own_measurements: their FP32 rows of the
+    modelled classes), after NeuSight's rows; every GPU they hold must be among gpus."""
     from kit.data import load_measurements, load_neusight, resolve_data_dir
 
     root = resolve_data_dir(data_dir)
@@ -59,6 +62,17 @@ def training_frame(data_dir=None, gpus=None, test_rows: bool = True) -> pd.DataF
             rows = load_measurements(root / name)
             split = "test" if name in TEST_ROW_FILES else "train"  # not from the folder's name
             parts.append(rows[rows.gpu.isin(trained)].assign(split=split))
+    if extra:
+        from kit.predict.own_measurements import own_rows
+
+        own, _ = own_rows(extra, MODELLED)
+        if gpus is not None:
+            named = {get_gpu(g).key for g in ([gpus] if isinstance(gpus, str) else gpus)}
+            unnamed = sorted(set(own.gpu) - named)
+            if unnamed:
+                raise KitError(f"--extra holds rows of {', '.join(unnamed)}, which --train-gpus does "
+                               "not name: add it to train on them")
+        parts.append(own)
     frame = pd.concat(parts, ignore_index=True)
     frame = frame[frame.op_class.isin(MODELLED) & frame.gpu.notna()
                   & (frame.latency_ms > 0)]
