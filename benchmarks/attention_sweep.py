@@ -13,11 +13,11 @@ A shape is (batch, heads, seq, head_dim, causal), the query and the keys of the 
 prefill or a training step), drawn from batch in {1, 2, 4, 8, 16}, heads in {8, 12, 16, 32},
 seq in {128, 256, ..., 8192}, head_dim in {64, 128}, causal or not, at most 2**31 score
 elements (so the draw stays where a training step would be). Per shape, with the L2 flushed
-(kit.data.collect.l2_flusher) before each timed call, outside the timed region:
+(kit.data.timing.l2_flusher) before each timed call, outside the timed region:
 * fwd_ms: the forward under no_grad (CUDA events, the mean of the fastest half of --repeats);
 * train_ms: forward and backward with q, k, v requiring gradients, from a fixed output gradient;
-* fwd_kernel_ms / train_kernel_ms and the kernel names, from one profiled call each
-  (kit.data.collect.profile_cuda; on a VM with slow launches the event times of short calls carry the launch).
+* fwd_kernel_ms / train_kernel_ms and the kernel names, from the median of five profiled calls each
+  (kit.data.timing.profile_cuda; on a VM with slow launches the event times of short calls carry the launch).
 Rows are JSON lines, fsynced, one per shape; a rerun skips shapes already there; an error (out of
 memory) is the row's "error"; a CUDA error that loses the context stops the sweep. The tests run
 it on the CPU with a tiny draw.

@@ -9,9 +9,9 @@ dY · W (the input gradient, neither operand transposed) and dYᵀ · X (the wei
 reduces over the tokens), and cuBLAS picks other kernels for them. For a layer of `d_in` inputs
 and `d_out` outputs on `tokens` rows (tokens log-uniform in [64, 16384], d_in and d_out multiples
 of 64 log-uniform in [64, 16384], at most 2 GiB of operands), per shape and layout, with the L2
-flushed (kit.data.collect.l2_flusher) before each timed call, outside the timed region:
+flushed (kit.data.timing.l2_flusher) before each timed call, outside the timed region:
 * latency_ms: CUDA events around one call, the mean of the fastest half of --repeats;
-* kernel_ms and the kernel names from one profiled call (kit.data.collect.profile_cuda).
+* kernel_ms and the kernel names from the median of five profiled calls (kit.data.timing.profile_cuda).
 The kit's orientation of each (kit.ops.Gemm: out m x n, reduce over k): fwd m=tokens, n=d_out,
 k=d_in; dgrad m=tokens, n=d_in, k=d_out; wgrad m=d_out, n=d_in, k=tokens.
 Rows are JSON lines, fsynced; a rerun skips rows already there; an error is the row's "error".

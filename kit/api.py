@@ -161,6 +161,12 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
             out["source"] = (f"{rows} back-to-back calls of its one-row twin (their kernel times and one "
                              "dispatch floor): a GEMM this thin is never slower than those; the "
                              "tile-MLP's own answer was slower")
+        if out.get("tile") == "gemv" and hasattr(model, "two_row_ms"):
+            twin = model.two_row_ms([op], gpu, np.array([True]))[0]
+            if np.isfinite(twin) and abs(out["latency_ms"] - twin) <= 1e-9 * twin:
+                out["source"] = ("its two-row twin's time: a GEMV is never slower than the GEMM of "
+                                 "two rows, whose kernel could run it with a row of padding; the "
+                                 "GEMV rule's stream was slower")
         batches = model.few_batches_ms([op], gpu)[0] if cls == "gemm" else np.nan
         if np.isfinite(batches) and abs(out["latency_ms"] - batches) <= 1e-9 * batches:
             out["source"] = (f"{op.b} back-to-back calls of its b = 1 twin (their kernel times and one "

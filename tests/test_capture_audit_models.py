@@ -141,3 +141,36 @@ def test_a_sequence_first_module_reports_its_batch():
     assert graph_of(mha, 1, mode="inference", inputs=(x, x, x)).meta["batch"] == 4
     first = nn.MultiheadAttention(64, 4, batch_first=True)
     assert graph_of(first, 1, mode="inference", inputs=(x, x, x)).meta["batch"] == 128
+
+
+def test_a_plain_error_in_packing_keeps_torchs_message():
+    """Only a packing that needs the lengths' values gets the sorted-list advice: 3 lengths for a
+    batch of 4 is the user's own error, and says so with the op it failed in."""
+    class Wrong(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(8, 16, batch_first=True)
+
+        def forward(self, x):
+            p = nn.utils.rnn.pack_padded_sequence(x, [5, 4, 3], batch_first=True)
+            return nn.utils.rnn.pad_packed_sequence(self.lstm(p)[0], batch_first=True)[0]
+
+    with pytest.raises(KitError) as e:
+        capture(Wrong(), (torch.randn(4, 5, 8),), mode="inference")
+    assert "Expected `len(lengths)` to be equal to batch_size" in str(e.value)
+    assert "Python list" not in str(e.value) and "_pack_padded_sequence" in str(e.value)
+
+
+def test_a_gemm_with_an_out_dtype_mixes_dtypes_by_design():
+    """torch.addmm(fp32 bias, bf16, bf16, out_dtype=fp32) is aten.addmm.dtype, which torch runs:
+    the operands' dtype check leaves it alone (it refuses int ids into a float Linear)."""
+    class OutDtype(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = nn.Parameter(torch.randn(64, 64)), nn.Parameter(torch.randn(64))
+
+        def forward(self, x):
+            return torch.addmm(self.b.float(), x, self.w, out_dtype=torch.float32)
+
+    g = capture(OutDtype(), (torch.randn(8, 64),), mode="inference", dtype="bf16")
+    assert "aten.addmm.dtype" in [n.aten for n in g.nodes]

@@ -71,3 +71,29 @@ def test_a_second_sweep_into_the_same_file_is_refused(tmp_path):
         with pytest.raises(KitError, match="being written by another run"):
             collect(sizes=[1024], out=out, **FAST)
     assert not out.exists() and not rows_path(out).exists()
+
+
+def test_the_cli_resumes_over_an_earlier_file_when_a_stopped_sweep_kept_rows(tmp_path, monkeypatch, capsys):
+    """FILE from an earlier, finished sweep and rows a later --force rerun kept before it stopped:
+    --resume had been refused ("already exists; pass --force"), and --force would discard them."""
+    real = measure._op
+
+    def dies_at_8k(kind, count, n, rank, dev):
+        if count * 4 >= 8192:
+            raise RuntimeError("cannot allocate memory")
+        return real(kind, count, n, rank, dev)
+
+    out = tmp_path / "cf.txt"
+    out.write_text("an earlier sweep\n")
+    monkeypatch.setattr(measure, "_op", dies_at_8k)
+    monkeypatch.setattr(measure, "INTERLEAVE_BYTES", 1)
+    with pytest.raises(KitError, match="--resume"):  # the stopped rerun (forked: the patch holds)
+        collect(sizes=[1024, 8192], out=out, force=True, **FAST)
+    kept = read_rows(rows_path(out))
+    assert [r["size_bytes"] for r in kept] == [1024]
+    monkeypatch.setattr(measure, "_op", real)
+    capsys.readouterr()
+    args = ["collect-comm", "--out", str(out), "--iters", "2", "--repeats", "1", "--warmup", "0"]
+    assert main(args + ["--sizes", "1K,2K", "--resume"]) == 0, capsys.readouterr().err
+    assert list(parse_nccl_tests(out).size_bytes) == [1024, 2048]
+    assert not rows_path(out).exists()

@@ -67,6 +67,10 @@ def test_mixed_settings_names_what_changes_a_rows_meaning():
     assert mixed_settings([run(device="cpu", repeats=5)], run()) == []  # other rows (device_name)
     cpu = run(device="cpu")
     assert mixed_settings([cpu], {**cpu, "torch": {"num_threads": 2}}) == ["--threads (8 then, 2 now)"]
+    # a file of an older kit (kernel_ms from one profiled call) is not topped up with medians of 5
+    (got,) = mixed_settings([run()], run(profiled_calls=5))
+    assert "kernel_ms" in got and "5 profiled calls now, 1 then" in got
+    assert mixed_settings([run(profiled_calls=5)], run(profiled_calls=5)) == []
 
 
 # ---- B3, B4, B5: outputs it cannot or may not write ---------------------------------------------

@@ -273,3 +273,17 @@ def test_a_gemv_is_never_slower_than_its_two_row_twin(tile, gpu, dtype):
            for n, k in ((8192, 2048), (4096, 4096), (50257, 768), (1024, 256)) for m in (1, 2)]
     lat = tile.predict(ops, get_gpu(gpu)).latency_ms.to_numpy()
     assert (lat[0::2] <= lat[1::2] * (1 + 1e-9)).all(), (gpu, dtype, lat.tolist())
+
+
+def test_kit_op_says_when_the_two_row_twin_sets_a_gemv(capsys):
+    from kit.api import predict_op
+    from kit.cli import main
+
+    op = Gemm(m=1, n=8192, k=2048, dtype="fp32", kind="linear", shared_rhs=True)
+    r = predict_op(op, "l4")
+    assert r["latency_ms"] == pytest.approx(predict_op(replace(op, m=2), "l4")["latency_ms"])
+    assert r["source"].startswith("its two-row twin's time")
+    assert not str(predict_op(op, "h200").get("source", "")).startswith("its two")  # its rule holds there
+    assert main(["op", "linear", "--tokens", "1", "--in-features", "2048", "--out-features", "8192",
+                 "--gpu", "l4"]) == 0
+    assert "source    its two-row twin's time" in capsys.readouterr().out

@@ -271,3 +271,24 @@ def test_kit_train_names_its_extra_data_in_the_command(layout, tmp_path, capsys)
                  "--quick", "--no-direct", "--extra", str(own), "--json"]) == 0
     m = json.loads((out / "manifest.json").read_text())
     assert f"--extra {own}" in m["command"]
+
+
+def test_own_linear_rows_timed_without_a_bias_are_left_out(layout, tmp_path):
+    """NeuSight's Linear rows have a bias; a `kit collect --no-bias` file's (its meta says so)
+    would teach the model another op under the same name."""
+    from kit.data.records import HEADER
+
+    def linear_csv(path, bias):
+        row = {"op": "linear", "op_class": "gemm", "gpu": "h100-sxm", "device_name": "h100-sxm",
+               "dtype": "fp32", "b": 1, "m": 512, "n": 1024, "k": 1024, "latency_ms": 0.05,
+               "source": "collector", "split": "train"}
+        write(path, [",".join(HEADER), ",".join(str(row.get(k, "")) for k in HEADER)])
+        meta = {"csv": path.name, "runs": [{"settings": {"device": "cuda", "linear_bias": bias}}]}
+        path.with_name(path.name[:-4] + ".meta.json").write_text(json.dumps(meta))
+        return path
+
+    with_bias, without = linear_csv(tmp_path / "a.csv", True), linear_csv(tmp_path / "b.csv", False)
+    frame = training_frame(layout, ["t4", "h100-sxm"], extra=[with_bias])
+    assert (frame.gpu == "h100-sxm").sum() == 1
+    with pytest.raises(KitError, match="FP32"):  # nothing usable left
+        training_frame(layout, ["t4", "h100-sxm"], extra=[without])

@@ -7,13 +7,16 @@ def run(args):
     from pathlib import Path
 
     from kit.cli.outputs import output_path
-    from kit.comm.measure import collect
+    from kit.comm.measure import collect, rows_path
 
     output_path(args.out, "--out")
     if args.resume and args.force:
         raise KitError("--resume keeps the rows a stopped sweep measured and --force discards them; "
                        "pass one")
-    if Path(args.out).exists() and not args.force:  # never clobber earlier measurements unasked
+    # never clobber earlier measurements unasked; --resume over rows a stopped sweep kept writes
+    # FILE anew with them all (they are the earlier measurements, not lost)
+    resuming = args.resume and rows_path(Path(args.out)).exists()
+    if Path(args.out).exists() and not args.force and not resuming:
         raise KitError(f"{args.out} already exists; pass --force to measure it again over it, or "
                        "choose another --out")
 

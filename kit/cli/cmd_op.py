@@ -71,7 +71,8 @@ def text(r):
             " back-to-back calls of its b = 1 twin " in str(r.get("source", "")):
         lines.append(f"  source    {r['source']}")
     if r.get("tile") == "gemv":
-        lines.append("  source    cuBLAS's gemv kernels (m or n of 1) stream the matrix once: a share"
+        lines.append(f"  source    {r['source']}" if str(r.get("source", "")).startswith("its two-row twin")
+                     else "  source    cuBLAS's gemv kernels (m or n of 1) stream the matrix once: a share"
                      " of the DRAM bandwidth measured on an H200 (kit.predict.gemv) plus the dispatch"
                      " floor, not a GEMM tile")
         lines.append(f"  utilisation {100 * r['utilisation']:.1f}% of the roofline")

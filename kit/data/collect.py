@@ -21,7 +21,7 @@ unless `bias=False` (Llama's projections have none; NeuSight's data has one).
 Each finished measurement is one line appended with flush + fsync, so a killed run keeps
 everything it finished, and `resume=True` skips every (op, shape, dtype, device) already in the
 file: only when the earlier runs measured the same way (provenance.mixed_settings; a file without
-its meta.json needs force=True). One run at a time writes a file (records.exclusive). Beside
+its meta.json needs force=True). One run at a time writes a file (records.Lock). Beside
 FILE.csv: FILE.meta.json (provenance: device, driver, versions, nvidia-smi snapshots of the timed
 GPU, torch flags and every collector setting; written at the start of a run and updated at its
 end, one entry per run; Ctrl-C and SIGTERM leave "interrupted") and FILE.failed.jsonl (one line

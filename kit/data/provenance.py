@@ -203,7 +203,8 @@ def mixed_settings(earlier: list[dict], run: dict) -> list[str]:
     """What makes rows of `run` mean something else than those of earlier runs on the same device
     that may have written rows (FILE.meta.json's): --repeats (the statistic is the fastest fifth of
     them), the L2 flush, the profiler (kernel columns), CPU threads, and linear's bias where both
-    measured linear. Warm-ups (--warmup, --warmup-ms), --cooldown-ms and --time-limit only steady or
+    measured linear, and how many profiled calls kernel_ms is the median of (one in kits before
+    the median). Warm-ups (--warmup, --warmup-ms), --cooldown-ms and --time-limit only steady or
     bound a run and may differ; the dtype is in every row's key."""
     now, out = run["settings"], set()
     for r in earlier:
@@ -213,6 +214,11 @@ def mixed_settings(earlier: list[dict], run: dict) -> list[str]:
         for key, flag in (("repeats", "--repeats"), ("l2_flush", "--no-l2-flush"), ("profile", "--no-profile")):
             if key in s and s[key] != now[key]:
                 out.add(f"{flag} ({key} {s[key]} then, {now[key]} now)")
+        if s.get("profile") and now.get("profile"):  # kernel_ms: one profiled call before the kit
+            then = s.get("profiled_calls", 1)        # took the median of several
+            if then != now.get("profiled_calls", 1):
+                out.add(f"the kit's kernel_ms (the median of {now.get('profiled_calls', 1)} profiled "
+                        f"calls now, {then} then: resume with the kit that measured them, or --force)")
         threads = (r.get("torch") or {}).get("num_threads"), run["torch"]["num_threads"]
         if now["device"] == "cpu" and threads[0] not in (None, threads[1]):
             out.add(f"--threads ({threads[0]} then, {threads[1]} now)")

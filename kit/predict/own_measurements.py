@@ -7,7 +7,8 @@ A path is a CSV (or .csv.gz) or a folder, read recursively for them (a folder's 
 measurement CSVs, such as nvidia-smi samples, are listed as skipped). Only FP32 rows of the
 modelled op classes on a catalog GPU are kept: the tile-MLP's features describe a tile against
 the FP32 SIMT peak (kit.predict.features), so a 16-bit or TF32 row would teach it a tensor-core
-kernel's speed as an FP32 one's, and a row timed on a CPU describes no GPU. Each file's sha256,
+kernel's speed as an FP32 one's, and a row timed on a CPU describes no GPU. Linear rows timed
+without a bias (the collector's meta says so) are left out too: NeuSight's have one. Each file's sha256,
 rows kept and rows left out (and why) go into the weights' manifest."""
 from __future__ import annotations
 
@@ -33,6 +34,21 @@ def _files(path) -> list[Path]:
     return found
 
 
+def _without_bias(csv: Path) -> bool:
+    """Whether the collector's meta beside a CSV (FILE.meta.json) says its linear rows were timed
+    without a bias (`kit collect --no-bias`); NeuSight's Linear rows, which the model learns
+    from, have one. Unknown (no meta, an older or foreign one) counts as with."""
+    import json
+
+    name = csv.name[:-3] if csv.name.endswith(".gz") else csv.name
+    meta = csv.with_name((name[:-4] if name.lower().endswith(".csv") else name) + ".meta.json")
+    try:
+        runs = json.loads(meta.read_text()).get("runs", [])
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any((r.get("settings") or {}).get("linear_bias") is False for r in runs if isinstance(r, dict))
+
+
 def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
     """(rows to train on, one record per file read). KitError for a path that holds none."""
     from kit.data import load_measurements
@@ -52,9 +68,11 @@ def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
             ok_class = rows.op_class.isin(list(modelled))
             fp32 = rows.dtype.fillna("fp32") == "fp32"
             on_gpu = rows.gpu.notna()
-            keep = ok_class & fp32 & on_gpu & (rows.latency_ms > 0)
+            no_bias = (rows.op == "linear") & _without_bias(f)
+            keep = ok_class & fp32 & on_gpu & (rows.latency_ms > 0) & ~no_bias
             files.append({"path": str(f), "sha256": sha256_of(f), "rows": int(keep.sum()),
                           "left_out": {"not fp32": int((ok_class & ~fp32).sum()),
+                                       "linear without a bias": int((ok_class & fp32 & no_bias).sum()),
                                        "not on a catalog GPU": int((ok_class & fp32 & ~on_gpu).sum()),
                                        "op class not modelled": int((~ok_class).sum())}})
             parts.append(rows[keep].assign(split="train"))

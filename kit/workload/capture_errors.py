@@ -70,7 +70,9 @@ def capture_failure(name: str, e: Exception, rec, sparse=()) -> KitError:
         op, at = rec.failed[0], _where(rec.failed[1], rec.failed[2])
     packet = op.split(".")[1] if op and op.startswith("aten.") else ""
     dependent = packet.startswith(DATA_DEPENDENT) or any(k in msg for k in _NEEDS_VALUES)
-    if _in_packed_sequences(e):
+    # only a failure that needs the lengths' values: a user's own error in the packing (more
+    # lengths than sequences, say) keeps torch's message and the op it failed in
+    if _in_packed_sequences(e) and (dependent or "meta" in msg):
         return DataDependentCapture(
             f"capturing {name} failed{at}: a packed sequence needs its lengths' values on the "
             "host, and the capture moves every input tensor to the meta device, which holds "

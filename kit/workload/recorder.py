@@ -27,10 +27,11 @@ _SAME_DTYPE = {"mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "addbmm", "
                "dot", "vdot", "_trilinear"}
 
 
-def _check_gemm_dtypes(packet: str, args) -> None:
+def _check_gemm_dtypes(packet: str, args, overload: str = "") -> None:
     """RuntimeError, as torch's, for a GEMM whose operands' dtypes differ (int64 token ids fed to
-    a float nn.Linear), which a meta kernel would run."""
-    if packet not in _SAME_DTYPE:
+    a float nn.Linear), which a meta kernel would run. The out_dtype overloads (aten.addmm.dtype:
+    bf16 operands, an fp32 bias and output) mix dtypes by design and are left to torch."""
+    if packet not in _SAME_DTYPE or "dtype" in overload:
         return
     dtypes = list(dict.fromkeys(t.dtype for t in tensors(args)))
     if len(dtypes) > 1:
@@ -155,7 +156,7 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         try:
-            _check_gemm_dtypes(getattr(func, "_opname", ""), args)
+            _check_gemm_dtypes(getattr(func, "_opname", ""), args, getattr(func, "_overloadname", ""))
             out = _grouped_mm_any_dtype(func, args, kwargs) if func is _GROUPED_MM else func(*args, **kwargs)
         except Exception as exc:
             if self.failed is None or self.failed[3] is not exc:  # the innermost op that failed
