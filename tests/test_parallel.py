@@ -317,9 +317,11 @@ def test_dp_buckets_wait_for_their_layers_tp_collectives():
     name = tl.set_index("name")
     buckets = sorted(int(m.group(1)) for n in tl.name if (m := re.fullmatch(r"B0 bucket (\d+)", n)))
     assert len(buckets) > 2
-    for k in buckets:  # the bucket's TP collectives, then its DP all-reduce
+    for k in buckets:  # the bucket's TP collectives among its kernels, then its DP all-reduce
         tp_end = name.loc[f"B0 bucket {k} tp/ep comm", "end_ms"]
-        assert name.loc[f"B0 bucket {k}", "end_ms"] <= name.loc[f"B0 bucket {k} tp/ep comm", "start_ms"]
+        assert name.loc[f"B0 bucket {k} (as launched)", "end_ms"] <= \
+            name.loc[f"B0 bucket {k} tp/ep comm", "start_ms"]
+        assert name.loc[f"B0 bucket {k}", "start_ms"] >= tp_end - 1e-9
         assert name.loc[f"dp allreduce bucket {k}", "start_ms"] >= tp_end - 1e-9
     assert name.loc["B0 head", "end_ms"] <= name.loc["B0 bucket 0", "start_ms"]
     tp_bwd = tl[tl.name.str.startswith("B0") & (tl.kind == "comm")]
@@ -510,3 +512,17 @@ def build_iteration_graph(spec, lay):
     from kit.parallel.build import build_iteration
 
     return build_iteration(spec, lay, get_system("dgx-a100"), "roofline")[0]
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 2), (2, 1), (1, 2)])
+def test_overlapping_the_gradient_reduction_is_never_slower(tp, pp):
+    """The all-reduce on its own stream during the last backward never lengthens the step over
+    running it after: gpt2's captured graph at dp 2, tp 2, pp 2 on a DGX-H100 had taken 28.2 ms
+    overlapped (25.7 once a bucket's kernels ran as launched) against 24.6 without, its buckets'
+    TP collectives queued behind all their launches."""
+    from kit.api import predict_multi_gpu
+
+    kw = dict(dp=2, tp=tp, pp=pp, micro_batch=1, global_batch=8, dtype="bf16")
+    on = predict_multi_gpu("gpt2", "dgx-h100", overlap_grad_reduce=True, **kw)["iteration_ms"]
+    off = predict_multi_gpu("gpt2", "dgx-h100", overlap_grad_reduce=False, **kw)["iteration_ms"]
+    assert on <= off * (1 + 1e-9)
