@@ -9,7 +9,9 @@ GPUs) and op class:
              target GPU and even its kernel names, so no transfer predictor can be expected to do
              better; what it cannot fit is measurement noise or something the shape does not say.
 and, for GEMMs, `batch_inversions`: pairs of test rows with the same (m, n, k) where the batch
-grew at least 1.5x yet the kernel ran faster (more work, less time: noise in the measurement).
+grew at least 1.5x yet the kernel ran faster (more work, less time: noise in the measurement),
+and `shape_spread`: over shapes measured at several batch sizes, each enough work to fill the GPU,
+how far the achieved TFLOP/s ranges (max / min) within one shape.
 
 On the training GPUs, `train_test_shift` compares the two files directly: each vector-op test row
 against the training rows of the same op whose every dimension is within 10% of it, time per
@@ -86,6 +88,28 @@ def batch_inversions(part: pd.DataFrame, min_ms: float = 0.05) -> dict:
                          "faster_by": round(speed, 3)}
     return {"pairs": pairs, "inverted": inverted,
             "share": round(inverted / pairs, 4) if pairs else None, "worst": worst}
+
+
+def shape_spread(part: pd.DataFrame, min_gflop: float = 20.0, min_rows: int = 4) -> dict:
+    """Per GEMM op: over the (m, n, k) measured at min_rows or more batch sizes, each doing at
+    least min_gflop GFLOP (enough tiles to fill any of these GPUs, so the rate should be level),
+    the spread of the achieved rate, max / min TFLOP/s: its median, 90th percentile and the
+    share of shapes over 1.5x. A GPU whose clock holds stays near 1; one that switches between
+    clock states in the course of a sweep shows two rates for one shape, and no model of the
+    shape can fit both."""
+    out = {}
+    gemm = part[part.op_class == "gemm"]
+    for op, rows in gemm.groupby("op", sort=True):
+        flop = 2 * rows.b.fillna(1).astype(float) * rows.m * rows.n * rows.k
+        big = rows[flop >= min_gflop * 1e9].assign(tflops=flop / rows.latency_ms / 1e9)
+        spreads = [g.tflops.max() / g.tflops.min() for _, g in big.groupby(["m", "n", "k"])
+                   if len(g) >= min_rows]
+        if spreads:
+            s = np.array(spreads, dtype=float)
+            out[op] = {"shapes": len(s), "median": round(float(np.median(s)), 3),
+                       "p90": round(float(np.quantile(s, 0.9)), 3),
+                       "over_1_5x": round(float((s > 1.5).mean()), 3)}
+    return out
 
 
 def _shape_key(cls: str, rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -190,7 +214,7 @@ def main(argv=None):
             "classes": {c: {s["predictor"]: {k: s[k] for k in ("n", "mape", "median_ape")}
                             for s in by_class if s["op"] == c}
                         for c in sorted(rows.op_class.unique())},
-            "batch_inversions": batch_inversions(part)}
+            "batch_inversions": batch_inversions(part), "shape_spread": shape_spread(part)}
         shipped_ms = rows[rows.predictor == "shipped"].sort_values("row").predicted_ms.to_numpy()
         result["gpus"][gpu]["sustained_efficiency"] = {
             "test": sustained_efficiency(part, gpu, shipped_ms)}

@@ -71,3 +71,25 @@ def test_sustained_efficiency_finds_a_planted_slowdown_of_long_kernels(floor):
     assert sum(v["n"] for v in long_) == 2 and all(v["peak_share"] == 0.3 for v in long_)
     assert list(out)[0] == "0-1 ms"  # bands in duration order, the shortest first
     assert "predicted_over_measured" not in floor.sustained_efficiency(rows, "t4")["0-1 ms"]
+
+
+def test_shape_spread_finds_two_clock_states_in_one_shape(floor):
+    """A shape whose big batches ran at two rates (a clock that switched mid-sweep) spreads by
+    their ratio; a level one by 1; small batches (under the work floor) and shapes with too few
+    rows count for nothing."""
+    m = n = k = 512
+    flop = 2 * m * n * k
+
+    def rows(shape, rates):  # (b, TFLOP/s) -> latency
+        mm, nn, kk = shape
+        return [{"op": "bmm", "op_class": "gemm", "b": b, "m": mm, "n": nn, "k": kk,
+                 "latency_ms": 2 * b * mm * nn * kk / (r * 1e9)} for b, r in rates]
+
+    two = rows((m, n, k), [(128, 6.0), (160, 12.0), (192, 6.0), (256, 12.0), (2, 1.0)])
+    level = rows((256, 256, 256), [(1024, 9.0), (2048, 9.0), (4096, 9.0), (8192, 9.0)])
+    few = rows((64, 64, 64), [(10 ** 6, 5.0), (2 * 10 ** 6, 10.0)])
+    out = floor.shape_spread(pd.DataFrame(two + level + few))
+    assert 2 * 128 * flop >= 20e9  # the planted big batches are over the floor; b = 2 is not
+    assert out["bmm"]["shapes"] == 2
+    assert out["bmm"]["median"] == pytest.approx((2.0 + 1.0) / 2)
+    assert out["bmm"]["over_1_5x"] == pytest.approx(0.5)
