@@ -50,6 +50,8 @@ def test_gpt3_xl_is_neusights_config_and_gpt3_1p3b_the_papers():
 
 def test_names_do_not_collide_and_a_decimal_point_counts():
     """gpt3-1.3b (1.3 billion) must not resolve to gpt3-13b, as punctuation-blind matching did."""
+    from kit.workload.zoo_configs import _norm
+
     assert zoo.resolve("GPT3_XL_paper") == "gpt3-1.3b" == zoo.resolve("gpt3-1p3b")
     assert zoo.resolve("gpt3-13b") == "gpt3-13b" == zoo.resolve("GPT3_13")
     assert zoo.resolve("gpt3-2p7b") == "gpt3-2.7b" == zoo.resolve("gpt3_27")
@@ -57,7 +59,7 @@ def test_names_do_not_collide_and_a_decimal_point_counts():
     seen = {}
     for key, (_, _, aliases) in zoo.ZOO.items():
         for name in (key, *aliases):
-            assert seen.setdefault(zoo._norm(name), key) == key, (name, seen[zoo._norm(name)], key)
+            assert seen.setdefault(_norm(name), key) == key, (name, seen[_norm(name)], key)
             assert zoo.resolve(name) == key
 
 

@@ -1,0 +1,136 @@
+"""Checks of what a zoo model or a user's config is asked to do, before anything is built or
+captured: config sizes (positive whole numbers; heads that split the width), a step's tokens,
+and sequences against a learned position table."""
+from __future__ import annotations
+
+import numbers
+
+from kit.errors import KitError
+from kit.workload.modes import LLAMA_FAMILIES
+from kit.workload.zoo_configs import config, resolve
+
+
+# config fields that count something a model must have at least one of (layers, widths, heads,
+# vocabulary, experts, table rows); 0 built an empty model that predicted a few µs
+SIZE_FIELDS = ("n_layer", "num_hidden_layers", "num_layers", "num_decoder_layers", "n_embd",
+               "hidden_size", "d_model", "d_ff", "d_kv", "ffn_dim", "intermediate_size", "n_inner",
+               "n_head", "num_attention_heads", "num_heads", "num_key_value_heads", "head_dim",
+               "vocab_size", "n_positions", "max_position_embeddings", "num_experts",
+               "num_local_experts", "num_experts_per_tok", "embedding_dim", "dense_features",
+               "pooling", "bottom_mlp", "top_mlp", "table_rows", "embedding_size", "hidden_sizes",
+               "depths", "num_labels", "image_size", "patch_size", "num_channels", "layers",
+               "classifier_size")
+
+
+def _check_sizes(kind: str, cfg: dict) -> None:
+    """A KitError for a size that is not a positive whole number: 0, negative, fractional, a bool
+    (JSON true is not 1 layer), a string, or an empty list of them. A list may hold markers
+    (vgg's "M" for a max-pool) beside its sizes."""
+    for name in SIZE_FIELDS:
+        value = cfg.get(name)
+        if value is None:
+            continue
+        many = isinstance(value, (list, tuple))
+        items = [v for v in value if not isinstance(v, str)] if many else [value]
+        bad = (many and not value) or any(isinstance(v, bool) or not isinstance(v, numbers.Integral)
+                                          or v < 1 for v in items)  # numpy integers are whole
+        if bad:
+            raise KitError(f"{kind} config cannot build a model: {name} must be "
+                           f"{'a list of ' if many else 'a '}positive whole number"
+                           f"{'s' if many else ''}, got {value!r}")
+    whole, parts = HEAD_SPLITS.get(kind, (None, None))
+    if kind in LLAMA_FAMILIES and cfg.get("head_dim") is not None:  # heads of a size of their own
+        whole = None
+    if isinstance(cfg.get(whole), int) and isinstance(cfg.get(parts), int) and cfg[whole] % cfg[parts]:
+        raise KitError(f"{kind} config cannot build a model: {whole} {cfg[whole]} must be a "
+                       f"multiple of {parts} {cfg[parts]} (each attention head gets an equal share)")
+
+
+# the width these families split evenly into attention heads (they have no head_dim of their own)
+HEAD_SPLITS = {"gpt2": ("n_embd", "n_head"), "bert": ("hidden_size", "num_attention_heads"),
+               "opt": ("hidden_size", "num_attention_heads"),
+               **{f: ("hidden_size", "num_attention_heads") for f in LLAMA_FAMILIES}}  # no head_dim
+
+
+
+
+def _check_positive(**values):
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise KitError(f"{k} must be a positive whole number, got {v!r}")
+
+
+# tokens (samples) a step may hold: 2^40, past any GPU's memory by orders of magnitude, and
+# far enough under int64 that a step's example tensors ([batch, seq, hidden], the logits) are
+# sized without overflow (past it torch raised its own errors before the capture began)
+MAX_TOKENS = 2**40
+
+
+def check_tokens(batch: int, seq: int | None = None) -> None:
+    """A KitError when batch x seq is past MAX_TOKENS."""
+    if batch * (seq or 1) > MAX_TOKENS:
+        what = f"batch {batch:,} x seq {seq:,} is {batch * seq:.3g} tokens" if seq else \
+            f"batch {batch:,} is {batch:.3g} samples"
+        raise KitError(f"{what} a step, more than any GPU holds (at most 2^40); give a smaller "
+                       f"--batch{' or --seq' if seq else ''}")
+
+
+# families that read no sequence, and what they read instead (a seq would change nothing)
+NO_SEQUENCE = {"dlrm": "dense features and sparse ids per sample",
+               "resnet": "images of the config's image_size", "vgg": "images of the config's image_size",
+               "vit": "images of the config's image_size"}
+
+
+def uses_seq(model) -> bool:
+    """Whether a zoo name or config reads a sequence (DLRM and the vision models do not)."""
+    return inputs_instead_of_seq(model) is None
+
+
+def inputs_instead_of_seq(model) -> str | None:
+    """What a model that reads no sequence reads instead ("images of ..."); None if it reads one."""
+    cfg = config(model) if isinstance(model, str) else dict(model)
+    return NO_SEQUENCE.get(cfg.get("model_type"))
+
+
+# families whose positions are a learned table (nn.Embedding): a longer sequence has no row to read
+LEARNED_POSITIONS = {"gpt2": "n_positions", "bert": "max_position_embeddings",
+                     "opt": "max_position_embeddings"}
+
+
+def _position_table(model) -> tuple[str, str, int] | None:
+    """(model name, config field, rows) of a model's learned position table, or None."""
+    cfg = config(model) if isinstance(model, str) else dict(model)
+    kind = cfg.get("model_type", "gpt2")
+    field = LEARNED_POSITIONS.get(kind)
+    if field is None:
+        return None
+    limit = cfg.get(field, 1024 if kind == "gpt2" else 512 if kind == "bert" else 2048)
+    if not isinstance(limit, int):
+        return None
+    return (resolve(model) if isinstance(model, str) else cfg.get("name", kind)), field, limit
+
+
+def max_seq(model) -> int | None:
+    """The longest sequence a model can read: the rows of its learned position table (GPT-2's
+    n_positions, BERT's and OPT's max_position_embeddings); None for rotary models (Llama,
+    Mixtral) and the others, which have no such table."""
+    table = _position_table(model)
+    return table[2] if table else None
+
+
+def check_seq(model, seq: int, new_tokens: int = 0) -> None:
+    """KitError when seq (and, for decoding, the new tokens after it) exceeds the model's learned
+    position table (max_seq)."""
+    table = _position_table(model)
+    if table and seq + new_tokens > table[2]:
+        name, field, limit = table
+        if new_tokens >= limit:  # no --seq helps: the new tokens alone take every position
+            raise KitError(f"{new_tokens} new tokens alone need more than {name}'s {limit} learned "
+                           f"positions ({field}), whatever the prompt; generate at most {limit - 1} "
+                           f"(--new-tokens), or use a config with a larger {field}")
+        if new_tokens:
+            raise KitError(f"{seq} tokens and {new_tokens} new need {seq + new_tokens} positions, more "
+                           f"than {name}'s {limit} learned positions ({field}); give a seq of "
+                           f"{limit - new_tokens} or less (--seq), or a config with a larger {field}")
+        raise KitError(f"seq {seq} is longer than {name}'s {limit} learned positions ({field}); "
+                       f"give a seq of {limit} or less (--seq), or a config with a larger {field}")
