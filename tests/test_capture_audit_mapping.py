@@ -112,6 +112,18 @@ def test_an_unknown_op_torch_counts_flops_for_is_never_under_them_at_peak():
     flops = flop_registry[torch.ops.aten._scaled_mm](*args, out_dtype=torch.bfloat16, out_val=out)
     assert cls == "unknown" and op.flops >= flops
     assert isolated_latencies([op], "h100-sxm")[0, 0] >= _at_peak_ms(flops, op.dtype, "h100-sxm")
+    # bound by its bytes' stream and by its FLOPs at once: the slower of the two, not their sum
+    each = [isolated_latencies([o], "h100-sxm")[0, 0] for o in op.options]
+    assert isolated_latencies([op], "h100-sxm")[0, 0] == pytest.approx(max(each))
+    # in a model's stream too (kit.workload.iteration.predict_latencies picks per node)
+    from types import SimpleNamespace
+
+    from kit.hardware import get_gpu
+    from kit.workload.iteration import predict_latencies
+
+    nodes = [SimpleNamespace(op=o, kernels=1) for o in (op, *op.options)]
+    lat = predict_latencies(nodes, get_gpu("h100-sxm"))[0]
+    assert lat[0] == pytest.approx(max(lat[1:]))
 
 
 class Losses(nn.Module):

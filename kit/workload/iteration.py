@@ -27,7 +27,7 @@ from kit.hardware import get_gpu
 from kit.ops import Elementwise
 from kit.workload.fusion import apply_fusion
 from kit.workload.graph import OpGraph
-from kit.workload.kernels import leaf_options
+from kit.workload.kernels import Slowest, leaf_options
 
 
 @dataclass(frozen=True)
@@ -186,11 +186,26 @@ def _per_option(vals, owner, option, n_nodes: int, scale=None):
     return per, seen, sums
 
 
-def _fastest_option(vals, owner, option, n_nodes: int, scale=None):
-    """Per node, the (latency, p10, p90, roofline) sums of its fastest option (by latency). With
-    `scale` (each leaf's), also the sum of its leaves' scales in that option."""
-    per, seen, sums = _per_option(vals, owner, option, n_nodes, scale)
+def _pick(per, seen, slowest=None) -> np.ndarray:
+    """Per node, its option's index: the fastest (by latency), or for a kernels.Slowest node
+    (slowest: a mask) the slowest."""
     best = np.where(seen, per[:, :, 0], np.inf).argmin(axis=1)
+    if slowest is not None and slowest.any():
+        worst = np.where(seen, per[:, :, 0], -np.inf).argmax(axis=1)
+        best = np.where(slowest, worst, best)
+    return best
+
+
+def _slowest_mask(ops) -> np.ndarray:
+    return np.array([isinstance(op, Slowest) for op in ops], dtype=bool)
+
+
+def _fastest_option(vals, owner, option, n_nodes: int, scale=None, slowest=None):
+    """Per node, the (latency, p10, p90, roofline) sums of its fastest option (by latency; its
+    slowest for a kernels.Slowest, as the slowest mask says). With `scale` (each leaf's), also the
+    sum of its leaves' scales in that option."""
+    per, seen, sums = _per_option(vals, owner, option, n_nodes, scale)
+    best = _pick(per, seen, slowest)
     out = per[np.arange(n_nodes), best]
     if scale is None:
         return out
@@ -208,7 +223,7 @@ def isolated_latencies(ops, gpu, predictor="auto") -> np.ndarray:
     leaves, owner, scale, option = _leaves([SimpleNamespace(op=op) for op in ops])
     cols = ["latency_ms", "latency_p10_ms", "latency_p90_ms", "roofline_ms"]
     vals = model.predict(leaves, gpu)[cols].to_numpy(dtype=float)
-    return _fastest_option(vals * scale[:, None], owner, option, len(ops))[:, :3]
+    return _fastest_option(vals * scale[:, None], owner, option, len(ops), slowest=_slowest_mask(ops))[:, :3]
 
 
 def predict_latencies(nodes, gpu, predictor: str = "auto", leaves=None):
@@ -274,7 +289,7 @@ def _predict_leaves(model, nodes, gpu, prepared):
         kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)[:, None]
         for c in range(3):
             per[:, :, c] = in_stream_ms(per[:, :, c], per[:, :, 3], floor, kernels, carried)
-    best = np.where(seen, per[:, :, 0], np.inf).argmin(axis=1)
+    best = _pick(per, seen, _slowest_mask([n.op for n in nodes]))
     out = per[np.arange(len(nodes)), best]
     if getattr(model, "name", None) != "roofline":  # the roofline stays a bound on the bytes
         out[:, :3] = np.maximum(out[:, :3], generic_loop_ms(nodes, gpu, prepared)[:, None])
@@ -454,7 +469,6 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
     if not isinstance(graph, OpGraph):
         raise KitError(f"iteration needs an OpGraph (from kit.workload.capture), got {type(graph).__name__}")
     prep = _prepared(graph, fusion)
-    nodes = prep["kernels"].nodes
     lat, p10, p90, pname, fallbacks = _latencies(graph, prep, fusion, gpu, predictor)
     cols = prep["columns"]
     launches = cols["kernels"].astype(float)

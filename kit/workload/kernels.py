@@ -10,7 +10,8 @@ Examples:
 A `Cheapest` kernel is one of several ways to compute the same result, as a library picks an
 algorithm (cuDNN: an implicit GEMM or Winograd for a 3x3 convolution): it costs the fastest
 option on the GPU at hand (kit.workload.iteration), and reports the FLOPs and bytes of the
-first, nominal one.
+first, nominal one. A `Slowest` kernel (a Cheapest subclass) is bound by each of its options
+at once and costs the slowest.
 """
 from __future__ import annotations
 
@@ -67,6 +68,22 @@ class Cheapest:
     @property
     def bytes(self) -> float:
         return self.options[0].bytes
+
+
+@dataclass(frozen=True)
+class Slowest(Cheapest):
+    """One kernel bound by each of `options` at once, costed as the slowest of them: an unknown
+    op that moves its bytes and does its FLOPs (torch's FLOP registry counts them) takes at
+    least each, and a sum of the two had charged it up to twice its bound. It reports the
+    largest FLOPs and bytes among them."""
+
+    @property
+    def flops(self) -> float:
+        return max(o.flops for o in self.options)
+
+    @property
+    def bytes(self) -> float:
+        return max(o.bytes for o in self.options)
 
 
 def memory_bound(op_class: str, nbytes: float, dtype: str = "fp32", label: str = "") -> Derived:

@@ -13,7 +13,7 @@ import torch
 
 from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, LayerNorm, RMSNorm, Softmax,
                      elementwise_proxy)
-from kit.workload.kernels import ATTENTION_BWD_SCALE, Derived, copy_of, memory_bound
+from kit.workload.kernels import ATTENTION_BWD_SCALE, Derived, Slowest, copy_of, memory_bound
 from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, POW_FAST, _elementwise,  # noqa: F401
                                               _pow_kind, input_streams, nbytes, vectorizable)
 from kit.workload.mapping_gemm import GEMM_OPS, flops_gemm, map_gemm
@@ -323,9 +323,8 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
                             cpu_scalars=packet != "where"), "elementwise", 1
     moved = max(sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs), 1)
     flops = _registry_flops(packet, args, kwargs, out)
-    if flops > 0:  # never under its FLOPs at the GPU's peak: the copy of its bytes and those FLOPs
-        return Derived("unknown", (copy_of(moved, dtype), flops_gemm(flops, dtype)), 1.0,
-                       packet), "unknown", 1
+    if flops > 0:  # never under its bytes' stream nor its FLOPs at the GPU's peak: the slower
+        return Slowest("unknown", (copy_of(moved, dtype), flops_gemm(flops, dtype)), packet), "unknown", 1
     return memory_bound("unknown", moved, dtype, label=packet), "unknown", 1
 
 
