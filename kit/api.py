@@ -174,7 +174,7 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
                              "tile-MLP's own answer was slower")
         if cls == "gemm" and out.get("tile") != "gemv":
             from kit.predict.gemv import MEASURED_STREAM, STREAM_SHARE_DEFAULT, STREAM_SHARE_MAX, stream_bound_ms
-            from kit.workload.iteration import isolation_floor_ms
+            from kit.workload.kernel_times import isolation_floor_ms
 
             low = stream_bound_ms([op], gpu.mem_bw_gbs)[0] + isolation_floor_ms(model, gpu)
             if abs(out["latency_ms"] - low) <= 1e-9 * low:

@@ -308,7 +308,7 @@ def test_a_conv_costs_its_fastest_way():
 def test_fastest_option_sums_each_option_then_takes_the_least():
     import numpy as np
 
-    from kit.workload.iteration import _fastest_option
+    from kit.workload.kernel_times import _fastest_option
 
     # node 0: option 0 = 3 + 4, option 1 = 5 -> 5; node 1: one option of 2; node 2: no leaves
     vals = np.array([[3.0, 1, 4, 0], [4.0, 1, 4, 0], [5.0, 2, 6, 1], [2.0, 1, 3, 0]])

@@ -145,7 +145,7 @@ def test_learned_predictor_floor_is_taken_out_in_the_stream(monkeypatch):
 
     import kit.predict as kp
     from kit.predict.roofline import roofline
-    from kit.workload import iteration as itm
+    from kit.workload import kernel_times as itm
 
     floor = 0.03
 

@@ -109,7 +109,7 @@ class Coster:
     Collectives have no band: they keep their point prediction.
 
     in_stream: a learned predictor's kernels, timed one at a time, carry a dispatch floor; in the
-    stream each kernel runs without it (kit.workload.iteration.in_stream_ms, the rule of the
+    stream each kernel runs without it (kit.workload.kernel_times.in_stream_ms, the rule of the
     single-GPU path). True: take it out; False: keep the isolated times. build_iteration picks
     by the kernels' source (see IN_STREAM_BY_SOURCE)."""
 
@@ -128,11 +128,11 @@ class Coster:
                            f"got {predictor!r}")
         if not isinstance(in_stream, bool):
             raise KitError(f"in_stream must be True or False, got {in_stream!r}")
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         self.in_stream = in_stream
         self.floor_ms = isolation_floor_ms(self.predictor, self.gpu) if in_stream else 0.0
-        from kit.workload.iteration import generic_loop_rate
+        from kit.workload.kernel_times import generic_loop_rate
 
         # PyTorch's generic elementwise loop (a broadcast or strided input), as the single-GPU
         # path costs it; the roofline stays a bound on the bytes
@@ -164,7 +164,7 @@ class Coster:
         kernels x the predictor's floor, never below the roofline), then calibrated."""
         t = self._op_ms[op][self.quantile] * scale
         if self.floor_ms > 0:
-            from kit.workload.iteration import in_stream_ms
+            from kit.workload.kernel_times import in_stream_ms
 
             # a backward factor multiplies the isolated time, floor included: it carries `scale`
             t = float(in_stream_ms(t, self._op_ms[op][3] * scale, self.floor_ms, kernels, carried=scale))

@@ -173,7 +173,7 @@ def _costing_note(coster, layout: Layout, captured: bool) -> str:
                 "of each kernel, as `kit predict --gpu` does)" if ms > 0
                 else "in the stream (this predictor has no isolated-kernel floor)")
     else:
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         floor = isolation_floor_ms(coster.predictor, coster.gpu)
         text = ("isolated-kernel times, as the analytic layer is validated and fitted"

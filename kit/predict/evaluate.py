@@ -128,10 +128,10 @@ def visible_columns(frame: pd.DataFrame) -> pd.DataFrame:
 def predict_rows(frame: pd.DataFrame, predictors: dict, in_stream: bool = False) -> pd.DataFrame:
     """One row per (test row, predictor): measured, predicted, band and APE. in_stream: each
     learned predictor's kernel time without the dispatch floor it learned from isolated calls
-    (kit.workload.iteration.in_stream_ms), as a whole model costs it: what a kernel time
+    (kit.workload.kernel_times.in_stream_ms), as a whole model costs it: what a kernel time
     (kernel_ms) is scored against."""
     from kit.hardware import get_gpu
-    from kit.workload.iteration import in_stream_ms, isolation_floor_ms
+    from kit.workload.kernel_times import in_stream_ms, isolation_floor_ms
 
     seen = visible_columns(frame)
     out = []

@@ -20,13 +20,13 @@ FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row t
 
 class GemmBounds:
     """TilePredictor's GEMM rules; each needs self.predict and the dispatch floor
-    (kit.workload.iteration.isolation_floor_ms)."""
+    (kit.workload.kernel_times.isolation_floor_ms)."""
 
     def _gemv(self, ops: list, gpu: GPU, rows: np.ndarray, part: pd.DataFrame) -> pd.DataFrame:
         """GEMMs with m or n of 1 (kit.predict.gemv.applies) take its stream of their bytes, plus
         this predictor's dispatch floor, so the isolated latency means what it means for every
         other op; the tile shown is the gemv kernel's (no tiles, one wave)."""
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         floor = isolation_floor_ms(self, gpu)
         idx = np.flatnonzero(rows)
@@ -46,7 +46,7 @@ class GemmBounds:
         tc = applies(gpu, dtype, a["align"])
         if not tc.any():
             return
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         floor = isolation_floor_ms(self, gpu)
         t, lo, hi = kernel_ms_of(np.asarray(roofline_ms, dtype=float)[tc], params_for(gpu, dtype))
@@ -61,7 +61,7 @@ class GemmBounds:
         ms at two. The floor counts once, as in few_batches_ms: r whole isolated calls had held r
         floors, and in a model (which sheds one) a Linear(256, 1024) of 2 rows took 8.6x its one
         row on an A100."""
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         gpu = get_gpu(gpu)
         out = np.full(len(ops), np.nan)
@@ -101,7 +101,7 @@ class GemmBounds:
         (cuBLAS's rule in NeuSight's data), so a batch of 2 of a small output over a long k had
         walked all of k on a couple of SMs: 24 x 8 outputs over k = 16384 on an H100 took
         0.053 ms at b = 1 and 1.07 ms at b = 2."""
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         gpu = get_gpu(gpu)
         out = np.full(len(ops), np.nan)
@@ -136,7 +136,7 @@ class GemmBounds:
         (its split batch shares the weight in the features, so the tile-MLP saw a k / S slice of
         it, and only the roofline held it): 2 x 4096 x 4096 in FP32 at 0.224 ms, half its
         one-row twin's time. The band moves up with it, p10 to the bound."""
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         low = gemv_stream_bound_ms(ops, gpu.mem_bw_gbs) + isolation_floor_ms(self, gpu)
         lat = part.latency_ms.to_numpy(dtype=float)
@@ -155,7 +155,7 @@ class GemmBounds:
         curve at the full tensor peak, plus this predictor's dispatch floor): the least an
         unaligned GEMM in a dtype with a curve may take (_aligned_bound). NaN for an op on the
         curve itself or in a dtype without one."""
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         gpu = get_gpu(gpu)
         out = np.full(len(ops), np.nan)

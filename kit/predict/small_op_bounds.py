@@ -34,7 +34,7 @@ class SmallOpBounds:
         copy of 131,072 bytes took 1.4x one of 262,144, both at the link's full rate."""
         from kit.hardware.system import pcie_efficiency
         from kit.ops import Memcpy, elementwise_proxy
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         idx = [i for i, op in enumerate(ops) if isinstance(op, Memcpy) and elementwise_proxy(op) is None]
         if not idx:
@@ -61,7 +61,7 @@ class SmallOpBounds:
         roofline, its band lifted with it."""
         if getattr(self, "_probing_floor", False):
             return  # the floor's own probe (an add of 2^17 elements) predicts unfloored
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         self._probing_floor = True
         try:
@@ -80,7 +80,7 @@ class SmallOpBounds:
         bound = element_bound_ms(a["kind"], a["numel"], gpu)
         if not (bound > 0).any():
             return
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         low = np.where(bound > 0, bound + np.minimum(lat, isolation_floor_ms(self, gpu)), 0.0)
         lift = np.maximum(1.0, low / lat)
@@ -106,7 +106,7 @@ class SmallOpBounds:
         rows = [i for i, op in enumerate(ops) if isinstance(op, Attention)]
         if not rows:
             return
-        from kit.workload.iteration import isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms
 
         floor = isolation_floor_ms(self, gpu)
         for dtype in sorted({ops[i].dtype for i in rows}):

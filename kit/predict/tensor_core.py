@@ -27,7 +27,7 @@ Attention takes its curve on every GPU and dtype (carried over, with a wider ban
 measured: CARRIED_ATTENTION) from ATTENTION_MIN_SEQ_Q queries on, the prefill shapes it was fitted
 on; under that, a blend of the curve and the roofline (one query, a decode step: the roofline).
 The curve gives a kernel's own time. The tile predictor adds its dispatch floor
-(kit.workload.iteration.isolation_floor_ms), so its isolated latencies stay comparable with its
+(kit.workload.kernel_times.isolation_floor_ms), so its isolated latencies stay comparable with its
 other classes', and a whole model takes the floor out again.
 """
 from __future__ import annotations

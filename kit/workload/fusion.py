@@ -131,7 +131,7 @@ def _fused(group: list[Node], consumers: dict[int, list[int]], new_id: int, by_i
 def _generated(op):
     """A memory-bound op as the compiler's own kernel runs it: Inductor generates an indexed
     kernel for a broadcast or strided input too, not PyTorch's generic elementwise loop
-    (Elementwise.vectorized, kit.workload.iteration.generic_loop_ms)."""
+    (Elementwise.vectorized, kit.workload.kernel_times.generic_loop_ms)."""
     if isinstance(op, Elementwise) and not op.vectorized:
         return replace(op, vectorized=True)
     if isinstance(op, Derived):

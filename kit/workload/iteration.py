@@ -15,8 +15,6 @@ with C the cumulative kernel time. The overheads are calibratable from a Kineto 
 from __future__ import annotations
 
 import re
-import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,10 +22,12 @@ import pandas as pd
 
 from kit.errors import KitError
 from kit.hardware import get_gpu
-from kit.ops import Elementwise
 from kit.workload.fusion import apply_fusion
 from kit.workload.graph import OpGraph
-from kit.workload.kernels import Slowest, leaf_options
+from kit.workload.kernel_times import (FLOOR_PROBE_NUMEL, GENERIC_LOOP_ELEMS_PER_SM_CLOCK,  # noqa: F401
+                                      KERNEL_MIN_US, LEARNED_FROM_ISOLATED, generic_loop_ms,
+                                      generic_loop_rate, in_stream_ms, isolated_latencies,
+                                      isolation_floor_ms, predict_latencies, _leaves)
 
 
 @dataclass(frozen=True)
@@ -157,227 +157,6 @@ _NUM = re.compile(r"\.\d+(?=\.|$)")
 
 def _generic_path(path: str) -> str:
     return _NUM.sub(".*", path) if path else "(top)"
-
-
-def _leaves(nodes):
-    """Every leaf op of every way to run each node (kit.workload.kernels.leaf_options): the
-    leaves, and per leaf its node, scale and option."""
-    leaves, owner, scale, option = [], [], [], []
-    for i, n in enumerate(nodes):
-        for k, ways in enumerate(leaf_options(n.op)):
-            for op, sc in ways:
-                leaves.append(op)
-                owner.append(i)
-                scale.append(sc)
-                option.append(k)
-    return (leaves, np.asarray(owner, dtype=int), np.asarray(scale, dtype=float),
-            np.asarray(option, dtype=int))
-
-
-def _per_option(vals, owner, option, n_nodes: int, scale=None):
-    """Per node and option, the sums of its leaves' (latency, p10, p90, roofline) (n, k, 4),
-    which options a node has (n, k), and the sums of its leaves' scales (n, k)."""
-    per = np.zeros((n_nodes, int(option.max()) + 1 if len(option) else 1, vals.shape[1]))
-    np.add.at(per, (owner, option), vals)
-    seen = np.zeros(per.shape[:2], dtype=bool)
-    seen[owner, option] = True
-    sums = np.zeros(per.shape[:2])
-    np.add.at(sums, (owner, option), np.ones(len(owner)) if scale is None else scale)
-    return per, seen, sums
-
-
-def _pick(per, seen, slowest=None) -> np.ndarray:
-    """Per node, its option's index: the fastest (by latency), or for a kernels.Slowest node
-    (slowest: a mask) the slowest."""
-    best = np.where(seen, per[:, :, 0], np.inf).argmin(axis=1)
-    if slowest is not None and slowest.any():
-        worst = np.where(seen, per[:, :, 0], -np.inf).argmax(axis=1)
-        best = np.where(slowest, worst, best)
-    return best
-
-
-def _slowest_mask(ops) -> np.ndarray:
-    return np.array([isinstance(op, Slowest) for op in ops], dtype=bool)
-
-
-def _fastest_option(vals, owner, option, n_nodes: int, scale=None, slowest=None):
-    """Per node, the (latency, p10, p90, roofline) sums of its fastest option (by latency; its
-    slowest for a kernels.Slowest, as the slowest mask says). With `scale` (each leaf's), also the
-    sum of its leaves' scales in that option."""
-    per, seen, sums = _per_option(vals, owner, option, n_nodes, scale)
-    best = _pick(per, seen, slowest)
-    out = per[np.arange(n_nodes), best]
-    if scale is None:
-        return out
-    return out, sums[np.arange(n_nodes), best]
-
-
-def isolated_latencies(ops, gpu, predictor="auto") -> np.ndarray:
-    """(n, 3) latency, p10, p90 of each op (kit op, Derived or Cheapest) timed on its own, as a
-    microbenchmark measures it: a Cheapest at its fastest option, no in-stream correction."""
-    from types import SimpleNamespace
-
-    from kit.predict import get_predictor
-
-    model = get_predictor(predictor) if isinstance(predictor, str) else predictor
-    leaves, owner, scale, option = _leaves([SimpleNamespace(op=op) for op in ops])
-    cols = ["latency_ms", "latency_p10_ms", "latency_p90_ms", "roofline_ms"]
-    vals = model.predict(leaves, gpu)[cols].to_numpy(dtype=float)
-    return _fastest_option(vals * scale[:, None], owner, option, len(ops), slowest=_slowest_mask(ops))[:, :3]
-
-
-def predict_latencies(nodes, gpu, predictor: str = "auto", leaves=None):
-    """Per-node (latency, p10, p90) arrays, the predictor's name, and {op type: reason} for ops
-    the chosen predictor could not cost (those fall back to the wave model, never dropped)."""
-    from kit.predict import get_predictor
-
-    model = get_predictor(predictor)
-    with _one_torch_thread():
-        return _predict_leaves(model, nodes, gpu, leaves or _leaves(nodes))
-
-
-@contextmanager
-def _one_torch_thread():
-    """Run a learned predictor's tiny networks (tens of rows) on one torch thread: on a small,
-    shared CPU the intra-op thread pool only adds spin-wait (5x slower warm calls measured on
-    2 busy cores). The caller's setting comes back afterwards; without torch this does nothing."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _predict_leaves(model, nodes, gpu, prepared):
-    from kit.predict import get_predictor
-
-    leaves, owner, scale, option = prepared
-    cols = ["latency_ms", "latency_p10_ms", "latency_p90_ms"]
-    fallbacks: dict = {}
-    if not leaves:
-        z = np.zeros(len(nodes))
-        return z, z, z, model.name, fallbacks
-    cols = cols + ["roofline_ms"]
-    try:
-        vals = model.predict(leaves, gpu)[cols].to_numpy(dtype=float)
-    except Exception:  # the predictor cannot cost some op type: cost type by type
-        vals = np.zeros((len(leaves), 4))
-        fallback = get_predictor("wave")
-        by_type: dict = {}
-        for j, op in enumerate(leaves):
-            by_type.setdefault(type(op).__name__, []).append(j)
-        for tname, idx in by_type.items():
-            ops = [leaves[j] for j in idx]
-            try:
-                vals[idx] = model.predict(ops, gpu)[cols].to_numpy(dtype=float)
-            except Exception as e:  # noqa: BLE001 - reported, never silent
-                fallbacks[tname] = f"{model.name} failed ({type(e).__name__}: {e}); used wave"
-                vals[idx] = fallback.predict(ops, gpu)[cols].to_numpy(dtype=float)
-    per, seen, carried = _per_option(vals * scale[:, None], owner, option, len(nodes), scale)
-    floor = isolation_floor_ms(model, gpu)
-    if floor > 0:  # in the stream, not one kernel at a time (see LEARNED_FROM_ISOLATED)
-        # each leaf's isolated time carries one floor, scaled with it: an option carries the
-        # sum of its leaves' scales (in_stream_ms sheds them, or one a kernel where that is
-        # more). The fastest option is chosen in the stream: chosen on isolated times, a 3x3
-        # conv's Winograd (four kernels, four floors) had lost to the implicit GEMM (one) at
-        # batch 8 on an A100, 91 us against 29 us in the stream, and won at batch 16 (42 us)
-        kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)[:, None]
-        for c in range(3):
-            per[:, :, c] = in_stream_ms(per[:, :, c], per[:, :, 3], floor, kernels, carried)
-    best = _pick(per, seen, _slowest_mask([n.op for n in nodes]))
-    out = per[np.arange(len(nodes)), best]
-    if getattr(model, "name", None) != "roofline":  # the roofline stays a bound on the bytes
-        out[:, :3] = np.maximum(out[:, :3], generic_loop_ms(nodes, gpu, prepared)[:, None])
-    return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks
-
-
-# PyTorch's generic elementwise kernel (elementwise_kernel<128, 4>: a broadcast or strided input,
-# Elementwise.vectorized False) computes every element's offsets, dimension by dimension, and
-# is limited by that work rather than by the bytes it moves: on an H200
-# (measurements/h200-2026-12-04, kernels of whole-model steps) a div by a 0-dim device tensor,
-# a where over a broadcast mask, a broadcast mask add and a clamp ran at 285-414 G elements/s
-# in bf16 and 298-349 in fp32, whatever the dtype, where the vectorized kernels stream at the
-# memory's speed (a bf16 mul: 1,040 G elements/s). 350 G elements/s over 132 SMs at 1,980 MHz
-# is 1.34 elements per SM per clock; other NVIDIA GPUs get it at their SMs and clock (an
-# A100: 204 G elements/s). Measured on that one GPU; not applied to AMD's.
-GENERIC_LOOP_ELEMS_PER_SM_CLOCK = 1.34
-
-
-def generic_loop_rate(gpu) -> float:
-    """Elements a second PyTorch's generic elementwise loop runs at on gpu (0: not known)."""
-    from kit.predict.element_rates import elements_per_s
-
-    return float(elements_per_s(gpu, GENERIC_LOOP_ELEMS_PER_SM_CLOCK))
-
-
-def generic_loop_ms(nodes, gpu, prepared=None) -> np.ndarray:
-    """Per node, the time its generic-loop elementwise kernels take at the rate above (0 for
-    nodes without any, and on GPUs it is not known for). prepared: the nodes' _leaves, when
-    the caller has them; a Cheapest counts its nominal (first) option, as leaf_ops does."""
-    out = np.zeros(len(nodes))
-    rate = generic_loop_rate(gpu)
-    if not rate:
-        return out
-    leaves, owner, _, option = prepared if prepared is not None else _leaves(nodes)
-    for op, i, k in zip(leaves, owner, option):
-        if k == 0 and isinstance(op, Elementwise) and not op.vectorized:
-            out[i] += op.numel / rate * 1e3
-    return out
-
-
-# Predictors learned from kernels timed one at a time (NeuSight's microbenchmarks: CUDA events
-# around one Python call, mean of the 5 fastest of 25). A short kernel's label there is the
-# dispatch floor, not the kernel: the smallest V100 add in that data is 0.032 ms, the smallest
-# sgemm 0.063 ms, for kernels that move a few kB. In a model the kernels queue back to back and
-# the host's cost is the CPU-issue timeline below, so a kernel's time in the stream is its
-# isolated prediction less that floor, never below its roofline:
-#
-#     d_stream = max(d_isolated - kernels · floor_gpu, min(roofline, d_isolated))
-#
-# floor_gpu is read off the predictor itself: its latency for a small in-range elementwise add
-# (128 Ki fp32 elements, ~1.5 MB) less that add's roofline, on the GPU at hand (so it carries
-# over to GPUs without labels).
-LEARNED_FROM_ISOLATED = ("tile", "mlp", "habitat", "li")
-# The shortest kernels of real Kineto traces run 2-3 us on the GPU, back to back in the stream:
-# fill/elementwise kernels on a few hundred elements take 2-3 us (PARAM's 8-rank DLRM trace,
-# V100-SXM2: median 2-3 us per elementwise kind; HTA's A100 fixtures; PARAM's RTX 2080 Ti resnet
-# trace: cuDNN's offset kernels 2 us). Launching and draining a grid has that cost however
-# little the kernel does, so no kernel is taken as shorter than this in the stream.
-KERNEL_MIN_US = 2.0
-FLOOR_PROBE_NUMEL = 1 << 17
-_FLOORS: dict = {}
-
-
-def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0, carried=None):
-    """A kernel's (or node's) time in the stream from its isolated prediction (the rule above);
-    numpy arrays or floats. kit.parallel.costs.Coster uses the same rule. A kernel in the stream
-    takes at least KERNEL_MIN_US (never more than its isolated prediction).
-
-    carried: the floors the isolated time holds, where that is more than one a kernel (a scaled
-    kernel, attention backward = 2.8 x (forward + floor), holds 2.8): it sheds them all."""
-    kernels = np.asarray(kernels, dtype=float)
-    shed = kernels if carried is None else np.maximum(kernels, carried)
-    low = np.maximum(roofline_ms, KERNEL_MIN_US / 1e3 * kernels)
-    return np.maximum(isolated_ms - floor_ms * shed, np.minimum(low, isolated_ms))
-
-
-def isolation_floor_ms(model, gpu) -> float:
-    """The per-kernel dispatch floor a learned predictor carries on a GPU (0 for the analytic
-    roofline and wave models, which have none)."""
-    if getattr(model, "name", None) not in LEARNED_FROM_ISOLATED:
-        return 0.0
-    key = (model.name, id(model), gpu.key)
-    if key not in _FLOORS:
-        from kit.ops import Elementwise
-
-        probe = model.predict([Elementwise("add", FLOOR_PROBE_NUMEL, "fp32", inputs=2)], gpu).iloc[0]
-        _FLOORS[key] = max(float(probe.latency_ms) - float(probe.roofline_ms), 0.0)
-    return _FLOORS[key]
 
 
 def ready_ms(issue_ms: np.ndarray, dur_ms: np.ndarray, launches: np.ndarray,

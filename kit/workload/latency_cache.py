@@ -26,7 +26,7 @@ KIT_FILES = tuple(Path(__file__).resolve().parents[1] / n for n in ("tiling.py",
 
 
 HERE = Path(__file__).resolve().parent
-COSTING_FILES = ("iteration.py", "fusion.py", "kernels.py", "latency_cache.py")
+COSTING_FILES = ("iteration.py", "kernel_times.py", "fusion.py", "kernels.py", "latency_cache.py")
 
 
 def _predictor_stamp() -> str:
