@@ -161,7 +161,7 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
             out["source"] = (f"{rows} back-to-back calls of its one-row twin (their kernel times and one "
                              "dispatch floor): a GEMM this thin is never slower than those; the "
                              "tile-MLP's own answer was slower")
-        if out.get("tile") == "gemv" and hasattr(model, "two_row_ms"):
+        if out.get("tile") == "gemv":
             twin = model.two_row_ms([op], gpu, np.array([True]))[0]
             if np.isfinite(twin) and abs(out["latency_ms"] - twin) <= 1e-9 * twin:
                 out["source"] = ("its two-row twin's time: a GEMV is never slower than the GEMM of "

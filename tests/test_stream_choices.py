@@ -56,8 +56,8 @@ def test_a_plain_3x3_conv_backward_may_run_as_winograd():
 
 
 def test_winograd_backward_does_the_forward_transforms_multiplies():
-    """Each Winograd gradient multiplies 36 / 16 of the outputs' direct multiply-adds... as the
-    forward does: F(4x4, 3x3) turns a 3x3 conv's 9 multiplies an output into 36 per 16 outputs."""
+    """Each Winograd gradient does what the forward does: F(4x4, 3x3) turns a 3x3 conv's 9
+    multiplies an output into 36 per 16 outputs, so 36 / (16 x 9) of the direct FLOPs."""
     n, c, h = 4, 32, 16
     x, w, grad = torch.empty(n, c, h, h, device="meta"), torch.empty(c, c, 3, 3, device="meta"), \
         torch.empty(n, c, h, h, device="meta")

@@ -54,9 +54,10 @@ def environment(device: str) -> dict:
 
 
 def side_path(out: str | Path, suffix: str) -> Path:
-    """FILE.csv -> FILE<suffix> beside it (e.g. .meta.json, .failed.jsonl)."""
+    """FILE.csv (or FILE.csv.gz) -> FILE<suffix> beside it (e.g. .meta.json, .failed.jsonl)."""
     out = Path(out)
-    stem = out.name[:-4] if out.name.lower().endswith(".csv") else out.name
+    name = out.name[:-3] if out.name.lower().endswith(".csv.gz") else out.name  # a gzipped one's
+    stem = name[:-4] if name.lower().endswith(".csv") else name
     return out.with_name(stem + suffix)
 
 
@@ -165,6 +166,16 @@ def torch_settings(device: str) -> dict:
     return out
 
 
+def recorded_runs(csv: str | Path) -> list[dict] | None:
+    """The runs FILE.meta.json records for a CSV (None: no readable meta beside it)."""
+    try:
+        doc = json.loads(side_path(csv, ".meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else None
+
+
 class Meta:
     """FILE.meta.json: {"csv", "runs": [...]}, this run's entry written at its start and updated at
     its end (atomically: a temporary file renamed over it)."""
@@ -173,13 +184,9 @@ class Meta:
         self.path = side_path(out, ".meta.json")
         self.doc = {"csv": Path(out).name, "runs": []}
         self.found = False  # an earlier meta was read (resume)
-        if resume and self.path.is_file():
-            try:
-                old = json.loads(self.path.read_text())
-                if isinstance(old, dict) and isinstance(old.get("runs"), list):
-                    self.doc, self.found = old, True
-            except (OSError, ValueError):
-                pass
+        runs = recorded_runs(out) if resume else None
+        if runs is not None:
+            self.doc["runs"], self.found = runs, True
         self.doc["runs"].append(run)
         self.run = run
 

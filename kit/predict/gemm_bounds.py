@@ -61,16 +61,21 @@ class GemmBounds:
         ms at two. The floor counts once, as in few_batches_ms: r whole isolated calls had held r
         floors, and in a model (which sheds one) a Linear(256, 1024) of 2 rows took 8.6x its one
         row on an A100."""
+        return self._as_calls(ops, gpu, lambda op: min(op.m, op.n),
+                              lambda op: replace(op, m=1) if op.m <= op.n else replace(op, n=1))
+
+    def _as_calls(self, ops: list, gpu: GPU | str, count_of, twin_of) -> np.ndarray:
+        """Per GEMM whose count_of(op) is 2..FEW_ROWS, that many kernel times of twin_of(op) plus
+        one dispatch floor (few_rows_ms, few_batches_ms); NaN for any other."""
         from kit.workload.kernel_times import isolation_floor_ms
 
         gpu = get_gpu(gpu)
         out = np.full(len(ops), np.nan)
-        rows = [j for j, op in enumerate(ops) if 2 <= min(op.m, op.n) <= FEW_ROWS]
+        rows = [j for j, op in enumerate(ops) if 2 <= count_of(op) <= FEW_ROWS]
         if rows:
             floor = isolation_floor_ms(self, gpu)
-            twins = [replace(ops[j], m=1) if ops[j].m <= ops[j].n else replace(ops[j], n=1) for j in rows]
-            count = np.array([min(ops[j].m, ops[j].n) for j in rows], dtype=float)
-            twin = self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
+            twin = self.predict([twin_of(ops[j]) for j in rows], gpu).latency_ms.to_numpy(dtype=float)
+            count = np.array([count_of(ops[j]) for j in rows], dtype=float)
             out[rows] = count * np.maximum(twin - floor, 0.0) + floor
         return out
 
@@ -101,17 +106,7 @@ class GemmBounds:
         (cuBLAS's rule in NeuSight's data), so a batch of 2 of a small output over a long k had
         walked all of k on a couple of SMs: 24 x 8 outputs over k = 16384 on an H100 took
         0.053 ms at b = 1 and 1.07 ms at b = 2."""
-        from kit.workload.kernel_times import isolation_floor_ms
-
-        gpu = get_gpu(gpu)
-        out = np.full(len(ops), np.nan)
-        rows = [j for j, op in enumerate(ops) if 2 <= op.b <= FEW_ROWS]
-        if rows:
-            floor = isolation_floor_ms(self, gpu)
-            twin = self.predict([replace(ops[j], b=1) for j in rows], gpu).latency_ms.to_numpy(dtype=float)
-            b = np.array([ops[j].b for j in rows], dtype=float)
-            out[rows] = b * np.maximum(twin - floor, 0.0) + floor
-        return out
+        return self._as_calls(ops, gpu, lambda op: op.b, lambda op: replace(op, b=1))
 
     def _aligned_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
         """An unaligned GEMM in a dtype with a tensor-core curve is never faster than the same GEMM

@@ -38,15 +38,9 @@ def _without_bias(csv: Path) -> bool:
     """Whether the collector's meta beside a CSV (FILE.meta.json) says its linear rows were timed
     without a bias (`kit collect --no-bias`); NeuSight's Linear rows, which the model learns
     from, have one. Unknown (no meta, an older or foreign one) counts as with."""
-    import json
+    from kit.data.provenance import recorded_runs
 
-    name = csv.name[:-3] if csv.name.endswith(".gz") else csv.name
-    meta = csv.with_name((name[:-4] if name.lower().endswith(".csv") else name) + ".meta.json")
-    try:
-        runs = json.loads(meta.read_text()).get("runs", [])
-    except (OSError, ValueError, AttributeError):
-        return False
-    return any((r.get("settings") or {}).get("linear_bias") is False for r in runs if isinstance(r, dict))
+    return any((r.get("settings") or {}).get("linear_bias") is False for r in recorded_runs(csv) or ())
 
 
 def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:

@@ -24,10 +24,10 @@ from kit.errors import KitError
 from kit.hardware import get_gpu
 from kit.workload.fusion import apply_fusion
 from kit.workload.graph import OpGraph
-from kit.workload.kernel_times import (FLOOR_PROBE_NUMEL, GENERIC_LOOP_ELEMS_PER_SM_CLOCK,  # noqa: F401
-                                      KERNEL_MIN_US, LEARNED_FROM_ISOLATED, generic_loop_ms,
-                                      generic_loop_rate, in_stream_ms, isolated_latencies,
-                                      isolation_floor_ms, predict_latencies, _leaves)
+# the names tests and notebooks reach through this module (kit's own code imports kernel_times)
+from kit.workload.kernel_times import (GENERIC_LOOP_ELEMS_PER_SM_CLOCK, KERNEL_MIN_US,  # noqa: F401
+                                      _leaves, generic_loop_ms, in_stream_ms, isolated_latencies,
+                                      isolation_floor_ms, predict_latencies)
 
 
 @dataclass(frozen=True)

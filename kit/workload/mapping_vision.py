@@ -27,6 +27,7 @@ pooling, upsampling, im2col. kit.workload.mapping.map_op hands these ops here.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import itertools
 import math
 
@@ -261,22 +262,17 @@ def winograd_backward(args, mask, dtype: str, dense: bool = False) -> list | Non
     grad, x, w = args[0], args[1], args[2]
     if len(args) < 10:
         return None
-    # the forward's arguments (x, w, bias, stride, padding, dilation, transposed, output
-    # padding, groups) from the backward's (grad, x, w, bias sizes, stride, ...): its conditions
-    if winograd([x, w, None, *args[4:10]], [grad], dtype, dense) is None:
+    # the input gradient is the forward's Winograd of grad by the weight, into x's shape (its
+    # arguments: x, w, bias, stride, padding, dilation, transposed, output padding, groups)
+    dx = winograd([grad, w, None, *args[4:10]], [x], dtype, dense)
+    if dx is None:  # the forward's conditions
         return None
-    wb = _groups(args, 9) * _bytes(w)  # the dense weight a block-diagonal one becomes
     n, cin, cout = x.shape[0], x.shape[1], grad.shape[1]
     a, d = WINOGRAD_TILE + 2, dtype_bytes(dtype)
-    tiles = n * math.ceil(x.shape[2] / WINOGRAD_TILE) * math.ceil(x.shape[3] / WINOGRAD_TILE)
+    wb = _groups(args, 9) * _bytes(w)  # the dense weight a block-diagonal one becomes
     out_tiles = n * math.ceil(grad.shape[2] / WINOGRAD_TILE) * math.ceil(grad.shape[3] / WINOGRAD_TILE)
-    dx = dw = None
-    if mask[0]:
-        dx = Derived("gemm", (Gemm(m=max(1, tiles), n=max(1, cin), k=max(1, cout), b=a * a, dtype=dtype),
-                              copy_of(_bytes(grad) + a * a * tiles * cout * d, dtype),   # grad transform
-                              copy_of(wb + a * a * cout * cin * d, dtype),              # filter transform
-                              copy_of(a * a * tiles * cin * d + _bytes(x), dtype)),     # output transform
-                     1.0, "winograd F(4x4, 3x3) input gradient")
+    dx = replace(dx, label="winograd F(4x4, 3x3) input gradient") if mask[0] else None
+    dw = None
     if mask[1]:
         dw = Derived("gemm", (Gemm(m=max(1, cout), n=max(1, cin), k=max(1, out_tiles), b=a * a, dtype=dtype),
                               copy_of(_bytes(x) + a * a * out_tiles * cin * d, dtype),   # x transform
