@@ -507,6 +507,29 @@ def test_a_gradient_bucket_is_megatrons_40m_parameters_whatever_the_gradients_dt
     assert Layout(bucket_bytes=1e6).bucket_bytes == 1e6  # a user's bucket stays bytes
 
 
+@pytest.mark.parametrize("model, layout", [
+    ("gpt:layers=4,hidden=512,heads=8,seq=256", dict(tp=2, pp=2, dp=2, global_batch=8)),
+    ("gpt:layers=4,hidden=512,heads=8,seq=256", dict(tp=2, pp=2, dp=2, global_batch=8, virtual_stages=2)),
+    ("gpt:layers=4,hidden=512,heads=8,seq=256", dict(dp=4, zero=1, overlap_grad_reduce=False)),
+    ("gpt:layers=4,hidden=512,heads=8,seq=256", dict(dp=4, zero=3)),
+    ("moe:layers=4,hidden=512,heads=8,seq=256,experts=8,topk=2", dict(dp=4, ep=4, global_batch=4)),
+])
+def test_every_communication_op_records_the_parallelism_it_serves(model, layout):
+    """communication_by_group had read each op's group from its label text ("tp comm", "dp ",
+    "send "...), so renaming a label moved its time to "other". The builder now records it."""
+    from kit.parallel.build import COMM_GROUPS, DP, PIPELINE, TP_EP
+
+    g = build_iteration_graph(parse_model(model), Layout(dtype="bf16", **layout))
+    serves = g.meta["comm_serves"]
+    comm = [i for i, k in enumerate(g.kind) if k == "comm"]
+    assert comm and sorted(serves) == comm and set(serves.values()) <= set(COMM_GROUPS)
+    for i in comm:  # the labels agree with the recorded group, so a reader of the trace is not misled
+        lab = g.label[i]
+        want = (PIPELINE if lab.startswith(("send ", "recv ")) else TP_EP if "tp" in lab.split()[-2:-1]
+                or lab.endswith("tp/ep comm") else DP)
+        assert serves[i] == want, (lab, serves[i])
+
+
 def build_iteration_graph(spec, lay):
     from kit.hardware.system import get_system
     from kit.parallel.build import build_iteration

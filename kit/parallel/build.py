@@ -27,6 +27,16 @@ from kit.parallel.layout import Layout
 from kit.parallel.schedule import schedule
 from kit.sim import ExecGraph
 
+# the parallelism a communication op serves (kit.parallel.predict.communication_by_group)
+TP_EP, DP, PIPELINE, OTHER = "tensor/expert parallel", "data parallel", "pipeline", "other"
+COMM_GROUPS = (TP_EP, DP, PIPELINE, OTHER)
+
+
+def _serves(g: ExecGraph, group: str, op: int) -> int:
+    """Record in g.meta["comm_serves"] that communication op `op` serves `group`; returns op."""
+    g.meta.setdefault("comm_serves", {})[op] = group
+    return op
+
 
 @dataclass(frozen=True)
 class HostModel:
@@ -87,7 +97,7 @@ def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=No
     # the race overlaps the GPU's work; kit.sim.critical counts as cpu only its part past it
     g.meta.setdefault("paced", set()).add(pace)
     if ph.comm_ms > 0:
-        g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag)
+        _serves(g, TP_EP, g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag))
     tail = g.gpu(r, "compute", last, label, deps=(rest, pace), tag=tag)
     return head, tail
 
@@ -169,16 +179,17 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
             if 0 <= src < n_virtual:
                 key = ("act", mb, vi - 1) if fwd else ("grad", mb, vi)
                 prev = g.tail(r, "compute")  # posted in program order, after the last pass
-                rv = g.collective(r, "recv-fwd" if fwd else "recv-bwd", link_ms(min(src, vi)),
-                                  "recv " + ("activation" if fwd else "gradient"), group=key,
-                                  deps=(prev,) if prev >= 0 else (), tag=(phase, mb, c))
+                rv = _serves(g, PIPELINE, g.collective(
+                    r, "recv-fwd" if fwd else "recv-bwd", link_ms(min(src, vi)),
+                    "recv " + ("activation" if fwd else "gradient"), group=key,
+                    deps=(prev,) if prev >= 0 else (), tag=(phase, mb, c)))
                 deps.append(rv)
                 if host.p2p_sync:
                     g.sync(r, [rv], 0.0, "sync after p2p", tag=(phase, mb, c))
             if lay.zero == 3 and lay.dp > 1:
-                ag = g.gpu(r, "comm", _sharded_comm_ms(coster, "allgather", cost.params, cost.expert_params,
-                                                       wbytes, stage),
-                           "fsdp all-gather weights", kind="comm", tag=(phase, mb, c))
+                ag = _serves(g, DP, g.gpu(r, "comm", _sharded_comm_ms(
+                    coster, "allgather", cost.params, cost.expert_params, wbytes, stage),
+                    "fsdp all-gather weights", kind="comm", tag=(phase, mb, c)))
                 deps.append(ag)
             label = f"{phase}{mb}" + (f".{c}" if v > 1 else "")
             if fwd and host.microbatch_ms > 0:
@@ -191,16 +202,17 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
             else:
                 _, tail = _pass(g, r, ph, label, host, deps, (phase, mb, c))
                 if not fwd and lay.zero == 3 and lay.dp > 1:
-                    grad_ops.append(g.gpu(r, "comm", _sharded_comm_ms(
+                    grad_ops.append(_serves(g, DP, g.gpu(r, "comm", _sharded_comm_ms(
                         coster, "reducescatter", cost.params, cost.expert_params, gbytes, stage),
                         "fsdp reduce-scatter grads",
-                        kind="comm", deps=(tail,), tag=(phase, mb, c)))
+                        kind="comm", deps=(tail,), tag=(phase, mb, c))))
             dst = vi + 1 if fwd else vi - 1
             if 0 <= dst < n_virtual:
                 key = ("act", mb, vi) if fwd else ("grad", mb, vi - 1)
-                g.collective(r, "send-fwd" if fwd else "send-bwd", link_ms(min(dst, vi)),
-                             "send " + ("activation" if fwd else "gradient"), group=key,
-                             deps=(tail,), tag=(phase, mb, c))
+                _serves(g, PIPELINE, g.collective(
+                    r, "send-fwd" if fwd else "send-bwd", link_ms(min(dst, vi)),
+                    "send " + ("activation" if fwd else "gradient"), group=key,
+                    deps=(tail,), tag=(phase, mb, c)))
         _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host)
     return g, costs, coster
 
@@ -250,8 +262,8 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
                      tag=tag)
         deps = ()
         if cost.head_bwd_comm_ms > 0:
-            tail = g.gpu(r, "compute", cost.head_bwd_comm_ms, f"{label} head tp comm", kind="comm",
-                         tag=tag)
+            tail = _serves(g, TP_EP, g.gpu(r, "compute", cost.head_bwd_comm_ms, f"{label} head tp comm",
+                                          kind="comm", tag=tag))
     edp_group = coster.group("edp", lay.stage_of(dp_group[0]))
     for k, (t_ms, c_ms, nbytes, ebytes) in enumerate(buckets):
         # as _pass: the bucket's kernels start once the first is launched and run while the
@@ -267,15 +279,16 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
         g.gpu(r, "compute", t_ms - last, f"{label} bucket {k} (as launched)", deps=(launch,) + tuple(deps),
               tag=tag)
         if c_ms > 0:
-            g.gpu(r, "compute", c_ms, f"{label} bucket {k} tp/ep comm", kind="comm", tag=tag)
+            _serves(g, TP_EP, g.gpu(r, "compute", c_ms, f"{label} bucket {k} tp/ep comm", kind="comm", tag=tag))
         rest = g.cpu(r, max(ph.host_total_ms / len(buckets) - lu, 0.0), label, kind="launch", tag=tag)
         tail = g.gpu(r, "compute", last, f"{label} bucket {k}", deps=(rest,), tag=tag)
         deps = ()
-        grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, nbytes, dp_group),
-                              f"dp {kind} bucket {k}", kind="comm", deps=(tail,), tag=tag))
+        grad_ops.append(_serves(g, DP, g.gpu(r, "comm", coster.comm_ms(kind, nbytes, dp_group),
+                                             f"dp {kind} bucket {k}", kind="comm", deps=(tail,), tag=tag)))
         if ebytes > 0 and len(edp_group) > 1:  # the experts' gradients, over their replicas
-            grad_ops.append(g.gpu(r, "comm", coster.comm_ms(kind, ebytes, edp_group),
-                                  f"expert-dp {kind} bucket {k}", kind="comm", deps=(tail,), tag=tag))
+            grad_ops.append(_serves(g, DP, g.gpu(r, "comm", coster.comm_ms(kind, ebytes, edp_group),
+                                                 f"expert-dp {kind} bucket {k}", kind="comm", deps=(tail,),
+                                                 tag=tag)))
     return tail
 
 
@@ -287,9 +300,10 @@ def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host):
     if lay.dp > 1 and not grad_ops:  # no overlap: one pass over all gradients after backward
         kind = "reducescatter" if lay.zero in (1, 2) else "allreduce"
         tail = g.tail(r, "compute")
-        grad_ops.append(g.gpu(r, "comm", _sharded_comm_ms(coster, kind, params, experts, lay.grad_bytes,
-                                                          stage),
-                              f"dp {kind} gradients", kind="comm", deps=(tail,) if tail >= 0 else ()))
+        grad_ops.append(_serves(g, DP, g.gpu(r, "comm", _sharded_comm_ms(coster, kind, params, experts,
+                                                                         lay.grad_bytes, stage),
+                                             f"dp {kind} gradients", kind="comm",
+                                             deps=(tail,) if tail >= 0 else ())))
     if not lay.optimizer_step:
         if grad_ops:
             g.sync(r, grad_ops, 0.0, "wait for gradients")
@@ -297,7 +311,8 @@ def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host):
     opt = g.gpu(r, "compute", optimizer_ms(params, lay, coster, experts), "optimizer step",
                 launch_ms=host.launch_us / 1e3, deps=tuple(grad_ops))
     if lay.zero in (1, 2) and lay.dp > 1:
-        g.gpu(r, "comm", _sharded_comm_ms(coster, "allgather", params, experts, lay.weight_bytes, stage),
-              "zero all-gather weights", kind="comm", deps=(opt,))
+        _serves(g, DP, g.gpu(r, "comm", _sharded_comm_ms(coster, "allgather", params, experts, lay.weight_bytes,
+                                                         stage),
+                             "zero all-gather weights", kind="comm", deps=(opt,)))
     if host.step_overhead_ms > 0:
         g.cpu(r, host.step_overhead_ms, "step overhead")

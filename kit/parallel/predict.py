@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from kit.errors import KitError
-from kit.parallel.build import DurationsOnly, HostModel, build_iteration
+from kit.parallel.build import COMM_GROUPS, OTHER, DurationsOnly, HostModel, build_iteration
 from kit.parallel.gpt import GPTSpec, parse_model
 from kit.parallel.layout import Layout
 from kit.parallel.memory import memory_per_rank, state_bytes
@@ -12,30 +12,18 @@ from kit.parallel.schedule import bubble_fraction
 from kit.sim import simulate
 
 
-COMM_GROUPS = ("tensor/expert parallel", "data parallel", "pipeline", "other")
-
-
-def comm_group(label: str) -> str:
-    """Which parallelism a communication op of the iteration graph (kit.parallel.build) serves."""
-    if "tp/ep comm" in label or "tp comm" in label:
-        return "tensor/expert parallel"
-    if label.startswith(("dp ", "expert-dp ", "fsdp ", "zero ")):
-        return "data parallel"
-    if label.startswith(("send ", "recv ")):
-        return "pipeline"
-    return "other"
-
-
 def communication_by_group(res, rank: int) -> dict:
     """ms of communication on the critical path (followed across ranks, as the breakdown is)
     by the parallelism it serves: TP/EP collectives inside the passes, DP gradient and ZeRO
-    collectives, pipeline sends and receives."""
+    collectives, pipeline sends and receives. Each op's group is the one its builder recorded
+    (kit.parallel.build: g.meta["comm_serves"]), never read from its label."""
     from kit.sim.critical import path_segments
 
+    serves = res.graph.meta.get("comm_serves", {})
     out = {k: 0.0 for k in COMM_GROUPS}
     for seg in path_segments(res, rank, follow_ranks=True):
         if seg[3] == "communication":
-            out[comm_group(seg[2])] += float(seg[5] - seg[4])
+            out[serves.get(seg[6], OTHER)] += float(seg[5] - seg[4])
     return out
 
 
