@@ -166,7 +166,7 @@ def test_files_without_device_names_still_fit(tmp_path, capsys):
 
 
 def test_check_measured_gpu_in_python(tmp_path):
-    from kit.comm.curves import check_measured_gpu
+    from kit.comm.calibration import check_measured_gpu
 
     t = parse_nccl_tests(_file(tmp_path, _nccl()))
     assert check_measured_gpu(t, get_system("dgx-a100")) == []

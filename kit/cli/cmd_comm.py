@@ -20,7 +20,7 @@ def _ranks(text):
 
 def _bytes(text: str) -> float:
     """--bytes: one whole, positive byte count (1e9, 64M), as --sizes reads each size."""
-    from kit.comm.measure import parse_sizes
+    from kit.comm.sizes import parse_sizes
 
     try:
         sizes = parse_sizes(text)
@@ -39,7 +39,7 @@ def _system(args):
 
 def predict(args):
     from kit.comm import collective_table, predict_collective
-    from kit.comm.measure import parse_sizes
+    from kit.comm.sizes import parse_sizes
 
     system = _system(args)
     ranks = _ranks(args.ranks)
@@ -84,7 +84,7 @@ def _floor_note(r) -> str:
 def fit(args):
     from kit.cli.outputs import output_path
     from kit.comm import fit_table
-    from kit.comm.curves import NOISY_FIT_MAPE, check_measured_gpu, check_plausible, slow_curves
+    from kit.comm.calibration import NOISY_FIT_MAPE, check_measured_gpu, check_plausible, slow_curves
     from kit.comm.parsers import read_measurements
 
     output_path(args.out, "--out", [args.file])

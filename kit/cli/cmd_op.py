@@ -18,8 +18,8 @@ def _build(args):
     from kit import ops
 
     kind = args.op_kind
-    # the leading dimensions of contiguous operands, as a measured row's (kit.ops.lead_alignment):
-    # an odd n or k takes the unaligned path a 16-bit GEMM runs on
+    # the leading dimensions of contiguous operands, as a measured row's
+    # (kit.op_counts.lead_alignment): an odd n or k takes the unaligned path a 16-bit GEMM runs on
     if kind == "gemm":
         return ops.Gemm(m=args.m, n=args.n, k=args.k, b=args.b, dtype=args.dtype,
                         align=ops.lead_alignment(args.n, args.k))

@@ -1,6 +1,6 @@
 """Measure collectives for real through torch.distributed, written in the nccl-tests format.
 
-    collect(backend="gloo", ranks=4, sizes=parse_sizes("1K:1M"), out="gloo4.txt")
+    collect(backend="gloo", ranks=4, sizes=parse_sizes("1K:1M"), out="gloo4.txt")  # kit.comm.sizes
 
 One process per rank (torch.multiprocessing spawn) on this host, rendezvous over TCP on
 127.0.0.1 and a free port. NCCL runs one rank per GPU; gloo runs CPU processes.
@@ -14,13 +14,14 @@ pNN; gloo's default p10 is the steady lower edge on a loaded CPU, where a call e
 through or waits a scheduler tick; NCCL's default is the median), and the row is the slowest
 rank's. With `pin` (gloo's default) each rank runs on one core, round-robin, with one compute
 thread (OMP/MKL/torch), so that ranks do not fight over threads. Each result is then validated
-once (#wrong = elements that differ from the expected values), as nccl-tests does. Sizes follow
-nccl-tests: all-gather and reduce-scatter sizes are totals. sendrecv is a ring shift posted as
-one dist.batch_isend_irecv pair. Rank 0 appends each row (one fsynced JSON line) as its
-(collective, size) finishes, to FILE.rows.jsonl beside --out (after a line of the settings), so a
-crash or hang keeps what was measured; the file is removed once FILE is written. A rerun refuses
-to start over those rows: `resume` measures only the pairs missing and writes FILE with them all
-(`force` discards them). One sweep at a time writes FILE (kit.data.records.Lock).
+once (#wrong = elements that differ from the expected values), as nccl-tests does (the calls and
+their checks: kit.comm.collective_ops). Sizes follow nccl-tests: all-gather and reduce-scatter
+sizes are totals. sendrecv is a ring shift posted as one dist.batch_isend_irecv pair. Rank 0
+appends each row (one fsynced JSON line) as its (collective, size) finishes, to FILE.rows.jsonl
+beside --out (after a line of the settings), so a crash or hang keeps what was measured; the file
+is removed once FILE is written. A rerun refuses to start over those rows: `resume` measures only
+the pairs missing and writes FILE with them all (`force` discards them). One sweep at a time
+writes FILE (kit.data.records.Lock).
 """
 from __future__ import annotations
 
@@ -34,63 +35,16 @@ from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
+from kit.comm.collective_ops import collective_op as _op  # _worker calls it so: tests patch it here
 from kit.comm.conventions import KINDS, canonical_kind
+from kit.comm.sizes import parse_sizes
 from kit.errors import KitError
 from kit.data.records import Lock, append_jsonl, read_jsonl
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 WORD_BYTES = 4  # float32, nccl-tests type "float"
 MAX_BYTES = 1 << 40  # 1 TiB: no rank holds a buffer this big; larger sizes are typos
 INTERLEAVE_BYTES = 1 << 30  # buffers held at once per rank while interleaving sizes
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-def _whole_bytes(value, spec) -> int:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = float("nan")
-    if not (v == v and abs(v) < float("inf")) or v != int(v):
-        raise KitError(f"sizes must be whole byte counts, got {value!r} in {spec!r}")
-    return int(v)
-
-
-def parse_sizes(spec) -> list[int]:
-    """'1K:4M' (doubling), '1K:4M:4' (x4 steps), '1K,64K,1M', or a list of byte counts."""
-    if isinstance(spec, (list, tuple)):
-        out = [_whole_bytes(s, spec) if not isinstance(s, str) else parse_sizes(s)[0] for s in spec]
-    else:
-        text = str(spec).strip().upper().replace("IB", "").replace("I", "")
-
-        def one(tok: str) -> int:
-            m = re.fullmatch(r"((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:E[0-9]+)?)\s*([KMG]?)B?", tok.strip())
-            if not m:
-                raise KitError(f"bad size in {spec!r}: use bytes or K/M/G suffixes (binary), e.g. 64K")
-            value = float(m.group(1)) * _UNITS[m.group(2)]
-            if value != int(value):
-                raise KitError(f"bad size {tok.strip()!r} in {spec!r}: sizes are whole bytes")
-            return int(value)
-
-        if ":" in text:
-            parts = text.split(":")
-            if len(parts) not in (2, 3):
-                raise KitError(f"bad size range {spec!r}: use MIN:MAX or MIN:MAX:FACTOR")
-            lo, hi = one(parts[0]), one(parts[1])
-            try:
-                factor = float(parts[2]) if len(parts) == 3 else 2.0
-            except ValueError:
-                raise KitError(f"bad size range {spec!r}: FACTOR must be a number > 1") from None
-            if lo <= 0 or hi < lo or not 1 < factor < float("inf"):  # also NaN
-                raise KitError(f"bad size range {spec!r}: need 0 < MIN <= MAX and a finite FACTOR > 1")
-            out, s = [], float(lo)
-            while s <= hi * (1 + 1e-9):
-                out.append(int(round(s)))
-                s *= factor
-        else:
-            out = [one(t) for t in text.split(",") if t.strip()]
-    if not out or any(s <= 0 for s in out):
-        raise KitError(f"sizes must be positive byte counts, got {spec!r}")
-    return sorted(set(out))
 
 
 def _free_port() -> int:
@@ -130,66 +84,6 @@ def _interleave_chunks(kind: str, sizes: list[int], n: int) -> list[list[int]]:
         held += need
     return chunks + [cur] if cur else chunks
 
-
-def _op(kind, count, n, rank, dev):
-    """(run, validate) closures for one collective on `count` float32 elements."""
-    import torch
-    import torch.distributed as dist
-
-    opts = {"dtype": torch.float32, "device": dev}
-    chunk = count // n
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    if kind in ("allreduce", "broadcast", "reduce"):
-        x = torch.ones(count, **opts)
-        call = {"allreduce": lambda: dist.all_reduce(x), "broadcast": lambda: dist.broadcast(x, 0),
-                "reduce": lambda: dist.reduce(x, 0)}[kind]
-
-        def check():
-            x.fill_(rank + 1)
-            call()
-            want = 1.0 if kind == "broadcast" else n * (n + 1) / 2
-            return int((x != want).sum()) if (kind != "reduce" or rank == 0) else 0
-        return call, check
-    if kind == "allgather":
-        x, y = torch.ones(chunk, **opts), torch.empty(count, **opts)
-
-        def check():
-            x.fill_(rank + 1)
-            gather(y, x)
-            want = torch.arange(1, n + 1, **opts).repeat_interleave(chunk)
-            return int((y != want).sum())
-        return (lambda: gather(y, x)), check
-    if kind == "reducescatter":
-        x, y = torch.ones(count, **opts), torch.empty(chunk, **opts)
-
-        def check():
-            x.fill_(rank + 1)
-            scatter(y, x)
-            return int((y != n * (n + 1) / 2).sum())
-        return (lambda: scatter(y, x)), check
-    if kind == "alltoall":
-        x, y = torch.ones(count, **opts), torch.empty(count, **opts)
-
-        def check():
-            x.copy_((rank * n + torch.arange(n, **opts)).repeat_interleave(chunk))
-            dist.all_to_all_single(y, x)
-            want = (torch.arange(n, **opts) * n + rank).repeat_interleave(chunk)
-            return int((y != want).sum())
-        return (lambda: dist.all_to_all_single(y, x)), check
-    x, y = torch.ones(count, **opts), torch.empty(count, **opts)  # sendrecv: ring shift
-
-    def call():  # one batched pair: with two ranks both peers are the same rank, and separate
-        # isend/irecv on one NCCL communicator could each wait for the other (a deadlock)
-        ops = [dist.P2POp(dist.isend, x, (rank + 1) % n), dist.P2POp(dist.irecv, y, (rank - 1) % n)]
-        for r in dist.batch_isend_irecv(ops):
-            r.wait()
-
-    def check():
-        x.fill_(rank + 1)
-        call()
-        return int((y != (rank - 1) % n + 1).sum())
-    return call, check
 
 
 def _pin(rank: int) -> None:

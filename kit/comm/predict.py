@@ -6,10 +6,10 @@
     predict_alltoallv(send_bytes_matrix, "dgx-h100-x2")
 
 A preset's time is max(floor, latency + size x cost-per-byte) of the best algorithm, which is a
-BandwidthCurve with k = 1 (kit.comm.curves); a calibration replaces it by the curve fitted to
-measurements of the same collective on the same number of ranks spanning the same number of nodes
-(a curve whose nodes the measurements did not tell answers for any). When no curve matches, the
-preset answers.
+BandwidthCurve with k = 1 (kit.comm.curves); a calibration (kit.comm.calibration) replaces it by
+the curve fitted to measurements of the same collective on the same number of ranks spanning the
+same number of nodes (a curve whose nodes the measurements did not tell answers for any). When no
+curve matches, the preset answers.
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from kit.comm.algorithms import Plan, alltoall_latency_us, alltoallv_us, plans
+from kit.comm.calibration import Calibration, check_plausible, load_calibration
 from kit.comm.conventions import KINDS, CollectiveResult, busbw_factor, canonical_kind
-from kit.comm.curves import BandwidthCurve, Calibration, check_plausible, load_calibration
+from kit.comm.curves import BandwidthCurve
 from kit.comm.topology import Group, resolve_group
 from kit.errors import KitError
 from kit.hardware.system import System, get_system

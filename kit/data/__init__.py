@@ -10,7 +10,7 @@
 from kit.data.configs import (label_gemm_nodes, label_kernel_pairs, load_device_configs,
                               load_label_nodes, load_labels, load_model_configs)
 from kit.data.neusight import PARTS, load_neusight, resolve_data_dir
-from kit.data.records import load_measurements
+from kit.data.loading import load_measurements
 from kit.data.schema import COLUMNS, OP_CLASSES, OPS, parse_tile
 
 __all__ = ["COLUMNS", "OPS", "OP_CLASSES", "PARTS", "label_gemm_nodes", "label_kernel_pairs",

@@ -1,4 +1,5 @@
-"""Schema CSV files: the durable appender the collector writes with, and the reader for any CSV.
+"""Schema CSV files: the durable appender the collectors write with (the reader for any CSV is
+kit.data.loading), and JSON-lines files appended the same way.
 
 A schema CSV has the header `kit.data.schema.COLUMNS` once, then one line per finished
 measurement. The appender writes each line with one write, then flush and fsync, so a run killed
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import errno
-import gzip
 import io
 import json
 import math
@@ -22,8 +22,10 @@ import numpy as np
 import pandas as pd
 
 from kit.data import schema
-from kit.data.neusight import NEUSIGHT_COLUMNS, from_neusight, read_neusight_csv
-from kit.errors import KitError, need_path
+from kit.data.loading import _read_schema_csv, is_gzip
+# re-exported: kit.predict.evaluate, tests and benchmarks import them from here
+from kit.data.loading import check_times, checked_table, gpu_keys, load_measurements  # noqa: F401
+from kit.errors import KitError
 
 HEADER = list(schema.COLUMNS)
 LEGACY_HEADER = [c for c in HEADER if c not in schema.LATER_COLUMNS]  # kit CSVs from before them
@@ -169,10 +171,12 @@ class Lock:
 
 
 class Appender:
-    """Append schema rows to a CSV durably; the header is written once, when the file is new.
+    """Append schema rows to a CSV durably; the header is written once, when the file is new, and
+    a row whose key the file holds already is not written again.
 
     A subclass may write more columns after the schema's (NEW_HEADER) and resume files with any
-    header of ACCEPTED, each in its own format."""
+    header of ACCEPTED, each in its own format; or rows of its own, with its own key, line, reader
+    of the keys already there and header check (kit.embedding.measured_rows)."""
 
     NEW_HEADER: list[str] = HEADER
     ACCEPTED: tuple = (HEADER, LEGACY_HEADER)
@@ -186,6 +190,7 @@ class Appender:
         if exists and not resume:
             raise KitError(f"{self.path} already exists; pass --resume to carry on with it, "
                            "or choose another --out")
+        self.existed = exists  # the file was there, not empty, before this run
         self._lock = Lock(self.path)
         try:
             self._open(exists)
@@ -198,8 +203,7 @@ class Appender:
             self._check_header()
             repair(self.path)
             if self.path.stat().st_size:
-                existing = schema.conform(_read_schema_csv(self.path), str(self.path))
-                self.keys = {row_key(r) for r in existing.to_dict("records")}
+                self.keys = self._read_keys()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8", newline="")
@@ -220,6 +224,17 @@ class Appender:
                            "kit.data.schema.COLUMNS); choose another --out")
         self.header = cols
 
+    def _read_keys(self) -> set[tuple]:
+        """The keys of the rows the file holds."""
+        existing = schema.conform(_read_schema_csv(self.path), str(self.path))
+        return {self.key(r) for r in existing.to_dict("records")}
+
+    def key(self, row) -> tuple:
+        return row_key(row)
+
+    def line(self, row: dict) -> str:
+        return format_row(row, self.header)
+
     def _write(self, text: str):
         self._file.write(text)
         self._file.flush()
@@ -231,10 +246,10 @@ class Appender:
     def append(self, row: dict) -> None:
         if set(row) - set(self.header) <= set(self.NEW_HEADER) - set(self.header):
             row = {k: v for k, v in row.items() if k in self.header}  # an older file's format
-        key = row_key(row)
+        key = self.key(row)
         if key in self.keys:
             return
-        self._write(format_row(row, self.header))
+        self._write(self.line(row))
         self.keys.add(key)
 
     def close(self):
@@ -292,167 +307,3 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def is_gzip(path: Path) -> bool:
-    """A measurement file kept gzipped (FILE.csv.gz), as the project's own measurements ship."""
-    return Path(path).suffix == ".gz"
-
-
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped for a .gz; a broken archive is one KitError naming the file."""
-    try:
-        if is_gzip(path):
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        with open(path, "rb") as f:
-            return f.read()
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-        raise KitError(f"cannot read {path}: {e}") from None
-
-
-def _read_schema_csv(path: Path) -> pd.DataFrame:
-    text_cols = {c: "str" for c, d in schema.COLUMNS.items() if d in ("str", "boolean")}
-    data = _read_bytes(path)
-    dropped = False
-    if data and not data.endswith(b"\n") and b"\n" in data:
-        last = data[data.rfind(b"\n") + 1:]
-        fields = next(csv.reader([last.decode("utf-8", "replace")]), [])
-        # the file's own header, not the schema's: a file of some of the columns is read too
-        head = data[:data.find(b"\n")].decode("utf-8-sig", "replace")
-        header = next(csv.reader([head.rstrip("\r")]), [])
-        if len(fields) < len(header):  # an unfinished line from a killed writer
-            data = data[:data.rfind(b"\n") + 1]
-            dropped = True
-    if dropped:
-        warnings.warn(f"{path}: ignored an unfinished last line", stacklevel=3)
-    try:
-        raw = pd.read_csv(io.BytesIO(data), dtype=text_cols, keep_default_na=False,
-                          na_values=[""])
-    except pd.errors.EmptyDataError:
-        raise KitError(f"{path} is empty (expected a header line)") from None
-    except (pd.errors.ParserError, ValueError, UnicodeDecodeError) as e:
-        raise KitError(f"{path} is malformed: {e}") from None
-    return raw
-
-
-def load_measurements(path: str | Path) -> pd.DataFrame:
-    """A measurement CSV (or a gzipped FILE.csv.gz) as a schema table: the kit's own (the
-    collector's) or NeuSight's format.
-
-    The format is told by the header: NeuSight's has OPName, Latency and Device.
-    """
-    path = Path(need_path(path, "the measurement file"))
-    if path.is_dir():
-        raise KitError(f"measurement file {path} is a folder; give a CSV file")
-    if not path.is_file():
-        raise KitError(f"measurement file not found: {path}")
-    try:
-        opener = gzip.open if is_gzip(path) else open
-        # utf-8-sig: a BOM (Excel's "CSV UTF-8") is no part of the first column's name
-        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
-            header = next(csv.reader([f.readline()]), [])
-    except UnicodeDecodeError:
-        raise KitError(f"{path} is not a text CSV") from None
-    except (OSError, EOFError) as e:  # a .gz that is not gzip, or is cut short
-        raise KitError(f"cannot read {path}: {e}") from None
-    neusight = any(c in header for c in NEUSIGHT_COLUMNS) and "op" not in header
-    if neusight:  # read_neusight_csv names a missing OPName, Latency or Device
-        split = "test" if "test" in path.parts else "train"
-        return from_neusight(read_neusight_csv(path), f"neusight:{path.name}", split)
-    needed = ("op", "latency_ms")
-    if not any(c.strip() for c in header):
-        raise KitError(f"{path} is empty (expected a measurement CSV with a header)")
-    if not all(c in header for c in needed):
-        missing = [c for c in needed if c not in header]
-        raise KitError(f"{path}: not a measurement CSV: missing column(s) {', '.join(missing)}; "
-                       f"expected the kit schema ({', '.join(HEADER[:6])}, ...) or NeuSight's "
-                       f"({', '.join(NEUSIGHT_COLUMNS)}, ...)")
-    raw = _read_schema_csv(path)
-    known = raw["op"].isin(list(schema.OPS))
-    if not known.all():  # name the line of the first op the schema lacks
-        i = int(np.flatnonzero(~known.to_numpy())[0])
-        op = raw["op"].iloc[i]
-        raise KitError(f"{path}:{i + 2}: " + ("op is empty" if pd.isna(op) else
-                       f"unknown op {op!r}: the schema knows {', '.join(schema.OPS)}"))
-    if "op_class" not in raw or raw["op_class"].isna().any():
-        info = schema.op_columns(raw["op"].astype("str"))
-        for col in info:
-            raw[col] = info[col] if col not in raw else raw[col].where(raw[col].notna(), info[col])
-    else:
-        schema.op_columns(raw["op"].astype("str"))  # validates the op names
-    return checked_table(raw, str(path))
-
-
-TIMES = ("latency_ms", "kernel_ms")  # kernel_ms may be missing (the kit collector's rows only)
-
-
-def bad_times(frame: pd.DataFrame, column: str) -> pd.Series:
-    """True where a row's time (ms) in column is not a positive, finite number: NaN, zero,
-    negative or infinite. A missing kernel_ms is no bad one (only the kit's collector has it)."""
-    values = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    bad = ~(np.isfinite(values) & (values > 0))
-    return bad & values.notna() if column == "kernel_ms" else bad
-
-
-def check_times(frame: pd.DataFrame, where: str, lines: bool = True,
-                raw: pd.DataFrame | None = None) -> None:
-    """KitError naming the first row whose latency_ms (or kernel_ms, where it has one) is not a
-    positive, finite number of ms. lines: the frame was read from the CSV `where` names (header
-    on line 1); else rows are named by their index label. raw: the values as the file has them,
-    for the message."""
-    for col in TIMES:
-        if col not in frame:
-            continue
-        wrong = bad_times(frame, col)
-        if wrong.any():
-            i = int(np.flatnonzero(wrong.to_numpy())[0])
-            shown = raw if raw is not None and col in raw else frame
-            row = f"row {i + 2}" if lines else f"the row at index {frame.index[i]!r}"
-            raise KitError(f"{where}: {col} must be a positive number; {row} has "
-                           f"{str(shown[col].iloc[i])!r}")
-
-
-def _text(values: pd.Series) -> pd.Series:
-    """values as text, a missing one kept missing (astype("str") alone writes it as the text
-    "nan" on pandas 2; pandas 3's str dtype keeps it)."""
-    return values.astype("str").where(values.notna())
-
-
-def gpu_keys(frame: pd.DataFrame, where: str = "") -> pd.DataFrame:
-    """frame with its gpu column as catalog keys: a row without one gets its device_name's (a CPU
-    row stays NaN), and a gpu the catalog knows by another name ("T4", "Tesla T4") gets its key
-    ("t4"), as NeuSight's Device is mapped; "cpu" is no GPU (NaN). A gpu the catalog lacks is kept
-    as written: a collect on a GPU of the user's own file (--gpu-file) names one, and whoever
-    predicts it says so."""
-    from kit.hardware import get_gpu
-
-    need_gpu = frame["gpu"].isna() & frame["device_name"].notna()
-    if need_gpu.any():  # rows without a catalog key: look the device up (CPU rows stay NaN)
-        keys = _text(schema.gpu_keys_for(frame.loc[need_gpu, "device_name"], where))
-        frame["gpu"] = frame["gpu"].where(~need_gpu, keys.reindex(frame.index))
-    table = {}
-    for name in pd.unique(frame["gpu"].dropna()):
-        text = str(name).strip()
-        if not text or text.lower() == "cpu" or text.lower().startswith("cpu:"):
-            table[name] = np.nan
-            continue
-        try:
-            table[name] = get_gpu(text).key
-        except KitError:
-            table[name] = name
-    if any(k != v for k, v in table.items()):
-        frame["gpu"] = _text(frame["gpu"].map(table))
-    return frame
-
-
-def checked_table(raw: pd.DataFrame, where: str, lines: bool = True) -> pd.DataFrame:
-    """A table of measured rows (with op_class filled) as the schema's, with the checks every
-    reader applies (load_measurements, and kit.predict.evaluate on a caller's own frame): column
-    types, each row's op class, dtype and shape (schema.check_rows), positive finite times
-    (check_times) and the gpu as catalog keys (gpu_keys). KitError names `where` and the row:
-    its CSV line with lines, else its index label."""
-    frame = schema.conform(raw, where if lines else "")
-    schema.check_rows(frame, where, lines=lines)  # what evaluate would refuse, named for every reader
-    check_times(frame, where, lines=lines, raw=raw if lines else None)
-    return gpu_keys(frame, where)

@@ -15,13 +15,13 @@ op                 str       operator name as measured: "bmm", "linear", "add", 
                              tensor-scalar form, e.g. addu = x + 3.0)
 op_class           str       "gemm" | "elementwise" | "softmax" | "layernorm" | "conv"
                              (the same words as kit.ops' op_class)
-elem_kind          str       elementwise kind as in kit.ops.ELEMENTWISE_FLOPS ("add", "mul",
+elem_kind          str       elementwise kind as in kit.op_counts.ELEMENTWISE_FLOPS ("add", "mul",
                              "div", "pow", "relu", "gelu", "tanh"); NaN for other classes
 scalar             boolean   elementwise with a scalar second operand (the "u" forms)
 gpu                str       catalog key (kit.hardware.get_gpu), e.g. "a100-pcie-40gb";
                              NaN for a CPU measurement
 device_name        str       the device string as the source recorded it
-dtype              str       "fp32", "tf32", "fp16", "bf16" (kit.ops.DTYPE_BYTES keys)
+dtype              str       "fp32", "tf32", "fp16", "bf16" (kit.op_counts.DTYPE_BYTES keys)
 b, m, n, k         Int64     GEMM dims, kit convention C[b,m,n] = A[b,m,k]·B[b,k,n]: k is the
                              reduction.  NeuSight's bmm (B×M×N)·(B×N×K) gives b=B, m=M, k=N,
                              n=K.  NeuSight's linear, nn.Linear(N, K) on a (B, M, N) input,

@@ -81,7 +81,7 @@ def _analytic(row, gpu):
 def fit_correction(data, gpu=None, ridge: float = 1e-2) -> Correction:
     """Fit from a collector CSV path or DataFrame. gpu: the catalog GPU the rows ran on (needed
     when device_name is not a catalog name, e.g. CPU rows used for testing)."""
-    from kit.embedding.collect import load
+    from kit.embedding.measured_rows import load
     from kit.hardware import get_gpu
 
     df = load(data) if not hasattr(data, "columns") else data

@@ -10,6 +10,7 @@ e.g. "zipf:1.2000001", "reuse:0.3,0.2", and `describe()` a short one for people,
 * ReuseHistogram    fraction of accesses whose reuse time (accesses since the previous access to
                     the same row) falls in [2^k, 2^(k+1)); the rest are cold (first touches)
 * Empirical         a real index tensor; its own unique count, and its row frequencies
+(the last two read from index streams: kit.embedding.index_streams)
 
 Independent draws (uniform, Zipf, empirical frequencies) use the independent-reference model:
 row i, drawn n times with probability p_i, is touched with probability 1 - (1 - p_i)^n, so
@@ -27,19 +28,16 @@ In a window of n draws, the re-accesses of row i that come within T of the previ
     M(n, C) = Σ_i [n p_i - (n p_i - (1 - e^(-p_i T)) - p_i (n - T) e^(-p_i T))],  T ≤ n
             = U(n) when U(n) ≤ C (every re-access hits)
 
-For a reuse-time histogram, Denning and Schwartz ("Properties of the working-set model",
-CACM 1972) give the working set of a window of t accesses as s(t) = Σ_{k<t} P(R > k); an access
-with reuse time R hits a cache of C rows when s(R) ≤ C, so M = n·P(R > t*) with s(t*) = C
-(cold accesses count as R = ∞).
+For a reuse-time histogram, the working set of Denning and Schwartz gives the misses
+(kit.embedding.index_streams).
 
 Zipf over 10^9 rows is summed in groups: the first 4096 ranks exactly, then geometric bins of
 ranks whose probability is the bin's mean (∫ x^-α dx over the bin / width).
 """
 from __future__ import annotations
 
-import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -207,180 +205,13 @@ class Zipf(Distribution):
         return f"zipf:{float(self.alpha)!r}"  # repr: the shortest text that reads back exactly
 
 
-@dataclass(frozen=True)
-class ReuseHistogram(Distribution):
-    """bins[k] = fraction of accesses whose reuse time lies in [2^k, 2^(k+1)); 1 - Σ bins = cold.
-
-    Reuse time counts accesses (not distinct rows) since the previous access to the same row.
-    """
-
-    bins: tuple[float, ...] = field(default=())
-    kind = "reuse"
-
-    def __post_init__(self):
-        b = np.asarray(self.bins, dtype=float)
-        if b.ndim != 1 or b.size == 0 or not np.all(np.isfinite(b)) or np.any(b < 0):
-            raise KitError("reuse histogram: bins must be a non-empty list of fractions >= 0")
-        if b.sum() > 1 + 1e-9:
-            raise KitError(f"reuse histogram: bins sum to {b.sum():.4g}; they are fractions of "
-                           "accesses and must sum to at most 1 (the rest are cold)")
-        object.__setattr__(self, "bins", tuple(float(x) for x in b))
-
-    @property
-    def cold_fraction(self) -> float:
-        return max(0.0, 1.0 - sum(self.bins))
-
-    def _tail(self, t: np.ndarray) -> np.ndarray:
-        """P(R > t), reuse times spread log-uniformly within each power-of-two bin."""
-        b = np.asarray(self.bins)
-        lo = 2.0 ** np.arange(b.size)
-        with np.errstate(divide="ignore"):
-            within = np.clip(np.log2(np.maximum(t[:, None], 1e-300) / lo), 0.0, 1.0)
-        return 1.0 - (b * within).sum(axis=1)
-
-    def working_set(self, t: float) -> float:
-        """s(t) = Σ_{k<t} P(R > k): distinct rows in a window of t accesses (Denning-Schwartz)."""
-        if t <= 0:
-            return 0.0
-        b = np.asarray(self.bins)
-        grid = 2.0 ** np.linspace(0, b.size, 16 * b.size + 1)  # 16 knots per octave
-        knots = np.unique(np.concatenate([[0.0, 1.0, t], grid[grid < t]]))
-        tails = self._tail(knots)
-        return float(np.sum(0.5 * (tails[1:] + tails[:-1]) * np.diff(knots)))  # trapezoid rule
-
-    def expected_unique(self, n, rows):
-        rows = _check_rows(rows)
-        return float(min(rows, n, self.working_set(n)))
-
-    def expected_misses(self, n, rows, cache_rows):
-        rows = _check_rows(rows)
-        unique = self.expected_unique(n, rows)
-        return float(min(n, max(unique, self.misses_beyond(n, cache_rows, unique))))
-
-    def misses_beyond(self, n: float, cache_rows: float, unique: float) -> float:
-        """n·P(R > t*): accesses whose reuse time exceeds the time t* that fills the cache."""
-        if n <= 0 or cache_rows >= unique:
-            return unique
-        lo, hi = 0.0, float(n)
-        for _ in range(50):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if self.working_set(mid) < cache_rows else (lo, mid)
-        return float(n * self._tail(np.array([0.5 * (lo + hi)]))[0])
-
-    def _sample_ranks(self, n, rows, rng):
-        """A stream with these reuse times: each access re-uses the row from R accesses back."""
-        b = np.asarray(self.bins)
-        out = np.empty(n, dtype=np.int64)
-        k = rng.choice(b.size + 1, size=n, p=np.append(b, self.cold_fraction) / max(b.sum() + self.cold_fraction, 1e-12))
-        r = (2.0 ** np.minimum(k, b.size - 1) * (1 + rng.random(n))).astype(np.int64)
-        fresh = rng.permutation(rows) if rows <= 4 * n else rng.integers(0, rows, size=n)
-        nxt = 0
-        for i in range(n):
-            if k[i] < b.size and r[i] <= i:
-                out[i] = out[i - r[i]]
-            else:
-                out[i] = fresh[nxt % fresh.size]
-                nxt += 1
-        return out
-
-    def sample(self, n, rows, rng=None):
-        return self._sample_ranks(int(n), _check_rows(rows), rng or np.random.default_rng(0))
-
-    @classmethod
-    def from_indices(cls, indices) -> "ReuseHistogram":
-        """The reuse-time histogram of a real index stream (1-D, any int array or tensor)."""
-        idx = _as_index_array(indices)
-        order = np.argsort(idx, kind="stable")
-        s = idx[order]
-        same = s[1:] == s[:-1]
-        reuse = (order[1:] - order[:-1])[same]
-        if reuse.size == 0:
-            return cls(bins=(0.0,))
-        k = np.floor(np.log2(reuse)).astype(int)
-        hist = np.bincount(k, minlength=k.max() + 1) / idx.size
-        return cls(bins=tuple(hist))
-
-    def describe(self):
-        return f"reuse({len(self.bins)} bins, cold {self.cold_fraction:.3f})"
-
-    def spec(self):
-        return "reuse:" + ",".join(repr(b) for b in self.bins)
-
-
-def _as_index_array(indices) -> np.ndarray:
-    if hasattr(indices, "detach"):  # a torch tensor
-        indices = indices.detach().cpu().numpy()
-    arr = np.asarray(indices)
-    if arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
-        raise KitError("index tensor must be a non-empty array of whole numbers")
-    arr = arr.reshape(-1).astype(np.int64)
-    if arr.min() < 0:
-        raise KitError(f"index tensor holds a negative row id ({arr.min()})")
-    return arr
-
-
-class Empirical(Distribution):
-    """A real index tensor: its own unique count for its own length, its row frequencies otherwise."""
-
-    kind = "indices"
-
-    def __init__(self, indices):
-        self.indices = _as_index_array(indices)
-        ids, counts = np.unique(self.indices, return_counts=True)
-        self.unique_ids = ids
-        self._freq_counts = counts
-        self.reuse = ReuseHistogram.from_indices(self.indices)
-        self._digest = hashlib.sha1(self.indices.tobytes()).hexdigest()[:16]
-
-    def __eq__(self, other):  # by value, so that equal tensors share cached costs
-        return isinstance(other, Empirical) and self.spec() == other.spec()
-
-    def __hash__(self):
-        return hash(self.spec())
-
-    def groups(self, rows):
-        if self.unique_ids[-1] >= rows:
-            raise KitError(f"index tensor has row id {self.unique_ids[-1]} but the table has {rows} rows")
-        vals, mult = np.unique(self._freq_counts, return_counts=True)
-        return vals / self.indices.size, mult.astype(float)
-
-    def expected_unique(self, n, rows):
-        """Exact for the tensor's own length; other lengths scale the exact count by the
-        frequency model's ratio U(n)/U(N), which removes the model's small-count bias;
-        shorter windows count the stream's own prefix."""
-        self.groups(rows)
-        own = float(self.unique_ids.size)
-        if int(n) <= self.indices.size:  # a prefix of the real stream, counted
-            return float(np.unique(self.indices[:max(int(n), 1)]).size) if n >= 1 else 0.0
-        ratio = super().expected_unique(n, rows) / super().expected_unique(self.indices.size, rows)
-        return float(min(rows, n, own * ratio))
-
-    def expected_misses(self, n, rows, cache_rows):
-        if int(n) <= self.indices.size:  # the stream itself: exact unique + its own reuse times
-            unique = self.expected_unique(n, rows)
-            reuse = self.reuse if int(n) == self.indices.size else \
-                ReuseHistogram.from_indices(self.indices[:max(int(n), 1)])
-            return float(min(n, max(unique, reuse.misses_beyond(n, cache_rows, unique))))
-        return super().expected_misses(n, rows, cache_rows)
-
-    def _sample_ranks(self, n, rows, rng):
-        return rng.choice(self.indices, size=n)
-
-    def sample(self, n, rows, rng=None):
-        return self._sample_ranks(int(n), _check_rows(rows), rng or np.random.default_rng(0))
-
-    def describe(self):
-        return f"indices(n={self.indices.size}, unique={self.unique_ids.size})"
-
-    def spec(self):
-        return f"indices:n={self.indices.size},unique={self.unique_ids.size},sha1={self._digest}"
-
-
 def parse_distribution(spec) -> Distribution:
     """A Distribution from a Distribution, None (uniform), a number (Zipf α), an index array,
     or a string: 'uniform', 'zipf:1.05', 'reuse:0.1,0.2,0.05' (what spec() writes). The
     describe() label 'zipf(1.05)' is read too (older collector CSVs hold it); the reuse and
     index-tensor labels cannot be, as they do not hold the bins or the indices."""
+    from kit.embedding.index_streams import Empirical, ReuseHistogram  # they build on Distribution
+
     if spec is None:
         return Uniform()
     if isinstance(spec, Distribution):

@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 PREDICT_DIR = Path(__file__).resolve().parents[1] / "predict"
-# what the predictors compute with, outside kit/predict: tiles, waves and the op definitions
-KIT_FILES = tuple(Path(__file__).resolve().parents[1] / n for n in ("tiling.py", "ops.py"))
+# what the predictors compute with, outside kit/predict: tiles, waves and the op definitions (and
+# their counts: bytes per dtype, FLOPs per element)
+KIT_FILES = tuple(Path(__file__).resolve().parents[1] / n for n in ("tiling.py", "ops.py", "op_counts.py"))
 
 
 HERE = Path(__file__).resolve().parent

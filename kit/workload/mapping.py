@@ -38,7 +38,7 @@ FREE_OPS = {
     "_coalesced_", "_nnz",
 }
 
-# aten op -> elementwise kind (kit.ops.ELEMENTWISE_FLOPS); everything here is one pass over
+# aten op -> elementwise kind (kit.op_counts.ELEMENTWISE_FLOPS); everything here is one pass over
 # its output, reading each full-size input once
 ELEMENTWISE = {
     "add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "rsub": "sub", "mul": "mul",

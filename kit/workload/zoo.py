@@ -110,7 +110,7 @@ def _code_stamp() -> str:
              "zoo_models.py", "zoo_modern.py",
              "zoo_deepseek.py", "zoo_experts.py", "zoo_t5.py", "zoo_dlrm.py", "zoo_vision.py", "mapping_vision.py",
              "mapping_elementwise.py", "graph.py", "fast_path.py", "rnn_capture.py", "hf_compat.py",
-             "replicate.py", "kv_cache.py", "../ops.py")  # ops.py: the pickled ops' classes
+             "replicate.py", "kv_cache.py", "../ops.py", "../op_counts.py")  # the pickled ops' classes and their counts
     return "-".join(str(int((here / n).stat().st_mtime)) for n in names if (here / n).exists())
 
 
