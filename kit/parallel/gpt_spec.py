@@ -1,0 +1,179 @@
+"""GPT-style transformer shapes: GPTSpec, and parse_model, which reads an inline shape
+(`gpt:layers=..,hidden=..,heads=..`) or a GPT-style zoo name into one. The kernels a layer runs
+are kit.parallel.gpt's."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kit.errors import KitError
+
+
+@dataclass(frozen=True)
+class GPTSpec:
+    layers: int
+    hidden: int
+    heads: int
+    seq: int = 2048
+    vocab: int = 51200
+    ffn: int | None = None  # default 4·hidden
+    kv_heads: int | None = None  # grouped-query attention (default: heads)
+    experts: int = 0  # MoE experts per MoE layer (0: dense)
+    moe_every: int = 2  # every n-th layer is MoE
+    topk: int = 2
+    gated: bool = False  # SwiGLU MLP (Llama, Mixtral): gate and up projections, then down
+    rope: bool = False  # rotary positions (Llama, Mixtral): no learned position table, and an
+    # output projection of its own (HF tie_word_embeddings false) instead of the tied embedding
+    attention: str = "flash"  # "flash" (fused) | "unfused" (bmm, softmax, dropout, bmm)
+    name: str = "gpt"
+    zoo: str | None = None  # the kit.workload zoo model it came from (its op graph can be captured)
+
+    def __post_init__(self):
+        for k in ("layers", "hidden", "heads", "seq", "vocab"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise KitError(f"model {self.name}: {k} must be a positive whole number, got {v!r}")
+        if self.hidden % self.heads:
+            raise KitError(f"model {self.name}: hidden {self.hidden} is not a multiple of heads {self.heads}")
+        for k, low in (("ffn", 1), ("kv_heads", 1), ("experts", 0), ("moe_every", 1), ("topk", 1)):
+            v = getattr(self, k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+                raise KitError(f"model {self.name}: {k} must be a whole number >= {low}, got {v!r}")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise KitError(f"model {self.name}: kv_heads {self.kv_heads} must divide heads {self.heads}")
+        if self.experts and self.topk > self.experts:
+            raise KitError(f"model {self.name}: topk {self.topk} is more than its {self.experts} experts")
+        if self.attention not in ("flash", "unfused"):
+            raise KitError(f"model {self.name}: attention must be flash or unfused, got {self.attention!r}")
+
+    @property
+    def f(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices in one MLP (or one expert): 3 for SwiGLU, else 2."""
+        return 3 if self.gated else 2
+
+    def is_moe(self, layer: int) -> bool:
+        return self.experts > 0 and (layer % self.moe_every) == self.moe_every - 1
+
+    def layer_params(self, layer: int = 0) -> int:
+        h, kv = self.hidden, (self.kv_heads or self.heads) * self.head_dim
+        attn = h * (h + 2 * kv) + h * h + 4 * h
+        mlp = self.mlp_matrices * h * self.f + self.f + h
+        if self.is_moe(layer):
+            mlp = self.experts * mlp + h * self.experts
+        return attn + mlp + 4 * h  # two LayerNorms
+
+    @property
+    def params(self) -> int:
+        embed = (2 if self.rope else 1) * self.vocab * self.hidden
+        positions = 0 if self.rope else self.seq * self.hidden
+        return sum(self.layer_params(i) for i in range(self.layers)) + embed + positions + 2 * self.hidden
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: a MoE layer's top-k experts, not all of them."""
+        idle = self.mlp_matrices * self.hidden * self.f + self.f + self.hidden
+        moe_layers = sum(self.is_moe(i) for i in range(self.layers))
+        return self.params - moe_layers * (self.experts - self.topk) * idle
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
+                "seq": self.seq, "vocab": self.vocab, "ffn": self.f, "kv_heads": self.kv_heads,
+                "experts": self.experts, "gated": self.gated, "rope": self.rope, "attention": self.attention,
+                "params": self.params}
+
+
+def _flag(v: str) -> bool:
+    return {"1": True, "true": True, "0": False, "false": False}[v.lower()]
+
+
+_INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
+_KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
+         "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "attention": str,
+         "gated": _flag, "rope": _flag}
+
+
+def parse_model(text: str, seq: int | None = None) -> GPTSpec:
+    """An inline shape (`gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=...]`) or
+    a GPT-style zoo name (gpt2, gpt3-175b, ...). A `llama:` shape is Llama-style unless told
+    otherwise (gated=true: a SwiGLU MLP; rope=true: rotary positions); `moe:` needs experts=N."""
+    m = _INLINE.match(text.strip())
+    if m:
+        kw: dict = {}
+        for part in filter(None, m.group(2).split(",")):
+            if "=" not in part:
+                raise KitError(f"model {text!r}: expected key=value, got {part!r}")
+            k, v = (s.strip() for s in part.split("=", 1))
+            k = k.replace("-", "_")
+            if k not in _KEYS:
+                raise KitError(f"model {text!r}: unknown key {k!r}; valid: {', '.join(_KEYS)}")
+            if k in kw:  # the last one had won without a word
+                raise KitError(f"model {text!r}: {k} is given twice")
+            try:
+                kw[k] = _KEYS[k](v)
+            except (ValueError, KeyError):
+                kind = "true or false" if _KEYS[k] is _flag else _KEYS[k].__name__
+                raise KitError(f"model {text!r}: {k} must be {kind}, got {v!r}") from None
+        missing = [k for k in ("layers", "hidden", "heads") if k not in kw]
+        if missing:
+            raise KitError(f"model {text!r}: missing {', '.join(missing)}")
+        if m.group(1).lower() == "moe" and not kw.get("experts"):
+            raise KitError(f"model {text!r}: a moe: shape needs experts=N (N >= 1)")
+        if m.group(1).lower() == "llama":
+            kw.setdefault("gated", True)
+            kw.setdefault("rope", True)
+        if seq is not None:
+            kw["seq"] = seq
+        return GPTSpec(name=text, **kw)
+    return _from_zoo(text, seq)
+
+
+def _from_zoo(name: str, seq: int | None) -> GPTSpec:
+    try:
+        from kit.workload.zoo import check_seq, config, default_seq, resolve
+    except ImportError:  # pragma: no cover - the zoo ships with the kit
+        raise KitError(f"unknown model {name!r}; give an inline shape gpt:layers=..,hidden=..,heads=..")
+    if ":" in name:  # a Python path: kit.workload.models loads those, on one GPU only
+        raise KitError(f"model {name!r}: a Python path 'module:callable' is predicted on one GPU "
+                       "(--gpu); multi-GPU prediction takes a GPT-style zoo name or an inline "
+                       "gpt:layers=..,hidden=..,heads=.. shape")
+    key = resolve(name)
+    c = config(key)
+    if seq is not None:  # the analytic layer too: a zoo model's learned position table is its limit
+        check_seq(key, seq)
+    h = c.get("n_embd") or c.get("hidden_size")
+    layers = c.get("n_layer") or c.get("num_hidden_layers")
+    heads = c.get("n_head") or c.get("num_attention_heads")
+    if not (h and layers and heads):
+        raise KitError(f"model {name!r} is not GPT-style; multi-GPU prediction supports GPT-style "
+                       "models (zoo gpt*/opt*/llama*) and inline gpt:... shapes")
+    experts = c.get("num_local_experts") or 0  # Mixtral-style: every layer's MLP is MoE
+    if c.get("model_type") == "deepseek_v3":
+        raise KitError(f"model {name!r}: the multi-GPU layer does not model DeepSeek's latent "
+                       "attention and MoE layers; predict it on one GPU (--gpu)")
+    if c.get("model_type") == "gpt_oss":
+        raise KitError(f"model {name!r}: the multi-GPU layer does not model GPT-OSS's attention "
+                       "sinks and biased, clamped experts; predict it on one GPU (--gpu)")
+    if c.get("model_type") in ("qwen2_moe", "qwen3_moe"):  # num_experts, moe_intermediate_size
+        raise KitError(f"model {name!r}: the multi-GPU layer does not model Qwen's MoE layers; "
+                       "predict it on one GPU (--gpu)")
+    from kit.workload.modes import LLAMA_FAMILIES
+
+    llama = c.get("model_type") in LLAMA_FAMILIES
+    head_dim = c.get("head_dim")
+    if head_dim is not None and head_dim * heads != h:
+        raise KitError(f"model {name!r} has {heads} heads of {head_dim} over a {h}-wide model; the "
+                       "multi-GPU layer assumes heads x head size = hidden: predict it on one GPU "
+                       "(--gpu)")
+    return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
+                   vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
+                   or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), experts=experts,
+                   moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key, zoo=key,
+                   gated=llama, rope=llama)
