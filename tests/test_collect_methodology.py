@@ -15,6 +15,7 @@ import torch
 
 from kit.cli import main
 from kit.data import collect as C
+from kit.data import op_calls
 from kit.data import timing as T
 from kit.data import load_measurements, schema
 from kit.data.records import HEADER
@@ -136,7 +137,7 @@ def test_gemm_inputs_are_signed_and_linear_can_drop_its_bias(monkeypatch):
     assert a.min() < 0 < a.max() and b.min() < 0 and abs(float(a.std()) - 1) < 0.2
     C.build_call("linear", (1, 8, 32, 16), "fp32", "cpu")()
     x, w, bias = got["linear"]
-    assert x.min() < 0 and abs(float(w.std()) - C.WEIGHT_STD) < 0.01 and bias is not None
+    assert x.min() < 0 and abs(float(w.std()) - op_calls.WEIGHT_STD) < 0.01 and bias is not None
     C.build_call("linear", (1, 8, 32, 16), "fp32", "cpu", bias=False)()
     assert got["linear"][2] is None
     vec = C.build_call("add", (4, 8), "fp32", "cpu")  # vector ops keep U[0.5, 1.5)
