@@ -109,7 +109,13 @@ Rows move in 32-byte sectors, so a row costs $r = 32\lceil D\cdot\text{bytes}/32
 and $H = n - M$ hits,
 
 $$\text{DRAM} = M r + n\cdot 8 + B D\cdot 4 + (B+1)\cdot 8, \qquad \text{L2} = H r,$$
-$$t = t_\text{launch} + \max\Big(\frac{\text{DRAM}}{e\cdot BW_\text{DRAM}}, \frac{\text{L2}}{BW_\text{L2}}\Big).$$
+$$t = t_\text{launch} + \max\Big(\frac{\text{DRAM}}{e\cdot BW_\text{DRAM}}, \frac{\text{L2}}{BW_\text{L2}}, t_\text{latency}\Big).$$
+
+The third term is Little's law, counted as round trips: when too few bags run to fill the memory
+pipe, each bag's warp reads its $L$ indices 32 at a time and then its rows 4 at a time, and a round
+in which any row misses waits the DRAM latency $\ell$ (600 ns, assumed). With $W$ bags at once,
+$t_\text{latency} = \frac{B}{\min(B, W)}\,\ell\,\big(\max(\tfrac{L}{32}, 1) + \max(\tfrac{L}{4}, 1)\,p\big)$,
+where $p = 1 - (1 - M/n)^{\min(L, 4)}$. A few bags are latency-bound; a training batch is not.
 
 Constants (cited in `kit/embedding/cost.py`): $e$ = 0.75 for random gathers (assumed; a fitted
 correction replaces it), $t_\text{launch}$ = 5 µs, and the L2 bandwidth per architecture (the catalog
@@ -126,6 +132,13 @@ nb = B * 10 * 256 + B * 10 * 8 + B * 64 * 4 + (B + 1) * 8
 by_hand = C.LAUNCH_MS + nb / (C.DRAM_GATHER_EFF * a100.mem_bw_gbs * 1e9) * 1e3
 print(f"{r.time_ms:.4f} ms by the kit, {by_hand:.4f} ms by hand")
 assert abs(r.time_ms / by_hand - 1) < 1e-3
+"""),
+    code("""
+few = lookup_cost(t, 16, a100, "uniform")                # 16 bags: far too few to fill the pipe
+stream_ms = few.parts["dram_bytes"] / (C.DRAM_GATHER_EFF * a100.mem_bw_gbs * 1e6)
+print(f"16 bags: {few.time_ms * 1e3:.2f} us; the gather waits {few.parts['dram_ms'] * 1e3:.2f} us "
+      f"of round trips, {few.parts['dram_ms'] / stream_ms:.0f}x its bytes at full bandwidth")
+assert few.parts["dram_ms"] > stream_ms
 """),
     code("""
 hot = Table(rows=10**7, dim=128, pooling=30)

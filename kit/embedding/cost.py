@@ -10,8 +10,11 @@ Forward, one table with B bags of L rows of D elements (n = B·L lookups):
     r    = row bytes rounded up to 32-B sectors           (DRAM and L2 move whole sectors)
     DRAM = M·r + n·idx_bytes + B·D·out_bytes              rows, indices, pooled output
     L2   = n·r                                            every row read passes through L2 (hits and misses)
-    t    = fixed + max(DRAM / (BW_dram·e), L2 / BW_l2), with the achievable DRAM bandwidth also
-           capped by the bytes a GPU keeps in flight (Little's law): warps · rows_in_flight · r / latency
+    t    = fixed + max(DRAM / (BW_dram·e), L2 / BW_l2, latency), where latency is Little's law
+           as round trips: too few bags in flight to fill the memory pipe wait (per wave of
+           bags) max(L/32, 1) index reads and max(L/rows_in_flight, 1) rounds of row reads of
+           the DRAM latency, each as likely to wait as any of its rows is to miss (M/n each)
+           (_gather_latency_ms)
 
 Backward (FBGEMM TBE's fused backward: sort the indices, sum each unique row's gradients, update):
 
@@ -190,6 +193,24 @@ def _achieved_dram_gbs(gpu: GPU, bags: float, row_bytes: float, pooling: float) 
     return min(DRAM_GATHER_EFF * gpu.mem_bw_gbs, in_flight / DRAM_LATENCY_NS)  # B/ns = GB/s
 
 
+def _gather_latency_ms(gpu: GPU, bags: float, bags_at_once: float, pooling: float,
+                       miss_share: float) -> float:
+    """The forward's time when too few bags keep the memory pipe full (Little's law, as round
+    trips): each bag's warp reads its indices a warp (32) at a time, then gathers its rows
+    ROWS_IN_FLIGHT_PER_WARP at a time, a round in which any row misses the L2 (miss_share of
+    them do) waiting DRAM_LATENCY_NS; the
+    GPU runs min(bags_at_once, warps) bags at once (a fused kernel's bags of every table), so
+    this table's bags take bags / that of the waves. The pooled output and offsets are stores,
+    which no warp waits for. (One bandwidth for every byte, from the rows in flight, had let a bag's extra
+    rows carry its output faster: pooling 4 came out 6% under pooling 1 at 16 bags.)"""
+    warps = gpu.sm_count * gpu.max_threads_per_sm / 32
+    waves = bags / min(bags_at_once, warps)
+    # a round of rows waits the DRAM if any of its rows misses (the hits' L2 latency is left out)
+    waits = 1.0 - (1.0 - miss_share) ** min(pooling, ROWS_IN_FLIGHT_PER_WARP)
+    rounds = max(pooling / 32, 1.0) + max(pooling / ROWS_IN_FLIGHT_PER_WARP, 1.0) * waits
+    return waves * rounds * DRAM_LATENCY_NS / 1e6
+
+
 def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = False,
                 optimizer: str = "sgd", mode: str = "sum", fused: bool = True,
                 index_bytes: int = 8, l2_share: float = 1.0, correction=None) -> LookupCost:
@@ -233,12 +254,13 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
         share = (f / sum(foot) if fused and sum(foot) > 0 else 1.0) * l2_bytes_total
         r = t.sector_row_bytes
         out_bytes = batch * t.dim * dtype_bytes(t.dtype)
+        per = len(tables) if fused else 1
         if not backward:
             misses = d.expected_misses(k, t.rows, share / r)
             dram = misses * r + k * index_bytes + out_bytes + (batch + 1) * index_bytes
             l2 = k * r  # every row read passes through the L2: the hits, and the misses it fills
-            dram_gbs = _achieved_dram_gbs(gpu, batch * (len(tables) if fused else 1), r, t.pooling)
-            dram_ms = dram / (dram_gbs * 1e9) * 1e3
+            dram_ms = max(dram / (DRAM_GATHER_EFF * gpu.mem_bw_gbs * 1e6),
+                          _gather_latency_ms(gpu, batch, batch * per, t.pooling, misses / k if k else 0.0))
         else:
             misses = u
             passes = sort_passes(sum(x.rows for x in tables) if fused else t.rows)
@@ -251,14 +273,19 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
             state = 2 * u * SECTOR_BYTES if optimizer == "rowwise_adagrad" else 0.0
             dram = sort + grad_dram + 2 * u * r + state
             l2 = grad_rows - grad_dram if grad_dram < grad_rows else 0.0
-            # the sort and the grad_output reads run over the lookups, a warp per lookup's row; the
-            # row and optimizer-state updates over the unique rows only, so only they are capped
-            # by how few rows there are to keep in flight (a 3-row table updates 3 rows, but still
-            # sorts and reads every lookup's gradient at the lookups' parallelism)
-            per = len(tables) if fused else 1
+            # the sort and the grad_output re-reads run over the lookups, a warp per lookup's row;
+            # the first read of each bag's grad_output row over the bags (the other lookups of a
+            # bag hit the L2 meanwhile or re-read it: they carry no more of those bytes); the row
+            # and optimizer-state updates over the unique rows only. Each is capped by how few
+            # rows there are to keep in flight (a 3-row table updates 3 rows, but still sorts and
+            # reads every lookup's gradient at the lookups' parallelism). The first reads at the
+            # lookups' parallelism had made a bag's grad_output faster to read the more rows it had
+            first = min(grad_out, grad_dram)
             stream_gbs = _achieved_dram_gbs(gpu, k * per, _sectors(t.dim * GRAD_BYTES), 1)
+            first_gbs = _achieved_dram_gbs(gpu, min(k, batch) * per, _sectors(t.dim * GRAD_BYTES), 1)
             update_gbs = _achieved_dram_gbs(gpu, u * per, r, 1)
-            dram_ms = ((sort + grad_dram) / stream_gbs + (2 * u * r + state) / update_gbs) / 1e6
+            dram_ms = ((sort + grad_dram - first) / stream_gbs + first / first_gbs
+                       + (2 * u * r + state) / update_gbs) / 1e6
         l2_ms = l2 / (l2_gbs * 1e9) * 1e3
         rows_out.append({"name": t.name, "rows": t.rows, "dim": t.dim, "pooling": t.pooling,
                          "distribution": d.describe(), "lookups": k, "unique_rows": u,
