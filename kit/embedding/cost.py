@@ -3,9 +3,9 @@
 Forward, one table with B bags of L rows of D elements (n = B·L lookups):
 
     U    = expected unique rows among n draws            (kit.embedding.distributions)
-    C_t  = f_L2 · L2_bytes · (U_t·r_t / Σ U·r) / r_t      L2 rows this table may keep; the tables
-                                                         of one fused (TBE) kernel share the L2 in
-                                                         proportion to their unique footprint
+    C_t  = L2 rows this table may keep: f_L2 · L2_bytes / r_t alone; the tables of one fused (TBE)
+           kernel share the L2 as an LRU cache would, each keeping the rows it touches within one
+           characteristic time of the combined stream (_l2_rows_by_table)
     M    = expected misses of a cache of C_t rows, H = n - M hits
     r    = row bytes rounded up to 32-B sectors           (DRAM and L2 move whole sectors)
     DRAM = M·r + n·idx_bytes + B·D·out_bytes              rows, indices, pooled output
@@ -20,7 +20,9 @@ Backward (FBGEMM TBE's fused backward: sort the indices, sum each unique row's g
 
     sort  = n·(idx_bytes + 4)·2 per radix pass, ceil(log2 E / 8) passes (8-bit digits)
     grad  = n·D·4 reads of grad_output rows: B·D·4 from DRAM once, the re-reads from L2 for the
-            fraction of grad_output that fits the table's L2 share, from DRAM for the rest
+            fraction of grad_output that fits the table's L2 share, from DRAM for the rest; the
+            tables of a fused kernel share the L2 in proportion to their grad_output (B·D·4), the
+            data they re-read (their unique rows had set it, so a bigger table's backward got faster)
     rows  = 2·U·r (read + write the updated rows)
     state = rowwise_adagrad: 2·U·32 (one fp32 per row, a whole sector each way); sgd: none
     fixed = the kernel floors of TBE's ~14-20 backward kernels (backward_fixed_ms)
@@ -211,6 +213,34 @@ def _gather_latency_ms(gpu: GPU, bags: float, bags_at_once: float, pooling: floa
     return waves * rounds * DRAM_LATENCY_NS / 1e6
 
 
+def _l2_rows_by_table(tables: list, dists: list, lookups: list, l2_bytes: float) -> list[float]:
+    """Rows of a shared L2 that each table of one fused kernel keeps. Its tables' accesses
+    interleave, so an LRU-like L2 keeps every row touched within one characteristic time T of
+    the combined stream (Che's approximation, across the tables): Σ_t r_t · U_t(f_t · T) = the
+    L2's bytes, U_t a table's expected distinct rows in that many of its draws and f_t its share
+    of the accesses; table t keeps U_t(f_t · T) rows. Shares in proportion to the tables'
+    distinct rows had starved a small, hot table: 100 Zipf rows fused beside a million-row
+    table kept 3 rows and ran slower than 10^5 rows in its place."""
+    total = float(sum(lookups))
+
+    def rows_kept(T: float) -> list[float]:
+        return [d.expected_unique(k / total * T, t.rows) if k > 0 else 0.0
+                for t, d, k in zip(tables, dists, lookups)]
+
+    def held_bytes(T: float) -> float:
+        return sum(c * t.sector_row_bytes for c, t in zip(rows_kept(T), tables))
+
+    if total <= 0 or held_bytes(total) <= l2_bytes:
+        return rows_kept(total)  # every row the batch touches fits
+    lo, hi = 0.0, total
+    for _ in range(100):  # bisection on T: held_bytes rises with it
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if held_bytes(mid) <= l2_bytes else (lo, mid)
+        if hi - lo <= 1e-9 * hi:
+            break
+    return rows_kept(lo)
+
+
 def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = False,
                 optimizer: str = "sgd", mode: str = "sum", fused: bool = True,
                 index_bytes: int = 8, l2_share: float = 1.0, correction=None) -> LookupCost:
@@ -246,12 +276,18 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
 
     n = [batch * t.pooling for t in tables]
     unique = [d.expected_unique(k, t.rows) for d, k, t in zip(dists, n, tables)]
-    foot = [u * t.sector_row_bytes for u, t in zip(unique, tables)]
     l2_bytes_total = L2_USABLE_FRACTION * gpu.l2_cache_bytes * l2_share
+    if not fused or len(tables) == 1:
+        shares = [l2_bytes_total] * len(tables)
+    elif backward:  # the grad_output rows every lookup of a bag re-reads, in proportion
+        foot = [batch * t.dim * GRAD_BYTES for t in tables]
+        shares = [f / sum(foot) * l2_bytes_total for f in foot]
+    else:
+        shares = [c * t.sector_row_bytes
+                  for c, t in zip(_l2_rows_by_table(tables, dists, n, l2_bytes_total), tables)]
     l2_gbs = l2_bw_gbs(gpu)
     rows_out, sums = [], {"dram_bytes": 0.0, "l2_bytes": 0.0, "dram_ms": 0.0, "l2_ms": 0.0}
-    for t, d, k, u, f in zip(tables, dists, n, unique, foot):
-        share = (f / sum(foot) if fused and sum(foot) > 0 else 1.0) * l2_bytes_total
+    for t, d, k, u, share in zip(tables, dists, n, unique, shares):
         r = t.sector_row_bytes
         out_bytes = batch * t.dim * dtype_bytes(t.dtype)
         per = len(tables) if fused else 1
