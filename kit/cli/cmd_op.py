@@ -2,6 +2,7 @@
 from dataclasses import replace
 
 from kit.cli import add_command, positive_int
+from kit.cli.cmd_predict import add_weights_option
 from kit.cli.outputs import nonempty
 from kit.hardware import DTYPES
 
@@ -12,6 +13,7 @@ def _gpu_args(p, dtype=True):
         p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--predictor", default="auto", help="auto, wave, roofline, ...")
     p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")
+    add_weights_option(p)
 
 
 def _build(args):

@@ -1,4 +1,6 @@
 """`kit predict MODEL --gpu NAME ...`: one training step or inference pass of a whole model."""
+from functools import partial
+
 from kit.cli import add_command, positive_int
 from kit.cli.outputs import nonempty
 
@@ -60,6 +62,59 @@ def add_model_args(p):
     p.add_argument("--cuda-graphs", action="store_true",
                    help="the step replays a CUDA graph (torch.compile mode reduce-overhead): no "
                    "per-op host cost")
+    add_weights_option(p)
+
+
+def add_weights_option(p):
+    """--weights DIR on a command whose run and text add_command has set: the command runs with
+    the learned predictors read from DIR (else $KIT_WEIGHTS, else the shipped weights), and its
+    output says which weights whenever they are not the shipped ones."""
+    p.add_argument("--weights", type=nonempty, metavar="DIR",
+                   help="predictor weights folder from `kit train --out` for the learned predictors "
+                        "(tile, mlp, li, habitat); default: $KIT_WEIGHTS if set, else the shipped "
+                        "weights. The output names the folder (and the manifest's training GPUs "
+                        "and sha256)")
+    p.set_defaults(func=partial(run_checked, p.get_default("func")))
+    if p.get_default("text") is not None:
+        p.set_defaults(text=partial(text_with_weights, p.get_default("text")))
+
+
+def run_checked(run, args):
+    """run(args) under the chosen weights, after the checks a whole model's costing would hide
+    (it falls back to the wave model, with a note, for an op type its predictor refuses): weights
+    no chosen predictor reads, and an FP32-only baseline asked for another dtype. The result gets
+    "predictor_weights" (kit.predict.weights_in_use) when they are not the shipped ones."""
+    from kit.errors import KitError
+    from kit.predict import (FP32_ONLY, LEARNED, PREDICTORS, fp32_only_message, resolve_name,
+                             using_weights, weights_in_use)
+
+    with using_weights(args.weights):
+        name = resolve_name(args.predictor)
+        if args.weights is not None and name in PREDICTORS and name not in LEARNED:
+            raise KitError(f"--weights is for the learned predictors ({', '.join(LEARNED)}); "
+                           f"--predictor {args.predictor} reads no weights")
+        dtype = getattr(args, "dtype", "fp32")
+        if name in FP32_ONLY and dtype != "fp32":
+            raise KitError(fp32_only_message(name, dtype))
+        info = weights_in_use() if name in LEARNED else None  # a bad folder fails here, first
+        result = run(args)
+    if info is not None and isinstance(result, dict):
+        return {**result, "predictor_weights": info}
+    return result
+
+
+def weights_line(info: dict) -> str:
+    """The text output's line on weights that are not the shipped ones."""
+    trained = f"; trained on {', '.join(info['train_gpus'])}" if info.get("train_gpus") else ""
+    sha = f"; model.safetensors sha256 {info['sha256'][:16]}..." if info.get("sha256") else ""
+    return (f"predictor weights {info['folder']} (from {info['from']}{trained}{sha}), not the "
+            "shipped ones")
+
+
+def text_with_weights(text, r) -> str:
+    out = text(r)
+    info = r.get("predictor_weights") if isinstance(r, dict) else None
+    return f"{out}\n{weights_line(info)}" if info else out
 
 
 def overhead_from(args):

@@ -146,7 +146,12 @@ class Coster:
         self.tp_comm_scale = getattr(host, "tp_comm_scale", 1.0)
         # the LM head's GEMMs over the whole vocabulary (TP = 1): see HostModel.full_vocab_scale
         self.head_factor = getattr(host, "full_vocab_scale", 1.0) if layout.tp == 1 else 1.0
-        self._op_ms = _OP_CACHE.setdefault((self.predictor.name, self.gpu.key), {})
+        # a learned predictor's name carries the weights it reads when they are not the shipped
+        # ones (kit.predict.predictor_name), so one folder's kernel times are never another's
+        from kit.predict import predictor_name
+
+        cache_name = predictor_name(predictor) if isinstance(predictor, str) else self.predictor.name
+        self._op_ms = _OP_CACHE.setdefault((cache_name, self.gpu.key), {})
         self._comm_ms = _COMM_CACHE.setdefault((system, str(calibration)), {})
 
     def predict_ops(self, ops) -> None:

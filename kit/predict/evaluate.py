@@ -133,13 +133,20 @@ def predict_rows(frame: pd.DataFrame, predictors: dict, in_stream: bool = False)
     from kit.hardware import get_gpu
     from kit.workload.kernel_times import in_stream_ms, isolation_floor_ms
 
+    from kit.predict import FP32_ONLY
+
     seen = visible_columns(frame)
     out = []
     for gpu, idx in seen.groupby("gpu", sort=True).groups.items():
-        part = seen.loc[idx]
-        ops = [op_from_row(r) for r in part.to_dict("records")]
-        measured = frame.loc[idx, "latency_ms"].to_numpy(float)
+        all_ops = [op_from_row(r) for r in seen.loc[idx].to_dict("records")]
         for name, model in predictors.items():
+            # the FP32-only baselines (kit.predict.FP32_ONLY) score the FP32 rows (evaluate warns)
+            keep = np.array([name not in FP32_ONLY or getattr(op, "dtype", "fp32") == "fp32"
+                             for op in all_ops], dtype=bool)
+            if not keep.any():
+                continue
+            part, ops = seen.loc[idx[keep]], [op for op, k in zip(all_ops, keep) if k]
+            measured = frame.loc[part.index, "latency_ms"].to_numpy(float)
             pred = model.predict(ops, gpu)
             lat = pred.latency_ms.to_numpy(float)
             p10, p90 = pred.latency_p10_ms.to_numpy(float), pred.latency_p90_ms.to_numpy(float)
@@ -152,7 +159,7 @@ def predict_rows(frame: pd.DataFrame, predictors: dict, in_stream: bool = False)
                 "op_class": part.op_class.to_numpy(), "measured_ms": measured,
                 "predicted_ms": lat, "p10_ms": p10,
                 "p90_ms": p90,
-                "tile": pred.tile.to_numpy(), "row": idx,
+                "tile": pred.tile.to_numpy(), "row": part.index,
                 "ape": np.abs(lat - measured) / measured * 100}))
     if not out:
         return pd.DataFrame(columns=["predictor", "gpu", "op", "op_class", "measured_ms",
@@ -194,11 +201,12 @@ def parse_predictors(text: str | None) -> list[str]:
 
 def load_weights(names, weights_dir=None):
     """The weights bundle the learned predictors among names read (None when none is named)."""
-    from kit.predict.weights import load_bundle, shipped_bundle
+    from kit.predict import bundle_in_use
+    from kit.predict.weights import load_bundle
 
     if not set(LEARNED) & set(names):
         return None
-    return load_bundle(weights_dir) if weights_dir is not None else shipped_bundle()
+    return load_bundle(weights_dir) if weights_dir is not None else bundle_in_use()  # KIT_WEIGHTS
 
 
 FALLBACK = {"tile": "wave", "habitat": "wave", "li": "roofline", "mlp": "roofline"}
@@ -299,6 +307,22 @@ def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
     if predictors is None and bundle is not None and bundle.mlp is None:  # not asked for by name
         names = [n for n in names if n != "mlp"]
         warnings.warn("these weights have no direct MLP (trained with --no-direct): mlp left out")
+    from kit.predict import FP32_ONLY
+
+    other = sorted(set(frame.dtype.fillna("fp32")) - {"fp32"}) if "dtype" in frame else []
+    baselines = [n for n in names if n in FP32_ONLY]
+    if other and baselines:
+        if not (frame.dtype.fillna("fp32") == "fp32").any() and predictors is None:  # not named
+            names = [n for n in names if n not in FP32_ONLY]
+            warnings.warn(f"{', '.join(baselines)} left out: fitted on FP32 kernels only, and these "
+                          f"rows are all {', '.join(other)}")
+        elif not (frame.dtype.fillna("fp32") == "fp32").any():
+            raise KitError(f"{', '.join(baselines)} {'was' if len(baselines) == 1 else 'were'} fitted on "
+                           f"FP32 kernels only and these rows are all {', '.join(other)}: leave "
+                           f"{'it' if len(baselines) == 1 else 'them'} out of --predictors")
+        else:
+            warnings.warn(f"{', '.join(baselines)} score the FP32 rows only (fitted on FP32 kernels, "
+                          f"no dtype input); the {', '.join(other)} rows are scored by the others")
     rows = predict_rows(frame, build_predictors(names, weights_dir, measurements, bundle=bundle),
                         in_stream=target == "kernel")
     _check_finite(rows, weights_dir)

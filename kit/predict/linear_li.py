@@ -10,7 +10,9 @@ GPUs' coefficients against memory bandwidth, in log-log space:
     log coef(gpu) = α + β · log mem_bw_gbs(gpu)
 
 This is the classic "learn the latency per GPU" baseline: good on the GPUs it saw, blind to
-everything but bandwidth elsewhere. Its prediction is clamped to the roofline.
+everything but bandwidth elsewhere. Its prediction is clamped to the roofline. Every line was
+fitted on FP32 kernels (NeuSight's data), so an op of another dtype in a class it has lines for
+is refused (kit.predict.refuse_other_dtypes), not given its FP32 time.
 """
 from __future__ import annotations
 
@@ -73,8 +75,11 @@ class LiPredictor:
         return np.array(out)
 
     def predict(self, ops, gpu: GPU | str) -> pd.DataFrame:
+        from kit.predict import refuse_other_dtypes
+
         gpu = get_gpu(gpu)
         unique, where = dedupe(list(ops))
+        refuse_other_dtypes(unique, self.name, self.coefs)  # its lines are FP32 kernels' alone
         rows = []
         for op in unique:
             r = roofline(op, gpu)

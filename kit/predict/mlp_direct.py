@@ -4,7 +4,9 @@ It sees the same GPU features as the tile-MLP (kit.predict.features.GPU_FEATURES
 shape, FLOPs and bytes, but no tiles, waves or roofline, and nothing bounds its answer from
 below except a final clamp to the roofline. Off the training GPUs it has only the GPU features
 to go on, which is what the tile-MLP's bounded utilisation is compared against. One small
-ensemble per op class, with the same p10/p50/p90 heads as the tile-MLP.
+ensemble per op class, with the same p10/p50/p90 heads as the tile-MLP. It learned FP32 kernels
+alone (NeuSight's data) and has no dtype input, so it refuses an op of another dtype in a class
+it has a model of (kit.predict.refuse_other_dtypes).
 """
 from __future__ import annotations
 
@@ -69,10 +71,13 @@ class DirectMLP:
         return DirectMLP(models)
 
     def predict(self, ops, gpu: GPU | str) -> pd.DataFrame:
+        from kit.predict import refuse_other_dtypes
         from kit.predict.tile_ensemble import combine
 
         gpu = get_gpu(gpu)
         unique, where = dedupe(list(ops))
+        # fitted on FP32 rows with no dtype input: a bf16 GEMM would get its FP32 time
+        refuse_other_dtypes(unique, self.name, self.models)
         out = np.zeros((len(unique), 3))
         roof = [roofline(op, gpu) for op in unique]
         by_class: dict[str, list[int]] = {}

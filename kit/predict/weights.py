@@ -12,7 +12,8 @@ values of the wrong type, a file that is not safetensors, a file whose sha256 is
 its manifest records, tensors holding NaN or infinite values, tensors that do not fit the
 manifest) with a KitError that says what it expected. Weights written before the hash was
 recorded (no "sha256" in the manifest) are still read, with every other check. The package ships
-default weights in kit/predict/weights/.
+default weights in kit/predict/weights/; which folder the learned predictors read (the CLI's
+--weights, $KIT_WEIGHTS) is kit.predict's choice, loaded here once per folder (load_cached).
 """
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ class Bundle:
     li: object  # kit.predict.linear_li.LiPredictor
     mlp: object | None  # kit.predict.mlp_direct.DirectMLP
     manifest: dict = field(default_factory=dict)
+    folder: Path | None = None  # where load_bundle read it (None: trained in this process)
+    # sha256 over its manifest.json and model.safetensors (files_identity): what caches of its
+    # predictions are keyed by; the Li coefficients and transfer σ live in the manifest alone
+    identity: str = ""
 
     @property
     def train_gpus(self) -> list[str]:
@@ -274,7 +279,44 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
     except (KeyError, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as e:
         raise KitError(f"weights in {folder} do not match their manifest ({type(e).__name__}: "
                        f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
-    return Bundle(tile, li, mlp, info)
+    return Bundle(tile, li, mlp, info, folder, files_identity(folder))
+
+
+def files_identity(folder: Path) -> str:
+    """sha256 over a weights folder's manifest.json and model.safetensors: it changes with any
+    part of the weights, the manifest's numbers included (a retraining into the same folder, a
+    hand-edited Li coefficient)."""
+    digest = hashlib.sha256()
+    for name in (MANIFEST_FILE, TENSORS_FILE):
+        try:
+            digest.update(hashlib.sha256((folder / name).read_bytes()).digest())
+        except OSError as e:
+            raise KitError(f"cannot read {folder / name}: {e.strerror or e}") from None
+    return digest.hexdigest()
+
+
+def _signature(folder: Path):
+    """The size and modification time of a folder's two files (None where one is unreadable):
+    a loaded bundle is reused only while neither changed."""
+    try:
+        return tuple((st.st_size, st.st_mtime_ns)
+                     for st in ((folder / n).stat() for n in (MANIFEST_FILE, TENSORS_FILE)))
+    except OSError:
+        return None
+
+
+# Every bundle loaded stays alive for the process: kit.workload.kernel_times keys its dispatch
+# floors by id(predictor), and a freed bundle's id could be reused by the next one loaded.
+_loaded: dict = {}
+
+
+def load_cached(weights_dir: str | Path) -> Bundle:
+    """load_bundle, once per folder while its files stay the same."""
+    folder = _folder_of(Path(weights_dir)).resolve()
+    key = (folder, _signature(folder))
+    if key not in _loaded:
+        _loaded[key] = load_bundle(folder)
+    return _loaded[key]
 
 
 def _check_info(sigma, info: dict, where: Path) -> None:
@@ -319,24 +361,40 @@ def has_shipped() -> bool:
     return (SHIPPED_DIR / MANIFEST_FILE).is_file() and (SHIPPED_DIR / TENSORS_FILE).is_file()
 
 
+def predictor_of(bundle: Bundle, name: str, measurements=None):
+    """A bundle's learned predictor by name: tile, li, mlp, or habitat (over the bundle's
+    tile-MLP, its reference for unmeasured shapes, and its training GPUs; measurements: habitat's
+    measured kernels)."""
+    if name == "tile":
+        return bundle.tile
+    if name == "li":
+        return bundle.li
+    if name == "mlp":
+        if bundle.mlp is None:
+            where = ("the shipped weights" if bundle.folder == SHIPPED_DIR
+                     else f"the weights in {bundle.folder or 'memory'}")
+            raise KitError(f"{where} have no direct MLP (trained with --no-direct); train one with "
+                           "`kit train`, or choose another predictor")
+        return bundle.mlp
+    if name == "habitat":
+        from kit.predict.habitat import HabitatPredictor
+
+        return HabitatPredictor(bundle.tile, bundle.train_gpus, measurements)
+    raise KitError(f"{name!r} is not a learned predictor (tile, li, mlp, habitat)")
+
+
 def shipped_tile():
-    return shipped_bundle().tile
+    return predictor_of(shipped_bundle(), "tile")
 
 
 def shipped_li():
-    return shipped_bundle().li
+    return predictor_of(shipped_bundle(), "li")
 
 
 def shipped_mlp():
-    bundle = shipped_bundle()
-    if bundle.mlp is None:
-        raise KitError("the shipped weights have no direct MLP; train one with `kit train`")
-    return bundle.mlp
+    return predictor_of(shipped_bundle(), "mlp")
 
 
 def shipped_habitat(measurements=None):
     """Habitat over the shipped tile-MLP (reference for unmeasured shapes) and its training GPUs."""
-    from kit.predict.habitat import HabitatPredictor
-
-    bundle = shipped_bundle()
-    return HabitatPredictor(bundle.tile, bundle.train_gpus, measurements)
+    return predictor_of(shipped_bundle(), "habitat", measurements)
