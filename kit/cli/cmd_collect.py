@@ -60,7 +60,8 @@ def register(sub):
                    "conv) and/or ops (bmm, linear, add, addu, ..., ln), comma-separated")
     p.add_argument("--shapes", required=True, metavar="GRID_OR_FILE",
                    help="a dims file (B;M;N;K or B;H a line, NeuSight's format) or a grid: random-bmm, "
-                   "random-linear, random-vec, tiny-gemm, tiny-vec [:COUNT[:SEED]], gpt2-layers, "
+                   "random-linear, random-vec, aligned-linear, aligned-bmm, tiny-gemm, tiny-vec "
+                   "[:COUNT[:SEED]], gpt2-layers, "
                    "gpt2-large-layers, bert-large-layers, gpt3-xl-layers, opt-1.3b-layers, decode-linear, "
                    "decode-bmm")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])

@@ -20,10 +20,12 @@ def _ranks(text):
 
 def _bytes(text: str) -> float:
     """--bytes: one whole, positive byte count (1e9, 64M), as --sizes reads each size."""
-    from kit.comm.sizes import parse_sizes
+    from kit.comm.sizes import TooLarge, parse_sizes
 
     try:
         sizes = parse_sizes(text)
+    except TooLarge:  # its own reason (at most 1 TiB) says more than the generic one below
+        raise
     except KitError:
         sizes = []
     if len(sizes) != 1 or sizes[0] < 1:
@@ -47,11 +49,27 @@ def predict(args):
         raise KitError(f"--bytes {args.bytes} and --sizes {args.sizes} both given: one size or a sweep, not both")
     if args.sizes:
         t = collective_table(args.collective, parse_sizes(args.sizes), system, ranks, args.calibration)
-        return {"system": system.key, "table": t.to_dict("records")}
-    if args.bytes is None:
+        r = {"system": system.key, "table": t.to_dict("records")}
+    elif args.bytes is None:
         raise KitError("give --bytes SIZE (e.g. 1e9 or 64M) or --sizes MIN:MAX")
-    nbytes = _bytes(args.bytes)
-    return predict_collective(args.collective, nbytes, system, ranks, args.calibration).to_dict()
+    else:
+        nbytes = _bytes(args.bytes)
+        r = predict_collective(args.collective, nbytes, system, ranks, args.calibration).to_dict()
+    return {**r, **_calibration_note(args, system, ranks)}
+
+
+def _calibration_note(args, system, ranks) -> dict:
+    """With --calibration: whether it answered. One that has no curve for this collective, rank
+    count or node span leaves the preset to answer, which a [preset] tag alone did not say: a
+    note on stderr, and the reason in the JSON (calibration_unused, null when it answered)."""
+    from kit.comm.predict import calibration_unused
+
+    if args.calibration is None:
+        return {}
+    why = calibration_unused(args.collective, system, ranks, args.calibration)
+    if why:
+        warnings.warn(f"calibration {args.calibration} not used: {why}; the preset answers")
+    return {"calibration_unused": why}
 
 
 def predict_text(r):

@@ -172,10 +172,12 @@ def no_dtype(gpu, dtype: str) -> str:
 
 
 def unsupported_row(gpu, dtype: str, unit: str, mem: dict, prices: dict) -> dict:
-    """A GPU that cannot run the dtype: no time, throughput, energy or cost, and the reason."""
+    """A GPU that cannot run the dtype: no time, throughput, energy or cost, and the reason.
+    fits is null too (the text table's "-"): the memory need is the dtype's, which this GPU
+    cannot run at all, so "fits: true" beside "unsupported" read as if it could."""
     return {"gpu": gpu.key, "step_ms": None, "band_ms": None, f"{unit}_per_s": None,
             "memory_need_gib": mem["total_bytes"] / 2**30, "memory_gib": gpu.memory_gib,
-            "fits": mem["total_bytes"] <= gpu.memory_bytes, "energy_j_per_step": None,
+            "fits": None, "energy_j_per_step": None,
             "tdp_w": gpu.tdp_w, f"energy_j_per_m_{unit}": None,
             "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": None, "predictor": None,
             "unsupported": no_dtype(gpu, dtype)}

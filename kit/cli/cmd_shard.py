@@ -39,7 +39,7 @@ def register(sub):
     p = add_command(sub, "shard", "plan embedding-table sharding over a multi-GPU system", run, text)
     p.add_argument("--tables", type=nonempty, required=True, metavar="FILE.csv",
                    help="CSV with columns name, rows, dim, pooling [, zipf_alpha, dtype]")
-    p.add_argument("--system", required=True, help="system preset (see kit.hardware.list_systems)")
+    p.add_argument("--system", required=True, help="system preset (see `kit systems`)")
     p.add_argument("--nodes", type=positive_int, default=None, help="number of nodes of the preset")
     p.add_argument("--batch", type=positive_int, default=512, help="samples per rank (default 512)")
     p.add_argument("--optimizer", default="rowwise_adagrad", choices=["sgd", "rowwise_adagrad"])

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 from kit.cli import add_command
+from kit.cli.cmd_predict import add_weights_option
 from kit.cli.outputs import nonempty
 
 MULTI_GPU = ("dp", "tp", "pp")
@@ -39,6 +40,7 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         raise KitError(f"no label files under {root} (expected <GPU>/<model>-<train|inf>-<seq>-<batch>.json)")
     configs, skipped = [], []
     seen: dict = {}  # (gpu, model, mode, seq, batch, option) -> the row of its first label
+    labelled: set = set()  # the models the readable labels are of (named when none is chosen)
     for f in files:
         label = f.relative_to(root).as_posix()  # the file as the user finds it under --labels
         try:
@@ -53,6 +55,9 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             skipped.append({"file": str(f), "label": label, "reason": f"unreadable label: {msg}"})
             continue
         option = lab["option"] if isinstance(lab["option"], str) else ""
+        labelled.add(lab["model"])
+        if models and _zoo_name(lab["model"]) not in models:  # before its skips: not asked about
+            continue
         row = {"gpu": f.parent.name, "model": lab["model"], "mode": "train" if lab["mode"] == "train" else "inference",
                "seq": lab["seq"], "batch": lab["batch"], "option": option, "measured_ms": measured,
                "label": label}
@@ -79,8 +84,6 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             model = resolve(lab["model"])
         except KitError:
             skipped.append({**row, "reason": f"model {lab['model']!r} is not in the zoo"})
-            continue
-        if models and model not in models:
             continue
         if option.startswith(MULTI_GPU):  # 4-GPU labels: kit/parallel/neusight.py
             from kit.parallel.neusight import predict_label
@@ -117,6 +120,11 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         first = skipped[0]
         raise KitError(f"none of the {len(files)} label file(s) under {root} could be read; "
                        f"{first['file']}: {first['reason']}")
+    if models and labelled and not any(_zoo_name(m) in models for m in labelled):
+        # nothing to list or score: one line naming the filter (it was an empty table saying
+        # "no configuration could be predicted (0 skipped, listed below)", then an error)
+        raise KitError(f"no label under {root} is of the chosen model(s) {', '.join(sorted(models))}; "
+                       f"its labels are of {', '.join(sorted(labelled))}")
     for s in skipped:  # besides the listing: a note, even with --json
         if "file" in s:
             warnings.warn(f"{s['file']}: skipped, {s['reason']}")
@@ -128,6 +136,17 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         summary.append({"gpu": gpu, "mode": mode, "configs": len(group), **_scores(group)})
     return {"configs": configs, "summary": summary, "skipped": skipped,
             "overall": {"configs": len(configs), **_scores(configs)}}
+
+
+def _zoo_name(model: str) -> str | None:
+    """A label's model as the zoo names it (--models is matched so), or None if not in the zoo."""
+    from kit.errors import KitError
+    from kit.workload.zoo import resolve
+
+    try:
+        return resolve(model)
+    except KitError:
+        return None
 
 
 def _band(band, measured: float) -> dict:
@@ -156,11 +175,11 @@ def run(args):
         from kit.cli import json_text
         from kit.errors import KitError
 
+        if not r["skipped"]:  # nothing to list: the error line alone
+            raise KitError(f"no label under {args.labels} is of the chosen model(s) {args.models or ''}".rstrip())
         print(json_text(r) if args.json else text(r), flush=True)
-        if r["skipped"]:
-            raise KitError(f"no label under {args.labels} could be validated: all "
-                           f"{len(r['skipped'])} were skipped (listed above)")
-        raise KitError(f"no label under {args.labels} is of the chosen model(s) {args.models or ''}".rstrip())
+        raise KitError(f"no label under {args.labels} could be validated: all "
+                       f"{len(r['skipped'])} were skipped (listed above)")
     return r
 
 
@@ -196,3 +215,4 @@ def register(sub):
     p.add_argument("--predictor", default="auto")
     p.add_argument("--models", type=nonempty, default=None, help="only these zoo models (comma-separated)")
     p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")
+    add_weights_option(p)  # --weights DIR (kit.cli.cmd_predict)

@@ -37,12 +37,11 @@ from pathlib import Path
 
 from kit.comm.collective_ops import collective_op as _op  # _worker calls it so: tests patch it here
 from kit.comm.conventions import KINDS, canonical_kind
-from kit.comm.sizes import parse_sizes
+from kit.comm.sizes import MAX_BYTES, parse_sizes  # MAX_BYTES: 1 TiB, no rank holds a buffer this big
 from kit.errors import KitError
 from kit.data.records import Lock, append_jsonl, read_jsonl
 
 WORD_BYTES = 4  # float32, nccl-tests type "float"
-MAX_BYTES = 1 << 40  # 1 TiB: no rank holds a buffer this big; larger sizes are typos
 INTERLEAVE_BYTES = 1 << 30  # buffers held at once per rank while interleaving sizes
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 

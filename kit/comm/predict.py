@@ -9,7 +9,7 @@ A preset's time is max(floor, latency + size x cost-per-byte) of the best algori
 BandwidthCurve with k = 1 (kit.comm.curves); a calibration (kit.comm.calibration) replaces it by
 the curve fitted to measurements of the same collective on the same number of ranks spanning the
 same number of nodes (a curve whose nodes the measurements did not tell answers for any). When no
-curve matches, the preset answers.
+curve matches, the preset answers; calibration_unused says why.
 """
 from __future__ import annotations
 
@@ -50,10 +50,18 @@ def _plan_curves(system: System, kind: str, group: Group) -> tuple[tuple[Plan, B
     return tuple((p, plan_curve(system, kind, group, p)) for p in plans(system, kind, group))
 
 
+def _group(system: System, ranks) -> Group:
+    """resolve_group, with a count below 1 refused as what it is (resolve_group said that 0 GPUs
+    "does not fit" the system, as if it were too many)."""
+    if isinstance(ranks, (int, np.integer)) and not isinstance(ranks, bool) and ranks < 1:
+        raise KitError(f"ranks must be at least 1 (a count of GPUs) or a list of ranks, got {ranks}")
+    return resolve_group(system, ranks)
+
+
 def _inputs(kind, system, ranks, calibration):
     kind = canonical_kind(kind)
     system = get_system(system)
-    group = resolve_group(system, ranks)
+    group = _group(system, ranks)
     if kind == "sendrecv" and group.size == 1:
         raise KitError("sendrecv needs a group of at least 2 ranks")
     cal = _calibration(calibration)
@@ -91,6 +99,29 @@ def _calibration(calibration) -> Calibration | None:
 @lru_cache(maxsize=32)
 def _load_cached(path: str, stamp: int) -> Calibration:
     return load_calibration(path)
+
+
+def calibration_unused(kind: str, system, ranks=None, calibration=None) -> str | None:
+    """Why a calibration does not answer for this collective, so the preset does: it has no
+    curve of the kind, none for the group's rank count, or none for the nodes the group spans.
+    None when it answers or none is given. (A calibration of another system is refused
+    outright, by _inputs.) The result's source says "preset" then, and nothing more."""
+    if calibration is None:
+        return None
+    kind, system, group, cal = _inputs(kind, system, ranks, calibration)
+    if cal.curve(kind, group.size, group.n_nodes) is not None:
+        return None
+    same_kind = [c for c in cal.curves if c.kind == kind]
+    if not same_kind:
+        return (f"it has no {kind} curve (only {', '.join(sorted({c.kind for c in cal.curves}))})"
+                if cal.curves else "it has no curves")
+    counts = sorted({c.ranks for c in same_kind})
+    if group.size not in counts:
+        return (f"its {kind} curves were fitted on {', '.join(map(str, counts))} ranks, and this "
+                f"group has {group.size}")
+    nodes = sorted({c.nodes for c in same_kind if c.ranks == group.size})
+    return (f"its {kind} curve for {group.size} ranks was measured on {', '.join(map(str, nodes))} "
+            f"node(s), and this group spans {group.n_nodes}")
 
 
 def _sizes(nbytes) -> np.ndarray:
@@ -194,7 +225,7 @@ def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
         raise KitError(f"send_bytes must be a square ranks x ranks matrix, got shape {m.shape}")
     if not np.all(np.isfinite(m)) or np.any(m < 0):
         raise KitError("send_bytes must hold non-negative finite byte counts")
-    group = resolve_group(system, m.shape[0] if ranks is None else ranks)
+    group = _group(system, m.shape[0] if ranks is None else ranks)
     if group.size != m.shape[0]:
         raise KitError(f"send_bytes is {m.shape[0]}x{m.shape[0]} but the group has {group.size} ranks")
     n = group.size
@@ -218,4 +249,5 @@ def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
         source="preset", system=system.key, nodes_spanned=group.n_nodes)
 
 
-__all__ = ["KINDS", "collective_table", "plan_curve", "predict_alltoallv", "predict_collective"]
+__all__ = ["KINDS", "calibration_unused", "collective_table", "plan_curve", "predict_alltoallv",
+           "predict_collective"]

@@ -152,8 +152,12 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     layers = c.get("n_layer") or c.get("num_hidden_layers")
     heads = c.get("n_head") or c.get("num_attention_heads")
     if not (h and layers and heads):
-        raise KitError(f"model {name!r} is not GPT-style; multi-GPU prediction supports GPT-style "
-                       "models (zoo gpt*/opt*/llama*) and inline gpt:... shapes")
+        raise KitError(f"model {name!r} is not a transformer layer stack; multi-GPU prediction "
+                       "takes zoo models whose config gives a width, layers and heads (n_embd or "
+                       "hidden_size, n_layer or num_hidden_layers, n_head or num_attention_heads: "
+                       "GPT-2/3, OPT, BERT, ViT, Llama, Mistral, Mixtral, Qwen2/3, Phi-3), each "
+                       "modelled as GPT-style layers, and inline gpt:/llama:/moe: shapes; predict "
+                       "it on one GPU (--gpu)")
     experts = c.get("num_local_experts") or 0  # Mixtral-style: every layer's MLP is MoE
     if c.get("model_type") == "deepseek_v3":
         raise KitError(f"model {name!r}: the multi-GPU layer does not model DeepSeek's latent "

@@ -242,9 +242,33 @@ def sliding_windows(c) -> list[int]:
     return [w] * n
 
 
+# The MoE keys a config may leave out, at HF transformers' config defaults (the __init__
+# defaults of MixtralConfig, GptOssConfig, Qwen2MoeConfig, Qwen3MoeConfig), as HF builds such a
+# config: a Mixtral config without num_local_experts is HF's 8 experts, top-2, not a dense model.
+# Qwen-MoE's num_experts is not among them: a config without it is refused (missing key), as before.
+MOE_DEFAULTS = {
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "gpt_oss": {"num_local_experts": 128, "num_experts_per_tok": 4},
+    "qwen2_moe": {"num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                  "shared_expert_intermediate_size": 5632},
+    "qwen3_moe": {"num_experts_per_tok": 8, "moe_intermediate_size": 768},
+}
+
+
+def _moe_key(c, key: str, default=None):
+    """A MoE key of the config; else HF's default for its family (MOE_DEFAULTS); else default."""
+    if c.get(key) is not None:
+        return c[key]
+    return MOE_DEFAULTS.get(_family(c), {}).get(key, default)
+
+
 def _experts(c) -> int:
-    """Routed experts a layer has: Mixtral's num_local_experts, Qwen-MoE's num_experts."""
-    return c.get("num_local_experts") or (c["num_experts"] if _family(c) in QWEN_MOE else 0) or 0
+    """Routed experts a layer has: Mixtral's and GPT-OSS's num_local_experts (HF's default when
+    left out), Qwen-MoE's num_experts; 0 (dense) for the other families unless they give
+    num_local_experts."""
+    if _family(c) in QWEN_MOE:
+        return c["num_experts"]
+    return _moe_key(c, "num_local_experts", 0)
 
 
 def sparse_layer(c, i: int) -> bool:
@@ -274,14 +298,14 @@ class LlamaLayer(nn.Module):
         self.self_attn = LlamaAttention(c)
         self.moe = moe
         if moe and _family(c) == "gpt_oss":
-            self.mlp = OaiMoE(d, _experts(c), c.get("num_experts_per_tok", 4), ff,
+            self.mlp = OaiMoE(d, _experts(c), _moe_key(c, "num_experts_per_tok"), ff,
                               c.get("experts_implementation") or "grouped_mm",
                               c.get("swiglu_alpha", 1.702), c.get("swiglu_limit", 7.0))
         elif moe:
-            shared = (_mlp_of(c, d, c["shared_expert_intermediate_size"])
-                      if c.get("shared_expert_intermediate_size") else None)
-            self.mlp = TopKMoE(d, _experts(c), c.get("num_experts_per_tok", 2),
-                               c.get("moe_intermediate_size", ff), _act(c),
+            shared_ff = _moe_key(c, "shared_expert_intermediate_size")
+            shared = _mlp_of(c, d, shared_ff) if shared_ff else None
+            self.mlp = TopKMoE(d, _experts(c), _moe_key(c, "num_experts_per_tok", 2),
+                               _moe_key(c, "moe_intermediate_size", ff), _act(c),
                                c.get("experts_implementation") or "grouped_mm",
                                c.get("norm_topk_prob", _family(c) not in QWEN_MOE),
                                cast=_family(c) in QWEN_MOE, shared=shared)
@@ -302,7 +326,8 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama-style decoder; with "num_local_experts" in the config, Mixtral-style MoE layers;
+    """Llama-style decoder; Mixtral-style MoE layers for mixtral and gpt_oss (HF's expert count
+    when the config leaves it out) or any config with "num_local_experts", Qwen-MoE's for its own;
     Qwen2, Qwen3, Gemma (1, 2, 3) and Phi-3 by their model_type (the module docstring)."""
 
     def __init__(self, c):
