@@ -30,6 +30,7 @@ from kit.predict.features import (arrays_from_ops, feature_matrix, gpu_distance,
                                   row_launches, waves)
 from kit.predict.gemm_bounds import GemmBounds, cap_at
 from kit.predict.gemv import applies as gemv_applies
+from kit.predict.sibling_bound import dominated_training_gpus
 from kit.predict.small_op_bounds import ONE_WAVE_CLASSES, SmallOpBounds
 from kit.predict.split_k import apply_split_k, split_limits
 from kit.predict.tensor_core import curve_gemm
@@ -72,7 +73,29 @@ class TilePredictor(GemmBounds, SmallOpBounds):
 
     def predict(self, ops, gpu: GPU | str, split_k: bool = True) -> pd.DataFrame:
         """The protocol's frame for ops on gpu. split_k: GEMMs that underfill the GPU may split
-        their reduction (kit.predict.split_k); False gives the unsplit prediction of each."""
+        their reduction (kit.predict.split_k); False gives the unsplit prediction of each. On a
+        GPU that dominates a training GPU (kit.predict.sibling_bound) no op is slower than there:
+        where that binds, the op runs as it does on that GPU (its tile shown)."""
+        gpu = get_gpu(gpu)
+        out = self.predict_unbounded(ops, gpu, split_k)
+        for other in self.dominated_training_gpus(gpu):
+            ref = self.predict_unbounded(ops, other, split_k)
+            bound = ref.latency_ms.to_numpy(dtype=float)
+            slower = out.latency_ms.to_numpy(dtype=float) > bound
+            if slower.any():
+                out = cap_at(out, np.where(slower, bound, np.nan))
+                for c in ("tile", "tiles", "waves", "split_k"):
+                    out.loc[slower, c] = ref.loc[slower, c].to_numpy()
+                over = out.utilisation.to_numpy(dtype=float) > 1.0  # a share of a bound under it
+                out.loc[over, "utilisation"] = (out.roofline_ms / out.latency_ms)[over]
+        return out
+
+    def dominated_training_gpus(self, gpu: GPU | str) -> list[GPU]:
+        """The training GPUs whose predictions bound gpu's (kit.predict.sibling_bound)."""
+        return dominated_training_gpus(gpu, self.band.get("train_gpus") or self.manifest.get("train_gpus"))
+
+    def predict_unbounded(self, ops, gpu: GPU | str, split_k: bool = True) -> pd.DataFrame:
+        """predict without the bound by the training GPUs gpu dominates."""
         gpu = get_gpu(gpu)
         unique, where = dedupe(list(ops))
         out = pd.DataFrame(index=range(len(unique)), columns=COLUMNS)

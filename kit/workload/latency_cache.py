@@ -22,8 +22,10 @@ import numpy as np
 
 PREDICT_DIR = Path(__file__).resolve().parents[1] / "predict"
 # what the predictors compute with, outside kit/predict: tiles, waves and the op definitions (and
-# their counts: bytes per dtype, FLOPs per element)
-KIT_FILES = tuple(Path(__file__).resolve().parents[1] / n for n in ("tiling.py", "ops.py", "op_counts.py"))
+# their counts: bytes per dtype, FLOPs per element), and the catalog: a GPU's predictions may be
+# bounded by another GPU's (kit.predict.sibling_bound), whose spec the key does not hold
+KIT_FILES = tuple(Path(__file__).resolve().parents[1] / n
+                  for n in ("tiling.py", "ops.py", "op_counts.py", "hardware/gpus.json"))
 
 
 HERE = Path(__file__).resolve().parent

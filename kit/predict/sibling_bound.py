@@ -1,0 +1,36 @@
+"""A GPU is never slower than a training GPU it dominates: the same SM design (architecture,
+lanes, shared memory, registers, thread and block limits, L1) with at least as many SMs and at
+least its clock, bandwidth, L2, power limit and every peak. The tile-MLP's GPU features include
+the power limit over the peak, so a card it never saw could come out slower than the training
+card it outdoes in everything: an A100-SXM4-40GB (400 W) under the A100-PCIe-40GB (250 W, a
+training GPU) on a 2-layer LSTM by 32%, a Linear of 8 tokens by 31%. In NeuSight's test data the
+A100 80GB PCIe (300 W) ran the same GEMMs 9-11% faster than the A100 PCIe 40GB (250 W) at every
+kernel length, as a higher power limit lets it."""
+from __future__ import annotations
+
+from kit.hardware import GPU, get_gpu
+
+SAME_SM = ("vendor", "arch", "fp32_lanes_per_sm", "smem_per_sm_kib", "registers_per_sm",
+           "max_threads_per_sm", "max_blocks_per_sm", "l1_cache_kib_per_sm")
+AT_LEAST = ("sm_count", "boost_clock_mhz", "mem_bw_gbs", "l2_cache_mib", "tdp_w", "fp32_tflops",
+            "tf32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops", "fp32_matrix_tflops")
+
+
+def dominates(gpu: GPU, other: GPU) -> bool:
+    """gpu has other's SM design and at least each of its resources (a peak other lacks is free)."""
+    if gpu.key == other.key or any(getattr(gpu, f) != getattr(other, f) for f in SAME_SM):
+        return False
+    for f in AT_LEAST:
+        mine, theirs = getattr(gpu, f), getattr(other, f)
+        if theirs is not None and (mine is None or mine < theirs):
+            return False
+    return True
+
+
+def dominated_training_gpus(gpu: GPU | str, train_gpus) -> list[GPU]:
+    """The training GPUs gpu dominates (none for a training GPU itself: its own rows set it)."""
+    gpu = get_gpu(gpu)
+    keys = [get_gpu(g).key for g in (train_gpus or ())]
+    if gpu.key in keys:
+        return []
+    return [get_gpu(k) for k in keys if dominates(gpu, get_gpu(k))]
