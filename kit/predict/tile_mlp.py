@@ -139,6 +139,7 @@ class TilePredictor(GemmBounds, SmallOpBounds):
                 part = self._aligned_bound(ops_c, gpu, part.reset_index(drop=True))
                 part = cap_at(cap_at(part, rows_ms), batches_ms)
                 part = self._stream_bound(ops_c, gpu, part.reset_index(drop=True))
+                part = self._padded_bound(ops_c, gpu, part)
             out.loc[idx, COLUMNS] = part[COLUMNS].values
         for c in ("latency_ms", "roofline_ms", "utilisation", "latency_p10_ms", "latency_p90_ms"):
             out[c] = out[c].astype(float)
