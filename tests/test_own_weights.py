@@ -251,3 +251,51 @@ def test_evaluate_on_neusight_fp32_rows_still_runs_every_predictor(capsys, tmp_p
     rows = json.loads(_kit(capsys, "evaluate", "--test", str(test), "--json")[1])
     assert {r["predictor"] for r in rows} == {"roofline", "habitat", "li", "mlp", "tile"}
     assert {r["op"] for r in rows if r["predictor"] in ("li", "mlp")} >= {"bmm", "linear", "softmax"}
+
+
+def test_demo_names_the_weights_it_reads(capsys, own, monkeypatch):
+    """kit demo had read KIT_WEIGHTS without a word."""
+    monkeypatch.setenv("KIT_WEIGHTS", str(own))
+    rc, out, err = _kit(capsys, "demo")
+    assert rc == 0 and out.splitlines()[-1].startswith(f"predictor weights {own}")
+
+
+def test_a_predictor_object_of_other_weights_gets_its_own_multi_gpu_cache(own):
+    """Keyed by the name "tile", an object of other weights had been served the shipped weights'
+    kernel times (11.93 ms alone, 9.39 after a run with predictor="tile")."""
+    from kit.parallel import Layout, predict_parallel
+
+    model = "gpt:layers=2,hidden=256,heads=4,seq=128,vocab=1000"
+
+    def step(predictor):
+        return predict_parallel(model, "dgx-a100", Layout(tp=2, dtype="fp32"), predictor=predictor,
+                                graph=False)["iteration_ms"]
+
+    shipped = step("tile")
+    mine = step(load_bundle(own).tile)
+    assert mine != shipped and step("tile") == shipped
+
+
+def test_the_dispatch_floor_is_kept_per_predictor_object_not_per_id():
+    """Keyed by id(model), a predictor built after another was freed could take its floor."""
+    import gc
+
+    from kit.hardware import get_gpu
+    from kit.workload import kernel_times as K
+
+    class Probe:
+        name = "tile"
+
+        def __init__(self, floor_ms):
+            self.floor_ms = floor_ms
+
+        def predict(self, ops, gpu):
+            import pandas as pd
+
+            return pd.DataFrame({"latency_ms": [1e-3 + self.floor_ms], "roofline_ms": [1e-3]})
+
+    gpu = get_gpu("l4")
+    for i in range(20):  # ids get reused as the objects are freed
+        floor = 0.01 * (i + 1)
+        assert K.isolation_floor_ms(Probe(floor), gpu) == pytest.approx(floor)
+        gc.collect()

@@ -42,3 +42,7 @@ def register(sub):
     p = add_command(sub, "demo", "a short tour of the kit's predictions on built-in defaults", run, text)
     p.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU for the tour (default {DEFAULT_GPU})")
     p.add_argument("--system", default=DEFAULT_SYSTEM, help=f"system for the collective (default {DEFAULT_SYSTEM})")
+    from kit.cli.cmd_predict import add_weights_option
+
+    p.set_defaults(predictor="auto")  # the tour's learned predictions say whose weights they read
+    add_weights_option(p)

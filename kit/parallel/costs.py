@@ -150,7 +150,8 @@ class Coster:
         # ones (kit.predict.predictor_name), so one folder's kernel times are never another's
         from kit.predict import predictor_name
 
-        cache_name = predictor_name(predictor) if isinstance(predictor, str) else self.predictor.name
+        # (a predictor object is its own key: an object of other weights shares its name)
+        cache_name = predictor_name(predictor) if isinstance(predictor, str) else self.predictor
         self._op_ms = _OP_CACHE.setdefault((cache_name, self.gpu.key), {})
         self._comm_ms = _COMM_CACHE.setdefault((system, str(calibration)), {})
 

@@ -101,7 +101,8 @@ class GemmBounds:
                 self._in_two_row_twin = False
         return out
 
-    def padded_rows_ms(self, ops: list, gpu: GPU) -> tuple[np.ndarray, pd.DataFrame | None]:
+    def padded_rows_ms(self, ops: list, gpu: GPU,
+                       split_k: bool = True) -> tuple[np.ndarray, pd.DataFrame | None]:
         """Per GEMM whose thin side r = min(m, n) is 2..PAD_ROWS_MAX - 1, the least isolated
         latency of its twins with r + 1 .. PAD_ROWS_MAX rows on that side: the most it may take,
         as it could run padded to that many rows (predict caps it, cap_at), so no GEMM of that
@@ -125,7 +126,7 @@ class GemmBounds:
             return out, None
         self._in_pad_ladder = True
         try:
-            frame = self.predict_unbounded(twins, gpu).reset_index(drop=True)
+            frame = self.predict_unbounded(twins, gpu, split_k).reset_index(drop=True)
         finally:
             self._in_pad_ladder = False
         owner = np.asarray(owner)
@@ -138,9 +139,10 @@ class GemmBounds:
         rows = frame.iloc[np.where(best >= 0, best, 0)].reset_index(drop=True)
         return out, rows
 
-    def _padded_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
-        """cap_at padded_rows_ms, the twin's tile shown where the cap binds."""
-        bound, twin = self.padded_rows_ms(ops, gpu)
+    def _padded_bound(self, ops: list, gpu: GPU, part: pd.DataFrame,
+                      split_k: bool = True) -> pd.DataFrame:
+        """cap_at padded_rows_ms, the twin's tile shown where the cap binds (split_k: as predict's)."""
+        bound, twin = self.padded_rows_ms(ops, gpu, split_k)
         slower = np.isfinite(bound) & (part.latency_ms.to_numpy(dtype=float) > bound)
         if not slower.any():
             return part

@@ -75,8 +75,10 @@ class ShardingModel:
         self.contrib = np.zeros((T, O, self.F), dtype=np.float64)
         self.valid = np.zeros((T, O), dtype=bool)
         self._lookup_cache: dict = {}
-        # A table shares its rank's L2 with the others there, in proportion to its footprint
-        # (kit.embedding.cost); here each table's share is taken against an average rank's.
+        # A table shares its rank's L2 with the others there. The search's features take each
+        # table's share in proportion to its footprint against an average rank's (a fast
+        # estimate); exact_cost re-prices a plan as one fused kernel per rank shares it
+        # (kit.embedding.cost: Che's approximation forward, grad_output backward).
         foot = np.array([self._footprint(tab, tab.rows, tab.pooling, batch * W) for tab in self.tables])
         self.l2_shares = np.minimum(1.0, foot / max(foot.sum() / W, 1e-9))
         for t, opts in enumerate(self.options):
@@ -93,21 +95,42 @@ class ShardingModel:
         dist = tab.distribution or Uniform()
         return dist.expected_unique(batch * pooling, max(1, rows)) * tab.sector_row_bytes
 
+    def _rank_l2_shares(self, shards: list) -> tuple[list[float], list[float]]:
+        """The L2 share of each shard on one rank, as one fused kernel of them shares it
+        (kit.embedding.cost): forward, the rows each keeps within one characteristic time of their
+        combined stream (Che's approximation across the tables); backward, in proportion to
+        their grad_output. Each at least 1e-3 of the L2."""
+        from kit.embedding.cost import GRAD_BYTES, L2_USABLE_FRACTION, _l2_rows_by_table
+
+        if not shards:
+            return [], []
+        l2 = L2_USABLE_FRACTION * self.gpu.l2_cache_bytes
+        tabs = [s[2] for s in shards]
+        kept = _l2_rows_by_table(tabs, [t.distribution or Uniform() for t in tabs],
+                                 [s[3] * t.pooling for s, t in zip(shards, tabs)], l2)
+        fwd = [max(min(c * t.sector_row_bytes / l2, 1.0), 1e-3) for c, t in zip(kept, tabs)]
+        grad = [s[3] * t.dim * GRAD_BYTES for s, t in zip(shards, tabs)]
+        bwd = [max(g / (sum(grad) or 1.0), 1e-3) for g in grad]
+        return fwd, bwd
+
     def _state_bytes(self, rows: int) -> float:
         return 4.0 * rows if self.optimizer == "rowwise_adagrad" else 0.0
 
     def _shard_ms(self, table: Table, rows: int, dim: int, pooling: float, batch: int,
-                  l2_share: float) -> tuple[float, float]:
+                  l2_share: float, bwd_l2_share: float | None = None) -> tuple[float, float]:
         """(fwd, bwd) ms of one shard, cached on everything the cost depends on: the shard's shape,
-        dtype and index distribution (by value; None is uniform), batch and L2 share. The name is
-        only a label: equal tables share an entry, and unnamed tables do not collide."""
+        dtype and index distribution (by value; None is uniform), batch and L2 shares (the
+        backward's, where it differs). The name is only a label: equal tables share an entry, and
+        unnamed tables do not collide."""
         dist = table.distribution or Uniform()
-        key = (rows, dim, pooling, table.dtype, dist, batch, round(l2_share, 3))
+        bwd_l2_share = l2_share if bwd_l2_share is None else bwd_l2_share
+        key = (rows, dim, pooling, table.dtype, dist, batch, round(l2_share, 3), round(bwd_l2_share, 3))
         if key not in self._lookup_cache:
             shard = Table(rows=max(1, rows), dim=dim, pooling=pooling, dtype=table.dtype,
                           name=table.name, distribution=table.distribution)
             f = lookup_cost(shard, batch, self.gpu, l2_share=l2_share)
-            b = lookup_cost(shard, batch, self.gpu, backward=True, optimizer=self.optimizer, l2_share=l2_share)
+            b = lookup_cost(shard, batch, self.gpu, backward=True, optimizer=self.optimizer,
+                            l2_share=bwd_l2_share)
             self._lookup_cache[key] = (f.time_ms - f.parts["launch_ms"], b.time_ms - b.parts["launch_ms"])
         return self._lookup_cache[key]
 
@@ -262,10 +285,10 @@ class ShardingModel:
             dp += g
         fwd, bwd = np.zeros(W), np.zeros(W)
         for r in range(W):
-            total_foot = sum(s[4] for s in shards[r]) or 1.0
-            for t, kind, shard, batch, foot in shards[r]:
+            fwd_shares, bwd_shares = self._rank_l2_shares(shards[r])
+            for (t, kind, shard, batch, foot), fs, bs in zip(shards[r], fwd_shares, bwd_shares):
                 f, b = self._shard_ms(self.tables[t], shard.rows, shard.dim, shard.pooling, batch,
-                                      max(foot / total_foot, 1e-3))
+                                      fs, bs)
                 if kind == "dp":
                     b += 2 * self.tables[t].rows * self.tables[t].row_bytes / (self.gpu.mem_bw_gbs * 1e9) * 1e3
                 fwd[r] += f

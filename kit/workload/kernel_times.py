@@ -5,6 +5,7 @@ PyTorch's generic elementwise loop keeps. kit.workload.iteration lays them on a 
 from __future__ import annotations
 
 import sys
+import weakref
 from contextlib import contextmanager
 
 import numpy as np
@@ -210,7 +211,7 @@ LEARNED_FROM_ISOLATED = ("tile", "mlp", "habitat", "li")
 # little the kernel does, so no kernel is taken as shorter than this in the stream.
 KERNEL_MIN_US = 2.0
 FLOOR_PROBE_NUMEL = 1 << 17
-_FLOORS: dict = {}
+_FLOORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0, carried=None):
@@ -231,8 +232,10 @@ def isolation_floor_ms(model, gpu) -> float:
     roofline and wave models, which have none)."""
     if getattr(model, "name", None) not in LEARNED_FROM_ISOLATED:
         return 0.0
-    key = (model.name, id(model), gpu.key)
-    if key not in _FLOORS:
+    # by the model object itself, held weakly: an id had been reused by a predictor of other
+    # weights built after the first was freed (habitat is built afresh on every call)
+    floors_of = _FLOORS.setdefault(model, {})
+    if gpu.key not in floors_of:
         from kit.ops import Elementwise
 
         probe = [Elementwise("add", FLOOR_PROBE_NUMEL, "fp32", inputs=2)]
@@ -248,5 +251,5 @@ def isolation_floor_ms(model, gpu) -> float:
         for g in siblings or [gpu]:
             row = unbounded(probe, g).iloc[0]
             floors.append(max(float(row.latency_ms) - float(row.roofline_ms), 0.0))
-        _FLOORS[key] = max(floors)
-    return _FLOORS[key]
+        floors_of[gpu.key] = max(floors)
+    return floors_of[gpu.key]

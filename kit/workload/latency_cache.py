@@ -52,7 +52,13 @@ def key_for(graph, fusion: str, gpu, predictor: str) -> str | None:
     base = graph.meta.get("cache_key")
     if not base or not isinstance(predictor, str):
         return None
-    spec = json.dumps(gpu.to_dict(), sort_keys=True, default=str)
+    # and of every GPU it dominates: a training GPU among them bounds its predictions
+    # (kit.predict.sibling_bound), and a --gpu-file may have replaced one's spec
+    from kit.hardware import list_gpus
+    from kit.predict.sibling_bound import dominates
+
+    specs = [gpu.to_dict()] + [o.to_dict() for o in list_gpus() if dominates(gpu, o)]
+    spec = json.dumps(specs, sort_keys=True, default=str)
     raw = json.dumps([base, fusion, spec, predictor, _predictor_stamp()])
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
