@@ -1,4 +1,4 @@
-"""A GEMM of r rows (r = min(m, n), 2 <= r < PAD_ROWS_MAX) may run padded to more rows, so it is
+"""A GEMM of r rows (r = min(m, n), 1 <= r < PAD_ROWS_MAX) may run padded to more rows, so it is
 never predicted slower than any twin of r + 1 .. PAD_ROWS_MAX rows (kit.predict.gemm_bounds
 padded_rows_ms): no thin GEMM gets faster for more rows."""
 import numpy as np

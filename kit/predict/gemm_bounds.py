@@ -103,7 +103,7 @@ class GemmBounds:
 
     def padded_rows_ms(self, ops: list, gpu: GPU,
                        split_k: bool = True) -> tuple[np.ndarray, pd.DataFrame | None]:
-        """Per GEMM whose thin side r = min(m, n) is 2..PAD_ROWS_MAX - 1, the least isolated
+        """Per GEMM whose thin side r = min(m, n) is 1..PAD_ROWS_MAX - 1, the least isolated
         latency of its twins with r + 1 .. PAD_ROWS_MAX rows on that side: the most it may take,
         as it could run padded to that many rows (predict caps it, cap_at), so no GEMM of that
         range is faster for more rows. NaN for any other; with the twin's frame row that set
@@ -112,12 +112,15 @@ class GemmBounds:
         ms at 2 tokens and 0.309 at 3 (a 32x32 tile split 4 ways against 128x32 split 16), and
         opt-1.3b's fp32 decode step 35.6 ms at batch 2 against 33.2 at batch 4."""
         out = np.full(len(ops), np.nan)
-        if getattr(self, "_in_pad_ladder", False):
-            return out, None  # a twin's own time is what the ladder compares
+        if getattr(self, "_in_pad_ladder", False) or getattr(self, "_predict_depth", 0) > 1:
+            # a twin's own time is what the ladder compares; and the other bounds' twins (one
+            # predict down) take none, so that an op's own time and its time as another's twin
+            # are the same number (the ladder is then monotone), at a fifth of the cost
+            return out, None
         twins, owner = [], []
         for j, op in enumerate(ops):
             r = min(op.m, op.n)
-            if 2 <= r < PAD_ROWS_MAX:
+            if 1 <= r < PAD_ROWS_MAX:  # a GEMV too: its two-row cap is a twin one predict down
                 side = "m" if op.m <= op.n else "n"
                 for w in padded_rows(r):
                     twins.append(_with_side(op, side, w))

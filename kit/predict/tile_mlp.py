@@ -77,6 +77,15 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         GPU that dominates a training GPU (kit.predict.sibling_bound) no op is slower than there:
         where that binds, the op runs as it does on that GPU (its tile shown)."""
         gpu = get_gpu(gpu)
+        # the bounds' own twins (kit.predict.gemm_bounds) are predicted one level down: the
+        # padding cap applies at the top level only (padded_rows_ms)
+        self._predict_depth = getattr(self, "_predict_depth", 0) + 1
+        try:
+            return self._bounded(ops, gpu, split_k)
+        finally:
+            self._predict_depth -= 1
+
+    def _bounded(self, ops, gpu: GPU, split_k: bool) -> pd.DataFrame:
         out = self.predict_unbounded(ops, gpu, split_k)
         for other in self.dominated_training_gpus(gpu):
             ref = self.predict_unbounded(ops, other, split_k)
