@@ -154,3 +154,20 @@ def test_the_latency_cache_key_holds_the_spec_of_the_gpu_that_bounds(tmp_path, m
     monkeypatch.setattr("kit.hardware.catalog._user_gpus", {})
     register_gpu(mine)
     assert L.key_for(Graph(), "eager", get_gpu("a100-sxm4-40gb"), "tile") != before
+
+
+def test_kit_op_says_when_a_cap_set_the_time(capsys):
+    """kit op's source line had never said when the training-GPU or the padding cap set the time."""
+    from kit.api import predict_op
+    from kit.cli import main
+
+    sib = predict_op(Gemm(8, 2048, 512, kind="linear", shared_rhs=True), "a100-sxm4-40gb")
+    mine = predict_op(Gemm(8, 2048, 512, kind="linear", shared_rhs=True), "a100-pcie-40gb")
+    assert sib["latency_ms"] == pytest.approx(mine["latency_ms"], rel=1e-9)
+    assert sib["source"].startswith("its time on the a100-pcie-40gb")
+    padded = predict_op(Gemm(2, 2048, 8192, kind="linear", shared_rhs=True), "t4")
+    assert padded["source"].startswith("the time of a twin with more rows")
+    assert main(["op", "linear", "--tokens", "2", "--in-features", "8192", "--out-features", "2048",
+                 "--gpu", "t4"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("source")]
+    assert len(lines) == 1 and "twin with more rows" in lines[0]

@@ -67,13 +67,16 @@ def text(r):
                      + ("; carried over to this GPU as a share of its own peak, with a wider band:"
                         " no tensor-core kernel of it was timed" if carried else "")
                      + "; the tiling below is the kit's tile choice, for the picture")
-    if str(r.get("source", "")).startswith("the learned elementwise") or \
-            " back-to-back calls of its one-row twin " in str(r.get("source", "")) or \
-            str(r.get("source", "")).startswith("its bytes at ") or \
-            " back-to-back calls of its b = 1 twin " in str(r.get("source", "")):
+    if r.get("tile") != "gemv" and (
+            str(r.get("source", "")).startswith("the learned elementwise") or
+            " back-to-back calls of its one-row twin " in str(r.get("source", "")) or
+            str(r.get("source", "")).startswith(("its bytes at ", "the time of a twin with more rows",
+                                                 "its time on the ")) or
+            " back-to-back calls of its b = 1 twin " in str(r.get("source", ""))):
         lines.append(f"  source    {r['source']}")
     if r.get("tile") == "gemv":
-        lines.append(f"  source    {r['source']}" if str(r.get("source", "")).startswith("its two-row twin")
+        lines.append(f"  source    {r['source']}" if str(r.get("source", "")).startswith(
+                     ("its two-row twin", "the time of a twin with more rows", "its time on the "))
                      else "  source    cuBLAS's gemv kernels (m or n of 1) stream the matrix once: a share"
                      " of the DRAM bandwidth measured on an H200 (kit.predict.gemv) plus the dispatch"
                      " floor, not a GEMM tile")

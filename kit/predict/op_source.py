@@ -1,0 +1,88 @@
+"""Why the tile predictor gave an op its time: which curve, bound or cap set it (kit op's
+`source` line, kit.api.predict_op). Each check redoes the bound and compares it with the time."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def tile_source(model, op, gpu, out: dict, cls: str) -> None:
+    """Set out["source"] where a curve, a bound or a cap set out["latency_ms"] (in place)."""
+    from kit.ops import Attention
+    from kit.predict.tensor_core import attention_params_for, curve_attention, curve_gemm, params_for
+
+    gemm_curve = params_for(gpu, op.dtype) if cls == "gemm" else None
+    # an unaligned GEMM its aligned twin's time lifted (TilePredictor._aligned_bound)
+    lifted = (cls == "gemm" and out.get("tile") != "gemv"
+              and out["latency_ms"] <= (1 + 1e-9) * model.aligned_twin_ms([op], gpu)[0])
+    params = (gemm_curve if cls == "gemm" and (curve_gemm(gpu, op) or lifted)
+              else attention_params_for(gpu, op.dtype) if isinstance(op, Attention) else None)
+    if params is not None and out.get("tile") != "gemv":  # a curve, not the tile-MLP
+        carried = params.get("carried_from")
+        out["source"] = "kit.predict.tensor_core" + (f" (carried from the {carried} curve)" if carried else "")
+        if isinstance(op, Attention) and op.seq_q == 1:  # the blend's weight is 0
+            out["source"] = "roofline (one query, a decode step: kit.predict.tensor_core's curve takes no part)"
+        elif isinstance(op, Attention) and not curve_attention(gpu, op):
+            out["source"] += " (blended with the roofline: under 128 queries)"
+        if lifted:
+            out["source"] += " (its aligned twin's time: an unaligned GEMM is never faster)"
+    few = model.few_rows_ms([op], gpu)[0] if cls == "gemm" else np.nan
+    if np.isfinite(few) and not lifted and abs(out["latency_ms"] - few) <= 1e-9 * few:
+        rows = min(op.m, op.n)
+        out["source"] = (f"{rows} back-to-back calls of its one-row twin (their kernel times and one "
+                         "dispatch floor): a GEMM this thin is never slower than those; the "
+                         "tile-MLP's own answer was slower")
+    if out.get("tile") == "gemv":
+        twin = model.two_row_ms([op], gpu, np.array([True]))[0]
+        if np.isfinite(twin) and abs(out["latency_ms"] - twin) <= 1e-9 * twin:
+            out["source"] = ("its two-row twin's time: a GEMV is never slower than the GEMM of "
+                             "two rows, whose kernel could run it with a row of padding; the "
+                             "GEMV rule's stream was slower")
+    batches = model.few_batches_ms([op], gpu)[0] if cls == "gemm" else np.nan
+    if np.isfinite(batches) and abs(out["latency_ms"] - batches) <= 1e-9 * batches:
+        out["source"] = (f"{op.b} back-to-back calls of its b = 1 twin (their kernel times and one "
+                         "dispatch floor): a batch this small is never slower than those; the "
+                         "tile-MLP's own answer was slower")
+    if cls == "gemm" and out.get("tile") != "gemv":
+        from kit.predict.gemv import MEASURED_STREAM, STREAM_SHARE_DEFAULT, STREAM_SHARE_MAX, stream_bound_ms
+        from kit.workload.kernel_times import isolation_floor_ms
+
+        low = stream_bound_ms([op], gpu.mem_bw_gbs)[0] + isolation_floor_ms(model, gpu)
+        if abs(out["latency_ms"] - low) <= 1e-9 * low:
+            share = STREAM_SHARE_MAX.get(op.dtype, STREAM_SHARE_DEFAULT)
+            whose = (f"the most a {op.dtype} GEMM reached on the H200" if op.dtype in MEASURED_STREAM
+                     else f"the most a 16-bit GEMM reached on the H200 ({op.dtype} was not timed)")
+            out["source"] = (f"its bytes at {100 * share:.0f}% of the memory bandwidth, {whose}, plus "
+                             "the dispatch floor: no GEMM streams faster; the tile-MLP's own answer "
+                             "was faster")
+    if cls == "gemm":
+        bound, _ = model.padded_rows_ms([op], gpu)
+        if (np.isfinite(bound[0]) and abs(out["latency_ms"] - bound[0]) <= 1e-9 * bound[0]
+                and not str(out.get("source", "")).startswith("its two-row twin")  # says more
+                and _unpadded_ms(model, op, gpu) > bound[0] * (1 + 1e-9)):  # it bound, not a tie
+            own = "the GEMV rule's stream" if out.get("tile") == "gemv" else "the tile-MLP's own answer"
+            out["source"] = ("the time of a twin with more rows on its thin side, as it could run "
+                             f"padded: no GEMM this thin is faster for more rows; {own} was slower")
+    own = None
+    for other in model.dominated_training_gpus(gpu):
+        theirs = float(model.predict_unbounded([op], other).latency_ms.iloc[0])
+        if own is None:
+            own = float(model.predict_unbounded([op], gpu).latency_ms.iloc[0])
+        if abs(out["latency_ms"] - theirs) <= 1e-9 * theirs and own > theirs * (1 + 1e-9):
+            out["source"] = (f"its time on the {other.key}, a training GPU with the same SM design "
+                             f"that the {gpu.key} matches or beats in every resource: never slower "
+                             "than there; the tile-MLP's own answer here was slower")
+    from kit.ops import elementwise_proxy
+
+    proxy = elementwise_proxy(op)
+    if proxy is not None:
+        out["source"] = (f"the learned elementwise {proxy[0].kind} pass over {proxy[0].numel} "
+                         f"elements, times {proxy[1]:.4g} for the bytes it moves (as in a model)")
+
+
+def _unpadded_ms(model, op, gpu) -> float:
+    """The op's time without the padding cap (kit.predict.gemm_bounds.padded_rows_ms)."""
+    model._in_pad_ladder = True
+    try:
+        return float(model.predict_unbounded([op], gpu).latency_ms.iloc[0])
+    finally:
+        model._in_pad_ladder = False
