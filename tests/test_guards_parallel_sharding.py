@@ -462,7 +462,7 @@ def test_the_planner_shares_a_ranks_l2_as_the_fused_lookup_does():
     big = Table(rows=10**6, dim=128, pooling=20, distribution=Zipf(1.05))
     m = _model([hot, big])
     batch = m.batch * m.world
-    fwd, bwd = m._rank_l2_shares([(0, "tw", hot, batch, 0.0), (1, "tw", big, batch, 0.0)])
+    fwd, bwd = m._rank_l2_shares([(0, "tw", hot, batch), (1, "tw", big, batch)])
     fused = lookup_cost([hot, big], batch, m.gpu).per_table
     fused_b = lookup_cost([hot, big], batch, m.gpu, backward=True).per_table
     l2 = L2_USABLE_FRACTION * m.gpu.l2_cache_bytes

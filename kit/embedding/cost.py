@@ -244,6 +244,21 @@ def _l2_rows_by_table(tables: list, dists: list, lookups: list, l2_bytes: float)
     return rows_kept(lo)
 
 
+def fused_l2_shares(tables: list, dists: list, batches: list, l2_bytes: float,
+                    backward: bool) -> list[float]:
+    """Bytes of the L2 each table of one fused kernel holds (batches: each table's bags):
+    forward, the rows it keeps within one characteristic time of their combined stream
+    (_l2_rows_by_table); backward, in proportion to the grad_output rows every lookup of a bag
+    re-reads. One table holds it all."""
+    if len(tables) == 1:
+        return [l2_bytes]
+    if backward:
+        foot = [b * t.dim * GRAD_BYTES for t, b in zip(tables, batches)]
+        return [f / (sum(foot) or 1.0) * l2_bytes for f in foot]
+    kept = _l2_rows_by_table(tables, dists, [b * t.pooling for t, b in zip(tables, batches)], l2_bytes)
+    return [c * t.sector_row_bytes for c, t in zip(kept, tables)]
+
+
 def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = False,
                 optimizer: str = "sgd", mode: str = "sum", fused: bool = True,
                 index_bytes: int = 8, l2_share: float = 1.0, correction=None) -> LookupCost:
@@ -280,14 +295,8 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
     n = [batch * t.pooling for t in tables]
     unique = [d.expected_unique(k, t.rows) for d, k, t in zip(dists, n, tables)]
     l2_bytes_total = L2_USABLE_FRACTION * gpu.l2_cache_bytes * l2_share
-    if not fused or len(tables) == 1:
-        shares = [l2_bytes_total] * len(tables)
-    elif backward:  # the grad_output rows every lookup of a bag re-reads, in proportion
-        foot = [batch * t.dim * GRAD_BYTES for t in tables]
-        shares = [f / sum(foot) * l2_bytes_total for f in foot]
-    else:
-        shares = [c * t.sector_row_bytes
-                  for c, t in zip(_l2_rows_by_table(tables, dists, n, l2_bytes_total), tables)]
+    shares = (fused_l2_shares(tables, dists, [batch] * len(tables), l2_bytes_total, backward)
+              if fused else [l2_bytes_total] * len(tables))
     l2_gbs = l2_bw_gbs(gpu)
     rows_out, sums = [], {"dram_bytes": 0.0, "l2_bytes": 0.0, "dram_ms": 0.0, "l2_ms": 0.0}
     for t, d, k, u, share in zip(tables, dists, n, unique, shares):

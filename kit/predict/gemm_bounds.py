@@ -5,6 +5,7 @@ the bandwidth a GEMM of its dtype ever streamed at (lifts)."""
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -23,6 +24,16 @@ PAD_ROWS_MAX = 64  # GEMMs thinner than this are bounded by their twins with mor
 class GemmBounds:
     """TilePredictor's GEMM rules; each needs self.predict and the dispatch floor
     (kit.workload.kernel_times.isolation_floor_ms)."""
+
+    @contextmanager
+    def as_twins(self):
+        """Predictions made inside are a bound's twins: the padding cap skips them, so that an op's
+        own time and its time as another's twin are one number (padded_rows_ms)."""
+        self._twin_depth = getattr(self, "_twin_depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._twin_depth -= 1
 
     def _gemv(self, ops: list, gpu: GPU, rows: np.ndarray, part: pd.DataFrame) -> pd.DataFrame:
         """GEMMs with m or n of 1 (kit.predict.gemv.applies) take its stream of their bytes, plus
@@ -76,7 +87,8 @@ class GemmBounds:
         rows = [j for j, op in enumerate(ops) if 2 <= count_of(op) <= FEW_ROWS]
         if rows:
             floor = isolation_floor_ms(self, gpu)
-            twin = self.predict([twin_of(ops[j]) for j in rows], gpu).latency_ms.to_numpy(dtype=float)
+            with self.as_twins():
+                twin = self.predict([twin_of(ops[j]) for j in rows], gpu).latency_ms.to_numpy(dtype=float)
             count = np.array([count_of(ops[j]) for j in rows], dtype=float)
             out[rows] = count * np.maximum(twin - floor, 0.0) + floor
         return out
@@ -96,7 +108,8 @@ class GemmBounds:
             twins = [replace(ops[j], m=2) if ops[j].m == 1 else replace(ops[j], n=2) for j in idx]
             self._in_two_row_twin = True
             try:
-                out[idx] = self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
+                with self.as_twins():
+                    out[idx] = self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
             finally:
                 self._in_two_row_twin = False
         return out
@@ -112,10 +125,10 @@ class GemmBounds:
         ms at 2 tokens and 0.309 at 3 (a 32x32 tile split 4 ways against 128x32 split 16), and
         opt-1.3b's fp32 decode step 35.6 ms at batch 2 against 33.2 at batch 4."""
         out = np.full(len(ops), np.nan)
-        if getattr(self, "_in_pad_ladder", False) or getattr(self, "_predict_depth", 0) > 1:
-            # a twin's own time is what the ladder compares; and the other bounds' twins (one
-            # predict down) take none, so that an op's own time and its time as another's twin
-            # are the same number (the ladder is then monotone), at a fifth of the cost
+        if getattr(self, "_twin_depth", 0):
+            # a twin's own time is what the ladder compares, the other bounds' twins' too: an
+            # op's own time and its time as another's twin are then the same number (the ladder
+            # is monotone), at a fifth of the cost
             return out, None
         twins, owner = [], []
         for j, op in enumerate(ops):
@@ -127,11 +140,8 @@ class GemmBounds:
                     owner.append(j)
         if not twins:
             return out, None
-        self._in_pad_ladder = True
-        try:
+        with self.as_twins():
             frame = self.predict_unbounded(twins, gpu, split_k).reset_index(drop=True)
-        finally:
-            self._in_pad_ladder = False
         owner = np.asarray(owner)
         lat = frame.latency_ms.to_numpy(dtype=float)
         best = np.full(len(ops), -1)
@@ -140,19 +150,14 @@ class GemmBounds:
             best[j] = at[np.argmin(lat[at])]
             out[j] = lat[best[j]]
         rows = frame.iloc[np.where(best >= 0, best, 0)].reset_index(drop=True)
+        rows.loc[best < 0, "latency_ms"] = np.nan  # an op with no twins has no bound
         return out, rows
 
     def _padded_bound(self, ops: list, gpu: GPU, part: pd.DataFrame,
                       split_k: bool = True) -> pd.DataFrame:
         """cap_at padded_rows_ms, the twin's tile shown where the cap binds (split_k: as predict's)."""
         bound, twin = self.padded_rows_ms(ops, gpu, split_k)
-        slower = np.isfinite(bound) & (part.latency_ms.to_numpy(dtype=float) > bound)
-        if not slower.any():
-            return part
-        part = cap_at(part, np.where(slower, bound, np.nan))
-        for c in ("tile", "tiles", "waves", "split_k"):
-            part.loc[part.index[slower], c] = twin.loc[slower, c].to_numpy()
-        return part
+        return part if twin is None else cap_as(part, twin)
 
     def few_batches_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
         """Per GEMM of batch b (2 <= b <= FEW_ROWS), b kernel times of its b = 1 twin plus one
@@ -230,6 +235,22 @@ def _with_side(op, side: str, rows: int):
     twin = copy.copy(op)
     object.__setattr__(twin, side, int(rows))
     return twin
+
+
+def cap_as(part: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
+    """Each row no slower than the same row of ref (another way it could run: a padded twin, a
+    GPU it outdoes), with ref's tile, tiles, waves and split where that binds (cap_at); a
+    utilisation over 1 becomes the roofline's share."""
+    bound = ref.latency_ms.to_numpy(dtype=float)
+    slower = part.latency_ms.to_numpy(dtype=float) > bound  # NaN: no bound
+    if not slower.any():
+        return part
+    part = cap_at(part, np.where(slower, bound, np.nan))
+    for c in ("tile", "tiles", "waves", "split_k"):
+        part.loc[part.index[slower], c] = ref.loc[slower, c].to_numpy()
+    over = part.utilisation.to_numpy(dtype=float) > 1.0  # a share of a bound under the latency
+    part.loc[part.index[over], "utilisation"] = (part.roofline_ms / part.latency_ms)[over].to_numpy()
+    return part
 
 
 def cap_at(part: pd.DataFrame, bound: np.ndarray) -> pd.DataFrame:

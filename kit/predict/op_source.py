@@ -81,8 +81,5 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
 
 def _unpadded_ms(model, op, gpu) -> float:
     """The op's time without the padding cap (kit.predict.gemm_bounds.padded_rows_ms)."""
-    model._in_pad_ladder = True
-    try:
+    with model.as_twins():
         return float(model.predict_unbounded([op], gpu).latency_ms.iloc[0])
-    finally:
-        model._in_pad_ladder = False

@@ -28,7 +28,7 @@ from kit.ops import DTYPE_BYTES
 from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
 from kit.predict.features import (arrays_from_ops, feature_matrix, gpu_distance, op_class_of,
                                   row_launches, waves)
-from kit.predict.gemm_bounds import GemmBounds, cap_at
+from kit.predict.gemm_bounds import GemmBounds, cap_as, cap_at
 from kit.predict.gemv import applies as gemv_applies
 from kit.predict.sibling_bound import dominated_training_gpus
 from kit.predict.small_op_bounds import ONE_WAVE_CLASSES, SmallOpBounds
@@ -77,26 +77,10 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         GPU that dominates a training GPU (kit.predict.sibling_bound) no op is slower than there:
         where that binds, the op runs as it does on that GPU (its tile shown)."""
         gpu = get_gpu(gpu)
-        # the bounds' own twins (kit.predict.gemm_bounds) are predicted one level down: the
-        # padding cap applies at the top level only (padded_rows_ms)
-        self._predict_depth = getattr(self, "_predict_depth", 0) + 1
-        try:
-            return self._bounded(ops, gpu, split_k)
-        finally:
-            self._predict_depth -= 1
-
-    def _bounded(self, ops, gpu: GPU, split_k: bool) -> pd.DataFrame:
         out = self.predict_unbounded(ops, gpu, split_k)
         for other in self.dominated_training_gpus(gpu):
             ref = self.predict_unbounded(ops, other, split_k)
-            bound = ref.latency_ms.to_numpy(dtype=float)
-            slower = out.latency_ms.to_numpy(dtype=float) > bound
-            if slower.any():
-                out = cap_at(out, np.where(slower, bound, np.nan))
-                for c in ("tile", "tiles", "waves", "split_k"):
-                    out.loc[slower, c] = ref.loc[slower, c].to_numpy()
-                over = out.utilisation.to_numpy(dtype=float) > 1.0  # a share of a bound under it
-                out.loc[over, "utilisation"] = (out.roofline_ms / out.latency_ms)[over]
+            out = cap_as(out, ref)
             # the band too: no end of it above that GPU's (a capped op had kept its own, wider p90:
             # gpt2's step the same 5.7 ms on both A100s, its p90 7.7 ms on the SXM4 against 5.8)
             lat = out.latency_ms.to_numpy(dtype=float)

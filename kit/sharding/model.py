@@ -96,22 +96,17 @@ class ShardingModel:
         return dist.expected_unique(batch * pooling, max(1, rows)) * tab.sector_row_bytes
 
     def _rank_l2_shares(self, shards: list) -> tuple[list[float], list[float]]:
-        """The L2 share of each shard on one rank, as one fused kernel of them shares it
-        (kit.embedding.cost): forward, the rows each keeps within one characteristic time of their
-        combined stream (Che's approximation across the tables); backward, in proportion to
-        their grad_output. Each at least 1e-3 of the L2."""
-        from kit.embedding.cost import GRAD_BYTES, L2_USABLE_FRACTION, _l2_rows_by_table
+        """The share of the L2 each shard on one rank holds, forward and backward, as one fused
+        kernel of them shares it (kit.embedding.cost.fused_l2_shares); each at least 1e-3."""
+        from kit.embedding.cost import L2_USABLE_FRACTION, fused_l2_shares
 
         if not shards:
             return [], []
         l2 = L2_USABLE_FRACTION * self.gpu.l2_cache_bytes
-        tabs = [s[2] for s in shards]
-        kept = _l2_rows_by_table(tabs, [t.distribution or Uniform() for t in tabs],
-                                 [s[3] * t.pooling for s, t in zip(shards, tabs)], l2)
-        fwd = [max(min(c * t.sector_row_bytes / l2, 1.0), 1e-3) for c, t in zip(kept, tabs)]
-        grad = [s[3] * t.dim * GRAD_BYTES for s, t in zip(shards, tabs)]
-        bwd = [max(g / (sum(grad) or 1.0), 1e-3) for g in grad]
-        return fwd, bwd
+        tabs, batches = [s[2] for s in shards], [s[3] for s in shards]
+        dists = [t.distribution or Uniform() for t in tabs]
+        return tuple([max(min(x / l2, 1.0), 1e-3) for x in fused_l2_shares(tabs, dists, batches, l2, bwd)]
+                     for bwd in (False, True))
 
     def _state_bytes(self, rows: int) -> float:
         return 4.0 * rows if self.optimizer == "rowwise_adagrad" else 0.0
@@ -274,8 +269,7 @@ class ShardingModel:
             for r, rows, dim, pooling, batch in self.shards(t, opt):
                 shard = Table(rows=max(1, rows), dim=dim, pooling=pooling, dtype=tab.dtype,
                               distribution=tab.distribution)
-                foot = self._footprint(shard, shard.rows, pooling, batch)
-                shards[r].append((t, opt.kind, shard, batch, foot))
+                shards[r].append((t, opt.kind, shard, batch))
                 mem[r] += rows * dim * dtype_bytes(tab.dtype) + self._state_bytes(rows)
             out, idx, g = self.traffic(t, opt)
             for i, j, nb in out:
@@ -286,7 +280,7 @@ class ShardingModel:
         fwd, bwd = np.zeros(W), np.zeros(W)
         for r in range(W):
             fwd_shares, bwd_shares = self._rank_l2_shares(shards[r])
-            for (t, kind, shard, batch, foot), fs, bs in zip(shards[r], fwd_shares, bwd_shares):
+            for (t, kind, shard, batch), fs, bs in zip(shards[r], fwd_shares, bwd_shares):
                 f, b = self._shard_ms(self.tables[t], shard.rows, shard.dim, shard.pooling, batch,
                                       fs, bs)
                 if kind == "dp":
