@@ -134,7 +134,8 @@ def test_kit_op_says_when_the_one_row_calls_set_a_thin_gemm(capsys):
     from kit.api import predict_op
     from kit.cli import main
 
-    op = Gemm(m=2, n=8192, k=8192, dtype="bf16", kind="linear", shared_rhs=True)
+    # FP32 on an MI300X: the tile-MLP's, off its data (16-bit takes AMD's matrix-core curve)
+    op = Gemm(m=2, n=8192, k=8192, dtype="fp32", kind="linear", shared_rhs=True)
     from kit.predict import get_predictor
     from kit.workload.iteration import isolation_floor_ms
 
@@ -146,7 +147,7 @@ def test_kit_op_says_when_the_one_row_calls_set_a_thin_gemm(capsys):
     assert r["source"].startswith("2 back-to-back calls of its one-row twin")
     assert "source" not in predict_op(replace(op, m=64), "mi300x")  # too thick for the bound
     assert main(["op", "gemm", "--m", "2", "--n", "8192", "--k", "8192", "--gpu", "mi300x",
-                 "--dtype", "bf16"]) == 0
+                 "--dtype", "fp32"]) == 0
     assert "source    2 back-to-back calls of its one-row twin" in capsys.readouterr().out
 
 
@@ -254,10 +255,22 @@ def test_the_unbatched_cap_holds_over_the_aligned_lift(tile):
         assert (lat <= cap * (1 + 1e-9)).all(), (gpu, (lat / cap).max())
 
 
-def test_the_stream_bound_says_when_a_dtype_was_not_timed(capsys):
+def test_the_stream_bound_says_when_a_dtype_was_not_timed(capsys, tmp_path):
     from kit.cli import main
+    from kit.hardware import unregister_gpu
+    from kit.hardware.catalog import _builtin_entries
 
-    assert main(["op", "gemm", "--m", "32", "--n", "2", "--k", "1", "--gpu", "mi300x", "--dtype", "fp8"]) == 0
+    # every catalog GPU with FP8 has a curve for it now (NVIDIA's from the H200, AMD's CDNA from
+    # AMD's matrix cores); another vendor's FP8 GPU, from a GPU file, keeps the tile-MLP
+    entry = {**_builtin_entries()["mi300x"], "key": "fp8-other", "name": "FP8 Other", "aliases": [],
+             "vendor": "other", "arch": "other"}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(entry))
+    try:
+        assert main(["op", "gemm", "--m", "32", "--n", "2", "--k", "1", "--gpu", "fp8-other", "--dtype", "fp8",
+                     "--gpu-file", str(path)]) == 0
+    finally:
+        unregister_gpu("fp8-other")
     out = capsys.readouterr().out
     assert "source    its bytes at 93% of the memory bandwidth" in out and "(fp8 was not timed)" in out
 

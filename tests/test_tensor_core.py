@@ -50,13 +50,17 @@ def test_which_gpus_dtypes_and_alignments_take_the_curve():
     assert params_for(h200, "bf16") is not None and params_for(h200, "fp16") is not None
     assert params_for(h200, "fp32") is None  # SIMT sgemm: the tile-MLP's own ground
     # GEMMs: measured on Hopper, carried to NVIDIA's other tensor-core GPUs with a wider band;
-    # FP32 (SIMT) and AMD keep the tile-MLP; FP8 takes the bf16 curve where tensor cores have it
+    # FP32 (SIMT) keeps the tile-MLP; FP8 takes the bf16 curve where tensor cores have it; AMD's
+    # 16-bit and FP8 take the curve of AMD's FP32 matrix-core GEMMs, AMD's FP32 the tile-MLP
     assert params_for(a100, "bf16")["carried_from"] and "carried_from" not in params_for(h200, "bf16")
     assert params_for(a100, "bf16")["band_log"][1] > params_for(h200, "bf16")["band_log"][1]
-    assert params_for(a100, "fp32") is None and params_for(get_gpu("mi300x"), "bf16") is None
+    assert params_for(a100, "fp32") is None
     for gpu in ("h100-sxm", "l4", "b200"):
         assert params_for(get_gpu(gpu), "fp8")["carried_from"] == "h200 bf16"
-    assert params_for(get_gpu("mi300x"), "fp8") is None
+    for gpu, dtype in (("mi300x", "bf16"), ("mi300x", "fp8"), ("mi210", "fp16"), ("mi100", "bf16")):
+        assert params_for(get_gpu(gpu), dtype)["carried_from"] == "amd fp32 matrix-core"
+    for gpu, dtype in (("mi300x", "fp32"), ("mi210", "fp32"), ("mi300x", "tf32")):
+        assert params_for(get_gpu(gpu), dtype) is None
     assert params_for(get_gpu("v100-sxm2-32gb"), "fp8") is None  # no fp8 tensor cores
     # FP8 kernels run only on 16-byte aligned operands: the most alignment the kit tracks is it
     h100 = get_gpu("h100-sxm")
@@ -267,11 +271,15 @@ def test_kit_op_says_when_the_curve_answered(capsys):
     g = Gemm(m=4096, n=4096, k=4096, dtype="bf16")
     assert predict_op(g, "h200")["source"] == "kit.predict.tensor_core"
     assert predict_op(g, "a100-pcie-40gb")["source"] == "kit.predict.tensor_core (carried from the h200 bf16 curve)"
-    assert "source" not in predict_op(g, "mi300x")
+    assert predict_op(g, "mi300x")["source"] == "kit.predict.tensor_core (carried from the amd fp32 matrix-core curve)"
+    assert "source" not in predict_op(replace(g, dtype="fp32"), "mi300x")
     assert "source" not in predict_op(replace(g, dtype="fp32"), "h200")
     assert "source" not in predict_op(g, "h200", "wave")
     main(["op", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--gpu", "h200", "--dtype", "bf16"])
     assert "measured on an H200" in capsys.readouterr().out
+    main(["op", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--gpu", "mi300x", "--dtype", "bf16"])
+    out = capsys.readouterr().out
+    assert "AMD's matrix-core GEMMs" in out and "H200" not in out
 
 
 def test_kit_op_reads_the_alignment_off_the_dims(capsys):

@@ -26,6 +26,8 @@ kit's split-K rule (kit.predict.split_k), since its curve already holds cuBLAS's
 Attention takes its curve on every GPU and dtype (carried over, with a wider band, where it was not
 measured: CARRIED_ATTENTION) from ATTENTION_MIN_SEQ_Q queries on, the prefill shapes it was fitted
 on; under that, a blend of the curve and the roofline (one query, a decode step: the roofline).
+AMD's 16-bit and FP8 GEMMs, never timed, take a curve of the same form fitted on AMD's FP32
+matrix-core GEMMs in NeuSight's MI100 and MI210 rows (CDNA_GEMM, benchmarks/cdna_matrix_fit.py).
 The curve gives a kernel's own time. The tile predictor adds its dispatch floor
 (kit.workload.kernel_times.isolation_floor_ms), so its isolated latencies stay comparable with its
 other classes', and a whole model takes the floor out again.
@@ -85,12 +87,28 @@ FP8_ARCHS = ("ada", "hopper", "blackwell")
 CARRIED_GEMM["fp8"] = _carried(_BF16, "h200 bf16")
 
 
+# AMD's matrix cores (CDNA: MI100, MI200, MI300). No AMD 16-bit or FP8 GEMM has been timed here;
+# the tile-MLP had put an MI300X's bf16 GEMMs under 2,048 rows at 1-6% of their roofline, faster
+# with more rows. They take the curve of the AMD matrix-core kernels that were measured, rocBLAS's
+# FP32 MFMA GEMMs in NeuSight's MI100 and MI210 Linear rows, fitted by
+# benchmarks/cdna_matrix_fit.py (their dispatch floor and the bias copy each row also ran taken
+# out), carried as a share of the GPU's peak for the dtype, band widened. Fitted on one of the two
+# GPUs, it scored the other's FP32 Linear rows at 15.9-20.8% MAPE (the tile-MLP 14.5-15.2%) and
+# their bmm rows at 26.3-32.3% (tile-MLP 31.5-42.1%). FP32 GEMMs on CDNA stay the tile-MLP's.
+_CDNA = {"a": 1.4301, "beta": 1.0816, "c0_us": 27.264, "eff_max": 0.66, "band_log": [-0.2787, 0.3897], "band_log_short": [-0.2787, 0.3897]}
+CDNA_GEMM = {dtype: _carried(_CDNA, "amd fp32 matrix-core") for dtype in ("bf16", "fp16", "fp8")}
+
+
 def params_for(gpu, dtype: str) -> dict | None:
     """The curve for GEMMs of `dtype` on `gpu`: measured (TENSOR_CORE_GEMM), carried from the
-    H200 (CARRIED_GEMM, marked "carried_from") on NVIDIA's other tensor-core architectures, or
-    None (the tile-MLP's: FP32, AMD, FP8 off FP8_ARCHS)."""
+    H200 (CARRIED_GEMM, marked "carried_from") on NVIDIA's other tensor-core architectures,
+    carried from AMD's FP32 matrix-core GEMMs (CDNA_GEMM) for 16-bit and FP8 on AMD's (any "cdna"
+    arch, a GPU file's CDNA 4 too; a GPU without FP8 refuses it before), or None (the tile-MLP's:
+    FP32, TF32 on AMD, FP8 off FP8_ARCHS)."""
     arch = getattr(gpu, "arch", None)
     measured = TENSOR_CORE_GEMM.get(arch, {}).get(dtype)
+    if measured is None and getattr(gpu, "vendor", None) == "amd" and str(arch).startswith("cdna"):
+        return CDNA_GEMM.get(dtype)
     if measured is not None or getattr(gpu, "vendor", None) != "nvidia" or arch not in TENSOR_CORE_ARCHS:
         return measured
     if dtype == "fp8" and arch not in FP8_ARCHS:
