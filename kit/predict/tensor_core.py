@@ -96,7 +96,14 @@ CARRIED_GEMM["fp8"] = _carried(_BF16, "h200 bf16")
 # GPUs, it scored the other's FP32 Linear rows at 15.9-20.8% MAPE (the tile-MLP 14.5-15.2%) and
 # their bmm rows at 26.3-32.3% (tile-MLP 31.5-42.1%). FP32 GEMMs on CDNA stay the tile-MLP's.
 _CDNA = {"a": 1.4301, "beta": 1.0816, "c0_us": 27.264, "eff_max": 0.66, "band_log": [-0.2787, 0.3897], "band_log_short": [-0.2787, 0.3897]}
-CDNA_GEMM = {dtype: _carried(_CDNA, "amd fp32 matrix-core") for dtype in ("bf16", "fp16", "fp8")}
+# Any alignment: no AMD unaligned GEMM was timed, and in those FP32 rows the 207 on each GPU whose
+# leading dimensions were only 8-byte aligned (2 elements) ran as its 833 32-byte aligned ones did
+# (median log residual -0.11 against -0.07 on the MI100, -0.05 against -0.06 on the MI210); the
+# tile-MLP had made unaligned ones faster with more rows (1001 x 768 weights: 90 us at 64 rows,
+# 67 us at 2,048). NVIDIA's unaligned penalty (kit.predict.features.unaligned_peak_share) is
+# cuBLAS's legacy kernels, measured on the H200.
+CDNA_GEMM = {dtype: {**_carried(_CDNA, "amd fp32 matrix-core"), "any_alignment": True}
+             for dtype in ("bf16", "fp16", "fp8")}
 
 
 def params_for(gpu, dtype: str) -> dict | None:
@@ -124,12 +131,15 @@ def attention_params_for(gpu, dtype: str) -> dict:
 
 def applies(gpu, dtype: str, align) -> np.ndarray:
     """Which GEMMs (by their leading alignment in elements) take the curve on gpu: a fitted
-    dtype whose leading dimensions are 16-byte aligned. FP8 at the most alignment the kit
+    dtype whose leading dimensions are 16-byte aligned (AMD's curve: any). FP8 at the most alignment the kit
     tracks (MAX_ALIGN_ELEMS: 8 bytes of it): cuBLASLt's FP8 kernels take only 16-byte aligned
     operands (torch._scaled_mm refuses others), so an FP8 GEMM that runs at all is aligned."""
     align = np.asarray(align, dtype=float)
-    if params_for(gpu, dtype) is None:
+    params = params_for(gpu, dtype)
+    if params is None:
         return np.zeros(align.shape, dtype=bool)
+    if params.get("any_alignment"):  # AMD's (CDNA_GEMM)
+        return np.ones(align.shape, dtype=bool)
     return (align * DTYPE_BYTES[dtype] >= 16) | (align >= MAX_ALIGN_ELEMS)
 
 
