@@ -377,6 +377,28 @@ share = pd.DataFrame(share)
 assert share["share of the peak"].is_monotonic_increasing and share["share of the peak"].max() <= curve["eff_max"]
 share
 """),
+    md(r"""
+**(g)** AMD's matrix cores. No AMD 16-bit GEMM has been timed anywhere the kit can read, and the
+tile-MLP, off its data there, put an MI300X's small bf16 GEMMs at a few percent of their roofline.
+The only AMD matrix-core kernels measured are rocBLAS's FP32 GEMMs in NeuSight's MI100 and MI210
+rows (MFMA kernels). `benchmarks/cdna_matrix_fit.py` fits the same form on their Linear rows, and
+the kit carries it to AMD's 16-bit and FP8 GEMMs as a share of each dtype's peak, with a wider band.
+Fitted on one of the two GPUs, it scores the other's FP32 Linear rows a little worse than the
+tile-MLP does (16-21% against 15%) and their bmm rows better (26-32% against 32-42%). Its $c_0$ is 27 us, which
+small GEMMs pay whole, and large ones reach at most $e_{\max}$ of the peak. Whether FP32's share of
+the matrix peak carries to 16-bit is not measured. The table puts the same GEMMs on an MI300X in bf16.
+"""),
+    code("""
+from kit.predict.tensor_core import CDNA_GEMM
+amd = []
+for n in sizes:
+    r = roofline(Gemm(m=n, n=n, k=n, dtype="bf16"), "mi300x").time_ms
+    t = kernel_ms_of([r], CDNA_GEMM["bf16"])[0][0]
+    amd.append({"m = n = k": n, "roofline ms": round(r, 4), "kernel ms": round(t, 4), "share of the peak": round(r / t, 2)})
+amd = pd.DataFrame(amd)
+assert amd["kernel ms"].is_monotonic_increasing and amd["share of the peak"].max() <= CDNA_GEMM["bf16"]["eff_max"]
+amd
+"""),
 ]
 
 
