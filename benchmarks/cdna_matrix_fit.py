@@ -28,6 +28,14 @@ stream. Least squares on log time, from several starts (the curve's max() leaves
 the band is the 10th and 90th percentile of the log residuals (kit.predict.tensor_core.SHORT_MS
 splits them as for the H200's curves).
 
+c0 is not fitted. These rows are 10 us of roofline and more, and they do not tell c0 apart: with c0
+free the fit takes 27 us, and a c0 of 0 or 27 us moves the cross-generation scores by 1.6 points at
+most from those with the c0 taken here (the JSON's "c0_sensitivity"). Free, it would charge every small AMD GEMM 27 us, most of
+which is likely the Linear rows' own (the bmm rows, which ran no copy, fit c0 of 0-3 us), and it had
+made an MI300X slower than an H100 on memory-bound thin GEMMs. So c0 is the one small-GEMM fixed
+cost of a matrix-core GEMM kernel that was measured, the H200 bf16 curve's
+(kit.predict.tensor_core.TENSOR_CORE_GEMM), and a, beta and eff_max are fitted around it.
+
 Checks (the JSON's "cross_generation"): fitted on one GPU's Linear rows, scored on the other's
 Linear and bmm rows (bmm rows ran no copy), beside the shipped tile-MLP's scores on the same rows.
 The scores are FP32: whether the share of the peak carries from FP32 to 16-bit MFMA kernels is not
@@ -89,22 +97,34 @@ def rows(data_dir, kind: str) -> dict:
     return out
 
 
-def fit(roof: np.ndarray, kernel_ms: np.ndarray) -> dict:
-    """a, beta, c0_us, eff_max (least squares on log time, best of STARTS) and the band."""
+def h200_c0_us() -> float:
+    """The H200 bf16 curve's c0 (module doc: the c0 this fit takes)."""
+    from kit.predict.tensor_core import TENSOR_CORE_GEMM
+
+    return float(TENSOR_CORE_GEMM["hopper"]["bf16"]["c0_us"])
+
+
+def fit(roof: np.ndarray, kernel_ms: np.ndarray, c0_us: float | None = None) -> dict:
+    """a, beta, eff_max (least squares on log time, best of STARTS) around c0_us (default: the
+    H200's, h200_c0_us; NaN: fitted too), and the band."""
     from scipy.optimize import least_squares
 
     from kit.predict.tensor_core import SHORT_MS
 
+    c0_us = h200_c0_us() if c0_us is None else c0_us
+    free = bool(np.isnan(c0_us))
     keep = kernel_ms > 0
     roof, kernel_ms = roof[keep], kernel_ms[keep]
 
     def model(p):
-        return np.maximum(p[0] * roof ** p[1], roof / p[3]) + p[2] / 1e3
+        return np.maximum(p[0] * roof ** p[1], roof / p[2]) + (p[3] if free else c0_us) / 1e3
 
     best = None
     for a, beta, eff in STARTS:
-        res = least_squares(lambda p: np.log(model(p)) - np.log(kernel_ms), [a, beta, 3.0, eff],
-                            bounds=([0.3, 0.5, 0.0, 0.2], [5.0, 1.2, 100.0, 1.0]))
+        start, lo, hi = [a, beta, eff], [0.3, 0.5, 0.2], [5.0, 1.2, 1.0]
+        if free:
+            start, lo, hi = start + [3.0], lo + [0.0], hi + [100.0]
+        res = least_squares(lambda p: np.log(model(p)) - np.log(kernel_ms), start, bounds=(lo, hi))
         if best is None or res.cost < best.cost - 1e-12:
             best = res
     pred = model(best.x)
@@ -115,7 +135,7 @@ def fit(roof: np.ndarray, kernel_ms: np.ndarray) -> dict:
         return [round(float(q), 4) for q in np.quantile(r, [0.1, 0.9])] if len(r) else None
 
     out = {"a": round(float(best.x[0]), 4), "beta": round(float(best.x[1]), 4),
-           "c0_us": round(float(best.x[2]), 3), "eff_max": round(float(best.x[3]), 4),
+           "c0_us": round(float(best.x[3] if free else c0_us), 3), "eff_max": round(float(best.x[2]), 4),
            "band_log": band(resid[~short])}
     out["band_log_short"] = band(resid[short]) or out["band_log"]
     return out | {"rows": int(len(roof))}
@@ -138,19 +158,28 @@ def main(argv=None) -> int:
         both = fit(np.concatenate([linear[g]["roofline_ms"] for g in GPUS]),
                    np.concatenate([linear[g]["kernel_ms"] for g in GPUS]))
         tile = get_predictor("tile")
-        checks = []
-        for fitted, other in (GPUS, GPUS[::-1]):
-            params = fit(linear[fitted]["roofline_ms"], linear[fitted]["kernel_ms"])
-            for kind, table in (("linear", linear), ("bmm", bmm)):
-                r = table[other]
-                curve = kernel_ms_of(r["roofline_ms"], params)[0] + r["added_ms"]
-                checks.append({"fitted_on": fitted, "scored_on": other, "op": kind,
-                               "curve": score(curve, r["latency_ms"]),
-                               "tile_mlp": score(tile.predict(r["ops"], other).latency_ms.to_numpy(float),
-                                                 r["latency_ms"]),
-                               "fit": {k: params[k] for k in ("a", "beta", "c0_us", "eff_max")}})
+
+        def cross(c0_us=None, with_tile=False):
+            out = []
+            for fitted, other in (GPUS, GPUS[::-1]):
+                params = fit(linear[fitted]["roofline_ms"], linear[fitted]["kernel_ms"], c0_us)
+                for kind, table in (("linear", linear), ("bmm", bmm)):
+                    r = table[other]
+                    curve = kernel_ms_of(r["roofline_ms"], params)[0] + r["added_ms"]
+                    row = {"fitted_on": fitted, "scored_on": other, "op": kind,
+                           "curve": score(curve, r["latency_ms"]),
+                           "fit": {k: params[k] for k in ("a", "beta", "c0_us", "eff_max")}}
+                    if with_tile:
+                        row["tile_mlp"] = score(tile.predict(r["ops"], other).latency_ms.to_numpy(float),
+                                                r["latency_ms"])
+                    out.append(row)
+            return out
+
+        sensitivity = [{"c0_us": label, "cross_generation_mape": [c["curve"]["mape"] for c in cross(c0)]}
+                       for label, c0 in (("0", 0.0), ("fitted", float("nan")))]
         print(json.dumps({"source": str(COLLECT / "linear"), "gpus": list(GPUS), "fit": both,
-                          "cross_generation": checks}, indent=1))
+                          "cross_generation": cross(with_tile=True), "c0_sensitivity": sensitivity},
+                         indent=1))
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

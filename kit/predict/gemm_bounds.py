@@ -44,6 +44,11 @@ class GemmBounds:
         floor = isolation_floor_ms(self, gpu)
         idx = np.flatnonzero(rows)
         t, lo, hi = gemv_kernel_ms(np.array([ops[i].bytes for i in idx]), gpu.mem_bw_gbs)
+        # never under the roofline: a weight shared over many batches of one row (b = 2,048 over
+        # 4096 x 4096, shared_rhs) is compute-bound, and its bytes alone had put it at a tenth of
+        # its roofline on an H100 in FP32
+        roof = part.loc[idx, "roofline_ms"].to_numpy(float)
+        t, lo, hi = np.maximum(t, roof), np.maximum(lo, roof), np.maximum(hi, roof)
         lat = t + floor
         part.loc[idx, "latency_ms"] = lat
         part.loc[idx, "latency_p10_ms"] = np.maximum(lo + floor, part.loc[idx, "roofline_ms"].to_numpy(float))

@@ -52,7 +52,8 @@ def applies(gpu, ops) -> np.ndarray:
 
     return np.array([getattr(o, "dtype", None) in DTYPES and min(o.m, o.n) == 1
                      and not (o.kind == "linear" and o.b > 1 and not o.shared_rhs)
-                     and not (o.dtype in CURVE_FIRST and curve_gemm(gpu, o) and getattr(gpu, "vendor", None) != "amd")
+                     and not (o.dtype in CURVE_FIRST and curve_gemm(gpu, o)
+                              and getattr(gpu, "vendor", None) != "amd")
                      for o in ops], dtype=bool)
 
 

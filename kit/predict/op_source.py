@@ -29,8 +29,8 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
     if np.isfinite(few) and not lifted and abs(out["latency_ms"] - few) <= 1e-9 * few:
         rows = min(op.m, op.n)
         out["source"] = (f"{rows} back-to-back calls of its one-row twin (their kernel times and one "
-                         "dispatch floor): a GEMM this thin is never slower than those; the "
-                         "tile-MLP's own answer was slower")
+                         "dispatch floor): a GEMM this thin is never slower than those; "
+                         f"{_answer(op, gpu, out, cls)} was slower")
     if out.get("tile") == "gemv":
         twin = model.two_row_ms([op], gpu, np.array([True]))[0]
         if np.isfinite(twin) and abs(out["latency_ms"] - twin) <= 1e-9 * twin:
@@ -40,8 +40,8 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
     batches = model.few_batches_ms([op], gpu)[0] if cls == "gemm" else np.nan
     if np.isfinite(batches) and abs(out["latency_ms"] - batches) <= 1e-9 * batches:
         out["source"] = (f"{op.b} back-to-back calls of its b = 1 twin (their kernel times and one "
-                         "dispatch floor): a batch this small is never slower than those; the "
-                         "tile-MLP's own answer was slower")
+                         "dispatch floor): a batch this small is never slower than those; "
+                         f"{_answer(op, gpu, out, cls)} was slower")
     if cls == "gemm" and out.get("tile") != "gemv":
         from kit.predict.gemv import MEASURED_STREAM, STREAM_SHARE_DEFAULT, STREAM_SHARE_MAX, stream_bound_ms
         from kit.workload.kernel_times import isolation_floor_ms
@@ -52,14 +52,14 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
             whose = (f"the most a {op.dtype} GEMM reached on the H200" if op.dtype in MEASURED_STREAM
                      else f"the most a 16-bit GEMM reached on the H200 ({op.dtype} was not timed)")
             out["source"] = (f"its bytes at {100 * share:.0f}% of the memory bandwidth, {whose}, plus "
-                             "the dispatch floor: no GEMM streams faster; the tile-MLP's own answer "
+                             f"the dispatch floor: no GEMM streams faster; {_answer(op, gpu, out, cls)} "
                              "was faster")
     if cls == "gemm":
         bound, _ = model.padded_rows_ms([op], gpu)
         if (np.isfinite(bound[0]) and abs(out["latency_ms"] - bound[0]) <= 1e-9 * bound[0]
                 and not str(out.get("source", "")).startswith("its two-row twin")  # says more
                 and _unpadded_ms(model, op, gpu) > bound[0] * (1 + 1e-9)):  # it bound, not a tie
-            own = "the GEMV rule's stream" if out.get("tile") == "gemv" else "the tile-MLP's own answer"
+            own = _answer(op, gpu, out, cls)
             out["source"] = ("the time of a twin with more rows on its thin side, as it could run "
                              f"padded: no GEMM this thin is faster for more rows; {own} was slower")
     own = None
@@ -70,13 +70,25 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
         if abs(out["latency_ms"] - theirs) <= 1e-9 * theirs and own > theirs * (1 + 1e-9):
             out["source"] = (f"its time on the {other.key}, a training GPU with the same SM design "
                              f"that the {gpu.key} matches or beats in every resource: never slower "
-                             "than there; the tile-MLP's own answer here was slower")
+                             f"than there; {_answer(op, gpu, out, cls)} here was slower")
     from kit.ops import elementwise_proxy
 
     proxy = elementwise_proxy(op)
     if proxy is not None:
         out["source"] = (f"the learned elementwise {proxy[0].kind} pass over {proxy[0].numel} "
                          f"elements, times {proxy[1]:.4g} for the bytes it moves (as in a model)")
+
+
+def _answer(op, gpu, out: dict, cls: str) -> str:
+    """What a cap overrode: the GEMV rule's stream, a curve's answer (kit.predict.tensor_core) or
+    the tile-MLP's."""
+    from kit.predict.tensor_core import curve_gemm
+
+    if out.get("tile") == "gemv":
+        return "the GEMV rule's stream"
+    if cls == "gemm" and curve_gemm(gpu, op):
+        return "the kernel-time curve's own answer (kit.predict.tensor_core)"
+    return "the tile-MLP's own answer"
 
 
 def _unpadded_ms(model, op, gpu) -> float:

@@ -92,16 +92,17 @@ CARRIED_GEMM["fp8"] = _carried(_BF16, "h200 bf16")
 # with more rows. They take the curve of the AMD matrix-core kernels that were measured, rocBLAS's
 # FP32 MFMA GEMMs in NeuSight's MI100 and MI210 Linear rows, fitted by
 # benchmarks/cdna_matrix_fit.py (their dispatch floor and the bias copy each row also ran taken
-# out), carried as a share of the GPU's peak for the dtype, band widened. Fitted on one of the two
-# GPUs, it scored the other's FP32 Linear rows at 15.9-20.8% MAPE (the tile-MLP 14.5-15.2%) and
-# their bmm rows at 26.3-32.3% (tile-MLP 31.5-42.1%). FP32 GEMMs on CDNA stay the tile-MLP's.
-_CDNA = {"a": 1.4301, "beta": 1.0816, "c0_us": 27.264, "eff_max": 0.66, "band_log": [-0.2787, 0.3897], "band_log_short": [-0.2787, 0.3897]}
-# Any alignment: no AMD unaligned GEMM was timed, and in those FP32 rows the 207 on each GPU whose
-# leading dimensions were only 8-byte aligned (2 elements) ran as its 833 32-byte aligned ones did
-# (median log residual -0.11 against -0.07 on the MI100, -0.05 against -0.06 on the MI210); the
-# tile-MLP had made unaligned ones faster with more rows (1001 x 768 weights: 90 us at 64 rows,
-# 67 us at 2,048). NVIDIA's unaligned penalty (kit.predict.features.unaligned_peak_share) is
-# cuBLAS's legacy kernels, measured on the H200.
+# out; c0, which rows of 10 us and more do not tell apart, is the H200 bf16 curve's), carried as a
+# share of the GPU's peak for the dtype, band widened. Fitted on one of the two GPUs, it scored
+# the other's FP32 Linear rows at 17.0-21.8% MAPE (the tile-MLP 14.5-15.2%) and their bmm rows at
+# 24.8-32.7% (tile-MLP 31.5-42.1%). FP32 GEMMs on CDNA stay the tile-MLP's.
+_CDNA = {"a": 1.4341, "beta": 1.0809, "c0_us": 2.871, "eff_max": 0.622, "band_log": [-0.2789, 0.4433], "band_log_short": [-0.2789, 0.4433]}
+# Any alignment, an assumption: no AMD 16-bit GEMM aligned to 2 or 4 bytes was timed. In those FP32
+# rows the 207 on each GPU whose leading dimensions were only 8-byte aligned (2 elements) ran as
+# its 833 32-byte aligned ones did (median log residual -0.11 against -0.07 on the MI100, -0.05
+# against -0.06 on the MI210), and the tile-MLP had made unaligned ones faster with more rows
+# (1001 x 768 weights: 90 us at 64 rows, 67 us at 2,048). NVIDIA's unaligned penalty
+# (kit.predict.features.unaligned_peak_share) is cuBLAS's legacy kernels, measured on the H200.
 CDNA_GEMM = {dtype: {**_carried(_CDNA, "amd fp32 matrix-core"), "any_alignment": True}
              for dtype in ("bf16", "fp16", "fp8")}
 
