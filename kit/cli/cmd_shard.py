@@ -19,10 +19,11 @@ def text(r) -> str:
              f"  all-to-all: input {r['parts']['input_alltoall_ms']:.3f} ms, output "
              f"{r['parts']['output_alltoall_ms']:.3f} ms, grad {r['parts']['grad_alltoall_ms']:.3f} ms;"
              f" all-reduce {r['parts']['allreduce_ms']:.3f} ms",
-             "  per rank (lookup fwd+bwd ms, memory GiB):"]
-    for rank, (ms, mem) in enumerate(zip(r["per_rank_ms"], r["parts"]["memory_bytes"])):
+             "  per rank (lookup fwd+bwd ms, of it the fused kernels' fixed cost; memory GiB):"]
+    for rank, (ms, fixed, mem) in enumerate(zip(r["per_rank_ms"], r["parts"]["fixed_ms"],
+                                                r["parts"]["memory_bytes"])):
         bar = "#" * int(round(30 * ms / max(max(r["per_rank_ms"]), 1e-12)))
-        lines.append(f"    rank {rank:>3}  {ms:8.3f} ms  {mem / 2**30:7.2f} GiB  {bar}")
+        lines.append(f"    rank {rank:>3}  {ms:8.3f} ms  (fixed {fixed:.3f})  {mem / 2**30:7.2f} GiB  {bar}")
     lines.append("  baselines:")
     for name, ms in r["baselines"].items():
         lines.append(f"    {name:<30} " + (f"{ms:8.3f} ms" if ms is not None else "no plan fits the cap"))

@@ -91,7 +91,6 @@ class A2ASurrogate:
 
     def block(self, m: np.ndarray) -> np.ndarray:
         """The feature block of one send matrix (linear in m)."""
-        W = self.W
         m = np.array(m, dtype=float)
         np.fill_diagonal(m, 0.0)
         mi, mx = np.where(self.inter, 0.0, m), np.where(self.inter, m, 0.0)

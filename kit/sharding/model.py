@@ -257,8 +257,29 @@ class ShardingModel:
                 "allreduce_ms": float(d["allreduce_ms"][0]), "memory_bytes": d["mem_bytes"][0].tolist(),
                 "over_memory_cap": bool(d["over"][0])}
 
+    def _rank_lookups(self, rank_shards: list) -> tuple[list[tuple[float, float]], float, float]:
+        """One rank's fused lookup: each shard's own (fwd, bwd) ms, priced with the L2 share it
+        holds in the fused kernel (a dp shard's backward with its dense gradient), and the
+        kernel's fixed costs no shard owns, (fwd launch, bwd floors) in ms; 0 on an idle rank."""
+        if not rank_shards:
+            return [], 0.0, 0.0
+        own = []
+        for (t, kind, shard, batch), fs, bs in zip(rank_shards, *self._rank_l2_shares(rank_shards)):
+            f, b = self._shard_ms(self.tables[t], shard.rows, shard.dim, shard.pooling, batch, fs, bs)
+            if kind == "dp":
+                b += 2 * self.tables[t].rows * self.tables[t].row_bytes / (self.gpu.mem_bw_gbs * 1e9) * 1e3
+            own.append((f, b))
+        fixed_bwd = backward_fixed_ms(sum(s[2].pooling * s[3] for s in rank_shards),
+                                      sum(s[2].rows for s in rank_shards))
+        return own, LAUNCH_MS, fixed_bwd
+
     def exact_cost(self, choice) -> dict:
-        """A plan re-priced with kit.comm itself and each rank's true L2 co-residency."""
+        """A plan re-priced with kit.comm itself and each rank's true L2 co-residency.
+
+        Beside the parts of the cost: fixed_ms, each rank's fused-kernel fixed costs (its
+        forward's launch, its backward's kernel floors), and shard_ms, (table index, rank,
+        fwd + bwd ms) of every shard on its own; a rank's per_rank_ms is the sum of its
+        shards' shard_ms plus its fixed_ms."""
         W = self.world
         shards = [[] for _ in range(W)]
         out_m, idx_m, dp = np.zeros((W, W)), np.zeros((W, W)), 0.0
@@ -277,20 +298,13 @@ class ShardingModel:
             for i, j, nb in idx:
                 idx_m[i, j] += nb
             dp += g
-        fwd, bwd = np.zeros(W), np.zeros(W)
+        fwd, bwd, fixed, shard_ms = np.zeros(W), np.zeros(W), np.zeros(W), []
         for r in range(W):
-            fwd_shares, bwd_shares = self._rank_l2_shares(shards[r])
-            for (t, kind, shard, batch), fs, bs in zip(shards[r], fwd_shares, bwd_shares):
-                f, b = self._shard_ms(self.tables[t], shard.rows, shard.dim, shard.pooling, batch,
-                                      fs, bs)
-                if kind == "dp":
-                    b += 2 * self.tables[t].rows * self.tables[t].row_bytes / (self.gpu.mem_bw_gbs * 1e9) * 1e3
-                fwd[r] += f
-                bwd[r] += b
-            if shards[r]:
-                fwd[r] += LAUNCH_MS
-                bwd[r] += backward_fixed_ms(sum(s[2].pooling * s[3] for s in shards[r]),
-                                            sum(s[2].rows for s in shards[r]))
+            own, fixed_fwd, fixed_bwd = self._rank_lookups(shards[r])
+            fwd[r] = sum(f for f, _ in own) + fixed_fwd
+            bwd[r] = sum(b for _, b in own) + fixed_bwd
+            fixed[r] = fixed_fwd + fixed_bwd
+            shard_ms += [(t, r, f + b) for (t, *_), (f, b) in zip(shards[r], own)]
         a2a = lambda m: _ms(self.comm.predict_alltoallv(m, self.system)) if m.sum() > 0 else 0.0
         out_ms, back_ms, idx_ms = a2a(out_m), a2a(out_m.T.copy()), a2a(idx_m)
         ar_ms = _ms(self.comm.predict_collective("allreduce", dp, self.system)) if dp > 0 else 0.0
@@ -300,7 +314,8 @@ class ShardingModel:
         return {"cost_ms": float(cost), "per_rank_ms": (fwd + bwd).tolist(), "fwd_ms": fwd.tolist(),
                 "bwd_ms": bwd.tolist(), "output_alltoall_ms": out_ms, "grad_alltoall_ms": back_ms,
                 "input_alltoall_ms": idx_ms, "allreduce_ms": ar_ms, "memory_bytes": mem.tolist(),
-                "over_memory_cap": bool((mem > self.cap).any())}
+                "over_memory_cap": bool((mem > self.cap).any()), "fixed_ms": fixed.tolist(),
+                "shard_ms": shard_ms}
 
     def labels(self, choice) -> list[str]:
         return [self.options[t][o].label() for t, o in enumerate(choice)]

@@ -9,20 +9,35 @@ from kit.errors import KitError
 from kit.sharding.model import ShardingModel
 from kit.sharding.plans import KINDS
 from kit.sharding.search import baselines, local_search
+from kit.sharding.tables import as_tables
 
 POOL_EXACT = 6  # search candidates re-priced with kit.comm and true L2 co-residency
 
 
-def shards(model, choice) -> list[dict]:
-    """(table, kind, rank, lookup_ms) of every shard of a plan, lookup_ms = fwd + bwd under the
-    vectorised model: the data of a per-rank bar chart."""
-    W, out = model.world, []
-    for t, o in enumerate(choice):
-        opt = model.options[t][o]
-        ms = model.contrib[t, o, :W] + model.contrib[t, o, W:2 * W]
-        out += [{"table": model.tables[t].name or f"t{t}", "kind": opt.kind, "rank": r,
-                 "lookup_ms": float(ms[r])} for r in sorted(set(opt.ranks))]
-    return out
+def _fixed_shares(own: list[float], fixed: float) -> list[float]:
+    """A rank's fixed cost split over its shards in proportion to their own time (equally when
+    they have none): the shares add up to `fixed`."""
+    total = sum(own)
+    return [fixed * x / total if total > 0 else fixed / len(own) for x in own]
+
+
+def shards(model, choice, priced: dict) -> list[dict]:
+    """(table, kind, rank, lookup_ms, own_ms, fixed_ms) of every shard of a plan: the data of a
+    per-rank bar chart, under the exact re-pricing `priced` (model.exact_cost(choice)).
+
+    own_ms is the shard's fwd + bwd in its rank's fused kernel (its L2 share there). A rank's
+    fused kernel also has fixed costs no shard owns (the forward's launch, the backward's kernel
+    floors: priced["fixed_ms"]); each shard on the rank carries a part of them, fixed_ms, in
+    proportion to its own_ms, and lookup_ms = own_ms + fixed_ms. So a rank's shards' lookup_ms
+    add up to its per_rank_ms."""
+    by_rank: dict[int, list] = {}
+    for t, r, ms in priced["shard_ms"]:
+        by_rank.setdefault(r, []).append((t, ms))
+    fixed = {(t, r): f for r, entries in by_rank.items()
+             for (t, _), f in zip(entries, _fixed_shares([ms for _, ms in entries], priced["fixed_ms"][r]))}
+    return [{"table": model.tables[t].name or f"t{t}", "kind": model.options[t][choice[t]].kind, "rank": r,
+             "lookup_ms": ms + fixed[t, r], "own_ms": ms, "fixed_ms": fixed[t, r]}
+            for t, r, ms in sorted(priced["shard_ms"])]
 
 
 def _system(system):
@@ -51,10 +66,12 @@ def _no_fit(model) -> str:
 def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_adagrad",
                   memory_cap_gib: float | None = None, kinds=KINDS, time_budget_s: float = 2.0,
                   seed: int = 0, comm=None) -> dict:
-    """Shard `tables` over `system` (name or System) at `batch` samples per rank.
+    """Shard `tables` (a CSV path or a list of Table, no two of one name) over `system` (name or
+    System) at `batch` samples per rank.
 
-    Returns plan (one entry per table), shards (table, kind, rank, lookup_ms under the vectorised
-    model, for per-rank bars), cost_ms and per_rank_ms of the chosen plan (exact
+    Returns plan (one entry per table), shards (table, kind, rank, lookup_ms, own_ms, fixed_ms:
+    per-rank bars, see `shards`; a rank's shards' lookup_ms add up to its per_rank_ms) and
+    baseline_shards {name: shards} likewise, cost_ms and per_rank_ms of the chosen plan (exact
     re-pricing), imbalance (slowest rank / mean rank lookup time), baselines {name: cost_ms},
     plans_evaluated, search_s, and the parts of the cost.
     """
@@ -72,7 +89,7 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     if cap is not None and cap > gpu.memory_bytes:  # plans (and baselines) no GPU of the system holds
         raise KitError(f"memory cap {memory_cap_gib:g} GiB per GPU is more than {gpu.key}'s "
                        f"{gpu.memory_gib:g} GiB; give at most that (--memory-gib)")
-    model = ShardingModel(tables, system, batch=batch, optimizer=optimizer, memory_cap_bytes=cap,
+    model = ShardingModel(as_tables(tables), system, batch=batch, optimizer=optimizer, memory_cap_bytes=cap,
                           kinds=tuple(kinds), comm=comm)
     base = baselines(model)
     best, best_model_ms, n, pool = local_search(model, base, time_budget_s=time_budget_s, seed=seed)
@@ -98,16 +115,18 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     return {
         "system": system.key, "world_size": model.world, "gpu": model.gpu.key, "batch_per_rank": batch,
         "optimizer": optimizer, "memory_cap_gib": model.cap / 2**30,
-        "plan": plan, "shards": shards(model, choice),
-        "baseline_shards": {k: shards(model, c) for k, c in base.items()}, "cost_ms": chosen["cost_ms"], "per_rank_ms": chosen["per_rank_ms"],
+        "plan": plan, "shards": shards(model, choice, chosen),
+        "baseline_shards": {k: shards(model, c, base_exact[k]) for k, c in base.items()},
+        "cost_ms": chosen["cost_ms"], "per_rank_ms": chosen["per_rank_ms"],
         "imbalance": float(lookups.max() / lookups.mean()) if lookups.mean() > 0 else 1.0,
         "baselines": {k: v["cost_ms"] if np.isfinite(v["cost_ms"]) else None
                       for k, v in base_exact.items()},
         "best_baseline": best_base,
         "improvement_vs_best_baseline": 1 - chosen["cost_ms"] / feasible[best_base] if best_base else None,
         "model_cost_ms": float(model.cost(np.asarray(choice)[None])[0]),
-        "parts": {k: chosen[k] for k in ("fwd_ms", "bwd_ms", "output_alltoall_ms", "grad_alltoall_ms",
-                                        "input_alltoall_ms", "allreduce_ms", "memory_bytes")},
+        "parts": {k: chosen[k] for k in ("fwd_ms", "bwd_ms", "fixed_ms", "output_alltoall_ms",
+                                        "grad_alltoall_ms", "input_alltoall_ms", "allreduce_ms",
+                                        "memory_bytes")},
         "plans_evaluated": int(n), "search_s": time.perf_counter() - t0,
         "a2a_surrogate_max_rel_err": model.a2a_fit_rel_err,
     }

@@ -54,7 +54,7 @@ def read_tables(path: str | Path) -> list[Table]:
                        f"{', '.join(REQUIRED)} and may have {', '.join(OPTIONAL)}")
     if not rows:
         raise KitError(f"{path}: no tables (only a header)")
-    tables, names = [], set()
+    tables = []
     for i, raw in enumerate(rows, start=2):
         if None in raw:
             raise KitError(f"{path} line {i}: more fields than the header has columns")
@@ -63,9 +63,6 @@ def read_tables(path: str | Path) -> list[Table]:
         name = r["name"]
         if not name:
             raise KitError(f"{where}: name is empty")
-        if name in names:
-            raise KitError(f"{where}: table name {name!r} appears twice")
-        names.add(name)
         alpha = r.get("zipf_alpha", "")
         dist = Zipf(_number(alpha, "zipf_alpha", where, False)) if alpha else Uniform()
         dtype = r.get("dtype") or "fp32"
@@ -78,19 +75,32 @@ def read_tables(path: str | Path) -> list[Table]:
                                 distribution=dist))
         except KitError as e:
             raise KitError(f"{where}: {e}") from None
+    check_unique_names(tables, lambda i: f"{path} line {i + 2}")
     return tables
 
 
+def check_unique_names(tables, where) -> None:
+    """A KitError when two tables share a name (the plan would list both under it); unnamed
+    tables are told apart by their place. where(i) says where the i-th table came from."""
+    first: dict[str, int] = {}
+    for i, t in enumerate(tables):
+        if t.name and t.name in first:
+            raise KitError(f"{where(i)}: table name {t.name!r} appears twice (first at {where(first[t.name])})")
+        first.setdefault(t.name, i)
+
+
 def as_tables(tables, who: str = "tables") -> list[Table]:
-    """tables as a list of kit.embedding.Table: a tables CSV (read_tables) or such a list; anything
-    else, an empty list included, is a KitError naming it."""
+    """tables as a list of kit.embedding.Table: a tables CSV (read_tables) or such a list, no two
+    of the same name (check_unique_names); anything else, an empty list included, is a KitError
+    naming it."""
     if isinstance(tables, str) or hasattr(tables, "__fspath__"):
         if not str(tables).strip():
             raise KitError(f"{who} must be a path (a non-empty string or Path), got {tables!r}")
-        tables = read_tables(tables)
+        return read_tables(tables)
     if not isinstance(tables, (list, tuple)) or not tables or not all(isinstance(t, Table) for t in tables):
         raise KitError(f"{who} must be a CSV path or a list of kit.embedding.Table (a non-empty "
                        f"list), got {tables!r:.200}")
+    check_unique_names(tables, lambda i: f"{who}[{i}]")
     return list(tables)
 
 
