@@ -1,5 +1,6 @@
 """`kit predict MODEL --gpu NAME ...`: one training step or inference pass of a whole model."""
 from functools import partial
+from pathlib import Path
 
 from kit.cli import add_command, positive_int
 from kit.cli.outputs import nonempty
@@ -132,6 +133,24 @@ def overhead_from(args):
     return None
 
 
+def with_calibration(out: dict, overhead, args) -> dict:
+    """out with the --overhead-trace file and the host costs calibrated from it (what the text's
+    host line shows); out unchanged without --overhead-trace."""
+    if not getattr(args, "overhead_trace", None):
+        return out
+    return {**out, "overhead": overhead.to_dict(), "overhead_trace": str(args.overhead_trace)}
+
+
+def host_lines(r) -> list[str]:
+    """The text output's line on host costs calibrated from --overhead-trace (none without it)."""
+    trace, o = r.get("overhead_trace"), r.get("overhead")
+    if not trace or not o:
+        return []
+    detail = o["source"].removeprefix(f"{Path(trace).name}: ")
+    return [f"  host      calibrated from {trace}: {o['cpu_op_us']:.2f} µs per op, {o['launch_us']:.2f} µs "
+            f"per launch, {o['free_op_us']:.2f} µs per view op ({detail})"]
+
+
 def check_decode_args(args) -> None:
     """--new-tokens and --kv-cache only where they mean something (never silently dropped)."""
     from kit.errors import KitError
@@ -164,6 +183,7 @@ def generation_text(r) -> str:
                      f"{steps[0]['ms']:.2f} ms at context {steps[0]['context']} to "
                      f"{steps[-1]['ms']:.2f} ms at {steps[-1]['context']}; GPU idle "
                      f"{steps[0]['gpu_idle_ms']:.2f}-{steps[-1]['gpu_idle_ms']:.2f} ms a step)")
+    lines += host_lines(r)
     m = r["memory"]
     lines.append(f"  memory    {m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, "
                  f"KV cache {m.get('kv_cache_bytes', 0) / 2**30:.2f}, activations "
@@ -190,21 +210,23 @@ def run(args):
         raise KitError("--gpu is empty: name a GPU (see `kit gpus`)")
     if not args.gpu:
         raise KitError("kit predict: give --gpu (one GPU) or --system (multi-GPU)")
+    overhead = overhead_from(args)
     if args.mode == "generate":
         if args.trace:
             raise KitError("--trace shows one step; with --mode generate, trace a prefill "
                            "(--mode inference) or a step (--mode decode)")
         from kit.api import predict_generation
 
-        return predict_generation(args.model, args.gpu, batch=args.batch, prompt=args.seq or 512,
-                                  new_tokens=args.new_tokens or 128, dtype=args.dtype,
-                                  fusion=args.fusion, predictor=args.predictor,
-                                  overhead=overhead_from(args), kv_cache=args.kv_cache or "static")
+        return with_calibration(predict_generation(
+            args.model, args.gpu, batch=args.batch, prompt=args.seq or 512,
+            new_tokens=args.new_tokens or 128, dtype=args.dtype, fusion=args.fusion,
+            predictor=args.predictor, overhead=overhead, kv_cache=args.kv_cache or "static"),
+            overhead, args)
     it = predict_model(args.model, args.gpu, mode=args.mode, batch=args.batch, seq=args.seq,
                        dtype=args.dtype, fusion=args.fusion, optimizer=args.optimizer,
-                       predictor=args.predictor, overhead=overhead_from(args),
+                       predictor=args.predictor, overhead=overhead,
                        kv_cache=args.kv_cache or "static", loss=not args.no_loss)
-    out = it.to_dict()  # with its memory need (kit.api.predict_model)
+    out = with_calibration(it.to_dict(), overhead, args)  # with its memory need (kit.api.predict_model)
     if args.trace:
         from kit.trace.perfetto import write_json
 
@@ -255,6 +277,7 @@ def text(r) -> str:
                if r.get("mode") == "decode" else []),
              f"  kernels   {r['kernels']} launches, {r['kernel_ms']:.2f} ms of GPU work; CPU issue "
              f"{r['cpu_ms']:.2f} ms; GPU idle {max(r['gpu_idle_ms'], 0):.2f} ms",
+             *host_lines(r),
              bound_line(r),
              "  by class:"]
     for c in r["by_class"]:
