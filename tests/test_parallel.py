@@ -183,8 +183,12 @@ def test_api_verb_matches_the_library():
     from kit.api import predict_multi_gpu
 
     a = predict_multi_gpu(SPEC, "dgx-a100", dp=2, tp=2, pp=2, micro_batch=1, global_batch=8)
-    b = predict_parallel(SPEC, "dgx-a100", Layout(dp=2, tp=2, pp=2, micro_batch=1, global_batch=8))
+    # the verb's dtype is the command line's, fp32 (Layout's own default is fp16)
+    b = predict_parallel(SPEC, "dgx-a100", Layout(dp=2, tp=2, pp=2, micro_batch=1, global_batch=8, dtype="fp32"))
     assert a["iteration_ms"] == pytest.approx(b["iteration_ms"])
+    c = predict_multi_gpu(SPEC, "dgx-a100", dp=2, tp=2, pp=2, micro_batch=1, global_batch=8, dtype="fp16")
+    d = predict_parallel(SPEC, "dgx-a100", Layout(dp=2, tp=2, pp=2, micro_batch=1, global_batch=8))
+    assert c["iteration_ms"] == pytest.approx(d["iteration_ms"])
     with pytest.raises(KitError, match="unknown host profile"):
         predict_multi_gpu(SPEC, "dgx-a100", profile="nope")
 

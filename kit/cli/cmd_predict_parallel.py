@@ -82,6 +82,9 @@ def run_parallel(args) -> dict:
     if args.micro_batch and args.batch != 1 and args.batch != args.micro_batch:
         raise KitError(f"--batch {args.batch} and --micro-batch {args.micro_batch} disagree: with --system, "
                        "--batch is the micro-batch; give one of them (and --global-batch for the iteration)")
+    if args.sequence_parallel and args.tp == 1:  # it had changed nothing, without a word
+        raise KitError("--sequence-parallel splits the norms and dropout over --tp; with tp 1 it changes "
+                       "nothing: raise --tp or drop it")
     if args.schedule not in (None, "interleaved") and args.virtual_stages > 1:
         raise KitError(f"--virtual-stages {args.virtual_stages} is the interleaved schedule; drop "
                        f"--schedule {args.schedule} or pass --schedule interleaved")
@@ -95,8 +98,8 @@ def run_parallel(args) -> dict:
                  overlap_grad_reduce=not args.no_overlap)
     kernels = getattr(args, "kernels", "auto")
     if kernels == "graph" and spec.zoo is None:
-        raise KitError(f"--kernels graph: {spec.name!r} is an inline shape, with no op graph to capture; "
-                       "use a zoo model name or --kernels analytic")
+        raise KitError(f"--kernels graph: {spec.name!r} is an inline shape or a config file, with no zoo op "
+                       "graph to capture; use a zoo model name or --kernels analytic")
     if kernels == "graph" and (lay.sequence_parallel or lay.ep > 1):
         raise KitError("--kernels graph: the captured op graph has no sequence or expert parallelism; "
                        "drop --sequence-parallel/--ep or use --kernels analytic")
@@ -130,8 +133,8 @@ def text_parallel(r) -> str:
              *(["  note: kernels from the analytic Megatron layer, which "
                 + ("--sequence-parallel" if lay["sequence_parallel"] else "--ep")
                 + " needs; without it this model is costed on its captured graph, other kernels"
-                " (llama3-8b at tp 8 on a dgx-h100: 267 ms on its graph, 188 on this layer): compare"
-                " runs given --kernels analytic"] if r.get("kernels_switched") else []),
+                " (the two can differ widely: llama3-8b, not this model, at tp 8 on a dgx-h100 took"
+                " 267 ms on its graph and 188 on this layer): compare runs given --kernels analytic"] if r.get("kernels_switched") else []),
              f"  iteration {r['iteration_ms']:.2f} ms" + band_text(r["band_ms"])
              + (f", {r['tokens_per_s']:.0f} tokens/s" if r["tokens_per_s"] else "")
              + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else ""),

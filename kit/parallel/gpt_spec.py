@@ -126,6 +126,10 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
             raise KitError(f"model {text!r}: missing {', '.join(missing)}")
         if m.group(1).lower() == "moe" and not kw.get("experts"):
             raise KitError(f"model {text!r}: a moe: shape needs experts=N (N >= 1)")
+        moe_only = [k for k in ("topk", "moe_every") if k in kw]
+        if moe_only and not kw.get("experts"):  # it had been accepted and ignored
+            raise KitError(f"model {text!r}: {moe_only[0]} applies to experts; give experts=N (a moe: "
+                           f"shape) or drop {moe_only[0]}")
         if m.group(1).lower() == "llama":
             kw.setdefault("gated", True)
             kw.setdefault("rope", True)
@@ -144,10 +148,19 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         raise KitError(f"model {name!r}: a Python path 'module:callable' is predicted on one GPU "
                        "(--gpu); multi-GPU prediction takes a GPT-style zoo name or an inline "
                        "gpt:layers=..,hidden=..,heads=.. shape")
-    key = resolve(name)
-    c = config(key)
-    if seq is not None:  # the analytic layer too: a zoo model's learned position table is its limit
-        check_seq(key, seq)
+    if name.lower().endswith(".json"):  # an HF-style config file: the analytic layer (no zoo graph)
+        from kit.workload.models import read_config
+        from kit.workload.zoo import max_seq
+
+        c, key = read_config(name), None
+        if seq is not None:
+            check_seq(c, seq)
+        seq = seq or min(512, max_seq(c) or 512)  # as one GPU's default for a config (zoo.graph_for)
+    else:
+        key = resolve(name)
+        c = config(key)
+        if seq is not None:  # the analytic layer too: a zoo model's learned position table is its limit
+            check_seq(key, seq)
     h = c.get("n_embd") or c.get("hidden_size")
     layers = c.get("n_layer") or c.get("num_hidden_layers")
     heads = c.get("n_head") or c.get("num_attention_heads")
@@ -179,5 +192,5 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
                    or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), experts=experts,
-                   moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key, zoo=key,
+                   moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
                    gated=llama, rope=llama)

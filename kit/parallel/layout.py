@@ -76,6 +76,11 @@ class Layout:
                            "not gpipe")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             object.__setattr__(self, "schedule", "interleaved")
+        if self.schedule == "interleaved" and self.virtual_stages == 1:
+            # one chunk a stage is 1F1B's timing with more micro-batches held in flight: refused,
+            # not reported as interleaved
+            raise KitError("the interleaved 1F1B schedule needs --virtual-stages N >= 2 (model chunks "
+                           "per pipeline stage); with one chunk a stage it is plain 1f1b")
         if self.schedule == "interleaved" and self.pp == 1:
             raise KitError("interleaved pipeline (--virtual-stages > 1) needs --pp > 1")
         if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in (0, 1, 2, 3):
