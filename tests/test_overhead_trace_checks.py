@@ -96,6 +96,16 @@ def test_text_output_names_the_calibration_as_json_does(tmp_path, capsys):
     assert rc == 0 and "calibrated" not in out
 
 
+def test_compare_reports_the_calibration_too(tmp_path, capsys):
+    path = _trace(tmp_path, [_op(0), _op(40), _op(80), _launch(2, 4), _launch(42, 6)])
+    argv = ("compare", "gpt2", "--gpus", "a100-pcie-40gb,t4", "--mode", "inference", "--batch", "1",
+            "--seq", "64", "--overhead-trace", str(path))
+    rc, out, _ = _kit(capsys, *argv, "--json")
+    assert rc == 0 and json.loads(out)["overhead"]["launch_us"] == pytest.approx(5.0)
+    rc, out, _ = _kit(capsys, *argv)
+    assert rc == 0 and f"calibrated from {path}: 35.00 µs per op, 5.00 µs per launch" in out
+
+
 def test_generate_reports_the_calibration_too(tmp_path, capsys):
     path = _trace(tmp_path, [_op(0), _op(40), _launch(2, 4)])
     argv = [*PREDICT, "--mode", "generate", "--new-tokens", "2", "--overhead-trace", path]

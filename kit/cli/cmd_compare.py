@@ -6,7 +6,8 @@ step at TDP (an upper bound: TDP × step time), and, where the user gives prices
 cost per million tokens (or samples). No prices are built in.
 """
 from kit.cli import add_command
-from kit.cli.cmd_predict import buffers_text, optimizer_text, add_model_args, check_decode_args, overhead_from
+from kit.cli.cmd_predict import (add_model_args, buffers_text, check_decode_args, host_lines, optimizer_text,
+                                 overhead_from, with_calibration)
 from kit.cli.outputs import nonempty
 
 
@@ -190,9 +191,11 @@ def run(args):
         load_gpu_file(args.gpu_file)
     gpus = parse_gpus(args.gpus)
     check_decode_args(args)
-    return compare(args.model, gpus, args.mode, args.batch, args.seq, args.dtype, args.fusion,
-                   args.optimizer, args.predictor, parse_prices(args.price_per_hour), overhead_from(args),
-                   args.new_tokens, args.kv_cache or "static", loss=not args.no_loss)
+    overhead = overhead_from(args)
+    return with_calibration(compare(args.model, gpus, args.mode, args.batch, args.seq, args.dtype, args.fusion,
+                                    args.optimizer, args.predictor, parse_prices(args.price_per_hour), overhead,
+                                    args.new_tokens, args.kv_cache or "static", loss=not args.no_loss),
+                            overhead, args)
 
 
 def text(r) -> str:
@@ -208,6 +211,7 @@ def text(r) -> str:
              f"{m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, grads "
              f"{m['grads_bytes'] / 2**30:.1f}, {optimizer_text(m, '.1f')}, activations "
              f"{m['activations_bytes'] / 2**30:.1f}{cache}{buffers_text(m, '.1f')})",
+             *host_lines(r),
              f"{'gpu':<18} {'step ms':>10} {'p10-p90 ms':>19} {u + '/s':>12} {'fits':>5} "
              f"{'J/step':>9} {'$/M ' + u:>12}"]
     for row in r["rows"]:

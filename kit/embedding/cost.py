@@ -13,8 +13,8 @@ Forward, one table with B bags of L rows of D elements (n = B·L lookups):
     t    = fixed + max(DRAM / (BW_dram·e), L2 / BW_l2, latency), where latency is Little's law
            as round trips: too few bags in flight to fill the memory pipe wait (per wave of
            bags) max(L/32, 1) index reads and max(L/rows_in_flight, 1) rounds of row reads of
-           the DRAM latency, each as likely to wait as any of its rows is to miss (M/n each)
-           (_gather_latency_ms)
+           the DRAM latency, each as likely to wait as any of its rows is to miss (M/n each),
+           but the kernel's first round, which finds the L2 cold, always (_gather_latency_ms)
 
 Backward (FBGEMM TBE's fused backward: sort the indices, sum each unique row's gradients, update):
 
@@ -28,7 +28,8 @@ Backward (FBGEMM TBE's fused backward: sort the indices, sum each unique row's g
     fixed = the kernel floors of TBE's ~14-20 backward kernels (backward_fixed_ms)
     The sort and grad bytes stream at the lookups' parallelism (Little's law over n), the row and
     state updates at the unique rows' (over U): a table of a few rows updates few rows, but still
-    sorts and reads every lookup's gradient.
+    sorts and reads every lookup's gradient. The sort keeps a key and value in flight a lookup,
+    the state a sector a row (read before the row's update, which needs it), the update a row.
 
 parts["launch_ms"] is the fixed part (launch + kernel floors), the rest is the memory time.
 Constants are per architecture where the catalog has no field (L2 bandwidth). A learned
@@ -202,18 +203,27 @@ def _gather_latency_ms(gpu: GPU, bags: float, bags_at_once: float, pooling: floa
     ROWS_IN_FLIGHT_PER_WARP at a time, a round in which any row of the wave's bags misses the
     L2 (miss_share of them do) waiting DRAM_LATENCY_NS; the
     GPU runs min(bags_at_once, warps) bags at once (a fused kernel's bags of every table), so
-    this table's bags take bags / that of the waves. The pooled output and offsets are stores,
-    which no warp waits for. (One bandwidth for every byte, from the rows in flight, had let a bag's extra
-    rows carry its output faster: pooling 4 came out 6% under pooling 1 at 16 bags.)"""
+    this table's bags take bags / that of the waves. The kernel's first round finds the L2 cold:
+    every row of it is a first touch (a row drawn twice in it is in flight once, and its twin
+    waits on the same read), so it waits, whatever the stream's miss share; this table's part
+    of it is min(waves, 1). The pooled output and offsets are stores, which no warp waits for.
+    (One bandwidth for every byte, from the rows in flight, had let a bag's extra rows carry its
+    output faster: pooling 4 came out 6% under pooling 1 at 16 bags. The first round had taken
+    the stream's miss share too, which a bag's warmer later rows lower: its second row had made
+    a bag faster, 1 Zipf(1.2) bag of 2 rows 6.1992 us against 6.2000 for 1 row.)"""
     warps = gpu.sm_count * gpu.max_threads_per_sm / 32
     at_once = min(bags_at_once, warps)
     waves = bags / at_once
-    # a round waits the DRAM if any row of it misses, in any bag of the wave: the kernel waits
-    # for its slowest bag (the hits' L2 latency is left out). Per bag, more bags had come out
-    # faster under skewed indices (Zipf 1.05: 6.200 us at 1 bag, 6.153 at 16)
+    row_rounds = waves * max(pooling / ROWS_IN_FLIGHT_PER_WARP, 1.0)
+    cold = min(waves, 1.0)  # this table's part of the kernel's first round
+    # a later round waits if any row of it misses, in any bag of the wave: the kernel waits for
+    # its slowest bag (the hits' L2 latency is left out). Per bag, more bags had come out faster
+    # under skewed indices (Zipf 1.05: 6.200 us at 1 bag, 6.153 at 16). They take the stream's
+    # miss share, the cold round's certain misses in it: a little high, as leaving out the
+    # hits' L2 latency is a little low
     waits = 1.0 - (1.0 - miss_share) ** (min(pooling, ROWS_IN_FLIGHT_PER_WARP) * at_once)
-    rounds = max(pooling / 32, 1.0) + max(pooling / ROWS_IN_FLIGHT_PER_WARP, 1.0) * waits
-    return waves * rounds * DRAM_LATENCY_NS / 1e6
+    rounds = waves * max(pooling / 32, 1.0) + cold + (row_rounds - cold) * waits
+    return rounds * DRAM_LATENCY_NS / 1e6
 
 
 def _l2_rows_by_table(tables: list, dists: list, lookups: list, l2_bytes: float) -> list[float]:
@@ -335,8 +345,12 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
             # row's size a wider table had sorted faster (76.2 us at D = 8, 74.9 at D = 128)
             sort_gbs = _achieved_dram_gbs(gpu, k * per, index_bytes + 4, 1)
             update_gbs = _achieved_dram_gbs(gpu, u * per, r, 1)
+            # a row's optimizer state (rowwise_adagrad's one float) is read before its update,
+            # which needs it, so it keeps its own sector in flight, not the row: at the row's size
+            # a wider table had updated its state faster (77.80 us at D = 16, 77.35 at D = 64)
+            state_gbs = _achieved_dram_gbs(gpu, u * per, SECTOR_BYTES, 1)
             dram_ms = (sort / sort_gbs + (grad_dram - first) / stream_gbs + first / first_gbs
-                       + (2 * u * r + state) / update_gbs) / 1e6
+                       + 2 * u * r / update_gbs + state / state_gbs) / 1e6
         l2_ms = l2 / (l2_gbs * 1e9) * 1e3
         rows_out.append({"name": t.name, "rows": t.rows, "dim": t.dim, "pooling": t.pooling,
                          "distribution": d.describe(), "lookups": k, "unique_rows": u,
