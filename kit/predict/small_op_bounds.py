@@ -17,6 +17,7 @@ from kit.predict.tensor_core import ATTENTION_MIN_SEQ_Q, attention_params_for, k
 from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
 
 FLOOR_SHARE = 0.5  # of the dispatch floor, the least an isolated vector or row call predicts
+MAX_WAVE_FLOOR = 8  # waves under which an elementwise op is floored at its whole waves (_past_one_wave_floor)
 # classes whose kernels are one block per tile of a fixed size (SmallOpBounds._one_wave_cap)
 ONE_WAVE_CLASSES = ("elementwise", "softmax", "layernorm")
 
@@ -174,7 +175,10 @@ class SmallOpBounds:
         A100-PCIe-40GB, where NeuSight measured 0.03 ms and the same gelu on a million
         elements is predicted at 0.03 ms. The full wave alone was too loose a cap where a wave
         is large: a layer norm of 4 rows of 768 took the 6,912-row wave's 0.086 ms, where
-        NeuSight measured 0.047 ms for every layer norm up to ~1e5 elements on that GPU."""
+        NeuSight measured 0.047 ms for every layer norm up to ~1e5 elements on that GPU.
+        An elementwise op past k full waves is floored at exactly k of them first
+        (_past_one_wave_floor)."""
+        lat, p10, p90 = _past_one_wave_floor(self, cls, ops, gpu, tiles, slots, lat, p10, p90)
         small = np.flatnonzero(tiles < slots)
         if not small.size:
             return lat, p10, p90
@@ -188,21 +192,62 @@ class SmallOpBounds:
             cap = np.full(small.size, np.inf)
             np.minimum.at(cap, owner, pred[col].to_numpy(float))
             caps.append(cap)
+        # an op at its own rung (whole tiles, a power of two of them) keeps its own answer among
+        # the rungs; any other takes the rungs' alone, so the time is the same function of the
+        # rung, the lowest from it up, and never falls as the op grows
+        own = np.array([wave_rung(cls, ops[i], int(tiles[i]), int(slots[i])) == ops[i] for i in small])
         lat, p10, p90 = lat.copy(), p10.copy(), p90.copy()
-        lat[small] = np.minimum(lat[small], caps[0])
-        p10[small] = np.minimum(p10[small], np.minimum(caps[1], lat[small]))
-        p90[small] = np.maximum(np.minimum(p90[small], caps[2]), lat[small])
+        lat[small] = np.where(own, np.minimum(lat[small], caps[0]), caps[0])
+        p10[small] = np.minimum(np.where(own, np.minimum(p10[small], caps[1]), caps[1]), lat[small])
+        p90[small] = np.maximum(np.where(own, np.minimum(p90[small], caps[2]), caps[2]), lat[small])
         return lat, p10, p90
 
 
 
+def _past_one_wave_floor(model, cls, ops, gpu, tiles, slots, lat, p10, p90):
+    """An elementwise op past k full waves (1 <= k < MAX_WAVE_FLOOR) is never faster than the
+    same op over exactly k full waves (one_wave_twin), which does less of its work: quantile by
+    quantile, at least that. The networks' wave features had made the first sizes past a wave
+    faster than a full one (a copy of 683,261 elements 2.2% under the full wave on a V100, gelu
+    4.7%; a bf16 copy past two waves on a P100 4.1%). Past that many waves a partial last wave
+    is a small share of the time."""
+    k = np.asarray(tiles) // np.asarray(slots)
+    past = (np.flatnonzero((k >= 1) & (k < MAX_WAVE_FLOOR) & (np.asarray(tiles) % np.asarray(slots) != 0))
+            if cls == "elementwise" else [])
+    if not len(past):
+        return lat, p10, p90
+    twins, where = dedupe([one_wave_twin(cls, ops[i], int(k[i] * slots[i])) for i in past])
+    pred = expand(model._predict_class(cls, twins, gpu), where)
+    lat, p10, p90 = lat.copy(), p10.copy(), p90.copy()
+    for arr, col in ((lat, "latency_ms"), (p10, "latency_p10_ms"), (p90, "latency_p90_ms")):
+        arr[past] = np.maximum(arr[past], pred[col].to_numpy(float))
+    p10[past], p90[past] = np.minimum(p10[past], lat[past]), np.maximum(p90[past], lat[past])
+    return lat, p10, p90
+
+
+def wave_rung(cls: str, op, tiles: int, slots: int):
+    """Elementwise: the op grown to its rung, whole tiles, the power of two of them at or above
+    its own (at most one full wave); every block of a one-wave kernel runs at once, so it is no
+    slower. Row ops (softmax, norms): the op itself."""
+    if cls != "elementwise":
+        return op
+    return one_wave_twin(cls, op, min(1 << max(int(tiles) - 1, 0).bit_length(), slots))
+
+
 def wave_ladder(cls: str, op, tiles: int, slots: int) -> list:
-    """The op grown to 2x, 4x, ... its tiles while under one wave, then to exactly one full
-    wave (one_wave_twin): sizes the op cannot be slower than."""
-    ladder, grow = [], 2
-    while tiles * grow < slots:
-        ladder.append(one_wave_twin(cls, op, tiles * grow))
-        grow *= 2
+    """Its rung (wave_rung; not the op itself), then 2x, 4x, ... that while under one wave, then
+    exactly one full wave (one_wave_twin): sizes the op cannot be slower than. An elementwise
+    op's rungs are the same for every op between two powers of two of tiles, so the lowest of
+    them never falls as the op grows (a copy of 533 elements had come out 13.6% under one of 512
+    on a V100: its own ladder, from 2 tiles, was not 512's, from 1; on NeuSight's AMD rows the
+    same rungs for row ops made MI100 layer norms 12.2 -> 14.5% and softmax 25.0 -> 27.7%, so
+    those keep the ladder from their own tiles)."""
+    rung = 1 << max(int(tiles) - 1, 0).bit_length() if cls == "elementwise" else int(tiles)
+    ladder = [] if wave_rung(cls, op, tiles, slots) == op else [wave_rung(cls, op, tiles, slots)]
+    rung *= 2
+    while rung < slots:
+        ladder.append(one_wave_twin(cls, op, rung))
+        rung *= 2
     return ladder + [one_wave_twin(cls, op, slots)]
 
 
