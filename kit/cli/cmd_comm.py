@@ -49,7 +49,7 @@ def predict(args):
         raise KitError(f"--bytes {args.bytes} and --sizes {args.sizes} both given: one size or a sweep, not both")
     if args.sizes:
         t = collective_table(args.collective, parse_sizes(args.sizes), system, ranks, args.calibration)
-        r = {"system": system.key, "table": t.to_dict("records")}
+        r = {"system": system.key, "table": t.to_dict("records"), "notes": t.attrs["notes"]}
     elif args.bytes is None:
         raise KitError("give --bytes SIZE (e.g. 1e9 or 64M) or --sizes MIN:MAX")
     else:
@@ -77,11 +77,16 @@ def predict_text(r):
         lines = [f"{x['size_bytes']:>14.0f} B  {x['time_ms'] * 1e3:11.1f} us  {x['algorithm']:>13}  "
                  f"busbw {x['busbw_gbs']:7.1f} GB/s" for x in r["table"]]
         return "\n".join([f"{r['table'][0]['kind']} on {r['system']} ({r['table'][0]['ranks']} ranks, "
-                          f"{r['table'][0]['source']})", *lines])
+                          f"{r['table'][0]['source']})", *lines]) + _notes_text(r)
     return (f"{r['kind']} of {r['size_bytes']:.4g} B on {r['system']} ({r['ranks']} ranks, {r['nodes_spanned']} "
             f"node(s)): {r['time_ms']:.4g} ms via {r['algorithm']}; algbw {r['algbw_gbs']:.1f} GB/s, busbw "
             f"{r['busbw_gbs']:.1f} GB/s (plateau {r['plateau_busbw_gbs']:.0f}); {r['bound']}-bound, crossover at "
-            f"{r['crossover_bytes'] / 2**20:.3g} MiB [{r['source']}]" + _floor_note(r))
+            f"{r['crossover_bytes'] / 2**20:.3g} MiB [{r['source']}]" + _floor_note(r) + _notes_text(r))
+
+
+def _notes_text(r) -> str:
+    """The result's notes (one rank; sizes past the calibrated range), a line each."""
+    return "".join(f"\n  note: {n}" for n in r.get("notes", ()))
 
 
 def _floor_note(r) -> str:

@@ -94,6 +94,20 @@ def slow_curves(cal: Calibration, system) -> list[str]:
     return out
 
 
+def extrapolation_note(curve: BandwidthCurve, sizes) -> str | None:
+    """A note where any of `sizes` (bytes) is past the largest size `curve` was fitted to (its
+    max_bytes; a curve that does not record it gets none): not an error, the fitted curve goes on,
+    its time growing in proportion to the size at its last regime's plateau busbw."""
+    past = sorted(float(s) for s in sizes if curve.max_bytes and s > curve.max_bytes)
+    if not past:
+        return None
+    what = (f"{past[0] / 2**20:,.4g} MiB is" if len(past) == 1 else
+            f"{len(past)} sizes, {past[0] / 2**20:,.4g} to {past[-1] / 2**20:,.4g} MiB, are")
+    return (f"{what} past the calibrated range ({curve.kind} x{curve.ranks} measured up to "
+            f"{curve.max_bytes / 2**20:,.4g} MiB): extrapolated along the fitted curve, its time growing "
+            f"with the size at a busbw approaching its plateau of {curve.plateau_gbs():,.4g} GB/s")
+
+
 def check_measured_gpu(table, system, where: str = "", any_gpu: bool = False) -> list[str]:
     """KitError when the device names a measurement table carries (the "#  Rank" lines of a
     nccl-tests or `kit collect-comm` file; kit.comm.parsers.device_names) map to a catalog GPU

@@ -55,9 +55,22 @@ def busbw_factor(kind: str, n: int) -> float:
     return 1.0
 
 
+def reported_busbw_factor(kind: str, n: int) -> float:
+    """The factor a prediction's busbw (and its plateau) takes on its algbw: busbw_factor for
+    2+ ranks, and 0 for one rank whatever the collective. One rank moves nothing over a link (a
+    local copy, or nothing), so the bus carries nothing; nccl-tests' own factor would be 1 for
+    broadcast and reduce there, reporting the copy's speed as if it crossed a link."""
+    return busbw_factor(kind, n) if n > 1 else 0.0
+
+
+ONE_RANK_NOTE = ("one rank: a local copy, nothing crosses a link, so busbw and its plateau are 0 "
+                 "(for every collective)")
+
+
 @dataclass(frozen=True)
 class CollectiveResult:
-    """One predicted collective. time_ms = max(floor_ms, latency_ms + bandwidth_ms) for a preset."""
+    """One predicted collective. time_ms = max(floor_ms, latency_ms + bandwidth_ms), from a
+    preset or a calibration alike (kit.comm.curves.BandwidthCurve.parts_us)."""
 
     kind: str
     nbytes: float  # nccl-tests size (see module doc)
@@ -66,8 +79,8 @@ class CollectiveResult:
     algorithm: str  # "ring", "nvls", "tree", "hier-ring", "collnet-sharp", "p2p", ...
     algbw_gbs: float
     busbw_gbs: float
-    latency_ms: float  # the size-independent part (per-step latencies, launch)
-    bandwidth_ms: float  # the size-proportional part
+    latency_ms: float  # the rest: per-step latencies, launch (a fitted curve with k != 1: size-dependent)
+    bandwidth_ms: float  # the size at the plateau busbw
     floor_ms: float  # host-side floor
     bound: str  # "latency" or "bandwidth": which part dominates at this size
     crossover_bytes: float  # size where the bandwidth part equals the latency part
@@ -75,6 +88,7 @@ class CollectiveResult:
     source: str  # "preset" or "calibration:<file>"
     system: str
     nodes_spanned: int = 1
+    notes: tuple[str, ...] = ()  # what a reader should know: one rank, a size past the calibration
 
     @property
     def size_bytes(self) -> float:

@@ -14,7 +14,10 @@ After Lin et al. (IEEE TPDS 2025), who model collective bandwidth as three regim
 A library that switches algorithm with the size (gloo near 2 MiB, NCCL between tree and ring)
 changes the curve: then a curve is piecewise, `upper` (another such curve) answering from
 `switch_bytes` up. fit_curve places the break where the data say, and only when the second
-regime pays for its extra parameters (Schwarz's BIC on log time).
+regime pays for its extra parameters (Schwarz's BIC on log time). The upper regime keeps the
+lower one's floor (the host-side floor is the call's, and sizes past a switch cannot tell it),
+and a break goes only where the regimes cross or the upper one is the slower across the gap: the
+time never stays flat past a switch nor falls as the size grows.
 Sizes in bytes, times in microseconds inside this module (nccl-tests prints us), ms outside.
 A system's curves, their file and the checks of them: kit.comm.calibration.
 """
@@ -60,14 +63,27 @@ class BandwidthCurve:
 
     def _own_us(self, nbytes):
         if isinstance(nbytes, float) and self.steepness == 1.0:  # fast scalar path (alpha-beta)
-            t = self.factor * (nbytes + self.half_bytes) / (self.busbw_max_gbs * 1e3)
-            return max(self.floor_us, t)
+            return max(self.floor_us, self._rise_us(nbytes))
+        return np.maximum(self.floor_us, self._rise_us(nbytes))
+
+    def _rise_us(self, nbytes):
+        """This regime's time without its floor: (f / B) * (S^k + S_half^k)^(1/k)."""
+        if isinstance(nbytes, float) and self.steepness == 1.0:
+            return self.factor * (nbytes + self.half_bytes) / (self.busbw_max_gbs * 1e3)
         s = np.asarray(nbytes, dtype=float)
         k = self.steepness
         # (S^k + S_half^k)^(1/k) computed in log space so that large k cannot overflow
         m = np.logaddexp(k * np.log(np.maximum(s, 1e-30)), k * math.log(self.half_bytes)) / k
-        t = self.factor / (self.busbw_max_gbs * 1e3) * np.exp(m)
-        return np.maximum(self.floor_us, t)
+        return self.factor / (self.busbw_max_gbs * 1e3) * np.exp(m)
+
+    def parts_us(self, nbytes: float) -> tuple[float, float]:
+        """(latency, bandwidth) of one size, in us, adding up to its time above the floor, so
+        that time = max(floor, latency + bandwidth) as a preset's is: bandwidth is the size at the
+        plateau busbw of the regime that answers (f * S / B), latency the rest of that regime's
+        curve. For k = 1 that is f * S_half / B at every size; for another k it varies with S."""
+        piece = self.regime(nbytes)
+        bandwidth = piece.factor * nbytes / (piece.busbw_max_gbs * 1e3)
+        return float(piece._rise_us(float(nbytes))) - bandwidth, bandwidth
 
     def busbw_gbs(self, nbytes):
         s = np.asarray(nbytes, dtype=float)
@@ -156,7 +172,8 @@ def fit_curve(kind: str, ranks: int, nbytes, time_us, breaks: int | None = None)
     Least squares on log time, from several starting points. breaks=None tries one algorithm
     switch at every gap between sizes that leaves MIN_REGIME sizes on each side, and keeps it
     when it lowers Schwarz's BIC, n ln(max(RSS/n, NOISE_FLOOR^2)) + p ln n, below one regime's
-    (p = 4 for one regime, 4 + 4 + 1 for two and their break); breaks=0 never switches."""
+    (p = 4 for one regime, 4 + 3 + 1 for two, the upper taking the lower's floor, and their
+    break) and _switch finds a place for it; breaks=0 never switches."""
     kind = canonical_kind(kind)
     s = np.asarray(nbytes, dtype=float)
     t = np.asarray(time_us, dtype=float)
@@ -177,9 +194,12 @@ def fit_curve(kind: str, ranks: int, nbytes, time_us, breaks: int | None = None)
     for j in range(MIN_REGIME, len(sizes) - MIN_REGIME + 1) if search else ():
         lo_mask = s < sizes[j]
         lower = _fit_regime(kind, ranks, s[lo_mask], t[lo_mask])
-        upper = _fit_regime(kind, ranks, s[~lo_mask], t[~lo_mask])
-        c = replace(lower, switch_bytes=_switch(lower, upper, sizes[j - 1], sizes[j]), upper=upper)
-        bic = _bic(c, s, t, 4 + 4 + 1)
+        upper = _fit_regime(kind, ranks, s[~lo_mask], t[~lo_mask], floor_us=lower.floor_us)
+        at = _switch(lower, upper, sizes[j - 1], sizes[j])
+        if at is None:
+            continue
+        c = replace(lower, switch_bytes=at, upper=upper)
+        bic = _bic(c, s, t, 4 + 3 + 1)
         if bic < best_bic:
             best, best_bic = c, bic
     mape = float(np.mean(np.abs(best.time_us(s) - t) / t))
@@ -195,9 +215,11 @@ def _bic(c: BandwidthCurve, s, t, p: int) -> float:
     return n * math.log(max(_rss(c, s, t) / n, NOISE_FLOOR ** 2)) + p * math.log(n)
 
 
-def _switch(lower: BandwidthCurve, upper: BandwidthCurve, a: float, b: float) -> float:
+def _switch(lower: BandwidthCurve, upper: BandwidthCurve, a: float, b: float) -> float | None:
     """Where the regimes meet between sizes a < b: their crossing (a library switches to the faster
-    algorithm), found in log size, else the geometric mean of a and b."""
+    algorithm), found in log size; else, where the upper regime is the slower across the gap, the
+    geometric mean of a and b (the time jumps up there). None where the upper regime is the faster
+    across the whole gap: switching to it would make a larger message faster than a smaller one."""
     from scipy.optimize import brentq
 
     def gap(log_x):
@@ -206,12 +228,13 @@ def _switch(lower: BandwidthCurve, upper: BandwidthCurve, a: float, b: float) ->
 
     lo, hi = math.log(a), math.log(b)
     if gap(lo) * gap(hi) > 0:
-        return math.sqrt(a * b)
+        return math.sqrt(a * b) if gap(lo) < 0 else None
     return math.exp(brentq(gap, lo, hi, xtol=1e-9))
 
 
-def _fit_regime(kind, ranks, s, t) -> BandwidthCurve:
-    """One regime: floor, plateau, half-size and steepness."""
+def _fit_regime(kind, ranks, s, t, floor_us: float | None = None) -> BandwidthCurve:
+    """One regime: floor, plateau, half-size and steepness; floor_us given: that floor, and the
+    other three fitted (an upper regime, which inherits the call's floor from the lower one)."""
     from scipy.optimize import least_squares
 
     f = busbw_factor(kind, ranks) if ranks > 1 else 1.0
@@ -220,10 +243,13 @@ def _fit_regime(kind, ranks, s, t) -> BandwidthCurve:
     t_min = float(t.min())
     lo = np.log([max(t_min * 1e-3, 1e-6), b0 * 0.05, s.min() * 1e-3, 0.3])
     hi = np.log([t_min * 1.5, b0 * 50, s.max() * 1e3, 12.0])
+    free = slice(0, 4) if floor_us is None else slice(1, 4)
+
+    def params(p):
+        return np.exp(p) if floor_us is None else np.concatenate([[floor_us], np.exp(p)])
 
     def model(p, x):
-        c = BandwidthCurve(kind, ranks, math.exp(p[0]), math.exp(p[1]), math.exp(p[2]), math.exp(p[3]))
-        return c.time_us(x)
+        return BandwidthCurve(kind, ranks, *params(p)).time_us(x)
 
     # starting points: an alpha-beta line through the data (weighted by 1/t), plus a small grid
     a_w = np.vstack([np.ones_like(s), s]).T / t[:, None]
@@ -235,12 +261,12 @@ def _fit_regime(kind, ranks, s, t) -> BandwidthCurve:
     starts += [(t_min, b0 * 1.05, half0, 1.0), (t_min * 0.05, b0 * 1.05, half0, 2.5)]
     best = None
     for start in starts:
-        p0 = np.clip(np.log(start), lo + 1e-9, hi - 1e-9)
-        r = least_squares(lambda p: np.log(model(p, s)) - np.log(t), p0, bounds=(lo, hi),
+        p0 = np.clip(np.log(start), lo + 1e-9, hi - 1e-9)[free]
+        r = least_squares(lambda p: np.log(model(p, s)) - np.log(t), p0, bounds=(lo[free], hi[free]),
                           loss="soft_l1", f_scale=0.05, max_nfev=300)
         if best is None or r.cost < best.cost:
             best = r
-    p = np.exp(best.x)
-    return BandwidthCurve(kind, ranks, float(p[0]), float(p[1]), float(p[2]), float(p[3]),
+    p = params(best.x)
+    return BandwidthCurve(kind, ranks, *(float(v) for v in p),
                           n_points=int(len(s)), fit_mape=float(np.mean(np.abs(model(best.x, s) - t) / t)),
                           min_bytes=float(s.min()), max_bytes=float(s.max()))

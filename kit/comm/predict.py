@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from kit.comm.algorithms import Plan, alltoall_latency_us, alltoallv_us, plans
-from kit.comm.calibration import Calibration, check_plausible, load_calibration
-from kit.comm.conventions import KINDS, CollectiveResult, busbw_factor, canonical_kind
+from kit.comm.calibration import Calibration, check_plausible, extrapolation_note, load_calibration
+from kit.comm.conventions import (KINDS, ONE_RANK_NOTE, CollectiveResult, busbw_factor, canonical_kind,
+                                  reported_busbw_factor)
 from kit.comm.curves import BandwidthCurve
 from kit.comm.topology import Group, resolve_group
 from kit.errors import KitError
@@ -149,8 +150,16 @@ def _evaluate(kind, s, system, group, cal):
     return t, best, pcs, fitted
 
 
+def _notes(s, group: Group, fitted: BandwidthCurve | None) -> tuple[str, ...]:
+    """What a reader of a prediction at sizes s should know: a group of one rank (busbw 0), and
+    sizes past the largest the calibration's curve was fitted to."""
+    past = extrapolation_note(fitted, s) if fitted is not None else None
+    return tuple(n for n in (ONE_RANK_NOTE if group.size == 1 else None, past) if n)
+
+
 def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
-    """Vectorised prediction over sizes: a DataFrame with one row per size."""
+    """Vectorised prediction over sizes: a DataFrame with one row per size; its attrs["notes"]
+    are the notes a CollectiveResult would carry (one rank, sizes past the calibration)."""
     import pandas as pd
 
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
@@ -159,10 +168,13 @@ def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
     n = group.size
     algbw = np.where(t > 0, s / np.maximum(t, 1e-30) / 1e3, 0.0)
     names = np.array([p.algorithm for p, _ in pcs])[best]
-    return pd.DataFrame({"kind": kind, "size_bytes": s, "ranks": n, "time_ms": t / 1e3,
-                         "algorithm": names, "algbw_gbs": algbw, "busbw_gbs": algbw * busbw_factor(kind, n),
-                         "source": "calibration" if fitted else "preset", "system": system.key,
-                         "nodes_spanned": group.n_nodes})  # as predict_collective's result has
+    busbw = algbw * reported_busbw_factor(kind, n)
+    table = pd.DataFrame({"kind": kind, "size_bytes": s, "ranks": n, "time_ms": t / 1e3,
+                          "algorithm": names, "algbw_gbs": algbw, "busbw_gbs": busbw,
+                          "source": "calibration" if fitted else "preset", "system": system.key,
+                          "nodes_spanned": group.n_nodes})  # as predict_collective's result has
+    table.attrs["notes"] = list(_notes(s, group, fitted))
+    return table
 
 
 def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration=None) -> CollectiveResult:
@@ -182,23 +194,24 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     fitted = cal.curve(kind, group.size, group.n_nodes) if cal else None
     t = float(fitted.time_us(size)) if fitted else curve.time_us(size)
     return _result(kind, size, t, plan, fitted or curve, system, group,
-                   f"calibration:{cal.source}" if fitted else "preset")
+                   f"calibration:{cal.source}" if fitted else "preset", _notes(s, group, fitted))
 
 
-def _result(kind, size, t_us, plan, curve, system, group, source) -> CollectiveResult:
+def _result(kind, size, t_us, plan, curve, system, group, source, notes=()) -> CollectiveResult:
+    """The result of one size on `curve` (a preset's algorithm or the fitted curve): its parts
+    from the regime that answers (a fitted curve may switch algorithm with the size), adding up
+    to the time above the floor as BandwidthCurve.parts_us defines them."""
     n = group.size
-    f = busbw_factor(kind, n) if n > 1 else 1.0
+    bus = reported_busbw_factor(kind, n)  # 0 on one rank, for the plateau as for busbw
     algbw = size / t_us / 1e3 if t_us > 0 else 0.0
-    piece = curve.regime(size)  # a fitted curve may switch algorithm with the size
-    lat_us = piece.latency_us() if curve.n_points else plan.latency_us
-    bw_us = f * size / (piece.busbw_max_gbs * 1e3)
+    piece = curve.regime(size)
+    lat_us, bw_us = curve.parts_us(size)
     return CollectiveResult(
         kind=kind, nbytes=size, ranks=n, time_ms=t_us / 1e3, algorithm=plan.algorithm,
-        algbw_gbs=algbw, busbw_gbs=algbw * busbw_factor(kind, n), latency_ms=lat_us / 1e3, bandwidth_ms=bw_us / 1e3,
+        algbw_gbs=algbw, busbw_gbs=algbw * bus, latency_ms=lat_us / 1e3, bandwidth_ms=bw_us / 1e3,
         floor_ms=piece.floor_us / 1e3, bound="bandwidth" if bw_us > max(lat_us, piece.floor_us) else "latency",
-        crossover_bytes=curve.crossover_bytes(),
-        plateau_busbw_gbs=curve.plateau_gbs() * busbw_factor(kind, n) / f,  # 0 on one rank, as busbw is
-        source=source, system=system.key, nodes_spanned=group.n_nodes)
+        crossover_bytes=curve.crossover_bytes(), plateau_busbw_gbs=curve.plateau_gbs() * bus / curve.factor,
+        source=source, system=system.key, nodes_spanned=group.n_nodes, notes=tuple(notes))
 
 
 def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
@@ -246,7 +259,7 @@ def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
         bound="bandwidth" if bw_us > max(lat_us, floor_us) else "latency",
         crossover_bytes=max(lat_us, floor_us) / per_byte if per_byte > 0 else math.inf,
         plateau_busbw_gbs=f / (per_byte * 1e3) if per_byte > 0 else (math.inf if f > 0 else 0.0),
-        source="preset", system=system.key, nodes_spanned=group.n_nodes)
+        source="preset", system=system.key, nodes_spanned=group.n_nodes, notes=_notes([size], group, None))
 
 
 __all__ = ["KINDS", "calibration_unused", "collective_table", "plan_curve", "predict_alltoallv",
