@@ -17,7 +17,7 @@ from kit.predict.tensor_core import ATTENTION_MIN_SEQ_Q, attention_params_for, k
 from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
 
 FLOOR_SHARE = 0.5  # of the dispatch floor, the least an isolated vector or row call predicts
-MAX_WAVE_FLOOR = 8  # waves under which an elementwise op is floored at its whole waves (_past_one_wave_floor)
+WHOLE_WAVES_ALL = 16  # whole-wave counts an elementwise op is floored at, each; then powers of two (whole_waves)
 # classes whose kernels are one block per tile of a fixed size (SmallOpBounds._one_wave_cap)
 ONE_WAVE_CLASSES = ("elementwise", "softmax", "layernorm")
 
@@ -204,23 +204,51 @@ class SmallOpBounds:
 
 
 
+def whole_waves(done: int) -> list[int]:
+    """The whole-wave counts an op past `done` full waves is floored at: 1 to WHOLE_WAVES_ALL
+    each, then the powers of two up to `done`, and `done` itself."""
+    out = list(range(1, min(done, WHOLE_WAVES_ALL) + 1))
+    w = 2 * WHOLE_WAVES_ALL
+    while w <= done:
+        out.append(w)
+        w *= 2
+    return out if out[-1] == done else out + [done]
+
+
 def _past_one_wave_floor(model, cls, ops, gpu, tiles, slots, lat, p10, p90):
-    """An elementwise op past k full waves (1 <= k < MAX_WAVE_FLOOR) is never faster than the
-    same op over exactly k full waves (one_wave_twin), which does less of its work: quantile by
-    quantile, at least that. The networks' wave features had made the first sizes past a wave
-    faster than a full one (a copy of 683,261 elements 2.2% under the full wave on a V100, gelu
-    4.7%; a bf16 copy past two waves on a P100 4.1%). Past that many waves a partial last wave
-    is a small share of the time."""
-    k = np.asarray(tiles) // np.asarray(slots)
-    past = (np.flatnonzero((k >= 1) & (k < MAX_WAVE_FLOOR) & (np.asarray(tiles) % np.asarray(slots) != 0))
-            if cls == "elementwise" else [])
+    """An elementwise op of more than one wave is never faster than the same op over exactly k
+    full waves (one_wave_twin) for any k under its own (whole_waves: each k to WHOLE_WAVES_ALL,
+    then powers of two), which do less of its work, nor slower than its last wave filled:
+    quantile by quantile, capped at that and then at least the slowest of the others, each as
+    the network gives it (their own floors would recurse). The networks' wave
+    features had made the first sizes past a wave faster than a full one (a copy of 683,261
+    elements 2.2% under the full wave on a V100, gelu 4.7%), and an op of exactly two waves
+    faster than one (a relu on a P100 3.3%). Inside a partial last wave a dip under 0.02%
+    remains."""
+    if cls != "elementwise" or getattr(model, "_raw_waves", False):
+        return lat, p10, p90
+    done = (np.asarray(tiles) - 1) // np.asarray(slots)  # whole waves before its last
+    past = np.flatnonzero(done >= 1)
     if not len(past):
         return lat, p10, p90
-    twins, where = dedupe([one_wave_twin(cls, ops[i], int(k[i] * slots[i])) for i in past])
-    pred = expand(model._predict_class(cls, twins, gpu), where)
+    ladders = [[one_wave_twin(cls, ops[i], int(w * slots[i])) for w in whole_waves(int(done[i]))] for i in past]
+    # and its last wave filled: exactly done + 1 waves, which it is never slower than (a partial
+    # last wave had come out slower than a full one on an H200, 2.5% at 17 waves)
+    fills = [one_wave_twin(cls, ops[i], int((done[i] + 1) * slots[i])) for i in past]
+    twins, where = dedupe([t for ladder in ladders for t in ladder] + fills)
+    model._raw_waves = True
+    try:
+        pred = expand(model._predict_class(cls, twins, gpu), where)
+    finally:
+        model._raw_waves = False
+    n_ladder = sum(len(ladder) for ladder in ladders)
+    owner = np.repeat(np.arange(len(past)), [len(ladder) for ladder in ladders])
     lat, p10, p90 = lat.copy(), p10.copy(), p90.copy()
     for arr, col in ((lat, "latency_ms"), (p10, "latency_p10_ms"), (p90, "latency_p90_ms")):
-        arr[past] = np.maximum(arr[past], pred[col].to_numpy(float))
+        values = pred[col].to_numpy(float)
+        floor = np.full(len(past), -np.inf)
+        np.maximum.at(floor, owner, values[:n_ladder])
+        arr[past] = np.maximum(np.minimum(arr[past], values[n_ladder:]), floor)
     p10[past], p90[past] = np.minimum(p10[past], lat[past]), np.maximum(p90[past], lat[past])
     return lat, p10, p90
 
