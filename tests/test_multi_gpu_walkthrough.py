@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -42,15 +43,26 @@ def test_tp1_pads_the_vocabulary_as_tp2_does():
     class _Graph:
         nodes = []
 
+    class _Node:
+        def __init__(self, module, phase):
+            self.module, self.phase = module, phase
+
     sharder = _Sharder(_Graph(), 1, 50257)
     head = Gemm(m=4096, n=50257, k=768, dtype="bf16", kind="linear", shared_rhs=True, align=1)
-    padded = sharder._padded(head)
+    padded = sharder._padded(_Node("lm_head", "fwd"), head)
     assert padded.n == padded_vocab(50257, 1) == 50304 and padded.align == 8
-    grad = sharder._padded(Gemm(m=4096, n=768, k=50257, dtype="bf16", kind="linear", shared_rhs=True, align=1))
-    assert grad.k == 50304
-    assert sharder._padded(EmbeddingBag(rows=50257, dim=768, batch=8, pooling=1)).rows == 50304
+    data = Gemm(m=4096, n=768, k=50257, dtype="bf16", kind="linear", shared_rhs=True, align=1)
+    assert sharder._padded(_Node("lm_head", "bwd"), data).k == 50304
+    weight = Gemm(m=50257, n=768, k=4096, dtype="bf16", kind="linear", shared_rhs=True, align=1)
+    assert sharder._padded(_Node("lm_head", "bwd"), weight).m == 50304
+    lookup = EmbeddingBag(rows=50257, dim=768, batch=8, pooling=1)
+    assert sharder._padded(_Node("wte", "fwd"), lookup).rows == 50304
     other = Gemm(m=4096, n=3072, k=768, dtype="bf16", kind="linear", shared_rhs=True)
-    assert sharder._padded(other) is other
+    assert sharder._padded(_Node("mlp", "fwd"), other) is other
+    # as many tokens as the vocabulary, in another module: not the head, not padded
+    tokens = Gemm(m=50257, n=3072, k=768, dtype="bf16", kind="linear", shared_rhs=True)
+    assert sharder._padded(_Node("mlp", "fwd"), tokens) is tokens
+    assert sharder._padded(_Node("mlp", "bwd"), replace(tokens, m=3072, n=768, k=50257)).k == 50257
 
 
 @pytest.mark.skipif(not GPT2_MED.is_file(), reason="NeuSight's model configs absent")
@@ -67,6 +79,17 @@ def test_a_config_file_runs_on_a_system_as_its_zoo_twin(capsys):
     assert rc == 2 and "config file" in err and "Traceback" not in err
     rc, _, err = _run(capsys, "predict", "/no/such/cfg.json", "--system", "dgx-a100")
     assert rc == 2 and "not found" in err
+
+
+def test_a_config_file_without_a_vocabulary_is_refused(tmp_path, capsys):
+    cfg = {"model_type": "gpt2", "n_embd": 256, "n_layer": 2, "n_head": 4, "n_positions": 128}
+    path = tmp_path / "novocab.json"
+    path.write_text(json.dumps(cfg))
+    rc, _, err = _run(capsys, "predict", str(path), "--system", "dgx-a100")
+    assert rc == 2 and "has no vocab_size" in err  # it had taken GPT-2's 50,257 without a word
+    path.write_text(json.dumps({**cfg, "vocab_size": 1000}))
+    rc, out, err = _run(capsys, "predict", str(path), "--system", "dgx-a100", "--json")
+    assert rc == 0, err
 
 
 def test_the_api_and_the_cli_agree(capsys):

@@ -153,6 +153,9 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         from kit.workload.zoo import max_seq
 
         c, key = read_config(name), None
+        if not c.get("vocab_size"):  # a zoo config always has one; a file's would be guessed
+            raise KitError(f"model config {name} has no vocab_size: the multi-GPU layer needs the "
+                           "vocabulary for the embedding and LM head; add it")
         if seq is not None:
             check_seq(c, seq)
         seq = seq or min(512, max_seq(c) or 512)  # as one GPU's default for a config (zoo.graph_for)

@@ -119,16 +119,25 @@ class _Sharder:
         hidden = getattr(new, "k" if attr == "n" else "n")
         return replace(new, align=ops.lead_alignment(hidden, self.vocab_rank))
 
-    def _padded(self, op):
-        """At TP 1, the op over the padded vocabulary where it spans the vocabulary (the LM head's
-        GEMMs, the token lookup): Megatron pads it at every TP. Left unpadded at TP 1 alone,
-        GPT-2's 50,257-wide LM head had stayed unaligned (cuBLAS's legacy kernels in 16-bit) while
-        TP 2 padded it, and TP 2 came out faster than half of TP 1."""
+    def _padded(self, n, op):
+        """At TP 1, the op over the padded vocabulary where it spans the vocabulary: the LM head's
+        GEMMs (its module's forward GEMM is vocabulary-wide; its backward GEMMs pad the dim that is
+        the vocabulary) and the token lookup. Megatron pads it at every TP. Left unpadded at TP 1
+        alone, GPT-2's 50,257-wide LM head had stayed unaligned (cuBLAS's legacy kernels in
+        16-bit) while TP 2 padded it, and TP 2 came out faster than half of TP 1. By the module,
+        as TP > 1 shards it: a GEMM of as many tokens as the vocabulary is not the head."""
         if not self.vocab or self.vocab_rank == self.vocab:
             return op
         if isinstance(op, ops.Gemm) and op.b == 1:
-            attr = next((a for a in ("n", "k", "m") if getattr(op, a) == self.vocab), None)
-            return self._vocab_split(op, attr) if attr else op
+            if n.phase == "fwd" and op.n == self.vocab:
+                self.role[n.module] = ("vocab", op.n)
+                return self._vocab_split(op, "n")
+            if n.phase != "fwd" and self.role.get(n.module, (None,))[0] == "vocab":
+                # the data gradient contracts over the vocabulary (k), the weight gradient spans it
+                attr = "k" if op.k == self.vocab else next(
+                    (a for a in ("m", "n") if getattr(op, a) == self.vocab), None)
+                return self._vocab_split(op, attr) if attr else op
+            return op
         if isinstance(op, ops.EmbeddingBag) and op.rows == self.vocab:
             return replace(op, rows=self.vocab_rank)
         return op
@@ -137,7 +146,7 @@ class _Sharder:
         """Items for one node: ("op", kit op) and ("comm", kind, bytes)."""
         tp, op = self.tp, n.op
         if tp == 1:
-            return [("op", self._padded(op))]
+            return [("op", self._padded(n, op))]
         items: list = []
         partial = [d for d in n.deps if self.state.get(d) == "P"]
         if partial and not (isinstance(op, ops.Elementwise) and op.kind == "add"):
