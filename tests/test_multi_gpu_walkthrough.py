@@ -90,6 +90,17 @@ def test_a_config_file_without_a_vocabulary_is_refused(tmp_path, capsys):
     path.write_text(json.dumps({**cfg, "vocab_size": 1000}))
     rc, out, err = _run(capsys, "predict", str(path), "--system", "dgx-a100", "--json")
     assert rc == 0, err
+    for bad in (0, "abc", 1.5):  # 0 had given a message about generated tokens, "abc" no limit at all
+        path.write_text(json.dumps({**cfg, "vocab_size": 1000, "n_positions": bad}))
+        rc, _, err = _run(capsys, "predict", str(path), "--system", "dgx-a100", "--seq", "64")
+        assert rc == 2 and "n_positions must be a positive whole number" in err, err
+
+
+def test_an_inline_shape_takes_its_seq_once():
+    shape = "gpt:layers=2,hidden=256,heads=4,seq=64,vocab=1000"
+    with pytest.raises(KitError, match="gives its seq already"):
+        predict_multi_gpu(shape, "dgx-a100", seq=128)
+    assert predict_multi_gpu(shape, "dgx-a100")["iteration_ms"] > 0
 
 
 def test_the_api_and_the_cli_agree(capsys):

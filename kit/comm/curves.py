@@ -83,7 +83,8 @@ class BandwidthCurve:
         curve. For k = 1 that is f * S_half / B at every size; for another k it varies with S."""
         piece = self.regime(nbytes)
         bandwidth = piece.factor * nbytes / (piece.busbw_max_gbs * 1e3)
-        return float(piece._rise_us(float(nbytes))) - bandwidth, bandwidth
+        # at most the time: round-off had left a latency of -2e-9 us past a steep regime's knee
+        return max(float(piece._rise_us(float(nbytes))) - bandwidth, 0.0), bandwidth
 
     def busbw_gbs(self, nbytes):
         s = np.asarray(nbytes, dtype=float)

@@ -156,6 +156,11 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         if not c.get("vocab_size"):  # a zoo config always has one; a file's would be guessed
             raise KitError(f"model config {name} has no vocab_size: the multi-GPU layer needs the "
                            "vocabulary for the embedding and LM head; add it")
+        for field in ("n_positions", "max_position_embeddings"):  # the learned position tables
+            v = c.get(field)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise KitError(f"model config {name}: {field} must be a positive whole number (the "
+                               f"positions the model learned), got {v!r}")
         if seq is not None:
             check_seq(c, seq)
         seq = seq or min(512, max_seq(c) or 512)  # as one GPU's default for a config (zoo.graph_for)
