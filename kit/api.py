@@ -233,9 +233,6 @@ def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = 
         if not isinstance(model, str):
             raise KitError("predict_multi_gpu: seq goes with a model name, inline shape or config file; "
                            "a GPTSpec carries its own seq")
-        if ":" in model and "seq=" in model.replace(" ", "").lower():  # an inline shape's own seq
-            raise KitError(f"predict_multi_gpu: {model!r} gives its seq already; drop seq= or the shape's "
-                           "seq (one of them had silently won)")
         from kit.workload.zoo_checks import _check_positive
 
         _check_positive(seq=seq)

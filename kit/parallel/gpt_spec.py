@@ -134,6 +134,9 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
             kw.setdefault("gated", True)
             kw.setdefault("rope", True)
         if seq is not None:
+            if kw.get("seq", seq) != seq:  # one of the two had silently won
+                raise KitError(f"model {text!r} gives seq={kw['seq']} and the sequence length asked "
+                               f"for is {seq}: give it once (in the shape or as --seq / seq=)")
             kw["seq"] = seq
         return GPTSpec(name=text, **kw)
     return _from_zoo(text, seq)

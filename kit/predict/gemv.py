@@ -43,17 +43,17 @@ CURVE_FIRST = (*TENSOR_16BIT, "fp8")
 def applies(gpu, ops) -> np.ndarray:
     """Per op: a GEMM with m or n of 1, in FP32, TF32 (the rule was checked on
     the H200's aligned TF32 GEMVs: it keeps them) or a 16-bit or FP8 dtype that no curve
-    covers (kit.predict.tensor_core: NVIDIA's aligned ones; AMD's matrix-core curve, fitted on
-    GEMMs of 10 us and more, leaves rocBLAS's gemv kernels to this rule), and not a grouped
+    covers (kit.predict.tensor_core: NVIDIA's aligned ones; a curve marked covers_gemv False,
+    AMD's, fitted on GEMMs of 10 us and more, leaves them to this rule), and not a grouped
     convolution's implicit GEMM (kind "linear", one per group, b = groups, no shared weight: a
     depthwise convolution has n = 1 forward and m = 1 in its weight gradient, and cuDNN runs it
     on its own kernels over the activations, not cuBLAS's gemv over an im2col matrix)."""
-    from kit.predict.tensor_core import curve_gemm
+    from kit.predict.tensor_core import curve_gemm, params_for
 
     return np.array([getattr(o, "dtype", None) in DTYPES and min(o.m, o.n) == 1
                      and not (o.kind == "linear" and o.b > 1 and not o.shared_rhs)
                      and not (o.dtype in CURVE_FIRST and curve_gemm(gpu, o)
-                              and getattr(gpu, "vendor", None) != "amd")
+                              and params_for(gpu, o.dtype).get("covers_gemv", True))
                      for o in ops], dtype=bool)
 
 

@@ -259,7 +259,15 @@ def wave_rung(cls: str, op, tiles: int, slots: int):
     slower. Row ops (softmax, norms): the op itself."""
     if cls != "elementwise":
         return op
-    return one_wave_twin(cls, op, min(1 << max(int(tiles) - 1, 0).bit_length(), slots))
+    return one_wave_twin(cls, op, _rung_tiles(cls, tiles, slots))
+
+
+def _rung_tiles(cls: str, tiles: int, slots: int) -> int:
+    """The tiles of an op's rung: elementwise, the power of two at or above its own (at most one
+    full wave); row ops, its own."""
+    if cls != "elementwise":
+        return int(tiles)
+    return min(1 << max(int(tiles) - 1, 0).bit_length(), int(slots))
 
 
 def wave_ladder(cls: str, op, tiles: int, slots: int) -> list:
@@ -270,9 +278,9 @@ def wave_ladder(cls: str, op, tiles: int, slots: int) -> list:
     on a V100: its own ladder, from 2 tiles, was not 512's, from 1; on NeuSight's AMD rows the
     same rungs for row ops made MI100 layer norms 12.2 -> 14.5% and softmax 25.0 -> 27.7%, so
     those keep the ladder from their own tiles)."""
-    rung = 1 << max(int(tiles) - 1, 0).bit_length() if cls == "elementwise" else int(tiles)
-    ladder = [] if wave_rung(cls, op, tiles, slots) == op else [wave_rung(cls, op, tiles, slots)]
-    rung *= 2
+    first = wave_rung(cls, op, tiles, slots)
+    ladder = [] if first == op else [first]
+    rung = 2 * _rung_tiles(cls, tiles, slots)
     while rung < slots:
         ladder.append(one_wave_twin(cls, op, rung))
         rung *= 2

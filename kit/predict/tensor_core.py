@@ -103,7 +103,9 @@ _CDNA = {"a": 1.4341, "beta": 1.0809, "c0_us": 2.871, "eff_max": 0.622, "band_lo
 # against -0.06 on the MI210), and the tile-MLP had made unaligned ones faster with more rows
 # (1001 x 768 weights: 90 us at 64 rows, 67 us at 2,048). NVIDIA's unaligned penalty
 # (kit.predict.features.unaligned_peak_share) is cuBLAS's legacy kernels, measured on the H200.
-CDNA_GEMM = {dtype: {**_carried(_CDNA, "amd fp32 matrix-core"), "any_alignment": True}
+# Not GEMVs either: it was fitted on GEMMs of 10 us and more, and rocBLAS runs m or n of 1 on its
+# gemv kernels, which kit.predict.gemv's stream prices ("covers_gemv").
+CDNA_GEMM = {dtype: {**_carried(_CDNA, "amd fp32 matrix-core"), "any_alignment": True, "covers_gemv": False}
              for dtype in ("bf16", "fp16", "fp8")}
 
 
