@@ -1,16 +1,26 @@
-"""Read the element rates of kit.predict.element_rates off the project's H200 vector sweeps, and
+"""Read the element rates of kit.predict.element_rates off the project's H200 measurements, and
 show how the tile predictor meets those rows with and without them.
 
-    python benchmarks/element_rates.py [--dir measurements/h200-2026-12-04] > rates.json
+    python benchmarks/element_rates.py [--dir FOLDER ...] > rates.json
 
-For each elementwise kind and dtype of the sweeps (`vector_*.csv.gz`, kernel time, rows of at
-least 20 us), the fastest rate in elements per SM per clock (132 SMs, 1,980 MHz: the clock the
-nvidia-smi samples read under load) and, for comparison, the bandwidth it implies. A kind is
-element-bound where its 16-bit rate stays at its fp32 rate, well under what its bytes allow
-(a bf16 add: 2.7, a unary bf16 op: 4.0). `bounds` is what kit.predict.element_rates ships: the
-fastest rate of each bound kind over both dtypes (pow and its scalar-exponent form, powu, are
-one kind in the kit; GELU's fp32 rows are bound by their bytes, so its rate is the bf16 one).
-`tile_bf16` scores the tile predictor's in-stream time against the bf16 rows of the bound kinds.
+--dir may be given more than once (default: measurements/h200-2026-12-04 and its second session,
+h200-2026-12-04-b). For each elementwise kind and dtype of the vector sweeps (`vector_*.csv.gz`,
+kernel time, rows of at least 20 us), the fastest rate in elements per SM per clock (132 SMs,
+1,980 MHz: the clock the nvidia-smi samples read under load) and, for comparison, the bandwidth
+it implies. A kind is element-bound where its 16-bit rate stays at its fp32 rate, well under what
+its bytes allow (a bf16 add: 2.7, a unary bf16 op: 4.0). `bounds` is what
+kit.predict.element_rates ships: the fastest rate of each bound kind over both dtypes (pow and its
+scalar-exponent form, powu, are one kind in the kit; GELU's fp32 rows are bound by their bytes,
+so its rate is the bf16 one). `tile_bf16` scores the tile predictor's in-stream time against the
+bf16 rows of the bound kinds.
+
+`softmax` does the same for softmax rows, by row band (SOFTMAX_ELEMS_PER_SM_CLOCK: rows of
+257-512, 513-1,024 and 1,025-2,048 elements). Its rows are the sweeps' softmax rows
+and the attention softmax kernels of the whole-model inference passes (`model_steps*.jsonl`,
+softmax_warp_forward: batch x heads x seq rows of seq, the heads from the zoo's config, one
+kernel per layer); `softmax_bounds` is the fastest rate of each band over both sources and
+dtypes, rows whose bytes ran at 80% of the catalog bandwidth or more left out (bound by their
+bytes, not their elements).
 """
 from __future__ import annotations
 
@@ -27,22 +37,29 @@ import pandas as pd  # noqa: E402
 
 from kit.errors import KitError  # noqa: E402
 
-DEFAULT_DIR = ROOT / "measurements" / "h200-2026-12-04"
+DEFAULT_DIRS = (ROOT / "measurements" / "h200-2026-12-04", ROOT / "measurements" / "h200-2026-12-04-b")
 SMS, CLOCK_HZ = 132, 1.98e9
 KIND_OF = {"pow": "pow", "powu": "pow", "gelu": "gelu"}  # sweep op -> kit kind, for the bound kinds
 MIN_KERNEL_MS = 0.02
+BYTES_BOUND_SHARE = 0.8  # of the catalog bandwidth: a row at least this fast is bound by its bytes
 
 
-def rows(folder: Path) -> pd.DataFrame:
+def sweeps(folders) -> pd.DataFrame:
+    """Every vector-sweep row of at least MIN_KERNEL_MS, with its rate."""
     from kit.data.records import load_measurements
 
-    files = sorted(folder.glob("*/vector_*.csv.gz"))
+    files = [f for folder in folders for f in sorted(folder.glob("*/vector_*.csv.gz"))]
     if not files:
-        raise KitError(f"no vector sweeps (*/vector_*.csv.gz) under {folder}")
+        raise KitError(f"no vector sweeps (*/vector_*.csv.gz) under {', '.join(map(str, folders))}")
     d = pd.concat([load_measurements(f) for f in files], ignore_index=True)
-    d = d[~d.op.isin(["softmax", "ln"]) & (d.kernel_ms >= MIN_KERNEL_MS)].copy()
+    d = d[d.kernel_ms >= MIN_KERNEL_MS].copy()
     d["elems_per_sm_clock"] = d.rows * d.cols / (d.kernel_ms * 1e-3) / (SMS * CLOCK_HZ)
     return d
+
+
+def rows(folders) -> pd.DataFrame:
+    d = sweeps(folders)
+    return d[~d.op.isin(["softmax", "ln"])].copy()
 
 
 def bounds(d: pd.DataFrame) -> dict:
@@ -56,17 +73,26 @@ def bounds(d: pd.DataFrame) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", default=str(DEFAULT_DIR), help="the measurement folder")
+    ap.add_argument("--dir", action="append", help="a measurement folder (repeatable; default: both "
+                    "H200 folders)")
     args = ap.parse_args(argv)
-    folder = Path(args.dir)
+    folders = [Path(f) for f in (args.dir or DEFAULT_DIRS)]
     try:
-        if not folder.is_dir():
-            raise KitError(f"measurement folder not found: {folder}")
-        d = rows(folder)
+        for folder in folders:
+            if not folder.is_dir():
+                raise KitError(f"measurement folder not found: {folder}")
+        d = rows(folders)
         table = (d.groupby(["op", "dtype"]).elems_per_sm_clock.agg(["size", "max", "median"])
                  .round(3).reset_index().to_dict("records"))
-        out = {"source": str(folder), "min_kernel_ms": MIN_KERNEL_MS, "rates": table, "bounds": bounds(d)}
+        out = {"source": [str(f) for f in folders], "min_kernel_ms": MIN_KERNEL_MS, "rates": table,
+               "bounds": bounds(d)}
         out["tile_bf16"] = tile_scores(d[(d.dtype == "bf16") & d.op.isin(list(KIND_OF))])
+        soft = softmax_rows(folders)
+        out["softmax"] = (soft.groupby(["band", "dtype", "source"]).elems_per_sm_clock
+                          .agg(["size", "max", "median"]).round(3).reset_index().to_dict("records"))
+        out["softmax_bounds"] = softmax_bounds(soft)
+        sw = sweeps(folders)
+        out["tile_softmax"] = tile_scores(sw[sw.op == "softmax"], by="dtype")
     except KitError as e:
         print(f"element_rates: {e}", file=sys.stderr)
         return 2
@@ -74,7 +100,63 @@ def main(argv=None) -> int:
     return 0
 
 
-def tile_scores(d: pd.DataFrame) -> dict:
+def softmax_rows(folders) -> pd.DataFrame:
+    """Softmax rows of at least MIN_KERNEL_MS: the sweeps' and the model steps' attention softmax
+    (one row per inference pass: its softmax_warp_forward kernels' mean time)."""
+    from kit.data.records import read_jsonl
+    from kit.hardware import get_gpu
+    from kit.workload.zoo_configs import config
+
+    sw = sweeps(folders)
+    sw = sw[sw.op == "softmax"]
+    out = [{"source": "sweep", "dtype": r.dtype, "rows": float(r.rows), "cols": float(r.cols),
+            "kernel_ms": float(r.kernel_ms)} for r in sw.itertuples()]
+    latest = {}
+    for folder in folders:
+        for f in sorted([*folder.glob("model_steps/*.jsonl"), *folder.glob("*/model_steps*.jsonl")]):
+            for r in read_jsonl(f):
+                if "error" not in r and r["mode"] == "inference":  # a later file's row replaces
+                    latest[(r["model"], r["dtype"], r["batch"], r["seq"])] = r
+    for r in latest.values():
+        ks = [k for k in r["top_kernels"] if "softmax_warp_forward" in k["name"]]
+        if not ks:
+            continue
+        cfg = config(r["model"])
+        heads = cfg.get("n_head") or cfg.get("num_attention_heads")
+        layers = cfg.get("n_layer") or cfg.get("num_hidden_layers")
+        count, us = sum(k["count"] for k in ks), sum(k["us"] for k in ks)
+        if count != layers:
+            raise KitError(f"{r['model']}: {count} softmax kernels against {layers} layers")
+        out.append({"source": "model_steps", "dtype": r["dtype"], "rows": float(r["batch"] * heads * r["seq"]),
+                    "cols": float(r["seq"]), "kernel_ms": us / count / 1e3})
+    d = pd.DataFrame(out)
+    d = d[d.kernel_ms >= MIN_KERNEL_MS].copy()
+    numel = d.rows * d.cols
+    d["elems_per_sm_clock"] = numel / (d.kernel_ms * 1e-3) / (SMS * CLOCK_HZ)
+    d["band"] = [_band(c) for c in d.cols]
+    # read and written once each: the bandwidth a row's bytes ran at
+    tbps = 2 * numel * d.dtype.map({"bf16": 2, "fp16": 2, "fp32": 4}) / (d.kernel_ms * 1e-3) / 1e12
+    d["bytes_bound"] = tbps >= BYTES_BOUND_SHARE * get_gpu("h200").mem_bw_gbs / 1e3
+    return d[d.band > 0]
+
+
+def _band(cols: float) -> int:
+    """The row band (kit.predict.element_rates.SOFTMAX_ELEMS_PER_SM_CLOCK) a row length is in; 0:
+    none (SOFTMAX_UNBOUND_COLS or fewer, or past the last band)."""
+    from kit.predict.element_rates import SOFTMAX_ELEMS_PER_SM_CLOCK, SOFTMAX_UNBOUND_COLS
+
+    if cols <= SOFTMAX_UNBOUND_COLS:
+        return 0
+    return next((b for b in sorted(SOFTMAX_ELEMS_PER_SM_CLOCK) if cols <= b), 0)
+
+
+def softmax_bounds(d: pd.DataFrame) -> dict:
+    """The fastest element-bound rate of each band, over sources and dtypes."""
+    d = d[~d.bytes_bound]
+    return {int(b): round(float(p.elems_per_sm_clock.max()), 2) for b, p in d.groupby("band")}
+
+
+def tile_scores(d: pd.DataFrame, by: str = "op") -> dict:
     """MAPE of the tile predictor's in-stream time against these rows' kernel time, as shipped."""
     import warnings
 
@@ -88,9 +170,10 @@ def tile_scores(d: pd.DataFrame) -> dict:
         warnings.simplefilter("ignore")
         pred = predict_rows(frame, {"tile": get_predictor("tile")}, in_stream=True).set_index("row").sort_index()
     ratio = pred.predicted_ms.to_numpy() / frame.kernel_ms.to_numpy()
-    return {op: {"n": int((frame.op == op).sum()), "mape": round(float(np.mean(np.abs(ratio[frame.op == op] - 1)) * 100), 1),
-                 "geo_bias": round(float(np.exp(np.mean(np.log(ratio[frame.op == op])))), 3)}
-            for op in sorted(frame.op.unique())}
+    key = frame[by].to_numpy()
+    return {k: {"n": int((key == k).sum()), "mape": round(float(np.mean(np.abs(ratio[key == k] - 1)) * 100), 1),
+                "geo_bias": round(float(np.exp(np.mean(np.log(ratio[key == k])))), 3)}
+            for k in sorted(set(key))}
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ bf16 rows with random token ids; the first's were all zero). The tile-MLP was ne
 an H200 row. A few constants were read off these rows (the unaligned 16-bit share of the peak,
 the generic loop's rate: the first folder; the tensor-core curves of kit.predict.tensor_core:
 the second folder's op sweeps, benchmarks/tensor_core_fit.py), so the op scores of those rows
-are in-sample for them; the whole-model rows were never fitted. Three parts:
+are in-sample for them. No whole-model step time was fitted, but the softmax rates of
+kit.predict.element_rates were read off the inference passes' softmax kernels (and the vector
+sweeps' softmax rows; benchmarks/element_rates.py), so the whole models' softmax is in-sample. Three parts:
 * whole_model: each measured training step / inference pass (benchmarks/model_steps.py) beside
   kit.api.predict_model for the same model, dtype, batch and sequence on "h200" (train = forward,
   LM loss, backward, no optimizer, as measured). APE of the step time, and of the summed kernel

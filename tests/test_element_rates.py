@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -64,6 +65,9 @@ def test_the_script_reads_the_shipped_rates_off_the_sweeps(capsys):
     assert element_rates.main([]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["bounds"] == ELEMS_PER_SM_CLOCK
+    from kit.predict.element_rates import SOFTMAX_ELEMS_PER_SM_CLOCK
+
+    assert {int(k): v for k, v in out["softmax_bounds"].items()} == SOFTMAX_ELEMS_PER_SM_CLOCK
     assert element_rates.main(["--dir", str(folder / "nope")]) == 2
 
 
@@ -86,3 +90,63 @@ def test_exponents_zero_and_one_and_a_cpu_scalar_tensor():
     assert leaf_ops(map_op("pow", (x, 1.0), {}, x)[0])[0][0].kind == "copy"
     assert leaf_ops(map_op("pow", (x, torch.tensor(2.0)), {}, x)[0])[0][0].kind == "square"
     assert leaf_ops(map_op("pow", (2.0, x), {}, x)[0])[0][0].kind == "pow"  # scalar ** tensor
+
+
+def _softmax_ms(tile, rows, cols, dtype, gpu):
+    from kit.ops import Softmax
+
+    return tile.predict([Softmax(r, c, dtype) for r, c in zip(rows, cols)], gpu).latency_ms.to_numpy()
+
+
+def test_a_16bit_softmax_is_no_faster_than_its_rows_band_allows_on_nvidia_only():
+    from kit.predict.element_rates import SOFTMAX_ELEMS_PER_SM_CLOCK, softmax_bound_ms
+
+    tile = get_predictor("tile")
+    h200 = get_gpu("h200")
+    floor = isolation_floor_ms(tile, h200)
+    rows = [256 * 2048, 256 * 1024, 512 * 512]
+    cols = [2048, 1024, 512]
+    got = _softmax_ms(tile, rows, cols, "bf16", h200)
+    for r, c, ms in zip(rows, cols, got):
+        rate = SOFTMAX_ELEMS_PER_SM_CLOCK[c] * h200.sm_count * h200.boost_clock_mhz * 1e6
+        assert ms >= r * c / rate * 1e3 + floor - 1e-12
+    # bf16 no longer halves the time on rows of 1,025-2,048: the elements, not the bytes, set it
+    # (rows of 512 in fp32 are bound by their bytes: there bf16 ran 0.75 of fp32's time)
+    fp32 = _softmax_ms(tile, rows, cols, "fp32", h200)
+    assert (got[:2] > 0.8 * fp32[:2]).all()
+    assert softmax_bound_ms([1 << 20], [256], h200)[0] == 0  # short rows: not measured, not bound
+    assert softmax_bound_ms([1 << 20], [2048], get_gpu("mi300x"))[0] == 0  # not applied off NVIDIA
+
+
+def test_the_softmax_bound_grows_with_the_row_across_every_band_edge():
+    from kit.predict.element_rates import softmax_bound_ms
+
+    h200 = get_gpu("h200")
+    cols = np.arange(200, 6000)
+    per_row = softmax_bound_ms(np.ones_like(cols), cols, h200)
+    assert (np.diff(per_row) >= 0).all()
+    assert per_row[cols == 6000 - 1][0] == per_row[cols == 2048][0]  # a longer row: a row of 2,048
+    tile = get_predictor("tile")
+    edges = [256, 257, 512, 513, 1024, 1025, 2048, 2049, 4096]
+    t = _softmax_ms(tile, [1 << 15] * len(edges), edges, "bf16", h200)
+    assert (np.diff(t) >= -1e-12).all(), dict(zip(edges, t))
+
+
+@pytest.mark.skipif(not (Path(__import__("os").environ.get("KIT_DATA", ROOT.parent / "shared" / "data" / "neusight"))
+                         / "data" / "dataset").is_dir(), reason="NeuSight shared data not present")
+def test_no_measured_neusight_softmax_runs_faster_than_the_bound():
+    """The rates were read on an H200; on every NVIDIA GPU of NeuSight's softmax rows (training
+    and test, five architectures) each row took at least its bound."""
+    from kit.predict.element_rates import softmax_bound_ms
+    from kit.predict.evaluate import load_neusight_test
+    from kit.predict.training import DEFAULT_TRAIN_GPUS, training_frame
+    from kit.data import resolve_data_dir
+    import pandas as pd
+
+    frame = training_frame(resolve_data_dir(None), DEFAULT_TRAIN_GPUS)
+    rows = pd.concat([frame[frame.op_class == "softmax"], (t := load_neusight_test())[t.op_class == "softmax"]])
+    assert len(rows) > 1000 and rows.gpu.nunique() >= 6
+    for gpu, part in rows.groupby("gpu"):
+        bound = softmax_bound_ms(part.rows, part.cols, get_gpu(gpu))
+        assert (bound > 0).any()
+        assert (part.latency_ms.to_numpy() >= bound).all(), gpu

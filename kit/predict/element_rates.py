@@ -13,12 +13,29 @@ rates are the fastest measured (benchmarks/element_rates.py reads them off the s
 on one GPU and applied on NVIDIA's only (AMD's pow runs another library's code). pow with a
 cheap exponent (2, 3, 0.5, ...) is mapped to the cheap kernel PyTorch runs
 (kit.workload.mapping.POW_FAST) and is not bound here.
+
+Softmax's persistent warp kernel (PyTorch's softmax_warp_forward: one warp per row, the row held
+in registers, for rows of up to 2,048 elements) is bound the same way, at a rate that falls as its
+rows grow (more registers per thread, fewer warps to hide the loads). On the H200 (the attention
+softmax of 24 whole-model inference passes, 0.05-2.9 ms a call, and the vector sweeps' softmax
+rows of 20 us or more) it never ran faster than 2.64 elements per SM per clock on rows of 257-512,
+1.84 on 513-1,024 and 1.64 on 1,025-2,048, in either dtype (fp32 rows of 512 are bound by their
+bytes first and are left out; bf16 rows of 2,048 ran 1.40). The tile-MLP learned softmax from FP32
+rows on GPUs whose bytes bind first, and halved the time in bf16: it had the H200's bf16 attention
+softmax 2.2-2.5x fast. A row of more than 2,048 (a block per row: another kernel) is bound as a
+row of 2,048, as a longer row is never faster; that kernel's own rate is not bound: the H200's
+sweep rows of 2,049-4,096 ran at most 1.11, but NeuSight's A100 80GB ran rows that long at 1.23.
+On NeuSight's GPUs no softmax row ran faster than any band's rate (A100 80GB: 1.34, 1.25 and 1.25),
+and there the bytes bind first.
 """
 from __future__ import annotations
 
 import numpy as np
 
 ELEMS_PER_SM_CLOCK = {"pow": 1.30, "gelu": 2.80}
+# softmax's warp kernel, by the longest row of each band (rows of 256 or fewer: not measured, no bound)
+SOFTMAX_ELEMS_PER_SM_CLOCK = {512: 2.64, 1024: 1.84, 2048: 1.64}
+SOFTMAX_UNBOUND_COLS = 256
 
 
 def elements_per_s(gpu, per_sm_clock):
@@ -35,3 +52,18 @@ def element_bound_ms(kinds, numel, gpu) -> np.ndarray:
     not an NVIDIA GPU)."""
     per_s = elements_per_s(gpu, [ELEMS_PER_SM_CLOCK.get(k, 0.0) for k in kinds])
     return np.asarray(numel, dtype=float) / np.where(per_s > 0, per_s, np.inf) * 1e3
+
+
+def softmax_bound_ms(rows, cols, gpu) -> np.ndarray:
+    """Per softmax op (rows x cols, over cols), the least time its elements take in the warp
+    kernel at its row band's rate (SOFTMAX_ELEMS_PER_SM_CLOCK); a row past the last band counts
+    as a row of that band's length. 0 for rows of SOFTMAX_UNBOUND_COLS or fewer, and off NVIDIA."""
+    rows, cols = np.asarray(rows, dtype=float), np.asarray(cols, dtype=float)
+    bands = sorted(SOFTMAX_ELEMS_PER_SM_CLOCK)
+    rate = np.full(cols.shape, SOFTMAX_ELEMS_PER_SM_CLOCK[bands[-1]])
+    for top in reversed(bands[:-1]):
+        rate = np.where(cols <= top, SOFTMAX_ELEMS_PER_SM_CLOCK[top], rate)
+    rate = np.where(cols <= SOFTMAX_UNBOUND_COLS, 0.0, rate)
+    per_s = elements_per_s(gpu, rate)
+    elems = rows * np.minimum(cols, bands[-1])
+    return elems / np.where(per_s > 0, per_s, np.inf) * 1e3

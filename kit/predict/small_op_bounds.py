@@ -10,7 +10,7 @@ import pandas as pd
 
 from kit.hardware import GPU
 from kit.predict.base import dedupe, expand
-from kit.predict.element_rates import element_bound_ms
+from kit.predict.element_rates import element_bound_ms, softmax_bound_ms
 from kit.predict.features import feature_row_blocking
 from kit.predict.roofline import roofline
 from kit.predict.tensor_core import ATTENTION_MIN_SEQ_Q, attention_params_for, kernel_ms_of
@@ -73,12 +73,16 @@ class SmallOpBounds:
         lift = np.where(lat < low, np.maximum(1.0, t / lat), 1.0)
         lat[:], p10[:], p90[:] = lat * lift, p10 * lift, p90 * lift
 
-    def _element_bound(self, a: dict, gpu: GPU, lat, p10, p90) -> None:
-        """Kinds whose elements set their speed (kit.predict.element_rates) are no faster than
-        that (in place), plus the dispatch floor the prediction carries (this predictor's floor,
-        or all of a prediction under it). Where the bound lifts an op, its band moves up with it:
-        p90 by the same factor, p10 to the bound (the fastest rate measured)."""
-        bound = element_bound_ms(a["kind"], a["numel"], gpu)
+    def _element_bound(self, cls: str, a: dict, gpu: GPU, lat, p10, p90) -> None:
+        """Elementwise kinds and softmax rows whose elements set their speed
+        (kit.predict.element_rates) are no faster than that (in place), plus the dispatch floor
+        the prediction carries (this predictor's floor, or all of a prediction under it). Where
+        the bound lifts an op, its band moves up with it: p90 by the same factor, p10 to the bound
+        (the fastest rate measured)."""
+        if cls == "softmax":
+            bound = softmax_bound_ms(a["rows"], a["cols"], gpu)
+        else:
+            bound = element_bound_ms(a["kind"], a["numel"], gpu)
         if not (bound > 0).any():
             return
         from kit.workload.kernel_times import isolation_floor_ms
