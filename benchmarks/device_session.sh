@@ -34,7 +34,10 @@
 # (--shapes gpt2-layers, bert-large-layers, opt-1.3b-layers: softmax over the attention scores,
 # layer norm, GELU, residual adds), where the second session's whole models showed PyTorch's
 # warp softmax taking as long in bf16 as in fp32 (its rate set by elements, not bytes) and the
-# random sweeps' rows were too small to say at what rate.
+# random sweeps' rows were too small to say at what rate. The kit now bounds softmax by rates read
+# off those whole models (kit.predict.element_rates.SOFTMAX_ELEMS_PER_SM_CLOCK); these rows, timed
+# on their own, check them: benchmarks/element_rates.py --dir reads rows_*.csv.gz beside the
+# vector sweeps.
 # The collector flushes the L2 before each timed call and warms each op group for 500 ms (see
 # kit/data/collect.py); each CSV gets FILE.meta.json (provenance and settings) and, if anything
 # failed, FILE.failed.jsonl.

@@ -6,7 +6,8 @@ show how the tile predictor meets those rows with and without them.
 --dir may be given more than once (default: measurements/h200-2026-12-04 and its second session,
 h200-2026-12-04-b). For each elementwise kind and dtype of the vector sweeps (`vector_*.csv.gz`,
 kernel time, rows of at least 20 us), the fastest rate in elements per SM per clock (132 SMs,
-1,980 MHz: the clock the nvidia-smi samples read under load) and, for comparison, the bandwidth
+1,980 MHz: the clock the nvidia-smi samples read under load; device_session.sh PLAN=rows's
+`rows_*.csv.gz` are read too) and, for comparison, the bandwidth
 it implies. A kind is element-bound where its 16-bit rate stays at its fp32 rate, well under what
 its bytes allow (a bf16 add: 2.7, a unary bf16 op: 4.0). `bounds` is what
 kit.predict.element_rates ships: the fastest rate of each bound kind over both dtypes (pow and its
@@ -48,9 +49,11 @@ def sweeps(folders) -> pd.DataFrame:
     """Every vector-sweep row of at least MIN_KERNEL_MS, with its rate."""
     from kit.data.records import load_measurements
 
-    files = [f for folder in folders for f in sorted(folder.glob("*/vector_*.csv.gz"))]
+    files = [f for folder in folders for pattern in ("*/vector_*.csv.gz", "*/rows_*.csv.gz")
+             for f in sorted(folder.glob(pattern))]
     if not files:
-        raise KitError(f"no vector sweeps (*/vector_*.csv.gz) under {', '.join(map(str, folders))}")
+        raise KitError(f"no vector sweeps (*/vector_*.csv.gz, */rows_*.csv.gz) under "
+                       f"{', '.join(map(str, folders))}")
     d = pd.concat([load_measurements(f) for f in files], ignore_index=True)
     d = d[d.kernel_ms >= MIN_KERNEL_MS].copy()
     d["elems_per_sm_clock"] = d.rows * d.cols / (d.kernel_ms * 1e-3) / (SMS * CLOCK_HZ)
