@@ -21,7 +21,9 @@ and the attention softmax kernels of the whole-model inference passes (`model_st
 softmax_warp_forward: batch x heads x seq rows of seq, the heads from the zoo's config, one
 kernel per layer); `softmax_bounds` is the fastest rate of each band over both sources and
 dtypes, rows whose bytes ran at 80% of the catalog bandwidth or more left out (bound by their
-bytes, not their elements).
+bytes, not their elements). `softmax_held_out` checks the bound on the rows it was not read from:
+the training steps' attention softmax and the sweeps' rows under 20 us (the fastest of each as a
+share of its band's rate; over 1 would be a row faster than the bound).
 """
 from __future__ import annotations
 
@@ -94,6 +96,7 @@ def main(argv=None) -> int:
         out["softmax"] = (soft.groupby(["band", "dtype", "source"]).elems_per_sm_clock
                           .agg(["size", "max", "median"]).round(3).reset_index().to_dict("records"))
         out["softmax_bounds"] = softmax_bounds(soft)
+        out["softmax_held_out"] = softmax_held_out(softmax_rows(folders, held_out=True))
         sw = sweeps(folders)
         out["tile_softmax"] = tile_scores(sw[sw.op == "softmax"], by="dtype")
     except KitError as e:
@@ -103,22 +106,29 @@ def main(argv=None) -> int:
     return 0
 
 
-def softmax_rows(folders) -> pd.DataFrame:
+def softmax_rows(folders, held_out: bool = False) -> pd.DataFrame:
     """Softmax rows of at least MIN_KERNEL_MS: the sweeps' and the model steps' attention softmax
-    (one row per inference pass: its softmax_warp_forward kernels' mean time)."""
-    from kit.data.records import read_jsonl
+    (one row per inference pass: its softmax_warp_forward kernels' mean time). held_out: the rows
+    the rates were not read from instead: the training steps' attention softmax (the same kernel,
+    timed in another run) and the sweeps' rows under MIN_KERNEL_MS."""
+    from kit.data.records import load_measurements, read_jsonl
     from kit.hardware import get_gpu
     from kit.workload.zoo_configs import config
 
-    sw = sweeps(folders)
-    sw = sw[sw.op == "softmax"]
+    files = [f for folder in folders for pattern in ("*/vector_*.csv.gz", "*/rows_*.csv.gz")
+             for f in sorted(folder.glob(pattern))]
+    sw = pd.concat([load_measurements(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+    sw = sw[(sw.op == "softmax") & (sw.kernel_ms > 0)] if len(sw) else sw
+    if len(sw):
+        sw = sw[(sw.kernel_ms < MIN_KERNEL_MS) if held_out else (sw.kernel_ms >= MIN_KERNEL_MS)]
     out = [{"source": "sweep", "dtype": r.dtype, "rows": float(r.rows), "cols": float(r.cols),
             "kernel_ms": float(r.kernel_ms)} for r in sw.itertuples()]
     latest = {}
+    mode = "train" if held_out else "inference"
     for folder in folders:
-        for f in sorted([*folder.glob("model_steps/*.jsonl"), *folder.glob("*/model_steps*.jsonl")]):
+        for f in sorted([*folder.glob("model_steps/*.jsonl"), *folder.glob("[!m]*/model_steps*.jsonl")]):
             for r in read_jsonl(f):
-                if "error" not in r and r["mode"] == "inference":  # a later file's row replaces
+                if "error" not in r and r["mode"] == mode:  # a later file's row replaces
                     latest[(r["model"], r["dtype"], r["batch"], r["seq"])] = r
     for r in latest.values():
         ks = [k for k in r["top_kernels"] if "softmax_warp_forward" in k["name"]]
@@ -127,13 +137,17 @@ def softmax_rows(folders) -> pd.DataFrame:
         cfg = config(r["model"])
         heads = cfg.get("n_head") or cfg.get("num_attention_heads")
         layers = cfg.get("n_layer") or cfg.get("num_hidden_layers")
+        if not heads or not layers:
+            raise KitError(f"{r['model']}: no head or layer count in its zoo config")
         count, us = sum(k["count"] for k in ks), sum(k["us"] for k in ks)
         if count != layers:
             raise KitError(f"{r['model']}: {count} softmax kernels against {layers} layers")
         out.append({"source": "model_steps", "dtype": r["dtype"], "rows": float(r["batch"] * heads * r["seq"]),
                     "cols": float(r["seq"]), "kernel_ms": us / count / 1e3})
     d = pd.DataFrame(out)
-    d = d[d.kernel_ms >= MIN_KERNEL_MS].copy()
+    if not held_out:
+        d = d[d.kernel_ms >= MIN_KERNEL_MS]
+    d = d.copy()
     numel = d.rows * d.cols
     d["elems_per_sm_clock"] = numel / (d.kernel_ms * 1e-3) / (SMS * CLOCK_HZ)
     d["band"] = [_band(c) for c in d.cols]
@@ -157,6 +171,16 @@ def softmax_bounds(d: pd.DataFrame) -> dict:
     """The fastest element-bound rate of each band, over sources and dtypes."""
     d = d[~d.bytes_bound]
     return {int(b): round(float(p.elems_per_sm_clock.max()), 2) for b, p in d.groupby("band")}
+
+
+def softmax_held_out(d: pd.DataFrame) -> dict:
+    """The rows the rates were not read from against the shipped bound: per source, how many,
+    and the fastest as a share of its band's rate (over 1: a row ran faster than the bound)."""
+    from kit.predict.element_rates import SOFTMAX_ELEMS_PER_SM_CLOCK
+
+    share = d.elems_per_sm_clock / d.band.map(SOFTMAX_ELEMS_PER_SM_CLOCK)
+    return {src: {"n": int((d.source == src).sum()), "fastest_share_of_bound": round(float(share[d.source == src].max()), 3)}
+            for src in sorted(d.source.unique())}
 
 
 def tile_scores(d: pd.DataFrame, by: str = "op") -> dict:

@@ -93,42 +93,70 @@ def test_band_is_ordered_and_p10_never_under_the_roofline(tile, gpu):
 
 
 def test_element_bound_adds_only_the_floor_a_prediction_carries(tile, monkeypatch):
-    """_element_bound's rule (its docstring): a rated kind (gelu, pow) is no faster than its
-    elements at the measured rate plus the dispatch floor the prediction carries, which is the
-    predictor's floor or, for a prediction under that floor, all of it:
-        latency = max(lat, bound + min(lat, floor)),  p10 = that bound where it lifts.
-    A 1e5-element bf16 gelu on an A100 is predicted under the floor, so it may not be lifted to
-    bound + floor. The bound is rebuilt from element_rates.element_bound_ms and the isolation
-    floor; the latency before the bound is read as the method is called."""
-    gpu = get_gpu("a100-pcie-40gb")
+    """_element_bound's rule (its docstring): a rated kind (gelu, pow) or a softmax row is no
+    faster than its elements at the measured rate. Over the dispatch floor a prediction becomes
+    at least the bound plus the floor; under it, it carries at least its roofline's work and
+    grows by what the bound exceeds that by:
+        latency = max(lat, floor + bound) if lat >= floor else lat + max(0, bound - roofline),
+    a lifted op's p10 by the same rule on its own value and to at least the bound plus the floor
+    it carries, never over the latency. The bound is rebuilt from element_rates and the isolation
+    floor; the values before the bound are read as the method is called."""
+    from kit.predict.element_rates import softmax_bound_ms
+
+    gpu = get_gpu("h200")
     floor = isolation_floor_ms(tile, gpu)
     seen = []
     original = TilePredictor._element_bound
 
-    def spy(self, cls, a, g, lat, p10, p90):
-        before = lat.copy()
-        original(self, cls, a, g, lat, p10, p90)
-        if cls != "elementwise":
-            return
-        seen.append((list(a["kind"]), np.asarray(a["numel"], float).copy(), before, lat.copy(), p10.copy()))
+    def spy(self, cls, a, g, roofline_ms, lat, p10, p90):
+        before, p10_before = lat.copy(), p10.copy()
+        original(self, cls, a, g, roofline_ms, lat, p10, p90)
+        bound = (softmax_bound_ms(a["rows"], a["cols"], g) if cls == "softmax"
+                 else element_bound_ms(a["kind"], a["numel"], g))
+        seen.append((bound, np.asarray(roofline_ms, float).copy(), before, p10_before, lat.copy(), p10.copy()))
 
     monkeypatch.setattr(TilePredictor, "_element_bound", spy)
     ops = [Elementwise("gelu", 100_000, "bf16"), Elementwise("gelu", 100_000, "fp32"),
-           Elementwise("gelu", 3_000_000, "bf16"), Elementwise("pow", 50_000, "bf16")]
-    out = tile.predict(ops, gpu)
-    checked = under = 0
-    for kinds, numel, before, after, p10 in seen:
-        bound = element_bound_ms(kinds, numel, gpu)
-        want = np.where(bound > 0, np.maximum(before, bound + np.minimum(before, floor)), before)
-        np.testing.assert_allclose(after, want, rtol=1e-12)
-        lifted = want > before
-        np.testing.assert_allclose(p10[lifted], (bound + np.minimum(before, floor))[lifted], rtol=1e-12)
+           Elementwise("gelu", 30_000_000, "bf16"), Elementwise("pow", 50_000, "bf16"),
+           Softmax(1, 300, "bf16"), Softmax(1 << 17, 2048, "bf16"), Softmax(64, 1024, "bf16")]
+    tile.predict(ops, gpu)
+
+    def rule(t, bound, roof):
+        return np.where(t >= floor, np.maximum(t, floor + bound), t + np.maximum(0.0, bound - roof))
+
+    checked = lifted = under = 0
+    for bound, roof, before, p10_before, after, p10 in seen:
+        np.testing.assert_allclose(after, rule(before, bound, roof), rtol=1e-12)
+        up = after > before
+        want = np.where(up, np.minimum(after, np.maximum(rule(p10_before, bound, roof),
+                                                         bound + np.minimum(p10_before, floor))), p10_before)
+        np.testing.assert_allclose(p10, want, rtol=1e-12)
+        assert (p10 <= after * (1 + 1e-12)).all()
         checked += int((bound > 0).sum())
+        lifted += int((after > before).sum())
         under += int(((bound > 0) & (before < floor)).sum())
-    assert checked and under  # the "all of a prediction under the floor" case was exercised
-    # and the op itself: a gelu of 1e5 elements sits under bound + floor
-    b = element_bound_ms(["gelu"], [100_000], gpu)[0]
-    assert out.latency_ms.iloc[0] < b + floor
+    assert checked and lifted and under  # bound, lift and the under-the-floor case all exercised
+
+
+def test_an_op_under_the_floor_whose_bytes_bind_first_is_not_lifted(tile, monkeypatch):
+    """An op predicted under the floor had the whole element bound added, and its p10 set to its
+    latency, even where its roofline (its bytes) exceeds the bound: an L4 fp32 softmax of
+    1,024 x 300 (bound 1 us, roofline 8 us) rose 33.0 -> 34.0 us, a one-row bf16 softmax of
+    257 on an H200 had its band's p10 jump 61% to the latency."""
+    from kit.predict.element_rates import softmax_bound_ms
+
+    import kit.predict.small_op_bounds as sob
+
+    l4, h200 = get_gpu("l4"), get_gpu("h200")
+    ops = [Softmax(1024, 300, "fp32")]
+    row = tile.predict(ops, l4).iloc[0]
+    assert 0 < softmax_bound_ms([1024], [300], l4)[0] < row.roofline_ms  # bound, but bytes bind first
+    assert row.latency_ms < isolation_floor_ms(tile, l4)  # under the floor: the case in question
+    a, b = tile.predict([Softmax(1, 256, "bf16"), Softmax(1, 257, "bf16")], h200).itertuples()
+    monkeypatch.setattr(sob, "softmax_bound_ms", lambda rows, cols, gpu: np.zeros(len(rows)))
+    unbound = tile.predict(ops, l4).iloc[0]
+    assert row.latency_ms == unbound.latency_ms and row.latency_p10_ms == unbound.latency_p10_ms
+    assert b.latency_p10_ms < 0.8 * b.latency_ms and b.latency_p10_ms < 1.05 * a.latency_p10_ms
 
 
 @pytest.mark.parametrize("gpu", ["a100-pcie-40gb", "h100-sxm", "t4", "mi210", "v100-sxm2-32gb"])

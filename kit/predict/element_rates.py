@@ -22,11 +22,14 @@ rows of 20 us or more) it never ran faster than 2.64 elements per SM per clock o
 1.84 on 513-1,024 and 1.64 on 1,025-2,048, in either dtype (fp32 rows of 512 are bound by their
 bytes first and are left out; bf16 rows of 2,048 ran 1.40). The tile-MLP learned softmax from FP32
 rows on GPUs whose bytes bind first, and halved the time in bf16: it had the H200's bf16 attention
-softmax 2.2-2.5x fast. A row of more than 2,048 (a block per row: another kernel) is bound as a
+softmax 2.2-2.5x fast on rows of 1,024 and 2,048 (1.5-1.7x on rows of 512). A row of more than 2,048 (a block per row: another kernel) is bound as a
 row of 2,048, as a longer row is never faster; that kernel's own rate is not bound: the H200's
 sweep rows of 2,049-4,096 ran at most 1.11, but NeuSight's A100 80GB ran rows that long at 1.23.
-On NeuSight's GPUs no softmax row ran faster than any band's rate (A100 80GB: 1.34, 1.25 and 1.25),
-and there the bytes bind first.
+On NeuSight's GPUs no softmax row ran faster than its band's rate (the A100 80GB's fastest: 1.34
+at 513-1,024, 1.25 at 1,025-2,048), but those rows are fp32 and their bytes bind first there, so
+that only checks consistency. An op under the dispatch floor is lifted only by what the bound
+exceeds its roofline by (kit.predict.small_op_bounds). PyTorch 2.1, which kit.tiling describes, ran
+the warp kernel on rows up to 1,024 elements and 4 KiB; torch 2.11 on the H200 up to 2,048.
 """
 from __future__ import annotations
 
