@@ -47,8 +47,8 @@ MIN_KERNEL_MS = 0.02
 BYTES_BOUND_SHARE = 0.8  # of the catalog bandwidth: a row at least this fast is bound by its bytes
 
 
-def sweeps(folders) -> pd.DataFrame:
-    """Every vector-sweep row of at least MIN_KERNEL_MS, with its rate."""
+def all_sweep_rows(folders) -> pd.DataFrame:
+    """Every vector-sweep row (`vector_*.csv.gz`, PLAN=rows's `rows_*.csv.gz`) under folders."""
     from kit.data.records import load_measurements
 
     files = [f for folder in folders for pattern in ("*/vector_*.csv.gz", "*/rows_*.csv.gz")
@@ -56,7 +56,12 @@ def sweeps(folders) -> pd.DataFrame:
     if not files:
         raise KitError(f"no vector sweeps (*/vector_*.csv.gz, */rows_*.csv.gz) under "
                        f"{', '.join(map(str, folders))}")
-    d = pd.concat([load_measurements(f) for f in files], ignore_index=True)
+    return pd.concat([load_measurements(f) for f in files], ignore_index=True)
+
+
+def sweeps(folders) -> pd.DataFrame:
+    """Every vector-sweep row of at least MIN_KERNEL_MS, with its rate."""
+    d = all_sweep_rows(folders)
     d = d[d.kernel_ms >= MIN_KERNEL_MS].copy()
     d["elems_per_sm_clock"] = d.rows * d.cols / (d.kernel_ms * 1e-3) / (SMS * CLOCK_HZ)
     return d
@@ -111,16 +116,13 @@ def softmax_rows(folders, held_out: bool = False) -> pd.DataFrame:
     (one row per inference pass: its softmax_warp_forward kernels' mean time). held_out: the rows
     the rates were not read from instead: the training steps' attention softmax (the same kernel,
     timed in another run) and the sweeps' rows under MIN_KERNEL_MS."""
-    from kit.data.records import load_measurements, read_jsonl
+    from kit.data.records import read_jsonl
     from kit.hardware import get_gpu
     from kit.workload.zoo_configs import config
 
-    files = [f for folder in folders for pattern in ("*/vector_*.csv.gz", "*/rows_*.csv.gz")
-             for f in sorted(folder.glob(pattern))]
-    sw = pd.concat([load_measurements(f) for f in files], ignore_index=True) if files else pd.DataFrame()
-    sw = sw[(sw.op == "softmax") & (sw.kernel_ms > 0)] if len(sw) else sw
-    if len(sw):
-        sw = sw[(sw.kernel_ms < MIN_KERNEL_MS) if held_out else (sw.kernel_ms >= MIN_KERNEL_MS)]
+    sw = all_sweep_rows(folders)
+    sw = sw[(sw.op == "softmax") & (sw.kernel_ms > 0)]
+    sw = sw[(sw.kernel_ms < MIN_KERNEL_MS) if held_out else (sw.kernel_ms >= MIN_KERNEL_MS)]
     out = [{"source": "sweep", "dtype": r.dtype, "rows": float(r.rows), "cols": float(r.cols),
             "kernel_ms": float(r.kernel_ms)} for r in sw.itertuples()]
     latest = {}
