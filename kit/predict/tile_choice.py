@@ -81,19 +81,30 @@ class TileChooser:
     def choose_index(self, a: dict, gpu: GPU | str, dtype: str = "fp32") -> np.ndarray:
         """Index into vocab of the tile chosen for each GEMM of the batch `a` (of one dtype;
         a["split_ways"], where given: each GEMM is the split-K batch of that many ways)."""
+        return self.probabilities(a, gpu, dtype).argmax(1)
+
+    def probabilities(self, a: dict, gpu: GPU | str, dtype: str = "fp32") -> np.ndarray:
+        """(n, len(vocab)): the classifier's probability of each tile, per GEMM of the batch `a`;
+        one-hot where the sliced rule sets the tile (_sliced)."""
         from kit.predict.array_mlp import ArrayMLP
 
         if len(a["m"]) == 0:
-            return np.zeros(0, dtype=int)
+            return np.zeros((0, len(self.vocab)))
         gpu = get_gpu(gpu)
         x = shape_matrix(a, gpu)
         if isinstance(self.model, ArrayMLP):  # loaded weights: no torch
-            chosen = self.model(x).argmax(1)
+            logits = np.asarray(self.model(x), dtype=float)
         else:
             from kit.predict.nets import predict
 
-            chosen = predict(self.model, x).argmax(1)
-        return self._sliced(a, gpu, dtype, np.asarray(chosen))
+            logits = np.asarray(predict(self.model, x), dtype=float)
+        prob = np.exp(logits - logits.max(1, keepdims=True))
+        prob /= prob.sum(1, keepdims=True)
+        ruled = self._sliced(a, gpu, dtype, np.full(len(prob), -1))
+        at = np.flatnonzero(ruled >= 0)
+        prob[at] = 0.0
+        prob[at, ruled[at]] = 1.0
+        return prob
 
     def _sliced(self, a: dict, gpu: GPU, dtype: str, chosen: np.ndarray) -> np.ndarray:
         """chosen, with the 32x32 tile for the small-output, long-k FP32 GEMMs cuBLAS runs on
@@ -110,9 +121,13 @@ class TileChooser:
                 & (np.asarray(a["k"]) * ways >= SLICED_MIN_K))
         return np.where(take, small[0], chosen)
 
-    def tile_arrays(self, a: dict, gpu: GPU | str, dtype: str = "fp32") -> tuple[dict, list[str]]:
-        """(kit-orientation tile arrays for waves(), library tile names "MxN") per GEMM."""
-        v = np.array(self.vocab, dtype=float).reshape(-1, 4)[self.choose_index(a, gpu, dtype)]
+    def tile_arrays(self, a: dict, gpu: GPU | str, dtype: str = "fp32",
+                    chosen: np.ndarray | None = None) -> tuple[dict, list[str]]:
+        """(kit-orientation tile arrays for waves(), library tile names "MxN") per GEMM; chosen:
+        the vocab indices, where already chosen (choose_index, or probabilities' argmax)."""
+        if chosen is None:
+            chosen = self.choose_index(a, gpu, dtype)
+        v = np.array(self.vocab, dtype=float).reshape(-1, 4)[np.asarray(chosen, dtype=int)]
         names = [f"{int(m)}x{int(n)}" for m, n in v[:, :2]]
         return lib_tile(v[:, 0], v[:, 1], v[:, 3], v[:, 2]), names
 
