@@ -157,3 +157,38 @@ def test_a_small_output_with_a_long_reduction_takes_cublass_sliced_tile():
     finally:
         tile_choice.SLICED_ARCHS = saved
     assert with_rule.tile.tolist() == without.tile.tolist()
+
+
+def test_a_split_only_a_less_likely_tile_lets_in_comes_in_by_its_weight():
+    # with 64 SMs and one block a SM allowed, a tile of 40 tiles lets no split in (2 x 40 > 64),
+    # one of 16 lets S = 2 and 4 in; weights 0.6 / 0.4 on the two tiles
+    op = Gemm(m=64, n=64, k=4096)
+    frame = _frame([10.0], [0.5], [40])
+    frame["tile_options"] = [(np.array([0.6, 0.4]), np.array([40, 16]))]
+    lim = {"blocks_per_sm": 1, "min_split_k": 128, "max_split": 64}
+    out = apply_split_k(_fake(lambda o: 8.0 / o.b), _fake(lambda r: 0.1 * r.n_inputs), [op], frame, 64, lim)
+    best = 8 / 4 + 0.4  # the second tile's fastest split: S = 4
+    assert out.latency_ms.iloc[0] == pytest.approx(np.exp(0.6 * np.log(10.0) + 0.4 * np.log(best)))
+    assert out.latency_p90_ms.iloc[0] == pytest.approx(np.exp(0.6 * np.log(12.0) + 0.4 * np.log(1.1 * best)))
+    # shown: the likeliest tile's choice, unsplit; its utilisation a share of the same bound
+    assert out.split_k.iloc[0] == 1 and out.tile.iloc[0] == frame.tile.iloc[0]
+    assert out.utilisation.iloc[0] == pytest.approx(0.5 * 10.0 / out.latency_ms.iloc[0])
+    # all the weight on the tile that lets no split in: unsplit, as before
+    frame["tile_options"] = [(np.array([1.0]), np.array([40]))]
+    alone = apply_split_k(_fake(lambda o: 8.0 / o.b), _fake(lambda r: 0.1 * r.n_inputs), [op], frame, 64, lim)
+    assert alone.latency_ms.iloc[0] == 10.0 and alone.split_k.iloc[0] == 1
+
+
+def test_no_cliff_where_a_flip_of_tile_lets_a_split_in():
+    # an L4 FP32 Linear of 100 x 10,321 ran 26% faster at k 1,226 than at 1,224: the chooser's
+    # flip 128x32 -> 128x64 halved the tiles and so let a 2-way split in
+    from kit.predict.weights import has_shipped, shipped_tile
+
+    if not has_shipped():
+        pytest.skip("no shipped weights")
+    model = shipped_tile()
+    ops = [Gemm(m=100, n=10321, k=k, kind="linear", shared_rhs=True) for k in range(1150, 1300, 2)]
+    out = model.predict(ops, "l4")
+    assert out.tile.nunique() > 1 and (out.split_k > 1).any() and (out.split_k == 1).any()
+    lat = out.latency_ms.to_numpy(float)
+    assert (lat[1:] / lat[:-1]).min() > 0.99

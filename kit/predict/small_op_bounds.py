@@ -20,6 +20,7 @@ FLOOR_SHARE = 0.5  # of the dispatch floor, the least an isolated vector or row 
 WHOLE_WAVES_ALL = 16  # whole-wave counts an elementwise op is floored at, each; then powers of two (whole_waves)
 # classes whose kernels are one block per tile of a fixed size (SmallOpBounds._one_wave_cap)
 ONE_WAVE_CLASSES = ("elementwise", "softmax", "layernorm")
+NORM_SHORT_COLS = 1024  # the tile-MLP's features block norm rows this short apart (_norm_column_cap)
 
 
 class SmallOpBounds:
@@ -72,6 +73,23 @@ class SmallOpBounds:
         t = low + np.asarray(roofline_ms, dtype=float)
         lift = np.where(lat < low, np.maximum(1.0, t / lat), 1.0)
         lat[:], p10[:], p90[:] = lat * lift, p10 * lift, p90 * lift
+
+    def _norm_column_cap(self, ops: list, gpu: GPU, part):
+        """A norm of up to NORM_SHORT_COLS columns is never slower than the same rows at one
+        column more: PyTorch runs both on one kernel (kit.tiling.row_launch: a row per warp x 4
+        threads, at any width), but the tile-MLP's features block rows of up to 1,024 columns 4 to
+        a 128-thread block and longer ones one to a block (feature_row_blocking), and the two
+        sides had come apart: one bf16 row of 1,024 took 41.8 us on an L4 and one of 1,025 23.6
+        us. Where the twin binds, the op takes its time and band (cap_at)."""
+        from kit.predict.gemm_bounds import cap_at
+
+        short = [j for j, op in enumerate(ops) if op.cols <= NORM_SHORT_COLS]
+        if not short:
+            return part
+        twins = self._predict_class("layernorm", [replace(ops[j], cols=NORM_SHORT_COLS + 1) for j in short], gpu)
+        bound = np.full(len(ops), np.nan)
+        bound[short] = twins.latency_ms.to_numpy(dtype=float)
+        return cap_at(part, bound)
 
     def _element_bound(self, cls: str, a: dict, gpu: GPU, roofline_ms, lat, p10, p90) -> None:
         """Elementwise kinds and softmax rows whose elements set their speed

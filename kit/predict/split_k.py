@@ -80,8 +80,21 @@ def apply_split_k(predict_gemm, predict_reduce, ops: list, frame: pd.DataFrame,
     split beats it replaced by that split: its latency and band (GEMM + reduce), split_k = S,
     and the tile, tiles and waves of the split GEMM. predict_gemm(split GEMMs, their S) /
     predict_reduce(reduce ops): a predictor's GEMM and elementwise batch predictions (no split
-    of their own)."""
-    choices = split_choices(ops, frame.tiles.to_numpy(int), sm_count, limits)
+    of their own).
+
+    A GEMM whose prediction mixes tiles (frame's optional column tile_options: per op, the
+    weights and tile counts of the tiles it mixes, the likeliest first; kit.predict.tile_mlp)
+    takes, per tile, the best of unsplit and the splits that tile's count lets in, and the
+    weighted geometric mean of those: a split let in by a tile the chooser only half prefers
+    comes in by half, not all at once where the choice flips. What is shown (tile, S) is the
+    likeliest tile's choice."""
+    lim = limits or split_limits("nvidia")
+    tiles = frame.tiles.to_numpy(int)
+    options = (frame.tile_options.tolist() if "tile_options" in frame.columns
+               else [None] * len(ops))
+    options = [o if o is not None else (np.ones(1), np.array([tiles[i]])) for i, o in enumerate(options)]
+    least = np.array([min(int(t.min()), tiles[i]) for i, (_, t) in enumerate(options)])
+    choices = split_choices(ops, least, sm_count, lim)
     out = frame.copy()
     if not choices:
         return out
@@ -92,17 +105,33 @@ def apply_split_k(predict_gemm, predict_reduce, ops: list, frame: pd.DataFrame,
     # features, so its bytes count one k / S slice of it)
     roof = frame.roofline_ms.to_numpy(float)[[i for i, _ in choices]]
     total = {c: np.maximum(gemm[c].to_numpy(float) + red[c].to_numpy(float), roof) for c in cols}
-    best = out.latency_ms.to_numpy(float).copy()
+    by_op: dict[int, list[tuple[int, int]]] = {}
     for j, (i, s) in enumerate(choices):
-        if total["latency_ms"][j] < best[i]:
-            best[i] = total["latency_ms"][j]
-            for c in cols:
-                out.at[i, c] = float(total[c][j])
-            out.at[i, "split_k"] = s
-            out.at[i, "tile"] = gemm.tile.iloc[j]  # the split GEMM's own tile (shape changed)
-            out.at[i, "tiles"] = int(gemm.tiles.iloc[j])
-            out.at[i, "waves"] = int(gemm.waves.iloc[j])
-            # the split GEMM's own bound (its waves at peak) over the whole time, reduce included
-            bound = float(gemm.utilisation.iloc[j] * gemm.latency_ms.iloc[j])
-            out.at[i, "utilisation"] = bound / best[i]
+        by_op.setdefault(i, []).append((j, s))
+    room = lim["blocks_per_sm"] * sm_count
+    for i, cands in by_op.items():
+        own = {c: float(frame[c].iloc[i]) for c in cols}
+        weights, picks = options[i]
+        best = []
+        for t in picks:  # per tile: unsplit (-1), or its fastest split
+            allowed = [j for j, s in cands if t * s <= room and total["latency_ms"][j] < own["latency_ms"]]
+            best.append(min(allowed, key=lambda j: total["latency_ms"][j]) if allowed else -1)
+        if all(b < 0 for b in best):
+            continue
+        w = np.asarray(weights, dtype=float) / float(np.sum(weights))
+        new = {c: float(np.exp(sum(wv * np.log(own[c] if b < 0 else total[c][b]) for wv, b in zip(w, best))))
+               for c in cols}
+        for c in cols:
+            out.at[i, c] = new[c]
+        j = best[0]
+        if j < 0:  # the likeliest tile runs unsplit: its bound, over the new time
+            out.at[i, "utilisation"] = float(frame.utilisation.iloc[i]) * own["latency_ms"] / new["latency_ms"]
+            continue
+        out.at[i, "split_k"] = choices[j][1]
+        out.at[i, "tile"] = gemm.tile.iloc[j]  # the split GEMM's own tile (shape changed)
+        out.at[i, "tiles"] = int(gemm.tiles.iloc[j])
+        out.at[i, "waves"] = int(gemm.waves.iloc[j])
+        # the split GEMM's own bound (its waves at peak) over the whole time, reduce included
+        bound = float(gemm.utilisation.iloc[j] * gemm.latency_ms.iloc[j])
+        out.at[i, "utilisation"] = bound / new["latency_ms"]
     return out

@@ -114,6 +114,8 @@ class TilePredictor(GemmBounds, SmallOpBounds):
                 out.loc[idx, COLUMNS] = part[COLUMNS].values
                 continue
             part = self._predict_class(cls, ops_c, gpu)
+            if cls == "layernorm":
+                part = self._norm_column_cap(ops_c, gpu, part.reset_index(drop=True))
             gemv = gemv_applies(gpu, ops_c) if cls == "gemm" and self._gemv_rule else \
                 np.zeros(len(ops_c), dtype=bool)
             if cls == "gemm" and split_k:
@@ -168,11 +170,13 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         return WavePredictor().predict(ops, gpu)
 
     # Tiles whose probability is within this of the chooser's most likely one share the GEMM's
-    # prediction (_tile_mixture). 0 is the hard choice. At 0.25 NeuSight's held-out GEMM rows
-    # moved at most 0.1 point (A100-80GB linear 7.59 -> 7.60%, L4 12.04 -> 12.02%), the AMD rows
-    # and the H200's FP32 GEMMs a little the right way (MI210 linear 14.5 -> 14.1%; H200 kernels
-    # of 1 ms or more 13.0 -> 11.5%), and the cliffs where the choice flips went: an H200 FP32
-    # Linear of 4,010 x 12,438 had run 16% faster at k = 13,099 than at 13,008.
+    # prediction (_tile_mixture) and its split choice (kit.predict.split_k). 0 is the hard
+    # choice. At 0.25 NeuSight's held-out GEMM rows moved at most 0.1 point (A100-80GB linear
+    # 7.59 -> 7.54%, L4 12.04 -> 12.02%), the AMD rows and the H200's FP32 GEMMs a little the
+    # right way (MI210 linear 14.5 -> 14.0%; H200 kernels of 1 ms or more 13.0 -> 11.6%), and the
+    # cliffs where the choice flips went: an H200 FP32 Linear of 4,010 x 12,438 had run 16%
+    # faster at k = 13,099 than at 13,008, an L4 one of 100 x 10,321 26% faster at k = 1,226
+    # than at 1,224 (a flip that halved its tiles let a split in).
     soft_tile_margin = 0.25
 
     def _log_quantiles(self, cls: str, a: dict, gpu: GPU, w: dict) -> tuple:
@@ -180,19 +184,24 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         x = feature_matrix(cls, a, gpu, w)
         return combine(self.models[cls].log_quantiles(x, np.log(w["base_ms"])), self.class_sigma(cls, gpu))
 
-    def _tile_mixture(self, a: dict, gpu: GPU, dtype: str, prob: np.ndarray, chosen: tuple) -> tuple:
-        """(log p50, log p10, log p90) per GEMM: the mean over the tiles the chooser finds nearly
+    def _tile_mixture(self, a: dict, gpu: GPU, dtype: str, prob: np.ndarray, chosen: tuple,
+                      chosen_tiles: np.ndarray) -> tuple:
+        """(log p50, log p10, log p90, options) per GEMM: the mean over the tiles the chooser finds nearly
         as likely as its choice, weighted by how far each is inside soft_tile_margin of it
         (max(0, p - p_max + margin), normalised), chosen being the choice's own quantiles. The
         weights are continuous in the shape, so where the choice flips the prediction passes from
         one tile's to the other's instead of jumping: the classifier was unsure there, and the
         tile-MLP's two tiles can differ by a fifth (its GEMM tiles were all the library's own
-        choices, made on shapes like these)."""
+        choices, made on shapes like these). options: per GEMM, the weights and tile counts of
+        the tiles mixed, the choice first (kit.predict.split_k lets each tile's splits in by its
+        weight)."""
         weight = np.maximum(0.0, prob - prob.max(1, keepdims=True) + self.soft_tile_margin)
         top = prob.argmax(1)
         weight /= weight.sum(1, keepdims=True)
         rows = np.arange(len(prob))
         out = [part * weight[rows, top] for part in chosen]
+        counts = np.zeros(weight.shape)
+        counts[rows, top] = chosen_tiles
         vocab = np.array(self.chooser.vocab, dtype=float).reshape(-1, 4)
         for v in range(len(vocab)):
             idx = np.flatnonzero((weight[:, v] > 0) & (top != v))
@@ -201,9 +210,15 @@ class TilePredictor(GemmBounds, SmallOpBounds):
             sub = _rows(a, idx)
             t = np.repeat(vocab[v:v + 1], idx.size, axis=0)
             sub.update(lib_tile(t[:, 0], t[:, 1], t[:, 3], t[:, 2]))
-            for o, part in zip(out, self._log_quantiles("gemm", sub, gpu, waves("gemm", sub, gpu, dtype))):
+            w = waves("gemm", sub, gpu, dtype)
+            counts[idx, v] = w["tiles"]
+            for o, part in zip(out, self._log_quantiles("gemm", sub, gpu, w)):
                 o[idx] += weight[idx, v] * part
-        return tuple(out)
+        options = []
+        for i in rows:
+            order = [top[i]] + [v for v in np.flatnonzero(weight[i] > 0) if v != top[i]]
+            options.append((weight[i, order], counts[i, order]))
+        return (*out, options)
 
     def _predict_class(self, cls: str, ops: list, gpu: GPU, split_ways=None) -> pd.DataFrame:
         """split_ways: for GEMMs that are split-K batches (kit.predict.split_k), each one's S."""
@@ -232,8 +247,9 @@ class TilePredictor(GemmBounds, SmallOpBounds):
             names = tile_names(cls, a, dtype, gpu.vendor)
         base = w["base_ms"]
         centre, lo, hi = self._log_quantiles(cls, a, gpu, w)
+        options = None
         if cls == "gemm" and self.soft_tile_margin > 0:
-            centre, lo, hi = self._tile_mixture(a, gpu, dtype, prob, (centre, lo, hi))
+            centre, lo, hi, options = self._tile_mixture(a, gpu, dtype, prob, (centre, lo, hi), w["tiles"])
         lat = np.exp(centre).astype(np.float64)  # float64: the curves and bounds below write into it
         p10, p90 = np.minimum(np.maximum(np.exp(lo), base), lat), np.maximum(np.exp(hi), lat)
         if cls in ONE_WAVE_CLASSES:  # the floor first: the cap keeps a small op under a full wave
@@ -244,11 +260,14 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         if cls == "gemm":
             self._tensor_core(a, gpu, dtype, w["roofline_ms"], lat, p10, p90)
         shown = w if cls in ("gemm", "elementwise") else waves(cls, a, gpu, dtype, launch=True)
-        return pd.DataFrame({
+        frame = pd.DataFrame({
             "latency_ms": lat, "roofline_ms": w["roofline_ms"], "bound": w["bound"],
             "tile": names, "tiles": shown["tiles"].astype(int), "waves": shown["waves"].astype(int),
             "utilisation": base / lat, "latency_p10_ms": p10, "latency_p90_ms": p90,
             "split_k": 1}, columns=COLUMNS)
+        if options is not None:  # which tiles it mixes, for the split choice (kit.predict.split_k)
+            frame["tile_options"] = options
+        return frame
 
 
 def _rows(a: dict, idx: np.ndarray) -> dict:
