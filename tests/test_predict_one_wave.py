@@ -6,6 +6,7 @@ import pytest
 from kit.hardware import get_gpu
 from kit.ops import Elementwise, LayerNorm, RMSNorm, Softmax
 from kit.predict import get_predictor, small_op_bounds, tile_mlp
+from kit.predict.features import arrays_from_ops, op_class_of, waves
 
 GPUS = ("a100-pcie-40gb", "h100-sxm", "l4", "t4")
 BLOCK_THREADS = 128  # PyTorch's vectorised elementwise kernels and the features' short-row blocks
@@ -107,6 +108,29 @@ def test_under_a_wave_more_rows_never_predict_faster(tile, gpu, cls):
         # the networks run in float64 (kit.predict.array_mlp): an op's answer does not depend
         # on the batch it is predicted in (in float32 a batch of another size rounded 2e-6 apart)
         assert (np.diff(lat) >= -1e-9 * lat[1:]).all(), (gpu, cols, lat)
+
+
+@pytest.mark.parametrize("gpu", ("p100-pcie-16gb", "h200", "mi300x", "a100-pcie-80gb"))
+@pytest.mark.parametrize("cls", [Softmax, LayerNorm])
+def test_rows_crossing_a_power_of_two_of_tiles_never_predict_faster(tile, gpu, cls):
+    """Each row op's ladder started from its own tiles, so ops on either side of a power of two
+    of tiles were capped at different rungs: a P100 layer norm of 17 rows of 128 had come out
+    15% under one of 13. Now each is floored at its power-of-two rung's answer and capped at
+    the rungs above, so no series over the first wave drops by a tenth, and the rungs
+    themselves (ops of exactly a power of two of tiles, whole tiles) never fall."""
+    for dtype in ("fp32", "bf16"):
+        for cols in (128, 500, 2048):
+            rows = np.unique(np.round(np.geomspace(1, 20000, 160)).astype(int))
+            lat = tile.predict([cls(int(r), cols, dtype=dtype) for r in rows], gpu).latency_ms.to_numpy(float)
+            assert (lat / np.maximum.accumulate(lat)).min() > 0.9, (dtype, cols)
+            per_tile = 4 if cols <= 1024 else 1  # the features' blocking (feature_row_blocking)
+            one = cls(per_tile, cols, dtype=dtype)
+            slots = waves(op_class_of(one), arrays_from_ops(op_class_of(one), [one]), get_gpu(gpu), dtype)["slots"][0]
+            rungs = [per_tile * 2 ** k for k in range(16) if 2 ** k < slots]  # under one wave
+            at = tile.predict([cls(r, cols, dtype=dtype) for r in rungs], gpu).latency_ms.to_numpy(float)
+            assert (np.diff(at) >= -1e-9 * at[1:]).all(), (dtype, cols, at)
+    p100 = tile.predict([LayerNorm(13, 128), LayerNorm(17, 128)], "p100-pcie-16gb").latency_ms.to_numpy(float)
+    assert p100[1] >= p100[0] * (1 - 1e-9)
 
 
 def test_the_ladder_rungs():

@@ -210,7 +210,15 @@ class SmallOpBounds:
         is large: a layer norm of 4 rows of 768 took the 6,912-row wave's 0.086 ms, where
         NeuSight measured 0.047 ms for every layer norm up to ~1e5 elements on that GPU.
         An elementwise op past k full waves is floored at exactly k of them first
-        (_past_one_wave_floor)."""
+        (_past_one_wave_floor).
+
+        A row op (softmax, norms) keeps its own answer where it is the lowest, and is floored at
+        what the same op of the power of two of tiles at or under its own gets
+        (_row_rung_floor), so the time never falls as the rows cross a power of two of tiles:
+        its ladder alone, from its own tiles, had let a P100 layer norm of 17 rows of 128 come
+        out 15% under one of 13, 22 of 196 series over 1 to 300,000 rows (7 GPUs, 2 dtypes, 7
+        widths) dropping by more than 10% somewhere in the first wave, 85 by more than 3%; now
+        0 and 24 (a dip inside a power-of-two interval, or past the wave, remains)."""
         lat, p10, p90 = _past_one_wave_floor(self, cls, ops, gpu, tiles, slots, lat, p10, p90)
         small = np.flatnonzero(tiles < slots)
         if not small.size:
@@ -233,8 +241,27 @@ class SmallOpBounds:
         lat[small] = np.where(own, np.minimum(lat[small], caps[0]), caps[0])
         p10[small] = np.minimum(np.where(own, np.minimum(p10[small], caps[1]), caps[1]), lat[small])
         p90[small] = np.maximum(np.where(own, np.minimum(p90[small], caps[2]), caps[2]), lat[small])
+        if cls != "elementwise":
+            floors = self._row_rung_floor(cls, ops, gpu, tiles, slots, small)
+            lat[small] = np.maximum(lat[small], floors[0])
+            p10[small] = np.minimum(np.maximum(p10[small], floors[1]), lat[small])
+            p90[small] = np.maximum(np.maximum(p90[small], floors[2]), lat[small])
         return lat, p10, p90
 
+    def _row_rung_floor(self, cls, ops, gpu, tiles, slots, small) -> list:
+        """Per small row op (index small), quantile by quantile, what the same op of exactly the
+        power of two of tiles at or under its own gets (its own capped prediction, without this
+        floor, which would recurse)."""
+        if getattr(self, "_in_row_floor", False):
+            return [np.full(len(small), -np.inf)] * 3
+        twins = [one_wave_twin(cls, ops[i], 1 << (int(tiles[i]).bit_length() - 1)) for i in small]
+        rungs, where = dedupe(twins)
+        self._in_row_floor = True
+        try:
+            pred = expand(self._predict_class(cls, rungs, gpu), where)
+        finally:
+            self._in_row_floor = False
+        return [pred[c].to_numpy(float) for c in ("latency_ms", "latency_p10_ms", "latency_p90_ms")]
 
 
 def whole_waves(done: int) -> list[int]:
@@ -308,15 +335,24 @@ def wave_ladder(cls: str, op, tiles: int, slots: int) -> list:
     exactly one full wave (one_wave_twin): sizes the op cannot be slower than. An elementwise
     op's rungs are the same for every op between two powers of two of tiles, so the lowest of
     them never falls as the op grows (a copy of 533 elements had come out 13.6% under one of 512
-    on a V100: its own ladder, from 2 tiles, was not 512's, from 1; on NeuSight's AMD rows the
-    same rungs for row ops made MI100 layer norms 12.2 -> 14.5% and softmax 25.0 -> 27.7%, so
-    those keep the ladder from their own tiles)."""
+    on a V100: its own ladder, from 2 tiles, was not 512's, from 1). A row op keeps the ladder
+    from its own tiles and adds its rows in whole tiles at the power of two at or above its own,
+    then the powers of two above (taking the rungs' answer alone, as elementwise ops do, had
+    made NeuSight's MI100 layer norms 12.2 -> 14.5% and softmax 25.0 -> 27.7%; as caps beside
+    its own answer, with _row_rung_floor, no NeuSight figure moved)."""
     first = wave_rung(cls, op, tiles, slots)
     ladder = [] if first == op else [first]
     rung = 2 * _rung_tiles(cls, tiles, slots)
     while rung < slots:
         ladder.append(one_wave_twin(cls, op, rung))
         rung *= 2
+    if cls != "elementwise":
+        rung = 1 << max(int(tiles) - 1, 0).bit_length()  # the powers of two from its own tiles up
+        while rung < slots:
+            twin = one_wave_twin(cls, op, rung)
+            if twin != op and twin not in ladder:  # its rows in whole tiles, the powers of two above
+                ladder.append(twin)
+            rung *= 2
     return ladder + [one_wave_twin(cls, op, slots)]
 
 

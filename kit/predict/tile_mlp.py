@@ -222,6 +222,8 @@ class TilePredictor(GemmBounds, SmallOpBounds):
 
     def _predict_class(self, cls: str, ops: list, gpu: GPU, split_ways=None) -> pd.DataFrame:
         """split_ways: for GEMMs that are split-K batches (kit.predict.split_k), each one's S."""
+        if not ops:
+            return pd.DataFrame(columns=COLUMNS)
         dtypes = {getattr(op, "dtype", "fp32") for op in ops}
         if len(dtypes) > 1:  # one batch per dtype
             frames, order = [], []
