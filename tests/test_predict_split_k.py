@@ -192,3 +192,25 @@ def test_no_cliff_where_a_flip_of_tile_lets_a_split_in():
     assert out.tile.nunique() > 1 and (out.split_k > 1).any() and (out.split_k == 1).any()
     lat = out.latency_ms.to_numpy(float)
     assert (lat[1:] / lat[:-1]).min() > 0.99
+
+
+def test_split_k_false_never_splits_a_twin(monkeypatch):
+    # the as-calls caps (few_rows_ms, few_batches_ms) and the two-row cap had predicted their
+    # twins with split-K on: an MI300X fp32 bmm of b = 5, 41 x 4508 x 24549, unaligned, came out
+    # under 5 calls of its unbatched twin split 8 ways, with split_k=False
+    from kit.predict import tile_mlp
+    from kit.predict.weights import has_shipped, shipped_tile
+
+    if not has_shipped():
+        pytest.skip("no shipped weights")
+    model = shipped_tile()
+    ops = [Gemm(m=41, n=4508, k=24549, b=5, align=1), Gemm(m=3, n=4096, k=16384),
+           Gemm(m=1, n=4096, k=16384, b=4), Gemm(m=8, n=576, k=100352)]
+    on = model.predict(ops, "mi300x")
+
+    def no_split(*args, **kwargs):
+        raise AssertionError("a split was costed under split_k=False")
+
+    monkeypatch.setattr(tile_mlp, "apply_split_k", no_split)
+    off = model.predict(ops, "mi300x", split_k=False)
+    assert (off.split_k == 1).all() and (off.latency_ms >= on.latency_ms * (1 - 1e-9)).all()

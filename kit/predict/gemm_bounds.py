@@ -70,7 +70,7 @@ class GemmBounds:
         t, lo, hi = kernel_ms_of(np.asarray(roofline_ms, dtype=float)[tc], params_for(gpu, dtype))
         lat[tc], p10[tc], p90[tc] = t + floor, lo + floor, hi + floor
 
-    def few_rows_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
+    def few_rows_ms(self, ops: list, gpu: GPU | str, split_k: bool = True) -> np.ndarray:
         """Per GEMM, r kernel times of its one-row twin where its m or n is r (2 <= r <= FEW_ROWS),
         plus one dispatch floor: the most it may take, as it could run as those back-to-back calls
         (predict caps it, cap_at); NaN for any other. Where the tile-MLP is off its data for thin
@@ -78,13 +78,14 @@ class GemmBounds:
         tensor-core curve) a bf16 GEMM of 8192 x 8192 weights took 0.067 ms at one row and 0.25
         ms at two. The floor counts once, as in few_batches_ms: r whole isolated calls had held r
         floors, and in a model (which sheds one) a Linear(256, 1024) of 2 rows took 8.6x its one
-        row on an A100."""
+        row on an A100. split_k: as predict's, for the twin too."""
         return self._as_calls(ops, gpu, lambda op: min(op.m, op.n),
-                              lambda op: replace(op, m=1) if op.m <= op.n else replace(op, n=1))
+                              lambda op: replace(op, m=1) if op.m <= op.n else replace(op, n=1), split_k)
 
-    def _as_calls(self, ops: list, gpu: GPU | str, count_of, twin_of) -> np.ndarray:
+    def _as_calls(self, ops: list, gpu: GPU | str, count_of, twin_of, split_k: bool = True) -> np.ndarray:
         """Per GEMM whose count_of(op) is 2..FEW_ROWS, that many kernel times of twin_of(op) plus
-        one dispatch floor (few_rows_ms, few_batches_ms); NaN for any other."""
+        one dispatch floor (few_rows_ms, few_batches_ms); NaN for any other. split_k: whether
+        the twin may split (predict(split_k=False) had still been capped by split twins)."""
         from kit.workload.kernel_times import isolation_floor_ms
 
         gpu = get_gpu(gpu)
@@ -93,12 +94,12 @@ class GemmBounds:
         if rows:
             floor = isolation_floor_ms(self, gpu)
             with self.as_twins():
-                twin = self.predict([twin_of(ops[j]) for j in rows], gpu).latency_ms.to_numpy(dtype=float)
+                twin = self.predict([twin_of(ops[j]) for j in rows], gpu, split_k).latency_ms.to_numpy(dtype=float)
             count = np.array([count_of(ops[j]) for j in rows], dtype=float)
             out[rows] = count * np.maximum(twin - floor, 0.0) + floor
         return out
 
-    def two_row_ms(self, ops: list, gpu: GPU | str, rows: np.ndarray) -> np.ndarray:
+    def two_row_ms(self, ops: list, gpu: GPU | str, rows: np.ndarray, split_k: bool = True) -> np.ndarray:
         """Per GEMV (rows: m or n of 1, the other over 1), the isolated latency of its two-row
         twin: the most it may take, as the twin's kernel could run it with a row of padding
         (predict caps it, cap_at); NaN for any other. The GEMV rule streams at one share of the
@@ -114,7 +115,7 @@ class GemmBounds:
             self._in_two_row_twin = True
             try:
                 with self.as_twins():
-                    out[idx] = self.predict(twins, gpu).latency_ms.to_numpy(dtype=float)
+                    out[idx] = self.predict(twins, gpu, split_k).latency_ms.to_numpy(dtype=float)
             finally:
                 self._in_two_row_twin = False
         return out
@@ -164,14 +165,14 @@ class GemmBounds:
         bound, twin = self.padded_rows_ms(ops, gpu, split_k)
         return part if twin is None else cap_as(part, twin)
 
-    def few_batches_ms(self, ops: list, gpu: GPU | str) -> np.ndarray:
+    def few_batches_ms(self, ops: list, gpu: GPU | str, split_k: bool = True) -> np.ndarray:
         """Per GEMM of batch b (2 <= b <= FEW_ROWS), b kernel times of its b = 1 twin plus one
         dispatch floor: the most it may take, as it could run as those back-to-back calls
         (predict caps it, cap_at); NaN for any other. Split-K is open to an unbatched GEMM only
         (cuBLAS's rule in NeuSight's data), so a batch of 2 of a small output over a long k had
         walked all of k on a couple of SMs: 24 x 8 outputs over k = 16384 on an H100 took
-        0.053 ms at b = 1 and 1.07 ms at b = 2."""
-        return self._as_calls(ops, gpu, lambda op: op.b, lambda op: replace(op, b=1))
+        0.053 ms at b = 1 and 1.07 ms at b = 2. split_k: as predict's, for the twin too."""
+        return self._as_calls(ops, gpu, lambda op: op.b, lambda op: replace(op, b=1), split_k)
 
     def _aligned_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
         """An unaligned GEMM in a dtype with a tensor-core curve is never faster than the same GEMM

@@ -133,11 +133,11 @@ class TilePredictor(GemmBounds, SmallOpBounds):
                     part.loc[free, COLUMNS] = split[COLUMNS].values
             if gemv.any():
                 part = self._gemv(ops_c, gpu, gemv, part.reset_index(drop=True))
-                part = cap_at(part.reset_index(drop=True), self.two_row_ms(ops_c, gpu, gemv))
+                part = cap_at(part.reset_index(drop=True), self.two_row_ms(ops_c, gpu, gemv, split_k))
             if cls == "gemm":
                 # the caps (ways it could run: as one-row or unbatched calls) hold over the
                 # aligned twin's lift too, so they apply on both sides of it
-                rows_ms, batches_ms = self.few_rows_ms(ops_c, gpu), self.few_batches_ms(ops_c, gpu)
+                rows_ms, batches_ms = self.few_rows_ms(ops_c, gpu, split_k), self.few_batches_ms(ops_c, gpu, split_k)
                 part = cap_at(cap_at(part.reset_index(drop=True), rows_ms), batches_ms)
                 part = self._aligned_bound(ops_c, gpu, part.reset_index(drop=True))
                 part = cap_at(cap_at(part, rows_ms), batches_ms)
