@@ -137,9 +137,12 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         out.update(tile_dims=list(t.tile_dims), blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,
                    last_wave_fill=t.last_wave_fill, threads_per_block=t.threads_per_block)
     if model.name == "tile":
-        from kit.predict.op_source import tile_source
+        from kit.predict.op_source import tile_choice, tile_source
 
         tile_source(model, op, gpu, out, cls)
+        if cls == "gemm" and out["tile"] != "gemv" and not str(out.get("source", "")).startswith(
+                "kit.predict.tensor_core"):
+            out["tile_choice"] = tile_choice(model, op, gpu)
     return out
 
 

@@ -99,3 +99,23 @@ def test_no_cliff_where_the_chosen_tile_flips(shipped, m, n, ks):
     hard.soft_tile_margin = 0.0
     hard_step = hard.predict(ops, "h200").latency_ms.to_numpy(float)
     assert (hard_step[1:] / hard_step[:-1]).min() < 0.95  # what the mixture took away
+
+
+def test_predict_op_reports_the_tile_choice_it_mixed():
+    from kit.api import predict_op
+    from kit.cli.cmd_op import text
+
+    out = predict_op(Gemm(m=4096, n=4096, k=4096), "a100-pcie-40gb", "tile")
+    choice = out["tile_choice"]
+    assert choice[0]["tile"] == out["tile"]  # unsplit: the likeliest tile is the one shown
+    assert [c["p"] for c in choice] == sorted((c["p"] for c in choice), reverse=True)
+    assert abs(sum(c["weight"] for c in choice) - 1) < 1e-3 and len(choice) >= 3
+    mixed = [c for c in choice if c["weight"] > 0]
+    # the weights are the mixture's: p - p_max + margin over the tiles inside the margin
+    raw = [c["p"] - choice[0]["p"] + TilePredictor.soft_tile_margin for c in mixed]
+    assert np.allclose([c["weight"] for c in mixed], np.array(raw) / sum(raw), atol=2e-3)
+    line = [ln for ln in text(out).splitlines() if ln.strip().startswith("choice")]
+    assert len(line) == 1 and all(c["tile"] in line[0] for c in mixed)
+    # a GEMM on a measured curve, or a GEMV, is no tile-MLP mixture: no such line
+    assert "tile_choice" not in predict_op(Gemm(m=4096, n=4096, k=4096, dtype="bf16"), "h200", "tile")
+    assert "tile_choice" not in predict_op(Gemm(m=1, n=4096, k=4096), "h200", "tile")

@@ -94,6 +94,8 @@ def text(r):
         lines.append(f"  tiling    tile {r['tile']}{split} {r['tiles']} tiles, {r['blocks_per_sm']} blocks/SM"
                      f" (limited by {r['occupancy_limiter']}), {r['waves']} waves,"
                      f" last wave {100 * r['last_wave_fill']:.0f}% full")
+        if r.get("tile_choice"):
+            lines.append("  " + tile_choice_text(r["tile_choice"], r.get("split_k", 1) > 1))
         # utilisation is bound / latency; the tile predictor's bound is the larger of the roofline
         # and its waves at peak (one wave of a 1x1x1e7 GEMM's single tile runs on one SM)
         bound_ms = r["utilisation"] * r["latency_ms"]
@@ -149,3 +151,15 @@ def register(sub):
     mc.add_argument("--bytes", type=positive_int, required=True)
     mc.add_argument("--direction", default="d2d", choices=["d2d", "h2d", "d2h"])
     _gpu_args(mc, dtype=False)
+
+
+def tile_choice_text(choice: list, split: bool) -> str:
+    """kit op's line on the tile chooser: the likeliest tiles, and which ones the time mixes."""
+    mixed = [c for c in choice if c["weight"] > 0]
+    seen = ", ".join(f"{c['tile']} p {c['p']:.2f}" for c in choice)
+    of = " of the unsplit shape" if split else ""
+    if len(mixed) == 1:
+        return f"choice    the tile chooser's likeliest tiles{of}: {seen}; the time is {mixed[0]['tile']}'s"
+    weights = ", ".join(f"{c['tile']} {c['weight']:.2f}" for c in mixed)
+    return (f"choice    the tile chooser's likeliest tiles{of}: {seen}; it is unsure, so the time is"
+            f" a weighted mean over {weights} (kit.predict.tile_mlp.tile_weights)")

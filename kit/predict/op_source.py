@@ -79,6 +79,21 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
                          f"elements, times {proxy[1]:.4g} for the bytes it moves (as in a model)")
 
 
+def tile_choice(model, op, gpu) -> list[dict]:
+    """The tile chooser's view of a GEMM (as given, unsplit): each tile its prediction mixes
+    (kit.predict.tile_mlp.tile_weights), likeliest first, then the next likeliest to three in
+    all, as {tile, p, weight}."""
+    from kit.predict.features import arrays_from_ops
+    from kit.predict.tile_mlp import tile_weights
+
+    prob = model.chooser.probabilities(arrays_from_ops("gemm", [op]), gpu, op.dtype)
+    weight = tile_weights(prob, model.soft_tile_margin)[0]
+    order = np.argsort(-prob[0], kind="stable")
+    keep = [int(t) for t in order if weight[t] > 0 or t in order[:3]]
+    return [{"tile": f"{model.chooser.vocab[t][0]}x{model.chooser.vocab[t][1]}",
+             "p": round(float(prob[0, t]), 4), "weight": round(float(weight[t]), 4)} for t in keep]
+
+
 def _answer(op, gpu, out: dict, cls: str) -> str:
     """What a cap overrode: the GEMV rule's stream, a curve's answer (kit.predict.tensor_core) or
     the tile-MLP's."""

@@ -195,9 +195,8 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         choices, made on shapes like these). options: per GEMM, the weights and tile counts of
         the tiles mixed, the choice first (kit.predict.split_k lets each tile's splits in by its
         weight)."""
-        weight = np.maximum(0.0, prob - prob.max(1, keepdims=True) + self.soft_tile_margin)
+        weight = tile_weights(prob, self.soft_tile_margin)
         top = prob.argmax(1)
-        weight /= weight.sum(1, keepdims=True)
         rows = np.arange(len(prob))
         out = [part * weight[rows, top] for part in chosen]
         counts = np.zeros(weight.shape)
@@ -270,6 +269,15 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         if options is not None:  # which tiles it mixes, for the split choice (kit.predict.split_k)
             frame["tile_options"] = options
         return frame
+
+
+def tile_weights(prob: np.ndarray, margin: float) -> np.ndarray:
+    """(n, tiles) weights of each tile in a GEMM's prediction (TilePredictor._tile_mixture):
+    max(0, p - p_max + margin), normalised per GEMM; margin 0 is the likeliest tile alone."""
+    if margin <= 0:
+        return np.eye(prob.shape[1])[prob.argmax(1)]
+    weight = np.maximum(0.0, prob - prob.max(1, keepdims=True) + margin)
+    return weight / weight.sum(1, keepdims=True)
 
 
 def _rows(a: dict, idx: np.ndarray) -> dict:
