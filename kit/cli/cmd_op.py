@@ -78,7 +78,7 @@ def text(r):
             str(r.get("source", "")).startswith("the learned elementwise") or
             " back-to-back calls of its one-row twin " in str(r.get("source", "")) or
             str(r.get("source", "")).startswith(("its bytes at ", "the time of a twin with more rows",
-                                                 "its time on the ")) or
+                                                 "its time on the ", "PyTorch's two-kernel")) or
             " back-to-back calls of its b = 1 twin " in str(r.get("source", ""))):
         lines.append(f"  source    {r['source']}")
     if r.get("tile") == "gemv":

@@ -71,6 +71,17 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
             out["source"] = (f"its time on the {other.key}, a training GPU with the same SM design "
                              f"that the {gpu.key} matches or beats in every resource: never slower "
                              f"than there; {_answer(op, gpu, out, cls)} here was slower")
+    from kit.predict.norm_paths import two_kernel_mask, two_kernel_ms
+
+    if two_kernel_mask([op], gpu)[0]:
+        from kit.workload.kernel_times import isolation_floor_ms
+
+        low = two_kernel_ms([op.rows], [op.cols], gpu)[0] + isolation_floor_ms(model, gpu)
+        if abs(out["latency_ms"] - low) <= 1e-9 * low:
+            out["source"] = ("PyTorch's two-kernel layer norm (a width not a multiple of 4: "
+                             "RowwiseMomentsCUDAKernel, then LayerNormForwardCUDAKernel), timed on "
+                             "an H200 (kit.predict.norm_paths), plus the dispatch floor; the "
+                             "tile-MLP's own answer was faster")
     from kit.ops import elementwise_proxy
 
     proxy = elementwise_proxy(op)

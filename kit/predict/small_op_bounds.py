@@ -91,6 +91,26 @@ class SmallOpBounds:
         bound[short] = twins.latency_ms.to_numpy(dtype=float)
         return cap_at(part, bound)
 
+    def _two_kernel_norm_bound(self, ops: list, gpu: GPU, part):
+        """A layer norm whose width PyTorch cannot vectorise runs two kernels, never faster than
+        kit.predict.norm_paths's time for them plus the dispatch floor; where that binds, the op's
+        time and band are scaled up to it (its utilisation down with it)."""
+        from kit.predict.norm_paths import two_kernel_mask, two_kernel_ms
+        from kit.workload.kernel_times import isolation_floor_ms
+
+        two = two_kernel_mask(ops, gpu)
+        if not two.any():
+            return part
+        idx = np.flatnonzero(two)
+        low = two_kernel_ms([ops[i].rows for i in idx], [ops[i].cols for i in idx], gpu) + isolation_floor_ms(self, gpu)
+        lat = part.latency_ms.to_numpy(dtype=float)[idx]
+        lift = np.maximum(1.0, low / lat)
+        at = part.index[idx]
+        for col, f in (("latency_ms", lift), ("latency_p10_ms", lift), ("latency_p90_ms", lift),
+                       ("utilisation", 1.0 / lift)):
+            part.loc[at, col] = part[col].to_numpy(dtype=float)[idx] * f
+        return part
+
     def _element_bound(self, cls: str, a: dict, gpu: GPU, roofline_ms, lat, p10, p90) -> None:
         """Elementwise kinds and softmax rows whose elements set their speed
         (kit.predict.element_rates) are no faster than that (in place). A prediction over the

@@ -116,6 +116,7 @@ class TilePredictor(GemmBounds, SmallOpBounds):
             part = self._predict_class(cls, ops_c, gpu)
             if cls == "layernorm":
                 part = self._norm_column_cap(ops_c, gpu, part.reset_index(drop=True))
+                part = self._two_kernel_norm_bound(ops_c, gpu, part)
             gemv = gemv_applies(gpu, ops_c) if cls == "gemm" and self._gemv_rule else \
                 np.zeros(len(ops_c), dtype=bool)
             if cls == "gemm" and split_k:
