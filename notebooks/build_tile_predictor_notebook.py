@@ -320,7 +320,10 @@ block (`kit.tiling.row_launch`, from PyTorch's kernels):
   (two per warp when the row is at most 128 long);
 - longer softmax rows: one row per block of $\max(32,\ 2^{\lceil\log_2(\min(c/4,\,1024)/2)\rceil})$
   threads: 256 for 2048 columns, 512 from 2056 on;
-- layer norm: always one row per 32×4 = 128-thread block.
+- layer norm: one row per 32×4 = 128-thread block, when the row's width is a multiple of 4
+  (PyTorch's vectorised kernel). Any other width runs two kernels, one block a row each (the
+  moments, then the normalisation); NeuSight's widths are all multiples of 4, so the kit prices
+  those with a model read off the project's H200 (`kit.predict.norm_paths`).
 
 On an A100 (2048 threads, 108 SMs) a layer norm of 8192 rows × 1024 runs $2048/128 = 16$ blocks
 per SM, $W = \lceil 8192/1728\rceil = 5$ waves; a softmax of 8192 × 4096 runs 4 blocks of 512 per
