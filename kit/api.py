@@ -142,7 +142,7 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         tile_source(model, op, gpu, out, cls)
         if cls == "gemm" and out["tile"] != "gemv" and not str(out.get("source", "")).startswith(
                 "kit.predict.tensor_core"):
-            out["tile_choice"] = tile_choice(model, op, gpu)
+            out["tile_choice"] = tile_choice(model, op, gpu, out["split_k"])
     return out
 
 

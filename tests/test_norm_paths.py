@@ -66,3 +66,12 @@ def test_the_benchmark_names_a_missing_folder(bench, tmp_path, capsys):
     assert err.count("\n") == 1 and "not found" in err and "nope" in err
     assert bench.main(["--dir", str(tmp_path)]) == 2  # a folder with no sweeps
     assert "no vector sweeps" in capsys.readouterr().err
+
+
+def test_a_tensor_parallel_share_of_an_aligned_row_stays_vectorisable():
+    from kit.parallel.opgraph import _shard
+
+    share = _shard(LayerNorm(3, 1600), 32)  # 1600 / 32 = 50 columns: rounded up to 52
+    assert share.cols % norm_paths.VECTOR_ELEMS == 0 and share.cols >= 1600 // 32
+    assert not norm_paths.two_kernel_mask([share], get_gpu("h200")).any()
+    assert _shard(LayerNorm(3, 1601), 32).cols == 51  # an unaligned row's share keeps its width

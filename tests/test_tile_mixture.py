@@ -119,3 +119,17 @@ def test_predict_op_reports_the_tile_choice_it_mixed():
     # a GEMM on a measured curve, or a GEMV, is no tile-MLP mixture: no such line
     assert "tile_choice" not in predict_op(Gemm(m=4096, n=4096, k=4096, dtype="bf16"), "h200", "tile")
     assert "tile_choice" not in predict_op(Gemm(m=1, n=4096, k=4096), "h200", "tile")
+
+
+def test_the_choice_line_is_the_split_batchs_and_yields_to_a_bound():
+    from kit.api import predict_op
+    from kit.cli.cmd_op import text
+
+    split = predict_op(Gemm(m=128, n=256, k=30000), "a100-pcie-40gb", "tile")
+    assert split["split_k"] > 1 and split["tile_choice"][0]["tile"] == split["tile"]
+    line = [ln for ln in text(split).splitlines() if ln.strip().startswith("choice")][0]
+    assert f"split GEMM ({split['split_k']} ways)" in line
+    capped = predict_op(Gemm(m=8, n=1024, k=256), "a100-sxm4-80gb", "tile")
+    assert capped.get("source")  # a bound set its time
+    line = [ln for ln in text(capped).splitlines() if ln.strip().startswith("choice")][0]
+    assert "bound set the time" in line

@@ -95,7 +95,7 @@ def text(r):
                      f" (limited by {r['occupancy_limiter']}), {r['waves']} waves,"
                      f" last wave {100 * r['last_wave_fill']:.0f}% full")
         if r.get("tile_choice"):
-            lines.append("  " + tile_choice_text(r["tile_choice"], r.get("split_k", 1) > 1))
+            lines.append("  " + tile_choice_text(r["tile_choice"], r.get("split_k", 1), bool(r.get("source"))))
         # utilisation is bound / latency; the tile predictor's bound is the larger of the roofline
         # and its waves at peak (one wave of a 1x1x1e7 GEMM's single tile runs on one SM)
         bound_ms = r["utilisation"] * r["latency_ms"]
@@ -153,13 +153,16 @@ def register(sub):
     _gpu_args(mc, dtype=False)
 
 
-def tile_choice_text(choice: list, split: bool) -> str:
-    """kit op's line on the tile chooser: the likeliest tiles, and which ones the time mixes."""
+def tile_choice_text(choice: list, split: int, bound: bool) -> str:
+    """kit op's line on the tile chooser: the likeliest tiles, and which ones the time mixes
+    (bound: a curve, bound or cap set the time instead, named on the source line)."""
     mixed = [c for c in choice if c["weight"] > 0]
     seen = ", ".join(f"{c['tile']} p {c['p']:.2f}" for c in choice)
-    of = " of the unsplit shape" if split else ""
+    of = f" of the split GEMM ({split} ways)" if split > 1 else ""
     if len(mixed) == 1:
-        return f"choice    the tile chooser's likeliest tiles{of}: {seen}; the time is {mixed[0]['tile']}'s"
-    weights = ", ".join(f"{c['tile']} {c['weight']:.2f}" for c in mixed)
-    return (f"choice    the tile chooser's likeliest tiles{of}: {seen}; it is unsure, so the time is"
-            f" a weighted mean over {weights} (kit.predict.tile_mlp.tile_weights)")
+        text = f"choice    the tile chooser's likeliest tiles{of}: {seen}; the tile-MLP prices {mixed[0]['tile']}"
+    else:
+        weights = ", ".join(f"{c['tile']} {c['weight']:.2f}" for c in mixed)
+        text = (f"choice    the tile chooser's likeliest tiles{of}: {seen}; it is unsure, so the tile-MLP"
+                f" prices a weighted mean over {weights} (kit.predict.tile_mlp.tile_weights)")
+    return text + ("; the source line's bound set the time, not this" if bound else "")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from kit import ops
 from kit.errors import KitError
 from kit.parallel.gpt import Block, GPTSpec, padded_vocab
+from kit.predict.norm_paths import VECTOR_ELEMS
 
 
 @dataclass
@@ -90,7 +91,10 @@ def _shard(op, tp: int):
     if isinstance(op, (ops.Softmax, ops.LayerNorm, ops.RMSNorm)):
         if op.rows % tp == 0 or op.rows >= op.cols:
             return replace(op, rows=max(math.ceil(op.rows / tp), 1))
-        return replace(op, cols=max(math.ceil(op.cols / tp), 1))
+        cols = max(math.ceil(op.cols / tp), 1)
+        if op.cols % VECTOR_ELEMS == 0:  # a share of a vectorisable row stays one (kit.predict.norm_paths)
+            cols = -(-cols // VECTOR_ELEMS) * VECTOR_ELEMS
+        return replace(op, cols=cols)
     if isinstance(op, ops.Memcpy):
         return replace(op, nbytes=max(op.nbytes // tp, 1))
     parts = getattr(op, "parts", None)

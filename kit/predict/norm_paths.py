@@ -19,7 +19,10 @@ rows, median 7.0%). bf16 and fp32 rows fit alike (fitted on one dtype, the other
 10.9%): the kernels are bound by their instructions, a block's reductions and a few per element,
 not by their bytes. A LayerNorm of such a width is never faster than that, plus the dispatch floor
 (kit.predict.small_op_bounds). The constants are carried to other NVIDIA GPUs on their SMs and boost
-clock, untested there; AMD's library is another, and not bound.
+clock, untested there. ROCm builds PyTorch's same layer-norm source, so AMD GPUs likely take the two
+kernels too, but no AMD row of such a width was measured (NeuSight's are all multiples of 4) and
+its per-clock costs would differ: AMD is not bound. A tensor-parallel share of a vectorisable row
+is kept vectorisable (kit.parallel.opgraph rounds its width up to a multiple of 4).
 """
 from __future__ import annotations
 

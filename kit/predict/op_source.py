@@ -90,14 +90,19 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
                          f"elements, times {proxy[1]:.4g} for the bytes it moves (as in a model)")
 
 
-def tile_choice(model, op, gpu) -> list[dict]:
-    """The tile chooser's view of a GEMM (as given, unsplit): each tile its prediction mixes
+def tile_choice(model, op, gpu, split: int = 1) -> list[dict]:
+    """The tile chooser's view of a GEMM, or of its split batch where it runs split `split` ways
+    (kit.predict.split_k.split_op, chosen as that split): each tile its prediction mixes
     (kit.predict.tile_mlp.tile_weights), likeliest first, then the next likeliest to three in
     all, as {tile, p, weight}."""
     from kit.predict.features import arrays_from_ops
+    from kit.predict.split_k import split_op
     from kit.predict.tile_mlp import tile_weights
 
-    prob = model.chooser.probabilities(arrays_from_ops("gemm", [op]), gpu, op.dtype)
+    a = arrays_from_ops("gemm", [split_op(op, split) if split > 1 else op])
+    if split > 1:
+        a["split_ways"] = np.array([float(split)])
+    prob = model.chooser.probabilities(a, gpu, op.dtype)
     weight = tile_weights(prob, model.soft_tile_margin)[0]
     order = np.argsort(-prob[0], kind="stable")
     keep = [int(t) for t in order if weight[t] > 0 or t in order[:3]]

@@ -94,7 +94,9 @@ class SmallOpBounds:
     def _two_kernel_norm_bound(self, ops: list, gpu: GPU, part):
         """A layer norm whose width PyTorch cannot vectorise runs two kernels, never faster than
         kit.predict.norm_paths's time for them plus the dispatch floor; where that binds, the op's
-        time and band are scaled up to it (its utilisation down with it)."""
+        time and band are scaled up to it (its utilisation down with it). The bound is on the
+        central time: the band keeps the tile-MLP's relative width, so its p10 may sit under the
+        bound (the fit itself is 10% off on the rows it was read from)."""
         from kit.predict.norm_paths import two_kernel_mask, two_kernel_ms
         from kit.workload.kernel_times import isolation_floor_ms
 
@@ -232,17 +234,14 @@ class SmallOpBounds:
         An elementwise op past k full waves is floored at exactly k of them first
         (_past_one_wave_floor).
 
-        A row op (softmax, norms) keeps its own answer where it is the lowest, and is floored at
-        what the same op of the power of two of tiles at or under its own gets
-        (_row_rung_floor), so the time never falls as the rows cross a power of two of tiles:
-        its ladder alone, from its own tiles, had let a P100 layer norm of 17 rows of 128 come
-        out 15% under one of 13, 22 of 196 series over 1 to 300,000 rows (7 GPUs, 2 dtypes, 7
-        widths) dropping by more than 10% somewhere in the first wave, 85 by more than 3%; now
-        0 and 24 (a dip inside a power-of-two interval, or past the wave, remains)."""
+        A row op (softmax, norms) also meets the powers of two of tiles, as caps and as a floor
+        (_row_wave_cap)."""
         lat, p10, p90 = _past_one_wave_floor(self, cls, ops, gpu, tiles, slots, lat, p10, p90)
         small = np.flatnonzero(tiles < slots)
         if not small.size:
             return lat, p10, p90
+        if cls != "elementwise":
+            return self._row_wave_cap(cls, ops, gpu, tiles, slots, small, lat, p10, p90)
         ladders = [wave_ladder(cls, ops[i], int(tiles[i]), int(slots[i])) for i in small]
         # small ops of one kind and row length share rungs: predict each rung once
         rungs, where = dedupe([op for ladder in ladders for op in ladder])
@@ -261,27 +260,46 @@ class SmallOpBounds:
         lat[small] = np.where(own, np.minimum(lat[small], caps[0]), caps[0])
         p10[small] = np.minimum(np.where(own, np.minimum(p10[small], caps[1]), caps[1]), lat[small])
         p90[small] = np.maximum(np.where(own, np.minimum(p90[small], caps[2]), caps[2]), lat[small])
-        if cls != "elementwise":
-            floors = self._row_rung_floor(cls, ops, gpu, tiles, slots, small)
-            lat[small] = np.maximum(lat[small], floors[0])
-            p10[small] = np.minimum(np.maximum(p10[small], floors[1]), lat[small])
-            p90[small] = np.maximum(np.maximum(p90[small], floors[2]), lat[small])
         return lat, p10, p90
 
-    def _row_rung_floor(self, cls, ops, gpu, tiles, slots, small) -> list:
-        """Per small row op (index small), quantile by quantile, what the same op of exactly the
-        power of two of tiles at or under its own gets (its own capped prediction, without this
-        floor, which would recurse)."""
-        if getattr(self, "_in_row_floor", False):
-            return [np.full(len(small), -np.inf)] * 3
-        twins = [one_wave_twin(cls, ops[i], 1 << (int(tiles[i]).bit_length() - 1)) for i in small]
-        rungs, where = dedupe(twins)
-        self._in_row_floor = True
+    def _row_wave_cap(self, cls, ops, gpu, tiles, slots, small, lat, p10, p90):
+        """_one_wave_cap for row ops (softmax, norms), quantile by quantile: each op under one
+        wave keeps its own answer where that is the lowest, capped at its rung sizes
+        (row_rungs: the doubling ladder from its own tiles, its rows in whole tiles at the power
+        of two at or above its tiles, the powers of two above, one full wave), and floored at
+        what an op of the power of two of tiles at or under its own gets, the lowest of that
+        size and the powers of two above it (floor_rungs). Every rung is the network's own
+        answer (no cap of its own): one batch, no nesting. So the time never falls as the rows
+        cross a power of two of tiles: the ladder from its own tiles alone had let a P100 layer
+        norm of 17 rows of 128 come out 15% under one of 13; over 196 series of 1 to 300,000
+        rows (7 GPUs, 2 dtypes, 7 widths) those dropping by more than 10% somewhere went 22 -> 0,
+        by more than 3% 85 -> 24 (a dip inside a power-of-two interval, or past the wave,
+        remains). Taking the rungs' answer alone, as elementwise ops do, had made NeuSight's
+        MI100 layer norms 12.2 -> 14.5% and softmax 25.0 -> 27.7%; this moved no NeuSight figure."""
+        if getattr(self, "_raw_rows", False):
+            return lat, p10, p90
+        ups = [row_rungs(cls, ops[i], int(tiles[i]), int(slots[i])) for i in small]
+        downs = [floor_rungs(cls, ops[i], int(tiles[i]), int(slots[i])) for i in small]
+        rungs, where = dedupe([op for group in (*ups, *downs) for op in group])
+        self._raw_rows = True
         try:
             pred = expand(self._predict_class(cls, rungs, gpu), where)
         finally:
-            self._in_row_floor = False
-        return [pred[c].to_numpy(float) for c in ("latency_ms", "latency_p10_ms", "latency_p90_ms")]
+            self._raw_rows = False
+        n_up = sum(len(u) for u in ups)
+        up_owner = np.repeat(np.arange(small.size), [len(u) for u in ups])
+        down_owner = np.repeat(np.arange(small.size), [len(d) for d in downs])
+        lat, p10, p90 = lat.copy(), p10.copy(), p90.copy()
+        for arr, col in ((lat, "latency_ms"), (p10, "latency_p10_ms"), (p90, "latency_p90_ms")):
+            values = pred[col].to_numpy(float)
+            cap = np.full(small.size, np.inf)
+            np.minimum.at(cap, up_owner, values[:n_up])
+            floor = np.full(small.size, np.inf)
+            np.minimum.at(floor, down_owner, values[n_up:])
+            arr[small] = np.maximum(np.minimum(arr[small], cap), floor)
+        p10[small] = np.minimum(p10[small], lat[small])
+        p90[small] = np.maximum(p90[small], lat[small])
+        return lat, p10, p90
 
 
 def whole_waves(done: int) -> list[int]:
@@ -355,25 +373,40 @@ def wave_ladder(cls: str, op, tiles: int, slots: int) -> list:
     exactly one full wave (one_wave_twin): sizes the op cannot be slower than. An elementwise
     op's rungs are the same for every op between two powers of two of tiles, so the lowest of
     them never falls as the op grows (a copy of 533 elements had come out 13.6% under one of 512
-    on a V100: its own ladder, from 2 tiles, was not 512's, from 1). A row op keeps the ladder
-    from its own tiles and adds its rows in whole tiles at the power of two at or above its own,
-    then the powers of two above (taking the rungs' answer alone, as elementwise ops do, had
-    made NeuSight's MI100 layer norms 12.2 -> 14.5% and softmax 25.0 -> 27.7%; as caps beside
-    its own answer, with _row_rung_floor, no NeuSight figure moved)."""
+    on a V100: its own ladder, from 2 tiles, was not 512's, from 1). A row op's ladder starts
+    from its own tiles; row_rungs adds the powers of two to it."""
     first = wave_rung(cls, op, tiles, slots)
     ladder = [] if first == op else [first]
     rung = 2 * _rung_tiles(cls, tiles, slots)
     while rung < slots:
         ladder.append(one_wave_twin(cls, op, rung))
         rung *= 2
-    if cls != "elementwise":
-        rung = 1 << max(int(tiles) - 1, 0).bit_length()  # the powers of two from its own tiles up
-        while rung < slots:
-            twin = one_wave_twin(cls, op, rung)
-            if twin != op and twin not in ladder:  # its rows in whole tiles, the powers of two above
-                ladder.append(twin)
-            rung *= 2
     return ladder + [one_wave_twin(cls, op, slots)]
+
+
+def row_rungs(cls: str, op, tiles: int, slots: int) -> list:
+    """The sizes a row op under one wave is capped at (SmallOpBounds._row_wave_cap): its
+    doubling ladder (wave_ladder), its rows in whole tiles at the power of two of tiles at or
+    above its own, and the powers of two above; not the op itself."""
+    ladder = wave_ladder(cls, op, tiles, slots)
+    rung = 1 << max(int(tiles) - 1, 0).bit_length()
+    while rung < slots:
+        twin = one_wave_twin(cls, op, rung)
+        if twin != op and twin not in ladder:
+            ladder.append(twin)
+        rung *= 2
+    return ladder
+
+
+def floor_rungs(cls: str, op, tiles: int, slots: int) -> list:
+    """The sizes whose lowest answer a row op under one wave is floored at: the power of two of
+    tiles at or under its own, each power of two above it under one wave, and one full wave."""
+    rung = 1 << (int(tiles).bit_length() - 1)
+    out = []
+    while rung < slots:
+        out.append(one_wave_twin(cls, op, rung))
+        rung *= 2
+    return out + [one_wave_twin(cls, op, slots)]
 
 
 def one_wave_twin(cls: str, op, slots: int):
