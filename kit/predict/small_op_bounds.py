@@ -76,11 +76,13 @@ class SmallOpBounds:
 
     def _norm_column_cap(self, ops: list, gpu: GPU, part):
         """A norm of up to NORM_SHORT_COLS columns is never slower than the same rows at one
-        column more: PyTorch runs both on one kernel (kit.tiling.row_launch: a row per warp x 4
-        threads, at any width), but the tile-MLP's features block rows of up to 1,024 columns 4 to
-        a 128-thread block and longer ones one to a block (feature_row_blocking), and the two
-        sides had come apart: one bf16 row of 1,024 took 41.8 us on an L4 and one of 1,025 23.6
-        us. Where the twin binds, the op takes its time and band (cap_at)."""
+        column more as the tile-MLP prices them: PyTorch's vectorised kernel runs a row per warp x
+        4 threads at any width it takes (kit.tiling.row_launch; a layer norm of a width not a
+        multiple of 4 runs two kernels instead, bound after this: _two_kernel_norm_bound), but the
+        features block rows of up to 1,024 columns 4 to a 128-thread block and longer ones one to
+        a block (feature_row_blocking), and the two sides had come apart: one bf16 row of 1,024
+        took 41.8 us on an L4 and one of 1,025 23.6 us. Where the twin binds, the op takes its
+        time and band (cap_at)."""
         from kit.predict.gemm_bounds import cap_at
 
         short = [j for j, op in enumerate(ops) if op.cols <= NORM_SHORT_COLS]
