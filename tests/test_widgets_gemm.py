@@ -72,3 +72,14 @@ def test_panel_names_the_tensor_core_curve_measured_or_carried():
     assert "carried to this GPU" in p.summary_text()
     p.dtype.value = "fp32"
     assert "tensor-core curve" not in p.summary_text()
+
+
+def test_panel_says_when_the_tile_choice_is_unsure():
+    # the chooser gives 4096^3 on an A100 40GB two tiles within its margin (kit op's choice line)
+    p = GemmPanel(m=4096, n=4096, k=4096, gpu="a100-pcie-40gb")
+    mixed = [c for c in p.result()["tile_choice"] if c["weight"] > 0]
+    assert len(mixed) > 1 and "tile choice is unsure" in p.summary_text()
+    assert all(c["tile"] in p.summary_text() for c in mixed)
+    p.gpu.value = "h100-sxm"
+    p.dtype.value = "bf16"  # a curve, not the tiles, sets the time: no such note
+    assert "unsure" not in p.summary_text()

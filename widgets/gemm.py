@@ -91,6 +91,10 @@ class GemmPanel(Panel):
             tail += ("; the H200's tensor-core curve, carried to this GPU" if "carried" in source
                      else "; Hopper's measured tensor-core curve") + ": the tiles are for the picture"
         tail += ")"
+        mixed = [c for c in r.get("tile_choice") or [] if c["weight"] > 0]
+        if len(mixed) > 1 and not source:  # as kit op's choice line: the tiles the time mixes
+            tail += (" · the tile choice is unsure (" + ", ".join(f"{c['tile']} p {c['p']:.2f}" for c in mixed)
+                     + "): the time is their weighted mean")
         left_out = self._left_out()
         if left_out:
             tail += f" · {left_out}"
