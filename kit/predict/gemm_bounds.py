@@ -183,12 +183,7 @@ class GemmBounds:
         rows = [j for j in range(len(ops)) if np.isfinite(twin[j]) and part.tile.iloc[j] != "gemv"]
         if not rows:
             return part
-        lift = np.maximum(1.0, twin[rows] / part.latency_ms.to_numpy(dtype=float)[rows])
-        # utilisation stays a share of the same wave bound: it falls as the latency rises
-        for col, f in (("latency_ms", lift), ("latency_p10_ms", lift), ("latency_p90_ms", lift),
-                       ("utilisation", 1.0 / lift)):
-            part.loc[part.index[rows], col] = part[col].to_numpy(dtype=float)[rows] * f
-        return part
+        return lift_at(part, rows, twin[rows])
 
     def _stream_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
         """No GEMM streams its bytes faster than the largest share of the bandwidth a GEMM of its
@@ -256,6 +251,18 @@ def cap_as(part: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
         part.loc[part.index[slower], c] = ref.loc[slower, c].to_numpy()
     over = part.utilisation.to_numpy(dtype=float) > 1.0  # a share of a bound under the latency
     part.loc[part.index[over], "utilisation"] = (part.roofline_ms / part.latency_ms)[over].to_numpy()
+    return part
+
+
+def lift_at(part: pd.DataFrame, rows, low: np.ndarray) -> pd.DataFrame:
+    """Rows `rows` of part (positions) at least `low`: latency and band scaled up together (the
+    band keeps its relative width); utilisation stays a share of the same bound, so it falls as
+    the latency rises. The counterpart of cap_at."""
+    rows = np.asarray(rows, dtype=int)
+    lift = np.maximum(1.0, np.asarray(low, dtype=float) / part.latency_ms.to_numpy(dtype=float)[rows])
+    for col, f in (("latency_ms", lift), ("latency_p10_ms", lift), ("latency_p90_ms", lift),
+                   ("utilisation", 1.0 / lift)):
+        part.loc[part.index[rows], col] = part[col].to_numpy(dtype=float)[rows] * f
     return part
 
 

@@ -99,21 +99,15 @@ class SmallOpBounds:
         time and band are scaled up to it (its utilisation down with it). The bound is on the
         central time: the band keeps the tile-MLP's relative width, so its p10 may sit under the
         bound (the fit itself is 10% off on the rows it was read from)."""
+        from kit.predict.gemm_bounds import lift_at
         from kit.predict.norm_paths import two_kernel_mask, two_kernel_ms
         from kit.workload.kernel_times import isolation_floor_ms
 
-        two = two_kernel_mask(ops, gpu)
-        if not two.any():
+        idx = np.flatnonzero(two_kernel_mask(ops, gpu))
+        if not idx.size:
             return part
-        idx = np.flatnonzero(two)
         low = two_kernel_ms([ops[i].rows for i in idx], [ops[i].cols for i in idx], gpu) + isolation_floor_ms(self, gpu)
-        lat = part.latency_ms.to_numpy(dtype=float)[idx]
-        lift = np.maximum(1.0, low / lat)
-        at = part.index[idx]
-        for col, f in (("latency_ms", lift), ("latency_p10_ms", lift), ("latency_p90_ms", lift),
-                       ("utilisation", 1.0 / lift)):
-            part.loc[at, col] = part[col].to_numpy(dtype=float)[idx] * f
-        return part
+        return lift_at(part, idx, low)
 
     def _element_bound(self, cls: str, a: dict, gpu: GPU, roofline_ms, lat, p10, p90) -> None:
         """Elementwise kinds and softmax rows whose elements set their speed
@@ -282,12 +276,7 @@ class SmallOpBounds:
             return lat, p10, p90
         ups = [row_rungs(cls, ops[i], int(tiles[i]), int(slots[i])) for i in small]
         downs = [floor_rungs(cls, ops[i], int(tiles[i]), int(slots[i])) for i in small]
-        rungs, where = dedupe([op for group in (*ups, *downs) for op in group])
-        self._raw_rows = True
-        try:
-            pred = expand(self._predict_class(cls, rungs, gpu), where)
-        finally:
-            self._raw_rows = False
+        pred = _raw_predictions(self, "_raw_rows", cls, [op for group in (*ups, *downs) for op in group], gpu)
         n_up = sum(len(u) for u in ups)
         up_owner = np.repeat(np.arange(small.size), [len(u) for u in ups])
         down_owner = np.repeat(np.arange(small.size), [len(d) for d in downs])
@@ -302,6 +291,17 @@ class SmallOpBounds:
         p10[small] = np.minimum(p10[small], lat[small])
         p90[small] = np.maximum(p90[small], lat[small])
         return lat, p10, p90
+
+
+def _raw_predictions(model, flag: str, cls: str, ops: list, gpu):
+    """model._predict_class of ops (each distinct op once) with model.<flag> set, so the bound
+    that asks for them skips itself on them (their own would recurse)."""
+    unique, where = dedupe(ops)
+    setattr(model, flag, True)
+    try:
+        return expand(model._predict_class(cls, unique, gpu), where)
+    finally:
+        setattr(model, flag, False)
 
 
 def whole_waves(done: int) -> list[int]:
@@ -335,12 +335,7 @@ def _past_one_wave_floor(model, cls, ops, gpu, tiles, slots, lat, p10, p90):
     # and its last wave filled: exactly done + 1 waves, which it is never slower than (a partial
     # last wave had come out slower than a full one on an H200, 2.5% at 17 waves)
     fills = [one_wave_twin(cls, ops[i], int((done[i] + 1) * slots[i])) for i in past]
-    twins, where = dedupe([t for ladder in ladders for t in ladder] + fills)
-    model._raw_waves = True
-    try:
-        pred = expand(model._predict_class(cls, twins, gpu), where)
-    finally:
-        model._raw_waves = False
+    pred = _raw_predictions(model, "_raw_waves", cls, [t for ladder in ladders for t in ladder] + fills, gpu)
     n_ladder = sum(len(ladder) for ladder in ladders)
     owner = np.repeat(np.arange(len(past)), [len(ladder) for ladder in ladders])
     lat, p10, p90 = lat.copy(), p10.copy(), p90.copy()

@@ -192,7 +192,7 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         (max(0, p - p_max + margin), normalised), chosen being the choice's own quantiles. The
         weights are continuous in the shape, so where the choice flips the prediction passes from
         one tile's to the other's instead of jumping: the classifier was unsure there, and the
-        tile-MLP's two tiles can differ by a fifth (its GEMM tiles were all the library's own
+        tile-MLP's two tiles can differ by a fifth or by 4x (its GEMM tiles were all the library's own
         choices, made on shapes like these). options: per GEMM, the weights and tile counts of
         the tiles mixed, the choice first (kit.predict.split_k lets each tile's splits in by its
         weight)."""
