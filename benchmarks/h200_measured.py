@@ -26,6 +26,11 @@ sweeps' softmax rows; benchmarks/element_rates.py), so the whole models' softmax
   prediction against the event-timed latency_ms, as `kit evaluate` scores NeuSight's rows.
 * decode: the eager decode steps (benchmarks/decode_steps.py) beside kit.api.predict_model's
   decode step now: APE of the step time and of the kernel time.
+* input_data: the configurations both folders measured, the second (random token ids) against
+  the first (all-zero ids): the ratio of their kernel times, whole and per kernel kind (GEMM,
+  fused attention, other) over the kernels both top-ten lists name (input_data_effect). Only
+  the models whose rows are identical under zero ids (no learned positions: llama3-8b,
+  qwen3-8b) moved; the power their GEMMs draw is in the data, not the shapes.
 APE is |predicted - measured| / measured in percent; geo_bias is the geometric mean of
 predicted / measured (below 1: the kit is fast).
 """
@@ -108,6 +113,57 @@ def whole_model(folder: Path, limit: int | None = None) -> dict:
                             "kernel_mape": round(float(part.kernel_ape.mean()), 2),
                             "band_coverage": round(float(part.in_band.mean()), 3)})
     return {"rows": out, "summary": summary}
+
+
+KERNEL_KINDS = (("attention", ("flash", "sdpa", "fmha")), ("gemm", ("nvjet", "gemm", "cutlass", "xmma")))
+
+
+def kernel_kind(name: str) -> str:
+    """A profiled kernel's kind by its name: "attention" (fused attention), "gemm" or "other"."""
+    low = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(m in low for m in marks)), "other")
+
+
+def input_data_effect(earlier: Path, later: Path) -> dict:
+    """The same whole-model configurations measured in two folders, later against earlier: the
+    ratio of their summed kernel times, and of the time of each kernel kind (kernel_kind) over the
+    kernels both rows' top-ten lists name. The first H200 session ran every model on token ids
+    of all zeros and the second on random ids (its README), on the same machine type, driver and
+    torch: where a model's activations then differ, so do the bits its tensor cores switch, the
+    power they draw and the clock the power cap leaves. Shapes are the same, so no kernel model
+    that sees only shapes can tell the two apart."""
+    def keyed(folder):
+        out = {}
+        for pattern in ("model_steps/*.jsonl", "[!m]*/model_steps*.jsonl"):
+            for r in _rows(folder, pattern):
+                if "error" not in r:
+                    out[(r["model"], r["dtype"], r["batch"], r["seq"], r["mode"])] = r
+        return out
+
+    a, b = keyed(earlier), keyed(later)
+    rows = []
+    for key in sorted(set(a) & set(b)):
+        ra, rb = a[key], b[key]
+        ka = {k["name"]: k["us"] for k in ra.get("top_kernels", [])}
+        kb = {k["name"]: k["us"] for k in rb.get("top_kernels", [])}
+        row = dict(zip(("model", "dtype", "batch", "seq", "mode"), key))
+        row["kernel_ms_ratio"] = round(rb["measured_kernel_ms"] / ra["measured_kernel_ms"], 3)
+        for kind, _ in (*KERNEL_KINDS, ("other", ())):
+            both = [n for n in ka if n in kb and kernel_kind(n) == kind]
+            if both:
+                row[f"{kind}_ratio"] = round(sum(kb[n] for n in both) / sum(ka[n] for n in both), 3)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    by_model = []
+    if len(frame):
+        for model, part in frame.groupby("model", sort=True):
+            entry = {"model": model, "configs": int(len(part))}
+            for col in [c for c in frame.columns if c.endswith("_ratio")]:
+                vals = part[col].dropna()
+                if len(vals):
+                    entry[col] = [round(float(vals.min()), 3), round(float(vals.max()), 3)]
+            by_model.append(entry)
+    return {"earlier": earlier.name, "later": later.name, "rows": rows, "by_model": by_model}
 
 
 def op_rows(folder: Path) -> pd.DataFrame:
@@ -206,6 +262,8 @@ def main(argv=None) -> int:
                "ops": ops(op_rows(folder)), "decode": decode(folder)}
         if not args.skip_models:
             out["whole_model"] = whole_model(folder)
+        if len(folder) >= 2:
+            out["input_data"] = input_data_effect(folder[0], folder[-1])
         out["seconds"] = round(time.perf_counter() - t0, 1)
     except KitError as e:
         print(f"h200_measured: {e}", file=sys.stderr)

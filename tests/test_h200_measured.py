@@ -140,3 +140,33 @@ def test_the_kernel_target_meets_in_stream_times():
     ape = (stream.predicted_ms - stream.measured_ms).abs() / stream.measured_ms * 100
     mine = pd.DataFrame({"op": stream.op, "ape": ape}).groupby("op").ape.mean().round(2)
     assert {op: r["mape"] for op, r in scored.items()} == mine.to_dict()
+
+
+def test_input_data_effect_pairs_configurations_and_splits_kernel_kinds(tmp_path):
+    bench = load_benchmark("h200_measured")
+    assert [bench.kernel_kind(n) for n in (
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7",
+        "void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1>",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<float>>")] == \
+        ["gemm", "attention", "gemm", "other"]
+    line = next(line for line in (FOLDER / "model_steps" / "model_steps_1.jsonl").read_text().splitlines()
+                if '"model": "gpt2"' in line)
+    row = json.loads(line)
+    slower = json.loads(line)
+    scale = {"gemm": 1.5, "other": 1.2}
+    for k in slower["top_kernels"]:
+        k["us"] *= scale.get(bench.kernel_kind(k["name"]), 1.0)
+    slower["measured_kernel_ms"] *= 1.3
+    lone = dict(row, batch=row["batch"] + 1)  # in one folder only: not paired
+    for name, rows in (("a", [row, lone]), ("b", [slower])):
+        (tmp_path / name / "model_steps").mkdir(parents=True)
+        (tmp_path / name / "model_steps" / "s.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = bench.input_data_effect(tmp_path / "a", tmp_path / "b")
+    assert len(out["rows"]) == 1
+    r = out["rows"][0]
+    assert r["kernel_ms_ratio"] == pytest.approx(1.3, abs=1e-3)
+    assert r["gemm_ratio"] == pytest.approx(1.5, abs=1e-3) and r["other_ratio"] == pytest.approx(1.2, abs=1e-3)
+    assert "attention_ratio" not in r  # gpt2 runs no fused attention kernel
+    assert out["by_model"] == [{"model": "gpt2", "configs": 1, "kernel_ms_ratio": [1.3, 1.3],
+                                "gemm_ratio": [1.5, 1.5], "other_ratio": [1.2, 1.2]}]
