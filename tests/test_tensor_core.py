@@ -17,7 +17,7 @@ from kit.predict import get_predictor
 from kit.predict.tensor_core import (FUSED_ATTENTION, TENSOR_CORE_GEMM, applies, attention_params_for,
                                      kernel_ms_of, params_for)
 from kit.predict.roofline import roofline
-from kit.workload.iteration import in_stream_ms, isolation_floor_ms
+from kit.workload.iteration import KERNEL_MIN_US, in_stream_ms, isolation_floor_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAS = ROOT / "measurements" / "h200-2026-12-04-b"
@@ -191,7 +191,10 @@ def test_decode_attention_keeps_its_roofline_in_the_stream():
     row = tile.predict([dec], h200).iloc[0]
     floor = isolation_floor_ms(tile, h200)
     assert row.latency_ms == pytest.approx(roofline(dec, h200).time_ms + floor)  # isolated: + the floor
-    assert in_stream_ms(row.latency_ms, row.roofline_ms, floor) == pytest.approx(roofline(dec, h200).time_ms)
+    # in the stream: its roofline plus one kernel's start (kit.workload.kernel_times.KERNEL_MIN_US);
+    # the H200's decode attention kernels ran 5-12 us over their roofline
+    assert in_stream_ms(row.latency_ms, row.roofline_ms, floor) == \
+        pytest.approx(roofline(dec, h200).time_ms + KERNEL_MIN_US / 1e3)
     from kit.api import predict_op
 
     assert predict_op(dec, h200)["source"].startswith("roofline (one query")
@@ -347,7 +350,7 @@ def test_an_unaligned_gemm_is_never_faster_than_its_aligned_twin(gpu, dtype):
 
 @pytest.mark.parametrize("gpu", ["a100-sxm4-80gb", "h200", "mi300x"])
 def test_attention_grows_smoothly_from_a_decode_step_to_a_prefill(gpu):
-    """One query keeps the decode roofline (the H200's decode steps bear it out), 128 take the
+    """One query keeps the decode roofline (in the stream, plus one kernel's start), 128 take the
     curve; in between a log-linear blend. It had jumped 1.8x from 127 queries to 128 (A100,
     4,096 keys: 0.27 -> 0.48 ms, found by a review)."""
     from kit.workload.iteration import in_stream_ms
@@ -358,7 +361,7 @@ def test_attention_grows_smoothly_from_a_decode_step_to_a_prefill(gpu):
     pred = tile.predict([Attention(b=8, heads=32, seq_q=q, seq_kv=4096, head_dim=128, dtype="bf16")
                          for q in qs], g)
     kernel = in_stream_ms(pred.latency_ms.to_numpy(), pred.roofline_ms.to_numpy(), isolation_floor_ms(tile, g))
-    assert kernel[0] == pytest.approx(pred.roofline_ms.iloc[0])  # one query: the roofline
+    assert kernel[0] == pytest.approx(pred.roofline_ms.iloc[0] + KERNEL_MIN_US / 1e3)  # one query
     assert all(b >= a * (1 - 1e-9) for a, b in zip(kernel, kernel[1:]))  # more queries, never faster
     assert kernel[6] / kernel[5] < 1.05  # 127 -> 128 queries: no step
     assert kernel[1] / kernel[0] < 1.2  # 1 -> 2 queries: no step either

@@ -146,8 +146,10 @@ class SmallOpBounds:
 
         Under 128 queries (ATTENTION_MIN_SEQ_Q: the fitted shapes had 128 to 8,192) an attention
         takes the log-linear blend of its roofline and the curve, by w = log2(queries) / 7, plus
-        the floor: one query (a decode step) keeps the roofline in the stream, which the H200's
-        decode steps bear out (the curve there made their kernel time 8.6 -> 14.4% off). The
+        the floor: one query (a decode step) keeps the roofline in the stream (plus one kernel's
+        start, as every kernel there), which the H200's decode steps bear out (the curve there
+        made their kernel time 8.6 -> 14.4% off; their attention kernels ran 5-12 us over the
+        roofline). The
         weight follows the queries alone, so the time grows with queries and with keys: it had
         jumped 1.8x from 127 queries to 128 over a longer cache (A100, 4,096 keys: 0.27 -> 0.48
         ms), and dropped 45% from 16 keys to 17 at 16 queries, where only a longer cache made an

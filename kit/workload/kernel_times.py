@@ -196,9 +196,9 @@ def generic_loop_ms(nodes, gpu, prepared=None) -> np.ndarray:
 # dispatch floor, not the kernel: the smallest V100 add in that data is 0.032 ms, the smallest
 # sgemm 0.063 ms, for kernels that move a few kB. In a model the kernels queue back to back and
 # the host's cost is the CPU-issue timeline below, so a kernel's time in the stream is its
-# isolated prediction less that floor, never below its roofline:
+# isolated prediction less that floor, never below its roofline plus each kernel's start:
 #
-#     d_stream = max(d_isolated - kernels · floor_gpu, min(roofline, d_isolated))
+#     d_stream = max(d_isolated - kernels · floor_gpu, min(roofline + kernels · start, d_isolated))
 #
 # floor_gpu is read off the predictor itself: its latency for a small in-range elementwise add
 # (128 Ki fp32 elements, ~1.5 MB) less that add's roofline, on the GPU at hand (so it carries
@@ -208,7 +208,12 @@ LEARNED_FROM_ISOLATED = ("tile", "mlp", "habitat", "li")
 # fill/elementwise kernels on a few hundred elements take 2-3 us (PARAM's 8-rank DLRM trace,
 # V100-SXM2: median 2-3 us per elementwise kind; HTA's A100 fixtures; PARAM's RTX 2080 Ti resnet
 # trace: cuDNN's offset kernels 2 us). Launching and draining a grid has that cost however
-# little the kernel does, so no kernel is taken as shorter than this in the stream.
+# little the kernel does, and a kernel that moves bytes pays it on top of them (start = this):
+# where the floor swallows a kernel's isolated time, its bytes alone at the peak bandwidth had
+# put it at its bare roofline, and the H200's vectorised elementwise kernels of 3-20 us
+# (measurements/h200-2026-12-04 and -b, kernel time) ran 1.8x that (bf16; fp32 1.5x): the start
+# plus the roofline gives 0.82x and 0.95x of them. Its decode attention kernels (one query) ran
+# 5-12 us over their roofline. So no kernel is taken as shorter than this plus its roofline.
 KERNEL_MIN_US = 2.0
 FLOOR_PROBE_NUMEL = 1 << 17
 _FLOORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -217,13 +222,13 @@ _FLOORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0, carried=None):
     """A kernel's (or node's) time in the stream from its isolated prediction (the rule above);
     numpy arrays or floats. kit.parallel.costs.Coster uses the same rule. A kernel in the stream
-    takes at least KERNEL_MIN_US (never more than its isolated prediction).
+    takes at least KERNEL_MIN_US more than its roofline (never more than its isolated prediction).
 
     carried: the floors the isolated time holds, where that is more than one a kernel (a scaled
     kernel, attention backward = 2.8 x (forward + floor), holds 2.8): it sheds them all."""
     kernels = np.asarray(kernels, dtype=float)
     shed = kernels if carried is None else np.maximum(kernels, carried)
-    low = np.maximum(roofline_ms, KERNEL_MIN_US / 1e3 * kernels)
+    low = roofline_ms + KERNEL_MIN_US / 1e3 * kernels
     return np.maximum(isolated_ms - floor_ms * shed, np.minimum(low, isolated_ms))
 
 
