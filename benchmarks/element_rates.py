@@ -15,6 +15,9 @@ scalar-exponent form, powu, are one kind in the kit; GELU's fp32 rows are bound 
 so its rate is the bf16 one). `tile_bf16` scores the tile predictor's in-stream time against the
 bf16 rows of the bound kinds.
 
+`softmax_row_latency` fits one row's latency in softmax's warp kernel
+(kit.predict.element_rates.SOFTMAX_ROW_CLOCKS) on the sweep rows with at most one row per SM.
+
 `softmax` does the same for softmax rows, by row band (SOFTMAX_ELEMS_PER_SM_CLOCK: rows of
 257-512, 513-1,024 and 1,025-2,048 elements). Its rows are the sweeps' softmax rows
 and the attention softmax kernels of the whole-model inference passes (`model_steps*.jsonl`,
@@ -102,6 +105,7 @@ def main(argv=None) -> int:
                           .agg(["size", "max", "median"]).round(3).reset_index().to_dict("records"))
         out["softmax_bounds"] = softmax_bounds(soft)
         out["softmax_held_out"] = softmax_held_out(softmax_rows(folders, held_out=True))
+        out["softmax_row_latency"] = softmax_row_latency(folders)
         sw = sweeps(folders)
         out["tile_softmax"] = tile_scores(sw[sw.op == "softmax"], by="dtype")
     except KitError as e:
@@ -157,6 +161,43 @@ def softmax_rows(folders, held_out: bool = False) -> pd.DataFrame:
     tbps = 2 * numel * d.dtype.map({"bf16": 2, "fp16": 2, "fp32": 4}) / (d.kernel_ms * 1e-3) / 1e12
     d["bytes_bound"] = tbps >= BYTES_BOUND_SHARE * get_gpu("h200").mem_bw_gbs / 1e3
     return d[d.band > 0]
+
+
+def softmax_row_latency(folders) -> dict:
+    """One row's latency in softmax's warp kernel (kit.predict.element_rates.SOFTMAX_ROW_CLOCKS):
+    per dtype, the least-squares line a + b x cols in clocks through the sweeps' softmax rows (any
+    kernel time) with at most one row per SM and at most SOFTMAX_WARP_MAX_COLS columns, where no
+    other warp hides a row. `fit` is over every such row; `check` fits the even rows and scores
+    the odd ones (MAPE, geometric bias); `under_line` is the share of the dtype's other warp-kernel
+    rows (more rows than SMs) that ran faster than the line, and the lowest of their ratios."""
+    from kit.predict.element_rates import SOFTMAX_WARP_MAX_COLS
+
+    d = all_sweep_rows(folders)
+    d = d[(d.op == "softmax") & (d.kernel_ms > 0) & (d.cols <= SOFTMAX_WARP_MAX_COLS)].copy()
+    d["clocks"] = d.kernel_ms * 1e-3 * CLOCK_HZ
+
+    def line(p):
+        a, b = np.linalg.lstsq(np.column_stack([np.ones(len(p)), p.cols]), p.clocks.to_numpy(), rcond=None)[0]
+        return float(a), float(b)
+
+    out = {}
+    for dtype, part in d.groupby("dtype", sort=True):
+        few = part[part.rows <= SMS].reset_index(drop=True)
+        if len(few) < 4:
+            continue
+        a, b = line(few)
+        ea, eb = line(few.iloc[0::2])
+        odd = few.iloc[1::2]
+        ratio = (ea + eb * odd.cols) / odd.clocks
+        many = part[part.rows > SMS]
+        under = many.clocks / (a + b * many.cols)
+        out["fp32" if dtype == "fp32" else "16bit"] = {
+            "dtype": dtype, "rows": int(len(few)), "fit": [round(a, 0), round(b, 2)],
+            "check": {"n": int(len(odd)), "mape": round(float(np.mean(np.abs(ratio - 1)) * 100), 1),
+                      "geo_bias": round(float(np.exp(np.mean(np.log(ratio)))), 3)},
+            "under_line": {"n": int(len(many)), "share": round(float((under < 1).mean()), 3),
+                           "lowest": round(float(under.min()), 2)}}
+    return out
 
 
 def _band(cols: float) -> int:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kit.hardware import get_gpu
-from kit.ops import Elementwise
+from kit.ops import Elementwise, Softmax
 from kit.predict import get_predictor
 from kit.predict.element_rates import ELEMS_PER_SM_CLOCK, element_bound_ms
 from kit.workload.iteration import isolation_floor_ms
@@ -68,6 +68,10 @@ def test_the_script_reads_the_shipped_rates_off_the_sweeps(capsys):
     from kit.predict.element_rates import SOFTMAX_ELEMS_PER_SM_CLOCK
 
     assert {int(k): v for k, v in out["softmax_bounds"].items()} == SOFTMAX_ELEMS_PER_SM_CLOCK
+    from kit.predict.element_rates import SOFTMAX_ROW_CLOCKS
+
+    assert {k: tuple(v["fit"]) for k, v in out["softmax_row_latency"].items()} == SOFTMAX_ROW_CLOCKS
+    assert all(v["check"]["mape"] < 12 for v in out["softmax_row_latency"].values())
     assert element_rates.main(["--dir", str(folder / "nope")]) == 2
 
 
@@ -167,3 +171,30 @@ def test_no_measured_neusight_softmax_runs_faster_than_the_bound():
         bound = softmax_bound_ms(part.rows, part.cols, get_gpu(gpu))
         assert (bound > 0).any()
         assert (part.latency_ms.to_numpy() >= bound).all(), gpu
+
+
+def test_a_softmax_of_a_few_rows_takes_one_rows_latency_in_the_stream():
+    """The warp kernel walks a row in one warp; with a few rows nothing hides that. On the H200 a
+    bf16 row of 1,537 ran 8.8 us, where the kit had its 2 us minimum (the tile-MLP's time for it
+    sits under the dispatch floor). Longer rows take longer, fp32 less than bf16 per column."""
+    from kit.predict.element_rates import SOFTMAX_WARP_MAX_COLS, softmax_row_ms
+    from kit.workload.iteration import in_stream_ms
+
+    tile = get_predictor("tile")
+    h200 = get_gpu("h200")
+    cols = [256, 700, 1537, 2048]
+    floor = isolation_floor_ms(tile, h200)
+    for dtype in ("bf16", "fp32"):
+        pred = tile.predict([Softmax(1, c, dtype) for c in cols], h200)
+        stream = in_stream_ms(pred.latency_ms.to_numpy(), pred.roofline_ms.to_numpy(), floor)
+        row = softmax_row_ms(cols, h200, dtype)
+        assert (stream >= row * 0.95).all(), (dtype, stream, row)
+        assert (np.diff(stream) > 0).all()
+    assert softmax_row_ms([1537], h200, "bf16")[0] == pytest.approx(8.8e-3, rel=0.05)
+    assert softmax_row_ms([1537], h200, "bf16")[0] > softmax_row_ms([1537], h200, "fp32")[0]
+    assert softmax_row_ms([SOFTMAX_WARP_MAX_COLS + 1], h200, "bf16")[0] == 0  # another kernel
+    assert softmax_row_ms([1024], get_gpu("mi300x"), "bf16")[0] == 0  # NVIDIA's kernel only
+    # carried per clock: an A100 (1,410 MHz) takes 1.4x the H200's (1,980) time for the row
+    a100 = get_gpu("a100-sxm4-80gb")
+    assert softmax_row_ms([1024], a100, "fp32")[0] == pytest.approx(
+        softmax_row_ms([1024], h200, "fp32")[0] * 1980 / 1410)

@@ -28,7 +28,18 @@ sweep rows of 2,049-4,096 ran at most 1.11, but NeuSight's A100 80GB ran rows th
 On NeuSight's GPUs no softmax row ran faster than its band's rate (the A100 80GB's fastest: 1.34
 at 513-1,024, 1.25 at 1,025-2,048), but those rows are fp32 and their bytes bind first there, so
 that only checks consistency. An op under the dispatch floor is lifted only by what the bound
-exceeds its roofline by (kit.predict.small_op_bounds). PyTorch 2.1, which kit.tiling describes, ran
+exceeds its roofline by (kit.predict.small_op_bounds).
+
+With few rows no other warp hides a row's latency, and the warp kernel's time is one row's:
+on the H200's sweep rows with at most one row per SM (181 rows of 1-2,048 columns, kernel time)
+it took 2,534 + 9.45 x cols clocks in bf16 and 2,678 + 5.68 x cols in fp32 (a row of 1,537
+bf16 elements: 8.8 us, against 2 us for the kit's smallest kernel; fitted on the even rows, the
+line scores the odd ones at 8.7% and 5.5% MAPE). Those rows' kernel times sit under the dispatch
+floor a learned predictor carries, so the tile-MLP could not see them: in the stream they came
+out at its 2 us minimum, the H200's softmax kernels of 3-20 us 2.3x fast in bf16. A softmax is
+never faster than one row's latency (softmax_row_ms; it is a least-squares line, so 8% of the
+rows with more rows than SMs ran up to 15% under it), in isolation that plus the dispatch floor
+(kit.predict.small_op_bounds, after the one-wave cap). PyTorch 2.1, which kit.tiling describes, ran
 the warp kernel on rows up to 1,024 elements and 4 KiB; torch 2.11 on the H200 up to 2,048.
 """
 from __future__ import annotations
@@ -39,6 +50,11 @@ ELEMS_PER_SM_CLOCK = {"pow": 1.30, "gelu": 2.80}
 # softmax's warp kernel, by the longest row of each band (rows of 256 or fewer: not measured, no bound)
 SOFTMAX_ELEMS_PER_SM_CLOCK = {512: 2.64, 1024: 1.84, 2048: 1.64}
 SOFTMAX_UNBOUND_COLS = 256
+# One row's latency in the warp kernel, in clocks: a + b x cols, by dtype (16-bit: bf16's; fp16
+# and bf16 both convert to fp32 registers). benchmarks/element_rates.py fits it (`softmax_row_latency`)
+# on the H200's sweep rows with at most one row per SM, where no other warp hides it. See the module doc.
+SOFTMAX_ROW_CLOCKS = {"fp32": (2678.0, 5.68), "16bit": (2534.0, 9.45)}
+SOFTMAX_WARP_MAX_COLS = 2048  # torch 2.11's warp kernel (a longer row: a block per row, another kernel)
 
 
 def elements_per_s(gpu, per_sm_clock):
@@ -70,3 +86,15 @@ def softmax_bound_ms(rows, cols, gpu) -> np.ndarray:
     per_s = elements_per_s(gpu, rate)
     elems = rows * np.minimum(cols, bands[-1])
     return elems / np.where(per_s > 0, per_s, np.inf) * 1e3
+
+
+def softmax_row_ms(cols, gpu, dtype: str) -> np.ndarray:
+    """Per softmax row length, one row's latency in the warp kernel (SOFTMAX_ROW_CLOCKS at gpu's
+    boost clock): what a softmax of that row takes at least, however few its rows. 0 past
+    SOFTMAX_WARP_MAX_COLS and off NVIDIA."""
+    cols = np.asarray(cols, dtype=float)
+    if getattr(gpu, "vendor", None) != "nvidia":
+        return cols * 0.0
+    a, b = SOFTMAX_ROW_CLOCKS["fp32" if dtype == "fp32" else "16bit"]
+    clocks = np.where(cols <= SOFTMAX_WARP_MAX_COLS, a + b * cols, 0.0)
+    return clocks / (gpu.boost_clock_mhz * 1e6) * 1e3

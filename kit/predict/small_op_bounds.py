@@ -10,7 +10,7 @@ import pandas as pd
 
 from kit.hardware import GPU
 from kit.predict.base import dedupe, expand
-from kit.predict.element_rates import element_bound_ms, softmax_bound_ms
+from kit.predict.element_rates import element_bound_ms, softmax_bound_ms, softmax_row_ms
 from kit.predict.features import feature_row_blocking
 from kit.predict.roofline import roofline
 from kit.predict.tensor_core import ATTENTION_MIN_SEQ_Q, attention_params_for, kernel_ms_of
@@ -137,6 +137,27 @@ class SmallOpBounds:
         lift = new / lat
         # a lifted op's p10: the bound (the fastest rate measured) plus the floor that p10 carries
         p10[:] = np.where(lift > 1, np.minimum(new, np.maximum(lifted(p10), bound + np.minimum(p10, floor))), p10)
+        lat[:], p90[:] = new, p90 * lift
+
+    def _softmax_row_latency(self, a: dict, gpu: GPU, dtype: str, roofline_ms, lat, p10, p90) -> None:
+        """A softmax is no faster than one row's latency in PyTorch's warp kernel
+        (kit.predict.element_rates.softmax_row_ms), which sets its time when its rows are few: in
+        isolation that plus the dispatch floor, so that the stream, which sheds the floor, keeps
+        the row's latency (in place; after the one-wave cap, whose rungs, predicted under the
+        floor, would undo it). Only where the row's latency is more than the least the stream
+        gives any kernel (its roofline plus a kernel's start, kit.workload.kernel_times): an op
+        whose bytes bind first keeps its isolated time. p90 moves by the same factor; p10 stays
+        where the network put it (the line is a least-squares fit, not an envelope: some rows ran
+        up to 15% under it), so a lifted op's band widens below."""
+        from kit.workload.kernel_times import KERNEL_MIN_US, isolation_floor_ms
+
+        row = softmax_row_ms(a["cols"], gpu, dtype)
+        row = np.where(row > np.asarray(roofline_ms, dtype=float) + KERNEL_MIN_US / 1e3, row, 0.0)
+        if not (row > 0).any():
+            return
+        floor = isolation_floor_ms(self, gpu)
+        new = np.maximum(lat, floor + row)
+        lift = new / lat
         lat[:], p90[:] = new, p90 * lift
 
     def _fused_attention(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
