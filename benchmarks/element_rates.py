@@ -191,7 +191,9 @@ def softmax_row_latency(folders) -> dict:
         ratio = (ea + eb * odd.cols) / odd.clocks
         many = part[part.rows > SMS]
         under = many.clocks / (a + b * many.cols)
-        out["fp32" if dtype == "fp32" else "16bit"] = {
+        # kit.predict.element_rates.SOFTMAX_ROW_CLOCKS's keys: fp32, and bf16's for 16-bit (fp16
+        # rows, where a folder has them, are reported apart and not shipped)
+        out["fp32" if dtype == "fp32" else "16bit" if dtype == "bf16" else dtype] = {
             "dtype": dtype, "rows": int(len(few)), "fit": [round(a, 0), round(b, 2)],
             "check": {"n": int(len(odd)), "mape": round(float(np.mean(np.abs(ratio - 1)) * 100), 1),
                       "geo_bias": round(float(np.exp(np.mean(np.log(ratio)))), 3)},

@@ -126,8 +126,9 @@ def kernel_kind(name: str) -> str:
 
 def input_data_effect(earlier: Path, later: Path) -> dict:
     """The same whole-model configurations measured in two folders, later against earlier: the
-    ratio of their summed kernel times, and of the time of each kernel kind (kernel_kind) over the
-    kernels both rows' top-ten lists name. The first H200 session ran every model on token ids
+    ratio of their step times (the timed runs), of their summed kernel times (the profiled run,
+    another run of the same step: its kernel time can exceed the timed step's), and of the time
+    of each kernel kind (kernel_kind) over the kernels both rows' top-ten lists name. The first H200 session ran every model on token ids
     of all zeros and the second on random ids (its README), on the same machine type, driver and
     torch: where a model's activations then differ, so do the bits its tensor cores switch, the
     power they draw and the clock the power cap leaves. Shapes are the same, so no kernel model
@@ -147,6 +148,7 @@ def input_data_effect(earlier: Path, later: Path) -> dict:
         ka = {k["name"]: k["us"] for k in ra.get("top_kernels", [])}
         kb = {k["name"]: k["us"] for k in rb.get("top_kernels", [])}
         row = dict(zip(("model", "dtype", "batch", "seq", "mode"), key))
+        row["step_ms_ratio"] = round(rb["measured_ms"] / ra["measured_ms"], 3)
         row["kernel_ms_ratio"] = round(rb["measured_kernel_ms"] / ra["measured_kernel_ms"], 3)
         for kind, _ in (*KERNEL_KINDS, ("other", ())):
             both = [n for n in ka if n in kb and kernel_kind(n) == kind]

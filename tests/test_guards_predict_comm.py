@@ -96,10 +96,13 @@ def test_element_bound_adds_only_the_floor_a_prediction_carries(tile, monkeypatc
     """_element_bound's rule (its docstring): a rated kind (gelu, pow) or a softmax row is no
     faster than its elements at the measured rate. Over the dispatch floor a prediction becomes
     at least the bound plus the floor; under it, it carries at least its roofline's work and
-    grows by what the bound exceeds that by:
-        latency = max(lat, floor + bound) if lat >= floor else lat + max(0, bound - roofline),
-    a lifted op's p10 by the same rule on its own value and to at least the bound plus the floor
-    it carries, never over the latency. The bound is rebuilt from element_rates and the isolation
+    grows by what the bound exceeds that by, unless the bound exceeds the roofline plus a
+    kernel's start (the least the stream gives a kernel), where it too becomes the bound plus
+    the floor, so that the stream keeps the bound:
+        latency = max(lat, floor + bound) if lat >= floor or bound > roofline + start
+                  else lat + max(0, bound - roofline),
+    a lifted op's p10 by the floor's rule on its own value and to at least the bound plus the
+    floor it carries, never over the latency. The bound is rebuilt from element_rates and the isolation
     floor; the values before the bound are read as the method is called."""
     from kit.predict.element_rates import softmax_bound_ms
 
@@ -121,21 +124,27 @@ def test_element_bound_adds_only_the_floor_a_prediction_carries(tile, monkeypatc
            Softmax(1, 300, "bf16"), Softmax(1 << 17, 2048, "bf16"), Softmax(64, 1024, "bf16")]
     tile.predict(ops, gpu)
 
-    def rule(t, bound, roof):
-        return np.where(t >= floor, np.maximum(t, floor + bound), t + np.maximum(0.0, bound - roof))
+    from kit.workload.kernel_times import KERNEL_MIN_US, in_stream_ms
 
-    checked = lifted = under = 0
+    def rule(t, bound, roof, stream=True):
+        over = (t >= floor) | ((bound > roof + KERNEL_MIN_US / 1e3) if stream else False)
+        return np.where(over, np.maximum(t, floor + bound), t + np.maximum(0.0, bound - roof))
+
+    checked = lifted = under = binds = 0
     for bound, roof, before, p10_before, after, p10 in seen:
         np.testing.assert_allclose(after, rule(before, bound, roof), rtol=1e-12)
+        # in the stream the bound holds (the op's last step before the one-wave cap)
+        assert (in_stream_ms(after, roof, floor) >= bound * (1 - 1e-9)).all()
+        binds += int(((before < floor) & (bound > roof + KERNEL_MIN_US / 1e3)).sum())
         up = after > before
-        want = np.where(up, np.minimum(after, np.maximum(rule(p10_before, bound, roof),
+        want = np.where(up, np.minimum(after, np.maximum(rule(p10_before, bound, roof, stream=False),
                                                          bound + np.minimum(p10_before, floor))), p10_before)
         np.testing.assert_allclose(p10, want, rtol=1e-12)
         assert (p10 <= after * (1 + 1e-12)).all()
         checked += int((bound > 0).sum())
         lifted += int((after > before).sum())
         under += int(((bound > 0) & (before < floor)).sum())
-    assert checked and lifted and under  # bound, lift and the under-the-floor case all exercised
+    assert checked and lifted and under and binds  # bound, lift, under the floor, and binding there
 
 
 def test_an_op_under_the_floor_whose_bytes_bind_first_is_not_lifted(tile, monkeypatch):
@@ -148,6 +157,9 @@ def test_an_op_under_the_floor_whose_bytes_bind_first_is_not_lifted(tile, monkey
     import kit.predict.small_op_bounds as sob
 
     l4, h200 = get_gpu("l4"), get_gpu("h200")
+    # the element bound's rule alone: one row's latency (softmax_row_ms) lifts every softmax
+    # to it plus the floor, whatever its bytes
+    monkeypatch.setattr(sob, "softmax_row_ms", lambda cols, gpu, dtype: np.zeros(len(cols)))
     ops = [Softmax(1024, 300, "fp32")]
     row = tile.predict(ops, l4).iloc[0]
     assert 0 < softmax_bound_ms([1024], [300], l4)[0] < row.roofline_ms  # bound, but bytes bind first

@@ -158,6 +158,7 @@ def test_input_data_effect_pairs_configurations_and_splits_kernel_kinds(tmp_path
     for k in slower["top_kernels"]:
         k["us"] *= scale.get(bench.kernel_kind(k["name"]), 1.0)
     slower["measured_kernel_ms"] *= 1.3
+    slower["measured_ms"] *= 1.1
     lone = dict(row, batch=row["batch"] + 1)  # in one folder only: not paired
     for name, rows in (("a", [row, lone]), ("b", [slower])):
         (tmp_path / name / "model_steps").mkdir(parents=True)
@@ -165,8 +166,8 @@ def test_input_data_effect_pairs_configurations_and_splits_kernel_kinds(tmp_path
     out = bench.input_data_effect(tmp_path / "a", tmp_path / "b")
     assert len(out["rows"]) == 1
     r = out["rows"][0]
-    assert r["kernel_ms_ratio"] == pytest.approx(1.3, abs=1e-3)
+    assert r["kernel_ms_ratio"] == pytest.approx(1.3, abs=1e-3) and r["step_ms_ratio"] == pytest.approx(1.1, abs=1e-3)
     assert r["gemm_ratio"] == pytest.approx(1.5, abs=1e-3) and r["other_ratio"] == pytest.approx(1.2, abs=1e-3)
     assert "attention_ratio" not in r  # gpt2 runs no fused attention kernel
-    assert out["by_model"] == [{"model": "gpt2", "configs": 1, "kernel_ms_ratio": [1.3, 1.3],
+    assert out["by_model"] == [{"model": "gpt2", "configs": 1, "step_ms_ratio": [1.1, 1.1], "kernel_ms_ratio": [1.3, 1.3],
                                 "gemm_ratio": [1.5, 1.5], "other_ratio": [1.2, 1.2]}]

@@ -28,7 +28,8 @@ sweep rows of 2,049-4,096 ran at most 1.11, but NeuSight's A100 80GB ran rows th
 On NeuSight's GPUs no softmax row ran faster than its band's rate (the A100 80GB's fastest: 1.34
 at 513-1,024, 1.25 at 1,025-2,048), but those rows are fp32 and their bytes bind first there, so
 that only checks consistency. An op under the dispatch floor is lifted only by what the bound
-exceeds its roofline by (kit.predict.small_op_bounds).
+exceeds its roofline by, unless the bound exceeds its roofline plus a kernel's start: then to the
+bound plus the floor, so the stream keeps it (kit.predict.small_op_bounds).
 
 With few rows no other warp hides a row's latency, and the warp kernel's time is one row's:
 on the H200's sweep rows with at most one row per SM (181 rows of 1-2,048 columns, kernel time)

@@ -260,7 +260,7 @@ class TilePredictor(GemmBounds, SmallOpBounds):
                 self._element_bound(cls, a, gpu, w["roofline_ms"], lat, p10, p90)  # after it, a bf16 gelu at 0.9 of a wave came out over the full wave
             lat, p10, p90 = self._one_wave_cap(cls, ops, gpu, w["tiles"], w["slots"], lat, p10, p90)
             if cls == "softmax":
-                self._softmax_row_latency(a, gpu, dtype, w["roofline_ms"], lat, p10, p90)
+                self._softmax_row_latency(a, gpu, dtype, lat, p10, p90)
         if cls == "gemm":
             self._tensor_core(a, gpu, dtype, w["roofline_ms"], lat, p10, p90)
         shown = w if cls in ("gemm", "elementwise") else waves(cls, a, gpu, dtype, launch=True)

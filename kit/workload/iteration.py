@@ -57,7 +57,7 @@ class CpuOverhead:
 
 # A step captured into a CUDA graph (torch.compile(mode="reduce-overhead"), torch.cuda.graphs) is
 # replayed by one host call: no per-op dispatch and no per-kernel launch, so the GPU runs the
-# kernels back to back and only their own times (at least KERNEL_MIN_US each) remain.
+# kernels back to back and only their own times (each at least its roofline + KERNEL_MIN_US) remain.
 CUDA_GRAPH = CpuOverhead(0.0, 0.0, 0.0, source="cuda graph: one replay, no per-op host cost")
 
 
