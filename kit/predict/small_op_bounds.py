@@ -116,9 +116,10 @@ class SmallOpBounds:
         shed, the bound holds). One under the floor carries no floor's worth of work, but at least
         its roofline's: it grows by what the bound exceeds that by, unless the bound exceeds its
         roofline plus a kernel's start (kit.workload.kernel_times), the least the stream gives a
-        kernel: then it too becomes the bound plus the floor, so the stream keeps the bound. The band moves with it: p90 by
-        the same factor; a lifted op's p10 by the same rule on its own value, and to at least the
-        bound (the fastest rate measured) plus the floor p10 carries, never over the latency.
+        kernel: then it too becomes the bound plus the floor, so the stream keeps the bound. The
+        band moves with it: p90 by the same factor; a lifted op's p10 by the floor's rule on its
+        own value, and to at least the bound (the fastest rate measured) plus the floor p10
+        carries, never over the latency.
         Before, an op under the floor had the whole bound added and its p10 set to the latency,
         even where its bytes bind first: an L4 fp32 softmax of 1,024 x 300 went 33.0 -> 34.0 us
         against a bound of 1 us and a roofline of 8."""
