@@ -85,16 +85,25 @@ def _scored(r: dict, it) -> dict:
             "kernel_ape": round(abs(it.kernel_ms - r["measured_kernel_ms"]) / r["measured_kernel_ms"] * 100, 2)}
 
 
+STEP_KEY = ("model", "dtype", "batch", "seq", "mode")
+
+
+def model_steps(folder) -> dict:
+    """Every measured model step under folder(s) (`model_steps.py`'s rows, errors left out), by
+    STEP_KEY; a later folder's or file's row of the same configuration replaces the earlier."""
+    latest = {}
+    for r in (r for d in _folders(folder) for pattern in ("model_steps/*.jsonl", "[!m]*/model_steps*.jsonl")
+              for r in _rows(d, pattern)):
+        if "error" not in r:
+            latest[tuple(r[k] for k in STEP_KEY)] = r
+    return latest
+
+
 def whole_model(folder: Path, limit: int | None = None) -> dict:
     """Predict every measured model step (see the module doc)."""
     from kit.api import predict_model
 
-    latest = {}
-    for r in (r for d in _folders(folder) for pattern in ("model_steps/*.jsonl", "[!m]*/model_steps*.jsonl")
-              for r in _rows(d, pattern)):
-        if "error" not in r:  # a later folder's row of the same configuration replaces the earlier
-            latest[(r["model"], r["dtype"], r["batch"], r["seq"], r["mode"])] = r
-    rows = list(latest.values())
+    rows = list(model_steps(folder).values())
     if limit is not None:
         rows = rows[:limit]
     out = []
@@ -128,26 +137,19 @@ def input_data_effect(earlier: Path, later: Path) -> dict:
     """The same whole-model configurations measured in two folders, later against earlier: the
     ratio of their step times (the timed runs), of their summed kernel times (the profiled run,
     another run of the same step: its kernel time can exceed the timed step's), and of the time
-    of each kernel kind (kernel_kind) over the kernels both rows' top-ten lists name. The first H200 session ran every model on token ids
-    of all zeros and the second on random ids (its README), on the same machine type, driver and
-    torch: where a model's activations then differ, so do the bits its tensor cores switch, the
-    power they draw and the clock the power cap leaves. Shapes are the same, so no kernel model
-    that sees only shapes can tell the two apart."""
-    def keyed(folder):
-        out = {}
-        for pattern in ("model_steps/*.jsonl", "[!m]*/model_steps*.jsonl"):
-            for r in _rows(folder, pattern):
-                if "error" not in r:
-                    out[(r["model"], r["dtype"], r["batch"], r["seq"], r["mode"])] = r
-        return out
-
-    a, b = keyed(earlier), keyed(later)
+    of each kernel kind (kernel_kind) over the kernels both rows' top-ten lists name. The first
+    H200 session ran every model on token ids of all zeros and the second on random ids (its
+    README), on the same machine type, driver and torch: where a model's activations then
+    differ, so do the bits its tensor cores switch, the power they draw and the clock the power
+    cap leaves. Shapes are the same, so no kernel model that sees only shapes can tell the two
+    apart."""
+    a, b = model_steps(earlier), model_steps(later)
     rows = []
     for key in sorted(set(a) & set(b)):
         ra, rb = a[key], b[key]
         ka = {k["name"]: k["us"] for k in ra.get("top_kernels", [])}
         kb = {k["name"]: k["us"] for k in rb.get("top_kernels", [])}
-        row = dict(zip(("model", "dtype", "batch", "seq", "mode"), key))
+        row = dict(zip(STEP_KEY, key))
         row["step_ms_ratio"] = round(rb["measured_ms"] / ra["measured_ms"], 3)
         row["kernel_ms_ratio"] = round(rb["measured_kernel_ms"] / ra["measured_kernel_ms"], 3)
         for kind, _ in (*KERNEL_KINDS, ("other", ())):

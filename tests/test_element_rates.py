@@ -188,7 +188,7 @@ def test_a_softmax_of_a_few_rows_takes_one_rows_latency_in_the_stream():
         pred = tile.predict([Softmax(1, c, dtype) for c in cols], h200)
         stream = in_stream_ms(pred.latency_ms.to_numpy(), pred.roofline_ms.to_numpy(), floor)
         row = softmax_row_ms(cols, h200, dtype)
-        assert (stream >= row * 0.95).all(), (dtype, stream, row)
+        assert (stream >= row * (1 - 1e-9)).all(), (dtype, stream, row)
         assert (np.diff(stream) > 0).all()
     assert softmax_row_ms([1537], h200, "bf16")[0] == pytest.approx(8.8e-3, rel=0.05)
     assert softmax_row_ms([1537], h200, "bf16")[0] > softmax_row_ms([1537], h200, "fp32")[0]

@@ -129,14 +129,14 @@ class SmallOpBounds:
             bound = element_bound_ms(a["kind"], a["numel"], gpu)
         if not (bound > 0).any():
             return
-        from kit.workload.kernel_times import KERNEL_MIN_US, isolation_floor_ms
+        from kit.workload.kernel_times import isolation_floor_ms, stream_least_ms
 
         floor, roof = isolation_floor_ms(self, gpu), np.asarray(roofline_ms, dtype=float)
         # where the bound is more than the stream's least (roofline + a kernel's start), an op
         # under the floor is lifted to the bound plus the floor too, so the stream keeps the bound:
         # adding only the bound past the bytes had left an H200 bf16 pow of 2M elements at 4.6 us
         # in the stream against its bound of 6.2 (an A100's at 8.2 against 10.6)
-        binds = bound > roof + KERNEL_MIN_US / 1e3
+        binds = bound > stream_least_ms(roof)
 
         def lifted(t, stream=True):  # over the floor: the bound plus the floor; under it: the
             # bound past the bytes (or, where it binds in the stream, the bound plus the floor)

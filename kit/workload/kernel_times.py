@@ -219,6 +219,12 @@ FLOOR_PROBE_NUMEL = 1 << 17
 _FLOORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def stream_least_ms(roofline_ms, kernels=1.0):
+    """The least time the stream gives a kernel (or node of `kernels` kernels): its roofline plus
+    each kernel's start (KERNEL_MIN_US). A bound that exceeds it sets the time in the stream."""
+    return roofline_ms + KERNEL_MIN_US / 1e3 * np.asarray(kernels, dtype=float)
+
+
 def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0, carried=None):
     """A kernel's (or node's) time in the stream from its isolated prediction (the rule above);
     numpy arrays or floats. kit.parallel.costs.Coster uses the same rule. A kernel in the stream
@@ -228,7 +234,7 @@ def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0, carried
     kernel, attention backward = 2.8 x (forward + floor), holds 2.8): it sheds them all."""
     kernels = np.asarray(kernels, dtype=float)
     shed = kernels if carried is None else np.maximum(kernels, carried)
-    low = roofline_ms + KERNEL_MIN_US / 1e3 * kernels
+    low = stream_least_ms(roofline_ms, kernels)
     return np.maximum(isolated_ms - floor_ms * shed, np.minimum(low, isolated_ms))
 
 
