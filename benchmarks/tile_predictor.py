@@ -9,7 +9,10 @@ Prints JSON:
   goals      the issue's targets, met or not, per held-out GPU
   other_vendor  the same predictors on NeuSight's AMD measurements (MI100, MI210: their vector-op
              files and their GEMM test collects, PyTorch 2.4.1 on ROCm), GPUs of another vendor
-             that no predictor was trained on, per GPU and op and per op class
+             that no predictor was trained on, per GPU and op and per op class. One bound was
+             fitted on these rows, AMD's block softmax (kit.predict.cdna_softmax), so the softmax
+             scores are in-sample there: benchmarks/cdna_softmax_fit.py scores a fit on one of
+             the two GPUs against the other's rows
   training_seconds, throughput_ops_per_s, tile_choice_accuracy
 
     .venv/bin/python benchmarks/tile_predictor.py [--weights DIR] [--skip-logo] [--threads 2]
@@ -89,6 +92,10 @@ def other_vendor(root, predictors):
     rows = predict_rows(amd, predictors)
     tile_rows = rows[rows.predictor == "tile"]
     return {"rows": {g: int((amd.gpu == g).sum()) for g in sorted(amd.gpu.unique())},
+            # the one AMD constant read off these rows: its held-out score (a fit on one GPU,
+            # scored on the other) is benchmarks/cdna_softmax_fit.py's cross_generation
+            "fitted_on_these_rows": {"softmax": "kit.predict.cdna_softmax.CDNA_SOFTMAX_ROW_CLOCKS "
+                                                "(rows of more than 1,024 columns, both GPUs)"},
             "by_op": scores(rows), "by_class": class_scores(rows),
             "coverage_80": {g: round(coverage(p), 3) for g, p in tile_rows.groupby("gpu")}}
 

@@ -403,6 +403,41 @@ assert amd["kernel ms"].is_monotonic_increasing and amd["share of the peak"].max
 amd
 """),
     md(r"""
+AMD's long softmax rows show where a utilisation learned on one vendor's launches does not carry:
+latency. ROCm's PyTorch gives a softmax row of more than 1,024 elements one block of 1,024 threads,
+and a CU holds two. Each block reads its row three times, with a block-wide reduction after each
+pass, so the kernel takes $\lceil \text{rows} / (2 \cdot \text{CUs}) \rceil$ rounds of one row's
+latency, $a + b \cdot \text{cols}$ clocks (`kit.predict.cdna_softmax`). The tile-MLP learned
+NVIDIA's 256-512-thread blocks, four to eight a SM, and had these rows 1.5-2.5x fast. The line,
+fitted on the MI100 alone, scores the MI210's rows at about 2% (`benchmarks/cdna_softmax_fit.py`),
+and the other way round. Below, GPT-3 XL's attention softmax at batch 2 (24 heads, 2,048 tokens)
+on an MI210, and NeuSight's AMD softmax rows scored by the shipped predictor, the line included
+(so in-sample for the long rows).
+"""),
+    code("""
+from kit.predict.cdna_softmax import block_softmax_ms, kernel_of, slots
+mi210 = get_gpu("mi210")
+rows = 2 * 24 * 2048
+p = tile.predict([Softmax(rows, 2049), Softmax(rows, 2048)], mi210)
+print(f"{rows} rows on {slots(2048, mi210, 4)} block slots: {-(-rows // slots(2048, mi210, 4))} rounds")
+pd.DataFrame({"cols": [2049, 2048], "kernel": [kernel_of(2049, mi210, 4), kernel_of(2048, mi210, 4)],
+              "block latency ms": block_softmax_ms([rows] * 2, [2049, 2048], mi210, 4).round(3),
+              "roofline ms": p.roofline_ms.round(3), "predicted ms": p.latency_ms.round(3)})
+"""),
+    code("""
+from kit.data import resolve_data_dir
+from kit.predict.evaluate import load_test, predict_rows
+try:
+    amd_softmax = load_test(resolve_data_dir() / "data/dataset_amd/train/softmax.csv")
+except KitError as e:
+    amd_softmax = None
+    print("no AMD softmax rows:", e)
+if amd_softmax is not None:
+    scored = predict_rows(amd_softmax, {"tile": tile})
+    scored["kernel"] = np.where(amd_softmax.loc[scored.row, "cols"].to_numpy() > 1024, "block", "warp")
+    print(scored.groupby(["gpu", "kernel"]).ape.agg(["size", "mean", "median"]).round(1))
+"""),
+    md(r"""
 **(h)** Which tile? On a GPU nobody measured, no kernel name says, so a classifier learned the
 library's choice from the training GPUs' kernel names (`kit.predict.tile_choice`). It is often
 unsure: on an H200's random FP32 Linear shapes its likeliest tile has a mean probability of about

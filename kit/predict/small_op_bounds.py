@@ -163,15 +163,25 @@ class SmallOpBounds:
         11.7 us from 2,692 to 2,983 rows; in the stream, through the sibling bound, an
         A100-80GB's 3.81 -> 3.43 us). p90 moves by the same factor; p10 stays where the network
         put it (the line is a least-squares fit, not an envelope: some rows ran up to 15% under
-        it), so a lifted op's band widens below."""
+        it), so a lifted op's band widens below.
+
+        On an AMD GPU the same holds for the block kernel of a row past the warp kernel, whose
+        latency sets its time however many rows it has (kit.predict.cdna_softmax.block_softmax_ms:
+        rounds of resident blocks times one row's latency). That line transfers between CDNA
+        generations within 2% (MAPE), so a lifted op's band moves with it: p10 too scales by the
+        lift, keeping the network's relative width."""
+        from kit.op_counts import dtype_bytes
+        from kit.predict.cdna_softmax import block_softmax_ms
         from kit.workload.kernel_times import isolation_floor_ms
 
         row = softmax_row_ms(a["cols"], gpu, dtype)
-        if not (row > 0).any():
+        block = block_softmax_ms(a["rows"], a["cols"], gpu, dtype_bytes(dtype))
+        if not ((row > 0) | (block > 0)).any():
             return
         floor = isolation_floor_ms(self, gpu)
-        new = np.maximum(lat, floor + row)
+        new = np.maximum(lat, floor + np.maximum(row, block))
         lift = new / lat
+        p10[:] = np.where(block > 0, p10 * lift, p10)
         lat[:], p90[:] = new, p90 * lift
 
     def _fused_attention(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
