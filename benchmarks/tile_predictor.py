@@ -9,10 +9,11 @@ Prints JSON:
   goals      the issue's targets, met or not, per held-out GPU
   other_vendor  the same predictors on NeuSight's AMD measurements (MI100, MI210: their vector-op
              files and their GEMM test collects, PyTorch 2.4.1 on ROCm), GPUs of another vendor
-             that no predictor was trained on, per GPU and op and per op class. One bound was
-             fitted on these rows, AMD's block softmax (kit.predict.cdna_softmax), so the softmax
-             scores are in-sample there: benchmarks/cdna_softmax_fit.py scores a fit on one of
-             the two GPUs against the other's rows
+             that no predictor was trained on, per GPU and op and per op class. Two bounds were
+             read off these rows, AMD's block softmax (kit.predict.cdna_softmax) and AMD's pow
+             rate (kit.predict.element_rates), so the softmax, pow and powu scores are in-sample
+             there: benchmarks/cdna_softmax_fit.py and cdna_pow_rate.py score a fit on one of the
+             two GPUs against the other's rows
   training_seconds, throughput_ops_per_s, tile_choice_accuracy
 
     .venv/bin/python benchmarks/tile_predictor.py [--weights DIR] [--skip-logo] [--threads 2]
@@ -95,7 +96,9 @@ def other_vendor(root, predictors):
             # the one AMD constant read off these rows: its held-out score (a fit on one GPU,
             # scored on the other) is benchmarks/cdna_softmax_fit.py's cross_generation
             "fitted_on_these_rows": {"softmax": "kit.predict.cdna_softmax.CDNA_SOFTMAX_ROW_CLOCKS "
-                                                "(rows of more than 1,024 columns, both GPUs)"},
+                                                "(rows of more than 1,024 columns, both GPUs)",
+                                     "pow": "kit.predict.element_rates.CDNA_ELEMS_PER_CU_CLOCK "
+                                            "(the fastest pow and powu row, both GPUs)"},
             "by_op": scores(rows), "by_class": class_scores(rows),
             "coverage_80": {g: round(coverage(p), 3) for g, p in tile_rows.groupby("gpu")}}
 

@@ -106,3 +106,4 @@ def test_the_tile_predictor_keeps_the_block_latency_in_isolation_and_in_the_stre
     # rows the warp kernel runs are left to the network
     short = tile.predict([Softmax(98_304, 1024, dtype)], mi210).latency_ms.iloc[0]
     assert short < lat[2] / 2
+

@@ -3,6 +3,7 @@ kit.workload.mapping sends to their own kinds."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,16 +14,17 @@ import torch
 from kit.hardware import get_gpu
 from kit.ops import Elementwise, Softmax
 from kit.predict import get_predictor
-from kit.predict.element_rates import ELEMS_PER_SM_CLOCK, element_bound_ms
+from kit.predict.element_rates import CDNA_ELEMS_PER_CU_CLOCK, ELEMS_PER_SM_CLOCK, element_bound_ms
 from kit.workload.iteration import isolation_floor_ms
 from kit.workload.kernels import leaf_ops
 from kit.workload.mapping import POW_FAST, map_op
 
 ROOT = Path(__file__).resolve().parents[1]
+NEUSIGHT = Path(os.environ.get("KIT_DATA", ROOT.parent / "shared" / "data" / "neusight"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def test_a_bound_kind_is_no_faster_than_its_elements_on_nvidia_only():
+def test_a_bound_kind_is_no_faster_than_its_elements_at_its_vendors_rate():
     tile = get_predictor("tile")
     h200 = get_gpu("h200")
     n = 1 << 26
@@ -34,7 +36,13 @@ def test_a_bound_kind_is_no_faster_than_its_elements_on_nvidia_only():
         assert row.latency_ms >= bound + floor - 1e-12 and row.latency_p10_ms >= bound + floor - 1e-12
     assert element_bound_ms(["add"], [n], h200)[0] == 0
     mi = get_gpu("mi210")
-    assert element_bound_ms(["pow"], [n], mi)[0] == 0  # not applied off NVIDIA
+    assert element_bound_ms(["gelu"], [n], mi)[0] == 0  # NVIDIA's rates stay on NVIDIA
+    # AMD's pow has its own rate per CU and clock (ROCm's powf), and the predictor keeps it
+    amd = n / (CDNA_ELEMS_PER_CU_CLOCK["pow"] * mi.sm_count * mi.boost_clock_mhz * 1e6) * 1e3
+    assert element_bound_ms(["pow"], [n], mi)[0] == pytest.approx(amd)
+    row = tile.predict([Elementwise("pow", n, "fp32", inputs=2)], mi).iloc[0]
+    assert row.latency_ms >= amd + isolation_floor_ms(tile, mi) - 1e-12
+    assert element_bound_ms(["pow"], [n], get_gpu("mi300x"))[0] < element_bound_ms(["pow"], [n], mi)[0]
     # in bf16 the bound binds: pow costs about what it does in fp32, not half
     p16 = tile.predict([ops[0]], h200).latency_ms.iloc[0]
     p32 = tile.predict([Elementwise("pow", n, "fp32", inputs=2)], h200).latency_ms.iloc[0]
@@ -198,3 +206,24 @@ def test_a_softmax_of_a_few_rows_takes_one_rows_latency_in_the_stream():
     a100 = get_gpu("a100-sxm4-80gb")
     assert softmax_row_ms([1024], a100, "fp32")[0] == pytest.approx(
         softmax_row_ms([1024], h200, "fp32")[0] * 1980 / 1410)
+
+
+@pytest.mark.skipif(not (NEUSIGHT / "data" / "dataset_amd" / "train" / "elem.csv").is_file(),
+                    reason="NeuSight's AMD elementwise rows absent")
+def test_pow_rate_script_reads_the_shipped_rate_and_carries_across_generations(capsys):
+    """AMD's pow (kit.predict.element_rates.CDNA_ELEMS_PER_CU_CLOCK): the fastest of both GPUs'
+    rows, and each GPU's fastest scored on the other's rows far better than the tile-MLP had."""
+    import cdna_pow_rate
+
+    assert cdna_pow_rate.main(["--data", str(NEUSIGHT)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["shipped"] == CDNA_ELEMS_PER_CU_CLOCK["pow"]
+    assert out["shipped"] == max(r["fastest"] for r in out["rates"].values())
+    for r in out["rates"].values():
+        assert r["rows"] >= 100 and r["median"] <= r["p90"] <= r["fastest"]
+    for c in out["cross_generation"]:
+        assert c["rate"]["n"] == c["tile_predictor"]["n"] >= 100
+        assert c["rate"]["mape"] < 25 and c["rate"]["geo_bias"] >= 1.0, c  # a bound: never fast
+        assert c["tile_predictor"]["mape"] < 25, c
+    assert cdna_pow_rate.main(["--data", str(NEUSIGHT / "missing")]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Elementwise kinds whose speed is set by their elements, not their bytes, on NVIDIA GPUs.
+"""Elementwise kinds whose speed is set by their elements, not their bytes (NVIDIA; pow on AMD too).
 
 PyTorch computes a 16-bit elementwise op in fp32 registers (its opmath type), so an op whose
 per-element work is heavy costs the same per element in bf16 as in fp32: halving the bytes
@@ -10,9 +10,19 @@ bytes there first). The tile-MLP learned these kinds from FP32 rows, where the b
 on every training GPU, so in bf16 it had pow 2.4x and GELU 1.7x fast. A prediction of these
 kinds is never faster than its elements at that rate, on the GPU's SMs and boost clock. The
 rates are the fastest measured (benchmarks/element_rates.py reads them off the sweeps), measured
-on one GPU and applied on NVIDIA's only (AMD's pow runs another library's code). pow with a
-cheap exponent (2, 3, 0.5, ...) is mapped to the cheap kernel PyTorch runs
-(kit.workload.mapping.POW_FAST) and is not bound here.
+on one GPU and applied on NVIDIA's only. pow with a cheap exponent (2, 3, 0.5, ...) is mapped to
+the cheap kernel PyTorch runs (kit.workload.mapping.POW_FAST) and is not bound here.
+
+AMD's pow runs ROCm's own powf, and has its own rate (CDNA_ELEMS_PER_CU_CLOCK, elements per CU per
+clock). NeuSight's AMD rows (PyTorch 2.4.1, fp32, a tensor or a scalar exponent) never ran faster
+than 0.425 on the MI100 and 0.402 on the MI210 (medians 0.388 and 0.348), about a third of an
+NVIDIA SM's rate per clock, where their add and mul stream at their bytes. The tile-MLP had them
+1.6x (MI100) and 2.2x (MI210) fast. The kit ships the faster of the two GPUs' fastest rates;
+benchmarks/cdna_pow_rate.py reads them, and scores each GPU's fastest rate on the other's rows:
+16.6% MAPE on the MI210 from the MI100's rate (geometric bias 1.20: the MI210 runs slower per CU
+and clock), 4.3% on the MI100 from the MI210's, against the tile-MLP's 53.5% and 38.5%. Carried
+to other CDNA GPUs by their CUs and clock (untested there), and to 16-bit as in fp32 (PyTorch
+computes it in fp32 registers; not measured on AMD).
 
 Softmax's persistent warp kernel (PyTorch's softmax_warp_forward: one warp per row, the row held
 in registers, for rows of up to 2,048 elements) is bound the same way, at a rate that falls as its
@@ -48,6 +58,8 @@ from __future__ import annotations
 import numpy as np
 
 ELEMS_PER_SM_CLOCK = {"pow": 1.30, "gelu": 2.80}
+# AMD CDNA's, per CU per clock: the fastest of NeuSight's MI100 and MI210 rows (benchmarks/cdna_pow_rate.py)
+CDNA_ELEMS_PER_CU_CLOCK = {"pow": 0.425}
 # softmax's warp kernel, by the longest row of each band (rows of 256 or fewer: not measured, no bound)
 SOFTMAX_ELEMS_PER_SM_CLOCK = {512: 2.64, 1024: 1.84, 2048: 1.64}
 SOFTMAX_UNBOUND_COLS = 256
@@ -68,9 +80,14 @@ def elements_per_s(gpu, per_sm_clock):
 
 
 def element_bound_ms(kinds, numel, gpu) -> np.ndarray:
-    """Per op, the least time its elements take at its kind's rate (0: no rate for the kind, or
-    not an NVIDIA GPU)."""
-    per_s = elements_per_s(gpu, [ELEMS_PER_SM_CLOCK.get(k, 0.0) for k in kinds])
+    """Per op, the least time its elements take at its kind's rate on the GPU's vendor
+    (ELEMS_PER_SM_CLOCK on NVIDIA, CDNA_ELEMS_PER_CU_CLOCK on AMD; 0: no rate for the kind there,
+    or another vendor)."""
+    if getattr(gpu, "vendor", None) == "amd":
+        rate = np.array([CDNA_ELEMS_PER_CU_CLOCK.get(k, 0.0) for k in kinds], dtype=float)
+        per_s = rate * gpu.sm_count * gpu.boost_clock_mhz * 1e6
+    else:
+        per_s = elements_per_s(gpu, [ELEMS_PER_SM_CLOCK.get(k, 0.0) for k in kinds])
     return np.asarray(numel, dtype=float) / np.where(per_s > 0, per_s, np.inf) * 1e3
 
 
