@@ -18,6 +18,10 @@ from kit.predict.roofline import roofline
 from kit.predict.tensor_core import applies, curve_gemm, kernel_ms_of, params_for
 
 FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row twin (few_rows_ms)
+# The longest reduction the tile-MLP met in a batched GEMM: NeuSight's bmm training rows stop at
+# k = 1,025 (99th percentile 995; its Linear rows reach 65,371). Past it a reduction step costs no
+# more than at it (long_reduction_ms)
+BMM_TRAINED_K = 1024
 PAD_ROWS_MAX = 64  # GEMMs thinner than this are bounded by their twins with more rows (padded_rows_ms)
 
 
@@ -173,6 +177,32 @@ class GemmBounds:
         walked all of k on a couple of SMs: 24 x 8 outputs over k = 16384 on an H100 took
         0.053 ms at b = 1 and 1.07 ms at b = 2. split_k: as predict's, for the twin too."""
         return self._as_calls(ops, gpu, lambda op: op.b, lambda op: replace(op, b=1), split_k)
+
+    def long_reduction_ms(self, ops: list, gpu: GPU | str, split_k: bool = True) -> np.ndarray:
+        """Per batched GEMM (kind bmm, off a measured tensor-core curve) whose reduction k exceeds
+        BMM_TRAINED_K: its twin's kernel time at k = BMM_TRAINED_K, scaled by k / BMM_TRAINED_K,
+        plus one dispatch floor. The most it may take (predict caps it, cap_at); NaN for any
+        other. Past the longest reduction it met in a batched GEMM, the tile-MLP extrapolates a
+        tile's utilisation, and had it fall as k grew: NeuSight's V100 test rows of attention's
+        P @ V (n = a head, k = the sequence, 1,024-2,048) came out 1.5x slow, T4's 1.2x, P100's
+        1.16x. A longer reduction only amortises a tile's start and end over more steps, so past
+        that edge a step costs no more than at it. The cap equals the twin at the edge and grows
+        with k, so it leaves time non-decreasing in k wherever the network's own time was.
+        split_k: as predict's, for the twins too."""
+        from kit.workload.kernel_times import isolation_floor_ms
+
+        gpu = get_gpu(gpu)
+        out = np.full(len(ops), np.nan)
+        rows = [j for j, op in enumerate(ops)
+                if getattr(op, "kind", None) == "bmm" and op.k > BMM_TRAINED_K and not curve_gemm(gpu, op)]
+        if rows:
+            with self.as_twins():
+                twin = self.predict([replace(ops[j], k=BMM_TRAINED_K) for j in rows], gpu,
+                                    split_k).latency_ms.to_numpy(dtype=float)
+            floor = isolation_floor_ms(self, gpu)
+            steps = np.array([ops[j].k for j in rows], dtype=float) / BMM_TRAINED_K
+            out[rows] = steps * np.maximum(twin - floor, 0.0) + floor
+        return out
 
     def _aligned_bound(self, ops: list, gpu: GPU, part: pd.DataFrame) -> pd.DataFrame:
         """An unaligned GEMM in a dtype with a tensor-core curve is never faster than the same GEMM

@@ -139,9 +139,10 @@ class TilePredictor(GemmBounds, SmallOpBounds):
                 # the caps (ways it could run: as one-row or unbatched calls) hold over the
                 # aligned twin's lift too, so they apply on both sides of it
                 rows_ms, batches_ms = self.few_rows_ms(ops_c, gpu, split_k), self.few_batches_ms(ops_c, gpu, split_k)
-                part = cap_at(cap_at(part.reset_index(drop=True), rows_ms), batches_ms)
+                long_ms = self.long_reduction_ms(ops_c, gpu, split_k)
+                part = cap_at(cap_at(cap_at(part.reset_index(drop=True), rows_ms), batches_ms), long_ms)
                 part = self._aligned_bound(ops_c, gpu, part.reset_index(drop=True))
-                part = cap_at(cap_at(part, rows_ms), batches_ms)
+                part = cap_at(cap_at(cap_at(part, rows_ms), batches_ms), long_ms)
                 part = self._stream_bound(ops_c, gpu, part.reset_index(drop=True))
                 part = self._padded_bound(ops_c, gpu, part, split_k)
             out.loc[idx, COLUMNS] = part[COLUMNS].values
