@@ -18,8 +18,10 @@ Output (JSON):
 - `per_gpu`: the line fitted on each GPU alone, in clocks (nearly the same on both);
 - `cross_generation`: a fit on one GPU's rows, scored on the other's (latency MAPE, median APE
   and geometric bias, measured over predicted), beside the shipped tile predictor's score on the
-  same rows. The shipped predictor applies the pooled fit, so its score here is in-sample; the
-  cross-generation score is the held-out figure;
+  same rows and the share of them inside its p10-p90 band. The shipped predictor applies the
+  pooled fit, so its score here is in-sample; the cross-generation score is the held-out figure;
+- `band_log`: the 10th and 90th percentiles of the held-out log residuals, log(measured /
+  line), over both directions (kit.predict.cdna_softmax.CDNA_SOFTMAX_BAND_LOG);
 - `warp_rows`: the shipped predictor on the warp kernel's rows (no bound there), for scale.
 """
 from __future__ import annotations
@@ -108,13 +110,14 @@ def score(pred: np.ndarray, measured: np.ndarray) -> dict:
             "geo_bias": round(float(np.exp(np.mean(np.log(measured / pred)))), 3)}
 
 
-def shipped(r: dict, keep: np.ndarray) -> np.ndarray:
+def shipped_frame(r: dict, keep: np.ndarray):
+    """The shipped tile predictor's frame for the rows keep."""
     from kit.predict import get_predictor
     from kit.predict.evaluate import op_from_row, visible_columns
 
     seen = visible_columns(r["frame"][keep])
     ops = [op_from_row(x) for x in seen.to_dict("records")]
-    return get_predictor("tile").predict(ops, r["gpu"].key).latency_ms.to_numpy(float)
+    return get_predictor("tile").predict(ops, r["gpu"].key)
 
 
 def main(argv=None) -> int:
@@ -136,17 +139,24 @@ def main(argv=None) -> int:
                 pred.append(predicted_ms(r, both)[keep])
             pooled[kernel]["in_sample"] = score(np.concatenate(pred), np.concatenate(meas))
         per_gpu = {g: {k: list(v) for k, v in fit([r]).items()} for g, r in tables.items()}
-        cross = []
+        cross, resid = [], []
         for fitted, other in (GPUS, GPUS[::-1]):
             constants = fit([tables[fitted]])
             r, keep = tables[other], block[other]
-            cross.append({"fitted_on": fitted, "scored_on": other,
-                          "line": score(predicted_ms(r, constants)[keep], r["latency_ms"][keep]),
-                          "tile_predictor": score(shipped(r, keep), r["latency_ms"][keep])})
-        warp = {g: score(shipped(r, ~block[g]), r["latency_ms"][~block[g]]) for g, r in tables.items()}
+            line = predicted_ms(r, constants)[keep]
+            resid.append(np.log(r["latency_ms"][keep] / line))
+            pred = shipped_frame(r, keep)
+            measured = r["latency_ms"][keep]
+            inside = (pred.latency_p10_ms.to_numpy(float) <= measured) & (measured <= pred.latency_p90_ms.to_numpy(float))
+            cross.append({"fitted_on": fitted, "scored_on": other, "line": score(line, measured),
+                          "tile_predictor": {**score(pred.latency_ms.to_numpy(float), measured),
+                                             "band_coverage": round(float(inside.mean()), 3)}})
+        band = [round(float(q), 4) for q in np.quantile(np.concatenate(resid), [0.1, 0.9])]
+        warp = {g: score(shipped_frame(r, ~block[g]).latency_ms.to_numpy(float), r["latency_ms"][~block[g]])
+                for g, r in tables.items()}
         print(json.dumps({"source": str(SOFTMAX), "gpus": list(GPUS), "kernel_names": names,
                           "fit": pooled, "per_gpu": per_gpu, "cross_generation": cross,
-                          "warp_rows": warp}, indent=1))
+                          "band_log": band, "warp_rows": warp}, indent=1))
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

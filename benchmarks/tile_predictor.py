@@ -93,12 +93,16 @@ def other_vendor(root, predictors):
     rows = predict_rows(amd, predictors)
     tile_rows = rows[rows.predictor == "tile"]
     return {"rows": {g: int((amd.gpu == g).sum()) for g in sorted(amd.gpu.unique())},
-            # the one AMD constant read off these rows: its held-out score (a fit on one GPU,
-            # scored on the other) is benchmarks/cdna_softmax_fit.py's cross_generation
-            "fitted_on_these_rows": {"softmax": "kit.predict.cdna_softmax.CDNA_SOFTMAX_ROW_CLOCKS "
-                                                "(rows of more than 1,024 columns, both GPUs)",
-                                     "pow": "kit.predict.element_rates.CDNA_ELEMS_PER_CU_CLOCK "
-                                            "(the fastest pow and powu row, both GPUs)"},
+            # the AMD constants read off these rows, whose held-out scores (a fit on one GPU,
+            # scored on the other) are their scripts' cross_generation; CDNA_GEMM, fitted on the
+            # Linear rows, prices 16-bit and FP8 GEMMs only, none of which these rows are
+            "fitted_on_these_rows": {
+                "softmax": "kit.predict.cdna_softmax (rows of more than 1,024 columns, both GPUs; "
+                           "benchmarks/cdna_softmax_fit.py)",
+                "pow": "kit.predict.element_rates.CDNA_ELEMS_PER_CU_CLOCK (the fastest pow and powu "
+                       "row, both GPUs; benchmarks/cdna_pow_rate.py)",
+                "linear": "kit.predict.tensor_core.CDNA_GEMM (fp32 Linear rows; applied to 16-bit "
+                          "and FP8 GEMMs only, so not to these rows; benchmarks/cdna_matrix_fit.py)"},
             "by_op": scores(rows), "by_class": class_scores(rows),
             "coverage_80": {g: round(coverage(p), 3) for g, p in tile_rows.groupby("gpu")}}
 

@@ -70,6 +70,12 @@ def accuracy(labels: Path, predictor: str) -> dict:
     out["gpt3"] = [{k: c[k] for k in ("gpu", "model", "mode", "seq", "batch", "measured_ms",
                                        "predicted_ms", "ape")} for c in gpt3]
     out["unseen_train_label_check"] = label_check([c for c in unseen if c["mode"] == "train"])
+    # "unseen": no training row of the tile-MLP; but these constants were read off the kernel rows
+    # (never the labels) of some unseen GPUs, each with a held-out check in its script
+    out["unseen_gpus_kernel_constants"] = {
+        "mi100, mi210": ["kit.predict.cdna_softmax (benchmarks/cdna_softmax_fit.py)",
+                         "kit.predict.element_rates.CDNA_ELEMS_PER_CU_CLOCK (benchmarks/cdna_pow_rate.py)",
+                         "kit.predict.tensor_core CDNA_GEMM (benchmarks/cdna_matrix_fit.py; 16-bit and FP8 only)"]}
     out["gpt3_mean_ape"] = _mean([c["ape"] for c in gpt3])
     out["gpt3_max_ape"] = max((c["ape"] for c in gpt3), default=None)
     out["train_gpus_configs"] = [{k: c[k] for k in ("gpu", "model", "mode", "seq", "batch", "option",

@@ -406,9 +406,10 @@ amd
 AMD's long softmax rows show where a utilisation learned on one vendor's launches does not carry:
 latency. ROCm's PyTorch gives a softmax row of more than 1,024 elements one block of 1,024 threads,
 and a CU holds two. Each block reads its row three times, with a block-wide reduction after each
-pass, so the kernel takes $\lceil \text{rows} / (2 \cdot \text{CUs}) \rceil$ rounds of one row's
+pass (or once, into shared memory, where the row is a whole number of 16-byte vectors: a second
+line), so the kernel takes $\lceil \text{rows} / (2 \cdot \text{CUs}) \rceil$ rounds of one row's
 latency, $a + b \cdot \text{cols}$ clocks (`kit.predict.cdna_softmax`). The tile-MLP learned
-NVIDIA's 256-512-thread blocks, four to eight a SM, and had these rows 1.5-2.5x fast. The line,
+NVIDIA's 256-512-thread blocks, four to eight a SM, and had these rows 1.2-2.8x fast. The line,
 fitted on the MI100 alone, scores the MI210's rows at about 2% (`benchmarks/cdna_softmax_fit.py`),
 and the other way round. Below, GPT-3 XL's attention softmax at batch 2 (24 heads, 2,048 tokens)
 on an MI210, and NeuSight's AMD softmax rows scored by the shipped predictor, the line included

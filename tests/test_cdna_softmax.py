@@ -15,7 +15,9 @@ import pytest
 from kit.hardware import get_gpu
 from kit.ops import Softmax
 from kit.predict import get_predictor
-from kit.predict.cdna_softmax import CDNA_SOFTMAX_ROW_CLOCKS, block_softmax_ms, kernel_of, slots
+from kit.predict.cdna_softmax import (CDNA_SOFTMAX_BAND_LOG, CDNA_SOFTMAX_ROW_CLOCKS, band_log,
+                                      block_softmax_ms, kernel_of, slots)
+from kit.predict.tensor_core import CARRIED_SIGMA_LOG
 from kit.workload.kernel_times import in_stream_ms, isolation_floor_ms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +46,8 @@ def test_fit_script_reproduces_the_shipped_constants_and_carries_across_generati
         assert c["line"]["n"] == c["tile_predictor"]["n"] >= 100
         assert c["line"]["mape"] < 5 and 0.95 < c["line"]["geo_bias"] < 1.05, c
         assert c["tile_predictor"]["mape"] < 5, c
+        assert 0.6 <= c["tile_predictor"]["band_coverage"] <= 0.95, c  # an 80% band, in-sample
+    assert tuple(out["band_log"]) == CDNA_SOFTMAX_BAND_LOG
     for gpu, s in out["warp_rows"].items():  # the rows the bound leaves alone
         assert s["n"] >= 50 and s["mape"] < 10, gpu
 
@@ -77,6 +81,12 @@ def test_the_block_latency_counts_rounds_of_resident_blocks_on_amd_only():
     assert kernel_of(2048, mi210, 4) == "smem" and kernel_of(2050, mi210, 4) == "three_pass"
     assert block_softmax_ms([full], [2048], mi210, 4)[0] < per_round
     assert kernel_of(2056, mi210, 2) == "smem" and kernel_of(2052, mi210, 2) == "three_pass"  # 8 a vector
+    # a shared-memory row of more than half a CU's 64 KiB leaves room for one block, not two
+    assert slots(8176, mi210, 4) == 2 * mi210.sm_count and slots(8192, mi210, 4) == mi210.sm_count
+    assert block_softmax_ms([2 * full], [8192], mi210, 4)[0] > 1.9 * block_softmax_ms([2 * full], [8176], mi210, 4)[0]
+    # 16-bit: the start is the same, the slope per byte (half a fp32 column's)
+    a16 = block_softmax_ms([1], [2049], mi210, 2)[0] * mi210.boost_clock_mhz * 1e3
+    assert a16 == pytest.approx(a + b * 2049 / 2)
     # the warp kernel's rows, and every other vendor's GPU, take none
     assert kernel_of(1024, mi210, 4) is None
     assert block_softmax_ms([10_000], [1024], mi210, 4)[0] == 0
@@ -107,3 +117,24 @@ def test_the_tile_predictor_keeps_the_block_latency_in_isolation_and_in_the_stre
     short = tile.predict([Softmax(98_304, 1024, dtype)], mi210).latency_ms.iloc[0]
     assert short < lat[2] / 2
 
+
+def test_the_band_is_the_lines_own_and_wider_where_it_is_carried():
+    """Where the block latency sets the time, the band is its held-out residuals (an 80% band
+    around a line good to ~2%), widened in quadrature for what was not measured; the network's
+    0.75-1.35x had kept every measured row inside. p90 does not fall as rows grow."""
+    tile = get_predictor("tile")
+    mi210 = get_gpu("mi210")
+    floor = isolation_floor_ms(tile, mi210)
+    lo, hi = CDNA_SOFTMAX_BAND_LOG
+    row = tile.predict([Softmax(9000, 2049, "fp32")], mi210).iloc[0]
+    block = block_softmax_ms([9000], [2049], mi210, 4)[0]
+    assert row.latency_ms == pytest.approx(floor + block)
+    assert row.latency_p10_ms == pytest.approx(floor + block * np.exp(lo))
+    assert row.latency_p90_ms == pytest.approx(floor + block * np.exp(hi))
+    for cols, eb, gpu in ((2049, 2, mi210), (6001, 4, mi210), (2049, 4, get_gpu("mi300x"))):
+        wlo, whi = band_log([cols], gpu, eb)
+        assert wlo[0] == pytest.approx(-np.hypot(lo, CARRIED_SIGMA_LOG)) and whi[0] == pytest.approx(np.hypot(hi, CARRIED_SIGMA_LOG))
+    for gpu in ("mi210", "mi300x"):
+        for dtype in ("fp32", "bf16"):
+            p90 = tile.predict([Softmax(r, 2049, dtype) for r in range(150, 1200, 7)], gpu).latency_p90_ms.to_numpy()
+            assert (p90[1:] >= p90[:-1] * 0.99).all(), (gpu, dtype)  # the network's own wobble: 0.04%
