@@ -18,9 +18,9 @@ from kit.predict.roofline import roofline
 from kit.predict.tensor_core import applies, curve_gemm, kernel_ms_of, params_for
 
 FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row twin (few_rows_ms)
-# The longest reduction the tile-MLP met in a batched GEMM: NeuSight's bmm training rows stop at
-# k = 1,025 (99th percentile 995; its Linear rows reach 65,371). Past it a reduction step costs no
-# more than at it (long_reduction_ms)
+# The longest reduction the tile-MLP met in a GEMM with its own right-hand side per batch:
+# NeuSight's bmm training rows stop at k = 1,025 (99th percentile 995; its Linear rows, a shared
+# weight, reach 65,371). Past it a reduction step costs no more than at it (long_reduction_ms)
 BMM_TRAINED_K = 1024
 PAD_ROWS_MAX = 64  # GEMMs thinner than this are bounded by their twins with more rows (padded_rows_ms)
 
@@ -179,26 +179,34 @@ class GemmBounds:
         return self._as_calls(ops, gpu, lambda op: op.b, lambda op: replace(op, b=1), split_k)
 
     def long_reduction_ms(self, ops: list, gpu: GPU | str, split_k: bool = True) -> np.ndarray:
-        """Per batched GEMM (kind bmm, off a measured tensor-core curve) whose reduction k exceeds
-        BMM_TRAINED_K: its twin's kernel time at k = BMM_TRAINED_K, scaled by k / BMM_TRAINED_K,
-        plus one dispatch floor. The most it may take (predict caps it, cap_at); NaN for any
-        other. Past the longest reduction it met in a batched GEMM, the tile-MLP extrapolates a
-        tile's utilisation, and had it fall as k grew: NeuSight's V100 test rows of attention's
-        P @ V (n = a head, k = the sequence, 1,024-2,048) came out 1.5x slow, T4's 1.2x, P100's
-        1.16x. A longer reduction only amortises a tile's start and end over more steps, so past
-        that edge a step costs no more than at it. The cap equals the twin at the edge and grows
-        with k, so it leaves time non-decreasing in k wherever the network's own time was.
+        """Per FP32 GEMM with its own right-hand side per batch (kind bmm or mm, not a Linear's
+        shared weight) whose reduction k exceeds BMM_TRAINED_K: its twin's kernel time at k =
+        BMM_TRAINED_K, scaled by k / BMM_TRAINED_K, plus one dispatch floor. The most it may take
+        (predict caps it, cap_at); NaN for any other. Past the longest reduction it met in such a
+        GEMM, the tile-MLP extrapolates a tile's utilisation, and had it fall as k grew: NeuSight's
+        V100 test rows of attention's P @ V (n = a head, k = the sequence) came out 1.5x slow,
+        T4's 1.2x, P100's 1.16x. A longer reduction only amortises a tile's start and end over more
+        steps, so past that edge a step costs no more than at it. The cap equals the twin at the
+        edge and grows with k, so it leaves time non-decreasing in k wherever the network's own
+        time was. Those rows reach k = 4,096; past that the rule is carried, unmeasured.
+        FP32 only, where the evidence is: scaling the part over the floor by k also scales an
+        inversion the twins already had, and in 16-bit, whose unaligned GEMMs the network
+        prices through other rules, it had made an H100 fp16 bmm of 256 rows faster than one of
+        12 at k = 8,192 (the twins at 1,024 were already inverted). The twins are predicted
+        without the bound by the training GPUs a GPU dominates (predict applies that to the
+        capped result), which halved the throughput on GEMM sets full of long batched ones.
         split_k: as predict's, for the twins too."""
         from kit.workload.kernel_times import isolation_floor_ms
 
         gpu = get_gpu(gpu)
         out = np.full(len(ops), np.nan)
         rows = [j for j, op in enumerate(ops)
-                if getattr(op, "kind", None) == "bmm" and op.k > BMM_TRAINED_K and not curve_gemm(gpu, op)]
+                if getattr(op, "kind", None) in ("bmm", "mm") and not getattr(op, "shared_rhs", False)
+                and op.dtype == "fp32" and op.k > BMM_TRAINED_K and not curve_gemm(gpu, op)]
         if rows:
             with self.as_twins():
-                twin = self.predict([replace(ops[j], k=BMM_TRAINED_K) for j in rows], gpu,
-                                    split_k).latency_ms.to_numpy(dtype=float)
+                twin = self.predict_unbounded([replace(ops[j], k=BMM_TRAINED_K) for j in rows], gpu,
+                                              split_k).latency_ms.to_numpy(dtype=float)
             floor = isolation_floor_ms(self, gpu)
             steps = np.array([ops[j].k for j in rows], dtype=float) / BMM_TRAINED_K
             out[rows] = steps * np.maximum(twin - floor, 0.0) + floor
