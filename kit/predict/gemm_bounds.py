@@ -194,15 +194,18 @@ class GemmBounds:
         prices through other rules, it had made an H100 fp16 bmm of 256 rows faster than one of
         12 at k = 8,192 (the twins at 1,024 were already inverted). The twins are predicted
         without the bound by the training GPUs a GPU dominates (predict applies that to the
-        capped result), which halved the throughput on GEMM sets full of long batched ones.
-        split_k: as predict's, for the twins too."""
+        capped result), which halved the throughput on GEMM sets full of long batched ones. A
+        GEMM thin enough for the padding ladder (min(m, n) under PAD_ROWS_MAX) is left to it: its
+        twins of 64 rows take this cap, and capping every rung too had made the test suite's
+        sibling-bound sweeps 3.5x slower. split_k: as predict's, for the twins too."""
         from kit.workload.kernel_times import isolation_floor_ms
 
         gpu = get_gpu(gpu)
         out = np.full(len(ops), np.nan)
         rows = [j for j, op in enumerate(ops)
                 if getattr(op, "kind", None) in ("bmm", "mm") and not getattr(op, "shared_rhs", False)
-                and op.dtype == "fp32" and op.k > BMM_TRAINED_K and not curve_gemm(gpu, op)]
+                and op.dtype == "fp32" and op.k > BMM_TRAINED_K and min(op.m, op.n) >= PAD_ROWS_MAX
+                and not curve_gemm(gpu, op)]
         if rows:
             with self.as_twins():
                 twin = self.predict_unbounded([replace(ops[j], k=BMM_TRAINED_K) for j in rows], gpu,
