@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from cdna_softmax_fit import score  # noqa: E402  (the same scores, one definition)
 from kit.errors import KitError  # noqa: E402
 
 GPUS = ("mi100", "mi210")
@@ -70,13 +71,6 @@ def per_cu_clock(r: dict) -> np.ndarray:
     """Each row's elements per CU per clock."""
     gpu = r["gpu"]
     return r["numel"] / ((r["measured_ms"] - r["floor_ms"]) * 1e-3) / (gpu.sm_count * gpu.boost_clock_mhz * 1e6)
-
-
-def score(pred: np.ndarray, measured: np.ndarray) -> dict:
-    ape = np.abs(pred - measured) / measured * 100
-    return {"n": int(len(ape)), "mape": round(float(ape.mean()), 2),
-            "median_ape": round(float(np.median(ape)), 2),
-            "geo_bias": round(float(np.exp(np.mean(np.log(measured / pred)))), 3)}
 
 
 def main(argv=None) -> int:
