@@ -178,3 +178,30 @@ def test_an_ops_prediction_does_not_depend_on_its_neighbours(tile):
     together = tile.predict(rows, "l4").latency_ms.to_numpy(float)
     one_by_one = np.array([tile.predict([r], "l4").latency_ms.iloc[0] for r in rows])
     np.testing.assert_allclose(together, one_by_one, rtol=1e-12)
+
+
+@pytest.mark.parametrize("gpu", ("a100-pcie-40gb", "l4", "mi210", "h200"))
+def test_an_elementwise_op_under_a_wave_takes_the_least_of_its_rungs_own_answers(tile, gpu):
+    """The cap is each rung's own answer, itself capped by the rungs above it. The rungs are
+    predicted in one batch, uncapped, and their least taken (a rung's ladder is the rest of the
+    op's): each op here equals what its rungs, predicted one by one, give, quantile by quantile."""
+    g = get_gpu(gpu)
+    checked = 0
+    for dtype in ("fp32", "bf16"):
+        for kind in ("gelu", "add", "pow"):
+            for numel in (37, 700, 5_000, 99_999, 300_001):
+                op = Elementwise(kind, numel, dtype)
+                w = waves("elementwise", arrays_from_ops("elementwise", [op]), g, dtype)
+                tiles, slots = int(w["tiles"][0]), int(w["slots"][0])
+                if tiles >= slots or small_op_bounds.wave_rung("elementwise", op, tiles, slots) == op:
+                    continue
+                ladder = small_op_bounds.wave_ladder("elementwise", op, tiles, slots)
+                assert len(ladder) >= 2
+                rungs = [tile.predict_unbounded([r], gpu).iloc[0] for r in ladder]
+                got = tile.predict_unbounded([op], gpu).iloc[0]
+                lat = min(r.latency_ms for r in rungs)
+                assert got.latency_ms == pytest.approx(lat, rel=1e-12)
+                assert got.latency_p10_ms == pytest.approx(min(lat, *(r.latency_p10_ms for r in rungs)), rel=1e-12)
+                assert got.latency_p90_ms == pytest.approx(max(lat, min(r.latency_p90_ms for r in rungs)), rel=1e-12)
+                checked += 1
+    assert checked >= 12

@@ -294,10 +294,16 @@ class SmallOpBounds:
             return lat, p10, p90
         if cls != "elementwise":
             return self._row_wave_cap(cls, ops, gpu, tiles, slots, small, lat, p10, p90)
+        if getattr(self, "_raw_ladder", False):  # a rung of an op's ladder: its own ladder is the
+            return lat, p10, p90  # rest of that one (nested_ladder), whose rungs all count there
         ladders = [wave_ladder(cls, ops[i], int(tiles[i]), int(slots[i])) for i in small]
-        # small ops of one kind and row length share rungs: predict each rung once
-        rungs, where = dedupe([op for ladder in ladders for op in ladder])
-        pred = expand(self._predict_class(cls, rungs, gpu), where)
+        # small ops of one kind and row length share rungs: predict each rung once, uncapped.
+        # A rung's own ladder is the rest of the op's (every rung is a power of two of tiles, or
+        # the full wave), and its cap by it is the least of those rungs, quantile by quantile,
+        # so the least over the op's whole ladder of the rungs' uncapped answers is the least of
+        # their capped ones (p10 and p90 then clipped to the latency, as each rung's were): one
+        # batch, where capping each rung by its own ladder had predicted them log2(wave) deep
+        pred = _raw_predictions(self, "_raw_ladder", cls, [op for ladder in ladders for op in ladder], gpu)
         owner = np.repeat(np.arange(small.size), [len(ladder) for ladder in ladders])
         caps = []
         for col in ("latency_ms", "latency_p10_ms", "latency_p90_ms"):

@@ -25,7 +25,7 @@ import pandas as pd
 
 from kit.hardware import GPU, get_gpu
 from kit.ops import DTYPE_BYTES
-from kit.predict.base import COLUMNS, WavePredictor, dedupe, expand
+from kit.predict.base import COLUMNS, WavePredictor, dedupe
 from kit.predict.features import (arrays_from_ops, feature_matrix, gpu_distance, lib_tile,
                                   op_class_of, row_launches, waves)
 from kit.predict.gemm_bounds import GemmBounds, cap_as, cap_at
@@ -99,7 +99,7 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         """predict without the bound by the training GPUs gpu dominates."""
         gpu = get_gpu(gpu)
         unique, where = dedupe(list(ops))
-        out = pd.DataFrame(index=range(len(unique)), columns=COLUMNS)
+        out = _Columns(len(unique))
         by_class: dict[str, list[int]] = {}
         for i, op in enumerate(unique):
             cls = op_class_of(op)
@@ -111,7 +111,7 @@ class TilePredictor(GemmBounds, SmallOpBounds):
                 self._fused_attention(ops_c, gpu, part)
                 self._elementwise_proxies(ops_c, gpu, part)
                 self._wave_floor(ops_c, gpu, part)
-                out.loc[idx, COLUMNS] = part[COLUMNS].values
+                out.put(idx, part)
                 continue
             part = self._predict_class(cls, ops_c, gpu)
             if cls == "layernorm":
@@ -145,22 +145,15 @@ class TilePredictor(GemmBounds, SmallOpBounds):
                 part = cap_at(cap_at(cap_at(part, rows_ms), batches_ms), long_ms)
                 part = self._stream_bound(ops_c, gpu, part.reset_index(drop=True))
                 part = self._padded_bound(ops_c, gpu, part, split_k)
-            out.loc[idx, COLUMNS] = part[COLUMNS].values
-        for c in ("latency_ms", "roofline_ms", "utilisation", "latency_p10_ms", "latency_p90_ms"):
-            out[c] = out[c].astype(float)
+            out.put(idx, part)
         # utilisation is a share in (0, 1] of a bound under the latency. Where a path other than
         # the tile-MLP set the time (a curve, a bound, the stream), the wave bound may exceed it
         # (744% of it for a b = 2 GEMM of 24 x 8 outputs over k = 16384 on an H100): the share
         # of the roofline is then the one that holds
-        over = out.utilisation.to_numpy(float) > 1.0
-        if over.any():
-            out.loc[over, "utilisation"] = (out.roofline_ms / out.latency_ms)[over]
-        out["tiles"] = out["tiles"].astype(int)
-        out["waves"] = out["waves"].astype(int)
-        out["tile"] = out["tile"].astype(str)
-        out["bound"] = out["bound"].astype(str)
-        out["split_k"] = out["split_k"].astype(int)
-        return expand(out, where)
+        c = out.columns
+        over = c["utilisation"] > 1.0
+        c["utilisation"][over] = (c["roofline_ms"] / c["latency_ms"])[over]
+        return out.frame(where)
 
     _gemv_rule = True  # False: the tile-MLP's own GEMV prediction (benchmarks/gemv_fit.py)
 
@@ -273,6 +266,28 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         if options is not None:  # which tiles it mixes, for the split choice (kit.predict.split_k)
             frame["tile_options"] = options
         return frame
+
+
+class _Columns:
+    """A prediction frame's columns as arrays, filled class by class and framed once: setting
+    rows of a pandas frame per class had cost a third of a warm prediction's time."""
+
+    FLOAT = ("latency_ms", "roofline_ms", "utilisation", "latency_p10_ms", "latency_p90_ms")
+    INT = ("tiles", "waves", "split_k")
+
+    def __init__(self, n: int):
+        self.columns = {c: np.zeros(n, dtype=float if c in self.FLOAT else int if c in self.INT else object)
+                        for c in COLUMNS}
+
+    def put(self, idx: list[int], part: pd.DataFrame) -> None:
+        for c, arr in self.columns.items():
+            arr[idx] = part[c].to_numpy(dtype=arr.dtype)
+
+    def frame(self, where: list[int]) -> pd.DataFrame:
+        """The frame of the ops each distinct op stands for (where: each op's distinct index)."""
+        at = np.asarray(where, dtype=int)
+        return pd.DataFrame({c: arr[at] if c not in ("tile", "bound") else arr[at].astype(str)
+                             for c, arr in self.columns.items()}, columns=COLUMNS)
 
 
 def tile_weights(prob: np.ndarray, margin: float) -> np.ndarray:
