@@ -74,12 +74,8 @@ def text(r):
                      + ("; carried over to this GPU as a share of its own peak, with a wider band:"
                         " no tensor-core kernel of it was timed" if carried else "")
                      + "; the tiling below is the kit's tile choice, for the picture")
-    if r.get("tile") != "gemv" and (
-            str(r.get("source", "")).startswith("the learned elementwise") or
-            " back-to-back calls of its one-row twin " in str(r.get("source", "")) or
-            str(r.get("source", "")).startswith(("its bytes at ", "the time of a twin with more rows",
-                                                 "its time on the ", "PyTorch's two-kernel")) or
-            " back-to-back calls of its b = 1 twin " in str(r.get("source", ""))):
+    source = str(r.get("source", ""))
+    if r.get("tile") != "gemv" and source and not source.startswith("kit.predict.tensor_core"):
         lines.append(f"  source    {r['source']}")
     if r.get("tile") == "gemv":
         lines.append(f"  source    {r['source']}" if str(r.get("source", "")).startswith(

@@ -43,6 +43,10 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
                          "dispatch floor): a batch this small is never slower than those; "
                          f"{_answer(op, gpu, out, cls)} was slower")
     if cls == "gemm" and out.get("tile") != "gemv":
+        long_ms = model.long_reduction_ms([op], gpu)[0]
+        if np.isfinite(long_ms) and abs(out["latency_ms"] - long_ms) <= 1e-9 * long_ms:
+            out["source"] = _long_reduction_text(op, gpu, out, cls)
+    if cls == "gemm" and out.get("tile") != "gemv":
         from kit.predict.gemv import MEASURED_STREAM, STREAM_SHARE_DEFAULT, STREAM_SHARE_MAX, stream_bound_ms
         from kit.workload.kernel_times import isolation_floor_ms
 
@@ -82,6 +86,8 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
                              "RowwiseMomentsCUDAKernel, then LayerNormForwardCUDAKernel), timed on "
                              "an H200 (kit.predict.norm_paths), plus the dispatch floor; the "
                              "tile-MLP's own answer was faster")
+    if cls in ("elementwise", "softmax"):
+        _rate_source(model, op, gpu, out, cls)
     from kit.ops import elementwise_proxy
 
     proxy = elementwise_proxy(op)
@@ -126,3 +132,81 @@ def _unpadded_ms(model, op, gpu) -> float:
     """The op's time without the padding cap (kit.predict.gemm_bounds.padded_rows_ms)."""
     with model.as_twins():
         return float(model.predict_unbounded([op], gpu).latency_ms.iloc[0])
+
+
+def _long_reduction_text(op, gpu, out: dict, cls: str) -> str:
+    """kit op's source where the long-reduction cap (kit.predict.gemm_bounds.long_reduction_ms)
+    set a GEMM's time."""
+    from kit.predict.gemm_bounds import BMM_TRAINED_K
+
+    text = (f"its k = {BMM_TRAINED_K:,} twin's kernel time scaled by k / {BMM_TRAINED_K:,} "
+            f"({op.k / BMM_TRAINED_K:.3g}x), plus one dispatch floor: past the longest reduction "
+            "the tile-MLP met in a GEMM with its own right-hand side, a reduction step costs no "
+            f"more than at it (kit.predict.gemm_bounds); {_answer(op, gpu, out, cls)} was slower")
+    if op.k > LONG_REDUCTION_MEASURED_K:
+        text += (f"; carried past k = {LONG_REDUCTION_MEASURED_K:,}, the longest reduction of the "
+                 "rows it was checked on")
+    return text
+
+
+# the longest reduction among the held-out bmm rows the long-reduction cap was checked on
+# (NeuSight's test rows past the edge; kit.predict.gemm_bounds.long_reduction_ms)
+LONG_REDUCTION_MEASURED_K = 4096
+
+
+def _rate_source(model, op, gpu, out: dict, cls: str) -> None:
+    """Set out["source"] where a row's latency (PyTorch's warp softmax on NVIDIA, the block
+    softmax on AMD: kit.predict.cdna_softmax) or an element rate (kit.predict.element_rates) set
+    a vector or row op's time: that bound plus the dispatch floor (kit.predict.small_op_bounds)."""
+    from kit.ops import DTYPE_BYTES
+    from kit.predict import cdna_softmax
+    from kit.predict.element_rates import (CDNA_ELEMS_PER_CU_CLOCK, ELEMS_PER_SM_CLOCK, element_bound_ms,
+                                           softmax_bound_ms, softmax_row_ms)
+    from kit.workload.kernel_times import isolation_floor_ms
+
+    floor, lat = isolation_floor_ms(model, gpu), out["latency_ms"]
+
+    def sets(bound_ms: float) -> bool:
+        return bound_ms > 0 and abs(lat - (floor + bound_ms)) <= 1e-9 * (floor + bound_ms)
+
+    if cls == "elementwise":
+        if sets(float(element_bound_ms([op.kind], [op.numel], gpu)[0])):
+            amd = gpu.vendor == "amd"
+            rate = (CDNA_ELEMS_PER_CU_CLOCK if amd else ELEMS_PER_SM_CLOCK)[op.kind]
+            measured_on = ("mi100", "mi210") if amd else ("h200",)
+            where = ("the fastest of NeuSight's MI100 and MI210 rows, ROCm's powf" if amd
+                     else "the fastest measured on the H200")
+            if gpu.key not in measured_on:
+                where += f", carried to the {gpu.key} by its {'CUs' if amd else 'SMs'} and clock"
+            out["source"] = (f"its {op.numel:,} elements at {rate:g} per {'CU' if amd else 'SM'} per "
+                             f"clock, {where} (kit.predict.element_rates), plus the dispatch floor: "
+                             f"{op.kind}'s arithmetic, not its bytes, sets the time")
+        return
+    eb = DTYPE_BYTES[op.dtype]
+    block = float(cdna_softmax.block_softmax_ms([op.rows], [op.cols], gpu, eb)[0])
+    if sets(block):
+        kernel = cdna_softmax.kernel_of(op.cols, gpu, eb)
+        a, b = cdna_softmax.CDNA_SOFTMAX_ROW_CLOCKS[kernel]
+        rounds = int(np.ceil(op.rows / cdna_softmax.slots(op.cols, gpu, eb)))
+        carried = [why for why, yes in (
+            (f"a {op.dtype} row (its slope taken per byte)", eb != 4),
+            (f"rows over {cdna_softmax.MEASURED_MAX_COLS:,} columns", op.cols > cdna_softmax.MEASURED_MAX_COLS),
+            (f"the {gpu.key} is neither an MI100 nor an MI210", gpu.key not in cdna_softmax.MEASURED_GPUS)) if yes]
+        out["source"] = (f"ROCm's block softmax ({'shared-memory' if kernel == 'smem' else 'three-pass'} "
+                         f"kernel): {rounds:,} round{'s' if rounds != 1 else ''} of resident blocks, each one "
+                         f"row's latency of {a:.0f} + {b:.2f} x cols clocks (kit.predict.cdna_softmax, "
+                         "fitted on NeuSight's MI100 and MI210 fp32 rows), plus the dispatch floor: "
+                         "the row's latency, not its bytes, sets the time"
+                         + (f"; carried, not measured: {'; '.join(carried)}; so its band is wider"
+                            if carried else ""))
+    elif sets(float(softmax_row_ms([op.cols], gpu, op.dtype)[0])):
+        out["source"] = ("one row's latency in PyTorch's warp softmax kernel, a + b x cols clocks "
+                         "(kit.predict.element_rates.SOFTMAX_ROW_CLOCKS, fitted on the H200's rows"
+                         + ("" if gpu.key == "h200" else f", carried to the {gpu.key} by its clock")
+                         + "), plus the dispatch floor: with rows this few, no other warp hides it")
+    elif sets(float(softmax_bound_ms([op.rows], [op.cols], gpu)[0])):
+        out["source"] = ("its elements at the warp softmax kernel's rate for rows of this length, "
+                         "the fastest measured on the H200"
+                         + ("" if gpu.key == "h200" else f", carried to the {gpu.key} by its SMs and clock")
+                         + " (kit.predict.element_rates), plus the dispatch floor: its arithmetic, "
+                         "not its bytes, sets the time")
