@@ -205,3 +205,21 @@ def test_an_elementwise_op_under_a_wave_takes_the_least_of_its_rungs_own_answers
                 assert got.latency_p90_ms == pytest.approx(max(lat, min(r.latency_p90_ms for r in rungs)), rel=1e-12)
                 checked += 1
     assert checked >= 12
+
+
+def test_a_non_finite_count_in_a_part_is_said_not_cast(tile, monkeypatch):
+    """predict_unbounded frames its parts' arrays once (tile_mlp._Columns); a NaN tile count, which
+    casting to int would turn into INT_MIN, raises instead, as setting the frame had."""
+    from kit.ops import Memcpy
+    from kit.predict.base import WavePredictor
+
+    real = WavePredictor.predict
+
+    def broken(self, ops, gpu):
+        out = real(self, ops, gpu)
+        out["tiles"] = np.nan
+        return out
+
+    monkeypatch.setattr(WavePredictor, "predict", broken)
+    with pytest.raises(ValueError, match="non-finite tiles"):
+        tile.predict_unbounded([Memcpy(1 << 20, "h2d")], "l4")

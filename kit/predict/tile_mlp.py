@@ -281,7 +281,13 @@ class _Columns:
 
     def put(self, idx: list[int], part: pd.DataFrame) -> None:
         for c, arr in self.columns.items():
-            arr[idx] = part[c].to_numpy(dtype=arr.dtype)
+            if c in self.INT:  # a count that is not finite is a bug upstream: said, never INT_MIN
+                values = part[c].to_numpy(dtype=float)
+                if not np.isfinite(values).all():
+                    raise ValueError(f"tile predictor: a non-finite {c} in a {len(idx)}-op part")
+                arr[idx] = values.astype(int)
+            else:
+                arr[idx] = part[c].to_numpy(dtype=arr.dtype)
 
     def frame(self, where: list[int]) -> pd.DataFrame:
         """The frame of the ops each distinct op stands for (where: each op's distinct index)."""
