@@ -279,6 +279,7 @@ def text(r) -> str:
              f"{r['cpu_ms']:.2f} ms; GPU idle {max(r['gpu_idle_ms'], 0):.2f} ms",
              *host_lines(r),
              bound_line(r),
+             *carried_lines(r),
              "  by class:"]
     for c in r["by_class"]:
         lines.append(f"    {c['op_class']:<12} {c['ms']:10.3f} ms  {100 * c['share']:5.1f}%  ({c['kernels']} kernels)")
@@ -313,6 +314,20 @@ def text(r) -> str:
     if r.get("trace"):
         lines.append(f"  trace written to {r['trace']} (open in ui.perfetto.dev)")
     return "\n".join(lines)
+
+
+def carried_lines(r) -> list[str]:
+    """The share of the kernel time that takes a curve carried from where it was measured
+    (kit.workload.carried), if any."""
+    carried = {k: v for k, v in (r.get("carried_ms") or {}).items() if v > 0}
+    if not carried or not r.get("kernel_ms"):
+        return []
+    share = sum(carried.values()) / r["kernel_ms"]
+    parts = ", ".join(f"the {k} curve {100 * v / r['kernel_ms']:.0f}%"
+                      for k, v in sorted(carried.items(), key=lambda kv: -kv[1]))
+    return [f"  carried   {100 * share:.0f}% of the kernel time takes kernel-time curves measured on"
+            f" another GPU or dtype and carried to this one ({parts}; kit.predict.tensor_core): none"
+            " of those kernels was timed here, so their band is wider"]
 
 
 def register(sub):

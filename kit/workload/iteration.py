@@ -108,7 +108,7 @@ class Iteration:
                 "top_kernels": self.top_kernels().to_dict("records"),
                 "overhead": self.overhead.to_dict(), "fallbacks": self.fallbacks,
                 "unknown_ops": self.meta.get("unknown_ops", {}),
-                **{k: self.meta[k] for k in ("batch", "seq", "dtype", "params", "param_bytes",
+                **{k: self.meta[k] for k in ("batch", "seq", "dtype", "params", "param_bytes", "carried_ms",
                                              "activation_bytes", "optimizer", "context",
                                              "kv_cache", "kv_cache_bytes", "fast_path", "loss")
                    if k in self.meta},
@@ -277,6 +277,13 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
         frame[name] = values
     kernel_ms = float(lat.sum())
     meta = dict(prep["meta"])
+    if pname == "tile":  # the curves are the tile predictor's (kit.workload.carried)
+        from kit.workload.carried import carried_ms, carried_nodes
+
+        by_gpu = prep.setdefault("carried_nodes", {})
+        if gpu not in by_gpu:  # the GPU itself: a GPU file may reuse a catalog key
+            by_gpu[gpu] = carried_nodes(prep["leaves"], gpu)
+        meta["carried_ms"] = carried_ms(by_gpu[gpu], lat)
     return Iteration(graph.model, gpu.key, graph.meta.get("mode", "train"), fusion, pname,
                      float(total), float(timelines["p10"][2]), float(timelines["p90"][2]),
                      kernel_ms, float(issue[-1]) if len(issue) else 0.0,
