@@ -70,3 +70,23 @@ def test_kit_predict_prints_the_share(capsys):
     assert main(["predict", "gpt2", "--gpu", "h200", "--mode", "inference", "--batch", "4",
                  "--seq", "1024", "--dtype", "bf16"]) == 0
     assert not [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("carried")]
+
+
+def test_kit_compare_gives_each_gpu_its_carried_share(capsys):
+    from kit.cli import main
+    from kit.cli.cmd_compare import compare
+
+    r = compare("gpt2", ["h100-sxm", "mi300x", "v100-pcie-32gb"], mode="inference", batch=4, seq=1024,
+                dtype="bf16")
+    rows = {row["gpu"]: row for row in r["rows"]}
+    assert rows["h100-sxm"]["carried_share"] == 0.0  # the curves were measured on Hopper
+    mi = predict_model("gpt2", "mi300x", mode="inference", batch=4, seq=1024, dtype="bf16")
+    assert rows["mi300x"]["carried_share"] == pytest.approx(sum(mi.meta["carried_ms"].values()) / mi.kernel_ms)
+    assert rows["v100-pcie-32gb"]["carried_share"] is None  # no bf16 on a V100: no time at all
+    assert main(["compare", "gpt2", "--gpus", "h100-sxm,mi300x", "--mode", "inference", "--batch", "4",
+                 "--seq", "1024", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "carried" in out.splitlines()[1] and f"{100 * rows['mi300x']['carried_share']:.0f}%" in out
+    assert main(["compare", "gpt2", "--gpus", "h100-sxm,t4", "--mode", "inference", "--batch", "4",
+                 "--seq", "1024"]) == 0  # fp32: no curve carried anywhere, no column
+    assert "carried" not in capsys.readouterr().out

@@ -98,6 +98,11 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
         it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
         row = gpu_row(gpu, it.total_ms, [it.total_p10_ms, it.total_p90_ms], items, unit, mem,
                       prices, it.predictor)
+        # the share of its kernel time on a curve carried from where it was measured
+        # (kit.workload.carried; None: a predictor without the curves)
+        carried = it.meta.get("carried_ms")
+        row["carried_share"] = (None if carried is None else
+                                sum(carried.values()) / it.kernel_ms if it.kernel_ms > 0 else 0.0)
         if decode:  # sequences that fit beside the weights at this context
             row["max_batch"] = max_batch(mem, batch, gpu.memory_bytes)
         rows.append(row)
@@ -164,7 +169,7 @@ def gpu_row(gpu, step_ms: float, band_ms, items: float, unit: str, mem: dict, pr
             "energy_j_per_step": gpu.tdp_w * step_s, "tdp_w": gpu.tdp_w,
             f"energy_j_per_m_{unit}": gpu.tdp_w * step_s / items * 1e6,
             "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": cost,
-            "predictor": predictor, "unsupported": None}
+            "predictor": predictor, "carried_share": None, "unsupported": None}
 
 
 def no_dtype(gpu, dtype: str) -> str:
@@ -181,7 +186,7 @@ def unsupported_row(gpu, dtype: str, unit: str, mem: dict, prices: dict) -> dict
             "fits": None, "energy_j_per_step": None,
             "tdp_w": gpu.tdp_w, f"energy_j_per_m_{unit}": None,
             "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": None, "predictor": None,
-            "unsupported": no_dtype(gpu, dtype)}
+            "carried_share": None, "unsupported": no_dtype(gpu, dtype)}
 
 
 def run(args):
@@ -214,10 +219,13 @@ def text(r) -> str:
              *host_lines(r),
              f"{'gpu':<18} {'step ms':>10} {'p10-p90 ms':>19} {u + '/s':>12} {'fits':>5} "
              f"{'J/step':>9} {'$/M ' + u:>12}"]
+    carried = any(row.get("carried_share") for row in r["rows"])  # a column only where some row has it
+    if carried:
+        lines[-1] += f" {'carried':>8}"
     for row in r["rows"]:
         if row["unsupported"]:
             lines.append(f"{row['gpu']:<18} {'-':>10} {'-':>19} {'-':>12} {'-':>5} {'-':>9} "
-                         f"{'-':>12}  {row['unsupported']}")
+                         f"{'-':>12}" + (f" {'-':>8}" if carried else "") + f"  {row['unsupported']}")
             continue
         cost = row[f"cost_per_m_{u}"]
         lo, hi = row["band_ms"]
@@ -225,13 +233,22 @@ def text(r) -> str:
         lines.append(f"{row['gpu']:<18} {row['step_ms']:>10.2f} {band:>19} {row[f'{u}_per_s']:>12.0f} "
                      f"{'yes' if row['fits'] else 'NO':>5} {row['energy_j_per_step']:>9.1f} "
                      f"{('-' if cost is None else f'{cost:.3f}'):>12}"
+                     + (f" {_share(row.get('carried_share')):>8}" if carried else "")
                      + (f"  max batch {row['max_batch']:,}" if "max_batch" in row else ""))
     if any(not row["unsupported"] and not row["fits"] for row in r["rows"]):
         fixes = "a smaller batch, bf16 or more GPUs" if r["dtype"] in ("fp32", "tf32") else \
             "a smaller batch or more GPUs"
         lines.append("fits NO: the step needs more memory than the GPU has; its time is what it "
                      f"would take, and it gets no cost ({fixes})")
+    if carried:
+        lines.append("carried: the share of a row's kernel time that takes a kernel-time curve measured on "
+                     "another GPU or dtype (kit.workload.carried): none of those kernels was timed on that "
+                     "GPU, so its band is wider")
     return "\n".join(lines)
+
+
+def _share(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 def register(sub):
