@@ -34,10 +34,15 @@ def test_a_node_counts_only_where_every_leaf_takes_the_same_curve():
     gpu = get_gpu("mi300x")
     g = Gemm(m=4096, n=4096, k=4096, dtype="bf16")
     e = Elementwise("add", 1 << 20, "bf16")
-    leaves = ([g, g, e, g, e], np.array([0, 0, 1, 2, 2]), np.ones(5), np.zeros(5, dtype=int))
-    nodes = carried_nodes(leaves, gpu)
-    assert nodes == {0: "amd fp32 matrix-core"}
-    assert carried_ms(nodes, [2.0, 3.0, 5.0]) == {"amd fp32 matrix-core": 2.0}
+    # node 0: two GEMMs; node 1: an add; node 2: a GEMM and an add; node 3: a GEMM (option 0) or
+    # an add (option 1), as a convolution's implicit GEMM or Winograd
+    leaves = ([g, g, e, g, e, g, e], np.array([0, 0, 1, 2, 2, 3, 3]), np.ones(7),
+              np.array([0, 0, 0, 0, 0, 0, 1]))
+    ways = carried_nodes(leaves, gpu)
+    assert ways == {(0, 0): "amd fp32 matrix-core", (3, 0): "amd fp32 matrix-core"}
+    lat = [2.0, 3.0, 5.0, 7.0]
+    assert carried_ms(ways, lat, [0, 0, 0, 0]) == {"amd fp32 matrix-core": 9.0}
+    assert carried_ms(ways, lat, [0, 0, 0, 1]) == {"amd fp32 matrix-core": 2.0}  # node 3 took its add
 
 
 def test_a_step_sums_its_carried_kernels(mi300x):
@@ -90,3 +95,25 @@ def test_kit_compare_gives_each_gpu_its_carried_share(capsys):
     assert main(["compare", "gpt2", "--gpus", "h100-sxm,t4", "--mode", "inference", "--batch", "4",
                  "--seq", "1024"]) == 0  # fp32: no curve carried anywhere, no column
     assert "carried" not in capsys.readouterr().out
+
+
+def test_a_convolution_counts_where_the_way_it_runs_is_on_a_carried_curve():
+    """Found by review: a conv node (implicit GEMM or Winograd, whose transforms are elementwise)
+    had counted only where every option was on the curve, so none did: vgg16 in bf16 on an
+    A100-80GB read 3% carried where its implicit GEMMs alone were a third of the time."""
+    from kit.workload import iteration as iteration_mod
+    from kit.workload.kernel_times import predict_latencies
+
+    from kit.workload.kernels import leaf_options
+    from kit.workload.models import graph_of
+
+    gpu = get_gpu("a100-pcie-80gb")
+    r = predict_model("vgg16", gpu, mode="inference", batch=32, dtype="bf16")
+    carried = r.meta["carried_ms"].get("h200 bf16", 0.0)
+    nodes = iteration_mod._prepared(graph_of("vgg16", 32, None, "inference", "bf16"), "eager")["kernels"].nodes
+    lat, _, _, _, _, taken = predict_latencies(nodes, gpu, "tile", with_option=True)
+    assert (lat == r.timeline.latency_ms.to_numpy()).all()
+    on_curve = sum(lat[i] for i, n in enumerate(nodes)
+                   if all(curve_tag(op, gpu) == "h200 bf16" for op, _ in leaf_options(n.op)[taken[i]]))
+    assert carried == pytest.approx(on_curve, rel=1e-9)
+    assert carried > 0.25 * r.kernel_ms

@@ -23,6 +23,9 @@ def test_amd_block_softmax_says_so_and_whether_it_is_carried():
     assert fp32["latency_ms"] == pytest.approx(_floor("mi210") + block, rel=1e-9)
     bf16 = predict_op(Softmax(4096, 2048, "bf16"), "mi210")
     assert bf16["source"].startswith("ROCm's block softmax") and "carried, not measured: a bf16 row" in bf16["source"]
+    # the slope it prints is the one it takes: per byte, half the fp32 column's (found by review)
+    a, b = cdna_softmax.CDNA_SOFTMAX_ROW_CLOCKS["smem"]
+    assert f"{a:.0f} + {b / 2:.3g} x cols clocks" in bf16["source"] and "so its band is wider" in bf16["source"]
     far = predict_op(Softmax(4096, 8192), "mi300x")
     assert "rows over 4,096 columns" in far["source"] and "the mi300x is neither" in far["source"]
     # a warp-kernel row (1,024 columns) on AMD is not the block line's
@@ -33,11 +36,21 @@ def test_amd_block_softmax_says_so_and_whether_it_is_carried():
 def test_few_softmax_rows_take_one_rows_latency(gpu):
     r = predict_op(Softmax(16, 1024, "bf16"), gpu)
     assert r["source"].startswith("one row's latency in PyTorch's warp softmax kernel")
-    assert ("carried to the" in r["source"]) == (gpu != "h200")
+    assert ("read on the H200, taken to the" in r["source"]) == (gpu != "h200")
     row = softmax_row_ms([1024], get_gpu(gpu), "bf16")[0]
     assert r["latency_ms"] == pytest.approx(_floor(gpu) + row, rel=1e-9)
     many = predict_op(Softmax(1 << 20, 1024, "fp32"), gpu)  # its bytes bind: no such line
     assert not str(many.get("source", "")).startswith("one row's latency")
+    fp16 = predict_op(Softmax(16, 1024, "fp16"), gpu)["source"]  # the line was read in fp32 and bf16
+    assert "fp16 (it was read in fp32 and bf16)" in fp16 and "band is wider" not in fp16
+
+
+def test_softmax_rows_past_the_warp_kernel_say_they_count_as_rows_of_2048():
+    """Found by review: rows of 4,096 on an H200 had read as 'at the rate for rows of this length',
+    where the bound counts them as rows of 2,048 at the 1,025-2,048 band's rate."""
+    r = predict_op(Softmax(200_000, 4096, "bf16"), "h200")
+    assert r["source"].startswith("its rows counted as rows of 2,048")
+    assert "rows over 2,048 run a block per row" in r["source"]
 
 
 def test_an_element_rate_says_which_and_where_it_was_measured():
@@ -46,9 +59,12 @@ def test_an_element_rate_says_which_and_where_it_was_measured():
     bound = element_bound_ms(["pow"], [50_000_000], get_gpu("h200"))[0]
     assert h200["latency_ms"] == pytest.approx(_floor("h200") + bound, rel=1e-9)
     a100 = predict_op(Elementwise("gelu", 50_000_000, "bf16"), "a100-pcie-80gb")
-    assert "carried to the a100-pcie-80gb" in a100["source"]
+    assert "read on the H200, taken to the a100-pcie-80gb" in a100["source"]
     mi100 = predict_op(Elementwise("pow", 50_000_000), "mi100")
     assert "0.425 per CU per clock" in mi100["source"] and "carried" not in mi100["source"]
+    # AMD's rate was read in fp32, NVIDIA's gelu in bf16: other dtypes take them carried
+    assert "bf16 (it was read in fp32)" in predict_op(Elementwise("pow", 50_000_000, "bf16"), "mi100")["source"]
+    assert "fp16 (it was read in bf16)" in predict_op(Elementwise("gelu", 50_000_000, "fp16"), "h200")["source"]
     assert "source" not in predict_op(Elementwise("add", 50_000_000, "bf16"), "h200")  # bytes bind
 
 

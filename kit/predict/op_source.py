@@ -154,14 +154,31 @@ def _long_reduction_text(op, gpu, out: dict, cls: str) -> str:
 LONG_REDUCTION_MEASURED_K = 4096
 
 
+# the dtypes each rate or line was read in (kit.predict.element_rates: the H200's sweeps and
+# inference passes; NeuSight's AMD rows, fp32 only); any other dtype takes it carried
+RATE_DTYPES = {("nvidia", "pow"): ("fp32", "bf16"), ("nvidia", "gelu"): ("bf16",),
+               ("amd", "pow"): ("fp32",)}
+SOFTMAX_DTYPES = ("fp32", "bf16")  # the warp kernel's rates and row latency (the H200's rows)
+
+
+def _carried_text(reasons: list[str], wider: bool = False) -> str:
+    """The carried reasons; wider: the rule widens its band where carried (the block softmax's
+    does, kit.predict.cdna_softmax.band_log; the element rates and the warp kernel's row latency
+    keep the network's band)."""
+    if not reasons:
+        return ""
+    return f"; carried, not measured: {'; '.join(reasons)}" + ("; so its band is wider" if wider else "")
+
+
 def _rate_source(model, op, gpu, out: dict, cls: str) -> None:
     """Set out["source"] where a row's latency (PyTorch's warp softmax on NVIDIA, the block
     softmax on AMD: kit.predict.cdna_softmax) or an element rate (kit.predict.element_rates) set
-    a vector or row op's time: that bound plus the dispatch floor (kit.predict.small_op_bounds)."""
+    a vector or row op's time: that bound plus the dispatch floor (kit.predict.small_op_bounds),
+    and where it is carried past what was measured (another GPU, dtype or row length)."""
     from kit.ops import DTYPE_BYTES
     from kit.predict import cdna_softmax
-    from kit.predict.element_rates import (CDNA_ELEMS_PER_CU_CLOCK, ELEMS_PER_SM_CLOCK, element_bound_ms,
-                                           softmax_bound_ms, softmax_row_ms)
+    from kit.predict.element_rates import (CDNA_ELEMS_PER_CU_CLOCK, ELEMS_PER_SM_CLOCK, SOFTMAX_WARP_MAX_COLS,
+                                           element_bound_ms, softmax_bound_ms, softmax_row_ms)
     from kit.workload.kernel_times import isolation_floor_ms
 
     floor, lat = isolation_floor_ms(model, gpu), out["latency_ms"]
@@ -169,44 +186,55 @@ def _rate_source(model, op, gpu, out: dict, cls: str) -> None:
     def sets(bound_ms: float) -> bool:
         return bound_ms > 0 and abs(lat - (floor + bound_ms)) <= 1e-9 * (floor + bound_ms)
 
+    h200 = [] if gpu.key == "h200" else [f"read on the H200, taken to the {gpu.key} by its SMs and clock"]
     if cls == "elementwise":
         if sets(float(element_bound_ms([op.kind], [op.numel], gpu)[0])):
             amd = gpu.vendor == "amd"
             rate = (CDNA_ELEMS_PER_CU_CLOCK if amd else ELEMS_PER_SM_CLOCK)[op.kind]
-            measured_on = ("mi100", "mi210") if amd else ("h200",)
             where = ("the fastest of NeuSight's MI100 and MI210 rows, ROCm's powf" if amd
                      else "the fastest measured on the H200")
-            if gpu.key not in measured_on:
-                where += f", carried to the {gpu.key} by its {'CUs' if amd else 'SMs'} and clock"
+            carried = ([] if gpu.key in cdna_softmax.MEASURED_GPUS else
+                       [f"read on the MI100 and MI210, taken to the {gpu.key} by its CUs and clock"]) if amd else h200
+            measured = RATE_DTYPES.get((gpu.vendor, op.kind), ())
+            if op.dtype not in measured:
+                carried.append(f"{op.dtype} (it was read in {' and '.join(measured)})")
             out["source"] = (f"its {op.numel:,} elements at {rate:g} per {'CU' if amd else 'SM'} per "
                              f"clock, {where} (kit.predict.element_rates), plus the dispatch floor: "
-                             f"{op.kind}'s arithmetic, not its bytes, sets the time")
+                             f"{op.kind}'s arithmetic, not its bytes, sets the time" + _carried_text(carried))
         return
     eb = DTYPE_BYTES[op.dtype]
     block = float(cdna_softmax.block_softmax_ms([op.rows], [op.cols], gpu, eb)[0])
+    dtype_carried = [] if op.dtype in SOFTMAX_DTYPES else [f"{op.dtype} (it was read in fp32 and bf16)"]
     if sets(block):
         kernel = cdna_softmax.kernel_of(op.cols, gpu, eb)
         a, b = cdna_softmax.CDNA_SOFTMAX_ROW_CLOCKS[kernel]
         rounds = int(np.ceil(op.rows / cdna_softmax.slots(op.cols, gpu, eb)))
         carried = [why for why, yes in (
-            (f"a {op.dtype} row (its slope taken per byte)", eb != 4),
+            (f"a {op.dtype} row, its slope taken per byte", eb != 4),
             (f"rows over {cdna_softmax.MEASURED_MAX_COLS:,} columns", op.cols > cdna_softmax.MEASURED_MAX_COLS),
             (f"the {gpu.key} is neither an MI100 nor an MI210", gpu.key not in cdna_softmax.MEASURED_GPUS)) if yes]
+        slope = b * eb / 4  # a traffic slope: per byte of the row (block_softmax_ms)
         out["source"] = (f"ROCm's block softmax ({'shared-memory' if kernel == 'smem' else 'three-pass'} "
                          f"kernel): {rounds:,} round{'s' if rounds != 1 else ''} of resident blocks, each one "
-                         f"row's latency of {a:.0f} + {b:.2f} x cols clocks (kit.predict.cdna_softmax, "
-                         "fitted on NeuSight's MI100 and MI210 fp32 rows), plus the dispatch floor: "
-                         "the row's latency, not its bytes, sets the time"
-                         + (f"; carried, not measured: {'; '.join(carried)}; so its band is wider"
-                            if carried else ""))
+                         f"row's latency of {a:.0f} + {slope:.3g} x cols clocks"
+                         + (f" ({b:.2f} per fp32 column, taken per byte)" if eb != 4 else "")
+                         + " (kit.predict.cdna_softmax, fitted on NeuSight's MI100 and MI210 fp32 rows), "
+                         "plus the dispatch floor: the row's latency, not its bytes, sets the time"
+                         + _carried_text(carried, wider=True))
     elif sets(float(softmax_row_ms([op.cols], gpu, op.dtype)[0])):
         out["source"] = ("one row's latency in PyTorch's warp softmax kernel, a + b x cols clocks "
-                         "(kit.predict.element_rates.SOFTMAX_ROW_CLOCKS, fitted on the H200's rows"
-                         + ("" if gpu.key == "h200" else f", carried to the {gpu.key} by its clock")
-                         + "), plus the dispatch floor: with rows this few, no other warp hides it")
+                         "(kit.predict.element_rates.SOFTMAX_ROW_CLOCKS, fitted on the H200's rows), "
+                         "plus the dispatch floor: with rows this few, no other warp hides it"
+                         + _carried_text([r.replace(" and clock", "").replace("its SMs", "its clock")
+                                          for r in h200] + dtype_carried))
     elif sets(float(softmax_bound_ms([op.rows], [op.cols], gpu)[0])):
-        out["source"] = ("its elements at the warp softmax kernel's rate for rows of this length, "
-                         "the fastest measured on the H200"
-                         + ("" if gpu.key == "h200" else f", carried to the {gpu.key} by its SMs and clock")
-                         + " (kit.predict.element_rates), plus the dispatch floor: its arithmetic, "
-                         "not its bytes, sets the time")
+        long = op.cols > SOFTMAX_WARP_MAX_COLS
+        out["source"] = (("its elements at the warp softmax kernel's rate for rows of this length"
+                          if not long else
+                          f"its rows counted as rows of {SOFTMAX_WARP_MAX_COLS:,} (a longer row is never "
+                          f"faster) at the warp softmax kernel's rate for rows of 1,025-{SOFTMAX_WARP_MAX_COLS:,}")
+                         + ", the fastest measured on the H200 (kit.predict.element_rates), plus the "
+                         "dispatch floor: its arithmetic, not its bytes, sets the time"
+                         + _carried_text(h200 + dtype_carried
+                                         + ([f"rows over {SOFTMAX_WARP_MAX_COLS:,} run a block per row, another "
+                                             "kernel, whose own rate was not bound"] if long else [])))

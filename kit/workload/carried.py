@@ -6,7 +6,10 @@ and AMD's FP32 matrix-core GEMMs, carried to 16-bit and FP8 on AMD's. Such a ker
 wider, but a whole step's total does not say which part of it rests on a curve nobody timed on
 that GPU or dtype. carried_ms sums, per curve, the time of the kernels that take one where it is
 carried (measured curves and the tile-MLP's own answers are left out); `kit predict` prints the
-share. A node counts where every leaf of every way to run it takes the same carried curve.
+share. A node counts where every leaf of the way it runs (kit.workload.kernel_times's choice among
+its options: a convolution's implicit GEMM or Winograd) takes the same carried curve. Not counted:
+an unaligned GEMM lifted to its aligned twin's time on a carried curve. An attention of 2-127
+queries, which takes a blend of the curve and its roofline, counts as wholly on the curve.
 """
 from __future__ import annotations
 
@@ -29,22 +32,25 @@ def curve_tag(op, gpu) -> str | None:
     return None
 
 
-def carried_nodes(leaves: tuple, gpu) -> dict[int, str]:
-    """{node: curve} for the kernel nodes every leaf of which takes the same carried curve on gpu
-    (leaves: kit.workload.kernel_times._leaves's (leaf ops, owner node, scale, option))."""
-    ops, owner = leaves[0], leaves[1]
+def carried_nodes(leaves: tuple, gpu) -> dict[tuple[int, int], str]:
+    """{(node, option): curve} for each way to run a kernel node every leaf of which takes the
+    same carried curve on gpu (leaves: kit.workload.kernel_times._leaves's (leaf ops, owner node,
+    scale, option))."""
+    ops, owner, _, option = leaves
     tags = {op: curve_tag(op, gpu) for op in set(ops)}
-    node_tag: dict[int, str | None] = {}
-    for op, node in zip(ops, owner):
-        tag = tags[op]
-        node_tag[int(node)] = tag if node_tag.get(int(node), tag) == tag else None
-    return {node: tag for node, tag in node_tag.items() if tag is not None}
+    way_tag: dict[tuple[int, int], str | None] = {}
+    for op, node, k in zip(ops, owner, option):
+        key, tag = (int(node), int(k)), tags[op]
+        way_tag[key] = tag if way_tag.get(key, tag) == tag else None
+    return {key: tag for key, tag in way_tag.items() if tag is not None}
 
 
-def carried_ms(nodes: dict[int, str], latency_ms) -> dict[str, float]:
-    """{curve: ms}: the summed times of carried_nodes' nodes, by curve."""
+def carried_ms(ways: dict[tuple[int, int], str], latency_ms, taken) -> dict[str, float]:
+    """{curve: ms}: the summed times of the nodes whose way taken (taken: per node, the option
+    kit.workload.kernel_times chose) is one of carried_nodes', by curve."""
     lat = np.asarray(latency_ms, dtype=float)
     out: dict[str, float] = {}
-    for node, tag in nodes.items():
-        out[tag] = out.get(tag, 0.0) + float(lat[node])
+    for (node, k), tag in ways.items():
+        if int(taken[node]) == k:
+            out[tag] = out.get(tag, 0.0) + float(lat[node])
     return out

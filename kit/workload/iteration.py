@@ -230,7 +230,7 @@ def _latencies(graph: OpGraph, prep: dict, fusion: str, gpu, predictor):
     nodes = prep["kernels"].nodes
     hit = latency_cache.load(key, len(nodes))
     if hit is None:
-        hit = predict_latencies(nodes, gpu, predictor, prep["leaves"])
+        hit = predict_latencies(nodes, gpu, predictor, prep["leaves"], with_option=True)
         latency_cache.save(key, *hit)
     if key is not None:
         memo[key] = hit
@@ -248,7 +248,7 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
     if not isinstance(graph, OpGraph):
         raise KitError(f"iteration needs an OpGraph (from kit.workload.capture), got {type(graph).__name__}")
     prep = _prepared(graph, fusion)
-    lat, p10, p90, pname, fallbacks = _latencies(graph, prep, fusion, gpu, predictor)
+    lat, p10, p90, pname, fallbacks, taken = _latencies(graph, prep, fusion, gpu, predictor)
     cols = prep["columns"]
     launches = cols["kernels"].astype(float)
     cpu_us = overhead.cpu_op_us + overhead.launch_us * launches + overhead.free_op_us * prep["free_before"]
@@ -283,7 +283,7 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
         by_gpu = prep.setdefault("carried_nodes", {})
         if gpu not in by_gpu:  # the GPU itself: a GPU file may reuse a catalog key
             by_gpu[gpu] = carried_nodes(prep["leaves"], gpu)
-        meta["carried_ms"] = carried_ms(by_gpu[gpu], lat)
+        meta["carried_ms"] = carried_ms(by_gpu[gpu], lat, taken)
     return Iteration(graph.model, gpu.key, graph.meta.get("mode", "train"), fusion, pname,
                      float(total), float(timelines["p10"][2]), float(timelines["p90"][2]),
                      kernel_ms, float(issue[-1]) if len(issue) else 0.0,

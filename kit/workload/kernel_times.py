@@ -81,14 +81,16 @@ def isolated_latencies(ops, gpu, predictor="auto") -> np.ndarray:
     return _fastest_option(vals * scale[:, None], owner, option, len(ops), slowest=_slowest_mask(ops))[:, :3]
 
 
-def predict_latencies(nodes, gpu, predictor: str = "auto", leaves=None):
+def predict_latencies(nodes, gpu, predictor: str = "auto", leaves=None, with_option: bool = False):
     """Per-node (latency, p10, p90) arrays, the predictor's name, and {op type: reason} for ops
-    the chosen predictor could not cost (those fall back to the wave model, never dropped)."""
+    the chosen predictor could not cost (those fall back to the wave model, never dropped);
+    with_option, also each node's option taken (the index into kit.workload.kernels.leaf_options)."""
     from kit.predict import get_predictor
 
     model = get_predictor(predictor)
     with _one_torch_thread():
-        return _predict_leaves(model, nodes, gpu, leaves or _leaves(nodes))
+        out = _predict_leaves(model, nodes, gpu, leaves or _leaves(nodes))
+    return out if with_option else out[:5]
 
 
 @contextmanager
@@ -116,7 +118,7 @@ def _predict_leaves(model, nodes, gpu, prepared):
     fallbacks: dict = {}
     if not leaves:
         z = np.zeros(len(nodes))
-        return z, z, z, model.name, fallbacks
+        return z, z, z, model.name, fallbacks, np.zeros(len(nodes), dtype=int)
     cols = cols + ["roofline_ms"]
     from kit.predict import DtypeNotLearned
 
@@ -154,7 +156,7 @@ def _predict_leaves(model, nodes, gpu, prepared):
     out = per[np.arange(len(nodes)), best]
     if getattr(model, "name", None) != "roofline":  # the roofline stays a bound on the bytes
         out[:, :3] = np.maximum(out[:, :3], generic_loop_ms(nodes, gpu, prepared)[:, None])
-    return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks
+    return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks, best
 
 
 # PyTorch's generic elementwise kernel (elementwise_kernel<128, 4>: a broadcast or strided input,

@@ -68,25 +68,27 @@ def cache_dir() -> Path:
 
 
 def load(key: str | None, n: int):
-    """(lat, p10, p90, predictor name, fallbacks) or None (no key, missing, unreadable, or a
-    different number of kernels than the graph has). A corrupt file (empty, cut short, not an
-    npz, other contents) is a miss: it is predicted again and written over."""
+    """(lat, p10, p90, predictor name, fallbacks, option taken per kernel) or None (no key,
+    missing, unreadable, or a different number of kernels than the graph has). A corrupt file
+    (empty, cut short, not an npz, other contents) is a miss: it is predicted again and written
+    over."""
     if key is None:
         return None
     path = cache_dir() / f"{key}.npz"
     try:
         with np.load(path, allow_pickle=False) as z:
             vals = z["latency"]
+            option = z["option"]
             info = json.loads(str(z["info"]))
         predictor, fallbacks = info["predictor"], info.get("fallbacks", {})
     except (OSError, EOFError, KeyError, ValueError, TypeError, AttributeError, zipfile.BadZipFile):
         return None
-    if vals.shape != (3, n):
+    if vals.shape != (3, n) or option.shape != (n,):
         return None
-    return vals[0], vals[1], vals[2], predictor, fallbacks
+    return vals[0], vals[1], vals[2], predictor, fallbacks, option
 
 
-def save(key: str | None, lat, p10, p90, predictor: str, fallbacks: dict) -> None:
+def save(key: str | None, lat, p10, p90, predictor: str, fallbacks: dict, option=None) -> None:
     """Store predictions (atomically; an unwritable cache is skipped, never an error)."""
     if key is None:
         return
@@ -94,7 +96,8 @@ def save(key: str | None, lat, p10, p90, predictor: str, fallbacks: dict) -> Non
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{key}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, latency=np.vstack([lat, p10, p90]),
+        option = np.zeros(len(lat), dtype=int) if option is None else np.asarray(option, dtype=int)
+        np.savez(tmp, latency=np.vstack([lat, p10, p90]), option=option,
                  info=np.array(json.dumps({"predictor": predictor, "fallbacks": fallbacks})))
         tmp.replace(path)
     except OSError:
