@@ -88,26 +88,70 @@ def predict_latencies(nodes, gpu, predictor: str = "auto", leaves=None, with_opt
     from kit.predict import get_predictor
 
     model = get_predictor(predictor)
-    with _one_torch_thread():
+    with one_thread():
         out = _predict_leaves(model, nodes, gpu, leaves or _leaves(nodes))
     return out if with_option else out[:5]
 
 
 @contextmanager
-def _one_torch_thread():
-    """Run a learned predictor's tiny networks (tens of rows) on one torch thread: on a small,
-    shared CPU the intra-op thread pool only adds spin-wait (5x slower warm calls measured on
-    2 busy cores). The caller's setting comes back afterwards; without torch this does nothing."""
+def one_thread():
+    """Run a learned predictor's tiny networks (tens of rows) on one thread, torch's and numpy's
+    OpenBLAS (the shipped networks run in numpy: kit.predict.array_mlp): on a small, shared CPU a
+    thread pool only adds spin-wait (5x slower warm calls measured on 2 busy cores with torch's;
+    with OpenBLAS's two threads a warm new GPU took 0.09-0.11 s against 0.036 s on one, while
+    another job ran). The caller's settings come back afterwards; without torch, or where numpy's
+    OpenBLAS is not found (another BLAS), that part does nothing."""
     torch = sys.modules.get("torch")
-    if torch is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    blas = openblas_threads()
+    before = torch.get_num_threads() if torch is not None else None
+    blas_before = blas[0]() if blas else None
+    if torch is not None:
+        torch.set_num_threads(1)
+    if blas:
+        blas[1](1)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        if torch is not None:
+            torch.set_num_threads(before)
+        if blas:
+            blas[1](blas_before)
+
+
+_OPENBLAS: list = []  # [(get, set)] or [None], found once
+
+
+def openblas_threads():
+    """(get, set) of the thread count of the OpenBLAS numpy was built with (the wheels' scipy_openblas,
+    64- or 32-bit interface, or a system libopenblas), or None where none is found."""
+    if not _OPENBLAS:
+        _OPENBLAS.append(_find_openblas())
+    return _OPENBLAS[0]
+
+
+def _find_openblas():
+    import ctypes
+    import glob
+    import os
+
+    import numpy
+
+    here = os.path.dirname(numpy.__file__)
+    paths = (glob.glob(os.path.join(here, os.pardir, "numpy.libs", "*openblas*"))
+             + glob.glob(os.path.join(here, ".dylibs", "*openblas*")))
+    names = [(f"{p}openblas_get_num_threads{s}", f"{p}openblas_set_num_threads{s}")
+             for p in ("scipy_", "") for s in ("64_", "")]
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for get, put in names:
+            if hasattr(lib, get) and hasattr(lib, put):
+                getter, setter = getattr(lib, get), getattr(lib, put)
+                getter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
+                return getter, setter
+    return None
 
 
 def _predict_leaves(model, nodes, gpu, prepared):
