@@ -117,3 +117,13 @@ def test_a_convolution_counts_where_the_way_it_runs_is_on_a_carried_curve():
                    if all(curve_tag(op, gpu) == "h200 bf16" for op, _ in leaf_options(n.op)[taken[i]]))
     assert carried == pytest.approx(on_curve, rel=1e-9)
     assert carried > 0.25 * r.kernel_ms
+
+
+def test_an_op_type_the_predictor_could_not_cost_is_not_counted():
+    """Found by review: a GEMM the tile predictor failed on (the wave model priced it) had still
+    counted as on the carried curve."""
+    gpu = get_gpu("a100-pcie-80gb")
+    g = Gemm(m=4096, n=4096, k=4096, dtype="bf16")
+    leaves = ([g], np.array([0]), np.ones(1), np.zeros(1, dtype=int))
+    assert carried_nodes(leaves, gpu) == {(0, 0): "h200 bf16"}
+    assert carried_nodes(leaves, gpu, {"Gemm": "tile failed; used wave"}) == {}

@@ -51,6 +51,9 @@ def test_softmax_rows_past_the_warp_kernel_say_they_count_as_rows_of_2048():
     r = predict_op(Softmax(200_000, 4096, "bf16"), "h200")
     assert r["source"].startswith("its rows counted as rows of 2,048")
     assert "rows over 2,048 run a block per row" in r["source"]
+    # rows of up to 512: the rate was read in bf16 alone (fp32's bytes bound first there)
+    short = predict_op(Softmax(20_000, 512, "fp32"), "b200")["source"]
+    assert short.startswith("its elements at the warp softmax kernel's rate") and "fp32 (rows this short" in short
 
 
 def test_an_element_rate_says_which_and_where_it_was_measured():

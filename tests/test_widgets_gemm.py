@@ -75,11 +75,15 @@ def test_panel_names_the_tensor_core_curve_measured_or_carried():
 
 
 def test_panel_says_when_the_tile_choice_is_unsure():
-    # the chooser gives 4096^3 on an A100 40GB two tiles within its margin (kit op's choice line)
-    p = GemmPanel(m=4096, n=4096, k=4096, gpu="a100-pcie-40gb")
+    # the chooser gives 3072 x 3072 x 1024 on an A100 40GB two tiles within its margin (kit op's
+    # choice line)
+    p = GemmPanel(m=3072, n=3072, k=1024, gpu="a100-pcie-40gb")
     mixed = [c for c in p.result()["tile_choice"] if c["weight"] > 0]
     assert len(mixed) > 1 and "tile choice is unsure" in p.summary_text()
     assert all(c["tile"] in p.summary_text() for c in mixed)
+    # at k = 4,096 the long-reduction cap sets its time, not the tiles: the panel says so
+    p.k.value = 4096
+    assert "unsure" not in p.summary_text() and "set by its k = 1,024 twin's kernel time" in p.summary_text()
     p.gpu.value = "h100-sxm"
     p.dtype.value = "bf16"  # a curve, not the tiles, sets the time: no such note
     assert "unsure" not in p.summary_text()

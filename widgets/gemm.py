@@ -90,6 +90,8 @@ class GemmPanel(Panel):
         if source.startswith("kit.predict.tensor_core"):
             tail += ("; the H200's tensor-core curve, carried to this GPU" if "carried" in source
                      else "; Hopper's measured tensor-core curve") + ": the tiles are for the picture"
+        elif source:  # a bound or a cap set the time, not the tiles (kit op's source line says all)
+            tail += "; set by " + source.split(":")[0].split(";")[0]
         tail += ")"
         mixed = [c for c in r.get("tile_choice") or [] if c["weight"] > 0]
         if len(mixed) > 1 and not source:  # as kit op's choice line: the tiles the time mixes

@@ -159,6 +159,7 @@ LONG_REDUCTION_MEASURED_K = 4096
 RATE_DTYPES = {("nvidia", "pow"): ("fp32", "bf16"), ("nvidia", "gelu"): ("bf16",),
                ("amd", "pow"): ("fp32",)}
 SOFTMAX_DTYPES = ("fp32", "bf16")  # the warp kernel's rates and row latency (the H200's rows)
+SOFTMAX_BF16_ONLY_COLS = 512  # rows up to this: the rate was read in bf16 alone (fp32's bytes bind first)
 
 
 def _carried_text(reasons: list[str], wider: bool = False) -> str:
@@ -229,6 +230,8 @@ def _rate_source(model, op, gpu, out: dict, cls: str) -> None:
                                           for r in h200] + dtype_carried))
     elif sets(float(softmax_bound_ms([op.rows], [op.cols], gpu)[0])):
         long = op.cols > SOFTMAX_WARP_MAX_COLS
+        if op.cols <= SOFTMAX_BF16_ONLY_COLS and op.dtype != "bf16":
+            dtype_carried = [f"{op.dtype} (rows this short were read in bf16 alone)"]
         out["source"] = (("its elements at the warp softmax kernel's rate for rows of this length"
                           if not long else
                           f"its rows counted as rows of {SOFTMAX_WARP_MAX_COLS:,} (a longer row is never "

@@ -32,12 +32,13 @@ def curve_tag(op, gpu) -> str | None:
     return None
 
 
-def carried_nodes(leaves: tuple, gpu) -> dict[tuple[int, int], str]:
+def carried_nodes(leaves: tuple, gpu, fallbacks=()) -> dict[tuple[int, int], str]:
     """{(node, option): curve} for each way to run a kernel node every leaf of which takes the
     same carried curve on gpu (leaves: kit.workload.kernel_times._leaves's (leaf ops, owner node,
-    scale, option))."""
+    scale, option)). fallbacks: the op types the predictor could not cost (the wave model priced
+    them, no curve)."""
     ops, owner, _, option = leaves
-    tags = {op: curve_tag(op, gpu) for op in set(ops)}
+    tags = {op: None if type(op).__name__ in fallbacks else curve_tag(op, gpu) for op in set(ops)}
     way_tag: dict[tuple[int, int], str | None] = {}
     for op, node, k in zip(ops, owner, option):
         key, tag = (int(node), int(k)), tags[op]

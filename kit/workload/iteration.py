@@ -281,9 +281,10 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
         from kit.workload.carried import carried_ms, carried_nodes
 
         by_gpu = prep.setdefault("carried_nodes", {})
-        if gpu not in by_gpu:  # the GPU itself: a GPU file may reuse a catalog key
-            by_gpu[gpu] = carried_nodes(prep["leaves"], gpu)
-        meta["carried_ms"] = carried_ms(by_gpu[gpu], lat, taken)
+        key = (gpu, tuple(sorted(fallbacks)))  # the GPU itself: a GPU file may reuse a catalog key
+        if key not in by_gpu:
+            by_gpu[key] = carried_nodes(prep["leaves"], gpu, fallbacks)
+        meta["carried_ms"] = carried_ms(by_gpu[key], lat, taken)
     return Iteration(graph.model, gpu.key, graph.meta.get("mode", "train"), fusion, pname,
                      float(total), float(timelines["p10"][2]), float(timelines["p90"][2]),
                      kernel_ms, float(issue[-1]) if len(issue) else 0.0,
