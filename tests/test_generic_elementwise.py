@@ -76,3 +76,20 @@ def test_the_multi_gpu_coster_costs_them_the_same_way():
     roof = Coster(Layout(), system, "roofline")
     roof.predict_ops([generic])
     assert roof.op_ms(generic) < bound  # the roofline stays a bound on the bytes
+
+
+def test_a_cheapest_takes_the_generic_floor_of_the_way_it_runs():
+    """Found by review: the generic loop's floor came from a node's nominal (first) way, applied
+    after the choice, so a Cheapest whose second way won reported the first way's floor."""
+    from types import SimpleNamespace
+
+    from kit.workload.kernels import Cheapest
+
+    slow = Elementwise("add", 1 << 24, "bf16", vectorized=False)
+    fast = Elementwise("add", 1024, "bf16")
+    node = SimpleNamespace(op=Cheapest("fused", (slow, fast)), kernels=1)
+    lat, _, _, _, _, taken = predict_latencies([node], get_gpu("h200"), "tile", with_option=True)
+    alone = predict_latencies([SimpleNamespace(op=fast, kernels=1)], get_gpu("h200"), "tile")[0]
+    assert taken[0] == 1
+    assert lat[0] == pytest.approx(alone[0], rel=1e-12)
+    assert lat[0] < generic_loop_ms([SimpleNamespace(op=slow, kernels=1)], get_gpu("h200"))[0]
