@@ -307,7 +307,18 @@ came within 8-14% of the kernel time measured on the H200 (README, "Decode steps
 other tensor-core GPUs the same curve is carried over as a share of each GPU's own peak, with a
 wider band; FP32 and TF32 GEMVs take the streaming GEMV model (`kit.predict.gemv`). No 16-bit
 decode GEMM off Hopper has been measured: treat those GEMM times as the least certain part of
-the step.
+the step. How much of a step rests on such a carried curve is part of every prediction
+(`carried_ms`; `kit predict`'s `carried` line, `kit compare`'s `carried` column):
+"""),
+    code("""
+for g in ("h100-sxm", "a100-sxm4-80gb"):
+    it = predict_model("llama3-8b", g, mode="decode", batch=8, seq=1024, dtype="bf16")
+    carried = sum(it.meta["carried_ms"].values())
+    assert 0 <= carried <= it.kernel_ms
+    print(f"{g}: {it.total_ms:.1f} ms a step, {100 * carried / it.kernel_ms:.0f}% of its kernel "
+          "time on a curve carried to it from the H200")
+assert sum(predict_model("llama3-8b", "h100-sxm", mode="decode", batch=8, seq=1024,
+                         dtype="bf16").meta["carried_ms"].values()) == 0  # Hopper: measured
 """),
     md(r"""
 ## 5e. Families that change the decode step: sliding windows and experts
