@@ -98,11 +98,7 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
         it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
         row = gpu_row(gpu, it.total_ms, [it.total_p10_ms, it.total_p90_ms], items, unit, mem,
                       prices, it.predictor)
-        # the share of its kernel time on a curve carried from where it was measured
-        # (kit.workload.carried; None: a predictor without the curves)
-        carried = it.meta.get("carried_ms")
-        row["carried_share"] = (None if carried is None else
-                                sum(carried.values()) / it.kernel_ms if it.kernel_ms > 0 else 0.0)
+        row["carried_share"] = it.carried_share  # on curves carried to it (kit.workload.carried)
         if decode:  # sequences that fit beside the weights at this context
             row["max_batch"] = max_batch(mem, batch, gpu.memory_bytes)
         rows.append(row)

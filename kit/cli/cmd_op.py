@@ -59,26 +59,26 @@ def text(r):
              *([] if r["op"] == "memcpy" else  # a copy over a link has no FLOPs and no ridge
                [f"  intensity {r['intensity_flops_per_byte']:.1f} FLOP/B vs ridge {r['ridge_flops_per_byte']:.1f} FLOP/B"]),
              f"  work      {r['flops']:.3g} FLOPs, {r['bytes']:.3g} bytes"]
-    if str(r.get("source", "")).startswith("kit.predict.tensor_core (carried from the amd"):
+    source = str(r.get("source", ""))
+    if source.startswith("kit.predict.tensor_core (carried from the amd"):
         lines.append("  source    a curve of AMD's matrix-core GEMMs (kit.predict.tensor_core.CDNA_GEMM):"
                      " fitted on rocBLAS's FP32 MFMA GEMMs of NeuSight's MI100 and MI210 rows, the only"
                      " AMD matrix-core kernels measured, carried to this dtype as a share of its peak,"
                      " with a wider band: no AMD 16-bit or FP8 GEMM was timed; the latency is that"
                      " curve plus the dispatch floor; the tiling below is the kit's tile choice, for"
                      " the picture")
-    elif str(r.get("source", "")).startswith("kit.predict.tensor_core"):
-        carried = "carried" in r["source"]
+    elif source.startswith("kit.predict.tensor_core"):
+        carried = "carried" in source
         lines.append("  source    a curve measured on an H200 (kit.predict.tensor_core): Hopper's aligned"
                      " tensor-core kernels reach a share of the roofline set by their size, not by"
                      " their tiles, so the latency is that curve plus the dispatch floor"
                      + ("; carried over to this GPU as a share of its own peak, with a wider band:"
                         " no tensor-core kernel of it was timed" if carried else "")
                      + "; the tiling below is the kit's tile choice, for the picture")
-    source = str(r.get("source", ""))
     if r.get("tile") != "gemv" and source and not source.startswith("kit.predict.tensor_core"):
-        lines.append(f"  source    {r['source']}")
+        lines.append(f"  source    {source}")
     if r.get("tile") == "gemv":
-        lines.append(f"  source    {r['source']}" if str(r.get("source", "")).startswith(
+        lines.append(f"  source    {source}" if source.startswith(
                      ("its two-row twin", "the time of a twin with more rows", "its time on the "))
                      else "  source    cuBLAS's gemv kernels (m or n of 1) stream the matrix once: a share"
                      " of the DRAM bandwidth measured on an H200 (kit.predict.gemv) plus the dispatch"

@@ -68,6 +68,10 @@ SOFTMAX_UNBOUND_COLS = 256
 # on the H200's sweep rows with at most one row per SM, where no other warp hides it. See the module doc.
 SOFTMAX_ROW_CLOCKS = {"fp32": (2678.0, 5.68), "16bit": (2534.0, 9.45)}
 SOFTMAX_WARP_MAX_COLS = 2048  # torch 2.11's warp kernel (a longer row: a block per row, another kernel)
+# the dtypes each rate above was read in (any other takes it carried: kit op's source says so)
+RATE_DTYPES = {("nvidia", "pow"): ("fp32", "bf16"), ("nvidia", "gelu"): ("bf16",), ("amd", "pow"): ("fp32",)}
+SOFTMAX_DTYPES = ("fp32", "bf16")  # the warp kernel's rates and its row latency
+SOFTMAX_BF16_ONLY_COLS = 512  # rows up to this: the rate was read in bf16 alone (fp32's bytes bind first)
 
 
 def elements_per_s(gpu, per_sm_clock):

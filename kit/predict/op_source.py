@@ -46,7 +46,6 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
         long_ms = model.long_reduction_ms([op], gpu)[0]
         if np.isfinite(long_ms) and abs(out["latency_ms"] - long_ms) <= 1e-9 * long_ms:
             out["source"] = _long_reduction_text(op, gpu, out, cls)
-    if cls == "gemm" and out.get("tile") != "gemv":
         from kit.predict.gemv import MEASURED_STREAM, STREAM_SHARE_DEFAULT, STREAM_SHARE_MAX, stream_bound_ms
         from kit.workload.kernel_times import isolation_floor_ms
 
@@ -154,14 +153,6 @@ def _long_reduction_text(op, gpu, out: dict, cls: str) -> str:
 LONG_REDUCTION_MEASURED_K = 4096
 
 
-# the dtypes each rate or line was read in (kit.predict.element_rates: the H200's sweeps and
-# inference passes; NeuSight's AMD rows, fp32 only); any other dtype takes it carried
-RATE_DTYPES = {("nvidia", "pow"): ("fp32", "bf16"), ("nvidia", "gelu"): ("bf16",),
-               ("amd", "pow"): ("fp32",)}
-SOFTMAX_DTYPES = ("fp32", "bf16")  # the warp kernel's rates and row latency (the H200's rows)
-SOFTMAX_BF16_ONLY_COLS = 512  # rows up to this: the rate was read in bf16 alone (fp32's bytes bind first)
-
-
 def _carried_text(reasons: list[str], wider: bool = False) -> str:
     """The carried reasons; wider: the rule widens its band where carried (the block softmax's
     does, kit.predict.cdna_softmax.band_log; the element rates and the warp kernel's row latency
@@ -178,7 +169,8 @@ def _rate_source(model, op, gpu, out: dict, cls: str) -> None:
     and where it is carried past what was measured (another GPU, dtype or row length)."""
     from kit.ops import DTYPE_BYTES
     from kit.predict import cdna_softmax
-    from kit.predict.element_rates import (CDNA_ELEMS_PER_CU_CLOCK, ELEMS_PER_SM_CLOCK, SOFTMAX_WARP_MAX_COLS,
+    from kit.predict.element_rates import (CDNA_ELEMS_PER_CU_CLOCK, ELEMS_PER_SM_CLOCK, RATE_DTYPES,
+                                           SOFTMAX_BF16_ONLY_COLS, SOFTMAX_DTYPES, SOFTMAX_WARP_MAX_COLS,
                                            element_bound_ms, softmax_bound_ms, softmax_row_ms)
     from kit.workload.kernel_times import isolation_floor_ms
 
@@ -187,15 +179,21 @@ def _rate_source(model, op, gpu, out: dict, cls: str) -> None:
     def sets(bound_ms: float) -> bool:
         return bound_ms > 0 and abs(lat - (floor + bound_ms)) <= 1e-9 * (floor + bound_ms)
 
-    h200 = [] if gpu.key == "h200" else [f"read on the H200, taken to the {gpu.key} by its SMs and clock"]
+    def from_h200(by: str) -> list[str]:
+        return [] if gpu.key == "h200" else [f"read on the H200, taken to the {gpu.key} by {by}"]
+
     if cls == "elementwise":
         if sets(float(element_bound_ms([op.kind], [op.numel], gpu)[0])):
             amd = gpu.vendor == "amd"
             rate = (CDNA_ELEMS_PER_CU_CLOCK if amd else ELEMS_PER_SM_CLOCK)[op.kind]
             where = ("the fastest of NeuSight's MI100 and MI210 rows, ROCm's powf" if amd
                      else "the fastest measured on the H200")
-            carried = ([] if gpu.key in cdna_softmax.MEASURED_GPUS else
-                       [f"read on the MI100 and MI210, taken to the {gpu.key} by its CUs and clock"]) if amd else h200
+            if not amd:
+                carried = from_h200("its SMs and clock")
+            elif gpu.key in cdna_softmax.MEASURED_GPUS:  # the pow rows' GPUs, as the softmax rows'
+                carried = []
+            else:
+                carried = [f"read on the MI100 and MI210, taken to the {gpu.key} by its CUs and clock"]
             measured = RATE_DTYPES.get((gpu.vendor, op.kind), ())
             if op.dtype not in measured:
                 carried.append(f"{op.dtype} (it was read in {' and '.join(measured)})")
@@ -205,7 +203,7 @@ def _rate_source(model, op, gpu, out: dict, cls: str) -> None:
         return
     eb = DTYPE_BYTES[op.dtype]
     block = float(cdna_softmax.block_softmax_ms([op.rows], [op.cols], gpu, eb)[0])
-    dtype_carried = [] if op.dtype in SOFTMAX_DTYPES else [f"{op.dtype} (it was read in fp32 and bf16)"]
+    dtype_carried = [] if op.dtype in SOFTMAX_DTYPES else [f"{op.dtype} (it was read in {' and '.join(SOFTMAX_DTYPES)})"]
     if sets(block):
         kernel = cdna_softmax.kernel_of(op.cols, gpu, eb)
         a, b = cdna_softmax.CDNA_SOFTMAX_ROW_CLOCKS[kernel]
@@ -226,8 +224,7 @@ def _rate_source(model, op, gpu, out: dict, cls: str) -> None:
         out["source"] = ("one row's latency in PyTorch's warp softmax kernel, a + b x cols clocks "
                          "(kit.predict.element_rates.SOFTMAX_ROW_CLOCKS, fitted on the H200's rows), "
                          "plus the dispatch floor: with rows this few, no other warp hides it"
-                         + _carried_text([r.replace(" and clock", "").replace("its SMs", "its clock")
-                                          for r in h200] + dtype_carried))
+                         + _carried_text(from_h200("its clock") + dtype_carried))
     elif sets(float(softmax_bound_ms([op.rows], [op.cols], gpu)[0])):
         long = op.cols > SOFTMAX_WARP_MAX_COLS
         if op.cols <= SOFTMAX_BF16_ONLY_COLS and op.dtype != "bf16":
@@ -238,6 +235,6 @@ def _rate_source(model, op, gpu, out: dict, cls: str) -> None:
                           f"faster) at the warp softmax kernel's rate for rows of 1,025-{SOFTMAX_WARP_MAX_COLS:,}")
                          + ", the fastest measured on the H200 (kit.predict.element_rates), plus the "
                          "dispatch floor: its arithmetic, not its bytes, sets the time"
-                         + _carried_text(h200 + dtype_carried
+                         + _carried_text(from_h200("its SMs and clock") + dtype_carried
                                          + ([f"rows over {SOFTMAX_WARP_MAX_COLS:,} run a block per row, another "
                                              "kernel, whose own rate was not bound"] if long else [])))

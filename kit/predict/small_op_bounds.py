@@ -295,7 +295,7 @@ class SmallOpBounds:
         if cls != "elementwise":
             return self._row_wave_cap(cls, ops, gpu, tiles, slots, small, lat, p10, p90)
         if getattr(self, "_raw_ladder", False):  # a rung of an op's ladder: its own ladder is the
-            return lat, p10, p90  # rest of that one (nested_ladder), whose rungs all count there
+            return lat, p10, p90  # rest of that one, whose rungs all count there
         ladders = [wave_ladder(cls, ops[i], int(tiles[i]), int(slots[i])) for i in small]
         # small ops of one kind and row length share rungs: predict each rung once, uncapped.
         # A rung's own ladder is the rest of the op's (every rung is a power of two of tiles, or

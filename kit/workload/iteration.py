@@ -130,6 +130,15 @@ class Iteration:
         return float(t.loc[hit, "latency_ms"].sum())
 
     @property
+    def carried_share(self) -> float | None:
+        """The share of the kernel time on a curve carried from where it was measured
+        (meta["carried_ms"], kit.workload.carried); None where the predictor has no curves."""
+        carried = self.meta.get("carried_ms")
+        if carried is None:
+            return None
+        return sum(carried.values()) / self.kernel_ms if self.kernel_ms > 0 else 0.0
+
+    @property
     def fits(self) -> bool | None:
         """Whether the step fits in the GPU's memory (kit.workload.models.memory_fit; set by
         kit.api.predict_model), None where it was not checked."""

@@ -229,15 +229,9 @@ def generic_loop_ms(nodes, gpu, prepared=None) -> np.ndarray:
     """Per node, the time its generic-loop elementwise kernels take at the rate above (0 for
     nodes without any, and on GPUs it is not known for). prepared: the nodes' _leaves, when
     the caller has them; a Cheapest counts its nominal (first) option, as leaf_ops does."""
-    out = np.zeros(len(nodes))
-    rate = generic_loop_rate(gpu)
-    if not rate:
-        return out
-    leaves, owner, _, option = prepared if prepared is not None else _leaves(nodes)
-    for op, i, k in zip(leaves, owner, option):
-        if k == 0 and isinstance(op, Elementwise) and not op.vectorized:
-            out[i] += op.numel / rate * 1e3
-    return out
+    prepared = prepared if prepared is not None else _leaves(nodes)
+    options = int(prepared[3].max()) + 1 if len(prepared[3]) else 1
+    return generic_loop_per_option(prepared, gpu, (len(nodes), options))[:, 0]
 
 
 def generic_loop_per_option(prepared, gpu, shape) -> np.ndarray:
