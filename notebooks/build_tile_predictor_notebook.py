@@ -57,13 +57,21 @@ for key in ("a100-pcie-40gb", "a100-pcie-80gb", "l4", "t4"):
                  "waves": int(w["waves"][0]), "base ms": round(float(w["base_ms"][0]), 3),
                  **{n: round(float(v), 2) for n, v in zip(feature_names("gemm"), x)
                     if n in ("log_tile_compute_us", "log_tile_intensity_vs_ridge",
-                             "log_sm_bw_gbs", "log_l2_mib_per_sm", "log_w_per_tflops")}})
+                             "log_sm_bw_gbs", "log_l2_mib_per_sm", "log_power_share")}})
 features = pd.DataFrame(rows)
 features
 """),
     md(r"""
 The features are ratios: a tile's compute time on one SM's share of the peak, its intensity
-against the ridge point, bandwidth and L2 per SM, watts per TFLOP/s. None of them names a GPU.
+against the ridge point, bandwidth and L2 per SM, and the share of the peak the card's TDP can
+feed. None of them names a GPU.
+
+That last one is `power_share`: the TDP times the most FP32 TFLOP/s per watt any training GPU
+sustains on large GEMMs (the A100 40GB's 0.064), over the peak, at most 1. A GEMM that would run
+a card at its peak draws more than its TDP, so the card lowers its clock. The two A100s have the
+same chip and peak, but the 80GB card may draw 300 W to the 40GB's 250 W: a share of 0.98
+against 0.82 (log −0.02 against −0.2 above), and its GEMMs run in about 0.9x the 40GB's time.
+The V100 and P100 have watts to spare: a share of 1. L4's 72 W feed 0.15 of its peak.
 
 **Why this carries over.** Everything a datasheet decides — peak, bandwidth, SM count, the
 number of waves — is already in `base`, computed exactly for any catalog GPU. What is left
@@ -181,14 +189,15 @@ if HAVE_DATA:
     assert 0.25 < l4_util < 0.4, l4_util  # the share of the roofline L4's long GEMMs reach
 """),
     md(r"""
-A100 80GB is close to the A100 40GB it resembles: the learned utilisation lands within 2–8% on
-GEMMs, elementwise ops, softmax and layer norm. (Softmax and layer norm also train on the
+A100 80GB is close to the A100 40GB it resembles, with the 50 W more that its power share
+counts: the learned utilisation lands within 1–7% on GEMMs, elementwise ops, softmax and layer
+norm. (Softmax and layer norm also train on the
 training GPUs' test rows, model shapes up to 16,384 columns wide, so the held-out GPUs' row
 shapes were met before, on other GPUs; without them they score 12% and 9%.) L4 is the hard one: it is rated
 30.3 TFLOP/s FP32 at 72 W, but its longest sgemm kernels reach only about 30% of their roofline
 (power-capped clocks), while on the training GPUs the median is 45–95%.
-The features see its low watts per TFLOP/s, but no training GPU is that far out, so the
-network can only clamp to the edge of what it saw. The benchmark
+Its power share says so (0.15), but no training GPU is that far out (the T4, lowest, 0.55),
+so the network can only clamp to the edge of what it saw. The benchmark
 (`benchmarks/tile_predictor.py`) reports the numbers and the band's coverage honestly.
 
 **How low could the error go?** Give the same model family every advantage: train it on the

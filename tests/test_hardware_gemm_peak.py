@@ -65,12 +65,14 @@ def test_tile_features_and_base_time_use_the_matrix_peak():
     x_fast, x_slow = feature_matrix("gemm", a, MI100, w_fast), feature_matrix("gemm", a, VECTOR_ONLY, w_slow)
     diff = dict(zip(names, (x_fast - x_slow)[0]))
     step = math.log(RATIO)
-    # a tile's compute time and the GPU's per-SM peak move by the peak ratio; TDP per TFLOP/s down
+    # a tile's compute time and the GPU's per-SM peak move by the peak ratio; the power share
+    # does not: it is the vector peak's (a matrix core's FLOPs cost less energy, by an amount no
+    # training GPU shows; against the matrix peak MI100 and MI210 Linear scored 38% and 33%, not 15%)
     assert diff["log_tile_compute_us"] == pytest.approx(-step)
     assert diff["log_tile_intensity_vs_ridge"] == pytest.approx(-step)
     assert diff["log_sm_gflops"] == pytest.approx(step)
     assert diff["log_ridge"] == pytest.approx(step)
-    assert diff["log_w_per_tflops"] == pytest.approx(-step)
+    assert diff["log_power_share"] == 0
     assert diff["log_sm_bw_gbs"] == 0 and diff["log_tile_load_us"] == 0 and diff["log_tiles"] == 0
 
 

@@ -72,3 +72,22 @@ def test_features_differ_between_gpus_only_in_gpu_terms_for_identical_specs():
     same = [names.index(c) for c in ("log_rows", "log_cols", "log_tiles", "log_waves")]
     assert np.array_equal(x40[:, same], x80[:, same])
     assert x40[0, names.index("log_sm_bw_gbs")] < x80[0, names.index("log_sm_bw_gbs")]
+
+
+def test_power_share_is_the_peak_a_tdp_sustains_at_most_all_of_it():
+    from kit.predict.features import GPU_FEATURES, SUSTAINED_TFLOPS_PER_W, gpu_vector, power_share
+
+    col = GPU_FEATURES.index("log_power_share")
+    for key in ("a100-pcie-40gb", "a100-pcie-80gb", "t4", "l4", "v100-pcie-32gb", "p100-pcie-16gb"):
+        g = get_gpu(key)
+        want = min(1.0, SUSTAINED_TFLOPS_PER_W * g.tdp_w / g.fp32_tflops)
+        assert power_share(g) == pytest.approx(want)
+        assert gpu_vector(g)[col] == pytest.approx(np.log(want))
+    # the same chip and peak: the card allowed more watts keeps more of it
+    assert power_share("a100-pcie-80gb") > power_share("a100-pcie-40gb")
+    # cards with watts to spare look alike, however many spare
+    assert power_share("v100-pcie-32gb") == power_share("p100-pcie-16gb") == 1.0
+    assert power_share("l4") < power_share("t4") < power_share("a100-pcie-40gb")
+    # a higher peak (AMD's matrix cores for FP32 GEMMs) leaves a smaller share of it
+    mi = get_gpu("mi100")
+    assert power_share(mi, mi.gemm_peak_tflops("fp32")) < power_share(mi)

@@ -111,3 +111,24 @@ def test_refuses_a_manifest_with_a_bad_band_or_gpu_list(saved, tmp_path, edit, m
     (tmp_path / TENSORS_FILE).write_bytes((out / TENSORS_FILE).read_bytes())
     with pytest.raises(KitError, match=match):
         load_bundle(tmp_path)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m.pop("gpu_features"), "record no gpu_features.*log_w_per_tflops"),
+    (lambda m: m.__setitem__("gpu_features", [f.replace("log_power_share", "log_w_per_tflops")
+                                              for f in m["gpu_features"]]),
+     "other GPU features.*log_w_per_tflops, log_power_share"),
+    (lambda m: m.__setitem__("gpu_features", m["gpu_features"][::-1]), "their order differs"),
+])
+def test_refuses_weights_trained_on_other_gpu_features(saved, tmp_path, edit, match):
+    """The same number of inputs in another meaning would be read without a word."""
+    _, out = saved
+    m = json.loads((out / MANIFEST_FILE).read_text())
+    from kit.predict.features import GPU_FEATURES
+
+    assert m["gpu_features"] == GPU_FEATURES  # what train_bundle records
+    edit(m)
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(m))
+    (tmp_path / TENSORS_FILE).write_bytes((out / TENSORS_FILE).read_bytes())
+    with pytest.raises(KitError, match=match):
+        load_bundle(tmp_path)

@@ -48,12 +48,33 @@ GPU_FEATURES = [
     "log_l2_mib_per_sm",
     "log_smem_kib_per_sm",
     "log_sm_count",
-    "log_w_per_tflops",    # power headroom: TDP over peak (low = throttled under load)
+    "log_power_share",     # the share of the peak its TDP sustains (power_share; 0 = none lost)
     "log_w_per_sm",
     "log_clock_ghz",
     "lanes_per_sm_64",     # fp32 lanes per SM / 64
     "log_threads_per_sm",
 ]
+
+
+# The most FP32 TFLOP/s per watt of TDP a training GPU sustains on large GEMMs: the
+# A100-PCIe-40GB's, 16.0 TFLOP/s (the 90th percentile of its NeuSight train-collect GEMMs of 10
+# GFLOP or more) at 250 W. The others sustain less per watt (T4 and V100 0.049, P4 0.041, P100
+# 0.028). benchmarks/sustained_power.py derives it from the five training GPUs' rows alone; the
+# held-out GPUs' rows never enter it.
+SUSTAINED_TFLOPS_PER_W = 0.064
+
+
+def power_share(gpu: GPU | str, peak_tflops: float | None = None) -> float:
+    """The share of a peak (default: the FP32 vector peak) a GPU's TDP can sustain at
+    SUSTAINED_TFLOPS_PER_W, at most 1: 0.82 for the A100-PCIe-40GB (250 W for 19.5 TFLOP/s),
+    0.98 for the A100-PCIe-80GB (300 W), 0.55 for the T4, 1 for the V100 and P100. A GEMM that
+    would run a power-capped card at its peak draws more than its TDP, so the card lowers its
+    clock: the tile-MLP sees that share, not TDP over peak, which told two cards with watts to
+    spare apart (the V100's 17.9 W per TFLOP/s and the P100's 26.9) as if it mattered, and left
+    the A100-PCIe-80GB about as fast as the 40GB (it runs 0.90x its time; predicted 0.97x)."""
+    g = get_gpu(gpu)
+    peak = g.fp32_tflops if peak_tflops is None else peak_tflops
+    return min(1.0, SUSTAINED_TFLOPS_PER_W * g.tdp_w / peak)
 
 
 def op_class_of(op) -> str:
@@ -75,10 +96,13 @@ def gpu_vector(gpu: GPU | str, gemm: bool = False) -> np.ndarray:
     SIMT lanes, the same as the vector peak), for every other op the vector peak."""
     g = get_gpu(gpu)
     peak = g.gemm_peak_tflops("fp32") if gemm else g.fp32_tflops
+    # the power share is the vector peak's on every op: the frontier was read on SIMT FMAs, and
+    # a matrix core's FLOP costs less energy by an amount no training GPU shows (against AMD's
+    # FP32 matrix peak, 0.42 of it, MI100 and MI210 Linear scored 38% and 33%, not 15%)
     return np.array([
         math.log(peak * 1e3 / g.sm_count), math.log(g.mem_bw_gbs / g.sm_count),
         math.log(peak * 1e3 / g.mem_bw_gbs), math.log(g.l2_cache_mib / g.sm_count),
-        math.log(g.smem_per_sm_kib), math.log(g.sm_count), math.log(g.tdp_w / peak),
+        math.log(g.smem_per_sm_kib), math.log(g.sm_count), math.log(power_share(g)),
         math.log(g.tdp_w / g.sm_count), math.log(g.boost_clock_mhz / 1e3),
         g.fp32_lanes_per_sm / 64, math.log(g.max_threads_per_sm),
     ])

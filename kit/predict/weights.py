@@ -261,6 +261,7 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
 
     folder = _folder_of(Path(weights_dir)) if weights_dir is not None else SHIPPED_DIR
     manifest = read_manifest(folder)
+    _check_gpu_features(manifest, folder / MANIFEST_FILE)
     tensors = _read_tensors(folder / TENSORS_FILE, (manifest.get("sha256") or {}).get(TENSORS_FILE))
     parts = manifest["parts"]
     info = {k: v for k, v in manifest.items() if k != "parts"}
@@ -280,6 +281,27 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
         raise KitError(f"weights in {folder} do not match their manifest ({type(e).__name__}: "
                        f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
     return Bundle(tile, li, mlp, info, folder, files_identity(folder))
+
+
+def _check_gpu_features(manifest: dict, where: Path) -> None:
+    """KitError unless the weights were trained on the GPU features this kit computes
+    (kit.predict.features.GPU_FEATURES, recorded as gpu_features since the TDP-per-peak feature
+    gave way to the power share): a network fed a feature it never saw answers as confidently as
+    one fed its own."""
+    from kit.predict.features import GPU_FEATURES
+
+    got = manifest.get("gpu_features")
+    if got == GPU_FEATURES:
+        return
+    if got is None:
+        raise KitError(f"{where}: these weights record no gpu_features: they were trained before "
+                       "the kit's GPU features changed (log_w_per_tflops became log_power_share) "
+                       "and would be fed one they never saw; retrain with `kit train`")
+    theirs = got if isinstance(got, list) else [got]
+    differ = [f for f in theirs if f not in GPU_FEATURES] + [f for f in GPU_FEATURES if f not in theirs]
+    raise KitError(f"{where}: these weights were trained on other GPU features than this kit "
+                   f"computes ({', '.join(map(str, differ[:4])) or 'their order differs'}); "
+                   "retrain with `kit train`")
 
 
 def files_identity(folder: Path) -> str:
