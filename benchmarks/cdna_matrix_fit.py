@@ -29,8 +29,8 @@ the band is the 10th and 90th percentile of the log residuals (kit.predict.tenso
 splits them as for the H200's curves).
 
 c0 is not fitted. These rows are 10 us of roofline and more, and they do not tell c0 apart: with c0
-free the fit takes 27 us, and a c0 of 0 or 27 us moves the cross-generation scores by 1.6 points at
-most from those with the c0 taken here (the JSON's "c0_sensitivity"). Free, it would charge every small AMD GEMM 27 us, most of
+free the fit takes 27 us, and a c0 of 0 or 27 us moves the cross-generation scores by 1.7 points at
+most from those with the c0 taken here (1.6 before the power share moved the dispatch floor) (the JSON's "c0_sensitivity"). Free, it would charge every small AMD GEMM 27 us, most of
 which is likely the Linear rows' own (the bmm rows, which ran no copy, fit c0 of 0-3 us), and it had
 made an MI300X slower than an H100 on memory-bound thin GEMMs. So c0 is the one small-GEMM fixed
 cost of a matrix-core GEMM kernel that was measured, the H200 bf16 curve's

@@ -196,8 +196,10 @@ training GPUs' test rows, model shapes up to 16,384 columns wide, so the held-ou
 shapes were met before, on other GPUs; without them they score 12% and 9%.) L4 is the hard one: it is rated
 30.3 TFLOP/s FP32 at 72 W, but its longest sgemm kernels reach only about 30% of their roofline
 (power-capped clocks), while on the training GPUs the median is 45–95%.
-Its power share says so (0.15), but no training GPU is that far out (the T4, lowest, 0.55),
-so the network can only clamp to the edge of what it saw. The benchmark
+Its power share (0.15) says it is power-starved, and overstates it: its 5 nm chip does more than
+twice the work per watt of the training GPUs (16 to 7 nm), whose 0.064 TFLOP/s per watt the share
+is counted at. No training GPU is that far out either way (the T4, lowest, 0.55), so the network
+can only clamp to the edge of what it saw. The benchmark
 (`benchmarks/tile_predictor.py`) reports the numbers and the band's coverage honestly.
 
 **How low could the error go?** Give the same model family every advantage: train it on the
@@ -454,14 +456,14 @@ unsure: on an H200's random FP32 Linear shapes its likeliest tile has a mean pro
 0.67. With a hard choice, a shape where it flips would jump from one tile's predicted time to the
 other's. The kit instead mixes the tiles within 0.25 of the likeliest one's probability, each
 weighted by how far inside that margin it is (`TilePredictor.soft_tile_margin`), and lets each
-tile's own split-K choices in by the same weight. Below, an H200 FP32 Linear of 4,010 × 12,438
-rows grows along k across such a flip: the hard choice drops by a sixth for 0.7% more work, the
-mixture rises smoothly. The tile reported stays the likeliest one.
+tile's own split-K choices in by the same weight. Below, an H200 FP32 Linear of 2,482 × 6,997
+rows grows along k across such a flip: the hard choice drops by nearly a fifth from one k to the
+next, the mixture rises smoothly. The tile reported stays the likeliest one.
 """),
     code("""
 import copy
-ks = list(range(12900, 13300, 4))
-series = [Gemm(m=4010, n=12438, k=k, kind="linear", shared_rhs=True) for k in ks]
+ks = list(range(8810, 9210, 4))
+series = [Gemm(m=2482, n=6997, k=k, kind="linear", shared_rhs=True) for k in ks]
 prob = tile.chooser.probabilities(arrays_from_ops("gemm", series), "h200")
 names = [f"{v[0]}x{v[1]}" for v in tile.chooser.vocab]
 hard = copy.copy(tile)
@@ -476,7 +478,7 @@ for j in (0, len(ks) // 2, len(ks) - 1):
     print(f"k = {ks[j]}: " + ", ".join(f"{names[t]} p = {prob[j, t]:.3f}" for t in top2[j]))
 alt.Chart(flip.melt("k", var_name="prediction", value_name="ms")).mark_line().encode(
     x=alt.X("k:Q", scale=alt.Scale(zero=False)), y=alt.Y("ms:Q", scale=alt.Scale(zero=False)),
-    color="prediction:N").properties(width=420, height=200, title="H200 FP32 Linear 4010 x 12438, growing k")
+    color="prediction:N").properties(width=420, height=200, title="H200 FP32 Linear 2482 x 6997, growing k")
 """),
 ]
 

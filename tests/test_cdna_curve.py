@@ -39,7 +39,7 @@ def test_fit_script_reproduces_the_shipped_constants(capsys):
     fixed = [c["curve"]["mape"] for c in out["cross_generation"]]
     for other in out["c0_sensitivity"]:
         assert len(other["cross_generation_mape"]) == len(fixed) == 4
-        assert max(abs(a - b) for a, b in zip(other["cross_generation_mape"], fixed)) <= 1.6, other
+        assert max(abs(a - b) for a, b in zip(other["cross_generation_mape"], fixed)) <= 1.7, other
     # fitted on one CDNA generation, scored on the other's rows it never saw, next to the tile-MLP
     checks = out["cross_generation"]
     assert {(c["fitted_on"], c["scored_on"], c["op"]) for c in checks} == {

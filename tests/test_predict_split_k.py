@@ -181,13 +181,37 @@ def test_a_split_only_a_less_likely_tile_lets_in_comes_in_by_its_weight():
 
 def test_no_cliff_where_a_flip_of_tile_lets_a_split_in():
     # an L4 FP32 Linear of 100 x 10,321 ran 26% faster at k 1,226 than at 1,224: the chooser's
-    # flip 128x32 -> 128x64 halved the tiles and so let a 2-way split in
+    # flip 128x32 -> 128x64 halved the tiles and so let a 2-way split in. The chooser retrained
+    # with the power share picks 128x64 there throughout, so the flip is set here: a chooser
+    # whose 128x32 -> 128x64 odds move linearly across k = 1,000-1,450 (the whole reduction, so
+    # a split-K batch of the same GEMM gets the same odds)
+    import copy
+
+    from kit.predict.tile_choice import TileChooser
     from kit.predict.weights import has_shipped, shipped_tile
 
     if not has_shipped():
         pytest.skip("no shipped weights")
-    model = shipped_tile()
+    model = copy.copy(shipped_tile())
+    vocab = model.chooser.vocab
+    narrow, wide = (next(i for i, v in enumerate(vocab) if (v[0], v[1]) == t) for t in ((128, 32), (128, 64)))
+
+    class FlipAlongK(TileChooser):
+        def probabilities(self, a, gpu, dtype="fp32"):
+            k = np.asarray(a["k"], dtype=float) * np.asarray(a.get("split_ways", np.ones(len(a["k"]))))
+            to_wide = np.clip((k - 1000.0) / 450.0, 0.0, 1.0)
+            prob = np.zeros((len(k), len(self.vocab)))
+            prob[:, narrow], prob[:, wide] = 1.0 - to_wide, to_wide
+            return prob
+
+    model.chooser = FlipAlongK(vocab, None)
+    hard = copy.copy(model)
+    hard.soft_tile_margin = 0.0
     ops = [Gemm(m=100, n=10321, k=k, kind="linear", shared_rhs=True) for k in range(1150, 1300, 2)]
+    cliff = hard.predict(ops, "l4")
+    assert set(cliff.tile) == {"128x32", "128x64"} and set(cliff.split_k) > {1}
+    hard_lat = cliff.latency_ms.to_numpy(float)
+    assert (hard_lat[1:] / hard_lat[:-1]).min() < 0.9  # the hard choice's cliff, split let in at once
     out = model.predict(ops, "l4")
     assert out.tile.nunique() > 1 and (out.split_k > 1).any() and (out.split_k == 1).any()
     lat = out.latency_ms.to_numpy(float)

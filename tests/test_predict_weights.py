@@ -132,3 +132,20 @@ def test_refuses_weights_trained_on_other_gpu_features(saved, tmp_path, edit, ma
     (tmp_path / TENSORS_FILE).write_bytes((out / TENSORS_FILE).read_bytes())
     with pytest.raises(KitError, match=match):
         load_bundle(tmp_path)
+
+
+def test_refuses_weights_that_saw_the_power_share_at_another_rate(saved, tmp_path):
+    from kit.predict.features import SUSTAINED_TFLOPS_PER_W
+
+    _, out = saved
+    m = json.loads((out / MANIFEST_FILE).read_text())
+    assert m["sustained_tflops_per_w"] == SUSTAINED_TFLOPS_PER_W
+    for rate in (0.065, None):
+        if rate is None:
+            m.pop("sustained_tflops_per_w")
+        else:
+            m["sustained_tflops_per_w"] = rate
+        (tmp_path / MANIFEST_FILE).write_text(json.dumps(m))
+        (tmp_path / TENSORS_FILE).write_bytes((out / TENSORS_FILE).read_bytes())
+        with pytest.raises(KitError, match=f"power share at {rate}.*computes it at {SUSTAINED_TFLOPS_PER_W}"):
+            load_bundle(tmp_path)

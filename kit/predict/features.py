@@ -3,7 +3,8 @@
 The tile-MLP never sees a GPU's name. It sees ratios that carry over to hardware it has not
 met: a tile's FLOPs against one SM's share of the peak (how long the tile computes, in µs), its
 bytes against one SM's share of the bandwidth, its intensity against the ridge point, how many
-waves the GPU needs, how full the last wave is, and the GPU's memory, L2 and power per SM.
+waves the GPU needs, how full the last wave is, the GPU's memory, L2 and power per SM, and the
+share of its peak its TDP can feed (power_share).
 
     base_ms = max((waves − 1) · full_wave_ms + last_wave_ms, roofline_ms)
               (softmax and norms: also the DRAM time of their compulsory bytes plus the

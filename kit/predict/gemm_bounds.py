@@ -165,9 +165,19 @@ class GemmBounds:
 
     def _padded_bound(self, ops: list, gpu: GPU, part: pd.DataFrame,
                       split_k: bool = True) -> pd.DataFrame:
-        """cap_at padded_rows_ms, the twin's tile shown where the cap binds (split_k: as predict's)."""
+        """cap_at padded_rows_ms, the twin's tile shown where the cap binds (split_k: as predict's).
+        A GEMV keeps its name, as under its two-row cap: cuBLAS runs an m or n of 1 on its gemv
+        kernels whatever a padded tile would take (an L4's fp32 1 x 8192 x 8192 came out 1.757 ms
+        as two rows on 128x32 split 4 ways, 1.79 ms streamed, and `kit op` showed the tile)."""
         bound, twin = self.padded_rows_ms(ops, gpu, split_k)
-        return part if twin is None else cap_as(part, twin)
+        if twin is None:
+            return part
+        gemv = (part.tile == "gemv").to_numpy()
+        if gemv.any():
+            part = cap_at(part, np.where(gemv, bound, np.nan))
+            twin = twin.copy()
+            twin.loc[gemv, "latency_ms"] = np.nan
+        return cap_as(part, twin)
 
     def few_batches_ms(self, ops: list, gpu: GPU | str, split_k: bool = True) -> np.ndarray:
         """Per GEMM of batch b (2 <= b <= FEW_ROWS), b kernel times of its b = 1 twin plus one

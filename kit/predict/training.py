@@ -125,7 +125,7 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
     without it the band is the heads' and members' alone."""
     import torch
 
-    from kit.predict.features import GPU_FEATURES
+    from kit.predict.features import GPU_FEATURES, SUSTAINED_TFLOPS_PER_W
     from kit.predict.linear_li import LiPredictor
     from kit.predict.mlp_direct import DirectMLP
     from kit.predict.nets import set_threads
@@ -168,7 +168,7 @@ def train_bundle(frame: pd.DataFrame, train_gpus=None, *, seed: int = 0, threads
         "rows": {c: int((frame.op_class == c).sum()) for c in classes},
         "training_seconds": round(time.perf_counter() - start, 1),
         "torch_version": torch.__version__, "transfer_sigma": tile.transfer_sigma,
-        "gpu_features": list(GPU_FEATURES),
+        "gpu_features": list(GPU_FEATURES), "sustained_tflops_per_w": SUSTAINED_TFLOPS_PER_W,
         "band_calibration": tile.band,
         **(info or {}),
     }

@@ -286,12 +286,18 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
 def _check_gpu_features(manifest: dict, where: Path) -> None:
     """KitError unless the weights were trained on the GPU features this kit computes
     (kit.predict.features.GPU_FEATURES, recorded as gpu_features since the TDP-per-peak feature
-    gave way to the power share): a network fed a feature it never saw answers as confidently as
-    one fed its own."""
-    from kit.predict.features import GPU_FEATURES
+    gave way to the power share, and the power share's SUSTAINED_TFLOPS_PER_W, recorded as
+    sustained_tflops_per_w): a network fed a feature it never saw answers as confidently as one
+    fed its own."""
+    from kit.predict.features import GPU_FEATURES, SUSTAINED_TFLOPS_PER_W
 
     got = manifest.get("gpu_features")
     if got == GPU_FEATURES:
+        rate = manifest.get("sustained_tflops_per_w")
+        if rate != SUSTAINED_TFLOPS_PER_W:
+            raise KitError(f"{where}: these weights saw the power share at {rate!r:.20} TFLOP/s per W "
+                           f"(sustained_tflops_per_w); this kit computes it at {SUSTAINED_TFLOPS_PER_W}, "
+                           "so every GPU's feature would move under them; retrain with `kit train`")
         return
     if got is None:
         raise KitError(f"{where}: these weights record no gpu_features: they were trained before "
