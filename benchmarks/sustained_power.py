@@ -11,9 +11,9 @@ GPU's GEMMs of 10 GFLOP or more in NeuSight's test files, by the same statistic,
 the constant gives it (the share the tile-MLP sees, of the vector peak as in its features): the
 held-out A100-PCIe-80GB and L4, and the training GPUs as a control (their test files were timed
 in other sessions than their training rows: the A100-PCIe-40GB reaches 0.068 per watt there).
-The L4 (5 nm) sustains about twice the frontier per watt, so its share, 0.15, understates the
-0.25-0.33 of its peak it reaches: the frontier is the training GPUs' (16 to 7 nm), and no
-training GPU is newer.
+The L4 (TSMC 4N, a 5 nm-class process) sustains about twice the frontier per watt, so its share,
+0.15, understates the 0.25-0.33 of its peak it reaches: the frontier is the training GPUs' (16 to
+7 nm), and no training GPU is newer.
 
 Output: JSON {"frontier_tflops_per_w", "shipped", "matches_shipped", "by_gpu": [...],
 "test_file_check": [...]}.

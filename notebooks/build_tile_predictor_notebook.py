@@ -196,7 +196,7 @@ training GPUs' test rows, model shapes up to 16,384 columns wide, so the held-ou
 shapes were met before, on other GPUs; without them they score 12% and 9%.) L4 is the hard one: it is rated
 30.3 TFLOP/s FP32 at 72 W, but its longest sgemm kernels reach only about 30% of their roofline
 (power-capped clocks), while on the training GPUs the median is 45–95%.
-Its power share (0.15) says it is power-starved, and overstates it: its 5 nm chip does more than
+Its power share (0.15) says it is power-starved, and overstates it: its TSMC 4N chip does more than
 twice the work per watt of the training GPUs (16 to 7 nm), whose 0.064 TFLOP/s per watt the share
 is counted at. No training GPU is that far out either way (the T4, lowest, 0.55), so the network
 can only clamp to the edge of what it saw. The benchmark
