@@ -163,7 +163,7 @@ def test_an_op_under_the_floor_whose_bytes_bind_first_is_not_lifted(tile, monkey
     # 512 x 300: with the weights since the power share, 1,024 x 300 comes out over the floor
     ops = [Softmax(512, 300, "fp32")]
     row = tile.predict(ops, l4).iloc[0]
-    assert 0 < softmax_bound_ms([1024], [300], l4)[0] < row.roofline_ms  # bound, but bytes bind first
+    assert 0 < softmax_bound_ms([512], [300], l4)[0] < row.roofline_ms  # bound, but bytes bind first
     assert row.latency_ms < isolation_floor_ms(tile, l4)  # under the floor: the case in question
     a, b = tile.predict([Softmax(1, 256, "bf16"), Softmax(1, 257, "bf16")], h200).itertuples()
     monkeypatch.setattr(sob, "softmax_bound_ms", lambda rows, cols, gpu: np.zeros(len(rows)))

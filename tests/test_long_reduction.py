@@ -61,9 +61,9 @@ def test_time_does_not_drop_across_the_edge(gpu, shape):
 @pytest.mark.parametrize("gpu", ["v100-pcie-32gb", "l4", "mi210"])
 def test_the_cap_adds_no_inversion_in_rows_heads_or_batch(gpu, monkeypatch):
     """Scaling the part over the floor by k also scales an inversion the twins at the edge had;
-    in FP32 the cap leaves none deeper than the network's own by more than 2.5 points (an L4 bmm
-    of one batch, 65 -> 96 rows over k = 2,048: 0.961 against the network's 0.982; 0.925 against
-    0.941 with the weights before the power share)."""
+    in FP32 the cap leaves none deeper than the network's own by more than 2 points, 2.5 on the
+    L4 (an L4 bmm of one batch, 65 -> 96 rows over k = 2,048: 0.961 against the network's 0.982;
+    0.925 against 0.941 with the weights before the power share)."""
     from kit.predict.tile_mlp import TilePredictor
 
     tile = get_predictor("tile")
@@ -80,7 +80,8 @@ def test_the_cap_adds_no_inversion_in_rows_heads_or_batch(gpu, monkeypatch):
                           lambda self, ops, gpu, split_k=True: np.full(len(ops), np.nan))
                 free = tile.predict(ops, gpu).latency_ms.to_numpy()
             step_capped, step_free = capped[1:] / capped[:-1], free[1:] / free[:-1]
-            assert (step_capped >= np.minimum(step_free, 1.0) - 0.025).all(), (k, axis, base)
+            slack = 0.025 if gpu == "l4" else 0.02
+            assert (step_capped >= np.minimum(step_free, 1.0) - slack).all(), (k, axis, base)
 
 
 @pytest.mark.skipif(not (NEUSIGHT / "data" / "dataset" / "test" / "bmm.csv").is_file(),
@@ -89,7 +90,7 @@ def test_the_cap_adds_no_inversion_in_rows_heads_or_batch(gpu, monkeypatch):
 def test_the_long_batched_gemms_come_closer(gpu, monkeypatch):
     """NeuSight's bmm test rows past the edge (the GEMM model never trains on test rows), which
     ran faster than the network had them: most rows the cap binds on move toward their
-    measurement (61% on the L4, 73-100% elsewhere), their MAPE falls, and they still ran no
+    measurement (two in three; 61% on the L4, 73-100% elsewhere), their MAPE falls, and they still ran no
     slower than it in the geometric mean (V100 68 -> 46% over 9 rows, T4 28 -> 21%, P100 13 ->
     6.7%, A100-80GB 2.6 -> 2.3%, L4 19.8 -> 19.3%, over 374-542 rows each; before the power
     share V100 58 -> 42%, T4 23 -> 18%, P100 14 -> 7%, A100-80GB 5.2 -> 4.0%, L4 23 -> 21%)."""
@@ -109,6 +110,6 @@ def test_the_long_batched_gemms_come_closer(gpu, monkeypatch):
     binds = capped < free * (1 - 1e-9)
     assert binds.sum() >= 5
     closer = np.abs(capped - measured)[binds] < np.abs(free - measured)[binds]
-    assert closer.mean() > 0.5
+    assert closer.mean() > (0.5 if gpu == "l4" else 2 / 3)
     assert np.abs(capped / measured - 1).mean() < np.abs(free / measured - 1).mean()
     assert np.exp(np.mean(np.log(measured[binds] / capped[binds]))) <= 1.0

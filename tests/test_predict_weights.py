@@ -147,5 +147,7 @@ def test_refuses_weights_that_saw_the_power_share_at_another_rate(saved, tmp_pat
             m["sustained_tflops_per_w"] = rate
         (tmp_path / MANIFEST_FILE).write_text(json.dumps(m))
         (tmp_path / TENSORS_FILE).write_bytes((out / TENSORS_FILE).read_bytes())
-        with pytest.raises(KitError, match=f"power share at {rate}.*computes it at {SUSTAINED_TFLOPS_PER_W}"):
+        want = (f"record no sustained_tflops_per_w.*{SUSTAINED_TFLOPS_PER_W}" if rate is None else
+                f"power share at {rate}.*computes it at {SUSTAINED_TFLOPS_PER_W}")
+        with pytest.raises(KitError, match=want):
             load_bundle(tmp_path)

@@ -168,7 +168,8 @@ class GemmBounds:
         """cap_at padded_rows_ms, the twin's tile shown where the cap binds (split_k: as predict's).
         A GEMV keeps its name, as under its two-row cap: cuBLAS runs an m or n of 1 on its gemv
         kernels whatever a padded tile would take (an L4's fp32 1 x 8192 x 8192 came out 1.757 ms
-        as two rows on 128x32 split 4 ways, 1.79 ms streamed, and `kit op` showed the tile)."""
+        as its three-row twin on 128x32 split 4 ways, 1.789 ms streamed, and `kit op` showed the
+        twin's tile)."""
         bound, twin = self.padded_rows_ms(ops, gpu, split_k)
         if twin is None:
             return part

@@ -294,6 +294,10 @@ def _check_gpu_features(manifest: dict, where: Path) -> None:
     got = manifest.get("gpu_features")
     if got == GPU_FEATURES:
         rate = manifest.get("sustained_tflops_per_w")
+        if rate is None:
+            raise KitError(f"{where}: these weights record no sustained_tflops_per_w, the rate their "
+                           f"power share was counted at (this kit's: {SUSTAINED_TFLOPS_PER_W}); "
+                           "retrain with `kit train`")
         if rate != SUSTAINED_TFLOPS_PER_W:
             raise KitError(f"{where}: these weights saw the power share at {rate!r:.20} TFLOP/s per W "
                            f"(sustained_tflops_per_w); this kit computes it at {SUSTAINED_TFLOPS_PER_W}, "
