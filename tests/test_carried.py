@@ -39,7 +39,7 @@ def test_a_node_counts_only_where_every_leaf_takes_the_same_curve():
     leaves = ([g, g, e, g, e, g, e], np.array([0, 0, 1, 2, 2, 3, 3]), np.ones(7),
               np.array([0, 0, 0, 0, 0, 0, 1]))
     ways = carried_nodes(leaves, gpu)
-    assert ways == {(0, 0): "amd fp32 matrix-core", (3, 0): "amd fp32 matrix-core"}
+    assert ways == {(0, 0): ("amd fp32 matrix-core", 1.0), (3, 0): ("amd fp32 matrix-core", 1.0)}
     lat = [2.0, 3.0, 5.0, 7.0]
     assert carried_ms(ways, lat, [0, 0, 0, 0]) == {"amd fp32 matrix-core": 9.0}
     assert carried_ms(ways, lat, [0, 0, 0, 1]) == {"amd fp32 matrix-core": 2.0}  # node 3 took its add
@@ -125,5 +125,22 @@ def test_an_op_type_the_predictor_could_not_cost_is_not_counted():
     gpu = get_gpu("a100-pcie-80gb")
     g = Gemm(m=4096, n=4096, k=4096, dtype="bf16")
     leaves = ([g], np.array([0]), np.ones(1), np.zeros(1, dtype=int))
-    assert carried_nodes(leaves, gpu) == {(0, 0): "h200 bf16"}
+    assert carried_nodes(leaves, gpu) == {(0, 0): ("h200 bf16", 1.0)}
     assert carried_nodes(leaves, gpu, {"Gemm": "tile failed; used wave"}) == {}
+
+
+def test_an_attention_of_few_queries_counts_the_curves_share_of_its_time():
+    """Found by review of the carried share: an attention of 2-127 queries takes a log-linear
+    blend of its roofline and the curve, and had counted as wholly on the curve."""
+    from kit.workload.carried import curve_weight
+
+    gpu = get_gpu("a100-pcie-80gb")
+    att = [Attention(b=4, heads=32, seq_q=q, seq_kv=2048, head_dim=128, dtype="bf16") for q in (16, 128, 4096)]
+    assert [curve_weight(a) for a in att] == pytest.approx([4 / 7, 1.0, 1.0])
+    leaves = (att, np.array([0, 1, 2]), np.ones(3), np.zeros(3, dtype=int))
+    ways = carried_nodes(leaves, gpu)
+    assert {k: v[0] for k, v in ways.items()} == {(i, 0): "h200 bf16 attention" for i in range(3)}
+    assert carried_ms(ways, [7.0, 5.0, 3.0], [0, 0, 0]) == {"h200 bf16 attention": pytest.approx(4.0 + 5.0 + 3.0)}
+    # a decode step's one query keeps its roofline: no curve, nothing counted
+    one = Attention(b=4, heads=32, seq_q=1, seq_kv=2048, head_dim=128, dtype="bf16")
+    assert carried_nodes(([one], np.array([0]), np.ones(1), np.zeros(1, dtype=int)), gpu) == {}

@@ -9,9 +9,13 @@ carried (measured curves and the tile-MLP's own answers are left out); `kit pred
 share. A node counts where every leaf of the way it runs (kit.workload.kernel_times's choice among
 its options: a convolution's implicit GEMM or Winograd) takes the same carried curve. Not counted:
 an unaligned GEMM lifted to its aligned twin's time on a carried curve. An attention of 2-127
-queries, which takes a blend of the curve and its roofline, counts as wholly on the curve.
+queries takes a log-linear blend of its roofline and the curve (kit.predict.small_op_bounds,
+weight log2(queries) / 7 on the curve) and counts that share of its time (curve_weight); it had
+counted whole.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -32,26 +36,43 @@ def curve_tag(op, gpu) -> str | None:
     return None
 
 
-def carried_nodes(leaves: tuple, gpu, fallbacks=()) -> dict[tuple[int, int], str]:
-    """{(node, option): curve} for each way to run a kernel node every leaf of which takes the
-    same carried curve on gpu (leaves: kit.workload.kernel_times._leaves's (leaf ops, owner node,
-    scale, option)). fallbacks: the op types the predictor could not cost (the wave model priced
-    them, no curve)."""
-    ops, owner, _, option = leaves
+def curve_weight(op) -> float:
+    """The share of a leaf's time its curve sets: 1, but log2(queries) / 7 for an attention of
+    2-127 queries (the log-linear weight small_op_bounds gives the curve against the roofline)."""
+    from kit.ops import Attention
+    from kit.predict.tensor_core import ATTENTION_MIN_SEQ_Q
+
+    if isinstance(op, Attention):
+        return min(1.0, math.log2(max(op.seq_q, 1)) / math.log2(ATTENTION_MIN_SEQ_Q))
+    return 1.0
+
+
+def carried_nodes(leaves: tuple, gpu, fallbacks=()) -> dict[tuple[int, int], tuple[str, float]]:
+    """{(node, option): (curve, share)} for each way to run a kernel node every leaf of which
+    takes the same carried curve on gpu (leaves: kit.workload.kernel_times._leaves's (leaf ops,
+    owner node, scale, option)); share: the leaves' curve_weight, their scales' weighted mean (a
+    node's leaves are one attention, or GEMMs whose weight is 1). fallbacks: the op types the
+    predictor could not cost (the wave model priced them, no curve)."""
+    ops, owner, scale, option = leaves
     tags = {op: None if type(op).__name__ in fallbacks else curve_tag(op, gpu) for op in set(ops)}
     way_tag: dict[tuple[int, int], str | None] = {}
-    for op, node, k in zip(ops, owner, option):
+    weight: dict[tuple[int, int], list[float]] = {}
+    for op, node, s, k in zip(ops, owner, scale, option):
         key, tag = (int(node), int(k)), tags[op]
         way_tag[key] = tag if way_tag.get(key, tag) == tag else None
-    return {key: tag for key, tag in way_tag.items() if tag is not None}
+        w = weight.setdefault(key, [0.0, 0.0])
+        w[0] += float(s) * curve_weight(op)
+        w[1] += float(s)
+    return {key: (tag, weight[key][0] / weight[key][1] if weight[key][1] > 0 else 1.0)
+            for key, tag in way_tag.items() if tag is not None}
 
 
-def carried_ms(ways: dict[tuple[int, int], str], latency_ms, taken) -> dict[str, float]:
-    """{curve: ms}: the summed times of the nodes whose way taken (taken: per node, the option
-    kit.workload.kernel_times chose) is one of carried_nodes', by curve."""
+def carried_ms(ways: dict[tuple[int, int], tuple[str, float]], latency_ms, taken) -> dict[str, float]:
+    """{curve: ms}: the times of the nodes whose way taken (taken: per node, the option
+    kit.workload.kernel_times chose) is one of carried_nodes', each times its share, by curve."""
     lat = np.asarray(latency_ms, dtype=float)
     out: dict[str, float] = {}
-    for (node, k), tag in ways.items():
+    for (node, k), (tag, share) in ways.items():
         if int(taken[node]) == k:
-            out[tag] = out.get(tag, 0.0) + float(lat[node])
+            out[tag] = out.get(tag, 0.0) + share * float(lat[node])
     return out
