@@ -65,17 +65,16 @@ GPU_FEATURES = [
 SUSTAINED_TFLOPS_PER_W = 0.064
 
 
-def power_share(gpu: GPU | str, peak_tflops: float | None = None) -> float:
-    """The share of a peak (default: the FP32 vector peak) a GPU's TDP can sustain at
-    SUSTAINED_TFLOPS_PER_W, at most 1: 0.82 for the A100-PCIe-40GB (250 W for 19.5 TFLOP/s),
+def power_share(gpu: GPU | str) -> float:
+    """The share of its FP32 vector peak a GPU's TDP can sustain at SUSTAINED_TFLOPS_PER_W, at
+    most 1 (GEMMs on AMD's matrix cores too: gpu_vector): 0.82 for the A100-PCIe-40GB (250 W for 19.5 TFLOP/s),
     0.98 for the A100-PCIe-80GB (300 W), 0.55 for the T4, 1 for the V100 and P100. A GEMM that
     would run a power-capped card at its peak draws more than its TDP, so the card lowers its
     clock: the tile-MLP sees that share, not TDP over peak, which told two cards with watts to
     spare apart (the V100's 17.9 W per TFLOP/s and the P100's 26.9) as if it mattered, and left
     the A100-PCIe-80GB about as fast as the 40GB (it runs 0.90x its time; predicted 0.97x)."""
     g = get_gpu(gpu)
-    peak = g.fp32_tflops if peak_tflops is None else peak_tflops
-    return min(1.0, SUSTAINED_TFLOPS_PER_W * g.tdp_w / peak)
+    return min(1.0, SUSTAINED_TFLOPS_PER_W * g.tdp_w / g.fp32_tflops)
 
 
 def op_class_of(op) -> str:

@@ -13,7 +13,7 @@ from kit.predict.base import dedupe, expand
 from kit.predict.element_rates import element_bound_ms, softmax_bound_ms, softmax_row_ms
 from kit.predict.features import feature_row_blocking
 from kit.predict.roofline import roofline
-from kit.predict.tensor_core import ATTENTION_MIN_SEQ_Q, attention_params_for, kernel_ms_of
+from kit.predict.tensor_core import attention_curve_weight, attention_params_for, kernel_ms_of
 from kit.tiling import ELEMENTWISE_ELEMS_PER_THREAD, ELEMENTWISE_THREADS
 
 FLOOR_SHARE = 0.5  # of the dispatch floor, the least an isolated vector or row call predicts
@@ -246,7 +246,7 @@ class SmallOpBounds:
                 for arr, bound, free in zip((t, lo, hi), cap, unmasked):
                     arr[narrow] = np.minimum(arr[narrow], np.where(causal, np.minimum(bound, free), bound))
             # the share of the way from the roofline to the curve: 1 from 128 queries on
-            w = np.minimum(1.0, np.log2([ops[i].seq_q for i in idx]) / np.log2(ATTENTION_MIN_SEQ_Q))
+            w = attention_curve_weight([ops[i].seq_q for i in idx])
             centre = np.exp((1 - w) * np.log(roof) + w * np.log(t))
             # the band keeps the curve's relative width around the blended centre, never under
             # the roofline: blending its ends too had left one query a zero-width band

@@ -171,6 +171,14 @@ def curve_attention(gpu, op) -> bool:
     return isinstance(op, Attention) and op.seq_q >= ATTENTION_MIN_SEQ_Q
 
 
+def attention_curve_weight(seq_q) -> np.ndarray:
+    """The weight of the curve against the roofline in an attention's log-linear blend:
+    log2(queries) / log2(ATTENTION_MIN_SEQ_Q), 0 for one query, 1 from ATTENTION_MIN_SEQ_Q on
+    (TilePredictor._fused_attention prices by it; kit.workload.carried counts that share)."""
+    q = np.maximum(np.asarray(seq_q, dtype=float), 1.0)
+    return np.minimum(1.0, np.log2(q) / np.log2(ATTENTION_MIN_SEQ_Q))
+
+
 def kernel_ms_of(roofline_ms, params: dict, causal=None, small_head=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kernel time, p10, p90) in ms from roofline times, by the curve in the module doc; for
     attention, `causal` and `small_head` (head size under 128) scale the curve by the params'

@@ -15,8 +15,6 @@ counted whole.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 
@@ -37,14 +35,12 @@ def curve_tag(op, gpu) -> str | None:
 
 
 def curve_weight(op) -> float:
-    """The share of a leaf's time its curve sets: 1, but log2(queries) / 7 for an attention of
-    2-127 queries (the log-linear weight small_op_bounds gives the curve against the roofline)."""
+    """The share of a leaf's time its curve sets: 1, but an attention's blend weight
+    (kit.predict.tensor_core.attention_curve_weight: log2(queries) / 7 under 128 queries)."""
     from kit.ops import Attention
-    from kit.predict.tensor_core import ATTENTION_MIN_SEQ_Q
+    from kit.predict.tensor_core import attention_curve_weight
 
-    if isinstance(op, Attention):
-        return min(1.0, math.log2(max(op.seq_q, 1)) / math.log2(ATTENTION_MIN_SEQ_Q))
-    return 1.0
+    return float(attention_curve_weight(op.seq_q)) if isinstance(op, Attention) else 1.0
 
 
 def carried_nodes(leaves: tuple, gpu, fallbacks=()) -> dict[tuple[int, int], tuple[str, float]]:
