@@ -90,6 +90,17 @@ def memory_problem(op, gpu) -> str | None:
             f"{gpu.key}'s {gpu.memory_gib:g} GiB of memory: no such kernel can run on it")
 
 
+def _fill_share(op) -> float:
+    """1, or for a fill (which reads nothing) the share of the learned one-input pass it moves."""
+    from kit.ops import Elementwise
+
+    if isinstance(op, Elementwise) and op.kind == "fill":
+        from kit.workload.mapping_elementwise import pass_share
+
+        return pass_share(0, op.n_inputs)
+    return 1.0
+
+
 def predict_op(op, gpu, predictor: str = "auto") -> dict:
     """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
     _need_op(op, "predict_op")
@@ -101,6 +112,14 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
     row = model.predict([op], gpu).iloc[0]
     roof = roofline(op, gpu)
     t = _tiling_of_row(op, gpu, row)
+    share = _fill_share(op)
+    if share != 1.0:  # a fill writes its output alone: as kit predict costs it
+        from kit.workload.kernels import Derived
+
+        row = row.copy()
+        for col in ("latency_ms", "latency_p10_ms", "latency_p90_ms"):
+            row[col] = float(row[col]) * share
+        roof = roofline(Derived("elementwise", (op,), share), gpu)
     out = {
         "op": op.op_class,
         "gpu": gpu.key,
@@ -117,7 +136,7 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         "ridge_flops_per_byte": roof.ridge_flops_per_byte,
         "utilisation": float(row.utilisation),
         "flops": op.flops,
-        "bytes": op.bytes,
+        "bytes": op.bytes * share,
         "tile": str(row.tile),
         "tiles": int(row.tiles),
         "waves": int(row.waves),
@@ -136,6 +155,14 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
     if t is not None:
         out.update(tile_dims=list(t.tile_dims), blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,
                    last_wave_fill=t.last_wave_fill, threads_per_block=t.threads_per_block)
+    if share != 1.0:
+        out["fill_note"] = (f"a fill reads nothing: {share:g} of the {op.n_inputs}-input pass the "
+                            "predictor prices, its output's bytes alone (kit predict costs a fill "
+                            "so: kit.workload.mapping_elementwise.pass_share)")
+    learned = {"mlp": lambda m: set(m.models), "li": lambda m: set(m.coefs)}.get(model.name)
+    if learned is not None and cls not in learned(model):  # no model of this class: the roofline
+        out["source"] = (f"the roofline: the {model.name} predictor has no model of {cls} (it "
+                         f"learned {', '.join(sorted(learned(model)))}); the tile predictor prices it")
     if model.name == "tile":
         from kit.predict.op_source import tile_choice, tile_source
 
@@ -260,7 +287,8 @@ def replay_trace(trace, on=None, et=None) -> dict:
 
 def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int | None = None,
                      quick: bool = False, direct: bool = True, progress: bool = False,
-                     command: str | None = None, test_rows: bool = True, extra=None) -> dict:
+                     command: str | None = None, test_rows: bool = True, extra=None,
+                     replace_shipped: bool = False) -> dict:
     """Fit the learned predictors (tile-MLP, tile chooser, Li, direct MLP) on NeuSight's
     measurements of train_gpus and write the weights + manifest to `out` (threads: torch threads,
     default two or the cores if fewer; at most the cores). test_rows: also the
@@ -268,7 +296,8 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     (kit.predict.training.training_frame); the manifest counts them (test_rows_trained_on).
     extra: paths of one's own measurements (the kit's collector CSVs or folders of them) whose
     FP32 rows join the training data (kit.predict.own_measurements); the manifest lists each
-    file with its sha256 and rows (extra_data)."""
+    file with its sha256 and rows (extra_data). replace_shipped: `out` may be the shipped weights
+    folder (kit/predict/weights), which is refused otherwise."""
     from kit.data import resolve_data_dir
     from kit.data.fetch import NEUSIGHT_COMMIT
     from kit.predict.training import (QUICK, default_threads, parse_gpu_list, train_bundle,
@@ -287,8 +316,10 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     cores = os.cpu_count() or 1
     if threads > cores:  # torch would oversubscribe the cores: far slower, never faster
         raise KitError(f"threads {threads} is more than this machine's {cores} cores")
-    if not isinstance(test_rows, bool):
-        raise KitError(f"test_rows must be True or False, got {test_rows!r}")
+    for name, flag in (("test_rows", test_rows), ("quick", quick), ("direct", direct),
+                       ("progress", progress), ("replace_shipped", replace_shipped)):
+        if not isinstance(flag, bool):
+            raise KitError(f"{name} must be True or False, got {flag!r}")
     if not 0 <= seed < 2**63:
         raise KitError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed}")
     if isinstance(extra, (str, os.PathLike)):
@@ -297,8 +328,8 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
                                   and all(isinstance(e, (str, os.PathLike)) for e in extra)):
         raise KitError(f"extra must be paths of measurement CSVs or folders, got {extra!r}")
     extra = list(extra or [])
+    check_weights_folder(out, replace_shipped)  # before minutes of training, not after
     data = resolve_data_dir(data_dir)
-    check_weights_folder(out)  # before minutes of training, not after
     extra_files = []
     if extra:
         from kit.predict.own_measurements import own_rows

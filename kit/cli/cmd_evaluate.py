@@ -14,8 +14,20 @@ def run(args):
         from kit.data import resolve_data_dir
 
         data = resolve_data_dir(args.data)
-    return evaluate_predictors(args.test, args.predictors, weights=args.weights, data_dir=data,
+    rows = evaluate_predictors(args.test, args.predictors, weights=args.weights, data_dir=data,
                                target=args.target)
+    from kit.predict import LEARNED, using_weights, weights_in_use
+
+    if any(r["predictor"] in LEARNED for r in rows):
+        with using_weights(args.weights):  # loaded already: the scores were made with them
+            info = weights_in_use()
+        if info is not None:  # not the shipped weights: a note (the JSON keeps its row format)
+            import warnings
+
+            from kit.cli.cmd_predict import weights_line
+
+            warnings.warn(f"the learned predictors were scored with {weights_line(info)}")
+    return rows
 
 
 def text(rows):
@@ -41,7 +53,8 @@ def register(sub):
     p.add_argument("--predictors", type=nonempty, metavar="LIST", help="comma-separated, default "
                    "roofline,habitat,li,mlp,tile")
     p.add_argument("--weights", type=nonempty, metavar="DIR", help="weights folder from `kit train --out` "
-                   "(default: the shipped weights)")
+                   "(default: $KIT_WEIGHTS if set, else the shipped weights); the output names "
+                   "weights that are not the shipped ones (a note on stderr)")
     p.add_argument("--target", choices=["latency", "kernel"], default="latency",
                    help="score against the timed call (latency_ms, default) or its summed GPU kernel "
                         "time (kernel_ms: the kit collector's rows only), which the learned predictors "

@@ -59,6 +59,8 @@ def text(r):
              *([] if r["op"] == "memcpy" else  # a copy over a link has no FLOPs and no ridge
                [f"  intensity {r['intensity_flops_per_byte']:.1f} FLOP/B vs ridge {r['ridge_flops_per_byte']:.1f} FLOP/B"]),
              f"  work      {r['flops']:.3g} FLOPs, {r['bytes']:.3g} bytes"]
+    if r.get("fill_note"):
+        lines.append(f"  fill      {r['fill_note']}")
     source = str(r.get("source", ""))
     if source.startswith("kit.predict.tensor_core (carried from the amd"):
         lines.append("  source    a curve of AMD's matrix-core GEMMs (kit.predict.tensor_core.CDNA_GEMM):"

@@ -18,11 +18,12 @@ def run(args):
                         *(["--quick"] if args.quick else []),
                         *(["--no-direct"] if args.no_direct else []),
                         *(["--no-test-rows"] if args.no_test_rows else []),
+                        *(["--replace-shipped"] if args.replace_shipped else []),
                         *[a for e in (args.extra or []) for a in ("--extra", shlex.quote(e))]])
     return train_predictors(args.train_gpus, args.out, data_dir=args.data, seed=args.seed,
                             threads=threads, quick=args.quick, direct=not args.no_direct,
                             test_rows=not args.no_test_rows, progress=not args.json, command=command,
-                            extra=args.extra)
+                            extra=args.extra, replace_shipped=args.replace_shipped)
 
 
 def text(r):
@@ -52,4 +53,7 @@ def register(sub):
                    help="train on NeuSight's training parts alone, without the softmax and "
                         "layer-norm rows of its test part for the GPUs trained on (the model "
                         "then never meets a test shape, on any GPU)")
+    p.add_argument("--replace-shipped", action="store_true",
+                   help="let --out be the kit's shipped weights folder (kit/predict/weights), "
+                        "which every default prediction reads; refused without it")
 

@@ -28,8 +28,23 @@ def model_files(model: str | None) -> list[str]:
     mod, sep, _ = model.partition(":")
     if sep and mod:
         base = mod.replace(".", os.sep)
-        return [base + ".py", os.path.join(base, "__init__.py")]
+        return [base + ".py", os.path.join(base, "__init__.py"), *_module_origin(mod)]
     return [model] if model.lower().endswith(".json") else []
+
+
+def _module_origin(mod: str) -> list[str]:
+    """The files module `mod` may be read from on the import path (PYTHONPATH, installed
+    packages; the working folder is load_callable's first), found without importing anything."""
+    import sys
+
+    base = mod.replace(".", os.sep)
+    out = []
+    for entry in sys.path:
+        folder = Path(entry or ".")
+        for name in (base + ".py", os.path.join(base, "__init__.py")):
+            if (folder / name).is_file():
+                out.append(str(folder / name))
+    return out
 
 
 def _same(a: Path, b: Path) -> bool:

@@ -101,6 +101,30 @@ def close_matches(name: str, n: int = 3) -> list[str]:
     return sorted(best, key=lambda k: (-best[k], k))[:n]
 
 
+_checked_gpus: dict = {}
+
+
+def _checked(gpu: GPU) -> GPU:
+    """A GPU object given directly (dataclasses.replace of a catalog one, or built by hand) is
+    validated as a catalog entry is, once per distinct GPU: a NaN bandwidth or 0 SMs is a
+    KitError, never a NaN time or a ZeroDivisionError."""
+    try:
+        if gpu in _checked_gpus:  # an equal GPU passed the checks
+            return gpu
+    except TypeError:  # unhashable field values: validated below, which names them
+        pass
+    checked = gpu_from_dict(gpu.to_dict(), origin="GPU object")
+    if checked != gpu:  # normalised (vendor or arch case): the normalised one is used
+        gpu = checked
+    try:
+        if len(_checked_gpus) > 256:
+            _checked_gpus.clear()
+        _checked_gpus[gpu] = gpu
+    except TypeError:
+        pass
+    return gpu
+
+
 def get_gpu(name: str | GPU) -> GPU:
     """Look a GPU up by key, name or alias, ignoring case and punctuation.
 
@@ -108,7 +132,7 @@ def get_gpu(name: str | GPU) -> GPU:
     'h100-sxm'
     """
     if isinstance(name, GPU):
-        return name
+        return _checked(name)
     if not isinstance(name, str) or not name.strip():
         raise KitError(f"GPU name must be a non-empty string, got {name!r}")
     key = _index(_generation[0]).get(_norm(name))

@@ -45,6 +45,10 @@ PLAUSIBLE_TFLOPS = (1e-3, 1e6)
 PEAK_FIELDS = tuple(f"{d}_tflops" for d in DTYPES)
 # Optional peaks: null (or absent, for a user's GPU) where the GPU has no such unit.
 OPTIONAL_PEAK_FIELDS = ("fp32_matrix_tflops",)
+# The architectures the kit's rules know, per vendor (tile slicing, tensor-core curves, FP8,
+# AMD's wavefronts key on them); a GPU of a newer one takes the nearest of these.
+KNOWN_ARCHS = {"nvidia": ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell"),
+               "amd": ("cdna", "cdna2", "cdna3")}
 # Other optional numbers: null (or absent, for a user's GPU) where they do not apply.
 OPTIONAL_FIELDS = ("host_link_gbs", "l1_cache_kib_per_sm")
 
@@ -234,6 +238,18 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
                            f"{hi:g}) or null, got {value!r}")
         clean[name] = float(value)
     clean["vendor"] = clean["vendor"].strip().lower()  # amd: 64-lane wavefronts; any other as CUDA
+    clean["arch"] = clean["arch"].strip().lower()  # "Hopper" is hopper (the rules key on it)
+    import warnings
+
+    if clean["vendor"] not in KNOWN_ARCHS:  # another vendor's GPU, or a typo: say so
+        warnings.warn(f"{label}: vendor {entry['vendor']!r} is not one the kit models "
+                      f"({' or '.join(KNOWN_ARCHS)}): it is priced as CUDA (32-thread warps)")
+    known = KNOWN_ARCHS.get(clean["vendor"], KNOWN_ARCHS["nvidia"])
+    if clean["arch"] not in known:  # a newer GPU, or a typo: the rules that lapse
+        warnings.warn(f"{label}: arch {entry['arch']!r} is not one the kit knows "
+                      f"({', '.join(known)}): no architecture's own rule applies to it "
+                      "(tensor-core curves, tile slicing, FP8); check the spelling, or give the "
+                      "nearest known one")
     if clean["key"] != clean["key"].lower() or " " in clean["key"]:
         raise KitError(f"{label}: key must be lower-case with dashes, e.g. 'h100-sxm'")
     aliases = entry.get("aliases", [])

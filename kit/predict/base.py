@@ -18,10 +18,12 @@ only as much as their distinct shapes.
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Protocol, Sequence
 
 import pandas as pd
 
+from kit.errors import KitError
 from kit.hardware import GPU, get_gpu
 from kit.predict.roofline import roofline
 from kit.tiling import tiling
@@ -42,8 +44,27 @@ class Predictor(Protocol):
     def predict(self, ops: Sequence, gpu: GPU | str) -> pd.DataFrame: ...
 
 
+_OP_TYPES: set = set()  # the classes whose instances have passed _is_op
+
+
+def _is_op(op) -> bool:
+    """Whether op is a kit op (flops, bytes, an op_class, hashable); its class is remembered."""
+    ok = (not isinstance(op, type) and isinstance(op, Hashable) and hasattr(op, "flops")
+          and hasattr(op, "bytes") and hasattr(op, "op_class"))
+    if ok and type(op).__module__.startswith("kit."):  # a user's class is checked every time
+        _OP_TYPES.add(type(op))
+    return ok
+
+
 def dedupe(ops: Sequence) -> tuple[list, list[int]]:
-    """(unique ops, index of each op's unique) — ops are frozen dataclasses, so hashable."""
+    """(unique ops, index of each op's unique) — ops are frozen dataclasses, so hashable. A
+    KitError names anything among ops that is not a kit op (None, a string, a list)."""
+    ops = list(ops)
+    bad = [op for op in ops if type(op) not in _OP_TYPES and not _is_op(op)]
+    if bad:
+        bad = bad[0]
+        raise KitError("a predictor takes kit.ops ops (Gemm, Elementwise, Softmax, ...), got "
+                       f"{bad!r}")
     unique: dict = {}
     where = [unique.setdefault(op, len(unique)) for op in ops]
     return list(unique), where

@@ -25,7 +25,8 @@ RESULT_KEYS = ("predictor", "gpu", "op", "n", "mape", "median_ape", "p90_ape")
 
 
 def load_test(path: str | Path, note_repeats: bool = True) -> pd.DataFrame:
-    """Test rows from a measurement CSV (NeuSight's format or the kit's) or a folder of them.
+    """Test rows from a measurement CSV (NeuSight's format or the kit's) or a folder of them
+    (every .csv and .csv.gz under it, subfolders included).
 
     Exact repeats (same op, shape, GPU and latency, as NeuSight's test/vec.csv repeats
     elem/ln/softmax) are kept once, rows of op classes no predictor models (conv) and rows
@@ -35,9 +36,10 @@ def load_test(path: str | Path, note_repeats: bool = True) -> pd.DataFrame:
 
     path = Path(path)
     if path.is_dir():
-        files = sorted([*path.glob("*.csv"), *path.glob("*.csv.gz")])
+        # its subfolders too, as `kit train --extra` reads a folder
+        files = sorted(f for f in [*path.rglob("*.csv"), *path.rglob("*.csv.gz")] if f.is_file())
         if not files:
-            raise KitError(f"no .csv (or .csv.gz) test files in {path}")
+            raise KitError(f"no .csv (or .csv.gz) test files in {path} or its subfolders")
     elif path.is_file():
         files = [path]
     elif path.exists():

@@ -77,6 +77,7 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         GPU that dominates a training GPU (kit.predict.sibling_bound) no op is slower than there:
         where that binds, the op runs as it does on that GPU (its tile shown)."""
         gpu = get_gpu(gpu)
+        ops = list(ops)  # read once per GPU below: a generator would be empty the second time
         out = self.predict_unbounded(ops, gpu, split_k)
         for other in self.dominated_training_gpus(gpu):
             ref = self.predict_unbounded(ops, other, split_k)

@@ -52,16 +52,26 @@ class Bundle:
         return list(self.manifest.get("train_gpus", []))
 
 
-def check_weights_folder(out_dir: str | Path) -> Path:
+def check_weights_folder(out_dir: str | Path, replace_shipped: bool = False) -> Path:
     """KitError unless out_dir can take a weights bundle: a folder still to be made (under one
-    that can be written), an empty one, or one holding kit weights alone, which are replaced (as
-    `kit train` reproduces the shipped ones). Anything else there is the user's and is not
-    written over. Nothing is left behind (a trial entry is made and removed at once): a
+    that can be written), an empty one, or one holding kit weights alone, which are replaced.
+    The shipped folder (SHIPPED_DIR), or any folder inside the kit package, is replaced only with
+    replace_shipped (`kit train --replace-shipped`, as the manifest's command reproduces the
+    shipped weights): every default prediction reads it. Anything else there is the user's and
+    is not written over. Nothing is left behind (a trial entry is made and removed at once): a
     training that fails leaves no folder behind."""
     import os
     import tempfile
 
     out = Path(out_dir)
+    package = SHIPPED_DIR.parent.parent.resolve()  # the kit package
+    target = out.resolve()
+    if target == SHIPPED_DIR.resolve() and not replace_shipped:
+        raise KitError(f"{out} is the kit's shipped weights folder, which every default prediction "
+                       "reads; give another folder, or add --replace-shipped to retrain the "
+                       "shipped weights on purpose")
+    if target != SHIPPED_DIR.resolve() and (target == package or package in target.parents):
+        raise KitError(f"{out} is inside the kit package ({package}); give a folder outside it")
     if out.exists() and not out.is_dir():
         raise KitError(f"weights folder {out} is a file; give a folder")
     if out.is_dir():

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from kit.errors import KitError
+from kit.workload.timeline import span_us
 
 _COLOR = {"compute": "thread_state_running", "comm": "rail_response", "memcpy": "rail_load",
           "cpu": "generic_work", "launch": "thread_state_runnable", "sync": "thread_state_iowait",
@@ -43,8 +44,8 @@ def to_perfetto(timeline, critical_ops=None, min_dur_ms: float = 0.0) -> dict:
         op = int(row.op) if has_op else None
         on_path = op in crit
         ev = {"ph": "X", "name": str(row.name), "cat": str(row.kind), "pid": int(row.rank),
-              "tid": tids[(row.rank, row.stream)], "ts": round(row.start_ms * 1e3, 3),
-              "dur": round(dur * 1e3, 3), "args": {"op": op, "critical": on_path},
+              "tid": tids[(row.rank, row.stream)], **span_us(row.start_ms, row.end_ms),
+              "args": {"op": op, "critical": on_path},
               "cname": "terrible" if on_path else _COLOR.get(row.kind, "generic_work")}
         events.append(ev)
     return {"traceEvents": events, "displayTimeUnit": "ms",

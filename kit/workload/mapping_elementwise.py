@@ -119,4 +119,10 @@ def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float, cpu_scalar
         return op
     # narrower inputs (a bool mask), or none read from DRAM (a fill, scalar or on-chip inputs:
     # a write alone, half a one-input pass): the learned n-input pass scaled by the bytes moved
-    return Derived("elementwise", (op,), (streams + 1) / (n + 1), f"{kind} ({streams:g} input streams)")
+    return Derived("elementwise", (op,), pass_share(streams, n), f"{kind} ({streams:g} input streams)")
+
+
+def pass_share(streams: float, inputs: int) -> float:
+    """The share of a learned `inputs`-input elementwise pass (inputs read, one output written)
+    that an op reading `streams` input streams moves: a fill (0 streams) is half a one-input pass."""
+    return (streams + 1) / (inputs + 1)

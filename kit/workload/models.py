@@ -102,6 +102,15 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         return _zoo_graph(read_config(model), batch, seq, mode, dtype, optimizer, *zoo_args)
     if isinstance(model, str) and ":" not in model:
         return _zoo_graph(model, batch, seq, mode, dtype, optimizer, *zoo_args)
+    import contextlib
+
+    # the user's code (import, factory, forward) may print: to stderr, never into a --json stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return _module_graph(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache, loss)
+
+
+def _module_graph(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache, loss):
+    """graph_of for a 'module:callable' path or an nn.Module (its arguments)."""
     obj = load_callable(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else type(model).__name__
     import torch
@@ -161,8 +170,8 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
                           f"counted as its KV cache ({meta['kv_cache_bytes'] / 2**30:.3g} GiB); give "
                           "the module decode_inputs(batch, context) to say what the cache is")
     try:
-        return capture(obj, inputs, mode="inference" if decode else mode, optimizer=optimizer,
-                       dtype=dtype, name=name, meta=meta)
+        graph = capture(obj, inputs, mode="inference" if decode else mode, optimizer=optimizer,
+                        dtype=dtype, name=name, meta=meta)
     except SystemExit as e:  # from the module's forward
         raise KitError(f"model {name!r} {_exited(e)} while it was run") from None
     except KitError as e:
@@ -172,6 +181,10 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         raise KitError(f"{e}; the kit gave it token ids of shape ({batch}, {seq}): give the module "
                        "example_inputs(batch, seq), or make the callable return (module, inputs)"
                        ) from None
+    if not graph.kernels():  # a step of 0 ms: its rates and costs would divide by it
+        raise KitError(f"model {name!r} launches no GPU kernels in mode {mode} (its forward only "
+                       "returns or reshapes its inputs): there is no step to time")
+    return graph
 
 
 def _decode_inputs_for(module, name: str, batch: int, context: int):

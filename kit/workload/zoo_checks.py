@@ -118,10 +118,27 @@ def max_seq(model) -> int | None:
     return table[2] if table else None
 
 
+def _note_past_trained_positions(model, positions: int) -> None:
+    """A note (not an error: rotary positions have no table to run out of, and the kernels' time
+    is priced all the same) when a model with a max_position_embeddings is asked for more
+    positions than it was trained to. One message per model, however many lengths pass it."""
+    import warnings
+
+    cfg = config(model) if isinstance(model, str) else dict(model)
+    limit = cfg.get("max_position_embeddings")
+    if isinstance(limit, int) and not isinstance(limit, bool) and positions > limit:
+        name = resolve(model) if isinstance(model, str) else cfg.get("name", cfg.get("model_type", "model"))
+        warnings.warn(f"{name} was trained to {limit} positions (max_position_embeddings) and is "
+                      f"asked for more: its time is priced at the length given, but the model "
+                      "was not made for it")
+
+
 def check_seq(model, seq: int, new_tokens: int = 0) -> None:
     """KitError when seq (and, for decoding, the new tokens after it) exceeds the model's learned
     position table (max_seq)."""
     table = _position_table(model)
+    if table is None:
+        _note_past_trained_positions(model, seq + new_tokens)
     if table and seq + new_tokens > table[2]:
         name, field, limit = table
         if new_tokens >= limit:  # no --seq helps: the new tokens alone take every position

@@ -1,0 +1,119 @@
+"""Audit of the whole-model surface (kit predict / compare with a user's module): a trace never
+overwrites the module it reads, a model with no kernels is one error, the user's prints stay out
+of --json, trace events meet without overlapping, and rotary models note lengths past training."""
+import json
+import sys
+import textwrap
+
+import pytest
+
+from test_audit_single import _cache, _kit  # noqa: F401  (_cache: autouse, a fresh KIT_CACHE)
+
+MODULE = """
+    import torch.nn as nn
+
+    class Printer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e, self.l = nn.Embedding(100, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = self.l(self.e(x))
+            print("hello from forward")
+            return h
+
+    class Same(nn.Module):
+        def forward(self, x):
+            return x
+
+    class Flat(nn.Module):
+        def forward(self, x):
+            return x.view(-1)
+
+    print("hello from import")
+
+    def printer(): return Printer()
+    def same(): return Same()
+    def flat(): return Flat()
+"""
+
+
+@pytest.fixture
+def elsewhere(tmp_path, monkeypatch):
+    """A module on the import path (not the working folder), and a working folder apart."""
+    lib, work = tmp_path / "lib", tmp_path / "work"
+    lib.mkdir()
+    work.mkdir()
+    (lib / "audit5_mod.py").write_text(textwrap.dedent(MODULE))
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.chdir(work)
+    yield lib / "audit5_mod.py"
+    sys.modules.pop("audit5_mod", None)
+
+
+def test_a_trace_never_overwrites_the_module_on_the_import_path(elsewhere, capsys):
+    before = elsewhere.read_text()
+    rc, out, err = _kit(capsys, "predict", "audit5_mod:printer", "--gpu", "h100-sxm", "--mode",
+                        "inference", "--batch", "2", "--seq", "8", "--trace", str(elsewhere))
+    assert rc == 2 and "destroy the input" in err and "Traceback" not in err
+    assert elsewhere.read_text() == before
+
+
+@pytest.mark.parametrize("command", [["predict", "--gpu", "h100-sxm"], ["compare", "--gpus", "h100-sxm,a100-pcie-80gb"]])
+def test_the_users_prints_stay_out_of_json(elsewhere, capsys, command):
+    verb, *rest = command
+    rc, out, err = _kit(capsys, verb, "audit5_mod:printer", *rest, "--mode", "inference",
+                        "--batch", "2", "--seq", "8", "--json")
+    assert rc == 0, err
+    json.loads(out)  # nothing but the JSON on stdout
+    assert "hello from forward" in err and "hello from forward" not in out
+    assert "hello from import" not in out
+
+
+@pytest.mark.parametrize("factory", ["same", "flat"])
+@pytest.mark.parametrize("verb,gpus", [("predict", ("--gpu", "h100-sxm")),
+                                       ("compare", ("--gpus", "h100-sxm"))])
+def test_a_model_without_kernels_is_one_error(elsewhere, capsys, factory, verb, gpus):
+    rc, out, err = _kit(capsys, verb, f"audit5_mod:{factory}", *gpus, "--mode", "inference")
+    assert rc == 2 and "launches no GPU kernels" in err and "Traceback" not in err and not out
+
+
+def _overlaps(events, tid, pid=1):
+    ev = sorted((e for e in events if e.get("ph") == "X" and e["tid"] == tid and e["pid"] == pid),
+                key=lambda e: e["ts"])
+    return sum(a["ts"] + a["dur"] > b["ts"] + 1e-9 for a, b in zip(ev, ev[1:])), len(ev)
+
+
+def test_back_to_back_kernels_meet_without_overlap(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    rc, _, err = _kit(capsys, "predict", "gpt2", "--gpu", "a100-pcie-80gb", "--mode", "train",
+                      "--batch", "8", "--seq", "1024", "--trace", str(path))
+    assert rc == 0, err
+    trace = json.loads(path.read_text())
+    overlaps, n = _overlaps(trace["traceEvents"], tid=2)
+    assert n > 500 and overlaps == 0  # 107 pairs had overlapped by 1 ns
+    gpu = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["tid"] == 2]
+    last = max(e["ts"] + e["dur"] for e in gpu)
+    assert last == pytest.approx(trace["otherData"]["total_ms"] * 1e3, abs=2e-3)
+
+
+def test_span_us_rounds_the_end_as_the_start():
+    from kit.workload.timeline import span_us
+
+    import numpy as np
+
+    edges = np.cumsum(np.random.default_rng(0).uniform(0, 0.01, 2000))  # ms, back to back
+    spans = [span_us(a, b) for a, b in zip(edges, edges[1:])]
+    assert all(s["dur"] >= 0 for s in spans)
+    assert all(abs(s["ts"] + s["dur"] - t["ts"]) < 1e-9 for s, t in zip(spans, spans[1:]))
+    apart = [(round(a * 1e3, 3), round((b - a) * 1e3, 3)) for a, b in zip(edges, edges[1:])]
+    assert sum(ts + dur > nxt + 1e-9 for (ts, dur), (nxt, _) in zip(apart, apart[1:])) > 0
+
+
+def test_a_rotary_model_past_its_trained_positions_gets_a_note(capsys):
+    rc, out, err = _kit(capsys, "predict", "llama3-8b", "--gpu", "h100-sxm", "--mode", "inference",
+                        "--seq", "9000", "--dtype", "bf16", "--json")
+    assert rc == 0 and "8192 positions" in err and json.loads(out)["total_ms"] > 0
+    rc, out, err = _kit(capsys, "predict", "llama3-8b", "--gpu", "h100-sxm", "--mode", "inference",
+                        "--seq", "8192", "--dtype", "bf16", "--json")
+    assert rc == 0 and "positions" not in err
