@@ -117,3 +117,16 @@ def test_a_rotary_model_past_its_trained_positions_gets_a_note(capsys):
     rc, out, err = _kit(capsys, "predict", "llama3-8b", "--gpu", "h100-sxm", "--mode", "inference",
                         "--seq", "8192", "--dtype", "bf16", "--json")
     assert rc == 0 and "positions" not in err
+
+
+def test_empty_example_inputs_are_named(tmp_path, monkeypatch):
+    import torch
+    import torch.nn as nn
+
+    from kit.errors import KitError
+    from kit.workload.models import graph_of
+
+    lin = nn.Linear(8, 8)
+    with pytest.raises(KitError, match="example inputs have a batch of 0"):
+        graph_of(lin, 1, None, "inference", inputs=(torch.zeros(0, 8),))
+    assert graph_of(lin, 1, None, "inference", inputs=(torch.zeros(2, 8),)).kernels()

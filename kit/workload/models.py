@@ -160,6 +160,9 @@ def _module_graph(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache, l
                            f"and sequence; give no batch or seq (--batch/--seq; got batch {batch}, seq {seq}) or "
                            "return a module that takes input_ids or has example_inputs(batch, seq)")
         meta = {"batch": _leading_dim(inputs, obj), "seq": None}
+        if meta["batch"] == 0:  # no work; a GEMM of m = 0 would be named instead of the batch
+            raise KitError(f"model {name!r}: its example inputs have a batch of 0; give inputs "
+                           "with a batch of at least 1")
     if decode:  # the floating inputs are the cache: its memory
         size = TORCH_DTYPES[dtype].itemsize if isinstance(dtype, str) and dtype in TORCH_DTYPES else None
         leaves = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
