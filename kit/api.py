@@ -84,9 +84,10 @@ def memory_problem(op, gpu) -> str | None:
     if table > gpu.memory_bytes:
         return (f"{op.op_class} table of {table / 2**30:.4g} GiB is larger than {gpu.key}'s "
                 f"{gpu.memory_gib:g} GiB of memory: shard it (`kit shard`) or give fewer rows")
-    if op.bytes <= gpu.memory_bytes:
+    moved = op.bytes * _fill_share(op)  # a fill writes its output alone
+    if moved <= gpu.memory_bytes:
         return None
-    return (f"{op.op_class} moves {op.bytes / 2**30:.4g} GiB of operands, more than "
+    return (f"{op.op_class} moves {moved / 2**30:.4g} GiB of operands, more than "
             f"{gpu.key}'s {gpu.memory_gib:g} GiB of memory: no such kernel can run on it")
 
 
@@ -162,7 +163,8 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
     learned = {"mlp": lambda m: set(m.models), "li": lambda m: set(m.coefs)}.get(model.name)
     if learned is not None and cls not in learned(model):  # no model of this class: the roofline
         out["source"] = (f"the roofline: the {model.name} predictor has no model of {cls} (it "
-                         f"learned {', '.join(sorted(learned(model)))}); the tile predictor prices it")
+                         f"learned {', '.join(sorted(learned(model)))}); --predictor tile gives "
+                         "it a learned price")
     if model.name == "tile":
         from kit.predict.op_source import tile_choice, tile_source
 

@@ -75,7 +75,8 @@ def test_the_users_prints_stay_out_of_json(elsewhere, capsys, command):
                                        ("compare", ("--gpus", "h100-sxm"))])
 def test_a_model_without_kernels_is_one_error(elsewhere, capsys, factory, verb, gpus):
     rc, out, err = _kit(capsys, verb, f"audit5_mod:{factory}", *gpus, "--mode", "inference")
-    assert rc == 2 and "launches no GPU kernels" in err and "Traceback" not in err and not out
+    assert rc == 2 and "launches no GPU kernels" in err and "Traceback" not in err
+    assert "total" not in out and "step" not in out  # the import's print alone (text mode)
 
 
 def _overlaps(events, tid, pid=1):
@@ -110,13 +111,53 @@ def test_span_us_rounds_the_end_as_the_start():
     assert sum(ts + dur > nxt + 1e-9 for (ts, dur), (nxt, _) in zip(apart, apart[1:])) > 0
 
 
-def test_a_rotary_model_past_its_trained_positions_gets_a_note(capsys):
+@pytest.fixture
+def fresh_notes(monkeypatch):
+    from kit.workload import zoo_checks
+
+    monkeypatch.setattr(zoo_checks, "_NOTED_POSITIONS", set())
+
+
+def test_a_rotary_model_past_its_trained_positions_gets_a_note(capsys, fresh_notes):
+    for args in (["--mode", "inference", "--seq", "8192"], ["--mode", "decode"]):  # its default
+        rc, out, err = _kit(capsys, "predict", "llama3-8b", "--gpu", "h100-sxm", *args,
+                            "--dtype", "bf16", "--json")
+        assert rc == 0 and "positions" not in err, (args, err)
     rc, out, err = _kit(capsys, "predict", "llama3-8b", "--gpu", "h100-sxm", "--mode", "inference",
                         "--seq", "9000", "--dtype", "bf16", "--json")
     assert rc == 0 and "8192 positions" in err and json.loads(out)["total_ms"] > 0
-    rc, out, err = _kit(capsys, "predict", "llama3-8b", "--gpu", "h100-sxm", "--mode", "inference",
-                        "--seq", "8192", "--dtype", "bf16", "--json")
-    assert rc == 0 and "positions" not in err
+
+
+def test_generation_past_the_trained_positions_notes_once(capsys, fresh_notes):
+    rc, out, err = _kit(capsys, "predict", "llama3-8b", "--gpu", "h100-sxm", "--mode", "generate",
+                        "--seq", "8100", "--new-tokens", "400", "--dtype", "bf16")
+    assert rc == 0 and err.count("8192 positions") == 1, err  # its decode steps had noted 4 times
+
+
+def test_multi_gpu_trace_events_meet():
+    import pandas as pd
+
+    from kit.trace.perfetto import to_perfetto
+
+    edges = [0.0, 0.0123454, 0.0234565, 0.0345676, 0.05]
+    tl = pd.DataFrame({"rank": 0, "stream": "compute", "name": "k", "kind": "compute",
+                       "start_ms": edges[:-1], "end_ms": edges[1:]})
+    ev = to_perfetto(tl)["traceEvents"]
+    overlaps, n = _overlaps(ev, tid=next(e["tid"] for e in ev if e.get("ph") == "X"), pid=0)
+    assert n == 4 and overlaps == 0
+
+
+def test_no_output_goes_into_the_kit_package(capsys, tmp_path):
+    from kit.predict.weights import SHIPPED_DIR, files_identity
+
+    before = files_identity(SHIPPED_DIR)
+    for target in (SHIPPED_DIR / "manifest.json", SHIPPED_DIR.parent / "t.json"):
+        rc, out, err = _kit(capsys, "predict", "gpt2", "--gpu", "a10", "--mode", "inference",
+                            "--batch", "1", "--seq", "128", "--trace", str(target))
+        assert rc == 2 and "in the kit package" in err, err
+    rc, out, err = _kit(capsys, "collect-comm", "--out", str(SHIPPED_DIR / "x.txt"))
+    assert rc == 2 and "in the kit package" in err
+    assert files_identity(SHIPPED_DIR) == before and not (SHIPPED_DIR.parent / "t.json").exists()
 
 
 def test_empty_example_inputs_are_named(tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ def test_the_shipped_weights_folder_is_refused_without_replace_shipped():
 
 
 def test_a_folder_inside_the_package_is_refused():
-    with pytest.raises(KitError, match="inside the kit package"):
+    with pytest.raises(KitError, match="in the kit package"):
         check_weights_folder(SHIPPED_DIR.parent / "my-weights")
 
 
@@ -42,7 +42,14 @@ def test_the_cli_refuses_the_shipped_folder_before_training(capsys, monkeypatch,
     assert rc == 2 and "shipped weights folder" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("flag", ["quick", "direct", "test_rows", "replace_shipped"])
+def test_replace_shipped_is_for_the_shipped_folder_alone(tmp_path):
+    with pytest.raises(KitError, match="is for the shipped weights folder"):
+        check_weights_folder(tmp_path / "w", replace_shipped=True)
+    with pytest.raises(KitError, match="in the kit package"):
+        check_weights_folder(SHIPPED_DIR.parent.parent)  # the package itself
+
+
+@pytest.mark.parametrize("flag", ["quick", "direct", "test_rows", "replace_shipped", "progress"])
 def test_train_predictors_flags_must_be_booleans(tmp_path, flag):
     from kit.api import train_predictors
 
@@ -61,6 +68,7 @@ def test_a_predictor_without_a_model_of_the_class_says_it_took_the_roofline(name
     r = predict_op(Dropout(100_000), "l4", name)
     assert r["latency_ms"] == pytest.approx(r["roofline_ms"])
     assert "has no model of dropout" in r["source"] and name in r["source"]
+    assert "--predictor tile gives it a learned price" in r["source"]
     g = predict_op(Gemm(m=512, n=512, k=512), "l4", name)  # a class it learned: no such line
     assert "no model of" not in str(g.get("source", ""))
 
@@ -79,6 +87,15 @@ def test_a_fill_moves_its_output_alone_as_kit_predict_costs_it():
     assert fill["latency_ms"] == pytest.approx(share * raw.latency_ms)
     assert fill["latency_p90_ms"] == pytest.approx(share * raw.latency_p90_ms)
     assert "reads nothing" in fill["fill_note"] and "fill_note" not in copy
+
+
+def test_a_fill_is_checked_against_memory_by_what_it_writes():
+    from kit.api import memory_problem
+
+    gpu = get_gpu("h100-sxm")
+    n = int(gpu.memory_bytes / 4 * 0.9)  # its output fits; a read and a write would not
+    assert memory_problem(Elementwise("fill", n), gpu) is None
+    assert "moves" in memory_problem(Elementwise("copy", n), gpu)
 
 
 def test_the_fill_line_is_printed(capsys):
@@ -109,6 +126,23 @@ def test_an_unknown_arch_or_vendor_is_priced_with_a_note(change, word):
         assert "tensor_core" not in str(r.get("source", ""))
 
 
+def test_a_normalised_gpu_object_is_checked_and_noted_once(recwarn):
+    import warnings
+
+    from kit.hardware.catalog import _checked_gpus
+
+    _checked_gpus.clear()
+    given = dataclasses.replace(get_gpu("h100-sxm"), arch="Hoper", key="my-hoper-once")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # a repeat would show
+        first = get_gpu(given)
+        again = [get_gpu(given) for _ in range(5)]
+    assert first.arch == "hoper" and all(g is first for g in again)
+    assert sum("arch 'Hoper'" in str(w.message) for w in recwarn) == 1
+    catalog = get_gpu("a10")
+    assert get_gpu(catalog) is catalog  # a catalog GPU comes back as itself
+
+
 def test_an_arch_in_capitals_is_the_same_arch():
     h = get_gpu("h100-sxm")
     upper = dataclasses.replace(h, arch="Hopper", key="my-h100")
@@ -132,6 +166,7 @@ def test_a_gpu_file_with_an_unknown_arch_says_so(tmp_path, capsys):
     finally:
         unregister_gpu("my-gpu")
     assert rc == 0 and "arch 'hoper'" in err and "hopper" in err and "Traceback" not in err
+    assert err.count("arch 'hoper'") == 1, err  # noted when the file is read, not again
 
 
 # -- what predictors take ----------------------------------------------------------------------
@@ -142,6 +177,13 @@ def test_predictors_take_a_generator_of_ops(name):
     as_list = model.predict(ops, "a100-pcie-80gb")  # above a training GPU: read twice
     as_gen = model.predict((o for o in ops), "a100-pcie-80gb")
     assert as_gen.latency_ms.tolist() == as_list.latency_ms.tolist() and len(as_gen) == 2
+
+
+@pytest.mark.parametrize("name", ["tile", "roofline"])
+@pytest.mark.parametrize("alone", [Gemm(m=8, n=8, k=8), "gemm", 5])
+def test_predictors_refuse_an_op_or_a_name_in_place_of_a_list(name, alone):
+    with pytest.raises(KitError, match="takes a list of kit.ops ops"):
+        get_predictor(name).predict(alone, "l4")
 
 
 @pytest.mark.parametrize("bad", [None, "gemm", [1, 2], Gemm])

@@ -101,6 +101,15 @@ def _note(message, category, filename, lineno, file=None, line=None):
           file=sys.stderr)
 
 
+_result_out: list = []  # the stdout a --json run's result goes to, while the run's prints do not
+
+
+def result_stream():
+    """Where a command writes its result itself (kit validate's list before it fails): stdout,
+    even while a --json run sends everything else printed to stderr."""
+    return _result_out[-1] if _result_out else sys.stdout
+
+
 def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():  # restored on return (tests call main many times)
         warnings.showwarning = _note
@@ -119,10 +128,21 @@ def _main(argv: list[str] | None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        result = args.func(args)
+        as_json = getattr(args, "json", False) or args.text is None
+        if as_json:  # stdout is the JSON alone: what the run prints (a user's model) goes to stderr
+            import contextlib
+
+            _result_out.append(sys.stdout)
+            try:
+                with contextlib.redirect_stdout(sys.stderr):
+                    result = args.func(args)
+            finally:
+                _result_out.pop()
+        else:
+            result = args.func(args)
         if result is None:
             return 0
-        if getattr(args, "json", False) or args.text is None:
+        if as_json:
             print(json_text(result))
         else:
             print(args.text(result))

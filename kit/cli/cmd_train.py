@@ -10,7 +10,7 @@ def run(args):
     from kit.cli.outputs import output_path
     from kit.predict.training import default_threads
 
-    output_path(args.out, "--out", folder=True)
+    output_path(args.out, "--out", folder=True, package_ok=True)  # the weights check rules there
     threads = args.threads or default_threads()  # named in the command, so a rerun matches
     command = " ".join(["kit train", *(["--data", shlex.quote(str(args.data))] if args.data else []),
                         "--train-gpus", shlex.quote(args.train_gpus), "--out", shlex.quote(args.out),

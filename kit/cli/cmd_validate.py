@@ -172,12 +172,12 @@ def run(args):
     r = validate(args.labels, args.predictor,
                  models=[m.strip() for m in args.models.split(",")] if args.models else None)
     if not r["configs"]:  # nothing validated: list what was skipped and why, then fail
-        from kit.cli import json_text
+        from kit.cli import json_text, result_stream
         from kit.errors import KitError
 
         if not r["skipped"]:  # nothing to list: the error line alone
             raise KitError(f"no label under {args.labels} is of the chosen model(s) {args.models or ''}".rstrip())
-        print(json_text(r) if args.json else text(r), flush=True)
+        print(json_text(r) if args.json else text(r), file=result_stream(), flush=True)
         raise KitError(f"no label under {args.labels} could be validated: all "
                        f"{len(r['skipped'])} were skipped (listed above)")
     return r

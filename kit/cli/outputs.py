@@ -42,8 +42,11 @@ def _module_origin(mod: str) -> list[str]:
     for entry in sys.path:
         folder = Path(entry or ".")
         for name in (base + ".py", os.path.join(base, "__init__.py")):
-            if (folder / name).is_file():
-                out.append(str(folder / name))
+            try:
+                if (folder / name).is_file():
+                    out.append(str(folder / name))
+            except OSError:  # an entry Python's import skips too (no permission, a bad name)
+                pass
     return out
 
 
@@ -56,15 +59,24 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def output_path(value: str | None, flag: str, inputs=(), folder: bool = False) -> str | None:
+def output_path(value: str | None, flag: str, inputs=(), folder: bool = False,
+                package_ok: bool = False) -> str | None:
     """value, once it is a usable output (a file, or a folder with folder=True) under folders (or
     folders to be made), which is none of `inputs` (paths the command reads; None and "" are
-    ignored)."""
+    ignored) and not inside the kit package (its code, catalog and shipped weights), unless
+    package_ok (kit train, whose weights check says what may be replaced there)."""
     if value is None:
         return None
     if not str(value).strip():
         raise KitError(f"{flag} is empty; give a {'folder' if folder else 'file'} name")
     p = Path(value)
+    if not package_ok:
+        package = Path(__file__).resolve().parent.parent
+        target = p.resolve()
+        if target == package or package in target.parents:
+            raise KitError(f"{flag} {value} is in the kit package ({package}): writing there would "
+                           "change the kit itself (its code, GPU catalog or shipped weights); "
+                           "choose a path outside it")
     if not folder and p.is_dir():
         raise KitError(f"{flag} {value} is a directory; give a file name")
     if folder and p.exists() and not p.is_dir():

@@ -107,22 +107,27 @@ _checked_gpus: dict = {}
 def _checked(gpu: GPU) -> GPU:
     """A GPU object given directly (dataclasses.replace of a catalog one, or built by hand) is
     validated as a catalog entry is, once per distinct GPU: a NaN bandwidth or 0 SMs is a
-    KitError, never a NaN time or a ZeroDivisionError."""
+    KitError, never a NaN time or a ZeroDivisionError. A catalog or registered GPU (checked when
+    it was read) comes back as it is; one whose vendor or arch needed lower-casing comes back
+    normalised, from then on without another check or note."""
+    if _user_gpus.get(gpu.key) is gpu or (gpu.key in _builtin_entries() and _builtin_gpu(gpu.key) is gpu):
+        return gpu
     try:
-        if gpu in _checked_gpus:  # an equal GPU passed the checks
-            return gpu
+        hit = _checked_gpus.get(gpu)
     except TypeError:  # unhashable field values: validated below, which names them
-        pass
+        hit = None
+    if hit is not None:
+        return hit
     checked = gpu_from_dict(gpu.to_dict(), origin="GPU object")
-    if checked != gpu:  # normalised (vendor or arch case): the normalised one is used
-        gpu = checked
+    keep = gpu if checked == gpu else checked  # the caller's own object where nothing changed
     try:
         if len(_checked_gpus) > 256:
             _checked_gpus.clear()
-        _checked_gpus[gpu] = gpu
+        _checked_gpus[gpu] = keep
+        _checked_gpus[keep] = keep
     except TypeError:
         pass
-    return gpu
+    return keep
 
 
 def get_gpu(name: str | GPU) -> GPU:

@@ -56,15 +56,26 @@ def _is_op(op) -> bool:
     return ok
 
 
-def dedupe(ops: Sequence) -> tuple[list, list[int]]:
-    """(unique ops, index of each op's unique) — ops are frozen dataclasses, so hashable. A
-    KitError names anything among ops that is not a kit op (None, a string, a list)."""
-    ops = list(ops)
+def op_list(ops) -> list:
+    """ops as a list, once every one is a kit op: a KitError names a single op or a name given in
+    place of a list, and anything among them that is not a kit op (None, a string, a list)."""
+    if isinstance(ops, (str, bytes)) or _is_op(ops):  # one op, or a name, where a list goes
+        raise KitError(f"a predictor takes a list of kit.ops ops, got {ops!r} alone: give [op]")
+    try:
+        ops = list(ops)
+    except TypeError:
+        raise KitError(f"a predictor takes a list of kit.ops ops, got {ops!r}") from None
     bad = [op for op in ops if type(op) not in _OP_TYPES and not _is_op(op)]
     if bad:
-        bad = bad[0]
         raise KitError("a predictor takes kit.ops ops (Gemm, Elementwise, Softmax, ...), got "
-                       f"{bad!r}")
+                       f"{bad[0]!r}")
+    return ops
+
+
+def dedupe(ops: Sequence) -> tuple[list, list[int]]:
+    """(unique ops, index of each op's unique) — ops are frozen dataclasses, so hashable. A
+    KitError names anything among ops that is not a kit op (op_list)."""
+    ops = op_list(ops)
     unique: dict = {}
     where = [unique.setdefault(op, len(unique)) for op in ops]
     return list(unique), where

@@ -104,7 +104,7 @@ class HabitatPredictor:
 
     def predict(self, ops, gpu: GPU | str) -> pd.DataFrame:
         dest = get_gpu(gpu)
-        unique, where = dedupe(list(ops))
+        unique, where = dedupe(ops)
         origin = nearest_gpu(dest, self._origins(dest, unique))
         keys = [(origin.key, op_key(op)) for op in unique]
         fp32 = [getattr(op, "dtype", "fp32") == "fp32" for op in unique]

@@ -78,7 +78,7 @@ class LiPredictor:
         from kit.predict import refuse_other_dtypes
 
         gpu = get_gpu(gpu)
-        unique, where = dedupe(list(ops))
+        unique, where = dedupe(ops)
         refuse_other_dtypes(unique, self.name, self.coefs)  # its lines are FP32 kernels' alone
         rows = []
         for op in unique:

@@ -75,7 +75,7 @@ class DirectMLP:
         from kit.predict.tile_ensemble import combine
 
         gpu = get_gpu(gpu)
-        unique, where = dedupe(list(ops))
+        unique, where = dedupe(ops)
         # fitted on FP32 rows with no dtype input: a bf16 GEMM would get its FP32 time
         refuse_other_dtypes(unique, self.name, self.models)
         out = np.zeros((len(unique), 3))

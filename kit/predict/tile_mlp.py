@@ -25,7 +25,7 @@ import pandas as pd
 
 from kit.hardware import GPU, get_gpu
 from kit.ops import DTYPE_BYTES
-from kit.predict.base import COLUMNS, WavePredictor, dedupe
+from kit.predict.base import COLUMNS, WavePredictor, dedupe, op_list
 from kit.predict.features import (arrays_from_ops, feature_matrix, gpu_distance, lib_tile,
                                   op_class_of, row_launches, waves)
 from kit.predict.gemm_bounds import GemmBounds, cap_as, cap_at
@@ -77,7 +77,7 @@ class TilePredictor(GemmBounds, SmallOpBounds):
         GPU that dominates a training GPU (kit.predict.sibling_bound) no op is slower than there:
         where that binds, the op runs as it does on that GPU (its tile shown)."""
         gpu = get_gpu(gpu)
-        ops = list(ops)  # read once per GPU below: a generator would be empty the second time
+        ops = op_list(ops)  # read once per GPU below: a generator would be empty the second time
         out = self.predict_unbounded(ops, gpu, split_k)
         for other in self.dominated_training_gpus(gpu):
             ref = self.predict_unbounded(ops, other, split_k)
@@ -99,7 +99,7 @@ class TilePredictor(GemmBounds, SmallOpBounds):
     def predict_unbounded(self, ops, gpu: GPU | str, split_k: bool = True) -> pd.DataFrame:
         """predict without the bound by the training GPUs gpu dominates."""
         gpu = get_gpu(gpu)
-        unique, where = dedupe(list(ops))
+        unique, where = dedupe(ops)
         out = _Columns(len(unique))
         by_class: dict[str, list[int]] = {}
         for i, op in enumerate(unique):

@@ -68,10 +68,13 @@ def check_weights_folder(out_dir: str | Path, replace_shipped: bool = False) -> 
     target = out.resolve()
     if target == SHIPPED_DIR.resolve() and not replace_shipped:
         raise KitError(f"{out} is the kit's shipped weights folder, which every default prediction "
-                       "reads; give another folder, or add --replace-shipped to retrain the "
-                       "shipped weights on purpose")
+                       "reads; give another folder, or add --replace-shipped (replace_shipped=True "
+                       "from Python) to retrain the shipped weights on purpose")
+    if target != SHIPPED_DIR.resolve() and replace_shipped:
+        raise KitError(f"--replace-shipped (replace_shipped) is for the shipped weights folder "
+                       f"{SHIPPED_DIR}; {out} is another: leave it out")
     if target != SHIPPED_DIR.resolve() and (target == package or package in target.parents):
-        raise KitError(f"{out} is inside the kit package ({package}); give a folder outside it")
+        raise KitError(f"{out} is in the kit package ({package}); give a folder outside it")
     if out.exists() and not out.is_dir():
         raise KitError(f"weights folder {out} is a file; give a folder")
     if out.is_dir():

@@ -102,15 +102,6 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         return _zoo_graph(read_config(model), batch, seq, mode, dtype, optimizer, *zoo_args)
     if isinstance(model, str) and ":" not in model:
         return _zoo_graph(model, batch, seq, mode, dtype, optimizer, *zoo_args)
-    import contextlib
-
-    # the user's code (import, factory, forward) may print: to stderr, never into a --json stdout
-    with contextlib.redirect_stdout(sys.stderr):
-        return _module_graph(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache, loss)
-
-
-def _module_graph(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache, loss):
-    """graph_of for a 'module:callable' path or an nn.Module (its arguments)."""
     obj = load_callable(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else type(model).__name__
     import torch

@@ -118,16 +118,24 @@ def max_seq(model) -> int | None:
     return table[2] if table else None
 
 
-def _note_past_trained_positions(model, positions: int) -> None:
+_NOTED_POSITIONS: set = set()  # (model, limit) noted once a process: generation asks per step
+
+
+def _note_past_trained_positions(model, context: int) -> None:
     """A note (not an error: rotary positions have no table to run out of, and the kernels' time
-    is priced all the same) when a model with a max_position_embeddings is asked for more
-    positions than it was trained to. One message per model, however many lengths pass it."""
+    is priced all the same) when a model with a max_position_embeddings is given a longer
+    context (a decode step's one new token after a full context is not counted: the zoo's
+    default decode context is the trained length). One note per model and process, however
+    many lengths pass it."""
     import warnings
 
     cfg = config(model) if isinstance(model, str) else dict(model)
     limit = cfg.get("max_position_embeddings")
-    if isinstance(limit, int) and not isinstance(limit, bool) and positions > limit:
+    if isinstance(limit, int) and not isinstance(limit, bool) and context > limit:
         name = resolve(model) if isinstance(model, str) else cfg.get("name", cfg.get("model_type", "model"))
+        if (name, limit) in _NOTED_POSITIONS:
+            return
+        _NOTED_POSITIONS.add((name, limit))
         warnings.warn(f"{name} was trained to {limit} positions (max_position_embeddings) and is "
                       f"asked for more: its time is priced at the length given, but the model "
                       "was not made for it")
@@ -138,7 +146,7 @@ def check_seq(model, seq: int, new_tokens: int = 0) -> None:
     position table (max_seq)."""
     table = _position_table(model)
     if table is None:
-        _note_past_trained_positions(model, seq + new_tokens)
+        _note_past_trained_positions(model, seq)
     if table and seq + new_tokens > table[2]:
         name, field, limit = table
         if new_tokens >= limit:  # no --seq helps: the new tokens alone take every position
