@@ -10,7 +10,10 @@ def _ranks(text):
     if text is None:
         return None
     try:
-        vals = [int(v) for v in str(text).split(",") if v.strip()]
+        toks = str(text).split(",")
+        if len(toks) > 1 and any(not v.strip() for v in toks):
+            raise ValueError("an empty item")
+        vals = [int(v) for v in toks if v.strip()]
     except ValueError:
         raise KitError(f"--ranks takes a count (8) or a comma list of ranks (0,1,8,9), got {text!r}") from None
     if not vals:

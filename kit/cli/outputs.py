@@ -90,7 +90,8 @@ def output_path(value: str | None, flag: str, inputs=(), folder: bool = False,
         if _same(p, Path(given)):
             raise KitError(f"{flag} {value} is the input file {given}: writing it would destroy "
                            "the input; choose another name")
-        if p.exists() and Path(given).is_dir() and Path(given).resolve() in p.resolve().parents:
-            raise KitError(f"{flag} {value} is a file of the input folder {given}: writing it would "
-                           "destroy that input; choose another name")
+        if Path(given).is_dir() and Path(given).resolve() in p.resolve().parents:
+            raise KitError(f"{flag} {value} is in the input folder {given}: writing there would "
+                           "change that input (a file read next time, or one overwritten); "
+                           "choose a path outside it")
     return value

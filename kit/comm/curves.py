@@ -179,6 +179,11 @@ def fit_curve(kind: str, ranks: int, nbytes, time_us, breaks: int | None = None)
     s = np.asarray(nbytes, dtype=float)
     t = np.asarray(time_us, dtype=float)
     ok = (s > 0) & (t > 0) & np.isfinite(s) & np.isfinite(t)
+    if not ok.all():  # a 0.00 time (below the tool's resolution) or a bad row: said, not hidden
+        import warnings
+
+        warnings.warn(f"{kind} on {ranks} ranks: {int((~ok).sum())} of {len(ok)} measurement(s) "
+                      "left out of the fit (a time or size that is 0, negative or not finite)")
     s, t = s[ok], t[ok]
     if len(np.unique(s)) < 4:
         raise KitError(f"fitting a {kind} curve on {ranks} ranks needs at least 4 distinct sizes "

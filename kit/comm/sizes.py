@@ -77,7 +77,10 @@ def parse_sizes(spec) -> list[int]:
                 out.append(int(round(s)))
                 s *= factor
         else:
-            out = [one(t) for t in text.split(",") if t.strip()]
+            toks = text.split(",")
+            if len(toks) > 1 and any(not t.strip() for t in toks):  # "1K,,2K": a size lost
+                raise KitError(f"bad size list {spec!r}: an empty item between commas")
+            out = [one(t) for t in toks if t.strip()]
     if not out or any(s <= 0 for s in out):
         raise KitError(f"sizes must be positive byte counts, got {spec!r}")
     check_max_bytes(max(out), f"size {max(out):.4g} B in {spec!r}")  # a list of numbers

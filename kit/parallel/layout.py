@@ -107,8 +107,9 @@ class Layout:
         if self.dp % self.ep:
             raise KitError(f"--ep {self.ep} must divide --dp {self.dp} (experts are sharded over "
                            "data-parallel ranks)")
-        if self.sequence_parallel and self.tp == 1:
-            object.__setattr__(self, "sequence_parallel", False)
+        if self.sequence_parallel and self.tp == 1:  # it had been switched off without a word
+            raise KitError("--sequence-parallel (sequence_parallel) splits the norms and dropout "
+                           "over --tp; with tp 1 it changes nothing: raise --tp or drop it")
 
     @property
     def weight_bytes(self) -> int:

@@ -27,6 +27,26 @@ def communication_by_group(res, rank: int) -> dict:
     return out
 
 
+def _note_idle_settings(spec, layout: Layout) -> None:
+    """Notes for what a layout leaves uneven or idle, which the prediction prices as given:
+    layers that pp stages cannot split evenly (Megatron asks for it by default), and ZeRO or
+    gradient-overlap settings that dp 1 gives nothing to act on. (A layout on part of a node is
+    a job on some of its GPUs; one that leaves whole nodes idle is refused by the caller.)"""
+    import warnings
+
+    stages = layout.pp * layout.virtual_stages
+    if stages > 1 and spec.layers % stages:
+        base = spec.layers // stages
+        warnings.warn(f"{spec.layers} layers do not split evenly over {stages} pipeline stages: "
+                      f"{spec.layers % stages} get {base + 1} layers, the others {base} (Megatron "
+                      "needs an even split unless told otherwise)")
+    if layout.dp == 1 and layout.zero:
+        warnings.warn(f"--zero {layout.zero} shards over the data-parallel ranks: with dp 1 it "
+                      "changes nothing")
+    if layout.dp == 1 and not layout.overlap_grad_reduce:
+        warnings.warn("--no-overlap: with dp 1 there is no gradient reduction to overlap")
+
+
 def predict_parallel(model, system, layout: Layout, nodes: int | None = None, predictor="auto",
                      host: HostModel | None = None, calibration=None, keep=False,
                      graph="auto", in_stream: bool | None = None) -> dict:
@@ -68,11 +88,14 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         raise KitError(f"system must be a preset name (see `kit systems`) or a System, got {system!r}")
     sys_ = get_system(system, nodes=nodes)  # a System kept as given unless nodes are named
     need = -(-layout.world_size // sys_.gpus_per_node)
-    if nodes is not None and nodes > need:  # the layout sits on the first nodes: the rest idle
-        raise KitError(f"--nodes {nodes} gives {nodes * sys_.gpus_per_node} GPUs, but dp {layout.dp} "
+    if sys_.nodes > need:  # the layout sits on the first nodes: the rest idle (named or preset)
+        given = (f"--nodes {nodes} gives" if nodes is not None
+                 else f"{sys_.name} has {sys_.nodes} nodes,")
+        raise KitError(f"{given} {sys_.nodes * sys_.gpus_per_node} GPUs, but dp {layout.dp} "
                        f"x tp {layout.tp} x pp {layout.pp} = {layout.world_size} GPUs fill "
                        f"{need} node{'s' * (need > 1)}; raise dp, tp or pp to span the nodes, "
                        f"or give --nodes {need}")
+    _note_idle_settings(spec, layout)
     profile_kernels = getattr(host, "kernels", None)
     if profile_kernels not in (None, "analytic GPT layer"):
         raise KitError(f"host profile kernels must be 'analytic GPT layer' or None, got {profile_kernels!r}")

@@ -138,12 +138,16 @@ def _sync_event(args) -> SyncEvent | None:
                      rec if rec is not None and rec >= 0 else None)
 
 
+class NotKineto(KitError):
+    """A JSON document that is no Kineto trace (no traceEvents, or none a profiler records)."""
+
+
 def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     """Turn one loaded Kineto JSON document into a RankTrace."""
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise KitError(f"{source}: not a Kineto trace (expected a JSON object with a "
+        raise NotKineto(f"{source}: not a Kineto trace (expected a JSON object with a "
                        "'traceEvents' list)")
     dist = doc.get("distributedInfo") or {}
     rank = dist.get("rank") if isinstance(dist, dict) else None
@@ -198,13 +202,30 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     if skipped:
         t.notes.append(f"skipped {skipped} events with a missing (or non-finite, negative) ts/dur or no name")
     t.steps.sort(key=lambda s: s[1])
+    empty = [n for n, s, e in t.steps if e <= s]
+    if empty and len(empty) == len(t.steps):
+        raise KitError(f"{source}: every ProfilerStep annotation ({len(empty)}) lasts 0 µs; a step "
+                       "has no length to replay (a malformed trace)")
+    if empty:  # kept out of the measured steps: a 0 ms step would read as a perfect prediction
+        t.steps = [st for st in t.steps if st[2] > st[1]]
+        t.notes.append(f"rank {rank}: skipped {len(empty)} ProfilerStep annotation(s) of 0 µs "
+                       f"(step {', '.join(str(n) for n in empty[:3])})")
     t.runtime.sort(key=lambda c: c.ts_us)
     t.gpu.sort(key=lambda g: g.ts_us)
     t.cpu_ops.sort(key=lambda c: (c.ts_us, -c.dur_us))
+    host = [(e.ts_us, e.ts_us + e.dur_us) for e in t.runtime + t.cpu_ops] + [(s, e) for _, s, e in t.steps]
+    if host:  # a GPU event outlasting everything the host did while profiling is not a kernel
+        span = max(e for _, e in host) - min(s for s, _ in host)
+        long = [g for g in t.gpu if g.dur_us > 2 * span + 1e3]
+        if long:
+            g = max(long, key=lambda g: g.dur_us)
+            raise KitError(f"{source}: GPU event {g.name!r} lasts {g.dur_us:.6g} µs, longer than "
+                           f"twice the whole host window profiled ({span:.6g} µs); the trace is "
+                           "malformed")
     if not t.steps:
         t.notes.append(f"rank {rank}: no ProfilerStep annotation; the whole trace is one step")
     if not t.runtime and not t.gpu and not t.cpu_ops and not t.steps:
-        raise KitError(f"{source}: the trace has no complete ('X') CPU or GPU events")
+        raise NotKineto(f"{source}: the trace has no complete ('X') CPU or GPU events")
     return t
 
 
@@ -288,13 +309,37 @@ def load_kineto(path, docs=None) -> list[RankTrace]:
     if not docs:
         extra = f" (only {n_et} PyTorch execution traces)" if n_et else ""
         raise KitError(f"trace {path}: no Kineto JSON files (*.json or *.json.gz) found{extra}")
-    ranks = [parse_events(doc, src, i) for i, (src, doc) in enumerate(docs)]
+    ranks, other = [], []
+    for i, (src, doc) in enumerate(docs):
+        try:
+            ranks.append(parse_events(doc, src, i - len(other)))
+        except NotKineto as e:  # a folder's other JSON (a label, the kit's own trace output)
+            if len(docs) == 1:
+                raise
+            other.append(f"{Path(src).name} ({str(e).split(': ', 1)[-1]})")
+    if not ranks:
+        raise KitError(f"trace {path}: none of its {len(docs)} JSON files is a Kineto trace "
+                       f"(e.g. {other[0]})")
+    if other:
+        ranks[0].notes.append(f"skipped {len(other)} JSON file(s) that are no Kineto trace: "
+                              + "; ".join(other[:3]) + (" ..." if len(other) > 3 else ""))
     by_pos = [r for r in ranks if r.rank_from.endswith("position among the files")]
     named = {r.rank for r in ranks if r not in by_pos}
     free = (k for k in range(len(ranks) + len(named) + 1) if k not in named)
     for r in by_pos:  # ranks known only by position take the numbers no file claims
         old, r.rank = r.rank, next(free)
-        r.notes[0] = r.notes[0].replace(f"rank {old} ", f"rank {r.rank} ")
+        r.notes = [re.sub(rf"\brank {old}\b", f"rank {r.rank}", n) for n in r.notes]
+    gpus = {r.gpu_name for r in ranks if r.gpu_name}
+    if len(gpus) > 1:  # one job's ranks run one GPU model: files of other runs mixed in?
+        by = {g: [r.rank for r in ranks if r.gpu_name == g] for g in sorted(gpus)}
+        ranks[0].notes.append("the files name different GPUs ("
+                              + "; ".join(f"{g} on rank(s) {', '.join(map(str, rs[:4]))}"
+                                          for g, rs in by.items())
+                              + "): replayed as one job; check they are from the same run")
+    sizes = {r.world_size for r in ranks if isinstance(r.world_size, int)}
+    if len(sizes) > 1:
+        ranks[0].notes.append(f"the files give different world sizes ({', '.join(map(str, sorted(sizes)))}): "
+                              "replayed as one job; check they are from the same run")
     seen: dict[int, str] = {}
     for r in ranks:
         if r.rank in seen:
@@ -309,5 +354,5 @@ def read_json_text(text: str, source: str = "<string>") -> RankTrace:
     return parse_events(_load_bytes(text.encode(), source), source, 0)
 
 
-__all__ = ["CpuOp", "GpuEvent", "RankTrace", "RuntimeCall", "SYNC_CALLS", "SyncEvent",
+__all__ = ["CpuOp", "GpuEvent", "NotKineto", "RankTrace", "RuntimeCall", "SYNC_CALLS", "SyncEvent",
            "is_execution_trace", "load_json_file", "load_kineto", "parse_events", "read_docs", "read_json_text"]
