@@ -10,7 +10,7 @@ def _ranks(text):
     if text is None:
         return None
     try:
-        toks = str(text).split(",")
+        toks = str(text).rstrip().removesuffix(",").split(",")  # a trailing comma is no item
         if len(toks) > 1 and any(not v.strip() for v in toks):
             raise ValueError("an empty item")
         vals = [int(v) for v in toks if v.strip()]

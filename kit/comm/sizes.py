@@ -77,7 +77,7 @@ def parse_sizes(spec) -> list[int]:
                 out.append(int(round(s)))
                 s *= factor
         else:
-            toks = text.split(",")
+            toks = text.rstrip().removesuffix(",").split(",")  # a trailing comma is no item
             if len(toks) > 1 and any(not t.strip() for t in toks):  # "1K,,2K": a size lost
                 raise KitError(f"bad size list {spec!r}: an empty item between commas")
             out = [one(t) for t in toks if t.strip()]

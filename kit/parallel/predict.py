@@ -35,16 +35,19 @@ def _note_idle_settings(spec, layout: Layout) -> None:
     import warnings
 
     stages = layout.pp * layout.virtual_stages
-    if stages > 1 and spec.layers % stages:
-        base = spec.layers // stages
-        warnings.warn(f"{spec.layers} layers do not split evenly over {stages} pipeline stages: "
+    base = spec.layers // stages
+    if stages > 1 and base and spec.layers % stages:  # (none at all: refused by stage_layers)
+        over = (f"pp {layout.pp} x {layout.virtual_stages} virtual stages = {stages} model chunks"
+                if layout.virtual_stages > 1 else f"{stages} pipeline stages")
+        warnings.warn(f"{spec.layers} layers do not split evenly over {over}: "
                       f"{spec.layers % stages} get {base + 1} layers, the others {base} (Megatron "
                       "needs an even split unless told otherwise)")
     if layout.dp == 1 and layout.zero:
-        warnings.warn(f"--zero {layout.zero} shards over the data-parallel ranks: with dp 1 it "
-                      "changes nothing")
+        warnings.warn(f"ZeRO stage {layout.zero} (--zero) shards over the data-parallel ranks: "
+                      "with dp 1 it changes nothing")
     if layout.dp == 1 and not layout.overlap_grad_reduce:
-        warnings.warn("--no-overlap: with dp 1 there is no gradient reduction to overlap")
+        warnings.warn("no gradient-reduction overlap (--no-overlap, overlap_grad_reduce=False): "
+                      "with dp 1 there is no gradient reduction to overlap")
 
 
 def predict_parallel(model, system, layout: Layout, nodes: int | None = None, predictor="auto",
@@ -88,13 +91,21 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         raise KitError(f"system must be a preset name (see `kit systems`) or a System, got {system!r}")
     sys_ = get_system(system, nodes=nodes)  # a System kept as given unless nodes are named
     need = -(-layout.world_size // sys_.gpus_per_node)
-    if sys_.nodes > need:  # the layout sits on the first nodes: the rest idle (named or preset)
-        given = (f"--nodes {nodes} gives" if nodes is not None
-                 else f"{sys_.name} has {sys_.nodes} nodes,")
-        raise KitError(f"{given} {sys_.nodes * sys_.gpus_per_node} GPUs, but dp {layout.dp} "
+    if nodes is not None and nodes > need:  # the layout sits on the first nodes: the rest idle
+        raise KitError(f"--nodes {nodes} gives {nodes * sys_.gpus_per_node} GPUs, but dp {layout.dp} "
                        f"x tp {layout.tp} x pp {layout.pp} = {layout.world_size} GPUs fill "
                        f"{need} node{'s' * (need > 1)}; raise dp, tp or pp to span the nodes, "
                        f"or give --nodes {need}")
+    if sys_.nodes > need:  # a multi-node preset (-xN): said, as --nodes is refused above
+        import re
+        import warnings
+
+        named = system if isinstance(system, str) else sys_.name
+        one = re.sub(r"-x\d+$", "", named) if isinstance(system, str) else None
+        warnings.warn(f"dp {layout.dp} x tp {layout.tp} x pp {layout.pp} = {layout.world_size} GPUs "
+                      f"fill {need} of {named}'s {sys_.nodes} nodes; the other "
+                      f"{sys_.nodes - need} idle and take no part"
+                      + (f" (give {one} with --nodes {need} for just those)" if one and one != named else ""))
     _note_idle_settings(spec, layout)
     profile_kernels = getattr(host, "kernels", None)
     if profile_kernels not in (None, "analytic GPT layer"):

@@ -214,18 +214,22 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     t.gpu.sort(key=lambda g: g.ts_us)
     t.cpu_ops.sort(key=lambda c: (c.ts_us, -c.dur_us))
     host = [(e.ts_us, e.ts_us + e.dur_us) for e in t.runtime + t.cpu_ops] + [(s, e) for _, s, e in t.steps]
-    if host:  # a GPU event outlasting everything the host did while profiling is not a kernel
+    if host:  # a GPU event far outlasting everything the host did while profiling
         span = max(e for _, e in host) - min(s for s, _ in host)
         long = [g for g in t.gpu if g.dur_us > 2 * span + 1e3]
-        if long:
-            g = max(long, key=lambda g: g.dur_us)
-            raise KitError(f"{source}: GPU event {g.name!r} lasts {g.dur_us:.6g} µs, longer than "
-                           f"twice the whole host window profiled ({span:.6g} µs); the trace is "
-                           "malformed")
+        g = max(long, key=lambda g: g.dur_us) if long else None
+        if g is not None and g.dur_us > 10 * span + 1e6:  # over a second past 10x the host: no kernel
+            raise KitError(f"{source}: GPU event {g.name!r} lasts {g.dur_us:.6g} µs, more than ten "
+                           f"times the whole host window profiled ({span:.6g} µs) and a second "
+                           "more; the trace is malformed")
+        if g is not None:  # a capture without the closing sync, or a stuck kernel: replayed, said
+            t.notes.append(f"rank {rank}: GPU event {g.name!r} lasts {g.dur_us:.6g} µs, past the "
+                           f"host window profiled ({span:.6g} µs); was the capture cut short?")
     if not t.steps:
         t.notes.append(f"rank {rank}: no ProfilerStep annotation; the whole trace is one step")
     if not t.runtime and not t.gpu and not t.cpu_ops and not t.steps:
-        raise NotKineto(f"{source}: the trace has no complete ('X') CPU or GPU events")
+        raise NotKineto(f"{source}: the trace has no complete ('X') CPU or GPU events of the "
+                        "categories a profiler records")
     return t
 
 
@@ -316,10 +320,10 @@ def load_kineto(path, docs=None) -> list[RankTrace]:
         except NotKineto as e:  # a folder's other JSON (a label, the kit's own trace output)
             if len(docs) == 1:
                 raise
-            other.append(f"{Path(src).name} ({str(e).split(': ', 1)[-1]})")
+            other.append(f"{Path(src).name}: {str(e).split(': ', 1)[-1]}")
     if not ranks:
-        raise KitError(f"trace {path}: none of its {len(docs)} JSON files is a Kineto trace "
-                       f"(e.g. {other[0]})")
+        raise KitError(f"trace {path}: none of its {len(docs)} JSON files is a Kineto trace; "
+                       f"e.g. {other[0]}")
     if other:
         ranks[0].notes.append(f"skipped {len(other)} JSON file(s) that are no Kineto trace: "
                               + "; ".join(other[:3]) + (" ..." if len(other) > 3 else ""))
@@ -329,9 +333,11 @@ def load_kineto(path, docs=None) -> list[RankTrace]:
     for r in by_pos:  # ranks known only by position take the numbers no file claims
         old, r.rank = r.rank, next(free)
         r.notes = [re.sub(rf"\brank {old}\b", f"rank {r.rank}", n) for n in r.notes]
-    gpus = {r.gpu_name for r in ranks if r.gpu_name}
+    same = lambda n: re.sub(r"\s+", " ", n).strip().casefold().removeprefix("nvidia ")  # noqa: E731
+    gpus = {same(r.gpu_name): r.gpu_name.strip() for r in ranks if isinstance(r.gpu_name, str) and r.gpu_name.strip()}
     if len(gpus) > 1:  # one job's ranks run one GPU model: files of other runs mixed in?
-        by = {g: [r.rank for r in ranks if r.gpu_name == g] for g in sorted(gpus)}
+        by = {shown: [r.rank for r in ranks if isinstance(r.gpu_name, str) and same(r.gpu_name) == key]
+              for key, shown in sorted(gpus.items())}
         ranks[0].notes.append("the files name different GPUs ("
                               + "; ".join(f"{g} on rank(s) {', '.join(map(str, rs[:4]))}"
                                           for g, rs in by.items())
