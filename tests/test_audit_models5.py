@@ -171,3 +171,50 @@ def test_empty_example_inputs_are_named(tmp_path, monkeypatch):
     with pytest.raises(KitError, match="example inputs have a batch of 0"):
         graph_of(lin, 1, None, "inference", inputs=(torch.zeros(0, 8),))
     assert graph_of(lin, 1, None, "inference", inputs=(torch.zeros(2, 8),)).kernels()
+
+
+CONFIG_MODULE = """
+    def tiny():
+        return {"model_type": "gpt2", "n_embd": 64, "n_head": 2, "n_layer": 1, "n_positions": 64,
+                "vocab_size": 128}
+"""
+
+
+@pytest.fixture
+def config_factory(tmp_path, monkeypatch):
+    (tmp_path / "audit5_cfg.py").write_text(textwrap.dedent(CONFIG_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    yield
+    sys.modules.pop("audit5_cfg", None)
+
+
+def test_generation_takes_a_callable_that_returns_a_config(config_factory, capsys, tmp_path):
+    from test_audit_single import TINY_GPT
+
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY_GPT))
+    argv = ["--gpu", "h100-sxm", "--mode", "generate", "--seq", "16", "--new-tokens", "8", "--json"]
+    rc, out, err = _kit(capsys, "predict", "audit5_cfg:tiny", *argv)
+    assert rc == 0, err  # "a Python module has no prefill-and-decode pair" had refused it
+    via_callable = json.loads(out)
+    rc, out, err = _kit(capsys, "predict", str(tmp_path / "tiny.json"), *argv)
+    via_file = json.loads(out)
+    assert via_callable["total_ms"] == pytest.approx(via_file["total_ms"])
+    assert via_callable["model"] == "audit5_cfg:tiny"
+    (tmp_path / "audit5_mod2.py").write_text("import torch\ndef lin(): return torch.nn.Linear(4, 4)\n")
+    rc, out, err = _kit(capsys, "predict", "audit5_mod2:lin", *argv)
+    assert rc == 2 and "zoo decoder or an HF-style config" in err  # a module is still refused
+    sys.modules.pop("audit5_mod2", None)
+
+
+def test_a_callables_config_keeps_the_kv_cache_asked_for(config_factory):
+    from kit.workload.models import graph_of
+    from test_audit_single import TINY_GPT
+
+    for cache in ("static", "dynamic"):
+        made = graph_of("audit5_cfg:tiny", 2, 16, "decode", kv_cache=cache)
+        given = graph_of({"name": "audit5_cfg:tiny", **TINY_GPT}, 2, 16, "decode", kv_cache=cache)
+        assert [(n.aten, n.op) for n in made.nodes] == [(n.aten, n.op) for n in given.nodes]
+    static = graph_of("audit5_cfg:tiny", 2, 16, "decode", kv_cache="static")
+    dynamic = graph_of("audit5_cfg:tiny", 2, 16, "decode", kv_cache="dynamic")
+    assert [n.aten for n in static.nodes] != [n.aten for n in dynamic.nodes]  # it had been static

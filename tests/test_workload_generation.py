@@ -80,8 +80,12 @@ def test_bad_generation_requests_are_one_clear_error():
     assert generation("gpt2", GPU, prompt=1000, new_tokens=25)["new_tokens"] == 25
     with pytest.raises(KitError, match="generation: new_tokens must be a whole number of at least 1, got 0"):
         generation("gpt2", GPU, new_tokens=0)
+    with pytest.raises(KitError, match="cannot import module 'mypkg'"):  # a callable's config
+        generation("mypkg:make", GPU)  # would do: it is looked for first
+    import torch
+
     with pytest.raises(KitError, match="zoo decoder or an HF-style config"):
-        generation("mypkg:make", GPU)
+        generation(torch.nn.Linear(4, 4), GPU)  # a module: no prefill-and-decode pair
     with pytest.raises(KitError, match="predict_generation"):
         predict_model("gpt2", GPU, mode="generate")
 

@@ -61,10 +61,17 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
         ("batch", batch), ("prompt", prompt), ("new_tokens", new_tokens)))  # numpy integers too
     if isinstance(model, str) and model.lower().endswith(".json"):
         model = read_config(model)
+    elif isinstance(model, str) and ":" in model and "=" not in model:  # a callable's config dict
+        from kit.workload.models import built_model
+
+        made = built_model(model)
+        if isinstance(made, dict):  # named after the callable, unless it names itself
+            model = {"name": model, **made}
     if not isinstance(model, (str, dict)) or (isinstance(model, str) and ":" in model):
-        raise KitError("generation needs a zoo decoder or an HF-style config (a Python module "
-                       "has no prefill-and-decode pair the kit can build); use mode decode for "
-                       "one step of a module with decode_inputs")
+        raise KitError("generation needs a zoo decoder or an HF-style config (from a file, a dict, "
+                       "or a callable returning one; a Python module has no prefill-and-decode "
+                       "pair the kit can build); use mode decode for one step of a module with "
+                       "decode_inputs")
     if not zoo.decodes(model):
         name = zoo.resolve(model) if isinstance(model, str) else model.get("name", model.get("model_type"))
         raise KitError(f"mode generate needs a decoder-only model ({', '.join(zoo.DECODERS)}); "

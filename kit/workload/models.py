@@ -49,6 +49,30 @@ def load_callable(spec: str):
     return obj
 
 
+def built_model(model):
+    """What a 'module:callable' path (or a callable, or an nn.Module) gives: the callable is
+    called with no arguments (an nn.Module, a config dict or (module, inputs)); any failure is
+    one KitError naming it."""
+    import torch
+
+    obj = load_callable(model) if isinstance(model, str) else model
+    name = model if isinstance(model, str) else type(model).__name__
+    if callable(obj) and not isinstance(obj, torch.nn.Module):
+        try:
+            inspect.signature(obj).bind()
+        except TypeError as e:
+            raise KitError(f"model callable {name!r} must take no arguments: {e}") from None
+        except ValueError:  # a builtin without a signature: let the call say
+            pass
+        try:
+            obj = obj()
+        except SystemExit as e:
+            raise KitError(f"model callable {name!r} {_exited(e)}") from None
+        except Exception as e:
+            raise KitError(f"model callable {name!r} failed: {one_line(e)}") from None
+    return obj
+
+
 def _exited(e: SystemExit) -> str:
     """A user's code calling sys.exit() (or raising SystemExit), as the rest of a KitError."""
     return (f"called sys.exit({e.code!r}); a model's code must return, not exit the program")
@@ -102,25 +126,12 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         return _zoo_graph(read_config(model), batch, seq, mode, dtype, optimizer, *zoo_args)
     if isinstance(model, str) and ":" not in model:
         return _zoo_graph(model, batch, seq, mode, dtype, optimizer, *zoo_args)
-    obj = load_callable(model) if isinstance(model, str) else model
+    obj = built_model(model)
     name = model if isinstance(model, str) else type(model).__name__
     import torch
 
-    if callable(obj) and not isinstance(obj, torch.nn.Module):
-        try:
-            inspect.signature(obj).bind()
-        except TypeError as e:
-            raise KitError(f"model callable {name!r} must take no arguments: {e}") from None
-        except ValueError:  # a builtin without a signature: let the call say
-            pass
-        try:
-            obj = obj()
-        except SystemExit as e:
-            raise KitError(f"model callable {name!r} {_exited(e)}") from None
-        except Exception as e:
-            raise KitError(f"model callable {name!r} failed: {one_line(e)}") from None
     if isinstance(obj, dict):  # named after the callable that made it, unless it names itself
-        return _zoo_graph({"name": name, **obj}, batch, seq, mode, dtype, optimizer, loss=loss)
+        return _zoo_graph({"name": name, **obj}, batch, seq, mode, dtype, optimizer, *zoo_args)
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
         obj, inputs = obj
     if not isinstance(obj, torch.nn.Module):
