@@ -355,7 +355,7 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
                                    if extra_files else ""),
                                 "test_rows_trained_on": n_test, "extra_data": extra_files,
                                 "command": command or "kit.api.train_predictors"})
-    path = save_bundle(bundle, out)
+    path = save_bundle(bundle, out, replace_shipped)
     return {"out": str(path), "train_gpus": bundle.train_gpus, "rows": bundle.manifest["rows"],
             "seed": seed, "training_seconds": bundle.manifest["training_seconds"],
             "transfer_sigma": bundle.tile.transfer_sigma}

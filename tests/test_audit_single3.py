@@ -26,6 +26,18 @@ def test_the_shipped_weights_folder_is_refused_without_replace_shipped():
     assert files_identity(SHIPPED_DIR) == before  # the check writes nothing there
 
 
+def test_save_bundle_from_python_keeps_the_same_rules(tmp_path):
+    from kit.predict.weights import save_bundle, shipped_bundle
+
+    before = files_identity(SHIPPED_DIR)
+    with pytest.raises(KitError, match="shipped weights folder"):
+        save_bundle(shipped_bundle(), SHIPPED_DIR)
+    with pytest.raises(KitError, match="in the kit package"):
+        save_bundle(shipped_bundle(), SHIPPED_DIR.parent / "elsewhere")
+    assert files_identity(SHIPPED_DIR) == before and not (SHIPPED_DIR.parent / "elsewhere").exists()
+    assert (save_bundle(shipped_bundle(), tmp_path / "w") / "manifest.json").is_file()
+
+
 def test_a_folder_inside_the_package_is_refused():
     with pytest.raises(KitError, match="in the kit package"):
         check_weights_folder(SHIPPED_DIR.parent / "my-weights")

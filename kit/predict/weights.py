@@ -107,15 +107,21 @@ def check_weights_folder(out_dir: str | Path, replace_shipped: bool = False) -> 
     return out
 
 
-def save_bundle(bundle: Bundle, out_dir: str | Path) -> Path:
+def save_bundle(bundle: Bundle, out_dir: str | Path, replace_shipped: bool = False) -> Path:
     """Write model.safetensors and manifest.json into out_dir (created if needed), each to a
-    temporary name first and then renamed, so a failed write leaves the old files whole."""
+    temporary name first and then renamed, so a failed write leaves the old files whole. The
+    shipped folder takes them only with replace_shipped, and no other folder of the package
+    does (check_weights_folder's rules, for callers that go straight here)."""
     import os
 
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     out = Path(out_dir)
+    package = SHIPPED_DIR.parent.parent.resolve()
+    target = out.resolve()
+    if target == package or package in target.parents:
+        check_weights_folder(out, replace_shipped)  # the shipped folder, or a refusal
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
