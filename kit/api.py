@@ -57,9 +57,10 @@ def _tiling_of_row(op, gpu, row):
 
 
 def _need_op(op, verb: str) -> None:
-    """A KitError unless op is a kit.ops op (it has flops, bytes and an op_class)."""
-    if isinstance(op, type) or not (hasattr(op, "flops") and hasattr(op, "bytes")
-                                    and hasattr(op, "op_class")):
+    """A KitError unless op is a kit.ops op (kit.predict.base.is_op, as every predictor asks)."""
+    from kit.predict.base import is_op
+
+    if not is_op(op):
         raise KitError(f"{verb} needs a kit.ops op (Gemm, Elementwise, Softmax, ...), got {op!r}")
 
 
@@ -160,11 +161,15 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
         out["fill_note"] = (f"a fill reads nothing: {share:g} of the {op.n_inputs}-input pass the "
                             "predictor prices, its output's bytes alone (kit predict costs a fill "
                             "so: kit.workload.mapping_elementwise.pass_share)")
-    learned = {"mlp": lambda m: set(m.models), "li": lambda m: set(m.coefs)}.get(model.name)
-    if learned is not None and cls not in learned(model):  # no model of this class: the roofline
-        out["source"] = (f"the roofline: the {model.name} predictor has no model of {cls} (it "
-                         f"learned {', '.join(sorted(learned(model)))}); --predictor tile gives "
-                         "it a learned price")
+    if model.name in ("mlp", "li"):  # a class it has no model of takes its fallback: say so
+        from kit.predict import bundle_in_use
+        from kit.predict.evaluate import FALLBACK, learned_classes
+
+        learned = learned_classes(model.name, bundle_in_use())
+        if cls not in learned:
+            out["source"] = (f"the {FALLBACK[model.name]}: the {model.name} predictor has no model "
+                             f"of {cls} (it learned {', '.join(sorted(learned))}); --predictor tile "
+                             "gives it a learned price")
     if model.name == "tile":
         from kit.predict.op_source import tile_choice, tile_source
 
@@ -318,10 +323,10 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     cores = os.cpu_count() or 1
     if threads > cores:  # torch would oversubscribe the cores: far slower, never faster
         raise KitError(f"threads {threads} is more than this machine's {cores} cores")
-    for name, flag in (("test_rows", test_rows), ("quick", quick), ("direct", direct),
-                       ("progress", progress), ("replace_shipped", replace_shipped)):
-        if not isinstance(flag, bool):
-            raise KitError(f"{name} must be True or False, got {flag!r}")
+    test_rows, quick, direct, progress, replace_shipped = (
+        yes_no(flag, name) for name, flag in (("test_rows", test_rows), ("quick", quick),
+                                              ("direct", direct), ("progress", progress),
+                                              ("replace_shipped", replace_shipped)))
     if not 0 <= seed < 2**63:
         raise KitError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed}")
     if isinstance(extra, (str, os.PathLike)):

@@ -39,6 +39,16 @@ def need_path(value, what: str):
     return value
 
 
+def inside_kit(path) -> bool:
+    """Whether path is the kit package or lies in it (its code, GPU catalog, shipped weights):
+    where no output of a command, nor a trained bundle but the shipped one, may be written."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent
+    target = Path(path).resolve()
+    return target == package or package in target.parents
+
+
 def yes_no(value, what: str) -> bool:
     """value as a Python bool, once it is one (a numpy bool too); else a KitError naming `what`:
     a string such as "no" or a number would otherwise count by its truth."""

@@ -10,10 +10,9 @@ def _ranks(text):
     if text is None:
         return None
     try:
-        toks = str(text).rstrip().removesuffix(",").split(",")  # a trailing comma is no item
-        if len(toks) > 1 and any(not v.strip() for v in toks):
-            raise ValueError("an empty item")
-        vals = [int(v) for v in toks if v.strip()]
+        from kit.comm.sizes import comma_items
+
+        vals = [int(v) for v in comma_items(text)]
     except ValueError:
         raise KitError(f"--ranks takes a count (8) or a comma list of ranks (0,1,8,9), got {text!r}") from None
     if not vals:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kit.errors import KitError
+from kit.errors import KitError, inside_kit
 
 
 def nonempty(s: str) -> str:
@@ -70,13 +70,9 @@ def output_path(value: str | None, flag: str, inputs=(), folder: bool = False,
     if not str(value).strip():
         raise KitError(f"{flag} is empty; give a {'folder' if folder else 'file'} name")
     p = Path(value)
-    if not package_ok:
-        package = Path(__file__).resolve().parent.parent
-        target = p.resolve()
-        if target == package or package in target.parents:
-            raise KitError(f"{flag} {value} is in the kit package ({package}): writing there would "
-                           "change the kit itself (its code, GPU catalog or shipped weights); "
-                           "choose a path outside it")
+    if not package_ok and inside_kit(p):
+        raise KitError(f"{flag} {value} is in the kit package: writing there would change the kit "
+                       "itself (its code, GPU catalog or shipped weights); choose a path outside it")
     if not folder and p.is_dir():
         raise KitError(f"{flag} {value} is a directory; give a file name")
     if folder and p.exists() and not p.is_dir():

@@ -40,6 +40,15 @@ def check_max_bytes(size: float, what: str) -> None:
                        "a buffer); give a smaller size")
 
 
+def comma_items(text: str) -> list[str]:
+    """The stripped items of a comma list; a trailing comma adds none. ValueError for an empty
+    item between commas ("1K,,2K"), where a value was lost."""
+    items = [t.strip() for t in str(text).rstrip().removesuffix(",").split(",")]
+    if len(items) > 1 and not all(items):
+        raise ValueError("an empty item between commas")
+    return [t for t in items if t]
+
+
 def parse_sizes(spec) -> list[int]:
     """'1K:4M' (doubling), '1K:4M:4' (x4 steps), '1K,64K,1M', or a list of byte counts."""
     if isinstance(spec, (list, tuple)):
@@ -77,10 +86,11 @@ def parse_sizes(spec) -> list[int]:
                 out.append(int(round(s)))
                 s *= factor
         else:
-            toks = text.rstrip().removesuffix(",").split(",")  # a trailing comma is no item
-            if len(toks) > 1 and any(not t.strip() for t in toks):  # "1K,,2K": a size lost
-                raise KitError(f"bad size list {spec!r}: an empty item between commas")
-            out = [one(t) for t in toks if t.strip()]
+            try:
+                toks = comma_items(text)
+            except ValueError as e:
+                raise KitError(f"bad size list {spec!r}: {e}") from None
+            out = [one(t) for t in toks]
     if not out or any(s <= 0 for s in out):
         raise KitError(f"sizes must be positive byte counts, got {spec!r}")
     check_max_bytes(max(out), f"size {max(out):.4g} B in {spec!r}")  # a list of numbers

@@ -6,6 +6,7 @@ operator asks a GPU for its numbers and never hard-codes them.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, fields
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
@@ -239,8 +240,6 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
         clean[name] = float(value)
     clean["vendor"] = clean["vendor"].strip().lower()  # amd: 64-lane wavefronts; any other as CUDA
     clean["arch"] = clean["arch"].strip().lower()  # "Hopper" is hopper (the rules key on it)
-    import warnings
-
     if clean["vendor"] not in KNOWN_ARCHS:  # another vendor's GPU, or a typo: say so
         warnings.warn(f"{label}: vendor {entry['vendor']!r} is not one the kit models "
                       f"({' or '.join(KNOWN_ARCHS)}): it is priced as CUDA (32-thread warps)")

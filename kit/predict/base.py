@@ -44,11 +44,12 @@ class Predictor(Protocol):
     def predict(self, ops: Sequence, gpu: GPU | str) -> pd.DataFrame: ...
 
 
-_OP_TYPES: set = set()  # the classes whose instances have passed _is_op
+_OP_TYPES: set = set()  # the classes whose instances have passed is_op
 
 
-def _is_op(op) -> bool:
-    """Whether op is a kit op (flops, bytes, an op_class, hashable); its class is remembered."""
+def is_op(op) -> bool:
+    """Whether op is a kit op (flops, bytes, an op_class, hashable); a kit class is remembered
+    (op_list then checks its other instances by type alone)."""
     ok = (not isinstance(op, type) and isinstance(op, Hashable) and hasattr(op, "flops")
           and hasattr(op, "bytes") and hasattr(op, "op_class"))
     if ok and type(op).__module__.startswith("kit."):  # a user's class is checked every time
@@ -59,13 +60,13 @@ def _is_op(op) -> bool:
 def op_list(ops) -> list:
     """ops as a list, once every one is a kit op: a KitError names a single op or a name given in
     place of a list, and anything among them that is not a kit op (None, a string, a list)."""
-    if isinstance(ops, (str, bytes)) or _is_op(ops):  # one op, or a name, where a list goes
+    if isinstance(ops, (str, bytes)) or is_op(ops):  # one op, or a name, where a list goes
         raise KitError(f"a predictor takes a list of kit.ops ops, got {ops!r} alone: give [op]")
     try:
         ops = list(ops)
     except TypeError:
         raise KitError(f"a predictor takes a list of kit.ops ops, got {ops!r}") from None
-    bad = [op for op in ops if type(op) not in _OP_TYPES and not _is_op(op)]
+    bad = [op for op in ops if type(op) not in _OP_TYPES and not is_op(op)]
     if bad:
         raise KitError("a predictor takes kit.ops ops (Gemm, Elementwise, Softmax, ...), got "
                        f"{bad[0]!r}")

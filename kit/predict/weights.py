@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.errors import KitError
+from kit.errors import KitError, inside_kit
 
 FORMAT = "gpu-perf-kit/predictors"
 VERSION = 1
@@ -64,17 +64,16 @@ def check_weights_folder(out_dir: str | Path, replace_shipped: bool = False) -> 
     import tempfile
 
     out = Path(out_dir)
-    package = SHIPPED_DIR.parent.parent.resolve()  # the kit package
-    target = out.resolve()
-    if target == SHIPPED_DIR.resolve() and not replace_shipped:
+    shipped = out.resolve() == SHIPPED_DIR.resolve()
+    if shipped and not replace_shipped:
         raise KitError(f"{out} is the kit's shipped weights folder, which every default prediction "
                        "reads; give another folder, or add --replace-shipped (replace_shipped=True "
                        "from Python) to retrain the shipped weights on purpose")
-    if target != SHIPPED_DIR.resolve() and replace_shipped:
+    if not shipped and replace_shipped:
         raise KitError(f"--replace-shipped (replace_shipped) is for the shipped weights folder "
                        f"{SHIPPED_DIR}; {out} is another: leave it out")
-    if target != SHIPPED_DIR.resolve() and (target == package or package in target.parents):
-        raise KitError(f"{out} is in the kit package ({package}); give a folder outside it")
+    if not shipped and inside_kit(out):
+        raise KitError(f"{out} is in the kit package; give a folder outside it")
     if out.exists() and not out.is_dir():
         raise KitError(f"weights folder {out} is a file; give a folder")
     if out.is_dir():
@@ -118,9 +117,7 @@ def save_bundle(bundle: Bundle, out_dir: str | Path, replace_shipped: bool = Fal
     from safetensors.torch import save_file
 
     out = Path(out_dir)
-    package = SHIPPED_DIR.parent.parent.resolve()
-    target = out.resolve()
-    if target == package or package in target.parents:
+    if inside_kit(out):
         check_weights_folder(out, replace_shipped)  # the shipped folder, or a refusal
     try:
         out.mkdir(parents=True, exist_ok=True)

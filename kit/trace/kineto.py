@@ -304,6 +304,17 @@ def read_docs(path) -> list[tuple[str, object]]:
     return docs
 
 
+def _gpu_key(name: str) -> str:
+    """A device name as the catalog knows it (its key: 'Tesla V100-SXM2-32GB' and 'NVIDIA
+    V100-SXM2-32GB ' alike), else as letters and digits alone."""
+    from kit.hardware import get_gpu
+
+    try:
+        return get_gpu(name).key
+    except KitError:
+        return re.sub(r"[^0-9a-z]", "", name.casefold())
+
+
 def load_kineto(path, docs=None) -> list[RankTrace]:
     """All ranks in a Kineto file, .gz, folder or tarball (.tar, .tar.gz, .tgz), sorted by rank.
     Execution traces found alongside are skipped here (kit.trace.et reads them)."""
@@ -333,10 +344,10 @@ def load_kineto(path, docs=None) -> list[RankTrace]:
     for r in by_pos:  # ranks known only by position take the numbers no file claims
         old, r.rank = r.rank, next(free)
         r.notes = [re.sub(rf"\brank {old}\b", f"rank {r.rank}", n) for n in r.notes]
-    same = lambda n: re.sub(r"\s+", " ", n).strip().casefold().removeprefix("nvidia ")  # noqa: E731
-    gpus = {same(r.gpu_name): r.gpu_name.strip() for r in ranks if isinstance(r.gpu_name, str) and r.gpu_name.strip()}
+    named_gpu = [r for r in ranks if isinstance(r.gpu_name, str) and r.gpu_name.strip()]
+    gpus = {_gpu_key(r.gpu_name): r.gpu_name.strip() for r in named_gpu}
     if len(gpus) > 1:  # one job's ranks run one GPU model: files of other runs mixed in?
-        by = {shown: [r.rank for r in ranks if isinstance(r.gpu_name, str) and same(r.gpu_name) == key]
+        by = {shown: [r.rank for r in named_gpu if _gpu_key(r.gpu_name) == key]
               for key, shown in sorted(gpus.items())}
         ranks[0].notes.append("the files name different GPUs ("
                               + "; ".join(f"{g} on rank(s) {', '.join(map(str, rs[:4]))}"
