@@ -295,7 +295,7 @@ def replay_trace(trace, on=None, et=None) -> dict:
 def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int | None = None,
                      quick: bool = False, direct: bool = True, progress: bool = False,
                      command: str | None = None, test_rows: bool = True, extra=None,
-                     replace_shipped: bool = False) -> dict:
+                     replace_shipped: bool = False, suspect_rows: bool = False) -> dict:
     """Fit the learned predictors (tile-MLP, tile chooser, Li, direct MLP) on NeuSight's
     measurements of train_gpus and write the weights + manifest to `out` (threads: torch threads,
     default two or the cores if fewer; at most the cores). test_rows: also the
@@ -304,7 +304,9 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     extra: paths of one's own measurements (the kit's collector CSVs or folders of them) whose
     FP32 rows join the training data (kit.predict.own_measurements); the manifest lists each
     file with its sha256 and rows (extra_data). replace_shipped: `out` may be the shipped weights
-    folder (kit/predict/weights), which is refused otherwise."""
+    folder (kit/predict/weights), which is refused otherwise. suspect_rows: keep the measured rows
+    kit.predict.training.SUSPECT_ROWS leaves out (the manifest lists those left out,
+    suspect_rows_left_out)."""
     from kit.data import resolve_data_dir
     from kit.data.fetch import NEUSIGHT_COMMIT
     from kit.predict.training import (QUICK, default_threads, parse_gpu_list, train_bundle,
@@ -323,10 +325,11 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
     cores = os.cpu_count() or 1
     if threads > cores:  # torch would oversubscribe the cores: far slower, never faster
         raise KitError(f"threads {threads} is more than this machine's {cores} cores")
-    test_rows, quick, direct, progress, replace_shipped = (
+    test_rows, quick, direct, progress, replace_shipped, suspect_rows = (
         yes_no(flag, name) for name, flag in (("test_rows", test_rows), ("quick", quick),
                                               ("direct", direct), ("progress", progress),
-                                              ("replace_shipped", replace_shipped)))
+                                              ("replace_shipped", replace_shipped),
+                                              ("suspect_rows", suspect_rows)))
     if not 0 <= seed < 2**63:
         raise KitError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed}")
     if isinstance(extra, (str, os.PathLike)):
@@ -343,8 +346,9 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
         from kit.predict.training import MODELLED
 
         _, extra_files = own_rows(extra, MODELLED)
-    frame = training_frame(data, gpus, test_rows=test_rows, extra=extra)
+    frame = training_frame(data, gpus, test_rows=test_rows, extra=extra, suspect_rows=suspect_rows)
     n_test = int((frame.split == "test").sum())  # 0 when the data has no test files
+    left_out = frame.attrs.get("suspect_rows_left_out", [])
     bundle = train_bundle(frame, gpus, seed=seed, threads=threads,
                           settings=QUICK if quick else None, direct=direct, calibrate=not quick,
                           progress=progress,
@@ -354,11 +358,14 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
                                                + (f", and {n_test} softmax and layer-norm rows "
                                                   "of part test of the GPUs trained on)"
                                                   if n_test else ")")
+                                + "".join(f"; less {d['rows']} {d['gpu']} {d['op']} rows of "
+                                          f"{d['source']} (suspect_rows_left_out)" for d in left_out)
                                 + (f"; and {sum(f.get('rows', 0) for f in extra_files)} FP32 rows of the "
                                    f"user's own measurements in {sum('rows' in f for f in extra_files)} "
                                    "file(s) (extra_data)"
                                    if extra_files else ""),
                                 "test_rows_trained_on": n_test, "extra_data": extra_files,
+                                "suspect_rows_left_out": left_out,
                                 "command": command or "kit.api.train_predictors"})
     path = save_bundle(bundle, out, replace_shipped)
     return {"out": str(path), "train_gpus": bundle.train_gpus, "rows": bundle.manifest["rows"],

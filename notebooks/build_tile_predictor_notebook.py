@@ -453,24 +453,24 @@ if amd_softmax is not None:
 **(h)** Which tile? On a GPU nobody measured, no kernel name says, so a classifier learned the
 library's choice from the training GPUs' kernel names (`kit.predict.tile_choice`). It is often
 unsure: on an H200's random FP32 Linear shapes its likeliest tile has a mean probability of about
-0.67. With a hard choice, a shape where it flips would jump from one tile's predicted time to the
+0.66. With a hard choice, a shape where it flips would jump from one tile's predicted time to the
 other's. The kit instead mixes the tiles within 0.25 of the likeliest one's probability, each
 weighted by how far inside that margin it is (`TilePredictor.soft_tile_margin`), and lets each
-tile's own split-K choices in by the same weight. Below, an H200 FP32 Linear of 2,482 × 6,997
-rows grows along k across such a flip: the hard choice drops by nearly a fifth from one k to the
-next, the mixture rises smoothly. The tile reported stays the likeliest one.
+tile's own split-K choices in by the same weight. Below, an H200 FP32 Linear of 9,461 × 802
+rows grows along k across such a flip: the hard choice drops by 8% from one k to the next, the
+mixture rises smoothly. The tile reported stays the likeliest one.
 """),
     code("""
 import copy
-ks = list(range(8810, 9210, 4))
-series = [Gemm(m=2482, n=6997, k=k, kind="linear", shared_rhs=True) for k in ks]
+ks = list(range(12024, 12424, 4))
+series = [Gemm(m=9461, n=802, k=k, kind="linear", shared_rhs=True) for k in ks]
 prob = tile.chooser.probabilities(arrays_from_ops("gemm", series), "h200")
 names = [f"{v[0]}x{v[1]}" for v in tile.chooser.vocab]
 hard = copy.copy(tile)
 hard.soft_tile_margin = 0.0
 mixed_ms = tile.predict(series, "h200").latency_ms.to_numpy()
 hard_ms = hard.predict(series, "h200").latency_ms.to_numpy()
-assert (hard_ms[1:] / hard_ms[:-1]).min() < 0.9          # the hard choice's cliff
+assert (hard_ms[1:] / hard_ms[:-1]).min() < 0.95         # the hard choice's cliff
 assert (mixed_ms[1:] / mixed_ms[:-1]).min() > 0.995      # gone in the mixture
 flip = pd.DataFrame({"k": ks, "hard choice, ms": hard_ms, "mixture, ms": mixed_ms})
 top2 = np.argsort(prob, axis=1)[:, ::-1][:, :2]
@@ -478,7 +478,7 @@ for j in (0, len(ks) // 2, len(ks) - 1):
     print(f"k = {ks[j]}: " + ", ".join(f"{names[t]} p = {prob[j, t]:.3f}" for t in top2[j]))
 alt.Chart(flip.melt("k", var_name="prediction", value_name="ms")).mark_line().encode(
     x=alt.X("k:Q", scale=alt.Scale(zero=False)), y=alt.Y("ms:Q", scale=alt.Scale(zero=False)),
-    color="prediction:N").properties(width=420, height=200, title="H200 FP32 Linear 2482 x 6997, growing k")
+    color="prediction:N").properties(width=420, height=200, title="H200 FP32 Linear 9461 x 802, growing k")
 """),
 ]
 

@@ -26,21 +26,24 @@ def test_only_underfilled_gemms_with_a_long_reduction_are_candidates():
 
 
 def test_a_conv_weight_gradient_splits_as_cublas_does_beyond_one_block_a_sm(monkeypatch):
-    """A 1x1 conv's weight gradient (64 x 256, k = N x H x W = 802,816) is 32 output tiles: at
-    most one block a SM it split 16 ways on an A100 and came out 9.4 ms, 7x its roofline;
-    cuBLAS's own split rows run up to 16 blocks a SM (A100-40GB) and S up to 162."""
+    """A 1x1 conv's weight gradient (64 x 64, k = N x H x W = 802,816, a ResNet stage-1 conv at
+    batch 256) is a few output tiles: at most one block a SM it came out 2.8x its roofline on an
+    A100; cuBLAS's own split rows run up to 16 blocks a SM (A100-40GB) and S up to 162, and under
+    those limits it splits 128 ways into 512 blocks, 20% faster. (With the weights before the
+    P4's Linear training rows were left out, a 64 x 256 one had come out 9.4 ms, 7x its roofline,
+    at one block a SM; with these that shape's best split fits in one block a SM.)"""
     from kit.predict import split_k
     from kit.predict.weights import has_shipped, shipped_tile
 
     if not has_shipped():
         pytest.skip("no shipped weights")
-    tile, op = shipped_tile(), Gemm(m=64, n=256, k=802816, kind="linear")
+    tile, op = shipped_tile(), Gemm(m=64, n=64, k=802816, kind="linear")
     r = tile.predict([op], "a100-sxm4-80gb").iloc[0]
     monkeypatch.setattr(split_k, "BLOCKS_PER_SM_SPLIT", 1)  # the limits before cuBLAS's own
     monkeypatch.setattr(split_k, "MIN_SPLIT_K", 256)
     old = tile.predict([op], "a100-sxm4-80gb").iloc[0]
     assert old.tiles <= 108 < r.tiles  # the split GEMM's blocks: one a SM at most, then several
-    assert r.latency_ms < 0.75 * old.latency_ms
+    assert r.latency_ms < 0.85 * old.latency_ms
 
 
 def test_split_and_reduce_ops_keep_the_work():
@@ -211,7 +214,9 @@ def test_no_cliff_where_a_flip_of_tile_lets_a_split_in():
     cliff = hard.predict(ops, "l4")
     assert set(cliff.tile) == {"128x32", "128x64"} and set(cliff.split_k) > {1}
     hard_lat = cliff.latency_ms.to_numpy(float)
-    assert (hard_lat[1:] / hard_lat[:-1]).min() < 0.9  # the hard choice's cliff, split let in at once
+    # the hard choice's cliff, split let in at once (9% with the shipped weights; 10%+ before the
+    # P4's Linear training rows were left out)
+    assert (hard_lat[1:] / hard_lat[:-1]).min() < 0.95
     out = model.predict(ops, "l4")
     assert out.tile.nunique() > 1 and (out.split_k > 1).any() and (out.split_k == 1).any()
     lat = out.latency_ms.to_numpy(float)

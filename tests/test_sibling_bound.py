@@ -161,8 +161,10 @@ def test_kit_op_says_when_a_cap_set_the_time(capsys):
     from kit.api import predict_op
     from kit.cli import main
 
-    sib = predict_op(Gemm(8, 2048, 512, kind="linear", shared_rhs=True), "a100-sxm4-40gb")
-    mine = predict_op(Gemm(8, 2048, 512, kind="linear", shared_rhs=True), "a100-pcie-40gb")
+    # (a shape where the cap binds with the shipped weights: 8 x 2048 x 512 before the P4's
+    # Linear training rows were left out)
+    sib = predict_op(Gemm(8, 2048, 2048, kind="linear", shared_rhs=True), "a100-sxm4-40gb")
+    mine = predict_op(Gemm(8, 2048, 2048, kind="linear", shared_rhs=True), "a100-pcie-40gb")
     assert sib["latency_ms"] == pytest.approx(mine["latency_ms"], rel=1e-9)
     assert sib["source"].startswith("its time on the a100-pcie-40gb")
     padded = predict_op(Gemm(2, 2048, 8192, kind="linear", shared_rhs=True), "t4")

@@ -19,11 +19,13 @@ def run(args):
                         *(["--no-direct"] if args.no_direct else []),
                         *(["--no-test-rows"] if args.no_test_rows else []),
                         *(["--replace-shipped"] if args.replace_shipped else []),
+                        *(["--keep-suspect-rows"] if args.keep_suspect_rows else []),
                         *[a for e in (args.extra or []) for a in ("--extra", shlex.quote(e))]])
     return train_predictors(args.train_gpus, args.out, data_dir=args.data, seed=args.seed,
                             threads=threads, quick=args.quick, direct=not args.no_direct,
                             test_rows=not args.no_test_rows, progress=not args.json, command=command,
-                            extra=args.extra, replace_shipped=args.replace_shipped)
+                            extra=args.extra, replace_shipped=args.replace_shipped,
+                            suspect_rows=args.keep_suspect_rows)
 
 
 def text(r):
@@ -53,6 +55,11 @@ def register(sub):
                    help="train on NeuSight's training parts alone, without the softmax and "
                         "layer-norm rows of its test part for the GPUs trained on (the model "
                         "then never meets a test shape, on any GPU)")
+    p.add_argument("--keep-suspect-rows", action="store_true",
+                   help="also train on the measured rows the kit leaves out as suspect "
+                        "(kit.predict.training.SUSPECT_ROWS: NeuSight's P4 train-collect Linear "
+                        "rows, 3-5x slower than the P4's own test rows); the manifest lists what "
+                        "was left out")
     p.add_argument("--replace-shipped", action="store_true",
                    help="let --out be the kit's shipped weights folder (kit/predict/weights), "
                         "which every default prediction reads; refused without it")
