@@ -16,6 +16,7 @@ the training rows and scores every GPU of the test set:
                  2.6-4.6, where its bmm training rows match its test rows; a model trained on them
                  predicted the P4's Linear test rows 3.4x slow, 243% MAPE). These are the rows
                  SUSPECT_ROWS leaves out, so this variant reproduces the shipped GEMM model
+                 with --threads 1 (the shipped fit's)
 
 The shipped tile chooser is used throughout; it is trained without the suspect rows, so `all`
 scores the former GEMM model with the current chooser, not the former weights as a whole

@@ -55,7 +55,8 @@ def main(argv=None):
     from kit.predict.weights import shipped_tile
 
     root = resolve_data_dir(args.data)
-    train = training_frame(root, DEFAULT_TRAIN_GPUS).query("op == 'linear'")
+    train = training_frame(root, DEFAULT_TRAIN_GPUS,  # every measured split row, the P4's too
+                           suspect_rows=True).query("op == 'linear'")
     sample = train.groupby("gpu").sample(min(args.per_gpu, train.gpu.value_counts().min()),
                                          random_state=args.seed)
     test = load_test(root / "data" / "dataset" / "test").query("op == 'linear'")

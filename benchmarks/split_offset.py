@@ -84,7 +84,8 @@ def main() -> None:
     from kit.data import load_neusight
     from kit.predict.training import training_frame
 
-    train = training_frame(a.data, TRAIN_GPUS, test_rows=False)  # the train split alone
+    # the train split alone, every measured row (SUSPECT_ROWS too: the two files are compared)
+    train = training_frame(a.data, TRAIN_GPUS, test_rows=False, suspect_rows=True)
     test = load_neusight("test", a.data)
     test = test[test.gpu.isin(TRAIN_GPUS) & test.op.isin(OPS) & (test.latency_ms > 0)]
     train = train[train.op.isin(OPS)]

@@ -197,7 +197,9 @@ def main(argv=None):
     torch.use_deterministic_algorithms(True)
     root = resolve_data_dir(args.data)
     test = load_test(root / "data" / "dataset" / "test")
-    train = training_frame(root, DEFAULT_TRAIN_GPUS, test_rows=False)  # set against the test files
+    # set against the test files: every measured training row, SUSPECT_ROWS too (this is their
+    # evidence)
+    train = training_frame(root, DEFAULT_TRAIN_GPUS, test_rows=False, suspect_rows=True)
     gpus = args.gpus.split(",") if args.gpus else sorted(test.gpu.unique())
     shipped = shipped_tile()
     result = {"folds": FOLDS, "settings": {**SETTINGS, "members": 1}, "gpus": {}}

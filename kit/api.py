@@ -365,7 +365,7 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
                                    "file(s) (extra_data)"
                                    if extra_files else ""),
                                 "test_rows_trained_on": n_test, "extra_data": extra_files,
-                                "suspect_rows_left_out": left_out,
+                                "suspect_rows_left_out": left_out, "suspect_rows_kept": suspect_rows,
                                 "command": command or "kit.api.train_predictors"})
     path = save_bundle(bundle, out, replace_shipped)
     return {"out": str(path), "train_gpus": bundle.train_gpus, "rows": bundle.manifest["rows"],

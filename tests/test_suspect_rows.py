@@ -60,11 +60,12 @@ def test_the_manifest_lists_what_was_left_out(layout, tmp_path):
     assert r["rows"]["gemm"] == 2
     assert [(d["gpu"], d["op"], d["rows"]) for d in m["suspect_rows_left_out"]] == [("p4", "linear", 3)]
     assert "less 3 p4 linear rows of neusight:train-collect" in m["data_source"]
+    assert m["suspect_rows_kept"] is False
     kept = tmp_path / "k"
     r = api.train_predictors("P4,T4", str(kept), data_dir=str(layout), quick=True, direct=False,
                              suspect_rows=True)
     m = json.loads((kept / "manifest.json").read_text())
-    assert r["rows"]["gemm"] == 5 and m["suspect_rows_left_out"] == []
+    assert r["rows"]["gemm"] == 5 and m["suspect_rows_left_out"] == [] and m["suspect_rows_kept"] is True
     assert "less" not in m["data_source"]
 
 
@@ -88,3 +89,41 @@ def test_a_flag_that_is_no_yes_or_no_is_refused(layout, tmp_path):
     with pytest.raises(KitError, match="suspect_rows"):
         api.train_predictors("P4", str(tmp_path / "x"), data_dir=str(layout), quick=True,
                              suspect_rows="maybe")
+
+
+def test_a_gpu_whose_only_rows_are_suspect_is_named_as_such(layout):
+    from kit.errors import KitError
+
+    (layout / "data" / "dataset" / "train" / "collect" / "bmm" / "p2.1.0" / "Tesla P4.csv").unlink()
+    with pytest.raises(KitError, match="only training rows of p4 are left out as suspect.*--keep-suspect-rows"):
+        training_frame(layout, ["P4", "T4"])
+    assert list(training_frame(layout, ["P4"], suspect_rows=True).op) == ["linear"] * 3
+    # every GPU: what was left out is still listed, though no P4 row remains
+    frame = training_frame(layout)
+    assert set(frame.gpu) == {"t4"}
+    assert [(d["gpu"], d["rows"]) for d in frame.attrs["suspect_rows_left_out"]] == [("p4", 3)]
+
+
+def test_yes_or_no_flags_are_checked_and_other_sources_are_never_suspect(layout):
+    import pandas as pd
+
+    from kit.errors import KitError
+
+    for name in ("suspect_rows", "test_rows"):
+        with pytest.raises(KitError, match=f"{name} must be True or False"):
+            training_frame(layout, **{name: "no"})  # a string would count by its truth
+    # one's own P4 Linear rows (kit collect, --extra) are not NeuSight's train-collect ones
+    rows = pd.DataFrame({"gpu": ["p4", "p4", "p4", "t4"], "op": ["linear", "linear", "bmm", "linear"],
+                         "source": ["neusight:train-collect", "kit:collect", "neusight:train-collect",
+                                    "neusight:train-collect"]})
+    assert suspect_mask(rows).tolist() == [True, False, False, False]
+
+
+def test_the_shipped_weights_were_trained_without_them():
+    from kit.predict.weights import SHIPPED_DIR
+
+    m = json.loads((SHIPPED_DIR / "manifest.json").read_text())
+    left = m["suspect_rows_left_out"]
+    assert [(d["gpu"], d["op"], d["source"]) for d in left] == [("p4", "linear", "neusight:train-collect")]
+    assert left[0]["rows"] > 6000 and m["suspect_rows_kept"] is False
+    assert "--keep-suspect-rows" not in m["command"] and "--replace-shipped" in m["command"]

@@ -303,7 +303,9 @@ def evaluate(test: str | Path | pd.DataFrame, predictors=None, weights_dir=None,
         from kit.predict.training import training_frame
 
         # habitat scales the kernels of the training parts (test_rows=False): with the test rows
-        # it would look up, on a training GPU, the very row it is scored on
+        # it would look up, on a training GPU, the very row it is scored on. The rows SUSPECT_ROWS
+        # names stay out as in training (the P4's Linear training rows: scaled from, they had put
+        # its own Linear test rows 3-5x slow), so those shapes scale the tile-MLP's time there
         measurements = training_frame(data_dir, test_rows=False)
     bundle = load_weights(names, weights_dir)
     if predictors is None and bundle is not None and bundle.mlp is None:  # not asked for by name

@@ -65,7 +65,9 @@ def training_frame(data_dir=None, gpus=None, test_rows: bool = True, extra=(),
     suspect_rows: keep the measured rows SUSPECT_ROWS names, which are left out otherwise
     (suspect_mask tells them)."""
     from kit.data import load_measurements, load_neusight, resolve_data_dir
+    from kit.errors import yes_no
 
+    test_rows, suspect_rows = yes_no(test_rows, "test_rows"), yes_no(suspect_rows, "suspect_rows")
     root = resolve_data_dir(data_dir)
     collect = load_neusight("train-collect", root)
     trained = set(collect.gpu[collect.op_class.isin(MODELLED)].dropna().unique())
@@ -93,12 +95,20 @@ def training_frame(data_dir=None, gpus=None, test_rows: bool = True, extra=(),
                   & (frame.latency_ms > 0)]
     left_out = frame[suspect_mask(frame)] if not suspect_rows else frame.iloc[:0]
     frame = frame.drop(left_out.index).drop_duplicates(SHAPE_KEY).reset_index(drop=True)
+    left_out = left_out.drop_duplicates(SHAPE_KEY)  # counted as they would have been trained on
+    if gpus is not None:
+        wanted = {get_gpu(g).key for g in ([gpus] if isinstance(gpus, str) else gpus)}
+        left_out = left_out[left_out.gpu.isin(wanted)]
+        only_suspect = sorted(set(left_out.gpu) - set(frame.gpu))
+        if only_suspect:
+            raise KitError(f"the only training rows of {', '.join(only_suspect)} are left out as "
+                           "suspect (kit.predict.training.SUSPECT_ROWS); --keep-suspect-rows "
+                           "(suspect_rows=True) trains on them")
     frame = select_gpus(frame, gpus)
-    kept = set(frame.gpu.unique())
     # what was left out, for a manifest: [{gpu, op, source, rows, why}]
     frame.attrs["suspect_rows_left_out"] = [
         {"gpu": g, "op": o, "source": src, "rows": int(n), "why": SUSPECT_ROWS[(g, o, src)]}
-        for (g, o, src), n in left_out.groupby(["gpu", "op", "source"]).size().items() if g in kept]
+        for (g, o, src), n in left_out.groupby(["gpu", "op", "source"]).size().items()]
     return frame
 
 
