@@ -398,7 +398,7 @@ The only AMD matrix-core kernels measured are rocBLAS's FP32 GEMMs in NeuSight's
 rows (MFMA kernels). `benchmarks/cdna_matrix_fit.py` fits the same form on their Linear rows, and
 the kit carries it to AMD's 16-bit and FP8 GEMMs as a share of each dtype's peak, with a wider band.
 Fitted on one of the two GPUs, it scores the other's FP32 Linear rows a little worse than the
-tile-MLP does (17-22% against 15%) and their bmm rows better (25-33% against 32-42%). Those rows,
+tile-MLP does (17-22% against 15-16%) and their bmm rows better (25-33% against 37-50%). Those rows,
 10 us of roofline and more, do not tell $c_0$ apart, so it is the H200's. Large GEMMs reach at most
 $e_{\max}$ of the peak. Whether FP32's share of the matrix peak carries to 16-bit is not measured. The table puts the same GEMMs on an MI300X in bf16.
 """),

@@ -219,7 +219,7 @@ cnn.by_class().round(3)
 """),
     md(r"""
 **Accuracy.** `benchmarks/conv_model.py` scores this costing against NeuSight's 24,662 measured
-conv rows (all 3x3, stride 1; no predictor was trained on them): 29-49% MAPE on the five GPUs,
+conv rows (all 3x3, stride 1; no predictor was trained on them): 30-49% MAPE on the five GPUs,
 against 40-198% with the implicit GEMM alone, since cuDNN ran Winograd in most of them.
 Convolution backward and the other kernel sizes have no measurements to check against.
 """),
