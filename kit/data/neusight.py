@@ -311,9 +311,9 @@ def _wanted(ops, gpus) -> tuple[list[str] | None, list[str] | None]:
             raise KitError(f"unknown op(s) {unknown}: choose ops ({', '.join(schema.OPS)}) "
                            f"or op classes ({', '.join(schema.OP_CLASSES)})")
     if gpus is not None:
-        from kit.hardware import get_gpu
+        from kit.hardware import keys_of
 
-        gpus = [get_gpu(g).key for g in ([gpus] if isinstance(gpus, str) else gpus)]
+        gpus = keys_of(gpus)
     return ops, gpus
 
 

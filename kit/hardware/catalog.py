@@ -90,6 +90,11 @@ def gpu_keys() -> list[str]:
     return [g.key for g in list_gpus()]
 
 
+def keys_of(gpus) -> list[str]:
+    """The catalog keys of one GPU name (or GPU) or several, in order (get_gpu names an unknown one)."""
+    return [get_gpu(g).key for g in ([gpus] if isinstance(gpus, (str, GPU)) else gpus)]
+
+
 def close_matches(name: str, n: int = 3) -> list[str]:
     """The n catalog keys whose key, name or an alias looks most like `name` (for error messages)."""
     index = _index(_generation[0])

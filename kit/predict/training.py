@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pandas as pd
 
-from kit.errors import KitError
-from kit.hardware import get_gpu
+from kit.errors import KitError, yes_no
+from kit.hardware import keys_of
 
 DEFAULT_TRAIN_GPUS = ("p4", "p100-pcie-16gb", "t4", "v100-pcie-32gb", "a100-pcie-40gb")
 MODELLED = ("gemm", "elementwise", "softmax", "layernorm")
@@ -65,7 +65,6 @@ def training_frame(data_dir=None, gpus=None, test_rows: bool = True, extra=(),
     suspect_rows: keep the measured rows SUSPECT_ROWS names, which are left out otherwise
     (suspect_mask tells them)."""
     from kit.data import load_measurements, load_neusight, resolve_data_dir
-    from kit.errors import yes_no
 
     test_rows, suspect_rows = yes_no(test_rows, "test_rows"), yes_no(suspect_rows, "suspect_rows")
     root = resolve_data_dir(data_dir)
@@ -84,8 +83,7 @@ def training_frame(data_dir=None, gpus=None, test_rows: bool = True, extra=(),
 
         own, _ = own_rows(extra, MODELLED)
         if gpus is not None:
-            named = {get_gpu(g).key for g in ([gpus] if isinstance(gpus, str) else gpus)}
-            unnamed = sorted(set(own.gpu) - named)
+            unnamed = sorted(set(own.gpu) - set(keys_of(gpus)))
             if unnamed:
                 raise KitError(f"--extra holds rows of {', '.join(unnamed)}, which --train-gpus does "
                                "not name: add it to train on them")
@@ -97,8 +95,7 @@ def training_frame(data_dir=None, gpus=None, test_rows: bool = True, extra=(),
     frame = frame.drop(left_out.index).drop_duplicates(SHAPE_KEY).reset_index(drop=True)
     left_out = left_out.drop_duplicates(SHAPE_KEY)  # counted as they would have been trained on
     if gpus is not None:
-        wanted = {get_gpu(g).key for g in ([gpus] if isinstance(gpus, str) else gpus)}
-        left_out = left_out[left_out.gpu.isin(wanted)]
+        left_out = left_out[left_out.gpu.isin(keys_of(gpus))]
         only_suspect = sorted(set(left_out.gpu) - set(frame.gpu))
         if only_suspect:
             raise KitError(f"the only training rows of {', '.join(only_suspect)} are left out as "
@@ -125,7 +122,7 @@ def select_gpus(frame: pd.DataFrame, gpus) -> pd.DataFrame:
     data has no rows of."""
     if gpus is None:
         return frame
-    keys = [get_gpu(g).key for g in ([gpus] if isinstance(gpus, str) else gpus)]
+    keys = keys_of(gpus)
     present = set(frame.gpu.dropna().unique())
     absent = [k for k in keys if k not in present]
     if absent:
@@ -139,7 +136,7 @@ def parse_gpu_list(text: str) -> list[str]:
     names = [s.strip() for s in str(text).split(",") if s.strip()]
     if not names:
         raise KitError("--train-gpus: give at least one GPU, e.g. P4,T4,V100-PCIe-32GB")
-    return list(dict.fromkeys(get_gpu(n).key for n in names))
+    return list(dict.fromkeys(keys_of(names)))
 
 
 def default_threads() -> int:
