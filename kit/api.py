@@ -206,7 +206,7 @@ def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_ada
                          kinds=tuple(kinds) if kinds is not None else KINDS, time_budget_s=time_budget_s)
 
 
-def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | None = None,
+def predict_model(model, gpu, mode: str = "train", batch: int | None = None, seq: int | None = None,
                   dtype: str = "fp32", fusion: str = "eager", optimizer: str | None = None,
                   predictor: str = "auto", overhead=None, inputs=None, kv_cache: str = "static",
                   loss: bool = True):
@@ -214,6 +214,8 @@ def predict_model(model, gpu, mode: str = "train", batch: int = 1, seq: int | No
 
     model: a zoo name, an HF-style config dict, a "module:callable" path or an nn.Module
     (with `inputs`, a tuple or dict of example tensors, when it does not take input_ids).
+    batch: default 1; none may be given where the inputs (`inputs`, or a callable's
+    (module, inputs)) fix it.
     loss: a language model's training step includes the cross-entropy over the vocabulary
     (False: backward from the logits, as NeuSight's labels; kit validate).
     Returns a kit.workload.iteration.Iteration (total_ms, phases_ms, by_class(), top_kernels(),

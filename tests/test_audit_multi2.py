@@ -157,6 +157,11 @@ def test_batch_and_micro_batch_that_disagree_are_an_error(capsys):
     # --batch 4 was dropped for --micro-batch 2 (global batch 2)
     assert "--micro-batch 2" in _err(capsys, ["predict", BASE, "--system", "dgx-a100", "--batch", "4",
                                              "--micro-batch", "2"])
+    # --batch 1 is asked for as well (it had passed for the default and been dropped)
+    assert "--batch 1" in _err(capsys, ["predict", BASE, "--system", "dgx-a100", "--batch", "1",
+                                        "--micro-batch", "2"])
+    assert main(["predict", BASE, "--system", "dgx-a100", "--json"]) == 0  # neither: micro-batch 1
+    assert json.loads(capsys.readouterr().out)["layout"]["micro_batch"] == 1
     assert main(["predict", BASE, "--system", "dgx-a100", "--batch", "4", "--micro-batch", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["layout"]["micro_batch"] == 4
 

@@ -72,10 +72,11 @@ def fixed_inputs(tmp_path, monkeypatch):
     sys.modules.pop("audit2_fixed", None)
 
 
-@pytest.mark.parametrize("flags", [["--batch", "8"], ["--seq", "7"]])
+@pytest.mark.parametrize("flags", [["--batch", "8"], ["--seq", "7"], ["--batch", "1"]])
 def test_module_with_its_own_inputs_refuses_batch_and_seq(fixed_inputs, capsys, flags):
     # (module, inputs) fixes the shape: --batch 8 --seq 7 were ignored, yet compare multiplied
-    # them into tokens/s (8 * 7 tokens for a step that ran 4 samples)
+    # them into tokens/s (8 * 7 tokens for a step that ran 4 samples); --batch 1, the default's
+    # value, had been taken for no --batch at all and ignored without a word
     for cmd in (["predict", "audit2_fixed:mlp", "--gpu", "t4"], ["compare", "audit2_fixed:mlp", "--gpus", "t4"]):
         rc, out, err = _kit(capsys, *cmd, *flags)
         assert rc == 2 and not out and "own example inputs" in err
@@ -101,6 +102,10 @@ def test_predict_model_with_inputs_and_a_batch_is_a_kit_error():
 
     with pytest.raises(KitError, match="own example inputs"):
         predict_model(nn.Linear(8, 4), "t4", batch=16, inputs=(torch.zeros(2, 8),))
+    with pytest.raises(KitError, match="own example inputs"):  # 1 is asked for too, not "none given"
+        predict_model(nn.Linear(8, 4), "t4", batch=1, inputs=(torch.zeros(2, 8),))
+    it = predict_model(nn.Linear(8, 4), "t4", inputs=(torch.zeros(2, 8),))
+    assert it.meta["batch"] == 2
 
 
 # -- ops ----------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def parse_prices(text: str | None) -> dict:
     return prices
 
 
-def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="eager",
+def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusion="eager",
             optimizer=None, predictor="auto", prices=None, overhead=None,
             new_tokens: int | None = None, kv_cache: str = "static", loss: bool = True) -> dict:
     from kit.errors import KitError
@@ -76,13 +76,13 @@ def compare(model, gpus, mode="train", batch=1, seq=None, dtype="fp32", fusion="
     if not gpus:
         raise KitError("--gpus needs at least one GPU")
     if mode == "generate":
-        return compare_generation(model, gpus, batch, seq or 512, new_tokens or 128, dtype, fusion,
+        return compare_generation(model, gpus, 1 if batch is None else batch, seq or 512, new_tokens or 128, dtype, fusion,
                                   predictor, prices or {}, overhead, kv_cache)
     graph = graph_of(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache, loss=loss)
     mem = memory_bytes(graph)
     # a module with its own example inputs knows its batch, and no sequence; DLRM reads none
     seq_used = graph.meta.get("seq")
-    batch = graph.meta.get("batch") or batch
+    batch = graph.meta.get("batch") or batch or 1
     config = graph.meta.get("config") or {}
     per_token = seq_used is not None and config.get("model_type") != "dlrm"
     decode = graph.meta.get("mode") == "decode"  # one new token per sequence and step

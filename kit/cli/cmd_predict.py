@@ -39,7 +39,8 @@ def add_model_args(p):
     p.add_argument("--kv-cache", choices=["static", "dynamic"], default=None,
                    help="with --mode decode or generate: a static cache written in place (default) "
                    "or HF's DynamicCache, concatenated each step")
-    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--batch", type=positive_int, default=None,
+                   help="sequences or samples (default 1; none for a model whose own inputs fix it)")
     p.add_argument("--seq", type=positive_int, default=None, help="sequence length, or with --mode "
                    "decode the tokens in the KV cache, or with --mode generate the prompt (default: a "
                    "zoo model's own; 512 for a config or module, or the config's position table if "
@@ -218,7 +219,7 @@ def run(args):
         from kit.api import predict_generation
 
         return with_calibration(predict_generation(
-            args.model, args.gpu, batch=args.batch, prompt=args.seq or 512,
+            args.model, args.gpu, batch=args.batch or 1, prompt=args.seq or 512,
             new_tokens=args.new_tokens or 128, dtype=args.dtype, fusion=args.fusion,
             predictor=args.predictor, overhead=overhead, kv_cache=args.kv_cache or "static"),
             overhead, args)

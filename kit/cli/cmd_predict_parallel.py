@@ -79,7 +79,7 @@ def run_parallel(args) -> dict:
     if ignored:
         raise KitError(f"{ignored[0]} is a single-GPU option (--gpu): with --system every step ends in an Adam "
                        "update and runs eager kernels, with the host costs of --profile; drop it")
-    if args.micro_batch and args.batch != 1 and args.batch != args.micro_batch:
+    if args.micro_batch and args.batch is not None and args.batch != args.micro_batch:
         raise KitError(f"--batch {args.batch} and --micro-batch {args.micro_batch} disagree: with --system, "
                        "--batch is the micro-batch; give one of them (and --global-batch for the iteration)")
     if args.sequence_parallel and args.tp == 1:  # it had changed nothing, without a word
@@ -90,7 +90,7 @@ def run_parallel(args) -> dict:
                        f"--schedule {args.schedule} or pass --schedule interleaved")
     spec = parse_model(args.model, seq=args.seq)
     lay = Layout(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep,
-                 micro_batch=args.micro_batch or args.batch, global_batch=args.global_batch,
+                 micro_batch=args.micro_batch or args.batch or 1, global_batch=args.global_batch,
                  virtual_stages=args.virtual_stages,
                  schedule=args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b"),
                  zero=args.zero, recompute=args.recompute, sequence_parallel=args.sequence_parallel,

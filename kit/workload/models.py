@@ -109,17 +109,20 @@ def _inputs_for(module, batch: int, seq: int):
     return (torch.zeros(batch, seq, dtype=torch.long, device="meta"),)
 
 
-def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
+def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
              optimizer: str | None = None, inputs=None, kv_cache: str = "static", loss: bool = True,
              last_logits: bool = False):
-    """The captured OpGraph of any supported model spec at one shape. `inputs` (a tuple or a dict
-    of tensors, any device) overrides the example inputs of a module. kv_cache: a decode step's
+    """The captured OpGraph of any supported model spec at one shape. batch None: not given (1,
+    or the batch of a module's own example inputs). `inputs` (a tuple or a dict of tensors, any
+    device) overrides the example inputs of a module. kv_cache: a decode step's
     cache, "static" or "dynamic" (kit.workload.kv_cache; the zoo's decoders). loss: a zoo or
     HF-style language model's training step includes the cross-entropy over the vocabulary
     (kit.workload.zoo.lm_loss); False backpropagates from the logits. A module of your own is
     captured as its forward returns: return the loss to include it. last_logits: a zoo or HF-style
     decoder's inference pass computes the last position's logits only (generation's prefill)."""
     zoo_args = (kv_cache, yes_no(loss, "loss"), yes_no(last_logits, "last_logits"))
+    batch_given = batch is not None  # a module's own inputs fix the batch: one asked for is refused
+    batch = 1 if batch is None else batch
     if isinstance(model, dict):
         return _zoo_graph(model, batch, seq, mode, dtype, optimizer, *zoo_args)
     if isinstance(model, str) and model.lower().endswith(".json"):
@@ -157,7 +160,7 @@ def graph_of(model, batch: int, seq: int | None = None, mode: str = "train", dty
         inputs = _decode_inputs_for(obj, name, batch, seq) if decode else _inputs_for(obj, batch, seq)
         meta = {"batch": batch, "seq": seq}
     else:  # the inputs fix the shape: a batch or seq asked for would be silently ignored
-        if batch != 1 or seq is not None:
+        if batch_given or seq is not None:
             raise KitError(f"model {name!r} comes with its own example inputs, which fix the batch "
                            f"and sequence; give no batch or seq (--batch/--seq; got batch {batch}, seq {seq}) or "
                            "return a module that takes input_ids or has example_inputs(batch, seq)")
