@@ -122,7 +122,7 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
     calls = [c for c in t.runtime if w0 <= c.ts_us < w1]
     # GPU work whose launch Kineto did not record still occupies its stream: anchor it to the
     # host timeline at its measured start with a zero-cost launch
-    launched = {c.correlation for c in t.runtime}
+    launched = {c.correlation for c in t.runtime if c.correlation is not None}  # None launches nothing
     orphans = [e for e in t.gpu if w0 <= e.ts_us < w1 and e.correlation not in launched]
     for k, e in enumerate(orphans):
         key = e.correlation if e.correlation is not None else -1 - k

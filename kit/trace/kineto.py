@@ -8,6 +8,7 @@ trace raises KitError naming the file.
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import math
@@ -21,6 +22,10 @@ from kit.errors import KitError, need_path
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "cuda_profiler_range"}
 CPU_OP_CATS = {"cpu_op", "Operator", "user_annotation"}
+KNOWN_CATS = GPU_CATS | RUNTIME_CATS | CPU_OP_CATS | {"cuda_sync"}
+# categories a PyTorch profile carries besides those, with nothing for the replay: skipped unsaid
+SILENT_CATS = {"Trace", "python_function", "gpu_user_annotation", "overhead", "Overhead",
+               "fwdbwd", "cpu_instant_event", "gpu_annotation", "ac2g"}
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cudaMemcpy",
               "cudaMemcpy2D", "cudaMemset", "cudaStreamQuery_blocking")
@@ -120,8 +125,13 @@ def _num(v):
 
 
 def int_or_none(v):
-    """v as an int when it is a (non-bool, non-NaN) number, else None."""
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+    """v as an int when it is a (non-bool) finite number or a string of a whole number ("40875",
+    as some exporters write ids), else None."""
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        return int(v)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return int(v)
+    return None
 
 
 def _stream(v):
@@ -156,11 +166,13 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
         m = _RANK_IN_NAME.search(Path(source).name)
         rank = int(m.group(1)) if m else fallback_rank
         how = "its file name" if m else "its position among the files"
-    props = doc.get("deviceProperties") or []
+    props = doc.get("deviceProperties")
+    props = props if isinstance(props, list) else []  # a malformed one names no GPU
     gpu_name = props[0].get("name") if props and isinstance(props[0], dict) else None
     t = RankTrace(rank=rank, source=source, gpu_name=gpu_name,
                   world_size=dist.get("world_size") if isinstance(dist, dict) else None)
     skipped = 0
+    unreplayed: dict = {}  # complete events of a category the replay has no place for
     pids: dict = {}
     for e in doc["traceEvents"]:
         if not isinstance(e, dict) or e.get("ph") != "X":
@@ -169,6 +181,11 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
         name, cat = e.get("name"), e.get("cat")
         if ts is None or dur is None or dur < 0 or not isinstance(name, str):
             skipped += 1
+            continue
+        if cat not in KNOWN_CATS:
+            if cat not in SILENT_CATS:
+                key = cat if isinstance(cat, str) else "(no category)"
+                unreplayed[key] = unreplayed.get(key, 0) + 1
             continue
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
         corr = int_or_none(args.get("correlation", args.get("External id")))
@@ -201,6 +218,11 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
         t.notes.insert(0, f"{Path(source).name}: {why}; rank {rank} taken from {how}")
     if skipped:
         t.notes.append(f"skipped {skipped} events with a missing (or non-finite, negative) ts/dur or no name")
+    if unreplayed:  # another device's events (MTIA's), or kernels without a category: said, not lost
+        top = sorted(unreplayed.items(), key=lambda kv: -kv[1])
+        t.notes.append(f"rank {rank}: skipped {sum(unreplayed.values()):,} complete events of categories "
+                       "the replay does not read (" + ", ".join(f"{k} {n:,}" for k, n in top[:4])
+                       + (", ..." if len(top) > 4 else "") + "); it replays CUDA kernels, copies, runtime calls and CPU ops")
     t.steps.sort(key=lambda s: s[1])
     empty = [n for n, s, e in t.steps if e <= s]
     if empty and len(empty) == len(t.steps):
@@ -230,7 +252,35 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     if not t.runtime and not t.gpu and not t.cpu_ops and not t.steps:
         raise NotKineto(f"{source}: the trace has no complete ('X') CPU or GPU events of the "
                         "categories a profiler records")
+    _check_steps(t, source)
     return t
+
+
+def _check_steps(t: RankTrace, source: str) -> None:
+    """KitError when the ProfilerStep annotations cannot frame the rank's events: a step window
+    that holds none of them (a step of another clock or run read as a perfect prediction), or
+    one far longer than everything recorded; a note for single steps that hold nothing."""
+    starts = sorted(e.ts_us for e in t.runtime + t.gpu + t.cpu_ops)
+    if not t.steps or not starts:
+        return
+    w0, w1 = t.steps[0][1], t.steps[-1][2]
+    lo, hi = bisect.bisect_left(starts, w0), bisect.bisect_left(starts, w1)
+    if hi == lo:
+        raise KitError(f"{source}: rank {t.rank}'s ProfilerStep annotations hold none of its "
+                       f"{len(starts):,} events: they start {w0 - starts[0]:+.6g} µs from its first event "
+                       f"and end {w1 - starts[-1]:+.6g} µs from its last; the steps and the events are "
+                       "not from one clock or run")
+    ends = max(e.ts_us + e.dur_us for e in t.runtime + t.gpu + t.cpu_ops)
+    span = ends - starts[0]
+    if w1 - w0 > 10 * span + 1e6:  # as a GPU event's limit: over a second past 10x what was recorded
+        raise KitError(f"{source}: rank {t.rank}'s ProfilerStep annotations span {w1 - w0:.6g} µs, more "
+                       f"than ten times all its events ({span:.6g} µs) and a second more; the trace "
+                       "is malformed")
+    empty = [n for n, s, e in t.steps if bisect.bisect_left(starts, s) == bisect.bisect_left(starts, e)]
+    if empty:
+        t.notes.append(f"rank {t.rank}: {len(empty)} ProfilerStep(s) hold no recorded event (step "
+                       f"{', '.join(str(n) for n in empty[:3])}{' ...' if len(empty) > 3 else ''}); "
+                       "their time is replayed as host idle")
 
 
 def _load_bytes(raw: bytes, source: str):
@@ -357,6 +407,18 @@ def load_kineto(path, docs=None) -> list[RankTrace]:
     if len(sizes) > 1:
         ranks[0].notes.append(f"the files give different world sizes ({', '.join(map(str, sorted(sizes)))}): "
                               "replayed as one job; check they are from the same run")
+    for r in ranks:  # a rank past the job's size is a file of another job, or a malformed rank
+        if isinstance(r.world_size, int) and not isinstance(r.world_size, bool) \
+                and r.world_size > 0 and r.rank >= r.world_size:
+            raise KitError(f"{r.source}: rank {r.rank} is not below the world size its distributedInfo "
+                           f"gives ({r.world_size}); a rank runs from 0 to world size - 1")
+    numbers = {r.rank: [n for n, _, _ in r.steps] for r in ranks if r.steps}
+    if len({tuple(v) for v in numbers.values()}) > 1:  # replayed in order, step k with step k
+        shown = "; ".join(f"rank {k}: #{', #'.join(map(str, v[:3]))}{' ...' if len(v) > 3 else ''}"
+                          for k, v in list(sorted(numbers.items()))[:4])
+        ranks[0].notes.append(f"the ranks record different ProfilerSteps ({shown}"
+                              f"{'; ...' if len(numbers) > 4 else ''}): replayed in order, each "
+                              "rank's k-th step with the others'; check they are from the same run")
     seen: dict[int, str] = {}
     for r in ranks:
         if r.rank in seen:
