@@ -1,5 +1,5 @@
 """`kit collect-comm`: measure collectives through torch.distributed, write nccl-tests output."""
-from kit.cli import add_command
+from kit.cli import add_command, positive_int
 from kit.errors import KitError
 
 
@@ -48,13 +48,13 @@ def register(sub):
     p.add_argument("--resume", action="store_true", help="carry on with the rows a stopped sweep kept "
                    "in FILE.rows.jsonl (same settings): measure only the (collective, size) pairs "
                    "missing, then write --out with them all")
-    p.add_argument("--ranks", type=int, default=2, help="processes (one per GPU for nccl)")
+    p.add_argument("--ranks", type=positive_int, default=2, help="processes (one per GPU for nccl)")
     p.add_argument("--sizes", default="1K:1M", help="MIN:MAX[:FACTOR] or a comma list (K/M/G binary)")
     p.add_argument("--collectives", default="allreduce",
                    help="comma list of allreduce,reducescatter,allgather,broadcast,reduce,alltoall,sendrecv")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=positive_int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=positive_int, default=3,
                    help="rounds over all the sizes, each taking --iters samples per size")
     p.add_argument("--stat", help="quantile each rank reports: min, median or pNN "
                    "(default p10 with gloo, median with nccl)")

@@ -2,15 +2,15 @@
 from kit.cli import add_command
 
 
-def _ints(s):
+def _ints(s, flag: str):
     from kit.errors import KitError
 
     try:
         vals = [int(x) for x in s.split(",") if x.strip()]
     except ValueError:
-        raise KitError(f"expected comma-separated whole numbers, got {s!r}") from None
+        raise KitError(f"{flag}: expected comma-separated whole numbers, got {s!r}") from None
     if not vals or min(vals) < 1:
-        raise KitError(f"expected positive whole numbers, got {s!r}")
+        raise KitError(f"{flag}: expected positive whole numbers, got {s!r}")
     return vals
 
 
@@ -27,8 +27,9 @@ def run(args):
     if args.optimizer and not args.backward:  # the forward pass has no optimizer step to time
         raise KitError(f"--optimizer {args.optimizer} times the backward's update: add --backward, or drop it")
     passes = ("forward", "backward") if args.backward else ("forward",)
-    cfgs = grid(_ints(args.batch), _ints(args.rows), _ints(args.dim), _ints(args.pooling),
-                [d for d in args.dist.split(";") if d.strip()], tables=_ints(args.tables),
+    cfgs = grid(_ints(args.batch, "--batch"), _ints(args.rows, "--rows"), _ints(args.dim, "--dim"),
+                _ints(args.pooling, "--pooling"), [d for d in args.dist.split(";") if d.strip()],
+                tables=_ints(args.tables, "--tables"),
                 modes=_names(args.mode), dtypes=_names(args.dtype), passes=passes,
                 optimizer=args.optimizer or "sgd")
     return collect(cfgs, args.out, device=args.device, backend=args.backend, repeats=args.repeats,

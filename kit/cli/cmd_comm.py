@@ -122,6 +122,10 @@ def fit(args):
     if big:
         raise KitError(f"{args.file}: measured on {big[-1]} ranks, but {system.key} has {system.world_size} "
                        "GPUs; pass --nodes (or the system it ran on)")
+    spread = sorted({c.nodes for c in cal.curves if c.nodes and c.nodes > system.nodes})
+    if spread:  # its curves would be keyed to more nodes than the system has, and never used
+        raise KitError(f"{args.file}: its ranks ran on {spread[-1]} hosts, but {system.key} is "
+                       f"{system.nodes} node(s); pass --nodes (or the system it ran on)")
     check_plausible(cal, system)  # before saving: a later predict would trust it
     for line in slow_curves(cal, system):
         warnings.warn(line)

@@ -81,6 +81,14 @@ def _time(tok: str, where: str) -> float:
     return t
 
 
+def _bandwidth(tok: str, where: str) -> float:
+    """A bandwidth cell, GB/s: finite and >= 0 (a NaN or negative one is a corrupt row)."""
+    b = _float(tok, where)
+    if not 0 <= b < float("inf"):
+        raise KitError(f"{where}: a bandwidth must be a finite number >= 0 GB/s, got {tok!r}")
+    return b
+
+
 def _whole(tok: str, where: str) -> int:
     if not tok.isdigit():
         raise KitError(f"{where}: expected a whole number >= 0, got {tok!r}")
@@ -112,6 +120,7 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
     text, src = _read(path)
     kind = canonical_kind(kind) if kind else None
     rows, cur_kind, rank_lines, hosts, devices, section_ranks = [], kind, set(), {}, {}, None
+    run_rows = 0  # result rows read since this run's "#  Rank" lines
     for no, line in enumerate(text.splitlines(), 1):
         s = line.strip()
         if not s:
@@ -119,10 +128,17 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
         m = re.match(r"#\s*Collective test starting:\s*(\S+)", s)
         if m:
             cur_kind = _said_kind(kind, m.group(1), f"{src} line {no}")
-            rank_lines, hosts, devices, section_ranks = set(), {}, {}, None
+            rank_lines, hosts, devices, section_ranks, run_rows = set(), {}, {}, None, 0
             continue
+        if re.match(r"#\s*nThread\s", s) or (run_rows and re.match(r"#\s+Rank\s", s)):
+            # a new run's header: older nccl-tests print no "Collective test starting" line, so
+            # concatenated runs of 8 and 4 ranks had been read as one run of 8
+            rank_lines, hosts, devices, section_ranks, run_rows = set(), {}, {}, None, 0
         m = re.match(r"#\s+Rank\s+(\d+)\s", s)
         if m:
+            if int(m.group(1)) in rank_lines:
+                raise KitError(f"{src} line {no}: rank {m.group(1)} is listed twice in one run's "
+                               "'#  Rank' device lines; the rank count would be wrong")
             rank_lines.add(int(m.group(1)))
             host = re.search(r"\son\s+(\S+)\s+device\s", s)
             if host:
@@ -151,13 +167,13 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
         n = ranks or (len(rank_lines) if rank_lines else None)
         if n is None:
             raise KitError(f"{src}: no '#  Rank' device lines to count ranks; pass ranks= (CLI: --ranks)")
-        section_ranks = n
+        section_ranks, run_rows = n, run_rows + 1
         oop, inp = tok[-8:-4], tok[-4:]
         nodes = len(set(hosts.values())) if rank_lines and len(hosts) == len(rank_lines) == n else None
         rows.append({"kind": cur_kind, "ranks": section_ranks, "nodes": nodes, "size_bytes": int(tok[0]),
                      "count": _whole(tok[1], where), "dtype": tok[2], "time_us": _time(oop[0], where),
-                     "algbw_gbs": _float(oop[1], where), "busbw_gbs": _float(oop[2], where),
-                     "time_us_in_place": _time(inp[0], where), "busbw_gbs_in_place": _float(inp[2], where),
+                     "algbw_gbs": _bandwidth(oop[1], where), "busbw_gbs": _bandwidth(oop[2], where),
+                     "time_us_in_place": _time(inp[0], where), "busbw_gbs_in_place": _bandwidth(inp[2], where),
                      "wrong": _wrong(oop[3], where) + _wrong(inp[3], where), "source": src,
                      "device": joined_devices(devices.values())})
     if not rows:
@@ -226,11 +242,16 @@ def parse_param(path, kind: str | None = None, ranks: int | None = None):
         if t is None or "size" not in rec:
             raise KitError(f"{src}: the PARAM header lacks size (B) or Latency(us):p50")
         t = _time(vals[cols.index("p50" if "p50" in rec else "latency")], where)
-        size = rec["size"]
-        if not (size >= 0 and size == int(size)):
+        size, count = rec["size"], rec.get("num-elements", 0.0)
+        if not (math.isfinite(size) and size >= 0 and size == int(size)):
             raise KitError(f"{where}: the size must be a whole number of bytes >= 0, got {size:g}")
+        if not (math.isfinite(count) and count >= 0 and count == int(count)):
+            raise KitError(f"{where}: num-elements must be a whole number >= 0, got {count:g}")
+        for col in ("algbw", "busbw"):
+            if col in rec:
+                _bandwidth(vals[cols.index(col)], where)
         rows.append({"kind": cur_kind, "ranks": ranks, "size_bytes": int(size),
-                     "count": int(rec.get("num-elements", 0)), "dtype": "", "time_us": t,
+                     "count": int(count), "dtype": "", "time_us": t,
                      "algbw_gbs": rec.get("algbw", float("nan")), "busbw_gbs": rec.get("busbw", float("nan")),
                      "time_us_in_place": float("nan"), "busbw_gbs_in_place": float("nan"), "wrong": 0,
                      "source": src, "device": None})

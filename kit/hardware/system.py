@@ -292,6 +292,10 @@ def _lookup(name: str, nodes: int | None, network: str | None) -> System:
     net = network if network is not None else net
     if net is not None:
         _network(net)
+    if n > 1 and net == "none":  # asked for by name: the preset's own network is not the problem
+        raise KitError(f"{n} nodes of {entry['key']} need a network between them, and network none "
+                       "was asked for; name one of "
+                       + ", ".join(k for k in _data()["networks"] if k != "none"))
     if n > 1 and (net or entry.get("network", "none")) == "none":
         raise KitError(f"system {entry['key']} has no network; pass network= one of "
                        + ", ".join(k for k in _data()["networks"] if k != "none"))

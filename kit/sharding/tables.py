@@ -37,13 +37,14 @@ def read_tables(path: str | Path) -> list[Table]:
     try:  # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
         with open(path, encoding="utf-8-sig", newline="") as f:
             rows = list(csv.DictReader(f))
-            header = rows and list(rows[0].keys()) or []
-            if not rows:
-                f.seek(0)
-                header = next(csv.reader(f), [])
+            f.seek(0)
+            header = next(csv.reader(f), [])  # as written: DictReader keeps one of two same names
     except (UnicodeDecodeError, csv.Error) as e:
         raise KitError(f"{path} is not a readable CSV: {e}") from None
     header = [h.strip() for h in header if h is not None]
+    twice = sorted({h for h in header if h and header.count(h) > 1})
+    if twice:  # the last of them had been read, the first dropped without a word
+        raise KitError(f"{path}: column(s) {', '.join(twice)} appear twice in the header; give each once")
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise KitError(f"{path}: missing column(s) {', '.join(missing)}; the tables CSV needs "
