@@ -88,6 +88,11 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         if option.startswith(MULTI_GPU):  # 4-GPU labels: kit/parallel/neusight.py
             from kit.parallel.neusight import predict_label
 
+            if row["mode"] != "train":  # it had been priced as a training step, scored as inference
+                skipped.append({**row, "reason": f"multi-GPU option {option!r} on an inference label: "
+                                "NeuSight's dpN/tpN/ppN_M labels are training steps, and the kit "
+                                "predicts them as such"})
+                continue
             try:
                 multi = predict_label(model, lab["seq"], lab["batch"], option, gpu, predictor)
             except KitError as e:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kit.data import schema
+from kit.data.csv_read import read_csv_strict
 from kit.data.neusight import NEUSIGHT_COLUMNS, from_neusight, read_neusight_csv
 from kit.errors import KitError, need_path
 
@@ -51,8 +52,8 @@ def _read_schema_csv(path: Path) -> pd.DataFrame:
     if dropped:
         warnings.warn(f"{path}: ignored an unfinished last line", stacklevel=3)
     try:
-        raw = pd.read_csv(io.BytesIO(data), dtype=text_cols, keep_default_na=False,
-                          na_values=[""])
+        raw = read_csv_strict(io.BytesIO(data), str(path), dtype=text_cols, keep_default_na=False,
+                              na_values=[""])
     except pd.errors.EmptyDataError:
         raise KitError(f"{path} is empty (expected a header line)") from None
     except (pd.errors.ParserError, ValueError, UnicodeDecodeError) as e:
@@ -109,13 +110,15 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
 
 
 TIMES = ("latency_ms", "kernel_ms")  # kernel_ms may be missing (the kit collector's rows only)
+MIN_TIME_MS = schema.MIN_TIME_MS
 
 
 def bad_times(frame: pd.DataFrame, column: str) -> pd.Series:
-    """True where a row's time (ms) in column is not a positive, finite number: NaN, zero,
-    negative or infinite. A missing kernel_ms is no bad one (only the kit's collector has it)."""
+    """True where a row's time (ms) in column is not a finite number of at least MIN_TIME_MS:
+    NaN, zero, negative, infinite or subnormal. A missing kernel_ms is no bad one (only
+    the kit's collector has it)."""
     values = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    bad = ~(np.isfinite(values) & (values > 0))
+    bad = ~(np.isfinite(values) & (values >= MIN_TIME_MS))
     return bad & values.notna() if column == "kernel_ms" else bad
 
 
@@ -134,7 +137,7 @@ def check_times(frame: pd.DataFrame, where: str, lines: bool = True,
             shown = raw if raw is not None and col in raw else frame
             row = f"row {i + 2}" if lines else f"the row at index {frame.index[i]!r}"
             raise KitError(f"{where}: {col} must be a positive number; {row} has "
-                           f"{str(shown[col].iloc[i])!r}")
+                           f"{str(shown[col].iloc[i])!r} (the least taken is {MIN_TIME_MS:g} ms)")
 
 
 def _text(values: pd.Series) -> pd.Series:
@@ -176,6 +179,14 @@ def checked_table(raw: pd.DataFrame, where: str, lines: bool = True) -> pd.DataF
     types, each row's op class, dtype and shape (schema.check_rows), positive finite times
     (check_times) and the gpu as catalog keys (gpu_keys). KitError names `where` and the row:
     its CSV line with lines, else its index label."""
+    for col in TIMES:  # before conform makes floats of them: True is no time of 1 ms
+        if col in raw and (raw[col].dtype == bool or raw[col].dtype == object):
+            is_bool = raw[col].map(lambda v: isinstance(v, (bool, np.bool_))).astype(bool)
+            if is_bool.any():
+                i = int(np.flatnonzero(is_bool.to_numpy())[0])
+                row = f"row {i + 2}" if lines else f"the row at index {raw.index[i]!r}"
+                raise KitError(f"{where}: {col} must be a positive number; {row} has a bool "
+                               f"({raw[col].iloc[i]!r})")
     frame = schema.conform(raw, where if lines else "")
     schema.check_rows(frame, where, lines=lines)  # what evaluate would refuse, named for every reader
     check_times(frame, where, lines=lines, raw=raw if lines else None)

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from kit.data import schema
+from kit.data.csv_read import read_csv_strict
 from kit.errors import KitError, need_path
 
 NEUSIGHT_COLUMNS = ("OPName", "Latency", "Device")  # how a NeuSight CSV is recognised
@@ -107,7 +108,7 @@ def read_neusight_csv(path: Path) -> pd.DataFrame:
                        f"(it has {', '.join(map(str, head.columns))})")
     dtypes = {c: t for c, t in _STRINGS.items() if c in head.columns}
     try:
-        raw = pd.read_csv(path, dtype=dtypes, engine="c")
+        raw = read_csv_strict(path, str(path), dtype=dtypes, engine="c")
     except (pd.errors.ParserError, ValueError, UnicodeDecodeError) as e:
         raise KitError(f"{path} is malformed: {e}") from None
     if raw["OPName"].isna().any():
@@ -214,12 +215,13 @@ def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
     out["dtype"] = "fp32"  # NeuSight measured FP32 only (SIMT sgemm, TF32 off)
 
     latency = pd.to_numeric(raw["Latency"], errors="coerce")
-    bad = ~(np.isfinite(latency) & (latency > 0))  # NaN, zero, negative or infinite
+    bad = ~(np.isfinite(latency) & (latency >= schema.MIN_TIME_MS))  # NaN, zero, negative, infinite, subnormal
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         value = raw["Latency"].iloc[i]
         got = "an empty cell (or NaN)" if pd.isna(value) or not str(value).strip() else repr(str(value))
-        raise KitError(f"{_where(raw, bad)}: Latency must be a positive number of ms, got {got}")
+        raise KitError(f"{_where(raw, bad)}: Latency must be a positive number of ms, got {got} "
+                       f"(the least taken is {schema.MIN_TIME_MS:g} ms)")
     out["latency_ms"] = latency.astype("float64")
 
     cls = info["op_class"]

@@ -61,6 +61,10 @@ import pandas as pd
 
 from kit.errors import KitError
 
+# the shortest time a measurement may hold, ms: 1 ns, a thousandth of the shortest kernel a GPU
+# runs (a few µs); 5e-324 had passed as positive and scored an infinite APE
+MIN_TIME_MS = 1e-6
+
 COLUMNS: dict[str, str] = {
     "op": "str", "op_class": "str", "elem_kind": "str", "scalar": "boolean",
     "gpu": "str", "device_name": "str", "dtype": "str",

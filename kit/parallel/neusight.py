@@ -23,6 +23,10 @@ def label_layout(option: str, batch: int) -> Layout:
     if not m:
         raise KitError(f"multi-GPU option {option!r}: expected dpN, tpN or ppN_M")
     kind, n, mbs = m.group(1), int(m.group(2)), int(m.group(3) or 1)
+    if kind != "pp" and m.group(3):  # dp4_7 had been scored as dp4, the _7 dropped
+        raise KitError(f"multi-GPU option {option!r}: _M (micro-batches) goes with ppN_M only")
+    if n < 1 or mbs < 1:  # dp0 had divided by zero
+        raise KitError(f"multi-GPU option {option!r}: N and M must be at least 1")
     common = dict(dtype="fp32", optimizer_step=False, schedule="gpipe")
     if kind == "dp":
         if batch % n:

@@ -46,7 +46,21 @@ def load_test(path: str | Path, note_repeats: bool = True) -> pd.DataFrame:
         raise KitError(f"{path} is not a regular file or folder (expected a CSV or a folder of them)")
     else:
         raise KitError(f"test file or folder not found: {path}")
-    frame = pd.concat([load_measurements(f) for f in files], ignore_index=True)
+    parts, other = [], []
+    for f in files:
+        try:
+            parts.append(load_measurements(f))
+        except KitError as e:  # a folder's other CSVs (nvidia-smi samples): skipped and said, as --extra does
+            if not path.is_dir() or "not a measurement CSV" not in str(e):
+                raise
+            other.append(f.relative_to(path).as_posix())
+    if not parts:
+        raise KitError(f"no measurement CSV in {path}: {len(other)} CSV file(s), none with the "
+                       f"measurement columns (e.g. {other[0]})")
+    if other:
+        warnings.warn(f"{path}: skipped {len(other)} CSV file(s) that are no measurement table: "
+                      + ", ".join(other[:3]) + (" ..." if len(other) > 3 else ""), stacklevel=2)
+    frame = pd.concat(parts, ignore_index=True)
     return scorable_rows(frame, str(path), note_repeats)
 
 
@@ -175,6 +189,9 @@ def summarise(rows: pd.DataFrame, by=("predictor", "gpu", "op")) -> list[dict]:
     for key, grp in rows.groupby(list(by), sort=True):
         key = key if isinstance(key, tuple) else (key,)
         ape = grp.ape.to_numpy(float)
+        if not np.isfinite(ape).all():  # a score of inf or NaN would print, not a number to trust
+            raise KitError(f"{', '.join(map(str, key))}: an APE that is no finite number (a measured "
+                           "or predicted time of 0 or inf?); no score is given")
         out.append({**dict(zip(by, key)), "n": int(len(ape)),
                     "mape": round(float(ape.mean()), 2),
                     "median_ape": round(float(np.median(ape)), 2),

@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import numbers
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -120,6 +122,12 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     (kit.workload.zoo.lm_loss); False backpropagates from the logits. A module of your own is
     captured as its forward returns: return the loss to include it. last_logits: a zoo or HF-style
     decoder's inference pass computes the last position's logits only (generation's prefill)."""
+    if isinstance(model, os.PathLike):  # a config file given as a Path, as a str is taken
+        model = os.fspath(model)
+    batch, seq = (int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+                  for v in (batch, seq))  # numpy integers, as kit.api.predict_generation takes them
+    if not isinstance(dtype, str):  # None had been priced as fp32 without a word
+        raise KitError(f"dtype must be a name such as 'fp32' or 'bf16', got {dtype!r}")
     zoo_args = (kv_cache, yes_no(loss, "loss"), yes_no(last_logits, "last_logits"))
     batch_given = batch is not None  # a module's own inputs fix the batch: one asked for is refused
     batch = 1 if batch is None else batch
@@ -233,7 +241,10 @@ def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static", los
                last_logits=False):
     """zoo.graph_for, refusing a sequence length for a model that reads none (DLRM)."""
     from kit.workload import zoo
+    from kit.workload.zoo_checks import _check_sizes
 
+    if isinstance(model, dict):  # its model_type and sizes, before anything looks them up
+        _check_sizes(model.get("model_type", "gpt2"), model)
     reads = zoo.inputs_instead_of_seq(model)
     if seq is not None and reads is not None:
         name = model if isinstance(model, str) else model.get("name", model.get("model_type"))

@@ -19,13 +19,20 @@ SIZE_FIELDS = ("n_layer", "num_hidden_layers", "num_layers", "num_decoder_layers
                "num_local_experts", "num_experts_per_tok", "embedding_dim", "dense_features",
                "pooling", "bottom_mlp", "top_mlp", "table_rows", "embedding_size", "hidden_sizes",
                "depths", "num_labels", "image_size", "patch_size", "num_channels", "layers",
-               "classifier_size")
+               "classifier_size", "type_vocab_size")
+
+
+LAYER_FIELDS = ("n_layer", "num_hidden_layers", "num_layers", "num_decoder_layers")
+MAX_LAYERS = 4096  # DeepNet (Wang et al., 2022) trained 1,000-layer encoders, 2,500 sublayers at most
 
 
 def _check_sizes(kind: str, cfg: dict) -> None:
     """A KitError for a size that is not a positive whole number: 0, negative, fractional, a bool
     (JSON true is not 1 layer), a string, or an empty list of them. A list may hold markers
-    (vgg's "M" for a max-pool) beside its sizes."""
+    (vgg's "M" for a max-pool) beside its sizes. A model_type that is no string, and more than
+    MAX_LAYERS layers, are refused too."""
+    if not isinstance(kind, str):  # a list or dict had raised "unhashable type" from a lookup
+        raise KitError(f"config model_type must be a string such as 'gpt2', got {kind!r}")
     for name in SIZE_FIELDS:
         value = cfg.get(name)
         if value is None:
@@ -38,6 +45,11 @@ def _check_sizes(kind: str, cfg: dict) -> None:
             raise KitError(f"{kind} config cannot build a model: {name} must be "
                            f"{'a list of ' if many else 'a '}positive whole number"
                            f"{'s' if many else ''}, got {value!r}")
+    for name in LAYER_FIELDS:
+        if isinstance(cfg.get(name), numbers.Integral) and cfg[name] > MAX_LAYERS:
+            raise KitError(f"{kind} config: {name} {cfg[name]:,} is more than the {MAX_LAYERS:,} layers "
+                           "the kit captures (the deepest published transformers have 1,000-2,500 "
+                           "sublayers; capturing grows with the layers, minutes past a few thousand)")
     whole, parts = HEAD_SPLITS.get(kind, (None, None))
     if kind in LLAMA_FAMILIES and cfg.get("head_dim") is not None:  # heads of a size of their own
         whole = None

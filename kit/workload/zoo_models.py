@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kit.errors import KitError
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 
 
@@ -43,6 +44,15 @@ def gelu_new(x):
 
 
 ACT = {"gelu_new": gelu_new, "gelu": F.gelu, "relu": F.relu, "silu": F.silu}
+
+
+def act_of(c: dict, key: str, default: str):
+    """The activation a config names under key (default where it names none); KitError naming
+    an unknown one (it had read as the config missing a key of that name)."""
+    name = c.get(key, default)
+    if not isinstance(name, str) or name not in ACT:
+        raise KitError(f"config {key} {name!r} is not one the zoo builds: choose one of {', '.join(ACT)}")
+    return ACT[name]
 
 
 # -- GPT-2 / GPT-3 ------------------------------------------------------------------------------
@@ -81,7 +91,7 @@ class GPT2MLP(nn.Module):
         d = c["n_embd"]
         inner = c.get("n_inner") or 4 * d
         self.c_fc, self.c_proj = Conv1D(inner, d), Conv1D(d, inner)
-        self.act = ACT[c.get("activation_function", "gelu_new")]
+        self.act = act_of(c, "activation_function", "gelu_new")
         self.dropout = nn.Dropout(c.get("resid_pdrop", 0.1))
 
     def forward(self, h):
@@ -154,7 +164,7 @@ class BertLayer(nn.Module):
         self.attn_dropout = nn.Dropout(c.get("attention_probs_dropout_prob", 0.1))
         self.attn_out, self.attn_ln = nn.Linear(d, d), nn.LayerNorm(d, eps=eps)
         self.intermediate = nn.Linear(d, c["intermediate_size"])
-        self.act = ACT[c.get("hidden_act", "gelu")]
+        self.act = act_of(c, "hidden_act", "gelu")
         self.output, self.out_ln = nn.Linear(c["intermediate_size"], d), nn.LayerNorm(d, eps=eps)
         self.dropout = nn.Dropout(c.get("hidden_dropout_prob", 0.1))
 
@@ -183,7 +193,7 @@ class BertForPreTraining(nn.Module):
         self.layer = nn.ModuleList(BertLayer(c) for _ in range(c["num_hidden_layers"]))
         self.pooler = nn.Linear(d, d)
         self.transform, self.transform_ln = nn.Linear(d, d), nn.LayerNorm(d, eps=eps)
-        self.act = ACT[c.get("hidden_act", "gelu")]
+        self.act = act_of(c, "hidden_act", "gelu")
         self.decoder = nn.Linear(d, c["vocab_size"])
         self.decoder.weight = self.word_embeddings.weight  # tied
         self.seq_relationship = nn.Linear(d, 2)
@@ -216,7 +226,7 @@ class OPTLayer(nn.Module):
         self.self_attn_layer_norm, self.final_layer_norm = nn.LayerNorm(d), nn.LayerNorm(d)
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d, d) for _ in range(4))
         self.fc1, self.fc2 = nn.Linear(d, c["ffn_dim"]), nn.Linear(c["ffn_dim"], d)
-        self.act = ACT[c.get("activation_function", "relu")]
+        self.act = act_of(c, "activation_function", "relu")
         self.dropout, self.attn_dropout = c.get("dropout", 0.1), c.get("attention_dropout", 0.0)
 
     def _shape(self, t, s, b):
