@@ -393,7 +393,7 @@ assert {r["track"] for r in panel.chart_data() if "track" in r} == {"CPU issue",
 panel
 """),
     md(r"""
-**Accuracy.** `kit validate --labels ../shared/data/neusight/label` predicts every NeuSight
+**Accuracy.** `kit validate --labels $KIT_DATA/label` predicts every NeuSight
 whole-model measurement; `benchmarks/whole_model.py` prints the errors as JSON. How close it gets
 depends on the kernel predictor behind `"auto"` (notebook 02): `benchmarks/whole_model_nodes.py`
 puts NeuSight's per-node labels beside the kit's kernels, class by class, and shows that the GEMMs

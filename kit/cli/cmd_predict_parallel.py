@@ -133,8 +133,10 @@ def text_parallel(r) -> str:
              *(["  note: kernels from the analytic Megatron layer, which "
                 + ("--sequence-parallel" if lay["sequence_parallel"] else "--ep")
                 + " needs; without it this model is costed on its captured graph, other kernels"
-                " (the two can differ widely: llama3-8b, not this model, at tp 8 on a dgx-h100 took"
-                " 267 ms on its graph and 188 on this layer): compare runs given --kernels analytic"] if r.get("kernels_switched") else []),
+                " (the two can differ widely: llama3-8b"
+                + ("" if m["name"] == "llama3-8b" else ", not this model,")
+                + " at tp 8 on a dgx-h100 took 267 ms on its graph and 188 on this layer): compare"
+                " runs given --kernels analytic"] if r.get("kernels_switched") else []),
              f"  iteration {r['iteration_ms']:.2f} ms" + band_text(r["band_ms"])
              + (f", {r['tokens_per_s']:.0f} tokens/s" if r["tokens_per_s"] else "")
              + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else ""),
