@@ -169,8 +169,8 @@ def test_empty_example_inputs_are_named(tmp_path, monkeypatch):
 
     lin = nn.Linear(8, 8)
     with pytest.raises(KitError, match="example inputs have a batch of 0"):
-        graph_of(lin, 1, None, "inference", inputs=(torch.zeros(0, 8),))
-    assert graph_of(lin, 1, None, "inference", inputs=(torch.zeros(2, 8),)).kernels()
+        graph_of(lin, None, None, "inference", inputs=(torch.zeros(0, 8),))
+    assert graph_of(lin, None, None, "inference", inputs=(torch.zeros(2, 8),)).kernels()
 
 
 CONFIG_MODULE = """

@@ -108,3 +108,10 @@ def test_collect_comm_refuses_bad_counts_before_looking_at_its_output(tmp_path, 
     assert "argument --ranks: expected a positive whole number" in _err(
         capsys, ["collect-comm", "--out", str(out), "--ranks", "0"])
     assert out.read_text() == "earlier measurements\n"
+
+
+def test_collect_comm_refuses_a_negative_warmup_before_looking_at_its_output(tmp_path, capsys):
+    out = tmp_path / "c.txt"
+    out.write_text("earlier measurements\n")
+    assert "argument --warmup: expected a whole number >= 0" in _err(
+        capsys, ["collect-comm", "--out", str(out), "--warmup", "-1"])

@@ -107,5 +107,13 @@ def test_predict_model_takes_paths_and_numpy_integers_and_refuses_no_dtype(tmp_p
     assert by_path.total_ms == pytest.approx(predict_model(str(f), "h100-sxm", mode="inference", seq=16).total_ms)
     it = predict_model(str(f), "h100-sxm", mode="inference", batch=np.int64(2), seq=np.int64(16))
     assert it.meta["batch"] == 2 and type(it.meta["batch"]) is int
-    with pytest.raises(KitError, match="dtype must be a name"):  # None was priced as fp32
+    with pytest.raises(KitError, match="unknown dtype None"):  # None was priced as fp32
         predict_model(str(f), "h100-sxm", mode="inference", seq=16, dtype=None)
+
+
+def test_a_family_the_zoo_lacks_is_named_before_its_sizes(tmp_path, capsys):
+    # DeBERTa-v2 ships type_vocab_size 0: the error had been about that field, not the family
+    f = tmp_path / "deberta.json"
+    f.write_text(json.dumps({"model_type": "deberta-v2", "type_vocab_size": 0, "hidden_size": 768}))
+    assert "model_type 'deberta-v2' is not supported" in _err(
+        capsys, ["predict", str(f), "--gpu", "t4", "--mode", "inference", "--seq", "16"])

@@ -54,7 +54,7 @@ def test_token_ids_into_a_float_linear_are_refused_as_torch_refuses_them():
         FeatureMLP()(torch.zeros(8, 512, dtype=torch.long))
     with pytest.raises(KitError, match=r"module 'l1' at aten\.addmm.*int64.*example_inputs"):
         graph_of(FeatureMLP(), batch=8, mode="inference")
-    assert graph_of(FeatureMLP(), 1, mode="inference", inputs=(torch.randn(8, 512),))  # floats: fine
+    assert graph_of(FeatureMLP(), None, mode="inference", inputs=(torch.randn(8, 512),))  # floats: fine
 
 
 def test_the_cli_says_so_in_one_line(tmp_path, monkeypatch, capsys):
@@ -138,9 +138,9 @@ def test_a_sparse_gradient_is_costed_at_its_rows():
 def test_a_sequence_first_module_reports_its_batch():
     mha = nn.MultiheadAttention(64, 4)  # batch_first=False: (seq, batch, embed)
     x = torch.randn(128, 4, 64)
-    assert graph_of(mha, 1, mode="inference", inputs=(x, x, x)).meta["batch"] == 4
+    assert graph_of(mha, None, mode="inference", inputs=(x, x, x)).meta["batch"] == 4
     first = nn.MultiheadAttention(64, 4, batch_first=True)
-    assert graph_of(first, 1, mode="inference", inputs=(x, x, x)).meta["batch"] == 128
+    assert graph_of(first, None, mode="inference", inputs=(x, x, x)).meta["batch"] == 128
 
 
 def test_a_plain_error_in_packing_keeps_torchs_message():

@@ -40,6 +40,10 @@ def test_a_step_far_longer_than_every_event_is_an_error(tmp_path):
     events(docs[1], name="ProfilerStep")[0]["dur"] = 1e12  # events span 160 us
     with pytest.raises(KitError, match="rank 1's ProfilerStep annotations span 1e\\+12 µs"):
         replay(write_job(tmp_path, docs))
+    events(docs[1], name="ProfilerStep")[0]["dur"] = 5e6  # 5 s: replayed, with a note
+    (tmp_path / "b").mkdir()
+    notes = replay(write_job(tmp_path / "b", docs)).to_dict()["notes"]
+    assert any("rank 1: its ProfilerStep(s) span 5000 ms" in n and "host idle" in n for n in notes)
 
 
 @pytest.mark.parametrize("how", ["launch without one", "strings"])
@@ -95,3 +99,34 @@ def test_events_of_other_categories_are_counted_not_lost(tmp_path):
     (note,) = [n for n in notes if "categories the replay does not read" in n]
     assert "rank 0: skipped 4 complete events" in note and "mtia_ccp_events 3" in note \
         and "(no category) 1" in note and "python_function" not in note
+
+
+def test_a_long_step_the_profiler_filled_with_python_events_is_replayed(tmp_path):
+    # a step of 2 s whose first 1.9 s are Python alone (data preparation): its events span 50 ms,
+    # its python_function event the whole step; it was refused as "ten times longer than its events"
+    docs = two_ranks()
+    for doc in docs:
+        events(doc, name="ProfilerStep")[0]["dur"] = 2e6
+        for e in doc["traceEvents"]:
+            if e["name"] != "ProfilerStep#1":
+                e["ts"] += 1.9e6
+        doc["traceEvents"].append(ev("dataloader.py(12): next", 0, 1.9e6, "python_function"))
+    r = replay(write_job(tmp_path, docs))
+    assert [row["measured_ms"] for row in r.to_dict()["ranks"]] == [pytest.approx(2000.0)] * 2
+
+
+def test_ids_that_are_no_whole_number_read_as_missing(tmp_path):
+    docs = two_ranks()
+    events(docs[0], "cuda_runtime")[0]["args"]["correlation"] = "--5"  # int() had raised ValueError
+    events(docs[1], "cuda_runtime")[0]["args"]["correlation"] = "²"
+    assert len(replay(write_job(tmp_path, docs)).to_dict()["ranks"]) == 2
+
+
+def test_a_rank_read_from_the_file_name_is_not_held_to_the_world_size(tmp_path):
+    # files without a rank, named worker-5 and worker-6, of a world size of 2: the names are hosts
+    d = tmp_path / "job"
+    d.mkdir()
+    for k, doc in zip((5, 6), two_ranks()):
+        del doc["distributedInfo"]["rank"]
+        (d / f"job-worker-{k}.json").write_text(json.dumps(doc))
+    assert len(replay(d).to_dict()["ranks"]) == 2

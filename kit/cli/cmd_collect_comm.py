@@ -1,6 +1,20 @@
 """`kit collect-comm`: measure collectives through torch.distributed, write nccl-tests output."""
+import argparse
+
 from kit.cli import add_command, positive_int
 from kit.errors import KitError
+
+
+def non_negative_int(s: str) -> int:
+    """argparse type: a whole number >= 0 (no warm-up calls is allowed)."""
+    try:
+        value = float(s)
+        whole = int(value)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {s!r}") from None
+    if whole < 0 or whole != value:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {s!r}")
+    return whole
 
 
 def run(args):
@@ -53,7 +67,7 @@ def register(sub):
     p.add_argument("--collectives", default="allreduce",
                    help="comma list of allreduce,reducescatter,allgather,broadcast,reduce,alltoall,sendrecv")
     p.add_argument("--iters", type=positive_int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--warmup", type=non_negative_int, default=5)
     p.add_argument("--repeats", type=positive_int, default=3,
                    help="rounds over all the sizes, each taking --iters samples per size")
     p.add_argument("--stat", help="quantile each rank reports: min, median or pNN "

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kit.data.csv_read import read_csv_strict
 from kit.data.neusight import resolve_data_dir
 from kit.errors import KitError, one_line
 
@@ -185,7 +186,7 @@ def load_label_nodes(data_dir: str | Path | None = None,
     frames = []
     for f in sorted(root.glob("*/*.csv")):
         try:
-            raw = pd.read_csv(f)
+            raw = read_csv_strict(f, f"label CSV {f}")
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
             raise KitError(f"label CSV {f} is malformed: {e}") from None
         if "latency" not in raw.columns and "e2e_latency" in raw.columns:

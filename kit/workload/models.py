@@ -127,7 +127,7 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     batch, seq = (int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
                   for v in (batch, seq))  # numpy integers, as kit.api.predict_generation takes them
     if not isinstance(dtype, str):  # None had been priced as fp32 without a word
-        raise KitError(f"dtype must be a name such as 'fp32' or 'bf16', got {dtype!r}")
+        raise KitError(f"unknown dtype {dtype!r}: give a name such as 'fp32' or 'bf16'")
     zoo_args = (kv_cache, yes_no(loss, "loss"), yes_no(last_logits, "last_logits"))
     batch_given = batch is not None  # a module's own inputs fix the batch: one asked for is refused
     batch = 1 if batch is None else batch

@@ -19,7 +19,7 @@ SIZE_FIELDS = ("n_layer", "num_hidden_layers", "num_layers", "num_decoder_layers
                "num_local_experts", "num_experts_per_tok", "embedding_dim", "dense_features",
                "pooling", "bottom_mlp", "top_mlp", "table_rows", "embedding_size", "hidden_sizes",
                "depths", "num_labels", "image_size", "patch_size", "num_channels", "layers",
-               "classifier_size", "type_vocab_size")
+               "classifier_size")
 
 
 LAYER_FIELDS = ("n_layer", "num_hidden_layers", "num_layers", "num_decoder_layers")
@@ -45,6 +45,11 @@ def _check_sizes(kind: str, cfg: dict) -> None:
             raise KitError(f"{kind} config cannot build a model: {name} must be "
                            f"{'a list of ' if many else 'a '}positive whole number"
                            f"{'s' if many else ''}, got {value!r}")
+    if kind == "bert" and cfg.get("type_vocab_size") is not None and (
+            isinstance(cfg["type_vocab_size"], bool) or not isinstance(cfg["type_vocab_size"], numbers.Integral)
+            or cfg["type_vocab_size"] < 1):  # the zoo's BERT builds the table: 0 rows named another op
+        raise KitError(f"bert config cannot build a model: type_vocab_size must be a positive whole "
+                       f"number, got {cfg['type_vocab_size']!r}")
     for name in LAYER_FIELDS:
         if isinstance(cfg.get(name), numbers.Integral) and cfg[name] > MAX_LAYERS:
             raise KitError(f"{kind} config: {name} {cfg[name]:,} is more than the {MAX_LAYERS:,} layers "
