@@ -350,6 +350,11 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
         _, extra_files = own_rows(extra, MODELLED)
     frame = training_frame(data, gpus, test_rows=test_rows, extra=extra, suspect_rows=suspect_rows)
     n_test = int((frame.split == "test").sum())  # 0 when the data has no test files
+    kept = frame.attrs.get("extra_rows_kept", {})
+    for f in extra_files:  # the rows trained on: a shape NeuSight (or the file) already has keeps one row
+        if "rows" in f:
+            f["rows_trained_on"] = kept.get(f["path"], 0)
+            f["left_out"]["shape already measured"] = f["rows"] - f["rows_trained_on"]
     left_out = frame.attrs.get("suspect_rows_left_out", [])
     bundle = train_bundle(frame, gpus, seed=seed, threads=threads,
                           settings=QUICK if quick else None, direct=direct, calibrate=not quick,
@@ -362,10 +367,11 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
                                                   if n_test else ")")
                                 + "".join(f"; less {d['rows']} {d['gpu']} {d['op']} rows of "
                                           f"{d['source']} (suspect_rows_left_out)" for d in left_out)
-                                + (f"; and {sum(f.get('rows', 0) for f in extra_files)} FP32 rows of the "
+                                + (f"; and {sum(f.get('rows_trained_on', 0) for f in extra_files)} FP32 rows of the "
                                    f"user's own measurements in {sum('rows' in f for f in extra_files)} "
                                    "file(s) (extra_data)"
                                    if extra_files else ""),
+                                "data_dir": str(data),
                                 "test_rows_trained_on": n_test, "extra_data": extra_files,
                                 "suspect_rows_left_out": left_out, "suspect_rows_kept": suspect_rows,
                                 "command": command or "kit.api.train_predictors"})

@@ -47,13 +47,27 @@ def test_a_file_that_fails_its_hash_is_not_kept(tmp_path):
     assert not (dest / "LICENSE").exists() and not (dest / "LICENSE.part").exists()
 
 
-def test_a_corrupt_local_file_is_downloaded_again(tmp_path):
+def test_a_corrupt_file_in_the_kits_cache_is_downloaded_again(tmp_path, monkeypatch):
+    root, manifest, files = _mirror(tmp_path)
+    dest = tmp_path / "cache"
+    monkeypatch.setattr(fetch, "fetched_dir", lambda: dest)
+    fetch.fetch_neusight(base_url=root.as_uri(), manifest=manifest, progress=False)
+    (dest / "LICENSE").write_bytes(b"broken")
+    r = fetch.fetch_neusight(base_url=root.as_uri(), manifest=manifest, progress=False)
+    assert r["downloaded"] == 1 and (dest / "LICENSE").read_bytes() == files["LICENSE"]
+
+
+def test_a_differing_file_in_a_dest_of_ones_own_is_replaced_only_with_force(tmp_path):
+    # it had been written over unasked: an edited CSV, or a file of one's own at that path
     root, manifest, files = _mirror(tmp_path)
     dest = tmp_path / "dest"
     fetch.fetch_neusight(dest=dest, base_url=root.as_uri(), manifest=manifest, progress=False)
-    (dest / "LICENSE").write_bytes(b"broken")
-    r = fetch.fetch_neusight(dest=dest, base_url=root.as_uri(), manifest=manifest, progress=False)
-    assert r["downloaded"] == 1 and (dest / "LICENSE").read_bytes() == files["LICENSE"]
+    (dest / "LICENSE").write_bytes(b"MINE\n")
+    with pytest.raises(KitError, match="holds 1 file.* that differ from the pinned data \\(LICENSE\\); pass --force"):
+        fetch.fetch_neusight(dest=dest, base_url=root.as_uri(), manifest=manifest, progress=False)
+    assert (dest / "LICENSE").read_bytes() == b"MINE\n"
+    r = fetch.fetch_neusight(dest=dest, force=True, base_url=root.as_uri(), manifest=manifest, progress=False)
+    assert r["downloaded"] == 3 and (dest / "LICENSE").read_bytes() == files["LICENSE"]
 
 
 def test_urls_are_pinned_and_quoted():

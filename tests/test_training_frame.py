@@ -245,7 +245,32 @@ def test_own_fp32_rows_join_and_others_are_left_out_with_the_count(layout, tmp_p
     m = json.loads((out / "manifest.json").read_text())
     (rec,) = m["extra_data"]
     assert rec["rows"] == 2 and rec["left_out"]["not fp32"] == 1 and len(rec["sha256"]) == 64
+    assert rec["rows_trained_on"] == 2 and rec["left_out"]["shape already measured"] == 0
     assert "h100-sxm" in m["train_gpus"] and "2 FP32 rows of the user's own" in m["data_source"]
+
+
+def test_own_rows_of_a_shape_already_measured_are_not_counted_as_trained_on(layout, tmp_path):
+    # a shape NeuSight (or the file itself) already holds keeps one row; the manifest had counted
+    # every own row as trained on
+    own = _own_csv(tmp_path / "h100.csv", [("h100-sxm", "fp32", 512, 1024, 0.02),
+                                          ("h100-sxm", "fp32", 512, 1024, 0.03),
+                                          ("h100-sxm", "fp32", 4096, 4096, 0.11)])
+    frame = training_frame(layout, ["t4", "h100-sxm"], extra=[own])
+    assert frame.attrs["extra_rows_kept"] == {str(own): 2} and "_extra_file" not in frame
+    t4 = training_frame(layout, ["t4"])
+    shape = t4[t4.op_class == "softmax"].iloc[0]
+    again = _own_csv(tmp_path / "t4.csv", [("t4", "fp32", int(shape["rows"]), int(shape["cols"]), 9.0)])
+    frame = training_frame(layout, ["t4"], extra=[again])
+    assert frame.attrs["extra_rows_kept"] == {} and 9.0 not in set(frame.latency_ms)
+
+
+def test_own_rows_of_a_gpu_the_catalog_lacks_are_counted_as_such(layout, tmp_path):
+    from kit.predict.own_measurements import own_rows
+    from kit.predict.training import MODELLED
+
+    own = _own_csv(tmp_path / "mine.csv", [("mygpu", "fp32", 512, 1024, 0.02), ("t4", "fp32", 512, 1024, 0.03)])
+    _, (rec,) = own_rows([own], MODELLED)  # "add it to train on them" had said one thing, --train-gpus another
+    assert rec["rows"] == 1 and rec["left_out"]["not on a catalog GPU"] == 1
 
 
 def test_own_rows_of_a_gpu_not_trained_on_or_none_usable_are_refused(layout, tmp_path):

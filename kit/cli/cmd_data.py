@@ -74,4 +74,4 @@ def register(sub):
     f = add_command(data_sub, "fetch", "download a public data set, pinned and hash-checked", fetch, fetch_text)
     f.add_argument("dataset", choices=["neusight"])
     f.add_argument("--dest", type=nonempty, metavar="DIR", help="where to put it (default: the kit cache)")
-    f.add_argument("--force", action="store_true", help="download again even when files verify")
+    f.add_argument("--force", action="store_true", help="download again even when files verify, replacing files that differ")

@@ -1,6 +1,7 @@
 """pandas.read_csv for measurement files, strict about rows longer than the header."""
 from __future__ import annotations
 
+import re
 import warnings
 
 import pandas as pd
@@ -13,14 +14,20 @@ def read_csv_strict(source, where: str, **kw) -> pd.DataFrame:
     rows all carry one field more than its header had its first column read as the index, so
     every other column shifted by one ("unknown op '0.5'"). Rows with more fields than the
     header are a KitError naming `where` (pandas' ParserError, raised by the caller's handler,
-    or its warning when every row is longer)."""
+    or its warning when every row is longer), and so is a column named twice."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", pd.errors.ParserWarning)
         try:
-            return pd.read_csv(source, index_col=False, **kw)
+            frame = pd.read_csv(source, index_col=False, **kw)
         except pd.errors.ParserWarning:
             head = pd.read_csv(source, nrows=0, **{k: v for k, v in kw.items() if k != "dtype"}) \
                 if not hasattr(source, "seek") else None
             cols = f" ({len(head.columns)} columns)" if head is not None else ""
             raise KitError(f"{where}: its rows have more fields than its header{cols}; a field "
                            "is missing from the header or a row has one too many") from None
+    # pandas renames a repeated column "latency_ms.1", and readers took the first without a word
+    twice = sorted({m.group(1) for c in frame.columns
+                    if (m := re.fullmatch(r"(.+)\.(\d+)", str(c))) and m.group(1) in frame.columns})
+    if twice:
+        raise KitError(f"{where}: column(s) {', '.join(twice)} appear twice in the header; give each once")
+    return frame

@@ -110,14 +110,17 @@ def _urlopen(url: str):
 def fetch_neusight(dest: str | Path | None = None, force: bool = False, base_url: str = BASE_URL,
                    manifest: dict | str | Path | None = None, opener=None,
                    progress: bool | None = None) -> dict:
-    """Download every manifest file that is missing or fails its hash into dest; verify the rest."""
+    """Download every manifest file that is missing or fails its hash into dest; verify the rest.
+    In the kit's own cache (dest None) a file that fails its hash is downloaded again; in a
+    dest of the caller's, files that differ are replaced only with force (they may be edits)."""
     manifest = manifest if isinstance(manifest, dict) else load_manifest(manifest or MANIFEST_PATH)
+    own_cache = dest is None
     dest = Path(dest) if dest is not None else fetched_dir()
     if dest.exists() and not dest.is_dir():
         raise KitError(f"--dest {dest} is a file, not a folder; choose a folder to download into")
     created = next((p for p in reversed([dest, *dest.parents]) if not p.exists()), None)
     try:
-        return _fetch_into(dest, force, base_url, manifest, opener or _urlopen, progress)
+        return _fetch_into(dest, force, base_url, manifest, opener or _urlopen, progress, own_cache)
     except BaseException:
         if created is not None:  # a failed first download leaves no empty folders behind
             try:
@@ -139,7 +142,7 @@ def _remove_empty_dirs(top: Path) -> None:
 
 
 def _fetch_into(dest: Path, force: bool, base_url: str, manifest: dict, opener,
-                progress: bool | None) -> dict:
+                progress: bool | None, own_cache: bool = False) -> dict:
     files = manifest["files"]
     show = progress if progress is not None else sys.stderr.isatty()
     bar = None
@@ -148,12 +151,21 @@ def _fetch_into(dest: Path, force: bool, base_url: str, manifest: dict, opener,
 
         bar = tqdm(total=sum(int(f.get("bytes", 0)) for f in files.values()), unit="B",
                    unit_scale=True, file=sys.stderr, desc="neusight")
-    downloaded = verified = 0
-    for rel, entry in sorted(files.items()):
+    for rel in files:
         if rel.startswith("/") or ".." in Path(rel).parts:
             raise KitError(f"download manifest has an unsafe path {rel!r}")
+    same = {rel: (dest / rel).is_file() and sha256_of(dest / rel) == e["sha256"] for rel, e in files.items()}
+    other = sorted(rel for rel in files if (dest / rel).is_file() and not same[rel])
+    if other and not force and not own_cache:  # an edit, or a file of one's own: never written over unasked
+        if bar is not None:
+            bar.close()
+        raise KitError(f"{dest} already holds {len(other)} file(s) that differ from the pinned data "
+                       f"({', '.join(other[:3])}{' ...' if len(other) > 3 else ''}); pass --force "
+                       "(force=True) to replace them, or fetch into another --dest")
+    downloaded = verified = 0
+    for rel, entry in sorted(files.items()):
         target = dest / rel
-        if not force and target.is_file() and sha256_of(target) == entry["sha256"]:
+        if not force and same[rel]:
             verified += 1
         else:
             _download(file_url(base_url, manifest, rel), target, entry["sha256"], opener)

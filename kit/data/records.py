@@ -225,8 +225,15 @@ class Appender:
         self.header = cols
 
     def _read_keys(self) -> set[tuple]:
-        """The keys of the rows the file holds."""
-        existing = schema.conform(_read_schema_csv(self.path), str(self.path))
+        """The keys of the rows the file holds. The rows are checked as every reader checks them
+        (checked_table): a resumed sweep had appended to a file no reader could load again."""
+        raw = _read_schema_csv(self.path)
+        try:
+            checked_table(raw, str(self.path))
+        except KitError as e:
+            said = str(e) if str(self.path) in str(e) else f"{self.path}: {e}"
+            raise KitError(f"cannot resume: {said}; mend or move the file") from None
+        existing = schema.conform(raw, str(self.path))
         return {self.key(r) for r in existing.to_dict("records")}
 
     def key(self, row) -> tuple:

@@ -46,7 +46,12 @@ class ArrayMLP:
             a = np.asarray(state[k], dtype=np.float32)
             if a.shape != shapes[k]:
                 raise ValueError(f"MLP state: {k} has shape {a.shape}, expected {shapes[k]}")
+            if not np.isfinite(a).all():
+                raise ValueError(f"MLP state: {k} holds values that are no finite number")
             self.arrays[k] = a
+        if not (self.arrays["x_std"] > 0).all() or not (self.arrays["x_min"] <= self.arrays["x_max"]).all():
+            # a 0 spread divided every input by 0: NaN latencies, printed with exit 0
+            raise ValueError("MLP state: x_std must be > 0 and x_min <= x_max for every input")
         self.n_in, self.n_out, self.hidden = n_in, n_out, hidden
         # computed in float64: float32 products summed in a batch-size-dependent order (BLAS
         # blocking) gave one op answers a few ulps apart beside different neighbours, enough to

@@ -43,6 +43,19 @@ def _without_bias(csv: Path) -> bool:
     return any((r.get("settings") or {}).get("linear_bias") is False for r in recorded_runs(csv) or ())
 
 
+def _in_catalog(gpu) -> bool:
+    """Whether a row's gpu is one the catalog knows (a key, or a name it resolves)."""
+    from kit.hardware import get_gpu
+
+    if not isinstance(gpu, str):
+        return False
+    try:
+        get_gpu(gpu)
+    except KitError:
+        return False
+    return True
+
+
 def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
     """(rows to train on, one record per file read). KitError for a path that holds none."""
     from kit.data import load_measurements
@@ -61,7 +74,7 @@ def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
                 continue
             ok_class = rows.op_class.isin(list(modelled))
             fp32 = rows.dtype.fillna("fp32") == "fp32"
-            on_gpu = rows.gpu.notna()
+            on_gpu = rows.gpu.map(_in_catalog).astype(bool)  # a GPU the catalog lacks had been counted as one
             no_bias = (rows.op == "linear") & _without_bias(f)
             keep = ok_class & fp32 & on_gpu & (rows.latency_ms > 0) & ~no_bias
             files.append({"path": str(f), "sha256": sha256_of(f), "rows": int(keep.sum()),
@@ -69,7 +82,7 @@ def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
                                        "linear without a bias": int((ok_class & fp32 & no_bias).sum()),
                                        "not on a catalog GPU": int((ok_class & fp32 & ~on_gpu).sum()),
                                        "op class not modelled": int((~ok_class).sum())}})
-            parts.append(rows[keep].assign(split="train"))
+            parts.append(rows[keep].assign(split="train", _extra_file=str(f)))
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if frame.empty:
         raise KitError("--extra: none of the rows are FP32 GEMM, elementwise, softmax or layer-norm "

@@ -164,6 +164,13 @@ class TileChooser:
     def from_state(tensors: dict, meta: dict) -> "TileChooser":
         from kit.predict.array_mlp import ArrayMLP
 
+        vocab = meta["vocab"]
+        if not isinstance(vocab, list) or not vocab or not all(
+                isinstance(v, list) and len(v) == 4
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v) for v in vocab):
+            # a tile of 0 rows had divided by 0 in the occupancy
+            raise ValueError(f"tile_choice.vocab must be a non-empty list of tiles, each 4 whole "
+                             f"numbers >= 1 (rows, columns, k step, threads), got {vocab!r:.80}")
         model = ArrayMLP({k.split(".", 1)[1]: v for k, v in tensors.items()
                           if k.startswith("tile_choice.")},
                          meta["n_in"], len(meta["vocab"]), hidden=meta["hidden"], depth=2)

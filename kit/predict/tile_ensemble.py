@@ -115,13 +115,17 @@ class ClassModel:
     def from_state(op_class: str, tensors: dict, meta: dict, prefix: str = "") -> "ClassModel":
         from kit.predict.array_mlp import ArrayMLP
 
+        members, mode = meta["members"], meta.get("mode", "utilisation")
+        if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+            raise ValueError(f"{op_class}: members must be a whole number >= 1, got {members!r}")
+        if mode not in HEADS:
+            raise ValueError(f"{op_class}: mode must be one of {', '.join(HEADS)}, got {mode!r}")
         nets = []
-        for i in range(meta["members"]):
+        for i in range(members):
             head = f"{prefix}{op_class}.{i}."
             nets.append(ArrayMLP({k[len(head):]: v for k, v in tensors.items() if k.startswith(head)},
                                  meta["n_in"], 3, hidden=meta["hidden"], depth=2))
-        return ClassModel(op_class, nets, meta["hidden"], meta.get("mode", "utilisation"),
-                          meta["n_in"])
+        return ClassModel(op_class, nets, meta["hidden"], mode, meta["n_in"])
 
 
 def combine(logq: np.ndarray, transfer_sigma: float = 0.0):

@@ -93,6 +93,10 @@ def training_frame(data_dir=None, gpus=None, test_rows: bool = True, extra=(),
                   & (frame.latency_ms > 0)]
     left_out = frame[suspect_mask(frame)] if not suspect_rows else frame.iloc[:0]
     frame = frame.drop(left_out.index).drop_duplicates(SHAPE_KEY).reset_index(drop=True)
+    if "_extra_file" in frame:  # the own rows that survived: a shape NeuSight has keeps its row
+        kept = frame[frame.gpu.isin(keys_of(gpus)) if gpus is not None else frame.gpu.notna()]
+        frame.attrs["extra_rows_kept"] = {k: int(n) for k, n in kept.groupby("_extra_file").size().items()}
+        frame = frame.drop(columns="_extra_file")
     left_out = left_out.drop_duplicates(SHAPE_KEY)  # counted as they would have been trained on
     if gpus is not None:
         left_out = left_out[left_out.gpu.isin(keys_of(gpus))]
@@ -101,7 +105,9 @@ def training_frame(data_dir=None, gpus=None, test_rows: bool = True, extra=(),
             raise KitError(f"the only training rows of {', '.join(only_suspect)} are left out as "
                            "suspect (kit.predict.training.SUSPECT_ROWS); --keep-suspect-rows "
                            "(suspect_rows=True) trains on them")
+    attrs = dict(frame.attrs)
     frame = select_gpus(frame, gpus)
+    frame.attrs.update({k: v for k, v in attrs.items() if k not in frame.attrs})
     # what was left out, for a manifest: [{gpu, op, source, rows, why}]
     frame.attrs["suspect_rows_left_out"] = [
         {"gpu": g, "op": o, "source": src, "rows": int(n), "why": SUSPECT_ROWS[(g, o, src)]}

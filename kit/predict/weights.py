@@ -186,7 +186,7 @@ def read_manifest(weights_dir: str | Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise KitError(f"{mpath} is not a gpu-perf-kit predictor manifest "
                        f"(its format tag should be {FORMAT!r})")
-    if manifest.get("version") != VERSION:
+    if manifest.get("version") != VERSION or isinstance(manifest.get("version"), bool):  # True == 1
         raise KitError(f"{mpath}: weights format version {manifest.get('version')!r}; "
                        f"this kit reads version {VERSION}")
     if not isinstance(manifest.get("parts"), dict):
@@ -290,7 +290,8 @@ def load_bundle(weights_dir: str | Path | None = None) -> Bundle:
             mlp = DirectMLP({cls: ClassModel.from_state(cls, tensors, meta, prefix="mlp.")
                              for cls, meta in parts["mlp"]["classes"].items()})
         li = LiPredictor(_li_coefs(parts["li"]["coefs"], folder / MANIFEST_FILE))
-        _check_info(parts["tile"].get("transfer_sigma", {}), info, folder / MANIFEST_FILE)
+        _check_info(parts["tile"].get("transfer_sigma", {}), info, folder / MANIFEST_FILE,
+                    parts["tile"].get("band"), parts["li"]["coefs"])
         tile = TilePredictor(chooser, models, parts["tile"].get("transfer_sigma", {}), info,
                              parts["tile"].get("band"))
     except (KeyError, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as e:
@@ -367,16 +368,38 @@ def load_cached(weights_dir: str | Path) -> Bundle:
     return _loaded[key]
 
 
-def _check_info(sigma, info: dict, where: Path) -> None:
-    """KitError for a transfer σ that is not {op_class: finite number >= 0} (a string failed deep
-    inside, NaN dropped the band's coverage without a word) and for train_gpus that are not a
-    list of names ("t4" was read letter by letter)."""
-    if not isinstance(sigma, dict) or not all(_number(v) for v in sigma.values()):
-        raise KitError(f"{where}: parts.tile.transfer_sigma must map op classes to finite numbers "
-                       f">= 0, got {sigma!r:.80}; retrain with `kit train`")
+# the widest transfer σ (log latency) a manifest may hold: e^10, a band 22,000x each way; 1e308
+# passed as finite and overflowed the band's arithmetic
+MAX_SIGMA_LOG = 10.0
+
+
+def _check_info(sigma, info: dict, where: Path, band=None, li_coefs=None) -> None:
+    """KitError for a transfer σ that is not {op_class: finite number in [0, MAX_SIGMA_LOG]} (a
+    string failed deep inside, NaN dropped the band's coverage without a word, 1e308 overflowed),
+    for train_gpus that are not a list of names ("t4" was read letter by letter), and for GPU
+    names (train_gpus, the band's, the Li coefficients') the catalog does not know: they had
+    surfaced as "unknown GPU" on a prediction for another GPU."""
+    from kit.hardware import get_gpu
+
+    sigmas = [*(sigma.values() if isinstance(sigma, dict) else [None]),
+              *((band or {}).get("sigma_at_0") or {}).values()]
+    if not isinstance(sigma, dict) or not all(_number(v) and v <= MAX_SIGMA_LOG for v in sigmas):
+        raise KitError(f"{where}: parts.tile.transfer_sigma must map op classes to numbers from 0 to "
+                       f"{MAX_SIGMA_LOG:g} (band.sigma_at_0 likewise), got {sigma!r:.80}; retrain with "
+                       "`kit train`")
     gpus = info.get("train_gpus", [])
     if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
         raise KitError(f"{where}: train_gpus must be a list of GPU names, got {gpus!r:.80}")
+    named = [("train_gpus", g) for g in gpus] \
+        + [("parts.tile.band.train_gpus", g) for g in ((band or {}).get("train_gpus") or [])] \
+        + [(f"parts.li.coefs.{cls}", g) for cls, table in (li_coefs or {}).items() for g in table]
+    for key, g in named:
+        try:
+            get_gpu(g)
+        except KitError:
+            raise KitError(f"{where}: {key} names GPU {g!r}, which the catalog does not know (see "
+                           "`kit gpus`; load its file with --gpu-file first), so these weights "
+                           "cannot be used") from None
 
 
 def _li_coefs(coefs, where: Path) -> dict:
