@@ -14,6 +14,7 @@ No model logic lives in a panel: it only calls kit.
 from __future__ import annotations
 
 import html
+import numbers
 
 import altair as alt
 import ipywidgets as W
@@ -58,7 +59,7 @@ def check_init(panel: str, name: str, value, options=None, lo=None, hi=None, who
     if options is not None and value not in list(options):
         raise KitError(f"{panel}: {name} {value!r} is not one of its choices "
                        f"({', '.join(map(str, options))})")
-    kinds = int if whole else (int, float)
+    kinds = numbers.Integral if whole else numbers.Real  # numpy scalars too: a pandas row's values
     if lo is not None and not (isinstance(value, kinds) and not isinstance(value, bool) and lo <= value <= hi):
         raise KitError(f"{panel}: {name} must be a {'whole ' if whole else ''}number from {lo:,} to "
                        f"{hi:,}, got {value!r}")

@@ -42,7 +42,7 @@ class EmbeddingPanel(Panel):
                           pooling=check_init(name, "pooling", pooling, lo=1, hi=200),
                           batch=check_init(name, "batch", batch, BATCHES),
                           alpha=check_init(name, "alpha", alpha, lo=0.0, hi=1.6, whole=False),
-                          tables=check_init(name, "tables", tables, lo=1, hi=32), backward=bool(backward))
+                          tables=check_init(name, "tables", tables, lo=1, hi=32), backward=check_init(name, "backward", backward, (False, True)))
         super().__init__()
 
     def controls(self):
@@ -110,7 +110,7 @@ class EmbeddingPanel(Panel):
         held = self.table(self.alpha.value).bytes * self.tables.value
         gpu = get_gpu(self.gpu.value)
         fit = ("" if held <= gpu.memory_bytes else
-               f" · the tables hold {held / 1e9:,.0f} GB, more than {gpu.key}'s {gpu.memory_gib:g} GiB: "
+               f" · the tables hold {held / 2**30:,.0f} GiB, more than {gpu.key}'s {gpu.memory_gib:g} GiB: "
                "shard them over GPUs (notebook 07)")
         return (f"{p['lookups']:,.0f} lookups touch {p['unique_rows']:,.0f} unique rows; {reuse} · "
                 f"DRAM {p['dram_bytes'] / 1e6:.1f} MB in {p['dram_ms']:.4f} ms, "

@@ -24,7 +24,7 @@ class GemmPanel(Panel):
             check_init("GemmPanel", name, value, lo=1, hi=MAX_DIM)
         Gemm(m=m, n=n, k=k, dtype=dtype)  # a KitError for a dtype no GEMM has
         self._init = dict(m=m, n=n, k=k, gpu=get_gpu(gpu).key, dtype=dtype)
-        compare = [compare] if isinstance(compare, str) else compare  # one name, or several
+        compare = () if compare is None else [compare] if isinstance(compare, str) else compare  # one name, or several
         self.compare = tuple(get_gpu(g).key for g in compare)
         super().__init__()
 

@@ -19,7 +19,7 @@ HELD_OUT = ("a100-pcie-80gb", "l4")
 CLASSES = ("all", "gemm", "elementwise", "softmax", "layernorm")
 MAX_POINTS = 3000
 # the legend's words for NeuSight's op names (kit/data/schema.py; a trailing "u": a scalar operand)
-OP_NAMES = {"bmm": "batched matmul", "linear": "linear layer", "conv": "2-D convolution",
+OP_NAMES = {"matmul": "square matmul", "bmm": "batched matmul", "linear": "linear layer", "conv": "2-D convolution",
             "add": "add", "addu": "add a scalar", "mul": "multiply", "mulu": "multiply by a scalar",
             "div": "divide", "divu": "divide by a scalar", "pow": "power (tensor exponent)",
             "powu": "power (scalar exponent)", "relu": "ReLU", "gelu": "GELU", "tanh": "tanh",
@@ -62,11 +62,14 @@ class TilePredictorPanel(Panel):
             if missing:
                 raise KitError(f"TilePredictorPanel: the rows lack column(s) {', '.join(missing)}; "
                                "pass kit.predict.evaluate.predict_rows output")
-            measured = pd.to_numeric(rows.measured_ms, errors="coerce")
-            if not (np.isfinite(measured) & (measured > 0)).all():  # an APE of inf, a log axis from 0
-                raise KitError("TilePredictorPanel: every measured_ms must be a finite number > 0")
+            for col in ("measured_ms", "predicted_ms"):  # one log axis: an APE of inf, a domain from 0
+                values = pd.to_numeric(rows[col], errors="coerce")
+                if not (np.isfinite(values) & (values > 0)).all():
+                    raise KitError(f"TilePredictorPanel: every {col} must be a finite number > 0")
             self.rows, self.gpus = rows, sorted(rows.gpu.unique())
         else:  # every GPU asked for is offered; one without measurements shows the roofline sweep
+            if gpus is None or not isinstance(gpus, (str, list, tuple)):
+                raise KitError(f"TilePredictorPanel: gpus must be a GPU name or a list of them, got {gpus!r}")
             gpus = [gpus] if isinstance(gpus, str) else gpus  # one name, or several
             self.gpus = list(dict.fromkeys(get_gpu(g).key for g in gpus))
             if not self.gpus:
@@ -109,7 +112,7 @@ class TilePredictorPanel(Panel):
                   "softmax": ("softmax", [Softmax(4096, 1 << k) for k in range(5, 15)]),
                   "layernorm": ("layernorm", [LayerNorm(4096, 1 << k) for k in range(5, 15)])}
         name, ops = sweeps.get(self.op_class.value,
-                               ("bmm", [Gemm(m=s, n=s, k=s) for s in (64, 128, 256, 512, 1024, 2048, 4096)]))
+                               ("matmul", [Gemm(m=s, n=s, k=s) for s in (64, 128, 256, 512, 1024, 2048, 4096)]))
         pred = get_predictor("auto").predict(ops, self.gpu.value)
         return pd.DataFrame({"gpu": self.gpu.value, "op": name, "op_class": ops[0].op_class,
                              "measured_ms": pred.roofline_ms, "predicted_ms": pred.latency_ms,
@@ -123,7 +126,9 @@ class TilePredictorPanel(Panel):
         data = rows[["op", "op_class", "measured_ms", "predicted_ms", "p10_ms", "p90_ms",
                      "ape", "tile"]].round(6)
         data["op_name"] = data.op.map(lambda o: OP_NAMES.get(o, o))
-        x_title = "measured ms" if self.measured() else "roofline ms (no measurements)"
+        measured = self.measured()
+        x_title = "measured ms" if measured else "roofline ms (no measurements)"
+        against = "measured_ms" if measured else alt.Tooltip("measured_ms", title="roofline_ms")
         lo = float(min(data.measured_ms.min(), data.predicted_ms.min()))
         hi = float(max(data.measured_ms.max(), data.predicted_ms.max()))
         scale = alt.Scale(type="log", domain=[lo, hi])
@@ -131,12 +136,14 @@ class TilePredictorPanel(Panel):
             x=alt.X("measured_ms:Q", scale=scale, title=x_title),
             y=alt.Y("predicted_ms:Q", scale=scale, title="predicted ms (tile-MLP)"),
             color=alt.Color("op_name:N", title="op"),
-            tooltip=["op_name", "op", "tile", "measured_ms", "predicted_ms", "p10_ms", "p90_ms", "ape"])
+            tooltip=["op_name", "op", "tile", against, "predicted_ms", "p10_ms", "p90_ms",
+                     *(["ape"] if measured else [])])
         diagonal = alt.Chart(pd.DataFrame({"measured_ms": [lo, hi], "predicted_ms": [lo, hi]})
                              ).mark_line(color="gray", strokeDash=[4, 4]).encode(
             x="measured_ms:Q", y="predicted_ms:Q")
         return (diagonal + points).properties(width=420, height=360,
-                                               title=f"{self.gpu.value}: predicted vs measured")
+                                               title=f"{self.gpu.value}: predicted vs "
+                                                     + ("measured" if measured else "roofline"))
 
     def summary_text(self) -> str:
         if not self.measured():
