@@ -371,7 +371,7 @@ def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int
                                    f"user's own measurements in {sum('rows' in f for f in extra_files)} "
                                    "file(s) (extra_data)"
                                    if extra_files else ""),
-                                "data_dir": str(data),
+                                "data_dir": os.path.realpath(data),
                                 "test_rows_trained_on": n_test, "extra_data": extra_files,
                                 "suspect_rows_left_out": left_out, "suspect_rows_kept": suspect_rows,
                                 "command": command or "kit.api.train_predictors"})

@@ -77,3 +77,54 @@ def test_collect_resume_refuses_a_file_no_reader_can_load(tmp_path, capsys):
     line = _err(capsys, ["collect", "--ops", "gemm", "--shapes", "tiny-gemm:3", "--out", str(out),
                          "--device", "cpu", "--no-l2-flush", "--repeats", "3", "--resume"])
     assert "cannot resume" in line and "garbage" in line and out.read_text() == before
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda m: m.__setitem__("train_gpus", [*m["train_gpus"], "foo-gpu"]), "train_gpus names GPU 'foo-gpu'"),
+    (lambda m: m["parts"]["li"]["coefs"]["gemm"].__setitem__("foo-gpu", [1.0, 1.0, 0.01]),
+     "parts.li.coefs.gemm names GPU 'foo-gpu'"),
+    (lambda m: m["parts"]["tile"]["band"]["sigma_at_0"].__setitem__("gemm", 11.0), "numbers from 0 to 10"),
+])
+def test_more_weights_values_that_cannot_predict(tmp_path, capsys, edit, needle):
+    assert needle in _err(capsys, [*OP, _weights(tmp_path, edit)])
+
+
+def test_weights_naming_a_gpu_of_a_gpu_file_load_with_that_file(tmp_path, capsys):
+    # the weights were checked before --gpu-file was read: "names GPU ... which the catalog does
+    # not know (load its file with --gpu-file first)", with --gpu-file given
+    from kit.cli import main
+    from kit.hardware import unregister_gpu
+    from kit.hardware.catalog import _builtin_entries
+
+    entry = {**_builtin_entries()["t4"], "key": "weights-t4", "name": "Weights T4", "aliases": []}
+    (tmp_path / "gpu.json").write_text(json.dumps(entry))
+    w = _weights(tmp_path, lambda m: m.__setitem__("train_gpus", [*m["train_gpus"], "weights-t4"]))
+    try:
+        assert main(["op", "gemm", "--gpu", "weights-t4", "--m", "1024", "--n", "1024", "--k", "1024",
+                     "--gpu-file", str(tmp_path / "gpu.json"), "--weights", w, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["latency_ms"] > 0
+    finally:
+        unregister_gpu("weights-t4")
+
+
+def test_a_measurement_csv_with_a_column_twice_is_refused(tmp_path, capsys):
+    f = tmp_path / "t.csv"
+    f.write_text("op,gpu,dtype,b,m,n,k,latency_ms,latency_ms\nbmm,t4,fp32,1,64,64,64,0.5,0.7\n")
+    assert "column(s) latency_ms appear twice" in _err(capsys, ["evaluate", "--test", str(f)])
+
+
+def test_kit_train_records_the_folder_it_read(tmp_path, monkeypatch):
+    import argparse
+
+    from kit.cli import cmd_train
+
+    seen = {}
+    monkeypatch.setattr("kit.api.train_predictors", lambda *a, **kw: seen.update(kw) or {})
+    monkeypatch.setenv("KIT_DATA", "data")  # relative: recorded as the folder it names
+    (tmp_path / "data" / "data").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(out=str(tmp_path / "w"), threads=1, data=None, train_gpus="T4", seed=0,
+                              quick=True, no_direct=False, no_test_rows=False, replace_shipped=False,
+                              keep_suspect_rows=False, extra=None, json=True)
+    cmd_train.run(args)  # the command had named no --data when KIT_DATA chose the folder
+    assert f"--data {(tmp_path / 'data').resolve()} --train-gpus T4" in seen["command"]

@@ -55,6 +55,9 @@ def test_a_corrupt_file_in_the_kits_cache_is_downloaded_again(tmp_path, monkeypa
     (dest / "LICENSE").write_bytes(b"broken")
     r = fetch.fetch_neusight(base_url=root.as_uri(), manifest=manifest, progress=False)
     assert r["downloaded"] == 1 and (dest / "LICENSE").read_bytes() == files["LICENSE"]
+    (dest / "LICENSE").write_bytes(b"broken")  # the cache named as --dest is still the kit's
+    r = fetch.fetch_neusight(dest=str(dest), base_url=root.as_uri(), manifest=manifest, progress=False)
+    assert r["downloaded"] == 1 and (dest / "LICENSE").read_bytes() == files["LICENSE"]
 
 
 def test_a_differing_file_in_a_dest_of_ones_own_is_replaced_only_with_force(tmp_path):

@@ -56,3 +56,12 @@ def test_embedding_panel_speaks_of_gib_on_both_sides():
 
     text = EmbeddingPanel(gpu="b200", rows=10**9, dim=512, tables=32).summary_text()
     assert "GiB, more than b200's" in text and " GB," not in text
+
+
+def test_panels_take_numpy_bools_and_any_list_of_gpus():
+    from widgets.embeddings import EmbeddingPanel
+    from widgets.tile_predictor import TilePredictorPanel
+
+    assert EmbeddingPanel(backward=np.True_).backward.value is True
+    assert TilePredictorPanel(gpus=np.array(["h200", "mi210"])).gpus == ["h200", "mi210"]
+    assert TilePredictorPanel(gpus=pd.Series(["h200"])).gpus == ["h200"]

@@ -42,7 +42,7 @@ class EmbeddingPanel(Panel):
                           pooling=check_init(name, "pooling", pooling, lo=1, hi=200),
                           batch=check_init(name, "batch", batch, BATCHES),
                           alpha=check_init(name, "alpha", alpha, lo=0.0, hi=1.6, whole=False),
-                          tables=check_init(name, "tables", tables, lo=1, hi=32), backward=check_init(name, "backward", backward, (False, True)))
+                          tables=check_init(name, "tables", tables, lo=1, hi=32), backward=bool(check_init(name, "backward", backward, (False, True))))
         super().__init__()
 
     def controls(self):

@@ -8,6 +8,8 @@ the chart draws at most MAX_POINTS of them. No model logic lives here.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import altair as alt
 import ipywidgets as W
 import numpy as np
@@ -68,9 +70,9 @@ class TilePredictorPanel(Panel):
                     raise KitError(f"TilePredictorPanel: every {col} must be a finite number > 0")
             self.rows, self.gpus = rows, sorted(rows.gpu.unique())
         else:  # every GPU asked for is offered; one without measurements shows the roofline sweep
-            if gpus is None or not isinstance(gpus, (str, list, tuple)):
+            if gpus is None or not isinstance(gpus, (str, Iterable)):
                 raise KitError(f"TilePredictorPanel: gpus must be a GPU name or a list of them, got {gpus!r}")
-            gpus = [gpus] if isinstance(gpus, str) else gpus  # one name, or several
+            gpus = [gpus] if isinstance(gpus, str) else list(gpus)  # one name, or several (a Series too)
             self.gpus = list(dict.fromkeys(get_gpu(g).key for g in gpus))
             if not self.gpus:
                 raise KitError("TilePredictorPanel: no GPU given")

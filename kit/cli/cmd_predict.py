@@ -90,6 +90,10 @@ def run_checked(run, args):
     from kit.predict import (FP32_ONLY, LEARNED, PREDICTORS, fp32_only_message, resolve_name,
                              using_weights, weights_in_use)
 
+    if getattr(args, "gpu_file", None):  # before the weights: they may name a GPU only the file has
+        from kit.hardware import load_gpu_file
+
+        load_gpu_file(args.gpu_file)
     with using_weights(args.weights):
         name = resolve_name(args.predictor)
         if args.weights is not None and name in PREDICTORS and name not in LEARNED:

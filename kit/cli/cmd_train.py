@@ -12,9 +12,11 @@ def run(args):
 
     output_path(args.out, "--out", folder=True, package_ok=True)  # the weights check rules there
     threads = args.threads or default_threads()  # named in the command, so a rerun matches
+    from pathlib import Path
+
     from kit.data import resolve_data_dir
 
-    data = args.data or str(resolve_data_dir(None))  # KIT_DATA or the fallback: named, so a rerun reads it
+    data = str(Path(args.data).resolve()) if args.data else str(resolve_data_dir(None).resolve())  # named, so a rerun reads it
     command = " ".join(["kit train", "--data", shlex.quote(str(data)),
                         "--train-gpus", shlex.quote(args.train_gpus), "--out", shlex.quote(args.out),
                         "--seed", str(args.seed), "--threads", str(threads),

@@ -114,7 +114,7 @@ def fetch_neusight(dest: str | Path | None = None, force: bool = False, base_url
     In the kit's own cache (dest None) a file that fails its hash is downloaded again; in a
     dest of the caller's, files that differ are replaced only with force (they may be edits)."""
     manifest = manifest if isinstance(manifest, dict) else load_manifest(manifest or MANIFEST_PATH)
-    own_cache = dest is None
+    own_cache = dest is None or Path(dest).resolve() == fetched_dir().resolve()  # named, or not
     dest = Path(dest) if dest is not None else fetched_dir()
     if dest.exists() and not dest.is_dir():
         raise KitError(f"--dest {dest} is a file, not a folder; choose a folder to download into")
@@ -154,7 +154,8 @@ def _fetch_into(dest: Path, force: bool, base_url: str, manifest: dict, opener,
     for rel in files:
         if rel.startswith("/") or ".." in Path(rel).parts:
             raise KitError(f"download manifest has an unsafe path {rel!r}")
-    same = {rel: (dest / rel).is_file() and sha256_of(dest / rel) == e["sha256"] for rel, e in files.items()}
+    same = {rel: not force and (dest / rel).is_file() and sha256_of(dest / rel) == e["sha256"]
+            for rel, e in files.items()}  # --force downloads all: no hashing first
     other = sorted(rel for rel in files if (dest / rel).is_file() and not same[rel])
     if other and not force and not own_cache:  # an edit, or a file of one's own: never written over unasked
         if bar is not None:
