@@ -180,10 +180,10 @@ def test_embedding_says_when_the_tables_exceed_the_gpu():
 
     p = EmbeddingPanel(gpu="a100-sxm4-40gb", rows=10**7, dim=128)  # 10^7 x 128 x 4 B = 5.1 GB
     assert "more than" not in p.summary.value
-    p.rows.value = 10**9  # 10^9 x 128 x 4 B = 512 GB on a 40 GiB GPU
-    assert "the tables hold 512 GB, more than a100-sxm4-40gb's 40 GiB" in p.summary.value
+    p.rows.value = 10**9  # 10^9 x 128 x 4 B = 512 GB = 477 GiB on a 40 GiB GPU
+    assert "the tables hold 477 GiB, more than a100-sxm4-40gb's 40 GiB" in p.summary.value
     p.tables.value = 2
-    assert "the tables hold 1,024 GB" in p.summary.value
+    assert "the tables hold 954 GiB" in p.summary.value
 
 
 # -- collectives panel -----------------------------------------------------------------------

@@ -93,7 +93,10 @@ def run_checked(run, args):
     if getattr(args, "gpu_file", None):  # before the weights: they may name a GPU only the file has
         from kit.hardware import load_gpu_file
 
-        load_gpu_file(args.gpu_file)
+        try:
+            load_gpu_file(args.gpu_file)
+        except KitError:  # said by run(args), after its output checks (--trace onto the file)
+            pass
     with using_weights(args.weights):
         name = resolve_name(args.predictor)
         if args.weights is not None and name in PREDICTORS and name not in LEARNED:
