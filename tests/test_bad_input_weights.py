@@ -128,3 +128,15 @@ def test_kit_train_records_the_folder_it_read(tmp_path, monkeypatch):
                               keep_suspect_rows=False, extra=None, json=True)
     cmd_train.run(args)  # the command had named no --data when KIT_DATA chose the folder
     assert f"--data {(tmp_path / 'data').resolve()} --train-gpus T4" in seen["command"]
+
+
+@pytest.mark.parametrize("flags", [["--part", "test"], ["--data", "/nowhere"]])
+def test_data_summary_of_a_file_refuses_options_of_a_part(tmp_path, capsys, flags):
+    # --part and --data were ignored beside --file, the file summarised as if they were not given
+    from kit.cli import main
+
+    f = tmp_path / "t.csv"
+    f.write_text("OPName,Latency,Device,B,M,N,K\nbmm,0.5,NVIDIA L4,1,512,512,512\n")
+    assert "--file summarises one CSV" in _err(capsys, ["data", "summary", "--file", str(f), *flags])
+    assert main(["data", "summary", "--file", str(f), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == 1

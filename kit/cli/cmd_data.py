@@ -1,6 +1,7 @@
 """`kit data summary|fetch`: the measured data the kit trains and checks on."""
 from kit.cli import add_command
 from kit.cli.outputs import nonempty
+from kit.errors import KitError
 
 SUMMARY_PARTS = ("train-collect", "train", "test", "amd-train-collect", "amd-train", "amd-test",
                  "labels")
@@ -10,17 +11,21 @@ def summary(args):
     from kit.data import load_labels, load_measurements, load_neusight
 
     if args.file:
+        given = [flag for flag, on in (("--data", args.data), ("--part", args.part)) if on]
+        if given:  # they name a NeuSight part; a file is summarised alone (they had been ignored)
+            raise KitError(f"--file summarises one CSV; {' and '.join(given)} choose a NeuSight part "
+                           "instead: give one or the other")
         frame = load_measurements(args.file)
         rows = frame.groupby(["op", "gpu"], dropna=False).size()
         part = args.file
-    elif args.part == "labels":
+    elif (args.part or "train-collect") == "labels":
         frame = load_labels(args.data)
         rows = frame.assign(op=frame["model"] + "-" + frame["mode"]).groupby(["op", "gpu"]).size()
         part = "labels"
     else:
-        frame = load_neusight(args.part, data_dir=args.data)
+        part = args.part or "train-collect"
+        frame = load_neusight(part, data_dir=args.data)
         rows = frame.groupby(["op", "gpu"], dropna=False).size()
-        part = args.part
     return {"part": part, "total": int(len(frame)),
             "rows": [{"op": op, "gpu": (None if gpu != gpu else gpu), "n": int(n)}
                      for (op, gpu), n in rows.items()]}
@@ -69,7 +74,7 @@ def register(sub):
                     summary, summary_text)
     s.add_argument("--data", type=nonempty, metavar="DIR", help="NeuSight folder (default: $KIT_DATA, else "
                    "../shared/data/neusight, else the `kit data fetch` cache)")
-    s.add_argument("--part", default="train-collect", choices=SUMMARY_PARTS)
+    s.add_argument("--part", default=None, choices=SUMMARY_PARTS, help="default train-collect")
     s.add_argument("--file", type=nonempty, metavar="CSV", help="summarise a measurement CSV instead (kit or NeuSight format)")
     f = add_command(data_sub, "fetch", "download a public data set, pinned and hash-checked", fetch, fetch_text)
     f.add_argument("dataset", choices=["neusight"])
