@@ -117,3 +117,15 @@ def test_a_family_the_zoo_lacks_is_named_before_its_sizes(tmp_path, capsys):
     f.write_text(json.dumps({"model_type": "deberta-v2", "type_vocab_size": 0, "hidden_size": 768}))
     assert "model_type 'deberta-v2' is not supported" in _err(
         capsys, ["predict", str(f), "--gpu", "t4", "--mode", "inference", "--seq", "16"])
+
+
+def test_a_float64_module_is_priced_at_the_dtype_asked_with_a_note():
+    import torch
+
+    from kit.api import predict_model
+
+    lin = torch.nn.Linear(64, 64).double()
+    with pytest.warns(UserWarning, match="2 float64 parameter.*no FP64 kernel model"):
+        it = predict_model(torch.nn.Sequential(torch.nn.Linear(64, 64), lin), "h100-sxm",
+                           mode="inference", inputs=(torch.zeros(8, 64),))
+    assert it.total_ms > 0
