@@ -24,16 +24,25 @@ class _Parser(argparse.ArgumentParser):
         raise KitError(f"{self.prog}: {message}")
 
 
-def positive_int(s: str) -> int:
-    """argparse type: a whole number ≥ 1 ("4096", "1e3"); anything else is a one-line usage error."""
+def _whole_at_least(s: str, low: int, what: str) -> int:
     try:
         value = float(s)
         whole = int(value)
     except (ValueError, OverflowError):  # OverflowError: "inf"
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}") from None
-    if whole < 1 or whole != value:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {s!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+    if whole < low or whole != value:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
     return whole
+
+
+def positive_int(s: str) -> int:
+    """argparse type: a whole number ≥ 1 ("4096", "1e3"); anything else is a one-line usage error."""
+    return _whole_at_least(s, 1, "a positive whole number")
+
+
+def non_negative_int(s: str) -> int:
+    """argparse type: a whole number ≥ 0 (no warm-up calls, say)."""
+    return _whole_at_least(s, 0, "a whole number >= 0")
 
 
 def positive_float(s: str) -> float:

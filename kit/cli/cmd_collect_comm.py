@@ -1,20 +1,6 @@
 """`kit collect-comm`: measure collectives through torch.distributed, write nccl-tests output."""
-import argparse
-
-from kit.cli import add_command, positive_int
+from kit.cli import add_command, non_negative_int, positive_int
 from kit.errors import KitError
-
-
-def non_negative_int(s: str) -> int:
-    """argparse type: a whole number >= 0 (no warm-up calls is allowed)."""
-    try:
-        value = float(s)
-        whole = int(value)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {s!r}") from None
-    if whole < 0 or whole != value:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {s!r}")
-    return whole
 
 
 def run(args):

@@ -43,23 +43,11 @@ def _without_bias(csv: Path) -> bool:
     return any((r.get("settings") or {}).get("linear_bias") is False for r in recorded_runs(csv) or ())
 
 
-def _in_catalog(gpu) -> bool:
-    """Whether a row's gpu is one the catalog knows (a key, or a name it resolves)."""
-    from kit.hardware import get_gpu
-
-    if not isinstance(gpu, str):
-        return False
-    try:
-        get_gpu(gpu)
-    except KitError:
-        return False
-    return True
-
-
 def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
     """(rows to train on, one record per file read). KitError for a path that holds none."""
     from kit.data import load_measurements
     from kit.data.fetch import sha256_of
+    from kit.hardware import gpu_keys
 
     parts, files = [], []
     for path in paths:
@@ -74,7 +62,7 @@ def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
                 continue
             ok_class = rows.op_class.isin(list(modelled))
             fp32 = rows.dtype.fillna("fp32") == "fp32"
-            on_gpu = rows.gpu.map(_in_catalog).astype(bool)  # a GPU the catalog lacks had been counted as one
+            on_gpu = rows.gpu.isin(gpu_keys())  # load_measurements made known names keys; others stay as written
             no_bias = (rows.op == "linear") & _without_bias(f)
             keep = ok_class & fp32 & on_gpu & (rows.latency_ms > 0) & ~no_bias
             files.append({"path": str(f), "sha256": sha256_of(f), "rows": int(keep.sum()),

@@ -195,6 +195,11 @@ def read_manifest(weights_dir: str | Path) -> dict:
     return manifest
 
 
+# the widest transfer σ (log latency) a manifest may hold: e^10, a band 22,000x each way; 1e308
+# passed as finite and overflowed the band's arithmetic
+MAX_SIGMA_LOG = 10.0
+
+
 def _number(v, low: float = 0.0) -> bool:
     """A finite number >= low (not a bool, not text)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= low
@@ -227,8 +232,9 @@ def _check_manifest_types(manifest: dict, where: Path) -> None:
     rules = {"near_distance": ("a number >= 0", lambda v: v is None or _number(v)),
              "train_gpus": ("a list of GPU names",
                             lambda v: isinstance(v, list) and all(isinstance(g, str) for g in v)),
-             "sigma_at_0": ("an object of op classes to numbers >= 0",
-                            lambda v: isinstance(v, dict) and all(_number(x) for x in v.values()))}
+             "sigma_at_0": (f"an object of op classes to numbers from 0 to {MAX_SIGMA_LOG:g}",
+                            lambda v: isinstance(v, dict) and all(_number(x) and x <= MAX_SIGMA_LOG
+                                                                  for x in v.values()))}
     for key, (what, ok) in rules.items():
         if key in band and not ok(band[key]):
             raise KitError(f"{where}: parts.tile.band.{key} must be {what}, got {band[key]!r:.80}; "
@@ -368,25 +374,18 @@ def load_cached(weights_dir: str | Path) -> Bundle:
     return _loaded[key]
 
 
-# the widest transfer σ (log latency) a manifest may hold: e^10, a band 22,000x each way; 1e308
-# passed as finite and overflowed the band's arithmetic
-MAX_SIGMA_LOG = 10.0
-
-
 def _check_info(sigma, info: dict, where: Path, band=None, li_coefs=None) -> None:
-    """KitError for a transfer σ that is not {op_class: finite number in [0, MAX_SIGMA_LOG]} (a
+    """KitError for a transfer σ that is not {op_class: number in [0, MAX_SIGMA_LOG]} (band.sigma_at_0:
+    _check_manifest_types) (a
     string failed deep inside, NaN dropped the band's coverage without a word, 1e308 overflowed),
     for train_gpus that are not a list of names ("t4" was read letter by letter), and for GPU
     names (train_gpus, the band's, the Li coefficients') the catalog does not know: they had
     surfaced as "unknown GPU" on a prediction for another GPU."""
     from kit.hardware import get_gpu
 
-    sigmas = [*(sigma.values() if isinstance(sigma, dict) else [None]),
-              *((band or {}).get("sigma_at_0") or {}).values()]
-    if not isinstance(sigma, dict) or not all(_number(v) and v <= MAX_SIGMA_LOG for v in sigmas):
+    if not isinstance(sigma, dict) or not all(_number(v) and v <= MAX_SIGMA_LOG for v in sigma.values()):
         raise KitError(f"{where}: parts.tile.transfer_sigma must map op classes to numbers from 0 to "
-                       f"{MAX_SIGMA_LOG:g} (band.sigma_at_0 likewise), got {sigma!r:.80}; retrain with "
-                       "`kit train`")
+                       f"{MAX_SIGMA_LOG:g}, got {sigma!r:.80}; retrain with `kit train`")
     gpus = info.get("train_gpus", [])
     if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
         raise KitError(f"{where}: train_gpus must be a list of GPU names, got {gpus!r:.80}")

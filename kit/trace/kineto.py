@@ -183,7 +183,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
         if ts is None or dur is None or dur < 0 or not isinstance(name, str):
             skipped += 1
             continue
-        if not (isinstance(name, str) and _STEP.fullmatch(name)):  # python_function, Trace: the host was busy
+        if not _STEP.fullmatch(name):  # python_function, Trace too: the host was busy
             recorded[0], recorded[1] = min(recorded[0], ts), max(recorded[1], ts + dur)
         if cat not in KNOWN_CATS:
             if cat not in SILENT_CATS:
