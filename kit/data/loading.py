@@ -61,6 +61,20 @@ def _read_schema_csv(path: Path) -> pd.DataFrame:
     return raw
 
 
+class NotMeasurementCSV(KitError):
+    """A CSV without the measurement columns (nvidia-smi samples, a sweep's log): a folder's
+    readers (`kit evaluate --test DIR`, `kit train --extra DIR`) skip such files and say so."""
+
+
+MEASUREMENT_SUFFIXES = (".csv", ".csv.gz")
+
+
+def measurement_files(folder: Path) -> list[Path]:
+    """Every CSV (or .csv.gz) in folder and its subfolders, sorted: what a folder of
+    measurements holds for its readers."""
+    return sorted(f for f in Path(folder).rglob("*") if f.is_file() and f.name.endswith(MEASUREMENT_SUFFIXES))
+
+
 def load_measurements(path: str | Path) -> pd.DataFrame:
     """A measurement CSV (or a gzipped FILE.csv.gz) as a schema table: the kit's own (the
     collector's) or NeuSight's format.
@@ -90,7 +104,7 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
         raise KitError(f"{path} is empty (expected a measurement CSV with a header)")
     if not all(c in header for c in needed):
         missing = [c for c in needed if c not in header]
-        raise KitError(f"{path}: not a measurement CSV: missing column(s) {', '.join(missing)}; "
+        raise NotMeasurementCSV(f"{path}: not a measurement CSV: missing column(s) {', '.join(missing)}; "
                        f"expected the kit schema ({', '.join(list(schema.COLUMNS)[:6])}, ...) or NeuSight's "
                        f"({', '.join(NEUSIGHT_COLUMNS)}, ...)")
     raw = _read_schema_csv(path)

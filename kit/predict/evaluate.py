@@ -33,11 +33,12 @@ def load_test(path: str | Path, note_repeats: bool = True) -> pd.DataFrame:
     without a GPU (a CPU measurement) are left out, each with a note (scorable_rows; the
     repeats' note only where note_repeats)."""
     from kit.data import load_measurements
+    from kit.data.loading import NotMeasurementCSV, measurement_files
 
     path = Path(path)
     if path.is_dir():
         # its subfolders too, as `kit train --extra` reads a folder
-        files = sorted(f for f in [*path.rglob("*.csv"), *path.rglob("*.csv.gz")] if f.is_file())
+        files = measurement_files(path)
         if not files:
             raise KitError(f"no .csv (or .csv.gz) test files in {path} or its subfolders")
     elif path.is_file():
@@ -50,8 +51,8 @@ def load_test(path: str | Path, note_repeats: bool = True) -> pd.DataFrame:
     for f in files:
         try:
             parts.append(load_measurements(f))
-        except KitError as e:  # a folder's other CSVs (nvidia-smi samples): skipped and said, as --extra does
-            if not path.is_dir() or "not a measurement CSV" not in str(e):
+        except NotMeasurementCSV:  # a folder's other CSVs (nvidia-smi samples): skipped and said, as --extra does
+            if not path.is_dir():
                 raise
             other.append(f.relative_to(path).as_posix())
     if not parts:

@@ -18,9 +18,6 @@ import pandas as pd
 
 from kit.errors import KitError, need_path
 
-SUFFIXES = (".csv", ".csv.gz")
-
-
 def _files(path) -> list[Path]:
     """The CSVs a path names: itself, or every one in the folder (recursively)."""
     p = Path(need_path(path, "--extra (a measurement CSV or folder)"))
@@ -28,7 +25,9 @@ def _files(path) -> list[Path]:
         return [p]
     if not p.exists():
         raise KitError(f"--extra: {p} not found")
-    found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
+    from kit.data.loading import measurement_files
+
+    found = measurement_files(p)
     if not found:
         raise KitError(f"--extra: no measurement CSVs (*.csv, *.csv.gz) in the folder {p}")
     return found
@@ -47,6 +46,7 @@ def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
     """(rows to train on, one record per file read). KitError for a path that holds none."""
     from kit.data import load_measurements
     from kit.data.fetch import sha256_of
+    from kit.data.loading import NotMeasurementCSV
     from kit.hardware import gpu_keys
 
     parts, files = [], []
@@ -55,8 +55,8 @@ def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
         for f in _files(path):
             try:
                 rows = load_measurements(f)
-            except KitError as e:  # a folder's other CSVs (nvidia-smi samples, sweeps' logs)
-                if not in_folder or "not a measurement CSV" not in str(e):
+            except NotMeasurementCSV:  # a folder's other CSVs (nvidia-smi samples, sweeps' logs)
+                if not in_folder:
                     raise
                 files.append({"path": str(f), "skipped": "not a measurement CSV"})
                 continue
