@@ -139,7 +139,7 @@ def copies_rank(copies, gpu="NVIDIA GeForce RTX 2080 Ti"):
 
 def test_host_bound_copies_keep_their_time_and_link_bound_ones_scale(tmp_path):
     from kit.hardware import get_gpu
-    from kit.trace.transfer import PCIE_GBS
+    from kit.predict.roofline import host_link_gbs
 
     mb = 77_070_336
     copies = [("Memcpy HtoD (Pageable -> Device)", mb, 23_000),  # 3.4 GB/s: host-staged
@@ -153,7 +153,7 @@ def test_host_bound_copies_keep_their_time_and_link_bound_ones_scale(tmp_path):
     r = replay(p, on="h100-sxm")
     g = r.tg.graph
     durs = [g.dur_ms[op] for op, *_ in r.tg.gpu_ops[0]]
-    ratio = PCIE_GBS[get_gpu("rtx-2080-ti").pcie_gen] / PCIE_GBS[get_gpu("h100-sxm").pcie_gen]
+    ratio = host_link_gbs(get_gpu("rtx-2080-ti")) / host_link_gbs(get_gpu("h100-sxm"))
     # was: every one of them 4x faster (PCIe 3 -> 5)
     assert durs == [pytest.approx(23.0), pytest.approx(6.0), pytest.approx(6.0 * ratio), pytest.approx(20.0),
                     pytest.approx(0.001), pytest.approx(0.5 * ratio)]
@@ -188,13 +188,28 @@ def test_a_host_bound_copy_is_never_faster_than_the_target_link(tmp_path):
     # that fast: a 77 MB pageable copy at 3.4 GB/s on PCIe 3 stays 23 ms on an H100 (PCIe 5), but
     # a 28 GB/s pinned-but-slow copy measured on PCIe 5 cannot run at 28 GB/s over PCIe 3
     from kit.hardware import get_gpu
-    from kit.trace.transfer import PCIE_GBS
+    from kit.predict.roofline import host_link_gbs
 
     mb = 77_070_336
     p = tmp_path / "r0.json"
     p.write_text(json.dumps(copies_rank([("Memcpy HtoD (Pageable -> Device)", mb, 2_750)], gpu="NVIDIA H100 PCIe")))
     r = replay(p, on="p100-pcie-16gb")
     d = [r.tg.graph.dur_ms[op] for op, *_ in r.tg.gpu_ops[0]][0]
-    link = PCIE_GBS[get_gpu("p100-pcie-16gb").pcie_gen]
+    link = host_link_gbs(get_gpu("p100-pcie-16gb"))
     assert d == pytest.approx(mb / (link * 1e9) * 1e3)
     assert d > 2.75
+
+
+def test_copies_replayed_on_a_gpu_with_its_own_host_link_take_that_link(tmp_path):
+    # GH200's host link is NVLink-C2C (the catalog's host_link_gbs), not PCIe: a link-bound copy
+    # measured on PCIe 3 scales by that link, as kit op prices it (the replay had read PCIe 5)
+    from kit.hardware import get_gpu
+    from kit.predict.roofline import PCIE_X16_GBS
+
+    gh200 = get_gpu("gh200")
+    assert gh200.host_link_gbs and gh200.host_link_gbs > PCIE_X16_GBS[gh200.pcie_gen]
+    p = tmp_path / "r0.json"
+    p.write_text(json.dumps(copies_rank([("Memcpy HtoD (Pinned -> Device)", 77_070_336, 6_000)])))
+    r = replay(p, on="gh200")
+    d = [r.tg.graph.dur_ms[op] for op, *_ in r.tg.gpu_ops[0]][0]
+    assert d == pytest.approx(6.0 * PCIE_X16_GBS[get_gpu("rtx-2080-ti").pcie_gen] / gh200.host_link_gbs)

@@ -31,7 +31,7 @@ def text(r):
         f"kit demo on {r['gpu']} (every number below is a prediction; no GPU needed)", "",
         f"1. One 8192³ {r['dtype']} GEMM:", op_text(r["gemm"]), "",
         "2. A GPT-2 (124M) training step, batch 8 × 1024 tokens:", model_text(r["gpt2_train_step"]), "",
-        f"3. An all-reduce of 1 GB over the 8 GPUs of a {r['system']}: {a['time_ms']:.3f} ms via "
+        f"3. An all-reduce of 1 GB over the {a['ranks']} GPUs of a {r['system']}: {a['time_ms']:.3f} ms via "
         f"{a['algorithm']}, busbw {a['busbw_gbs']:.0f} GB/s ({a['bound']}-bound)", "",
         "Next: `kit predict gpt3-xl --gpu a100-sxm4-80gb --mode train --batch 4 --seq 2048`, "
         "`kit predict llama3-8b --gpu h100-sxm --mode generate --dtype bf16` (time to first "

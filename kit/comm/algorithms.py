@@ -77,9 +77,16 @@ def _kappa(system: System, full_reduce: bool) -> float:
     return (k if full_reduce else k / 2) / _mem(system)
 
 
-@lru_cache(maxsize=8192)
 def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
     """Every algorithm that can run `kind` on this group, as (latency, cost per byte)."""
+    return _plans(system, kind, group, system.gpu)
+
+
+@lru_cache(maxsize=8192)
+def _plans(system: System, kind: str, group: Group, gpu) -> tuple[Plan, ...]:
+    """plans, cached also on the GPU spec (its HBM terms): a System names its GPU
+    by key, and register_gpu may replace the spec behind that key (a stale cache had kept the
+    old one's times in the same process)."""
     n, k, g = group.size, group.n_nodes, group.max_per_node
     base = system.soft("base_latency_us")
     if n == 1:  # NCCL copies the buffer out of place: each byte read once and written once
@@ -124,10 +131,8 @@ def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
     elif kind in ("broadcast", "reduce"):
         out.append(Plan("ring", ring_lat, slow + _kappa(system, False)))
     elif kind == "alltoall":
-        m = np.full((n, n), 1.0 / n)
-        np.fill_diagonal(m, 0.0)
         out.append(Plan("p2p", alltoall_latency_us(system, group),
-                        alltoallv_us(system, group, m) + _kappa(system, False) * (n - 1) / n))
+                        uniform_alltoall_us(system, group) + _kappa(system, False) * (n - 1) / n))
     elif kind == "sendrecv":
         # nccl-tests sendrecv: rank i sends `size` to rank i+1 (a ring shift)
         worst = max(_pair_us_per_byte(system, a, b)
@@ -151,6 +156,26 @@ def alltoall_latency_us(system: System, group: Group) -> float:
     s = system.soft
     lat = s("base_latency_us") + system.fabric.step_latency_us + s("peer_overhead_us") * (group.size - 1)
     return lat + (system.network.step_latency_us if group.n_nodes > 1 else 0.0)
+
+
+def uniform_alltoall_us(system: System, group: Group) -> float:
+    """alltoallv_us of the even all-to-all (1/n of each byte from every rank to every other),
+    node by node: the n x n matrix of a million-rank group had taken 8 TiB (a MemoryError
+    traceback for `kit comm predict alltoall --nodes 131072`, 39 s at 2,048 nodes)."""
+    n = group.size
+    times = [0.0]
+    for loc in {loc for _, loc in group.nodes}:  # the traffic inside one node: its c x c block
+        if len(loc) > 1:
+            block = np.full((len(loc), len(loc)), 1.0 / n)
+            times.append(alltoallv_us(system, Group(ranks=loc, nodes=((0, loc),)), block))
+    if group.n_nodes > 1:  # as alltoallv_us's network terms, in closed form
+        net = system.network
+        nic = net.nic_bw_gbs * net.efficiency * _NS
+        fewest = min(len(loc) for _, loc in group.nodes)  # its ranks send the most off the node
+        times.append((n - fewest) / n / (max(1.0, system.nics_per_gpu) * nic))
+        for c in {len(loc) for _, loc in group.nodes}:
+            times.append(c * (n - c) / n / (node_nics(system, c) * nic))
+    return float(max(times))
 
 
 def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:

@@ -46,8 +46,13 @@ def plan_curve(system: System, kind: str, group: Group, plan: Plan) -> Bandwidth
                           half_bytes=max(plan.latency_us / plan.us_per_byte, 1e-9), steepness=1.0)
 
 
-@lru_cache(maxsize=8192)
 def _plan_curves(system: System, kind: str, group: Group) -> tuple[tuple[Plan, BandwidthCurve], ...]:
+    return _plan_curves_of(system, kind, group, system.gpu)
+
+
+@lru_cache(maxsize=8192)
+def _plan_curves_of(system: System, kind: str, group: Group, gpu):
+    """_plan_curves keyed also on the GPU spec, as algorithms.plans is."""
     return tuple((p, plan_curve(system, kind, group, p)) for p in plans(system, kind, group))
 
 

@@ -156,8 +156,15 @@ def register_gpu(entry: dict | GPU, origin: str = "user GPU") -> GPU:
     """Add a user's GPU (a dict in the catalog's format, or a GPU). It is validated first.
 
     A user GPU with a built-in key replaces that GPU (to correct a spec); a name or alias that
-    already names another GPU is refused: lookups would silently keep finding the other one."""
-    gpu = entry if isinstance(entry, GPU) else gpu_from_dict(entry, origin=origin)
+    already names another GPU is refused: lookups would silently keep finding the other one.
+    A GPU object is validated as a dict is (it had been registered unchecked, so one with 0 SMs
+    or a NaN bandwidth gave a ZeroDivisionError or NaN times when looked up by its key)."""
+    gpu = gpu_from_dict(entry.to_dict() if isinstance(entry, GPU) else entry, origin=origin)
+    return _register(gpu, origin)
+
+
+def _register(gpu: GPU, origin: str) -> GPU:
+    """register_gpu of a GPU already validated (load_gpu_file's: their notes said once)."""
     index = _index(_generation[0])
     for name in (gpu.name, *gpu.aliases):
         other = index.get(_norm(name)) if name else None
@@ -183,7 +190,7 @@ def load_gpu_file(path: str | Path) -> list[GPU]:
             raise KitError(f"GPU file {path}: key {gpu.key!r} is given twice{also}; keep one entry "
                            "for it, or give the other a key of its own")
         seen[_norm(gpu.key)] = gpu.key
-    return [register_gpu(gpu, origin=str(path)) for gpu in gpus]
+    return [_register(gpu, origin=str(path)) for gpu in gpus]
 
 
 def unregister_gpu(key: str) -> None:

@@ -43,6 +43,13 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "interconnect_bw_gbs": (0, 100000), "pcie_gen": (1, 8), "tdp_w": (1, 100000),
 }
 PLAUSIBLE_TFLOPS = (1e-3, 1e6)
+# How far fp32_tflops may sit from 2 x SMs x lanes x clock (the catalog's 33: within 1%; a
+# packed/dual-issue FP32 peak, as MI300X's datasheet quotes, is 2x), and the highest FP32 ridge
+# point (FLOP per DRAM byte) a GPU may have (the catalog's: 20-106). Past them a field is off by
+# a unit (a clock in 0.1 GHz steps, a bandwidth in TB/s, 10x the SMs) or the fields disagree: the
+# roofline takes fp32_tflops and mem_bw_gbs, the tile features and element rates the SMs and clock.
+FP32_PEAK_RATIO = (0.4, 2.5)
+MAX_FP32_RIDGE = 1000.0
 PEAK_FIELDS = tuple(f"{d}_tflops" for d in DTYPES)
 # Optional peaks: null (or absent, for a user's GPU) where the GPU has no such unit.
 OPTIONAL_PEAK_FIELDS = ("fp32_matrix_tflops",)
@@ -222,6 +229,17 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
         clean[name] = float(value)
     if clean["fp32_tflops"] is None:
         raise KitError(f"{label}: fp32_tflops is required (every GPU does fp32)")
+    simt = 2 * clean["sm_count"] * clean["fp32_lanes_per_sm"] * clean["boost_clock_mhz"] / 1e6
+    if not FP32_PEAK_RATIO[0] <= clean["fp32_tflops"] / simt <= FP32_PEAK_RATIO[1]:
+        warnings.warn(f"{label}: fp32_tflops {clean['fp32_tflops']:g} is "
+                      f"{clean['fp32_tflops'] / simt:.3g}x the {simt:.3g} TFLOP/s its sm_count, "
+                      "fp32_lanes_per_sm and boost_clock_mhz (MHz) give (2 x SMs x lanes x clock): "
+                      "one of them is off (a unit?); the kit uses both, so its times disagree")
+    ridge = clean["fp32_tflops"] * 1e3 / clean["mem_bw_gbs"]
+    if ridge > MAX_FP32_RIDGE:
+        warnings.warn(f"{label}: fp32_tflops over mem_bw_gbs is {ridge:.4g} FLOP per DRAM byte, "
+                      f"past any GPU's (at most {MAX_FP32_RIDGE:g}): is mem_bw_gbs in GB/s "
+                      f"({clean['mem_bw_gbs']:g} GB/s reads as {clean['mem_bw_gbs'] / 1e3:g} TB/s)?")
     matrix = clean.get("fp32_matrix_tflops")
     if matrix is not None and matrix < clean["fp32_tflops"]:
         raise KitError(f"{label}: fp32_matrix_tflops ({matrix:g}) is below fp32_tflops "

@@ -152,8 +152,10 @@ class Coster:
 
         # (a predictor object is its own key: an object of other weights shares its name)
         cache_name = predictor_name(predictor) if isinstance(predictor, str) else self.predictor
-        self._op_ms = _OP_CACHE.setdefault((cache_name, self.gpu.key), {})
-        self._comm_ms = _COMM_CACHE.setdefault((system, str(calibration)), {})
+        # keyed by the GPU's spec, not its key: register_gpu (a --gpu-file) may replace the spec
+        # behind a key, and a stale entry had kept the old spec's times in the same process
+        self._op_ms = _OP_CACHE.setdefault((cache_name, self.gpu), {})
+        self._comm_ms = _COMM_CACHE.setdefault((system, self.gpu, str(calibration)), {})
 
     def predict_ops(self, ops) -> None:
         new = [op for op in dict.fromkeys(ops) if op not in self._op_ms]

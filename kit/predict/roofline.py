@@ -12,10 +12,12 @@ from dataclasses import asdict, dataclass
 from kit.hardware import GPU, get_gpu
 from kit.ops import Attention, Gemm, Memcpy
 
-# PCIe x16 bandwidth per direction, GB/s, by generation (PCI-SIG: 8/16/32/64 GT/s per lane,
-# 128b/130b encoding; gen6 PAM4 FLIT). Used for host<->device copies, unless the GPU's
-# host_link_gbs names another link (GH200's NVLink-C2C).
-PCIE_X16_GBS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0}
+# PCIe x16 bandwidth per direction, GB/s, by generation (PCI-SIG: 2.5/5 GT/s per lane with
+# 8b/10b encoding for gens 1-2, 8/16/32/64 GT/s with 128b/130b for 3-6; gen6 PAM4 FLIT; 7 and 8
+# double it again). Used for host<->device copies, unless the GPU's host_link_gbs names another
+# link (GH200's NVLink-C2C). Every pcie_gen a GPU entry may give (1-8) is here: gens 1, 2, 7 and
+# 8 had taken gen 4's 31.5 GB/s, so a gen-7 GPU copied at half a gen-5 one's rate.
+PCIE_X16_GBS = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0, 7: 252.0, 8: 504.0}
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,18 @@ def compute_peak_flops_per_s(op, gpu: GPU) -> float:
     return gpu.peak_flops_per_s("fp32")
 
 
+def host_link_gbs(gpu: GPU) -> float:
+    """The GPU's host<->device link per direction, GB/s: host_link_gbs where the catalog gives
+    one (GH200's NVLink-C2C), else its PCIe generation's x16 rate."""
+    return gpu.host_link_gbs or PCIE_X16_GBS.get(gpu.pcie_gen, PCIE_X16_GBS[4])
+
+
 def roofline(op, gpu: GPU | str) -> Roofline:
     gpu = get_gpu(gpu)
     peak = compute_peak_flops_per_s(op, gpu)
     bw = gpu.mem_bw_bytes_per_s
     if isinstance(op, Memcpy) and op.direction != "d2d":
-        bw = (gpu.host_link_gbs or PCIE_X16_GBS.get(gpu.pcie_gen, PCIE_X16_GBS[4])) * 1e9
+        bw = host_link_gbs(gpu) * 1e9
     compute_ms = op.flops / peak * 1e3
     memory_ms = op.bytes / bw * 1e3
     bound = "compute" if compute_ms >= memory_ms else "memory"

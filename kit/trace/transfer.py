@@ -21,6 +21,7 @@ import bisect
 import re
 
 from kit.errors import KitError
+from kit.predict.roofline import host_link_gbs
 from kit.trace.build import TraceGraph, job_world_size, rank_list
 from kit.trace.kineto import int_or_none
 
@@ -34,7 +35,6 @@ _KIND = (("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("allgather", 
          ("sendrecv", "alltoall"), ("broadcast", "broadcast"))
 _TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "half": 2, "long": 8,
                "long int": 8, "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1}
-PCIE_GBS = {3: 16.0, 4: 32.0, 5: 64.0, 6: 128.0}  # x16 per direction, PCI-SIG
 # a host<->device copy measured under this fraction of its link's rate was paced by the host
 # (staging, or per-copy latency), not by the link: host_bound_copy
 HOST_BOUND_LINK_FRACTION = 0.5
@@ -175,8 +175,9 @@ def transfer(tg: TraceGraph, on) -> str:
                 g.dur_ms[op] = d * b / a
             elif kind == "memcpy":
                 if "HtoD" in ge.name or "DtoH" in ge.name:
-                    link_src = PCIE_GBS.get(src_gpu.pcie_gen, 16.0)
-                    link_dst = PCIE_GBS.get(dst_gpu.pcie_gen, 16.0)
+                    # one table with kit op's copies (a gen past 6 had read as gen 3), and a
+                    # GH200's NVLink-C2C where the catalog gives it, not PCIe
+                    link_src, link_dst = host_link_gbs(src_gpu), host_link_gbs(dst_gpu)
                     if host_bound_copy(ge, link_src):  # the host is unchanged by --on ...
                         host_bound[t.rank] = host_bound.get(t.rank, 0) + 1
                         nbytes = int_or_none(ge.bytes)  # ... but a slower link still binds
