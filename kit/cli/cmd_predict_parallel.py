@@ -71,6 +71,9 @@ def run_parallel(args) -> dict:
     if getattr(args, "gpu", None):
         raise KitError(f"--gpu and --system both given: --system {args.system} brings its own GPUs; drop --gpu "
                        "(or use --gpu alone for one GPU)")
+    if getattr(args, "gpu_file", None):  # it had been loaded and then ignored
+        raise KitError(f"--gpu-file goes with --gpu: --system {args.system} is a preset with its own "
+                       "GPUs (see `kit systems`); drop --gpu-file")
     # single-GPU options the parallel model has no place for: refused, not silently dropped
     ignored = [flag for flag, on in (("--optimizer", getattr(args, "optimizer", None)),
                                      ("--fusion compiled", getattr(args, "fusion", "eager") != "eager"),
@@ -126,8 +129,10 @@ def text_parallel(r) -> str:
     lay, m = r["layout"], r["model"]
     b = r["breakdown"]
     lines = [f"{m['name']} ({m['params'] / 1e9:.2f}B params) on {r['system']}: dp {lay['dp']} x tp "
-             f"{lay['tp']} x pp {lay['pp']}" + (f" x ep {lay['ep']}" if lay["ep"] > 1 else "")
-             + f" = {lay['world_size']} GPUs, {lay['schedule']}, micro-batch {lay['micro_batch']}, "
+             f"{lay['tp']} x pp {lay['pp']} = {lay['world_size']} GPUs"
+             # ep splits the dp ranks, it is no factor of the product ("x ep 2 = 2 GPUs" at dp 2)
+             + (f" (ep {lay['ep']} within dp)" if lay["ep"] > 1 else "")
+             + f", {lay['schedule']}, micro-batch {lay['micro_batch']}, "
              f"global batch {lay['global_batch']} ({lay['micro_batches']} micro-batches), {lay['dtype']}"
              + (f" with {lay['grad_dtype']} gradients" if lay["grad_dtype"] != lay["dtype"] else ""),
              *(["  note: kernels from the analytic Megatron layer, which "

@@ -22,8 +22,11 @@ class GPTSpec:
     moe_every: int = 2  # every n-th layer is MoE
     topk: int = 2
     gated: bool = False  # SwiGLU MLP (Llama, Mixtral): gate and up projections, then down
-    rope: bool = False  # rotary positions (Llama, Mixtral): no learned position table, and an
-    # output projection of its own (HF tie_word_embeddings false) instead of the tied embedding
+    rope: bool = False  # rotary positions (Llama, Mixtral): no learned position table, and (unless
+    # `tied` says otherwise) an output projection of its own instead of the tied embedding
+    tied: bool | None = None  # the LM head shares the token embedding (HF tie_word_embeddings);
+    # None: as rope says (GPT-2 ties them, Llama does not). Llama 3.2 1B/3B and Qwen2.5 0.5-3B tie
+    # them with rotary positions: an untied copy had counted their vocab x hidden twice
     attention: str = "flash"  # "flash" (fused) | "unfused" (bmm, softmax, dropout, bmm)
     name: str = "gpt"
     zoo: str | None = None  # the kit.workload zoo model it came from (its op graph can be captured)
@@ -43,6 +46,15 @@ class GPTSpec:
             raise KitError(f"model {self.name}: kv_heads {self.kv_heads} must divide heads {self.heads}")
         if self.experts and self.topk > self.experts:
             raise KitError(f"model {self.name}: topk {self.topk} is more than its {self.experts} experts")
+        if self.tied is None:
+            object.__setattr__(self, "tied", not self.rope)
+        if not isinstance(self.tied, bool):
+            raise KitError(f"model {self.name}: tied must be True or False, got {self.tied!r}")
+        if self.experts and not any(self.is_moe(i) for i in range(self.layers)):
+            # experts and --ep had been accepted and changed nothing
+            raise KitError(f"model {self.name}: experts={self.experts} with moe_every={self.moe_every} "
+                           f"makes none of its {self.layers} layers MoE (layers moe_every, 2 x moe_every, "
+                           "... counting from 1, are); lower moe_every or add layers")
         if self.attention not in ("flash", "unfused"):
             raise KitError(f"model {self.name}: attention must be flash or unfused, got {self.attention!r}")
 
@@ -72,7 +84,7 @@ class GPTSpec:
 
     @property
     def params(self) -> int:
-        embed = (2 if self.rope else 1) * self.vocab * self.hidden
+        embed = (1 if self.tied else 2) * self.vocab * self.hidden
         positions = 0 if self.rope else self.seq * self.hidden
         return sum(self.layer_params(i) for i in range(self.layers)) + embed + positions + 2 * self.hidden
 
@@ -86,8 +98,8 @@ class GPTSpec:
     def to_dict(self) -> dict:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.f, "kv_heads": self.kv_heads,
-                "experts": self.experts, "gated": self.gated, "rope": self.rope, "attention": self.attention,
-                "params": self.params}
+                "experts": self.experts, "gated": self.gated, "rope": self.rope, "tied": self.tied,
+                "attention": self.attention, "params": self.params}
 
 
 def _flag(v: str) -> bool:
@@ -97,7 +109,7 @@ def _flag(v: str) -> bool:
 _INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
          "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "attention": str,
-         "gated": _flag, "rope": _flag}
+         "gated": _flag, "rope": _flag, "tied": _flag}
 
 
 def parse_model(text: str, seq: int | None = None) -> GPTSpec:
@@ -193,6 +205,7 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         raise KitError(f"model {name!r}: the multi-GPU layer does not model Qwen's MoE layers; "
                        "predict it on one GPU (--gpu)")
     from kit.workload.modes import LLAMA_FAMILIES
+    from kit.workload.zoo_modern import _gemma
 
     llama = c.get("model_type") in LLAMA_FAMILIES
     head_dim = c.get("head_dim")
@@ -204,4 +217,6 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
                    or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), experts=experts,
                    moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
-                   gated=llama, rope=llama)
+                   gated=llama, rope=llama,
+                   # the zoo's Llama-family module ties them as HF does (kit.workload.zoo_modern)
+                   tied=bool(c.get("tie_word_embeddings", _gemma(c))) if llama else True)

@@ -91,8 +91,8 @@ def edge_params(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float
              if stage == 0 else 0.0)
     last = 0.0
     if stage == layout.pp - 1:
-        if layout.pp > 1 or spec.rope:
-            last += spec.vocab * spec.hidden / t  # the output layer: untied (rope), or the tied copy on the last stage
+        if layout.pp > 1 or not spec.tied:
+            last += spec.vocab * spec.hidden / t  # the output layer: untied, or the tied copy on the last stage
         last += 2 * spec.hidden  # the final norm (weight and bias, as GPTSpec.params counts it), replicated over tp
     return first, last
 

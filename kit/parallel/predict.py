@@ -30,8 +30,9 @@ def communication_by_group(res, rank: int) -> dict:
 def _note_idle_settings(spec, layout: Layout) -> None:
     """Notes for what a layout leaves uneven or idle, which the prediction prices as given:
     layers that pp stages cannot split evenly (Megatron asks for it by default), and ZeRO or
-    gradient-overlap settings that dp 1 gives nothing to act on. (A layout on part of a node is
-    a job on some of its GPUs; one that leaves whole nodes idle is refused by the caller.)"""
+    gradient-overlap settings that dp 1 (or ZeRO-3's per-pass reduce-scatter) gives nothing to
+    act on. (A layout on part of a node is a job on some of its GPUs; one that leaves whole
+    nodes idle is refused by the caller.)"""
     import warnings
 
     stages = layout.pp * layout.virtual_stages
@@ -48,6 +49,10 @@ def _note_idle_settings(spec, layout: Layout) -> None:
     if layout.dp == 1 and not layout.overlap_grad_reduce:
         warnings.warn("no gradient-reduction overlap (--no-overlap, overlap_grad_reduce=False): "
                       "with dp 1 there is no gradient reduction to overlap")
+    elif layout.zero == 3 and not layout.overlap_grad_reduce:  # it had changed nothing, unsaid
+        warnings.warn("no gradient-reduction overlap (--no-overlap, overlap_grad_reduce=False): "
+                      "ZeRO stage 3 (FSDP) reduce-scatters each backward pass's gradients as the "
+                      "pass ends, and this is priced so either way; it changes nothing")
 
 
 def predict_parallel(model, system, layout: Layout, nodes: int | None = None, predictor="auto",
