@@ -86,3 +86,21 @@ def test_the_header_does_not_multiply_ep_into_the_world_size(capsys):
     assert rc == 0
     head = out.splitlines()[0]
     assert "dp 2 x tp 1 x pp 1 = 2 GPUs (ep 2 within dp)" in head and "x ep" not in head
+
+
+def test_a_learned_position_table_keeps_its_rows_at_a_shorter_seq():
+    # GPT-2's table has n_positions rows whatever the run's seq (seq 128 had counted 128 of 1,024)
+    from kit.workload.zoo import build, config
+
+    short, full = parse_model("gpt2", seq=128), parse_model("gpt2", seq=1024)
+    assert short.positions == full.positions == config("gpt2")["n_positions"]
+    assert short.params == full.params
+    module = build("gpt2")  # on the meta device
+    counted = sum(p.numel() for p in module.parameters())
+    assert short.params == pytest.approx(counted, rel=2e-3)  # biases the spec counts aside
+    one = Layout(dp=2)
+    assert local_params(short, one, 0) == local_params(full, one, 0)
+    with pytest.raises(KitError, match="positions .* at least seq 512"):
+        parse_model("gpt:layers=2,hidden=256,heads=4,seq=512,positions=100")
+    assert parse_model("gpt:layers=2,hidden=256,heads=4,seq=512,positions=1024").params - \
+        parse_model("gpt:layers=2,hidden=256,heads=4,seq=512").params == 512 * 256

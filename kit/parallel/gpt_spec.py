@@ -27,6 +27,9 @@ class GPTSpec:
     tied: bool | None = None  # the LM head shares the token embedding (HF tie_word_embeddings);
     # None: as rope says (GPT-2 ties them, Llama does not). Llama 3.2 1B/3B and Qwen2.5 0.5-3B tie
     # them with rotary positions: an untied copy had counted their vocab x hidden twice
+    positions: int | None = None  # rows of the learned position table (GPT-2's n_positions);
+    # None: seq. A run at a shorter seq keeps the model's whole table (gpt2 at seq 128 had lost
+    # 896 x 768 parameters from its weights, gradients and optimizer state)
     attention: str = "flash"  # "flash" (fused) | "unfused" (bmm, softmax, dropout, bmm)
     name: str = "gpt"
     zoo: str | None = None  # the kit.workload zoo model it came from (its op graph can be captured)
@@ -42,6 +45,11 @@ class GPTSpec:
             v = getattr(self, k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
                 raise KitError(f"model {self.name}: {k} must be a whole number >= {low}, got {v!r}")
+        if self.positions is None:
+            object.__setattr__(self, "positions", self.seq)
+        if isinstance(self.positions, bool) or not isinstance(self.positions, int) or self.positions < self.seq:
+            raise KitError(f"model {self.name}: positions (its learned position table's rows) must be a "
+                           f"whole number of at least seq {self.seq}, got {self.positions!r}")
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise KitError(f"model {self.name}: kv_heads {self.kv_heads} must divide heads {self.heads}")
         if self.experts and self.topk > self.experts:
@@ -85,7 +93,7 @@ class GPTSpec:
     @property
     def params(self) -> int:
         embed = (1 if self.tied else 2) * self.vocab * self.hidden
-        positions = 0 if self.rope else self.seq * self.hidden
+        positions = 0 if self.rope else self.positions * self.hidden
         return sum(self.layer_params(i) for i in range(self.layers)) + embed + positions + 2 * self.hidden
 
     @property
@@ -99,7 +107,7 @@ class GPTSpec:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.f, "kv_heads": self.kv_heads,
                 "experts": self.experts, "gated": self.gated, "rope": self.rope, "tied": self.tied,
-                "attention": self.attention, "params": self.params}
+                "positions": None if self.rope else self.positions, "attention": self.attention, "params": self.params}
 
 
 def _flag(v: str) -> bool:
@@ -108,7 +116,7 @@ def _flag(v: str) -> bool:
 
 _INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
-         "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "attention": str,
+         "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "attention": str, "positions": int,
          "gated": _flag, "rope": _flag, "tied": _flag}
 
 
@@ -156,7 +164,7 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
 
 def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     try:
-        from kit.workload.zoo import check_seq, config, default_seq, resolve
+        from kit.workload.zoo import check_seq, config, default_seq, max_seq, resolve
     except ImportError:  # pragma: no cover - the zoo ships with the kit
         raise KitError(f"unknown model {name!r}; give an inline shape gpt:layers=..,hidden=..,heads=..")
     if ":" in name:  # a Python path: kit.workload.models loads those, on one GPU only
@@ -165,7 +173,6 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                        "gpt:layers=..,hidden=..,heads=.. shape")
     if name.lower().endswith(".json"):  # an HF-style config file: the analytic layer (no zoo graph)
         from kit.workload.models import read_config
-        from kit.workload.zoo import max_seq
 
         c, key = read_config(name), None
         if not c.get("vocab_size"):  # a zoo config always has one; a file's would be guessed
@@ -217,6 +224,6 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
                    or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), experts=experts,
                    moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
-                   gated=llama, rope=llama,
+                   gated=llama, rope=llama, positions=None if llama else max_seq(c),
                    # the zoo's Llama-family module ties them as HF does (kit.workload.zoo_modern)
                    tied=bool(c.get("tie_word_embeddings", _gemma(c))) if llama else True)

@@ -87,7 +87,7 @@ def edge_params(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float
     """Parameters of a stage outside its layers, per rank: (the embedding, on its first chunk;
     the output layer and the final norm, on its last chunk)."""
     t = layout.tp
-    first = (spec.vocab * spec.hidden / t + (0 if spec.rope else spec.seq * spec.hidden)
+    first = (spec.vocab * spec.hidden / t + (0 if spec.rope else spec.positions * spec.hidden)
              if stage == 0 else 0.0)
     last = 0.0
     if stage == layout.pp - 1:
