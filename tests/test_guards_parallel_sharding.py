@@ -406,7 +406,7 @@ def test_row_wise_shards_split_the_rows_and_the_pooling():
     m = _model([tab])
     shards = m.shards(0, m.options[0][_option(m, 0, "rw")])
     assert len(shards) == 4
-    for r, rows, dim, pooling, batch in shards:
+    for r, rows, dim, pooling, batch, _ in shards:
         assert (rows, dim) == (math.ceil(1001 / 4), 64)
         assert pooling == pytest.approx(12 / 4)
         assert batch == m.batch * 4
@@ -426,7 +426,7 @@ def test_column_wise_shards_split_the_dim_and_the_bytes():
         o = _option(m, 0, "cw", k)
         opt = m.options[0][o]
         shards = m.shards(0, opt)
-        assert [(rows, dim) for _, rows, dim, _, _ in shards] == [(E, D // k)] * k
+        assert [(rows, dim) for _, rows, dim, _, _, _ in shards] == [(E, D // k)] * k
         mem = m.describe([o])["memory_bytes"]
         for r in opt.ranks:
             assert mem[r] == pytest.approx(E * (D // k) * 4 + 4 * E)
@@ -445,7 +445,7 @@ def test_plan_memory_includes_one_rowwise_adagrad_float_per_row():
         choice = [_option(m, 0, "tw"), _option(m, 1, "rw")]
         expect = np.zeros(4)
         for t, o in enumerate(choice):
-            for r, rows, dim, _, _ in m.shards(t, m.options[t][o]):
+            for r, rows, dim, _, _, _ in m.shards(t, m.options[t][o]):
                 expect[r] += rows * dim * 4 + state * rows
         assert m.describe(choice)["memory_bytes"] == pytest.approx(expect.tolist())
         assert m.exact_cost(choice)["memory_bytes"] == pytest.approx(expect.tolist())

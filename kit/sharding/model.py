@@ -18,13 +18,18 @@ import math
 
 import numpy as np
 
-from kit.embedding import Table, Uniform, lookup_cost
+from kit.embedding import Empirical, Table, Uniform, lookup_cost
 from kit.embedding.cost import LAUNCH_MS, backward_fixed_ms
 from kit.errors import KitError
 from kit.ops import dtype_bytes
 from kit.sharding.plans import KINDS, Option, options_for
 
 OUT_BYTES = 4  # pooled embeddings travel as fp32
+EMPTY_BLOCK_LOOKUPS = 1e-6  # a row-wise block no index of a real tensor reads (_row_blocks)
+# the (tables, options, features) arrays held at once: contrib in float64 and float32, and the
+# search's float64 array of every single-table move (kit.sharding.search._best_single_move)
+MODEL_BYTES_PER_FEATURE = 8 + 4 + 8
+MAX_MODEL_BYTES = 8 * 2**30
 INDEX_BYTES = 8  # int64 indices and offsets
 
 
@@ -65,6 +70,14 @@ class ShardingModel:
                            "allow more kinds")
         self.n_options = np.array([len(o) for o in self.options])
         T, O = len(self.tables), int(self.n_options.max())
+        F = 14 * W + 1  # at least: the per-rank features and two all-to-all blocks (kit.sharding.a2a)
+        need = T * O * F * MODEL_BYTES_PER_FEATURE
+        if need > MAX_MODEL_BYTES:  # numpy's MemoryError, or the OOM killer with no word at all
+            raise KitError(f"planning {T} table(s) over {W} GPUs needs about {need / 2**30:,.0f} GiB "
+                           f"for the planner's cost model ({T} tables x {O:,} placements x "
+                           f"{F:,} features; it grows as GPUs squared), over its "
+                           f"{MAX_MODEL_BYTES / 2**30:g} GiB limit; plan fewer nodes (--nodes) or "
+                           f"fewer kinds (--kinds: tw and cw have a placement per GPU)")
         from kit.sharding.a2a import A2ASurrogate
 
         self.a2a = A2ASurrogate(system, self.comm)
@@ -75,6 +88,7 @@ class ShardingModel:
         self.contrib = np.zeros((T, O, self.F), dtype=np.float64)
         self.valid = np.zeros((T, O), dtype=bool)
         self._lookup_cache: dict = {}
+        self._blocks: dict = {}  # (table, k) -> its k row-wise blocks (_row_blocks)
         # A table shares its rank's L2 with the others there. The search's features take each
         # table's share in proportion to its footprint against an average rank's (a fast
         # estimate); exact_cost re-prices a plan as one fused kernel per rank shares it
@@ -112,17 +126,18 @@ class ShardingModel:
         return 4.0 * rows if self.optimizer == "rowwise_adagrad" else 0.0
 
     def _shard_ms(self, table: Table, rows: int, dim: int, pooling: float, batch: int,
-                  l2_share: float, bwd_l2_share: float | None = None) -> tuple[float, float]:
+                  l2_share: float, bwd_l2_share: float | None = None, dist="table") -> tuple[float, float]:
         """(fwd, bwd) ms of one shard, cached on everything the cost depends on: the shard's shape,
         dtype and index distribution (by value; None is uniform), batch and L2 shares (the
         backward's, where it differs). The name is only a label: equal tables share an entry, and
-        unnamed tables do not collide."""
-        dist = table.distribution or Uniform()
+        unnamed tables do not collide. dist: the shard's own index distribution (a row-wise shard
+        of a real index tensor's, _row_blocks), else the table's."""
+        dist = (table.distribution if dist == "table" else dist) or Uniform()
         bwd_l2_share = l2_share if bwd_l2_share is None else bwd_l2_share
         key = (rows, dim, pooling, table.dtype, dist, batch, round(l2_share, 3), round(bwd_l2_share, 3))
         if key not in self._lookup_cache:
             shard = Table(rows=max(1, rows), dim=dim, pooling=pooling, dtype=table.dtype,
-                          name=table.name, distribution=table.distribution)
+                          name=table.name, distribution=dist)
             f = lookup_cost(shard, batch, self.gpu, l2_share=l2_share)
             b = lookup_cost(shard, batch, self.gpu, backward=True, optimizer=self.optimizer,
                             l2_share=bwd_l2_share)
@@ -130,19 +145,45 @@ class ShardingModel:
         return self._lookup_cache[key]
 
     def shards(self, t: int, opt: Option):
-        """(rank, rows, dim, pooling, batch) of each shard of table t under opt."""
+        """(rank, rows, dim, pooling, batch, distribution) of each shard of table t under opt."""
         tab, W, b = self.tables[t], self.world, self.batch
+        d = tab.distribution
         if opt.kind == "tw":
-            return [(opt.ranks[0], tab.rows, tab.dim, tab.pooling, b * W)]
+            return [(opt.ranks[0], tab.rows, tab.dim, tab.pooling, b * W, d)]
         if opt.kind == "cw":
             k = len(opt.ranks)
-            return [(r, tab.rows, tab.dim // k, tab.pooling, b * W) for r in opt.ranks]
+            return [(r, tab.rows, tab.dim // k, tab.pooling, b * W, d) for r in opt.ranks]
         if opt.kind in ("rw", "twrw"):
             k = len(opt.ranks)
-            return [(r, math.ceil(tab.rows / k), tab.dim, tab.pooling / k, b * W) for r in opt.ranks]
+            return [(r, math.ceil(tab.rows / k), tab.dim, pooling, b * W, dist)
+                    for r, (pooling, dist) in zip(opt.ranks, self._row_blocks(t, k))]
         if opt.kind == "dp":
-            return [(r, tab.rows, tab.dim, tab.pooling, b) for r in opt.ranks]
+            return [(r, tab.rows, tab.dim, tab.pooling, b, d) for r in opt.ranks]
         raise KitError(f"unknown sharding kind {opt.kind!r}")
+
+    def _row_blocks(self, t: int, k: int) -> list[tuple[float, object]]:
+        """(pooling, index distribution) of each of table t's k row-wise shards (blocks of
+        ceil(rows / k) rows). A distribution of row ranks spreads its hot rows over the blocks
+        (ids hashed), so each block takes pooling / k under it; a real index tensor (Empirical)
+        gives each block the indices in its rows, re-based, and their share of the lookups: its
+        hot rows stay where they are. (Every shard had been given the whole tensor, which names
+        rows past a shard's: no plan with a row-wise option could be priced.)"""
+        key = (t, k)
+        if key not in self._blocks:
+            tab = self.tables[t]
+            d = tab.distribution
+            if not isinstance(d, Empirical):
+                self._blocks[key] = [(tab.pooling / k, d)] * k
+            else:
+                rows, ids = math.ceil(tab.rows / k), d.indices
+                self._blocks[key] = []
+                for j in range(k):
+                    mine = ids[(ids >= j * rows) & (ids < (j + 1) * rows)] - j * rows
+                    # a block no index reads does no lookup: a vanishing pooling, not 0 (a Table's
+                    # pooling is positive), under the uniform distribution
+                    self._blocks[key].append((tab.pooling * max(mine.size, EMPTY_BLOCK_LOOKUPS) / ids.size,
+                                              Empirical(mine) if mine.size else Uniform()))
+        return self._blocks[key]
 
     def traffic(self, t: int, opt: Option):
         """(out_sends, idx_sends, dp_grad_bytes); sends are (src, dst, bytes) with src != dst."""
@@ -157,12 +198,13 @@ class ShardingModel:
                 idx += [(j, r, b * (tab.pooling + 1) * INDEX_BYTES) for j in range(W) if j != r]
         elif opt.kind == "rw":
             out += [(i, j, b * tab.dim * OUT_BYTES) for i in range(W) for j in range(W) if i != j]
-            idx += [(j, i, b * (tab.pooling / W + 1) * INDEX_BYTES) for i in range(W) for j in range(W) if i != j]
+            blocks = self._row_blocks(t, W)  # the indices each rank's rows take
+            idx += [(j, i, b * (blocks[i][0] + 1) * INDEX_BYTES) for i in range(W) for j in range(W) if i != j]
         elif opt.kind == "twrw":
             R, g = opt.ranks, len(opt.ranks)
-            for r in R:  # intra-node reduce-scatter of partial sums, then to the owners
+            for r, (pooling, _) in zip(R, self._row_blocks(t, g)):  # intra-node reduce-scatter of partial sums, then to the owners
                 out += [(r, k, b * W / g * tab.dim * OUT_BYTES) for k in R if k != r]
-                idx += [(j, r, b * (tab.pooling / g + 1) * INDEX_BYTES) for j in range(W) if j != r]
+                idx += [(j, r, b * (pooling + 1) * INDEX_BYTES) for j in range(W) if j != r]
             for j in range(W):
                 src = R[j % g]
                 if src != j:
@@ -172,8 +214,8 @@ class ShardingModel:
     def _features(self, t: int, opt: Option) -> np.ndarray:
         W, tab = self.world, self.tables[t]
         v = np.zeros(self.F)
-        for r, rows, dim, pooling, batch in self.shards(t, opt):
-            f, b = self._shard_ms(tab, rows, dim, pooling, batch, float(self.l2_shares[t]))
+        for r, rows, dim, pooling, batch, dist in self.shards(t, opt):
+            f, b = self._shard_ms(tab, rows, dim, pooling, batch, float(self.l2_shares[t]), dist=dist)
             if opt.kind == "dp":  # dense gradient: read + write every row once more
                 b += 2 * tab.rows * tab.row_bytes / (self.gpu.mem_bw_gbs * 1e9) * 1e3
             v[r] += f
@@ -265,7 +307,8 @@ class ShardingModel:
             return [], 0.0, 0.0
         own = []
         for (t, kind, shard, batch), fs, bs in zip(rank_shards, *self._rank_l2_shares(rank_shards)):
-            f, b = self._shard_ms(self.tables[t], shard.rows, shard.dim, shard.pooling, batch, fs, bs)
+            f, b = self._shard_ms(self.tables[t], shard.rows, shard.dim, shard.pooling, batch, fs, bs,
+                                  dist=shard.distribution)
             if kind == "dp":
                 b += 2 * self.tables[t].rows * self.tables[t].row_bytes / (self.gpu.mem_bw_gbs * 1e9) * 1e3
             own.append((f, b))
@@ -287,9 +330,9 @@ class ShardingModel:
         for t, o in enumerate(choice):
             opt = self.options[t][o]
             tab = self.tables[t]
-            for r, rows, dim, pooling, batch in self.shards(t, opt):
+            for r, rows, dim, pooling, batch, dist in self.shards(t, opt):
                 shard = Table(rows=max(1, rows), dim=dim, pooling=pooling, dtype=tab.dtype,
-                              distribution=tab.distribution)
+                              distribution=dist)
                 shards[r].append((t, opt.kind, shard, batch))
                 mem[r] += rows * dim * dtype_bytes(tab.dtype) + self._state_bytes(rows)
             out, idx, g = self.traffic(t, opt)

@@ -54,6 +54,17 @@ def _no_fit(model) -> str:
     largest = max(t.bytes for t in model.tables) / 2**30
     total = sum(t.bytes for t in model.tables) / 2**30
     fix = "raise the cap (--memory-gib) or use more GPUs"
+    kinds = {opt.kind for opts in model.options for opt in opts}
+    if not kinds & {"cw", "rw", "twrw"}:  # every table whole on a GPU: more GPUs cannot help
+        big = max(model.tables, key=lambda t: t.bytes + model._state_bytes(t.rows))
+        need = (big.bytes + model._state_bytes(big.rows)) / 2**30
+        every = "every table on every GPU" if kinds == {"dp"} else None
+        if every or need > cap_gib:
+            held = (f"the kinds allowed ({', '.join(sorted(kinds))}) keep " + (every or
+                    f"each table whole on one GPU, and {big.name or 'the largest'} needs {need:.3g} GiB "
+                    f"with its optimizer's state"))
+            return (f"no plan fits the memory cap of {cap_gib:.3g} GiB per GPU: {held}; allow a kind "
+                    f"that splits tables (--kinds with cw, rw or twrw) or raise the cap (--memory-gib)")
     if total > cap_gib * model.world:
         return (f"no plan fits the memory cap: the tables hold {total:.3g} GiB (weights alone, before optimizer "
                 f"state) and {model.world} GPUs x {cap_gib:.3g} GiB hold {cap_gib * model.world:.3g} "
