@@ -30,6 +30,26 @@ def whole_number(value, what: str, low: int = 1) -> int:
     return int(value)
 
 
+def real_number(value, what: str, low: float = 0.0, strict: bool = False,
+                high: float | None = None) -> float:
+    """value as a Python float, once it is a finite number >= low (> low when strict; <= high
+    when given; numpy numbers too; a bool or a string is not a number here); else a KitError
+    naming `what`."""
+    import math
+    import numbers
+
+    x = float("nan")
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        try:
+            x = float(value)
+        except OverflowError:  # an int past float's range
+            pass
+    if not math.isfinite(x) or not (x > low if strict else x >= low) or (high is not None and x > high):
+        bounds = f"{'>' if strict else '>='} {low:g}" + (f" and <= {high:g}" if high is not None else "")
+        raise KitError(f"{what} must be a finite number {bounds}, got {value!r}")
+    return x
+
+
 def need_path(value, what: str):
     """value as given, once it is a path: a non-empty string or an os.PathLike (not bytes); else
     a KitError naming `what`."""

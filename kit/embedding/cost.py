@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 
 from kit.embedding.distributions import Distribution, parse_distribution
-from kit.errors import KitError, yes_no
+from kit.errors import KitError, real_number, whole_number, yes_no
 from kit.hardware import GPU, get_gpu
 from kit.ops import dtype_bytes
 
@@ -172,6 +172,10 @@ def _as_tables(tables) -> list[Table]:
 
     if isinstance(tables, (Table, EmbeddingBag)):
         tables = [tables]
+    try:
+        tables = list(tables)
+    except TypeError:
+        raise KitError(f"tables must be a kit.embedding.Table or a list of them, got {tables!r}") from None
     out = []
     for t in tables:
         if isinstance(t, EmbeddingBag):
@@ -282,8 +286,7 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
     """
     gpu = get_gpu(gpu)
     tables = _as_tables(tables)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise KitError(f"batch must be a positive whole number, got {batch!r}")
+    batch = whole_number(batch, "batch")
     backward, fused = yes_no(backward, "backward"), yes_no(fused, "fused")
     if optimizer not in OPTIMIZERS:
         raise KitError(f"unknown optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
@@ -291,8 +294,11 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
         raise KitError(f"pooling mode must be 'sum' or 'mean', got {mode!r}")
     if index_bytes not in (4, 8):
         raise KitError(f"index_bytes must be 4 (int32) or 8 (int64), got {index_bytes!r}")
-    if not 0 < l2_share <= 1:
-        raise KitError(f"l2_share must be in (0, 1], got {l2_share!r}")
+    l2_share = real_number(l2_share, "l2_share (the fraction of the L2 left to these lookups)",
+                           strict=True, high=1.0)
+    if correction is not None and not callable(getattr(correction, "factor", None)):
+        raise KitError(f"correction must be a kit.embedding.correction.Correction (fit_correction) "
+                       f"or None, got {correction!r}")
     per_table = isinstance(distribution, (list, tuple)) and len(distribution) == len(tables) and (
         not all(isinstance(x, (int, float)) for x in distribution)  # Distributions or strings
         or any(isinstance(x, float) for x in distribution))  # Zipf alphas; whole numbers are indices

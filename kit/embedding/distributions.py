@@ -42,7 +42,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from kit.errors import KitError
+from kit.errors import KitError, whole_number
 
 EXACT_RANKS = 4096  # Zipf ranks summed one by one before switching to geometric bins
 BINS_PER_OCTAVE = 32  # geometric bins per doubling of rank above EXACT_RANKS
@@ -53,6 +53,14 @@ def _check_rows(rows) -> int:
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
         raise KitError(f"rows must be a positive whole number, got {rows!r}")
     return int(rows)
+
+
+def _check_sample(n, rng) -> tuple[int, np.random.Generator]:
+    """sample()'s n (a whole number >= 0) and rng (a numpy Generator; None: seeded with 0)."""
+    n = whole_number(n, "n (the number of row ids to draw)", low=0)
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise KitError(f"rng must be a numpy Generator (np.random.default_rng(seed)) or None, got {rng!r}")
+    return n, rng if rng is not None else np.random.default_rng(0)
 
 
 class Distribution:
@@ -95,8 +103,8 @@ class Distribution:
     def sample(self, n: int, rows: int, rng: np.random.Generator | None = None) -> np.ndarray:
         """n int64 row ids drawn from the distribution (hot ranks hashed over the row ids)."""
         rows = _check_rows(rows)
-        rng = rng or np.random.default_rng(0)
-        ranks = self._sample_ranks(int(n), rows, rng)
+        n, rng = _check_sample(n, rng)
+        ranks = self._sample_ranks(n, rows, rng)
         return (ranks.astype(np.uint64) * np.uint64(HASH_MULT) % np.uint64(rows)).astype(np.int64) \
             if math.gcd(HASH_MULT, rows) == 1 else ranks
 

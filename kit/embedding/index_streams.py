@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kit.embedding.distributions import Distribution, _check_rows
+from kit.embedding.distributions import Distribution, _check_rows, _check_sample
 from kit.errors import KitError
 
 
@@ -98,7 +98,9 @@ class ReuseHistogram(Distribution):
         return out
 
     def sample(self, n, rows, rng=None):
-        return self._sample_ranks(int(n), _check_rows(rows), rng or np.random.default_rng(0))
+        rows = _check_rows(rows)
+        n, rng = _check_sample(n, rng)
+        return self._sample_ranks(n, rows, rng)
 
     @classmethod
     def from_indices(cls, indices) -> "ReuseHistogram":
@@ -181,7 +183,9 @@ class Empirical(Distribution):
         return rng.choice(self.indices, size=n)
 
     def sample(self, n, rows, rng=None):
-        return self._sample_ranks(int(n), _check_rows(rows), rng or np.random.default_rng(0))
+        rows = _check_rows(rows)
+        n, rng = _check_sample(n, rng)
+        return self._sample_ranks(n, rows, rng)
 
     def describe(self):
         return f"indices(n={self.indices.size}, unique={self.unique_ids.size})"

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
+from kit.errors import KitError, whole_number
+
 
 def lru_hit_rate(stream, capacity: int) -> float:
     """Fraction of accesses in `stream` (array-like of row ids) that hit an LRU cache of
     `capacity` rows, starting empty."""
+    capacity = whole_number(capacity, "capacity (rows)", low=0)
+    try:
+        ids = np.asarray(stream)
+    except (TypeError, ValueError):  # ragged nested lists
+        ids = None
+    if ids is None or ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
+        got = " ".join(repr(stream).split())
+        raise KitError(f"stream must be a non-empty 1-D sequence of whole row ids, got "
+                       f"{got if len(got) <= 80 else got[:77] + '...'}")
     cache, hits = OrderedDict(), 0
-    values = stream.tolist() if hasattr(stream, "tolist") else list(stream)
+    values = ids.tolist()
     for v in values:
         if v in cache:
             hits += 1

@@ -29,7 +29,7 @@ import numbers
 from dataclasses import dataclass
 
 from kit import ops
-from kit.errors import KitError
+from kit.errors import KitError, real_number, yes_no
 from kit.sim import ExecGraph, simulate
 
 
@@ -47,11 +47,18 @@ class DLRMSpec:
     dtype: str = "fp32"
 
     def __post_init__(self):
+        from kit.embedding import Table
+
+        if not isinstance(self.tables, (list, tuple)):
+            raise KitError(f"DLRM tables must be a tuple of kit.embedding.Table, got {self.tables!r}")
         if not self.tables:
             raise KitError("DLRM needs at least one embedding table")
+        bad = [x for x in self.tables if not isinstance(x, Table)]
+        if bad:
+            raise KitError(f"DLRM tables must be kit.embedding.Table, got {bad[0]!r}")
         for name in ("bottom", "top"):
             w = getattr(self, name)
-            if not w or any(not _whole(x) or x < 1 for x in w):
+            if not isinstance(w, (list, tuple)) or not w or any(not _whole(x) or x < 1 for x in w):
                 raise KitError(f"DLRM: the {name} MLP needs one or more positive whole widths, got {w!r}")
         if not _whole(self.dense_features) or self.dense_features < 1:
             raise KitError(f"DLRM: dense_features must be a positive whole number, got {self.dense_features!r}")
@@ -123,8 +130,11 @@ def sharding_model(tables, system, batch: int, optimizer: str = "rowwise_adagrad
         d = parse_distribution(distribution)
         tables = [t if t.distribution is not None else dataclasses.replace(t, distribution=d)
                   for t in tables]
-    if memory_cap_gib is not None and not 0 < memory_cap_gib < float("inf"):
-        raise KitError(f"memory cap must be a positive number of GiB, got {memory_cap_gib!r}")
+    if memory_cap_gib is not None:
+        memory_cap_gib = real_number(memory_cap_gib, "memory_cap_gib (GiB per GPU)", strict=True)
+        if memory_cap_gib * 2**30 > system.gpu.memory_bytes:  # as kit.sharding.plan_sharding
+            raise KitError(f"memory_cap_gib {memory_cap_gib:g} GiB per GPU is more than "
+                           f"{system.gpu.key}'s {system.gpu.memory_gib:g} GiB; give at most that")
     return ShardingModel(list(tables), system, batch=int(batch), optimizer=optimizer, kinds=("tw",),
                          memory_cap_bytes=memory_cap_gib * 2**30 if memory_cap_gib else None)
 
@@ -169,15 +179,26 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
     from kit.predict import get_predictor
     from kit.sharding import Option
 
+    if not isinstance(spec, DLRMSpec):
+        raise KitError(f"spec must be a DLRMSpec, got {spec!r}")
     if not _whole(batch) or batch < 1:
         raise KitError(f"DLRM batch must be a positive whole number (samples per rank), got {batch!r}")
     batch = int(batch)
-    if not 0 <= launch_us < float("inf"):
-        raise KitError(f"launch_us must be a finite number >= 0, got {launch_us!r}")
+    launch_us, keep = real_number(launch_us, "launch_us"), yes_no(keep, "keep")
+    pred = get_predictor(predictor) if isinstance(predictor, str) else predictor
+    if not hasattr(pred, "predict"):
+        raise KitError(f"predictor must be a name (auto, wave, roofline, ...) or a kit predictor, "
+                       f"got {predictor!r}")
     sys_ = get_system(system)
     W = sys_.world_size
     model = sharding_model(spec.tables, sys_, batch, optimizer, distribution, memory_cap_gib)
-    placement = list(placement) if placement is not None else greedy_placement(spec.tables, W, model)
+    if placement is None:
+        placement = greedy_placement(spec.tables, W, model)
+    else:
+        try:
+            placement = list(placement)
+        except TypeError:
+            raise KitError(f"placement must be a list of ranks, one per table, got {placement!r}") from None
     if len(placement) != len(spec.tables) or any(not _whole(p) or not 0 <= p < W
                                                                        for p in placement):
         raise KitError(f"placement must give a rank in 0..{W - 1} for each of the "
@@ -191,7 +212,6 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
     top_f, top_b = _mlp(batch, spec.top, spec.dim + t * (t - 1) // 2, dt, final_act="sigmoid")
     inter_f = [ops.Gemm(m=t, n=t, k=spec.dim, b=batch, dtype=dt)]
     inter_b = [ops.Gemm(m=t, n=spec.dim, k=t, b=batch, dtype=dt)] * 2
-    pred = get_predictor(predictor) if isinstance(predictor, str) else predictor
     groups = {"bottom": bot_f, "bottom bwd": bot_b, "top": top_f, "top bwd": top_b,
               "interaction": inter_f, "interaction bwd": inter_b}
     allops = [op for v in groups.values() for op in v]

@@ -19,8 +19,8 @@ import math
 import numpy as np
 
 from kit.embedding import Empirical, Table, Uniform, lookup_cost
-from kit.embedding.cost import LAUNCH_MS, backward_fixed_ms
-from kit.errors import KitError
+from kit.embedding.cost import LAUNCH_MS, OPTIMIZERS, backward_fixed_ms
+from kit.errors import KitError, whole_number
 from kit.ops import dtype_bytes
 from kit.sharding.plans import KINDS, Option, options_for
 
@@ -50,8 +50,13 @@ class ShardingModel:
 
     def __init__(self, tables: list[Table], system, batch: int = 512, optimizer: str = "rowwise_adagrad",
                  memory_cap_bytes: float | None = None, kinds=KINDS, comm=None, memory_fraction: float = 0.9):
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise KitError(f"batch must be a positive whole number, got {batch!r}")
+        batch = whole_number(batch, "batch")
+        if optimizer not in OPTIMIZERS:
+            raise KitError(f"unknown optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+        if comm is not None and not all(callable(getattr(comm, f, None))
+                                        for f in ("predict_alltoallv", "predict_collective")):
+            raise KitError(f"comm must be a collective model like kit.comm (predict_alltoallv and "
+                           f"predict_collective), or None for kit.comm, got {comm!r}")
         if not tables:
             raise KitError("no tables to shard")
         self.tables, self.system, self.batch, self.optimizer = list(tables), system, batch, optimizer

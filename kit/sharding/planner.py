@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from kit.errors import KitError
+from kit.errors import KitError, real_number, whole_number
 from kit.sharding.model import ShardingModel
 from kit.sharding.plans import KINDS
 from kit.sharding.search import baselines, local_search
@@ -45,6 +45,8 @@ def _system(system):
         from kit.hardware.system import get_system
 
         return get_system(system)
+    if not all(hasattr(system, k) for k in ("world_size", "gpus_per_node", "gpu")):
+        raise KitError(f"system must be a system name (e.g. 'dgx-a100') or a kit System, got {system!r}")
     return system
 
 
@@ -88,10 +90,14 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     """
     t0 = time.perf_counter()
     system = _system(system)
-    if memory_cap_gib is not None and not memory_cap_gib > 0:
-        raise KitError(f"memory cap must be a positive number of GiB, got {memory_cap_gib!r}")
-    if not isinstance(time_budget_s, (int, float)) or not 0 <= time_budget_s < float("inf"):
-        raise KitError(f"time budget must be a number of seconds >= 0, got {time_budget_s!r}")
+    if memory_cap_gib is not None:
+        memory_cap_gib = real_number(memory_cap_gib, "memory_cap_gib (GiB per GPU)", strict=True)
+    time_budget_s = real_number(time_budget_s, "time_budget_s (seconds)")
+    seed = whole_number(seed, "seed", low=0)
+    if isinstance(kinds, str):  # "rw,dp", as kit.api.shard_tables and the CLI take it
+        kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+    elif not isinstance(kinds, (list, tuple)):
+        raise KitError(f"kinds must be sharding kind names (a list, or \"rw,dp\"), got {kinds!r}")
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         raise KitError(f"unknown sharding kind(s) {', '.join(bad) or '(none)'}; choose from {', '.join(KINDS)}")
@@ -124,7 +130,7 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
         plan.append({"table": model.tables[t].name or f"t{t}", "kind": opt.kind,
                      "ranks": list(opt.ranks), "label": opt.label()})
     return {
-        "system": system.key, "world_size": model.world, "gpu": model.gpu.key, "batch_per_rank": batch,
+        "system": system.key, "world_size": model.world, "gpu": model.gpu.key, "batch_per_rank": model.batch,
         "optimizer": optimizer, "memory_cap_gib": model.cap / 2**30,
         "plan": plan, "shards": shards(model, choice, chosen),
         "baseline_shards": {k: shards(model, c, base_exact[k]) for k, c in base.items()},
