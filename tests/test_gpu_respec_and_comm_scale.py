@@ -68,6 +68,25 @@ def test_a_replaced_gpu_spec_reaches_the_multi_gpu_kernel_times(slow_h100):
     assert after > 2 * before  # was: the same number, kernel times cached under the key
 
 
+def test_a_replaced_gpu_spec_reaches_the_dispatch_floor(slow_h100):
+    # the learned predictor's dispatch floor (kit.workload.kernel_times.isolation_floor_ms) feeds
+    # every kernel time, one GPU's and the multi-GPU layer's; it had been cached by the GPU's key,
+    # so the old spec's 12.7 us stayed after register_gpu (a fresh process: 29.7 us)
+    from kit.predict import get_predictor
+    from kit.workload.kernel_times import isolation_floor_ms
+
+    tile = get_predictor("tile")
+    before = isolation_floor_ms(tile, get_gpu("h100-sxm"))
+    register_gpu(dict(slow_h100, key="review1-slow-h100", name="Review1 slow H100", aliases=[]))
+    try:
+        fresh = isolation_floor_ms(tile, get_gpu("review1-slow-h100"))  # the same spec, a new key
+    finally:
+        unregister_gpu("review1-slow-h100")
+    assert fresh != pytest.approx(before)
+    register_gpu(slow_h100)
+    assert isolation_floor_ms(tile, get_gpu("h100-sxm")) == pytest.approx(fresh)
+
+
 # -- a GPU object registered ------------------------------------------------------------------
 def test_a_gpu_object_is_validated_when_registered():
     bad = dataclasses.replace(get_gpu("h100-sxm"), key="review3-bad", name="Review3 bad", aliases=(),

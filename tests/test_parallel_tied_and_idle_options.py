@@ -104,3 +104,57 @@ def test_a_learned_position_table_keeps_its_rows_at_a_shorter_seq():
         parse_model("gpt:layers=2,hidden=256,heads=4,seq=512,positions=100")
     assert parse_model("gpt:layers=2,hidden=256,heads=4,seq=512,positions=1024").params - \
         parse_model("gpt:layers=2,hidden=256,heads=4,seq=512").params == 512 * 256
+
+
+def test_reading_a_zoo_models_tied_embedding_imports_no_torch():
+    # GPTSpec.tied had asked kit.workload.zoo_modern (which imports torch) whether a family ties
+    # by default: the analytic multi-GPU layer (graph=False) of any zoo model imported torch
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from kit.parallel import parse_model\n"
+            "assert not parse_model('llama3-8b').tied and parse_model('gpt2').tied\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-800:]
+    assert out.stdout.strip() == "False"
+
+
+def test_gemma_families_tie_by_default_in_the_spec_and_the_zoo_module(tmp_path):
+    # the one default both read (kit.workload.modes.TIED_BY_DEFAULT): a Gemma config without
+    # tie_word_embeddings ties, a Mistral one does not, as HF's configs default
+    from kit.workload.zoo import build
+
+    base = {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
+            "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 1000}
+    for kind, tied in (("gemma", True), ("mistral", False)):
+        c = {**base, "model_type": kind}
+        f = tmp_path / f"{kind}.json"
+        f.write_text(json.dumps(c))
+        spec = parse_model(str(f))
+        module = build(c)
+        assert spec.tied is tied and (module.lm_head.weight is module.embed_tokens.weight) is tied
+
+
+def test_gpu_file_correcting_the_presets_own_gpu_still_reaches_system(capsys, tmp_path):
+    # a file that gives the preset's GPU key replaces that GPU's spec (register_gpu), and
+    # --system's prediction reads it: this had worked (2.42 -> 7.00 ms with a tenth of the
+    # H100's bandwidth on dgx-h100) and the refusal above had taken it away
+    from kit.hardware import get_gpu, unregister_gpu
+
+    slow = dict(get_gpu("a100-sxm4-40gb").to_dict(), mem_bw_gbs=155.5, fp32_tflops=1.95,
+                tf32_tflops=15.6, fp16_tflops=31.2, bf16_tflops=31.2, sm_count=11)
+    f = tmp_path / "slow.json"
+    f.write_text(json.dumps({"gpus": [slow]}))
+    args = ("predict", "gpt:layers=2,hidden=512,heads=8,seq=256,vocab=1024", "--system", "dgx-a100",
+            "--dp", "8", "--json")
+    rc, out, err = _kit(capsys, *args)
+    assert rc == 0, err
+    base = json.loads(out)["iteration_ms"]
+    try:
+        rc, out, err = _kit(capsys, *args, "--gpu-file", str(f))
+    finally:
+        unregister_gpu("a100-sxm4-40gb")
+    assert rc == 0, err
+    assert json.loads(out)["iteration_ms"] > 2 * base

@@ -71,9 +71,20 @@ def run_parallel(args) -> dict:
     if getattr(args, "gpu", None):
         raise KitError(f"--gpu and --system both given: --system {args.system} brings its own GPUs; drop --gpu "
                        "(or use --gpu alone for one GPU)")
-    if getattr(args, "gpu_file", None):  # it had been loaded and then ignored
-        raise KitError(f"--gpu-file goes with --gpu: --system {args.system} is a preset with its own "
-                       "GPUs (see `kit systems`); drop --gpu-file")
+    if getattr(args, "gpu_file", None):
+        # run() has loaded it: an entry with the preset's own GPU key corrects that GPU's spec and
+        # reaches the prediction (System.gpu looks its key up); any other GPU in it would not
+        from pathlib import Path
+
+        from kit.hardware import get_system
+        from kit.hardware.catalog import _norm, _read_entries
+
+        own = get_system(args.system).gpu_key
+        if not any(isinstance(e, dict) and isinstance(e.get("key"), str) and _norm(e["key"]) == _norm(own)
+                   for e in _read_entries(Path(args.gpu_file))):  # its GPUs had been loaded and ignored
+            raise KitError(f"--gpu-file goes with --gpu: --system {args.system} is a preset with its own "
+                           f"GPUs ({own}; see `kit systems`), and the file does not give one with that key "
+                           "(to correct its spec); drop --gpu-file")
     # single-GPU options the parallel model has no place for: refused, not silently dropped
     ignored = [flag for flag, on in (("--optimizer", getattr(args, "optimizer", None)),
                                      ("--fusion compiled", getattr(args, "fusion", "eager") != "eager"),

@@ -211,8 +211,7 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     if c.get("model_type") in ("qwen2_moe", "qwen3_moe"):  # num_experts, moe_intermediate_size
         raise KitError(f"model {name!r}: the multi-GPU layer does not model Qwen's MoE layers; "
                        "predict it on one GPU (--gpu)")
-    from kit.workload.modes import LLAMA_FAMILIES
-    from kit.workload.zoo_modern import _gemma
+    from kit.workload.modes import LLAMA_FAMILIES, TIED_BY_DEFAULT  # (zoo_modern imports torch)
 
     llama = c.get("model_type") in LLAMA_FAMILIES
     head_dim = c.get("head_dim")
@@ -226,4 +225,4 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                    moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
                    gated=llama, rope=llama, positions=None if llama else max_seq(c),
                    # the zoo's Llama-family module ties them as HF does (kit.workload.zoo_modern)
-                   tied=bool(c.get("tie_word_embeddings", _gemma(c))) if llama else True)
+                   tied=bool(c.get("tie_word_embeddings", c.get("model_type") in TIED_BY_DEFAULT)) if llama else True)

@@ -303,7 +303,11 @@ def isolation_floor_ms(model, gpu) -> float:
     # by the model object itself, held weakly: an id had been reused by a predictor of other
     # weights built after the first was freed (habitat is built afresh on every call)
     floors_of = _FLOORS.setdefault(model, {})
-    if gpu.key not in floors_of:
+    # and by the GPU's spec, not its key: register_gpu (a --gpu-file) may replace the spec behind
+    # a key, and the old spec's floor had stayed in the process (as kit.parallel.costs keys its caches)
+    siblings = list(getattr(model, "dominated_training_gpus", lambda _: [])(gpu))
+    key = (gpu, *siblings)
+    if key not in floors_of:
         from kit.ops import Elementwise
 
         probe = [Elementwise("add", FLOOR_PROBE_NUMEL, "fp32", inputs=2)]
@@ -313,11 +317,10 @@ def isolation_floor_ms(model, gpu) -> float:
         # with the power features as its kernels do (an A100-SXM4-40GB's 30.5 us against the
         # A100-PCIe-40GB's 25.3), and a probe read off the bounded predictions had shed less than
         # its kernels carry (llama3-8b's decode elementwise on an A100-SXM4-80GB 2.24 -> 2.32 ms)
-        siblings = list(getattr(model, "dominated_training_gpus", lambda _: [])(gpu))
         unbounded = getattr(model, "predict_unbounded", model.predict)
         floors = []
         for g in siblings or [gpu]:
             row = unbounded(probe, g).iloc[0]
             floors.append(max(float(row.latency_ms) - float(row.roofline_ms), 0.0))
-        floors_of[gpu.key] = max(floors)
-    return floors_of[gpu.key]
+        floors_of[key] = max(floors)
+    return floors_of[key]

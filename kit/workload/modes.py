@@ -9,6 +9,10 @@ MODES = ("train", "inference", "decode")
 # the families the zoo's Llama-style decoder builds (kit.workload.zoo_modern)
 LLAMA_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma",
                   "gemma2", "gemma3_text", "phi3", "gpt_oss")
+# of them, those whose LM head shares the token embedding unless tie_word_embeddings says not
+# (HF's config defaults): the zoo's module (kit.workload.zoo_modern) and the multi-GPU layer's
+# GPTSpec.tied read it here, without torch
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text")
 DECODERS = ("gpt2", "opt", *LLAMA_FAMILIES, "deepseek_v3")  # families with a KV-cache decode step
 KV_CACHES = ("static", "dynamic")  # how a decode step's cache grows (kit.workload.kv_cache)
 

@@ -32,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
+from kit.workload.modes import TIED_BY_DEFAULT
 from kit.workload.zoo_experts import OaiMoE, TopKMoE, activate
 
 
@@ -342,7 +343,7 @@ class LlamaForCausalLM(nn.Module):
                                     for i in range(c["num_hidden_layers"]))
         self.norm = _norm(c, d)
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
-        if c.get("tie_word_embeddings", _gemma(c)):
+        if c.get("tie_word_embeddings", _family(c) in TIED_BY_DEFAULT):  # as GPTSpec.tied reads it
             self.lm_head.weight = self.embed_tokens.weight
         self.scale = d ** 0.5 if _gemma(c) else None
         # soft-capped (Gemma 2) and sink (GPT-OSS) attention run eagerly, on an explicit mask
