@@ -91,7 +91,8 @@ def test_text_output_names_the_calibration_as_json_does(tmp_path, capsys):
     host = [line for line in out.splitlines() if line.strip().startswith("host")]
     assert rc == 0 and len(host) == 1
     assert (f"calibrated from {path}: 35.00 µs per op, 5.00 µs per launch, 3.00 µs per view op "
-            "(3 top-level cpu_ops on the main thread, 2 launches)") in host[0]
+            "(3 top-level cpu_ops on the main thread, 2 launches; the per-op cost from the 2 that "
+            "launch kernels)") in host[0]
     rc, out, _ = _kit(capsys, *PREDICT)  # no trace, no host line
     assert rc == 0 and "calibrated" not in out
 
@@ -158,3 +159,76 @@ def test_a_gzipped_trace_is_not_taken_for_an_archive(tmp_path):
     path = tmp_path / "k.json.gz"
     path.write_bytes(gzip.compress(json.dumps({"traceEvents": [_op(0), _op(30), _launch(1, 5)]}).encode()))
     assert calibrate(path).launch_us == 5.0
+
+
+def _view(ts):
+    return {"ph": "X", "cat": "cpu_op", "name": "aten::view", "pid": 1, "tid": 1, "ts": ts, "dur": 2}
+
+
+def test_the_per_op_cost_is_read_off_the_ops_that_launch(tmp_path):
+    # two mm ops, each launching one kernel 40 µs apart from the next op, and three views (4 µs
+    # apart) after each: the median over every top-level op was a view's 4 µs, so the per-op
+    # cost came out max(4 - 5, 0) = 0 and an op launching one kernel cost 5 µs, where the trace
+    # shows 40
+    events = [_op(0), _launch(2, 5), _view(40), _view(44), _view(48),
+              _op(52), _launch(54, 5), _view(92), _view(96), _view(100), _op(104), _launch(106, 5)]
+    oh = calibrate(_trace(tmp_path, events))
+    assert oh.launch_us == pytest.approx(5.0)
+    assert oh.cpu_op_us + oh.launch_us == pytest.approx(40.0)
+    assert "the per-op cost from the 2 that launch kernels" in oh.source
+
+
+def test_a_kernel_op_launching_k_kernels_pays_k_launches(tmp_path):
+    # the kit charges an op cpu_op_us + k launch_us: ops launching 3, 1 and 2 kernels, 50, 40 and
+    # 45 µs apart, each spend 35 µs besides their launches
+    events = [_op(0) | {"dur": 30}, _launch(2, 5), _launch(10, 5), _launch(20, 5),
+              _op(50), _launch(52, 5), _op(90) | {"dur": 20}, _launch(92, 5), _launch(100, 5),
+              _op(135), _launch(137, 5)]
+    oh = calibrate(_trace(tmp_path, events))
+    assert (oh.cpu_op_us, oh.launch_us) == pytest.approx((35.0, 5.0))
+
+
+DLRM_WORKER0 = "dlrm_kineto/worker0_step_12.1694128201545.pt.trace.json"
+
+
+@pytest.mark.skipif(not DLRM_TAR.is_file(), reason=f"no {DLRM_TAR} (set KIT_SHARED)")
+def test_params_dlrm_trace_costs_a_one_kernel_op_as_it_ran(tmp_path):
+    # worker 0's main thread: 397 top-level ops, 292 of them launching nothing (4 µs apart); its
+    # 94 ops that launch one kernel are 15 µs apart (median), the launches 5 µs. The per-op cost
+    # had been 1 µs (a one-kernel op 6 µs, a GPT-2 step on an A100 at batch 1 GPU-bound); now 10
+    with tarfile.open(DLRM_TAR) as t:
+        t.extract(DLRM_WORKER0, tmp_path, filter="data")
+    oh = calibrate(tmp_path / DLRM_WORKER0)
+    assert oh.launch_us == pytest.approx(5.0)
+    assert oh.cpu_op_us + oh.launch_us == pytest.approx(15.0)
+
+
+def test_older_kinetos_runtime_category_counts_its_launches(tmp_path):
+    # PyTorch's older traces name the category "Runtime": its launches had been missed, and the
+    # trace refused for having "no kernel launches"
+    events = [_op(0), _op(40), _launch(2, 7) | {"cat": "Runtime"}]
+    assert calibrate(_trace(tmp_path, events)).launch_us == pytest.approx(7.0)
+
+
+def test_a_thread_id_that_is_no_number_or_string_is_one_error(tmp_path, capsys):
+    # was TypeError: unhashable type: 'list'
+    path = _trace(tmp_path, [_op(0) | {"pid": [1]}, _op(40), _launch(2, 5)])
+    rc, out, err = _kit(capsys, *PREDICT, "--overhead-trace", path)
+    assert rc == 2 and not out and len(err.splitlines()) == 1 and "has pid [1]" in err
+
+
+def test_a_per_op_cost_read_off_a_few_periods_gets_a_note(tmp_path):
+    # three top-level ops, one launch each, 18 ms apart: one idle gap sets the median
+    from kit.workload.overhead import FEW_PERIODS, calibrate
+
+    ev = []
+    for i, ts in enumerate((0.0, 18_000.0, 36_000.0)):
+        ev.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": ts, "dur": 20.0})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                   "ts": ts + 5, "dur": 5.0})
+    p = tmp_path / "few.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    assert FEW_PERIODS > 2
+    with pytest.warns(UserWarning, match="read off 2 issue period"):
+        oh = calibrate(p)
+    assert oh.cpu_op_us == pytest.approx(18_000 - 5)

@@ -51,7 +51,7 @@ def parse_prices(text: str | None) -> dict:
         if not sep or not name.strip():
             raise KitError(f"--price-per-hour entry {part!r} must look like GPU=DOLLARS, e.g. h100-sxm=2.5")
         try:
-            price = float(value)
+            price = float(value) + 0.0  # -0 is 0: a cost of -0.000 reads as a credit
         except ValueError:
             raise KitError(f"--price-per-hour entry {part!r}: {value.strip()!r} is not a number of dollars; "
                            "write GPU=DOLLARS, e.g. h100-sxm=2.5") from None

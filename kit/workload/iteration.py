@@ -286,6 +286,8 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
         frame[name] = values
     kernel_ms = float(lat.sum())
     meta = dict(prep["meta"])
+    if trailing_free:  # view ops after the last kernel: CPU time in the total, in no timeline row
+        meta["trailing_free"] = {"ops": int(trailing_free), "ms": trailing_free * overhead.free_op_us / 1e3}
     if pname == "tile":  # the curves are the tile predictor's (kit.workload.carried)
         from kit.workload.carried import carried_ms, carried_nodes
 

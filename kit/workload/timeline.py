@@ -28,6 +28,12 @@ def trace_events(it) -> dict:
                        **span_us(row.cpu_start_ms, row.cpu_end_ms), "args": args})
         events.append({"ph": "X", "pid": 1, "tid": 2, "name": row.aten, "cat": "kernel",
                        **span_us(row.gpu_start_ms, row.gpu_end_ms), "args": args})
+    trailing = it.meta.get("trailing_free") or {}
+    if trailing.get("ms", 0) > 0 and len(t):  # the views after the last kernel: the CPU's last work
+        end = float(t["cpu_end_ms"].iloc[-1])
+        events.append({"ph": "X", "pid": 1, "tid": 1, "name": f"{trailing['ops']} view op(s) after the last kernel",
+                       "cat": "cpu_op", **span_us(end, end + trailing["ms"]),
+                       "args": {"op_class": "free", "phase": str(t["phase"].iloc[-1]), "kernels": 0}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"model": it.model, "gpu": it.gpu, "total_ms": it.total_ms,
                           "predictor": it.predictor, "fusion": it.fusion}}
