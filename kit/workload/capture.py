@@ -179,6 +179,32 @@ def capture_optimizer(model: torch.nn.Module, optimizer, dtype: str | None = Non
     return rec.nodes
 
 
+def _note_own_dtypes(model, name, dtype) -> None:
+    """Notes where the dtype asked (every parameter and floating input is cast to it) is not the
+    one the module holds: float64 parameters (the kit has no FP64 kernel model), and a module
+    mostly in bf16 or fp16 priced in fp32 or tf32, --dtype's default (a bf16 model had been priced
+    as an fp32 one, its GEMMs off the tensor cores and twice the bytes, with only the header's
+    dtype to say so)."""
+    if dtype is None:
+        return
+    label = name or type(model).__name__
+    sizes: dict = {}
+    for p in {id(p): p for p in model.parameters()}.values():
+        if p.is_floating_point():
+            sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+    wide = sum(1 for _, p in model.named_parameters() if p.dtype == torch.float64)
+    if wide:  # priced at dtype, as asked; an FP64 run is another matter
+        warnings.warn(f"{label}: {wide} float64 parameter(s) are priced in "
+                      f"{dtype}, as asked; the kit has no FP64 kernel model, and FP64 runs slower: "
+                      "at half the FP32 rate on an A100 or H100, a sixty-fourth on an L4 (NVIDIA "
+                      "datasheets)")
+    short = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(max(sizes, key=sizes.get)) if sizes else None
+    if short is not None and dtype in ("fp32", "tf32"):
+        warnings.warn(f"{label}: its parameters are {short}, priced in {dtype} as asked (--dtype; the "
+                      f"default is fp32): give --dtype {short} (dtype={short!r}) to price the model in "
+                      "the dtype it holds")
+
+
 def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=None,
             dtype: str | None = None, name: str | None = None, meta: dict | None = None,
             loss=None) -> OpGraph:
@@ -202,12 +228,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         if not isinstance(dtype, str) or dtype not in TORCH_DTYPES:
             raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(TORCH_DTYPES)}")
         tdtype = TORCH_DTYPES[dtype]
-    wide = sum(1 for _, p in model.named_parameters() if p.dtype == torch.float64)
-    if tdtype is not None and wide:  # priced at dtype, as asked; an FP64 run is another matter
-        warnings.warn(f"{name or type(model).__name__}: {wide} float64 parameter(s) are priced in "
-                      f"{dtype}, as asked; the kit has no FP64 kernel model, and FP64 runs slower: "
-                      "at half the FP32 rate on an A100 or H100, a sixty-fourth on an L4 (NVIDIA "
-                      "datasheets)")
+    _note_own_dtypes(model, name, dtype)
     train = mode == "train"
     # requires_grad stays the model's in inference too (it runs under no_grad): torch.matmul
     # folds a transposed 3-d input into one mm only when the weight requires grad

@@ -1,12 +1,17 @@
 """The fused kernels a GPU runs where a meta capture would take torch's CPU paths: scaled
-dot-product attention (flash or memory-efficient attention), dropout (native_dropout) and
-recurrent layers (kit.workload.rnn_capture), routed by a TorchFunctionMode for the capture.
+dot-product attention (flash or memory-efficient attention), dropout (native_dropout), RMS norm
+(torch's _fused_rms_norm CUDA kernel) and recurrent layers (kit.workload.rnn_capture), routed by
+a TorchFunctionMode for the capture.
 
 F.scaled_dot_product_attention goes to the fused kernel a GPU would pick (memory-efficient
 attention for fp32, flash attention for fp16/bf16 without a mask), so it is costed as one
 attention kernel rather than the math fallback that meta tensors would take. Inputs without a
 heads dimension (3-D or 2-D q, k, v) take torch's math path, as on a GPU: its fused kernels take
 4-D inputs only (sdp_utils check_tensor_shapes).
+
+F.rms_norm (nn.RMSNorm) calls aten._fused_rms_norm, which has a CUDA kernel (one pass forward,
+_fused_rms_norm_backward's two kernels backward) but no meta one: on meta tensors it ran as its
+composite (pow, mean, add, rsqrt, two muls; a dozen kernels backward), 7-10x the bytes.
 """
 from __future__ import annotations
 
@@ -35,6 +40,10 @@ class GpuKernels(TorchFunctionMode):
             return _fused_sdpa(*args, **kwargs)
         if func is F.dropout:  # a GPU runs the fused native_dropout kernel
             return _fused_dropout(*args, **kwargs)
+        if func is torch.dropout:  # at::dropout takes native_dropout on a GPU (not on meta)
+            return _fused_dropout(*args, **kwargs)
+        if func in (F.rms_norm, torch.rms_norm):
+            return _fused_rms_norm(self.rec, *args, **kwargs)
         if func in rnn_capture.SEQUENCE or func in rnn_capture.CELLS:
             out = rnn_capture.fused(self.rec, func, args, kwargs)
             if out is not NotImplemented:
@@ -60,10 +69,48 @@ def _functional_fused():
         F.scaled_dot_product_attention, F.dropout = saved
 
 
-def _fused_dropout(input, p=0.5, training=True, inplace=False):
+def _fused_dropout(input, p=0.5, training=True, inplace=False, *, train=None):
+    if train is not None:  # torch.dropout(input, p, train)
+        training = train
     if not training or p == 0:
         return input
     return torch.native_dropout(input, p, True)[0]
+
+
+class _FusedRmsNorm(torch.autograd.Function):
+    """aten._fused_rms_norm as CUDA runs it: one recorded node forward (the composite runs muted
+    for the output's shape and dtype), aten._fused_rms_norm_backward (a meta kernel of its own,
+    recorded as dispatched) backward. Saves x and rstd, as the CUDA kernel's autograd does."""
+
+    @staticmethod
+    def forward(ctx, rec, shape, eps, x, weight):
+        from kit.workload.mapping import map_op
+
+        with rec.muted():
+            y, rstd = torch.ops.aten._fused_rms_norm(x, shape, weight, eps)
+        op, op_class, kernels = map_op("_fused_rms_norm", (x, shape, weight, eps), {}, (y, rstd))
+        rec.record_fused("aten._fused_rms_norm.default", op, op_class, kernels,
+                         [t for t in (x, weight) if t is not None], [y, rstd])
+        ctx.shape, ctx.has_weight = shape, weight is not None
+        ctx.save_for_backward(x, rstd, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, rstd, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad[3:5]
+        dx, dw = torch.ops.aten._fused_rms_norm_backward(
+            grad, x, ctx.shape, rstd, weight, [bool(needs[0]), bool(needs[1]) and ctx.has_weight])
+        return None, None, None, dx if needs[0] else None, dw if needs[1] else None
+
+
+def _fused_rms_norm(rec, input, normalized_shape, weight=None, eps=None):
+    shape = [int(s) for s in ((normalized_shape,) if isinstance(normalized_shape, int)
+                              else normalized_shape)]
+    if (not isinstance(input, torch.Tensor) or input.device.type != "meta"
+            or input.dim() < len(shape) or list(input.shape[input.dim() - len(shape):]) != shape):
+        return torch.rms_norm(input, normalized_shape, weight, eps)  # torch's own error or path
+    return _FusedRmsNorm.apply(rec, shape, eps, input, weight)
 
 
 _TORCH_SDPA = F.scaled_dot_product_attention  # torch's own, whatever _functional_fused swaps in
@@ -79,6 +126,11 @@ def _fused_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
     flash = (q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None
              and v.shape[-1] == q.shape[-1])
     if k.shape[-3] != q.shape[-3]:  # grouped-query attention
+        if not enable_gqa and k.shape[-3] != 1:  # torch broadcasts one K/V head, and no other
+            raise RuntimeError(f"scaled_dot_product_attention: {q.shape[-3]} query heads and "
+                               f"{k.shape[-3]} key/value heads need enable_gqa=True (torch: the "
+                               f"size of tensor a ({q.shape[-3]}) must match the size of tensor "
+                               f"b ({k.shape[-3]}) at non-singleton dimension 1)")
         if q.shape[-3] % k.shape[-3]:
             raise KitError(f"attention: {q.shape[-3]} query heads are not a multiple of "
                            f"{k.shape[-3]} key/value heads")
