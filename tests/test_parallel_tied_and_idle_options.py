@@ -158,3 +158,18 @@ def test_gpu_file_correcting_the_presets_own_gpu_still_reaches_system(capsys, tm
         unregister_gpu("a100-sxm4-40gb")
     assert rc == 0, err
     assert json.loads(out)["iteration_ms"] > 2 * base
+
+
+def test_a_gpt2_config_that_unties_its_head_is_untied_in_the_module_and_the_spec(tmp_path):
+    from kit.workload.zoo import build, config
+
+    c = {k: v for k, v in config("gpt2").items() if k != "name"}
+    small = dict(c, n_layer=2, tie_word_embeddings=False)
+    p = tmp_path / "untied_gpt2.json"
+    p.write_text(json.dumps(small))
+    spec, tied = parse_model(str(p)), parse_model("gpt2")
+    assert not spec.tied and tied.tied
+    counted = sum(x.numel() for x in build(small).parameters())
+    counted_tied = sum(x.numel() for x in build(dict(small, tie_word_embeddings=True)).parameters())
+    assert counted - counted_tied == small["vocab_size"] * small["n_embd"]  # the module unties too
+    assert spec.params == pytest.approx(counted, rel=2e-3)

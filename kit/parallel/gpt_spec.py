@@ -224,5 +224,6 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                    or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), experts=experts,
                    moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
                    gated=llama, rope=llama, positions=None if llama else max_seq(c),
-                   # the zoo's Llama-family module ties them as HF does (kit.workload.zoo_modern)
-                   tied=bool(c.get("tie_word_embeddings", c.get("model_type") in TIED_BY_DEFAULT)) if llama else True)
+                   # as the zoo's modules tie them: HF's defaults (GPT-2, OPT tie; of the Llama
+                   # families, TIED_BY_DEFAULT's), unless the config says
+                   tied=bool(c.get("tie_word_embeddings", c.get("model_type") in TIED_BY_DEFAULT if llama else True)))

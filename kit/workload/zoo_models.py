@@ -140,7 +140,8 @@ class GPT2LMHeadModel(nn.Module):
         self.config = c
         self.transformer = GPT2Model(c)
         self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied
+        if c.get("tie_word_embeddings", True):  # HF's default for GPT-2 (and GPTSpec.tied's)
+            self.lm_head.weight = self.transformer.wte.weight
 
     def forward(self, input_ids, kv_cache=None):
         return self.lm_head(self.transformer(input_ids, kv_cache))
@@ -262,7 +263,8 @@ class OPTForCausalLM(nn.Module):
         self.layers = nn.ModuleList(OPTLayer(c) for _ in range(c["num_hidden_layers"]))
         self.final_layer_norm = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
-        self.lm_head.weight = self.embed_tokens.weight  # tied
+        if c.get("tie_word_embeddings", True):  # HF's default for OPT (and GPTSpec.tied's)
+            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, input_ids, kv_cache=None):
         b, s = input_ids.shape
