@@ -266,9 +266,10 @@ def test_train_checks_its_out_folder_before_training(tmp_path):
 def test_predict_dtype_choices_are_what_capture_takes():
     from kit.cli import build_parser
     from kit.cli.cmd_predict import MODEL_DTYPES
-    from kit.workload.capture import TORCH_DTYPES
+    from kit.workload.capture import DTYPE_CHOICES, TORCH_DTYPES
 
-    assert set(MODEL_DTYPES) == set(TORCH_DTYPES)
+    # and "model": each parameter in the dtype the module holds
+    assert set(MODEL_DTYPES) == set(DTYPE_CHOICES) == {*TORCH_DTYPES, "model"}
     with pytest.raises(KitError, match="invalid choice: 'fp8'"):  # was offered, then refused
         build_parser().parse_args(["predict", "gpt2", "--gpu", "a100", "--dtype", "fp8"])
 

@@ -6,8 +6,8 @@ step at TDP (an upper bound: TDP × step time), and, where the user gives prices
 cost per million tokens (or samples). No prices are built in.
 """
 from kit.cli import add_command
-from kit.cli.cmd_predict import (add_model_args, buffers_text, check_decode_args, host_lines, optimizer_text,
-                                 overhead_from, with_calibration)
+from kit.cli.cmd_predict import (add_model_args, buffers_text, check_decode_args, dtype_text, host_lines,
+                                 optimizer_text, overhead_from, with_calibration)
 from kit.cli.outputs import nonempty
 
 
@@ -80,6 +80,10 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
                                   predictor, prices or {}, overhead, kv_cache)
     graph = graph_of(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache, loss=loss)
     mem = memory_bytes(graph)
+    held = graph.meta.get("model_dtypes") if dtype == "model" else None
+    if held is not None:  # the module's own dtypes: a GPU runs them all, the main one first
+        dtype = graph.meta.get("dtype", "fp32")
+    needed = list(dict.fromkeys([dtype, *(_priced_as(d) for d in held or ())]))
     # a module with its own example inputs knows its batch, and no sequence; DLRM reads none
     seq_used = graph.meta.get("seq")
     batch = graph.meta.get("batch") or batch or 1
@@ -92,8 +96,9 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
     prices = prices or {}
     rows = []
     for gpu in {get_gpu(name).key: get_gpu(name) for name in gpus}.values():  # aliases: one row
-        if gpu.peak_tflops(dtype) is None:  # a row that says so; the other GPUs still compare
-            rows.append(unsupported_row(gpu, dtype, unit, mem, prices))
+        lacking = next((d for d in needed if gpu.peak_tflops(d) is None), None)
+        if lacking is not None:  # a row that says so; the other GPUs still compare
+            rows.append(unsupported_row(gpu, lacking, unit, mem, prices))
             continue
         it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
         row = gpu_row(gpu, it.total_ms, [it.total_p10_ms, it.total_p90_ms], items, unit, mem,
@@ -106,10 +111,11 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
     if unknown:
         raise KitError(f"prices given for GPUs not compared: {', '.join(unknown)}")
     if all(r["unsupported"] for r in rows):
-        raise KitError(f"none of {', '.join(r['gpu'] for r in rows)} supports {dtype}: "
+        raise KitError(f"none of {', '.join(r['gpu'] for r in rows)} supports {' and '.join(needed)}: "
                        + "; ".join(r["unsupported"] for r in rows))
     return {"model": graph.model, "mode": mode, "batch": batch,
             "seq": seq_used if per_token else None, "dtype": dtype,  # DLRM has no sequence
+            **({"model_dtypes": held} if held is not None else {}),
             "context": seq_used if decode else None, "loss": graph.meta.get("loss"),
             "unit": unit, "memory": mem, "rows": rows}
 
@@ -124,6 +130,7 @@ def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, pr
     from kit.workload.models import max_batch
 
     chosen = list({get_gpu(name).key: get_gpu(name) for name in gpus}.values())  # aliases: one row
+    asked, dtype = dtype, "fp32" if dtype == "model" else dtype  # a zoo decoder or config: fp32
     unknown = sorted(set(prices) - {g.key for g in chosen})
     if unknown:
         raise KitError(f"prices given for GPUs not compared: {', '.join(unknown)}")
@@ -131,7 +138,7 @@ def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, pr
         raise KitError(f"none of {', '.join(g.key for g in chosen)} supports {dtype}: "
                        + "; ".join(no_dtype(g, dtype) for g in chosen))
     runs = {g.key: generation(model, g, batch=batch, prompt=prompt, new_tokens=new_tokens,
-                              dtype=dtype, fusion=fusion, predictor=predictor, overhead=overhead,
+                              dtype=asked, fusion=fusion, predictor=predictor, overhead=overhead,
                               kv_cache=kv_cache)
             for g in chosen if g.peak_tflops(dtype) is not None}
     first = next(iter(runs.values()))
@@ -147,7 +154,9 @@ def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, pr
                      "ttft_ms": r["ttft_ms"], "tpot_ms": r["tpot_ms"],
                      "max_batch": max_batch(mem, batch, gpu.memory_bytes)})
     return {"model": first["model"], "mode": "generate", "batch": batch, "seq": prompt,
-            "dtype": dtype, "prompt": prompt, "new_tokens": new_tokens, "context": None,
+            "dtype": first["dtype"],
+            **({"model_dtypes": first["model_dtypes"]} if "model_dtypes" in first else {}),
+            "prompt": prompt, "new_tokens": new_tokens, "context": None,
             "unit": "tokens", "memory": mem, "rows": rows}
 
 
@@ -166,6 +175,11 @@ def gpu_row(gpu, step_ms: float, band_ms, items: float, unit: str, mem: dict, pr
             f"energy_j_per_m_{unit}": gpu.tdp_w * step_s / items * 1e6,
             "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": cost,
             "predictor": predictor, "carried_share": None, "unsupported": None}
+
+
+def _priced_as(dtype: str) -> str:
+    """The kit dtype a module's parameter dtype is priced in (float64: as fp32, 8 bytes each)."""
+    return dtype if dtype in ("fp32", "fp16", "bf16") else "fp32"
 
 
 def no_dtype(gpu, dtype: str) -> str:
@@ -208,7 +222,7 @@ def text(r) -> str:
     if r.get("context") is not None:
         seq = f", context {r['context']} (one new token per sequence a step)"
     cache = f", KV cache {m['kv_cache_bytes'] / 2**30:.1f}" if m.get("kv_cache_bytes") else ""
-    lines = [f"{r['model']} {r['mode']}, batch {r['batch']}{seq}, {r['dtype']}: needs "
+    lines = [f"{r['model']} {r['mode']}, batch {r['batch']}{seq}, {dtype_text(r)}: needs "
              f"{m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, grads "
              f"{m['grads_bytes'] / 2**30:.1f}, {optimizer_text(m, '.1f')}, activations "
              f"{m['activations_bytes'] / 2**30:.1f}{cache}{buffers_text(m, '.1f')})",

@@ -4,9 +4,19 @@ from pathlib import Path
 
 from kit.cli import add_command, positive_int
 from kit.cli.outputs import nonempty
+from kit.workload.models import DTYPES as MODEL_DTYPES  # --dtype's choices (no torch imported)
 
-# the dtypes a whole model can be captured in (kit.workload.capture.TORCH_DTYPES; no fp8 models)
-MODEL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
+
+def dtype_text(r: dict) -> str:
+    """A result's dtype for the text output: "model (bf16; fp32 too)" when --dtype model gave
+    it (its model_dtypes: the parameters in each dtype, most first), else the dtype."""
+    held = r.get("model_dtypes")
+    if held is None:
+        return str(r.get("dtype"))
+    others = [d for d in held if d != r.get("dtype")]
+    total = sum(held.values()) or 1
+    rest = "; " + ", ".join(f"{d} {100 * held[d] / total:.2g}% of parameters" for d in others) if others else ""
+    return f"model ({r.get('dtype')}{rest})"
 
 
 def optimizer_text(m: dict, fmt: str) -> str:
@@ -48,7 +58,10 @@ def add_model_args(p):
     p.add_argument("--dtype", default="fp32", choices=MODEL_DTYPES,
                    help="fp32: strict FP32 GEMMs and convolutions, as NeuSight measured (stock "
                         "PyTorch lets cuDNN's convolutions use TF32 on Ampere and later: --dtype "
-                        "tf32 is closer for a CNN); tf32: FP32 tensors on TF32 tensor cores")
+                        "tf32 is closer for a CNN); tf32: FP32 tensors on TF32 tensor cores; fp16, "
+                        "bf16: every parameter and floating input cast to it; model: each parameter "
+                        "in the dtype your module holds (a bf16 body with an fp32 router), floating "
+                        "inputs in its main dtype (the zoo and HF-style configs are fp32)")
     p.add_argument("--fusion", default="eager", choices=["eager", "compiled"])
     p.add_argument("--optimizer", default=None,
                    help="add an optimizer step to training: adamw, adamw-fused, adam, sgd (momentum 0.9), "
@@ -103,7 +116,8 @@ def run_checked(run, args):
             raise KitError(f"--weights is for the learned predictors ({', '.join(LEARNED)}); "
                            f"--predictor {args.predictor} reads no weights")
         dtype = getattr(args, "dtype", "fp32")
-        if name in FP32_ONLY and dtype != "fp32":
+        # model: the ops' own dtypes, which the baseline refuses op by op where not fp32
+        if name in FP32_ONLY and dtype not in ("fp32", "model"):
             raise KitError(fp32_only_message(name, dtype))
         info = weights_in_use() if name in LEARNED else None  # a bad folder fails here, first
         result = run(args)
@@ -183,7 +197,7 @@ def check_decode_args(args) -> None:
 def generation_text(r) -> str:
     pre, steps = r["prefill"], r["decode_steps"]
     lines = [f"{r['model']} generate on {r['gpu']}: batch {r['batch']}, prompt {r['prompt']}, "
-             f"{r['new_tokens']} new tokens, {r['dtype']}, {r['fusion']}, predictor {r['predictor']}",
+             f"{r['new_tokens']} new tokens, {dtype_text(r)}, {r['fusion']}, predictor {r['predictor']}",
              f"  total     {r['total_ms']:.1f} ms  ({r['tokens_per_s']:.1f} tokens/s over the batch)",
              f"  TTFT      {r['ttft_ms']:.2f} ms  (the prompt's prefill; GPU idle {pre['gpu_idle_ms']:.2f} ms)"]
     if steps:
@@ -275,7 +289,7 @@ def text(r) -> str:
     if r.get("image_size"):
         seq = f"images {r['image_size']}x{r['image_size']}, "
     lines = [f"{r['model']} {r['mode']} on {r['gpu']}: batch {r.get('batch')}, {seq}"
-             f"{r.get('dtype')}, {r['fusion']}, predictor {r['predictor']}",
+             f"{dtype_text(r)}, {r['fusion']}, predictor {r['predictor']}",
              f"  total     {r['total_ms']:.2f} ms" + (f"  {band.strip()}" if band else ""),
              "  phases    " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["phases_ms"].items())
              + ("; the forward ends with the loss, cross-entropy over the vocabulary (--no-loss: "

@@ -51,6 +51,49 @@ _Recorder = Recorder  # the name kit's tests import
 MODES = ("train", "inference")
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                 "tf32": torch.float32}
+# dtype "model": each parameter and buffer keeps the dtype the module holds (a bf16 body with an
+# fp32 router, an fp32 embedding feeding bf16 layers), floating inputs take its main dtype
+MODEL = "model"
+DTYPE_CHOICES = (*TORCH_DTYPES, MODEL)
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+                torch.float64: "fp64"}
+
+
+def check_dtype(dtype) -> None:
+    """One KitError for a dtype that is not a name capture takes (None passes: the model's own)."""
+    if dtype is not None and (not isinstance(dtype, str) or dtype not in DTYPE_CHOICES):
+        raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPE_CHOICES)} (model: "
+                       "each parameter in the dtype the module holds)")
+
+
+def param_dtypes(model) -> dict:
+    """{dtype name: parameters} over the module's floating parameters (a tied one once), most
+    first: what dtype "model" prices each in."""
+    sizes: dict = {}
+    for p in {id(p): p for p in model.parameters()}.values():
+        if p.is_floating_point():
+            name = _DTYPE_NAMES.get(p.dtype, str(p.dtype).replace("torch.", ""))
+            sizes[name] = sizes.get(name, 0) + int(p.numel())
+    return dict(sorted(sizes.items(), key=lambda kv: -kv[1]))
+
+
+def main_dtype(model) -> torch.dtype:
+    """The module's main floating dtype: the one most of its parameters hold (else its floating
+    buffers'; else fp32). Under dtype "model" the floating inputs take it."""
+    sizes: dict = {}
+    for t in {id(p): p for p in model.parameters()}.values():
+        if t.is_floating_point():
+            sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+    if not sizes:
+        for t in model.buffers():
+            if t.is_floating_point():
+                sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+    return max(sizes, key=sizes.get) if sizes else torch.float32
+
+
+def main_dtype_name(model) -> str:
+    """main_dtype as the kit prices it: fp32, fp16 or bf16 (float64 is priced as fp32)."""
+    return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(main_dtype(model), "fp32")
 
 
 def _kept_in_fp32(model, dtype: str | None):
@@ -163,8 +206,10 @@ def _optimizer_steps(rec: Recorder, optimizer, params) -> None:
 def capture_optimizer(model: torch.nn.Module, optimizer, dtype: str | None = None) -> list[Node]:
     """The steady-state optimizer step of model's trainable parameters alone (every gradient
     present), as "opt" nodes numbered from 0. Used when the forward and backward passes are
-    captured on fewer layers than the model has."""
-    tdtype = TORCH_DTYPES.get(dtype) if dtype else None
+    captured on fewer layers than the model has. dtype: as capture's ("model" or None: each
+    parameter in its own dtype; torch's foreach and fused optimizers run a kernel group per
+    dtype)."""
+    tdtype = TORCH_DTYPES.get(dtype) if dtype else None  # "model": each parameter's own
     params = []
     for p in {id(p): p for p in model.parameters()}.values():
         if p.requires_grad:
@@ -184,25 +229,36 @@ def _note_own_dtypes(model, name, dtype) -> None:
     one the module holds: float64 parameters (the kit has no FP64 kernel model), and a module
     mostly in bf16 or fp16 priced in fp32 or tf32, --dtype's default (a bf16 model had been priced
     as an fp32 one, its GEMMs off the tensor cores and twice the bytes, with only the header's
-    dtype to say so)."""
+    dtype to say so). Either points to --dtype model too (each parameter in its own dtype)."""
     if dtype is None:
         return
     label = name or type(model).__name__
-    sizes: dict = {}
-    for p in {id(p): p for p in model.parameters()}.values():
-        if p.is_floating_point():
-            sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+    sizes = param_dtypes(model)
     wide = sum(1 for _, p in model.named_parameters() if p.dtype == torch.float64)
     if wide:  # priced at dtype, as asked; an FP64 run is another matter
-        warnings.warn(f"{label}: {wide} float64 parameter(s) are priced in "
-                      f"{dtype}, as asked; the kit has no FP64 kernel model, and FP64 runs slower: "
-                      "at half the FP32 rate on an A100 or H100, a sixty-fourth on an L4 (NVIDIA "
-                      "datasheets)")
-    short = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(max(sizes, key=sizes.get)) if sizes else None
-    if short is not None and dtype in ("fp32", "tf32"):
-        warnings.warn(f"{label}: its parameters are {short}, priced in {dtype} as asked (--dtype; the "
-                      f"default is fp32): give --dtype {short} (dtype={short!r}) to price the model in "
-                      "the dtype it holds")
+        asked = ("as fp32 ops moving 8 bytes an element (--dtype model)" if dtype == MODEL
+                 else f"in {dtype}, as asked")
+        warnings.warn(f"{label}: {wide} float64 parameter(s) are priced {asked}; the kit has no "
+                      "FP64 kernel model, and FP64 runs slower: at half the FP32 rate on an A100 "
+                      "or H100, a sixty-fourth on an L4 (NVIDIA datasheets)")
+    short = next(iter(sizes), None)
+    if short in ("bf16", "fp16") and dtype in ("fp32", "tf32"):
+        mixed = len(sizes) > 1
+        warnings.warn(f"{label}: its parameters are {'mostly ' * mixed}{short}, priced in {dtype} as "
+                      f"asked (--dtype; the default is fp32): give --dtype {short} (dtype={short!r}) "
+                      "to price the model in the dtype it holds, or --dtype model (dtype='model') "
+                      "to keep each parameter in its own" + (f" ({', '.join(sizes)})" if mixed else ""))
+
+
+def _mixed_hint(sizes: dict, dtype, err: KitError) -> KitError:
+    """A capture failure on operands of two dtypes, of a module that holds parameters in several
+    (sizes: param_dtypes, a bf16 body with an fp32 router fed h.float()) cast to one dtype:
+    --dtype model keeps each its own."""
+    if dtype == MODEL or len(sizes) < 2 or "dtype" not in str(err).lower():
+        return err
+    return KitError(f"{err}; the module holds parameters in several dtypes ({', '.join(sizes)}), "
+                    f"which dtype {dtype!r} casts to one: --dtype model (dtype='model') keeps each "
+                    "parameter in its own")
 
 
 def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=None,
@@ -212,7 +268,10 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
 
     inputs: a tuple of positional inputs, or a dict of keyword inputs (tensors of any device:
     only their shapes and dtypes are used). dtype: cast parameters and floating inputs to
-    "fp32" | "fp16" | "bf16" (None: keep the model's). optimizer: None, "adamw", "adamw-fused",
+    "fp32" | "tf32" | "fp16" | "bf16"; "model" (or None): keep each parameter and buffer in
+    the dtype the module holds, every op priced in the dtype it runs in, with the floating inputs
+    cast to the module's main dtype (main_dtype: the one most parameters hold) under "model"
+    and kept as given under None. optimizer: None, "adamw", "adamw-fused",
     "adam", "sgd" or callable(params) (training only). loss: None (the backward starts from
     the outputs a loss over all of them would, kit.workload.capture_roots) or callable(first
     such output) -> the tensor to backpropagate from, recorded as part of the forward pass in
@@ -223,11 +282,10 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         raise KitError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
     if mode not in MODES:
         raise KitError(f"unknown mode {mode!r}: choose train or inference")
-    tdtype = None
-    if dtype is not None:
-        if not isinstance(dtype, str) or dtype not in TORCH_DTYPES:
-            raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(TORCH_DTYPES)}")
-        tdtype = TORCH_DTYPES[dtype]
+    check_dtype(dtype)
+    tdtype = TORCH_DTYPES.get(dtype) if dtype is not None else None  # "model": None, each its own
+    inputs_dtype = main_dtype(model) if dtype == MODEL else tdtype
+    held = param_dtypes(model)  # before the meta parameters take their place
     _note_own_dtypes(model, name, dtype)
     train = mode == "train"
     # requires_grad stays the model's in inference too (it runs under no_grad): torch.matmul
@@ -239,7 +297,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
                for n, b in model.named_buffers()}
     args, kwargs = (((), dict(inputs)) if isinstance(inputs, dict) else
                     ((tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)), {}))
-    args, kwargs = tree_map(lambda t: _to_meta(t, tdtype, grad=train), (args, kwargs))
+    args, kwargs = tree_map(lambda t: _to_meta(t, inputs_dtype, grad=train), (args, kwargs))
 
     rec = Recorder()
     names = {id(m): n for n, m in model.named_modules()}
@@ -307,7 +365,8 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     except KitError:
         raise
     except Exception as e:  # the user's forward: KeyError, AssertionError, AttributeError, ...
-        raise capture_failure(name or type(model).__name__, e, rec, _sparse_embeddings(model)) from None
+        raise _mixed_hint(held, dtype, capture_failure(name or type(model).__name__, e, rec,
+                                                        _sparse_embeddings(model))) from None
     finally:
         for h in handles:
             h.remove()
@@ -325,9 +384,12 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
             "buffer_bytes": int(sum(nbytes(b) for b in buffers.values())),
             "activation_bytes": int(sum(b for b, _ in saved.values()) if train else 2 * max(fwd_out, default=0)),
             "saved_bytes_by_layer": _by_layer(saved.values()),
-            "mode": mode, "dtype": dtype or _dtype_name(params), "optimizer":
+            "mode": mode, "dtype": (dtype if dtype not in (None, MODEL) else main_dtype_name(model)),
+            "optimizer":
             (optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom"))
             if optimizer is not None else None, "fusion": "eager"}
+    if dtype == MODEL:  # each parameter in its own dtype: which, and how many parameters hold each
+        info["model_dtypes"] = held
     if fast_taken or fast_declined:  # kit.workload.fast_path: torch's native inference kernels
         info["fast_path"] = {"taken": dict(fast_taken), "declined": dict(fast_declined)}
     info.update(meta or {})
@@ -365,10 +427,3 @@ def _by_layer(saved) -> dict:
     for nbytes_saved, layer in saved:
         out[layer] = out.get(layer, 0) + int(nbytes_saved)
     return out
-
-
-def _dtype_name(params) -> str:
-    for p in params.values():
-        if p.is_floating_point():
-            return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(p.dtype, "fp32")
-    return "fp32"

@@ -110,7 +110,11 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
                "total_bytes": last["total_bytes"] - last["activations_bytes"] + acts}
     g = get_gpu(gpu)
     return {"model": prefill.model, "gpu": g.key, "mode": "generate", "batch": batch,
-            "prompt": prompt, "new_tokens": new_tokens, "dtype": dtype, "fusion": fusion,
+            "prompt": prompt, "new_tokens": new_tokens,
+            # model: the dtype the model holds (a zoo decoder or config: fp32), and in which
+            "dtype": prefill.meta.get("dtype", dtype) if dtype == "model" else dtype,
+            **({"model_dtypes": prefill.meta["model_dtypes"]} if "model_dtypes" in prefill.meta else {}),
+            "fusion": fusion,
             "kv_cache": kv_cache,
             "predictor": prefill.predictor, "ttft_ms": prefill.total_ms,
             "ttft_band_ms": [prefill.total_p10_ms, prefill.total_p90_ms],

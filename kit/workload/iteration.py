@@ -108,9 +108,9 @@ class Iteration:
                 "top_kernels": self.top_kernels().to_dict("records"),
                 "overhead": self.overhead.to_dict(), "fallbacks": self.fallbacks,
                 "unknown_ops": self.meta.get("unknown_ops", {}),
-                **{k: self.meta[k] for k in ("batch", "seq", "dtype", "params", "param_bytes", "carried_ms",
-                                             "activation_bytes", "optimizer", "context",
-                                             "kv_cache", "kv_cache_bytes", "fast_path", "loss")
+                **{k: self.meta[k] for k in ("batch", "seq", "dtype", "model_dtypes", "params",
+                                             "param_bytes", "carried_ms", "activation_bytes",
+                                             "optimizer", "context", "kv_cache", "kv_cache_bytes", "fast_path", "loss")
                    if k in self.meta},
                 **({"memory": self.meta["memory"]} if "memory" in self.meta else {}),
                 **self._image(),

@@ -23,6 +23,9 @@ from pathlib import Path
 from kit.errors import KitError, one_line, yes_no
 
 OPTIMIZER_STATE_TENSORS = {"adamw": 2, "adamw-fused": 2, "adam": 2, "sgd": 1, None: 0, "none": 0}
+# the dtypes a whole model is captured in (kit.workload.capture.DTYPE_CHOICES, without torch):
+# model keeps each parameter in the dtype the module holds
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "model")
 
 
 def load_callable(spec: str):
@@ -121,13 +124,21 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     HF-style language model's training step includes the cross-entropy over the vocabulary
     (kit.workload.zoo.lm_loss); False backpropagates from the logits. A module of your own is
     captured as its forward returns: return the loss to include it. last_logits: a zoo or HF-style
-    decoder's inference pass computes the last position's logits only (generation's prefill)."""
+    decoder's inference pass computes the last position's logits only (generation's prefill).
+    dtype: fp32, tf32, fp16 or bf16 casts every parameter and floating input to it; "model" keeps
+    each parameter and buffer in the dtype the module holds, its floating inputs in its main dtype
+    (kit.workload.capture.main_dtype); the graph's meta "dtype" is then that main dtype and
+    "model_dtypes" the parameters in each. The zoo's models and HF-style configs are built in
+    fp32: "model" prices them as fp32."""
     if isinstance(model, os.PathLike):  # a config file given as a Path, as a str is taken
         model = os.fspath(model)
     batch, seq = (int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
                   for v in (batch, seq))  # numpy integers, as kit.api.predict_generation takes them
     if not isinstance(dtype, str):  # None had been priced as fp32 without a word
         raise KitError(f"unknown dtype {dtype!r}: give a name such as 'fp32' or 'bf16'")
+    if dtype not in DTYPES:
+        raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)} (model: each "
+                       "parameter in the dtype the module holds)")
     zoo_args = (kv_cache, yes_no(loss, "loss"), yes_no(last_logits, "last_logits"))
     batch_given = batch is not None  # a module's own inputs fix the batch: one asked for is refused
     batch = 1 if batch is None else batch
@@ -151,7 +162,7 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     from torch.utils._pytree import tree_leaves
 
     from kit.workload import zoo
-    from kit.workload.capture import TORCH_DTYPES, DataDependentCapture, capture
+    from kit.workload.capture import TORCH_DTYPES, DataDependentCapture, capture, main_dtype
 
     zoo._check_positive(batch=batch)
     zoo.check_mode(None, mode, optimizer, kv_cache)
@@ -177,7 +188,8 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
             raise KitError(f"model {name!r}: its example inputs have a batch of 0; give inputs "
                            "with a batch of at least 1")
     if decode:  # the floating inputs are the cache: its memory
-        size = TORCH_DTYPES[dtype].itemsize if isinstance(dtype, str) and dtype in TORCH_DTYPES else None
+        size = (main_dtype(obj).itemsize if dtype == "model" else
+                TORCH_DTYPES[dtype].itemsize if isinstance(dtype, str) and dtype in TORCH_DTYPES else None)
         leaves = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
         meta.update(mode="decode", context=meta["seq"],
                     kv_cache_bytes=int(sum(t.numel() * (size or t.element_size()) for t in leaves)))
@@ -239,7 +251,15 @@ def _leading_dim(inputs, module=None) -> int:
 
 def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static", loss=True,
                last_logits=False):
-    """zoo.graph_for, refusing a sequence length for a model that reads none (DLRM)."""
+    """zoo.graph_for, refusing a sequence length for a model that reads none (DLRM). dtype
+    "model": the zoo builds its models in fp32, so they are priced as fp32 (the graph says which
+    dtype was asked in meta "model_dtypes")."""
+    if dtype == "model":
+        from dataclasses import replace
+
+        graph = _zoo_graph(model, batch, seq, mode, "fp32", optimizer, kv_cache, loss, last_logits)
+        # a new graph: the cached one (zoo's LRU) keeps its meta
+        return replace(graph, meta={**graph.meta, "model_dtypes": {"fp32": int(graph.meta.get("params", 0))}})
     from kit.workload import zoo
     from kit.workload.zoo_checks import _check_sizes
 
@@ -259,8 +279,11 @@ def memory_bytes(graph) -> dict:
 
     The step is the one captured: a model in --dtype throughout (a bf16 step holds bf16 weights,
     gradients and optimizer state, as torch's optimizers make their state like the parameters,
-    and as the step's optimizer kernels are timed). Mixed precision with fp32 master weights and
-    fp32 state would need 12 more bytes a parameter under AdamW than a bf16 step. A training
+    and as the step's optimizer kernels are timed); under --dtype model each parameter, its
+    gradient and its state count at the parameter's own dtype (param_bytes and
+    trainable_param_bytes are summed per parameter, in the dtypes the capture ran them). Mixed
+    precision with fp32 master weights and fp32 state would need 12 more bytes a parameter under
+    AdamW than a bf16 step. A training
     step captured without an optimizer counts AdamW's state all the same (optimizer_assumed):
     its update is not timed, but a run keeps the state. Gradients and optimizer state are
     those of the trainable parameters (requires_grad; trainable_param_bytes): a frozen backbone
