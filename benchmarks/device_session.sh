@@ -7,9 +7,12 @@
 #
 # Environment: DEVICE (cuda), QUICK (tiny grids), PY (python3), BUDGET (540: seconds of wall time
 # for the whole script, packing included; run it under a device timeout_s of 600), GPU (catalog
-# key to predict for; default the device's), RESUME_FROM (an earlier device_session.tar.gz,
-# carried into the working tree: unpacked first; the collectors resume its CSVs and decode_steps
-# skips the rows of its JSONL, so a second run measures only what the first did not finish).
+# key to predict for; default the device's), ROW_MODELS (PLAN=rows's models, spaces or commas:
+# gpt2 bert-large opt-1.3b gpt2-large gpt3-xl, about 15 s a model and dtype on an H100 or H200;
+# any of kit/data/shapes.py's MODELS), RESUME_FROM (an earlier
+# device_session.tar.gz, carried into the working tree: unpacked first; the collectors resume its
+# CSVs and decode_steps skips the rows of its JSONL, so a second run measures only what the first
+# did not finish).
 #
 # PLAN picks the steps (most valuable first; a step is skipped when too little time is left; each
 # runs under `timeout` set from the deadline, and the collectors get --time-limit a little under
@@ -36,8 +39,8 @@
 # warp softmax taking as long in bf16 as in fp32 (its rate set by elements, not bytes) and the
 # random sweeps' rows were too small to say at what rate. The kit now bounds softmax by rates read
 # off those whole models (kit.predict.element_rates.SOFTMAX_ELEMS_PER_SM_CLOCK); these rows, timed
-# on their own, check them: benchmarks/element_rates.py --dir reads rows_*.csv.gz beside the
-# vector sweeps.
+# on their own, check them: benchmarks/element_rates.py --dir DIR reads DIR/*/rows_*.csv (the
+# tarball unpacked into DIR; or gzipped, as committed) beside the vector sweeps.
 # The collector flushes the L2 before each timed call and warms each op group for 500 ms (see
 # kit/data/collect.py); each CSV gets FILE.meta.json (provenance and settings) and, if anything
 # failed, FILE.failed.jsonl.
@@ -226,7 +229,8 @@ models() {  # name cap configs
 }
 
 if [ "$PLAN" = rows ]; then
-  for m in ${ROW_MODELS:-gpt2 bert-large opt-1.3b}; do
+  ROW_MODELS=${ROW_MODELS:-gpt2 bert-large opt-1.3b gpt2-large gpt3-xl}
+  for m in ${ROW_MODELS//,/ }; do
     collect "rows_${m}_bf16" 60 "elementwise,softmax,layernorm" "${m}-layers" bf16
     collect "rows_${m}_fp32" 60 "elementwise,softmax,layernorm" "${m}-layers" fp32
   done

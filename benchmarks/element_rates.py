@@ -7,7 +7,8 @@ show how the tile predictor meets those rows with and without them.
 h200-2026-12-04-b). For each elementwise kind and dtype of the vector sweeps (`vector_*.csv.gz`,
 kernel time, rows of at least 20 us), the fastest rate in elements per SM per clock (132 SMs,
 1,980 MHz: the clock the nvidia-smi samples read under load; device_session.sh PLAN=rows's
-`rows_*.csv.gz` are read too) and, for comparison, the bandwidth
+`rows_*.csv.gz` are read too, and a tarball's plain `.csv` files unpacked into the folder) and,
+for comparison, the bandwidth
 it implies. A kind is element-bound where its 16-bit rate stays at its fp32 rate, well under what
 its bytes allow (a bf16 add: 2.7, a unary bf16 op: 4.0). `bounds` is what
 kit.predict.element_rates ships: the fastest rate of each bound kind over both dtypes (pow and its
@@ -50,14 +51,26 @@ MIN_KERNEL_MS = 0.02
 BYTES_BOUND_SHARE = 0.8  # of the catalog bandwidth: a row at least this fast is bound by its bytes
 
 
+def sweep_files(folder: Path) -> list[Path]:
+    """The vector sweeps one folder down (`vector_*`, PLAN=rows's `rows_*`): gzipped as committed,
+    or plain `.csv` as device_session.sh's tarball holds them (a `.csv` beside its `.csv.gz`
+    twin is read once, from the `.gz`)."""
+    found = {}
+    for stem in ("vector_", "rows_"):
+        for f in sorted(folder.glob(f"*/{stem}*.csv")):
+            found.setdefault(f.with_name(f.name + ".gz"), f)
+        for f in sorted(folder.glob(f"*/{stem}*.csv.gz")):
+            found[f] = f
+    return sorted(found.values())
+
+
 def all_sweep_rows(folders) -> pd.DataFrame:
-    """Every vector-sweep row (`vector_*.csv.gz`, PLAN=rows's `rows_*.csv.gz`) under folders."""
+    """Every vector-sweep row (`vector_*.csv[.gz]`, PLAN=rows's `rows_*.csv[.gz]`) under folders."""
     from kit.data.records import load_measurements
 
-    files = [f for folder in folders for pattern in ("*/vector_*.csv.gz", "*/rows_*.csv.gz")
-             for f in sorted(folder.glob(pattern))]
+    files = [f for folder in folders for f in sweep_files(Path(folder))]
     if not files:
-        raise KitError(f"no vector sweeps (*/vector_*.csv.gz, */rows_*.csv.gz) under "
+        raise KitError(f"no vector sweeps (*/vector_*.csv[.gz], */rows_*.csv[.gz]) under "
                        f"{', '.join(map(str, folders))}")
     return pd.concat([load_measurements(f) for f in files], ignore_index=True)
 
@@ -127,8 +140,8 @@ def softmax_rows(folders, held_out: bool = False) -> pd.DataFrame:
     sw = all_sweep_rows(folders)
     sw = sw[(sw.op == "softmax") & (sw.kernel_ms > 0)]
     sw = sw[(sw.kernel_ms < MIN_KERNEL_MS) if held_out else (sw.kernel_ms >= MIN_KERNEL_MS)]
-    out = [{"source": "sweep", "dtype": r.dtype, "rows": float(r.rows), "cols": float(r.cols),
-            "kernel_ms": float(r.kernel_ms)} for r in sw.itertuples()]
+    out = [{"source": "sweep", "gpu": _gpu_key(r.gpu), "dtype": r.dtype, "rows": float(r.rows),
+            "cols": float(r.cols), "kernel_ms": float(r.kernel_ms)} for r in sw.itertuples()]
     latest = {}
     mode = "train" if held_out else "inference"
     for folder in folders:
@@ -148,9 +161,10 @@ def softmax_rows(folders, held_out: bool = False) -> pd.DataFrame:
         count, us = sum(k["count"] for k in ks), sum(k["us"] for k in ks)
         if count != layers:
             raise KitError(f"{r['model']}: {count} softmax kernels against {layers} layers")
-        out.append({"source": "model_steps", "dtype": r["dtype"], "rows": float(r["batch"] * heads * r["seq"]),
-                    "cols": float(r["seq"]), "kernel_ms": us / count / 1e3})
-    d = pd.DataFrame(out)
+        out.append({"source": "model_steps", "gpu": "h200", "dtype": r["dtype"],  # the H200 sessions'
+                    "rows": float(r["batch"] * heads * r["seq"]), "cols": float(r["seq"]),
+                    "kernel_ms": us / count / 1e3})
+    d = pd.DataFrame(out, columns=["source", "gpu", "dtype", "rows", "cols", "kernel_ms"])
     if not held_out:
         d = d[d.kernel_ms >= MIN_KERNEL_MS]
     d = d.copy()
@@ -159,8 +173,15 @@ def softmax_rows(folders, held_out: bool = False) -> pd.DataFrame:
     d["band"] = [_band(c) for c in d.cols]
     # read and written once each: the bandwidth a row's bytes ran at
     tbps = 2 * numel * d.dtype.map({"bf16": 2, "fp16": 2, "fp32": 4}) / (d.kernel_ms * 1e-3) / 1e12
-    d["bytes_bound"] = tbps >= BYTES_BOUND_SHARE * get_gpu("h200").mem_bw_gbs / 1e3
+    # against the bandwidth of the GPU that measured the row (an H100's 3.35 TB/s, not the H200's 4.8)
+    d["bytes_bound"] = tbps >= BYTES_BOUND_SHARE * d.gpu.map(lambda k: get_gpu(k).mem_bw_gbs) / 1e3
     return d[d.band > 0]
+
+
+def _gpu_key(gpu) -> str:
+    """A sweep row's catalog GPU (the collector's `gpu` column); "h200" where it names none (the
+    H200 sessions' rows all name it)."""
+    return gpu if isinstance(gpu, str) and gpu else "h200"
 
 
 def softmax_row_latency(folders) -> dict:
