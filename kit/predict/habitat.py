@@ -62,6 +62,12 @@ def frame_keys(cls: str, a: dict) -> list[tuple]:
     return [(cls, int(r), int(c)) for r, c in zip(a["rows"], a["cols"])]
 
 
+def _peak_dtypes(ops) -> tuple[str, ...]:
+    """The dtypes whose peaks ops run against, fp32 always among them: only GEMMs and attention
+    run against a dtype's own peak (kit.predict.roofline)."""
+    return tuple(sorted({op.dtype for op in ops if isinstance(op, (Gemm, Attention))} | {"fp32"}))
+
+
 def nearest_gpu(dest: GPU, candidates: list[str]) -> GPU:
     """The candidate GPU whose features lie closest to dest's (itself when it is one)."""
     v = gpu_vector(dest)
@@ -91,8 +97,10 @@ class HabitatPredictor:
     def _origins(self, dest: GPU, ops) -> list[str]:
         """The training GPUs that run every dtype of ops (a bf16 GEMM on L4 scales from the
         A100, not from the nearer T4, which has no bf16); a KitError when dest or none does."""
-        # only GEMMs and attention run against a dtype's own peak (kit.predict.roofline)
-        dtypes = sorted({op.dtype for op in ops if isinstance(op, (Gemm, Attention))} | {"fp32"})
+        return self._origins_of(dest, _peak_dtypes(ops))
+
+    def _origins_of(self, dest: GPU, dtypes: tuple[str, ...]) -> list[str]:
+        """_origins of ops whose peak dtypes (_peak_dtypes) are dtypes."""
         for d in dtypes:
             dest.peak_flops_per_s(d)  # "l4 has no fp8 support": the GPU asked about, first
         able = [g for g in self.train_gpus if all(get_gpu(g).peak_tflops(d) for d in dtypes)]
@@ -105,16 +113,27 @@ class HabitatPredictor:
     def predict(self, ops, gpu: GPU | str) -> pd.DataFrame:
         dest = get_gpu(gpu)
         unique, where = dedupe(ops)
-        origin = nearest_gpu(dest, self._origins(dest, unique))
-        keys = [(origin.key, op_key(op)) for op in unique]
+        # each op's own origin: the nearest training GPU that runs its dtypes. One origin for the
+        # whole batch had made an op's time depend on the ops beside it (an fp16 RMSNorm on an
+        # A10 took 5.7 us alone and 30.6 us beside an fp16 GEMM, scaled from another GPU)
+        nearest: dict = {}
+        origins = []
+        for op in unique:
+            dtypes = _peak_dtypes([op])
+            if dtypes not in nearest:
+                nearest[dtypes] = nearest_gpu(dest, self._origins_of(dest, dtypes))
+            origins.append(nearest[dtypes])
+        keys = [(origin.key, op_key(op)) for origin, op in zip(origins, unique)]
         fp32 = [getattr(op, "dtype", "fp32") == "fp32" for op in unique]
-        missing = [op for op, k, f in zip(unique, keys, fp32) if not (f and k in self.measured)]
         ref = {}
-        if missing:
-            pred = self.reference.predict(missing, origin)
-            ref = dict(zip(missing, pred.itertuples(index=False)))
+        for origin in {o.key: o for o in origins}.values():
+            missing = [op for op, o, k, f in zip(unique, origins, keys, fp32)
+                       if o.key == origin.key and not (f and k in self.measured)]
+            if missing:
+                pred = self.reference.predict(missing, origin)
+                ref.update(zip(missing, pred.itertuples(index=False)))
         rows = []
-        for op, key, f in zip(unique, keys, fp32):
+        for op, origin, key, f in zip(unique, origins, keys, fp32):
             r_o, r_d = roofline(op, origin), roofline(op, dest)
             if f and key in self.measured:
                 t_o = lo_o = hi_o = self.measured[key]
