@@ -110,8 +110,9 @@ def _plans(system: System, kind: str, group: Group, gpu) -> tuple[Plan, ...]:
             out.append(Plan("tree", base + 2 * (g - 1) * s_in + 2 * depth * s_net,
                             2.0 * max(1.0 / b_ring, 1.0 / b_net) + kap))
             w_in = 2.0 * (g - 1) / g
-            out.append(Plan("hier-ring", base + 2 * (g - 1) * s_in + 2 * (k - 1) * s_net,
-                            w_in / b_ring + 2.0 * (k - 1) / k / b_net + kap))
+            if g > 1:  # one GPU a node: the flat ring itself (a rounding tie had named it hier-ring)
+                out.append(Plan("hier-ring", base + 2 * (g - 1) * s_in + 2 * (k - 1) * s_net,
+                                w_in / b_ring + 2.0 * (k - 1) / k / b_net + kap))
             if system.network.sharp:
                 out.append(Plan("collnet-sharp", base + 2 * (g - 1) * s_in + 2 * s_net,
                                 max(w_in / b_ring, 1.0 / b_net) + kap))
@@ -124,7 +125,7 @@ def _plans(system: System, kind: str, group: Group, gpu) -> tuple[Plan, ...]:
         out.append(Plan("ring", ring_lat, w * slow + kap))
         if k == 1 and nvls and n > 2:
             out.append(Plan("nvls", base + s_in, w / b_ring + kap))
-        if k > 1:  # reduce-scatter inside each node first, then across the nodes on the 1/g
+        if k > 1 and g > 1:  # reduce-scatter inside each node first, then across the nodes on the 1/g
             # each rank holds (all-gather: the reverse), one phase after the other
             out.append(Plan("hier-ring", base + (g - 1) * s_in + (k - 1) * s_net,
                             (g - 1) / g / b_ring + (k - 1) / k / b_net + kap))
