@@ -77,6 +77,19 @@ def _kappa(system: System, full_reduce: bool) -> float:
     return (k if full_reduce else k / 2) / _mem(system)
 
 
+# The ranks the NVLS rate (a fabric's nvls_efficiency) was read at: 8-GPU DGX H100 nccl-tests
+NVLS_CALIBRATED_RANKS = 8
+
+
+def nvls_wire(n: int) -> float:
+    """Bytes each GPU's NVLink carries per byte of an NVLS all-reduce over n GPUs, relative to
+    the NVLS_CALIBRATED_RANKS it was read at: each direction carries the buffer once and its own
+    1/n shard once (the switch reads every GPU's buffer and returns the reduced shard, then
+    multicasts each shard to all), so (1 + 1/n) / (1 + 1/8); an NVLS all-reduce on 4 GPUs had cost
+    what it does on 8 a byte, though each link carries 11% more of it."""
+    return (1.0 + 1.0 / n) / (1.0 + 1.0 / NVLS_CALIBRATED_RANKS)
+
+
 def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
     """Every algorithm that can run `kind` on this group, as (latency, cost per byte)."""
     return _plans(system, kind, group, system.gpu)
@@ -104,7 +117,7 @@ def _plans(system: System, kind: str, group: Group, gpu) -> tuple[Plan, ...]:
         kap = _kappa(system, True)
         out.append(Plan("ring", ring_lat, w * slow + kap))
         if k == 1 and nvls and n > 2:
-            out.append(Plan("nvls", base + 2 * s_in, 1.0 / nvls + kap / 2))
+            out.append(Plan("nvls", base + 2 * s_in, nvls_wire(n) / nvls + kap / 2))
         if k > 1:
             depth = math.ceil(math.log2(k))
             out.append(Plan("tree", base + 2 * (g - 1) * s_in + 2 * depth * s_net,
@@ -118,7 +131,7 @@ def _plans(system: System, kind: str, group: Group, gpu) -> tuple[Plan, ...]:
                                 max(w_in / b_ring, 1.0 / b_net) + kap))
                 if nvls and g > 2:  # NVLS inside a node needs more than two of its GPUs
                     out.append(Plan("nvls-sharp", base + 2 * s_in + 2 * s_net,
-                                    max(1.0 / nvls, 1.0 / b_net) + kap / 2))
+                                    max(nvls_wire(g) / nvls, 1.0 / b_net) + kap / 2))
     elif kind in ("reducescatter", "allgather"):
         w = (n - 1) / n
         kap = _kappa(system, False)
