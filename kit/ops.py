@@ -247,6 +247,9 @@ class Attention:
     causal: bool = False
     kv_heads: int | None = None
     v_head_dim: int | None = None  # the values' head size where it is not q/k's (DeepSeek's MLA)
+    # an additive or boolean mask's bytes (attn_mask): read by the kernel, each of its elements
+    # once (a dim it broadcasts over, as (b, 1, s, s) over the heads, counted once)
+    mask_bytes: int = 0
     op_class = "attention"
 
     def __post_init__(self):
@@ -260,6 +263,8 @@ class Attention:
                 raise KitError(f"attention: kv_heads {self.kv_heads} must divide heads {self.heads}")
         if self.v_head_dim is not None:
             _positive_ints("attention", self, v_head_dim=self.v_head_dim)
+        if self.mask_bytes:  # 0: no mask
+            _positive_ints("attention", self, mask_bytes=self.mask_bytes)
 
     @property
     def value_dim(self) -> int:
@@ -287,7 +292,7 @@ class Attention:
         kvh = self.kv_heads or self.heads
         q_o = self.b * self.heads * self.seq_q * (self.head_dim + self.value_dim)
         k_v = self.b * kvh * self.seq_kv * (self.head_dim + self.value_dim)
-        return float(dtype_bytes(self.dtype) * (q_o + k_v))
+        return float(dtype_bytes(self.dtype) * (q_o + k_v) + self.mask_bytes)
 
 
 @dataclass(frozen=True)

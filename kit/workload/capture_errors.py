@@ -36,7 +36,13 @@ def _where(phase: str, path: str) -> str:
     return f" in module {path!r}" if path else " in its top-level forward"
 
 
-class DataDependentCapture(KitError):
+class CaptureNotAboutInputs(KitError):
+    """A capture failure that the model's own code causes whatever inputs it is given (it asks
+    for a CUDA device, makes a tensor on the CPU, needs a tensor's values, has nothing to train):
+    a note on the inputs the kit fed it (kit.workload.models) would mislead."""
+
+
+class DataDependentCapture(CaptureNotAboutInputs):
     """A model's forward ran an op whose output depends on the tensor's values."""
 
 
@@ -45,6 +51,10 @@ class DataDependentCapture(KitError):
 _NEEDS_GPU = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver",
               "No CUDA GPUs are available", "CUDA driver initialization failed",
               "Tensor on device cuda")
+# what torch says when a CPU tensor meets the capture's meta ones (torch.ones(16) made in the
+# forward without device=x.device: on a GPU it would meet CUDA tensors, which torch refuses too)
+_CPU_TENSOR = ("Tensor on device cpu is not on the expected device meta",
+               "found at least two devices, meta and cpu", "found at least two devices, cpu and meta")
 
 
 def _in_packed_sequences(e: BaseException) -> bool:
@@ -92,10 +102,18 @@ def capture_failure(name: str, e: Exception, rec, sparse=()) -> KitError:
             "shapes (for mixture-of-experts routing, a fixed number of tokens per expert, "
             f"chosen by topk as the zoo's MoE does) [torch: {msg.split('. ')[0]}]")
     if any(k in msg for k in _NEEDS_GPU):  # the model's own code asked for a CUDA device
-        return KitError(f"capturing {name} failed{at}: the model puts a tensor on a CUDA device "
-                        f"itself (.cuda(), .to('cuda') or device='cuda'), and the capture runs on "
-                        f"meta tensors, without a GPU: create it on an input's device "
-                        f"(device=x.device) [torch: {msg}]")
+        return CaptureNotAboutInputs(
+            f"capturing {name} failed{at}: the model puts a tensor on a CUDA device itself "
+            f"(.cuda(), .to('cuda') or device='cuda'), and the capture runs on meta tensors, "
+            f"without a GPU: create it on an input's device (device=x.device) [torch: {msg}]")
+    if any(k in msg for k in _CPU_TENSOR):
+        return CaptureNotAboutInputs(
+            f"capturing {name} failed{at}{' at ' + op if op else ''}: the model makes a tensor on "
+            "the CPU itself (torch.ones(...), torch.arange(...) or torch.tensor(...) without "
+            "device=), which meets the capture's meta tensors as it would meet CUDA ones on a "
+            "GPU, where torch refuses it too: create it on an input's device (device=x.device), "
+            "or hold it as a registered buffer, which moves with the model (an input tensor "
+            f"inside an object of the model's own is not moved either) [torch: {msg}]")
     hint = ("the optimizer must take the model's parameters and gradients" if "optimizer" in at
             else "inputs must match the model's forward")
     return KitError(f"capturing {name} failed{at}{' at ' + op if op else ''}: {msg} ({hint})")

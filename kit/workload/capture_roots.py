@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 from torch.utils._pytree import tree_leaves
 
-from kit.errors import KitError
+from kit.workload.capture_errors import CaptureNotAboutInputs
 
 
 def output_tensors(output) -> list:
@@ -44,9 +44,12 @@ def backward_root(output):
     roots = grad_outputs(output)
     if roots:
         return roots[0]
-    raise KitError("training capture: the model's output has no floating tensor that requires "
-                   f"grad (it returned a {type(output).__name__}; does the model have trainable "
-                   "parameters on the output's path?)")
+    # the model's own: no trainable parameter reaches its output (a module without any, an
+    # output made by argmax or under torch.no_grad), whatever inputs it was given
+    raise CaptureNotAboutInputs(
+        "training capture: the model's output has no floating tensor that requires grad (it "
+        f"returned a {type(output).__name__}; does the model have trainable parameters on the "
+        "output's path?)")
 
 
 def _upstream(scalars: list, held: list) -> set:

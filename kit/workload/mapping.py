@@ -15,7 +15,8 @@ from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, LayerNorm, R
                      elementwise_proxy)
 from kit.workload.kernels import ATTENTION_BWD_SCALE, Derived, Slowest, copy_of, memory_bound
 from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, POW_FAST, _elementwise,  # noqa: F401
-                                              _pow_kind, input_streams, nbytes, vectorizable)
+                                              _pow_kind, input_streams, nbytes, unique_nbytes,
+                                              vectorizable)
 from kit.workload.mapping_gemm import GEMM_OPS, flops_gemm, map_gemm
 from kit.workload.mapping_vision import VISION_OPS, map_vision
 
@@ -110,6 +111,10 @@ INDEXING = {"index", "index_select", "gather", "scatter", "scatter_", "scatter_a
             # the gathers and scatters of upsampling under torch.use_deterministic_algorithms(True)
             "_unsafe_index", "_unsafe_index_put", "_unsafe_masked_index",
             "_unsafe_masked_index_put_accumulate"}
+# scatters costed by the rows they write (their index and source, read, and as much written)
+SCATTERS = {"index_put", "index_put_", "_index_put_impl_", "index_add", "index_add_", "scatter",
+            "scatter_", "scatter_add", "scatter_add_", "index_copy_"}
+SCATTERS_OUT_OF_PLACE = {"index_put", "index_add", "scatter", "scatter_add"}  # + a copy of self
 ATTENTION_FWD = {"_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
                  "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
                  "_flash_attention_forward", "_efficient_attention_forward",
@@ -162,15 +167,39 @@ def _rows_cols(x: torch.Tensor, norm_dims: int = 1) -> tuple[int, int]:
     return max(1, x.numel() // max(cols, 1)), max(cols, 1)
 
 
-def _attention(q, k, v, dtype: str, causal: bool) -> Attention:
+def _attention(q, k, v, dtype: str, causal: bool, mask=None) -> Attention:
     """q/k: (b, heads or kv_heads, seq, d), v: (b, kv_heads, seq_kv, dv) (any leading batch dims).
-    The values' head size dv may differ from d (DeepSeek's multi-head latent attention)."""
+    The values' head size dv may differ from d (DeepSeek's multi-head latent attention). mask:
+    the attn_mask or bias tensor, read as its own elements (a broadcast dim counted once)."""
     b = math.prod(q.shape[:-3]) if q.dim() > 3 else 1
     heads, seq_q, d = q.shape[-3] if q.dim() > 2 else 1, q.shape[-2], q.shape[-1]
     kv_heads, seq_kv, dv = k.shape[-3] if k.dim() > 2 else 1, k.shape[-2], v.shape[-1]
     return Attention(b=b, heads=heads, seq_q=seq_q, seq_kv=seq_kv, head_dim=d, dtype=dtype,
                      causal=bool(causal), kv_heads=kv_heads if kv_heads != heads else None,
-                     v_head_dim=dv if dv != d else None)
+                     v_head_dim=dv if dv != d else None,
+                     mask_bytes=unique_nbytes(mask) if isinstance(mask, torch.Tensor) else 0)
+
+
+# where an attention op takes its mask (an additive bias, or a boolean mask): by name (the
+# recorder names every argument of an attention op), else by position
+_MASK_NAMES = ("attn_bias", "attn_mask", "bias")
+_MASK_POSITION = {"_scaled_dot_product_efficient_attention": 3, "_scaled_dot_product_cudnn_attention": 3,
+                  "_efficient_attention_forward": 3, "scaled_dot_product_attention": 3,
+                  "_scaled_dot_product_attention_math": 3,
+                  "_scaled_dot_product_fused_attention_overrideable": 3,
+                  "_scaled_dot_product_efficient_attention_backward": 4,
+                  "_efficient_attention_backward": 4}
+
+
+def _mask_arg(packet: str, args, kwargs):
+    """The mask tensor an attention op reads, or None."""
+    for name in _MASK_NAMES:
+        if isinstance(kwargs.get(name), torch.Tensor):
+            return kwargs[name]
+    pos = _MASK_POSITION.get(packet)
+    if pos is not None and len(args) > pos and isinstance(args[pos], torch.Tensor):
+        return args[pos]
+    return None
 
 
 def _causal_arg(packet: str, args, kwargs) -> bool:
@@ -196,8 +225,12 @@ def _foreach(packet: str, args, out) -> tuple[Elementwise, int]:
     return Elementwise("add", max(1, int(numel * mult)), dtype, inputs=reads), kernels
 
 
-def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
-    """(kit op or None, op_class, kernels) for one aten op; packet is the aten name ("mm")."""
+def map_op(packet: str, args, kwargs, out, copies_self: bool = True) -> tuple[object | None, str, int]:
+    """(kit op or None, op_class, kernels) for one aten op; packet is the aten name ("mm").
+    copies_self: an out-of-place scatter (SCATTERS_OUT_OF_PLACE) copies its self first, as CUDA
+    runs it; False where it stands for the in-place kernel CUDA runs (autograd's gradient of a
+    gather or an index, which a dispatch mode sends to the out-of-place form: the recorder's
+    Recorder._copies_self)."""
     kwargs = kwargs or {}
     if packet in FREE_OPS:
         return None, "free", 0
@@ -210,10 +243,12 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
     if packet in GEMM_OPS:
         return map_gemm(packet, args, kwargs, dtype)
     if packet in ATTENTION_FWD:
-        return _attention(args[0], args[1], args[2], dtype, _causal_arg(packet, args, kwargs)), "attention", 1
+        return _attention(args[0], args[1], args[2], dtype, _causal_arg(packet, args, kwargs),
+                          _mask_arg(packet, args, kwargs)), "attention", 1
     if packet in ATTENTION_BWD:
         q, k, v = args[1], args[2], args[3]
-        fwd = _attention(q, k, v, dtype, _causal_arg(packet.removesuffix("_backward"), args[1:], kwargs))
+        fwd = _attention(q, k, v, dtype, _causal_arg(packet.removesuffix("_backward"), args[1:], kwargs),
+                         _mask_arg(packet, args, kwargs))
         return Derived("attention", (fwd,), ATTENTION_BWD_SCALE, "attention backward"), "attention", 1
     if packet in ("_softmax", "_safe_softmax", "_log_softmax", "softmax"):
         rows, cols = _rows_cols(args[0])
@@ -297,11 +332,19 @@ def map_op(packet: str, args, kwargs, out) -> tuple[object | None, str, int]:
         return _grid_sampler(packet, args, outs, dtype), "indexing", 1
     if packet in INDEXING:
         moved = sum(nbytes(t) for t in ins) + 2 * sum(nbytes(t) for t in outs)
-        if packet in ("index_put", "index_put_", "_index_put_impl_", "index_add", "index_add_",
-                      "scatter", "scatter_", "scatter_add", "scatter_add_", "index_copy_"):
+        copies = False
+        if packet in SCATTERS:
             # in-place scatters touch only the rows they write, not the whole destination
             moved = sum(nbytes(t) for t in ins[1:]) * 2 or moved
-        return memory_bound("indexing", moved, dtype, label=packet), "indexing", 1
+            # an out-of-place one (x.scatter(...) in a forward) first copies self into its
+            # output, as CUDA runs it (clone, then the in-place kernel); not where it stands for
+            # an in-place kernel CUDA runs on fresh zeros (copies_self False: the capture's
+            # dispatch mode makes autograd take index_put for index's gradient, scatter_add for
+            # gather's, index_add for index_select's)
+            copies = copies_self and packet in SCATTERS_OUT_OF_PLACE and bool(ins)
+            if copies:
+                moved += 2 * nbytes(ins[0])
+        return memory_bound("indexing", moved, dtype, label=packet), "indexing", 1 + copies
     if packet == "glu":  # reads both halves of x, writes their gated product
         return Elementwise("sigmoid", max(1, int(lead.numel() * mult)), dtype, inputs=2), "elementwise", 1
     if packet == "glu_backward":  # reads dy (half of x's size) and x, writes dx

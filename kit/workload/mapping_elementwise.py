@@ -13,6 +13,24 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def unique_numel(t: torch.Tensor) -> int:
+    """The elements of memory t reads: its numel less the repeats of its expanded dims (stride
+    0: x.expand(...), a broadcast view), each of which holds one element's worth of memory."""
+    if t.numel() == 0:
+        return 0
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= int(size)
+    return n
+
+
+def unique_nbytes(t: torch.Tensor) -> int:
+    """The bytes of memory t reads (unique_numel: an expanded view is the tensor it was
+    expanded from)."""
+    return unique_numel(t) * t.element_size()
+
+
 # pow with these scalar exponents does not run powf: PyTorch's CUDA pow kernel takes sqrt, rsqrt
 # and reciprocal for 0.5, -0.5 and -1, and multiplies for 2, 3 and -2 (x*x, x*x*x, 1/(x*x):
 # aten/src/ATen/native/cuda/PowKernel.cu); GPT-2's GELU cubes its input so
@@ -44,16 +62,19 @@ def input_streams(ins, lead) -> float:
     BERT padding mask row) but streams from DRAM when it is larger than the L2 slice it competes
     for (GPT-2's position embeddings broadcast over the batch, OPT's (b, 1, s, s) mask broadcast
     over heads): NeuSight's per-node labels on P4, T4 and V100 time such adds like two-input adds.
+    An expanded view (x.expand(...): stride 0) is the broadcast operand it was expanded from:
+    its unique elements (unique_numel), not its numel, decide which.
     """
     out_size = max(lead.element_size(), 1)
     streams = 0.0
     for t in ins:
-        if t.numel() <= 1:
+        n, size = unique_numel(t), unique_nbytes(t)
+        if n <= 1:
             continue
-        if t.numel() >= lead.numel() or nbytes(t) >= BROADCAST_STREAM_BYTES:
+        if n >= lead.numel() or size >= BROADCAST_STREAM_BYTES:
             streams += t.element_size() / out_size
-        elif nbytes(t) >= 0.01 * nbytes(lead):  # kept on chip: read from DRAM once (a bias
-            streams += nbytes(t) / max(nbytes(lead), 1)  # row is too small to count)
+        elif size >= 0.01 * nbytes(lead):  # kept on chip: read from DRAM once (a bias
+            streams += size / max(nbytes(lead), 1)  # row is too small to count)
     return streams
 
 
@@ -107,7 +128,12 @@ def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float, cpu_scalar
         # a copy_ per input past 4 dims), which computes each element's offsets: on the H200
         # llama3-8b's ran at ~225 G elements/s (measurements/h200-2026-12-04, model_steps)
         return Elementwise("copy", numel, dtype, inputs=1, vectorized=all(t.is_contiguous() for t in ins))
-    if kind == "fill":  # a fill reads nothing: vectorized when its output is dense, as any
+    if kind in ("copy", "cast") and len(ins) == 1 and unique_numel(ins[0]) < ins[0].numel():
+        # a copy of an expanded view (expand(...).contiguous(), HF's repeat_kv): it writes the
+        # output and reads the source's own elements once, each repeat of one close behind the
+        # last (in L2), not an output-sized read
+        streams, vectorized = unique_nbytes(ins[0]) / max(nbytes(lead), 1), False
+    elif kind == "fill":  # a fill reads nothing: vectorized when its output is dense, as any
         # TensorIterator loop (fill_ on a strided view, y[:, ::2], takes the generic loop); a
         # 0-dim value on the device is copied in (fill_(Tensor) calls self.copy_(value), Fill.cpp)
         streams, vectorized = 0.0, vectorizable([t for t in ins if t.dim() == 0], lead, cpu_scalars)

@@ -103,12 +103,18 @@ def read_config(path: str) -> dict:
 def _inputs_for(module, batch: int, seq: int):
     if hasattr(module, "example_inputs"):
         try:
-            return module.example_inputs(batch, seq)
+            inputs = module.example_inputs(batch, seq)
         except SystemExit as e:
             raise KitError(f"{type(module).__name__}.example_inputs({batch}, {seq}) {_exited(e)}") from None
         except Exception as e:
             raise KitError(f"{type(module).__name__}.example_inputs({batch}, {seq}) failed: "
                            f"{one_line(e)}") from None
+        if inputs is None:  # had reached the forward as its one input: "linear(): argument
+            # 'input' must be Tensor, not NoneType", as if the model were at fault
+            raise KitError(f"{type(module).__name__}.example_inputs({batch}, {seq}) returned None: "
+                           "return the forward's inputs, a tuple of tensors (positional) or a "
+                           "dict (keyword)")
+        return inputs
     import torch
 
     return (torch.zeros(batch, seq, dtype=torch.long, device="meta"),)
@@ -162,7 +168,8 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     from torch.utils._pytree import tree_leaves
 
     from kit.workload import zoo
-    from kit.workload.capture import TORCH_DTYPES, DataDependentCapture, capture, main_dtype
+    from kit.workload.capture import TORCH_DTYPES, capture, main_dtype
+    from kit.workload.capture_errors import CaptureNotAboutInputs
 
     zoo._check_positive(batch=batch)
     zoo.check_mode(None, mode, optimizer, kv_cache)
@@ -203,7 +210,7 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     except SystemExit as e:  # from the module's forward
         raise KitError(f"model {name!r} {_exited(e)} while it was run") from None
     except KitError as e:
-        if not guessed or isinstance(e, DataDependentCapture):  # not a question of its inputs
+        if not guessed or isinstance(e, CaptureNotAboutInputs):  # not a question of its inputs
             raise
         # the kit fed token ids of shape (batch, seq): say so, and how to give the right inputs
         raise KitError(f"{e}; the kit gave it token ids of shape ({batch}, {seq}): give the module "

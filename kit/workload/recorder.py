@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kit.workload.graph import Node, Region, new_tensor_id
-from kit.workload.mapping import map_op, nbytes, tensors
+from kit.workload.mapping import SCATTERS_OUT_OF_PLACE, map_op, nbytes, tensors
 
 _LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
@@ -70,6 +70,9 @@ def storage_key(t: torch.Tensor):
 def _shape_text(ins) -> str:
     return "x".join("[" + ",".join(str(s) for s in t.shape) + "]" for t in ins[:4])
 
+
+# ops that make a zero-filled tensor: the start of autograd's scatter-shaped gradients
+_ZERO_FILLS = {"new_zeros", "zeros_like", "zeros", "zero_", "full", "new_full", "full_like", "fill_"}
 
 # in-place ops that overwrite their first argument without reading it
 _OVERWRITES = {"copy_", "fill_", "zero_", "bernoulli_", "uniform_", "normal_", "random_",
@@ -179,13 +182,31 @@ class Recorder(TorchDispatchMode):
         name = str(func)  # "aten.mm.default"
         packet = name.split(".")[1] if name.startswith("aten.") else name
         given = _without_outs(func, kwargs)  # an out= tensor is written, not read: out has it
+        copies = packet not in SCATTERS_OUT_OF_PLACE or self._copies_self(args)
         if "attention" in packet:  # name the arguments (is_causal sits at different positions)
             named = {a.name: v for a, v in zip(func._schema.arguments, args)}
-            op, op_class, kernels = map_op(packet, args, {**named, **given}, out)
+            op, op_class, kernels = map_op(packet, args, {**named, **given}, out, copies_self=copies)
         else:
-            op, op_class, kernels = map_op(packet, args, given, out)
+            op, op_class, kernels = map_op(packet, args, given, out, copies_self=copies)
         read, written = _accesses(func, packet, args, kwargs, ins) if op is not None else (ins, ())
         self._add(name, op, op_class, kernels, ins, outs, self._path(), read, written)
+
+    def _copies_self(self, args) -> bool:
+        """Whether an out-of-place scatter (x.scatter(...), index_put, index_add, scatter_add)
+        copies its self into its output, as CUDA runs it. Not in autograd's backward formulas
+        that fill a fresh zeros tensor (gather's, index's and index_select's gradients): CUDA
+        runs scatter_add_, index_put_ or index_add_ on it in place, and they take the
+        out-of-place forms only because the capture's dispatch mode makes the tensors look like
+        subclasses (areAnyTensorSubclassLike). The model's own code (its forward, activation
+        checkpointing's recompute: grad mode on, or its module running) copies, and so do the
+        backward formulas that scatter into a copy of the gradient (scatter's: grad.scatter(dim,
+        index, 0); index_put's)."""
+        if self.phase != "bwd" or len(self.stack) > 1 or torch.is_grad_enabled():
+            return True
+        target = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        writers = self.writers.get(storage_key(target), ()) if target is not None else ()
+        return not (len(writers) == 1 and writers[0] < len(self.nodes)
+                    and self.nodes[writers[0]].aten.split(".")[1] in _ZERO_FILLS)
 
     @contextmanager
     def muted(self):
