@@ -137,7 +137,8 @@ Q = torch.randn(2, 8, 256, 64)
 @pytest.mark.parametrize("mask, read", [
     (torch.randn(2, 1, 256, 256), 2 * 256 * 256 * 4),  # broadcast over the heads: once
     (torch.randn(2, 8, 256, 256), 2 * 8 * 256 * 256 * 4),
-    (torch.ones(256, 256, dtype=torch.bool), 256 * 256),
+    # torch makes a boolean mask additive in q's dtype first: the kernel reads that
+    (torch.ones(256, 256, dtype=torch.bool), 256 * 256 * 4),
     (torch.randn(1, 1, 256, 256), 256 * 256 * 4),  # expanded to (2, 8, 256, 256) in the forward
 ], ids=["b1ss", "bhss", "bool-ss", "expanded"])
 def test_an_attention_mask_is_read(mask, read):
@@ -148,6 +149,21 @@ def test_an_attention_mask_is_read(mask, read):
     (masked,) = _nodes(capture(Sdpa(), (Q, mask), mode="inference"), name)
     assert masked.op.bytes - base.op.bytes == read
     assert masked.op.flops == base.op.flops
+
+
+def test_a_boolean_mask_is_made_additive_first_as_torch_does():
+    """torch's SDPA converts a boolean mask to an additive one in q's dtype (where(mask, 0,
+    -inf), attention.cpp convert_boolean_attn_mask) before any fused kernel: one where kernel
+    reading the bool mask, and the attention kernel reads the bf16 mask it wrote."""
+    mask = torch.ones(2, 1, 256, 256, dtype=torch.bool)
+    g = capture(Sdpa(), (Q, mask), mode="inference", dtype="bf16")
+    (where,) = _nodes(g, "where")
+    assert where.kernels == 1 and where.op.parts[0].dtype == "bf16"
+    (attn,) = _nodes(g, "_scaled_dot_product_efficient_attention")
+    assert attn.op.mask_bytes == 2 * 256 * 256 * 2  # as an additive bf16 mask's
+    additive = capture(Sdpa(), (Q, torch.zeros(2, 1, 256, 256)), mode="inference", dtype="bf16")
+    assert _nodes(additive, "_scaled_dot_product_efficient_attention")[0].op == attn.op
+    assert not _nodes(additive, "where")
 
 
 def test_an_attention_mask_is_read_in_the_backward_too():

@@ -108,3 +108,27 @@ def test_grouped_heads_without_enable_gqa_fail_as_torch_does():
         "addmm", "_scaled_dot_product_flash_attention"]
     # one K/V head broadcasts over the query heads, in torch and in the capture
     capture(Attn(False), (q, torch.randn(2, 1, 16, 64)), mode="inference", dtype="bf16")
+
+
+def test_rms_norm_with_a_weight_of_another_dtype_runs_the_composite():
+    """torch's rms_norm dispatches to _fused_rms_norm only when the weight has the input's dtype
+    (else it warns "Cannot dispatch to fused implementation" and runs the composite, on a GPU
+    too): an fp32 RMSNorm weight in a bf16 body, as --dtype model keeps it."""
+    import warnings
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(256, 256).to(torch.bfloat16)
+            self.norm = nn.RMSNorm(256)  # fp32 weight
+
+        def forward(self, x):
+            return self.norm(self.lin(x))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = capture(Mixed(), (torch.randn(8, 64, 256),), mode="inference", dtype="model")
+    assert "_fused_rms_norm" not in _ops(g) and "rsqrt" in _ops(g)
+    # the same weight in the input's dtype is the fused kernel
+    g = capture(Mixed().to(torch.bfloat16), (torch.randn(8, 64, 256),), mode="inference", dtype="model")
+    assert _ops(g) == ["addmm", "_fused_rms_norm"]

@@ -232,3 +232,12 @@ def test_a_per_op_cost_read_off_a_few_periods_gets_a_note(tmp_path):
     with pytest.warns(UserWarning, match="read off 2 issue period"):
         oh = calibrate(p)
     assert oh.cpu_op_us == pytest.approx(18_000 - 5)
+
+
+def test_driver_launches_of_triton_kernels_count(tmp_path):
+    """cuLaunchKernelEx (the driver call newer Triton launchers make: a torch.compile trace's
+    kernels) is a launch, as cuLaunchKernel is; such a trace had been refused as launching none."""
+    events = [_op(20 * i) for i in range(30)] + [
+        {**_launch(20 * i + 2, 3), "cat": "cuda_driver", "name": "cuLaunchKernelEx"} for i in range(30)]
+    cal = calibrate(_trace(tmp_path, events))
+    assert cal.launch_us == 3 and cal.cpu_op_us == pytest.approx(17)

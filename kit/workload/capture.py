@@ -236,7 +236,7 @@ def _note_own_dtypes(model, name, dtype) -> None:
     sizes = param_dtypes(model)
     wide = sum(1 for _, p in model.named_parameters() if p.dtype == torch.float64)
     if wide:  # priced at dtype, as asked; an FP64 run is another matter
-        asked = ("as fp32 ops moving 8 bytes an element (--dtype model)" if dtype == MODEL
+        asked = ("as fp32 ops (--dtype model)" if dtype == MODEL
                  else f"in {dtype}, as asked")
         warnings.warn(f"{label}: {wide} float64 parameter(s) are priced {asked}; the kit has no "
                       "FP64 kernel model, and FP64 runs slower: at half the FP32 rate on an A100 "

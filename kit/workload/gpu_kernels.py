@@ -108,7 +108,10 @@ def _fused_rms_norm(rec, input, normalized_shape, weight=None, eps=None):
     shape = [int(s) for s in ((normalized_shape,) if isinstance(normalized_shape, int)
                               else normalized_shape)]
     if (not isinstance(input, torch.Tensor) or input.device.type != "meta"
-            or input.dim() < len(shape) or list(input.shape[input.dim() - len(shape):]) != shape):
+            or input.dim() < len(shape) or list(input.shape[input.dim() - len(shape):]) != shape
+            # a weight of another dtype (an fp32 norm in a bf16 body): torch's rms_norm warns
+            # "Cannot dispatch to fused implementation" and runs the composite on a GPU too
+            or (isinstance(weight, torch.Tensor) and weight.dtype != input.dtype)):
         return torch.rms_norm(input, normalized_shape, weight, eps)  # torch's own error or path
     return _FusedRmsNorm.apply(rec, shape, eps, input, weight)
 
@@ -137,6 +140,13 @@ def _fused_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
         if not (flash and enable_gqa):  # only flash attention reads grouped K/V heads as they
             rep = q.shape[-3] // k.shape[-3]  # are (torch's SDPA docs, "GQA"); the rest repeat
             k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # torch's SDPA makes a boolean mask additive in q's dtype before any fused kernel
+        # (attention.cpp convert_boolean_attn_mask: where(mask, 0, -inf)), a kernel of its own,
+        # and the attention kernel reads that mask, not the bool one
+        dev = attn_mask.device
+        attn_mask = torch.where(attn_mask, torch.scalar_tensor(0.0, dtype=q.dtype, device=dev),
+                                torch.scalar_tensor(float("-inf"), dtype=q.dtype, device=dev))
     if flash:
         return torch.ops.aten._scaled_dot_product_flash_attention(
             q, k, v, dropout_p, is_causal, False, scale=scale)[0]

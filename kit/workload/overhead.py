@@ -26,6 +26,7 @@ from kit.errors import KitError
 from kit.workload.iteration import CpuOverhead
 
 LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "hipLaunchKernel", "cuLaunchKernel",
+                "cuLaunchKernelEx",  # the driver call newer Triton launchers (torch.compile) make
                 "hipExtModuleLaunchKernel")
 
 
