@@ -23,6 +23,7 @@ FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row t
 # weight, reach 65,371). Past it a reduction step costs no more than at it (long_reduction_ms)
 BMM_TRAINED_K = 1024
 PAD_ROWS_MAX = 64  # GEMMs thinner than this are bounded by their twins with more rows (padded_rows_ms)
+PAD_K_MAX = 32  # GEMMs with a shorter reduction are bounded by their twins with a longer one (padded_k)
 
 
 class GemmBounds:
@@ -133,7 +134,9 @@ class GemmBounds:
         each bound (its tile is shown where the cap binds). The tile chooser and the tile-MLP read
         the rows, and more of them had come out faster: on a T4 a Linear 8192 -> 2048 took 0.361
         ms at 2 tokens and 0.309 at 3 (a 32x32 tile split 4 ways against 128x32 split 16), and
-        opt-1.3b's fp32 decode step 35.6 ms at batch 2 against 33.2 at batch 4."""
+        opt-1.3b's fp32 decode step 35.6 ms at batch 2 against 33.2 at batch 4. A reduction k
+        under PAD_K_MAX is padded alike (padded_k: zeros add nothing): a T4 GEMM of 8192 x 109
+        had taken 99.5 us at k = 1 and 75.1 at k = 32, falling all the way."""
         out = np.full(len(ops), np.nan)
         if getattr(self, "_twin_depth", 0):
             # a twin's own time is what the ladder compares, the other bounds' twins' too: an
@@ -148,6 +151,9 @@ class GemmBounds:
                 for w in padded_rows(r):
                     twins.append(_with_side(op, side, w))
                     owner.append(j)
+            for w in padded_k(op.k):
+                twins.append(_with_side(op, "k", w))
+                owner.append(j)
         if not twins:
             return out, None
         with self.as_twins():
@@ -281,6 +287,13 @@ def padded_rows(r: int) -> list[int]:
     count to 64 made a sweep of thin GEMMs 5x slower to predict). So r <= FEW_ROWS and the
     multiples of 8 are monotone among themselves and with every larger count of the list."""
     return [w for w in range(r + 1, PAD_ROWS_MAX + 1) if w <= FEW_ROWS or w % 8 == 0]
+
+
+def padded_k(k: int) -> list[int]:
+    """The reductions a GEMM of reduction k is compared with (padded_rows_ms): every longer one
+    up to PAD_K_MAX, so time is non-decreasing in k over 1..PAD_K_MAX (so short a k is rare in
+    models: the twins cost little)."""
+    return list(range(k + 1, PAD_K_MAX + 1))
 
 
 def _with_side(op, side: str, rows: int):

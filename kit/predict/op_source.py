@@ -63,8 +63,9 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
                 and not str(out.get("source", "")).startswith("its two-row twin")  # says more
                 and _unpadded_ms(model, op, gpu) > bound[0] * (1 + 1e-9)):  # it bound, not a tie
             own = _answer(op, gpu, out, cls)
-            out["source"] = ("the time of a twin with more rows on its thin side, as it could run "
-                             f"padded: no GEMM this thin is faster for more rows; {own} was slower")
+            out["source"] = ("the time of a twin with more rows on its thin side or a longer "
+                             "reduction, as it could run padded: no GEMM this thin or short is faster "
+                             f"for more rows or a longer k; {own} was slower")
     own = None
     for other in model.dominated_training_gpus(gpu):
         theirs = float(model.predict_unbounded([op], other).latency_ms.iloc[0])
