@@ -221,8 +221,8 @@ def run(args):
     from kit.hardware import load_gpu_file
 
     output_path(args.trace, "--trace", [*model_files(args.model), args.gpu_file, args.overhead_trace])
-    if args.gpu_file:
-        load_gpu_file(args.gpu_file)
+    # the GPUs it registered (run_parallel: one must be the preset's own, to correct its spec)
+    args.gpu_file_gpus = load_gpu_file(args.gpu_file) if args.gpu_file else []
     check_decode_args(args)  # before either path: neither may drop them silently
     if getattr(args, "system", None):  # multi-GPU: kit/cli/cmd_predict_parallel.py
         from kit.cli.cmd_predict_parallel import run_parallel

@@ -74,14 +74,13 @@ def run_parallel(args) -> dict:
     if getattr(args, "gpu_file", None):
         # run() has loaded it: an entry with the preset's own GPU key corrects that GPU's spec and
         # reaches the prediction (System.gpu looks its key up); any other GPU in it would not
-        from pathlib import Path
-
-        from kit.hardware import get_system
-        from kit.hardware.catalog import _norm, _read_entries
+        from kit.hardware import get_gpu, get_system, load_gpu_file
 
         own = get_system(args.system).gpu_key
-        if not any(isinstance(e, dict) and isinstance(e.get("key"), str) and _norm(e["key"]) == _norm(own)
-                   for e in _read_entries(Path(args.gpu_file))):  # its GPUs had been loaded and ignored
+        loaded = getattr(args, "gpu_file_gpus", None)
+        if loaded is None:  # called without run()
+            loaded = load_gpu_file(args.gpu_file)
+        if get_gpu(own) not in loaded:  # its GPUs had been loaded and ignored
             raise KitError(f"--gpu-file goes with --gpu: --system {args.system} is a preset with its own "
                            f"GPUs ({own}; see `kit systems`), and the file does not give one with that key "
                            "(to correct its spec); drop --gpu-file")

@@ -182,14 +182,20 @@ def uniform_alltoall_us(system: System, group: Group) -> float:
         if len(loc) > 1:
             block = np.full((len(loc), len(loc)), 1.0 / n)
             times.append(alltoallv_us(system, Group(ranks=loc, nodes=((0, loc),)), block))
-    if group.n_nodes > 1:  # as alltoallv_us's network terms, in closed form
-        net = system.network
-        nic = net.nic_bw_gbs * net.efficiency * _NS
+    if group.n_nodes > 1:  # alltoallv_us's network terms, in closed form
         fewest = min(len(loc) for _, loc in group.nodes)  # its ranks send the most off the node
-        times.append((n - fewest) / n / (max(1.0, system.nics_per_gpu) * nic))
-        for c in {len(loc) for _, loc in group.nodes}:
-            times.append(c * (n - c) / n / (node_nics(system, c) * nic))
+        times += _network_us(system, (n - fewest) / n,
+                             [(c * (n - c) / n, c) for c in {len(loc) for _, loc in group.nodes}])
     return float(max(times))
+
+
+def _network_us(system: System, per_gpu_bytes: float, per_node) -> list[float]:
+    """The network's times (us) of an all-to-all(v): the busiest GPU's bytes off its node over
+    its NIC share, and each node's (bytes, GPUs of the group on it) over that node's NICs."""
+    net = system.network
+    nic = net.nic_bw_gbs * net.efficiency * _NS
+    return [per_gpu_bytes / (max(1.0, system.nics_per_gpu) * nic),
+            *(b / (node_nics(system, c) * nic) for b, c in per_node)]
 
 
 def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:
@@ -229,14 +235,9 @@ def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:
             if over_pcie.any():
                 times.append(_pcie_us(system, np.where(over_pcie, intra, 0.0), node, local))
     if inter.any():
-        net = system.network
-        nic = net.nic_bw_gbs * net.efficiency * _NS
-        per_gpu = max(1.0, system.nics_per_gpu) * nic
-        times.append(max(inter.sum(1).max(), inter.sum(0).max()) / per_gpu)
-        for nd, loc in group.nodes:
-            rows = node == nd
-            out_b, in_b = inter[rows].sum(), inter[:, rows].sum()
-            times.append(max(out_b, in_b) / (node_nics(system, len(loc)) * nic))
+        times += _network_us(system, max(inter.sum(1).max(), inter.sum(0).max()),
+                             [(max(inter[node == nd].sum(), inter[:, node == nd].sum()), len(loc))
+                              for nd, loc in group.nodes])
     return float(max(times))
 
 

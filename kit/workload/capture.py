@@ -66,28 +66,26 @@ def check_dtype(dtype) -> None:
                        "each parameter in the dtype the module holds)")
 
 
+def _dtype_sizes(tensors) -> dict:
+    """{torch dtype: elements} over the floating tensors (each once: a tied parameter is one)."""
+    sizes: dict = {}
+    for t in {id(t): t for t in tensors}.values():
+        if t.is_floating_point():
+            sizes[t.dtype] = sizes.get(t.dtype, 0) + int(t.numel())
+    return sizes
+
+
 def param_dtypes(model) -> dict:
     """{dtype name: parameters} over the module's floating parameters (a tied one once), most
     first: what dtype "model" prices each in."""
-    sizes: dict = {}
-    for p in {id(p): p for p in model.parameters()}.values():
-        if p.is_floating_point():
-            name = _DTYPE_NAMES.get(p.dtype, str(p.dtype).replace("torch.", ""))
-            sizes[name] = sizes.get(name, 0) + int(p.numel())
-    return dict(sorted(sizes.items(), key=lambda kv: -kv[1]))
+    sizes = sorted(_dtype_sizes(model.parameters()).items(), key=lambda kv: -kv[1])
+    return {_DTYPE_NAMES.get(d, str(d).replace("torch.", "")): n for d, n in sizes}
 
 
 def main_dtype(model) -> torch.dtype:
     """The module's main floating dtype: the one most of its parameters hold (else its floating
     buffers'; else fp32). Under dtype "model" the floating inputs take it."""
-    sizes: dict = {}
-    for t in {id(p): p for p in model.parameters()}.values():
-        if t.is_floating_point():
-            sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
-    if not sizes:
-        for t in model.buffers():
-            if t.is_floating_point():
-                sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+    sizes = _dtype_sizes(model.parameters()) or _dtype_sizes(model.buffers())
     return max(sizes, key=sizes.get) if sizes else torch.float32
 
 
@@ -224,7 +222,7 @@ def capture_optimizer(model: torch.nn.Module, optimizer, dtype: str | None = Non
     return rec.nodes
 
 
-def _note_own_dtypes(model, name, dtype) -> None:
+def _note_own_dtypes(model, name, dtype, sizes: dict) -> None:
     """Notes where the dtype asked (every parameter and floating input is cast to it) is not the
     one the module holds: float64 parameters (the kit has no FP64 kernel model), and a module
     mostly in bf16 or fp16 priced in fp32 or tf32, --dtype's default (a bf16 model had been priced
@@ -232,8 +230,7 @@ def _note_own_dtypes(model, name, dtype) -> None:
     dtype to say so). Either points to --dtype model too (each parameter in its own dtype)."""
     if dtype is None:
         return
-    label = name or type(model).__name__
-    sizes = param_dtypes(model)
+    label = name or type(model).__name__  # sizes: param_dtypes(model)
     wide = sum(1 for _, p in model.named_parameters() if p.dtype == torch.float64)
     if wide:  # priced at dtype, as asked; an FP64 run is another matter
         asked = ("as fp32 ops (--dtype model)" if dtype == MODEL
@@ -286,7 +283,7 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
     tdtype = TORCH_DTYPES.get(dtype) if dtype is not None else None  # "model": None, each its own
     inputs_dtype = main_dtype(model) if dtype == MODEL else tdtype
     held = param_dtypes(model)  # before the meta parameters take their place
-    _note_own_dtypes(model, name, dtype)
+    _note_own_dtypes(model, name, dtype, held)
     train = mode == "train"
     # requires_grad stays the model's in inference too (it runs under no_grad): torch.matmul
     # folds a transposed 3-d input into one mm only when the weight requires grad

@@ -263,10 +263,11 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
     cpu_us = overhead.cpu_op_us + overhead.launch_us * launches + overhead.free_op_us * prep["free_before"]
     issue = np.cumsum(cpu_us) / 1e3
     trailing_free = prep["trailing_free"]
+    trailing_ms = trailing_free * overhead.free_op_us / 1e3  # views after the last kernel
     timelines = {}
     for key, d in (("mid", lat), ("p10", p10), ("p90", p90)):
         start, end = gpu_timeline(ready_ms(issue, d, launches, overhead.launch_us), d)
-        cpu_end = (issue[-1] if len(issue) else 0.0) + trailing_free * overhead.free_op_us / 1e3
+        cpu_end = (issue[-1] if len(issue) else 0.0) + trailing_ms
         timelines[key] = (start, end, max(end[-1] if len(end) else 0.0, cpu_end))
     start, end, total = timelines["mid"]
     phase = cols["phase"]
@@ -287,7 +288,7 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
     kernel_ms = float(lat.sum())
     meta = dict(prep["meta"])
     if trailing_free:  # view ops after the last kernel: CPU time in the total, in no timeline row
-        meta["trailing_free"] = {"ops": int(trailing_free), "ms": trailing_free * overhead.free_op_us / 1e3}
+        meta["trailing_free"] = {"ops": int(trailing_free), "ms": trailing_ms}
     if pname == "tile":  # the curves are the tile predictor's (kit.workload.carried)
         from kit.workload.carried import carried_ms, carried_nodes
 
