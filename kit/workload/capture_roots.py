@@ -3,9 +3,13 @@
 The capture has no loss of the user's, so it gives a gradient to every floating output that
 requires grad, as a loss over all of them would (BERT's two pretraining heads; a VAE's
 reconstruction beside its KL term), with one exception: an output that a scalar output was
-computed from takes its gradient through that scalar. A scalar output is a loss (HF's
-{"loss", "logits"}, a MoE's auxiliary loss, a VAE's KL term) and starts the backward with the seed
-1; the logits beside HF's loss are upstream of it, so they get no seed of their own. Each autograd
+computed from takes its gradient through that scalar. A scalar output, a 0-dim tensor, is a loss
+(HF's {"loss", "logits"}, a MoE's auxiliary loss, a VAE's KL term: each a reduction to 0 dims) and
+starts the backward with the seed 1 (torch's ones_like fill); the logits beside HF's loss are
+upstream of it, so they get no seed of their own. A one-element output with dimensions is a batch
+of one (DLRM's (batch, 1) click probability at batch 1), seeded as at any other batch: taken for a
+loss, it had added the seed's fill kernel at batch 1 alone, and DLRM's bf16 training step on an
+H100 came out 3.6956 ms at batch 1, 0.3% over batch 2's 3.6836. Each autograd
 node still runs once: torch sums the gradients that reach a node before it runs.
 """
 from __future__ import annotations
@@ -52,6 +56,11 @@ def backward_root(output):
         "output's path?)")
 
 
+def is_loss(t) -> bool:
+    """Whether an output is a loss, a 0-dim tensor (module docstring)."""
+    return t.dim() == 0
+
+
 def _upstream(scalars: list, held: list) -> set:
     """The gradient edges, (id of an autograd node, its output number), that the backward from
     `scalars` passes through. held gets the nodes, so that no id is reused while it is kept."""
@@ -76,16 +85,16 @@ def backward_roots(output) -> list:
     """The roots for torch.autograd.backward: every scalar output, and every other floating
     output requiring grad that no scalar output was computed from (module docstring)."""
     outputs = grad_outputs(output) or [backward_root(output)]  # none: the error naming it
-    scalars = [t for t in outputs if t.numel() == 1]
+    scalars = [t for t in outputs if is_loss(t)]
     held: list = []
     covered = _upstream(scalars, held) if scalars else set()
     edges = [torch.autograd.graph.get_gradient_edge(t) for t in outputs]
     roots = [t for t, e in zip(outputs, edges)
-             if t.numel() == 1 or (id(e.node), e.output_nr) not in covered]
+             if is_loss(t) or (id(e.node), e.output_nr) not in covered]
     return roots
 
 
 def seeds(roots: list) -> list:
-    """The gradients the backward starts from: 1 for a scalar (None), else one of the root's
-    shape."""
-    return [None if t.numel() == 1 else torch.empty_like(t) for t in roots]
+    """The gradients the backward starts from: 1 for a loss (None: torch fills it), else one of
+    the root's shape."""
+    return [None if is_loss(t) else torch.empty_like(t) for t in roots]
