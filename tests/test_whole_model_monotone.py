@@ -50,3 +50,18 @@ def test_dlrm_step_grows_with_the_batch():
     steps = [predict_model("dlrm", "h100-sxm", mode="train", batch=b, dtype="bf16").total_ms
              for b in (1, 2)]
     assert steps[0] <= steps[1], steps
+
+
+def test_a_static_cache_is_no_slower_than_a_dynamic_one_compiled():
+    """The static cache writes one token a step in place; the dynamic one copies itself. Compiled,
+    the static cache's index_copy_ writes had stayed out of the fused chains (2 kernels a layer
+    more than the dynamic cache's fused cat): gpt2's fp16 decode step at batch 4, context 512 on
+    an H100 predicted 2.46 ms static against 2.10 ms dynamic."""
+    from kit.api import predict_model
+
+    run = dict(mode="decode", batch=4, seq=512, dtype="fp16", fusion="compiled")
+    static, dynamic = (predict_model("gpt2", "h100-sxm", kv_cache=kv, **run)
+                       for kv in ("static", "dynamic"))
+    assert static.total_ms <= dynamic.total_ms, (static.total_ms, dynamic.total_ms)
+    assert static.kernel_ms <= dynamic.kernel_ms
+    assert static.timeline["kernels"].sum() <= dynamic.timeline["kernels"].sum()
