@@ -12,10 +12,11 @@ def run(args):
     from kit.ops import Gemm
 
     gpu = args.gpu
+    system = get_system(args.system)  # before the seconds of predictions: an unknown one fails now
     # bf16 where the GPU has it, else fp16 (T4, V100, P100), else fp32 (P4)
     dtype = next(d for d in ("bf16", "fp16", "fp32") if get_gpu(gpu).peak_tflops(d))
     step = predict_model("gpt2", gpu, mode="train", batch=8, seq=1024, dtype=dtype)
-    allreduce = predict_collective("allreduce", 1e9, get_system(args.system))
+    allreduce = predict_collective("allreduce", 1e9, system)
     return {"gpu": gpu, "system": args.system, "dtype": dtype,
             "gemm": predict_op(Gemm(m=8192, n=8192, k=8192, dtype=dtype), gpu),
             "gpt2_train_step": step.to_dict(),

@@ -16,12 +16,22 @@ def run(args):
     stamp = hashlib.sha256(f"{__version__}-{zoo._code_stamp()}-{own}".encode()).hexdigest()[:16]
     path = zoo.cache_dir() / f"models-{stamp}.pkl"
     try:
-        return pickle.loads(path.read_bytes())
-    except (OSError, pickle.UnpicklingError, EOFError):
-        pass
+        rows = pickle.loads(path.read_bytes())
+    except Exception:  # noqa: BLE001 - a damaged cache (any unpickling error) is rebuilt
+        rows = None
+    if _table_like(rows):
+        return rows
     rows = _rows()
     zoo._write(path, rows)  # atomically; an unwritable cache is skipped
     return rows
+
+
+def _table_like(rows) -> bool:
+    """Whether a cached table has the rows text() reads (a damaged cache file that unpickles
+    to 5 had been a TypeError traceback)."""
+    keys = {"model", "family", "params", "default_seq", "modes", "aliases"}
+    return (isinstance(rows, list) and bool(rows)
+            and all(isinstance(r, dict) and keys <= set(r) for r in rows))
 
 
 def _rows() -> list[dict]:

@@ -34,6 +34,7 @@ from before them is resumed in its own format.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import statistics
 import sys
@@ -130,6 +131,10 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
         raise KitError(f"--time-limit must be a finite number of seconds > 0, got {time_limit_s!r}")
     if threads is not None and not (whole(threads) and threads >= 1):
         raise KitError(f"--threads must be a whole number >= 1, got {threads!r}")
+    cpus = os.cpu_count() or 1
+    if threads is not None and threads > cpus:  # 100,000 threads: a MemoryError traceback mid-run
+        raise KitError(f"--threads {threads} is more than this machine's {cpus} CPUs: the extra "
+                       "threads would time their contention for the cores, not the op")
     t_start = time.monotonic()
     ops = expand_ops(ops)
     tasks, unmatched = plan(ops, shapes)

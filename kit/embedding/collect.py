@@ -43,6 +43,38 @@ from kit.embedding.measured_rows import COLUMNS, load  # noqa: F401 (re-exported
 from kit.errors import KitError
 
 
+# equal tables a config may hold: the torch backend builds one nn.EmbeddingBag per table (about
+# 0.6 ms and 20 KB each on a 2-core machine: 1,000 tables took 16 s, 10,000 21 s); --tables 1e8
+# ran past 90 s without a row and would have needed ~2 TB of modules
+MAX_TABLES = 2**16
+ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def _memory_bytes(device: str) -> int | None:
+    """The device's memory: the GPU's, or this machine's RAM for cpu (None: unknown)."""
+    import os
+
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _too_big(cfg: dict, memory: int | None) -> str | None:
+    """Why cfg's tables cannot be held on the device, or None. Tables allocated one by one fill
+    memory until the OOM killer ends the run without a word (--tables 1000 --rows 1e9 is 238 TiB
+    of fp32 weights), where one too-large table fails at once."""
+    held = cfg["tables"] * cfg["rows"] * cfg["dim"] * ELEM_BYTES.get(cfg["dtype"], 4)
+    if memory is None or held <= memory:
+        return None
+    return (f"its {cfg['tables']:,} table(s) of {cfg['rows']:,} x {cfg['dim']:,} {cfg['dtype']} hold "
+            f"{held / 2**30:.4g} GiB, more than the device's {memory / 2**30:.4g} GiB")
+
+
 def grid(batch, rows, dim, pooling, distributions, tables=(1,), modes=("sum",), dtypes=("fp32",),
          passes=("forward",), optimizer="sgd") -> list[dict]:
     """Every combination, as config dicts."""
@@ -82,6 +114,9 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
     if not configs:
         raise KitError("nothing to measure: the grid is empty (no distribution, mode or dtype given?)")
     for cfg in configs:
+        if cfg["tables"] > MAX_TABLES:
+            raise KitError(f"tables {cfg['tables']:,} a config is more than the collector builds "
+                           f"(at most {MAX_TABLES:,}; one module each); give fewer --tables")
         if cfg["dtype"] not in TORCH_DTYPES:
             raise KitError(f"dtype {cfg['dtype']!r} not measurable; choose one of {', '.join(TORCH_DTYPES)}")
         if cfg["mode"] not in ("sum", "mean"):
@@ -124,6 +159,7 @@ def _measure(configs, out, sink, device, device_name, backend, repeats, warmup, 
     meta.write()
     written, skipped, duplicates, failed, planned = 0, 0, 0, [], set()  # planned: tried in this run
     build = _fbgemm_call if backend == "fbgemm" else _torch_call
+    memory = _memory_bytes(device)
     try:
         with sigterm_interrupts():
             for cfg in configs:
@@ -135,8 +171,12 @@ def _measure(configs, out, sink, device, device_name, backend, repeats, warmup, 
                     duplicates += key not in done
                     continue
                 planned.add(key)
+                too_big = _too_big(cfg, memory)
+                if too_big:
+                    failed.append({**row, "error": too_big})
+                    continue
                 if warmup_ms:  # once, before the first measurement
-                    _warm(configs, build, device, warmup_ms)
+                    _warm(configs, build, device, warmup_ms, memory)
                     warmup_ms = 0
                 try:
                     sized = {**cfg, "_sets": n_index_sets(cfg, warmup + repeats)}
@@ -176,11 +216,15 @@ def _measure(configs, out, sink, device, device_name, backend, repeats, warmup, 
             "written": written, "skipped": skipped, "duplicates": duplicates, "failed": failed}
 
 
-def _warm(configs, build, device, warmup_ms) -> None:
+def _warm(configs, build, device, warmup_ms, memory=None) -> None:
     """kit.data.timing.warm_for, as the op collector's warm-up, on the largest config (most bytes
-    looked up); a failure other than a lost CUDA context is left to the measurements to report."""
+    looked up) the device holds; a failure other than a lost CUDA context is left to the
+    measurements to report."""
     import torch
 
+    configs = [c for c in configs if not _too_big(c, memory)]
+    if not configs:
+        return
     cfg = max(configs, key=lambda c: c["batch"] * c["pooling"] * c["tables"] * c["dim"])
     try:
         call, _, before = build({**cfg, "_sets": 1}, device)

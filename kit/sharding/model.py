@@ -22,7 +22,7 @@ from kit.embedding import Empirical, Table, Uniform, lookup_cost
 from kit.embedding.cost import LAUNCH_MS, OPTIMIZERS, backward_fixed_ms
 from kit.errors import KitError, whole_number
 from kit.ops import dtype_bytes
-from kit.sharding.plans import KINDS, Option, options_for
+from kit.sharding.plans import KINDS, Option, count_options, options_for
 
 OUT_BYTES = 4  # pooled embeddings travel as fp32
 EMPTY_BLOCK_LOOKUPS = 1e-6  # a row-wise block no index of a real tensor reads (_row_blocks)
@@ -31,6 +31,10 @@ EMPTY_BLOCK_LOOKUPS = 1e-6  # a row-wise block no index of a real tensor reads (
 MODEL_BYTES_PER_FEATURE = 8 + 4 + 8
 MAX_MODEL_BYTES = 8 * 2**30
 INDEX_BYTES = 8  # int64 indices and offsets
+# samples a rank may look up per iteration: 2^40, as a model's tokens a step (kit.workload's
+# MAX_TOKENS), past any GPU's memory by orders of magnitude. Unbounded, --batch 1e300 overflowed
+# numpy's casts and priced each rank at 1.2e294 ms, with exit 0
+MAX_BATCH = 2**40
 
 
 def _comm():
@@ -51,6 +55,9 @@ class ShardingModel:
     def __init__(self, tables: list[Table], system, batch: int = 512, optimizer: str = "rowwise_adagrad",
                  memory_cap_bytes: float | None = None, kinds=KINDS, comm=None, memory_fraction: float = 0.9):
         batch = whole_number(batch, "batch")
+        if batch > MAX_BATCH:
+            raise KitError(f"batch {float(batch):.3g} samples per rank is more than any GPU looks up in one "
+                           f"iteration (at most 2^40 = {MAX_BATCH:,}); give a smaller --batch")
         if optimizer not in OPTIMIZERS:
             raise KitError(f"unknown optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
         if comm is not None and not all(callable(getattr(comm, f, None))
@@ -65,6 +72,15 @@ class ShardingModel:
         self.g = system.gpus_per_node
         self.gpu = system.gpu
         self.cap = float(memory_cap_bytes) if memory_cap_bytes else memory_fraction * self.gpu.memory_bytes
+        T, O = len(self.tables), max(count_options(t, W, self.g, kinds) for t in self.tables)
+        F = 14 * W + 1  # at least: the per-rank features and two all-to-all blocks (kit.sharding.a2a)
+        need = T * O * F * MODEL_BYTES_PER_FEATURE
+        if need > MAX_MODEL_BYTES:  # numpy's MemoryError, or the OOM killer with no word at all
+            raise KitError(f"planning {T} table(s) over {W} GPUs needs about {need / 2**30:,.0f} GiB "
+                           f"for the planner's cost model ({T} tables x {O:,} placements x "
+                           f"{F:,} features; it grows as GPUs squared), over its "
+                           f"{MAX_MODEL_BYTES / 2**30:g} GiB limit; plan fewer nodes (--nodes) or "
+                           f"fewer kinds (--kinds: tw and cw have a placement per GPU)")
         self.options = [options_for(t, W, self.g, kinds) for t in self.tables]
         stuck = [t.name or f"t{i}" for i, (t, o) in enumerate(zip(self.tables, self.options)) if not o]
         if stuck:
@@ -74,15 +90,6 @@ class ShardingModel:
                            + "; twrw needs several nodes, rw and dp several GPUs, cw a dim it can split; "
                            "allow more kinds")
         self.n_options = np.array([len(o) for o in self.options])
-        T, O = len(self.tables), int(self.n_options.max())
-        F = 14 * W + 1  # at least: the per-rank features and two all-to-all blocks (kit.sharding.a2a)
-        need = T * O * F * MODEL_BYTES_PER_FEATURE
-        if need > MAX_MODEL_BYTES:  # numpy's MemoryError, or the OOM killer with no word at all
-            raise KitError(f"planning {T} table(s) over {W} GPUs needs about {need / 2**30:,.0f} GiB "
-                           f"for the planner's cost model ({T} tables x {O:,} placements x "
-                           f"{F:,} features; it grows as GPUs squared), over its "
-                           f"{MAX_MODEL_BYTES / 2**30:g} GiB limit; plan fewer nodes (--nodes) or "
-                           f"fewer kinds (--kinds: tw and cw have a placement per GPU)")
         from kit.sharding.a2a import A2ASurrogate
 
         self.a2a = A2ASurrogate(system, self.comm)

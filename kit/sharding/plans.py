@@ -35,6 +35,17 @@ class Option:
         return self.kind
 
 
+def count_options(table, world: int, gpus_per_node: int, kinds=KINDS) -> int:
+    """len(options_for(...)), without building them: the planner checks its cost model's size
+    first (building dgx-a100's 2.5 million placements at --nodes 100,000 took 15-35 s, only to
+    be refused as too large)."""
+    nodes = world // gpus_per_node
+    cw = sum(k <= world and table.dim % k == 0 and table.dim // k >= MIN_CW_DIM for k in CW_SHARDS)
+    return (world * ("tw" in kinds) + world * cw * ("cw" in kinds)
+            + (world > 1) * (("rw" in kinds) + ("dp" in kinds))
+            + nodes * ("twrw" in kinds and nodes > 1 and gpus_per_node > 1))
+
+
 def options_for(table, world: int, gpus_per_node: int, kinds=KINDS) -> list[Option]:
     """Every placement of one table on `world` ranks of `gpus_per_node`-GPU nodes."""
     out = []
