@@ -59,6 +59,21 @@ def need_path(value, what: str):
     return value
 
 
+def refuse_device(path, what: str) -> None:
+    """A KitError when path is a character or block device (/dev/zero, a terminal, a disk): read as
+    an input file it never ends or blocks; `kit gpus --add /dev/zero` read until the OOM killer
+    ended it at 23 GB. A pipe (`<(...)`) is still read; a missing path is left to the caller."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        raise KitError(f"{what} {path} is a device, not a file; give a file")
+
+
 def inside_kit(path) -> bool:
     """Whether path is the kit package or lies in it (its code, GPU catalog, shipped weights):
     where no output of a command, nor a trained bundle but the shipped one, may be written."""

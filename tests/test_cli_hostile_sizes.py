@@ -137,3 +137,30 @@ def test_models_rebuilds_a_damaged_cache(tmp_path, capsys, damage):
     assert f"{len(first)} zoo models" in capsys.readouterr().out
     assert main(["models", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == first
+
+
+# -- a device given as an input file -----------------------------------------------------------
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero here")
+@pytest.mark.parametrize("argv, what", [
+    (["gpus", "--add", "{dev}"], "GPU file"),  # read until the OOM killer ended it at 23 GB
+    (["op", "gemm", "--m", "8", "--n", "8", "--k", "8", "--gpu", "h100-sxm", "--gpu-file", "{dev}"], "GPU file"),
+    (["comm", "predict", "allreduce", "--bytes", "1e9", "--calibration", "{dev}"], "calibration file"),
+    (["comm", "fit", "{dev}", "--system", "dgx-h100"], "benchmark file"),
+    (["replay", "{dev}"], "trace"),
+    (["shard", "--tables", "{dev}", "--system", "dgx-a100"], "tables file"),
+    (["collect", "--ops", "gemm", "--shapes", "{dev}", "--device", "cpu", "--out", "{tmp}/x.csv"], "shapes file"),
+])
+def test_a_device_as_an_input_file_is_one_error(tmp_path, capsys, argv, what):
+    import resource
+
+    dev = tmp_path / "zero.json"
+    dev.symlink_to("/dev/zero")  # under a file's name too
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = 8 * 2**30 if hard == resource.RLIM_INFINITY else min(hard, 8 * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))  # a failure is a MemoryError, not the OOM killer
+    try:
+        for path in ("/dev/zero", dev):
+            err = cli_error(capsys, *[a.format(dev=path, tmp=tmp_path) for a in argv])
+            assert f"{what} {path} is a device, not a file" in err
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kit.comm.conventions import canonical_kind
 from kit.comm.curves import BandwidthCurve, curve_from_dict, fit_curve
-from kit.errors import KitError, need_path
+from kit.errors import KitError, need_path, refuse_device
 
 CALIBRATION_FORMAT = "kit-comm-calibration"
 
@@ -156,6 +156,7 @@ def load_calibration(path: str | Path | Calibration) -> Calibration:
     if isinstance(path, Calibration):
         return path
     path = Path(need_path(path, "the calibration file"))
+    refuse_device(path, "calibration file")
     try:
         d = json.loads(path.read_text())
     except FileNotFoundError:

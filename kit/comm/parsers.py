@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 from kit.comm.conventions import NCCL_TESTS_NAME, busbw_factor, canonical_kind
-from kit.errors import KitError
+from kit.errors import KitError, refuse_device
 
 COLUMNS = ["kind", "ranks", "nodes", "size_bytes", "count", "dtype", "time_us", "algbw_gbs", "busbw_gbs",
            "time_us_in_place", "busbw_gbs_in_place", "wrong", "source", "device"]
@@ -58,6 +58,7 @@ def device_names(table) -> list[str]:
 
 def _read(path) -> tuple[str, str]:
     path = Path(path)
+    refuse_device(path, "benchmark file")
     try:
         return path.read_text(errors="replace"), str(path)
     except FileNotFoundError:

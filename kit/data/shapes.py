@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.errors import KitError
+from kit.errors import KitError, refuse_device
 
 KIND_OF_LENGTH = {4: "gemm", 2: "vec", 7: "conv"}
 
@@ -89,6 +89,7 @@ def read_dims_file(path: str | Path) -> list[tuple[int, ...]]:
     Blank lines and lines starting with '#' are skipped; repeated shapes are kept once.
     """
     path = Path(path)
+    refuse_device(path, "shapes file")
     try:
         text = path.read_text()
     except FileNotFoundError:

@@ -7,7 +7,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from kit.errors import KitError, need_path
+from kit.errors import KitError, need_path, refuse_device
 from kit.hardware.gpu import GPU, gpu_from_dict
 
 CATALOG_PATH = Path(__file__).with_name("gpus.json")
@@ -24,6 +24,7 @@ def _norm(name: str) -> str:
 
 
 def _read_entries(path: Path) -> list[dict]:
+    refuse_device(path, "GPU file")
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

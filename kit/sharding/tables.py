@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from kit.embedding import Table, Uniform, Zipf
-from kit.errors import KitError
+from kit.errors import KitError, refuse_device
 from kit.ops import DTYPE_BYTES
 
 REQUIRED = ("name", "rows", "dim", "pooling")
@@ -30,6 +30,7 @@ def _number(text: str, col: str, where: str, whole: bool):
 def read_tables(path: str | Path) -> list[Table]:
     """Tables from a CSV; every problem (missing file/column, bad value) is a KitError."""
     path = Path(path)
+    refuse_device(path, "tables file")
     if path.is_dir():
         raise KitError(f"{path} is a directory, expected a tables CSV file")
     if not path.is_file():

@@ -17,7 +17,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.errors import KitError, need_path
+from kit.errors import KitError, need_path, refuse_device
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "cuda_profiler_range"}
@@ -311,6 +311,7 @@ def load_json_file(path, what: str = "trace"):
     """One JSON file, plain or gzip, as kit replay reads it; any problem is one KitError naming
     `what` and the path (missing, a folder, unreadable, corrupt gzip, not JSON)."""
     p = Path(path)
+    refuse_device(p, what)
     if not p.exists():
         raise KitError(f"{what} not found: {p}")
     if p.is_dir():
@@ -342,6 +343,7 @@ def is_execution_trace(doc) -> bool:
 def read_docs(path) -> list[tuple[str, object]]:
     """(source, loaded JSON) for every *.json/*.json.gz in a file, .gz, folder or tarball."""
     p = Path(need_path(path, "the trace"))
+    refuse_device(p, "trace")
     if not p.exists():
         raise KitError(f"trace {path}: no such file or folder")
     docs: list[tuple[str, object]] = []
