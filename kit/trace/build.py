@@ -52,6 +52,22 @@ def is_collective_kernel(name: str) -> bool:
     return name.lower().startswith("nccl") or name.startswith("rccl")
 
 
+# what an NCCL/RCCL kernel does, by its name (ncclKernel_AllReduce_RING_LL_Sum_float,
+# ncclDevKernel_ReduceScatter_..., ncclAllGatherRingLLKernel_...): the more specific first, as
+# "allreduce" and "reducescatter" hold "reduce"; send, recv and sendrecv pair with each other
+_COLLECTIVE_FAMILIES = (("allreduce", "allreduce"), ("reducescatter", "reducescatter"),
+                        ("allgather", "allgather"), ("alltoall", "p2p"), ("sendrecv", "p2p"),
+                        ("send", "p2p"), ("recv", "p2p"), ("broadcast", "broadcast"),
+                        ("reduce", "reduce"))
+
+
+def collective_family(name: str) -> str | None:
+    """allreduce, reducescatter, allgather, p2p, broadcast or reduce; None when the kernel's name
+    does not say (NCCL's ncclDevKernel_Generic runs any of them)."""
+    n = name.lower().replace("_", "")
+    return next((fam for needle, fam in _COLLECTIVE_FAMILIES if needle in n), None)
+
+
 def job_world_size(traces) -> int:
     """The job's rank count: the largest world_size the files' distributedInfo states, or the
     number of files when that is more (or none is stated). One rank's trace of an 8-GPU job is
@@ -294,13 +310,29 @@ def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
         if gpu_ranks and len(tg.traces) == 1:
             tg.notes.append("one rank of a larger job: its collectives are not synchronised with the other "
                             "ranks (they take their measured durations, or those --on predicts)")
+    # a rank that ran kernels but no collective is one the others' collectives never met: CPU-only
+    # ranks (no GPU events at all) aside, it is in the shape check (it had been left out, and the
+    # rest synchronised as if they were the whole group)
+    silent = [r for r, ops in tg.gpu_ops.items() if ops and not per_rank[r]] if gpu_ranks else []
+    if len(gpu_ranks) + len(silent) < 2:
         return
-    shape = {r: [len(v) for v in per_rank[r].values()] for r in gpu_ranks}
+    gpu_ranks += silent
+    shape = {r: [len(v) for v in per_rank[r].values()] for r in sorted(gpu_ranks)}
     ref = shape[gpu_ranks[0]]
     if any(s != ref for s in shape.values()):
         tg.notes.append(f"collective counts per stream differ across ranks ({shape}); "
                         "collectives replayed at measured durations without inter-rank sync")
         return
+    for si, n in enumerate(ref):  # matched by position, so the k-th of each rank must be one kind
+        for k in range(n):
+            fams = {r: collective_family(per_rank[r][si][k][1].name) for r in gpu_ranks}
+            if len(set(fams.values()) - {None}) > 1:
+                seen = "; ".join(f"rank {r}: {per_rank[r][si][k][1].name.split('(')[0]}"
+                                 for r in sorted(fams)[:4])
+                tg.notes.append(f"collective {k} of NCCL stream {si} is not the same collective on every "
+                                f"rank ({seen}); collectives replayed at measured durations without "
+                                "inter-rank sync")
+                return
     ends: dict[int, list[float]] = {r: [] for r in gpu_ranks}
     for si, n in enumerate(ref):
         for k in range(n):

@@ -34,7 +34,9 @@ _KIND = (("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("allgather", 
          ("reduce_scatter", "reducescatter"), ("alltoall", "alltoall"), ("all_to_all", "alltoall"),
          ("sendrecv", "alltoall"), ("broadcast", "broadcast"))
 _TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "half": 2, "long": 8,
-               "long int": 8, "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1}
+               "long int": 8, "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1,
+               "short int": 2, "short": 2, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+               "c10::complex<float>": 8, "c10::complex<double>": 16}
 # a host<->device copy measured under this fraction of its link's rate was paced by the host
 # (staging, or per-copy latency), not by the link: host_bound_copy
 HOST_BOUND_LINK_FRACTION = 0.5
@@ -104,17 +106,31 @@ def _collective_kind(name: str) -> str:
     return "allreduce"
 
 
+def _elements(dims):
+    """The element count of an nccl:* annotation's first input ("Input Dims" [[d0, d1, ...], ...]),
+    or None when it is no list of whole non-negative sizes: a malformed one had raised (a dict:
+    KeyError; an Infinity: OverflowError) or read as one element, 4 bytes (a string)."""
+    if not isinstance(dims, list) or not dims or not isinstance(dims[0], list):
+        return None
+    n = 1
+    for d in dims[0]:
+        k = int_or_none(d)
+        if k is None or k < 0 or (isinstance(d, float) and d != k):
+            return None
+        n *= k
+    return n
+
+
 def _nccl_sizes(trace):
-    """Sorted nccl:* annotations (start, end, tid, bytes) of a rank."""
+    """Sorted nccl:* annotations (start, end, tid, bytes or None, name) of a rank."""
     out = []
     for op in trace.cpu_ops:
         if op.name.startswith("nccl:") and op.dims:
-            first = op.dims[0] if isinstance(op.dims[0], list) else []
-            n = 1
-            for d in first:
-                n *= int(d) if isinstance(d, (int, float)) else 1
-            t = (op.types or ["float"])[0]
-            out.append((op.ts_us, op.ts_us + op.dur_us, op.tid, n * _TYPE_BYTES.get(t, 4), op.name))
+            n = _elements(op.dims)
+            types = op.types if isinstance(op.types, list) and op.types else ["float"]
+            t = types[0] if isinstance(types[0], str) else "float"
+            out.append((op.ts_us, op.ts_us + op.dur_us, op.tid,
+                        None if n is None else n * _TYPE_BYTES.get(t, 4), op.name))
     return out
 
 
@@ -128,6 +144,23 @@ def _size_of(sizes, starts, call):
         if call.ts_us - s > 1e5:
             break
     return None, None
+
+
+def _unnamed_gpu(traces) -> str | None:
+    """The GPU for ranks that ran GPU work but name no GPU (no deviceProperties, as older
+    profilers write): the one GPU the job's other ranks name, else KitError. Such a rank had
+    been skipped, its kernels kept at their measured times under --on: an A100 rank's 1 ms
+    sgemm step read 1.22 ms on an H100 (0.51 ms with the name)."""
+    blind = [t for t in traces if t.gpu and t.gpu_name in (None, "")]
+    if not blind:
+        return None
+    named = {t.gpu_name.strip() for t in traces if isinstance(t.gpu_name, str) and t.gpu_name.strip()}
+    if len(named) != 1:
+        seen = f" (the others name {', '.join(sorted(named))})" if named else ""
+        raise KitError(f"{blind[0].source}: rank {blind[0].rank} ran GPU work but its trace names no "
+                       f"GPU (no deviceProperties){seen}; --on needs the GPU it was recorded on to "
+                       "rescale its kernels")
+    return named.pop()
 
 
 def transfer(tg: TraceGraph, on) -> str:
@@ -145,11 +178,13 @@ def transfer(tg: TraceGraph, on) -> str:
         raise KitError(f"--on {on}: {dst_sys.world_size} GPUs, but the trace's job has {world} ranks")
     kept = {}  # why collectives keep their measured times -> how many
     host_bound = {}  # rank -> host<->device copies kept at their measured durations
+    unnamed = _unnamed_gpu(tg.traces)
     for t in tg.traces:
-        if not t.gpu_name:
+        name = t.gpu_name if t.gpu_name not in (None, "") else unnamed if t.gpu else None
+        if not name:
             continue
         try:
-            src_gpu = get_gpu(t.gpu_name)
+            src_gpu = get_gpu(name)
         except KitError as e:
             raise KitError(f"{t.source}: the trace's GPU is not in the catalog ({e})") from None
         src_sys = source_system(src_gpu, world) if dst_sys is not None else None
@@ -164,7 +199,7 @@ def transfer(tg: TraceGraph, on) -> str:
                        if src_sys is None else None)
                 nbytes = None if why else _size_of(sizes, starts, call)[0]
                 if why is None and not nbytes:
-                    why = "no nccl:* annotation with their size"
+                    why = "no nccl:* annotation with a readable size"
                 if why:
                     kept[why] = kept.get(why, 0) + 1
                     continue
@@ -196,6 +231,10 @@ def transfer(tg: TraceGraph, on) -> str:
             else:
                 f = min(d, KERNEL_FLOOR_MS)
                 g.dur_ms[op] = f + (d - f) * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
+    if unnamed:
+        blind = [t.rank for t in tg.traces if t.gpu and t.gpu_name in (None, "")]
+        tg.notes.append(f"rank{'s' if len(blind) > 1 else ''} {rank_list(blind)} name no GPU (no "
+                        f"deviceProperties): taken as {unnamed}, the GPU the other ranks name")
     tg.notes += [f"{n} collective(s) keep their measured times: {why}" for why, n in kept.items()]
     if host_bound:
         n, where = sum(host_bound.values()), rank_list(host_bound)

@@ -1,0 +1,153 @@
+"""kit replay on jobs whose files disagree or break: a rank whose every event is malformed, ranks
+whose k-th collective is not the same collective (or a rank with kernels but none), a rank that
+names no GPU under --on, and nccl:* annotations whose sizes cannot be read."""
+import json
+
+import pytest
+
+from kit.errors import KitError
+from kit.hardware import get_gpu
+from kit.trace import replay
+from tests.test_replay_audit import ev, nccl_rank
+
+
+def write_job(tmp_path, docs, name="job"):
+    d = tmp_path / name
+    d.mkdir()
+    for k, doc in enumerate(docs):
+        (d / f"rank{k}.json").write_text(json.dumps(doc))
+    return d
+
+
+def comm_starts(r):
+    g, res = r.tg.graph, r.result
+    return {rank: [float(res.start_ms[op]) for op, *_ in ops if g.kind[op] == "comm"]
+            for rank, ops in r.tg.gpu_ops.items()}
+
+
+@pytest.mark.parametrize("field,value", [("dur", -5), ("ts", None), ("name", None)])
+def test_a_rank_whose_every_event_is_malformed_is_an_error_not_a_skipped_file(tmp_path, field, value):
+    # rank 1's events all had dur -5: the file read as "no Kineto trace" and was skipped with a
+    # note, and the 2-rank job replayed as rank 0 alone
+    docs = [nccl_rank(0, 2, 100), nccl_rank(1, 2, 60)]
+    for e in docs[1]["traceEvents"]:
+        e[field] = value
+    with pytest.raises(KitError, match=r"rank1\.json: no complete \('X'\) event is usable: all 5 have"):
+        replay(write_job(tmp_path, docs))
+
+
+def test_a_folder_still_skips_a_json_without_profiler_events(tmp_path):
+    docs = [nccl_rank(0, 1, 100), {"traceEvents": [ev("x", 0, 5, "compute")]}]  # e.g. kit's own output
+    r = replay(write_job(tmp_path, docs))
+    assert [row["rank"] for row in r.ranks] == [0]
+    assert any("skipped 1 JSON file(s) that are no Kineto trace" in n for n in r.to_dict()["notes"])
+
+
+def test_the_kth_collectives_of_different_kinds_are_not_synchronised(tmp_path):
+    # an all-reduce on rank 0 met an all-gather on rank 1 at the same position: they were started
+    # together and both cut to 60 us, the shorter one's time
+    docs = [nccl_rank(0, 2, 100), nccl_rank(1, 2, 60)]
+    docs[1]["traceEvents"][3]["name"] = "ncclKernel_AllGather_RING_LL_Sum_float"
+    r = replay(write_job(tmp_path, docs))
+    d = r.to_dict()
+    assert d["collectives_synced"] is False
+    assert any("not the same collective on every rank" in n and "AllGather" in n for n in d["notes"])
+    for row in d["ranks"]:
+        assert row["predicted_ms"] == pytest.approx(row["measured_ms"], abs=1e-9)
+    # the same kind is still synchronised: both start together
+    same = replay(write_job(tmp_path, [nccl_rank(0, 2, 100), nccl_rank(1, 2, 60)], "same"))
+    starts = comm_starts(same)
+    assert same.tg.collectives_synced and starts[0] == pytest.approx(starts[1])
+
+
+def test_a_rank_with_kernels_but_no_collective_is_a_mismatch(tmp_path):
+    # ranks 0 and 1 synchronised their all-reduce as if they were the whole group, rank 2 (with
+    # GPU work, no collective) left out without a word
+    docs = [nccl_rank(0, 3, 100), nccl_rank(1, 3, 60), nccl_rank(2, 3, 80)]
+    k = docs[2]["traceEvents"][3]
+    k["name"] = "volta_sgemm_128x64_nn"
+    r = replay(write_job(tmp_path, docs))
+    d = r.to_dict()
+    assert d["collectives_synced"] is False
+    assert any("collective counts per stream differ" in n for n in d["notes"])
+
+
+@pytest.mark.parametrize("name,family", [
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*)", "allreduce"),
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "reducescatter"),
+    ("ncclAllGatherRingLLKernel_copy_i8", "allgather"),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "p2p"),
+    ("ncclSendKernel_copy_i8", "p2p"), ("ncclRecvKernel_copy_i8", "p2p"),
+    ("ncclKernel_Reduce_RING_LL_Sum_half", "reduce"),
+    ("ncclDevKernel_Generic", None)])
+def test_collective_family_reads_the_kernel_name(name, family):
+    from kit.trace.build import collective_family
+
+    assert collective_family(name) == family
+
+
+def sgemm_rank(gpu="NVIDIA A100-SXM4-40GB"):
+    """One step of 1.22 ms: a 1 ms sgemm the host waits for with cudaDeviceSynchronize."""
+    doc = {"traceEvents": [
+        ev("ProfilerStep#1", 0, 1220, "cpu_op"),
+        ev("cudaLaunchKernel", 190, 5, "cuda_runtime", correlation=9),
+        ev("volta_sgemm_128x64_nn", 200, 1000, "kernel", tid=7, correlation=9, stream=7),
+        ev("cudaDeviceSynchronize", 196, 1014, "cuda_runtime", correlation=10)]}
+    if gpu:
+        doc["deviceProperties"] = [{"name": gpu}]
+    return doc
+
+
+def test_a_rank_without_a_gpu_name_is_an_error_under_on(tmp_path):
+    # it had been skipped by the transfer: 1.22 ms "on h100-sxm", its measured time, no note
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(sgemm_rank(gpu=None)))
+    assert replay(p).ranks[0]["predicted_ms"] == pytest.approx(1.22)  # no --on: fine
+    with pytest.raises(KitError, match="rank 0 ran GPU work but its trace names no GPU"):
+        replay(p, on="h100-sxm")
+
+
+def test_a_rank_without_a_gpu_name_takes_the_one_its_job_names(tmp_path):
+    docs = [sgemm_rank(), sgemm_rank(gpu=None)]
+    for k, doc in enumerate(docs):
+        doc["distributedInfo"] = {"rank": k, "world_size": 2}
+    r = replay(write_job(tmp_path, docs), on="h100-sxm")
+    a, h = get_gpu("a100-sxm4-40gb"), get_gpu("h100-sxm")
+    want = 0.22 + 1.0 * a.gemm_peak_tflops("fp32") / h.gemm_peak_tflops("fp32")
+    assert [row["predicted_ms"] for row in r.ranks] == [pytest.approx(want)] * 2
+    assert any("rank 1 name no GPU" in n and "NVIDIA A100-SXM4-40GB" in n for n in r.to_dict()["notes"])
+
+
+@pytest.mark.parametrize("dims,types", [
+    ({"a": 1}, ["float"]),  # KeyError: 0
+    ([[float("inf")]], ["float"]),  # OverflowError
+    ([[float("nan")]], ["float"]),  # ValueError
+    ("garbage", ["float"]),  # had read as 1 element, 4 bytes
+    ([[True]], ["float"]),  # the same
+    ([[-5]], ["float"]),  # "message size must be a non-negative ..." without the trace's name
+])
+def test_an_unreadable_nccl_size_keeps_the_measured_collective(tmp_path, dims, types):
+    docs = [nccl_rank(0, 2, 100), nccl_rank(1, 2, 60)]
+    for doc in docs:
+        doc["traceEvents"][1]["args"].update({"Input Dims": dims, "Input type": types})
+    r = replay(write_job(tmp_path, docs), on="dgx-h100")
+    g = r.tg.graph
+    durs = [g.dur_ms[op] for ops in r.tg.gpu_ops.values() for op, *_ in ops if g.kind[op] == "comm"]
+    assert durs == [pytest.approx(0.060)] * 2
+    assert any("2 collective(s) keep their measured times: no nccl:* annotation with a readable size"
+               in n for n in r.to_dict()["notes"])
+
+
+@pytest.mark.parametrize("types", [[["float"]], {"x": 1}, "float"])
+def test_an_unreadable_nccl_type_reads_as_float(tmp_path, types):
+    # [["float"]] had raised TypeError (unhashable type: 'list'), {"x": 1} KeyError: 0
+    def durs(types, name):
+        docs = [nccl_rank(0, 2, 100), nccl_rank(1, 2, 60)]
+        for doc in docs:
+            doc["traceEvents"][1]["args"]["Input type"] = types
+        r = replay(write_job(tmp_path, docs, name), on="dgx-h100")
+        g = r.tg.graph
+        return [g.dur_ms[op] for ops in r.tg.gpu_ops.values() for op, *_ in ops if g.kind[op] == "comm"]
+
+    got, want = durs(types, "odd"), durs(["float"], "float")
+    assert got == pytest.approx(want) and got != pytest.approx([0.060] * 2)  # rescaled, not kept
