@@ -151,3 +151,28 @@ def test_an_unreadable_nccl_type_reads_as_float(tmp_path, types):
 
     got, want = durs(types, "odd"), durs(["float"], "float")
     assert got == pytest.approx(want) and got != pytest.approx([0.060] * 2)  # rescaled, not kept
+
+
+def tail_trace(gpu="NVIDIA A100-SXM4-40GB"):
+    """Two 100 us steps with no sync: step 1's sgemm runs 20-150 us, 50 us past its step's end
+    (the host had moved on); step 2's waits for it and ends within its step."""
+    return {"deviceProperties": [{"name": gpu}], "traceEvents": [
+        ev("ProfilerStep#1", 0, 100, "cpu_op"),
+        ev("cudaLaunchKernel", 10, 5, "cuda_runtime", correlation=1),
+        ev("volta_sgemm_128x64_nn", 20, 130, "kernel", tid=7, correlation=1, stream=7),
+        ev("ProfilerStep#2", 100, 100, "cpu_op"),
+        ev("cudaLaunchKernel", 110, 5, "cuda_runtime", correlation=2),
+        ev("volta_sgemm_128x64_nn", 150, 40, "kernel", tid=7, correlation=2, stream=7)]}
+
+
+def test_gpu_work_measured_past_its_step_does_not_read_as_an_error(tmp_path):
+    # the replay on its own GPU reproduces every op, yet read 0.125 ms against 0.100 (+25%): the
+    # 50 us step 1's kernel ran past its ProfilerStep had been counted on top of the step
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(tail_trace()))
+    row = replay(p).ranks[0]
+    assert row["predicted_ms"] == pytest.approx(row["measured_ms"]) == pytest.approx(0.100)
+    # on a slower GPU the tail grows, and what it grows by counts; a faster one is no slower
+    slow = replay(p, on="t4").ranks[0]["predicted_ms"]
+    fast = replay(p, on="h100-sxm").ranks[0]["predicted_ms"]
+    assert slow > 0.100 + 0.05 and fast <= row["predicted_ms"] + 1e-12

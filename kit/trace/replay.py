@@ -1,8 +1,9 @@
 """Replay a Kineto trace: simulate its execution graph and compare each rank's step time.
 
-A rank's predicted step runs from its ProfilerStep start marker to the later of its end marker
-and the end of the GPU work launched within the step (on a slower GPU the kernels may outlast
-the host's step). measured_ms is the mean ProfilerStep duration.
+A rank's predicted step runs from its ProfilerStep start marker to its end marker, plus the time
+the GPU work launched within the step runs past that marker beyond what it ran past it when
+measured (on a slower GPU the kernels may outlast the host's step). measured_ms is the mean
+ProfilerStep duration.
 """
 from __future__ import annotations
 
@@ -53,12 +54,25 @@ class Replay:
 
 
 def step_times_ms(tg: TraceGraph, res: SimResult, rank: int) -> list[float]:
-    out = []
+    """Each step from its start marker to its end marker, plus the time the GPU work launched in
+    it runs past the end marker beyond what it ran past the ProfilerStep's end when measured.
+    That measured tail overlapped the host's next step (no sync closed the step): counting it
+    whole had put a trace replayed on its own GPU off its measurement (a 100 us step whose
+    kernel ended 50 us after it: +25% over two steps); a tail that grows on a slower GPU counts."""
+    trace = next((t for t in tg.traces if t.rank == rank), None)
+    windows = [(s, e) for _, s, e in trace.steps] if trace is not None and trace.steps else \
+        [trace.window_us()] if trace is not None else []
     gpu_end: dict[int, float] = {}
-    for op, _, k, _ in tg.gpu_ops.get(rank, []):
+    measured_end: dict[int, float] = {}
+    for op, ge, k, _ in tg.gpu_ops.get(rank, []):
         gpu_end[k] = max(gpu_end.get(k, 0.0), float(res.end_ms[op]))
+        measured_end[k] = max(measured_end.get(k, -float("inf")), ge.ts_us + ge.dur_us)
+    out = []
     for k, (a, b) in enumerate(tg.markers.get(rank, [])):
-        out.append(max(float(res.end_ms[b]), gpu_end.get(k, 0.0)) - float(res.end_ms[a]))
+        host = float(res.end_ms[b]) - float(res.end_ms[a])
+        tail = gpu_end.get(k, 0.0) - float(res.end_ms[b])
+        was = max(measured_end[k] - windows[k][1], 0.0) / 1e3 if k in measured_end and k < len(windows) else 0.0
+        out.append(host + max(tail - was, 0.0))
     return out
 
 
