@@ -176,3 +176,23 @@ def test_gpu_work_measured_past_its_step_does_not_read_as_an_error(tmp_path):
     slow = replay(p, on="t4").ranks[0]["predicted_ms"]
     fast = replay(p, on="h100-sxm").ranks[0]["predicted_ms"]
     assert slow > 0.100 + 0.05 and fast <= row["predicted_ms"] + 1e-12
+
+
+@pytest.mark.parametrize("src,kernel,dst,dtype", [
+    ("NVIDIA A100-SXM4-40GB", "sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16_stage4", "v100-sxm2-32gb", "tf32"),
+    ("NVIDIA A100-SXM4-40GB", "sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16_stage4", "h100-sxm", "tf32"),
+    ("Tesla V100-SXM2-32GB", "volta_h884gemm_64x64_ldg8_nn", "p4", "fp16"),
+])
+def test_a_gemm_scales_from_its_dtype_peak_to_the_targets_path_for_it(tmp_path, src, kernel, dst, dtype):
+    # the A100's TF32 GEMM was read as FP32 (19.5 -> 15.7 TFLOP/s: 1.24x on a V100, which has no
+    # TF32 and runs it at 15.7 from 156); an FP16 one onto a GPU without FP16 took both FP32 peaks
+    doc = sgemm_rank(gpu=src)
+    doc["traceEvents"][2]["name"] = kernel
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    r = replay(p, on=dst)
+    s, d = get_gpu(src), get_gpu(dst)
+    want = s.gemm_peak_tflops(dtype) / (d.gemm_peak_tflops(dtype) or d.gemm_peak_tflops("fp32"))
+    g = r.tg.graph
+    (op,) = [op for op, *_ in r.tg.gpu_ops[0]]
+    assert g.dur_ms[op] == pytest.approx(1.0 * want)

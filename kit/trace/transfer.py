@@ -4,7 +4,8 @@ GPU op's measured duration for a prediction on the target.
 The measured duration is the calibration; the datasheets give the ratio (as in Habitat's wave
 scaling, Yu et al., ATC 2021):
 
-    GEMM-like kernel    t' = t · peak_src / peak_dst          (GEMM peaks, dtype read from the kernel name)
+    GEMM-like kernel    t' = t · peak_src / peak_dst          (GEMM peaks, dtype read from the kernel name;
+                                                              the target's fp32 peak where it lacks that dtype)
     other kernels       t' = f + (t − f) · bw_src / bw_dst    (memory-bound; f = 2 µs floor)
     memcpy H2D/D2H      t' = t · pcie_src / pcie_dst          (PCIe generation bandwidth), for a
                                                               copy that ran near link speed
@@ -28,6 +29,7 @@ from kit.trace.kineto import int_or_none
 KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent GPU
 _GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma", re.I)
 _FBGEMM = re.compile(r"fbgemm", re.I)  # the library's name says nothing of the kernel's kind
+_TF32 = re.compile(r"tf32", re.I)  # cuBLAS/cuDNN TF32 tensor-core kernels (sm80_xmma_..._tf32f32_...)
 _HALF = re.compile(r"h884|h1688|h16816|hmma|fp16|half|bf16|f16|s1688|s16816|tensorop|884|1688", re.I)
 _KIND = (("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("allgather", "allgather"),
          ("all_gather", "allgather"), ("reducescatter", "reducescatter"),
@@ -223,10 +225,12 @@ def transfer(tg: TraceGraph, on) -> str:
                 else:
                     g.dur_ms[op] = d * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
             elif _GEMM.search(_FBGEMM.sub("", ge.name)):  # fbgemm's embedding kernels are no GEMMs
-                dtype = "fp16" if _HALF.search(ge.name) else "fp32"
-                ps, pd = src_gpu.gemm_peak_tflops(dtype), dst_gpu.gemm_peak_tflops(dtype)
-                if not ps or not pd:
-                    ps, pd = src_gpu.fp32_tflops, dst_gpu.fp32_tflops
+                dtype = "tf32" if _TF32.search(ge.name) else "fp16" if _HALF.search(ge.name) else "fp32"
+                # it ran at the source's peak for its dtype; a target without that peak runs it on
+                # its fp32 path (both taken as fp32 had made an A100 TF32 GEMM 1.24x slower on a
+                # V100, not the 9.9x of 156 TF32 vs 15.7 FP32 TFLOP/s)
+                ps = src_gpu.gemm_peak_tflops(dtype) or src_gpu.gemm_peak_tflops("fp32")
+                pd = dst_gpu.gemm_peak_tflops(dtype) or dst_gpu.gemm_peak_tflops("fp32")
                 g.dur_ms[op] = d * ps / pd
             else:
                 f = min(d, KERNEL_FLOOR_MS)
