@@ -196,3 +196,22 @@ def test_a_gemm_scales_from_its_dtype_peak_to_the_targets_path_for_it(tmp_path, 
     g = r.tg.graph
     (op,) = [op for op, *_ in r.tg.gpu_ops[0]]
     assert g.dur_ms[op] == pytest.approx(1.0 * want)
+
+
+def test_a_rank_written_as_a_string_is_that_rank(tmp_path):
+    # a.json holds rank "1", b.json rank "0": they had been taken from the file order, swapped
+    docs = [nccl_rank(1, 2, 100), nccl_rank(0, 2, 60)]
+    d = tmp_path / "job"
+    d.mkdir()
+    for name, doc in zip("ab", docs):
+        doc["distributedInfo"] = {k: str(v) for k, v in doc["distributedInfo"].items()}
+        doc["traceEvents"][0]["dur"] += 10 * (name == "a")  # rank 1's step is 10 us longer
+        (d / f"{name}.json").write_text(json.dumps(doc))
+    r = replay(d)
+    assert {row["rank"]: row["measured_ms"] for row in r.ranks} == {0: pytest.approx(0.100),
+                                                                     1: pytest.approx(0.150)}
+    assert not any("taken from" in n for n in r.to_dict()["notes"])
+    docs[0]["distributedInfo"]["world_size"] = "1"  # and a string world size is held to as well
+    (d / "a.json").write_text(json.dumps(docs[0]))
+    with pytest.raises(KitError, match="rank 1 is not below the world size"):
+        replay(d)

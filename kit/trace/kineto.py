@@ -134,6 +134,11 @@ def int_or_none(v):
     return None
 
 
+def _whole(v):
+    """int_or_none, but None for a fraction (a rank of 2.5 is no rank)."""
+    return None if isinstance(v, float) and not v.is_integer() else int_or_none(v)
+
+
 def _stream(v):
     v = int_or_none(v)
     return str(v) if v is not None and v >= 0 else None
@@ -160,9 +165,11 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
         raise NotKineto(f"{source}: not a Kineto trace (expected a JSON object with a "
                        "'traceEvents' list)")
     dist = doc.get("distributedInfo") or {}
-    rank = dist.get("rank") if isinstance(dist, dict) else None
+    # a rank written as a string ("3", as some exporters write ids) is that rank: it had been
+    # taken from the file order, so a.json holding rank "1" and b.json rank "0" swapped ranks
+    rank = _whole(dist.get("rank")) if isinstance(dist, dict) else None
     how = None
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+    if rank is None or rank < 0:
         m = _RANK_IN_NAME.search(Path(source).name)
         rank = int(m.group(1)) if m else fallback_rank
         how = "its file name" if m else "its position among the files"
@@ -170,7 +177,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     props = props if isinstance(props, list) else []  # a malformed one names no GPU
     gpu_name = props[0].get("name") if props and isinstance(props[0], dict) else None
     t = RankTrace(rank=rank, source=source, gpu_name=gpu_name,
-                  world_size=dist.get("world_size") if isinstance(dist, dict) else None)
+                  world_size=_whole(dist.get("world_size")) if isinstance(dist, dict) else None)
     skipped = 0
     unreplayed: dict = {}  # complete events of a category the replay has no place for
     pids: dict = {}
