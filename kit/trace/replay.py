@@ -71,7 +71,9 @@ def step_times_ms(tg: TraceGraph, res: SimResult, rank: int) -> list[float]:
     for k, (a, b) in enumerate(tg.markers.get(rank, [])):
         host = float(res.end_ms[b]) - float(res.end_ms[a])
         tail = gpu_end.get(k, 0.0) - float(res.end_ms[b])
-        was = max(measured_end[k] - windows[k][1], 0.0) / 1e3 if k in measured_end and k < len(windows) else 0.0
+        was = 0.0
+        if k in measured_end and k < len(windows):
+            was = max(measured_end[k] - windows[k][1], 0.0) / 1e3
         out.append(host + max(tail - was, 0.0))
     return out
 

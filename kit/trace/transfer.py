@@ -4,8 +4,9 @@ GPU op's measured duration for a prediction on the target.
 The measured duration is the calibration; the datasheets give the ratio (as in Habitat's wave
 scaling, Yu et al., ATC 2021):
 
-    GEMM-like kernel    t' = t · peak_src / peak_dst          (GEMM peaks, dtype read from the kernel name;
-                                                              the target's fp32 peak where it lacks that dtype)
+    GEMM-like kernel    t' = t · peak_src / peak_dst          (GEMM peaks, dtype read from the kernel
+                                                              name; the target's fp32 peak where it
+                                                              lacks that dtype)
     other kernels       t' = f + (t − f) · bw_src / bw_dst    (memory-bound; f = 2 µs floor)
     memcpy H2D/D2H      t' = t · pcie_src / pcie_dst          (PCIe generation bandwidth), for a
                                                               copy that ran near link speed
