@@ -36,6 +36,16 @@ def test_a_rank_whose_every_event_is_malformed_is_an_error_not_a_skipped_file(tm
         replay(write_job(tmp_path, docs))
 
 
+def test_a_broken_event_beside_other_categories_is_not_called_all_of_them(tmp_path):
+    # one broken event among three of a category the replay does not read had raised "all 1
+    # have a missing ... ts/dur": the file is not a trace the replay reads, as without it
+    other = {"traceEvents": [ev("x", 0, 5, "mtia_kernel"), ev("y", 5, 5, "mtia_kernel"),
+                             ev("z", 10, 5, "mtia_kernel"), ev("w", 0, -5, "cpu_op")]}
+    r = replay(write_job(tmp_path, [nccl_rank(0, 1, 100), other]))
+    assert [row["rank"] for row in r.ranks] == [0]
+    assert any("skipped 1 JSON file(s) that are no Kineto trace" in n for n in r.to_dict()["notes"])
+
+
 def test_a_folder_still_skips_a_json_without_profiler_events(tmp_path):
     docs = [nccl_rank(0, 1, 100), {"traceEvents": [ev("x", 0, 5, "compute")]}]  # e.g. kit's own output
     r = replay(write_job(tmp_path, docs))
@@ -58,6 +68,15 @@ def test_the_kth_collectives_of_different_kinds_are_not_synchronised(tmp_path):
     same = replay(write_job(tmp_path, [nccl_rank(0, 2, 100), nccl_rank(1, 2, 60)], "same"))
     starts = comm_starts(same)
     assert same.tg.collectives_synced and starts[0] == pytest.approx(starts[1])
+
+
+def test_the_kind_mismatch_note_shows_the_rank_that_differs(tmp_path):
+    # the note had listed ranks 0-3, all AllReduce, when rank 5 ran the AllGather
+    docs = [nccl_rank(r, 6, 100) for r in range(6)]
+    docs[5]["traceEvents"][3]["name"] = "ncclKernel_AllGather_RING_LL_Sum_float"
+    notes = replay(write_job(tmp_path, docs)).to_dict()["notes"]
+    (note,) = [n for n in notes if "not the same collective on every rank" in n]
+    assert "rank 5: ncclKernel_AllGather" in note and "rank 0: ncclKernel_AllReduce" in note
 
 
 def test_a_rank_with_kernels_but_no_collective_is_a_mismatch(tmp_path):
@@ -116,6 +135,19 @@ def test_a_rank_without_a_gpu_name_takes_the_one_its_job_names(tmp_path):
     want = 0.22 + 1.0 * a.gemm_peak_tflops("fp32") / h.gemm_peak_tflops("fp32")
     assert [row["predicted_ms"] for row in r.ranks] == [pytest.approx(want)] * 2
     assert any("rank 1 name no GPU" in n and "NVIDIA A100-SXM4-40GB" in n for n in r.to_dict()["notes"])
+
+
+@pytest.mark.parametrize("names", [["NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB", None],  # one GPU, two wordings
+                                   ["NVIDIA A100-SXM4-40GB", "  "]])  # a blank name is none
+def test_a_rank_without_a_gpu_name_takes_the_gpu_its_job_names_however_written(tmp_path, names):
+    # the two wordings had read as two GPUs (an error); a blank name as a GPU "not in the catalog"
+    docs = [sgemm_rank(gpu=n) for n in names]
+    for k, doc in enumerate(docs):
+        doc["distributedInfo"] = {"rank": k, "world_size": len(docs)}
+    r = replay(write_job(tmp_path, docs), on="h100-sxm")
+    a, h = get_gpu("a100-sxm4-40gb"), get_gpu("h100-sxm")
+    want = 0.22 + 1.0 * a.gemm_peak_tflops("fp32") / h.gemm_peak_tflops("fp32")
+    assert [row["predicted_ms"] for row in r.ranks] == [pytest.approx(want)] * len(names)
 
 
 @pytest.mark.parametrize("dims,types", [
@@ -182,6 +214,11 @@ def test_gpu_work_measured_past_its_step_does_not_read_as_an_error(tmp_path):
     ("NVIDIA A100-SXM4-40GB", "sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16_stage4", "v100-sxm2-32gb", "tf32"),
     ("NVIDIA A100-SXM4-40GB", "sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16_stage4", "h100-sxm", "tf32"),
     ("Tesla V100-SXM2-32GB", "volta_h884gemm_64x64_ldg8_nn", "p4", "fp16"),
+    # BF16 had read as FP16: 312/125 = 2.5x slower on a V100 (no BF16 units: its FP32 path,
+    # 19.9x), and 312/184.6 on an MI100 (BF16 92.3 TFLOP/s: 3.4x)
+    ("NVIDIA A100-SXM4-40GB", "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_nn", "v100-sxm2-32gb", "bf16"),
+    ("NVIDIA A100-SXM4-40GB", "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_nn", "mi100", "bf16"),
+    ("NVIDIA A100-SXM4-40GB", "ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_64x3_nn", "mi100", "fp16"),
 ])
 def test_a_gemm_scales_from_its_dtype_peak_to_the_targets_path_for_it(tmp_path, src, kernel, dst, dtype):
     # the A100's TF32 GEMM was read as FP32 (19.5 -> 15.7 TFLOP/s: 1.24x on a V100, which has no

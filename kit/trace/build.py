@@ -327,8 +327,12 @@ def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
         for k in range(n):
             fams = {r: collective_family(per_rank[r][si][k][1].name) for r in gpu_ranks}
             if len(set(fams.values()) - {None}) > 1:
+                # one rank of each kind: the first four ranks alone may all run the same one
+                first = {}
+                for r in sorted(fams):
+                    first.setdefault(fams[r], r)
                 seen = "; ".join(f"rank {r}: {per_rank[r][si][k][1].name.split('(')[0]}"
-                                 for r in sorted(fams)[:4])
+                                 for r in sorted(first.values())[:4])
                 tg.notes.append(f"collective {k} of NCCL stream {si} is not the same collective on every "
                                 f"rank ({seen}); collectives replayed at measured durations without "
                                 "inter-rank sync")

@@ -260,8 +260,10 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     if not t.steps:
         t.notes.append(f"rank {rank}: no ProfilerStep annotation; the whole trace is one step")
     if not t.runtime and not t.gpu and not t.cpu_ops and not t.steps:
-        if skipped:  # a profiler's events, every one broken: a malformed rank, not a folder's other
-            # JSON (as NotKineto it had been skipped with a note: a 2-rank job replayed as 1 rank)
+        if skipped and not unreplayed:  # a profiler's events, every one broken: a malformed rank,
+            # not a folder's other JSON (as NotKineto it had been skipped with a note: a 2-rank job
+            # replayed as 1 rank). Beside events of other categories (another device's) they are
+            # not "all" its events: that file stays one the replay cannot read
             raise KitError(f"{source}: no complete ('X') event is usable: all {skipped:,} have "
                            "a missing, non-finite or negative ts/dur or no name (a malformed trace)")
         raise NotKineto(f"{source}: the trace has no complete ('X') CPU or GPU events of the "

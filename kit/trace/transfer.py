@@ -25,12 +25,15 @@ import re
 from kit.errors import KitError
 from kit.predict.roofline import host_link_gbs
 from kit.trace.build import TraceGraph, job_world_size, rank_list
-from kit.trace.kineto import int_or_none
+from kit.trace.kineto import _gpu_key, int_or_none
 
 KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent GPU
 _GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma", re.I)
 _FBGEMM = re.compile(r"fbgemm", re.I)  # the library's name says nothing of the kernel's kind
 _TF32 = re.compile(r"tf32", re.I)  # cuBLAS/cuDNN TF32 tensor-core kernels (sm80_xmma_..._tf32f32_...)
+# BF16 ones (ampere_bf16_s16816gemm_bf16_..., cutlass_80_tensorop_bf16_...): a peak of their own,
+# absent on Volta/Turing (which run them on the FP32 path) and half the FP16 one on an MI100
+_BF16 = re.compile(r"bf16|bfloat16", re.I)
 _HALF = re.compile(r"h884|h1688|h16816|hmma|fp16|half|bf16|f16|s1688|s16816|tensorop|884|1688", re.I)
 _KIND = (("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("allgather", "allgather"),
          ("all_gather", "allgather"), ("reducescatter", "reducescatter"),
@@ -149,21 +152,28 @@ def _size_of(sizes, starts, call):
     return None, None
 
 
+def _names_no_gpu(t) -> bool:
+    return t.gpu_name is None or (isinstance(t.gpu_name, str) and not t.gpu_name.strip())
+
+
 def _unnamed_gpu(traces) -> str | None:
     """The GPU for ranks that ran GPU work but name no GPU (no deviceProperties, as older
     profilers write): the one GPU the job's other ranks name, else KitError. Such a rank had
     been skipped, its kernels kept at their measured times under --on: an A100 rank's 1 ms
     sgemm step read 1.22 ms on an H100 (0.51 ms with the name)."""
-    blind = [t for t in traces if t.gpu and t.gpu_name in (None, "")]
+    blind = [t for t in traces if t.gpu and _names_no_gpu(t)]
     if not blind:
         return None
-    named = {t.gpu_name.strip() for t in traces if isinstance(t.gpu_name, str) and t.gpu_name.strip()}
+    # by catalog key: 'Tesla V100-SXM2-32GB' and 'NVIDIA V100-SXM2-32GB ' are one GPU (as
+    # load_kineto reads them); as two strings they had made this an error
+    named = {_gpu_key(t.gpu_name): t.gpu_name.strip() for t in traces
+             if isinstance(t.gpu_name, str) and t.gpu_name.strip()}
     if len(named) != 1:
-        seen = f" (the others name {', '.join(sorted(named))})" if named else ""
+        seen = f" (the others name {', '.join(sorted(named.values()))})" if named else ""
         raise KitError(f"{blind[0].source}: rank {blind[0].rank} ran GPU work but its trace names no "
                        f"GPU (no deviceProperties){seen}; --on needs the GPU it was recorded on to "
                        "rescale its kernels")
-    return named.pop()
+    return next(iter(named.values()))
 
 
 def transfer(tg: TraceGraph, on) -> str:
@@ -183,7 +193,7 @@ def transfer(tg: TraceGraph, on) -> str:
     host_bound = {}  # rank -> host<->device copies kept at their measured durations
     unnamed = _unnamed_gpu(tg.traces)
     for t in tg.traces:
-        name = t.gpu_name if t.gpu_name not in (None, "") else unnamed if t.gpu else None
+        name = unnamed if t.gpu and _names_no_gpu(t) else t.gpu_name
         if not name:
             continue
         try:
@@ -226,7 +236,8 @@ def transfer(tg: TraceGraph, on) -> str:
                 else:
                     g.dur_ms[op] = d * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
             elif _GEMM.search(_FBGEMM.sub("", ge.name)):  # fbgemm's embedding kernels are no GEMMs
-                dtype = "tf32" if _TF32.search(ge.name) else "fp16" if _HALF.search(ge.name) else "fp32"
+                dtype = ("tf32" if _TF32.search(ge.name) else "bf16" if _BF16.search(ge.name)
+                         else "fp16" if _HALF.search(ge.name) else "fp32")
                 # it ran at the source's peak for its dtype; a target without that peak runs it on
                 # its fp32 path (both taken as fp32 had made an A100 TF32 GEMM 1.24x slower on a
                 # V100, not the 9.9x of 156 TF32 vs 15.7 FP32 TFLOP/s)
@@ -237,7 +248,7 @@ def transfer(tg: TraceGraph, on) -> str:
                 f = min(d, KERNEL_FLOOR_MS)
                 g.dur_ms[op] = f + (d - f) * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
     if unnamed:
-        blind = [t.rank for t in tg.traces if t.gpu and t.gpu_name in (None, "")]
+        blind = [t.rank for t in tg.traces if t.gpu and _names_no_gpu(t)]
         tg.notes.append(f"rank{'s' if len(blind) > 1 else ''} {rank_list(blind)} name no GPU (no "
                         f"deviceProperties): taken as {unnamed}, the GPU the other ranks name")
     tg.notes += [f"{n} collective(s) keep their measured times: {why}" for why, n in kept.items()]
