@@ -9,6 +9,10 @@ timeline_chart() draws any kit.sim timeline (a parallel prediction, a replayed t
 """
 from __future__ import annotations
 
+import html
+import re
+import warnings
+
 import altair as alt
 import ipywidgets as W
 import pandas as pd
@@ -22,6 +26,7 @@ KIND_COLORS = {"compute": "#4c78a8", "comm": "#f58518", "memcpy": "#54a24b", "la
                "cpu": "#9d755d", "sync": "#e45756", "idle": "#eeeeee"}
 MAX_ROWS = 4000
 DEGREES = (1, 2, 4, 8)  # the dp, tp and pp choices
+CLI_HINT = re.compile(r" \(give [^()]*--nodes \d+ for just those\)")
 
 
 def timeline_rows(timeline: pd.DataFrame, critical_ops=(), max_rows: int = MAX_ROWS) -> pd.DataFrame:
@@ -66,7 +71,7 @@ class TimelinePanel(Panel):
                           m=check_init(name, "micro_batches", micro_batches, lo=1, hi=32),
                           schedule=check_init(name, "schedule", schedule, SCHEDULES),
                           **{k: check_init(name, k, v, DEGREES) for k, v in (("dp", dp), ("tp", tp), ("pp", pp))})
-        self._result = None
+        self._result, self._notes = None, []
         super().__init__()
 
     def controls(self):
@@ -124,10 +129,19 @@ class TimelinePanel(Panel):
         self._result, self._error = None, self._too_big()
         if self._error:
             return None
+        # predict_parallel's notes are warnings (a multi-node preset's idle nodes, layers that
+        # split unevenly over the stages): in a panel's callback they went to the log console,
+        # or once per message to the cell's stderr, and the summary said "8 GPUs" of a 32-GPU
+        # system without a word. The summary states them instead (_notes).
+        self._notes = []
         try:
-            self._result = predict_parallel(self.model, self.system.value, self.layout(), keep=True)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self._result = predict_parallel(self.model, self.system.value, self.layout(), keep=True)
         except KitError as e:
             self._result, self._error = None, str(e)
+        else:  # the CLI's remedy (--nodes) is no control here
+            self._notes = [CLI_HINT.sub("", str(w.message)) for w in caught]
         return self._result
 
     def make_chart(self):
@@ -154,7 +168,8 @@ class TimelinePanel(Panel):
                 f"critical path: {parts} · stage {lay.stage_of(r['rank_breakdown']['rank'])} waits "
                 f"{r['rank_breakdown']['wait']:.1f} ms "
                 f"(ideal bubble {100 * r['ideal_bubble_fraction']:.0f}% of the iteration) · peak memory "
-                f"{max(s['total_gib'] for s in r['memory_per_rank']):.1f} GiB/rank")
+                f"{max(s['total_gib'] for s in r['memory_per_rank']):.1f} GiB/rank"
+                + "".join(f" · note: {html.escape(n, quote=False)}" for n in self._notes))
 
 
 def _segments(res, rank):

@@ -141,7 +141,11 @@ class WholeModelPanel(Panel):
         mode = self._pick("mode", modes, "inference")
         seqs = self._seqs(self.model.value, mode, self.new_tokens.value)
         dtypes = self._dtypes(self.gpu.value)
-        choices = {"dtype": (dtypes, self._pick("dtype", dtypes, "fp16" if "fp16" in dtypes else "fp32")),
+        # the dtype follows the reader's choice and the GPU alone, never the control's value on
+        # the way: bf16 asked for, then a P4 (fp32 only), then an RTX 2080 Ti had kept fp32 there
+        # (10.10 ms a gpt2 pass) where going to it straight gave fp16 (5.91 ms)
+        dtype = next((d for d in (self._wanted["dtype"], "fp16", "fp32") if d in dtypes), dtypes[0])
+        choices = {"dtype": (dtypes, dtype),
                    "mode": (modes, mode), "seq": (seqs, self._pick("seq", seqs, max(seqs)))}
         if any(list(getattr(self, n).options) != opts or getattr(self, n).value != value
                for n, (opts, value) in choices.items()):
