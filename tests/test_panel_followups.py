@@ -38,3 +38,21 @@ def test_whole_model_dtype_fallback_does_not_depend_on_the_gpus_visited_on_the_w
     assert straight.summary.value == detour.summary.value
     detour.gpu.value = "a100-pcie-40gb"  # the reader's bf16 comes back
     assert detour.dtype.value == "bf16"
+
+
+def test_whole_model_seq_fallback_does_not_depend_on_the_models_visited_on_the_way():
+    from kit.workload.zoo import max_seq
+    from widgets.whole_model import WholeModelPanel
+
+    assert max_seq("gpt2") == 1024 and max_seq("bert-base") == 512 and max_seq("llama3-8b") is None
+    kw = dict(model="llama3-8b", gpu="h100-sxm", mode="inference", seq=2048, dtype="bf16")
+    straight, detour = WholeModelPanel(**kw), WholeModelPanel(**kw)
+    straight.model.value = "gpt2"
+    detour.model.value = "bert-base"
+    assert detour.seq.value == 512
+    detour.model.value = "gpt2"
+    # one choice (2048), one model: the longest gpt2 offers either way (the detour had kept 512)
+    assert straight.seq.value == detour.seq.value == max(s for s in straight.seq.options if s <= 2048)
+    assert straight.summary.value == detour.summary.value
+    detour.model.value = "llama3-8b"
+    assert detour.seq.value == 2048  # the reader's choice comes back

@@ -146,7 +146,7 @@ class WholeModelPanel(Panel):
         # (10.10 ms a gpt2 pass) where going to it straight gave fp16 (5.91 ms)
         dtype = next((d for d in (self._wanted["dtype"], "fp16", "fp32") if d in dtypes), dtypes[0])
         choices = {"dtype": (dtypes, dtype),
-                   "mode": (modes, mode), "seq": (seqs, self._pick("seq", seqs, max(seqs)))}
+                   "mode": (modes, mode), "seq": (seqs, self._closest_seq(seqs))}
         if any(list(getattr(self, n).options) != opts or getattr(self, n).value != value
                for n, (opts, value) in choices.items()):
             self._narrowing = True
@@ -162,6 +162,13 @@ class WholeModelPanel(Panel):
         self.kv_cache.disabled = self.mode.value not in DECODING
         self.new_tokens.disabled = self.mode.value != "generate"
         super().refresh(change)
+
+    def _closest_seq(self, seqs: list[int]) -> int:
+        """The reader's seq where offered, else the longest offered below it (else the shortest).
+        Not the control's value on the way: a reader's 2048 had shown gpt2 at 1024 straight from
+        llama3-8b but at 512 by way of BERT (512 positions), two answers for one choice."""
+        wanted = self._wanted["seq"]
+        return max((s for s in seqs if s <= wanted), default=min(seqs))
 
     def _pick(self, name: str, options: list, fallback):
         """The reader's choice of control `name` where options hold it, else the control's
