@@ -17,6 +17,9 @@ def run(args):
     from kit.data import resolve_data_dir
 
     data = str(Path(args.data).resolve()) if args.data else str(resolve_data_dir(None).resolve())  # named, so a rerun reads it
+    # absolute too, for the same reason: a rerun from another folder had found no ../own.csv
+    # (or another file of that name), and the manifest's extra_data named it relative to nowhere
+    extra = [str(Path(e).resolve()) for e in args.extra] if args.extra else None
     command = " ".join(["kit train", "--data", shlex.quote(str(data)),
                         "--train-gpus", shlex.quote(args.train_gpus), "--out", shlex.quote(args.out),
                         "--seed", str(args.seed), "--threads", str(threads),
@@ -25,11 +28,11 @@ def run(args):
                         *(["--no-test-rows"] if args.no_test_rows else []),
                         *(["--replace-shipped"] if args.replace_shipped else []),
                         *(["--keep-suspect-rows"] if args.keep_suspect_rows else []),
-                        *[a for e in (args.extra or []) for a in ("--extra", shlex.quote(e))]])
+                        *[a for e in (extra or []) for a in ("--extra", shlex.quote(e))]])
     return train_predictors(args.train_gpus, args.out, data_dir=args.data, seed=args.seed,
                             threads=threads, quick=args.quick, direct=not args.no_direct,
                             test_rows=not args.no_test_rows, progress=not args.json, command=command,
-                            extra=args.extra, replace_shipped=args.replace_shipped,
+                            extra=extra, replace_shipped=args.replace_shipped,
                             suspect_rows=args.keep_suspect_rows)
 
 

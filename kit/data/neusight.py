@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -96,8 +97,8 @@ def read_neusight_csv(path: Path) -> pd.DataFrame:
         head = pd.read_csv(path, nrows=0)
     except FileNotFoundError:
         raise KitError(f"file not found: {path}") from None
-    except OSError as e:  # unreadable (permissions, ...)
-        raise KitError(f"cannot read {path}: {e.strerror or e}") from None
+    except (OSError, EOFError, zlib.error) as e:  # unreadable (permissions, a .gz cut short or damaged)
+        raise KitError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     except pd.errors.EmptyDataError:
         raise KitError(f"{path} is empty (expected a NeuSight CSV with a header)") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
@@ -111,6 +112,8 @@ def read_neusight_csv(path: Path) -> pd.DataFrame:
         raw = read_csv_strict(path, str(path), dtype=dtypes, engine="c")
     except (pd.errors.ParserError, ValueError, UnicodeDecodeError) as e:
         raise KitError(f"{path} is malformed: {e}") from None
+    except (OSError, EOFError, zlib.error) as e:  # a .gz whose header line read whole, cut short later
+        raise KitError(f"cannot read {path}: {e}") from None
     if raw["OPName"].isna().any():
         raise KitError(f"{_where(raw.assign(_file=str(path), _line=raw.index + 2), raw['OPName'].isna())}: "
                        "OPName is empty")

@@ -74,6 +74,10 @@ def check_weights_folder(out_dir: str | Path, replace_shipped: bool = False) -> 
                        f"{SHIPPED_DIR}; {out} is another: leave it out")
     if not shipped and inside_kit(out):
         raise KitError(f"{out} is in the kit package; give a folder outside it")
+    other = other_kit_package(out)
+    if other is not None:
+        raise KitError(f"{out} is in another copy of the kit package ({other}), whose default "
+                       "predictions read its own shipped weights; give a folder outside it")
     if out.exists() and not out.is_dir():
         raise KitError(f"weights folder {out} is a file; give a folder")
     if out.is_dir():
@@ -106,6 +110,19 @@ def check_weights_folder(out_dir: str | Path, replace_shipped: bool = False) -> 
     return out
 
 
+def other_kit_package(path: str | Path) -> Path | None:
+    """The kit package (a folder with __init__.py and predict/weights.py) that path is, or lies
+    in, when it is another copy than this one (a second checkout): None otherwise. inside_kit
+    knows only the running copy, so `kit train --out /work/main/kit/predict/weights`, run from a
+    clone, had written over that checkout's shipped weights."""
+    here = Path(__file__).resolve().parents[1]
+    target = Path(path).resolve()
+    for folder in (target, *target.parents):
+        if (folder / "__init__.py").is_file() and (folder / "predict" / "weights.py").is_file():
+            return None if folder == here else folder
+    return None
+
+
 def save_bundle(bundle: Bundle, out_dir: str | Path, replace_shipped: bool = False) -> Path:
     """Write model.safetensors and manifest.json into out_dir (created if needed), each to a
     temporary name first and then renamed, so a failed write leaves the old files whole. The
@@ -117,7 +134,7 @@ def save_bundle(bundle: Bundle, out_dir: str | Path, replace_shipped: bool = Fal
     from safetensors.torch import save_file
 
     out = Path(out_dir)
-    if inside_kit(out):
+    if inside_kit(out) or other_kit_package(out) is not None:
         check_weights_folder(out, replace_shipped)  # the shipped folder, or a refusal
     try:
         out.mkdir(parents=True, exist_ok=True)
