@@ -91,3 +91,24 @@ def test_train_names_extra_files_by_their_full_path(tmp_path, monkeypatch, capsy
     assert seen["extra"] == [own]  # what the manifest's extra_data names
     words = seen["command"].split()
     assert words[words.index("--extra") + 1] == own
+
+
+def test_data_summary_takes_the_gpu_file_its_error_asks_for(tmp_path, capsys):
+    """A NeuSight CSV of one's own GPU: the error says "give the command --gpu-file FILE", and
+    `kit data summary` had no such option (argparse's "unrecognized arguments")."""
+    from kit.hardware import get_gpu, unregister_gpu
+
+    entry = {**json.loads(json.dumps(get_gpu("p4").__dict__, default=str)), "key": "my-p4x",
+             "name": "My P4X", "aliases": ["My P4X"]}
+    gpu_file = tmp_path / "gpu.json"
+    gpu_file.write_text(json.dumps(entry))
+    csv = tmp_path / "mine.csv"
+    csv.write_text(f"{HEAD}\nlinear,0.5,My P4X,k,1,64,128,256\nbmm,0.25,My P4X,k,2,64,128,256\n")
+    try:
+        assert "--gpu-file" in cli_error(capsys, "data", "summary", "--file", csv)
+        assert main(["data", "summary", "--file", str(csv), "--gpu-file", str(gpu_file), "--json"]) == 0
+        rows = json.loads(capsys.readouterr().out)["rows"]
+        assert sorted((r["op"], r["gpu"], r["n"]) for r in rows) == [("bmm", "my-p4x", 1),
+                                                                     ("linear", "my-p4x", 1)]
+    finally:
+        unregister_gpu("my-p4x")

@@ -10,6 +10,10 @@ SUMMARY_PARTS = ("train-collect", "train", "test", "amd-train-collect", "amd-tra
 def summary(args):
     from kit.data import load_labels, load_measurements, load_neusight
 
+    if args.gpu_file:  # a CSV of a GPU the catalog lacks: its error says to give --gpu-file
+        from kit.hardware import load_gpu_file
+
+        load_gpu_file(args.gpu_file)
     if args.file:
         given = [flag for flag, on in (("--data", args.data), ("--part", args.part)) if on]
         if given:  # they name a NeuSight part; a file is summarised alone (they had been ignored)
@@ -76,6 +80,7 @@ def register(sub):
                    "../shared/data/neusight, else the `kit data fetch` cache)")
     s.add_argument("--part", default=None, choices=SUMMARY_PARTS, help="default train-collect")
     s.add_argument("--file", type=nonempty, metavar="CSV", help="summarise a measurement CSV instead (kit or NeuSight format)")
+    s.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")
     f = add_command(data_sub, "fetch", "download a public data set, pinned and hash-checked", fetch, fetch_text)
     f.add_argument("dataset", choices=["neusight"])
     f.add_argument("--dest", type=nonempty, metavar="DIR", help="where to put it (default: the kit cache)")
