@@ -112,3 +112,19 @@ def test_data_summary_takes_the_gpu_file_its_error_asks_for(tmp_path, capsys):
                                                                      ("linear", "my-p4x", 1)]
     finally:
         unregister_gpu("my-p4x")
+
+
+def test_validate_twin_of_a_skipped_label_is_skipped_for_its_own_reason(tmp_path):
+    """One configuration under two folder names of a GPU (T4/ and Tesla_T4/) is scored once; a
+    twin of a label that was skipped (a model not in the zoo) had been listed as "the same
+    configuration as T4/...: counted once", when neither was counted."""
+    from kit.cli.cmd_validate import validate
+
+    for folder, ms in (("T4", 100.0), ("Tesla_T4", 120.0)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "nosuchmodel-inf-512-8.json").write_text(json.dumps({"e2e_latency": ms}))
+    r = validate(tmp_path)
+    assert r["configs"] == []
+    reasons = {s["label"]: s["reason"] for s in r["skipped"]}
+    assert set(reasons) == {"T4/nosuchmodel-inf-512-8.json", "Tesla_T4/nosuchmodel-inf-512-8.json"}
+    assert all("not in the zoo" in why and "counted once" not in why for why in reasons.values())

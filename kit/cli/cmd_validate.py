@@ -39,7 +39,7 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
     if not files:
         raise KitError(f"no label files under {root} (expected <GPU>/<model>-<train|inf>-<seq>-<batch>.json)")
     configs, skipped = [], []
-    seen: dict = {}  # (gpu, model, mode, seq, batch, option) -> the row of its first label
+    seen: dict = {}  # (gpu, model, mode, seq, batch, option) -> the row of its first scored label
     labelled: set = set()  # the models the readable labels are of (named when none is chosen)
     for f in files:
         label = f.relative_to(root).as_posix()  # the file as the user finds it under --labels
@@ -79,7 +79,6 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             skipped.append({**row, "reason": reason})
             warnings.warn(f"{label}: {reason}")
             continue
-        seen[key] = row
         try:
             model = resolve(lab["model"])
         except KitError:
@@ -102,6 +101,7 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
             row.update(predicted_ms=pred, ape=abs(pred - measured) / measured,
                        **_band(multi["band_ms"], measured),
                        predictor=multi["predictor"], system=multi["system"])
+            seen[key] = row  # once scored: a twin of a skipped label is skipped for its own reason
             configs.append(row)
             continue
         if option and option != "fusion":
@@ -120,6 +120,7 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
         if row["mode"] == "train" and fwd:  # a label without bwall_latency has no measured backward
             row.update(measured_fwd_ms=fwd, predicted_fwd_ms=it.phases_ms.get("fwd"),
                        measured_bwd_ms=bwd or None, predicted_bwd_ms=it.phases_ms.get("bwd"))
+        seen[key] = row
         configs.append(row)
     if len(skipped) == len(files) and all("file" in s for s in skipped):
         first = skipped[0]
