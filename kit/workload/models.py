@@ -20,7 +20,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from kit.errors import KitError, one_line, yes_no
+from kit.errors import KitError, one_line, refuse_device, yes_no
 
 OPTIMIZER_STATE_TENSORS = {"adamw": 2, "adamw-fused": 2, "adam": 2, "sgd": 1, None: 0, "none": 0}
 # the dtypes a whole model is captured in (kit.workload.capture.DTYPE_CHOICES, without torch):
@@ -86,6 +86,7 @@ def _exited(e: SystemExit) -> str:
 def read_config(path: str) -> dict:
     """An HF-style config.json file as a dict (its file name, without .json, names the model)."""
     p = Path(path)
+    refuse_device(p, "model config")  # a .json link to /dev/zero was read to a MemoryError
     try:
         cfg = json.loads(p.read_text())
     except FileNotFoundError:

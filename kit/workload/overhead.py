@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.errors import KitError
+from kit.errors import KitError, refuse_device
 from kit.workload.iteration import CpuOverhead
 
 LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "hipLaunchKernel", "cuLaunchKernel",
@@ -160,6 +160,8 @@ def calibrate(path: str | Path) -> CpuOverhead:
     A trace without kernel launches is refused; one with launches but fewer than two top-level
     cpu_ops on a thread keeps the default per-op cost, and its source says so."""
     path = Path(path)
+    refuse_device(path, "Kineto trace")  # before the archive sniff: zipfile.is_zipfile read
+    # /dev/zero whole (a MemoryError traceback)
     _refuse_archive(path)
     events = _load(path)
     ops = _top_level([e for e in events if e.get("cat") == "cpu_op"])
