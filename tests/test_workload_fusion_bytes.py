@@ -203,3 +203,81 @@ def test_a_returned_tensor_a_later_member_reads_is_still_written():
         fused = [n for n in apply_fusion(g, "compiled").nodes if n.op_class == "fused"]
         assert len(fused) == 1
         assert fused[0].op.bytes == pytest.approx(tensors * one)
+
+
+def test_a_compiled_chain_writes_out_the_grown_dynamic_kv_cache():
+    """A dynamic cache's torch.cat makes the next step's cache: a llama layer reads it only inside
+    its fused [rotary + cat + repeat_kv clone] chain, which had never written it out (llama3-8b,
+    batch 4, context 512, fp32: 84.2 MB a layer, as the static cache, where 101.0 MB move). Every
+    layer, template copies of a replicated capture included, moves the static chain's bytes
+    plus the cache once more: the static chain's reads of the cache after its index_copy_ count
+    as on chip and its in-place write as the whole cache (the two cancel but for a token); the
+    dynamic one reads the old cache and writes the grown one."""
+    from kit.hardware import get_gpu
+    from kit.workload.iteration import iteration
+
+    b, ctx, kv, d = 2, 40, 2, 8
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 8,
+           "num_key_value_heads": kv, "num_hidden_layers": 6, "intermediate_size": 128,
+           "vocab_size": 100, "name": "tiny-llama"}
+    graphs = {k: zoo.graph_for(cfg, batch=b, seq=ctx, mode="decode", dtype="fp32", disk=False,
+                               kv_cache=k) for k in ("static", "dynamic")}
+    assert graphs["dynamic"].meta.get("replicated_from") == 3
+
+    def cache_chain_bytes(g):
+        return {n.layer: n.op.bytes for n in apply_fusion(g, "compiled")
+                if n.op_class == "fused" and "cat" in n.name() and "clone" in n.name()}
+
+    static, dynamic = (cache_chain_bytes(graphs[k]) for k in ("static", "dynamic"))
+    assert sorted(static) == sorted(dynamic) == list(range(6))
+    layer = b * kv * ctx * d * FP32  # one layer's keys before the step
+    # (less the static step's 8-byte cache_pos index, which only the static chain reads)
+    assert all(dynamic[i] - static[i] >= 0.99 * 2 * layer for i in range(6)), (static, dynamic)
+
+    # the step as a whole: compiled, the dynamic cache costs at least its write at peak
+    # bandwidth more than the static one (had cost the same, 20.62 ms); eager keeps its order
+    gpu = get_gpu("h100-sxm")
+    its = {(k, f): iteration(zoo.graph_for("llama3-8b", 4, 512, "decode", "fp32", disk=False,
+                                           kv_cache=k), gpu, fusion=f)
+           for k in ("static", "dynamic") for f in ("eager", "compiled")}
+    written = 32 * 2 * 4 * 8 * 512 * 128 * FP32  # layers x (keys, values) x b x kv x ctx x d
+    assert its["dynamic", "eager"].kernel_ms >= its["static", "eager"].kernel_ms
+    gap = its["dynamic", "compiled"].kernel_ms - its["static", "compiled"].kernel_ms
+    assert gap >= 0.9 * written / gpu.mem_bw_bytes_per_s * 1e3, gap
+
+
+class _ListCacheDecoder(nn.Module):
+    """A user's decoder whose cache grows by torch.cat and is stored back into the cache list it
+    was given (as HF's DynamicCache keeps it), then repeated for its grouped query heads."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.q = nn.Embedding(10, 64), nn.Linear(64, 32)
+        self.kv, self.out = nn.Linear(64, 32), nn.Linear(32, 10)
+
+    def forward(self, ids, cache):
+        b = ids.shape[0]
+        x = self.emb(ids)
+        q = self.q(x).view(b, 1, 4, 8).transpose(1, 2)
+        k, v = self.kv(x).view(b, 1, 2, 16).transpose(1, 2).chunk(2, dim=-1)
+        cache[0] = torch.cat((cache[0], k * 2.0), 2)
+        cache[1] = torch.cat((cache[1], v.contiguous()), 2)
+        kk, vv = (c[:, :, None].expand(b, 2, 2, -1, 8).reshape(b, 4, -1, 8) for c in cache)
+        return self.out(F.scaled_dot_product_attention(q, kk, vv).transpose(1, 2).reshape(b, 1, 32))
+
+    def decode_inputs(self, batch, context):
+        return (torch.zeros(batch, 1, dtype=torch.long),
+                [torch.zeros(batch, 2, context, 8), torch.zeros(batch, 2, context, 8)])
+
+
+def test_a_cache_the_step_leaves_in_its_inputs_is_written_out():
+    """The grown cache a user's decoder stores into its input list outlives the step: its
+    compiled [cat + clone] chain had written only the clones (51,712 of 77,568 bytes out)."""
+    from kit.workload.models import graph_of
+
+    b, ctx = 2, 100
+    g = graph_of(_ListCacheDecoder(), b, ctx, mode="decode", dtype="fp32")
+    [chain] = [n for n in apply_fusion(g, "compiled") if n.op_class == "fused" and "cat" in n.name()]
+    grown = 2 * b * 2 * (ctx + 1) * 8 * FP32  # keys and values: b x 2 heads x ctx + 1 x 8
+    clones = 2 * b * 4 * (ctx + 1) * 8 * FP32  # repeated to 4 heads
+    assert chain.out_bytes >= grown + clones, chain.out_bytes

@@ -43,6 +43,7 @@ from kit.workload.capture_errors import DataDependentCapture, capture_failure  #
 from kit.workload.capture_roots import backward_root, backward_roots, output_tensors, seeds
 from kit.workload.gpu_kernels import GpuKernels
 from kit.workload.graph import Node, OpGraph
+from kit.workload.kv_cache import kept_tensors
 from kit.workload.mapping import nbytes
 from kit.workload.recorder import Recorder, layer_of, storage_key  # noqa: F401
 
@@ -343,10 +344,16 @@ def capture(model: torch.nn.Module, inputs, *, mode: str = "train", optimizer=No
         stack.enter_context(_swapped(model, params, buffers))
         stack.enter_context(hf_compat.answered())
         stack.enter_context(_no_nested_tensors(model))
-        with grad_ctx, GpuKernels(rec), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with grad_ctx, GpuKernels(rec), rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                kept_tensors() as kept:
             out = model(*args, **kwargs)
-            # the tensors the model returns: a fused chain writes them though a member reads them
-            returned = [rec.tensor_ids.get(storage_key(o)) for o in output_tensors(out)]
+            # the tensors the model returns, the grown dynamic KV caches the next decode step
+            # reads (kit.workload.kv_cache), and those the step made and left in its inputs (a
+            # user's cache list it stores its torch.cat into): a fused chain writes them though
+            # a member reads them (a [cat + repeat_kv clone] chain had written only the clones)
+            returned = [rec.tensor_ids.get(storage_key(o)) for o in output_tensors(out) + kept]
+            returned += [i for i in (rec.tensor_ids.get(storage_key(t))
+                                     for t in output_tensors((args, kwargs))) if i is not None and i > 0]
             if train and loss is not None:
                 rec.stack.append("loss")
                 out = loss(backward_root(out))

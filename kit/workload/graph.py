@@ -110,7 +110,8 @@ class OpGraph:
     meta keys (all optional, filled by capture): params (count), param_bytes,
     trainable_param_bytes (the parameters that get gradients and optimizer state), buffer_bytes,
     activation_bytes (peak saved-for-backward estimate), output_tensors (the Region.tensor ids of
-    what the model returns), config (dict), mode ("train" | "inference"), batch, seq, dtype,
+    what the model returns, of the grown dynamic KV caches, and of what the step made and left
+    in its inputs), config (dict), mode ("train" | "inference"), batch, seq, dtype,
     optimizer, n_layers, fusion ("eager" | "compiled").
     """
 

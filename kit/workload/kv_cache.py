@@ -26,6 +26,7 @@ place; dynamic: concatenated, then the oldest dropped), and attention reads `win
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -103,11 +104,31 @@ def check_decode_step(kv_cache, new_tokens: int) -> int:
     return kv_cache[0].context
 
 
+_KEPT: list[list] = []  # kept_tensors' collectors, innermost last
+
+
+@contextmanager
+def kept_tensors():
+    """A list that collects the tensors the step's dynamic caches keep past it (each layer's
+    grown keys and values, which the next step reads), for capture to count as the step's
+    outputs: the model returns only its logits, so a compiled chain that reads the grown cache
+    inside itself (llama's rotary, cat and repeat_kv clone) had never written it out."""
+    got: list = []
+    _KEPT.append(got)
+    try:
+        yield got
+    finally:
+        _KEPT.pop()
+
+
 def cache_update(cache: LayerCache, k, v, cache_pos):
     """This step's keys and values in the cache, and the whole cache to attend over: written
     at `cache_pos` (dim 2) in place, or concatenated onto a dynamic cache."""
     if cache.kind == "dynamic":  # a full window drops its oldest token after: a view, no kernel
-        return torch.cat((cache.keys, k), dim=2), torch.cat((cache.values, v), dim=2)
+        keys, values = torch.cat((cache.keys, k), dim=2), torch.cat((cache.values, v), dim=2)
+        if _KEPT:  # the next step's cache: written out, however the step reads it
+            _KEPT[-1].extend((keys, values))
+        return keys, values
     if cache.sliding:  # shift the full window by one, in place
         keys = torch.cat((cache.keys[:, :, 1:], k), dim=2)
         values = torch.cat((cache.values[:, :, 1:], v), dim=2)

@@ -128,12 +128,16 @@ def expand_layers(small: OpGraph, n_layers: int, first: int = 0) -> OpGraph | No
         return interned.setdefault(r, r)
 
     copied = any(small.nodes[sid].layer == template and layer != template for sid, layer in order)
+    # a tensor the step returns (a layer's grown dynamic KV cache) is returned by every copy
+    returned = set(small.meta.get("output_tensors", ()))
+    copied_returned: set[int] = set()
     writes: list[tuple[Region, ...]] = []
     for sid, layer in order:
         n = small.nodes[sid]
         if copied and n.layer == template and layer != template:
             writes.append(tuple(region(w, new_tensor_id() * (1 if w.tensor > 0 else -1))
                                 for w in n.writes))
+            copied_returned.update(c.tensor for w, c in zip(n.writes, writes[-1]) if w.tensor in returned)
         else:
             writes.append(n.writes)
 
@@ -158,4 +162,7 @@ def expand_layers(small: OpGraph, n_layers: int, first: int = 0) -> OpGraph | No
         nodes.append(Node(k, n.aten, n.op, n.op_class, n.phase, tuple(sorted(set(deps))),
                           _rename(n.module, lay) if lay is not None else n.module, lay,
                           n.out_bytes, n.shapes, n.kernels, (), reads, writes[k]))
-    return OpGraph(tuple(nodes), small.model, dict(small.meta))
+    meta = dict(small.meta)
+    if copied_returned:
+        meta["output_tensors"] = sorted(returned | copied_returned)
+    return OpGraph(tuple(nodes), small.model, meta)
