@@ -29,6 +29,7 @@ SILENT_CATS = {"Trace", "python_function", "gpu_user_annotation", "overhead", "O
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cudaMemcpy",
               "cudaMemcpy2D", "cudaMemset", "cudaStreamQuery_blocking")
+MAX_GPU_ONLY_SPAN_US = 86_400e6  # a day: PyTorch's profiler captures a few steps, seconds long
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
 
@@ -115,13 +116,22 @@ class RankTrace:
         return min(t[0] for t in times), max(t[1] for t in times)
 
 
+# No profiler clock reads past 1e17 µs (3,170 years; Kineto's epoch-based ts is ~1.7e15 µs in
+# 2024): a ts or dur beyond it is malformed, and at that size a float has no µs left (a kernel at
+# ts 1e300 lasting 5 µs ends at 1e300), so it is skipped as a NaN one is
+MAX_TIME_US = 1e17
+
+
 def _num(v):
-    """v as a finite float, else None (a NaN or infinite ts/dur is as good as a missing one)."""
+    """v as a finite float of at most MAX_TIME_US in size, else None (a NaN, infinite or
+    out-of-range ts/dur is as good as a missing one; so is a bool: JSON's true is no 1 µs)."""
+    if isinstance(v, bool):
+        return None
     try:
         x = float(v)
     except (TypeError, ValueError):
         return None
-    return x if math.isfinite(x) else None
+    return x if math.isfinite(x) and abs(x) <= MAX_TIME_US else None
 
 
 def int_or_none(v):
@@ -176,6 +186,9 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     props = doc.get("deviceProperties")
     props = props if isinstance(props, list) else []  # a malformed one names no GPU
     gpu_name = props[0].get("name") if props and isinstance(props[0], dict) else None
+    bad_name = None
+    if gpu_name is not None and not isinstance(gpu_name, str):  # a name of 5 had been shown as
+        bad_name, gpu_name = repr(gpu_name), None  # the GPU "5" and looked up as one
     t = RankTrace(rank=rank, source=source, gpu_name=gpu_name,
                   world_size=_whole(dist.get("world_size")) if isinstance(dist, dict) else None)
     skipped = 0
@@ -226,8 +239,12 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
         t.rank_from = how
         why = "no distributedInfo" if not dist else "distributedInfo has no rank"
         t.notes.insert(0, f"{Path(source).name}: {why}; rank {rank} taken from {how}")
+    if bad_name is not None:
+        t.notes.append(f"rank {rank}: deviceProperties[0].name is {bad_name}, not a GPU name; "
+                       "the rank names no GPU")
     if skipped:
-        t.notes.append(f"skipped {skipped} events with a missing (or non-finite, negative) ts/dur or no name")
+        t.notes.append(f"skipped {skipped} events with a missing (or non-numeric, non-finite, "
+                       "out-of-range, negative) ts/dur or no name")
     if unreplayed:  # another device's events (MTIA's), or kernels without a category: said, not lost
         top = sorted(unreplayed.items(), key=lambda kv: -kv[1])
         t.notes.append(f"rank {rank}: skipped {sum(unreplayed.values()):,} complete events of categories "
@@ -257,6 +274,12 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
         if g is not None:  # a capture without the closing sync, or a stuck kernel: replayed, said
             t.notes.append(f"rank {rank}: GPU event {g.name!r} lasts {g.dur_us:.6g} µs, past the "
                            f"host window profiled ({span:.6g} µs); was the capture cut short?")
+    elif t.gpu:  # GPU events alone: nothing of the host's to hold them against, so a bound
+        first, last = min(g.ts_us for g in t.gpu), max(g.ts_us + g.dur_us for g in t.gpu)
+        if last - first > MAX_GPU_ONLY_SPAN_US:
+            raise KitError(f"{source}: its GPU events (and no host event) span {last - first:.6g} µs "
+                           f"(from ts {first:.6g} to {last:.6g}), more than a day; no profiled "
+                           "capture is that long: the trace is malformed")
     if not t.steps:
         t.notes.append(f"rank {rank}: no ProfilerStep annotation; the whole trace is one step")
     if not t.runtime and not t.gpu and not t.cpu_ops and not t.steps:
@@ -265,7 +288,8 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
             # replayed as 1 rank). Beside events of other categories (another device's) they are
             # not "all" its events: that file stays one the replay cannot read
             raise KitError(f"{source}: no complete ('X') event is usable: all {skipped:,} have "
-                           "a missing, non-finite or negative ts/dur or no name (a malformed trace)")
+                           "a missing, non-numeric, non-finite, out-of-range or negative ts/dur or no name "
+                           "(a malformed trace)")
         raise NotKineto(f"{source}: the trace has no complete ('X') CPU or GPU events of the "
                         "categories a profiler records")
     _check_steps(t, source, recorded)
