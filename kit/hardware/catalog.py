@@ -23,6 +23,19 @@ def _norm(name: str) -> str:
     return _NOT_ALNUM.sub("", name.lower())
 
 
+# the vendor words a driver or exporter may put before a GPU's name, or leave out: nvidia-smi
+# and Kineto say "NVIDIA V100-SXM2-32GB" where older drivers said "Tesla V100-SXM2-32GB"
+_VENDOR_PREFIX = re.compile(r"^\s*(?:nvidia|tesla)(?=[^a-z0-9]|$)[^a-z0-9]*", re.I)
+
+
+def _bare(name: str) -> str:
+    """_norm of name without its leading NVIDIA/Tesla words: 'NVIDIA Tesla V100-SXM2-32GB' and
+    'Tesla V100-SXM2-32GB' -> 'v100sxm232gb'."""
+    while (m := _VENDOR_PREFIX.match(name)) and m.end():
+        name = name[m.end():]
+    return _norm(name)
+
+
 def _read_entries(path: Path) -> list[dict]:
     refuse_device(path, "GPU file")
     try:
@@ -70,13 +83,28 @@ def _index(generation: int) -> dict[str, str]:
     """Normalised key/name/alias -> key. Built from the raw entries, so looking one GPU up does not
     validate all 33 (a fresh process's first collective prediction: 3.4 -> 1.6 ms)."""
     index: dict[str, str] = {}
+    for name, key in _names():
+        index.setdefault(_norm(name), key)
+    return index
+
+
+def _names() -> list[tuple[str, str]]:
+    """(key, name or alias, as written; its GPU's key) of every GPU known, built-in ones first."""
     names = [(e["key"], e.get("name", ""), *e.get("aliases", ())) for e in _builtin_entries().values()]
     names += [(g.key, g.name, *g.aliases) for g in _user_gpus.values()]
-    for key, *rest in names:
-        for name in (key, *rest):
-            if name:
-                index.setdefault(_norm(name), key)
-    return index
+    return [(name, key) for key, *rest in names for name in (key, *rest) if name]
+
+
+@lru_cache(maxsize=4)
+def _bare_index(generation: int) -> dict[str, str | None]:
+    """_bare(key/name/alias) -> key, for names the exact index lacks; None where two GPUs' names
+    share a bare form (neither is taken: an unrelated GPU is never found by a stripped name)."""
+    bare: dict[str, str | None] = {}
+    for name, key in _names():
+        b = _bare(name)
+        if b:
+            bare[b] = key if bare.get(b, key) == key else None
+    return bare
 
 
 _generation = [0]
@@ -147,6 +175,8 @@ def get_gpu(name: str | GPU) -> GPU:
     if not isinstance(name, str) or not name.strip():
         raise KitError(f"GPU name must be a non-empty string, got {name!r}")
     key = _index(_generation[0]).get(_norm(name))
+    if key is None and _bare(name):  # "NVIDIA V100-SXM2-32GB": the catalog knows "Tesla V100-..."
+        key = _bare_index(_generation[0]).get(_bare(name))
     if key is None:
         raise KitError(f"unknown GPU {name!r}; close matches: {', '.join(close_matches(name))}"
                        " (`kit gpus` lists all)")
