@@ -36,9 +36,21 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
     if not root.is_dir():
         raise KitError(f"label directory {'is a file, not a folder' if root.exists() else 'not found'}: {root}")
     files = sorted(root.glob("*/*.json"))
+    # JSON at another depth (label/x.json, label/GPU/sub/x.json) is no label of a GPU folder:
+    # listed as skipped, not passed over unsaid
+    astray = sorted(f for f in root.rglob("*.json") if len(f.relative_to(root).parts) != 2 and f.is_file())
     if not files:
-        raise KitError(f"no label files under {root} (expected <GPU>/<model>-<train|inf>-<seq>-<batch>.json)")
+        seen = (f"; {len(astray)} JSON file(s) at another depth, e.g. "
+                f"{astray[0].relative_to(root).as_posix()}" if astray else "")
+        raise KitError(f"no label files under {root} (expected <GPU>/<model>-<train|inf>-<seq>-<batch>.json)"
+                       + seen)
     configs, skipped = [], []
+    for f in astray:
+        depth = len(f.relative_to(root).parts) - 1
+        where = "in the label folder itself" if depth == 0 else f"{depth} folders deep"
+        skipped.append({"file": str(f), "label": f.relative_to(root).as_posix(),
+                        "reason": f"not read as a label: it is {where}, and labels are "
+                        "<GPU>/<model>-<train|inf>-<seq>-<batch>.json, one folder deep"})
     seen: dict = {}  # (gpu, model, mode, seq, batch, option) -> the row of its first scored label
     labelled: set = set()  # the models the readable labels are of (named when none is chosen)
     for f in files:
@@ -122,8 +134,8 @@ def validate(labels_dir, predictor: str = "auto", models=None, gpus=None) -> dic
                        measured_bwd_ms=bwd or None, predicted_bwd_ms=it.phases_ms.get("bwd"))
         seen[key] = row
         configs.append(row)
-    if len(skipped) == len(files) and all("file" in s for s in skipped):
-        first = skipped[0]
+    if len(skipped) == len(files) + len(astray) and all("file" in s for s in skipped):
+        first = next(s for s in skipped if Path(s["file"]) in files)  # an unreadable label, not a stray
         raise KitError(f"none of the {len(files)} label file(s) under {root} could be read; "
                        f"{first['file']}: {first['reason']}")
     if models and labelled and not any(_zoo_name(m) in models for m in labelled):
