@@ -96,7 +96,15 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
     except (OSError, EOFError) as e:  # a .gz that is not gzip, or is cut short
         raise KitError(f"cannot read {path}: {e}") from None
     neusight = any(c in header for c in NEUSIGHT_COLUMNS) and "op" not in header
-    if neusight:  # read_neusight_csv names a missing OPName, Latency or Device
+    if neusight and not all(c in header for c in NEUSIGHT_COLUMNS):
+        # some of NeuSight's columns, not all: a table of its own (NeuSight's fp16mm.csv has
+        # B, M, N, K, Latency, pred, err and no OPName or Device), not a measurement CSV: a
+        # folder's reader skips it and says so, as it does other CSVs
+        missing = [c for c in NEUSIGHT_COLUMNS if c not in header]
+        raise NotMeasurementCSV(f"{path}: not a measurement CSV: it has {', '.join(c for c in NEUSIGHT_COLUMNS if c in header)} "
+                                f"but not {', '.join(missing)} of NeuSight's columns ({', '.join(NEUSIGHT_COLUMNS)}), "
+                                f"nor the kit schema's {', '.join(('op', 'latency_ms'))}")
+    if neusight:
         split = "test" if "test" in path.parts else "train"
         return from_neusight(read_neusight_csv(path), f"neusight:{path.name}", split)
     needed = ("op", "latency_ms")
