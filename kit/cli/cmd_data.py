@@ -58,9 +58,11 @@ def fetch(args):
 
 
 def fetch_text(r):
+    import shlex  # a folder with a space is one word to the shell
+
     return (f"NeuSight @ {r['commit'][:12]}: {r['files']} files in {r['dest']} "
             f"({r['downloaded']} downloaded, {r['verified']} already there and verified)\n"
-            f"use it with: export KIT_DATA={r['dest']}")
+            f"use it with: export KIT_DATA={shlex.quote(r['dest'])}")
 
 
 def _need_action(args):

@@ -175,7 +175,8 @@ def _fetch_into(dest: Path, force: bool, base_url: str, manifest: dict, opener,
             bar.update(int(entry.get("bytes", 0)))
     if bar is not None:
         bar.close()
-    return {"dest": str(dest), "commit": manifest.get("commit", NEUSIGHT_COMMIT),
+    # absolute: `export KIT_DATA=ds` printed for --dest ds worked only from the folder it ran in
+    return {"dest": os.path.abspath(dest), "commit": manifest.get("commit", NEUSIGHT_COMMIT),
             "files": len(files), "downloaded": downloaded, "verified": verified}
 
 
