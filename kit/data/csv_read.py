@@ -1,6 +1,8 @@
 """pandas.read_csv for measurement files, strict about rows longer than the header."""
 from __future__ import annotations
 
+import csv
+import gzip
 import re
 import warnings
 
@@ -31,3 +33,26 @@ def read_csv_strict(source, where: str, **kw) -> pd.DataFrame:
     if twice:
         raise KitError(f"{where}: column(s) {', '.join(twice)} appear twice in the header; give each once")
     return frame
+
+
+def data_line(path, i: int) -> int:
+    """The line of the CSV at path on which its data row i (0-based, as pandas reads the file)
+    begins: pandas skips blank (or blank-looking, spaces and tabs alone) lines, so "row + 2" had
+    named line 4 for the bad row on line 6 of a file with two blank lines. Only an error message
+    needs it: the file is read again here, row by row (a quoted field over several lines counts
+    them all). A file that cannot be read again falls back to i + 2."""
+    try:
+        opener = gzip.open if str(path).endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
+            reader = csv.reader(f)
+            end, row = 0, -1  # the last line read; the header is row -1
+            for fields in reader:
+                start, end = end + 1, reader.line_num
+                if not fields or (len(fields) == 1 and not fields[0].strip(" \t")):
+                    continue  # what pandas skips
+                if row == i:
+                    return start
+                row += 1
+    except (OSError, EOFError, csv.Error, ValueError):
+        pass
+    return i + 2

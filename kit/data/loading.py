@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kit.data import schema
-from kit.data.csv_read import read_csv_strict
+from kit.data.csv_read import data_line, read_csv_strict
 from kit.data.neusight import NEUSIGHT_COLUMNS, from_neusight, read_neusight_csv
 from kit.errors import KitError, need_path
 
@@ -44,7 +44,10 @@ def _read_schema_csv(path: Path) -> pd.DataFrame:
         last = data[data.rfind(b"\n") + 1:]
         fields = next(csv.reader([last.decode("utf-8", "replace")]), [])
         # the file's own header, not the schema's: a file of some of the columns is read too
-        head = data[:data.find(b"\n")].decode("utf-8-sig", "replace")
+        start = 0  # its first line that is not blank (pandas skips those)
+        while not data[start:data.find(b"\n", start)].strip(b" \t\r") and data.find(b"\n", start) >= 0:
+            start = data.find(b"\n", start) + 1
+        head = data[start:data.find(b"\n", start)].decode("utf-8-sig", "replace")
         header = next(csv.reader([head.rstrip("\r")]), [])
         if len(fields) < len(header):  # an unfinished line from a killed writer
             data = data[:data.rfind(b"\n") + 1]
@@ -90,7 +93,10 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
         opener = gzip.open if is_gzip(path) else open
         # utf-8-sig: a BOM (Excel's "CSV UTF-8") is no part of the first column's name
         with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
-            header = next(csv.reader([f.readline()]), [])
+            line = f.readline()
+            while line and not line.strip(" \t\r\n"):  # blank lines before it: pandas skips them too
+                line = f.readline()
+            header = next(csv.reader([line]), [])
     except UnicodeDecodeError:
         raise KitError(f"{path} is not a text CSV") from None
     except (OSError, EOFError) as e:  # a .gz that is not gzip, or is cut short
@@ -101,9 +107,9 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
         # B, M, N, K, Latency, pred, err and no OPName or Device), not a measurement CSV: a
         # folder's reader skips it and says so, as it does other CSVs
         missing = [c for c in NEUSIGHT_COLUMNS if c not in header]
-        raise NotMeasurementCSV(f"{path}: not a measurement CSV: it has {', '.join(c for c in NEUSIGHT_COLUMNS if c in header)} "
-                                f"but not {', '.join(missing)} of NeuSight's columns ({', '.join(NEUSIGHT_COLUMNS)}), "
-                                f"nor the kit schema's {', '.join(('op', 'latency_ms'))}")
+        raise NotMeasurementCSV(f"{path}: not a measurement CSV: missing column(s) {', '.join(missing)} "
+                                f"of NeuSight's ({', '.join(NEUSIGHT_COLUMNS)}), and op, latency_ms of "
+                                "the kit schema's")
     if neusight:
         split = "test" if "test" in path.parts else "train"
         return from_neusight(read_neusight_csv(path), f"neusight:{path.name}", split)
@@ -120,7 +126,7 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
     if not known.all():  # name the line of the first op the schema lacks
         i = int(np.flatnonzero(~known.to_numpy())[0])
         op = raw["op"].iloc[i]
-        raise KitError(f"{path}:{i + 2}: " + ("op is empty" if pd.isna(op) else
+        raise KitError(f"{path}:{data_line(path, i)}: " + ("op is empty" if pd.isna(op) else
                        f"unknown op {op!r}: the schema knows {', '.join(schema.OPS)}"))
     if "op_class" not in raw or raw["op_class"].isna().any():
         info = schema.op_columns(raw["op"].astype("str"))
@@ -157,7 +163,7 @@ def check_times(frame: pd.DataFrame, where: str, lines: bool = True,
         if wrong.any():
             i = int(np.flatnonzero(wrong.to_numpy())[0])
             shown = raw if raw is not None and col in raw else frame
-            row = f"row {i + 2}" if lines else f"the row at index {frame.index[i]!r}"
+            row = f"row {data_line(where, i)}" if lines else f"the row at index {frame.index[i]!r}"
             raise KitError(f"{where}: {col} must be a positive number; {row} has "
                            f"{str(shown[col].iloc[i])!r} (the least taken is {MIN_TIME_MS:g} ms)")
 
@@ -206,7 +212,7 @@ def checked_table(raw: pd.DataFrame, where: str, lines: bool = True) -> pd.DataF
             is_bool = raw[col].map(lambda v: isinstance(v, (bool, np.bool_))).astype(bool)
             if is_bool.any():
                 i = int(np.flatnonzero(is_bool.to_numpy())[0])
-                row = f"row {i + 2}" if lines else f"the row at index {raw.index[i]!r}"
+                row = f"row {data_line(where, i)}" if lines else f"the row at index {raw.index[i]!r}"
                 raise KitError(f"{where}: {col} must be a positive number; {row} has a bool "
                                f"({raw[col].iloc[i]!r})")
     frame = schema.conform(raw, where if lines else "")

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from kit.data import schema
-from kit.data.csv_read import read_csv_strict
+from kit.data.csv_read import data_line, read_csv_strict
 from kit.errors import KitError, need_path
 
 NEUSIGHT_COLUMNS = ("OPName", "Latency", "Device")  # how a NeuSight CSV is recognised
@@ -115,19 +115,19 @@ def read_neusight_csv(path: Path) -> pd.DataFrame:
     except (OSError, EOFError, zlib.error) as e:  # a .gz whose header line read whole, cut short later
         raise KitError(f"cannot read {path}: {e}") from None
     if raw["OPName"].isna().any():
-        raise KitError(f"{_where(raw.assign(_file=str(path), _line=raw.index + 2), raw['OPName'].isna())}: "
+        raise KitError(f"{_where(raw.assign(_file=str(path), _row=np.arange(len(raw))), raw['OPName'].isna())}: "
                        "OPName is empty")
     for op in pd.unique(raw["OPName"]):
         try:
             op_class = schema.op_info(str(op).strip())[0]
         except KitError as e:  # name the first row of the unknown op
-            line = int(np.flatnonzero((raw["OPName"] == op).to_numpy())[0]) + 2
+            line = data_line(path, int(np.flatnonzero((raw["OPName"] == op).to_numpy())[0]))
             raise KitError(f"{path}:{line}: {e}") from None
         needed = [c for c in _required_dims(op_class) if c not in raw.columns]
         if needed:
             raise KitError(f"{path}: {op} rows need column(s) {', '.join(needed)}; the file has "
                            f"{', '.join(map(str, raw.columns))}")
-    return raw.assign(_file=str(path), _line=np.arange(2, len(raw) + 2), _path_version=_version_from_path(path))
+    return raw.assign(_file=str(path), _row=np.arange(len(raw)), _path_version=_version_from_path(path))
 
 
 def _required_dims(op_class: str) -> tuple[str, ...]:
@@ -144,9 +144,9 @@ def _version_from_path(path: Path) -> str | float:
 
 
 def _where(raw: pd.DataFrame, bad: pd.Series) -> str:
-    """'file:line' of the first row flagged in bad."""
+    """'file:line' of the first row flagged in bad (_row: its row in its own file)."""
     i = int(np.flatnonzero(bad.to_numpy())[0])
-    return f"{raw['_file'].iloc[i]}:{raw['_line'].iloc[i]}"
+    return f"{raw['_file'].iloc[i]}:{data_line(raw['_file'].iloc[i], int(raw['_row'].iloc[i]))}"
 
 
 # Bounds on a measured shape, far past any real measurement (NeuSight's largest: a dimension of

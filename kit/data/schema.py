@@ -59,6 +59,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from kit.data.csv_read import data_line
 from kit.errors import KitError
 
 # the shortest time a measurement may hold, ms: 1 ns, a thousandth of the shortest kernel a GPU
@@ -223,7 +224,7 @@ def conform(frame: pd.DataFrame, where: str = "") -> pd.DataFrame:
                 out[col] = values.astype("str").where(values.notna(), np.nan)
         except (ValueError, TypeError):
             i, bad = _first_bad(values, dtype)
-            at = f"{where}:{i + 2}: " if where else f"row {i}: " if i is not None else ""
+            at = f"{where}:{data_line(where, i)}: " if where else f"row {i}: " if i is not None else ""
             raise KitError(f"{at}column {col!r} must hold {KINDS[dtype]}, got {bad!r}") from None
     return pd.DataFrame(out, index=frame.index)
 
@@ -290,7 +291,7 @@ def check_rows(frame: pd.DataFrame, where: str, lines: bool = True) -> None:
 
     def first(bad: pd.Series) -> tuple[str, int]:
         i = int(np.flatnonzero(bad.to_numpy(dtype=bool))[0])
-        return (f"{where}:{i + 2}" if lines else f"{where}, the row at index {frame.index[i]!r}"), i
+        return (f"{where}:{data_line(where, i)}" if lines else f"{where}, the row at index {frame.index[i]!r}"), i
 
     cls = op_columns(frame["op"].astype("str"))["op_class"]
     bad = (frame["op_class"] != cls).fillna(True)
