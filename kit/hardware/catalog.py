@@ -165,7 +165,8 @@ def _checked(gpu: GPU) -> GPU:
 
 
 def get_gpu(name: str | GPU) -> GPU:
-    """Look a GPU up by key, name or alias, ignoring case and punctuation.
+    """Look a GPU up by key, name or alias, ignoring case and punctuation, and with or without
+    the NVIDIA/Tesla words before it where no other GPU's name reads the same without them.
 
     >>> get_gpu("NVIDIA H100 80GB HBM3").key
     'h100-sxm'
