@@ -42,6 +42,13 @@ def test_gpu_events_alone_spanning_more_than_a_day_are_one_error(tmp_path, event
         replay(write(tmp_path, events))
 
 
+def test_host_events_without_a_step_spanning_more_than_a_day_are_one_error(tmp_path):
+    cpu = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1e16, "pid": 1, "tid": 1,
+           "args": {}}  # had measured a step of 1e13 ms
+    with pytest.raises(KitError, match="span .* no ProfilerStep .* more than a day"):
+        replay(write(tmp_path, [kernel(0, 10), cpu]))
+
+
 def test_measured_step_of_gpu_events_alone_stays_their_span(tmp_path):
     # the bound leaves real GPU-only captures alone: two kernels 10 us apart, 3 us each
     r = replay(write(tmp_path, [kernel(1.7e15, 3), kernel(1.7e15 + 10, 3, "k2")])).to_dict()

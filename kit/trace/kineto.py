@@ -29,7 +29,7 @@ SILENT_CATS = {"Trace", "python_function", "gpu_user_annotation", "overhead", "O
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cudaMemcpy",
               "cudaMemcpy2D", "cudaMemset", "cudaStreamQuery_blocking")
-MAX_GPU_ONLY_SPAN_US = 86_400e6  # a day: PyTorch's profiler captures a few steps, seconds long
+MAX_UNSTEPPED_SPAN_US = 86_400e6  # a day: PyTorch's profiler captures a few steps, seconds long
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
 
@@ -274,12 +274,14 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
         if g is not None:  # a capture without the closing sync, or a stuck kernel: replayed, said
             t.notes.append(f"rank {rank}: GPU event {g.name!r} lasts {g.dur_us:.6g} µs, past the "
                            f"host window profiled ({span:.6g} µs); was the capture cut short?")
-    elif t.gpu:  # GPU events alone: nothing of the host's to hold them against, so a bound
-        first, last = min(g.ts_us for g in t.gpu), max(g.ts_us + g.dur_us for g in t.gpu)
-        if last - first > MAX_GPU_ONLY_SPAN_US:
-            raise KitError(f"{source}: its GPU events (and no host event) span {last - first:.6g} µs "
-                           f"(from ts {first:.6g} to {last:.6g}), more than a day; no profiled "
-                           "capture is that long: the trace is malformed")
+    if not t.steps and (t.gpu or host):  # the whole trace is the step measured: GPU events alone
+        # have nothing of the host's to hold them against, nor host events without a step
+        # (a cpu_op of 1e16 µs had measured a 1e13 ms step)
+        first, last = t.window_us()
+        if last - first > MAX_UNSTEPPED_SPAN_US:
+            raise KitError(f"{source}: its events span {last - first:.6g} µs (from ts {first:.6g} to "
+                           f"{last:.6g}) and no ProfilerStep frames a step: more than a day, which "
+                           "no profiled capture is; the trace is malformed")
     if not t.steps:
         t.notes.append(f"rank {rank}: no ProfilerStep annotation; the whole trace is one step")
     if not t.runtime and not t.gpu and not t.cpu_ops and not t.steps:
