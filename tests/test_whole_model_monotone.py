@@ -65,3 +65,23 @@ def test_a_static_cache_is_no_slower_than_a_dynamic_one_compiled():
     assert static.total_ms <= dynamic.total_ms, (static.total_ms, dynamic.total_ms)
     assert static.kernel_ms <= dynamic.kernel_ms
     assert static.timeline["kernels"].sum() <= dynamic.timeline["kernels"].sum()
+
+
+class LossKeptAsOne(nn.Module):  # HF-style (loss, logits), the loss kept with dims
+    def __init__(self, shape):
+        super().__init__()
+        self.l, self.shape = nn.Linear(16, 64), shape
+
+    def forward(self, x, y):
+        logits = self.l(x)
+        return nn.functional.cross_entropy(logits, y).reshape(self.shape), logits
+
+
+def test_a_loss_with_dims_still_covers_the_logits_it_was_computed_from():
+    """A (1,) or (1, 1) loss beside its logits: the logits take their gradient through it, as
+    beside a 0-dim loss. Taken for a batch of one, it had left the logits a seed of their own,
+    and the backward summed the two gradients (an add of the logits' size, 46% more bytes)."""
+    x, y = torch.randn(8, 16), torch.randint(0, 64, (8,))
+    scalar = [n for n in _bwd(capture(LossKeptAsOne(()), (x, y), mode="train")) if n != "ones_like"]
+    for shape in ((1,), (1, 1)):
+        assert _bwd(capture(LossKeptAsOne(shape), (x, y), mode="train")) == scalar, shape

@@ -2,14 +2,15 @@
 
 The capture has no loss of the user's, so it gives a gradient to every floating output that
 requires grad, as a loss over all of them would (BERT's two pretraining heads; a VAE's
-reconstruction beside its KL term), with one exception: an output that a scalar output was
-computed from takes its gradient through that scalar. A scalar output, a 0-dim tensor, is a loss
+reconstruction beside its KL term), with one exception: an output that a one-element output
+was computed from takes its gradient through it (a loss of shape (1,) as much as a 0-dim one). A scalar output, a 0-dim tensor, is a loss
 (HF's {"loss", "logits"}, a MoE's auxiliary loss, a VAE's KL term: each a reduction to 0 dims) and
 starts the backward with the seed 1 (torch's ones_like fill); the logits beside HF's loss are
 upstream of it, so they get no seed of their own. A one-element output with dimensions is a batch
 of one (DLRM's (batch, 1) click probability at batch 1), seeded as at any other batch: taken for a
 loss, it had added the seed's fill kernel at batch 1 alone, and DLRM's bf16 training step on an
-H100 came out 3.6956 ms at batch 1, 0.3% over batch 2's 3.6836. Each autograd
+H100 came out 3.6956 ms at batch 1, 0.3% over batch 2's 3.6836 (a (1,) loss is seeded so too:
+one fill kernel less than torch's backward runs). Each autograd
 node still runs once: torch sums the gradients that reach a node before it runs.
 """
 from __future__ import annotations
@@ -85,12 +86,16 @@ def backward_roots(output) -> list:
     """The roots for torch.autograd.backward: every scalar output, and every other floating
     output requiring grad that no scalar output was computed from (module docstring)."""
     outputs = grad_outputs(output) or [backward_root(output)]  # none: the error naming it
-    scalars = [t for t in outputs if is_loss(t)]
+    # any one-element output covers the outputs it was computed from, whatever its dims: a
+    # loss kept as (1,) (loss.unsqueeze(0), a keepdim mean) beside its logits had left the
+    # logits a seed of their own, their gradient summed with the loss's (a (512, 32000) fp32
+    # cross-entropy step's backward 426.6 -> 623.3 MB). Only its seed depends on the dims (seeds)
+    scalars = [t for t in outputs if t.numel() == 1]
     held: list = []
     covered = _upstream(scalars, held) if scalars else set()
     edges = [torch.autograd.graph.get_gradient_edge(t) for t in outputs]
     roots = [t for t, e in zip(outputs, edges)
-             if is_loss(t) or (id(e.node), e.output_nr) not in covered]
+             if t.numel() == 1 or (id(e.node), e.output_nr) not in covered]
     return roots
 
 
