@@ -281,3 +281,63 @@ def test_a_cache_the_step_leaves_in_its_inputs_is_written_out():
     grown = 2 * b * 2 * (ctx + 1) * 8 * FP32  # keys and values: b x 2 heads x ctx + 1 x 8
     clones = 2 * b * 4 * (ctx + 1) * 8 * FP32  # repeated to 4 heads
     assert chain.out_bytes >= grown + clones, chain.out_bytes
+
+class StaticCache(nn.Module):
+    """A decode step's static KV cache: the new token's k written in place, one row of 2,048."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(4, 12, 2048, 64))
+        self.proj = nn.Linear(768, 768)
+
+    def forward(self, x, pos):
+        k = torch.relu(self.proj(x)).view(4, 1, 12, 64).transpose(1, 2)
+        self.k.index_copy_(2, pos, k)
+        return self.k[:, :, :8].sum()
+
+
+def test_a_fused_index_copy_writes_its_rows_not_its_whole_target():
+    """Compiled, the index_copy_ joins the chain that makes its rows; the chain had been charged
+    the whole 25 MB cache written (its region) for 12 kB of new rows."""
+    g = capture(StaticCache(), (torch.empty(4, 1, 768), torch.tensor([5])), mode="inference")
+    compiled = apply_fusion(g, "compiled")
+    [store] = [n for n in compiled if "index_copy_" in n.aten]
+    assert store.op_class == "fused" and "relu" in store.aten  # the producer of its rows fused
+    alone = {n.id: n for n in g.nodes}
+    members = sum(float(alone[m].op.bytes) for m in store.members)
+    assert store.op.bytes <= members * (1 + 1e-12), (store.op.bytes, members)
+    assert store.op.bytes < 4 * 12 * 2048 * 64 * FP32 / 100
+
+
+class MoECombine(nn.Module):
+    """out = 0; out.index_add_(0, token, gate * expert output); then a sum over out."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Linear(D, D)
+
+    def forward(self, x, idx, gate):
+        y = self.w(x.index_select(0, idx)) * gate[:, None]
+        out = torch.zeros_like(x)
+        out.index_add_(0, idx, y)
+        return out.sum()
+
+
+def test_an_indexed_store_does_not_fuse_with_its_targets_fill_or_its_readers():
+    """An index_add_ into zeros runs after the kernel that zeroes its target and before the one
+    that reads it (Inductor runs them as kernels of their own). One chain [mul, zeros_like,
+    index_add_, sum] had been charged 12.7 MB for a step that writes the zeros, reads the
+    8 MB of expert rows and reads the result back: at least 16.8 MB."""
+    k = 2
+    g = capture(MoECombine(), (torch.empty(T, D), torch.randint(0, T, (T * k,)), torch.empty(T * k)),
+                mode="inference")
+    compiled = apply_fusion(g, "compiled")
+    alone = {n.id: n for n in g.nodes}
+    for n in compiled:
+        names = [alone[m].name() for m in (n.members or (n.id,))]
+        if "index_add_" in names:
+            assert not {"zeros_like", "sum"} & set(names), names
+    moved = sum(float(n.op.bytes) for n in compiled if n.op_class not in ("gemm", "indexing")
+                or "index_add" in n.aten)
+    out, rows = T * D * FP32, T * k * D * FP32
+    assert moved >= out + rows + out, (moved, out + rows + out)
