@@ -141,6 +141,33 @@ def test_the_dominating_gpu_sheds_its_training_siblings_floor():
         assert (stream[0] <= stream[1] * (1 + 1e-9)).all()
 
 
+def test_a_copy_of_a_gpu_under_a_new_key_keeps_the_floor_order(monkeypatch):
+    """A --gpu-file's copy of the H100 PCIe under a new key dominates the H100 PCIe and is
+    dominated by it: read as 'dominates none', neither had been the bottom of the order, so the
+    H100 SXM and the H200 above them had shed their own floors (12.74 and 11.74 us) under the
+    13.99 us that the H100 PCIe sheds, and a kernel capped at its time came out slower on them
+    in the stream."""
+    from kit.hardware.catalog import register_gpu
+    from kit.predict.tile_mlp import TilePredictor
+    from kit.workload.kernel_times import in_stream_ms, isolation_floor_ms
+
+    monkeypatch.setattr("kit.hardware.catalog._user_gpus", {})
+    pcie = get_gpu("h100-pcie")
+    register_gpu(replace(pcie, key="my-h100-pcie", name="My H100 PCIe copy", aliases=()))
+    tp = TilePredictor.shipped()
+    ops = [Elementwise("add", 1 << n, "fp32", inputs=2) for n in (4, 12, 17, 22)] + [
+        Gemm(8, 2048, 512, kind="linear", shared_rhs=True), LayerNorm(64, 1024, "fp32"), Softmax(256, 512, "fp32")]
+    stream = {}
+    for g in ("h100-pcie", "my-h100-pcie", "h100-sxm", "h200"):
+        p = tp.predict(ops, g)
+        stream[g] = in_stream_ms(p.latency_ms.to_numpy(), p.roofline_ms.to_numpy(), isolation_floor_ms(tp, get_gpu(g)))
+    for gpu, below in (("h100-sxm", "h100-pcie"), ("h100-sxm", "my-h100-pcie"), ("h200", "h100-pcie"),
+                       ("h100-pcie", "my-h100-pcie"), ("my-h100-pcie", "h100-pcie")):
+        assert dominates(get_gpu(gpu), get_gpu(below))
+        assert isolation_floor_ms(tp, get_gpu(gpu)) >= isolation_floor_ms(tp, get_gpu(below)) * (1 - 1e-12), (gpu, below)
+        assert (stream[gpu] <= stream[below] * (1 + 1e-9)).all(), (gpu, below)
+
+
 def test_the_band_is_bounded_too():
     """Capped, an op had kept its own wider band: gpt2's step the same 5.7 ms on both A100s, its
     p90 7.7 ms on the SXM4 against 5.8 on the PCIe card."""
