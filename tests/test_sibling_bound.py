@@ -156,15 +156,18 @@ def test_a_copy_of_a_gpu_under_a_new_key_keeps_the_floor_order(monkeypatch):
     register_gpu(replace(pcie, key="my-h100-pcie", name="My H100 PCIe copy", aliases=()))
     tp = TilePredictor.shipped()
     ops = [Elementwise("add", 1 << n, "fp32", inputs=2) for n in (4, 12, 17, 22)] + [
-        Gemm(8, 2048, 512, kind="linear", shared_rhs=True), LayerNorm(64, 1024, "fp32"), Softmax(256, 512, "fp32")]
+        Gemm(8, 2048, 512, kind="linear", shared_rhs=True), LayerNorm(64, 1024, "fp32"),
+        Softmax(256, 512, "fp32")]
     stream = {}
     for g in ("h100-pcie", "my-h100-pcie", "h100-sxm", "h200"):
         p = tp.predict(ops, g)
-        stream[g] = in_stream_ms(p.latency_ms.to_numpy(), p.roofline_ms.to_numpy(), isolation_floor_ms(tp, get_gpu(g)))
+        floor = isolation_floor_ms(tp, get_gpu(g))
+        stream[g] = in_stream_ms(p.latency_ms.to_numpy(), p.roofline_ms.to_numpy(), floor)
     for gpu, below in (("h100-sxm", "h100-pcie"), ("h100-sxm", "my-h100-pcie"), ("h200", "h100-pcie"),
                        ("h100-pcie", "my-h100-pcie"), ("my-h100-pcie", "h100-pcie")):
         assert dominates(get_gpu(gpu), get_gpu(below))
-        assert isolation_floor_ms(tp, get_gpu(gpu)) >= isolation_floor_ms(tp, get_gpu(below)) * (1 - 1e-12), (gpu, below)
+        mine, theirs = (isolation_floor_ms(tp, get_gpu(g)) for g in (gpu, below))
+        assert mine >= theirs * (1 - 1e-12), (gpu, below, mine, theirs)
         assert (stream[gpu] <= stream[below] * (1 + 1e-9)).all(), (gpu, below)
 
 

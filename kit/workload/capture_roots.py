@@ -3,15 +3,16 @@
 The capture has no loss of the user's, so it gives a gradient to every floating output that
 requires grad, as a loss over all of them would (BERT's two pretraining heads; a VAE's
 reconstruction beside its KL term), with one exception: an output that a one-element output
-was computed from takes its gradient through it (a loss of shape (1,) as much as a 0-dim one). A scalar output, a 0-dim tensor, is a loss
-(HF's {"loss", "logits"}, a MoE's auxiliary loss, a VAE's KL term: each a reduction to 0 dims) and
-starts the backward with the seed 1 (torch's ones_like fill); the logits beside HF's loss are
-upstream of it, so they get no seed of their own. A one-element output with dimensions is a batch
-of one (DLRM's (batch, 1) click probability at batch 1), seeded as at any other batch: taken for a
-loss, it had added the seed's fill kernel at batch 1 alone, and DLRM's bf16 training step on an
-H100 came out 3.6956 ms at batch 1, 0.3% over batch 2's 3.6836 (a (1,) loss is seeded so too:
-one fill kernel less than torch's backward runs). Each autograd
-node still runs once: torch sums the gradients that reach a node before it runs.
+was computed from takes its gradient through it (a loss of shape (1,) as much as a 0-dim one).
+A scalar output, a 0-dim tensor, is a loss (HF's {"loss", "logits"}, a MoE's auxiliary loss, a
+VAE's KL term: each a reduction to 0 dims) and starts the backward with the seed 1 (torch's
+ones_like fill); the logits beside HF's loss are upstream of it, so they get no seed of their
+own. A one-element output with dimensions is a batch of one (DLRM's (batch, 1) click
+probability at batch 1), seeded as at any other batch: taken for a loss, it had added the seed's
+fill kernel at batch 1 alone, and DLRM's bf16 training step on an H100 came out 3.6956 ms at
+batch 1, 0.3% over batch 2's 3.6836 (a (1,) loss is seeded so too: one fill kernel less than
+torch's backward runs). Each autograd node still runs once: torch sums the gradients that reach
+a node before it runs.
 """
 from __future__ import annotations
 
