@@ -156,6 +156,7 @@ def test_a_copy_of_a_gpu_under_a_new_key_keeps_the_floor_order(monkeypatch):
     register_gpu(replace(pcie, key="my-h100-pcie", name="My H100 PCIe copy", aliases=()))
     tp = TilePredictor.shipped()
     ops = [Elementwise("add", 1 << n, "fp32", inputs=2) for n in (4, 12, 17, 22)] + [
+<<<<<<< HEAD
         Gemm(8, 2048, 512, kind="linear", shared_rhs=True), LayerNorm(64, 1024, "fp32"),
         Softmax(256, 512, "fp32")]
     stream = {}
@@ -168,6 +169,17 @@ def test_a_copy_of_a_gpu_under_a_new_key_keeps_the_floor_order(monkeypatch):
         assert dominates(get_gpu(gpu), get_gpu(below))
         mine, theirs = (isolation_floor_ms(tp, get_gpu(g)) for g in (gpu, below))
         assert mine >= theirs * (1 - 1e-12), (gpu, below, mine, theirs)
+=======
+        Gemm(8, 2048, 512, kind="linear", shared_rhs=True), LayerNorm(64, 1024, "fp32"), Softmax(256, 512, "fp32")]
+    stream = {}
+    for g in ("h100-pcie", "my-h100-pcie", "h100-sxm", "h200"):
+        p = tp.predict(ops, g)
+        stream[g] = in_stream_ms(p.latency_ms.to_numpy(), p.roofline_ms.to_numpy(), isolation_floor_ms(tp, get_gpu(g)))
+    for gpu, below in (("h100-sxm", "h100-pcie"), ("h100-sxm", "my-h100-pcie"), ("h200", "h100-pcie"),
+                       ("h100-pcie", "my-h100-pcie"), ("my-h100-pcie", "h100-pcie")):
+        assert dominates(get_gpu(gpu), get_gpu(below))
+        assert isolation_floor_ms(tp, get_gpu(gpu)) >= isolation_floor_ms(tp, get_gpu(below)) * (1 - 1e-12), (gpu, below)
+>>>>>>> 33ac88f (Dispatch floor: the bottom of the dominance order is the GPUs whose own dominated GPUs all dominate them back, the GPU itself among the candidates. Two GPUs equal in every compared field (a --gpu-file copy of the H100 PCIe under a new key) dominate each other, so under 411cd37's 'dominates none' neither was a bottom and every GPU above them shed its own floor: the H100 SXM 12.74 us and the H200 11.74 us under the H100 PCIe's 13.99, their capped kernels slower in the stream than there; now 13.99 each. Built-in floors unchanged (the V100 16/32 GB twins sit above a training GPU))
         assert (stream[gpu] <= stream[below] * (1 + 1e-9)).all(), (gpu, below)
 
 

@@ -282,6 +282,7 @@ def test_a_cache_the_step_leaves_in_its_inputs_is_written_out():
     clones = 2 * b * 4 * (ctx + 1) * 8 * FP32  # repeated to 4 heads
     assert chain.out_bytes >= grown + clones, chain.out_bytes
 
+
 class StaticCache(nn.Module):
     """A decode step's static KV cache: the new token's k written in place, one row of 2,048."""
 
