@@ -209,10 +209,9 @@ def test_a_compiled_chain_writes_out_the_grown_dynamic_kv_cache():
     """A dynamic cache's torch.cat makes the next step's cache: a llama layer reads it only inside
     its fused [rotary + cat + repeat_kv clone] chain, which had never written it out (llama3-8b,
     batch 4, context 512, fp32: 84.2 MB a layer, as the static cache, where 101.0 MB move). Every
-    layer, template copies of a replicated capture included, moves the static chain's bytes
-    plus the cache once more: the static chain's reads of the cache after its index_copy_ count
-    as on chip and its in-place write as the whole cache (the two cancel but for a token); the
-    dynamic one reads the old cache and writes the grown one."""
+    layer, template copies of a replicated capture included, moves the static layer's bytes plus
+    the cache once more: the static step stores its new rows and reads the cache; the dynamic
+    one reads the old cache and writes the grown one."""
     from kit.hardware import get_gpu
     from kit.workload.iteration import iteration
 
@@ -224,15 +223,20 @@ def test_a_compiled_chain_writes_out_the_grown_dynamic_kv_cache():
                                kv_cache=k) for k in ("static", "dynamic")}
     assert graphs["dynamic"].meta.get("replicated_from") == 3
 
-    def cache_chain_bytes(g):
-        return {n.layer: n.op.bytes for n in apply_fusion(g, "compiled")
-                if n.op_class == "fused" and "cat" in n.name() and "clone" in n.name()}
+    def layer_bytes(g):  # every kernel of a layer: which chain a cache op joins is fusion's choice
+        out = {}
+        for n in apply_fusion(g, "compiled"):
+            if n.layer is not None and n.op is not None:
+                out[n.layer] = out.get(n.layer, 0) + n.op.bytes
+        return out
 
-    static, dynamic = (cache_chain_bytes(graphs[k]) for k in ("static", "dynamic"))
+    static, dynamic = (layer_bytes(graphs[k]) for k in ("static", "dynamic"))
     assert sorted(static) == sorted(dynamic) == list(range(6))
     layer = b * kv * ctx * d * FP32  # one layer's keys before the step
-    # (less the static step's 8-byte cache_pos index, which only the static chain reads)
-    assert all(dynamic[i] - static[i] >= 0.99 * 2 * layer for i in range(6)), (static, dynamic)
+    # the dynamic step writes its grown keys and values once more than the static one moves
+    # (less the new rows and the cache_pos index the static step's stores move on their own:
+    # 280 of 10,240 bytes here), and not twice more
+    assert all(0.95 * 2 * layer <= dynamic[i] - static[i] <= 1.05 * 2 * layer for i in range(6)), (static, dynamic)
 
     # the step as a whole: compiled, the dynamic cache costs at least its write at peak
     # bandwidth more than the static one (had cost the same, 20.62 ms); eager keeps its order
