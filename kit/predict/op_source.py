@@ -67,17 +67,14 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
                              "reduction, as it could run padded: no GEMM this thin or short is faster "
                              f"for more rows or a longer k; {own} was slower")
     own = None
-    trained = set(getattr(model, "band", {}).get("train_gpus") or ())
-    for other in model.dominated_gpus(gpu):  # the training GPUs first: the first that set it is named
+    for other in model.dominated_training_gpus(gpu):
         theirs = float(model.predict_unbounded([op], other).latency_ms.iloc[0])
         if own is None:
             own = float(model.predict_unbounded([op], gpu).latency_ms.iloc[0])
         if abs(out["latency_ms"] - theirs) <= 1e-9 * theirs and own > theirs * (1 + 1e-9):
-            kind = "a training GPU" if other.key in trained else "a GPU"
-            out["source"] = (f"its time on the {other.key}, {kind} with the same SM design "
+            out["source"] = (f"its time on the {other.key}, a training GPU with the same SM design "
                              f"that the {gpu.key} matches or beats in every resource: never slower "
                              f"than there; {_answer(op, gpu, out, cls)} here was slower")
-            break
     from kit.predict.norm_paths import two_kernel_mask, two_kernel_ms
 
     if two_kernel_mask([op], gpu)[0]:

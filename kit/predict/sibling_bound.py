@@ -1,20 +1,14 @@
-"""A GPU is never slower than a GPU it dominates: the same SM design (architecture, lanes, shared
-memory, registers, thread and block limits, L1) with at least as many SMs and at least its clock,
-bandwidth, L2, power limit and every peak. The tile-MLP's GPU features include the power limit
-over the peak, so a card it never saw could come out slower than a card it outdoes in everything:
-an A100-SXM4-40GB (400 W) under the A100-PCIe-40GB (250 W, a training GPU) on a 2-layer LSTM by
-32%, a Linear of 8 tokens by 31%; a GH200 (1000 W) under the H100 NVL (400 W), neither of them
-trained on, on an fp32 Gemm(2385, 5, 2048) 60.6 us against 30.8 (the network clips a feature
-outside its training range, and what it learned of the power share is not monotone). In
-NeuSight's test data the A100 80GB PCIe (300 W) ran the same GEMMs 9-11% faster than the A100
-PCIe 40GB (250 W) at every kernel length, as a higher power limit lets it.
-
-Dominance is transitive (every field compared is equal or at least), so bounding a GPU by the
-unbounded predictions of every GPU it dominates keeps the order among all of them: where G
-dominates H, everything H dominates G does too, and G's bound is the lower one."""
+"""A GPU is never slower than a training GPU it dominates: the same SM design (architecture,
+lanes, shared memory, registers, thread and block limits, L1) with at least as many SMs and at
+least its clock, bandwidth, L2, power limit and every peak. The tile-MLP's GPU features include
+the power limit over the peak, so a card it never saw could come out slower than the training
+card it outdoes in everything: an A100-SXM4-40GB (400 W) under the A100-PCIe-40GB (250 W, a
+training GPU) on a 2-layer LSTM by 32%, a Linear of 8 tokens by 31%. In NeuSight's test data the
+A100 80GB PCIe (300 W) ran the same GEMMs 9-11% faster than the A100 PCIe 40GB (250 W) at every
+kernel length, as a higher power limit lets it."""
 from __future__ import annotations
 
-from kit.hardware import GPU, get_gpu, list_gpus
+from kit.hardware import GPU, get_gpu
 
 SAME_SM = ("vendor", "arch", "fp32_lanes_per_sm", "smem_per_sm_kib", "registers_per_sm",
            "max_threads_per_sm", "max_blocks_per_sm", "l1_cache_kib_per_sm")
@@ -33,12 +27,10 @@ def dominates(gpu: GPU, other: GPU) -> bool:
     return True
 
 
-def dominated_gpus(gpu: GPU | str, train_gpus) -> list[GPU]:
-    """The GPUs of the catalog (a user's own included) that gpu dominates, the training GPUs
-    first; none for a training GPU itself: its own rows set it."""
+def dominated_training_gpus(gpu: GPU | str, train_gpus) -> list[GPU]:
+    """The training GPUs gpu dominates (none for a training GPU itself: its own rows set it)."""
     gpu = get_gpu(gpu)
     keys = [get_gpu(g).key for g in (train_gpus or ())]
     if gpu.key in keys:
         return []
-    found = [o for o in list_gpus() if dominates(gpu, o)]
-    return sorted(found, key=lambda o: o.key not in keys)  # stable: training GPUs, then by key
+    return [get_gpu(k) for k in keys if dominates(gpu, get_gpu(k))]

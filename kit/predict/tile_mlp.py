@@ -30,7 +30,7 @@ from kit.predict.features import (arrays_from_ops, feature_matrix, gpu_distance,
                                   op_class_of, row_launches, waves)
 from kit.predict.gemm_bounds import GemmBounds, cap_as, cap_at
 from kit.predict.gemv import applies as gemv_applies
-from kit.predict.sibling_bound import dominated_gpus
+from kit.predict.sibling_bound import dominated_training_gpus
 from kit.predict.small_op_bounds import ONE_WAVE_CLASSES, SmallOpBounds
 from kit.predict.split_k import apply_split_k, split_limits
 from kit.predict.tensor_core import curve_gemm
@@ -74,12 +74,12 @@ class TilePredictor(GemmBounds, SmallOpBounds):
     def predict(self, ops, gpu: GPU | str, split_k: bool = True) -> pd.DataFrame:
         """The protocol's frame for ops on gpu. split_k: GEMMs that underfill the GPU may split
         their reduction (kit.predict.split_k); False gives the unsplit prediction of each. On a
-        GPU that dominates another (kit.predict.sibling_bound) no op is slower than there: where
-        that binds, the op runs as it does on that GPU (its tile shown)."""
+        GPU that dominates a training GPU (kit.predict.sibling_bound) no op is slower than there:
+        where that binds, the op runs as it does on that GPU (its tile shown)."""
         gpu = get_gpu(gpu)
         ops = op_list(ops)  # read once per GPU below: a generator would be empty the second time
         out = self.predict_unbounded(ops, gpu, split_k)
-        for other in self.dominated_gpus(gpu):
+        for other in self.dominated_training_gpus(gpu):
             ref = self.predict_unbounded(ops, other, split_k)
             out = cap_as(out, ref)
             # the band too: no end of it above that GPU's (a capped op had kept its own, wider p90:
@@ -92,12 +92,12 @@ class TilePredictor(GemmBounds, SmallOpBounds):
                 out.roofline_ms.to_numpy(dtype=float)), lat)
         return out
 
-    def dominated_gpus(self, gpu: GPU | str) -> list[GPU]:
-        """The GPUs whose unbounded predictions bound gpu's (kit.predict.sibling_bound)."""
-        return dominated_gpus(gpu, self.band.get("train_gpus") or self.manifest.get("train_gpus"))
+    def dominated_training_gpus(self, gpu: GPU | str) -> list[GPU]:
+        """The training GPUs whose predictions bound gpu's (kit.predict.sibling_bound)."""
+        return dominated_training_gpus(gpu, self.band.get("train_gpus") or self.manifest.get("train_gpus"))
 
     def predict_unbounded(self, ops, gpu: GPU | str, split_k: bool = True) -> pd.DataFrame:
-        """predict without the bound by the GPUs gpu dominates."""
+        """predict without the bound by the training GPUs gpu dominates."""
         gpu = get_gpu(gpu)
         unique, where = dedupe(ops)
         out = _Columns(len(unique))

@@ -305,37 +305,21 @@ def isolation_floor_ms(model, gpu) -> float:
     floors_of = _FLOORS.setdefault(model, {})
     # and by the GPU's spec, not its key: register_gpu (a --gpu-file) may replace the spec behind
     # a key, and the old spec's floor had stayed in the process (as kit.parallel.costs keys its caches)
-    from kit.predict.sibling_bound import dominates
-
-    below = getattr(model, "dominated_gpus", lambda _: [])
-    siblings = list(below(gpu))
+    siblings = list(getattr(model, "dominated_training_gpus", lambda _: [])(gpu))
     key = (gpu, *siblings)
     if key not in floors_of:
         from kit.ops import Elementwise
 
         probe = [Elementwise("add", FLOOR_PROBE_NUMEL, "fp32", inputs=2)]
-        # a GPU whose predictions the GPUs it dominates bound (kit.predict.sibling_bound)
-        # sheds the floor of the bottom of that order, the ones that dominate none themselves
-        # (the largest, if several): its kernels, each no slower than there in isolation, are
-        # then no slower there in the stream either, and a GPU above sheds at least what one
-        # below it does (the bottom below that one is part of its own). Its own learned floor
-        # moves with the power features as its kernels do (an A100-SXM4-40GB's 30.5 us against
-        # the A100-PCIe-40GB's 25.3), and a probe read off the bounded predictions had shed less
-        # than its kernels carry (llama3-8b's decode elementwise on an A100-SXM4-80GB 2.24 ->
-        # 2.32 ms). Not the largest floor of all it dominates: the A100-SXM4-80GB would have
-        # shed the SXM4-40GB's 30.5 us, a floor no GPU below it sheds.
-        # The bottom is the GPUs each of whose own dominated GPUs dominates it back: two GPUs
-        # equal in every compared field (a --gpu-file's copy of a catalog card under a new key)
-        # dominate each other, and read as 'dominates none' neither was a bottom, so every GPU
-        # above them shed its own floor (an H100 SXM 12.74 us, an H200 11.74, under the H100
-        # PCIe's 13.99 that its capped kernels carry). The GPU itself is one of the candidates,
-        # as its equals are: they shed one floor
-        def bottom(g):
-            return all(dominates(o, g) for o in below(g))
-
+        # a GPU whose predictions the training GPUs it dominates bound (kit.predict.sibling_bound)
+        # sheds their floor (the largest, if several): its kernels, each no slower than there in
+        # isolation, are then no slower there in the stream either. Its own learned floor moves
+        # with the power features as its kernels do (an A100-SXM4-40GB's 30.5 us against the
+        # A100-PCIe-40GB's 25.3), and a probe read off the bounded predictions had shed less than
+        # its kernels carry (llama3-8b's decode elementwise on an A100-SXM4-80GB 2.24 -> 2.32 ms)
         unbounded = getattr(model, "predict_unbounded", model.predict)
         floors = []
-        for g in [g for g in (gpu, *siblings) if bottom(g)] or [gpu]:
+        for g in siblings or [gpu]:
             row = unbounded(probe, g).iloc[0]
             floors.append(max(float(row.latency_ms) - float(row.roofline_ms), 0.0))
         floors_of[key] = max(floors)
