@@ -239,10 +239,10 @@ def _l2_rows_by_table(tables: list, dists: list, lookups: list, l2_bytes: float)
     distinct rows had starved a small, hot table: 100 Zipf rows fused beside a million-row
     table kept 3 rows and ran slower than 10^5 rows in its place."""
     total = float(sum(lookups))
+    curves = [d.unique_curve(t.rows) if k > 0 else None for t, d, k in zip(tables, dists, lookups)]
 
-    def rows_kept(T: float) -> list[float]:
-        return [d.expected_unique(k / total * T, t.rows) if k > 0 else 0.0
-                for t, d, k in zip(tables, dists, lookups)]
+    def rows_kept(T: float) -> list[float]:  # each table's expected_unique(k / total * T, rows)
+        return [u(k / total * T) if k > 0 else 0.0 for u, k in zip(curves, lookups)]
 
     def held_bytes(T: float) -> float:
         return sum(c * t.sector_row_bytes for c, t in zip(rows_kept(T), tables))

@@ -100,6 +100,7 @@ class ShardingModel:
         self.contrib = np.zeros((T, O, self.F), dtype=np.float64)
         self.valid = np.zeros((T, O), dtype=bool)
         self._lookup_cache: dict = {}
+        self._rank_cache: dict = {}  # a rank's shards -> _rank_lookups (exact_cost)
         self._blocks: dict = {}  # (table, k) -> its k row-wise blocks (_row_blocks)
         # A table shares its rank's L2 with the others there. The search's features take each
         # table's share in proportion to its footprint against an average rank's (a fast
@@ -317,6 +318,12 @@ class ShardingModel:
         kernel's fixed costs no shard owns, (fwd launch, bwd floors) in ms; 0 on an idle rank."""
         if not rank_shards:
             return [], 0.0, 0.0
+        key = tuple(rank_shards)  # (table, kind, shard Table, batch): what the pricing reads
+        if key not in self._rank_cache:  # plans re-priced together share most of their ranks
+            self._rank_cache[key] = self._price_rank(rank_shards)
+        return self._rank_cache[key]
+
+    def _price_rank(self, rank_shards: list) -> tuple[list[tuple[float, float]], float, float]:
         own = []
         for (t, kind, shard, batch), fs, bs in zip(rank_shards, *self._rank_l2_shares(rank_shards)):
             f, b = self._shard_ms(self.tables[t], shard.rows, shard.dim, shard.pooling, batch, fs, bs,
