@@ -11,6 +11,18 @@ def run(args):
                         kinds=args.kinds)
 
 
+def search_end(r, budget: str) -> str:
+    """How the plan search ended, in words (`budget`: the time budget's name to the reader)."""
+    by, secs = r["search_stopped_by"], f"{budget} {r['time_budget_s']:g}"
+    if by == "finished":
+        return "finished"
+    if by == "plan budget":
+        return (f"not finished: stopped at its budget of {r['max_plans']:,} plans ({secs}; the same "
+                f"inputs give the same plan); a larger {budget} searches further")
+    return (f"not finished: stopped by the wall clock at {secs} s before its {r['max_plans']:,} plans, "
+            f"so another run may give another plan; this machine is slow or busy, give a larger {budget}")
+
+
 def text(r) -> str:
     lines = [f"sharding {len(r['plan'])} tables on {r['system']} ({r['world_size']}x {r['gpu']}), "
              f"batch {r['batch_per_rank']} per rank, {r['optimizer']}",
@@ -29,7 +41,8 @@ def text(r) -> str:
         lines.append(f"    {name:<30} " + (f"{ms:8.3f} ms" if ms is not None else "no plan fits the cap"))
     vs = (f"{100 * r['improvement_vs_best_baseline']:.1f}% faster than {r['best_baseline']}"
           if r["best_baseline"] else "no baseline found a plan that fits")
-    lines.append(f"  search: {r['plans_evaluated']:,} plans priced in {r['search_s']:.2f} s; {vs}")
+    lines.append(f"  search: {r['plans_evaluated']:,} plans priced in {r['search_s']:.2f} s, "
+                 f"{search_end(r, '--budget-s')}; {vs}")
     lines.append("  plan:")
     for p in r["plan"]:
         lines.append(f"    {p['table']:<24} {p['label']}")
@@ -48,5 +61,8 @@ def register(sub):
                    help="memory cap per GPU for tables + optimizer state (default 90%% of the GPU's)")
     p.add_argument("--kinds", default=None, help="allowed kinds, comma-separated: tw,cw,rw,twrw,dp")
     p.add_argument("--budget-s", type=positive_float, default=2.0,
-                   help="time budget of the plan search (s); building the cost model and the "
-                        "exact re-pricing of the best plans come on top of it")
+                   help="time budget of the plan search (s): it may price a set number of plans "
+                        "a second of it (kit.sharding.search.PLANS_PER_S: a count, so that a busy "
+                        "machine gives the same plan), and stops at this much wall clock in any "
+                        "case (then it says so); building the cost model and the exact re-pricing "
+                        "of the best plans come on top of it")

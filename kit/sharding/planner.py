@@ -8,7 +8,7 @@ import numpy as np
 from kit.errors import KitError, real_number, whole_number
 from kit.sharding.model import ShardingModel
 from kit.sharding.plans import KINDS
-from kit.sharding.search import baselines, local_search
+from kit.sharding.search import baselines, local_search, plans_for_budget
 from kit.sharding.tables import as_tables
 
 POOL_EXACT = 6  # search candidates re-priced with kit.comm and true L2 co-residency
@@ -78,7 +78,7 @@ def _no_fit(model) -> str:
 
 def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_adagrad",
                   memory_cap_gib: float | None = None, kinds=KINDS, time_budget_s: float = 2.0,
-                  seed: int = 0, comm=None) -> dict:
+                  seed: int = 0, comm=None, max_plans: int | None = None) -> dict:
     """Shard `tables` (a CSV path or a list of Table, no two of one name) over `system` (name or
     System) at `batch` samples per rank.
 
@@ -87,6 +87,12 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     baseline_shards {name: shards} likewise, cost_ms and per_rank_ms of the chosen plan (exact
     re-pricing), imbalance (slowest rank / mean rank lookup time), baselines {name: cost_ms},
     plans_evaluated, search_s, and the parts of the cost.
+
+    The search stops when it finishes or has priced max_plans plans (None: time_budget_s at
+    kit.sharding.search.PLANS_PER_S), so that the same inputs give the same plan on a busy
+    machine as on an idle one; time_budget_s of wall clock caps it too. search_stopped_by says
+    which ended it ("finished", "plan budget", or "time budget": then the plan depends on the
+    machine's speed), search_finished whether it finished, max_plans the budget it had.
     """
     t0 = time.perf_counter()
     system = _system(system)
@@ -94,6 +100,8 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
         memory_cap_gib = real_number(memory_cap_gib, "memory_cap_gib (GiB per GPU)", strict=True)
     time_budget_s = real_number(time_budget_s, "time_budget_s (seconds)")
     seed = whole_number(seed, "seed", low=0)
+    max_plans = plans_for_budget(time_budget_s) if max_plans is None else \
+        whole_number(max_plans, "max_plans (plans the search may price)", low=1)
     if isinstance(kinds, str):  # "rw,dp", as kit.api.shard_tables and the CLI take it
         kinds = [k.strip() for k in kinds.split(",") if k.strip()]
     elif not isinstance(kinds, (list, tuple)):
@@ -109,7 +117,8 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     model = ShardingModel(as_tables(tables), system, batch=batch, optimizer=optimizer, memory_cap_bytes=cap,
                           kinds=tuple(kinds), comm=comm)
     base = baselines(model)
-    best, best_model_ms, n, pool = local_search(model, base, time_budget_s=time_budget_s, seed=seed)
+    found = local_search(model, base, time_budget_s=time_budget_s, seed=seed, max_plans=max_plans)
+    best, best_model_ms, n, pool = found
     base_exact = {name: model.exact_cost(c) for name, c in base.items()}
     cands = [best] + [c for _, c in pool[:POOL_EXACT]]
     exact = [model.exact_cost(c) for c in cands]
@@ -145,5 +154,7 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
                                         "grad_alltoall_ms", "input_alltoall_ms", "allreduce_ms",
                                         "memory_bytes")},
         "plans_evaluated": int(n), "search_s": time.perf_counter() - t0,
+        "max_plans": max_plans, "time_budget_s": time_budget_s,
+        "search_stopped_by": found.stopped_by, "search_finished": found.finished,
         "a2a_surrogate_max_rel_err": model.a2a_fit_rel_err,
     }
