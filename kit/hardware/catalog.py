@@ -176,8 +176,8 @@ def get_gpu(name: str | GPU) -> GPU:
     if not isinstance(name, str) or not name.strip():
         raise KitError(f"GPU name must be a non-empty string, got {name!r}")
     key = _index(_generation[0]).get(_norm(name))
-    if key is None and _bare(name):  # "NVIDIA V100-SXM2-32GB": the catalog knows "Tesla V100-..."
-        key = _bare_index(_generation[0]).get(_bare(name))
+    if key is None and (bare := _bare(name)):  # "NVIDIA V100-SXM2-32GB": the catalog knows "Tesla V100-..."
+        key = _bare_index(_generation[0]).get(bare)
     if key is None:
         raise KitError(f"unknown GPU {name!r}; close matches: {', '.join(close_matches(name))}"
                        " (`kit gpus` lists all)")
