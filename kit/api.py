@@ -182,8 +182,10 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
 
 def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_adagrad",
                  memory_gib: float | None = None, nodes: int | None = None,
-                 time_budget_s: float = 2.0, kinds=None) -> dict:
-    """Plan embedding-table sharding: tables is a CSV path or a list of kit.embedding.Table."""
+                 time_budget_s: float = 2.0, kinds=None, max_plans: int | None = None) -> dict:
+    """Plan embedding-table sharding: tables is a CSV path or a list of kit.embedding.Table.
+    max_plans: the plans the search may price (None: time_budget_s at
+    kit.sharding.search.PLANS_PER_S); the time budget caps its wall clock either way."""
     from kit.hardware.system import get_system
     from kit.sharding import KINDS, as_tables, plan_sharding
 
@@ -203,7 +205,8 @@ def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_ada
         if not kinds:
             raise KitError(f"--kinds is empty ({text!r}); name some of {', '.join(KINDS)}")
     return plan_sharding(tables, sysobj, batch=batch, optimizer=optimizer, memory_cap_gib=memory_gib,
-                         kinds=tuple(kinds) if kinds is not None else KINDS, time_budget_s=time_budget_s)
+                         kinds=tuple(kinds) if kinds is not None else KINDS, time_budget_s=time_budget_s,
+                         max_plans=max_plans)
 
 
 def predict_model(model, gpu, mode: str = "train", batch: int | None = None, seq: int | None = None,

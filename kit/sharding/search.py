@@ -27,6 +27,9 @@ from kit.errors import KitError
 # 20-60 tables), so at 150k the wall clock, a safety cap at the same time budget, binds only on
 # a slower or busier machine still. 20 tables on dgx-a100 finish after 121,688 plans.
 PLANS_PER_S = 150_000
+# the most plans one search may be given (max_plans): about 18.5 hours at PLANS_PER_S, where 20
+# tables on dgx-a100 finish after 121,688; a larger count is a typo, not a search
+MAX_PLANS_LIMIT = 10_000_000_000
 
 GREEDY_KEYS = {
     "greedy_size": lambda t: t.bytes,
