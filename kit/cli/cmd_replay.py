@@ -10,7 +10,15 @@ def run(args):
     from kit.trace import replay
     from kit.trace.perfetto import write_perfetto
 
-    output_path(args.trace_out, "--trace", [args.trace, args.et])
+    output_path(args.trace_out, "--trace", [args.trace, args.et, args.gpu_file])
+    if args.gpu_file:
+        from kit.errors import KitError
+        from kit.hardware import load_gpu_file
+
+        if not args.on:  # without --on the kernels keep their measured times: no GPU is looked up
+            raise KitError("--gpu-file goes with --on: a replay without it keeps the measured "
+                           "times and looks no GPU up; add --on GPU_OR_SYSTEM, or drop --gpu-file")
+        load_gpu_file(args.gpu_file)
 
     r = replay(args.trace, on=args.on, et=False if args.no_et else args.et)
     out = r.to_dict()
@@ -50,6 +58,8 @@ def register(sub):
                     "compare each rank's step; --on predicts it on another GPU or system", run, text)
     p.add_argument("trace", help="Kineto JSON (.json/.json.gz), a folder of per-rank files, or a tarball")
     p.add_argument("--on", metavar="GPU_OR_SYSTEM", help="transfer to this GPU or system")
+    p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a "
+                   "JSON file first (the --on target, or the GPU the trace was recorded on)")
     et = p.add_mutually_exclusive_group()
     et.add_argument("--et", type=nonempty, metavar="ET", help="PyTorch execution trace(s) of the same run (file, "
                    "folder or tarball); by default those found with TRACE are used")

@@ -89,8 +89,8 @@ def resolve_target(on):
 
         if not system_error.startswith("unknown system"):  # a system name with a bad part (x0 nodes)
             raise KitError(f"--on {on!r}: {system_error}") from None
-        raise KitError(f"--on {on!r}: not a GPU (see `kit gpus`) nor a system (one of "
-                       f"{', '.join(list_systems())})") from None
+        raise KitError(f"--on {on!r}: not a GPU (see `kit gpus`; --gpu-file adds your own) nor a "
+                       f"system (one of {', '.join(list_systems())})") from None
 
 
 def source_system(gpu, world: int):
@@ -199,7 +199,8 @@ def transfer(tg: TraceGraph, on) -> str:
         try:
             src_gpu = get_gpu(name)
         except KitError as e:
-            raise KitError(f"{t.source}: the trace's GPU is not in the catalog ({e})") from None
+            raise KitError(f"{t.source}: the trace's GPU is not in the catalog ({e}); give its "
+                           "datasheet numbers with --gpu-file") from None
         src_sys = source_system(src_gpu, world) if dst_sys is not None else None
         sizes = _nccl_sizes(t)
         starts = [s[0] for s in sizes]
