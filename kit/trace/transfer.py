@@ -5,8 +5,9 @@ The measured duration is the calibration; the datasheets give the ratio (as in H
 scaling, Yu et al., ATC 2021):
 
     GEMM-like kernel    t' = t · peak_src / peak_dst          (GEMM peaks, dtype read from the kernel
-                                                              name; the target's fp32 peak where it
-                                                              lacks that dtype)
+                                                              name; where a GPU lacks that dtype,
+                                                              FP8 takes its FP16 peak, the others
+                                                              its FP32 one: gemm_peak_tflops)
     other kernels       t' = f + (t − f) · bw_src / bw_dst    (memory-bound; f = 2 µs floor)
     memcpy H2D/D2H      t' = t · pcie_src / pcie_dst          (PCIe generation bandwidth), for a
                                                               copy that ran near link speed
@@ -28,9 +29,32 @@ from kit.trace.build import TraceGraph, job_world_size, rank_list
 from kit.trace.kineto import _gpu_key, int_or_none
 
 KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent GPU
-_GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma", re.I)
+# a GEMM-like kernel by its own name (before its template arguments: cuBLAS's gemv, dot, reduce,
+# split-K reduce and cuBLASLt epilogue kernels carry "cublasGemvTensorStridedBatched" or
+# "cublasLtEpilogue_t" there, and had been priced as GEMMs). "[a-z0-9]cudnn_<tile>" is cuDNN's
+# implicit-GEMM convolution (cudnn_volta_scudnn_128x64_relu_..., h884cudnn_256x64_...): these had
+# read as memory-bound, though AlexNet's conv1 on one (1,035 us on an A100, the step's longest
+# kernel) does ~100 FLOP a byte of its input and output, 8x the A100's FP32 ridge (12.5), and
+# they are 17% of the kernel time of PARAM's ResNet trace on an RTX 2080 Ti
+_GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma|[a-z0-9]cudnn_(?:winograd_)?\d+x\d+", re.I)
+# ... less the kernels a GEMM's name covers that do no GEMM work: Winograd's data, filter, delta
+# and output transforms (the sgemm between them is the GEMM; winogradWgradData4x4 and
+# winogradWgradDelta4x4, 8% of that ResNet trace's kernel time, had been GEMMs where their
+# forward twins winogradForwardData4x4 are not) and cuDNN's offset tables
+# (cask_cudnn::computeWgradBOffsetsKernel)
+_NOT_GEMM = re.compile(r"winograd(?:Forward|Wgrad)(?:Data|Filter|Delta|Output)|Offsets", re.I)
 _FBGEMM = re.compile(r"fbgemm", re.I)  # the library's name says nothing of the kernel's kind
+# FP8 (E4M3/E5M2) ones, checked first: their names also give the output's type
+# (sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_..., cutlass3x_sm90_tensorop_gemm_e4m3_e4m3_f32_bf16_bf16_...)
+_FP8 = re.compile(r"e4m3|e5m2|fp8|float8", re.I)
 _TF32 = re.compile(r"tf32", re.I)  # cuBLAS/cuDNN TF32 tensor-core kernels (sm80_xmma_..._tf32f32_...)
+# a tensor-op GEMM with the m16n8k8 (or k4) instruction and no 16-bit type in its name takes FP32
+# data: TF32. HTA's call-stack trace runs a 2048x2048x256 FP32 aten::mm on
+# cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4 in 45 us, 47.7 TFLOP/s, over an A100's
+# 19.5 FP32 peak; it had read as FP16 ("tensorop", "1688"). FP16 ones name their type
+# (turing_fp16_s1688gemm_fp16_..., cutlass_tensorop_s1688gemm_f16_...)
+_TF32_MMA = re.compile(r"s168[48]gemm", re.I)
+_16BIT = re.compile(r"fp16|f16|half|h\d{3,5}", re.I)
 # BF16 ones (ampere_bf16_s16816gemm_bf16_..., cutlass_80_tensorop_bf16_...): a peak of their own,
 # absent on Volta/Turing (which run them on the FP32 path) and half the FP16 one on an MI100
 _BF16 = re.compile(r"bf16|bfloat16", re.I)
@@ -46,6 +70,46 @@ _TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "hal
 # a host<->device copy measured under this fraction of its link's rate was paced by the host
 # (staging, or per-copy latency), not by the link: host_bound_copy
 HOST_BOUND_LINK_FRACTION = 0.5
+
+
+def _own_name(name: str) -> str:
+    """A kernel's own name: its demangled name before the template arguments and parameters
+    ("void gemvNSP_kernel<float, ...>(...)" -> "gemvNSP_kernel")."""
+    n = re.sub(r"^void\s+", "", name.replace("(anonymous namespace)", "").strip())
+    return re.split(r"[<(]", n, maxsplit=1)[0]
+
+
+def is_gemm(name: str) -> bool:
+    """Whether a kernel is GEMM-like (its time set by the matrix peak), by its own name.
+    fbgemm's embedding kernels are no GEMMs: the library's name holds "gemm"."""
+    own = _FBGEMM.sub("", _own_name(name))
+    return bool(_GEMM.search(own)) and not _NOT_GEMM.search(own)
+
+
+def gemm_dtype(name: str) -> str:
+    """The dtype whose peak a GEMM kernel ran at, read from its whole name (the types are often
+    in its template arguments: cutlass::Kernel<cutlass_80_tensorop_s1688gemm_...>)."""
+    if _FP8.search(name):
+        return "fp8"
+    if _TF32.search(name):
+        return "tf32"
+    if _BF16.search(name):
+        return "bf16"
+    if _TF32_MMA.search(name) and not _16BIT.search(name):
+        return "tf32"
+    return "fp16" if _HALF.search(name) else "fp32"
+
+
+def gemm_peak_tflops(gpu, dtype: str) -> float:
+    """The peak a GEMM of dtype runs at on gpu, or on the path it takes there where the GPU lacks
+    that dtype's peak: FP8 on its FP16 units (an FP8 model on a GPU without FP8 tensor cores keeps
+    its weights in FP8 and does the math in FP16 after upcasting, as vLLM's weight-only FP8 Marlin
+    kernels on Ampere do), anything else (and FP8 without FP16) on its FP32 path."""
+    for d in (dtype, "fp16") if dtype == "fp8" else (dtype,):
+        peak = gpu.gemm_peak_tflops(d)
+        if peak:
+            return peak
+    return gpu.gemm_peak_tflops("fp32")
 
 
 def host_bound_copy(ge, link_gbs: float) -> bool:
@@ -236,15 +300,14 @@ def transfer(tg: TraceGraph, on) -> str:
                     g.dur_ms[op] = d * link_src / link_dst
                 else:
                     g.dur_ms[op] = d * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
-            elif _GEMM.search(_FBGEMM.sub("", ge.name)):  # fbgemm's embedding kernels are no GEMMs
-                dtype = ("tf32" if _TF32.search(ge.name) else "bf16" if _BF16.search(ge.name)
-                         else "fp16" if _HALF.search(ge.name) else "fp32")
+            elif is_gemm(ge.name):
                 # it ran at the source's peak for its dtype; a target without that peak runs it on
-                # its fp32 path (both taken as fp32 had made an A100 TF32 GEMM 1.24x slower on a
-                # V100, not the 9.9x of 156 TF32 vs 15.7 FP32 TFLOP/s)
-                ps = src_gpu.gemm_peak_tflops(dtype) or src_gpu.gemm_peak_tflops("fp32")
-                pd = dst_gpu.gemm_peak_tflops(dtype) or dst_gpu.gemm_peak_tflops("fp32")
-                g.dur_ms[op] = d * ps / pd
+                # the path gemm_peak_tflops says (TF32 taken as FP32 had made an A100 TF32 GEMM
+                # 1.24x slower on a V100, not the 9.9x of 156 TF32 vs 15.7 FP32 TFLOP/s; FP8 taken
+                # as FP32 had made an H100 FP8 GEMM 3.4x slower on an A100 (66.9 / 19.5 FP32),
+                # not the 6.3x of 1978.9 FP8 vs 312 FP16)
+                dtype = gemm_dtype(ge.name)
+                g.dur_ms[op] = d * gemm_peak_tflops(src_gpu, dtype) / gemm_peak_tflops(dst_gpu, dtype)
             else:
                 f = min(d, KERNEL_FLOOR_MS)
                 g.dur_ms[op] = f + (d - f) * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs

@@ -1,0 +1,115 @@
+"""kit replay --on: which kernels scale as GEMMs (by the matrix peak of their dtype) and which as
+memory-bound ones, from kernel names found in the shared traces; FP8 GEMMs by the FP8 peaks."""
+import json
+
+import pytest
+
+from kit.hardware import get_gpu
+from kit.trace import replay
+from kit.trace.transfer import KERNEL_FLOOR_MS, gemm_dtype, gemm_peak_tflops, is_gemm
+from tests.test_replay_mismatched_inputs import sgemm_rank
+
+# kernels of the shared traces (HTA, PARAM) that are no GEMMs, though a GEMM's words are in them
+NOT_GEMMS = [
+    # cuBLAS's helpers: "cublas..." is only in their template arguments
+    "void gemvNSP_kernel<float, float, float, float, 1, 16, 4, 1024, false, cublasGemvParams<"
+    "cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float const>, "
+    "cublasGemvTensorStridedBatched<float>, float> >(cublasGemvParams<cublasGemvTensorStridedBatched"
+    "<float const>, cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float>, float>)",
+    "void dot_kernel<float, 128, 0, cublasDotParams<cublasGemvTensorStridedBatched<float const>, "
+    "cublasGemvTensorStridedBatched<float> > >(cublasDotParams<cublasGemvTensorStridedBatched<float "
+    "const>, cublasGemvTensorStridedBatched<float> >)",
+    "void splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>("
+    "cublasSplitKParams<float>, float const*, float const*, float*, float const*, float const*, "
+    "float const*, float const*, float*, void*, long, float*, int*)",
+    "void epilogue::impl::globalKernel<float, float, float, true, true>(int, int, long, float*, "
+    "cublasLtEpilogue_t, int, float*, long, void*, long, long, long, float*, long, int*)",
+    # Winograd's transforms (the sgemm between them is the GEMM), as their forward twins
+    "void cudnn::winograd_nonfused::winogradWgradData4x4<float, float>(cudnn::winograd_nonfused::"
+    "WinogradDataParams<float, float>)",
+    "void cudnn::winograd_nonfused::winogradWgradDelta4x4<float, float>(cudnn::winograd_nonfused::"
+    "WinogradDeltaParams<float, float>)",
+    "void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::"
+    "WinogradDataParams<float, float>)",
+    "cask_cudnn::computeWgradBOffsetsKernel(cask_cudnn::ComputeWgradBOffsetsParams)",
+    "void fbgemm_gpu::split_embedding_codegen_forward_unweighted_kernel<float, float>",
+]
+# (kernel, dtype) GEMMs and convolutions of the shared traces, and FP8 ones cuBLASLt and CUTLASS name
+GEMMS = [
+    ("cudnn_volta_scudnn_128x64_relu_xregs_large_nn_v1", "fp32"),  # cuDNN implicit-GEMM convolution
+    ("cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1", "fp32"),
+    ("cudnn_volta_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1", "fp32"),
+    ("volta_sgemm_128x64_nn", "fp32"),
+    ("void cudnn::detail::dgrad_engine<float, 128, 6, 7, 3, 3, 5, false>(int, int, int, float const*)", "fp32"),
+    # an FP32 aten::mm on tensor cores: TF32 (2048x2048x256 in 45 us, 47.7 TFLOP/s > 19.5 FP32)
+    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>", "tf32"),
+    ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16", "tf32"),
+    ("void cutlass::Kernel<cutlass_70_wmma_tensorop_f16_s161616gemm_f16_32x32_64x2_tn_align8>", "fp16"),
+    ("turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn", "fp16"),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_nn", "bf16"),
+    ("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_"
+     "segment_k_off_kernel__5x_cublas", "fp8"),
+    # the output's type (bf16) is in the name too
+    ("void cutlass::device_kernel<cutlass3x_sm90_tensorop_gemm_e4m3_e4m3_f32_bf16_bf16_128x128x128_"
+     "1x1x1_0_tnn_align16_warpspecialized_cooperative_fp8_fastaccum_epi_tma>", "fp8"),
+]
+
+
+@pytest.mark.parametrize("name", NOT_GEMMS)
+def test_helpers_and_transforms_are_not_gemms(name):
+    assert not is_gemm(name)
+
+
+@pytest.mark.parametrize("name,dtype", GEMMS)
+def test_gemms_and_their_dtype(name, dtype):
+    assert is_gemm(name) and gemm_dtype(name) == dtype
+
+
+def _scaled_ms(tmp_path, src, kernel, dst):
+    doc = sgemm_rank(gpu=src)
+    doc["traceEvents"][2]["name"] = kernel
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    r = replay(p, on=dst)
+    (op,) = [op for op, *_ in r.tg.gpu_ops[0]]
+    return r.tg.graph.dur_ms[op]  # the kernel ran 1 ms on src
+
+
+FP8 = GEMMS[-2][0]
+
+
+@pytest.mark.parametrize("dst,want_dtype", [
+    ("h200", "fp8"), ("mi300x", "fp8"), ("l4", "fp8"),
+    ("a100-sxm4-40gb", "fp16"),  # no FP8 tensor cores: the FP16 path
+    ("v100-sxm2-32gb", "fp16"),
+    ("p4", "fp32"),  # no FP16 peak either
+])
+def test_an_fp8_gemm_scales_by_fp8_peaks(tmp_path, dst, want_dtype):
+    # it had scaled by the FP32 peaks: 66.9 -> 19.5 TFLOP/s, 3.4x slower on an A100, where its
+    # FP16 path runs 6.3x slower than the H100's FP8 (1978.9 -> 312)
+    h, d = get_gpu("h100-sxm"), get_gpu(dst)
+    got = _scaled_ms(tmp_path, "NVIDIA H100 80GB HBM3", FP8, dst)
+    assert got == pytest.approx(h.fp8_tflops / d.peak_tflops(want_dtype))
+    assert gemm_peak_tflops(d, "fp8") == d.peak_tflops(want_dtype)
+
+
+@pytest.mark.parametrize("kernel,scaled_by", [
+    ("cudnn_volta_scudnn_128x64_relu_xregs_large_nn_v1", "fp32 peak"),
+    (NOT_GEMMS[4], "bandwidth"),
+    (NOT_GEMMS[0], "bandwidth"),
+    (GEMMS[5][0], "tf32 peak"),
+])
+def test_a_misfiled_kernel_now_scales_by_what_bounds_it(tmp_path, kernel, scaled_by):
+    # an RTX 2080 Ti trace replayed on an A100: by FP32 peak 13.4 -> 19.5 (0.69x), by bandwidth
+    # 616 -> 1555 GB/s (0.40x). ResNet's scudnn convolutions (17% of its kernel time) had taken
+    # 0.40x; its winogradWgrad transforms (8%) 0.69x
+    src, dst = get_gpu("rtx-2080-ti"), get_gpu("a100-sxm4-40gb")
+    if scaled_by == "tf32 peak":  # an A100's TF32 GEMM on a V100 (no TF32: its FP32 path)
+        src, dst = get_gpu("a100-sxm4-40gb"), get_gpu("v100-sxm2-32gb")
+        want = src.tf32_tflops / dst.fp32_tflops
+    elif scaled_by == "fp32 peak":
+        want = src.fp32_tflops / dst.fp32_tflops
+    else:
+        f = KERNEL_FLOOR_MS
+        want = f + (1.0 - f) * src.mem_bw_gbs / dst.mem_bw_gbs
+    assert _scaled_ms(tmp_path, src.name, kernel, dst.key) == pytest.approx(want)
