@@ -42,8 +42,10 @@ def test_table_bounds_in_the_api():
 # place the big ones first, one a GPU, and then cannot fit the small ones; a plan exists
 PACK = "name,rows,dim,pooling\n" + "".join(f"big{i},3145728,64,1\n" for i in range(4)) \
     + "".join(f"small{i},2097152,64,1\n" for i in range(6))
+# the plans of a 0.5 s budget, counted (the search finds the plan after 10,000-20,000): at
+# --budget-s 0.5 a busy machine's wall clock had stopped it before, and it found no plan
 ARGS = ["--system", "a100x4-nvlink", "--kinds", "tw", "--optimizer", "sgd", "--memory-gib", "1.5",
-        "--budget-s", "0.5"]
+        "--max-plans", "75000", "--budget-s", "60"]
 
 
 def test_infeasible_baselines_are_null_in_valid_json(tmp_path, capsys):
@@ -57,6 +59,21 @@ def test_infeasible_baselines_are_null_in_valid_json(tmp_path, capsys):
     assert main(["shard", "--tables", str(f), *ARGS]) == 0
     out = capsys.readouterr().out
     assert "no baseline found a plan that fits" in out and "faster than" not in out
+
+
+@pytest.mark.parametrize("budget, why", [(["--max-plans", "500", "--budget-s", "60"], "at its budget of 500 plans"),
+                                         (["--budget-s", "1e-6"], "at its budget of 1 plan;")])
+def test_a_search_cut_short_does_not_say_no_plan_fits(tmp_path, capsys, budget, why):
+    # a plan fits (the test above finds it); a search stopped before it found one had said
+    # "no plan fits the memory cap of 1.5 GiB per GPU ...; raise the cap or use more GPUs"
+    f = tmp_path / "pack.csv"
+    f.write_text(PACK)
+    args = [a for a in ARGS if a not in ("--max-plans", "75000", "--budget-s", "60")]
+    assert main(["shard", "--tables", str(f), *args, *budget]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no plan fits" not in err
+    assert "found no plan under the memory cap of 1.5 GiB per GPU before it stopped" in err
+    assert why in err
 
 
 def test_no_fit_names_the_total_when_the_total_binds(tmp_path, capsys):

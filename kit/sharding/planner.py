@@ -59,8 +59,10 @@ def _system(system):
     return system
 
 
-def _no_fit(model) -> str:
-    """Why no plan fits: the largest table's share, or the tables' total over every GPU's cap."""
+def _no_fit(model, found=None, max_plans: int | None = None) -> str:
+    """Why no plan fits: the largest table's share, or the tables' total over every GPU's cap;
+    else, where the search (`found`, a SearchResult) stopped before it finished, that it found
+    none in its budget."""
     cap_gib = model.cap / 2**30
     largest = max(t.bytes for t in model.tables) / 2**30
     total = sum(t.bytes for t in model.tables) / 2**30
@@ -80,6 +82,15 @@ def _no_fit(model) -> str:
         return (f"no plan fits the memory cap: the tables hold {total:.3g} GiB (weights alone, before optimizer "
                 f"state) and {model.world} GPUs x {cap_gib:.3g} GiB hold {cap_gib * model.world:.3g} "
                 f"GiB; {fix}")
+    if found is not None and not found.finished:
+        # a search cut short proves nothing: 10 tables on a100x4-nvlink at 1.5 GiB (tw only)
+        # find their plan after 10,000-20,000 plans, and a busy machine's 0.5 s had stopped at
+        # fewer and said "no plan fits"
+        by = (f"at its budget of {max_plans:,} plan{'s' if max_plans != 1 else ''}" if found.stopped_by == "plan budget"
+              else f"by the wall clock after {found[2]:,} plans")
+        return (f"the search found no plan under the memory cap of {cap_gib:.3g} GiB per GPU before "
+                f"it stopped ({by}; tables {total:.3g} GiB in all over {model.world} GPUs): give it "
+                "more plans (--max-plans) or time (--budget-s), or raise the cap (--memory-gib)")
     return (f"no plan fits the memory cap of {cap_gib:.3g} GiB per GPU with the optimizer's state "
             f"(tables {total:.3g} GiB in all, the largest {largest:.3g} GiB, over {model.world} "
             f"GPUs); {fix}")
@@ -142,7 +153,7 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     if base_exact[best_base]["cost_ms"] < chosen["cost_ms"]:  # never return worse than a baseline
         choice, chosen = base[best_base], base_exact[best_base]
     if not np.isfinite(chosen["cost_ms"]):
-        raise KitError(_no_fit(model))
+        raise KitError(_no_fit(model, found, max_plans))
     # a baseline that found no plan under the cap has no time (None), and is no yardstick
     feasible = {k: v["cost_ms"] for k, v in base_exact.items() if np.isfinite(v["cost_ms"])}
     best_base = min(feasible, key=feasible.get) if feasible else None
