@@ -136,7 +136,8 @@ def _as_index_array(indices) -> np.ndarray:
 
 
 class Empirical(Distribution):
-    """A real index tensor: its own unique count for its own length, its row frequencies otherwise."""
+    """A real index tensor: its own unique count and misses (its reuse times) up to its length;
+    past it, those scaled by its row frequencies' model."""
 
     kind = "indices"
 
@@ -177,7 +178,17 @@ class Empirical(Distribution):
             reuse = self.reuse if int(n) == self.indices.size else \
                 ReuseHistogram.from_indices(self.indices[:max(int(n), 1)])
             return float(min(n, max(unique, reuse.misses_beyond(n, cache_rows, unique))))
-        return super().expected_misses(n, rows, cache_rows)
+        # past its length: the stream's own misses at its length, scaled by the frequency model's
+        # growth, as expected_unique scales its count. The frequency model alone forgets the
+        # stream's order, and had made one more bag faster: 5,000 rows read in turn 4 times
+        # (every reuse 5,000 apart: each misses a T4's 2,457-row L2 share), 177.0 us at 20,000
+        # bags, 138.2 us at 20,001
+        size = self.indices.size
+        own = self.expected_misses(size, rows, cache_rows)
+        model_n = super().expected_misses(n, rows, cache_rows)
+        model_size = super().expected_misses(size, rows, cache_rows)
+        scaled = own * model_n / model_size if model_size > 0 else model_n
+        return float(min(n, max(self.expected_unique(n, rows), scaled)))
 
     def _sample_ranks(self, n, rows, rng):
         return rng.choice(self.indices, size=n)
