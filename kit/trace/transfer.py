@@ -36,13 +36,24 @@ KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent
 # read as memory-bound, though AlexNet's conv1 on one (1,035 us on an A100, the step's longest
 # kernel) does ~100 FLOP a byte of its input and output, 8x the A100's FP32 ridge (12.5), and
 # they are 17% of the kernel time of PARAM's ResNet trace on an RTX 2080 Ti
-_GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma|[a-z0-9]cudnn_(?:winograd_)?\d+x\d+", re.I)
+# FlashAttention-2's kernels (flash_fwd_kernel, flash_fwd_splitkv_kernel,
+# flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel; PyTorch's SDPA under pytorch_flash::) do their
+# two GEMMs on the tensor cores: they had been GEMMs through the "cutlass::half_t" of their
+# template arguments, and by their own name had read as memory-bound (an H100's 1 ms FP16
+# attention on an A100-40GB: 2.15 ms by bandwidth, 3352 vs 1555 GB/s; 3.17 ms by the FP16 peaks,
+# 989.4 vs 312 TFLOP/s)
+_GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma|[a-z0-9]cudnn_(?:winograd_)?\d+x\d+"
+                   r"|flash_(?:fwd|bwd)", re.I)
 # ... less the kernels a GEMM's name covers that do no GEMM work: Winograd's data, filter, delta
 # and output transforms (the sgemm between them is the GEMM; winogradWgradData4x4 and
 # winogradWgradDelta4x4, 8% of that ResNet trace's kernel time, had been GEMMs where their
 # forward twins winogradForwardData4x4 are not) and cuDNN's offset tables
 # (cask_cudnn::computeWgradBOffsetsKernel)
-_NOT_GEMM = re.compile(r"winograd(?:Forward|Wgrad)(?:Data|Filter|Delta|Output)|Offsets", re.I)
+# FlashAttention's helpers beside its GEMM kernels are element-wise passes: the backward's dO·O
+# row sums (flash_bwd_dot_do_o_kernel) and dQ's FP32-to-16-bit conversion
+# (flash_bwd_convert_dq_kernel), and the split-KV forward's combine (flash_fwd_splitkv_combine_kernel)
+_NOT_GEMM = re.compile(r"winograd(?:Forward|Wgrad)(?:Data|Filter|Delta|Output)|Offsets"
+                       r"|flash_bwd_(?:dot_do_o|convert_dq)|splitkv_combine", re.I)
 _FBGEMM = re.compile(r"fbgemm", re.I)  # the library's name says nothing of the kernel's kind
 # FP8 (E4M3/E5M2) ones, checked first: their names also give the output's type
 # (sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_..., cutlass3x_sm90_tensorop_gemm_e4m3_e4m3_f32_bf16_bf16_...)
