@@ -160,3 +160,16 @@ def test_a_flash_attention_forward_scales_by_the_fp16_peaks(tmp_path):
     h, a = get_gpu("h100-sxm"), get_gpu("a100-sxm4-40gb")
     got = _scaled_ms(tmp_path, "NVIDIA H100 80GB HBM3", FLASH_GEMMS[0][0], "a100-sxm4-40gb")
     assert got == pytest.approx(h.fp16_tflops / a.fp16_tflops)
+
+
+def test_cublaslt_split_k_reduce_is_not_a_gemm(tmp_path):
+    # cuBLASLt's split-K reduction names its namespace, cublasLt::, in its own name: "cublas" had
+    # kept it a GEMM where the bare splitKreduce_kernel of the shared DLRM trace is not one
+    name = ("void cublasLt::splitKreduce_kernel<32, 16, int, __half, __half, float, __half, true, false, "
+            "false, false>(cublasLt::cublasSplitKParams<float>, __half const*, __half const*, __half*, "
+            "float const*, float const*, __half const*, __half const*, __half*, void*, long, float*, int*)")
+    assert not is_gemm(name)
+    src, dst = get_gpu("a100-sxm4-40gb"), get_gpu("h100-sxm")
+    f = KERNEL_FLOOR_MS
+    assert _scaled_ms(tmp_path, src.name, name, dst.key) == pytest.approx(
+        f + (1.0 - f) * src.mem_bw_gbs / dst.mem_bw_gbs)

@@ -52,8 +52,11 @@ _GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma|[a-z0-9]cudnn
 # FlashAttention's helpers beside its GEMM kernels are element-wise passes: the backward's dO·O
 # row sums (flash_bwd_dot_do_o_kernel) and dQ's FP32-to-16-bit conversion
 # (flash_bwd_convert_dq_kernel), and the split-KV forward's combine (flash_fwd_splitkv_combine_kernel)
+# cuBLAS's split-K reduction: the bare splitKreduce_kernel reads as none by its own name, but
+# cuBLASLt's, void cublasLt::splitKreduce_kernel<...> (its FP16/BF16 GEMMs' split-K), has "cublas"
+# in its namespace, and had stayed a GEMM
 _NOT_GEMM = re.compile(r"winograd(?:Forward|Wgrad)(?:Data|Filter|Delta|Output)|Offsets"
-                       r"|flash_bwd_(?:dot_do_o|convert_dq)|splitkv_combine", re.I)
+                       r"|flash_bwd_(?:dot_do_o|convert_dq)|splitkv_combine|splitKreduce", re.I)
 _FBGEMM = re.compile(r"fbgemm", re.I)  # the library's name says nothing of the kernel's kind
 # FP8 (E4M3/E5M2) ones, checked first: their names also give the output's type
 # (sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_..., cutlass3x_sm90_tensorop_gemm_e4m3_e4m3_f32_bf16_bf16_...)
