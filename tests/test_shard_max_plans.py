@@ -66,3 +66,19 @@ def test_the_text_gives_the_searchs_time_not_the_runs(tables, capsys):
     out = text(r)
     assert "priced in 0.25 s of wall clock" in out and "7.50 s in all" in out
     assert "stopped at the 300 plans of --max-plans" in out
+
+
+def test_max_plans_past_its_time_budget_does_not_blame_the_machine(tables, capsys):
+    # 100,000,000 plans take ~667 s at PLANS_PER_S: under --budget-s 1e-6 the wall clock stops
+    # them on any machine, which the text had put down to "this machine is slow or busy"
+    from kit.sharding.search import PLANS_PER_S
+
+    r = _shard(capsys, "--tables", tables, "--system", "dgx-a100", "--max-plans", "100000000",
+               "--budget-s", "1e-6")
+    assert r["search_stopped_by"] == "time budget"
+    out = text(r)
+    assert "slow or busy" not in out
+    assert f"about {100_000_000 / PLANS_PER_S:.3g} s" in out and "--budget-s at least that" in out
+    # a count the budget covers at PLANS_PER_S, stopped by the clock all the same: the machine's doing
+    r.update(max_plans=1000, time_budget_s=1.0)
+    assert "slow or busy" in text(r)

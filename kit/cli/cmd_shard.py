@@ -34,6 +34,16 @@ def search_end(r, budget: str) -> str:
                     "inputs give the same plan); a larger --max-plans searches further")
         return (f"not finished: stopped at its budget of {r['max_plans']:,} plans ({secs}; the same "
                 f"inputs give the same plan); a larger {budget} or --max-plans searches further")
+    from kit.sharding.search import PLANS_PER_S
+
+    need_s = r["max_plans"] / PLANS_PER_S
+    if r.get("max_plans_given") and need_s > r["time_budget_s"]:
+        # --max-plans past what its --budget-s prices on any machine: 100,000,000 plans under
+        # --budget-s 0.5 had blamed "this machine is slow or busy", where they take ~667 s
+        return (f"not finished: stopped by the wall clock at {secs} s before the {r['max_plans']:,} "
+                f"plans of --max-plans, so another run may give another plan; they take about "
+                f"{need_s:.3g} s at {PLANS_PER_S:,} plans a second: give {budget} at least that, "
+                "or fewer --max-plans")
     return (f"not finished: stopped by the wall clock at {secs} s before its {r['max_plans']:,} plans, "
             f"so another run may give another plan; this machine is slow or busy, give a larger {budget}")
 
