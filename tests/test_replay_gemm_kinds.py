@@ -173,3 +173,27 @@ def test_cublaslt_split_k_reduce_is_not_a_gemm(tmp_path):
     f = KERNEL_FLOOR_MS
     assert _scaled_ms(tmp_path, src.name, name, dst.key) == pytest.approx(
         f + (1.0 - f) * src.mem_bw_gbs / dst.mem_bw_gbs)
+
+
+# GEMM libraries whose kernels carry no "gemm" in their own names: cuBLAS 12.8's nvjet kernels
+# and rocBLAS/hipBLASLt's Tensile kernels, whose type code gives the dtype
+OTHER_LIBRARY_GEMMS = [
+    ("nvjet_tst_192x192_64x3_2x1_v_bz_coopB_TNT", None),
+    ("Cijk_Ailk_Bljk_SB_MT64x64x8_SN_1LDSB0_APM1_AF0EM1_AF1EM1_AMAS3_ASE_ASGT_ASAE01_ASCE01", "fp32"),
+    ("Cijk_Ailk_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0_APM1_ABV0_ACED0_AF0EM1", "fp16"),
+    ("Cijk_Alik_Bljk_BBS_BH_Bias_HAS_SAV_UserArgs_MT256x256x64_MI16x16x1_SN_LDSB1_AFC1", "bf16"),
+]
+
+
+@pytest.mark.parametrize("name,dtype", OTHER_LIBRARY_GEMMS)
+def test_nvjet_and_tensile_kernels_are_gemms(name, dtype):
+    assert is_gemm(name)
+    if dtype:
+        assert gemm_dtype(name) == dtype
+
+
+def test_a_convert_kernel_is_no_convolution():
+    # "conv" had matched "convert": a sparse index pass scaled as a GEMM
+    assert not is_gemm("void at::native::(anonymous namespace)::convert_indices_from_coo_to_csr_cuda_kernel<int>")
+    assert is_gemm("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5>")
+    assert is_gemm("sm80_xmma_fprop_implicit_gemm_conv_nhwc")

@@ -42,8 +42,12 @@ KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent
 # template arguments, and by their own name had read as memory-bound (an H100's 1 ms FP16
 # attention on an A100-40GB: 2.15 ms by bandwidth, 3352 vs 1555 GB/s; 3.17 ms by the FP16 peaks,
 # 989.4 vs 312 TFLOP/s)
-_GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv|mma|[a-z0-9]cudnn_(?:winograd_)?\d+x\d+"
-                   r"|flash_(?:fwd|bwd)", re.I)
+# cuBLAS 12.8's Hopper/Blackwell GEMMs are nvjet_<types>_<tile>_... (no "gemm" in the name);
+# rocBLAS/hipBLASLt's Tensile GEMMs are Cijk_<A layout>_<B layout>_<types>_MT<tile>_...; "conv"
+# is a convolution, not "convert" (convert_indices_from_coo_to_csr, a sparse index pass, had
+# read as a GEMM)
+_GEMM = re.compile(r"gemm|cutlass|xmma|cublas|wgrad|dgrad|conv(?!ert)|mma"
+                   r"|[a-z0-9]cudnn_(?:winograd_)?\d+x\d+|flash_(?:fwd|bwd)|nvjet_|Cijk_", re.I)
 # ... less the kernels a GEMM's name covers that do no GEMM work: Winograd's data, filter, delta
 # and output transforms (the sgemm between them is the GEMM; winogradWgradData4x4 and
 # winogradWgradDelta4x4, 8% of that ResNet trace's kernel time, had been GEMMs where their
@@ -73,6 +77,19 @@ _16BIT = re.compile(r"fp16|f16|half|h\d{3,5}", re.I)
 # absent on Volta/Turing (which run them on the FP32 path) and half the FP16 one on an MI100
 _BF16 = re.compile(r"bf16|bfloat16", re.I)
 _HALF = re.compile(r"h884|h1688|h16816|hmma|fp16|half|bf16|f16|s1688|s16816|tensorop|884|1688", re.I)
+# a Tensile kernel's types follow its layouts: input, output and compute type letters, then B
+# for a beta term (Cijk_Ailk_Bljk_SB_MT64x64x8_...: FP32 with beta; HHS_BH: FP16 in and out,
+# FP32 compute; BBS_BH: BF16; DB: FP64; F8..: FP8). Its name holds no "fp16" or "half"
+_TENSILE_TYPES = re.compile(r"Cijk_A[a-z]+_B[a-z]+_([A-Z][A-Za-z0-9]*)_")
+
+
+def _tensile_dtype(code: str) -> str:
+    """The dtype of a Tensile kernel's type code (_TENSILE_TYPES): its input type's letter(s)."""
+    if code.startswith(("F8", "B8")):
+        return "fp8"
+    return {"H": "fp16", "B": "bf16"}.get(code[0], "fp32")
+
+
 _KIND = (("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("allgather", "allgather"),
          ("all_gather", "allgather"), ("reducescatter", "reducescatter"),
          ("reduce_scatter", "reducescatter"), ("alltoall", "alltoall"), ("all_to_all", "alltoall"),
@@ -103,6 +120,9 @@ def is_gemm(name: str) -> bool:
 def gemm_dtype(name: str) -> str:
     """The dtype whose peak a GEMM kernel ran at, read from its whole name (the types are often
     in its template arguments: cutlass::Kernel<cutlass_80_tensorop_s1688gemm_...>)."""
+    tensile = _TENSILE_TYPES.search(name)
+    if tensile:
+        return _tensile_dtype(tensile.group(1))
     if _FP8.search(name):
         return "fp8"
     if _TF32.search(name):
