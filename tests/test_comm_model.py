@@ -188,6 +188,19 @@ def test_floor_grows_with_ranks_per_node_and_log_of_nodes():
     assert four.floor_ms * 1e3 == pytest.approx(FLOOR + PER_RANK * (7 + 2))  # log2(4 nodes) = 2
 
 
+
+@pytest.mark.parametrize("system", ["dgx-h100-x2", "dgx-a100-x2"])
+@pytest.mark.parametrize("kind", ["allreduce", "reducescatter", "allgather", "broadcast", "sendrecv"])
+def test_spreading_ranks_over_nodes_is_never_faster_than_one_nvswitch_node(system, kind):
+    # the same ranks in one NVSwitch node, or split over two nodes and their network: the
+    # network is slower and has more latency a step, and more hosts cannot wait out less skew
+    sizes = 2.0 ** np.arange(0, 31)
+    for n in range(2, 9):
+        inside = collective_table(kind, sizes, system, ranks=list(range(n))).time_ms.values
+        split = list(range(n // 2)) + list(range(8, 8 + n - n // 2))
+        across = collective_table(kind, sizes, system, ranks=split).time_ms.values
+        assert (across >= inside * (1 - 1e-12)).all(), (n, sizes[across < inside])
+
 def test_hierarchical_allgather_across_many_nodes():
     s = 2.0**26
     r = predict_collective("allgather", s, "dgx-h100-x16")
