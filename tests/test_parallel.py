@@ -303,6 +303,27 @@ def test_lm_head_backward_reduces_its_data_gradient_over_tp():
     assert _comm_blocks(single.head[1]) == [] and _comm_blocks(single.embedding[0]) == []
 
 
+def test_sequence_parallel_backward_runs_the_conjugate_collectives():
+    # Megatron's sequence-parallel regions: the backward of an all-gather is a reduce-scatter and
+    # the other way round, the embedding's reduce-scatter included (its backward all-gathers the
+    # gradient to every TP rank); the analytic backward had repeated the forward's kinds and
+    # dropped the embedding's collective, as for the plain all-reduce whose backward is identity
+    from kit.parallel.costs import AnalyticSource
+
+    conj = {"allgather": "reducescatter", "reducescatter": "allgather", "allreduce": "allreduce"}
+    for layout in (Layout(tp=4, micro_batch=2, dtype="fp16", sequence_parallel=True),
+                   Layout(tp=4, micro_batch=2, dtype="fp16")):
+        src = AnalyticSource(SPEC, layout)
+        fwd, bwd = src.layer(0)
+        want = [(conj[k], n, g) for k, n, g in reversed(_comm_blocks(fwd))]
+        assert _comm_blocks(bwd) == want
+    act = 2 * SPEC.seq * SPEC.hidden * 2
+    sp = AnalyticSource(SPEC, Layout(tp=4, micro_batch=2, dtype="fp16", sequence_parallel=True))
+    assert _comm_blocks(sp.embedding[1]) == [("allgather", act, "tp")]
+    plain = AnalyticSource(SPEC, Layout(tp=4, micro_batch=2, dtype="fp16"))
+    assert _comm_blocks(plain.embedding[1]) == []
+
+
 def test_dp_buckets_wait_for_their_layers_tp_collectives():
     # each gradient bucket's all-reduce started after its layers' compute alone, with all the
     # backward's TP all-reduces lumped after the last bucket, and the LM head's backward (which

@@ -256,8 +256,11 @@ class AnalyticSource:
         sp = lay.sequence_parallel
         emb = embedding_forward(spec, b, lay.tp, dt, sp)
         # the embedding's TP all-reduce has an identity backward (Megatron's
-        # reduce_from_tensor_model_parallel_region)
-        self.embedding = (emb, [backward_of(x) for x in emb if x.comm is None])
+        # reduce_from_tensor_model_parallel_region); with sequence parallelism its reduce-scatter
+        # (reduce_scatter_to_sequence_parallel_region) has an all-gather, which had been dropped
+        # with it. In backward order: the dropout's, the all-gather, the lookup's.
+        self.embedding = (emb, [backward_of(x) for x in reversed(emb)
+                                if x.comm is None or x.comm[0] == "reducescatter"])
         self.head = (head_forward(spec, b, lay.tp, dt, sp), head_backward(spec, b, lay.tp, dt, sp))
 
     def layer_key(self, layer: int) -> bool:

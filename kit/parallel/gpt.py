@@ -80,8 +80,18 @@ def _gemm_bwd(g: ops.Gemm) -> list:
             ops.Gemm(m=g.k, n=g.n, k=g.m, b=g.b, dtype=g.dtype)]
 
 
+# the collective a forward collective's backward runs: sequence parallelism's all-gather (g) is
+# a reduce-scatter backward and its reduce-scatter (g-bar) an all-gather (Korthikanti et al.,
+# Megatron's _GatherFromSequenceParallelRegion / _ReduceScatterToSequenceParallelRegion); an
+# all-reduce's backward is an all-reduce (f and g), an all-to-all's an all-to-all
+BACKWARD_COMM = {"allgather": "reducescatter", "reducescatter": "allgather"}
+
+
 def backward_of(block: Block) -> Block:
-    out = Block(block.label + " bwd", comm=block.comm)
+    comm = block.comm
+    if comm is not None:
+        comm = (BACKWARD_COMM.get(comm[0], comm[0]), *comm[1:])
+    out = Block(block.label + " bwd", comm=comm)
     for op in reversed(block.ops):
         if isinstance(op, ops.Gemm):
             out.ops += _gemm_bwd(op)
