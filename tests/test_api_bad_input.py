@@ -67,6 +67,21 @@ def test_micro_batch_cap_is_the_simulators_limit():
         Layout(dp=1, micro_batch=1, global_batch=MAX_MICRO_BATCHES + 1)
 
 
+def test_pipeline_passes_cap_counts_every_stage_and_chunk():
+    # each micro-batch runs on every stage (and chunk): at --pp 64 the micro-batch cap alone let
+    # through 64 x 65,536 passes, about 20 minutes and 29 GB of simulation
+    with pytest.raises(KitError, match="pipeline passes"):
+        Layout(pp=64, global_batch=MAX_MICRO_BATCHES)
+    from kit.parallel.layout import MAX_STAGE_PASSES
+
+    m = MAX_STAGE_PASSES // 64
+    assert Layout(pp=64, global_batch=m).micro_batches == m
+    with pytest.raises(KitError, match="pipeline passes"):
+        Layout(pp=64, global_batch=2 * m)
+    with pytest.raises(KitError, match="pipeline passes"):
+        Layout(pp=64, virtual_stages=2, schedule="interleaved", global_batch=m)
+
+
 def test_a_step_that_does_not_fit_says_so():
     big = api.predict_model("gpt2", "t4", mode="train", batch=64, seq=1024)
     small = api.predict_model("gpt2", "a100-pcie-40gb", mode="inference", batch=1, seq=128)

@@ -29,6 +29,11 @@ BUCKET_PARAMS = 40e6  # Megatron's default gradient bucket: 40M parameters
 # micro-batches per replica the event simulator will take (each adds events on every rank; a
 # million took about 10 s and gigabytes): Megatron runs use tens to a few thousand
 MAX_MICRO_BATCHES = 65536
+# passes the simulator runs per phase: micro-batches x model chunks on every pipeline stage
+# (one representative rank a stage). The micro-batch cap alone let --pp 64 take 65,536 of them,
+# 4.2 million passes: --pp 32 with 16,384 (524,288 passes, 8.3 million ops) had taken 152 s and
+# 3.6 GB, so that one would have run for about 20 minutes and 29 GB before printing anything
+MAX_STAGE_PASSES = 1 << 19
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,13 @@ class Layout:
             raise KitError(f"--global-batch {self.global_batch} gives {self.micro_batches:,} micro-batches "
                            f"per replica (global batch / (micro-batch x dp)); the simulator takes at "
                            f"most {MAX_MICRO_BATCHES:,}: raise --micro-batch or --dp")
+        passes = self.micro_batches * self.virtual_stages * self.pp
+        if passes > MAX_STAGE_PASSES:
+            raise KitError(f"{self.micro_batches:,} micro-batches per replica x "
+                           + (f"{self.virtual_stages} virtual stages x " if self.virtual_stages > 1 else "")
+                           + f"--pp {self.pp} = {passes:,} pipeline passes to simulate, more than "
+                           f"the {MAX_STAGE_PASSES:,} the simulator takes; lower --global-batch or "
+                           "raise --micro-batch or --dp")
         if self.schedule not in SCHEDULES:
             raise KitError(f"schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
         if self.virtual_stages > 1 and self.schedule == "gpipe":
