@@ -574,3 +574,39 @@ def test_overlapping_the_gradient_reduction_is_never_slower(tp, pp):
     on = predict_multi_gpu("gpt2", "dgx-h100", overlap_grad_reduce=True, **kw)["iteration_ms"]
     off = predict_multi_gpu("gpt2", "dgx-h100", overlap_grad_reduce=False, **kw)["iteration_ms"]
     assert on <= off * (1 + 1e-9)
+
+
+def test_a_stages_collectives_take_its_slowest_groups_time():
+    # the stage's representative (rank pp x dp x tp) stands for all its ranks, so a collective
+    # its peers run on groups that straddle nodes must cost what the slowest of them costs: at
+    # tp 3 on 8-GPU nodes the TP group 6, 7, 8 and the DP group 2, 5, 8 span two nodes, and at
+    # dp x tp = 6 the pipeline pair 2 -> 8 crosses them, while rank 0's groups do not
+    from kit.comm import predict_collective
+    from kit.hardware import get_system
+    from kit.parallel.costs import Coster
+
+    system = get_system("dgx-h100", nodes=2)
+
+    def on(kind, ranks):
+        return predict_collective(kind, 2**20, system, ranks=ranks).time_ms
+
+    c = Coster(Layout(tp=3, dp=3, dtype="bf16"), system, "roofline")
+    tp, dp = c.group("tp", 0), c.group("dp", 0)
+    assert list(tp) == [0, 1, 2] and list(dp) == [0, 3, 6]  # the representative's, as before
+    assert c.comm_ms("allreduce", 2**20, tp) == pytest.approx(on("allreduce", [6, 7, 8]))
+    assert c.comm_ms("allreduce", 2**20, dp) == pytest.approx(on("allreduce", [2, 5, 8]))
+    assert on("allreduce", [6, 7, 8]) > on("allreduce", [0, 1, 2])
+    c = Coster(Layout(tp=2, dp=3, pp=2, dtype="bf16"), system, "roofline")
+    pair = c.pp_pair(0, 1)
+    assert list(pair) == [0, 6]
+    assert c.comm_ms("sendrecv", 2**20, pair) == pytest.approx(
+        max(on("sendrecv", [r, r + 6]) for r in range(6)))
+    assert on("sendrecv", [2, 8]) > on("sendrecv", [0, 6])
+    # groups that sit alike on NVSwitch nodes cost what the representative's does
+    system = get_system("dgx-h100", nodes=4)
+    c = Coster(Layout(tp=4, dp=4, pp=2, dtype="bf16"), system, "roofline")
+    for name in ("tp", "dp"):
+        for s in (0, 1):
+            g = c.group(name, s)
+            assert c.comm_ms("allreduce", 2**20, g) == on("allreduce", list(g))
+    assert c.comm_ms("sendrecv", 2**20, c.pp_pair(0, 1)) == on("sendrecv", [0, 16])

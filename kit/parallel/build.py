@@ -160,7 +160,7 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
         """Point-to-point time between virtual stages vi and vi + 1."""
         if vi not in links:
             a, b = vi % pp, (vi + 1) % pp
-            links[vi] = coster.comm_ms("sendrecv", act_bytes, [lay.rank(a, 0, 0), lay.rank(b, 0, 0)])
+            links[vi] = coster.comm_ms("sendrecv", act_bytes, coster.pp_pair(a, b))
         return links[vi]
 
     for stage in range(pp):

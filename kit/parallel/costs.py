@@ -156,6 +156,7 @@ class Coster:
         # behind a key, and a stale entry had kept the old spec's times in the same process
         self._op_ms = _OP_CACHE.setdefault((cache_name, self.gpu), {})
         self._comm_ms = _COMM_CACHE.setdefault((system, self.gpu, str(calibration)), {})
+        self._groups: dict = {}  # (group name, stage) -> RankGroup
 
     def predict_ops(self, ops) -> None:
         new = [op for op in dict.fromkeys(ops) if op not in self._op_ms]
@@ -185,8 +186,13 @@ class Coster:
         return t * (self.gemm_scale if op.op_class == "gemm" else self.other_scale)
 
     def comm_ms(self, kind: str, nbytes: float, ranks) -> float:
+        """The collective's time on `ranks`; a RankGroup's: the slowest of it and its peers (the
+        groups of other ranks that run the same collective at the same time)."""
         if len(ranks) < 2 or nbytes <= 0:
             return 0.0
+        return max(self._one_comm_ms(kind, nbytes, g) for g in (ranks, *getattr(ranks, "peers", ())))
+
+    def _one_comm_ms(self, kind: str, nbytes: float, ranks) -> float:
         key = (kind, float(nbytes), tuple(ranks))
         if key not in self._comm_ms:
             from kit.comm import predict_collective
@@ -195,10 +201,30 @@ class Coster:
                                                     calibration=self.calibration).time_ms
         return self._comm_ms[key]
 
-    def group(self, name: str, stage: int) -> list[int]:
+    def group(self, name: str, stage: int) -> "RankGroup":
+        """The `name` group ("tp", "ep", "dp", "edp") of the stage's representative rank, with
+        its peers: the stage's other groups of that kind that sit differently on the nodes."""
+        key = (name, stage)
+        if key not in self._groups:
+            lay, r = self.layout, self.layout.rank
+            if name == "tp":
+                every = [lay.tp_group(stage, d) for d in range(lay.dp)]
+            elif name == "ep":  # the EP groups are runs of ep consecutive DP ranks
+                every = [[r(stage, e + i, t) for i in range(lay.ep)]
+                         for t in range(lay.tp) for e in range(0, lay.dp, lay.ep)]
+            elif name == "dp":
+                every = [lay.dp_group(stage, t) for t in range(lay.tp)]
+            else:  # "edp"
+                every = [lay.edp_group(stage, t, d) for t in range(lay.tp) for d in range(lay.ep)]
+            self._groups[key] = RankGroup(every[0], every[1:], self.system.gpus_per_node)
+        return self._groups[key]
+
+    def pp_pair(self, a: int, b: int) -> "RankGroup":
+        """Stage a's rank sending to stage b's, with the other dp x tp pairs of the two stages."""
         lay = self.layout
-        return {"tp": lay.tp_group(stage), "ep": lay.ep_group(stage), "dp": lay.dp_group(stage),
-                "edp": lay.edp_group(stage)}[name]
+        return RankGroup([lay.rank(a, 0, 0), lay.rank(b, 0, 0)],
+                         [[lay.rank(a, d, t), lay.rank(b, d, t)] for d in range(lay.dp) for t in range(lay.tp)],
+                         self.system.gpus_per_node)
 
     def add(self, phase: Phase, blocks: list[Block], stage: int, factors: bool = False,
             gemm_factor: float = 1.0) -> float:
@@ -228,6 +254,32 @@ class Coster:
             phase.kernels += int(round(sum(counts)))
         phase.compute_ms += total
         return total
+
+
+class RankGroup(list):
+    """A group of ranks (the list) and its peers: groups of other ranks of the same stage that
+    run the same collective at the same time but sit differently on the nodes (one per such
+    placement). The stage's representative stands for all of them, so its collectives take the
+    slowest one's time: at tp 3 on 8-GPU nodes, the TP group of ranks 6, 7, 8 spans two nodes
+    while rank 0's (0, 1, 2) does not, and its all-reduces had been priced as rank 0's (gpt2 at
+    tp 3 x dp 3 on dgx-h100: 61 us on NVSwitch where the slowest group takes 138 us)."""
+
+    def __init__(self, ranks, others=(), gpus_per_node: int = 1):
+        super().__init__(ranks)
+        seen = {self._placement(ranks, gpus_per_node)}
+        self.peers = []
+        for g in others:
+            key = self._placement(g, gpus_per_node)
+            if key not in seen:
+                seen.add(key)
+                self.peers.append(list(g))
+
+    @staticmethod
+    def _placement(ranks, gpn: int) -> tuple:
+        """The GPUs a group uses in each node it spans, the nodes' own numbers left out (the
+        nodes of a system are alike); the order of the ranks kept (a send has a direction)."""
+        first: dict = {}  # node -> its place among the group's nodes
+        return tuple((first.setdefault(r // gpn, len(first)), r % gpn) for r in ranks)
 
 
 def _accumulate(into: Phase, part: Phase) -> None:
