@@ -80,6 +80,10 @@ def test_pipeline_passes_cap_counts_every_stage_and_chunk():
         Layout(pp=64, global_batch=2 * m)
     with pytest.raises(KitError, match="pipeline passes"):
         Layout(pp=64, virtual_stages=2, schedule="interleaved", global_batch=m)
+    # more stages and chunks than any model has layers: the remedy is fewer of them, not a
+    # smaller batch (one micro-batch already passes the cap)
+    with pytest.raises(KitError, match="lower --pp or --virtual-stages"):
+        Layout(pp=2, virtual_stages=MAX_STAGE_PASSES, schedule="interleaved", global_batch=1)
 
 
 def test_a_step_that_does_not_fit_says_so():

@@ -79,8 +79,10 @@ class Layout:
             raise KitError(f"{self.micro_batches:,} micro-batches per replica x "
                            + (f"{self.virtual_stages} virtual stages x " if self.virtual_stages > 1 else "")
                            + f"--pp {self.pp} = {passes:,} pipeline passes to simulate, more than "
-                           f"the {MAX_STAGE_PASSES:,} the simulator takes; lower --global-batch or "
-                           "raise --micro-batch or --dp")
+                           f"the {MAX_STAGE_PASSES:,} the simulator takes; "
+                           + ("lower --pp or --virtual-stages (each stage and chunk is at least one "
+                              "layer)" if self.virtual_stages * self.pp > MAX_STAGE_PASSES
+                              else "lower --global-batch or raise --micro-batch or --dp"))
         if self.schedule not in SCHEDULES:
             raise KitError(f"schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
         if self.virtual_stages > 1 and self.schedule == "gpipe":
