@@ -333,23 +333,32 @@ def lift_at(part: pd.DataFrame, rows, low: np.ndarray) -> pd.DataFrame:
     lift = np.maximum(1.0, np.asarray(low, dtype=float) / part.latency_ms.to_numpy(dtype=float)[rows])
     for col, f in (("latency_ms", lift), ("latency_p10_ms", lift), ("latency_p90_ms", lift),
                    ("utilisation", 1.0 / lift)):
-        part.loc[part.index[rows], col] = part[col].to_numpy(dtype=float)[rows] * f
+        _scale_rows(part, col, rows, f)
     return part
+
+
+def _scale_rows(part: pd.DataFrame, col: str, rows: np.ndarray, f: np.ndarray,
+                divide: bool = False) -> None:
+    """part[col] at positions rows times f (divide: over f), in place, the column written whole:
+    a .loc write of the rows had cost more than the arithmetic (the same float64 numbers)."""
+    values = part[col].to_numpy(dtype=float, copy=True)
+    values[rows] = values[rows] / f if divide else values[rows] * f
+    part[col] = values
 
 
 def cap_at(part: pd.DataFrame, bound: np.ndarray) -> pd.DataFrame:
     """Each row's latency at most bound (NaN: no bound), its band scaled down with it, p10 never
     under the roofline nor over the latency; utilisation stays a share of the same bound."""
-    rows = [j for j in range(len(bound)) if np.isfinite(bound[j])]
-    if not rows:
+    rows = np.flatnonzero(np.isfinite(bound))
+    if not rows.size:
         return part
     lat = part.latency_ms.to_numpy(dtype=float)[rows]
     f = np.minimum(1.0, bound[rows] / lat)
-    at = part.index[rows]
     roof = part.roofline_ms.to_numpy(dtype=float)[rows]
-    part.loc[at, "latency_ms"] = lat * f
-    part.loc[at, "latency_p90_ms"] = part.latency_p90_ms.to_numpy(dtype=float)[rows] * f
-    part.loc[at, "latency_p10_ms"] = np.minimum(
-        np.maximum(part.latency_p10_ms.to_numpy(dtype=float)[rows] * f, roof), lat * f)
-    part.loc[at, "utilisation"] = part.utilisation.to_numpy(dtype=float)[rows] / f
+    p10 = part.latency_p10_ms.to_numpy(dtype=float, copy=True)
+    p10[rows] = np.minimum(np.maximum(p10[rows] * f, roof), lat * f)
+    _scale_rows(part, "latency_ms", rows, f)
+    _scale_rows(part, "latency_p90_ms", rows, f)
+    part["latency_p10_ms"] = p10
+    _scale_rows(part, "utilisation", rows, f, divide=True)
     return part

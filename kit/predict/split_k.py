@@ -109,8 +109,9 @@ def apply_split_k(predict_gemm, predict_reduce, ops: list, frame: pd.DataFrame,
     for j, (i, s) in enumerate(choices):
         by_op.setdefault(i, []).append((j, s))
     room = lim["blocks_per_sm"] * sm_count
+    unsplit = {c: frame[c].to_numpy(float) for c in cols}  # read once, not a pandas lookup per op
     for i, cands in by_op.items():
-        own = {c: float(frame[c].iloc[i]) for c in cols}
+        own = {c: float(unsplit[c][i]) for c in cols}
         weights, picks = options[i]
         best = []
         for t in picks:  # per tile: unsplit (-1), or its fastest split
