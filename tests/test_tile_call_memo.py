@@ -96,7 +96,6 @@ def test_the_memo_spares_repeated_batches(tile, monkeypatch):
     assert len(seen) >= 1.5 * len(memoised), (len(seen), len(memoised))
 
 
-
 def test_a_batch_as_a_twin_is_not_the_batch_itself(tile, monkeypatch):
     # inside a bound's twins the padding ladder skips itself (_twin_depth): on a T4 a Linear
     # 8192 -> 2048 of 2 rows is 0.496 ms as itself (its 3-row twin binds) and 0.587 ms as a twin.
@@ -132,3 +131,26 @@ def test_split_and_unsplit_stay_apart(tile, monkeypatch):
     with tile._call_scope():
         _same(tile.predict([op], "l4", True), split)
         _same(tile.predict([op], "l4", False), whole)
+
+
+def test_a_fresh_predictors_first_call_computes_each_batch_once(monkeypatch):
+    """A flag the bounds set and put back (as_twins' depth, the probes' flags) leaves the state
+    the call began in: keyed apart from the flag never set, a fresh predictor's first call had
+    computed 62 batches here for 44 distinct ones."""
+    shipped = TilePredictor.shipped()
+    fresh = TilePredictor(shipped.chooser, shipped.models, shipped.transfer_sigma,
+                          shipped.manifest, shipped.band)  # no call has set a flag on it yet
+    flags = ("_twin_depth", "_in_two_row_twin", "_probing_floor", "_raw_ladder", "_raw_rows",
+             "_raw_waves", "_gemv_rule", "soft_tile_margin")
+    seen = []
+    inner = TilePredictor._predict_unbounded
+
+    def counted(self, ops, gpu, split_k):
+        # the state as the bounds read it (getattr, a flag's default False or 0), set or not
+        state = tuple(getattr(self, f, False) for f in flags)
+        seen.append((gpu, bool(split_k), tuple(ops), state))
+        return inner(self, ops, gpu, split_k)
+
+    monkeypatch.setattr(TilePredictor, "_predict_unbounded", counted)
+    fresh.predict(OPS, DOMINATING)
+    assert len(seen) == len(set(seen)), (len(seen), len(set(seen)))

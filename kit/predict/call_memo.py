@@ -13,11 +13,15 @@ certain to give the same numbers. The key holds everything else a batch's answer
 - the GPU's spec by value (a GPU dataclass compares and hashes all its fields), so a GPU
   redefined under the same name (a --gpu-file, kit.hardware.register_gpu) is another key;
 - whether GEMMs may split (split_k; only its truth is read);
-- the predictor's own scalar attributes: the flags the bounds set while they predict their twins,
-  so that a nested bound turns itself off (GemmBounds.as_twins' _twin_depth, _in_two_row_twin,
-  _probing_floor, _raw_ladder, _raw_rows, _raw_waves), and any setting made on the instance
-  (_gemv_rule, soft_tile_margin). All of them, not a list of names, so a flag added later is
-  keyed without anyone remembering to add it here.
+- the predictor's own scalar attributes where they differ from its class's: the flags the bounds
+  set while they predict their twins, so that a nested bound turns itself off (GemmBounds.as_twins'
+  _twin_depth, _in_two_row_twin, _probing_floor, _raw_ladder, _raw_rows, _raw_waves), and any
+  setting made on the instance (_gemv_rule, soft_tile_margin). All of them, not a list of names,
+  so a flag added later is keyed without anyone remembering to add it here. A flag put back to
+  its class's value is the state it was never set in: keyed apart, a fresh predictor's first
+  call had recomputed 47 of its 166 batches (251 varied ops on an A100-PCIe-80GB: 5.9 -> 4.8 s
+  CPU); so a flag needs its default on the class (one without is keyed whenever set: a miss,
+  never a wrong hit).
 
 What the key leaves out cannot change within one call: the weights, the catalog (a dominated
 training GPU's spec) and class-level settings. So the memo lives only while the outermost
@@ -30,6 +34,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 _SCALARS = (bool, int, float, str, type(None))
+_UNSET = object()
+
+
+def _is_class_value(value, default) -> bool:
+    """value is the class's default, type and all (1 is no stand-in for True)."""
+    return type(value) is type(default) and value == default
 
 
 class CallMemo:
@@ -50,9 +60,11 @@ class CallMemo:
                 self._memo = None
 
     def _state_key(self) -> tuple:
-        """The instance's scalar attributes (the bounds' re-entry flags and any instance setting)."""
+        """The instance's scalar attributes other than its class's values (the bounds' re-entry
+        flags while set, any instance setting; the memo's own None is the class's)."""
+        cls = type(self)
         return tuple(sorted((k, v) for k, v in vars(self).items()
-                            if k != "_memo" and isinstance(v, _SCALARS)))
+                            if isinstance(v, _SCALARS) and not _is_class_value(v, getattr(cls, k, _UNSET))))
 
     def _memoised(self, what: str, gpu, split_k, ops: list, compute):
         """compute()'s frame for this batch, from the memo where the same call already made it.

@@ -30,6 +30,11 @@ class GemmBounds:
     """TilePredictor's GEMM rules; each needs self.predict and the dispatch floor
     (kit.workload.kernel_times.isolation_floor_ms)."""
 
+    # re-entry flags while a bound predicts its twins; declared here so that one put back is the
+    # class's value again, which kit.predict.call_memo does not key
+    _twin_depth = 0
+    _in_two_row_twin = False
+
     @contextmanager
     def as_twins(self):
         """Predictions made inside are a bound's twins: the padding cap skips them, so that an op's

@@ -29,6 +29,10 @@ class SmallOpBounds:
     """TilePredictor's rules for vector, row, attention and copy ops; each needs
     self.predict / self._predict_class and the dispatch floor."""
 
+    # re-entry flags while a bound predicts its probes; declared here so that one put back is
+    # the class's value again, which kit.predict.call_memo does not key
+    _probing_floor = _raw_ladder = _raw_rows = _raw_waves = False
+
     def _wave_floor(self, ops: list, gpu: GPU, part: pd.DataFrame) -> None:
         """A host-device copy, still the wave model's, is its bytes at the achievable share of a
         PCIe link (kit.hardware.system.pcie_efficiency; all of any other host link's rate) plus
