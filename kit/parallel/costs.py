@@ -206,12 +206,11 @@ class Coster:
         its peers: the stage's other groups of that kind that sit differently on the nodes."""
         key = (name, stage)
         if key not in self._groups:
-            lay, r = self.layout, self.layout.rank
+            lay = self.layout
             if name == "tp":
                 every = [lay.tp_group(stage, d) for d in range(lay.dp)]
-            elif name == "ep":  # the EP groups are runs of ep consecutive DP ranks
-                every = [[r(stage, e + i, t) for i in range(lay.ep)]
-                         for t in range(lay.tp) for e in range(0, lay.dp, lay.ep)]
+            elif name == "ep":
+                every = [lay.ep_group(stage, t, e) for t in range(lay.tp) for e in range(0, lay.dp, lay.ep)]
             elif name == "dp":
                 every = [lay.dp_group(stage, t) for t in range(lay.tp)]
             else:  # "edp"

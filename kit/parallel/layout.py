@@ -157,8 +157,10 @@ class Layout:
     def dp_group(self, pp_i: int = 0, tp_i: int = 0) -> list[int]:
         return [self.rank(pp_i, d, tp_i) for d in range(self.dp)]
 
-    def ep_group(self, pp_i: int = 0, tp_i: int = 0) -> list[int]:
-        return [self.rank(pp_i, d, tp_i) for d in range(self.ep)]
+    def ep_group(self, pp_i: int = 0, tp_i: int = 0, dp_i: int = 0) -> list[int]:
+        """The expert-parallel group of DP rank dp_i: the run of ep consecutive DP ranks holding it."""
+        start = dp_i - dp_i % self.ep
+        return [self.rank(pp_i, d, tp_i) for d in range(start, start + self.ep)]
 
     def edp_group(self, pp_i: int = 0, tp_i: int = 0, dp_i: int = 0) -> list[int]:
         """The expert-data-parallel group of DP rank dp_i: the dp / ep ranks that hold the same
