@@ -229,13 +229,14 @@ class OPTLayer(nn.Module):
         self.fc1, self.fc2 = nn.Linear(d, c["ffn_dim"]), nn.Linear(c["ffn_dim"], d)
         self.act = act_of(c, "activation_function", "relu")
         self.dropout, self.attn_dropout = c.get("dropout", 0.1), c.get("attention_dropout", 0.0)
+        self.pre_norm = c.get("do_layer_norm_before", True)  # False: OPT-350m's post-norm layers
 
     def _shape(self, t, s, b):
         return t.view(b, s, self.heads, self.head_dim).transpose(1, 2).contiguous()
 
     def forward(self, h, mask, cache=None, cache_pos=None):
         b, s, d = h.shape
-        x = self.self_attn_layer_norm(h)
+        x = self.self_attn_layer_norm(h) if self.pre_norm else h
         q = self._shape(self.q_proj(x) * self.scaling, s, b).view(b * self.heads, -1, self.head_dim)
         k, v = self._shape(self.k_proj(x), s, b), self._shape(self.v_proj(x), s, b)
         if cache is not None:  # attend over the whole cache, this step's keys written into it
@@ -248,9 +249,13 @@ class OPTLayer(nn.Module):
         w = F.dropout(w, p=self.attn_dropout, training=self.training)
         a = torch.bmm(w, v).view(b, self.heads, s, self.head_dim).transpose(1, 2).reshape(b, s, d)
         h = h + F.dropout(self.out_proj(a), p=self.dropout, training=self.training)
-        x = self.final_layer_norm(h.reshape(-1, d))
+        if not self.pre_norm:
+            h = self.self_attn_layer_norm(h)
+        x = h.reshape(-1, d)
+        x = self.final_layer_norm(x) if self.pre_norm else x
         x = F.dropout(self.fc2(self.act(self.fc1(x))), p=self.dropout, training=self.training)
-        return (h.reshape(-1, d) + x).view(b, s, d)
+        h = (h.reshape(-1, d) + x).view(b, s, d)
+        return h if self.pre_norm else self.final_layer_norm(h)
 
 
 class OPTForCausalLM(nn.Module):
@@ -258,11 +263,18 @@ class OPTForCausalLM(nn.Module):
         super().__init__()
         self.config = c
         d = c["hidden_size"]
-        self.embed_tokens = nn.Embedding(c["vocab_size"], c.get("word_embed_proj_dim", d))
+        proj = c.get("word_embed_proj_dim", d)
+        self.embed_tokens = nn.Embedding(c["vocab_size"], proj)
+        # embeddings narrower (or wider) than the layers, as HF's OPTDecoder has them: projected
+        # in after the lookup and out before the LM head (OPT-350m: 512 against 1024; NeuSight's
+        # opt.json: 2048 against 512, which had failed to capture on the mismatched add)
+        self.project_in = nn.Linear(proj, d, bias=False) if proj != d else None
+        self.project_out = nn.Linear(d, proj, bias=False) if proj != d else None
         self.embed_positions = nn.Embedding(c.get("max_position_embeddings", 2048) + 2, d)
         self.layers = nn.ModuleList(OPTLayer(c) for _ in range(c["num_hidden_layers"]))
-        self.final_layer_norm = nn.LayerNorm(d)
-        self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
+        # post-norm layers (do_layer_norm_before false) end in their own norm: HF has no final one
+        self.final_layer_norm = nn.LayerNorm(d) if c.get("do_layer_norm_before", True) else None
+        self.lm_head = nn.Linear(proj, c["vocab_size"], bias=False)
         if c.get("tie_word_embeddings", True):  # HF's default for OPT (and GPTSpec.tied's)
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -272,6 +284,8 @@ class OPTForCausalLM(nn.Module):
         past = check_decode_step(kv_cache, s)
         t = past + s  # keys attended: the cached ones and this step's
         h = self.embed_tokens(input_ids)
+        if self.project_in is not None:
+            h = self.project_in(h)
         attn = torch.ones(b, t, dtype=torch.bool, device=dev)
         lo = torch.finfo(h.dtype).min
         causal = torch.full((s, t), lo, device=dev)
@@ -291,7 +305,11 @@ class OPTForCausalLM(nn.Module):
             cache_pos = torch.arange(past, t, device=dev)
             for i, layer in enumerate(self.layers):
                 h = layer(h, mask, kv_cache[i], cache_pos)
-        return self.lm_head(self.final_layer_norm(h))
+        if self.final_layer_norm is not None:
+            h = self.final_layer_norm(h)
+        if self.project_out is not None:
+            h = self.project_out(h)
+        return self.lm_head(h)
 
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)

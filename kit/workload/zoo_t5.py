@@ -153,6 +153,13 @@ class SwitchBlock(nn.Module):
         return h + self.dropout(self.mlp(self.ln_ff(h))), bias, cross_bias
 
 
+def _sparse(i: int, step: int) -> bool:
+    """Whether block i of a stack with sparse step `step` has experts, as HF's
+    SwitchTransformersStack decides: every step-th block from the second (i % step == 1), every
+    block for a step of 1 (Switch-C, Switch-XXL), none for 0."""
+    return step > 0 and (step == 1 or i % step == 1)
+
+
 class SwitchTransformer(nn.Module):
     """Switch Transformer, or with model_type t5 the dense T5 it is built on (no sparse layers;
     the LM head tied to the shared embedding unless tie_word_embeddings is false, and then the
@@ -169,14 +176,19 @@ class SwitchTransformer(nn.Module):
         n_enc, n_dec = c["num_layers"], c.get("num_decoder_layers", c["num_layers"])
         sparse = 0 if t5 else 2
         es, ds = c.get("encoder_sparse_step", sparse), c.get("decoder_sparse_step", sparse)
-        self.encoder = nn.ModuleList(SwitchBlock(c, False, es > 0 and i % es == 1, i == 0) for i in range(n_enc))
-        self.decoder = nn.ModuleList(SwitchBlock(c, True, ds > 0 and i % ds == 1, i == 0) for i in range(n_dec))
+        self.encoder = nn.ModuleList(SwitchBlock(c, False, _sparse(i, es), i == 0) for i in range(n_enc))
+        self.decoder = nn.ModuleList(SwitchBlock(c, True, _sparse(i, ds), i == 0) for i in range(n_dec))
         eps = c.get("layer_norm_epsilon", 1e-6)
         self.enc_ln, self.dec_ln = T5LayerNorm(d, eps), T5LayerNorm(d, eps)
         self.dropout = nn.Dropout(c.get("dropout_rate", 0.1))
         self.lm_head = nn.Linear(d, c["vocab_size"], bias=False)
-        self.scaled = not t5 or c.get("tie_word_embeddings", True)
-        if t5 and self.scaled:
+        # HF ties the head to the shared embedding under tie_word_embeddings (PretrainedConfig's
+        # default, true), T5 and Switch alike, and scales the decoder output by d_model^-0.5 then
+        # only (NeuSight's L4 switch4 graph: a mul by 0.0361 = 768^-0.5 before lm_head). The
+        # Switch head had been scaled but left untied: 24.7M parameters too many for
+        # switch-base-4 (768 x 32128), 32.9M for switch-xl4
+        self.scaled = bool(c.get("tie_word_embeddings", True))
+        if self.scaled:
             self.lm_head.weight = self.shared.weight
 
     def forward(self, input_ids, decoder_input_ids):

@@ -1,0 +1,82 @@
+"""Config options of HF's OPT and Switch Transformer that the zoo builds as HF does: OPT's
+projected embeddings and post-norm layers (OPT-350m, NeuSight's opt.json), the Switch head tied
+to the shared embedding, and Switch's every-block experts (sparse step 1)."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kit.workload import zoo
+
+DATA = Path(os.environ.get("KIT_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "neusight"))
+OPT_JSON = DATA / "data" / "DLmodel_configs" / "opt.json"
+
+
+def _count(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+OPT_350M = {"model_type": "opt", "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24,
+            "num_attention_heads": 16, "vocab_size": 50272, "max_position_embeddings": 2048,
+            "word_embed_proj_dim": 512, "do_layer_norm_before": False}
+
+
+def test_opt_350m_has_hfs_parameters():
+    """facebook/opt-350m: embeddings of 512 projected in and out of 1024-wide post-norm layers,
+    no final norm; counted by hand: 50272*512 + 2050*1024 + 2*512*1024 + 24*(4*(1024^2+1024)
+    + 2*1024*4096 + 4096 + 1024 + 4*1024) = 331,196,416 (the head tied to the embedding)."""
+    d, p, ff, v, layers = 1024, 512, 4096, 50272, 24
+    per_layer = 4 * (d * d + d) + 2 * d * ff + ff + d + 4 * d
+    assert _count(zoo.build(OPT_350M)) == v * p + 2050 * d + 2 * p * d + layers * per_layer == 331_196_416
+
+
+def test_projected_opt_captures_with_its_projections_and_no_final_norm():
+    tiny = {**OPT_350M, "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 100, "word_embed_proj_dim": 32}
+    g = zoo.graph_for(tiny, 2, 16, "train", disk=False)
+    gemms = {n.module for n in g if n.op_class == "gemm" and n.phase == "fwd"}
+    assert {"project_in", "project_out", "lm_head"} <= gemms
+    norms = [n.module for n in g if n.op_class == "layernorm" and n.phase == "fwd"]
+    assert len(norms) == 2 * 2 and "final_layer_norm" not in norms  # two a layer, none after
+    # the pre-norm layout keeps its final norm
+    pre = zoo.graph_for({**tiny, "do_layer_norm_before": True}, 2, 16, "inference", disk=False)
+    assert "final_layer_norm" in {n.module for n in pre if n.op_class == "layernorm"}
+    # a decode step over a KV cache runs through the projections too
+    dec = zoo.graph_for(tiny, 2, 16, "decode", disk=False)
+    assert {"project_in", "project_out"} <= {n.module for n in dec if n.op_class == "gemm"}
+
+
+@pytest.mark.skipif(not OPT_JSON.is_file(), reason="NeuSight configs not present (set KIT_DATA)")
+def test_neusights_opt_json_captures():
+    """Its word_embed_proj_dim 2048 against hidden_size 512 had failed on the add of the 2048-wide
+    token embeddings to the 512-wide positions."""
+    cfg = json.loads(OPT_JSON.read_text())
+    g = zoo.graph_for(cfg, 1, 32, "inference", disk=False)
+    assert g.meta["params"] == _count(zoo.build(cfg))
+    head = [n for n in g if n.module == "lm_head" and n.op_class == "gemm"]
+    assert head and head[0].op.k == cfg["word_embed_proj_dim"]
+
+
+def test_switch_head_is_tied_to_the_shared_embedding():
+    """HF ties it (tie_word_embeddings defaults to true) and scales the decoder output then only:
+    switch-base-8 is 619,339,008 parameters, not 644M with a head of its own."""
+    base8 = {**zoo.config("switch-base-4"), "num_experts": 8}
+    model = zoo.build(base8)
+    assert model.lm_head.weight is model.shared.weight
+    assert _count(model) == 619_339_008
+    untied = zoo.build({**base8, "tie_word_embeddings": False})
+    assert untied.lm_head.weight is not untied.shared.weight and not untied.scaled
+    assert _count(untied) == 619_339_008 + 768 * 32128
+
+
+def test_switch_sparse_step_one_puts_experts_in_every_block():
+    """HF's SwitchTransformersStack: sparse step 1 (Switch-C, Switch-XXL) makes every block
+    sparse; i % 1 == 1 had made none."""
+    tiny = {"model_type": "switch_transformers", "d_model": 32, "d_ff": 64, "d_kv": 8, "num_heads": 4,
+            "num_layers": 4, "vocab_size": 50, "num_experts": 2}
+    sparse = lambda m: [hasattr(b.mlp, "experts") for b in (*m.encoder, *m.decoder)]  # noqa: E731
+    assert sparse(zoo.build({**tiny, "encoder_sparse_step": 1, "decoder_sparse_step": 1})) == [True] * 8
+    assert sparse(zoo.build(tiny)) == [False, True, False, True] * 2  # the default step, 2
+    assert sparse(zoo.build({**tiny, "encoder_sparse_step": 0, "decoder_sparse_step": 3})) == \
+        [False] * 4 + [False, True, False, False]
