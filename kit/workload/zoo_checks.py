@@ -59,6 +59,27 @@ def _check_sizes(kind: str, cfg: dict) -> None:
     if isinstance(cfg.get(whole), int) and isinstance(cfg.get(parts), int) and cfg[whole] % cfg[parts]:
         raise KitError(f"{kind} config cannot build a model: {whole} {cfg[whole]} must be a "
                        f"multiple of {parts} {cfg[parts]} (each attention head gets an equal share)")
+    if kind in LLAMA_FAMILIES:
+        _check_rotary(kind, cfg)
+
+
+def _check_rotary(kind: str, cfg: dict) -> None:
+    """The rotary families' two checks: a head size that splits into the rotated pairs (an odd
+    head_dim 7 had failed inside the capture, blamed on the inputs), and a sliding window of
+    whole tokens (null or 0: none; a window of -4 had been priced as a full-square mask)."""
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    head = cfg.get("head_dim")
+    if head is None and isinstance(hidden, int) and isinstance(heads, int) and heads:
+        head = hidden // heads
+    if isinstance(head, int) and head % 2:
+        raise KitError(f"{kind} config cannot build a model: a head of {head} (head_dim, or "
+                       "hidden_size / num_attention_heads) must be even, rotary embeddings turn "
+                       "its dimensions in pairs")
+    window = cfg.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral)
+                               or window < 0):
+        raise KitError(f"{kind} config cannot build a model: sliding_window must be a whole number "
+                       f"of tokens (null or 0: no window), got {window!r}")
 
 
 # the width these families split evenly into attention heads (they have no head_dim of their own)
