@@ -41,13 +41,17 @@ def _check_sizes(kind: str, cfg: dict) -> None:
         if value is None:
             continue
         many = isinstance(value, (list, tuple))
-        items = [v for v in value if not isinstance(v, str)] if many else [value]
+        items = [v for v in value if v != POOL_MARKER] if many else [value]
         bad = (many and not value) or any(isinstance(v, bool) or not isinstance(v, numbers.Integral)
                                           or v < 1 for v in items)  # numpy integers are whole
-        if bad:
+        if bad:  # a marker other than "M" ("X") had reached nn.Conv2d as a width: "not all
+            # arguments converted during string formatting"
             raise KitError(f"{kind} config cannot build a model: {name} must be "
                            f"{'a list of ' if many else 'a '}positive whole number"
-                           f"{'s' if many else ''}, got {value!r}")
+                           f"{'s' if many else ''}{' (and ' + repr(POOL_MARKER) + ' for a max pool)' if many else ''}"
+                           f", got {value!r}")
+    if kind == "vgg":
+        _check_pools(cfg)
     for name in LAYER_FIELDS:
         if isinstance(cfg.get(name), numbers.Integral) and cfg[name] > MAX_LAYERS:
             raise KitError(f"{kind} config: {name} {cfg[name]:,} is more than the {MAX_LAYERS:,} layers "
@@ -61,6 +65,19 @@ def _check_sizes(kind: str, cfg: dict) -> None:
                        f"multiple of {parts} {cfg[parts]} (each attention head gets an equal share)")
     if kind in LLAMA_FAMILIES:
         _check_rotary(kind, cfg)
+
+
+POOL_MARKER = "M"  # a VGG layers entry: a 2x2 max pool
+
+
+def _check_pools(cfg: dict) -> None:
+    """A VGG's images must outlast its 2x2 max pools: a 16-pixel image is 1x1 before the fifth
+    pool of configuration D, which had failed inside the capture, blamed on the inputs."""
+    pools, size = list(cfg.get("layers") or ()).count(POOL_MARKER), cfg.get("image_size", 224)
+    if isinstance(size, int) and not isinstance(size, bool) and size >> pools < 1:
+        raise KitError(f"vgg config cannot build a model: image_size {size} is halved by "
+                       f"{pools} max pools ('M' in layers) to nothing; give an image_size of at "
+                       f"least {2 ** pools}")
 
 
 def _check_rotary(kind: str, cfg: dict) -> None:
