@@ -31,9 +31,9 @@ MAX_LAYERS = 4096  # DeepNet (Wang et al., 2022) trained 1,000-layer encoders, 2
 
 def _check_sizes(kind: str, cfg: dict) -> None:
     """A KitError for a size that is not a positive whole number: 0, negative, fractional, a bool
-    (JSON true is not 1 layer), a string, or an empty list of them. A list may hold markers
-    (vgg's "M" for a max-pool) beside its sizes. A model_type that is no string, and more than
-    MAX_LAYERS layers, are refused too."""
+    (JSON true is not 1 layer), a string, or an empty list of them. VGG's layers may hold its
+    max-pool marker "M" beside its widths; no other list may. A model_type that is no string,
+    and more than MAX_LAYERS layers, are refused too."""
     if not isinstance(kind, str):  # a list or dict had raised "unhashable type" from a lookup
         raise KitError(f"config model_type must be a string such as 'gpt2', got {kind!r}")
     for name in (*SIZE_FIELDS, *FAMILY_SIZE_FIELDS.get(kind, ())):
@@ -41,14 +41,16 @@ def _check_sizes(kind: str, cfg: dict) -> None:
         if value is None:
             continue
         many = isinstance(value, (list, tuple))
-        items = [v for v in value if v != POOL_MARKER] if many else [value]
+        pools = kind == "vgg" and name == "layers"  # the one list with a marker among its sizes
+        items = [v for v in value if not (pools and v == POOL_MARKER)] if many else [value]
         bad = (many and not value) or any(isinstance(v, bool) or not isinstance(v, numbers.Integral)
                                           or v < 1 for v in items)  # numpy integers are whole
         if bad:  # a marker other than "M" ("X") had reached nn.Conv2d as a width: "not all
-            # arguments converted during string formatting"
+            # arguments converted during string formatting"; an "M" in DLRM's bottom_mlp had
+            # reached torch.empty ("argument 'size' must be tuple of ints")
             raise KitError(f"{kind} config cannot build a model: {name} must be "
                            f"{'a list of ' if many else 'a '}positive whole number"
-                           f"{'s' if many else ''}{' (and ' + repr(POOL_MARKER) + ' for a max pool)' if many else ''}"
+                           f"{'s' if many else ''}{f' (and {POOL_MARKER!r} for a max pool)' if pools else ''}"
                            f", got {value!r}")
     if kind == "vgg":
         _check_pools(cfg)
