@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.errors import KitError
 from kit.workload import zoo
 
 DATA = Path(os.environ.get("KIT_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "neusight"))
@@ -80,3 +81,20 @@ def test_switch_sparse_step_one_puts_experts_in_every_block():
     assert sparse(zoo.build(tiny)) == [False, True, False, True] * 2  # the default step, 2
     assert sparse(zoo.build({**tiny, "encoder_sparse_step": 0, "decoder_sparse_step": 3})) == \
         [False] * 4 + [False, True, False, False]
+
+
+@pytest.mark.parametrize("width", [0, -5, 2.5, "512", True])
+def test_a_projected_embedding_width_that_is_no_size_is_named(width):
+    """0 had been blamed on an 'embedding_bag: dim', the others on torch.empty's arguments."""
+    tiny = {**OPT_350M, "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 100}
+    with pytest.raises(KitError, match=r"word_embed_proj_dim must be a positive whole number, got"):
+        zoo.graph_for({**tiny, "word_embed_proj_dim": width}, 1, 16, "inference", disk=False)
+
+
+def test_a_null_projected_embedding_width_is_the_hidden_size():
+    """HF's OPTConfig reads word_embed_proj_dim null as hidden_size: no projections."""
+    tiny = {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 100}
+    model = zoo.build({**tiny, "word_embed_proj_dim": None})
+    assert model.project_in is None and _count(model) == _count(zoo.build(tiny))

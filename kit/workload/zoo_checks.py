@@ -14,6 +14,7 @@ from kit.workload.zoo_configs import config, resolve
 # vocabulary, experts, table rows); 0 built an empty model that predicted a few µs
 SIZE_FIELDS = ("n_layer", "num_hidden_layers", "num_layers", "num_decoder_layers", "n_embd",
                "hidden_size", "d_model", "d_ff", "d_kv", "ffn_dim", "intermediate_size", "n_inner",
+               "word_embed_proj_dim",
                "n_head", "num_attention_heads", "num_heads", "num_key_value_heads", "head_dim",
                "vocab_size", "n_positions", "max_position_embeddings", "num_experts",
                "num_local_experts", "num_experts_per_tok", "embedding_dim", "dense_features",

@@ -263,7 +263,7 @@ class OPTForCausalLM(nn.Module):
         super().__init__()
         self.config = c
         d = c["hidden_size"]
-        proj = c.get("word_embed_proj_dim", d)
+        proj = c.get("word_embed_proj_dim") or d  # null: hidden_size, as HF's OPTConfig reads it
         self.embed_tokens = nn.Embedding(c["vocab_size"], proj)
         # embeddings narrower (or wider) than the layers, as HF's OPTDecoder has them: projected
         # in after the lookup and out before the LM head (OPT-350m: 512 against 1024; NeuSight's
