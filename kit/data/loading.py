@@ -216,6 +216,13 @@ def checked_table(raw: pd.DataFrame, where: str, lines: bool = True) -> pd.DataF
                 raise KitError(f"{where}: {col} must be a positive number; {row} has a bool "
                                f"({raw[col].iloc[i]!r})")
     frame = schema.conform(raw, where if lines else "")
+    # elem_kind and scalar follow from the op, and the predictors read them: a CSV with op_class
+    # but neither had its addu rows refused as 'unknown elementwise kind nan' (and a missing
+    # scalar priced them as a tensor add); check_rows refuses one given that contradicts the op
+    if frame["op"].isin(list(schema.OPS)).all():  # (else check_rows names the unknown op)
+        info = schema.op_columns(frame["op"].astype("str"))
+        for col in ("elem_kind", "scalar"):
+            frame[col] = frame[col].where(frame[col].notna(), info[col])
     schema.check_rows(frame, where, lines=lines)  # what evaluate would refuse, named for every reader
     check_times(frame, where, lines=lines, raw=raw if lines else None)
     return gpu_keys(frame, where)

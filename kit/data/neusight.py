@@ -159,11 +159,18 @@ MAX_ELEMENTS = 2 ** 40
 MAX_MACS = 2 ** 53
 
 
+def _numbers(values: pd.Series) -> pd.Series:
+    """values as numbers, NaN where one is none: a bool too (pandas reads a column of True as
+    bool, which to_numeric takes for 1: a Latency of True had loaded as 1 ms)."""
+    bools = schema.bool_values(values)
+    return pd.to_numeric(values.where(~bools) if bools.any() else values, errors="coerce")
+
+
 def _int_column(raw: pd.DataFrame, col: str, rows: pd.Series, positive: bool = False) -> pd.Series:
     """Whole, non-negative numbers in col where rows is true, or positive ones (a shape's
     dimensions: an op over 0 rows was never measured), at most MAX_DIM; KitError naming
     file:line and the column."""
-    values = pd.to_numeric(raw[col], errors="coerce")
+    values = _numbers(raw[col])
     low = values <= 0 if positive else values < 0
     huge = values > MAX_DIM
     bad = rows & (values.isna() | (values != np.round(values)) | low | huge)
@@ -217,7 +224,7 @@ def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
     out["gpu"] = out["device_name"].map(keys)
     out["dtype"] = "fp32"  # NeuSight measured FP32 only (SIMT sgemm, TF32 off)
 
-    latency = pd.to_numeric(raw["Latency"], errors="coerce")
+    latency = _numbers(raw["Latency"])
     bad = ~(np.isfinite(latency) & (latency >= schema.MIN_TIME_MS))  # NaN, zero, negative, infinite, subnormal
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])

@@ -207,6 +207,8 @@ def conform(frame: pd.DataFrame, where: str = "") -> pd.DataFrame:
             continue
         values = frame[col]
         try:
+            if dtype in ("Int64", "float64") and bool_values(values).any():
+                raise ValueError("a bool is no number")  # pandas reads a column of True as 1
             if dtype == "Int64":
                 numeric = pd.to_numeric(values, errors="raise")
                 if numeric.dtype.kind == "f":
@@ -222,14 +224,24 @@ def conform(frame: pd.DataFrame, where: str = "") -> pd.DataFrame:
                 if values.dtype.kind == "f" and (values.dropna() == np.round(values.dropna())).all():
                     values = values.astype("Int64")  # 8902.0 -> "8902"
                 out[col] = values.astype("str").where(values.notna(), np.nan)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # OverflowError: an integer past int64
             i, bad = _first_bad(values, dtype)
-            at = f"{where}:{data_line(where, i)}: " if where else f"row {i}: " if i is not None else ""
+            at = ("" if i is None else f"{where}:{data_line(where, i)}: " if where else f"row {i}: ")
             raise KitError(f"{at}column {col!r} must hold {KINDS[dtype]}, got {bad!r}") from None
     return pd.DataFrame(out, index=frame.index)
 
 
-KINDS = {"Int64": "whole numbers", "float64": "finite numbers", "boolean": "true or false", "str": "text"}
+KINDS = {"Int64": "whole numbers (of magnitude under 2^63)", "float64": "finite numbers",
+         "boolean": "true or false", "str": "text"}
+
+
+def bool_values(values: pd.Series) -> pd.Series:
+    """True where a value is a bool (a CSV column of True/False is read as bool dtype)."""
+    if values.dtype == bool or values.dtype == "boolean":
+        return values.notna()
+    if values.dtype != object:  # a numeric column holds no bool: not looked at value by value
+        return pd.Series(False, index=values.index)
+    return values.map(lambda v: isinstance(v, (bool, np.bool_))).astype(bool)
 
 
 def _to_boolean(values: pd.Series) -> pd.Series:
@@ -247,12 +259,14 @@ def _first_bad(values: pd.Series, dtype: str) -> tuple[int | None, object]:
     for i, v in enumerate(values):
         if pd.isna(v):
             continue
+        if isinstance(v, (bool, np.bool_)) and dtype in ("Int64", "float64"):
+            return i, v
         try:
             if dtype == "boolean":
                 _to_boolean(pd.Series([v]))
                 continue
             f = float(pd.to_numeric(pd.Series([v]), errors="raise").iloc[0])
-            if dtype == "Int64" and f != round(f):
+            if dtype == "Int64" and (f != round(f) or not -2.0 ** 63 <= f < 2.0 ** 63):
                 return i, v
         except (TypeError, ValueError, OverflowError):
             return i, v
@@ -282,7 +296,7 @@ CLASS_DIMS = {"gemm": ("b", "m", "n", "k"), "elementwise": ("rows", "cols"), "so
 
 def check_rows(frame: pd.DataFrame, where: str, lines: bool = True) -> None:
     """KitError naming `where` (a CSV, header on line 1) and the line of the first row whose
-    op_class is not its op's, whose dtype the kit does not know, or whose shape has a missing,
+    op_class is not its op's (nor, on an elementwise row, its elem_kind or scalar), whose dtype the kit does not know, or whose shape has a missing,
     zero or negative dimension: what evaluate or a predictor would refuse later, or count
     silently. The gpu is not looked up: a collect on a GPU of the user's own file (--gpu-file)
     names one the catalog lacks, and whoever predicts it says so. lines=False: the frame was
@@ -293,12 +307,22 @@ def check_rows(frame: pd.DataFrame, where: str, lines: bool = True) -> None:
         i = int(np.flatnonzero(bad.to_numpy(dtype=bool))[0])
         return (f"{where}:{data_line(where, i)}" if lines else f"{where}, the row at index {frame.index[i]!r}"), i
 
-    cls = op_columns(frame["op"].astype("str"))["op_class"]
+    info = op_columns(frame["op"].astype("str"))
+    cls = info["op_class"]
     bad = (frame["op_class"] != cls).fillna(True)
     if bad.any():
         at, i = first(bad)
         raise KitError(f"{at}: op {frame['op'].iloc[i]} is in op class {cls.iloc[i]}, but op_class says "
                        f"{frame['op_class'].iloc[i]!r}")
+    elementwise = cls == "elementwise"  # the predictors read these two on its rows alone
+    for col in ("elem_kind", "scalar"):
+        bad = elementwise & (frame[col].astype(object) != info[col].astype(object)).fillna(True)
+        if bad.any():
+            at, i = first(bad)
+            given, own = frame[col].iloc[i], info[col].iloc[i]
+            word = lambda v: str(v).lower() if isinstance(v, (bool, np.bool_)) else repr(v)  # noqa: E731
+            raise KitError(f"{at}: op {frame['op'].iloc[i]} has {col} {word(own)}, but the row's "
+                           f"{col} says {'nothing' if pd.isna(given) else word(given)}")
     bad = frame["dtype"].notna() & ~frame["dtype"].isin(DTYPES)
     if bad.any():
         at, i = first(bad)
