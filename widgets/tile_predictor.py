@@ -8,6 +8,7 @@ the chart draws at most MAX_POINTS of them. No model logic lives here.
 """
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable
 
 import altair as alt
@@ -30,15 +31,18 @@ ROW_COLUMNS = ("gpu", "op", "op_class", "measured_ms", "predicted_ms", "p10_ms",
 
 
 def measured_rows(gpus=HELD_OUT, predictor=None) -> pd.DataFrame | None:
-    """predict_rows of the tile-MLP on NeuSight's test rows of gpus; None without the data."""
+    """predict_rows of the tile-MLP on NeuSight's test rows of gpus; None without the data (no
+    NeuSight folder found). A folder whose test set cannot be read is its KitError (it had been
+    None too, and the panel told a reader whose KIT_DATA was set to set KIT_DATA)."""
+    from kit.data import resolve_data_dir
     from kit.errors import KitError
+    from kit.predict.evaluate import load_neusight_test, predict_rows
 
     try:
-        from kit.predict.evaluate import load_neusight_test, predict_rows
-
-        test = load_neusight_test()
+        root = resolve_data_dir()
     except KitError:
         return None
+    test = load_neusight_test(root)
     if predictor is None:
         from kit.predict import get_predictor
 
@@ -48,6 +52,7 @@ def measured_rows(gpus=HELD_OUT, predictor=None) -> pd.DataFrame | None:
 
 class TilePredictorPanel(Panel):
     title = "Tile-MLP on a GPU it never saw: predicted vs measured"
+    _unread = None  # why NeuSight's test set, found, could not be read
 
     def __init__(self, rows: pd.DataFrame | None = None, gpus=HELD_OUT):
         from kit.errors import KitError
@@ -76,7 +81,10 @@ class TilePredictorPanel(Panel):
             self.gpus = list(dict.fromkeys(get_gpu(g).key for g in gpus))
             if not self.gpus:
                 raise KitError("TilePredictorPanel: no GPU given")
-            self.rows = measured_rows(self.gpus)
+            try:
+                self.rows = measured_rows(self.gpus)
+            except KitError as e:  # the roofline sweep still shows; the summary says why
+                self.rows, self._unread = None, str(e)
         super().__init__()
 
     def controls(self):
@@ -150,7 +158,8 @@ class TilePredictorPanel(Panel):
     def summary_text(self) -> str:
         if not self.measured():
             what = "square GEMMs" if self.op_class.value in ("all", "gemm") else self.op_class.value
-            where = ("set KIT_DATA to NeuSight's folder" if self.rows is None
+            where = (f"NeuSight's test set cannot be read: {html.escape(self._unread, quote=False)}" if self._unread
+                     else "set KIT_DATA to NeuSight's folder" if self.rows is None
                      else f"NeuSight's test set has none of {self.gpu.value}")
             return f"no measurements found ({where}): prediction vs roofline for a sweep of {what}"
         rows = self.all_selected()
