@@ -55,15 +55,16 @@ def test_panel_contract(cls):
 def test_offline_bundle_is_cached_and_reused(tmp_path, monkeypatch):
     import altair as alt
 
-    from widgets.base import enable_offline_charts
+    from widgets.base import BUNDLE_MARK, _sha256, enable_offline_charts
 
     monkeypatch.setenv("KIT_CACHE", str(tmp_path))
     monkeypatch.setattr(alt.JupyterChart, "_is_offline", False)
     monkeypatch.setattr(alt.JupyterChart, "_esm", alt.JupyterChart._esm)
     enable_offline_charts()
     (bundle,) = tmp_path.glob("jupyterchart-*.js")
-    assert bundle.read_text() == alt.JupyterChart._esm and alt.JupyterChart._is_offline
-    bundle.write_text("// cached bundle")  # the next kernel reads the cache instead of rebuilding
+    assert bundle.read_text().startswith(alt.JupyterChart._esm + BUNDLE_MARK) and alt.JupyterChart._is_offline
+    # the next kernel reads the cache instead of rebuilding (a whole one: it ends with its hash)
+    bundle.write_text("// cached bundle" + BUNDLE_MARK + _sha256("// cached bundle") + "\n")
     monkeypatch.setattr(alt.JupyterChart, "_is_offline", False)
     enable_offline_charts()
     assert alt.JupyterChart._esm == "// cached bundle"

@@ -38,16 +38,40 @@ def enable_offline_charts() -> None:
 
         cache = Path(os.environ.get("KIT_CACHE") or Path.home() / ".cache" / "gpu-perf-kit")
         path = cache / f"jupyterchart-{alt.__version__}-vlc-{vl_convert.__version__}.js"
-        if path.is_file() and path.stat().st_size > 0:
-            cls._esm, cls._is_offline = path.read_text(), True
+        esm = _checked_bundle(path) if path.is_file() else None
+        if esm is not None:
+            cls._esm, cls._is_offline = esm, True
             return
         cls.enable_offline()
         cache.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(cls._esm)
+        tmp.write_text(cls._esm + BUNDLE_MARK + _sha256(cls._esm) + "\n", encoding="utf-8")
         tmp.replace(path)
     except (OSError, AttributeError, ImportError):
         cls.enable_offline()
+
+
+# The cached bundle ends with this line and the sha256 of what precedes it: a file cut short or
+# damaged in $KIT_CACHE is rebuilt. Its first check had been a size above 0: a file of invalid
+# UTF-8 raised UnicodeDecodeError from every panel's constructor, and a cut one (100 kB of the
+# 905 kB bundle) was served to the browser, which then drew no chart at all.
+BUNDLE_MARK = "\n// gpu-perf-kit bundle sha256="
+
+
+def _sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _checked_bundle(path) -> str | None:
+    """The cached bundle at path when whole (its closing mark and hash agree), else None."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    esm, mark, digest = text.rpartition(BUNDLE_MARK)
+    return esm if mark and esm and digest.strip() == _sha256(esm) else None
 
 
 def check_init(panel: str, name: str, value, options=None, lo=None, hi=None, whole: bool = True):
