@@ -51,6 +51,21 @@ def test_header_reads_title_and_stated_time(tmp_path):
         notebook_header(tmp_path / "03_bad.ipynb")
 
 
+@pytest.mark.parametrize("text", ['[1, 2]', '{"cells": [1, "x"]}', '{"cells": 5}',
+                                  '{"cells": [{"cell_type": "markdown", "source": 5}]}'])
+def test_json_that_is_no_notebook_is_one_error(tmp_path, text):
+    # valid JSON, but no notebook: an AttributeError or TypeError had come out of series_table
+    (tmp_path / "03_odd.ipynb").write_text(text)
+    with pytest.raises(KitError, match="cannot read notebook .*03_odd.ipynb.*not a notebook"):
+        series_table(tmp_path)
+
+
+def test_source_as_a_list_of_lines_is_read(tmp_path):
+    (tmp_path / "01_x.ipynb").write_text('{"cells": [{"cell_type": "markdown", "source": '
+                                         '["# One\\n", "**Time:** about 9 minutes"]}]}')
+    assert notebook_header(tmp_path / "01_x.ipynb") == ("One", 9)
+
+
 def test_table_mixes_found_planned_and_unknown(tmp_path):
     write_nb(tmp_path, "00_index.ipynb", "# index")
     write_nb(tmp_path, "01_gpu_architecture.ipynb", "# One\n**Time:** about 12 minutes")

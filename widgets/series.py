@@ -38,10 +38,18 @@ NOTEBOOK_RE = re.compile(r"^(\d\d)_([A-Za-z0-9_]+)\.ipynb$")
 def notebook_header(path: Path) -> tuple[str, int | None]:
     """The first heading of a notebook and the minutes its first markdown cells state, if any."""
     try:
-        cells = json.loads(Path(path).read_text(encoding="utf-8")).get("cells", [])
+        notebook = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise KitError(f"cannot read notebook {path}: {e}") from None
-    text = "\n".join("".join(c.get("source", "")) for c in cells[:3] if c.get("cell_type") == "markdown")
+    # valid JSON but no notebook ([1, 2], cells of numbers, a source of 5) had raised an
+    # AttributeError or TypeError from the index's constructor
+    cells = notebook.get("cells", []) if isinstance(notebook, dict) else None
+    if not isinstance(cells, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("source", ""), (str, list)) for c in cells[:3]):
+        raise KitError(f"cannot read notebook {path}: it is JSON, but not a notebook's "
+                       "(a 'cells' list of cells with text sources)")
+    text = "\n".join("".join(map(str, c.get("source", ""))) for c in cells[:3]
+                      if c.get("cell_type") == "markdown")
     title = next((ln.lstrip("#").strip() for ln in text.splitlines() if ln.startswith("# ")), Path(path).stem)
     m = TIME_RE.search(text)
     return title, int(m.group(1)) if m else None
