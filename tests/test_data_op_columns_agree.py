@@ -99,3 +99,15 @@ def test_neusight_bool_number_is_no_one(tmp_path, col):
     path = _write(tmp_path, ",".join(cells) + "\n" + ",".join(cells.values()) + "\n")
     with pytest.raises(KitError, match=rf"{path}:2: .*{col}.*True"):
         load_measurements(path)
+
+
+def test_error_names_the_value_the_column_cannot_hold(tmp_path):
+    # 2^63 - 1 fits int64 (a file of it alone loads), so the 'abc' below it is the one to name;
+    # float(2^63 - 1) rounds to 2^63, which had named line 2 instead
+    top = str(2 ** 63 - 1)
+    alone = _write(tmp_path, f"{KIT_HEAD}\nbmm,0.5,{DEVICE},fp32,2,{top},4,5\n", "alone.csv")
+    assert int(load_measurements(alone).m.iloc[0]) == 2 ** 63 - 1
+    path = _write(tmp_path, f"{KIT_HEAD}\nbmm,0.5,{DEVICE},fp32,2,{top},4,5\n"
+                  f"bmm,0.5,{DEVICE},fp32,2,abc,4,5\n")
+    with pytest.raises(KitError, match=rf"{path}:3: column 'm' .*'abc'"):
+        load_measurements(path)

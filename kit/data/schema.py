@@ -265,8 +265,16 @@ def _first_bad(values: pd.Series, dtype: str) -> tuple[int | None, object]:
             if dtype == "boolean":
                 _to_boolean(pd.Series([v]))
                 continue
-            f = float(pd.to_numeric(pd.Series([v]), errors="raise").iloc[0])
-            if dtype == "Int64" and (f != round(f) or not -2.0 ** 63 <= f < 2.0 ** 63):
+            num = pd.to_numeric(pd.Series([v]), errors="raise").iloc[0]
+            f = float(num)
+            if dtype != "Int64":
+                continue
+            # an integer is checked as one: float(2^63 - 1) rounds up to 2^63, which had named
+            # the int64 maximum the column holds as the bad value, not the 'abc' after it
+            if isinstance(num, (int, np.integer)):
+                if not -2 ** 63 <= int(num) < 2 ** 63:
+                    return i, v
+            elif f != round(f) or not -2.0 ** 63 <= f < 2.0 ** 63:
                 return i, v
         except (TypeError, ValueError, OverflowError):
             return i, v
