@@ -173,3 +173,18 @@ def test_a_gpt2_config_that_unties_its_head_is_untied_in_the_module_and_the_spec
     counted_tied = sum(x.numel() for x in build(dict(small, tie_word_embeddings=True)).parameters())
     assert counted - counted_tied == small["vocab_size"] * small["n_embd"]  # the module unties too
     assert spec.params == pytest.approx(counted, rel=2e-3)
+
+
+def test_an_opt_config_with_projected_embeddings_is_refused_not_mispriced(tmp_path):
+    """OPT-350m (512-wide embeddings projected to 1024-wide layers) had been read as a plain
+    GPT: 355,887,104 parameters against HF's 331,196,416, no projections priced."""
+    cfg = {"model_type": "opt", "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24,
+           "num_attention_heads": 16, "vocab_size": 50272, "max_position_embeddings": 2048,
+           "word_embed_proj_dim": 512, "do_layer_norm_before": False}
+    f = tmp_path / "opt350m.json"
+    f.write_text(json.dumps(cfg))
+    with pytest.raises(KitError, match="word_embed_proj_dim.*one GPU"):
+        parse_model(str(f))
+    same = tmp_path / "opt_same.json"  # a projection to its own width is none (OPT-1.3b's)
+    same.write_text(json.dumps({**cfg, "word_embed_proj_dim": 1024}))
+    assert parse_model(str(same)).hidden == 1024

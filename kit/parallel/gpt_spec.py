@@ -211,6 +211,11 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     if c.get("model_type") in ("qwen2_moe", "qwen3_moe"):  # num_experts, moe_intermediate_size
         raise KitError(f"model {name!r}: the multi-GPU layer does not model Qwen's MoE layers; "
                        "predict it on one GPU (--gpu)")
+    proj = c.get("word_embed_proj_dim")
+    if proj is not None and proj != h:  # OPT-350m's: 512-wide embeddings projected to 1024
+        raise KitError(f"model {name!r} embeds tokens {proj} wide and projects them to its "
+                       f"{h}-wide layers (word_embed_proj_dim); the multi-GPU layer does not model "
+                       "those projections: predict it on one GPU (--gpu)")
     from kit.workload.modes import LLAMA_FAMILIES, TIED_BY_DEFAULT  # (zoo_modern imports torch)
 
     llama = c.get("model_type") in LLAMA_FAMILIES
