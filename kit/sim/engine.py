@@ -13,6 +13,7 @@ Cost: one pass over the ops, a few list operations each (about 1 µs/op in CPyth
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,6 +139,8 @@ def simulate(graph: ExecGraph) -> SimResult:
     arrived: dict = {}  # key -> [op ids]
     ready_at: dict = {}  # op id -> ready time (collectives only)
     finished: list = []  # op ids in the order they were finished
+    if g.group_ranks:
+        _check_declared_ranks(g)
     for i, d in enumerate(deps):
         for j in d:
             if rank_of[j] != rank_of[i]:
@@ -201,11 +204,71 @@ def simulate(graph: ExecGraph) -> SimResult:
             k += 1
         ptr[q] = k
     if not all(done):
-        first = done.index(False)
-        stuck = next((j for j in range(n) if not done[j] and group[j] is not None), first)
-        key = group[stuck]
-        have = sorted(rank_of[j] for j in arrived.get(key, []))
-        raise KitError(f"deadlock: op {g.label[stuck]!r} (group {key!r}) on rank {rank_of[stuck]} "
-                       f"never started: {len(have)} of {size.get(key)} ranks reached it ({have}); "
-                       "check that every rank issues its collectives in a consistent order")
+        raise KitError(_deadlock(g, done, arrived, ready_at))
     return SimResult(g, np.asarray(start), np.asarray(end), ready_at, finished)
+
+
+def _ranks_text(ranks) -> str:
+    """'rank 3', 'ranks 0-4, 6-15' (runs of consecutive ranks as ranges)."""
+    ranks = sorted(ranks)
+    runs: list = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return ("rank " if len(ranks) == 1 else "ranks ") + shown
+
+
+def _check_declared_ranks(g: ExecGraph) -> None:
+    """KitError naming a collective that some of its declared ranks never issue (they would not
+    be waited for: the group is the ranks that hold its key)."""
+    holders: dict = {}
+    first: dict = {}
+    for i, key in enumerate(g.group):
+        if key is not None and key in g.group_ranks:
+            holders.setdefault(key, set()).add(g.rank[i])
+            first.setdefault(key, i)
+    for key, want in g.group_ranks.items():
+        missing = set(want) - holders.get(key, set())
+        if missing:
+            raise KitError(f"collective {g.label[first[key]]!r} (group {key!r}): "
+                           f"{_ranks_text(missing)} never issue{'s' if len(missing) == 1 else ''} it, "
+                           f"though it names {_ranks_text(want)}; {_ranks_text(holders[key])} would "
+                           "wait for it forever")
+
+
+def _deadlock(g: ExecGraph, done, arrived, ready_at) -> str:
+    """The deadlock message: a collective some of its ranks reached, the ranks that did not and
+    where each of them is held (a collective they reached first, or the op they never got to)."""
+    if arrived:  # a group some of whose ranks are waiting at it
+        key = min(arrived, key=lambda k: min(arrived[k]))
+    else:
+        key = g.group[next(j for j in range(len(g)) if not done[j] and g.group[j] is not None)]
+    ops = [j for j, k in enumerate(g.group) if k == key]
+    label = g.label[ops[0]]
+    reached = {g.rank[j] for j in arrived.get(key, ())}
+    behind = sorted({g.rank[j] for j in ops if j not in ready_at} - reached)
+    msg = f"deadlock: collective {label!r} (group {key!r}) never started: "
+    msg += f"{_ranks_text(reached)} reached it" if reached else "no rank reached it"
+    if behind:
+        msg += f", {_ranks_text(behind)} did not"
+    held: dict = {}  # where a rank that did not reach it is held -> those ranks
+    for r in behind:
+        parked = [j for j in g.order[r] if j in ready_at and not done[j] and g.group[j] != key]
+        if parked:
+            j = parked[0]
+            why = f"waiting at collective {g.label[j]!r} (group {g.group[j]!r})"
+        else:
+            j = next(j for j in g.order[r] if not done[j])
+            why = f"held at {g.label[j]!r} on {g.resource[j]}"
+        held.setdefault(why, []).append(r)
+    if held:
+        msg += " (" + "; ".join(f"{_ranks_text(rs)}: {why}" for why, rs in list(held.items())[:4]) + ")"
+    calls = Counter(g.rank[j] for j in ops)
+    twice = sorted(r for r, n in calls.items() if n > 1)
+    if twice:  # its group counts each call: a second call on one queue waits behind the first
+        msg += (f"; {_ranks_text(twice)} issue{'s' if len(twice) == 1 else ''} it more than once, "
+                "and each call counts as a member (give each collective call its own group key)")
+    return msg + "; check that every rank issues its collectives in a consistent order"

@@ -45,6 +45,7 @@ class ExecGraph:
         self.order: dict[int, list[int]] = {}  # simulated rank -> its op ids in add order
         self._tail: dict[tuple[int, str], int] = {}
         self.meta: dict = {}
+        self.group_ranks: dict = {}  # collective key -> the simulated ranks declared to take part
 
     def __len__(self) -> int:
         return len(self.dur_ms)
@@ -113,10 +114,25 @@ class ExecGraph:
             deps = (launch,) + tuple(deps)
         return self._add(rank, stream, kind, label, dur_ms, deps, group, tag)
 
-    def collective(self, rank: int, stream: str, dur_ms: float, label: str, group, **kw) -> int:
-        """A collective: starts when every simulated rank holding `group` is ready."""
+    def collective(self, rank: int, stream: str, dur_ms: float, label: str, group, ranks=None,
+                   **kw) -> int:
+        """A collective: starts when every simulated rank holding `group` is ready.
+
+        ranks: the simulated ranks that take part (None: whichever hold `group`). Given, a rank
+        of them that never issues the collective is an error of simulate(): without it the
+        group is just the ranks that issued it, and a rank left out by mistake was not waited
+        for (the others ran it among themselves)."""
         if group is None:
             raise KitError(f"collective {label!r}: needs a group key")
+        if ranks is not None:
+            want = tuple(sorted({int(x) for x in ranks}))
+            if rank not in want:
+                raise KitError(f"collective {label!r} (group {group!r}) on rank {rank}: the rank "
+                               f"is not among its ranks {list(want)}")
+            had = self.group_ranks.setdefault(group, want)
+            if had != want:
+                raise KitError(f"collective {label!r} (group {group!r}): ranks {list(want)} on rank "
+                               f"{rank}, but {list(had)} where another rank issued it")
         return self.gpu(rank, stream, dur_ms, label, kind="comm", group=group, **kw)
 
     def sync(self, rank: int, on, dur_ms: float = 0.0, label: str = "sync", thread: str = "cpu",
@@ -148,4 +164,5 @@ class ExecGraph:
         g.order = {r: list(v) for r, v in self.order.items()}
         g._tail = dict(self._tail)
         g.meta = dict(self.meta)
+        g.group_ranks = dict(self.group_ranks)
         return g

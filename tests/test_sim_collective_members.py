@@ -1,0 +1,82 @@
+"""kit.sim collectives: start together once every member has reached them, end together for equal
+durations; a collective some of its ranks never issue or never reach is one KitError naming it,
+the ranks that reached it, the ranks that did not and where those are held."""
+import pytest
+
+from kit.errors import KitError
+from kit.sim import ExecGraph, simulate
+
+
+def test_a_collective_starts_at_the_last_arrival_and_ends_together():
+    # rank r computes 1 + r ms after a 0.1 ms launch, then a 2 ms all-reduce: start 3.1, end 5.1
+    g = ExecGraph()
+    ar = []
+    for r in range(3):
+        k = g.gpu(r, "compute", 1.0 + r, "fwd", launch_ms=0.1)
+        ar.append(g.collective(r, "comm", 2.0, "allreduce", group="ar", deps=(k,), ranks=range(3)))
+    res = simulate(g)
+    assert [res.start_ms[i] for i in ar] == pytest.approx([3.1] * 3)
+    assert [res.end_ms[i] for i in ar] == pytest.approx([5.1] * 3)
+    for r in range(3):  # the critical path tiles each rank's time: waits included
+        b = res.breakdown(r)
+        assert b["total_ms"] == pytest.approx(5.1)
+        assert b["wait"] == pytest.approx(2.0 - r)
+
+
+def test_a_declared_rank_that_never_issues_the_collective_is_an_error():
+    # without ranks= the group is whoever holds the key: ranks 0 and 2 ran it alone in 2 ms
+    g = ExecGraph()
+    g.gpu(1, "compute", 1.0, "other work")
+    for r in (0, 2):
+        g.collective(r, "comm", 2.0, "allreduce", group="ar", ranks=(0, 1, 2))
+    with pytest.raises(KitError, match=r"collective 'allreduce' \(group 'ar'\): rank 1 never issues "
+                                       r"it, though it names ranks 0-2"):
+        simulate(g)
+
+
+def test_declared_ranks_must_agree():
+    g = ExecGraph()
+    g.collective(0, "comm", 1.0, "ar", group="ar", ranks=(0, 1))
+    with pytest.raises(KitError, match="ranks \\[0, 1, 2\\] on rank 1, but \\[0, 1\\]"):
+        g.collective(1, "comm", 1.0, "ar", group="ar", ranks=(0, 1, 2))
+    with pytest.raises(KitError, match="rank 3: the rank is not among its ranks"):
+        g.collective(3, "comm", 1.0, "ar", group="ar", ranks=(0, 1))
+
+
+def test_a_deadlock_names_the_ranks_that_did_not_arrive_and_where_they_are():
+    # rank 5 issues ar2 before ar1, the 15 others ar1 first. The message had read "op 'ar1' on
+    # rank 0 never started: 15 of 16 ranks reached it ([0, 1, ..., 15])", naming neither rank 5
+    # nor what held it
+    g = ExecGraph()
+    for r in range(16):
+        g.gpu(r, "compute", 1.0, "fwd")
+        for key in (("ar2", "ar1") if r == 5 else ("ar1", "ar2")):
+            g.collective(r, "comm", 1.0, key, group=key)
+    with pytest.raises(KitError) as e:
+        simulate(g)
+    msg = str(e.value)
+    assert "collective 'ar1' (group 'ar1') never started: ranks 0-4, 6-15 reached it, rank 5 did not" in msg
+    assert "rank 5: waiting at collective 'ar2' (group 'ar2')" in msg
+
+
+def test_a_collective_issued_twice_on_a_rank_says_so():
+    # rank 0 calls "ar" twice, rank 1 once: "2 of 3 ranks reached it" of a 2-rank job
+    g = ExecGraph()
+    g.collective(0, "comm", 1.0, "ar", group="ar")
+    g.collective(0, "comm", 1.0, "ar", group="ar")
+    g.collective(1, "comm", 1.0, "ar", group="ar")
+    with pytest.raises(KitError, match="rank 0 issues it more than once"):
+        simulate(g)
+
+
+def test_a_rank_held_through_a_host_sync_names_the_collective_behind_it():
+    # rank 1 launches "ar" only after a host sync on its "ag", which rank 0 issues after "ar"
+    g = ExecGraph()
+    g.collective(0, "comm", 1.0, "ar", group="ar")
+    g.collective(0, "comm", 1.0, "ag", group="ag")
+    ag = g.collective(1, "side", 1.0, "ag", group="ag")
+    g.sync(1, [ag], label="wait for ag")
+    g.collective(1, "comm", 1.0, "ar", group="ar", launch_ms=0.01)
+    with pytest.raises(KitError, match=r"collective 'ar' \(group 'ar'\) never started: rank 0 reached "
+                                       r"it, rank 1 did not \(rank 1: waiting at collective 'ag'"):
+        simulate(g)
