@@ -133,17 +133,30 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
     r = g.add_rank(t.rank)
     w0, w1 = t.window_us()
     tg.idle_op[r] = g.cpu(r, 0.0, "start offset", kind="idle")
-    by_corr = {e.correlation: e for e in t.gpu if e.correlation is not None}
+    # correlation -> its GPU ops in time order: a cudaGraphLaunch runs every kernel of the graph
+    # under the one correlation of its call (a dict of one op each had kept the last: a 3-kernel
+    # graph replayed as its last kernel, the other two's 0.08 ms turned into "launch delay")
+    by_corr: dict = {}
+    for e in t.gpu:
+        if e.correlation is not None:
+            by_corr.setdefault(e.correlation, []).append(e)
     marks = _step_marks(t, w0, w1)
     calls = [c for c in t.runtime if w0 <= c.ts_us < w1]
     # GPU work whose launch Kineto did not record still occupies its stream: anchor it to the
     # host timeline at its measured start with a zero-cost launch
     launched = {c.correlation for c in t.runtime if c.correlation is not None}  # None launches nothing
     orphans = [e for e in t.gpu if w0 <= e.ts_us < w1 and e.correlation not in launched]
+    anchored: dict = {}  # an unrecorded launch's correlation -> its GPU ops, anchored at the first
+    anchors = []
     for k, e in enumerate(orphans):
         key = e.correlation if e.correlation is not None else -1 - k
-        by_corr[key] = e
-        calls.append(RuntimeCall(e.ts_us, 0.0, UNRECORDED, "?", key))
+        if key not in anchored:
+            anchors.append(RuntimeCall(e.ts_us, 0.0, UNRECORDED, "?", key))
+        anchored.setdefault(key, []).append(e)
+    by_corr.update(anchored)
+    # first among the calls of their µs (the sort below keeps this order for equal times): the
+    # launch was before the kernel started, so a sync starting that µs waits for it
+    calls = anchors + calls
     if orphans:
         tg.notes.append(f"rank {r}: {len(orphans)} GPU ops without a recorded launch, placed at "
                         "their measured start")
@@ -215,6 +228,48 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
         return best, best_end
 
     ops_stream: dict[int, str] = {}
+
+    def place(c, ge, launch, launched_at):
+        """The GPU op of ge, launched by call c (its host part: op launch, done at launched_at)."""
+        deps = [launch]
+        prev_end = stream_ends.get(ge.stream, [])[-1:] or [w0]
+        ready = max(launched_at, prev_end[0])
+        for op in waits_for.pop(ge.stream, []):
+            deps.append(op)
+            ready = max(ready, measured_end[op])
+            count(tg.gpu_waits, "cuda_sync")
+        if link is not None:
+            for x in link.kernel_inputs.get(c.correlation, ()):
+                op = op_of_corr.get(x)
+                if op is not None and ops_stream[op] != ge.stream and op not in deps:
+                    deps.append(op)
+                    ready = max(ready, measured_end[op])
+                    count(tg.gpu_waits, "et")
+        if ge.ts_us > ready + TOL_US:  # it waited on an event of another stream
+            best, best_end = last_ended(ge.ts_us, skip=ge.stream)
+            if best >= 0 and best_end > ready + TOL_US:  # that op ended while it waited
+                deps.append(best)
+                ready = best_end
+                count(tg.gpu_waits, "timing")
+        if ge.ts_us > ready + TOL_US:  # the rest: the GPU took that long to start it
+            before = deps + stream_ops.get(ge.stream, [])[-1:]
+            deps.append(g.cpu(r, (ge.ts_us - ready) / 1e3, "launch delay",
+                              thread=f"launch delay {ge.stream}", kind="launch", deps=before))
+            count(tg.gpu_waits, "launch delay")
+        kind = ("comm" if is_collective_kernel(ge.name) else
+                "compute" if ge.cat == "kernel" else "memcpy")
+        op = g.gpu(r, f"stream {ge.stream}", ge.dur_us / 1e3, ge.name, kind=kind, deps=deps,
+                   tag=c.name)
+        gend = ge.ts_us + ge.dur_us
+        stream_ends.setdefault(ge.stream, []).append(gend)
+        stream_ops.setdefault(ge.stream, []).append(op)
+        launch_ts.setdefault(ge.stream, []).append(c.ts_us)
+        ops_stream[op] = ge.stream
+        op_of_corr[c.correlation] = op
+        measured_end[op] = gend
+        ops.append((op, ge, step_k, c))
+        return op
+
     for ts, order, ev in events:
         if order < 2:
             gap_to(ts)
@@ -226,49 +281,15 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
         s = max(c.ts_us, cursor)
         e = max(c.ts_us + c.dur_us, s)
         gap_to(s)
-        ge = by_corr.get(c.correlation) if c.correlation is not None else None
-        if ge is not None:
-            first = min(max(ge.ts_us - s, 0.0), e - s)
+        ges = by_corr.get(c.correlation) if c.correlation is not None else None
+        if ges:
+            first = min(max(ges[0].ts_us - s, 0.0), e - s)
             launch = g.cpu(r, first / 1e3, c.name, kind="launch")
-            deps = [launch]
-            prev_end = stream_ends.get(ge.stream, [])[-1:] or [w0]
-            ready = max(s + first, prev_end[0])
-            for op in waits_for.pop(ge.stream, []):
-                deps.append(op)
-                ready = max(ready, measured_end[op])
-                count(tg.gpu_waits, "cuda_sync")
-            if link is not None:
-                for x in link.kernel_inputs.get(c.correlation, ()):
-                    op = op_of_corr.get(x)
-                    if op is not None and ops_stream[op] != ge.stream and op not in deps:
-                        deps.append(op)
-                        ready = max(ready, measured_end[op])
-                        count(tg.gpu_waits, "et")
-            if ge.ts_us > ready + TOL_US:  # it waited on an event of another stream
-                best, best_end = last_ended(ge.ts_us, skip=ge.stream)
-                if best >= 0 and best_end > ready + TOL_US:  # that op ended while it waited
-                    deps.append(best)
-                    ready = best_end
-                    count(tg.gpu_waits, "timing")
-            if ge.ts_us > ready + TOL_US:  # the rest: the GPU took that long to start it
-                before = deps + stream_ops.get(ge.stream, [])[-1:]
-                deps.append(g.cpu(r, (ge.ts_us - ready) / 1e3, "launch delay",
-                                  thread=f"launch delay {ge.stream}", kind="launch", deps=before))
-                count(tg.gpu_waits, "launch delay")
-            kind = ("comm" if is_collective_kernel(ge.name) else
-                    "compute" if ge.cat == "kernel" else "memcpy")
-            op = g.gpu(r, f"stream {ge.stream}", ge.dur_us / 1e3, ge.name, kind=kind, deps=deps,
-                       tag=c.name)
-            gend = ge.ts_us + ge.dur_us
-            stream_ends.setdefault(ge.stream, []).append(gend)
-            stream_ops.setdefault(ge.stream, []).append(op)
-            launch_ts.setdefault(ge.stream, []).append(c.ts_us)
-            ops_stream[op] = ge.stream
-            op_of_corr[c.correlation] = op
-            measured_end[op] = gend
-            ops.append((op, ge, step_k, c))
+            for ge in ges:
+                op = place(c, ge, launch, s + first)
             rest = (e - s) - first
-            if e >= gend - TOL_US and ge.ts_us >= s - TOL_US and ge.cat != "kernel":
+            gend = ge.ts_us + ge.dur_us
+            if len(ges) == 1 and e >= gend - TOL_US and ge.ts_us >= s - TOL_US and ge.cat != "kernel":
                 g.sync(r, [op], max(e - max(gend, s + first), 0.0) / 1e3, c.name + " (blocking)")
             elif rest > 0:
                 g.cpu(r, rest / 1e3, c.name, kind="launch")
@@ -294,6 +315,14 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
     tg.markers[r] = [(step_marks[2 * i], step_marks[2 * i + 1]) for i in range(len(step_marks) // 2)]
     if not t.gpu:
         tg.notes.append(f"rank {r}: CPU-only (no GPU events); replayed on its host thread alone")
+    if len(ops) < len(t.gpu):  # launched (or, unlaunched, run) outside the steps replayed: said
+        placed = {id(ge) for _, ge, _, _ in ops}
+        lost = [e for e in t.gpu if id(e) not in placed]
+        into = sum(1 for e in lost if e.ts_us + e.dur_us > w0 and e.ts_us < w1)
+        tg.notes.append(f"rank {r}: {len(lost):,} GPU op(s) launched outside the replayed window "
+                        f"({'the profiled steps' if t.steps else 'the trace'}) not replayed"
+                        + (f", {into:,} of them running into it (the kernels it held up start "
+                           "as measured, after a launch delay)" if into else ""))
 
 
 def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
