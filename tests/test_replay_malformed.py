@@ -130,3 +130,16 @@ def test_a_rank_read_from_the_file_name_is_not_held_to_the_world_size(tmp_path):
         del doc["distributedInfo"]["rank"]
         (d / f"job-worker-{k}.json").write_text(json.dumps(doc))
     assert len(replay(d).to_dict()["ranks"]) == 2
+
+
+def test_a_category_or_pid_that_is_a_list_or_object_is_no_traceback(tmp_path):
+    # "cat": [...] raised TypeError (unhashable) at the category check, a cpu_op's "pid": {...}
+    # at the process-id count
+    docs = two_ranks()
+    events(docs[0], "kernel")[0]["cat"] = ["kernel"]
+    events(docs[1], name="nccl:")[0]["pid"] = {"host": 1}
+    r = replay(write_job(tmp_path, docs))
+    notes = r.to_dict()["notes"]
+    assert any("rank 0: skipped 1 complete events of categories" in n and "(no category) 1" in n
+               for n in notes)
+    assert len(r.ranks) == 2

@@ -200,6 +200,8 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
             continue
         ts, dur = _num(e.get("ts")), _num(e.get("dur"))
         name, cat = e.get("name"), e.get("cat")
+        if not isinstance(cat, str):  # a list or object had raised TypeError (unhashable) below
+            cat = None
         if ts is None or dur is None or dur < 0 or not isinstance(name, str):
             skipped += 1
             continue
@@ -230,7 +232,9 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
             if m:
                 t.steps.append((int(m.group(1)), ts, ts + dur))
             else:
-                pids[e.get("pid")] = pids.get(e.get("pid"), 0) + 1
+                pid = e.get("pid")
+                if isinstance(pid, (str, int)):  # a list or object is no process id (and unhashable)
+                    pids[pid] = pids.get(pid, 0) + 1
                 t.cpu_ops.append(CpuOp(ts, dur, name, str(e.get("tid")), args.get("Input Dims"),
                                        args.get("Input type"), int_or_none(args.get("External id")),
                                        int_or_none(args.get("Record function id"))))
