@@ -213,3 +213,22 @@ def test_copies_replayed_on_a_gpu_with_its_own_host_link_take_that_link(tmp_path
     r = replay(p, on="gh200")
     d = [r.tg.graph.dur_ms[op] for op, *_ in r.tg.gpu_ops[0]][0]
     assert d == pytest.approx(6.0 * PCIE_X16_GBS[get_gpu("rtx-2080-ti").pcie_gen] / gh200.host_link_gbs)
+
+
+def test_a_synchronised_collective_ends_together_where_one_rank_lacks_its_size(tmp_path):
+    # rank 1's all-reduce has no nccl:* annotation: it had kept its measured 0.060 ms while rank
+    # 0's was rescaled to the DGX H100 (0.037 ms), so the one all-reduce ended at 0.107 ms on
+    # rank 0 and 0.130 ms on rank 1
+    d = tmp_path / "job"
+    d.mkdir()
+    docs = [nccl_rank(0, 2, 100), nccl_rank(1, 2, 60)]
+    docs[1]["traceEvents"] = [e for e in docs[1]["traceEvents"] if not e["name"].startswith("nccl:")]
+    for r, doc in enumerate(docs):
+        (d / f"rank{r}.json").write_text(json.dumps(doc))
+    r = replay(d, on="dgx-h100")
+    g = r.tg.graph
+    comm = [op for op in range(len(g)) if g.kind[op] == "comm"]
+    assert r.tg.collectives_synced and len(comm) == 2
+    assert r.result.end_ms[comm[0]] == pytest.approx(r.result.end_ms[comm[1]])
+    assert g.dur_ms[comm[0]] < 0.060  # rescaled, on both
+    assert any("take the size the other ranks of their group give" in n for n in r.to_dict()["notes"])

@@ -288,6 +288,22 @@ def transfer(tg: TraceGraph, on) -> str:
     if dst_sys is not None and dst_sys.world_size < world:
         raise KitError(f"--on {on}: {dst_sys.world_size} GPUs, but the trace's job has {world} ranks")
     kept = {}  # why collectives keep their measured times -> how many
+    # a collective synchronised across ranks (kit.trace.build) moves one size on all of them:
+    # a member without a readable nccl:* size takes the one its group's others give, where they
+    # agree. It had kept its measured time while the others were rescaled, so one all-reduce
+    # ended at different times on its ranks (on a DGX H100: 0.107 ms on rank 0, 0.130 on rank 1)
+    own_bytes: dict = {}  # comm op -> its nccl:* size
+    for t in tg.traces:
+        sizes = _nccl_sizes(t)
+        starts = [x[0] for x in sizes]
+        for op, _, _, call in tg.gpu_ops.get(t.rank, []):
+            if g.kind[op] == "comm" and (nbytes := _size_of(sizes, starts, call)[0]):
+                own_bytes[op] = nbytes
+    group_bytes: dict = {}
+    for op, nbytes in own_bytes.items():
+        if g.group[op] is not None:
+            group_bytes.setdefault(g.group[op], set()).add(nbytes)
+    borrowed = 0
     host_bound = {}  # rank -> host<->device copies kept at their measured durations
     unnamed = _unnamed_gpu(tg.traces)
     for t in tg.traces:
@@ -300,8 +316,6 @@ def transfer(tg: TraceGraph, on) -> str:
             raise KitError(f"{t.source}: the trace's GPU is not in the catalog ({e}); give its "
                            "datasheet numbers with --gpu-file") from None
         src_sys = source_system(src_gpu, world) if dst_sys is not None else None
-        sizes = _nccl_sizes(t)
-        starts = [s[0] for s in sizes]
         for op, ge, _, call in tg.gpu_ops.get(t.rank, []):
             d = g.dur_ms[op]
             kind = g.kind[op]
@@ -309,9 +323,14 @@ def transfer(tg: TraceGraph, on) -> str:
                 why = ("--on names a GPU, not a system to predict them on" if dst_sys is None else
                        f"no single-node preset has {world} x {src_gpu.key} to rescale them from"
                        if src_sys is None else None)
-                nbytes = None if why else _size_of(sizes, starts, call)[0]
+                nbytes = None if why else own_bytes.get(op)
                 if why is None and not nbytes:
-                    why = "no nccl:* annotation with a readable size"
+                    shared = group_bytes.get(g.group[op], ())
+                    if len(shared) == 1:
+                        nbytes = next(iter(shared))
+                        borrowed += 1
+                    else:
+                        why = "no nccl:* annotation with a readable size"
                 if why:
                     kept[why] = kept.get(why, 0) + 1
                     continue
@@ -350,6 +369,9 @@ def transfer(tg: TraceGraph, on) -> str:
         tg.notes.append(f"rank{'s' if len(blind) > 1 else ''} {rank_list(blind)} name no GPU (no "
                         f"deviceProperties): taken as {unnamed}, the GPU the other ranks name")
     tg.notes += [f"{n} collective(s) keep their measured times: {why}" for why, n in kept.items()]
+    if borrowed:
+        tg.notes.append(f"{borrowed} collective(s) without a readable nccl:* size take the size the "
+                        "other ranks of their group give")
     if host_bound:
         n, where = sum(host_bound.values()), rank_list(host_bound)
         tg.notes.append(f"{n} host-bound host<->device cop{'ies' if n > 1 else 'y'} (pageable, or under "
