@@ -80,3 +80,20 @@ def test_a_rank_held_through_a_host_sync_names_the_collective_behind_it():
     with pytest.raises(KitError, match=r"collective 'ar' \(group 'ar'\) never started: rank 0 reached "
                                        r"it, rank 1 did not \(rank 1: waiting at collective 'ag'"):
         simulate(g)
+
+
+def test_the_critical_path_sees_members_added_after_an_earlier_one():
+    # the group index was cached in graph.meta by the first critical path: a third rank added to
+    # "ar" afterwards was not seen, rank 0 read "wait for rank 1" and its cross-rank path 1 ms
+    # compute + 2 ms wait instead of rank 2's 3 ms compute
+    g = ExecGraph()
+    g.collective(0, "comm", 1.0, "ar", group="ar")
+    k = g.gpu(1, "compute", 1.0, "mid")
+    g.collective(1, "comm", 1.0, "ar", group="ar", deps=(k,))
+    assert list(simulate(g).critical_path(0).name)[0] == "wait for rank 1"
+    k = g.gpu(2, "compute", 3.0, "slow")
+    g.collective(2, "comm", 1.0, "ar", group="ar", deps=(k,))
+    res = simulate(g)
+    assert list(res.critical_path(0).name)[0] == "wait for rank 2"
+    across = res.breakdown(0, follow_ranks=True)
+    assert across["compute"] == pytest.approx(3.0) and across["wait"] == 0

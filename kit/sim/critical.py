@@ -48,15 +48,17 @@ def _peer_that_arrived_last(res, i):
     key = g.group[i]
     if key is None:
         return -1
-    members = g.meta.get("_group_index", {}).get(key)
-    if members is None:
-        index: dict = {}
+    # the index is the simulated graph's, kept on its result: kept in graph.meta it outlived
+    # ops added after a first critical path (a third rank's later arrival at "ar" read as
+    # "wait for rank 1", the follow_ranks path 1 ms compute + 2 ms wait instead of 3 ms compute)
+    index = getattr(res, "_group_index", None)
+    if index is None:
+        index = {}
         for j, k in enumerate(g.group):
             if k is not None:
                 index.setdefault(k, []).append(j)
-        g.meta["_group_index"] = index
-        members = index[key]
-    return max(members, key=lambda j: res.ready_ms.get(j, 0.0))
+        res._group_index = index
+    return max(index[key], key=lambda j: res.ready_ms.get(j, 0.0))
 
 
 COLUMNS = ["rank", "stream", "name", "cause", "start_ms", "end_ms", "op"]
