@@ -5,7 +5,7 @@ Per rank, within the profiled steps:
   measured CPU time between them as "cpu" ops. (PyTorch's autograd thread and the main thread
   take turns; they do not issue concurrently.)
 * A launch (cudaLaunchKernel, cudaMemcpyAsync, ...) becomes a "launch" op and a GPU op on its
-  stream. The launch is split where the kernel was seen to start, so an idle GPU starts the
+  stream (a cudaGraphLaunch: one GPU op per kernel of the graph, all under its correlation). The launch is split where the kernel was seen to start, so an idle GPU starts the
   kernel exactly as measured.
 * A GPU op that started later than its launch and its stream predecessor allow waited on an
   event: it depends on the op of another stream that ended last before it started.
