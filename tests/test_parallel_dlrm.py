@@ -18,8 +18,9 @@ def test_a_rank_holding_every_table_makes_the_others_wait_at_the_all_to_all():
     a2a = tl[(tl.name == "all-to-all pooled embeddings") & (tl.kind == "comm")]
     # the all-to-all starts on every rank when rank 0 has run its bottom MLP and its lookups
     assert list(a2a.start_ms) == pytest.approx([bottom + by[0]["embedding_fwd_ms"]] * 4)
-    # rank 1 has nothing to look up, so its forward all-to-all waits all of that
-    assert by[1]["wait_ms"] == pytest.approx(bottom + by[0]["embedding_fwd_ms"])
+    # rank 1 has nothing to look up, so its forward all-to-all waits all of that (and its
+    # gradient all-reduce waits again for rank 0's embedding backward)
+    assert by[1]["wait_ms"] >= bottom + by[0]["embedding_fwd_ms"] - 1e-9
     assert by[0]["wait_ms"] == pytest.approx(0.0, abs=1e-9)
     balanced = predict_dlrm(SPEC, "a100x4-nvlink", batch=1024, launch_us=0.0)
     assert balanced["iteration_ms"] < r["iteration_ms"]
@@ -41,3 +42,18 @@ def test_greedy_placement_balances_load_and_bad_placements_fail():
         predict_dlrm(SPEC, "a100x4-nvlink", batch=8, placement=[9] * 8)
     with pytest.raises(KitError, match="dim"):
         DLRMSpec(tables=TABLES, bottom=(256, 32))
+
+
+def test_the_mlp_gradient_all_reduce_waits_for_every_rank():
+    # a data-parallel all-reduce starts when the last rank has its gradients: rank 0, holding
+    # every table, runs its embedding backward before its bottom MLP's, and the other ranks had
+    # run the all-reduce alone and finished the step before rank 0 started it
+    r = predict_dlrm(SPEC, "a100x4-nvlink", batch=1024, placement=[0] * 8, launch_us=0.0, keep=True)
+    tl = r["_result"].timeline()
+    ar = tl[(tl.name == "all-reduce MLP grads") & (tl.kind == "comm")].sort_values("rank")
+    assert len(ar) == 4
+    last_bottom_bwd = tl[tl.name == "bottom mlp bwd"].end_ms.max()
+    assert list(ar.start_ms) == pytest.approx([last_bottom_bwd] * 4)
+    assert list(ar.end_ms) == pytest.approx([ar.end_ms.iloc[0]] * 4)
+    # so every rank ends its step with the all-reduce, together
+    assert [x["ms"] for x in r["ranks"]] == pytest.approx([r["iteration_ms"]] * 4)

@@ -158,7 +158,8 @@ def _rank(g: ExecGraph, r: int, run, cost: dict, local_r: list, emb_f_r: float, 
                kind="comm", group="a2a bwd")
     embb = run(r, "embedding bwd + update", (emb_b_r, 1), deps=(a2ab,)) if local_r else a2ab
     botb = run(r, "bottom mlp bwd", cost["bottom bwd"])
-    ar = run(r, "all-reduce MLP grads", (ar_ms, 1), deps=(botb, topb), stream="comm", kind="comm")
+    ar = run(r, "all-reduce MLP grads", (ar_ms, 1), deps=(botb, topb), stream="comm", kind="comm",
+             group="mlp allreduce")
     g.sync(r, [ar, embb, g.tail(r, "compute")], 0.0, "end of iteration")
 
 
