@@ -102,3 +102,22 @@ def test_gpu_work_launched_outside_the_steps_is_said(tmp_path):
     assert r.ranks[0]["predicted_ms"] == pytest.approx(r.ranks[0]["measured_ms"], abs=1e-9)
     notes = [n for n in r.to_dict()["notes"] if "not replayed" in n]
     assert len(notes) == 1 and notes[0].startswith("rank 0: 1 GPU op(s) launched outside")
+
+
+def test_launches_sharing_an_external_id_each_replay_their_own_kernel(tmp_path):
+    # no "correlation" args: launches and kernels carry the op's External id, one for both of
+    # its launches. Every launch had taken every kernel of the id: four kernels replayed, the
+    # 0.2 ms step in 0.28 ms
+    ext = {"External id": 5}
+    e = [ev("user_annotation", "ProfilerStep#1", 1000, 200),
+         ev("cuda_runtime", "cudaLaunchKernel", 1000, 10, **ext),
+         ev("kernel", "k_a", 1005, 40, tid=7, stream=7, **ext),
+         ev("cuda_runtime", "cudaLaunchKernel", 1010, 10, **ext),
+         ev("kernel", "k_b", 1045, 40, tid=7, stream=7, **ext),
+         ev("cuda_runtime", "cudaStreamSynchronize", 1020, 70, **{"External id": 6})]
+    doc = {"distributedInfo": {"rank": 0, "world_size": 1},
+           "deviceProperties": [{"name": "NVIDIA A100-SXM4-40GB"}], "traceEvents": e}
+    r = replay(write(tmp_path, doc))
+    assert [(ge.name, c.ts_us) for _, ge, _, c in r.tg.gpu_ops[0]] == [("k_a", 1000), ("k_b", 1010)]
+    row = r.ranks[0]
+    assert row["predicted_ms"] == pytest.approx(row["measured_ms"], abs=1e-9)
