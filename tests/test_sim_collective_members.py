@@ -97,3 +97,22 @@ def test_the_critical_path_sees_members_added_after_an_earlier_one():
     assert list(res.critical_path(0).name)[0] == "wait for rank 2"
     across = res.breakdown(0, follow_ranks=True)
     assert across["compute"] == pytest.approx(3.0) and across["wait"] == 0
+
+
+def test_a_deadlock_names_every_rank_that_did_not_arrive_past_four_places():
+    # ranks 1-5 each wait at their own pair collective before "x": five places, of which the
+    # message shows four; rank 5 had been left out of the list of where they are held
+    g = ExecGraph()
+    g.collective(0, "comm", 1.0, "x", group="x")
+    for r in range(1, 6):
+        for key in (f"p{r}", "x"):
+            g.collective(r, "comm", 1.0, key, group=key)
+    for r in range(1, 6):
+        for key in ("x", f"p{r}"):
+            g.collective(5 + r, "comm", 1.0, key, group=key)
+    with pytest.raises(KitError) as e:
+        simulate(g)
+    msg = str(e.value)
+    assert "ranks 1-5 did not" in msg
+    held = msg[msg.index("did not (") + len("did not ("):msg.index("; check")]
+    assert [part.split(":")[0] for part in held[:-1].split("; ")] == [f"rank {r}" for r in range(1, 6)]

@@ -264,8 +264,12 @@ def _deadlock(g: ExecGraph, done, arrived, ready_at) -> str:
             j = next(j for j in g.order[r] if not done[j])
             why = f"held at {g.label[j]!r} on {g.resource[j]}"
         held.setdefault(why, []).append(r)
-    if held:
-        msg += " (" + "; ".join(f"{_ranks_text(rs)}: {why}" for why, rs in list(held.items())[:4]) + ")"
+    if held:  # the first 4 places; the ranks held elsewhere named (a 5th had gone unsaid)
+        places = list(held.items())
+        shown = [f"{_ranks_text(rs)}: {why}" for why, rs in places[:4]]
+        if len(places) > 4:
+            shown.append(f"{_ranks_text([r for _, rs in places[4:] for r in rs])}: held elsewhere")
+        msg += " (" + "; ".join(shown) + ")"
     calls = Counter(g.rank[j] for j in ops)
     twice = sorted(r for r, n in calls.items() if n > 1)
     if twice:  # its group counts each call: a second call on one queue waits behind the first
