@@ -153,8 +153,12 @@ class Coster:
         # (a predictor object is its own key: an object of other weights shares its name)
         cache_name = predictor_name(predictor) if isinstance(predictor, str) else self.predictor
         # keyed by the GPU's spec, not its key: register_gpu (a --gpu-file) may replace the spec
-        # behind a key, and a stale entry had kept the old spec's times in the same process
-        self._op_ms = _OP_CACHE.setdefault((cache_name, self.gpu), {})
+        # behind a key, and a stale entry had kept the old spec's times in the same process. And
+        # by the specs of the training GPUs that bound its predictions (kit.predict.sibling_bound),
+        # as kit.workload.latency_cache keys them: a --gpu-file that replaced the A100-PCIe-40GB
+        # had left an A100-SXM4-40GB system's kernel times those of the old spec
+        bounds = tuple(getattr(self.predictor, "dominated_training_gpus", lambda _: ())(self.gpu))
+        self._op_ms = _OP_CACHE.setdefault((cache_name, self.gpu, bounds), {})
         self._comm_ms = _COMM_CACHE.setdefault((system, self.gpu, str(calibration)), {})
         self._groups: dict = {}  # (group name, stage) -> RankGroup
 
