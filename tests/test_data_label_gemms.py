@@ -65,3 +65,31 @@ def test_label_kernel_pairs_takes_the_fastest_kernel_of_the_same_shape():
     assert got.ratio.tolist() == pytest.approx([0.5 / 0.4])
     split = label_kernel_pairs(nodes, kernels, by_op=True).sort_values("op")
     assert split[["op", "kernel_ms"]].values.tolist() == [["bmm", 0.4], ["linear", 0.8]]
+
+
+def _node_csv(folder, name, latency="0.5"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(
+        "Name,op,target,input_shapes,output_shape,dtype,latency,fw_latency,bw_latency,acc_latency,meta\n"
+        f"mm,call_function,matmul,\"[[2, 4], [4, 8]]\",\"(2, 8)\",float32,{latency},0.3,0.2,0.0,\n")
+
+
+def test_a_label_folder_named_like_a_csv_is_no_traceback(tmp_path):
+    """A folder named *.csv under label/<GPU>/ had raised IsADirectoryError."""
+    from kit.data.configs import load_label_nodes
+
+    gpu = tmp_path / "NVIDIA_A100-PCIE-40GB"
+    _node_csv(gpu, "gpt2-train-512-2.csv")
+    (gpu / "old.csv").mkdir()
+    nodes = load_label_nodes(labels_dir=tmp_path)
+    assert len(nodes) == 1 and nodes.latency_ms.iloc[0] == 0.5
+
+
+def test_text_in_a_label_latency_is_named(tmp_path):
+    """Text in a latency column had loaded as text and raised a TypeError in label_kernel_pairs."""
+    from kit.data.configs import load_label_nodes
+    from kit.errors import KitError
+
+    _node_csv(tmp_path / "NVIDIA_A100-PCIE-40GB", "gpt2-train-512-2.csv", latency="fast")
+    with pytest.raises(KitError, match=r"gpt2-train-512-2\.csv:2: column 'latency' .*'fast'"):
+        load_label_nodes(labels_dir=tmp_path)

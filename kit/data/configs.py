@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kit.data.csv_read import read_csv_strict
+from kit.data.csv_read import data_line, read_csv_strict
 from kit.data.neusight import resolve_data_dir
 from kit.errors import KitError, one_line
 
@@ -185,6 +185,8 @@ def load_label_nodes(data_dir: str | Path | None = None,
     root = Path(labels_dir) if labels_dir is not None else resolve_data_dir(data_dir) / "label"
     frames = []
     for f in sorted(root.glob("*/*.csv")):
+        if not f.is_file():  # a folder named *.csv (read_csv had raised IsADirectoryError)
+            continue
         try:
             raw = read_csv_strict(f, f"label CSV {f}")
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
@@ -197,6 +199,16 @@ def load_label_nodes(data_dir: str | Path | None = None,
         if missing:
             raise KitError(f"label CSV {f}: missing column(s) {', '.join(missing)}")
         part = raw[list(NODE_COLUMNS)].rename(columns=NODE_COLUMNS)
+        for col in ("latency_ms", "fw_latency_ms", "bw_latency_ms", "acc_latency_ms"):
+            # text in a latency had reached label_kernel_pairs' comparison as a TypeError
+            values = pd.to_numeric(part[col], errors="coerce")
+            bad = values.isna() & part[col].notna() & (part[col].astype(str).str.strip() != "")
+            if bad.any():
+                i = int(np.flatnonzero(bad.to_numpy())[0])
+                name = next(k for k, v in NODE_COLUMNS.items() if v == col)
+                raise KitError(f"label CSV {f}:{data_line(f, i)}: column {name!r} must hold a latency in ms, "
+                               f"got {part[col].iloc[i]!r}")
+            part[col] = values
         part["module_stack"] = part.module_stack.fillna("").astype(str)
         meta = {"gpu": _device_key(f.parent.name, f), "device_dir": f.parent.name,
                 **parse_label_name(f.stem, f)}
