@@ -173,3 +173,20 @@ def test_kit_op_says_when_a_cap_set_the_time(capsys):
                  "--gpu", "t4"]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("source")]
     assert len(lines) == 1 and "twin with more rows" in lines[0]
+
+
+def test_a_training_card_replaced_under_its_own_key_is_bounded_by_the_training_card():
+    """A GPU object given directly (dataclasses.replace of a training card, not registered) keeps
+    the card's key. Taken for the training card by its key, it was left unbounded: an
+    A100-PCIe-40GB at 400 W came out slower than the 250 W card on 216 of 263 ops, up to 2.46x."""
+    from kit.predict.tile_mlp import TilePredictor
+
+    tp = TilePredictor.shipped()
+    mine = replace(get_gpu("a100-pcie-40gb"), tdp_w=400.0)
+    assert [g.key for g in tp.dominated_training_gpus(mine)] == ["a100-pcie-40gb"]
+    assert tp.dominated_training_gpus(replace(get_gpu("a100-pcie-40gb"))) == []  # the same spec is the card
+    ops = _ops()[:60]
+    got, theirs = tp.predict(ops, mine), tp.predict(ops, "a100-pcie-40gb")
+    for col in ("latency_ms", "latency_p10_ms", "latency_p90_ms"):
+        assert (got[col].to_numpy() <= theirs[col].to_numpy() * (1 + 1e-9)).all(), col
+    assert (tp.predict_unbounded(ops, mine).latency_ms.to_numpy() > theirs.latency_ms.to_numpy() * 1.01).any()
