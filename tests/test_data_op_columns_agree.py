@@ -127,3 +127,22 @@ def test_a_kit_csv_shape_past_neusights_bounds_is_named(tmp_path, row, said):
     assert len(load_measurements(_write(tmp_path, f"{head}\n{ok}\n"))) == 1
     with pytest.raises(KitError, match=said):
         load_measurements(_write(tmp_path, f"{head}\n{ok}\n{row}\n"))
+
+
+def test_a_linear_neusight_loads_passes_the_kit_bounds_too(tmp_path):
+    """A linear's m is NeuSight's B*M, each at most 2^31 there: 65536 x 65536 tokens of width 1
+    (m = 2^32, 2^32 elements per operand) loads from NeuSight's CSV, and the same row had then
+    been refused as a kit CSV's and by kit evaluate's check of a caller's frame (m > 2^31)."""
+    from kit.data.records import checked_table
+
+    cells = {"OPName": "linear", "Latency": "0.5", "Device": DEVICE, "B": "65536", "M": "65536",
+             "N": "1", "K": "1"}
+    ns = load_measurements(_write(tmp_path, ",".join(cells) + "\n" + ",".join(cells.values()) + "\n",
+                                  "ns.csv"))
+    assert int(ns.m.iloc[0]) == 2 ** 32
+    assert len(checked_table(ns.drop(columns=["gpu"]), "the frame", lines=False)) == 1
+    kit = f"{KIT_HEAD}\nlinear,0.5,{DEVICE},fp32,1,{2 ** 32},1,1\n"
+    assert int(load_measurements(_write(tmp_path, kit)).m.iloc[0]) == 2 ** 32
+    past = f"{KIT_HEAD}\nlinear,0.5,{DEVICE},fp32,1,{2 ** 41},1,1\n"  # the operand bound still holds
+    with pytest.raises(KitError, match=r"m\.csv:2: a linear of b\*m\*k = .* past the 2\^40"):
+        load_measurements(_write(tmp_path, past))
