@@ -93,3 +93,16 @@ def test_text_in_a_label_latency_is_named(tmp_path):
     _node_csv(tmp_path / "NVIDIA_A100-PCIE-40GB", "gpt2-train-512-2.csv", latency="fast")
     with pytest.raises(KitError, match=r"gpt2-train-512-2\.csv:2: column 'latency' .*'fast'"):
         load_label_nodes(labels_dir=tmp_path)
+
+
+def test_a_label_csv_that_cannot_be_read_is_named_not_skipped(tmp_path):
+    """A *.csv link to a file that is gone had been skipped without a word (is_file is false for
+    it), its GPU's nodes silently lost from the labels."""
+    from kit.data.configs import load_label_nodes
+    from kit.errors import KitError
+
+    gpu = tmp_path / "NVIDIA_A100-PCIE-40GB"
+    _node_csv(gpu, "gpt2-train-512-2.csv")
+    (gpu / "gpt2-train-512-4.csv").symlink_to(tmp_path / "gone.csv")
+    with pytest.raises(KitError, match=r"cannot read label CSV .*gpt2-train-512-4\.csv"):
+        load_label_nodes(labels_dir=tmp_path)

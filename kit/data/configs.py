@@ -185,12 +185,14 @@ def load_label_nodes(data_dir: str | Path | None = None,
     root = Path(labels_dir) if labels_dir is not None else resolve_data_dir(data_dir) / "label"
     frames = []
     for f in sorted(root.glob("*/*.csv")):
-        if not f.is_file():  # a folder named *.csv (read_csv had raised IsADirectoryError)
+        if f.is_dir():  # a folder named *.csv (read_csv had raised IsADirectoryError)
             continue
         try:
             raw = read_csv_strict(f, f"label CSV {f}")
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
             raise KitError(f"label CSV {f} is malformed: {e}") from None
+        except OSError as e:  # a link to nothing had been skipped without a word (not is_file)
+            raise KitError(f"cannot read label CSV {f}: {e.strerror or e}") from None
         if "latency" not in raw.columns and "e2e_latency" in raw.columns:
             raw = raw.rename(columns={"e2e_latency": "latency"})  # one file names it so
         if "meta" not in raw.columns:
