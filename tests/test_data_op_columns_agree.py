@@ -107,7 +107,7 @@ def test_error_names_the_value_the_column_cannot_hold(tmp_path):
     # float(2^63 - 1) rounds to 2^63, which had named line 2 instead
     top = str(2 ** 63 - 1)
     alone = _write(tmp_path, f"{KIT_HEAD}\nbmm,0.5,{DEVICE},fp32,2,{top},4,5\n", "alone.csv")
-    with pytest.raises(KitError, match=r"alone\.csv:2: column 'm' must be at most 2\^31"):
+    with pytest.raises(KitError, match=r"alone\.csv:2: a bmm of b\*m\*k = .* past the 2\^40"):
         load_measurements(alone)
     path = _write(tmp_path, f"{KIT_HEAD}\nbmm,0.5,{DEVICE},fp32,2,{top},4,5\n"
                   f"bmm,0.5,{DEVICE},fp32,2,abc,4,5\n")
@@ -116,15 +116,18 @@ def test_error_names_the_value_the_column_cannot_hold(tmp_path):
 
 
 @pytest.mark.parametrize("row, said", [
-    ("bmm,0.5,%s,fp32,2,9223372036854775807,4,5" % DEVICE, r"m\.csv:3: column 'm' must be at most 2\^31"),
+    ("bmm,0.5,%s,fp32,2,9223372036854775807,4,5" % DEVICE, r"m\.csv:3: a bmm of b\*m\*k = .* past the 2\^40"),
     ("bmm,0.5,%s,fp32,1024,1048576,4,1048576" % DEVICE, r"m\.csv:3: a bmm of b\*m\*k = .* past the 2\^40"),
 ])
 def test_a_kit_csv_shape_past_neusights_bounds_is_named(tmp_path, row, said):
-    """A kit CSV had no upper bound on a dimension, as NeuSight's reader has: a bmm with
+    """A kit CSV had no upper bound on an operand, as NeuSight's reader has: a bmm with
     m = 2^63 - 1 loaded, and kit evaluate scored it at a MAPE of 1.5e17% under the roofline."""
     head = "op,latency_ms,device_name,dtype,b,m,n,k"
-    ok = "bmm,0.5,%s,fp32,2,%d,4,5" % (DEVICE, 2 ** 31)  # the bound itself is a shape
+    ok = "bmm,0.5,%s,fp32,2,%d,4,5" % (DEVICE, 2 ** 33)  # one long side is a shape
     assert len(load_measurements(_write(tmp_path, f"{head}\n{ok}\n"))) == 1
+    # an add of 3e9 elements as 3e9 rows of 1 (12 GB in fp32: an H100 holds it) is a shape too
+    add = "op,latency_ms,device_name,dtype,rows,cols\nadd,9.1,%s,fp32,3000000000,1\n" % DEVICE
+    assert len(load_measurements(_write(tmp_path, add, "add.csv"))) == 1
     with pytest.raises(KitError, match=said):
         load_measurements(_write(tmp_path, f"{head}\n{ok}\n{row}\n"))
 
