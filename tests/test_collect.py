@@ -240,3 +240,18 @@ def test_decode_grids_hold_every_weight_a_zoo_decode_step_reads():
     bmm = resolve_shapes("decode-bmm")
     assert all(b > 1 and m == 1 for b, m, _, _ in bmm)
     assert {(b, n, k) for b, _, n, k in bmm} == {(b, k, n) for b, _, n, k in bmm}  # q·Kᵀ and p·V
+
+
+def test_a_dims_file_shape_past_any_gpus_memory_is_refused_before_timing(tmp_path):
+    """The readers refuse a row with an operand past 2^40 elements (kit.data.schema); timed from
+    a dims file, it had made the whole CSV unloadable, --resume included. A long vector that a
+    GPU holds (3e9 elements, 12 GB in fp32) is a shape."""
+    f = tmp_path / "dims.txt"
+    f.write_text("3000000000;1\n4;1024;1024;1024\n")
+    assert read_dims_file(f) == [(3000000000, 1), (4, 1024, 1024, 1024)]
+    f.write_text("4;1024;1024;1024\n1;2000000;1;2000000\n")
+    with pytest.raises(KitError, match=r"dims\.txt:2: .*operand of 4e\+12 elements is past the 2\^40"):
+        read_dims_file(f)
+    f.write_text("2000000;600000\n")
+    with pytest.raises(KitError, match=r"dims\.txt:1: .*past the 2\^40"):
+        read_dims_file(f)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kit.data.neusight import MAX_ELEMENTS
 from kit.errors import KitError, refuse_device
 
 KIND_OF_LENGTH = {4: "gemm", 2: "vec", 7: "conv"}
@@ -83,6 +84,15 @@ def shape_kind(shape: tuple) -> str:
                        "(vector) or B;Cin;Cout;ks;S;stride;pad (conv)") from None
 
 
+def _most_elements(dims: tuple) -> int:
+    """The largest operand (or output) of a dims-file shape, in elements: any two of a GEMM's
+    M, N, K with its batch, a vector's B x H (a convolution's are left to its reader)."""
+    if len(dims) == 4:
+        b, m, n, k = dims
+        return b * max(m * n, n * k, m * k)
+    return dims[0] * dims[1] if len(dims) == 2 else 0
+
+
 def read_dims_file(path: str | Path) -> list[tuple[int, ...]]:
     """NeuSight's dims format: one shape a line, dims separated by ';' (',' also accepted).
 
@@ -117,6 +127,12 @@ def read_dims_file(path: str | Path) -> list[tuple[int, ...]]:
         low = 0 if len(dims) == 7 else 1
         if any(d < 1 for d in dims[:5]) or any(d < low for d in dims):
             raise KitError(f"{path}:{number}: {line!r}: dims must be positive")
+        most = _most_elements(dims)
+        if most > MAX_ELEMENTS:
+            # the readers refuse such a row (kit.data.schema, kit.data.neusight): timed, it had
+            # made the whole CSV unloadable, --resume included
+            raise KitError(f"{path}:{number}: {line!r}: an operand of {most:.3g} elements is past "
+                           "the 2^40 any GPU holds; check the shape")
         shapes[dims] = None
     if not shapes:
         raise KitError(f"shapes file {path} has no shapes")
