@@ -57,3 +57,29 @@ def test_the_mlp_gradient_all_reduce_waits_for_every_rank():
     assert list(ar.end_ms) == pytest.approx([ar.end_ms.iloc[0]] * 4)
     # so every rank ends its step with the all-reduce, together
     assert [x["ms"] for x in r["ranks"]] == pytest.approx([r["iteration_ms"]] * 4)
+
+
+def test_the_step_s_activations_count_against_the_memory():
+    """Only the tables, their optimizer state and the MLPs had been counted: 16 tables of
+    500,000 x 128 on a DGX A100 fitted at a million samples a rank in 0.5 GiB a rank."""
+    from kit.parallel.dlrm import activation_bytes
+
+    tables = tuple(Table(rows=500_000, dim=128, pooling=20) for _ in range(16))
+    spec = DLRMSpec(tables=tables)
+    small = predict_dlrm(spec, "dgx-a100", batch=2048, predictor="roofline")
+    big = predict_dlrm(spec, "dgx-a100", batch=1_000_000, predictor="roofline")
+    assert small["fits"] and not big["fits"]
+    for r in (small, big):
+        for m in r["memory_per_rank"]:
+            parts = m["embedding_gib"] + m["embedding_optimizer_gib"] + m["mlp_gib"] + m["activation_gib"]
+            assert m["total_gib"] == pytest.approx(parts, rel=1e-12)
+    # linear in the batch: the saved tensors are per sample
+    local = [t for t, p in zip(tables, small["placement"]) if p == 0]
+    one, two = activation_bytes(spec, 1000, 8, local), activation_bytes(spec, 2000, 8, local)
+    assert two == pytest.approx(2 * one, rel=1e-9) and one > 0
+    # the pooled rows a rank sends grow with the world, its own samples' tensors do not
+    assert activation_bytes(spec, 1000, 16, local) > one
+    assert activation_bytes(spec, 1000, 16, []) == activation_bytes(spec, 1000, 8, [])
+    # a bf16 model's MLP tensors are half; the fp32 pooled rows are not
+    half = activation_bytes(DLRMSpec(tables=tables, dtype="bf16"), 1000, 8, local)
+    assert one / 2 < half < one

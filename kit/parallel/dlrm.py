@@ -19,7 +19,7 @@ all-to-alls synchronise them, and a rank with heavy tables makes the others wait
 The embedding side is priced by kit.sharding's model of the same table-wise plan
 (ShardingModel.exact_cost): the lookups and their backward with the optimizer, the three
 all-to-alls (indices, pooled rows, their gradients) and each rank's table and optimizer-state
-bytes against its memory cap (`fits`). The default placement is kit.sharding's greedy baseline
+bytes; `fits` holds those, the MLPs' state and the step's activations against its memory cap. The default placement is kit.sharding's greedy baseline
 by dim x pooling, table-wise, onto ranks with memory left.
 """
 from __future__ import annotations
@@ -139,6 +139,28 @@ def sharding_model(tables, system, batch: int, optimizer: str = "rowwise_adagrad
                          memory_cap_bytes=memory_cap_gib * 2**30 if memory_cap_gib else None)
 
 
+def activation_bytes(spec: DLRMSpec, batch: int, world: int, local_tables) -> int:
+    """The tensors one rank holds through a training step for the backward, in bytes: each MLP
+    layer's input and its activation's output at spec.dtype (the dense features, then two per
+    layer of the bottom MLP; the interaction's stacked features, its output and two per layer of
+    the top MLP) for its `batch` samples; the pooled rows it receives for them, one per table;
+    the pooled rows of its own tables for all world x batch samples, which it sends and whose
+    gradients come back; and those samples' int64 indices into its tables (pooling each).
+    Pooled rows are fp32 as they travel (kit.sharding's OUT_BYTES). Workspaces and the
+    allocator's slack are not counted. Without them a step fitted at any batch: 16 tables of
+    500,000 x 128 (pooling 20) on a DGX A100 at a million samples a rank, whose activations are
+    54 GiB a rank, had fitted in 0.5 GiB of a 40 GB card."""
+    from kit.sharding.model import OUT_BYTES
+
+    b = ops.DTYPE_BYTES[spec.dtype]
+    t = len(spec.tables) + 1
+    top_in = spec.dim + t * (t - 1) // 2
+    per_sample = b * (spec.dense_features + 2 * sum(spec.bottom) + t * spec.dim + top_in
+                      + 2 * sum(spec.top)) + OUT_BYTES * len(spec.tables) * spec.dim
+    owned = world * batch * sum(OUT_BYTES * x.dim + 8 * x.pooling for x in local_tables)
+    return int(batch * per_sample + owned)
+
+
 def _rank(g: ExecGraph, r: int, run, cost: dict, local_r: list, emb_f_r: float, emb_b_r: float,
           comm: dict, ar_ms: float) -> None:
     """One rank's DLRM iteration: MLPs on the compute stream, lookups, three all-to-alls and the
@@ -170,7 +192,8 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
 
     The embedding side is kit.sharding's ShardingModel.exact_cost of the table-wise plan (see
     the module docstring); `fits` says whether every rank's total (its tables, their optimizer
-    state and the MLPs' weights, gradients and optimizer state) fits its memory cap
+    state, the MLPs' weights, gradients and optimizer state, and the step's activations:
+    activation_bytes) fits its memory cap
     (kit.sharding's: 0.9 of the GPU's memory, or memory_cap_gib). The greedy placement packs the
     tables against the cap as kit.sharding does, without the MLPs. The pooled rows and their
     gradients travel in fp32 whatever spec.dtype (kit.sharding's OUT_BYTES: TorchRec's default
@@ -248,7 +271,8 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
     emb_bytes = [sum(x.bytes for x in tb) for tb in local]
     opt_bytes = [m - e for m, e in zip(plan["memory_bytes"], emb_bytes)]  # kit.sharding's count
     mlp = spec.mlp_params() * b
-    total = [emb_bytes[r] + opt_bytes[r] + 3 * mlp for r in range(W)]
+    act_bytes = [activation_bytes(spec, batch, W, local[r]) for r in range(W)]
+    total = [emb_bytes[r] + opt_bytes[r] + 3 * mlp + act_bytes[r] for r in range(W)]
     out = {"model": "dlrm", "system": sys_.key, "world_size": W, "batch_per_rank": batch,
            "iteration_ms": res.makespan_ms,
            "band_ms": [min(band[0], res.makespan_ms), max(band[1], res.makespan_ms)],
@@ -261,7 +285,8 @@ def predict_dlrm(spec: DLRMSpec, system, batch: int, placement=None, predictor="
            "breakdown": {"rank": slow, **res.breakdown(slow)},
            "memory_per_rank": [{"rank": r, "embedding_gib": emb_bytes[r] / 2**30,
                                 "embedding_optimizer_gib": opt_bytes[r] / 2**30,
-                                "mlp_gib": 3 * mlp / 2**30, "total_gib": total[r] / 2**30,
+                                "mlp_gib": 3 * mlp / 2**30, "activation_gib": act_bytes[r] / 2**30,
+                                "total_gib": total[r] / 2**30,
                                 "fits": total[r] <= model.cap} for r in range(W)],
            "memory_cap_gib": model.cap / 2**30, "fits": max(total) <= model.cap,
            "placement": placement}
