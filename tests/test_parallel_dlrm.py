@@ -61,13 +61,13 @@ def test_the_mlp_gradient_all_reduce_waits_for_every_rank():
 
 def test_the_step_s_activations_count_against_the_memory():
     """Only the tables, their optimizer state and the MLPs had been counted: 16 tables of
-    500,000 x 128 on a DGX A100 fitted at a million samples a rank in 0.5 GiB a rank."""
+    500,000 x 128 on a DGX A100 fitted at two million samples a rank in 0.5 GiB a rank."""
     from kit.parallel.dlrm import activation_bytes
 
     tables = tuple(Table(rows=500_000, dim=128, pooling=20) for _ in range(16))
     spec = DLRMSpec(tables=tables)
     small = predict_dlrm(spec, "dgx-a100", batch=2048, predictor="roofline")
-    big = predict_dlrm(spec, "dgx-a100", batch=1_000_000, predictor="roofline")
+    big = predict_dlrm(spec, "dgx-a100", batch=2_000_000, predictor="roofline")
     assert small["fits"] and not big["fits"]
     for r in (small, big):
         for m in r["memory_per_rank"]:
@@ -83,3 +83,26 @@ def test_the_step_s_activations_count_against_the_memory():
     # a bf16 model's MLP tensors are half; the fp32 pooled rows are not
     half = activation_bytes(DLRMSpec(tables=tables, dtype="bf16"), 1000, 8, local)
     assert one / 2 < half < one
+
+
+def test_an_mlp_tensor_counts_once_and_the_pooled_rows_in_flight_not_with_the_top_side():
+    """A Linear's saved input is the previous ReLU's saved output, one tensor; the pooled rows
+    (and their gradients) live between the lookup and the interaction and back, while the
+    interaction's and the top MLP's tensors do not. Counting both twice had put the commit's
+    own example, 16 tables of 500,000 x 128 at a million samples a rank on 8 GPUs, at 54.4 GiB a
+    rank where the peak is 25.5 GiB (MLPerf's 26 tables at 2048 a rank: 0.15 GiB for 0.07)."""
+    from kit.parallel.dlrm import activation_bytes
+
+    tables = tuple(Table(rows=500_000, dim=128, pooling=20) for _ in range(16))
+    spec, B, W = DLRMSpec(tables=tables), 1000, 2
+    wide = DLRMSpec(tables=tables, bottom=(512 + 100, 256, 128))
+    one = activation_bytes(spec, B, W, tables[:1])
+    # 100 more bottom units: their ReLU output, 4 bytes a sample, once
+    assert activation_bytes(wide, B, W, tables[:1]) - one == B * 4 * 100
+    # here the top side (4 x (17 x 128 + 264 + 2817) = 21,028 bytes a sample) outweighs the pooled
+    # rows in flight (4 x 128 x (2 + 16) = 9,216), so one more owned table adds its indices and
+    # offsets alone: 21 int64 for each of the world x batch samples
+    assert activation_bytes(spec, B, W, tables[:2]) - one == W * B * 8 * 21
+    # and once the pooled rows in flight outweigh the top side, they set the peak
+    many = activation_bytes(spec, B, 8, tables[:8])
+    assert many - activation_bytes(spec, B, 8, tables[:7]) == 8 * B * (8 * 21 + 4 * 128)

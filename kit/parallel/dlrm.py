@@ -140,25 +140,31 @@ def sharding_model(tables, system, batch: int, optimizer: str = "rowwise_adagrad
 
 
 def activation_bytes(spec: DLRMSpec, batch: int, world: int, local_tables) -> int:
-    """The tensors one rank holds through a training step for the backward, in bytes: each MLP
-    layer's input and its activation's output at spec.dtype (the dense features, then two per
-    layer of the bottom MLP; the interaction's stacked features, its output and two per layer of
-    the top MLP) for its `batch` samples; the pooled rows it receives for them, one per table;
-    the pooled rows of its own tables for all world x batch samples, which it sends and whose
-    gradients come back; and those samples' int64 indices into its tables (pooling each).
-    Pooled rows are fp32 as they travel (kit.sharding's OUT_BYTES). Workspaces and the
-    allocator's slack are not counted. Without them a step fitted at any batch: 16 tables of
-    500,000 x 128 (pooling 20) on a DGX A100 at a million samples a rank, whose activations are
-    54 GiB a rank, had fitted in 0.5 GiB of a 40 GB card."""
-    from kit.sharding.model import OUT_BYTES
+    """The peak of the tensors one rank holds in a training step, in bytes. Held from the
+    forward to the backward: the dense features and each bottom MLP layer's ReLU output at
+    spec.dtype for its `batch` samples (a Linear saves its input, which is the previous layer's
+    ReLU output, the same tensor: counted once), and the int64 indices and offsets of its own
+    tables for all world x batch samples (the embedding backward reads them). On top of those,
+    the larger of two phases that are never live together: the top side (the interaction's
+    stacked features, which its bmm saves, the concatenated output the first top Linear saves,
+    and each top layer's activation output), held from the interaction to its backward; and the
+    pooled rows in flight, fp32 (kit.sharding's OUT_BYTES), those of its own tables for all
+    world x batch samples and those it receives for its samples, one per table, or their
+    gradients on the way back: they live from the lookup to the interaction and from the
+    interaction's backward to the embedding backward, and no autograd node keeps them.
+    Workspaces and the allocator's slack are not counted. Without this count a step fitted at
+    any batch: 16 tables of 500,000 x 128 (pooling 20) on a DGX A100 at two million samples a
+    rank, whose activations are 51 GiB a rank, fitted in 0.5 GiB of a 40 GB card."""
+    from kit.sharding.model import INDEX_BYTES, OUT_BYTES
 
     b = ops.DTYPE_BYTES[spec.dtype]
     t = len(spec.tables) + 1
     top_in = spec.dim + t * (t - 1) // 2
-    per_sample = b * (spec.dense_features + 2 * sum(spec.bottom) + t * spec.dim + top_in
-                      + 2 * sum(spec.top)) + OUT_BYTES * len(spec.tables) * spec.dim
-    owned = world * batch * sum(OUT_BYTES * x.dim + 8 * x.pooling for x in local_tables)
-    return int(batch * per_sample + owned)
+    held = (batch * b * (spec.dense_features + sum(spec.bottom))
+            + world * batch * sum(INDEX_BYTES * (x.pooling + 1) for x in local_tables))
+    top_side = batch * b * (t * spec.dim + top_in + sum(spec.top))
+    in_flight = OUT_BYTES * spec.dim * batch * (world * len(local_tables) + len(spec.tables))
+    return int(held + max(top_side, in_flight))
 
 
 def _rank(g: ExecGraph, r: int, run, cost: dict, local_r: list, emb_f_r: float, emb_b_r: float,
