@@ -19,8 +19,9 @@ all-to-alls synchronise them, and a rank with heavy tables makes the others wait
 The embedding side is priced by kit.sharding's model of the same table-wise plan
 (ShardingModel.exact_cost): the lookups and their backward with the optimizer, the three
 all-to-alls (indices, pooled rows, their gradients) and each rank's table and optimizer-state
-bytes; `fits` holds those, the MLPs' state and the step's activations against its memory cap. The default placement is kit.sharding's greedy baseline
-by dim x pooling, table-wise, onto ranks with memory left.
+bytes; `fits` holds those, the MLPs' state and the step's activations against its memory
+cap. The default placement is kit.sharding's greedy baseline by dim x pooling, table-wise, onto
+ranks with memory left.
 """
 from __future__ import annotations
 
