@@ -45,7 +45,7 @@ def enable_offline_charts() -> None:
         cls.enable_offline()
         cache.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(cls._esm + BUNDLE_MARK + _sha256(cls._esm) + "\n", encoding="utf-8")
+        tmp.write_bytes((cls._esm + BUNDLE_MARK + _sha256(cls._esm) + "\n").encode("utf-8"))
         tmp.replace(path)
     except (OSError, AttributeError, ImportError):
         cls.enable_offline()
@@ -67,7 +67,9 @@ def _sha256(text: str) -> str:
 def _checked_bundle(path) -> str | None:
     """The cached bundle at path when whole (its closing mark and hash agree), else None."""
     try:
-        text = path.read_text(encoding="utf-8")
+        # bytes, not read_text: its newline translation would turn a \r of the bundle into \n,
+        # and every start would then rebuild it (about 11 s)
+        text = path.read_bytes().decode("utf-8")
     except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
     esm, mark, digest = text.rpartition(BUNDLE_MARK)

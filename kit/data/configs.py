@@ -201,13 +201,13 @@ def load_label_nodes(data_dir: str | Path | None = None,
         if missing:
             raise KitError(f"label CSV {f}: missing column(s) {', '.join(missing)}")
         part = raw[list(NODE_COLUMNS)].rename(columns=NODE_COLUMNS)
-        for col in ("latency_ms", "fw_latency_ms", "bw_latency_ms", "acc_latency_ms"):
+        for name in ("latency", "fw_latency", "bw_latency", "acc_latency"):
             # text in a latency had reached label_kernel_pairs' comparison as a TypeError
+            col = NODE_COLUMNS[name]
             values = pd.to_numeric(part[col], errors="coerce")
             bad = values.isna() & part[col].notna() & (part[col].astype(str).str.strip() != "")
             if bad.any():
                 i = int(np.flatnonzero(bad.to_numpy())[0])
-                name = next(k for k, v in NODE_COLUMNS.items() if v == col)
                 raise KitError(f"label CSV {f}:{data_line(f, i)}: column {name!r} must hold a latency in ms, "
                                f"got {part[col].iloc[i]!r}")
             part[col] = values

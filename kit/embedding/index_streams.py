@@ -178,10 +178,9 @@ class Empirical(Distribution):
     def expected_misses(self, n, rows, cache_rows):
         if int(n) == self.indices.size:
             return self.own_misses(rows, cache_rows)
-        if int(n) <= self.indices.size:  # the stream itself: exact unique + its own reuse times
+        if int(n) < self.indices.size:  # a prefix of the stream: exact unique + its own reuse times
             unique = self.expected_unique(n, rows)
-            reuse = self.reuse if int(n) == self.indices.size else \
-                ReuseHistogram.from_indices(self.indices[:max(int(n), 1)])
+            reuse = ReuseHistogram.from_indices(self.indices[:max(int(n), 1)])
             return float(min(n, max(unique, reuse.misses_beyond(n, cache_rows, unique))))
         # past its length: the stream's own misses at its length, scaled by the frequency model's
         # growth, as expected_unique scales its count. The frequency model alone forgets the
@@ -189,7 +188,7 @@ class Empirical(Distribution):
         # (every reuse 5,000 apart: each misses a T4's 2,457-row L2 share), 177.0 us at 20,000
         # bags, 138.2 us at 20,001
         size = self.indices.size
-        own = self.expected_misses(size, rows, cache_rows)
+        own = self.own_misses(rows, cache_rows)
         model_n = super().expected_misses(n, rows, cache_rows)
         model_size = super().expected_misses(size, rows, cache_rows)
         scaled = own * model_n / model_size if model_size > 0 else model_n

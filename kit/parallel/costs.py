@@ -16,6 +16,7 @@ from kit.parallel.gpt import (Block, GPTSpec, backward_of, embedding_forward, he
                              layer_forward)
 from kit.parallel.layout import Layout
 from kit.parallel.memory import edge_params, layer_expert_params, stage_layers, zero_kept
+from kit.predict.sibling_bound import bounding_gpus
 
 ATTENTION_CORE = ("attention", "softmax", "dropout")
 # predictions are pure functions of (predictor, GPU, op) and (system, collective): cache them
@@ -157,8 +158,7 @@ class Coster:
         # by the specs of the training GPUs that bound its predictions (kit.predict.sibling_bound),
         # as kit.workload.latency_cache keys them: a --gpu-file that replaced the A100-PCIe-40GB
         # had left an A100-SXM4-40GB system's kernel times those of the old spec
-        bounds = tuple(getattr(self.predictor, "dominated_training_gpus", lambda _: ())(self.gpu))
-        self._op_ms = _OP_CACHE.setdefault((cache_name, self.gpu, bounds), {})
+        self._op_ms = _OP_CACHE.setdefault((cache_name, self.gpu, bounding_gpus(self.predictor, self.gpu)), {})
         self._comm_ms = _COMM_CACHE.setdefault((system, self.gpu, str(calibration)), {})
         self._groups: dict = {}  # (group name, stage) -> RankGroup
 

@@ -40,3 +40,10 @@ def dominated_training_gpus(gpu: GPU | str, train_gpus) -> list[GPU]:
     if gpu in trained:
         return []
     return [t for t in trained if dominates(gpu, t)]
+
+
+def bounding_gpus(model, gpu: GPU) -> tuple:
+    """The GPUs whose predictions bound model's on gpu (a tile predictor's dominated training
+    GPUs; none for a predictor without the bound): what a cache of its answers on gpu must be
+    keyed by beside gpu's own spec, since a --gpu-file may replace one of them."""
+    return tuple(getattr(model, "dominated_training_gpus", lambda _: ())(gpu))

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from kit.ops import Elementwise
+from kit.predict.sibling_bound import bounding_gpus
 from kit.workload.kernels import Slowest, leaf_options
 
 
@@ -305,7 +306,7 @@ def isolation_floor_ms(model, gpu) -> float:
     floors_of = _FLOORS.setdefault(model, {})
     # and by the GPU's spec, not its key: register_gpu (a --gpu-file) may replace the spec behind
     # a key, and the old spec's floor had stayed in the process (as kit.parallel.costs keys its caches)
-    siblings = list(getattr(model, "dominated_training_gpus", lambda _: [])(gpu))
+    siblings = list(bounding_gpus(model, gpu))
     key = (gpu, *siblings)
     if key not in floors_of:
         from kit.ops import Elementwise
