@@ -78,9 +78,50 @@ def test_switch_sparse_step_one_puts_experts_in_every_block():
             "num_layers": 4, "vocab_size": 50, "num_experts": 2}
     sparse = lambda m: [hasattr(b.mlp, "experts") for b in (*m.encoder, *m.decoder)]  # noqa: E731
     assert sparse(zoo.build({**tiny, "encoder_sparse_step": 1, "decoder_sparse_step": 1})) == [True] * 8
-    assert sparse(zoo.build(tiny)) == [False, True, False, True] * 2  # the default step, 2
+    assert sparse(zoo.build({**tiny, "encoder_sparse_step": 2, "decoder_sparse_step": 2})) == \
+        [False, True, False, True] * 2
     assert sparse(zoo.build({**tiny, "encoder_sparse_step": 0, "decoder_sparse_step": 3})) == \
         [False] * 4 + [False, True, False, False]
+
+
+def test_switch_sparse_steps_follow_the_sparse_layer_counts():
+    """HF's SwitchTransformersConfig sets a stack's step to its layers // num_sparse_*_layers
+    (default 3) when no step is given; the kit had used step 2 whatever the counts said."""
+    tiny = {"model_type": "switch_transformers", "d_model": 32, "d_ff": 64, "d_kv": 8, "num_heads": 4,
+            "num_layers": 8, "vocab_size": 50, "num_experts": 2}
+    enc = lambda m: [hasattr(b.mlp, "experts") for b in m.encoder]  # noqa: E731
+    dec = lambda m: [hasattr(b.mlp, "experts") for b in m.decoder]  # noqa: E731
+    every = zoo.build({**tiny, "num_sparse_encoder_layers": 8, "num_sparse_decoder_layers": 2})
+    assert enc(every) == [True] * 8  # step 8 // 8 = 1
+    assert dec(every) == [i % 4 == 1 for i in range(8)]  # step 8 // 2 = 4
+    assert enc(zoo.build(tiny)) == [i % 2 == 1 for i in range(8)]  # HF's default 3: step 8 // 3 = 2
+    assert not any(enc(zoo.build({**tiny, "num_sparse_encoder_layers": 0})))
+    # a step given outright wins over the count, as HF sets the config's kwargs after
+    assert enc(zoo.build({**tiny, "num_sparse_encoder_layers": 8, "encoder_sparse_step": 4})) == \
+        [i % 4 == 1 for i in range(8)]
+
+
+@pytest.mark.parametrize("field,value", [("encoder_sparse_step", -1), ("encoder_sparse_step", 2.5),
+                                         ("decoder_sparse_step", "2"), ("num_sparse_encoder_layers", True),
+                                         ("num_sparse_decoder_layers", -3)])
+def test_a_switch_sparse_field_that_is_no_count_is_named(field, value):
+    """-1 and 2.5 had built other sparse blocks silently; "2" had been named by Python's "'>' not
+    supported"."""
+    tiny = {"model_type": "switch_transformers", "d_model": 32, "d_ff": 64, "d_kv": 8, "num_heads": 4,
+            "num_layers": 4, "vocab_size": 50, "num_experts": 2}
+    with pytest.raises(KitError, match=rf"{field} must be a whole number of at least 0"):
+        zoo.build({**tiny, field: value})
+
+
+@pytest.mark.parametrize("extra,named", [({"decoder_sparse_step": 0}, "decoder_sparse_step"),
+                                         ({"decoder_sparse_step": "1"}, "decoder_sparse_step"),
+                                         ({"mlp_only_layers": 3}, "mlp_only_layers"),
+                                         ({"mlp_only_layers": [0, -1]}, "mlp_only_layers")])
+def test_a_qwen_moe_sparse_field_that_is_no_layout_is_named(extra, named):
+    """A step of 0 had been named "integer modulo by zero", an mlp_only_layers of 3 "'int' is
+    not iterable"."""
+    with pytest.raises(KitError, match=rf"{named} must be"):
+        zoo.build({**zoo.config("qwen3-30b-a3b"), **extra})
 
 
 @pytest.mark.parametrize("width", [0, -5, 2.5, "512", True])

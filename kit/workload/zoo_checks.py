@@ -68,6 +68,7 @@ def _check_sizes(kind: str, cfg: dict) -> None:
                        f"multiple of {parts} {cfg[parts]} (each attention head gets an equal share)")
     if kind in LLAMA_FAMILIES:
         _check_rotary(kind, cfg)
+    _check_sparse_layout(kind, cfg)
 
 
 POOL_MARKER = "M"  # a VGG layers entry: a 2x2 max pool
@@ -215,3 +216,29 @@ def check_seq(model, seq: int, new_tokens: int = 0) -> None:
                            f"{limit - new_tokens} or less (--seq), or a config with a larger {field}")
         raise KitError(f"seq {seq} is longer than {name}'s {limit} learned positions ({field}); "
                        f"give a seq of {limit} or less (--seq), or a config with a larger {field}")
+
+
+# which blocks hold experts: counts and steps where 0 means none (Switch), steps of at least 1
+# where HF divides by them (Qwen-MoE: (i + 1) % decoder_sparse_step), and Qwen's dense layers
+SPARSE_COUNTS = {"switch_transformers": ("num_sparse_encoder_layers", "num_sparse_decoder_layers",
+                                         "encoder_sparse_step", "decoder_sparse_step")}
+SPARSE_STEPS = {"qwen2_moe": ("decoder_sparse_step",), "qwen3_moe": ("decoder_sparse_step",)}
+
+
+def _check_sparse_layout(kind: str, cfg: dict) -> None:
+    """A KitError naming a sparse-layer field that is no whole number: a step of -1 or 2.5 had
+    built a Switch model with no or other sparse blocks, silently; "2", a Qwen-MoE step of 0 and
+    an mlp_only_layers of 3 had been named by Python's messages ("'>' not supported", "integer
+    modulo by zero", "'int' is not iterable")."""
+    for name, least in [*((n, 0) for n in SPARSE_COUNTS.get(kind, ())),
+                        *((n, 1) for n in SPARSE_STEPS.get(kind, ()))]:
+        v = cfg.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < least):
+            raise KitError(f"{kind} config cannot build a model: {name} must be a whole number of at "
+                           f"least {least}{' (0: no sparse blocks)' if least == 0 else ''}, got {v!r}")
+    dense = cfg.get("mlp_only_layers")
+    if kind in SPARSE_STEPS and dense is not None and (
+            not isinstance(dense, (list, tuple)) or any(
+                isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0 for i in dense)):
+        raise KitError(f"{kind} config cannot build a model: mlp_only_layers must be a list of layer "
+                       f"indices (whole numbers from 0), got {dense!r}")

@@ -153,6 +153,29 @@ class SwitchBlock(nn.Module):
         return h + self.dropout(self.mlp(self.ln_ff(h))), bias, cross_bias
 
 
+def sparse_steps(c: dict) -> tuple[int, int]:
+    """The encoder's and decoder's sparse steps, as HF's SwitchTransformersConfig sets them: a
+    stack's step is its layers // num_sparse_*_layers (whose default is 3), a step given outright
+    wins (the config's kwargs are set after), and T5 has none. A config of num_layers 12 and
+    num_sparse_encoder_layers 12 (every block sparse, step 1) had been built with the default
+    step 2: half its experts. HF gives 0 sparse layers the step num_layers, under which its
+    i % step == 1 rule still makes block 1 sparse; its comment says it means none, and none is
+    built."""
+    if c.get("model_type") == "t5":
+        return 0, 0
+    n_enc = c["num_layers"]
+    n_dec = c.get("num_decoder_layers", n_enc)
+
+    def step(given: str, count: str, layers: int) -> int:
+        if c.get(given) is not None:
+            return c[given]
+        sparse = c.get(count, 3)
+        return layers // sparse if sparse else 0
+
+    return (step("encoder_sparse_step", "num_sparse_encoder_layers", n_enc),
+            step("decoder_sparse_step", "num_sparse_decoder_layers", n_dec))
+
+
 def _sparse(i: int, step: int) -> bool:
     """Whether block i of a stack with sparse step `step` has experts, as HF's
     SwitchTransformersStack decides: every step-th block from the second (i % step == 1), every
@@ -174,8 +197,7 @@ class SwitchTransformer(nn.Module):
         self._keep_in_fp32_modules = ["wo"] if t5 else []
         self.shared = nn.Embedding(c["vocab_size"], d)
         n_enc, n_dec = c["num_layers"], c.get("num_decoder_layers", c["num_layers"])
-        sparse = 0 if t5 else 2
-        es, ds = c.get("encoder_sparse_step", sparse), c.get("decoder_sparse_step", sparse)
+        es, ds = sparse_steps(c)
         self.encoder = nn.ModuleList(SwitchBlock(c, False, _sparse(i, es), i == 0) for i in range(n_enc))
         self.decoder = nn.ModuleList(SwitchBlock(c, True, _sparse(i, ds), i == 0) for i in range(n_dec))
         eps = c.get("layer_norm_epsilon", 1e-6)
