@@ -41,4 +41,5 @@ def test_a_distribution_of_ranks_keeps_its_even_blocks():
     t = Table(rows=1000, dim=64, pooling=10, distribution=Zipf(1.1))
     m = ShardingModel([t], get_system("dgx-a100"), kinds=("rw",))
     assert [p for p, _ in m._row_blocks(0, 8)] == [10 / 8] * 8
-    assert all(d is t.distribution for _, d in m._row_blocks(0, 8))
+    # each block a k-th of the table's ranks (kit.embedding.distributions.RowBlock)
+    assert all(d.base is t.distribution and d.blocks == 8 for _, d in m._row_blocks(0, 8))

@@ -20,6 +20,7 @@ import numpy as np
 
 from kit.embedding import Empirical, Table, Uniform, lookup_cost
 from kit.embedding.cost import LAUNCH_MS, OPTIMIZERS, backward_fixed_ms
+from kit.embedding.distributions import RowBlock
 from kit.errors import KitError, whole_number
 from kit.ops import dtype_bytes
 from kit.sharding.plans import KINDS, Option, count_options, options_for
@@ -177,8 +178,9 @@ class ShardingModel:
     def _row_blocks(self, t: int, k: int) -> list[tuple[float, object]]:
         """(pooling, index distribution) of each of table t's k row-wise shards (blocks of
         ceil(rows / k) rows). A distribution of row ranks spreads its hot rows over the blocks
-        (ids hashed), so each block takes pooling / k under it; a real index tensor (Empirical)
-        gives each block the indices in its rows, re-based, and their share of the lookups: its
+        (ids hashed), so each block takes pooling / k under it and holds a k-th of the rows the
+        table's lookups touch (RowBlock; a uniform block is uniform over its own rows); a real
+        index tensor (Empirical) gives each block the indices in its rows, re-based, and their share of the lookups: its
         hot rows stay where they are. (Every shard had been given the whole tensor, which names
         rows past a shard's: no plan with a row-wise option could be priced.)"""
         key = (t, k)
@@ -186,7 +188,8 @@ class ShardingModel:
             tab = self.tables[t]
             d = tab.distribution
             if not isinstance(d, Empirical):
-                self._blocks[key] = [(tab.pooling / k, d)] * k
+                block = d if d is None or isinstance(d, Uniform) or k == 1 else RowBlock(d, k, tab.rows)
+                self._blocks[key] = [(tab.pooling / k, block)] * k
             else:
                 rows, ids = math.ceil(tab.rows / k), d.indices
                 self._blocks[key] = []
