@@ -148,7 +148,11 @@ class ShardingModel:
         of a real index tensor's, _row_blocks), else the table's."""
         dist = (table.distribution if dist == "table" else dist) or Uniform()
         bwd_l2_share = l2_share if bwd_l2_share is None else bwd_l2_share
-        key = (rows, dim, pooling, table.dtype, dist, batch, round(l2_share, 3), round(bwd_l2_share, 3))
+        # shares to 3 significant digits, and priced at those: priced at the first caller's own
+        # share (and keyed to 3 decimals), a plan's price had depended on the plans priced before
+        # it (a hot table at 0.00573 or 0.00589 of the L2: 16.0738 or 16.0799 us, by call order)
+        l2_share, bwd_l2_share = float(f"{l2_share:.3g}"), float(f"{bwd_l2_share:.3g}")
+        key = (rows, dim, pooling, table.dtype, dist, batch, l2_share, bwd_l2_share)
         if key not in self._lookup_cache:
             shard = Table(rows=max(1, rows), dim=dim, pooling=pooling, dtype=table.dtype,
                           name=table.name, distribution=dist)
