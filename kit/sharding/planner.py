@@ -145,7 +145,15 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     search_wall_s = time.perf_counter() - t_search
     best, best_model_ms, n, pool = found
     base_exact = {name: model.exact_cost(c) for name, c in base.items()}
-    cands = [best] + [c for _, c in pool[:POOL_EXACT]]
+    # distinct plans: descents from many starts mostly end on the same few, and the first six
+    # of the pool had been one plan six times (10 tables on dgx1-v100), so one was re-priced
+    cands, seen = [], set()
+    for c in [best] + [c for _, c in pool]:
+        if len(cands) > POOL_EXACT:
+            break
+        if tuple(c) not in seen:
+            seen.add(tuple(c))
+            cands.append(c)
     exact = [model.exact_cost(c) for c in cands]
     i = int(np.argmin([e["cost_ms"] for e in exact]))
     choice, chosen = cands[i], exact[i]
