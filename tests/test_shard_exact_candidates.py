@@ -2,11 +2,8 @@
 beside the best): descents from many starts mostly end on the same few plans, and the pool's
 first six had been one plan six times (10 synthetic tables on dgx1-v100), so the exact
 re-pricing, which the plan is chosen by, had compared one plan with itself."""
-import numpy as np
 
-from kit.hardware import get_system
 from kit.sharding import ShardingModel, planner, synthetic_tables
-from kit.sharding.search import local_search
 
 
 def test_the_candidates_re_priced_are_distinct_plans_of_the_pool(monkeypatch):

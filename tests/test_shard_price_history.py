@@ -5,7 +5,6 @@ priced it at the first caller's unrounded shares: a hot Zipf(1.2) table beside a
 of 58 lookups a sample holds 0.00573 or 0.00589 of the L2 (both 0.006 rounded), so the second
 plan got the first one's number, and exact_cost of one plan gave 16.0799 us for that shard
 after the other plan had been priced, 16.0738 us before it."""
-import numpy as np
 import pytest
 
 from kit.embedding import Table, Zipf
