@@ -185,8 +185,9 @@ class ShardingModel:
         (ids hashed), so each block takes pooling / k under it and holds a k-th of the rows the
         table's lookups touch (RowBlock; a uniform block is uniform over its own rows); a real
         index tensor (Empirical) gives each block the indices in its rows, re-based, and their
-        share of the lookups: its hot rows stay where they are. (Every shard had been given the whole tensor, which names
-        rows past a shard's: no plan with a row-wise option could be priced.)"""
+        share of the lookups: its hot rows stay where they are. (Every shard had been given the
+        whole tensor, which names rows past a shard's: no plan with a row-wise option could be
+        priced.)"""
         key = (t, k)
         if key not in self._blocks:
             tab = self.tables[t]
