@@ -60,6 +60,29 @@ def test_a_name_or_alias_of_another_gpu_is_refused():
     assert get_gpu("h100-sxm").mem_bw_gbs == builtin.mem_bw_gbs
 
 
+def test_a_key_that_names_another_gpu_is_refused(tmp_path):
+    # 'a100' is an alias of a100-sxm4-40gb and 't-4' reads as t4's key: get_gpu of such a key had
+    # given the other GPU, so the user's own GPU could not be looked up by its key at all
+    for key, other in (("a100", "a100-sxm4-40gb"), ("t-4", "t4"), ("h100sxm", "h100-sxm")):
+        with pytest.raises(KitError, match=f"key '{key}' already names '{other}'"):
+            register_gpu(_entry(key=key, aliases=[]))
+        with pytest.raises(KitError, match="unknown GPU"):
+            get_gpu("my accelerator 9000")  # nothing was registered under that name
+    try:  # nor by a file, and a clash with an earlier entry of the same file registers neither
+        path = tmp_path / "gpus.json"
+        path.write_text(json.dumps([_entry(key="gpu-a", name="GPU A", aliases=["Shared"]),
+                                    _entry(key="shared", name="GPU B", aliases=[])]))
+        with pytest.raises(KitError, match="key 'shared' already names 'gpu-a'"):
+            load_gpu_file(path)
+        with pytest.raises(KitError):
+            get_gpu("gpu-a")
+        ok = register_gpu(_entry(key="my-a100", aliases=[]))
+        assert get_gpu("my-a100") is ok and get_gpu("a100").key == "a100-sxm4-40gb"
+    finally:
+        unregister_gpu("gpu-a")
+        unregister_gpu("my-a100")
+
+
 @pytest.mark.parametrize("bad, word", [
     ({"sm_count": -4}, "sm_count"),
     ({"mem_bw_gbs": "fast"}, "mem_bw_gbs"),

@@ -187,22 +187,35 @@ def get_gpu(name: str | GPU) -> GPU:
 def register_gpu(entry: dict | GPU, origin: str = "user GPU") -> GPU:
     """Add a user's GPU (a dict in the catalog's format, or a GPU). It is validated first.
 
-    A user GPU with a built-in key replaces that GPU (to correct a spec); a name or alias that
-    already names another GPU is refused: lookups would silently keep finding the other one.
+    A user GPU with a built-in key replaces that GPU (to correct a spec); a key, name or alias
+    that already names another GPU is refused: lookups would silently keep finding the other one.
     A GPU object is validated as a dict is (it had been registered unchecked, so one with 0 SMs
     or a NaN bandwidth gave a ZeroDivisionError or NaN times when looked up by its key)."""
     gpu = gpu_from_dict(entry.to_dict() if isinstance(entry, GPU) else entry, origin=origin)
     return _register(gpu, origin)
 
 
+def _refuse_taken_names(gpus: list[GPU], origin: str) -> None:
+    """KitError for a GPU whose key, name or alias already names another GPU (known, or earlier
+    in `gpus`): lookups would silently keep finding the other one. The key too: a user GPU keyed
+    'a100' (an alias of a100-sxm4-40gb) or 't-4' (t4's key, punctuation aside) had been
+    registered, and get_gpu of its own key then gave the other GPU."""
+    index = dict(_index(_generation[0]))
+    for gpu in gpus:
+        for what, name in (("key", gpu.key), ("name", gpu.name), *(("alias", a) for a in gpu.aliases)):
+            other = index.get(_norm(name)) if name else None
+            if other is not None and other != gpu.key:
+                raise KitError(f"{origin}: GPU {gpu.key!r}: its {what} {name!r} already names "
+                               f"{other!r}; give it another {what} (or use the key {other!r} to "
+                               "replace that GPU)")
+        for name in (gpu.key, gpu.name, *gpu.aliases):
+            if name:
+                index.setdefault(_norm(name), gpu.key)
+
+
 def _register(gpu: GPU, origin: str) -> GPU:
     """register_gpu of a GPU already validated (load_gpu_file's: their notes said once)."""
-    index = _index(_generation[0])
-    for name in (gpu.name, *gpu.aliases):
-        other = index.get(_norm(name)) if name else None
-        if other is not None and other != gpu.key:
-            raise KitError(f"{origin}: GPU {gpu.key!r}: {name!r} already names {other!r}; "
-                           "give it another name or alias (or use that key to replace it)")
+    _refuse_taken_names([gpu], origin)
     _user_gpus[gpu.key] = gpu
     _generation[0] += 1
     return gpu
@@ -210,8 +223,8 @@ def _register(gpu: GPU, origin: str) -> GPU:
 
 def load_gpu_file(path: str | Path) -> list[GPU]:
     """Register every GPU in a JSON file (one object, a list, or {"gpus": [...]}). Each entry is
-    validated, and the keys checked, before any is registered; a key given twice is refused (the
-    last would silently replace the first)."""
+    validated, and its key, name and aliases checked, before any is registered; a key given twice
+    is refused (the last would silently replace the first)."""
     path = Path(need_path(path, "the GPU file"))
     gpus = [gpu_from_dict(e, origin=str(path)) for e in _read_entries(path)]
     seen = {}
@@ -222,6 +235,7 @@ def load_gpu_file(path: str | Path) -> list[GPU]:
             raise KitError(f"GPU file {path}: key {gpu.key!r} is given twice{also}; keep one entry "
                            "for it, or give the other a key of its own")
         seen[_norm(gpu.key)] = gpu.key
+    _refuse_taken_names(gpus, str(path))  # all of them first: a clash registers none of the file
     return [_register(gpu, origin=str(path)) for gpu in gpus]
 
 
