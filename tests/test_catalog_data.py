@@ -228,6 +228,33 @@ def test_tensor_peaks_are_consistent(gpus):
             assert gpus[key].fp16_tflops == pytest.approx(2 * gpus[key].fp32_tflops, rel=0.02)
 
 
+# Dense FP16 matrix FLOPs per clock per SM (CU), FP32 accumulate, from the architecture
+# whitepapers: Pascal GP100's half2 lanes 64 x 2 x 2; Volta and Turing 8 tensor cores x 64 FMA;
+# GA100 4 x 256 FMA, GA10x and Ada 4 x 128; Hopper 4 x 512; Blackwell twice Hopper; CDNA 1-2 MFMA
+# 1024, CDNA 3 2048. GeForce boards (and the L40) quote FP32 accumulate at half that rate.
+DENSE_FP16_FLOPS_PER_CLOCK_PER_SM = {
+    "pascal": 256, "volta": 1024, "turing": 1024, "ampere": 1024, "ada": 1024, "hopper": 4096,
+    "blackwell": 8192, "cdna": 1024, "cdna2": 1024, "cdna3": 2048,
+}
+GA100 = {"a100-pcie-40gb", "a100-sxm4-40gb", "a100-pcie-80gb", "a100-sxm4-80gb", "a30"}
+HALF_RATE_FP32_ACCUMULATE = {"rtx-2080-ti", "rtx-3090", "rtx-4090", "l40"}
+
+
+def test_tensor_peaks_are_dense_per_sm_rates(gpus):
+    """fp16 = SMs x the architecture's dense FLOPs per clock x the boost clock: a datasheet's
+    'with sparsity' figure (2x) or a whole-package one (MI250: 2 GCDs) fails. NVIDIA computes
+    tensor peaks at a lower clock than boost_clock_mhz on some boards (H100 SXM: 1830 of 1980 MHz,
+    H100 NVL about 1545 of 1785), hence the 0.85 floor."""
+    for g in gpus.values():
+        if g.fp16_tflops is None:
+            continue
+        rate = 2048 if g.key in GA100 else DENSE_FP16_FLOPS_PER_CLOCK_PER_SM[g.arch]
+        if g.key in HALF_RATE_FP32_ACCUMULATE:
+            rate /= 2
+        ref = rate * g.sm_count * g.boost_clock_mhz * 1e6 / 1e12
+        assert 0.85 <= g.fp16_tflops / ref <= 1.02, (g.key, g.fp16_tflops, ref)
+
+
 # AMD CDNA 1-3 whitepapers: an MFMA FP32 (v_mfma_f32_*_f32) compute unit does 256 FP32 FLOPs per
 # clock per CU, twice the 128 of its 64 non-packed vector lanes.
 CDNA_MFMA_FP32_FLOPS_PER_CLOCK_PER_CU = 256

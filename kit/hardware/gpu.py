@@ -33,8 +33,9 @@ REQUIRED_FIELDS: dict[str, type] = {
     "source": str,
 }
 # What a GPU spec can plausibly be: far wider than any catalog GPU (33 of them span 20-304 SMs,
-# 1.06-2.52 GHz, 192-8,000 GB/s, 1,024-2,560 threads per SM, 5.5-2,250 TFLOP/s), so a real
-# future GPU passes and a unit slip (a clock in GHz, bandwidth in B/s, sm_count 1e30) does not.
+# 1.06-2.52 GHz, 192-8,000 GB/s, 1,024-2,560 threads per SM, 5.5-4,500 TFLOP/s: P4 fp32 to B200
+# fp8), so a real future GPU passes and a unit slip (a clock in GHz, bandwidth in B/s, sm_count
+# 1e30) does not.
 PLAUSIBLE: dict[str, tuple[float, float]] = {
     "sm_count": (1, 4096), "fp32_lanes_per_sm": (8, 1024), "boost_clock_mhz": (100, 10000),
     "memory_gib": (0.25, 65536), "mem_bw_gbs": (1, 200000), "l2_cache_mib": (0.0625, 16384),
@@ -45,9 +46,10 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
 PLAUSIBLE_TFLOPS = (1e-3, 1e6)
 # How far fp32_tflops may sit from 2 x SMs x lanes x clock (the catalog's 33: within 1%; a
 # packed/dual-issue FP32 peak, as MI300X's datasheet quotes, is 2x), and the highest FP32 ridge
-# point (FLOP per DRAM byte) a GPU may have (the catalog's: 20-106). Past them a field is off by
-# a unit (a clock in 0.1 GHz steps, a bandwidth in TB/s, 10x the SMs) or the fields disagree: the
-# roofline takes fp32_tflops and mem_bw_gbs, the tile features and element rates the SMs and clock.
+# point (FLOP per DRAM byte) a GPU may have (the catalog's: 9.4 on B200 to 106 on L40S). Past them
+# a field is off by a unit (a clock in 0.1 GHz steps, a bandwidth in TB/s, 10x the SMs) or the
+# fields disagree: the roofline takes fp32_tflops and mem_bw_gbs, the tile features and element
+# rates the SMs and clock.
 FP32_PEAK_RATIO = (0.4, 2.5)
 MAX_FP32_RIDGE = 1000.0
 PEAK_FIELDS = tuple(f"{d}_tflops" for d in DTYPES)
