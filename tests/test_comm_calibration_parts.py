@@ -124,3 +124,20 @@ def test_one_rank_collectives_report_no_bus_traffic(capsys, kind):
     out = capsys.readouterr().out
     assert "busbw 0.0 GB/s (plateau 0)" in out and "note: one rank" in out
     assert predict_collective(kind, 2**30, "dgx-h100", ranks=8).notes == ()
+
+
+def test_a_size_below_the_calibrated_range_is_noted():
+    """Measured only from 64 MiB up (20 us + S / 200 GB/s), the fit never sees the floor and keeps
+    the smallest size's time as it: 1 MiB was predicted in 355 us, as long as 64 MiB takes (the
+    line gives 25 us), and only sizes past the range were noted."""
+    s = 2.0 ** np.arange(26, 31, 0.5)
+    curve = fit_curve("allreduce", 8, s, 20 + s / 200e3)
+    cal = Calibration(system="dgx-a100", curves=(curve,), source="big-only.json")
+    inside = predict_collective("allreduce", 2.0**28, "dgx-a100", ranks=8, calibration=cal)
+    assert inside.source.startswith("calibration") and inside.notes == ()
+    small = predict_collective("allreduce", MIB, "dgx-a100", ranks=8, calibration=cal)
+    assert len(small.notes) == 1 and "1 MiB is below the calibrated range" in small.notes[0]
+    assert "measured from 64 MiB" in small.notes[0] and f"{curve.floor_us:,.4g} us" in small.notes[0]
+    sweep = collective_table("allreduce", [MIB, 2.0**28, 2.0**33], "dgx-a100", ranks=8, calibration=cal)
+    (both,) = sweep.attrs["notes"]  # one note naming each side
+    assert "8,192 MiB is past" in both and "1 MiB is below" in both

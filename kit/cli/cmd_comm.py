@@ -87,7 +87,7 @@ def predict_text(r):
 
 
 def _notes_text(r) -> str:
-    """The result's notes (one rank; sizes past the calibrated range), a line each."""
+    """The result's notes (one rank; sizes outside the calibrated range), a line each."""
     return "".join(f"\n  note: {n}" for n in r.get("notes", ()))
 
 

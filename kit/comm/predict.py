@@ -165,9 +165,9 @@ def _evaluate(kind, s, system, group, cal):
 
 def _notes(s, group: Group, fitted: BandwidthCurve | None) -> tuple[str, ...]:
     """What a reader of a prediction at sizes s should know: a group of one rank (busbw 0), and
-    sizes past the largest the calibration's curve was fitted to."""
-    past = extrapolation_note(fitted, s) if fitted is not None else None
-    return tuple(n for n in (ONE_RANK_NOTE if group.size == 1 else None, past) if n)
+    sizes outside those the calibration's curve was fitted to."""
+    outside = extrapolation_note(fitted, s) if fitted is not None else None
+    return tuple(n for n in (ONE_RANK_NOTE if group.size == 1 else None, outside) if n)
 
 
 def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
