@@ -46,6 +46,17 @@ def test_collect_writes_valid_nccl_tests_output(gloo2):
     assert np.allclose(ag.busbw_gbs, ag.size_bytes / ag.time_us / 1e3 * 0.5, atol=step)
 
 
+def test_the_count_column_is_per_rank_as_nccl_tests_prints_it(gloo2):
+    """nccl-tests' size column is the whole buffer, its count column a rank's elements (its
+    paramcount): a rank's chunk for all-gather and reduce-scatter, its part for each peer in
+    all-to-all. The total count had been written for those three."""
+    t = parse_nccl_tests(gloo2)
+    split = t.kind.isin(["allgather", "reducescatter", "alltoall"])
+    assert split.any() and (~split).any()
+    assert (t["count"][split] * 4 * 2 == t.size_bytes[split]).all()  # float32, 2 ranks
+    assert (t["count"][~split] * 4 == t.size_bytes[~split]).all()
+
+
 def test_fit_the_measured_curves_and_predict_with_them(gloo2, tmp_path, capsys):
     cal_path = tmp_path / "cal.json"
     assert main(["comm", "fit", str(gloo2), "--system", "dgx-a100", "--out", str(cal_path), "--json"]) == 0

@@ -59,6 +59,15 @@ def _count(kind: str, size: int, n: int) -> int:
     return count
 
 
+def _printed_count(kind: str, count: int, n: int) -> int:
+    """The count column nccl-tests prints for `count` elements in all: its per-rank count
+    (nccl-tests' paramcount: args->nbytes / wordSize in src/common.cu), which is a rank's chunk
+    for all-gather and reduce-scatter and its part for each peer in all-to-all, while the size
+    column is the whole buffer. The total had been printed: an 8 KiB all-gather on 2 ranks
+    said 2048 elements where nccl-tests says 1024."""
+    return count // n if kind in ("allgather", "reducescatter", "alltoall") else count
+
+
 def _quantile(stat: str) -> float:
     """'min' -> 0, 'median' -> 0.5, 'p10' -> 0.1: the quantile of the samples a rank reports."""
     q = {"min": 0.0, "median": 0.5}.get(stat)
@@ -179,7 +188,7 @@ def _worker(rank, n, backend, port, work, iters, warmup, repeats, stat, timing, 
                 wrong = torch.tensor([check()], dtype=torch.float64, device=dev)
                 dist.all_reduce(wrong)
                 count = _count(kind, size, n)
-                row = {"kind": kind, "size_bytes": count * WORD_BYTES, "count": count,
+                row = {"kind": kind, "size_bytes": count * WORD_BYTES, "count": _printed_count(kind, count, n),
                        "dtype": "float", "time_us": float(t.item()), "wrong": int(wrong.item())}
                 if rank == 0:  # one fsynced line as each (kind, size) finishes: a crash keeps it
                     append_jsonl(result_path, row)
