@@ -1,6 +1,7 @@
 """A calibrated collective's parts, its curve between measured sizes, sizes past its range, and
 one-rank collectives: `kit comm fit` on vTrain's measured 8-GPU all-reduce, then `kit comm predict`."""
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +138,21 @@ def test_a_size_below_the_calibrated_range_is_noted():
     assert inside.source.startswith("calibration") and inside.notes == ()
     small = predict_collective("allreduce", MIB, "dgx-a100", ranks=8, calibration=cal)
     assert len(small.notes) == 1 and "1 MiB is below the calibrated range" in small.notes[0]
-    assert "measured from 64 MiB" in small.notes[0] and f"{curve.floor_us:,.4g} us" in small.notes[0]
+    assert "measured from 64 MiB" in small.notes[0] and f"{small.time_ms * 1e3:,.4g} us" in small.notes[0]
     sweep = collective_table("allreduce", [MIB, 2.0**28, 2.0**33], "dgx-a100", ranks=8, calibration=cal)
     (both,) = sweep.attrs["notes"]  # one note naming each side
     assert "8,192 MiB is past" in both and "1 MiB is below" in both
+
+
+def test_the_below_range_note_gives_the_time_small_sizes_take_not_the_floor():
+    """A curve whose latency term (f*S_half/B, 20 us) stands above its floor (1 us): a fit from
+    1 KiB with a sharp knee gave a 0.96 us floor under a 19.9 us latency. Below its range every
+    size takes about the latency, and the note had named the floor, a time no size is given."""
+    half = 20.0 * 200e3 / 1.75  # f = 2 * 7/8 on 8 ranks: latency f * S_half / B = 20 us
+    curve = BandwidthCurve("allreduce", 8, 1.0, 200.0, half, 1.0, n_points=12, min_bytes=MIB, max_bytes=2.0**30)
+    cal = Calibration(system="dgx-a100", curves=(curve,), source="latency-above-floor.json")
+    tiny = predict_collective("allreduce", 1.0, "dgx-a100", ranks=8, calibration=cal)
+    (note,) = tiny.notes
+    said = {float(x.replace(",", "")) for x in re.findall(r"([0-9][0-9.,]*) us\b", note)}
+    assert said == {float(f"{tiny.time_ms * 1e3:.4g}")}  # the time the size is given, no other
+    assert tiny.time_ms * 1e3 > 10 * curve.floor_us

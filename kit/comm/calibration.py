@@ -98,9 +98,12 @@ def extrapolation_note(curve: BandwidthCurve, sizes) -> str | None:
     """A note where any of `sizes` (bytes) is outside the sizes `curve` was fitted to (its
     min_bytes and max_bytes; a curve that does not record them gets none): not an error, the
     fitted curve goes on. Past the largest, its time grows in proportion to the size at its last
-    regime's plateau busbw. Below the smallest, it runs down to its floor, which measurements that
-    never reach it do not tell: fitted from 128 MiB up on vTrain's 8-GPU A100 all-reduce, the floor
-    is the 128 MiB time, and 1 MiB was predicted in 1,162 us (measured: 93 us) without a word."""
+    regime's plateau busbw. Below the smallest, it runs down to the time of a vanishing message
+    (latency_us: the floor, or f*S_half/B where that is larger), which measurements that never get
+    there do not tell: fitted from 128 MiB up on vTrain's 8-GPU A100 all-reduce, that is the 128 MiB
+    time, and 1 MiB was predicted in 1,162 us (measured: 93 us) without a word. The floor alone is
+    not that time: fitted from 1 KiB with a sharp knee (k = 2), a floor of 0.96 us sat under a
+    latency of 19.9 us, which every smaller size took."""
     past = sorted(float(s) for s in sizes if curve.max_bytes and s > curve.max_bytes)
     below = sorted(float(s) for s in sizes if curve.min_bytes and s < curve.min_bytes)
     out = []
@@ -110,8 +113,9 @@ def extrapolation_note(curve: BandwidthCurve, sizes) -> str | None:
                    f"with the size at a busbw approaching its plateau of {curve.plateau_gbs():,.4g} GB/s")
     if below:
         out.append(f"{_sizes_are(below)} below the calibrated range ({curve.kind} x{curve.ranks} measured from "
-                   f"{curve.min_bytes / 2**20:,.4g} MiB): extrapolated along the fitted curve down to its floor "
-                   f"of {curve.floor_us:,.4g} us, which no measurement that small checks")
+                   f"{curve.min_bytes / 2**20:,.4g} MiB): extrapolated along the fitted curve, which levels "
+                   f"off at {curve.latency_us():,.4g} us for the smallest messages, a time no measurement "
+                   "that small checks")
     return "; ".join(out) or None
 
 

@@ -88,7 +88,7 @@ class CollectiveResult:
     source: str  # "preset" or "calibration:<file>"
     system: str
     nodes_spanned: int = 1
-    notes: tuple[str, ...] = ()  # what a reader should know: one rank, a size past the calibration
+    notes: tuple[str, ...] = ()  # what a reader should know: one rank, a size outside the calibration
 
     @property
     def size_bytes(self) -> float:

@@ -172,7 +172,7 @@ def _notes(s, group: Group, fitted: BandwidthCurve | None) -> tuple[str, ...]:
 
 def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
     """Vectorised prediction over sizes: a DataFrame with one row per size; its attrs["notes"]
-    are the notes a CollectiveResult would carry (one rank, sizes past the calibration)."""
+    are the notes a CollectiveResult would carry (one rank, sizes outside the calibration)."""
     import pandas as pd
 
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
