@@ -1,6 +1,7 @@
 """`kit collect-comm` after the collector audit: the rows a stopped sweep kept are never lost and
 --resume finishes them (B1), one writer at a time (B5), a collective named twice is measured once
 (B6), and each "#  Rank" line carries its own rank's pid (B14). gloo ranks, forked."""
+import json
 import os
 
 import pytest
@@ -97,3 +98,18 @@ def test_the_cli_resumes_over_an_earlier_file_when_a_stopped_sweep_kept_rows(tmp
     assert main(args + ["--sizes", "1K,2K", "--resume"]) == 0, capsys.readouterr().err
     assert list(parse_nccl_tests(out).size_bytes) == [1024, 2048]
     assert not rows_path(out).exists()
+
+
+def test_resume_over_an_older_kits_rows_writes_one_count_convention(tmp_path):
+    """An older kit kept the total count in a stopped sweep's rows (2048 for an 8 KiB all-gather
+    on 2 ranks, where nccl-tests prints a rank's 1024); resumed by this kit, the file had held
+    both conventions, one row each."""
+    out = tmp_path / "ag.txt"
+    settings = {"backend": "gloo", "ranks": 2, "iters": 2, "repeats": 1, "stat": "p10", "timing": "call",
+                "pinned": True}
+    rows_path(out).write_text(json.dumps({"settings": settings}) + "\n" + json.dumps(
+        {"kind": "allgather", "size_bytes": 8192, "count": 2048, "dtype": "float", "time_us": 50.0, "wrong": 0}) + "\n")
+    collect(sizes=[8192, 16384], out=out, resume=True, **{**FAST, "kinds": ["allgather"]})
+    t = parse_nccl_tests(out)
+    assert list(t.size_bytes) == [8192, 16384] and t.time_us[0] == 50.0  # the kept row, not remeasured
+    assert (t["count"] * 4 * 2 == t.size_bytes).all()

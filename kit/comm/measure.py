@@ -292,7 +292,11 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
             _spawn(work, ranks, backend, iters, warmup, repeats, stat, timing, pin, result, start_method,
                    resumed=bool(kept), keep=out is not None)
         lines = read_jsonl(result)
-        rows = [r for r in lines if "kind" in r]
+        # the count column from the size, not as kept: an older kit's stopped sweep kept the
+        # total (2048 for an 8 KiB all-gather on 2 ranks), and --resume had mixed it with the
+        # per-rank counts measured now (1024) in one file
+        rows = [{**r, "count": _printed_count(r["kind"], r["size_bytes"] // WORD_BYTES, ranks)}
+                for r in lines if "kind" in r]
         kinds += [k for k in dict.fromkeys(r["kind"] for r in rows) if k not in kinds]  # kept ones too
         rows.sort(key=lambda r: (kinds.index(r["kind"]), r["size_bytes"]))
         pids = next((r["pids"] for r in reversed(lines) if "pids" in r), None) or [os.getpid()] * ranks
