@@ -93,3 +93,26 @@ def test_parse_sizes():
     for bad in ["", "abc", "8K:1K", "1K:8K:1"]:
         with pytest.raises(KitError):
             parse_sizes(bad)
+
+
+def test_an_older_kits_total_count_reads_as_nccl_tests_per_rank_count(tmp_path):
+    """`kit collect-comm` before 2026-12-07 wrote the total count for all-gather, reduce-scatter and
+    all-to-all (4096 for a 16 KiB all-gather on 4 ranks) where nccl-tests and the kit now print a
+    rank's (1024): read back, both kinds of file give the count nccl-tests would."""
+    meta = "step: list warmup iters: 1 iters: 2 # kit collect-comm backend=gloo torch=2.5 stat=p10;"
+    devices = [f"Pid {100 + i} on host device {i:2d} [cpu] gloo process" for i in range(4)]
+    sizes = [4096 * 2**i for i in range(3)]
+
+    def rows(per_rank):
+        return [{"size_bytes": s, "count": s // 4 // (4 if per_rank else 1), "dtype": "float",
+                 "time_us": 10.0, "wrong": 0} for s in sizes]
+
+    for name, per_rank in (("older.txt", False), ("newer.txt", True)):
+        f = tmp_path / name
+        f.write_text("".join(format_nccl_tests(rows(per_rank), k, 4, devices, meta)
+                             for k in ("allgather", "reducescatter", "alltoall"))
+                     + format_nccl_tests(rows(False), "allreduce", 4, devices, meta))
+        t = parse_nccl_tests(f)
+        split = t.kind != "allreduce"
+        assert (t["count"][split] * 4 * 4 == t.size_bytes[split]).all(), name
+        assert (t["count"][~split] * 4 == t.size_bytes[~split]).all(), name

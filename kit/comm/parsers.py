@@ -8,6 +8,9 @@ by "; ": read them with device_names), empty (None) where the file names none.
 
 * nccl-tests (github.com/NVIDIA/nccl-tests) stdout: `#` comment lines, one row per size with
   size, count, type, [redop, root,] then time/algbw/busbw/#wrong out-of-place and in-place.
+  count is nccl-tests' per-rank element count (its paramcount): for all-gather, reduce-scatter
+  and all-to-all the size column is n ranks' worth of it; files an older `kit collect-comm` wrote
+  with the total there are read as nccl-tests prints them (_kit_count).
   The collective comes from "# Collective test starting: all_reduce_perf" (or `kind=`), the rank
   count from the "#  Rank N" device lines (or `ranks=`), the nodes from the distinct hosts those
   lines name ("... Pid 4242 on node1 device 0 ..."), the device from the name that ends them
@@ -122,6 +125,7 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
     kind = canonical_kind(kind) if kind else None
     rows, cur_kind, rank_lines, hosts, devices, section_ranks = [], kind, set(), {}, {}, None
     run_rows = 0  # result rows read since this run's "#  Rank" lines
+    by_kit = False  # this run's header says `kit collect-comm` wrote it
     for no, line in enumerate(text.splitlines(), 1):
         s = line.strip()
         if not s:
@@ -129,12 +133,13 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
         m = re.match(r"#\s*Collective test starting:\s*(\S+)", s)
         if m:
             cur_kind = _said_kind(kind, m.group(1), f"{src} line {no}")
-            rank_lines, hosts, devices, section_ranks, run_rows = set(), {}, {}, None, 0
+            rank_lines, hosts, devices, section_ranks, run_rows, by_kit = set(), {}, {}, None, 0, False
             continue
         if re.match(r"#\s*nThread\s", s) or (run_rows and re.match(r"#\s+Rank\s", s)):
             # a new run's header: older nccl-tests print no "Collective test starting" line, so
             # concatenated runs of 8 and 4 ranks had been read as one run of 8
             rank_lines, hosts, devices, section_ranks, run_rows = set(), {}, {}, None, 0
+            by_kit = "# kit collect-comm " in s
         m = re.match(r"#\s+Rank\s+(\d+)\s", s)
         if m:
             if int(m.group(1)) in rank_lines:
@@ -171,8 +176,11 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
         section_ranks, run_rows = n, run_rows + 1
         oop, inp = tok[-8:-4], tok[-4:]
         nodes = len(set(hosts.values())) if rank_lines and len(hosts) == len(rank_lines) == n else None
+        count = _whole(tok[1], where)
+        if by_kit:
+            count = _kit_count(cur_kind, int(tok[0]), count, tok[2], n)
         rows.append({"kind": cur_kind, "ranks": section_ranks, "nodes": nodes, "size_bytes": int(tok[0]),
-                     "count": _whole(tok[1], where), "dtype": tok[2], "time_us": _time(oop[0], where),
+                     "count": count, "dtype": tok[2], "time_us": _time(oop[0], where),
                      "algbw_gbs": _bandwidth(oop[1], where), "busbw_gbs": _bandwidth(oop[2], where),
                      "time_us_in_place": _time(inp[0], where), "busbw_gbs_in_place": _bandwidth(inp[2], where),
                      "wrong": _wrong(oop[3], where) + _wrong(inp[3], where), "source": src,
@@ -181,6 +189,16 @@ def parse_nccl_tests(path, kind: str | None = None, ranks: int | None = None):
         raise KitError(f"{src}: no nccl-tests result rows found (expected lines like "
                        "'  1048576  262144  float  sum  -1  44.2  23.7  ...')")
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _kit_count(kind: str, size: int, count: int, dtype: str, n: int) -> int:
+    """A `kit collect-comm` row's count as nccl-tests prints it (a rank's: size = n x count x 4 B
+    for all-gather, reduce-scatter and all-to-all). Kits before 2026-12-07 wrote the total there
+    (size = count x 4 B: 2048 for an 8 KiB all-gather on 2 ranks, where nccl-tests says 1024);
+    on 2 ranks or more the two cannot be confused, so such a row is read as nccl-tests'."""
+    if kind in ("allgather", "reducescatter", "alltoall") and dtype == "float" and n > 1 and count * 4 == size:
+        return count // n
+    return count
 
 
 _PARAM_COL = re.compile(r"size\s*\(B\)|num-elements|Latency\(us\):p\d+|p\d+|Min|Max|algBW\(GB/s\)|busBW\(GB/s\)")
