@@ -10,6 +10,8 @@ batch), torch._grouped_mm (MoE experts), and the rest of the family a model may 
     _euclidean_dist (torch.cdist, p=2): one GEMM of inner size k+2 on padded rows, and the norms
     _cdist_forward, _cdist_backward (other p): a loop over every pair of rows and every column,
               costed as the GEMM of that shape
+    _scaled_mm, _scaled_mm_v2 (torch._scaled_mm: FP8 operands, a per-tensor or per-row scale
+              each), _scaled_grouped_mm: the GEMM, or grouped GEMM, in fp8 (see _scaled)
 
 A complex GEMM is the real GEMM of its real and imaginary parts (complex_as_real): 4 real
 multiplies per complex multiply-add, 4x the FLOPs of the real GEMM of its shape.
@@ -26,8 +28,11 @@ from kit.workload.mapping_elementwise import nbytes
 
 # one matrix product (mm; addmm adds a bias, _addmm_activation a bias and ReLU/GELU epilogue)
 MATMULS = ("mm", "addmm", "_addmm_activation")
+# FP8 matrix products (torch._scaled_mm): (a, b, scales, ..., out_dtype)
+SCALED_MM = ("_scaled_mm", "_scaled_mm_v2")
 GEMM_OPS = {*MATMULS, "bmm", "baddbmm", "addbmm", "_grouped_mm", "mv", "addmv", "dot", "vdot",
-            "_trilinear", "_euclidean_dist", "_cdist_forward", "_cdist_backward"}
+            "_trilinear", "_euclidean_dist", "_cdist_forward", "_cdist_backward", *SCALED_MM,
+            "_scaled_grouped_mm"}
 
 
 def _copied(t: torch.Tensor) -> bool:
@@ -121,6 +126,24 @@ def _grouped_gemm(args, kwargs, dtype: str) -> Gemm | Derived:
         return op
     # shares that do not divide evenly: the rounded-up batch, scaled to the real work (2·S·K·N)
     return Derived("gemm", (op,), total / (share * g), "grouped GEMM, uneven shares")
+
+
+def _scaled(packet: str, args, kwargs, dtype: str) -> Gemm:
+    """torch._scaled_mm (a (m, k) by b (k, n), each FP8 with its scales; cuBLASLt's FP8 kernel) as
+    the Gemm of that shape in the operands' dtype, fp8: the predictors price an fp8 Gemm on the
+    GPUs with an fp8 peak (kit.predict.tensor_core: the bf16 curve as a share of the fp8 peak) and
+    refuse it on the others, which cannot run the op either. It had been an unknown op costed as a
+    cube of its FLOPs: a decode step's (4, 4096) x (4096, 4096) as a 406^3 GEMM, reported under
+    "unknown". Approximate in its bytes alone: a Gemm has one dtype, so its output (out_dtype,
+    bf16 as a rule) is counted at a byte an element, and the scales (a float each, or one a row
+    and column) not at all; the operands, which set a memory-bound GEMM's time, are exact.
+    _scaled_grouped_mm (MoE experts in fp8) is _grouped_mm's grouped GEMM, its offs fifth."""
+    if packet == "_scaled_grouped_mm":
+        offs = kwargs.get("offs", args[4] if len(args) > 4 else None)
+        return _grouped_gemm((args[0], args[1]), {"offs": offs}, dtype)
+    a, b = args[0], args[1]
+    return Gemm(m=a.shape[0], n=b.shape[1], k=a.shape[1], b=1, dtype=dtype, kind="linear",
+                shared_rhs=True, align=_align(a, b, b.shape[1]))
 
 
 def _expanded(t: torch.Tensor) -> bool:
@@ -232,6 +255,8 @@ def map_gemm(packet: str, args, kwargs, dtype: str) -> tuple[object, str, int]:
     kernels = 1
     if packet in (*MATMULS, "bmm", "baddbmm"):
         op = _gemm(packet, args, dtype)
+    elif packet in SCALED_MM or packet == "_scaled_grouped_mm":
+        op = _scaled(packet, args, kwargs, dtype)
     elif packet == "_grouped_mm":
         op = _grouped_gemm(args, kwargs, dtype)
     elif packet == "addbmm":  # (self, batch1 (b, m, k), batch2 (b, k, n))
