@@ -9,7 +9,7 @@ from cli_json import cli_json
 
 from kit.cli import main
 from kit.errors import KitError
-from kit.workload.generation import generation, sample_contexts, summed_steps_ms
+from kit.workload.generation import generation, sample_contexts, summed_steps_ms, with_cache_writes
 from kit.workload.iteration import iteration
 from kit.workload.models import graph_of
 
@@ -41,7 +41,8 @@ def test_generation_is_its_prefill_and_its_decode_steps():
     b, p, n = 2, 20, 6
     r = predict_generation(GPT, GPU, batch=b, prompt=p, new_tokens=n)
     # the prefill computes the last position's logits only: less than a full forward pass
-    last = iteration(graph_of(GPT, b, p, "inference", "fp32", last_logits=True), GPU)
+    last = iteration(with_cache_writes(graph_of(GPT, b, p, "inference", "fp32", last_logits=True),
+                                       GPT, b, p, "static"), GPU)
     assert r["ttft_ms"] == pytest.approx(last.total_ms)
     prefill = graph_of(GPT, b, p, "inference", "fp32", last_logits=True)
     head = [n.op for n in prefill if n.module == "lm_head" and n.op is not None]
@@ -60,6 +61,39 @@ def test_generation_is_its_prefill_and_its_decode_steps():
     assert one["total_ms"] == pytest.approx(one["ttft_ms"]) and one["tpot_ms"] is None
     # the prompt's cache, which the prefill wrote, is in the memory need (it was left out)
     assert one["memory"]["kv_cache_bytes"] == 2 * 2 * b * 4 * p * 16 * 4
+
+
+MISTRAL = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 128,
+           "vocab_size": 100, "sliding_window": 8, "name": "tiny-mistral"}
+
+
+@pytest.mark.parametrize("cfg,kind", [(GPT, "static"), (GPT, "dynamic"), (MISTRAL, "static"),
+                                      (MISTRAL, "dynamic")])
+def test_the_prefill_writes_the_prompts_keys_and_values_into_the_cache(cfg, kind):
+    """The decode steps read the prompt's keys and values from the cache, so the prefill writes
+    them there, once a layer each: P rows (a full sliding window: its last `window`), read from
+    the projection and written. The prefill had written none, its time to first token that of the
+    bare forward pass."""
+    b, p = 2, 20
+    bare = graph_of(cfg, b, p, "inference", "fp32", last_logits=True)
+    full = with_cache_writes(bare, cfg, b, p, kind)
+    writes = full.nodes[len(bare.nodes):]
+    layers = cfg.get("n_layer") or cfg["num_hidden_layers"]
+    assert full.nodes[:len(bare.nodes)] == bare.nodes
+    assert [n.layer for n in writes] == [i for i in range(layers) for _ in (0, 1)]
+    heads = cfg.get("num_key_value_heads") or cfg["n_head"]
+    d = (cfg.get("n_embd") or cfg["hidden_size"]) // (cfg.get("n_head") or cfg["num_attention_heads"])
+    # a full window keeps its last window tokens (static), or window - 1 until the step adds one
+    # (dynamic: HF's DynamicSlidingWindowLayer)
+    w = cfg.get("sliding_window")
+    rows = min(p, w - (kind == "dynamic")) if w else p
+    one = b * heads * rows * d * 4  # one layer's keys (or values) of the prompt, fp32
+    for n in writes:  # read and written once (an index_copy_ also reads its positions)
+        assert 2 * one <= n.op.bytes <= 2 * (one + 8 * rows), (n.aten, n.op.bytes, one)
+    r = generation(cfg, GPU, batch=b, prompt=p, new_tokens=3, kv_cache=kind)
+    assert r["ttft_ms"] > iteration(bare, GPU).total_ms
+    assert r["ttft_ms"] == pytest.approx(iteration(full, GPU).total_ms)
 
 
 def test_longer_prompts_cost_more_first_token_and_longer_answers_more_decode():

@@ -9,7 +9,7 @@ Each further token is one decode step (`mode="decode"`, kit.workload.kv_cache): 
 makes the i-th new token (i = 2..N) feeds the (i-1)-th with P + i - 2 tokens already cached. The
 last new token is never fed back, so the whole generation needs P + N - 1 positions.
 
-    TTFT  = prefill(P)
+    TTFT  = prefill(P), its writes of the prompt's keys and values into the cache included
     total = TTFT + sum_{c = P}^{P+N-2} decode(c)
     TPOT  = (total - TTFT) / (N - 1)              (time per output token after the first)
 
@@ -44,6 +44,32 @@ def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_
         return 0.0
     every = np.arange(prompt, prompt + new_tokens - 1, dtype=float)
     return float(np.interp(every, np.asarray(contexts, float), np.asarray(step_ms, float)).sum())
+
+
+def with_cache_writes(graph, model, batch: int, prompt: int, kind: str):
+    """The prefill's graph with its cache writes (kit.workload.kv_cache.prefill_writes) after its
+    last node, each a kernel of its own in either fusion mode (Inductor would store the rows from
+    the chain that makes them, saving their read back: an upper bound there). Its own cache key:
+    the latency cache must not take the bare prefill's predictions for it. Memoised on the
+    (immutable) graph, so that its fusion and predictions are too (kit.workload.iteration)."""
+    from kit.workload.capture import TORCH_DTYPES
+    from kit.workload.graph import Node
+    from kit.workload.kv_cache import prefill_writes
+
+    memo = graph.__dict__.setdefault("_with_cache_writes", {})
+    if kind in memo:
+        return memo[kind]
+    writes = prefill_writes(model, batch, prompt, kind, TORCH_DTYPES.get(graph.meta.get("dtype")))
+    base = len(graph.nodes)
+    nodes = list(graph.nodes)
+    for j, (layer, aten, op, op_class, kernels, shapes) in enumerate(writes):
+        nodes.append(Node(base + j, aten, op, op_class, "fwd", (), f"kv_cache.{layer}", layer,
+                          0, shapes, kernels))
+    meta = {"prefill_kv_writes": len(writes)}
+    if graph.meta.get("cache_key"):
+        meta["cache_key"] = f"{graph.meta['cache_key']}:prefill-kv-{kind}"
+    memo[kind] = graph.with_nodes(nodes, **meta)
+    return memo[kind]
 
 
 def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 128,
@@ -89,7 +115,9 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
                        "(--seq) or fewer new tokens (--new-tokens)")
     check_fusion(fusion)  # before the captures; iteration() memoises on it as a dict key
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
-    prefill = iteration(graph_of(model, batch, prompt, "inference", dtype, last_logits=True), gpu, **run)
+    prefill_graph = with_cache_writes(graph_of(model, batch, prompt, "inference", dtype, last_logits=True),
+                                      model, batch, prompt, kv_cache)
+    prefill = iteration(prefill_graph, gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples)
     steps = [iteration(graph_of(model, batch, c, "decode", dtype, kv_cache=kv_cache), gpu, **run)
              for c in contexts]
