@@ -346,3 +346,59 @@ def test_an_indexed_store_does_not_fuse_with_its_targets_fill_or_its_readers():
                 or "index_add" in n.aten)
     out, rows = T * D * FP32, T * k * D * FP32
     assert moved >= out + rows + out, (moved, out + rows + out)
+
+
+class RowNormalise(nn.Module):
+    """x / x.sum(-1, keepdim=True) between two GEMMs: a reduction whose input the div reads again."""
+
+    def __init__(self, cols):
+        super().__init__()
+        self.fc, self.nxt = nn.Linear(64, cols), nn.Linear(cols, 64)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return self.nxt(h / h.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("cols", [2048, 50257])
+def test_a_looped_reduction_re_reads_a_row_that_spills_every_l2(cols):
+    """Inductor reduces a row over 1,024 elements in a loop and reads it again for the div: from
+    L2 while the resident rows fit (2,048 fp32: 8 kB rows), from DRAM for vocabulary rows (201 kB),
+    which had been counted once (2 tensors moved for 3)."""
+    rows = 256
+    g = capture(RowNormalise(cols), (torch.empty(rows, 64),), mode="inference")
+    [fused] = _fused(g)
+    assert fused.aten == "fused[sum+div]"
+    one = rows * cols * FP32
+    passes = 3 if cols * FP32 >= 87 * 1024 else 2
+    assert fused.op.bytes == pytest.approx(passes * one, rel=1e-12)
+    assert fused.out_bytes == one
+
+
+class CastLogSoftmax(nn.Module):
+    """An LM loss's start: bf16 logits cast to fp32, then log_softmax over the vocabulary (read by
+    a GEMM, whose backward hands the log-softmax backward its gradient from outside the chain)."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.head, self.tail = nn.Linear(64, vocab), nn.Linear(vocab, 8)
+
+    def forward(self, x):
+        return self.tail(torch.log_softmax(self.head(x).float(), dim=-1).to(x.dtype))
+
+
+def test_a_vocabulary_log_softmax_chain_reads_its_logits_twice_and_its_backward_its_gradient_twice():
+    rows, vocab = 128, 50257
+    g = capture(CastLogSoftmax(vocab), (torch.empty(rows, 64, requires_grad=True),), mode="train",
+                dtype="bf16")
+    fwd = next(n for n in _fused(g) if "_log_softmax" in n.aten)
+    logits, logp = rows * vocab * BF16, rows * vocab * FP32
+    # reads the bf16 logits for the max and the sum, again for the output; writes the fp32
+    # log-probs (saved for the backward) and their bf16 cast (the tail's input)
+    assert fwd.op.bytes == pytest.approx(2 * logits + logp + logits, rel=1e-12)
+    bwd = [n for n in apply_fusion(g, "compiled") if n.phase == "bwd" and "_log_softmax_backward" in n.aten]
+    assert len(bwd) == 1
+    # the bf16 gradient (the tail's input gradient, cast to fp32 in the chain) read for its sum
+    # and again with the log-probs for the output
+    # and writes the bf16 gradient of the logits (and reads the tail's 2 kB bias gradient sum)
+    assert bwd[0].op.bytes == pytest.approx(2 * logits + logp + logits, rel=1e-3)

@@ -145,7 +145,72 @@ def _tensor_level(group: list[Node], readers: dict[int, list[int]],
             later = [r for r in readers.get(w.tensor, ()) if r > n.id]
             if w.tensor < 0 or w.tensor in returned or not later or any(r not in ids for r in later):
                 ext_out[w] = None
-    return _capped(ext_in), _capped(ext_out)
+    return _capped(ext_in) + _reread(group, ext_in), _capped(ext_out)
+
+
+# A reduction's row that Inductor cannot hold (more than 1,024 elements: its persistent-reduction
+# limit, torch/_inductor/choices.py should_use_persistent_reduction) runs as a looped reduction:
+# a first loop over the row reduces it, a second reads it again for the ops that need it after
+# the reduction (x / x.sum(-1, keepdim=True), a softmax's normalisation: 3 tensor passes, not
+# the 2 counted from the chain's external bytes, which is what a row held in registers moves).
+# The first loop's loads are marked evict_last so the second finds the row in L2, and it does
+# while the rows resident at once (some 8 programs of 256 threads an SM, one row each) fit
+# there, as PyTorch's own multi-pass rows do (kit.predict.row_reread). Fusion knows no GPU, so
+# the re-read is counted from DRAM only for rows that spill every catalog GPU's L2 at that
+# residency: the most L2 per SM is a B200's 872 KiB (an MI300X's Infinity Cache 862), whose
+# ramp there reaches a full miss at 0.8 of it, 8 rows of 87 KiB. Those are vocabulary rows:
+# gpt2's bf16 loss chain [_to_copy + _log_softmax + nll_loss] (4 x 512 tokens x 50,257) re-reads
+# its 206 MB of logits, 618 -> 824 MB, and its backward the 412 MB fp32 gradient. Shorter rows
+# (a norm's 2-16 kB) are re-read from L2 on today's large-L2 GPUs and stay counted once: an
+# undercount where the resident rows spill a small L2 (V100, T4: rows of some 4 kB and more).
+REREAD_ROW_BYTES = 87 * 1024
+REREAD_MIN_COLS = 1024
+SOFTMAX_FWD = ("_softmax", "_safe_softmax", "_log_softmax", "softmax")
+SOFTMAX_BWD = ("_softmax_backward_data", "_log_softmax_backward_data")
+
+
+def _rows_cols(n: Node) -> tuple[int, int]:
+    """(rows, last dim) of n's first input, from its shapes ("[4,512,50257]x..."), or (0, 0)."""
+    try:
+        dims = [int(d) for d in n.shapes.split("x")[0].strip("[]").split(",")]
+    except ValueError:
+        return 0, 0
+    rows = 1
+    for d in dims[:-1]:
+        rows *= d
+    return rows, dims[-1]
+
+
+def _reread(group: list[Node], ext_in: dict) -> float:
+    """The bytes a chain's looped reductions read a second time from DRAM (the notes above):
+    a softmax's external inputs (those its members up to it read; a log-softmax backward's
+    gradient alone, the one its sum reads, or what the members before it made it from: a cast of
+    a bf16 gradient), or a reduction's input that a later member reads
+    again, where the reduced rows exceed REREAD_MIN_COLS elements and REREAD_ROW_BYTES."""
+    again: dict = {}
+    seen: list = []
+    for i, n in enumerate(group):
+        before = list(seen)  # what the members before n read from outside: n's inputs' sources
+        seen.extend(r for r in n.reads if r in ext_in and r not in seen)
+        name, (rows, cols) = n.name(), _rows_cols(n)
+        if cols <= REREAD_MIN_COLS or rows < 1:
+            continue
+        if name in SOFTMAX_FWD:
+            regions = list(seen)
+        elif name == "_log_softmax_backward_data":  # its gradient, or what a member made it from
+            regions = ([n.reads[0]] if n.reads[0] in ext_in else
+                       [r for r in before if r not in n.reads[1:]])
+        elif name in SOFTMAX_BWD:
+            regions = [r for r in n.reads if r in ext_in]
+        elif n.op_class == "reduction":
+            later = {r.tensor for m in group[i + 1:] for r in m.reads}
+            regions = [r for r in n.reads if r in ext_in and r.tensor in later]
+        else:
+            continue
+        # a row of the widest region (the logits, where a cast before the softmax widens them)
+        if regions and max(r.nbytes for r in regions) / rows >= REREAD_ROW_BYTES:
+            again.update(dict.fromkeys(regions))
+    return _capped(again)
 
 
 def _rows_written(n: Node) -> tuple:
