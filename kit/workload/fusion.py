@@ -8,6 +8,7 @@
   GEMM, the backward pass, the model's output). GEMMs and attention stay library kernels.
 
     fused bytes = Σ external inputs (each read once) + Σ external outputs
+                  + the inputs a looped reduction over rows too wide for any L2 reads again (_reread)
 
 counted at tensor level from the capture's records (Node.reads, Node.writes):
 
