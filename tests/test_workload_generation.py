@@ -84,16 +84,40 @@ def test_the_prefill_writes_the_prompts_keys_and_values_into_the_cache(cfg, kind
     assert [n.layer for n in writes] == [i for i in range(layers) for _ in (0, 1)]
     heads = cfg.get("num_key_value_heads") or cfg["n_head"]
     d = (cfg.get("n_embd") or cfg["hidden_size"]) // (cfg.get("n_head") or cfg["num_attention_heads"])
-    # a full window keeps its last window tokens (static), or window - 1 until the step adds one
-    # (dynamic: HF's DynamicSlidingWindowLayer)
+    # a static window the prompt overfills copies in its last window rows (HF's
+    # StaticSlidingWindowLayer); a dynamic cache copies the whole prompt, a sliding one too before
+    # it keeps the last window - 1 rows as a view (DynamicSlidingWindowLayer: cat, then a slice)
     w = cfg.get("sliding_window")
-    rows = min(p, w - (kind == "dynamic")) if w else p
+    rows = min(p, w) if w and kind == "static" else p
     one = b * heads * rows * d * 4  # one layer's keys (or values) of the prompt, fp32
     for n in writes:  # read and written once (an index_copy_ also reads its positions)
         assert 2 * one <= n.op.bytes <= 2 * (one + 8 * rows), (n.aten, n.op.bytes, one)
     r = generation(cfg, GPU, batch=b, prompt=p, new_tokens=3, kv_cache=kind)
     assert r["ttft_ms"] > iteration(bare, GPU).total_ms
     assert r["ttft_ms"] == pytest.approx(iteration(full, GPU).total_ms)
+
+
+@pytest.mark.parametrize("prompt", [5, 8, 20])
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_a_sliding_window_prefill_writes_what_hfs_cache_layers_write(kind, prompt):
+    """HF transformers 5.25's first update of a sliding-window layer (window 8): a static one
+    index_copy_s a prompt that fits and copy_s in the last 8 rows of one that overfills it; a
+    dynamic one concatenates every prompt row onto its empty self, then keeps the last 7 as a
+    view. The prefill had costed a dynamic window's 7 rows for a 20-token prompt's 20."""
+    from kit.workload.kv_cache import prefill_writes
+
+    b, w = 2, MISTRAL["sliding_window"]
+    heads = MISTRAL["num_key_value_heads"]
+    d = MISTRAL["hidden_size"] // MISTRAL["num_attention_heads"]
+    rows = prompt if kind == "dynamic" else min(prompt, w)
+    aten = ("aten.cat.default" if kind == "dynamic" else
+            "aten.copy_.default" if prompt > w else "aten.index_copy_.default")
+    writes = prefill_writes(MISTRAL, b, prompt, kind)
+    assert len(writes) == 2 * MISTRAL["num_hidden_layers"]
+    one = b * heads * rows * d * 4  # fp32: the cache's own dtype
+    for _layer, name, op, _cls, kernels, _shapes in writes:
+        assert name == aten and kernels == 1
+        assert 2 * one <= op.bytes <= 2 * (one + 8 * rows), (name, op.bytes, one)
 
 
 def test_longer_prompts_cost_more_first_token_and_longer_answers_more_decode():

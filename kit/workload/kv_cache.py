@@ -143,10 +143,14 @@ def cache_update(cache: LayerCache, k, v, cache_pos):
 def prefill_writes(model, batch: int, prompt: int, kind: str, dtype: torch.dtype | None = None) -> list:
     """The cache writes of a `prompt`-token prefill, per layer its keys' and values': (layer,
     aten name, kit op, shapes). The prefill's forward pass makes every prompt token's keys and
-    values and the decode steps read them from the cache, so they are written into it once: a
-    static cache stores the prompt's rows (HF's StaticCache: index_copy_ at cache_position; a
-    serving engine's cache kernel likewise), a full sliding window its last `window` rows; a
-    dynamic cache concatenates them onto its empty self (HF's DynamicLayer: torch.cat, a copy).
+    values and the decode steps read them from the cache, so they are written into it once, as
+    HF transformers 5.25's cache layers do on their first update (cache_utils.py): a static cache
+    stores the prompt's rows (StaticLayer: index_copy_ at cache_position; a serving engine's
+    cache kernel likewise); a static sliding window the prompt overfills copies in its last
+    `window` rows (StaticSlidingWindowLayer: self.keys.copy_(key_states[:, :, -window:])); a
+    dynamic cache concatenates the whole prompt onto its empty self (DynamicLayer: torch.cat, a
+    copy of all P rows), a sliding one too before it keeps the last window - 1 rows as a view
+    (DynamicSlidingWindowLayer: the cat, then a slice).
     They had not been costed: a generation's prefill wrote no cache, while each decode step
     wrote its token's rows (llama3-8b, batch 8, a 1,024-token prompt in bf16: 2.1 GB read and
     written over 64 kernels, left out of the time to first token). dtype: the model's (None:
@@ -158,7 +162,8 @@ def prefill_writes(model, batch: int, prompt: int, kind: str, dtype: torch.dtype
     cache = full.decode_inputs(batch, prompt, kind)[1]
     out = []
     for i, layer in enumerate(cache):
-        rows = min(prompt, layer.keys.shape[2])
+        # a dynamic cache copies every prompt row (a sliding one slices its window after the cat)
+        rows = prompt if kind == "dynamic" else min(prompt, layer.keys.shape[2])
         for stored in (layer.keys, layer.values):
             b, heads, length, d = stored.shape
             t = dtype or stored.dtype
@@ -167,11 +172,16 @@ def prefill_writes(model, batch: int, prompt: int, kind: str, dtype: torch.dtype
             if kind == "dynamic":
                 empty = target[:, :, :0]
                 args, packet, out_t = ((empty, new), 2), "cat", torch.empty_like(new)
+                shapes = ((b, heads, 0, d), (b, heads, rows, d))
+            elif rows < prompt:  # a static window the prompt overfills: its last rows copied in
+                src = torch.empty(b, heads, prompt, d, dtype=t, device="meta")[:, :, -rows:]
+                args, packet, out_t = (target, src), "copy_", target
+                shapes = ((b, heads, length, d), (b, heads, rows, d))
             else:
                 pos = torch.arange(rows, device="meta")
                 args, packet, out_t = (target, 2, pos, new), "index_copy_", target
+                shapes = ((b, heads, length, d), (rows,), (b, heads, rows, d))
             op, op_class, kernels = map_op(packet, args, {}, out_t)
-            shapes = "x".join(f"[{','.join(map(str, s))}]" for s in
-                              ((b, heads, length, d), (rows,), (b, heads, rows, d)))
+            shapes = "x".join(f"[{','.join(map(str, s))}]" for s in shapes)
             out.append((i, f"aten.{packet}.default", op, op_class, kernels, shapes))
     return out
