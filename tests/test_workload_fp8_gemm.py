@@ -79,3 +79,21 @@ def test_scaled_grouped_mm_is_the_grouped_fp8_gemm_of_its_tokens():
     [node] = [x for x in g if x.name() == "_scaled_grouped_mm"]
     assert node.op_class == "gemm" and node.op.dtype == "fp8"
     assert node.op.flops == pytest.approx(2 * tokens * k * n)
+
+
+@pytest.mark.skipif(not hasattr(torch, "float4_e2m1fn_x2"), reason="this torch has no fp4 dtype")
+def test_an_fp4_scaled_mm_is_refused_not_costed_as_an_fp8_gemm_of_half_its_k():
+    """NVFP4 operands pack two values a byte: (m, k/2) by (k/2, n) is a GEMM of inner size k, which
+    the kit cannot price (no fp4 peak); it had been an fp8 GEMM of k/2, half its FLOPs."""
+    fp4 = torch.float4_e2m1fn_x2
+    m, k, n = 256, 1024, 512
+
+    class Fp4Linear(nn.Module):
+        def forward(self, x, w):
+            sa = torch.ones(m, k // 16, dtype=E4M3)
+            sb = torch.ones(n, k // 16, dtype=E4M3)
+            return torch._scaled_mm(x, w.t(), sa, sb, out_dtype=torch.bfloat16)
+
+    with pytest.raises(KitError, match="fp4"):
+        capture(Fp4Linear(), (torch.empty(m, k // 2, dtype=fp4), torch.empty(n, k // 2, dtype=fp4)),
+                mode="inference")

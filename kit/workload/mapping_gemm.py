@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from kit.errors import KitError
 from kit.ops import MAX_ALIGN_ELEMS, Elementwise, Gemm, dtype_bytes, lead_alignment
 from kit.workload.kernels import Derived, copy_of
 from kit.workload.mapping_elementwise import nbytes
@@ -137,7 +138,16 @@ def _scaled(packet: str, args, kwargs, dtype: str) -> Gemm:
     "unknown". Approximate in its bytes alone: a Gemm has one dtype, so its output (out_dtype,
     bf16 as a rule) is counted at a byte an element, and the scales (a float each, or one a row
     and column) not at all; the operands, which set a memory-bound GEMM's time, are exact.
-    _scaled_grouped_mm (MoE experts in fp8) is _grouped_mm's grouped GEMM, its offs fifth."""
+    _scaled_grouped_mm (MoE experts in fp8) is _grouped_mm's grouped GEMM, its offs fifth
+    (F.scaled_grouped_mm's _scaled_grouped_mm_v2 has no Meta kernel in torch 2.13: capture
+    stops at it with torch's error, naming the op).
+    FP4 operands (float4_e2m1fn_x2, NVFP4/MXFP4 on Blackwell: two values a byte, so K is twice
+    the shape's) are refused: the kit has no fp4 peak, and taken as a byte an element they had
+    been an fp8 GEMM of half their K (half the FLOPs), priced on GPUs that cannot run them."""
+    fp4 = getattr(torch, "float4_e2m1fn_x2", None)
+    if any(isinstance(t, torch.Tensor) and t.dtype == fp4 for t in args[:2]):
+        raise KitError(f"{packet} on fp4 operands (float4_e2m1fn_x2) is not modelled: the kit "
+                       "prices fp32, tf32, fp16, bf16 and fp8 GEMMs only")
     if packet == "_scaled_grouped_mm":
         offs = kwargs.get("offs", args[4] if len(args) > 4 else None)
         return _grouped_gemm((args[0], args[1]), {"offs": offs}, dtype)
