@@ -120,6 +120,32 @@ def test_a_sliding_window_prefill_writes_what_hfs_cache_layers_write(kind, promp
         assert 2 * one <= op.bytes <= 2 * (one + 8 * rows), (name, op.bytes, one)
 
 
+GEMMA2 = {"model_type": "gemma2", "hidden_size": 64, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 128,
+          "vocab_size": 100, "sliding_window": 8, "head_dim": 16, "final_logit_softcapping": 30.0,
+          "name": "tiny-gemma2"}
+
+
+@pytest.mark.parametrize("cfg", [GPT, GEMMA2])
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_compiled_fusion_keeps_each_prefill_cache_write_a_kernel_of_its_own(cfg, kind):
+    """The writes sit side by side after the prefill's last node: compiled fusion must neither
+    chain them together (a dynamic cache's cats, elementwise, had become one kernel for all
+    layers) nor into the chain the prefill ends with (Gemma 2's logit soft-capping, div + tanh +
+    mul, had taken in the first write)."""
+    from kit.workload.fusion import apply_fusion
+
+    b, p = 2, 20
+    bare = graph_of(cfg, b, p, "inference", "bf16", last_logits=True)
+    full = with_cache_writes(bare, cfg, b, p, kind)
+    writes = full.nodes[len(bare.nodes):]
+    fused_bare, fused_full = apply_fusion(bare, "compiled"), apply_fusion(full, "compiled")
+    assert [n.aten for n in fused_full.nodes] == [n.aten for n in fused_bare.nodes] + [n.aten for n in writes]
+    tail = fused_full.nodes[len(fused_bare.nodes):]
+    assert sum(n.kernels for n in tail) == len(writes)
+    assert sum(n.op.bytes for n in tail) == pytest.approx(sum(n.op.bytes for n in writes))
+
+
 def test_longer_prompts_cost_more_first_token_and_longer_answers_more_decode():
     short = generation("gpt2", GPU, batch=4, prompt=128, new_tokens=32)
     long_prompt = generation("gpt2", GPU, batch=4, prompt=512, new_tokens=32)

@@ -49,7 +49,10 @@ def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_
 def with_cache_writes(graph, model, batch: int, prompt: int, kind: str):
     """The prefill's graph with its cache writes (kit.workload.kv_cache.prefill_writes) after its
     last node, each a kernel of its own in either fusion mode (Inductor would store the rows from
-    the chain that makes them, saving their read back: an upper bound there). Its own cache key:
+    the chain that makes them, saving their read back: an upper bound there). Their class,
+    kv_cache, is none compiled fusion chains: as the cat or copy_ they are (elementwise), a
+    dynamic cache's 2 x layers writes, side by side at the end, had fused into one kernel, and
+    the first into a chain the prefill ends with (Gemma 2's logit soft-capping). Its own cache key:
     the latency cache must not take the bare prefill's predictions for it. Memoised on the
     (immutable) graph, so that its fusion and predictions are too (kit.workload.iteration)."""
     from kit.workload.capture import TORCH_DTYPES
@@ -62,8 +65,8 @@ def with_cache_writes(graph, model, batch: int, prompt: int, kind: str):
     writes = prefill_writes(model, batch, prompt, kind, TORCH_DTYPES.get(graph.meta.get("dtype")))
     base = len(graph.nodes)
     nodes = list(graph.nodes)
-    for j, (layer, aten, op, op_class, kernels, shapes) in enumerate(writes):
-        nodes.append(Node(base + j, aten, op, op_class, "fwd", (), f"kv_cache.{layer}", layer,
+    for j, (layer, aten, op, _op_class, kernels, shapes) in enumerate(writes):
+        nodes.append(Node(base + j, aten, op, "kv_cache", "fwd", (), f"kv_cache.{layer}", layer,
                           0, shapes, kernels))
     meta = {"prefill_kv_writes": len(writes)}
     if graph.meta.get("cache_key"):
