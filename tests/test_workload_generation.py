@@ -219,3 +219,21 @@ def test_cuda_graphs_refuse_a_dynamic_cache(capsys):
                  "--kv-cache", "dynamic", "--cuda-graphs"]) == 2
     assert "--kv-cache static" in capsys.readouterr().err
     assert main(["predict", "gpt2", "--gpu", GPU, "--mode", "decode", "--seq", "64", "--cuda-graphs"]) == 0
+
+
+def test_every_costing_module_the_latency_cache_names_exists_and_stamps_it(tmp_path, monkeypatch):
+    """The latency cache's key changes when a module that turns a graph into the ops it prices
+    changes. generation.py appends the prefill's KV-cache writes under their own key and had
+    been missing: a change to how many rows they write would have kept stale predictions."""
+    import shutil
+
+    from kit.workload import latency_cache
+
+    assert all((latency_cache.HERE / n).is_file() for n in latency_cache.COSTING_FILES)
+    copy = tmp_path / "workload"
+    shutil.copytree(latency_cache.HERE, copy)
+    monkeypatch.setattr(latency_cache, "HERE", copy)
+    before = latency_cache._predictor_stamp()
+    f = copy / "generation.py"
+    f.write_text(f.read_text() + "\n# changed\n")
+    assert latency_cache._predictor_stamp() != before
