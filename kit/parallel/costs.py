@@ -18,7 +18,6 @@ from kit.parallel.layout import Layout
 from kit.parallel.memory import edge_params, layer_expert_params, stage_layers, zero_kept
 from kit.predict.sibling_bound import bounding_gpus
 
-ATTENTION_CORE = ("attention", "softmax", "dropout")
 # predictions are pure functions of (predictor, GPU, op) and (system, collective): cache them
 # across calls so sweeps over layouts pay for each distinct shape once
 _OP_CACHE: dict = {}
@@ -73,13 +72,29 @@ class ChunkCost:
     expert_params: float = 0.0  # of which expert weights (reduced over the expert-DP group)
 
 
+def _attention_core(fwd: list[Block]) -> list[tuple]:
+    """(op, backward factor, kernels) of a layer's core attention, what Megatron's selective
+    recompute (checkpoint_core_attention; Korthikanti et al. 2022, section 4.2) reruns: a fused
+    attention kernel, or the span from the scores' batched GEMM (QK^T) to the one that applies
+    them to V, the softmax and its fallback kernels, the mask and the attention dropout in
+    between. The layer's hidden-state dropouts (after the attention and MLP projections) are
+    not part of it and stay saved: picking every dropout of the layer had rerun those two as
+    well, each as long as the flash kernel itself (GPT-3 175B at tp 8 on an A100: 0.107 ms each
+    against the attention's 0.113, the recompute 0.327 ms a layer where it is 0.113)."""
+    flat = [(op, f, n) for blk in fwd if blk.comm is None
+            for op, f, n in zip(blk.ops, blk.bwd_factor or [1.0] * len(blk.ops), blk.kernel_counts())]
+    fused = [item for item in flat if item[0].op_class == "attention"]
+    if fused:
+        return fused
+    bmm = [i for i, (op, _, _) in enumerate(flat) if op.op_class == "gemm" and getattr(op, "kind", None) == "bmm"]
+    return flat[bmm[0]:bmm[1] + 1] if len(bmm) >= 2 else []
+
+
 def _recompute_blocks(fwd: list[Block], how: str) -> list[Block]:
     if how == "full":
         return fwd
-    if how == "selective":  # only the attention core (scores, softmax, dropout, ·V)
-        core = [(op, f, n) for blk in fwd
-                for op, f, n in zip(blk.ops, blk.bwd_factor or [1.0] * len(blk.ops), blk.kernel_counts())
-                if op.op_class in ATTENTION_CORE or (op.op_class == "gemm" and op.b > 1)]
+    if how == "selective":
+        core = _attention_core(fwd)
         return [Block("recompute attention", [op for op, _, _ in core], [f for _, f, _ in core],
                       kernels=[n for _, _, n in core])]
     return []

@@ -1,0 +1,36 @@
+"""kit.parallel against the published formulas: Megatron's selective recompute (Korthikanti et
+al. 2022), the vocab-parallel loss's saved softmax per pipeline schedule, ZeRO-2's gradient
+reduction per micro-batch (DeepSpeed)."""
+from kit import ops
+from kit.parallel import GPTSpec, Layout
+from kit.parallel.costs import AnalyticSource, _recompute_blocks
+
+GPT3 = GPTSpec(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, name="gpt3-175b-like")
+
+
+def _recomputed(spec, layout):
+    fwd, _ = AnalyticSource(spec, layout).layer(0)
+    return [op for blk in _recompute_blocks(fwd, layout.recompute) for op in blk.ops]
+
+
+def test_selective_recompute_reruns_the_core_attention_not_the_hidden_dropouts():
+    """Megatron's selective recompute checkpoints the core attention only (QK^T, softmax,
+    attention dropout, ·V); the hidden-state dropouts (b·s·h elements) stay saved."""
+    lay = Layout(tp=8, pp=8, recompute="selective")
+    hidden = 1 * GPT3.seq * GPT3.hidden
+    flash = _recomputed(GPT3, lay)
+    assert [type(op) for op in flash] == [ops.Attention]
+    unfused = _recomputed(GPTSpec(**{**GPT3.__dict__, "attention": "unfused"}), lay)
+    assert not any(getattr(op, "numel", None) == hidden for op in unfused)
+    scores = 1 * (GPT3.heads // 8) * GPT3.seq * GPT3.seq
+    assert [op.op_class for op in unfused] == ["gemm", "softmax", "dropout", "gemm"]
+    assert unfused[2].numel == scores
+
+
+def test_selective_recompute_keeps_the_unfused_softmax_fallback_kernels():
+    """Where Megatron's fused softmax cannot run (b·heads/tp = 3 is not a multiple of 4), the
+    scores pass through cast, scale, mask, softmax, cast: all of them are core attention."""
+    spec = GPTSpec(layers=2, hidden=384, heads=6, seq=256, vocab=1000, attention="unfused", name="t")
+    core = _recomputed(spec, Layout(tp=2, recompute="selective"))
+    assert [op.op_class for op in core] == ["gemm", "elementwise", "elementwise", "elementwise",
+                                            "softmax", "elementwise", "dropout", "gemm"]
