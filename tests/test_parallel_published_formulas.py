@@ -34,3 +34,23 @@ def test_selective_recompute_keeps_the_unfused_softmax_fallback_kernels():
     core = _recomputed(spec, Layout(tp=2, recompute="selective"))
     assert [op.op_class for op in core] == ["gemm", "elementwise", "elementwise", "elementwise",
                                             "softmax", "elementwise", "dropout", "gemm"]
+
+
+def _logits_gib(layout, spec=GPT3):
+    """Last stage's activations less those of the same model with a one-word vocabulary: the
+    loss's saved fp32 softmax, but for its one column."""
+    from kit.parallel.memory import GIB, memory_per_rank
+
+    with_head = memory_per_rank(spec, layout)[-1]["activations_gib"]
+    no_head = memory_per_rank(GPTSpec(**{**spec.__dict__, "vocab": 1}), layout)[-1]["activations_gib"]
+    return (with_head - no_head) * GIB
+
+
+def test_the_last_stage_keeps_one_softmax_per_micro_batch_its_schedule_holds():
+    """Megatron's vocab-parallel cross entropy saves softmax [b, s, V/t] in fp32 for backward:
+    GPipe's last stage runs all m forwards before a backward, so it holds m of them; 1F1B's
+    runs each backward right after its forward, so one."""
+    one = 2 * GPT3.seq * ((GPT3.vocab - 1) / 8) * 4  # micro-batch 2, less the 1-wide vocab's
+    for kind, held in (("1f1b", 1), ("gpipe", 16)):
+        lay = Layout(tp=8, pp=4, micro_batch=2, dp=2, global_batch=64, schedule=kind)
+        assert abs(_logits_gib(lay) - held * one) < 1e-6 * one, kind

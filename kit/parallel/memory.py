@@ -150,8 +150,14 @@ def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
         if layout.recompute == "full":  # one layer is rematerialised in full during backward
             acts += max(activation_bytes_per_layer(spec, layout.with_(recompute="none"), layer)
                         for c in range(layout.virtual_stages) for layer in chunks[c * layout.pp + stage])
-        if stage == layout.pp - 1:  # fp32 logits for the loss
-            acts += layout.micro_batch * spec.seq * (spec.vocab / layout.tp) * 4
+        if stage == layout.pp - 1:
+            # the vocab-parallel loss saves its fp32 softmax, [b, s, vocab/t], for the backward of
+            # every micro-batch the last chunk holds: one under 1F1B, all m under GPipe (GPT-3
+            # 175B at tp 8, pp 8, 64 micro-batches: 3.1 GiB, of which one micro-batch's 0.05 had
+            # been counted)
+            held = in_flight(layout.schedule, stage, layout.pp, layout.micro_batches,
+                             layout.virtual_stages, chunk=layout.virtual_stages - 1)
+            acts += held * layout.micro_batch * spec.seq * (spec.vocab / layout.tp) * 4
         total = weights + grads + optim + acts
         row = {"stage": stage, "ranks": layout.dp * layout.tp, "params": p,
                "weights_gib": weights / GIB, "grads_gib": grads / GIB, "optimizer_gib": optim / GIB,

@@ -63,10 +63,13 @@ def schedule(kind: str, stage: int, pp: int, m: int, v: int = 1) -> list[tuple[s
     raise KitError(f"unknown pipeline schedule {kind!r}: choose gpipe, 1f1b or interleaved")
 
 
-def in_flight(kind: str, stage: int, pp: int, m: int, v: int = 1) -> int:
-    """Most chunks whose activations a stage holds at once (forwards not yet backwarded)."""
+def in_flight(kind: str, stage: int, pp: int, m: int, v: int = 1, chunk: int | None = None) -> int:
+    """Most chunks whose activations a stage holds at once (forwards not yet backwarded); of
+    model chunk `chunk` alone when given."""
     live = peak = 0
-    for phase, _, _ in schedule(kind, stage, pp, m, v):
+    for phase, _, c in schedule(kind, stage, pp, m, v):
+        if chunk is not None and c != chunk:
+            continue
         live += 1 if phase == "F" else -1
         peak = max(peak, live)
     return peak
