@@ -54,3 +54,36 @@ def test_the_last_stage_keeps_one_softmax_per_micro_batch_its_schedule_holds():
     for kind, held in (("1f1b", 1), ("gpipe", 16)):
         lay = Layout(tp=8, pp=4, micro_batch=2, dp=2, global_batch=64, schedule=kind)
         assert abs(_logits_gib(lay) - held * one) < 1e-6 * one, kind
+
+
+class _Flat:
+    """0.1 ms a kernel: the collectives are what the test reads."""
+
+    name = "flat"
+
+    def predict(self, ops_, gpu):
+        import pandas as pd
+
+        return pd.DataFrame({"latency_ms": [0.1] * len(ops_)})
+
+
+def _dp_gradient_ms(zero: int, overlap: bool, m: int = 4) -> float:
+    from kit.hardware.system import get_system
+    from kit.parallel.build import DP, build_iteration
+
+    spec = GPTSpec(layers=4, hidden=1024, heads=16, seq=512, vocab=32000, name="t")
+    lay = Layout(dp=4, micro_batch=1, global_batch=4 * m, zero=zero, overlap_grad_reduce=overlap)
+    g, _, _ = build_iteration(spec, lay, get_system("dgx-a100"), _Flat())
+    serves = g.meta["comm_serves"]
+    return sum(g.dur_ms[i] for i, grp in serves.items()
+               if grp == DP and "all-gather" not in g.label[i] and "allgather" not in g.label[i])
+
+
+def test_zero2_reduce_scatters_every_micro_batchs_gradients():
+    """ZeRO-2 keeps 1/dp of the gradients, so it cannot accumulate the rest over micro-batches:
+    it reduce-scatters after every backward (DeepSpeed: "ZeRO stage >= 2 communicates during
+    non gradient accumulation boundaries as well"), m times ZeRO-1's once per iteration."""
+    for overlap in (True, False):
+        once, every = _dp_gradient_ms(1, overlap), _dp_gradient_ms(2, overlap)
+        assert once > 0
+        assert abs(every - 4 * once) < 1e-9 * every, overlap

@@ -13,9 +13,11 @@ are launched. So a pass ends at max(first launch + GPU time, last launch + last 
 both when the GPU is the bottleneck and when the host is.
 
 Data parallelism: in the last micro-batch's backward, gradient buckets are all-reduced on the
-communication stream as their layers finish (overlap), then the optimizer steps. ZeRO-1/2
-reduce-scatter the gradients and all-gather the updated weights; ZeRO-3 (FSDP) all-gathers each
-chunk's weights before its forward and backward and reduce-scatters its gradients after.
+communication stream as their layers finish (overlap), then the optimizer steps. ZeRO-1
+reduce-scatters the gradients and all-gathers the updated weights; ZeRO-2, which keeps 1/dp of
+the gradients, reduce-scatters them in every micro-batch's backward, not only the last;
+ZeRO-3 (FSDP) all-gathers each chunk's weights before its forward and backward and
+reduce-scatters its gradients after.
 """
 from __future__ import annotations
 
@@ -195,16 +197,21 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
             if fwd and host.microbatch_ms > 0:
                 g.cpu(r, host.microbatch_ms, label + " host", kind="cpu", tag=(phase, mb, c))
             ph = cost.fwd if fwd else cost.bwd
-            if not fwd and idx == last_b[c] and lay.dp > 1 and lay.overlap_grad_reduce \
+            # gradients are reduced after the last backward of a chunk; a rank that keeps only its
+            # 1/dp of them (ZeRO-2, ZeRO-3) cannot accumulate the others, so it reduce-scatters
+            # after every backward (DeepSpeed's engine: "ZeRO stage >= 2 communicates during non
+            # gradient accumulation boundaries as well"; FSDP without no_sync)
+            every_pass = lay.zero >= 2
+            if not fwd and (idx == last_b[c] or every_pass) and lay.dp > 1 and lay.overlap_grad_reduce \
                     and lay.zero < 3:
                 tail = _bucketed_backward(g, r, cost, label, host, deps, lay, coster, dp_group,
                                           grad_ops, (phase, mb, c))
             else:
                 _, tail = _pass(g, r, ph, label, host, deps, (phase, mb, c))
-                if not fwd and lay.zero == 3 and lay.dp > 1:
+                if not fwd and every_pass and lay.dp > 1:
                     grad_ops.append(_serves(g, DP, g.gpu(r, "comm", _sharded_comm_ms(
                         coster, "reducescatter", cost.params, cost.expert_params, gbytes, stage),
-                        "fsdp reduce-scatter grads",
+                        "fsdp reduce-scatter grads" if lay.zero == 3 else "zero-2 reduce-scatter grads",
                         kind="comm", deps=(tail,), tag=(phase, mb, c))))
             dst = vi + 1 if fwd else vi - 1
             if 0 <= dst < n_virtual:
