@@ -51,8 +51,11 @@ def test_the_last_stage_keeps_one_softmax_per_micro_batch_its_schedule_holds():
     GPipe's last stage runs all m forwards before a backward, so it holds m of them; 1F1B's
     runs each backward right after its forward, so one."""
     one = 2 * GPT3.seq * ((GPT3.vocab - 1) / 8) * 4  # micro-batch 2, less the 1-wide vocab's
-    for kind, held in (("1f1b", 1), ("gpipe", 16)):
-        lay = Layout(tp=8, pp=4, micro_batch=2, dp=2, global_batch=64, schedule=kind)
+    for kind, held in (("1f1b", 1), ("gpipe", 16), ("interleaved", 1)):
+        # interleaved: the loss is on the last stage's last chunk (virtual stage 2 x 4 - 1),
+        # whose backward follows each forward at once, though the stage holds 5 chunks' passes
+        lay = Layout(tp=8, pp=4, micro_batch=2, dp=2, global_batch=64, schedule=kind,
+                     virtual_stages=2 if kind == "interleaved" else 1)
         assert abs(_logits_gib(lay) - held * one) < 1e-6 * one, kind
 
 
@@ -87,3 +90,28 @@ def test_zero2_reduce_scatters_every_micro_batchs_gradients():
         once, every = _dp_gradient_ms(1, overlap), _dp_gradient_ms(2, overlap)
         assert once > 0
         assert abs(every - 4 * once) < 1e-9 * every, overlap
+
+
+def test_zero2_next_micro_batch_waits_for_the_gradient_reduce_scatters():
+    """DeepSpeed's ZeRO-2 ends every micro-batch's backward in its gradient epilogue: the last
+    bucket is reduced and the device synchronised (overlap_comm), or the reductions ran on the
+    compute stream (no overlap_comm). No kernel of the next micro-batch's forward may start before
+    the previous backward's DP reduce-scatters end."""
+    from kit.hardware.system import get_system
+    from kit.parallel.build import DP, build_iteration
+    from kit.sim import simulate
+
+    spec = GPTSpec(layers=4, hidden=1024, heads=16, seq=512, vocab=32000, name="t")
+    for overlap in (True, False):
+        lay = Layout(dp=4, micro_batch=1, global_batch=16, zero=2, overlap_grad_reduce=overlap)
+        g, _, _ = build_iteration(spec, lay, get_system("dgx-a100"), _Flat())
+        res = simulate(g)
+        reduced = {}  # micro-batch -> when its gradients' reduce-scatters end
+        for i, grp in g.meta["comm_serves"].items():
+            tag = g.tag[i]
+            if grp == DP and tag and tag[0] == "B":
+                reduced[tag[1]] = max(reduced.get(tag[1], 0.0), res.end_ms[i])
+        assert sorted(reduced) == [0, 1, 2, 3], overlap
+        for i, tag in enumerate(g.tag):
+            if g.kind[i] == "compute" and tag and tag[0] == "F" and tag[1] - 1 in reduced:
+                assert res.start_ms[i] >= reduced[tag[1] - 1] - 1e-9, (overlap, g.label[i])
