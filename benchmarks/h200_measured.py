@@ -6,12 +6,13 @@ measurements/h200-2026-12-04-b, the second session's).
 --dir may be given more than once (default: both folders); where two folders measured the same
 whole-model configuration, the later folder's row is scored (the second session remeasured the
 bf16 rows with random token ids; the first's were all zero). The tile-MLP was never trained on
-an H200 row. A few constants were read off these rows (the unaligned 16-bit share of the peak,
-the generic loop's rate: the first folder; the tensor-core curves of kit.predict.tensor_core:
-the second folder's op sweeps, benchmarks/tensor_core_fit.py), so the op scores of those rows
-are in-sample for them. No whole-model step time was fitted, but the softmax rates of
-kit.predict.element_rates were read off the inference passes' softmax kernels (and the vector
-sweeps' softmax rows; benchmarks/element_rates.py), so the whole models' softmax is in-sample. Three parts:
+an H200 row, but the H200 is no unseen GPU here: the kernel-level constants IN_SAMPLE lists (and
+the output's "in_sample" repeats) were read off these folders, the GEMM and attention curves that
+price every aligned 16-bit GEMM and fused attention of the bf16 models among them, and two of
+them off the whole-model steps' own kernels (the generic loop's rate; the softmax rates, also
+read off the inference passes' softmax kernels). No whole-model step time was fitted, so the
+whole-model figures score how those kernel times compose into a step, not how the kit carries
+to a GPU it has no data of. Three parts:
 * whole_model: each measured training step / inference pass (benchmarks/model_steps.py) beside
   kit.api.predict_model for the same model, dtype, batch and sequence on "h200" (train = forward,
   LM loss, backward, no optimizer, as measured). APE of the step time, and of the summed kernel
@@ -86,6 +87,29 @@ def _scored(r: dict, it) -> dict:
 
 
 STEP_KEY = ("model", "dtype", "batch", "seq", "mode")
+
+# Constants read off these folders' rows (module: what, from where), so the parts of this benchmark
+# that meet them are in-sample for them. A figure from here is no unseen-GPU figure.
+IN_SAMPLE = {
+    "kit.predict.tensor_core.TENSOR_CORE_GEMM": "bf16/fp16/tf32 GEMM curves (-b's op sweeps, "
+                                                "benchmarks/tensor_core_fit.py): ops, whole models",
+    "kit.predict.tensor_core.FUSED_ATTENTION": "fused attention's forward curve (-b's attention "
+                                               "sweep): whole models",
+    "kit.workload.kernels.ATTENTION_BWD_SCALE": "attention backward / forward 2.8 (-b's attention "
+                                                "sweep, median 2.79): training steps",
+    "kit.predict.element_rates": "pow, GELU and softmax rates and the warp softmax's row latency "
+                                 "(the vector sweeps and the inference passes' softmax kernels): "
+                                 "ops, whole models",
+    "kit.workload.kernel_times.GENERIC_LOOP_ELEMS_PER_SM_CLOCK": "the generic elementwise loop's "
+                                                                 "rate (the whole-model steps' "
+                                                                 "kernels): whole models",
+    "kit.predict.features.UNALIGNED_SHARE_ON_H200": "unaligned 16-bit GEMMs' share of the peak "
+                                                    "(the first folder's GEMMs): ops, whole models",
+    "kit.predict.gemv": "the GEMV stream and STREAM_SHARE_MAX (both folders' GEMM rows, "
+                        "benchmarks/gemv_fit.py): ops, decode steps",
+    "kit.predict.norm_paths": "the two-kernel layer norm (the first folder's vector sweeps, "
+                              "benchmarks/layernorm_paths.py): ops",
+}
 
 
 def model_steps(folder) -> dict:
@@ -263,6 +287,7 @@ def main(argv=None) -> int:
                 raise KitError(f"measurement folder not found: {d}")
         t0 = time.perf_counter()
         out = {"source": [str(d.relative_to(ROOT) if d.is_relative_to(ROOT) else d) for d in folder], "gpu": GPU,
+               "in_sample": IN_SAMPLE,
                "ops": ops(op_rows(folder)), "decode": decode(folder)}
         if not args.skip_models:
             out["whole_model"] = whole_model(folder)

@@ -171,3 +171,22 @@ def test_input_data_effect_pairs_configurations_and_splits_kernel_kinds(tmp_path
     assert "attention_ratio" not in r  # gpt2 runs no fused attention kernel
     assert out["by_model"] == [{"model": "gpt2", "configs": 1, "step_ms_ratio": [1.1, 1.1], "kernel_ms_ratio": [1.3, 1.3],
                                 "gemm_ratio": [1.5, 1.5], "other_ratio": [1.2, 1.2]}]
+
+
+def test_in_sample_list_names_constants_that_exist_and_cite_the_h200():
+    """The benchmark's in_sample list (the constants read off these folders) names real module
+    attributes, and each of them says in its source that the H200's rows set it: a list that
+    named a constant since renamed, or one read elsewhere, would misstate what is in-sample."""
+    import importlib
+    import inspect
+
+    bench = load_benchmark("h200_measured")
+    assert bench.IN_SAMPLE
+    for name in bench.IN_SAMPLE:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError:
+            path, attr = name.rsplit(".", 1)
+            module = importlib.import_module(path)
+            assert hasattr(module, attr), name
+        assert "H200" in inspect.getsource(module), name
