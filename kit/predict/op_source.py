@@ -67,14 +67,19 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
                              "reduction, as it could run padded: no GEMM this thin or short is faster "
                              f"for more rows or a longer k; {own} was slower")
     own = None
-    for other in model.dominated_training_gpus(gpu):
+    trained = model.dominated_training_gpus(gpu)
+    # the training GPUs bound the final answer, the others the learned one (TilePredictor._predict_class)
+    for other in trained + [g for g in model.learned_bound_gpus(gpu) if g not in trained]:
         theirs = float(model.predict_unbounded([op], other).latency_ms.iloc[0])
         if own is None:
-            own = float(model.predict_unbounded([op], gpu).latency_ms.iloc[0])
+            with model.own_learned():  # the answer of this GPU alone
+                own = float(model.predict_unbounded([op], gpu).latency_ms.iloc[0])
         if abs(out["latency_ms"] - theirs) <= 1e-9 * theirs and own > theirs * (1 + 1e-9):
-            out["source"] = (f"its time on the {other.key}, a training GPU with the same SM design "
+            which = "a training GPU" if other in trained else "a GPU"
+            out["source"] = (f"its time on the {other.key}, {which} with the same SM design "
                              f"that the {gpu.key} matches or beats in every resource: never slower "
                              f"than there; {_answer(op, gpu, out, cls)} here was slower")
+            break
     from kit.predict.norm_paths import two_kernel_mask, two_kernel_ms
 
     if two_kernel_mask([op], gpu)[0]:
