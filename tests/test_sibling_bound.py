@@ -221,3 +221,28 @@ def test_a_gpu_is_never_slower_than_a_catalog_gpu_it_dominates(gpu, weaker):
     with tp.own_learned():  # the GPU's answers alone: slower somewhere, or this tests nothing
         raw = tp.predict_unbounded(ops, gpu).latency_ms.to_numpy()
     assert (raw > theirs.latency_ms.to_numpy() * 1.01).any()
+
+
+def test_a_same_design_card_without_the_dtype_bounds_nothing_in_it():
+    """A --gpu-file card of the L40's SM design without FP8 is dominated by the L40S (a peak the
+    weaker card lacks is free), but runs no FP8 GEMM: its learned answer is no bound there. It had
+    been asked for one, and every FP8 GEMM on the L40S failed ("... has no fp8 support")."""
+    from kit.api import predict_op
+    from kit.hardware import register_gpu, unregister_gpu
+    from kit.predict.tile_mlp import TilePredictor
+
+    tp = TilePredictor.shipped()
+    ops = [Gemm(1024, 1024, 1024, dtype="fp8"), Gemm(64, 4096, 4096, dtype="fp8", kind="linear"),
+           Gemm(2385, 5, 2048)]
+    before = tp.predict(ops, "l40s")
+    entry = get_gpu("l40").to_dict()
+    entry.update(key="l40-no-fp8-test", name="L40 without FP8 (test)", aliases=[], fp8_tflops=None)
+    try:
+        weak = register_gpu(entry)
+        assert weak in tp.learned_bound_gpus("l40s")  # it would bound, were the dtype its own
+        after = tp.predict(ops, "l40s")  # no error, and the fp8-less card changes nothing
+        for col in ("latency_ms", "latency_p10_ms", "latency_p90_ms"):
+            np.testing.assert_allclose(after[col].to_numpy(), before[col].to_numpy(), rtol=1e-12)
+        assert predict_op(ops[0], "l40s", predictor="tile")["latency_ms"] > 0  # kit op's source line
+    finally:
+        unregister_gpu("l40-no-fp8-test")

@@ -69,7 +69,9 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
     own = None
     trained = model.dominated_training_gpus(gpu)
     # the training GPUs bound the final answer, the others the learned one (TilePredictor._predict_class)
-    for other in trained + [g for g in model.learned_bound_gpus(gpu) if g not in trained]:
+    # a GPU without op's dtype bounds nothing (TilePredictor._predict_class skips it)
+    learned = [g for g in model.learned_bound_gpus(gpu) if g not in trained and op.dtype in g.dtypes]
+    for other in trained + learned:
         theirs = float(model.predict_unbounded([op], other).latency_ms.iloc[0])
         if own is None:
             with model.own_learned():  # the answer of this GPU alone

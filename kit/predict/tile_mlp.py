@@ -309,6 +309,8 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
         # ordered the cards of one SM design at random (a GH200 at 1.97x the H100 NVL's time on
         # an fp32 Gemm(2385, 5, 2048))
         for other in self.learned_bound_gpus(gpu):
+            if dtype not in other.dtypes:  # a dtype it has no peak for is no time of its own: a
+                continue  # --gpu-file L40 without fp8 had failed every fp8 GEMM on the L40S
             theirs = self.memoised_value("learned", (cls, other, dtype, tuple(ops), self.soft_tile_margin,
                                                      None if split_ways is None else tuple(split_ways)),
                                          lambda: self._learned(cls, ops, other, dtype, split_ways)[4])
