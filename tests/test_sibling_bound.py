@@ -246,3 +246,33 @@ def test_a_same_design_card_without_the_dtype_bounds_nothing_in_it():
         assert predict_op(ops[0], "l40s", predictor="tile")["latency_ms"] > 0  # kit op's source line
     finally:
         unregister_gpu("l40-no-fp8-test")
+
+
+def test_a_card_over_a_training_gpu_runs_the_dtypes_that_gpu_lacks():
+    """A --gpu-file Turing card with bf16 dominates the T4 (a peak the weaker card lacks is
+    free), and the T4's answers bound its final ones; every bf16 op on it had failed with 't4 has
+    no bf16 support'. Now the T4 bounds the rows it can run and no others, in a mixed batch too."""
+    from kit.api import predict_op
+    from kit.hardware import register_gpu, unregister_gpu
+    from kit.predict.tile_mlp import TilePredictor
+
+    tp = TilePredictor.shipped()
+    entry = get_gpu("t4").to_dict()
+    entry.update(key="t4-bf16-test", name="T4 with bf16 (test)", aliases=[],
+                 bf16_tflops=entry["fp16_tflops"], mem_bw_gbs=2 * entry["mem_bw_gbs"])
+    ops = [Gemm(512, 512, 512, dtype="bf16"), Gemm(4096, 8, 4096, dtype="fp16"),
+           Elementwise("add", 10**6, "bf16"), Elementwise("add", 10**7, "fp16"), Softmax(4096, 1024, "bf16")]
+    try:
+        card = register_gpu(entry)
+        assert get_gpu("t4") in tp.dominated_training_gpus(card)
+        out = tp.predict(ops, card)
+        fp16 = [i for i, op in enumerate(ops) if op.dtype == "fp16"]
+        on_t4 = tp.predict([ops[i] for i in fp16], "t4").latency_ms.to_numpy()
+        assert (out.latency_ms.to_numpy()[fp16] <= on_t4 * (1 + 1e-9)).all()  # still bounded
+        assert np.isfinite(out[["latency_ms", "latency_p10_ms", "latency_p90_ms"]].to_numpy(float)).all()
+        assert (out.latency_p10_ms <= out.latency_ms).all() and (out.latency_ms <= out.latency_p90_ms).all()
+        alone = tp.predict([ops[0]], card)  # a bf16 op alone: the T4 bounds nothing
+        assert alone.latency_ms.iloc[0] == pytest.approx(tp.predict_unbounded([ops[0]], card).latency_ms.iloc[0])
+        assert predict_op(ops[0], card.key, predictor="tile")["latency_ms"] > 0  # kit op's source line
+    finally:
+        unregister_gpu("t4-bf16-test")

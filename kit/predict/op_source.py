@@ -67,9 +67,9 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
                              "reduction, as it could run padded: no GEMM this thin or short is faster "
                              f"for more rows or a longer k; {own} was slower")
     own = None
-    trained = model.dominated_training_gpus(gpu)
-    # the training GPUs bound the final answer, the others the learned one (TilePredictor._predict_class)
-    # a GPU without op's dtype bounds nothing (TilePredictor._predict_class skips it)
+    # the training GPUs bound the final answer, the others the learned one (TilePredictor._predict_class);
+    # a GPU without op's dtype bounds nothing (TilePredictor._predict_class and _reference skip it)
+    trained = [g for g in model.dominated_training_gpus(gpu) if op.dtype in g.dtypes]
     learned = [g for g in model.learned_bound_gpus(gpu) if g not in trained and op.dtype in g.dtypes]
     for other in trained + learned:
         theirs = float(model.predict_unbounded([op], other).latency_ms.iloc[0])

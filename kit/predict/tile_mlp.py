@@ -88,17 +88,37 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
     def _predict(self, ops: list, gpu: GPU, split_k: bool) -> pd.DataFrame:
         out = self.predict_unbounded(ops, gpu, split_k)
         for other in self.dominated_training_gpus(gpu):
-            ref = self.predict_unbounded(ops, other, split_k)
+            ref = self._reference(ops, other, split_k)
+            if ref is None:
+                continue
             out = cap_as(out, ref)
             # the band too: no end of it above that GPU's (a capped op had kept its own, wider p90:
-            # gpt2's step the same 5.7 ms on both A100s, its p90 7.7 ms on the SXM4 against 5.8)
+            # gpt2's step the same 5.7 ms on both A100s, its p90 7.7 ms on the SXM4 against 5.8);
+            # fmin: a row that GPU cannot run (NaN) keeps its own band
             lat = out.latency_ms.to_numpy(dtype=float)
-            out["latency_p90_ms"] = np.maximum(np.minimum(out.latency_p90_ms.to_numpy(dtype=float),
-                                                          ref.latency_p90_ms.to_numpy(dtype=float)), lat)
-            out["latency_p10_ms"] = np.minimum(np.maximum(np.minimum(
+            out["latency_p90_ms"] = np.maximum(np.fmin(out.latency_p90_ms.to_numpy(dtype=float),
+                                                       ref.latency_p90_ms.to_numpy(dtype=float)), lat)
+            out["latency_p10_ms"] = np.minimum(np.maximum(np.fmin(
                 out.latency_p10_ms.to_numpy(dtype=float), ref.latency_p10_ms.to_numpy(dtype=float)),
                 out.roofline_ms.to_numpy(dtype=float)), lat)
         return out
+
+    def _reference(self, ops: list, other: GPU, split_k: bool) -> pd.DataFrame | None:
+        """The unbounded frame of ops on a training GPU that bounds them, NaN times on the rows of
+        a dtype it has no peak for (a peak the weaker card lacks is free to dominate it: a
+        --gpu-file Turing card with bf16 over the T4 had failed every bf16 op with 't4 has no
+        bf16 support'); None when it runs none of them."""
+        runs = np.array([getattr(op, "dtype", None) in (None, *other.dtypes) for op in ops], dtype=bool)
+        if runs.all():
+            return self.predict_unbounded(ops, other, split_k)
+        if not runs.any():
+            return None
+        part = self.predict_unbounded([op for op, r in zip(ops, runs) if r], other, split_k)
+        ref = pd.DataFrame(index=range(len(ops)), columns=part.columns)
+        ref.loc[np.flatnonzero(runs)] = part.to_numpy()
+        for c in ("latency_ms", "latency_p10_ms", "latency_p90_ms"):
+            ref[c] = ref[c].astype(float)
+        return ref
 
     def dominated_training_gpus(self, gpu: GPU | str) -> list[GPU]:
         """The training GPUs whose predictions bound gpu's (kit.predict.sibling_bound)."""
