@@ -80,6 +80,21 @@ def test_data_parallel_gradient_is_in_the_tables_dtype():
         assert allreduce_ms(dtype) == pytest.approx(0.02 + 2 * (nbytes * 10**9 * 32) / 100e9 * 1e3, rel=1e-4)
 
 
+def test_a_data_parallel_replica_counts_its_dense_gradient_against_the_cap():
+    """Every rank holds the replica's rows and the dense gradient the step writes and
+    all-reduces; the cap had counted the rows alone, so a table fitting only once was placed
+    data-parallel on a GPU that cannot hold it twice."""
+    tab = Table(rows=10**7, dim=64, pooling=4, name="t")  # 2.56 GB of fp32 rows
+    weights = tab.rows * tab.dim * 4
+    roomy = model_for([tab], memory_cap_bytes=1e15, optimizer="sgd")
+    dp = next(o for o, opt in enumerate(roomy.options[0]) if opt.kind == "dp")
+    tw = next(o for o, opt in enumerate(roomy.options[0]) if opt.kind == "tw")
+    assert roomy.describe([dp])["memory_bytes"] == [2 * weights] * 4
+    assert max(roomy.describe([tw])["memory_bytes"]) == weights  # a shard's rows have no dense gradient
+    tight = model_for([tab], memory_cap_bytes=1.5 * weights, optimizer="sgd")
+    assert np.isinf(tight.cost(np.array([[dp]]))[0]) and np.isfinite(tight.cost(np.array([[tw]]))[0])
+
+
 def test_memory_cap_forces_big_tables_off_one_rank():
     big = Table(rows=10**8, dim=64, pooling=4, name="big")  # 25.6 GB of weights
     m = model_for([big], memory_cap_bytes=10e9)

@@ -3,7 +3,8 @@
 iteration_ms = max_r fwd_r + max_r bwd_r          lookups; every rank waits for the slowest
              + a2a(indices) + 2·a2a(pooled)       input dist, output dist and its gradient
              + allreduce(Σ dp table gradients)     data-parallel tables
-with a plan infeasible (inf) when a rank's weights + optimizer state exceed the memory cap.
+with a plan infeasible (inf) when a rank's weights + optimizer state (+ a data-parallel
+replica's dense gradient) exceed the memory cap.
 
 Each (table, option) adds a fixed vector of features: per-rank fwd and bwd lookup ms, shard
 count, bytes held, lookups and rows (the backward's sort size), and for each all-to-all a block
@@ -139,6 +140,14 @@ class ShardingModel:
     def _state_bytes(self, rows: int) -> float:
         return 4.0 * rows if self.optimizer == "rowwise_adagrad" else 0.0
 
+    def _shard_bytes(self, tab: Table, opt, rows: int, dim: int) -> float:
+        """A shard's memory on its rank: its rows, the optimizer's state and, for a data-parallel
+        replica, its dense gradient, which the step writes whole and all-reduces (the time
+        charged it, traffic() all-reduces it, but the cap had not counted it: a replicated
+        table took half the memory it needs)."""
+        weights = rows * dim * dtype_bytes(tab.dtype)
+        return weights * (2 if opt.kind == "dp" else 1) + self._state_bytes(rows)
+
     def _shard_ms(self, table: Table, rows: int, dim: int, pooling: float, batch: int,
                   l2_share: float, bwd_l2_share: float | None = None, dist="table") -> tuple[float, float]:
         """(fwd, bwd) ms of one shard, cached on everything the cost depends on: the shard's shape,
@@ -242,7 +251,7 @@ class ShardingModel:
             v[r] += f
             v[W + r] += b
             v[2 * W + r] += 1
-            v[3 * W + r] += rows * dim * dtype_bytes(tab.dtype) + self._state_bytes(rows)
+            v[3 * W + r] += self._shard_bytes(tab, opt, rows, dim)
             v[4 * W + r] += batch * pooling  # lookups and rows: the backward's sort size
             v[5 * W + r] += rows
         out, idx, dp = self.traffic(t, opt)
@@ -361,7 +370,7 @@ class ShardingModel:
                 shard = Table(rows=max(1, rows), dim=dim, pooling=pooling, dtype=tab.dtype,
                               distribution=dist)
                 shards[r].append((t, opt.kind, shard, batch))
-                mem[r] += rows * dim * dtype_bytes(tab.dtype) + self._state_bytes(rows)
+                mem[r] += self._shard_bytes(tab, opt, rows, dim)
             out, idx, g = self.traffic(t, opt)
             for i, j, nb in out:
                 out_m[i, j] += nb
