@@ -69,8 +69,10 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
     own = None
     # the training GPUs bound the final answer, the others the learned one (TilePredictor._predict_class);
     # a GPU without op's dtype bounds nothing (TilePredictor._predict_class and _reference skip it)
-    trained = [g for g in model.dominated_training_gpus(gpu) if op.dtype in g.dtypes]
-    learned = [g for g in model.learned_bound_gpus(gpu) if g not in trained and op.dtype in g.dtypes]
+    # (an op of no dtype, a host copy, any GPU runs: a Memcpy had raised an AttributeError here)
+    dtype = getattr(op, "dtype", None)
+    trained = [g for g in model.dominated_training_gpus(gpu) if dtype in (None, *g.dtypes)]
+    learned = [g for g in model.learned_bound_gpus(gpu) if g not in trained and dtype in (None, *g.dtypes)]
     for other in trained + learned:
         theirs = float(model.predict_unbounded([op], other).latency_ms.iloc[0])
         if own is None:
