@@ -139,3 +139,13 @@ def test_a_null_projected_embedding_width_is_the_hidden_size():
             "num_attention_heads": 4, "vocab_size": 100}
     model = zoo.build({**tiny, "word_embed_proj_dim": None})
     assert model.project_in is None and _count(model) == _count(zoo.build(tiny))
+
+
+def test_a_null_decoder_layer_count_is_the_encoders():
+    """HF's T5 and Switch configs read num_decoder_layers null as num_layers; the kit had
+    refused it with Python's "unsupported operand type(s) for //: 'NoneType' and 'int'"."""
+    tiny = {"model_type": "switch_transformers", "d_model": 32, "d_ff": 64, "d_kv": 8, "num_heads": 4,
+            "num_layers": 6, "vocab_size": 50, "num_experts": 2, "num_sparse_decoder_layers": 3}
+    m = zoo.build({**tiny, "num_decoder_layers": None})
+    assert len(m.decoder) == 6
+    assert [hasattr(b.mlp, "experts") for b in m.decoder] == [i % 2 == 1 for i in range(6)]  # 6 // 3

@@ -153,6 +153,13 @@ class SwitchBlock(nn.Module):
         return h + self.dropout(self.mlp(self.ln_ff(h))), bias, cross_bias
 
 
+def stack_layers(c: dict) -> tuple[int, int]:
+    """The encoder's and decoder's blocks: a num_decoder_layers of null is num_layers, as HF's
+    T5 and Switch configs set it (a null had reached range() and 'NoneType' // int)."""
+    n_dec = c.get("num_decoder_layers")
+    return c["num_layers"], c["num_layers"] if n_dec is None else n_dec
+
+
 def sparse_steps(c: dict) -> tuple[int, int]:
     """The encoder's and decoder's sparse steps, as HF's SwitchTransformersConfig sets them: a
     stack's step is its layers // num_sparse_*_layers (whose default is 3), a step given outright
@@ -163,8 +170,7 @@ def sparse_steps(c: dict) -> tuple[int, int]:
     built."""
     if c.get("model_type") == "t5":
         return 0, 0
-    n_enc = c["num_layers"]
-    n_dec = c.get("num_decoder_layers", n_enc)
+    n_enc, n_dec = stack_layers(c)
 
     def step(given: str, count: str, layers: int) -> int:
         if c.get(given) is not None:
@@ -196,7 +202,7 @@ class SwitchTransformer(nn.Module):
         # HF's T5 keeps wo in fp32 in an fp16 model (the capture reads this, as HF's loader does)
         self._keep_in_fp32_modules = ["wo"] if t5 else []
         self.shared = nn.Embedding(c["vocab_size"], d)
-        n_enc, n_dec = c["num_layers"], c.get("num_decoder_layers", c["num_layers"])
+        n_enc, n_dec = stack_layers(c)
         es, ds = sparse_steps(c)
         self.encoder = nn.ModuleList(SwitchBlock(c, False, _sparse(i, es), i == 0) for i in range(n_enc))
         self.decoder = nn.ModuleList(SwitchBlock(c, True, _sparse(i, ds), i == 0) for i in range(n_dec))
