@@ -276,3 +276,38 @@ def test_a_card_over_a_training_gpu_runs_the_dtypes_that_gpu_lacks():
         assert predict_op(ops[0], card.key, predictor="tile")["latency_ms"] > 0  # kit op's source line
     finally:
         unregister_gpu("t4-bf16-test")
+
+
+def test_a_partial_reference_can_cap_every_row_it_runs():
+    """_reference's frame for a mixed batch (rows of a dtype the training GPU lacks are NaN) had
+    object columns, and where it bound a row cap_as wrote its tiles, waves and split into the
+    answer's int64 columns: pandas raised "Invalid value ... for dtype 'int64'". Here the
+    T4's times are scaled down so it binds every row it runs."""
+    from kit.hardware import register_gpu, unregister_gpu
+    from kit.ops import Memcpy
+    from kit.predict.gemm_bounds import cap_as
+    from kit.predict.tile_mlp import TilePredictor
+
+    tp = TilePredictor.shipped()
+    entry = get_gpu("t4").to_dict()
+    entry.update(key="t4-bf16-cap-test", name="T4 with bf16 (cap test)", aliases=[],
+                 bf16_tflops=entry["fp16_tflops"])
+    ops = [Gemm(512, 512, 512, dtype="bf16"), Gemm(4096, 8, 4096, dtype="fp16"), Memcpy(10**7, "h2d"),
+           Elementwise("add", 10**7, "fp16"), Softmax(4096, 1024, "bf16")]
+    try:
+        card = register_gpu(entry)
+        ref = tp._reference(ops, get_gpu("t4"), True)
+        runs = [getattr(op, "dtype", None) != "bf16" for op in ops]
+        assert list(np.isnan(ref.latency_ms.to_numpy(float))) == [not r for r in runs]
+        for c in ("latency_ms", "latency_p10_ms", "latency_p90_ms"):
+            ref[c] = ref[c] * 0.01
+        own = tp.predict_unbounded(ops, card, True).copy()
+        out = cap_as(own, ref)
+        lat = out.latency_ms.to_numpy(float)
+        want = np.where(runs, ref.latency_ms.to_numpy(float), own.latency_ms.to_numpy(float))
+        assert lat == pytest.approx(want)  # bound where the T4 runs the row, its own elsewhere
+        bound = np.flatnonzero(runs)
+        assert list(out.tile.iloc[bound]) == list(ref.tile.iloc[bound])
+        assert (out.waves.to_numpy(float)[bound] == ref.waves.to_numpy(float)[bound]).all()
+    finally:
+        unregister_gpu("t4-bf16-cap-test")

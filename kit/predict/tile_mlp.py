@@ -114,11 +114,11 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
         if not runs.any():
             return None
         part = self.predict_unbounded([op for op, r in zip(ops, runs) if r], other, split_k)
-        ref = pd.DataFrame(index=range(len(ops)), columns=part.columns)
-        ref.loc[np.flatnonzero(runs)] = part.to_numpy()
-        for c in ("latency_ms", "latency_p10_ms", "latency_p90_ms"):
-            ref[c] = ref[c].astype(float)
-        return ref
+        # reindexed, not filled into an empty frame: that frame's columns were object, and where
+        # the GPU bound a row cap_as wrote its tiles, waves and split into the int64 columns of
+        # the answer, which pandas refuses ("Invalid value '[64 0 19532]' for dtype 'int64'");
+        # reindexing keeps the strings and makes the counts float, whole, which int64 takes
+        return part.set_axis(np.flatnonzero(runs)).reindex(range(len(ops)))
 
     def dominated_training_gpus(self, gpu: GPU | str) -> list[GPU]:
         """The training GPUs whose predictions bound gpu's (kit.predict.sibling_bound)."""
