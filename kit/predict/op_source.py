@@ -67,23 +67,17 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
                              "reduction, as it could run padded: no GEMM this thin or short is faster "
                              f"for more rows or a longer k; {own} was slower")
     own = None
-    # the training GPUs bound the final answer, the others the learned one (TilePredictor._predict_class);
-    # a GPU without op's dtype bounds nothing (TilePredictor._predict_class and _reference skip it)
-    # (an op of no dtype, a host copy, any GPU runs: a Memcpy had raised an AttributeError here)
+    # a training GPU without op's dtype bounds nothing (TilePredictor._reference skips it); an op of
+    # no dtype, a host copy, any GPU runs (a Memcpy had raised an AttributeError here)
     dtype = getattr(op, "dtype", None)
-    trained = [g for g in model.dominated_training_gpus(gpu) if dtype in (None, *g.dtypes)]
-    learned = [g for g in model.learned_bound_gpus(gpu) if g not in trained and dtype in (None, *g.dtypes)]
-    for other in trained + learned:
+    for other in [g for g in model.dominated_training_gpus(gpu) if dtype in (None, *g.dtypes)]:
         theirs = float(model.predict_unbounded([op], other).latency_ms.iloc[0])
         if own is None:
-            with model.own_learned():  # the answer of this GPU alone
-                own = float(model.predict_unbounded([op], gpu).latency_ms.iloc[0])
+            own = float(model.predict_unbounded([op], gpu).latency_ms.iloc[0])
         if abs(out["latency_ms"] - theirs) <= 1e-9 * theirs and own > theirs * (1 + 1e-9):
-            which = "a training GPU" if other in trained else "a GPU"
-            out["source"] = (f"its time on the {other.key}, {which} with the same SM design "
+            out["source"] = (f"its time on the {other.key}, a training GPU with the same SM design "
                              f"that the {gpu.key} matches or beats in every resource: never slower "
                              f"than there; {_answer(op, gpu, out, cls)} here was slower")
-            break
     from kit.predict.norm_paths import two_kernel_mask, two_kernel_ms
 
     if two_kernel_mask([op], gpu)[0]:

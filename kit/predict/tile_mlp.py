@@ -20,8 +20,6 @@ in between (sigma_at_distance).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import pandas as pd
 
@@ -33,7 +31,7 @@ from kit.predict.features import (arrays_from_ops, feature_matrix, gpu_distance,
                                   op_class_of, row_launches, waves)
 from kit.predict.gemm_bounds import GemmBounds, cap_as, cap_at
 from kit.predict.gemv import applies as gemv_applies
-from kit.predict.sibling_bound import dominated_gpus, dominated_training_gpus
+from kit.predict.sibling_bound import dominated_training_gpus
 from kit.predict.small_op_bounds import ONE_WAVE_CLASSES, SmallOpBounds
 from kit.predict.split_k import apply_split_k, split_limits
 from kit.predict.tensor_core import curve_gemm
@@ -78,8 +76,7 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
         """The protocol's frame for ops on gpu. split_k: GEMMs that underfill the GPU may split
         their reduction (kit.predict.split_k); False gives the unsplit prediction of each. On a
         GPU that dominates a training GPU (kit.predict.sibling_bound) no op is slower than there:
-        where that binds, the op runs as it does on that GPU (its tile shown). The learned
-        answers are bounded by those on every catalog GPU it dominates (_predict_class)."""
+        where that binds, the op runs as it does on that GPU (its tile shown)."""
         gpu = get_gpu(gpu)
         ops = op_list(ops)  # read once per GPU below: a generator would be empty the second time
         # a bound's twins are predicted many times within one call (kit.predict.call_memo)
@@ -127,29 +124,6 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
         # per GPU spec within a call
         return list(self.memoised_value("dominated", gpu, lambda: dominated_training_gpus(
             gpu, self.band.get("train_gpus") or self.manifest.get("train_gpus"))))
-
-    # True while the answers of a GPU alone are asked for (kit op's source line, the tests): no
-    # learned answer is bounded by another GPU's (a scalar with its default here, so the call
-    # memo keys it: kit.predict.call_memo)
-    _own_learned = False
-
-    def learned_bound_gpus(self, gpu: GPU | str) -> list[GPU]:
-        """The GPUs whose learned answers bound gpu's (_predict_class): every catalog GPU it
-        dominates (kit.predict.sibling_bound), none for a training GPU (its own rows set it)."""
-        gpu = get_gpu(gpu)
-        if self._own_learned:
-            return []
-        return list(self.memoised_value("learned_bound", gpu, lambda: dominated_gpus(
-            gpu, self.band.get("train_gpus") or self.manifest.get("train_gpus"))))
-
-    @contextmanager
-    def own_learned(self):
-        """Within it, each GPU's learned answers are its own, unbounded by the GPUs it dominates."""
-        before, self._own_learned = self._own_learned, True
-        try:
-            yield self
-        finally:
-            self._own_learned = before
 
     def predict_unbounded(self, ops, gpu: GPU | str, split_k: bool = True) -> pd.DataFrame:
         """predict without the bound by the training GPUs gpu dominates."""
@@ -283,29 +257,6 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
             options.append((weight[i, order], counts[i, order]))
         return (*out, options)
 
-    def _learned(self, cls: str, ops: list, gpu: GPU, dtype: str, split_ways=None) -> tuple:
-        """(arrays, waves, tile names, tile options, (latency, p10, p90) in ms) of the tile-MLP
-        alone on ops of one dtype: the chooser's tiles (mixed, for GEMMs) and the learned
-        quantiles, before any bound. split_ways as _predict_class's."""
-        a = arrays_from_ops(cls, ops)
-        names = None
-        if cls == "gemm":
-            if split_ways is not None:
-                a["split_ways"] = np.asarray(split_ways, dtype=float)
-            prob = self.chooser.probabilities(a, gpu, dtype)
-            tile, names = self.chooser.tile_arrays(a, gpu, dtype, prob.argmax(1))
-            a.update(tile)
-        w = waves(cls, a, gpu, dtype)
-        if names is None:
-            names = tile_names(cls, a, dtype, gpu.vendor)
-        centre, lo, hi = self._log_quantiles(cls, a, gpu, w)
-        options = None
-        if cls == "gemm" and self.soft_tile_margin > 0:
-            centre, lo, hi, options = self._tile_mixture(a, gpu, dtype, prob, (centre, lo, hi), w["tiles"])
-        lat = np.exp(centre).astype(np.float64)  # float64: the curves and bounds write into it
-        p10, p90 = np.minimum(np.maximum(np.exp(lo), w["base_ms"]), lat), np.maximum(np.exp(hi), lat)
-        return a, w, names, options, (lat, p10, p90)
-
     def _predict_class(self, cls: str, ops: list, gpu: GPU, split_ways=None) -> pd.DataFrame:
         """split_ways: for GEMMs that are split-K batches (kit.predict.split_k), each one's S."""
         if not ops:
@@ -322,20 +273,24 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
             out.index = order
             return out.sort_index()
         dtype = dtypes.pop()
-        a, w, names, options, (lat, p10, p90) = self._learned(cls, ops, gpu, dtype, split_ways)
+        a = arrays_from_ops(cls, ops)
+        names = None
+        if cls == "gemm":
+            if split_ways is not None:
+                a["split_ways"] = np.asarray(split_ways, dtype=float)
+            prob = self.chooser.probabilities(a, gpu, dtype)
+            tile, names = self.chooser.tile_arrays(a, gpu, dtype, prob.argmax(1))
+            a.update(tile)
+        w = waves(cls, a, gpu, dtype)
+        if names is None:
+            names = tile_names(cls, a, dtype, gpu.vendor)
         base = w["base_ms"]
-        # the learned answer, before the per-GPU bounds below, is never slower than the learned
-        # answer on a GPU this one dominates (kit.predict.sibling_bound): the power features had
-        # ordered the cards of one SM design at random (a GH200 at 1.97x the H100 NVL's time on
-        # an fp32 Gemm(2385, 5, 2048))
-        for other in self.learned_bound_gpus(gpu):
-            if dtype not in other.dtypes:  # a dtype it has no peak for is no time of its own: a
-                continue  # --gpu-file L40 without fp8 had failed every fp8 GEMM on the L40S
-            theirs = self.memoised_value("learned", (cls, other, dtype, tuple(ops), self.soft_tile_margin,
-                                                     None if split_ways is None else tuple(split_ways)),
-                                         lambda: self._learned(cls, ops, other, dtype, split_ways)[4])
-            lat, p10, p90 = (np.minimum(mine, t) for mine, t in zip((lat, p10, p90), theirs))
-        p10, p90 = np.minimum(p10, lat), np.maximum(p90, lat)
+        centre, lo, hi = self._log_quantiles(cls, a, gpu, w)
+        options = None
+        if cls == "gemm" and self.soft_tile_margin > 0:
+            centre, lo, hi, options = self._tile_mixture(a, gpu, dtype, prob, (centre, lo, hi), w["tiles"])
+        lat = np.exp(centre).astype(np.float64)  # float64: the curves and bounds below write into it
+        p10, p90 = np.minimum(np.maximum(np.exp(lo), base), lat), np.maximum(np.exp(hi), lat)
         if cls in ONE_WAVE_CLASSES:  # the floor first: the cap keeps a small op under a full wave
             self._dispatch_floor(gpu, w["roofline_ms"], lat, p10, p90)
             if cls in ("elementwise", "softmax"):  # before the cap, whose rungs carry their own bound:
