@@ -9,6 +9,7 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
     """Set out["source"] where a curve, a bound or a cap set out["latency_ms"] (in place)."""
     from kit.ops import Attention
     from kit.predict.tensor_core import attention_params_for, curve_attention, curve_gemm, params_for
+    from kit.predict.sibling_bound import runs_dtype
 
     gemm_curve = params_for(gpu, op.dtype) if cls == "gemm" else None
     # an unaligned GEMM its aligned twin's time lifted (TilePredictor._aligned_bound)
@@ -67,10 +68,9 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
                              "reduction, as it could run padded: no GEMM this thin or short is faster "
                              f"for more rows or a longer k; {own} was slower")
     own = None
-    # a training GPU without op's dtype bounds nothing (TilePredictor._reference skips it); an op of
-    # no dtype, a host copy, any GPU runs (a Memcpy had raised an AttributeError here)
-    dtype = getattr(op, "dtype", None)
-    for other in [g for g in model.dominated_training_gpus(gpu) if dtype in (None, *g.dtypes)]:
+    # a training GPU without op's dtype bounds nothing (TilePredictor._reference skips it; a
+    # Memcpy, of no dtype, had raised an AttributeError here)
+    for other in [g for g in model.dominated_training_gpus(gpu) if runs_dtype(g, op)]:
         theirs = float(model.predict_unbounded([op], other).latency_ms.iloc[0])
         if own is None:
             own = float(model.predict_unbounded([op], gpu).latency_ms.iloc[0])

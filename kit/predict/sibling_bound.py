@@ -47,3 +47,10 @@ def bounding_gpus(model, gpu: GPU) -> tuple:
     GPUs; none for a predictor without the bound): what a cache of its answers on gpu must be
     keyed by beside gpu's own spec, since a --gpu-file may replace one of them."""
     return tuple(getattr(model, "dominated_training_gpus", lambda _: ())(gpu))
+
+
+def runs_dtype(gpu: GPU, op) -> bool:
+    """Whether gpu has a peak for op's dtype (an op of none, a host copy, every GPU runs): a
+    dominated GPU bounds only the ops it can run, since a peak the weaker card lacks is free to
+    dominate it."""
+    return getattr(op, "dtype", None) in (None, *gpu.dtypes)

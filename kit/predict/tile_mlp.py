@@ -31,7 +31,7 @@ from kit.predict.features import (arrays_from_ops, feature_matrix, gpu_distance,
                                   op_class_of, row_launches, waves)
 from kit.predict.gemm_bounds import GemmBounds, cap_as, cap_at
 from kit.predict.gemv import applies as gemv_applies
-from kit.predict.sibling_bound import dominated_training_gpus
+from kit.predict.sibling_bound import dominated_training_gpus, runs_dtype
 from kit.predict.small_op_bounds import ONE_WAVE_CLASSES, SmallOpBounds
 from kit.predict.split_k import apply_split_k, split_limits
 from kit.predict.tensor_core import curve_gemm
@@ -105,7 +105,7 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
         a dtype it has no peak for (a peak the weaker card lacks is free to dominate it: a
         --gpu-file Turing card with bf16 over the T4 had failed every bf16 op with 't4 has no
         bf16 support'); None when it runs none of them."""
-        runs = np.array([getattr(op, "dtype", None) in (None, *other.dtypes) for op in ops], dtype=bool)
+        runs = np.array([runs_dtype(other, op) for op in ops], dtype=bool)
         if runs.all():
             return self.predict_unbounded(ops, other, split_k)
         if not runs.any():
