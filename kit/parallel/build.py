@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kit.parallel.costs import IN_STREAM_BY_SOURCE, ChunkCost, Coster, chunk_costs, optimizer_ms
-from kit.parallel.gpt import GPTSpec
+from kit.parallel.gpt import GPTSpec, padded_vocab
 from kit.parallel.layout import Layout
 from kit.parallel.schedule import schedule
 from kit.sim import ExecGraph
@@ -157,6 +157,11 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
     g = graph_class(f"{spec.name} {lay.dp}x{lay.tp}x{lay.pp}")
     g.meta.update(model=spec.to_dict(), layout=lay.to_dict(), system=system.key)
 
+    # the tied embedding's gradient all-reduce between the first and the last stage
+    # (embedding_sync_bytes): one pair of ranks per (dp, tp) index, the slowest placement priced
+    emb_bytes = embedding_sync_bytes(spec, lay)
+    embedding_sync_ms = coster.comm_ms("allreduce", emb_bytes, coster.pp_pair(0, pp - 1)) if emb_bytes else 0.0
+
     links: dict = {}
 
     def link_ms(vi: int) -> float:
@@ -231,8 +236,23 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
                     r, "send-fwd" if fwd else "send-bwd", link_ms(min(dst, vi)),
                     "send " + ("activation" if fwd else "gradient"), group=key,
                     deps=(tail,), tag=(phase, mb, c)))
-        _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host)
+        _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, embedding_sync_ms)
     return g, costs, coster
+
+
+def embedding_sync_bytes(spec: GPTSpec, lay: Layout) -> float:
+    """Bytes of the tied word embedding's gradient that the first and last pipeline stages
+    all-reduce each iteration (0 when there is nothing to sync: untied, or pp 1).
+
+    With pp > 1 and tied input/output embeddings Megatron-LM keeps a copy of the word embedding
+    on the last stage too and, after the data-parallel gradient sync and before the optimizer
+    step, all-reduces the two copies' gradients over the "embedding group", rank (0, d, t) with
+    rank (pp - 1, d, t) (Narayanan et al. SC'21; Megatron's finalize_model_grads ->
+    _allreduce_embedding_grads / _allreduce_word_embedding_grads). It moves this rank's shard of
+    the padded vocabulary, [padded vocab / tp, hidden], in the gradient dtype (main_grad)."""
+    if lay.pp == 1 or not spec.tied:
+        return 0.0
+    return padded_vocab(spec.vocab, lay.tp) // lay.tp * spec.hidden * lay.grad_bytes
 
 
 def _sharded_comm_ms(coster, kind: str, params: float, experts: float, nbytes_each: float,
@@ -311,8 +331,10 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
     return tail
 
 
-def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host):
-    """Gradient sync not yet issued, the optimizer step, and ZeRO's weight all-gather."""
+def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, embedding_sync_ms=0.0):
+    """Gradient sync not yet issued, the tied embedding's all-reduce between the first and last
+    stages (embedding_sync_bytes; embedding_sync_ms its time, 0: none), the optimizer step, and
+    ZeRO's weight all-gather."""
     chunks = [costs[c * lay.pp + stage] for c in range(lay.virtual_stages)]
     params = sum(ch.params for ch in chunks)
     experts = sum(ch.expert_params for ch in chunks)
@@ -323,6 +345,15 @@ def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host):
                                                                          lay.grad_bytes, stage),
                                              f"dp {kind} gradients", kind="comm",
                                              deps=(tail,) if tail >= 0 else ())))
+    if embedding_sync_ms > 0 and stage in (0, lay.pp - 1):
+        # after the DP sync (finish_grad_sync), as Megatron's finalize_model_grads runs it; the
+        # two stages meet here, so the last stage's optimizer step waits for the first's backward
+        tail = g.tail(r, "compute")
+        grad_ops.append(_serves(g, PIPELINE, g.collective(
+            r, "comm", embedding_sync_ms, "tied embedding grads all-reduce (first + last stage)",
+            group=("embedding grads",), ranks=(lay.rank(0, 0, 0), lay.rank(lay.pp - 1, 0, 0)),
+            launch_ms=host.collective_us / 1e3,
+            deps=tuple(grad_ops) + ((tail,) if tail >= 0 else ()))))
     if not lay.optimizer_step:
         if grad_ops:
             g.sync(r, grad_ops, 0.0, "wait for gradients")

@@ -99,6 +99,17 @@ class Layout:
             raise KitError("interleaved pipeline (--virtual-stages > 1) needs --pp > 1")
         if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in (0, 1, 2, 3):
             raise KitError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.zero >= 2 and self.pp > 1:
+            # DeepSpeed's PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+            # parallelism" (runtime/pipe/engine.py) and Megatron-LM's distributed optimizer shards
+            # the optimizer state only (ZeRO-1). The kit prices ZeRO-2/3 as DeepSpeed's
+            # data-parallel engine and FSDP without no_sync run them (a reduce-scatter after every
+            # backward pass, ZeRO-3 an all-gather before every pass), which no pipeline engine
+            # does; it had predicted them at --pp > 1 without a word
+            raise KitError(f"--zero {self.zero} with --pp {self.pp}: ZeRO stages 2 and 3 shard the "
+                           "gradients, which DeepSpeed's pipeline engine refuses (\"ZeRO-2 and ZeRO-3 "
+                           "are incompatible with pipeline parallelism\") and Megatron-LM's "
+                           "distributed optimizer does not do (it is ZeRO-1); use --zero 1 or --pp 1")
         if self.recompute not in RECOMPUTE:
             raise KitError(f"--recompute {self.recompute!r}: choose one of {', '.join(RECOMPUTE)}")
         if self.dtype not in DTYPES:
