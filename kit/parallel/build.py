@@ -18,7 +18,8 @@ reduce-scatters the gradients and all-gathers the updated weights; ZeRO-2, which
 the gradients, reduce-scatters them in every micro-batch's backward, not only the last, and
 the next pass waits for them (DeepSpeed's gradient epilogue);
 ZeRO-3 (FSDP) all-gathers each chunk's weights before its forward and backward and
-reduce-scatters its gradients after.
+reduce-scatters its gradients after. With pp > 1 and a tied LM head the first and last stages
+then all-reduce the word embedding's gradient (embedding_sync_bytes) before the optimizer step.
 """
 from __future__ import annotations
 

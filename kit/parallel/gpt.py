@@ -147,7 +147,7 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     if spec.is_moe(layer):
         mlp.ops.append(ops.linear(tok, h, spec.experts, dtype))
         blocks.append(mlp)
-        routed = tok * spec.topk
+        routed = spec.routed_rows(tok)  # tok x topk, or the experts' capacity buffers
         if ep > 1:
             blocks.append(Block("moe dispatch all-to-all",
                                 comm=("alltoall", routed * h * ops.dtype_bytes(dtype), "ep")))

@@ -3,6 +3,7 @@
 are kit.parallel.gpt's."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -21,6 +22,9 @@ class GPTSpec:
     experts: int = 0  # MoE experts per MoE layer (0: dense)
     moe_every: int = 2  # every n-th layer is MoE
     topk: int = 2
+    capacity_factor: float | None = None  # MoE expert capacity (Switch, Fedus et al. 2021; GShard):
+    # each expert takes ceil(capacity_factor x tokens x topk / experts) rows, its buffer padded to
+    # that (or its overflow dropped). None: dropless routing, perfectly balanced (tokens x topk rows)
     gated: bool = False  # SwiGLU MLP (Llama, Mixtral): gate and up projections, then down
     rope: bool = False  # rotary positions (Llama, Mixtral): no learned position table, and (unless
     # `tied` says otherwise) an output projection of its own instead of the tied embedding
@@ -63,6 +67,14 @@ class GPTSpec:
             raise KitError(f"model {self.name}: experts={self.experts} with moe_every={self.moe_every} "
                            f"makes none of its {self.layers} layers MoE (layers moe_every, 2 x moe_every, "
                            "... counting from 1, are); lower moe_every or add layers")
+        cf = self.capacity_factor
+        if cf is not None:
+            if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 0 < cf < float("inf"):
+                raise KitError(f"model {self.name}: capacity_factor must be a positive finite number, "
+                               f"got {cf!r}")
+            if not self.experts:  # it would be accepted and change nothing
+                raise KitError(f"model {self.name}: capacity_factor applies to experts; give "
+                               "experts=N (a moe: shape) or drop capacity_factor")
         if self.attention not in ("flash", "unfused"):
             raise KitError(f"model {self.name}: attention must be flash or unfused, got {self.attention!r}")
 
@@ -78,6 +90,17 @@ class GPTSpec:
     def mlp_matrices(self) -> int:
         """Weight matrices in one MLP (or one expert): 3 for SwiGLU, else 2."""
         return 3 if self.gated else 2
+
+    def routed_rows(self, tokens: int) -> int:
+        """Rows a MoE layer's experts take (and its all-to-alls move) for `tokens` tokens on a
+        rank: tokens x topk when dropless; with a capacity factor every expert's buffer of
+        ceil(capacity_factor x tokens x topk / experts) rows (Megatron-core's get_capacity;
+        Switch's capacity = capacity_factor x tokens / experts at top-1), padded as GShard,
+        Switch and DeepSpeed-MoE dispatch them, the overflow dropped."""
+        rows = tokens * self.topk
+        if self.capacity_factor is None:
+            return rows
+        return self.experts * math.ceil(self.capacity_factor * rows / self.experts)
 
     def is_moe(self, layer: int) -> bool:
         return self.experts > 0 and (layer % self.moe_every) == self.moe_every - 1
@@ -106,7 +129,7 @@ class GPTSpec:
     def to_dict(self) -> dict:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.f, "kv_heads": self.kv_heads,
-                "experts": self.experts, "gated": self.gated, "rope": self.rope, "tied": self.tied,
+                "experts": self.experts, "capacity_factor": self.capacity_factor, "gated": self.gated, "rope": self.rope, "tied": self.tied,
                 "positions": None if self.rope else self.positions, "attention": self.attention, "params": self.params}
 
 
@@ -116,7 +139,7 @@ def _flag(v: str) -> bool:
 
 _INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
-         "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "attention": str, "positions": int,
+         "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "capacity_factor": float, "attention": str, "positions": int,
          "gated": _flag, "rope": _flag, "tied": _flag}
 
 
@@ -146,7 +169,7 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
             raise KitError(f"model {text!r}: missing {', '.join(missing)}")
         if m.group(1).lower() == "moe" and not kw.get("experts"):
             raise KitError(f"model {text!r}: a moe: shape needs experts=N (N >= 1)")
-        moe_only = [k for k in ("topk", "moe_every") if k in kw]
+        moe_only = [k for k in ("topk", "moe_every", "capacity_factor") if k in kw]
         if moe_only and not kw.get("experts"):  # it had been accepted and ignored
             raise KitError(f"model {text!r}: {moe_only[0]} applies to experts; give experts=N (a moe: "
                            f"shape) or drop {moe_only[0]}")

@@ -120,7 +120,8 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
     attn = 2 * h + 4 * h * kv / a + 2 * h
     mlp = (6 if spec.gated else 4) * spec.f
     if layer is not None and spec.is_moe(layer):  # the router's input is the MLP input counted above
-        mlp = spec.topk * (mlp + 2 * h)
+        # topk routed copies a token, or the capacity buffers' rows a token (GPTSpec.routed_rows)
+        mlp = spec.routed_rows(s * b) / (s * b) * (mlp + 2 * h)
     scores = 0.0 if (layout.recompute == "selective" or spec.attention == "flash") else 5 * a * s
     if layout.sequence_parallel:
         return scale * s * b * (10 * h + attn + mlp + scores) / t

@@ -15,7 +15,8 @@ from kit.sim import simulate
 def communication_by_group(res, rank: int) -> dict:
     """ms of communication on the critical path (followed across ranks, as the breakdown is)
     by the parallelism it serves: TP/EP collectives inside the passes, DP gradient and ZeRO
-    collectives, pipeline sends and receives. Each op's group is the one its builder recorded
+    collectives, pipeline sends and receives and the tied embedding's all-reduce between the
+    first and last stages (pipeline). Each op's group is the one its builder recorded
     (kit.parallel.build: g.meta["comm_serves"]), never read from its label."""
     from kit.sim.critical import path_segments
 
@@ -116,9 +117,14 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     if profile_kernels not in (None, "analytic GPT layer"):
         raise KitError(f"host profile kernels must be 'analytic GPT layer' or None, got {profile_kernels!r}")
     # a profile fitted on the analytic layer's kernels (per-kernel host cost, scales) holds there
+    # a capacity factor is the analytic layer's (GPTSpec.routed_rows): the captured graph routes dropless
     use_graph = graph is True or (graph == "auto" and spec.zoo is not None
                                   and not layout.sequence_parallel and layout.ep == 1
-                                  and profile_kernels is None)
+                                  and spec.capacity_factor is None and profile_kernels is None)
+    if use_graph and spec.capacity_factor is not None:
+        raise KitError(f"model {spec.name}: capacity_factor {spec.capacity_factor} is costed on the "
+                       "analytic layer (graph=False / --kernels analytic); the captured op graph "
+                       "runs its experts dropless")
     source = None
     if use_graph:
         from kit.parallel.opgraph import graph_source
@@ -142,7 +148,7 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
     # auto moved a zoo model off its captured graph (sequence or expert parallelism need the
     # analytic layer): the same layout without them costs other kernels
     switched = bool(graph == "auto" and spec.zoo is not None and not profile_kernels
-                    and (layout.sequence_parallel or layout.ep > 1))
+                    and (layout.sequence_parallel or layout.ep > 1 or spec.capacity_factor is not None))
     tokens = layout.batch * spec.seq
     # model FLOPs per iteration (no recompute), Kaplan et al.; a MoE token runs its top-k experts only
     flops = 6.0 * spec.active_params * tokens
@@ -178,8 +184,8 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
                          if source is not None else "analytic GPT layer"
                          + (" (the host profile was fitted on it)"
                             if graph == "auto" and spec.zoo is not None and profile_kernels else "")
-                         + (" (sequence and expert parallelism are costed on it alone; the same "
-                            "layout without them costs this zoo model's captured graph, other "
+                         + (" (sequence and expert parallelism and a MoE capacity factor are "
+                            "costed on it alone; the same layout without them costs this zoo model's captured graph, other "
                             "kernels: compare runs with the same source, graph=False / --kernels "
                             "analytic)" if switched else "")),
         "kernels_switched": switched,
