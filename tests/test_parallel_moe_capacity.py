@@ -81,3 +81,19 @@ def test_bad_capacity_factors_are_one_error(text, word):
 def test_a_dense_spec_with_a_capacity_factor_is_refused():
     with pytest.raises(KitError, match="applies to experts"):
         GPTSpec(layers=2, hidden=512, heads=8, capacity_factor=1.25)
+
+
+def test_the_captured_graph_is_not_given_a_capacity_it_cannot_cost():
+    import dataclasses
+
+    zoo = next(m for m in ("mixtral-8x7b", "mixtral") if _resolves(m))
+    spec = dataclasses.replace(parse_model(zoo), capacity_factor=1.25)
+    with pytest.raises(KitError, match="capacity_factor 1.25 is costed on the analytic layer"):
+        predict_parallel(spec, "dgx-h100", Layout(dp=8), graph=True)
+
+
+def _resolves(name):
+    try:
+        return parse_model(name).experts > 0
+    except KitError:
+        return False
