@@ -141,13 +141,16 @@ Megatron TP splits every GEMM $t$ ways and adds two all-reduces of the activatio
 pass. Memory per rank (ZeRO, Korthikanti et al. 2022): $2+4+12$ bytes of weights, gradients and
 Adam state per parameter in bf16, whose gradients Megatron keeps in fp32 ($2+2+12$ in fp16;
 ZeRO-1/2/3 shard the last, then the gradients, then the weights over DP), and per layer $sbh(10 + 24/t + 5as/(ht))$ bytes of activations, $34\,sbh/t$ with sequence
-parallelism and selective recompute.
+parallelism and selective recompute. ZeRO-2 and -3 are refused with pipeline parallelism
+(DeepSpeed's pipeline engine asserts against them; Megatron's distributed optimizer is ZeRO-1),
+so the ZeRO table spreads the same 1,024 GPUs as dp 128 x tp 8 in one stage.
 """),
     code("""
 gpt3 = parse_model("gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200")
 lay = Layout(dp=8, tp=8, pp=16, micro_batch=1, global_batch=1536, dtype="bf16",
              sequence_parallel=True, recompute="selective")
-mem = pd.DataFrame([{"zero": z, **memory_per_rank(gpt3, lay.with_(zero=z))[1]} for z in (0, 1, 2, 3)])
+flat = lay.with_(dp=128, pp=1)  # ZeRO-2/3 need pp 1
+mem = pd.DataFrame([{"zero": z, **memory_per_rank(gpt3, flat.with_(zero=z))[0]} for z in (0, 1, 2, 3)])
 mem[["zero", "weights_gib", "grads_gib", "optimizer_gib", "activations_gib", "total_gib"]].round(2)
 """),
     code("""
