@@ -3,6 +3,7 @@ expert's buffer holds ceil(capacity_factor x tokens x topk / experts) rows, padd
 that, and the dispatch/combine all-to-alls and the expert GEMMs move those rows. Without one the
 routing stays dropless and balanced (tokens x topk rows), as before."""
 import math
+import re
 import warnings
 
 import pytest
@@ -97,3 +98,13 @@ def _resolves(name):
         return parse_model(name).experts > 0
     except KitError:
         return False
+
+
+@pytest.mark.parametrize("cf", ["1e306", "1e300"])
+def test_a_capacity_too_large_for_any_tensor_is_one_error(cf):
+    # 1e306 x 256 tokens x top-2 overflowed to float inf and math.ceil raised OverflowError
+    spec = parse_model(MOE + f",capacity_factor={cf}")
+    with pytest.raises(KitError, match=re.escape(f"capacity_factor {float(cf)} gives each expert")):
+        spec.routed_rows(256)
+    with pytest.raises(KitError, match="capacity_factor"):
+        _ms(MOE + f",capacity_factor={cf}")

@@ -100,7 +100,12 @@ class GPTSpec:
         rows = tokens * self.topk
         if self.capacity_factor is None:
             return rows
-        return self.experts * math.ceil(self.capacity_factor * rows / self.experts)
+        per_expert = self.capacity_factor * rows / self.experts
+        if not per_expert < 2**63:  # 1e306 x 512 rows is float inf: math.ceil had raised OverflowError
+            raise KitError(f"model {self.name}: capacity_factor {self.capacity_factor} gives each expert "
+                           f"{per_expert:.3g} rows ({tokens} tokens x top-{self.topk} / {self.experts} "
+                           "experts x the factor), more than any tensor holds (2**63 - 1)")
+        return self.experts * math.ceil(per_expert)
 
     def is_moe(self, layer: int) -> bool:
         return self.experts > 0 and (layer % self.moe_every) == self.moe_every - 1
