@@ -89,9 +89,11 @@ def text(r):
     elif r["tiles"]:
         split = (f" split-k {r['split_k']} (the reduction split {r['split_k']} ways, then a kernel"
                  " sums the partial outputs)," if r.get("split_k", 1) > 1 else ",")
-        lines.append(f"  tiling    tile {r['tile']}{split} {r['tiles']} tiles, {r['blocks_per_sm']} blocks/SM"
-                     f" (limited by {r['occupancy_limiter']}), {r['waves']} waves,"
-                     f" last wave {100 * r['last_wave_fill']:.0f}% full")
+        fill = 100 * r["last_wave_fill"]
+        fill = "<1%" if fill < 0.5 else f"{fill:.0f}%"  # one tile of 264 slots is 0.4%, not "0% full"
+        lines.append(f"  tiling    tile {r['tile']}{split} {r['tiles']} tile{'s' * (r['tiles'] != 1)},"
+                     f" {r['blocks_per_sm']} blocks/SM (limited by {r['occupancy_limiter']}),"
+                     f" {r['waves']} wave{'s' * (r['waves'] != 1)}, last wave {fill} full")
         if r.get("tile_choice"):
             lines.append("  " + tile_choice_text(r["tile_choice"], r.get("split_k", 1), bool(r.get("source"))))
         # utilisation is bound / latency; the tile predictor's bound is the larger of the roofline
