@@ -1,7 +1,8 @@
 """A parquet cache for tables read from slow text files, in $KIT_CACHE (or ~/.cache/gpu-perf-kit).
 
-The key is a hash of the table's name, the schema, and each input file's path, size and mtime, so
-editing or replacing any input rereads it. Writes are atomic (temp file, then rename); a cache that
+The key is a hash of the table's name, the schema, the code that builds the table (LOADER_FILES)
+and each input file's path, size, mtime, ctime and inode, so editing or replacing any input, or
+changing the loader, rereads it. Writes are atomic (temp file, then rename); a cache that
 cannot be written or read is skipped, never an error.
 """
 from __future__ import annotations
@@ -23,14 +24,36 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "gpu-perf-kit"
 
 
+# What the cached tables are built by (kit/...): the NeuSight mapping, the schema, the CSV reader
+# and the GPU catalog (Device -> gpu key). CACHE_VERSION alone relied on a bump by hand, and
+# a37459d (a Latency of True refused, where it had loaded as 1 ms) changed the output without one:
+# a table cached before it kept serving the 1 ms row.
+LOADER_FILES = ("data/neusight.py", "data/schema.py", "data/csv_read.py", "data/cache.py",
+                "hardware/catalog.py", "hardware/gpus.json")
+
+
+def _loader_stamp() -> bytes:
+    kit_dir = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in LOADER_FILES:
+        try:
+            h.update(rel.encode() + b"\0" + (kit_dir / rel).read_bytes() + b"\0")
+        except OSError:
+            h.update(rel.encode() + b"\0missing\0")
+    return h.digest()
+
+
 def cache_key(name: str, files: Sequence[Path]) -> str:
     from kit.data.schema import COLUMNS
 
     h = hashlib.sha256()
     h.update(f"{CACHE_VERSION}|{name}|{sorted(COLUMNS.items())}".encode())
+    h.update(_loader_stamp())
     for f in sorted(Path(p).resolve() for p in files):
         st = f.stat()
-        h.update(f"|{f}|{st.st_size}|{st.st_mtime_ns}".encode())
+        # ctime and inode too: a file replaced by one of the same size with its mtime kept (cp -p,
+        # rsync -t, tar, os.utime) had the same size and mtime, and its stale table was served
+        h.update(f"|{f}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}".encode())
     return h.hexdigest()[:20]
 
 
