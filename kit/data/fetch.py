@@ -10,6 +10,7 @@ Rebuild the manifest from a verified copy with:  python -m kit.data.fetch manife
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import sys
@@ -86,11 +87,16 @@ def _download(url: str, target: Path, expected: str, opener) -> None:
             for block in iter(lambda: response.read(1 << 20), b""):
                 h.update(block)
                 out.write(block)
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+        # HTTPException: a connection cut mid-body (IncompleteRead) is no OSError, and had
+        # ended the fetch with a traceback, its FILE.part left behind
         tmp.unlink(missing_ok=True)
-        reason = getattr(e, "reason", e)
-        raise KitError(f"could not download {url}: {reason}. Check the network, or point KIT_DATA "
+        reason = getattr(e, "reason", None) or e
+        raise KitError(f"could not download {url}: {reason!s}. Check the network, or point KIT_DATA "
                        "at a copy you already have") from None
+    except BaseException:  # Ctrl-C, SIGTERM: no half-written FILE.part stays either
+        tmp.unlink(missing_ok=True)
+        raise
     if h.hexdigest() != expected:
         tmp.unlink(missing_ok=True)
         raise KitError(f"{url}: sha256 {h.hexdigest()[:16]}... does not match the manifest's "
