@@ -137,25 +137,27 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
     return checked_table(raw, str(path))
 
 
-TIMES = ("latency_ms", "kernel_ms")  # kernel_ms may be missing (the kit collector's rows only)
+# kernel_ms and latency_median_ms may be missing (the kit collector's rows only); a given one is
+# checked like latency_ms (a latency_median_ms of -1 had been read without a word)
+TIMES = ("latency_ms", "kernel_ms", "latency_median_ms")
 MIN_TIME_MS = schema.MIN_TIME_MS
 
 
 def bad_times(frame: pd.DataFrame, column: str) -> pd.Series:
     """True where a row's time (ms) in column is not a finite number of at least MIN_TIME_MS:
-    NaN, zero, negative, infinite or subnormal. A missing kernel_ms is no bad one (only
-    the kit's collector has it)."""
+    NaN, zero, negative, infinite or subnormal. A missing kernel_ms or latency_median_ms is no
+    bad one (only the kit's collector has them)."""
     values = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     bad = ~(np.isfinite(values) & (values >= MIN_TIME_MS))
-    return bad & values.notna() if column == "kernel_ms" else bad
+    return bad if column == "latency_ms" else bad & values.notna()
 
 
 def check_times(frame: pd.DataFrame, where: str, lines: bool = True,
                 raw: pd.DataFrame | None = None) -> None:
-    """KitError naming the first row whose latency_ms (or kernel_ms, where it has one) is not a
-    positive, finite number of ms. lines: the frame was read from the CSV `where` names (header
-    on line 1); else rows are named by their index label. raw: the values as the file has them,
-    for the message."""
+    """KitError naming the first row whose latency_ms (or kernel_ms or latency_median_ms, where it
+    has one) is not a positive, finite number of ms. lines: the frame was read from the CSV
+    `where` names (header on line 1); else rows are named by their index label. raw: the values
+    as the file has them, for the message."""
     for col in TIMES:
         if col not in frame:
             continue
