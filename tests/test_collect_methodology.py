@@ -403,3 +403,20 @@ def test_device_session_refuses_an_unknown_plan(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "benchmarks/device_session.sh"), str(tmp_path / "out")], env=env,
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "PLAN must be decode, aligned or rows, not everything" in r.stdout + r.stderr
+
+
+def test_a_conv_group_is_warmed_on_its_largest_shape_padding_0_included(tmp_path, monkeypatch):
+    built, warmed = {}, []
+
+    def fake_build(op, shape, dtype, device, bias=True):
+        call = lambda: None  # noqa: E731
+        built[id(call)] = shape
+        return call
+
+    monkeypatch.setattr(C, "build_call", fake_build)
+    monkeypatch.setattr(C, "warm_for", lambda call, seconds, sync=None: warmed.append(built[id(call)]) or 1)
+    big = (64, 256, 256, 1, 56, 1, 0)  # a 1x1 conv: padding 0, 4.9e10 multiply-adds
+    small = (1, 3, 8, 3, 8, 1, 1)  # 1.4e4 multiply-adds
+    C.collect("conv", [small, big], tmp_path / "c.csv", device="cpu", warmup=0, repeats=1,
+              warmup_ms=1, progress=False)
+    assert warmed == [big]

@@ -95,6 +95,18 @@ def _groups(todo: list) -> list[list]:
     return out
 
 
+def _work(shape: tuple) -> int:
+    """How much one call of a shape computes, to pick a group's largest for the clock warm-up: the
+    product of a GEMM's or vector op's dims; for a conv, B*Cin*Cout*ks^2 by its output side. The
+    product of a conv's 7 dims had counted stride and padding: every padding-0 shape came to 0
+    (a 1x1 conv of 64x256x256 at 56x56 was ranked below a 3x3 one of 1x3x8 at 8x8)."""
+    if len(shape) == 7:
+        b, cin, cout, ks, size, stride, pad = shape
+        side = max(1, (size + 2 * pad - ks) // max(1, stride) + 1)
+        return b * cin * cout * ks * ks * side * side
+    return math.prod(shape)
+
+
 def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: bool = False,
             warmup: int = 5, repeats: int = 25, profile: bool = True, cooldown_ms: float = 0.0,
             progress: bool | None = None, threads: int | None = None, l2_flush: bool = True,
@@ -210,7 +222,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                     if stopped:
                         break
                     if warmup_ms and not out_of_time():
-                        op, shape, _ = max(group, key=lambda t: math.prod(t[1]))
+                        op, shape, _ = max(group, key=lambda t: _work(t[1]))
                         try:
                             warm_for(build_call(op, shape, dtype, device, bias), warmup_ms / 1000, sync)
                         except Exception as e:  # noqa: BLE001 - its measurement will say
