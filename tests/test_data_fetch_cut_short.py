@@ -48,3 +48,38 @@ def test_an_interrupted_download_leaves_no_part_file(tmp_path):
         fetch.fetch_neusight(dest=dest, manifest=MANIFEST, progress=False,
                              opener=lambda url: CutResponse(KeyboardInterrupt()))
     assert list(dest.iterdir()) == []
+
+
+def _two_file_mirror(tmp_path):
+    """A mirror that serves the first of two manifest files and lacks the second."""
+    bodies = {"data/dataset/train/collect/bmm/p2.1.0/Tesla P4.csv":
+              b"OPName,Latency,Device,B,M,N,K\nbmm,0.05,Tesla P4,6,27,21,390\n",
+              "data/dataset/train/collect/bmm/p2.1.0/Tesla T4.csv":
+              b"OPName,Latency,Device,B,M,N,K\nbmm,0.03,Tesla T4,6,27,21,390\n"}
+    manifest = {"commit": fetch.NEUSIGHT_COMMIT, "folder": "scripts/asplos",
+                "files": {rel: {"sha256": hashlib.sha256(b).hexdigest(), "bytes": len(b)}
+                          for rel, b in bodies.items()}}
+    mirror = tmp_path / "mirror"
+    first = mirror / "scripts/asplos" / next(iter(bodies))
+    first.parent.mkdir(parents=True)
+    first.write_bytes(next(iter(bodies.values())))
+    return mirror, manifest, bodies
+
+
+def test_a_folder_a_fetch_did_not_finish_is_refused_until_it_does(tmp_path, monkeypatch):
+    from kit.data import load_neusight
+
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "cache"))
+    mirror, manifest, bodies = _two_file_mirror(tmp_path)
+    dest = tmp_path / "dest"
+    with pytest.raises(KitError, match="could not download"):
+        fetch.fetch_neusight(dest=dest, base_url=mirror.as_uri(), manifest=manifest, progress=False)
+    # the P4's file came, the T4's did not: the folder is not the data set, and says so
+    with pytest.raises(KitError, match="did not finish .*kit data fetch neusight --dest"):
+        load_neusight("train-collect", data_dir=dest)
+    last = mirror / "scripts/asplos" / list(bodies)[1]
+    last.write_bytes(bodies[list(bodies)[1]])
+    r = fetch.fetch_neusight(dest=dest, base_url=mirror.as_uri(), manifest=manifest, progress=False)
+    assert (r["downloaded"], r["verified"]) == (1, 1)
+    assert sorted(load_neusight("train-collect", data_dir=dest).gpu) == ["p4", "t4"]
+    assert not (dest / fetch.INCOMPLETE_MARK).exists()

@@ -27,6 +27,11 @@ NEUSIGHT_FOLDER = "scripts/asplos"
 BASE_URL = f"https://raw.githubusercontent.com/{NEUSIGHT_REPO}/{NEUSIGHT_COMMIT}"
 MANIFEST_PATH = Path(__file__).with_name("neusight_manifest.json")
 ROOT_FILES = {"LICENSE"}  # these live at the repository root, not in scripts/asplos/
+# In a folder while a fetch into it runs, removed when every file is there and verified: a fetch
+# cut short (Ctrl-C, the network) had left a folder of some files that loaded as the whole data
+# (train-collect of the P4's bmm file alone: 17,779 rows, the T4's missing without a word), and
+# kit.data.neusight.resolve_data_dir refuses a folder that holds it.
+INCOMPLETE_MARK = ".kit-fetch-incomplete"
 
 
 def fetched_dir() -> Path:
@@ -128,11 +133,13 @@ def fetch_neusight(dest: str | Path | None = None, force: bool = False, base_url
     try:
         return _fetch_into(dest, force, base_url, manifest, opener or _urlopen, progress, own_cache)
     except BaseException:
-        if created is not None:  # a failed first download leaves no empty folders behind
-            try:
+        try:
+            if not any((dest / rel).is_file() for rel in manifest["files"]):
+                (dest / INCOMPLETE_MARK).unlink(missing_ok=True)  # none of the data set is there
+            if created is not None:  # a failed first download leaves no empty folders behind
                 _remove_empty_dirs(created)
-            except OSError:
-                pass
+        except OSError:
+            pass
         raise
 
 
@@ -170,6 +177,13 @@ def _fetch_into(dest: Path, force: bool, base_url: str, manifest: dict, opener,
                        f"({', '.join(other[:3])}{' ...' if len(other) > 3 else ''}); pass --force "
                        "(force=True) to replace them, or fetch into another --dest")
     downloaded = verified = 0
+    marker = dest / INCOMPLETE_MARK
+    if not all(same.values()):  # files to download: the folder is incomplete until they are all in
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+            marker.write_text("a `kit data fetch` into this folder has not finished; run it again\n")
+        except OSError as e:
+            raise KitError(f"cannot write into {dest}: {e.strerror or e}") from None
     for rel, entry in sorted(files.items()):
         target = dest / rel
         if not force and same[rel]:
@@ -181,6 +195,7 @@ def _fetch_into(dest: Path, force: bool, base_url: str, manifest: dict, opener,
             bar.update(int(entry.get("bytes", 0)))
     if bar is not None:
         bar.close()
+    marker.unlink(missing_ok=True)
     # absolute: `export KIT_DATA=ds` printed for --dest ds worked only from the folder it ran in
     return {"dest": os.path.abspath(dest), "commit": manifest.get("commit", NEUSIGHT_COMMIT),
             "files": len(files), "downloaded": downloaded, "verified": verified}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import zlib
 from pathlib import Path
 
@@ -73,6 +74,12 @@ def resolve_data_dir(path: str | Path | None = None) -> Path:
     if not (root / "data").is_dir() and not (root / "label").is_dir():
         raise KitError(f"NeuSight data not found at {root} (no data/ or label/ folder inside); pass "
                        "--data DIR, set KIT_DATA, or run `kit data fetch neusight`")
+    from kit.data.fetch import INCOMPLETE_MARK, fetched_dir
+
+    if (root / INCOMPLETE_MARK).exists():  # some files of the data set only: read as the whole
+        again = "" if root.resolve() == fetched_dir().resolve() else f" --dest {shlex.quote(str(root))}"
+        raise KitError(f"the download of NeuSight's data into {root} did not finish (some files are "
+                       f"missing); run `kit data fetch neusight{again}` again to complete it")
     return root
 
 
