@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kit.cli import main
+from kit.errors import KitError
 from kit.data import collect as C
 from kit.data import op_calls
 from kit.data import timing as T
@@ -420,3 +421,18 @@ def test_a_conv_group_is_warmed_on_its_largest_shape_padding_0_included(tmp_path
     C.collect("conv", [small, big], tmp_path / "c.csv", device="cpu", warmup=0, repeats=1,
               warmup_ms=1, progress=False)
     assert warmed == [big]
+
+
+def test_a_mixing_refusal_suggests_no_flag_that_does_not_lift_it(tmp_path):
+    out = tmp_path / "m.csv"
+    C.collect("bmm", [(1, 2, 3, 4)], out, device="cpu", warmup=0, repeats=3, progress=False)
+    with pytest.raises(KitError, match="--repeats"):  # --force (with --resume) does not mix methods
+        C.collect("bmm", [(1, 3, 3, 4)], out, device="cpu", warmup=0, repeats=5, resume=True,
+                  force=True, progress=False)
+    from kit.data.provenance import mixed_settings
+
+    then = {"settings": {"device": "cuda", "profile": True, "profiled_calls": 1, "ops": ["bmm"]}}
+    now = {"settings": {"device": "cuda", "profile": True, "profiled_calls": 5, "ops": ["bmm"]},
+           "torch": {"num_threads": 1}}
+    said = "; ".join(mixed_settings([then], now))
+    assert "kernel_ms" in said and "--force" not in said

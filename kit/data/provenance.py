@@ -225,7 +225,7 @@ def mixed_settings(earlier: list[dict], run: dict) -> list[str]:
             then = s.get("profiled_calls", 1)        # took the median of several
             if then != now.get("profiled_calls", 1):
                 out.add(f"the kit's kernel_ms (the median of {now.get('profiled_calls', 1)} profiled "
-                        f"calls now, {then} then: resume with the kit that measured them, or --force)")
+                        f"calls now, {then} then: resume with the kit that measured them)")
         threads = (r.get("torch") or {}).get("num_threads"), run["torch"]["num_threads"]
         if now["device"] == "cpu" and threads[0] not in (None, threads[1]):
             out.add(f"--threads ({threads[0]} then, {threads[1]} now)")
