@@ -255,3 +255,11 @@ def test_a_dims_file_shape_past_any_gpus_memory_is_refused_before_timing(tmp_pat
     f.write_text("2000000;600000\n")
     with pytest.raises(KitError, match=r"dims\.txt:1: .*past the 2\^40"):
         read_dims_file(f)
+
+
+def test_a_grid_asked_for_more_shapes_than_it_holds_says_so():
+    from kit.data.shapes import resolve_shapes
+
+    assert len(resolve_shapes("tiny-vec:1024")) == 1024  # every (B, H) in [1, 32]^2
+    with pytest.raises(KitError, match="tiny-vec gave 1024 distinct shapes, fewer than the 2000 asked"):
+        resolve_shapes("tiny-vec:2000")

@@ -209,7 +209,11 @@ def resolve_shapes(spec: str) -> list[tuple[int, ...]]:
             raise KitError(f"grid {spec!r}: write {name}[:COUNT[:SEED]] with whole numbers") from None
         if count < 1 or seed < 0 or len(rest) > 2:
             raise KitError(f"grid {spec!r}: write {name}[:COUNT[:SEED]] with COUNT >= 1 and SEED >= 0")
-        return random_grid(name, count, seed)
+        shapes = random_grid(name, count, seed)
+        if len(shapes) < count:  # tiny-vec has 32 x 32 = 1,024 shapes: tiny-vec:2000 gave 1,024 unsaid
+            raise KitError(f"grid {spec!r}: {name} gave {len(shapes)} distinct shapes, fewer than the "
+                           f"{count} asked; ask for at most {len(shapes)}")
+        return shapes
     if name in DECODE_GRIDS and not rest:
         return decode_shapes(name)
     if name.endswith("-layers") and name[:-len("-layers")] in MODELS and not rest:
