@@ -275,7 +275,9 @@ def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
     conv = {}
     for src, dst in _CONV_RENAMES.items():
         if src != "B" and src in raw.columns:
-            out[dst] = _int_column(raw, src, is_conv)
+            # positive but the padding, as schema.check_rows has a kit CSV's: a Stride of 0 (or
+            # 0 channels, a kernel or input of side 0) had loaded, where the kit format refused it
+            out[dst] = _int_column(raw, src, is_conv, positive=dst != "padding")
             conv[dst] = out[dst].astype("float64").fillna(0.0)
     if is_conv.any():  # (read_neusight_csv made sure conv rows have every column)
         k_col = "Kernel_Size" if "Kernel_Size" in raw.columns else "Kernel_Szie"  # as out reads it
