@@ -20,7 +20,9 @@ def test_dims_file(tmp_path):
 
 @pytest.mark.parametrize("text,message", [("1;2;3\n", r":1: '1;2;3' has 3 dims"),
                                           ("4;x\n", r":1: '4;x' is not whole numbers"),
-                                          ("4;0\n", "must be positive"), ("\n# none\n", "has no shapes")])
+                                          ("4;0\n", "must be positive"), ("\n# none\n", "has no shapes"),
+                                          ("1;3;8;3;8;0;1\n", r":1: '1;3;8;3;8;0;1': dims must be positive"),
+                                          ("1;3;8;3;8;1;-1\n", "must be positive")])
 def test_bad_dims_files(tmp_path, text, message):
     f = tmp_path / "dims.csv"
     f.write_text(text)

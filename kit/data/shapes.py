@@ -124,9 +124,10 @@ def read_dims_file(path: str | Path) -> list[tuple[int, ...]]:
         if len(dims) not in KIND_OF_LENGTH:
             raise KitError(f"{path}:{number}: {line!r} has {len(dims)} dims; expected B;M;N;K, B;H "
                            "or B;Cin;Cout;ks;S;stride;pad")
-        low = 0 if len(dims) == 7 else 1
-        if any(d < 1 for d in dims[:5]) or any(d < low for d in dims):
-            raise KitError(f"{path}:{number}: {line!r}: dims must be positive")
+        # all positive but a conv's padding (its last), as the readers have them: a stride of 0
+        # had been planned, and every measurement of it failed in torch
+        if any(d < 1 for d in (dims[:6] if len(dims) == 7 else dims)) or dims[-1] < 0:
+            raise KitError(f"{path}:{number}: {line!r}: dims must be positive (a conv's padding may be 0)")
         most = _most_elements(dims)
         if most > MAX_ELEMENTS:
             # the readers refuse such a row (kit.data.schema, kit.data.neusight): timed, it had
