@@ -83,3 +83,29 @@ def test_a_folder_a_fetch_did_not_finish_is_refused_until_it_does(tmp_path, monk
     assert (r["downloaded"], r["verified"]) == (1, 1)
     assert sorted(load_neusight("train-collect", data_dir=dest).gpu) == ["p4", "t4"]
     assert not (dest / fetch.INCOMPLETE_MARK).exists()
+
+
+def test_a_fetch_that_changed_nothing_leaves_the_folder_as_loadable_as_it_was(tmp_path, monkeypatch):
+    """A copy of NeuSight's scripts/asplos holds all the data but not LICENSE (it is at the
+    repository root). Fetched into offline, its first download (LICENSE) fails before any file
+    changes: the folder must load as before, not be refused as a fetch left unfinished."""
+    from kit.data import load_neusight
+
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "cache"))
+    mirror, manifest, bodies = _two_file_mirror(tmp_path)
+    manifest["files"].update(MANIFEST["files"])  # LICENSE, which sorts first, is not on the mirror
+    dest = tmp_path / "asplos"
+    for rel, body in bodies.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(body)
+    before = load_neusight("train-collect", data_dir=dest, cache=False)
+    with pytest.raises(KitError, match="could not download .*LICENSE"):
+        fetch.fetch_neusight(dest=dest, base_url=mirror.as_uri(), manifest=manifest, progress=False)
+    after = load_neusight("train-collect", data_dir=dest, cache=False)
+    assert sorted(after.gpu) == sorted(before.gpu) == ["p4", "t4"]
+    # a folder an earlier fetch left unfinished stays refused when a rerun fails before any file
+    (dest / fetch.INCOMPLETE_MARK).write_text("unfinished\n")
+    with pytest.raises(KitError, match="could not download .*LICENSE"):
+        fetch.fetch_neusight(dest=dest, base_url=mirror.as_uri(), manifest=manifest, progress=False)
+    with pytest.raises(KitError, match="did not finish"):
+        load_neusight("train-collect", data_dir=dest, cache=False)

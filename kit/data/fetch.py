@@ -178,21 +178,30 @@ def _fetch_into(dest: Path, force: bool, base_url: str, manifest: dict, opener,
                        "(force=True) to replace them, or fetch into another --dest")
     downloaded = verified = 0
     marker = dest / INCOMPLETE_MARK
+    marked_before = marker.exists()
     if not all(same.values()):  # files to download: the folder is incomplete until they are all in
         try:
             dest.mkdir(parents=True, exist_ok=True)
             marker.write_text("a `kit data fetch` into this folder has not finished; run it again\n")
         except OSError as e:
             raise KitError(f"cannot write into {dest}: {e.strerror or e}") from None
-    for rel, entry in sorted(files.items()):
-        target = dest / rel
-        if not force and same[rel]:
-            verified += 1
-        else:
-            _download(file_url(base_url, manifest, rel), target, entry["sha256"], opener)
-            downloaded += 1
-        if bar is not None:
-            bar.update(int(entry.get("bytes", 0)))
+    try:
+        for rel, entry in sorted(files.items()):
+            target = dest / rel
+            if not force and same[rel]:
+                verified += 1
+            else:
+                _download(file_url(base_url, manifest, rel), target, entry["sha256"], opener)
+                downloaded += 1
+            if bar is not None:
+                bar.update(int(entry.get("bytes", 0)))
+    except BaseException:
+        # nothing came, so the folder is as it was: unmarked if it was. A copy of scripts/asplos
+        # (all the data, no LICENSE: that is at NeuSight's root) fetched into offline had been
+        # refused from then on, its first download (LICENSE) failing before any file changed
+        if not downloaded and not marked_before:
+            marker.unlink(missing_ok=True)
+        raise
     if bar is not None:
         bar.close()
     marker.unlink(missing_ok=True)
