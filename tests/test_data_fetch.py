@@ -101,3 +101,11 @@ def test_shipped_manifest_matches_the_reference_copy():
     assert set(manifest["files"]) == on_disk
     for rel in sorted(on_disk)[::40]:  # hash a sample (the whole copy is 142 MB)
         assert fetch.sha256_of(NEUSIGHT / rel) == manifest["files"][rel]["sha256"], rel
+
+
+def test_a_manifest_is_not_built_from_a_folder_a_fetch_left_unfinished(tmp_path):
+    (tmp_path / "LICENSE").write_text("MIT\n")
+    assert list(fetch.build_manifest(tmp_path)["files"]) == ["LICENSE"]
+    (tmp_path / fetch.INCOMPLETE_MARK).write_text("unfinished\n")
+    with pytest.raises(KitError, match="kit-fetch-incomplete: a `kit data fetch` into it did not finish"):
+        fetch.build_manifest(tmp_path)

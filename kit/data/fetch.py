@@ -52,6 +52,10 @@ def sha256_of(path: Path) -> str:
 def build_manifest(root: str | Path) -> dict:
     """{"repo", "commit", "folder", "files": {relative path: {"sha256", "bytes"}}} of a local copy."""
     root = Path(root)
+    if (root / INCOMPLETE_MARK).exists():  # a fetch left it unfinished: not a verified copy, and the
+        # manifest would list the mark itself, which no fetch could then download
+        raise KitError(f"{root} holds {INCOMPLETE_MARK}: a `kit data fetch` into it did not finish; "
+                       "build the manifest from a complete copy")
     files = {p.relative_to(root).as_posix(): {"sha256": sha256_of(p), "bytes": p.stat().st_size}
              for p in sorted(root.rglob("*")) if p.is_file()}
     if not files:
