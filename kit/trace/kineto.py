@@ -120,6 +120,8 @@ class RankTrace:
 # 2024): a ts or dur beyond it is malformed, and at that size a float has no µs left (a kernel at
 # ts 1e300 lasting 5 µs ends at 1e300), so it is skipped as a NaN one is
 MAX_TIME_US = 1e17
+# the largest training jobs run ~100k GPUs; a world_size past 2**20 is no job's
+MAX_WORLD_SIZE = 1 << 20
 
 
 def _num(v):
@@ -183,14 +185,22 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
         m = _RANK_IN_NAME.search(Path(source).name)
         rank = int(m.group(1)) if m else fallback_rank
         how = "its file name" if m else "its position among the files"
+    if rank >= MAX_WORLD_SIZE:  # rank 2**64 (from distributedInfo or a file name) had replayed, then
+        # raised numpy's OverflowError ("Python int too large") writing the timeline (--trace)
+        raise KitError(f"{source}: rank {rank:,} (from {how or 'distributedInfo'}) is past any job "
+                       f"({MAX_WORLD_SIZE:,} ranks at most); the trace is malformed")
     props = doc.get("deviceProperties")
     props = props if isinstance(props, list) else []  # a malformed one names no GPU
     gpu_name = props[0].get("name") if props and isinstance(props[0], dict) else None
     bad_name = None
     if gpu_name is not None and not isinstance(gpu_name, str):  # a name of 5 had been shown as
         bad_name, gpu_name = repr(gpu_name), None  # the GPU "5" and looked up as one
-    t = RankTrace(rank=rank, source=source, gpu_name=gpu_name,
-                  world_size=_whole(dist.get("world_size")) if isinstance(dist, dict) else None)
+    world = _whole(dist.get("world_size")) if isinstance(dist, dict) else None
+    if world is not None and world > MAX_WORLD_SIZE:  # a world_size of 1e9 had listed its
+        # 999,999,998 missing ranks one by one (minutes, then out of memory), 2**70 at once
+        raise KitError(f"{source}: distributedInfo world_size {world:,} is past any job "
+                       f"({MAX_WORLD_SIZE:,} ranks at most); the trace is malformed")
+    t = RankTrace(rank=rank, source=source, gpu_name=gpu_name, world_size=world)
     skipped = 0
     unreplayed: dict = {}  # complete events of a category the replay has no place for
     pids: dict = {}

@@ -1,0 +1,79 @@
+"""kit replay: a GPU op whose launch the profiler missed keeps its place on its stream, and rank
+ids or world sizes past any job are one KitError (not an OverflowError, nor minutes of listing
+missing ranks)."""
+import json
+
+import pytest
+
+from kit.errors import KitError
+from kit.trace import replay
+
+
+def ev(name, ts, dur, cat, tid=1, **a):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "pid": 1, "tid": tid, "args": a}
+
+
+def write(tmp_path, docs):
+    d = tmp_path / "job"
+    d.mkdir()
+    for k, doc in enumerate(docs):
+        (d / f"rank{k}.json").write_text(json.dumps(doc))
+    return d
+
+
+def tail_of_last_step():
+    """The step starts at 0; the previous step's kernel (its launch before the capture) runs
+    20-120 on stream 7; the step's first kernel, launched 10-15 on that stream, waits for it and
+    runs 120-150; the host syncs 200-260 and the step ends at 300."""
+    return {"deviceProperties": [{"name": "NVIDIA A100-SXM4-40GB"}], "traceEvents": [
+        ev("ProfilerStep#1", 0, 300, "cpu_op"),
+        ev("cudaLaunchKernel", 10, 5, "cuda_runtime", correlation=1),
+        ev("previous_step_kernel", 20, 100, "kernel", tid=7, correlation=99, stream=7),
+        ev("sgemm", 120, 30, "kernel", tid=7, correlation=1, stream=7),
+        ev("cudaStreamSynchronize", 200, 60, "cuda_runtime", correlation=3)]}
+
+
+def test_an_unlaunched_kernel_runs_before_the_kernels_queued_behind_it(tmp_path):
+    r = replay(write(tmp_path, [tail_of_last_step()]))
+    tl = r.timeline().set_index("name")
+    # it had been queued after sgemm (launched before it started): 150-250, sgemm 120-150, the
+    # step 0.350 ms against 0.300 measured
+    assert tl.loc["previous_step_kernel", "start_ms"] == pytest.approx(0.020)
+    assert tl.loc["sgemm", "start_ms"] == pytest.approx(0.120)
+    assert r.ranks[0]["predicted_ms"] == pytest.approx(r.ranks[0]["measured_ms"])
+    g = r.tg.graph
+    stream = [i for i in range(len(g)) if g.resource[i] == "stream 7"]
+    assert [g.label[i] for i in stream] == ["previous_step_kernel", "sgemm"]
+
+
+def test_a_faster_gpu_still_runs_the_stream_in_launch_order(tmp_path):
+    # under --on the kernels shorten; the one queued first must still end before the other starts
+    r = replay(write(tmp_path, [tail_of_last_step()]), on="h100-sxm")
+    tl = r.timeline().set_index("name")
+    assert tl.loc["previous_step_kernel", "end_ms"] <= tl.loc["sgemm", "start_ms"] + 1e-12
+
+
+def with_rank(rank=None, world=None):
+    doc = tail_of_last_step()
+    doc["distributedInfo"] = {k: v for k, v in (("rank", rank), ("world_size", world)) if v is not None}
+    return doc
+
+
+def test_a_world_size_past_any_job_is_an_error(tmp_path):
+    # 2**21 ranks: two files had listed 2,097,150 missing ranks (a world_size of 1e9 ran out of memory)
+    docs = [with_rank(0, 1 << 21), with_rank(1, 1 << 21)]
+    with pytest.raises(KitError, match="world_size 2,097,152 is past any job"):
+        replay(write(tmp_path, docs))
+
+
+def test_a_world_size_of_a_large_job_is_read(tmp_path):
+    d = replay(write(tmp_path, [with_rank(0, 65536), with_rank(1, 65536)])).to_dict()
+    assert d["missing_ranks"][:2] == [2, 3] and len(d["missing_ranks"]) == 65534
+
+
+@pytest.mark.parametrize("rank", [2 ** 64, 2 ** 21])
+def test_a_rank_past_any_job_is_an_error_not_an_overflow(tmp_path, rank):
+    # 2**64 had replayed, then raised "OverflowError: Python int too large to convert to C long"
+    # building the timeline (kit replay --trace)
+    with pytest.raises(KitError, match=f"rank {rank:,} .*is past any job"):
+        replay(write(tmp_path, [with_rank(rank)])).timeline()
