@@ -77,3 +77,21 @@ def test_a_rank_past_any_job_is_an_error_not_an_overflow(tmp_path, rank):
     # building the timeline (kit replay --trace)
     with pytest.raises(KitError, match=f"rank {rank:,} .*is past any job"):
         replay(write(tmp_path, [with_rank(rank)])).timeline()
+
+
+def test_ranks_of_one_pid_each_take_the_execution_trace_their_file_names_say(tmp_path):
+    # each rank in its own container runs as pid 42: rank 1 had taken rank 0's ET, and rank 1's
+    # own was "not used: no Kineto rank with its pid 42"
+    from tests.test_trace_et import et_doc, kineto_doc
+
+    d = tmp_path / "job"
+    d.mkdir()
+    for r in (0, 1):
+        k = kineto_doc()
+        k["distributedInfo"] = {"rank": r, "world_size": 2}
+        (d / f"rank{r}_kineto.json").write_text(json.dumps(k))
+        (d / f"rank{r}_et.json").write_text(json.dumps(et_doc(pid=42)))
+    out = replay(d).to_dict()
+    assert sorted((x["rank"], x["et"].rsplit("/", 1)[-1]) for x in out["execution_traces"]) == [
+        (0, "rank0_et.json"), (1, "rank1_et.json")]
+    assert not any("not used" in n for n in out["notes"])

@@ -239,25 +239,35 @@ def pair(ets: list[ExecTrace], traces: list[RankTrace]) -> tuple[dict, list[str]
     """rank -> ExecTrace: by process id, else the number in the ET's file name, else one to one."""
     notes: list[str] = []
     out: dict = {}
-    by_pid = {str(t.pid): t.rank for t in traces if t.pid is not None}
+    # ranks by process id: a pid names a rank only where one rank has it (each rank in its own
+    # container, or on its own node, may run as the same pid: the first of two ranks of pid 42 had
+    # taken the other's ET, and that rank's own was left "with no Kineto rank of its pid")
+    pid_ranks: dict = {}
+    for t in traces:
+        if t.pid is not None:
+            pid_ranks.setdefault(str(t.pid), []).append(t.rank)
     left = []
     for et in ets:
-        r = by_pid.get(str(et.pid)) if et.pid is not None else None
-        if r is not None and r not in out:
-            out[r] = et
+        rs = pid_ranks.get(str(et.pid), []) if et.pid is not None else []
+        if len(rs) == 1 and rs[0] not in out:
+            out[rs[0]] = et
         else:
             left.append(et)
     ranks = {t.rank for t in traces}
     for et in list(left):
         h = et.rank_hint
-        if h in ranks and h not in out and not any(str(t.pid) == str(et.pid) for t in traces):
-            if et.pid is None or all(t.pid is None for t in traces if t.rank == h):
+        rs = pid_ranks.get(str(et.pid), []) if et.pid is not None else []
+        if h in ranks and h not in out and (h in rs if len(rs) > 1 else not rs):
+            if et.pid is None or len(rs) > 1 or all(t.pid is None for t in traces if t.rank == h):
                 out[h] = et
                 left.remove(et)
     if left and len(ets) == 1 and len(traces) == 1:
         out[traces[0].rank] = left.pop()  # one and one: link() checks they are the same run
     for et in left:
-        notes.append(f"{et.source}: no Kineto rank with its pid {et.pid}; not used")
+        rs = pid_ranks.get(str(et.pid), []) if et.pid is not None else []
+        notes.append(f"{et.source}: " + (f"ranks {', '.join(map(str, rs))} share its pid {et.pid} "
+                                         "and its file name names none of them" if len(rs) > 1
+                                         else f"no Kineto rank with its pid {et.pid}") + "; not used")
     return out, notes
 
 
