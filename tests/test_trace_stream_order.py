@@ -95,3 +95,25 @@ def test_ranks_of_one_pid_each_take_the_execution_trace_their_file_names_say(tmp
     assert sorted((x["rank"], x["et"].rsplit("/", 1)[-1]) for x in out["execution_traces"]) == [
         (0, "rank0_et.json"), (1, "rank1_et.json")]
     assert not any("not used" in n for n in out["notes"])
+
+
+def test_an_async_memset_does_not_hold_the_host_for_the_gpu(tmp_path):
+    # kernel A runs 20-120; a cudaMemsetAsync at 150 with no GPU event of its own (a 0-byte
+    # memset) had been a host sync on A; the host's stream sync at 350 is the step's only wait
+    from kit.sim import simulate
+    from kit.trace.build import build_graph
+    from kit.trace.kineto import load_kineto
+    from kit.trace.replay import step_times_ms
+
+    doc = {"traceEvents": [
+        ev("ProfilerStep#1", 0, 400, "cpu_op"),
+        ev("cudaLaunchKernel", 10, 5, "cuda_runtime", correlation=1),
+        ev("sgemm", 20, 100, "kernel", tid=7, correlation=1, stream=7),
+        ev("cudaMemsetAsync", 150, 1, "cuda_runtime", correlation=2),
+        ev("cudaStreamSynchronize", 350, 5, "cuda_runtime", correlation=3)]}
+    tg = build_graph(load_kineto(write(tmp_path, [doc])))
+    g = tg.graph
+    (a,) = [i for i in range(len(g)) if g.label[i] == "sgemm"]
+    g.dur_ms[a] = 0.300  # a GPU 3x slower: A ends at 0.320, before the host syncs at 0.350
+    assert step_times_ms(tg, simulate(g), 0) == [pytest.approx(0.400)]  # had been 0.570
+    assert tg.syncs == {"timing": 1}  # the stream sync alone

@@ -42,7 +42,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from kit.sim import ExecGraph
-from kit.trace.kineto import SYNC_CALLS, RankTrace, RuntimeCall, int_or_none
+from kit.trace.kineto import RankTrace, RuntimeCall, int_or_none, is_sync_call
 
 UNRECORDED = "(launch not recorded)"
 
@@ -361,7 +361,7 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
                 g.sync(r, [op], max(e - max(gend, s + first), 0.0) / 1e3, c.name + " (blocking)")
             elif rest > 0:
                 g.cpu(r, rest / 1e3, c.name, kind="launch")
-        elif c.name.startswith(SYNC_CALLS):
+        elif is_sync_call(c.name):
             on, why = awaited(c, e)
             on = [o for o in on if o >= 0]
             count(tg.syncs, why)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from kit.errors import KitError
 from kit.trace.et import ExecTrace, data_edges
-from kit.trace.kineto import SYNC_CALLS, RankTrace
+from kit.trace.kineto import RankTrace, is_sync_call
 
 
 @dataclass
@@ -206,7 +206,7 @@ def link(et: ExecTrace, trace: RankTrace) -> EtLink:
             continue
         if c.correlation in gpu:
             own.setdefault(n, []).append(c.correlation)
-        elif c.name.startswith(SYNC_CALLS):
+        elif is_sync_call(c.name):
             syncs.setdefault(n, []).append(c.correlation)
     parent = {n.id: n.parent for n in et.nodes}
     has_gpu = set()
