@@ -53,6 +53,23 @@ def test_a_faster_gpu_still_runs_the_stream_in_launch_order(tmp_path):
     assert tl.loc["previous_step_kernel", "end_ms"] <= tl.loc["sgemm", "start_ms"] + 1e-12
 
 
+def test_an_unlaunched_kernel_does_not_wait_on_another_streams_kernel(tmp_path):
+    # a kernel of stream 8 ran 5-18, between the unlaunched kernel's anchor (sgemm's launch at
+    # 10) and its start (20): it had become that kernel's event dependency, so on a T4 (stream
+    # 8's kernel 4 times as long) the previous step's kernel started at 0.061 ms, not 0.020
+    doc = tail_of_last_step()
+    doc["traceEvents"][1:1] = [ev("cudaLaunchKernel", 2, 2, "cuda_runtime", correlation=5),
+                               ev("other_stream_kernel", 5, 13, "kernel", tid=8, correlation=5, stream=8)]
+    r = replay(write(tmp_path, [doc]), on="t4")
+    tl = r.timeline().set_index("name")
+    assert tl.loc["other_stream_kernel", "end_ms"] > 0.020  # slower, past the kernel's start
+    assert tl.loc["previous_step_kernel", "start_ms"] == pytest.approx(0.020)
+    g = r.tg.graph
+    (k,) = [i for i in range(len(g)) if g.label[i] == "previous_step_kernel"]
+    (o,) = [i for i in range(len(g)) if g.label[i] == "other_stream_kernel"]
+    assert o not in g.deps[k] and "timing" not in r.tg.gpu_waits
+
+
 def with_rank(rank=None, world=None):
     doc = tail_of_last_step()
     doc["distributedInfo"] = {k: v for k, v in (("rank", rank), ("world_size", world)) if v is not None}
