@@ -96,6 +96,17 @@ def test_a_rank_past_any_job_is_an_error_not_an_overflow(tmp_path, rank):
         replay(write(tmp_path, [with_rank(rank)])).timeline()
 
 
+def test_a_number_past_any_job_in_a_file_name_is_no_rank(tmp_path):
+    # PyTorch's default name {host}_{pid}.{ms}.pt.trace.json on host "gpu-worker", pid 3,000,000:
+    # it had been refused as "rank 3,000,000 (from its file name) ... the trace is malformed"
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "gpu-worker_3000000.1694128201554.pt.trace.json").write_text(json.dumps(tail_of_last_step()))
+    r = replay(d)
+    assert [x["rank"] for x in r.ranks] == [0]  # its position among the files
+    assert r.ranks[0]["predicted_ms"] == pytest.approx(r.ranks[0]["measured_ms"])
+
+
 def test_ranks_of_one_pid_each_take_the_execution_trace_their_file_names_say(tmp_path):
     # each rank in its own container runs as pid 42: rank 1 had taken rank 0's ET, and rank 1's
     # own was "not used: no Kineto rank with its pid 42"

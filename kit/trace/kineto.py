@@ -195,9 +195,14 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     how = None
     if rank is None or rank < 0:
         m = _RANK_IN_NAME.search(Path(source).name)
+        # a number past any job is no rank: PyTorch's tensorboard_trace_handler names a file
+        # {host}_{pid}.{ms}.pt.trace.json, and a host "gpu-worker" with pid 3,000,000 (pid_max is
+        # 4,194,304 under systemd) had been refused as a malformed trace of rank 3,000,000
+        if m and int(m.group(1)) >= MAX_WORLD_SIZE:
+            m = None
         rank = int(m.group(1)) if m else fallback_rank
         how = "its file name" if m else "its position among the files"
-    if rank >= MAX_WORLD_SIZE:  # rank 2**64 (from distributedInfo or a file name) had replayed, then
+    if rank >= MAX_WORLD_SIZE:  # rank 2**64 (from distributedInfo) had replayed, then
         # raised numpy's OverflowError ("Python int too large") writing the timeline (--trace)
         raise KitError(f"{source}: rank {rank:,} (from {how or 'distributedInfo'}) is past any job "
                        f"({MAX_WORLD_SIZE:,} ranks at most); the trace is malformed")
