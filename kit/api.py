@@ -82,14 +82,14 @@ def memory_problem(op, gpu) -> str | None:
     _need_op(op, "memory_problem")
     gpu = get_gpu(gpu)
     table = getattr(op, "table_bytes", 0.0)  # an embedding table is resident, not only what is read
-    if table > gpu.memory_bytes:
+    if table > gpu.usable_memory_bytes:  # a T4 holds 15 of its 16 GiB with ECC on
         return (f"{op.op_class} table of {table / 2**30:.4g} GiB is larger than {gpu.key}'s "
-                f"{gpu.memory_gib:g} GiB of memory: shard it (`kit shard`) or give fewer rows")
+                f"{gpu.memory_text()} of memory: shard it (`kit shard`) or give fewer rows")
     moved = op.bytes * _fill_share(op)  # a fill writes its output alone
-    if moved <= gpu.memory_bytes:
+    if moved <= gpu.usable_memory_bytes:
         return None
     return (f"{op.op_class} moves {moved / 2**30:.4g} GiB of operands, more than "
-            f"{gpu.key}'s {gpu.memory_gib:g} GiB of memory: no such kernel can run on it")
+            f"{gpu.key}'s {gpu.memory_text()} of memory: no such kernel can run on it")
 
 
 def _fill_share(op) -> float:

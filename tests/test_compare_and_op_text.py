@@ -24,7 +24,7 @@ def test_a_generation_comparison_states_no_one_gpus_fit_at_the_top():
     step = compare(TINY_GPT, ["t4", "h100-sxm"], mode="decode", batch=1, seq=16)
     assert set(gen["memory"]) == set(step["memory"])
     for row in gen["rows"]:
-        assert row["fits"] == (gen["memory"]["total_bytes"] <= get_gpu(row["gpu"]).memory_bytes)
+        assert row["fits"] == (gen["memory"]["total_bytes"] <= get_gpu(row["gpu"]).usable_memory_bytes)
 
 
 def _op_text(capsys, *argv):

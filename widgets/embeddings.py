@@ -109,8 +109,8 @@ class EmbeddingPanel(Panel):
                  if self.backward.value else f"L2 hit rate {100 * p['hit_rate']:.1f}%")
         held = self.table(self.alpha.value).bytes * self.tables.value
         gpu = get_gpu(self.gpu.value)
-        fit = ("" if held <= gpu.memory_bytes else
-               f" · the tables hold {held / 2**30:,.0f} GiB, more than {gpu.key}'s {gpu.memory_gib:g} GiB: "
+        fit = ("" if held <= gpu.usable_memory_bytes else
+               f" · the tables hold {held / 2**30:,.0f} GiB, more than {gpu.key}'s {gpu.memory_text()}: "
                "shard them over GPUs (notebook 07)")
         return (f"{p['lookups']:,.0f} lookups touch {p['unique_rows']:,.0f} unique rows; {reuse} · "
                 f"DRAM {p['dram_bytes'] / 1e6:.1f} MB in {p['dram_ms']:.4f} ms, "

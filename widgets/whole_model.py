@@ -248,7 +248,7 @@ class WholeModelPanel(Panel):
         need = r["memory"]["total_bytes"]
         fit = ("" if r["memory"]["fits"] else
                f"; <b>does not fit</b>: needs about {need / 2**30:,.1f} GiB (weights, activations, "
-               f"KV cache), {gpu.key} has {gpu.memory_gib:g} GiB")
+               f"KV cache), {gpu.key} has {gpu.memory_text()}")
         tpot = (f", then <b>{r['tpot_ms']:.2f} ms</b> a token (TPOT) for {r['new_tokens'] - 1} more"
                 if r["tpot_ms"] is not None else "")
         return (f"first token after <b>{r['ttft_ms']:.2f} ms</b> (TTFT){tpot}; "
@@ -265,11 +265,11 @@ class WholeModelPanel(Panel):
         bound = "CPU-bound (GPU idles waiting for launches)" if idle > 0.1 * it.total_ms else "GPU-bound"
         need = memory_bytes(SimpleNamespace(meta=it.meta))["total_bytes"]  # reads graph.meta only
         gpu = get_gpu(it.gpu)
-        fit = ("" if need <= gpu.memory_bytes else
+        fit = ("" if need <= gpu.usable_memory_bytes else  # a T4 with ECC on: 15 of 16 GiB
                f"; <b>does not fit</b>: needs about {need / 2**30:,.1f} GiB (weights"
                f"{', gradients, AdamW state' if it.mode == 'train' else ''}, activations"
                f"{', KV cache' if it.mode == 'decode' else ''}), "
-               f"{gpu.key} has {gpu.memory_gib:g} GiB")
+               f"{gpu.key} has {gpu.memory_text()}")
         per = {"train": "step", "inference": "pass"}.get(it.mode, "token step")
         tokens = (f"; {it.tokens_per_s:,.0f} tokens/s over the batch, "
                   f"{it.meta.get('kv_cache', 'static')} KV cache" if it.mode == "decode" else "")

@@ -105,7 +105,7 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
                       prices, it.predictor)
         row["carried_share"] = it.carried_share  # on curves carried to it (kit.workload.carried)
         if decode:  # sequences that fit beside the weights at this context
-            row["max_batch"] = max_batch(mem, batch, gpu.memory_bytes)
+            row["max_batch"] = max_batch(mem, batch, gpu.usable_memory_bytes)
         rows.append(row)
     unknown = sorted(set(prices) - {r["gpu"] for r in rows})
     if unknown:
@@ -145,7 +145,7 @@ def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, pr
     # the need alone: a generation's memory also holds its own GPU's size and fit, which at the
     # top of a comparison read as the whole table's (t4 first: "gpu_memory_bytes" 16 GiB and
     # "fits" beside an h100-sxm row); each row says its own, as in the other modes
-    mem = {k: v for k, v in first["memory"].items() if k not in ("gpu_memory_bytes", "fits")}
+    mem = {k: v for k, v in first["memory"].items() if k not in ("gpu_memory_bytes", "gpu_usable_memory_bytes", "fits")}
     items = batch * new_tokens
     rows = []
     for gpu in chosen:
@@ -156,7 +156,7 @@ def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, pr
         band = [r["ttft_band_ms"][i] + r["decode_band_ms"][i] for i in (0, 1)]
         rows.append({**gpu_row(gpu, r["total_ms"], band, items, "tokens", mem, prices, r["predictor"]),
                      "ttft_ms": r["ttft_ms"], "tpot_ms": r["tpot_ms"],
-                     "max_batch": max_batch(mem, batch, gpu.memory_bytes)})
+                     "max_batch": max_batch(mem, batch, gpu.usable_memory_bytes)})
     return {"model": first["model"], "mode": "generate", "batch": batch, "seq": prompt,
             "dtype": first["dtype"],
             **({"model_dtypes": first["model_dtypes"]} if "model_dtypes" in first else {}),
@@ -169,12 +169,13 @@ def gpu_row(gpu, step_ms: float, band_ms, items: float, unit: str, mem: dict, pr
     """One GPU's row: a step of `items` tokens or samples in step_ms, its memory need against the
     GPU's, energy at TDP and, where a price is given, the cost per million items."""
     step_s = step_ms / 1e3
-    fits = mem["total_bytes"] <= gpu.memory_bytes
+    fits = mem["total_bytes"] <= gpu.usable_memory_bytes  # a T4 with its ECC on: 15 of 16 GiB
     # a step that does not fit has a time (what it would take) but no price: it cannot be bought
     cost = prices[gpu.key] / 3600 * step_s / items * 1e6 if gpu.key in prices and fits else None
     return {"gpu": gpu.key, "step_ms": step_ms, "band_ms": list(band_ms),
             f"{unit}_per_s": items / step_s, "memory_need_gib": mem["total_bytes"] / 2**30,
-            "memory_gib": gpu.memory_gib, "fits": fits,
+            "memory_gib": gpu.memory_gib,
+            "usable_memory_gib": gpu.usable_memory_gib, "fits": fits,
             "energy_j_per_step": gpu.tdp_w * step_s, "tdp_w": gpu.tdp_w,
             f"energy_j_per_m_{unit}": gpu.tdp_w * step_s / items * 1e6,
             "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": cost,
@@ -197,7 +198,7 @@ def unsupported_row(gpu, dtype: str, unit: str, mem: dict, prices: dict) -> dict
     cannot run at all, so "fits: true" beside "unsupported" read as if it could."""
     return {"gpu": gpu.key, "step_ms": None, "band_ms": None, f"{unit}_per_s": None,
             "memory_need_gib": mem["total_bytes"] / 2**30, "memory_gib": gpu.memory_gib,
-            "fits": None, "energy_j_per_step": None,
+            "usable_memory_gib": gpu.usable_memory_gib, "fits": None, "energy_j_per_step": None,
             "tdp_w": gpu.tdp_w, f"energy_j_per_m_{unit}": None,
             "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": None, "predictor": None,
             "carried_share": None, "unsupported": no_dtype(gpu, dtype)}
@@ -254,6 +255,12 @@ def text(r) -> str:
             "a smaller batch or more GPUs"
         lines.append("fits NO: the step needs more memory than the GPU has; its time is what it "
                      f"would take, and it gets no cost ({fixes})")
+        ecc = [f"{row['gpu']} {row['usable_memory_gib']:g} of {row['memory_gib']:g} GiB"
+               for row in r["rows"] if not row["unsupported"] and not row["fits"]
+               and row.get("usable_memory_gib", row["memory_gib"]) < row["memory_gib"]]
+        if ecc:  # a 15.5 GiB step on a T4 is NO beside its 16 GiB
+            lines.append("  (what a GPU has is less its in-band ECC, on by default on GDDR cards: "
+                         + ", ".join(ecc) + ")")
     if carried:
         lines.append("carried: the share of a row's kernel time that takes a kernel-time curve measured on "
                      "another GPU or dtype (kit.workload.carried): none of those kernels was timed on that "

@@ -194,6 +194,14 @@ def check_decode_args(args) -> None:
                            "Megatron's vocab-parallel cross entropy")
 
 
+def gpu_memory_text(m: dict) -> str:
+    """The GPU's memory a step's need is held against: "80 GiB", or on a GDDR card with ECC
+    "15 GiB usable (16 GiB less in-band ECC)"."""
+    total = m["gpu_memory_bytes"] / 2**30
+    usable = m.get("gpu_usable_memory_bytes", m["gpu_memory_bytes"]) / 2**30
+    return f"{total:g} GiB" if usable == total else f"{usable:g} GiB usable ({total:g} GiB less in-band ECC)"
+
+
 def generation_text(r) -> str:
     pre, steps = r["prefill"], r["decode_steps"]
     lines = [f"{r['model']} generate on {r['gpu']}: batch {r['batch']}, prompt {r['prompt']}, "
@@ -209,7 +217,7 @@ def generation_text(r) -> str:
     m = r["memory"]
     lines.append(f"  memory    {m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, "
                  f"KV cache {m.get('kv_cache_bytes', 0) / 2**30:.2f}, activations "
-                 f"{m['activations_bytes'] / 2**30:.2f}{buffers_text(m, '.2f')}) of {m['gpu_memory_bytes'] / 2**30:g} GiB"
+                 f"{m['activations_bytes'] / 2**30:.2f}{buffers_text(m, '.2f')}) of {gpu_memory_text(m)}"
                  + ("" if m["fits"] else ": it would not fit on one GPU"))
     return "\n".join(lines)
 
@@ -324,7 +332,7 @@ def text(r) -> str:
                      f"grads {m['grads_bytes'] / 2**30:.1f}, {optimizer_text(m, '.1f')}, "
                      f"activations {m['activations_bytes'] / 2**30:.1f}, KV cache "
                      f"{m.get('kv_cache_bytes', 0) / 2**30:.1f}{buffers_text(m, '.1f')}), more than {r['gpu']}'s "
-                     f"{m['gpu_memory_bytes'] / 2**30:g} GiB: it would not fit on one GPU")
+                     f"{gpu_memory_text(m)}: it would not fit on one GPU")
     for t, why in r.get("fallbacks", {}).items():
         lines.append(f"  note: {t}: {why}")
     gather = r.get("expert_gather_ms", 0.0)  # kit.workload.iteration.Iteration.expert_gather_ms

@@ -59,8 +59,9 @@ OPTIONAL_PEAK_FIELDS = ("fp32_matrix_tflops",)
 # AMD's wavefronts key on them); a GPU of a newer one takes the nearest of these.
 KNOWN_ARCHS = {"nvidia": ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell"),
                "amd": ("cdna", "cdna2", "cdna3")}
-# Other optional numbers: null (or absent, for a user's GPU) where they do not apply.
-OPTIONAL_FIELDS = ("host_link_gbs", "l1_cache_kib_per_sm")
+# Other optional numbers: null (or absent, for a user's GPU) where they do not apply;
+# ecc_reserved_fraction absent is 0 (the built-in catalog states it for every GPU).
+OPTIONAL_FIELDS = ("host_link_gbs", "l1_cache_kib_per_sm", "ecc_reserved_fraction")
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,13 @@ class GPU:
     # 7.0, 96 on 7.5, 192 on 8.0, 128 on 8.6 and 8.9, 256 on 9.0 and 10.0; AMD CDNA, CDNA 2 and
     # CDNA 3 whitepapers: 16 KB, 16 KB, 32 KB). None (a user's GPU without it): see l1_cache_bytes
     l1_cache_kib_per_sm: float | None = None
+    # the share of memory_gib that ECC, on by default, keeps for itself: GDDR cards store the
+    # check bits in-band, in the DRAM itself, 1/16 of it (nvidia-smi: T4 15,360 MiB of 16,384; L4
+    # 23,034 and A10 23,028 of 24,576; A40, L40, L40S 46,068 of 49,152; P4 7,611 of 8,192: each
+    # 15/16 of the chip, less a few MiB the driver keeps). HBM cards (P100 to B200, every MI*)
+    # keep ECC in sideband bits and lose nothing; GeForce cards have no ECC, and the RTX A6000
+    # ships with it off (49,140 MiB shown). 0: nothing reserved (a user's GPU without the field)
+    ecc_reserved_fraction: float = 0.0
     aliases: tuple[str, ...] = field(default=())
     notes: str = ""
 
@@ -162,6 +170,27 @@ class GPU:
     @property
     def memory_bytes(self) -> float:
         return self.memory_gib * 2**30
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """What a program can allocate at most: memory_bytes less the in-band ECC share (a T4's
+        16 GiB is 15 GiB with its ECC on). The CUDA context and the allocator take more still
+        (a few hundred MiB), which the kit does not model."""
+        return self.memory_bytes * (1 - self.ecc_reserved_fraction)
+
+    @property
+    def usable_memory_gib(self) -> float:
+        return self.memory_gib * (1 - self.ecc_reserved_fraction)
+
+    def memory_text(self) -> str:
+        """The memory a step can use, in words: "80 GiB", or "15 GiB usable (16 GiB less the
+        1/16 its ECC keeps in-band)"."""
+        if not self.ecc_reserved_fraction:
+            return f"{self.memory_gib:g} GiB"
+        f = self.ecc_reserved_fraction
+        share = f"1/{round(1 / f)}" if abs(1 / f - round(1 / f)) < 1e-9 else f"{100 * f:.3g}%"
+        return (f"{self.usable_memory_gib:g} GiB usable ({self.memory_gib:g} GiB less the "
+                f"{share} its ECC keeps in-band)")
 
     @property
     def smem_per_sm_bytes(self) -> float:
@@ -258,6 +287,16 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
             raise KitError(f"{label}: field {name} must be a number of {unit} ({lo:g} to "
                            f"{hi:g}) or null, got {value!r}")
         clean[name] = float(value)
+    ecc = entry.get("ecc_reserved_fraction")
+    if ecc is not None:
+        # in-band ECC keeps 1/16 (0.0625) on every GDDR card; half or more is a unit slip (a %)
+        if (isinstance(ecc, bool) or not isinstance(ecc, (int, float)) or not math.isfinite(ecc)
+                or not 0 <= ecc < 0.5):
+            raise KitError(f"{label}: field ecc_reserved_fraction must be the share of memory_gib "
+                           f"ECC keeps, 0 to 0.5 (in-band ECC on GDDR: 0.0625), got {ecc!r}")
+        clean["ecc_reserved_fraction"] = float(ecc)
+    else:
+        clean.pop("ecc_reserved_fraction", None)
     clean["vendor"] = clean["vendor"].strip().lower()  # amd: 64-lane wavefronts; any other as CUDA
     clean["arch"] = clean["arch"].strip().lower()  # "Hopper" is hopper (the rules key on it)
     if clean["vendor"] not in KNOWN_ARCHS:  # another vendor's GPU, or a typo: say so

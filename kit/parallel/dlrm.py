@@ -133,9 +133,9 @@ def sharding_model(tables, system, batch: int, optimizer: str = "rowwise_adagrad
                   for t in tables]
     if memory_cap_gib is not None:
         memory_cap_gib = real_number(memory_cap_gib, "memory_cap_gib (GiB per GPU)", strict=True)
-        if memory_cap_gib * 2**30 > system.gpu.memory_bytes:  # as kit.sharding.plan_sharding
+        if memory_cap_gib * 2**30 > system.gpu.usable_memory_bytes:  # as kit.sharding.plan_sharding
             raise KitError(f"memory_cap_gib {memory_cap_gib:g} GiB per GPU is more than "
-                           f"{system.gpu.key}'s {system.gpu.memory_gib:g} GiB; give at most that")
+                           f"{system.gpu.key}'s {system.gpu.memory_text()}; give at most that")
     return ShardingModel(list(tables), system, batch=int(batch), optimizer=optimizer, kinds=("tw",),
                          memory_cap_bytes=memory_cap_gib * 2**30 if memory_cap_gib else None)
 

@@ -166,6 +166,7 @@ def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
                "in_flight_microbatches": live}
         if gpu is not None:
             row["gpu_memory_gib"] = gpu.memory_gib
-            row["fits"] = total / GIB <= gpu.memory_gib
+            row["gpu_usable_memory_gib"] = gpu.usable_memory_gib  # less in-band ECC (GDDR cards)
+            row["fits"] = total / GIB <= gpu.usable_memory_gib
         rows.append(row)
     return rows

@@ -73,7 +73,7 @@ class ShardingModel:
         self.world = W = system.world_size
         self.g = system.gpus_per_node
         self.gpu = system.gpu
-        self.cap = float(memory_cap_bytes) if memory_cap_bytes else memory_fraction * self.gpu.memory_bytes
+        self.cap = float(memory_cap_bytes) if memory_cap_bytes else memory_fraction * self.gpu.usable_memory_bytes
         T, O = len(self.tables), max(count_options(t, W, self.g, kinds) for t in self.tables)
         F = 14 * W + 1  # at least: the per-rank features and two all-to-all blocks (kit.sharding.a2a)
         need = T * O * F * MODEL_BYTES_PER_FEATURE

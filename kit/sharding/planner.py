@@ -134,9 +134,9 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
         raise KitError(f"unknown sharding kind(s) {', '.join(bad) or '(none)'}; choose from {', '.join(KINDS)}")
     cap = memory_cap_gib * 2**30 if memory_cap_gib else None
     gpu = system.gpu
-    if cap is not None and cap > gpu.memory_bytes:  # plans (and baselines) no GPU of the system holds
+    if cap is not None and cap > gpu.usable_memory_bytes:  # plans (and baselines) no GPU of the system holds
         raise KitError(f"memory cap {memory_cap_gib:g} GiB per GPU is more than {gpu.key}'s "
-                       f"{gpu.memory_gib:g} GiB; give at most that (--memory-gib)")
+                       f"{gpu.memory_text()}; give at most that (--memory-gib)")
     model = ShardingModel(as_tables(tables), system, batch=batch, optimizer=optimizer, memory_cap_bytes=cap,
                           kinds=tuple(kinds), comm=comm)
     base = baselines(model)

@@ -84,7 +84,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     from kit.workload import zoo
     from kit.workload.fusion import check_fusion
     from kit.workload.iteration import iteration
-    from kit.workload.models import graph_of, memory_bytes, read_config
+    from kit.workload.models import gpu_memory, graph_of, memory_bytes, read_config
 
     batch, prompt, new_tokens = (whole_number(v, f"generation: {name}") for name, v in (
         ("batch", batch), ("prompt", prompt), ("new_tokens", new_tokens)))  # numpy integers too
@@ -158,5 +158,4 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
             "prefill": {"ms": prefill.total_ms, "kernel_ms": prefill.kernel_ms,
                         "gpu_idle_ms": max(prefill.gpu_idle_ms, 0.0),
                         "by_class": prefill.by_class().to_dict("records")},
-            "memory": {**mem, "gpu_memory_bytes": g.memory_bytes,
-                       "fits": mem["total_bytes"] <= g.memory_bytes}}
+            "memory": {**mem, **gpu_memory(g, mem)}}

@@ -323,7 +323,14 @@ def memory_fit(graph, gpu) -> dict:
 
     mem = memory_bytes(graph)
     gpu = get_gpu(gpu)
-    return {**mem, "gpu_memory_bytes": gpu.memory_bytes, "fits": mem["total_bytes"] <= gpu.memory_bytes}
+    return {**mem, **gpu_memory(gpu, mem)}
+
+
+def gpu_memory(gpu, mem: dict) -> dict:
+    """The GPU's memory beside a need: its advertised size, what a step can use of it (less
+    in-band ECC: a T4's 15 of 16 GiB) and whether the need fits in that."""
+    return {"gpu_memory_bytes": gpu.memory_bytes, "gpu_usable_memory_bytes": gpu.usable_memory_bytes,
+            "fits": mem["total_bytes"] <= gpu.usable_memory_bytes}
 
 
 def max_batch(mem: dict, batch: int, memory_bytes: int) -> int:
