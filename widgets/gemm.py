@@ -8,11 +8,16 @@ from kit import viz
 from kit.api import memory_problem, op_tiling, predict_op
 from kit.hardware import DTYPES, get_gpu, gpu_keys
 from kit.ops import Gemm
+from kit.predict.gemv import blas_library
 from widgets.base import Panel, check_init, message_chart
 
 MAX_DIM = 1 << 20  # the largest m, n or k the panel's boxes take
-GEMV_NOTE = ("a matrix-vector product (m or n of 1): cuBLAS's gemv kernel streams the matrix "
-             "once, no GEMM tiles or waves (kit.predict.gemv)")
+
+
+def gemv_note(gpu) -> str:
+    """What runs a GEMV on gpu: the vendor's library (cuBLAS, or rocBLAS on AMD) streams it."""
+    return (f"a matrix-vector product (m or n of 1): {blas_library(gpu)}'s gemv kernel streams "
+            "the matrix once, no GEMM tiles or waves (kit.predict.gemv)")
 
 
 class GemmPanel(Panel):
@@ -60,7 +65,7 @@ class GemmPanel(Panel):
             return message_chart(msg)
         op = self.op()
         t = op_tiling(op, self.gpu.value)  # the tile the predictor chose
-        left = viz.waves_chart(t) if t is not None else message_chart(GEMV_NOTE)
+        left = viz.waves_chart(t) if t is not None else message_chart(gemv_note(get_gpu(self.gpu.value)))
         roof = viz.roofline_chart(self._gpus(), self.dtype.value, ops=[(op, "this GEMM")])
         left_out = self._left_out()
         if left_out:
@@ -101,7 +106,7 @@ class GemmPanel(Panel):
         if left_out:
             tail += f" · {left_out}"
         if r["tile"] == "gemv":  # no tiles: the summary says so, as kit op does
-            return f"{GEMV_NOTE} · {tail}"
+            return f"{gemv_note(get_gpu(self.gpu.value))} · {tail}"
         split = (f", reduction split {r['split_k']} ways (split-K: then a kernel sums the partial "
                  "outputs)" if r.get("split_k", 1) > 1 else "")
         tile = "x".join(map(str, r["tile_dims"][:2]))  # m x n of C, as the chart shows it

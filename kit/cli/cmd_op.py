@@ -82,7 +82,7 @@ def text(r):
     if r.get("tile") == "gemv":
         lines.append(f"  source    {source}" if source.startswith(
                      ("its two-row twin", "the time of a twin with more rows", "its time on the "))
-                     else "  source    cuBLAS's gemv kernels (m or n of 1) stream the matrix once: a share"
+                     else f"  source    {_blas(r['gpu'])}'s gemv kernels (m or n of 1) stream the matrix once: a share"
                      " of the DRAM bandwidth measured on an H200 (kit.predict.gemv) plus the dispatch"
                      " floor, not a GEMM tile")
         lines.append(f"  utilisation {100 * r['utilisation']:.1f}% of the roofline")
@@ -151,6 +151,14 @@ def register(sub):
     mc.add_argument("--bytes", type=positive_int, required=True)
     mc.add_argument("--direction", default="d2d", choices=["d2d", "h2d", "d2h"])
     _gpu_args(mc, dtype=False)
+
+
+def _blas(gpu_key: str) -> str:
+    """The vendor's BLAS library for the GPU a result names (rocBLAS on an MI300X, not cuBLAS)."""
+    from kit.hardware import get_gpu
+    from kit.predict.gemv import blas_library
+
+    return blas_library(get_gpu(gpu_key))
 
 
 def tile_choice_text(choice: list, split: int, bound: bool) -> str:

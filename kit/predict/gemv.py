@@ -33,6 +33,16 @@ import numpy as np
 
 from kit.predict.features import TENSOR_16BIT
 
+# the BLAS library that runs a GPU's GEMVs, by vendor (PyTorch on ROCm calls rocBLAS's gemv)
+BLAS_LIBRARY = {"nvidia": "cuBLAS", "amd": "rocBLAS"}
+
+
+def blas_library(gpu) -> str:
+    """The vendor's BLAS library for gpu, as text names it: "cuBLAS", "rocBLAS", or "the BLAS
+    library" for a user's GPU of another vendor."""
+    return BLAS_LIBRARY.get(gpu.vendor, "the BLAS library")
+
+
 # benchmarks/gemv_fit.py on the H200's FP32 random sweeps (tests/test_gemv.py refits them)
 PARAMS = {"c0_us": 3.0, "eff": 0.51, "band_log": [-0.4728, 0.3862]}
 DTYPES = ("fp32", "tf32", *TENSOR_16BIT, "fp8")
