@@ -33,6 +33,21 @@ def test_the_bound_in_the_api_and_just_under_it():
         api.predict_generation("gpt2", "h100", batch=2**64, prompt=8, new_tokens=2)
 
 
+def test_a_decode_step_names_its_kv_cache_not_its_new_tokens(capsys):
+    # a decode step computes `batch` new tokens; batch x context is its KV cache. At batch 1e12
+    # the error had said "batch x seq 1,023 is 1.02e+15 tokens a step"
+    assert main(["predict", "gpt2", "--gpu", "h100", "--mode", "decode", "--batch", "1e12"]) == 2
+    err = capsys.readouterr().err
+    assert "context 1,023" in err and "KV cache" in err and "tokens a step" not in err
+    with pytest.raises(KitError, match="KV cache") as e:
+        api.predict_model("gpt2", "h100", batch=2**40, seq=2, mode="decode")
+    assert f"adds {2**40:,} new" in str(e.value)
+    # a decode step of a model of one's own (its cache from decode_inputs) says the same
+    with pytest.raises(KitError, match="KV cache"):
+        api.predict_model({"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 2,
+                           "vocab_size": 100}, "h100", batch=2**40, seq=8, mode="decode")
+
+
 def test_a_module_with_a_huge_batch(tmp_path, monkeypatch, capsys):
     (tmp_path / "tiny_mod.py").write_text(
         "import torch\n"

@@ -183,7 +183,7 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     if inputs is None:
         seq = 512 if seq is None else seq  # 0 is refused below, never replaced
         zoo._check_positive(seq=seq)
-        zoo.check_tokens(batch, seq)
+        zoo.check_tokens(batch, seq, decode=decode)
         inputs = _decode_inputs_for(obj, name, batch, seq) if decode else _inputs_for(obj, batch, seq)
         meta = {"batch": batch, "seq": seq}
     else:  # the inputs fix the shape: a batch or seq asked for would be silently ignored

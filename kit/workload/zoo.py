@@ -151,7 +151,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
         if mode == "decode" and limit and seq >= limit:  # the default context leaves the new token a position
             seq = limit - 1
     _check_positive(seq=seq)
-    check_tokens(batch, seq if uses_seq(model) else None)
+    check_tokens(batch, seq if uses_seq(model) else None, decode=mode == "decode")
     check_mode(model, mode, optimizer, kv_cache)
     check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
     captured = f"decode:{kv_cache}" if mode == "decode" else mode

@@ -123,13 +123,19 @@ def _check_positive(**values):
 MAX_TOKENS = 2**40
 
 
-def check_tokens(batch: int, seq: int | None = None) -> None:
-    """A KitError when batch x seq is past MAX_TOKENS."""
+def check_tokens(batch: int, seq: int | None = None, decode: bool = False) -> None:
+    """A KitError when batch x seq is past MAX_TOKENS. A decode step (decode) computes `batch`
+    new tokens; what grows past any GPU is its KV cache, batch x seq (the context) positions."""
     if batch * (seq or 1) > MAX_TOKENS:
-        what = f"batch {batch:,} x seq {seq:,} is {batch * seq:.3g} tokens" if seq else \
-            f"batch {batch:,} is {batch:.3g} samples"
-        raise KitError(f"{what} a step, more than any GPU holds (at most 2^40); give a smaller "
-                       f"--batch{' or --seq' if seq else ''}")
+        if decode and seq:  # batch 1e12 at context 1,023: 1e12 new tokens, 1.02e15 cached
+            what = (f"batch {batch:,} x context {seq:,} is {batch * seq:.3g} tokens in the decode "
+                    f"step's KV cache (the step adds {batch:,} new ones)")
+        elif seq:
+            what = f"batch {batch:,} x seq {seq:,} is {batch * seq:.3g} tokens a step"
+        else:
+            what = f"batch {batch:,} is {batch:.3g} samples a step"
+        flags = (" or --seq (the context)" if decode else " or --seq") if seq else ""
+        raise KitError(f"{what}, more than any GPU holds (at most 2^40); give a smaller --batch{flags}")
 
 
 # families that read no sequence, and what they read instead (a seq would change nothing)
