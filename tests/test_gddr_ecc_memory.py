@@ -89,3 +89,109 @@ def test_kit_gpus_shows_the_advertised_size_and_the_usable_beside_it():
     h100 = next(ln.split() for ln in lines if ln.startswith("h100-sxm "))
     assert t4[head.index("GiB")] == "16" and t4[head.index("usable")] == "15"
     assert h100[head.index("GiB")] == h100[head.index("usable")] == "80"
+
+
+# ---------------------------------------------------------------------------------------------
+# each fit check the commit moved to the usable memory, held to it at its own call site: with
+# any one of them back on the advertised size (memory_bytes), one of these fails
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode, kw", [("decode", {"seq": 1023}), ("generate", {"seq": 512, "new_tokens": 4})])
+def test_compare_max_batch_fills_the_usable_memory_not_the_advertised(mode, kw):
+    """kit compare's max batch on a T4 is the largest whose need fits in 15 GiB (gpt2 fp32
+    decode at context 1,023: 190 sequences; held against 16 GiB it had been 203)."""
+    from kit.cli.cmd_compare import compare
+
+    r = compare("gpt2", ["t4"], mode=mode, batch=1, **kw)
+    m, n = r["memory"], r["rows"][0]["max_batch"]
+    fixed = m["weights_bytes"] + m["buffers_bytes"]
+    per = m["kv_cache_bytes"] + m["activations_bytes"]  # a sequence's, at batch 1
+    t4 = get_gpu("t4")
+    assert n >= 1 and fixed + n * per <= t4.usable_memory_bytes < fixed + (n + 1) * per
+
+
+def test_megatron_memory_rows_fit_against_the_usable_memory():
+    """A stage between 15/16 and the whole of a GDDR card's size does not fit; on an HBM card of
+    that size it does."""
+    import dataclasses
+
+    from kit.parallel import GPTSpec, Layout, memory_per_rank
+
+    spec = GPTSpec(layers=4, hidden=1024, heads=16, seq=512, vocab=32000, name="ecc")
+    lay = Layout(tp=1, micro_batch=2, dtype="fp16")
+    total = max(r["total_gib"] for r in memory_per_rank(spec, lay))
+    size = total / (1 - 0.5 / 16)  # the stage needs 31/32 of it: more than 15/16
+    gddr = dataclasses.replace(get_gpu("l40s"), memory_gib=size)
+    hbm = dataclasses.replace(get_gpu("h100-sxm"), memory_gib=size)
+    rows = memory_per_rank(spec, lay, gddr)
+    assert not any(r["fits"] for r in rows if r["total_gib"] == total)
+    assert all(r["gpu_usable_memory_gib"] == pytest.approx(size * 15 / 16) for r in rows)
+    assert all(r["fits"] for r in memory_per_rank(spec, lay, hbm))
+
+
+class _T4System:
+    """Four T4s on one node, for the sharding caps (the stand-in of tests/sharding_support.py
+    with a GDDR card)."""
+
+    def __init__(self, world=4):
+        self.world_size, self.gpus_per_node, self.key, self.gpu = world, world, "t4x4", get_gpu("t4")
+
+    def node_of(self, r):
+        return r // self.gpus_per_node
+
+
+def test_sharding_caps_are_held_against_the_usable_memory():
+    from kit.embedding import Table
+    from kit.parallel.dlrm import sharding_model
+    from kit.sharding import ShardingModel, plan_sharding
+    from sharding_support import StandInComm
+
+    tabs = [Table(rows=1000, dim=64, pooling=4, name="a")]
+    t4 = get_gpu("t4")
+    # the default cap is 90% of what a T4 can hold (13.5 GiB), not of its 16 (14.4)
+    model = ShardingModel(tabs, _T4System(), comm=StandInComm())
+    assert model.cap <= 0.9 * t4.usable_memory_bytes * (1 + 1e-12) and model.cap > 0.89 * t4.usable_memory_bytes
+    # a cap of 15.5 GiB is more than a T4 holds with its ECC on: refused, naming the usable 15
+    for call in (lambda: plan_sharding(tabs, _T4System(), memory_cap_gib=15.5, comm=StandInComm()),
+                 lambda: sharding_model(tabs, _T4System(), 512, memory_cap_gib=15.5)):
+        with pytest.raises(KitError, match="15 GiB usable"):
+            call()
+    r = plan_sharding(tabs, _T4System(), memory_cap_gib=14.9, comm=StandInComm(), time_budget_s=0.2)
+    assert r["memory_cap_gib"] == pytest.approx(14.9)
+
+
+def test_an_operand_set_between_15_and_16_gib_is_no_kernel_on_a_t4():
+    from kit import ops
+    from kit.api import memory_problem
+
+    n = 37_000  # fp32 A, B and C of 37,000 x 37,000: 15.3 GiB moved
+    op = ops.Gemm(n, n, n, dtype="fp32", kind="mm")
+    t4 = get_gpu("t4")
+    assert t4.usable_memory_bytes < op.bytes <= t4.memory_bytes
+    why = memory_problem(op, "t4")
+    assert why and "no such kernel" in why and "15 GiB usable" in why
+    assert memory_problem(op, "v100-pcie-16gb") is None
+
+
+def test_kit_gpus_json_loads_back_as_a_gpu_file_keeping_the_ecc_share(tmp_path):
+    """`kit gpus --json` writes every field; loaded back under new keys (a --gpu-file) each GPU
+    keeps its usable memory: a T4 copy holds 15 GiB, an H100 copy 80."""
+    from kit.cli.cmd_gpus import run
+    from kit.hardware import load_gpu_file, unregister_gpu
+
+    out = run(SimpleNamespace(add=None))
+    copies = [{**g, "key": f"copy-{g['key']}", "name": f"Copy {g['name']}", "aliases": []} for g in out]
+    f = tmp_path / "gpus.json"
+    f.write_text(json.dumps(copies))
+    try:
+        loaded = {g.key: g for g in load_gpu_file(f)}
+        for g in list_gpus():
+            if g.key.startswith("copy-"):
+                continue
+            c = loaded[f"copy-{g.key}"]
+            assert c.ecc_reserved_fraction == g.ecc_reserved_fraction, g.key
+            assert c.usable_memory_bytes == g.usable_memory_bytes, g.key
+        assert loaded["copy-t4"].usable_memory_gib == 15 and loaded["copy-h100-sxm"].usable_memory_gib == 80
+    finally:
+        for c in copies:
+            unregister_gpu(c["key"])

@@ -89,7 +89,8 @@ def register(sub):
     p.add_argument("--batch", type=positive_int, default=512, help="samples per rank (default 512)")
     p.add_argument("--optimizer", default="rowwise_adagrad", choices=["sgd", "rowwise_adagrad"])
     p.add_argument("--memory-gib", type=positive_float, default=None,
-                   help="memory cap per GPU for tables + optimizer state (default 90%% of the GPU's)")
+                   help="memory cap per GPU for tables + optimizer state (default 90%% of what the GPU can use: "
+                        "its memory less in-band ECC, 15 of a T4's 16 GiB)")
     p.add_argument("--kinds", default=None, help="allowed kinds, comma-separated: tw,cw,rw,twrw,dp")
     p.add_argument("--budget-s", type=positive_float, default=2.0,
                    help="time budget of the plan search (s): it may price a set number of plans "
