@@ -5,9 +5,10 @@ to another by the ratios of their bandwidth, clock and SM count.
 
 D: DRAM bandwidth, C: clock, SM: streaming multiprocessors; o the origin GPU, d the destination.
 γ weighs memory against compute by the kernel's arithmetic intensity I against the origin's
-ridge point R = peak / bandwidth:
+ridge point R = peak / bandwidth, piecewise as the paper defines it:
 
-    γ = R / (R + I)        (I ≪ R: γ → 1, all bandwidth;  I = R: ½;  I ≫ R: γ → 0, all compute)
+    γ = 1 − I / (2R)   for I < R        (I = 0: 1, all bandwidth;  I = R: ½)
+    γ = R / (2I)       for I ≥ R        (I ≫ R: γ → 0, all compute)
 
 The origin is the training GPU closest to the destination (distance between GPU_FEATURES).
 Its time T_o is the measurement of the same shape when the training data has one, else the
@@ -27,10 +28,14 @@ from kit.predict.roofline import roofline
 
 
 def gamma(intensity_flops_per_byte: float, ridge_flops_per_byte: float) -> float:
-    """Memory weight γ in [0, 1]: R / (R + I)."""
-    if not np.isfinite(intensity_flops_per_byte):
+    """Memory weight γ in [0, 1], Habitat's: 1 − I/(2R) below the ridge, R/(2I) above it. The
+    kit had used R / (R + I), which meets it at 0, R and ∞ only: at I = R/2 it gave 0.67, not
+    0.75, at I = 2R 0.33, not 0.25 (up to 0.086 apart, a factor of 1.13 in time where the two
+    GPUs' bandwidth and compute ratios differ by 4x)."""
+    i, r = intensity_flops_per_byte, ridge_flops_per_byte
+    if not np.isfinite(i):
         return 0.0
-    return ridge_flops_per_byte / (ridge_flops_per_byte + intensity_flops_per_byte)
+    return 1.0 - i / (2.0 * r) if i < r else r / (2.0 * i)
 
 
 def scale_ms(t_origin_ms: float, origin: GPU, dest: GPU, g: float) -> float:

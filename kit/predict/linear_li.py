@@ -9,6 +9,9 @@ GPUs' coefficients against memory bandwidth, in log-log space:
 
     log coef(gpu) = α + β · log mem_bw_gbs(gpu)
 
+fitted over the GPUs whose fit kept that term (a coefficient of 0 has no log); 0 where most
+of them dropped it.
+
 This is the classic "learn the latency per GPU" baseline: good on the GPUs it saw, blind to
 everything but bandwidth elsewhere. Its prediction is clamped to the roofline. Every line was
 fitted on FP32 kernels (NeuSight's data), so an op of another dtype in a class it has lines for
@@ -23,9 +26,6 @@ from kit.hardware import GPU, get_gpu
 from kit.predict.base import dedupe, expand, frame_of
 from kit.predict.features import CLASSES, op_class_of
 from kit.predict.roofline import roofline
-
-FLOOR = 1e-9  # a coefficient the fit drove to zero, kept positive for the log-log line
-
 
 def fit_line(gflops: np.ndarray, mb: np.ndarray, latency_ms: np.ndarray) -> np.ndarray:
     """Non-negative least squares on relative error: minimise Σ ((pred − y) / y)²."""
@@ -62,16 +62,24 @@ class LiPredictor:
         if gpu.key in table:
             return np.array(table[gpu.key])
         keys = sorted(table)
-        logbw = np.log([get_gpu(k).mem_bw_gbs for k in keys])
         out = []
         for j in range(3):
-            y = np.log(np.maximum([table[k][j] for k in keys], FLOOR))
-            if len(keys) > 1 and np.ptp(logbw) > 0:
+            values = np.array([table[k][j] for k in keys], dtype=float)
+            kept = values > 0
+            # a term the fit dropped (0) on a GPU is no point of the line: as log(1e-9) = -20.7
+            # one P100 zero had pulled the elementwise ms/GFLOP term, 0.028-0.086 on the other
+            # four GPUs, to 0.0031 on the L4 and 0.00035 on the A100 80GB. Zero where most GPUs
+            # dropped it (softmax's FLOP term, layer norm's byte term)
+            if kept.sum() * 2 < len(keys):
+                out.append(0.0)
+                continue
+            logbw = np.log([get_gpu(k).mem_bw_gbs for k, ok in zip(keys, kept) if ok])
+            y = np.log(values[kept])
+            if len(y) > 1 and np.ptp(logbw) > 0:
                 beta, alpha = np.polyfit(logbw, y, 1)
             else:
                 beta, alpha = 0.0, float(np.mean(y))
-            value = float(np.exp(alpha + beta * np.log(gpu.mem_bw_gbs)))
-            out.append(0.0 if value <= FLOOR * 1.0001 else value)
+            out.append(float(np.exp(alpha + beta * np.log(gpu.mem_bw_gbs))))
         return np.array(out)
 
     def predict(self, ops, gpu: GPU | str) -> pd.DataFrame:

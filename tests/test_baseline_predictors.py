@@ -1,0 +1,48 @@
+"""The baselines' own formulas, on small hand-worked examples: Habitat's γ (Yu et al., ATC'21),
+Li's bandwidth line to an unseen GPU, tiling's occupancy against the CUDA occupancy calculator."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kit.hardware import get_gpu
+from kit.predict.habitat import gamma
+from kit.predict.linear_li import LiPredictor
+
+
+@pytest.mark.parametrize("ratio, want", [(0.0, 1.0), (0.25, 0.875), (0.5, 0.75), (1.0, 0.5),
+                                         (2.0, 0.25), (4.0, 0.125)])
+def test_habitat_gamma_is_the_papers_piecewise_function(ratio, want):
+    # Habitat: γ = -0.5/R · I + 1 below the ridge R, R / (2I) at or above it
+    for ridge in (5.0, 60.0):
+        assert gamma(ratio * ridge, ridge) == pytest.approx(want)
+
+
+def test_habitat_gamma_falls_with_intensity_and_weighs_bandwidth_for_memory_bound_ops():
+    g = [gamma(i, 10.0) for i in np.linspace(0, 100, 201)]
+    assert all(a >= b for a, b in zip(g, g[1:]))
+    assert g[0] == 1.0 and gamma(float("inf"), 10.0) == 0.0
+
+
+def _li(values: dict[str, float]) -> LiPredictor:
+    """A Li predictor whose elementwise FLOP term is values[gpu] (its byte and launch terms 1e-3
+    and 0.02 ms on every GPU)."""
+    return LiPredictor({"elementwise": {g: [v, 1e-3, 0.02] for g, v in values.items()}})
+
+
+def test_li_line_skips_a_gpu_whose_fit_dropped_the_term():
+    # four GPUs give the term 0.03-0.09 ms/GFLOP; the P100's fit dropped it (0). An unseen GPU
+    # inside their bandwidth range gets a value among theirs, not one pulled toward log(0)
+    li = _li({"p4": 0.03, "t4": 0.06, "p100-pcie-16gb": 0.0, "v100-pcie-32gb": 0.045,
+              "a100-pcie-40gb": 0.09})
+    for gpu in ("l4", "a10", "v100-pcie-16gb"):
+        a = li.coefficients("elementwise", get_gpu(gpu))[0]
+        assert 0.03 * 0.8 <= a <= 0.09 * 1.2, (gpu, a)
+
+
+def test_li_term_most_gpus_dropped_stays_zero_and_kept_terms_follow_bandwidth():
+    li = _li({"p4": 0.0, "t4": 0.0, "p100-pcie-16gb": 0.0, "v100-pcie-32gb": 0.05,
+              "a100-pcie-40gb": 0.0})
+    assert li.coefficients("elementwise", get_gpu("l4"))[0] == 0.0
+    # the byte term, equal on every GPU, extrapolates to itself
+    assert li.coefficients("elementwise", get_gpu("h100-sxm"))[1] == pytest.approx(1e-3)
