@@ -66,14 +66,28 @@ class Occupancy:
     smem_per_block_bytes: int
 
 
+# Shared memory the CUDA runtime keeps per resident block on compute capability 8.0 and later
+# (cudaDevAttrReservedSharedMemoryPerBlock, 1 KiB; the occupancy calculator adds it to each
+# block's own): an A100 holds 4 blocks of 32 KiB (167,936 / 33,792), not 5, and an L4 14 of
+# the 6 KiB 64x32 sgemm tile (102,400 / 7,168), not 16. Volta, Turing and Pascal keep none.
+RESERVED_SMEM_PER_BLOCK_BYTES = 1024
+RESERVED_SMEM_ARCHS = ("ampere", "ada", "hopper", "blackwell")
+
+
+def reserved_smem_per_block_bytes(gpu: GPU) -> int:
+    """The shared memory the runtime keeps per block on this GPU (RESERVED_SMEM_ARCHS)."""
+    nvidia = str(gpu.vendor).lower() == "nvidia"
+    return RESERVED_SMEM_PER_BLOCK_BYTES if nvidia and gpu.arch in RESERVED_SMEM_ARCHS else 0
+
+
 def occupancy(gpu: GPU, threads: int, regs_per_thread: int, smem_per_block_bytes: int) -> Occupancy:
     """Blocks of this size that fit on one SM at once, and the resource that limits them."""
     regs = min(max(regs_per_thread, 16), MAX_REGS_PER_THREAD)
+    smem = smem_per_block_bytes + reserved_smem_per_block_bytes(gpu)
     limits = {
         "threads": gpu.max_threads_per_sm // threads,
         "registers": gpu.registers_per_sm // (regs * threads),
-        "smem": (int(gpu.smem_per_sm_bytes // smem_per_block_bytes) if smem_per_block_bytes
-                 else gpu.max_blocks_per_sm),
+        "smem": int(gpu.smem_per_sm_bytes // smem) if smem else gpu.max_blocks_per_sm,
         "blocks": gpu.max_blocks_per_sm,
     }
     limiter = min(limits, key=limits.get)

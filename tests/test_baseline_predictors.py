@@ -46,3 +46,22 @@ def test_li_term_most_gpus_dropped_stays_zero_and_kept_terms_follow_bandwidth():
     assert li.coefficients("elementwise", get_gpu("l4"))[0] == 0.0
     # the byte term, equal on every GPU, extrapolates to itself
     assert li.coefficients("elementwise", get_gpu("h100-sxm"))[1] == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("gpu, threads, regs, smem_bytes, want", [
+    # the CUDA occupancy calculator, with its 1 KiB of runtime shared memory per block from
+    # compute capability 8.0 on: A100 (8.0) 167,936 B per SM / (32,768 + 1,024) = 4 blocks
+    ("a100-pcie-40gb", 128, 64, 32 * 1024, 4),
+    # L4 (8.9), the 64x32 sgemm tile (2 stages x 96 x 8 x 4 B = 6 KiB): 102,400 / 7,168 = 14
+    ("l4", 64, 64, 6 * 1024, 14),
+    # H100 (9.0): 233,472 / (48 KiB + 1 KiB) = 4
+    ("h100-sxm", 128, 32, 48 * 1024, 4),
+    # V100 (7.0) keeps none: 98,304 / 32,768 = 3 exactly
+    ("v100-pcie-32gb", 128, 32, 32 * 1024, 3),
+    ("t4", 128, 32, 16 * 1024, 4),  # T4 (7.5): 65,536 / 16,384
+])
+def test_occupancy_counts_the_runtimes_shared_memory_per_block(gpu, threads, regs, smem_bytes, want):
+    from kit.tiling import occupancy
+
+    occ = occupancy(get_gpu(gpu), threads, regs, smem_bytes)
+    assert (occ.blocks_per_sm, occ.limiter) == (want, "smem")
