@@ -87,7 +87,10 @@ def occupancy(gpu: GPU, threads: int, regs_per_thread: int, smem_per_block_bytes
     limits = {
         "threads": gpu.max_threads_per_sm // threads,
         "registers": gpu.registers_per_sm // (regs * threads),
-        "smem": int(gpu.smem_per_sm_bytes // smem) if smem else gpu.max_blocks_per_sm,
+        # a block with no shared memory (none of its own, none reserved: before sm_80, AMD) is
+        # not limited by it: standing in as max_blocks_per_sm, it had taken the tie with the
+        # block slots, a V100's 32-thread block "limited by smem" with 0 bytes of it
+        **({"smem": int(gpu.smem_per_sm_bytes // smem)} if smem else {}),
         "blocks": gpu.max_blocks_per_sm,
     }
     limiter = min(limits, key=limits.get)

@@ -65,3 +65,21 @@ def test_occupancy_counts_the_runtimes_shared_memory_per_block(gpu, threads, reg
 
     occ = occupancy(get_gpu(gpu), threads, regs, smem_bytes)
     assert (occ.blocks_per_sm, occ.limiter) == (want, "smem")
+
+
+def test_amd_lds_keeps_no_runtime_reservation():
+    from kit.tiling import occupancy
+
+    # an MI250X CU's 64 KiB LDS holds two 32 KiB blocks: the 1 KiB the CUDA runtime keeps per
+    # block on sm_80+ is NVIDIA's (cudaDevAttrReservedSharedMemoryPerBlock), not ROCm's
+    occ = occupancy(get_gpu("mi250x"), 256, 32, 32 * 1024)
+    assert (occ.blocks_per_sm, occ.limiter) == (65536 // (32 * 1024), "smem")
+
+
+@pytest.mark.parametrize("gpu", ["v100-pcie-32gb", "p100-pcie-16gb", "t4", "a100-pcie-40gb", "mi250x"])
+def test_a_block_without_shared_memory_is_not_limited_by_it(gpu):
+    from kit.tiling import occupancy
+
+    g = get_gpu(gpu)
+    occ = occupancy(g, 32, 32, 0)  # 32-thread blocks: only the block slots bind
+    assert occ.blocks_per_sm == g.max_blocks_per_sm and occ.limiter == "blocks"
