@@ -14,8 +14,9 @@ microbatch_ms (host work per forward micro-batch), gemm_scale and other_scale (a
 predicted kernel time), full_vocab_scale (empirical: the LM head's GEMMs at TP = 1) and
 tp_comm_scale (empirical: achieved / predicted time of the in-layer TP collectives; the curves
 are nccl-tests-style back-to-back timings, in a layer each collective starts cold between
-compute kernels and waits for its group; fitted ~1.7). The analytic layer also models, with no
-constant: Megatron's fused-softmax availability (b*heads/tp % 4; TP 8 at micro-batch 1 falls
+compute kernels and waits for its group; fitted ~1.95; the backward's input-gradient all-reduces
+run beside the weight-gradient GEMMs, as Megatron's async column-parallel backward does, and
+cost only their excess over them). The analytic layer also models, with no constant: Megatron's fused-softmax availability (b*heads/tp % 4; TP 8 at micro-batch 1 falls
 back to five torch kernels each way), the vocab-parallel cross entropy's fp32 passes and its
 three all-reduces, vocabulary padding to 128*tp, and the embedding all-reduce's identity
 backward. Fitted (robust least squares on log time) on a seeded sample of a seeded random half

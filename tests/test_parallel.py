@@ -117,7 +117,13 @@ def test_tensor_parallel_adds_all_reduces_and_splits_compute():
     sp = predict_parallel(SPEC, "dgx-a100", Layout(tp=4, sequence_parallel=True, **kw))
     f1, f4 = one["per_microbatch_ms"][0], four["per_microbatch_ms"][0]
     assert f1["tp_ep_comm_ms"] == 0 and f4["tp_ep_comm_ms"] > 0
-    assert f4["fwd_ms"] - f4["tp_ep_comm_ms"] < f1["fwd_ms"] / 2
+    # the forward's compute shrinks (tp_ep_comm_ms had been taken off fwd_ms whole, the
+    # backward's collectives with it; at this small shape TP 4's compute is ~55% of TP 1's)
+    from kit.hardware import get_system
+    from kit.parallel.build import build_iteration
+
+    c4 = build_iteration(SPEC, Layout(tp=4, **kw), get_system("dgx-a100"))[1][0]
+    assert c4.fwd.comm_ms > 0 and f4["fwd_ms"] - c4.fwd.comm_ms < 0.7 * f1["fwd_ms"]
     assert sp["per_microbatch_ms"][0]["tp_ep_comm_ms"] > 0
     assert four["breakdown"]["communication"] > 0
 
@@ -298,7 +304,8 @@ def test_lm_head_backward_reduces_its_data_gradient_over_tp():
     assert _comm_blocks(plain.head[1]) == [("allreduce", act, "tp")]
     assert _comm_blocks(plain.embedding[0]) == [("allreduce", act, "tp")]
     sp = AnalyticSource(SPEC, Layout(tp=4, micro_batch=2, dtype="fp16", sequence_parallel=True))
-    assert _comm_blocks(sp.head[1]) == [("reducescatter", act, "tp")]
+    # (and first re-gathers the logits GEMM's input, which the forward did not keep)
+    assert _comm_blocks(sp.head[1]) == [("allgather", act, "tp"), ("reducescatter", act, "tp")]
     assert _comm_blocks(sp.head[0])[0] == ("allgather", act, "tp")  # before the logits GEMM
     assert _comm_blocks(sp.embedding[0]) == [("reducescatter", act, "tp")]
     # with sequence parallelism the final LayerNorm runs on this rank's quarter of the tokens
@@ -315,13 +322,19 @@ def test_sequence_parallel_backward_runs_the_conjugate_collectives():
     # dropped the embedding's collective, as for the plain all-reduce whose backward is identity
     from kit.parallel.costs import AnalyticSource
 
-    conj = {"allgather": "reducescatter", "reducescatter": "allgather", "allreduce": "allreduce"}
-    for layout in (Layout(tp=4, micro_batch=2, dtype="fp16", sequence_parallel=True),
-                   Layout(tp=4, micro_batch=2, dtype="fp16")):
-        src = AnalyticSource(SPEC, layout)
+    # The column-parallel linears (QKV, the first MLP GEMM) run their own backward collectives
+    # (kit.parallel.gpt._column_backward: with sequence parallelism a re-gather of the input and
+    # a reduce-scatter of its gradient, else an all-reduce of it), so what is left exposed at the
+    # region boundaries is the conjugate of each row-parallel reduce-scatter: an all-gather (a
+    # plain all-reduce's backward is the identity)
+    act = 2 * SPEC.seq * SPEC.hidden * 2
+    for sp, per_column, exposed in ((True, [("allgather", act, "tp"), ("reducescatter", act, "tp")],
+                                     [("allgather", act, "tp")]),
+                                    (False, [("allreduce", act, "tp")], [])):
+        src = AnalyticSource(SPEC, Layout(tp=4, micro_batch=2, dtype="fp16", sequence_parallel=sp))
         fwd, bwd = src.layer(0)
-        want = [(conj[k], n, g) for k, n, g in reversed(_comm_blocks(fwd))]
-        assert _comm_blocks(bwd) == want
+        assert [b.comm for b in bwd if b.comm and not b.overlap] == exposed * 2
+        assert [b.comm for b in bwd if b.comm and b.overlap] == per_column * 2
     act = 2 * SPEC.seq * SPEC.hidden * 2
     sp = AnalyticSource(SPEC, Layout(tp=4, micro_batch=2, dtype="fp16", sequence_parallel=True))
     assert _comm_blocks(sp.embedding[1]) == [("allgather", act, "tp")]
@@ -354,7 +367,7 @@ def test_dp_buckets_wait_for_their_layers_tp_collectives():
         assert name.loc[f"B0 bucket {k}", "start_ms"] >= tp_end - 1e-9
         assert name.loc[f"dp allreduce bucket {k}", "start_ms"] >= tp_end - 1e-9
     assert name.loc["B0 head", "end_ms"] <= name.loc["B0 bucket 0", "start_ms"]
-    tp_bwd = tl[tl.name.str.startswith("B0") & (tl.kind == "comm")]
+    tp_bwd = tl[tl.name.str.startswith("B0") & (tl.kind == "comm") & ~tl.name.str.contains("async")]
     assert (tp_bwd.end_ms - tp_bwd.start_ms).sum() == pytest.approx(costs[0].bwd.comm_ms, rel=1e-9)
 
 

@@ -3,7 +3,8 @@
 The ranks of one pipeline stage (its DP x TP ranks) run identical work, so each stage is
 simulated once by a representative (rank pp_index · dp · tp) that stands for all of them. TP and
 EP collectives are inside a stage: they cost their predicted time on the compute stream, where
-Megatron runs them. Pipeline sends and receives are collectives of two stages: a stage that
+Megatron waits for them, except the column-parallel backward's asynchronous ones, which run on
+a "tp comm" stream beside the GEMMs and cost the compute stream only their excess over them. Pipeline sends and receives are collectives of two stages: a stage that
 reaches a receive before its neighbour sends waits, which is the pipeline bubble.
 
 Per (micro-batch, chunk) pass the CPU launches the pass's kernels (HostModel.launch_us each) and
@@ -93,6 +94,7 @@ def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=No
     lu = host.launch_us / 1e3
     last = min(ph.last_ms, ph.compute_ms)
     launch = g.cpu(r, lu, label, kind="launch", tag=tag)
+    prev = g.tail(r, "compute")
     head = g.gpu(r, "compute", ph.compute_ms - last, label, deps=(launch,) + tuple(deps), tag=tag)
     rest = g.cpu(r, max(ph.host_total_ms - lu, 0.0), label, kind="launch", tag=tag)
     race = max(ph.paced_ms() - lu - last, 0.0) if ph.seq_ms else 0.0
@@ -100,10 +102,24 @@ def _pass(g: ExecGraph, r: int, ph, label: str, host: HostModel, deps=(), tag=No
                  tag=tag)
     # the race overlaps the GPU's work; kit.sim.critical counts as cpu only its part past it
     g.meta.setdefault("paced", set()).add(pace)
-    if ph.comm_ms > 0:
+    side = _async_tp_comm(g, r, ph.async_comm_ms, label, (launch, prev, *deps), tag)
+    if ph.comm_ms > 0 or ph.async_comm_ms > 0:  # (by structure: kernel times may hide it all)
         _serves(g, TP_EP, g.gpu(r, "compute", ph.comm_ms, label + " tp/ep comm", kind="comm", tag=tag))
-    tail = g.gpu(r, "compute", last, label, deps=(rest, pace), tag=tag)
+    tail = g.gpu(r, "compute", last, label, deps=(rest, pace, *side), tag=tag)
     return head, tail
+
+
+def _async_tp_comm(g, r, ms: float, label: str, deps, tag) -> tuple:
+    """The pass's asynchronous TP collectives (Megatron's column-parallel backward: the input
+    gradient's all-reduce or reduce-scatter beside the wgrad GEMM, sequence parallelism's
+    re-gather beside the dgrad GEMM; kit.parallel.gpt._column_backward) on the TP communicator's
+    own stream, from the pass's start, lumped as the pass's kernels are. Each collective's excess
+    over the GEMM beside it is already on the compute stream (Phase.comm_ms), so this op ends
+    before the pass's last kernel, which waits for it: returns (op,), or () when there is none."""
+    if ms <= 0:
+        return ()
+    return (_serves(g, TP_EP, g.gpu(r, "tp comm", ms, label + " async tp comm",
+                                    kind="comm", deps=tuple(d for d in deps if d >= 0), tag=tag)),)
 
 
 class DurationsOnly(ExecGraph):
@@ -278,34 +294,39 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
     lu = host.launch_us / 1e3
     ph = cost.bwd
     layer_comm = cost.layer_bwd_comm_ms or [0.0] * len(cost.layer_bwd_ms)
+    layer_async = cost.layer_bwd_async_comm_ms or [0.0] * len(cost.layer_bwd_ms)
     # the embedding's backward (and its comm): what the head and the layers leave
     tail_ms = max(ph.compute_ms - sum(cost.layer_bwd_ms) - cost.head_bwd_ms, 0.0)
     tail_comm_ms = max(ph.comm_ms - sum(layer_comm) - cost.head_bwd_comm_ms, 0.0)
-    # [compute ms, comm ms, gradient bytes (dense), expert gradient bytes]
+    tail_async_ms = max(ph.async_comm_ms - sum(layer_async) - cost.head_bwd_async_comm_ms, 0.0)
+    # [compute ms, comm ms, gradient bytes (dense), expert gradient bytes, async comm ms]
     expert_bytes = cost.layer_expert_grad_bytes or [0.0] * len(cost.layer_bwd_ms)
-    buckets, acc = [], [0.0, 0.0, 0.0, 0.0]
-    for t_ms, c_ms, nbytes, ebytes in zip(cost.layer_bwd_ms, layer_comm, cost.layer_grad_bytes,
-                                          expert_bytes):
-        acc = [acc[0] + t_ms, acc[1] + c_ms, acc[2] + nbytes, acc[3] + ebytes]
+    buckets, acc = [], [0.0, 0.0, 0.0, 0.0, 0.0]
+    for t_ms, c_ms, nbytes, ebytes, a_ms in zip(cost.layer_bwd_ms, layer_comm, cost.layer_grad_bytes,
+                                                expert_bytes, layer_async):
+        acc = [acc[0] + t_ms, acc[1] + c_ms, acc[2] + nbytes, acc[3] + ebytes, acc[4] + a_ms]
         if acc[2] + acc[3] >= lay.bucket_bytes:
             buckets.append(acc)
-            acc = [0.0, 0.0, 0.0, 0.0]
-    buckets.append([acc[0] + tail_ms, acc[1] + tail_comm_ms, acc[2], acc[3]])
+            acc = [0.0, 0.0, 0.0, 0.0, 0.0]
+    buckets.append([acc[0] + tail_ms, acc[1] + tail_comm_ms, acc[2], acc[3], acc[4] + tail_async_ms])
     rest_bytes = cost.params * lay.grad_bytes - sum(b[2] + b[3] for b in buckets)
     if rest_bytes > 0:  # embedding / head gradients travel in the last bucket
         buckets[-1][2] += rest_bytes
     kernels_per_bucket = max(ph.kernels // len(buckets), 1)
     tail = -1
-    if cost.head_bwd_ms > 0 or cost.head_bwd_comm_ms > 0:
+    if cost.head_bwd_ms > 0 or cost.head_bwd_comm_ms > 0 or cost.head_bwd_async_comm_ms > 0:
         launch = g.cpu(r, lu, label, kind="launch", tag=tag)
+        prev = g.tail(r, "compute")
         tail = g.gpu(r, "compute", cost.head_bwd_ms, f"{label} head", deps=(launch,) + tuple(deps),
                      tag=tag)
+        side = _async_tp_comm(g, r, cost.head_bwd_async_comm_ms, f"{label} head", (launch, prev, *deps),
+                              tag)
         deps = ()
-        if cost.head_bwd_comm_ms > 0:
+        if cost.head_bwd_comm_ms > 0 or cost.head_bwd_async_comm_ms > 0:
             tail = _serves(g, TP_EP, g.gpu(r, "compute", cost.head_bwd_comm_ms, f"{label} head tp comm",
-                                          kind="comm", tag=tag))
+                                          kind="comm", deps=side, tag=tag))
     edp_group = coster.group("edp", lay.stage_of(dp_group[0]))
-    for k, (t_ms, c_ms, nbytes, ebytes) in enumerate(buckets):
+    for k, (t_ms, c_ms, nbytes, ebytes, a_ms) in enumerate(buckets):
         # as _pass: the bucket's kernels start once the first is launched and run while the
         # host launches the rest; its last kernel (a kernel's share of it) waits for them all.
         # Waiting for every launch first had serialised a small model's whole backward behind
@@ -316,12 +337,14 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
         # 25.7 ms overlapped against 24.6 without)
         last = t_ms / kernels_per_bucket
         launch = g.cpu(r, lu, label, kind="launch", tag=tag)
+        prev = g.tail(r, "compute")
         g.gpu(r, "compute", t_ms - last, f"{label} bucket {k} (as launched)", deps=(launch,) + tuple(deps),
               tag=tag)
-        if c_ms > 0:
+        side = _async_tp_comm(g, r, a_ms, f"{label} bucket {k}", (launch, prev, *deps), tag)
+        if c_ms > 0 or a_ms > 0:
             _serves(g, TP_EP, g.gpu(r, "compute", c_ms, f"{label} bucket {k} tp/ep comm", kind="comm", tag=tag))
         rest = g.cpu(r, max(ph.host_total_ms / len(buckets) - lu, 0.0), label, kind="launch", tag=tag)
-        tail = g.gpu(r, "compute", last, f"{label} bucket {k}", deps=(rest,), tag=tag)
+        tail = g.gpu(r, "compute", last, f"{label} bucket {k}", deps=(rest, *side), tag=tag)
         deps = ()
         grad_ops.append(_serves(g, DP, g.gpu(r, "comm", coster.comm_ms(kind, nbytes, dp_group),
                                              f"dp {kind} bucket {k}", kind="comm", deps=(tail,), tag=tag)))

@@ -13,7 +13,7 @@ import numpy as np
 from kit.errors import KitError
 
 from kit.parallel.gpt import (Block, GPTSpec, backward_of, embedding_forward, head_backward, head_forward,
-                             layer_forward)
+                             layer_backward, layer_forward)
 from kit.parallel.layout import Layout
 from kit.parallel.memory import edge_params, layer_expert_params, stage_layers, zero_kept
 from kit.predict.sibling_bound import bounding_gpus
@@ -32,7 +32,10 @@ def _or(band, mid):
 @dataclass
 class Phase:
     compute_ms: float = 0.0
-    comm_ms: float = 0.0
+    comm_ms: float = 0.0  # TP/EP communication the compute stream waits for (exposed)
+    # asynchronous TP collectives (Block.overlap) on the TP communicator's stream, whole; the
+    # part of each that outlasts the kernel beside it is in comm_ms as well
+    async_comm_ms: float = 0.0
     kernels: int = 0
     collectives: int = 0
     last_ms: float = 0.0  # the last kernel's time (the GPU cannot finish before it is launched)
@@ -66,8 +69,10 @@ class ChunkCost:
     layer_grad_bytes: list = field(default_factory=list)  # per layer, backward order; dense part
     layer_expert_grad_bytes: list = field(default_factory=list)  # per layer: this rank's experts
     layer_bwd_comm_ms: list = field(default_factory=list)  # per layer's TP/EP comm, backward order
+    layer_bwd_async_comm_ms: list = field(default_factory=list)  # per layer: Phase.async_comm_ms
     head_bwd_ms: float = 0.0  # the LM head's backward compute (the last chunk's; it runs first)
     head_bwd_comm_ms: float = 0.0
+    head_bwd_async_comm_ms: float = 0.0
     params: float = 0.0  # this rank's parameters in the chunk, its expert shard included
     expert_params: float = 0.0  # of which expert weights (reduced over the expert-DP group)
 
@@ -248,18 +253,34 @@ class Coster:
             gemm_factor: float = 1.0) -> float:
         """Add blocks to a phase (their GEMMs' times x gemm_factor); returns their compute ms."""
         total = 0.0
+        beside = 0.0  # an asynchronous collective's time, until the kernel it runs beside
+
+        def wait(ms: float) -> None:  # the compute stream waits for ms of communication
+            phase.comm_ms += ms
+            phase.seq_ms.append(ms)
+            phase.seq_host_ms.append(0.0)
+
         for blk in blocks:
             if blk.comm is not None:
                 kind, nbytes, group = blk.comm
                 ranks = self.group(group, stage)
                 ms = self.comm_ms(kind, nbytes, ranks) * self.tp_comm_scale
                 if ms > 0:
-                    phase.comm_ms += ms
+                    if beside:  # two in a row: the first had no kernel to hide behind
+                        wait(beside)
+                        beside = 0.0
                     phase.kernels += 1
                     phase.collectives += 1
-                    phase.seq_ms.append(ms)
-                    phase.seq_host_ms.append(self.collective_ms
-                                             + self.collective_rank_ms * (len(ranks) - 1))
+                    host_ms = self.collective_ms + self.collective_rank_ms * (len(ranks) - 1)
+                    if blk.overlap:
+                        phase.async_comm_ms += ms
+                        beside = ms
+                        phase.seq_ms.append(0.0)  # issued; it runs beside the next kernel
+                        phase.seq_host_ms.append(host_ms)
+                    else:
+                        phase.comm_ms += ms
+                        phase.seq_ms.append(ms)
+                        phase.seq_host_ms.append(host_ms)
                 continue
             f = blk.bwd_factor if blk.bwd_factor else [1.0] * len(blk.ops)
             counts = blk.kernel_counts()
@@ -269,7 +290,15 @@ class Coster:
                 phase.last_ms = t
                 phase.seq_ms.append(t)
                 phase.seq_host_ms.append(self.launch_ms * n)
+                if beside:
+                    # the kernel and the collective run side by side; what comes next needs
+                    # both (the wgrad GEMM's output and the reduced input gradient, or the
+                    # dgrad's and the re-gathered input): the collective's excess is exposed
+                    wait(max(beside - t, 0.0))
+                    beside = 0.0
             phase.kernels += int(round(sum(counts)))
+        if beside:
+            wait(beside)
         phase.compute_ms += total
         return total
 
@@ -303,6 +332,7 @@ class RankGroup(list):
 def _accumulate(into: Phase, part: Phase) -> None:
     into.compute_ms += part.compute_ms
     into.comm_ms += part.comm_ms
+    into.async_comm_ms += part.async_comm_ms
     into.kernels += part.kernels
     into.collectives += part.collectives
     into.seq_ms += part.seq_ms
@@ -322,7 +352,7 @@ class AnalyticSource:
             moe = spec.is_moe(layer)
             if moe not in self.layer_blocks:
                 fwd = layer_forward(spec, b, lay.tp, lay.ep, lay.sequence_parallel, dt, layer)
-                self.layer_blocks[moe] = (fwd, [backward_of(blk) for blk in reversed(fwd)])
+                self.layer_blocks[moe] = (fwd, layer_backward(fwd, lay.tp, lay.sequence_parallel))
         sp = lay.sequence_parallel
         emb = embedding_forward(spec, b, lay.tp, dt, sp)
         # the embedding's TP all-reduce has an identity backward (Megatron's
@@ -378,11 +408,13 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> l
             coster.add(c.fwd, head[0], stage, gemm_factor=coster.head_factor)
             c.head_bwd_ms = coster.add(c.bwd, head[1], stage, gemm_factor=coster.head_factor)
             c.head_bwd_comm_ms = c.bwd.comm_ms
+            c.head_bwd_async_comm_ms = c.bwd.async_comm_ms
         for layer in reversed(layers):
             _, b, t = layer_cost(src.layer_key(layer), stage)
             _accumulate(c.bwd, b)
             c.layer_bwd_ms.append(t)
             c.layer_bwd_comm_ms.append(b.comm_ms)
+            c.layer_bwd_async_comm_ms.append(b.async_comm_ms)
             # expert weights are sharded over the EP group and reduced over the expert-DP group
             # (kit.parallel.build); the rest of the layer over the whole DP group
             experts = layer_expert_params(spec, layer)

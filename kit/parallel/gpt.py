@@ -11,7 +11,11 @@ s tokens, hidden h, a heads, FFN width f:
 
 Backward: each GEMM becomes two (data grad, weight grad); memory-bound kernels move about twice
 their forward bytes; flash attention's backward costs ATTENTION_BWD_SCALE (2.8) times its forward
-(kit.workload.kernels).
+(kit.workload.kernels). The TP collectives of the backward are Megatron's: a column-parallel
+linear (QKV, the first MLP GEMM, the logits) reduces its input gradient asynchronously beside its
+weight-gradient GEMM and, with sequence parallelism, first re-gathers its input beside the
+data-gradient GEMM (_column_backward); a row-parallel all-reduce has an identity backward, a
+sequence-parallel reduce-scatter an all-gather at the region boundary (layer_backward).
 A MoE layer swaps the MLP for a router and top-k experts sharded over EP ranks, with an
 all-to-all to dispatch tokens and one to combine them (Lepikhin et al. 2020).
 """
@@ -67,6 +71,16 @@ class Block:
     bwd_factor: list = field(default_factory=list)  # per op: time multiplier (1 for explicit ops)
     comm: tuple | None = None  # (kind, nbytes, group name) for a collective
     kernels: list = field(default_factory=list)  # per op: kernels it launches (empty: one each)
+    # a collective issued asynchronously on the TP communicator's stream: it runs beside the
+    # next kernel (the weight-gradient GEMM after a grad_input reduction, the data-gradient GEMM
+    # after sequence parallelism's re-gather) and the kernel after that waits for both
+    overlap: bool = False
+    # forward: indices into ops of column-parallel linears, whose backward reduces the input
+    # gradient over TP itself (layer_backward)
+    column: set = field(default_factory=set)
+    # forward collective whose backward is not its own: a row-parallel all-reduce's is the
+    # identity, sequence parallelism's all-gather's is done by the column-parallel linear after it
+    backward_in_linear: bool = False
 
     def kernel_counts(self) -> list:
         return self.kernels if self.kernels else [1.0] * len(self.ops)
@@ -102,6 +116,63 @@ def backward_of(block: Block) -> Block:
     return out
 
 
+def _column_backward(op: ops.Gemm, sp: bool) -> list[Block]:
+    """A column-parallel linear's backward as Megatron-LM runs it
+    (tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward, with
+    CUDA_DEVICE_MAX_CONNECTIONS=1 so that the kernels start in issue order): the data gradient
+    (dgrad) is a partial sum over the TP ranks; its all-reduce (sequence parallelism: its
+    reduce-scatter to this rank's tokens) is issued asynchronously before the weight-gradient
+    GEMM (wgrad) and runs beside it (Narayanan et al. SC'21 sec. 4's f operator). With sequence
+    parallelism the forward's all-gathered input was not saved (Korthikanti et al. 2022 keep
+    only this rank's sequence shard), so the backward first all-gathers it again, asynchronously,
+    beside the dgrad GEMM, which does not need it; the wgrad GEMM does."""
+    dgrad, wgrad = _gemm_bwd(op)
+    nbytes = op.m * op.k * ops.dtype_bytes(op.dtype)  # the whole [tokens, in] input (gradient)
+    out = []
+    if sp:
+        out.append(Block("sp re-gather input", comm=("allgather", nbytes, "tp"), overlap=True))
+    out += [Block("dgrad", [dgrad], [1.0]),
+            Block("tp " + ("reducescatter" if sp else "allreduce") + " grad input",
+                  comm=("reducescatter" if sp else "allreduce", nbytes, "tp"), overlap=True),
+            Block("wgrad", [wgrad], [1.0])]
+    return out
+
+
+def layer_backward(fwd: list[Block], tp: int, sp: bool) -> list[Block]:
+    """The backward of a layer's forward blocks (layer_forward), in order. Each block mirrors
+    (backward_of), except at TP > 1 Megatron's column-parallel linears (Block.column), whose
+    backward reduces the input gradient itself (_column_backward), and the forward collectives
+    that this leaves without a backward of their own (Block.backward_in_linear). Mirroring every
+    collective had put the all-reduces at the row-parallel outputs, where the backward is the
+    identity, serialised on the compute stream, and had left out sequence parallelism's
+    re-gather of the input."""
+    out: list[Block] = []
+    for blk in reversed(fwd):
+        if blk.comm is not None:
+            if not blk.backward_in_linear:
+                out.append(backward_of(blk))
+            continue
+        if not blk.column or tp == 1:
+            out.append(backward_of(blk))
+            continue
+        # split at the column-parallel linears (backward_of costs each op by its class, so the
+        # forward's factors and kernel counts need not follow); each part's backward in reverse
+        parts, cur = [], Block(blk.label)
+        for i, op in enumerate(blk.ops):
+            if i in blk.column:
+                if cur.ops:
+                    parts.append(cur)
+                parts.append(op)
+                cur = Block(blk.label)
+            else:
+                cur.ops.append(op)
+        if cur.ops:
+            parts.append(cur)
+        for part in reversed(parts):
+            out += _column_backward(part, sp) if isinstance(part, ops.Gemm) else [backward_of(part)]
+    return _merge(out)
+
+
 def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
                   layer: int = 0) -> list[Block]:
     """The forward blocks of one layer on one TP rank, in order (compute, comm, compute, ...)."""
@@ -118,10 +189,11 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     blocks: list[Block] = []
     if gather and tp > 1:
         blocks.append(Block("ln1", [ops.LayerNorm(ln_rows, h, dtype)]))
-        blocks.append(Block("sp all-gather", comm=gather))
+        blocks.append(Block("sp all-gather", comm=gather, backward_in_linear=True))
         attn = Block("attention")
     else:
         attn = Block("attention", [ops.LayerNorm(ln_rows, h, dtype)])
+    attn.column.add(len(attn.ops))  # QKV
     attn.ops.append(ops.linear(tok, h, (h + 2 * kv) // tp, dtype))
     heads = a // tp
     if spec.attention == "flash":
@@ -133,14 +205,16 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
                      ops.Gemm(m=s, n=hd, k=s, b=b * heads, dtype=dtype)]
     attn.ops.append(ops.linear(tok, h // tp, h, dtype))
     blocks.append(attn)
-    if tp > 1:
-        blocks.append(Block("tp " + reduce[0], comm=reduce))
+    if tp > 1:  # g: a plain all-reduce's backward is the identity
+        blocks.append(Block("tp " + reduce[0], comm=reduce, backward_in_linear=not sp))
+    dense = not spec.is_moe(layer)
     res_numel = ln_rows * h
     mlp = Block("mlp", [ops.Dropout(res_numel, dtype), ops.Elementwise("add", res_numel, dtype)])
     if gather and tp > 1:
         mlp.ops.append(ops.LayerNorm(ln_rows, h, dtype))
         blocks.append(mlp)
-        blocks.append(Block("sp all-gather", comm=gather))
+        # a MoE router is no column-parallel linear: its all-gather keeps its own backward
+        blocks.append(Block("sp all-gather", comm=gather, backward_in_linear=dense))
         mlp = Block("mlp")
     else:
         mlp.ops.append(ops.LayerNorm(ln_rows, h, dtype))
@@ -158,10 +232,11 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
                                 comm=("alltoall", routed * h * ops.dtype_bytes(dtype), "ep")))
         mlp = Block("moe out", [ops.Elementwise("mul", tok * h, dtype)])
     else:
+        mlp.column.add(len(mlp.ops))  # the first MLP linear (SwiGLU: gate and up as one GEMM)
         mlp.ops += _mlp_ops(spec, tok, tp, dtype)
     blocks.append(mlp)
     if tp > 1:
-        blocks.append(Block("tp " + reduce[0], comm=reduce))
+        blocks.append(Block("tp " + reduce[0], comm=reduce, backward_in_linear=dense and not sp))
     blocks.append(Block("residual", [ops.Dropout(res_numel, dtype),
                                      ops.Elementwise("add", res_numel, dtype)]))
     return _merge(blocks)
@@ -184,6 +259,7 @@ def _merge(blocks: list[Block]) -> list[Block]:
         if out and blk.comm is None and out[-1].comm is None:
             if blk.kernels or out[-1].kernels:
                 out[-1].kernels = out[-1].kernel_counts() + blk.kernel_counts()
+            out[-1].column |= {i + len(out[-1].ops) for i in blk.column}
             out[-1].ops += blk.ops
             out[-1].bwd_factor += blk.bwd_factor
         else:
@@ -248,10 +324,11 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
 
 def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
     """Cross-entropy backward (softmax - one-hot, scaled in place by the loss gradient, cast back
-    to the model dtype: two passes), then the logits GEMM's data and weight gradients, the TP
-    reduction of the data gradient's partial sums (the column-parallel GEMM's f operator: an
-    all-reduce, or with sequence parallelism a reduce-scatter), and the final LayerNorm's
-    backward."""
+    to the model dtype: two passes), then the logits GEMM's data and weight gradients, with the TP
+    reduction of the data gradient's partial sums beside the weight gradient (the column-parallel
+    GEMM's f operator: an all-reduce, or with sequence parallelism a reduce-scatter, and then
+    also the re-gather of its input beside the data gradient: _column_backward), and the final
+    LayerNorm's backward."""
     tok = b * spec.seq
     v = padded_vocab(spec.vocab, tp) // tp
     n = tok * v
@@ -259,11 +336,10 @@ def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) 
     rows = tok // tp if sp and tp > 1 and tok % tp == 0 else tok
     ln = ops.LayerNorm(rows, spec.hidden, dtype)
     blocks = [Block("lm head bwd", [ops.Elementwise("mul", n, "fp32", inputs=1),
-                                    ops.Elementwise("cast", n, dtype, inputs=2), *_gemm_bwd(gemm)],
-                    [1.0, 1.0, 1.0, 1.0])]
-    if tp > 1:
-        blocks.append(Block("lm head tp " + ("reducescatter" if sp else "allreduce"),
-                            comm=("reducescatter" if sp else "allreduce",
-                                  tok * spec.hidden * ops.dtype_bytes(dtype), "tp")))
+                                    ops.Elementwise("cast", n, dtype, inputs=2)], [1.0, 1.0])]
+    if tp > 1:  # Megatron's parallel_lm_logits runs the column-parallel linear's backward
+        blocks += _column_backward(gemm, sp)
+    else:
+        blocks.append(Block("lm head bwd", _gemm_bwd(gemm), [1.0, 1.0]))
     blocks.append(Block("final ln bwd", [ln], [BWD_FACTOR["default"]]))
     return _merge(blocks)

@@ -173,7 +173,10 @@ def predict_parallel(model, system, layout: Layout, nodes: int | None = None, pr
         "per_microbatch_ms": [{"stage": i % layout.pp, "chunk": i // layout.pp,
                                "fwd_ms": c.fwd.compute_ms + c.fwd.comm_ms,
                                "bwd_ms": c.bwd.compute_ms + c.bwd.comm_ms,
-                               "tp_ep_comm_ms": c.fwd.comm_ms + c.bwd.comm_ms}
+                               "tp_ep_comm_ms": c.fwd.comm_ms + c.bwd.comm_ms,
+                               # beside the backward's GEMMs on their own stream, whole (their
+                               # excess over the GEMMs is in tp_ep_comm_ms and bwd_ms)
+                               "tp_async_comm_ms": c.bwd.async_comm_ms}
                               for i, c in enumerate(costs)],
         "memory_per_rank": memory_per_rank(spec, layout, sys_.gpu),
         "state_bytes_per_param": dict(zip(("weights", "grads", "optimizer"), state_bytes(layout))),
