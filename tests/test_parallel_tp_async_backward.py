@@ -116,3 +116,23 @@ def test_the_async_collective_overlaps_the_backward_gemms_in_the_rank_timeline()
     # GEMMs of 0.5 ms hide the all-reduces of this shape: the backward has no exposed TP comm
     # (the forward's row-parallel all-reduces stay exposed)
     assert costs[0].bwd.comm_ms == 0 and costs[0].fwd.comm_ms > 0
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_the_head_backward_counts_its_exposed_collective_once_when_it_outlasts_the_gemms(sp):
+    # dp 2 with overlap: the last micro-batch's backward is bucketed and the LM head's backward
+    # is its own op. GEMMs of 1e-4 ms hide nothing of the all-reduce (or SP's re-gather and
+    # reduce-scatter), so the head's compute stream runs its kernels and then the whole excess
+    lay = Layout(tp=2, dp=2, micro_batch=2, global_batch=4, dtype="fp16", optimizer_step=False,
+                 sequence_parallel=sp)
+    g, costs, _ = build_iteration(SPEC, lay, get_system("dgx-a100"), GemmMs(1e-4), NO_HOST)
+    tl = simulate(g).timeline()
+    c, last = costs[0], f"B{lay.micro_batches - 1} head"
+    assert c.head_bwd_async_comm_ms > c.head_bwd_ms  # the case: collectives outlast the kernels
+    head = tl[(tl.name == last) & (tl.stream == "compute")].iloc[0]
+    exposed = tl[(tl.name == last + " tp comm") & (tl.stream == "compute")].iloc[0]
+    side = tl[tl.name == last + " async tp comm"].iloc[0]
+    assert exposed.end_ms - head.start_ms == pytest.approx(c.head_bwd_ms + c.head_bwd_comm_ms)
+    # and what follows on the compute stream still waits for the async collectives
+    after = tl[(tl.stream == "compute") & (tl.start_ms >= exposed.end_ms - 1e-12) & (tl.op > exposed.op)]
+    assert len(after) and after.start_ms.min() >= side.end_ms - 1e-9
