@@ -253,7 +253,8 @@ class Coster:
             gemm_factor: float = 1.0) -> float:
         """Add blocks to a phase (their GEMMs' times x gemm_factor); returns their compute ms."""
         total = 0.0
-        beside = 0.0  # an asynchronous collective's time, until the kernel it runs beside
+        # an asynchronous collective's time, the kernels it still runs beside, their time so far
+        beside, left, ran = 0.0, 0, 0.0
 
         def wait(ms: float) -> None:  # the compute stream waits for ms of communication
             phase.comm_ms += ms
@@ -266,15 +267,15 @@ class Coster:
                 ranks = self.group(group, stage)
                 ms = self.comm_ms(kind, nbytes, ranks) * self.tp_comm_scale
                 if ms > 0:
-                    if beside:  # two in a row: the first had no kernel to hide behind
-                        wait(beside)
+                    if beside:  # two in a row: the first hid only behind the kernels it met
+                        wait(max(beside - ran, 0.0))
                         beside = 0.0
                     phase.kernels += 1
                     phase.collectives += 1
                     host_ms = self.collective_ms + self.collective_rank_ms * (len(ranks) - 1)
                     if blk.overlap:
                         phase.async_comm_ms += ms
-                        beside = ms
+                        beside, left, ran = ms, int(blk.overlap), 0.0
                         phase.seq_ms.append(0.0)  # issued; it runs beside the next kernel
                         phase.seq_host_ms.append(host_ms)
                     else:
@@ -291,14 +292,17 @@ class Coster:
                 phase.seq_ms.append(t)
                 phase.seq_host_ms.append(self.launch_ms * n)
                 if beside:
-                    # the kernel and the collective run side by side; what comes next needs
+                    # the kernels and the collective run side by side; what comes next needs
                     # both (the wgrad GEMM's output and the reduced input gradient, or the
                     # dgrad's and the re-gathered input): the collective's excess is exposed
-                    wait(max(beside - t, 0.0))
-                    beside = 0.0
+                    ran += t
+                    left -= 1
+                    if left <= 0:
+                        wait(max(beside - ran, 0.0))
+                        beside = 0.0
             phase.kernels += int(round(sum(counts)))
         if beside:
-            wait(beside)
+            wait(max(beside - ran, 0.0))
         phase.compute_ms += total
         return total
 

@@ -72,9 +72,11 @@ class Block:
     comm: tuple | None = None  # (kind, nbytes, group name) for a collective
     kernels: list = field(default_factory=list)  # per op: kernels it launches (empty: one each)
     # a collective issued asynchronously on the TP communicator's stream: it runs beside the
-    # next kernel (the weight-gradient GEMM after a grad_input reduction, the data-gradient GEMM
-    # after sequence parallelism's re-gather) and the kernel after that waits for both
-    overlap: bool = False
+    # next `overlap` kernels (True: one; the weight-gradient GEMM after a grad_input reduction,
+    # the data-gradient GEMM after sequence parallelism's re-gather; the captured graph's HF
+    # q, k and v projections: their three wgrad GEMMs and bias sums, kit.parallel.opgraph) and the
+    # kernel after them waits for it
+    overlap: int = 0
     # forward: indices into ops of column-parallel linears, whose backward reduces the input
     # gradient over TP itself (layer_backward)
     column: set = field(default_factory=set)

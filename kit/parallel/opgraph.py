@@ -13,7 +13,12 @@ by following the tensors, not the module names:
 * backward: the data-gradient GEMM of a column-parallel layer (the one that contracts over N) is
   K-split and followed by the all-reduce of its input gradient (Megatron's f operator); the
   other backward GEMMs of a sharded layer have the sharded dimension split; the rest follows
-  the tensors as in the forward;
+  the tensors as in the forward. The all-reduce is Megatron's asynchronous one
+  (LinearWithGradAccumulationAndAsyncCommunication, as kit.parallel.gpt._column_backward): issued
+  after the data gradient, beside the layer's weight-gradient GEMM and bias sum, which the graph
+  may have captured before it (HF's nn.Linear runs wgrad first) and are moved after it. Where
+  q, k and v are separate linears their partial input gradients are summed first and the one
+  all-reduce runs beside all three weight gradients, as Megatron's fused QKV linear does;
 * the word embedding is vocab-parallel: a lookup in V/t rows and an all-reduce of its output; the
   LM head is column-parallel over the vocabulary, followed by the vocab-parallel cross entropy
   (softmax over V/t, an all-reduce of 3 floats per token). Megatron pads the vocabulary to a
@@ -112,6 +117,10 @@ class _Sharder:
         self.role: dict[str, tuple] = {}  # module -> ("col", N) | ("row", K) | ("vocab", V)
         self.bmm_modules: set = set()
         self.by_id = {n.id: n for n in graph.nodes}
+        # column-parallel weight (and bias) gradients held back to run beside the next input
+        # gradient all-reduce: their items and node ids
+        self.deferred: list = []
+        self.deferred_ids: set = set()
 
     def _vocab_split(self, op, attr: str):
         """The LM head's GEMM over this rank's share of the padded vocabulary (a multiple of
@@ -147,7 +156,28 @@ class _Sharder:
         return op
 
     def node(self, n) -> list:
-        """Items for one node: ("op", kit op) and ("comm", kind, bytes)."""
+        """Items for one node: ("op", kit op, kernels) and ("comm", kind, bytes[, op items it
+        runs beside, asynchronously]). A column-parallel layer's weight-gradient items are held
+        back (take_deferred) and come after the all-reduce of its input gradient."""
+        # a node that reads a held-back gradient (a tied head's weight gradient, added to the
+        # embedding's) runs after it
+        first = self.take_deferred() if self.deferred_ids.intersection(n.deps) else []
+        items = [it + (max(n.kernels, 1),) if it[0] == "op" and len(it) == 2 else it
+                 for it in self._node(n)]
+        if (n.phase != "fwd" and self.tp > 1 and self.state.get(n.id) != "P"
+                and self.role.get(n.module, (None,))[0] == "col"):
+            self.deferred += items  # a weight or bias gradient: see _node
+            self.deferred_ids.add(n.id)
+            return first
+        return first + items
+
+    def take_deferred(self) -> list:
+        """The held-back weight-gradient items, to run now."""
+        out, self.deferred = self.deferred, []
+        self.deferred_ids = set()
+        return out
+
+    def _node(self, n) -> list:
         tp, op = self.tp, n.op
         if tp == 1:
             return [("op", self._padded(n, op))]
@@ -156,7 +186,12 @@ class _Sharder:
         if partial and not (isinstance(op, ops.Elementwise) and op.kind == "add"):
             # a partial sum (column-parallel input gradients) is read: all-reduce it first, once
             nbytes = max(self.by_id[d].out_bytes for d in partial)
-            items.append(("comm", "allreduce", nbytes))
+            # Megatron's async all-reduce (kit.parallel.gpt._column_backward): the weight
+            # gradients held back (node) run beside it and the compute stream waits only for its
+            # excess (Coster.add). Synchronous, it had put gpt2-large at tp 4 (bf16, micro-batch
+            # 4, dgx-a100) at 18.98 ms of TP communication on the critical path, 13.0 analytic
+            held = self.take_deferred()
+            items += [("comm", "allreduce", nbytes, len(held))] + held
             for d in partial:
                 self.state[d] = "R"
         ins = any(self.state.get(d) == "S" for d in n.deps)
@@ -211,9 +246,11 @@ def _blocks(items: list, label: str) -> list[Block]:
     from kit.workload.kernels import leaf_ops
 
     out: list[Block] = []
-    for it in items:
+    for i, it in enumerate(items):
         if it[0] == "comm":
-            out.append(Block(f"{label} tp {it[1]}", comm=(it[1], float(it[2]), "tp")))
+            # an async collective runs beside its op items' kernels (each leaf op one)
+            beside = sum(len(leaf_ops(x[1])) for x in items[i + 1:i + 1 + it[3]]) if len(it) > 3 else 0
+            out.append(Block(f"{label} tp {it[1]}", comm=(it[1], float(it[2]), "tp"), overlap=beside))
             continue
         if not out or out[-1].comm is not None:
             out.append(Block(label))
@@ -251,22 +288,27 @@ def shard_graph(graph, tp: int, spec: GPTSpec | None = None) -> GraphSource:
     bwd_first = min((n.id for n in graph.nodes if n.phase == "bwd" and n.layer is not None), default=0)
     seg: dict = {}
     head_tokens, head_vocab, has_loss = 0, 0, False
+    last_key = None
     for n in graph.nodes:
         if n.phase not in ("fwd", "bwd") or n.op is None:
             continue
-        # an op item carries its node's kernel launches (a layer-norm backward is two)
-        items = [it + (max(n.kernels, 1),) if it[0] == "op" else it for it in sh.node(n)]
         if n.layer is not None:
             key = (n.layer, n.phase)
         elif n.phase == "fwd":
             key = ("emb" if n.id < fwd_first else "head", "fwd")
         else:
             key = ("head" if n.id < bwd_first else "emb", "bwd")
-        seg.setdefault(key, []).extend(items)
+        if key != last_key and sh.deferred:  # held back in a segment that had no all-reduce
+            seg[last_key].extend(sh.take_deferred())
+        last_key = key
+        # an op item carries its node's kernel launches (a layer-norm backward is two): node
+        seg.setdefault(key, []).extend(sh.node(n))
         if key == ("head", "fwd"):
             has_loss = has_loss or "softmax" in n.aten or "cross_entropy" in n.aten
             if isinstance(n.op, ops.Gemm) and vocab and n.op.n == vocab:
                 head_tokens, head_vocab = n.op.m, (sh.vocab_rank if tp > 1 else vocab)
+    if sh.deferred:
+        seg.setdefault(last_key, []).extend(sh.take_deferred())
     if head_tokens and not has_loss:  # the zoo captures up to the logits: add Megatron's loss
         ce = ops.Softmax(head_tokens, head_vocab, "fp32")
         seg.setdefault(("head", "fwd"), []).append(("op", ce))
@@ -289,7 +331,7 @@ def shard_graph(graph, tp: int, spec: GPTSpec | None = None) -> GraphSource:
 
 
 def _signature(fwd, bwd) -> tuple:
-    return tuple((tuple(b.ops), tuple(b.bwd_factor), tuple(b.kernels), b.comm)
+    return tuple((tuple(b.ops), tuple(b.bwd_factor), tuple(b.kernels), b.comm, b.overlap)
                  for b in list(fwd) + list(bwd))
 
 
