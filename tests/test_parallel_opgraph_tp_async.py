@@ -123,3 +123,33 @@ def test_captured_and_analytic_backward_run_the_same_async_all_reduces():
     # the timeline's TP communication on the critical path is the exposed part alone
     tp_comm = runs[True]["communication_by_group"]["tensor/expert parallel"]
     assert tp_comm == pytest.approx(mb[True]["tp_ep_comm_ms"])
+
+
+# post-LN (BERT): backward order reaches a layer's output layer norm, the reader of the next
+# layer's q, k, v input gradient, only after the layer boundary
+TINY_BERT = {"model_type": "bert", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+             "intermediate_size": 24, "vocab_size": 64}
+
+
+def test_a_post_ln_layer_reduces_its_input_gradient_beside_its_own_weight_gradients():
+    """The all-reduce of a layer's q, k, v input gradient belongs to that layer (Megatron's f
+    operator is inside it; a pipeline stage sends the reduced gradient), async beside the
+    weight gradients held back for it. Flushed at the layer boundary without it, those had run
+    before it and the all-reduce, in the next layer's (or the embedding's) segment, was
+    synchronous: 12 of bert-base's 25 backward all-reduces at tp 2."""
+    src = shard_graph(capture_model(TINY_BERT, BATCH, SEQ, "bf16"), 2)
+    tokens = BATCH * SEQ
+    for layer in range(2):
+        fwd, bwd = src.layer(layer)
+        cols = [op for b in fwd if b.comm is None for op in b.ops
+                if isinstance(op, ops.Gemm) and op.b == 1 and op.k == 32]  # q, k, v, intermediate
+        pairs = _beside(bwd)
+        assert len(pairs) == 2 and all(blk.overlap > 0 for blk, _ in pairs)
+        # every weight gradient of the layer is in its own segment, the column-parallel ones
+        # beside the all-reduces
+        wgrads = [op for b in bwd if b.comm is None for op in b.ops
+                  if isinstance(op, ops.Gemm) and op.b == 1 and op.k == tokens]
+        beside = [op for _, ops_beside in pairs for op in ops_beside if isinstance(op, ops.Gemm)]
+        assert len(wgrads) == len(cols) + 2  # + the row-parallel attention and output projections'
+        assert [g.k for g in beside] == [tokens] * len(cols)  # q, k, v beside theirs, as the MLP's
+    assert not [b for b in src.embedding[1] if b.comm is not None]  # layer 0 reduced its own
