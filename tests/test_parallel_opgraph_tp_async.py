@@ -6,7 +6,6 @@ their partial input gradients first; the one all-reduce then runs beside all the
 gradients, as beside Megatron's fused QKV (gate-up) GEMM. Before, the captured graph's all-reduce
 was synchronous: gpt2-large tp4 bf16 micro-batch 4 on dgx-a100 had 18.98 ms of TP communication
 on the critical path against the analytic layer's 13.0."""
-import pandas as pd
 import pytest
 import torch
 
@@ -15,6 +14,7 @@ from kit.hardware import get_system
 from kit.parallel import HostModel, Layout, parse_model, predict_parallel
 from kit.parallel.costs import Coster, Phase
 from kit.parallel.opgraph import capture_model, graph_source, shard_graph
+from tests.test_parallel_tp_async_backward import GemmMs
 
 torch.set_num_threads(1)
 NO_HOST = HostModel(launch_us=0.0, collective_us=0.0, p2p_sync=False)
@@ -24,18 +24,6 @@ TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4
               "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 24,
               "vocab_size": 64}
 BATCH, SEQ = 2, 10
-
-
-class GemmMs:
-    """Every GEMM `ms`, everything else 0."""
-
-    name = "gemm-ms"
-
-    def __init__(self, ms):
-        self.ms = ms
-
-    def predict(self, op_list, gpu):
-        return pd.DataFrame({"latency_ms": [self.ms if op.op_class == "gemm" else 0.0 for op in op_list]})
 
 
 @pytest.fixture(scope="module")

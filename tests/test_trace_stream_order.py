@@ -7,18 +7,10 @@ import pytest
 
 from kit.errors import KitError
 from kit.trace import replay
+from tests.test_replay_audit import ev
+from tests.test_replay_malformed import write_job as write
 
 
-def ev(name, ts, dur, cat, tid=1, **a):
-    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "pid": 1, "tid": tid, "args": a}
-
-
-def write(tmp_path, docs):
-    d = tmp_path / "job"
-    d.mkdir()
-    for k, doc in enumerate(docs):
-        (d / f"rank{k}.json").write_text(json.dumps(doc))
-    return d
 
 
 def tail_of_last_step():
