@@ -109,3 +109,16 @@ def test_a_manifest_is_not_built_from_a_folder_a_fetch_left_unfinished(tmp_path)
     (tmp_path / fetch.INCOMPLETE_MARK).write_text("unfinished\n")
     with pytest.raises(KitError, match="kit-fetch-incomplete: a `kit data fetch` into it did not finish"):
         fetch.build_manifest(tmp_path)
+
+
+def test_the_manifest_command_prints_a_kit_error_in_one_line(tmp_path, capsys, monkeypatch):
+    # `python -m kit.data.fetch manifest DIR` on an unfinished fetch had ended in a traceback;
+    # the shipped manifest must stay as it was
+    monkeypatch.setattr(fetch, "MANIFEST_PATH", tmp_path / "never.json")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "LICENSE").write_text("MIT\n")
+    (tmp_path / "data" / fetch.INCOMPLETE_MARK).write_text("unfinished\n")
+    assert fetch.main(["manifest", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kit.data.fetch: error: ") and "kit-fetch-incomplete" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "never.json").exists()

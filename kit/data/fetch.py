@@ -219,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2 or argv[0] != "manifest":
         print("usage: python -m kit.data.fetch manifest DIR", file=sys.stderr)
         return 2
-    manifest = build_manifest(argv[1])
+    try:
+        manifest = build_manifest(argv[1])
+    except KitError as e:  # one line, as the kit CLI prints it (a folder with no files had raised)
+        print(f"kit.data.fetch: error: {e}", file=sys.stderr)
+        return 2
     MANIFEST_PATH.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     print(f"{len(manifest['files'])} files -> {MANIFEST_PATH}")
     return 0
