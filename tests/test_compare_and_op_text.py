@@ -1,19 +1,10 @@
 """kit compare's top-level memory in mode generate, and kit op's tiling line for a few tiles."""
 import json
 
-import pytest
-
 from kit.cli import main
 from kit.cli.cmd_compare import compare
 from kit.hardware import get_gpu
-
-TINY_GPT = {"model_type": "gpt2", "n_embd": 64, "n_head": 2, "n_layer": 1, "n_positions": 64,
-            "vocab_size": 128}
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "cache"))
+from tests.test_compare_dtype import TINY_GPT, _cache  # noqa: F401  (_cache: autouse, a fresh KIT_CACHE)
 
 
 def test_a_generation_comparison_states_no_one_gpus_fit_at_the_top():
