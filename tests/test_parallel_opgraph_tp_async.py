@@ -141,3 +141,24 @@ def test_a_post_ln_layer_reduces_its_input_gradient_beside_its_own_weight_gradie
         assert len(wgrads) == len(cols) + 2  # + the row-parallel attention and output projections'
         assert [g.k for g in beside] == [tokens] * len(cols)  # q, k, v beside theirs, as the MLP's
     assert not [b for b in src.embedding[1] if b.comm is not None]  # layer 0 reduced its own
+
+
+@pytest.mark.parametrize("config", [TINY_BERT, TINY_LLAMA], ids=["bert", "llama"])
+def test_a_compiled_graph_reduces_the_summed_input_gradients_once(config):
+    """Under compiled fusion Inductor fuses the sum of q, k and v's partial input gradients with
+    the clone that makes the next projection's output gradient; the sharder follows partial sums
+    kernel by kernel (the unfused graph capture_model keeps), so the clone is not read as
+    partial. At node level BERT's layer had 4 backward all-reduces at tp 2 (one before each of
+    k's and q's data gradients), where eager and Megatron have 2: q, k, v's and the MLP's."""
+    eager = shard_graph(capture_model(config, BATCH, SEQ, "bf16"), 2)
+    compiled = shard_graph(capture_model(config, BATCH, SEQ, "bf16", "compiled"), 2)
+    tokens = BATCH * SEQ
+    for layer in range(2):
+        pairs = _beside(compiled.layer(layer)[1])
+        assert len(pairs) == len(_beside(eager.layer(layer)[1])) == 2
+        assert all(blk.overlap > 0 and blk.comm[0] == "allreduce" for blk, _ in pairs)
+        # the q, k, v one runs beside their three weight gradients (llama: the gate and up
+        # projections' two come first, in backward order)
+        wgrads = [[op for op in beside if isinstance(op, ops.Gemm) and op.k == tokens] for _, beside in pairs]
+        assert sorted(len(w) for w in wgrads) == [2 if config is TINY_LLAMA else 1, 3]
+    assert not [b for b in compiled.embedding[1] if b.comm is not None]

@@ -63,7 +63,16 @@ def capture_model(model, micro_batch: int, seq: int, dtype: str, fusion: str = "
     from kit.workload.models import graph_of
 
     graph = graph_of(model, micro_batch, seq, "train", dtype, None, loss=False)  # Megatron's loss is added
-    return apply_fusion(graph, fusion)
+    kernels = apply_fusion(graph, "eager")
+    if fusion == "eager":
+        return kernels
+    fused = apply_fusion(graph, fusion)
+    return fused.with_nodes(fused.nodes, unfused_kernels=kernels)  # _Sharder follows partial sums in it
+
+
+def _members(n) -> tuple:
+    """The captured graph's kernels a node stands for (a fused node: several)."""
+    return n.members or (n.id,)
 
 
 def _split(op, attr: str, tp: int, what: str):
@@ -114,6 +123,19 @@ class _Sharder:
         self.vocab = vocab
         self.vocab_rank = padded_vocab(vocab, tp) // tp if vocab else None
         self.state: dict[int, str] = {}  # node id -> "R" replicated, "S" sharded, "P" partial sum
+        # Partial sums are followed kernel by kernel, in the unfused graph a compiled one keeps
+        # (capture_model): a fused kernel writes several tensors. Inductor fuses the sum of
+        # BERT's q, k and v input gradients with the clone that makes the next projection's
+        # output gradient, and a node-level state had read that clone as partial: 4 backward
+        # all-reduces a layer at tp 2 where Megatron runs 2. Ids are the captured graph's
+        # (Node.members); m_deps is what each kernel reads, m_add whether it is an add
+        base = graph.meta.get("unfused_kernels") or graph
+        orig = {k.id: (k.members[0] if k.members else k.id) for k in base.nodes}
+        self.m_deps = {orig[k.id]: tuple(orig[d] for d in k.deps) for k in base.nodes}
+        self.m_add = {orig[k.id]: isinstance(k.op, ops.Elementwise) and k.op.kind == "add"
+                      for k in base.nodes}
+        self.m_bytes = {orig[k.id]: k.out_bytes for k in base.nodes}
+        self.partial: set = set()  # kernels (captured ids) whose output is an unreduced partial sum
         self.role: dict[str, tuple] = {}  # module -> ("col", N) | ("row", K) | ("vocab", V)
         self.bmm_modules: set = set()
         self.by_id = {n.id: n for n in graph.nodes}
@@ -121,7 +143,7 @@ class _Sharder:
         # gradient all-reduce: their items and node ids
         self.deferred: list = []
         self.deferred_ids: set = set()
-        self.open: set = set()  # partial sums no node has read yet
+        self.open: set = set()  # partial sums (captured ids) no kernel has read yet
 
     def _vocab_split(self, op, attr: str):
         """The LM head's GEMM over this rank's share of the padded vocabulary (a multiple of
@@ -165,9 +187,9 @@ class _Sharder:
         first = self.take_deferred() if self.deferred_ids.intersection(n.deps) else []
         items = [it + (max(n.kernels, 1),) if it[0] == "op" and len(it) == 2 else it
                  for it in self._node(n)]
-        self.open.difference_update(n.deps)
-        if self.state.get(n.id) == "P":
-            self.open.add(n.id)
+        members = _members(n)
+        self.open.difference_update(d for m in members for d in self.m_deps.get(m, ()))
+        self.open.update(self.partial.intersection(members))
         # only a GEMM (the weight gradient) or a sum (the bias's): HF's key projection also
         # owns the clone that makes its output gradient contiguous, on the data path, and
         # Inductor's chains fuse the bias sum with the layer norm's backward; held back, the
@@ -190,9 +212,8 @@ class _Sharder:
         backward all-reduces at tp 2."""
         if not self.open:
             return self.take_deferred()
-        nbytes = max(self.by_id[d].out_bytes for d in self.open)
-        for d in self.open:
-            self.state[d] = "R"
+        nbytes = max(self.m_bytes[d] for d in self.open)
+        self.partial.difference_update(self.open)
         self.open = set()
         held = self.take_deferred()
         return [("comm", "allreduce", nbytes, len(held))] + held
@@ -208,27 +229,40 @@ class _Sharder:
         if tp == 1:
             return [("op", self._padded(n, op))]
         items: list = []
-        partial = [d for d in n.deps if self.state.get(d) == "P"]
-        if partial and not (isinstance(op, ops.Elementwise) and op.kind == "add"):
+        members = _members(n)
+        # the partial sums its kernels read, and those of its kernels that add them up (q, k
+        # and v's input gradients): still partial, unless another of its kernels reads them
+        partial, summing, reduce = set(), set(), False
+        for m in members:
+            read = [d for d in self.m_deps.get(m, ()) if d in self.partial or d in summing]
+            if read and self.m_add.get(m):
+                summing.add(m)
+            elif read:
+                reduce = True
+            partial.update(d for d in read if d not in summing)
+        if reduce:
             # a partial sum (column-parallel input gradients) is read: all-reduce it first, once
-            nbytes = max(self.by_id[d].out_bytes for d in partial)
+            nbytes = max(self.m_bytes[d] for d in partial)
             # Megatron's async all-reduce (kit.parallel.gpt._column_backward): the weight
             # gradients held back (node) run beside it and the compute stream waits only for its
             # excess (Coster.add). Synchronous, it had put gpt2-large at tp 4 (bf16, micro-batch
             # 4, dgx-a100) at 18.98 ms of TP communication on the critical path, 13.0 analytic
             held = self.take_deferred()
             items += [("comm", "allreduce", nbytes, len(held))] + held
-            for d in partial:
-                self.state[d] = "R"
+            self.partial.difference_update(partial)
+            summing = set()
+        self.partial.update(summing)
         ins = any(self.state.get(d) == "S" for d in n.deps)
         out = "R"
-        if partial and not items:
+        if summing:
             out = "P"  # summing partial gradients (q, k and v's): still partial
         elif isinstance(op, ops.Gemm) and op.b == 1:
             op, out, comm = self._linear(n, op, ins)
             items.append(("op", op))
             if comm:
                 items.append(("comm", "allreduce", op.m * op.n * ops.dtype_bytes(op.dtype)))
+            if out == "P":
+                self.partial.update(members)
             self.state[n.id] = out
             return items
         if isinstance(op, ops.EmbeddingBag) and self.vocab and op.rows == self.vocab:
