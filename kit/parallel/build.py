@@ -19,8 +19,11 @@ reduce-scatters the gradients and all-gathers the updated weights; ZeRO-2, which
 the gradients, reduce-scatters them in every micro-batch's backward, not only the last, and
 the next pass waits for them (DeepSpeed's gradient epilogue);
 ZeRO-3 (FSDP) all-gathers each chunk's weights before its forward and backward and
-reduce-scatters its gradients after. With pp > 1 and a tied LM head the first and last stages
-then all-reduce the word embedding's gradient (embedding_sync_bytes) before the optimizer step.
+reduce-scatters its gradients after. With sequence parallelism each stage's TP group then
+all-reduces the gradients of the weights it keeps whole while their inputs are sequence-split
+(norms, row-parallel biases: sp_norm_grad_bytes), and with pp > 1 and a tied LM head the first
+and last stages all-reduce the word embedding's gradient (embedding_sync_bytes), before the
+optimizer step.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from kit.parallel.costs import IN_STREAM_BY_SOURCE, ChunkCost, Coster, chunk_costs, optimizer_ms
 from kit.parallel.gpt import GPTSpec, padded_vocab
 from kit.parallel.layout import Layout
+from kit.parallel.memory import stage_layers
 from kit.parallel.schedule import schedule
 from kit.sim import ExecGraph
 
@@ -253,8 +257,33 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
                     r, "send-fwd" if fwd else "send-bwd", link_ms(min(dst, vi)),
                     "send " + ("activation" if fwd else "gradient"), group=key,
                     deps=(tail,), tag=(phase, mb, c)))
-        _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, embedding_sync_ms)
+        sp_bytes = sp_norm_grad_bytes(spec, lay, stage)
+        sp_ms = coster.comm_ms("allreduce", sp_bytes, coster.group("tp", stage)) if sp_bytes else 0.0
+        _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, embedding_sync_ms, sp_ms)
     return g, costs, coster
+
+
+def sp_norm_grad_bytes(spec: GPTSpec, lay: Layout, stage: int) -> float:
+    """Bytes of the gradients a stage's TP group all-reduces after backward under sequence
+    parallelism (0 without it).
+
+    With SP a rank runs the norms and the row-parallel linears' bias adds on its 1/tp of the
+    tokens, so its gradients of those replicated weights are partial sums over the sequence.
+    Megatron marks them `sequence_parallel` and, after the DP sync and before the embedding
+    group's, all-reduces them over the TP group, flattened into one buffer (finalize_model_grads
+    -> _allreduce_layernorm_grads; Korthikanti et al. 2022, section 4.2.2). Per layer: its two
+    norms' weights and biases and the attention output projection's bias, and a dense layer's
+    second MLP bias (a MoE layer's experts are not Megatron's row-parallel linears), as
+    GPTSpec.layer_params counts them; the last stage adds the final norm. In the gradient
+    dtype (main_grad). GPT-3 175B at tp 8, pp 8: 12 layers x 6 x 12,288 x 4 bytes = 3.5 MB a stage."""
+    if not lay.sequence_parallel or lay.tp == 1:
+        return 0.0
+    virtual = stage_layers(spec, lay)
+    layers = [i for c in range(lay.virtual_stages) for i in virtual[c * lay.pp + stage]]
+    params = sum(4 * spec.hidden + (1 if spec.is_moe(i) else 2) * spec.hidden for i in layers)
+    if stage == lay.pp - 1:
+        params += 2 * spec.hidden
+    return params * lay.grad_bytes
 
 
 def embedding_sync_bytes(spec: GPTSpec, lay: Layout) -> float:
@@ -359,10 +388,12 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
     return tail
 
 
-def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, embedding_sync_ms=0.0):
-    """Gradient sync not yet issued, the tied embedding's all-reduce between the first and last
-    stages (embedding_sync_bytes; embedding_sync_ms its time, 0: none), the optimizer step, and
-    ZeRO's weight all-gather."""
+def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, embedding_sync_ms=0.0,
+            sp_norm_ms=0.0):
+    """Gradient sync not yet issued, sequence parallelism's norm-gradient all-reduce over the TP
+    group (sp_norm_grad_bytes; sp_norm_ms its time, 0: none), the tied embedding's all-reduce
+    between the first and last stages (embedding_sync_bytes; embedding_sync_ms its time), the
+    optimizer step, and ZeRO's weight all-gather."""
     chunks = [costs[c * lay.pp + stage] for c in range(lay.virtual_stages)]
     params = sum(ch.params for ch in chunks)
     experts = sum(ch.expert_params for ch in chunks)
@@ -373,6 +404,13 @@ def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, embedding
                                                                          lay.grad_bytes, stage),
                                              f"dp {kind} gradients", kind="comm",
                                              deps=(tail,) if tail >= 0 else ())))
+    if sp_norm_ms > 0:
+        # after the DP sync and before the embedding group's, as finalize_model_grads runs them;
+        # on the compute stream, where the optimizer step waits for it
+        tail = g.tail(r, "compute")
+        grad_ops.append(_serves(g, TP_EP, g.gpu(
+            r, "compute", sp_norm_ms, "sequence-parallel norm grads all-reduce", kind="comm",
+            launch_ms=host.collective_us / 1e3, deps=tuple(grad_ops) + ((tail,) if tail >= 0 else ()))))
     if embedding_sync_ms > 0 and stage in (0, lay.pp - 1):
         # after the DP sync (finish_grad_sync), as Megatron's finalize_model_grads runs it; the
         # two stages meet here, so the last stage's optimizer step waits for the first's backward

@@ -129,7 +129,7 @@ class _Sharder:
         # output gradient, and a node-level state had read that clone as partial: 4 backward
         # all-reduces a layer at tp 2 where Megatron runs 2. Ids are the captured graph's
         # (Node.members); m_deps is what each kernel reads, m_add whether it is an add
-        base = graph.meta.get("unfused_kernels") or graph
+        base = getattr(graph, "meta", {}).get("unfused_kernels") or graph
         orig = {k.id: (k.members[0] if k.members else k.id) for k in base.nodes}
         self.m_deps = {orig[k.id]: tuple(orig[d] for d in k.deps) for k in base.nodes}
         self.m_add = {orig[k.id]: isinstance(k.op, ops.Elementwise) and k.op.kind == "add"
