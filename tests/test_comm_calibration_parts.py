@@ -12,6 +12,7 @@ from kit.cli import main
 from kit.comm import BandwidthCurve, Calibration, collective_table, fit_curve, predict_collective
 from kit.comm.curves import _switch
 from kit.comm.parsers import format_nccl_tests
+from kit.errors import KitError
 
 SHARED = Path(os.environ.get("KIT_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 VTRAIN = SHARED / "data/vtrain/allreduce_lut_a100.csv"
@@ -125,6 +126,30 @@ def test_one_rank_collectives_report_no_bus_traffic(capsys, kind):
     out = capsys.readouterr().out
     assert "busbw 0.0 GB/s (plateau 0)" in out and "note: one rank" in out
     assert predict_collective(kind, 2**30, "dgx-h100", ranks=8).notes == ()
+
+
+def test_a_one_rank_run_fits_and_predicts_at_its_memory_copy_rate(tmp_path, capsys):
+    """A one-rank nccl-tests run (all_reduce_perf -g 1) copies its buffer in HBM: on an H100
+    the preset's own one-rank times plateau at 1,676 GB/s. `kit comm fit` had refused them as
+    more than 2 x the 450 GB/s of the GPU's NVLink, which a one-rank collective never uses;
+    held to the copy rate instead, a plateau ten times that is still refused."""
+    sizes = [2**i for i in range(10, 31)]
+    t = collective_table("allreduce", sizes, "dgx-h100", ranks=1)
+    rows = [{"size_bytes": int(s), "count": int(s) // 4, "dtype": "float", "time_us": ms * 1e3}
+            for s, ms in zip(t.size_bytes, t.time_ms)]
+    src = tmp_path / "ar1.txt"
+    src.write_text(format_nccl_tests(rows, "allreduce", 1, ["NVIDIA H100 80GB HBM3"]))
+    out = tmp_path / "cal1.json"
+    assert main(["comm", "fit", str(src), "--system", "dgx-h100", "--out", str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    fitted = predict_collective("allreduce", 3e8, "dgx-h100", ranks=1, calibration=out)
+    preset = predict_collective("allreduce", 3e8, "dgx-h100", ranks=1)
+    assert fitted.source.startswith("calibration") and fitted.time_ms == pytest.approx(preset.time_ms, rel=0.02)
+    copy_gbs = 3e8 / (preset.time_ms * 1e6)  # the preset's own rate, over the 900 GB/s of 2 x NVLink
+    assert copy_gbs > 900
+    fast = BandwidthCurve("allreduce", 1, 40.0, 10 * 3350.0, 1e5, 1.0)
+    with pytest.raises(KitError, match="one-rank copy"):
+        predict_collective("allreduce", 3e8, "dgx-h100", ranks=1, calibration=Calibration("dgx-h100", (fast,)))
 
 
 def test_a_size_below_the_calibrated_range_is_noted():

@@ -58,16 +58,25 @@ PLATEAU_HEADROOM = 2.0  # busbw above twice a GPU's own links (NVLS, SHARP reduc
 def check_plausible(cal: Calibration, system) -> None:
     """KitError when a calibration cannot describe real transfers on `system` (a kit System):
     a plateau busbw above PLATEAU_HEADROOM x the GPU's fabric or network bandwidth (times that
-    do not grow with size, or shrink). A noisy fit (measurements on a loaded host) is not refused
-    here: `kit comm fit` reports each curve's fit error and notes those above NOISY_FIT_MAPE."""
+    do not grow with size, or shrink); for a one-rank curve, x the copy rate of its memory. A
+    noisy fit (measurements on a loaded host) is not refused here: `kit comm fit` reports each
+    curve's fit error and notes those above NOISY_FIT_MAPE."""
+    from kit.comm.algorithms import LOCAL_COPY_BYTES_PER_BYTE
+
     per_gpu = max(system.gpu_bw_gbs, system.network.nic_bw_gbs * system.nics_per_gpu)
+    # one rank crosses no link: its collective copies the buffer in its own memory, as the
+    # preset's "local" plan has it (2 bytes of HBM a byte). Held to the links, a one-rank
+    # nccl-tests run (all_reduce_perf -g 1) on an H100 had been refused: its 1,676 GB/s copy
+    # rate is over 2 x 450 GB/s of NVLink, and the kit's own preset predicts that rate
+    copy = system.gpu.mem_bw_gbs / LOCAL_COPY_BYTES_PER_BYTE
     where = cal.source or "the calibration"
     for c in cal.curves:
         regime, name = c, f"{c.kind} x{c.ranks}"
+        most, what = (copy, "a one-rank copy in") if c.ranks == 1 else (per_gpu, "a GPU of")
         while regime is not None:
-            if regime.busbw_max_gbs > PLATEAU_HEADROOM * per_gpu:
+            if regime.busbw_max_gbs > PLATEAU_HEADROOM * most:
                 raise KitError(f"{where}: {name} fits a busbw plateau of {regime.busbw_max_gbs:,.0f} GB/s, "
-                               f"more than {PLATEAU_HEADROOM:g}x the {per_gpu:,.0f} GB/s a GPU of "
+                               f"more than {PLATEAU_HEADROOM:g}x the {most:,.0f} GB/s {what} "
                                f"{system.key} can move: the times do not grow with size as transfers' "
                                "do; check the measurements (and --system)")
             regime = regime.upper
