@@ -116,3 +116,23 @@ def test_an_older_kits_total_count_reads_as_nccl_tests_per_rank_count(tmp_path):
         split = t.kind != "allreduce"
         assert (t["count"][split] * 4 * 4 == t.size_bytes[split]).all(), name
         assert (t["count"][~split] * 4 == t.size_bytes[~split]).all(), name
+
+
+def test_a_wrong_count_nccl_tests_prints_with_g_reads_and_fit_refuses_it(tmp_path):
+    """nccl-tests prints #wrong with %g: 1,048,576 wrong elements read "1.04858e+06". Such a
+    row had been refused as malformed ("expected a whole number"); it is a run that failed
+    its own check, which the table keeps and `fit_table` names."""
+    from kit.comm import fit_table
+
+    row = "4194304       1048576     float     sum      -1    95.80   43.78   76.62      0    96.00   43.69   76.46      0"
+    assert row in NCCL_TESTS
+    f = tmp_path / "wrong.txt"
+    f.write_text(NCCL_TESTS.replace(row, row[:-1] + "1.04858e+06").replace("76.62      0", "76.62  1e+06"))
+    t = parse_nccl_tests(f, kind="allreduce")
+    assert list(t.wrong) == [0, 0, 1_000_000 + 1_048_580]
+    with pytest.raises(KitError, match="wrong results"):
+        fit_table(t)
+    for bad in ("1e+400", "-1e+06", "1.5"):  # not a count: still a clear error
+        f.write_text(NCCL_TESTS.replace(row, row[:-1] + bad))
+        with pytest.raises(KitError, match="whole number"):
+            parse_nccl_tests(f, kind="allreduce")
