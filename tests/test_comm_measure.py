@@ -181,3 +181,19 @@ def test_sendrecv_is_one_batched_pair_and_the_rows_file_goes(tmp_path, monkeypat
     with open(measure.rows_path(out), "w") as f:  # a line cut short is dropped on reading
         f.write('{"kind": "allreduce", "size_bytes": 4}\n{"kind": "allre')
     assert len(measure.read_rows(measure.rows_path(out))) == 1
+
+
+def test_the_returned_table_has_the_columns_the_written_file_has(tmp_path):
+    """collect's table had left busbw_gbs and the in-place columns empty (NaN), which reading
+    the file it wrote gives: the same measurements, to the file's printed precision."""
+    out = tmp_path / "ag.txt"
+    _, t = collect("gloo", 2, [4096, 65536], kinds=["allgather", "allreduce"], iters=2, warmup=0, repeats=1,
+                   out=out, start_method="fork")
+    back = parse_nccl_tests(out)
+    cols = ["time_us", "algbw_gbs", "busbw_gbs", "time_us_in_place", "busbw_gbs_in_place"]
+    assert not t[cols].isna().any().any()
+    assert list(t.kind) == list(back.kind) and list(t.size_bytes) == list(back.size_bytes)
+    for col in cols:
+        assert np.allclose(t[col], back[col], atol=0.0051), col
+    ag = t[t.kind == "allgather"]
+    assert np.allclose(ag.busbw_gbs, ag.algbw_gbs / 2)  # (n-1)/n on 2 ranks

@@ -36,7 +36,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from kit.comm.collective_ops import collective_op as _op  # _worker calls it so: tests patch it here
-from kit.comm.conventions import KINDS, canonical_kind
+from kit.comm.conventions import KINDS, busbw_factor, canonical_kind
 from kit.comm.sizes import MAX_BYTES, parse_sizes  # MAX_BYTES: 1 TiB, no rank holds a buffer this big
 from kit.errors import KitError
 from kit.data.records import Lock, append_jsonl, read_jsonl
@@ -320,10 +320,17 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
             except OSError as e:
                 raise KitError(f"cannot write the measurements to {out}: {e.strerror or e}") from None
             result.unlink(missing_ok=True)  # the text holds them now
-    # every rank is spawned on this host: one node
-    table = pd.DataFrame([{**r, "ranks": ranks, "nodes": 1, "algbw_gbs": r["size_bytes"] / r["time_us"] / 1e3,
-                           "source": str(out or ""), "device": joined_devices(names)} for r in rows])
-    return text, table.reindex(columns=COLUMNS)
+    # every rank is spawned on this host: one node. The bandwidths and in-place columns as the
+    # text has them (format_nccl_tests; the in-place call is the measured one): the table had
+    # left busbw_gbs, time_us_in_place and busbw_gbs_in_place empty (NaN), which parsing `out`
+    # gives
+    def full(r):
+        alg = r["size_bytes"] / r["time_us"] / 1e3 if r["time_us"] > 0 else 0.0
+        bus = alg * busbw_factor(r["kind"], ranks)
+        return {**r, "ranks": ranks, "nodes": 1, "algbw_gbs": alg, "busbw_gbs": bus,
+                "time_us_in_place": r["time_us"], "busbw_gbs_in_place": bus,
+                "source": str(out or ""), "device": joined_devices(names)}
+    return text, pd.DataFrame([full(r) for r in rows]).reindex(columns=COLUMNS)
 
 
 def _spawn(work, ranks, backend, iters, warmup, repeats, stat, timing, pin, result, start_method,
