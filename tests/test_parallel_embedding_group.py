@@ -65,3 +65,21 @@ def test_no_embedding_all_reduce_without_a_second_copy(shape, pp):
     assert parse_model(shape).tied == ("tied=false" not in shape)
     _, res = _run(shape, pp=pp)
     assert _ops(res, LABEL) == []
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_the_stages_embedding_copies_hold_the_padded_vocabulary_the_all_reduce_moves(tp):
+    """The first stage's word embedding and the last stage's copy are [padded vocab / tp, hidden]
+    (Megatron's _vocab_size_with_padding), as the lookup, the logits and the embedding group's
+    all-reduce have them: their weights, gradients and optimizer state had counted 50,257 rows
+    where the buffers hold 50,304 (tp 1) or 50,432 (tp 2)."""
+    from kit.parallel.build import embedding_sync_bytes
+    from kit.parallel.memory import edge_params
+
+    spec = parse_model(SHAPE + ",rope=true,tied=true")  # no position table beside the word embedding
+    lay = Layout(tp=tp, pp=4, dtype="bf16")
+    first, _ = edge_params(spec, lay, 0)
+    last = edge_params(spec, lay, lay.pp - 1)[1]
+    norm = 2 * spec.hidden  # the final norm, beside the last stage's copy
+    assert first * lay.grad_bytes == embedding_sync_bytes(spec, lay)
+    assert (last - norm) * lay.grad_bytes == embedding_sync_bytes(spec, lay)

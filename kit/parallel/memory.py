@@ -85,14 +85,19 @@ def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
 
 def edge_params(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float]:
     """Parameters of a stage outside its layers, per rank: (the embedding, on its first chunk;
-    the output layer and the final norm, on its last chunk)."""
+    the output layer and the final norm, on its last chunk). The vocabulary is Megatron's padded
+    one (kit.parallel.gpt.padded_vocab), as the lookup, the logits and the embedding group's
+    all-reduce have it: its weights, gradients and optimizer state are that wide."""
+    from kit.parallel.gpt import padded_vocab
+
     t = layout.tp
-    first = (spec.vocab * spec.hidden / t + (0 if spec.rope else spec.positions * spec.hidden)
+    vocab_rank = padded_vocab(spec.vocab, t) / t
+    first = (vocab_rank * spec.hidden + (0 if spec.rope else spec.positions * spec.hidden)
              if stage == 0 else 0.0)
     last = 0.0
     if stage == layout.pp - 1:
         if layout.pp > 1 or not spec.tied:
-            last += spec.vocab * spec.hidden / t  # the output layer: untied, or the tied copy on the last stage
+            last += vocab_rank * spec.hidden  # the output layer: untied, or the tied copy on the last stage
         last += 2 * spec.hidden  # the final norm (weight and bias, as GPTSpec.params counts it), replicated over tp
     return first, last
 
