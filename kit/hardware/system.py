@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -261,14 +262,19 @@ def _parse(name: str) -> tuple[dict, str | None, int]:
 def get_system(name: str | System, nodes: int | None = None, network: str | None = None) -> System:
     """A preset by name, optionally as `nodes` boxes over `network` (default: the preset's own)."""
     rescale = isinstance(name, System)  # a System to put on other nodes or another network
+    if isinstance(nodes, bool) or not (nodes is None or isinstance(nodes, int)):
+        raise KitError(f"nodes must be a whole number >= 1, got {nodes!r}")
     if rescale:
+        own = not _is_preset(name)
+        if own:
+            _check_own(name)
         if nodes is None and network is None:
             return name
+        if own:
+            return _rescaled(name, nodes, network)
         name = name.key
     if not isinstance(name, str) or not name.strip():
         raise KitError(f"system name must be a non-empty string, got {name!r}")
-    if isinstance(nodes, bool) or not (nodes is None or isinstance(nodes, int)):
-        raise KitError(f"nodes must be a whole number >= 1, got {nodes!r}")
     if not rescale and (nodes is not None or network is not None):
         _, net, n = _parse(name)
         said_nodes = re.fullmatch(r".+-x\d+", _norm(name)) is not None
@@ -281,6 +287,97 @@ def get_system(name: str | System, nodes: int | None = None, network: str | None
 
 
 MAX_NODES = 2**17  # x 8 GPUs: 1,048,576 ranks, beyond any cluster built (and rank lists stay small)
+
+
+_presets_seen: dict = {}  # System -> whether it is the preset its key names (checked once)
+
+
+def _is_preset(system: System) -> bool:
+    """Whether system is the preset its key names (as get_system builds it), not one of the
+    caller's own (a preset's dataclasses.replace, or a System built by hand)."""
+    try:
+        return _presets_seen[system]
+    except (KeyError, TypeError):  # TypeError: an unhashable field, which _check_own names
+        pass
+    try:
+        same = _lookup(system.key, None, None) == system
+    except (KitError, TypeError):  # a key no preset has
+        same = False
+    try:
+        if len(_presets_seen) > 256:
+            _presets_seen.clear()
+        _presets_seen[system] = same
+    except TypeError:
+        pass
+    return same
+
+
+def _check_own(s: System) -> None:
+    """A KitError for a System of the caller's own that no box can be, as systems.json's presets
+    are checked: 0 GPUs per node had been a ValueError (max() of nothing), a 0 GB/s link or a 0
+    efficiency a ZeroDivisionError, a NaN link bandwidth an all-reduce of 1 GB in 0.08 ms and a
+    misspelt fabric kind ("nvswich") priced as PCIe, 35.6 ms instead of 3.7."""
+    where = f"system {getattr(s, 'key', '?')!r}"
+
+    def whole(v, name: str, lo: int = 1, hi: int | None = None) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+            raise KitError(f"{where}: {name} must be a whole number from {lo:,}"
+                           + (f" to {hi:,}" if hi else " up") + f", got {v!r}")
+
+    def rate(v, name: str, zero: bool = False, most: float | None = None) -> None:
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
+                or (v == 0 and not zero) or (most is not None and v > most)):
+            raise KitError(f"{where}: {name} must be a {'non-negative' if zero else 'positive'} "
+                           f"number{f' of at most {most:g}' if most else ''}, got {v!r}")
+
+    whole(s.nodes, "nodes", 1, MAX_NODES)
+    whole(s.gpus_per_node, "gpus_per_node")
+    whole(s.nics_per_node, "nics_per_node", 0)
+    f, p, n = s.fabric, s.pcie, s.network
+    if f.kind not in FABRIC_KINDS:
+        raise KitError(f"{where}: fabric kind must be one of {', '.join(FABRIC_KINDS)}, got {f.kind!r}")
+    rate(f.link_bw_gbs, "fabric.link_bw_gbs")
+    rate(f.efficiency, "fabric.efficiency", most=1)
+    rate(f.step_latency_us, "fabric.step_latency_us", zero=True)
+    if f.kind == "nvswitch":
+        whole(f.links_per_gpu, "fabric.links_per_gpu (an NVSwitch fabric)")
+    if f.nvls:
+        rate(f.nvls_efficiency, "fabric.nvls_efficiency (NVLS on)", most=1)
+    for link in f.links:
+        a, b, k = link
+        if not (0 <= a < s.gpus_per_node and 0 <= b < s.gpus_per_node and a != b and k > 0):
+            raise KitError(f"{where}: bad NVLink entry {list(link)} for {s.gpus_per_node} GPUs")
+    rate(p.link_bw_gbs, "pcie.link_bw_gbs")
+    rate(p.efficiency, "pcie.efficiency", most=1)
+    rate(p.step_latency_us, "pcie.step_latency_us", zero=True)
+    rate(p.socket_link_bw_gbs, "pcie.socket_link_bw_gbs")
+    for name in ("gpus_per_switch", "switches_per_socket", "sockets"):
+        whole(getattr(p, name), f"pcie.{name}")
+    rate(n.nic_bw_gbs, "network.nic_bw_gbs", zero=s.nodes == 1)
+    rate(n.efficiency, "network.efficiency", most=1)
+    rate(n.step_latency_us, "network.step_latency_us", zero=True)
+
+
+def _rescaled(system: System, nodes: int | None, network: str | None) -> System:
+    """The caller's own System on `nodes` boxes over `network`, its GPU, fabric, PCIe tree and
+    NICs kept. It had been looked up again by its key: a dgx-h100 given gpu_key "h200" came back
+    on 2 nodes as the preset's H100 box (gpt2 dp=16: 17.6 ms, the preset's time, named
+    dgx-h100-x2), and one under a key of its own was an unknown system."""
+    from dataclasses import replace
+
+    n = system.nodes if nodes is None else nodes
+    if not 1 <= n <= MAX_NODES:
+        raise KitError(f"nodes must be a whole number from 1 to {MAX_NODES:,}, got {n!r}")
+    net = system.network if network is None else _network(network)
+    if n > 1 and net.key == "none":
+        raise KitError(f"{n} nodes of {system.key} need a network between them; pass network= one of "
+                       + ", ".join(network_keys()))
+    key = re.sub(r"-x\d+$", "", system.key)
+    if net.key != system.network.key:
+        key = f"{key.removesuffix('-' + system.network.key)}-{net.key}"
+    name = re.sub(r" x\d+ nodes over .*$", "", system.name)
+    return replace(system, key=key + (f"-x{n}" if n > 1 else ""), nodes=n, network=net,
+                   name=name + (f" x{n} nodes over {net.name}" if n > 1 else ""))
 
 
 @lru_cache(maxsize=512)
