@@ -38,8 +38,10 @@ def _bare(name: str) -> str:
 
 def _read_entries(path: Path) -> list[dict]:
     refuse_device(path, "GPU file")
-    try:
-        data = json.loads(path.read_text())
+    try:  # bytes: json finds a BOM'd UTF-8 or a UTF-16 file's encoding itself (PowerShell 5's
+        # `kit gpus --json > my.json` writes UTF-16; Notepad may save UTF-8 with a BOM), which
+        # read_text had refused as "not valid JSON: Unexpected UTF-8 BOM" or "not a text file"
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise KitError(f"GPU file not found: {path}") from None
     except json.JSONDecodeError as e:
