@@ -96,6 +96,9 @@ def test_a_key_that_names_another_gpu_is_refused(tmp_path):
     ({"sm_count": 10**30}, "sm_count .* outside"),
     ({"max_threads_per_sm": 16}, "max_threads_per_sm .* outside"),
     ({"max_threads_per_sm": 2000}, "multiple of the 32-thread warp"),
+    # notes as lines (a list) had made the GPU unhashable: a TypeError in kit op / kit predict
+    ({"notes": ["GA100", "PCIe"]}, "notes must be a string"),
+    ({"notes": 5}, "notes must be a string"),
 ])
 def test_invalid_user_gpu_is_a_clear_error(bad, word):
     with pytest.raises(KitError, match=word):
@@ -136,3 +139,15 @@ def test_missing_field_and_bad_file(tmp_path):
         load_gpu_file(bad)
     with pytest.raises(KitError, match="not found"):
         load_gpu_file(tmp_path / "missing.json")
+
+
+def test_null_notes_are_no_notes_and_a_gpu_with_them_predicts():
+    from kit.api import predict_op
+    from kit.ops import Gemm
+
+    try:
+        gpu = register_gpu(_entry(notes=None))
+        assert gpu.notes == "" and hash(gpu)
+        assert predict_op(Gemm(256, 256, 256), "my-gpu", "roofline")["latency_ms"] > 0
+    finally:
+        unregister_gpu("my-gpu")

@@ -314,4 +314,10 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
     if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) for a in aliases):
         raise KitError(f"{label}: aliases must be a list of strings")
     clean["aliases"] = tuple(aliases)
+    # notes as a list of lines had made the GPU unhashable: a TypeError traceback in the
+    # predictors' caches (kit op, kit predict) instead of an error naming the field
+    notes = entry.get("notes")
+    if notes is not None and not isinstance(notes, str):
+        raise KitError(f"{label}: field notes must be a string (one text) or null, got {notes!r}")
+    clean["notes"] = notes or ""
     return GPU(**clean)
