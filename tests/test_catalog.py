@@ -99,6 +99,8 @@ def test_a_key_that_names_another_gpu_is_refused(tmp_path):
     # notes as lines (a list) had made the GPU unhashable: a TypeError in kit op / kit predict
     ({"notes": ["GA100", "PCIe"]}, "notes must be a string"),
     ({"notes": 5}, "notes must be a string"),
+    # 0 is a GPU without NVLink: the error had said "must be positive", as if 0 were refused
+    ({"interconnect_bw_gbs": -600}, r"interconnect_bw_gbs must be 0 \(none\) or more"),
 ])
 def test_invalid_user_gpu_is_a_clear_error(bad, word):
     with pytest.raises(KitError, match=word):

@@ -236,7 +236,8 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
             raise KitError(f"{label}: field {name} must be a number, got {value!r}")
         allow_zero = name == "interconnect_bw_gbs"
         if value < 0 or (value == 0 and not allow_zero):
-            raise KitError(f"{label}: field {name} must be positive, got {value!r}")
+            raise KitError(f"{label}: field {name} must be "
+                           f"{'0 (none) or more' if allow_zero else 'positive'}, got {value!r}")
         lo, hi = PLAUSIBLE[name]
         if not lo <= value <= hi:
             raise KitError(f"{label}: field {name} = {value!r} is outside what a GPU can have "
