@@ -266,7 +266,7 @@ def get_system(name: str | System, nodes: int | None = None, network: str | None
         raise KitError(f"nodes must be a whole number >= 1, got {nodes!r}")
     if rescale:
         own = not _is_preset(name)
-        if own:
+        if own and not _own_checked(name):
             _check_own(name)
         if nodes is None and network is None:
             return name
@@ -310,6 +310,16 @@ def _is_preset(system: System) -> bool:
     except TypeError:
         pass
     return same
+
+
+_own_ok: set = set()  # Systems of the caller's own that _check_own passed
+
+
+def _own_checked(system: System) -> bool:
+    try:
+        return system in _own_ok
+    except TypeError:  # an unhashable field (checked every time)
+        return False
 
 
 def _check_own(s: System) -> None:
@@ -356,6 +366,12 @@ def _check_own(s: System) -> None:
     rate(n.nic_bw_gbs, "network.nic_bw_gbs", zero=s.nodes == 1)
     rate(n.efficiency, "network.efficiency", most=1)
     rate(n.step_latency_us, "network.step_latency_us", zero=True)
+    try:
+        if len(_own_ok) > 256:
+            _own_ok.clear()
+        _own_ok.add(s)
+    except TypeError:
+        pass
 
 
 def _rescaled(system: System, nodes: int | None, network: str | None) -> System:
