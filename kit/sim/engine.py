@@ -13,6 +13,7 @@ Cost: one pass over the ops, a few list operations each (about 1 µs/op in CPyth
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -43,8 +44,11 @@ class SimResult:
         d = [float(x) for x in dur_ms]
         if len(d) != len(g):
             raise KitError(f"retime: {len(d)} durations for a graph of {len(g)} ops")
-        if d and not min(d) >= 0:  # also catches NaN
-            raise KitError("retime: durations must be >= 0 ms")
+        # each checked, as set_duration does: min() caught a NaN only in first place
+        # ([1.0, nan] retimed to 1.0 ms) and let an inf through as an inf makespan
+        bad = next((x for x in d if not 0 <= x < math.inf), None)
+        if bad is not None:
+            raise KitError(f"retime: durations must be finite numbers >= 0 ms, got {bad!r}")
         prev, deps, group = g.prev, g.deps, g.group
         size: dict = {}
         for key in group:
@@ -82,7 +86,9 @@ class SimResult:
         return float(self.end_ms.max()) if len(self.end_ms) else 0.0
 
     def slowest_rank(self) -> int:
-        return max(self.graph.ranks, key=self.rank_end_ms)
+        """The rank that ends last; a rank with ops wins a tie with one without (all ops of
+        0 ms had picked an empty rank 0, and critical_path() then refused it)."""
+        return max(self.graph.ranks, key=lambda r: (self.rank_end_ms(r), bool(self.graph.order[r])))
 
     def timeline(self):
         """DataFrame of intervals: rank, stream, name, kind, start_ms, end_ms, op, members."""
