@@ -1,8 +1,9 @@
 """CPU launch overhead, calibrated from a Kineto (PyTorch profiler) trace.
 
-On the thread that issues the most top-level `cpu_op` events (the main Python thread), the
-issue period of an op is the time from one top-level op's start to the next one's: dispatch,
-the launches inside it, and the Python between ops. Its median is robust to the few ops that
+On the thread that issues the most top-level `cpu_op` events (the main Python thread; PyTorch
+1.8 calls them "Operator"; a ProfilerStep#N frames a step, it is no op), the issue period of
+an op is the time from one top-level op's start to the next one's: dispatch, the launches
+inside it, and the Python between ops. Its median is robust to the few ops that
 synchronise or allocate. The launch alone is the median `cudaLaunchKernel` (runtime) duration.
 The per-op cost is what the kit charges an op that launches kernels (cpu_op_us + k launch_us),
 so it is read off the top-level ops that launch k >= 1 kernels on that thread; ops that launch
@@ -15,6 +16,7 @@ launch.
 """
 from __future__ import annotations
 
+import re
 import tarfile
 import zipfile
 import zlib
@@ -25,6 +27,10 @@ import numpy as np
 from kit.errors import KitError, refuse_device
 from kit.workload.iteration import CpuOverhead
 
+# the categories of a framework op: "Operator" is PyTorch 1.8's name for it (its traces also call
+# the runtime "Runtime", read below); ProfilerStep#N in them frames a whole step, not an op
+OP_CATS = ("cpu_op", "Operator")
+_STEP = re.compile(r"ProfilerStep#\d+")
 LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "hipLaunchKernel", "cuLaunchKernel",
                 "cuLaunchKernelEx",  # the driver call newer Triton launchers (torch.compile) make
                 "hipExtModuleLaunchKernel")
@@ -152,6 +158,20 @@ def _no_launches(path: Path, n_ops: int) -> KitError:
                     "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
 
 
+def _refuse_range_profiling(path: Path, events: list[dict], launches: list[dict]) -> None:
+    """A KitError for a trace recorded under CUPTI's range profiler (cuda_profiler_range events,
+    torch.profiler's experimental_config profiler_metrics): each launch there replays its
+    kernel to read counters, so its time is no launch cost. HTA's cupti_profiler test trace:
+    cudaLaunchKernel median 52,918 µs (1,513 to 1,220,457), taken as the cost of a launch."""
+    ranges = sum(1 for e in events if e.get("cat") == "cuda_profiler_range")
+    if ranges:
+        median = float(np.median([float(e["dur"]) for e in launches]))
+        raise KitError(f"Kineto trace {path} was recorded under CUPTI's range profiler ({ranges} "
+                       f"cuda_profiler_range events): its kernel launches replay the kernels to read "
+                       f"counters (median {median:,.0f} µs a launch), so it cannot calibrate host costs; "
+                       "profile without profiler_metrics")
+
+
 FEW_PERIODS = 20  # fewer issue periods than this behind the per-op cost get a note
 
 
@@ -164,10 +184,14 @@ def calibrate(path: str | Path) -> CpuOverhead:
     # /dev/zero whole (a MemoryError traceback)
     _refuse_archive(path)
     events = _load(path)
-    ops = _top_level([e for e in events if e.get("cat") == "cpu_op"])
+    # a ProfilerStep#N of category cpu_op (as PyTorch's before user_annotation existed) framed
+    # every op of its step: a 3-step trace of 40 µs ops read as 2 periods of 1,050 µs an op
+    ops = _top_level([e for e in events if e.get("cat") in OP_CATS
+                      and not (isinstance(e.get("name"), str) and _STEP.fullmatch(e["name"]))])
     launch_events = _launch_events(events)
     if not launch_events:
         raise _no_launches(path, len(ops))
+    _refuse_range_profiling(path, events, launch_events)
     launch_us = float(np.median([float(e["dur"]) for e in launch_events]))
     thread, main = _main_thread(ops)
     source = f"{path.name}: {len(main)} top-level cpu_ops on the main thread, {len(launch_events)} launches"
