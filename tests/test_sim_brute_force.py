@@ -147,3 +147,30 @@ def test_retime_refuses_a_nan_or_inf_duration_anywhere(bad, where):
     d[where] = bad
     with pytest.raises(KitError, match="finite numbers >= 0 ms"):
         res.retimed_makespan_ms(d)
+
+
+@pytest.mark.parametrize("bad", [
+    {"deps": (5,)},  # not an earlier op
+    {"deps": (0.0,)},  # no op id: had passed, then simulate() raised TypeError (a list index)
+    {"deps": 0},  # no sequence: had raised TypeError ('int' object is not iterable)
+    {"dur_ms": math.nan},
+    {"dur_ms": "1 ms"},  # had raised ValueError from float()
+])
+def test_a_refused_gpu_op_leaves_the_graph_as_it_was(bad):
+    # gpu() added the op's launch, and _add its rank, before refusing a dependency: the graph
+    # kept an orphan 0.01 ms launch on a new rank 1 (makespan 1.01 ms, not 1.0)
+    g = ExecGraph()
+    g.gpu(0, "compute", 1.0, "a")
+    kw = {"dur_ms": 1.0, "deps": (), **bad}
+    with pytest.raises(KitError, match="op 'b' on rank 1"):
+        g.gpu(1, "compute", kw["dur_ms"], "b", launch_ms=0.01, deps=kw["deps"])
+    assert len(g) == 1 and g.ranks == [0]
+    assert simulate(g).makespan_ms == 1.0
+
+
+def test_numpy_op_ids_are_op_ids():
+    g = ExecGraph()
+    a = g.gpu(0, "compute", 1.0, "a")
+    b = g.gpu(0, "comm", 1.0, "b", kind="comm", deps=np.array([a]))
+    assert g.deps[b] == (0,) and type(g.deps[b][0]) is int
+    assert simulate(g).makespan_ms == 2.0

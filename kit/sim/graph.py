@@ -19,6 +19,7 @@ The graph is stored as flat columns (lists), not objects, so 100k+ ops per rank 
 from __future__ import annotations
 
 import math
+import numbers
 
 from kit.errors import KitError
 
@@ -70,17 +71,41 @@ class ExecGraph:
         return sum(len(m) for m in self.members.values())
 
     # -- ops -----------------------------------------------------------------------------
-    def _add(self, rank, resource, kind, label, dur_ms, deps=(), group=None, tag=None) -> int:
-        if rank not in self.members:
-            self.add_rank(rank)
-        dur_ms = float(dur_ms)
-        if not 0 <= dur_ms < math.inf:  # also catches NaN
+    def _checked(self, rank, label, dur_ms, deps, first: int) -> tuple[float, tuple[int, ...]]:
+        """(dur_ms, deps) of an op about to take id `first` (or later), or a KitError: checked
+        before anything is added, so a refused op leaves no trace (gpu() had added its launch,
+        and _add a rank, before refusing a dependency: the graph kept an orphan launch)."""
+        dur = dur_ms
+        if type(dur) is not float:
+            try:
+                dur = float(dur_ms)
+            except (TypeError, ValueError):
+                dur = math.nan
+        if not 0 <= dur < math.inf:  # also catches NaN
             raise KitError(f"op {label!r} on rank {rank}: duration must be a finite number >= 0 ms, "
                            f"got {dur_ms!r}")
-        i = len(self.dur_ms)
+        if type(deps) is not tuple:
+            try:
+                deps = tuple(deps)
+            except TypeError:
+                raise KitError(f"op {label!r} on rank {rank}: deps must be a sequence of op ids, "
+                               f"got {deps!r}") from None
         for d in deps:
-            if not 0 <= d < i:
+            if type(d) is not int:  # an op id: a float 1.0 had passed, then failed as a list index
+                if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+                    raise KitError(f"op {label!r} on rank {rank}: dependency {d!r} is not an op id")
+                return self._checked(rank, label, dur, tuple(int(x) for x in deps), first)
+            if not 0 <= d < first:
                 raise KitError(f"op {label!r} on rank {rank}: dependency {d} is not an earlier op")
+        return dur, deps
+
+    def _add(self, rank, resource, kind, label, dur_ms, deps=(), group=None, tag=None,
+             checked: bool = False) -> int:
+        i = len(self.dur_ms)
+        if not checked:
+            dur_ms, deps = self._checked(rank, label, dur_ms, deps, i)
+        if rank not in self.members:
+            self.add_rank(rank)
         key = (rank, resource)
         self.rank.append(rank)
         self.resource.append(resource)
@@ -88,7 +113,7 @@ class ExecGraph:
         self.label.append(label)
         self.dur_ms.append(dur_ms)
         self.prev.append(self._tail.get(key, -1))
-        self.deps.append(tuple(deps))
+        self.deps.append(deps)
         self.group.append(group)
         self.tag.append(tag)
         self._tail[key] = i
@@ -110,8 +135,11 @@ class ExecGraph:
         if kind not in GPU_KINDS:
             raise KitError(f"GPU op kind {kind!r}: choose one of {', '.join(GPU_KINDS)}")
         if launch_ms is not None:
-            launch = self._add(rank, thread, "launch", label, launch_ms, (), None, tag)
-            deps = (launch,) + tuple(deps)
+            launch_ms, _ = self._checked(rank, label, launch_ms, (), len(self))
+            dur_ms, deps = self._checked(rank, label, dur_ms, deps, len(self))  # before the launch
+            launch = self._add(rank, thread, "launch", label, launch_ms, (), None, tag, checked=True)
+            return self._add(rank, stream, kind, label, dur_ms, (launch,) + deps, group, tag,
+                             checked=True)
         return self._add(rank, stream, kind, label, dur_ms, deps, group, tag)
 
     def collective(self, rank: int, stream: str, dur_ms: float, label: str, group, ranks=None,
