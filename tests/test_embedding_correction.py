@@ -1,4 +1,5 @@
 """The learned correction recovers a planted one, and lookup_cost applies it."""
+import json
 import math
 
 import numpy as np
@@ -61,3 +62,25 @@ def test_errors(tmp_path):
     with pytest.raises(KitError, match="not an embedding correction"):
         Correction.load(bad)
     assert len(FEATURES) == len(PLANT)
+
+
+@pytest.mark.parametrize("text", ['[1, 2]', '"weights"', '{"features": %s, "weights": null}',
+                                  '{"features": %s, "weights": ["a", 1, 1, 1, 1, 1]}',
+                                  '{"features": %s, "weights": [NaN, 0, 0, 0, 0, 0]}',
+                                  '{"features": %s, "weights": [Infinity, 0, 0, 0, 0, 0]}'])
+def test_a_malformed_correction_file_is_one_kit_error(tmp_path, text):
+    # each had ended in a traceback (AttributeError, TypeError, ValueError), or, NaN weights, been
+    # kept: factor() then scaled every prediction by the clamp's 10x
+    bad = tmp_path / "c.json"
+    bad.write_text(text.replace("%s", json.dumps(list(FEATURES))))
+    with pytest.raises(KitError, match=str(bad)):
+        Correction.load(bad)
+
+
+def test_an_unreadable_correction_file_is_one_kit_error(tmp_path):
+    with pytest.raises(KitError, match="cannot read"):
+        Correction.load(tmp_path)  # a directory
+    binary = tmp_path / "c.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(KitError, match="UTF-8"):
+        Correction.load(binary)

@@ -52,14 +52,26 @@ class Correction:
     @classmethod
     def load(cls, path) -> "Correction":
         try:
-            d = json.loads(Path(path).read_text())
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise KitError(f"correction file not found: {path}") from None
         except json.JSONDecodeError as e:
             raise KitError(f"correction file {path} is not valid JSON: {e.msg}") from None
-        if tuple(d.get("features", ())) != FEATURES or len(d.get("weights", ())) != len(FEATURES):
-            raise KitError(f"{path}: not an embedding correction (features must be {', '.join(FEATURES)})")
-        return cls(tuple(float(w) for w in d["weights"]), d.get("gpu"), d.get("trained_on", {}))
+        except UnicodeDecodeError:
+            raise KitError(f"correction file {path} is not UTF-8 text (not a correction's JSON)") from None
+        except OSError as e:  # a directory, no permission
+            raise KitError(f"cannot read correction file {path}: {e.strerror or e}") from None
+        # a JSON list or string had ended in an AttributeError, weights ["a", ...] in a ValueError,
+        # and NaN weights had been kept: factor()'s clamp then read NaN as +10x (min(10, nan) is 10)
+        weights = d.get("weights") if isinstance(d, dict) else None
+        if not isinstance(d, dict) or tuple(d.get("features") or ()) != FEATURES \
+                or not isinstance(weights, list) or len(weights) != len(FEATURES):
+            raise KitError(f"{path}: not an embedding correction (features must be {', '.join(FEATURES)}, "
+                           f"with one weight each)")
+        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
+                   for w in weights):
+            raise KitError(f"{path}: the correction's weights must be finite numbers, got {weights!r}")
+        return cls(tuple(float(w) for w in weights), d.get("gpu"), d.get("trained_on") or {})
 
 
 def _analytic(row, gpu):
