@@ -319,7 +319,16 @@ def parse_distribution(spec) -> Distribution:
             if name == "zipf":
                 return Zipf(float(arg or 1.0))
             if name == "reuse":
-                return ReuseHistogram(tuple(float(x) for x in arg.split(",") if x.strip()))
+                cells = arg.split(",")
+                if cells[-1].strip() == "":  # a trailing comma: nothing left out
+                    cells = cells[:-1]
+                # an empty bin had been dropped, moving every later bin an octave shorter:
+                # 'reuse:,,,,,,,,,,0.5' read as 0.5 at reuse time 1, so an LRU of 500 rows hit
+                # 50% of 3,000 accesses, not none
+                if any(not x.strip() for x in cells):
+                    raise KitError(f"distribution {spec!r} has an empty bin; give each bin a fraction "
+                                   "(0 for none), e.g. reuse:0.3,0,0.2")
+                return ReuseHistogram(tuple(float(x) for x in cells))
         except ValueError:
             pass
         raise KitError(f"unknown distribution {spec!r}: use 'uniform', 'zipf:ALPHA' or "
