@@ -164,3 +164,27 @@ def test_collect_writes_its_metadata(tmp_path):
     collect(tiny(), out, repeats=2, warmup=1)
     run = json.loads((tmp_path / "e.meta.json").read_text())["runs"][0]
     assert run["status"] == "done" and run["settings"]["repeats"] == 2 and run["written"] == 2
+
+
+@pytest.mark.parametrize("field,value", [("batch", 0), ("dim", 0), ("pooling", 0), ("pooling", 2.5),
+                                         ("rows", -3), ("tables", 1.5)])
+def test_a_grid_size_that_is_not_a_whole_number_of_at_least_1_is_refused(tmp_path, field, value):
+    # batch 0 had been measured and written, a row the file's own reader refuses (the file could
+    # then be neither loaded nor resumed); pooling 2.5 had been measured, and recorded, as 2
+    args = {"batch": [16], "rows": [500], "dim": [8], "pooling": [3], "tables": [1], field: [value]}
+    with pytest.raises(KitError, match=f"{field} values must be whole numbers"):
+        grid(distributions=["uniform"], **args)
+    cfg = {**tiny(distributions=["uniform"])[0], field: value}  # a config built by hand
+    with pytest.raises(KitError, match=f"config {field} must be a whole number"):
+        collect([cfg], tmp_path / "e.csv", repeats=1, warmup=0)
+    assert not (tmp_path / "e.csv").exists()
+    assert grid(batch=[16.0], rows=[1e3], dim=[8], pooling=[3], distributions=["uniform"])[0]["rows"] == 1000
+
+
+def test_an_index_tensor_naming_rows_past_the_table_is_refused_before_measuring(tmp_path):
+    # its ids had been looked up out of range: a torch error per row on the CPU, a device-side
+    # assert (which ends the run) on CUDA
+    out = tmp_path / "e.csv"
+    with pytest.raises(KitError, match="row id 99 but the table has 50 rows"):
+        collect(tiny(rows=[50], distributions=[np.array([0, 5, 99, 99])]), out, repeats=1, warmup=0)
+    assert not out.exists()

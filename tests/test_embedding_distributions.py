@@ -120,3 +120,20 @@ def test_index_tensors_compare_by_value():
     assert a != Empirical(np.arange(50) % 8)
     with pytest.raises(KitError, match="index tensor"):
         parse_distribution(a.spec())
+
+
+def test_a_reuse_spec_with_an_empty_bin_is_refused():
+    # 'reuse:,0.3' had been read as (0.3,): the empty bin dropped, 0.3 moved from reuse times
+    # [2, 4) to [1, 2); ',,,,,,,,,,0.5' put 0.5 at reuse time 1 instead of 2^10
+    for bad in ("reuse:,0.3", "reuse:0.3,,0.2", "reuse:0.3, ,0.2", "reuse:,"):
+        with pytest.raises(KitError, match="empty bin"):
+            parse_distribution(bad)
+    assert parse_distribution("reuse:0.3,0,0.2").bins == (0.3, 0.0, 0.2)
+    assert parse_distribution("reuse:0.3,0.2,").bins == (0.3, 0.2)  # a trailing comma leaves none out
+
+
+def test_an_index_tensor_samples_only_a_table_that_holds_its_rows():
+    e = Empirical(np.array([0, 5, 99, 99]))
+    with pytest.raises(KitError, match="row id 99 but the table has 10 rows"):
+        e.sample(5, 10)  # it had returned ids 99 and 5 for a 10-row table
+    assert set(e.sample(50, 100).tolist()) <= {0, 5, 99}

@@ -30,6 +30,8 @@ snapshots, settings; Ctrl-C and SIGTERM leave "interrupted").
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 from pathlib import Path
 
 from kit.data.collect import _release, sigterm_interrupts, stopped_by
@@ -38,6 +40,7 @@ from kit.data.timing import is_fatal_cuda_error, l2_flusher, summarise_ms, time_
 from kit.embedding.backends import TORCH_DTYPES, _fbgemm, _fbgemm_call, _torch_call, n_index_sets
 from kit.embedding.backends import _precision  # noqa: F401 (re-exported: tests import it from here)
 from kit.embedding.distributions import parse_distribution
+from kit.embedding.index_streams import Empirical
 from kit.embedding.measured_rows import RowAppender, _key
 from kit.embedding.measured_rows import COLUMNS, load  # noqa: F401 (re-exported: tests import them from here)
 from kit.errors import KitError
@@ -75,13 +78,27 @@ def _too_big(cfg: dict, memory: int | None) -> str | None:
             f"{held / 2**30:.4g} GiB, more than the device's {memory / 2**30:.4g} GiB")
 
 
+SIZES = ("batch", "rows", "dim", "pooling", "tables")  # a config's whole numbers, each >= 1
+
+
+def _size(value, what: str) -> int:
+    """value as an int once it is a whole number >= 1 (1e6 too). int() had cut pooling 2.5 to 2
+    and let batch 0 through, whose row the CSV's reader refuses: the file could then be neither
+    loaded nor resumed."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or value < 1 or value != int(value):
+        raise KitError(f"{what} values must be whole numbers of at least 1, got {value!r}")
+    return int(value)
+
+
 def grid(batch, rows, dim, pooling, distributions, tables=(1,), modes=("sum",), dtypes=("fp32",),
          passes=("forward",), optimizer="sgd") -> list[dict]:
     """Every combination, as config dicts."""
     out = []
     for b, e, d, l, dist, t, mo, dt, ps in itertools.product(batch, rows, dim, pooling, distributions,
                                                               tables, modes, dtypes, passes):
-        out.append({"batch": int(b), "rows": int(e), "dim": int(d), "pooling": int(l), "tables": int(t),
+        b, e, d, l, t = (_size(v, k) for v, k in zip((b, e, d, l, t), SIZES))
+        out.append({"batch": b, "rows": e, "dim": d, "pooling": l, "tables": t,
                     "distribution": parse_distribution(dist).spec(), "_dist": dist, "mode": mo,
                     "dtype": dt, "pass": ps, "optimizer": optimizer if ps == "backward" else ""})
     return out
@@ -114,6 +131,12 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
     if not configs:
         raise KitError("nothing to measure: the grid is empty (no distribution, mode or dtype given?)")
     for cfg in configs:
+        for k in SIZES:
+            if isinstance(cfg[k], bool) or not isinstance(cfg[k], numbers.Integral) or cfg[k] < 1:
+                raise KitError(f"config {k} must be a whole number of at least 1, got {cfg[k]!r}")
+        dist = parse_distribution(cfg.get("_dist", cfg["distribution"]))
+        if isinstance(dist, Empirical):  # before anything is measured: its ids must be rows
+            dist.groups(cfg["rows"])
         if cfg["tables"] > MAX_TABLES:
             raise KitError(f"tables {cfg['tables']:,} a config is more than the collector builds "
                            f"(at most {MAX_TABLES:,}; one module each); give fewer --tables")

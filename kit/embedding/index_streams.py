@@ -256,6 +256,10 @@ class Empirical(Distribution):
     def sample(self, n, rows, rng=None):
         rows = _check_rows(rows)
         n, rng = _check_sample(n, rng)
+        # the table must hold the stream's ids, as in every other use: a stream naming row 99
+        # had been sampled for a 10-row table, ids the collector then looked up out of range
+        # (torch's "Expected i < index_size" on the CPU; a device-side assert on CUDA)
+        self.groups(rows)
         return self._sample_ranks(n, rows, rng)
 
     def describe(self):
