@@ -188,3 +188,12 @@ def test_an_index_tensor_naming_rows_past_the_table_is_refused_before_measuring(
     with pytest.raises(KitError, match="row id 99 but the table has 50 rows"):
         collect(tiny(rows=[50], distributions=[np.array([0, 5, 99, 99])]), out, repeats=1, warmup=0)
     assert not out.exists()
+
+
+def test_a_config_built_by_hand_without_grids_private_fields_is_measured(tmp_path):
+    # collect() takes config dicts; one holding the documented fields alone (no grid's "_dist")
+    # had ended in a KeyError traceback
+    cfg = {k: v for k, v in tiny(distributions=["zipf:1.05"])[0].items() if not k.startswith("_")}
+    out = tmp_path / "e.csv"
+    assert collect([cfg], out, repeats=1, warmup=0)["written"] == 1
+    assert load(out)["distribution"].tolist() == ["zipf:1.05"]

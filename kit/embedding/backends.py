@@ -46,7 +46,7 @@ def _inputs(cfg, device):
     import torch
 
     rng = np.random.default_rng(1234 + cfg["rows"] + cfg["batch"])
-    dist = parse_distribution(cfg["_dist"])
+    dist = parse_distribution(cfg.get("_dist", cfg["distribution"]))  # a config built by hand: its spec
     n = cfg["batch"] * cfg["pooling"]
     sets, uniques = [], []
     for _ in range(int(cfg.get("_sets", 1))):
