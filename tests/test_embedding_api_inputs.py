@@ -61,6 +61,25 @@ def test_a_numpy_batch_is_a_whole_number():
         pytest.approx(lookup_cost(list(TABLES), 8, "A100").time_ms)
 
 
+def test_a_table_of_numpy_sizes_is_the_table_of_those_numbers():
+    # 'rows must be a positive whole number, got np.int64(1000)' had refused sizes read from a
+    # pandas column; they are kept as Python numbers, so the two tables are one
+    t = Table(rows=np.int64(1000), dim=np.int32(16), pooling=np.float32(2.0))
+    assert t == TABLES[0] and type(t.rows) is int and type(t.dim) is int and type(t.pooling) is float
+    assert lookup_cost(t, 8, "A100").time_ms == lookup_cost(TABLES[0], 8, "A100").time_ms
+    for bad in ({"rows": np.float64(1000.0)}, {"dim": np.int64(0)}, {"pooling": np.float64("nan")}):
+        with pytest.raises(KitError, match=next(iter(bad))):
+            Table(**{"rows": 1000, "dim": 16, "pooling": 2, **bad})
+
+
+@pytest.mark.parametrize("dists", [["zipf:1.05"] * 3, [1.05, 1.2], [Zipf(1.1), None, Uniform()]])
+def test_a_per_table_distribution_list_of_the_wrong_length_says_so(dists):
+    # it had been read as one index tensor: "index tensor must be a non-empty array of whole numbers"
+    with pytest.raises(KitError, match=f"{len(dists)} distributions for 4 tables"):
+        lookup_cost(list(TABLES), 8, "A100", distribution=dists)
+    assert lookup_cost(list(TABLES), 8, "A100", distribution=[0, 1, 2]).time_ms > 0  # an index tensor
+
+
 @pytest.mark.parametrize("kw,word", [
     ({"seed": "x"}, "seed"), ({"seed": -1}, "seed"), ({"seed": 1.5}, "seed"),
     ({"memory_cap_gib": "3"}, "memory_cap_gib"), ({"memory_cap_gib": True}, "memory_cap_gib"),

@@ -38,6 +38,7 @@ correction (kit.embedding.correction) may scale the total; none ships by default
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from kit.embedding.distributions import Distribution, parse_distribution
@@ -120,13 +121,18 @@ class Table:
     distribution: Distribution | None = None
 
     def __post_init__(self):
+        # numpy numbers (a pandas column's) are numbers, as kit.errors.whole_number has them: rows
+        # np.int64(100) had been refused as "not a positive whole number"; they are kept as Python's
         for k in ("rows", "dim"):
             v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise KitError(f"table {self.name or '?'}: {k} must be a positive whole number, got {v!r}")
-        if isinstance(self.pooling, bool) or not isinstance(self.pooling, (int, float)) \
+            object.__setattr__(self, k, int(v))
+        if isinstance(self.pooling, bool) or not isinstance(self.pooling, numbers.Real) \
                 or not math.isfinite(self.pooling) or self.pooling <= 0:
             raise KitError(f"table {self.name or '?'}: pooling must be a positive number, got {self.pooling!r}")
+        if not isinstance(self.pooling, (int, float)):
+            object.__setattr__(self, "pooling", float(self.pooling))
         size = self.rows * self.dim * dtype_bytes(self.dtype)
         if size > MAX_TABLE_BYTES:  # past int64 row-byte arithmetic long before it matters
             raise KitError(f"table {self.name or '?'}: {self.rows:,} rows x {self.dim:,} {self.dtype} "
@@ -302,6 +308,12 @@ def lookup_cost(tables, batch: int, gpu, distribution=None, backward: bool = Fal
     if correction is not None and not callable(getattr(correction, "factor", None)):
         raise KitError(f"correction must be a kit.embedding.correction.Correction (fit_correction) "
                        f"or None, got {correction!r}")
+    if isinstance(distribution, (list, tuple)) and len(distribution) != len(tables) and any(
+            isinstance(x, (str, float, Distribution)) or x is None for x in distribution):
+        # a per-table list of the wrong length: it had been read as one index tensor, and
+        # refused as "index tensor must be a non-empty array of whole numbers"
+        raise KitError(f"distribution lists {len(distribution)} distributions for {len(tables)} "
+                       f"tables; give one per table, or one for all")
     per_table = isinstance(distribution, (list, tuple)) and len(distribution) == len(tables) and (
         not all(isinstance(x, (int, float)) for x in distribution)  # Distributions or strings
         or any(isinstance(x, float) for x in distribution))  # Zipf alphas; whole numbers are indices
