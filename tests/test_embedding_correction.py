@@ -84,3 +84,13 @@ def test_an_unreadable_correction_file_is_one_kit_error(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(KitError, match="UTF-8"):
         Correction.load(binary)
+
+
+def test_a_backward_row_with_no_optimizer_is_fit_as_sgd(tmp_path):
+    # the reader takes an empty optimizer (the backends time it as sgd) and load() reads the empty
+    # cell as NaN, which the fitter had kept: "unknown optimizer 'nan'"
+    df = synthetic().assign(unique_rows=1)
+    path, blank = tmp_path / "sgd.csv", tmp_path / "blank.csv"
+    df.to_csv(path, index=False)
+    df.assign(optimizer="").to_csv(blank, index=False)
+    assert fit_correction(blank).weights == pytest.approx(fit_correction(path).weights, rel=1e-12)

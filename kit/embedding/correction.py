@@ -84,8 +84,11 @@ def _analytic(row, gpu):
               dtype=str(row["dtype"]))
     tables = [t] * int(row["tables"])
     backward = row["pass"] == "backward"
+    # an empty optimizer is sgd (the collector's backends time it so); load() reads the empty cell
+    # as NaN, which `or "sgd"` kept: "unknown optimizer 'nan'"
+    opt = row["optimizer"] if isinstance(row["optimizer"], str) and row["optimizer"] else "sgd"
     r = lookup_cost(tables, int(row["batch"]), gpu, parse_distribution(str(row["distribution"])),
-                    backward=backward, optimizer=str(row["optimizer"] or "sgd") if backward else "sgd",
+                    backward=backward, optimizer=opt if backward else "sgd",
                     mode=str(row["mode"]), fused=row["backend"] == "fbgemm")
     return r, tables, backward
 
