@@ -400,17 +400,19 @@ def _option(m, t, kind, k=None):
 
 
 def test_row_wise_shards_split_the_rows_and_the_pooling():
-    """Row-wise (TorchRec rw): each of the W ranks holds ceil(E/W) rows and looks up its share of
-    every bag, pooling L/W, so the shards together do the table's L lookups a sample."""
+    """Row-wise (TorchRec rw): ranks 0..W-2 hold ceil(E/W) rows and the last the rest (1001 over
+    4: 251, 251, 251, 248), each looking up its rows' share of every bag (pooling L x rows / E),
+    so the shards together hold the E rows and do the table's L lookups a sample."""
     from kit.embedding import Table
 
     tab = Table(rows=1001, dim=64, pooling=12, name="rw")
     m = _model([tab])
     shards = m.shards(0, m.options[0][_option(m, 0, "rw")])
     assert len(shards) == 4
+    assert [s[1] for s in shards] == [math.ceil(1001 / 4)] * 3 + [1001 - 3 * math.ceil(1001 / 4)]
     for r, rows, dim, pooling, batch, _ in shards:
-        assert (rows, dim) == (math.ceil(1001 / 4), 64)
-        assert pooling == pytest.approx(12 / 4)
+        assert dim == 64
+        assert pooling == pytest.approx(12 * rows / 1001)
         assert batch == m.batch * 4
     assert sum(s[3] for s in shards) == pytest.approx(tab.pooling)
 

@@ -39,6 +39,15 @@ INDEX_BYTES = 8  # int64 indices and offsets
 MAX_BATCH = 2**40
 
 
+def block_rows(rows: int, k: int) -> list[int]:
+    """The rows of each of k row-wise blocks of a table of `rows` rows, as TorchRec cuts them:
+    blocks of ceil(rows / k) rows from the first, the last rows in a shorter block, and none on
+    the blocks past them (10 rows over 8 ranks: 2, 2, 2, 2, 2, 0, 0, 0). Every block had been
+    given ceil(rows / k) rows: 16 rows held for a table of 10."""
+    size = math.ceil(rows / k)
+    return [max(0, min(size, rows - j * size)) for j in range(k)]
+
+
 def _comm():
     try:
         import kit.comm as comm
@@ -182,17 +191,18 @@ class ShardingModel:
             return [(r, tab.rows, tab.dim // k, tab.pooling, b * W, d) for r in opt.ranks]
         if opt.kind in ("rw", "twrw"):
             k = len(opt.ranks)
-            return [(r, math.ceil(tab.rows / k), tab.dim, pooling, b * W, dist)
-                    for r, (pooling, dist) in zip(opt.ranks, self._row_blocks(t, k))]
+            return [(r, rows, tab.dim, pooling, b * W, dist)
+                    for r, rows, (pooling, dist) in zip(opt.ranks, block_rows(tab.rows, k), self._row_blocks(t, k))]
         if opt.kind == "dp":
             return [(r, tab.rows, tab.dim, tab.pooling, b, d) for r in opt.ranks]
         raise KitError(f"unknown sharding kind {opt.kind!r}")
 
     def _row_blocks(self, t: int, k: int) -> list[tuple[float, object]]:
-        """(pooling, index distribution) of each of table t's k row-wise shards (blocks of
-        ceil(rows / k) rows). A distribution of row ranks spreads its hot rows over the blocks
-        (ids hashed), so each block takes pooling / k under it and holds a k-th of the rows the
-        table's lookups touch (RowBlock; a uniform block is uniform over its own rows); a real
+        """(pooling, index distribution) of each of table t's k row-wise shards (block_rows:
+        blocks of ceil(rows / k) rows). A distribution of row ranks spreads its hot rows over the
+        blocks (ids hashed), so each block takes its rows' share of the pooling (pooling / k where
+        k divides the rows) and holds a k-th of the rows the table's lookups touch (RowBlock; a
+        uniform block is uniform over its own rows); a real
         index tensor (Empirical) gives each block the indices in its rows, re-based, and their
         share of the lookups: its hot rows stay where they are. (Every shard had been given the
         whole tensor, which names rows past a shard's: no plan with a row-wise option could be
@@ -202,8 +212,12 @@ class ShardingModel:
             tab = self.tables[t]
             d = tab.distribution
             if not isinstance(d, Empirical):
+                # hashed ids spread the lookups over the rows, so a block takes its rows' share of
+                # them; a block past the last row takes none (rows 10 over 8 ranks: 2,2,2,2,2,0,0,0
+                # rows, where every rank had held 2 rows and taken an eighth of the lookups)
                 block = d if d is None or isinstance(d, Uniform) or k == 1 else RowBlock(d, k, tab.rows)
-                self._blocks[key] = [(tab.pooling / k, block)] * k
+                self._blocks[key] = [(tab.pooling * max(n, EMPTY_BLOCK_LOOKUPS) / tab.rows,
+                                      block if n else Uniform()) for n in block_rows(tab.rows, k)]
             else:
                 rows, ids = math.ceil(tab.rows / k), d.indices
                 self._blocks[key] = []
