@@ -226,9 +226,12 @@ def local_search(model, starts: dict[str, np.ndarray] | None = None, time_budget
 
 def exhaustive(model, max_plans: int = 2_000_000):
     """The optimum by enumerating every plan (small cases only): (choice, cost, plans)."""
-    total = int(np.prod(model.n_options.astype(float)))
+    # a whole number: the float product overflows (300 tables of 40 placements: 40^300 is inf,
+    # and int(inf) had ended in an OverflowError, not this message)
+    total = math.prod(int(n) for n in model.n_options)
     if total > max_plans:
-        raise KitError(f"exhaustive search would price {total:,} plans (limit {max_plans:,}); "
+        count = f"{total:,}" if total < 10**15 else f"about 10^{len(str(total)) - 1}"
+        raise KitError(f"exhaustive search would price {count} plans (limit {max_plans:,}); "
                        "use fewer tables or GPUs")
     grids = np.stack(np.meshgrid(*[np.arange(n) for n in model.n_options], indexing="ij"), -1)
     allp = grids.reshape(-1, len(model.tables))
