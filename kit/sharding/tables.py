@@ -37,7 +37,10 @@ def read_tables(path: str | Path) -> list[Table]:
         raise KitError(f"tables file not found: {path}")
     try:  # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
         with open(path, encoding="utf-8-sig", newline="") as f:
-            rows = list(csv.DictReader(f))
+            reader, rows, lines = csv.DictReader(f), [], []
+            for raw in reader:  # each record's first line: blank lines and quoted line breaks
+                rows.append(raw)  # had shifted the lines the messages name (enumerate's count)
+                lines.append(reader.line_num - sum(v.count("\n") for v in _fields(raw)))
             f.seek(0)
             header = next(csv.reader(f), [])  # as written: DictReader keeps one of two same names
     except (UnicodeDecodeError, csv.Error) as e:
@@ -57,7 +60,7 @@ def read_tables(path: str | Path) -> list[Table]:
     if not rows:
         raise KitError(f"{path}: no tables (only a header)")
     tables = []
-    for i, raw in enumerate(rows, start=2):
+    for i, raw in zip(lines, rows):
         if None in raw:
             raise KitError(f"{path} line {i}: more fields than the header has columns")
         r = {k.strip(): (v or "").strip() for k, v in raw.items()}
@@ -77,8 +80,16 @@ def read_tables(path: str | Path) -> list[Table]:
                                 distribution=dist))
         except KitError as e:
             raise KitError(f"{where}: {e}") from None
-    check_unique_names(tables, lambda i: f"{path} line {i + 2}")
+    check_unique_names(tables, lambda i: f"{path} line {lines[i]}")
     return tables
+
+
+def _fields(raw: dict) -> list[str]:
+    """A DictReader record's text fields: a long line's extra fields are a list under None."""
+    out = []
+    for v in raw.values():
+        out += v if isinstance(v, list) else [v or ""]
+    return out
 
 
 def check_unique_names(tables, where) -> None:
