@@ -37,6 +37,46 @@ def test_the_sum_is_exact_for_a_step_affine_in_its_context():
     assert len(every) == new - 1
 
 
+@pytest.mark.parametrize("prompt", range(90, 101))
+@pytest.mark.parametrize("window", [96, 99])
+def test_the_sum_takes_a_sliding_windows_jump_where_it_is(prompt, window):
+    """From context w on a full static window shifts each step (a copy of the whole window), so
+    the step jumps there; interpolated across the edge from samples far from it, the steps
+    between had taken a ramp. With w - 2 and w sampled, only the step at w - 1 is interpolated:
+    the sum is off by at most half the jump, wherever the edge falls among the samples."""
+    new, jump = 40, 3.0
+    step = lambda c: 2.0 + 0.01 * c + (jump if c >= window else 0.0)  # noqa: E731
+    contexts = sample_contexts(prompt, new, windows=[window])
+    got = summed_steps_ms(contexts, [step(c) for c in contexts], prompt, new)
+    exact = sum(step(c) for c in range(prompt, prompt + new - 1))
+    assert abs(got - exact) <= jump / 2 + 1e-9
+    assert sample_contexts(prompt, new, windows=[0]) == sample_contexts(prompt, new)  # 0: none
+
+
+def test_a_sliding_window_generation_samples_its_edge():
+    """A tiny Mistral (window 8, static cache): from context 8 each step adds the window's shift
+    (a cat and a copy_ a layer for keys and for values). A 7-token prompt and 20 new tokens had
+    sampled contexts 7, 12, 16, 20, 25, so the steps at 8 to 11 were taken on a ramp from 7's
+    time; the sum now matches the one over every step."""
+    kw = dict(batch=2, prompt=7, new_tokens=20)
+    r = generation(MISTRAL, GPU, **kw)
+    every = generation(MISTRAL, GPU, samples=19, **kw)
+    assert [s["context"] for s in every["decode_steps"]] == list(range(7, 26))
+    steps = {s["context"]: s["ms"] for s in every["decode_steps"]}
+    assert steps[8] > steps[7] and steps[8] == pytest.approx(steps[25], rel=0.01)  # the jump at 8
+    assert {7, 8} <= {s["context"] for s in r["decode_steps"]}
+    assert r["decode_ms"] == pytest.approx(every["decode_ms"], rel=1e-6)
+    assert r["decode_kernel_ms"] == pytest.approx(every["decode_kernel_ms"], rel=1e-6)
+
+
+def test_fewer_than_two_decode_samples_are_refused():
+    """One sample had priced every step as the first (a step over the whole answer's growing
+    cache at the prompt's context); none had been numpy's traceback."""
+    for samples in (0, 1, 2.5):
+        with pytest.raises(KitError, match="generation: samples must be a whole number of at least 2"):
+            generation(GPT, GPU, batch=1, prompt=8, new_tokens=4, samples=samples)
+
+
 def test_generation_is_its_prefill_and_its_decode_steps():
     b, p, n = 2, 20, 6
     r = predict_generation(GPT, GPU, batch=b, prompt=p, new_tokens=n)

@@ -15,8 +15,10 @@ last new token is never fed back, so the whole generation needs P + N - 1 positi
 
 A decode step's time is its weights (the same at every context) plus attention over the cache
 (growing with it), so the sum is taken from decode steps predicted at `samples` contexts spread
-over [P+1, P+N-1] (first and last included) and linear interpolation between them: exact for a
-step that is affine in its context, and each sample is a full capture and prediction. The steps'
+over the contexts [P, P+N-2] (first and last included; each a step's tokens cached before it),
+with both sides of a sliding window's edge among them (sample_contexts), and linear
+interpolation between them: exact for a step that is affine in its context between samples,
+and each sample is a full capture and prediction. The steps'
 GPU work (their kernels, without the time the GPU waits on the CPU) is summed the same way
 (`decode_kernel_ms`).
 """
@@ -29,13 +31,39 @@ from kit.errors import KitError, whole_number
 DECODE_SAMPLES = 5
 
 
-def sample_contexts(prompt: int, new_tokens: int, samples: int = DECODE_SAMPLES) -> list[int]:
+def sample_contexts(prompt: int, new_tokens: int, samples: int = DECODE_SAMPLES,
+                    windows=()) -> list[int]:
     """The contexts at which decode steps are predicted: up to `samples`, evenly spread over
-    the N - 1 decode steps' contexts P .. P+N-2 (the tokens cached before each), ends included."""
+    the N - 1 decode steps' contexts P .. P+N-2 (the tokens cached before each), ends included,
+    and both sides of each sliding window's edge inside them, where the step is not affine in its
+    context (kit.workload.kv_cache): from context w on a static window is full and shifts, a copy
+    of the whole window every step and layer (gemma2-9b, batch 16, bf16 on an H100: 107 ms a step
+    at context 4080, 128 at 4096), and a dynamic one stops growing from w - 1. Interpolated
+    across the edge, the steps between two samples had taken a ramp for that jump: a 3,906-token
+    prompt and 256 new tokens summed to 28,962 ms of decode for some 28,330, now 28,346. The
+    samples are w - 2 and w, leaving the one step at w - 1 interpolated: there a static cache
+    holds w rows (a power of two), whose aligned attention GEMMs were priced 9 ms under those of
+    the step before (98.5 against 107.4 ms), so that as a sample it would stand for the steps
+    before it."""
     if new_tokens < 2:
         return []
     lo, hi = prompt, prompt + new_tokens - 2
-    return sorted({int(round(c)) for c in np.linspace(lo, hi, min(samples, hi - lo + 1))})
+    spread = {int(round(c)) for c in np.linspace(lo, hi, min(samples, hi - lo + 1))}
+    edges = {c for w in windows if w for c in (w - 2, w) if lo <= c <= hi}
+    return sorted(spread | edges)
+
+
+def sliding_windows_of(model) -> list[int]:
+    """The distinct sliding windows of a zoo decoder or config's layers (none for a model
+    without: GPT-2, OPT, DeepSeek, Llama)."""
+    from kit.workload import zoo
+    from kit.workload.modes import LLAMA_FAMILIES
+    from kit.workload.zoo_modern import sliding_windows
+
+    cfg = zoo.config(model) if isinstance(model, str) else dict(model)
+    if cfg.get("model_type") not in LLAMA_FAMILIES:
+        return []
+    return sorted({w for w in sliding_windows(cfg) if w})
 
 
 def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_tokens: int) -> float:
@@ -88,6 +116,9 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
 
     batch, prompt, new_tokens = (whole_number(v, f"generation: {name}") for name, v in (
         ("batch", batch), ("prompt", prompt), ("new_tokens", new_tokens)))  # numpy integers too
+    # the first and last step at least: one sample had priced every step as the first (0: an
+    # interpolation over no points, a numpy traceback)
+    samples = whole_number(samples, "generation: samples", low=2)
     if isinstance(model, str) and model.lower().endswith(".json"):
         model = read_config(model)
     elif isinstance(model, str) and ":" in model and "=" not in model:  # a callable's config dict
@@ -121,7 +152,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     prefill_graph = with_cache_writes(graph_of(model, batch, prompt, "inference", dtype, last_logits=True),
                                       model, batch, prompt, kv_cache)
     prefill = iteration(prefill_graph, gpu, **run)
-    contexts = sample_contexts(prompt, new_tokens, samples)
+    contexts = sample_contexts(prompt, new_tokens, samples, sliding_windows_of(model))
     steps = [iteration(graph_of(model, batch, c, "decode", dtype, kv_cache=kv_cache), gpu, **run)
              for c in contexts]
     step_ms = [s.total_ms for s in steps]
