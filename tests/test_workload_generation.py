@@ -241,6 +241,25 @@ def test_cli_generate(capsys):
     assert "--new-tokens goes with --mode generate" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("new_tokens", [1, 16])
+def test_compare_generate_text_shows_each_rows_ttft_and_tpot(capsys, new_tokens):
+    """kit compare --mode generate's JSON rows hold ttft_ms and tpot_ms; its text table had said
+    only the whole answer's time, so the two numbers a generation is read by were in one output
+    and not the other."""
+    argv = ["compare", "gpt2", "--gpus", f"{GPU},t4", "--mode", "generate", "--batch", "2",
+            "--seq", "64", "--new-tokens", str(new_tokens)]
+    c = cli_json(capsys, argv)
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for row in c["rows"]:
+        line = next(x for x in lines if x.startswith(row["gpu"] + " "))
+        tpot = "-" if row["tpot_ms"] is None else f"{row['tpot_ms']:.2f} ms"
+        assert f"TTFT {row['ttft_ms']:.2f} ms, TPOT {tpot}" in line, line
+        assert (row["tpot_ms"] is None) == (new_tokens == 1)
+    assert main(argv[:5] + ["decode", "--seq", "64"]) == 0  # the other modes' rows have neither
+    assert "TTFT" not in capsys.readouterr().out
+
+
 def test_generate_memory_counts_the_last_positions_logits_only():
     # the prefill's activations held every prompt position's logits (b x p x vocab), so generate's
     # memory need was several times decode's at the same context and its max batch far smaller

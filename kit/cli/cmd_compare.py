@@ -249,6 +249,7 @@ def text(r) -> str:
                      f"{'yes' if row['fits'] else 'NO':>5} {row['energy_j_per_step']:>9.1f} "
                      f"{('-' if cost is None else f'{cost:.3f}'):>12}"
                      + (f" {_share(row.get('carried_share')):>8}" if carried else "")
+                     + ttft_text(row)
                      + (f"  max batch {row['max_batch']:,}" if "max_batch" in row else ""))
     if any(not row["unsupported"] and not row["fits"] for row in r["rows"]):
         fixes = "a smaller batch, bf16 or more GPUs" if r["dtype"] in ("fp32", "tf32") else \
@@ -266,6 +267,16 @@ def text(r) -> str:
                      "another GPU or dtype (kit.workload.carried): none of those kernels was timed on that "
                      "GPU, so its band is wider")
     return "\n".join(lines)
+
+
+def ttft_text(row) -> str:
+    """A generation row's time to first token and per output token (its JSON's ttft_ms and
+    tpot_ms, which the text table had left out: a row said only the whole answer's time); none
+    for the other modes."""
+    if "ttft_ms" not in row:
+        return ""
+    tpot = "-" if row["tpot_ms"] is None else f"{row['tpot_ms']:.2f} ms"  # one new token: none
+    return f"  TTFT {row['ttft_ms']:.2f} ms, TPOT {tpot}"
 
 
 def _share(x) -> str:
