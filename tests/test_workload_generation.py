@@ -214,6 +214,17 @@ def test_bad_generation_requests_are_one_clear_error():
         predict_model("gpt2", GPU, mode="generate")
 
 
+def test_a_config_file_given_as_a_path_generates(tmp_path):
+    """predict_model takes a config file as a pathlib.Path; predict_generation had refused one as
+    "a Python module", with a message that asked for a file."""
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(GPT))
+    r = predict_generation(path, GPU, batch=1, prompt=16, new_tokens=4)
+    assert r["total_ms"] == pytest.approx(predict_generation(str(path), GPU, batch=1, prompt=16,
+                                                             new_tokens=4)["total_ms"])
+    assert r["model"] == GPT["name"]
+
+
 def test_a_config_file_generates(tmp_path):
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(GPT))

@@ -24,6 +24,8 @@ GPU work (their kernels, without the time the GPU waits on the CPU) is summed th
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from kit.errors import KitError, whole_number
@@ -119,6 +121,8 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     # the first and last step at least: one sample had priced every step as the first (0: an
     # interpolation over no points, a numpy traceback)
     samples = whole_number(samples, "generation: samples", low=2)
+    if isinstance(model, os.PathLike):  # a config file as a Path, as graph_of takes it (it had
+        model = os.fspath(model)  # been refused as "a Python module", its own file named)
     if isinstance(model, str) and model.lower().endswith(".json"):
         model = read_config(model)
     elif isinstance(model, str) and ":" in model and "=" not in model:  # a callable's config dict
