@@ -183,3 +183,17 @@ def test_gpu_work_without_a_recorded_launch_still_occupies_its_stream(tmp_path):
     assert tl.loc["k2", "start_ms"] == pytest.approx(0.080)
     assert any("1 GPU ops without a recorded launch" in n for n in r.to_dict()["notes"])
     assert r.ranks[0]["predicted_ms"] == pytest.approx(0.100)
+
+
+@need_hta
+def test_a_range_profiled_trace_says_its_host_times_are_the_profilers():
+    """HTA's cupti_profiler trace was recorded under CUPTI's range profiler: no kernel events,
+    and each cudaLaunchKernel replays its kernel to read counters (median 52.9 ms). It replays
+    as recorded (its host thread), and says why those host times are no step's."""
+    _, doc = raw("cupti_profiler")
+    ranges = sum(1 for e in doc["traceEvents"] if e.get("cat") == "cuda_profiler_range")
+    assert ranges > 0
+    notes = replay(HTA / "cupti_profiler").to_dict()["notes"]
+    assert [n for n in notes if "range profiler" in n and f"{ranges:,} cuda_profiler_range" in n]
+    # a trace without such events says nothing of it
+    assert not [n for n in replay(HTA / "cpu_only").to_dict()["notes"] if "range profiler" in n]

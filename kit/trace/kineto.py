@@ -220,6 +220,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     t = RankTrace(rank=rank, source=source, gpu_name=gpu_name, world_size=world)
     skipped = 0
     unreplayed: dict = {}  # complete events of a category the replay has no place for
+    profiled = 0  # CUPTI range-profiler events (torch.profiler's profiler_metrics)
     pids: dict = {}
     recorded = [math.inf, -math.inf]  # first start, last end of every complete event, steps aside
     for e in doc["traceEvents"]:
@@ -252,6 +253,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
             stream = args.get("stream", e.get("tid"))
             t.gpu.append(GpuEvent(ts, dur, name, str(stream), kind, corr, args.get("bytes")))
         elif cat in RUNTIME_CATS:
+            profiled += cat == "cuda_profiler_range"
             t.runtime.append(RuntimeCall(ts, dur, name, str(e.get("tid")), corr,
                                          int_or_none(args.get("External id"))))
         elif cat in CPU_OP_CATS:
@@ -276,6 +278,11 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     if skipped:
         t.notes.append(f"skipped {skipped} events with a missing (or non-numeric, non-finite, "
                        "out-of-range, negative) ts/dur or no name")
+    if profiled:  # its host times are the profiler's: replayed as recorded, not transferable
+        t.notes.append(f"rank {rank}: recorded under CUPTI's range profiler ({profiled:,} "
+                       "cuda_profiler_range events): each launch replays its kernel to read counters "
+                       "(HTA's cupti_profiler trace: 52.9 ms a launch), so its host times are the "
+                       "profiler's, not a step's")
     if unreplayed:  # another device's events (MTIA's), or kernels without a category: said, not lost
         top = sorted(unreplayed.items(), key=lambda kv: -kv[1])
         t.notes.append(f"rank {rank}: skipped {sum(unreplayed.values()):,} complete events of categories "
