@@ -162,3 +162,42 @@ def test_a_compiled_graph_reduces_the_summed_input_gradients_once(config):
         wgrads = [[op for op in beside if isinstance(op, ops.Gemm) and op.k == tokens] for _, beside in pairs]
         assert sorted(len(w) for w in wgrads) == [2 if config is TINY_LLAMA else 1, 3]
     assert not [b for b in compiled.embedding[1] if b.comm is not None]
+
+
+def test_a_fused_chain_of_sums_reduces_its_last_sum_alone():
+    """Two adds of q, k and v's partial input gradients fused into one kernel (dq + dk, then + dv):
+    the first add's sum is read inside the kernel, and only the second's is left to reduce. The
+    first had been left open too, and the segment's end all-reduced it again: 2 backward
+    all-reduces at tp 2 where the same graph eager has 1."""
+    from kit.workload.fusion import apply_fusion
+    from kit.workload.graph import Node, OpGraph
+
+    t, h = 256, 512
+
+    def gemm(i, module, deps, phase, layer=0):
+        return Node(i, "aten.mm.default", ops.Gemm(t, h, h, dtype="bf16"), "gemm", phase, deps,
+                    module, layer, t * h * 2)
+
+    def ew(i, kind, deps, phase, layer=0):
+        return Node(i, f"aten.{kind}.Tensor", ops.Elementwise(kind, t * h, "bf16", inputs=2),
+                    "elementwise", phase, deps, "l.0", layer, t * h * 2)
+
+    nodes = (ew(0, "mul", (), "fwd", None),
+             gemm(1, "l.0.q", (0,), "fwd"), gemm(2, "l.0.k", (0,), "fwd"), gemm(3, "l.0.v", (0,), "fwd"),
+             ew(4, "mul", (1, 2, 3), "fwd"), gemm(5, "l.0.o", (4,), "fwd"),  # row-parallel
+             gemm(6, "l.0.o", (5,), "bwd"), ew(7, "mul", (6,), "bwd"),
+             gemm(8, "l.0.q", (7,), "bwd"), gemm(9, "l.0.k", (7,), "bwd"), gemm(10, "l.0.v", (7,), "bwd"),
+             ew(11, "add", (8, 9), "bwd"), ew(12, "add", (11, 10), "bwd"),  # partial sums
+             gemm(13, "l.0.x", (12,), "bwd"), gemm(14, "emb", (13,), "bwd", None))
+    graph = OpGraph(nodes, "chain", {})
+    eager = apply_fusion(graph, "eager")
+    fused = apply_fusion(graph, "compiled")
+    assert [n.members for n in fused.nodes if len(n.members) > 1] == [(11, 12)]
+    compiled = fused.with_nodes(fused.nodes, unfused_kernels=eager)
+
+    def reduces(src):
+        return [b.comm for b in src.layer(0)[1] + src.embedding[1] if b.comm is not None]
+
+    want = reduces(shard_graph(eager, 2))
+    assert want == [("allreduce", float(t * h * 2), "tp")]
+    assert reduces(shard_graph(compiled, 2)) == want

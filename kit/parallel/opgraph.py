@@ -188,8 +188,11 @@ class _Sharder:
         items = [it + (max(n.kernels, 1),) if it[0] == "op" and len(it) == 2 else it
                  for it in self._node(n)]
         members = _members(n)
-        self.open.difference_update(d for m in members for d in self.m_deps.get(m, ()))
+        # its partial sums first, then what its kernels read: a fused add + add of q, k and v's
+        # gradients reads the first add's sum in the node, and left open that sum had drawn a
+        # second all-reduce at the segment's end (2 a layer at tp 2 where eager runs 1)
         self.open.update(self.partial.intersection(members))
+        self.open.difference_update(d for m in members for d in self.m_deps.get(m, ()))
         # only a GEMM (the weight gradient) or a sum (the bias's): HF's key projection also
         # owns the clone that makes its output gradient contiguous, on the data path, and
         # Inductor's chains fuse the bias sum with the layer norm's backward; held back, the
