@@ -61,3 +61,16 @@ def test_each_stage_all_reduces_its_norm_gradients_before_the_optimizer_step():
 def test_no_norm_all_reduce_without_sequence_parallelism():
     _, res = _run(sequence_parallel=False)
     assert _ops(res, LABEL, ("comm",)) == []
+
+
+def test_a_moe_layer_all_reduces_its_router_weight():
+    """Megatron-core's Router marks its weight (experts x hidden) `sequence_parallel`: it routes
+    the rank's 1/tp of the tokens, and finalize_model_grads all-reduces its gradient with the
+    norms'. A MoE layer has no dense second MLP bias; its router weight takes that place."""
+    moe = parse_model("moe:layers=4,hidden=256,heads=4,experts=8,moe_every=2,seq=128,vocab=512")
+    dense = parse_model("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=512")
+    lay = Layout(tp=2, sequence_parallel=True, dtype="bf16")
+    moe_layers = sum(moe.is_moe(i) for i in range(moe.layers))
+    assert moe_layers == 2
+    extra = sp_norm_grad_bytes(moe, lay, 0) - sp_norm_grad_bytes(dense, lay, 0)
+    assert extra == moe_layers * (moe.experts - 1) * moe.hidden * lay.grad_bytes

@@ -273,14 +273,17 @@ def sp_norm_grad_bytes(spec: GPTSpec, lay: Layout, stage: int) -> float:
     group's, all-reduces them over the TP group, flattened into one buffer (finalize_model_grads
     -> _allreduce_layernorm_grads; Korthikanti et al. 2022, section 4.2.2). Per layer: its two
     norms' weights and biases and the attention output projection's bias, and a dense layer's
-    second MLP bias (a MoE layer's experts are not Megatron's row-parallel linears), as
-    GPTSpec.layer_params counts them; the last stage adds the final norm. In the gradient
+    second MLP bias, as GPTSpec.layer_params counts them; a MoE layer's router weight (experts x
+    hidden) in its place: Megatron-core's Router marks it `sequence_parallel` too (it routes the
+    rank's 1/tp of the tokens before the dispatcher gathers them), left out it had been 8 x
+    4,096 of Mixtral's weights a MoE layer. The last stage adds the final norm. In the gradient
     dtype (main_grad). GPT-3 175B at tp 8, pp 8: 12 layers x 6 x 12,288 x 4 bytes = 3.5 MB a stage."""
     if not lay.sequence_parallel or lay.tp == 1:
         return 0.0
     virtual = stage_layers(spec, lay)
     layers = [i for c in range(lay.virtual_stages) for i in virtual[c * lay.pp + stage]]
-    params = sum(4 * spec.hidden + (1 if spec.is_moe(i) else 2) * spec.hidden for i in layers)
+    params = sum(5 * spec.hidden + (spec.experts if spec.is_moe(i) else 1) * spec.hidden
+                 for i in layers)
     if stage == lay.pp - 1:
         params += 2 * spec.hidden
     return params * lay.grad_bytes
