@@ -90,21 +90,28 @@ def test_untied_rope_model_on_one_stage_holds_its_output_layer():
     projection (vocab x hidden) included: memory_per_rank's params equal the spec's count, and its
     weights are 2 bytes each in fp16. A tied GPT on pp = 1 holds its one embedding once (also the
     spec's count), and on pp = 2 the last stage adds the tied copy (vocab x hidden).
-    The final norm's 2h parameters sit on the last stage (the table had left them out)."""
+    The final norm's 2h parameters sit on the last stage (the table had left them out).
+    Each embedding copy is [padded vocab, h] (Megatron pads 1,000 to 1,024 at tp 1), the spec's
+    V rows plus the padding."""
+    from kit.parallel.gpt import padded_vocab
+
     h, V = 512, 1000
+    pad = (padded_vocab(V, 1) - V) * h  # one copy's padding rows
+    assert pad > 0
     llama = parse_model(f"llama:layers=2,hidden={h},heads=8,kv_heads=2,seq=256,vocab={V},ffn=1408")
     assert llama.rope
     # the spec counts the output layer separately from the input embedding
     assert llama.params - sum(llama.layer_params(i) for i in range(2)) - 2 * h == 2 * V * h
     one = Layout(dtype="fp16")
     row = memory_per_rank(llama, one)[0]
-    assert row["params"] == pytest.approx(llama.params, abs=1e-6)
-    assert row["weights_gib"] * GIB == pytest.approx(2 * llama.params)
+    assert row["params"] == pytest.approx(llama.params + 2 * pad, abs=1e-6)
+    assert row["weights_gib"] * GIB == pytest.approx(2 * (llama.params + 2 * pad))
 
     gpt = GPTSpec(layers=2, hidden=h, heads=8, seq=256, vocab=V, name="g")
-    assert memory_per_rank(gpt, one)[0]["params"] == pytest.approx(gpt.params, abs=1e-6)
+    assert memory_per_rank(gpt, one)[0]["params"] == pytest.approx(gpt.params + pad, abs=1e-6)
     two = Layout(pp=2, dtype="fp16")
-    assert sum(r["params"] for r in memory_per_rank(gpt, two)) == pytest.approx(gpt.params + V * h, abs=1e-6)
+    assert sum(r["params"] for r in memory_per_rank(gpt, two)) == pytest.approx(gpt.params + pad + V * h + pad,
+                                                                                 abs=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------
