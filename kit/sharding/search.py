@@ -230,7 +230,9 @@ def exhaustive(model, max_plans: int = 2_000_000):
     # and int(inf) had ended in an OverflowError, not this message)
     total = math.prod(int(n) for n in model.n_options)
     if total > max_plans:
-        count = f"{total:,}" if total < 10**15 else f"about 10^{len(str(total)) - 1}"
+        # the power of ten by log10, which takes any int: str() of one past 4,300 digits is a
+        # ValueError (Python's int_max_str_digits; 4,800 tables of 8 placements: 8^4800)
+        count = f"{total:,}" if total < 10**15 else f"about 10^{math.floor(math.log10(total))}"
         raise KitError(f"exhaustive search would price {count} plans (limit {max_plans:,}); "
                        "use fewer tables or GPUs")
     grids = np.stack(np.meshgrid(*[np.arange(n) for n in model.n_options], indexing="ij"), -1)
