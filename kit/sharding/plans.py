@@ -3,7 +3,8 @@
 Kinds (TorchRec's names):
   tw    table-wise: the whole table on one rank
   cw    column-wise: D split into k equal column shards on k consecutive ranks (mod world)
-  rw    row-wise: E split evenly over every rank; each rank sums its rows' part of every bag
+  rw    row-wise: E over every rank in blocks of ceil(E/W) from rank 0 (the last shorter, any
+        past it empty); each rank sums its rows' part of every bag
   twrw  table-row-wise: E split over the ranks of one node (systems of several nodes)
   dp    data-parallel: a replica on every rank, gradients all-reduced
 """
