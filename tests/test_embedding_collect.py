@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kit.cli import main
-from kit.embedding import Zipf
+from kit.embedding import Zipf, parse_distribution
 from kit.embedding.collect import COLUMNS, collect, grid, load
 from kit.embedding.correction import fit_correction
 from kit.errors import KitError
@@ -197,3 +197,41 @@ def test_a_config_built_by_hand_without_grids_private_fields_is_measured(tmp_pat
     out = tmp_path / "e.csv"
     assert collect([cfg], out, repeats=1, warmup=0)["written"] == 1
     assert load(out)["distribution"].tolist() == ["zipf:1.05"]
+
+
+def test_a_hand_built_config_is_written_with_its_distributions_spec(tmp_path):
+    # written as given, a Zipf(1.2) had been 'Zipf(alpha=1.2)', an alpha 1.05 the number 1.05 and
+    # an index tensor '[0 5 9 9]': specs neither the fitter nor resume can read back
+    base = {k: v for k, v in tiny(distributions=["uniform"])[0].items() if not k.startswith("_")}
+    idx = np.array([0, 5, 9, 9])
+    dists = [Zipf(1.2), 1.05, idx]
+    out = tmp_path / "e.csv"
+    assert collect([{**base, "distribution": d} for d in dists], out, repeats=1, warmup=0)["written"] == 3
+    assert load(out)["distribution"].tolist() == [parse_distribution(d).spec() for d in dists]
+    assert parse_distribution(load(out)["distribution"][0]) == Zipf(1.2)
+
+
+def test_a_hand_built_backward_config_with_no_optimizer_is_timed_as_sgd(tmp_path):
+    # the torch backend had refused optimizer '' ("needs the fbgemm backend; torch does sgd")
+    # after collect let it through, and a config with no optimizer ended in KeyError 'optimizer'
+    base = {k: v for k, v in tiny(distributions=["uniform"], passes=("backward",))[0].items()
+            if not k.startswith("_") and k != "optimizer"}
+    out = tmp_path / "e.csv"
+    r = collect([base, {**base, "dim": 4, "optimizer": ""}], out, repeats=1, warmup=0)
+    assert r["written"] == 2 and not r["failed"]
+    assert load(out)["optimizer"].fillna("").tolist() == ["sgd", ""]
+
+
+@pytest.mark.parametrize("change,word", [({"pass": "Forward"}, "pass"), ({"tables": None}, "tables"),
+                                         ("list", "dict")])
+def test_a_hand_built_config_the_collector_cannot_write_is_refused_before_measuring(tmp_path, change, word):
+    # pass 'Forward' had been timed as a backward and written as a row the CSV's reader refuses
+    # (the file could be neither loaded nor resumed); a config without tables had ended in
+    # KeyError 'tables', one given as a list of pairs in a TypeError
+    base = {k: v for k, v in tiny(distributions=["uniform"])[0].items() if not k.startswith("_")}
+    cfg = list(base.items()) if change == "list" else \
+        {k: v for k, v in {**base, **change}.items() if v is not None}
+    out = tmp_path / "e.csv"
+    with pytest.raises(KitError, match=word):
+        collect([cfg], out, repeats=1, warmup=0)
+    assert not out.exists()

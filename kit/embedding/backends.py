@@ -76,7 +76,7 @@ def _torch_call(cfg, device):
     it moves to the next index set and, for a backward row, runs the forward."""
     import torch
 
-    if cfg["pass"] == "backward" and cfg["optimizer"] != "sgd":
+    if cfg["pass"] == "backward" and cfg["optimizer"] not in ("", "sgd"):  # "" is sgd, as collect and fbgemm read it
         raise KitError(f"optimizer {cfg['optimizer']!r} needs the fbgemm backend; torch does sgd")
     dtype = getattr(torch, TORCH_DTYPES[cfg["dtype"]])
     bags = [torch.nn.EmbeddingBag(cfg["rows"], cfg["dim"], mode=cfg["mode"], sparse=True,

@@ -41,7 +41,7 @@ from kit.embedding.backends import TORCH_DTYPES, _fbgemm, _fbgemm_call, _torch_c
 from kit.embedding.backends import _precision  # noqa: F401 (re-exported: tests import it from here)
 from kit.embedding.distributions import parse_distribution
 from kit.embedding.index_streams import Empirical
-from kit.embedding.measured_rows import RowAppender, _key
+from kit.embedding.measured_rows import CHOICES, RowAppender, _key
 from kit.embedding.measured_rows import COLUMNS, load  # noqa: F401 (re-exported: tests import them from here)
 from kit.errors import KitError
 
@@ -91,6 +91,38 @@ def _size(value, what: str) -> int:
     return int(value)
 
 
+FIELDS = SIZES + ("distribution", "mode", "dtype", "pass")  # a config's fields; optimizer may be left out
+
+
+def _config(cfg) -> dict:
+    """A config as it is measured and written: grid's, or one built by hand. A hand-built one had
+    been written as given: a Zipf(1.2) as 'Zipf(alpha=1.2)' and an index tensor as '[0 5 9 9]' (no
+    spec: the fitter cannot read them, and tensors numpy prints alike share a resume key), pass
+    'Forward' timed as a backward and written as a row the CSV's reader refuses, and one without
+    an optimizer ended in KeyError 'optimizer'."""
+    if not isinstance(cfg, dict):
+        raise KitError(f"a config is a dict of {', '.join(FIELDS)} (see grid), got {type(cfg).__name__}")
+    missing = [k for k in FIELDS if k not in cfg]
+    if missing:
+        raise KitError(f"config has no {', '.join(missing)}: a config holds {', '.join(FIELDS)} "
+                       f"(and optimizer, for a backward pass; see grid)")
+    for k in SIZES:
+        if isinstance(cfg[k], bool) or not isinstance(cfg[k], numbers.Integral) or cfg[k] < 1:
+            raise KitError(f"config {k} must be a whole number of at least 1, got {cfg[k]!r}")
+    if cfg["pass"] not in CHOICES["pass"]:
+        raise KitError(f"config pass must be forward or backward, got {cfg['pass']!r}")
+    backward = cfg["pass"] == "backward"
+    optimizer = cfg.get("optimizer", "sgd") if backward else ""  # as grid writes them
+    if optimizer not in CHOICES["optimizer"]:
+        raise KitError(f"config optimizer must be sgd or rowwise_adagrad, got {optimizer!r}")
+    given = cfg.get("_dist", cfg["distribution"])
+    dist = parse_distribution(given)
+    if isinstance(dist, Empirical):  # before anything is measured: its ids must be rows
+        dist.groups(cfg["rows"])
+    return {**cfg, **{k: int(cfg[k]) for k in SIZES}, "optimizer": optimizer,
+            "distribution": dist.spec(), "_dist": given}
+
+
 def grid(batch, rows, dim, pooling, distributions, tables=(1,), modes=("sum",), dtypes=("fp32",),
          passes=("forward",), optimizer="sgd") -> list[dict]:
     """Every combination, as config dicts."""
@@ -130,13 +162,8 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
         raise KitError(f"warmup_ms must be a finite number >= 0, got {warmup_ms!r}")
     if not configs:
         raise KitError("nothing to measure: the grid is empty (no distribution, mode or dtype given?)")
+    configs = [_config(cfg) for cfg in configs]
     for cfg in configs:
-        for k in SIZES:
-            if isinstance(cfg[k], bool) or not isinstance(cfg[k], numbers.Integral) or cfg[k] < 1:
-                raise KitError(f"config {k} must be a whole number of at least 1, got {cfg[k]!r}")
-        dist = parse_distribution(cfg.get("_dist", cfg["distribution"]))
-        if isinstance(dist, Empirical):  # before anything is measured: its ids must be rows
-            dist.groups(cfg["rows"])
         if cfg["tables"] > MAX_TABLES:
             raise KitError(f"tables {cfg['tables']:,} a config is more than the collector builds "
                            f"(at most {MAX_TABLES:,}; one module each); give fewer --tables")
