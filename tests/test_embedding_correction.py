@@ -94,3 +94,16 @@ def test_a_backward_row_with_no_optimizer_is_fit_as_sgd(tmp_path):
     df.to_csv(path, index=False)
     df.assign(optimizer="").to_csv(blank, index=False)
     assert fit_correction(blank).weights == pytest.approx(fit_correction(path).weights, rel=1e-12)
+
+
+@pytest.mark.parametrize("text", ['{"features": 5, "weights": [0, 0, 0, 0, 0, 0]}',
+                                  '{"features": %s, "weights": [1%s, 0, 0, 0, 0, 0]}' % ("%s", "0" * 400),
+                                  "[" * 100_000 + "]" * 100_000])
+def test_a_correction_file_of_odd_json_is_one_kit_error(tmp_path, text):
+    # features 5 had been a TypeError, a weight of 401 digits an OverflowError (JSON's whole
+    # numbers are unbounded; isfinite converts them to float), arrays nested 100,000 deep a
+    # RecursionError
+    bad = tmp_path / "c.json"
+    bad.write_text(text.replace("%s", json.dumps(list(FEATURES))))
+    with pytest.raises(KitError, match=str(bad)):
+        Correction.load(bad)

@@ -61,15 +61,19 @@ class Correction:
             raise KitError(f"correction file {path} is not UTF-8 text (not a correction's JSON)") from None
         except OSError as e:  # a directory, no permission
             raise KitError(f"cannot read correction file {path}: {e.strerror or e}") from None
+        except RecursionError:  # json's decoder on arrays nested ~1,000 deep
+            raise KitError(f"correction file {path} is not valid JSON: nested too deep") from None
         # a JSON list or string had ended in an AttributeError, weights ["a", ...] in a ValueError,
         # and NaN weights had been kept: factor()'s clamp then read NaN as +10x (min(10, nan) is 10)
         weights = d.get("weights") if isinstance(d, dict) else None
-        if not isinstance(d, dict) or tuple(d.get("features") or ()) != FEATURES \
-                or not isinstance(weights, list) or len(weights) != len(FEATURES):
+        # features 5 had been a TypeError ('int' object is not iterable)
+        if not isinstance(d, dict) or not isinstance(d.get("features"), list) \
+                or tuple(d["features"]) != FEATURES or not isinstance(weights, list) or len(weights) != len(FEATURES):
             raise KitError(f"{path}: not an embedding correction (features must be {', '.join(FEATURES)}, "
                            f"with one weight each)")
-        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
-                   for w in weights):
+        # a weight of 400 digits (JSON's ints are unbounded) had been an OverflowError in isfinite
+        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and abs(w) < 1e300
+                   and math.isfinite(w) for w in weights):
             raise KitError(f"{path}: the correction's weights must be finite numbers, got {weights!r}")
         return cls(tuple(float(w) for w in weights), d.get("gpu"), d.get("trained_on") or {})
 
