@@ -135,3 +135,14 @@ def test_real_number_bounds():
     assert real_number(np.float32(0.5), "x", strict=True, high=1.0) == 0.5
     with pytest.raises(KitError, match="> 0 and <= 1"):
         real_number(0, "x", strict=True, high=1.0)
+
+
+def test_per_table_index_tensors_of_different_lengths_are_one_kit_error():
+    # 3 per-table tensors of 100, 10 and 100 ids for 4 tables were read as one index tensor, and
+    # numpy's ValueError ('inhomogeneous shape') came out as a traceback
+    a = np.arange(100) % 50
+    with pytest.raises(KitError, match="one per table"):
+        lookup_cost(list(TABLES), 8, "A100", distribution=[a, a[:10], a])
+    with pytest.raises(KitError, match="one per table"):
+        Empirical([[0, 1], [2]])
+    assert lookup_cost(list(TABLES), 8, "A100", distribution=[a, a[:10], a, a]).time_ms > 0  # one each

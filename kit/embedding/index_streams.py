@@ -175,7 +175,11 @@ def _nearest_free(reused: bytearray, i: int, w: int) -> int:
 def _as_index_array(indices) -> np.ndarray:
     if hasattr(indices, "detach"):  # a torch tensor
         indices = indices.detach().cpu().numpy()
-    arr = np.asarray(indices)
+    try:
+        arr = np.asarray(indices)
+    except ValueError:  # ragged: lookup_cost's 3 per-table tensors for 4 tables had ended in numpy's traceback
+        raise KitError("index tensor must be an array of whole numbers, got nested lists of different "
+                       "lengths (per-table index tensors: give one per table)") from None
     if arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
         raise KitError("index tensor must be a non-empty array of whole numbers")
     arr = arr.reshape(-1).astype(np.int64)
