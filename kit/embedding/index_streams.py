@@ -47,7 +47,8 @@ class ReuseHistogram(Distribution):
         return max(0.0, 1.0 - sum(self.bins))
 
     def _tail(self, t: np.ndarray) -> np.ndarray:
-        """P(R > t), reuse times spread log-uniformly within each power-of-two bin."""
+        """P(R >= t), reuse times spread log-uniformly within each power-of-two bin from its first
+        one: _tail(2^k) is the mass of bins k and up (misses_beyond takes P(R > t*) as _tail(t* + 1))."""
         b = np.asarray(self.bins)
         lo = 2.0 ** np.arange(b.size)
         with np.errstate(divide="ignore"):
