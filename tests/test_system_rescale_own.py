@@ -64,3 +64,37 @@ def test_an_impossible_own_system_is_a_kit_error(bad, words):
         get_system(bad)
     with pytest.raises(KitError, match=words):
         predict_collective("allreduce", 1e9, bad)
+
+
+V100 = get_system("dgx1-v100")  # an NVLink mesh: its GPU count is a range() in the collective model
+
+
+@pytest.mark.parametrize("bad, words", [
+    (R(V100, gpus_per_node=8.0), "gpus_per_node"),  # == the preset: had been taken as the preset
+    (R(H100, nodes=True), "nodes"),
+    (R(H100, software=()), "software floor_us"),  # had been a KeyError in the model
+    (R(H100, software=(("floor_us", "42"),)), "software"),
+    (R(H100, key=None), "key"),
+])
+def test_a_system_equal_to_a_preset_but_for_a_type_is_checked(bad, words):
+    # a value-keyed check: gpus_per_node 8.0 == 8, so dgx1-v100 with 8.0 GPUs a node passed as
+    # the preset and was a TypeError ('float' object cannot be interpreted as an integer)
+    from kit.comm import predict_collective
+
+    with pytest.raises(KitError, match=words):
+        get_system(bad)
+    with pytest.raises(KitError, match=words):
+        predict_collective("allreduce", 1e9, bad)
+
+
+def test_a_system_that_passed_vouches_for_no_other():
+    mine = R(V100, gpu_key="v100-sxm2-16gb")
+    assert get_system(mine) is mine
+    with pytest.raises(KitError, match="gpus_per_node"):  # == mine: had been taken as checked
+        get_system(R(mine, gpus_per_node=8.0))
+    for _ in range(20):  # nor does one gone whose id a new one takes
+        good = R(mine, source="good")
+        get_system(good)
+        del good
+        with pytest.raises(KitError, match="gpus_per_node"):
+            get_system(R(mine, source="good", gpus_per_node=0))

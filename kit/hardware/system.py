@@ -13,7 +13,8 @@ import difflib
 import json
 import math
 import re
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -265,9 +266,7 @@ def get_system(name: str | System, nodes: int | None = None, network: str | None
     if isinstance(nodes, bool) or not (nodes is None or isinstance(nodes, int)):
         raise KitError(f"nodes must be a whole number >= 1, got {nodes!r}")
     if rescale:
-        own = not _is_preset(name)
-        if own and not _own_checked(name):
-            _check_own(name)
+        own = not _vet(name)
         if nodes is None and network is None:
             return name
         if own:
@@ -289,37 +288,43 @@ def get_system(name: str | System, nodes: int | None = None, network: str | None
 MAX_NODES = 2**17  # x 8 GPUs: 1,048,576 ranks, beyond any cluster built (and rank lists stay small)
 
 
-_presets_seen: dict = {}  # System -> whether it is the preset its key names (checked once)
+_vetted: dict = {}  # id(System) -> (a weak reference to it, whether it is a preset)
 
 
-def _is_preset(system: System) -> bool:
-    """Whether system is the preset its key names (as get_system builds it), not one of the
-    caller's own (a preset's dataclasses.replace, or a System built by hand)."""
+def _vet(system: System) -> bool:
+    """Whether system is the preset its key names (as get_system builds it), else one of the
+    caller's own (a preset's dataclasses.replace, or a System built by hand), checked by
+    _check_own. Remembered per object, not per value: a value-keyed cache took a System equal to
+    a preset or to one already passed, but for a field's type (gpus_per_node 8.0 == 8, nodes
+    True == 1), as checked, and dgx1-v100 with 8.0 GPUs a node was a TypeError in the
+    collective model. The weak reference tells a System from a later one at the same id."""
+    hit = _vetted.get(id(system))
+    if hit is not None and hit[0]() is system:
+        return hit[1]
     try:
-        return _presets_seen[system]
-    except (KeyError, TypeError):  # TypeError: an unhashable field, which _check_own names
-        pass
-    try:
-        same = _lookup(system.key, None, None) == system
+        preset = isinstance(system.key, str) and _identical(_lookup(system.key, None, None), system)
     except (KitError, TypeError):  # a key no preset has
-        same = False
+        preset = False
+    if not preset:
+        _check_own(system)
+    if len(_vetted) > 256:
+        _vetted.clear()
     try:
-        if len(_presets_seen) > 256:
-            _presets_seen.clear()
-        _presets_seen[system] = same
-    except TypeError:
+        _vetted[id(system)] = (weakref.ref(system), preset)
+    except TypeError:  # a subclass without weak references: checked every time
         pass
-    return same
+    return preset
 
 
-_own_ok: set = set()  # Systems of the caller's own that _check_own passed
-
-
-def _own_checked(system: System) -> bool:
-    try:
-        return system in _own_ok
-    except TypeError:  # an unhashable field (checked every time)
+def _identical(a, b) -> bool:
+    """a == b with every field of the same type too (8 == 8.0 == True for ==)."""
+    if type(a) is not type(b):
         return False
+    if isinstance(a, (System, Fabric, Pcie, Network)):
+        return all(_identical(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(map(_identical, a, b))
+    return a == b
 
 
 def _check_own(s: System) -> None:
@@ -340,6 +345,8 @@ def _check_own(s: System) -> None:
             raise KitError(f"{where}: {name} must be a {'non-negative' if zero else 'positive'} "
                            f"number{f' of at most {most:g}' if most else ''}, got {v!r}")
 
+    if not isinstance(s.key, str) or not s.key.strip():  # named in messages, and rescaled by re
+        raise KitError(f"{where}: key must be a non-empty string")
     whole(s.nodes, "nodes", 1, MAX_NODES)
     whole(s.gpus_per_node, "gpus_per_node")
     whole(s.nics_per_node, "nics_per_node", 0)
@@ -366,12 +373,15 @@ def _check_own(s: System) -> None:
     rate(n.nic_bw_gbs, "network.nic_bw_gbs", zero=s.nodes == 1)
     rate(n.efficiency, "network.efficiency", most=1)
     rate(n.step_latency_us, "network.step_latency_us", zero=True)
+    # the collective model's constants, every one read (software=() had been a KeyError
+    # 'base_latency_us' in predict_collective); a preset has systems.json's "software" ones
     try:
-        if len(_own_ok) > 256:
-            _own_ok.clear()
-        _own_ok.add(s)
-    except TypeError:
-        pass
+        soft = dict(s.software)
+    except (TypeError, ValueError):
+        raise KitError(f"{where}: software must be (name, number) pairs, got {s.software!r}") from None
+    for name in _data()["software"]:
+        if name != "source":
+            rate(soft.get(name), f"software {name}", zero=True)
 
 
 def _rescaled(system: System, nodes: int | None, network: str | None) -> System:
