@@ -174,3 +174,19 @@ def test_numpy_op_ids_are_op_ids():
     b = g.gpu(0, "comm", 1.0, "b", kind="comm", deps=np.array([a]))
     assert g.deps[b] == (0,) and type(g.deps[b][0]) is int
     assert simulate(g).makespan_ms == 2.0
+
+
+def test_a_refused_collective_declares_no_ranks():
+    # collective() declared its ranks before gpu() refused the op: simulate() then raised
+    # KeyError 'g1', and the collective retried with ranks [0] was "[0, 1] where another rank
+    # issued it", though none had
+    g = ExecGraph()
+    g.gpu(0, "compute", 1.0, "a")
+    for bad in ({"dur_ms": math.nan}, {"deps": (7,)}):
+        kw = {"dur_ms": 1.0, "deps": (), **bad}
+        with pytest.raises(KitError, match="op 'ar' on rank 0"):
+            g.collective(0, "comm", kw["dur_ms"], "ar", group="g1", ranks=[0, 1], deps=kw["deps"])
+        assert len(g) == 1 and g.group_ranks == {}
+    assert simulate(g).makespan_ms == 1.0
+    g.collective(0, "comm", 2.0, "ar", group="g1", ranks=[0])
+    assert simulate(g).makespan_ms == 2.0  # its own stream: alongside 'a', not after it

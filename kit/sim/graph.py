@@ -157,11 +157,15 @@ class ExecGraph:
             if rank not in want:
                 raise KitError(f"collective {label!r} (group {group!r}) on rank {rank}: the rank "
                                f"is not among its ranks {list(want)}")
-            had = self.group_ranks.setdefault(group, want)
+            had = self.group_ranks.get(group, want)
             if had != want:
                 raise KitError(f"collective {label!r} (group {group!r}): ranks {list(want)} on rank "
                                f"{rank}, but {list(had)} where another rank issued it")
-        return self.gpu(rank, stream, dur_ms, label, kind="comm", group=group, **kw)
+        i = self.gpu(rank, stream, dur_ms, label, kind="comm", group=group, **kw)
+        if ranks is not None:  # once gpu() took the op: a refused one had left its ranks declared
+            # (simulate() then a KeyError, and the same collective retried "issued" elsewhere)
+            self.group_ranks.setdefault(group, want)
+        return i
 
     def sync(self, rank: int, on, dur_ms: float = 0.0, label: str = "sync", thread: str = "cpu",
              tag=None) -> int:
