@@ -190,3 +190,14 @@ def test_a_refused_collective_declares_no_ranks():
     assert simulate(g).makespan_ms == 1.0
     g.collective(0, "comm", 2.0, "ar", group="g1", ranks=[0])
     assert simulate(g).makespan_ms == 2.0  # its own stream: alongside 'a', not after it
+
+
+@pytest.mark.parametrize("deps", [(np.int64(0), 1.5), (np.int64(0), True), (0, np.int64(1), 1.0)])
+def test_every_dependency_after_a_numpy_one_is_checked(deps):
+    # after a numpy id the rest were int()ed unchecked: (np.int64(0), 1.5) was ops (0, 1)
+    g = ExecGraph()
+    g.gpu(0, "compute", 1.0, "a")
+    g.gpu(0, "compute", 1.0, "b")
+    with pytest.raises(KitError, match="is not an op id"):
+        g.gpu(0, "comm", 1.0, "c", kind="comm", deps=deps)
+    assert len(g) == 2

@@ -90,14 +90,17 @@ class ExecGraph:
             except TypeError:
                 raise KitError(f"op {label!r} on rank {rank}: deps must be a sequence of op ids, "
                                f"got {deps!r}") from None
+        cast = False  # a numpy integer among them: stored as int
         for d in deps:
             if type(d) is not int:  # an op id: a float 1.0 had passed, then failed as a list index
+                # each one checked: once a numpy id had been seen, the rest were int()ed unchecked
+                # ((np.int64(0), 1.5) stood for ops 0 and 1)
                 if isinstance(d, bool) or not isinstance(d, numbers.Integral):
                     raise KitError(f"op {label!r} on rank {rank}: dependency {d!r} is not an op id")
-                return self._checked(rank, label, dur, tuple(int(x) for x in deps), first)
+                cast = True
             if not 0 <= d < first:
                 raise KitError(f"op {label!r} on rank {rank}: dependency {d} is not an earlier op")
-        return dur, deps
+        return dur, (tuple(int(x) for x in deps) if cast else deps)
 
     def _add(self, rank, resource, kind, label, dur_ms, deps=(), group=None, tag=None,
              checked: bool = False) -> int:
