@@ -1,6 +1,8 @@
 """kit.parallel against the published formulas: Megatron's selective recompute (Korthikanti et
 al. 2022), the vocab-parallel loss's saved softmax per pipeline schedule, ZeRO-2's gradient
 reduction per micro-batch (DeepSpeed)."""
+import pytest
+
 from kit import ops
 from kit.parallel import GPTSpec, Layout
 from kit.parallel.costs import AnalyticSource, _recompute_blocks
@@ -50,13 +52,42 @@ def test_the_last_stage_keeps_one_softmax_per_micro_batch_its_schedule_holds():
     """Megatron's vocab-parallel cross entropy saves softmax [b, s, V/t] in fp32 for backward:
     GPipe's last stage runs all m forwards before a backward, so it holds m of them; 1F1B's
     runs each backward right after its forward, so one."""
-    one = 2 * GPT3.seq * ((GPT3.vocab - 1) / 8) * 4  # micro-batch 2, less the 1-wide vocab's
+    from kit.parallel.gpt import padded_vocab
+
+    # micro-batch 2, less the 1-wide vocab's, which Megatron pads to 128 x tp (128 a rank)
+    one = 2 * GPT3.seq * ((padded_vocab(GPT3.vocab, 8) - padded_vocab(1, 8)) / 8) * 4
     for kind, held in (("1f1b", 1), ("gpipe", 16), ("interleaved", 1)):
         # interleaved: the loss is on the last stage's last chunk (virtual stage 2 x 4 - 1),
         # whose backward follows each forward at once, though the stage holds 5 chunks' passes
         lay = Layout(tp=8, pp=4, micro_batch=2, dp=2, global_batch=64, schedule=kind,
                      virtual_stages=2 if kind == "interleaved" else 1)
         assert abs(_logits_gib(lay) - held * one) < 1e-6 * one, kind
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_the_saved_softmax_is_as_wide_as_the_padded_logits(schedule):
+    """The loss saves softmax over the logits the LM head computes, [b, s, padded vocab / t]
+    (head_forward's cross-entropy tensor): gpt2's 50,257 and 51,200 both pad to 51,200 at tp 8,
+    so every stage holds the same memory. The softmax had been counted over the spec's 50,257
+    (6,282 a rank where the buffer is 6,400 wide) while the weights held the padded rows."""
+    from kit.parallel.gpt import head_forward
+    from kit.parallel.memory import GIB, memory_per_rank
+
+    lay = Layout(tp=8, pp=2, micro_batch=2, global_batch=8, dtype="bf16", schedule=schedule)
+    base = GPTSpec(layers=4, hidden=768, heads=16, seq=1024, vocab=51200, name="t")
+    odd = GPTSpec(**{**base.__dict__, "vocab": 50257})
+    assert memory_per_rank(odd, lay) == memory_per_rank(base, lay)
+    # the last stage's softmax: held micro-batches x head_forward's fp32 [tokens, vocab / tp]
+    ce = [op for blk in head_forward(odd, lay.micro_batch, lay.tp, lay.dtype) for op in blk.ops
+          if isinstance(op, ops.Elementwise) and op.kind == "div"]
+    assert len(ce) == 1
+    held = memory_per_rank(odd, lay)[-1]["in_flight_microbatches"]  # 1F1B's last stage: 1; GPipe's: m
+    assert held == (4 if schedule == "gpipe" else 1)
+    narrow = GPTSpec(**{**base.__dict__, "vocab": 1})
+    saved = (memory_per_rank(odd, lay)[-1]["activations_gib"]
+             - memory_per_rank(narrow, lay)[-1]["activations_gib"]) * GIB
+    narrow_ce = lay.micro_batch * base.seq * (1024 // 8) * 4  # vocab 1 pads to 1,024 at tp 8
+    assert saved == pytest.approx(held * (ce[0].numel * 4 - narrow_ce), rel=1e-9)
 
 
 class _Flat:

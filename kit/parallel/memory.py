@@ -21,7 +21,7 @@ of its pipeline schedule (pp − s for 1F1B, all m for GPipe).
 """
 from __future__ import annotations
 
-from kit.parallel.gpt import GPTSpec
+from kit.parallel.gpt import GPTSpec, padded_vocab
 from kit.parallel.layout import Layout
 from kit.parallel.schedule import in_flight
 
@@ -88,8 +88,6 @@ def edge_params(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float
     the output layer and the final norm, on its last chunk). The vocabulary is Megatron's padded
     one (kit.parallel.gpt.padded_vocab), as the lookup, the logits and the embedding group's
     all-reduce have it: its weights, gradients and optimizer state are that wide."""
-    from kit.parallel.gpt import padded_vocab
-
     t = layout.tp
     vocab_rank = padded_vocab(spec.vocab, t) / t
     first = (vocab_rank * spec.hidden + (0 if spec.rope else spec.positions * spec.hidden)
@@ -157,13 +155,15 @@ def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
             acts += max(activation_bytes_per_layer(spec, layout.with_(recompute="none"), layer)
                         for c in range(layout.virtual_stages) for layer in chunks[c * layout.pp + stage])
         if stage == layout.pp - 1:
-            # the vocab-parallel loss saves its fp32 softmax, [b, s, vocab/t], for the backward of
-            # every micro-batch the last chunk holds: one under 1F1B, all m under GPipe (GPT-3
-            # 175B at tp 8, pp 8, 64 micro-batches: 3.1 GiB, of which one micro-batch's 0.05 had
-            # been counted)
+            # the vocab-parallel loss saves its fp32 softmax, [b, s, padded vocab/t] (the logits
+            # head_forward costs; the spec's vocab had left out the padding: gpt2's 50,257 are
+            # 6,400 a rank at tp 8, not 6,282), for the backward of every micro-batch the last
+            # chunk holds: one under 1F1B, all m under GPipe (GPT-3 175B at tp 8, pp 8, 64
+            # micro-batches: 3.1 GiB, of which one micro-batch's 0.05 had been counted)
             held = in_flight(layout.schedule, stage, layout.pp, layout.micro_batches,
                              layout.virtual_stages, chunk=layout.virtual_stages - 1)
-            acts += held * layout.micro_batch * spec.seq * (spec.vocab / layout.tp) * 4
+            vocab_rank = padded_vocab(spec.vocab, layout.tp) // layout.tp
+            acts += held * layout.micro_batch * spec.seq * vocab_rank * 4
         total = weights + grads + optim + acts
         row = {"stage": stage, "ranks": layout.dp * layout.tp, "params": p,
                "weights_gib": weights / GIB, "grads_gib": grads / GIB, "optimizer_gib": optim / GIB,
