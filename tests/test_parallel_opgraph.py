@@ -78,6 +78,22 @@ def test_vocab_parallel_embedding_and_head(gpt2):
     assert ("allreduce", 3 * SEQ * 4, "tp") in _comms(src.head[0])  # vocab-parallel cross entropy
 
 
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_the_added_loss_runs_over_the_logits_the_head_writes(gpt2, tp):
+    """The loss the zoo graph lacks is added over the head GEMM's logits, the padded vocabulary
+    at every TP (Megatron's, as _Sharder._padded pads the head at TP 1 too): at TP 1 its softmax
+    and gradient had stayed 50,257 wide beside 50,304-wide logits."""
+    src = graph_source(gpt2, "gpt2", Layout(tp=tp, micro_batch=1))
+    (head,) = _gemms(src.head[0])
+    v = padded_vocab(gpt2.vocab, tp) // tp
+    assert head.n == v
+    (ce,) = [op for b in src.head[0] for op in b.ops if isinstance(op, ops.Softmax)]
+    assert (ce.rows, ce.cols) == (head.m, head.n)
+    grads = [op for b in src.head[1] for op in b.ops
+             if isinstance(op, ops.Elementwise) and op.kind == "mul" and op.dtype == "fp32"]
+    assert grads and grads[0].numel == head.m * head.n
+
 def test_graph_and_analytic_paths_agree_on_parallel_speedup():
     """Costed alike (isolated kernel times; by default each path has its own costing,
     kit.parallel.costs.IN_STREAM_BY_SOURCE), both paths give the same speed-up of a 2x2x2 layout

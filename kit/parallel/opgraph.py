@@ -369,7 +369,9 @@ def shard_graph(graph, tp: int, spec: GPTSpec | None = None) -> GraphSource:
         if key == ("head", "fwd"):
             has_loss = has_loss or "softmax" in n.aten or "cross_entropy" in n.aten
             if isinstance(n.op, ops.Gemm) and vocab and n.op.n == vocab:
-                head_tokens, head_vocab = n.op.m, (sh.vocab_rank if tp > 1 else vocab)
+                # the loss runs over the logits the head GEMM writes, padded at every TP
+                # (_padded): at TP 1 it had stayed 50,257 wide beside gpt2's 50,304-wide logits
+                head_tokens, head_vocab = n.op.m, sh.vocab_rank
     if sh.deferred or sh.open:
         seg.setdefault(last_key, []).extend(sh.end_segment())
     if head_tokens and not has_loss:  # the zoo captures up to the logits: add Megatron's loss
