@@ -42,11 +42,15 @@ def sample_contexts(prompt: int, new_tokens: int, samples: int = DECODE_SAMPLES,
     of the whole window every step and layer (gemma2-9b, batch 16, bf16 on an H100: 107 ms a step
     at context 4080, 128 at 4096), and a dynamic one stops growing from w - 1. Interpolated
     across the edge, the steps between two samples had taken a ramp for that jump: a 3,906-token
-    prompt and 256 new tokens summed to 28,962 ms of decode for some 28,330, now 28,346. The
-    samples are w - 2 and w, leaving the one step at w - 1 interpolated: there a static cache
-    holds w rows (a power of two), whose aligned attention GEMMs were priced 9 ms under those of
-    the step before (98.5 against 107.4 ms), so that as a sample it would stand for the steps
-    before it."""
+    prompt and 256 new tokens summed to 28,962 ms of decode, now 28,346, for 28,089 over every
+    step (the 32 steps whose cache length is a multiple of 8 priced one by one, the others affine
+    to 0.0003 ms). The 257 ms left: those 32 steps' aligned attention GEMMs are priced 8.6 to
+    9.0 ms under their neighbours' (4.5 past the edge, where only the global layers grow), and
+    the five spread samples miss all of them; and the step at w - 1, interpolated from w - 2 and
+    w at 117.6 ms, is priced 98.5 (+19 ms; sampling it too gives 28,327). The samples are w - 2
+    and w: at w - 1 a static cache holds w rows (a power of two), whose aligned attention GEMMs
+    were priced 9 ms under those of the step before (98.5 against 107.4 ms), so that as a sample
+    ending the segment before the edge it would stand for the steps before it."""
     if new_tokens < 2:
         return []
     lo, hi = prompt, prompt + new_tokens - 2
