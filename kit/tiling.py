@@ -35,11 +35,18 @@ class TileShape:
 
 
 # SIMT fp32 (sgemm) tiles, the shapes cuBLAS/CUTLASS sgemm kernels are named after
-# (e.g. ampere_sgemm_128x64_tn); 8-deep k slices.
+# (e.g. ampere_sgemm_128x64_tn); 8-deep k slices. The threads are the blocks cuBLAS's
+# {maxwell,volta,ampere}_sgemm_<tile> kernels launch in NeuSight's train-collect GEMM rows (block
+# x·y·z; one count per tile on every GPU that ran it, the test rows alike): 128x128 256, 128x64
+# 128, 64x64 64, 128x32 256 (8,348 rows, 775 of them *_sliced1x4), 32x128 256 (13,973 rows),
+# 64x32 256 and 32x32 128 (1,343 and 2,187 rows, all *_sliced1x4: the k-sliced kernels are
+# the only ones of those shapes). The guesses they replace (128, 128, 64, 64) had given a
+# 128x32 tile 8 blocks an A100 SM where the launched one gets 5, a 32x32 tile 21 where it gets
+# 12, unlike the tile chooser's vocabulary (kit.predict.tile_choice: the data's threads).
 SIMT_TILES = (
     TileShape(128, 128, 8, 256), TileShape(128, 64, 8, 128), TileShape(64, 128, 8, 128),
-    TileShape(128, 32, 8, 128), TileShape(32, 128, 8, 128), TileShape(64, 64, 8, 64),
-    TileShape(64, 32, 8, 64), TileShape(32, 64, 8, 64), TileShape(32, 32, 8, 64),
+    TileShape(128, 32, 8, 256), TileShape(32, 128, 8, 256), TileShape(64, 64, 8, 64),
+    TileShape(64, 32, 8, 256), TileShape(32, 64, 8, 256), TileShape(32, 32, 8, 128),
 )
 # Tensor-core tiles (CUTLASS-style, 32-deep k slices, 3-4 stage pipelines).
 TENSOR_TILES = (

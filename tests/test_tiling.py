@@ -186,3 +186,49 @@ def test_chosen_tile_is_a_candidate():
     g = Gemm(m=3000, n=2000, k=1000)
     t = gemm_tiling(g, "l4")
     assert t.tile in {s.name for s in SIMT_TILES}
+
+
+@pytest.mark.skipif(not (NEUSIGHT / "data" / "dataset").is_dir(), reason="NeuSight data absent")
+def test_simt_tiles_launch_the_threads_cublas_sgemm_kernels_launch():
+    """Each row that ran a cuBLAS {maxwell,volta,ampere}_sgemm_<m>x<n> kernel records its block:
+    the SIMT tile of that shape (library m x n is the kit's TileShape(n, m)) has that many
+    threads, so its occupancy is the kernel's."""
+    from kit.data.neusight import load_neusight
+
+    rows = load_neusight("train-collect", data_dir=NEUSIGHT, ops=["gemm"])
+    rows = rows[rows.kernel_name.str.match(r"(maxwell|volta|ampere)_sgemm_\d+x\d+", na=False)]
+    assert len(rows) > 10_000
+    threads = {(s.tn, s.tm): s.threads for s in SIMT_TILES}  # library orientation
+    launched = (rows.block_x * rows.block_y * rows.block_z).astype(int)
+    wrong = {}
+    for (m, n), got in zip(zip(rows.tile_m.astype(int), rows.tile_n.astype(int)), launched):
+        if (m, n) in threads and threads[(m, n)] != got:
+            wrong[(m, n)] = (threads[(m, n)], got)
+    assert not wrong, f"tile: (SIMT_TILES threads, launched) {wrong}"
+
+
+def test_a_reported_gemm_tiling_is_the_one_the_tile_predictor_priced():
+    """kit op reports threads and blocks per SM for the tile the predictor chose: they are the
+    occupancy the tile-MLP's features used, not another block size of the same tile shape."""
+    from kit.api import predict_op
+    from kit.ops import linear
+    from kit.predict.features import arrays_from_ops, waves
+    from kit.predict.weights import has_shipped, shipped_tile
+
+    if not has_shipped():
+        pytest.skip("no shipped weights")
+    chooser = shipped_tile().chooser
+    gpu = get_gpu("a100-pcie-80gb")
+    seen = set()
+    for op in [linear(m, 1024, n) for m in (64, 256, 4096) for n in (32, 96, 768, 3072)]:
+        r = predict_op(op, gpu, "tile")
+        a = arrays_from_ops("gemm", [op])
+        tile, names = chooser.tile_arrays(a, gpu)
+        if r["split_k"] != 1 or names[0] != r["tile"]:
+            continue  # a split or mixed answer reports another GEMM's tile
+        a.update(tile)
+        w = waves("gemm", a, gpu)
+        seen.add(r["tile"])
+        assert (r["threads_per_block"], r["blocks_per_sm"], r["waves"]) == (
+            int(a["threads"][0]), int(w["blocks_per_sm"][0]), int(w["waves"][0])), (op, r["tile"])
+    assert {"32x32", "128x32"} <= seen  # the tiles whose threads the guesses had wrong
