@@ -136,3 +136,28 @@ def test_the_choice_line_is_the_split_batchs_and_yields_to_a_bound():
     assert capped.get("source")  # a bound set its time
     line = [ln for ln in text(capped).splitlines() if ln.strip().startswith("choice")][0]
     assert "bound set the time" in line
+
+
+def test_choose_and_accuracy_choose_each_gemm_for_its_own_dtype(shipped):
+    """The sliced rule is FP32's alone: choose() and accuracy() take the tile the predictor
+    prices for each GEMM's dtype (choose_index with that dtype), in the caller's order."""
+    import itertools
+
+    import pandas as pd
+
+    chooser, gpu = shipped.chooser, "rtx-3090"
+    gemms = [Gemm(m=m, n=n, k=k, dtype=dt, kind="linear", shared_rhs=True)
+             for m, n, k, dt in itertools.product([1, 14, 64], [8, 55, 64], [1024, 17348],
+                                                  ["fp16", "fp32", "bf16"])]
+    got = chooser.choose(gemms, gpu)
+    want = [chooser.vocab[chooser.choose_index(arrays_from_ops("gemm", [g]), gpu, g.dtype)[0]]
+            for g in gemms]
+    assert got == want
+    # the case that tells them apart: the rule's tile in fp32, another in fp16
+    assert any(w[:2] != SLICED_TILE for g, w in zip(gemms, want) if g.dtype == "fp16")
+    # accuracy: a table of those GEMMs labelled with the tile chosen for their dtype scores 1
+    rows = pd.DataFrame({"op_class": "gemm", "op": "linear", "gpu": gpu,
+                         "dtype": [g.dtype for g in gemms], "m": [g.m for g in gemms],
+                         "n": [g.n for g in gemms], "k": [g.k for g in gemms], "b": 1,
+                         "tile_m": [w[0] for w in want], "tile_n": [w[1] for w in want]})
+    assert chooser.accuracy(rows) == 1.0

@@ -132,20 +132,30 @@ class TileChooser:
         return lib_tile(v[:, 0], v[:, 1], v[:, 3], v[:, 2]), names
 
     def choose(self, gemms: list, gpu: GPU | str) -> list[tuple[int, int, int, int]]:
-        """The library tile (tile_m, tile_n, tile_k, threads) for each kit Gemm."""
+        """The library tile (tile_m, tile_n, tile_k, threads) for each kit Gemm, chosen for its
+        dtype."""
         if not all(isinstance(g, Gemm) for g in gemms):
             raise KitError("tile choice applies to GEMMs only")
-        if not gemms:
-            return []
-        return [self.vocab[i] for i in self.choose_index(arrays_from_ops("gemm", gemms), gpu)]
+        out: list = [None] * len(gemms)
+        # one batch per dtype, as the predictor chooses (kit.predict.tile_mlp): the sliced rule
+        # is FP32's alone; one fp32 batch had given an RTX 3090's fp16 GEMMs of a small output
+        # and a long k the 32x32 sliced tile for 33 of 102 shapes where the predictor prices another
+        for dtype in sorted({g.dtype for g in gemms}):
+            idx = [i for i, g in enumerate(gemms) if g.dtype == dtype]
+            chosen = self.choose_index(arrays_from_ops("gemm", [gemms[i] for i in idx]), gpu, dtype)
+            for i, c in zip(idx, chosen):
+                out[i] = self.vocab[c]
+        return out
 
     def accuracy(self, frame: pd.DataFrame) -> float:
         """Share of a table's GEMM rows (with a named tile) whose tile the chooser gets right."""
         rows = frame[(frame.op_class == "gemm") & frame.tile_m.notna() & frame.tile_n.notna()]
         hits = 0
         vocab = np.array(self.vocab).reshape(-1, 4)
-        for gpu, grp in rows.groupby("gpu"):
-            got = vocab[self.choose_index(arrays_from_frame("gemm", grp), gpu)]
+        dtype = (rows["dtype"].fillna("fp32") if "dtype" in rows.columns
+                 else pd.Series("fp32", index=rows.index))
+        for (gpu, dt), grp in rows.groupby([rows.gpu, dtype]):
+            got = vocab[self.choose_index(arrays_from_frame("gemm", grp), gpu, dt)]
             hits += int(((got[:, 0] == grp.tile_m.to_numpy(int))
                          & (got[:, 1] == grp.tile_n.to_numpy(int))).sum())
         return hits / max(len(rows), 1)
