@@ -47,14 +47,18 @@ class TileChooser:
     @staticmethod
     def fit(frame: pd.DataFrame, seed: int = 0, epochs: int = 12, hidden: int = 64,
             min_steps: int = 300, progress=None) -> "TileChooser":
-        """Learn from the GEMM rows of a measurement table that name a tile."""
+        """Learn from the FP32 GEMM rows of a measurement table that name a tile."""
         import torch
 
         from kit.predict.nets import MLP, fit
 
-        rows = frame[(frame.op_class == "gemm") & frame.tile_m.notna() & frame.tile_n.notna()]
+        # FP32 rows alone, as the tile-MLP's (kit.predict.tile_fit.training_design): the
+        # classifier has no dtype input, and a collected bf16 row's tensor-core tile (an nvjet
+        # 128x256 of k 64) had joined the vocabulary and been the answer for FP32 GEMMs of its shape
+        fp32 = (frame["dtype"].fillna("fp32") == "fp32") if "dtype" in frame.columns else True
+        rows = frame[(frame.op_class == "gemm") & frame.tile_m.notna() & frame.tile_n.notna() & fp32]
         if rows.empty:
-            raise KitError("tile choice: no GEMM rows with a tile in the kernel name to learn from")
+            raise KitError("tile choice: no FP32 GEMM rows with a tile in the kernel name to learn from")
         threads = (rows.block_x.fillna(1) * rows.block_y.fillna(1) * rows.block_z.fillna(1)
                    ).astype(int)
         tk = rows.tile_k.fillna(8).astype(int)
