@@ -150,7 +150,8 @@ def text_parallel(r) -> str:
                 + " needs; without it this model is costed on its captured graph, other kernels"
                 " (the two can differ widely: llama3-8b"
                 + ("" if m["name"] == "llama3-8b" else ", not this model,")
-                + " at tp 8 on a dgx-h100 took 267 ms on its graph and 188 on this layer): compare"
+                + " in bf16 at tp 8 on a dgx-h100 takes about 1.5x as long on its graph, HF's"
+                " eager kernels, as on this layer): compare"
                 " runs given --kernels analytic"] if r.get("kernels_switched") else []),
              f"  iteration {r['iteration_ms']:.2f} ms" + band_text(r["band_ms"])
              + (f", {r['tokens_per_s']:.0f} tokens/s" if r["tokens_per_s"] else "")
