@@ -23,6 +23,8 @@ FEW_ROWS = 16  # GEMMs this thin are bounded by as many calls of their one-row t
 # weight, reach 65,371). Past it a reduction step costs no more than at it (long_reduction_ms)
 BMM_TRAINED_K = 1024
 PAD_ROWS_MAX = 64  # GEMMs thinner than this are bounded by their twins with more rows (padded_rows_ms)
+# GEMMs whose roofline is under this are bounded by their twin with twice the rows (doubled_rows_ms)
+DOUBLE_ROOF_MS = 0.02
 PAD_K_MAX = 32  # GEMMs with a shorter reduction are bounded by their twins with a longer one (padded_k)
 
 
@@ -191,6 +193,40 @@ class GemmBounds:
             twin.loc[gemv, "latency_ms"] = np.nan
         return cap_as(part, twin)
 
+    def _doubled_bound(self, ops: list, gpu: GPU, part: pd.DataFrame,
+                       split_k: bool = True) -> pd.DataFrame:
+        """cap_as doubled_rows_ms, the twin's tile shown where the cap binds (split_k: as
+        predict's)."""
+        twin = self.doubled_rows_ms(ops, gpu, split_k)
+        return part if twin is None else cap_as(part, twin)
+
+    def doubled_rows_ms(self, ops: list, gpu: GPU, split_k: bool = True) -> pd.DataFrame | None:
+        """Per GEMM of m > PAD_ROWS_MAX / 2 rows whose roofline is under DOUBLE_ROOF_MS, the
+        frame row of its twin with 2m rows, predicted whole (so itself bounded by its 4m twin,
+        and so on up to the ceiling): the most it may take, as it could run padded with m rows of
+        zeros (predict caps it, cap_as); so below the ceiling no GEMM is faster for twice the
+        rows. NaN latency for any other; None where no op has a twin. Past the thin-side ladder
+        (padded_rows_ms) the tile-MLP had more rows come out faster: on an A100-PCIe-80GB the
+        Winograd bmm of a 3x3 conv, 36 x M x 64 x 64, took 33.52 us at M = 128 and 32.67 at 256,
+        and the conv 14.79, 14.56, 13.71 us at batch 1, 2, 4. A single 2m twin (its own time)
+        had left t(m) > t(2m) in 12 of 120 varied GEMMs there (their 4m twins faster still);
+        the chain leaves none. A model's batch doubles a Linear's or a conv's m; the chain runs on
+        m only (on n and b too it would be a lattice of twins) and stops at the ceiling, where a
+        GEMM's time scales with its work: it made a sweep of small GEMMs 3x slower to predict."""
+        if getattr(self, "_twin_depth", 0):
+            return None  # a twin is compared at its own time, as in padded_rows_ms
+        rows = [j for j, op in enumerate(ops)
+                if doubled_rows(op) and roofline(op, gpu).time_ms < DOUBLE_ROOF_MS]
+        if not rows:
+            return None
+        frame = self.predict_unbounded([_with_side(ops[j], "m", doubled_rows(ops[j])) for j in rows],
+                                       gpu, split_k).reset_index(drop=True)
+        at = np.full(len(ops), -1)
+        at[rows] = np.arange(len(rows))
+        out = frame.iloc[np.maximum(at, 0)].reset_index(drop=True)
+        out.loc[at < 0, "latency_ms"] = np.nan  # an op with no twin has no bound
+        return out
+
     def few_batches_ms(self, ops: list, gpu: GPU | str, split_k: bool = True) -> np.ndarray:
         """Per GEMM of batch b (2 <= b <= FEW_ROWS), b kernel times of its b = 1 twin plus one
         dispatch floor: the most it may take, as it could run as those back-to-back calls
@@ -284,6 +320,17 @@ class GemmBounds:
                 # kit.predict.roofline's roofline: the full tensor peak, whatever the alignment
                 out[j] = kernel_ms_of([roofline(op, gpu).time_ms], params)[0][0]
         return out + isolation_floor_ms(self, gpu) if np.isfinite(out).any() else out
+
+
+def doubled_rows(op) -> int:
+    """The rows of op's twin in doubled_rows_ms (0: none). Where m is the thin side the ladder
+    runs on (m <= n, m < PAD_ROWS_MAX), the ladder's top, PAD_ROWS_MAX, predicted whole: a 2m
+    twin there had bound the rungs over PAD_ROWS_MAX / 2 and not those under, and a T4 Linear
+    1024 -> 256 had taken 21.4 us at 40 rows against 21.2 at 48 on the ladder's own test. Else
+    2m, where 2m is past PAD_ROWS_MAX."""
+    if op.m <= op.n and op.m < PAD_ROWS_MAX:
+        return PAD_ROWS_MAX
+    return 2 * op.m if 2 * op.m > PAD_ROWS_MAX else 0
 
 
 def padded_rows(r: int) -> list[int]:

@@ -1,0 +1,54 @@
+"""A GEMM of m rows may run padded with m rows of zeros, so below the ceiling
+(kit.predict.gemm_bounds.DOUBLE_ROOF_MS) it is never predicted slower than its twin of 2m rows
+(doubled_rows_ms): no GEMM past the thin-side ladder gets faster for twice the rows. Where m is
+the ladder's side (m <= n, m < PAD_ROWS_MAX) the twin is the ladder's top instead
+(test_padded_rows)."""
+import numpy as np
+import pytest
+
+from dataclasses import replace
+
+from kit.ops import Gemm
+from kit.predict.gemm_bounds import DOUBLE_ROOF_MS, PAD_ROWS_MAX, doubled_rows
+from kit.predict.roofline import roofline
+
+
+def _ops(seed: int) -> list:
+    """Varied GEMMs of m > PAD_ROWS_MAX / 2 rows (plain, bmm, Linear) in three dtypes."""
+    rng = np.random.default_rng(seed)
+
+    def lu(lo, hi):
+        return int(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+
+    ops = []
+    for i in range(60):
+        dtype, kind = ["fp32", "fp16", "bf16"][i % 3], ["mm", "bmm", "linear"][(i // 3) % 3]
+        if kind == "mm":
+            ops.append(Gemm(lu(33, 4096), lu(1, 4096), lu(1, 4096), dtype=dtype))
+        elif kind == "bmm":
+            ops.append(Gemm(lu(33, 2048), lu(16, 512), lu(16, 512), b=lu(2, 128), dtype=dtype, kind="bmm"))
+        else:
+            ops.append(Gemm(lu(33, 8192), lu(64, 8192), lu(64, 8192), dtype=dtype, kind="linear",
+                            shared_rhs=True))
+    # the Winograd bmm of a 3x3 conv, 64 -> 64 channels on 32 x 32, at batch 1, 2, 4
+    ops += [Gemm(m, 64, 64, b=36, kind="bmm") for m in (64, 128, 256)]
+    return ops
+
+
+@pytest.mark.parametrize("gpu", ["a100-pcie-80gb", "a100-sxm4-80gb", "h100-sxm", "t4"])
+def test_a_gemm_is_never_faster_for_twice_the_rows(gpu):
+    """On an A100-PCIe-80GB the Winograd bmm of 36 x M x 64 x 64 had taken 33.52 us at M = 128
+    and 32.67 at 256, and a 3x3 conv 14.79, 14.56, 13.71 us at batch 1, 2, 4; over varied GEMMs
+    t(m) > t(2m) by up to 5.6% on an H100 and 7.5% on a T4."""
+    from kit.hardware import get_gpu
+    from kit.predict.tile_mlp import TilePredictor
+
+    tp = TilePredictor.shipped()
+    g = get_gpu(gpu)
+    ops = [op for op in _ops(7) if op.dtype in g.dtypes and roofline(op, g).time_ms < DOUBLE_ROOF_MS
+           and doubled_rows(op) == 2 * op.m]
+    assert len(ops) > 15 and all(2 * op.m > PAD_ROWS_MAX for op in ops)
+    one = tp.predict(ops, g).latency_ms.to_numpy()
+    two = tp.predict([replace(op, m=2 * op.m) for op in ops], g).latency_ms.to_numpy()
+    bad = np.flatnonzero(one > two * (1 + 1e-12))
+    assert not bad.size, [(ops[i], one[i] * 1e3, two[i] * 1e3) for i in bad]
