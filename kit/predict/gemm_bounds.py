@@ -36,16 +36,21 @@ class GemmBounds:
     # class's value again, which kit.predict.call_memo does not key
     _twin_depth = 0
     _in_two_row_twin = False
+    _raw_doubled = False  # while doubled_rows_ms predicts its chain of twins
 
     @contextmanager
     def as_twins(self):
         """Predictions made inside are a bound's twins: the padding cap skips them, so that an op's
-        own time and its time as another's twin are one number (padded_rows_ms)."""
+        own time and its time as another's twin are one number (padded_rows_ms). The row bound
+        is off there whatever its own flag, which is put back to the class's value meanwhile, so
+        that the call memo keys a twin's twins alike inside and outside the row bound's chain."""
         self._twin_depth = getattr(self, "_twin_depth", 0) + 1
+        raw, self._raw_doubled = self._raw_doubled, False
         try:
             yield
         finally:
             self._twin_depth -= 1
+            self._raw_doubled = raw
 
     def _gemv(self, ops: list, gpu: GPU, rows: np.ndarray, part: pd.DataFrame) -> pd.DataFrame:
         """GEMMs with m or n of 1 (kit.predict.gemv.applies) take its stream of their bytes, plus
@@ -212,19 +217,39 @@ class GemmBounds:
         had left t(m) > t(2m) in 12 of 120 varied GEMMs there (their 4m twins faster still);
         the chain leaves none. A model's batch doubles a Linear's or a conv's m; the chain runs on
         m only (on n and b too it would be a lattice of twins) and stops at the ceiling, where a
-        GEMM's time scales with its work: it made a sweep of small GEMMs 3x slower to predict."""
-        if getattr(self, "_twin_depth", 0):
+        GEMM's time scales with its work.
+        The chain's twins (2m, 4m, ... up to the first at the ceiling) are predicted in one batch,
+        each without its own row bound (_raw_doubled), and folded from the top down, each capped
+        by the one above (cap_as): what predicting each twin whole, bounded by the next, gives,
+        but one predict instead of one per doubling: 423 varied GEMMs on five GPUs took 53 s of
+        CPU against 105 recursing (14 with no row bound). benchmarks/h200_measured.py, whose op
+        sweeps are one big batch, went only 386 -> 315 s (91 with no row bound): there the
+        twins themselves are the cost, chains about ten doublings long on a fast GPU."""
+        if getattr(self, "_twin_depth", 0) or self._raw_doubled:
             return None  # a twin is compared at its own time, as in padded_rows_ms
-        rows = [j for j, op in enumerate(ops)
-                if doubled_rows(op) and roofline(op, gpu).time_ms < DOUBLE_ROOF_MS]
-        if not rows:
+        chains = [_doubling_chain(op, gpu) for op in ops]
+        if not any(chains):
             return None
-        frame = self.predict_unbounded([_with_side(ops[j], "m", doubled_rows(ops[j])) for j in rows],
-                                       gpu, split_k).reset_index(drop=True)
-        at = np.full(len(ops), -1)
-        at[rows] = np.arange(len(rows))
-        out = frame.iloc[np.maximum(at, 0)].reset_index(drop=True)
-        out.loc[at < 0, "latency_ms"] = np.nan  # an op with no twin has no bound
+        twins = [t for c in chains for t in c]
+        self._raw_doubled = True
+        try:
+            frame = self.predict_unbounded(twins, gpu, split_k).reset_index(drop=True)
+        finally:
+            self._raw_doubled = False
+        start = np.cumsum([0] + [len(c) for c in chains])
+        depth = np.array([len(c) for c in chains])
+        # the top twin of each chain, then down a rung at a time, each capped by the one above
+        at = np.where(depth > 0, start[1:] - 1, 0)
+        out = frame.iloc[at].reset_index(drop=True)
+        for level in range(int(depth.max()) - 2, -1, -1):
+            rows = np.flatnonzero(depth > level + 1)
+            capped = cap_as(frame.iloc[start[rows] + level].reset_index(drop=True),
+                            out.iloc[rows].reset_index(drop=True))
+            for c in out.columns:  # column by column, each keeping its dtype
+                values = out[c].to_numpy(copy=True)
+                values[rows] = capped[c].to_numpy()
+                out[c] = values
+        out.loc[depth == 0, "latency_ms"] = np.nan  # an op with no twin has no bound
         return out
 
     def few_batches_ms(self, ops: list, gpu: GPU | str, split_k: bool = True) -> np.ndarray:
@@ -331,6 +356,19 @@ def doubled_rows(op) -> int:
     if op.m <= op.n and op.m < PAD_ROWS_MAX:
         return PAD_ROWS_MAX
     return 2 * op.m if 2 * op.m > PAD_ROWS_MAX else 0
+
+
+def _doubling_chain(op, gpu: GPU) -> list:
+    """op's twins in doubled_rows_ms, from doubled_rows(op) rows up: 2m, 4m, ... (or the
+    thin-side ladder's top, then twice that), ending at the first whose roofline reaches
+    DOUBLE_ROOF_MS, which is bounded no further; empty where op has no twin."""
+    rows = doubled_rows(op)
+    if not rows or roofline(op, gpu).time_ms >= DOUBLE_ROOF_MS:
+        return []
+    chain = [_with_side(op, "m", rows)]
+    while roofline(chain[-1], gpu).time_ms < DOUBLE_ROOF_MS:
+        chain.append(_with_side(op, "m", 2 * chain[-1].m))
+    return chain
 
 
 def padded_rows(r: int) -> list[int]:

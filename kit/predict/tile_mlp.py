@@ -185,7 +185,6 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
                 part = self._stream_bound(ops_c, gpu, part.reset_index(drop=True))
                 part = self._padded_bound(ops_c, gpu, part, split_k)
                 part = self._doubled_bound(ops_c, gpu, part.reset_index(drop=True), split_k)
-                part = self._doubled_bound(ops_c, gpu, part.reset_index(drop=True), split_k)
             out.put(idx, part)
         # utilisation is a share in (0, 1] of a bound under the latency. Where a path other than
         # the tile-MLP set the time (a curve, a bound, the stream), the wave bound may exceed it
