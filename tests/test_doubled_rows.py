@@ -52,3 +52,36 @@ def test_a_gemm_is_never_faster_for_twice_the_rows(gpu):
     two = tp.predict([replace(op, m=2 * op.m) for op in ops], g).latency_ms.to_numpy()
     bad = np.flatnonzero(one > two * (1 + 1e-12))
     assert not bad.size, [(ops[i], one[i] * 1e3, two[i] * 1e3) for i in bad]
+
+
+def test_a_gemm_is_never_slower_than_any_twin_up_the_chain():
+    """doubled_rows_ms predicts only the twins that could beat an op (kit.predict.gemm_bounds
+    _doubling_chain: none where its time rises with its rows by structure, rises_with_rows, and
+    none from the first whose stream floor reaches its time): every twin of 2m, 4m, ... rows up
+    to the ceiling, each predicted on its own, is still no faster than the op. On an H100, whose
+    aligned 16-bit GEMMs take the tensor-core curve (rises_with_rows holds for some)."""
+    from kit.hardware import get_gpu
+    from kit.predict.gemm_bounds import rises_with_rows
+    from kit.predict.tile_mlp import TilePredictor
+
+    tp = TilePredictor.shipped()
+    g = get_gpu("h100-sxm")
+    ops = [op for op in _ops(11) if op.dtype in g.dtypes and roofline(op, g).time_ms < DOUBLE_ROOF_MS
+           and doubled_rows(op)]
+    chains = [_full_chain(op, g) for op in ops]
+    assert sum(rises_with_rows(op, g) for op in ops) > 5 and len(ops) > 30
+    one = tp.predict(ops, g).latency_ms.to_numpy()
+    twins = [t for c in chains for t in c]
+    lat = tp.predict(twins, g).latency_ms.to_numpy()
+    owner = np.repeat(np.arange(len(ops)), [len(c) for c in chains])
+    bad = np.flatnonzero(one[owner] > lat * (1 + 1e-12))
+    assert not bad.size, [(ops[owner[i]], twins[i].m, one[owner[i]] * 1e3, lat[i] * 1e3) for i in bad]
+
+
+def _full_chain(op, g) -> list:
+    """op's twins of doubled_rows(op), then twice as many rows, up to the first at the ceiling."""
+    rows = doubled_rows(op)
+    out = [replace(op, m=rows)] if rows else []
+    while out and roofline(out[-1], g).time_ms < DOUBLE_ROOF_MS:
+        out.append(replace(op, m=2 * out[-1].m))
+    return out

@@ -202,10 +202,11 @@ class GemmBounds:
                        split_k: bool = True) -> pd.DataFrame:
         """cap_as doubled_rows_ms, the twin's tile shown where the cap binds (split_k: as
         predict's)."""
-        twin = self.doubled_rows_ms(ops, gpu, split_k)
+        twin = self.doubled_rows_ms(ops, gpu, split_k, part.latency_ms.to_numpy(dtype=float))
         return part if twin is None else cap_as(part, twin)
 
-    def doubled_rows_ms(self, ops: list, gpu: GPU, split_k: bool = True) -> pd.DataFrame | None:
+    def doubled_rows_ms(self, ops: list, gpu: GPU, split_k: bool = True,
+                        own_ms: np.ndarray | None = None) -> pd.DataFrame | None:
         """Per GEMM of m > PAD_ROWS_MAX / 2 rows whose roofline is under DOUBLE_ROOF_MS, the
         frame row of its twin with 2m rows, predicted whole (so itself bounded by its 4m twin,
         and so on up to the ceiling): the most it may take, as it could run padded with m rows of
@@ -222,12 +223,21 @@ class GemmBounds:
         each without its own row bound (_raw_doubled), and folded from the top down, each capped
         by the one above (cap_as): what predicting each twin whole, bounded by the next, gives,
         but one predict instead of one per doubling: 423 varied GEMMs on five GPUs took 53 s of
-        CPU against 105 recursing (14 with no row bound). benchmarks/h200_measured.py, whose op
-        sweeps are one big batch, went only 386 -> 315 s (91 with no row bound): there the
-        twins themselves are the cost, chains about ten doublings long on a fast GPU."""
+        CPU against 105 recursing (14 with no row bound).
+        own_ms: each op's time before this bound (predict's part); the twins that cannot beat it
+        are never predicted (_doubling_chain), which leaves every answer as it was. The twins
+        themselves are the cost, each with its own padding ladder: the H200 op sweeps of
+        benchmarks/h200_measured.py are one batch of 10,010 GEMMs, 8,049 under the ceiling, whose
+        chains held 54,405 twins with 653,518 ladder rungs (the ops' own ladders: 129,150); of
+        6,855 twins of 970 of those ops, 3,267 are left. The benchmark's CPU went 339 -> 232 s
+        against 96 with no row bound (a shared machine)."""
         if getattr(self, "_twin_depth", 0) or self._raw_doubled:
             return None  # a twin is compared at its own time, as in padded_rows_ms
-        chains = [_doubling_chain(op, gpu) for op in ops]
+        from kit.workload.kernel_times import isolation_floor_ms
+
+        floor = isolation_floor_ms(self, gpu)
+        own = np.full(len(ops), np.inf) if own_ms is None else np.asarray(own_ms, dtype=float)
+        chains = [_doubling_chain(op, gpu, below, floor) for op, below in zip(ops, own)]
         if not any(chains):
             return None
         twins = [t for c in chains for t in c]
@@ -358,17 +368,40 @@ def doubled_rows(op) -> int:
     return 2 * op.m if 2 * op.m > PAD_ROWS_MAX else 0
 
 
-def _doubling_chain(op, gpu: GPU) -> list:
+def _doubling_chain(op, gpu: GPU, below_ms: float = np.inf, floor_ms: float = 0.0) -> list:
     """op's twins in doubled_rows_ms, from doubled_rows(op) rows up: 2m, 4m, ... (or the
     thin-side ladder's top, then twice that), ending at the first whose roofline reaches
-    DOUBLE_ROOF_MS, which is bounded no further; empty where op has no twin."""
+    DOUBLE_ROOF_MS, which is bounded no further; empty where op has no twin.
+    Twins that cannot bind are left out (the answer is the same, at less cost):
+    - all of them where op's time rises with its rows by the model's own structure
+      (rises_with_rows);
+    - from the first whose stream floor (its bytes at the widest share of the bandwidth a GEMM
+      of its dtype streamed at, plus floor_ms, the dispatch floor: the least any GEMM is
+      predicted at, _stream_bound) reaches below_ms, op's own time: it and every twin above,
+      whose bytes only grow, take at least that."""
     rows = doubled_rows(op)
-    if not rows or roofline(op, gpu).time_ms >= DOUBLE_ROOF_MS:
+    if not rows or roofline(op, gpu).time_ms >= DOUBLE_ROOF_MS or rises_with_rows(op, gpu):
         return []
-    chain = [_with_side(op, "m", rows)]
-    while roofline(chain[-1], gpu).time_ms < DOUBLE_ROOF_MS:
-        chain.append(_with_side(op, "m", 2 * chain[-1].m))
+    chain, twin = [], _with_side(op, "m", rows)
+    while gemv_stream_bound_ms([twin], gpu.mem_bw_gbs)[0] + floor_ms < below_ms:
+        chain.append(twin)
+        if roofline(twin, gpu).time_ms >= DOUBLE_ROOF_MS:
+            break
+        twin = _with_side(op, "m", 2 * twin.m)
     return chain
+
+
+def rises_with_rows(op, gpu: GPU) -> bool:
+    """Whether op's time and its twins' with more rows (doubled_rows_ms) are one non-decreasing
+    function of the rows by the predictor's structure, so that no twin can bind: a GEMM on a
+    tensor-core curve (kit.predict.tensor_core: the curve at its roofline plus the dispatch
+    floor, lifted to the stream floor, both growing with m), with no bound that reads another
+    GEMM's time: n and k past the padding ladders (padded_rows_ms, whose rungs of another n or k
+    may leave the curve), n over FEW_ROWS (few_rows_ms) and a batch outside few_batches_ms' 2..
+    FEW_ROWS (its twin is bounded by the training GPUs a GPU dominates). No split (split-K
+    leaves curve GEMMs alone), no GEMV (n > 1), no long-reduction cap (FP32 off the curve)."""
+    return (op.n >= PAD_ROWS_MAX and op.k >= PAD_K_MAX and not 2 <= op.b <= FEW_ROWS
+            and curve_gemm(gpu, op))
 
 
 def padded_rows(r: int) -> list[int]:
