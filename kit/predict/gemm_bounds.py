@@ -230,7 +230,13 @@ class GemmBounds:
         benchmarks/h200_measured.py are one batch of 10,010 GEMMs, 8,049 under the ceiling, whose
         chains held 54,405 twins with 653,518 ladder rungs (the ops' own ladders: 129,150); of
         6,855 twins of 970 of those ops, 3,267 are left. The benchmark's CPU went 339 -> 232 s
-        against 96 with no row bound (a shared machine)."""
+        against 96 with no row bound (a shared machine).
+        Limits (the review's sweeps over m 1..128 on six GPUs): an op on the thin-side ladder
+        (m < 64 rows, m <= n) takes the ladder's top, 64 rows, as its twin, not 2m, so t(m) may
+        still exceed t(2m) there (an A100-PCIe-80GB FP32 Linear 1024 -> 256: 52.12 us at 40 and
+        48 rows, 51.00 at 96); and between m and a twin that is no doubling (m < m' < 2m) the
+        chain can open an inversion it closes elsewhere (MI300X FP32 208 x 40: t(65) 60.80 us,
+        t(85) 59.04). Pairs t(m) > t(m') for m < m' <= 2m fell 65,550 -> 49,942, 9,619 of them new."""
         if getattr(self, "_twin_depth", 0) or self._raw_doubled:
             return None  # a twin is compared at its own time, as in padded_rows_ms
         from kit.workload.kernel_times import isolation_floor_ms
