@@ -67,6 +67,8 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
             out["source"] = ("the time of a twin with more rows on its thin side or a longer "
                              "reduction, as it could run padded: no GEMM this thin or short is faster "
                              f"for more rows or a longer k; {own} was slower")
+    if cls == "gemm" and out.get("tile") != "gemv":
+        _doubled_source(model, op, gpu, out, cls)
     own = None
     # a training GPU without op's dtype bounds nothing (TilePredictor._reference skips it; a
     # Memcpy, of no dtype, had raised an AttributeError here)
@@ -129,6 +131,27 @@ def _answer(op, gpu, out: dict, cls: str) -> str:
     if cls == "gemm" and curve_gemm(gpu, op):
         return "the kernel-time curve's own answer (kit.predict.tensor_core)"
     return "the tile-MLP's own answer"
+
+
+def _doubled_source(model, op, gpu, out: dict, cls: str) -> None:
+    """out["source"] where the row bound (kit.predict.gemm_bounds.doubled_rows_ms) set a GEMM's
+    time: its twin with twice the rows, or a twin of that twin, was faster than its own answer."""
+    twin = model.doubled_rows_ms([op], gpu)
+    if twin is None:
+        return
+    bound = float(twin.latency_ms.iloc[0])
+    if not (np.isfinite(bound) and abs(out["latency_ms"] - bound) <= 1e-9 * bound):
+        return
+    raw, model._raw_doubled = model._raw_doubled, True  # its time without the row bound
+    try:
+        unbound = float(model.predict([op], gpu).latency_ms.iloc[0])
+    finally:
+        model._raw_doubled = raw
+    if unbound > bound * (1 + 1e-9):  # it bound, not a tie
+        out["source"] = (f"the time of a twin with more rows ({twin.tiles.iloc[0]} tiles: {op.m} rows "
+                         "doubled, predicted whole, on up to a 20 us roofline), as it could run "
+                         "padded with zero rows: below that no GEMM is faster for twice the rows; "
+                         f"without it {1e3 * unbound:.2f} us")
 
 
 def _unpadded_ms(model, op, gpu) -> float:
