@@ -67,7 +67,7 @@ def tile_source(model, op, gpu, out: dict, cls: str) -> None:
             out["source"] = ("the time of a twin with more rows on its thin side or a longer "
                              "reduction, as it could run padded: no GEMM this thin or short is faster "
                              f"for more rows or a longer k; {own} was slower")
-    if cls == "gemm" and out.get("tile") != "gemv":
+    if cls == "gemm":  # a GEMV too: an H100 FP32 64 x 1 x 64 takes its 128-row twin's 14.69 us
         _doubled_source(model, op, gpu, out, cls)
     own = None
     # a training GPU without op's dtype bounds nothing (TilePredictor._reference skips it; a
@@ -148,7 +148,8 @@ def _doubled_source(model, op, gpu, out: dict, cls: str) -> None:
     finally:
         model._raw_doubled = raw
     if unbound > bound * (1 + 1e-9):  # it bound, not a tie
-        out["source"] = (f"the time of a twin with more rows ({twin.tiles.iloc[0]} tiles: {op.m} rows "
+        shape = "a GEMV" if twin.tile.iloc[0] == "gemv" else f"{twin.tiles.iloc[0]} tiles"
+        out["source"] = (f"the time of a twin with more rows ({shape}: {op.m} rows "
                          "doubled, predicted whole, on up to a 20 us roofline), as it could run "
                          "padded with zero rows: below that no GEMM is faster for twice the rows; "
                          f"without it {1e3 * unbound:.2f} us")
