@@ -10,7 +10,8 @@ from kit import ops
 from kit.errors import KitError
 from kit.parallel import HostModel, Layout, parse_model, predict_parallel
 from kit.parallel.costs import AnalyticSource
-from kit.parallel.opgraph import graph_source, padded_vocab
+from kit.parallel.gpt import padded_vocab
+from kit.parallel.opgraph import graph_source
 
 torch.set_num_threads(1)
 NO_HOST = HostModel(launch_us=0.0, p2p_sync=False)

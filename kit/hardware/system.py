@@ -207,9 +207,7 @@ def system_from_dict(e: dict, nodes: int = 1, network: str | None = None) -> Sys
     else:
         fl = _link(f["link"], where)
         links = tuple((int(a), int(b), int(n)) for a, b, n in f.get("links", ()))
-        for a, b, n in links:
-            if not (0 <= a < g and 0 <= b < g and a != b and n > 0):
-                raise KitError(f"{where}: bad NVLink entry {[a, b, n]} for {g} GPUs")
+        _check_links(links, g, where)
         fabric = Fabric(kind=f["kind"], link=f["link"], link_bw_gbs=fl["link_bw_gbs"],
                         step_latency_us=fl["step_latency_us"], efficiency=fl["efficiency"],
                         links_per_gpu=int(f.get("links_per_gpu", 0)), links=links,
@@ -226,6 +224,18 @@ def system_from_dict(e: dict, nodes: int = 1, network: str | None = None) -> Sys
                   nics_per_node=int(e.get("nics_per_node", 0)), network=_network(net),
                   software=tuple(sorted(soft.items())), source=e["source"],
                   aliases=tuple(e.get("aliases", ())))
+
+
+def _check_links(links, gpus: int, where: str) -> None:
+    """A KitError for an NVLink entry (a, b, count) that joins no two of the node's GPUs."""
+    for a, b, n in links:
+        if not (0 <= a < gpus and 0 <= b < gpus and a != b and n > 0):
+            raise KitError(f"{where}: bad NVLink entry {[a, b, n]} for {gpus} GPUs")
+
+
+def _check_nodes(n) -> None:
+    if not 1 <= n <= MAX_NODES:  # '<preset>-x0' as well as nodes=0; a million GPUs at most
+        raise KitError(f"nodes must be a whole number from 1 to {MAX_NODES:,}, got {n!r}")
 
 
 def _norm(name: str) -> str:
@@ -360,10 +370,7 @@ def _check_own(s: System) -> None:
         whole(f.links_per_gpu, "fabric.links_per_gpu (an NVSwitch fabric)")
     if f.nvls:
         rate(f.nvls_efficiency, "fabric.nvls_efficiency (NVLS on)", most=1)
-    for link in f.links:
-        a, b, k = link
-        if not (0 <= a < s.gpus_per_node and 0 <= b < s.gpus_per_node and a != b and k > 0):
-            raise KitError(f"{where}: bad NVLink entry {list(link)} for {s.gpus_per_node} GPUs")
+    _check_links(f.links, s.gpus_per_node, where)
     rate(p.link_bw_gbs, "pcie.link_bw_gbs")
     rate(p.efficiency, "pcie.efficiency", most=1)
     rate(p.step_latency_us, "pcie.step_latency_us", zero=True)
@@ -392,8 +399,7 @@ def _rescaled(system: System, nodes: int | None, network: str | None) -> System:
     from dataclasses import replace
 
     n = system.nodes if nodes is None else nodes
-    if not 1 <= n <= MAX_NODES:
-        raise KitError(f"nodes must be a whole number from 1 to {MAX_NODES:,}, got {n!r}")
+    _check_nodes(n)
     net = system.network if network is None else _network(network)
     if n > 1 and net.key == "none":
         raise KitError(f"{n} nodes of {system.key} need a network between them; pass network= one of "
@@ -410,8 +416,7 @@ def _rescaled(system: System, nodes: int | None, network: str | None) -> System:
 def _lookup(name: str, nodes: int | None, network: str | None) -> System:
     entry, net, n = _parse(name)
     n = nodes if nodes is not None else n
-    if not 1 <= n <= MAX_NODES:  # '<preset>-x0' as well as nodes=0; a million GPUs at most
-        raise KitError(f"nodes must be a whole number from 1 to {MAX_NODES:,}, got {n!r}")
+    _check_nodes(n)
     net = network if network is not None else net
     if net is not None:
         _network(net)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kit.parallel.costs import IN_STREAM_BY_SOURCE, ChunkCost, Coster, chunk_costs, optimizer_ms
-from kit.parallel.gpt import GPTSpec, padded_vocab
+from kit.parallel.gpt import GPTSpec, vocab_per_rank
 from kit.parallel.layout import Layout
 from kit.parallel.memory import stage_layers
 from kit.parallel.schedule import schedule
@@ -301,7 +301,7 @@ def embedding_sync_bytes(spec: GPTSpec, lay: Layout) -> float:
     the padded vocabulary, [padded vocab / tp, hidden], in the gradient dtype (main_grad)."""
     if lay.pp == 1 or not spec.tied:
         return 0.0
-    return padded_vocab(spec.vocab, lay.tp) // lay.tp * spec.hidden * lay.grad_bytes
+    return vocab_per_rank(spec.vocab, lay.tp) * spec.hidden * lay.grad_bytes
 
 
 def _sharded_comm_ms(coster, kind: str, params: float, experts: float, nbytes_each: float,

@@ -40,6 +40,12 @@ def padded_vocab(vocab: int, tp: int) -> int:
     return -(-vocab // m) * m
 
 
+def vocab_per_rank(vocab: int, tp: int) -> int:
+    """Rows of the padded vocabulary (padded_vocab) one TP rank holds: its embedding shard, its
+    logits' width and its share of the loss."""
+    return padded_vocab(vocab, tp) // tp
+
+
 def fused_softmax_available(b: int, heads_rank: int, seq: int) -> bool:
     """Megatron's fused causal scale-mask-softmax kernel runs only when
     FusedScaleMaskSoftmax.is_kernel_available holds (megatron/model/fused_softmax.py): fp16/bf16
@@ -274,7 +280,7 @@ def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = Fal
     embeddings: an all-reduce, or with sequence parallelism a reduce-scatter (Megatron's
     reduce_scatter_embeddings), after which the dropout runs on this rank's tokens only."""
     tok = b * spec.seq
-    v = padded_vocab(spec.vocab, tp) // tp
+    v = vocab_per_rank(spec.vocab, tp)
     act = tok * spec.hidden * ops.dtype_bytes(dtype)
     if tp == 1:
         return [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
@@ -301,7 +307,7 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
     With sequence parallelism the LayerNorm runs on this rank's tokens and an all-gather of the
     activations feeds the column-parallel logits GEMM."""
     tok = b * spec.seq
-    v = padded_vocab(spec.vocab, tp) // tp
+    v = vocab_per_rank(spec.vocab, tp)
     n = tok * v
     ar = ("allreduce", tok * 4, "tp")
     if sp and tp > 1:
@@ -332,7 +338,7 @@ def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) 
     also the re-gather of its input beside the data gradient: _column_backward), and the final
     LayerNorm's backward."""
     tok = b * spec.seq
-    v = padded_vocab(spec.vocab, tp) // tp
+    v = vocab_per_rank(spec.vocab, tp)
     n = tok * v
     gemm = ops.linear(tok, spec.hidden, v, dtype)
     rows = tok // tp if sp and tp > 1 and tok % tp == 0 else tok

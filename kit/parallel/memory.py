@@ -21,7 +21,7 @@ of its pipeline schedule (pp − s for 1F1B, all m for GPipe).
 """
 from __future__ import annotations
 
-from kit.parallel.gpt import GPTSpec, padded_vocab
+from kit.parallel.gpt import GPTSpec, vocab_per_rank
 from kit.parallel.layout import Layout
 from kit.parallel.schedule import in_flight
 
@@ -89,7 +89,7 @@ def edge_params(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float
     one (kit.parallel.gpt.padded_vocab), as the lookup, the logits and the embedding group's
     all-reduce have it: its weights, gradients and optimizer state are that wide."""
     t = layout.tp
-    vocab_rank = padded_vocab(spec.vocab, t) / t
+    vocab_rank = vocab_per_rank(spec.vocab, t)
     first = (vocab_rank * spec.hidden + (0 if spec.rope else spec.positions * spec.hidden)
              if stage == 0 else 0.0)
     last = 0.0
@@ -162,8 +162,7 @@ def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
             # micro-batches: 3.1 GiB, of which one micro-batch's 0.05 had been counted)
             held = in_flight(layout.schedule, stage, layout.pp, layout.micro_batches,
                              layout.virtual_stages, chunk=layout.virtual_stages - 1)
-            vocab_rank = padded_vocab(spec.vocab, layout.tp) // layout.tp
-            acts += held * layout.micro_batch * spec.seq * vocab_rank * 4
+            acts += held * layout.micro_batch * spec.seq * vocab_per_rank(spec.vocab, layout.tp) * 4
         total = weights + grads + optim + acts
         row = {"stage": stage, "ranks": layout.dp * layout.tp, "params": p,
                "weights_gib": weights / GIB, "grads_gib": grads / GIB, "optimizer_gib": optim / GIB,

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 from kit import ops
 from kit.errors import KitError
-from kit.parallel.gpt import Block, GPTSpec, padded_vocab
+from kit.parallel.gpt import Block, GPTSpec, vocab_per_rank
 from kit.predict.norm_paths import VECTOR_ELEMS
 
 
@@ -121,7 +121,7 @@ class _Sharder:
     def __init__(self, graph, tp: int, vocab: int | None):
         self.tp = tp
         self.vocab = vocab
-        self.vocab_rank = padded_vocab(vocab, tp) // tp if vocab else None
+        self.vocab_rank = vocab_per_rank(vocab, tp) if vocab else None
         self.state: dict[int, str] = {}  # node id -> "R" replicated, "S" sharded, "P" partial sum
         # Partial sums are followed kernel by kernel, in the unfused graph a compiled one keeps
         # (capture_model): a fused kernel writes several tensors. Inductor fuses the sum of

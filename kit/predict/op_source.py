@@ -136,6 +136,8 @@ def _answer(op, gpu, out: dict, cls: str) -> str:
 def _doubled_source(model, op, gpu, out: dict, cls: str) -> None:
     """out["source"] where the row bound (kit.predict.gemm_bounds.doubled_rows_ms) set a GEMM's
     time: its twin with twice the rows, or a twin of that twin, was faster than its own answer."""
+    from kit.predict.gemm_bounds import DOUBLE_ROOF_MS
+
     twin = model.doubled_rows_ms([op], gpu)
     if twin is None:
         return
@@ -150,7 +152,7 @@ def _doubled_source(model, op, gpu, out: dict, cls: str) -> None:
     if unbound > bound * (1 + 1e-9):  # it bound, not a tie
         shape = "a GEMV" if twin.tile.iloc[0] == "gemv" else f"{twin.tiles.iloc[0]} tiles"
         out["source"] = (f"the time of a twin with more rows ({shape}: {op.m} rows "
-                         "doubled, predicted whole, on up to a 20 us roofline), as it could run "
+                         f"doubled, predicted whole, on up to a {1e3 * DOUBLE_ROOF_MS:g} us roofline), as it could run "
                          "padded with zero rows: below that no GEMM is faster for twice the rows; "
                          f"without it {1e3 * unbound:.2f} us")
 
