@@ -53,7 +53,9 @@ def test_full_recompute_with_sequence_parallelism_stores_inputs_split_over_tp():
 def test_last_stage_activations_include_fp32_logits_and_1f1b_in_flight_counts():
     """Stage activations = layers x per-layer bytes x micro-batches in flight (1F1B: pp - s,
     Narayanan et al. 2021), and the last stage adds the fp32 logits for the loss:
-    b * s * (vocab / t) elements of 4 bytes."""
+    b * s * (vocab / t) elements of 4 bytes, and the final norm's and LM head's inputs, 2*s*b*h
+    each (replicated over tp without SP); the first stage the embedding dropout's masks, s*b*h
+    per micro-batch in flight (Korthikanti et al. 2022)."""
     b, t, pp = 2, 2, 2
     s, h, V = SPEC.seq, SPEC.hidden, SPEC.vocab
     lay = Layout(tp=t, pp=pp, micro_batch=b, global_batch=b * 4, dtype="fp16")
@@ -64,14 +66,16 @@ def test_last_stage_activations_include_fp32_logits_and_1f1b_in_flight_counts():
     for stage, row in enumerate(rows):
         live = pp - stage  # 1F1B: pp - s - 1 warm-up forwards, then one more before a backward
         assert row["in_flight_microbatches"] == live
-        expect = layers_per_stage * per_layer * live + (logits if stage == pp - 1 else 0.0)
+        expect = (layers_per_stage * per_layer * live + (logits + 4 * s * b * h if stage == pp - 1 else 0.0)
+                  + (s * b * h * live if stage == 0 else 0.0))
         assert row["activations_gib"] * GIB == pytest.approx(expect, rel=1e-9)
 
 
 def test_full_recompute_rematerialises_one_whole_layer_on_top_of_the_checkpoints():
     """Under full recompute a stage stores 2*s*b*h per layer and in-flight micro-batch
     (Korthikanti et al. 2022) and, during a backward, one layer's full activations
-    s*b*h*(10 + 24/t) (flash attention) rematerialised once; the last stage adds its logits."""
+    s*b*h*(10 + 24/t) (flash attention) rematerialised once; the last stage adds its output
+    layer's, the first its embedding dropout's."""
     b, t, pp = 2, 2, 2
     s, h, V = SPEC.seq, SPEC.hidden, SPEC.vocab
     lay = Layout(tp=t, pp=pp, micro_batch=b, global_batch=b * 4, recompute="full", dtype="fp16")
@@ -80,8 +84,10 @@ def test_full_recompute_rematerialises_one_whole_layer_on_top_of_the_checkpoints
     for stage, row in enumerate(rows):
         live = pp - stage
         expect = layers_per_stage * 2 * s * b * h * live + flash_layer_acts(s, b, h, t)
-        if stage == pp - 1:
-            expect += b * s * (V / t) * 4
+        if stage == pp - 1:  # the output layer is not checkpointed: logits, norm and head inputs
+            expect += b * s * (V / t) * 4 + 4 * s * b * h
+        if stage == 0:  # the embedding dropout's masks
+            expect += s * b * h * live
         assert row["activations_gib"] * GIB == pytest.approx(expect, rel=1e-9)
 
 

@@ -146,3 +146,37 @@ def test_zero2_next_micro_batch_waits_for_the_gradient_reduce_scatters():
         for i, tag in enumerate(g.tag):
             if g.kind[i] == "compute" and tag and tag[0] == "F" and tag[1] - 1 in reduced:
                 assert res.start_ms[i] >= reduced[tag[1] - 1] - 1e-9, (overlap, g.label[i])
+
+
+def test_the_first_and_last_stages_keep_the_embedding_and_output_layer_activations():
+    """Korthikanti et al. 2022 count, with sequence parallelism, 34·s·b·h/t a layer, s·b·h·p/t
+    for the embedding dropout's masks of the first stage's micro-batches in flight and
+    4·s·b·h/t·(1 + v/h) for the output layer (the final norm's and the LM head's inputs, and the
+    fp32 logits of the loss). GPipe holds all m micro-batches on every stage. The 4·s·b·h/t had
+    been left out of the last stage (64 x 12 MiB = 0.75 GiB here)."""
+    from kit.parallel.memory import memory_per_rank
+
+    m, t, s, b, h = 64, 8, GPT3.seq, 1, GPT3.hidden  # vocab 51,200 is already padded at tp 8
+    lay = Layout(tp=t, pp=8, micro_batch=b, global_batch=m, schedule="gpipe",
+                 sequence_parallel=True, recompute="selective")
+    rows = memory_per_rank(GPT3, lay)
+    layers = 34 * s * b * h / t * GPT3.layers / 8
+    assert rows[0]["activations_gib"] * 2**30 == pytest.approx(m * (layers + s * b * h / t), rel=1e-12)
+    output = 4 * s * b * h / t * (1 + GPT3.vocab / h)
+    assert rows[-1]["activations_gib"] * 2**30 == pytest.approx(m * (layers + output), rel=1e-12)
+    assert rows[3]["activations_gib"] * 2**30 == pytest.approx(m * layers, rel=1e-12)
+
+
+def test_a_stage_holds_each_chunk_in_flight_at_its_own_size():
+    """9 layers over pp 3 x 2 virtual stages: every chunk 0 has 2 layers, every chunk 1 one.
+    With m = 3 micro-batches the middle stage runs 5 forwards (3 of chunk 0, 2 of chunk 1) before
+    its first backward, then the sixth: 3 x 2 + 3 x 1 = 9 layers at the peak, all it could ever
+    hold (m x its 3 layers). max(chunk) x 6 passes in flight had made it 12 layers."""
+    from kit.parallel.memory import activation_bytes_per_layer, memory_per_rank
+
+    spec = GPTSpec(layers=9, hidden=1024, heads=16, seq=512, vocab=32000, name="t")
+    lay = Layout(pp=3, virtual_stages=2, global_batch=3)
+    layer = activation_bytes_per_layer(spec, lay)
+    mid = memory_per_rank(spec, lay)[1]
+    assert mid["in_flight_microbatches"] == 6
+    assert mid["activations_gib"] * 2**30 == pytest.approx(9 * layer, rel=1e-12)

@@ -17,13 +17,15 @@ their GPT layer:
     full recompute                  2·s·b·h (only each layer's input; /t with SP)
 
 A stage holds the activations of the chunks it has run forward but not yet backward: the peak
-of its pipeline schedule (pp − s for 1F1B, all m for GPipe).
+of its pipeline schedule (pp − s for 1F1B, all m for GPipe), each chunk's own bytes, with the
+embedding's dropout mask on the first chunk and the output layer's on the last
+(edge_activation_bytes).
 """
 from __future__ import annotations
 
 from kit.parallel.gpt import GPTSpec, vocab_per_rank
 from kit.parallel.layout import Layout
-from kit.parallel.schedule import in_flight
+from kit.parallel.schedule import in_flight, peak_held
 
 GIB = 2**30
 
@@ -131,6 +133,26 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
     return scale * s * b * (10 * h + (attn + mlp + scores) / t)
 
 
+def edge_activation_bytes(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float]:
+    """Activations a micro-batch leaves outside the layers, in bytes (Korthikanti et al. 2022,
+    beside Table 2: "sbhp/t" for the embedding dropout, "4sbh/t·(1 + v/h)" for the output
+    layer): (on the first stage's first chunk, the embedding dropout's mask, s·b·h; on the last
+    stage's last chunk, the output layer's 4·s·b·h·(1 + v/h): the final norm's input and the
+    LM head's input, 2·s·b·h each, replicated over tp without sequence parallelism, and the
+    vocab-parallel loss's fp32 softmax, [b, s, padded vocab / t]). The softmax is the v/h part:
+    gpt2's 50,257 are 6,400 a rank at tp 8, not 6,282, as head_forward costs the logits. The
+    4·s·b·h had been left out: GPT-3 175B at tp 8, pp 8 under GPipe with 64 micro-batches
+    holds 64 x 96 MiB = 6 GiB of them on its last stage, 1F1B one micro-batch's 96 MiB."""
+    s, b, h, t = spec.seq, layout.micro_batch, spec.hidden, layout.tp
+    scale = 2.0 if layout.dtype == "fp32" else 1.0  # as activation_bytes_per_layer
+    split = t if layout.sequence_parallel else 1
+    first = scale * s * b * h / split if stage == 0 else 0.0
+    last = 0.0
+    if stage == layout.pp - 1:
+        last = scale * 4 * s * b * h / split + b * s * vocab_per_rank(spec.vocab, t) * 4
+    return first, last
+
+
 def state_bytes(layout: Layout) -> tuple[int, int, int]:
     """Bytes a parameter of (weights, gradients, optimizer state) before ZeRO's sharding."""
     return layout.weight_bytes, layout.grad_bytes, 8 if layout.dtype == "fp32" else 12
@@ -145,24 +167,22 @@ def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
         p, e = local_params(spec, layout, stage), local_expert_params(spec, layout, stage)
         weights, grads, optim = (zero_kept(p, e, layout, z_from) * nbytes
                                  for nbytes, z_from in ((w_b, 3), (g_b, 2), (o_b, 1)))
-        per_chunk = max(sum(activation_bytes_per_layer(spec, layout, layer)
-                            for layer in chunks[c * layout.pp + stage])
-                        for c in range(layout.virtual_stages))
+        per_chunk = [sum(activation_bytes_per_layer(spec, layout, layer)
+                         for layer in chunks[c * layout.pp + stage])
+                     for c in range(layout.virtual_stages)]
+        first, last = edge_activation_bytes(spec, layout, stage)
+        per_chunk[0] += first
+        per_chunk[-1] += last
         live = in_flight(layout.schedule, stage, layout.pp, layout.micro_batches,
                          layout.virtual_stages)
-        acts = per_chunk * live
+        # the peak of the schedule's walk, each pass holding its own chunk's bytes: max(chunk)
+        # x live had counted every pass in flight as the largest chunk (18 layers with MoE every
+        # 2nd at pp 3 x 2 virtual stages: stage 0's chunks hold 1 and 2 MoE layers)
+        acts = peak_held(layout.schedule, stage, layout.pp, layout.micro_batches,
+                         layout.virtual_stages, per_chunk)
         if layout.recompute == "full":  # one layer is rematerialised in full during backward
             acts += max(activation_bytes_per_layer(spec, layout.with_(recompute="none"), layer)
                         for c in range(layout.virtual_stages) for layer in chunks[c * layout.pp + stage])
-        if stage == layout.pp - 1:
-            # the vocab-parallel loss saves its fp32 softmax, [b, s, padded vocab/t] (the logits
-            # head_forward costs; the spec's vocab had left out the padding: gpt2's 50,257 are
-            # 6,400 a rank at tp 8, not 6,282), for the backward of every micro-batch the last
-            # chunk holds: one under 1F1B, all m under GPipe (GPT-3 175B at tp 8, pp 8, 64
-            # micro-batches: 3.1 GiB, of which one micro-batch's 0.05 had been counted)
-            held = in_flight(layout.schedule, stage, layout.pp, layout.micro_batches,
-                             layout.virtual_stages, chunk=layout.virtual_stages - 1)
-            acts += held * layout.micro_batch * spec.seq * vocab_per_rank(spec.vocab, layout.tp) * 4
         total = weights + grads + optim + acts
         row = {"stage": stage, "ranks": layout.dp * layout.tp, "params": p,
                "weights_gib": weights / GIB, "grads_gib": grads / GIB, "optimizer_gib": optim / GIB,

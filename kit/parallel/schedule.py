@@ -66,11 +66,18 @@ def schedule(kind: str, stage: int, pp: int, m: int, v: int = 1) -> list[tuple[s
 def in_flight(kind: str, stage: int, pp: int, m: int, v: int = 1, chunk: int | None = None) -> int:
     """Most chunks whose activations a stage holds at once (forwards not yet backwarded); of
     model chunk `chunk` alone when given."""
-    live = peak = 0
+    return int(peak_held(kind, stage, pp, m, v,
+                         [1 if chunk is None or c == chunk else 0 for c in range(v)]))
+
+
+def peak_held(kind: str, stage: int, pp: int, m: int, v: int, chunk_bytes) -> float:
+    """Most bytes a stage holds at once when each forward of model chunk c keeps chunk_bytes[c]
+    until its backward. Chunks of unequal size (an uneven layer split, or MoE layers that fall
+    unevenly on a stage's chunks) peak below max(chunk_bytes) x in_flight, which assumed every
+    pass in flight was of the largest chunk."""
+    live = peak = 0.0
     for phase, _, c in schedule(kind, stage, pp, m, v):
-        if chunk is not None and c != chunk:
-            continue
-        live += 1 if phase == "F" else -1
+        live += chunk_bytes[c] if phase == "F" else -chunk_bytes[c]
         peak = max(peak, live)
     return peak
 
