@@ -46,6 +46,36 @@ def test_activations_in_flight_match_the_schedules():
         schedule("interleaved", 0, 4, 6, 2)
 
 
+def test_peak_held_is_the_most_a_walk_of_the_schedule_holds_at_once():
+    """peak_held against a brute-force walk: keep the set of (micro-batch, chunk) passes run
+    forward and not yet backward, and take the largest sum of their chunks' bytes. Random chunk
+    sizes (zeros, fractions, GiB-sized), pp, v and m, with m < pp for GPipe and 1F1B. It never
+    exceeds in_flight x the largest chunk, nor m x the stage's chunks."""
+    import random
+
+    from kit.parallel.schedule import peak_held
+
+    rng = random.Random(7)
+    for _ in range(400):
+        kind = rng.choice(["gpipe", "1f1b", "interleaved"])
+        pp = rng.randint(2, 7) if kind == "interleaved" else rng.randint(1, 7)
+        v = rng.randint(2, 4) if kind == "interleaved" else 1
+        m = pp * rng.randint(1, 4) if kind == "interleaved" else rng.randint(1, 2 * pp + 1)
+        sizes = [rng.choice([0.0, rng.random(), rng.randint(1, 9) * 2.0**30]) for _ in range(v)]
+        for stage in range(pp):
+            held, most = set(), 0.0
+            for phase, i, c in schedule(kind, stage, pp, m, v):
+                if phase == "F":
+                    held.add((i, c))
+                else:
+                    held.remove((i, c))
+                most = max(most, sum(sizes[k] for _, k in held))
+            got = peak_held(kind, stage, pp, m, v, sizes)
+            assert got == pytest.approx(most, rel=1e-12, abs=1e-9), (kind, pp, m, v, stage, sizes)
+            assert got <= max(sizes) * in_flight(kind, stage, pp, m, v) * (1 + 1e-12)
+            assert got <= m * sum(sizes) * (1 + 1e-12)
+
+
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_pipeline_iteration_is_m_plus_pp_minus_1_passes(kind):
     # 2 layers per stage: forward 4 GEMMs/layer -> tf = 8 ms; backward 8 GEMMs/layer -> tb = 16 ms

@@ -180,3 +180,19 @@ def test_a_stage_holds_each_chunk_in_flight_at_its_own_size():
     mid = memory_per_rank(spec, lay)[1]
     assert mid["in_flight_microbatches"] == 6
     assert mid["activations_gib"] * 2**30 == pytest.approx(9 * layer, rel=1e-12)
+
+
+def test_the_embedding_dropout_mask_is_one_byte_an_element_in_every_dtype():
+    """The first stage's edge activation is the embedding dropout's bool mask, s*b*h bytes (/t
+    with SP), in fp32 as in fp16; the last stage's norm and head inputs are activations and
+    double in fp32 (4 bytes), while the loss's softmax is fp32 either way."""
+    from kit.parallel.memory import edge_activation_bytes
+
+    s, b, h = GPT3.seq, 2, GPT3.hidden
+    for sp in (False, True):
+        split = 8 if sp else 1
+        half, full = (Layout(tp=8, pp=4, micro_batch=b, global_batch=8, dtype=d, sequence_parallel=sp)
+                      for d in ("fp16", "fp32"))
+        assert edge_activation_bytes(GPT3, half, 0)[0] == edge_activation_bytes(GPT3, full, 0)[0] == s * b * h / split
+        last_half, last_full = edge_activation_bytes(GPT3, half, 3)[1], edge_activation_bytes(GPT3, full, 3)[1]
+        assert last_full - last_half == pytest.approx(4 * s * b * h / split, rel=1e-12)

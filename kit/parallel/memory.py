@@ -144,9 +144,11 @@ def edge_activation_bytes(spec: GPTSpec, layout: Layout, stage: int) -> tuple[fl
     4·s·b·h had been left out: GPT-3 175B at tp 8, pp 8 under GPipe with 64 micro-batches
     holds 64 x 96 MiB = 6 GiB of them on its last stage, 1F1B one micro-batch's 96 MiB."""
     s, b, h, t = spec.seq, layout.micro_batch, spec.hidden, layout.tp
-    scale = 2.0 if layout.dtype == "fp32" else 1.0  # as activation_bytes_per_layer
+    scale = 2.0 if layout.dtype == "fp32" else 1.0  # the norm's and head's inputs, as activation_bytes_per_layer
     split = t if layout.sequence_parallel else 1
-    first = scale * s * b * h / split if stage == 0 else 0.0
+    # the mask is torch's bool dropout mask, 1 byte an element in any dtype (scaling it with the
+    # fp32 inputs had made GPT-3 175B's first stage at tp 8, pp 8, 1F1B hold 8 x 48 MiB, not 8 x 24)
+    first = s * b * h / split if stage == 0 else 0.0
     last = 0.0
     if stage == layout.pp - 1:
         last = scale * 4 * s * b * h / split + b * s * vocab_per_rank(spec.vocab, t) * 4
