@@ -69,8 +69,77 @@ def test_training_has_one_backward_node_and_gradients_reach_every_weight():
 def test_cells_are_two_gemms_and_one_fused_kernel():
     g = capture(nn.LSTMCell(8, 16), (torch.zeros(5, 8),), mode="train")
     fwd, bwd = _rnn_nodes(g)
-    assert fwd.kernels == 3 and bwd.kernels == 6
+    assert fwd.kernels == 3
     assert _gemm_flops(fwd.op) == 2 * 5 * (8 + 16) * 4 * 16
+    # backward: the fused cell's pointwise kernel and bias sums, dW_ih and dW_hh; no dx GEMM
+    # (the input is data) and no dh GEMM (h_0 is zeros): autograd skips both
+    assert bwd.kernels == 4 and _gemm_flops(bwd.op) == _gemm_flops(fwd.op)
+
+
+class _CellLoop(nn.Module):
+    def __init__(self, cls, in_size, hidden):
+        super().__init__()
+        self.cell = cls(in_size, hidden)
+
+    def forward(self, x):
+        hx = None
+        for t in range(x.shape[1]):
+            hx = self.cell(x[:, t], hx)
+        return (hx[0] if isinstance(hx, tuple) else hx).sum()
+
+
+@pytest.mark.parametrize("cls", [nn.LSTMCell, nn.GRUCell])
+def test_cell_loop_backward_gemms_match_torchs_flop_counter(cls):
+    """Cells run as autograd's matmuls on a GPU too (torch's lstm_cell: matmul_ih, matmul_hh,
+    then _thnn_fused_lstm_cell), so FlopCounterMode on the CPU counts the GEMMs a GPU runs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch, steps, in_size, hidden = 4, 5, 24, 32
+    x = torch.randn(batch, steps, in_size)
+    with FlopCounterMode(display=False) as counter:
+        _CellLoop(cls, in_size, hidden)(x).backward()
+    g = capture(_CellLoop(cls, in_size, hidden), (x,), mode="train")
+    kit = sum(_gemm_flops(n.op) for n in _rnn_nodes(g))
+    assert kit == counter.get_total_flops()
+
+
+def test_frozen_recurrent_weights_get_no_weight_gradient_gemms():
+    """A frozen LSTM under a trained layer still passes gradients back (cuDNN's backward-data
+    pass: dx and the per-step dh GEMMs) but runs no dW GEMMs and no bias sums."""
+    batch, steps, in_size, hidden = 4, 6, 8, 16
+
+    class Frozen(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.lstm = nn.Linear(in_size, in_size), nn.LSTM(in_size, hidden, 2)
+            self.lstm.requires_grad_(False)
+
+        def forward(self, x):
+            return self.lstm(self.embed(x))[0].sum()
+
+    g = capture(Frozen(), (torch.zeros(steps, batch, in_size),), mode="train")
+    fwd, bwd = _rnn_nodes(g)
+    assert _gemm_flops(bwd.op) == pytest.approx(_gemm_flops(fwd.op))  # dx and dh mirror forward
+    assert bwd.kernels == 2 * (2 * steps + 1)
+
+
+def test_an_eval_mode_lstm_has_no_dropout_masks_in_backward():
+    """Dropout between layers runs only in training mode: its backward multiplies do neither."""
+    steps, layers = 6, 3
+
+    class EvalLstm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.lstm = nn.Linear(8, 8), nn.LSTM(8, 16, layers, dropout=0.3)
+
+        def forward(self, x):
+            self.lstm.eval()
+            return self.lstm(self.embed(x))[0].sum()
+
+    g = capture(EvalLstm(), (torch.zeros(steps, 4, 8),), mode="train")
+    fwd, bwd = _rnn_nodes(g)
+    assert fwd.kernels == layers * (1 + 2 * steps)
+    assert bwd.kernels == layers * (2 * steps + 4)
 
 
 @pytest.mark.parametrize("case", ["packed", "projection"])

@@ -11,10 +11,15 @@ forward   one GEMM of the layer's input by W_ih for all T steps at once (T·B ro
           adds both GEMMs' gates and the biases, applies the nonlinearities and writes h_t (c_t);
 backward  per step the pointwise gradient kernel and the recurrent GEMM for dh_{t-1}, then over
           all T·B rows the GEMMs for dx, dW_ih and dW_hh, and one reduction for the bias grads.
+          Frozen weights skip the dW GEMMs and bias sums; a cell (autograd's matmuls, not
+          cuDNN) also skips dx and dh where its input or h_{t-1} needs no gradient.
 
 Between stacked layers a training-mode dropout (the module's `dropout`) runs on each layer's
 output. Layers and directions are costed one after another: cuDNN can overlap layers in a
-wavefront, so a deep stack at small batch comes out as an upper bound.
+wavefront, so a deep stack at small batch comes out as an upper bound. cuDNN's persistent
+algorithm (one kernel for the whole recurrence, which torch's cudnn/RNN.cpp get_algo picks for
+some single-layer, one-way shapes on some GPUs) is not modelled: its 2·T per-step launches are
+counted as the standard algorithm's.
 """
 from __future__ import annotations
 
@@ -96,21 +101,32 @@ def forward(s: RnnShape, training: bool = False) -> tuple[Derived, int]:
     return Derived("rnn", tuple(parts + drops), 1.0, f"cuDNN {s.kind} forward"), kernels
 
 
-def backward(s: RnnShape) -> tuple[Derived, int]:
+def backward(s: RnnShape, training: bool = True, weights: bool = True, dx: bool = True,
+             dh: bool = True, bias_sums: bool = True) -> tuple[Derived, int]:
     """The backward pass (data and weight gradients) as one Derived kernel set, and its
-    kernel count."""
+    kernel count. training: whether the forward ran the dropouts between layers. weights:
+    whether any weight needs a gradient; frozen, torch skips the dW GEMMs (_cudnn_rnn_backward
+    runs _cudnn_rnn_backward_weight only for output_mask[3]; a cell's matmul backward the same).
+    dx, dh: a cell's input and h_{t-1} GEMMs, run by autograd only where those need gradients
+    (cuDNN's backward-data pass always writes dx and runs dh every step). bias_sums: whether
+    the bias gradients are summed (cuDNN: with the weight gradients; a fused cell's backward:
+    whenever it has biases)."""
     gw, t, b, d = s.gate_width, s.steps, s.batch, s.dtype
     parts = []
     for in_features in s.layer_inputs():
         for _ in range(s.directions):
-            parts += [_per_step(Elementwise("mul", b * gw, d, inputs=2), t, "elementwise"),
-                      _per_step(linear(b, gw, s.hidden, d), t, "gemm"),  # dh_{t-1}
-                      linear(t * b, gw, in_features, d),                 # dx
-                      Gemm(m=in_features, n=gw, k=t * b, dtype=d, kind="linear", shared_rhs=True),
-                      Gemm(m=s.hidden, n=gw, k=t * b, dtype=d, kind="linear", shared_rhs=True)]
-            if s.biases:  # the bias gradients: dgates summed over every step and sequence
+            parts.append(_per_step(Elementwise("mul", b * gw, d, inputs=2), t, "elementwise"))
+            if dh:
+                parts.append(_per_step(linear(b, gw, s.hidden, d), t, "gemm"))  # dh_{t-1}
+            if dx:
+                parts.append(linear(t * b, gw, in_features, d))
+            if weights:
+                parts += [Gemm(m=in_features, n=gw, k=t * b, dtype=d, kind="linear", shared_rhs=True),
+                          Gemm(m=s.hidden, n=gw, k=t * b, dtype=d, kind="linear", shared_rhs=True)]
+            if s.biases and bias_sums:  # dgates summed over every step and sequence
                 parts.append(memory_bound("reduction", t * b * gw * dtype_bytes(d), d, "bias grads"))
-    drops = _dropouts(s, training=True)  # their backward: one masked multiply each
+    drops = _dropouts(s, training)  # their backward: one masked multiply each
     parts += [Elementwise("mul", x.numel, d, inputs=2) for x in drops]
-    kernels = s.layers * s.directions * (2 * t + 3 + int(s.biases)) + len(drops)
+    per_layer = t * (1 + int(dh)) + int(dx) + 2 * int(weights) + int(s.biases and bias_sums)
+    kernels = s.layers * s.directions * per_layer + len(drops)
     return Derived("rnn", tuple(parts), 1.0, f"cuDNN {s.kind} backward"), kernels
