@@ -77,30 +77,55 @@ def test_cells_are_two_gemms_and_one_fused_kernel():
 
 
 class _CellLoop(nn.Module):
-    def __init__(self, cls, in_size, hidden):
+    """A cell over every step; `frozen` names cell parameters without gradients, and
+    `input_grad` scales the input by a trained vector (no GEMM) so the cell's input needs one."""
+
+    def __init__(self, cls, in_size, hidden, frozen=(), input_grad=False):
         super().__init__()
         self.cell = cls(in_size, hidden)
+        for name in frozen:
+            getattr(self.cell, name).requires_grad_(False)
+        self.scale = nn.Parameter(torch.ones(in_size)) if input_grad else None
 
     def forward(self, x):
+        if self.scale is not None:
+            x = x * self.scale
         hx = None
         for t in range(x.shape[1]):
             hx = self.cell(x[:, t], hx)
         return (hx[0] if isinstance(hx, tuple) else hx).sum()
 
 
+@pytest.mark.parametrize("frozen", [(), ("weight_ih", "weight_hh"), ("weight_ih",),
+                                    ("weight_hh", "bias_ih"), ("bias_ih", "bias_hh")])
+@pytest.mark.parametrize("input_grad", [False, True])
 @pytest.mark.parametrize("cls", [nn.LSTMCell, nn.GRUCell])
-def test_cell_loop_backward_gemms_match_torchs_flop_counter(cls):
+def test_cell_loop_backward_gemms_match_torchs_flop_counter(cls, input_grad, frozen):
     """Cells run as autograd's matmuls on a GPU too (torch's lstm_cell: matmul_ih, matmul_hh,
-    then _thnn_fused_lstm_cell), so FlopCounterMode on the CPU counts the GEMMs a GPU runs."""
+    then _thnn_fused_lstm_cell), so FlopCounterMode on the CPU counts the GEMMs a GPU runs:
+    each matmul's dW only for its own weight, dx only where the input needs a gradient."""
     from torch.utils.flop_counter import FlopCounterMode
 
     batch, steps, in_size, hidden = 4, 5, 24, 32
     x = torch.randn(batch, steps, in_size)
     with FlopCounterMode(display=False) as counter:
-        _CellLoop(cls, in_size, hidden)(x).backward()
-    g = capture(_CellLoop(cls, in_size, hidden), (x,), mode="train")
+        _CellLoop(cls, in_size, hidden, frozen, input_grad)(x).backward()
+    g = capture(_CellLoop(cls, in_size, hidden, frozen, input_grad), (x,), mode="train")
     kit = sum(_gemm_flops(n.op) for n in _rnn_nodes(g))
     assert kit == counter.get_total_flops()
+
+
+@pytest.mark.parametrize("frozen", ["_l1", "weight", "bias"])
+def test_partly_frozen_recurrent_weights_keep_every_weight_gradient_gemm(frozen):
+    """cuDNN's weight gradients are all or nothing (output_mask[3] is any flattened weight's
+    requires_grad): one frozen layer, or frozen matrices under trained biases, keep every dW."""
+    lstm = nn.LSTM(8, 16, num_layers=2, bidirectional=True)
+    for name, p in lstm.named_parameters():
+        p.requires_grad_(frozen not in name)
+    g = capture(lstm, (torch.zeros(6, 4, 8),), mode="train")
+    fwd, bwd = _rnn_nodes(g)
+    assert _gemm_flops(bwd.op) == pytest.approx(2 * _gemm_flops(fwd.op))
+    assert bwd.kernels == 2 * 2 * (2 * 6 + 4)
 
 
 def test_frozen_recurrent_weights_get_no_weight_gradient_gemms():

@@ -101,12 +101,13 @@ def forward(s: RnnShape, training: bool = False) -> tuple[Derived, int]:
     return Derived("rnn", tuple(parts + drops), 1.0, f"cuDNN {s.kind} forward"), kernels
 
 
-def backward(s: RnnShape, training: bool = True, weights: bool = True, dx: bool = True,
-             dh: bool = True, bias_sums: bool = True) -> tuple[Derived, int]:
+def backward(s: RnnShape, training: bool = True, dw_ih: bool = True, dw_hh: bool = True,
+             dx: bool = True, dh: bool = True, bias_sums: bool = True) -> tuple[Derived, int]:
     """The backward pass (data and weight gradients) as one Derived kernel set, and its
-    kernel count. training: whether the forward ran the dropouts between layers. weights:
-    whether any weight needs a gradient; frozen, torch skips the dW GEMMs (_cudnn_rnn_backward
-    runs _cudnn_rnn_backward_weight only for output_mask[3]; a cell's matmul backward the same).
+    kernel count. training: whether the forward ran the dropouts between layers. dw_ih, dw_hh:
+    whether the dW_ih and dW_hh GEMMs run. cuDNN runs both or neither: _cudnn_rnn_backward
+    calls _cudnn_rnn_backward_weight only for output_mask[3], true when any of the flattened
+    weights needs a gradient. A cell's two matmuls each run their dW only for their own weight.
     dx, dh: a cell's input and h_{t-1} GEMMs, run by autograd only where those need gradients
     (cuDNN's backward-data pass always writes dx and runs dh every step). bias_sums: whether
     the bias gradients are summed (cuDNN: with the weight gradients; a fused cell's backward:
@@ -120,13 +121,14 @@ def backward(s: RnnShape, training: bool = True, weights: bool = True, dx: bool 
                 parts.append(_per_step(linear(b, gw, s.hidden, d), t, "gemm"))  # dh_{t-1}
             if dx:
                 parts.append(linear(t * b, gw, in_features, d))
-            if weights:
-                parts += [Gemm(m=in_features, n=gw, k=t * b, dtype=d, kind="linear", shared_rhs=True),
-                          Gemm(m=s.hidden, n=gw, k=t * b, dtype=d, kind="linear", shared_rhs=True)]
+            for rows, run in ((in_features, dw_ih), (s.hidden, dw_hh)):  # dW_ih, dW_hh
+                if run:
+                    parts.append(Gemm(m=rows, n=gw, k=t * b, dtype=d, kind="linear", shared_rhs=True))
             if s.biases and bias_sums:  # dgates summed over every step and sequence
                 parts.append(memory_bound("reduction", t * b * gw * dtype_bytes(d), d, "bias grads"))
     drops = _dropouts(s, training)  # their backward: one masked multiply each
     parts += [Elementwise("mul", x.numel, d, inputs=2) for x in drops]
-    per_layer = t * (1 + int(dh)) + int(dx) + 2 * int(weights) + int(s.biases and bias_sums)
+    bias = int(s.biases and bias_sums)
+    per_layer = t * (1 + int(dh)) + int(dx) + int(dw_ih) + int(dw_hh) + bias
     kernels = s.layers * s.directions * per_layer + len(drops)
     return Derived("rnn", tuple(parts), 1.0, f"cuDNN {s.kind} backward"), kernels

@@ -109,12 +109,19 @@ def _grads_run(owners, needs, cell: bool) -> dict:
     arguments 2 on (params, or a cell's w_ih, w_hh, b_ih, b_hh), the input 0 and h_{t-1} the
     first tensor of argument 1. A frozen LSTM under a trained embedding, batch 4, 6 steps, 8 in,
     16 hidden, had been given its 2 dW GEMMs and bias sum anyway: 147456 backward GEMM FLOPs for
-    the 73728 of dx and dh alone."""
-    weights = any(need for need, arg in zip(needs, owners) if arg >= 2)
+    the 73728 of dx and dh alone. A cell's dW_ih and dW_hh follow w_ih and w_hh alone (its
+    biases' gradients are the fused kernel's sums): an LSTMCell loop (4 x 24 -> 32, 5 steps)
+    with frozen weights and trained biases had kept both dW GEMMs, 704512 FLOPs where torch's
+    FlopCounterMode counts 417792."""
+    def needed(arg: int) -> bool:
+        return any(need for need, owner in zip(needs, owners) if owner == arg)
+
     if not cell:
-        return {"weights": weights, "bias_sums": weights}
+        weights = any(need for need, owner in zip(needs, owners) if owner >= 2)
+        return {"dw_ih": weights, "dw_hh": weights, "bias_sums": weights}
+    # h_{t-1} is argument 1's first tensor (an LSTM cell's c_{t-1} needs no GEMM)
     dh = 1 in owners and bool(needs[owners.index(1)])
-    return {"weights": weights, "dx": bool(needs[0]), "dh": dh}
+    return {"dw_ih": needed(2), "dw_hh": needed(3), "dx": needed(0), "dh": dh}
 
 
 def fused(rec, func, args, kwargs):
