@@ -10,6 +10,8 @@ Packed sequences and LSTMs with a projection (proj_size) keep their decompositio
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from kit.workload.mapping import kit_dtype
@@ -97,6 +99,13 @@ class _Fused(torch.autograd.Function):
             outs = [torch.empty(s, dtype=d, device="meta") if need else None
                     for (s, d), need in zip(ctx.metas, needs)]
         (reserve,) = ctx.saved_tensors
+        if not ctx.cell and not ctx.training:
+            # cuDNN's backward-data pass checks its train flag: nn.LSTM.eval() then .backward()
+            # on a GPU raises "cudnn RNN backward can only be called in training mode"
+            warnings.warn(f"cudnn.{ctx.shape.kind}: a backward through a recurrent layer in eval mode, "
+                          "which cuDNN refuses on a GPU (\"cudnn RNN backward can only be called in "
+                          "training mode\"): priced as cuDNN's backward without dropout, as with the "
+                          "layer in train mode and dropout 0", stacklevel=2)
         op, kernels = backward(ctx.shape, ctx.training, **_grads_run(ctx.owners, needs, ctx.cell))
         rec.record_fused(f"cudnn.{ctx.shape.kind}_backward", op, "rnn", kernels,
                          [g for g in grads if g is not None] + [reserve],
