@@ -168,6 +168,39 @@ def test_an_eval_mode_lstm_has_no_dropout_masks_in_backward():
     assert bwd.kernels == layers * (2 * steps + 4)
 
 
+def test_the_eval_mode_note_names_each_recurrent_module_once_on_the_command_line(tmp_path, monkeypatch,
+                                                                                 capsys):
+    """Two eval-mode LSTMs, each called over 3 steps (6 backward calls, a cell in train mode
+    beside them): kit predict notes each module once, by name, and the train-mode cell not at
+    all. The note had read only "cudnn.lstm", so Python showed one line for both modules."""
+    (tmp_path / "rnnnote_model.py").write_text(
+        "import torch, torch.nn as nn\n"
+        "class Two(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.enc, self.dec = nn.LSTM(8, 16, 3), nn.LSTM(16, 16)\n"
+        "        self.cell = nn.LSTMCell(16, 16)\n"
+        "    def train(self, mode=True):\n"
+        "        super().train(mode)\n"
+        "        self.enc.eval(); self.dec.eval()\n"
+        "        return self\n"
+        "    def forward(self, x):\n"
+        "        out = 0\n"
+        "        for t in range(3):\n"
+        "            h = self.dec(self.enc(x[t:t + 2])[0])[0]\n"
+        "            out = out + self.cell(h[0])[0].sum()\n"
+        "        return out\n"
+        "def make():\n"
+        "    return Two(), (torch.zeros(6, 4, 8, requires_grad=True),)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from kit.cli import main
+
+    assert main(["predict", "rnnnote_model:make", "--gpu", "h100-sxm", "--json"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "training mode" in line]
+    assert len(notes) == 2, notes
+    assert sorted(n.split("note: ", 1)[1].split()[0] for n in notes) == ["dec", "enc"]
+
+
 @pytest.mark.parametrize("case", ["packed", "projection"])
 def test_forms_cudnn_is_not_modelled_for_keep_their_decomposition(case):
     class Packed(nn.Module):
