@@ -196,3 +196,22 @@ def test_the_embedding_dropout_mask_is_one_byte_an_element_in_every_dtype():
         assert edge_activation_bytes(GPT3, half, 0)[0] == edge_activation_bytes(GPT3, full, 0)[0] == s * b * h / split
         last_half, last_full = edge_activation_bytes(GPT3, half, 3)[1], edge_activation_bytes(GPT3, full, 3)[1]
         assert last_full - last_half == pytest.approx(4 * s * b * h / split, rel=1e-12)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("attention", ["unfused", "flash"])
+def test_a_layers_dropout_masks_are_one_byte_an_element_in_fp32_too(sp, attention):
+    """Korthikanti et al.'s 34 + 5as/h bytes a token count 16-bit activations and 1-byte masks
+    (2h of the 10h replicated, a·s of the 5·a·s scores): at fp32 every count but the masks
+    doubles, so fp32 minus fp16 is the layer less its masks."""
+    from kit.parallel.memory import activation_bytes_per_layer
+
+    spec = GPTSpec(**{**GPT3.__dict__, "attention": attention})
+    s, b, h, a, t = spec.seq, 2, spec.hidden, spec.heads, 8
+    half, full = (activation_bytes_per_layer(spec, Layout(tp=t, pp=4, micro_batch=b, global_batch=8, dtype=d,
+                                                          sequence_parallel=sp))
+                  for d in ("fp16", "fp32"))
+    masks = s * b * (2 * h / (t if sp else 1) + (a * s / t if attention == "unfused" else 0))
+    assert full - half == pytest.approx(half - masks, rel=1e-12)
+    if attention == "unfused" and not sp:  # Table 2's tensor-parallel count at fp16
+        assert half == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)

@@ -116,7 +116,8 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
         scores/t       5·a·s (softmax output, its dropout mask and output), unless flash or
                        selective recompute
 
-    so GPT's layer is s·b·h·(10 + 24/t + 5as/(ht)) as in their Table 2."""
+    so GPT's layer is s·b·h·(10 + 24/t + 5as/(ht)) as in their Table 2, in bytes at 16-bit
+    activations; at fp32 each count but the 1-byte dropout masks doubles."""
     s, b, h, a, t = spec.seq, layout.micro_batch, spec.hidden, spec.heads, layout.tp
     scale = 2.0 if layout.dtype == "fp32" else 1.0  # the paper counts 2-byte activations
     if layout.recompute == "full":
@@ -128,9 +129,14 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
         # topk routed copies a token, or the capacity buffers' rows a token (GPTSpec.routed_rows)
         mlp = spec.routed_rows(s * b) / (s * b) * (mlp + 2 * h)
     scores = 0.0 if (layout.recompute == "selective" or spec.attention == "flash") else 5 * a * s
+    # the dropout masks (2h of the 10h, a·s of the 5·a·s) are torch's bool masks, 1 byte an
+    # element in fp32 too: scaled with the rest, GPT-3 175B's fp32 layer at tp 8 had counted
+    # 20h + 10as/t bytes a token where 18h + 9as/t are held
+    replicated = scale * 8 * h + 2 * h
+    scores = scale * 4 * a * s + a * s if scores else 0.0
     if layout.sequence_parallel:
-        return scale * s * b * (10 * h + attn + mlp + scores) / t
-    return scale * s * b * (10 * h + (attn + mlp + scores) / t)
+        return s * b * (replicated + scale * (attn + mlp) + scores) / t
+    return s * b * (replicated + (scale * (attn + mlp) + scores) / t)
 
 
 def edge_activation_bytes(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float]:
