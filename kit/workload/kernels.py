@@ -25,16 +25,19 @@ from kit.ops import copy_of  # noqa: F401 (re-exported: the kit's mappings impor
 # sm90 flash kernels, measurements/h200-2026-12-04-b/session/attention_bf16.jsonl) the backward
 # took 2.79x the forward's kernel time, median over 113 shapes (2.7-3.0 by head size and mask).
 ATTENTION_BWD_SCALE = 2.8
+ATTENTION_BWD_FLOPS = 2.5  # its FLOPs, the 5 matmuls to the forward's 2 (not its time's 2.8)
 
 
 @dataclass(frozen=True)
 class Derived:
-    """A kernel costed as scale × sum(parts). flops and bytes follow the same rule."""
+    """A kernel costed as scale × sum(parts). flops and bytes follow the same rule, or for
+    FLOPs flops_scale where the work scales otherwise than the time (an attention backward)."""
 
     op_class: str
     parts: tuple
     scale: float = 1.0
     label: str = ""  # what it is, for reports ("attention backward", "aten.sort.default")
+    flops_scale: float | None = None
 
     @property
     def dtype(self) -> str:
@@ -42,7 +45,8 @@ class Derived:
 
     @property
     def flops(self) -> float:
-        return self.scale * sum(p.flops for p in self.parts)
+        scale = self.scale if self.flops_scale is None else self.flops_scale
+        return scale * sum(p.flops for p in self.parts)
 
     @property
     def bytes(self) -> float:

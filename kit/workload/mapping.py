@@ -13,7 +13,7 @@ import torch
 
 from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, LayerNorm, RMSNorm, Softmax,
                      elementwise_proxy)
-from kit.workload.kernels import ATTENTION_BWD_SCALE, Derived, Slowest, copy_of, memory_bound
+from kit.workload.kernels import ATTENTION_BWD_FLOPS, ATTENTION_BWD_SCALE, Derived, Slowest, copy_of, memory_bound
 from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, POW_FAST, _elementwise,  # noqa: F401
                                               _pow_kind, input_streams, nbytes, unique_nbytes,
                                               vectorizable)
@@ -249,7 +249,8 @@ def map_op(packet: str, args, kwargs, out, copies_self: bool = True) -> tuple[ob
         q, k, v = args[1], args[2], args[3]
         fwd = _attention(q, k, v, dtype, _causal_arg(packet.removesuffix("_backward"), args[1:], kwargs),
                          _mask_arg(packet, args, kwargs))
-        return Derived("attention", (fwd,), ATTENTION_BWD_SCALE, "attention backward"), "attention", 1
+        return (Derived("attention", (fwd,), ATTENTION_BWD_SCALE, "attention backward", ATTENTION_BWD_FLOPS),
+                "attention", 1)
     if packet in ("_softmax", "_safe_softmax", "_log_softmax", "softmax"):
         rows, cols = _rows_cols(args[0])
         return Softmax(rows, cols, dtype), "softmax", 1
