@@ -99,6 +99,20 @@ def test_a_top_kernel_group_shows_its_costliest_members_shapes():
     assert top.iloc[0]["shapes"] == "[8192,8192]x[8192,8192]"
 
 
+def test_a_top_kernel_groups_count_is_its_kernels_not_its_ops():
+    """kit predict prints count as "Nx" kernels: a node standing for several launches (a fused
+    optimizer's multi_tensor_apply, a layer norm's backward) counts them all; ops keeps the nodes."""
+    from dataclasses import replace
+
+    op = Elementwise("add", 2**20, inputs=2)
+    nodes = (Node(0, "aten._foreach_mul_.Scalar", op, "elementwise", "fwd", (), "opt", 0, 2**22),
+             Node(1, "aten._foreach_mul_.Scalar", op, "elementwise", "fwd", (0,), "opt", 0, 2**22))
+    nodes = (replace(nodes[0], kernels=55), replace(nodes[1], kernels=3))
+    it = iteration(OpGraph(nodes, "toy", {"mode": "inference"}), GPU, predictor="wave", overhead=NONE)
+    top = it.top_kernels().iloc[0]
+    assert (top["count"], top["ops"]) == (58, 2) == (it.to_dict()["kernels"], len(nodes))
+
+
 def test_breakdowns_and_trace():
     it = iteration(_graph(), GPU, predictor="wave", overhead=CpuOverhead())
     by = it.by_class()
