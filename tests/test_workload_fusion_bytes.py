@@ -402,3 +402,21 @@ def test_a_vocabulary_log_softmax_chain_reads_its_logits_twice_and_its_backward_
     # and again with the log-probs for the output
     # and writes the bf16 gradient of the logits (and reads the tail's 2 kB bias gradient sum)
     assert bwd[0].op.bytes == pytest.approx(2 * logits + logp + logits, rel=1e-3)
+
+
+def test_a_broadcast_slice_of_a_buffer_is_read_as_its_own_elements():
+    """relu(h) + table[:1].expand(T, D): the fused kernel reads h and one row of the table, and
+    writes its output. The region of the expanded slice had counted its T x D elements (4 MiB
+    of an 8 MiB buffer) where the kernel reads one 1 KiB row, as eager's add already counts."""
+    class Row(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.n = nn.Linear(D, D), nn.Linear(D, D)
+            self.register_buffer("table", torch.zeros(2 * T, D))
+
+        def forward(self, x):
+            return self.n(torch.relu(self.l(x)) + self.table[:1].expand(T, D))
+
+    g = capture(Row(), (torch.empty(T, D),), mode="inference")
+    [fused] = _fused(g)
+    assert fused.op.bytes == pytest.approx(2 * T * D * FP32 + D * FP32)

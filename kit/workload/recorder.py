@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kit.workload.graph import Node, Region, new_tensor_id
 from kit.workload.mapping import SCATTERS_OUT_OF_PLACE, map_op, nbytes, tensors
+from kit.workload.mapping_elementwise import unique_nbytes
 
 _LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
@@ -237,11 +238,13 @@ class Recorder(TorchDispatchMode):
     def _region(self, t: torch.Tensor, key) -> Region:
         """The Region of t: its storage's tensor id (a first sight, as of a parameter, an
         input or an optimizer state, gets a negative one), its byte offset and its own bytes
-        (capped at the storage's)."""
+        (its unique elements', capped at the storage's)."""
         tid = self.tensor_ids.get(key)
         if tid is None:  # made by no recorded op: it outlives the step (negative id, Region)
             tid = self.tensor_ids[key] = -new_tensor_id()
-        size, own = t.element_size(), nbytes(t)
+        # an expanded view reads the elements it was expanded from: table[:1].expand(4096, 256)
+        # of an 8192 x 256 fp32 buffer had counted 4 MiB where a 1 KiB row is read
+        size, own = t.element_size(), unique_nbytes(t)
         try:
             storage, offset = t.untyped_storage().nbytes(), t.storage_offset() * size
         except (RuntimeError, NotImplementedError):  # no storage (as _storage_key)
