@@ -78,6 +78,22 @@ def test_conv_flops_match_torchs_flop_counter(layer, shape):
     assert bwd.kernels == 2
 
 
+@pytest.mark.parametrize("layer, shape", [
+    (nn.Conv2d(8, 16, 3), (0, 8, 16, 16)),  # an empty batch
+    (nn.Conv2d(8, 0, 3), (2, 8, 16, 16)),  # no output channels
+    (nn.Conv2d(8, 0, 3, groups=4), (2, 8, 16, 16)),
+    (nn.Conv2d(0, 4, 3), (2, 0, 16, 16)),  # no input channels
+    (nn.ConvTranspose2d(8, 4, 2, stride=2), (0, 8, 4, 4)),
+])
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_an_empty_conv_is_a_kit_error_like_an_empty_linear(layer, shape, mode):
+    """The implicit GEMM's sizes had been clamped to 1: a conv of no output channels was costed
+    as 56,448 FLOPs (a 392 x 1 x 72 GEMM) and one of an empty batch as 2,304, where a Linear of
+    an empty batch is a KitError ("m must be a positive whole number")."""
+    with pytest.raises(KitError, match="convolution .*zero-size"):
+        capture(layer, (torch.zeros(shape),), mode=mode)
+
+
 def test_first_conv_backward_skips_the_input_gradient_and_counts_the_bias():
     layer = nn.Conv2d(3, 8, 3, padding=1)  # with bias, on an input that needs no gradient
     g = capture(layer, (torch.zeros(2, 3, 16, 16),), mode="train")

@@ -31,6 +31,7 @@ from dataclasses import replace
 import itertools
 import math
 
+from kit.errors import KitError
 from kit.ops import Gemm, dtype_bytes
 from kit.workload.kernels import Cheapest, Derived, copy_of, memory_bound
 
@@ -74,11 +75,24 @@ def _is_training_bn(packet: str, args) -> bool:
     return bool(flag) if isinstance(flag, bool) else True
 
 
+def _check_not_empty(packet: str, *ts) -> None:
+    """A KitError for a convolution over a zero-size tensor (an empty batch, no channels), as a
+    Linear of an empty batch is one (Gemm: "m must be a positive whole number"). Its implicit
+    GEMM's sizes had been clamped to 1 instead: a conv of no output channels came out 56,448
+    FLOPs (a 392 x 1 x 72 GEMM), one of an empty batch 2,304."""
+    if any(t.numel() == 0 for t in ts):
+        shapes = ", ".join(str(tuple(t.shape)) for t in ts)
+        raise KitError(f"{packet}: a convolution of zero-size tensors ({shapes}) has nothing to "
+                       "cost; give it a batch and channels of at least 1")
+
+
 def map_vision(packet: str, args, ins, outs, dtype: str):
     """(kit op, op_class, kernels) for an op in VISION_OPS."""
     if packet in CONV:
+        _check_not_empty(packet, args[0], args[1], outs[0])
         return conv_forward(args, outs, dtype), "gemm", 1
     if packet in CONV_BWD:
+        _check_not_empty(packet, *args[:3])
         return conv_backward(args, dtype)
     x = args[0]
     if packet in BATCH_NORM:
