@@ -1,6 +1,7 @@
 """Vision models of the zoo, in plain torch, written the way torchvision's eager implementations
 run them, so the aten ops match what a user of those models launches: ResNet (He et al. 2016,
-the v1.5 bottleneck with the stride on the 3x3 conv, as torchvision's resnet50), VGG (Simonyan &
+the v1.5 bottleneck with the stride on the 3x3 conv, as torchvision's resnet50; the basic block
+of resnet18 and resnet34 and the paper's v1 stride where an HF config asks for them), VGG (Simonyan &
 Zisserman 2015, torchvision's vgg16 without batch norm) and ViT (Dosovitskiy et al. 2021,
 torchvision's vit_b_16: a 16x16 patch conv, a class token, pre-norm blocks).
 
@@ -17,6 +18,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kit.errors import KitError
+
+
+def num_labels(c) -> int:
+    """The classes a config's head predicts: num_labels, else one per entry of id2label, as HF's
+    PretrainedConfig reads it (microsoft/resnet-50's and google/vit-base-patch16-224's
+    config.json list 1,000 labels in id2label and have no num_labels: they had been refused as
+    "missing key 'num_labels'")."""
+    labels = c.get("id2label")
+    if "num_labels" not in c and isinstance(labels, dict) and labels:
+        return len(labels)
+    return c["num_labels"]
 
 
 class _ImageClassifier(nn.Module):
@@ -47,21 +59,26 @@ class _ImageClassifier(nn.Module):
 
 
 # -- ResNet -------------------------------------------------------------------------------------
-class Bottleneck(nn.Module):
-    """1x1 reduce, 3x3 (stride here: ResNet v1.5), 1x1 expand; batch norm after each conv."""
+def _shortcut(cin: int, cout: int, stride: int):
+    """The projection shortcut (1x1 conv and batch norm) where the block changes the shape."""
+    if stride == 1 and cin == cout:
+        return None
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
 
-    def __init__(self, cin: int, width: int, cout: int, stride: int):
+
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (stride here: ResNet v1.5; on the first 1x1 with stride_first: the
+    paper's v1), 1x1 expand; batch norm after each conv."""
+
+    def __init__(self, cin: int, width: int, cout: int, stride: int, stride_first: bool = False):
         super().__init__()
-        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.conv1 = nn.Conv2d(cin, width, 1, stride=stride if stride_first else 1, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=1 if stride_first else stride, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(width)
         self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(cout))
+        self.downsample = _shortcut(cin, cout, stride)
 
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)), inplace=True)
@@ -71,12 +88,55 @@ class Bottleneck(nn.Module):
         return F.relu(out + identity, inplace=True)
 
 
+class BasicBlock(nn.Module):
+    """Two 3x3 convs (the stride on the first), batch norm after each: ResNet-18 and -34."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = _shortcut(cin, cout, stride)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)), inplace=True)
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + identity, inplace=True)
+
+
+LAYER_TYPES = ("bottleneck", "basic")  # HF ResNetConfig's layer_type
+
+
+def _layout(c) -> tuple[str, bool, bool]:
+    """(layer_type, downsample_in_bottleneck, downsample_in_first_stage), HF ResNetConfig's
+    defaults where absent. The ResNet had read none of them and built bottlenecks for every
+    config: microsoft/resnet-18's (layer_type "basic") came out 1.40M parameters and 0.26e9
+    multiply-adds a 224x224 image, against torchvision's resnet18, 11.69M and 1.81e9."""
+    kind = c.get("layer_type", "bottleneck")
+    if kind not in LAYER_TYPES:
+        raise KitError(f"resnet config: layer_type must be one of {', '.join(LAYER_TYPES)}, got {kind!r}")
+    flags = []
+    for name in ("downsample_in_bottleneck", "downsample_in_first_stage"):
+        value = c.get(name, False)
+        if not isinstance(value, bool):
+            raise KitError(f"resnet config: {name} must be true or false, got {value!r}")
+        flags.append(value)
+    return kind, *flags
+
+
 class ResNet(_ImageClassifier):
-    """HF ResNetConfig keys: embedding_size (stem width), hidden_sizes (stage outputs, 4x the
-    bottleneck width), depths (blocks per stage), num_channels, num_labels."""
+    """HF ResNetConfig keys: embedding_size (stem width), hidden_sizes (stage outputs: 4x the
+    bottleneck width, or a basic block's width), depths (blocks per stage), layer_type
+    ("bottleneck": ResNet-50 and up, "basic": ResNet-18 and -34), downsample_in_bottleneck (the
+    stride on a bottleneck's first 1x1 conv, the paper's v1; default: on the 3x3, v1.5),
+    downsample_in_first_stage (stride 2 in the first stage too), num_channels, num_labels
+    (or id2label)."""
 
     def __init__(self, c):
         super().__init__(c)
+        kind, stride_first, first_stage_stride = _layout(c)
         stem = c["embedding_size"]
         self.conv1 = nn.Conv2d(c.get("num_channels", 3), stem, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(stem)
@@ -84,12 +144,13 @@ class ResNet(_ImageClassifier):
         blocks, cin = [], stem
         for stage, (depth, cout) in enumerate(zip(c["depths"], c["hidden_sizes"])):
             for i in range(depth):
-                stride = 2 if (i == 0 and stage > 0) else 1
-                blocks.append(Bottleneck(cin, cout // 4, cout, stride))
+                stride = 2 if i == 0 and (stage > 0 or first_stage_stride) else 1
+                blocks.append(BasicBlock(cin, cout, stride) if kind == "basic"
+                              else Bottleneck(cin, cout // 4, cout, stride, stride_first))
                 cin = cout
         self.layers = nn.Sequential(*blocks)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(cin, c["num_labels"])
+        self.fc = nn.Linear(cin, num_labels(c))
 
     def logits(self, x):
         x = self.maxpool(F.relu(self.bn1(self.conv1(x)), inplace=True))
@@ -117,7 +178,7 @@ class VGG(_ImageClassifier):
         self.classifier = nn.Sequential(
             nn.Linear(cin * 49, hidden), nn.ReLU(inplace=True), nn.Dropout(0.5),
             nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Dropout(0.5),
-            nn.Linear(hidden, c["num_labels"]))
+            nn.Linear(hidden, num_labels(c)))
 
     def logits(self, x):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
@@ -145,7 +206,8 @@ class ViTBlock(nn.Module):
 
 class ViT(_ImageClassifier):
     """HF ViTConfig keys: hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
-    patch_size, image_size, num_channels, layer_norm_eps, hidden_dropout_prob; plus num_labels."""
+    patch_size, image_size, num_channels, layer_norm_eps, hidden_dropout_prob; plus num_labels
+    (or id2label)."""
 
     def __init__(self, c):
         super().__init__(c)
@@ -162,7 +224,7 @@ class ViT(_ImageClassifier):
         self.layers = nn.Sequential(*(ViTBlock(d, c["num_attention_heads"], c["intermediate_size"],
                                                eps, p) for _ in range(c["num_hidden_layers"])))
         self.ln = nn.LayerNorm(d, eps=eps)
-        self.head = nn.Linear(d, c["num_labels"])
+        self.head = nn.Linear(d, num_labels(c))
 
     def logits(self, x):
         x = self.conv_proj(x).flatten(2).transpose(1, 2)
