@@ -4,6 +4,8 @@ downsample_in_bottleneck (the stride on the first 1x1 conv: the paper's ResNet v
 ResNet had read neither and built bottlenecks for every config: microsoft/resnet-18's config
 came out 1.40M parameters and 0.26e9 multiply-adds, against torchvision's 11.69M and 1.81e9.
 And an HF config.json names its classes in id2label, with no num_labels."""
+import warnings
+
 import pytest
 
 from kit.errors import KitError
@@ -53,7 +55,8 @@ def test_downsample_in_first_stage_quarters_every_stages_pixels():
 
 
 @pytest.mark.parametrize("change", [{"layer_type": "preactivation"}, {"layer_type": 3},
-                                    {"downsample_in_bottleneck": "yes"}])
+                                    {"downsample_in_bottleneck": "yes"},
+                                    {"layer_type": "bottleneck", "hidden_sizes": [2, 4, 8, 16]}])
 def test_an_unknown_resnet_layout_is_a_kit_error(change):
     with pytest.raises(KitError, match="resnet config"):
         zoo.build({**RESNET18, **change})
@@ -69,3 +72,16 @@ def test_an_hf_config_json_counts_its_classes_in_id2label(name):
     assert _params({**cfg, "id2label": dict(list(labels.items())[:10])}) < _params(zoo.config(name))
     with pytest.raises(KitError, match="missing key 'num_labels'"):
         zoo.build(cfg)  # neither: still named
+
+
+def test_id2label_sets_the_classes_over_a_disagreeing_num_labels_as_hf_does():
+    """HF's PretrainedConfig takes num_labels from id2label where both are given (a mismatch is
+    a logged warning): a config of 1,000 labels and num_labels 10 builds a 1,000-class head.
+    The kit had built 10."""
+    cfg = {**RESNET18, "num_labels": 10, "id2label": {str(i): f"class {i}" for i in range(1000)}}
+    with pytest.warns(UserWarning, match="num_labels 10 disagrees"):
+        head = zoo.build(cfg).fc
+    assert head.out_features == 1000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # agreeing counts are no mismatch
+        assert zoo.build({**cfg, "num_labels": 1000}).fc.out_features == 1000

@@ -13,6 +13,8 @@ logits. Blocks sit in one flat Sequential, so a module path's first number is th
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -21,14 +23,19 @@ from kit.errors import KitError
 
 
 def num_labels(c) -> int:
-    """The classes a config's head predicts: num_labels, else one per entry of id2label, as HF's
+    """The classes a config's head predicts: one per entry of id2label, else num_labels, as HF's
     PretrainedConfig reads it (microsoft/resnet-50's and google/vit-base-patch16-224's
     config.json list 1,000 labels in id2label and have no num_labels: they had been refused as
-    "missing key 'num_labels'")."""
+    "missing key 'num_labels'"). Where both are given and disagree, HF builds len(id2label)
+    classes and warns; so does the kit (it had built num_labels: 10 against HF's 1,000)."""
     labels = c.get("id2label")
-    if "num_labels" not in c and isinstance(labels, dict) and labels:
-        return len(labels)
-    return c["num_labels"]
+    if not (isinstance(labels, dict) and labels):
+        return c["num_labels"]
+    if c.get("num_labels", len(labels)) != len(labels):
+        warnings.warn(f"config num_labels {c['num_labels']} disagrees with its id2label's "
+                      f"{len(labels):,} classes; the head predicts {len(labels):,}, as HF's "
+                      "PretrainedConfig builds it")
+    return len(labels)
 
 
 class _ImageClassifier(nn.Module):
@@ -123,6 +130,10 @@ def _layout(c) -> tuple[str, bool, bool]:
         if not isinstance(value, bool):
             raise KitError(f"resnet config: {name} must be true or false, got {value!r}")
         flags.append(value)
+    narrow = [h for h in c.get("hidden_sizes", ()) if h < 4]  # whole and positive: zoo_checks
+    if kind == "bottleneck" and narrow:  # a Conv2d(cin, 0, 1) had met a "zero-size convolution"
+        raise KitError(f"resnet config: a bottleneck stage is 4x its width, so hidden_sizes must be "
+                       f"at least 4 (or layer_type 'basic'), got {c['hidden_sizes']!r}")
     return kind, *flags
 
 
