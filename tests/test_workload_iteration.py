@@ -111,6 +111,8 @@ def test_a_top_kernel_groups_count_is_its_kernels_not_its_ops():
     it = iteration(OpGraph(nodes, "toy", {"mode": "inference"}), GPU, predictor="wave", overhead=NONE)
     top = it.top_kernels().iloc[0]
     assert (top["count"], top["ops"]) == (58, 2) == (it.to_dict()["kernels"], len(nodes))
+    # mean_ms stays per node, the mean of the nodes' times (ms / ops, not ms / count)
+    assert top["mean_ms"] == pytest.approx(it.timeline["latency_ms"].mean()) == pytest.approx(top["ms"] / 2)
 
 
 def test_breakdowns_and_trace():

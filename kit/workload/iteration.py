@@ -94,9 +94,11 @@ class Iteration:
         # the shapes shown are the costliest member's: a decode step's KV-cache cats (32 GiB a
         # step) share a group with the rotary embedding's small cats, and had shown those
         heaviest = t.loc[g["latency_ms"].idxmax().to_numpy(), "shapes"].to_numpy()
-        # count: the kernels (kit predict prints it as "Nx" under top kernels), ops: the nodes;
-        # a group's count had been its nodes, so llama3-8b's 2 fused AdamW multiplies showed "2x"
-        # for 110 launches, and a layer norm's backward (2 kernels a node) half its kernels
+        # count: the kernels (kit predict prints it as "Nx" under top kernels), ops: the nodes,
+        # mean_ms: per node (ms / ops, not ms / count); a group's count had been its nodes, so
+        # llama3-8b's 2 AdamW _foreach_mul_ nodes (291 tensors, 3 launches a node at ~110 tensors
+        # a launch) showed "2x" for 6 launches, and a layer norm's backward (2 kernels a node)
+        # half its kernels
         f = pd.DataFrame({"count": g["kernels"].sum(), "ops": g.size(), "ms": g["latency_ms"].sum(),
                           "mean_ms": g["latency_ms"].mean(), "shapes": heaviest})
         return f.sort_values("ms", ascending=False).head(n).reset_index()
