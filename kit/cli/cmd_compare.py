@@ -5,6 +5,8 @@ whether weights + gradients + optimizer state + activations fit in the GPU's mem
 step at TDP (an upper bound: TDP × step time), and, where the user gives prices per GPU-hour, the
 cost per million tokens (or samples). No prices are built in.
 """
+import math
+
 from kit.cli import add_command
 from kit.cli.cmd_predict import (add_model_args, buffers_text, check_decode_args, dtype_text, host_lines,
                                  optimizer_text, overhead_from, with_calibration)
@@ -245,9 +247,9 @@ def text(r) -> str:
         cost = row[f"cost_per_m_{u}"]
         lo, hi = row["band_ms"]
         band = f"{lo:.2f}-{hi:.2f}" if hi > lo else "-"  # as the step: 16.56 read outside "16.6-16.9"
-        lines.append(f"{row['gpu']:<18} {row['step_ms']:>10.2f} {band:>19} {row[f'{u}_per_s']:>12.0f} "
-                     f"{'yes' if row['fits'] else 'NO':>5} {row['energy_j_per_step']:>9.1f} "
-                     f"{('-' if cost is None else f'{cost:.3f}'):>12}"
+        lines.append(f"{row['gpu']:<18} {row['step_ms']:>10.2f} {band:>19} {_sig(row[f'{u}_per_s']):>12} "
+                     f"{'yes' if row['fits'] else 'NO':>5} {_sig(row['energy_j_per_step']):>9} "
+                     f"{('-' if cost is None else _sig(cost)):>12}"
                      + (f" {_share(row.get('carried_share')):>8}" if carried else "")
                      + ttft_text(row)
                      + (f"  max batch {row['max_batch']:,}" if "max_batch" in row else ""))
@@ -277,6 +279,17 @@ def ttft_text(row) -> str:
         return ""
     tpot = "-" if row["tpot_ms"] is None else f"{row['tpot_ms']:.2f} ms"  # one new token: none
     return f"  TTFT {row['ttft_ms']:.2f} ms, TPOT {tpot}"
+
+
+def _sig(x: float, digits: int = 3) -> str:
+    """x to `digits` significant figures (whole numbers from 10**digits up), never rounded to 0:
+    fixed decimals had shown an A100's 0.00043 $/M tokens as 0.000, as free as a GPU priced 0,
+    and 0.16 and 0.15 J a step as 0.2 and 0.1; below 1e-4, scientific notation."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    if abs(x) < 1e-4:
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{max(digits - 1 - math.floor(math.log10(abs(x))), 0)}f}"
 
 
 def _share(x) -> str:
