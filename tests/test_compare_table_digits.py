@@ -1,6 +1,7 @@
 """kit compare's text table says the numbers its --json rows hold, to a few significant figures:
 a cost, an energy or a throughput small in its column's units is not rounded to 0 or to a
-different ratio between GPUs."""
+different ratio between GPUs; and its "fits NO" hint names a 16-bit dtype only where each GPU
+that is short runs it."""
 import math
 from types import SimpleNamespace
 
@@ -71,3 +72,21 @@ def test_a_price_near_zero_still_shows_a_cost():
     # 1e-300 dollars an hour is accepted (0 to 1000); its cost is not printed as 0
     r = _result({"h100-sxm": 8.77}, {"h100-sxm": 1e-300}, 64 * 128, "tokens")
     assert float(_cells(r)["h100-sxm"]["cost"]) > 0
+
+
+@pytest.mark.parametrize("gpus, dtype, hint", [
+    (["t4"], "fp32", "fp16"),  # no bf16 on a T4: it had been told "bf16"
+    (["v100-pcie-16gb", "h100-sxm"], "fp32", "fp16"),  # the one both run
+    (["h100-sxm"], "fp32", "bf16"),
+    (["p4"], "fp32", None),  # fp32 only
+    (["h100-sxm"], "bf16", None),  # already 16-bit
+])
+def test_the_fits_no_hint_names_a_dtype_each_short_gpu_runs(gpus, dtype, hint):
+    mem = memory_bytes(SimpleNamespace(meta={"param_bytes": 200 * 2**30, "mode": "inference"}))
+    rows = [gpu_row(get_gpu(g), 10.0, [9.0, 11.0], 1, "samples", mem, {}, "tile") for g in gpus]
+    assert not any(row["fits"] for row in rows)
+    r = {"model": "m", "mode": "inference", "batch": 1, "seq": None, "dtype": dtype, "unit": "samples",
+         "memory": mem, "rows": rows}
+    note = next(line for line in text(r).splitlines() if line.startswith("fits NO"))
+    named = [d for d in ("bf16", "fp16") if d in note]
+    assert named == ([hint] if hint else []), note

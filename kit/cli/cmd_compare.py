@@ -253,14 +253,14 @@ def text(r) -> str:
                      + (f" {_share(row.get('carried_share')):>8}" if carried else "")
                      + ttft_text(row)
                      + (f"  max batch {row['max_batch']:,}" if "max_batch" in row else ""))
-    if any(not row["unsupported"] and not row["fits"] for row in r["rows"]):
-        fixes = "a smaller batch, bf16 or more GPUs" if r["dtype"] in ("fp32", "tf32") else \
-            "a smaller batch or more GPUs"
+    short = [row for row in r["rows"] if not row["unsupported"] and not row["fits"]]
+    if short:
+        half = _half_dtype([row["gpu"] for row in short]) if r["dtype"] in ("fp32", "tf32") else None
+        fixes = f"a smaller batch, {half} or more GPUs" if half else "a smaller batch or more GPUs"
         lines.append("fits NO: the step needs more memory than the GPU has; its time is what it "
                      f"would take, and it gets no cost ({fixes})")
         ecc = [f"{row['gpu']} {row['usable_memory_gib']:g} of {row['memory_gib']:g} GiB"
-               for row in r["rows"] if not row["unsupported"] and not row["fits"]
-               and row.get("usable_memory_gib", row["memory_gib"]) < row["memory_gib"]]
+               for row in short if row.get("usable_memory_gib", row["memory_gib"]) < row["memory_gib"]]
         if ecc:  # a 15.5 GiB step on a T4 is NO beside its 16 GiB
             lines.append("  (what a GPU has is less its in-band ECC, on by default on GDDR cards: "
                          + ", ".join(ecc) + ")")
@@ -279,6 +279,14 @@ def ttft_text(row) -> str:
         return ""
     tpot = "-" if row["tpot_ms"] is None else f"{row['tpot_ms']:.2f} ms"  # one new token: none
     return f"  TTFT {row['ttft_ms']:.2f} ms, TPOT {tpot}"
+
+
+def _half_dtype(gpus) -> str | None:
+    """The 16-bit dtype every one of these GPUs runs, bf16 first: a T4, V100 or P100 that an fp32
+    step does not fit had been told to try bf16, which each refuses (fp16 only); a P4 has neither."""
+    from kit.hardware import get_gpu
+
+    return next((d for d in ("bf16", "fp16") if all(d in get_gpu(g).dtypes for g in gpus)), None)
 
 
 def _sig(x: float, digits: int = 3) -> str:
