@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kit.cli.cmd_compare import gpu_row, text
+from kit.cli.cmd_compare import _sig, gpu_row, text
 from kit.hardware import get_gpu
 from kit.workload.models import memory_bytes
 
@@ -90,3 +90,13 @@ def test_the_fits_no_hint_names_a_dtype_each_short_gpu_runs(gpus, dtype, hint):
     note = next(line for line in text(r).splitlines() if line.startswith("fits NO"))
     named = [d for d in ("bf16", "fp16") if d in note]
     assert named == ([hint] if hint else []), note
+
+
+@pytest.mark.parametrize("x", [9.9951, 0.9996, 0.00099951, 99.951, 9.9996e-5, 0.45, 0.000427, 6.14, 177.1])
+def test_a_cell_below_a_thousand_has_three_significant_figures(x):
+    # at a rounding boundary the decimals had followed x, not x rounded: 9.9951 printed "10.00"
+    cell = _sig(x)
+    mantissa = cell.split("e")[0]
+    figures = mantissa.replace("-", "").replace(".", "").lstrip("0")
+    assert len(figures) == 3, cell
+    assert math.isclose(float(cell), x, rel_tol=0.005), cell

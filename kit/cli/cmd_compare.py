@@ -292,12 +292,15 @@ def _half_dtype(gpus) -> str | None:
 def _sig(x: float, digits: int = 3) -> str:
     """x to `digits` significant figures (whole numbers from 10**digits up), never rounded to 0:
     fixed decimals had shown an A100's 0.00043 $/M tokens as 0.000, as free as a GPU priced 0,
-    and 0.16 and 0.15 J a step as 0.2 and 0.1; below 1e-4, scientific notation."""
+    and 0.16 and 0.15 J a step as 0.2 and 0.1; below 1e-4, scientific notation. The decimals
+    follow x as rounded to `digits` figures: by x itself 9.9951 printed 10.00, 0.9996 1.000 and
+    0.00099951 0.001000, a figure more than the others."""
     if x == 0 or not math.isfinite(x):
         return f"{x:g}"
-    if abs(x) < 1e-4:
+    rounded = float(f"{x:.{digits - 1}e}")
+    if abs(rounded) < 1e-4:
         return f"{x:.{digits - 1}e}"
-    return f"{x:.{max(digits - 1 - math.floor(math.log10(abs(x))), 0)}f}"
+    return f"{x:.{max(digits - 1 - math.floor(math.log10(abs(rounded))), 0)}f}"
 
 
 def _share(x) -> str:
