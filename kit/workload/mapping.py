@@ -15,8 +15,8 @@ from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, LayerNorm, R
                      elementwise_proxy)
 from kit.workload.kernels import ATTENTION_BWD_FLOPS, ATTENTION_BWD_SCALE, Derived, Slowest, copy_of, memory_bound
 from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, POW_FAST, _elementwise,  # noqa: F401
-                                              _pow_kind, input_streams, nbytes, unique_nbytes,
-                                              vectorizable)
+                                              _pow_kind, input_streams, mta_launches, nbytes,
+                                              unique_nbytes, vectorizable)
 from kit.workload.mapping_gemm import GEMM_OPS, flops_gemm, map_gemm
 from kit.workload.mapping_vision import VISION_OPS, map_vision
 
@@ -220,9 +220,27 @@ def _foreach(packet: str, args, out) -> tuple[Elementwise, int]:
     numel = sum(t.numel() for t in first) or 1
     dtype, mult = kit_dtype(first[0])
     reads = len(lists) if lists else 1
-    # multi_tensor_apply launches one kernel per ~110 tensors (depth 1; fewer for deeper lists)
-    kernels = max(1, math.ceil(len(first) / 110))
-    return Elementwise("add", max(1, int(numel * mult)), dtype, inputs=reads), kernels
+    return Elementwise("add", max(1, int(numel * mult)), dtype, inputs=reads), \
+        _foreach_launches(packet, lists or [first], args, out)
+
+
+def _foreach_launches(packet: str, lists: list, args, out) -> int:
+    """The kernels a _foreach_* op or fused optimizer launches (mta_launches): its depth is the
+    lists of the first's sizes it walks (a fused AdamW's parameters, gradients and two moments,
+    not its one-element step counts), and an out-of-place op's output list (_foreach_sqrt's); a
+    _foreach_* op with a scalar a tensor (a list, or a 1-d tensor of them: AdamW's step sizes)
+    takes fewer tensors a launch."""
+    sizes = [t.numel() for t in lists[0]]
+    depth = sum(1 for a in lists if len(a) == len(sizes) and [t.numel() for t in a] == sizes)
+    outs = out if isinstance(out, (list, tuple)) else []
+    depth += bool(outs) and [t.numel() for t in tensors(outs)] == sizes
+    def scalar_per_tensor(a) -> bool:
+        if isinstance(a, torch.Tensor):
+            return a.dim() == 1 and len(sizes) > 1 and a.numel() == len(sizes)
+        return isinstance(a, (list, tuple)) and bool(a) and not isinstance(a[0], torch.Tensor)
+
+    scalars = packet.startswith("_foreach_") and any(scalar_per_tensor(a) for a in args[1:])
+    return max(1, mta_launches(sizes, depth, scalars))
 
 
 def map_op(packet: str, args, kwargs, out, copies_self: bool = True) -> tuple[object | None, str, int]:

@@ -152,3 +152,42 @@ def pass_share(streams: float, inputs: int) -> float:
     """The share of a learned `inputs`-input elementwise pass (inputs read, one output written)
     that an op reading `streams` input streams moves: a fill (0 streams) is half a one-input pass."""
     return (streams + 1) / (inputs + 1)
+
+
+# torch's _foreach_* ops and fused optimizers run multi_tensor_apply
+# (aten/src/ATen/native/cuda/MultiTensorApply.cuh): each tensor is cut into chunks of 65,536
+# elements, one thread block a chunk, and a kernel is launched whenever its metadata is full: at
+# MTA_MAX_BLOCKS chunks, or at MTA_MAX_TENSORS[depth - 1] tensors (depth: the tensor lists the
+# kernel walks, an out-of-place op's output list among them). The limits are those of a build for
+# CUDA 13, the project's measured stack (torch 2.11.0+cu130; a CUDA 12 build takes 320 blocks and
+# 110, 64, 48, 36, 30 tensors). Counted as a kernel per 110 tensors, llama3-8b's 291 parameters
+# (8.03 B elements, 122,593 chunks) had made 3 kernels of each AdamW foreach op where torch
+# launches 55, and GPT-2's 148 (124 M elements) 2 where it launches 1.
+MTA_CHUNK_ELEMS = 65536
+MTA_MAX_BLOCKS = 2240
+MTA_MAX_TENSORS = (770, 448, 336, 252, 210)
+MTA_MAX_TENSORS_SCALARLIST = (672, 448, 336, 252, 210)  # a list of scalars, one a tensor, too
+
+
+def mta_launches(numels, depth: int, scalar_list: bool = False) -> int:
+    """The kernels multi_tensor_apply launches over tensors of `numels` elements (its loop, one
+    tensor at a time: the chunks of a tensor fill the blocks, and a launch mid-tensor carries the
+    tensor into the next launch; an empty tensor is skipped)."""
+    table = MTA_MAX_TENSORS_SCALARLIST if scalar_list else MTA_MAX_TENSORS
+    max_tensors = table[min(max(depth, 1), len(table)) - 1]
+    launches = blocks = held = 0
+    for n in numels:
+        if n <= 0:
+            continue
+        held += 1
+        chunks = -(-int(n) // MTA_CHUNK_ELEMS)
+        full, blocks = divmod(blocks + chunks, MTA_MAX_BLOCKS)
+        launches += full
+        if full and blocks == 0:  # the last chunk filled a launch: the tensor is done with it
+            held = 0
+            continue
+        if full:  # the tensor's remaining chunks go on in a new launch
+            held = 1
+        if held == max_tensors:  # its last chunk filled the tensor slots
+            launches, blocks, held = launches + 1, 0, 0
+    return launches + (blocks > 0)
