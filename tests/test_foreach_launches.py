@@ -4,11 +4,11 @@ MTA_MAX_BLOCKS chunks of 65,536 elements and MTA_MAX_TENSORS[depth - 1] tensors.
 import math
 import random
 
+import pytest
 import torch
 import torch.nn as nn
 
 from kit.workload.capture import capture_optimizer
-from kit.workload.kernels import leaf_ops
 from kit.workload.mapping_elementwise import (MTA_CHUNK_ELEMS, MTA_MAX_BLOCKS, MTA_MAX_TENSORS,
                                               MTA_MAX_TENSORS_SCALARLIST, mta_launches)
 
@@ -27,24 +27,30 @@ def test_a_step_over_more_chunks_than_a_launch_holds_launches_several_kernels():
     for optimizer in ("adamw", "adamw-fused", "sgd"):
         nodes = [n for n in capture_optimizer(model, optimizer) if not n.free]
         # every op over the parameters (not the fused step's one-element step counts)
-        big = [n for n in nodes if leaf_ops(n.op)[0][0].numel >= sum(p.numel() for p in model.parameters())]
+        big = [n for n in nodes if n.op.bytes >= sum(p.numel() for p in model.parameters())]
         assert big, optimizer
         assert all(n.kernels >= least for n in big), (optimizer, [(n.aten, n.kernels) for n in big])
 
 
 def test_deeper_lists_take_fewer_tensors_a_launch():
-    # 300 small parameters: a one-list op (AdamW's weight decay, _foreach_mul_) fits them in
-    # ceil(300 / MTA_MAX_TENSORS[0]) launches, the fused AdamW (parameters, gradients and two
-    # moments: depth 4) needs ceil(300 / MTA_MAX_TENSORS[3])
-    with torch.device("meta"):
-        model = nn.ParameterList([nn.Parameter(torch.empty(8)) for _ in range(300)])
-    foreach = {n.name(): n.kernels for n in capture_optimizer(model, "adamw") if not n.free}
-    fused = {n.name(): n.kernels for n in capture_optimizer(model, "adamw-fused") if not n.free}
-    assert foreach["_foreach_mul_"] == math.ceil(300 / MTA_MAX_TENSORS[0])
-    assert foreach["_foreach_addcmul_"] == math.ceil(300 / MTA_MAX_TENSORS[2])  # exp_avg_sq, grad, grad
-    assert foreach["_foreach_sqrt"] == math.ceil(300 / MTA_MAX_TENSORS[1])  # its output list too
-    assert foreach["_foreach_addcdiv_"] == math.ceil(300 / MTA_MAX_TENSORS_SCALARLIST[2])  # step sizes
-    assert fused["_fused_adamw_"] == math.ceil(300 / MTA_MAX_TENSORS[3])
+    # small parameters, so the tensor slots set the launches: 700 of them tell the depths apart
+    # (1, 2, 3 launches at 770, 448, 336 tensors; 2 with a scalar list's 672), 300 the fused
+    # AdamW's depth 4 (252) from 3 (336)
+    def launches(count, optimizer):
+        with torch.device("meta"):
+            model = nn.ParameterList([nn.Parameter(torch.empty(8)) for _ in range(count)])
+        return {n.name(): n.kernels for n in capture_optimizer(model, optimizer) if not n.free}
+
+    foreach, fused = launches(700, "adamw"), launches(300, "adamw-fused")
+    want = {"_foreach_mul_": math.ceil(700 / MTA_MAX_TENSORS[0]),
+            "_foreach_lerp_": math.ceil(700 / MTA_MAX_TENSORS[1]),  # exp_avg, grad
+            "_foreach_addcmul_": math.ceil(700 / MTA_MAX_TENSORS[2]),  # exp_avg_sq, grad, grad
+            "_foreach_sqrt": math.ceil(700 / MTA_MAX_TENSORS[1]),  # its output list too
+            "_foreach_div_": math.ceil(700 / MTA_MAX_TENSORS_SCALARLIST[0]),  # bias corrections
+            "_foreach_addcdiv_": math.ceil(700 / MTA_MAX_TENSORS_SCALARLIST[2])}  # step sizes
+    assert {k: foreach[k] for k in want} == want
+    assert len(set(want.values())) == 3  # the counts differ by depth
+    assert fused["_fused_adamw_"] == math.ceil(300 / MTA_MAX_TENSORS[3]) > math.ceil(300 / MTA_MAX_TENSORS[2])
 
 
 def _torch_loop(numels, depth, scalar_list=False) -> int:
@@ -71,3 +77,26 @@ def test_launch_count_follows_torchs_loop():
                   for _ in range(rng.randint(1, 900))]
         depth, scalar_list = rng.randint(1, 5), rng.random() < 0.5
         assert mta_launches(numels, depth, scalar_list) == _torch_loop(numels, depth, scalar_list)
+
+
+def test_identical_launches_add_up():
+    # ten parameters of exactly MTA_MAX_BLOCKS chunks each: every foreach op launches ten kernels,
+    # each the same as the one kernel of a step over one such parameter, so in the stream (each
+    # launch shedding the dispatch floor it carries, 12.7 us on an H100) the ten take ten times
+    # as long as the one. Priced as one kernel of all the elements, the node had shed ten floors
+    # from an isolated time that held one (llama3-8b's 55-launch _foreach_mul_: 12.82 -> 12.16 ms)
+    from kit.workload.kernel_times import isolation_floor_ms, predict_latencies
+    from kit.predict import get_predictor
+
+    per = MTA_MAX_BLOCKS * MTA_CHUNK_ELEMS
+    def step(count):
+        with torch.device("meta"):
+            model = nn.ParameterList([nn.Parameter(torch.empty(per)) for _ in range(count)])
+        return [n for n in capture_optimizer(model, "adamw", "bf16") if not n.free]
+
+    assert isolation_floor_ms(get_predictor("tile"), "h100-sxm") > 0  # the floor is shed
+    one, ten = step(1), step(10)
+    assert [n.kernels for n in one] == [1] * len(one) and [n.kernels for n in ten] == [10] * len(ten)
+    one_ms = predict_latencies(one, "h100-sxm", "tile")[0]
+    ten_ms = predict_latencies(ten, "h100-sxm", "tile")[0]
+    assert ten_ms == pytest.approx(10 * one_ms, rel=1e-6), [n.name() for n in ten]

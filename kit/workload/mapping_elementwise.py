@@ -162,7 +162,13 @@ def pass_share(streams: float, inputs: int) -> float:
 # CUDA 13, the project's measured stack (torch 2.11.0+cu130; a CUDA 12 build takes 320 blocks and
 # 110, 64, 48, 36, 30 tensors). Counted as a kernel per 110 tensors, llama3-8b's 291 parameters
 # (8.03 B elements, 122,593 chunks) had made 3 kernels of each AdamW foreach op where torch
-# launches 55, and GPT-2's 148 (124 M elements) 2 where it launches 1.
+# launches 55, and GPT-2's 148 (124 M elements) 2 where it launches 1. The table is a compile-time
+# choice (CUDART_VERSION >= 13000, not ROCm) and the graph is captured once for every GPU, so
+# GPUs no CUDA 13 build runs on (CUDA 13 dropped Pascal and Volta: the P4, P100, V100) and AMD's
+# (ROCm builds) are given these counts too, where their builds launch the 4 KB table's: 384
+# for llama3-8b, 7 for GPT-2. Each launch is priced at its share of the elements
+# (mapping._one_launch), so the count moves such a step's time by the rate at a launch's size
+# and the host's issue of each launch, not by a dispatch floor shed a launch.
 MTA_CHUNK_ELEMS = 65536
 MTA_MAX_BLOCKS = 2240
 MTA_MAX_TENSORS = (770, 448, 336, 252, 210)
