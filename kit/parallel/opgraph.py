@@ -114,7 +114,34 @@ def _shard(op, tp: int):
     parts = getattr(op, "parts", None)
     if parts is not None:  # kit.workload Derived: scale x sum(parts)
         return replace(op, parts=tuple(_shard(p, tp) for p in parts))
+    options = getattr(op, "options", None)
+    if options is not None:  # kit.workload Cheapest (a compiled chain): each way on 1/tp
+        return replace(op, options=tuple(_shard(o, tp) for o in options))
     return op
+
+
+def _shrunk(op, frac: float):
+    """op with its elementwise passes over frac of their elements (a fused chain's copy)."""
+    if isinstance(op, ops.Elementwise):
+        return replace(op, numel=max(math.ceil(op.numel * frac), 1))
+    parts = getattr(op, "parts", None)
+    return op if parts is None else replace(op, parts=tuple(_shrunk(p, frac) for p in parts))
+
+
+def _shard_chain(op, sharded: list, tp: int):
+    """A compiled chain (kit.workload.fusion: Cheapest of its one-pass copy and its members one
+    by one, one part a member) on this rank, where only some members read a sharded tensor:
+    those run on 1/tp, the rest whole, and the copy shrinks by the bytes they save. A chain of
+    a column-parallel bias gradient (sharded) and the layer norm backward after it (replicated)
+    runs its norm whole, as eager does."""
+    whole = getattr(op, "options", None)
+    if all(sharded) or not any(sharded) or whole is None or len(whole) != 2 \
+            or len(getattr(whole[1], "parts", ())) != len(sharded):
+        return _shard(op, tp)
+    parts = whole[1].parts
+    mine = tuple(_shard(p, tp) if s else p for p, s in zip(parts, sharded))
+    frac = sum(float(p.bytes) for p in mine) / max(sum(float(p.bytes) for p in parts), 1.0)
+    return replace(op, options=(_shrunk(whole[0], frac), replace(whole[1], parts=mine)))
 
 
 class _Sharder:
@@ -144,6 +171,7 @@ class _Sharder:
         self.deferred: list = []
         self.deferred_ids: set = set()
         self.open: set = set()  # partial sums (captured ids) no kernel has read yet
+        self.sharded: set = set()  # kernels (captured ids) whose output is sharded
 
     def _vocab_split(self, op, attr: str):
         """The LM head's GEMM over this rank's share of the padded vocabulary (a multiple of
@@ -266,6 +294,8 @@ class _Sharder:
                 items.append(("comm", "allreduce", op.m * op.n * ops.dtype_bytes(op.dtype)))
             if out == "P":
                 self.partial.update(members)
+            if out == "S":
+                self.sharded.update(members)
             self.state[n.id] = out
             return items
         if isinstance(op, ops.EmbeddingBag) and self.vocab and op.rows == self.vocab:
@@ -276,7 +306,15 @@ class _Sharder:
         if ins or (isinstance(op, ops.Gemm) and n.module in self.bmm_modules):
             if isinstance(op, ops.Gemm) and n.phase == "fwd":
                 self.bmm_modules.add(n.module)
-            op, out = _shard(op, tp), "S"
+            # a compiled chain: the members that read a sharded tensor (or a member that did)
+            flags = []
+            for m in members:
+                flags.append(any(d in self.sharded for d in self.m_deps.get(m, ())))
+                if flags[-1]:
+                    self.sharded.add(m)
+            if not any(flags):  # the node's own state says sharded: all of it, as before
+                self.sharded.update(members)
+            op, out = (_shard_chain(op, flags, tp) if len(members) > 1 else _shard(op, tp)), "S"
         self.state[n.id] = out
         return items + [("op", op)]
 
