@@ -17,7 +17,10 @@ counted at tensor level from the capture's records (Node.reads, Node.writes):
   thirds of it), a whole tensor counts once however many members read it, and only the
   outputs of a multi-output producer that the chain reads count (a dropout's y, not its mask);
 * an external output is a tensor a member wrote that a node outside the chain reads later (the
-  next kernel, the backward pass, the optimizer) or that no node reads after it, or that the
+  next kernel, the backward pass, the optimizer) or that no node reads after it (a parameter's
+  gradient; but not in a forward-only graph that names what it returns, where the unread output
+  of a member whose other output is used, a max pool's indices, is dead code the compiler
+  drops: see _tensor_level), or that the
   model returns (OpGraph.meta's output_tensors: also when a later member reads it), and any write into a tensor that outlives the step (a parameter or an optimizer
   state updated in place: once, however many members update it). A member with several
   outputs (native_dropout's y and mask, a layer norm's y, mean and rstd) is charged only those
@@ -125,10 +128,17 @@ def _capped(regions: dict) -> float:
 
 
 def _tensor_level(group: list[Node], readers: dict[int, list[int]],
-                  returned: frozenset = frozenset()) -> tuple[float, float]:
+                  returned: frozenset = frozenset(), closed: bool = False) -> tuple[float, float]:
     """(ext_in, ext_out) from the members' tensor records (the module docstring).
     readers: tensor id -> ids of the nodes of the graph reading it, ascending; returned: the ids
-    of the tensors the model returns (written out even where a later member reads them)."""
+    of the tensors the model returns (written out even where a later member reads them); closed:
+    the graph is forward only and returned names what it leaves behind, so an output nobody
+    reads of a member whose other output is used is dead and not written. Inductor drops such
+    buffers (its scheduler's dead node elimination): an inference max_pool2d_with_indices's
+    int64 indices, 4 times its bf16 output, had made vgg16's compiled chains 55.1 MB where
+    30.6 MB move; a layer norm's mean and rstd. A member's only output stays written (the
+    model's output in an object returned tensors cannot see into), and where a backward pass
+    runs a tensor no node reads may be a parameter's gradient (a layer norm backward's dw)."""
     ids = {n.id for n in group}
     written: set[int] = set()
     ext_in: dict = {}
@@ -142,9 +152,13 @@ def _tensor_level(group: list[Node], readers: dict[int, list[int]],
                 ext_in[r] = None
         written.update(w.tensor for w in n.writes)
     for n in group:
-        for w in _rows_written(n):
-            later = [r for r in readers.get(w.tensor, ()) if r > n.id]
-            if w.tensor < 0 or w.tensor in returned or not later or any(r not in ids for r in later):
+        rows = _rows_written(n)
+        later = {w: [r for r in readers.get(w.tensor, ()) if r > n.id] for w in rows}
+        # a dead output: an output no node reads, of a member another output of which is used
+        used = sum(bool(later[w]) or w.tensor in returned for w in rows)
+        for w in rows:
+            if w.tensor < 0 or w.tensor in returned or any(r not in ids for r in later[w]) \
+                    or (not later[w] and not (closed and used)):
                 ext_out[w] = None
     return _capped(ext_in) + _reread(group, ext_in), _capped(ext_out)
 
@@ -227,10 +241,11 @@ def _rows_written(n: Node) -> tuple:
 
 
 def _fused(group: list[Node], consumers: dict[int, list[int]], new_id: int, by_id: dict,
-           readers: dict[int, list[int]] | None = None, returned: frozenset = frozenset()) -> Node:
+           readers: dict[int, list[int]] | None = None, returned: frozenset = frozenset(),
+           closed: bool = False) -> Node:
     ids = {n.id for n in group}
     recorded = readers is not None and all(n.writes for n in group)
-    ext_in, ext_out = (_tensor_level(group, readers, returned) if recorded
+    ext_in, ext_out = (_tensor_level(group, readers, returned, closed) if recorded
                        else _node_level(group, consumers, by_id))
     dtype = getattr(group[0].op, "dtype", "fp32")
     label = "+".join(n.name() for n in group)
@@ -280,6 +295,7 @@ def fuse_chains(kernels: OpGraph) -> OpGraph:
     by_id = {n.id: n for n in kernels.nodes}
     readers = _readers(kernels)
     returned = frozenset(kernels.meta.get("output_tensors", ()))
+    closed = "output_tensors" in kernels.meta and all(n.phase == "fwd" for n in kernels.nodes)
     out: list[Node] = []
     group: list[Node] = []
     remap: dict[int, int] = {}
@@ -292,7 +308,7 @@ def fuse_chains(kernels: OpGraph) -> OpGraph:
             op = _generated(node.op)
             node = node if op is node.op else replace(node, op=op)
         else:
-            node = _fused(group, consumers, group[0].id, by_id, readers, returned)
+            node = _fused(group, consumers, group[0].id, by_id, readers, returned, closed)
         for n in group:
             remap[n.id] = node.id
         out.append(node)
