@@ -349,15 +349,16 @@ def test_an_indexed_store_does_not_fuse_with_its_targets_fill_or_its_readers():
 
 
 class RowNormalise(nn.Module):
-    """x / x.sum(-1, keepdim=True) between two GEMMs: a reduction whose input the div reads again."""
+    """x / x.sum(-1, keepdim=True) between two GEMMs: a reduction whose input the div reads again
+    (whole: x / x.sum(), a reduction over the whole tensor)."""
 
-    def __init__(self, cols):
+    def __init__(self, cols, whole=False):
         super().__init__()
-        self.fc, self.nxt = nn.Linear(64, cols), nn.Linear(cols, 64)
+        self.fc, self.nxt, self.whole = nn.Linear(64, cols), nn.Linear(cols, 64), whole
 
     def forward(self, x):
         h = self.fc(x)
-        return self.nxt(h / h.sum(-1, keepdim=True))
+        return self.nxt(h / (h.sum() if self.whole else h.sum(-1, keepdim=True)))
 
 
 @pytest.mark.parametrize("cols", [2048, 50257])
@@ -473,3 +474,17 @@ def test_a_chains_only_output_is_written_though_nothing_the_graph_knows_reads_it
     g = capture(HeldOutput(), (torch.empty(T, D),), mode="inference", dtype="bf16")
     [chain] = _fused(g)
     assert chain.out_bytes == E and chain.op.bytes == pytest.approx(2 * E, rel=1e-12)
+
+
+@pytest.mark.parametrize("rows", [16, 512])
+def test_a_whole_tensor_reduction_re_reads_its_input_for_its_broadcast(rows):
+    """The div cannot write before the sum has read all of h: an h of 512 KB (past the 87 KB
+    REREAD_ROW_BYTES) is read twice, as a vocabulary row is; it had been counted once, its 256
+    columns taken for its rows (2 passes for 3). 16 KB stays one read."""
+    cols = 256
+    g = capture(RowNormalise(cols, whole=True), (torch.empty(rows, 64),), mode="inference")
+    [fused] = _fused(g)
+    assert fused.aten == "fused[sum+div]"
+    one = rows * cols * FP32
+    passes = 3 if one >= 87 * 1024 else 2
+    assert fused.op.bytes == pytest.approx(passes * one, rel=1e-12)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kit.errors import KitError
+from kit import ops
 from kit.ops import Elementwise
 from kit.workload.graph import Node, OpGraph, renumber
 from kit.workload.kernels import Cheapest, Derived, copy_of
@@ -208,6 +209,8 @@ def _reread(group: list[Node], ext_in: dict) -> float:
         before = list(seen)  # what the members before n read from outside: n's inputs' sources
         seen.extend(r for r in n.reads if r in ext_in and r not in seen)
         name, (rows, cols) = n.name(), _rows_cols(n)
+        if n.op_class == "reduction":
+            rows, cols = _reduced(n, rows, cols)
         if cols <= REREAD_MIN_COLS or rows < 1:
             continue
         if name in SOFTMAX_FWD:
@@ -226,6 +229,22 @@ def _reread(group: list[Node], ext_in: dict) -> float:
         if regions and max(r.nbytes for r in regions) / rows >= REREAD_ROW_BYTES:
             again.update(dict.fromkeys(regions))
     return _capped(again)
+
+
+def _reduced(n: Node, rows: int, cols: int) -> tuple[int, int]:
+    """(outputs, elements each reduces) of a reduction over more than its last dim (x.sum(), a
+    column sum), from the bytes it reads and writes at its dtype; else (rows, cols) of its
+    shape. Its "row" is then all it reduces into one output: h / h.sum() over an 8,192 x 8,192
+    fp32 h must read all 256 MiB for the sum before the div writes anything, and the chain had
+    been counted as one pass over h (512 MiB for the 768 its two passes and write move), taking
+    its rows as 8,192 of 32 kB."""
+    if not n.reads or not n.writes:
+        return rows, cols
+    size = ops.dtype_bytes(getattr(n.op, "dtype", "fp32"))
+    outs = max(n.writes[0].nbytes // size, 1)
+    if outs >= rows:
+        return rows, cols
+    return outs, n.reads[0].nbytes // size // outs
 
 
 def _rows_written(n: Node) -> tuple:
