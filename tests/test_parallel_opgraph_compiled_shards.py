@@ -48,8 +48,14 @@ def shares():
 def test_a_compiled_chain_shrinks_at_tp_as_its_members_do_in_eager(shares):
     compiled, ratios = shares
     assert len(ratios) >= 8
+    # a fully sharded chain near its members' eager share, not equal: a chain's share is that of
+    # its external tensors (the MLP's [sum + gelu backward] keeps the row-parallel bias sum's
+    # replicated input whole: 0.520 of its tp-1 bytes at tp 2, its members' eager bytes 0.504).
+    # A mixed chain is checked exactly below
     for i, (got, want) in ratios.items():
-        assert got == pytest.approx(want, rel=0.02), compiled.nodes[i].aten
+        assert 0.5 <= got <= 1, compiled.nodes[i].aten
+        if want < 0.55:
+            assert got == pytest.approx(want, rel=0.05), compiled.nodes[i].aten
     assert sum(want < 0.55 for _, want in ratios.values()) >= 4  # attention and MLP chains
 
 
@@ -62,3 +68,24 @@ def test_a_chain_of_sharded_and_replicated_members_shards_only_the_first(shares)
              and "native_layer_norm_backward" in compiled.nodes[i].aten]
     assert mixed
     assert all(0.55 < ratios[i][0] < 0.95 for i in mixed), [ratios[i] for i in mixed]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_mixed_chain_saves_just_its_sharded_members_bytes(shares, tp):
+    """[sum + layer norm backward + add + dropout backward]: the sum reads the column-parallel
+    GEMM's output gradient (T x N, N = 3 x 256 for c_attn, 4 x 256 for c_fc) and writes its
+    bias gradient (N), both sharded; everything else the chain moves is replicated. A rank saves
+    (1 - 1/tp) of those bytes and no more. Scaling the chain by its members' eager bytes had
+    saved 7-18% too little (tp 4: 0.896 MB a rank for 0.758)."""
+    compiled, _ = shares
+    base = {k.members[0]: k for k in compiled.meta["unfused_kernels"].nodes}
+    c1, ct = _own_bytes(compiled, 1), _own_bytes(compiled, tp)
+    tokens, seen = 2 * 128, set()
+    for n in compiled.nodes:
+        if base[n.members[0]].name() == "sum" and "native_layer_norm_backward" in n.aten:
+            width = base[n.members[0]].reads[0].nbytes // (tokens * 2)  # bf16
+            assert width in (3 * 256, 4 * 256)
+            seen.add(width)
+            assert c1[n.id] - ct[n.id] == pytest.approx((1 - 1 / tp) * (tokens + 1) * width * 2,
+                                                        abs=8), n.aten
+    assert seen == {3 * 256, 4 * 256}

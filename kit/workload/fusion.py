@@ -297,7 +297,16 @@ def _generated(op):
     return op
 
 
-def _readers(kernels: OpGraph) -> dict[int, list[int]]:
+def chain_bytes(group: list[Node], readers: dict[int, list[int]],
+                returned: frozenset = frozenset()) -> float:
+    """The bytes one pass of a fused chain of recorded kernels (of a graph with a backward pass)
+    moves: its external inputs and outputs, as _fused's copy. kit.parallel.opgraph prices a
+    chain on a tensor-parallel rank from its members' records with the sharded tensors cut."""
+    ext_in, ext_out = _tensor_level(group, readers, returned)
+    return max(ext_in + ext_out, 1.0)
+
+
+def tensor_readers(kernels: OpGraph) -> dict[int, list[int]]:
     """tensor id -> ids of the nodes reading it, ascending."""
     out: dict[int, list[int]] = {}
     for n in kernels.nodes:
@@ -312,7 +321,7 @@ def fuse_chains(kernels: OpGraph) -> OpGraph:
     """Fuse runs of consecutive fusible kernels of one phase (see the module docstring)."""
     consumers = kernels.consumers()
     by_id = {n.id: n for n in kernels.nodes}
-    readers = _readers(kernels)
+    readers = tensor_readers(kernels)
     returned = frozenset(kernels.meta.get("output_tensors", ()))
     closed = "output_tensors" in kernels.meta and all(n.phase == "fwd" for n in kernels.nodes)
     out: list[Node] = []
