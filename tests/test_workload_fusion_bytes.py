@@ -488,3 +488,29 @@ def test_a_whole_tensor_reduction_re_reads_its_input_for_its_broadcast(rows):
     one = rows * cols * FP32
     passes = 3 if one >= 87 * 1024 else 2
     assert fused.op.bytes == pytest.approx(passes * one, rel=1e-12)
+
+
+class ColumnNormalise(nn.Module):
+    """x / x.sum(1) over a [2, 64, 32768] x: a reduction over a middle dim shorter than the last."""
+
+    def __init__(self, keepdim):
+        super().__init__()
+        self.keepdim = keepdim
+
+    def forward(self, x):
+        s = x.sum(1, keepdim=True) if self.keepdim else x.sum(1).unsqueeze(1)
+        return x / s + 1.0
+
+
+@pytest.mark.parametrize("keepdim", [True, False])
+def test_a_middle_dim_reduction_takes_what_each_output_reduces_for_its_row(keepdim):
+    """65,536 sums of 64 elements (256 B each) hold their columns: x is read once, the chain 2
+    passes. Taken as 128 rows of 32,768 (128 kB, past REREAD_ROW_BYTES) it had been 3, as a
+    last-dim sum of such rows is; and a compiled chain moves no more than its eager kernels."""
+    shape = (2, 64, 32768)
+    g = capture(ColumnNormalise(keepdim), (torch.empty(*shape),), mode="inference")
+    [fused] = _fused(g)
+    one = shape[0] * shape[1] * shape[2] * FP32
+    assert fused.op.bytes == pytest.approx(2 * one, rel=1e-12)
+    eager = apply_fusion(g, "eager")
+    assert fused.op.bytes <= sum(float(n.op.bytes) for n in eager.nodes if n.op is not None)

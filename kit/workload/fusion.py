@@ -237,12 +237,16 @@ def _reduced(n: Node, rows: int, cols: int) -> tuple[int, int]:
     shape. Its "row" is then all it reduces into one output: h / h.sum() over an 8,192 x 8,192
     fp32 h must read all 256 MiB for the sum before the div writes anything, and the chain had
     been counted as one pass over h (512 MiB for the 768 its two passes and write move), taking
-    its rows as 8,192 of 32 kB."""
+    its rows as 8,192 of 32 kB. A reduction over a middle dim shorter than the last writes more
+    outputs than its input has rows: x.sum(1) over [2, 64, 32768] fp32 writes 65,536 sums of 64
+    elements each, not 128 rows of 128 kB (a re-read, 3 passes where its 256 B columns take 2).
+    A last-dim reduction writes a row's output in its dtype, or up to 8 times wider (an argmax's
+    int64, a bf16 sum's fp32): outs a small power of two times rows is taken for that."""
     if not n.reads or not n.writes:
         return rows, cols
     size = ops.dtype_bytes(getattr(n.op, "dtype", "fp32"))
     outs = max(n.writes[0].nbytes // size, 1)
-    if outs >= rows:
+    if outs >= rows and outs % rows == 0 and outs // rows in (1, 2, 4, 8):
         return rows, cols
     return outs, n.reads[0].nbytes // size // outs
 
