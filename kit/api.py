@@ -6,7 +6,6 @@ import os
 from kit.errors import KitError, need_path, whole_number, yes_no
 from kit.hardware import get_gpu, list_gpus
 from kit.predict import get_predictor, roofline
-from kit.tiling import tiling
 
 
 def gpus_table():
@@ -16,44 +15,18 @@ def gpus_table():
     return pd.DataFrame([g.to_dict() for g in list_gpus()])
 
 
-def _tiling_of_row(op, gpu, row):
-    """The tiling behind a prediction: for a GEMM, the tile the predictor chose (a learned
-    predictor reports the library's tile, named column-major as cuBLAS does), else kit.tiling's;
-    None for a GEMV the predictor streams (tile "gemv", kit.predict.gemv), which has no tiles."""
-    from kit.ops import Gemm
-    from kit.tiling import SIMT_TILES, TENSOR_TILES, TileShape, gemm_tiling_for
+def _row_tiling(op, gpu, row, model, source: str = ""):
+    """kit.predict.row_tiling's RowTiling behind model's row for op on gpu (None: a streamed
+    GEMV), searched with model's tile chooser's tiles and the training GPUs that bound it; the
+    one kit op's source line names (kit.predict.op_source: "its time on the X") first, before
+    gpu itself (an A100-PCIe-80GB's tiles and waves are its 40GB sibling's)."""
+    from kit.predict.row_tiling import row_tiling
+    from kit.predict.sibling_bound import bounding_gpus
 
-    if str(getattr(row, "tile", "")) == "gemv":
-        return None
-
-    split = int(getattr(row, "split_k", 1) or 1)
-    if isinstance(op, Gemm) and split > 1:  # kit.predict.split_k: the tiles of the split GEMM
-        from kit.predict.split_k import split_op
-
-        op = split_op(op, split)
-    t = tiling(op, gpu)
-    if not isinstance(op, Gemm) or not row.tile or t is None:
-        return t
-    try:
-        a, b = (int(x) for x in str(row.tile).split("x"))
-    except ValueError:
-        return t
-    if t.tiles == row.tiles and tuple(t.tile_dims[:2]) in ((a, b), (b, a)):
-        return t  # the same tile: one 128x32 tile is not kit.tiling's one 32x32 tile
-    # the op's own candidates win where SIMT and tensor-core tiles share a shape
-    own = SIMT_TILES if op.dtype == "fp32" else TENSOR_TILES
-    other = TENSOR_TILES if own is SIMT_TILES else SIMT_TILES
-    fallback = None
-    for tm, tn in ((b, a), (a, b)):
-        shapes = [s for s in (*own, *other) if (s.tm, s.tn) == (tm, tn)]
-        shapes += [TileShape(tm, tn, 8, threads) for threads in (256, 128, 64)]
-        for shape in shapes:  # the op's own library tiles first, then other block sizes
-            candidate = gemm_tiling_for(op, gpu, shape)
-            if candidate.tiles == row.tiles:
-                if candidate.waves == row.waves:
-                    return candidate
-                fallback = fallback or candidate
-    return fallback or t
+    vocab = list(getattr(getattr(model, "chooser", None), "vocab", ()))
+    others = bounding_gpus(model, gpu)
+    named = [g for g in others if str(source).startswith(f"its time on the {g.key},")]
+    return row_tiling(op, gpu, row, vocab, others, first=named[0] if named else None)
 
 
 def _need_op(op, verb: str) -> None:
@@ -74,7 +47,9 @@ def op_tiling(op, gpu, predictor: str = "auto"):
     None where it has none (a GEMV the predictor streams, kit.predict.gemv)."""
     _need_op(op, "op_tiling")
     gpu = get_gpu(gpu)
-    return _tiling_of_row(op, gpu, get_predictor(predictor).predict([op], gpu).iloc[0])
+    model = get_predictor(predictor)
+    rt = _row_tiling(op, gpu, model.predict([op], gpu).iloc[0], model)
+    return None if rt is None else rt.tiling
 
 
 def memory_problem(op, gpu) -> str | None:
@@ -113,7 +88,6 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
     model = get_predictor(predictor)
     row = model.predict([op], gpu).iloc[0]
     roof = roofline(op, gpu)
-    t = _tiling_of_row(op, gpu, row)
     share = _fill_share(op)
     if share != 1.0:  # a fill writes its output alone: as kit predict costs it
         from kit.workload.kernels import Derived
@@ -154,9 +128,17 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
     if cls in ("softmax", "layernorm"):  # DRAM bytes of the row re-reads that spill the caches
         out["reread_bytes"] = float(reread_bytes(cls, np.array([op.rows]), np.array([op.cols]),
                                                  gpu, DTYPE_BYTES[op.dtype])[0])
+    if model.name == "tile":
+        from kit.predict.op_source import tile_source
+
+        tile_source(model, op, gpu, out, cls)
+    rt = _row_tiling(op, gpu, row, model, out.get("source", ""))
+    t = None if rt is None else rt.tiling
     if t is not None:
         out.update(tile_dims=list(t.tile_dims), blocks_per_sm=t.blocks_per_sm, occupancy_limiter=t.limiter, slots=t.slots,
                    last_wave_fill=t.last_wave_fill, threads_per_block=t.threads_per_block)
+        if not rt.own:  # a bound set the time: the tiles are its twin's, or another GPU's
+            out["tiled_as"] = {"m": rt.op.m, "n": rt.op.n, "k": rt.op.k, "b": rt.op.b, "gpu": rt.gpu.key}
     if share != 1.0:
         out["fill_note"] = (f"a fill reads nothing: {share:g} of the {op.n_inputs}-input pass the "
                             "predictor prices, its output's bytes alone (kit predict costs a fill "
@@ -171,9 +153,8 @@ def predict_op(op, gpu, predictor: str = "auto") -> dict:
                              f"of {cls} (it learned {', '.join(sorted(learned))}); --predictor tile "
                              "gives it a learned price")
     if model.name == "tile":
-        from kit.predict.op_source import tile_choice, tile_source
+        from kit.predict.op_source import tile_choice
 
-        tile_source(model, op, gpu, out, cls)
         if cls == "gemm" and out["tile"] != "gemv" and not str(out.get("source", "")).startswith(
                 "kit.predict.tensor_core"):
             out["tile_choice"] = tile_choice(model, op, gpu, out["split_k"])

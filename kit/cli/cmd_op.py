@@ -91,7 +91,11 @@ def text(r):
                  " sums the partial outputs)," if r.get("split_k", 1) > 1 else ",")
         fill = 100 * r["last_wave_fill"]
         fill = "<1%" if fill < 0.5 else f"{fill:.0f}%"  # one tile of 264 slots is 0.4%, not "0% full"
-        lines.append(f"  tiling    tile {r['tile']}{split} {r['tiles']} tile{'s' * (r['tiles'] != 1)},"
+        twin = r.get("tiled_as")  # a bound set the time: the tiles are its twin's
+        of = "" if not twin else (f"of what set its time, m {twin['m']} n {twin['n']} k {twin['k']}"
+                                  + (f" b {twin['b']}" if twin["b"] != 1 else "")
+                                  + ("" if twin["gpu"] == r["gpu"] else f" on the {twin['gpu']}") + ": ")
+        lines.append(f"  tiling    {of}tile {r['tile']}{split} {r['tiles']} tile{'s' * (r['tiles'] != 1)},"
                      f" {r['blocks_per_sm']} blocks/SM (limited by {r['occupancy_limiter']}),"
                      f" {r['waves']} wave{'s' * (r['waves'] != 1)}, last wave {fill} full")
         if r.get("tile_choice"):
