@@ -15,7 +15,7 @@ def gpus_table():
     return pd.DataFrame([g.to_dict() for g in list_gpus()])
 
 
-def _row_tiling(op, gpu, row, model, source: str = ""):
+def _row_tiling(op, gpu, row, model, source: str | None = None):
     """kit.predict.row_tiling's RowTiling behind model's row for op on gpu (None: a streamed
     GEMV), searched with model's tile chooser's tiles and the training GPUs that bound it; the
     one kit op's source line names (kit.predict.op_source: "its time on the X") first, before
@@ -26,7 +26,25 @@ def _row_tiling(op, gpu, row, model, source: str = ""):
     vocab = list(getattr(getattr(model, "chooser", None), "vocab", ()))
     others = bounding_gpus(model, gpu)
     named = [g for g in others if str(source).startswith(f"its time on the {g.key},")]
-    return row_tiling(op, gpu, row, vocab, others, first=named[0] if named else None)
+    # the op's own tiling is checked against its own time only where a twin's bound may have set
+    # it: predict_op's source line says so (kit.predict.op_source); op_tiling has none
+    twin_set = source is None or str(source).startswith(("the time of a twin", "its time on the"))
+    return row_tiling(op, gpu, row, vocab, others, first=named[0] if named else None,
+                      times_of=_times_of(model), verify_own=twin_set)
+
+
+def _times_of(model):
+    """For row_tiling: twins' frame on a GPU with no other twin's bound (as_twins: no padding
+    ladder; _raw_doubled: no row bound) nor a training GPU's, whose time and tile a bound copies
+    into the row of the op it sets; None for a predictor without GEMM bounds."""
+    if not hasattr(model, "as_twins"):
+        return None
+
+    def times_of(twins, where):
+        with model.as_twins():
+            model._raw_doubled = True  # as_twins puts the caller's value back
+            return model.predict_unbounded(twins, where)
+    return times_of
 
 
 def _need_op(op, verb: str) -> None:

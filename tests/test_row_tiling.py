@@ -62,3 +62,38 @@ def test_a_sibling_gpus_time_is_tiled_there():
     assert r["source"].startswith("its time on the a100-pcie-40gb")
     assert r["tiled_as"]["gpu"] == "a100-pcie-40gb"
     assert "on the a100-pcie-40gb" in op_text(r)
+
+
+def _own_time(gpu: str, shape: dict, dtype: str):
+    """The frame row of a shape's own time on a GPU, no other twin's bound in it: what a bound
+    copies, with its tile, into the row of the op whose time it sets."""
+    from kit.api import get_predictor
+
+    model = get_predictor("tile")
+    twin = Gemm(m=shape["m"], n=shape["n"], k=shape["k"], b=shape["b"], dtype=dtype)
+    with model.as_twins():
+        model._raw_doubled = True
+        return model.predict_unbounded([twin], gpu).iloc[0]
+
+
+# (gpu, m, n, k): where twins have the same tiles and waves, the search had named the wrong one.
+# 64 x 64 x 64 on an A100-PCIe-80GB takes 8,192 x 64's 128 tiles of (library) 32x128, the kit's
+# 128 x 32; the 4,096-row twin had been named, its 128 tiles the kit's 32 x 128. 40 x 24 x 64
+# takes 5,120 x 56 (the 80-row twin's padded one, doubled), which the search did not hold; it had
+# named 5,120 x 24, whose 40 tiles of 128 x 128 are the same. On a T4 40 x 24 x 16 takes
+# 1,280 x 24 x 28, a padded reduction doubled; 320 x 24 x 16 the kit's way had been named. On
+# an L4 2 x 4096 x 4096 takes its 3-row twin's time, whose tiles are its own: it had been shown
+# as its own tiling, with no twin named.
+@pytest.mark.parametrize("gpu, m, n, k", [("a100-pcie-80gb", 64, 64, 64), ("a100-pcie-80gb", 40, 24, 64),
+                                          ("t4", 40, 24, 16), ("a100-pcie-80gb", 8, 3072, 16),
+                                          ("l4", 2, 4096, 4096)])
+def test_the_twin_named_is_the_one_whose_time_it_is(gpu, m, n, k):
+    op = Gemm(m=m, n=n, k=k, dtype="fp32")
+    r = predict_op(op, gpu, "tile")
+    _consistent(r, op)
+    a, b = (int(x) for x in r["tile"].split("x"))
+    assert r["tile_dims"][:2] == [b, a]  # the library's m x n is the kit's n x m
+    twin = r["tiled_as"]
+    own = _own_time(twin["gpu"], twin, "fp32")
+    assert own.latency_ms == pytest.approx(r["latency_ms"], rel=1e-9)
+    assert (own.tile, own.tiles, own.waves) == (r["tile"], r["tiles"], r["waves"])
