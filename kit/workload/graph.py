@@ -33,7 +33,8 @@ class Region(NamedTuple):
              writes hold the same id, whatever the graph's node ids become (renumbered, fused,
              appended)
     offset   byte offset of the region in its storage
-    nbytes   bytes of the region: the view's own numel x itemsize, at most the storage's
+    nbytes   bytes of the region: the view's unique elements x itemsize (an expanded view's
+             stride-0 repeats count once), at most the storage's
     storage  bytes of the whole storage (a cap on the regions of one tensor counted together)
     """
 
