@@ -6,6 +6,7 @@ step at TDP (an upper bound: TDP × step time), and, where the user gives prices
 cost per million tokens (or samples). No prices are built in.
 """
 import math
+import numbers
 
 from kit.cli import add_command
 from kit.cli.cmd_predict import (add_model_args, buffers_text, check_decode_args, dtype_text, host_lines,
@@ -57,14 +58,47 @@ def parse_prices(text: str | None) -> dict:
         except ValueError:
             raise KitError(f"--price-per-hour entry {part!r}: {value.strip()!r} is not a number of dollars; "
                            "write GPU=DOLLARS, e.g. h100-sxm=2.5") from None
-        if not 0 <= price <= MAX_PRICE:  # also NaN and inf; 0: a GPU already owned
-            raise KitError(f"--price-per-hour entry {part!r}: the price must be a number of dollars per "
-                           f"GPU-hour from 0 to {MAX_PRICE:g}")
+        _in_range(price, f"--price-per-hour entry {part!r}")
         key = get_gpu(name.strip()).key
         if key in prices:
             raise KitError(f"--price-per-hour prices {key} twice ({named[key]!r} and {part!r}); give one price")
         prices[key], named[key] = price, part
     return prices
+
+
+def _in_range(price: float, where: str) -> None:
+    from kit.errors import KitError
+
+    if not 0 <= price <= MAX_PRICE:  # also NaN and inf; 0: a GPU already owned
+        raise KitError(f"{where}: the price must be a number of dollars per GPU-hour from 0 to {MAX_PRICE:g}")
+
+
+def check_prices(prices: dict, chosen) -> dict:
+    """compare's prices ({GPU name: dollars per GPU-hour}) keyed by catalog key and checked as
+    --price-per-hour is, before any prediction. From Python they had gone in unchecked: -2 gave
+    a cost of -0.145 $/M tokens, NaN and inf a NaN and inf cost, "2" a TypeError, True a price of
+    1; a name the GPU list resolves ({"h100": 2} beside "h100-sxm") was refused as "prices given
+    for GPUs not compared: h100"; and in the non-generate modes that check came after every GPU
+    had been predicted."""
+    from kit.errors import KitError
+    from kit.hardware import get_gpu
+
+    if not isinstance(prices, dict):
+        raise KitError(f"prices must be a dict of GPU name to dollars per GPU-hour, got {type(prices).__name__}")
+    keyed, named = {}, {}
+    for name, value in prices.items():
+        where = f"price for {name!r} ({value!r})"
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise KitError(f"{where}: a price must be a number of dollars per GPU-hour, e.g. {{'h100-sxm': 2.5}}")
+        _in_range(float(value), where)
+        key = get_gpu(name).key
+        if key in keyed:
+            raise KitError(f"prices name {key} twice ({named[key]!r} and {name!r}); give one price")
+        keyed[key], named[key] = float(value) + 0.0, name  # -0 is 0, as on the command line
+    unknown = sorted(set(keyed) - {g.key for g in chosen})
+    if unknown:
+        raise KitError(f"prices given for GPUs not compared: {', '.join(named[k] for k in unknown)}")
+    return keyed
 
 
 def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusion="eager",
@@ -75,11 +109,15 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of, max_batch, memory_bytes
 
+    if isinstance(gpus, str):  # "h100-sxm,t4", as --gpus: by letter it read as unknown GPU 'h'
+        gpus = parse_gpus(gpus)
     if not gpus:
         raise KitError("--gpus needs at least one GPU")
+    chosen = list({get_gpu(name).key: get_gpu(name) for name in gpus}.values())  # aliases: one row
+    prices = check_prices(prices or {}, chosen)
     if mode == "generate":
-        return compare_generation(model, gpus, 1 if batch is None else batch, seq or 512, new_tokens or 128, dtype, fusion,
-                                  predictor, prices or {}, overhead, kv_cache)
+        return compare_generation(model, chosen, 1 if batch is None else batch, seq or 512, new_tokens or 128, dtype,
+                                  fusion, predictor, prices, overhead, kv_cache)
     graph = graph_of(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache, loss=loss)
     mem = memory_bytes(graph)
     held = graph.meta.get("model_dtypes") if dtype == "model" else None
@@ -95,9 +133,8 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
     per_token = per_token or decode
     items = batch * (seq_used if per_token and not decode else 1)
     unit = "tokens" if per_token else "samples"
-    prices = prices or {}
     rows = []
-    for gpu in {get_gpu(name).key: get_gpu(name) for name in gpus}.values():  # aliases: one row
+    for gpu in chosen:
         lacking = next((d for d in needed if gpu.peak_tflops(d) is None), None)
         if lacking is not None:  # a row that says so; the other GPUs still compare
             rows.append(unsupported_row(gpu, lacking, unit, mem, prices))
@@ -109,9 +146,6 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
         if decode:  # sequences that fit beside the weights at this context
             row["max_batch"] = max_batch(mem, batch, gpu.usable_memory_bytes)
         rows.append(row)
-    unknown = sorted(set(prices) - {r["gpu"] for r in rows})
-    if unknown:
-        raise KitError(f"prices given for GPUs not compared: {', '.join(unknown)}")
     if all(r["unsupported"] for r in rows):
         raise KitError(f"none of {', '.join(r['gpu'] for r in rows)} supports {' and '.join(needed)}: "
                        + "; ".join(r["unsupported"] for r in rows))
@@ -133,9 +167,7 @@ def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, pr
 
     chosen = list({get_gpu(name).key: get_gpu(name) for name in gpus}.values())  # aliases: one row
     asked, dtype = dtype, "fp32" if dtype == "model" else dtype  # a zoo decoder or config: fp32
-    unknown = sorted(set(prices) - {g.key for g in chosen})
-    if unknown:
-        raise KitError(f"prices given for GPUs not compared: {', '.join(unknown)}")
+    prices = check_prices(prices, chosen)
     if all(g.peak_tflops(dtype) is None for g in chosen):
         raise KitError(f"none of {', '.join(g.key for g in chosen)} supports {dtype}: "
                        + "; ".join(no_dtype(g, dtype) for g in chosen))
