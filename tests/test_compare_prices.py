@@ -79,3 +79,18 @@ def test_a_price_of_zero_costs_zero_and_minus_zero_is_zero(capsys, tmp_path):
                  "--gpus", "h100-sxm", "--price-per-hour", "h100=0", "--json"]) == 0
     cli = json.loads(capsys.readouterr().out)["rows"][0]
     assert cli["price_per_hour"] == 0 and cli["cost_per_m_tokens"] == 0
+
+
+@pytest.mark.parametrize("mode", ["inference", "generate"])
+def test_a_gpu_object_of_its_own_key_is_priced_by_that_key(mode):
+    # a GPU built with dataclasses.replace and a new key is in no catalog: its price, keyed by
+    # that key, had been refused as "unknown GPU 'my-h100'" (check_prices looked it up there)
+    import dataclasses
+
+    from kit.hardware import get_gpu
+
+    mine = dataclasses.replace(get_gpu("h100-sxm"), key="my-h100", name="My H100", aliases=())
+    r = compare(TINY_GPT, [mine, "t4"], mode=mode, batch=1, seq=16, new_tokens=2, prices={"my-h100": 2})
+    rows = {row["gpu"]: row for row in r["rows"]}
+    assert rows["my-h100"]["price_per_hour"] == 2 and rows["my-h100"]["cost_per_m_tokens"] > 0
+    assert rows["t4"]["price_per_hour"] is None

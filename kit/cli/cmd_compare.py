@@ -86,16 +86,19 @@ def check_prices(prices: dict, chosen) -> dict:
     if not isinstance(prices, dict):
         raise KitError(f"prices must be a dict of GPU name to dollars per GPU-hour, got {type(prices).__name__}")
     keyed, named = {}, {}
+    own = {g.key for g in chosen}
     for name, value in prices.items():
         where = f"price for {name!r} ({value!r})"
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise KitError(f"{where}: a price must be a number of dollars per GPU-hour, e.g. {{'h100-sxm': 2.5}}")
         _in_range(float(value), where)
-        key = get_gpu(name).key
+        # a compared GPU object's own key first: one built with dataclasses.replace and a new key
+        # ('my-h100') is in no catalog, so get_gpu refused the price as "unknown GPU 'my-h100'"
+        key = name if isinstance(name, str) and name in own else get_gpu(name).key
         if key in keyed:
             raise KitError(f"prices name {key} twice ({named[key]!r} and {name!r}); give one price")
         keyed[key], named[key] = float(value) + 0.0, name  # -0 is 0, as on the command line
-    unknown = sorted(set(keyed) - {g.key for g in chosen})
+    unknown = sorted(set(keyed) - own)
     if unknown:
         raise KitError(f"prices given for GPUs not compared: {', '.join(named[k] for k in unknown)}")
     return keyed
