@@ -265,7 +265,7 @@ def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = 
     from kit.parallel import Layout, parse_model, predict_parallel
     from kit.parallel.profiles import get_profile
 
-    known = [f.name for f in fields(Layout)]
+    known = [f.name for f in fields(Layout) if f.init]
     unknown = sorted(set(layout) - set(known))
     if unknown:
         raise KitError(f"predict_multi_gpu: unknown layout field(s) {', '.join(unknown)}; "

@@ -139,8 +139,9 @@ round(serial["iteration_ms"], 2), round(overlap["iteration_ms"], 2)
 
 Megatron TP splits every GEMM $t$ ways and adds two all-reduces of the activations per layer and
 pass. Memory per rank (ZeRO, Korthikanti et al. 2022): $2+4+12$ bytes of weights, gradients and
-Adam state per parameter in bf16, whose gradients Megatron keeps in fp32 ($2+2+12$ in fp16;
-ZeRO-1/2/3 shard the last, then the gradients, then the weights over DP), and per layer $sbh(10 + 24/t + 5as/(ht))$ bytes of activations, $34\,sbh/t$ with sequence
+Adam state per parameter in bf16, whose gradients Megatron keeps in fp32 ($2+2+16$ in fp16,
+whose optimizer steps an fp32 copy of the gradients: Megatron-LM's distributed-optimizer docs
+count 18 and 20 B; ZeRO-1/2/3 shard the last, then the gradients, then the weights over DP), and per layer $sbh(10 + 24/t + 5as/(ht))$ bytes of activations, $34\,sbh/t$ with sequence
 parallelism and selective recompute. ZeRO-2 and -3 are refused with pipeline parallelism
 (DeepSpeed's pipeline engine asserts against them; Megatron's distributed optimizer is ZeRO-1),
 so the ZeRO table spreads the same 1,024 GPUs as dp 128 x tp 8 in one stage.

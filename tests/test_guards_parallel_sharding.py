@@ -24,6 +24,14 @@ def gpt_layer_params(h: int, f: int | None = None) -> int:
     return (3 * h * h + 3 * h) + (h * h + h) + (2 * h * f + f + h) + 4 * h
 
 
+def gpt_layer_rank_params(h: int, t: int) -> float:
+    """One TP rank's share of gpt_layer_params: the weights and the column-parallel biases
+    (QKV's 3h, the first MLP's f) split t ways; the two LayerNorms (4h) and the row-parallel
+    biases (out projection's h, second MLP's h) whole on every rank, as Megatron holds them."""
+    kept = 4 * h + 2 * h
+    return (gpt_layer_params(h) - kept) / t + kept
+
+
 def flash_layer_acts(s: int, b: int, h: int, t: int) -> float:
     """Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
     Table 2, tensor parallel only: s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes of 2-byte activations;
@@ -179,7 +187,7 @@ def test_interleaved_embedding_and_head_parameters_sit_on_the_chunks_that_run_th
     lay = Layout(tp=t, pp=pp, virtual_stages=v, micro_batch=1, global_batch=2, dtype="fp16")
     _, costs, _ = build_iteration(spec, lay, _system(), "roofline", NO_HOST,
                                   graph_class=DurationsOnly)
-    per_layer = gpt_layer_params(512) / t
+    per_layer = gpt_layer_rank_params(512, t)
     per_chunk_layers = spec.layers // (pp * v)
     embedding = 1024 * 512 / t + 256 * 512
     assert costs[0].params == pytest.approx(per_chunk_layers * per_layer + embedding)  # chunk 0
@@ -195,10 +203,12 @@ def test_interleaved_embedding_and_head_parameters_sit_on_the_chunks_that_run_th
 
 
 @pytest.mark.parametrize("sp", [False, True])
-def test_pipeline_sends_carry_one_tp_shard_of_the_activation(sp):
-    """Megatron scatters a pipeline message over the TP ranks (scatter_gather_tensors_in_pipeline;
-    with sequence parallelism each rank holds s/t of the tokens anyway): every send and receive
-    moves b*s*h*dtype/t bytes, priced between stage 0 and stage 1."""
+def test_pipeline_sends_carry_the_whole_activation_unless_sequence_parallel(sp):
+    """Megatron-core sends each TP rank's [s, b, h] whole between stages, [s/t, b, h] under
+    sequence parallelism (schedules.get_tensor_shapes; the older scatter_gather_tensors_in_pipeline,
+    1/t sent and all-gathered over TP on arrival, is gone): every send and receive moves
+    b*s*h*dtype bytes, /t with SP, priced between stage 0 and stage 1. Without SP they had moved
+    1/t of it and priced no all-gather."""
     from kit.parallel.build import build_iteration
 
     spec = GPTSpec(layers=4, hidden=2048, heads=16, seq=2048, vocab=32000, name="p")
@@ -212,7 +222,7 @@ def test_pipeline_sends_carry_one_tp_shard_of_the_activation(sp):
     p2p = [d for lab, d in zip(g.label, g.dur_ms)
            if lab in ("send activation", "recv activation", "send gradient", "recv gradient")]
     assert len(p2p) == 4 * lay.micro_batches  # each micro-batch: a send and a recv each way
-    assert p2p == pytest.approx([shard] * len(p2p), rel=1e-12)
+    assert p2p == pytest.approx([shard if sp else whole] * len(p2p), rel=1e-12)
 
 
 MOE = GPTSpec(layers=2, hidden=512, heads=8, seq=256, vocab=1000, experts=8, moe_every=1, topk=2,

@@ -169,9 +169,14 @@ def text_parallel(r) -> str:
         lines.append(f"  {'':22}{s['stage']:>5}  {s['weights_gib']:7.2f}  {s['grads_gib']:5.2f}  "
                      f"{s['optimizer_gib']:9.2f}  {s['activations_gib']:11.2f}  {s['total_gib']:5.2f}{flag}")
     per = r["state_bytes_per_param"]
-    lines.append(f"  (Megatron's memory: {lay['dtype']} weights, {lay['grad_dtype']} gradients and fp32 Adam "
-                 f"state, {per['weights']} + {per['grads']} + {per['optimizer']} "
-                 "bytes a parameter, before ZeRO's sharding; "
+    # the optimizer column as Megatron-LM's distributed-optimizer docs count it (20 B a parameter
+    # for fp16 with fp16 gradients): the fp32 copy of 16-bit gradients is optimizer state
+    state = "master weights, momentum, variance" if lay["dtype"] != "fp32" else "momentum, variance"
+    if lay["grad_dtype"] != "fp32":
+        state += ", an fp32 copy of the gradients"
+    lines.append(f"  (Megatron-LM's memory: {lay['dtype']} weights, {lay['grad_dtype']} gradients and fp32 Adam "
+                 f"state ({state}), {per['weights']} + {per['grads']} + {per['optimizer']} "
+                 "bytes a parameter, before ZeRO's sharding (ZeRO-1: Megatron's distributed optimizer); "
                  "activations by Korthikanti et al.'s count for its fused kernels, less than the "
                  "eager graph's saved tensors `kit predict --gpu` counts)")
     lines.append(f"  simulated {r['simulated_ranks']} representative ranks, {r['ops']} ops, "

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from kit.parallel.costs import IN_STREAM_BY_SOURCE, ChunkCost, Coster, chunk_costs, optimizer_ms
 from kit.parallel.gpt import GPTSpec, vocab_per_rank
 from kit.parallel.layout import Layout
-from kit.parallel.memory import stage_layers
+from kit.parallel.memory import stage_layers, tp_replicated_params
 from kit.parallel.schedule import schedule
 from kit.sim import ExecGraph
 
@@ -173,7 +173,7 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
     costs: list[ChunkCost] = chunk_costs(spec, lay, coster, source)
     pp, v, m = lay.pp, lay.virtual_stages, lay.micro_batches
     n_virtual = pp * v
-    act_bytes = lay.micro_batch * spec.seq * spec.hidden * (4 if lay.dtype == "fp32" else 2) / lay.tp
+    act_bytes = pipeline_message_bytes(spec, lay)
     wbytes, gbytes = lay.weight_bytes, lay.grad_bytes
     g = graph_class(f"{spec.name} {lay.dp}x{lay.tp}x{lay.pp}")
     g.meta.update(model=spec.to_dict(), layout=lay.to_dict(), system=system.key)
@@ -263,6 +263,19 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
     return g, costs, coster
 
 
+def pipeline_message_bytes(spec: GPTSpec, lay: Layout) -> float:
+    """Bytes each rank of a stage sends the next stage (an activation) or the previous one (its
+    gradient) per micro-batch: [s, b, h] in the model's dtype, s / tp of the tokens with sequence
+    parallelism. Megatron-core's schedules.get_tensor_shapes divides the sequence by the TP size
+    only under sequence_parallel, and its p2p_communication sends that tensor whole; the older
+    Megatron-LM's scatter_gather_tensors_in_pipeline (send 1/tp of it, all-gather it over TP on
+    arrival) is gone from Megatron-core. The kit had divided by tp without sequence parallelism
+    too, and priced no all-gather: GPT-3 175B's message at tp 8, micro-batch 1, fp16 is 48 MiB a
+    rank, not 6."""
+    nbytes = lay.micro_batch * spec.seq * spec.hidden * (4 if lay.dtype == "fp32" else 2)
+    return nbytes / lay.tp if lay.sequence_parallel else nbytes
+
+
 def sp_norm_grad_bytes(spec: GPTSpec, lay: Layout, stage: int) -> float:
     """Bytes of the gradients a stage's TP group all-reduces after backward under sequence
     parallelism (0 without it).
@@ -282,8 +295,7 @@ def sp_norm_grad_bytes(spec: GPTSpec, lay: Layout, stage: int) -> float:
         return 0.0
     virtual = stage_layers(spec, lay)
     layers = [i for c in range(lay.virtual_stages) for i in virtual[c * lay.pp + stage]]
-    params = sum(5 * spec.hidden + (spec.experts if spec.is_moe(i) else 1) * spec.hidden
-                 for i in layers)
+    params = sum(tp_replicated_params(spec, i) for i in layers)
     if stage == lay.pp - 1:
         params += 2 * spec.hidden
     return params * lay.grad_bytes

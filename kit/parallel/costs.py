@@ -15,7 +15,7 @@ from kit.errors import KitError
 from kit.parallel.gpt import (Block, GPTSpec, backward_of, embedding_forward, head_backward, head_forward,
                              layer_backward, layer_forward)
 from kit.parallel.layout import Layout
-from kit.parallel.memory import edge_params, layer_expert_params, stage_layers, zero_kept
+from kit.parallel.memory import edge_params, layer_rank_params, stage_layers, zero_kept
 from kit.predict.sibling_bound import bounding_gpus
 
 # predictions are pure functions of (predictor, GPU, op) and (system, collective): cache them
@@ -421,9 +421,9 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> l
             c.layer_bwd_async_comm_ms.append(b.async_comm_ms)
             # expert weights are sharded over the EP group and reduced over the expert-DP group
             # (kit.parallel.build); the rest of the layer over the whole DP group
-            experts = layer_expert_params(spec, layer)
-            c.layer_grad_bytes.append((spec.layer_params(layer) - experts) / lay.tp * grad_bytes)
-            c.layer_expert_grad_bytes.append(experts / (lay.tp * lay.ep) * grad_bytes)
+            dense, experts = layer_rank_params(spec, lay, layer)
+            c.layer_grad_bytes.append(dense * grad_bytes)
+            c.layer_expert_grad_bytes.append(experts * grad_bytes)
         if vi == 0:
             coster.add(c.bwd, emb[1], stage)
         out.append(c)

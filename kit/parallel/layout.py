@@ -10,7 +10,7 @@ Expert parallelism (EP) splits the DP ranks into groups of `ep` that share the e
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from kit.errors import KitError
 
@@ -54,6 +54,9 @@ class Layout:
     overlap_grad_reduce: bool = True  # bucketed all-reduce during the last backward
     bucket_bytes: float | None = None  # gradient bytes a bucket; None: Megatron's 40M parameters
     optimizer_step: bool = True  # False: forward + backward (+ gradient sync) only
+    # whether grad_dtype and bucket_bytes were left to their defaults (with_ re-derives them)
+    grad_dtype_defaulted: bool = field(default=False, init=False, repr=False, compare=False)
+    bucket_defaulted: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "ep", "micro_batch", "virtual_stages", "global_batch", "zero"):
@@ -116,6 +119,7 @@ class Layout:
             raise KitError(f"--dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
         if self.grad_dtype is None:
             object.__setattr__(self, "grad_dtype", DEFAULT_GRAD_DTYPE[self.dtype])
+            object.__setattr__(self, "grad_dtype_defaulted", True)
         if self.grad_dtype not in DTYPES:
             raise KitError(f"--grad-dtype {self.grad_dtype!r}: choose one of {', '.join(DTYPES)}")
         if self.dtype == "fp32" and self.grad_dtype != "fp32":
@@ -126,6 +130,7 @@ class Layout:
                 raise KitError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.bucket_bytes is None:  # Megatron's bucket is a parameter count, whatever the dtype
             object.__setattr__(self, "bucket_bytes", BUCKET_PARAMS * self.grad_bytes)
+            object.__setattr__(self, "bucket_defaulted", True)
         b = self.bucket_bytes
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < float("inf"):
             raise KitError(f"bucket_bytes must be a positive finite number of bytes, got {b!r}")
@@ -195,6 +200,15 @@ class Layout:
                            f"GPUs, but {system.key} has {system.world_size}; add --nodes")
 
     def with_(self, **kw) -> "Layout":
+        """This layout with the fields in kw changed. A gradient dtype (and bucket size) left to
+        its default follows a new dtype: Layout().with_(dtype="bf16") had kept the fp16 model's
+        fp16 gradients (Megatron keeps a bf16 model's in fp32), and with_(dtype="fp32") had been
+        refused for "--grad-dtype fp16", which nobody had asked for. The default bucket is 40M
+        gradients in whatever dtype they end up in."""
+        if self.grad_dtype_defaulted and "grad_dtype" not in kw:
+            kw["grad_dtype"] = None
+        if self.bucket_defaulted and "bucket_bytes" not in kw:
+            kw["bucket_bytes"] = None
         return replace(self, **kw)
 
     def to_dict(self) -> dict:

@@ -1,10 +1,17 @@
 """Memory per rank of a GPT-style training job: weights, gradients, optimizer state, activations.
 
-Model states (Rajbhandari et al., ZeRO, SC'20): mixed-precision Adam keeps 2 B of fp16/bf16
-weights, 2 B of gradients and K = 12 B of optimizer state (fp32 master weights, momentum,
-variance) per parameter; fp32 training keeps 4 + 4 + 8. A bf16 model's gradients are fp32 by
-default (Layout.grad_dtype: Megatron-LM's 18 B per "bf16 param, fp32 grads" parameter). ZeRO-1 shards the optimizer state over
-the DP ranks, ZeRO-2 also the gradients, ZeRO-3 (FSDP) also the weights.
+Model states, as Megatron-LM's mixed-precision Adam holds them (docs/source/api-guide/
+dist_optimizer.md, its bytes-a-parameter table: fp16 params and fp16 grads 20, bf16 params and
+fp32 grads 18, fp32 params and fp32 grads 16; with the distributed optimizer over d ranks
+4 + 16/d, 6 + 12/d and 8 + 8/d): the model's weights and gradients (Layout.grad_dtype: fp32 for
+a bf16 model by default), then the optimizer's fp32 state, master weights, momentum and
+variance, and, when the gradients are 16-bit, the fp32 copy of them the optimizer steps with
+(Float16OptimizerWithFloat16Params' main_param.grad = main_grad.float()). So 2 + 2 + 16 in fp16,
+2 + 4 + 12 in bf16, 4 + 4 + 8 in fp32. The ZeRO paper (Rajbhandari et al., SC'20) counts
+2 + 2 + K = 12 for fp16, leaving out that fp32 gradient copy; the kit had too, 16 B where
+Megatron's table has 20. ZeRO-1 shards the optimizer state over the DP ranks (Megatron's
+distributed optimizer: its sharded "main params and main grads" are this state), ZeRO-2 also
+the gradients, ZeRO-3 (FSDP) also the weights.
 
 Activations per layer and micro-batch (Korthikanti et al., "Reducing Activation Recomputation in
 Large Transformer Models", 2022, Table 2; activation_bytes_per_layer writes their count for
@@ -56,11 +63,32 @@ def layer_expert_params(spec: GPTSpec, layer: int) -> int:
     return spec.experts * (spec.mlp_matrices * spec.hidden * spec.f + spec.f + spec.hidden)
 
 
+def tp_replicated_params(spec: GPTSpec, layer: int) -> int:
+    """Of a layer's parameters outside its experts, those every TP rank holds whole: the two
+    norms' weights and biases (4h), the attention output projection's bias and a dense MLP's
+    second bias (row-parallel linears add their bias after the all-reduce), or a MoE layer's
+    router, experts x h (Megatron-core's TopKRouter weight is not split)."""
+    return 5 * spec.hidden + (spec.experts if spec.is_moe(layer) else 1) * spec.hidden
+
+
+def layer_rank_params(spec: GPTSpec, layout: Layout, layer: int) -> tuple[float, float]:
+    """(dense, expert) parameters of a layer that one rank holds: TP splits the weights and the
+    column-parallel biases, not tp_replicated_params; EP splits the experts, each expert's second
+    bias whole on its TP ranks. Dividing those by tp too had left out 6h x 7/8 a GPT-3 175B layer
+    at tp 8 (64,512 of 226.5 M: 0.03%)."""
+    t, e = layout.tp, layout.ep
+    experts = layer_expert_params(spec, layer)
+    kept = tp_replicated_params(spec, layer)
+    dense = (spec.layer_params(layer) - experts - kept) / t + kept
+    expert_bias = spec.experts * spec.hidden if experts else 0
+    return dense, ((experts - expert_bias) / t + expert_bias) / e
+
+
 def local_expert_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
     """Of local_params, the expert weights one rank of `stage` holds (its EP shard): ZeRO shards
     them over the expert-DP group (dp / ep ranks), not over the whole DP group."""
     chunks = stage_layers(spec, layout)
-    return sum(layer_expert_params(spec, layer) / (layout.tp * layout.ep)
+    return sum(layer_rank_params(spec, layout, layer)[1]
                for c in range(layout.virtual_stages) for layer in chunks[c * layout.pp + stage])
 
 
@@ -75,13 +103,9 @@ def zero_kept(params: float, experts: float, layout: Layout, zero_from: int) -> 
 
 def local_params(spec: GPTSpec, layout: Layout, stage: int) -> float:
     """Parameters one rank of `stage` holds (TP- and EP-sharded), before ZeRO."""
-    t, e = layout.tp, layout.ep
     chunks = stage_layers(spec, layout)
-    n = 0.0
-    for c in range(layout.virtual_stages):
-        for layer in chunks[c * layout.pp + stage]:
-            p, experts = spec.layer_params(layer), layer_expert_params(spec, layer)
-            n += (p - experts) / t + experts / (t * e)
+    n = sum(sum(layer_rank_params(spec, layout, layer))
+            for c in range(layout.virtual_stages) for layer in chunks[c * layout.pp + stage])
     return n + sum(edge_params(spec, layout, stage))
 
 
@@ -162,8 +186,13 @@ def edge_activation_bytes(spec: GPTSpec, layout: Layout, stage: int) -> tuple[fl
 
 
 def state_bytes(layout: Layout) -> tuple[int, int, int]:
-    """Bytes a parameter of (weights, gradients, optimizer state) before ZeRO's sharding."""
-    return layout.weight_bytes, layout.grad_bytes, 8 if layout.dtype == "fp32" else 12
+    """Bytes a parameter of (weights, gradients, optimizer state) before ZeRO's sharding. The
+    optimizer state is Adam's fp32 momentum and variance (8), the fp32 master weights of a
+    16-bit model (+4), and the fp32 copy of 16-bit gradients the step reads (+4; fp32 gradients
+    are stepped in place): Megatron-LM's 20 / 18 / 16 B (fp16 / bf16 with fp32 grads / fp32)."""
+    master = 0 if layout.dtype == "fp32" else 4
+    main_grad = 0 if layout.grad_dtype == "fp32" else 4
+    return layout.weight_bytes, layout.grad_bytes, 8 + master + main_grad
 
 
 def memory_per_rank(spec: GPTSpec, layout: Layout, gpu=None) -> list[dict]:
