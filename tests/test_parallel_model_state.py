@@ -78,3 +78,22 @@ def test_a_new_dtype_brings_its_own_default_gradient_dtype_and_bucket():
     given = Layout(dtype="bf16", grad_dtype="bf16", bucket_bytes=1e6).with_(dtype="fp16")
     assert (given.grad_dtype, given.bucket_bytes) == ("bf16", 1e6)
     assert Layout(dtype="bf16").with_(grad_dtype="bf16").bucket_bytes == 40e6 * 2
+
+
+def test_layout_bookkeeping_flags_are_not_layout_fields_callers_may_give():
+    """Layout's grad_dtype_defaulted and bucket_defaulted (init=False) record what __post_init__
+    filled in; kit.api.predict_multi_gpu lists Layout's fields as the ones it takes. Listed, they
+    were offered as valid and a caller giving one got Layout.__init__'s TypeError traceback, not
+    the one-line unknown-field error."""
+    from dataclasses import fields
+
+    from kit.api import predict_multi_gpu
+    from kit.errors import KitError
+
+    internal = [f.name for f in fields(Layout) if not f.init]
+    assert internal  # the flags this guards
+    for name in internal:
+        with pytest.raises(KitError, match=f"unknown layout field\\(s\\) {name};") as e:
+            predict_multi_gpu("gpt2", "dgx-a100", **{name: True})
+        valid = str(e.value).split("valid: ")[1]
+        assert not any(n in valid for n in internal)
