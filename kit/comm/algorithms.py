@@ -90,13 +90,15 @@ def nvls_wire(n: int) -> float:
     return (1.0 + 1.0 / n) / (1.0 + 1.0 / NVLS_CALIBRATED_RANKS)
 
 
-def plans(system: System, kind: str, group: Group) -> tuple[Plan, ...]:
-    """Every algorithm that can run `kind` on this group, as (latency, cost per byte)."""
-    return _plans(system, kind, group, system.gpu)
+def plans(system: System, kind: str, group: Group, senders: int = 1) -> tuple[Plan, ...]:
+    """Every algorithm that can run `kind` on this group, as (latency, cost per byte). senders
+    (sendrecv only): the cross-node sends leaving or entering a node at the same time, this one
+    included, which share that node's NICs (nic_share)."""
+    return _plans(system, kind, group, system.gpu, senders)
 
 
 @lru_cache(maxsize=8192)
-def _plans(system: System, kind: str, group: Group, gpu) -> tuple[Plan, ...]:
+def _plans(system: System, kind: str, group: Group, gpu, senders: int = 1) -> tuple[Plan, ...]:
     """plans, cached also on the GPU spec (its HBM terms): a System names its GPU
     by key, and register_gpu may replace the spec behind that key (a stale cache had kept the
     old one's times in the same process)."""
@@ -149,7 +151,7 @@ def _plans(system: System, kind: str, group: Group, gpu) -> tuple[Plan, ...]:
                         uniform_alltoall_us(system, group) + _kappa(system, False) * (n - 1) / n))
     elif kind == "sendrecv":
         # nccl-tests sendrecv: rank i sends `size` to rank i+1 (a ring shift)
-        worst = max(_pair_us_per_byte(system, a, b)
+        worst = max(_pair_us_per_byte(system, a, b, senders)
                     for a, b in zip(group.ranks, group.ranks[1:] + group.ranks[:1]))
         lat = base + (s_net if k > 1 else s_in)
         out.append(Plan("p2p", lat, worst + _kappa(system, False)))
@@ -158,12 +160,21 @@ def _plans(system: System, kind: str, group: Group, gpu) -> tuple[Plan, ...]:
     return tuple(out)
 
 
-def _pair_us_per_byte(system: System, a: int, b: int) -> float:
+def _pair_us_per_byte(system: System, a: int, b: int, senders: int = 1) -> float:
     g = system.gpus_per_node
     if a // g == b // g:
         return 1.0 / (p2p_gbs(system, a % g, b % g) * _NS)
     net = system.network
-    return 1.0 / (max(1.0, system.nics_per_gpu) * net.nic_bw_gbs * net.efficiency * _NS)
+    return 1.0 / (nic_share(system, senders) * net.nic_bw_gbs * net.efficiency * _NS)
+
+
+def nic_share(system: System, senders: int) -> float:
+    """NICs each of `senders` concurrent cross-node sends of one node gets: the NICs the node
+    uses for that many of its GPUs (node_nics) divided among them, and never more than a GPU's
+    own share, max(1, nics_per_gpu) (as _network_us divides them for an all-to-all). A pipeline
+    stage's tp x dp ranks all send to the next stage at once: at tp 8 on two pcie8 nodes (2 NICs
+    for 8 GPUs) each of the 8 sends had been priced on a whole NIC, 4x its 1/4 share."""
+    return min(max(1.0, system.nics_per_gpu), node_nics(system, senders) / senders)
 
 
 def alltoall_latency_us(system: System, group: Group) -> float:

@@ -54,14 +54,15 @@ def plan_curve(system: System, kind: str, group: Group, plan: Plan) -> Bandwidth
                           half_bytes=max(plan.latency_us / plan.us_per_byte, 1e-9), steepness=1.0)
 
 
-def _plan_curves(system: System, kind: str, group: Group) -> tuple[tuple[Plan, BandwidthCurve], ...]:
-    return _plan_curves_of(system, kind, group, system.gpu)
+def _plan_curves(system: System, kind: str, group: Group,
+                 senders: int = 1) -> tuple[tuple[Plan, BandwidthCurve], ...]:
+    return _plan_curves_of(system, kind, group, system.gpu, senders)
 
 
 @lru_cache(maxsize=8192)
-def _plan_curves_of(system: System, kind: str, group: Group, gpu):
+def _plan_curves_of(system: System, kind: str, group: Group, gpu, senders: int = 1):
     """_plan_curves keyed also on the GPU spec, as algorithms.plans is."""
-    return tuple((p, plan_curve(system, kind, group, p)) for p in plans(system, kind, group))
+    return tuple((p, plan_curve(system, kind, group, p)) for p in plans(system, kind, group, senders))
 
 
 def _group(system: System, ranks) -> Group:
@@ -190,22 +191,30 @@ def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
     return table
 
 
-def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration=None) -> CollectiveResult:
+def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration=None,
+                       senders: int = 1) -> CollectiveResult:
     """Time, algorithm, algbw and busbw (nccl-tests conventions) of one collective.
 
     kind: one of KINDS; nbytes: nccl-tests size (per-rank buffer; total for all-gather and
     reduce-scatter); system: a System or preset name; ranks: None (all), a count, or a list of
-    global ranks; calibration: a Calibration or the path of a `kit comm fit` file.
+    global ranks; calibration: a Calibration or the path of a `kit comm fit` file; senders
+    (sendrecv): the cross-node sends of a node that run at the same time, this one included
+    (a pipeline stage's tp x dp ranks), sharing its NICs (algorithms.nic_share).
     """
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
+    if isinstance(senders, bool) or not isinstance(senders, (int, np.integer)) or senders < 1:
+        raise KitError(f"senders must be a whole number of concurrent sends, at least 1, got {senders!r}")
     s = _sizes(nbytes)
     if s.size != 1:
         raise KitError("predict_collective takes one size; use collective_table for many")
     size = float(s[0])
-    pcs = _plan_curves(system, kind, group)
+    pcs = _plan_curves(system, kind, group, int(senders))
     plan, curve = min(pcs, key=lambda pc: (pc[1].time_us(size), pc[0].latency_us + pc[0].us_per_byte * size))
     fitted = cal.curve(kind, group.size, group.n_nodes) if cal else None
     t = float(fitted.time_us(size)) if fitted else curve.time_us(size)
+    if fitted and senders > 1:  # measured with one send a node: add the wire time its share costs
+        alone = _plan_curves(system, kind, group)[0][0]
+        t += size * max(0.0, plan.us_per_byte - alone.us_per_byte)
     return _result(kind, size, t, plan, fitted or curve, system, group,
                    f"calibration:{cal.source}" if fitted else "preset", _notes(s, group, fitted))
 

@@ -6,6 +6,7 @@ costs as much as one layer of each kind.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -214,15 +215,16 @@ class Coster:
         groups of other ranks that run the same collective at the same time)."""
         if len(ranks) < 2 or nbytes <= 0:
             return 0.0
-        return max(self._one_comm_ms(kind, nbytes, g) for g in (ranks, *getattr(ranks, "peers", ())))
+        senders = getattr(ranks, "senders", 1) if kind == "sendrecv" else 1
+        return max(self._one_comm_ms(kind, nbytes, g, senders) for g in (ranks, *getattr(ranks, "peers", ())))
 
-    def _one_comm_ms(self, kind: str, nbytes: float, ranks) -> float:
-        key = (kind, float(nbytes), tuple(ranks))
+    def _one_comm_ms(self, kind: str, nbytes: float, ranks, senders: int = 1) -> float:
+        key = (kind, float(nbytes), tuple(ranks), senders)
         if key not in self._comm_ms:
             from kit.comm import predict_collective
 
             self._comm_ms[key] = predict_collective(kind, nbytes, self.system, ranks=list(ranks),
-                                                    calibration=self.calibration).time_ms
+                                                    calibration=self.calibration, senders=senders).time_ms
         return self._comm_ms[key]
 
     def group(self, name: str, stage: int) -> "RankGroup":
@@ -245,9 +247,18 @@ class Coster:
     def pp_pair(self, a: int, b: int) -> "RankGroup":
         """Stage a's rank sending to stage b's, with the other dp x tp pairs of the two stages."""
         lay = self.layout
-        return RankGroup([lay.rank(a, 0, 0), lay.rank(b, 0, 0)],
-                         [[lay.rank(a, d, t), lay.rank(b, d, t)] for d in range(lay.dp) for t in range(lay.tp)],
-                         self.system.gpus_per_node)
+        pairs = [(lay.rank(a, d, t), lay.rank(b, d, t)) for d in range(lay.dp) for t in range(lay.tp)]
+        gpn = self.system.gpus_per_node
+        group = RankGroup([lay.rank(a, 0, 0), lay.rank(b, 0, 0)], pairs, gpn)
+        # every pair sends at once, so a node's cross-node sends share its NICs: the busiest node's
+        # count, out of it (one direction) or into it (the other)
+        crossing = Counter()
+        for x, y in pairs:
+            if x // gpn != y // gpn:
+                crossing[("out", x // gpn)] += 1
+                crossing[("in", y // gpn)] += 1
+        group.senders = max(crossing.values(), default=1)
+        return group
 
     def add(self, phase: Phase, blocks: list[Block], stage: int, factors: bool = False,
             gemm_factor: float = 1.0) -> float:
