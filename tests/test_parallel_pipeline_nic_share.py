@@ -82,3 +82,32 @@ def test_a_fitted_lone_send_still_pays_its_nic_share():
     assert one.source.startswith("calibration") and four.source.startswith("calibration")
     nic_us_per_byte = 1.0 / (system.network.nic_bw_gbs * system.network.efficiency * 1e3)
     assert (four.time_ms - one.time_ms) * 1e3 == pytest.approx(3 * BIG * nic_us_per_byte, rel=1e-6)
+
+
+def test_senders_apply_to_sendrecv_only():
+    # the plans of other kinds ignore senders: with a calibration it had added the gap between
+    # the best plan's cost per byte and the first plan's (a 16-rank all-reduce at 1 MiB on two
+    # pcie8 nodes: tree against ring, 0.2089 -> 0.2151 ms), without one it was silently dropped
+    system = get_system("pcie8", nodes=2)
+    assert predict_collective("allreduce", 2**20, system, senders=1).time_ms > 0
+    with pytest.raises(KitError, match="sendrecv only"):
+        predict_collective("allreduce", 2**20, system, senders=4)
+
+
+def test_a_fitted_shared_send_reports_the_time_it_predicts():
+    # the extra wire time of a fitted lone send's NIC share belongs to its bandwidth part, its
+    # plateau and its crossover too: they had stayed the lone send's (plateau 10 GB/s for a
+    # 64 MiB send at 2.6 GB/s, bandwidth 6.7 of 25.7 ms)
+    from kit.comm.calibration import Calibration
+    from kit.comm.curves import BandwidthCurve
+
+    system = get_system("pcie8", nodes=2)
+    fitted = BandwidthCurve(kind="sendrecv", ranks=2, floor_us=20.0, busbw_max_gbs=10.0,
+                            half_bytes=2**16, steepness=1.0, nodes=2)
+    cal = Calibration(system=system.key, curves=(fitted,))
+    r = predict_collective("sendrecv", BIG, system, ranks=[0, 8], calibration=cal, senders=4)
+    assert r.latency_ms + r.bandwidth_ms == pytest.approx(r.time_ms, rel=1e-9)  # above the floor
+    assert r.plateau_busbw_gbs == pytest.approx(r.busbw_gbs, rel=1e-3)  # 1 GiB: on the plateau
+    x = predict_collective("sendrecv", r.crossover_bytes, system, ranks=[0, 8], calibration=cal, senders=4)
+    # the crossover: where the bandwidth term reaches the latency term, the floor if larger
+    assert x.bandwidth_ms == pytest.approx(max(x.latency_ms, x.floor_ms), rel=1e-6)

@@ -204,6 +204,8 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
     if isinstance(senders, bool) or not isinstance(senders, (int, np.integer)) or senders < 1:
         raise KitError(f"senders must be a whole number of concurrent sends, at least 1, got {senders!r}")
+    if senders != 1 and kind != "sendrecv":  # the plans of other kinds do not take it
+        raise KitError(f"senders (concurrent cross-node sends) applies to sendrecv only, not {kind}")
     s = _sizes(nbytes)
     if s.size != 1:
         raise KitError("predict_collective takes one size; use collective_table for many")
@@ -212,27 +214,38 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     plan, curve = min(pcs, key=lambda pc: (pc[1].time_us(size), pc[0].latency_us + pc[0].us_per_byte * size))
     fitted = cal.curve(kind, group.size, group.n_nodes) if cal else None
     t = float(fitted.time_us(size)) if fitted else curve.time_us(size)
+    extra = 0.0  # us per byte a fitted lone send lacks
     if fitted and senders > 1:  # measured with one send a node: add the wire time its share costs
-        alone = _plan_curves(system, kind, group)[0][0]
-        t += size * max(0.0, plan.us_per_byte - alone.us_per_byte)
+        alone = _plan_curves(system, kind, group)[0][0]  # sendrecv has the one plan, p2p
+        extra = max(0.0, plan.us_per_byte - alone.us_per_byte)
+        t += size * extra
     return _result(kind, size, t, plan, fitted or curve, system, group,
-                   f"calibration:{cal.source}" if fitted else "preset", _notes(s, group, fitted))
+                   f"calibration:{cal.source}" if fitted else "preset", _notes(s, group, fitted), extra)
 
 
-def _result(kind, size, t_us, plan, curve, system, group, source, notes=()) -> CollectiveResult:
+def _result(kind, size, t_us, plan, curve, system, group, source, notes=(),
+            extra_us_per_byte: float = 0.0) -> CollectiveResult:
     """The result of one size on `curve` (a preset's algorithm or the fitted curve): its parts
     from the regime that answers (a fitted curve may switch algorithm with the size), adding up
-    to the time above the floor as BandwidthCurve.parts_us defines them."""
+    to the time above the floor as BandwidthCurve.parts_us defines them. extra_us_per_byte: wire
+    time per byte that t_us holds beyond the curve's (a fitted lone send's NIC share, sendrecv),
+    in the bandwidth part, the plateau and the crossover too (they had kept the lone send's)."""
     n = group.size
     bus = reported_busbw_factor(kind, n)  # 0 on one rank, for the plateau as for busbw
     algbw = size / t_us / 1e3 if t_us > 0 else 0.0
     piece = curve.regime(size)
     lat_us, bw_us = curve.parts_us(size)
+    bw_us += size * extra_us_per_byte
+    crossover, plateau = curve.crossover_bytes(), curve.plateau_gbs()
+    if extra_us_per_byte > 0:  # the per-byte cost f / B of each regime grows by the extra
+        at = curve.regime(crossover)
+        crossover /= 1.0 + extra_us_per_byte * at.busbw_max_gbs * 1e3 / at.factor
+        plateau = 1.0 / (1.0 / plateau + extra_us_per_byte * 1e3 / curve.factor)
     return CollectiveResult(
         kind=kind, nbytes=size, ranks=n, time_ms=t_us / 1e3, algorithm=plan.algorithm,
         algbw_gbs=algbw, busbw_gbs=algbw * bus, latency_ms=lat_us / 1e3, bandwidth_ms=bw_us / 1e3,
         floor_ms=piece.floor_us / 1e3, bound="bandwidth" if bw_us > max(lat_us, piece.floor_us) else "latency",
-        crossover_bytes=curve.crossover_bytes(), plateau_busbw_gbs=curve.plateau_gbs() * bus / curve.factor,
+        crossover_bytes=crossover, plateau_busbw_gbs=plateau * bus / curve.factor,
         source=source, system=system.key, nodes_spanned=group.n_nodes, notes=tuple(notes))
 
 
