@@ -296,18 +296,77 @@ def winograd_backward(args, mask, dtype: str, dense: bool = False) -> list | Non
     return [dx, dw]
 
 
-def _backward_gemms(grad, x, w, groups: int, transposed: bool, mask, dtype: str) -> list:
-    """[input gradient, weight gradient] GEMMs, each only where mask asks (None where not)."""
+def _per_dim(args, at: int, dims: int, default: int) -> list[int]:
+    """A convolution_backward size argument (stride, padding, dilation) as one int per spatial
+    dim (an int or a one-element list stands for all of them)."""
+    v = args[at] if len(args) > at and args[at] is not None else default
+    v = [int(e) for e in v] if isinstance(v, (list, tuple)) else [int(v)]
+    return v * dims if len(v) == 1 else v
+
+
+def dgrad_phases(kernel: int, stride: int, padding: int, dilation: int, size: int) -> tuple[list[int], int]:
+    """Along one spatial dim of a (non-transposed) convolution's input gradient: the filter taps
+    of each phase, and the input positions of phases with none. Tap r reaches input
+    o·stride − padding + r·dilation, so input i gets only the taps with
+    r·dilation ≡ i + padding (mod stride): phase c of stride phases holds the taps with
+    r·dilation mod stride = c (ceil or floor of kernel / stride of them at dilation 1), and
+    together they hold every tap once."""
+    taps = [0] * stride
+    for r in range(kernel):
+        taps[r * dilation % stride] += 1
+    empty = sum(1 for i in range(size) if taps[(i + padding) % stride] == 0)
+    return taps, empty
+
+
+def _dgrad(grad, x, w, groups: int, geometry, dtype: str):
+    """A convolution's input gradient as the libraries run it (CUTLASS's strided dgrad,
+    ImplicitGemmConvolutionStridedDgrad, and cuDNN's): split into stride_h x stride_w phases of
+    the input, each an implicit GEMM with only the filter taps landing on that phase (K =
+    Cout/g · its taps), over the output's pixel count of rows (CUTLASS's ceil(H/s)·ceil(W/s)
+    per phase for a 'same'-padded conv; at any padding, the rows that carry the forward's
+    multiply-adds). Phases of the same taps are one batched GEMM; a phase of no taps (a 1x1
+    stride-2 conv's three in four) only has its zeros written. The phases' FLOPs sum to the
+    forward's exactly. A stride-1 conv is one phase: M = N·pixels, K = Cout/g · kernel.
+    One GEMM over the input's pixels with K = Cout/g · kernel · (output / input pixels),
+    rounded, had drifted where that ratio is not whole: a depthwise 3x3 stride-2 conv's input
+    gradient came out 11% low (K 2.25 -> 2: 802,816 FLOPs for 903,168 at 32 channels, 56x56),
+    a depthwise 1x1 stride-2 one 4x high, a one-channel 1x1 stride-4 one 17x."""
+    stride, padding, dilation = geometry
+    dims = x.dim() - 2
+    rows = grad.shape[0] * (math.prod(grad.shape[2:]) if dims > 0 else 1)
+    cin_g, cout_g = x.shape[1] // groups, grad.shape[1] // groups
+    per_dim = [dgrad_phases(w.shape[2 + i], stride[i], padding[i], dilation[i], x.shape[2 + i])
+               for i in range(dims)]
+    phases: dict[int, int] = {}  # taps -> phases with that many
+    for combo in itertools.product(*(taps for taps, _ in per_dim)):
+        phases[math.prod(combo)] = phases.get(math.prod(combo), 0) + 1
+    parts = [Gemm(m=max(1, rows), n=max(1, cin_g), k=cout_g * taps, b=groups * count, dtype=dtype,
+                  kind="linear", shared_rhs=groups * count == 1)
+             for taps, count in sorted(phases.items(), reverse=True) if taps > 0]
+    spatial = [x.shape[2 + i] for i in range(dims)]
+    zero_pixels = math.prod(spatial) - math.prod(n - empty for n, (_, empty) in zip(spatial, per_dim))
+    if zero_pixels:
+        parts.append(copy_of(x.shape[0] * x.shape[1] * zero_pixels * dtype_bytes(dtype), dtype))
+    if len(parts) == 1:
+        return parts[0]
+    return Derived("gemm", tuple(parts), 1.0, "input gradient, " + " x ".join(map(str, stride)) + " phases")
+
+
+def _backward_gemms(grad, x, w, groups: int, transposed: bool, geometry, mask, dtype: str) -> list:
+    """[input gradient, weight gradient] GEMMs, each only where mask asks (None where not).
+    geometry: (stride, padding, dilation), one int per spatial dim. A transposed conv's input
+    gradient is the forward conv of grad, a GEMM over x's pixels with K = Cout/g · kernel."""
     kernel = max(1, math.prod(w.shape[2:]))
     cin_g, cout_g = x.shape[1] // groups, grad.shape[1] // groups
     spatial_x = math.prod(x.shape[2:]) if x.dim() > 2 else 1
     spatial_small = spatial_x if transposed else (math.prod(grad.shape[2:]) if grad.dim() > 2 else 1)
     batch = x.shape[0]
     dx = dw = None
-    if mask[0]:
-        k = max(1, round(cout_g * kernel * spatial_small / max(spatial_x, 1)))
-        dx = Gemm(m=max(1, batch * spatial_x), n=max(1, cin_g), k=k, b=groups, dtype=dtype,
-                  kind="linear", shared_rhs=groups == 1)
+    if mask[0] and transposed:
+        dx = Gemm(m=max(1, batch * spatial_x), n=max(1, cin_g), k=max(1, cout_g * kernel), b=groups,
+                  dtype=dtype, kind="linear", shared_rhs=groups == 1)
+    elif mask[0]:
+        dx = _dgrad(grad, x, w, groups, geometry, dtype)
     if mask[1]:
         dw = Gemm(m=max(1, cout_g), n=max(1, cin_g * kernel), k=max(1, batch * spatial_small),
                   b=groups, dtype=dtype, kind="linear")
@@ -320,7 +379,7 @@ def conv_backward(args, dtype: str):
     and the bias gradient (a reduction of grad over N·H·W), each only where output_mask asks
     (the first layer's input needs no gradient). Each GEMM does the forward's multiply-adds:
     N·(pixels of the smaller side)·Cin/g·Cout/g·kernel per group; a strided convolution's input
-    gradient is the GEMM over the input's pixels with K shrunk by the stride (implicit dgrad).
+    gradient is a GEMM per stride phase of the input, each with the taps landing on it (_dgrad).
 
     A grouped conv (grouped_ways) picks, per gradient, the cheapest of its per-group GEMM,
     the super-group and dense GEMMs and a direct kernel (input gradient: grad and w read, dx
@@ -330,8 +389,10 @@ def conv_backward(args, dtype: str):
     groups = _groups(args, 9)
     mask = list(args[10]) if len(args) > 10 else [True, True, args[3] is not None]
     transposed = bool(args[7]) if len(args) > 7 else False
+    dims = max(0, x.dim() - 2)
+    geometry = (_per_dim(args, 4, dims, 1), _per_dim(args, 5, dims, 0), _per_dim(args, 6, dims, 1))
     bias = [copy_of(_bytes(grad), dtype)] if len(mask) > 2 and mask[2] else []
-    own = _backward_gemms(grad, x, w, groups, transposed, mask, dtype)
+    own = _backward_gemms(grad, x, w, groups, transposed, geometry, mask, dtype)
     parts = [p for p in own if p is not None] + bias
     if not parts:  # nothing asked for: a launch that does nothing, costed as the smallest copy
         parts.append(copy_of(1, dtype))
@@ -345,7 +406,7 @@ def conv_backward(args, dtype: str):
                         for pick in itertools.product(*ways))
         return Cheapest("gemm", options, "convolution backward (implicit GEMM or Winograd)"), \
             "gemm", len(parts)
-    others = [_backward_gemms(grad, x, w, g, transposed, mask, dtype) for g in counts[1:]]
+    others = [_backward_gemms(grad, x, w, g, transposed, geometry, mask, dtype) for g in counts[1:]]
     wino = winograd_backward(args, mask, dtype, dense=True) or [None, None]
     ways = []  # per gradient asked for: the per-group GEMM first, then the others
     for i, gemm in enumerate(own):
