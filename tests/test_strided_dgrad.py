@@ -78,7 +78,7 @@ def test_a_3x3_stride_2_input_gradient_is_its_four_phases():
     """A dense 64 -> 128 3x3 stride-2 conv on 2 x 56 x 59: phases of 2x2, 2x1, 1x2 and 1x1 taps,
     each a GEMM over the 2 x 28 x 30 output pixels (CUTLASS's ceil(56 / 2) x ceil(59 / 2) per
     phase), the two of 2 taps one batched GEMM; the old single GEMM was 6,608 x 64 x 293
-    (K = 128 · 9 · 1,680 / 6,608 = 292.9, rounded: 0.03% more FLOPs than the forward's)."""
+    (K = 128 · 9 · 1,680 / 6,608 = 292.9, rounded: 0.04% more FLOPs than the forward's)."""
     op, forward = _dx(64, 128, 1, 3, 2, 1, 1, 56)
     assert isinstance(op, Derived) and op.flops == forward
     rows = 2 * 28 * 30  # the helper's input is 56 x 59: output 28 x 30
