@@ -76,15 +76,16 @@ def test_each_tap_lands_on_one_phase(kernel, stride, dilation):
 
 def test_a_3x3_stride_2_input_gradient_is_its_four_phases():
     """A dense 64 -> 128 3x3 stride-2 conv on 2 x 56 x 59: phases of 2x2, 2x1, 1x2 and 1x1 taps,
-    each a GEMM over the 2 x 28 x 30 output pixels (CUTLASS's ceil(56 / 2) x ceil(59 / 2) per
-    phase), the two of 2 taps one batched GEMM; the old single GEMM was 6,608 x 64 x 293
+    each over the 2 x 28 x 30 output pixels (CUTLASS's ceil(56 / 2) x ceil(59 / 2) per phase),
+    run in one launch (one batched GEMM of 4 taps, scaled to the 9 the phases take); the old single GEMM was 6,608 x 64 x 293
     (K = 128 · 9 · 1,680 / 6,608 = 292.9, rounded: 0.04% more FLOPs than the forward's)."""
     op, forward = _dx(64, 128, 1, 3, 2, 1, 1, 56)
     assert isinstance(op, Derived) and op.flops == forward
     rows = 2 * 28 * 30  # the helper's input is 56 x 59: output 28 x 30
-    assert op.parts == (Gemm(m=rows, n=64, k=128 * 4, b=1, kind="linear", shared_rhs=True),
-                        Gemm(m=rows, n=64, k=128 * 2, b=2, kind="linear"),
-                        Gemm(m=rows, n=64, k=128 * 1, b=1, kind="linear", shared_rhs=True))
+    # one launch: the four phases one batched GEMM at the most taps (4), scaled to 9 of 16
+    assert op.parts == (Gemm(m=rows, n=64, k=128 * 4, b=4, kind="linear"),)
+    assert op.scale == pytest.approx(9 / 16)
+    assert [s for _, s in leaf_ops(op)] == [pytest.approx(9 / 16)]
 
 
 def test_a_1x1_stride_2_input_gradient_writes_zeros_where_no_tap_lands():
