@@ -198,8 +198,9 @@ class Coster:
 
     def op_ms(self, op, scale: float = 1.0, kernels: float = 1.0) -> float:
         """The op's time x scale (a backward factor), in the stream when in_stream (less
-        kernels x the predictor's floor, never below the roofline plus kernels x a kernel's start:
-        kit.workload.kernel_times.in_stream_ms), then calibrated."""
+        scale x the predictor's floor, the floors its isolated time holds, never below the
+        roofline plus kernels x a kernel's start: kit.workload.kernel_times.in_stream_ms), then
+        calibrated."""
         t = self._op_ms[op][self.quantile] * scale
         if self.floor_ms > 0:
             from kit.workload.kernel_times import in_stream_ms

@@ -190,10 +190,11 @@ def _predict_leaves(model, nodes, gpu, prepared):
     floor = isolation_floor_ms(model, gpu)
     if floor > 0:  # in the stream, not one kernel at a time (see LEARNED_FROM_ISOLATED)
         # each leaf's isolated time carries one floor, scaled with it: an option carries the
-        # sum of its leaves' scales (in_stream_ms sheds them, or one a kernel where that is
-        # more). The fastest option is chosen in the stream: chosen on isolated times, a 3x3
-        # conv's Winograd (four kernels, four floors) had lost to the implicit GEMM (one) at
-        # batch 8 on an A100, 91 us against 29 us in the stream, and won at batch 16 (42 us)
+        # sum of its leaves' scales, and in_stream_ms sheds those, whatever the node's kernels
+        # (they set only its least time). The fastest option is chosen in the stream: chosen
+        # on isolated times, a 3x3 conv's Winograd (four kernels, four floors) had lost to the
+        # implicit GEMM (one) at batch 8 on an A100, 91 us against 29 us in the stream, and won
+        # at batch 16 (42 us)
         kernels = np.array([max(n.kernels, 1) for n in nodes], dtype=float)[:, None]
         for c in range(3):
             per[:, :, c] = in_stream_ms(per[:, :, c], per[:, :, 3], floor, kernels, carried)
@@ -256,8 +257,9 @@ def generic_loop_per_option(prepared, gpu, shape) -> np.ndarray:
 # the host's cost is the CPU-issue timeline below, so a kernel's time in the stream is its
 # isolated prediction less that floor, never below its roofline plus each kernel's start:
 #
-#     d_stream = max(d_isolated - kernels · floor_gpu, min(roofline + kernels · start, d_isolated))
+#     d_stream = max(d_isolated - carried · floor_gpu, min(roofline + kernels · start, d_isolated))
 #
+# carried: the floors d_isolated holds, one a prediction it sums, scaled as it is (in_stream_ms).
 # floor_gpu is read off the predictor itself: its latency for a small in-range elementwise add
 # (128 Ki fp32 elements, ~1.5 MB) less that add's roofline, on the GPU at hand (so it carries
 # over to GPUs without labels).
@@ -283,17 +285,23 @@ def stream_least_ms(roofline_ms, kernels=1.0):
     return roofline_ms + KERNEL_MIN_US / 1e3 * np.asarray(kernels, dtype=float)
 
 
-def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0, carried=None):
+def in_stream_ms(isolated_ms, roofline_ms, floor_ms: float, kernels=1.0, carried=1.0):
     """A kernel's (or node's) time in the stream from its isolated prediction (the rule above);
     numpy arrays or floats. kit.parallel.costs.Coster uses the same rule. A kernel in the stream
     takes at least KERNEL_MIN_US more than its roofline (never more than its isolated prediction).
 
-    carried: the floors the isolated time holds, where that is more than one a kernel (a scaled
-    kernel, attention backward = 2.8 x (forward + floor), holds 2.8): it sheds them all."""
+    carried: the floors the isolated time holds, and sheds: one a prediction, scaled with it
+    (attention backward = 2.8 x (forward + floor) holds 2.8; a dropout backward, 0.83 x a
+    multiply's pass, 0.83; a foreach op's 55 launches, each its own prediction, 55). kernels:
+    the kernels the node stands for, each keeping its start (KERNEL_MIN_US) in the least time;
+    not floors: a node of k kernels priced as one op (a layer norm's backward, 2 kernels, one
+    copy of its bytes) holds one floor, and shedding k had taken (k - 1) floors it never held
+    (12.7 us a node on an H100: resnet50's 106 batch norms, 2 kernels each, bf16 batch 64,
+    4.00 -> 4.23 ms; a scaled one had shed a whole floor from 0.83 of one)."""
     kernels = np.asarray(kernels, dtype=float)
-    shed = kernels if carried is None else np.maximum(kernels, carried)
     low = stream_least_ms(roofline_ms, kernels)
-    return np.maximum(isolated_ms - floor_ms * shed, np.minimum(low, isolated_ms))
+    shed = floor_ms * np.asarray(carried, dtype=float)
+    return np.maximum(isolated_ms - shed, np.minimum(low, isolated_ms))
 
 
 def isolation_floor_ms(model, gpu) -> float:
