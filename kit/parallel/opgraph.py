@@ -185,7 +185,7 @@ class _Sharder:
             for w in k.writes:
                 self.writers.setdefault(w.tensor, []).append(orig[k.id])
         self.readers = tensor_readers(base) if base is not graph else {}
-        self.returned = frozenset(base.meta.get("output_tensors", ()))
+        self.returned = frozenset(getattr(base, "meta", {}).get("output_tensors", ()))
 
     def _vocab_split(self, op, attr: str):
         """The LM head's GEMM over this rank's share of the padded vocabulary (a multiple of
