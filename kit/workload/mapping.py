@@ -229,9 +229,10 @@ def _one_launch(op: Elementwise, launches: int) -> Elementwise:
     """One of a _foreach_* op's `launches` kernels, its share of the elements: the node is priced
     as launches x this, each launch carrying (and in the stream shedding) its own dispatch floor.
     Priced as one kernel of all the elements, the op's isolated time had held one floor where
-    kit.workload.kernel_times.in_stream_ms sheds one a kernel: llama3-8b's 55-launch _foreach_mul_
-    on an H100 (8.03 B bf16 elements, 12.86 ms isolated, 12.74 us floor) had lost 55 floors,
-    0.70 ms, to 12.16 ms; 55 launches of 146 M elements each shed their own, to 12.64 ms."""
+    kit.workload.kernel_times.in_stream_ms then shed one a kernel: llama3-8b's 55-launch
+    _foreach_mul_ on an H100 (8.03 B bf16 elements, 12.86 ms isolated, 12.74 us floor) had lost
+    55 floors, 0.70 ms, to 12.16 ms; 55 launches of 146 M elements each shed their own, to 12.64
+    ms (in_stream_ms now sheds the floors a node's predictions hold, whatever its kernels)."""
     return replace(op, numel=max(1, -(-op.numel // launches)))
 
 
