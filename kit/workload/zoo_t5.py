@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kit.workload.zoo_models import gelu_new
 from kit.workload.zoo_modern import RMSNorm, _ids
 
 
@@ -100,7 +101,10 @@ class T5Attention(nn.Module):
 
 class T5FF(nn.Module):
     """T5's feed-forward: wo(relu(wi(x))), or with feed_forward_proj "gated-gelu" / "gated-silu"
-    (T5 v1.1, Flan-T5) wo(act(wi_0(x)) * wi_1(x)), act gelu_new (tanh) or silu."""
+    (T5 v1.1, Flan-T5) wo(act(wi_0(x)) * wi_1(x)), act gelu_new or silu. HF's T5Config maps
+    "gated-gelu" to gelu_new, NewGELUActivation: the tanh formula written out, eight elementwise
+    kernels in eager mode, not F.gelu(approximate="tanh")'s one (which had left a Flan-T5 layer's
+    FF 7 passes over its [tokens, d_ff] activation short, 14 more in training)."""
 
     def __init__(self, c):
         super().__init__()
@@ -123,7 +127,7 @@ class T5FF(nn.Module):
             h = self.dropout(F.relu(self.wi(x)))
         else:
             g = self.wi_0(x)
-            g = F.gelu(g, approximate="tanh") if self.act == "gated-gelu" else F.silu(g)
+            g = gelu_new(g) if self.act == "gated-gelu" else F.silu(g)
             h = self.dropout(g * self.wi_1(x))
         if h.dtype != self.wo.weight.dtype:  # HF keeps wo in fp32 under fp16 and casts into it
             h = h.to(self.wo.weight.dtype)
