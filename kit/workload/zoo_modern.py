@@ -22,7 +22,8 @@ once a forward, which keeps SDPA from skipping the causal half (the full square 
 Gemma 2's eager attention computes the full square either way. Any of them ties the LM head to
 the embedding with tie_word_embeddings (the same GEMM, one weight fewer in memory and in the
 optimizer). llama's attention_bias adds biases to all four
-projections.
+projections (Qwen3's and Gemma's too; Mistral, Mixtral, Qwen2 and Phi-3 ignore it, as HF does),
+llama's mlp_bias to the MLP's three.
 
 """
 from __future__ import annotations
@@ -64,6 +65,7 @@ class RMSNorm(nn.Module):
 GEMMA = ("gemma", "gemma2", "gemma3_text")
 QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 SANDWICH = ("gemma2", "gemma3_text")  # a norm before and after attention and the MLP
+FIXED_BIASES = ("mistral", "mixtral", "qwen2", "qwen2_moe", "phi3")  # HF ignores their attention_bias
 
 
 def _family(c) -> str:
@@ -72,6 +74,19 @@ def _family(c) -> str:
 
 def _gemma(c) -> bool:
     return _family(c) in GEMMA
+
+
+def head_dim_of(c) -> int:
+    """The attention head's width: head_dim, or hidden_size / num_attention_heads where the config
+    leaves it out or null (HF's LlamaConfig, MistralConfig, MixtralConfig read null so; a null had
+    failed the build with "unsupported operand type(s) for *: 'int' and 'NoneType'")."""
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+
+
+def kv_heads_of(c) -> int:
+    """Key/value heads: num_key_value_heads, or one a query head where it is left out or null
+    (HF's Llama, Qwen2, Qwen3, Phi-3 configs read null as multi-head attention)."""
+    return c.get("num_key_value_heads") or c["num_attention_heads"]
 
 
 def _norm(c, d: int) -> RMSNorm:
@@ -120,10 +135,11 @@ class LlamaAttention(nn.Module):
         super().__init__()
         d, family = c["hidden_size"], _family(c)
         self.heads = c["num_attention_heads"]
-        self.kv_heads = c.get("num_key_value_heads", self.heads)
-        self.head_dim = c.get("head_dim", d // self.heads)
+        self.kv_heads, self.head_dim = kv_heads_of(c), head_dim_of(c)
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        every = bool(c.get("attention_bias", family == "gpt_oss"))  # biases on all four projections
+        # biases on all four projections, where HF's attention reads attention_bias; Mistral,
+        # Mixtral, Qwen2(-MoE) and Phi-3 fix theirs (none; q, k, v for Qwen2) and ignore the key
+        every = family not in FIXED_BIASES and bool(c.get("attention_bias", family == "gpt_oss"))
         qkv_bias = every or family in ("qwen2", "qwen2_moe")
         self.fused = family == "phi3"
         if self.fused:
@@ -197,19 +213,20 @@ class LlamaAttention(nn.Module):
 
 class SwiGLU(nn.Module):
     """The gated MLP: down(act(gate(x)) * up(x)); act silu (SwiGLU) or tanh-approximated gelu
-    (Gemma's GeGLU); fused (Phi-3): gate and up are one GEMM, split after."""
+    (Gemma's GeGLU); fused (Phi-3): gate and up are one GEMM, split after. bias: on all three
+    projections (HF Llama's mlp_bias)."""
 
-    def __init__(self, d: int, ff: int, act: str = "silu", fused: bool = False):
+    def __init__(self, d: int, ff: int, act: str = "silu", fused: bool = False, bias: bool = False):
         super().__init__()
         if act not in ("silu", "gelu_pytorch_tanh", "gelu"):
             raise ValueError(f"hidden_act {act!r} is not a gated-MLP activation the zoo builds "
                              "(silu, gelu_pytorch_tanh, gelu)")
         self.act, self.fused = act, fused
         if fused:
-            self.gate_up_proj = nn.Linear(d, 2 * ff, bias=False)
+            self.gate_up_proj = nn.Linear(d, 2 * ff, bias=bias)
         else:
-            self.gate_proj, self.up_proj = nn.Linear(d, ff, bias=False), nn.Linear(d, ff, bias=False)
-        self.down_proj = nn.Linear(ff, d, bias=False)
+            self.gate_proj, self.up_proj = nn.Linear(d, ff, bias=bias), nn.Linear(d, ff, bias=bias)
+        self.down_proj = nn.Linear(ff, d, bias=bias)
 
     def forward(self, x):
         if self.fused:
@@ -285,7 +302,10 @@ def _act(c) -> str:
 
 
 def _mlp_of(c, d: int, ff: int) -> SwiGLU:
-    return SwiGLU(d, ff, _act(c), fused=_family(c) == "phi3")
+    # mlp_bias: only HF's LlamaMLP reads it (the other families' MLPs have no biases); it had been
+    # dropped, Llama-3-8B's layers 2 x 14,336 + 4,096 parameters short each and their bias grads
+    return SwiGLU(d, ff, _act(c), fused=_family(c) == "phi3",
+                  bias=_family(c) == "llama" and bool(c.get("mlp_bias")))
 
 
 class LlamaLayer(nn.Module):
@@ -335,7 +355,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = c
         d = c["hidden_size"]
-        self.head_dim = c.get("head_dim", d // c["num_attention_heads"])
+        self.head_dim = head_dim_of(c)
         self.theta = c.get("rope_theta", 10000.0)
         self.embed_tokens = nn.Embedding(c["vocab_size"], d)
         moe = bool(_experts(c))
@@ -384,6 +404,5 @@ class LlamaForCausalLM(nn.Module):
 
     def decode_inputs(self, batch, context, cache="static"):
         c = self.config
-        kv_heads = c.get("num_key_value_heads", c["num_attention_heads"])
-        return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"], kv_heads, context,
+        return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"], kv_heads_of(c), context,
                                            self.head_dim, sliding_windows(c)))

@@ -1,0 +1,89 @@
+"""HF config.json fields that change a Llama-style decoder's architecture, read as HF
+transformers' modeling code reads them: Llama's mlp_bias, attention_bias only where HF's attention
+reads it, and a null head_dim or num_key_value_heads as the key left out. Parameters are counted
+per weight by hand; real config.json contents are checked against their published counts."""
+import pytest
+
+from kit.workload import zoo
+
+
+def _params(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _tiny(family="llama", **extra):
+    return {"model_type": family, "hidden_size": 32, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 48,
+            "vocab_size": 50, **extra}
+
+
+def test_llama_mlp_bias_adds_a_bias_to_gate_up_and_down():
+    """HF LlamaMLP: gate_proj, up_proj and down_proj all take bias=config.mlp_bias."""
+    c = _tiny()
+    base = _params(zoo.build(c))
+    biased = zoo.build({**c, "mlp_bias": True})
+    per_layer = 2 * c["intermediate_size"] + c["hidden_size"]  # gate and up: ff each; down: d
+    assert _params(biased) == base + c["num_hidden_layers"] * per_layer
+    g = zoo.graph_for({**c, "mlp_bias": True}, batch=2, seq=8, mode="inference", disk=False)
+    mlp = [n for n in g if n.op_class == "gemm" and ".mlp." in n.module]
+    assert mlp and all(n.aten.startswith("aten.addmm") for n in mlp)  # the bias folded into the GEMM
+    # Mistral's and Qwen2's MLPs have no biases whatever the config says (HF hardcodes bias=False)
+    for family in ("mistral", "qwen2"):
+        assert _params(zoo.build(_tiny(family, mlp_bias=True))) == _params(zoo.build(_tiny(family)))
+
+
+def test_attention_bias_only_where_hf_attention_reads_it():
+    """Llama, Qwen3, Gemma take attention_bias on q, k, v and o; Mistral, Mixtral, Qwen2 and
+    Phi-3 fix their projections' biases (Qwen2: q, k, v always) and ignore the key."""
+    d, heads, kv = 32, 4, 2
+    hd = d // heads
+    added = heads * hd + 2 * kv * hd + d  # q, k, v and o biases, one layer
+    for family in ("llama", "qwen3"):
+        c = _tiny(family, head_dim=hd)
+        assert _params(zoo.build({**c, "attention_bias": True})) == _params(zoo.build(c)) + 2 * added
+    for family in ("mistral", "qwen2", "phi3"):
+        c = _tiny(family)
+        assert _params(zoo.build({**c, "attention_bias": True})) == _params(zoo.build(c)), family
+    moe = _tiny("mixtral", num_local_experts=2, num_experts_per_tok=1)
+    assert _params(zoo.build({**moe, "attention_bias": True})) == _params(zoo.build(moe))
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "phi3"])
+def test_a_null_head_dim_or_kv_heads_is_the_key_left_out(family):
+    """HF's configs read head_dim null as hidden_size / heads and num_key_value_heads null as one
+    KV head a query head (multi-head attention); the build had failed on None * int."""
+    c = _tiny(family)
+    assert _params(zoo.build({**c, "head_dim": None})) == _params(zoo.build(c))
+    mha = {**c, "num_key_value_heads": c["num_attention_heads"]}
+    assert _params(zoo.build({**c, "num_key_value_heads": None})) == _params(zoo.build(mha))
+    # the decode step's cache is sized from the same heads
+    shapes = lambda cfg: [(n.aten, n.op) for n in zoo.graph_for(  # noqa: E731
+        cfg, batch=1, seq=16, mode="decode", disk=False) if n.op_class == "attention"]
+    assert shapes({**c, "num_key_value_heads": None, "head_dim": None}) == shapes(mha)
+
+
+# config.json of meta-llama/Llama-3.1-8B and Qwen/Qwen2.5-0.5B as published on the Hub (the fields
+# that build the model, with the rope scaling and windows that change no weight); their model
+# cards' counts: 8,030,261,248 and 494,032,768 (0.49B, the head tied to the embedding)
+LLAMA31_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "vocab_size": 128256}
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "hidden_act": "silu",
+    "hidden_size": 896, "intermediate_size": 4864, "max_position_embeddings": 32768,
+    "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "use_sliding_window": False, "vocab_size": 151936}
+
+
+@pytest.mark.parametrize("cfg, published", [(LLAMA31_8B, 8_030_261_248), (QWEN25_05B, 494_032_768)])
+def test_real_config_json_builds_the_published_model(cfg, published):
+    assert _params(zoo.build(cfg)) == published
