@@ -1,7 +1,8 @@
-"""HF config.json fields that change a Llama-style decoder's architecture, read as HF
-transformers' modeling code reads them: Llama's mlp_bias, attention_bias only where HF's attention
-reads it, and a null head_dim or num_key_value_heads as the key left out. Parameters are counted
-per weight by hand; real config.json contents are checked against their published counts."""
+"""HF config.json fields that change a model's architecture, read as HF transformers' modeling
+code reads them: Llama's mlp_bias, attention_bias only where HF's attention reads it, a null
+head_dim or num_key_value_heads as the key left out, OPT's enable_bias and
+layer_norm_elementwise_affine, BERT's tie_word_embeddings. Parameters are counted per weight by
+hand; real config.json contents are checked against their published counts."""
 import pytest
 
 from kit.workload import zoo
@@ -60,6 +61,35 @@ def test_a_null_head_dim_or_kv_heads_is_the_key_left_out(family):
     shapes = lambda cfg: [(n.aten, n.op) for n in zoo.graph_for(  # noqa: E731
         cfg, batch=1, seq=16, mode="decode", disk=False) if n.op_class == "attention"]
     assert shapes({**c, "num_key_value_heads": None, "head_dim": None}) == shapes(mha)
+
+
+OPT = {"model_type": "opt", "hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "vocab_size": 50, "max_position_embeddings": 64}
+
+
+def test_opt_enable_bias_and_norm_affine():
+    """HF OPT: enable_bias false drops q, k, v, out, fc1 and fc2's biases; layer_norm_elementwise_
+    affine false the weight and bias of every LayerNorm (two a layer and the final one)."""
+    d, ff, layers = OPT["hidden_size"], OPT["ffn_dim"], OPT["num_hidden_layers"]
+    base = _params(zoo.build(OPT))
+    assert _params(zoo.build({**OPT, "enable_bias": False})) == base - layers * (4 * d + ff + d)
+    norms = 2 * layers + 1
+    assert _params(zoo.build({**OPT, "layer_norm_elementwise_affine": False})) == base - norms * 2 * d
+    g = zoo.graph_for({**OPT, "enable_bias": False, "layer_norm_elementwise_affine": False}, batch=2,
+                      seq=8, mode="train", disk=False)
+    proj = [n for n in g if n.op_class == "gemm" and n.phase == "fwd" and n.module.startswith("layers.")]
+    assert proj and not any(n.aten.startswith("aten.addmm") for n in proj)
+
+
+def test_bert_untied_head_has_its_own_weight():
+    """tie_word_embeddings false (as GPTSpec.tied reads it for BERT): the MLM decoder's weight is
+    a vocab x hidden matrix of its own, not the word embedding."""
+    c = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+         "intermediate_size": 64, "vocab_size": 50}
+    tied, untied = zoo.build(c), zoo.build({**c, "tie_word_embeddings": False})
+    assert tied.decoder.weight is tied.word_embeddings.weight
+    assert untied.decoder.weight is not untied.word_embeddings.weight
+    assert _params(untied) == _params(tied) + c["vocab_size"] * c["hidden_size"]
 
 
 # config.json of meta-llama/Llama-3.1-8B and Qwen/Qwen2.5-0.5B as published on the Hub (the fields

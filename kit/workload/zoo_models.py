@@ -196,7 +196,8 @@ class BertForPreTraining(nn.Module):
         self.transform, self.transform_ln = nn.Linear(d, d), nn.LayerNorm(d, eps=eps)
         self.act = act_of(c, "hidden_act", "gelu")
         self.decoder = nn.Linear(d, c["vocab_size"])
-        self.decoder.weight = self.word_embeddings.weight  # tied
+        if c.get("tie_word_embeddings", True):  # HF's default (and GPTSpec.tied's); false: its own
+            self.decoder.weight = self.word_embeddings.weight
         self.seq_relationship = nn.Linear(d, 2)
 
     def forward(self, input_ids):
@@ -218,15 +219,24 @@ class BertForPreTraining(nn.Module):
 
 
 # -- OPT ----------------------------------------------------------------------------------------
+def _affine(c) -> bool:
+    return bool(c.get("layer_norm_elementwise_affine", True))
+
+
 class OPTLayer(nn.Module):
     def __init__(self, c):
         super().__init__()
         d = c["hidden_size"]
         self.heads, self.head_dim = c["num_attention_heads"], d // c["num_attention_heads"]
         self.scaling = self.head_dim ** -0.5
-        self.self_attn_layer_norm, self.final_layer_norm = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d, d) for _ in range(4))
-        self.fc1, self.fc2 = nn.Linear(d, c["ffn_dim"]), nn.Linear(c["ffn_dim"], d)
+        # HF's OPTConfig: enable_bias (the six projections' biases) and
+        # layer_norm_elementwise_affine (the norms' weight and bias), both true by default
+        bias, affine = bool(c.get("enable_bias", True)), _affine(c)
+        self.self_attn_layer_norm = nn.LayerNorm(d, elementwise_affine=affine)
+        self.final_layer_norm = nn.LayerNorm(d, elementwise_affine=affine)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d, d, bias=bias)
+                                                                for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(d, c["ffn_dim"], bias=bias), nn.Linear(c["ffn_dim"], d, bias=bias)
         self.act = act_of(c, "activation_function", "relu")
         self.dropout, self.attn_dropout = c.get("dropout", 0.1), c.get("attention_dropout", 0.0)
         self.pre_norm = c.get("do_layer_norm_before", True)  # False: OPT-350m's post-norm layers
@@ -273,7 +283,8 @@ class OPTForCausalLM(nn.Module):
         self.embed_positions = nn.Embedding(c.get("max_position_embeddings", 2048) + 2, d)
         self.layers = nn.ModuleList(OPTLayer(c) for _ in range(c["num_hidden_layers"]))
         # post-norm layers (do_layer_norm_before false) end in their own norm: HF has no final one
-        self.final_layer_norm = nn.LayerNorm(d) if c.get("do_layer_norm_before", True) else None
+        self.final_layer_norm = (nn.LayerNorm(d, elementwise_affine=_affine(c))
+                                 if c.get("do_layer_norm_before", True) else None)
         self.lm_head = nn.Linear(proj, c["vocab_size"], bias=False)
         if c.get("tie_word_embeddings", True):  # HF's default for OPT (and GPTSpec.tied's)
             self.lm_head.weight = self.embed_tokens.weight
