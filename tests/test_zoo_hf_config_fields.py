@@ -5,6 +5,8 @@ layer_norm_elementwise_affine, BERT's tie_word_embeddings. Parameters are counte
 hand; real config.json contents are checked against their published counts."""
 import pytest
 
+from kit.errors import KitError
+
 from kit.workload import zoo
 
 
@@ -117,3 +119,31 @@ QWEN25_05B = {
 @pytest.mark.parametrize("cfg, published", [(LLAMA31_8B, 8_030_261_248), (QWEN25_05B, 494_032_768)])
 def test_real_config_json_builds_the_published_model(cfg, published):
     assert _params(zoo.build(cfg)) == published
+
+
+PHI3 = {"model_type": "phi3", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 1, "intermediate_size": 96, "vocab_size": 50}
+
+
+def _attn_ops(cfg, aten):
+    g = zoo.graph_for(cfg, batch=2, seq=8, mode="inference", disk=False)
+    return [n.shapes for n in g if n.aten.startswith(aten) and n.module.endswith("self_attn")]
+
+
+def test_phi3_turns_its_rotary_share_of_a_head_and_passes_the_rest():
+    """HF's Phi-3 turns head_dim x partial_rotary_factor dimensions of q and k (Phi-4-mini: 96
+    of 128) and cats the rest back on, also with the factor at 1 (an empty rest); the zoo had
+    turned the whole head. Its q, k, v are three slices of the fused projection."""
+    full, part = _attn_ops(PHI3, "aten.cat"), _attn_ops({**PHI3, "partial_rotary_factor": 0.75}, "aten.cat")
+    # per q and k: rotate_half's cat of two halves, then the turned part joined to the rest
+    assert sorted(full) == sorted(["[2,4,8,8]x[2,4,8,8]", "[2,4,8,16]x[2,4,8,0]",
+                                   "[2,2,8,8]x[2,2,8,8]", "[2,2,8,16]x[2,2,8,0]"])
+    assert sorted(part) == sorted(["[2,4,8,6]x[2,4,8,6]", "[2,4,8,12]x[2,4,8,4]",
+                                   "[2,2,8,6]x[2,2,8,6]", "[2,2,8,12]x[2,2,8,4]"])
+    turned = [s for s in _attn_ops({**PHI3, "partial_rotary_factor": 0.75}, "aten.mul") if "x[1,1,8," in s]
+    assert len(turned) == 4 and all(s.endswith(",12]") for s in turned)  # q, k by cos and sin
+    # HF 5 keeps the factor in rope_parameters
+    assert _attn_ops({**PHI3, "rope_parameters": {"partial_rotary_factor": 0.75}}, "aten.cat") == part
+    assert _attn_ops(PHI3, "aten.split") == [] and len(_attn_ops(PHI3, "aten.slice")) >= 3
+    with pytest.raises(KitError, match="turns 5 of a head's 16 dimensions"):
+        zoo.build({**PHI3, "partial_rotary_factor": 0.3125})

@@ -85,8 +85,9 @@ def _check_pools(cfg: dict) -> None:
 
 
 def _check_rotary(kind: str, cfg: dict) -> None:
-    """The rotary families' two checks: a head size that splits into the rotated pairs (an odd
-    head_dim 7 had failed inside the capture, blamed on the inputs), and a sliding window of
+    """The rotary families' checks: a head size that splits into the rotated pairs (an odd
+    head_dim 7 had failed inside the capture, blamed on the inputs), so does Phi-3's rotated
+    share of it (partial_rotary_factor), and a sliding window of
     whole tokens (null or 0: none; a window of -4 had been priced as a full-square mask)."""
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
     head = cfg.get("head_dim")
@@ -96,6 +97,15 @@ def _check_rotary(kind: str, cfg: dict) -> None:
         raise KitError(f"{kind} config cannot build a model: a head of {head} (head_dim, or "
                        "hidden_size / num_attention_heads) must be even, rotary embeddings turn "
                        "its dimensions in pairs")
+    factor = cfg.get("partial_rotary_factor")
+    if kind == "phi3" and factor is not None and isinstance(head, int):  # Phi-4-mini: 0.75 of 128
+        if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not 0 < factor <= 1:
+            raise KitError(f"{kind} config cannot build a model: partial_rotary_factor must be a "
+                           f"share of the head above 0 and at most 1, got {factor!r}")
+        if int(head * factor) % 2 or int(head * factor) < 2:
+            raise KitError(f"{kind} config cannot build a model: partial_rotary_factor {factor} turns "
+                           f"{int(head * factor)} of a head's {head} dimensions; rotary embeddings "
+                           "turn them in pairs, so that must be even")
     window = cfg.get("sliding_window")
     if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral)
                                or window < 0):

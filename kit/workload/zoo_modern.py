@@ -10,7 +10,9 @@ HF's modeling files write them (transformers/models/<family>):
 * gemma: a GeGLU MLP (gelu, tanh approximation), head_dim of its own (256 on Gemma-7B: 16 heads
   of 256 over a 3072 model), the embedding scaled by sqrt(hidden), RMSNorm scaling by (1 + w)
   in fp32, the LM head tied to the embedding;
-* phi3: the q, k, v projections fused into one qkv_proj, gate and up into one gate_up_proj;
+* phi3: the q, k, v projections fused into one qkv_proj (sliced apart), gate and up into one
+  gate_up_proj; RoPE on a head's first head_dim x partial_rotary_factor dimensions, the rest
+  passed and joined back by a cat;
 * gemma2: Gemma with a norm after attention and around the MLP (four a layer), attention logits
   soft-capped (tanh(w / 50) * 50), which SDPA cannot do, so HF runs it eagerly (matmul, scale,
   the cap, an additive causal mask, an fp32 softmax, matmul, with the KV heads repeated), and
@@ -114,6 +116,25 @@ def _rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _rotate_part(x, cos, sin):
+    """HF Phi-3's rotary: the first cos.shape[-1] dimensions turned, the rest passed, joined by a
+    cat (run for a full rotary too, an empty rest: Phi-3-mini). Phi-4-mini's
+    partial_rotary_factor 0.75 turns 96 of each head's 128."""
+    width = cos.shape[-1]
+    turned, rest = x[..., :width], x[..., width:]
+    return torch.cat([turned * cos + _rotate_half(turned) * sin, rest], dim=-1)
+
+
+def rotary_dim(c) -> int:
+    """The dimensions of a head that rotary embeddings turn: all but in Phi-3, whose HF model
+    turns head_dim x partial_rotary_factor (top-level in a config.json, or in HF 5's
+    rope_parameters)."""
+    if _family(c) != "phi3":
+        return head_dim_of(c)
+    factor = c.get("partial_rotary_factor") or (c.get("rope_parameters") or {}).get("partial_rotary_factor")
+    return int(head_dim_of(c) * (factor or 1.0))
+
+
 def _rotate_halves(x, cos, sin):
     """GPT-OSS's rotary: the two halves of x turned by half-width tables, then joined."""
     first, second = torch.chunk(x, 2, dim=-1)
@@ -141,7 +162,7 @@ class LlamaAttention(nn.Module):
         # Mixtral, Qwen2(-MoE) and Phi-3 fix theirs (none; q, k, v for Qwen2) and ignore the key
         every = family not in FIXED_BIASES and bool(c.get("attention_bias", family == "gpt_oss"))
         qkv_bias = every or family in ("qwen2", "qwen2_moe")
-        self.fused = family == "phi3"
+        self.fused = self.partial = family == "phi3"
         if self.fused:
             self.qkv_proj = nn.Linear(d, q + 2 * kv, bias=qkv_bias)
         else:
@@ -184,8 +205,11 @@ class LlamaAttention(nn.Module):
     def forward(self, h, cos, sin, cache=None, cache_pos=None, mask=None):
         b, s, _ = h.shape
         if self.fused:
-            q, k, v = self.qkv_proj(h).split([self.heads * self.head_dim,
-                                              *(2 * [self.kv_heads * self.head_dim])], dim=-1)
+            # three slices, as HF's Phi3Attention takes them (a split's backward is one cat, the
+            # slices' three slice_backward fills and their sum)
+            qkv, q_end = self.qkv_proj(h), self.heads * self.head_dim
+            k_end = q_end + self.kv_heads * self.head_dim
+            q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
         else:
             q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
         q = q.view(b, s, self.heads, self.head_dim)
@@ -196,6 +220,8 @@ class LlamaAttention(nn.Module):
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.sinks is not None:  # GPT-OSS
             q, k = _rotate_halves(q, cos, sin), _rotate_halves(k, cos, sin)
+        elif self.partial:  # Phi-3: a head's first rotary_dim dimensions, the rest passed
+            q, k = _rotate_part(q, cos, sin), _rotate_part(k, cos, sin)
         else:
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         if cache is not None:  # one new token attends to every cached one: no causal mask
@@ -372,7 +398,7 @@ class LlamaForCausalLM(nn.Module):
             self._keep_in_fp32_modules = ["post_attention_layernorm", "input_layernorm", "norm"]
         self.final_softcap = (c.get("final_logit_softcapping", 30.0) if _family(c) == "gemma2"
                               else c.get("final_logit_softcapping"))
-        self.register_buffer("inv_freq", torch.empty(self.head_dim // 2), persistent=False)
+        self.register_buffer("inv_freq", torch.empty(rotary_dim(c) // 2), persistent=False)
         self.windows = sliding_windows(c)
 
     def forward(self, input_ids, kv_cache=None):
