@@ -147,3 +147,20 @@ def test_phi3_turns_its_rotary_share_of_a_head_and_passes_the_rest():
     assert _attn_ops(PHI3, "aten.split") == [] and len(_attn_ops(PHI3, "aten.slice")) >= 3
     with pytest.raises(KitError, match="turns 5 of a head's 16 dimensions"):
         zoo.build({**PHI3, "partial_rotary_factor": 0.3125})
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_a_decode_step_over_a_full_sliding_window_is_masked_as_hf_runs_it(cache):
+    """HF 5.25 skips the mask of a sliding layer only while its keys are fewer than the window;
+    over a full window SDPA gets a boolean mask (so no flash kernel), the query heads of a KV head
+    packed into its rows (pack_gqa). The zoo had run it unmasked at every context, over K and V
+    spread to every query head."""
+    mistral = {**_tiny("mistral"), "num_hidden_layers": 1, "sliding_window": 8}
+    attn = lambda context: [(n.aten, n.shapes) for n in zoo.graph_for(  # noqa: E731
+        mistral, batch=2, seq=context, mode="decode", kv_cache=cache, disk=False)
+        if n.op_class == "attention"]
+    # head 8, 4 query heads over 2 KV heads: packed as 2 rows of each KV head, 8 keys, one mask
+    assert attn(16) == [("aten._scaled_dot_product_efficient_attention.default",
+                         "[2,2,2,8]x[2,2,8,8]x[2,2,8,8]x[2,1,1,8]")]
+    early = attn(4)  # 5 keys: fewer than the window, unmasked and unpacked as before
+    assert len(early) == 1 and early[0][1].count("x") == 2 and early[0][1].startswith("[2,4,1,8]")

@@ -228,6 +228,12 @@ class LlamaAttention(nn.Module):
             k, v = cache_update(cache, k, v, cache_pos)
         if self.eager:
             a = self._eager(q, k, v, mask)
+        elif mask is not None and cache is not None and s == 1 and self.kv_heads != self.heads:
+            # a decode step over a full window, masked: HF's sdpa_attention_forward packs the
+            # query heads of a KV head into its rows (pack_gqa) instead of SDPA's enable_gqa
+            rows = q.reshape(b, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
+            a = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=self.scaling)
+            a = a.reshape(b, self.heads, s, self.head_dim)
         elif mask is not None:  # a sliding window's boolean mask: the full square, no causal skip
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
                                                enable_gqa=self.kv_heads != self.heads)
@@ -418,12 +424,26 @@ class LlamaForCausalLM(nn.Module):
                 h = layer(h, cos, sin, mask=window if w and s >= w and not self.eager else mask)
         else:
             cache_pos = torch.arange(past, past + s, device=h.device)
+            masks = {}  # keys attended: the sliding layers' one mask (HF builds one a forward)
             for i, layer in enumerate(self.layers):
-                h = layer(h, cos, sin, kv_cache[i], cache_pos)
+                keys = self._window_keys(kv_cache[i], self.windows[i], s)
+                if keys and keys not in masks:
+                    masks[keys] = torch.ones(b, 1, s, keys, dtype=torch.bool, device=h.device)
+                h = layer(h, cos, sin, kv_cache[i], cache_pos, masks.get(keys))
         logits = self.lm_head(self.norm(h))
         if self.final_softcap:  # Gemma 2: tanh(logits / cap) * cap
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
+
+    def _window_keys(self, cache, window: int, s: int) -> int:
+        """The keys a decode step's sliding layer attends once its window is full (0: not full,
+        or no window; eager attention masks nothing in decode). HF 5.25 (masking_utils
+        _ignore_causal_mask_sdpa) skips the mask only while the keys are fewer than the window;
+        from then on SDPA gets a boolean mask, and with it no flash kernel."""
+        if not window or self.eager:
+            return 0
+        keys = cache.keys.size(2) + (s if cache.kind == "dynamic" else 0)
+        return keys if keys >= window else 0
 
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
