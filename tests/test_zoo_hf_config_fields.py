@@ -164,3 +164,23 @@ def test_a_decode_step_over_a_full_sliding_window_is_masked_as_hf_runs_it(cache)
                          "[2,2,2,8]x[2,2,8,8]x[2,2,8,8]x[2,1,1,8]")]
     early = attn(4)  # 5 keys: fewer than the window, unmasked and unpacked as before
     assert len(early) == 1 and early[0][1].count("x") == 2 and early[0][1].startswith("[2,4,1,8]")
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+def test_an_eager_decode_step_adds_its_mask_in_every_layer(family):
+    """HF's eager attention (Gemma 2's soft cap, GPT-OSS's sinks) takes masking_utils' eager_mask,
+    which never skips: a decode step builds one float mask for each kind of layer (full, sliding:
+    one where each) and every layer adds it to its scores. The zoo had added none."""
+    c = _tiny(family, head_dim=8, sliding_window=8, **({"layer_types": [
+        "sliding_attention", "full_attention"]} if family == "gpt_oss" else {}))
+    g = zoo.graph_for(c, batch=2, seq=16, mode="decode", kv_cache="dynamic", disk=False)
+    keys = {}  # per layer the keys its scores span (the scores GEMM's last dim): 8 sliding, 17 full
+    for n in g:
+        if n.aten == "aten.bmm.default" and n.module.endswith("self_attn"):
+            keys.setdefault(n.module, int(n.shapes.split(",")[-1].rstrip("]")))
+    assert sorted(keys.values()) == [8, 17]
+    for module, k in keys.items():  # the mask, one row of keys a sequence, added to the scores
+        assert [n.shapes for n in g if n.module == module and n.aten == "aten.add.Tensor"
+                and n.shapes.endswith(f"x[2,1,1,{k}]")] == [f"[2,4,1,{k}]x[2,1,1,{k}]"]
+    wheres = sorted(n.shapes for n in g if n.aten == "aten.where.self")
+    assert wheres == ["[2,1,1,17]x[]x[]", "[2,1,1,8]x[]x[]"]  # one a kind of layer

@@ -424,26 +424,35 @@ class LlamaForCausalLM(nn.Module):
                 h = layer(h, cos, sin, mask=window if w and s >= w and not self.eager else mask)
         else:
             cache_pos = torch.arange(past, past + s, device=h.device)
-            masks = {}  # keys attended: the sliding layers' one mask (HF builds one a forward)
+            masks = {}  # HF builds one mask a forward for each kind of layer (full, sliding)
             for i, layer in enumerate(self.layers):
-                keys = self._window_keys(kv_cache[i], self.windows[i], s)
-                if keys and keys not in masks:
-                    masks[keys] = torch.ones(b, 1, s, keys, dtype=torch.bool, device=h.device)
-                h = layer(h, cos, sin, kv_cache[i], cache_pos, masks.get(keys))
+                h = layer(h, cos, sin, kv_cache[i], cache_pos,
+                          self._decode_mask(masks, kv_cache[i], self.windows[i], h))
         logits = self.lm_head(self.norm(h))
         if self.final_softcap:  # Gemma 2: tanh(logits / cap) * cap
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
 
-    def _window_keys(self, cache, window: int, s: int) -> int:
-        """The keys a decode step's sliding layer attends once its window is full (0: not full,
-        or no window; eager attention masks nothing in decode). HF 5.25 (masking_utils
-        _ignore_causal_mask_sdpa) skips the mask only while the keys are fewer than the window;
-        from then on SDPA gets a boolean mask, and with it no flash kernel."""
-        if not window or self.eager:
-            return 0
+    def _decode_mask(self, masks: dict, cache, window: int, h):
+        """A decode step's mask for one layer (None: none), built once a forward for each kind
+        of layer, as HF 5.25's masking_utils builds it. SDPA: skipped (_ignore_causal_mask_sdpa)
+        except on a sliding layer whose keys reach its window, which gets a boolean mask, and
+        with it no flash kernel. Eager (Gemma 2, GPT-OSS): eager_mask never skips, so every layer
+        adds a float mask of 0 / dtype min (the where that converts it, once a kind) to its
+        scores; the zoo had added none (tiny gemma2, 16 cached: HF's add over [2,4,1,8] and
+        [2,4,1,17] in every layer)."""
+        b, s = h.shape[:2]
         keys = cache.keys.size(2) + (s if cache.kind == "dynamic" else 0)
-        return keys if keys >= window else 0
+        if not self.eager and not (window and keys >= window):
+            return None
+        kind = (bool(window), keys)
+        if kind not in masks:
+            mask = torch.ones(b, 1, s, keys, dtype=torch.bool, device=h.device)
+            if self.eager:
+                mask = torch.where(mask, torch.zeros((), dtype=h.dtype, device=h.device),
+                                   torch.finfo(h.dtype).min)
+            masks[kind] = mask
+        return masks[kind]
 
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
