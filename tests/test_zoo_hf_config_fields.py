@@ -49,6 +49,10 @@ def test_attention_bias_only_where_hf_attention_reads_it():
         assert _params(zoo.build({**c, "attention_bias": True})) == _params(zoo.build(c)), family
     moe = _tiny("mixtral", num_local_experts=2, num_experts_per_tok=1)
     assert _params(zoo.build({**moe, "attention_bias": True})) == _params(zoo.build(moe))
+    # Qwen2-MoE's q, k and v take qkv_bias (HF Qwen2MoeAttention), true when left out
+    qmoe = _tiny("qwen2_moe", num_experts=2, num_experts_per_tok=1, head_dim=hd)
+    assert (_params(zoo.build({**qmoe, "qkv_bias": False})) == _params(zoo.build(qmoe)) - 2 * (added - d)
+            == _params(zoo.build({**qmoe, "qkv_bias": False, "attention_bias": True})))
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "phi3"])

@@ -159,9 +159,12 @@ class LlamaAttention(nn.Module):
         self.kv_heads, self.head_dim = kv_heads_of(c), head_dim_of(c)
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         # biases on all four projections, where HF's attention reads attention_bias; Mistral,
-        # Mixtral, Qwen2(-MoE) and Phi-3 fix theirs (none; q, k, v for Qwen2) and ignore the key
+        # Mixtral, Qwen2(-MoE) and Phi-3 ignore the key (none; q, k, v for the Qwens)
         every = family not in FIXED_BIASES and bool(c.get("attention_bias", family == "gpt_oss"))
-        qkv_bias = every or family in ("qwen2", "qwen2_moe")
+        # Qwen2's q, k and v always have biases; Qwen2-MoE's take its own key, qkv_bias (HF
+        # Qwen2MoeAttention: bias=config.qkv_bias, true by default)
+        qkv_bias = every or family == "qwen2" or (family == "qwen2_moe"
+                                                  and bool(c.get("qkv_bias", True)))
         self.fused = self.partial = family == "phi3"
         if self.fused:
             self.qkv_proj = nn.Linear(d, q + 2 * kv, bias=qkv_bias)
