@@ -89,13 +89,14 @@ def test_opt_enable_bias_and_norm_affine():
 
 def test_bert_untied_head_has_its_own_weight():
     """tie_word_embeddings false (as GPTSpec.tied reads it for BERT): the MLM decoder's weight is
-    a vocab x hidden matrix of its own, not the word embedding."""
+    a vocab x hidden matrix of its own, not the word embedding, and HF 5's BertLMPredictionHead
+    keeps its bias beside the decoder's (tied to it only with the embedding): one vocab more."""
     c = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
          "intermediate_size": 64, "vocab_size": 50}
     tied, untied = zoo.build(c), zoo.build({**c, "tie_word_embeddings": False})
     assert tied.decoder.weight is tied.word_embeddings.weight
     assert untied.decoder.weight is not untied.word_embeddings.weight
-    assert _params(untied) == _params(tied) + c["vocab_size"] * c["hidden_size"]
+    assert _params(untied) == _params(tied) + c["vocab_size"] * (c["hidden_size"] + 1)
 
 
 # config.json of meta-llama/Llama-3.1-8B and Qwen/Qwen2.5-0.5B as published on the Hub (the fields

@@ -198,6 +198,9 @@ class BertForPreTraining(nn.Module):
         self.decoder = nn.Linear(d, c["vocab_size"])
         if c.get("tie_word_embeddings", True):  # HF's default (and GPTSpec.tied's); false: its own
             self.decoder.weight = self.word_embeddings.weight
+        else:  # HF 5 ties cls.predictions.bias to the decoder's bias only with the embedding:
+            # untied, BertLMPredictionHead keeps both (the forward reads the decoder's alone)
+            self.predictions_bias = nn.Parameter(torch.empty(c["vocab_size"]))
         self.seq_relationship = nn.Linear(d, 2)
 
     def forward(self, input_ids):
