@@ -123,3 +123,21 @@ def test_prediction_runs_on_one_openblas_thread_and_restores_the_callers(cache, 
         assert blas[0]() == 2
     finally:
         blas[1](before)
+
+
+@pytest.mark.parametrize("name", ["rnn.py", "mapping.py", "ops.py"])
+def test_the_capture_stamp_follows_each_modules_contents(monkeypatch, name):
+    """The zoo's disk cache key changes when any capture module's text does, whatever its mtime:
+    it had been the whole-second mtimes of a named list, so two checkouts written in the same
+    second shared their cached graphs, and rnn.py (which prices a recurrent node) was left out."""
+    from pathlib import Path
+
+    before = zoo._code_stamp()
+    real = Path.read_bytes
+
+    def edited(self):
+        data = real(self)
+        return data + b"\n# edited\n" if self.name == name else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    assert zoo._code_stamp() != before
