@@ -140,4 +140,18 @@ def test_the_capture_stamp_follows_each_modules_contents(monkeypatch, name):
         return data + b"\n# edited\n" if self.name == name else data
 
     monkeypatch.setattr(Path, "read_bytes", edited)
+    monkeypatch.setattr(zoo, "_STAMPS", {})  # as after a change of the file's size or mtime
     assert zoo._code_stamp() != before
+
+
+def test_the_capture_stamp_is_hashed_again_only_when_a_file_changes(monkeypatch):
+    """A warm prediction asks for the stamp several times (a decode prediction 7): the contents
+    are hashed once while no file's size or mtime changes."""
+    from pathlib import Path
+
+    zoo._code_stamp()
+    reads = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or real(self))
+    first = zoo._code_stamp()
+    assert zoo._code_stamp() == first and not reads

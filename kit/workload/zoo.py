@@ -102,21 +102,37 @@ def _key(model, batch, seq, mode, dtype, optimizer) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
+_STAMPS: dict = {}  # _code_stamp's hashes, by the files' paths, sizes and mtimes (ns)
+
+
 def _code_stamp() -> str:
     """Changes whenever the capture code or the models change (invalidates disk caches): a hash
     of the contents of every module in kit/workload and of the op classes a graph pickles
-    (kit/ops.py, kit/op_counts.py). It had been the whole-second mtimes of a named list, so two
-    checkouts written in the same second shared a key and served each other's graphs (a
-    review's resnet50 came out at another commit's 4.170 ms for its own 4.306), and rnn.py,
-    which prices a captured recurrent node, was not on the list."""
+    (kit/ops.py, kit/op_counts.py), hashed again only when a file's size or mtime changes (a
+    hash is 2 ms and a warm decode prediction asks 7 times: 29 -> 44 ms). It had been the
+    whole-second mtimes of a named list, so two checkouts written in the same second shared a
+    key and served each other's graphs (a review's resnet50 came out at another commit's
+    4.170 ms kernels for its own 4.306), and rnn.py, which prices a captured recurrent node, was
+    not on the list."""
     here = Path(__file__).parent
-    h = hashlib.sha256()
-    for f in [*sorted(here.glob("*.py")), here.parent / "ops.py", here.parent / "op_counts.py"]:
+    files = [*sorted(here.glob("*.py")), here.parent / "ops.py", here.parent / "op_counts.py"]
+    sig = []
+    for f in files:
         try:
-            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+            st = f.stat()
+            sig.append((str(f), st.st_size, st.st_mtime_ns))
         except OSError:
-            h.update(f.name.encode() + b"\0missing\0")
-    return h.hexdigest()[:16]
+            sig.append((str(f), None, None))
+    sig = tuple(sig)
+    if sig not in _STAMPS:
+        h = hashlib.sha256()
+        for f in files:
+            try:
+                h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+            except OSError:
+                h.update(f.name.encode() + b"\0missing\0")
+        _STAMPS[sig] = h.hexdigest()[:16]
+    return _STAMPS[sig]
 
 
 def lm_loss(vocab: int):
