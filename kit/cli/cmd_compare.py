@@ -159,18 +159,16 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
             "unit": unit, "memory": mem, "rows": rows}
 
 
-def compare_generation(model, gpus, batch, prompt, new_tokens, dtype, fusion, predictor, prices,
+def compare_generation(model, chosen, batch, prompt, new_tokens, dtype, fusion, predictor, prices,
                        overhead, kv_cache="static") -> dict:
     """compare for mode generate: a row's step is the whole generation (kit.workload.generation),
-    its throughput the batch's new tokens over it, with TTFT and TPOT beside."""
+    its throughput the batch's new tokens over it, with TTFT and TPOT beside. chosen and prices
+    come as compare resolved and checked them (GPU objects, one per key; check_prices's)."""
     from kit.errors import KitError
-    from kit.hardware import get_gpu
     from kit.workload.generation import generation
     from kit.workload.models import max_batch
 
-    chosen = list({get_gpu(name).key: get_gpu(name) for name in gpus}.values())  # aliases: one row
     asked, dtype = dtype, "fp32" if dtype == "model" else dtype  # a zoo decoder or config: fp32
-    prices = check_prices(prices, chosen)
     if all(g.peak_tflops(dtype) is None for g in chosen):
         raise KitError(f"none of {', '.join(g.key for g in chosen)} supports {dtype}: "
                        + "; ".join(no_dtype(g, dtype) for g in chosen))

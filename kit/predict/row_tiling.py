@@ -125,11 +125,7 @@ def _shapes(dtype: str, tm: int, tn: int, vocab) -> list[TileShape]:
     out = [TileShape(tm, tn, v[2], v[3]) for v in vocab if (v[1], v[0]) == (tm, tn)]
     out += [s for s in (*own, *other) if (s.tm, s.tn) == (tm, tn)]
     out += [TileShape(tm, tn, 8, threads) for threads in (256, 128, 64)]
-    seen = []
-    for s in out:
-        if s not in seen:
-            seen.append(s)
-    return seen
+    return list(dict.fromkeys(out))  # each once, in order
 
 
 def _twins(op, gpu: GPU):
