@@ -152,12 +152,27 @@ def simulate(graph: ExecGraph) -> SimResult:
             if rank_of[j] != rank_of[i]:
                 raise KitError(f"op {g.label[i]!r} (rank {rank_of[i]}) depends on op {j} of rank "
                                f"{rank_of[j]}: cross-rank order must go through a collective")
+    # the dep a held queue's op waits on: woken, the queue skips the deps before it and, while
+    # the op still waits, moves on to the next undone one. Rescanned from the first on every
+    # wake, a host sync on 8,000 ops that end one by one took 3.5 s (D^2 / 2 checks)
+    held = [0] * len(queues)
     heap = [(0.0, q) for q in range(len(queues))]
     while heap:
         _, q = heapq.heappop(heap)
         ops = queues[q]
         k = ptr[q]
         m = len(ops)
+        x = held[q]
+        if x:
+            ds = deps[ops[k]]
+            n_ds = len(ds)
+            while x < n_ds and done[ds[x]]:
+                x += 1
+            if x < n_ds:  # still held: the ends are read in the one full scan below
+                held[q] = x
+                waiters.setdefault(ds[x], []).append(q)
+                continue
+            held[q] = 0
         while k < m:
             i = ops[k]
             p = prev[i]
@@ -166,6 +181,7 @@ def simulate(graph: ExecGraph) -> SimResult:
             for j in deps[i]:
                 if not done[j]:
                     waiters.setdefault(j, []).append(q)
+                    held[q] = deps[i].index(j)  # the first undone one
                     blocked = True
                     break
                 e = end[j]
