@@ -173,7 +173,13 @@ class ExecGraph:
     def sync(self, rank: int, on, dur_ms: float = 0.0, label: str = "sync", thread: str = "cpu",
              tag=None) -> int:
         """Host sync: the CPU thread blocks until the ops in `on` end, then spends dur_ms."""
-        on = tuple(int(o) for o in on if o is not None and o >= 0)
+        try:  # None and negative ids (tail() of an empty resource) drop out; _checked refuses
+            # the rest that are not op ids: int() had read 1.5 and True as op 1
+            on = tuple(o for o in on if o is not None and not (
+                isinstance(o, numbers.Integral) and not isinstance(o, bool) and o < 0))
+        except TypeError:
+            raise KitError(f"sync {label!r} on rank {rank}: `on` must be a sequence of op ids, "
+                           f"got {on!r}") from None
         return self._add(rank, thread, "sync", label, dur_ms, on, None, tag)
 
     def tail(self, rank: int, resource: str) -> int:
@@ -187,9 +193,10 @@ class ExecGraph:
         return self.sync(rank, tails, dur_ms, label, thread)
 
     def set_duration(self, op: int, dur_ms: float) -> None:
-        if not 0 <= float(dur_ms) < math.inf:
-            raise KitError(f"op {op}: duration must be a finite number >= 0 ms, got {dur_ms!r}")
-        self.dur_ms[op] = float(dur_ms)
+        # an op id of this graph: -1 had set the last op's, 99 of 4 an IndexError
+        if isinstance(op, bool) or not isinstance(op, numbers.Integral) or not 0 <= op < len(self):
+            raise KitError(f"set_duration: {op!r} is not an op of this graph ({len(self)} ops)")
+        self.dur_ms[op], _ = self._checked(self.rank[op], self.label[op], dur_ms, (), 0)
 
     def copy(self) -> "ExecGraph":
         g = ExecGraph(self.name)
