@@ -116,3 +116,26 @@ def test_a_deadlock_names_every_rank_that_did_not_arrive_past_four_places():
     assert "ranks 1-5 did not" in msg
     held = msg[msg.index("did not (") + len("did not ("):msg.index("; check")]
     assert [part.split(":")[0] for part in held[:-1].split("; ")] == [f"rank {r}" for r in range(1, 6)]
+
+
+@pytest.mark.parametrize("follow_ranks", [False, True])
+def test_a_member_held_up_by_its_own_ranks_other_stream_is_not_a_wait(follow_ranks):
+    # rank 0 joins "x" from two streams, after 1 ms on one and 3 ms on the other; rank 1 after
+    # 2 ms. The group starts at 3 ms, when rank 0's own 3 ms kernel ends: its path is that kernel
+    # and the 1 ms all-reduce, not 1 ms compute + 2 ms "wait for rank 0"
+    fast_ms, slow_ms, other_ms, ar_ms = 1.0, 3.0, 2.0, 1.0
+    g = ExecGraph()
+    fast = g.gpu(0, "compute", fast_ms, "fast")
+    slow = g.gpu(0, "side", slow_ms, "slow")
+    other = g.gpu(1, "compute", other_ms, "rank 1")
+    g.collective(0, "comm", ar_ms, "ar", group="x", deps=(fast,))
+    g.collective(0, "comm 2", ar_ms, "ar", group="x", deps=(slow,))
+    g.collective(1, "comm", ar_ms, "ar", group="x", deps=(other,))
+    res = simulate(g)
+    end_ms = max(fast_ms, slow_ms, other_ms) + ar_ms
+    assert res.makespan_ms == pytest.approx(end_ms)
+    b = res.breakdown(0, follow_ranks=follow_ranks)
+    assert b["wait"] == 0
+    assert b["compute"] == pytest.approx(slow_ms) and b["communication"] == pytest.approx(ar_ms)
+    assert b["total_ms"] == pytest.approx(end_ms)
+    assert "slow" in list(res.critical_path(0, follow_ranks=follow_ranks).name)

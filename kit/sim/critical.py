@@ -100,7 +100,10 @@ def path_segments(res, rank: int | None = None, follow_ranks: bool = False) -> l
             continue
         if g.group[cur] is not None and s > t + _EPS:
             last = _peer_that_arrived_last(res, cur)
-            if follow_ranks and last >= 0 and g.rank[last] != g.rank[cur]:
+            # a member on the rank's own other stream that arrived last held it up with the rank's
+            # own work, followed either way: read as a wait, a 3 ms kernel beside a 1 ms one had
+            # been 1 ms compute + 2 ms "wait for rank 0" on rank 0's path
+            if last >= 0 and last != cur and (follow_ranks or g.rank[last] == g.rank[cur]):
                 best, t = _binding(res, last)
                 if s > t + _EPS:  # defensive: the last arriver should have been ready at s
                     segs.append((g.rank[last], g.resource[last], g.label[last], "wait", t, s, last))
