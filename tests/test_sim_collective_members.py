@@ -139,3 +139,26 @@ def test_a_member_held_up_by_its_own_ranks_other_stream_is_not_a_wait(follow_ran
     assert b["compute"] == pytest.approx(slow_ms) and b["communication"] == pytest.approx(ar_ms)
     assert b["total_ms"] == pytest.approx(end_ms)
     assert "slow" in list(res.critical_path(0, follow_ranks=follow_ranks).name)
+
+
+@pytest.mark.parametrize("issued", [("fast", "slow"), ("slow", "fast")])
+def test_a_wait_for_another_rank_starts_when_the_rank_itself_was_ready(issued):
+    # rank 0 joins "x" from a 1 ms and a 2 ms stream, rank 1 after 3 ms: rank 0 was ready at
+    # 2 ms and waited 1 ms, whichever member it issued first (it had read 2 ms of wait from the
+    # 1 ms stream's member when that one came first)
+    ms = {"fast": 1.0, "slow": 2.0}
+    other_ms, ar_ms = 3.0, 1.0
+    g = ExecGraph()
+    kernels = {name: g.gpu(0, f"stream {name}", ms[name], name) for name in ms}
+    rank1 = g.gpu(1, "compute", other_ms, "rank 1")
+    for k, name in enumerate(issued):
+        g.collective(0, f"comm {k}", ar_ms, "ar", group="x", deps=(kernels[name],))
+    g.collective(1, "comm", ar_ms, "ar", group="x", deps=(rank1,))
+    res = simulate(g)
+    b = res.breakdown(0)
+    assert b["wait"] == pytest.approx(other_ms - max(ms.values()))
+    assert b["compute"] == pytest.approx(max(ms.values()))
+    assert b["total_ms"] == pytest.approx(res.makespan_ms) == pytest.approx(other_ms + ar_ms)
+    path = res.critical_path(0)
+    assert "slow" in list(path.name) and "fast" not in list(path.name)
+    assert list(path[path.cause == "wait"].name) == ["wait for rank 1"]

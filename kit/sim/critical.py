@@ -43,7 +43,8 @@ def _binding(res, i):
     return best, float(t)
 
 
-def _peer_that_arrived_last(res, i):
+def _peer_that_arrived_last(res, i, rank: int | None = None):
+    """The member of op i's group (on `rank` only, if given) that was ready last (-1: op i is no collective)."""
     g = res.graph
     key = g.group[i]
     if key is None:
@@ -58,7 +59,8 @@ def _peer_that_arrived_last(res, i):
             if k is not None:
                 index.setdefault(k, []).append(j)
         res._group_index = index
-    return max(index[key], key=lambda j: res.ready_ms.get(j, 0.0))
+    members = index[key] if rank is None else [j for j in index[key] if g.rank[j] == rank]
+    return max(members, key=lambda j: res.ready_ms.get(j, 0.0))
 
 
 COLUMNS = ["rank", "stream", "name", "cause", "start_ms", "end_ms", "op"]
@@ -109,6 +111,14 @@ def path_segments(res, rank: int | None = None, follow_ranks: bool = False) -> l
                     segs.append((g.rank[last], g.resource[last], g.label[last], "wait", t, s, last))
             else:
                 who = g.rank[last] if last >= 0 else -1
+                if last >= 0:
+                    # the wait starts when the rank was ready: its own member that arrived last,
+                    # whose chain the walk follows (from cur's own, a 1 ms and a 2 ms stream
+                    # joining a rank that came at 3 ms had been 1 ms compute + 2 ms wait, or
+                    # 2 + 1 with the members issued the other way round)
+                    own = _peer_that_arrived_last(res, cur, g.rank[cur])
+                    if own != cur:
+                        best, t = _binding(res, own)
                 segs.append((g.rank[cur], g.resource[cur], f"wait for rank {who}", "wait", t, s, cur))
         elif best < 0 and s > _EPS:
             segs.append((g.rank[cur], g.resource[cur], "idle", "idle", 0.0, s, cur))
