@@ -69,7 +69,7 @@ def test_senders_must_be_a_positive_count(bad):
 def test_a_fitted_lone_send_still_pays_its_nic_share():
     # a calibration measures nccl-tests' two-rank sendrecv: one send a node. Four concurrent
     # sends of a pcie8 node (one NIC for those four GPUs, node_nics) get 1/4 of that NIC, so
-    # each byte pays 3 more NIC-byte times than the fitted lone send
+    # each byte takes 4x the fitted lone send's wire time (less the ~1% of local HBM traffic)
     from kit.comm.calibration import Calibration
     from kit.comm.curves import BandwidthCurve
 
@@ -80,18 +80,18 @@ def test_a_fitted_lone_send_still_pays_its_nic_share():
     one = predict_collective("sendrecv", BIG, system, ranks=[0, 8], calibration=cal)
     four = predict_collective("sendrecv", BIG, system, ranks=[0, 8], calibration=cal, senders=4)
     assert one.source.startswith("calibration") and four.source.startswith("calibration")
-    nic_us_per_byte = 1.0 / (system.network.nic_bw_gbs * system.network.efficiency * 1e3)
-    assert (four.time_ms - one.time_ms) * 1e3 == pytest.approx(3 * BIG * nic_us_per_byte, rel=1e-6)
+    fitted_us_per_byte = 1.0 / (10.0 * 1e3)
+    assert (four.time_ms - one.time_ms) * 1e3 == pytest.approx(3 * BIG * fitted_us_per_byte, rel=0.015)
 
 
-def test_senders_apply_to_sendrecv_only():
-    # the plans of other kinds ignore senders: with a calibration it had added the gap between
-    # the best plan's cost per byte and the first plan's (a 16-rank all-reduce at 1 MiB on two
-    # pcie8 nodes: tree against ring, 0.2089 -> 0.2151 ms), without one it was silently dropped
+def test_senders_apply_to_every_kind_but_alltoall():
+    # concurrent groups share the NICs whatever they run (a stage's DP all-reduces); the
+    # all-to-all's plan does not take them, so it refuses them rather than dropping them
     system = get_system("pcie8", nodes=2)
-    assert predict_collective("allreduce", 2**20, system, senders=1).time_ms > 0
-    with pytest.raises(KitError, match="sendrecv only"):
-        predict_collective("allreduce", 2**20, system, senders=4)
+    assert predict_collective("allreduce", 2**30, system, ranks=[0, 8], senders=8).time_ms > \
+        3 * predict_collective("allreduce", 2**30, system, ranks=[0, 8]).time_ms
+    with pytest.raises(KitError, match="alltoall"):
+        predict_collective("alltoall", 2**20, system, senders=4)
 
 
 def test_a_fitted_shared_send_reports_the_time_it_predicts():

@@ -24,6 +24,13 @@ For a group of N ranks on k nodes (at most g per node), with
   at s_net, the rest at s_in; an all-reduce is both, 2(N-1) steps, 2 min(k, N-1) at s_net. A
   chain (broadcast/reduce) visits each node once: N-1 steps, k-1 at s_net. One node: all at s_in.
   all-to-all / send-recv       direct transfers; see alltoallv_us
+B_net is the node's NICs that the group's GPUs there use (rail-aligned, node_nics). Groups that
+run at once share them (plans' senders): NCCL leaves each node of a ring (or tree) through a
+NIC per channel, and its tuning model gives a communicator the bandwidth of those NICs as if it
+ran alone (tuning.cc: bwInter per channel), but a NIC's line rate caps the sum of the flows of
+every communicator through it. The tp DP groups of a Megatron stage, one GPU of each a node at
+tp = GPUs a node, all-reduce their gradient buckets at the same time: on a node of 2 NICs for 8
+GPUs (pcie8) each ring gets 2/8 of a NIC, not the whole NIC of a lone group (4x the wire time).
 Every algorithm also pays kappa/M per byte (kappa/2 for collectives without a full reduction),
 the local HBM traffic that does not overlap the wire. Sources: NCCL's algorithms and its tuning
 model (src/graph/tuning.cc); Thakur et al., "Optimization of collective communication operations
@@ -91,9 +98,12 @@ def nvls_wire(n: int) -> float:
 
 
 def plans(system: System, kind: str, group: Group, senders: int = 1) -> tuple[Plan, ...]:
-    """Every algorithm that can run `kind` on this group, as (latency, cost per byte). senders
-    (sendrecv only): the cross-node sends leaving or entering a node at the same time, this one
-    included, which share that node's NICs (nic_share)."""
+    """Every algorithm that can run `kind` on this group, as (latency, cost per byte). senders:
+    the groups of a node that cross nodes at the same time, this one included, which share that
+    node's NICs: for sendrecv the sends leaving or entering a node (nic_share); for the ring,
+    tree and chain collectives the concurrent groups, each placed as this one (node_net_gbs),
+    e.g. the tp DP groups of a stage, one GPU of each a node, all-reducing gradients at once.
+    (all-to-all does not take it.)"""
     return _plans(system, kind, group, system.gpu, senders)
 
 
@@ -108,7 +118,7 @@ def _plans(system: System, kind: str, group: Group, gpu, senders: int = 1) -> tu
         return (Plan("local", base, LOCAL_COPY_BYTES_PER_BYTE / _mem(system)),)
     s_in, s_net = system.fabric.step_latency_us, system.network.step_latency_us
     b_ring = group_ring_gbs(system, group) * _NS
-    b_net = node_net_gbs(system, group) * _NS if k > 1 else math.inf
+    b_net = node_net_gbs(system, group, senders) * _NS if k > 1 else math.inf
     nvls = nvls_gbs(system) * _NS if system.fabric.kind == "nvswitch" else 0.0
     slow = 1.0 / min(b_ring, b_net)
     intra, inter = ring_steps(kind, group)

@@ -197,15 +197,17 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
 
     kind: one of KINDS; nbytes: nccl-tests size (per-rank buffer; total for all-gather and
     reduce-scatter); system: a System or preset name; ranks: None (all), a count, or a list of
-    global ranks; calibration: a Calibration or the path of a `kit comm fit` file; senders
-    (sendrecv): the cross-node sends of a node that run at the same time, this one included
-    (a pipeline stage's tp x dp ranks), sharing its NICs (algorithms.nic_share).
+    global ranks; calibration: a Calibration or the path of a `kit comm fit` file; senders:
+    the groups of a node that cross nodes at the same time, this one included, sharing its NICs:
+    for sendrecv its concurrent sends (a pipeline stage's tp x dp ranks, algorithms.nic_share),
+    for the other kinds but all-to-all the concurrent groups placed as this one (a stage's tp DP
+    groups, topology.node_net_gbs).
     """
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
     if isinstance(senders, bool) or not isinstance(senders, (int, np.integer)) or senders < 1:
         raise KitError(f"senders must be a whole number of concurrent sends, at least 1, got {senders!r}")
-    if senders != 1 and kind != "sendrecv":  # the plans of other kinds do not take it
-        raise KitError(f"senders (concurrent cross-node sends) applies to sendrecv only, not {kind}")
+    if senders != 1 and kind == "alltoall":  # its plan does not take it
+        raise KitError("senders (concurrent cross-node groups) does not apply to alltoall")
     s = _sizes(nbytes)
     if s.size != 1:
         raise KitError("predict_collective takes one size; use collective_table for many")
@@ -214,33 +216,44 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     plan, curve = min(pcs, key=lambda pc: (pc[1].time_us(size), pc[0].latency_us + pc[0].us_per_byte * size))
     fitted = cal.curve(kind, group.size, group.n_nodes) if cal else None
     t = float(fitted.time_us(size)) if fitted else curve.time_us(size)
-    extra = 0.0  # us per byte a fitted lone send lacks
-    if fitted and senders > 1:  # measured with one send a node: add the wire time its share costs
-        alone = _plan_curves(system, kind, group)[0][0]  # sendrecv has the one plan, p2p
-        extra = max(0.0, plan.us_per_byte - alone.us_per_byte)
-        t += size * extra
+    scale = 1.0  # how much slower a fitted lone group's bytes go when it shares the NICs
+    if fitted and senders > 1:
+        scale = _shared_scale(system, kind, group, plan)
+        lat_us, bw_us = fitted.parts_us(size)
+        t = max(fitted.regime(size).floor_us, lat_us + scale * bw_us)
     return _result(kind, size, t, plan, fitted or curve, system, group,
-                   f"calibration:{cal.source}" if fitted else "preset", _notes(s, group, fitted), extra)
+                   f"calibration:{cal.source}" if fitted else "preset", _notes(s, group, fitted), scale)
+
+
+def _shared_scale(system: System, kind: str, group: Group, plan: Plan) -> float:
+    """How many times its cost per byte a group's algorithm pays when it shares the NICs
+    (plan: priced with the sharing) over alone: the factor a fitted curve's bandwidth part takes.
+    A calibration measures the group alone (nccl-tests), so its per-byte cost holds the NIC rate
+    it achieved; split among s groups each gets 1/s of that rate, not of the preset's. Adding the
+    preset's extra wire time instead (as the kit did) priced four sends of a pcie8 node fitted at
+    6 GB/s at 0.449 ns/B for 0.662 (32% under), fitted at 12 GB/s at 0.366 for 0.331. The plan's
+    local HBM term scales with it: about 1% of a cross-node byte's cost (pcie8: 0.9%)."""
+    alone = next(p for p, _ in _plan_curves(system, kind, group) if p.algorithm == plan.algorithm)
+    return max(1.0, plan.us_per_byte / alone.us_per_byte)
 
 
 def _result(kind, size, t_us, plan, curve, system, group, source, notes=(),
-            extra_us_per_byte: float = 0.0) -> CollectiveResult:
+            bw_scale: float = 1.0) -> CollectiveResult:
     """The result of one size on `curve` (a preset's algorithm or the fitted curve): its parts
     from the regime that answers (a fitted curve may switch algorithm with the size), adding up
-    to the time above the floor as BandwidthCurve.parts_us defines them. extra_us_per_byte: wire
-    time per byte that t_us holds beyond the curve's (a fitted lone send's NIC share, sendrecv),
-    in the bandwidth part, the plateau and the crossover too (they had kept the lone send's)."""
+    to the time above the floor as BandwidthCurve.parts_us defines them. bw_scale: the factor
+    t_us holds on the curve's per-byte cost (a fitted lone group's NIC share, _shared_scale), in
+    the bandwidth part, the plateau and the crossover too (they had kept the lone group's)."""
     n = group.size
     bus = reported_busbw_factor(kind, n)  # 0 on one rank, for the plateau as for busbw
     algbw = size / t_us / 1e3 if t_us > 0 else 0.0
     piece = curve.regime(size)
     lat_us, bw_us = curve.parts_us(size)
-    bw_us += size * extra_us_per_byte
+    bw_us *= bw_scale
     crossover, plateau = curve.crossover_bytes(), curve.plateau_gbs()
-    if extra_us_per_byte > 0:  # the per-byte cost f / B of each regime grows by the extra
-        at = curve.regime(crossover)
-        crossover /= 1.0 + extra_us_per_byte * at.busbw_max_gbs * 1e3 / at.factor
-        plateau = 1.0 / (1.0 / plateau + extra_us_per_byte * 1e3 / curve.factor)
+    if bw_scale > 1.0:  # the per-byte cost f / B of each regime grows by the factor
+        crossover /= bw_scale
+        plateau /= bw_scale
     return CollectiveResult(
         kind=kind, nbytes=size, ranks=n, time_ms=t_us / 1e3, algorithm=plan.algorithm,
         algbw_gbs=algbw, busbw_gbs=algbw * bus, latency_ms=lat_us / 1e3, bandwidth_ms=bw_us / 1e3,

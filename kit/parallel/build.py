@@ -179,9 +179,12 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
     g.meta.update(model=spec.to_dict(), layout=lay.to_dict(), system=system.key)
 
     # the tied embedding's gradient all-reduce between the first and the last stage
-    # (embedding_sync_bytes): one pair of ranks per (dp, tp) index, the slowest placement priced
+    # (embedding_sync_bytes): one pair of ranks per (dp, tp) index, the slowest placement priced,
+    # all of them at once: those crossing nodes share the NICs (a pcie8 pair at tp 8 gets 2/8 of a
+    # NIC; it had been priced on a whole one)
     emb_bytes = embedding_sync_bytes(spec, lay)
-    embedding_sync_ms = coster.comm_ms("allreduce", emb_bytes, coster.pp_pair(0, pp - 1)) if emb_bytes else 0.0
+    embedding_sync_ms = coster.comm_ms("allreduce", emb_bytes, coster.pp_pair(0, pp - 1, both_ways=True)) \
+        if emb_bytes else 0.0
 
     links: dict = {}
 

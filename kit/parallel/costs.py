@@ -216,7 +216,9 @@ class Coster:
         groups of other ranks that run the same collective at the same time)."""
         if len(ranks) < 2 or nbytes <= 0:
             return 0.0
-        senders = getattr(ranks, "senders", 1) if kind == "sendrecv" else 1
+        # the groups of a node crossing nodes at once (RankGroup.senders); all-to-all's plan
+        # does not take them
+        senders = getattr(ranks, "senders", 1) if kind != "alltoall" else 1
         return max(self._one_comm_ms(kind, nbytes, g, senders) for g in (ranks, *getattr(ranks, "peers", ())))
 
     def _one_comm_ms(self, kind: str, nbytes: float, ranks, senders: int = 1) -> float:
@@ -242,15 +244,26 @@ class Coster:
                 every = [lay.dp_group(stage, t) for t in range(lay.tp)]
             else:  # "edp"
                 every = [lay.edp_group(stage, t, d) for t in range(lay.tp) for d in range(lay.ep)]
-            self._groups[key] = RankGroup(every[0], every[1:], self.system.gpus_per_node)
+            gpn = self.system.gpus_per_node
+            self._groups[key] = group = RankGroup(every[0], every[1:], gpn)
+            # the stage's groups of a kind run the same collective at once: those crossing nodes
+            # share each node's NICs (kit.comm.topology.node_net_gbs). At tp 8 on two pcie8 nodes
+            # (2 NICs for 8 GPUs) the 8 DP groups' gradient all-reduces had each been priced on
+            # a whole NIC, 4x its 2/8 share
+            group.senders = crossing_per_node(every, gpn)
         return self._groups[key]
 
-    def pp_pair(self, a: int, b: int) -> "RankGroup":
-        """Stage a's rank sending to stage b's, with the other dp x tp pairs of the two stages."""
+    def pp_pair(self, a: int, b: int, both_ways: bool = False) -> "RankGroup":
+        """Stage a's rank sending to stage b's, with the other dp x tp pairs of the two stages.
+        both_ways: the pairs exchange (the tied embedding's all-reduce between the first and the
+        last stage), so each pair crossing nodes loads the NICs of both its nodes each way."""
         lay = self.layout
         pairs = [(lay.rank(a, d, t), lay.rank(b, d, t)) for d in range(lay.dp) for t in range(lay.tp)]
         gpn = self.system.gpus_per_node
         group = RankGroup([lay.rank(a, 0, 0), lay.rank(b, 0, 0)], pairs, gpn)
+        if both_ways:
+            group.senders = crossing_per_node(pairs, gpn)
+            return group
         # every pair sends at once, so a node's cross-node sends share its NICs: the busiest node's
         # count, out of it (one direction) or into it (the other)
         crossing = Counter()
@@ -317,6 +330,14 @@ class Coster:
             wait(max(beside - ran, 0.0))
         phase.compute_ms += total
         return total
+
+
+def crossing_per_node(groups, gpus_per_node: int) -> int:
+    """The most groups spanning more than one node that have ranks on one node (at least 1): the
+    groups that, running the same collective at once, share that node's NICs."""
+    spans = [{r // gpus_per_node for r in g} for g in groups]
+    count = Counter(node for nodes in spans if len(nodes) > 1 for node in nodes)
+    return max(count.values(), default=1)
 
 
 class RankGroup(list):
