@@ -9,6 +9,7 @@ import pytest
 from kit.comm import predict_collective
 from kit.comm.calibration import Calibration
 from kit.comm.curves import BandwidthCurve
+from kit.errors import KitError
 from kit.hardware.system import get_system
 from kit.parallel import Layout, predict_parallel
 from kit.parallel.costs import Coster
@@ -97,3 +98,31 @@ def test_a_fitted_lone_group_shares_its_own_measured_rate(kind, senders, plateau
     assert one.source.startswith("calibration") and many.source.startswith("calibration")
     assert many.bandwidth_ms / one.bandwidth_ms == pytest.approx(4.0, rel=0.015)
     assert many.latency_ms == pytest.approx(one.latency_ms, rel=1e-9)  # the wire is shared, not the steps
+
+
+def test_groups_crossing_on_different_nodes_share_node_by_node():
+    # tp 6 x dp 4 on three pcie8 nodes (2 NICs for 8 GPUs): the TP group of ranks 6-11 crosses
+    # alone on node 0 (GPUs 6, 7) and with ranks 12-17's group on node 1, where their 4 + 4 GPUs
+    # have a NIC each. No NIC carries two groups, so the TP all-reduce is the lone groups' time;
+    # node 1's count of 2 applied to node 0 too had halved the group's NICs there (167 -> 268 ms)
+    system = get_system("pcie8", nodes=3)
+    c = Coster(Layout(tp=6, dp=4, pp=1, dtype="fp16"), system, "roofline")
+    group = c.group("tp", 0)
+    alone = max(predict_collective("allreduce", BIG, system, ranks=list(g)).time_ms
+                for g in (group, *group.peers))
+    assert c.comm_ms("allreduce", BIG, group) == pytest.approx(alone, rel=1e-9)
+
+
+def test_senders_node_by_node_agree_with_one_count_and_are_checked():
+    system = get_system("pcie8", nodes=2)
+    one = predict_collective("allreduce", BIG, system, ranks=[0, 8], senders=8).time_ms
+    assert predict_collective("allreduce", BIG, system, ranks=[0, 8], senders=(8, 8)).time_ms == \
+        pytest.approx(one, rel=1e-12)
+    # the busier node decides: 8 groups meet on node 1 even if this one crosses alone on node 0
+    assert predict_collective("allreduce", BIG, system, ranks=[0, 8], senders=(1, 8)).time_ms == \
+        pytest.approx(one, rel=1e-12)
+    for bad in [(8,), (8, 8, 8), (8, 0), ()]:
+        with pytest.raises(KitError, match="senders"):
+            predict_collective("allreduce", BIG, system, ranks=[0, 8], senders=bad)
+    with pytest.raises(KitError, match="senders"):
+        predict_collective("sendrecv", BIG, system, ranks=[0, 8], senders=(4, 4))

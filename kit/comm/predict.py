@@ -192,7 +192,7 @@ def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
 
 
 def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration=None,
-                       senders: int = 1) -> CollectiveResult:
+                       senders: int | tuple[int, ...] = 1) -> CollectiveResult:
     """Time, algorithm, algbw and busbw (nccl-tests conventions) of one collective.
 
     kind: one of KINDS; nbytes: nccl-tests size (per-rank buffer; total for all-gather and
@@ -201,23 +201,31 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     the groups of a node that cross nodes at the same time, this one included, sharing its NICs:
     for sendrecv its concurrent sends (a pipeline stage's tp x dp ranks, algorithms.nic_share),
     for the other kinds but all-to-all the concurrent groups placed as this one (a stage's tp DP
-    groups, topology.node_net_gbs).
+    groups, topology.node_net_gbs), one count for every node or a tuple of one a node of the
+    group, in node order (where the nodes are crossed by different numbers of groups).
     """
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
-    if isinstance(senders, bool) or not isinstance(senders, (int, np.integer)) or senders < 1:
+    per_node = isinstance(senders, tuple)  # a count for each node of the group (node_net_gbs)
+    counts = senders if per_node else (senders,)
+    if not counts or any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1 for c in counts):
         raise KitError(f"senders must be a whole number of concurrent sends, at least 1, got {senders!r}")
-    if senders != 1 and kind == "alltoall":  # its plan does not take it
+    if per_node and (kind == "sendrecv" or len(counts) != group.n_nodes):
+        raise KitError(f"senders as a tuple gives each of the group's {group.n_nodes} node(s) its count of "
+                       f"concurrent groups (not for sendrecv), got {senders!r} for {kind}")
+    senders = tuple(int(c) for c in counts) if per_node else int(senders)
+    shared = max(counts) > 1
+    if shared and kind == "alltoall":  # its plan does not take it
         raise KitError("senders (concurrent cross-node groups) does not apply to alltoall")
     s = _sizes(nbytes)
     if s.size != 1:
         raise KitError("predict_collective takes one size; use collective_table for many")
     size = float(s[0])
-    pcs = _plan_curves(system, kind, group, int(senders))
+    pcs = _plan_curves(system, kind, group, senders)
     plan, curve = min(pcs, key=lambda pc: (pc[1].time_us(size), pc[0].latency_us + pc[0].us_per_byte * size))
     fitted = cal.curve(kind, group.size, group.n_nodes) if cal else None
     t = float(fitted.time_us(size)) if fitted else curve.time_us(size)
     scale = 1.0  # how much slower a fitted lone group's bytes go when it shares the NICs
-    if fitted and senders > 1:
+    if fitted and shared:
         scale = _shared_scale(system, kind, group, plan)
         lat_us, bw_us = fitted.parts_us(size)
         t = max(fitted.regime(size).floor_us, lat_us + scale * bw_us)

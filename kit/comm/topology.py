@@ -219,15 +219,19 @@ def node_nics(system: System, gpus_in_group: int) -> int:
     return min(r, max(1, math.ceil(gpus_in_group * r / system.gpus_per_node)))
 
 
-def node_net_gbs(system: System, group: Group, sharing: int = 1) -> float:
+def node_net_gbs(system: System, group: Group, sharing: int | tuple[int, ...] = 1) -> float:
     """Slowest node's achieved network egress for this group (GB/s). sharing: the groups of a
     node that cross nodes at the same time, this one included, each placed as this one: they
     use the NICs of sharing x its GPUs there and split them evenly (a NIC's line rate caps the
     flows through it, whoever's they are). Never more than the group's NICs alone, since
-    ceil(s x y) <= s x ceil(y); with a NIC a GPU it is the group's own NICs for any sharing."""
+    ceil(s x y) <= s x ceil(y); with a NIC a GPU it is the group's own NICs for any sharing.
+    A tuple gives each of the group's nodes (group.nodes' order) its own count: the busiest
+    node's count applied to every node had halved a pcie8 TP group's NICs at tp 6 on the node
+    where it alone crosses (ranks 6-11: 2 groups cross on node 1, only it on node 0)."""
     n = system.network
-    return min(node_nics(system, sharing * len(loc)) / sharing
-               for _, loc in group.nodes) * n.nic_bw_gbs * n.efficiency
+    counts = sharing if isinstance(sharing, tuple) else (sharing,) * group.n_nodes
+    return min(node_nics(system, s * len(loc)) / s
+               for s, (_, loc) in zip(counts, group.nodes)) * n.nic_bw_gbs * n.efficiency
 
 
 @lru_cache(maxsize=4096)

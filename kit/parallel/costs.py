@@ -216,10 +216,14 @@ class Coster:
         groups of other ranks that run the same collective at the same time)."""
         if len(ranks) < 2 or nbytes <= 0:
             return 0.0
-        # the groups of a node crossing nodes at once (RankGroup.senders); all-to-all's plan
-        # does not take them
+        # the groups of a node crossing nodes at once (RankGroup.senders, or per node
+        # RankGroup.crossing); all-to-all's plan does not take them
+        crossing = getattr(ranks, "crossing", None)
         senders = getattr(ranks, "senders", 1) if kind != "alltoall" else 1
-        return max(self._one_comm_ms(kind, nbytes, g, senders) for g in (ranks, *getattr(ranks, "peers", ())))
+        gpn = self.system.gpus_per_node
+        return max(self._one_comm_ms(kind, nbytes, g, _node_counts(g, crossing, gpn)
+                                     if crossing is not None and kind != "alltoall" else senders)
+                   for g in (ranks, *getattr(ranks, "peers", ())))
 
     def _one_comm_ms(self, kind: str, nbytes: float, ranks, senders: int = 1) -> float:
         key = (kind, float(nbytes), tuple(ranks), senders)
@@ -245,12 +249,15 @@ class Coster:
             else:  # "edp"
                 every = [lay.edp_group(stage, t, d) for t in range(lay.tp) for d in range(lay.ep)]
             gpn = self.system.gpus_per_node
-            self._groups[key] = group = RankGroup(every[0], every[1:], gpn)
             # the stage's groups of a kind run the same collective at once: those crossing nodes
             # share each node's NICs (kit.comm.topology.node_net_gbs). At tp 8 on two pcie8 nodes
             # (2 NICs for 8 GPUs) the 8 DP groups' gradient all-reduces had each been priced on
-            # a whole NIC, 4x its 2/8 share
-            group.senders = crossing_per_node(every, gpn)
+            # a whole NIC, 4x its 2/8 share. Counted node by node: the busiest node's count
+            # applied to all had halved the NICs of the TP group of ranks 6-11 at tp 6 (pcie8) on
+            # node 0, where it alone crosses
+            crossing = crossing_by_node(every, gpn)
+            self._groups[key] = group = RankGroup(every[0], every[1:], gpn, crossing)
+            group.senders = max(crossing.values(), default=1)
         return self._groups[key]
 
     def pp_pair(self, a: int, b: int, both_ways: bool = False) -> "RankGroup":
@@ -260,10 +267,12 @@ class Coster:
         lay = self.layout
         pairs = [(lay.rank(a, d, t), lay.rank(b, d, t)) for d in range(lay.dp) for t in range(lay.tp)]
         gpn = self.system.gpus_per_node
-        group = RankGroup([lay.rank(a, 0, 0), lay.rank(b, 0, 0)], pairs, gpn)
         if both_ways:
-            group.senders = crossing_per_node(pairs, gpn)
+            crossing = crossing_by_node(pairs, gpn)
+            group = RankGroup([lay.rank(a, 0, 0), lay.rank(b, 0, 0)], pairs, gpn, crossing)
+            group.senders = max(crossing.values(), default=1)
             return group
+        group = RankGroup([lay.rank(a, 0, 0), lay.rank(b, 0, 0)], pairs, gpn)
         # every pair sends at once, so a node's cross-node sends share its NICs: the busiest node's
         # count, out of it (one direction) or into it (the other)
         crossing = Counter()
@@ -332,12 +341,17 @@ class Coster:
         return total
 
 
-def crossing_per_node(groups, gpus_per_node: int) -> int:
-    """The most groups spanning more than one node that have ranks on one node (at least 1): the
-    groups that, running the same collective at once, share that node's NICs."""
+def crossing_by_node(groups, gpus_per_node: int) -> dict[int, int]:
+    """Node -> the groups spanning more than one node that have ranks on it: the groups that,
+    running the same collective at once, share that node's NICs."""
     spans = [{r // gpus_per_node for r in g} for g in groups]
-    count = Counter(node for nodes in spans if len(nodes) > 1 for node in nodes)
-    return max(count.values(), default=1)
+    return dict(Counter(node for nodes in spans if len(nodes) > 1 for node in nodes))
+
+
+def _node_counts(ranks, crossing: dict, gpus_per_node: int) -> tuple[int, ...]:
+    """The concurrent crossing groups on each node of `ranks`, in node order
+    (predict_collective's per-node senders)."""
+    return tuple(crossing.get(node, 1) for node in sorted({r // gpus_per_node for r in ranks}))
 
 
 class RankGroup(list):
@@ -348,12 +362,20 @@ class RankGroup(list):
     while rank 0's (0, 1, 2) does not, and its all-reduces had been priced as rank 0's (gpt2 at
     tp 3 x dp 3 on dgx-h100: 61 us on NVSwitch where the slowest group takes 138 us)."""
 
-    def __init__(self, ranks, others=(), gpus_per_node: int = 1):
+    def __init__(self, ranks, others=(), gpus_per_node: int = 1, crossing: dict | None = None):
         super().__init__(ranks)
-        seen = {self._placement(ranks, gpus_per_node)}
+        # crossing (node -> concurrent crossing groups on it): groups placed alike but crossed
+        # by different numbers of groups on their nodes are priced apart
+        self.crossing = crossing
+
+        def key_of(g):
+            counts = _node_counts(g, crossing, gpus_per_node) if crossing is not None else ()
+            return self._placement(g, gpus_per_node), counts
+
+        seen = {key_of(ranks)}
         self.peers = []
         for g in others:
-            key = self._placement(g, gpus_per_node)
+            key = key_of(g)
             if key not in seen:
                 seen.add(key)
                 self.peers.append(list(g))
