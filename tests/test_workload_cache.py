@@ -155,3 +155,32 @@ def test_the_capture_stamp_is_hashed_again_only_when_a_file_changes(monkeypatch)
     monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or real(self))
     first = zoo._code_stamp()
     assert zoo._code_stamp() == first and not reads
+
+
+def test_the_capture_stamp_follows_the_installed_torch(monkeypatch):
+    """torch's decompositions decide the aten ops a capture records: a graph captured under one
+    torch is not served under another (the key had no torch version)."""
+    import types
+
+    before = zoo._code_stamp()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(__version__="0.0.1-other"))
+    monkeypatch.setattr(zoo, "_STAMPS", {})
+    assert zoo._code_stamp() != before
+
+
+def test_the_models_table_cache_follows_its_own_codes_contents(cache, monkeypatch):
+    """`kit models`' cached table is keyed by cmd_models.py's contents: its whole-second mtime
+    let an edit within the same second (or a checkout with its mtime kept) serve the old table."""
+    from pathlib import Path
+
+    from kit.cli import cmd_models
+
+    monkeypatch.setattr(cmd_models, "_rows", lambda: [{"model": "m", "family": "f", "params": 1,
+                                                       "default_seq": 8, "modes": "inference",
+                                                       "aliases": ""}])
+    cmd_models.run(None)
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (
+        b"\n# edited\n" if self.name == "cmd_models.py" else b""))
+    cmd_models.run(None)
+    assert len(list(zoo.cache_dir().glob("models-*.pkl"))) == 2

@@ -10,9 +10,12 @@ def run(args):
     from pathlib import Path
 
     from kit import __version__
+    from kit.source_digest import contents_digest
     from kit.workload import zoo
 
-    own = int(Path(__file__).stat().st_mtime)  # the table's own code, beside the zoo's and modes'
+    # the table's own code, beside the zoo's and modes', by its contents (its whole-second mtime
+    # had let two checkouts written in the same second share a stale table)
+    own = contents_digest([("cmd_models.py", Path(__file__))]).hex()
     stamp = hashlib.sha256(f"{__version__}-{zoo._code_stamp()}-{own}".encode()).hexdigest()[:16]
     path = zoo.cache_dir() / f"models-{stamp}.pkl"
     try:

@@ -33,14 +33,10 @@ LOADER_FILES = ("data/neusight.py", "data/schema.py", "data/csv_read.py", "data/
 
 
 def _loader_stamp() -> bytes:
+    from kit.source_digest import contents_digest
+
     kit_dir = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for rel in LOADER_FILES:
-        try:
-            h.update(rel.encode() + b"\0" + (kit_dir / rel).read_bytes() + b"\0")
-        except OSError:
-            h.update(rel.encode() + b"\0missing\0")
-    return h.digest()
+    return contents_digest((rel, kit_dir / rel) for rel in LOADER_FILES)
 
 
 def cache_key(name: str, files: Sequence[Path]) -> str:

@@ -113,7 +113,8 @@ def _code_stamp() -> str:
     whole-second mtimes of a named list, so two checkouts written in the same second shared a
     key and served each other's graphs (a review's resnet50 came out at another commit's
     4.170 ms kernels for its own 4.306), and rnn.py, which prices a captured recurrent node, was
-    not on the list."""
+    not on the list. The installed torch's version is in it too: its decompositions decide the
+    aten ops a capture records."""
     here = Path(__file__).parent
     files = [*sorted(here.glob("*.py")), here.parent / "ops.py", here.parent / "op_counts.py"]
     sig = []
@@ -125,14 +126,28 @@ def _code_stamp() -> str:
             sig.append((str(f), None, None))
     sig = tuple(sig)
     if sig not in _STAMPS:
-        h = hashlib.sha256()
-        for f in files:
-            try:
-                h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-            except OSError:
-                h.update(f.name.encode() + b"\0missing\0")
-        _STAMPS[sig] = h.hexdigest()[:16]
+        from kit.source_digest import contents_digest
+
+        digest = contents_digest((f.name, f) for f in files) + _torch_version().encode()
+        _STAMPS[sig] = hashlib.sha256(digest).hexdigest()[:16]
     return _STAMPS[sig]
+
+
+def _torch_version() -> str:
+    """The installed torch's version, without importing torch (a warm prediction from the disk
+    cache never imports it): torch's decompositions decide the aten ops a capture records, so a
+    graph captured under one torch is not another's."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(torch.__version__)
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "no torch"
 
 
 def lm_loss(vocab: int):
