@@ -107,3 +107,23 @@ def test_a_correction_file_of_odd_json_is_one_kit_error(tmp_path, text):
     bad.write_text(text.replace("%s", json.dumps(list(FEATURES))))
     with pytest.raises(KitError, match=str(bad)):
         Correction.load(bad)
+
+
+def test_a_correction_is_refused_on_a_gpu_it_was_not_fit_on(tmp_path):
+    """The weights hold one GPU's gather efficiency and kernel choice: an H100's lookups scaled by
+    a V100's correction had been a silent wrong number."""
+    c = fit_correction(synthetic(), ridge=1e-9)
+    assert c.gpu == GPU
+    t = Table(rows=10**5, dim=64, pooling=8)
+    with pytest.raises(KitError, match=f"fit on {GPU}, not h100-sxm"):
+        lookup_cost(t, 256, "h100-sxm", correction=c)
+    lookup_cost(t, 256, GPU, correction=c)  # its own GPU, by key
+    anywhere = Correction(c.weights, gpu=None)  # one that says nothing of its GPU is not checked
+    assert lookup_cost(t, 256, "h100-sxm", correction=anywhere).parts["correction"] != 1.0
+
+
+def test_a_correction_files_gpu_must_be_text(tmp_path):
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps({"features": list(FEATURES), "weights": [0.0] * len(FEATURES), "gpu": 5}))
+    with pytest.raises(KitError, match="gpu must be"):
+        Correction.load(bad)

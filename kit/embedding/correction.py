@@ -9,8 +9,9 @@ reproduce one with
 
     .venv/bin/python -m kit.embedding.correction MEASURED.csv --gpu h100-sxm --out corr.json
 
-and pass `correction=Correction.load("corr.json")` to lookup_cost. The JSON records what it was
-trained on (file, rows, GPU, backends) and its error before and after.
+and pass `correction=Correction.load("corr.json")` to lookup_cost on that GPU (another GPU is
+refused). The JSON records what it was trained on (file, rows, GPU, backends) and its error before
+and after.
 """
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ class Correction:
     trained_on: dict = field(default_factory=dict)
 
     def factor(self, parts, tables, batch, gpu, backward) -> float:
+        """exp(w · x), clamped to 10x either way. The weights are the GPU's they were fit on
+        (gather efficiency, latency hiding, kernel choice): a lookup on another GPU is refused
+        rather than scaled by them (an H100's correction had silently scaled an A100's lookups)."""
+        fit_on = [g for g in (self.gpu or "").split(",") if g]
+        key = getattr(gpu, "key", gpu)
+        if fit_on and key not in fit_on:
+            raise KitError(f"this embedding correction was fit on {', '.join(fit_on)}, not {key}: "
+                           f"fit one from measurements on {key} (kit.embedding.correction), or "
+                           f"predict without a correction")
         z = float(np.dot(self.weights, features(parts, tables, backward)))
         return math.exp(max(-MAX_LOG_FACTOR, min(MAX_LOG_FACTOR, z)))
 
@@ -75,6 +85,9 @@ class Correction:
         if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and abs(w) < 1e300
                    and math.isfinite(w) for w in weights):
             raise KitError(f"{path}: the correction's weights must be finite numbers, got {weights!r}")
+        if d.get("gpu") is not None and not isinstance(d["gpu"], str):
+            raise KitError(f"{path}: the correction's gpu must be the catalog key(s) it was fit on, "
+                           f"comma-separated, or null; got {d['gpu']!r}")
         return cls(tuple(float(w) for w in weights), d.get("gpu"), d.get("trained_on") or {})
 
 
