@@ -94,6 +94,15 @@ def test_an_empty_conv_is_a_kit_error_like_an_empty_linear(layer, shape, mode):
         capture(layer, (torch.zeros(shape),), mode=mode)
 
 
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_an_op_the_kit_refuses_names_the_module_it_ran_in(mode):
+    """A refused op (here an empty conv deep in a model) says which module ran it, as a failing
+    forward does: the message had named only the tensors' shapes."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Sequential(nn.ReLU(), nn.Conv2d(8, 0, 3)))
+    with pytest.raises(KitError, match=r"zero-size .*\(in module '1\.1'\)$"):
+        capture(model, (torch.zeros(1, 3, 16, 16),), mode=mode)
+
+
 def test_first_conv_backward_skips_the_input_gradient_and_counts_the_bias():
     layer = nn.Conv2d(3, 8, 3, padding=1)  # with bias, on an input that needs no gradient
     g = capture(layer, (torch.zeros(2, 3, 16, 16),), mode="train")

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kit.errors import KitError
+from kit.workload.capture_errors import _where
 from kit.workload.graph import Node, Region, new_tensor_id
 from kit.workload.mapping import SCATTERS_OUT_OF_PLACE, map_op, nbytes, tensors
 from kit.workload.mapping_elementwise import unique_nbytes
@@ -185,10 +187,12 @@ class Recorder(TorchDispatchMode):
         given = _without_outs(func, kwargs)  # an out= tensor is written, not read: out has it
         copies = packet not in SCATTERS_OUT_OF_PLACE or self._copies_self(args)
         if "attention" in packet:  # name the arguments (is_causal sits at different positions)
-            named = {a.name: v for a, v in zip(func._schema.arguments, args)}
-            op, op_class, kernels = map_op(packet, args, {**named, **given}, out, copies_self=copies)
-        else:
+            given = {**{a.name: v for a, v in zip(func._schema.arguments, args)}, **given}
+        try:
             op, op_class, kernels = map_op(packet, args, given, out, copies_self=copies)
+        except KitError as e:  # an op the kit refuses (a convolution of zero-size tensors, ...):
+            # name the module it ran in, as a failure of the forward is named (capture_errors)
+            raise KitError(f"{e} ({_where(self.phase, self._path()).strip()})") from None
         read, written = _accesses(func, packet, args, kwargs, ins) if op is not None else (ins, ())
         self._add(name, op, op_class, kernels, ins, outs, self._path(), read, written)
 
