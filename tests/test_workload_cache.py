@@ -65,7 +65,8 @@ def test_cached_configuration_runs_without_torch(cache):
     env = {**os.environ, "KIT_CACHE": str(cache)}
     code = ("import sys; from kit.api import predict_model; "
             "it = predict_model({cfg!r}, 'v100-pcie-32gb', mode='inference', batch=1, seq=8, "
-            "predictor='wave'); it.to_dict(); print('torch' in sys.modules, it.total_ms)").format(cfg=TINY)
+            "predictor='wave'); it.to_dict(); print('torch' in sys.modules, it.total_ms, "
+            "'importlib.metadata' in sys.modules)").format(cfg=TINY)
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                            timeout=120) for _ in range(2)]
     for r in runs:
@@ -73,6 +74,9 @@ def test_cached_configuration_runs_without_torch(cache):
     first, second = (r.stdout.split() for r in runs)
     assert first[0] == "True"  # the first run captured (torch)
     assert second[0] == "False" and float(second[1]) == pytest.approx(float(first[1]))
+    # nor importlib.metadata, which the capture stamp had imported to read torch's version: ~30 ms
+    # of a ~100 ms warm prediction
+    assert second[2] == "False"
 
 
 def test_prediction_runs_on_one_torch_thread_and_restores_the_callers(cache, monkeypatch):
@@ -157,13 +161,23 @@ def test_the_capture_stamp_is_hashed_again_only_when_a_file_changes(monkeypatch)
     assert zoo._code_stamp() == first and not reads
 
 
-def test_the_capture_stamp_follows_the_installed_torch(monkeypatch):
+def test_the_capture_stamp_follows_the_installed_torch(monkeypatch, tmp_path):
     """torch's decompositions decide the aten ops a capture records: a graph captured under one
-    torch is not served under another (the key had no torch version)."""
-    import types
+    torch is not served under another (the key had no torch version). Another torch installed
+    (found on sys.path, not imported) gives another stamp; the same one, imported or not, the same."""
+    import torch  # imported: the stamp must not differ from a process without it
+
+    assert sys.modules["torch"] is torch
 
     before = zoo._code_stamp()
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(__version__="0.0.1-other"))
+    monkeypatch.setattr(zoo, "_STAMPS", {})
+    monkeypatch.delitem(sys.modules, "torch")
+    assert zoo._code_stamp() == before
+    other = tmp_path / "torch"
+    other.mkdir()
+    (other / "__init__.py").write_text("")
+    (other / "version.py").write_text("__version__ = '0.0.1'\ngit_version = 'other'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(zoo, "_STAMPS", {})
     assert zoo._code_stamp() != before
 
