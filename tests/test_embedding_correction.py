@@ -127,3 +127,15 @@ def test_a_correction_files_gpu_must_be_text(tmp_path):
     bad.write_text(json.dumps({"features": list(FEATURES), "weights": [0.0] * len(FEATURES), "gpu": 5}))
     with pytest.raises(KitError, match="gpu must be"):
         Correction.load(bad)
+
+
+@pytest.mark.parametrize("recorded", ["h100", "H100-SXM", "a100-sxm4-40gb, h100"])
+def test_a_correction_naming_its_gpu_by_an_alias_applies_on_that_gpu(recorded):
+    """A correction made by hand may name its GPU as get_gpu reads it ("h100"): it had been
+    refused on h100-sxm, the GPU it names ("fit on h100, not h100-sxm"), and a space after a
+    comma had made the second GPU unknown. Another GPU is still refused."""
+    c = Correction((0.1,) + (0.0,) * (len(FEATURES) - 1), gpu=recorded)
+    t = Table(rows=10**5, dim=64, pooling=8)
+    assert lookup_cost(t, 256, "h100-sxm", correction=c).parts["correction"] != 1.0
+    with pytest.raises(KitError, match="not v100-pcie-32gb"):
+        lookup_cost(t, 256, "v100", correction=c)

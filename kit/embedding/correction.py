@@ -46,7 +46,7 @@ class Correction:
         """exp(w · x), clamped to 10x either way. The weights are the GPU's they were fit on
         (gather efficiency, latency hiding, kernel choice): a lookup on another GPU is refused
         rather than scaled by them (an H100's correction had silently scaled an A100's lookups)."""
-        fit_on = [g for g in (self.gpu or "").split(",") if g]
+        fit_on = [_catalog_key(g) for g in (self.gpu or "").split(",") if g.strip()]
         key = getattr(gpu, "key", gpu)
         if fit_on and key not in fit_on:
             raise KitError(f"this embedding correction was fit on {', '.join(fit_on)}, not {key}: "
@@ -89,6 +89,19 @@ class Correction:
             raise KitError(f"{path}: the correction's gpu must be the catalog key(s) it was fit on, "
                            f"comma-separated, or null; got {d['gpu']!r}")
         return cls(tuple(float(w) for w in weights), d.get("gpu"), d.get("trained_on") or {})
+
+
+def _catalog_key(name: str) -> str:
+    """A recorded GPU's catalog key: fit_correction records keys, but a correction written by
+    hand (or made in code) may name an alias, "h100" or "H100-SXM" for h100-sxm, which had been
+    refused on the very GPU it named ("fit on h100, not h100-sxm"). A name the catalog does not
+    know (a --gpu-file GPU not loaded now) stays as written."""
+    from kit.hardware import get_gpu
+
+    try:
+        return get_gpu(name.strip()).key
+    except KitError:
+        return name.strip()
 
 
 def _analytic(row, gpu):
