@@ -6,6 +6,7 @@ from kit.errors import KitError
 from kit.workload import zoo
 
 TINY = {"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2,  # (left out, HF MistralConfig's 8: more than the 4 query heads)
         "intermediate_size": 128, "vocab_size": 100}
 
 

@@ -229,7 +229,6 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                        "GPT-2/3, OPT, BERT, ViT, Llama, Mistral, Mixtral, Qwen2/3, Phi-3), each "
                        "modelled as GPT-style layers, and inline gpt:/llama:/moe: shapes; predict "
                        "it on one GPU (--gpu)")
-    experts = c.get("num_local_experts") or 0  # Mixtral-style: every layer's MLP is MoE
     if c.get("model_type") == "deepseek_v3":
         raise KitError(f"model {name!r}: the multi-GPU layer does not model DeepSeek's latent "
                        "attention and MoE layers; predict it on one GPU (--gpu)")
@@ -245,17 +244,33 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                        f"{h}-wide layers (word_embed_proj_dim); the multi-GPU layer does not model "
                        "those projections: predict it on one GPU (--gpu)")
     from kit.workload.modes import LLAMA_FAMILIES, TIED_BY_DEFAULT  # (zoo_modern imports torch)
+    from kit.workload.zoo_configs import hf_value
 
     llama = c.get("model_type") in LLAMA_FAMILIES
-    head_dim = c.get("head_dim")
+    # keys a Llama-family config leaves out read as HF builds it (zoo_configs.HF_DEFAULTS), as the
+    # zoo's one-GPU module reads them: a Mixtral config without num_local_experts had been a dense
+    # 8.0B model, HF's 8 experts top-2 (46.7B); a Mistral one without num_key_value_heads 32 KV
+    # heads, HF's 8; a Gemma one without head_dim 16 heads of 192, HF's of 256
+    read = hf_value if llama else (lambda cfg, key: cfg.get(key))
+
+    def moe(key):  # a MoE key left out or null: HF's default, as the zoo's _moe_key reads it
+        return c.get(key) or read({"model_type": c.get("model_type")}, key)
+
+    experts = moe("num_local_experts") or 0  # Mixtral-style: every layer's MLP is MoE
+    if llama and not (c.get("intermediate_size") or c.get("n_inner") or c.get("ffn_dim")):
+        # HF's classes default it to their own models' widths (Llama 11008, Mistral 14336), not 4 x
+        # hidden, which had been used; the one-GPU zoo refuses such a config too (missing key)
+        raise KitError(f"model {name!r} ({c.get('model_type')}) has no intermediate_size: give the "
+                       "MLP's width")
+    head_dim = read(c, "head_dim")
     if head_dim is not None and head_dim * heads != h:
         raise KitError(f"model {name!r} has {heads} heads of {head_dim} over a {h}-wide model; the "
                        "multi-GPU layer assumes heads x head size = hidden: predict it on one GPU "
                        "(--gpu)")
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
-                   or c.get("ffn_dim"), kv_heads=c.get("num_key_value_heads"), experts=experts,
-                   moe_every=1, topk=c.get("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
+                   or c.get("ffn_dim"), kv_heads=read(c, "num_key_value_heads"), experts=experts,
+                   moe_every=1, topk=moe("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
                    gated=llama, rope=llama, positions=None if llama else max_seq(c),
                    # as the zoo's modules tie them: HF's defaults (GPT-2, OPT tie; of the Llama
                    # families, TIED_BY_DEFAULT's), unless the config says

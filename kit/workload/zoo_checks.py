@@ -7,7 +7,7 @@ import numbers
 
 from kit.errors import KitError
 from kit.workload.modes import LLAMA_FAMILIES
-from kit.workload.zoo_configs import config, resolve
+from kit.workload.zoo_configs import config, hf_value, resolve
 
 
 # config fields that count something a model must have at least one of (layers, widths, heads,
@@ -61,7 +61,7 @@ def _check_sizes(kind: str, cfg: dict) -> None:
                            "the kit captures (the deepest published transformers have 1,000-2,500 "
                            "sublayers; capturing grows with the layers, minutes past a few thousand)")
     whole, parts = HEAD_SPLITS.get(kind, (None, None))
-    if kind in LLAMA_FAMILIES and cfg.get("head_dim") is not None:  # heads of a size of their own
+    if kind in LLAMA_FAMILIES and hf_value(cfg, "head_dim") is not None:  # heads of a size of their own
         whole = None
     if isinstance(cfg.get(whole), int) and isinstance(cfg.get(parts), int) and cfg[whole] % cfg[parts]:
         raise KitError(f"{kind} config cannot build a model: {whole} {cfg[whole]} must be a "
@@ -90,7 +90,7 @@ def _check_rotary(kind: str, cfg: dict) -> None:
     share of it (partial_rotary_factor), and a sliding window of
     whole tokens (null or 0: none; a window of -4 had been priced as a full-square mask)."""
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
-    head = cfg.get("head_dim")
+    head = hf_value(cfg, "head_dim")  # HF's default where left out (Gemma 256)
     if head is None and isinstance(hidden, int) and isinstance(heads, int) and heads:
         head = hidden // heads
     if isinstance(head, int) and head % 2:

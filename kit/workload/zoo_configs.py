@@ -151,6 +151,41 @@ ZOO = {
 }
 
 
+# What HF transformers builds for a key a config leaves out, where that is not what the kit reads
+# otherwise (hidden / heads for head_dim, one KV head a query head, no sliding window, no experts):
+# the class defaults of transformers 5.25's MistralConfig ... GptOssConfig. A config.json that HF
+# saves writes them all; a hand-written dict may not, and HF builds it with these (a Gemma dict
+# without head_dim is 256-wide heads, 16 heads over 3072: 134.5M parameters in a 4-layer test
+# model, not the 84.2M of 192-wide heads). A key given as null keeps the kit's reading (HF's
+# __post_init__ reads a null num_key_value_heads as one a query head, a null head_dim as hidden /
+# heads). Families not listed (llama, phi3) default as the kit reads. Qwen's sliding_window and
+# max_window_layers act only with use_sliding_window.
+HF_DEFAULTS = {
+    "mistral": {"num_key_value_heads": 8, "sliding_window": 4096},
+    "mixtral": {"num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen2": {"num_key_value_heads": 32, "sliding_window": 4096, "max_window_layers": 28},
+    "qwen3": {"head_dim": 128, "num_key_value_heads": 32, "sliding_window": 4096, "max_window_layers": 28},
+    "qwen2_moe": {"num_key_value_heads": 16, "sliding_window": 4096, "max_window_layers": 28,
+                  "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                  "shared_expert_intermediate_size": 5632},
+    "qwen3_moe": {"num_key_value_heads": 4, "sliding_window": 4096, "num_experts_per_tok": 8,
+                  "moe_intermediate_size": 768},
+    "gemma": {"head_dim": 256, "num_key_value_heads": 16},
+    "gemma2": {"head_dim": 256, "num_key_value_heads": 4, "sliding_window": 4096},
+    "gemma3_text": {"head_dim": 256, "num_key_value_heads": 4, "sliding_window": 4096},
+    "gpt_oss": {"head_dim": 64, "num_key_value_heads": 8, "sliding_window": 128,
+                "num_local_experts": 128, "num_experts_per_tok": 4},
+}
+
+
+def hf_value(c: dict, key: str, fallback=None):
+    """c[key] where the config has the key (null included); else HF's default for its model_type
+    (HF_DEFAULTS); else fallback."""
+    if key in c:
+        return c[key]
+    return HF_DEFAULTS.get(c.get("model_type", "llama"), {}).get(key, fallback)
+
+
 def _norm(name: str) -> str:
     """Case and punctuation do not matter, but a decimal point does: "gpt3-1.3b" (1.3 billion)
     is not "gpt3-13b"; it reads as "p", as in "gpt3-2p7b"."""

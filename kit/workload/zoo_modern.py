@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 from kit.workload.modes import TIED_BY_DEFAULT
+from kit.workload.zoo_configs import HF_DEFAULTS, hf_value
 from kit.workload.zoo_experts import OaiMoE, TopKMoE, activate
 
 
@@ -79,16 +80,18 @@ def _gemma(c) -> bool:
 
 
 def head_dim_of(c) -> int:
-    """The attention head's width: head_dim, or hidden_size / num_attention_heads where the config
-    leaves it out or null (HF's LlamaConfig, MistralConfig, MixtralConfig read null so; a null had
-    failed the build with "unsupported operand type(s) for *: 'int' and 'NoneType'")."""
-    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    """The attention head's width: head_dim; where the config leaves it out, HF's default for the
+    family (zoo_configs.HF_DEFAULTS: Qwen3 128, Gemma 256, GPT-OSS 64); else, or where it is null,
+    hidden_size / num_attention_heads (HF's LlamaConfig, MistralConfig, MixtralConfig read null
+    so; a null had failed the build with "unsupported operand type(s) for *: 'int' and 'NoneType'")."""
+    return hf_value(c, "head_dim") or c["hidden_size"] // c["num_attention_heads"]
 
 
 def kv_heads_of(c) -> int:
-    """Key/value heads: num_key_value_heads, or one a query head where it is left out or null
-    (HF's Llama, Qwen2, Qwen3, Phi-3 configs read null as multi-head attention)."""
-    return c.get("num_key_value_heads") or c["num_attention_heads"]
+    """Key/value heads: num_key_value_heads; where the config leaves it out, HF's default for the
+    family (Mistral and Mixtral 8, Qwen2 32, Gemma 16, ...: zoo_configs.HF_DEFAULTS); else, or
+    where it is null, one a query head (HF's configs read null as multi-head attention)."""
+    return hf_value(c, "num_key_value_heads") or c["num_attention_heads"]
 
 
 def _norm(c, d: int) -> RMSNorm:
@@ -273,46 +276,41 @@ class SwiGLU(nn.Module):
 
 def sliding_windows(c) -> list[int]:
     """Per layer the sliding window its decode cache keeps (0: every token), as HF's configs
-    type the layers: an explicit layer_types list; else Gemma 2 and GPT-OSS slide on even
-    layers, Gemma 3 on all but every sliding_window_pattern-th (6), Qwen only with
-    use_sliding_window and from max_window_layers on, any other family with a sliding_window on
-    every layer."""
-    n, w = c["num_hidden_layers"], c.get("sliding_window") or 0
+    type the layers: none in Llama and Gemma (their HF attention reads neither sliding_window nor
+    layer_types); an explicit layer_types list; else Gemma 2 and GPT-OSS slide on even
+    layers, Gemma 3 on all but every sliding_window_pattern-th (6), the Qwens only with
+    use_sliding_window (Qwen2 and Qwen3 from max_window_layers on, Qwen2-MoE on the even layers
+    below it, Qwen3-MoE on all), any other family with a sliding_window on every layer. A
+    window (or max_window_layers) the config leaves out is HF's default for its family (Mistral,
+    Gemma 2 and 3: 4096; GPT-OSS 128; Qwen: 4096 from layer 28: zoo_configs.HF_DEFAULTS); a
+    Mistral dict without one had decoded at 8k context over 8k keys a layer, HF's over 4,096."""
+    n, w, family = c["num_hidden_layers"], hf_value(c, "sliding_window") or 0, _family(c)
+    if not w or family in ("llama", "gemma"):
+        return [0] * n
     types = c.get("layer_types")
     if types:
         return [w if t == "sliding_attention" else 0 for t in types]
-    family = _family(c)
-    if not w or family == "gemma":
-        return [0] * n
     if family in ("gemma2", "gpt_oss"):
         return [w if i % 2 == 0 else 0 for i in range(n)]
     if family == "gemma3_text":
         pattern = c.get("sliding_window_pattern", 6)
         return [w if (i + 1) % pattern else 0 for i in range(n)]
     if family.startswith("qwen"):
-        first = c.get("max_window_layers", n)
-        return [w if c.get("use_sliding_window") and i >= first else 0 for i in range(n)]
+        first = hf_value(c, "max_window_layers", n)
+        slides = {"qwen2_moe": lambda i: i % 2 == 0 and i < first,
+                  "qwen3_moe": lambda i: True}.get(family, lambda i: i >= first)
+        return [w if c.get("use_sliding_window") and slides(i) else 0 for i in range(n)]
     return [w] * n
 
 
-# The MoE keys a config may leave out, at HF transformers' config defaults (the __init__
-# defaults of MixtralConfig, GptOssConfig, Qwen2MoeConfig, Qwen3MoeConfig), as HF builds such a
-# config: a Mixtral config without num_local_experts is HF's 8 experts, top-2, not a dense model.
-# Qwen-MoE's num_experts is not among them: a config without it is refused (missing key), as before.
-MOE_DEFAULTS = {
-    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
-    "gpt_oss": {"num_local_experts": 128, "num_experts_per_tok": 4},
-    "qwen2_moe": {"num_experts_per_tok": 4, "moe_intermediate_size": 1408,
-                  "shared_expert_intermediate_size": 5632},
-    "qwen3_moe": {"num_experts_per_tok": 8, "moe_intermediate_size": 768},
-}
-
-
 def _moe_key(c, key: str, default=None):
-    """A MoE key of the config; else HF's default for its family (MOE_DEFAULTS); else default."""
+    """A MoE key of the config; where it is left out or null, HF's default for its family
+    (zoo_configs.HF_DEFAULTS: a Mixtral config without num_local_experts is HF's 8 experts,
+    top-2, not a dense model); else default. Qwen-MoE's num_experts has none there: a config
+    without it is refused (missing key)."""
     if c.get(key) is not None:
         return c[key]
-    return MOE_DEFAULTS.get(_family(c), {}).get(key, default)
+    return HF_DEFAULTS.get(_family(c), {}).get(key, default)
 
 
 def _experts(c) -> int:
