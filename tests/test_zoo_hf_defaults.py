@@ -48,8 +48,9 @@ def test_a_left_out_key_builds_what_hf_builds(family, key, default):
 
 
 def test_a_null_key_keeps_the_generic_reading():
-    """HF's __post_init__ reads a null num_key_value_heads as one a query head and a null
-    head_dim as hidden / heads (Llama, Mistral, GPT-OSS): null is not the class default."""
+    """HF reads a null num_key_value_heads as one a query head (LlamaConfig, Qwen2Config; 4.x's
+    MistralConfig too, 5.25's refuses a null) and a null head_dim as hidden / heads (Llama,
+    Mistral, Mixtral): null is not the class default."""
     attn = zoo.build(_tiny("mistral", num_key_value_heads=None, head_dim=None)).layers[0].self_attn
     assert (attn.kv_heads, attn.head_dim) == (8, 8)
 
@@ -107,3 +108,46 @@ def test_the_multi_gpu_layer_reads_hfs_defaults_too(tmp_path):
         _spec(tmp_path, {k: v for k, v in big.items() if k != "intermediate_size"} | {"model_type": "llama"})
     gpt = _spec(tmp_path, {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 50})
     assert gpt.f == 256 and not gpt.experts  # GPT-2's n_inner left out: 4 x n_embd, as HF
+
+
+def test_qwen_layer_types_slide_only_with_use_sliding_window():
+    """HF's Qwen configs null sliding_window unless use_sliding_window, whatever layer_types
+    says (Qwen2Config.__post_init__); a Qwen2 dict typing its layers had slid 4096 (HF's default
+    window) on them. Qwen3-MoE's attention reads no layer_types: its window is on every layer."""
+    typed = {"layer_types": ["sliding_attention", "full_attention"] * 2, "num_hidden_layers": 4}
+    for family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        assert sliding_windows(_tiny(family, **typed)) == [0] * 4
+        assert sliding_windows(_tiny(family, **typed, sliding_window=32)) == [0] * 4
+    on = {**typed, "use_sliding_window": True, "sliding_window": 32}
+    assert sliding_windows(_tiny("qwen2", **on)) == [32, 0, 32, 0]
+    assert sliding_windows(_tiny("qwen3_moe", **on)) == [32] * 4
+
+
+def test_the_multi_gpu_layer_refuses_zero_experts(tmp_path):
+    """A MoE count of 0 is refused, as the one-GPU zoo refuses it: a Mixtral config's
+    num_local_experts 0 had been read as HF's default 8 experts (before that, as a dense model)."""
+    big = {"model_type": "mixtral", "hidden_size": 256, "num_attention_heads": 8, "num_hidden_layers": 2,
+           "intermediate_size": 512, "vocab_size": 100}
+    for key in ("num_local_experts", "num_experts_per_tok"):
+        with pytest.raises(KitError, match=f"{key} must be a positive whole number, got 0"):
+            _spec(tmp_path, {**big, key: 0})
+        with pytest.raises(KitError, match=key):
+            zoo.build({**big, key: 0})
+    assert _spec(tmp_path, {**big, "num_local_experts": None}).experts == 8  # null: HF's default
+
+
+def test_tensor_parallelism_over_a_captured_graph_splits_the_kv_heads_built():
+    """shard_graph checks --tp against the KV heads the captured module has: a Mistral dict
+    without num_key_value_heads is built with HF's 8, and --tp 16 over 32 query heads had passed
+    (it had read one KV head a query head); an explicit 32 still shards 16 ways."""
+    from kit.parallel.opgraph import capture_model, shard_graph
+    from kit.workload.zoo_modern import kv_heads_of
+
+    c = {"model_type": "mistral", "hidden_size": 256, "num_attention_heads": 32, "num_hidden_layers": 2,
+         "intermediate_size": 512, "vocab_size": 128}
+    built = kv_heads_of(c)
+    assert built < 32
+    with pytest.raises(KitError, match=f"key/value {built}"):
+        shard_graph(capture_model(c, 1, 16, "fp16"), 2 * built)
+    full = {**c, "num_key_value_heads": 32}
+    assert len(shard_graph(capture_model(full, 1, 16, "fp16"), 2 * built).layer_keys) == 2

@@ -254,7 +254,13 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     read = hf_value if llama else (lambda cfg, key: cfg.get(key))
 
     def moe(key):  # a MoE key left out or null: HF's default, as the zoo's _moe_key reads it
-        return c.get(key) or read({"model_type": c.get("model_type")}, key)
+        if c.get(key) is None:
+            return read({"model_type": c.get("model_type")}, key)
+        if isinstance(c[key], bool) or not isinstance(c[key], int) or c[key] < 1:
+            # a Mixtral config's num_local_experts 0 had been read as HF's 8 (before, as dense);
+            # the one-GPU zoo refuses it (zoo_checks.SIZE_FIELDS)
+            raise KitError(f"model {name!r}: {key} must be a positive whole number, got {c[key]!r}")
+        return c[key]
 
     experts = moe("num_local_experts") or 0  # Mixtral-style: every layer's MLP is MoE
     if llama and not (c.get("intermediate_size") or c.get("n_inner") or c.get("ffn_dim")):

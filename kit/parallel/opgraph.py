@@ -38,6 +38,7 @@ from kit.parallel.gpt import Block, GPTSpec, vocab_per_rank
 from kit.predict.norm_paths import VECTOR_ELEMS
 from kit.workload.fusion import chain_bytes, tensor_readers
 from kit.workload.graph import Region
+from kit.workload.zoo_configs import hf_value
 
 
 @dataclass
@@ -411,7 +412,9 @@ def shard_graph(graph, tp: int, spec: GPTSpec | None = None) -> GraphSource:
     cfg = graph.meta.get("config") or {}
     vocab = cfg.get("vocab_size") or (spec.vocab if spec else None)
     heads = cfg.get("n_head") or cfg.get("num_attention_heads") or (spec.heads if spec else None)
-    kv = cfg.get("num_key_value_heads") or heads
+    # a Llama-family key left out is HF's default, as the captured module was built (a Mistral
+    # dict's 8 KV heads, not one a query head: --tp 16 over 32 heads had passed with 8 KV heads)
+    kv = hf_value(cfg, "num_key_value_heads") or heads
     if heads and (heads % tp or kv % tp):
         raise KitError(f"--tp {tp} must divide the attention heads ({heads}, key/value {kv}) of "
                        f"{graph.model}")

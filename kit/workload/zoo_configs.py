@@ -156,9 +156,10 @@ ZOO = {
 # the class defaults of transformers 5.25's MistralConfig ... GptOssConfig. A config.json that HF
 # saves writes them all; a hand-written dict may not, and HF builds it with these (a Gemma dict
 # without head_dim is 256-wide heads, 16 heads over 3072: 134.5M parameters in a 4-layer test
-# model, not the 84.2M of 192-wide heads). A key given as null keeps the kit's reading (HF's
-# __post_init__ reads a null num_key_value_heads as one a query head, a null head_dim as hidden /
-# heads). Families not listed (llama, phi3) default as the kit reads. Qwen's sliding_window and
+# model, not the 84.2M of 192-wide heads). A key given as null keeps the kit's reading, one KV head a
+# query head and hidden / heads, as HF 5.25 reads a null where it takes one (num_key_value_heads:
+# Llama, Qwen2, Qwen3, Phi-3; head_dim: Llama, Mistral, Mixtral; its other classes refuse a null
+# or fail to build, where the kit stays lenient). HF 4.51 had the same defaults. Families not listed (llama, phi3) default as the kit reads. Qwen's sliding_window and
 # max_window_layers act only with use_sliding_window.
 HF_DEFAULTS = {
     "mistral": {"num_key_value_heads": 8, "sliding_window": 4096},

@@ -279,14 +279,20 @@ def sliding_windows(c) -> list[int]:
     type the layers: none in Llama and Gemma (their HF attention reads neither sliding_window nor
     layer_types); an explicit layer_types list; else Gemma 2 and GPT-OSS slide on even
     layers, Gemma 3 on all but every sliding_window_pattern-th (6), the Qwens only with
-    use_sliding_window (Qwen2 and Qwen3 from max_window_layers on, Qwen2-MoE on the even layers
-    below it, Qwen3-MoE on all), any other family with a sliding_window on every layer. A
+    use_sliding_window, layer_types or not (Qwen2 and Qwen3 from max_window_layers on, Qwen2-MoE
+    on the even layers below it, Qwen3-MoE on all, its layer_types unread), any other family with a sliding_window on every layer. A
     window (or max_window_layers) the config leaves out is HF's default for its family (Mistral,
     Gemma 2 and 3: 4096; GPT-OSS 128; Qwen: 4096 from layer 28: zoo_configs.HF_DEFAULTS); a
     Mistral dict without one had decoded at 8k context over 8k keys a layer, HF's over 4,096."""
     n, w, family = c["num_hidden_layers"], hf_value(c, "sliding_window") or 0, _family(c)
+    if family.startswith("qwen") and not c.get("use_sliding_window"):
+        # HF's Qwen configs null the window without use_sliding_window, whatever layer_types
+        # says: a Qwen2 dict typing layers "sliding_attention" had kept HF's default 4096 there
+        w = 0
     if not w or family in ("llama", "gemma"):
         return [0] * n
+    if family == "qwen3_moe":  # its HF attention reads config.sliding_window, no layer_types
+        return [w] * n
     types = c.get("layer_types")
     if types:
         return [w if t == "sliding_attention" else 0 for t in types]
@@ -297,9 +303,8 @@ def sliding_windows(c) -> list[int]:
         return [w if (i + 1) % pattern else 0 for i in range(n)]
     if family.startswith("qwen"):
         first = hf_value(c, "max_window_layers", n)
-        slides = {"qwen2_moe": lambda i: i % 2 == 0 and i < first,
-                  "qwen3_moe": lambda i: True}.get(family, lambda i: i >= first)
-        return [w if c.get("use_sliding_window") and slides(i) else 0 for i in range(n)]
+        slides = {"qwen2_moe": lambda i: i % 2 == 0 and i < first}.get(family, lambda i: i >= first)
+        return [w if slides(i) else 0 for i in range(n)]
     return [w] * n
 
 
