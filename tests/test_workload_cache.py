@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from kit import source_digest
 from kit.workload import latency_cache, zoo
 from kit.workload import iteration as iteration_mod
 from kit.workload.iteration import CpuOverhead, iteration
@@ -144,7 +145,7 @@ def test_the_capture_stamp_follows_each_modules_contents(monkeypatch, name):
         return data + b"\n# edited\n" if self.name == name else data
 
     monkeypatch.setattr(Path, "read_bytes", edited)
-    monkeypatch.setattr(zoo, "_STAMPS", {})  # as after a change of the file's size or mtime
+    monkeypatch.setattr(source_digest, "_MEMO", {})  # as after a change of the file's size or mtime
     assert zoo._code_stamp() != before
 
 
@@ -170,7 +171,7 @@ def test_the_capture_stamp_follows_the_installed_torch(monkeypatch, tmp_path):
     assert sys.modules["torch"] is torch
 
     before = zoo._code_stamp()
-    monkeypatch.setattr(zoo, "_STAMPS", {})
+    monkeypatch.setattr(source_digest, "_MEMO", {})
     monkeypatch.delitem(sys.modules, "torch")
     assert zoo._code_stamp() == before
     other = tmp_path / "torch"
@@ -178,7 +179,7 @@ def test_the_capture_stamp_follows_the_installed_torch(monkeypatch, tmp_path):
     (other / "__init__.py").write_text("")
     (other / "version.py").write_text("__version__ = '0.0.1'\ngit_version = 'other'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(zoo, "_STAMPS", {})
+    monkeypatch.setattr(source_digest, "_MEMO", {})
     assert zoo._code_stamp() != before
 
 

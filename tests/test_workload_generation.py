@@ -307,3 +307,27 @@ def test_every_costing_module_the_latency_cache_names_exists_and_stamps_it(tmp_p
     f = copy / "generation.py"
     f.write_text(f.read_text() + "\n# changed\n")
     assert latency_cache._predictor_stamp() != before
+
+
+def test_the_latency_cache_key_follows_contents_not_mtimes(tmp_path, monkeypatch):
+    """An edit that keeps a costing module's size and mtime (a copy with its mtime kept, an edit
+    within the clock's tick) changes the latency cache's key: it had been the files' names,
+    sizes and mtimes, and served the other code's latencies."""
+    import os
+    import shutil
+
+    from kit.workload import latency_cache
+
+    copy = tmp_path / "workload"
+    shutil.copytree(latency_cache.HERE, copy)
+    monkeypatch.setattr(latency_cache, "HERE", copy)
+    before = latency_cache._predictor_stamp()
+    f = copy / "kernels.py"
+    st, text = f.stat(), f.read_text()
+    f.write_text(text.replace("(", "[", 1))  # same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    from kit import source_digest
+
+    monkeypatch.setattr(source_digest, "_MEMO", {})  # another process: nothing memoised
+    assert latency_cache._predictor_stamp() != before

@@ -35,17 +35,14 @@ COSTING_FILES = ("iteration.py", "kernel_times.py", "fusion.py", "kernels.py", "
 
 def _predictor_stamp() -> str:
     """Changes whenever a predictor's code, the shipped weights or the code that turns a graph
-    into the ops to predict (fusion, derived kernels, iteration) change."""
+    into the ops to predict (fusion, derived kernels, iteration) change: by their contents (it
+    had been their names, sizes and mtimes, so an edit of the same size within the clock's
+    tick, or a copy that keeps mtimes, served another code's latencies)."""
+    from kit.source_digest import files_stamp
+
     files = (sorted(PREDICT_DIR.rglob("*.py")) + sorted((PREDICT_DIR / "weights").glob("*"))
              + [HERE / n for n in COSTING_FILES] + list(KIT_FILES))
-    parts = []
-    for f in files:
-        try:
-            st = f.stat()
-        except OSError:
-            continue
-        parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    return files_stamp((str(f.relative_to(f.parents[1])), f) for f in files)
 
 
 def key_for(graph, fusion: str, gpu, predictor: str) -> str | None:

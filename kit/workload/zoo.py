@@ -102,9 +102,6 @@ def _key(model, batch, seq, mode, dtype, optimizer) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
-_STAMPS: dict = {}  # _code_stamp's hashes, by the files' paths, sizes and mtimes (ns)
-
-
 def _code_stamp() -> str:
     """Changes whenever the capture code or the models change (invalidates disk caches): a hash
     of the contents of every module in kit/workload and of the op classes a graph pickles
@@ -115,23 +112,12 @@ def _code_stamp() -> str:
     4.170 ms kernels for its own 4.306), and rnn.py, which prices a captured recurrent node, was
     not on the list. The installed torch's version is in it too: its decompositions decide the
     aten ops a capture records."""
+    from kit.source_digest import files_stamp
+
     here = Path(__file__).parent
     files = [*sorted(here.glob("*.py")), here.parent / "ops.py", here.parent / "op_counts.py"]
-    sig = []
-    for f in files:
-        try:
-            st = f.stat()
-            sig.append((str(f), st.st_size, st.st_mtime_ns))
-        except OSError:
-            sig.append((str(f), None, None))
-    sig = tuple(sig)
-    if sig not in _STAMPS:
-        from kit.source_digest import contents_digest
-
-        torch_file = _torch_version_file()
-        named = [(f.name, f) for f in files] + ([("torch/version.py", torch_file)] if torch_file else [])
-        _STAMPS[sig] = contents_digest(named).hex()[:16]
-    return _STAMPS[sig]
+    torch_file = _torch_version_file()
+    return files_stamp([(f.name, f) for f in files] + ([("torch/version.py", torch_file)] if torch_file else []))
 
 
 def _torch_version_file() -> Path | None:
