@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from kit.ops import Elementwise, Gemm
 from kit.workload.capture import capture
-from kit.workload.kernels import Cheapest, Derived, leaf_ops
+from kit.workload.kernels import Cheapest, Derived, Slowest, leaf_ops
 from kit.workload.mapping_vision import conv_backward, dgrad_phases
 
 torch.set_num_threads(1)
@@ -80,12 +80,15 @@ def test_a_3x3_stride_2_input_gradient_is_its_four_phases():
     run in one launch (one batched GEMM of 4 taps, scaled to the 9 the phases take); the old single GEMM was 6,608 x 64 x 293
     (K = 128 · 9 · 1,680 / 6,608 = 292.9, rounded: 0.04% more FLOPs than the forward's)."""
     op, forward = _dx(64, 128, 1, 3, 2, 1, 1, 56)
-    assert isinstance(op, Derived) and op.flops == forward
+    assert isinstance(op, Slowest) and op.flops == forward
+    launch, alone = op.options
     rows = 2 * 28 * 30  # the helper's input is 56 x 59: output 28 x 30
     # one launch: the four phases one batched GEMM at the most taps (4), scaled to 9 of 16
-    assert op.parts == (Gemm(m=rows, n=64, k=128 * 4, b=4, kind="linear"),)
-    assert op.scale == pytest.approx(9 / 16)
-    assert [s for _, s in leaf_ops(op)] == [pytest.approx(9 / 16)]
+    assert launch.parts == (Gemm(m=rows, n=64, k=128 * 4, b=4, kind="linear"),)
+    assert launch.scale == pytest.approx(9 / 16)
+    assert [s for _, s in leaf_ops(op)] == [pytest.approx(9 / 16)]  # the nominal way, reported
+    # and at least its slowest phase (2x2 taps) alone
+    assert alone == Gemm(m=rows, n=64, k=128 * 4, b=1, kind="linear", shared_rhs=True)
 
 
 def test_a_1x1_stride_2_input_gradient_writes_zeros_where_no_tap_lands():
@@ -132,3 +135,47 @@ def _captured(layer, x):
     bwd = [n for n in g.kernels() if n.name() == "convolution_backward"]
     assert len(fwd) == len(bwd) == 1
     return fwd[0], bwd[0]
+
+
+@pytest.mark.parametrize("channels, size", [(128, 56), (256, 28), (512, 14)])
+@pytest.mark.parametrize("gpu", ["h100-sxm", "a100-sxm4-80gb"])
+def test_a_strided_input_gradient_takes_at_least_its_slowest_phase_alone(channels, size, gpu):
+    """resnet50's 3x3 stride-2 convs at batch 1: the phases in one launch cannot end before the
+    phase of most taps (2x2) would alone. Scaled to 9/16 of a 4-phase batch that fits one wave,
+    the launch had come out under it (the 128-channel one on an H100, in the stream: ~17% low)."""
+    from types import SimpleNamespace
+
+    from kit.workload.kernel_times import isolated_latencies, predict_latencies
+
+    op, _ = _dx(channels, channels, 1, 3, 2, 1, 1, size, n=1, width=size)
+    # the phase of 2x2 taps: the output's pixels of rows, K = Cout · 4
+    alone = Gemm(m=(size // 2) ** 2, n=channels, k=4 * channels, b=1, kind="linear", shared_rhs=True)
+    both = [SimpleNamespace(op=o, kernels=1) for o in (op, alone)]
+    stream = predict_latencies(both, gpu, "auto")[0]
+    isolated = isolated_latencies([op, alone], gpu, "auto")[:, 0]
+    assert stream[0] >= stream[1] and isolated[0] >= isolated[1]
+
+
+def test_a_way_is_its_slowest_option_and_a_node_its_fastest_way():
+    """A Slowest among a Derived's parts bounds that way only: Cheapest(max(a, b) + c, d) costs
+    min(max(a, b) + c, d), on the roofline (time proportional to bytes)."""
+    from types import SimpleNamespace
+
+    from kit.ops import copy_of
+    from kit.workload.kernel_times import isolated_latencies, predict_latencies
+    from kit.workload.kernels import leaf_options, option_ways
+
+    mb = 1 << 20
+    a, b, c = copy_of(8 * mb), copy_of(32 * mb), copy_of(16 * mb)
+    way = Derived("x", (Slowest("x", (a, b)), c))
+    assert len(leaf_options(way)) == 2 and option_ways(way) == [0, 0]
+
+    def ms(op):
+        return float(predict_latencies([SimpleNamespace(op=op, kernels=1)], "h100-sxm", "roofline")[0][0])
+
+    assert ms(way) == pytest.approx(ms(b) + ms(c))  # the slower bound, plus c
+    for d_mb, expected in ((64, ms(b) + ms(c)), (40, ms(copy_of(40 * mb)))):
+        node = Cheapest("x", (way, copy_of(d_mb * mb)))
+        assert option_ways(node) == [0, 0, 1]
+        assert ms(node) == pytest.approx(expected)
+        assert isolated_latencies([node], "h100-sxm", "roofline")[0, 0] == pytest.approx(expected)

@@ -1,5 +1,6 @@
 """Each node's kernel time on a GPU, as a model runs it: every way to run a node (its leaves and
-options: kit.workload.kernels), the fastest in the stream (the slowest of a Slowest), the
+options: kit.workload.kernels), the fastest in the stream (each way the slowest of its
+options: a Slowest's, or a strided dgrad's one launch and its slowest phase), the
 in-stream rule that sheds the dispatch floor a kernel timed on its own carries, and the floor
 PyTorch's generic elementwise loop keeps. kit.workload.iteration lays them on a timeline."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 
 from kit.ops import Elementwise
 from kit.predict.sibling_bound import bounding_gpus
-from kit.workload.kernels import Slowest, leaf_options
+from kit.workload.kernels import Cheapest, Derived, leaf_options, option_ways
 
 
 def _leaves(nodes):
@@ -42,26 +43,39 @@ def _per_option(vals, owner, option, n_nodes: int, scale=None):
     return per, seen, sums
 
 
-def _pick(per, seen, slowest=None) -> np.ndarray:
-    """Per node, its option's index: the fastest (by latency), or for a kernels.Slowest node
-    (slowest: a mask) the slowest."""
-    best = np.where(seen, per[:, :, 0], np.inf).argmin(axis=1)
-    if slowest is not None and slowest.any():
-        worst = np.where(seen, per[:, :, 0], -np.inf).argmax(axis=1)
-        best = np.where(slowest, worst, best)
+def _pick(per, seen, shared=()) -> np.ndarray:
+    """Per node, its option's index: the fastest (by latency), or where options share a way of
+    running the node (shared: [(node, kit.workload.kernels.option_ways)], _shared_ways) the
+    slowest option of the fastest way (a kernels.Slowest node: its one way's slowest)."""
+    lat = np.where(seen, per[:, :, 0], np.inf)
+    best = lat.argmin(axis=1)
+    for i, ways in shared:
+        ways = np.asarray(ways)
+        t = np.where(seen[i, :len(ways)], lat[i, :len(ways)], -np.inf)
+        way_ms = {w: t[ways == w].max() for w in dict.fromkeys(ways.tolist())}
+        way_ms = {w: (ms if ms > -np.inf else np.inf) for w, ms in way_ms.items()}  # a way of no leaves
+        way = min(way_ms, key=way_ms.get)
+        best[i] = np.flatnonzero(ways == way)[np.argmax(t[ways == way])]
     return best
 
 
-def _slowest_mask(ops) -> np.ndarray:
-    return np.array([isinstance(op, Slowest) for op in ops], dtype=bool)
+def _shared_ways(ops) -> list:
+    """[(node, its options' ways)] for the nodes some of whose options share a way (a Slowest,
+    or a Slowest among a Derived's parts): the rest take their fastest option."""
+    out = []
+    for i, op in enumerate(ops):
+        if isinstance(op, (Cheapest, Derived)):
+            ways = option_ways(op)
+            if len(set(ways)) < len(ways):
+                out.append((i, ways))
+    return out
 
 
-def _fastest_option(vals, owner, option, n_nodes: int, scale=None, slowest=None):
-    """Per node, the (latency, p10, p90, roofline) sums of its fastest option (by latency; its
-    slowest for a kernels.Slowest, as the slowest mask says). With `scale` (each leaf's), also the
-    sum of its leaves' scales in that option."""
+def _fastest_option(vals, owner, option, n_nodes: int, scale=None, shared=()):
+    """Per node, the (latency, p10, p90, roofline) sums of the option _pick takes (shared: as
+    _pick's). With `scale` (each leaf's), also the sum of its leaves' scales in that option."""
     per, seen, sums = _per_option(vals, owner, option, n_nodes, scale)
-    best = _pick(per, seen, slowest)
+    best = _pick(per, seen, shared)
     out = per[np.arange(n_nodes), best]
     if scale is None:
         return out
@@ -79,7 +93,7 @@ def isolated_latencies(ops, gpu, predictor="auto") -> np.ndarray:
     leaves, owner, scale, option = _leaves([SimpleNamespace(op=op) for op in ops])
     cols = ["latency_ms", "latency_p10_ms", "latency_p90_ms", "roofline_ms"]
     vals = model.predict(leaves, gpu)[cols].to_numpy(dtype=float)
-    return _fastest_option(vals * scale[:, None], owner, option, len(ops), slowest=_slowest_mask(ops))[:, :3]
+    return _fastest_option(vals * scale[:, None], owner, option, len(ops), shared=_shared_ways(ops))[:, :3]
 
 
 def predict_latencies(nodes, gpu, predictor: str = "auto", leaves=None, with_option: bool = False):
@@ -203,7 +217,7 @@ def _predict_leaves(model, nodes, gpu, prepared):
         # taken is the one whose time is reported (the nominal way's floor, applied after the
         # choice, had given a Cheapest whose second way won the first way's time)
         per[:, :, :3] = np.maximum(per[:, :, :3], generic_loop_per_option(prepared, gpu, per.shape[:2])[:, :, None])
-    best = _pick(per, seen, _slowest_mask([n.op for n in nodes]))
+    best = _pick(per, seen, _shared_ways([n.op for n in nodes]))
     out = per[np.arange(len(nodes)), best]
     return out[:, 0], out[:, 1], out[:, 2], model.name, fallbacks, best
 

@@ -11,10 +11,11 @@ A `Cheapest` kernel is one of several ways to compute the same result, as a libr
 algorithm (cuDNN: an implicit GEMM or Winograd for a 3x3 convolution): it costs the fastest
 option on the GPU at hand (kit.workload.iteration), and reports the FLOPs and bytes of the
 first, nominal one. A `Slowest` kernel (a Cheapest subclass) is bound by each of its options
-at once and costs the slowest.
+at once and costs the slowest; it may also sit among a Derived's parts (leaf_options).
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from kit.ops import copy_of  # noqa: F401 (re-exported: the kit's mappings import it from here)
@@ -97,10 +98,37 @@ def memory_bound(op_class: str, nbytes: float, dtype: str = "fp32", label: str =
 
 
 def leaf_options(op) -> list[list]:
-    """Per way of running a node's op (one, or a Cheapest's options): its leaf_ops."""
+    """Per option of a node's op, its leaves with their scales (option_ways says which way of
+    running it each option belongs to): a Cheapest's ways in order, each of them one option, or
+    one per combination of the Slowest sitting in its Derived parts (a strided convolution's
+    input gradient, _dgrad: its one launch or its slowest phase alone)."""
+    return [leaves for _, leaves in _ways(op)]
+
+
+def option_ways(op) -> list[int]:
+    """Per option of leaf_options(op), the way of running the op it belongs to: the node costs
+    the fastest way (the slowest, for a Slowest node), each way the slowest of its options."""
+    return [way for way, _ in _ways(op)]
+
+
+def _ways(op) -> list[tuple[int, list]]:
+    if isinstance(op, Cheapest) and not isinstance(op, Slowest):
+        return [(i, leaves) for i, o in enumerate(op.options) for leaves in _bounds(o)]
+    return [(0, leaves) for leaves in _bounds(op)]
+
+
+def _bounds(op) -> list[list]:
+    """The leaf lists (with scales) whose slowest op takes: one, unless a Slowest sits in it, as
+    max(a, b) + c = max(a + c, b + c). A Cheapest inside a Derived counts its nominal (first)
+    option, as leaf_ops does."""
+    if isinstance(op, Slowest):
+        return [leaves for o in op.options for leaves in _bounds(o)]
     if isinstance(op, Cheapest):
-        return [leaf_ops(o) for o in op.options]
-    return [leaf_ops(op)]
+        return _bounds(op.options[0])
+    if isinstance(op, Derived):
+        return [[(p, op.scale * s) for leaves in combo for p, s in leaves]
+                for combo in itertools.product(*(_bounds(part) for part in op.parts))]
+    return [[(op, 1.0)]]
 
 
 def leaf_ops(op) -> list:
