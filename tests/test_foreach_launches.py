@@ -53,9 +53,13 @@ def test_deeper_lists_take_fewer_tensors_a_launch():
     assert fused["_fused_adamw_"] == math.ceil(300 / MTA_MAX_TENSORS[3]) > math.ceil(300 / MTA_MAX_TENSORS[2])
 
 
-def _torch_loop(numels, depth, scalar_list=False) -> int:
-    """multi_tensor_apply's launch loop as torch writes it, chunk by chunk."""
-    most = (MTA_MAX_TENSORS_SCALARLIST if scalar_list else MTA_MAX_TENSORS)[depth - 1]
+def _torch_loop(numels, depth, scalar_list=False, build="cuda13") -> int:
+    """multi_tensor_apply's launch loop as torch writes it, chunk by chunk (a CUDA < 13 or ROCm
+    build: the 4 KB table, 320 blocks and 110, 64, 48, 36, 30 tensors; 96 with a scalar list)."""
+    tables = {"cuda13": (MTA_MAX_BLOCKS, MTA_MAX_TENSORS, MTA_MAX_TENSORS_SCALARLIST),
+              "legacy": (320, (110, 64, 48, 36, 30), (96, 64, 48, 36, 30))}
+    max_blocks, tensors, scalars = tables[build]
+    most = (scalars if scalar_list else tensors)[depth - 1]
     blocks = held = launches = 0
     for n in numels:
         if n == 0:
@@ -64,19 +68,51 @@ def _torch_loop(numels, depth, scalar_list=False) -> int:
         chunks = -(-n // MTA_CHUNK_ELEMS)
         for chunk in range(chunks):
             blocks += 1
-            if (held == most and chunk == chunks - 1) or blocks == MTA_MAX_BLOCKS:
+            if (held == most and chunk == chunks - 1) or blocks == max_blocks:
                 launches, blocks = launches + 1, 0
                 held = 0 if chunk == chunks - 1 else 1
     return launches + (blocks != 0)
 
 
-def test_launch_count_follows_torchs_loop():
+@pytest.mark.parametrize("build", ["cuda13", "legacy"])
+def test_launch_count_follows_torchs_loop(build):
     rng = random.Random(3)
     for _ in range(500):
         numels = [rng.choice([0, 1, rng.randint(1, 10**6), MTA_CHUNK_ELEMS * rng.randint(1, 3000)])
                   for _ in range(rng.randint(1, 900))]
         depth, scalar_list = rng.randint(1, 5), rng.random() < 0.5
-        assert mta_launches(numels, depth, scalar_list) == _torch_loop(numels, depth, scalar_list)
+        assert mta_launches(numels, depth, scalar_list, build) == _torch_loop(numels, depth, scalar_list, build)
+
+
+def test_builds_by_gpu():
+    """CUDA 13 builds for compute capability 7.5 up; a Pascal or Volta GPU runs a CUDA 12 build,
+    an AMD one a ROCm build: both take the 4 KB table."""
+    from kit.hardware import get_gpu
+    from kit.workload.kernels import mta_build
+
+    legacy = ("p4", "p100-pcie-16gb", "v100-sxm2-32gb", "mi210", "mi300x")
+    assert [mta_build(get_gpu(g)) for g in legacy] == ["legacy"] * len(legacy)
+    assert [mta_build(get_gpu(g)) for g in ("t4", "a100-sxm4-80gb", "h100-sxm", "b200")] == ["cuda13"] * 4
+
+
+@pytest.mark.parametrize("gpu, build", [("h100-sxm", "cuda13"), ("v100-sxm2-32gb", "legacy"),
+                                        ("mi210", "legacy")])
+def test_each_gpu_is_priced_at_its_builds_launches(gpu, build):
+    """700 small parameters' AdamW step: a V100 or MI210 (the 4 KB table) launches 7 kernels of
+    each depth-1 op where a CUDA 13 build launches 1; the graph, captured once, had given every
+    GPU the CUDA 13 counts (llama3-8b: 55 launches an op where a V100 runs 384)."""
+    from kit.workload.graph import OpGraph
+    from kit.workload.iteration import iteration
+
+    with torch.device("meta"):
+        model = nn.ParameterList([nn.Parameter(torch.empty(8)) for _ in range(700)])
+    nodes = tuple(capture_optimizer(model, "adamw"))
+    it = iteration(OpGraph(nodes, "params", {"mode": "train"}), gpu, predictor="roofline")
+    got = dict(zip(it.timeline.aten, it.timeline.kernels))
+    depth = {"_foreach_mul_": 1, "_foreach_lerp_": 2, "_foreach_addcmul_": 3, "_foreach_sqrt": 2}
+    want = {op: _torch_loop([8] * 700, d, build=build) for op, d in depth.items()}
+    assert {op: got[op] for op in want} == want
+    assert len(set(_torch_loop([8] * 700, d, build=b) for d in (1, 2) for b in ("cuda13", "legacy"))) == 4
 
 
 def test_identical_launches_add_up():

@@ -15,7 +15,7 @@ with C the cumulative kernel time. The overheads are calibratable from a Kineto 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -24,6 +24,7 @@ from kit.errors import KitError
 from kit.hardware import get_gpu
 from kit.workload.fusion import apply_fusion
 from kit.workload.graph import OpGraph
+from kit.workload.kernels import for_build, mta_build
 # the names tests and notebooks reach through this module (kit's own code imports kernel_times)
 from kit.workload.kernel_times import (GENERIC_LOOP_ELEMS_PER_SM_CLOCK, KERNEL_MIN_US,  # noqa: F401
                                       _leaves, generic_loop_ms, in_stream_ms, isolated_latencies,
@@ -230,6 +231,24 @@ def _prepared(graph: OpGraph, fusion: str) -> dict:
     return memo[fusion]
 
 
+def _for_build(prep: dict, build: str) -> dict:
+    """prep with each foreach node as the GPU's torch build launches it (kernels.PerBuild: a CUDA
+    12 or ROCm build's multi_tensor_apply table, kernels.mta_build): its op and
+    kernels; prep itself where no node differs. Memoised in prep."""
+    memo = prep.setdefault("builds", {})
+    if build not in memo:
+        nodes = prep["kernels"].nodes
+        swapped = [replace(n, op=op, kernels=k) if op is not n.op else n
+                   for n in nodes for op, k in [for_build(n.op, n.kernels, build)]]
+        if all(a is b for a, b in zip(swapped, nodes)):
+            memo[build] = prep
+        else:
+            columns = dict(prep["columns"], kernels=np.array([max(n.kernels, 1) for n in swapped], dtype=int))
+            memo[build] = dict(prep, kernels=prep["kernels"].with_nodes(swapped), leaves=_leaves(swapped),
+                               columns=columns, static=pd.DataFrame(columns), latencies={}, builds={})
+    return memo[build]
+
+
 def _latencies(graph: OpGraph, prep: dict, fusion: str, gpu, predictor):
     """predict_latencies, memoised in-process and on disk for cached captures
     (kit.workload.latency_cache): a repeated configuration needs no predictor."""
@@ -261,7 +280,7 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
                        f"{type(overhead).__name__} {overhead!r}")
     if not isinstance(graph, OpGraph):
         raise KitError(f"iteration needs an OpGraph (from kit.workload.capture), got {type(graph).__name__}")
-    prep = _prepared(graph, fusion)
+    prep = _for_build(_prepared(graph, fusion), mta_build(gpu))
     lat, p10, p90, pname, fallbacks, taken = _latencies(graph, prep, fusion, gpu, predictor)
     cols = prep["columns"]
     launches = cols["kernels"].astype(float)

@@ -55,6 +55,35 @@ class Derived:
 
 
 @dataclass(frozen=True)
+class PerBuild(Derived):
+    """A Derived whose launches depend on the torch build the GPU runs (a _foreach_* op or fused
+    optimizer: multi_tensor_apply's tables, mta_build): itself as a CUDA 13 build runs it, and
+    legacy_op in legacy_kernels launches as a CUDA 12 or ROCm build does. The single-GPU
+    pricing (kit.workload.iteration) takes the GPU's (for_build); elsewhere it is itself."""
+
+    legacy_op: object = None
+    legacy_kernels: int = 1
+
+
+# NVIDIA architectures CUDA 13 no longer builds for (it supports compute capability 7.5 up)
+PRE_CUDA13_ARCHS = frozenset({"kepler", "maxwell", "pascal", "volta"})
+
+
+def mta_build(gpu) -> str:
+    """Which multi_tensor_apply table the torch build a GPU runs uses: "legacy" (a ROCm build, or
+    a CUDA 12 one on an architecture CUDA 13 dropped) or "cuda13" (every other NVIDIA GPU)."""
+    vendor, arch = str(getattr(gpu, "vendor", "")).lower(), str(getattr(gpu, "arch", "")).lower()
+    return "legacy" if vendor != "nvidia" or arch in PRE_CUDA13_ARCHS else "cuda13"
+
+
+def for_build(op, kernels: int, build: str) -> tuple[object, int]:
+    """(op, kernels) of a node's op as `build` ("cuda13" or "legacy") runs it."""
+    if build == "legacy" and isinstance(op, PerBuild):
+        return op.legacy_op, op.legacy_kernels
+    return op, kernels
+
+
+@dataclass(frozen=True)
 class Cheapest:
     """The fastest of `options` (kit ops or Derived), each a complete way to run the kernel."""
 

@@ -14,7 +14,8 @@ import torch
 
 from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, LayerNorm, RMSNorm, Softmax,
                      elementwise_proxy)
-from kit.workload.kernels import ATTENTION_BWD_FLOPS, ATTENTION_BWD_SCALE, Derived, Slowest, copy_of, memory_bound
+from kit.workload.kernels import (ATTENTION_BWD_FLOPS, ATTENTION_BWD_SCALE, Derived, PerBuild, Slowest, copy_of,
+                                  memory_bound)
 from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, POW_FAST, _elementwise,  # noqa: F401
                                               _pow_kind, input_streams, mta_launches, nbytes,
                                               unique_nbytes, vectorizable)
@@ -215,14 +216,23 @@ def _causal_arg(packet: str, args, kwargs) -> bool:
     return False
 
 
-def _foreach(packet: str, args, out) -> tuple[Elementwise, int]:
+def _foreach(packet: str, args, out, build: str = "cuda13") -> tuple[Elementwise, int]:
     lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
     first = lists[0] if lists else tensors(args)
     numel = sum(t.numel() for t in first) or 1
     dtype, mult = kit_dtype(first[0])
     reads = len(lists) if lists else 1
     return Elementwise("add", max(1, int(numel * mult)), dtype, inputs=reads), \
-        _foreach_launches(packet, lists or [first], args, out)
+        _foreach_launches(packet, lists or [first], args, out, build)
+
+
+def _launched(cls: str, op: Elementwise, launches: int, packet: str):
+    """A foreach op (or fused AdamW: 7 streams to the 5 of `op`'s pass) of `launches` kernels."""
+    if cls == "optimizer":
+        return Derived("optimizer", (_one_launch(op, launches),), 7 / 5 * launches, packet)
+    if launches > 1:
+        return Derived(cls, (_one_launch(op, launches),), launches, packet)
+    return op
 
 
 def _one_launch(op: Elementwise, launches: int) -> Elementwise:
@@ -236,7 +246,7 @@ def _one_launch(op: Elementwise, launches: int) -> Elementwise:
     return replace(op, numel=max(1, -(-op.numel // launches)))
 
 
-def _foreach_launches(packet: str, lists: list, args, out) -> int:
+def _foreach_launches(packet: str, lists: list, args, out, build: str = "cuda13") -> int:
     """The kernels a _foreach_* op or fused optimizer launches (mta_launches): its depth is the
     lists of the first's sizes it walks (a fused AdamW's parameters, gradients and two moments,
     not its one-element step counts), and an out-of-place op's output list (_foreach_sqrt's); a
@@ -252,7 +262,7 @@ def _foreach_launches(packet: str, lists: list, args, out) -> int:
         return isinstance(a, (list, tuple)) and bool(a) and not isinstance(a[0], torch.Tensor)
 
     scalars = packet.startswith("_foreach_") and any(scalar_per_tensor(a) for a in args[1:])
-    return max(1, mta_launches(sizes, depth, scalars))
+    return max(1, mta_launches(sizes, depth, scalars, build))
 
 
 def map_op(packet: str, args, kwargs, out, copies_self: bool = True) -> tuple[object | None, str, int]:
@@ -336,14 +346,18 @@ def map_op(packet: str, args, kwargs, out, copies_self: bool = True) -> tuple[ob
         return map_vision(packet, args, ins, outs, dtype)
     if packet.startswith("_foreach_") or packet.startswith("_fused_adam") or packet == "_fused_sgd_":
         op, kernels = _foreach(packet, args, out)
-        if packet.startswith("_fused_adam"):  # param, grad, m, v read; param, m, v written
+        legacy = _foreach(packet, args, out, "legacy")[1]  # a CUDA 12 or ROCm build's launches
+        cls = "optimizer" if packet.startswith("_fused_adam") else \
+            "reduction" if packet == "_foreach_norm" else "elementwise"
+        if cls == "optimizer":  # param, grad, m, v read; param, m, v written
             op = Elementwise("add", op.numel, op.dtype, inputs=4)
-            return Derived("optimizer", (_one_launch(op, kernels),), 7 / 5 * kernels, packet), \
-                "optimizer", kernels
-        cls = "reduction" if packet == "_foreach_norm" else "elementwise"
-        if kernels > 1:
-            return Derived(cls, (_one_launch(op, kernels),), kernels, packet), cls, kernels
-        return op, cls, kernels
+        mine = _launched(cls, op, kernels, packet)
+        if legacy == kernels:
+            return mine, cls, kernels
+        # the two tables launch different counts: both kept, the GPU's taken (kernels.PerBuild)
+        base = mine if isinstance(mine, Derived) else Derived(cls, (op,), 1.0, packet)
+        return PerBuild(base.op_class, base.parts, base.scale, packet, legacy_op=_launched(cls, op, legacy, packet),
+                        legacy_kernels=legacy), cls, kernels
     if packet in REDUCTIONS or (packet in ("max", "min") and len(ins) == 1):
         # aten.max.dim / max (one tensor: a reduction, values and indices) reach here as "max",
         # like the elementwise max.other of two tensors

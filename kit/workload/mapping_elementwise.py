@@ -165,21 +165,34 @@ def pass_share(streams: float, inputs: int) -> float:
 # launches 55, and GPT-2's 148 (124 M elements) 2 where it launches 1. The table is a compile-time
 # choice (CUDART_VERSION >= 13000, not ROCm) and the graph is captured once for every GPU, so
 # GPUs no CUDA 13 build runs on (CUDA 13 dropped Pascal and Volta: the P4, P100, V100) and AMD's
-# (ROCm builds) are given these counts too, where their builds launch the 4 KB table's: 384
-# for llama3-8b, 7 for GPT-2. Each launch is priced at its share of the elements
+# (ROCm builds) had been given these counts too, where their builds launch the 4 KB table's:
+# 384 for llama3-8b, 7 for GPT-2. So a foreach node whose count differs between the two tables
+# carries both (kernels.PerBuild), and the single-GPU pricing takes the one of the GPU's build
+# (kernels.mta_build; kit.workload.iteration): llama3-8b's fp32 AdamW step on a V100, 440 ->
+# 3,072 launches, 827 -> 794 ms (each launch at its own size, its own floor shed). Each launch is priced at its share of the elements
 # (mapping._one_launch), so the count moves such a step's time by the rate at a launch's size
 # and the host's issue of each launch, not by a dispatch floor shed a launch.
 MTA_CHUNK_ELEMS = 65536
 MTA_MAX_BLOCKS = 2240
 MTA_MAX_TENSORS = (770, 448, 336, 252, 210)
 MTA_MAX_TENSORS_SCALARLIST = (672, 448, 336, 252, 210)  # a list of scalars, one a tensor, too
+# the other branch of that #if (CUDA < 13, and every ROCm build: `!defined(USE_ROCM)` keeps HIP
+# off the larger table), as torch 2.13's header has it
+MTA_LEGACY_MAX_BLOCKS = 320
+MTA_LEGACY_MAX_TENSORS = (110, 64, 48, 36, 30)
+MTA_LEGACY_MAX_TENSORS_SCALARLIST = (96, 64, 48, 36, 30)
 
 
-def mta_launches(numels, depth: int, scalar_list: bool = False) -> int:
+def mta_launches(numels, depth: int, scalar_list: bool = False, build: str = "cuda13") -> int:
     """The kernels multi_tensor_apply launches over tensors of `numels` elements (its loop, one
     tensor at a time: the chunks of a tensor fill the blocks, and a launch mid-tensor carries the
-    tensor into the next launch; an empty tensor is skipped)."""
-    table = MTA_MAX_TENSORS_SCALARLIST if scalar_list else MTA_MAX_TENSORS
+    tensor into the next launch; an empty tensor is skipped), with a build's table (kernels.mta_build)."""
+    legacy = build == "legacy"
+    if legacy:
+        table = MTA_LEGACY_MAX_TENSORS_SCALARLIST if scalar_list else MTA_LEGACY_MAX_TENSORS
+    else:
+        table = MTA_MAX_TENSORS_SCALARLIST if scalar_list else MTA_MAX_TENSORS
+    max_blocks = MTA_LEGACY_MAX_BLOCKS if legacy else MTA_MAX_BLOCKS
     max_tensors = table[min(max(depth, 1), len(table)) - 1]
     launches = blocks = held = 0
     for n in numels:
@@ -187,7 +200,7 @@ def mta_launches(numels, depth: int, scalar_list: bool = False) -> int:
             continue
         held += 1
         chunks = -(-int(n) // MTA_CHUNK_ELEMS)
-        full, blocks = divmod(blocks + chunks, MTA_MAX_BLOCKS)
+        full, blocks = divmod(blocks + chunks, max_blocks)
         launches += full
         if full and blocks == 0:  # the last chunk filled a launch: the tensor is done with it
             held = 0
