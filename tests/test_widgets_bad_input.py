@@ -73,3 +73,17 @@ def test_one_gpu_name_where_a_list_is_expected():
     spec = p.chart.to_dict()
     assert "no softmax rows of l4" in str(spec) and "nan" not in str(spec).lower()
     assert not any(isinstance(v, float) and math.isnan(v) for v in pd.json_normalize(spec).iloc[0])
+
+
+def test_an_unexpected_error_replaces_the_old_answer_and_is_raised(monkeypatch):
+    """A bug in the kit (any exception but a KitError) had left the previous chart and summary
+    under the new controls, its traceback only in JupyterLab's log console: the panel now says
+    the choice failed, and the exception still propagates (to the log, and to the tests)."""
+    p = GemmPanel()
+    assert p.chart_data()
+    monkeypatch.setattr(p, "make_chart", lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        p.refresh()
+    assert "failed on this choice" in p.summary.value and "ZeroDivisionError" in p.summary.value
+    assert [r["msg"] for r in p.chart_data()] == [
+        "the kit failed on this choice (ZeroDivisionError: division by zero)"]

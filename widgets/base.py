@@ -136,6 +136,13 @@ class Panel:
             text = self.summary_text()
         except KitError as e:
             chart, text = message_chart(str(e)), f"cannot show this choice: {html.escape(str(e))}"
+        except Exception as e:  # a bug: say so in the panel, then raise it (to the log, and tests)
+            # ipywidgets logs an observer's exception to the log console, out of the reader's
+            # sight, and the panel had kept the previous chart and summary under the new controls
+            said = f"{type(e).__name__}: {e}"
+            self.chart = self.chart_widget.chart = message_chart(f"the kit failed on this choice ({said})")
+            self.summary.value = (f"the kit failed on this choice, a bug to report: {html.escape(said)}")
+            raise
         self.chart = chart
         self.chart_widget.chart = self.chart
         self.summary.value = text
