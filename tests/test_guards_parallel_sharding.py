@@ -104,7 +104,7 @@ def test_untied_rope_model_on_one_stage_holds_its_output_layer():
     projection (vocab x hidden) included: memory_per_rank's params equal the spec's count, and its
     weights are 2 bytes each in fp16. A tied GPT on pp = 1 holds its one embedding once (also the
     spec's count), and on pp = 2 the last stage adds the tied copy (vocab x hidden).
-    The final norm's 2h parameters sit on the last stage (the table had left them out).
+    The final norm's parameters (LayerNorm 2h, RMSNorm h) sit on the last stage (the table had left them out).
     Each embedding copy is [padded vocab, h] (Megatron pads 1,000 to 1,024 at tp 1), the spec's
     V rows plus the padding."""
     from kit.parallel.gpt import padded_vocab
@@ -115,7 +115,8 @@ def test_untied_rope_model_on_one_stage_holds_its_output_layer():
     llama = parse_model(f"llama:layers=2,hidden={h},heads=8,kv_heads=2,seq=256,vocab={V},ffn=1408")
     assert llama.rope
     # the spec counts the output layer separately from the input embedding
-    assert llama.params - sum(llama.layer_params(i) for i in range(2)) - 2 * h == 2 * V * h
+    # (its final norm is an RMSNorm, h weights and no bias)
+    assert llama.params - sum(llama.layer_params(i) for i in range(2)) - h == 2 * V * h
     one = Layout(dtype="fp16")
     row = memory_per_rank(llama, one)[0]
     assert row["params"] == pytest.approx(llama.params + 2 * pad, abs=1e-6)

@@ -429,15 +429,16 @@ def test_activation_count_follows_gqa_gated_mlp_and_moe():
     from kit.parallel.memory import activation_bytes_per_layer
 
     s, b, h, a, f = 2048, 1, 4096, 32, 14336
+    # dropout 0.1 keeps the paper's two hidden dropout masks (2h of the 10h) in the count
     llama = GPTSpec(layers=2, hidden=h, heads=a, seq=s, vocab=1000, kv_heads=8, ffn=f, gated=True,
-                    name="l")
+                    dropout=0.1, name="l")
     lay = Layout(micro_batch=b, dtype="bf16")
     per_token = 10 * h + (2 * h + 2 * 2 * h * 8 / a + 2 * h) + 6 * f
     assert activation_bytes_per_layer(llama, lay) == pytest.approx(s * b * per_token)
     tp = Layout(micro_batch=b, dtype="bf16", tp=4)
     assert activation_bytes_per_layer(llama, tp) == pytest.approx(s * b * (10 * h + (per_token - 10 * h) / 4))
     moe = GPTSpec(layers=2, hidden=h, heads=a, seq=s, vocab=1000, kv_heads=8, ffn=f, gated=True,
-                  experts=8, topk=2, name="m")
+                  experts=8, topk=2, dropout=0.1, name="m")
     dense_mlp, moe_mlp = 6 * f, 2 * (6 * f + 2 * h)
     layer = next(i for i in range(2) if moe.is_moe(i))
     assert activation_bytes_per_layer(moe, lay, layer) - activation_bytes_per_layer(llama, lay) == \

@@ -300,7 +300,7 @@ def sp_norm_grad_bytes(spec: GPTSpec, lay: Layout, stage: int) -> float:
     layers = [i for c in range(lay.virtual_stages) for i in virtual[c * lay.pp + stage]]
     params = sum(tp_replicated_params(spec, i) for i in layers)
     if stage == lay.pp - 1:
-        params += 2 * spec.hidden
+        params += spec.norm_params
     return params * lay.grad_bytes
 
 

@@ -496,14 +496,34 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> l
 
 
 def optimizer_ms(params: float, layout: Layout, coster: Coster, expert_params: float = 0.0) -> float:
-    """Adam over the local (ZeRO-sharded) fp32 state: read param, grad, m, v; write param, m, v.
-    params: the rank's parameters, expert_params of them its expert shard, which ZeRO shards
-    over the expert-DP group (dp / ep ranks), the rest over the DP group."""
+    """Megatron-LM's mixed-precision optimizer step over the local (ZeRO-sharded) parameters, its
+    passes in order (MixedPrecisionOptimizer.step; the distributed optimizer runs them on its
+    shard), bytes a parameter:
+
+        16-bit gradients   main_param.grad = main_grad.float(): read 2, write 4; none when they
+                           are fp32 (Layout.grad_dtype; a bf16 model's main_grad by default),
+                           where .float() is the tensor itself
+        fp16               the loss scaler's unscale and inf check, in place: read 4, write 4
+        clip-grad norm     the fp32 gradients' L2 norm (clip_grad 1.0 by default): read 4; the
+                           rescale when it exceeds the limit is not counted
+        Adam               read param, grad, m, v; write param, m, v (fp32): 28
+        16-bit weights     the fp32 master weights copied to the model's: read 4, write 2
+
+    Adam's 28 B had been the whole step: an fp16 model's is 52 B, a bf16 one's (fp32 gradients)
+    38, an fp32 one's 32. params: the rank's parameters, expert_params of them its expert shard,
+    which ZeRO shards over the expert-DP group (dp / ep ranks), the rest over the DP group."""
     from kit import ops
 
     n = int(zero_kept(params, expert_params, layout, 1))
     if n < 1:
         return 0.0
-    op = ops.Elementwise("add", n, "fp32", inputs=6)
-    coster.predict_ops([op])
-    return coster.op_ms(op)
+    steps = []
+    if layout.grad_dtype != "fp32":  # 2-byte elements, 3 of them moved: 6 bytes
+        steps.append(ops.Elementwise("cast", n, layout.grad_dtype, inputs=2))
+    if layout.dtype == "fp16":
+        steps.append(ops.Elementwise("mul", n, "fp32", inputs=1))
+    steps += [ops.copy_of(4 * n), ops.Elementwise("add", n, "fp32", inputs=6)]
+    if layout.dtype != "fp32":
+        steps.append(ops.Elementwise("cast", n, layout.dtype, inputs=2))
+    coster.predict_ops(steps)
+    return sum(coster.op_ms(op) for op in steps)

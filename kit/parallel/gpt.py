@@ -209,7 +209,7 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     else:
         attn.ops += [ops.Gemm(m=s, n=s, k=hd, b=b * heads, dtype=dtype),
                      *_attention_softmax(b, heads, s, dtype),
-                     ops.Dropout(b * heads * s * s, dtype),
+                     *_dropout(spec, b * heads * s * s, dtype),
                      ops.Gemm(m=s, n=hd, k=s, b=b * heads, dtype=dtype)]
     attn.ops.append(ops.linear(tok, h // tp, h, dtype))
     blocks.append(attn)
@@ -217,7 +217,7 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
         blocks.append(Block("tp " + reduce[0], comm=reduce, backward_in_linear=not sp))
     dense = not spec.is_moe(layer)
     res_numel = ln_rows * h
-    mlp = Block("mlp", [ops.Dropout(res_numel, dtype), ops.Elementwise("add", res_numel, dtype)])
+    mlp = Block("mlp", [*_dropout(spec, res_numel, dtype), ops.Elementwise("add", res_numel, dtype)])
     if gather and tp > 1:
         mlp.ops.append(ops.LayerNorm(ln_rows, h, dtype))
         blocks.append(mlp)
@@ -245,9 +245,15 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     blocks.append(mlp)
     if tp > 1:
         blocks.append(Block("tp " + reduce[0], comm=reduce, backward_in_linear=dense and not sp))
-    blocks.append(Block("residual", [ops.Dropout(res_numel, dtype),
+    blocks.append(Block("residual", [*_dropout(spec, res_numel, dtype),
                                      ops.Elementwise("add", res_numel, dtype)]))
     return _merge(blocks)
+
+
+def _dropout(spec: GPTSpec, numel: int, dtype: str) -> list:
+    """The dropout kernel, or none at GPTSpec.dropout 0: torch's dropout then returns its input
+    (at::dropout), so Megatron's bias-dropout-add is the add alone."""
+    return [ops.Dropout(numel, dtype, spec.dropout)] if spec.dropout > 0 else []
 
 
 def _mlp_ops(spec: GPTSpec, tokens: int, tp: int, dtype: str) -> list:
@@ -285,16 +291,17 @@ def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = Fal
     if tp == 1:
         return [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
                                     ops.Elementwise("add", tok * spec.hidden, dtype),
-                                    ops.Dropout(tok * spec.hidden, dtype)])]
+                                    *_dropout(spec, tok * spec.hidden, dtype)])]
     if sp:
         rows = tok // tp if tok % tp == 0 else tok
+        drop = _dropout(spec, rows * spec.hidden, dtype)
         return [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
                                     ops.Elementwise("add", tok * spec.hidden, dtype)]),
                 Block("embedding reduce-scatter", comm=("reducescatter", act, "tp")),
-                Block("embedding dropout", [ops.Dropout(rows * spec.hidden, dtype)])]
+                *([Block("embedding dropout", drop)] if drop else [])]
     return [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
                                 ops.Elementwise("add", tok * spec.hidden, dtype),
-                                ops.Dropout(tok * spec.hidden, dtype)]),
+                                *_dropout(spec, tok * spec.hidden, dtype)]),
             Block("embedding all-reduce", comm=("allreduce", act, "tp"))]
 
 

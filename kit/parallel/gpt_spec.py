@@ -35,6 +35,18 @@ class GPTSpec:
     # None: seq. A run at a shorter seq keeps the model's whole table (gpt2 at seq 128 had lost
     # 896 x 768 parameters from its weights, gradients and optimizer state)
     attention: str = "flash"  # "flash" (fused) | "unfused" (bmm, softmax, dropout, bmm)
+    bias: bool | None = None  # biases on the linear layers (QKV, output projection, MLP or
+    # experts) and LayerNorm's beta; False: none, and RMSNorm's weight alone for the norms (Llama,
+    # Mistral, Mixtral; Megatron's --disable-bias-linear --normalization RMSNorm). None: as
+    # gated says (GPT-2/3 and OPT have them, the SwiGLU families do not). The kit had counted
+    # them for every model: Llama-3-8B's layer 218,155,008 parameters where its module has
+    # 218,112,000 (4h attention, f + h MLP and 2h norm biases it has none of)
+    qkv_bias: bool | None = None  # the QKV projection's bias alone (Qwen2: bias=False with
+    # qkv_bias=True, h + 2·kv_heads·head_dim); None: as bias says
+    dropout: float | None = None  # the hidden, embedding and attention dropouts' probability
+    # (Megatron's --hidden-dropout and --attention-dropout, 0.1 by default, 0 in its Llama
+    # recipes); None: 0 for a gated (Llama-style) model, else 0.1. At 0 torch's dropout returns
+    # its input: no kernel and no mask (at::dropout), which the kit had run and kept for Llama too
     name: str = "gpt"
     zoo: str | None = None  # the kit.workload zoo model it came from (its op graph can be captured)
 
@@ -60,8 +72,18 @@ class GPTSpec:
             raise KitError(f"model {self.name}: topk {self.topk} is more than its {self.experts} experts")
         if self.tied is None:
             object.__setattr__(self, "tied", not self.rope)
-        if not isinstance(self.tied, bool):
-            raise KitError(f"model {self.name}: tied must be True or False, got {self.tied!r}")
+        if self.bias is None:
+            object.__setattr__(self, "bias", not self.gated)
+        if self.qkv_bias is None:
+            object.__setattr__(self, "qkv_bias", self.bias)
+        if self.dropout is None:
+            object.__setattr__(self, "dropout", 0.0 if self.gated else 0.1)
+        p = self.dropout
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+            raise KitError(f"model {self.name}: dropout must be a probability in [0, 1), got {p!r}")
+        for k in ("tied", "bias", "qkv_bias"):
+            if not isinstance(getattr(self, k), bool):
+                raise KitError(f"model {self.name}: {k} must be True or False, got {getattr(self, k)!r}")
         if self.experts and not any(self.is_moe(i) for i in range(self.layers)):
             # experts and --ep had been accepted and changed nothing
             raise KitError(f"model {self.name}: experts={self.experts} with moe_every={self.moe_every} "
@@ -91,6 +113,24 @@ class GPTSpec:
         """Weight matrices in one MLP (or one expert): 3 for SwiGLU, else 2."""
         return 3 if self.gated else 2
 
+    @property
+    def norm_params(self) -> int:
+        """One norm's parameters: LayerNorm's weight and bias (2h), RMSNorm's weight (h)."""
+        return (2 if self.bias else 1) * self.hidden
+
+    @property
+    def mlp_out_bias(self) -> int:
+        """The bias of an MLP's (or expert's) down projection, added after the row-parallel
+        reduction: h, or 0 without biases."""
+        return self.hidden if self.bias else 0
+
+    @property
+    def mlp_params(self) -> int:
+        """One MLP's (or one expert's) weights and biases: the column-parallel projections'
+        (f each) and the down projection's (h)."""
+        biases = (self.mlp_matrices - 1) * self.f + self.hidden if self.bias else 0
+        return self.mlp_matrices * self.hidden * self.f + biases
+
     def routed_rows(self, tokens: int) -> int:
         """Rows a MoE layer's experts take (and its all-to-alls move) for `tokens` tokens on a
         rank: tokens x topk when dropless; with a capacity factor every expert's buffer of
@@ -112,22 +152,24 @@ class GPTSpec:
 
     def layer_params(self, layer: int = 0) -> int:
         h, kv = self.hidden, (self.kv_heads or self.heads) * self.head_dim
-        attn = h * (h + 2 * kv) + h * h + 4 * h
-        mlp = self.mlp_matrices * h * self.f + self.f + h
+        # QKV [h, h + 2kv] and its bias h + 2kv (grouped-query attention: 4h had been counted
+        # whatever kv_heads was), the output projection [h, h] and its bias
+        attn = h * (h + 2 * kv) + h * h + (h + 2 * kv if self.qkv_bias else 0) + (h if self.bias else 0)
+        mlp = self.mlp_params
         if self.is_moe(layer):
-            mlp = self.experts * mlp + h * self.experts
-        return attn + mlp + 4 * h  # two LayerNorms
+            mlp = self.experts * mlp + h * self.experts  # and the router's weight
+        return attn + mlp + 2 * self.norm_params
 
     @property
     def params(self) -> int:
         embed = (1 if self.tied else 2) * self.vocab * self.hidden
         positions = 0 if self.rope else self.positions * self.hidden
-        return sum(self.layer_params(i) for i in range(self.layers)) + embed + positions + 2 * self.hidden
+        return sum(self.layer_params(i) for i in range(self.layers)) + embed + positions + self.norm_params
 
     @property
     def active_params(self) -> int:
         """Parameters one token passes through: a MoE layer's top-k experts, not all of them."""
-        idle = self.mlp_matrices * self.hidden * self.f + self.f + self.hidden
+        idle = self.mlp_params
         moe_layers = sum(self.is_moe(i) for i in range(self.layers))
         return self.params - moe_layers * (self.experts - self.topk) * idle
 
@@ -135,7 +177,8 @@ class GPTSpec:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.f, "kv_heads": self.kv_heads,
                 "experts": self.experts, "capacity_factor": self.capacity_factor, "gated": self.gated, "rope": self.rope, "tied": self.tied,
-                "positions": None if self.rope else self.positions, "attention": self.attention, "params": self.params}
+                "positions": None if self.rope else self.positions, "attention": self.attention,
+                "bias": self.bias, "qkv_bias": self.qkv_bias, "dropout": self.dropout, "params": self.params}
 
 
 def _flag(v: str) -> bool:
@@ -144,8 +187,8 @@ def _flag(v: str) -> bool:
 
 _INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
-         "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "capacity_factor": float, "attention": str, "positions": int,
-         "gated": _flag, "rope": _flag, "tied": _flag}
+         "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "capacity_factor": float, "attention": str, "positions": int, "dropout": float,
+         "gated": _flag, "rope": _flag, "tied": _flag, "bias": _flag, "qkv_bias": _flag}
 
 
 def parse_model(text: str, seq: int | None = None) -> GPTSpec:
@@ -188,6 +231,16 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
             kw["seq"] = seq
         return GPTSpec(name=text, **kw)
     return _from_zoo(text, seq)
+
+
+def _dropout_of(name: str, c: dict) -> float | None:
+    for key in ("resid_pdrop", "dropout", "hidden_dropout_prob"):
+        if key in c:
+            p = c[key]
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+                raise KitError(f"model config {name}: {key} must be a probability in [0, 1), got {p!r}")
+            return float(p)
+    return None
 
 
 def _from_zoo(name: str, seq: int | None) -> GPTSpec:
@@ -273,11 +326,21 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         raise KitError(f"model {name!r} has {heads} heads of {head_dim} over a {h}-wide model; the "
                        "multi-GPU layer assumes heads x head size = hidden: predict it on one GPU "
                        "(--gpu)")
+    # the zoo's Llama-style modules (kit.workload.zoo_modern): RMSNorm and no linear biases but
+    # Qwen2's on q, k and v, or a Llama's under attention_bias (its o_proj's h and mlp_bias's
+    # 2f + h are not counted: no zoo config sets them); the others' biased linears and LayerNorms
+    family = c.get("model_type")
+    qkv_bias = family == "qwen2" or (family not in ("mistral", "mixtral", "phi3")
+                                     and bool(c.get("attention_bias")))
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
                    or c.get("ffn_dim"), kv_heads=read(c, "num_key_value_heads"), experts=experts,
                    moe_every=1, topk=moe("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
                    gated=llama, rope=llama, positions=None if llama else max_seq(c),
+                   bias=not llama, qkv_bias=qkv_bias if llama else True,
+                   # HF's Llama-style layers have no hidden dropout (and attention_dropout 0);
+                   # GPT-2's resid_pdrop, OPT's dropout, BERT's and ViT's hidden_dropout_prob
+                   dropout=0.0 if llama else _dropout_of(name, c),
                    # as the zoo's modules tie them: HF's defaults (GPT-2, OPT tie; of the Llama
                    # families, TIED_BY_DEFAULT's), unless the config says
                    tied=bool(c.get("tie_word_embeddings", c.get("model_type") in TIED_BY_DEFAULT if llama else True)))

@@ -60,15 +60,17 @@ def layer_expert_params(spec: GPTSpec, layer: int) -> int:
     with the dense parameters, replicated over the EP ranks)."""
     if not spec.is_moe(layer):
         return 0
-    return spec.experts * (spec.mlp_matrices * spec.hidden * spec.f + spec.f + spec.hidden)
+    return spec.experts * spec.mlp_params
 
 
 def tp_replicated_params(spec: GPTSpec, layer: int) -> int:
     """Of a layer's parameters outside its experts, those every TP rank holds whole: the two
     norms' weights and biases (4h), the attention output projection's bias and a dense MLP's
     second bias (row-parallel linears add their bias after the all-reduce), or a MoE layer's
-    router, experts x h (Megatron-core's TopKRouter weight is not split)."""
-    return 5 * spec.hidden + (spec.experts if spec.is_moe(layer) else 1) * spec.hidden
+    router, experts x h (Megatron-core's TopKRouter weight is not split). Without biases (GPTSpec.bias:
+    Llama's RMSNorm weights alone) 2h, or the router's weight with them."""
+    norms_and_out_bias = 2 * spec.norm_params + (spec.hidden if spec.bias else 0)
+    return norms_and_out_bias + (spec.experts * spec.hidden if spec.is_moe(layer) else spec.mlp_out_bias)
 
 
 def layer_rank_params(spec: GPTSpec, layout: Layout, layer: int) -> tuple[float, float]:
@@ -80,7 +82,7 @@ def layer_rank_params(spec: GPTSpec, layout: Layout, layer: int) -> tuple[float,
     experts = layer_expert_params(spec, layer)
     kept = tp_replicated_params(spec, layer)
     dense = (spec.layer_params(layer) - experts - kept) / t + kept
-    expert_bias = spec.experts * spec.hidden if experts else 0
+    expert_bias = spec.experts * spec.mlp_out_bias if experts else 0
     return dense, ((experts - expert_bias) / t + expert_bias) / e
 
 
@@ -122,7 +124,7 @@ def edge_params(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float
     if stage == layout.pp - 1:
         if layout.pp > 1 or not spec.tied:
             last += vocab_rank * spec.hidden  # the output layer: untied, or the tied copy on the last stage
-        last += 2 * spec.hidden  # the final norm (weight and bias, as GPTSpec.params counts it), replicated over tp
+        last += spec.norm_params  # the final norm (as GPTSpec.params counts it), replicated over tp
     return first, last
 
 
@@ -155,9 +157,13 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
     scores = 0.0 if (layout.recompute == "selective" or spec.attention == "flash") else 5 * a * s
     # the dropout masks (2h of the 10h, a·s of the 5·a·s) are torch's bool masks, 1 byte an
     # element in fp32 too: scaled with the rest, GPT-3 175B's fp32 layer at tp 8 had counted
-    # 20h + 10as/t bytes a token where 18h + 9as/t are held
-    replicated = scale * 8 * h + 2 * h
-    scores = scale * 4 * a * s + a * s if scores else 0.0
+    # 20h + 10as/t bytes a token where 18h + 9as/t are held. At dropout 0 (GPTSpec.dropout:
+    # Llama's) torch's dropout returns its input: no masks, and the scores' bmm reads the
+    # softmax output itself (2as of the 5as). Llama-3-8B's layer at tp 1 had counted 2h = 8 KiB
+    # a token of masks it does not keep
+    drops = spec.dropout > 0
+    replicated = scale * 8 * h + (2 * h if drops else 0)
+    scores = (scale * 4 * a * s + a * s if drops else scale * 2 * a * s) if scores else 0.0
     if layout.sequence_parallel:
         return s * b * (replicated + scale * (attn + mlp) + scores) / t
     return s * b * (replicated + (scale * (attn + mlp) + scores) / t)
@@ -178,7 +184,7 @@ def edge_activation_bytes(spec: GPTSpec, layout: Layout, stage: int) -> tuple[fl
     split = t if layout.sequence_parallel else 1
     # the mask is torch's bool dropout mask, 1 byte an element in any dtype (scaling it with the
     # fp32 inputs had made GPT-3 175B's first stage at tp 8, pp 8, 1F1B hold 8 x 48 MiB, not 8 x 24)
-    first = s * b * h / split if stage == 0 else 0.0
+    first = s * b * h / split if stage == 0 and spec.dropout > 0 else 0.0  # none at dropout 0
     last = 0.0
     if stage == layout.pp - 1:
         last = scale * 4 * s * b * h / split + b * s * vocab_per_rank(spec.vocab, t) * 4
