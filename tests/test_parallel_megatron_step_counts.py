@@ -104,3 +104,16 @@ def test_dropout_follows_the_model():
 
     with pytest.raises(KitError, match="dropout"):
         GPTSpec(layers=1, hidden=256, heads=4, dropout=1.0)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_a_config_files_hidden_dropout_is_its_dropout(tmp_path, p):
+    # GPT-NeoX, BLOOM and Falcon name it hidden_dropout (0.0 in their configs): it had been
+    # passed over for the 0.1 default
+    import json
+
+    cfg = {"model_type": "gpt_neox", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 1024, "vocab_size": 1000, "max_position_embeddings": 128, "hidden_dropout": p}
+    path = tmp_path / "neox.json"
+    path.write_text(json.dumps(cfg))
+    assert parse_model(str(path)).dropout == p

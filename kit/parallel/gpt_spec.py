@@ -234,7 +234,9 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
 
 
 def _dropout_of(name: str, c: dict) -> float | None:
-    for key in ("resid_pdrop", "dropout", "hidden_dropout_prob"):
+    # hidden_dropout: GPT-NeoX's, BLOOM's and Falcon's key (0.0 in their configs), which had
+    # been read past to the 0.1 default
+    for key in ("resid_pdrop", "dropout", "hidden_dropout_prob", "hidden_dropout"):
         if key in c:
             p = c[key]
             if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
@@ -339,7 +341,8 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                    gated=llama, rope=llama, positions=None if llama else max_seq(c),
                    bias=not llama, qkv_bias=qkv_bias if llama else True,
                    # HF's Llama-style layers have no hidden dropout (and attention_dropout 0);
-                   # GPT-2's resid_pdrop, OPT's dropout, BERT's and ViT's hidden_dropout_prob
+                   # GPT-2's resid_pdrop, OPT's dropout, BERT's and ViT's hidden_dropout_prob,
+                   # a GPT-NeoX, BLOOM or Falcon config file's hidden_dropout
                    dropout=0.0 if llama else _dropout_of(name, c),
                    # as the zoo's modules tie them: HF's defaults (GPT-2, OPT tie; of the Llama
                    # families, TIED_BY_DEFAULT's), unless the config says
