@@ -82,13 +82,13 @@ def test_the_tied_embedding_all_reduce_shares_the_node_nics():
 
 
 @pytest.mark.parametrize("plateau_gbs", [6.0, 10.0, 12.0])
-@pytest.mark.parametrize("kind,senders", [("sendrecv", 4), ("allreduce", 8)])
+@pytest.mark.parametrize("kind,senders", [("sendrecv", 4), ("allreduce", 8), ("alltoall", 8)])
 def test_a_fitted_lone_group_shares_its_own_measured_rate(kind, senders, plateau_gbs):
     # a calibration measures a group alone. s groups on one NIC (pcie8: 4 sends, or 8 two-rank
-    # all-reduces over its 2 NICs, each on 1/4 of a NIC) each get a 1/4 of the rate measured,
-    # whatever the preset's NIC rate: the fitted bandwidth part grows 4x (within the ~1% of local
-    # HBM traffic the preset's ratio holds). Adding the preset's extra wire time had made it
-    # 2.7x at a fitted 6 GB/s and 4.4x at 12 (the preset NIC: 10.6 GB/s)
+    # all-reduces or all-to-alls over its 2 NICs, each on 1/4 of a NIC) each get a 1/4 of the
+    # rate measured, whatever the preset's NIC rate: the fitted bandwidth part grows 4x (within
+    # the ~1% of local HBM traffic the preset's ratio holds). Adding the preset's extra wire
+    # time had made it 2.7x at a fitted 6 GB/s and 4.4x at 12 (the preset NIC: 10.6 GB/s)
     system = get_system("pcie8", nodes=2)
     fitted = BandwidthCurve(kind=kind, ranks=2, floor_us=20.0, busbw_max_gbs=plateau_gbs,
                             half_bytes=2**16, steepness=1.0, nodes=2)

@@ -31,6 +31,9 @@ ran alone (tuning.cc: bwInter per channel), but a NIC's line rate caps the sum o
 every communicator through it. The tp DP groups of a Megatron stage, one GPU of each a node at
 tp = GPUs a node, all-reduce their gradient buckets at the same time: on a node of 2 NICs for 8
 GPUs (pcie8) each ring gets 2/8 of a NIC, not the whole NIC of a lone group (4x the wire time).
+An all-to-all's groups share them alike (uniform_alltoall_us): the EP groups of a MoE stage, one
+a tp rank and a run of ep DP ranks, dispatch and combine at once, and all of a node's GPUs of
+them send off the node together.
 Every algorithm also pays kappa/M per byte (kappa/2 for collectives without a full reduction),
 the local HBM traffic that does not overlap the wire. Sources: NCCL's algorithms and its tuning
 model (src/graph/tuning.cc); Thakur et al., "Optimization of collective communication operations
@@ -45,7 +48,7 @@ from functools import lru_cache
 import numpy as np
 
 from kit.comm.topology import (Group, group_ring_gbs, node_net_gbs, node_nics, nvls_gbs,
-                               p2p_gbs)
+                               p2p_gbs, shared_nics)
 from kit.hardware.system import System
 
 _NS = 1e3  # GB/s -> bytes per microsecond
@@ -101,9 +104,10 @@ def plans(system: System, kind: str, group: Group, senders: int = 1) -> tuple[Pl
     """Every algorithm that can run `kind` on this group, as (latency, cost per byte). senders:
     the groups of a node that cross nodes at the same time, this one included, which share that
     node's NICs: for sendrecv the sends leaving or entering a node (nic_share); for the ring,
-    tree and chain collectives the concurrent groups, each placed as this one (node_net_gbs),
-    e.g. the tp DP groups of a stage, one GPU of each a node, all-reducing gradients at once.
-    (all-to-all does not take it.)"""
+    tree, chain and all-to-all collectives the concurrent groups, each placed as this one
+    (node_net_gbs, uniform_alltoall_us), e.g. the tp DP groups of a stage, one GPU of each a
+    node, all-reducing gradients at once, or its EP groups' MoE all-to-alls. An int for every
+    node, or a tuple of one count a node of the group (group.nodes' order)."""
     return _plans(system, kind, group, system.gpu, senders)
 
 
@@ -158,7 +162,7 @@ def _plans(system: System, kind: str, group: Group, gpu, senders: int = 1) -> tu
         out.append(Plan("ring", ring_lat, slow + _kappa(system, False)))
     elif kind == "alltoall":
         out.append(Plan("p2p", alltoall_latency_us(system, group),
-                        uniform_alltoall_us(system, group) + _kappa(system, False) * (n - 1) / n))
+                        uniform_alltoall_us(system, group, senders) + _kappa(system, False) * (n - 1) / n))
     elif kind == "sendrecv":
         # nccl-tests sendrecv: rank i sends `size` to rank i+1 (a ring shift)
         worst = max(_pair_us_per_byte(system, a, b, senders)
@@ -193,11 +197,17 @@ def alltoall_latency_us(system: System, group: Group) -> float:
     return lat + (system.network.step_latency_us if group.n_nodes > 1 else 0.0)
 
 
-def uniform_alltoall_us(system: System, group: Group) -> float:
+def uniform_alltoall_us(system: System, group: Group, sharing: int | tuple[int, ...] = 1) -> float:
     """alltoallv_us of the even all-to-all (1/n of each byte from every rank to every other),
     node by node: the n x n matrix of a million-rank group had taken 8 TiB (a MemoryError
-    traceback for `kit comm predict alltoall --nodes 131072`, 39 s at 2,048 nodes)."""
+    traceback for `kit comm predict alltoall --nodes 131072`, 39 s at 2,048 nodes).
+    sharing: the groups crossing nodes at once on each node, this one included (an int for
+    every node, or one a node in group.nodes' order), which split the NICs of all their GPUs
+    there (shared_nics): a node's c GPUs of the group send c (n - c) / n of a byte off it, and
+    so do the others'. The EP groups of tp 8 x dp 2 x ep 2 on two pcie8 nodes (2 NICs for 8
+    GPUs), one GPU of each a node, had each been priced on a whole NIC: 4x their 2/8 share."""
     n = group.size
+    counts = sharing if isinstance(sharing, tuple) else (sharing,) * group.n_nodes
     times = [0.0]
     for loc in {loc for _, loc in group.nodes}:  # the traffic inside one node: its c x c block
         if len(loc) > 1:
@@ -206,17 +216,18 @@ def uniform_alltoall_us(system: System, group: Group) -> float:
     if group.n_nodes > 1:  # alltoallv_us's network terms, in closed form
         fewest = min(len(loc) for _, loc in group.nodes)  # its ranks send the most off the node
         times += _network_us(system, (n - fewest) / n,
-                             [(c * (n - c) / n, c) for c in {len(loc) for _, loc in group.nodes}])
+                             [(c * (n - c) / n, shared_nics(system, c, s))
+                              for c, s in {(len(loc), s) for s, (_, loc) in zip(counts, group.nodes)}])
     return float(max(times))
 
 
 def _network_us(system: System, per_gpu_bytes: float, per_node) -> list[float]:
     """The network's times (us) of an all-to-all(v): the busiest GPU's bytes off its node over
-    its NIC share, and each node's (bytes, GPUs of the group on it) over that node's NICs."""
+    its NIC share, and each node's (bytes, NICs the group has there) over those NICs."""
     net = system.network
     nic = net.nic_bw_gbs * net.efficiency * _NS
     return [per_gpu_bytes / (max(1.0, system.nics_per_gpu) * nic),
-            *(b / (node_nics(system, c) * nic) for b, c in per_node)]
+            *(b / (nics * nic) for b, nics in per_node)]
 
 
 def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:
@@ -257,8 +268,8 @@ def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:
                 times.append(_pcie_us(system, np.where(over_pcie, intra, 0.0), node, local))
     if inter.any():
         times += _network_us(system, max(inter.sum(1).max(), inter.sum(0).max()),
-                             [(max(inter[node == nd].sum(), inter[:, node == nd].sum()), len(loc))
-                              for nd, loc in group.nodes])
+                             [(max(inter[node == nd].sum(), inter[:, node == nd].sum()),
+                               node_nics(system, len(loc))) for nd, loc in group.nodes])
     return float(max(times))
 
 

@@ -200,9 +200,10 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     global ranks; calibration: a Calibration or the path of a `kit comm fit` file; senders:
     the groups of a node that cross nodes at the same time, this one included, sharing its NICs:
     for sendrecv its concurrent sends (a pipeline stage's tp x dp ranks, algorithms.nic_share),
-    for the other kinds but all-to-all the concurrent groups placed as this one (a stage's tp DP
-    groups, topology.node_net_gbs), one count for every node or a tuple of one a node of the
-    group, in node order (where the nodes are crossed by different numbers of groups).
+    for the other kinds the concurrent groups placed as this one (a stage's tp DP groups,
+    topology.node_net_gbs; its EP groups' all-to-alls, algorithms.uniform_alltoall_us), one
+    count for every node or a tuple of one a node of the group, in node order (where the nodes
+    are crossed by different numbers of groups).
     """
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
     per_node = isinstance(senders, tuple)  # a count for each node of the group (node_net_gbs)
@@ -214,8 +215,6 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
                        f"concurrent groups (not for sendrecv), got {senders!r} for {kind}")
     senders = tuple(int(c) for c in counts) if per_node else int(senders)
     shared = max(counts) > 1
-    if shared and kind == "alltoall":  # its plan does not take it
-        raise KitError("senders (concurrent cross-node groups) does not apply to alltoall")
     s = _sizes(nbytes)
     if s.size != 1:
         raise KitError("predict_collective takes one size; use collective_table for many")

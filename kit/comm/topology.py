@@ -230,8 +230,14 @@ def node_net_gbs(system: System, group: Group, sharing: int | tuple[int, ...] = 
     where it alone crosses (ranks 6-11: 2 groups cross on node 1, only it on node 0)."""
     n = system.network
     counts = sharing if isinstance(sharing, tuple) else (sharing,) * group.n_nodes
-    return min(node_nics(system, s * len(loc)) / s
+    return min(shared_nics(system, len(loc), s)
                for s, (_, loc) in zip(counts, group.nodes)) * n.nic_bw_gbs * n.efficiency
+
+
+def shared_nics(system: System, gpus_in_group: int, sharing: int = 1) -> float:
+    """NICs a group with this many GPUs on a node gets there when `sharing` groups placed alike
+    (it included) cross nodes at once: the NICs of all their GPUs (node_nics), split evenly."""
+    return node_nics(system, sharing * gpus_in_group) / sharing
 
 
 @lru_cache(maxsize=4096)

@@ -217,12 +217,14 @@ class Coster:
         if len(ranks) < 2 or nbytes <= 0:
             return 0.0
         # the groups of a node crossing nodes at once (RankGroup.senders, or per node
-        # RankGroup.crossing); all-to-all's plan does not take them
+        # RankGroup.crossing), the EP groups' MoE all-to-alls too: at tp 8 x dp 2 x ep 2 on two
+        # pcie8 nodes the 8 EP groups, one GPU of each a node, had each been priced on a whole
+        # NIC of the node's 2 (1 GiB: 51.1 ms a group where their 2/8 share takes 202.7)
         crossing = getattr(ranks, "crossing", None)
-        senders = getattr(ranks, "senders", 1) if kind != "alltoall" else 1
+        senders = getattr(ranks, "senders", 1)
         gpn = self.system.gpus_per_node
         return max(self._one_comm_ms(kind, nbytes, g, _node_counts(g, crossing, gpn)
-                                     if crossing is not None and kind != "alltoall" else senders)
+                                     if crossing is not None else senders)
                    for g in (ranks, *getattr(ranks, "peers", ())))
 
     def _one_comm_ms(self, kind: str, nbytes: float, ranks, senders: int = 1) -> float:
