@@ -87,3 +87,36 @@ def test_an_unexpected_error_replaces_the_old_answer_and_is_raised(monkeypatch):
     assert "failed on this choice" in p.summary.value and "ZeroDivisionError" in p.summary.value
     assert [r["msg"] for r in p.chart_data()] == [
         "the kit failed on this choice (ZeroDivisionError: division by zero)"]
+
+
+def test_a_chart_altair_refuses_replaces_the_old_answer_and_is_raised(monkeypatch):
+    """altair checks a chart's spec when the chart widget takes it (to_dict), after make_chart:
+    a malformed chart had raised there, outside the guard, and left the previous chart and
+    summary in place."""
+    import altair as alt
+
+    p = GemmPanel()
+    before = p.summary.value
+    bad = alt.Chart(pd.DataFrame({"a": [1.0]})).mark_bar().encode(x=alt.X("a:Q", bin="yes"))
+    monkeypatch.setattr(p, "make_chart", lambda: bad)
+    with pytest.raises(Exception) as raised:
+        p.refresh()
+    assert not isinstance(raised.value, KitError)
+    assert p.summary.value != before and "failed on this choice" in p.summary.value
+    assert "failed on this choice" in str(p.chart_widget.spec) and p.chart is not bad
+
+
+def test_a_bug_in_the_whole_model_panels_narrowing_replaces_the_old_answer(monkeypatch):
+    """WholeModelPanel.refresh narrows the modes, seqs and dtypes before Panel.refresh's guard:
+    an exception there had left the previous answer under the new GPU. A setter sees it raised."""
+    p = WholeModelPanel(model="gpt2", gpu="a100-pcie-40gb", mode="inference", batch=1, seq=32)
+    assert "failed" not in p.summary.value
+
+    def broken(gpu):
+        raise RuntimeError(f"no dtypes for {gpu}")
+
+    monkeypatch.setattr(p, "_dtypes", broken)
+    with pytest.raises(RuntimeError):
+        p.gpu.value = "t4"
+    assert "a bug to report: RuntimeError: no dtypes for t4" in p.summary.value
+    assert [r["msg"] for r in p.chart_data()] == ["the kit failed on this choice (RuntimeError: no dtypes for t4)"]

@@ -128,23 +128,38 @@ class Panel:
     def refresh(self, change=None) -> None:
         """Recompute from the controls and redraw in place. A KitError (a choice the kit cannot
         answer: no plan fits, a value out of range) replaces the chart and the summary with its
-        message, so the panel never keeps showing the previous answer under the new controls."""
+        message, so the panel never keeps showing the previous answer under the new controls;
+        any other exception (a bug) says so there too, and is raised (show_failure)."""
         from kit.errors import KitError
 
         try:
-            chart, text = self.make_chart(), None
+            chart = self.make_chart()
             text = self.summary_text()
-        except KitError as e:
-            chart, text = message_chart(str(e)), f"cannot show this choice: {html.escape(str(e))}"
-        except Exception as e:  # a bug: say so in the panel, then raise it (to the log, and tests)
-            # ipywidgets logs an observer's exception to the log console, out of the reader's
-            # sight, and the panel had kept the previous chart and summary under the new controls
-            said = f"{type(e).__name__}: {e}"
-            self.chart = self.chart_widget.chart = message_chart(f"the kit failed on this choice ({said})")
-            self.summary.value = (f"the kit failed on this choice, a bug to report: {html.escape(said)}")
-            raise
+            # altair checks the chart's spec here (to_dict): a malformed chart is a bug as well,
+            # and raised out of this assignment it had left the previous chart and summary
+            self.chart_widget.chart = chart
+        except Exception as e:
+            self.show_failure(e)
+            if not isinstance(e, KitError):
+                raise
+            return
         self.chart = chart
-        self.chart_widget.chart = self.chart
+        self.summary.value = text
+
+    def show_failure(self, e: Exception) -> None:
+        """The chart and summary in place of an answer: a KitError's message, or any other
+        exception as a bug to report (the caller raises it: ipywidgets logs an observer's
+        exception to the log console, out of the reader's sight, and the panel had kept the
+        previous chart and summary under the new controls)."""
+        from kit.errors import KitError
+
+        if isinstance(e, KitError):
+            chart, text = message_chart(str(e)), f"cannot show this choice: {html.escape(str(e))}"
+        else:
+            said = f"{type(e).__name__}: {e}"
+            chart = message_chart(f"the kit failed on this choice ({said})")
+            text = f"the kit failed on this choice, a bug to report: {html.escape(said)}"
+        self.chart = self.chart_widget.chart = chart
         self.summary.value = text
 
     def chart_data(self):

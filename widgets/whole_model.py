@@ -133,6 +133,17 @@ class WholeModelPanel(Panel):
         as soon as a model or GPU offers it again."""
         if getattr(self, "_narrowing", False):
             return
+        try:
+            self._narrow(change)
+        except Exception as e:  # outside Panel.refresh's guard: the same message in the panel
+            self.show_failure(e)
+            if not isinstance(e, KitError):
+                raise
+            return
+        super().refresh(change)
+
+    def _narrow(self, change):
+        """refresh's narrowing of the modes, seqs and dtypes to what the model and GPU offer."""
         owner = change.get("owner") if isinstance(change, dict) else getattr(change, "owner", None)
         for name in self._wanted:
             if owner is getattr(self, name):
@@ -161,7 +172,6 @@ class WholeModelPanel(Panel):
         self.seq.disabled = not uses_seq(self.model.value)
         self.kv_cache.disabled = self.mode.value not in DECODING
         self.new_tokens.disabled = self.mode.value != "generate"
-        super().refresh(change)
 
     def _closest_seq(self, seqs: list[int]) -> int:
         """The reader's seq where offered, else the longest offered below it (else the shortest).
