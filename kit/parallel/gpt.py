@@ -4,7 +4,9 @@ tensor-parallel rank.
 A layer (Megatron-LM, Shoeybi et al. 2019) on TP rank of t, for a micro-batch of b sequences of
 s tokens, hidden h, a heads, FFN width f:
 
-    attention block: LN, QKV = x·W[h, 3h/t], core attention (a/t heads), out = ·W[h/t, h],
+    attention block: LN (RMSNorm without biases: norm), QKV = x·W[h, 3h/t], rotary positions on
+                     q and k (_rope; Qwen3's per-head q/k norms first), core attention (a/t heads),
+                     out = ·W[h/t, h],
                      TP all-reduce of [b·s, h] (sequence parallel: all-gather before LN and
                      reduce-scatter after, Korthikanti et al. 2022), dropout + residual
     MLP block:       LN, x·W[h, f/t], GeLU, ·W[f/t, h], TP all-reduce, dropout + residual
@@ -196,14 +198,17 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     reduce = ("reducescatter", act, "tp") if sp else ("allreduce", act, "tp")
     blocks: list[Block] = []
     if gather and tp > 1:
-        blocks.append(Block("ln1", [ops.LayerNorm(ln_rows, h, dtype)]))
+        blocks.append(Block("ln1", [norm(spec, ln_rows, dtype)]))
         blocks.append(Block("sp all-gather", comm=gather, backward_in_linear=True))
         attn = Block("attention")
     else:
-        attn = Block("attention", [ops.LayerNorm(ln_rows, h, dtype)])
+        attn = Block("attention", [norm(spec, ln_rows, dtype)])
     attn.column.add(len(attn.ops))  # QKV
     attn.ops.append(ops.linear(tok, h, (h + 2 * kv) // tp, dtype))
     heads = a // tp
+    if spec.qk_norm:  # one norm kernel over this rank's query heads, one over its key heads
+        attn.ops += [ops.RMSNorm(tok * heads, hd, dtype), ops.RMSNorm(tok * kv // hd // tp, hd, dtype)]
+    attn.ops += _rope(spec, tok, h // tp, kv // tp, dtype)
     if spec.attention == "flash":
         attn.ops.append(ops.Attention(b, heads, s, s, hd, dtype, causal=True))
     else:
@@ -219,13 +224,13 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     res_numel = ln_rows * h
     mlp = Block("mlp", [*_dropout(spec, res_numel, dtype), ops.Elementwise("add", res_numel, dtype)])
     if gather and tp > 1:
-        mlp.ops.append(ops.LayerNorm(ln_rows, h, dtype))
+        mlp.ops.append(norm(spec, ln_rows, dtype))
         blocks.append(mlp)
         # a MoE router is no column-parallel linear: its all-gather keeps its own backward
         blocks.append(Block("sp all-gather", comm=gather, backward_in_linear=dense))
         mlp = Block("mlp")
     else:
-        mlp.ops.append(ops.LayerNorm(ln_rows, h, dtype))
+        mlp.ops.append(norm(spec, ln_rows, dtype))
     if spec.is_moe(layer):
         mlp.ops.append(ops.linear(tok, h, spec.experts, dtype))
         blocks.append(mlp)
@@ -248,6 +253,27 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     blocks.append(Block("residual", [*_dropout(spec, res_numel, dtype),
                                      ops.Elementwise("add", res_numel, dtype)]))
     return _merge(blocks)
+
+
+def norm(spec: GPTSpec, rows: int, dtype: str):
+    """A layer's (or the final) norm as the model runs it: LayerNorm, or RMSNorm where the spec
+    has no biases (GPTSpec.bias: Llama, Mistral, Mixtral; Megatron's --normalization RMSNorm, TE's
+    one rmsnorm kernel). The kit had run LayerNorm for every model, while GPTSpec.norm_params
+    already counted RMSNorm's h weights alone for these."""
+    return ops.LayerNorm(rows, spec.hidden, dtype) if spec.bias else ops.RMSNorm(rows, spec.hidden, dtype)
+
+
+def _rope(spec: GPTSpec, tokens: int, q_width: int, k_width: int, dtype: str) -> list:
+    """Rotary positions on this rank's queries and keys (GPTSpec.rope): Megatron-core's
+    apply_rotary_pos_emb, fused by default (--no-rope-fusion turns it off; TE's
+    fused_apply_rotary_pos_emb), one kernel each for q and k that reads the tensor and writes it
+    rotated (the cos/sin table is tokens x head_dim, small beside it). The layer had run none:
+    Llama-3-8B at 2048 tokens rotates 8.4M query and 2.1M key values a layer, 4 kernels with
+    the backward's. Costed as an elementwise pass of one input."""
+    if not spec.rope:
+        return []
+    return [ops.Elementwise("mul", tokens * q_width, dtype, inputs=1),
+            ops.Elementwise("mul", tokens * k_width, dtype, inputs=1)]
 
 
 def _dropout(spec: GPTSpec, numel: int, dtype: str) -> list:
@@ -284,24 +310,24 @@ def _merge(blocks: list[Block]) -> list[Block]:
 def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
     """Vocab-parallel lookup, position add and dropout, then the TP reduction of the partial
     embeddings: an all-reduce, or with sequence parallelism a reduce-scatter (Megatron's
-    reduce_scatter_embeddings), after which the dropout runs on this rank's tokens only."""
+    reduce_scatter_embeddings), after which the dropout runs on this rank's tokens only. A rotary
+    model (GPTSpec.rope) has no position table and so no add (Megatron-core's
+    LanguageModelEmbedding adds one only for learned absolute positions): Llama's had been
+    added, tokens x hidden each way."""
     tok = b * spec.seq
     v = vocab_per_rank(spec.vocab, tp)
     act = tok * spec.hidden * ops.dtype_bytes(dtype)
+    lookup = [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
+              *([] if spec.rope else [ops.Elementwise("add", tok * spec.hidden, dtype)])]
     if tp == 1:
-        return [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
-                                    ops.Elementwise("add", tok * spec.hidden, dtype),
-                                    *_dropout(spec, tok * spec.hidden, dtype)])]
+        return [Block("embedding", [*lookup, *_dropout(spec, tok * spec.hidden, dtype)])]
     if sp:
         rows = tok // tp if tok % tp == 0 else tok
         drop = _dropout(spec, rows * spec.hidden, dtype)
-        return [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
-                                    ops.Elementwise("add", tok * spec.hidden, dtype)]),
+        return [Block("embedding", lookup),
                 Block("embedding reduce-scatter", comm=("reducescatter", act, "tp")),
                 *([Block("embedding dropout", drop)] if drop else [])]
-    return [Block("embedding", [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
-                                ops.Elementwise("add", tok * spec.hidden, dtype),
-                                *_dropout(spec, tok * spec.hidden, dtype)]),
+    return [Block("embedding", [*lookup, *_dropout(spec, tok * spec.hidden, dtype)]),
             Block("embedding all-reduce", comm=("allreduce", act, "tp"))]
 
 
@@ -319,11 +345,11 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
     ar = ("allreduce", tok * 4, "tp")
     if sp and tp > 1:
         rows = tok // tp if tok % tp == 0 else tok
-        first = [Block("final ln", [ops.LayerNorm(rows, spec.hidden, dtype)]),
+        first = [Block("final ln", [norm(spec, rows, dtype)]),
                  Block("sp all-gather", comm=("allgather", tok * spec.hidden * ops.dtype_bytes(dtype), "tp")),
                  Block("lm head", [])]
     else:
-        first = [Block("lm head", [ops.LayerNorm(tok, spec.hidden, dtype)])]
+        first = [Block("lm head", [norm(spec, tok, dtype)])]
     first[-1].ops += [ops.linear(tok, spec.hidden, v, dtype), ops.Elementwise("cast", n, dtype, inputs=2),
                       ops.Elementwise("max", n, "fp32", inputs=1)]
     blocks = [*first,
@@ -349,7 +375,7 @@ def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) 
     n = tok * v
     gemm = ops.linear(tok, spec.hidden, v, dtype)
     rows = tok // tp if sp and tp > 1 and tok % tp == 0 else tok
-    ln = ops.LayerNorm(rows, spec.hidden, dtype)
+    ln = norm(spec, rows, dtype)
     blocks = [Block("lm head bwd", [ops.Elementwise("mul", n, "fp32", inputs=1),
                                     ops.Elementwise("cast", n, dtype, inputs=2)], [1.0, 1.0])]
     if tp > 1:  # Megatron's parallel_lm_logits runs the column-parallel linear's backward

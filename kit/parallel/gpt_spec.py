@@ -47,6 +47,9 @@ class GPTSpec:
     # (Megatron's --hidden-dropout and --attention-dropout, 0.1 by default, 0 in its Llama
     # recipes); None: 0 for a gated (Llama-style) model, else 0.1. At 0 torch's dropout returns
     # its input: no kernel and no mask (at::dropout), which the kit had run and kept for Llama too
+    qk_norm: bool = False  # an RMSNorm over each head of q and k before the rotary positions
+    # (Qwen3, Gemma 3; Megatron-core's --qk-layernorm): 2 x head_dim weights a layer and two
+    # norm kernels each way, which the kit had left out of Qwen3's layer
     name: str = "gpt"
     zoo: str | None = None  # the kit.workload zoo model it came from (its op graph can be captured)
 
@@ -81,7 +84,7 @@ class GPTSpec:
         p = self.dropout
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
             raise KitError(f"model {self.name}: dropout must be a probability in [0, 1), got {p!r}")
-        for k in ("tied", "bias", "qkv_bias"):
+        for k in ("tied", "bias", "qkv_bias", "qk_norm"):
             if not isinstance(getattr(self, k), bool):
                 raise KitError(f"model {self.name}: {k} must be True or False, got {getattr(self, k)!r}")
         if self.experts and not any(self.is_moe(i) for i in range(self.layers)):
@@ -158,7 +161,8 @@ class GPTSpec:
         mlp = self.mlp_params
         if self.is_moe(layer):
             mlp = self.experts * mlp + h * self.experts  # and the router's weight
-        return attn + mlp + 2 * self.norm_params
+        qk = 2 * self.head_dim if self.qk_norm else 0
+        return attn + qk + mlp + 2 * self.norm_params
 
     @property
     def params(self) -> int:
@@ -178,7 +182,7 @@ class GPTSpec:
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.f, "kv_heads": self.kv_heads,
                 "experts": self.experts, "capacity_factor": self.capacity_factor, "gated": self.gated, "rope": self.rope, "tied": self.tied,
                 "positions": None if self.rope else self.positions, "attention": self.attention,
-                "bias": self.bias, "qkv_bias": self.qkv_bias, "dropout": self.dropout, "params": self.params}
+                "bias": self.bias, "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm, "dropout": self.dropout, "params": self.params}
 
 
 def _flag(v: str) -> bool:
@@ -188,7 +192,7 @@ def _flag(v: str) -> bool:
 _INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
          "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "capacity_factor": float, "attention": str, "positions": int, "dropout": float,
-         "gated": _flag, "rope": _flag, "tied": _flag, "bias": _flag, "qkv_bias": _flag}
+         "gated": _flag, "rope": _flag, "tied": _flag, "bias": _flag, "qkv_bias": _flag, "qk_norm": _flag}
 
 
 def parse_model(text: str, seq: int | None = None) -> GPTSpec:
@@ -340,6 +344,8 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                    moe_every=1, topk=moe("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
                    gated=llama, rope=llama, positions=None if llama else max_seq(c),
                    bias=not llama, qkv_bias=qkv_bias if llama else True,
+                   # as the zoo's module norms each head of q and k (zoo_modern's Attention)
+                   qk_norm=family in ("qwen3", "gemma3_text"),
                    # HF's Llama-style layers have no hidden dropout (and attention_dropout 0);
                    # GPT-2's resid_pdrop, OPT's dropout, BERT's and ViT's hidden_dropout_prob,
                    # a GPT-NeoX, BLOOM or Falcon config file's hidden_dropout
