@@ -14,7 +14,9 @@ scaling, Yu et al., ATC 2021):
     host-bound copy     t' = t                                (pageable, or under half the link's
                                                               rate: see host_bound_copy)
     collective          t' = t · comm(dst) / comm(src)        (kit.comm on both systems, with the
-                                                               size from the nccl:* annotation)
+                                                               kind and nccl-tests size from the
+                                                               nccl:* annotation, the job's ranks
+                                                               as its group)
 
 With a GPU as target the collectives keep their measured times (no system to predict them on).
 """
@@ -94,6 +96,15 @@ _KIND = (("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("allgather", 
          ("all_gather", "allgather"), ("reducescatter", "reducescatter"),
          ("reduce_scatter", "reducescatter"), ("alltoall", "alltoall"), ("all_to_all", "alltoall"),
          ("sendrecv", "alltoall"), ("broadcast", "broadcast"))
+# what an nccl:* annotation (ProcessGroupNCCL's profiling title: nccl:all_gather, nccl:_allgather_base,
+# nccl:_reduce_scatter_base, nccl:send, nccl:recv, nccl:reduce, ...) runs, checked before the
+# kernel's name, which cannot say: NCCL runs all-to-all and send/recv alike as SendRecv kernels
+# (a pipeline's nccl:send of 16 MiB had been priced as an 8-rank all-to-all), and NCCL 2.19+'s
+# ncclDevKernel_Generic any collective (read as an all-reduce: an 8-rank 8 MiB reduce-scatter
+# measured 200 us on a DGX A100 went to 441 us on two a100x4-nvlink nodes, 384 as one). Spellings
+# not listed (nccl:barrier, nccl:gather) leave the kernel's name to say
+_ANNOTATION_KIND = _KIND[:-2] + (("send", "sendrecv"), ("recv", "sendrecv"),
+                                 ("broadcast", "broadcast"), ("reduce", "reduce"))
 _TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "half": 2, "long": 8,
                "long int": 8, "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1,
                "short int": 2, "short": 2, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
@@ -202,7 +213,13 @@ def source_system(gpu, world: int):
     return None
 
 
-def _collective_kind(name: str) -> str:
+def _collective_kind(name: str, annotation: str | None = None) -> str:
+    """The kit.comm kind of an NCCL kernel: its nccl:* annotation's where that says, else the
+    kernel name's, else all-reduce."""
+    a = (annotation or "").lower().removeprefix("nccl:")
+    for needle, kind in _ANNOTATION_KIND:
+        if needle in a:
+            return kind
     n = name.lower()
     for needle, kind in _KIND:
         if needle in n:
@@ -210,14 +227,24 @@ def _collective_kind(name: str) -> str:
     return "allreduce"
 
 
-def _elements(dims):
-    """The element count of an nccl:* annotation's first input ("Input Dims" [[d0, d1, ...], ...]),
+def nccl_tests_bytes(kind: str, first_input_bytes: int, ranks: int) -> int:
+    """The nccl-tests size (kit.comm.conventions) of a collective whose nccl:* annotation's first
+    input is first_input_bytes: an all-gather's input is each rank's shard, its nccl-tests size
+    the gathered total (x ranks); the others' first input is their size (a reduce-scatter's the
+    whole input). An 8-rank all-gather of 1 MiB shards had been priced as one of 1 MiB in all,
+    at 8x too few bytes: from a DGX A100, a 200 us one kept 200 us on a DGX H100 (both at the
+    latency floor) and went to 179 on two a100x4-nvlink nodes, 175 and 384 for the 8 MiB it moves"""
+    return first_input_bytes * ranks if kind == "allgather" else first_input_bytes
+
+
+def _elements(shape):
+    """The element count of one input of an nccl:* annotation ("Input Dims" [[d0, d1, ...], ...]),
     or None when it is no list of whole non-negative sizes: a malformed one had raised (a dict:
     KeyError; an Infinity: OverflowError) or read as one element, 4 bytes (a string)."""
-    if not isinstance(dims, list) or not dims or not isinstance(dims[0], list):
+    if not isinstance(shape, list):
         return None
     n = 1
-    for d in dims[0]:
+    for d in shape:
         k = int_or_none(d)
         if k is None or k < 0 or (isinstance(d, float) and d != k):
             return None
@@ -225,16 +252,30 @@ def _elements(dims):
     return n
 
 
+def _input_bytes(dims, types):
+    """The bytes of an nccl:* annotation's inputs, all of them: a coalesced collective
+    (nccl:all_reduce_coalesced, nccl:all_gather_into_tensor_coalesced) lists each of its tensors
+    as an input, and moves them all (its first alone had been its size: 3 gradients of 4 MiB
+    read as one); the others have one input. None where one is malformed."""
+    if not isinstance(dims, list) or not dims:
+        return None
+    types = types if isinstance(types, list) else []
+    total = 0
+    for k, shape in enumerate(dims):
+        n = _elements(shape)
+        if n is None:
+            return None
+        t = types[k] if k < len(types) and isinstance(types[k], str) else "float"
+        total += n * _TYPE_BYTES.get(t, 4)
+    return total
+
+
 def _nccl_sizes(trace):
     """Sorted nccl:* annotations (start, end, tid, bytes or None, name) of a rank."""
     out = []
     for op in trace.cpu_ops:
         if op.name.startswith("nccl:") and op.dims:
-            n = _elements(op.dims)
-            types = op.types if isinstance(op.types, list) and op.types else ["float"]
-            t = types[0] if isinstance(types[0], str) else "float"
-            out.append((op.ts_us, op.ts_us + op.dur_us, op.tid,
-                        None if n is None else n * _TYPE_BYTES.get(t, 4), op.name))
+            out.append((op.ts_us, op.ts_us + op.dur_us, op.tid, _input_bytes(op.dims, op.types), op.name))
     return out
 
 
@@ -293,16 +334,26 @@ def transfer(tg: TraceGraph, on) -> str:
     # agree. It had kept its measured time while the others were rescaled, so one all-reduce
     # ended at different times on its ranks (on a DGX H100: 0.107 ms on rank 0, 0.130 on rank 1)
     own_bytes: dict = {}  # comm op -> its nccl:* size
+    annotation: dict = {}  # comm op -> its nccl:* annotation's name
     for t in tg.traces:
         sizes = _nccl_sizes(t)
         starts = [x[0] for x in sizes]
         for op, _, _, call in tg.gpu_ops.get(t.rank, []):
-            if g.kind[op] == "comm" and (nbytes := _size_of(sizes, starts, call)[0]):
+            if g.kind[op] != "comm":
+                continue
+            nbytes, name = _size_of(sizes, starts, call)
+            if name:
+                annotation[op] = name
+            if nbytes:
                 own_bytes[op] = nbytes
     group_bytes: dict = {}
+    group_name: dict = {}
     for op, nbytes in own_bytes.items():
         if g.group[op] is not None:
             group_bytes.setdefault(g.group[op], set()).add(nbytes)
+    for op, name in annotation.items():
+        if g.group[op] is not None:
+            group_name.setdefault(g.group[op], set()).add(name)
     borrowed = 0
     host_bound = {}  # rank -> host<->device copies kept at their measured durations
     unnamed = _unnamed_gpu(tg.traces)
@@ -334,8 +385,11 @@ def transfer(tg: TraceGraph, on) -> str:
                 if why:
                     kept[why] = kept.get(why, 0) + 1
                     continue
-                ck = _collective_kind(ge.name)
+                names = group_name.get(g.group[op], set())
+                ck = _collective_kind(ge.name, annotation.get(op) or
+                                      (next(iter(names)) if len(names) == 1 else None))
                 ranks = list(range(world))
+                nbytes = nccl_tests_bytes(ck, nbytes, world)
                 a = predict_collective(ck, nbytes, src_sys, ranks=ranks).time_ms
                 b = predict_collective(ck, nbytes, dst_sys, ranks=ranks).time_ms
                 g.dur_ms[op] = d * b / a
