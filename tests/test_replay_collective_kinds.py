@@ -18,6 +18,7 @@ def job(tmp_path, annotation, kernel, elements, world=8, comm_us=200):
     """world ranks, one step each: one collective under its nccl:* annotation (float inputs of
     `elements`, a count or a list of one a tensor), its kernel comm_us long, then a stream sync."""
     inputs = elements if isinstance(elements, list) else [elements]
+    tmp_path.mkdir(exist_ok=True)
     d = tmp_path / f"{annotation.replace(':', '_')}_{kernel}_{'_'.join(map(str, inputs))}"
     d.mkdir()
     end = 30 + comm_us
@@ -82,3 +83,23 @@ def test_a_coalesced_collective_moves_all_its_tensors(tmp_path):
     three = comm_us(tmp_path, "nccl:all_reduce_coalesced", kernel, [1 << 18] * 3)
     assert three == pytest.approx(comm_us(tmp_path, "nccl:all_reduce", kernel, 3 << 18), rel=1e-9)
     assert three != pytest.approx(comm_us(tmp_path, "nccl:all_reduce", kernel, 1 << 18), rel=0.01)
+
+
+def test_a_send_and_recv_pair_is_one_kind_for_a_member_without_its_annotation(tmp_path):
+    # even ranks send, odd ranks receive; rank 1 lost its annotation and takes its group's size
+    # and kind: send and recv are both sendrecv, so it is priced as the others are
+    kernel = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"
+    alike = comm_us(tmp_path, "nccl:send", kernel, 1 << 22)
+    d = job(tmp_path / "pair", "nccl:send", kernel, 1 << 22)
+    for r in range(8):
+        f = d / f"rank{r}.json"
+        doc = json.loads(f.read_text())
+        for e in doc["traceEvents"]:
+            if e["name"] == "nccl:send" and r % 2:
+                e["name"] = "nccl:recv"
+        if r == 1:
+            doc["traceEvents"] = [e for e in doc["traceEvents"] if not e["name"].startswith("nccl:")]
+        f.write_text(json.dumps(doc))
+    g = (r := replay(d, on=TARGET)).tg.graph
+    durs = {g.dur_ms[op] for ops in r.tg.gpu_ops.values() for op, *_ in ops if g.kind[op] == "comm"}
+    assert len(durs) == 1 and durs.pop() == pytest.approx(alike / 1e3)

@@ -213,13 +213,17 @@ def source_system(gpu, world: int):
     return None
 
 
-def _collective_kind(name: str, annotation: str | None = None) -> str:
-    """The kit.comm kind of an NCCL kernel: its nccl:* annotation's where that says, else the
-    kernel name's, else all-reduce."""
-    a = (annotation or "").lower().removeprefix("nccl:")
-    for needle, kind in _ANNOTATION_KIND:
-        if needle in a:
-            return kind
+def annotation_kind(annotation: str) -> str | None:
+    """The kit.comm kind an nccl:* annotation names, or None where it names none of them."""
+    a = annotation.lower().removeprefix("nccl:")
+    return next((kind for needle, kind in _ANNOTATION_KIND if needle in a), None)
+
+
+def _collective_kind(name: str, annotated: str | None = None) -> str:
+    """The kit.comm kind of an NCCL kernel: annotated (its nccl:* annotation's kind) where given,
+    else its name's, else all-reduce."""
+    if annotated:
+        return annotated
     n = name.lower()
     for needle, kind in _KIND:
         if needle in n:
@@ -334,7 +338,7 @@ def transfer(tg: TraceGraph, on) -> str:
     # agree. It had kept its measured time while the others were rescaled, so one all-reduce
     # ended at different times on its ranks (on a DGX H100: 0.107 ms on rank 0, 0.130 on rank 1)
     own_bytes: dict = {}  # comm op -> its nccl:* size
-    annotation: dict = {}  # comm op -> its nccl:* annotation's name
+    annotation: dict = {}  # comm op -> the kind its nccl:* annotation names
     for t in tg.traces:
         sizes = _nccl_sizes(t)
         starts = [x[0] for x in sizes]
@@ -342,18 +346,18 @@ def transfer(tg: TraceGraph, on) -> str:
             if g.kind[op] != "comm":
                 continue
             nbytes, name = _size_of(sizes, starts, call)
-            if name:
-                annotation[op] = name
+            if name and (kind := annotation_kind(name)):
+                annotation[op] = kind
             if nbytes:
                 own_bytes[op] = nbytes
     group_bytes: dict = {}
-    group_name: dict = {}
+    group_kind: dict = {}  # the kinds a synchronised group's annotations name (send and recv: one)
     for op, nbytes in own_bytes.items():
         if g.group[op] is not None:
             group_bytes.setdefault(g.group[op], set()).add(nbytes)
-    for op, name in annotation.items():
+    for op, kind in annotation.items():
         if g.group[op] is not None:
-            group_name.setdefault(g.group[op], set()).add(name)
+            group_kind.setdefault(g.group[op], set()).add(kind)
     borrowed = 0
     host_bound = {}  # rank -> host<->device copies kept at their measured durations
     unnamed = _unnamed_gpu(tg.traces)
@@ -385,9 +389,9 @@ def transfer(tg: TraceGraph, on) -> str:
                 if why:
                     kept[why] = kept.get(why, 0) + 1
                     continue
-                names = group_name.get(g.group[op], set())
+                kinds = group_kind.get(g.group[op], set())
                 ck = _collective_kind(ge.name, annotation.get(op) or
-                                      (next(iter(names)) if len(names) == 1 else None))
+                                      (next(iter(kinds)) if len(kinds) == 1 else None))
                 ranks = list(range(world))
                 nbytes = nccl_tests_bytes(ck, nbytes, world)
                 a = predict_collective(ck, nbytes, src_sys, ranks=ranks).time_ms
