@@ -87,7 +87,9 @@ def test_a_coalesced_collective_moves_all_its_tensors(tmp_path):
 
 def test_a_send_and_recv_pair_is_one_kind_for_a_member_without_its_annotation(tmp_path):
     # even ranks send, odd ranks receive; rank 1 lost its annotation and takes its group's size
-    # and kind: send and recv are both sendrecv, so it is priced as the others are
+    # and kind: send and recv are both sendrecv, so it is priced as the others are. The titles
+    # are ProcessGroupNCCL's own ("nccl:send 0->1", "nccl:recv 1<-0": c10::str("nccl:send ",
+    # rank_, "->", dstRank)), not the bare "nccl:send"
     kernel = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"
     alike = comm_us(tmp_path, "nccl:send", kernel, 1 << 22)
     d = job(tmp_path / "pair", "nccl:send", kernel, 1 << 22)
@@ -95,8 +97,8 @@ def test_a_send_and_recv_pair_is_one_kind_for_a_member_without_its_annotation(tm
         f = d / f"rank{r}.json"
         doc = json.loads(f.read_text())
         for e in doc["traceEvents"]:
-            if e["name"] == "nccl:send" and r % 2:
-                e["name"] = "nccl:recv"
+            if e["name"] == "nccl:send":  # ProcessGroupNCCL's titles name the peer
+                e["name"] = f"nccl:recv {r}<-{r - 1}" if r % 2 else f"nccl:send {r}->{r + 1}"
         if r == 1:
             doc["traceEvents"] = [e for e in doc["traceEvents"] if not e["name"].startswith("nccl:")]
         f.write_text(json.dumps(doc))
