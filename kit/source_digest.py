@@ -39,3 +39,18 @@ def files_stamp(files: Iterable[tuple[str, Path]]) -> str:
     if sig not in _MEMO:
         _MEMO[sig] = contents_digest(files).hex()[:16]
     return _MEMO[sig]
+
+
+_FIRST: dict = {}  # process_stamp's first stamp of each label in this process
+
+
+def process_stamp(label: str, files: Iterable[tuple[str, Path]]) -> str | None:
+    """The files' stamp as this process first found them, or None once the files on disk differ
+    from it. A process runs the code it imported: a Jupyter kernel left open across an edit or a
+    `git pull` had stored its old code's results under the new code's key, which fresh
+    processes then served (a 2 -> 20 us kernel floor: 6.649 ms served where the new code gives
+    9.193). None tells the caller to neither read nor write its disk cache: the code in memory
+    is then not known (the old, or the new one under autoreload)."""
+    now = files_stamp(files)
+    first = _FIRST.setdefault(label, now)
+    return first if now == first else None

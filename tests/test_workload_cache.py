@@ -15,6 +15,12 @@ TINY = {"model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 2, "vocab_si
 NONE = CpuOverhead(0.0, 0.0, 0.0)
 
 
+def _new_process(monkeypatch):
+    """As in a process started now: no stamp memoised, none taken at import."""
+    monkeypatch.setattr(source_digest, "_MEMO", {})
+    monkeypatch.setattr(source_digest, "_FIRST", {})
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KIT_CACHE", str(tmp_path))
@@ -145,7 +151,7 @@ def test_the_capture_stamp_follows_each_modules_contents(monkeypatch, name):
         return data + b"\n# edited\n" if self.name == name else data
 
     monkeypatch.setattr(Path, "read_bytes", edited)
-    monkeypatch.setattr(source_digest, "_MEMO", {})  # as after a change of the file's size or mtime
+    _new_process(monkeypatch)  # nothing memoised, nothing imported before
     assert zoo._code_stamp() != before
 
 
@@ -171,7 +177,7 @@ def test_the_capture_stamp_follows_the_installed_torch(monkeypatch, tmp_path):
     assert sys.modules["torch"] is torch
 
     before = zoo._code_stamp()
-    monkeypatch.setattr(source_digest, "_MEMO", {})
+    _new_process(monkeypatch)
     monkeypatch.delitem(sys.modules, "torch")
     assert zoo._code_stamp() == before
     other = tmp_path / "torch"
@@ -179,7 +185,7 @@ def test_the_capture_stamp_follows_the_installed_torch(monkeypatch, tmp_path):
     (other / "__init__.py").write_text("")
     (other / "version.py").write_text("__version__ = '0.0.1'\ngit_version = 'other'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(source_digest, "_MEMO", {})
+    _new_process(monkeypatch)
     assert zoo._code_stamp() != before
 
 
@@ -199,3 +205,24 @@ def test_the_models_table_cache_follows_its_own_codes_contents(cache, monkeypatc
         b"\n# edited\n" if self.name == "cmd_models.py" else b""))
     cmd_models.run(None)
     assert len(list(zoo.cache_dir().glob("models-*.pkl"))) == 2
+
+
+def test_a_process_whose_code_changed_on_disk_caches_nothing(cache, monkeypatch):
+    """A process runs the code it imported: once the capture code on disk differs (an edit or a
+    git pull under an open Jupyter kernel), it neither reads nor writes the disk caches. It had
+    stored its old code's results under the new code's key, which fresh processes then served."""
+    from pathlib import Path
+
+    zoo.graph_for(TINY, batch=1, seq=8, mode="inference")  # this process's stamp is taken
+    written = set(zoo.cache_dir().glob("*.pkl"))
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (
+        b"\n# edited\n" if self.name == "mapping.py" else b""))
+    monkeypatch.setattr(source_digest, "_MEMO", {})  # as after the file's size or mtime changed
+    assert zoo._code_stamp() is None
+    zoo._LRU.clear()
+    g = zoo.graph_for(TINY, batch=1, seq=16, mode="inference")
+    assert set(zoo.cache_dir().glob("*.pkl")) == written and "cache_key" not in g.meta
+    assert latency_cache.key_for(g, "eager", "v100-pcie-32gb", "wave") is None
+    _new_process(monkeypatch)  # a process started after the change caches again, by the new code
+    assert zoo._code_stamp() is not None

@@ -306,6 +306,9 @@ def test_every_costing_module_the_latency_cache_names_exists_and_stamps_it(tmp_p
     before = latency_cache._predictor_stamp()
     f = copy / "generation.py"
     f.write_text(f.read_text() + "\n# changed\n")
+    from kit import source_digest
+
+    monkeypatch.setattr(source_digest, "_FIRST", {})  # a process started after the change
     assert latency_cache._predictor_stamp() != before
 
 
@@ -330,4 +333,5 @@ def test_the_latency_cache_key_follows_contents_not_mtimes(tmp_path, monkeypatch
     from kit import source_digest
 
     monkeypatch.setattr(source_digest, "_MEMO", {})  # another process: nothing memoised
+    monkeypatch.setattr(source_digest, "_FIRST", {})
     assert latency_cache._predictor_stamp() != before

@@ -16,7 +16,10 @@ def run(args):
     # the table's own code, beside the zoo's and modes', by its contents (its whole-second mtime
     # had let two checkouts written in the same second share a stale table)
     own = contents_digest([("cmd_models.py", Path(__file__))]).hex()
-    stamp = hashlib.sha256(f"{__version__}-{zoo._code_stamp()}-{own}".encode()).hexdigest()[:16]
+    code = zoo._code_stamp()
+    if code is None:  # the zoo's code on disk is not what this process imported
+        return _rows()
+    stamp = hashlib.sha256(f"{__version__}-{code}-{own}".encode()).hexdigest()[:16]
     path = zoo.cache_dir() / f"models-{stamp}.pkl"
     try:
         rows = pickle.loads(path.read_bytes())

@@ -33,22 +33,23 @@ COSTING_FILES = ("iteration.py", "kernel_times.py", "fusion.py", "kernels.py", "
                  "generation.py")  # the prefill's KV-cache writes it appends under their own key
 
 
-def _predictor_stamp() -> str:
+def _predictor_stamp() -> str | None:
     """Changes whenever a predictor's code, the shipped weights or the code that turns a graph
     into the ops to predict (fusion, derived kernels, iteration) change: by their contents (it
     had been their names, sizes and mtimes, so an edit of the same size within the clock's
-    tick, or a copy that keeps mtimes, served another code's latencies)."""
-    from kit.source_digest import files_stamp
+    tick, or a copy that keeps mtimes, served another code's latencies). None once they are no
+    longer the files this process imported (source_digest.process_stamp)."""
+    from kit.source_digest import process_stamp
 
     files = (sorted(PREDICT_DIR.rglob("*.py")) + sorted((PREDICT_DIR / "weights").glob("*"))
              + [HERE / n for n in COSTING_FILES] + list(KIT_FILES))
-    return files_stamp((str(f.relative_to(f.parents[1])), f) for f in files)
+    return process_stamp("latency", ((str(f.relative_to(f.parents[1])), f) for f in files))
 
 
 def key_for(graph, fusion: str, gpu, predictor: str) -> str | None:
     """The cache key of a graph's predictions on a GPU, or None when the graph has no key."""
-    base = graph.meta.get("cache_key")
-    if not base or not isinstance(predictor, str):
+    base, stamp = graph.meta.get("cache_key"), _predictor_stamp()
+    if not base or not isinstance(predictor, str) or stamp is None:
         return None
     # and of every GPU it dominates: a training GPU among them bounds its predictions
     # (kit.predict.sibling_bound), and a --gpu-file may have replaced one's spec
@@ -57,7 +58,7 @@ def key_for(graph, fusion: str, gpu, predictor: str) -> str | None:
 
     specs = [gpu.to_dict()] + [o.to_dict() for o in list_gpus() if dominates(gpu, o)]
     spec = json.dumps(specs, sort_keys=True, default=str)
-    raw = json.dumps([base, fusion, spec, predictor, _predictor_stamp()])
+    raw = json.dumps([base, fusion, spec, predictor, stamp])
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 

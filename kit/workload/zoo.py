@@ -93,16 +93,20 @@ def _optimizer_name(optimizer):
     return f"{module}:{qualname}"
 
 
-def _key(model, batch, seq, mode, dtype, optimizer) -> str:
+def _key(model, batch, seq, mode, dtype, optimizer) -> str | None:
+    """The capture's cache key, or None when this process's code is not the disk's (_code_stamp)."""
     from kit import __version__
 
+    stamp = _code_stamp()
+    if stamp is None:
+        return None
     ident = resolve(model) if isinstance(model, str) else json.dumps(model, sort_keys=True, default=str)
     raw = json.dumps([ident, batch, seq, mode, dtype, _optimizer_name(optimizer), __version__,
-                      _code_stamp()], default=str)
+                      stamp], default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
-def _code_stamp() -> str:
+def _code_stamp() -> str | None:
     """Changes whenever the capture code or the models change (invalidates disk caches): a hash
     of the contents of every module in kit/workload and of the op classes a graph pickles
     (kit/ops.py, kit/op_counts.py), hashed again only when a file's size or mtime changes (a
@@ -111,13 +115,15 @@ def _code_stamp() -> str:
     key and served each other's graphs (a review's resnet50 came out at another commit's
     4.170 ms kernels for its own 4.306), and rnn.py, which prices a captured recurrent node, was
     not on the list. The installed torch's version is in it too: its decompositions decide the
-    aten ops a capture records."""
-    from kit.source_digest import files_stamp
+    aten ops a capture records. None once the files on disk are no longer the ones this process
+    imported (source_digest.process_stamp): nothing is then cached."""
+    from kit.source_digest import process_stamp
 
     here = Path(__file__).parent
     files = [*sorted(here.glob("*.py")), here.parent / "ops.py", here.parent / "op_counts.py"]
     torch_file = _torch_version_file()
-    return files_stamp([(f.name, f) for f in files] + ([("torch/version.py", torch_file)] if torch_file else []))
+    return process_stamp("capture", [(f.name, f) for f in files]
+                         + ([("torch/version.py", torch_file)] if torch_file else []))
 
 
 def _torch_version_file() -> Path | None:
@@ -187,6 +193,8 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
         return _capture(model, batch, seq, captured, dtype, optimizer, loss, last_logits)
     key = _key(model, batch, seq, captured + (":loss" if loss else "") + (":last" if last_logits else ""),
                dtype, optimizer)
+    if key is None:  # the code on disk changed under this process: nothing is cached
+        return _capture(model, batch, seq, captured, dtype, optimizer, loss, last_logits)
     if key in _LRU:
         _LRU.move_to_end(key)
         return _LRU[key]
