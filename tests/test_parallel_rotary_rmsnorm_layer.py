@@ -50,6 +50,11 @@ def test_rotary_positions_rotate_this_ranks_queries_and_keys():
     flat = _ops(bwd)
     core = next(i for i, op in enumerate(flat) if op.op_class == "attention")
     assert flat[core + 1:core + 3] == rope[::-1]
+    # each moves its forward's bytes once (the gradient read, rotated back, written), where the
+    # other memory-bound kernels' backward is two passes: it had been costed twice
+    factors = [f for blk in bwd for f in blk.bwd_factor]
+    assert factors[core + 1:core + 3] == [1.0, 1.0]
+    assert max(factors[:core]) == 2.0  # the norms' and the MLP's backward still two
 
 
 def test_a_rotary_model_adds_no_position_table_in_its_embedding():
@@ -80,3 +85,20 @@ def test_qwen3s_per_head_query_and_key_norms_are_counted():
         assert [(op.rows, op.cols) for op in norms] == [(tok * 16 // tp, hd), (tok * 4 // tp, hd)]
     assert qk.layer_params() - LLAMA.layer_params() == 2 * hd
     assert not parse_model("llama3-8b").qk_norm
+
+
+def test_qk_norms_are_the_layers_norm_kind():
+    """Megatron-core builds --qk-layernorm with the layer's --normalization: a spec with biases
+    (LayerNorm) norms q and k with LayerNorm, weight and bias a head wide each (a Persimmon-style
+    GPT), not an RMSNorm of weights alone."""
+    hd = 1024 // 16
+    for bias in (False, True):
+        base = GPTSpec(layers=2, hidden=1024, heads=16, kv_heads=4, seq=512, vocab=32000,
+                       gated=True, rope=True, bias=bias)
+        qk = GPTSpec(**{**base.__dict__, "qk_norm": True})
+        layer_norm = next(op for op in _ops(layer_forward(qk, 2, 1, 1, False, "bf16"))
+                          if op.op_class in ("layernorm", "rmsnorm")).op_class
+        extra = _between_qkv_and_attention(qk, 1)
+        assert [op.op_class for op in extra[:2]] == [layer_norm] * 2
+        # a norm's parameters per unit width (GPTSpec.norm_params / hidden), over two heads
+        assert qk.layer_params() - base.layer_params() == 2 * hd * base.norm_params // base.hidden

@@ -111,6 +111,15 @@ def _gemm_bwd(g: ops.Gemm) -> list:
 BACKWARD_COMM = {"allgather": "reducescatter", "reducescatter": "allgather"}
 
 
+@dataclass(frozen=True)
+class RotaryEmbedding(ops.Elementwise):
+    """The fused RoPE kernel (_rope): priced as an elementwise pass, but its backward is one
+    kernel of the same bytes (TE's fused_rope_backward reads the output gradient, writes the
+    input gradient, rotated back), not the two passes BWD_FACTOR gives other memory-bound ops."""
+
+    bwd_factor = 1.0
+
+
 def backward_of(block: Block) -> Block:
     comm = block.comm
     if comm is not None:
@@ -122,7 +131,8 @@ def backward_of(block: Block) -> Block:
             out.bwd_factor += [1.0, 1.0]
         else:
             out.ops.append(op)
-            out.bwd_factor.append(BWD_FACTOR.get(op.op_class, BWD_FACTOR["default"]))
+            out.bwd_factor.append(getattr(op, "bwd_factor", None)
+                                  or BWD_FACTOR.get(op.op_class, BWD_FACTOR["default"]))
     return out
 
 
@@ -207,7 +217,7 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     attn.ops.append(ops.linear(tok, h, (h + 2 * kv) // tp, dtype))
     heads = a // tp
     if spec.qk_norm:  # one norm kernel over this rank's query heads, one over its key heads
-        attn.ops += [ops.RMSNorm(tok * heads, hd, dtype), ops.RMSNorm(tok * kv // hd // tp, hd, dtype)]
+        attn.ops += [norm(spec, tok * heads, dtype, hd), norm(spec, tok * kv // hd // tp, dtype, hd)]
     attn.ops += _rope(spec, tok, h // tp, kv // tp, dtype)
     if spec.attention == "flash":
         attn.ops.append(ops.Attention(b, heads, s, s, hd, dtype, causal=True))
@@ -255,12 +265,14 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     return _merge(blocks)
 
 
-def norm(spec: GPTSpec, rows: int, dtype: str):
+def norm(spec: GPTSpec, rows: int, dtype: str, cols: int | None = None):
     """A layer's (or the final) norm as the model runs it: LayerNorm, or RMSNorm where the spec
     has no biases (GPTSpec.bias: Llama, Mistral, Mixtral; Megatron's --normalization RMSNorm, TE's
     one rmsnorm kernel). The kit had run LayerNorm for every model, while GPTSpec.norm_params
-    already counted RMSNorm's h weights alone for these."""
-    return ops.LayerNorm(rows, spec.hidden, dtype) if spec.bias else ops.RMSNorm(rows, spec.hidden, dtype)
+    already counted RMSNorm's h weights alone for these. cols: the width normed (hidden; a head's
+    for the q/k norms, which Megatron-core builds with the same --normalization)."""
+    cols = cols or spec.hidden
+    return ops.LayerNorm(rows, cols, dtype) if spec.bias else ops.RMSNorm(rows, cols, dtype)
 
 
 def _rope(spec: GPTSpec, tokens: int, q_width: int, k_width: int, dtype: str) -> list:
@@ -269,11 +281,11 @@ def _rope(spec: GPTSpec, tokens: int, q_width: int, k_width: int, dtype: str) ->
     fused_apply_rotary_pos_emb), one kernel each for q and k that reads the tensor and writes it
     rotated (the cos/sin table is tokens x head_dim, small beside it). The layer had run none:
     Llama-3-8B at 2048 tokens rotates 8.4M query and 2.1M key values a layer, 4 kernels with
-    the backward's. Costed as an elementwise pass of one input."""
+    the backward's. Costed as an elementwise pass of one input, once each way (RotaryEmbedding)."""
     if not spec.rope:
         return []
-    return [ops.Elementwise("mul", tokens * q_width, dtype, inputs=1),
-            ops.Elementwise("mul", tokens * k_width, dtype, inputs=1)]
+    return [RotaryEmbedding("mul", tokens * q_width, dtype, inputs=1),
+            RotaryEmbedding("mul", tokens * k_width, dtype, inputs=1)]
 
 
 def _dropout(spec: GPTSpec, numel: int, dtype: str) -> list:

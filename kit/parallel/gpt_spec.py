@@ -47,8 +47,9 @@ class GPTSpec:
     # (Megatron's --hidden-dropout and --attention-dropout, 0.1 by default, 0 in its Llama
     # recipes); None: 0 for a gated (Llama-style) model, else 0.1. At 0 torch's dropout returns
     # its input: no kernel and no mask (at::dropout), which the kit had run and kept for Llama too
-    qk_norm: bool = False  # an RMSNorm over each head of q and k before the rotary positions
-    # (Qwen3, Gemma 3; Megatron-core's --qk-layernorm): 2 x head_dim weights a layer and two
+    qk_norm: bool = False  # a norm over each head of q and k before the rotary positions
+    # (Qwen3, Gemma 3: RMSNorm; Megatron-core's --qk-layernorm, of the layer's norm kind, so a
+    # LayerNorm where the spec has biases): 2 x head_dim weights a layer (4 x with betas) and two
     # norm kernels each way, which the kit had left out of Qwen3's layer
     name: str = "gpt"
     zoo: str | None = None  # the kit.workload zoo model it came from (its op graph can be captured)
@@ -161,7 +162,9 @@ class GPTSpec:
         mlp = self.mlp_params
         if self.is_moe(layer):
             mlp = self.experts * mlp + h * self.experts  # and the router's weight
-        qk = 2 * self.head_dim if self.qk_norm else 0
+        # q_norm and k_norm: a head wide each, weights (and with biases LayerNorm's betas too,
+        # as Megatron-core's --qk-layernorm follows --normalization)
+        qk = 2 * (2 if self.bias else 1) * self.head_dim if self.qk_norm else 0
         return attn + qk + mlp + 2 * self.norm_params
 
     @property
