@@ -19,7 +19,9 @@ weight-gradient GEMM and, with sequence parallelism, first re-gathers its input 
 data-gradient GEMM (_column_backward); a row-parallel all-reduce has an identity backward, a
 sequence-parallel reduce-scatter an all-gather at the region boundary (layer_backward).
 A MoE layer swaps the MLP for a router and top-k experts sharded over EP ranks, with an
-all-to-all to dispatch tokens and one to combine them (Lepikhin et al. 2020).
+all-to-all to dispatch tokens and one to combine them (Lepikhin et al. 2020); at TP > 1 each rank
+dispatches its sequence shard's tokens and a TP all-gather / reduce-scatter brings the tp shards
+to the experts and back (Megatron-core 0.9's MoEAlltoAllTokenDispatcher, _moe_blocks).
 """
 from __future__ import annotations
 
@@ -200,6 +202,12 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     if a % tp or f % tp or (spec.kv_heads or a) % tp:
         raise KitError(f"--tp {tp} must divide heads {a}" + (f", key/value heads {spec.kv_heads}"
                        if spec.kv_heads else "") + f" and ffn {f}")
+    if spec.is_moe(layer) and tp > 1 and not sp:
+        # Megatron-core 0.9 moe_layer.py lines 103-112 (MoELayer.forward) raises
+        # "performance may degrade if MoE and tensor parallelism are enabled without also
+        # enabling sequence parallelism" in training: its dispatcher routes each rank's shard
+        raise KitError(f"--tp {tp} on MoE layers needs --sequence-parallel (sequence_parallel): "
+                       "Megatron-core refuses MoE with tensor parallelism without it")
     kv = (spec.kv_heads or a) * hd
     tok = b * s
     act = tok * h * ops.dtype_bytes(dtype)
@@ -230,39 +238,58 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     blocks.append(attn)
     if tp > 1:  # g: a plain all-reduce's backward is the identity
         blocks.append(Block("tp " + reduce[0], comm=reduce, backward_in_linear=not sp))
-    dense = not spec.is_moe(layer)
     res_numel = ln_rows * h
-    mlp = Block("mlp", [*_dropout(spec, res_numel, dtype), ops.Elementwise("add", res_numel, dtype)])
-    if gather and tp > 1:
-        mlp.ops.append(norm(spec, ln_rows, dtype))
-        blocks.append(mlp)
-        # a MoE router is no column-parallel linear: its all-gather keeps its own backward
-        blocks.append(Block("sp all-gather", comm=gather, backward_in_linear=dense))
-        mlp = Block("mlp")
-    else:
-        mlp.ops.append(norm(spec, ln_rows, dtype))
+    mlp = Block("mlp", [*_dropout(spec, res_numel, dtype), ops.Elementwise("add", res_numel, dtype),
+                        norm(spec, ln_rows, dtype)])
     if spec.is_moe(layer):
-        mlp.ops.append(ops.linear(tok, h, spec.experts, dtype))
-        blocks.append(mlp)
-        routed = spec.routed_rows(tok)  # tok x topk, or the experts' capacity buffers
-        if ep > 1:
-            blocks.append(Block("moe dispatch all-to-all",
-                                comm=("alltoall", routed * h * ops.dtype_bytes(dtype), "ep")))
-        mlp = Block("experts", _mlp_ops(spec, routed, tp, dtype))
-        blocks.append(mlp)
-        if ep > 1:
-            blocks.append(Block("moe combine all-to-all",
-                                comm=("alltoall", routed * h * ops.dtype_bytes(dtype), "ep")))
-        mlp = Block("moe out", [ops.Elementwise("mul", tok * h, dtype)])
+        blocks += _moe_blocks(spec, mlp, ln_rows, tp, ep, dtype)
     else:
+        if gather and tp > 1:
+            blocks.append(mlp)
+            blocks.append(Block("sp all-gather", comm=gather, backward_in_linear=True))
+            mlp = Block("mlp")
         mlp.column.add(len(mlp.ops))  # the first MLP linear (SwiGLU: gate and up as one GEMM)
         mlp.ops += _mlp_ops(spec, tok, tp, dtype)
-    blocks.append(mlp)
-    if tp > 1:
-        blocks.append(Block("tp " + reduce[0], comm=reduce, backward_in_linear=dense and not sp))
+        blocks.append(mlp)
+        if tp > 1:
+            blocks.append(Block("tp " + reduce[0], comm=reduce, backward_in_linear=not sp))
     blocks.append(Block("residual", [*_dropout(spec, res_numel, dtype),
                                      ops.Elementwise("add", res_numel, dtype)]))
     return _merge(blocks)
+
+
+def _moe_blocks(spec: GPTSpec, pre: Block, rows: int, tp: int, ep: int, dtype: str) -> list[Block]:
+    """A MoE layer's MLP as Megatron-core 0.9 runs it (MoEAlltoAllTokenDispatcher,
+    transformer/moe/token_dispatcher.py), from `pre` (the residual and the norm) on this rank's
+    `rows` tokens, its 1/tp sequence shard (MoE at tp > 1 needs sequence parallelism,
+    moe_layer.py's forward). The router routes the shard; the shard's routed rows (its own
+    capacity buffers with a capacity factor: topk_softmax_with_capacity counts the shard's
+    tokens) go over the EP group's all-to-all (token_permutation); an all-gather over the TP
+    group (gather_from_sequence_parallel_region) collects the tp shards' rows, on which each
+    expert runs with its weights split over tp (moe_extended_tp False, model_parallel_config.py
+    line 45: experts.py's GroupedMLP shards fc1 and fc2 over the TP world size, as
+    memory.layer_rank_params holds them); on the way back a reduce-scatter over TP
+    (reduce_scatter_to_sequence_parallel_region, which also sums fc2's partial outputs) and the
+    combine all-to-all return the shard, unpermuted and weighted by the router's probabilities.
+    Each tp rank's all-to-all had sent the whole micro-batch's routed rows (tp times the bytes:
+    Mixtral-8x7b at tp 8, seq 4096, bf16, 4096 x 2 x 4096 x 2 = 128 MiB, not 16 MiB) after an
+    all-gather of the tokens and before a reduce-scatter of them, tokens x hidden each, that
+    Megatron-core does not run."""
+    h, nbytes = spec.hidden, ops.dtype_bytes(dtype)
+    pre.ops.append(ops.linear(rows, h, spec.experts, dtype))  # the router
+    out = [pre]
+    routed = spec.routed_rows(rows)  # the shard's rows x topk, or its experts' capacity buffers
+    if ep > 1:
+        out.append(Block("moe dispatch all-to-all", comm=("alltoall", routed * h * nbytes, "ep")))
+    if tp > 1:
+        out.append(Block("moe tp all-gather", comm=("allgather", tp * routed * h * nbytes, "tp")))
+    out.append(Block("experts", _mlp_ops(spec, tp * routed, tp, dtype)))
+    if tp > 1:
+        out.append(Block("moe tp reducescatter", comm=("reducescatter", tp * routed * h * nbytes, "tp")))
+    if ep > 1:
+        out.append(Block("moe combine all-to-all", comm=("alltoall", routed * h * nbytes, "ep")))
+    out.append(Block("moe out", [ops.Elementwise("mul", rows * h, dtype)]))
+    return out
 
 
 def norm(spec: GPTSpec, rows: int, dtype: str, cols: int | None = None):

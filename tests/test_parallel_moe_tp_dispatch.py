@@ -1,0 +1,101 @@
+"""A MoE layer at TP > 1 dispatches as Megatron-core 0.9's MoEAlltoAllTokenDispatcher does
+(transformer/moe/token_dispatcher.py): each tp rank sends its 1/tp sequence shard's routed
+tokens over the EP all-to-all, then an all-gather over the TP group brings the tp shards to the
+experts (weights split over tp, moe_extended_tp False) and a reduce-scatter takes them back
+before the combine all-to-all. Each rank's all-to-all had sent the whole micro-batch's routed
+tokens, tp times the bytes, beside a tokens x hidden all-gather and reduce-scatter of its own."""
+import pytest
+
+from kit import ops
+from kit.errors import KitError
+from kit.parallel import Layout
+from kit.parallel.gpt import layer_backward, layer_forward, parse_model
+from kit.parallel.predict import predict_parallel
+
+SHAPE = "moe:layers=2,hidden=1024,heads=16,seq=512,experts=8,topk=2,moe_every=1"
+B, H, BYTES = 2, 1024, 2  # micro-batch, hidden, fp16
+
+
+def _comms(blocks):
+    return [(blk.label, blk.comm) for blk in blocks if blk.comm is not None]
+
+
+def _layer(tp, ep=2, spec=None):
+    return layer_forward(spec or parse_model(SHAPE), B, tp, ep, tp > 1, "fp16", layer=0)
+
+
+def _gemm_rows(blocks, label):
+    return [op.m for blk in blocks if blk.label == label for op in blk.ops if isinstance(op, ops.Gemm)]
+
+
+def test_tp1_dispatches_the_whole_micro_batch_and_runs_no_tp_collective():
+    spec = parse_model(SHAPE)
+    comms = _comms(_layer(1))
+    routed = B * spec.seq * spec.topk
+    assert [c for _, c in comms] == [("alltoall", routed * H * BYTES, "ep")] * 2
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_each_ranks_all_to_all_bytes_scale_one_over_tp(tp):
+    one = [c[1] for _, c in _comms(_layer(1)) if c[0] == "alltoall"]
+    many = [c[1] for _, c in _comms(_layer(tp)) if c[0] == "alltoall"]
+    assert len(many) == 2 and many == [n / tp for n in one]
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+def test_the_tp_all_gather_and_reduce_scatter_wrap_the_experts_with_the_routed_rows(tp):
+    spec = parse_model(SHAPE)
+    routed = B * spec.seq * spec.topk  # all tp shards' routed rows, gathered
+    labels = [blk.label for blk in _layer(tp)]
+    comms = dict(_comms(_layer(tp)))
+    assert comms["moe tp all-gather"] == ("allgather", routed * H * BYTES, "tp")
+    assert comms["moe tp reducescatter"] == ("reducescatter", routed * H * BYTES, "tp")
+    i = labels.index
+    assert (i("moe dispatch all-to-all") < i("moe tp all-gather") < i("experts")
+            < i("moe tp reducescatter") < i("moe combine all-to-all"))
+    # after the attention's (sp all-gather, reduce-scatter) the MoE's four and nothing else: the
+    # router routes the shard, with no tokens x hidden all-gather before it or reduce-scatter after
+    assert [label for label, _ in _comms(_layer(tp))][2:] == [
+        "moe dispatch all-to-all", "moe tp all-gather", "moe tp reducescatter", "moe combine all-to-all"]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_router_runs_on_the_shard_and_experts_on_every_routed_row_at_f_over_tp(tp):
+    spec = parse_model(SHAPE)
+    blocks = _layer(tp)
+    router = [op for blk in blocks for op in blk.ops
+              if isinstance(op, ops.Gemm) and op.n == spec.experts]
+    assert [op.m for op in router] == [B * spec.seq // tp]
+    experts = [op for blk in blocks if blk.label == "experts" for op in blk.ops if isinstance(op, ops.Gemm)]
+    assert {op.m for op in experts} == {B * spec.seq * spec.topk}
+    assert experts[-1].k == spec.f // tp  # the down projection: this rank's 1/tp of each expert
+
+
+def test_the_backward_reduce_scatters_what_the_forward_gathered_and_back():
+    fwd = _layer(4)
+    bwd = _comms(layer_backward(fwd, 4, True))
+    sizes = dict(_comms(fwd))
+    kinds = [c for _, c in bwd]
+    assert ("reducescatter", *sizes["moe tp all-gather"][1:]) in kinds
+    assert ("allgather", *sizes["moe tp reducescatter"][1:]) in kinds
+    assert sum(c[0] == "alltoall" and c[1] == sizes["moe dispatch all-to-all"][1] for c in kinds) == 2
+
+
+def test_a_capacity_factor_sizes_each_shards_buffers():
+    # topk_softmax_with_capacity counts the rank's own tokens: ceil(1.1 x 256 x 2 / 3) = 188 rows
+    # an expert for a 256-token shard, not ceil(1.1 x 1024 x 2 / 3) / 4 = 187.75
+    spec = parse_model("moe:layers=2,hidden=1024,heads=16,seq=512,experts=3,topk=2,moe_every=1,"
+                       "capacity_factor=1.1")
+    comms = dict(_comms(_layer(4, ep=1, spec=spec)))
+    assert comms["moe tp all-gather"][1] == 4 * 3 * 188 * H * BYTES
+    assert _gemm_rows(_layer(4, ep=1, spec=spec), "experts")[0] == 4 * 3 * 188
+
+
+def test_moe_at_tp_above_one_needs_sequence_parallelism():
+    spec = parse_model(SHAPE)
+    with pytest.raises(KitError, match="sequence-parallel"):
+        layer_forward(spec, B, 2, 2, False, "fp16", layer=0)
+    with pytest.raises(KitError, match="sequence-parallel"):
+        predict_parallel(spec, "dgx-a100", Layout(tp=2, dp=2, ep=2, dtype="bf16"), graph=False)
+    dense = parse_model("gpt:layers=2,hidden=1024,heads=16,seq=512")
+    assert layer_forward(dense, B, 2, 1, False, "fp16")  # dense layers keep the all-reduce path
