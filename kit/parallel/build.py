@@ -342,10 +342,13 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
     ph = cost.bwd
     layer_comm = cost.layer_bwd_comm_ms or [0.0] * len(cost.layer_bwd_ms)
     layer_async = cost.layer_bwd_async_comm_ms or [0.0] * len(cost.layer_bwd_ms)
-    # the embedding's backward (and its comm): what the head and the layers leave
+    # the embedding's backward: what the head and the layers leave; its comm as costed
+    # (ChunkCost.emb_bwd_*), not left over too: the rounding of that subtraction (3.95e-14 ms
+    # at p10, -3.46e-14 at mid for Mixtral-8x7b bf16 at dp 2, tp 8, ep 2 on two pcie8 nodes,
+    # gpt3-13b at dp 2, tp 4 on pcie8 alike) had added a bucket's "tp/ep comm" op at one
+    # quantile and not another, and the band's re-time refused the graph (242 durations, 241 ops)
     tail_ms = max(ph.compute_ms - sum(cost.layer_bwd_ms) - cost.head_bwd_ms, 0.0)
-    tail_comm_ms = max(ph.comm_ms - sum(layer_comm) - cost.head_bwd_comm_ms, 0.0)
-    tail_async_ms = max(ph.async_comm_ms - sum(layer_async) - cost.head_bwd_async_comm_ms, 0.0)
+    tail_comm_ms, tail_async_ms = cost.emb_bwd_comm_ms, cost.emb_bwd_async_comm_ms
     # [compute ms, comm ms, gradient bytes (dense), expert gradient bytes, async comm ms]
     expert_bytes = cost.layer_expert_grad_bytes or [0.0] * len(cost.layer_bwd_ms)
     buckets, acc = [], [0.0, 0.0, 0.0, 0.0, 0.0]

@@ -74,6 +74,8 @@ class ChunkCost:
     head_bwd_ms: float = 0.0  # the LM head's backward compute (the last chunk's; it runs first)
     head_bwd_comm_ms: float = 0.0
     head_bwd_async_comm_ms: float = 0.0
+    emb_bwd_comm_ms: float = 0.0  # the embedding's backward's (the first chunk's; it runs last)
+    emb_bwd_async_comm_ms: float = 0.0
     params: float = 0.0  # this rank's parameters in the chunk, its expert shard included
     expert_params: float = 0.0  # of which expert weights (reduced over the expert-DP group)
 
@@ -481,8 +483,11 @@ def chunk_costs(spec: GPTSpec, layout: Layout, coster: Coster, source=None) -> l
             dense, experts = layer_rank_params(spec, lay, layer)
             c.layer_grad_bytes.append(dense * grad_bytes)
             c.layer_expert_grad_bytes.append(experts * grad_bytes)
-        if vi == 0:
-            coster.add(c.bwd, emb[1], stage)
+        if vi == 0:  # its own Phase: what _bucketed_backward's last bucket runs after the layers
+            e = Phase()
+            coster.add(e, emb[1], stage)
+            _accumulate(c.bwd, e)
+            c.emb_bwd_comm_ms, c.emb_bwd_async_comm_ms = e.comm_ms, e.async_comm_ms
         out.append(c)
     for stage in range(lay.pp):
         chunks = [out[c * lay.pp + stage] for c in range(lay.virtual_stages)]
