@@ -274,6 +274,18 @@ def test_an_out_of_memory_row_fails_alone_and_the_sweep_goes_on(tmp_path, monkey
     assert "out of memory" in (tmp_path / "m.failed.jsonl").read_text()
 
 
+@pytest.mark.parametrize("status", ["CUBLAS_STATUS_NOT_SUPPORTED", "CUBLAS_STATUS_INVALID_VALUE",
+                                    "CUBLAS_STATUS_ALLOC_FAILED"])
+def test_a_shape_cublas_refuses_fails_alone_and_the_sweep_goes_on(tmp_path, monkeypatch, status):
+    # torch's words for a cuBLAS status: "CUDA error: <status> when calling `...`"; the library
+    # refused the call on the host, and the context lives on
+    tries, r = _cuda_sweep(tmp_path, monkeypatch, f"CUDA error: {status} when calling "
+                           "`cublasLtMatmul( ltHandle, computeDesc.descriptor(), ...)`", lambda: None)
+    assert tries == 3 and r["measured"] == 2 and r["stopped"] is None
+    assert status in (tmp_path / "m.failed.jsonl").read_text()
+    assert C.is_fatal_cuda_error(RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx`"))
+
+
 def test_which_errors_are_fatal():
     assert C.is_fatal_cuda_error(RuntimeError("CUDA error: device-side assert triggered"))
     assert not C.is_fatal_cuda_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate"))

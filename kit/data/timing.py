@@ -11,9 +11,15 @@ import time
 
 
 # errors whose call fails but whose context lives on (cudaErrorMemoryAllocation,
-# cudaErrorInvalidConfiguration, cudaErrorLaunchOutOfResources): a failed row, and the sweep goes on
+# cudaErrorInvalidConfiguration, cudaErrorLaunchOutOfResources): a failed row, and the sweep goes on.
+# cuBLAS's argument, support and allocation statuses too: the library refuses the call on the host
+# and launches nothing, yet torch words them "CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling
+# `cublasLtMatmul(...)`", which "CUDA error" had called fatal: the sweep stopped at that shape,
+# and every --resume stopped at it again (failed shapes are measured again), the shapes after it
+# never reached
 RECOVERABLE_CUDA = ("out of memory", "invalid configuration argument",
-                    "too many resources requested for launch")
+                    "too many resources requested for launch", "CUBLAS_STATUS_NOT_SUPPORTED",
+                    "CUBLAS_STATUS_INVALID_VALUE", "CUBLAS_STATUS_ALLOC_FAILED")
 FATAL_CUDA = ("CUDA error", "device-side assert", "illegal memory access", "illegal instruction",
               "unspecified launch failure", "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address",
               "cudaErrorLaunchFailure", "an illegal", "uncorrectable ECC")
@@ -21,8 +27,9 @@ FATAL_CUDA = ("CUDA error", "device-side assert", "illegal memory access", "ille
 
 def is_fatal_cuda_error(e: BaseException) -> bool:
     """A CUDA error that leaves the context unusable (sticky: illegal address, device-side assert,
-    launch failure, ECC, ...): every later call, empty_cache included, raises again. Out of memory
-    and an invalid launch configuration (RECOVERABLE_CUDA) are not, whatever their type."""
+    launch failure, ECC, ...): every later call, empty_cache included, raises again. Out of memory,
+    an invalid launch configuration and cuBLAS's refusals (RECOVERABLE_CUDA) are not, whatever
+    their type."""
     text = str(e)
     if any(s in text for s in RECOVERABLE_CUDA):
         return False
