@@ -36,10 +36,18 @@ def _files(path) -> list[Path]:
 def _without_bias(csv: Path) -> bool:
     """Whether the collector's meta beside a CSV (FILE.meta.json) says its linear rows were timed
     without a bias (`kit collect --no-bias`); NeuSight's Linear rows, which the model learns
-    from, have one. Unknown (no meta, an older or foreign one) counts as with."""
+    from, have one. Unknown (no meta, an older or foreign one) counts as with. Only runs that
+    timed linear and may have written rows count (as kit.data.provenance.mixed_settings has
+    them): every run records linear_bias, and a `--ops bmm --no-bias` run, or a --no-bias run that
+    measured nothing, before a linear run with a bias had left out all of that run's linear rows."""
     from kit.data.provenance import recorded_runs
 
-    return any((r.get("settings") or {}).get("linear_bias") is False for r in recorded_runs(csv) or ())
+    def timed_linear_without(run: dict) -> bool:
+        s = run.get("settings") or {}
+        ops = s.get("ops") or ("linear",)  # a meta that does not say which ops: it may have
+        return s.get("linear_bias") is False and "linear" in ops and run.get("measured") != 0
+
+    return any(timed_linear_without(r) for r in recorded_runs(csv) or ())
 
 
 def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
