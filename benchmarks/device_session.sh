@@ -49,7 +49,8 @@
 # (session/: the CSVs and their .meta.json, the collectors' --json summaries (*.result.json),
 # decode_steps*.jsonl/.json, provenance.json, nvidia-smi -q before and after, nvidia-smi samples
 # every second, steps.txt: each step's exit status and seconds). The pack runs from an EXIT
-# trap, so whatever exists is packed however the script ends (short of SIGKILL). Two files come
+# trap, so whatever exists is packed however the script ends (short of SIGKILL); a TERM, INT or
+# HUP to the script alone stops the running step at once (step()) and packs. Two files come
 # back; the device tool returns at most 8.
 set -u
 FINAL=${1:-${OUT:-out}}
@@ -95,8 +96,28 @@ finish() {
   exec 1>&- 2>&-        # let tee see the end of its input, then wait for it to write the log
   wait "$TEE_PID" 2>/dev/null || sleep 1
 }
+STEP_PID=
+step() {  # OUTFILE command...: run a step in the background and wait for it. bash runs a trap only
+  # once the foreground command ends: a TERM to this script had waited for the step's own timeout
+  # (56 s of a 60 s step; the model steps' is 200 s) before packing, past any grace before a KILL.
+  # `wait` returns at the signal; the trap then stops the step (its timeout passes the TERM on)
+  local out=$1 rc
+  shift
+  "$@" > "$out" &
+  STEP_PID=$!
+  wait "$STEP_PID"
+  rc=$?
+  STEP_PID=
+  return $rc
+}
+stop_step() {  # TERM to the running step: the collectors record the interruption and stop
+  [ -n "$STEP_PID" ] || return 0
+  kill -TERM "$STEP_PID" 2>/dev/null
+  wait "$STEP_PID" 2>/dev/null  # timeout's --kill-after bounds it
+  STEP_PID=
+}
 trap finish EXIT
-trap 'echo "device_session: signal received, packing"; exit 143' TERM INT HUP
+trap 'echo "device_session: signal received, stopping the step"; stop_step; exit 143' TERM INT HUP
 
 PLAN=${PLAN:-decode}
 case "$PLAN" in decode|aligned|rows) ;; *) echo "device_session: PLAN must be decode, aligned or rows, not $PLAN"; exit 2;; esac
@@ -182,9 +203,10 @@ collect() {  # name cap ops shapes dtype [extra collect flags...]
   step_limit "$cap"
   if [ "$STEP_LIMIT" = 0 ]; then note "$name" skipped 0 0; return; fi
   local t=$(date +%s) tl=$(( STEP_LIMIT > 40 ? STEP_LIMIT - 20 : STEP_LIMIT / 2 ))
-  timeout --kill-after=$GRACE "$STEP_LIMIT" "$PY" -m kit collect --device "$DEVICE" --ops "$ops" \
+  step "$OUT_DIR/$name.result.json" timeout --kill-after=$GRACE "$STEP_LIMIT" \
+      "$PY" -m kit collect --device "$DEVICE" --ops "$ops" \
       --shapes "$shapes" --dtype "$dtype" --repeats "$REPEATS" --warmup-ms 500 --time-limit "$tl" \
-      --out "$OUT_DIR/$name.csv" --resume --json "$@" > "$OUT_DIR/$name.result.json"
+      --out "$OUT_DIR/$name.csv" --resume --json "$@"
   local rc=$?
   note "$name" $rc $(( $(date +%s) - t )) "$STEP_LIMIT"
   "$PY" -c 'import json, sys
@@ -200,10 +222,11 @@ decode() {  # name cap models kv-cache
   step_limit "$cap"
   if [ "$STEP_LIMIT" = 0 ]; then note "$name" skipped 0 0; return; fi
   local t=$(date +%s) tl=$(( STEP_LIMIT > 40 ? STEP_LIMIT - 25 : STEP_LIMIT / 2 ))
-  timeout --kill-after=$GRACE "$STEP_LIMIT" "$PY" benchmarks/decode_steps.py --device "$DEVICE" \
+  step "$OUT_DIR/$name.json" timeout --kill-after=$GRACE "$STEP_LIMIT" \
+      "$PY" benchmarks/decode_steps.py --device "$DEVICE" \
       --models "$models" --batches "$BATCHES" --contexts "$CONTEXTS" --dtype bf16 \
       --repeats "$REPEATS" --kv-cache "$kind" ${GPU:+--gpu "$GPU"} --time-limit "$tl" \
-      --jsonl "$OUT_DIR/$name.jsonl" > "$OUT_DIR/$name.json"
+      --jsonl "$OUT_DIR/$name.jsonl"
   note "$name" $? $(( $(date +%s) - t )) "$STEP_LIMIT"
 }
 
@@ -212,9 +235,10 @@ attention() {  # name cap dtype
   step_limit "$cap"
   if [ "$STEP_LIMIT" = 0 ]; then note "$name" skipped 0 0; return; fi
   local t=$(date +%s) tl=$(( STEP_LIMIT > 40 ? STEP_LIMIT - 20 : STEP_LIMIT / 2 ))
-  timeout --kill-after=$GRACE "$STEP_LIMIT" "$PY" benchmarks/attention_sweep.py --device "$DEVICE" \
+  step "$OUT_DIR/$name.json" timeout --kill-after=$GRACE "$STEP_LIMIT" \
+      "$PY" benchmarks/attention_sweep.py --device "$DEVICE" \
       --dtype "$dtype" --count "$ATT_COUNT" --seed 1 --max-seq "$ATT_MAX_SEQ" --repeats "$REPEATS" \
-      --time-limit "$tl" --jsonl "$OUT_DIR/$name.jsonl" > "$OUT_DIR/$name.json"
+      --time-limit "$tl" --jsonl "$OUT_DIR/$name.jsonl"
   note "$name" $? $(( $(date +%s) - t )) "$STEP_LIMIT"
 }
 models() {  # name cap configs
@@ -222,9 +246,10 @@ models() {  # name cap configs
   step_limit "$cap"
   if [ "$STEP_LIMIT" = 0 ]; then note "$name" skipped 0 0; return; fi
   local t=$(date +%s) tl=$(( STEP_LIMIT > 40 ? STEP_LIMIT - 30 : STEP_LIMIT / 2 ))
-  timeout --kill-after=$GRACE "$STEP_LIMIT" "$PY" benchmarks/model_steps.py --device "$DEVICE" \
+  step "$OUT_DIR/$name.json" timeout --kill-after=$GRACE "$STEP_LIMIT" \
+      "$PY" benchmarks/model_steps.py --device "$DEVICE" \
       --configs "$configs" --no-predict --repeats 10 --time-limit "$tl" \
-      --jsonl "$OUT_DIR/$name.jsonl" > "$OUT_DIR/$name.json"
+      --jsonl "$OUT_DIR/$name.jsonl"
   note "$name" $? $(( $(date +%s) - t )) "$STEP_LIMIT"
 }
 

@@ -397,6 +397,34 @@ def test_device_session_packs_on_exit_and_keeps_to_its_deadline(tmp_path):
     assert "step vector_bf16 rc=skipped" in log
 
 
+def test_device_session_packs_at_once_on_a_term_to_the_script_alone(tmp_path):
+    # bash runs a trap only once its foreground command ends: a TERM to the script (not its
+    # process group) had waited out the running step's own timeout, 56 s of this 60 s step, and
+    # a kill after a shorter grace would have left no tarball
+    fake, marker = tmp_path / "py", tmp_path / "stopped"
+    fake.write_text(f"#!/bin/bash\ncase \"$*\" in *collect*) trap 'echo step >> {marker}; kill $!; exit 143' TERM; "
+                    "sleep 100 & wait;; esac\nexit 0\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "DEVICE": "cpu", "QUICK": "1", "PY": str(fake), "BUDGET": "120", "MIN_STEP": "2"}
+    p = subprocess.Popen(["bash", str(ROOT / "benchmarks/device_session.sh"), str(out)], env=env, cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):  # until the first step runs
+            if (out / "session" / "decode_linear_bf16.result.json").exists():
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        p.terminate()
+        rc = p.wait(timeout=30)
+    finally:
+        p.kill()
+    assert time.monotonic() - t0 < 15 and rc == 143
+    assert (out / "device_session.tar.gz").is_file() and marker.read_text() == "step\n"
+    assert "signal received" in (out / "log.txt").read_text()
+
+
 @pytest.mark.parametrize("plan, first_step", [("aligned", "aligned_linear_bf16"), ("rows", "rows_gpt2_bf16")])
 def test_device_session_runs_the_plan_it_is_given(tmp_path, plan, first_step):
     fake = tmp_path / "py"  # python that succeeds at once in every step
