@@ -100,10 +100,12 @@ STEP_PID=
 step() {  # OUTFILE command...: run a step in the background and wait for it. bash runs a trap only
   # once the foreground command ends: a TERM to this script had waited for the step's own timeout
   # (56 s of a 60 s step; the model steps' is 200 s) before packing, past any grace before a KILL.
-  # `wait` returns at the signal; the trap then stops the step (its timeout passes the TERM on)
+  # `wait` returns at the signal; the trap then stops the step (its timeout passes the TERM on).
+  # OUTFILE - keeps stdout (the log). <&0: a background command's stdin is otherwise /dev/null,
+  # and the provenance step reads its script from a here-document
   local out=$1 rc
   shift
-  "$@" > "$out" &
+  if [ "$out" = - ]; then "$@" <&0 & else "$@" > "$out" <&0 & fi
   STEP_PID=$!
   wait "$STEP_PID"
   rc=$?
@@ -158,7 +160,8 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=$FIELDS --format=csv -lms 1000 > "$OUT_DIR/nvidia-smi-samples.csv" 2>&1 &
   SMI_PID=$!
 fi
-timeout 60 "$PY" - "$OUT_DIR/provenance.json" "$DEVICE" <<'EOF' || echo "device_session: provenance failed ($?)"
+# a step too: importing torch on a cold machine takes seconds, and a TERM had waited for it (up to 60 s)
+step - timeout --kill-after=$GRACE 60 "$PY" - "$OUT_DIR/provenance.json" "$DEVICE" <<'EOF' || echo "device_session: provenance failed ($?)"
 import json, platform, socket, subprocess, sys, time
 import torch
 out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
