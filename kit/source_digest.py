@@ -4,8 +4,11 @@ table). Contents, not mtimes: two checkouts written in the same second had share
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 from typing import Iterable
+
+import kit
 
 
 def contents_digest(files: Iterable[tuple[str, Path]]) -> bytes:
@@ -27,6 +30,10 @@ def files_stamp(files: Iterable[tuple[str, Path]]) -> str:
     """A 16-hex-digit stamp of the files' contents (contents_digest), hashed again only when a
     file's size or mtime changes: a warm prediction asks for its stamps several times a
     configuration (a decode prediction 7), and hashing the capture code is ~2 ms a time."""
+    return _stamp_and_signature(files)[0]
+
+
+def _stamp_and_signature(files):
     files = [(name, Path(path)) for name, path in files]
     sig = []
     for name, path in files:
@@ -38,10 +45,11 @@ def files_stamp(files: Iterable[tuple[str, Path]]) -> str:
     sig = tuple(sig)
     if sig not in _MEMO:
         _MEMO[sig] = contents_digest(files).hex()[:16]
-    return _MEMO[sig]
+    return _MEMO[sig], sig
 
 
-_FIRST: dict = {}  # process_stamp's first stamp of each label in this process
+_FIRST: dict = {}  # process_stamp's first stamp of each label in this process (None: not known)
+_STARTED_NS = kit.IMPORTED_NS  # when this process imported the kit
 
 
 def process_stamp(label: str, files: Iterable[tuple[str, Path]]) -> str | None:
@@ -50,7 +58,17 @@ def process_stamp(label: str, files: Iterable[tuple[str, Path]]) -> str | None:
     `git pull` had stored its old code's results under the new code's key, which fresh
     processes then served (a 2 -> 20 us kernel floor: 6.649 ms served where the new code gives
     9.193). None tells the caller to neither read nor write its disk cache: the code in memory
-    is then not known (the old, or the new one under autoreload)."""
-    now = files_stamp(files)
-    first = _FIRST.setdefault(label, now)
-    return first if now == first else None
+    is then not known (the old, or the new one under autoreload).
+
+    The first stamp is taken at first use, after the import: a file written between the kit's
+    import and then (a kernel opened, a `git pull`, then its first prediction) had given the new
+    code's stamp to the old code in memory. Such a file (its mtime after the import, and not in
+    the future: an archive unpacked from a machine whose clock ran ahead says nothing) makes
+    the stamp None for the whole process."""
+    now, sig = _stamp_and_signature(files)
+    if label not in _FIRST:
+        clock = time.time_ns()
+        written = any(m is not None and _STARTED_NS < m <= clock for *_, m in sig)
+        _FIRST[label] = None if written else now
+    first = _FIRST[label]
+    return first if first is not None and now == first else None

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from kit import source_digest
+from kit.hardware import get_gpu
 from kit.workload import latency_cache, zoo
 from kit.workload import iteration as iteration_mod
 from kit.workload.iteration import CpuOverhead, iteration
@@ -16,9 +17,12 @@ NONE = CpuOverhead(0.0, 0.0, 0.0)
 
 
 def _new_process(monkeypatch):
-    """As in a process started now: no stamp memoised, none taken at import."""
+    """As in a process started now: no stamp memoised, none taken, the kit imported now."""
+    import time
+
     monkeypatch.setattr(source_digest, "_MEMO", {})
     monkeypatch.setattr(source_digest, "_FIRST", {})
+    monkeypatch.setattr(source_digest, "_STARTED_NS", time.time_ns())
 
 
 @pytest.fixture
@@ -152,7 +156,8 @@ def test_the_capture_stamp_follows_each_modules_contents(monkeypatch, name):
 
     monkeypatch.setattr(Path, "read_bytes", edited)
     _new_process(monkeypatch)  # nothing memoised, nothing imported before
-    assert zoo._code_stamp() != before
+    after = zoo._code_stamp()
+    assert after is not None and after != before
 
 
 def test_the_capture_stamp_is_hashed_again_only_when_a_file_changes(monkeypatch):
@@ -186,7 +191,8 @@ def test_the_capture_stamp_follows_the_installed_torch(monkeypatch, tmp_path):
     (other / "version.py").write_text("__version__ = '0.0.1'\ngit_version = 'other'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     _new_process(monkeypatch)
-    assert zoo._code_stamp() != before
+    after = zoo._code_stamp()
+    assert after is not None and after != before
 
 
 def test_the_models_table_cache_follows_its_own_codes_contents(cache, monkeypatch):
@@ -203,6 +209,10 @@ def test_the_models_table_cache_follows_its_own_codes_contents(cache, monkeypatc
     real = Path.read_bytes
     monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (
         b"\n# edited\n" if self.name == "cmd_models.py" else b""))
+    monkeypatch.setattr(source_digest, "_MEMO", {})  # as after the file's size or mtime changed
+    cmd_models.run(None)  # this process runs the old cmd_models.py: its table is not stored
+    assert len(list(zoo.cache_dir().glob("models-*.pkl"))) == 1
+    _new_process(monkeypatch)  # a process started after the edit stores its own
     cmd_models.run(None)
     assert len(list(zoo.cache_dir().glob("models-*.pkl"))) == 2
 
@@ -226,3 +236,77 @@ def test_a_process_whose_code_changed_on_disk_caches_nothing(cache, monkeypatch)
     assert latency_cache.key_for(g, "eager", "v100-pcie-32gb", "wave") is None
     _new_process(monkeypatch)  # a process started after the change caches again, by the new code
     assert zoo._code_stamp() is not None
+
+
+def _costing_copy(tmp_path, monkeypatch):
+    """The costing modules copied with their mtimes (as a checkout older than the process)."""
+    import shutil
+
+    copy = tmp_path / "workload"
+    shutil.copytree(latency_cache.HERE, copy)
+    monkeypatch.setattr(latency_cache, "HERE", copy)
+    return copy
+
+
+class _Keyed:
+    meta = {"cache_key": "a-capture"}
+
+
+def test_a_file_written_between_the_import_and_the_first_stamp_caches_nothing(tmp_path, monkeypatch):
+    """The first stamp is taken at first use: a costing module written after the kit's import
+    and before the process's first prediction (a kernel opened, a git pull, then a prediction)
+    had given the new code's stamp to the old code in memory, and its latencies were stored
+    under the new code's key. A process started after the write caches again."""
+    import time
+
+    copy = _costing_copy(tmp_path, monkeypatch)
+    _new_process(monkeypatch)  # the kit imported now, nothing stamped yet
+    f = copy / "generation.py"
+    f.write_text(f.read_text() + "\n# pulled\n")
+    assert f.stat().st_mtime_ns > source_digest._STARTED_NS
+    assert latency_cache._predictor_stamp() is None
+    assert latency_cache.key_for(_Keyed(), "eager", get_gpu("l4"), "wave") is None
+    assert latency_cache._predictor_stamp() is None  # for the whole process
+    monkeypatch.setattr(source_digest, "_FIRST", {})
+    monkeypatch.setattr(source_digest, "_STARTED_NS", time.time_ns())  # a process started after
+    assert latency_cache._predictor_stamp() is not None
+    assert latency_cache.key_for(_Keyed(), "eager", get_gpu("l4"), "wave") is not None
+
+
+def test_a_checkout_dated_in_the_future_still_caches(tmp_path, monkeypatch):
+    """An archive unpacked from a machine whose clock ran ahead has mtimes after the import that
+    say nothing of an edit: such a checkout is cached (it would never have been)."""
+    import os
+    import time
+
+    copy = _costing_copy(tmp_path, monkeypatch)
+    _new_process(monkeypatch)
+    ahead = time.time_ns() + 3600 * 10**9
+    os.utime(copy / "kernels.py", ns=(ahead, ahead))
+    assert latency_cache._predictor_stamp() is not None
+
+
+def test_the_latency_key_is_none_once_the_predictor_code_changes_under_the_process(tmp_path, monkeypatch):
+    """A keyed capture's latencies are not cached once a costing module on disk is no longer
+    the one this process stamped first (the capture test's graph had no key, so it did not
+    show it)."""
+    copy = _costing_copy(tmp_path, monkeypatch)
+    _new_process(monkeypatch)
+    assert latency_cache.key_for(_Keyed(), "eager", get_gpu("l4"), "wave") is not None
+    f = copy / "kernels.py"
+    f.write_text(f.read_text() + "\n# edited\n")
+    assert latency_cache.key_for(_Keyed(), "eager", get_gpu("l4"), "wave") is None
+
+
+def test_a_graph_without_a_key_stamps_no_predictor_files(monkeypatch):
+    """A user's module's step has no cache key: its latency key is None without stating every
+    predictor file (a few ms a prediction)."""
+    def boom():
+        raise AssertionError("stamped the predictor files for a graph without a key")
+
+    monkeypatch.setattr(latency_cache, "_predictor_stamp", boom)
+
+    class Bare:
+        meta = {}
+
+    assert latency_cache.key_for(Bare(), "eager", get_gpu("l4"), "wave") is None

@@ -10,14 +10,16 @@ def run(args):
     from pathlib import Path
 
     from kit import __version__
-    from kit.source_digest import contents_digest
+    from kit.source_digest import process_stamp
     from kit.workload import zoo
 
     # the table's own code, beside the zoo's and modes', by its contents (its whole-second mtime
-    # had let two checkouts written in the same second share a stale table)
-    own = contents_digest([("cmd_models.py", Path(__file__))]).hex()
+    # had let two checkouts written in the same second share a stale table), as this process
+    # imported it: a kernel left open across an edit of this file had stored its old table
+    # under the new file's key
+    own = process_stamp("models table", [("cmd_models.py", Path(__file__))])
     code = zoo._code_stamp()
-    if code is None:  # the zoo's code on disk is not what this process imported
+    if code is None or own is None:  # the code on disk is not what this process imported
         return _rows()
     stamp = hashlib.sha256(f"{__version__}-{code}-{own}".encode()).hexdigest()[:16]
     path = zoo.cache_dir() / f"models-{stamp}.pkl"

@@ -48,8 +48,11 @@ def _predictor_stamp() -> str | None:
 
 def key_for(graph, fusion: str, gpu, predictor: str) -> str | None:
     """The cache key of a graph's predictions on a GPU, or None when the graph has no key."""
-    base, stamp = graph.meta.get("cache_key"), _predictor_stamp()
-    if not base or not isinstance(predictor, str) or stamp is None:
+    base = graph.meta.get("cache_key")
+    if not base or not isinstance(predictor, str):
+        return None
+    stamp = _predictor_stamp()  # only for a graph with a key: a user's module's step asks too
+    if stamp is None:
         return None
     # and of every GPU it dominates: a training GPU among them bounds its predictions
     # (kit.predict.sibling_bound), and a --gpu-file may have replaced one's spec
