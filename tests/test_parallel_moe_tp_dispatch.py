@@ -99,3 +99,21 @@ def test_moe_at_tp_above_one_needs_sequence_parallelism():
         predict_parallel(spec, "dgx-a100", Layout(tp=2, dp=2, ep=2, dtype="bf16"), graph=False)
     dense = parse_model("gpt:layers=2,hidden=1024,heads=16,seq=512")
     assert layer_forward(dense, B, 2, 1, False, "fp16")  # dense layers keep the all-reduce path
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_every_tp_rank_holds_the_gathered_expert_inputs(tp):
+    """The experts' h-wide inputs, which fc1's weight gradient reads, are the rows the all-gather
+    over TP collected: every tp rank holds all of them (topk x 2h bytes a token of the whole
+    sequence), while the rest of the layer splits over tp under sequence parallelism. They had
+    been divided by tp with the rest (Mixtral at seq 4096, tp 8: 8 MiB a layer, not 64)."""
+    from kit.parallel.memory import activation_bytes_per_layer
+
+    def per_rank(spec, t):
+        return activation_bytes_per_layer(spec, Layout(micro_batch=B, tp=t, sequence_parallel=t > 1), 0)
+
+    spec = parse_model(SHAPE)
+    gathered = B * spec.seq * spec.topk * 2 * H  # 16-bit activations
+    assert tp * per_rank(spec, tp) - per_rank(spec, 1) == pytest.approx((tp - 1) * gathered)
+    dense = parse_model("gpt:layers=2,hidden=1024,heads=16,seq=512")  # all of it splits over tp
+    assert tp * per_rank(dense, tp) == pytest.approx(per_rank(dense, 1))

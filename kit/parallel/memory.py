@@ -138,7 +138,8 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
                        flash attention keeps its output in place of the scores' inputs
         MLP/t          4f (the activation's and the down GEMM's inputs), 6f when gated (the
                        gate and up outputs, and their product); an MoE layer runs it for topk
-                       routed copies of each token, whose dispatched inputs add 2h·topk
+                       routed copies of each token, whose dispatched inputs add 2h·topk,
+                       not divided by t (gathered over TP before the experts)
         scores/t       5·a·s (softmax output, its dropout mask and output), unless flash or
                        selective recompute
 
@@ -151,9 +152,16 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
     kv = spec.kv_heads or a
     attn = 2 * h + 4 * h * kv / a + 2 * h
     mlp = (6 if spec.gated else 4) * spec.f
+    gathered = 0.0  # an MoE layer's dispatched expert inputs, whole on every tp rank
     if layer is not None and spec.is_moe(layer):  # the router's input is the MLP input counted above
-        # topk routed copies a token, or the capacity buffers' rows a token (GPTSpec.routed_rows)
-        mlp = spec.routed_rows(s * b) / (s * b) * (mlp + 2 * h)
+        # topk routed copies a token, or the capacity buffers' rows a token (GPTSpec.routed_rows),
+        # each through the experts at f/tp; their h-wide inputs, which fc1's weight gradient
+        # reads, are the rows the all-gather over TP collected (Megatron-core 0.9's
+        # MoEAlltoAllTokenDispatcher, kit.parallel.gpt._moe_blocks): every tp rank holds all of
+        # them. Divided by tp with the rest, Mixtral-8x7b's layer at seq 4096, tp 8 under
+        # sequence parallelism had held 8 MiB of them where it holds 64
+        routed = spec.routed_rows(s * b) / (s * b)
+        mlp, gathered = routed * mlp, routed * 2 * h
     scores = 0.0 if (layout.recompute == "selective" or spec.attention == "flash") else 5 * a * s
     # the dropout masks (2h of the 10h, a·s of the 5·a·s) are torch's bool masks, 1 byte an
     # element in fp32 too: scaled with the rest, GPT-3 175B's fp32 layer at tp 8 had counted
@@ -165,8 +173,8 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
     replicated = scale * 8 * h + (2 * h if drops else 0)
     scores = (scale * 4 * a * s + a * s if drops else scale * 2 * a * s) if scores else 0.0
     if layout.sequence_parallel:
-        return s * b * (replicated + scale * (attn + mlp) + scores) / t
-    return s * b * (replicated + (scale * (attn + mlp) + scores) / t)
+        return s * b * ((replicated + scale * (attn + mlp) + scores) / t + scale * gathered)
+    return s * b * (replicated + (scale * (attn + mlp) + scores) / t + scale * gathered)
 
 
 def edge_activation_bytes(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float]:
