@@ -444,7 +444,9 @@ def test_activation_count_follows_gqa_gated_mlp_and_moe():
     assert activation_bytes_per_layer(llama, tp) == pytest.approx(s * b * (10 * h + (per_token - 10 * h) / 4))
     moe = GPTSpec(layers=2, hidden=h, heads=a, seq=s, vocab=1000, kv_heads=8, ffn=f, gated=True,
                   experts=8, topk=2, dropout=0.1, name="m")
-    dense_mlp, moe_mlp = 6 * f, 2 * (6 * f + 2 * h)
+    # a routed copy keeps the expert's MLP, its h-wide input (fc1's) and the h-wide rows unpermute
+    # multiplies by the router's probs (Megatron-core 0.9 moe_utils.unpermute)
+    dense_mlp, moe_mlp = 6 * f, 2 * (6 * f + 2 * h + 2 * h)
     layer = next(i for i in range(2) if moe.is_moe(i))
     assert activation_bytes_per_layer(moe, lay, layer) - activation_bytes_per_layer(llama, lay) == \
         pytest.approx(s * b * (moe_mlp - dense_mlp))

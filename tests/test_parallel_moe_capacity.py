@@ -57,14 +57,15 @@ def test_more_capacity_costs_more_time_and_memory():
     assert times[0] < times[1] < times[2]
     acts = [r["memory_per_rank"][0]["activations_gib"] for r in runs]
     assert acts[0] < acts[1] < acts[2]
-    # per layer the routed rows' activations (2h + 4f bytes a row, Korthikanti et al.'s count) grow with the capacity;
-    # 8 experts divide 256 x 2 rows, so at factor 1 they are dropless routing's
+    # per layer the routed rows' activations (4h + 4f bytes a row: fc1's input, Korthikanti et al.'s 4f, and the
+    # combine all-to-all's padded output that unpermute_with_padded_tokens multiplies by the probs) grow with the
+    # capacity; 8 experts divide 256 x 2 rows, so at factor 1 they are dropless routing's
     shape, lay = "moe:layers=2,hidden=512,heads=8,seq=256,experts=8,moe_every=1,topk=2", Layout(micro_batch=1)
     a = {cf: activation_bytes_per_layer(parse_model(shape + (f",capacity_factor={cf}" if cf else "")), lay, 0)
          for cf in (None, 0.5, 1, 2)}
     assert a[1] == a[None]
-    assert a[2] - a[1] == pytest.approx(512 * (2 * 512 + 4 * 2048))  # 512 more rows
-    assert a[1] - a[0.5] == pytest.approx(256 * (2 * 512 + 4 * 2048))  # 256 more rows
+    assert a[2] - a[1] == pytest.approx(512 * (4 * 512 + 4 * 2048))  # 512 more rows
+    assert a[1] - a[0.5] == pytest.approx(256 * (4 * 512 + 4 * 2048))  # 256 more rows
 
 
 @pytest.mark.parametrize("text, word", [(MOE + ",capacity_factor=0", "positive finite"),

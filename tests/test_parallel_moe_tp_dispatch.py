@@ -117,3 +117,58 @@ def test_every_tp_rank_holds_the_gathered_expert_inputs(tp):
     assert tp * per_rank(spec, tp) - per_rank(spec, 1) == pytest.approx((tp - 1) * gathered)
     dense = parse_model("gpt:layers=2,hidden=1024,heads=16,seq=512")  # all of it splits over tp
     assert tp * per_rank(dense, tp) == pytest.approx(per_rank(dense, 1))
+
+
+def _saved_elements_a_token(topk, tokens=64, h=32, f=48, experts=4):
+    """What autograd keeps of a GeLU MoE MLP run as Megatron-core 0.9 runs it at tp 1, ep 1
+    (moe_utils.permute's gather, the experts' fc1 / gelu / fc2, unpermute's scatter, then the
+    rows times the router's probs), in elements a token: the h- and f-wide tensors only (the
+    norm output the router reads is counted with the layer's other GEMM inputs; the probs and
+    indices are topk wide)."""
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(tokens, h, requires_grad=True)
+    w_router = torch.randn(h, experts, requires_grad=True)
+    w1 = torch.randn(experts, h, f, requires_grad=True)
+    w2 = torch.randn(experts, f, h, requires_grad=True)
+    skip = {t.untyped_storage().data_ptr() for t in (x, w_router, w1, w2)}
+    held = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if t.is_floating_point() and t.shape[-1] in (h, f) and ptr not in skip:
+            held[ptr] = t.untyped_storage().nbytes() // t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        scores, idx = torch.topk(x @ w_router, topk, dim=1)
+        probs = torch.softmax(scores, dim=-1)
+        order = torch.argsort(idx.view(-1), stable=True)
+        rows = torch.gather(x, 0, (order // topk).unsqueeze(1).expand(-1, h))
+        counts = torch.bincount(idx.view(-1), minlength=experts).tolist()
+        outs = [torch.nn.functional.gelu(chunk @ w1[e]) @ w2[e]
+                for e, chunk in enumerate(torch.split(rows, counts))]
+        back = torch.zeros(tokens * topk, h).scatter_add(0, order.unsqueeze(1).expand(-1, h),
+                                                         torch.cat(outs))
+        (back.reshape(-1, topk, h) * probs.unsqueeze(-1)).sum(dim=1).sum().backward()
+    return sum(held.values()) / tokens
+
+
+def test_a_moe_layer_counts_what_autograd_keeps_of_each_routed_copy():
+    """Each routed copy of a token leaves fc1's input (h), its output and gelu's (f each) and,
+    on the way back, the rows unpermute multiplies by the router's probs (h): that product saves
+    them for the probs' gradient. The kit had counted the first h alone (Mixtral-8x7b, seq 4096,
+    bf16, tp 1: 944 MiB a layer where 1008 are held)."""
+    from kit.parallel.memory import activation_bytes_per_layer
+
+    h, f = 32, 48
+    per_copy = (_saved_elements_a_token(2, h=h, f=f) - _saved_elements_a_token(1, h=h, f=f)) * BYTES
+    assert per_copy == 2 * (2 * h + 2 * f)  # the emulation itself: 2 h-wide and 2 f-wide rows
+
+    def per_token(topk):
+        spec = parse_model(f"moe:layers=1,hidden={h},heads=4,ffn={f},seq=64,experts=4,"
+                           f"topk={topk},moe_every=1,dropout=0")
+        return activation_bytes_per_layer(spec, Layout(micro_batch=1, dtype="fp16"), 0) / spec.seq
+
+    assert per_token(2) - per_token(1) == pytest.approx(per_copy)

@@ -139,7 +139,8 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
         MLP/t          4f (the activation's and the down GEMM's inputs), 6f when gated (the
                        gate and up outputs, and their product); an MoE layer runs it for topk
                        routed copies of each token, whose dispatched inputs add 2h·topk,
-                       not divided by t (gathered over TP before the experts)
+                       not divided by t (gathered over TP before the experts), and whose
+                       returned rows, which the router's weights multiply, 2h·topk more
         scores/t       5·a·s (softmax output, its dropout mask and output), unless flash or
                        selective recompute
 
@@ -161,7 +162,13 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
         # them. Divided by tp with the rest, Mixtral-8x7b's layer at seq 4096, tp 8 under
         # sequence parallelism had held 8 MiB of them where it holds 64
         routed = spec.routed_rows(s * b) / (s * b)
-        mlp, gathered = routed * mlp, routed * 2 * h
+        # and back on the shard, after the reduce-scatter and the combine all-to-all, unpermute
+        # multiplies the routed rows by the router's probs (moe_utils.py: unpermuted_tokens *
+        # probs; with capacity padding probs * permuted_tokens, the all-to-all's output), and
+        # that product saves the rows for the probs' gradient: another 2h a routed row, split
+        # over tp with the shard. Left out, Mixtral-8x7b's layer at seq 4096, bf16 held 944 MiB
+        # at tp 1 where 1008 are, 174 at tp 8 with sequence parallelism where 182 are
+        mlp, gathered = routed * (mlp + 2 * h), routed * 2 * h
     scores = 0.0 if (layout.recompute == "selective" or spec.attention == "flash") else 5 * a * s
     # the dropout masks (2h of the 10h, a·s of the 5·a·s) are torch's bool masks, 1 byte an
     # element in fp32 too: scaled with the rest, GPT-3 175B's fp32 layer at tp 8 had counted
