@@ -49,6 +49,7 @@ def _stamp_and_signature(files):
 
 
 _FIRST: dict = {}  # process_stamp's first stamp of each label in this process (None: not known)
+_WARNED: set = set()  # the labels process_stamp has warned of
 _STARTED_NS = kit.IMPORTED_NS  # when this process imported the kit
 
 
@@ -71,4 +72,12 @@ def process_stamp(label: str, files: Iterable[tuple[str, Path]]) -> str | None:
         written = any(m is not None and _STARTED_NS < m <= clock for *_, m in sig)
         _FIRST[label] = None if written else now
     first = _FIRST[label]
-    return first if first is not None and now == first else None
+    if first is not None and now == first:
+        return first
+    if label not in _WARNED:  # once: each later call is slower (recomputed), never wrong
+        _WARNED.add(label)
+        import warnings
+
+        warnings.warn(f"the kit's code on disk changed after this process imported it: its {label} "
+                      f"cache is off until the process restarts (restart the kernel)", stacklevel=3)
+    return None

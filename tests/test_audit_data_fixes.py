@@ -354,3 +354,42 @@ def test_a_foreign_parquet_under_the_caches_name_is_rebuilt(tmp_path, monkeypatc
         out = cached_table("t", [src], lambda: built)
     assert list(out.columns) == list(COLUMNS)
     assert list(pd.read_parquet(path).columns) == list(COLUMNS)  # rewritten
+
+
+def test_a_process_whose_loader_changed_on_disk_caches_no_table(tmp_path, monkeypatch):
+    """A process runs the loader it imported: once the loader's code on disk differs (an edit or
+    a git pull under an open Jupyter kernel), its tables are built and neither read from nor
+    written to the cache, with one warning. It had stored its old loader's table under the new
+    loader's key, which fresh processes then served."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from kit import source_digest
+    from kit.data.cache import cache_dir, cached_table
+    from kit.data.schema import COLUMNS
+
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(source_digest, "_FIRST", {})
+    monkeypatch.setattr(source_digest, "_WARNED", set())
+    src = tmp_path / "in.csv"
+    src.write_text("x\n1\n")
+    built = pd.DataFrame({c: pd.Series([], dtype="object") for c in COLUMNS})
+    builds = []
+
+    def build():
+        builds.append(1)
+        return built
+
+    cached_table("t", [src], build)
+    cached_table("t", [src], build)
+    assert len(builds) == 1  # cached while the loader is the one imported
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (
+        b"\n# edited\n" if self.name == "schema.py" else b""))
+    monkeypatch.setattr(source_digest, "_MEMO", {})  # as after the file's size or mtime changed
+    before = sorted(cache_dir().glob("*"))
+    with pytest.warns(UserWarning, match="loader cache is off"):
+        cached_table("t", [src], build)
+    cached_table("t", [src], build)  # warned once
+    assert len(builds) == 3 and sorted(cache_dir().glob("*")) == before

@@ -44,10 +44,19 @@ def test_a_change_to_the_loader_code_rebuilds_the_table(layout, tmp_path, monkey
         builds.append(1)
         return load_neusight(data_dir=root, cache=False)
 
+    from kit import source_digest
+
+    def new_process():  # a process started now, with the loader code as it is on disk
+        os.utime(code, ns=(0, 0))  # written before the process imported the kit
+        monkeypatch.setattr(source_digest, "_FIRST", {})
+        monkeypatch.setattr(source_digest, "_MEMO", {})
+
     files = sorted(root.rglob("*.csv"))
+    new_process()
     cache.cached_table("t", files, build)
     cache.cached_table("t", files, build)
     assert len(builds) == 1  # the cache serves the second read
     code.write_text("VERSION = 2\n")  # same inputs, other loader code
+    new_process()
     cache.cached_table("t", files, build)
     assert len(builds) == 2

@@ -32,19 +32,26 @@ LOADER_FILES = ("data/neusight.py", "data/schema.py", "data/csv_read.py", "data/
                 "hardware/catalog.py", "hardware/gpus.json")
 
 
-def _loader_stamp() -> bytes:
-    from kit.source_digest import contents_digest
+def _loader_stamp() -> str | None:
+    """The loader's code as this process imported it (source_digest.process_stamp), or None once
+    it changed on disk: a Jupyter kernel left open across an edit or a `git pull` would store its
+    old loader's table under the new loader's key."""
+    from kit.source_digest import process_stamp
 
     kit_dir = Path(__file__).resolve().parents[1]
-    return contents_digest((rel, kit_dir / rel) for rel in LOADER_FILES)
+    return process_stamp("loader", ((rel, kit_dir / rel) for rel in LOADER_FILES))
 
 
-def cache_key(name: str, files: Sequence[Path]) -> str:
+def cache_key(name: str, files: Sequence[Path]) -> str | None:
+    """The table's cache key, or None when this process's loader is not the disk's."""
     from kit.data.schema import COLUMNS
 
+    stamp = _loader_stamp()
+    if stamp is None:
+        return None
     h = hashlib.sha256()
     h.update(f"{CACHE_VERSION}|{name}|{sorted(COLUMNS.items())}".encode())
-    h.update(_loader_stamp())
+    h.update(stamp.encode())
     for f in sorted(Path(p).resolve() for p in files):
         st = f.stat()
         # ctime and inode too: a file replaced by one of the same size with its mtime kept (cp -p,
@@ -55,7 +62,10 @@ def cache_key(name: str, files: Sequence[Path]) -> str:
 
 def cached_table(name: str, files: Sequence[Path], build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
     """build() the first time; afterwards read the parquet copy while the input files are unchanged."""
-    path = cache_dir() / f"{name}--{cache_key(name, files)}.parquet"
+    key = cache_key(name, files)
+    if key is None:  # the loader on disk is not the one this process runs: no cache
+        return build()
+    path = cache_dir() / f"{name}--{key}.parquet"
     if path.is_file():
         try:
             frame = pd.read_parquet(path)
