@@ -25,6 +25,16 @@ def _new_process(monkeypatch):
     monkeypatch.setattr(source_digest, "_STARTED_NS", time.time_ns())
 
 
+@pytest.fixture(autouse=True)
+def _no_label_warned(monkeypatch):
+    """process_stamp warns once a label for the whole process: each test starts with none warned,
+    so whether a test sees its label's warning does not depend on the tests run before it."""
+    monkeypatch.setattr(source_digest, "_WARNED", set())
+
+
+OFF = "cache is off until the process restarts"
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KIT_CACHE", str(tmp_path))
@@ -210,7 +220,8 @@ def test_the_models_table_cache_follows_its_own_codes_contents(cache, monkeypatc
     monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (
         b"\n# edited\n" if self.name == "cmd_models.py" else b""))
     monkeypatch.setattr(source_digest, "_MEMO", {})  # as after the file's size or mtime changed
-    cmd_models.run(None)  # this process runs the old cmd_models.py: its table is not stored
+    with pytest.warns(UserWarning, match=f"models table {OFF}"):
+        cmd_models.run(None)  # this process runs the old cmd_models.py: its table is not stored
     assert len(list(zoo.cache_dir().glob("models-*.pkl"))) == 1
     _new_process(monkeypatch)  # a process started after the edit stores its own
     cmd_models.run(None)
@@ -229,7 +240,8 @@ def test_a_process_whose_code_changed_on_disk_caches_nothing(cache, monkeypatch)
     monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (
         b"\n# edited\n" if self.name == "mapping.py" else b""))
     monkeypatch.setattr(source_digest, "_MEMO", {})  # as after the file's size or mtime changed
-    assert zoo._code_stamp() is None
+    with pytest.warns(UserWarning, match=f"capture {OFF}"):
+        assert zoo._code_stamp() is None
     zoo._LRU.clear()
     g = zoo.graph_for(TINY, batch=1, seq=16, mode="inference")
     assert set(zoo.cache_dir().glob("*.pkl")) == written and "cache_key" not in g.meta
@@ -264,9 +276,11 @@ def test_a_file_written_between_the_import_and_the_first_stamp_caches_nothing(tm
     f = copy / "generation.py"
     f.write_text(f.read_text() + "\n# pulled\n")
     assert f.stat().st_mtime_ns > source_digest._STARTED_NS
-    assert latency_cache._predictor_stamp() is None
-    assert latency_cache.key_for(_Keyed(), "eager", get_gpu("l4"), "wave") is None
-    assert latency_cache._predictor_stamp() is None  # for the whole process
+    with pytest.warns(UserWarning, match=f"latency {OFF}") as seen:
+        assert latency_cache._predictor_stamp() is None
+        assert latency_cache.key_for(_Keyed(), "eager", get_gpu("l4"), "wave") is None
+        assert latency_cache._predictor_stamp() is None  # for the whole process
+    assert len(seen) == 1  # once a label, not once a call
     monkeypatch.setattr(source_digest, "_FIRST", {})
     monkeypatch.setattr(source_digest, "_STARTED_NS", time.time_ns())  # a process started after
     assert latency_cache._predictor_stamp() is not None
@@ -295,7 +309,8 @@ def test_the_latency_key_is_none_once_the_predictor_code_changes_under_the_proce
     assert latency_cache.key_for(_Keyed(), "eager", get_gpu("l4"), "wave") is not None
     f = copy / "kernels.py"
     f.write_text(f.read_text() + "\n# edited\n")
-    assert latency_cache.key_for(_Keyed(), "eager", get_gpu("l4"), "wave") is None
+    with pytest.warns(UserWarning, match=f"latency {OFF}"):
+        assert latency_cache.key_for(_Keyed(), "eager", get_gpu("l4"), "wave") is None
 
 
 def test_a_graph_without_a_key_stamps_no_predictor_files(monkeypatch):
