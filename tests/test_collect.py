@@ -207,6 +207,17 @@ def test_the_same_gemm_twice_is_measured_once(tmp_path):
 def test_collect_rejects_bad_settings(tmp_path):
     with pytest.raises(KitError, match="tf32 needs --device cuda"):
         collect("bmm", [(1, 2, 3, 4)], tmp_path / "x.csv", device="cpu", dtype="tf32")
+
+
+@pytest.mark.parametrize("ops", ["softmax", "bmm,gelu", "elementwise"])
+def test_tf32_vector_ops_are_refused_before_any_work(tmp_path, ops):
+    """TF32 is a tensor-core mode of GEMMs and convolutions: a vector op under --dtype tf32 runs
+    its fp32 kernel, so the rows were fp32 timings labelled tf32, which own_rows drops (device
+    time spent on nothing). Refused on any device, before a file is written."""
+    out = tmp_path / "x.csv"
+    with pytest.raises(KitError, match="tf32 is a tensor-core mode.*--dtype fp32"):
+        collect(ops, [(1, 64)], out, device="cuda", dtype="tf32")
+    assert not out.exists()
     with pytest.raises(KitError, match="--repeats >= 1"):
         collect("bmm", [(1, 2, 3, 4)], tmp_path / "x.csv", device="cpu", repeats=0)
     assert not (tmp_path / "x.csv").exists()

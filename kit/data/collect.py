@@ -53,7 +53,8 @@ from kit.data.timing import (PROFILED_CALLS, is_fatal_cuda_error, l2_flusher, pr
 from kit.errors import KitError, one_line
 
 # re-exported: tests import them from here; collect() looks build_call up here (tests patch it)
-from kit.data.op_calls import TORCH_DTYPES, _math_mode, build_call, expand_ops, plan, shape_columns
+from kit.data.op_calls import (OPS_OF_KIND, TORCH_DTYPES, _math_mode, build_call, expand_ops, plan,
+                               shape_columns)
 
 
 @contextmanager
@@ -149,6 +150,13 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                        "threads would time their contention for the cores, not the op")
     t_start = time.monotonic()
     ops = expand_ops(ops)
+    if dtype == "tf32" and any(op in OPS_OF_KIND["vec"] for op in ops):
+        # TF32 is a mode of the tensor cores' GEMMs and convolutions: a vector op under it runs
+        # its fp32 kernel, so its rows were fp32 timings labelled tf32 (own_rows drops them, and
+        # the capture marks only GEMMs and attention as tf32): device time spent on nothing
+        vec = [op for op in ops if op in OPS_OF_KIND["vec"]]
+        raise KitError(f"--dtype tf32 is a tensor-core mode of GEMMs and convolutions; "
+                       f"{', '.join(vec)} run their fp32 kernels: collect them with --dtype fp32")
     tasks, unmatched = plan(ops, shapes)
     env = environment(device)
     if threads:
