@@ -218,7 +218,7 @@ def test_tf32_vector_ops_are_refused_before_any_work(tmp_path, ops):
     its fp32 kernel, so the rows were fp32 timings labelled tf32, which own_rows drops (device
     time spent on nothing). Refused on any device, before a file is written."""
     out = tmp_path / "x.csv"
-    with pytest.raises(KitError, match="tf32 is a tensor-core mode.*--dtype fp32"):
+    with pytest.raises(KitError, match="tf32 is a tensor-core mode.*with --dtype fp32"):
         collect(ops, [(1, 64)], out, device="cuda", dtype="tf32")
     assert not out.exists()
 

@@ -155,8 +155,9 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
         # its fp32 kernel, so its rows were fp32 timings labelled tf32 (own_rows drops them, and
         # the capture marks only GEMMs and attention as tf32): device time spent on nothing
         vec = [op for op in ops if op in OPS_OF_KIND["vec"]]
+        runs = "runs its fp32 kernel: collect it" if len(vec) == 1 else "run their fp32 kernels: collect them"
         raise KitError(f"--dtype tf32 is a tensor-core mode of GEMMs and convolutions; "
-                       f"{', '.join(vec)} run their fp32 kernels: collect them with --dtype fp32")
+                       f"{', '.join(vec)} {runs} with --dtype fp32")
     tasks, unmatched = plan(ops, shapes)
     env = environment(device)
     if threads:
