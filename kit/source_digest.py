@@ -23,17 +23,14 @@ def contents_digest(files: Iterable[tuple[str, Path]]) -> bytes:
     return h.digest()
 
 
-_MEMO: dict = {}  # files_stamp's hashes, by the files' names, paths, sizes and mtimes (ns)
-
-
-def files_stamp(files: Iterable[tuple[str, Path]]) -> str:
-    """A 16-hex-digit stamp of the files' contents (contents_digest), hashed again only when a
-    file's size or mtime changes: a warm prediction asks for its stamps several times a
-    configuration (a decode prediction 7), and hashing the capture code is ~2 ms a time."""
-    return _stamp_and_signature(files)[0]
+_MEMO: dict = {}  # _stamp_and_signature's hashes, by the files' names, paths, sizes and mtimes (ns)
 
 
 def _stamp_and_signature(files):
+    """A 16-hex-digit stamp of the files' contents (contents_digest), hashed again only when a
+    file's size or mtime changes (a warm prediction asks for its stamps several times a
+    configuration, a decode prediction 7, and hashing the capture code is ~2 ms a time), and
+    the files' signature: (name, path, size, mtime in ns) each."""
     files = [(name, Path(path)) for name, path in files]
     sig = []
     for name, path in files:

@@ -222,8 +222,7 @@ class Coster:
         # RankGroup.crossing), the EP groups' MoE all-to-alls too: at tp 8 x dp 2 x ep 2 on two
         # pcie8 nodes the 8 EP groups, one GPU of each a node, had each been priced on a whole
         # NIC of the node's 2 (1 GiB: 51.1 ms a group where their 2/8 share takes 202.7)
-        crossing = getattr(ranks, "crossing", None)
-        senders = getattr(ranks, "senders", 1)
+        crossing, senders = getattr(ranks, "crossing", None), getattr(ranks, "senders", 1)
         gpn = self.system.gpus_per_node
         return max(self._one_comm_ms(kind, nbytes, g, _node_counts(g, crossing, gpn)
                                      if crossing is not None else senders)
@@ -260,8 +259,7 @@ class Coster:
             # applied to all had halved the NICs of the TP group of ranks 6-11 at tp 6 (pcie8) on
             # node 0, where it alone crosses
             crossing = crossing_by_node(every, gpn)
-            self._groups[key] = group = RankGroup(every[0], every[1:], gpn, crossing)
-            group.senders = max(crossing.values(), default=1)
+            self._groups[key] = RankGroup(every[0], every[1:], gpn, crossing)
         return self._groups[key]
 
     def pp_pair(self, a: int, b: int, both_ways: bool = False) -> "RankGroup":
@@ -270,13 +268,9 @@ class Coster:
         last stage), so each pair crossing nodes loads the NICs of both its nodes each way."""
         lay = self.layout
         pairs = [(lay.rank(a, d, t), lay.rank(b, d, t)) for d in range(lay.dp) for t in range(lay.tp)]
-        gpn = self.system.gpus_per_node
+        gpn, first = self.system.gpus_per_node, [lay.rank(a, 0, 0), lay.rank(b, 0, 0)]
         if both_ways:
-            crossing = crossing_by_node(pairs, gpn)
-            group = RankGroup([lay.rank(a, 0, 0), lay.rank(b, 0, 0)], pairs, gpn, crossing)
-            group.senders = max(crossing.values(), default=1)
-            return group
-        group = RankGroup([lay.rank(a, 0, 0), lay.rank(b, 0, 0)], pairs, gpn)
+            return RankGroup(first, pairs, gpn, crossing_by_node(pairs, gpn))
         # every pair sends at once, so a node's cross-node sends share its NICs: the busiest node's
         # count, out of it (one direction) or into it (the other)
         crossing = Counter()
@@ -284,8 +278,7 @@ class Coster:
             if x // gpn != y // gpn:
                 crossing[("out", x // gpn)] += 1
                 crossing[("in", y // gpn)] += 1
-        group.senders = max(crossing.values(), default=1)
-        return group
+        return RankGroup(first, pairs, gpn, senders=max(crossing.values(), default=1))
 
     def add(self, phase: Phase, blocks: list[Block], stage: int, factors: bool = False,
             gemm_factor: float = 1.0) -> float:
@@ -366,11 +359,13 @@ class RankGroup(list):
     while rank 0's (0, 1, 2) does not, and its all-reduces had been priced as rank 0's (gpt2 at
     tp 3 x dp 3 on dgx-h100: 61 us on NVSwitch where the slowest group takes 138 us)."""
 
-    def __init__(self, ranks, others=(), gpus_per_node: int = 1, crossing: dict | None = None):
+    def __init__(self, ranks, others=(), gpus_per_node: int = 1, crossing: dict | None = None,
+                 senders: int = 1):
         super().__init__(ranks)
         # crossing (node -> concurrent crossing groups on it): groups placed alike but crossed
-        # by different numbers of groups on their nodes are priced apart
-        self.crossing = crossing
+        # by different numbers of groups on their nodes are priced apart. senders: one count for
+        # every node, where crossing is not given (a pipeline send's pairs)
+        self.crossing, self.senders = crossing, senders
 
         def key_of(g):
             counts = _node_counts(g, crossing, gpus_per_node) if crossing is not None else ()
