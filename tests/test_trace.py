@@ -11,6 +11,7 @@ import pytest
 from kit.errors import KitError
 from kit.trace import load_kineto, replay
 from kit.trace.perfetto import to_perfetto, write_perfetto
+from kit.trace.transfer import KERNEL_FLOOR_MS
 
 SHARED = Path(os.environ.get("KIT_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 DLRM = SHARED / "data/traces/param/et_replay/tests/inputs/dlrm_kineto.tar.gz"
@@ -121,16 +122,16 @@ def test_transfer_scales_gemm_by_peak_and_keeps_cpu(tmp_path):
     v, h = get_gpu("v100-sxm2-32gb"), get_gpu("h100-sxm")
     tl = on.timeline()
     k = tl[tl.name.str.contains("sgemm")].iloc[0]
-    assert k.end_ms - k.start_ms == pytest.approx(1.0 * v.fp32_tflops / h.fp32_tflops)
+    f = KERNEL_FLOOR_MS  # the kernel's first 2 us stay: kit.trace.transfer.above_floor_ms
+    assert k.end_ms - k.start_ms == pytest.approx(f + (1.0 - f) * v.fp32_tflops / h.fp32_tflops)
     # a GPU target keeps the collective at its measured time; the step shrinks by the GEMM saving
-    saved = 1.0 - 1.0 * v.fp32_tflops / h.fp32_tflops
+    saved = (1.0 - f) * (1.0 - v.fp32_tflops / h.fp32_tflops)
     assert on.ranks[0]["predicted_ms"] == pytest.approx(base.ranks[0]["predicted_ms"] - saved)
 
 
 def test_transfer_scales_an_fbgemm_embedding_kernel_by_memory_bandwidth(tmp_path):
     # "fbgemm" holds "gemm": the embedding lookups were rescaled by the FP32 peak ratio
     from kit.hardware import get_gpu
-    from kit.trace.transfer import KERNEL_FLOOR_MS
 
     name = "void fbgemm_gpu::split_embedding_codegen_forward_unweighted_kernel<float, float>"
     doc = rank_trace(0, comm_dur=50, work=1000)

@@ -4,11 +4,12 @@ GPU op's measured duration for a prediction on the target.
 The measured duration is the calibration; the datasheets give the ratio (as in Habitat's wave
 scaling, Yu et al., ATC 2021):
 
-    GEMM-like kernel    t' = t · peak_src / peak_dst          (GEMM peaks, dtype read from the kernel
-                                                              name; where a GPU lacks that dtype,
-                                                              FP8 takes its FP16 peak, the others
-                                                              its FP32 one: gemm_peak_tflops)
-    other kernels       t' = f + (t − f) · bw_src / bw_dst    (memory-bound; f = 2 µs floor)
+    GEMM-like kernel    t' = f + (t − f) · peak_src / peak_dst
+                                          (GEMM peaks, dtype read from the kernel name; where a
+                                          GPU lacks that dtype, FP8 takes its FP16 peak, the
+                                          others its FP32 one: gemm_peak_tflops)
+    other kernels       t' = f + (t − f) · bw_src / bw_dst    (memory-bound)
+                        f = min(t, 2 µs), the floor: above_floor_ms
     memcpy H2D/D2H      t' = t · pcie_src / pcie_dst          (PCIe generation bandwidth), for a
                                                               copy that ran near link speed
     host-bound copy     t' = t                                (pageable, or under half the link's
@@ -83,6 +84,19 @@ _HALF = re.compile(r"h884|h1688|h16816|hmma|fp16|half|bf16|f16|s1688|s16816|tens
 # for a beta term (Cijk_Ailk_Bljk_SB_MT64x64x8_...: FP32 with beta; HHS_BH: FP16 in and out,
 # FP32 compute; BBS_BH: BF16; DB: FP64; F8..: FP8). Its name holds no "fp16" or "half"
 _TENSILE_TYPES = re.compile(r"Cijk_A[a-z]+_B[a-z]+_([A-Z][A-Za-z0-9]*)_")
+# an nvjet kernel's types (nvjet_[sm90_]<types>_<tile>_...) are letters, input first: h __half,
+# t __nv_bfloat16, s float, q/r the two FP8 formats (one letter each for A and B). libcublasLt.so.12
+# of nvidia-cublas-cu12 12.8.4.1 builds the names from a table of these codes (hss, tss, qqhsh,
+# qqtst, qqsss, qrhsh, ..., rqtsr; hsh, tst and sss are tail-merged into qqhsh, qqtst, qqsss),
+# beside the suffixes (_splitK, _coopA, _coopB, bz) the names carry, and instantiates
+# nvjet_matmulAlgo for exactly these inputs: __half, __nv_bfloat16, and TypeList<__nv_fp8_e4m3,
+# __nv_fp8_e5m2> for A and B (whose pairs qq, qr, rq leave out rr: cuBLASLt runs no E5M2 x E5M2
+# GEMM). The kit's own bf16 runs on an H200 (measurements/h200-2026-12-04*/) name only
+# nvjet_sm90_tst_* GEMMs. None of these letters is a dtype the other patterns read: "tst" and
+# "hsh" had read as FP32, so a bf16 GEMM took the FP32 peaks' ratio (H100 to B200: 0.892x, not
+# the 0.440x of 989.4 vs 2250 TFLOP/s)
+_NVJET_TYPES = re.compile(r"nvjet_(?:sm\d+_)?([a-z]+)_\d")
+_NVJET_DTYPE = {"h": "fp16", "t": "bf16", "q": "fp8", "r": "fp8"}
 
 
 def _tensile_dtype(code: str) -> str:
@@ -134,6 +148,9 @@ def gemm_dtype(name: str) -> str:
     tensile = _TENSILE_TYPES.search(name)
     if tensile:
         return _tensile_dtype(tensile.group(1))
+    nvjet = _NVJET_TYPES.search(name)
+    if nvjet and nvjet.group(1)[0] in _NVJET_DTYPE:  # an "s" (FP32 input) one: as before
+        return _NVJET_DTYPE[nvjet.group(1)[0]]
     if _FP8.search(name):
         return "fp8"
     if _TF32.search(name):
@@ -155,6 +172,18 @@ def gemm_peak_tflops(gpu, dtype: str) -> float:
         if peak:
             return peak
     return gpu.gemm_peak_tflops("fp32")
+
+
+def above_floor_ms(measured_ms: float, ratio: float) -> float:
+    """A kernel's time on the target: its first KERNEL_FLOOR_MS (launch to retire, which no
+    target's bandwidth or peak shortens) kept, the rest scaled by ratio (source over target).
+    GEMMs take it as the memory-bound kernels do: the smallest GEMMs measured are no faster
+    than the floor (the shared DLRM trace's gemmk1_kernel, 3 us on a V100; the kit's H200 bf16
+    decode runs, nvjet_sm90_tst_64x8_64x16_4x1_v_bz_bias_NNT, 152.1 us over 36 calls, 4.2 us
+    each). Scaled whole by the peaks, an H100's 3 us bf16 GEMM had gone to 1.32 us on a
+    B200 (x 989.4 / 2250), under the floor; now 2.44."""
+    f = min(measured_ms, KERNEL_FLOOR_MS)
+    return f + (measured_ms - f) * ratio
 
 
 def host_bound_copy(ge, link_gbs: float) -> bool:
@@ -418,10 +447,10 @@ def transfer(tg: TraceGraph, on) -> str:
                 # as FP32 had made an H100 FP8 GEMM 3.4x slower on an A100 (66.9 / 19.5 FP32),
                 # not the 6.3x of 1978.9 FP8 vs 312 FP16)
                 dtype = gemm_dtype(ge.name)
-                g.dur_ms[op] = d * gemm_peak_tflops(src_gpu, dtype) / gemm_peak_tflops(dst_gpu, dtype)
+                g.dur_ms[op] = above_floor_ms(d, gemm_peak_tflops(src_gpu, dtype) /
+                                              gemm_peak_tflops(dst_gpu, dtype))
             else:
-                f = min(d, KERNEL_FLOOR_MS)
-                g.dur_ms[op] = f + (d - f) * src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs
+                g.dur_ms[op] = above_floor_ms(d, src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs)
     if unnamed:
         blind = [t.rank for t in tg.traces if t.gpu and _names_no_gpu(t)]
         tg.notes.append(f"rank{'s' if len(blind) > 1 else ''} {rank_list(blind)} name no GPU (no "
