@@ -172,6 +172,25 @@ def test_host_bound_rule():
     assert not host_bound_copy(copy("Memcpy HtoD (Pinned -> Device)", 1000, 0), 16.0)  # no rate to read
 
 
+def test_device_copies_and_memsets_keep_the_kernel_floor(tmp_path):
+    # PARAM's ResNet trace (RTX 2080 Ti) copies 37,632 bytes DtoD in 2 us (62 copies, median
+    # 2 us: ~19 GB/s of the card's 616) and sets 512 bytes in 1 us: their time is the op's fixed
+    # cost. Scaled whole by the bandwidths (616 -> 3352 GB/s) they had gone to 0.37 and 0.18 us on
+    # an H100; now the first 2 us stay, as a kernel's (kit.trace.transfer.above_floor_ms)
+    copies = [("Memcpy DtoD (Device -> Device)", 37_632, 2),
+              ("Memcpy DtoD (Device -> Device)", 16 * 1024 * 1024, 30),
+              ("Memset (Device)", 512, 1)]
+    doc = copies_rank(copies)
+    for e in doc["traceEvents"]:
+        if e["name"].startswith("Memset"):
+            e["cat"] = "gpu_memset"
+    p = tmp_path / "r0.json"
+    p.write_text(json.dumps(doc))
+    r = replay(p, on="h100-sxm")
+    durs_us = [r.tg.graph.dur_ms[op] * 1e3 for op, *_ in r.tg.gpu_ops[0]]
+    assert durs_us == [pytest.approx(2.0), pytest.approx(2.0 + 28.0 * 616 / 3352), pytest.approx(1.0)]
+
+
 @pytest.mark.skipif(not RESNET.exists(), reason="ResNet trace not present")
 def test_resnet_pageable_batches_stay_on_the_critical_path_on_h100():
     base = replay(RESNET).to_dict()["critical_path"]
