@@ -173,10 +173,11 @@ def test_host_bound_rule():
 
 
 def test_device_copies_and_memsets_keep_the_kernel_floor(tmp_path):
-    # PARAM's ResNet trace (RTX 2080 Ti) copies 37,632 bytes DtoD in 2 us (62 copies, median
-    # 2 us: ~19 GB/s of the card's 616) and sets 512 bytes in 1 us: their time is the op's fixed
-    # cost. Scaled whole by the bandwidths (616 -> 3352 GB/s) they had gone to 0.37 and 0.18 us on
-    # an H100; now the first 2 us stay, as a kernel's (kit.trace.transfer.above_floor_ms)
+    # PARAM's ResNet trace (RTX 2080 Ti) copies 256 B to 147 KB DtoD in 2-3 us and sets 37,632
+    # bytes in 2 us (~19 GB/s of the card's 616); its Linear trace sets 512 bytes in 1 us: their
+    # time is the op's fixed cost. Scaled whole by the bandwidths (616 -> 3352 GB/s) they had gone
+    # to 0.37 and 0.18 us on an H100; now the first 2 us stay, as a kernel's
+    # (kit.trace.transfer.above_floor_ms)
     copies = [("Memcpy DtoD (Device -> Device)", 37_632, 2),
               ("Memcpy DtoD (Device -> Device)", 16 * 1024 * 1024, 30),
               ("Memset (Device)", 512, 1)]

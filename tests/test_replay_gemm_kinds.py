@@ -1,6 +1,8 @@
 """kit replay --on: which kernels scale as GEMMs (by the matrix peak of their dtype) and which as
 memory-bound ones, from kernel names found in the shared traces; FP8 GEMMs by the FP8 peaks."""
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -218,10 +220,46 @@ def test_nvjet_and_tensile_kernels_are_gemms_of_their_dtype(name, dtype):
 
 
 def test_an_nvjet_letter_outside_the_table_reads_as_before():
-    # "s" (an FP32 input; cuBLAS 12.8.4.1 instantiates no FP32-input nvjet kernel) and codes not
-    # in the table keep what the other patterns say
+    # "s" (an FP32 input; cuBLAS 12.8.4.1 instantiates no FP32-input nvjet kernel) and "b" keep
+    # what the other patterns say. "bsb" is in cuBLAS's table: its one int8 entry, beside its one
+    # int8 instantiation (nvjet_matmulAlgo<signed char x 4, CUBLAS_COMPUTE_32I>); the kit has no
+    # int8 peak, so it reads as FP32, as every int8 GEMM does
     assert gemm_dtype("nvjet_sm90_sss_128x128_64x4_1x2_h_bz_TNT") == "fp32"
     assert gemm_dtype("nvjet_sm90_bsb_128x128_64x4_1x2_h_bz_TNT") == "fp32"
+
+
+# the kit's own H200 runs (torch 2.11.0+cu130: cuBLAS 13.0), each CSV's rows timed in the dtype
+# its "dtype" column names: the kernels cuBLAS ran for them
+H200_RUNS = sorted((Path(__file__).resolve().parents[1] / "measurements").glob("h200-*/*/*.csv.gz"))
+# FP32 SIMT kernels cuBLAS picks for some shapes of a TF32 run (their names say f32 compute:
+# sm80_xmma_gemm_f32f32_f32f32_..., not f32f32_tf32f32; cuBLAS's small-N gemmSN<float>)
+_FP32_IN_A_TF32_RUN = re.compile(r"f32f32_f32f32|gemmSN_")
+
+
+@pytest.mark.skipif(not H200_RUNS, reason="the kit's H200 measurements are not present")
+def test_every_gemm_kernel_of_the_kits_h200_runs_reads_as_its_runs_dtype():
+    # 5,983 bf16, 1,398 fp16, 1,744 fp32 and 669 tf32 GEMM kernels in 21 CSVs: the bf16 runs'
+    # nvjet_sm90_tst_* and the fp16 runs' nvjet_sm90_hsh_* had read as FP32; the TF32 runs name
+    # no nvjet kernel (sm90_xmma_gemm_f32f32_tf32f32_*, cutlass_80_tensorop_s1688gemm_*), so "t"
+    # is no TF32
+    import pandas as pd
+
+    wrong, seen = [], {}
+    for path in H200_RUNS:
+        rows = pd.read_csv(path, usecols=lambda c: c in ("op_class", "dtype", "kernels"))
+        if "kernels" not in rows or "op_class" not in rows:
+            continue
+        gemms = rows[rows.op_class == "gemm"]
+        for dtype, kernels in zip(gemms.dtype, gemms.kernels):
+            for name in str(kernels).split(";"):
+                if not is_gemm(name):
+                    continue
+                want = "fp32" if dtype == "tf32" and _FP32_IN_A_TF32_RUN.search(name) else dtype
+                seen[dtype] = seen.get(dtype, 0) + 1
+                if gemm_dtype(name) != want:
+                    wrong.append((path.name, name[:60], gemm_dtype(name), want))
+    assert set(seen) == {"bf16", "fp16", "fp32", "tf32"} and min(seen.values()) > 500
+    assert not wrong, wrong[:5]
 
 
 def test_an_nvjet_bf16_gemm_scales_by_the_bf16_peaks(tmp_path):

@@ -92,8 +92,13 @@ _TENSILE_TYPES = re.compile(r"Cijk_A[a-z]+_B[a-z]+_([A-Z][A-Za-z0-9]*)_")
 # beside the suffixes (_splitK, _coopA, _coopB, bz) the names carry, and instantiates
 # nvjet_matmulAlgo for exactly these inputs: __half, __nv_bfloat16, and TypeList<__nv_fp8_e4m3,
 # __nv_fp8_e5m2> for A and B (whose pairs qq, qr, rq leave out rr: cuBLASLt runs no E5M2 x E5M2
-# GEMM). The kit's own bf16 runs on an H200 (measurements/h200-2026-12-04*/) name only
-# nvjet_sm90_tst_* GEMMs. None of these letters is a dtype the other patterns read: "tst" and
+# GEMM). The table's one other entry, bsb, pairs with its one other instantiation (signed char
+# inputs, CUBLAS_COMPUTE_32I): "b" is int8, which the kit has no peak for; it reads as before.
+# The kit's own H200 runs (measurements/h200-2026-12-04*/, torch 2.11.0+cu130: cuBLAS 13.0) use
+# the same names: nvjet_sm90_tst_* in the bf16 runs, nvjet_sm90_hsh_* in the fp16 ones, and no nvjet
+# kernel in the TF32 and FP32 ones (sm90_xmma_gemm_f32f32_tf32f32_*,
+# cutlass_80_tensorop_s1688gemm_*, sm80_xmma_gemm_f32f32_f32f32_*, cutlass_80_simt_sgemm_*):
+# "t" is BF16, not TF32. None of these letters is a dtype the other patterns read: "tst" and
 # "hsh" had read as FP32, so a bf16 GEMM took the FP32 peaks' ratio (H100 to B200: 0.892x, not
 # the 0.440x of 989.4 vs 2250 TFLOP/s)
 _NVJET_TYPES = re.compile(r"nvjet_(?:sm\d+_)?([a-z]+)_\d")
@@ -440,9 +445,11 @@ def transfer(tg: TraceGraph, on) -> str:
                         continue
                     g.dur_ms[op] = d * link_src / link_dst
                 else:  # device-side copies and memsets: the floor as a kernel's (above_floor_ms).
-                    # Scaled whole, an RTX 2080 Ti's 2 us DtoD copy of 37,632 bytes (PARAM's
-                    # ResNet trace: 62 of them, median 2 us, ~19 GB/s of its 616) had gone to
-                    # 0.37 us on an H100; the V100 DLRM trace's 1 us memsets of 16 bytes to 0.27
+                    # PARAM's ResNet trace (RTX 2080 Ti) copies 256 B to 147 KB DtoD in 2-3 us
+                    # (48 of its 62 DtoD copies) and sets 128 B to 1.2 MB in 0-3 us (332 of its
+                    # 362 memsets; 37,632 B in 2 us: 19 GB/s of its 616): the op's fixed cost.
+                    # Scaled whole, a 2 us one had gone to 0.37 us on an H100; the V100 DLRM
+                    # trace's 1 us memsets of 16 bytes to 0.27
                     g.dur_ms[op] = above_floor_ms(d, src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs)
             elif is_gemm(ge.name):
                 # it ran at the source's peak for its dtype; a target without that peak runs it on
