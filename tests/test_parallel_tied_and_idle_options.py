@@ -186,6 +186,6 @@ def test_an_opt_config_with_projected_embeddings_is_refused_not_mispriced(tmp_pa
     f.write_text(json.dumps(cfg))
     with pytest.raises(KitError, match="word_embed_proj_dim.*one GPU"):
         parse_model(str(f))
-    same = tmp_path / "opt_same.json"  # a projection to its own width is none (OPT-1.3b's)
-    same.write_text(json.dumps({**cfg, "word_embed_proj_dim": 1024}))
+    same = tmp_path / "opt_same.json"  # a projection to its own width is none (OPT-1.3b's, pre-norm)
+    same.write_text(json.dumps({**cfg, "word_embed_proj_dim": 1024, "do_layer_norm_before": True}))
     assert parse_model(str(same)).hidden == 1024

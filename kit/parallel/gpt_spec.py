@@ -36,13 +36,20 @@ class GPTSpec:
     # 896 x 768 parameters from its weights, gradients and optimizer state)
     attention: str = "flash"  # "flash" (fused) | "unfused" (bmm, softmax, dropout, bmm)
     bias: bool | None = None  # biases on the linear layers (QKV, output projection, MLP or
-    # experts) and LayerNorm's beta; False: none, and RMSNorm's weight alone for the norms (Llama,
+    # experts: what qkv_bias, out_bias and mlp_bias say where given) and LayerNorm's beta; False:
+    # none, and RMSNorm's weight alone for the norms (Llama,
     # Mistral, Mixtral; Megatron's --disable-bias-linear --normalization RMSNorm). None: as
     # gated says (GPT-2/3 and OPT have them, the SwiGLU families do not). The kit had counted
     # them for every model: Llama-3-8B's layer 218,155,008 parameters where its module has
     # 218,112,000 (4h attention, f + h MLP and 2h norm biases it has none of)
     qkv_bias: bool | None = None  # the QKV projection's bias alone (Qwen2: bias=False with
     # qkv_bias=True, h + 2·kv_heads·head_dim); None: as bias says
+    out_bias: bool | None = None  # the attention output projection's bias (h); None: as bias says.
+    # A Llama config's attention_bias puts one on o as on q, k and v (HF LlamaAttention): it had
+    # been left out, h a layer, while bias said False for the RMSNorms
+    mlp_bias: bool | None = None  # the MLP's (or each expert's) biases: f on each column-parallel
+    # projection, h on the down projection; None: as bias says. A Llama config's mlp_bias (HF
+    # LlamaMLP: gate, up and down) had been left out, 2f + h a layer
     dropout: float | None = None  # the hidden, embedding and attention dropouts' probability
     # (Megatron's --hidden-dropout and --attention-dropout, 0.1 by default, 0 in its Llama
     # recipes); None: 0 for a gated (Llama-style) model, else 0.1. At 0 torch's dropout returns
@@ -78,14 +85,15 @@ class GPTSpec:
             object.__setattr__(self, "tied", not self.rope)
         if self.bias is None:
             object.__setattr__(self, "bias", not self.gated)
-        if self.qkv_bias is None:
-            object.__setattr__(self, "qkv_bias", self.bias)
+        for k in ("qkv_bias", "out_bias", "mlp_bias"):
+            if getattr(self, k) is None:
+                object.__setattr__(self, k, self.bias)
         if self.dropout is None:
             object.__setattr__(self, "dropout", 0.0 if self.gated else 0.1)
         p = self.dropout
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
             raise KitError(f"model {self.name}: dropout must be a probability in [0, 1), got {p!r}")
-        for k in ("tied", "bias", "qkv_bias", "qk_norm"):
+        for k in ("tied", "bias", "qkv_bias", "out_bias", "mlp_bias", "qk_norm"):
             if not isinstance(getattr(self, k), bool):
                 raise KitError(f"model {self.name}: {k} must be True or False, got {getattr(self, k)!r}")
         if self.experts and not any(self.is_moe(i) for i in range(self.layers)):
@@ -125,14 +133,14 @@ class GPTSpec:
     @property
     def mlp_out_bias(self) -> int:
         """The bias of an MLP's (or expert's) down projection, added after the row-parallel
-        reduction: h, or 0 without biases."""
-        return self.hidden if self.bias else 0
+        reduction: h, or 0 without MLP biases."""
+        return self.hidden if self.mlp_bias else 0
 
     @property
     def mlp_params(self) -> int:
         """One MLP's (or one expert's) weights and biases: the column-parallel projections'
         (f each) and the down projection's (h)."""
-        biases = (self.mlp_matrices - 1) * self.f + self.hidden if self.bias else 0
+        biases = (self.mlp_matrices - 1) * self.f + self.hidden if self.mlp_bias else 0
         return self.mlp_matrices * self.hidden * self.f + biases
 
     def routed_rows(self, tokens: int) -> int:
@@ -158,7 +166,7 @@ class GPTSpec:
         h, kv = self.hidden, (self.kv_heads or self.heads) * self.head_dim
         # QKV [h, h + 2kv] and its bias h + 2kv (grouped-query attention: 4h had been counted
         # whatever kv_heads was), the output projection [h, h] and its bias
-        attn = h * (h + 2 * kv) + h * h + (h + 2 * kv if self.qkv_bias else 0) + (h if self.bias else 0)
+        attn = h * (h + 2 * kv) + h * h + (h + 2 * kv if self.qkv_bias else 0) + (h if self.out_bias else 0)
         mlp = self.mlp_params
         if self.is_moe(layer):
             mlp = self.experts * mlp + h * self.experts  # and the router's weight
@@ -185,7 +193,8 @@ class GPTSpec:
                 "seq": self.seq, "vocab": self.vocab, "ffn": self.f, "kv_heads": self.kv_heads,
                 "experts": self.experts, "capacity_factor": self.capacity_factor, "gated": self.gated, "rope": self.rope, "tied": self.tied,
                 "positions": None if self.rope else self.positions, "attention": self.attention,
-                "bias": self.bias, "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm, "dropout": self.dropout, "params": self.params}
+                "bias": self.bias, "qkv_bias": self.qkv_bias, "out_bias": self.out_bias,
+                "mlp_bias": self.mlp_bias, "qk_norm": self.qk_norm, "dropout": self.dropout, "params": self.params}
 
 
 def _flag(v: str) -> bool:
@@ -195,7 +204,8 @@ def _flag(v: str) -> bool:
 _INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
          "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "capacity_factor": float, "attention": str, "positions": int, "dropout": float,
-         "gated": _flag, "rope": _flag, "tied": _flag, "bias": _flag, "qkv_bias": _flag, "qk_norm": _flag}
+         "gated": _flag, "rope": _flag, "tied": _flag, "bias": _flag, "qkv_bias": _flag, "out_bias": _flag, "mlp_bias": _flag,
+         "qk_norm": _flag}
 
 
 def parse_model(text: str, seq: int | None = None) -> GPTSpec:
@@ -241,15 +251,58 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
 
 
 def _dropout_of(name: str, c: dict) -> float | None:
-    # hidden_dropout: GPT-NeoX's, BLOOM's and Falcon's key (0.0 in their configs), which had
-    # been read past to the 0.1 default
-    for key in ("resid_pdrop", "dropout", "hidden_dropout_prob", "hidden_dropout"):
+    # GPT-2's resid_pdrop, OPT's dropout, BERT's and ViT's hidden_dropout_prob (GPT-NeoX's, BLOOM's
+    # and Falcon's hidden_dropout had been read here: _refuse_misread refuses those families)
+    for key in ("resid_pdrop", "dropout", "hidden_dropout_prob"):
         if key in c:
             p = c[key]
             if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
                 raise KitError(f"model config {name}: {key} must be a probability in [0, 1), got {p!r}")
             return float(p)
     return None
+
+
+# the model_types whose layer the multi-GPU path reads into a GPTSpec (GPT-2, OPT and the Llama
+# families as the zoo's modules build them; BERT and ViT as GPT-style layers of their widths)
+READ_FAMILIES = ("gpt2", "opt", "bert", "vit", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma",
+                 "phi3")
+# refused with a reason of their own further on (one GPU models them)
+OWN_REFUSALS = ("deepseek_v3", "gpt_oss", "qwen2_moe", "qwen3_moe")
+# Falcon's config keys that change its layer (HF FalconConfig, transformers 5.25
+# models/falcon/configuration_falcon.py; the RefinedWeb model_types are its first releases')
+FALCON_KEYS = ("parallel_attn", "multi_query", "new_decoder_architecture", "num_kv_heads", "n_head_kv",
+               "num_ln_in_parallel_attn", "alibi", "bias", "ffn_hidden_size")
+
+
+def _refuse_misread(name: str, c: dict) -> None:
+    """A KitError for a config whose layer GPTSpec would misread. Any model_type with a width,
+    layers and heads had been read as a GPT-2 layer: a Falcon-7B config.json as 8,228,502,400
+    parameters (71 KV heads, a learned position table, biases, attention then MLP) where HF's
+    FalconForCausalLM has 6,921,720,704 (one KV head, rotary positions, no linear biases,
+    attention beside the MLP); Gemma 2's and 3's four norms a layer as two."""
+    family = c.get("model_type") or ("gpt2" if "n_embd" in c else None)
+    if family in READ_FAMILIES or family in OWN_REFUSALS:
+        return
+    if family in ("falcon", "RefinedWeb", "RefinedWebModel"):
+        keys = [k for k in FALCON_KEYS if k in c]
+        raise KitError(f"model {name!r} (model_type {family!r}): the kit does not model Falcon's "
+                       "layer: attention beside the MLP (parallel_attn), multi-query or grouped KV "
+                       "heads (multi_query, num_kv_heads / n_head_kv), two norms a layer "
+                       "(new_decoder_architecture), rotary or ALiBi positions (alibi), no linear "
+                       f"biases (bias){'; its config sets ' + ', '.join(keys) if keys else ''}; nor does "
+                       "one GPU's zoo build it")
+    if family in ("gemma2", "gemma3_text"):
+        raise KitError(f"model {name!r} (model_type {family!r}): the multi-GPU layer does not model "
+                       "its four norms a layer (after attention and around the MLP), soft-capped or "
+                       "sliding-window attention; predict it on one GPU (--gpu)")
+    from kit.workload.zoo import FAMILIES
+
+    where = ("predict it on one GPU (--gpu)" if family in FAMILIES else
+             f"the kit builds none of its kind (one GPU takes {', '.join(FAMILIES)})")
+    what = f"model_type {family!r} is" if family else "a config without model_type (nor GPT-2's n_embd) is"
+    raise KitError(f"model {name!r}: {what} not one the multi-GPU layer reads "
+                   f"({', '.join(READ_FAMILIES)}); reading it as a GPT-2 layer would misstate its "
+                   f"heads, widths and parameters: {where}")
 
 
 def _from_zoo(name: str, seq: int | None) -> GPTSpec:
@@ -265,6 +318,9 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         from kit.workload.models import read_config
 
         c, key = read_config(name), None
+        kind = c.get("model_type")
+        if kind is not None and not isinstance(kind, str):  # a list had raised "unhashable type"
+            raise KitError(f"model config {name}: model_type must be a string such as 'llama', got {kind!r}")
         if not c.get("vocab_size"):  # a zoo config always has one; a file's would be guessed
             raise KitError(f"model config {name} has no vocab_size: the multi-GPU layer needs the "
                            "vocabulary for the embedding and LM head; add it")
@@ -291,6 +347,7 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                        "GPT-2/3, OPT, BERT, ViT, Llama, Mistral, Mixtral, Qwen2/3, Phi-3), each "
                        "modelled as GPT-style layers, and inline gpt:/llama:/moe: shapes; predict "
                        "it on one GPU (--gpu)")
+    _refuse_misread(name, c)
     if c.get("model_type") == "deepseek_v3":
         raise KitError(f"model {name!r}: the multi-GPU layer does not model DeepSeek's latent "
                        "attention and MoE layers; predict it on one GPU (--gpu)")
@@ -305,6 +362,12 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         raise KitError(f"model {name!r} embeds tokens {proj} wide and projects them to its "
                        f"{h}-wide layers (word_embed_proj_dim); the multi-GPU layer does not model "
                        "those projections: predict it on one GPU (--gpu)")
+    if c.get("model_type") == "opt":
+        off = [k for k in ("do_layer_norm_before", "layer_norm_elementwise_affine") if c.get(k) is False]
+        if off:  # post-norm layers without a final norm; norms without weights (zoo_models' OPT)
+            raise KitError(f"model {name!r} (opt) sets {' and '.join(off)} false: the multi-GPU "
+                           "layer models pre-norm layers with LayerNorm weights; predict it on one "
+                           "GPU (--gpu)")
     from kit.workload.modes import LLAMA_FAMILIES, TIED_BY_DEFAULT  # (zoo_modern imports torch)
     from kit.workload.zoo_configs import hf_value
 
@@ -335,23 +398,27 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         raise KitError(f"model {name!r} has {heads} heads of {head_dim} over a {h}-wide model; the "
                        "multi-GPU layer assumes heads x head size = hidden: predict it on one GPU "
                        "(--gpu)")
-    # the zoo's Llama-style modules (kit.workload.zoo_modern): RMSNorm and no linear biases but
-    # Qwen2's on q, k and v, or a Llama's under attention_bias (its o_proj's h and mlp_bias's
-    # 2f + h are not counted: no zoo config sets them); the others' biased linears and LayerNorms
+    # the zoo's Llama-style modules (kit.workload.zoo_modern): RMSNorm and the linear biases HF
+    # builds (modes.linear_biases: Qwen2's on q, k and v; attention_bias's on q, k, v and o where
+    # HF reads it; Llama's mlp_bias on gate, up and down); GPT-2's and BERT's biased linears and
+    # LayerNorms, OPT's linears as its enable_bias says
     family = c.get("model_type")
-    qkv_bias = family == "qwen2" or (family not in ("mistral", "mixtral", "phi3")
-                                     and bool(c.get("attention_bias")))
+    if llama:
+        from kit.workload.modes import linear_biases
+
+        qkv_bias, out_bias, mlp_bias = linear_biases(c)
+    else:
+        qkv_bias = out_bias = mlp_bias = family != "opt" or bool(c.get("enable_bias", True))
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
                    or c.get("ffn_dim"), kv_heads=read(c, "num_key_value_heads"), experts=experts,
                    moe_every=1, topk=moe("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
                    gated=llama, rope=llama, positions=None if llama else max_seq(c),
-                   bias=not llama, qkv_bias=qkv_bias if llama else True,
+                   bias=not llama, qkv_bias=qkv_bias, out_bias=out_bias, mlp_bias=mlp_bias,
                    # as the zoo's module norms each head of q and k (zoo_modern's Attention)
                    qk_norm=family in ("qwen3", "gemma3_text"),
                    # HF's Llama-style layers have no hidden dropout (and attention_dropout 0);
-                   # GPT-2's resid_pdrop, OPT's dropout, BERT's and ViT's hidden_dropout_prob,
-                   # a GPT-NeoX, BLOOM or Falcon config file's hidden_dropout
+                   # GPT-2's resid_pdrop, OPT's dropout, BERT's and ViT's hidden_dropout_prob
                    dropout=0.0 if llama else _dropout_of(name, c),
                    # as the zoo's modules tie them: HF's defaults (GPT-2, OPT tie; of the Llama
                    # families, TIED_BY_DEFAULT's), unless the config says

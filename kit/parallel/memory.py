@@ -69,7 +69,7 @@ def tp_replicated_params(spec: GPTSpec, layer: int) -> int:
     second bias (row-parallel linears add their bias after the all-reduce), or a MoE layer's
     router, experts x h (Megatron-core's TopKRouter weight is not split). Without biases (GPTSpec.bias:
     Llama's RMSNorm weights alone) 2h, or the router's weight with them."""
-    norms_and_out_bias = 2 * spec.norm_params + (spec.hidden if spec.bias else 0)
+    norms_and_out_bias = 2 * spec.norm_params + (spec.hidden if spec.out_bias else 0)
     return norms_and_out_bias + (spec.experts * spec.hidden if spec.is_moe(layer) else spec.mlp_out_bias)
 
 

@@ -13,6 +13,24 @@ LLAMA_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", 
 # (HF's config defaults): the zoo's module (kit.workload.zoo_modern) and the multi-GPU layer's
 # GPTSpec.tied read it here, without torch
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text")
+# of them, those whose HF attention ignores attention_bias (transformers 5.25's modeling files:
+# Mistral, Mixtral and Phi-3 build their projections with bias=False, Qwen2 q, k, v with True and
+# o with False, Qwen2-MoE q, k, v with its own qkv_bias)
+FIXED_BIASES = ("mistral", "mixtral", "qwen2", "qwen2_moe", "phi3")
+
+
+def linear_biases(c: dict) -> tuple[bool, bool, bool]:
+    """Which linear layers of a Llama-family config have biases, as HF transformers 5.25 builds
+    them: (q, k and v; the output projection o; the MLP's gate, up and down). attention_bias
+    puts one on all four attention projections where HF's attention reads it (LlamaAttention,
+    Qwen3's, Gemma 1-3's; GPT-OSS's is true by default); Qwen2's q, k and v always have one,
+    Qwen2-MoE's as its qkv_bias says (true by default); mlp_bias, read by LlamaMLP alone, puts one
+    on all three MLP projections. The zoo's module (kit.workload.zoo_modern) and the multi-GPU
+    layer's GPTSpec read them here, without torch."""
+    family = c.get("model_type", "llama")
+    every = family not in FIXED_BIASES and bool(c.get("attention_bias", family == "gpt_oss"))
+    qkv = every or family == "qwen2" or (family == "qwen2_moe" and bool(c.get("qkv_bias", True)))
+    return qkv, every, family == "llama" and bool(c.get("mlp_bias"))
 DECODERS = ("gpt2", "opt", *LLAMA_FAMILIES, "deepseek_v3")  # families with a KV-cache decode step
 KV_CACHES = ("static", "dynamic")  # how a decode step's cache grows (kit.workload.kv_cache)
 

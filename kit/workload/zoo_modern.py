@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
-from kit.workload.modes import TIED_BY_DEFAULT
+from kit.workload.modes import TIED_BY_DEFAULT, linear_biases
 from kit.workload.zoo_configs import HF_DEFAULTS, hf_value
 from kit.workload.zoo_experts import OaiMoE, TopKMoE, activate
 
@@ -68,7 +68,6 @@ class RMSNorm(nn.Module):
 GEMMA = ("gemma", "gemma2", "gemma3_text")
 QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 SANDWICH = ("gemma2", "gemma3_text")  # a norm before and after attention and the MLP
-FIXED_BIASES = ("mistral", "mixtral", "qwen2", "qwen2_moe", "phi3")  # HF ignores their attention_bias
 
 
 def _family(c) -> str:
@@ -162,12 +161,9 @@ class LlamaAttention(nn.Module):
         self.kv_heads, self.head_dim = kv_heads_of(c), head_dim_of(c)
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         # biases on all four projections, where HF's attention reads attention_bias; Mistral,
-        # Mixtral, Qwen2(-MoE) and Phi-3 ignore the key (none; q, k, v for the Qwens)
-        every = family not in FIXED_BIASES and bool(c.get("attention_bias", family == "gpt_oss"))
-        # Qwen2's q, k and v always have biases; Qwen2-MoE's take its own key, qkv_bias (HF
-        # Qwen2MoeAttention: bias=config.qkv_bias, true by default)
-        qkv_bias = every or family == "qwen2" or (family == "qwen2_moe"
-                                                  and bool(c.get("qkv_bias", True)))
+        # Mixtral, Qwen2(-MoE) and Phi-3 ignore the key (none; q, k, v for the Qwens: Qwen2's
+        # always, Qwen2-MoE's as its qkv_bias says): modes.linear_biases
+        qkv_bias, every, _ = linear_biases(c)
         self.fused = self.partial = family == "phi3"
         if self.fused:
             self.qkv_proj = nn.Linear(d, q + 2 * kv, bias=qkv_bias)
@@ -342,8 +338,7 @@ def _act(c) -> str:
 def _mlp_of(c, d: int, ff: int) -> SwiGLU:
     # mlp_bias: only HF's LlamaMLP reads it (the other families' MLPs have no biases); it had been
     # dropped, Llama-3-8B's layers 2 x 14,336 + 4,096 parameters short each and their bias grads
-    return SwiGLU(d, ff, _act(c), fused=_family(c) == "phi3",
-                  bias=_family(c) == "llama" and bool(c.get("mlp_bias")))
+    return SwiGLU(d, ff, _act(c), fused=_family(c) == "phi3", bias=linear_biases(c)[2])
 
 
 class LlamaLayer(nn.Module):
