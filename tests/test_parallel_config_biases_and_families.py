@@ -75,6 +75,33 @@ def test_biases_reach_each_ranks_weights(tmp_path):
     assert dense_both - dense_plain == (D + 2 * kv + 2 * FF) / 2 + D + D
 
 
+# each bias set alone, as (family, config keys, split over tp: column-parallel q, k, v and gate,
+# up; whole on every rank: row-parallel o and down). Megatron-core 0.16
+# tensor_parallel/layers.py: RowParallelLinear's bias alone is marked sequence_parallel, and
+# finalize_model_grads all-reduces those over TP under SP; ColumnParallelLinear's bias is split.
+ONE_BIAS_SET = [("llama", {"attention_bias": True}, D + 2 * (KV * D // HEADS), D),
+                ("llama", {"mlp_bias": True}, 2 * FF, D),
+                ("qwen2", {}, D + 2 * (KV * D // HEADS), 0)]  # Qwen2: q, k, v alone, o has none
+
+
+@pytest.mark.parametrize("family, biases, split, whole", ONE_BIAS_SET,
+                         ids=["attention_bias", "mlp_bias", "qwen2_qkv"])
+def test_each_bias_set_alone_is_split_or_replicated_by_its_linear(tmp_path, family, biases, split, whole):
+    """With the flags apart (not all four true at once, which one wrong flag read for another
+    passes): a TP rank holds split / tp + whole of a layer's biases, and under sequence
+    parallelism its TP group all-reduces the whole ones' gradients with the norms' (fp32 main
+    grads, 4 bytes each). Qwen2's o_proj has no bias; counting one (its q, k, v flag read for o)
+    had passed the other tests."""
+    from kit.parallel.build import sp_norm_grad_bytes
+
+    plain = parse_model(_config_file(tmp_path, "llama")[0])
+    spec = parse_model(_config_file(tmp_path, family, **biases)[0])
+    lay = Layout(tp=2, sequence_parallel=True, dtype="bf16")  # fp32 main grads
+    assert layer_rank_params(spec, lay, 0)[0] - layer_rank_params(plain, lay, 0)[0] == split / 2 + whole
+    # per layer its two RMSNorms' weights (2h) and the replicated biases; the final norm once
+    assert sp_norm_grad_bytes(spec, lay, 0) == (LAYERS * (2 * D + whole) + D) * 4
+
+
 def test_inline_shapes_take_out_and_mlp_bias():
     """An inline shape with RMSNorm (bias=false) and biased linears counts as torch's layers."""
     torch = pytest.importorskip("torch")
