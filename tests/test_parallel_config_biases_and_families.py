@@ -199,3 +199,32 @@ def test_a_model_type_that_is_no_string_is_named(tmp_path):
                                 "num_hidden_layers": LAYERS, "vocab_size": VOCAB}))
     with pytest.raises(KitError, match="model_type must be a string"):
         parse_model(str(path))
+
+
+def test_an_empty_model_type_is_refused_as_on_one_gpu(tmp_path):
+    """A GPT-2 config (n_embd, n_layer, n_head) with model_type "" is refused by one GPU's
+    zoo.build (no family ''); the multi-GPU path had read it as GPT-2 (an empty string taken as
+    no model_type). Without model_type it is GPT-2, on both paths."""
+    from kit.workload import zoo
+
+    c = {"n_embd": D, "n_layer": LAYERS, "n_head": HEADS, "n_positions": 128, "vocab_size": VOCAB}
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({**c, "model_type": ""}))
+    with pytest.raises(KitError, match="model_type ''"):
+        zoo.build({**c, "model_type": ""})
+    with pytest.raises(KitError, match="model_type ''"):
+        parse_model(str(path))
+    path.write_text(json.dumps(c))
+    assert parse_model(str(path)).params == _params(zoo.build(c))
+
+
+def test_a_config_without_model_type_is_asked_for_one(tmp_path):
+    """Width, layers and heads under HF's names but no model_type: nothing says GPT-2, OPT or
+    Llama, so the error asks for the key (the multi-GPU families named), not to use one GPU,
+    which refuses it too."""
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"hidden_size": D, "num_attention_heads": HEADS, "num_hidden_layers": LAYERS,
+                                "vocab_size": VOCAB}))
+    with pytest.raises(KitError, match="add its model_type, one of .*gpt2.*llama") as e:
+        parse_model(str(path))
+    assert "--gpu" not in str(e.value)

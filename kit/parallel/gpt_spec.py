@@ -280,7 +280,9 @@ def _refuse_misread(name: str, c: dict) -> None:
     parameters (71 KV heads, a learned position table, biases, attention then MLP) where HF's
     FalconForCausalLM has 6,921,720,704 (one KV head, rotary positions, no linear biases,
     attention beside the MLP); Gemma 2's and 3's four norms a layer as two."""
-    family = c.get("model_type") or ("gpt2" if "n_embd" in c else None)
+    family = c.get("model_type")
+    if family is None and "n_embd" in c:  # GPT-2's keys, as one GPU's zoo.build reads them; an
+        family = "gpt2"  # empty model_type is refused there, and had been read as GPT-2 here
     if family in READ_FAMILIES or family in OWN_REFUSALS:
         return
     if family in ("falcon", "RefinedWeb", "RefinedWebModel"):
@@ -297,10 +299,13 @@ def _refuse_misread(name: str, c: dict) -> None:
                        "sliding-window attention; predict it on one GPU (--gpu)")
     from kit.workload.zoo import FAMILIES
 
+    if family is None:  # nothing says whether it is a GPT-2, OPT or Llama layer: ask for it
+        raise KitError(f"model {name!r}: a config without model_type (nor GPT-2's n_embd) could be "
+                       "any family's layer; add its model_type, one of the multi-GPU layer's "
+                       f"({', '.join(READ_FAMILIES)}), as its HF config.json has it")
     where = ("predict it on one GPU (--gpu)" if family in FAMILIES else
              f"the kit builds none of its kind (one GPU takes {', '.join(FAMILIES)})")
-    what = f"model_type {family!r} is" if family else "a config without model_type (nor GPT-2's n_embd) is"
-    raise KitError(f"model {name!r}: {what} not one the multi-GPU layer reads "
+    raise KitError(f"model {name!r}: model_type {family!r} is not one the multi-GPU layer reads "
                    f"({', '.join(READ_FAMILIES)}); reading it as a GPT-2 layer would misstate its "
                    f"heads, widths and parameters: {where}")
 
