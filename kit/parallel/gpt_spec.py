@@ -251,7 +251,7 @@ def parse_model(text: str, seq: int | None = None) -> GPTSpec:
 
 
 def _dropout_of(name: str, c: dict) -> float | None:
-    # GPT-2's resid_pdrop, OPT's dropout, BERT's and ViT's hidden_dropout_prob (GPT-NeoX's, BLOOM's
+    # GPT-2's resid_pdrop, OPT's dropout, BERT's hidden_dropout_prob (GPT-NeoX's, BLOOM's
     # and Falcon's hidden_dropout had been read here: _refuse_misread refuses those families)
     for key in ("resid_pdrop", "dropout", "hidden_dropout_prob"):
         if key in c:
@@ -263,9 +263,8 @@ def _dropout_of(name: str, c: dict) -> float | None:
 
 
 # the model_types whose layer the multi-GPU path reads into a GPTSpec (GPT-2, OPT and the Llama
-# families as the zoo's modules build them; BERT and ViT as GPT-style layers of their widths)
-READ_FAMILIES = ("gpt2", "opt", "bert", "vit", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma",
-                 "phi3")
+# families as the zoo's modules build them; BERT as GPT-style layers of its widths)
+READ_FAMILIES = ("gpt2", "opt", "bert", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "phi3")
 # refused with a reason of their own further on (one GPU models them)
 OWN_REFUSALS = ("deepseek_v3", "gpt_oss", "qwen2_moe", "qwen3_moe")
 # Falcon's config keys that change its layer (HF FalconConfig, transformers 5.25
@@ -293,6 +292,12 @@ def _refuse_misread(name: str, c: dict) -> None:
                        "(new_decoder_architecture), rotary or ALiBi positions (alibi), no linear "
                        f"biases (bias){'; its config sets ' + ', '.join(keys) if keys else ''}; nor does "
                        "one GPU's zoo build it")
+    if family == "vit":  # no vocabulary nor token sequence: GPT-2's 50,257 words and seq 1 were taken
+        raise KitError(f"model {name!r} (model_type 'vit'): the multi-GPU layer models a token "
+                       "sequence with a vocabulary's embedding and LM head, not a ViT's patch "
+                       "embedding, its (image_size / patch_size)^2 + 1 tokens and its classifier "
+                       "(it had been read as one token a sample under GPT-2's 50,257-word head); "
+                       "predict it on one GPU (--gpu)")
     if family in ("gemma2", "gemma3_text"):
         raise KitError(f"model {name!r} (model_type {family!r}): the multi-GPU layer does not model "
                        "its four norms a layer (after attention and around the MLP), soft-capped or "
@@ -326,6 +331,7 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         kind = c.get("model_type")
         if kind is not None and not isinstance(kind, str):  # a list had raised "unhashable type"
             raise KitError(f"model config {name}: model_type must be a string such as 'llama', got {kind!r}")
+        _refuse_misread(name, c)  # before asking for keys (vocab_size) a refused family lacks
         if not c.get("vocab_size"):  # a zoo config always has one; a file's would be guessed
             raise KitError(f"model config {name} has no vocab_size: the multi-GPU layer needs the "
                            "vocabulary for the embedding and LM head; add it")
@@ -349,7 +355,7 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         raise KitError(f"model {name!r} is not a transformer layer stack; multi-GPU prediction "
                        "takes zoo models whose config gives a width, layers and heads (n_embd or "
                        "hidden_size, n_layer or num_hidden_layers, n_head or num_attention_heads: "
-                       "GPT-2/3, OPT, BERT, ViT, Llama, Mistral, Mixtral, Qwen2/3, Phi-3), each "
+                       "GPT-2/3, OPT, BERT, Llama, Mistral, Mixtral, Qwen2/3, Gemma, Phi-3), each "
                        "modelled as GPT-style layers, and inline gpt:/llama:/moe: shapes; predict "
                        "it on one GPU (--gpu)")
     _refuse_misread(name, c)
@@ -423,7 +429,7 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                    # as the zoo's module norms each head of q and k (zoo_modern's Attention)
                    qk_norm=family in ("qwen3", "gemma3_text"),
                    # HF's Llama-style layers have no hidden dropout (and attention_dropout 0);
-                   # GPT-2's resid_pdrop, OPT's dropout, BERT's and ViT's hidden_dropout_prob
+                   # GPT-2's resid_pdrop, OPT's dropout, BERT's hidden_dropout_prob
                    dropout=0.0 if llama else _dropout_of(name, c),
                    # as the zoo's modules tie them: HF's defaults (GPT-2, OPT tie; of the Llama
                    # families, TIED_BY_DEFAULT's), unless the config says
