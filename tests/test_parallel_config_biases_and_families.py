@@ -243,3 +243,20 @@ def test_vit_is_refused_not_read_as_one_token_under_gpt2s_head(tmp_path):
     path.write_text(json.dumps(config("vit-b16")))
     with pytest.raises(KitError, match=r"'vit'.*--gpu"):
         parse_model(str(path))
+
+
+@pytest.mark.parametrize("enable_bias", [True, False])
+def test_an_opt_position_table_has_hfs_two_extra_rows(tmp_path, enable_bias):
+    """HF OPTLearnedPositionalEmbedding (transformers 5.25 models/opt/modeling_opt.py) is
+    max_position_embeddings + 2 rows (offset 2), as the zoo's module builds it: the multi-GPU
+    count had been 2h short (opt-1.3b 1,315,753,984 against its module's 1,315,758,080)."""
+    from kit.workload import zoo
+
+    c = {"model_type": "opt", "hidden_size": D, "num_attention_heads": HEADS, "num_hidden_layers": LAYERS,
+         "ffn_dim": FF, "vocab_size": VOCAB, "max_position_embeddings": 128, "enable_bias": enable_bias}
+    path = tmp_path / "opt.json"
+    path.write_text(json.dumps(c))
+    spec = parse_model(str(path))
+    assert spec.positions == 128 + 2
+    assert spec.params == _params(zoo.build(c))
+    assert parse_model("opt-1.3b").params == _params(zoo.build("opt-1.3b"))

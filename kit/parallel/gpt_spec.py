@@ -267,6 +267,9 @@ def _dropout_of(name: str, c: dict) -> float | None:
 READ_FAMILIES = ("gpt2", "opt", "bert", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "phi3")
 # refused with a reason of their own further on (one GPU models them)
 OWN_REFUSALS = ("deepseek_v3", "gpt_oss", "qwen2_moe", "qwen3_moe")
+# rows an OPT position table has past max_position_embeddings (HF transformers 5.25
+# models/opt/modeling_opt.py OPTLearnedPositionalEmbedding: offset 2, as zoo_models' OPT builds it)
+OPT_OFFSET = 2
 # Falcon's config keys that change its layer (HF FalconConfig, transformers 5.25
 # models/falcon/configuration_falcon.py; the RefinedWeb model_types are its first releases')
 FALCON_KEYS = ("parallel_attn", "multi_query", "new_decoder_architecture", "num_kv_heads", "n_head_kv",
@@ -420,11 +423,13 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         qkv_bias, out_bias, mlp_bias = linear_biases(c)
     else:
         qkv_bias = out_bias = mlp_bias = family != "opt" or bool(c.get("enable_bias", True))
+    rows = max_seq(c)  # the learned position table's (None: as many as seq); OPT's 2 more
+    rows = rows + OPT_OFFSET if rows and family == "opt" else rows
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
                    or c.get("ffn_dim"), kv_heads=read(c, "num_key_value_heads"), experts=experts,
                    moe_every=1, topk=moe("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,
-                   gated=llama, rope=llama, positions=None if llama else max_seq(c),
+                   gated=llama, rope=llama, positions=None if llama else rows,
                    bias=not llama, qkv_bias=qkv_bias, out_bias=out_bias, mlp_bias=mlp_bias,
                    # as the zoo's module norms each head of q and k (zoo_modern's Attention)
                    qk_norm=family in ("qwen3", "gemma3_text"),
