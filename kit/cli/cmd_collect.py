@@ -20,13 +20,25 @@ def run(args):
                    profile=not args.no_profile, cooldown_ms=args.cooldown_ms,
                    progress=args.progress, threads=args.threads, l2_flush=not args.no_l2_flush,
                    warmup_ms=args.warmup_ms, bias=not args.no_bias, time_limit_s=args.time_limit,
-                   force=args.force)
+                   force=args.force, retry_failed=args.retry_failed)
 
 
 def text(r):
     twice = f", {r['duplicates']} repeated in the plan" if r.get("duplicates") else ""
     lines = [f"{r['measured']} measured, {r['skipped']} already in {r['out']}{twice} "
              f"({r['rows_in_file']} rows now) on {r['device']} ({r['dtype']})"]
+    if r.get("died_earlier"):
+        d = r["died_earlier"]
+        lines.append(f"  the last run died while measuring {d['op']} {d['shape']} ({d['phase']}): "
+                     f"recorded in {r.get('failures_file')}")
+    skipped = r.get("skipped_failed") or []
+    if skipped:
+        lines.append(f"  {len(skipped)} skipped: an earlier run could not get past "
+                     f"{'it' if len(skipped) == 1 else 'them'} (see {r.get('failures_file')}; "
+                     "--retry-failed measures them again):")
+        lines += [f"    {f['op']} {f['shape']}: {f['error']}" for f in skipped[:10]]
+        if len(skipped) > 10:
+            lines.append(f"    ... and {len(skipped) - 10} more")
     if r.get("stopped"):
         lines.append(f"  stopped early: {r['stopped']}")
     if r["ops_without_shapes"]:
@@ -71,6 +83,9 @@ def register(sub):
                    "measured with the same --repeats, L2 flush, profiler, threads and bias")
     p.add_argument("--force", action="store_true", help="with --resume: carry on with a file whose "
                    "FILE.meta.json is missing (how its rows were measured is unknown)")
+    p.add_argument("--retry-failed", action="store_true", help="with --resume: measure again the "
+                   "shapes an earlier run could not get past (a CUDA error that lost the context, "
+                   "or the process dying twice on it), which a resume skips and lists")
     p.add_argument("--warmup", type=_count, default=5, help="untimed calls first (default 5)")
     p.add_argument("--repeats", type=_count, default=25,
                    help="timed calls; latency = mean of the fastest fifth (default 25)")

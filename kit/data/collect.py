@@ -26,7 +26,10 @@ FILE.csv: FILE.meta.json (provenance: device, driver, versions, nvidia-smi snaps
 GPU, torch flags and every collector setting; written at the start of a run and updated at its
 end, one entry per run; Ctrl-C and SIGTERM leave "interrupted") and FILE.failed.jsonl (one line
 per failed measurement: out of memory, an invalid launch configuration, ...). A CUDA error that
-loses the context (illegal address, device-side assert) stops the run cleanly.
+loses the context (illegal address, device-side assert) stops the run cleanly and is recorded
+`fatal`; FILE.measuring.json names the shape in progress, so that the next run knows the shape a
+killed or crashed process died on. A resume measures failed shapes again, but skips and lists
+those it could never get past (kit.data.failures: fatal, or died on twice) unless retry_failed.
 
 Rows carry kernel_ms and latency_median_ms (kit.data.schema.COLUMNS, the last two); a file
 from before them is resumed in its own format.
@@ -45,9 +48,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kit.data import schema
+from kit.data.failures import Failures
 from kit.data.provenance import (Meta, _now, environment, gpu_snapshot, mixed_settings,
-                                 run_record, side_path, torch_settings)
-from kit.data.records import Appender, append_jsonl, row_key
+                                 run_record, torch_settings)
+from kit.data.records import Appender, row_key
 from kit.data.timing import (PROFILED_CALLS, is_fatal_cuda_error, l2_flusher, profile_cuda,
                              summarise_ms, time_cpu, time_cuda, warm_for)
 from kit.errors import KitError, one_line
@@ -112,7 +116,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
             warmup: int = 5, repeats: int = 25, profile: bool = True, cooldown_ms: float = 0.0,
             progress: bool | None = None, threads: int | None = None, l2_flush: bool = True,
             warmup_ms: float | None = None, bias: bool = True, time_limit_s: float | None = None,
-            force: bool = False) -> dict:
+            force: bool = False, retry_failed: bool = False) -> dict:
     """Measure every (op, shape) not yet in `out`; returns counts and where the rows went.
 
     resume carries on with rows measured the same way only (mixed_settings); force: resume a file
@@ -121,7 +125,9 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
     l2_flush: overwrite twice the L2 before each timed call (CUDA). warmup_ms: run each op's
     largest shape this long before its first measurement (default 1000 on CUDA, 0 on CPU).
     bias: linear with a bias (NeuSight's form). time_limit_s: start no measurement after this
-    many seconds (the run stops cleanly, and --resume carries on).
+    many seconds (the run stops cleanly, and --resume carries on). retry_failed: with resume,
+    measure again the shapes kit.data.failures.Failures.blocked skips (a failure that stopped an
+    earlier run, or a shape the process died measuring twice).
     """
     import torch
 
@@ -167,15 +173,25 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
     base = {"dtype": dtype, "source": "collector", "split": "train", **env}
     timer = time_cuda if device == "cuda" else time_cpu
     sync = torch.cuda.synchronize if device == "cuda" else None
-    failed, measured, stopped = [], 0, None
+    measured, stopped = 0, None
     new = not (Path(out).is_file() and Path(out).stat().st_size > 0)
-    failures = side_path(out, ".failed.jsonl")
+    fails = Failures(out, dtype, env["device_name"])
+    failed = fails.new
     with Appender(out, resume=resume) as sink:
-        todo, planned = [], set()
+        # a run that died without a word (SIGKILL, a crash in a library) left its shape in progress
+        died = None
+        if resume:
+            died = fails.earlier_death()
+        else:
+            fails.ended()  # a marker left beside a file this run starts afresh says nothing of it
+        blocked = fails.blocked() if resume and not retry_failed else {}
+        todo, planned, skipped_failed = [], set(), []
         for op, shape in tasks:
             row = {"op": op, **shape_columns(op, shape), **base}
             key = row_key(row)  # e.g. linear (2, 3, k, n) and (1, 6, k, n) are the same GEMM
-            if key not in sink and key not in planned:
+            if key in blocked and key not in sink and key not in planned:
+                skipped_failed.append({"op": op, "shape": list(shape), "error": blocked[key]["error"]})
+            elif key not in sink and key not in planned:
                 todo.append((op, shape, row))
             planned.add(key)
         in_file = sum(key in sink for key in planned)
@@ -195,7 +211,8 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                     "linear_bias": bool(bias),
                     "inputs": "bmm/linear/conv: activations N(0,1), weights and bias N(0,0.02); "
                               "vector ops: U[0.5,1.5)",
-                    "cooldown_ms": cooldown_ms, "threads": threads, "time_limit_s": time_limit_s}
+                    "cooldown_ms": cooldown_ms, "threads": threads, "time_limit_s": time_limit_s,
+                    "skipped_failed": len(skipped_failed), "retry_failed": bool(retry_failed)}
         meta = Meta(out, {**run_record(device), **env, "settings": settings}, resume)
         if todo and sink.keys:  # resuming rows: measured the same way, or not at all
             if not meta.found and not force:
@@ -216,13 +233,8 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
         def out_of_time() -> bool:
             return time_limit_s is not None and time.monotonic() - t_start >= time_limit_s
 
-        def fail(op, shape, error):
-            item = {"op": op, "shape": list(shape), "error": error}
-            failed.append(item)
-            try:
-                append_jsonl(failures, {"time": _now(), "dtype": dtype, "device": env["device_name"], **item})
-            except OSError:
-                pass
+        def fail(op, shape, error, fatal=False):
+            fails.record(op, shape, error, fatal=fatal)
 
         try:
             with sigterm_interrupts(), _math_mode(dtype, device), torch.inference_mode():
@@ -232,27 +244,30 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                         break
                     if warmup_ms and not out_of_time():
                         op, shape, _ = max(group, key=lambda t: _work(t[1]))
+                        fails.measuring(op, shape, "warm-up")
                         try:
                             warm_for(build_call(op, shape, dtype, device, bias), warmup_ms / 1000, sync)
                         except Exception as e:  # noqa: BLE001 - its measurement will say
                             if is_fatal_cuda_error(e):
                                 stopped = f"CUDA error while warming up {op} {shape}: {_why(e)}"
-                                fail(op, shape, stopped)
+                                fail(op, shape, stopped, fatal=True)
                                 break
                             _release(device)
                     for op, shape, row in group:
                         if out_of_time():
                             stopped = f"time limit ({time_limit_s:g} s) reached"
                             break
+                        fails.measuring(op, shape)
                         try:
                             call = build_call(op, shape, dtype, device, bias)
                             times = timer(call, warmup, repeats, flush=flush)
                             extra = _kernel_info(call, flush) if profiled else {}
                         except Exception as e:  # noqa: BLE001 - out of memory, unsupported dtype, ...
                             call = None
-                            fail(op, shape, _why(e))
+                            fatal = device == "cuda" and is_fatal_cuda_error(e)
+                            fail(op, shape, _why(e), fatal=fatal)
                             bar.update(1)
-                            if device == "cuda" and is_fatal_cuda_error(e):
+                            if fatal:
                                 stopped = f"CUDA error (the context is lost; rerun with --resume): {_why(e)}"
                                 break
                             _release(device)
@@ -278,6 +293,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
             meta.write()
             raise
         finally:
+            fails.ended()
             bar.close()
         total = len(sink.keys)
     meta.run.update(finished=_now(), status=("done" if not stopped else f"stopped: {stopped}"),
@@ -297,7 +313,8 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
             "planned": len(tasks), "skipped": in_file, "duplicates": len(tasks) - len(planned),
             "measured": measured, "failed": failed, "ops_without_shapes": unmatched,
             "rows_in_file": total, "stopped": stopped, "l2_flush": policy["l2_flush"],
-            "meta": str(meta.path), "failures_file": str(failures) if failed else None}
+            "meta": str(meta.path), "skipped_failed": skipped_failed, "died_earlier": died,
+            "failures_file": str(fails.path) if failed or skipped_failed or died else None}
 
 
 def _why(e: BaseException) -> str:

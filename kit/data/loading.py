@@ -19,6 +19,10 @@ from kit.data.neusight import NEUSIGHT_COLUMNS, from_neusight, read_neusight_csv
 from kit.errors import KitError, need_path
 
 
+# the columns every kit collector's file starts with: the schema's, less those added later
+KIT_WRITTEN = [c for c in schema.COLUMNS if c not in schema.LATER_COLUMNS]
+
+
 def is_gzip(path: Path) -> bool:
     """A measurement file kept gzipped (FILE.csv.gz), as the project's own measurements ship."""
     return Path(path).suffix == ".gz"
@@ -49,7 +53,11 @@ def _read_schema_csv(path: Path) -> pd.DataFrame:
             start = data.find(b"\n", start) + 1
         head = data[start:data.find(b"\n", start)].decode("utf-8-sig", "replace")
         header = next(csv.reader([head.rstrip("\r")]), [])
-        if len(fields) < len(header):  # an unfinished line from a killed writer
+        # an unfinished line from a killed writer: fields missing, or, in a file of the kit's
+        # collectors (their header starts with the schema's columns), any last line without its
+        # newline: they write each line whole with it, and a kill can cut the last field short
+        # (a latency_median_ms of 0.005268 read as 0.005)
+        if len(fields) < len(header) or header[:len(KIT_WRITTEN)] == KIT_WRITTEN:
             data = data[:data.rfind(b"\n") + 1]
             dropped = True
     if dropped:

@@ -22,13 +22,13 @@ import numpy as np
 import pandas as pd
 
 from kit.data import schema
-from kit.data.loading import _read_schema_csv, is_gzip
+from kit.data.loading import KIT_WRITTEN, _read_schema_csv, is_gzip
 # re-exported: kit.predict.evaluate, tests and benchmarks import them from here
 from kit.data.loading import check_times, checked_table, gpu_keys, load_measurements  # noqa: F401
 from kit.errors import KitError
 
 HEADER = list(schema.COLUMNS)
-LEGACY_HEADER = [c for c in HEADER if c not in schema.LATER_COLUMNS]  # kit CSVs from before them
+LEGACY_HEADER = KIT_WRITTEN  # kit CSVs from before schema.LATER_COLUMNS
 KEY_COLUMNS = ("op", "dtype", "device_name", "b", "m", "n", "k", "rows", "cols", "in_channels",
                "out_channels", "kernel_size", "input_size", "stride", "padding")
 
