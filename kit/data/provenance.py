@@ -176,6 +176,22 @@ def recorded_runs(csv: str | Path) -> list[dict] | None:
     return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else None
 
 
+def linear_without_bias(csv: str | Path) -> bool:
+    """Whether the collector's meta beside a CSV (FILE.meta.json) says its linear rows were timed
+    without a bias (`kit collect --no-bias`); NeuSight's Linear rows, which the learned predictors
+    learn from, have one. Unknown (no meta, an older or foreign one) counts as with. Only runs that
+    timed linear and may have written rows count (as mixed_settings has them): every run records
+    linear_bias, and a `--ops bmm --no-bias` run, or a --no-bias run that measured nothing, before
+    a linear run with a bias had left out all of that run's linear rows. `kit train --extra`
+    leaves such rows out, and `kit evaluate` too."""
+    def timed_linear_without(run: dict) -> bool:
+        s = run.get("settings") or {}
+        ops = s.get("ops") or ("linear",)  # a meta that does not say which ops: it may have
+        return s.get("linear_bias") is False and "linear" in ops and run.get("measured") != 0
+
+    return any(timed_linear_without(r) for r in recorded_runs(csv) or ())
+
+
 class Meta:
     """FILE.meta.json: {"csv", "runs": [...]}, this run's entry written at its start and updated at
     its end (atomically: a temporary file renamed over it)."""

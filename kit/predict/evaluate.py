@@ -31,9 +31,13 @@ def load_test(path: str | Path, note_repeats: bool = True) -> pd.DataFrame:
     Exact repeats (same op, shape, GPU and latency, as NeuSight's test/vec.csv repeats
     elem/ln/softmax) are kept once, rows of op classes no predictor models (conv) and rows
     without a GPU (a CPU measurement) are left out, each with a note (scorable_rows; the
-    repeats' note only where note_repeats)."""
+    repeats' note only where note_repeats). Linear rows of a collector file timed without a
+    bias (kit.data.provenance.linear_without_bias) are left out with a note, as kit train
+    --extra leaves them out: no predictor has a bias input, and the learned ones learned
+    NeuSight's Linear, which has one."""
     from kit.data import load_measurements
     from kit.data.loading import NotMeasurementCSV, measurement_files
+    from kit.data.provenance import linear_without_bias
 
     path = Path(path)
     if path.is_dir():
@@ -47,14 +51,21 @@ def load_test(path: str | Path, note_repeats: bool = True) -> pd.DataFrame:
         raise KitError(f"{path} is not a regular file or folder (expected a CSV or a folder of them)")
     else:
         raise KitError(f"test file or folder not found: {path}")
-    parts, other = [], []
+    parts, other, no_bias = [], [], {}
     for f in files:
         try:
-            parts.append(load_measurements(f))
+            rows = load_measurements(f)
         except NotMeasurementCSV:  # a folder's other CSVs (nvidia-smi samples): skipped and said, as --extra does
             if not path.is_dir():
                 raise
             other.append(f.relative_to(path).as_posix())
+            continue
+        if linear_without_bias(f):  # as kit train --extra: the predictors learned Linear with a bias
+            linear = rows.op == "linear"
+            if linear.any():
+                no_bias[f.name] = int(linear.sum())
+                rows = rows[~linear]
+        parts.append(rows)
     if not parts:
         raise KitError(f"no measurement CSV in {path}: {len(other)} CSV file(s), none with the "
                        f"measurement columns (e.g. {other[0]})")
@@ -62,6 +73,13 @@ def load_test(path: str | Path, note_repeats: bool = True) -> pd.DataFrame:
         warnings.warn(f"{path}: skipped {len(other)} CSV file(s) that are no measurement table: "
                       + ", ".join(other[:3]) + (" ..." if len(other) > 3 else ""), stacklevel=2)
     frame = pd.concat(parts, ignore_index=True)
+    if no_bias:
+        said = (f"the {sum(no_bias.values())} linear row(s) of {', '.join(sorted(no_bias))}, timed "
+                "without a bias (FILE.meta.json: kit collect --no-bias): the predictors price "
+                "Linear as NeuSight's, with one, and kit train --extra leaves such rows out too")
+        if frame.empty:
+            raise KitError(f"{path}: nothing to score after leaving out {said}")
+        warnings.warn(f"{path}: left out {said}", stacklevel=2)
     return scorable_rows(frame, str(path), note_repeats)
 
 

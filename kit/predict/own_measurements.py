@@ -33,28 +33,12 @@ def _files(path) -> list[Path]:
     return found
 
 
-def _without_bias(csv: Path) -> bool:
-    """Whether the collector's meta beside a CSV (FILE.meta.json) says its linear rows were timed
-    without a bias (`kit collect --no-bias`); NeuSight's Linear rows, which the model learns
-    from, have one. Unknown (no meta, an older or foreign one) counts as with. Only runs that
-    timed linear and may have written rows count (as kit.data.provenance.mixed_settings has
-    them): every run records linear_bias, and a `--ops bmm --no-bias` run, or a --no-bias run that
-    measured nothing, before a linear run with a bias had left out all of that run's linear rows."""
-    from kit.data.provenance import recorded_runs
-
-    def timed_linear_without(run: dict) -> bool:
-        s = run.get("settings") or {}
-        ops = s.get("ops") or ("linear",)  # a meta that does not say which ops: it may have
-        return s.get("linear_bias") is False and "linear" in ops and run.get("measured") != 0
-
-    return any(timed_linear_without(r) for r in recorded_runs(csv) or ())
-
-
 def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
     """(rows to train on, one record per file read). KitError for a path that holds none."""
     from kit.data import load_measurements
     from kit.data.fetch import sha256_of
     from kit.data.loading import NotMeasurementCSV
+    from kit.data.provenance import linear_without_bias
     from kit.hardware import gpu_keys
 
     parts, files = [], []
@@ -71,7 +55,7 @@ def own_rows(paths, modelled) -> tuple[pd.DataFrame, list[dict]]:
             ok_class = rows.op_class.isin(list(modelled))
             fp32 = rows.dtype.fillna("fp32") == "fp32"
             on_gpu = rows.gpu.isin(gpu_keys())  # load_measurements made known names keys; others stay as written
-            no_bias = (rows.op == "linear") & _without_bias(f)
+            no_bias = (rows.op == "linear") & linear_without_bias(f)
             keep = ok_class & fp32 & on_gpu & (rows.latency_ms > 0) & ~no_bias
             files.append({"path": str(f), "sha256": sha256_of(f), "rows": int(keep.sum()),
                           "left_out": {"not fp32": int((ok_class & ~fp32).sum()),
