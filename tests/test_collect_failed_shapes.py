@@ -150,3 +150,49 @@ def test_a_kit_csv_whose_last_field_was_cut_is_not_read_as_a_shorter_number(tmp_
         r = C.collect("bmm", [(1, 2, 3, 4), (1, 8, 8, 8)], out, device="cpu", warmup=0, repeats=3,
                       progress=False, resume=True)
     assert (r["skipped"], r["measured"]) == (1, 1) and sorted(load_measurements(out).m) == [2, 8]
+
+
+def test_retry_failed_without_resume_is_one_clear_error(tmp_path, capsys):
+    # a fresh run skips nothing, so --retry-failed alone had done nothing, without a word
+    from kit.cli import main
+    out = tmp_path / "m.csv"
+    with pytest.raises(KitError, match="--retry-failed needs --resume"):
+        C.collect("bmm", SHAPES, out, device="cpu", warmup=0, repeats=1, progress=False,
+                  retry_failed=True)
+    assert main(["collect", "--ops", "bmm", "--shapes", "tiny-gemm:2", "--device", "cpu",
+                 "--out", str(out), "--retry-failed"]) != 0
+    err = capsys.readouterr().err
+    assert "--retry-failed needs --resume" in err and "Traceback" not in err
+    assert not out.exists()  # refused before anything was written
+
+
+def test_a_run_stopped_by_sigterm_leaves_no_marker_and_is_not_read_as_a_death(tmp_path, monkeypatch):
+    # device_session.sh stops a step with TERM; the collector records an interruption, and the
+    # shape it was measuring must not count as one the process died on (two such stops would
+    # have skipped it)
+    out, real = tmp_path / "m.csv", C.build_call
+
+    def build(op, shape, *a, **k):
+        if tuple(shape) == BAD:
+            os.kill(os.getpid(), signal.SIGTERM)  # sigterm_interrupts raises KeyboardInterrupt
+        return real(op, shape, *a, **k)
+
+    monkeypatch.setattr(C, "build_call", build)
+    for _ in range(2):
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            C.collect("bmm", SHAPES, out, device="cpu", warmup=0, repeats=1, progress=False, resume=True)
+        assert not (tmp_path / "m.measuring.json").exists()
+    monkeypatch.setattr(C, "build_call", real)
+    r = C.collect("bmm", SHAPES, out, device="cpu", warmup=0, repeats=1, progress=False, resume=True)
+    assert (r["died_earlier"], r["skipped_failed"], r["measured"], r["rows_in_file"]) == (None, [], 2, 3)
+    assert not (tmp_path / "m.failed.jsonl").exists()
+
+
+def test_no_shape_is_named_in_progress_once_its_row_is_written(tmp_path, monkeypatch):
+    # a process killed in the cooldown after a row had left the marker naming that shape: the
+    # resume said "the last run died while measuring" a shape in the file, and logged a death
+    out, seen = tmp_path / "m.csv", []
+    monkeypatch.setattr(C.time, "sleep", lambda s: seen.append(
+        ((tmp_path / "m.measuring.json").exists(), len(out.read_text().splitlines()) - 1)))
+    C.collect("bmm", SHAPES, out, device="cpu", warmup=0, repeats=1, progress=False, cooldown_ms=5)
+    assert seen == [(False, 1), (False, 2), (False, 3)]  # one cooldown after each of the 3 rows

@@ -137,6 +137,9 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
         raise KitError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
     if dtype == "tf32" and device != "cuda":
         raise KitError("--dtype tf32 needs --device cuda (tf32 is a tensor-core mode)")
+    if retry_failed and not resume:  # a fresh run skips nothing: the flag would do nothing
+        raise KitError("--retry-failed needs --resume: only a resume skips the shapes an earlier "
+                       "run could not get past (a fresh run measures every shape)")
     whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
     if not (whole(warmup) and whole(repeats)) or warmup < 0 or repeats < 1:
         raise KitError(f"need whole numbers --warmup >= 0 and --repeats >= 1, got {warmup!r} and "
@@ -283,6 +286,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                         if row.get("kernel_name"):
                             row.update(zip(("tile_m", "tile_n", "tile_k"), schema.parse_tile(row["kernel_name"])))
                         sink.append(row)
+                        fails.ended()  # written: a kill from here on (a cooldown) is no death of it
                         measured += 1
                         del call
                         bar.update(1)
