@@ -61,3 +61,15 @@ def test_rows_of_a_file_timed_with_a_bias_or_without_a_meta_are_all_scored(tmp_p
     assert sorted(load_test(path).op.tolist()) == ["bmm", "linear", "linear"]
     path.with_name("with.meta.json").unlink()  # unknown counts as with, as kit train has it
     assert sorted(load_test(path).op.tolist()) == ["bmm", "linear", "linear"]
+
+
+def test_the_note_counts_same_named_files_of_two_sessions_apart(tmp_path):
+    # sessions name their files alike (a/session/x.csv, b/session/x.csv): keyed by name, the
+    # note had said 2 rows of one file when 4 rows of two were left out
+    for s in ("a", "b"):
+        (tmp_path / s / "session").mkdir(parents=True)
+        collector_csv(tmp_path / s / "session" / "without.csv", False)
+    with pytest.warns(UserWarning, match=r"left out the 4 linear row\(s\) of a/session/without.csv, "
+                                         r"b/session/without.csv"):
+        rows = load_test(tmp_path)
+    assert sorted(rows.op.tolist()) == ["bmm"]  # the two files' bmm rows are the same repeat, kept once

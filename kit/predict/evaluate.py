@@ -63,7 +63,8 @@ def load_test(path: str | Path, note_repeats: bool = True) -> pd.DataFrame:
         if linear_without_bias(f):  # as kit train --extra: the predictors learned Linear with a bias
             linear = rows.op == "linear"
             if linear.any():
-                no_bias[f.name] = int(linear.sum())
+                # by its path in the folder: sessions name their files alike (session/decode_...)
+                no_bias[f.relative_to(path).as_posix() if path.is_dir() else f.name] = int(linear.sum())
                 rows = rows[~linear]
         parts.append(rows)
     if not parts:
