@@ -196,3 +196,25 @@ def test_no_shape_is_named_in_progress_once_its_row_is_written(tmp_path, monkeyp
         ((tmp_path / "m.measuring.json").exists(), len(out.read_text().splitlines()) - 1)))
     C.collect("bmm", SHAPES, out, device="cpu", warmup=0, repeats=1, progress=False, cooldown_ms=5)
     assert seen == [(False, 1), (False, 2), (False, 3)]  # one cooldown after each of the 3 rows
+
+
+@pytest.mark.parametrize("marker", [{"op": "bmm", "shape": 5}, {"op": None, "shape": [1, 3, 3, 3]}])
+def test_a_marker_that_names_no_shape_is_ignored(tmp_path, marker):
+    # FILE.measuring.json edited by hand: a shape of 5 was a TypeError traceback on resume, and an
+    # op of null a death "while measuring None [1, 3, 3, 3]"
+    out = tmp_path / "m.csv"
+    C.collect("bmm", SHAPES[:1], out, device="cpu", warmup=0, repeats=1, progress=False)
+    device = json.loads((tmp_path / "m.meta.json").read_text())["runs"][0]["device_name"]
+    (tmp_path / "m.measuring.json").write_text(json.dumps({**marker, "dtype": "fp32", "device": device}))
+    r = C.collect("bmm", SHAPES, out, device="cpu", warmup=0, repeats=1, progress=False, resume=True)
+    assert (r["died_earlier"], r["measured"], r["rows_in_file"]) == (None, 2, 3)
+    assert not (tmp_path / "m.measuring.json").exists() and not (tmp_path / "m.failed.jsonl").exists()
+
+
+def test_a_folder_where_the_marker_goes_does_not_stop_the_run(tmp_path):
+    # the side files never stop a run (a failure's line is not written on a full disk either);
+    # removing the marker was the one that raised: IsADirectoryError, a traceback, no row kept
+    (tmp_path / "m.measuring.json").mkdir()
+    out = tmp_path / "m.csv"
+    r = C.collect("bmm", SHAPES, out, device="cpu", warmup=0, repeats=1, progress=False)
+    assert r["measured"] == 3 and len(load_measurements(out)) == 3

@@ -68,8 +68,11 @@ class Failures:
             was = json.loads(text)
             op, shape = was["op"], was["shape"]
             dtype, device = was["dtype"], was["device"]
-        except (ValueError, KeyError, TypeError):  # cut short as it was written: nothing to say
-            self.marker.unlink(missing_ok=True)
+            if not (isinstance(op, str) and isinstance(shape, list)
+                    and all(isinstance(v, int) and not isinstance(v, bool) for v in shape)):
+                raise TypeError("not a marker measuring() writes")
+        except (ValueError, KeyError, TypeError):  # cut short as it was written, or edited: nothing to say
+            self.ended()
             return None
         item = {"op": op, "shape": list(shape), "error": DIED, "died": True,
                 "phase": was.get("phase", "measuring"), "since": was.get("time")}
@@ -77,7 +80,7 @@ class Failures:
             append_jsonl(self.path, {"time": _now(), "dtype": dtype, "device": device, **item})
         except OSError:
             pass
-        self.marker.unlink(missing_ok=True)
+        self.ended()
         return item
 
     def blocked(self) -> dict[tuple, dict]:
@@ -110,5 +113,9 @@ class Failures:
             pass
 
     def ended(self) -> None:
-        """The run ended (done, stopped, or a Python exception): nothing is in progress."""
-        self.marker.unlink(missing_ok=True)
+        """The run ended (done, stopped, or a Python exception): nothing is in progress (never
+        raises, as measuring: a side file that cannot be removed must not stop the run)."""
+        try:
+            self.marker.unlink(missing_ok=True)
+        except OSError:
+            pass
