@@ -253,7 +253,9 @@ every weight GEMM has $m = $ batch rows, so it is a matrix-vector product that r
 weight matrix from DRAM for a handful of FLOPs. Attention reads the keys and values of every
 earlier token from the **KV cache**, $2 \cdot L \cdot B \cdot h_{kv} \cdot T \cdot d$ elements.
 `mode="decode"` (CLI: `--mode decode`, with `--seq` the tokens already in the cache) captures that
-step with a static cache written in place (`kit/workload/kv_cache.py`).
+step with a static cache written in place (`kit/workload/kv_cache.py`), masked over its whole
+preallocated length as HF's `generate` masks a static cache at every step, so that attention runs
+the memory-efficient kernel on that mask rather than flash attention (`kit/workload/hf_masks.py`).
 
 **Takeaway:** a decode step is bounded by bytes (weights plus cache), not FLOPs, and in eager
 PyTorch its hundreds of tiny kernels often leave the GPU waiting on the CPU.
@@ -270,7 +272,7 @@ print(f"llama3-8b, 8 sequences at 4,096 tokens of context on an H100: {step.tota
       f"{weights_ms:.1f} ms at the memory roofline; GPU idle {max(step.gpu_idle_ms, 0):.1f} ms")
 """),
     md(r"""
-In eager PyTorch the CPU issues each of those ~1,300 kernels one by one, and the GPU waits for it.
+In eager PyTorch the CPU issues each of those ~1,450 kernels one by one, and the GPU waits for it.
 `torch.compile(mode="reduce-overhead")` fuses the elementwise chains and replays the step as one
 **CUDA graph**: `fusion="compiled"` with the `CUDA_GRAPH` host cost (CLI: `--fusion compiled
 --cuda-graphs`) leaves only the kernels' own times, none shorter than the 2 µs that real traces

@@ -47,12 +47,21 @@ def test_every_weight_gemm_reads_one_token_per_sequence(cfg):
 
 def test_attention_reads_the_whole_cache_from_one_query():
     b, ctx = 2, 30
-    g = zoo.graph_for(LLAMA, batch=b, seq=ctx, mode="decode", dtype="bf16", disk=False)
+    g = zoo.graph_for(LLAMA, batch=b, seq=ctx, mode="decode", dtype="bf16", kv_cache="dynamic",
+                      disk=False)
     att = [n.op for n in g if n.op_class == "attention"]
-    # flash attention reads grouped K/V heads as they are (no repeat_interleave copies)
+    # unmasked (a dynamic cache), flash attention reads grouped K/V heads as they are (no
+    # repeat_interleave copies)
     assert att == [Attention(b=b, heads=8, seq_q=1, seq_kv=ctx + 1, head_dim=8, dtype="bf16",
                              causal=False, kv_heads=2)] * 2
     assert not [n for n in g if "repeat_interleave" in n.aten or n.aten.startswith("aten.index.")]
+    # a static cache is masked (kit.workload.hf_masks): HF packs each KV head's 4 query heads
+    # into its rows, and the kernel reads the additive bf16 mask, a row of ctx + 1 keys a sequence
+    static = zoo.graph_for(LLAMA, batch=b, seq=ctx, mode="decode", dtype="bf16", disk=False)
+    assert [n.op for n in static if n.op_class == "attention"] == [Attention(
+        b=b, heads=2, seq_q=4, seq_kv=ctx + 1, head_dim=8, dtype="bf16", causal=False,
+        mask_bytes=b * (ctx + 1) * 2)] * 2
+    assert not [n for n in static if "repeat_interleave" in n.aten]
     gpt = zoo.graph_for(GPT, batch=b, seq=ctx, mode="decode", disk=False)
     bmm = [n.op for n in _gemms(gpt) if n.op.kind == "bmm"]
     assert {(op.b, op.m, op.k) for op in bmm} == {(b * 4, 1, 16), (b * 4, 1, ctx + 1)}
@@ -231,8 +240,8 @@ def test_a_dynamic_cache_copies_itself_every_step():
     cats = [n for n in dynamic if n.aten.startswith("aten.cat") and n.out_bytes == grown]
     assert len(cats) == 2 * 2  # keys and values, 2 layers (RoPE's rotate_half cats are small)
     assert all(n.op.bytes >= layer + grown for n in cats), [n.op.bytes for n in cats]
-    att = {n.op for n in dynamic if n.op_class == "attention"}
-    assert att == {n.op for n in static if n.op_class == "attention"}  # both attend ctx + 1
+    att = {n.op.seq_kv for n in dynamic if n.op_class == "attention"}
+    assert att == {n.op.seq_kv for n in static if n.op_class == "attention"} == {ctx + 1}
     assert dynamic.meta["kv_cache_bytes"] == static.meta["kv_cache_bytes"]
     gpu = get_gpu("h100-sxm")
     slow = iteration(zoo.graph_for("llama3-8b", 32, 8192, "decode", "bf16", disk=False,
@@ -277,9 +286,16 @@ def test_sliding_window_layers_keep_only_the_window():
     assert [(n.aten, n.module, n.op) for n in step] == [(n.aten, n.module, n.op) for n in full]
     unslid = zoo.graph_for({**gemma3, "sliding_window": None}, batch=2, seq=16, mode="decode", disk=False)
     assert step.meta["kv_cache_bytes"] < unslid.meta["kv_cache_bytes"]
-    # shorter than the window, a sliding layer is like any other
-    early = zoo.graph_for(gemma3, batch=2, seq=2, mode="decode", disk=False)
-    plain = zoo.graph_for({**gemma3, "sliding_window": None}, batch=2, seq=2, mode="decode", disk=False)
+    # shorter than the window, a sliding layer is like any other; a static one's mask also
+    # holds the window's overlay (kv > q - window: a sub and a gt), which changes no key
+    early, plain = (zoo.graph_for(c, batch=2, seq=2, mode="decode", disk=False)
+                    for c in (gemma3, {**gemma3, "sliding_window": None}))
+    attn = lambda g: [(n.aten, n.op) for n in g if n.op_class == "attention"]  # noqa: E731
+    assert attn(early) == attn(plain) and len(attn(early)) == 6
+    assert {n.aten for n in early if n.op_class != "attention"} - {n.aten for n in plain} == {
+        "aten.sub.Tensor", "aten.gt.Tensor"} - {n.aten for n in plain}
+    early, plain = (zoo.graph_for(c, batch=2, seq=2, mode="decode", disk=False, kv_cache="dynamic")
+                    for c in (gemma3, {**gemma3, "sliding_window": None}))  # both unmasked
     assert [(n.aten, n.op) for n in early] == [(n.aten, n.op) for n in plain]
     # Mistral slides on every layer: they stay alike, and one stands for the rest
     mistral = {**LLAMA, "model_type": "mistral", "num_hidden_layers": 5, "sliding_window": 8}

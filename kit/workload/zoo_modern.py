@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kit.workload.hf_masks import decode_mask_size, hf_sdpa_mask
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 from kit.workload.modes import TIED_BY_DEFAULT, linear_biases
 from kit.workload.zoo_configs import HF_DEFAULTS, hf_value
@@ -231,8 +232,9 @@ class LlamaAttention(nn.Module):
         if self.eager:
             a = self._eager(q, k, v, mask)
         elif mask is not None and cache is not None and s == 1 and self.kv_heads != self.heads:
-            # a decode step over a full window, masked: HF's sdpa_attention_forward packs the
-            # query heads of a KV head into its rows (pack_gqa) instead of SDPA's enable_gqa
+            # a masked decode step (a static cache, a full window): HF's sdpa_attention_forward
+            # packs the query heads of a KV head into its rows (pack_gqa) instead of SDPA's
+            # enable_gqa, which it keeps for unmasked calls (sdpa_attention.py:42-51, 119-128)
             rows = q.reshape(b, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
             a = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=self.scaling)
             a = a.reshape(b, self.heads, s, self.head_dim)
@@ -436,19 +438,20 @@ class LlamaForCausalLM(nn.Module):
 
     def _decode_mask(self, masks: dict, cache, window: int, h):
         """A decode step's mask for one layer (None: none), built once a forward for each kind
-        of layer, as HF 5.25's masking_utils builds it. SDPA: skipped (_ignore_causal_mask_sdpa)
-        except on a sliding layer whose keys reach its window, which gets a boolean mask, and
-        with it no flash kernel. Eager (Gemma 2, GPT-OSS): eager_mask never skips, so every layer
-        adds a float mask of 0 / dtype min (the where that converts it, once a kind) to its
-        scores; the zoo had added none (tiny gemma2, 16 cached: HF's add over [2,4,1,8] and
-        [2,4,1,17] in every layer)."""
+        of layer, as HF 5.25's masking_utils builds it (kit.workload.hf_masks): SDPA over a
+        static cache is always masked, over its whole preallocated length (the empty slots
+        too), and with a boolean mask gets no flash kernel; over a dynamic cache it is skipped
+        except on a sliding layer whose keys reach its window. The zoo had masked no static
+        full-attention layer (llama3-8b: flash attention over 1,025 keys, no mask built).
+        Eager (Gemma 2, GPT-OSS): eager_mask never skips, so every layer adds a float mask of
+        0 / dtype min (the where that converts it, once a kind) to its scores."""
         b, s = h.shape[:2]
-        keys = cache.keys.size(2) + (s if cache.kind == "dynamic" else 0)
-        if not self.eager and not (window and keys >= window):
+        size = decode_mask_size(cache, window, s, self.eager)
+        if size is None:
             return None
-        kind = (bool(window), keys)
+        kind = (bool(window), *size)
         if kind not in masks:
-            mask = torch.ones(b, 1, s, keys, dtype=torch.bool, device=h.device)
+            mask = hf_sdpa_mask(b, s, cache.context, *size, window, h.device)
             if self.eager:
                 mask = torch.where(mask, torch.zeros((), dtype=h.dtype, device=h.device),
                                    torch.finfo(h.dtype).min)

@@ -1,0 +1,76 @@
+"""A decode step's attention mask as HF transformers 5.25 builds it (kit.workload.hf_masks): a
+static cache is masked at every step, over its whole preallocated length; a dynamic cache's
+full-attention layers are not. Expectations from HF's source (masking_utils.py, cache_utils.py,
+integrations/sdpa_attention.py), counted by hand."""
+import pytest
+import torch
+
+from kit.workload import zoo
+from kit.workload.hf_masks import hf_sdpa_mask
+
+# 4 query heads over 2 KV heads of 8: HF's pack_gqa folds a KV head's 2 query heads into rows
+LLAMA = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 48,
+         "vocab_size": 50}
+
+
+def _decode(cfg, context, cache, dtype="bf16"):
+    return zoo.graph_for(cfg, batch=2, seq=context, mode="decode", kv_cache=cache, dtype=dtype,
+                         disk=False)
+
+
+def _ops(g, aten):
+    return [n.shapes for n in g if n.aten == aten]
+
+
+def test_a_static_decode_step_is_masked_over_the_whole_cache_as_hf_runs_it():
+    """StaticCache layers are compileable, so create_causal_mask keeps the mask of a one-token
+    query (masking_utils.py:976) over the cache's max_cache_len keys (StaticLayer.get_mask_sizes),
+    and SDPA, given a boolean mask, gets no flash kernel: the memory-efficient one, its query
+    heads packed (pack_gqa). The zoo had run every static step unmasked on flash attention."""
+    g = _decode(LLAMA, 16, "static")
+    keys = 16 + 1  # the cache: the context and this step's token
+    attn = [(n.aten, n.shapes) for n in g if n.op_class == "attention"]
+    packed = f"[2,2,2,8]x[2,2,{keys},8]x[2,2,{keys},8]x[2,1,1,{keys}]"
+    assert attn == [("aten._scaled_dot_product_efficient_attention.default", packed)] * 2
+    # the mask, built once a step: key index <= query position, the 2D mask indexed at [b, kv]
+    assert _ops(g, "aten.le.Tensor") == [f"[1,1,1,{keys}]x[1,1,1,1]"]
+    assert _ops(g, "aten.index.Tensor") == [f"[2,{keys}]x[2,1,1,1]x[1,1,1,{keys}]"]
+    # and in every layer torch's SDPA makes it additive in q's dtype before the kernel
+    assert _ops(g, "aten.where.self") == [f"[2,1,1,{keys}]x[]x[]"] * 2
+
+
+def test_a_dynamic_decode_step_is_not_masked_where_hf_skips_it():
+    """Over a DynamicCache, _ignore_causal_mask_sdpa skips the mask of a one-token query without
+    padding (masking_utils.py:292): flash attention over the grouped heads, no mask built."""
+    g = _decode(LLAMA, 16, "dynamic")
+    attn = [(n.aten, n.shapes) for n in g if n.op_class == "attention"]
+    assert attn == [("aten._scaled_dot_product_flash_attention.default",
+                     "[2,4,1,8]x[2,2,17,8]x[2,2,17,8]")] * 2
+    for aten in ("aten.le.Tensor", "aten.index.Tensor", "aten.where.self"):
+        assert _ops(g, aten) == []
+
+
+def test_a_static_sliding_layer_is_masked_before_its_window_fills():
+    """A StaticSlidingWindowLayer is compileable too (masking_utils.py:1224): masked at every
+    step, over min(window, max_cache_len) keys, the window's overlay (kv > q - window) in the
+    mask. The zoo had masked it only once the window was full."""
+    mistral = {**LLAMA, "model_type": "mistral", "num_hidden_layers": 1, "sliding_window": 8}
+    g = _decode(mistral, 4, "static")
+    assert [n.shapes for n in g if n.op_class == "attention"] == [
+        "[2,2,2,8]x[2,2,5,8]x[2,2,5,8]x[2,1,1,5]"]
+    assert _ops(g, "aten.gt.Tensor") == ["[1,1,1,5]x[1,1,1,1]"]
+    dynamic = _decode(mistral, 4, "dynamic")  # 5 keys, fewer than the window: skipped
+    assert _ops(dynamic, "aten.gt.Tensor") == [] and _ops(dynamic, "aten.where.self") == []
+
+
+@pytest.mark.parametrize("past, keys, offset, window, seen", [
+    (5, 8, 0, 0, [1] * 6 + [0] * 2),  # a static cache of 8: the 6 tokens so far, 2 empty slots
+    (9, 4, 6, 4, [1] * 4),  # a full window of 4: positions 6..9, all seen from position 9
+    (2, 4, 0, 4, [1] * 3 + [0]),  # a window of 4 not yet full: 3 tokens, 1 empty slot
+    (5, 6, 0, 0, [1] * 6),  # a dynamic cache: every key is a token
+])
+def test_the_mask_sees_the_tokens_so_far_and_no_empty_slot(past, keys, offset, window, seen):
+    mask = hf_sdpa_mask(2, 1, past, keys, offset, window, "cpu")
+    assert mask.dtype == torch.bool and tuple(mask.shape) == (2, 1, 1, keys)
+    assert mask[:, 0, 0].tolist() == [[bool(x) for x in seen]] * 2
