@@ -5,6 +5,7 @@ integrations/sdpa_attention.py), counted by hand."""
 import pytest
 import torch
 
+from kit.errors import KitError
 from kit.workload import zoo
 from kit.workload.hf_masks import hf_sdpa_mask
 
@@ -74,3 +75,38 @@ def test_the_mask_sees_the_tokens_so_far_and_no_empty_slot(past, keys, offset, w
     mask = hf_sdpa_mask(2, 1, past, keys, offset, window, "cpu")
     assert mask.dtype == torch.bool and tuple(mask.shape) == (2, 1, 1, keys)
     assert mask[:, 0, 0].tolist() == [[bool(x) for x in seen]] * 2
+
+
+def test_a_preallocated_static_cache_is_read_and_masked_whole():
+    """HF's generate sizes a StaticCache for the whole answer (max_cache_len = prompt + new
+    tokens - 1, generation/utils.py:2039, 2966); every step's SDPA reads all of it, the slots
+    not yet written masked: the 2D mask of the 17 tokens so far padded with False to 24."""
+    g = zoo.graph_for(LLAMA, batch=2, seq=16, mode="decode", dtype="bf16", cache_len=24,
+                      disk=False)
+    assert [n.shapes for n in g if n.op_class == "attention"] == [
+        "[2,2,2,8]x[2,2,24,8]x[2,2,24,8]x[2,1,1,24]"] * 2
+    assert _ops(g, "aten.constant_pad_nd.default") == ["[2,17]"]
+    # 2 layers x K and V x batch 2 x 2 KV heads x 24 rows x head 8 x bf16
+    assert g.meta["kv_cache_bytes"] == 2 * 2 * 2 * 2 * 24 * 8 * 2
+    with pytest.raises(KitError, match="at least the context and the step's token"):
+        zoo.graph_for(LLAMA, batch=2, seq=16, mode="decode", cache_len=16, disk=False)
+
+
+def test_generation_steps_read_the_cache_generate_preallocates():
+    """A 16-token prompt and 9 new tokens: HF's static cache holds 24; each decode step is the
+    step over that cache, not over its own context + 1."""
+    from kit.workload.generation import generation
+    from kit.workload.iteration import iteration
+    from kit.workload.models import graph_of
+
+    cfg = {**LLAMA, "name": "tiny-llama-mask"}
+    gen = generation(cfg, "h100-sxm", batch=2, prompt=16, new_tokens=9, dtype="bf16")
+    first = gen["decode_steps"][0]
+    assert first["context"] == 16
+    whole = iteration(graph_of(cfg, 2, 16, "decode", "bf16", cache_len=24), "h100-sxm").total_ms
+    own = iteration(graph_of(cfg, 2, 16, "decode", "bf16"), "h100-sxm").total_ms
+    assert whole != own and first["ms"] == pytest.approx(whole, rel=1e-12)
+    dynamic = generation(cfg, "h100-sxm", batch=2, prompt=16, new_tokens=9, dtype="bf16",
+                         kv_cache="dynamic")
+    grown = iteration(graph_of(cfg, 2, 16, "decode", "bf16", kv_cache="dynamic"), "h100-sxm")
+    assert dynamic["decode_steps"][0]["ms"] == pytest.approx(grown.total_ms, rel=1e-12)

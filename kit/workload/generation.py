@@ -7,7 +7,9 @@ A decoder answers a prompt of P tokens by running one forward pass over them (th
 and serving engines do), which also yields the first new token: the time to first token (TTFT).
 Each further token is one decode step (`mode="decode"`, kit.workload.kv_cache): the step that
 makes the i-th new token (i = 2..N) feeds the (i-1)-th with P + i - 2 tokens already cached. The
-last new token is never fed back, so the whole generation needs P + N - 1 positions.
+last new token is never fed back, so the whole generation needs P + N - 1 positions, which a
+static cache holds from the start: HF's generate preallocates its StaticCache for them, and every
+step attends over (and masks) the whole of it (static_cache_len, kit.workload.hf_masks).
 
     TTFT  = prefill(P), its writes of the prompt's keys and values into the cache included
     total = TTFT + sum_{c = P}^{P+N-2} decode(c)
@@ -70,6 +72,21 @@ def sliding_windows_of(model) -> list[int]:
     if cfg.get("model_type") not in LLAMA_FAMILIES:
         return []
     return sorted({w for w in sliding_windows(cfg) if w})
+
+
+def static_cache_len(model, prompt: int, new_tokens: int, kv_cache: str) -> int | None:
+    """The length HF's generate preallocates a static cache for: max_cache_len = max_length - 1
+    = prompt + new tokens - 1 (transformers 5.25 generation/utils.py:2039, 2966), every decode
+    step's attention reading all of it under a mask (kit.workload.hf_masks). For the zoo's
+    Llama-style decoders, whose masking follows HF's; None for a dynamic cache and the other
+    decoders (GPT-2, OPT, DeepSeek: a cache of the step's context + 1)."""
+    from kit.workload import zoo
+    from kit.workload.modes import LLAMA_FAMILIES
+
+    cfg = zoo.config(model) if isinstance(model, str) else dict(model)
+    if kv_cache != "static" or cfg.get("model_type") not in LLAMA_FAMILIES:
+        return None
+    return prompt + new_tokens - 1
 
 
 def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_tokens: int) -> float:
@@ -161,7 +178,9 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
                                       model, batch, prompt, kv_cache)
     prefill = iteration(prefill_graph, gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples, sliding_windows_of(model))
-    steps = [iteration(graph_of(model, batch, c, "decode", dtype, kv_cache=kv_cache), gpu, **run)
+    cache_len = static_cache_len(model, prompt, new_tokens, kv_cache)
+    steps = [iteration(graph_of(model, batch, c, "decode", dtype, kv_cache=kv_cache,
+                                cache_len=cache_len), gpu, **run)
              for c in contexts]
     step_ms = [s.total_ms for s in steps]
     decode_ms = summed_steps_ms(contexts, step_ms, prompt, new_tokens)
@@ -174,7 +193,8 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     # the prefill wrote), and the larger of the two passes' activations
     cached = prompt + new_tokens - 2 if new_tokens > 1 else prompt - 1
     if cached >= 1:
-        last = memory_bytes(graph_of(model, batch, cached, "decode", dtype, kv_cache=kv_cache))
+        last = memory_bytes(graph_of(model, batch, cached, "decode", dtype, kv_cache=kv_cache,
+                                     cache_len=cache_len))
         acts = max(mem["activations_bytes"], last["activations_bytes"])
         mem = {**last, "activations_bytes": acts,
                "total_bytes": last["total_bytes"] - last["activations_bytes"] + acts}

@@ -6,10 +6,12 @@ over everything the cache holds:
 
     per layer: q, k, v = proj(x)            (GEMMs with m = batch: every weight read once)
                cache[:, :, pos] = k, v      (one index_copy_ kernel each, the new token's bytes)
-               attention(q, cache)          (reads the whole cache: 2·b·kv_heads·(context+1)·d)
+               attention(q, cache)          (reads the whole cache: 2·b·kv_heads·length·d)
 
 A static cache (the default) is preallocated at its full length and written in place, as HF
-transformers' StaticCache does (`index_copy_` at `cache_position`) and as serving engines do.
+transformers' StaticCache does (`index_copy_` at `cache_position`) and as serving engines do:
+context + 1 rows for one step, or a generation's whole length (`capacity`, as HF's generate sizes
+it), attention reading every row, the empty ones masked (kit.workload.hf_masks).
 Its size, 2 · layers · batch · kv_heads · length · head_dim · bytes per element, is what
 `kit.workload.models.memory_bytes` adds for a decode step.
 
@@ -56,22 +58,30 @@ class LayerCache(NamedTuple):
 
 
 def make_cache(kind: str, batch: int, layers: int, kv_heads: int, context: int, head_dim: int,
-               windows=None, value_dim: int | None = None) -> tuple:
+               windows=None, value_dim: int | None = None, capacity: int | None = None) -> tuple:
     """Per layer a LayerCache of meta tensors holding `context` tokens: static caches have room
-    for the step's new token too, dynamic ones grow to it. windows: per layer a sliding window
+    for the step's new token too (capacity: preallocated for that many tokens, as HF's generate
+    sizes a StaticCache for the whole answer, max_cache_len = prompt + new tokens - 1; None: just
+    the step's context + 1), dynamic ones grow to it. windows: per layer a sliding window
     (0 or None: none); a layer whose window is full holds window tokens (static) or window - 1
-    (dynamic, one more after the step). value_dim: the values' head size where it is not the
-    keys' (DeepSeek's MLA). Floating, so that capture casts them to the model's dtype with the
-    other inputs."""
+    (dynamic, one more after the step); a static one not yet full min(window, capacity), as HF's
+    StaticSlidingWindowLayer. value_dim: the values' head size where it is not the keys' (DeepSeek's
+    MLA). Floating, so that capture casts them to the model's dtype with the other inputs."""
     if kind not in KINDS:
         raise KitError(f"unknown KV cache {kind!r}: choose {', '.join(KINDS)}")
+    if capacity is not None and (kind != "static" or capacity < context + 1):
+        raise KitError(f"a KV cache preallocated for {capacity} tokens is a static one of at least "
+                       f"the context and the step's token ({context + 1}); got a {kind} cache")
+    rows = context + 1 if capacity is None else capacity
     out = []
     for w in (windows or [0] * layers):
         w = int(w or 0)
         if 0 < w <= context:
             length = w if kind == "static" else w - 1
+        elif kind == "static":
+            length = min(w, rows) if w else rows
         else:
-            length = context + (kind == "static")
+            length = context
         shape = (batch, kv_heads, length, head_dim)
         vshape = (batch, kv_heads, length, value_dim or head_dim)
         out.append(LayerCache(torch.zeros(shape, device="meta"), torch.zeros(vshape, device="meta"),

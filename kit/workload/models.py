@@ -123,7 +123,7 @@ def _inputs_for(module, batch: int, seq: int):
 
 def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
              optimizer: str | None = None, inputs=None, kv_cache: str = "static", loss: bool = True,
-             last_logits: bool = False):
+             last_logits: bool = False, cache_len: int | None = None):
     """The captured OpGraph of any supported model spec at one shape. batch None: not given (1,
     or the batch of a module's own example inputs). `inputs` (a tuple or a dict of tensors, any
     device) overrides the example inputs of a module. kv_cache: a decode step's
@@ -132,6 +132,7 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     (kit.workload.zoo.lm_loss); False backpropagates from the logits. A module of your own is
     captured as its forward returns: return the loss to include it. last_logits: a zoo or HF-style
     decoder's inference pass computes the last position's logits only (generation's prefill).
+    cache_len: a zoo decoder's static cache preallocated for that many tokens (zoo.graph_for).
     dtype: fp32, tf32, fp16 or bf16 casts every parameter and floating input to it; "model" keeps
     each parameter and buffer in the dtype the module holds, its floating inputs in its main dtype
     (kit.workload.capture.main_dtype); the graph's meta "dtype" is then that main dtype and
@@ -146,7 +147,7 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     if dtype not in DTYPES:
         raise KitError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)} (model: each "
                        "parameter in the dtype the module holds)")
-    zoo_args = (kv_cache, yes_no(loss, "loss"), yes_no(last_logits, "last_logits"))
+    zoo_args = (kv_cache, yes_no(loss, "loss"), yes_no(last_logits, "last_logits"), cache_len)
     batch_given = batch is not None  # a module's own inputs fix the batch: one asked for is refused
     batch = 1 if batch is None else batch
     if isinstance(model, dict):
@@ -258,14 +259,15 @@ def _leading_dim(inputs, module=None) -> int:
 
 
 def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static", loss=True,
-               last_logits=False):
+               last_logits=False, cache_len=None):
     """zoo.graph_for, refusing a sequence length for a model that reads none (DLRM). dtype
     "model": the zoo builds its models in fp32, so they are priced as fp32 (the graph says which
     dtype was asked in meta "model_dtypes")."""
     if dtype == "model":
         from dataclasses import replace
 
-        graph = _zoo_graph(model, batch, seq, mode, "fp32", optimizer, kv_cache, loss, last_logits)
+        graph = _zoo_graph(model, batch, seq, mode, "fp32", optimizer, kv_cache, loss, last_logits,
+                           cache_len)
         # a new graph: the cached one (zoo's LRU) keeps its meta
         return replace(graph, meta={**graph.meta, "model_dtypes": {"fp32": int(graph.meta.get("params", 0))}})
     from kit.workload import zoo
@@ -278,7 +280,7 @@ def _zoo_graph(model, batch, seq, mode, dtype, optimizer, kv_cache="static", los
         name = model if isinstance(model, str) else model.get("name", model.get("model_type"))
         raise KitError(f"{name} reads no sequence ({reads}); give no seq (--seq; got {seq})")
     return zoo.graph_for(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache, loss=loss,
-                         last_logits=last_logits)
+                         last_logits=last_logits, cache_len=cache_len)
 
 
 def memory_bytes(graph) -> dict:

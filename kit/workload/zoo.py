@@ -24,7 +24,7 @@ import pickle
 from collections import OrderedDict
 from pathlib import Path
 
-from kit.errors import KitError, one_line
+from kit.errors import KitError, one_line, whole_number
 from kit.workload.modes import (DECODERS, KV_CACHES, LLAMA_FAMILIES, MODES, check_mode,  # noqa: F401
                                 decodes)
 from kit.workload.zoo_checks import (HEAD_SPLITS, MAX_TOKENS, SIZE_FIELDS, _check_positive,  # noqa: F401
@@ -164,9 +164,12 @@ def lm_loss(vocab: int):
 
 def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str = "train",
               dtype: str = "fp32", optimizer: str | None = None, disk: bool | None = None,
-              kv_cache: str = "static", loss: bool = True, last_logits: bool = False):
+              kv_cache: str = "static", loss: bool = True, last_logits: bool = False,
+              cache_len: int | None = None):
     """The captured OpGraph of a zoo model / config for one shape, cached. kv_cache: how a
-    decode step's cache grows, "static" or "dynamic" (kit.workload.kv_cache). loss: a training
+    decode step's cache grows, "static" or "dynamic" (kit.workload.kv_cache). cache_len: a
+    static cache's preallocated length (generation's prompt + new tokens - 1, as HF's generate
+    sizes it; None: the context and the step's token). loss: a training
     step of a language model ends its forward pass with the cross-entropy over the vocabulary
     (lm_loss) and starts its backward there; False starts it at the logits, as NeuSight's
     labels were measured (kit validate). last_logits: an inference pass computes the logits of
@@ -185,6 +188,8 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     check_mode(model, mode, optimizer, kv_cache)
     check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
     captured = f"decode:{kv_cache}" if mode == "decode" else mode
+    if mode == "decode" and cache_len is not None:
+        captured += f":{whole_number(cache_len, 'cache_len')}"
     loss = bool(loss) and mode == "train"
     last_logits = bool(last_logits) and mode == "inference"
     if optimizer is not None and _optimizer_name(optimizer) is None:
@@ -263,8 +268,10 @@ def _capture(model, batch, seq, mode, dtype, optimizer, loss=False, last_logits=
         from kit.workload.capture import TORCH_DTYPES
         from kit.workload.kv_cache import cache_bytes
 
-        kind = mode.partition(":")[2] or "static"
-        inputs = full.decode_inputs(batch, seq, kind)
+        _, kind, capacity = (mode.split(":") + ["", ""])[:3]
+        kind = kind or "static"
+        inputs = (full.decode_inputs(batch, seq, kind, int(capacity)) if capacity
+                  else full.decode_inputs(batch, seq, kind))
         meta.update(mode="decode", context=seq, kv_cache=kind,
                     kv_cache_bytes=cache_bytes(inputs[1], TORCH_DTYPES.get(dtype)))
         mode = "inference"  # captured as a forward pass without gradients

@@ -461,7 +461,9 @@ class LlamaForCausalLM(nn.Module):
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
 
-    def decode_inputs(self, batch, context, cache="static"):
+    def decode_inputs(self, batch, context, cache="static", capacity=None):
+        """One new token a sequence and the cache of `context` tokens (capacity: a static
+        cache's preallocated length, kit.workload.kv_cache.make_cache)."""
         c = self.config
         return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"], kv_heads_of(c), context,
-                                           self.head_dim, sliding_windows(c)))
+                                           self.head_dim, sliding_windows(c), capacity=capacity))
