@@ -42,14 +42,15 @@ def test_the_sum_is_exact_for_a_step_affine_in_its_context():
 def test_the_sum_takes_a_sliding_windows_jump_where_it_is(prompt, window):
     """From context w on a full static window shifts each step (a copy of the whole window), so
     the step jumps there; interpolated across the edge from samples far from it, the steps
-    between had taken a ramp. With w - 2 and w sampled, only the step at w - 1 is interpolated:
-    the sum is off by at most half the jump, wherever the edge falls among the samples."""
+    between had taken a ramp. With w - 2, w - 1 and w sampled, no step is interpolated across
+    the jump, wherever the edge falls among the samples: the sum is exact (w - 2 and w alone had
+    priced the step at w - 1 as the mean of its neighbours, off by half the jump)."""
     new, jump = 40, 3.0
     step = lambda c: 2.0 + 0.01 * c + (jump if c >= window else 0.0)  # noqa: E731
     contexts = sample_contexts(prompt, new, windows=[window])
     got = summed_steps_ms(contexts, [step(c) for c in contexts], prompt, new)
     exact = sum(step(c) for c in range(prompt, prompt + new - 1))
-    assert abs(got - exact) <= jump / 2 + 1e-9
+    assert got == pytest.approx(exact, abs=1e-9)
     assert sample_contexts(prompt, new, windows=[0]) == sample_contexts(prompt, new)  # 0: none
 
 
@@ -67,6 +68,27 @@ def test_a_sliding_window_generation_samples_its_edge():
     assert {7, 8} <= {s["context"] for s in r["decode_steps"]}
     assert r["decode_ms"] == pytest.approx(every["decode_ms"], rel=1e-6)
     assert r["decode_kernel_ms"] == pytest.approx(every["decode_kernel_ms"], rel=1e-6)
+
+
+@pytest.mark.parametrize("kv_cache", ["static", "dynamic"])
+def test_the_step_before_a_windows_edge_is_sampled(kv_cache):
+    """A tiny Mistral (window 8), a 4-token prompt and 10 new tokens (contexts 4..12). At
+    context 7 = w - 1 the step is neither its left neighbours' (dynamic: the keys reach the
+    window, so HF masks it; static: its mask needs no padding) nor the shifting steps' from 8
+    on; sampled at 6 and 8 only, it had been priced as their mean (bf16, h100-sxm: static
+    19.583 ms against 19.540 over every step, dynamic 17.675 against 17.884). Every step priced
+    (samples=9) is the reference."""
+    mistral = {**MISTRAL, "hidden_size": 32, "intermediate_size": 48, "vocab_size": 50,
+               "name": "tiny-mistral-edge"}
+    kw = dict(batch=2, prompt=4, new_tokens=10, dtype="bf16", kv_cache=kv_cache)
+    r = generation(mistral, "h100-sxm", **kw)
+    every = generation(mistral, "h100-sxm", samples=9, **kw)
+    assert [s["context"] for s in every["decode_steps"]] == list(range(4, 13))
+    steps = {s["context"]: s["ms"] for s in every["decode_steps"]}
+    assert steps[7] != pytest.approx((steps[6] + steps[8]) / 2, rel=1e-3)  # w - 1: no mean
+    assert 7 in {s["context"] for s in r["decode_steps"]}
+    assert r["decode_ms"] == pytest.approx(every["decode_ms"], rel=1e-9)
+    assert r["decode_kernel_ms"] == pytest.approx(every["decode_kernel_ms"], rel=1e-9)
 
 
 def test_fewer_than_two_decode_samples_are_refused():

@@ -39,25 +39,24 @@ def sample_contexts(prompt: int, new_tokens: int, samples: int = DECODE_SAMPLES,
                     windows=()) -> list[int]:
     """The contexts at which decode steps are predicted: up to `samples`, evenly spread over
     the N - 1 decode steps' contexts P .. P+N-2 (the tokens cached before each), ends included,
-    and both sides of each sliding window's edge inside them, where the step is not affine in its
-    context (kit.workload.kv_cache): from context w on a static window is full and shifts, a copy
-    of the whole window every step and layer (gemma2-9b, batch 16, bf16 on an H100: 107 ms a step
-    at context 4080, 128 at 4096), and a dynamic one stops growing from w - 1. Interpolated
-    across the edge, the steps between two samples had taken a ramp for that jump: a 3,906-token
-    prompt and 256 new tokens summed to 28,962 ms of decode, now 28,346, for 28,089 over every
-    step (the 32 steps whose cache length is a multiple of 8 priced one by one, the others affine
-    to 0.0003 ms). The 257 ms left: those 32 steps' aligned attention GEMMs are priced 8.6 to
-    9.0 ms under their neighbours' (4.5 past the edge, where only the global layers grow), and
-    the five spread samples miss all of them; and the step at w - 1, interpolated from w - 2 and
-    w at 117.6 ms, is priced 98.5 (+19 ms; sampling it too gives 28,327). The samples are w - 2
-    and w: at w - 1 a static cache holds w rows (a power of two), whose aligned attention GEMMs
-    were priced 9 ms under those of the step before (98.5 against 107.4 ms), so that as a sample
-    ending the segment before the edge it would stand for the steps before it."""
+    and w - 2, w - 1 and w for each sliding window w inside them, where the step is not affine in
+    its context (kit.workload.kv_cache, kit.workload.hf_masks). A dynamic window's step grows
+    with its context up to w - 2; from w - 1 its keys reach the window, so HF masks it (no
+    flash kernel), and it stays flat; a static window (generation's, preallocated for the whole answer) holds min(w, cache)
+    rows from the start, so its step is flat up to w - 1 and shifts the full window, a copy of
+    it every step and layer, from w on. Sampling only w - 2 and w had priced the step at w - 1 as
+    the mean of its neighbours (a tiny Mistral, window 8, a 4-token prompt and 10 new tokens,
+    bf16 on an h100-sxm: 19.583 ms of decode against 19.540 over every step, static; 17.675
+    against 17.884, dynamic; with w - 1 sampled both are exact). gemma2-9b (window 4,096),
+    batch 16, a 3,906-token prompt and 256 new tokens, static: 104.19 ms a step up to context
+    4,094, 104.17 at 4,095 (its window's mask needs no padding), 128.89 from 4,096; the decode
+    sums to 28,173.5 ms against 28,173.6 over every step, where w - 2 and w alone gave 28,185.9
+    (the step at 4,095 priced at 116.54)."""
     if new_tokens < 2:
         return []
     lo, hi = prompt, prompt + new_tokens - 2
     spread = {int(round(c)) for c in np.linspace(lo, hi, min(samples, hi - lo + 1))}
-    edges = {c for w in windows if w for c in (w - 2, w) if lo <= c <= hi}
+    edges = {c for w in windows if w for c in (w - 2, w - 1, w) if lo <= c <= hi}
     return sorted(spread | edges)
 
 
