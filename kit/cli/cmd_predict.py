@@ -52,7 +52,8 @@ def add_model_args(p):
     p.add_argument("--batch", type=positive_int, default=None,
                    help="sequences or samples (default 1; none for a model whose own inputs fix it)")
     p.add_argument("--seq", type=positive_int, default=None, help="sequence length, or with --mode "
-                   "decode the tokens in the KV cache, or with --mode generate the prompt (default: a "
+                   "decode the tokens in the KV cache (a static one preallocated for them and the step's "
+                   "token), or with --mode generate the prompt (default: a "
                    "zoo model's own; 512 for a config or module, or the config's position table if "
                    "shorter; a 512-token prompt for generate)")
     p.add_argument("--dtype", default="fp32", choices=MODEL_DTYPES,
