@@ -125,3 +125,18 @@ def test_a_preallocated_cache_is_refused_where_it_is_not_modelled(model, mode, m
 
     with pytest.raises(KitError, match=match):
         graph_of(model, 2, 16, mode, cache_len=24)
+
+
+def test_a_preallocated_sliding_layer_holds_its_window_only():
+    """HF's StaticSlidingWindowLayer preallocates min(window, max_cache_len) rows
+    (cache_utils.py:539-541) and, not yet full, masks that many keys (get_mask_sizes: kv_length =
+    the window, offset 0, :626-643). A window of 8 in a cache preallocated for 13: the sliding
+    layer reads and masks 8 keys before its window fills, the full-attention layer all 13."""
+    hybrid = {**LLAMA, "model_type": "qwen2", "sliding_window": 8, "use_sliding_window": True,
+              "max_window_layers": 1, "layer_types": ["full_attention", "sliding_attention"]}
+    g = zoo.graph_for(hybrid, batch=2, seq=4, mode="decode", dtype="bf16", cache_len=13,
+                      disk=False)
+    assert [n.shapes for n in g if n.op_class == "attention"] == [
+        "[2,2,2,8]x[2,2,13,8]x[2,2,13,8]x[2,1,1,13]", "[2,2,2,8]x[2,2,8,8]x[2,2,8,8]x[2,1,1,8]"]
+    # K and V x batch 2 x 2 KV heads x (13 + 8) rows x head 8 x bf16
+    assert g.meta["kv_cache_bytes"] == 2 * 2 * 2 * (13 + 8) * 8 * 2
