@@ -12,6 +12,7 @@ from pathlib import Path
 from kit.comm.conventions import canonical_kind
 from kit.comm.curves import BandwidthCurve, curve_from_dict, fit_curve
 from kit.errors import KitError, need_path, refuse_device
+from kit.whole_file import replace_file
 
 CALIBRATION_FORMAT = "kit-comm-calibration"
 
@@ -43,9 +44,8 @@ class Calibration:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        try:  # whole or not at all: a failed write leaves an earlier calibration as it was
+            replace_file(path, (json.dumps(self.to_dict(), indent=2) + "\n").encode())
         except OSError as e:
             raise KitError(f"cannot write the calibration to {path}: {e.strerror or e}") from None
         return path

@@ -40,6 +40,7 @@ from kit.comm.conventions import KINDS, busbw_factor, canonical_kind
 from kit.comm.sizes import MAX_BYTES, parse_sizes  # MAX_BYTES: 1 TiB, no rank holds a buffer this big
 from kit.errors import KitError
 from kit.data.records import Lock, append_jsonl, read_jsonl
+from kit.whole_file import replace_file
 
 WORD_BYTES = 4  # float32, nccl-tests type "float"
 INTERLEAVE_BYTES = 1 << 30  # buffers held at once per rank while interleaving sizes
@@ -314,9 +315,8 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
                        for k in kinds if any(r["kind"] == k for r in rows))
         if out is not None:
             out = Path(out)
-            try:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(text)
+            try:  # whole or not at all: the rows file stays until the text is written
+                replace_file(out, text.encode())
             except OSError as e:
                 raise KitError(f"cannot write the measurements to {out}: {e.strerror or e}") from None
             result.unlink(missing_ok=True)  # the text holds them now

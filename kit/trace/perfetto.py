@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from kit.errors import KitError
+from kit.whole_file import replace_file
 from kit.workload.timeline import span_us
 
 _COLOR = {"compute": "thread_state_running", "comm": "rail_response", "memcpy": "rail_load",
@@ -60,15 +61,13 @@ def write_perfetto(timeline, path, critical_ops=None) -> str:
 def write_json(doc, path) -> str:
     """A trace document as JSON at path, gzipped when it ends in .gz; returns the path."""
     p = Path(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)  # as the collectors make their --out folders
-        if p.suffix == ".gz":
-            import gzip
+    data = json.dumps(doc).encode()
+    if p.suffix == ".gz":
+        import gzip
 
-            with gzip.open(p, "wt") as f:
-                json.dump(doc, f)
-        else:
-            p.write_text(json.dumps(doc))
+        data = gzip.compress(data)
+    try:  # whole or not at all: a failed write leaves an earlier trace there as it was
+        replace_file(p, data)  # its folder made, as the collectors make their --out folders
     except OSError as e:
         raise KitError(f"cannot write the trace to {path}: {e}") from None
     return str(p)

@@ -1,0 +1,107 @@
+"""Output files are written whole or not at all: a --trace (kit predict, kit replay) or a `kit comm
+fit --out` calibration whose write fails part-way (a full disk; here a file-size limit,
+RLIMIT_FSIZE, makes the write fail with EFBIG after `limit` bytes) is one error line, and the file
+an earlier run wrote there is left as it was. Written in place, it had been truncated to the
+first `limit` bytes of the new output: the earlier file lost, and no valid new one."""
+import contextlib
+import json
+import resource
+import signal
+
+import pytest
+
+from kit.cli import main
+from kit.comm import BandwidthCurve
+from kit.comm.parsers import format_nccl_tests
+from kit.whole_file import replace_file
+from tests.cli_support import one_error_line
+from tests.test_trace import rank_trace, write
+
+EARLIER = '{"an earlier run": "its whole output"}\n'
+
+
+@contextlib.contextmanager
+def file_size_limit(limit_bytes):
+    """Writes past limit_bytes into any regular file fail with EFBIG (SIGXFSZ ignored)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+def _left_as_it_was(folder, out):
+    assert out.read_text() == EARLIER
+    assert [p.name for p in folder.iterdir() if "partial" in p.name] == []  # no part-written file
+
+
+@pytest.mark.parametrize("name", ["replayed.json", "replayed.json.gz"])
+def test_a_replay_trace_that_cannot_be_written_leaves_the_earlier_one(tmp_path, capsys, name):
+    trace = write(tmp_path, "r0.json", rank_trace(0, work=1000))
+    out = tmp_path / "out" / name
+    assert main(["replay", str(trace), "--trace", str(out)]) == 0
+    whole = out.stat().st_size  # the size this trace takes
+    capsys.readouterr()
+    out.write_text(EARLIER)
+    with file_size_limit(whole // 2):  # half of it can be written
+        line = one_error_line(capsys, ["replay", str(trace), "--trace", str(out)])
+    assert "cannot write the trace" in line and name in line
+    _left_as_it_was(out.parent, out)
+    assert main(["replay", str(trace), "--trace", str(out)]) == 0  # and with room, it is written
+    assert out.stat().st_size == whole
+
+
+def test_a_predict_trace_that_cannot_be_written_leaves_the_earlier_one(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    out.write_text(EARLIER)
+    # gpt2's training step at 16 tokens has thousands of events: far past 4 KiB
+    with file_size_limit(4096):
+        line = one_error_line(capsys, ["predict", "gpt2", "--gpu", "h100-sxm", "--seq", "16",
+                                       "--predictor", "roofline", "--trace", str(out)])
+    assert "cannot write the trace" in line
+    _left_as_it_was(tmp_path, out)
+
+
+def test_a_calibration_that_cannot_be_written_leaves_the_earlier_one(tmp_path, capsys):
+    truth = BandwidthCurve("allreduce", 8, 25.0, 150.0, 3e6, 1.0)
+    rows = [{"size_bytes": s, "count": s // 4, "dtype": "float", "time_us": float(truth.time_us(s)),
+             "wrong": 0} for s in (2**i for i in range(12, 30, 2))]
+    bench = tmp_path / "ar.txt"
+    bench.write_text(format_nccl_tests(rows, "allreduce", 8, [f"gpu {i}" for i in range(8)]))
+    out = tmp_path / "cal.json"
+    out.write_text(EARLIER)
+    argv = ["comm", "fit", str(bench), "--system", "dgx-a100", "--out", str(out)]
+    with file_size_limit(100):  # a calibration with one curve is several hundred bytes
+        line = one_error_line(capsys, argv)
+    assert "cannot write the calibration" in line
+    _left_as_it_was(tmp_path, out)
+    assert main(argv) == 0 and json.loads(out.read_text())["curves"][0]["kind"] == "allreduce"
+
+
+def test_replace_file_writes_the_whole_content_with_the_umask_permissions(tmp_path):
+    import os
+
+    out = tmp_path / "new" / "file.txt"  # its folder is made
+    replace_file(out, b"abc")
+    assert out.read_bytes() == b"abc"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_collect_comm_measurements_that_cannot_be_written_leave_the_earlier_file(tmp_path, capsys):
+    out = tmp_path / "ar.txt"
+    out.write_text(EARLIER)
+    argv = ["collect-comm", "--out", str(out), "--force", "--sizes", "1K:2K", "--ranks", "2",
+            "--iters", "1", "--warmup", "0", "--repeats", "1"]
+    # the rows file beside --out holds 2 rows in under 700 bytes; the nccl-tests text, with its
+    # header and device lines, is over 1 KiB
+    with file_size_limit(700):
+        line = one_error_line(capsys, argv)
+    assert "cannot write the measurements" in line
+    assert out.read_text() == EARLIER
+    assert (tmp_path / "ar.txt.rows.jsonl").is_file()  # the rows measured are kept for --resume
+    assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
