@@ -411,3 +411,13 @@ def test_python_path_on_a_system_says_it_runs_on_one_gpu(capsys):
     # the zoo's error listed 'module:callable' as an option while refusing exactly that
     err = _err(capsys, ["predict", "os.path:join", "--system", "dgx-a100", "--dp", "2"])
     assert "one GPU (--gpu)" in err and "choose a zoo model" not in err
+
+
+@pytest.mark.parametrize("value", ["1e300", "1e12", "3600001"])
+def test_collect_refuses_a_cooldown_past_an_hour_before_measuring(tmp_path, capsys, value):
+    # 1e300 ms had passed the finite check and reached time.sleep(1e297) after the first row: an
+    # OverflowError traceback with a one-row --out left behind; 1e12 ms sleeps 31 years between rows
+    out = tmp_path / "c.csv"
+    line = _err(capsys, ["collect", "--ops", "gemm", "--shapes", "tiny-gemm:1", "--device", "cpu",
+                         "--out", str(out), "--cooldown-ms", value])
+    assert "--cooldown-ms" in line and "3,600,000" in line and not out.exists()

@@ -60,6 +60,10 @@ from kit.errors import KitError, one_line
 from kit.data.op_calls import (OPS_OF_KIND, TORCH_DTYPES, _math_mode, build_call, expand_ops, plan,
                                shape_columns)
 
+# the longest --cooldown-ms taken: an hour between measurements. 1e300 ms had passed the finite
+# check and met time.sleep's OverflowError (a traceback) after the first row; 1e12 ms sleeps 31 years
+MAX_COOLDOWN_MS = 3_600_000
+
 
 @contextmanager
 def sigterm_interrupts():
@@ -145,8 +149,9 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
         raise KitError(f"need whole numbers --warmup >= 0 and --repeats >= 1, got {warmup!r} and "
                        f"{repeats!r}")
     finite = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")  # noqa: E731
-    if not finite(cooldown_ms):
-        raise KitError(f"--cooldown-ms must be a finite number >= 0, got {cooldown_ms!r}")
+    if not (finite(cooldown_ms) and cooldown_ms <= MAX_COOLDOWN_MS):
+        raise KitError(f"--cooldown-ms must be a number of milliseconds from 0 to "
+                       f"{MAX_COOLDOWN_MS:,} (an hour), got {cooldown_ms!r}")
     if warmup_ms is not None and not finite(warmup_ms):
         raise KitError(f"--warmup-ms must be a finite number >= 0, got {warmup_ms!r}")
     if time_limit_s is not None and not (finite(time_limit_s) and time_limit_s > 0):
