@@ -105,3 +105,17 @@ def test_collect_comm_measurements_that_cannot_be_written_leave_the_earlier_file
     assert out.read_text() == EARLIER
     assert (tmp_path / "ar.txt.rows.jsonl").is_file()  # the rows measured are kept for --resume
     assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
+
+
+def test_an_embedding_correction_that_cannot_be_written_leaves_the_earlier_one(tmp_path):
+    # python -m kit.embedding.correction CSV --out FILE saves with Correction.save
+    from kit.embedding.correction import FEATURES, Correction
+
+    out = tmp_path / "corr.json"
+    out.write_text(EARLIER)
+    c = Correction(tuple(0.0 for _ in FEATURES), gpu="h100-sxm", trained_on={"rows": 1})
+    with file_size_limit(64), pytest.raises(OSError):  # the file takes about 300 bytes
+        c.save(out)
+    _left_as_it_was(tmp_path, out)
+    c.save(out)
+    assert Correction.load(out).weights == c.weights

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from kit.errors import KitError
+from kit.whole_file import replace_file
 
 FEATURES = ("bias", "log2_lookups", "log2_row_bytes", "hit_rate", "backward", "log2_tables")
 MAX_LOG_FACTOR = math.log(10.0)  # never scale the analytic time by more than 10x either way
@@ -56,8 +57,9 @@ class Correction:
         return math.exp(max(-MAX_LOG_FACTOR, min(MAX_LOG_FACTOR, z)))
 
     def save(self, path) -> None:
-        Path(path).write_text(json.dumps({"features": FEATURES, "weights": list(self.weights),
-                                          "gpu": self.gpu, "trained_on": self.trained_on}, indent=2))
+        """Written whole or not at all: a failed write leaves an earlier file at path as it was."""
+        replace_file(path, json.dumps({"features": FEATURES, "weights": list(self.weights),
+                                       "gpu": self.gpu, "trained_on": self.trained_on}, indent=2).encode())
 
     @classmethod
     def load(cls, path) -> "Correction":
