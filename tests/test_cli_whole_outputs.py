@@ -119,3 +119,91 @@ def test_an_embedding_correction_that_cannot_be_written_leaves_the_earlier_one(t
     _left_as_it_was(tmp_path, out)
     c.save(out)
     assert Correction.load(out).weights == c.weights
+
+
+# what replacing must not change, as writing in place did not (kit.whole_file's docstring)
+
+def test_replace_file_replaces_a_symlinks_target_and_keeps_the_link(tmp_path):
+    real = tmp_path / "runs" / "today.json"
+    real.parent.mkdir()
+    real.write_text(EARLIER)
+    link = tmp_path / "latest.json"
+    link.symlink_to(real)
+    replace_file(link, b"new")
+    # the link had been replaced by a regular file, the file it named left with the earlier run
+    assert link.is_symlink() and real.read_bytes() == b"new"
+    assert [p.name for p in real.parent.iterdir()] == ["today.json"]
+
+
+def test_replace_file_keeps_an_earlier_files_permissions(tmp_path):
+    import os
+
+    out = tmp_path / "private.json"
+    out.write_text(EARLIER)
+    out.chmod(0o600)
+    umask = os.umask(0o022)
+    try:
+        replace_file(out, b"new")
+    finally:
+        os.umask(umask)
+    assert out.read_bytes() == b"new" and out.stat().st_mode & 0o7777 == 0o600  # had become 0644
+
+
+def test_replace_file_writes_into_a_fifo_rather_than_replacing_it(tmp_path):
+    import os
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader there, so a writer's open returns
+    try:
+        replace_file(fifo, b"through the pipe")
+        got = os.read(reader, 100)
+    finally:
+        os.close(reader)
+    # it had become a regular file holding the data, and the reader got nothing
+    assert got == b"through the pipe" and stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="making a device node needs root")
+def test_replace_file_as_root_leaves_a_device_node_a_device(tmp_path):
+    # `kit predict ... --trace /dev/null` run as root (a CI container) had replaced /dev/null itself
+    # with a regular file holding the trace; here a private node of the same device (char 1:3)
+    import os
+    import stat
+
+    null = tmp_path / "null"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    replace_file(null, b"x" * 1000)
+    assert stat.S_ISCHR(null.stat().st_mode) and null.read_bytes() == b""
+
+
+def test_replace_file_never_writes_through_a_file_planted_at_its_temporary_name(tmp_path):
+    # the temporary name had been .NAME.PID.partial, opened with truncation: a symlink left there
+    # (by another user in a shared folder, or a run killed mid-write) took the write to its target,
+    # and os.replace then put the link itself at the output
+    import os
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours")
+    out = tmp_path / "out.json"
+    (tmp_path / f".out.json.{os.getpid()}.partial").symlink_to(victim)
+    replace_file(out, b"new")
+    assert victim.read_text() == "not yours"
+    assert not out.is_symlink() and out.read_bytes() == b"new"
+
+
+def test_replace_file_interrupted_leaves_the_earlier_file_and_no_temporary(tmp_path, monkeypatch):
+    import kit.whole_file
+
+    out = tmp_path / "out.json"
+    out.write_text(EARLIER)
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kit.whole_file.os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        replace_file(out, b"new")
+    _left_as_it_was(tmp_path, out)
