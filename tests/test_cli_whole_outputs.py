@@ -207,3 +207,42 @@ def test_replace_file_interrupted_leaves_the_earlier_file_and_no_temporary(tmp_p
     with pytest.raises(KeyboardInterrupt):
         replace_file(out, b"new")
     _left_as_it_was(tmp_path, out)
+
+
+def _temporaries(folder):
+    return sorted(p.name for p in folder.rglob("*") if "tmp" in p.name or "partial" in p.name)
+
+
+def test_a_collect_meta_that_cannot_be_written_leaves_the_earlier_runs_and_no_temporary(tmp_path):
+    # kit collect's FILE.meta.json had its own temporary file + rename, which a failed write left
+    # behind as FILE.meta.json.tmp; it now goes through replace_file
+    from kit.data.provenance import Meta, recorded_runs
+    from kit.errors import KitError
+
+    out = tmp_path / "m.csv"
+    Meta(out, {"status": "done", "note": "an earlier run"}, resume=False).write()
+    meta = Meta(out, {"status": "running", "note": "x" * 4000}, resume=True)
+    with file_size_limit(1000), pytest.raises(KitError, match="cannot write"):
+        meta.write()
+    assert [r["note"] for r in recorded_runs(out)] == ["an earlier run"]
+    assert _temporaries(tmp_path) == []
+
+
+def test_caches_that_cannot_be_written_leave_no_temporary_file(tmp_path, monkeypatch):
+    # under the file-size limit of the tests above, `kit predict` had left KEY.PID.tmp (its capture)
+    # and KEY.PID.tmp.npz (its latencies) in KIT_CACHE, two more each run; and a table's .tmpPID
+    import numpy as np
+    import pandas as pd
+
+    from kit.data.cache import cached_table
+    from kit.workload import latency_cache, zoo
+
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path))
+    source = tmp_path / "source.csv"
+    source.write_text("a\n1\n")
+    lat = np.linspace(1.0, 2.0, 2000)
+    with file_size_limit(1000), pytest.warns(UserWarning, match="could not write cache"):
+        zoo._write(zoo.cache_dir() / "capture.pkl", list(range(2000)))
+        latency_cache.save("key", lat, lat, lat, "roofline", {})
+        cached_table("table", [source], lambda: pd.DataFrame({"x": np.arange(2000.0)}))
+    assert _temporaries(tmp_path) == []

@@ -8,12 +8,15 @@ cannot be written or read is skipped, never an error.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
 import pandas as pd
+
+from kit.whole_file import replace_file
 
 CACHE_VERSION = "2"  # bump when a loader's output changes for the same input files
 
@@ -84,9 +87,9 @@ def cached_table(name: str, files: Sequence[Path], build: Callable[[], pd.DataFr
         path.parent.mkdir(parents=True, exist_ok=True)
         for old in path.parent.glob(f"{name}--*.parquet"):  # stale copies of this table only
             old.unlink(missing_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+        data = io.BytesIO()
+        frame.to_parquet(data, index=False)
+        replace_file(path, data.getvalue(), sync=False)  # a failed write had left its .tmpPID
     except OSError as e:
         warnings.warn(f"could not write cache {path}: {e}", stacklevel=2)
     return frame

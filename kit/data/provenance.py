@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import platform
 import shutil
 import socket
@@ -15,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kit.errors import KitError
+from kit.whole_file import replace_file
 
 
 def _cpu_name() -> str:
@@ -210,14 +210,8 @@ class Meta:
         return self.doc["runs"][:-1]
 
     def write(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(self.doc, f, indent=1, default=str)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+        try:  # its own temporary file + rename had left FILE.meta.json.tmp behind a failed write
+            replace_file(self.path, json.dumps(self.doc, indent=1, default=str).encode("utf-8"))
         except OSError as e:
             raise KitError(f"cannot write {self.path}: {e.strerror or e}; choose another --out") from None
 

@@ -13,12 +13,15 @@ changes the key. Graphs without a cache key (a user's nn.Module) are never cache
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from kit.whole_file import replace_file
 
 PREDICT_DIR = Path(__file__).resolve().parents[1] / "predict"
 # what the predictors compute with, outside kit/predict: tiles, waves and the op definitions (and
@@ -95,12 +98,11 @@ def save(key: str | None, lat, p10, p90, predictor: str, fallbacks: dict, option
     if key is None:
         return
     path = cache_dir() / f"{key}.npz"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{key}.{os.getpid()}.tmp.npz")
-        option = np.zeros(len(lat), dtype=int) if option is None else np.asarray(option, dtype=int)
-        np.savez(tmp, latency=np.vstack([lat, p10, p90]), option=option,
-                 info=np.array(json.dumps({"predictor": predictor, "fallbacks": fallbacks})))
-        tmp.replace(path)
+    option = np.zeros(len(lat), dtype=int) if option is None else np.asarray(option, dtype=int)
+    data = io.BytesIO()
+    np.savez(data, latency=np.vstack([lat, p10, p90]), option=option,
+             info=np.array(json.dumps({"predictor": predictor, "fallbacks": fallbacks})))
+    try:  # a failed write had left its KEY.PID.tmp.npz in the cache
+        replace_file(path, data.getvalue(), sync=False)
     except OSError:
         pass

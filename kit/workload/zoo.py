@@ -25,6 +25,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from kit.errors import KitError, one_line, whole_number
+from kit.whole_file import replace_file
 from kit.workload.modes import (DECODERS, KV_CACHES, LLAMA_FAMILIES, MODES, check_mode,  # noqa: F401
                                 decodes)
 from kit.workload.zoo_checks import (HEAD_SPLITS, MAX_TOKENS, SIZE_FIELDS, _check_positive,  # noqa: F401
@@ -242,11 +243,8 @@ def _check_cache_len(model, mode: str, cache_len) -> int:
 def _write(path: Path, graph) -> None:
     """Pickle a capture (or any cached result) atomically; an unwritable cache is skipped, never
     an error."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(pickle.dumps(graph, protocol=pickle.HIGHEST_PROTOCOL))
-        tmp.replace(path)
+    try:  # a failed write had left its PATH.PID.tmp in the cache
+        replace_file(path, pickle.dumps(graph, protocol=pickle.HIGHEST_PROTOCOL), sync=False)
     except OSError:
         pass
 
