@@ -92,7 +92,8 @@ def test_replace_file_writes_the_whole_content_with_the_umask_permissions(tmp_pa
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-def test_collect_comm_measurements_that_cannot_be_written_leave_the_earlier_file(tmp_path, capsys):
+def test_collect_comm_measurements_that_cannot_be_written_leave_the_earlier_file(tmp_path, capsys,
+                                                                                  monkeypatch):
     out = tmp_path / "ar.txt"
     out.write_text(EARLIER)
     argv = ["collect-comm", "--out", str(out), "--force", "--sizes", "1K:2K", "--ranks", "2",
@@ -105,6 +106,15 @@ def test_collect_comm_measurements_that_cannot_be_written_leave_the_earlier_file
     assert out.read_text() == EARLIER
     assert (tmp_path / "ar.txt.rows.jsonl").is_file()  # the rows measured are kept for --resume
     assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
+    # the error says so (it had not: a rerun was told only that ar.txt exists, "pass --force",
+    # which discards the rows), and --resume writes them with no rank started again
+    assert "2 row(s) measured are kept in" in line and "--resume" in line
+    import kit.comm.measure
+
+    spawned = []
+    monkeypatch.setattr(kit.comm.measure, "_spawn", lambda *a, **k: spawned.append(a))
+    assert main(argv[:3] + argv[4:] + ["--resume"]) == 0 and spawned == []
+    assert out.read_text().count("\n") > 2 and not (tmp_path / "ar.txt.rows.jsonl").exists()
 
 
 def test_an_embedding_correction_that_cannot_be_written_leaves_the_earlier_one(tmp_path):

@@ -318,7 +318,10 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
             try:  # whole or not at all: the rows file stays until the text is written
                 replace_file(out, text.encode())
             except OSError as e:
-                raise KitError(f"cannot write the measurements to {out}: {e.strerror or e}") from None
+                # the rows stay beside it: say how to get them written, not measured again
+                raise KitError(f"cannot write the measurements to {out}: {e.strerror or e}; the "
+                               f"{len(rows)} row(s) measured are kept in {result}: once there is room, "
+                               "rerun with --resume to write them without measuring again") from None
             result.unlink(missing_ok=True)  # the text holds them now
     # every rank is spawned on this host: one node. The bandwidths and in-place columns as the
     # text has them (format_nccl_tests; the in-place call is the measured one): the table had
