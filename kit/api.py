@@ -225,7 +225,7 @@ def predict_model(model, gpu, mode: str = "train", batch: int | None = None, seq
     """
     from kit.workload.fusion import check_fusion
     from kit.workload.iteration import iteration
-    from kit.workload.models import graph_of, memory_fit
+    from kit.workload.models import graph_of, memory_fit, refuse_loss_left_out_of_none
 
     check_fusion(fusion)  # before the capture; iteration() memoises on it as a dict key
     loss = yes_no(loss, "loss")
@@ -233,6 +233,7 @@ def predict_model(model, gpu, mode: str = "train", batch: int | None = None, seq
         raise KitError(f"loss={loss!r} goes with mode 'train' (got mode {mode!r}): only a training "
                        "step has a loss to leave out")
     graph = graph_of(model, batch, seq, mode, dtype, optimizer, inputs, kv_cache, loss)
+    refuse_loss_left_out_of_none(graph, model, loss)
     it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
     it.meta["memory"] = memory_fit(it, gpu)  # a step that would not fit says so (it.fits)
     return it

@@ -85,3 +85,26 @@ def test_compare_takes_no_loss_too(capsys):
     assert rows[False]["loss"] == "cross-entropy" and rows[True]["loss"] is None
     assert rows[False]["rows"][0]["step_ms"] > rows[True]["rows"][0]["step_ms"]
     assert main(["compare", "gpt2", "--gpus", "t4", "--mode", "inference", "--no-loss"]) == 2
+
+
+TINY_RESNET = {"model_type": "resnet", "embedding_size": 8, "hidden_sizes": [8, 16], "depths": [1, 1],
+               "num_channels": 3, "num_labels": 10, "image_size": 32}
+
+
+def test_no_loss_is_refused_where_no_vocabulary_loss_was_there_to_leave_out(tmp_path, capsys):
+    # resnet50's forward computes its own classifier cross-entropy, and the zoo adds the loss over
+    # the vocabulary only to a model with a vocab_size: `kit predict resnet50 --no-loss` had
+    # predicted the same step as without it, without a word
+    from tests.cli_support import one_error_line
+
+    with pytest.raises(Exception, match="has no vocabulary") as e:
+        predict_model(TINY_RESNET, "h100-sxm", mode="train", batch=2, loss=False)
+    assert type(e.value).__name__ == "KitError"
+    config = tmp_path / "tiny_resnet.json"
+    config.write_text(json.dumps(TINY_RESNET))
+    for argv in (["predict", str(config), "--gpu", "h100-sxm", "--batch", "2", "--no-loss"],
+                 ["compare", str(config), "--gpus", "h100-sxm,a100-sxm4-40gb", "--batch", "2", "--no-loss"]):
+        line = one_error_line(capsys, argv)
+        assert "--no-loss" in line and "tiny_resnet.json has no vocabulary" in line
+    # a language model still takes it
+    assert predict_model(TINY, "h100-sxm", mode="train", batch=2, seq=8, loss=False).total_ms > 0

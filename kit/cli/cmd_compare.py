@@ -110,7 +110,7 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
     from kit.errors import KitError
     from kit.hardware import get_gpu
     from kit.workload.iteration import iteration
-    from kit.workload.models import graph_of, max_batch, memory_bytes
+    from kit.workload.models import graph_of, max_batch, memory_bytes, refuse_loss_left_out_of_none
 
     if isinstance(gpus, str):  # "h100-sxm,t4", as --gpus: by letter it read as unknown GPU 'h'
         gpus = parse_gpus(gpus)
@@ -122,6 +122,7 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
         return compare_generation(model, chosen, 1 if batch is None else batch, seq or 512, new_tokens or 128, dtype,
                                   fusion, predictor, prices, overhead, kv_cache)
     graph = graph_of(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache, loss=loss)
+    refuse_loss_left_out_of_none(graph, model, loss)
     mem = memory_bytes(graph)
     held = graph.meta.get("model_dtypes") if dtype == "model" else None
     if held is not None:  # the module's own dtypes: a GPU runs them all, the main one first

@@ -224,6 +224,19 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     return graph
 
 
+def refuse_loss_left_out_of_none(graph, model, loss) -> None:
+    """KitError for loss=False (--no-loss) where no language-model loss was there to leave out:
+    the zoo adds the cross-entropy over the vocabulary to a model with a vocab_size only
+    (zoo._capture); resnet50's step had been predicted with its own classifier loss kept, and a
+    module of your own as its forward returns, with --no-loss taken without a word."""
+    if loss is False and not isinstance((graph.meta.get("config") or {}).get("vocab_size"), int):
+        name = model if isinstance(model, str) else graph.meta.get("name", type(model).__name__)
+        raise KitError(f"--no-loss (loss=False) leaves out a language model's cross-entropy over its "
+                       f"vocabulary, and {name} has no vocabulary (vocab_size): its training step "
+                       "is the same without it (a vision model's forward computes its own loss; a "
+                       "module of your own is captured as its forward returns)")
+
+
 def _decode_inputs_for(module, name: str, batch: int, context: int):
     """A user's module's decode_inputs(batch, context): the new tokens and a KV cache, as the
     zoo's decoders give them."""
