@@ -10,7 +10,9 @@ replaced (the link stays a link), an earlier file keeps its permissions (a 0600 
 private), and a path that is no regular file (a FIFO, /dev/null, /dev/stdout onto a pipe) is
 written to as it is: there is no earlier content to keep, and replacing it would put a regular
 file where a device or pipe was (as root, /dev/null itself). A hard link's other names keep the
-earlier content: replacing gives the path a new file, as editors and `sed -i` do.
+earlier content: replacing gives the path a new file, as editors and `sed -i` do. Where no file
+may be made beside it (a folder not ours, holding a file we may write), the file is written in
+place, as it had been.
 """
 from __future__ import annotations
 
@@ -37,7 +39,15 @@ def replace_file(path, data: bytes, sync: bool = True) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     # a name no other process or write picks, created new (O_EXCL: never a file or link already there)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's permissions
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's permissions
+    except PermissionError:
+        if now is None:
+            raise
+        # a folder we may not add a file to, holding a file we may write: in place, as before
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
     try:
         with open(fd, "wb") as f:
             if now is not None:  # the earlier file's owner where we may give it, and its mode

@@ -256,3 +256,24 @@ def test_caches_that_cannot_be_written_leave_no_temporary_file(tmp_path, monkeyp
         latency_cache.save("key", lat, lat, lat, "roofline", {})
         cached_table("table", [source], lambda: pd.DataFrame({"x": np.arange(2000.0)}))
     assert _temporaries(tmp_path) == []
+
+
+def test_replace_file_writes_in_place_where_no_file_may_be_made_beside_it(tmp_path, monkeypatch):
+    # a writable file in a folder we may not add to (root ignores folder permissions, so the
+    # refusal is made here): it had been written in place before replace_file, and then refused
+    import kit.whole_file
+
+    out = tmp_path / "shared.json"
+    out.write_text(EARLIER)
+    real_open = kit.whole_file.os.open
+
+    def no_new_files(name, flags, *args):
+        if flags & kit.whole_file.os.O_CREAT:
+            raise PermissionError(13, "Permission denied", str(name))
+        return real_open(name, flags, *args)
+
+    monkeypatch.setattr(kit.whole_file.os, "open", no_new_files)
+    replace_file(out, b"new")
+    assert out.read_bytes() == b"new"
+    with pytest.raises(PermissionError):  # and a new file there is still refused
+        replace_file(tmp_path / "absent.json", b"new")
