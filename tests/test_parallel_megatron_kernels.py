@@ -1,6 +1,7 @@
 """Megatron-specific kernels of the analytic GPT layer (kit.parallel.gpt): the fused softmax's
 availability rule, the vocab-parallel cross entropy's passes, vocabulary padding, and the
 embedding's identity backward, against hand counts."""
+import pytest
 import torch
 
 from kit import ops
@@ -51,15 +52,22 @@ def test_vocabulary_is_padded_to_128_times_tp():
 
 
 def test_cross_entropy_passes_and_all_reduces():
-    """Forward: the fp16 logits cast to fp32 (6 bytes an element), then max, subtract, exp, sum,
-    divide (8 bytes each); backward: scale in place (8) and cast back (6). Three all-reduces of
-    tokens x 4 bytes at TP > 1 (max, target logit, sum of exps), none at TP = 1."""
+    """megatron-core 0.16.1 VocabParallelCrossEntropy (tensor_parallel/cross_entropy.py) over
+    n = tokens x vocab/tp: the fp16 logits cast to fp32 (.float(), line 28: read 2, write 4
+    bytes an element), torch.max(dim=-1) (line 30: read 4 n, write a value and an int64 index a
+    token, 12), subtract in place (line 45: 8 n), exp in place (line 65: 8 n),
+    sum(dim=-1) (line 66: read 4 n, write 4 a token), divide in place (line 80: 8 n). The two
+    reductions had been priced as elementwise passes writing n elements (46 n bytes in all).
+    Backward: scale in place (line 117: 8) and cast back (6). Three all-reduces of tokens x 4
+    bytes at TP > 1 (max, target logit, sum of exps), none at TP = 1."""
     b, tp = 2, 4
     tok, v = b * 1024, padded_vocab(50257, tp) // tp
     n = tok * v
     fwd = head_forward(SPEC, b, tp, "fp16")
     ce = [op for op in _kernels(fwd) if isinstance(op, ops.Elementwise)]
-    assert sum(op.bytes for op in ce) == (6 + 5 * 8) * n
+    assert len(ce) == 6
+    cast, max_, sub, exp, sum_, div = 6 * n, 4 * n + 12 * tok, 8 * n, 8 * n, 4 * n + 4 * tok, 8 * n
+    assert sum(op.bytes for op in ce) == cast + max_ + sub + exp + sum_ + div
     comms = [blk.comm for blk in fwd if blk.comm is not None]
     assert comms == [("allreduce", tok * 4, "tp")] * 3
     assert all(blk.comm is None for blk in head_forward(SPEC, b, 1, "fp16"))
@@ -79,3 +87,29 @@ def test_embedding_all_reduce_has_no_backward():
     lf, lb = src.layer(0)
     assert sum(blk.comm is not None for blk in lb) == sum(blk.comm is not None for blk in lf) == 2
 
+
+
+@pytest.mark.parametrize("dtype, grad_bytes", [("fp16", 2), ("bf16", 4)])
+def test_embedding_backward_zero_fills_the_tables_and_accumulates_main_grad(dtype, grad_bytes):
+    """The word table's F.embedding (megatron-core 0.16.1 tensor_parallel/layers.py line 287) and
+    the learned position table have torch's embedding_dense_backward: a zero-fill of the
+    [rows, hidden] gradient (rows x hidden x d bytes written) and a scatter-add of the tokens'
+    gradient rows (2 x tokens x hidden x d), two kernels; then Megatron's DDP hook
+    param.main_grad.add_(param.grad) (distributed/distributed_data_parallel.py line 440) reads
+    the gradient (d) and main_grad (grad bytes g) and writes main_grad (g), one kernel. The add
+    of the two lookups has no backward kernel. Only the dropout's backward (twice its forward)
+    is left of the old mirror, which had priced each table's backward as twice its lookup."""
+    b, tp, d = 2, 4, 2
+    tok, h = b * SPEC.seq, SPEC.hidden
+    src = AnalyticSource(SPEC, Layout(tp=tp, micro_batch=b, dtype=dtype))
+    bwd = src.embedding[1]
+    items = [(op, f, k) for blk in bwd if blk.comm is None
+             for op, f, k in zip(blk.ops, blk.bwd_factor, blk.kernel_counts())]
+    drop = [(op, f) for op, f, _ in items if isinstance(op, ops.Dropout)]
+    assert [f for _, f in drop] == [2.0]
+    rest = [(op, f, k) for op, f, k in items if not isinstance(op, ops.Dropout)]
+    words, positions = padded_vocab(50257, tp) // tp, SPEC.positions
+    expect = sum(rows * h * d + 2 * tok * h * d + rows * h * (d + 2 * grad_bytes)
+                 for rows in (words, positions))
+    assert sum(op.bytes * f for op, f, _ in rest) == pytest.approx(expect, rel=1e-12)
+    assert sum(k for _, _, k in rest) == 2 * (2 + 1)

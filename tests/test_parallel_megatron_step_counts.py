@@ -120,3 +120,27 @@ def test_a_config_with_hidden_dropout_is_of_a_family_the_layer_refuses(tmp_path,
     path.write_text(json.dumps(cfg))
     with pytest.raises(KitError, match=repr(family)):
         parse_model(str(path))
+
+
+@pytest.mark.parametrize("zero, dp, zeroed", [(0, 1, True), (1, 2, True), (2, 2, False)])
+def test_each_iteration_zeroes_the_whole_main_grad_buffer(zero, dp, zeroed):
+    """Megatron's train_step calls zero_grad_buffer() before the first forward: one zero_() of
+    the contiguous main_grad buffer (megatron-core 0.16.1 distributed/param_and_grad_buffer.py
+    line 962), a gradient for every parameter of the rank, in the gradient dtype (fp32 for a
+    bf16 model), with the distributed optimizer (ZeRO-1) too. A fill writes and reads nothing:
+    gpt2 on one rank holds HF's 124,439,808 parameters with the vocabulary padded to 50,304
+    (+47 rows of 768), x 4 bytes. ZeRO-2/3 (DeepSpeed, FSDP) keep no such buffer."""
+    from kit.parallel.build import build_iteration
+
+    lay = Layout(dp=dp, zero=zero, micro_batch=1, global_batch=2 * dp, dtype="bf16")
+    g, _, _ = build_iteration(parse_model("gpt2"), lay, get_system("dgx-a100"), _BytesPredictor())
+    zero_ops = [i for i, (label, res) in enumerate(zip(g.label, g.resource))
+                if label == "zero grad buffer" and res == "compute"]
+    if not zeroed:
+        assert zero_ops == []
+        return
+    assert len(zero_ops) == 1
+    assert g.dur_ms[zero_ops[0]] * 1e9 == pytest.approx((124_439_808 + 47 * 768) * 4, rel=1e-9)
+    # before the first forward on the compute stream
+    first = min(i for i, r in enumerate(g.resource) if r == "compute" and i != zero_ops[0])
+    assert zero_ops[0] < first

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.parallel.costs import IN_STREAM_BY_SOURCE, ChunkCost, Coster, chunk_costs, optimizer_ms
+from kit.parallel.costs import (IN_STREAM_BY_SOURCE, ChunkCost, Coster, chunk_costs, grad_buffer_zero_ms,
+                                optimizer_ms)
 from kit.parallel.gpt import GPTSpec, vocab_per_rank
 from kit.parallel.layout import Layout
 from kit.parallel.memory import stage_layers, tp_replicated_params
@@ -202,6 +203,10 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
         last_b = {c: max(i for i, (ph, _, cc) in enumerate(order) if ph == "B" and cc == c)
                   for c in range(v)}
         grad_ops = []
+        # zero_grad_buffer() before the first forward (grad_buffer_zero_ms)
+        zero_ms = grad_buffer_zero_ms(sum(costs[c * pp + stage].params for c in range(v)), lay, coster)
+        if zero_ms > 0:
+            g.gpu(r, "compute", zero_ms, "zero grad buffer", launch_ms=host.launch_us / 1e3)
         for idx, (phase, mb, c) in enumerate(order):
             vi = c * pp + stage
             cost = costs[vi]

@@ -13,8 +13,8 @@ import numpy as np
 
 from kit.errors import KitError
 
-from kit.parallel.gpt import (Block, GPTSpec, backward_of, embedding_forward, head_backward, head_forward,
-                             layer_backward, layer_forward)
+from kit.parallel.gpt import (Block, GPTSpec, embedding_backward, embedding_forward, head_backward,
+                             head_forward, layer_backward, layer_forward)
 from kit.parallel.layout import Layout
 from kit.parallel.memory import edge_params, layer_rank_params, stage_layers, zero_kept
 from kit.predict.sibling_bound import bounding_gpus
@@ -416,9 +416,8 @@ class AnalyticSource:
         # the embedding's TP all-reduce has an identity backward (Megatron's
         # reduce_from_tensor_model_parallel_region); with sequence parallelism its reduce-scatter
         # (reduce_scatter_to_sequence_parallel_region) has an all-gather, which had been dropped
-        # with it. In backward order: the dropout's, the all-gather, the lookup's.
-        self.embedding = (emb, [backward_of(x) for x in reversed(emb)
-                                if x.comm is None or x.comm[0] == "reducescatter"])
+        # with it. In backward order: the dropout's, the all-gather, the tables' weight gradients.
+        self.embedding = (emb, embedding_backward(spec, b, lay.tp, dt, lay.grad_dtype, emb))
         self.head = (head_forward(spec, b, lay.tp, dt, sp), head_backward(spec, b, lay.tp, dt, sp))
 
     def layer_key(self, layer: int) -> bool:
@@ -529,3 +528,23 @@ def optimizer_ms(params: float, layout: Layout, coster: Coster, expert_params: f
         steps.append(ops.Elementwise("cast", n, layout.dtype, inputs=2))
     coster.predict_ops(steps)
     return sum(coster.op_ms(op) for op in steps)
+
+
+def grad_buffer_zero_ms(params: float, layout: Layout, coster: Coster) -> float:
+    """Megatron's DDP zero_grad_buffer() at the start of every iteration (train_step, before the
+    first forward): one zero_() of each contiguous main_grad buffer (megatron-core 0.16.1
+    distributed/distributed_data_parallel.py line 542 -> _ParamAndGradBuffer.reset,
+    param_and_grad_buffer.py line 962, grad_data.zero_()), which holds a gradient for every
+    parameter of the rank (its params / tp / pp share), in grad_dtype, with the distributed
+    optimizer (zero 1) too, which reduce-scatters that buffer but keeps it whole. A fill: it
+    writes params x grad bytes and reads nothing. ZeRO 2 and 3 (DeepSpeed, FSDP) keep no such
+    buffer: 0 for them. The iteration had started with the first forward: GPT-3 175B at tp 8,
+    pp 16 (bf16, fp32 gradients) zeroes 1.46 G gradients, 5.9 GB, a stage."""
+    from kit.workload.kernels import fill, leaf_ops
+
+    n = int(params)
+    if layout.zero >= 2 or n < 1:
+        return 0.0
+    leaves = leaf_ops(fill(n, layout.grad_dtype, "zero grad buffer"))
+    coster.predict_ops(leaf for leaf, _ in leaves)
+    return sum(coster.op_ms(leaf, scale) for leaf, scale in leaves)

@@ -31,7 +31,8 @@ from kit import ops
 from kit.errors import KitError
 # re-exported: the kit, tests and notebooks import them from here
 from kit.parallel.gpt_spec import GPTSpec, parse_model  # noqa: F401
-from kit.workload.kernels import ATTENTION_BWD_SCALE
+from kit.workload.kernels import (ATTENTION_BWD_SCALE, Derived, embedding_dense_backward, leaf_ops,
+                                  row_reduction)
 
 BWD_FACTOR = {"attention": ATTENTION_BWD_SCALE, "default": 2.0}
 VOCAB_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by (default)
@@ -370,14 +371,85 @@ def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = Fal
             Block("embedding all-reduce", comm=("allreduce", act, "tp"))]
 
 
+def embedding_backward(spec: GPTSpec, b: int, tp: int, dtype: str, grad_dtype: str,
+                       fwd: list[Block]) -> list[Block]:
+    """The backward of the embedding's forward blocks (embedding_forward), in backward order: the
+    dropout's, sequence parallelism's all-gather (its reduce-scatter's backward; the plain
+    all-reduce's, Megatron's reduce_from_tensor_model_parallel_region, is the identity), then the
+    tables' weight gradients. The word table's lookup (F.embedding in megatron-core 0.16.1
+    VocabParallelEmbedding.forward, tensor_parallel/layers.py line 287) has torch's
+    embedding_dense_backward for its backward, which zero-fills this rank's [vocab/tp, hidden]
+    gradient and scatter-adds the tokens' rows into it (kit.workload.kernels); Megatron's DDP
+    hook then adds it into the fp32 (grad_dtype) main_grad, param.main_grad.add_(param.grad)
+    (distributed/distributed_data_parallel.py line 440), every micro-batch: [vocab/tp, hidden]
+    read in the model's dtype and in grad_dtype, written in grad_dtype. A learned position table
+    (no rope) does the same over [positions, hidden], and the forward's add of the two has no
+    kernel of its own backward (it passes the gradient to both). The lookup had been priced as
+    twice its forward (its bytes: tokens x hidden read and written): GPT-3 175B at tp 8,
+    micro-batch 1, bf16, 201 MB, where the zero-fill and scatter move 258 MB and the accumulation
+    into main_grad 786 MB (6,400 x 12,288 x 10 bytes)."""
+    d = ops.dtype_bytes(dtype)
+    tok = b * spec.seq
+    grad = tok * spec.hidden * d  # the output gradient the tables' backward reads
+    out = []
+    for blk in (backward_of(x) for x in reversed(fwd) if x.comm is None or x.comm[0] == "reducescatter"):
+        if blk.comm is not None:
+            out.append(blk)
+            continue
+        new = Block(blk.label)
+        for op, f in zip(blk.ops, blk.bwd_factor):
+            if isinstance(op, ops.EmbeddingBag):
+                rows = [op.rows]
+            elif isinstance(op, ops.Elementwise) and op.kind == "add" and not spec.rope:
+                rows = [spec.positions]  # the position table's backward in place of the add's
+            else:
+                new.ops.append(op)
+                new.bwd_factor.append(f)
+                new.kernels.append(1.0)
+                continue
+            for n in rows:
+                for kernel, launches in ((embedding_dense_backward(n, spec.hidden, d, grad, dtype), 2.0),
+                                         (main_grad_add(n * spec.hidden, dtype, grad_dtype), 1.0)):
+                    for leaf, scale in leaf_ops(kernel):
+                        new.ops.append(leaf)
+                        new.bwd_factor.append(scale)
+                        new.kernels.append(launches)
+        out.append(new)
+    return out
+
+
+def main_grad_add(numel: int, dtype: str, grad_dtype: str):
+    """Megatron's DDP hook param.main_grad.add_(param.grad) over numel elements: reads the
+    gradient (dtype) and main_grad (grad_dtype), writes main_grad. The learned two-input add in
+    grad_dtype, scaled to those bytes where the dtypes differ."""
+    d, g = ops.dtype_bytes(dtype), ops.dtype_bytes(grad_dtype)
+    op = ops.Elementwise("add", numel, grad_dtype, inputs=2)
+    return op if d == g else Derived("elementwise", (op,), (d + 2 * g) / (3 * g), "main_grad.add_")
+
+
+def _unscaled(kernel) -> list:
+    """The kit ops an unscaled Derived kernel (kit.workload.kernels.memory_bound's copy of its
+    bytes) is priced as, for a block without time factors."""
+    leaves = leaf_ops(kernel)
+    if any(scale != 1.0 for _, scale in leaves):
+        raise KitError(f"{kernel!r} is scaled: give its block time factors")
+    return [leaf for leaf, _ in leaves]
+
+
 def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
     """Final LayerNorm, the logits GEMM over this rank's (padded) vocabulary slice, and
-    Megatron's vocab-parallel cross entropy (tensor_parallel/cross_entropy.py) on the logits cast
-    to fp32: max, TP all-reduce of it, subtract, TP all-reduce of the target logit, exp, sum,
-    TP all-reduce of the sum, divide (the softmax kept for backward). Each of its passes reads
-    and writes the whole [tokens, vocab/tp] fp32 tensor; the all-reduces move tokens x 4 bytes.
-    With sequence parallelism the LayerNorm runs on this rank's tokens and an all-gather of the
-    activations feeds the column-parallel logits GEMM."""
+    Megatron's vocab-parallel cross entropy (megatron-core 0.16.1 tensor_parallel/cross_entropy.py,
+    VocabParallelCrossEntropy, lines 28-80) on the logits cast to fp32: max over the vocabulary,
+    TP all-reduce of it, subtract it in place, TP all-reduce of the target logit, exp in place,
+    sum over the vocabulary, TP all-reduce of the sum, divide in place (the softmax kept for
+    backward). Six passes over the [tokens, vocab/tp] tensor: the cast (reads it in the model's
+    dtype, writes fp32), the in-place subtract, exp and divide (read and write it), and the two
+    row reductions, torch.max(dim=-1) and sum(dim=-1), one reduce kernel each, which read it
+    and write a row's value (max also its int64 index): tokens x 12 and tokens x 4 bytes. Priced
+    as elementwise passes, the two reductions had been charged a [tokens, vocab/tp] write that
+    they do not do. The all-reduces move tokens x 4 bytes. Its target-mask and gather kernels,
+    over tokens elements, are not listed. With sequence parallelism the LayerNorm runs on this
+    rank's tokens and an all-gather of the activations feeds the column-parallel logits GEMM."""
     tok = b * spec.seq
     v = vocab_per_rank(spec.vocab, tp)
     n = tok * v
@@ -390,13 +462,13 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
     else:
         first = [Block("lm head", [norm(spec, tok, dtype)])]
     first[-1].ops += [ops.linear(tok, spec.hidden, v, dtype), ops.Elementwise("cast", n, dtype, inputs=2),
-                      ops.Elementwise("max", n, "fp32", inputs=1)]
+                      *_unscaled(row_reduction(tok, v, 4 + 8, "fp32", "cross-entropy max"))]
     blocks = [*first,
               Block("cross-entropy max all-reduce", comm=ar),
               Block("cross-entropy", [ops.Elementwise("sub", n, "fp32", inputs=1)]),
               Block("cross-entropy target all-reduce", comm=ar),
               Block("cross-entropy", [ops.Elementwise("exp", n, "fp32"),
-                                      ops.Elementwise("add", n, "fp32", inputs=1)]),
+                                      *_unscaled(row_reduction(tok, v, 4, "fp32", "cross-entropy sum"))]),
               Block("cross-entropy sum all-reduce", comm=ar),
               Block("cross-entropy", [ops.Elementwise("div", n, "fp32", inputs=1)])]
     return _merge([blk for blk in blocks if blk.comm is None or tp > 1])
@@ -404,7 +476,9 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
 
 def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
     """Cross-entropy backward (softmax - one-hot, scaled in place by the loss gradient, cast back
-    to the model dtype: two passes), then the logits GEMM's data and weight gradients, with the TP
+    to the model dtype: two passes; megatron-core 0.16.1 cross_entropy.py lines 114-117, the
+    one-hot's subtraction a gather and scatter of tokens elements, the cast autograd's backward
+    of forward's .float()), then the logits GEMM's data and weight gradients, with the TP
     reduction of the data gradient's partial sums beside the weight gradient (the column-parallel
     GEMM's f operator: an all-reduce, or with sequence parallelism a reduce-scatter, and then
     also the re-gather of its input beside the data gradient: _column_backward), and the final

@@ -168,3 +168,34 @@ def leaf_ops(op) -> list:
     if isinstance(op, Derived):
         return [(p, op.scale * s) for part in op.parts for p, s in leaf_ops(part)]
     return [(op, 1.0)]
+
+
+def row_reduction(rows: int, cols: int, out_bytes_per_row: int, dtype: str = "fp32",
+                  label: str = "") -> Derived:
+    """A reduction over the last dim of a contiguous (rows, cols) tensor (torch.sum(dim=-1),
+    torch.max(dim=-1), ...): one TensorIterator reduce kernel that reads the tensor once and
+    writes `out_bytes_per_row` a row (max.dim: the value and its int64 index). Costed as the
+    capture costs a reduction (kit.workload.mapping: memory_bound over its inputs' and outputs'
+    bytes)."""
+    from kit.op_counts import dtype_bytes
+
+    nbytes = rows * cols * dtype_bytes(dtype) + rows * out_bytes_per_row
+    return memory_bound("reduction", nbytes, dtype, label)
+
+
+def embedding_dense_backward(num_weights: int, dim: int, elem_bytes: int, grad_nbytes: float,
+                             dtype: str) -> Derived:
+    """torch's embedding_dense_backward: zero the (num_weights, dim) weight gradient, then
+    scatter-add every row of the output gradient (grad_nbytes) into it, as the capture prices it
+    (kit.workload.mapping). Two kernels when the indices are <= 3,072 (the zero-fill and
+    embedding_backward_feature_kernel); past that torch sorts them first (not counted)."""
+    return memory_bound("embedding", num_weights * dim * elem_bytes + 2 * grad_nbytes, dtype,
+                        label="embedding_dense_backward")
+
+
+def fill(numel: int, dtype: str, label: str = "fill") -> Derived:
+    """A zero_() / fill_() of numel contiguous elements: it writes them and reads nothing, half
+    the learned one-input pass (kit.workload.mapping_elementwise prices a fill so)."""
+    from kit.ops import Elementwise
+
+    return Derived("elementwise", (Elementwise("fill", numel, dtype, inputs=1),), 0.5, label)

@@ -15,7 +15,7 @@ import torch
 from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, LayerNorm, RMSNorm, Softmax,
                      elementwise_proxy)
 from kit.workload.kernels import (ATTENTION_BWD_FLOPS, ATTENTION_BWD_SCALE, Derived, PerBuild, Slowest, copy_of,
-                                  memory_bound)
+                                  embedding_dense_backward, memory_bound)
 from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, POW_FAST, _elementwise,  # noqa: F401
                                               _pow_kind, input_streams, mta_launches, nbytes,
                                               unique_nbytes, vectorizable)
@@ -322,11 +322,9 @@ def map_op(packet: str, args, kwargs, out, copies_self: bool = True) -> tuple[ob
                             pooling=max(1, round(idx.numel() / bags)), dtype=dtype), "embedding", 1
     if packet == "embedding_dense_backward":
         grad, num_weights = args[0], int(args[2])
-        dim = grad.shape[-1]
-        dsize = grad.element_size()
         # zero the (num_weights, dim) gradient, then scatter-add every row of grad into it
-        return memory_bound("embedding", num_weights * dim * dsize + 2 * nbytes(grad), dtype,
-                            label=packet), "embedding", 2
+        return embedding_dense_backward(num_weights, grad.shape[-1], grad.element_size(), nbytes(grad),
+                                        dtype), "embedding", 2
     if packet in ("_embedding_bag_backward", "_embedding_bag_dense_backward") and outs:
         # like embedding_dense_backward: zero the (num_weights, dim) gradient once, then add each
         # bag's gradient row into the row of every index in the bag (read it, read-modify-write
