@@ -144,3 +144,19 @@ def test_each_iteration_zeroes_the_whole_main_grad_buffer(zero, dp, zeroed):
     # before the first forward on the compute stream
     first = min(i for i, r in enumerate(g.resource) if r == "compute" and i != zero_ops[0])
     assert zero_ops[0] < first
+
+
+def test_a_layout_without_the_optimizer_step_zeroes_no_grad_buffer():
+    """Layout.optimizer_step False is forward, backward and the gradient sync only (what
+    NeuSight's 4-GPU labels time): Megatron's zero_grad_buffer() belongs to the step around
+    them, so no zero-fill is charged; the same layout with the step has it."""
+    from kit.parallel.build import build_iteration
+    from kit.parallel.neusight import label_layout
+
+    lay = label_layout("dp4", 4)
+    assert lay.optimizer_step is False
+    for step, expected in ((False, 0), (True, 1)):
+        g, _, _ = build_iteration(parse_model("gpt2"), lay.with_(optimizer_step=step), get_system("dgx-a100"),
+                                  _BytesPredictor())
+        assert sum(label == "zero grad buffer" and res == "compute"
+                   for label, res in zip(g.label, g.resource)) == expected
