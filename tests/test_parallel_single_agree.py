@@ -108,3 +108,14 @@ def test_cli_says_how_kernels_were_costed(capsys):
     out = capsys.readouterr().out
     assert rc in (0, None)
     assert "kernel times: in the stream" in out and "kit predict --gpu" in out
+
+
+def test_the_note_names_the_gradient_buffer_zeroing_with_the_step():
+    """With the optimizer step a one-GPU layout also zeroes Megatron's main_grad buffer each
+    iteration (kit.parallel.costs.grad_buffer_zero_ms), which `--gpu` does not: the note that
+    lists what differs names it, and only when it is charged."""
+    spec = parse_model("gpt2", seq=128)
+    notes = {step: predict_parallel(spec, SYSTEM, Layout(micro_batch=1, dtype="fp32", optimizer_step=step),
+                                    predictor="tile", graph=True)["kernel_costing"]["note"]
+             for step in (True, False)}
+    assert "gradient buffer" in notes[True] and "gradient buffer" not in notes[False]

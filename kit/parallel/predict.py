@@ -218,7 +218,8 @@ def _costing_note(coster, layout: Layout, captured: bool) -> str:
         text += ("; one GPU: `kit predict --gpu` costs the same kernels and differs only by "
                  "the loss (Megatron's vocab-parallel cross entropy here, torch's log-softmax and "
                  "NLL there)"
-                 + (" and fused Adam step" if layout.optimizer_step else "")
+                 + (" and fused Adam step, with the zeroing of Megatron's gradient buffer before "
+                    "the forward," if layout.optimizer_step else "")
                  + " here and its host costs (CpuOverhead there, --profile here)")
     elif layout.world_size == 1 and not captured:
         text += ("; one GPU: these are Megatron's fused layer's kernels, not the captured ones "
