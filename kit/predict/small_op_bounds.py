@@ -11,7 +11,7 @@ import pandas as pd
 
 from kit.hardware import GPU
 from kit.op_counts import MAX_DIM
-from kit.predict.base import dedupe, expand
+from kit.predict.base import dedupe
 from kit.predict.element_rates import element_bound_ms, softmax_bound_ms, softmax_row_ms
 from kit.predict.features import feature_row_blocking
 from kit.predict.roofline import roofline
@@ -319,7 +319,7 @@ class SmallOpBounds:
         caps = []
         for col in ("latency_ms", "latency_p10_ms", "latency_p90_ms"):
             cap = np.full(small.size, np.inf)
-            np.minimum.at(cap, owner, pred[col].to_numpy(float))
+            np.minimum.at(cap, owner, pred[col])
             caps.append(cap)
         # an op at its own rung (whole tiles, a power of two of them) keeps its own answer among
         # the rungs; any other takes the rungs' alone, so the time is the same function of the
@@ -355,7 +355,7 @@ class SmallOpBounds:
         down_owner = np.repeat(np.arange(small.size), [len(d) for d in downs])
         lat, p10, p90 = lat.copy(), p10.copy(), p90.copy()
         for arr, col in ((lat, "latency_ms"), (p10, "latency_p10_ms"), (p90, "latency_p90_ms")):
-            values = pred[col].to_numpy(float)
+            values = pred[col]
             cap = np.full(small.size, np.inf)
             np.minimum.at(cap, up_owner, values[:n_up])
             floor = np.full(small.size, np.inf)
@@ -366,15 +366,18 @@ class SmallOpBounds:
         return lat, p10, p90
 
 
-def _raw_predictions(model, flag: str, cls: str, ops: list, gpu):
-    """model._predict_class of ops (each distinct op once) with model.<flag> set, so the bound
-    that asks for them skips itself on them (their own would recurse)."""
+def _raw_predictions(model, flag: str, cls: str, ops: list, gpu) -> dict:
+    """model._predict_class's {latency_ms, latency_p10_ms, latency_p90_ms} arrays of ops (each
+    distinct op predicted once), with model.<flag> set, so the bound that asks for them skips
+    itself on them (their own would recurse)."""
     unique, where = dedupe(ops)
     setattr(model, flag, True)
     try:
-        return expand(model._predict_class(cls, unique, gpu), where)
+        arrays = model._predict_class(cls, unique, gpu, frame=False)
     finally:
         setattr(model, flag, False)
+    at = np.asarray(where, dtype=int)
+    return {c: np.asarray(v, dtype=float)[at] for c, v in arrays.items()}
 
 
 def whole_waves(done: int) -> list[int]:
@@ -413,7 +416,7 @@ def _past_one_wave_floor(model, cls, ops, gpu, tiles, slots, lat, p10, p90):
     owner = np.repeat(np.arange(len(past)), [len(ladder) for ladder in ladders])
     lat, p10, p90 = lat.copy(), p10.copy(), p90.copy()
     for arr, col in ((lat, "latency_ms"), (p10, "latency_p10_ms"), (p90, "latency_p90_ms")):
-        values = pred[col].to_numpy(float)
+        values = pred[col]
         floor = np.full(len(past), -np.inf)
         np.maximum.at(floor, owner, values[:n_ladder])
         arr[past] = np.maximum(np.minimum(arr[past], values[n_ladder:]), floor)

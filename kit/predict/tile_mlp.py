@@ -57,7 +57,9 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
         near, gpus = self.band.get("near_distance"), self.band.get("train_gpus")
         if not near or not gpus:
             return 1.0
-        return min(1.0, gpu_distance(gpu, gpus) / near)
+        # asked by every batch's band (kit.predict.call_memo: once per GPU spec within a call)
+        return self.memoised_value("transfer_scale", get_gpu(gpu),
+                                   lambda: min(1.0, gpu_distance(gpu, gpus) / near))
 
     def class_sigma(self, op_class: str, gpu: GPU | str) -> float:
         """The transfer σ of an op class on a GPU: sigma_at_distance between the band's σ_0
@@ -258,18 +260,28 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
             options.append((weight[i, order], counts[i, order]))
         return (*out, options)
 
-    def _predict_class(self, cls: str, ops: list, gpu: GPU, split_ways=None) -> pd.DataFrame:
-        """split_ways: for GEMMs that are split-K batches (kit.predict.split_k), each one's S."""
+    def _predict_class(self, cls: str, ops: list, gpu: GPU, split_ways=None, frame: bool = True):
+        """split_ways: for GEMMs that are split-K batches (kit.predict.split_k), each one's S.
+        frame False: only the {latency_ms, latency_p10_ms, latency_p90_ms} arrays, the same
+        numbers, without the frame's tiles and waves (the small-op bounds read only those: framing
+        their rungs had been a tenth of a warm prediction on a new GPU)."""
         if not ops:
-            return pd.DataFrame(columns=COLUMNS)
+            return pd.DataFrame(columns=COLUMNS) if frame else {c: np.zeros(0) for c in QUANTILES}
         dtypes = {getattr(op, "dtype", "fp32") for op in ops}
         if len(dtypes) > 1:  # one batch per dtype
             frames, order = [], []
             for d in sorted(dtypes):
                 idx = [i for i, op in enumerate(ops) if op.dtype == d]
                 frames.append(self._predict_class(cls, [ops[i] for i in idx], gpu,
-                                                  None if split_ways is None else [split_ways[i] for i in idx]))
+                                                  None if split_ways is None else [split_ways[i] for i in idx],
+                                                  frame))
                 order += idx
+            if not frame:
+                out = {}
+                for c in QUANTILES:
+                    out[c] = np.empty(len(ops))
+                    out[c][order] = np.concatenate([f[c] for f in frames])
+                return out
             out = pd.concat(frames, ignore_index=True)
             out.index = order
             return out.sort_index()
@@ -301,6 +313,8 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
                 self._softmax_row_latency(a, gpu, dtype, lat, p10, p90)
         if cls == "gemm":
             self._tensor_core(a, gpu, dtype, w["roofline_ms"], lat, p10, p90)
+        if not frame:
+            return dict(zip(QUANTILES, (lat, p10, p90)))
         shown = w if cls in ("gemm", "elementwise") else waves(cls, a, gpu, dtype, launch=True)
         frame = pd.DataFrame({
             "latency_ms": lat, "roofline_ms": w["roofline_ms"], "bound": w["bound"],
@@ -310,6 +324,9 @@ class TilePredictor(CallMemo, GemmBounds, SmallOpBounds):
         if options is not None:  # which tiles it mixes, for the split choice (kit.predict.split_k)
             frame["tile_options"] = options
         return frame
+
+
+QUANTILES = ("latency_ms", "latency_p10_ms", "latency_p90_ms")  # _predict_class(frame=False)'s
 
 
 class _Columns:
