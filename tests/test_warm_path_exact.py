@@ -3,6 +3,8 @@ prediction: benchmarks/whole_model.py): carried_nodes asks each distinct op once
 the ways a carried curve can count, the small-op bounds read their rungs' arrays without a frame
 around them, and the band's transfer scale is found once per GPU within a call. Each is checked
 against an independent slow reference over varied inputs, to the last bit."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -138,3 +140,21 @@ def test_the_transfer_scale_within_a_call_is_each_gpus_own(tile):
         again = [tile.transfer_scale(g.key) for g in gpus]
     assert got == want and again == want
     assert [tile.transfer_scale(g) for g in gpus] == want  # outside a call: computed
+
+
+def test_the_transfer_scale_within_a_call_keys_a_gpu_by_its_spec_not_its_key(tile):
+    """One call asks both a training card and a GPU object that replaces it under its own key (a
+    --gpu-file card, or dataclasses.replace: kit.predict.sibling_bound bounds it by the card in
+    the same call): each gets its own scale. Keyed on the GPU's key, the card's 0 had been served
+    for the replacement, or the replacement's for the card, whichever came first."""
+    near, train = tile.band["near_distance"], tile.band["train_gpus"]
+    card = get_gpu("a100-pcie-40gb")
+    mine = replace(card, tdp_w=300.0)  # the same key and name, 50 W more
+    twin = replace(get_gpu("h100-sxm"), key="r1-twin", name="R1 Twin", aliases=())  # another name, same spec
+    gpus = [mine, card, twin, get_gpu("h100-sxm"), mine]
+    want = [min(1.0, gpu_distance(g, train) / near) for g in gpus]
+    assert want[1] == 0.0 and 0.0 < want[0] < 1.0  # a training card; a card between it and the far ones
+    with tile._call_scope():
+        assert [tile.transfer_scale(g) for g in gpus] == want
+    with tile._call_scope():  # the other order
+        assert [tile.transfer_scale(g) for g in gpus[::-1]] == want[::-1]
