@@ -250,6 +250,11 @@ class Attention:
     # an additive or boolean mask's bytes (attn_mask): read by the kernel, each of its elements
     # once (a dim it broadcasts over, as (b, 1, s, s) over the heads, counted once)
     mask_bytes: int = 0
+    # a causal sliding window (Mistral's sliding_window): the keys a query sees, itself
+    # included, i - window < j <= i (flash-attn's and Transformer Engine's window_size
+    # (window - 1, 0)); 0: none. Flash attention skips the key blocks outside the band, so its
+    # work is the band's pairs, about seq_q x window, not the causal triangle's seq_q^2 / 2
+    window: int = 0
     op_class = "attention"
 
     def __post_init__(self):
@@ -265,6 +270,11 @@ class Attention:
             _positive_ints("attention", self, v_head_dim=self.v_head_dim)
         if self.mask_bytes:  # 0: no mask
             _positive_ints("attention", self, mask_bytes=self.mask_bytes)
+        if self.window:  # 0: no window
+            _positive_ints("attention", self, window=self.window)
+            if not self.causal:
+                raise KitError(f"attention: a sliding window ({self.window}) is a causal band; "
+                               "give causal=True with it")
 
     @property
     def value_dim(self) -> int:
@@ -274,12 +284,19 @@ class Attention:
     def causal_fraction(self) -> float:
         """The share of (query, key) pairs a causal mask keeps: 1 without one. PyTorch's is_causal
         aligns the mask top-left (torch.nn.functional.scaled_dot_product_attention docs): query i
-        (from 1) sees keys 1..min(i, seq_kv), so seq_q = seq_kv keeps (L + 1) / 2L, a bit over half."""
+        (from 1) sees keys 1..min(i, seq_kv), so seq_q = seq_kv keeps (L + 1) / 2L, a bit over half.
+        A sliding window w takes away the pairs j <= i - w: the causal pairs of the queries from
+        w on, shifted back by w (queries 1..seq_q - w over the same keys); seq_q = seq_kv = L >= w
+        keeps L·w - w(w - 1)/2 pairs."""
         if not self.causal:
             return 1.0
+
+        def pairs(q: int, kv: int) -> float:  # (i, j) with j <= i, 0 <= i < q, 0 <= j < kv
+            return q * (q + 1) / 2 if q <= kv else kv * (kv + 1) / 2 + (q - kv) * kv
+
         q, kv = self.seq_q, self.seq_kv
-        pairs = q * (q + 1) / 2 if q <= kv else kv * (kv + 1) / 2 + (q - kv) * kv
-        return pairs / (q * kv)
+        band = pairs(q, kv) - (pairs(q - self.window, kv) if 0 < self.window < q else 0.0)
+        return band / (q * kv)
 
     @property
     def flops(self) -> float:

@@ -92,14 +92,14 @@ def test_each_bias_set_alone_is_split_or_replicated_by_its_linear(tmp_path, fami
     parallelism its TP group all-reduces the whole ones' gradients with the norms' (fp32 main
     grads, 4 bytes each). Qwen2's o_proj has no bias; counting one (its q, k, v flag read for o)
     had passed the other tests."""
-    from kit.parallel.build import sp_norm_grad_bytes
+    from kit.parallel.build import tp_norm_grad_bytes
 
     plain = parse_model(_config_file(tmp_path, "llama")[0])
     spec = parse_model(_config_file(tmp_path, family, **biases)[0])
     lay = Layout(tp=2, sequence_parallel=True, dtype="bf16")  # fp32 main grads
     assert layer_rank_params(spec, lay, 0)[0] - layer_rank_params(plain, lay, 0)[0] == split / 2 + whole
     # per layer its two RMSNorms' weights (2h) and the replicated biases; the final norm once
-    assert sp_norm_grad_bytes(spec, lay, 0) == (LAYERS * (2 * D + whole) + D) * 4
+    assert tp_norm_grad_bytes(spec, lay, 0) == (LAYERS * (2 * D + whole) + D) * 4
 
 
 def test_inline_shapes_take_out_and_mlp_bias():

@@ -10,7 +10,7 @@ import pytest
 from kit.comm import predict_collective
 from kit.hardware.system import get_system
 from kit.parallel import Layout, parse_model, predict_parallel
-from kit.parallel.build import sp_norm_grad_bytes
+from kit.parallel.build import tp_norm_grad_bytes
 from tests.test_parallel_embedding_group import SHAPE, _ops
 
 LABEL = "sequence-parallel norm grads all-reduce"
@@ -29,12 +29,12 @@ def _run(shape=SHAPE, **kw):
 def test_the_bytes_are_each_stages_norm_and_row_bias_gradients(pp, chunks):
     spec = parse_model(SHAPE)
     lay = Layout(tp=2, pp=pp, virtual_stages=chunks, sequence_parallel=True, dtype="bf16")
-    per_stage = [sp_norm_grad_bytes(spec, lay, s) for s in range(pp)]
+    per_stage = [tp_norm_grad_bytes(spec, lay, s) for s in range(pp)]
     # every layer once (two norms' weight and bias, two row-parallel biases), the final norm
     # once, in fp32 main gradients; no stage without its layers
     assert sum(per_stage) == (spec.layers * 6 * spec.hidden + 2 * spec.hidden) * 4
     assert all(b >= spec.layers // pp * 6 * spec.hidden * 4 for b in per_stage)
-    assert sp_norm_grad_bytes(spec, Layout(tp=2, pp=pp, virtual_stages=chunks), 0) == 0
+    assert tp_norm_grad_bytes(spec, Layout(tp=2, pp=pp, virtual_stages=chunks), 0) == 0
 
 
 def test_each_stage_all_reduces_its_norm_gradients_before_the_optimizer_step():
@@ -45,7 +45,7 @@ def test_each_stage_all_reduces_its_norm_gradients_before_the_optimizer_step():
     system = get_system("dgx-a100")
     for i in ops:
         stage = [s for s in range(lay.pp) if lay.rank(s, 0, 0) == res.graph.rank[i]][0]
-        want = max(predict_collective("allreduce", sp_norm_grad_bytes(spec, lay, stage), system,
+        want = max(predict_collective("allreduce", tp_norm_grad_bytes(spec, lay, stage), system,
                                       ranks=list(lay.tp_group(stage, d))).time_ms for d in range(lay.dp))
         assert res.graph.dur_ms[i] == pytest.approx(want) and want > 0
         rank = res.graph.rank[i]
@@ -72,5 +72,5 @@ def test_a_moe_layer_all_reduces_its_router_weight():
     lay = Layout(tp=2, sequence_parallel=True, dtype="bf16")
     moe_layers = sum(moe.is_moe(i) for i in range(moe.layers))
     assert moe_layers == 2
-    extra = sp_norm_grad_bytes(moe, lay, 0) - sp_norm_grad_bytes(dense, lay, 0)
+    extra = tp_norm_grad_bytes(moe, lay, 0) - tp_norm_grad_bytes(dense, lay, 0)
     assert extra == moe_layers * (moe.experts - 1) * moe.hidden * lay.grad_bytes

@@ -21,7 +21,8 @@ the next pass waits for them (DeepSpeed's gradient epilogue);
 ZeRO-3 (FSDP) all-gathers each chunk's weights before its forward and backward and
 reduce-scatters its gradients after. With sequence parallelism each stage's TP group then
 all-reduces the gradients of the weights it keeps whole while their inputs are sequence-split
-(norms, row-parallel biases: sp_norm_grad_bytes), and with pp > 1 and a tied LM head the first
+(norms, row-parallel biases: tp_norm_grad_bytes), as it does Qwen3's q/k norm weights with or
+without it, and with pp > 1 and a tied LM head the first
 and last stages all-reduce the word embedding's gradient (embedding_sync_bytes), before the
 optimizer step.
 """
@@ -265,7 +266,7 @@ def build_iteration(spec: GPTSpec, layout: Layout, system, predictor="auto",
                     r, "send-fwd" if fwd else "send-bwd", link_ms(min(dst, vi)),
                     "send " + ("activation" if fwd else "gradient"), group=key,
                     deps=(tail,), tag=(phase, mb, c)))
-        sp_bytes = sp_norm_grad_bytes(spec, lay, stage)
+        sp_bytes = tp_norm_grad_bytes(spec, lay, stage)
         sp_ms = coster.comm_ms("allreduce", sp_bytes, coster.group("tp", stage)) if sp_bytes else 0.0
         _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, embedding_sync_ms, sp_ms)
     return g, costs, coster
@@ -284,9 +285,18 @@ def pipeline_message_bytes(spec: GPTSpec, lay: Layout) -> float:
     return nbytes / lay.tp if lay.sequence_parallel else nbytes
 
 
-def sp_norm_grad_bytes(spec: GPTSpec, lay: Layout, stage: int) -> float:
-    """Bytes of the gradients a stage's TP group all-reduces after backward under sequence
-    parallelism (0 without it).
+def tp_norm_grad_bytes(spec: GPTSpec, lay: Layout, stage: int) -> float:
+    """Bytes of the gradients a stage's TP group all-reduces after backward: under sequence
+    parallelism those of every weight it keeps whole (below), and with or without it those of
+    Qwen3's q/k norms (GPTSpec.qk_norm_params); 0 at tp 1.
+
+    Megatron-core 0.16.1's _allreduce_non_tensor_model_parallel_grads
+    (distributed/finalize_model_grads.py lines 353-356) sums over the TP group a parameter that
+    is `sequence_parallel` under config.sequence_parallel, or, under config.qk_layernorm, one
+    named q_layernorm or k_layernorm: each rank's q/k norm weight, whole on every rank
+    (memory.tp_replicated_params), has seen its own heads only. The kit had all-reduced neither
+    without sequence parallelism, and not the q/k norms with it (Qwen3-8B at tp 8 without SP:
+    36 layers x 2 x 128 fp32 gradients, 36,864 bytes a step, now all-reduced).
 
     With SP a rank runs the norms and the row-parallel linears' bias adds on its 1/tp of the
     tokens, so its gradients of those replicated weights are partial sums over the sequence.
@@ -299,10 +309,12 @@ def sp_norm_grad_bytes(spec: GPTSpec, lay: Layout, stage: int) -> float:
     rank's 1/tp of the tokens before the dispatcher gathers them), left out it had been 8 x
     4,096 of Mixtral's weights a MoE layer. The last stage adds the final norm. In the gradient
     dtype (main_grad). GPT-3 175B at tp 8, pp 8: 12 layers x 6 x 12,288 x 4 bytes = 3.5 MB a stage."""
-    if not lay.sequence_parallel or lay.tp == 1:
+    if lay.tp == 1 or not (lay.sequence_parallel or spec.qk_norm):
         return 0.0
     virtual = stage_layers(spec, lay)
     layers = [i for c in range(lay.virtual_stages) for i in virtual[c * lay.pp + stage]]
+    if not lay.sequence_parallel:
+        return len(layers) * spec.qk_norm_params * lay.grad_bytes
     params = sum(tp_replicated_params(spec, i) for i in layers)
     if stage == lay.pp - 1:
         params += spec.norm_params
@@ -416,8 +428,8 @@ def _bucketed_backward(g, r, cost: ChunkCost, label, host, deps, lay, coster, dp
 
 def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, embedding_sync_ms=0.0,
             sp_norm_ms=0.0):
-    """Gradient sync not yet issued, sequence parallelism's norm-gradient all-reduce over the TP
-    group (sp_norm_grad_bytes; sp_norm_ms its time, 0: none), the tied embedding's all-reduce
+    """Gradient sync not yet issued, the norm-gradient all-reduce over the TP group
+    (tp_norm_grad_bytes; sp_norm_ms its time, 0: none), the tied embedding's all-reduce
     between the first and last stages (embedding_sync_bytes; embedding_sync_ms its time), the
     optimizer step, and ZeRO's weight all-gather."""
     chunks = [costs[c * lay.pp + stage] for c in range(lay.virtual_stages)]
@@ -435,7 +447,8 @@ def _finish(g, r, stage, lay, costs, coster, dp_group, grad_ops, host, embedding
         # on the compute stream, where the optimizer step waits for it
         tail = g.tail(r, "compute")
         grad_ops.append(_serves(g, TP_EP, g.gpu(
-            r, "compute", sp_norm_ms, "sequence-parallel norm grads all-reduce", kind="comm",
+            r, "compute", sp_norm_ms, ("sequence-parallel norm grads all-reduce" if lay.sequence_parallel
+                                       else "qk-norm grads all-reduce"), kind="comm",
             launch_ms=host.collective_us / 1e3, deps=tuple(grad_ops) + ((tail,) if tail >= 0 else ()))))
     if embedding_sync_ms > 0 and stage in (0, lay.pp - 1):
         # after the DP sync (finish_grad_sync), as Megatron's finalize_model_grads runs it; the

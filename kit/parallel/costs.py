@@ -407,10 +407,10 @@ class AnalyticSource:
         b, dt = lay.micro_batch, lay.dtype
         self.spec, self.layer_blocks = spec, {}
         for layer in range(spec.layers):
-            moe = spec.is_moe(layer)
-            if moe not in self.layer_blocks:
+            key = self.layer_key(layer)
+            if key not in self.layer_blocks:
                 fwd = layer_forward(spec, b, lay.tp, lay.ep, lay.sequence_parallel, dt, layer)
-                self.layer_blocks[moe] = (fwd, layer_backward(fwd, lay.tp, lay.sequence_parallel))
+                self.layer_blocks[key] = (fwd, layer_backward(fwd, lay.tp, lay.sequence_parallel))
         sp = lay.sequence_parallel
         emb = embedding_forward(spec, b, lay.tp, dt, sp)
         # the embedding's TP all-reduce has an identity backward (Megatron's
@@ -420,8 +420,10 @@ class AnalyticSource:
         self.embedding = (emb, embedding_backward(spec, b, lay.tp, dt, lay.grad_dtype, emb))
         self.head = (head_forward(spec, b, lay.tp, dt, sp), head_backward(spec, b, lay.tp, dt, sp))
 
-    def layer_key(self, layer: int) -> bool:
-        return self.spec.is_moe(layer)
+    def layer_key(self, layer: int) -> tuple:
+        """The layers that run alike: dense or MoE, and their sliding window (0: none; Qwen2's
+        layers below max_window_layers attend in full, those from it on in the window)."""
+        return self.spec.is_moe(layer), self.spec.window_of(layer)
 
     def layer(self, layer: int) -> tuple:
         return self.layer_blocks[self.layer_key(layer)]

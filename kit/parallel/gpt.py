@@ -228,8 +228,15 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
     if spec.qk_norm:  # one norm kernel over this rank's query heads, one over its key heads
         attn.ops += [norm(spec, tok * heads, dtype, hd), norm(spec, tok * kv // hd // tp, dtype, hd)]
     attn.ops += _rope(spec, tok, h // tp, kv // tp, dtype)
+    # unfused, Megatron-core's DotProductAttention computes every score and masks the window
+    # after (fused_softmax's get_sliding_window_causal_mask): no work skipped, priced as before
     if spec.attention == "flash":
-        attn.ops.append(ops.Attention(b, heads, s, s, hd, dtype, causal=True))
+        # a windowed layer (GPTSpec.window_of) as Megatron-core hands Transformer Engine its
+        # window_size: flash attention (and cuDNN's fused attention) skip the key blocks outside
+        # the band; at seq <= window the band is the causal triangle, priced as that op
+        window = spec.window_of(layer)
+        attn.ops.append(ops.Attention(b, heads, s, s, hd, dtype, causal=True,
+                                      window=window if window < s else 0))
     else:
         attn.ops += [ops.Gemm(m=s, n=s, k=hd, b=b * heads, dtype=dtype),
                      *_attention_softmax(b, heads, s, dtype),

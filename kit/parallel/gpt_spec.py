@@ -58,6 +58,11 @@ class GPTSpec:
     # (Qwen3, Gemma 3: RMSNorm; Megatron-core's --qk-layernorm, of the layer's norm kind, so a
     # LayerNorm where the spec has biases): 2 x head_dim weights a layer (4 x with betas) and two
     # norm kernels each way, which the kit had left out of Qwen3's layer
+    window: int = 0  # sliding-window attention: the keys a query of a windowed layer sees, itself
+    # included (HF's sliding_window: Mistral-7B v0.1's 4096; Megatron-core's window_size
+    # (window - 1, 0), which Transformer Engine hands flash attention); 0: full causal attention
+    window_from: int = 0  # the first windowed layer, counting from 0 (Qwen2's max_window_layers:
+    # HF slides its layers from there on); every layer from it on has the window
     name: str = "gpt"
     zoo: str | None = None  # the kit.workload zoo model it came from (its op graph can be captured)
 
@@ -109,6 +114,16 @@ class GPTSpec:
             if not self.experts:  # it would be accepted and change nothing
                 raise KitError(f"model {self.name}: capacity_factor applies to experts; give "
                                "experts=N (a moe: shape) or drop capacity_factor")
+        for k in ("window", "window_from"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise KitError(f"model {self.name}: {k} must be a whole number >= 0, got {v!r}")
+        if self.window_from and not self.window:  # it would be accepted and change nothing
+            raise KitError(f"model {self.name}: window_from applies to a sliding window; give "
+                           "window=N (the keys a query sees) or drop window_from")
+        if self.window_from >= self.layers:
+            raise KitError(f"model {self.name}: window_from {self.window_from} leaves none of its "
+                           f"{self.layers} layers (0 .. {self.layers - 1}) windowed")
         if self.attention not in ("flash", "unfused"):
             raise KitError(f"model {self.name}: attention must be flash or unfused, got {self.attention!r}")
 
@@ -159,6 +174,17 @@ class GPTSpec:
                            "experts x the factor), more than any tensor holds (2**63 - 1)")
         return self.experts * math.ceil(per_expert)
 
+    def window_of(self, layer: int) -> int:
+        """The sliding window of a layer's attention (GPTSpec.window from window_from on), or 0
+        for full causal attention."""
+        return self.window if self.window and layer >= self.window_from else 0
+
+    @property
+    def qk_norm_params(self) -> int:
+        """q_norm's and k_norm's parameters in a layer: a head wide each, weights (and with
+        biases LayerNorm's betas too, as Megatron-core's --qk-layernorm follows --normalization)."""
+        return 2 * (2 if self.bias else 1) * self.head_dim if self.qk_norm else 0
+
     def is_moe(self, layer: int) -> bool:
         return self.experts > 0 and (layer % self.moe_every) == self.moe_every - 1
 
@@ -170,10 +196,7 @@ class GPTSpec:
         mlp = self.mlp_params
         if self.is_moe(layer):
             mlp = self.experts * mlp + h * self.experts  # and the router's weight
-        # q_norm and k_norm: a head wide each, weights (and with biases LayerNorm's betas too,
-        # as Megatron-core's --qk-layernorm follows --normalization)
-        qk = 2 * (2 if self.bias else 1) * self.head_dim if self.qk_norm else 0
-        return attn + qk + mlp + 2 * self.norm_params
+        return attn + self.qk_norm_params + mlp + 2 * self.norm_params
 
     @property
     def params(self) -> int:
@@ -194,7 +217,9 @@ class GPTSpec:
                 "experts": self.experts, "capacity_factor": self.capacity_factor, "gated": self.gated, "rope": self.rope, "tied": self.tied,
                 "positions": None if self.rope else self.positions, "attention": self.attention,
                 "bias": self.bias, "qkv_bias": self.qkv_bias, "out_bias": self.out_bias,
-                "mlp_bias": self.mlp_bias, "qk_norm": self.qk_norm, "dropout": self.dropout, "params": self.params}
+                "mlp_bias": self.mlp_bias, "qk_norm": self.qk_norm, "dropout": self.dropout, "params": self.params,
+                # only where there is one: a full-attention spec's dict stays as it was
+                **({"window": self.window, "window_from": self.window_from} if self.window else {})}
 
 
 def _flag(v: str) -> bool:
@@ -205,7 +230,7 @@ _INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
          "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "capacity_factor": float, "attention": str, "positions": int, "dropout": float,
          "gated": _flag, "rope": _flag, "tied": _flag, "bias": _flag, "qkv_bias": _flag, "out_bias": _flag, "mlp_bias": _flag,
-         "qk_norm": _flag}
+         "qk_norm": _flag, "window": int, "window_from": int}
 
 
 def parse_model(text: str, seq: int | None = None) -> GPTSpec:
@@ -318,6 +343,28 @@ def _refuse_misread(name: str, c: dict) -> None:
                    f"heads, widths and parameters: {where}")
 
 
+def _window_of(name: str, c: dict) -> tuple[int, int]:
+    """(window, window_from) of a Llama-family config, its layers windowed as HF's are
+    (kit.workload.modes.sliding_windows: Mistral's sliding_window on every layer, Qwen2's and
+    Qwen3's under use_sliding_window from max_window_layers on, Phi-3's on every layer): the
+    multi-GPU layer had read none and run full causal attention past the window. (0, 0): none."""
+    from kit.workload.modes import sliding_windows
+
+    per_layer = sliding_windows(c)
+    slid = [i for i, w in enumerate(per_layer) if w]
+    if not slid:
+        return 0, 0
+    sizes, first = {per_layer[i] for i in slid}, slid[0]
+    if isinstance(per_layer[first], bool) or not isinstance(per_layer[first], int) or per_layer[first] < 0:
+        raise KitError(f"model {name!r}: sliding_window must be a whole number of tokens (null or "
+                       f"0: none), got {per_layer[first]!r}")
+    if len(sizes) > 1 or slid != list(range(first, len(per_layer))):
+        raise KitError(f"model {name!r}: its sliding-window layers ({', '.join(map(str, slid))} of "
+                       f"{len(per_layer)}) are not every layer from one on; the multi-GPU layer "
+                       "models a window on the layers from window_from on: predict it on one GPU (--gpu)")
+    return per_layer[first], first
+
+
 def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     try:
         from kit.workload.zoo import check_seq, config, default_seq, max_seq, resolve
@@ -423,6 +470,7 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
         qkv_bias, out_bias, mlp_bias = linear_biases(c)
     else:
         qkv_bias = out_bias = mlp_bias = family != "opt" or bool(c.get("enable_bias", True))
+    window, window_from = _window_of(name, c) if llama else (0, 0)
     rows = max_seq(c)  # the learned position table's (None: as many as seq); OPT's 2 more
     rows = rows + OPT_OFFSET if rows and family == "opt" else rows
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
@@ -432,7 +480,7 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
                    gated=llama, rope=llama, positions=None if llama else rows,
                    bias=not llama, qkv_bias=qkv_bias, out_bias=out_bias, mlp_bias=mlp_bias,
                    # as the zoo's module norms each head of q and k (zoo_modern's Attention)
-                   qk_norm=family in ("qwen3", "gemma3_text"),
+                   qk_norm=family in ("qwen3", "gemma3_text"), window=window, window_from=window_from,
                    # HF's Llama-style layers have no hidden dropout (and attention_dropout 0);
                    # GPT-2's resid_pdrop, OPT's dropout, BERT's hidden_dropout_prob
                    dropout=0.0 if llama else _dropout_of(name, c),

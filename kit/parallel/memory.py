@@ -68,8 +68,12 @@ def tp_replicated_params(spec: GPTSpec, layer: int) -> int:
     norms' weights and biases (4h), the attention output projection's bias and a dense MLP's
     second bias (row-parallel linears add their bias after the all-reduce), or a MoE layer's
     router, experts x h (Megatron-core's TopKRouter weight is not split). Without biases (GPTSpec.bias:
-    Llama's RMSNorm weights alone) 2h, or the router's weight with them."""
-    norms_and_out_bias = 2 * spec.norm_params + (spec.hidden if spec.out_bias else 0)
+    Llama's RMSNorm weights alone) 2h, or the router's weight with them. And Qwen3's q/k norms
+    (GPTSpec.qk_norm_params), a head wide each, which every rank applies to its own heads:
+    Megatron-core builds q_layernorm and k_layernorm hidden_size_per_attention_head wide
+    (megatron-core 0.16.1 transformer/attention.py lines 1280-1296), not split by tp; the kit had
+    divided them by tp (Qwen3-8B at tp 8: 36 x 2 x 128 x 7/8 = 8,064 weights a rank short)."""
+    norms_and_out_bias = 2 * spec.norm_params + (spec.hidden if spec.out_bias else 0) + spec.qk_norm_params
     return norms_and_out_bias + (spec.experts * spec.hidden if spec.is_moe(layer) else spec.mlp_out_bias)
 
 

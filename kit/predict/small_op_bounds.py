@@ -239,7 +239,7 @@ class SmallOpBounds:
             # (queries far fewer than keys) or the kernel is memory-bound
             masked = [j for j, i in enumerate(idx) if ops[i].causal]
             if masked:
-                full = np.array([roofline(replace(ops[idx[j]], causal=False), gpu).time_ms for j in masked])
+                full = np.array([roofline(replace(ops[idx[j]], causal=False, window=0), gpu).time_ms for j in masked])
                 cap = kernel_ms_of(full, params, None, [small[j] for j in masked])
                 for arr, bound in zip((t, lo, hi), cap):
                     arr[masked] = np.minimum(arr[masked], bound)
@@ -251,7 +251,7 @@ class SmallOpBounds:
                 padded = np.array([roofline(o, gpu).time_ms for o in twins])
                 cap = kernel_ms_of(padded, params, [o.causal for o in twins], None)
                 # the padded twin's own time, its causal one capped by its unmasked one as above
-                unmasked = kernel_ms_of(np.array([roofline(replace(o, causal=False), gpu).time_ms
+                unmasked = kernel_ms_of(np.array([roofline(replace(o, causal=False, window=0), gpu).time_ms
                                                   for o in twins]), params, None, None)
                 causal = np.array([o.causal for o in twins])
                 for arr, bound, free in zip((t, lo, hi), cap, unmasked):

@@ -31,6 +31,46 @@ def linear_biases(c: dict) -> tuple[bool, bool, bool]:
     every = family not in FIXED_BIASES and bool(c.get("attention_bias", family == "gpt_oss"))
     qkv = every or family == "qwen2" or (family == "qwen2_moe" and bool(c.get("qkv_bias", True)))
     return qkv, every, family == "llama" and bool(c.get("mlp_bias"))
+
+
+def sliding_windows(c) -> list[int]:
+    """Per layer the sliding window its decode cache keeps (0: every token), as HF's configs
+    type the layers: none in Llama and Gemma (their HF attention reads neither sliding_window nor
+    layer_types); an explicit layer_types list; else Gemma 2 and GPT-OSS slide on even
+    layers, Gemma 3 on all but every sliding_window_pattern-th (6), the Qwens only with
+    use_sliding_window, layer_types or not (Qwen2 and Qwen3 from max_window_layers on, Qwen2-MoE
+    on the even layers below it, Qwen3-MoE on all, its layer_types unread), any other family with a sliding_window on every layer. A
+    window (or max_window_layers) the config leaves out is HF's default for its family (Mistral,
+    Gemma 2 and 3: 4096; GPT-OSS 128; Qwen: 4096 from layer 28: zoo_configs.HF_DEFAULTS); a
+    Mistral dict without one had decoded at 8k context over 8k keys a layer, HF's over 4,096.
+    Here, free of torch, for the zoo's module (kit.workload.zoo_modern) and the multi-GPU
+    layer's GPTSpec (kit.parallel.gpt_spec) alike."""
+    from kit.workload.zoo_configs import hf_value
+
+    n, w, family = c["num_hidden_layers"], hf_value(c, "sliding_window") or 0, c.get("model_type", "llama")
+    if family.startswith("qwen") and not c.get("use_sliding_window"):
+        # HF's Qwen configs null the window without use_sliding_window, whatever layer_types
+        # says: a Qwen2 dict typing layers "sliding_attention" had kept HF's default 4096 there
+        w = 0
+    if not w or family in ("llama", "gemma"):
+        return [0] * n
+    if family == "qwen3_moe":  # its HF attention reads config.sliding_window, no layer_types
+        return [w] * n
+    types = c.get("layer_types")
+    if types:
+        return [w if t == "sliding_attention" else 0 for t in types]
+    if family in ("gemma2", "gpt_oss"):
+        return [w if i % 2 == 0 else 0 for i in range(n)]
+    if family == "gemma3_text":
+        pattern = c.get("sliding_window_pattern", 6)
+        return [w if (i + 1) % pattern else 0 for i in range(n)]
+    if family.startswith("qwen"):
+        first = hf_value(c, "max_window_layers", n)
+        slides = {"qwen2_moe": lambda i: i % 2 == 0 and i < first}.get(family, lambda i: i >= first)
+        return [w if slides(i) else 0 for i in range(n)]
+    return [w] * n
+
+
 DECODERS = ("gpt2", "opt", *LLAMA_FAMILIES, "deepseek_v3")  # families with a KV-cache decode step
 KV_CACHES = ("static", "dynamic")  # how a decode step's cache grows (kit.workload.kv_cache)
 

@@ -36,7 +36,8 @@ import torch.nn.functional as F
 
 from kit.workload.hf_masks import decode_mask_size, hf_sdpa_mask
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
-from kit.workload.modes import TIED_BY_DEFAULT, linear_biases
+# sliding_windows: re-exported, kit.workload.generation and the tests import it from here
+from kit.workload.modes import TIED_BY_DEFAULT, linear_biases, sliding_windows  # noqa: F401
 from kit.workload.zoo_configs import HF_DEFAULTS, hf_value
 from kit.workload.zoo_experts import OaiMoE, TopKMoE, activate
 
@@ -270,40 +271,6 @@ class SwiGLU(nn.Module):
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(activate(self.act, gate) * up)
-
-
-def sliding_windows(c) -> list[int]:
-    """Per layer the sliding window its decode cache keeps (0: every token), as HF's configs
-    type the layers: none in Llama and Gemma (their HF attention reads neither sliding_window nor
-    layer_types); an explicit layer_types list; else Gemma 2 and GPT-OSS slide on even
-    layers, Gemma 3 on all but every sliding_window_pattern-th (6), the Qwens only with
-    use_sliding_window, layer_types or not (Qwen2 and Qwen3 from max_window_layers on, Qwen2-MoE
-    on the even layers below it, Qwen3-MoE on all, its layer_types unread), any other family with a sliding_window on every layer. A
-    window (or max_window_layers) the config leaves out is HF's default for its family (Mistral,
-    Gemma 2 and 3: 4096; GPT-OSS 128; Qwen: 4096 from layer 28: zoo_configs.HF_DEFAULTS); a
-    Mistral dict without one had decoded at 8k context over 8k keys a layer, HF's over 4,096."""
-    n, w, family = c["num_hidden_layers"], hf_value(c, "sliding_window") or 0, _family(c)
-    if family.startswith("qwen") and not c.get("use_sliding_window"):
-        # HF's Qwen configs null the window without use_sliding_window, whatever layer_types
-        # says: a Qwen2 dict typing layers "sliding_attention" had kept HF's default 4096 there
-        w = 0
-    if not w or family in ("llama", "gemma"):
-        return [0] * n
-    if family == "qwen3_moe":  # its HF attention reads config.sliding_window, no layer_types
-        return [w] * n
-    types = c.get("layer_types")
-    if types:
-        return [w if t == "sliding_attention" else 0 for t in types]
-    if family in ("gemma2", "gpt_oss"):
-        return [w if i % 2 == 0 else 0 for i in range(n)]
-    if family == "gemma3_text":
-        pattern = c.get("sliding_window_pattern", 6)
-        return [w if (i + 1) % pattern else 0 for i in range(n)]
-    if family.startswith("qwen"):
-        first = hf_value(c, "max_window_layers", n)
-        slides = {"qwen2_moe": lambda i: i % 2 == 0 and i < first}.get(family, lambda i: i >= first)
-        return [w if slides(i) else 0 for i in range(n)]
-    return [w] * n
 
 
 def _moe_key(c, key: str, default=None):

@@ -1,0 +1,141 @@
+"""Sliding-window attention in the multi-GPU layer: Mistral's sliding_window (every layer),
+Qwen2's under use_sliding_window (from max_window_layers on). Megatron-core hands the window to
+Transformer Engine (TransformerConfig.window_size; extensions/transformer_engine.py), whose flash
+and cuDNN kernels skip the key blocks outside the band, so a windowed layer's attention does
+about seq x window pairs, not the causal triangle's seq^2 / 2. The layer had read no window and
+priced full causal attention past it. Expected values here come from counting the band's pairs
+by hand (a loop over queries and keys), not from the code under test."""
+import json
+import warnings
+
+import pytest
+
+from kit import ops
+from kit.errors import KitError
+from kit.parallel import Layout, parse_model
+from kit.parallel.costs import AnalyticSource
+from kit.parallel.gpt import layer_forward
+from kit.workload.kernels import ATTENTION_BWD_SCALE
+
+MISTRAL = {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+           "vocab_size": 32000, "max_position_embeddings": 32768, "sliding_window": 4096,
+           "tie_word_embeddings": False, "name": "mistral-7b"}
+QWEN2 = {"model_type": "qwen2", "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
+         "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 32000,
+         "max_position_embeddings": 32768, "sliding_window": 512, "use_sliding_window": True,
+         "max_window_layers": 5, "name": "qwen2-toy"}
+
+
+def _file(tmp_path, c, **extra):
+    path = tmp_path / f"{c['name']}.json"
+    path.write_text(json.dumps({**c, **extra}))
+    return str(path)
+
+
+def _band_pairs(seq: int, window: int) -> int:
+    """(query i, key j) pairs with i - window < j <= i, counted one by one."""
+    return sum(1 for i in range(seq) for j in range(seq) if i - window < j <= i)
+
+
+@pytest.mark.parametrize("seq, window", [(8, 3), (16, 16), (16, 20), (33, 1), (40, 7)])
+def test_a_windowed_attentions_flops_are_its_bands_pairs(seq, window):
+    op = ops.Attention(2, 3, seq, seq, 64, "bf16", causal=True, window=window)
+    # Q·K^T and P·V: 2 FLOPs a multiply-add, head_dim each, for every pair in the band
+    assert op.flops == pytest.approx(2 * 2 * 3 * _band_pairs(seq, window) * (64 + 64), rel=1e-12)
+    # its tensors are read and written once, window or not
+    assert op.bytes == ops.Attention(2, 3, seq, seq, 64, "bf16", causal=True).bytes
+
+
+def test_mistral_at_8k_and_32k_does_seq_x_window_less_the_first_windows_triangle():
+    # by hand: query i sees min(i + 1, w) keys; summed, L·w - w(w - 1)/2
+    for seq, pairs in ((8192, 8192 * 4096 - 4096 * 4095 // 2), (32768, 32768 * 4096 - 4096 * 4095 // 2)):
+        op = ops.Attention(1, 4, seq, seq, 128, "bf16", causal=True, window=4096)
+        assert op.flops == 2 * 4 * pairs * 256
+    # 8192: 25,167,872 pairs of the triangle's 33,558,528; 32768: 125,829,120 of 536,887,296
+    assert 8192 * 4096 - 4096 * 4095 // 2 == 25_167_872
+
+
+def test_a_window_needs_a_causal_band_and_a_whole_number():
+    with pytest.raises(KitError, match="causal"):
+        ops.Attention(1, 1, 64, 64, 64, "bf16", window=16)
+    with pytest.raises(KitError, match="window"):
+        ops.Attention(1, 1, 64, 64, 64, "bf16", causal=True, window=-1)
+
+
+def test_mistrals_config_windows_every_layer_forward_and_backward(tmp_path):
+    spec = parse_model(_file(tmp_path, MISTRAL), seq=8192)
+    assert (spec.window, spec.window_from) == (4096, 0)
+    assert spec.to_dict()["window"] == 4096
+    lay = Layout(tp=8, dtype="bf16")
+    src = AnalyticSource(spec, lay)
+    for layer in (0, 31):
+        fwd, bwd = src.layer(layer)
+        attn = [op for blk in fwd for op in blk.ops if isinstance(op, ops.Attention)]
+        assert len(attn) == 1 and attn[0].window == 4096
+        # this rank's 32 / 8 = 4 heads of 128 over the band
+        assert attn[0].flops == 2 * 4 * (8192 * 4096 - 4096 * 4095 // 2) * 256
+        back = [(op, f) for blk in bwd for op, f in zip(blk.ops, blk.bwd_factor) if isinstance(op, ops.Attention)]
+        # the backward is the windowed kernel's too, ATTENTION_BWD_SCALE times its forward
+        assert back == [(attn[0], ATTENTION_BWD_SCALE)]
+
+
+def test_qwen2_windows_the_layers_from_max_window_layers_on(tmp_path):
+    spec = parse_model(_file(tmp_path, QWEN2), seq=2048)
+    assert (spec.window, spec.window_from) == (512, 5)
+    full = 2048 * 2049 // 2
+    for layer, pairs in ((0, full), (4, full), (5, _band_pairs_closed(2048, 512)), (7, _band_pairs_closed(2048, 512))):
+        attn = [op for blk in layer_forward(spec, 1, 2, 1, False, "bf16", layer) for op in blk.ops
+                if isinstance(op, ops.Attention)]
+        assert attn[0].flops == 2 * 8 * pairs * 128, layer
+    src = AnalyticSource(spec, Layout(tp=2, dtype="bf16"))
+    assert src.layer_key(4) != src.layer_key(5)  # the two kinds of layer are costed apart
+    # without use_sliding_window HF's Qwen2 nulls the window: every layer full
+    off = parse_model(_file(tmp_path, QWEN2, use_sliding_window=False), seq=2048)
+    assert off.window == 0 and "window" not in off.to_dict()
+
+
+def _band_pairs_closed(seq, w):
+    return seq * w - w * (w - 1) // 2
+
+
+def test_a_window_no_shorter_than_seq_is_the_causal_op_and_full_specs_are_unchanged(tmp_path):
+    spec = parse_model(_file(tmp_path, MISTRAL), seq=4096)
+    attn = [op for blk in layer_forward(spec, 1, 8, 1, False, "bf16") for op in blk.ops
+            if isinstance(op, ops.Attention)]
+    assert attn == [ops.Attention(1, 4, 4096, 4096, 128, "bf16", causal=True)]
+    plain = parse_model("llama:layers=2,hidden=256,heads=4,seq=128")
+    assert "window" not in plain.to_dict() and "window_from" not in plain.to_dict()
+
+
+def test_inline_shapes_take_a_window_and_refuse_a_stray_one():
+    spec = parse_model("llama:layers=4,hidden=256,heads=4,seq=256,window=64,window_from=2")
+    assert [spec.window_of(i) for i in range(4)] == [0, 0, 64, 64]
+    with pytest.raises(KitError, match="window_from applies"):
+        parse_model("llama:layers=4,hidden=256,heads=4,window_from=2")
+    with pytest.raises(KitError, match="window_from 4 leaves none"):
+        parse_model("llama:layers=4,hidden=256,heads=4,window=64,window_from=4")
+    with pytest.raises(KitError, match="window must be"):
+        parse_model("llama:layers=4,hidden=256,heads=4,window=-3")
+
+
+def test_a_config_whose_windowed_layers_interleave_is_refused(tmp_path):
+    types = ["sliding_attention" if i % 2 else "full_attention" for i in range(8)]
+    with pytest.raises(KitError, match="not every layer from one on"):
+        parse_model(_file(tmp_path, QWEN2, layer_types=types), seq=1024)
+    with pytest.raises(KitError, match="sliding_window must be a whole number"):
+        parse_model(_file(tmp_path, MISTRAL, sliding_window=-4), seq=1024)
+
+
+def test_windowed_layers_cut_mistrals_step_at_32k(tmp_path):
+    from kit.parallel import predict_parallel
+
+    spec = parse_model(_file(tmp_path, MISTRAL), seq=32768)
+    full = parse_model(_file(tmp_path, MISTRAL, sliding_window=None), seq=32768)
+    assert full.window == 0
+    lay = Layout(tp=8, micro_batch=1, global_batch=1, dtype="bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = [predict_parallel(s, "dgx-h100", lay, nodes=1, graph=False, predictor="roofline")["iteration_ms"]
+             for s in (spec, full)]
+    assert t[0] < 0.8 * t[1]  # the attention is most of a 32k step: the band is 23% of its pairs
