@@ -139,3 +139,45 @@ def test_windowed_layers_cut_mistrals_step_at_32k(tmp_path):
         t = [predict_parallel(s, "dgx-h100", lay, nodes=1, graph=False, predictor="roofline")["iteration_ms"]
              for s in (spec, full)]
     assert t[0] < 0.8 * t[1]  # the attention is most of a 32k step: the band is 23% of its pairs
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-SXM4-80GB"])
+def test_the_tile_predictor_prices_a_window_under_its_causal_op(gpu):
+    """The default predictor's fused-attention path caps a masked op by its unmasked twin
+    (small_op_bounds); that twin must drop the window too (an Attention refuses a window without
+    causal=True). Work only leaves with the window: at 32k x 4096 the band keeps 23% of the causal
+    pairs (125,829,120 of 536,887,296, by hand), a compute-bound kernel, so well under half the
+    causal op's time; and never more than it at any window."""
+    from kit.predict import get_predictor
+
+    p = get_predictor("tile")
+    base = dict(b=1, heads=4, seq_q=32768, seq_kv=32768, head_dim=128, dtype="bf16")
+    windows = (64, 512, 4096, 16384, 32767)
+    ops_ = [ops.Attention(**base, causal=True, window=w) for w in windows] + [ops.Attention(**base, causal=True)]
+    t = p.predict(ops_, gpu)["latency_ms"].tolist()
+    causal = t[-1]
+    assert all(a <= b for a, b in zip(t[:-1], t[1:]))  # a wider band is no faster
+    assert t[windows.index(4096)] < 0.5 * causal
+
+
+def test_window_keys_a_config_cannot_hold_are_refused(tmp_path):
+    """HF reads sliding_window and max_window_layers as whole numbers, and refuses a layer_types
+    list of another length than num_hidden_layers (PreTrainedConfig.validate_layer_type,
+    transformers 5.25): each had failed with a TypeError traceback (a list window: unhashable;
+    a string or null max_window_layers: '>=' against an int), or a short layer_types list had
+    windowed the model's layers past its end as its last."""
+    with pytest.raises(KitError, match="sliding_window must be a whole number"):
+        parse_model(_file(tmp_path, MISTRAL, sliding_window=[4096]), seq=1024)
+    for bad in ("5", None, -1):
+        with pytest.raises(KitError, match="max_window_layers must be a whole number"):
+            parse_model(_file(tmp_path, QWEN2, max_window_layers=bad), seq=1024)
+    short = ["full_attention"] + ["sliding_attention"] * 2  # 3 of the 8 layers
+    with pytest.raises(KitError, match=r"layer_types must be a list of num_hidden_layers \(8\)"):
+        parse_model(_file(tmp_path, QWEN2, layer_types=short), seq=1024)
+    with pytest.raises(KitError, match="layer_types must be a list"):
+        parse_model(_file(tmp_path, QWEN2, layer_types="sliding_attention"), seq=1024)
+    # the one-GPU zoo reads the same list (its decode cache, its masks): refused there too
+    from kit.workload.modes import sliding_windows
+
+    with pytest.raises(KitError, match="layer_types must be a list"):
+        sliding_windows({**QWEN2, "layer_types": short})

@@ -350,14 +350,14 @@ def _window_of(name: str, c: dict) -> tuple[int, int]:
     multi-GPU layer had read none and run full causal attention past the window. (0, 0): none."""
     from kit.workload.modes import sliding_windows
 
-    per_layer = sliding_windows(c)
+    try:  # it refuses a window, max_window_layers or layer_types it cannot read
+        per_layer = sliding_windows(c)
+    except KitError as e:
+        raise KitError(f"model {name!r}: {e}") from None
     slid = [i for i, w in enumerate(per_layer) if w]
     if not slid:
         return 0, 0
     sizes, first = {per_layer[i] for i in slid}, slid[0]
-    if isinstance(per_layer[first], bool) or not isinstance(per_layer[first], int) or per_layer[first] < 0:
-        raise KitError(f"model {name!r}: sliding_window must be a whole number of tokens (null or "
-                       f"0: none), got {per_layer[first]!r}")
     if len(sizes) > 1 or slid != list(range(first, len(per_layer))):
         raise KitError(f"model {name!r}: its sliding-window layers ({', '.join(map(str, slid))} of "
                        f"{len(per_layer)}) are not every layer from one on; the multi-GPU layer "

@@ -54,10 +54,17 @@ def sliding_windows(c) -> list[int]:
         w = 0
     if not w or family in ("llama", "gemma"):
         return [0] * n
+    _check_whole("sliding_window", w, "tokens a query sees; null or 0: none")
     if family == "qwen3_moe":  # its HF attention reads config.sliding_window, no layer_types
         return [w] * n
     types = c.get("layer_types")
     if types:
+        # HF's PreTrainedConfig.validate_layer_type (transformers 5.25) refuses a list of another
+        # length: read as given, a short one had windowed the model's other layers as its last
+        # (multi-GPU) or left them unwindowed (zip, one GPU); a string had been read letter by letter
+        if not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types):
+            raise KitError(f"layer_types must be a list of num_hidden_layers ({n}) attention kinds "
+                           f"(\"sliding_attention\", \"full_attention\"), got {types!r}")
         return [w if t == "sliding_attention" else 0 for t in types]
     if family in ("gemma2", "gpt_oss"):
         return [w if i % 2 == 0 else 0 for i in range(n)]
@@ -66,9 +73,17 @@ def sliding_windows(c) -> list[int]:
         return [w if (i + 1) % pattern else 0 for i in range(n)]
     if family.startswith("qwen"):
         first = hf_value(c, "max_window_layers", n)
+        _check_whole("max_window_layers", first, "the first sliding-window layer")
         slides = {"qwen2_moe": lambda i: i % 2 == 0 and i < first}.get(family, lambda i: i >= first)
         return [w if slides(i) else 0 for i in range(n)]
     return [w] * n
+
+
+def _check_whole(key: str, value, what: str) -> None:
+    """A KitError unless value is a whole number >= 0: a list or string had failed inside the
+    reading with a TypeError (unhashable, '>=' between int and str)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise KitError(f"{key} must be a whole number ({what}), got {value!r}")
 
 
 DECODERS = ("gpt2", "opt", *LLAMA_FAMILIES, "deepseek_v3")  # families with a KV-cache decode step
