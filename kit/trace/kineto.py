@@ -55,6 +55,7 @@ class GpuEvent:
     cat: str  # "kernel" | "memcpy" | "memset"
     correlation: int | None
     bytes: int | None = None
+    comm: object = None  # kit.trace.comm_meta.CommMeta: newer Kineto's process-group fields
 
 
 @dataclass
@@ -77,6 +78,7 @@ class CpuOp:
     types: list | None
     ext_id: int | None = None  # Kineto "External id"
     rf_id: int | None = None  # "Record function id" (the ET's rf_id), when the trace has it
+    comm: object = None  # kit.trace.comm_meta.CommMeta (record_param_comms' process-group fields)
 
 
 @dataclass
@@ -183,6 +185,8 @@ class NotKineto(KitError):
 
 def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
     """Turn one loaded Kineto JSON document into a RankTrace."""
+    from kit.trace.comm_meta import comm_meta  # it reads ids as this module does
+
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
@@ -251,7 +255,8 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
             kind = "kernel" if cat in ("kernel", "Kernel") else (
                 "memcpy" if "emcpy" in cat else "memset")
             stream = args.get("stream", e.get("tid"))
-            t.gpu.append(GpuEvent(ts, dur, name, str(stream), kind, corr, args.get("bytes")))
+            t.gpu.append(GpuEvent(ts, dur, name, str(stream), kind, corr, args.get("bytes"),
+                                  comm_meta(args)))
         elif cat in RUNTIME_CATS:
             profiled += cat == "cuda_profiler_range"
             t.runtime.append(RuntimeCall(ts, dur, name, str(e.get("tid")), corr,
@@ -266,7 +271,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
                     pids[pid] = pids.get(pid, 0) + 1
                 t.cpu_ops.append(CpuOp(ts, dur, name, str(e.get("tid")), args.get("Input Dims"),
                                        args.get("Input type"), int_or_none(args.get("External id")),
-                                       int_or_none(args.get("Record function id"))))
+                                       int_or_none(args.get("Record function id")), comm_meta(args)))
     t.pid = max(pids, key=pids.get) if pids else None
     if how:
         t.rank_from = how

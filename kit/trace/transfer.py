@@ -20,6 +20,13 @@ scaling, Yu et al., ATC 2021):
                                                                nccl:* annotation, the job's ranks
                                                                as its group)
 
+Where the trace names a collective's process group (newer PyTorch: record_param_comms' "Process
+Group Ranks", "Src Rank"/"Dst Rank", "In msg nelems", "dtype"; kit.trace.comm_meta), kit.comm
+prices it on that group's ranks as each system places them, a send or recv with its peer as one
+transfer between the two ranks, and at the size those fields give. Without them (the shared
+PARAM and HTA traces have none) a collective runs over all the job's ranks and a send/recv is a
+ring shift across them, as a note says.
+
 With a GPU as target the collectives keep their measured times (no system to predict them on).
 """
 from __future__ import annotations
@@ -318,16 +325,59 @@ def _nccl_sizes(trace):
     return out
 
 
-def _size_of(sizes, starts, call):
+def _enclosing(items, starts, call):
+    """The latest-starting of items (start, end, tid, ...), sorted by start, that holds the call's
+    start on its thread, or None."""
     k = bisect.bisect_right(starts, call.ts_us) - 1
     while k >= 0:
-        s, e, tid, nbytes, name = sizes[k]
+        s, e, tid = items[k][:3]
         if tid == call.tid and e >= call.ts_us:
-            return nbytes, name
+            return items[k]
         k -= 1
         if call.ts_us - s > 1e5:
             break
-    return None, None
+    return None
+
+
+def _size_of(sizes, starts, call):
+    x = _enclosing(sizes, starts, call)
+    return (x[3], x[4]) if x else (None, None)
+
+
+def _comm_metas(trace):
+    """Sorted (start, end, tid, CommMeta) of a rank's CPU ops with process-group fields
+    (record_param_comms, nccl:*): kit.trace.comm_meta."""
+    return [(op.ts_us, op.ts_us + op.dur_us, op.tid, op.comm) for op in trace.cpu_ops
+            if op.comm is not None]
+
+
+def trace_group(meta, rank: int, world: int):
+    """(the global ranks a collective runs on, by the trace's process-group fields, or None;
+    why the fields do not give them, or None). A send or recv with its peer ("Dst Rank", "Src
+    Rank") is one transfer between rank and the peer; another collective runs on its "Process
+    Group Ranks"; a send or recv without its peer on its group, as a ring shift there."""
+    if meta is None:
+        return None, None
+    peer = meta.dst if meta.collective == "send" else meta.src if meta.collective == "recv" else None
+    if peer is not None:
+        if peer == rank or peer >= world:
+            return None, (f"its peer rank {peer} is {'itself' if peer == rank else 'outside'} the "
+                          f"job's {world} ranks")
+        # the peer is a global rank (torch writes groupRanks[peer's group rank]): one of its group's
+        if meta.group_ranks is not None and (peer not in meta.group_ranks or rank not in meta.group_ranks):
+            return None, (f"its peer rank {peer} and rank {rank} are not both in its 'Process Group "
+                          f"Ranks' ({rank_list(meta.group_ranks)})")
+        return sorted((rank, peer)), None
+    if meta.group_ranks is None:
+        return None, meta.problem
+    ranks = list(meta.group_ranks)
+    if meta.is_p2p and len(ranks) < 2:
+        return None, f"its {meta.collective} names no peer and a group of {len(ranks)} rank"
+    if ranks[-1] >= world or rank not in ranks:
+        return None, (f"its 'Process Group Ranks' ({rank_list(ranks)}) "
+                      + (f"reach past the job's {world} ranks" if ranks[-1] >= world
+                         else f"leave out rank {rank}, whose collective it is"))
+    return ranks, None
 
 
 def _names_no_gpu(t) -> bool:
@@ -373,15 +423,23 @@ def transfer(tg: TraceGraph, on) -> str:
     # agree. It had kept its measured time while the others were rescaled, so one all-reduce
     # ended at different times on its ranks (on a DGX H100: 0.107 ms on rank 0, 0.130 on rank 1)
     own_bytes: dict = {}  # comm op -> its nccl:* size
-    annotation: dict = {}  # comm op -> the kind its nccl:* annotation names
+    annotation: dict = {}  # comm op -> the kind its nccl:* annotation (or "Collective name") names
+    metas: dict = {}  # comm op -> its process-group fields (kit.trace.comm_meta), where the trace has them
     for t in tg.traces:
         sizes = _nccl_sizes(t)
         starts = [x[0] for x in sizes]
-        for op, _, _, call in tg.gpu_ops.get(t.rank, []):
+        fields = _comm_metas(t)
+        field_starts = [x[0] for x in fields]
+        for op, ge, _, call in tg.gpu_ops.get(t.rank, []):
             if g.kind[op] != "comm":
                 continue
             nbytes, name = _size_of(sizes, starts, call)
-            if name and (kind := annotation_kind(name)):
+            x = _enclosing(fields, field_starts, call) if ge.comm is None else None
+            meta = metas[op] = ge.comm if ge.comm is not None else x[3] if x else None
+            kind = annotation_kind(name) if name else None
+            if kind is None and meta is not None and meta.collective:
+                kind = annotation_kind(meta.collective)
+            if kind:
                 annotation[op] = kind
             if nbytes:
                 own_bytes[op] = nbytes
@@ -394,6 +452,8 @@ def transfer(tg: TraceGraph, on) -> str:
         if g.group[op] is not None:
             group_kind.setdefault(g.group[op], set()).add(kind)
     borrowed = 0
+    placed = {"group": 0, "pair": 0, "job": 0}  # collectives by the ranks they were priced on
+    unread: dict = {}  # why a collective's process-group fields were not used -> how many
     host_bound = {}  # rank -> host<->device copies kept at their measured durations
     unnamed = _unnamed_gpu(tg.traces)
     for t in tg.traces:
@@ -413,22 +473,32 @@ def transfer(tg: TraceGraph, on) -> str:
                 why = ("--on names a GPU, not a system to predict them on" if dst_sys is None else
                        f"no single-node preset has {world} x {src_gpu.key} to rescale them from"
                        if src_sys is None else None)
-                nbytes = None if why else own_bytes.get(op)
+                kinds = group_kind.get(g.group[op], set())
+                ck = _collective_kind(ge.name, annotation.get(op) or
+                                      (next(iter(kinds)) if len(kinds) == 1 else None))
+                meta = metas.get(op)
+                ranks, not_used = trace_group(meta, t.rank, world)
+                if ranks is not None and len(ranks) == 2 and meta.is_p2p:
+                    ck = "sendrecv"  # one transfer between the two: a 2-rank ring shift
+                where = "job" if ranks is None else "pair" if len(ranks) == 2 and meta.is_p2p else "group"
+                ranks = ranks if ranks is not None else list(range(world))
+                # the fields' size is already nccl-tests' (CommMeta.nbytes); an nccl:* input is not
+                nbytes = None if why else meta.nbytes(ck) if meta is not None else None
+                if why is None and not nbytes and own_bytes.get(op):
+                    nbytes = nccl_tests_bytes(ck, own_bytes[op], len(ranks))
                 if why is None and not nbytes:
                     shared = group_bytes.get(g.group[op], ())
                     if len(shared) == 1:
-                        nbytes = next(iter(shared))
+                        nbytes = nccl_tests_bytes(ck, next(iter(shared)), len(ranks))
                         borrowed += 1
                     else:
                         why = "no nccl:* annotation with a readable size"
                 if why:
                     kept[why] = kept.get(why, 0) + 1
                     continue
-                kinds = group_kind.get(g.group[op], set())
-                ck = _collective_kind(ge.name, annotation.get(op) or
-                                      (next(iter(kinds)) if len(kinds) == 1 else None))
-                ranks = list(range(world))
-                nbytes = nccl_tests_bytes(ck, nbytes, world)
+                placed[where] += 1
+                if not_used:
+                    unread[not_used] = unread.get(not_used, 0) + 1
                 a = predict_collective(ck, nbytes, src_sys, ranks=ranks).time_ms
                 b = predict_collective(ck, nbytes, dst_sys, ranks=ranks).time_ms
                 g.dur_ms[op] = d * b / a
@@ -467,6 +537,17 @@ def transfer(tg: TraceGraph, on) -> str:
         tg.notes.append(f"rank{'s' if len(blind) > 1 else ''} {rank_list(blind)} name no GPU (no "
                         f"deviceProperties): taken as {unnamed}, the GPU the other ranks name")
     tg.notes += [f"{n} collective(s) keep their measured times: {why}" for why, n in kept.items()]
+    named = [f"{placed['group']} collective(s) priced on the process group their trace names "
+             "('Process Group Ranks')" if placed["group"] else "",
+             f"{placed['pair']} send/recv as one transfer between their two ranks ('Src Rank', "
+             "'Dst Rank')" if placed["pair"] else ""]
+    if any(named):
+        tg.notes.append("; ".join(x for x in named if x))
+    if placed["job"] and world > 1:
+        tg.notes.append(f"{placed['job']} collective(s) priced over all the job's {world} ranks as their "
+                        "group (send/recv as a ring shift across them): the trace names no process "
+                        "group for them (PyTorch's record_param_comms 'Process Group Ranks')")
+    tg.notes += [f"{n} collective(s) do not use their process-group fields: {why}" for why, n in unread.items()]
     if borrowed:
         tg.notes.append(f"{borrowed} collective(s) without a readable nccl:* size take the size the "
                         "other ranks of their group give")

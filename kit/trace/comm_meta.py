@@ -1,0 +1,115 @@
+"""The process-group fields newer PyTorch Kineto traces carry on a collective, read into CommMeta.
+
+PyTorch's profiler writes them on the record_param_comms cpu_op (and newer Kineto on the NCCL
+kernel's own event); the keys are torch 2.13's (torch/include/torch/csrc/profiler/util.h:190-206,
+kCommsName ... kP2pDst). How the values are written (torch 2.13's own readers of them):
+* "Collective name", "dtype", "Process Group Name", "Process Group Description": strings; dtype is
+  c10's ScalarType name ("Float", "BFloat16": torch/testing/_internal/distributed/distributed_test.py:7107).
+* "In msg nelems", "Out msg nelems", "Group size", "Global rank start", "Global rank stride",
+  "Rank", "Src Rank", "Dst Rank": numbers (distributed_test.py:708-712 compares them with ints;
+  torch/autograd/profiler_util.py:626-638 converts them with int).
+* "Process Group Ranks": a string of a JSON list, "[0, 1]" (torch/_inductor/fx_passes/
+  profile_guided_estimation.py:208,226-231 json.loads it), which libtorch_cpu.so's format
+  "[{}, ..., {}]" shortens past a length; then the ranks are start + i * stride for i below the
+  group size (ParamCommsUtils.hpp's ParamCommsDebugInfo takes globalRankStart, globalRankStride
+  and worldSize, and getGroupRanks). A list of ints is read too.
+* "Src Rank" (recv) and "Dst Rank" (send) are the peer's global rank: groupRanks[rank], where a
+  send's or recv's "Rank" is the peer's rank in its group.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kit.trace.kineto import int_or_none
+
+KEYS = ("Collective name", "Process Group Ranks", "Group size", "In msg nelems", "Src Rank",
+        "Dst Rank")
+# c10::ScalarType names (c10/core/ScalarType.h) -> bytes an element; checked against torch's
+# itemsize in tests/test_replay_process_groups.py
+DTYPE_BYTES = {"Byte": 1, "Char": 1, "Short": 2, "Int": 4, "Long": 8, "Half": 2, "Float": 4,
+               "Double": 8, "ComplexHalf": 4, "ComplexFloat": 8, "ComplexDouble": 16, "Bool": 1,
+               "BFloat16": 2, "Float8_e5m2": 1, "Float8_e4m3fn": 1, "Float8_e5m2fnuz": 1,
+               "Float8_e4m3fnuz": 1, "UInt16": 2, "UInt32": 4, "UInt64": 8}
+
+
+@dataclass(frozen=True)
+class CommMeta:
+    collective: str | None = None  # "Collective name": allreduce, _allgather_base, send, ...
+    group_ranks: tuple | None = None  # the group's global ranks, sorted; None when unreadable
+    group_size: int | None = None
+    in_nelems: int | None = None
+    out_nelems: int | None = None
+    dtype: str | None = None
+    src: int | None = None  # a recv's peer (global rank)
+    dst: int | None = None  # a send's peer (global rank)
+    problem: str | None = None  # why group_ranks is None though the trace gives some
+
+    @property
+    def is_p2p(self) -> bool:
+        return self.collective in ("send", "recv")
+
+    def nbytes(self, kind: str) -> int | None:
+        """The nccl-tests size (kit.comm.conventions) from the fields: an all-gather's is what it
+        gathers ("Out msg nelems"), the others' their input ("In msg nelems": a reduce-scatter's
+        whole input); None without a count or a known dtype."""
+        n = self.out_nelems if kind == "allgather" else self.in_nelems
+        size = DTYPE_BYTES.get(self.dtype) if isinstance(self.dtype, str) else None
+        return n * size if n and n > 0 and size else None
+
+
+def _whole(v):
+    n = int_or_none(v)
+    return None if n is None or (isinstance(v, float) and v != n) else n
+
+
+def _ranks(args, size):
+    """(sorted global ranks or None, why not)."""
+    raw = args.get("Process Group Ranks")
+    if raw is None:
+        return None, None
+    if isinstance(raw, str) and "..." in raw:  # shortened: rebuilt from start and stride
+        start, stride = _whole(args.get("Global rank start")), _whole(args.get("Global rank stride"))
+        if start is None or stride is None or stride <= 0 or not size:
+            return None, (f"its 'Process Group Ranks' {raw[:40]!r} is shortened and no positive "
+                          "'Global rank stride' and 'Group size' rebuild it")
+        return tuple(start + i * stride for i in range(size)), None
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raw = None
+    if raw == []:  # ParamCommsDebugInfo lists none where it cannot rebuild them from start and stride
+        return None, "its 'Process Group Ranks' is empty"
+    ranks = [_whole(r) for r in raw] if isinstance(raw, list) else [None]
+    if not ranks or any(r is None or r < 0 for r in ranks) or len(set(ranks)) != len(ranks):
+        return None, f"its 'Process Group Ranks' {str(args.get('Process Group Ranks'))[:40]!r} is no list of distinct ranks"
+    if size is not None and size != len(ranks):
+        return None, f"its 'Process Group Ranks' lists {len(ranks)} ranks and its 'Group size' is {size}"
+    return tuple(sorted(ranks)), None
+
+
+def comm_meta(args) -> CommMeta | None:
+    """The fields of one event's args, or None where it carries none of them (older traces)."""
+    if not isinstance(args, dict) or not any(k in args for k in KEYS):
+        return None
+    size = _whole(args.get("Group size"))
+    size = size if size is not None and size > 0 else None
+    ranks, problem = _ranks(args, size)
+    name = args.get("Collective name")
+    dtype = args.get("dtype")
+
+    def rank(key):
+        r = _whole(args.get(key))
+        return r if r is not None and r >= 0 else None
+
+    def count(key):
+        n = _whole(args.get(key))
+        return n if n is not None and n >= 0 else None
+    return CommMeta(collective=name if isinstance(name, str) else None, group_ranks=ranks,
+                    group_size=size, in_nelems=count("In msg nelems"),
+                    out_nelems=count("Out msg nelems"), dtype=dtype if isinstance(dtype, str) else None,
+                    src=rank("Src Rank"), dst=rank("Dst Rank"), problem=problem)
+
+
+__all__ = ["CommMeta", "DTYPE_BYTES", "comm_meta"]
