@@ -25,7 +25,10 @@ Per rank, within the profiled steps:
   launch and the kernel, so the kernel starts as measured.
 * NCCL kernels are collectives. They are matched across ranks by (stream, position) and start
   together; each lasts the shortest measured duration of its group, the one of the rank that
-  arrived last and so waited least (the others' extra time was waiting).
+  arrived last and so waited least (the others' extra time was waiting). Where the trace names
+  each one's process group (newer PyTorch's record_param_comms 'Process Group Ranks', a
+  send/recv's peer: kit.trace.comm_meta) and those groups partition the matched ranks, each
+  group is one collective of its own ranks; else all the matched ranks are one.
 * Clock offsets between ranks are estimated from the collectives' end times, which a ring or
   all-to-all makes near-simultaneous on every rank; each rank starts at its aligned step start.
 * The job's size is the largest distributedInfo world_size, or the number of files when that is
@@ -397,6 +400,33 @@ def _build_rank(g: ExecGraph, tg: TraceGraph, t: RankTrace) -> None:
                            "as measured, after a launch delay)" if into else ""))
 
 
+def _process_groups(tg: TraceGraph, gpu_ranks):
+    """members (rank -> (op, GpuEvent)) of one matched collective -> its rank sets that run it
+    together: the process groups (or send/recv pairs) the trace names (kit.trace.comm_meta),
+    where every member names one and they partition the members; else all of them, one set.
+    Tied across all the job's ranks, pairs 0-1 and 2-3 had each waited for the other pair and
+    taken the shortest of the 4 measured durations, another group's."""
+    from kit.trace.comm_meta import op_comm_metas, trace_group
+
+    metas = op_comm_metas(tg)
+    world = job_world_size(tg.traces)
+    everyone = sorted(gpu_ranks)
+
+    def parts(members):
+        if not metas:
+            return [everyone]
+        named = {}
+        for r, (op, _) in members.items():
+            ranks = trace_group(metas.get(op), r, world)[0]
+            if ranks is None:
+                return [everyone]
+            named[r] = tuple(ranks)
+        if any(r2 not in named or named[r2] != ranks for ranks in named.values() for r2 in ranks):
+            return [everyone]
+        return sorted(set(named.values()))
+    return parts
+
+
 def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
     """Group NCCL kernels across ranks by (stream in order of first use, position on it)."""
     per_rank: dict[int, dict] = {}
@@ -439,14 +469,24 @@ def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
                                 "inter-rank sync")
                 return
     ends: dict[int, list[float]] = {r: [] for r in gpu_ranks}
+    groups_of = _process_groups(tg, gpu_ranks)
+    split = 0
     for si, n in enumerate(ref):
         for k in range(n):
-            members = [per_rank[r][si][k] for r in gpu_ranks]
-            d = min(ge.dur_us for _, ge in members) / 1e3
-            for r, (op, ge) in zip(gpu_ranks, members):
-                g.group[op] = ("nccl", si, k)
-                g.dur_ms[op] = d
-                ends[r].append(ge.ts_us + ge.dur_us)
+            members = {r: per_rank[r][si][k] for r in gpu_ranks}
+            parts = groups_of(members)
+            split += len(members) if len(parts) > 1 else 0
+            for part in parts:
+                key = ("nccl", si, k) + ((tuple(part),) if len(parts) > 1 else ())
+                d = min(members[r][1].dur_us for r in part) / 1e3
+                for r in part:
+                    op, ge = members[r]
+                    g.group[op] = key
+                    g.dur_ms[op] = d
+                    ends[r].append(ge.ts_us + ge.dur_us)
+    if split:
+        tg.notes.append(f"{split} collective(s) synchronised within the process groups their trace "
+                        "names (each group's ranks wait for each other, not for the job's others)")
     r0 = gpu_ranks[0]
     for r in gpu_ranks:
         tg.offsets_us[r] = statistics.median(a - b for a, b in zip(ends[r], ends[r0]))

@@ -14,14 +14,23 @@ kCommsName ... kP2pDst). How the values are written (torch 2.13's own readers of
   group size (ParamCommsUtils.hpp's ParamCommsDebugInfo takes globalRankStart, globalRankStride
   and worldSize, and getGroupRanks). A list of ints is read too.
 * "Src Rank" (recv) and "Dst Rank" (send) are the peer's global rank: groupRanks[rank], where a
-  send's or recv's "Rank" is the peer's rank in its group.
+  send's or recv's "Rank" is the peer's rank in its group. That is torch's profiler/util.cpp
+  (saveNcclMeta), which the wheel does not ship: the wheel confirms the keys and that they are
+  ints (profiler_util.py:637-638), not which rank they name. So a peer is used only where it and
+  the rank are both in the group's ranks (trace_group); one given as a group rank mostly is not.
+
+Which comm op has which fields (op_comm_metas), and the ranks a collective runs on (trace_group),
+are read here for kit.trace.build (which ranks wait for each other) and kit.trace.transfer (which
+ranks --on prices it on).
 """
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass
 
-from kit.trace.kineto import int_or_none
+from kit.trace.build import rank_list
+from kit.trace.kineto import MAX_WORLD_SIZE, int_or_none
 
 KEYS = ("Collective name", "Process Group Ranks", "Group size", "In msg nelems", "Src Rank",
         "Dst Rank")
@@ -70,10 +79,21 @@ def _ranks(args, size):
         return None, None
     if isinstance(raw, str) and "..." in raw:  # shortened: rebuilt from start and stride
         start, stride = _whole(args.get("Global rank start")), _whole(args.get("Global rank stride"))
-        if start is None or stride is None or stride <= 0 or not size:
+        if start is None or start < 0 or stride is None or stride <= 0 or not size:
             return None, (f"its 'Process Group Ranks' {raw[:40]!r} is shortened and no positive "
                           "'Global rank stride' and 'Group size' rebuild it")
-        return tuple(start + i * stride for i in range(size)), None
+        if size > MAX_WORLD_SIZE:  # a Group size of 10**9 had built a tuple of 10**9 ranks (a hang)
+            return None, f"its 'Group size' {size} is past any job's ({MAX_WORLD_SIZE} ranks)"
+        ranks = tuple(start + i * stride for i in range(size))
+        # the ranks it does show (the first ones, then the last) must be the rebuilt ones
+        head, _, tail = raw.strip().strip("[]").partition("...")
+        shown = [p.strip() for p in head.split(",") if p.strip()]
+        last = [p.strip() for p in tail.split(",") if p.strip()]
+        if (len(shown) >= size or len(last) > 1 or any(_whole(p) != r for p, r in zip(shown, ranks))
+                or any(_whole(p) != ranks[-1] for p in last)):
+            return None, (f"its shortened 'Process Group Ranks' {raw[:40]!r} are not "
+                          f"'Global rank start' {start} + i x 'Global rank stride' {stride}")
+        return ranks, None
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
@@ -112,4 +132,77 @@ def comm_meta(args) -> CommMeta | None:
                     src=rank("Src Rank"), dst=rank("Dst Rank"), problem=problem)
 
 
-__all__ = ["CommMeta", "DTYPE_BYTES", "comm_meta"]
+def enclosing(items, starts, call):
+    """The latest-starting of items (start, end, tid, ...), sorted by start, that holds the call's
+    start on its thread, or None."""
+    k = bisect.bisect_right(starts, call.ts_us) - 1
+    while k >= 0:
+        s, e, tid = items[k][:3]
+        if tid == call.tid and e >= call.ts_us:
+            return items[k]
+        k -= 1
+        if call.ts_us - s > 1e5:
+            break
+    return None
+
+
+def _cpu_metas(trace):
+    """Sorted (start, end, tid, CommMeta) of a rank's CPU ops with process-group fields
+    (record_param_comms, nccl:*): kit.trace.comm_meta."""
+    return [(op.ts_us, op.ts_us + op.dur_us, op.tid, op.comm) for op in trace.cpu_ops
+            if op.comm is not None]
+
+
+def trace_group(meta, rank: int, world: int):
+    """(the global ranks a collective runs on, by the trace's process-group fields, or None;
+    why the fields do not give them, or None). A send or recv with its peer ("Dst Rank", "Src
+    Rank") is one transfer between rank and the peer; another collective runs on its "Process
+    Group Ranks"; a send or recv without its peer on its group, as a ring shift there."""
+    if meta is None:
+        return None, None
+    peer = meta.dst if meta.collective == "send" else meta.src if meta.collective == "recv" else None
+    if peer is not None:
+        if peer == rank or peer >= world:
+            return None, (f"its peer rank {peer} is {'itself' if peer == rank else 'outside'} the "
+                          f"job's {world} ranks")
+        # the peer is a global rank (torch writes groupRanks[peer's group rank]): one of its group's
+        if meta.group_ranks is not None and (peer not in meta.group_ranks or rank not in meta.group_ranks):
+            return None, (f"its peer rank {peer} and rank {rank} are not both in its 'Process Group "
+                          f"Ranks' ({rank_list(meta.group_ranks)})")
+        return sorted((rank, peer)), None
+    if meta.group_ranks is None:
+        return None, meta.problem
+    ranks = list(meta.group_ranks)
+    if meta.is_p2p and len(ranks) < 2:
+        return None, f"its {meta.collective} names no peer and a group of {len(ranks)} rank"
+    if ranks[-1] >= world or rank not in ranks:
+        return None, (f"its 'Process Group Ranks' ({rank_list(ranks)}) "
+                      + (f"reach past the job's {world} ranks" if ranks[-1] >= world
+                         else f"leave out rank {rank}, whose collective it is"))
+    return ranks, None
+
+
+def op_comm_metas(tg) -> dict:
+    """comm op -> its CommMeta: its NCCL kernel's own fields (newer Kineto), else those of the
+    innermost record_param_comms holding its launch on the launch's thread; absent where neither
+    has them."""
+    g = tg.graph
+    out = {}
+    for t in tg.traces:
+        fields = None
+        for op, ge, _, call in tg.gpu_ops.get(t.rank, []):
+            if g.kind[op] != "comm":
+                continue
+            if ge.comm is not None:
+                out[op] = ge.comm
+                continue
+            if fields is None:
+                fields = _cpu_metas(t)
+                starts = [x[0] for x in fields]
+            x = enclosing(fields, starts, call) if call is not None else None
+            if x:
+                out[op] = x[3]
+    return out
+
+
+__all__ = ["CommMeta", "DTYPE_BYTES", "comm_meta", "enclosing", "op_comm_metas", "trace_group"]

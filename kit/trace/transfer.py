@@ -31,12 +31,12 @@ With a GPU as target the collectives keep their measured times (no system to pre
 """
 from __future__ import annotations
 
-import bisect
 import re
 
 from kit.errors import KitError
 from kit.predict.roofline import host_link_gbs
 from kit.trace.build import TraceGraph, job_world_size, rank_list
+from kit.trace.comm_meta import enclosing, op_comm_metas, trace_group
 from kit.trace.kineto import _gpu_key, int_or_none
 
 KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent GPU
@@ -325,59 +325,9 @@ def _nccl_sizes(trace):
     return out
 
 
-def _enclosing(items, starts, call):
-    """The latest-starting of items (start, end, tid, ...), sorted by start, that holds the call's
-    start on its thread, or None."""
-    k = bisect.bisect_right(starts, call.ts_us) - 1
-    while k >= 0:
-        s, e, tid = items[k][:3]
-        if tid == call.tid and e >= call.ts_us:
-            return items[k]
-        k -= 1
-        if call.ts_us - s > 1e5:
-            break
-    return None
-
-
 def _size_of(sizes, starts, call):
-    x = _enclosing(sizes, starts, call)
+    x = enclosing(sizes, starts, call)
     return (x[3], x[4]) if x else (None, None)
-
-
-def _comm_metas(trace):
-    """Sorted (start, end, tid, CommMeta) of a rank's CPU ops with process-group fields
-    (record_param_comms, nccl:*): kit.trace.comm_meta."""
-    return [(op.ts_us, op.ts_us + op.dur_us, op.tid, op.comm) for op in trace.cpu_ops
-            if op.comm is not None]
-
-
-def trace_group(meta, rank: int, world: int):
-    """(the global ranks a collective runs on, by the trace's process-group fields, or None;
-    why the fields do not give them, or None). A send or recv with its peer ("Dst Rank", "Src
-    Rank") is one transfer between rank and the peer; another collective runs on its "Process
-    Group Ranks"; a send or recv without its peer on its group, as a ring shift there."""
-    if meta is None:
-        return None, None
-    peer = meta.dst if meta.collective == "send" else meta.src if meta.collective == "recv" else None
-    if peer is not None:
-        if peer == rank or peer >= world:
-            return None, (f"its peer rank {peer} is {'itself' if peer == rank else 'outside'} the "
-                          f"job's {world} ranks")
-        # the peer is a global rank (torch writes groupRanks[peer's group rank]): one of its group's
-        if meta.group_ranks is not None and (peer not in meta.group_ranks or rank not in meta.group_ranks):
-            return None, (f"its peer rank {peer} and rank {rank} are not both in its 'Process Group "
-                          f"Ranks' ({rank_list(meta.group_ranks)})")
-        return sorted((rank, peer)), None
-    if meta.group_ranks is None:
-        return None, meta.problem
-    ranks = list(meta.group_ranks)
-    if meta.is_p2p and len(ranks) < 2:
-        return None, f"its {meta.collective} names no peer and a group of {len(ranks)} rank"
-    if ranks[-1] >= world or rank not in ranks:
-        return None, (f"its 'Process Group Ranks' ({rank_list(ranks)}) "
-                      + (f"reach past the job's {world} ranks" if ranks[-1] >= world
-                         else f"leave out rank {rank}, whose collective it is"))
-    return ranks, None
 
 
 def _names_no_gpu(t) -> bool:
@@ -424,18 +374,15 @@ def transfer(tg: TraceGraph, on) -> str:
     # ended at different times on its ranks (on a DGX H100: 0.107 ms on rank 0, 0.130 on rank 1)
     own_bytes: dict = {}  # comm op -> its nccl:* size
     annotation: dict = {}  # comm op -> the kind its nccl:* annotation (or "Collective name") names
-    metas: dict = {}  # comm op -> its process-group fields (kit.trace.comm_meta), where the trace has them
+    metas = op_comm_metas(tg)  # comm op -> its process-group fields, where the trace has them
     for t in tg.traces:
         sizes = _nccl_sizes(t)
         starts = [x[0] for x in sizes]
-        fields = _comm_metas(t)
-        field_starts = [x[0] for x in fields]
         for op, ge, _, call in tg.gpu_ops.get(t.rank, []):
             if g.kind[op] != "comm":
                 continue
             nbytes, name = _size_of(sizes, starts, call)
-            x = _enclosing(fields, field_starts, call) if ge.comm is None else None
-            meta = metas[op] = ge.comm if ge.comm is not None else x[3] if x else None
+            meta = metas.get(op)
             kind = annotation_kind(name) if name else None
             if kind is None and meta is not None and meta.collective:
                 kind = annotation_kind(meta.collective)
