@@ -106,3 +106,19 @@ def test_a_shortened_group_with_an_absurd_size_is_refused_not_built():
     assert comm_meta({**f, "Group size": 8}).group_ranks == tuple(range(8))
     assert "are not 'Global rank start' 0 + i x 'Global rank stride' 2" in comm_meta(
         {**f, "Group size": 8, "Global rank stride": 2}).problem
+
+
+@pytest.mark.parametrize("key, value", [("In msg nelems", -5), ("dtype", 7), ("dtype", "Quaternion")])
+def test_an_unreadable_size_in_the_fields_is_named(tmp_path, key, value):
+    # rank 0's record_param_comms gives no usable size and the job has no nccl:* annotation: its
+    # all-reduce keeps its measured time, and the note names the fields, not only the annotation
+    d = write_job(tmp_path / "j", range(8), halves, {r: 100 for r in range(8)}, {r: 200 for r in range(8)}, 8)
+    doc = json.loads((d / "rank0.json").read_text())
+    for e in doc["traceEvents"]:
+        if e["name"] == "record_param_comms":
+            e["args"][key] = value
+    (d / "rank0.json").write_text(json.dumps(doc))
+    durs, _, notes = comm_and_steps(d, "a100x4-nvlink-x2")
+    assert durs[0] == 200
+    assert ("1 collective(s) keep their measured times: no readable size: its 'In msg nelems'/"
+            "'Out msg nelems' x 'dtype' give none, nor does an nccl:* annotation") in notes

@@ -438,6 +438,10 @@ def transfer(tg: TraceGraph, on) -> str:
                     if len(shared) == 1:
                         nbytes = nccl_tests_bytes(ck, next(iter(shared)), len(ranks))
                         borrowed += 1
+                    elif meta is not None:  # it had said only "no nccl:* annotation", of a
+                        # trace whose fields give a size, but an unreadable one
+                        why = ("no readable size: its 'In msg nelems'/'Out msg nelems' x 'dtype' "
+                               "give none, nor does an nccl:* annotation")
                     else:
                         why = "no nccl:* annotation with a readable size"
                 if why:
