@@ -218,3 +218,17 @@ def test_a_folder_where_the_marker_goes_does_not_stop_the_run(tmp_path):
     out = tmp_path / "m.csv"
     r = C.collect("bmm", SHAPES, out, device="cpu", warmup=0, repeats=1, progress=False)
     assert r["measured"] == 3 and len(load_measurements(out)) == 3
+
+
+def test_force_without_resume_is_one_clear_error(tmp_path, capsys):
+    # --force only lets a resume adopt rows without a meta.json: on a fresh run it had done
+    # nothing, without a word, as --retry-failed alone had
+    from kit.cli import main
+    out = tmp_path / "m.csv"
+    with pytest.raises(KitError, match="--force needs --resume"):
+        C.collect("bmm", SHAPES, out, device="cpu", warmup=0, repeats=1, progress=False, force=True)
+    assert main(["collect", "--ops", "bmm", "--shapes", "tiny-gemm:2", "--device", "cpu",
+                 "--out", str(out), "--force"]) != 0
+    err = capsys.readouterr().err
+    assert "--force needs --resume" in err and "Traceback" not in err
+    assert not out.exists()  # refused before anything was written

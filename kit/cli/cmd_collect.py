@@ -82,7 +82,8 @@ def register(sub):
     p.add_argument("--resume", action="store_true", help="carry on with an existing --out file, "
                    "measured with the same --repeats, L2 flush, profiler, threads and bias")
     p.add_argument("--force", action="store_true", help="with --resume: carry on with a file whose "
-                   "FILE.meta.json is missing (how its rows were measured is unknown)")
+                   "FILE.meta.json is missing (how its rows were measured is unknown); without --resume "
+                   "it is an error")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: measure again the "
                    "shapes an earlier run could not get past (a CUDA error that lost the context, "
                    "or the process dying twice on it), which a resume skips and lists")

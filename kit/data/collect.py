@@ -144,6 +144,10 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
     if retry_failed and not resume:  # a fresh run skips nothing: the flag would do nothing
         raise KitError("--retry-failed needs --resume: only a resume skips the shapes an earlier "
                        "run could not get past (a fresh run measures every shape)")
+    if force and not resume:  # --force adopts the rows of a resumed file: a fresh run has none
+        raise KitError("--force needs --resume: it lets a resume add to a file whose FILE.meta.json "
+                       "is missing; a fresh run starts a file of its own (to start over, move the "
+                       "old file and its side files away, or choose another --out)")
     whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
     if not (whole(warmup) and whole(repeats)) or warmup < 0 or repeats < 1:
         raise KitError(f"need whole numbers --warmup >= 0 and --repeats >= 1, got {warmup!r} and "
