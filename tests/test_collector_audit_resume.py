@@ -9,7 +9,7 @@ from pathlib import Path
 from kit.cli import main
 from kit.data import load_measurements
 from kit.data.provenance import mixed_settings
-from kit.data.records import Lock
+from kit.data.records import Lock, side_path
 
 ARGV = ["collect", "--device", "cpu", "--ops", "bmm", "--warmup", "0", "--repeats", "1"]
 
@@ -94,7 +94,7 @@ def test_resume_on_a_read_only_file_is_one_clear_line(tmp_path, capsys, monkeypa
     _read_only(monkeypatch, out)
     rc, _, err = _run(capsys, out, "--shapes", "tiny-gemm:2", "--resume")
     assert rc == 2 and f"cannot write {out}: Permission denied" in _one_line(err)
-    assert not Path(str(out) + ".lock").exists()  # the lock went with the refusal
+    assert not side_path(out, ".lock").exists()  # the lock went with the refusal
 
 
 def test_gzip_outputs_are_refused_clearly(tmp_path, capsys):
@@ -111,7 +111,7 @@ def test_gzip_outputs_are_refused_clearly(tmp_path, capsys):
 def test_a_second_writer_of_the_same_file_is_refused(tmp_path, capsys):
     out = tmp_path / "o.csv"
     assert _run(capsys, out, "--shapes", "tiny-gemm:1")[0] == 0
-    assert not Path(str(out) + ".lock").exists()  # released and removed after the run
+    assert not side_path(out, ".lock").exists()  # released and removed after the run
     with Lock(out):  # another `kit collect ... --resume` measuring into it
         rc, _, err = _run(capsys, out, "--shapes", "tiny-gemm:2", "--resume")
     assert rc == 2 and "being written by another run" in _one_line(err)

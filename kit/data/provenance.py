@@ -13,6 +13,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kit.data.records import side_path
 from kit.errors import KitError
 from kit.whole_file import replace_file
 
@@ -51,14 +52,6 @@ def environment(device: str) -> dict:
     return {"device_name": name, "gpu": key, **versions}
 
 
-
-
-def side_path(out: str | Path, suffix: str) -> Path:
-    """FILE.csv (or FILE.csv.gz) -> FILE<suffix> beside it (e.g. .meta.json, .failed.jsonl)."""
-    out = Path(out)
-    name = out.name[:-3] if out.name.lower().endswith(".csv.gz") else out.name  # a gzipped one's
-    stem = name[:-4] if name.lower().endswith(".csv") else name
-    return out.with_name(stem + suffix)
 
 
 def _now() -> str:

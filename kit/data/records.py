@@ -125,15 +125,46 @@ def first_line(path: Path, what: str) -> str:
         raise KitError(f"cannot read {path}: {e.strerror or e}; choose another --out") from None
 
 
+def side_path(out: str | Path, suffix: str) -> Path:
+    """FILE.csv (or FILE.csv.gz, FILE) -> FILE<suffix> beside it (e.g. .meta.json, .failed.jsonl,
+    .lock): the one name every file kept beside a collector's output derives from."""
+    out = Path(out)
+    name = out.name[:-3] if out.name.lower().endswith(".csv.gz") else out.name  # a gzipped one's
+    stem = name[:-4] if name.lower().endswith(".csv") else name
+    return out.with_name(stem + suffix)
+
+
+def side_twins(path: str | Path) -> list[Path]:
+    """The other non-empty files beside `path` whose side files are its own (FILE, FILE.csv,
+    FILE.csv.gz in any case: side_path gives them one FILE.meta.json, FILE.failed.jsonl, ...)."""
+    path = Path(path)
+    own = side_path(path, "")
+    try:
+        entries = list(path.parent.iterdir()) if path.parent.is_dir() else []
+    except OSError:
+        return []
+    twins = []
+    for p in entries:
+        if p.name == path.name or side_path(p, "") != own:
+            continue
+        try:
+            if p.is_file() and p.stat().st_size > 0 and not (path.exists() and os.path.samefile(p, path)):
+                twins.append(p)
+        except OSError:
+            continue
+    return sorted(twins)
+
+
 class Lock:
-    """One writer at a time: an exclusive fcntl.flock on PATH.lock beside the file, taken without
-    waiting (KitError when another run holds it) and removed by release(). The kernel drops the
-    lock of a killed run, so a lock file left behind blocks no one."""
+    """One writer at a time: an exclusive fcntl.flock on FILE.lock beside the file (side_path:
+    the name its meta and failure log derive from, so FILE and FILE.csv take one lock), taken
+    without waiting (KitError when another run holds it) and removed by release(). The kernel
+    drops the lock of a killed run, so a lock file left behind blocks no one."""
 
     def __init__(self, path: str | Path):
         import fcntl
 
-        self.fd, self.path = None, Path(str(path) + ".lock")
+        self.fd, self.path = None, side_path(path, ".lock")
         while self.fd is None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,6 +223,13 @@ class Appender:
                            "or choose another --out")
         self.existed = exists  # the file was there, not empty, before this run
         self._lock = Lock(self.path)
+        twins = side_twins(self.path)
+        if twins:  # its meta, failure log and marker would be written over, or read as this file's
+            self._lock.release()
+            names = ", ".join(side_path(self.path, s).name for s in (".meta.json", ".failed.jsonl",
+                                                                      ".measuring.json"))
+            raise KitError(f"{self.path} would share {names} with {twins[0]} beside it; choose "
+                           "another --out, or move that file away with its side files")
         try:
             self._open(exists)
         except BaseException:
