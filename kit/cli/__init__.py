@@ -25,12 +25,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _whole_at_least(s: str, low: int, what: str) -> int:
+    """s read exactly (kit.whole_numbers: through float, 9007199254740993 had become ...992 and
+    1.0000000000000001 had passed as 1), at least `low`; else one usage error."""
+    from kit.whole_numbers import exact_whole
+
     try:
-        value = float(s)
-        whole = int(value)
-    except (ValueError, OverflowError):  # OverflowError: "inf"
+        whole = exact_whole(s)
+    except (ValueError, OverflowError):  # OverflowError: more than 400 digits (1e400)
         raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-    if whole < low or whole != value:
+    if whole < low:
         raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
     return whole
 

@@ -7,6 +7,7 @@ import math
 import re
 
 from kit.errors import KitError
+from kit.whole_numbers import exact_whole
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # 1 TiB: no rank holds a buffer this big, so a larger size is a typo (1e30), for measuring
@@ -61,10 +62,11 @@ def parse_sizes(spec) -> list[int]:
             if not m:
                 raise KitError(f"bad size in {spec!r}: use bytes or K/M/G suffixes (binary), e.g. 64K")
             value = float(m.group(1)) * _UNITS[m.group(2)]
-            check_max_bytes(value, f"size {tok.strip()!r} in {spec!r}")  # before int(): inf
-            if value != int(value):
-                raise KitError(f"bad size {tok.strip()!r} in {spec!r}: sizes are whole bytes")
-            return int(value)
+            check_max_bytes(value, f"size {tok.strip()!r} in {spec!r}")  # first: 1e400 is inf
+            try:  # exactly: through float, 1.0000000000000001 had passed as 1 byte
+                return exact_whole(m.group(1), _UNITS[m.group(2)])
+            except ValueError:
+                raise KitError(f"bad size {tok.strip()!r} in {spec!r}: sizes are whole bytes") from None
 
         if ":" in text:
             parts = text.split(":")
