@@ -50,14 +50,43 @@ def predict(args):
     if args.sizes and args.bytes is not None:
         raise KitError(f"--bytes {args.bytes} and --sizes {args.sizes} both given: one size or a sweep, not both")
     if args.sizes:
-        t = collective_table(args.collective, parse_sizes(args.sizes), system, ranks, args.calibration)
-        r = {"system": system.key, "table": t.to_dict("records"), "notes": t.attrs["notes"]}
+        sizes, rounded = _split_sizes(args.collective, parse_sizes(args.sizes), system, ranks)
+        t = collective_table(args.collective, sizes, system, ranks, args.calibration)
+        r = {"system": system.key, "table": t.to_dict("records"), "notes": [*rounded, *t.attrs["notes"]]}
     elif args.bytes is None:
         raise KitError("give --bytes SIZE (e.g. 1e9 or 64M) or --sizes MIN:MAX")
     else:
-        nbytes = _bytes(args.bytes)
-        r = predict_collective(args.collective, nbytes, system, ranks, args.calibration).to_dict()
+        sizes, rounded = _split_sizes(args.collective, [int(_bytes(args.bytes))], system, ranks)
+        r = predict_collective(args.collective, sizes[0], system, ranks, args.calibration).to_dict()
+        r["notes"] = [*rounded, *r["notes"]]
     return {**r, **_calibration_note(args, system, ranks)}
+
+
+def _split_sizes(collective: str, sizes: list[int], system, ranks) -> tuple[list[int], list[str]]:
+    """The sizes nccl-tests would run for an all-gather, reduce-scatter or all-to-all of n ranks
+    (kit.comm.conventions.split_size_bytes: whole 4-byte words, a multiple of n of them), and a
+    note naming those rounded down; one error when every size is below a word a rank."""
+    from kit.comm.conventions import SPLIT_KINDS, WORD_BYTES, canonical_kind, split_size_bytes
+    from kit.comm.predict import group_size
+
+    kind = canonical_kind(collective)
+    if kind not in SPLIT_KINDS:
+        return sizes, []
+    n = group_size(system, ranks)
+    ran = {s: split_size_bytes(kind, s, n) for s in sizes}
+    kept = sorted({r for r in ran.values() if r > 0})
+    least = WORD_BYTES * n
+    if not kept:
+        raise KitError(f"{kind} of {sizes[-1]:,} B on {n} ranks is less than one {WORD_BYTES}-byte "
+                       f"word a rank: nccl-tests splits its count of words {n} ways, rounding down, "
+                       f"and would run nothing; give at least {least:,} B")
+    changed = [(s, r) for s, r in ran.items() if r != s]
+    if not changed:
+        return kept, []
+    shown = ", ".join(f"{s:,} B -> {r:,} B" if r else f"{s:,} B -> none (under {least:,} B)" for s, r in changed[:4])
+    return kept, [f"{kind} on {n} ranks runs whole {WORD_BYTES}-byte words, the same number a rank "
+                  f"(nccl-tests rounds the count down to a multiple of {n}): {shown}"
+                  f"{', ...' if len(changed) > 4 else ''}"]
 
 
 def _calibration_note(args, system, ranks) -> dict:
@@ -161,7 +190,9 @@ def register(sub):
     sub2 = p.add_subparsers(dest="comm_command", metavar="SUBCOMMAND")
     q = add_command(sub2, "predict", "time, algorithm, algbw and busbw of one collective", predict, predict_text)
     q.add_argument("collective", help="allreduce, reducescatter, allgather, broadcast, reduce, alltoall, sendrecv")
-    q.add_argument("--bytes", help="nccl-tests size in bytes (1e9, 64M)")
+    q.add_argument("--bytes", help="nccl-tests size in bytes (1e9, 64M); an all-gather's, "
+                   "reduce-scatter's or all-to-all's is rounded down to whole 4-byte words, the "
+                   "same number a rank, as nccl-tests runs it (a note says so)")
     q.add_argument("--sizes", help="a sweep instead: MIN:MAX[:FACTOR] or a comma list")
     q.add_argument("--system", default="dgx-h100", help="preset (see `kit systems`; default dgx-h100)")
     q.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")

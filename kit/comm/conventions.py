@@ -42,6 +42,21 @@ def canonical_kind(kind: str) -> str:
     raise KitError(f"unknown collective {kind!r}; choose one of {', '.join(KINDS)}")
 
 
+WORD_BYTES = 4  # nccl-tests' default type, float (-d float): its sizes count in these words
+SPLIT_KINDS = ("allgather", "reducescatter", "alltoall")  # the size is n equal chunks of a rank's
+
+
+def split_size_bytes(kind: str, size_bytes: int, n: int) -> int:
+    """The bytes nccl-tests runs for `size_bytes` of a collective split n ways (all-gather,
+    reduce-scatter, all-to-all): its count, size // WORD_BYTES, rounded down to a multiple of n
+    (nccl-tests' setupArgs in src/common.cu takes count = size / wordSize, and each of these
+    collectives' GetCollByteCount takes count / nranks per rank, an integer division), in bytes;
+    0 when a rank would get less than one word. Other kinds: size_bytes itself."""
+    if kind not in SPLIT_KINDS or n < 1:
+        return size_bytes
+    return size_bytes // (WORD_BYTES * n) * WORD_BYTES * n
+
+
 def busbw_factor(kind: str, n: int) -> float:
     """nccl-tests bus-bandwidth factor for n ranks."""
     if kind not in KINDS:

@@ -36,13 +36,12 @@ from datetime import timedelta
 from pathlib import Path
 
 from kit.comm.collective_ops import collective_op as _op  # _worker calls it so: tests patch it here
-from kit.comm.conventions import KINDS, busbw_factor, canonical_kind
+from kit.comm.conventions import KINDS, WORD_BYTES, busbw_factor, canonical_kind  # WORD_BYTES: fp32
 from kit.comm.sizes import MAX_BYTES, parse_sizes  # MAX_BYTES: 1 TiB, no rank holds a buffer this big
 from kit.errors import KitError
 from kit.data.records import Lock, append_jsonl, read_jsonl
 from kit.whole_file import replace_file
 
-WORD_BYTES = 4  # float32, nccl-tests type "float"
 INTERLEAVE_BYTES = 1 << 30  # buffers held at once per rank while interleaving sizes
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 

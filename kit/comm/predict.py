@@ -73,6 +73,12 @@ def _group(system: System, ranks) -> Group:
     return resolve_group(system, ranks)
 
 
+def group_size(system, ranks=None) -> int:
+    """The number of ranks a collective of `ranks` (None: all, a count, or a list of global
+    ranks) on `system` (a System or preset name) spans."""
+    return _group(get_system(system), ranks).size
+
+
 def _inputs(kind, system, ranks, calibration):
     kind = canonical_kind(kind)
     system = get_system(system)
