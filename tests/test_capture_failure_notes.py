@@ -9,7 +9,7 @@ from kit.errors import KitError
 from kit.workload.models import graph_of
 from test_capture_copies_masks import CpuTensor, NoParams, OnCuda
 
-NOTE = "the kit gave it token ids"
+NOTE = "token ids of shape"  # the guess the kit fed a module without example_inputs
 
 
 @pytest.mark.parametrize("model, mode", [(CpuTensor(), "inference"), (OnCuda(), "inference"),

@@ -211,6 +211,18 @@ def test_a_module_that_does_not_take_token_ids_is_told_how_to_give_its_inputs(tm
     assert "token ids of shape (2, 4)" in err and "example_inputs(batch, seq)" in err
 
 
+def test_a_float_module_is_told_first_that_its_inputs_were_a_guess(tmp_path, monkeypatch, capsys):
+    # a plain Linear fed the guessed token ids: torch's 'operands of different dtypes (float32
+    # and int64)' had led the line, as if the model were at fault
+    err = _capture_error(tmp_path, monkeypatch, capsys, "linearmodel",
+                         "import torch.nn as nn\n"
+                         "def make():\n"
+                         "    return nn.Linear(16, 16)\n")
+    assert err.startswith("kit: error: could not guess the inputs of model 'linearmodel:make': it "
+                          "has no example_inputs(batch, seq)"), err
+    assert "float32 and int64" in err and "inputs= to kit.api.predict_model" in err
+
+
 def test_a_data_dependent_module_is_not_told_about_token_ids(tmp_path, monkeypatch, capsys):
     err = _capture_error(tmp_path, monkeypatch, capsys, "routedmodel",
                          "import torch, torch.nn as nn\n"

@@ -214,10 +214,13 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
     except KitError as e:
         if not guessed or isinstance(e, CaptureNotAboutInputs):  # not a question of its inputs
             raise
-        # the kit fed token ids of shape (batch, seq): say so, and how to give the right inputs
-        raise KitError(f"{e}; the kit gave it token ids of shape ({batch}, {seq}): give the module "
-                       "example_inputs(batch, seq), or make the callable return (module, inputs)"
-                       ) from None
+        # the kit fed token ids of shape (batch, seq): say first that its inputs were a guess,
+        # then torch's complaint, then how to give the right ones
+        raise KitError(f"could not guess the inputs of model {name!r}: it has no "
+                       f"example_inputs(batch, seq), and the token ids of shape ({batch}, {seq}) the "
+                       f"kit gave it do not fit its forward ({e}); give the module "
+                       "example_inputs(batch, seq), make the callable return (module, inputs), or "
+                       "pass inputs= to kit.api.predict_model") from None
     if not graph.kernels():  # a step of 0 ms: its rates and costs would divide by it
         raise KitError(f"model {name!r} launches no GPU kernels in mode {mode} (its forward only "
                        "returns or reshapes its inputs): there is no step to time")
