@@ -64,29 +64,30 @@ def predict(args):
 
 def _split_sizes(collective: str, sizes: list[int], system, ranks) -> tuple[list[int], list[str]]:
     """The sizes nccl-tests would run for an all-gather, reduce-scatter or all-to-all of n ranks
-    (kit.comm.conventions.split_size_bytes: whole 4-byte words, a multiple of n of them), and a
-    note naming those rounded down; one error when every size is below a word a rank."""
-    from kit.comm.conventions import SPLIT_KINDS, WORD_BYTES, canonical_kind, split_size_bytes
+    (kit.comm.conventions.split_size_bytes: n equal parts of whole 4-byte words, 16-byte ones for
+    an all-to-all), and a note naming those rounded down; one error when every size is below one
+    such part a rank."""
+    from kit.comm.conventions import SPLIT_KINDS, canonical_kind, split_size_bytes, split_unit_bytes
     from kit.comm.predict import group_size
 
     kind = canonical_kind(collective)
     if kind not in SPLIT_KINDS:
         return sizes, []
-    n = group_size(system, ranks)
+    n, unit = group_size(system, ranks), split_unit_bytes(kind)
     ran = {s: split_size_bytes(kind, s, n) for s in sizes}
     kept = sorted({r for r in ran.values() if r > 0})
-    least = WORD_BYTES * n
+    least = unit * n
+    part = "4-byte words" if unit == 4 else f"{unit} bytes (4 words: nccl-tests aligns an all-to-all's parts)"
     if not kept:
-        raise KitError(f"{kind} of {sizes[-1]:,} B on {n} ranks is less than one {WORD_BYTES}-byte "
-                       f"word a rank: nccl-tests splits its count of words {n} ways, rounding down, "
-                       f"and would run nothing; give at least {least:,} B")
+        raise KitError(f"{kind} of {sizes[-1]:,} B on {n} ranks is less than {unit} B a rank: "
+                       f"nccl-tests gives each rank whole {part}, rounding down, and would run "
+                       f"0 B; give at least {least:,} B")
     changed = [(s, r) for s, r in ran.items() if r != s]
     if not changed:
         return kept, []
     shown = ", ".join(f"{s:,} B -> {r:,} B" if r else f"{s:,} B -> none (under {least:,} B)" for s, r in changed[:4])
-    return kept, [f"{kind} on {n} ranks runs whole {WORD_BYTES}-byte words, the same number a rank "
-                  f"(nccl-tests rounds the count down to a multiple of {n}): {shown}"
-                  f"{', ...' if len(changed) > 4 else ''}"]
+    return kept, [f"{kind} on {n} ranks runs the same whole {part} a rank, as nccl-tests "
+                  f"rounds it down: {shown}{', ...' if len(changed) > 4 else ''}"]
 
 
 def _calibration_note(args, system, ranks) -> dict:
@@ -190,9 +191,10 @@ def register(sub):
     sub2 = p.add_subparsers(dest="comm_command", metavar="SUBCOMMAND")
     q = add_command(sub2, "predict", "time, algorithm, algbw and busbw of one collective", predict, predict_text)
     q.add_argument("collective", help="allreduce, reducescatter, allgather, broadcast, reduce, alltoall, sendrecv")
-    q.add_argument("--bytes", help="nccl-tests size in bytes (1e9, 64M); an all-gather's, "
-                   "reduce-scatter's or all-to-all's is rounded down to whole 4-byte words, the "
-                   "same number a rank, as nccl-tests runs it (a note says so)")
+    q.add_argument("--bytes", help="nccl-tests size in bytes (1e9, 64M); an all-gather's or "
+                   "reduce-scatter's is rounded down to the same whole 4-byte words a rank, an "
+                   "all-to-all's to the same whole 16 bytes a rank, as nccl-tests runs it (a note "
+                   "says so)")
     q.add_argument("--sizes", help="a sweep instead: MIN:MAX[:FACTOR] or a comma list")
     q.add_argument("--system", default="dgx-h100", help="preset (see `kit systems`; default dgx-h100)")
     q.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")

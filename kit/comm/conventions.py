@@ -44,17 +44,29 @@ def canonical_kind(kind: str) -> str:
 
 WORD_BYTES = 4  # nccl-tests' default type, float (-d float): its sizes count in these words
 SPLIT_KINDS = ("allgather", "reducescatter", "alltoall")  # the size is n equal chunks of a rank's
+ALLTOALL_ALIGN_BYTES = 16  # nccl-tests' all-to-all keeps a rank's part 16-byte aligned (below)
+
+
+def split_unit_bytes(kind: str) -> int:
+    """The bytes a rank's part of a split collective comes in, as nccl-tests sizes it: whole
+    WORD_BYTES words for all-gather and reduce-scatter (their GetCollByteCount takes count / nranks
+    a rank, an integer division), whole 16 bytes for all-to-all (AlltoAllGetCollByteCount in
+    src/alltoall.cu takes paramcount = (count / nranks) & -(16 / eltSize): 4 floats)."""
+    return ALLTOALL_ALIGN_BYTES if kind == "alltoall" else WORD_BYTES
 
 
 def split_size_bytes(kind: str, size_bytes: int, n: int) -> int:
     """The bytes nccl-tests runs for `size_bytes` of a collective split n ways (all-gather,
-    reduce-scatter, all-to-all): its count, size // WORD_BYTES, rounded down to a multiple of n
-    (nccl-tests' setupArgs in src/common.cu takes count = size / wordSize, and each of these
-    collectives' GetCollByteCount takes count / nranks per rank, an integer division), in bytes;
-    0 when a rank would get less than one word. Other kinds: size_bytes itself."""
+    reduce-scatter, all-to-all): n equal parts of whole split_unit_bytes(kind) each, rounded down
+    (nccl-tests' setupArgs in src/common.cu takes count = size / wordSize, then each of these
+    collectives' GetCollByteCount a rank's part of it; the size it runs and prints is n parts);
+    0 when a rank's part would be under one unit. Other kinds: size_bytes itself. An all-to-all
+    of 100 B on 8 ranks: 25 words, 3 a rank, 0 once 16-byte aligned; 1,000 B: 31 -> 28 words a
+    rank, 896 B."""
     if kind not in SPLIT_KINDS or n < 1:
         return size_bytes
-    return size_bytes // (WORD_BYTES * n) * WORD_BYTES * n
+    unit = split_unit_bytes(kind) * n
+    return size_bytes // unit * unit
 
 
 def busbw_factor(kind: str, n: int) -> float:

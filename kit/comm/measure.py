@@ -53,6 +53,10 @@ def _free_port() -> int:
 
 
 def _count(kind: str, size: int, n: int) -> int:
+    """The float32 elements measured for `size` bytes: whole words, for the split kinds the same
+    whole words a rank. Unlike nccl-tests (kit.comm.conventions.split_size_bytes), an all-to-all
+    is not rounded to 16 bytes a rank (torch's all_to_all_single takes any count), and a size
+    under one word a rank is measured at one word a rank rather than at 0 B."""
     count = max(size // WORD_BYTES, 1)
     if kind in ("allgather", "reducescatter", "alltoall"):
         count = max(count // n, 1) * n
