@@ -27,3 +27,18 @@ def test_blank_lines_lose_no_table(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("name,rows,dim,pooling\n\na,1000,16,1\n\n\nb,20,8,2\n\n")
     assert [(t.name, t.rows, t.pooling) for t in read_tables(path)] == [("a", 1000, 1), ("b", 20, 2)]
+
+
+@pytest.mark.parametrize("rows, dim", [("1000.0000000000000001", "16"), ("1000", "16.000000000000001")])
+def test_a_size_a_hair_off_whole_is_refused(tmp_path, rows, dim):
+    # through float() both had been read as whole (1000 rows, dim 16): the nearest double is
+    path = tmp_path / "t.csv"
+    path.write_text(f"name,rows,dim,pooling\na,{rows},{dim},1\n")
+    with pytest.raises(KitError, match="line 2: (rows|dim) must be a whole number"):
+        read_tables(path)
+
+
+def test_whole_sizes_are_read_exactly(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("name,rows,dim,pooling\na,1e6,16.0,1\nb,1000003,8,2\n")
+    assert [(t.rows, t.dim) for t in read_tables(path)] == [(10**6, 16), (1000003, 8)]

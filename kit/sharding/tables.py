@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kit.embedding import Table, Uniform, Zipf
 from kit.errors import KitError, refuse_device
+from kit.whole_numbers import exact_whole
 from kit.ops import DTYPE_BYTES
 
 REQUIRED = ("name", "rows", "dim", "pooling")
@@ -20,10 +21,11 @@ def _number(text: str, col: str, where: str, whole: bool):
         raise KitError(f"{where}: {col} must be a number, got {text!r}") from None
     if not math.isfinite(v) or v < 0 or (col != "zipf_alpha" and v <= 0):
         raise KitError(f"{where}: {col} must be {'>= 0' if col == 'zipf_alpha' else 'positive'}, got {text!r}")
-    if whole:
-        if v != int(v):
-            raise KitError(f"{where}: {col} must be a whole number, got {text!r}")
-        return int(v)
+    if whole:  # exactly (kit.whole_numbers): through float, rows 1000.0000000000000001 had been 1000
+        try:
+            return exact_whole(text)
+        except (ValueError, OverflowError):
+            raise KitError(f"{where}: {col} must be a whole number, got {text!r}") from None
     return v
 
 
