@@ -36,3 +36,18 @@ def test_a_fresh_run_does_not_take_over_the_side_files_of_its_twin(tmp_path, cap
         assert not (tmp_path / twin).exists() and not side_path(tmp_path / twin, ".lock").exists()
     assert meta.read_text() == before  # a.csv's provenance kept
     assert _run(capsys, tmp_path / "a.csv", "--resume")[0] == 0  # its own file resumes as before
+
+
+def test_an_embedding_collect_names_only_the_side_file_it_keeps(tmp_path):
+    # kit collect-embedding keeps FILE.meta.json beside its CSV, no failure log or marker: the
+    # refusal had named a.failed.jsonl and a.measuring.json, which it never writes
+    import pytest
+
+    from kit.embedding.measured_rows import RowAppender
+    from kit.errors import KitError
+
+    (tmp_path / "a.csv").write_text("x\n")
+    with pytest.raises(KitError) as e:
+        RowAppender(tmp_path / "a")
+    assert "would share a.meta.json with" in str(e.value) and "failed" not in str(e.value)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "a.lock").exists()

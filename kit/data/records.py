@@ -211,6 +211,7 @@ class Appender:
 
     NEW_HEADER: list[str] = HEADER
     ACCEPTED: tuple = (HEADER, LEGACY_HEADER)
+    SIDE_FILES: tuple = (".meta.json", ".failed.jsonl", ".measuring.json")  # kit.data.collect's
 
     def __init__(self, path: str | Path, resume: bool = False):
         self.path = Path(path)
@@ -226,8 +227,7 @@ class Appender:
         twins = side_twins(self.path)
         if twins:  # its meta, failure log and marker would be written over, or read as this file's
             self._lock.release()
-            names = ", ".join(side_path(self.path, s).name for s in (".meta.json", ".failed.jsonl",
-                                                                      ".measuring.json"))
+            names = ", ".join(side_path(self.path, s).name for s in self.SIDE_FILES)
             raise KitError(f"{self.path} would share {names} with {twins[0]} beside it; choose "
                            "another --out, or move that file away with its side files")
         try:

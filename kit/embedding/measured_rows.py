@@ -98,6 +98,7 @@ class RowAppender(Appender):
 
     NEW_HEADER = COLUMNS
     ACCEPTED = (COLUMNS,)
+    SIDE_FILES = (".meta.json",)  # kit.embedding.collect keeps no failure log or marker
 
     def _check_header(self):
         first = first_line(self.path, "an embedding measurement CSV")
