@@ -272,7 +272,7 @@ print(f"llama3-8b, 8 sequences at 4,096 tokens of context on an H100: {step.tota
       f"{weights_ms:.1f} ms at the memory roofline; GPU idle {max(step.gpu_idle_ms, 0):.1f} ms")
 """),
     md(r"""
-In eager PyTorch the CPU issues each of those ~1,450 kernels one by one, and the GPU waits for it.
+In eager PyTorch the CPU issues each of those ~1,530 kernels one by one, and the GPU waits for it.
 `torch.compile(mode="reduce-overhead")` fuses the elementwise chains and replays the step as one
 **CUDA graph**: `fusion="compiled"` with the `CUDA_GRAPH` host cost (CLI: `--fusion compiled
 --cuda-graphs`) leaves only the kernels' own times, none shorter than the 2 µs that real traces

@@ -99,7 +99,7 @@ def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_
     return float(np.interp(every, np.asarray(contexts, float), np.asarray(step_ms, float)).sum())
 
 
-def with_cache_writes(graph, model, batch: int, prompt: int, kind: str):
+def with_cache_writes(graph, model, batch: int, prompt: int, kind: str, capacity: int | None = None):
     """The prefill's graph with its cache writes (kit.workload.kv_cache.prefill_writes) after its
     last node, each a kernel of its own in either fusion mode (Inductor would store the rows from
     the chain that makes them, saving their read back: an upper bound there). Their class,
@@ -107,15 +107,18 @@ def with_cache_writes(graph, model, batch: int, prompt: int, kind: str):
     dynamic cache's 2 x layers writes, side by side at the end, had fused into one kernel, and
     the first into a chain the prefill ends with (Gemma 2's logit soft-capping). Its own cache key:
     the latency cache must not take the bare prefill's predictions for it. Memoised on the
-    (immutable) graph, so that its fusion and predictions are too (kit.workload.iteration)."""
+    (immutable) graph, so that its fusion and predictions are too (kit.workload.iteration).
+    capacity: a static cache preallocated for that many tokens (static_cache_len), which HF 5.25
+    fills with zeros at the prefill's first write (kit.workload.kv_cache.hf_prefill_writes)."""
     from kit.workload.capture import TORCH_DTYPES
     from kit.workload.graph import Node
     from kit.workload.kv_cache import prefill_writes
 
     memo = graph.__dict__.setdefault("_with_cache_writes", {})
-    if kind in memo:
-        return memo[kind]
-    writes = prefill_writes(model, batch, prompt, kind, TORCH_DTYPES.get(graph.meta.get("dtype")))
+    if (kind, capacity) in memo:
+        return memo[kind, capacity]
+    writes = prefill_writes(model, batch, prompt, kind, TORCH_DTYPES.get(graph.meta.get("dtype")),
+                            capacity)
     base = len(graph.nodes)
     nodes = list(graph.nodes)
     for j, (layer, aten, op, _op_class, kernels, shapes) in enumerate(writes):
@@ -123,9 +126,10 @@ def with_cache_writes(graph, model, batch: int, prompt: int, kind: str):
                           0, shapes, kernels))
     meta = {"prefill_kv_writes": len(writes)}
     if graph.meta.get("cache_key"):
-        meta["cache_key"] = f"{graph.meta['cache_key']}:prefill-kv-{kind}"
-    memo[kind] = graph.with_nodes(nodes, **meta)
-    return memo[kind]
+        sized = f"-{capacity}" if capacity is not None else ""
+        meta["cache_key"] = f"{graph.meta['cache_key']}:prefill-kv-{kind}{sized}"
+    memo[kind, capacity] = graph.with_nodes(nodes, **meta)
+    return memo[kind, capacity]
 
 
 def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 128,
@@ -176,11 +180,11 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
                        "(--seq) or fewer new tokens (--new-tokens)")
     check_fusion(fusion)  # before the captures; iteration() memoises on it as a dict key
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
+    cache_len = static_cache_len(model, prompt, new_tokens, kv_cache)
     prefill_graph = with_cache_writes(graph_of(model, batch, prompt, "inference", dtype, last_logits=True),
-                                      model, batch, prompt, kv_cache)
+                                      model, batch, prompt, kv_cache, cache_len)
     prefill = iteration(prefill_graph, gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples, sliding_windows_of(model))
-    cache_len = static_cache_len(model, prompt, new_tokens, kv_cache)
     steps = [iteration(graph_of(model, batch, c, "decode", dtype, kv_cache=kv_cache,
                                 cache_len=cache_len), gpu, **run)
              for c in contexts]

@@ -23,8 +23,13 @@ and large batches those copies cost as much as the weights.
 A sliding-window layer (Mistral's sliding_window, Gemma 2's every other layer, Gemma 3's five in
 six) keeps only the last `window` tokens, as HF's sliding cache layers do: while the context is
 shorter the layer is like any other; once it is full, each step shifts the window by one
-(static: the cache without its oldest token, concatenated with the new one, copied back in
-place; dynamic: concatenated, then the oldest dropped), and attention reads `window` tokens.
+(static: rolled, the new token put at its end, copied back in place; dynamic: concatenated, then
+the oldest dropped), and attention reads `window` tokens.
+
+The Llama-style decoders' static writes launch what HF 5.25's cache layers launch
+(`hf_static_update`): a position tensor made per layer and step from the layer's own
+cumulative_length, which is then advanced in place, around the two index_copy_; GPT-2, OPT and
+DeepSeek keep the model-wide cache_position of HF 4 (`cache_update(..., cache_pos)`).
 """
 from __future__ import annotations
 
@@ -50,6 +55,8 @@ class LayerCache(NamedTuple):
     kind: str = "static"
     context: int = 0
     window: int = 0
+    length: torch.Tensor | None = None  # a static layer's cumulative_length (HF 5.25), int64
+
 
     @property
     def sliding(self) -> bool:
@@ -84,8 +91,9 @@ def make_cache(kind: str, batch: int, layers: int, kv_heads: int, context: int, 
             length = context
         shape = (batch, kv_heads, length, head_dim)
         vshape = (batch, kv_heads, length, value_dim or head_dim)
+        length = torch.zeros((), dtype=torch.long, device="meta") if kind == "static" else None
         out.append(LayerCache(torch.zeros(shape, device="meta"), torch.zeros(vshape, device="meta"),
-                              kind, context, w))
+                              kind, context, w, length))
     return tuple(out)
 
 
@@ -131,26 +139,70 @@ def kept_tensors():
         _KEPT.pop()
 
 
-def cache_update(cache: LayerCache, k, v, cache_pos):
+def cache_update(cache: LayerCache, k, v, cache_pos=None):
     """This step's keys and values in the cache, and the whole cache to attend over: written
-    at `cache_pos` (dim 2) in place, or concatenated onto a dynamic cache."""
+    in place, or concatenated onto a dynamic cache. A static cache is written at `cache_pos`
+    (dim 2) where it is given (GPT-2, OPT, DeepSeek: HF 4's model-wide cache_position), else as
+    HF 5.25's cache layers write it (hf_static_update); a full window shifts as HF 5.25's."""
     if cache.kind == "dynamic":  # a full window drops its oldest token after: a view, no kernel
         keys, values = torch.cat((cache.keys, k), dim=2), torch.cat((cache.values, v), dim=2)
         if _KEPT:  # the next step's cache: written out, however the step reads it
             _KEPT[-1].extend((keys, values))
         return keys, values
-    if cache.sliding:  # shift the full window by one, in place
-        keys = torch.cat((cache.keys[:, :, 1:], k), dim=2)
-        values = torch.cat((cache.values[:, :, 1:], v), dim=2)
-        cache.keys.copy_(keys)
-        cache.values.copy_(values)
-        return cache.keys, cache.values
+    if cache_pos is None or cache.sliding:
+        return hf_static_update(cache.keys, cache.values, cache.length, k, v, cache.window,
+                                cache.context)
     cache.keys.index_copy_(2, cache_pos, k)
     cache.values.index_copy_(2, cache_pos, v)
     return cache.keys, cache.values
 
 
-def prefill_writes(model, batch: int, prompt: int, kind: str, dtype: torch.dtype | None = None) -> list:
+def hf_static_update(keys, values, length, k, v, window: int = 0, cached: int = 0):
+    """Write k and v (n new rows) into a preallocated static layer, launching what transformers
+    5.25's cache_utils.py launches, and return what it returns. keys, values: the layer's
+    preallocated tensors (a sliding layer's min(window, max_cache_len) rows); length: its
+    cumulative_length, a 0-dim int64 tensor on the device; cached: the rows written before.
+    * StaticLayer.update (:479-485, window 0): the positions arange(n) + length (two kernels:
+      the arange and the add, on the device, as length is), length.add_(n) in place (a third),
+      then one index_copy_ each for keys and values: three kernels a layer and step beyond them;
+    * StaticSlidingWindowLayer.update (:566-611) with room (cached + n <= rows): the same,
+      the in-place add after the copies;
+    * a full window, one new row (:571-584): keys.roll(-1) and values.roll(-1), an index tensor
+      [-1] made on the host (torch.tensor: a copy to the device, no kernel), the new row put at
+      it in each (index_put_), each copied back in place: six kernels where a concatenation of
+      the window's last rows and the new one, copied back, had launched four;
+    * an empty window that n rows overfill (a long prompt's prefill, :592-595, 608-609): the last
+      `rows` of them copied in, the whole of them returned."""
+    n, rows = k.shape[-2], keys.shape[-2]
+    if window and cached >= rows:
+        if n != 1:
+            raise KitError(f"a full static window takes one new row a step, got {n}")
+        shifted = [t.roll(-1, dims=-2) for t in (keys, values)]
+        last = torch.tensor([-1], dtype=torch.long, device=keys.device)
+        for t, new in zip(shifted, (k, v)):
+            t[:, :, last] = new
+        keys.copy_(shifted[0])
+        values.copy_(shifted[1])
+        return keys, values
+    if window and cached + n > rows:
+        if cached:
+            raise KitError(f"a static window of {rows} rows, {cached} written, cannot take "
+                           f"{n} more in one step")
+        keys.copy_(k[:, :, -rows:])
+        values.copy_(v[:, :, -rows:])
+        return k, v
+    pos = torch.arange(n, device=keys.device) + length
+    if not window:  # StaticLayer advances its length before the copies, a sliding layer after
+        length.add_(n)
+    keys.index_copy_(2, pos, k)
+    values.index_copy_(2, pos, v)
+    if window:
+        length.add_(n)
+    return keys, values
+
+
+def prefill_writes(model, batch: int, prompt: int, kind: str, dtype: torch.dtype | None = None,
+                   capacity: int | None = None) -> list:
     """The cache writes of a `prompt`-token prefill, per layer its keys' and values': (layer,
     aten name, kit op, shapes). The prefill's forward pass makes every prompt token's keys and
     values and the decode steps read them from the cache, so they are written into it once, as
@@ -164,11 +216,16 @@ def prefill_writes(model, batch: int, prompt: int, kind: str, dtype: torch.dtype
     They had not been costed: a generation's prefill wrote no cache, while each decode step
     wrote its token's rows (llama3-8b, batch 8, a 1,024-token prompt in bf16: 2.1 GB read and
     written over 64 kernels, left out of the time to first token). dtype: the model's (None:
-    the cache's own, fp32, as cache_bytes counts it)."""
+    the cache's own, fp32, as cache_bytes counts it). capacity: a static cache preallocated for
+    that many tokens, as HF 5.25's generate makes it for the Llama-style decoders
+    (kit.workload.generation.static_cache_len): its writes are hf_prefill_writes'."""
     from kit.workload import zoo
     from kit.workload.mapping import map_op
 
     full = zoo.build(model)
+    if capacity is not None:
+        return hf_prefill_writes(full.decode_inputs(batch, prompt - 1, kind, capacity)[1], batch,
+                                 prompt, dtype)
     cache = full.decode_inputs(batch, prompt, kind)[1]
     out = []
     for i, layer in enumerate(cache):
@@ -194,4 +251,29 @@ def prefill_writes(model, batch: int, prompt: int, kind: str, dtype: torch.dtype
             op, op_class, kernels = map_op(packet, args, {}, out_t)
             shapes = "x".join(f"[{','.join(map(str, s))}]" for s in shapes)
             out.append((i, f"aten.{packet}.default", op, op_class, kernels, shapes))
+    return out
+
+
+def hf_prefill_writes(cache, batch: int, prompt: int, dtype: torch.dtype | None = None) -> list:
+    """A `prompt`-token prefill's writes into a static cache whose layers (`cache`, LayerCaches
+    of the preallocated length; their context is not read) HF 5.25's StaticCache initialises on
+    this first update (generate calls no early_initialization but for a chunked prefill,
+    generation/utils.py:2197-2210): per layer StaticLayer.lazy_initialization (cache_utils.py:
+    424-466) fills its keys and values with zeros, every preallocated row (torch.zeros: a kernel
+    each; cumulative_length's copy to the device and mark_static_address launch none), then
+    update writes the prompt's rows (hf_static_update). Recorded as capture records a step's ops,
+    in the same tuples as prefill_writes'."""
+    from kit.workload.recorder import Recorder
+
+    out = []
+    for i, layer in enumerate(cache):
+        t = dtype or layer.keys.dtype
+        new = [torch.empty(batch, s.shape[1], prompt, s.shape[3], dtype=t, device="meta")
+               for s in (layer.keys, layer.values)]
+        length = torch.zeros((), dtype=torch.long, device="meta")
+        with Recorder() as rec:
+            keys, values = (torch.zeros(s.shape, dtype=t, device="meta")
+                            for s in (layer.keys, layer.values))
+            hf_static_update(keys, values, length, *new, layer.window, 0)
+        out.extend((i, n.aten, n.op, n.op_class, n.kernels, n.shapes) for n in rec.nodes if n.kernels)
     return out

@@ -393,10 +393,11 @@ class LlamaForCausalLM(nn.Module):
                     window = _window_mask(b, s, w, h.device)
                 h = layer(h, cos, sin, mask=window if w and s >= w and not self.eager else mask)
         else:
-            cache_pos = torch.arange(past, past + s, device=h.device)
+            # no model-wide cache_position: HF 5.25's cache layers make their own positions
+            # (kit.workload.kv_cache.hf_static_update), and generate passes position_ids
             masks = {}  # HF builds one mask a forward for each kind of layer (full, sliding)
             for i, layer in enumerate(self.layers):
-                h = layer(h, cos, sin, kv_cache[i], cache_pos,
+                h = layer(h, cos, sin, kv_cache[i], None,
                           self._decode_mask(masks, kv_cache[i], self.windows[i], h))
         logits = self.lm_head(self.norm(h))
         if self.final_softcap:  # Gemma 2: tanh(logits / cap) * cap
