@@ -93,3 +93,34 @@ def test_a_cheapest_takes_the_generic_floor_of_the_way_it_runs():
     assert taken[0] == 1
     assert lat[0] == pytest.approx(alone[0], rel=1e-12)
     assert lat[0] < generic_loop_ms([SimpleNamespace(op=slow, kernels=1)], get_gpu("h200"))[0]
+
+
+def test_a_roll_is_costed_as_the_offset_computing_kernel_cuda_runs():
+    """torch.roll on CUDA (one dim) is roll_cuda_kernel, one element a thread, each source
+    offset found with a 64-bit % and /: never the vectorized loop, however contiguous its input.
+    HF 5.25 shifts a full static sliding window with it (cache_utils.py:575-584: roll, put the
+    new row at [-1], copy_ back), where a cat of the window's last rows and the new one had
+    been costed: that shift reads and writes at least as many bytes as the cat and copy_ did,
+    so it cannot be predicted faster (gemma2-9b, batch 8, 8,192 cached, bf16 on an H100: its
+    roll had been priced as a vectorized copy, 99.5 us a layer's keys against the strided
+    cat's 191.6, and the step had come out 94.96 -> 91.28 ms, faster)."""
+    from kit.workload.mapping import map_op
+
+    b, kv, w, d = 8, 8, 4096, 256
+    window = torch.empty(b, kv, w, d, dtype=torch.bfloat16, device="meta")
+    new = torch.empty(b, kv, 1, d, dtype=torch.bfloat16, device="meta")
+    roll, op_class, kernels = map_op("roll", (window, -1, -2), {}, torch.empty_like(window))
+    assert (op_class, kernels) == ("elementwise", 1)
+    assert not roll.vectorized
+    assert roll.bytes == 2 * (b * kv * w * d * 2)  # the window read once and written once, bf16
+    idx = torch.empty(1, dtype=torch.long, device="meta")
+    put = map_op("index_put_", (window, [None, None, idx], new), {}, window)[0]
+    copy = map_op("copy_", (window, window), {}, window)[0]
+    cat = map_op("cat", ([window[:, :, 1:], new], 2), {}, torch.empty_like(window))[0]
+    h100 = get_gpu("h100-sxm")
+    ops = [SimpleNamespace(op=op, kernels=1, op_class=op.op_class) for op in (roll, put, copy, cat)]
+    lat = predict_latencies(ops, h100)[0]
+    assert roll.bytes + put.bytes + copy.bytes >= cat.bytes + copy.bytes
+    assert lat[0] + lat[1] + lat[2] >= lat[3] + lat[2]  # roll, index_put_, copy_ vs cat, copy_
+    rate = GENERIC_LOOP_ELEMS_PER_SM_CLOCK * h100.sm_count * h100.boost_clock_mhz * 1e6
+    assert lat[0] >= b * kv * w * d / rate * 1e3 - 1e-12

@@ -16,8 +16,8 @@ from kit.ops import (Attention, Dropout, Elementwise, EmbeddingBag, LayerNorm, R
                      elementwise_proxy)
 from kit.workload.kernels import (ATTENTION_BWD_FLOPS, ATTENTION_BWD_SCALE, Derived, PerBuild, Slowest, copy_of,
                                   embedding_dense_backward, memory_bound)
-from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, POW_FAST, _elementwise,  # noqa: F401
-                                              _pow_kind, input_streams, mta_launches, nbytes,
+from kit.workload.mapping_elementwise import (BROADCAST_STREAM_BYTES, OFFSET_COPIES, POW_FAST,  # noqa: F401
+                                              _elementwise, _pow_kind, input_streams, mta_launches, nbytes,
                                               unique_nbytes, vectorizable)
 from kit.workload.mapping_gemm import GEMM_OPS, flops_gemm, map_gemm
 from kit.workload.mapping_vision import VISION_OPS, map_vision
@@ -408,8 +408,8 @@ def map_op(packet: str, args, kwargs, out, copies_self: bool = True) -> tuple[ob
             # a value tensor is read on the host (value.item()) and passed to the kernel by value
             ins = [t for t in ins if t.dim() > 0]
         kind = _pow_kind(args) if ELEMENTWISE[packet] == "pow" else ELEMENTWISE[packet]
-        return _elementwise(kind, ins, outs, lead, odtype, omult,
-                            cpu_scalars=packet != "where"), "elementwise", 1
+        return _elementwise(kind, ins, outs, lead, odtype, omult, cpu_scalars=packet != "where",
+                            generic=packet in OFFSET_COPIES), "elementwise", 1
     moved = max(sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs), 1)
     flops = _registry_flops(packet, args, kwargs, out)
     if flops > 0:  # never under its bytes' stream nor its FLOPs at the GPU's peak: the slower

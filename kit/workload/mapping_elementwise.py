@@ -115,12 +115,25 @@ def vectorizable(ins, lead, cpu_scalars: bool = True) -> bool:
     return True
 
 
-def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float, cpu_scalars: bool = True):
+# Copies CUDA runs with a kernel of their own that computes each element's source offset, one
+# element a thread, never TensorIterator's vectorized loop, however contiguous the tensor: a
+# one-dim roll (torch.roll on CUDA, aten/src/ATen/native/cuda/TensorTransformations.cu:
+# roll_cuda_kernel takes each linear index's roll-dim index with a 64-bit % and / and loads
+# from the shifted offset; the CPU kernel, by contrast, is a cat of two narrow()s). Priced at
+# the generic loop's rate (kit.workload.kernel_times.GENERIC_LOOP_ELEMS_PER_SM_CLOCK), the
+# kernel nearest it the kit has measured: a lower bound, as its two 64-bit divisions an
+# element cost more than the generic loop's offset arithmetic (not timed on a GPU here).
+OFFSET_COPIES = {"roll"}
+
+
+def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float, cpu_scalars: bool = True,
+                 generic: bool = False):
     """One elementwise pass over lead's elements. An element wider than the kit dtype (mult:
     int64 or float64 as 2 fp32 words) counts as mult elements, so the learned predictors see
     the bytes as one pass over them (a Derived of mult passes would carry mult fixed costs).
     The generic loop's element count then counts such an element mult times: an overestimate
-    kept for these rare ops (position ids, masks)."""
+    kept for these rare ops (position ids, masks). generic: a kernel that computes every
+    element's offset whatever the layout (OFFSET_COPIES), never vectorized."""
     numel = max(1, int(lead.numel() * mult))
     if kind == "copy" and len(ins) > 1:  # cat/stack: read every input once, write the output
         # PyTorch's cat kernel streams contiguous inputs; a strided one (rotate_half's halves
@@ -140,7 +153,7 @@ def _elementwise(kind: str, ins, outs, lead, dtype: str, mult: float, cpu_scalar
     else:
         streams, vectorized = input_streams(ins, lead), vectorizable(ins, lead, cpu_scalars)
     n = max(1, round(streams))
-    op = Elementwise(kind, numel, dtype, inputs=n, vectorized=vectorized)
+    op = Elementwise(kind, numel, dtype, inputs=n, vectorized=vectorized and not generic)
     if abs(streams - n) < 1e-6:
         return op
     # narrower inputs (a bool mask), or none read from DRAM (a fill, scalar or on-chip inputs:
