@@ -28,7 +28,11 @@ Per rank, within the profiled steps:
   arrived last and so waited least (the others' extra time was waiting). Where the trace names
   each one's process group (newer PyTorch's record_param_comms 'Process Group Ranks', a
   send/recv's peer: kit.trace.comm_meta) and those groups partition the matched ranks, each
-  group is one collective of its own ranks; else all the matched ranks are one.
+  group is one collective of its own ranks; else all the matched ranks are one. Where every
+  collective names its group and the groups agree across their ranks, they are matched per group
+  instead (kit.trace.group_sync): the i-th of a group on each of its ranks (by torch's 'Seq' where
+  given), a send with its peer's recv, so groups that run different numbers of collectives
+  (pipeline stages) are synchronised too, and clock offsets chain from group to group.
 * Clock offsets between ranks are estimated from the collectives' end times, which a ring or
   all-to-all makes near-simultaneous on every rank; each rank starts at its aligned step start.
 * The job's size is the largest distributedInfo world_size, or the number of files when that is
@@ -427,6 +431,39 @@ def _process_groups(tg: TraceGraph, gpu_ranks):
     return parts
 
 
+def _sync_by_group(g: ExecGraph, tg: TraceGraph, gpu_ranks) -> bool:
+    """Synchronise each collective with its own group's ranks where every collective names its
+    group and they agree (kit.trace.group_sync); False (and a note where the groups disagree)
+    leaves it to the match by stream position."""
+    from kit.trace.group_sync import clock_offsets, match_by_group
+
+    matched, why = match_by_group(tg, collective_family)
+    if matched is None:
+        if why:
+            tg.notes.append(f"the process groups the trace names do not agree across ranks ({why}); "
+                            "collectives matched by their position on each rank's NCCL stream")
+        return False
+    split = 0
+    for key, members in matched:
+        d = min(ge.dur_us for _, ge in members.values()) / 1e3
+        split += len(members) if len(members) < len(gpu_ranks) else 0
+        for op, _ in members.values():
+            g.group[op] = ("nccl",) + key
+            g.dur_ms[op] = d
+    offsets, root_of = clock_offsets(matched, list(gpu_ranks))
+    apart = [r for r in gpu_ranks if root_of[r] != gpu_ranks[0]]
+    tg.offsets_us.update(offsets)
+    if split:
+        tg.notes.append(f"{split} collective(s) synchronised within the process groups their trace "
+                        "names (each group's ranks wait for each other, not for the job's others; "
+                        "matched by their order in the group)")
+    if apart:
+        tg.notes.append(f"rank(s) {rank_list(apart)} share no collective, directly or through "
+                        f"others, with rank {gpu_ranks[0]}: their clocks are aligned among their own")
+    tg.collectives_synced = True
+    return True
+
+
 def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
     """Group NCCL kernels across ranks by (stream in order of first use, position on it)."""
     per_rank: dict[int, dict] = {}
@@ -446,6 +483,8 @@ def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
     # rest synchronised as if they were the whole group)
     silent = [r for r, ops in tg.gpu_ops.items() if ops and not per_rank[r]] if gpu_ranks else []
     if len(gpu_ranks) + len(silent) < 2:
+        return
+    if not silent and _sync_by_group(g, tg, gpu_ranks):
         return
     gpu_ranks += silent
     shape = {r: [len(v) for v in per_rank[r].values()] for r in sorted(gpu_ranks)}

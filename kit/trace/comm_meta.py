@@ -18,6 +18,11 @@ kCommsName ... kP2pDst). How the values are written (torch 2.13's own readers of
   (saveNcclMeta), which the wheel does not ship: the wheel confirms the keys and that they are
   ints (profiler_util.py:637-638), not which rank they name. So a peer is used only where it and
   the rank are both in the group's ranks (trace_group); one given as a group rank mostly is not.
+* "Seq" (kSeqNum, util.h:205): a number (profiler_util.py:639 converts it with int), the op's
+  sequence number in its process group. kit.trace.group_sync matches a collective across its
+  group's ranks by it. Not a send's or recv's: a rank's count of those, if shared by all its peers
+  in the group, is not its pair's (the wheel ships no ProcessGroupNCCL.cpp to say which count
+  "Seq" is for them), so a pair's sends and recvs are matched by their order between the two.
 
 Which comm op has which fields (op_comm_metas), and the ranks a collective runs on (trace_group),
 are read here for kit.trace.build (which ranks wait for each other) and kit.trace.transfer (which
@@ -53,6 +58,8 @@ class CommMeta:
     src: int | None = None  # a recv's peer (global rank)
     dst: int | None = None  # a send's peer (global rank)
     problem: str | None = None  # why group_ranks is None though the trace gives some
+    group_name: str | None = None  # "Process Group Name": the group's id, one per group on every rank
+    seq: int | None = None  # "Seq": the collective's sequence number within its group
 
     @property
     def is_p2p(self) -> bool:
@@ -129,7 +136,9 @@ def comm_meta(args) -> CommMeta | None:
     return CommMeta(collective=name if isinstance(name, str) else None, group_ranks=ranks,
                     group_size=size, in_nelems=count("In msg nelems"),
                     out_nelems=count("Out msg nelems"), dtype=dtype if isinstance(dtype, str) else None,
-                    src=rank("Src Rank"), dst=rank("Dst Rank"), problem=problem)
+                    src=rank("Src Rank"), dst=rank("Dst Rank"), problem=problem,
+                    group_name=pg if isinstance(pg := args.get("Process Group Name"), str) and pg else None,
+                    seq=count("Seq"))
 
 
 def enclosing(items, starts, call):

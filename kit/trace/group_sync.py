@@ -1,0 +1,120 @@
+"""Collectives matched across ranks by the process group their trace names and their order in it.
+
+Where every collective of the job names its group (torch 2.13's record_param_comms or NCCL kernel
+fields, kit.trace.comm_meta), the i-th collective a rank runs in group G is the one G's other
+ranks run i-th: NCCL runs a communicator's operations in the order each rank issues them, and
+torch numbers them per group ("Seq"). A send and its recv are matched by direction: rank a's i-th
+send to b with b's i-th recv from a. Matched instead by their position on each rank's NCCL stream
+across the whole job (kit.trace.build), a job whose groups run different numbers of collectives
+(a TP and a DP group, the stages of a pipeline) had not been synchronised at all.
+"""
+from __future__ import annotations
+
+import statistics
+
+from kit.trace.comm_meta import op_comm_metas, trace_group
+
+
+def _key(meta, rank, world, named):
+    """(the key of the group a comm op runs in, its ranks), or (None, None) where unnamed."""
+    ranks, _ = trace_group(meta, rank, world)
+    if ranks is None:
+        return None, None
+    name = meta.group_name if named else None
+    if meta.is_p2p and len(ranks) == 2 and (meta.dst if meta.collective == "send" else meta.src) is not None:
+        peer = meta.dst if meta.collective == "send" else meta.src
+        return ("p2p", (rank, peer) if meta.collective == "send" else (peer, rank), name), tuple(ranks)
+    return ("group", tuple(ranks), name), tuple(ranks)
+
+
+def match_by_group(tg, family):
+    """([(key, {rank: (op, GpuEvent)})] one per collective, None), or (None, why not): why is
+    None where some collective names no group (the caller matches by stream position, as before),
+    else what in the named groups does not agree across their ranks. family: kernel name -> kind."""
+    g = tg.graph
+    metas = op_comm_metas(tg)
+    from kit.trace.build import job_world_size
+
+    world = job_world_size(tg.traces)
+    comm = {r: [(op, ge) for op, ge, _, _ in ops if g.kind[op] == "comm"] for r, ops in tg.gpu_ops.items()}
+    comm = {r: ops for r, ops in comm.items() if ops}
+    if not comm or any(op not in metas for ops in comm.values() for op, _ in ops):
+        return None, None
+    named = all(metas[op].group_name for ops in comm.values() for op, _ in ops)
+    runs: dict = {}  # key -> rank -> [(op, GpuEvent, seq)] in launch order
+    ranks_of: dict = {}
+    for r, ops in comm.items():
+        for op, ge in ops:
+            key, ranks = _key(metas[op], r, world, named)
+            if key is None:
+                return None, None
+            ranks_of[key] = ranks
+            runs.setdefault(key, {}).setdefault(r, []).append((op, ge, metas[op].seq))
+    out = []
+    for key, by_rank in runs.items():
+        members = ranks_of[key]
+        seqs = {r: [s for _, _, s in by_rank.get(r, [])] for r in members}
+        by_seq = key[0] != "p2p" and all(None not in s and len(set(s)) == len(s) for s in seqs.values())
+        order = {r: sorted(s) if by_seq else list(range(len(s))) for r, s in seqs.items()}
+        first = members[0]
+        for r in members:
+            if order[r] != order[first]:
+                what = (f"Seq {_span(order[r])} on rank {r}, {_span(order[first])} on rank {first}"
+                        if by_seq else f"{len(order[r])} on rank {r}, {len(order[first])} on rank {first}")
+                return None, f"group {_name(key)} runs {what}"
+        at = {r: ({s: i for i, s in enumerate(seqs[r])} if by_seq else None) for r in members}
+        for i, s in enumerate(order[first]):
+            m = {r: by_rank[r][at[r][s] if by_seq else i][:2] for r in members}
+            fams = {family(ge.name) for _, ge in m.values()} - {None}
+            if len(fams) > 1:
+                return None, (f"collective {s} of group {_name(key)} is not the same collective on its "
+                              f"ranks ({'; '.join(f'rank {r}: {ge.name}' for r, (_, ge) in sorted(m.items())[:4])})")
+            out.append((key + (s,), m))
+    return out, None
+
+
+def _span(xs):
+    return f"{xs[0]}-{xs[-1]} ({len(xs)})" if xs else "none"
+
+
+def _name(key):
+    kind, ranks, name = key
+    who = (f"send {ranks[0]} -> {ranks[1]}" if kind == "p2p" else
+           "(" + ", ".join(map(str, ranks)) + ")")
+    return who + (f" {name!r}" if name else "")
+
+
+def clock_offsets(matched, ranks):
+    """(rank -> clock offset (us), rank -> the rank its offset is relative to): vs the first rank it is linked to through shared collectives: the
+    median difference of their end times, chained group to group from ranks[0] (a rank that shares
+    no collective with it, through any chain, starts a chain of its own at 0). With one group of
+    all the ranks this is the median of end(r) - end(ranks[0]), as by stream position."""
+    with_rank: dict = {}
+    for i, (_, m) in enumerate(matched):
+        for r in m:
+            with_rank.setdefault(r, []).append(i)
+    offsets: dict = {}
+    root_of: dict = {}
+    for root in ranks:
+        if root in offsets:
+            continue
+        offsets[root] = 0.0
+        root_of[root] = root
+        todo = [root]
+        while todo:
+            a = todo.pop(0)
+            diffs: dict = {}
+            for i in with_rank.get(a, ()):
+                m = matched[i][1]
+                end_a = m[a][1].ts_us + m[a][1].dur_us
+                for b, (_, ge) in m.items():
+                    if b not in offsets:
+                        diffs.setdefault(b, []).append(ge.ts_us + ge.dur_us - end_a)
+            for b in sorted(diffs):
+                offsets[b] = offsets[a] + statistics.median(diffs[b])
+                root_of[b] = root_of[a]
+                todo.append(b)
+    return offsets, root_of
+
+
+__all__ = ["clock_offsets", "match_by_group"]
