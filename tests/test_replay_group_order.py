@@ -170,4 +170,70 @@ def test_groups_that_share_no_rank_keep_their_own_clocks(tmp_path):
     assert durs == {0: [50], 1: [50], 2: [70], 3: [70]}
     assert steps == pytest.approx({r: TP_END[r] + 10 for r in range(4)}, abs=1e-6)
     assert ("rank(s) 2-3 share no collective, directly or through others, with rank 0: their "
-            "clocks are aligned among their own") in notes
+            "clocks are aligned among their own, their first step with rank 0's") in notes
+
+
+def tp_pairs_job(d, shift_us=0.0):
+    """TP pairs {0, 1}, {2, 3} alone (no collective ties the pairs); ranks 2-3's clock (every
+    event of their files) reads shift_us later, as on another host."""
+    ks = {r: [("gemm", 10, C[r], None),
+              ("tp", 10 + C[r], TP_END[r] - 10 - C[r], group("1" if r < 2 else "2", (0, 1) if r < 2 else (2, 3), r))]
+          for r in range(4)}
+    write_job(d, ks)
+    for r in (2, 3):
+        p = d / f"rank{r}.json"
+        doc = json.loads(p.read_text())
+        for e in doc["traceEvents"]:
+            e["ts"] += shift_us
+        p.write_text(json.dumps(doc))
+    return d
+
+
+def test_pairs_on_clocks_a_second_apart_start_their_steps_together(tmp_path):
+    # nothing measures the offset between the pairs' clocks: each pair's first step starts with
+    # the other's, so the job's critical path is the longer pair's step, TP_END[2] + 10 = 490 us
+    # (at their raw clocks, ranks 2-3 had idled 1 s first: 1000.49 ms)
+    r = replay(tp_pairs_job(tmp_path / "j", shift_us=1e6))
+    d = r.to_dict()
+    assert {x["rank"]: 1e3 * x["predicted_ms"] for x in d["ranks"]} == pytest.approx(
+        {k: TP_END[k] + 10 for k in range(4)}, abs=1e-6)
+    assert d["critical_path"]["total_ms"] == pytest.approx((TP_END[2] + 10) / 1e3, abs=1e-9)
+    assert d["critical_path"]["idle"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_rank_without_collectives_leaves_the_others_groups_synchronised(tmp_path):
+    # ranks 0, 1: GEMM then their TP all-reduce (50 us once both are there, ends 360); rank 2:
+    # a GEMM alone, in no group. The pair synchronises: 50 us each (rank 0's measured 250 held
+    # its wait for rank 1), steps 360 + 10; rank 2's GEMM ends at 210, its step 220. Before,
+    # rank 2's empty NCCL stream left every collective unsynchronised at its measured time
+    ks = {r: [("gemm", 10, C[r], None), ("tp", 10 + C[r], TP_END[r] - 10 - C[r], group("1", (0, 1), r))]
+          for r in (0, 1)}
+    ks[2] = [("gemm", 10, 200, None)]
+    durs, _, steps, notes = replayed(write_job(tmp_path / "j", ks))
+    assert durs == {0: [50], 1: [50], 2: []}
+    assert steps == pytest.approx({0: 370, 1: 370, 2: 220}, abs=1e-6)
+    assert ("rank(s) 2 run no collective and are in no group the trace names: their steps start "
+            "with the others', at no measured clock offset") in notes, notes
+    assert not any("counts per stream differ" in x for x in notes), notes
+
+
+def test_a_loop_of_groups_takes_each_offset_from_its_shortest_chain_in_any_order():
+    # pairs 0-1, 1-2, 2-0; rank 1's clock reads 100 us later than rank 0's, rank 2's 250 us, and
+    # the 1-2 pair's measured end on rank 2 is 6 us late (2 - 1 would say 156): rank 2 is one
+    # hop from rank 0, so it takes 250 from their shared collective, whatever the order given
+    import itertools
+    from types import SimpleNamespace
+
+    from kit.trace.group_sync import clock_offsets
+
+    skew = {0: 0.0, 1: 100.0, 2: 250.0}
+
+    def coll(ranks, end, late=None):
+        return (("group", ranks, None, 0), {r: (None, SimpleNamespace(
+            ts_us=end + skew[r] + (6.0 if r == late else 0.0) - 10.0, dur_us=10.0)) for r in ranks})
+
+    loop = [coll((0, 1), 300.0), coll((1, 2), 400.0, late=2), coll((0, 2), 500.0)]
+    for order in itertools.permutations(loop):
+        offsets, root_of = clock_offsets(list(order), [0, 1, 2])
+        assert offsets == {0: 0.0, 1: 100.0, 2: 250.0}
+        assert root_of == {0: 0, 1: 0, 2: 0}

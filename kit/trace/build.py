@@ -431,10 +431,14 @@ def _process_groups(tg: TraceGraph, gpu_ranks):
     return parts
 
 
-def _sync_by_group(g: ExecGraph, tg: TraceGraph, gpu_ranks) -> bool:
+def _sync_by_group(g: ExecGraph, tg: TraceGraph, gpu_ranks, silent=()) -> bool:
     """Synchronise each collective with its own group's ranks where every collective names its
     group and they agree (kit.trace.group_sync); False (and a note where the groups disagree)
-    leaves it to the match by stream position."""
+    leaves it to the match by stream position. silent: ranks with GPU work but no collective (no
+    group the others name may hold them, else the groups disagree). Ranks that no chain of
+    collectives ties to gpu_ranks[0] (silent ones included) have no measured offset to it: each
+    such chain is aligned so that its first step starts with gpu_ranks[0]'s chain's first, not
+    at its raw clock (ranks 2-3 on a host whose clock read 1 s later had idled 1 s)."""
     from kit.trace.group_sync import clock_offsets, match_by_group
 
     matched, why = match_by_group(tg, collective_family)
@@ -450,8 +454,14 @@ def _sync_by_group(g: ExecGraph, tg: TraceGraph, gpu_ranks) -> bool:
         for op, _ in members.values():
             g.group[op] = ("nccl",) + key
             g.dur_ms[op] = d
-    offsets, root_of = clock_offsets(matched, list(gpu_ranks))
+    offsets, root_of = clock_offsets(matched, list(gpu_ranks) + list(silent))
     apart = [r for r in gpu_ranks if root_of[r] != gpu_ranks[0]]
+    window0 = {t.rank: t.window_us()[0] for t in tg.traces}
+    chain_start: dict = {}
+    for r, root in root_of.items():
+        chain_start[root] = min(chain_start.get(root, float("inf")), window0[r] - offsets[r])
+    for r, root in root_of.items():
+        offsets[r] += chain_start[root] - chain_start[gpu_ranks[0]]
     tg.offsets_us.update(offsets)
     if split:
         tg.notes.append(f"{split} collective(s) synchronised within the process groups their trace "
@@ -459,7 +469,11 @@ def _sync_by_group(g: ExecGraph, tg: TraceGraph, gpu_ranks) -> bool:
                         "matched by their order in the group)")
     if apart:
         tg.notes.append(f"rank(s) {rank_list(apart)} share no collective, directly or through "
-                        f"others, with rank {gpu_ranks[0]}: their clocks are aligned among their own")
+                        f"others, with rank {gpu_ranks[0]}: their clocks are aligned among their own, their "
+                        f"first step with rank {gpu_ranks[0]}'s")
+    if silent:
+        tg.notes.append(f"rank(s) {rank_list(silent)} run no collective and are in no group the trace "
+                        "names: their steps start with the others', at no measured clock offset")
     tg.collectives_synced = True
     return True
 
@@ -484,7 +498,7 @@ def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
     silent = [r for r, ops in tg.gpu_ops.items() if ops and not per_rank[r]] if gpu_ranks else []
     if len(gpu_ranks) + len(silent) < 2:
         return
-    if not silent and _sync_by_group(g, tg, gpu_ranks):
+    if _sync_by_group(g, tg, gpu_ranks, silent):
         return
     gpu_ranks += silent
     shape = {r: [len(v) for v in per_rank[r].values()] for r in sorted(gpu_ranks)}

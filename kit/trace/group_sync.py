@@ -85,10 +85,16 @@ def _name(key):
 
 
 def clock_offsets(matched, ranks):
-    """(rank -> clock offset (us), rank -> the rank its offset is relative to): vs the first rank it is linked to through shared collectives: the
-    median difference of their end times, chained group to group from ranks[0] (a rank that shares
-    no collective with it, through any chain, starts a chain of its own at 0). With one group of
-    all the ranks this is the median of end(r) - end(ranks[0]), as by stream position."""
+    """(rank -> clock offset (us), rank -> the root of its chain). A collective's members end
+    together (its last arrival plus its own time), so b's offset to a is the median of end(b) -
+    end(a) over the collectives they share, as the match by stream position takes it against the
+    first rank. Offsets chain breadth-first from ranks[0] (the lowest rank): each rank takes its
+    offset from the first rank that reaches it on a shortest chain (ranks are visited by depth,
+    then in the order their parents were, then by rank), so where groups form a loop (pairs 0-1, 1-2, 2-0) the loop's other links are
+    not used: measured ends that disagree around it (2 - 1 = 156 us, where 2 - 0 = 250 and 1 - 0 =
+    100) are not averaged, rank 2 takes 250. The result does not depend on the collectives' order.
+    A rank that no chain reaches starts a chain of its own at 0 (its root). With one group of all
+    the ranks this is the median of end(r) - end(ranks[0]), as by stream position."""
     with_rank: dict = {}
     for i, (_, m) in enumerate(matched):
         for r in m:
