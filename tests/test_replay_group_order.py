@@ -237,3 +237,18 @@ def test_a_loop_of_groups_takes_each_offset_from_its_shortest_chain_in_any_order
         offsets, root_of = clock_offsets(list(order), [0, 1, 2])
         assert offsets == {0: 0.0, 1: 100.0, 2: 250.0}
         assert root_of == {0: 0, 1: 0, 2: 0}
+
+
+def test_a_rank_whose_collectives_name_no_group_is_said(tmp_path):
+    # the TP/DP job with rank 3's record_param_comms fields left out: its 2 collectives name no
+    # group while the 6 of ranks 0-2 do, so the group match is not used and, matched by stream
+    # position, every rank's k-th collective is one; before, that was silent
+    d = tp_dp_job(tmp_path / "j")
+    p = d / "rank3.json"
+    doc = json.loads(p.read_text())
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e["name"] != "record_param_comms"]
+    p.write_text(json.dumps(doc))
+    *_, notes = replayed(d)
+    assert ("the process groups the trace names do not agree across ranks (2 of the job's 8 "
+            "collectives, on rank(s) 3, name no process group while the others do); collectives "
+            "matched by their position on each rank's NCCL stream") in notes, notes

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 
 from kit.trace.comm_meta import op_comm_metas, trace_group
+from kit.trace.build import job_world_size, rank_list
 
 
 def _key(meta, rank, world, named):
@@ -29,25 +30,31 @@ def _key(meta, rank, world, named):
 
 def match_by_group(tg, family):
     """([(key, {rank: (op, GpuEvent)})] one per collective, None), or (None, why not): why is
-    None where some collective names no group (the caller matches by stream position, as before),
-    else what in the named groups does not agree across their ranks. family: kernel name -> kind."""
+    None where no collective names a group (the caller matches by stream position, as before),
+    else what does not agree: some collectives name a group and others none (the match by stream
+    position then ties every rank, groups or not), or the named groups across their ranks.
+    family: kernel name -> kind."""
     g = tg.graph
     metas = op_comm_metas(tg)
-    from kit.trace.build import job_world_size
-
     world = job_world_size(tg.traces)
     comm = {r: [(op, ge) for op, ge, _, _ in ops if g.kind[op] == "comm"] for r, ops in tg.gpu_ops.items()}
     comm = {r: ops for r, ops in comm.items() if ops}
-    if not comm or any(op not in metas for ops in comm.values() for op, _ in ops):
+    if not comm:
         return None, None
-    named = all(metas[op].group_name for ops in comm.values() for op, _ in ops)
+    named = all(op in metas and metas[op].group_name for ops in comm.values() for op, _ in ops)
+    keys = {op: _key(metas[op], r, world, named) if op in metas else (None, None)
+            for r, ops in comm.items() for op, _ in ops}
+    unnamed = {r: sum(keys[op][0] is None for op, _ in ops) for r, ops in comm.items()}
+    if any(unnamed.values()):  # some name none: as before; some do, some not: said
+        n, total = sum(unnamed.values()), sum(map(len, comm.values()))
+        return None, (None if n == total else f"{n:,} of the job's {total:,} collectives, on rank(s) "
+                      f"{rank_list([r for r, k in unnamed.items() if k])}, name no process group "
+                      "while the others do")
     runs: dict = {}  # key -> rank -> [(op, GpuEvent, seq)] in launch order
     ranks_of: dict = {}
     for r, ops in comm.items():
         for op, ge in ops:
-            key, ranks = _key(metas[op], r, world, named)
-            if key is None:
-                return None, None
+            key, ranks = keys[op]
             ranks_of[key] = ranks
             runs.setdefault(key, {}).setdefault(r, []).append((op, ge, metas[op].seq))
     out = []
