@@ -19,10 +19,13 @@ kCommsName ... kP2pDst). How the values are written (torch 2.13's own readers of
   ints (profiler_util.py:637-638), not which rank they name. So a peer is used only where it and
   the rank are both in the group's ranks (trace_group); one given as a group rank mostly is not.
 * "Seq" (kSeqNum, util.h:205): a number (profiler_util.py:639 converts it with int), the op's
-  sequence number in its process group. kit.trace.group_sync matches a collective across its
-  group's ranks by it. Not a send's or recv's: a rank's count of those, if shared by all its peers
-  in the group, is not its pair's (the wheel ships no ProcessGroupNCCL.cpp to say which count
-  "Seq" is for them), so a pair's sends and recvs are matched by their order between the two.
+  sequence number in its process group: the NCCL backend passes (count, is_p2p) and
+  ParamCommsUtils.hpp:97-126 keeps the count (-1 for a backend that passes none), where
+  ProcessGroupNCCL.hpp:1470-1476 has two counts per group: seqCollective_ (kernels launched, so
+  ops coalesced into one kernel share one) and seqP2P_ (every send and recv of the group, to any
+  peer). kit.trace.group_sync matches a collective across its group's ranks by it where a
+  group's are distinct on every rank; not a send or recv, whose count is the rank's over all its
+  peers, not its pair's: a pair's sends and recvs are matched by their order between the two.
 
 Which comm op has which fields (op_comm_metas), and the ranks a collective runs on (trace_group),
 are read here for kit.trace.build (which ranks wait for each other) and kit.trace.transfer (which
