@@ -9,6 +9,7 @@ from kit.parallel import GPTSpec, Layout
 from kit.parallel.costs import AnalyticSource
 from kit.parallel.gpt import (fused_softmax_available, head_backward, head_forward, layer_forward,
                               padded_vocab)
+from kit.parallel.vocab_kernels import TokenKernel
 
 torch.set_num_threads(1)
 SPEC = GPTSpec(layers=2, hidden=1024, heads=16, seq=1024, vocab=50257, attention="unfused")
@@ -64,7 +65,7 @@ def test_cross_entropy_passes_and_all_reduces():
     tok, v = b * 1024, padded_vocab(50257, tp) // tp
     n = tok * v
     fwd = head_forward(SPEC, b, tp, "fp16")
-    ce = [op for op in _kernels(fwd) if isinstance(op, ops.Elementwise)]
+    ce = [op for op in _kernels(fwd) if isinstance(op, ops.Elementwise) and not isinstance(op, TokenKernel)]
     assert len(ce) == 6
     cast, max_, sub, exp, sum_, div = 6 * n, 4 * n + 12 * tok, 8 * n, 8 * n, 4 * n + 4 * tok, 8 * n
     assert sum(op.bytes for op in ce) == cast + max_ + sub + exp + sum_ + div
@@ -72,7 +73,7 @@ def test_cross_entropy_passes_and_all_reduces():
     assert comms == [("allreduce", tok * 4, "tp")] * 3
     assert all(blk.comm is None for blk in head_forward(SPEC, b, 1, "fp16"))
     bwd = head_backward(SPEC, b, tp, "fp16")
-    ce_b = [op for op in _kernels(bwd) if isinstance(op, ops.Elementwise)]
+    ce_b = [op for op in _kernels(bwd) if isinstance(op, ops.Elementwise) and not isinstance(op, TokenKernel)]
     assert sum(op.bytes for op in ce_b) == (8 + 6) * n
     gemms = [op for op in _kernels(bwd) if isinstance(op, ops.Gemm)]
     assert sorted((g.m, g.n, g.k) for g in gemms) == sorted([(tok, 1024, v), (1024, v, tok)])
@@ -111,5 +112,8 @@ def test_embedding_backward_zero_fills_the_tables_and_accumulates_main_grad(dtyp
     words, positions = padded_vocab(50257, tp) // tp, SPEC.positions
     expect = sum(rows * h * d + 2 * tok * h * d + rows * h * (d + 2 * grad_bytes)
                  for rows in (words, positions))
+    # at tp > 1 the backward of output_parallel[input_mask, :] = 0.0 (layers.py line 291): a
+    # clone of the [tokens, hidden] gradient and a masked_fill_ of it (and the mask, a byte a token)
+    expect += 2 * tok * h * d + 2 * tok * h * d + tok
     assert sum(op.bytes * f for op, f, _ in rest) == pytest.approx(expect, rel=1e-12)
-    assert sum(k for _, _, k in rest) == 2 * (2 + 1)
+    assert sum(k for _, _, k in rest) == 2 * (2 + 1) + 2

@@ -31,6 +31,9 @@ from kit import ops
 from kit.errors import KitError
 # re-exported: the kit, tests and notebooks import them from here
 from kit.parallel.gpt_spec import GPTSpec, parse_model  # noqa: F401
+from kit.parallel.vocab_kernels import (OutputMask, TokenKernel, cross_entropy_backward_kernels,
+                                        cross_entropy_forward_kernels, cross_entropy_loss_kernels,
+                                        embedding_output_mask, id_mask_kernels)
 from kit.workload.kernels import (ATTENTION_BWD_SCALE, Derived, embedding_dense_backward, leaf_ops,
                                   row_reduction)
 
@@ -360,12 +363,18 @@ def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = Fal
     reduce_scatter_embeddings), after which the dropout runs on this rank's tokens only. A rotary
     model (GPTSpec.rope) has no position table and so no add (Megatron-core's
     LanguageModelEmbedding adds one only for learned absolute positions): Llama's had been
-    added, tokens x hidden each way."""
+    added, tokens x hidden each way. At tp > 1 VocabParallelEmbedding.forward (megatron-core
+    0.16.1 tensor_parallel/layers.py lines 280-291) first masks the ids outside this rank's
+    vocabulary (six per-token kernels, kit.parallel.vocab_kernels) and after the lookup zeroes
+    their rows, a masked_fill_ over [tokens, hidden]; at tp 1 it looks the ids up as they are."""
     tok = b * spec.seq
     v = vocab_per_rank(spec.vocab, tp)
     act = tok * spec.hidden * ops.dtype_bytes(dtype)
     lookup = [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
               *([] if spec.rope else [ops.Elementwise("add", tok * spec.hidden, dtype)])]
+    if tp > 1:  # megatron-core 0.16.1 layers.py lines 282-291: mask the ids, then the rows
+        lookup = [*id_mask_kernels(tok), lookup[0], embedding_output_mask(tok, spec.hidden, dtype),
+                  *lookup[1:]]
     if tp == 1:
         return [Block("embedding", [*lookup, *_dropout(spec, tok * spec.hidden, dtype)])]
     if sp:
@@ -394,7 +403,9 @@ def embedding_backward(spec: GPTSpec, b: int, tp: int, dtype: str, grad_dtype: s
     kernel of its own backward (it passes the gradient to both). The lookup had been priced as
     twice its forward (its bytes: tokens x hidden read and written): GPT-3 175B at tp 8,
     micro-batch 1, bf16, 201 MB, where the zero-fill and scatter move 258 MB and the accumulation
-    into main_grad 786 MB (6,400 x 12,288 x 10 bytes)."""
+    into main_grad 786 MB (6,400 x 12,288 x 10 bytes). At tp > 1 the forward's zeroing of the
+    masked rows has autograd's IndexPutBackward0 first: a clone of the output gradient and a
+    masked_fill_ of it, [tokens, hidden] each; the ids' mask kernels have no backward."""
     d = ops.dtype_bytes(dtype)
     tok = b * spec.seq
     grad = tok * spec.hidden * d  # the output gradient the tables' backward reads
@@ -409,6 +420,14 @@ def embedding_backward(spec: GPTSpec, b: int, tp: int, dtype: str, grad_dtype: s
                 rows = [op.rows]
             elif isinstance(op, ops.Elementwise) and op.kind == "add" and not spec.rope:
                 rows = [spec.positions]  # the position table's backward in place of the add's
+            elif isinstance(op, TokenKernel):  # the ids' mask: no gradient
+                continue
+            elif isinstance(op, OutputMask):  # IndexPutBackward0: clone, then masked_fill_
+                for k in op.backward_kernels():
+                    new.ops.append(k)
+                    new.bwd_factor.append(1.0)
+                    new.kernels.append(1.0)
+                continue
             else:
                 new.ops.append(op)
                 new.bwd_factor.append(f)
@@ -454,8 +473,11 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
     row reductions, torch.max(dim=-1) and sum(dim=-1), one reduce kernel each, which read it
     and write a row's value (max also its int64 index): tokens x 12 and tokens x 4 bytes. Priced
     as elementwise passes, the two reductions had been charged a [tokens, vocab/tp] write that
-    they do not do. The all-reduces move tokens x 4 bytes. Its target-mask and gather kernels,
-    over tokens elements, are not listed. With sequence parallelism the LayerNorm runs on this
+    they do not do. The all-reduces move tokens x 4 bytes, in the
+    source's order: the max's; after the exp and sum, the target logit's and the sum's (lines
+    148-158). Between the subtract and the exp, ten kernels over tokens elements mask the
+    targets and gather their logits (lines 48-62), and log(sum) - predicted (line 77) two more
+    before the divide (kit.parallel.vocab_kernels): at every tp, as Megatron runs them. With sequence parallelism the LayerNorm runs on this
     rank's tokens and an all-gather of the activations feeds the column-parallel logits GEMM."""
     tok = b * spec.seq
     v = vocab_per_rank(spec.vocab, tp)
@@ -472,20 +494,23 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
                       *_unscaled(row_reduction(tok, v, 4 + 8, "fp32", "cross-entropy max"))]
     blocks = [*first,
               Block("cross-entropy max all-reduce", comm=ar),
-              Block("cross-entropy", [ops.Elementwise("sub", n, "fp32", inputs=1)]),
-              Block("cross-entropy target all-reduce", comm=ar),
-              Block("cross-entropy", [ops.Elementwise("exp", n, "fp32"),
+              Block("cross-entropy", [ops.Elementwise("sub", n, "fp32", inputs=1),
+                                      *cross_entropy_forward_kernels(tok),
+                                      ops.Elementwise("exp", n, "fp32"),
                                       *_unscaled(row_reduction(tok, v, 4, "fp32", "cross-entropy sum"))]),
+              Block("cross-entropy target all-reduce", comm=ar),
               Block("cross-entropy sum all-reduce", comm=ar),
-              Block("cross-entropy", [ops.Elementwise("div", n, "fp32", inputs=1)])]
+              Block("cross-entropy", [*cross_entropy_loss_kernels(tok),
+                                      ops.Elementwise("div", n, "fp32", inputs=1)])]
     return _merge([blk for blk in blocks if blk.comm is None or tp > 1])
 
 
 def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
     """Cross-entropy backward (softmax - one-hot, scaled in place by the loss gradient, cast back
     to the model dtype: two passes; megatron-core 0.16.1 cross_entropy.py lines 114-117, the
-    one-hot's subtraction a gather and scatter of tokens elements, the cast autograd's backward
-    of forward's .float()), then the logits GEMM's data and weight gradients, with the TP
+    cast autograd's backward of forward's .float(); before them six kernels over tokens
+    elements, the one-hot's subtraction among them, kit.parallel.vocab_kernels), then the logits
+    GEMM's data and weight gradients, with the TP
     reduction of the data gradient's partial sums beside the weight gradient (the column-parallel
     GEMM's f operator: an all-reduce, or with sequence parallelism a reduce-scatter, and then
     also the re-gather of its input beside the data gradient: _column_backward), and the final
@@ -496,8 +521,10 @@ def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) 
     gemm = ops.linear(tok, spec.hidden, v, dtype)
     rows = tok // tp if sp and tp > 1 and tok % tp == 0 else tok
     ln = norm(spec, rows, dtype)
-    blocks = [Block("lm head bwd", [ops.Elementwise("mul", n, "fp32", inputs=1),
-                                    ops.Elementwise("cast", n, dtype, inputs=2)], [1.0, 1.0])]
+    per_token = cross_entropy_backward_kernels(tok)  # lines 97-99 and 114, at every tp
+    blocks = [Block("lm head bwd", [*per_token, ops.Elementwise("mul", n, "fp32", inputs=1),
+                                    ops.Elementwise("cast", n, dtype, inputs=2)],
+                    [1.0] * (len(per_token) + 2))]
     if tp > 1:  # Megatron's parallel_lm_logits runs the column-parallel linear's backward
         blocks += _column_backward(gemm, sp)
     else:
