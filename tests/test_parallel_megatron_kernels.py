@@ -112,7 +112,7 @@ def test_embedding_backward_zero_fills_the_tables_and_accumulates_main_grad(dtyp
     words, positions = padded_vocab(50257, tp) // tp, SPEC.positions
     expect = sum(rows * h * d + 2 * tok * h * d + rows * h * (d + 2 * grad_bytes)
                  for rows in (words, positions))
-    # at tp > 1 the backward of output_parallel[input_mask, :] = 0.0 (layers.py line 291): a
+    # at tp > 1 the backward of output_parallel[input_mask, :] = 0.0 (layers.py line 290): a
     # clone of the [tokens, hidden] gradient and a masked_fill_ of it (and the mask, a byte a token)
     expect += 2 * tok * h * d + 2 * tok * h * d + tok
     assert sum(op.bytes * f for op, f, _ in rest) == pytest.approx(expect, rel=1e-12)

@@ -364,7 +364,7 @@ def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = Fal
     model (GPTSpec.rope) has no position table and so no add (Megatron-core's
     LanguageModelEmbedding adds one only for learned absolute positions): Llama's had been
     added, tokens x hidden each way. At tp > 1 VocabParallelEmbedding.forward (megatron-core
-    0.16.1 tensor_parallel/layers.py lines 280-291) first masks the ids outside this rank's
+    0.16.1 tensor_parallel/layers.py lines 274-290) first masks the ids outside this rank's
     vocabulary (six per-token kernels, kit.parallel.vocab_kernels) and after the lookup zeroes
     their rows, a masked_fill_ over [tokens, hidden]; at tp 1 it looks the ids up as they are."""
     tok = b * spec.seq
@@ -372,7 +372,7 @@ def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = Fal
     act = tok * spec.hidden * ops.dtype_bytes(dtype)
     lookup = [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
               *([] if spec.rope else [ops.Elementwise("add", tok * spec.hidden, dtype)])]
-    if tp > 1:  # megatron-core 0.16.1 layers.py lines 282-291: mask the ids, then the rows
+    if tp > 1:  # megatron-core 0.16.1 layers.py lines 274-290: mask the ids, then the rows
         lookup = [*id_mask_kernels(tok), lookup[0], embedding_output_mask(tok, spec.hidden, dtype),
                   *lookup[1:]]
     if tp == 1:

@@ -5,8 +5,10 @@ kit.parallel.gpt's embedding and head blocks run beside their big [tokens, hidde
 
 Each is one CUDA kernel over tokens elements (token ids and targets are int64, a boolean mask a
 byte, the logits fp32), costed as a memory-bound kernel of the bytes it reads and writes: small,
-so they count as launches and the predictor's floor, not bytes. A boolean-mask store of a Python
-scalar, `t[mask] = 0`, is one masked_fill_ kernel, not nonzero + index_put: torch's
+so on the GPU each is what the stream gives a kernel, its roofline plus a kernel's start, and on
+the host an eager op's launch (TokenKernel), not the predictor's isolated floor and the fitted
+launch. A boolean-mask store of a Python scalar, `t[mask] = 0`, is one masked_fill_ kernel, not
+nonzero + index_put: torch's
 _index_put_impl_ dispatches to masked_fill_ where the one index is a boolean mask and the value a
 one-element CPU tensor (canDispatchToMaskedFill, aten/src/ATen/native/TensorAdvancedIndexing.cpp),
 and Python's __setitem__ puts a scalar value for a CUDA tensor on the CPU
@@ -27,14 +29,21 @@ MASK_BYTES = 1  # torch.bool
 @dataclass(frozen=True)
 class TokenKernel(ops.Elementwise):
     """A kernel of the ids' bookkeeping, costed as the copy of its bytes. Integer and mask
-    tensors carry no gradient: it has no backward (kit.parallel.gpt.embedding_backward)."""
+    tensors carry no gradient: it has no backward (kit.parallel.gpt.embedding_backward).
+
+    Priced in the stream (kit.parallel.costs.Coster.op_ms): its roofline plus a kernel's start,
+    2 us (kit.workload.kernel_times.KERNEL_MIN_US), not the predictor's isolated time, whose
+    ~25 us dispatch floor the analytic layer's other kernels keep as a calibration for work it
+    does not list, this among it; its launch, counted apart on the host, an eager op's
+    (Coster.stream_op_host_ms), not the launch_us a profile fitted per listed kernel."""
 
     label: str = ""
+    priced_in_stream = True  # a class attribute, not a field: no part of the op's identity
 
 
 @dataclass(frozen=True)
 class OutputMask(ops.Elementwise):
-    """VocabParallelEmbedding's output_parallel[input_mask, :] = 0.0 (layers.py line 291): a
+    """VocabParallelEmbedding's output_parallel[input_mask, :] = 0.0 (layers.py line 290): a
     masked_fill_ over [tokens, hidden] that reads the rows and the broadcast mask and writes the
     rows. Its backward (autograd's IndexPutBackward0: grad.index_put(indices, zeros_like(value)))
     clones the gradient and masked-fills the clone: backward_kernels."""
@@ -56,7 +65,7 @@ def _kernel(nbytes: int, label: str) -> TokenKernel:
 
 def id_mask_kernels(tokens: int) -> list[TokenKernel]:
     """mask = (ids < start) | (ids >= end); masked = ids.clone() - start; masked[mask] = 0
-    (layers.py lines 282-285 for the embedding's input, cross_entropy.py lines 48-50 for the
+    (layers.py lines 276-279 for the embedding's input, cross_entropy.py lines 48-50 for the
     targets): lt and ge (read 8, write 1 a token), bitwise_or (read 2, write 1), clone and sub
     (read 8, write 8), masked_fill_ (read 8 and the mask's 1, write 8). Six kernels."""
     i, m = INDEX_BYTES, MASK_BYTES
