@@ -70,14 +70,48 @@ def real_model(model, dtype: str, device: str) -> torch.nn.Module:
 
 def real_inputs(m, batch: int, context: int, dtype: str, device: str, kind: str = "static"):
     """decode_inputs on the device: token ids, and a zeroed cache in the model's dtype (its
-    kind, context and sliding window kept)."""
+    kind, context and sliding window kept), with a static layer's write counter on the device
+    too (it had stayed a meta tensor, which a real step cannot add to its positions)."""
     ids, cache = m.decode_inputs(batch, context, kind)
     ids = torch.zeros(ids.shape, dtype=torch.long, device=device)
 
     def real(t):
         return torch.zeros(t.shape, dtype=TORCH_DTYPES[dtype], device=device)
 
-    return ids, tuple(c._replace(keys=real(c.keys), values=real(c.values)) for c in cache)
+    def counter(c):  # a static layer's cumulative_length (HF 5.25): the rows written so far
+        if c.length is None:
+            return None
+        return torch.full((), c.context, dtype=torch.long, device=device)
+
+    return ids, tuple(c._replace(keys=real(c.keys), values=real(c.values), length=counter(c))
+                      for c in cache)
+
+
+class _Rewind:
+    """Each call of a timed step gets its own copy of the cache's write counters. A static
+    layer's counter (HF 5.25's cumulative_length) advances in place every step (its add_), so
+    the same step timed again would write one row further each time, past the cache's end after
+    a few calls. ready() makes counters at `context` rows for the next call(s) before it, outside
+    the timed region (filling them is a kernel); take() hands the next set to the step. A cache
+    without counters (dynamic, or GPT-2/OPT's) is handed as it is."""
+
+    def __init__(self, cache):
+        self.cache, self.pool = cache, []
+        self.counted = any(c.length is not None for c in cache)
+
+    def ready(self, calls: int = 1) -> None:
+        if not self.counted:
+            return
+        for _ in range(calls):
+            self.pool.append(tuple(c if c.length is None else c._replace(length=torch.full_like(c.length, c.context))
+                                   for c in self.cache))
+
+    def take(self):
+        if not self.counted:
+            return self.cache
+        if not self.pool:  # a call nobody readied: make its counters now (a fill kernel more)
+            self.ready()
+        return self.pool.pop(0)
 
 
 def _time_ms(step, device: str, repeats: int, flush=None) -> float:
@@ -153,20 +187,23 @@ def measure(model, batch: int, context: int, dtype: str = "bf16", device: str = 
     if own:
         m = real_model(model, dtype, device)
     ids, cache = real_inputs(m, batch, context, dtype, device, kind)
+    rewind = _Rewind(cache)
 
     def step():
         with torch.no_grad():
-            m(ids, cache)
+            m(ids, rewind.take())
 
     for _ in range(warmup):
+        rewind.ready()
         step()
     if device == "cuda":
         torch.cuda.synchronize()
     row = {"model": _name(model), "batch": batch, "context": context, "dtype": dtype, "kv_cache": kind,
-           "measured_ms": _time_ms(step, device, repeats)}
+           "measured_ms": _time_ms(step, device, repeats, flush=rewind.ready)}
     if device == "cuda":
-        row.update(_kernels(step))
-    ids = cache = step = None  # free the step's memory before the next row
+        rewind.ready(3)  # _kernels' three steps, made before its profile starts
+        row.update(_kernels(step, 3))
+    ids = cache = step = rewind = None  # free the step's memory before the next row
     if own:
         del m
     if gpu is not None:
