@@ -291,7 +291,10 @@ A whole answer is the prompt's **prefill** (one forward pass over it, which yiel
 token: the time to first token, TTFT; only the last position's logits are computed, as HF's
 `generate` does) and then one decode step per further token, each with one more token in the
 cache. `predict_generation` (CLI: `--mode generate --new-tokens N`) sums the
-steps from decode steps predicted at five contexts and interpolated between them.
+steps from decode steps predicted at five contexts and interpolated between them. Each pass
+carries the GPU work HF's greedy `generate` runs around the model (input slices, position ids,
+the last logits copied to FP32, argmax, the stopping criteria: 24 small kernels a decode step),
+and each step ends at HF's stop check, a host read that waits for the GPU to drain.
 """),
     code("""
 from kit.api import predict_generation

@@ -95,7 +95,7 @@ def test_a_preallocated_static_cache_is_read_and_masked_whole():
 def test_generation_steps_read_the_cache_generate_preallocates():
     """A 16-token prompt and 9 new tokens: HF's static cache holds 24; each decode step is the
     step over that cache, not over its own context + 1."""
-    from kit.workload.generation import generation
+    from kit.workload.generation import generation, hf_loop
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of
 
@@ -103,12 +103,16 @@ def test_generation_steps_read_the_cache_generate_preallocates():
     gen = generation(cfg, "h100-sxm", batch=2, prompt=16, new_tokens=9, dtype="bf16")
     first = gen["decode_steps"][0]
     assert first["context"] == 16
-    whole = iteration(graph_of(cfg, 2, 16, "decode", "bf16", cache_len=24), "h100-sxm").total_ms
-    own = iteration(graph_of(cfg, 2, 16, "decode", "bf16"), "h100-sxm").total_ms
+
+    def step(**kw):  # with HF's greedy loop ops around it (tests/test_hf_generate_loop.py)
+        return iteration(hf_loop(cfg, 2)(graph_of(cfg, 2, 16, "decode", "bf16", **kw), 17, 1),
+                         "h100-sxm")
+
+    whole, own = step(cache_len=24).total_ms, step().total_ms
     assert whole != own and first["ms"] == pytest.approx(whole, rel=1e-12)
     dynamic = generation(cfg, "h100-sxm", batch=2, prompt=16, new_tokens=9, dtype="bf16",
                          kv_cache="dynamic")
-    grown = iteration(graph_of(cfg, 2, 16, "decode", "bf16", kv_cache="dynamic"), "h100-sxm")
+    grown = step(kv_cache="dynamic")
     assert dynamic["decode_steps"][0]["ms"] == pytest.approx(grown.total_ms, rel=1e-12)
 
 
