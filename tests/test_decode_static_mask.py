@@ -34,9 +34,9 @@ def test_a_static_decode_step_is_masked_over_the_whole_cache_as_hf_runs_it():
     attn = [(n.aten, n.shapes) for n in g if n.op_class == "attention"]
     packed = f"[2,2,2,8]x[2,2,{keys},8]x[2,2,{keys},8]x[2,1,1,{keys}]"
     assert attn == [("aten._scaled_dot_product_efficient_attention.default", packed)] * 2
-    # the mask, built once a step: key index <= query position, the 2D mask indexed at [b, kv]
+    # the mask, built once a step: key index <= query position; no 2D mask (generate drops it)
     assert _ops(g, "aten.le.Tensor") == [f"[1,1,1,{keys}]x[1,1,1,1]"]
-    assert _ops(g, "aten.index.Tensor") == [f"[2,{keys}]x[2,1,1,1]x[1,1,1,{keys}]"]
+    assert _ops(g, "aten.index.Tensor") == []
     # and in every layer torch's SDPA makes it additive in q's dtype before the kernel
     assert _ops(g, "aten.where.self") == [f"[2,1,1,{keys}]x[]x[]"] * 2
 
@@ -85,7 +85,7 @@ def test_a_preallocated_static_cache_is_read_and_masked_whole():
                       disk=False)
     assert [n.shapes for n in g if n.op_class == "attention"] == [
         "[2,2,2,8]x[2,2,24,8]x[2,2,24,8]x[2,1,1,24]"] * 2
-    assert _ops(g, "aten.constant_pad_nd.default") == ["[2,17]"]
+    assert _ops(g, "aten.constant_pad_nd.default") == []  # no 2D mask to pad (generate drops it)
     # 2 layers x K and V x batch 2 x 2 KV heads x 24 rows x head 8 x bf16
     assert g.meta["kv_cache_bytes"] == 2 * 2 * 2 * 2 * 24 * 8 * 2
     with pytest.raises(KitError, match="at least the context and the step's token"):
@@ -108,8 +108,11 @@ def test_generation_steps_read_the_cache_generate_preallocates():
         return iteration(hf_loop(cfg, 2)(graph_of(cfg, 2, 16, "decode", "bf16", **kw), 17, 1),
                          "h100-sxm")
 
-    whole, own = step(cache_len=24).total_ms, step().total_ms
-    assert whole != own and first["ms"] == pytest.approx(whole, rel=1e-12)
+    whole, own = step(cache_len=24), step()
+    # the same kernels (a tiny host-bound step: the same total); the larger cache's GPU work
+    assert whole.kernel_ms > own.kernel_ms
+    assert first["ms"] == pytest.approx(whole.total_ms, rel=1e-12)
+    assert first["kernel_ms"] == pytest.approx(whole.kernel_ms, rel=1e-12)
     dynamic = generation(cfg, "h100-sxm", batch=2, prompt=16, new_tokens=9, dtype="bf16",
                          kv_cache="dynamic")
     grown = step(kv_cache="dynamic")
@@ -144,3 +147,60 @@ def test_a_preallocated_sliding_layer_holds_its_window_only():
         "[2,2,2,8]x[2,2,13,8]x[2,2,13,8]x[2,1,1,13]", "[2,2,2,8]x[2,2,8,8]x[2,2,8,8]x[2,1,1,8]"]
     # K and V x batch 2 x 2 KV heads x (13 + 8) rows x head 8 x bf16
     assert g.meta["kv_cache_bytes"] == 2 * 2 * 2 * (13 + 8) * 8 * 2
+
+
+# sdpa_mask with attention_mask None (generation/utils.py:2902-2910 drops generate's all-ones 2D
+# mask; masking_utils.py:222-231, 525-531, 539), then prepare_inputs_for_generation's
+# .contiguous() (generation/utils.py:754-762): one (aten op, shapes) per kernel, read off the lines
+MASK_FULL = [("aten.arange.default", ""), ("aten.arange.default", ""),  # batch, head indices
+             ("aten.arange.default", ""), ("aten.add.Tensor", "[{s}]"),  # q + q_offset
+             ("aten.arange.default", ""), ("aten.add.Tensor", "[{k}]"),  # kv + kv_offset
+             ("aten.le.Tensor", "[1,1,1,{k}]x[1,1,{s},1]")]  # causal_mask_function, :74-78
+# sliding_window_causal_mask_function = and_masks(overlay, causal) (:51-55, 90-99, 132-136):
+# True, q - window, kv > it, kv <= q, then the two &s
+MASK_WINDOW = MASK_FULL[:6] + [("aten.ones.default", ""), ("aten.sub.Tensor", "[1,1,{s},1]"),
+                               ("aten.gt.Tensor", "[1,1,1,{k}]x[1,1,{s},1]"),
+                               ("aten.bitwise_and.Tensor", "[]x[1,1,1,{k}]"),
+                               ("aten.le.Tensor", "[1,1,1,{k}]x[1,1,{s},1]"),
+                               ("aten.bitwise_and.Tensor", "[1,1,1,{k}]x[1,1,1,{k}]")]
+
+
+def _mask_ops(g):
+    """The kernels the step launches outside its layers after the rotary tables' last cast to
+    the model's dtype, up to the first layer: the mask's."""
+    top = []
+    for n in g:
+        if n.module:
+            if top:
+                break
+            continue
+        top.append(n)
+    casts = [i for i, n in enumerate(top) if n.aten == "aten._to_copy.default"]
+    return [(n.aten, n.shapes) for n in top[casts[-1] + 1:] if n.kernels]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("window", [0, 8])
+def test_a_static_step_builds_its_mask_without_generates_dropped_2d_mask(batch, window):
+    """generate() drops the all-ones 2D mask (no padding), so sdpa_mask has no padding mask: the
+    index aranges, their offsets, the mask function; and makes the expanded mask contiguous, a
+    copy for a batch over 1. The kit had built the 2D mask too (ones, padded to the cache,
+    indexed at [batch, kv], and-ed in: six kernels HF never launches)."""
+    cfg = ({**LLAMA, "num_hidden_layers": 1} if not window else
+           {**LLAMA, "model_type": "mistral", "num_hidden_layers": 1, "sliding_window": window})
+    g = zoo.graph_for(cfg, batch=batch, seq=4, mode="decode", kv_cache="static", dtype="bf16",
+                      cache_len=6, disk=False)
+    keys = min(window, 6) if window else 6
+    want = [(a, sh.format(s=1, k=keys)) for a, sh in (MASK_WINDOW if window else MASK_FULL)]
+    if batch > 1:  # (1, 1, 1, keys) expanded over the batch, then .contiguous()
+        want.append(("aten.clone.default", f"[{batch},1,1,{keys}]"))
+    assert _mask_ops(g) == want
+
+
+def test_a_dynamic_step_keeps_its_sliding_mask_expanded():
+    """A dynamic cache's mask is built inside the forward (create_sliding_window_causal_mask),
+    not by generate(): no .contiguous() copy."""
+    mistral = {**LLAMA, "model_type": "mistral", "num_hidden_layers": 1, "sliding_window": 4}
+    g = zoo.graph_for(mistral, batch=2, seq=8, mode="decode", kv_cache="dynamic", dtype="bf16",
+                      disk=False)
+    assert _ops(g, "aten.gt.Tensor") and _mask_ops(g)[-1][0] != "aten.clone.default"

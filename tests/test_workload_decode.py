@@ -289,13 +289,16 @@ def test_sliding_window_layers_keep_only_the_window():
     unslid = zoo.graph_for({**gemma3, "sliding_window": None}, batch=2, seq=16, mode="decode", disk=False)
     assert step.meta["kv_cache_bytes"] < unslid.meta["kv_cache_bytes"]
     # shorter than the window, a sliding layer is like any other; a static one's mask also
-    # holds the window's overlay (kv > q - window: a sub and a gt), which changes no key
+    # holds the window's overlay (kv > q - window: a sub and a gt), which changes no key, and-ed
+    # with the causal part by and_masks (a one-element True, two &s; masking_utils.py:51-55,
+    # 132-136), where a full layer's mask is the causal part alone (tests/test_decode_static_mask.py)
     early, plain = (zoo.graph_for(c, batch=2, seq=2, mode="decode", disk=False)
                     for c in (gemma3, {**gemma3, "sliding_window": None}))
     attn = lambda g: [(n.aten, n.op) for n in g if n.op_class == "attention"]  # noqa: E731
     assert attn(early) == attn(plain) and len(attn(early)) == 6
     assert {n.aten for n in early if n.op_class != "attention"} - {n.aten for n in plain} == {
-        "aten.sub.Tensor", "aten.gt.Tensor"} - {n.aten for n in plain}
+        "aten.sub.Tensor", "aten.gt.Tensor", "aten.ones.default", "aten.bitwise_and.Tensor"} - {
+        n.aten for n in plain}
     early, plain = (zoo.graph_for(c, batch=2, seq=2, mode="decode", disk=False, kv_cache="dynamic")
                     for c in (gemma3, {**gemma3, "sliding_window": None}))  # both unmasked
     assert [(n.aten, n.op) for n in early] == [(n.aten, n.op) for n in plain]

@@ -29,7 +29,8 @@ generate() runs around the forward pass, outside the model (kit.workload.hf_gene
 slices, position ids, the logits' FP32 copy, argmax, the stopping criteria; 24 kernels and their
 launches a decode step, 23 in the prefill). It had priced the forward passes alone: llama3-8b,
 batch 1, a 1,024-token prompt and 256 new tokens, bf16 on an h100-sxm, TTFT 30.99 -> 31.05 ms,
-TPOT 26.84 -> 26.92 ms, 6,876.0 -> 6,896.6 ms in all. Each step ends at HF's stop check, whose
+TPOT 26.84 -> 26.92 ms, 6,876.0 -> 6,896.6 ms in all (26.83 and 6,871.8 since the decode mask
+leaves out the 2D mask generate drops, kit.workload.hf_masks). Each step ends at HF's stop check, whose
 host read waits for the GPU to drain, so a step starts with the GPU idle, as the sum takes it.
 """
 from __future__ import annotations

@@ -17,18 +17,23 @@ Whether a decode step has a mask at all (`decode_mask_size`):
   598-618) and makes it additive with a where.
 
 What building one launches (`hf_sdpa_mask`, sdpa_mask's non-vmap path, masking_utils.py:512-
-548): the 2D attention mask generate() keeps (one column per token seen), as bool
-(_preprocess_mask_arguments, :835), padded with False up to the cache's length
-(prepare_padding_mask, :222-231); the batch, head, query and key indices (aranges, the query's and
-keys' shifted by their offsets, :528-531); and the mask functions, each an and_masks (a
-one-element True, then `&` each part, :51-55): causal kv <= q (:74-78), a sliding window's
-kv > q - window (:90-99), and the padding mask indexed at [batch, kv] (:166-175). The result is
-(batch, 1, query, keys), boolean, expanded over nothing (:539).
+548), with no 2D attention mask: generate() drops an all-ones one before the first pass
+(generation/utils.py:2902-2910: no padding; SDPA, not flash attention) and never extends it
+(:1288-1292 see None), so sdpa_mask gets attention_mask None and prepare_padding_mask (:222-231)
+returns None: no padding mask, no padding function (:525-526). It makes the batch, head, query
+and key indices (aranges, the query's and keys' shifted by their offsets, :528-531) and applies
+the mask function: causal kv <= q alone (causal_mask_function, :74-78), or for a sliding layer
+sliding_window_causal_mask_function's and_masks (a one-element True, then `&` each part,
+:51-55, 132-136) of kv > q - window (:90-99) and the causal part. The result, (1, 1, query, keys)
+boolean, is expanded over the batch (:539), a view. generate() builds a static cache's masks
+itself (prepare_inputs_for_generation, generation/utils.py:733-744) and makes each contiguous
+(:754-762): a copy of the expanded mask for a batch over 1 (`contiguous`). It had built the
+2D mask all the same (ones, padded to the cache's length, indexed at [batch, kv] and and-ed in:
+six kernels a mask that HF never launches).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def decode_mask_size(cache, window: int, s: int, eager: bool) -> tuple[int, int] | None:
@@ -43,27 +48,34 @@ def decode_mask_size(cache, window: int, s: int, eager: bool) -> tuple[int, int]
     return keys, (cache.context - window + s if full else 0)
 
 
-def _and(*parts):
-    """HF's and_masks: a one-element True, then `&` each part."""
-    out = torch.ones((), dtype=torch.bool, device=parts[0].device)
+def _and(device, *parts):
+    """HF's and_masks (masking_utils.py:51-55): a one-element True, then `&` each part in turn,
+    each made when its turn comes (parts: functions of nothing)."""
+    out = torch.ones((), dtype=torch.bool, device=device)
     for part in parts:
-        out = out & part
+        out = out & part()
     return out
 
 
 def hf_sdpa_mask(b: int, s: int, past: int, keys: int, offset: int, window: int, device):
     """The boolean (b, 1, s, keys) mask of a step whose `past` tokens are cached: key j (at
-    position offset + j) is seen from query i (at past + i) when it is not in the future, within
-    the window if any, and among the tokens seen so far (the padding mask), as sdpa_mask builds
-    it (module doc)."""
-    seen = torch.ones(b, past + s, dtype=torch.bool, device=device)  # generate's 2D mask, as bool
-    if keys + offset > past + s:  # padded to the cache's length: the empty slots masked
-        seen = F.pad(seen, (0, keys + offset - past - s))
-    batch = torch.arange(b, device=device)[:, None, None, None]
-    torch.arange(1, device=device)  # the head index: sdpa_mask makes it, no mask function reads it
+    position offset + j) is seen from query i (at past + i) when it is not in the future and,
+    with a window, within it, as sdpa_mask builds it without a 2D attention mask (module doc).
+    A static cache's empty slots are future positions: the causal part masks them. Expanded over
+    the batch, as sdpa_mask returns it (a view; `contiguous` gives generate()'s copy)."""
+    torch.arange(b, device=device)  # the batch index: sdpa_mask makes it, no mask function reads it
+    torch.arange(1, device=device)  # the head index: likewise
     q = (torch.arange(s, device=device) + past)[None, None, :, None]
     kv = (torch.arange(keys, device=device) + offset)[None, None, None, :]
-    causal = kv <= q
-    if window:  # sliding_window_causal_mask_function: the overlay and the causal mask
-        causal = _and(kv > q - window, causal)
-    return _and(causal, seen[batch, kv]).expand(b, 1, s, keys)
+    if window:  # sliding_window_causal_mask_function: the overlay, then the causal mask
+        mask = _and(device, lambda: kv > q - window, lambda: kv <= q)
+    else:  # causal_mask_function alone
+        mask = kv <= q
+    return mask.expand(b, 1, s, keys)
+
+
+def contiguous(mask):
+    """prepare_inputs_for_generation's mask.contiguous() (generation/utils.py:754-762) on a
+    static cache's mask, which generate() builds before the pass: a copy when the mask is
+    expanded over a batch of more than one, nothing when it is contiguous already."""
+    return mask.contiguous()

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kit.workload.hf_masks import decode_mask_size, hf_sdpa_mask
+from kit.workload.hf_masks import contiguous, decode_mask_size, hf_sdpa_mask
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 # sliding_windows: re-exported, kit.workload.generation and the tests import it from here
 from kit.workload.modes import TIED_BY_DEFAULT, linear_biases, sliding_windows  # noqa: F401
@@ -423,6 +423,8 @@ class LlamaForCausalLM(nn.Module):
             if self.eager:
                 mask = torch.where(mask, torch.zeros((), dtype=h.dtype, device=h.device),
                                    torch.finfo(h.dtype).min)
+            if cache.kind != "dynamic":  # generate() builds it, then makes it contiguous
+                mask = contiguous(mask)
             masks[kind] = mask
         return masks[kind]
 
