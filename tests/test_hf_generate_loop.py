@@ -112,3 +112,29 @@ def test_each_step_ends_at_hfs_host_sync():
     t = step.timeline
     assert step.total_ms >= float(t["gpu_end_ms"].max())
     assert step.total_ms >= float(t["cpu_end_ms"].max()) + step.meta["trailing_free"]["ms"]
+
+
+def test_under_cuda_graphs_the_loop_ops_keep_their_host_cost():
+    """HF's loop ops run eagerly around the captured forward (reduce-overhead graphs the model's
+    forward only: modeling_utils.py get_compiled_call; the loop is _sample's Python): under
+    --cuda-graphs each still costs eager PyTorch's dispatch and launches, the forward's ops none.
+    It had zeroed them with the forward."""
+    from kit.workload.iteration import CUDA_GRAPH, CpuOverhead
+
+    eager = CpuOverhead()
+    cap = static_cache_len(LLAMA, P, N, "static")
+    bare = graph_of(LLAMA, B, P, "decode", "bf16", kv_cache="static", cache_len=cap)
+    step = iteration(hf_loop(LLAMA, B)(bare, P + 1, 1), GPU, overhead=CUDA_GRAPH)
+    t = step.timeline
+    host_us = (t["cpu_end_ms"] - t["cpu_start_ms"]) * 1e3
+    loop = t["op_class"] == "generate"
+    assert (host_us[~loop] == 0).all()
+    # each loop op: its dispatch and a launch per kernel (HF's lines, above), plus the views
+    # dispatched just before it (the slices: free ops at eager's free_op_us each)
+    ops_us = sum(eager.cpu_op_us + eager.launch_us * k for _, k, _ in AFTER + BEFORE_DECODE)
+    views = (float(host_us[loop].sum()) - ops_us) / eager.free_op_us
+    assert views >= 0 and views == pytest.approx(round(views))
+    # the stop check's host read ends the step, at eager cost
+    assert step.meta["trailing_free"]["ms"] == pytest.approx(eager.free_op_us / 1e3)
+    assert step.total_ms > iteration(bare, GPU, overhead=CUDA_GRAPH).total_ms + float(
+        t.loc[loop, "latency_ms"].sum())

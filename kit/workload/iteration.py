@@ -60,6 +60,21 @@ class CpuOverhead:
 # replayed by one host call: no per-op dispatch and no per-kernel launch, so the GPU runs the
 # kernels back to back and only their own times (each at least its roofline + KERNEL_MIN_US) remain.
 CUDA_GRAPH = CpuOverhead(0.0, 0.0, 0.0, source="cuda graph: one replay, no per-op host cost")
+# HF generate's own loop ops (kit.workload.hf_generate, op class "generate") run eagerly around
+# the captured forward, never inside the graph: under CUDA_GRAPH they keep eager host costs
+OUTSIDE_GRAPH_CLASS = "generate"
+
+
+def _host_costs(overhead: CpuOverhead, op_class) -> tuple:
+    """(cpu_op_us, launch_us, free_op_us), each a number or per node an array: the graph's
+    nodes at `overhead`, HF's loop ops at eager PyTorch's defaults when overhead is CUDA_GRAPH."""
+    costs = (overhead.cpu_op_us, overhead.launch_us, overhead.free_op_us)
+    outside = np.array([c == OUTSIDE_GRAPH_CLASS for c in op_class], dtype=bool)
+    if overhead != CUDA_GRAPH or not outside.any():
+        return costs
+    eager = CpuOverhead()
+    return tuple(np.where(outside, e, c) for c, e in
+                 zip(costs, (eager.cpu_op_us, eager.launch_us, eager.free_op_us)))
 
 
 @dataclass
@@ -284,13 +299,16 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
     lat, p10, p90, pname, fallbacks, taken = _latencies(graph, prep, fusion, gpu, predictor)
     cols = prep["columns"]
     launches = cols["kernels"].astype(float)
-    cpu_us = overhead.cpu_op_us + overhead.launch_us * launches + overhead.free_op_us * prep["free_before"]
+    cpu_op_us, launch_us, free_op_us = _host_costs(overhead, cols["op_class"])
+    cpu_us = cpu_op_us + launch_us * launches + free_op_us * prep["free_before"]
     issue = np.cumsum(cpu_us) / 1e3
     trailing_free = prep["trailing_free"]
-    trailing_ms = trailing_free * overhead.free_op_us / 1e3  # views after the last kernel
+    # views after the last kernel (HF's stop check after its loop ops: at their host cost)
+    last_free_us = free_op_us[-1] if np.ndim(free_op_us) else free_op_us
+    trailing_ms = trailing_free * float(last_free_us) / 1e3
     timelines = {}
     for key, d in (("mid", lat), ("p10", p10), ("p90", p90)):
-        start, end = gpu_timeline(ready_ms(issue, d, launches, overhead.launch_us), d)
+        start, end = gpu_timeline(ready_ms(issue, d, launches, launch_us), d)
         cpu_end = (issue[-1] if len(issue) else 0.0) + trailing_ms
         timelines[key] = (start, end, max(end[-1] if len(end) else 0.0, cpu_end))
     start, end, total = timelines["mid"]
