@@ -91,9 +91,9 @@ def make_cache(kind: str, batch: int, layers: int, kv_heads: int, context: int, 
             length = context
         shape = (batch, kv_heads, length, head_dim)
         vshape = (batch, kv_heads, length, value_dim or head_dim)
-        length = torch.zeros((), dtype=torch.long, device="meta") if kind == "static" else None
+        written = torch.zeros((), dtype=torch.long, device="meta") if kind == "static" else None
         out.append(LayerCache(torch.zeros(shape, device="meta"), torch.zeros(vshape, device="meta"),
-                              kind, context, w, length))
+                              kind, context, w, written))
     return tuple(out)
 
 
