@@ -88,8 +88,11 @@ def test_a_preallocated_static_cache_is_read_and_masked_whole():
     assert _ops(g, "aten.constant_pad_nd.default") == []  # no 2D mask to pad (generate drops it)
     # 2 layers x K and V x batch 2 x 2 KV heads x 24 rows x head 8 x bf16
     assert g.meta["kv_cache_bytes"] == 2 * 2 * 2 * 2 * 24 * 8 * 2
-    with pytest.raises(KitError, match="at least the context and the step's token"):
+    with pytest.raises(KitError, match=r"at least the context and the step's token \(17\); got room for 16$"):
         zoo.graph_for(LLAMA, batch=2, seq=16, mode="decode", cache_len=16, disk=False)
+    with pytest.raises(KitError, match="got a dynamic cache$"):
+        zoo.graph_for(LLAMA, batch=2, seq=16, mode="decode", kv_cache="dynamic", cache_len=24,
+                      disk=False)
 
 
 def test_generation_steps_read_the_cache_generate_preallocates():

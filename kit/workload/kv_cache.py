@@ -77,8 +77,11 @@ def make_cache(kind: str, batch: int, layers: int, kv_heads: int, context: int, 
     if kind not in KINDS:
         raise KitError(f"unknown KV cache {kind!r}: choose {', '.join(KINDS)}")
     if capacity is not None and (kind != "static" or capacity < context + 1):
+        # the kind or the size named as the one at fault (a static cache too short had been
+        # told "got a static cache")
+        got = f"a {kind} cache" if kind != "static" else f"room for {capacity}"
         raise KitError(f"a KV cache preallocated for {capacity} tokens is a static one of at least "
-                       f"the context and the step's token ({context + 1}); got a {kind} cache")
+                       f"the context and the step's token ({context + 1}); got {got}")
     rows = context + 1 if capacity is None else capacity
     out = []
     for w in (windows or [0] * layers):
