@@ -417,9 +417,9 @@ def embedding_backward(spec: GPTSpec, b: int, tp: int, dtype: str, grad_dtype: s
         new = Block(blk.label)
         for op, f in zip(blk.ops, blk.bwd_factor):
             if isinstance(op, ops.EmbeddingBag):
-                rows = [op.rows]
+                rows = op.rows
             elif isinstance(op, ops.Elementwise) and op.kind == "add" and not spec.rope:
-                rows = [spec.positions]  # the position table's backward in place of the add's
+                rows = spec.positions  # the position table's backward in place of the add's
             elif isinstance(op, TokenKernel):  # the ids' mask: no gradient
                 continue
             elif isinstance(op, OutputMask):  # IndexPutBackward0: clone, then masked_fill_
@@ -433,13 +433,12 @@ def embedding_backward(spec: GPTSpec, b: int, tp: int, dtype: str, grad_dtype: s
                 new.bwd_factor.append(f)
                 new.kernels.append(1.0)
                 continue
-            for n in rows:
-                for kernel, launches in ((embedding_dense_backward(n, spec.hidden, d, grad, dtype), 2.0),
-                                         (main_grad_add(n * spec.hidden, dtype, grad_dtype), 1.0)):
-                    for leaf, scale in leaf_ops(kernel):
-                        new.ops.append(leaf)
-                        new.bwd_factor.append(scale)
-                        new.kernels.append(launches)
+            for kernel, launches in ((embedding_dense_backward(rows, spec.hidden, d, grad, dtype), 2.0),
+                                     (main_grad_add(rows * spec.hidden, dtype, grad_dtype), 1.0)):
+                for leaf, scale in leaf_ops(kernel):
+                    new.ops.append(leaf)
+                    new.bwd_factor.append(scale)
+                    new.kernels.append(launches)
         out.append(new)
     return out
 
