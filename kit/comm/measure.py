@@ -36,7 +36,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from kit.comm.collective_ops import collective_op as _op  # _worker calls it so: tests patch it here
-from kit.comm.conventions import KINDS, WORD_BYTES, busbw_factor, canonical_kind  # WORD_BYTES: fp32
+from kit.comm.conventions import KINDS, SPLIT_KINDS, WORD_BYTES, busbw_factor, canonical_kind  # WORD_BYTES: fp32
 from kit.comm.sizes import MAX_BYTES, parse_sizes  # MAX_BYTES: 1 TiB, no rank holds a buffer this big
 from kit.errors import KitError
 from kit.data.records import Lock, append_jsonl, read_jsonl
@@ -58,7 +58,7 @@ def _count(kind: str, size: int, n: int) -> int:
     is not rounded to 16 bytes a rank (torch's all_to_all_single takes any count), and a size
     under one word a rank is measured at one word a rank rather than at 0 B."""
     count = max(size // WORD_BYTES, 1)
-    if kind in ("allgather", "reducescatter", "alltoall"):
+    if kind in SPLIT_KINDS:
         count = max(count // n, 1) * n
     return count
 
@@ -69,7 +69,7 @@ def _printed_count(kind: str, count: int, n: int) -> int:
     for all-gather and reduce-scatter and its part for each peer in all-to-all, while the size
     column is the whole buffer. The total had been printed: an 8 KiB all-gather on 2 ranks
     said 2048 elements where nccl-tests says 1024."""
-    return count // n if kind in ("allgather", "reducescatter", "alltoall") else count
+    return count // n if kind in SPLIT_KINDS else count
 
 
 def _quantile(stat: str) -> float:

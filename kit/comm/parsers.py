@@ -27,7 +27,7 @@ import math
 import re
 from pathlib import Path
 
-from kit.comm.conventions import NCCL_TESTS_NAME, busbw_factor, canonical_kind
+from kit.comm.conventions import NCCL_TESTS_NAME, SPLIT_KINDS, WORD_BYTES, busbw_factor, canonical_kind
 from kit.errors import KitError, refuse_device
 
 COLUMNS = ["kind", "ranks", "nodes", "size_bytes", "count", "dtype", "time_us", "algbw_gbs", "busbw_gbs",
@@ -203,7 +203,7 @@ def _kit_count(kind: str, size: int, count: int, dtype: str, n: int) -> int:
     for all-gather, reduce-scatter and all-to-all). Kits before 2026-12-07 wrote the total there
     (size = count x 4 B: 2048 for an 8 KiB all-gather on 2 ranks, where nccl-tests says 1024);
     on 2 ranks or more the two cannot be confused, so such a row is read as nccl-tests'."""
-    if kind in ("allgather", "reducescatter", "alltoall") and dtype == "float" and n > 1 and count * 4 == size:
+    if kind in SPLIT_KINDS and dtype == "float" and n > 1 and count * WORD_BYTES == size:
         return count // n
     return count
 
