@@ -47,8 +47,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from kit.comm.topology import (Group, group_ring_gbs, node_net_gbs, node_nics, nvls_gbs,
-                               p2p_gbs, shared_nics)
+from kit.comm.topology import (Group, group_ring_gbs, nics_by_node, node_net_gbs, node_nics,
+                               nvls_gbs, p2p_gbs)
 from kit.hardware.system import System
 
 _NS = 1e3  # GB/s -> bytes per microsecond
@@ -207,7 +207,6 @@ def uniform_alltoall_us(system: System, group: Group, sharing: int | tuple[int, 
     so do the others'. The EP groups of tp 8 x dp 2 x ep 2 on two pcie8 nodes (2 NICs for 8
     GPUs), one GPU of each a node, had each been priced on a whole NIC: 4x their 2/8 share."""
     n = group.size
-    counts = sharing if isinstance(sharing, tuple) else (sharing,) * group.n_nodes
     times = [0.0]
     for loc in {loc for _, loc in group.nodes}:  # the traffic inside one node: its c x c block
         if len(loc) > 1:
@@ -216,8 +215,7 @@ def uniform_alltoall_us(system: System, group: Group, sharing: int | tuple[int, 
     if group.n_nodes > 1:  # alltoallv_us's network terms, in closed form
         fewest = min(len(loc) for _, loc in group.nodes)  # its ranks send the most off the node
         times += _network_us(system, (n - fewest) / n,
-                             [(c * (n - c) / n, shared_nics(system, c, s))
-                              for c, s in {(len(loc), s) for s, (_, loc) in zip(counts, group.nodes)}])
+                             [(c * (n - c) / n, nics) for c, nics in set(nics_by_node(system, group, sharing))])
     return float(max(times))
 
 

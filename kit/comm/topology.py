@@ -229,9 +229,15 @@ def node_net_gbs(system: System, group: Group, sharing: int | tuple[int, ...] = 
     node's count applied to every node had halved a pcie8 TP group's NICs at tp 6 on the node
     where it alone crosses (ranks 6-11: 2 groups cross on node 1, only it on node 0)."""
     n = system.network
+    return min(nics for _, nics in nics_by_node(system, group, sharing)) * n.nic_bw_gbs * n.efficiency
+
+
+def nics_by_node(system: System, group: Group, sharing: int | tuple[int, ...] = 1) -> list[tuple[int, float]]:
+    """(the group's GPUs on the node, the NICs it gets there: shared_nics) for each node of the
+    group, in group.nodes' order; sharing as node_net_gbs takes it (an int for every node, or a
+    tuple of one a node)."""
     counts = sharing if isinstance(sharing, tuple) else (sharing,) * group.n_nodes
-    return min(shared_nics(system, len(loc), s)
-               for s, (_, loc) in zip(counts, group.nodes)) * n.nic_bw_gbs * n.efficiency
+    return [(len(loc), shared_nics(system, len(loc), s)) for s, (_, loc) in zip(counts, group.nodes)]
 
 
 def shared_nics(system: System, gpus_in_group: int, sharing: int = 1) -> float:
