@@ -22,8 +22,8 @@ def _key(meta, rank, world, named):
     if ranks is None:
         return None, None
     name = meta.group_name if named else None
-    if meta.is_p2p and len(ranks) == 2 and (meta.dst if meta.collective == "send" else meta.src) is not None:
-        peer = meta.dst if meta.collective == "send" else meta.src
+    peer = meta.dst if meta.collective == "send" else meta.src if meta.collective == "recv" else None
+    if peer is not None:  # trace_group gave the pair (rank, peer)
         return ("p2p", (rank, peer) if meta.collective == "send" else (peer, rank), name), tuple(ranks)
     return ("group", tuple(ranks), name), tuple(ranks)
 
