@@ -38,7 +38,7 @@ import json
 from dataclasses import dataclass
 
 from kit.trace.build import rank_list
-from kit.trace.kineto import MAX_WORLD_SIZE, int_or_none
+from kit.trace.kineto import MAX_WORLD_SIZE, _whole  # int_or_none, None for a fraction
 
 KEYS = ("Collective name", "Process Group Ranks", "Group size", "In msg nelems", "Src Rank",
         "Dst Rank")
@@ -75,11 +75,6 @@ class CommMeta:
         n = self.out_nelems if kind == "allgather" else self.in_nelems
         size = DTYPE_BYTES.get(self.dtype) if isinstance(self.dtype, str) else None
         return n * size if n and n > 0 and size else None
-
-
-def _whole(v):
-    n = int_or_none(v)
-    return None if n is None or (isinstance(v, float) and v != n) else n
 
 
 def _ranks(args, size):
