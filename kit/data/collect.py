@@ -245,9 +245,6 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
         def out_of_time() -> bool:
             return time_limit_s is not None and time.monotonic() - t_start >= time_limit_s
 
-        def fail(op, shape, error, fatal=False):
-            fails.record(op, shape, error, fatal=fatal)
-
         try:
             with sigterm_interrupts(), _math_mode(dtype, device), torch.inference_mode():
                 meta.run["torch"]["in_run"] = torch_settings(device)
@@ -262,7 +259,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                         except Exception as e:  # noqa: BLE001 - its measurement will say
                             if is_fatal_cuda_error(e):
                                 stopped = f"CUDA error while warming up {op} {shape}: {_why(e)}"
-                                fail(op, shape, stopped, fatal=True)
+                                fails.record(op, shape, stopped, fatal=True)
                                 break
                             _release(device)
                     for op, shape, row in group:
@@ -277,7 +274,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                         except Exception as e:  # noqa: BLE001 - out of memory, unsupported dtype, ...
                             call = None
                             fatal = device == "cuda" and is_fatal_cuda_error(e)
-                            fail(op, shape, _why(e), fatal=fatal)
+                            fails.record(op, shape, _why(e), fatal=fatal)
                             bar.update(1)
                             if fatal:
                                 stopped = f"CUDA error (the context is lost; rerun with --resume): {_why(e)}"
@@ -286,7 +283,7 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                             continue
                         latency = summarise_ms(times)
                         if not (latency > 0 and math.isfinite(latency)):
-                            fail(op, shape, f"timer gave {latency}")
+                            fails.record(op, shape, f"timer gave {latency}")
                             bar.update(1)
                             continue
                         info = schema.op_info(op)

@@ -46,16 +46,18 @@ class Failures:
         self.dtype, self.device_name = dtype, device_name
         self.new: list[dict] = []  # this run's
 
-    def record(self, op: str, shape, error: str, **flags) -> dict:
-        """Append one failure (never raises: a full disk must not hide the measurement's error)."""
-        item = {"op": op, "shape": list(shape), "error": error, **flags}
+    def record(self, op: str, shape, error: str, fatal: bool = False) -> None:
+        """Append one failure of this run (fatal: it lost the CUDA context and stopped the run)."""
+        item = {"op": op, "shape": list(shape), "error": error, "fatal": fatal}
         self.new.append(item)
+        self._log(self.dtype, self.device_name, item)
+
+    def _log(self, dtype: str, device, item: dict) -> None:
+        """One line of FILE.failed.jsonl (never raises: a full disk must not hide the error)."""
         try:
-            append_jsonl(self.path, {"time": _now(), "dtype": self.dtype, "device": self.device_name,
-                                     **item})
+            append_jsonl(self.path, {"time": _now(), "dtype": dtype, "device": device, **item})
         except OSError:
             pass
-        return item
 
     def earlier_death(self) -> dict | None:
         """The measurement an earlier run left in progress (it died without ending): recorded as
@@ -76,10 +78,7 @@ class Failures:
             return None
         item = {"op": op, "shape": list(shape), "error": DIED, "died": True,
                 "phase": was.get("phase", "measuring"), "since": was.get("time")}
-        try:
-            append_jsonl(self.path, {"time": _now(), "dtype": dtype, "device": device, **item})
-        except OSError:
-            pass
+        self._log(dtype, device, item)
         self.ended()
         return item
 
