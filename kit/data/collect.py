@@ -168,11 +168,11 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
                        "threads would time their contention for the cores, not the op")
     t_start = time.monotonic()
     ops = expand_ops(ops)
-    if dtype == "tf32" and any(op in OPS_OF_KIND["vec"] for op in ops):
+    vec = [op for op in ops if op in OPS_OF_KIND["vec"]]
+    if dtype == "tf32" and vec:
         # TF32 is a mode of the tensor cores' GEMMs and convolutions: a vector op under it runs
         # its fp32 kernel, so its rows were fp32 timings labelled tf32 (own_rows drops them, and
         # the capture marks only GEMMs and attention as tf32): device time spent on nothing
-        vec = [op for op in ops if op in OPS_OF_KIND["vec"]]
         runs = "runs its fp32 kernel: collect it" if len(vec) == 1 else "run their fp32 kernels: collect them"
         raise KitError(f"--dtype tf32 is a tensor-core mode of GEMMs and convolutions; "
                        f"{', '.join(vec)} {runs} with --dtype fp32")
