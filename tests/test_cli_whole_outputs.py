@@ -204,6 +204,24 @@ def test_replace_file_never_writes_through_a_file_planted_at_its_temporary_name(
     assert not out.is_symlink() and out.read_bytes() == b"new"
 
 
+def test_replace_file_refuses_a_link_planted_at_its_very_temporary_name(tmp_path, monkeypatch):
+    # the test above plants at the old name (.NAME.PID.partial), which the random token now
+    # misses whatever the open does; here the name is the one replace_file picks, so only the
+    # O_EXCL open keeps the write from following the link (an OSError, nothing written)
+    import os
+
+    import kit.whole_file
+
+    monkeypatch.setattr(kit.whole_file.secrets, "token_hex", lambda n: "feedbeef")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours")
+    out = tmp_path / "out.json"
+    (tmp_path / f".out.json.{os.getpid()}.feedbeef.partial").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        replace_file(out, b"new")
+    assert victim.read_text() == "not yours" and not out.exists()
+
+
 def test_replace_file_interrupted_leaves_the_earlier_file_and_no_temporary(tmp_path, monkeypatch):
     import kit.whole_file
 
