@@ -63,6 +63,13 @@ class GPTSpec:
     # (window - 1, 0), which Transformer Engine hands flash attention); 0: full causal attention
     window_from: int = 0  # the first windowed layer, counting from 0 (Qwen2's max_window_layers:
     # HF slides its layers from there on); every layer from it on has the window
+    token_types: int = 0  # rows of a token-type table added to the embedding (BERT's
+    # type_vocab_size, 2); 0: none
+    pretraining_heads: bool = False  # BERT's heads past the last layer (HF BertForPreTraining,
+    # transformers 5.25 models/bert/modeling_bert.py): the pooler (a dense h x h and tanh over the
+    # first token), the MLM transform (dense h x h, gelu, LayerNorm) before the tied decoder, the
+    # decoder's vocab-wide bias, and next-sentence prediction's h x 2 dense. The multi-GPU layer
+    # had read BERT as GPT-style layers alone: bert-base 108,890,112 parameters, HF's 110,106,428
     name: str = "gpt"
     zoo: str | None = None  # the kit.workload zoo model it came from (its op graph can be captured)
 
@@ -98,7 +105,7 @@ class GPTSpec:
         p = self.dropout
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
             raise KitError(f"model {self.name}: dropout must be a probability in [0, 1), got {p!r}")
-        for k in ("tied", "bias", "qkv_bias", "out_bias", "mlp_bias", "qk_norm"):
+        for k in ("tied", "bias", "qkv_bias", "out_bias", "mlp_bias", "qk_norm", "pretraining_heads"):
             if not isinstance(getattr(self, k), bool):
                 raise KitError(f"model {self.name}: {k} must be True or False, got {getattr(self, k)!r}")
         if self.experts and not any(self.is_moe(i) for i in range(self.layers)):
@@ -114,7 +121,7 @@ class GPTSpec:
             if not self.experts:  # it would be accepted and change nothing
                 raise KitError(f"model {self.name}: capacity_factor applies to experts; give "
                                "experts=N (a moe: shape) or drop capacity_factor")
-        for k in ("window", "window_from"):
+        for k in ("window", "window_from", "token_types"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise KitError(f"model {self.name}: {k} must be a whole number >= 0, got {v!r}")
@@ -199,10 +206,20 @@ class GPTSpec:
         return attn + self.qk_norm_params + mlp + 2 * self.norm_params
 
     @property
+    def pretraining_dense_params(self) -> int:
+        """BERT's pretraining heads' dense layers and their norm (GPTSpec.pretraining_heads): the
+        pooler's h x h + h, the MLM transform's h x h + h and its LayerNorm, next-sentence
+        prediction's h x 2 + 2 (Megatron-core builds each whole on every TP rank); 0 without."""
+        h = self.hidden
+        return 2 * (h * h + h) + self.norm_params + 2 * h + 2 if self.pretraining_heads else 0
+
+    @property
     def params(self) -> int:
-        embed = (1 if self.tied else 2) * self.vocab * self.hidden
+        embed = (1 if self.tied else 2) * self.vocab * self.hidden + self.token_types * self.hidden
         positions = 0 if self.rope else self.positions * self.hidden
-        return sum(self.layer_params(i) for i in range(self.layers)) + embed + positions + self.norm_params
+        heads = self.pretraining_dense_params + (self.vocab if self.pretraining_heads else 0)
+        return (sum(self.layer_params(i) for i in range(self.layers)) + embed + positions
+                + self.norm_params + heads)
 
     @property
     def active_params(self) -> int:
@@ -219,7 +236,9 @@ class GPTSpec:
                 "bias": self.bias, "qkv_bias": self.qkv_bias, "out_bias": self.out_bias,
                 "mlp_bias": self.mlp_bias, "qk_norm": self.qk_norm, "dropout": self.dropout, "params": self.params,
                 # only where there is one: a full-attention spec's dict stays as it was
-                **({"window": self.window, "window_from": self.window_from} if self.window else {})}
+                **({"window": self.window, "window_from": self.window_from} if self.window else {}),
+                **({"token_types": self.token_types} if self.token_types else {}),
+                **({"pretraining_heads": True} if self.pretraining_heads else {})}
 
 
 def _flag(v: str) -> bool:
@@ -230,7 +249,8 @@ _INLINE = re.compile(r"^(gpt|moe|llama):(.*)$", re.I)
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
          "kv_heads": int, "experts": int, "moe_every": int, "topk": int, "capacity_factor": float, "attention": str, "positions": int, "dropout": float,
          "gated": _flag, "rope": _flag, "tied": _flag, "bias": _flag, "qkv_bias": _flag, "out_bias": _flag, "mlp_bias": _flag,
-         "qk_norm": _flag, "window": int, "window_from": int}
+         "qk_norm": _flag, "window": int, "window_from": int,
+         "token_types": int, "pretraining_heads": _flag}
 
 
 def parse_model(text: str, seq: int | None = None) -> GPTSpec:
@@ -473,7 +493,12 @@ def _from_zoo(name: str, seq: int | None) -> GPTSpec:
     window, window_from = _window_of(name, c) if llama else (0, 0)
     rows = max_seq(c)  # the learned position table's (None: as many as seq); OPT's 2 more
     rows = rows + OPT_OFFSET if rows and family == "opt" else rows
+    bert = family == "bert"  # its token-type table (HF's default type_vocab_size 2) and heads
+    types = c.get("type_vocab_size", 2) if bert else 0
+    if isinstance(types, bool) or not isinstance(types, int) or types < 1 and bert:
+        raise KitError(f"model {name!r}: type_vocab_size must be a positive whole number, got {types!r}")
     return GPTSpec(layers=layers, hidden=h, heads=heads, seq=seq or default_seq(key),
+                   token_types=types, pretraining_heads=bert,
                    vocab=c.get("vocab_size", 50257), ffn=c.get("n_inner") or c.get("intermediate_size")
                    or c.get("ffn_dim"), kv_heads=read(c, "num_key_value_heads"), experts=experts,
                    moe_every=1, topk=moe("num_experts_per_tok") or 2, name=key or c["name"], zoo=key,

@@ -123,12 +123,15 @@ def edge_params(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float
     t = layout.tp
     vocab_rank = vocab_per_rank(spec.vocab, t)
     first = (vocab_rank * spec.hidden + (0 if spec.rope else spec.positions * spec.hidden)
-             if stage == 0 else 0.0)
+             + spec.token_types * spec.hidden if stage == 0 else 0.0)  # BERT's token types, whole
     last = 0.0
     if stage == layout.pp - 1:
         if layout.pp > 1 or not spec.tied:
             last += vocab_rank * spec.hidden  # the output layer: untied, or the tied copy on the last stage
         last += spec.norm_params  # the final norm (as GPTSpec.params counts it), replicated over tp
+        # BERT's pooler, MLM transform and NSP dense, whole on every rank, and the output
+        # layer's bias, split over tp with its vocabulary
+        last += spec.pretraining_dense_params + (vocab_rank if spec.pretraining_heads else 0)
     return first, last
 
 

@@ -1,0 +1,72 @@
+"""BERT in the multi-GPU layer: its token-type table and its pretraining heads (the pooler, the MLM
+transform with its LayerNorm, the decoder's vocab-wide bias, next-sentence prediction), which
+the layer had left out of its parameters (bert-base 108,890,112 where HF's BertForPreTraining
+has 110,106,428, 1.1% short). Expected values are HF's module's own parameter counts (taken once
+from transformers 5.25, BertForPreTraining built on the meta device, and re-derived here by hand
+from the config), and torch's count of that module where transformers is installed."""
+import pytest
+
+from kit.parallel import Layout, parse_model
+from kit.parallel.memory import local_params
+
+# sum(p.numel() for p in BertForPreTraining(BertConfig(...)).parameters()), transformers 5.25
+HF_PRETRAINING = {"bert-base": 110_106_428, "bert-large": 336_226_108}
+SHAPES = {"bert-base": (768, 12, 3072), "bert-large": (1024, 24, 4096)}
+
+
+def _by_hand(h: int, layers: int, f: int, vocab: int = 30522, positions: int = 512, types: int = 2) -> int:
+    layer = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h  # q, k, v, o; MLP; two LayerNorms
+    embeddings = (vocab + positions + types) * h + 2 * h  # and their LayerNorm
+    pooler = h * h + h
+    mlm = (h * h + h) + 2 * h + vocab  # transform, its LayerNorm, the decoder's bias (weight tied)
+    nsp = 2 * h + 2
+    return layers * layer + embeddings + pooler + mlm + nsp
+
+
+@pytest.mark.parametrize("name", ["bert-base", "bert-large"])
+def test_berts_parameters_are_hf_bert_for_pretrainings(name):
+    h, layers, f = SHAPES[name]
+    assert _by_hand(h, layers, f) == HF_PRETRAINING[name]  # the hand formula is HF's count
+    assert parse_model(name).params == HF_PRETRAINING[name]
+
+
+def test_torch_counts_hf_bert_for_pretraining_as_the_spec_does():
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    for name, (h, layers, f) in SHAPES.items():
+        cfg = transformers.BertConfig(hidden_size=h, num_hidden_layers=layers,
+                                      num_attention_heads=h // 64, intermediate_size=f)
+        with torch.device("meta"):
+            n = sum(p.numel() for p in transformers.BertForPreTraining(cfg).parameters())
+        assert parse_model(name).params == n
+
+
+def test_a_rank_holds_the_heads_as_megatron_core_builds_them():
+    """megatron-core 0.16.1: the token-type table (common/embeddings/language_model_embedding.py
+    76, a torch Embedding), the pooler (models/bert/pooler.py 33), the LM head's dense and
+    LayerNorm (bert_lm_head.py 31) and the binary head (bert_model.py 154) are whole on every TP
+    rank; the output layer's bias is ColumnParallelLinear's (bert_model.py 140-146), split with
+    the padded vocabulary (30522 -> 30720 at tp 2: 15,360 a rank)."""
+    bert = parse_model("bert-base")
+    bare = parse_model("gpt:layers=12,hidden=768,heads=12,seq=512,vocab=30522,ffn=3072,positions=512")
+    h = 768
+    for pp in (1, 2):
+        lay = Layout(tp=2, pp=pp, micro_batch=1, global_batch=1)
+        first = local_params(bert, lay, 0) - local_params(bare, lay, 0)
+        last = local_params(bert, lay, pp - 1) - local_params(bare, lay, pp - 1)
+        heads = 2 * (h * h + h) + 2 * h + (2 * h + 2) + 15360
+        if pp == 1:
+            assert first == 2 * h + heads
+        else:
+            assert (first, last) == (2 * h, heads)
+
+
+def test_inline_shapes_take_bert_heads_and_refuse_a_bad_count():
+    from kit.errors import KitError
+
+    s = parse_model("gpt:layers=2,hidden=64,heads=4,seq=16,vocab=100,token_types=2,pretraining_heads=1")
+    plain = parse_model("gpt:layers=2,hidden=64,heads=4,seq=16,vocab=100")
+    assert s.params - plain.params == 2 * 64 + 2 * (64 * 64 + 64) + 2 * 64 + 100 + 2 * 64 + 2
+    assert "token_types" not in plain.to_dict() and s.to_dict()["pretraining_heads"] is True
+    with pytest.raises(KitError, match="token_types"):
+        parse_model("gpt:layers=2,hidden=64,heads=4,seq=16,vocab=100,token_types=-1")
