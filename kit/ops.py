@@ -234,6 +234,30 @@ class EmbeddingBag:
         return float(self.lookups * self.dim * d + self.lookups * 8 + self.batch * self.dim * d)
 
 
+# the query rows and keys of one tile of the flash kernels the attention curve was fitted on:
+# cuDNN's sm90 flash fprop, "..._64x128x128_..." (head 128) and "..._64x128x64_..." (head 64) in
+# measurements/h200-2026-12-04-b/session/attention_bf16.jsonl, causal or not (FlashAttention-2's
+# and -3's Hopper forward tiles are 128 keys wide at head 128 too)
+FLASH_TILE_Q = 64
+FLASH_TILE_KV = 128
+
+
+def _causal_pairs(q: int, kv: int) -> float:
+    """(i, j) with j <= i, 0 <= i < q, 0 <= j < kv: the pairs top-left causal attention keeps."""
+    return q * (q + 1) / 2 if q <= kv else kv * (kv + 1) / 2 + (q - kv) * kv
+
+
+def band_tiles(window: int, tile_q: int = FLASH_TILE_Q, tile_kv: int = FLASH_TILE_KV) -> float:
+    """Key tiles a query tile past the first window visits in a sliding-window band: rows
+    a .. a + tile_q - 1 see keys a - window + 1 .. a + tile_q - 1, so tiles
+    floor((a + tile_q - 1) / tile_kv) - floor((a - window + 1) / tile_kv) + 1, averaged over the
+    offsets a mod tile_kv a query tile starts at (0, tile_q, ...): 33 for 4096 at 64 x 128,
+    about ceil(window / tile) + 1 (a causal query tile i visits about i + 1)."""
+    starts = range(0, tile_kv, tile_q) if tile_kv % tile_q == 0 else range(tile_kv)
+    n = [(a + tile_q - 1) // tile_kv - (a - window + 1) // tile_kv + 1 for a in starts]
+    return sum(n) / len(n)
+
+
 @dataclass(frozen=True)
 class Attention:
     """Fused scaled-dot-product attention (flash-style): Q·Kᵀ, softmax, ·V without storing scores."""
@@ -291,12 +315,33 @@ class Attention:
         if not self.causal:
             return 1.0
 
-        def pairs(q: int, kv: int) -> float:  # (i, j) with j <= i, 0 <= i < q, 0 <= j < kv
-            return q * (q + 1) / 2 if q <= kv else kv * (kv + 1) / 2 + (q - kv) * kv
-
-        q, kv = self.seq_q, self.seq_kv
+        q, kv, pairs = self.seq_q, self.seq_kv, _causal_pairs
         band = pairs(q, kv) - (pairs(q - self.window, kv) if 0 < self.window < q else 0.0)
         return band / (q * kv)
+
+    def causal_scale(self, causal_factor: float) -> float:
+        """The multiplier a fitted causal factor (kit.predict.tensor_core's causal_factor) puts on
+        this op's time: 1 without a mask, the factor for the causal triangle. The factor was fitted
+        on square causal shapes, whose query tile i visits the key tiles up to its diagonal, rows
+        of 1..n tiles each ending in a partly masked one; what a causal triangle costs past its
+        pairs (that tile, rows too short to hide their start and end, unequal rows) is its. A
+        sliding window w keeps that triangle for its first w queries alone; every query from w on
+        sees w keys, its query tile FLASH_TILE_Q rows over band_tiles(w) key tiles of
+        FLASH_TILE_KV: rows of one length, a non-causal attention over those tiles (factor 1),
+        dearer than its pairs only by its partly masked tiles at both ends. So a band takes the
+        factor on the triangle's pairs and band_tiles x tile / pairs on the rest. Applying the
+        whole factor to the band had priced Mistral's 32k x 4096 band 1.236x its tiles, some
+        18% over (the band is 93% rows of equal length)."""
+        if not self.causal:
+            return 1.0
+        q, kv, w = self.seq_q, self.seq_kv, self.window
+        if not 0 < w < q:
+            return causal_factor
+        band = self.causal_fraction * q * kv
+        triangle = _causal_pairs(w, kv)  # queries 0 .. w - 1 see keys 0 .. i
+        rows = band - triangle  # from w on, w keys each (fewer only past seq_kv)
+        tiles_per_pair = band_tiles(w) * FLASH_TILE_KV / w
+        return (triangle * causal_factor + rows * tiles_per_pair) / band
 
     @property
     def flops(self) -> float:

@@ -232,7 +232,8 @@ class SmallOpBounds:
             idx = [i for i in rows if ops[i].dtype == dtype]
             roof = part.loc[idx, "roofline_ms"].to_numpy(dtype=float)
             params, small = attention_params_for(gpu, dtype), [ops[i].head_dim < 128 for i in idx]
-            t, lo, hi = kernel_ms_of(roof, params, [ops[i].causal for i in idx], small)
+            factor = params.get("causal_factor", 1.0)
+            t, lo, hi = kernel_ms_of(roof, params, None, small, _causal_scales([ops[i] for i in idx], factor, gpu))
             # a causal mask only removes work: the curve's causal factor (fitted on square
             # shapes, where the mask keeps half the pairs) never makes a masked attention slower
             # than the same one unmasked, as it did where the mask keeps nearly every pair
@@ -249,7 +250,7 @@ class SmallOpBounds:
             if narrow:
                 twins = [replace(ops[idx[j]], head_dim=128) for j in narrow]
                 padded = np.array([roofline(o, gpu).time_ms for o in twins])
-                cap = kernel_ms_of(padded, params, [o.causal for o in twins], None)
+                cap = kernel_ms_of(padded, params, None, None, _causal_scales(twins, factor, gpu))
                 # the padded twin's own time, its causal one capped by its unmasked one as above
                 unmasked = kernel_ms_of(np.array([roofline(replace(o, causal=False, window=0), gpu).time_ms
                                                   for o in twins]), params, None, None)
@@ -364,6 +365,23 @@ class SmallOpBounds:
         p10[small] = np.minimum(p10[small], lat[small])
         p90[small] = np.maximum(p90[small], lat[small])
         return lat, p10, p90
+
+
+def _causal_scales(attentions: list, factor: float, gpu) -> list:
+    """Each fused attention's time multiplier under the curve's causal factor: a causal op
+    takes the factor, as fitted; a sliding window's band its kit.ops.Attention.causal_scale
+    (the factor on its causal triangle, its other rows' partly masked tiles), which is tensor
+    work: it scales the roofline's FLOP time, so a band too narrow to be compute-bound stays at
+    its bytes (a 64-key window's 1.5 key tiles of 128 a 64-query tile are 3x its pairs, not 3x
+    its memory time), and a compute-bound one takes it whole."""
+    scale = []
+    for op in attentions:
+        m = op.causal_scale(factor)
+        if op.causal and 0 < op.window < op.seq_q:
+            r = roofline(op, gpu)
+            m = max(r.memory_ms, r.compute_ms * m) / r.time_ms
+        scale.append(m)
+    return scale
 
 
 def _raw_predictions(model, flag: str, cls: str, ops: list, gpu) -> dict:

@@ -179,13 +179,17 @@ def attention_curve_weight(seq_q) -> np.ndarray:
     return np.minimum(1.0, np.log2(q) / np.log2(ATTENTION_MIN_SEQ_Q))
 
 
-def kernel_ms_of(roofline_ms, params: dict, causal=None, small_head=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def kernel_ms_of(roofline_ms, params: dict, causal=None, small_head=None, causal_scale=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kernel time, p10, p90) in ms from roofline times, by the curve in the module doc; for
     attention, `causal` and `small_head` (head size under 128) scale the curve by the params'
-    causal_factor and small_head_factor."""
+    causal_factor and small_head_factor; `causal_scale`, each op's multiplier in place of
+    `causal` (ops.Attention.causal_scale: a sliding window's band takes the factor on its
+    causal triangle alone)."""
     r = np.asarray(roofline_ms, dtype=float)
     t = np.maximum(params["a"] * r ** params["beta"], r / params["eff_max"])
-    if causal is not None:
+    if causal_scale is not None:
+        t = t * np.asarray(causal_scale, dtype=float)
+    elif causal is not None:
         t = t * np.where(np.asarray(causal, dtype=bool), params.get("causal_factor", 1.0), 1.0)
     if small_head is not None:
         t = t * np.where(np.asarray(small_head, dtype=bool), params.get("small_head_factor", 1.0), 1.0)
