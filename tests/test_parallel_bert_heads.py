@@ -70,3 +70,47 @@ def test_inline_shapes_take_bert_heads_and_refuse_a_bad_count():
     assert "token_types" not in plain.to_dict() and s.to_dict()["pretraining_heads"] is True
     with pytest.raises(KitError, match="token_types"):
         parse_model("gpt:layers=2,hidden=64,heads=4,seq=16,vocab=100,token_types=-1")
+
+
+def test_the_step_runs_berts_heads_and_token_type_lookup():
+    """The heads' kernels, as megatron-core 0.16.1 runs them: the LM head's h x h dense on every
+    token, gelu and LayerNorm (bert_lm_head.py), the pooler's h x h dense and tanh on each
+    sequence's first token, the binary head's h x 2 (pooler.py, bert_model.py), the output
+    layer's bias added after the logits GEMM and its gradient summed over the tokens
+    (tensor_parallel/layers.py 488-490, 615); each GEMM's data and weight gradients backward;
+    the token-type lookup (language_model_embedding.py 122-126)."""
+    from kit import ops
+    from kit.parallel.gpt import embedding_forward, head_backward, head_forward
+
+    bert, bare = parse_model("bert-base", seq=512), parse_model(
+        "gpt:layers=12,hidden=768,heads=12,seq=512,vocab=30522,ffn=3072,positions=512")
+    b, tp, h, tok = 4, 2, 768, 4 * 512
+    v = 15360  # 30522 padded to 30720 at tp 2, a rank's half
+
+    def gemms(blocks):
+        return sorted((o.m, o.n, o.k) for blk in blocks for o in blk.ops if isinstance(o, ops.Gemm))
+
+    def extra(a, z):  # what a has beyond z, as a multiset
+        out = list(a)
+        for x in z:
+            out.remove(x)
+        return sorted(out)
+
+    for sp in (False, True):
+        rows = tok // tp if sp else tok
+        fwd = [head_forward(s, b, tp, "bf16", sp) for s in (bert, bare)]
+        assert extra(gemms(fwd[0]), gemms(fwd[1])) == sorted([(rows, h, h), (b, h, h), (b, 2, h)])
+        bwd = [head_backward(s, b, tp, "bf16", sp) for s in (bert, bare)]
+        assert extra(gemms(bwd[0]), gemms(bwd[1])) == sorted(
+            [(rows, h, h), (h, h, rows), (b, h, h), (h, h, b), (b, h, 2), (h, 2, b)])
+        kinds = [o.kind for blk in fwd[0] for o in blk.ops if isinstance(o, ops.Elementwise)]
+        bare_kinds = [o.kind for blk in fwd[1] for o in blk.ops if isinstance(o, ops.Elementwise)]
+        assert extra(kinds, bare_kinds) == sorted(["gelu", "tanh", "add"])
+        adds = [o for blk in fwd[0] for o in blk.ops if isinstance(o, ops.Elementwise) and o.kind == "add"]
+        assert [o.numel for o in adds] == [tok * v]
+        assert sum(isinstance(o, ops.LayerNorm) for blk in fwd[0] for o in blk.ops) == 2
+        # the bias's gradient: one pass over the [tokens, vocab / tp] gradient, a row of bf16 out
+        nbytes = [[o.bytes for blk in x for o in blk.ops] for x in bwd]
+        assert extra(nbytes[0], nbytes[1]).count(float((tok * v + v) * 2)) == 1
+    emb = [o for blk in embedding_forward(bert, b, tp, "bf16") for o in blk.ops if isinstance(o, ops.EmbeddingBag)]
+    assert [(o.batch, o.rows, o.dim) for o in emb] == [(tok, v, h), (tok, 2, h)]

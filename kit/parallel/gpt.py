@@ -372,6 +372,10 @@ def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = Fal
     act = tok * spec.hidden * ops.dtype_bytes(dtype)
     lookup = [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
               *([] if spec.rope else [ops.Elementwise("add", tok * spec.hidden, dtype)])]
+    if spec.token_types:  # BERT's token-type table, whole on every rank (megatron-core 0.16.1
+        # language_model_embedding.py 76, 122-126): its lookup (and in embedding_backward its
+        # table's gradient); its add to the embeddings is not priced
+        lookup.append(ops.EmbeddingBag(tok, spec.token_types, spec.hidden, 1, dtype))
     if tp > 1:  # megatron-core 0.16.1 layers.py lines 274-290: mask the ids, then the rows
         lookup = [*id_mask_kernels(tok), lookup[0], embedding_output_mask(tok, spec.hidden, dtype),
                   *lookup[1:]]
@@ -461,6 +465,19 @@ def _unscaled(kernel) -> list:
     return [leaf for leaf, _ in leaves]
 
 
+def pretraining_head_ops(spec: GPTSpec, rows: int, b: int, dtype: str) -> list:
+    """BERT's heads before its logits (GPTSpec.pretraining_heads), as megatron-core 0.16.1 runs
+    them: the LM head's dense, gelu and LayerNorm on each token (models/bert/bert_lm_head.py),
+    the pooler's dense and tanh on each sequence's first token (pooler.py) and the binary head's
+    h x 2 dense (bert_model.py 154, 380); [] for other models."""
+    if not spec.pretraining_heads:
+        return []
+    h = spec.hidden
+    return [ops.linear(rows, h, h, dtype), ops.Elementwise("gelu", rows * h, dtype),
+            ops.LayerNorm(rows, h, dtype), ops.linear(b, h, h, dtype),
+            ops.Elementwise("tanh", b * h, dtype), ops.linear(b, h, 2, dtype)]
+
+
 def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
     """Final LayerNorm, the logits GEMM over this rank's (padded) vocabulary slice, and
     Megatron's vocab-parallel cross entropy (megatron-core 0.16.1 tensor_parallel/cross_entropy.py,
@@ -484,12 +501,15 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
     ar = ("allreduce", tok * 4, "tp")
     if sp and tp > 1:
         rows = tok // tp if tok % tp == 0 else tok
-        first = [Block("final ln", [norm(spec, rows, dtype)]),
+        first = [Block("final ln", [norm(spec, rows, dtype), *pretraining_head_ops(spec, rows, b, dtype)]),
                  Block("sp all-gather", comm=("allgather", tok * spec.hidden * ops.dtype_bytes(dtype), "tp")),
                  Block("lm head", [])]
     else:
-        first = [Block("lm head", [norm(spec, tok, dtype)])]
-    first[-1].ops += [ops.linear(tok, spec.hidden, v, dtype), ops.Elementwise("cast", n, dtype, inputs=2),
+        first = [Block("lm head", [norm(spec, tok, dtype), *pretraining_head_ops(spec, tok, b, dtype)])]
+    # BERT's output layer adds its bias after the GEMM (megatron-core 0.16.1 tensor_parallel/
+    # layers.py 488-490: output = output + bias)
+    bias = [ops.Elementwise("add", n, dtype)] if spec.pretraining_heads else []
+    first[-1].ops += [ops.linear(tok, spec.hidden, v, dtype), *bias, ops.Elementwise("cast", n, dtype, inputs=2),
                       *_unscaled(row_reduction(tok, v, 4 + 8, "fp32", "cross-entropy max"))]
     blocks = [*first,
               Block("cross-entropy max all-reduce", comm=ar),
@@ -528,5 +548,13 @@ def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) 
         blocks += _column_backward(gemm, sp)
     else:
         blocks.append(Block("lm head bwd", _gemm_bwd(gemm), [1.0, 1.0]))
+    if spec.pretraining_heads:  # the bias's gradient, grad_output.sum(dim=0) (layers.py 615),
+        # then BERT's heads backward: GEMMs' data and weight gradients, the others two passes
+        bias_grad = _unscaled(row_reduction(v, tok, ops.dtype_bytes(dtype), dtype, "logits bias grad"))
+        blocks.insert(1, Block("lm bias bwd", bias_grad, [1.0] * len(bias_grad)))
+        heads = [(g, f) for op in reversed(pretraining_head_ops(spec, rows, b, dtype))
+                 for g, f in ([(g, 1.0) for g in _gemm_bwd(op)] if isinstance(op, ops.Gemm)
+                              else [(op, BWD_FACTOR["default"])])]
+        blocks.append(Block("bert heads bwd", [g for g, _ in heads], [f for _, f in heads]))
     blocks.append(Block("final ln bwd", [ln], [BWD_FACTOR["default"]]))
     return _merge(blocks)
