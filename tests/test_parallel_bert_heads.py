@@ -114,3 +114,20 @@ def test_the_step_runs_berts_heads_and_token_type_lookup():
         assert extra(nbytes[0], nbytes[1]).count(float((tok * v + v) * 2)) == 1
     emb = [o for blk in embedding_forward(bert, b, tp, "bf16") for o in blk.ops if isinstance(o, ops.EmbeddingBag)]
     assert [(o.batch, o.rows, o.dim) for o in emb] == [(tok, v, h), (tok, 2, h)]
+
+
+@pytest.mark.parametrize("bad", [0, -1, "2", True, 1.5])
+def test_a_bert_config_with_a_bad_type_vocab_size_is_refused(tmp_path, bad):
+    import json
+
+    from kit.errors import KitError
+
+    c = {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "intermediate_size": 256, "vocab_size": 100, "max_position_embeddings": 64,
+         "type_vocab_size": bad}
+    path = tmp_path / "bert.json"
+    path.write_text(json.dumps(c))
+    with pytest.raises(KitError, match="type_vocab_size must be a positive whole number"):
+        parse_model(str(path), seq=16)
+    path.write_text(json.dumps({**c, "type_vocab_size": 3}))
+    assert parse_model(str(path), seq=16).token_types == 3
