@@ -236,8 +236,8 @@ class EmbeddingBag:
 
 # the query rows and keys of one tile of the flash kernels the attention curve was fitted on:
 # cuDNN's sm90 flash fprop, "..._64x128x128_..." (head 128) and "..._64x128x64_..." (head 64) in
-# measurements/h200-2026-12-04-b/session/attention_bf16.jsonl, causal or not (FlashAttention-2's
-# and -3's Hopper forward tiles are 128 keys wide at head 128 too)
+# measurements/h200-2026-12-04-b/session/attention_bf16.jsonl, causal or not (other GPUs' and
+# libraries' flash kernels may tile otherwise; the carried curves assume these)
 FLASH_TILE_Q = 64
 FLASH_TILE_KV = 128
 
