@@ -131,3 +131,25 @@ def test_a_bert_config_with_a_bad_type_vocab_size_is_refused(tmp_path, bad):
         parse_model(str(path), seq=16)
     path.write_text(json.dumps({**c, "type_vocab_size": 3}))
     assert parse_model(str(path), seq=16).token_types == 3
+
+
+def test_berts_attention_is_bidirectional_and_a_gpts_stays_causal():
+    """megatron-core 0.16.1 builds BERT's attention with AttnMaskType.padding
+    (models/bert/bert_layer_specs.py 64, 103; bert_model.py 201-213): every query sees every key
+    of its sequence. The analytic layer had built it causal, half the score pairs. Expected
+    FLOPs by hand: Q.K^T and P.V, 2 FLOPs a multiply-add over head 64 each, for every one of the
+    512 x 512 pairs (BERT) or the 512 x 513 / 2 of the triangle (GPT), 12 / 2 heads a rank."""
+    from kit import ops
+    from kit.errors import KitError
+    from kit.parallel.gpt import layer_forward
+
+    bert = parse_model("bert-base", seq=512)
+    gpt = parse_model("gpt:layers=12,hidden=768,heads=12,seq=512,vocab=30522,ffn=3072,positions=512")
+    for spec, pairs in ((bert, 512 * 512), (gpt, 512 * 513 // 2)):
+        attn = [o for blk in layer_forward(spec, 4, 2, 1, False, "bf16") for o in blk.ops
+                if isinstance(o, ops.Attention)]
+        assert len(attn) == 1 and attn[0].causal is (spec is gpt)
+        assert attn[0].flops == 2 * 4 * 6 * pairs * (64 + 64)
+    # a sliding window is a causal band: refused on a bidirectional spec, naming both keys
+    with pytest.raises(KitError, match="window.*pretraining_heads"):
+        parse_model("gpt:layers=2,hidden=64,heads=4,seq=16,vocab=100,window=8,pretraining_heads=1")

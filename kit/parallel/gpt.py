@@ -237,8 +237,8 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
         # a windowed layer (GPTSpec.window_of) as Megatron-core hands Transformer Engine its
         # window_size: flash attention (and cuDNN's fused attention) skip the key blocks outside
         # the band; at seq <= window the band is the causal triangle, priced as that op
-        window = spec.window_of(layer)
-        attn.ops.append(ops.Attention(b, heads, s, s, hd, dtype, causal=True,
+        window = spec.window_of(layer)  # BERT's attention is not causal (GPTSpec.causal)
+        attn.ops.append(ops.Attention(b, heads, s, s, hd, dtype, causal=spec.causal,
                                       window=window if window < s else 0))
     else:
         attn.ops += [ops.Gemm(m=s, n=s, k=hd, b=b * heads, dtype=dtype),

@@ -128,6 +128,9 @@ class GPTSpec:
         if self.window_from and not self.window:  # it would be accepted and change nothing
             raise KitError(f"model {self.name}: window_from applies to a sliding window; give "
                            "window=N (the keys a query sees) or drop window_from")
+        if self.window and self.pretraining_heads:  # the band is a causal one (ops.Attention)
+            raise KitError(f"model {self.name}: a sliding window applies to causal attention; "
+                           "BERT's (pretraining_heads) attends both ways: drop window or pretraining_heads")
         if self.window_from >= self.layers:
             raise KitError(f"model {self.name}: window_from {self.window_from} leaves none of its "
                            f"{self.layers} layers (0 .. {self.layers - 1}) windowed")
@@ -180,6 +183,14 @@ class GPTSpec:
                            f"{per_expert:.3g} rows ({tokens} tokens x top-{self.topk} / {self.experts} "
                            "experts x the factor), more than any tensor holds (2**63 - 1)")
         return self.experts * math.ceil(per_expert)
+
+    @property
+    def causal(self) -> bool:
+        """Whether a layer's attention is causal: GPT-style decoders'; BERT's (the config reader's
+        bert family, marked by its pretraining heads) attends both ways, megatron-core 0.16.1's
+        BERT layers building their attention with AttnMaskType.padding
+        (models/bert/bert_layer_specs.py 64, 103; bert_model.py 201-213), no causal mask."""
+        return not self.pretraining_heads
 
     def window_of(self, layer: int) -> int:
         """The sliding window of a layer's attention (GPTSpec.window from window_from on), or 0
