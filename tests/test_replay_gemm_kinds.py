@@ -67,8 +67,8 @@ def test_gemms_and_their_dtype(name, dtype):
     assert is_gemm(name) and gemm_dtype(name) == dtype
 
 
-def _scaled_us(tmp_path, src, kernel, dst, us):
-    """The target's time of one kernel that ran us on src."""
+def replay_one_kernel(tmp_path, src, kernel, dst, us):
+    """(the replay on dst, its one kernel's op) of a step whose one kernel ran us on src."""
     doc = sgemm_rank(gpu=src)
     doc["traceEvents"][2]["name"] = kernel
     doc["traceEvents"][2]["dur"] = us
@@ -76,6 +76,12 @@ def _scaled_us(tmp_path, src, kernel, dst, us):
     p.write_text(json.dumps(doc))
     r = replay(p, on=dst)
     (op,) = [op for op, *_ in r.tg.gpu_ops[0]]
+    return r, op
+
+
+def _scaled_us(tmp_path, src, kernel, dst, us):
+    """The target's time of one kernel that ran us on src."""
+    r, op = replay_one_kernel(tmp_path, src, kernel, dst, us)
     return r.tg.graph.dur_ms[op] * 1e3
 
 
@@ -220,12 +226,12 @@ def test_nvjet_and_tensile_kernels_are_gemms_of_their_dtype(name, dtype):
 
 
 def test_an_nvjet_letter_outside_the_table_reads_as_before():
-    # "s" (an FP32 input; cuBLAS 12.8.4.1 instantiates no FP32-input nvjet kernel) and "b" keep
-    # what the other patterns say. "bsb" is in cuBLAS's table: its one int8 entry, beside its one
-    # int8 instantiation (nvjet_matmulAlgo<signed char x 4, CUBLAS_COMPUTE_32I>); the kit has no
-    # int8 peak, so it reads as FP32, as every int8 GEMM does
+    # "s" (an FP32 input; cuBLAS 12.8.4.1 instantiates no FP32-input nvjet kernel) keeps what the
+    # other patterns say. "bsb" is in cuBLAS's table: its one int8 entry, beside its one int8
+    # instantiation (nvjet_matmulAlgo<signed char x 4, CUBLAS_COMPUTE_32I>): int8
+    # (tests/test_replay_int8_gemms.py prices it)
     assert gemm_dtype("nvjet_sm90_sss_128x128_64x4_1x2_h_bz_TNT") == "fp32"
-    assert gemm_dtype("nvjet_sm90_bsb_128x128_64x4_1x2_h_bz_TNT") == "fp32"
+    assert gemm_dtype("nvjet_sm90_bsb_128x128_64x4_1x2_h_bz_TNT") == "int8"
 
 
 # the kit's own H200 runs (torch 2.11.0+cu130: cuBLAS 13.0), each CSV's rows timed in the dtype

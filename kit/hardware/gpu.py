@@ -54,7 +54,8 @@ FP32_PEAK_RATIO = (0.4, 2.5)
 MAX_FP32_RIDGE = 1000.0
 PEAK_FIELDS = tuple(f"{d}_tflops" for d in DTYPES)
 # Optional peaks: null (or absent, for a user's GPU) where the GPU has no such unit.
-OPTIONAL_PEAK_FIELDS = ("fp32_matrix_tflops",)
+# int8_tops is in TOPS (integer ops), the others in TFLOP/s
+OPTIONAL_PEAK_FIELDS = ("fp32_matrix_tflops", "int8_tops")
 # The architectures the kit's rules know, per vendor (tile slicing, tensor-core curves, FP8,
 # AMD's wavefronts key on them); a GPU of a newer one takes the nearest of these.
 KNOWN_ARCHS = {"nvidia": ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell"),
@@ -95,6 +96,10 @@ class GPU:
     # issue these instructions); None where the GPU has none (NVIDIA: its tensor cores take FP32
     # only as TF32, which PyTorch leaves off, so FP32 GEMMs run on the SIMT lanes).
     fp32_matrix_tflops: float | None = None
+    # dense INT8 tensor/matrix-core peak, TOPS (10^12 integer ops a second; the datasheets' figure
+    # without sparsity, as every *_tflops here): cuBLAS's int8 GEMMs (CUBLAS_COMPUTE_32I) run at
+    # it. None where the GPU has no INT8 tensor unit or its datasheet gives none
+    int8_tops: float | None = None
     # the CPU<->GPU link per direction, GB/s, where it is not PCIe x16 of pcie_gen (GH200: the
     # NVLink-C2C to its Grace CPU); None: PCIe
     host_link_gbs: float | None = None
@@ -256,7 +261,8 @@ def gpu_from_dict(entry: dict, origin: str = "entry") -> GPU:
                 or not math.isfinite(value)):
             raise KitError(f"{label}: field {name} must be a positive number or null, got {value!r}")
         if not PLAUSIBLE_TFLOPS[0] <= value <= PLAUSIBLE_TFLOPS[1]:
-            raise KitError(f"{label}: field {name} = {value!r} TFLOP/s is outside what a GPU can "
+            unit = "TOPS" if name == "int8_tops" else "TFLOP/s"
+            raise KitError(f"{label}: field {name} = {value!r} {unit} is outside what a GPU can "
                            f"have ({PLAUSIBLE_TFLOPS[0]:g} to {PLAUSIBLE_TFLOPS[1]:g}); check its unit")
         clean[name] = float(value)
     if clean["fp32_tflops"] is None:

@@ -27,6 +27,20 @@ kCommsName ... kP2pDst). How the values are written (torch 2.13's own readers of
   group's are distinct on every rank; not a send or recv, whose count is the rank's over all its
   peers, not its pair's: a pair's sends and recvs are matched by their order between the two.
 
+* Coalesced sends and recvs (dist.batch_isend_irecv, or sends and recvs inside
+  _coalescing_manager: torch 2.13's distributed_c10d.py, batch_isend_irecv runs them under
+  _coalescing_manager(group, device), which calls group._start_coalescing(device) before and
+  group._end_coalescing(device) after them) are one NCCL kernel for all of them. Each send and
+  recv still writes its record_param_comms ("send"/"recv", its peer), but no kernel is launched
+  inside it: ProcessGroupNCCL's endCoalescing launches the one kernel at ncclGroupEnd under its
+  own profiling title "nccl:coalesced" (libtorch_cuda.so of the torch 2.13.0 CUDA wheel holds the
+  strings "endCoalescing", "nccl:", "nccl:coalesced" side by side), which carries no
+  process-group fields. ProcessGroupNCCL.cpp itself is not in the wheel, so which fields that
+  title's op gets is read off the strings, not the source. Such a kernel had no fields: priced
+  over all the job's ranks, as its kernel name's all-to-all, and its group unknown to
+  kit.trace.group_sync. It now takes them from the sends and recvs its thread recorded since its
+  previous collective's launch (coalesced_meta).
+
 Which comm op has which fields (op_comm_metas), and the ranks a collective runs on (trace_group),
 are read here for kit.trace.build (which ranks wait for each other) and kit.trace.transfer (which
 ranks --on prices it on).
@@ -63,10 +77,22 @@ class CommMeta:
     problem: str | None = None  # why group_ranks is None though the trace gives some
     group_name: str | None = None  # "Process Group Name": the group's id, one per group on every rank
     seq: int | None = None  # "Seq": the collective's sequence number within its group
+    members: tuple = ()  # a coalesced kernel's sends and recvs (CommMeta each): coalesced_meta
 
     @property
     def is_p2p(self) -> bool:
-        return self.collective in ("send", "recv")
+        return self.collective in ("send", "recv") or bool(self.members)
+
+    @property
+    def peer(self) -> int | None:
+        """A send's or recv's peer (global rank), else None."""
+        return self.dst if self.collective == "send" else self.src if self.collective == "recv" else None
+
+    @property
+    def coalesced_kind(self) -> str:
+        """The kit.comm kind of a coalesced batch: a send to one peer (and a recv) is a ring
+        shift, sendrecv; sends to several peers are an all-to-all."""
+        return "alltoall" if len({m.dst for m in self.members if m.collective == "send"}) > 1 else "sendrecv"
 
     def nbytes(self, kind: str) -> int | None:
         """The nccl-tests size (kit.comm.conventions) from the fields: an all-gather's is what it
@@ -139,6 +165,27 @@ def comm_meta(args) -> CommMeta | None:
                     seq=count("Seq"))
 
 
+def coalesced_meta(members) -> CommMeta | None:
+    """One CommMeta for a coalesced kernel's sends and recvs (members, CommMeta each), or None
+    where there are none. Its size is what the rank sends (nccl-tests' sendrecv and alltoall
+    count the bytes a rank sends), or what it receives where it sends nothing; its group their
+    "Process Group Ranks" and "Process Group Name", which one coalescing manager shares (it
+    coalesces one group's ops); a problem where they disagree."""
+    if not members:
+        return None
+    sends = [m for m in members if m.collective == "send"] or list(members)
+    counts = [m.in_nelems for m in sends]
+    dtypes = {m.dtype for m in sends}
+    groups = {(m.group_ranks, m.group_name) for m in members}
+    first = members[0]
+    problem = (None if len(groups) == 1 else "its coalesced sends and recvs name "
+               f"{len(groups)} different process groups")
+    return CommMeta(collective="coalesced", group_ranks=first.group_ranks if not problem else None,
+                    group_size=first.group_size, in_nelems=None if None in counts else sum(counts),
+                    dtype=dtypes.pop() if len(dtypes) == 1 else None, problem=problem or first.problem,
+                    group_name=first.group_name if not problem else None, members=tuple(members))
+
+
 def enclosing(items, starts, call):
     """The latest-starting of items (start, end, tid, ...), sorted by start, that holds the call's
     start on its thread, or None."""
@@ -167,7 +214,17 @@ def trace_group(meta, rank: int, world: int):
     Group Ranks"; a send or recv without its peer on its group, as a ring shift there."""
     if meta is None:
         return None, None
-    peer = meta.dst if meta.collective == "send" else meta.src if meta.collective == "recv" else None
+    if meta.members:  # a coalesced batch: among the rank and its sends' and recvs' peers
+        peers = {m.peer for m in meta.members}
+        if None in peers or rank in peers or max(peers) >= world:
+            return None, ("its coalesced sends and recvs name no peer, or one that is itself or "
+                          f"outside the job's {world} ranks")
+        ranks = sorted(peers | {rank})
+        if meta.problem or (meta.group_ranks is not None and not set(ranks) <= set(meta.group_ranks)):
+            return None, meta.problem or (f"its coalesced peers ({rank_list(ranks)}) are not all in its "
+                                          f"'Process Group Ranks' ({rank_list(meta.group_ranks)})")
+        return ranks, None
+    peer = meta.peer
     if peer is not None:
         if peer == rank or peer >= world:
             return None, (f"its peer rank {peer} is {'itself' if peer == rank else 'outside'} the "
@@ -197,9 +254,14 @@ def op_comm_metas(tg) -> dict:
     out = {}
     for t in tg.traces:
         fields = None
-        for op, ge, _, call in tg.gpu_ops.get(t.rank, []):
-            if g.kind[op] != "comm":
-                continue
+        comm = [(op, ge, call) for op, ge, _, call in tg.gpu_ops.get(t.rank, []) if g.kind[op] == "comm"]
+        launches: dict = {}  # thread -> its comm ops' launch times, sorted
+        for _, _, call in comm:
+            if call is not None:
+                launches.setdefault(call.tid, []).append(call.ts_us)
+        for ts in launches.values():
+            ts.sort()
+        for op, ge, call in comm:
             if ge.comm is not None:
                 out[op] = ge.comm
                 continue
@@ -209,7 +271,22 @@ def op_comm_metas(tg) -> dict:
             x = enclosing(fields, starts, call) if call is not None else None
             if x:
                 out[op] = x[3]
+            elif call is not None:  # a coalesced kernel: the sends and recvs recorded before it
+                m = coalesced_meta(_since_last_launch(fields, call, launches[call.tid]))
+                if m is not None:
+                    out[op] = m
     return out
 
 
-__all__ = ["CommMeta", "DTYPE_BYTES", "comm_meta", "enclosing", "op_comm_metas", "trace_group"]
+def _since_last_launch(fields, call, launches):
+    """The sends and recvs (CommMeta) on the call's thread that began after the thread's previous
+    comm launch and ended by this one: the ops a coalesced kernel's launch runs. A send or recv of
+    its own holds its kernel's launch (enclosing), so it is never one of them."""
+    k = bisect.bisect_left(launches, call.ts_us)
+    after = launches[k - 1] if k else float("-inf")
+    return [m for s, e, tid, m in fields if tid == call.tid and after < s and e <= call.ts_us
+            and m.collective in ("send", "recv")]
+
+
+__all__ = ["CommMeta", "DTYPE_BYTES", "coalesced_meta", "comm_meta", "enclosing", "op_comm_metas",
+           "trace_group"]

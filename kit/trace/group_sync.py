@@ -22,7 +22,9 @@ def _key(meta, rank, world, named):
     if ranks is None:
         return None, None
     name = meta.group_name if named else None
-    peer = meta.dst if meta.collective == "send" else meta.src if meta.collective == "recv" else None
+    if meta.members:  # a coalesced batch: with the ranks it sends to and receives from
+        return ("coalesced", tuple(ranks), name), tuple(ranks)
+    peer = meta.peer
     if peer is not None:  # trace_group gave the pair (rank, peer)
         return ("p2p", (rank, peer) if meta.collective == "send" else (peer, rank), name), tuple(ranks)
     return ("group", tuple(ranks), name), tuple(ranks)

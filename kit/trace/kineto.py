@@ -56,6 +56,10 @@ class GpuEvent:
     correlation: int | None
     bytes: int | None = None
     comm: object = None  # kit.trace.comm_meta.CommMeta: newer Kineto's process-group fields
+    # a peer-to-peer copy's (source, destination) CUDA device ordinals: Kineto writes a PtoP
+    # memcpy's "fromDevice", "inDevice", "toDevice" (torch 2.13.0's libkineto, in libtorch_cpu.so
+    # of the CUDA wheel: GpuActivity<CUpti_ActivityMemcpyPtoP4>::metadataJson); None elsewhere
+    peer: tuple[int, int] | None = None
 
 
 @dataclass
@@ -148,6 +152,14 @@ def _num(v):
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) and abs(x) <= MAX_TIME_US else None
+
+
+def _peer_devices(args) -> tuple[int, int] | None:
+    """(fromDevice, toDevice) of a PtoP copy's args: two distinct device ordinals, else None."""
+    a, b = _whole(args.get("fromDevice")), _whole(args.get("toDevice"))
+    if a is None or b is None or a < 0 or b < 0 or a == b:
+        return None
+    return a, b
 
 
 def int_or_none(v):
@@ -256,7 +268,7 @@ def parse_events(doc, source: str, fallback_rank: int) -> RankTrace:
                 "memcpy" if "emcpy" in cat else "memset")
             stream = args.get("stream", e.get("tid"))
             t.gpu.append(GpuEvent(ts, dur, name, str(stream), kind, corr, args.get("bytes"),
-                                  comm_meta(args)))
+                                  comm_meta(args), _peer_devices(args)))
         elif cat in RUNTIME_CATS:
             profiled += cat == "cuda_profiler_range"
             t.runtime.append(RuntimeCall(ts, dur, name, str(e.get("tid")), corr,

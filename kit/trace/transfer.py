@@ -14,7 +14,12 @@ scaling, Yu et al., ATC 2021):
                                                               copy that ran near link speed
     host-bound copy     t' = t                                (pageable, or under half the link's
                                                               rate: see host_bound_copy)
-    device copy, memset t' = f + (t − f) · bw_src / bw_dst    (DtoD, PtoP, Memset)
+    device copy, memset t' = f + (t − f) · bw_src / bw_dst    (DtoD, Memset)
+    peer copy (PtoP)    t' = f + (t − f) · peer_src / peer_dst  (the GPU-to-GPU path, NVLink or
+                                                              PCIe, of the source's preset node and
+                                                              the target system: peer_link_gbs);
+                        t' = t with a GPU as target, or no preset node for the source, as the
+                        collectives (no fabric to scale it by)
     collective          t' = t · comm(dst) / comm(src)        (kit.comm on both systems, with the
                                                                kind and nccl-tests size from the
                                                                nccl:* annotation, the job's ranks
@@ -100,7 +105,10 @@ _TENSILE_TYPES = re.compile(r"Cijk_A[a-z]+_B[a-z]+_([A-Z][A-Za-z0-9]*)_")
 # nvjet_matmulAlgo for exactly these inputs: __half, __nv_bfloat16, and TypeList<__nv_fp8_e4m3,
 # __nv_fp8_e5m2> for A and B (whose pairs qq, qr, rq leave out rr: cuBLASLt runs no E5M2 x E5M2
 # GEMM). The table's one other entry, bsb, pairs with its one other instantiation (signed char
-# inputs, CUBLAS_COMPUTE_32I): "b" is int8, which the kit has no peak for; it reads as before.
+# inputs, CUBLAS_COMPUTE_32I): "b" is int8, priced by the catalog's dense INT8 tensor peaks
+# (int8_tops). It had read as FP32: an H100 SXM int8 GEMM kept the FP32 ratio to an A100
+# (66.9 / 19.5 = 3.43x slower), not the 1978.9 / 624 = 3.17x of their INT8 tensor peaks, and to an
+# L4 66.9 / 30.3 = 2.21x, not 1978.9 / 242.5 = 8.16x.
 # The kit's own H200 runs (measurements/h200-2026-12-04*/, torch 2.11.0+cu130: cuBLAS 13.0) use
 # the same names: nvjet_sm90_tst_* in the bf16 runs, nvjet_sm90_hsh_* in the fp16 ones, and no nvjet
 # kernel in the TF32 and FP32 ones (sm90_xmma_gemm_f32f32_tf32f32_*,
@@ -109,7 +117,7 @@ _TENSILE_TYPES = re.compile(r"Cijk_A[a-z]+_B[a-z]+_([A-Z][A-Za-z0-9]*)_")
 # "hsh" had read as FP32, so a bf16 GEMM took the FP32 peaks' ratio (H100 to B200: 0.892x, not
 # the 0.440x of 989.4 vs 2250 TFLOP/s)
 _NVJET_TYPES = re.compile(r"nvjet_(?:sm\d+_)?([a-z]+)_\d")
-_NVJET_DTYPE = {"h": "fp16", "t": "bf16", "q": "fp8", "r": "fp8"}
+_NVJET_DTYPE = {"h": "fp16", "t": "bf16", "q": "fp8", "r": "fp8", "b": "int8"}
 
 
 def _tensile_dtype(code: str) -> str:
@@ -179,12 +187,26 @@ def gemm_peak_tflops(gpu, dtype: str) -> float:
     """The peak a GEMM of dtype runs at on gpu, or on the path it takes there where the GPU lacks
     that dtype's peak: FP8 on its FP16 units (an FP8 model on a GPU without FP8 tensor cores keeps
     its weights in FP8 and does the math in FP16 after upcasting, as vLLM's weight-only FP8 Marlin
-    kernels on Ampere do), anything else (and FP8 without FP16) on its FP32 path."""
+    kernels on Ampere do), anything else (and FP8 without FP16) on its FP32 path. int8: its dense
+    INT8 tensor peak in TOPS (the catalog's int8_tops); where a GPU has none, its FP32 path, which
+    transfer takes for both GPUs and says (int8_ratio)."""
+    if dtype == "int8":
+        return gpu.int8_tops or gpu.gemm_peak_tflops("fp32")
     for d in (dtype, "fp16") if dtype == "fp8" else (dtype,):
         peak = gpu.gemm_peak_tflops(d)
         if peak:
             return peak
     return gpu.gemm_peak_tflops("fp32")
+
+
+def int8_ratio(src_gpu, dst_gpu) -> tuple[float, bool]:
+    """(source over target peak for an int8 GEMM, whether both GPUs have an INT8 tensor peak).
+    Where one lacks it (V100, P100, the GeForce cards: null int8_tops) the two are compared by
+    their FP32 peaks, as all int8 GEMMs had been: a mixed INT8-over-FP32 ratio would credit the
+    one GPU's tensor cores against the other's vector lanes."""
+    if src_gpu.int8_tops and dst_gpu.int8_tops:
+        return src_gpu.int8_tops / dst_gpu.int8_tops, True
+    return gemm_peak_tflops(src_gpu, "fp32") / gemm_peak_tflops(dst_gpu, "fp32"), False
 
 
 def above_floor_ms(measured_ms: float, ratio: float) -> float:
@@ -197,6 +219,22 @@ def above_floor_ms(measured_ms: float, ratio: float) -> float:
     B200 (x 989.4 / 2250), under the floor; now 2.44."""
     f = min(measured_ms, KERNEL_FLOOR_MS)
     return f + (measured_ms - f) * ratio
+
+
+def peer_link_gbs(system, devices) -> tuple[float, bool]:
+    """(the rate of one copy between two GPUs of the system's node, GB/s; whether it is the
+    copy's own pair). A peer copy runs over the link between its two GPUs (kit.comm.topology's
+    p2p_gbs: NVSwitch, the NVLink mesh's links of that pair, else the PCIe tree), not through
+    HBM: devices is its Kineto (fromDevice, toDevice). Where the trace names no pair, or one
+    past the node's GPUs, the mean over the node's pairs (on a DGX-1's hybrid cube mesh 1 or 2
+    NVLinks, or PCIe)."""
+    from kit.comm.topology import p2p_gbs
+
+    n = system.gpus_per_node
+    if devices is not None and max(devices) < n:
+        return p2p_gbs(system, *devices), True
+    pairs = [(a, b) for a in range(n) for b in range(n) if a != b]
+    return sum(p2p_gbs(system, a, b) for a, b in pairs) / len(pairs), False
 
 
 def host_bound_copy(ge, link_gbs: float) -> bool:
@@ -399,9 +437,12 @@ def transfer(tg: TraceGraph, on) -> str:
         if g.group[op] is not None:
             group_kind.setdefault(g.group[op], set()).add(kind)
     borrowed = 0
-    placed = {"group": 0, "pair": 0, "job": 0}  # collectives by the ranks they were priced on
+    placed = {"group": 0, "pair": 0, "coalesced": 0, "job": 0}  # collectives by the ranks priced on
     unread: dict = {}  # why a collective's process-group fields were not used -> how many
     host_bound = {}  # rank -> host<->device copies kept at their measured durations
+    no_int8 = {}  # source GPU -> int8 GEMMs scaled by FP32 peaks (a GPU without an INT8 peak)
+    peer_kept = {}  # why peer (PtoP) copies keep their measured durations -> how many
+    peer_scaled = {}  # (source preset, whether by the copies' own GPU pair) -> peer copies scaled
     unnamed = _unnamed_gpu(tg.traces)
     for t in tg.traces:
         name = unnamed if t.gpu and _names_no_gpu(t) else t.gpu_name
@@ -427,7 +468,10 @@ def transfer(tg: TraceGraph, on) -> str:
                 ranks, not_used = trace_group(meta, t.rank, world)
                 if ranks is not None and len(ranks) == 2 and meta.is_p2p:
                     ck = "sendrecv"  # one transfer between the two: a 2-rank ring shift
-                where = "job" if ranks is None else "pair" if len(ranks) == 2 and meta.is_p2p else "group"
+                elif ranks is not None and meta.members:
+                    ck = meta.coalesced_kind
+                where = ("job" if ranks is None else "coalesced" if meta.members
+                         else "pair" if len(ranks) == 2 and meta.is_p2p else "group")
                 ranks = ranks if ranks is not None else list(range(world))
                 # the fields' size is already nccl-tests' (CommMeta.nbytes); an nccl:* input is not
                 nbytes = None if why else meta.nbytes(ck) if meta is not None else None
@@ -465,6 +509,18 @@ def transfer(tg: TraceGraph, on) -> str:
                             g.dur_ms[op] = max(d, nbytes / (link_dst * 1e9) * 1e3)
                         continue
                     g.dur_ms[op] = d * link_src / link_dst
+                elif "PtoP" in ge.name:  # "Memcpy PtoP (Device -> Device)": over NVLink or PCIe.
+                    # By HBM bandwidth, a DGX-1 V100's 1 ms copy between two GPUs with 2 NVLinks
+                    # (48.75 GB/s) had gone to 0.27 ms on a DGX H100 (900 vs 3352 GB/s of HBM),
+                    # not the 0.11 of its NVSwitch (438.75 GB/s)
+                    if dst_sys is None or src_sys is None:
+                        why = ("--on names a GPU, not a system with a GPU-to-GPU fabric" if dst_sys is None
+                               else f"no single-node preset has {world} x {src_gpu.key} to rescale them from")
+                        peer_kept[why] = peer_kept.get(why, 0) + 1
+                        continue
+                    (a, own_a), (b, own_b) = (peer_link_gbs(x, ge.peer) for x in (src_sys, dst_sys))
+                    peer_scaled[(src_sys.key, own_a and own_b)] = peer_scaled.get((src_sys.key, own_a and own_b), 0) + 1
+                    g.dur_ms[op] = above_floor_ms(d, a / b)
                 else:  # device-side copies and memsets: the floor as a kernel's (above_floor_ms).
                     # PARAM's ResNet trace (RTX 2080 Ti) copies 256 B to 147 KB DtoD in 2-3 us
                     # (48 of its 62 DtoD copies) and sets 128 B to 1.2 MB in 0-3 us (332 of its
@@ -479,8 +535,13 @@ def transfer(tg: TraceGraph, on) -> str:
                 # as FP32 had made an H100 FP8 GEMM 3.4x slower on an A100 (66.9 / 19.5 FP32),
                 # not the 6.3x of 1978.9 FP8 vs 312 FP16)
                 dtype = gemm_dtype(ge.name)
-                g.dur_ms[op] = above_floor_ms(d, gemm_peak_tflops(src_gpu, dtype) /
-                                              gemm_peak_tflops(dst_gpu, dtype))
+                if dtype == "int8":
+                    ratio, both = int8_ratio(src_gpu, dst_gpu)
+                    if not both:
+                        no_int8[src_gpu] = no_int8.get(src_gpu, 0) + 1
+                else:
+                    ratio = gemm_peak_tflops(src_gpu, dtype) / gemm_peak_tflops(dst_gpu, dtype)
+                g.dur_ms[op] = above_floor_ms(d, ratio)
             else:
                 g.dur_ms[op] = above_floor_ms(d, src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs)
     if unnamed:
@@ -491,7 +552,10 @@ def transfer(tg: TraceGraph, on) -> str:
     named = [f"{placed['group']} collective(s) priced on the process group their trace names "
              "('Process Group Ranks')" if placed["group"] else "",
              f"{placed['pair']} send/recv as one transfer between their two ranks ('Src Rank', "
-             "'Dst Rank')" if placed["pair"] else ""]
+             "'Dst Rank')" if placed["pair"] else "",
+             f"{placed['coalesced']} coalesced send/recv batch(es) (one kernel for several sends and "
+             "recvs: batch_isend_irecv) among their rank and the peers of the sends and recvs "
+             "recorded before their launch" if placed["coalesced"] else ""]
     if any(named):
         tg.notes.append("; ".join(x for x in named if x))
     if placed["job"] and world > 1:
@@ -508,4 +572,16 @@ def transfer(tg: TraceGraph, on) -> str:
                         f"{HOST_BOUND_LINK_FRACTION:.0%} of the PCIe link's rate; rank"
                         f"{'s' if len(host_bound) > 1 else ''} {where}) keep the measured duration: the "
                         "host sets it, not the link")
+    tg.notes += [f"{n} peer-to-peer (PtoP) cop{'ies' if n > 1 else 'y'} keep their measured times: "
+                 f"{why}" for why, n in peer_kept.items()]
+    for (src_key, own), n in peer_scaled.items():
+        tg.notes.append(f"{n} peer-to-peer (PtoP) cop{'ies' if n > 1 else 'y'} scaled by the GPU-to-GPU "
+                        f"link of {src_key} to {dst_sys.key} ("
+                        + ("each copy's own pair, Kineto's fromDevice/toDevice)" if own else
+                           "the mean over each node's GPU pairs: the trace names no pair, or one "
+                           "past a node's GPUs)"))
+    for src, n in no_int8.items():
+        lacking = " and ".join(dict.fromkeys(x.key for x in (src, dst_gpu) if not x.int8_tops))
+        tg.notes.append(f"{n} int8 GEMM(s) ({src.key} to {dst_gpu.key}) scaled by the FP32 peaks: the "
+                        f"catalog gives {lacking} no INT8 tensor peak (int8_tops)")
     return dst_sys.key if dst_sys is not None else dst_gpu.key
