@@ -70,3 +70,14 @@ def test_a_coalesced_exchange_is_priced_as_one_transfer_between_its_pair(tmp_pat
     notes = r.to_dict()["notes"]
     assert any("4 coalesced send/recv batch(es)" in n for n in notes), notes
     assert not any("keep their measured times" in n for n in notes), notes
+
+
+def test_a_coalesced_batch_whose_peer_is_outside_the_job_is_priced_over_the_job_and_says_why(tmp_path):
+    docs = [_rank(r) for r in range(WORLD)]
+    for e in docs[0]["traceEvents"]:
+        if e["args"].get("Collective name") == "send":
+            e["args"]["Dst Rank"] = 9  # past the job's 4 ranks
+    r = replay(write_job(tmp_path, docs), on="dgx-h100")
+    notes = r.to_dict()["notes"]
+    assert any("do not use their process-group fields" in n and "outside the job's 4 ranks" in n
+               for n in notes), notes

@@ -7,7 +7,8 @@ scaling, Yu et al., ATC 2021):
     GEMM-like kernel    t' = f + (t − f) · peak_src / peak_dst
                                           (GEMM peaks, dtype read from the kernel name; where a
                                           GPU lacks that dtype, FP8 takes its FP16 peak, the
-                                          others its FP32 one: gemm_peak_tflops)
+                                          others its FP32 one: gemm_peak_tflops; int8 the
+                                          INT8 tensor peaks, or both FP32 ones: int8_ratio)
     other kernels       t' = f + (t − f) · bw_src / bw_dst    (memory-bound)
                         f = min(t, 2 µs), the floor: above_floor_ms
     memcpy H2D/D2H      t' = t · pcie_src / pcie_dst          (PCIe generation bandwidth), for a
@@ -28,7 +29,9 @@ scaling, Yu et al., ATC 2021):
 Where the trace names a collective's process group (newer PyTorch: record_param_comms' "Process
 Group Ranks", "Src Rank"/"Dst Rank", "In msg nelems", "dtype"; kit.trace.comm_meta), kit.comm
 prices it on that group's ranks as each system places them, a send or recv with its peer as one
-transfer between the two ranks, and at the size those fields give. Without them (the shared
+transfer between the two ranks, a coalesced batch of sends and recvs (batch_isend_irecv's one
+kernel) among its rank and their peers (kit.trace.comm_meta.coalesced_meta: a sendrecv, an
+all-to-all where it sends to several), and at the size those fields give. Without them (the shared
 PARAM and HTA traces have none) a collective runs over all the job's ranks and a send/recv is a
 ring shift across them, as a note says.
 
@@ -514,12 +517,14 @@ def transfer(tg: TraceGraph, on) -> str:
                     # (48.75 GB/s) had gone to 0.27 ms on a DGX H100 (900 vs 3352 GB/s of HBM),
                     # not the 0.11 of its NVSwitch (438.75 GB/s)
                     if dst_sys is None or src_sys is None:
-                        why = ("--on names a GPU, not a system with a GPU-to-GPU fabric" if dst_sys is None
-                               else f"no single-node preset has {world} x {src_gpu.key} to rescale them from")
+                        why = ("--on names a GPU, not a system with a GPU-to-GPU fabric"
+                               if dst_sys is None else f"no single-node preset has {world} x "
+                               f"{src_gpu.key} to rescale them from")
                         peer_kept[why] = peer_kept.get(why, 0) + 1
                         continue
                     (a, own_a), (b, own_b) = (peer_link_gbs(x, ge.peer) for x in (src_sys, dst_sys))
-                    peer_scaled[(src_sys.key, own_a and own_b)] = peer_scaled.get((src_sys.key, own_a and own_b), 0) + 1
+                    how = (src_sys.key, own_a and own_b)  # by the copy's own pair on both, or the mean
+                    peer_scaled[how] = peer_scaled.get(how, 0) + 1
                     g.dur_ms[op] = above_floor_ms(d, a / b)
                 else:  # device-side copies and memsets: the floor as a kernel's (above_floor_ms).
                     # PARAM's ResNet trace (RTX 2080 Ti) copies 256 B to 147 KB DtoD in 2-3 us
