@@ -121,6 +121,24 @@ _TENSILE_TYPES = re.compile(r"Cijk_A[a-z]+_B[a-z]+_([A-Z][A-Za-z0-9]*)_")
 # the 0.440x of 989.4 vs 2250 TFLOP/s)
 _NVJET_TYPES = re.compile(r"nvjet_(?:sm\d+_)?([a-z]+)_\d")
 _NVJET_DTYPE = {"h": "fp16", "t": "bf16", "q": "fp8", "r": "fp8", "b": "int8"}
+# CUTLASS's int8 GEMMs. Its generator names a 2.x kernel cutlass_<opcode>_[<C type>_]<core>[_<A
+# type>...]_<tile>..., the core being the accumulator's letter ("i": int32), the MMA shape and
+# "gemm" ("spgemm" sparse); a 3.x one cutlass3x_sm<arch>_<opcode>_gemm_<A>_<B>_<accumulator>_<C>_
+# <D>_...
+# (nvidia-cutlass 4.2.0.0, cutlass_library/library.py ShortDataTypeNames and DataTypeNames,
+# gemm_operation.py GemmOperation.core_name, extended_name, extended_name_3x, procedural_name).
+# Its int8 GEMMs: cutlass_tensorop_i8816gemm_s8_256x128_64x2_tn_align16 (Turing, m8n8k16),
+# cutlass_tensorop_s8_i16832gemm_s8_256x128_64x3_tn_align16 (Ampere, int8 out),
+# cutlass_tensorop_i16864spgemm_s8_..., cutlass_tensorop_i16832gemm_s4_s8_... (an int4 A widened to
+# the int8 MMA), cutlass3x_sm90_tensorop_gemm_s8_s8_s32_s8_s8_128x128x128_1x2x1_0_tnt_align16_...
+# All had read as FP16 ("tensorop", "8816"), which gives the INT8 ratio only where both GPUs run
+# INT8 at twice FP16 (H100 SXM to A100: 3.17 ms either way for 1 ms): an H100 SXM's 1 ms int8
+# GEMM went to 5.98 ms on an RTX 4090 (989.4 / 165.2, its FP32-accumulate FP16), not the 2.99 of
+# 1978.9 / 660.6 INT8 TOPS, and to 5.16 ms on an MI250X GCD, not 10.32 (its INT8 runs at its FP16
+# rate, 191.5). Not int8: an int8 weight widened for a 16-bit MMA
+# (cutlass_tensorop_h16816gemm_s8_f16_..., bf16_s16816gemm_s8_bf16_..., which run at the 16-bit
+# peak), and the int4 and 1-bit ones (i16864gemm_s4, i168256xorgemm_b1), which read as before
+_CUTLASS_INT8 = re.compile(r"_i\d+(?:sp)?gemm(?:_[su][48])*_[su]8(?!\d)|gemm_[su]8_[su]8_s32", re.I)
 
 
 def _tensile_dtype(code: str) -> str:
@@ -175,6 +193,8 @@ def gemm_dtype(name: str) -> str:
     nvjet = _NVJET_TYPES.search(name)
     if nvjet and nvjet.group(1)[0] in _NVJET_DTYPE:  # an "s" (FP32 input) one: as before
         return _NVJET_DTYPE[nvjet.group(1)[0]]
+    if _CUTLASS_INT8.search(name):
+        return "int8"
     if _FP8.search(name):
         return "fp8"
     if _TF32.search(name):
@@ -204,8 +224,8 @@ def gemm_peak_tflops(gpu, dtype: str) -> float:
 
 def int8_ratio(src_gpu, dst_gpu) -> tuple[float, bool]:
     """(source over target peak for an int8 GEMM, whether both GPUs have an INT8 tensor peak).
-    Where one lacks it (V100, P100, the GeForce cards: null int8_tops) the two are compared by
-    their FP32 peaks, as all int8 GEMMs had been: a mixed INT8-over-FP32 ratio would credit the
+    Where one lacks it (the Pascal and Volta GPUs: null int8_tops) the two are compared by
+    their FP32 peaks, as cuBLAS's int8 GEMMs had been: a mixed INT8-over-FP32 ratio would credit the
     one GPU's tensor cores against the other's vector lanes."""
     if src_gpu.int8_tops and dst_gpu.int8_tops:
         return src_gpu.int8_tops / dst_gpu.int8_tops, True
