@@ -17,13 +17,24 @@ SPEC = GPTSpec(layers=2, hidden=1024, heads=16, seq=1024, vocab=50257, attention
 
 def test_fused_softmax_needs_attention_batches_a_multiple_of_its_block():
     # Megatron's FusedScaleMaskSoftmax.is_kernel_available: b * heads/tp % batch_per_block == 0,
-    # batch_per_block = 4 for seq > 128 (8 at or below), 16 < seq <= 16384, seq % 4 == 0
+    # batch_per_block = 4 for seq > 128 (8 at or below), 16 < seq <= 4096, seq % 4 == 0
     assert not fused_softmax_available(1, 2, 1024)  # TP 8 of 16 heads, micro-batch 1
     assert fused_softmax_available(2, 2, 1024)
     assert fused_softmax_available(1, 4, 1024)
     assert not fused_softmax_available(1, 4, 128)  # 4 % 8
     assert fused_softmax_available(2, 4, 128)
     assert not fused_softmax_available(4, 4, 16) and not fused_softmax_available(4, 4, 1022)
+
+
+def test_fused_softmax_stops_at_megatron_cores_4096_keys():
+    """megatron-core 0.16.1 fusions/fused_softmax.py line 256 (and 0.5.0's line 156):
+    16 < sk <= 4096. Past it, at any batch, the torch fallback runs (the legacy Megatron-LM limit
+    of 16384 had kept the fused kernel up to 16k tokens)."""
+    assert fused_softmax_available(1, 4, 4096)
+    assert not fused_softmax_available(1, 4, 4100) and not fused_softmax_available(8, 8, 8192)
+    spec = GPTSpec(layers=1, hidden=1024, heads=16, seq=8192, vocab=50257, attention="unfused")
+    soft = [op for op in _kernels(layer_forward(spec, 1, 4, 1, False, "bf16")) if isinstance(op, ops.Softmax)]
+    assert [op.dtype for op in soft] == ["fp32"]  # 1 x 4 attention batches: only the seq rule fails
 
 
 def _kernels(blocks):

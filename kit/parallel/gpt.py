@@ -54,15 +54,24 @@ def vocab_per_rank(vocab: int, tp: int) -> int:
     return padded_vocab(vocab, tp) // tp
 
 
+# The longest key sequence Megatron's fused scale-mask-softmax takes. The kit models megatron-core
+# (its layer, loss and embedding are checked against 0.16.1): FusedScaleMaskSoftmax.
+# is_kernel_available has 16 < sk <= 4096 in megatron-core 0.16.1 (fusions/fused_softmax.py line
+# 256) as in 0.5.0 (line 156). The legacy megatron/model/fused_softmax.py of Megatron-LM, whose
+# 16384 the kit had used, is not the Megatron it models; vTrain's rows (seq 1024) sit under both.
+FUSED_SOFTMAX_MAX_SEQ = 4096
+
+
 def fused_softmax_available(b: int, heads_rank: int, seq: int) -> bool:
     """Megatron's fused causal scale-mask-softmax kernel runs only when
-    FusedScaleMaskSoftmax.is_kernel_available holds (megatron/model/fused_softmax.py): fp16/bf16
-    input, 16 < seq <= 16384, seq % 4 == 0, and the attention batches b·(heads/tp) a multiple of
-    the kernel's batches per block (4 for seq > 128, else 8). Otherwise it falls back to PyTorch:
-    cast to fp32, scale, masked_fill, softmax, cast back (five kernels each way instead of one)."""
+    FusedScaleMaskSoftmax.is_kernel_available holds (megatron-core 0.16.1
+    fusions/fused_softmax.py lines 238-268): fp16/bf16 input, 16 < seq <= FUSED_SOFTMAX_MAX_SEQ
+    (4096), seq % 4 == 0, and the attention batches b·(heads/tp) a multiple of the kernel's
+    batches per block (4 for seq > 128, else 8). Otherwise it falls back to PyTorch: cast to
+    fp32, scale, masked_fill, softmax, cast back (five kernels each way instead of one)."""
     attn_batches = b * heads_rank
     per_block = 4 if seq > 128 else 8
-    return 16 < seq <= 16384 and seq % 4 == 0 and attn_batches % per_block == 0
+    return 16 < seq <= FUSED_SOFTMAX_MAX_SEQ and seq % 4 == 0 and attn_batches % per_block == 0
 
 
 def _attention_softmax(b: int, heads_rank: int, s: int, dtype: str) -> list:
