@@ -126,5 +126,12 @@ def test_embedding_backward_zero_fills_the_tables_and_accumulates_main_grad(dtyp
     # at tp > 1 the backward of output_parallel[input_mask, :] = 0.0 (layers.py line 290): a
     # clone of the [tokens, hidden] gradient and a masked_fill_ of it (and the mask, a byte a token)
     expect += 2 * tok * h * d + 2 * tok * h * d + tok
+    # SPEC is tied and pp 1: autograd sums the word table's gradient with the LM head's zeroed
+    # dummy (megatron-core 0.16.1 language_module.py lines 197-202, layers.py lines 586-600): one
+    # add over [words, hidden], reading two and writing one
+    expect += 3 * words * h * d
+    # micro-batch 2: each table's embedding_dense_backward first copies the transposed gradient
+    # view to contiguous rows (language_model_embedding.py line 120's transpose), tokens x hidden
+    expect += 2 * (2 * tok * h * d)
     assert sum(op.bytes * f for op, f, _ in rest) == pytest.approx(expect, rel=1e-12)
-    assert sum(k for _, _, k in rest) == 2 * (2 + 1) + 2
+    assert sum(k for _, _, k in rest) == 2 * (2 + 1) + 2 + 1 + 2

@@ -443,8 +443,11 @@ class AnalyticSource:
         # reduce_from_tensor_model_parallel_region); with sequence parallelism its reduce-scatter
         # (reduce_scatter_to_sequence_parallel_region) has an all-gather, which had been dropped
         # with it. In backward order: the dropout's, the all-gather, the tables' weight gradients.
-        self.embedding = (emb, embedding_backward(spec, b, lay.tp, dt, lay.grad_dtype, emb))
-        self.head = (head_forward(spec, b, lay.tp, dt, sp), head_backward(spec, b, lay.tp, dt, sp))
+        # tied at pp 1: the head and the lookup share the weight on this rank (tied_head_wgrad)
+        shared = bool(spec.tied) and lay.pp == 1
+        self.embedding = (emb, embedding_backward(spec, b, lay.tp, dt, lay.grad_dtype, emb, shared))
+        self.head = (head_forward(spec, b, lay.tp, dt, sp),
+                     head_backward(spec, b, lay.tp, dt, sp, shared_embedding=shared))
 
     def layer_key(self, layer: int) -> tuple:
         """The layers that run alike: dense or MoE, and their sliding window (0: none; Qwen2's

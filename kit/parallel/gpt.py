@@ -33,9 +33,10 @@ from kit.errors import KitError
 from kit.parallel.gpt_spec import GPTSpec, parse_model  # noqa: F401
 from kit.parallel.vocab_kernels import (OutputMask, TokenKernel, cross_entropy_backward_kernels,
                                         cross_entropy_forward_kernels, cross_entropy_loss_kernels,
-                                        embedding_output_mask, id_mask_kernels)
-from kit.workload.kernels import (ATTENTION_BWD_SCALE, Derived, embedding_dense_backward, leaf_ops,
-                                  row_reduction)
+                                        embedding_output_mask, id_mask_kernels,
+                                        loss_transpose_kernels)
+from kit.workload.kernels import (ATTENTION_BWD_SCALE, Derived, embedding_dense_backward, fill,
+                                  leaf_ops, row_reduction)
 
 BWD_FACTOR = {"attention": ATTENTION_BWD_SCALE, "default": 2.0}
 VOCAB_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by (default)
@@ -366,46 +367,78 @@ def _merge(blocks: list[Block]) -> list[Block]:
     return out
 
 
+@dataclass(frozen=True)
+class TransposeCopy(ops.Elementwise):
+    """LanguageModelEmbedding's [b, s, h] -> [s, b, h] .contiguous() (megatron-core 0.16.1
+    models/common/embeddings/language_model_embedding.py lines 118-120; VocabParallelEmbedding
+    layers.py lines 292-294 where it reduce-scatters): one copy at micro-batch > 1, none at 1
+    (transposing a size-1 dimension leaves the tensor contiguous). No backward kernel of its own:
+    autograd hands the tables the gradient transposed back as a view, and each table's
+    embedding_dense_backward makes it contiguous first, one copy each (embedding_backward)."""
+
+
+@dataclass(frozen=True)
+class ScatterClone(ops.Elementwise):
+    """With sequence parallelism and a learned position table, megatron-core 0.16.1 does not
+    reduce-scatter the embedding (reduce_scatter_embeddings needs no position table,
+    language_model_embedding.py lines 48-53): it all-reduces it, adds the positions, transposes,
+    takes this rank's sequence slice (scatter_to_sequence_parallel_region, a view) and clones it
+    (clone_scatter_output_in_embedding, lines 133-141): this copy of [tokens/tp, hidden]. The
+    slice's backward is an all-gather of the gradient (mappings.py
+    _ScatterToSequenceParallelRegion.backward), the clone's passes the gradient through."""
+
+
 def embedding_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
-    """Vocab-parallel lookup, position add and dropout, then the TP reduction of the partial
-    embeddings: an all-reduce, or with sequence parallelism a reduce-scatter (Megatron's
-    reduce_scatter_embeddings), after which the dropout runs on this rank's tokens only. A rotary
-    model (GPTSpec.rope) has no position table and so no add (Megatron-core's
-    LanguageModelEmbedding adds one only for learned absolute positions): Llama's had been
-    added, tokens x hidden each way. At tp > 1 VocabParallelEmbedding.forward (megatron-core
-    0.16.1 tensor_parallel/layers.py lines 274-290) first masks the ids outside this rank's
-    vocabulary (six per-token kernels, kit.parallel.vocab_kernels) and after the lookup zeroes
-    their rows, a masked_fill_ over [tokens, hidden]; at tp 1 it looks the ids up as they are."""
-    tok = b * spec.seq
+    """Vocab-parallel lookup, position add, the [b, s, h] -> [s, b, h] transpose (TransposeCopy,
+    micro-batch > 1) and dropout, with the TP reduction of the partial embeddings where
+    megatron-core 0.16.1 runs it: VocabParallelEmbedding all-reduces its output (layers.py line
+    300), before LanguageModelEmbedding adds the positions and transposes; with sequence
+    parallelism and no position table (rotary) it transposes and reduce-scatters instead
+    (reduce_scatter_embeddings), and the dropout runs on this rank's tokens only; with sequence
+    parallelism and a learned table it all-reduces, then slices this rank's tokens and clones
+    them (ScatterClone). A rotary model (GPTSpec.rope) has no position table and so no add
+    (Megatron-core's LanguageModelEmbedding adds one only for learned absolute positions). At
+    tp > 1 VocabParallelEmbedding.forward (layers.py lines 274-290) first masks the ids outside
+    this rank's vocabulary (six per-token kernels, kit.parallel.vocab_kernels) and after the
+    lookup zeroes their rows, a masked_fill_ over [tokens, hidden]; at tp 1 it looks the ids up
+    as they are."""
+    tok, h = b * spec.seq, spec.hidden
     v = vocab_per_rank(spec.vocab, tp)
-    act = tok * spec.hidden * ops.dtype_bytes(dtype)
-    lookup = [ops.EmbeddingBag(tok, v, spec.hidden, 1, dtype),
-              *([] if spec.rope else [ops.Elementwise("add", tok * spec.hidden, dtype)])]
+    act = tok * h * ops.dtype_bytes(dtype)
+    words = [ops.EmbeddingBag(tok, v, h, 1, dtype)]
+    if tp > 1:  # megatron-core 0.16.1 layers.py lines 274-290: mask the ids, then the rows
+        words = [*id_mask_kernels(tok), words[0], embedding_output_mask(tok, h, dtype)]
     if spec.token_types:  # BERT's token-type table, whole on every rank (megatron-core 0.16.1
         # language_model_embedding.py 76, 122-126): its lookup (and in embedding_backward its
         # table's gradient); its add to the embeddings is not priced
-        lookup.append(ops.EmbeddingBag(tok, spec.token_types, spec.hidden, 1, dtype))
-    if tp > 1:  # megatron-core 0.16.1 layers.py lines 274-290: mask the ids, then the rows
-        lookup = [*id_mask_kernels(tok), lookup[0], embedding_output_mask(tok, spec.hidden, dtype),
-                  *lookup[1:]]
+        words.append(ops.EmbeddingBag(tok, spec.token_types, h, 1, dtype))
+    positions = [] if spec.rope else [ops.Elementwise("add", tok * h, dtype)]
+    transpose = [TransposeCopy("copy", tok * h, dtype)] if b > 1 else []
     if tp == 1:
-        return [Block("embedding", [*lookup, *_dropout(spec, tok * spec.hidden, dtype)])]
-    if sp:
-        rows = tok // tp if tok % tp == 0 else tok
-        drop = _dropout(spec, rows * spec.hidden, dtype)
-        return [Block("embedding", lookup),
+        return [Block("embedding", [*words, *positions, *transpose, *_dropout(spec, tok * h, dtype)])]
+    rows = tok // tp if sp and tok % tp == 0 else tok
+    if sp and spec.rope:
+        drop = _dropout(spec, rows * h, dtype)
+        return [Block("embedding", [*words, *transpose]),
                 Block("embedding reduce-scatter", comm=("reducescatter", act, "tp")),
                 *([Block("embedding dropout", drop)] if drop else [])]
-    return [Block("embedding", [*lookup, *_dropout(spec, tok * spec.hidden, dtype)]),
-            Block("embedding all-reduce", comm=("allreduce", act, "tp"))]
+    clone = [ScatterClone("copy", rows * h, dtype)] if sp else []
+    tail = [*positions, *transpose, *clone, *_dropout(spec, rows * h, dtype)]
+    return [Block("embedding", words), Block("embedding all-reduce", comm=("allreduce", act, "tp")),
+            *([Block("embedding out", tail)] if tail else [])]
 
 
 def embedding_backward(spec: GPTSpec, b: int, tp: int, dtype: str, grad_dtype: str,
-                       fwd: list[Block]) -> list[Block]:
+                       fwd: list[Block], shared_head: bool = False) -> list[Block]:
     """The backward of the embedding's forward blocks (embedding_forward), in backward order: the
-    dropout's, sequence parallelism's all-gather (its reduce-scatter's backward; the plain
-    all-reduce's, Megatron's reduce_from_tensor_model_parallel_region, is the identity), then the
-    tables' weight gradients. The word table's lookup (F.embedding in megatron-core 0.16.1
+    dropout's, sequence parallelism's all-gather (the backward of its reduce-scatter, or of the
+    slice a learned-position model takes, ScatterClone; the plain all-reduce's, Megatron's
+    reduce_from_tensor_model_parallel_region, is the identity), then the tables' weight
+    gradients. At micro-batch > 1 each table's embedding_dense_backward first copies the
+    gradient, which reaches it as a transposed view (TransposeCopy's backward), to contiguous
+    rows ([tokens, hidden]; torch 2.13's CPU profile of the same backward shows the
+    aten::contiguous copy at batch 2 and none at batch 1; the CUDA kernel's grad_.contiguous()
+    in aten/src/ATen/native/cuda/Embedding.cu is from torch's source, not in the wheel). The word table's lookup (F.embedding in megatron-core 0.16.1
     VocabParallelEmbedding.forward, tensor_parallel/layers.py line 287) has torch's
     embedding_dense_backward for its backward, which zero-fills this rank's [vocab/tp, hidden]
     gradient and scatter-adds the tokens' rows into it (kit.workload.kernels); Megatron's DDP
@@ -418,17 +451,31 @@ def embedding_backward(spec: GPTSpec, b: int, tp: int, dtype: str, grad_dtype: s
     micro-batch 1, bf16, 201 MB, where the zero-fill and scatter move 258 MB and the accumulation
     into main_grad 786 MB (6,400 x 12,288 x 10 bytes). At tp > 1 the forward's zeroing of the
     masked rows has autograd's IndexPutBackward0 first: a clone of the output gradient and a
-    masked_fill_ of it, [tokens, hidden] each; the ids' mask kernels have no backward."""
+    masked_fill_ of it, [tokens, hidden] each; the ids' mask kernels have no backward.
+
+    shared_head: the LM head uses this word table on the same rank (tied, pp 1; tied_head_wgrad):
+    autograd sums the table's two gradients, the head's zeroed dummy and the lookup's, before
+    AccumulateGrad, one add over [vocab/tp, hidden] in the model's dtype (read two, write one)
+    between the scatter and the main_grad add."""
     d = ops.dtype_bytes(dtype)
     tok = b * spec.seq
     grad = tok * spec.hidden * d  # the output gradient the tables' backward reads
     out = []
+    transposed = b > 1  # the tables get the gradient as a transposed view (TransposeCopy)
     for blk in (backward_of(x) for x in reversed(fwd) if x.comm is None or x.comm[0] == "reducescatter"):
         if blk.comm is not None:
             out.append(blk)
             continue
         new = Block(blk.label)
         for op, f in zip(blk.ops, blk.bwd_factor):
+            if isinstance(op, ScatterClone):  # the slice's backward: all-gather the gradient
+                if new.ops:
+                    out.append(new)
+                out.append(Block("embedding sp all-gather", comm=("allgather", grad, "tp")))
+                new = Block(blk.label)
+                continue
+            if isinstance(op, TransposeCopy):  # a view backward: the tables' copies below
+                continue
             if isinstance(op, ops.EmbeddingBag):
                 rows = op.rows
             elif isinstance(op, ops.Elementwise) and op.kind == "add" and not spec.rope:
@@ -446,13 +493,17 @@ def embedding_backward(spec: GPTSpec, b: int, tp: int, dtype: str, grad_dtype: s
                 new.bwd_factor.append(f)
                 new.kernels.append(1.0)
                 continue
-            for kernel, launches in ((embedding_dense_backward(rows, spec.hidden, d, grad, dtype), 2.0),
-                                     (main_grad_add(rows * spec.hidden, dtype, grad_dtype), 1.0)):
+            table = [(ops.Elementwise("copy", tok * spec.hidden, dtype), 1.0)] if transposed else []
+            table.append((embedding_dense_backward(rows, spec.hidden, d, grad, dtype), 2.0))
+            if shared_head and isinstance(op, ops.EmbeddingBag):
+                table.append((ops.Elementwise("add", rows * spec.hidden, dtype, inputs=2), 1.0))
+            for kernel, launches in (*table, (main_grad_add(rows * spec.hidden, dtype, grad_dtype), 1.0)):
                 for leaf, scale in leaf_ops(kernel):
                     new.ops.append(leaf)
                     new.bwd_factor.append(scale)
                     new.kernels.append(launches)
-        out.append(new)
+        if new.ops:
+            out.append(new)
     return out
 
 
@@ -502,7 +553,8 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
     source's order: the max's; after the exp and sum, the target logit's and the sum's (lines
     148-158). Between the subtract and the exp, ten kernels over tokens elements mask the
     targets and gather their logits (lines 48-62), and log(sum) - predicted (line 77) two more
-    before the divide (kit.parallel.vocab_kernels): at every tp, as Megatron runs them. With sequence parallelism the LayerNorm runs on this
+    before the divide (kit.parallel.vocab_kernels): at every tp, as Megatron runs them; at
+    micro-batch > 1 the labels' and the loss's transposes (loss_transpose_kernels) around it. With sequence parallelism the LayerNorm runs on this
     rank's tokens and an all-gather of the activations feeds the column-parallel logits GEMM."""
     tok = b * spec.seq
     v = vocab_per_rank(spec.vocab, tp)
@@ -518,7 +570,9 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
     # BERT's output layer adds its bias after the GEMM (megatron-core 0.16.1 tensor_parallel/
     # layers.py 488-490: output = output + bias)
     bias = [ops.Elementwise("add", n, dtype)] if spec.pretraining_heads else []
-    first[-1].ops += [ops.linear(tok, spec.hidden, v, dtype), *bias, ops.Elementwise("cast", n, dtype, inputs=2),
+    labels_t, loss_t = loss_transpose_kernels(tok, b)
+    first[-1].ops += [ops.linear(tok, spec.hidden, v, dtype), *bias, *labels_t,
+                      ops.Elementwise("cast", n, dtype, inputs=2),
                       *_unscaled(row_reduction(tok, v, 4 + 8, "fp32", "cross-entropy max"))]
     blocks = [*first,
               Block("cross-entropy max all-reduce", comm=ar),
@@ -529,11 +583,27 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
               Block("cross-entropy target all-reduce", comm=ar),
               Block("cross-entropy sum all-reduce", comm=ar),
               Block("cross-entropy", [*cross_entropy_loss_kernels(tok),
-                                      ops.Elementwise("div", n, "fp32", inputs=1)])]
+                                      ops.Elementwise("div", n, "fp32", inputs=1), *loss_t])]
     return _merge([blk for blk in blocks if blk.comm is None or tp > 1])
 
 
-def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -> list[Block]:
+def tied_head_wgrad(spec: GPTSpec, tp: int, dtype: str) -> list:
+    """What the LM head's weight gradient adds where it shares the word embedding on one rank
+    (tied, pipeline-parallel 1). megatron-core 0.16.1 sets zero_out_wgrad on the shared weight
+    only at pipeline_model_parallel_size == 1 (models/common/language_module/language_module.py
+    lines 197-202). The head's column-parallel backward then accumulates its weight gradient into
+    main_grad in the wgrad GEMM (gradient accumulation fusion) and, for zero_out_wgrad, hands
+    autograd a zeroed dummy of main_grad's shape in the input's dtype (tensor_parallel/layers.py
+    lines 586-600: TE's get_dummy_wgrad(..., zero=True) or torch.zeros): one fill of
+    [vocab/tp, hidden]. Autograd sums it with the lookup's gradient (embedding_backward's
+    shared_head add), and the DDP hook adds the sum into main_grad because zero_out_wgrad is set
+    (distributed/distributed_data_parallel.py lines 437-440), the add the embedding already has.
+    At pp > 1 the head's copy lives on the last stage and none of this runs."""
+    return leaf_ops(fill(vocab_per_rank(spec.vocab, tp) * spec.hidden, dtype, "tied head dummy wgrad"))
+
+
+def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False,
+                  shared_embedding: bool = False) -> list[Block]:
     """Cross-entropy backward (softmax - one-hot, scaled in place by the loss gradient, cast back
     to the model dtype: two passes; megatron-core 0.16.1 cross_entropy.py lines 114-117, the
     cast autograd's backward of forward's .float(); before them six kernels over tokens
@@ -542,7 +612,8 @@ def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) 
     reduction of the data gradient's partial sums beside the weight gradient (the column-parallel
     GEMM's f operator: an all-reduce, or with sequence parallelism a reduce-scatter, and then
     also the re-gather of its input beside the data gradient: _column_backward), and the final
-    LayerNorm's backward."""
+    LayerNorm's backward. shared_embedding (tied, pp 1): the weight gradient's zeroed dummy after
+    the wgrad GEMM (tied_head_wgrad)."""
     tok = b * spec.seq
     v = vocab_per_rank(spec.vocab, tp)
     n = tok * v
@@ -557,6 +628,9 @@ def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) 
         blocks += _column_backward(gemm, sp)
     else:
         blocks.append(Block("lm head bwd", _gemm_bwd(gemm), [1.0, 1.0]))
+    if shared_embedding:
+        dummy = tied_head_wgrad(spec, tp, dtype)
+        blocks.append(Block("tied head dummy wgrad", [op for op, _ in dummy], [f for _, f in dummy]))
     if spec.pretraining_heads:  # the bias's gradient, grad_output.sum(dim=0) (layers.py 615),
         # then BERT's heads backward: GEMMs' data and weight gradients, the others two passes
         bias_grad = _unscaled(row_reduction(v, tok, ops.dtype_bytes(dtype), dtype, "logits bias grad"))

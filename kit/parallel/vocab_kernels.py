@@ -105,3 +105,17 @@ def cross_entropy_backward_kernels(tokens: int) -> list[TokenKernel]:
     return [_kernel(tokens * i, "arange"), _kernel(tokens * (m + 4), "mask.float()"),
             _kernel(tokens * 8, "1 - mask"), _kernel(tokens * (2 * i + 8), "grad[arange, target]"),
             _kernel(tokens * 12, "-= update"), _kernel(tokens * (2 * i + 8), "grad[arange, target] =")]
+
+
+def loss_transpose_kernels(tokens: int, micro_batch: int) -> tuple[list, list]:
+    """megatron-core 0.16.1 LanguageModule.compute_language_model_loss (language_module.py lines
+    139 and 170): labels.transpose(0, 1).contiguous() ([b, s] int64 to [s, b]: read 8, write 8
+    a token) before the cross entropy and loss.transpose(0, 1).contiguous() (fp32: read 4,
+    write 4) after it. At micro-batch 1 the transposed tensor is already contiguous (a size-1
+    dimension's stride does not count) and .contiguous() launches nothing. Their backward is a
+    view: the cross entropy's grad_input.mul_ (cross_entropy.py line 117) takes the transposed
+    gradient as it is. Returns (before, after) the cross entropy."""
+    if micro_batch == 1:
+        return [], []
+    return [_kernel(tokens * 2 * INDEX_BYTES, "labels [b, s] -> [s, b]")], \
+        [_kernel(tokens * 8, "loss [s, b] -> [b, s]")]
