@@ -594,9 +594,11 @@ def tied_head_wgrad(spec: GPTSpec, tp: int, dtype: str) -> list:
     lines 197-202). The head's column-parallel backward then accumulates its weight gradient into
     main_grad in the wgrad GEMM (gradient accumulation fusion) and, for zero_out_wgrad, hands
     autograd a zeroed dummy of main_grad's shape in the input's dtype (tensor_parallel/layers.py
-    lines 586-600: TE's get_dummy_wgrad(..., zero=True) or torch.zeros): one fill of
+    lines 586-600: TE's get_dummy_wgrad(..., zero=True), a cached buffer's fill_(0) in
+    transformer-engine 2.20.2 pytorch/module/base.py lines 134-148, or torch.zeros): one fill of
     [vocab/tp, hidden]. Autograd sums it with the lookup's gradient (embedding_backward's
-    shared_head add), and the DDP hook adds the sum into main_grad because zero_out_wgrad is set
+    shared_head add: torch 2.13's CPU profile of a weight shared by F.embedding and such a
+    backward shows one aten::add_ more than two weights), and the DDP hook adds the sum into main_grad because zero_out_wgrad is set
     (distributed/distributed_data_parallel.py lines 437-440), the add the embedding already has.
     At pp > 1 the head's copy lives on the last stage and none of this runs."""
     return leaf_ops(fill(vocab_per_rank(spec.vocab, tp) * spec.hidden, dtype, "tied head dummy wgrad"))
