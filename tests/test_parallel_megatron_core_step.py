@@ -124,3 +124,9 @@ def test_sequence_parallel_embedding_with_learned_positions_all_reduces_then_sli
         assert [blk.comm for blk in fwd if blk.comm] == [(fwd_comm, act, "tp")]
         assert [blk.comm for blk in bwd if blk.comm] == [("allgather", act, "tp")]
         assert len(_copies(fwd, tok // tp * 1024)) == (1 if fwd_comm == "allreduce" else 0)
+        # either way the embedding dropout (0.1, a non-gated model) runs on this rank's
+        # tokens/tp only, after the clone (lines 130-141) or the reduce-scatter, and so does its
+        # backward, before the all-gather
+        for blocks in (fwd, bwd):
+            drops = [op for blk in blocks for op in blk.ops if isinstance(op, ops.Dropout)]
+            assert [op.numel for op in drops] == [tok // tp * 1024]
