@@ -29,11 +29,17 @@ def run(args):
 
 def text(r):
     head = f"{r['trace']} ({r['gpu'] or 'no GPU'})" + (f" on {r['on']}" if r["on"] else "")
-    lines = [head, f"  {'rank':>4}  {'measured ms':>12}  {'predicted ms':>12}  {'error':>7}"]
+    # an error column only where some rank has one: under --on the measured step ran on the
+    # trace's GPU and the prediction is for another, so there is no error to show
+    errors = any(x["error_pct"] is not None for x in r["ranks"])
+    error_head = f"  {'error':>7}" if errors else ""
+    lines = [head, f"  {'rank':>4}  {'measured ms':>12}  {'predicted ms':>12}{error_head}"]
     for x in r["ranks"]:
         m = f"{x['measured_ms']:.3f}" if x["measured_ms"] is not None else "-"
         e = f"{x['error_pct']:+.2f}%" if x["error_pct"] is not None else ""
-        lines.append(f"  {x['rank']:>4}  {m:>12}  {x['predicted_ms']:>12.3f}  {e:>7}")
+        lines.append(f"  {x['rank']:>4}  {m:>12}  {x['predicted_ms']:>12.3f}" + (f"  {e:>7}" if errors else ""))
+    if r["on"] and not errors:
+        lines.append(f"  measured on {r['gpu'] or 'the trace GPU'}, predicted on {r['on']}: no error to give")
     if r["mean_abs_error_pct"] is not None:
         lines.append(f"  mean |error| {r['mean_abs_error_pct']:.2f}%, max {r['max_abs_error_pct']:.2f}%")
     for x in r.get("execution_traces", []):
