@@ -42,20 +42,23 @@ def text(r):
 def register(sub):
     p = add_command(sub, "collect-comm", "measure collectives (NCCL on GPUs, gloo on CPU processes) "
                     "over a sweep of sizes; writes nccl-tests output", run, text)
-    p.add_argument("--backend", choices=["nccl", "gloo"], default="gloo")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="gloo",
+                   help="gloo: CPU processes (the default, on any machine); nccl: one process a GPU")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out, and discard "
                    "the rows a stopped sweep kept in FILE.rows.jsonl")
     p.add_argument("--resume", action="store_true", help="carry on with the rows a stopped sweep kept "
                    "in FILE.rows.jsonl (same settings): measure only the (collective, size) pairs "
                    "missing, then write --out with them all")
-    p.add_argument("--ranks", type=positive_int, default=2, help="processes (one per GPU for nccl)")
-    p.add_argument("--sizes", default="1K:1M", help="MIN:MAX[:FACTOR] or a comma list (K/M/G binary)")
+    p.add_argument("--ranks", type=positive_int, default=2, help="processes (one per GPU for nccl; default 2)")
+    p.add_argument("--sizes", default="1K:1M", help="MIN:MAX[:FACTOR] or a comma list (K/M/G binary; default 1K:1M)")
     p.add_argument("--collectives", default="allreduce",
-                   help="comma list of allreduce,reducescatter,allgather,broadcast,reduce,alltoall,sendrecv")
-    p.add_argument("--iters", type=positive_int, default=20)
-    p.add_argument("--warmup", type=non_negative_int, default=5)
+                   help="comma list of allreduce,reducescatter,allgather,broadcast,reduce,alltoall,sendrecv "
+                        "(default allreduce)")
+    p.add_argument("--iters", type=positive_int, default=20, help="calls per size in each round: a sample each (--timing call) or one "
+                   "sample, their mean (batch) (default 20)")
+    p.add_argument("--warmup", type=non_negative_int, default=5, help="untimed calls per size first (default 5)")
     p.add_argument("--repeats", type=positive_int, default=3,
-                   help="rounds over all the sizes, each taking --iters samples per size")
+                   help="rounds over all the sizes, each taking --iters samples per size (default 3)")
     p.add_argument("--stat", help="quantile each rank reports: min, median or pNN "
                    "(default p10 with gloo, median with nccl)")
     p.add_argument("--timing", choices=["call", "batch"],

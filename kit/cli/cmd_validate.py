@@ -230,7 +230,7 @@ def text(r) -> str:
 def register(sub):
     p = add_command(sub, "validate", "predict every whole-model label and report the errors", run, text)
     p.add_argument("--labels", type=nonempty, required=True, metavar="DIR", help="NeuSight label directory (label/<GPU>/...json)")
-    p.add_argument("--predictor", default="auto")
+    p.add_argument("--predictor", default="auto", help="kernel predictor: auto (the default), wave, roofline, ...")
     p.add_argument("--models", type=nonempty, default=None, help="only these zoo models (comma-separated)")
     p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a JSON file first")
     add_weights_option(p)  # --weights DIR (kit.cli.cmd_predict)
