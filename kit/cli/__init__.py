@@ -75,7 +75,25 @@ def build_parser() -> argparse.ArgumentParser:
     for mod in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         if mod.name.startswith("cmd_"):
             importlib.import_module(f"kit.cli.{mod.name}").register(sub)
+    _name_defaults(parser)
     return parser
+
+
+def _name_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option with a default of its own (not None or off) says it in its --help, read off the
+    parser so the two cannot drift: `kit predict --help` had named no default for --mode, --dtype,
+    --fusion, --tp ..., and 50 options over 9 commands were silent. A help that already names its
+    default is left as written. A default of 0 counts (`0 in (None, False)` is true in Python, so
+    compare by identity)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _name_defaults(child)
+        elif (action.option_strings and action.help is not argparse.SUPPRESS
+              and not any(action.default is x for x in (None, False, argparse.SUPPRESS))):
+            text = action.help or ""
+            if not ("default" in text and str(action.default) in text):
+                action.help = f"{text} (default %(default)s)" if text else "default %(default)s"
 
 
 def _plain(o):
