@@ -123,14 +123,12 @@ def test_generation_steps_read_the_cache_generate_preallocates():
 
 
 @pytest.mark.parametrize("model, mode, match", [
-    ({"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 2, "vocab_size": 50,
-      "n_positions": 64}, "decode", "reads a cache of its context and its token only"),
     (LLAMA, "inference", "goes with mode decode, not inference"),
     (LLAMA, "train", "goes with mode decode, not train"),
 ])
 def test_a_preallocated_cache_is_refused_where_it_is_not_modelled(model, mode, match):
-    """GPT-2's decode_inputs takes no capacity (a TypeError had come out of the capture), and a
-    prefill or a training step has no decode cache (cache_len had been dropped)."""
+    """A prefill or a training step has no decode cache (cache_len had been dropped). Every zoo
+    decoder takes one in decode (tests/test_decode_hf5_gpt2_opt_deepseek.py)."""
     from kit.workload.models import graph_of
 
     with pytest.raises(KitError, match=match):

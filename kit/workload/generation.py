@@ -85,17 +85,12 @@ def sliding_windows_of(model) -> list[int]:
 def static_cache_len(model, prompt: int, new_tokens: int, kv_cache: str) -> int | None:
     """The length HF's generate preallocates a static cache for: max_cache_len = max_length - 1
     = prompt + new tokens - 1 (transformers 5.25 generation/utils.py:2039, 2966), every decode
-    step's attention reading all of it under a mask (kit.workload.hf_masks). For the zoo's
-    Llama-style decoders, whose masking follows HF's; None for a dynamic cache and the other
-    decoders (GPT-2, OPT, DeepSeek: a cache of the step's context + 1, unmasked). HF 5.25's
-    generate preallocates and masks theirs alike (modeling_gpt2.py:583, modeling_opt.py:363,
-    modeling_deepseek_v3.py:593 call create_causal_mask), but the zoo builds GPT-2 and OPT with
-    HF 4's eager attention and DeepSeek's MLA unmasked: their steps read fewer keys than HF's."""
-    from kit.workload import zoo
-    from kit.workload.modes import LLAMA_FAMILIES
-
-    cfg = zoo.config(model) if isinstance(model, str) else dict(model)
-    if kv_cache != "static" or cfg.get("model_type") not in LLAMA_FAMILIES:
+    step's attention reading all of it under a mask (kit.workload.hf_masks). None for a dynamic
+    cache. Every zoo decoder: HF 5.25's GPT-2, OPT and DeepSeek-V3 preallocate and mask theirs
+    as the Llama-style ones (modeling_gpt2.py:583, modeling_opt.py:363, modeling_deepseek_v3.py:
+    593 call create_causal_mask), where the zoo had given them a cache of the step's context + 1,
+    read unmasked."""
+    if kv_cache != "static":
         return None
     return prompt + new_tokens - 1
 

@@ -1,5 +1,8 @@
 """The attention masks of a decode step, built as HF transformers 5.25 builds them
-(masking_utils.py), for the zoo's Llama-style decoders (kit.workload.zoo_modern).
+(masking_utils.py), for the zoo's decoders: Llama-style (kit.workload.zoo_modern), GPT-2, OPT
+(kit.workload.zoo_models) and DeepSeek-V3 (kit.workload.zoo_deepseek), whose HF 5.25 models
+all call create_causal_mask and run SDPA by default (_supports_sdpa; modeling_utils.py:1856:
+no attn_implementation asked is "sdpa").
 
 Whether a decode step has a mask at all (`decode_mask_size`):
 * a static cache (StaticCache: every layer is_compileable, cache_utils.py:413) always has one:
@@ -72,6 +75,31 @@ def hf_sdpa_mask(b: int, s: int, past: int, keys: int, offset: int, window: int,
     else:  # causal_mask_function alone
         mask = kv <= q
     return mask.expand(b, 1, s, keys)
+
+
+def decode_mask(masks: dict, cache, window: int, h, eager: bool = False):
+    """A decode step's mask for one layer over `cache` (None: none), built once a forward for
+    each kind of layer (`masks`: the forward's, by kind), as HF 5.25's create_causal_mask and
+    create_sliding_window_causal_mask build it for every decoder that calls them (Llama-style,
+    modeling_gpt2.py:583, modeling_opt.py:363, modeling_deepseek_v3.py:593): over a static cache
+    always, over its whole preallocated length (the empty slots too), boolean, so SDPA gets no
+    flash kernel; over a dynamic cache skipped except on a sliding layer whose keys reach its
+    window (decode_mask_size). eager (Gemma 2, GPT-OSS): eager_mask never skips, and makes the
+    mask additive, 0 / dtype min (one where a kind). h: the step's hidden states (batch, 1, d)."""
+    b, s = h.shape[:2]
+    size = decode_mask_size(cache, window, s, eager)
+    if size is None:
+        return None
+    kind = (bool(window), *size)
+    if kind not in masks:
+        mask = hf_sdpa_mask(b, s, cache.context, *size, window, h.device)
+        if eager:
+            mask = torch.where(mask, torch.zeros((), dtype=h.dtype, device=h.device),
+                               torch.finfo(h.dtype).min)
+        if cache.kind != "dynamic":  # generate() builds it, then makes it contiguous
+            mask = contiguous(mask)
+        masks[kind] = mask
+    return masks[kind]
 
 
 def contiguous(mask):

@@ -26,10 +26,10 @@ shorter the layer is like any other; once it is full, each step shifts the windo
 (static: rolled, the new token put at its end, copied back in place; dynamic: concatenated, then
 the oldest dropped), and attention reads `window` tokens.
 
-The Llama-style decoders' static writes launch what HF 5.25's cache layers launch
+Every zoo decoder's static writes launch what HF 5.25's cache layers launch
 (`hf_static_update`): a position tensor made per layer and step from the layer's own
-cumulative_length, which is then advanced in place, around the two index_copy_; GPT-2, OPT and
-DeepSeek keep the model-wide cache_position of HF 4 (`cache_update(..., cache_pos)`).
+cumulative_length, which is then advanced in place, around the two index_copy_. GPT-2, OPT and
+DeepSeek had written at the model-wide cache_position of HF 4.
 """
 from __future__ import annotations
 
@@ -142,22 +142,17 @@ def kept_tensors():
         _KEPT.pop()
 
 
-def cache_update(cache: LayerCache, k, v, cache_pos=None):
+def cache_update(cache: LayerCache, k, v):
     """This step's keys and values in the cache, and the whole cache to attend over: written
-    in place, or concatenated onto a dynamic cache. A static cache is written at `cache_pos`
-    (dim 2) where it is given (GPT-2, OPT, DeepSeek: HF 4's model-wide cache_position), else as
-    HF 5.25's cache layers write it (hf_static_update); a full window shifts as HF 5.25's."""
+    in place as HF 5.25's cache layers write it (hf_static_update; a full window shifts as
+    theirs), or concatenated onto a dynamic cache."""
     if cache.kind == "dynamic":  # a full window drops its oldest token after: a view, no kernel
         keys, values = torch.cat((cache.keys, k), dim=2), torch.cat((cache.values, v), dim=2)
         if _KEPT:  # the next step's cache: written out, however the step reads it
             _KEPT[-1].extend((keys, values))
         return keys, values
-    if cache_pos is None or cache.sliding:
-        return hf_static_update(cache.keys, cache.values, cache.length, k, v, cache.window,
-                                cache.context)
-    cache.keys.index_copy_(2, cache_pos, k)
-    cache.values.index_copy_(2, cache_pos, v)
-    return cache.keys, cache.values
+    return hf_static_update(cache.keys, cache.values, cache.length, k, v, cache.window,
+                            cache.context)
 
 
 def hf_static_update(keys, values, length, k, v, window: int = 0, cached: int = 0):
@@ -220,7 +215,7 @@ def prefill_writes(model, batch: int, prompt: int, kind: str, dtype: torch.dtype
     wrote its token's rows (llama3-8b, batch 8, a 1,024-token prompt in bf16: 2.1 GB read and
     written over 64 kernels, left out of the time to first token). dtype: the model's (None:
     the cache's own, fp32, as cache_bytes counts it). capacity: a static cache preallocated for
-    that many tokens, as HF 5.25's generate makes it for the Llama-style decoders
+    that many tokens, as HF 5.25's generate makes it for every zoo decoder
     (kit.workload.generation.static_cache_len): its writes are hf_prefill_writes'."""
     from kit.workload import zoo
     from kit.workload.mapping import map_op

@@ -224,19 +224,12 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
 
 
 def _check_cache_len(model, mode: str, cache_len) -> int:
-    """A static cache's preallocated length, for the decode step of a decoder whose cache and
-    mask follow HF 5.25's StaticCache (the Llama-style ones, kit.workload.hf_masks); the others
-    (GPT-2/3, OPT, DeepSeek) keep a cache of the context and the step's token. KitError else:
-    it had been dropped outside decode, and a GPT-2 had raised a TypeError from decode_inputs."""
-    cfg = config(model) if isinstance(model, str) else model
-    name = resolve(model) if isinstance(model, str) else cfg.get("name", cfg.get("model_type"))
+    """A static cache's preallocated length, for a decode step (every zoo decoder's cache and
+    mask follow HF 5.25's StaticCache, kit.workload.hf_masks). KitError else: it had been
+    dropped outside decode."""
     if mode != "decode":
         raise KitError(f"cache_len (a static KV cache's preallocated length) goes with mode "
                        f"decode, not {mode}")
-    if cfg.get("model_type", "gpt2") not in LLAMA_FAMILIES:
-        raise KitError(f"cache_len: {name}'s decode step reads a cache of its context and its "
-                       "token only (a preallocated static cache is modelled for the Llama-style "
-                       f"decoders: {', '.join(sorted(LLAMA_FAMILIES))}); give no cache_len")
     return whole_number(cache_len, "cache_len")
 
 

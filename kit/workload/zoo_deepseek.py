@@ -25,8 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kit.workload.hf_masks import decode_mask
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 from kit.workload.zoo_experts import TopKMoE
+from kit.workload.zoo_models import hf_decode_attention
 from kit.workload.zoo_modern import RMSNorm, SwiGLU, _ids, _rotate_half, rope_tables
 
 # HF transformers' DeepseekV3Config defaults for the keys that shape the model
@@ -61,7 +63,7 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.rank, self.heads * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(self.heads * self.v_dim, d, bias=bias)
 
-    def forward(self, h, cos, sin, cache=None, cache_pos=None):
+    def forward(self, h, cos, sin, cache=None, mask=None):
         b, s, _ = h.shape
         q = (self.q_b_proj(self.q_a_layernorm(self.q_a_proj(h))) if hasattr(self, "q_a_proj")
              else self.q_proj(h))
@@ -72,11 +74,12 @@ class MLAttention(nn.Module):
         k_rot = k_rot.view(b, 1, s, self.rope)
         q_rot, k_rot = q_rot * cos + _rotate_half(q_rot) * sin, k_rot * cos + _rotate_half(k_rot) * sin
         if cache is not None:  # the cache holds the compressed latent and the rotary key
-            latent, k_rot = cache_update(cache, latent, k_rot, cache_pos)
+            latent, k_rot = cache_update(cache, latent, k_rot)
         q = torch.cat((q_pass, q_rot), dim=-1)
         k, v = self._expand(latent, k_rot)
-        # one new token attends to every cached one: no causal mask
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None, scale=self.qk_dim ** -0.5)
+        if cache is not None:  # a decode step, as HF 5.25 runs it, under the step's mask
+            return self.o_proj(hf_decode_attention(q, k, v, mask, self.qk_dim ** -0.5))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.qk_dim ** -0.5)
         return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
 
     def _expand(self, latent, k_rot):
@@ -132,8 +135,8 @@ class DeepseekLayer(nn.Module):
         self.self_attn = MLAttention(c)
         self.mlp = DeepseekMoE(c) if moe else SwiGLU(d, c["intermediate_size"])
 
-    def forward(self, h, cos, sin, cache=None, cache_pos=None):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, cache_pos)
+    def forward(self, h, cos, sin, cache=None, mask=None):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, mask)
         x = self.post_attention_layernorm(h)
         # an MoE's decode step (a forward with a cache) runs as HF's generate runs it
         return h + (self.mlp(x, decode=cache is not None) if isinstance(self.mlp, DeepseekMoE) else self.mlp(x))
@@ -160,19 +163,20 @@ class DeepseekV3ForCausalLM(nn.Module):
         past = check_decode_step(kv_cache, s)
         h = self.embed_tokens(input_ids)
         cos, sin = rope_tables(self.inv_freq, past, s, h)
-        cache_pos = torch.arange(past, past + s, device=h.device) if kv_cache is not None else None
+        masks = {}  # one mask a step (create_causal_mask, modeling_deepseek_v3.py:593)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, kv_cache[i] if kv_cache is not None else None, cache_pos)
+            cache = kv_cache[i] if kv_cache is not None else None
+            h = layer(h, cos, sin, cache, None if cache is None else decode_mask(masks, cache, 0, h))
         return self.lm_head(self.norm(h))
 
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
 
-    def decode_inputs(self, batch, context, cache="static"):
+    def decode_inputs(self, batch, context, cache="static", capacity=None):
         """HF 5's cache for MLA: a layer keeps the compressed latent (kv_lora_rank) and the shared
         rotary key (qk_rope_head_dim) of each token, one head of each, not per-head keys and
         values."""
         c = self.config
         return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"], 1, context,
                                            _get(c, "kv_lora_rank"),
-                                           value_dim=_get(c, "qk_rope_head_dim")))
+                                           value_dim=_get(c, "qk_rope_head_dim"), capacity=capacity))

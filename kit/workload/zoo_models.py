@@ -5,9 +5,11 @@ the tanh-form "gelu_new" as eight elementwise ops), BERT (BertForPreTraining), O
 Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query SDPA) with an optional mixture of experts.
 
 Each model takes a config dict (HF key names) and exposes `example_inputs(batch, seq)`. The
-decoders (GPT-2/3, OPT, Llama) also take a static KV cache and expose `decode_inputs(batch,
+decoders (GPT-2/3, OPT, Llama) also take a KV cache and expose `decode_inputs(batch,
 context)`: one new token per sequence, with `context` tokens already in the cache
-(kit.workload.kv_cache).
+(kit.workload.kv_cache). GPT-2's and OPT's decode steps run as HF transformers 5.25 runs them
+(hf_decode_attention: SDPA, its default, under the cache's mask), their prefill and training as
+HF 4's eager attention, as NeuSight's labels were measured.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kit.errors import KitError
+from kit.workload.hf_masks import decode_mask
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 
 
@@ -55,6 +58,20 @@ def act_of(c: dict, key: str, default: str):
     return ACT[name]
 
 
+def hf_decode_attention(q, k, v, mask, scale: float):
+    """A decode step's attention as HF 5.25 runs GPT-2's, OPT's and DeepSeek-V3's by default:
+    sdpa_attention_forward (integrations/sdpa_attention.py:86-176; "sdpa" is the default of a
+    model that supports it, modeling_utils.py:1856, and all three set _supports_sdpa). SDPA over
+    the keys the cache layer returns (a static cache's whole preallocated tensor) under the
+    step's mask (kit.workload.hf_masks.decode_mask; None over a dynamic cache's full layers:
+    unmasked, and is_causal False for one query, :140), then the heads moved back and made
+    contiguous (:173-174): (batch, 1, heads * value dim). The zoo had run GPT-2's and OPT's
+    steps with HF 4's eager matmul-softmax-matmul over context + 1 rows, unmasked."""
+    a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    a = a.transpose(1, 2).contiguous()
+    return a.reshape(*a.shape[:-2], -1)
+
+
 # -- GPT-2 / GPT-3 ------------------------------------------------------------------------------
 class GPT2Attention(nn.Module):
     def __init__(self, c):
@@ -69,11 +86,12 @@ class GPT2Attention(nn.Module):
     def _split(self, t):
         return t.view(t.size()[:-1] + (self.heads, self.head_dim)).permute(0, 2, 1, 3)
 
-    def forward(self, h, cache=None, cache_pos=None):
+    def forward(self, h, cache=None, mask=None):
         q, k, v = self.c_attn(h).split(h.size(-1), dim=2)
         q, k, v = self._split(q), self._split(k), self._split(v)
-        if cache is not None:  # attend over the whole cache, this step's keys written into it
-            k, v = cache_update(cache, k, v, cache_pos)
+        if cache is not None:  # a decode step, as HF 5.25 runs it (hf_decode_attention)
+            a = hf_decode_attention(q, *cache_update(cache, k, v), mask, self.head_dim ** -0.5)
+            return self.resid_dropout(self.c_proj(a))
         w = torch.matmul(q, k.transpose(-1, -2))
         w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
         ql, kl = q.size(-2), k.size(-2)
@@ -105,8 +123,8 @@ class GPT2Block(nn.Module):
         self.ln_1, self.ln_2 = nn.LayerNorm(c["n_embd"], eps=eps), nn.LayerNorm(c["n_embd"], eps=eps)
         self.attn, self.mlp = GPT2Attention(c), GPT2MLP(c)
 
-    def forward(self, h, cache=None, cache_pos=None):
-        h = self.attn(self.ln_1(h), cache, cache_pos) + h
+    def forward(self, h, cache=None, mask=None):
+        h = self.attn(self.ln_1(h), cache, mask) + h
         return h + self.mlp(self.ln_2(h))
 
 
@@ -126,8 +144,10 @@ class GPT2Model(nn.Module):
         past = check_decode_step(kv_cache, shape[-1])
         pos = torch.arange(past, past + shape[-1], dtype=torch.long, device=input_ids.device).unsqueeze(0)
         h = self.drop(self.wte(input_ids) + self.wpe(pos))
+        masks = {}  # HF 5.25 builds the step's mask once (create_causal_mask)
         for i, block in enumerate(self.h):
-            h = block(h) if kv_cache is None else block(h, kv_cache[i], pos[0])
+            h = block(h) if kv_cache is None else block(h, kv_cache[i],
+                                                        decode_mask(masks, kv_cache[i], 0, h))
         return self.ln_f(h).view(shape + (h.size(-1),))
 
 
@@ -149,10 +169,12 @@ class GPT2LMHeadModel(nn.Module):
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
 
-    def decode_inputs(self, batch, context, cache="static"):
+    def decode_inputs(self, batch, context, cache="static", capacity=None):
+        """One new token a sequence and the cache of `context` tokens (capacity: a static
+        cache's preallocated length, kit.workload.kv_cache.make_cache)."""
         c = self.config
         return (_ids(batch, 1), make_cache(cache, batch, c["n_layer"], c["n_head"], context,
-                                           c["n_embd"] // c["n_head"]))
+                                           c["n_embd"] // c["n_head"], capacity=capacity))
 
 
 # -- BERT ---------------------------------------------------------------------------------------
@@ -247,20 +269,27 @@ class OPTLayer(nn.Module):
     def _shape(self, t, s, b):
         return t.view(b, s, self.heads, self.head_dim).transpose(1, 2).contiguous()
 
-    def forward(self, h, mask, cache=None, cache_pos=None):
+    def forward(self, h, mask, cache=None):
         b, s, d = h.shape
         x = self.self_attn_layer_norm(h) if self.pre_norm else h
+        if cache is not None:  # a decode step, as HF 5.25 runs it (modeling_opt.py:146-181)
+            q, k, v = (t.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+                       for t in (self.q_proj(x) * self.scaling, self.k_proj(x), self.v_proj(x)))
+            a = hf_decode_attention(q, *cache_update(cache, k, v), mask, 1.0)
+            return self._rest(h, a, b, s, d)
         q = self._shape(self.q_proj(x) * self.scaling, s, b).view(b * self.heads, -1, self.head_dim)
         k, v = self._shape(self.k_proj(x), s, b), self._shape(self.v_proj(x), s, b)
-        if cache is not None:  # attend over the whole cache, this step's keys written into it
-            k, v = cache_update(cache, k, v, cache_pos)
-        t = k.size(-2)  # keys attended: s, or the cache's length
+        t = k.size(-2)  # keys attended: s
         k, v = k.view(b * self.heads, -1, self.head_dim), v.view(b * self.heads, -1, self.head_dim)
         w = torch.bmm(q, k.transpose(1, 2)).view(b, self.heads, s, t) + mask
         w = torch.max(w, torch.tensor(torch.finfo(w.dtype).min, device=w.device))
         w = F.softmax(w.view(b * self.heads, s, t), dim=-1)
         w = F.dropout(w, p=self.attn_dropout, training=self.training)
         a = torch.bmm(w, v).view(b, self.heads, s, self.head_dim).transpose(1, 2).reshape(b, s, d)
+        return self._rest(h, a, b, s, d)
+
+    def _rest(self, h, a, b, s, d):
+        """The layer after its attention's output a: out_proj, the residual, the MLP."""
         h = h + F.dropout(self.out_proj(a), p=self.dropout, training=self.training)
         if not self.pre_norm:
             h = self.self_attn_layer_norm(h)
@@ -296,6 +325,8 @@ class OPTForCausalLM(nn.Module):
         b, s = input_ids.shape
         dev = input_ids.device
         past = check_decode_step(kv_cache, s)
+        if kv_cache is not None:
+            return self._decode(input_ids, kv_cache, past)
         t = past + s  # keys attended: the cached ones and this step's
         h = self.embed_tokens(input_ids)
         if self.project_in is not None:
@@ -312,13 +343,36 @@ class OPTForCausalLM(nn.Module):
         if past:
             positions = positions[:, past:]
         h = h + self.embed_positions(positions + 2)
-        if kv_cache is None:
-            for layer in self.layers:
-                h = layer(h, mask)
-        else:
-            cache_pos = torch.arange(past, t, device=dev)
-            for i, layer in enumerate(self.layers):
-                h = layer(h, mask, kv_cache[i], cache_pos)
+        for layer in self.layers:
+            h = layer(h, mask)
+        return self._head(h)
+
+    def _decode(self, input_ids, kv_cache, past: int):
+        """One decode step as HF 5.25's OPTDecoder runs it under generate (modeling_opt.py:
+        340-380): the cache's length (a static cache's get_seq_length is its first layer's
+        cumulative_length, a device tensor, cache_utils.py:502-504, 1811-1815: the + s a kernel)
+        sizes position_attention_mask, torch.ones(b, length) in fp32, which only position_ids'
+        absence would read; generate passes position_ids (the arange below stands for them, as
+        the Llama-style zoo's positions do), embedded at + 2; one mask for every layer
+        (create_causal_mask, kit.workload.hf_masks.decode_mask). The zoo had built HF 4's
+        float causal mask and cumsum positions over context + 1 keys."""
+        b, s = input_ids.shape
+        dev = input_ids.device
+        if kv_cache[0].kind == "static":
+            kv_cache[0].length + s  # noqa: B018 (a kernel; its value sizes the ones below)
+        torch.ones(b, past + s, device=dev)
+        h = self.embed_tokens(input_ids)
+        positions = torch.arange(past, past + s, device=dev).unsqueeze(0)
+        pos = self.embed_positions(positions + 2)
+        if self.project_in is not None:
+            h = self.project_in(h)
+        h = h + pos
+        masks = {}
+        for i, layer in enumerate(self.layers):
+            h = layer(h, decode_mask(masks, kv_cache[i], 0, h), kv_cache[i])
+        return self._head(h)
+
+    def _head(self, h):
         if self.final_layer_norm is not None:
             h = self.final_layer_norm(h)
         if self.project_out is not None:
@@ -328,8 +382,10 @@ class OPTForCausalLM(nn.Module):
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
 
-    def decode_inputs(self, batch, context, cache="static"):
+    def decode_inputs(self, batch, context, cache="static", capacity=None):
+        """One new token a sequence and the cache of `context` tokens (capacity: a static
+        cache's preallocated length, kit.workload.kv_cache.make_cache)."""
         c = self.config
         heads = c["num_attention_heads"]
         return (_ids(batch, 1), make_cache(cache, batch, c["num_hidden_layers"], heads, context,
-                                           c["hidden_size"] // heads))
+                                           c["hidden_size"] // heads, capacity=capacity))

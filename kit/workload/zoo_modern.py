@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kit.workload.hf_masks import contiguous, decode_mask_size, hf_sdpa_mask
+from kit.workload.hf_masks import decode_mask
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 # sliding_windows: re-exported, kit.workload.generation and the tests import it from here
 from kit.workload.modes import TIED_BY_DEFAULT, linear_biases, sliding_windows  # noqa: F401
@@ -229,7 +229,7 @@ class LlamaAttention(nn.Module):
         else:
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         if cache is not None:  # one new token attends to every cached one: no causal mask
-            k, v = cache_update(cache, k, v, cache_pos)
+            k, v = cache_update(cache, k, v)
         if self.eager:
             a = self._eager(q, k, v, mask)
         elif mask is not None and cache is not None and s == 1 and self.kv_heads != self.heads:
@@ -398,35 +398,11 @@ class LlamaForCausalLM(nn.Module):
             masks = {}  # HF builds one mask a forward for each kind of layer (full, sliding)
             for i, layer in enumerate(self.layers):
                 h = layer(h, cos, sin, kv_cache[i], None,
-                          self._decode_mask(masks, kv_cache[i], self.windows[i], h))
+                          decode_mask(masks, kv_cache[i], self.windows[i], h, self.eager))
         logits = self.lm_head(self.norm(h))
         if self.final_softcap:  # Gemma 2: tanh(logits / cap) * cap
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
-
-    def _decode_mask(self, masks: dict, cache, window: int, h):
-        """A decode step's mask for one layer (None: none), built once a forward for each kind
-        of layer, as HF 5.25's masking_utils builds it (kit.workload.hf_masks): SDPA over a
-        static cache is always masked, over its whole preallocated length (the empty slots
-        too), and with a boolean mask gets no flash kernel; over a dynamic cache it is skipped
-        except on a sliding layer whose keys reach its window. The zoo had masked no static
-        full-attention layer (llama3-8b: flash attention over 1,025 keys, no mask built).
-        Eager (Gemma 2, GPT-OSS): eager_mask never skips, so every layer adds a float mask of
-        0 / dtype min (the where that converts it, once a kind) to its scores."""
-        b, s = h.shape[:2]
-        size = decode_mask_size(cache, window, s, self.eager)
-        if size is None:
-            return None
-        kind = (bool(window), *size)
-        if kind not in masks:
-            mask = hf_sdpa_mask(b, s, cache.context, *size, window, h.device)
-            if self.eager:
-                mask = torch.where(mask, torch.zeros((), dtype=h.dtype, device=h.device),
-                                   torch.finfo(h.dtype).min)
-            if cache.kind != "dynamic":  # generate() builds it, then makes it contiguous
-                mask = contiguous(mask)
-            masks[kind] = mask
-        return masks[kind]
 
     def example_inputs(self, batch, seq):
         return (_ids(batch, seq),)
