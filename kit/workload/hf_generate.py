@@ -42,6 +42,8 @@ from dataclasses import replace
 
 import torch
 
+from kit.workload.host_wait import HOST_READ
+
 GENERATE_CLASS = "generate"
 EOS_IDS = 1  # Llama's default generation config: one eos_token_id (LlamaConfig, Llama 3 base)
 ISIN_CUDA_KERNELS = 2  # fill_ + isin_default_kernel_gpu (ATen TensorCompare.cpp / .cu)
@@ -98,7 +100,7 @@ def hf_step_ops(batch: int, length: int, new: int, vocab: int, dtype: torch.dtyp
             kernels = ISIN_CUDA_KERNELS if n.name() == "isin" else n.kernels
             n = replace(n, op_class=GENERATE_CLASS, module="generate", kernels=kernels)
         post.append(n)
-    post.append(replace(post[-1], id=post[-1].id + 1, aten="aten._local_scalar_dense.default",
+    post.append(replace(post[-1], id=post[-1].id + 1, aten=HOST_READ,
                         op=None, op_class="free", deps=(post[-1].id,), out_bytes=0, kernels=0,
                         shapes="[]", members=(), reads=(), writes=()))
     return pre, post

@@ -9,8 +9,10 @@ launches kernels, `launch_us` per kernel. The GPU runs kernels in issue order, o
     total     = max(end_last, issue_last)
 
 which is a max-plus scan, computed in closed form: end_i = C_i + max_{j≤i}(issue_j - C_{j-1})
-with C the cumulative kernel time. The overheads are calibratable from a Kineto trace
-(kit.workload.overhead.calibrate).
+with C the cumulative kernel time. A host wait inside the pass (kit.workload.host_wait: a value
+read on the host, a blocking copy from it) holds the CPU until the GPU has run every kernel before
+it: the scan restarts there from max(issue, end) (waited_timeline). The overheads are
+calibratable from a Kineto trace (kit.workload.overhead.calibrate).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from kit.errors import KitError
 from kit.hardware import get_gpu
 from kit.workload.fusion import apply_fusion
 from kit.workload.graph import OpGraph
+from kit.workload.host_wait import HOST_WAITS
 from kit.workload.kernels import for_build, mta_build
 # the names tests and notebooks reach through this module (kit's own code imports kernel_times)
 from kit.workload.kernel_times import (GENERIC_LOOP_ELEMS_PER_SM_CLOCK, KERNEL_MIN_US,  # noqa: F401
@@ -210,6 +213,23 @@ def gpu_timeline(issue_ms: np.ndarray, dur_ms: np.ndarray) -> tuple[np.ndarray, 
     return end - dur_ms, end
 
 
+def waited_timeline(cpu_us: np.ndarray, dur_ms: np.ndarray, launches: np.ndarray,
+                    launch_us: float, waits: np.ndarray) -> tuple:
+    """(issue, start, end), ms, of kernels issued after cpu_us each, where before a node whose
+    `waits` is set the host waits for the GPU to drain (kit.workload.host_wait): the pass is
+    split there, each part starting at max(the CPU's last issue, the GPU's last end) with the
+    GPU idle, as generate's steps follow one another after the stop check."""
+    issue, start, end = (np.empty(len(dur_ms)) for _ in range(3))
+    cuts = [0, *np.flatnonzero(waits[1:]) + 1, len(dur_ms)]
+    t = 0.0
+    for lo, hi in zip(cuts, cuts[1:]):
+        issue[lo:hi] = t + np.cumsum(cpu_us[lo:hi]) / 1e3
+        d = dur_ms[lo:hi]
+        start[lo:hi], end[lo:hi] = gpu_timeline(ready_ms(issue[lo:hi], d, launches[lo:hi], launch_us), d)
+        t = max(issue[hi - 1], end[hi - 1])
+    return issue, start, end
+
+
 def _prepared(graph: OpGraph, fusion: str) -> dict:
     """Everything about a graph that does not depend on the GPU, memoised on the (immutable)
     graph: the fused kernel graph, the ops to predict, the free ops before each kernel, and the
@@ -220,15 +240,18 @@ def _prepared(graph: OpGraph, fusion: str) -> dict:
     kernels = apply_fusion(graph, fusion)
     nodes = kernels.nodes
     free_before = np.zeros(len(nodes))
-    trailing = 0
+    waits = np.zeros(len(nodes), dtype=bool)  # a host wait before the node (kit.workload.host_wait)
+    trailing, waited = 0, False
     if fusion == "eager":  # free ops are dispatched by the CPU; compiled code has none
         pos = {n.id: i for i, n in enumerate(graph.kernels())}
         for n in graph.nodes:
             if n.free:
                 trailing += 1
+                waited = waited or n.aten in HOST_WAITS
             elif n.id in pos:
                 free_before[pos[n.id]] = trailing
-                trailing = 0
+                waits[pos[n.id]] = waited
+                trailing, waited = 0, False
     columns = {"id": [n.id for n in nodes], "aten": [n.name() for n in nodes],
                "op_class": [n.op_class for n in nodes], "phase": np.array([n.phase for n in nodes]),
                "module": [n.module for n in nodes], "layer": [n.layer for n in nodes],
@@ -241,6 +264,7 @@ def _prepared(graph: OpGraph, fusion: str) -> dict:
         meta["image_size"] = int(cfg["image_size"])  # a vision model's images, in place of a seq
     meta.update(ops=len(graph), unknown_ops=dict(graph.unknown_ops()))
     memo[fusion] = {"kernels": kernels, "leaves": _leaves(nodes), "free_before": free_before,
+                    "waits": waits,
                     "trailing_free": trailing, "columns": columns, "meta": meta,
                     "static": pd.DataFrame(columns)}  # built once: string columns are slow to build
     return memo[fusion]
@@ -302,16 +326,23 @@ def iteration(graph: OpGraph, gpu, predictor: str = "auto", fusion: str = "eager
     cpu_op_us, launch_us, free_op_us = _host_costs(overhead, cols["op_class"])
     cpu_us = cpu_op_us + launch_us * launches + free_op_us * prep["free_before"]
     issue = np.cumsum(cpu_us) / 1e3
+    waits = prep["waits"]
     trailing_free = prep["trailing_free"]
     # views after the last kernel (HF's stop check after its loop ops: at their host cost)
     last_free_us = free_op_us[-1] if np.ndim(free_op_us) else free_op_us
     trailing_ms = trailing_free * float(last_free_us) / 1e3
     timelines = {}
     for key, d in (("mid", lat), ("p10", p10), ("p90", p90)):
-        start, end = gpu_timeline(ready_ms(issue, d, launches, launch_us), d)
-        cpu_end = (issue[-1] if len(issue) else 0.0) + trailing_ms
-        timelines[key] = (start, end, max(end[-1] if len(end) else 0.0, cpu_end))
-    start, end, total = timelines["mid"]
+        # host waits inside the pass: the CPU's issue waits on the GPU there (a CUDA graph's
+        # replay has none: the copy and the read are the capture's, not the replay's)
+        if waits.any() and overhead != CUDA_GRAPH:
+            issued, start, end = waited_timeline(cpu_us, d, launches, launch_us, waits)
+        else:
+            issued = issue
+            start, end = gpu_timeline(ready_ms(issue, d, launches, launch_us), d)
+        cpu_end = (issued[-1] if len(issued) else 0.0) + trailing_ms
+        timelines[key] = (start, end, max(end[-1] if len(end) else 0.0, cpu_end), issued)
+    start, end, total, issue = timelines["mid"]
     phase = cols["phase"]
     phases_ms, prev = {}, 0.0
     for ph in ("fwd", "bwd", "opt"):

@@ -39,6 +39,7 @@ from typing import NamedTuple
 import torch
 
 from kit.errors import KitError
+from kit.workload import host_wait
 from kit.workload.modes import KV_CACHES
 
 
@@ -166,7 +167,8 @@ def hf_static_update(keys, values, length, k, v, window: int = 0, cached: int = 
     * StaticSlidingWindowLayer.update (:566-611) with room (cached + n <= rows): the same,
       the in-place add after the copies;
     * a full window, one new row (:571-584): keys.roll(-1) and values.roll(-1), an index tensor
-      [-1] made on the host (torch.tensor: a copy to the device, no kernel), the new row put at
+      [-1] made on the host (torch.tensor: a blocking copy to the device, no kernel, after which
+      the host waits for the GPU to drain: kit.workload.host_wait), the new row put at
       it in each (index_put_), each copied back in place: six kernels where a concatenation of
       the window's last rows and the new one, copied back, had launched four;
     * an empty window that n rows overfill (a long prompt's prefill, :592-595, 608-609): the last
@@ -177,6 +179,7 @@ def hf_static_update(keys, values, length, k, v, window: int = 0, cached: int = 
             raise KitError(f"a full static window takes one new row a step, got {n}")
         shifted = [t.roll(-1, dims=-2) for t in (keys, values)]
         last = torch.tensor([-1], dtype=torch.long, device=keys.device)
+        host_wait.record(host_wait.H2D_COPY, last)  # a blocking copy: the host waits (:578)
         for t, new in zip(shifted, (k, v)):
             t[:, :, last] = new
         keys.copy_(shifted[0])
