@@ -12,15 +12,21 @@ call, the mean of the fastest half of `--repeats` (after warm-up). On CUDA it al
 step's GPU kernels with torch.profiler: their summed device time (the GPU's work, which the kit
 predicts as kernel_ms, apart from the CPU's issue time) and the ten longest kernels by name.
 
+Each measured row records when it was measured (measured_at, UTC). The zoo's decode step is a
+program that changes with the kit (STEP_CHANGES): a row measured before its model's step last
+changed timed another program than the one the kit now predicts, so it is stale (stale_reason)
+and scores nothing (benchmarks/h200_measured.py lists it apart, with the reason); a rerun with
+--jsonl measures it again.
+
 A context the model cannot decode at (past its learned positions: `zoo.check_seq(model,
 context, 1)`) is a row with "skipped" and the reason, not a crash. Any error in a row is recorded
 in that row ("error"); a CUDA error that loses the context (device-side assert, illegal address)
 stops the sweep (no CUDA call after it, empty_cache included), and the rows so far are kept.
 With --jsonl each row is appended to that file (flushed and fsynced) as soon as it is measured,
-and a rerun with the same file skips the rows already there; --time-limit starts no row after
+and a rerun with the same file skips the rows already there (not stale ones); --time-limit starts no row after
 that many seconds.
 
-Output: JSON {"device", "torch", "rows": [{model, batch, context, dtype, measured_ms,
+Output: JSON {"device", "torch", "rows": [{model, batch, context, dtype, measured_at, measured_ms,
 measured_kernel_ms, kernels, top_kernels, predicted_ms, predicted_kernel_ms, predicted_gpu,
 seconds}]} on stdout at the end. The prediction is for the kit's catalog entry of the device
 (`--gpu`, or the CUDA device's name looked up in the catalog); on a CPU there is none. This is a
@@ -36,6 +42,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,6 +54,54 @@ from kit.data.records import append_jsonl, read_jsonl  # noqa: E402
 from kit.errors import KitError, one_line  # noqa: E402
 from kit.workload import zoo  # noqa: E402
 from kit.workload.capture import TORCH_DTYPES  # noqa: E402
+from kit.workload.modes import LLAMA_FAMILIES  # noqa: E402
+
+
+class StepChange(NamedTuple):
+    """A change to the zoo's decode step of some families (model_type) and cache kinds, from
+    `at` (UTC, ISO 8601, the commit's time) on: rows measured before it timed another program."""
+    at: str
+    families: tuple
+    kv_caches: tuple
+    commit: str
+    what: str
+
+
+STEP_CHANGES = (
+    StepChange("2026-12-07T19:10:42Z", LLAMA_FAMILIES, ("static",), "80b931a, df992a0",
+               "masked as HF 5.25 masks a static cache (memory-efficient SDPA over the cache, "
+               "no flash kernel) and written with StaticLayer's per-layer positions"),
+    StepChange("2026-12-07T21:43:48Z", ("gpt2", "opt", "deepseek_v3"), ("static", "dynamic"),
+               "a1de137", "HF 5.25's SDPA in place of HF 4's eager matmul-softmax-matmul; a static "
+               "cache masked and written as HF 5.25's StaticLayer"),
+)
+
+
+def _model_type(model) -> str | None:
+    try:
+        cfg = zoo.config(model) if isinstance(model, str) else dict(model)
+    except KitError:
+        return None
+    return cfg.get("model_type", "gpt2")
+
+
+def stale_reason(row: dict, measured_at: str | None = None) -> str | None:
+    """Why a measured row no longer measures the step the kit predicts (None: it does): its
+    model's decode step changed (STEP_CHANGES) after the row was measured, at the row's own
+    measured_at, else at `measured_at` (its session's date, for rows from before measured_at was
+    recorded); a row with neither counts as measured before every change."""
+    when = row.get("measured_at") or measured_at
+    family, kind = _model_type(row.get("model")), row.get("kv_cache", "static")
+    for change in STEP_CHANGES:
+        if family in change.families and kind in change.kv_caches and (when is None or when < change.at):
+            return (f"{row.get('model')}'s {kind}-cache decode step changed at {change.at} "
+                    f"({change.commit}: {change.what}), after this row was measured "
+                    f"({when or 'no date'}): it timed another program; measure it again")
+    return None
+
+
+def _now_utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def real_model(model, dtype: str, device: str) -> torch.nn.Module:
@@ -199,7 +254,7 @@ def measure(model, batch: int, context: int, dtype: str = "bf16", device: str = 
     if device == "cuda":
         torch.cuda.synchronize()
     row = {"model": _name(model), "batch": batch, "context": context, "dtype": dtype, "kv_cache": kind,
-           "measured_ms": _time_ms(step, device, repeats, flush=rewind.ready)}
+           "measured_at": _now_utc(), "measured_ms": _time_ms(step, device, repeats, flush=rewind.ready)}
     if device == "cuda":
         rewind.ready(3)  # _kernels' three steps, made before its profile starts
         row.update(_kernels(step, 3))
@@ -222,12 +277,13 @@ def measure(model, batch: int, context: int, dtype: str = "bf16", device: str = 
 class Rows:
     """Rows kept in memory and, with a path, appended to a JSON-lines file one fsynced line
     each (kit.data.records.append_jsonl); rows already in the file (measured or skipped) are
-    not run again."""
+    not run again, but a stale one (stale_reason: its model's step changed since) is: it is left
+    in the file and out of the rows."""
 
     def __init__(self, path: str | None):
         self.path, self.rows, self.done = (Path(path) if path else None), [], set()
         for r in read_jsonl(self.path) if self.path else []:
-            if "model" in r and "error" not in r:
+            if "model" in r and "error" not in r and not ("measured_ms" in r and stale_reason(r)):
                 self.rows.append(r)
                 self.done.add(self.key(r))
 

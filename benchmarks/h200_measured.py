@@ -26,7 +26,10 @@ to a GPU it has no data of. Three parts:
   legacy cutlass_75/80 tensor-op kernels at a fraction of the speed). Also the isolated
   prediction against the event-timed latency_ms, as `kit evaluate` scores NeuSight's rows.
 * decode: the eager decode steps (benchmarks/decode_steps.py) beside kit.api.predict_model's
-  decode step now: APE of the step time and of the kernel time.
+  decode step now: APE of the step time and of the kernel time. A row whose model's zoo decode
+  step changed after its session (decode_steps.stale_reason: gpt2's and opt-1.3b's since
+  a1de137, llama3-8b's static-cache step since 80b931a) timed another program than the one
+  predicted now: it is listed with the reason ("stale") and left out of every figure.
 * input_data: the configurations both folders measured, the second (random token ids) against
   the first (all-zero ids): the ratio of their kernel times, whole and per kernel kind (GEMM,
   fused attention, other) over the kernels both top-ten lists name (input_data_effect). Only
@@ -47,6 +50,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # decode_steps, beside this script
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -250,18 +254,37 @@ def ops(frame: pd.DataFrame) -> dict:
             "isolated_vs_latency_ms": isolated}
 
 
+def session_date(folder: Path) -> str | None:
+    """When a measurement folder's session ran (its provenance.json's date, UTC), None if unknown."""
+    path = Path(folder) / "session" / "provenance" / "provenance.json"
+    try:
+        return json.loads(path.read_text()).get("date")
+    except (OSError, ValueError):
+        return None
+
+
 def decode(folder: Path) -> dict:
     """Each measured decode step beside the kit's prediction now (the rows also keep the one
-    made on the H200 machine when they were measured: predicted_then_ms)."""
+    made on the H200 machine when they were measured: predicted_then_ms). A stale row (its
+    model's step changed since: decode_steps.stale_reason) goes to "stale", with the reason,
+    and into no figure: it timed another program."""
+    from decode_steps import stale_reason
+
     from kit.api import predict_model
 
-    rows = [r for r in _rows(folder, "session/decode_steps*.jsonl") if "measured_ms" in r]
-    out = []
-    for r in rows:
-        it = predict_model(r["model"], GPU, mode="decode", batch=r["batch"], seq=r["context"],
-                           dtype=r["dtype"], kv_cache=r.get("kv_cache", "static"))
-        out.append({k: r[k] for k in ("model", "batch", "context", "kv_cache", "measured_ms", "measured_kernel_ms")}
-                   | _scored(r, it) | {"predicted_then_ms": r.get("predicted_ms")})
+    out, stale = [], []
+    for d in _folders(folder):
+        when = session_date(d)
+        for r in (r for r in _rows(d, "session/decode_steps*.jsonl") if "measured_ms" in r):
+            reason = stale_reason(r, when)
+            if reason:
+                stale.append({k: r.get(k) for k in ("model", "batch", "context", "kv_cache", "measured_ms")}
+                             | {"reason": reason})
+                continue
+            it = predict_model(r["model"], GPU, mode="decode", batch=r["batch"], seq=r["context"],
+                               dtype=r["dtype"], kv_cache=r.get("kv_cache", "static"))
+            out.append({k: r[k] for k in ("model", "batch", "context", "kv_cache", "measured_ms", "measured_kernel_ms")}
+                       | _scored(r, it) | {"predicted_then_ms": r.get("predicted_ms")})
     frame = pd.DataFrame(out)
     summary = []
     if len(frame):
@@ -271,7 +294,7 @@ def decode(folder: Path) -> dict:
                             "kernel_mape": round(float(part.kernel_ape.mean()), 2),
                             "kernel_geo_bias": _stats(part.kernel_ape, part.predicted_kernel_ms
                                                       / part.measured_kernel_ms)["geo_bias"]})
-    return {"rows": out, "summary": summary}
+    return {"rows": out, "summary": summary, "stale": stale}
 
 
 def main(argv=None) -> int:

@@ -83,7 +83,8 @@ def test_the_benchmark_recomputes_its_figures(tmp_path):
     (small / "session").mkdir(parents=True)
     (small / "model_steps").mkdir()
     shutil.copy(FOLDER / "session" / "decode_bmm_bf16.csv.gz", small / "session")
-    shutil.copy(FOLDER / "session" / "decode_steps.jsonl", small / "session")
+    shutil.copy(FOLDER / "session" / "decode_steps_dynamic.jsonl", small / "session")  # current
+    shutil.copy(FOLDER / "session" / "decode_steps.jsonl", small / "session")  # stale (see below)
     lines = (FOLDER / "model_steps" / "model_steps_1.jsonl").read_text().splitlines()
     gpt2 = [line for line in lines if '"model": "gpt2"' in line][:1]
     (small / "model_steps" / "a.jsonl").write_text("\n".join(gpt2) + "\n")
@@ -96,13 +97,16 @@ def test_the_benchmark_recomputes_its_figures(tmp_path):
     mean = sum(r["n"] * r["mape"] for r in out["in_stream_vs_kernel_ms"]) / n
     assert n == 24 and mean == pytest.approx(ape.mean(), abs=0.05)
     dec = bench.decode(small)
-    assert len(dec["rows"]) == sum(1 for line in (small / "session" / "decode_steps.jsonl").read_text().splitlines()
-                                   if "measured_ms" in line)
+    measured = [sum(1 for line in (small / "session" / f).read_text().splitlines() if "measured_ms" in line)
+                for f in ("decode_steps_dynamic.jsonl", "decode_steps.jsonl")]
+    # every static row timed a step that has changed since (tests/test_decode_steps_stale.py)
+    assert [len(dec["rows"]), len(dec["stale"])] == measured
     r = dec["rows"][0]
     assert r["ape"] == pytest.approx(abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] * 100, abs=0.05)
     from kit.api import predict_model
 
-    now = predict_model(r["model"], "h200", mode="decode", batch=r["batch"], seq=r["context"], dtype="bf16")
+    now = predict_model(r["model"], "h200", mode="decode", batch=r["batch"], seq=r["context"], dtype="bf16",
+                        kv_cache=r["kv_cache"])
     assert r["predicted_kernel_ms"] == pytest.approx(now.kernel_ms, abs=1e-3)
     whole = bench.whole_model(small)
 
