@@ -82,14 +82,22 @@ def test_a_dynamic_step_is_unmasked_sdpa(family):
     assert _count(g, "aten.le.Tensor") == 0
 
 
-def test_opts_step_sizes_its_position_mask_from_the_caches_length():
-    """OPTDecoder (modeling_opt.py:347-357): past_seen_tokens is a static cache's
-    cumulative_length (a device tensor, cache_utils.py:502-504), + the step's token a kernel,
-    and torch.ones(b, past + 1) (fp32) the position mask generate's position_ids leave unread;
-    HF 4's float causal mask (full, masked_fill) and cumsum positions are gone."""
-    g = _step(OPT, cache_len=CAP)
-    assert _count(g, "aten.ones.default") == 1
-    assert _count(g, "aten.cumsum.default") == 0 and _count(g, "aten.masked_fill_.Scalar") == 0
+def test_opts_position_mask_is_generates_mask_over_a_static_cache_and_ones_over_a_dynamic_one():
+    """OPTDecoder (modeling_opt.py:347-354) builds torch.ones(b, past + 1) (fp32) only when no
+    attention_mask is given. Under generate a static step is given the 4D mask
+    prepare_inputs_for_generation builds for a compileable cache (generation/utils.py:729-760):
+    no ones, no past_seen_tokens + 1 (a static cache's cumulative_length is a device tensor,
+    cache_utils.py:502-504, so that sum had been a kernel and a host read of its value); a
+    dynamic step gets none (generate drops an all-ones mask, :2900-2910), so it fills the ones.
+    HF 4's float causal mask (full, masked_fill) and cumsum positions are gone from both."""
+    from kit.workload.host_wait import HOST_WAITS
+
+    static, dynamic = _step(OPT, cache_len=CAP), _step(OPT, "dynamic")
+    assert _count(static, "aten.ones.default") == 0 and not any(n.aten in HOST_WAITS for n in static)
+    ones = [n.out_bytes for n in dynamic if n.aten == "aten.ones.default" and n.kernels]
+    assert ones == [B * (CONTEXT + 1) * 4]  # fp32, (b, past + 1)
+    for g in (static, dynamic):
+        assert _count(g, "aten.cumsum.default") == 0 and _count(g, "aten.masked_fill_.Scalar") == 0
 
 
 @pytest.mark.parametrize("cfg", [GPT2, OPT, DEEPSEEK])

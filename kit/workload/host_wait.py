@@ -4,8 +4,10 @@ each step. kit.workload.iteration prices one inside a pass the same way: the ops
 from a drained GPU, a step split there and its parts run one after the other.
 
 * HOST_READ, aten._local_scalar_dense (a tensor's value read on the host: bool(), int(), .item();
-  generate's stop check, OPT's torch.ones(b, past + s) sized by a static cache's
-  cumulative_length, a device tensor, modeling_opt.py:347-352 and cache_utils.py:502-504);
+  generate's stop check. Not OPT's torch.ones(b, past + s), which a static cache's
+  cumulative_length, a device tensor, would size (modeling_opt.py:347-354): under generate a
+  static step gets the 4D mask prepare_inputs_for_generation builds (generation/utils.py:
+  729-760), so that line never runs);
 * H2D_COPY, a blocking copy from host memory (torch.tensor(..., device=cuda) or .to(cuda) of a
   CPU tensor, non_blocking False): PyTorch's copy_ synchronises the stream after its
   cudaMemcpyAsync unless non_blocking (at::cuda::memcpy_and_sync). A full StaticSlidingWindowLayer

@@ -20,7 +20,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kit.errors import KitError
-from kit.workload import host_wait
 from kit.workload.hf_masks import decode_mask
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 
@@ -350,19 +349,20 @@ class OPTForCausalLM(nn.Module):
 
     def _decode(self, input_ids, kv_cache, past: int):
         """One decode step as HF 5.25's OPTDecoder runs it under generate (modeling_opt.py:
-        340-380): the cache's length (a static cache's get_seq_length is its first layer's
-        cumulative_length, a device tensor, cache_utils.py:502-504, 1811-1815: the + s a kernel,
-        its value read on the host, a wait: kit.workload.host_wait) sizes
-        position_attention_mask, torch.ones(b, length) in fp32, which only position_ids'
-        absence would read; generate passes position_ids (the arange below stands for them, as
-        the Llama-style zoo's positions do), embedded at + 2; one mask for every layer
-        (create_causal_mask, kit.workload.hf_masks.decode_mask). The zoo had built HF 4's
-        float causal mask and cumsum positions over context + 1 keys."""
+        340-380). position_attention_mask is the attention_mask generate hands the step: over a
+        static cache the 4D mask prepare_inputs_for_generation builds (generation/utils.py:
+        729-760; here kit.workload.hf_masks.decode_mask), so no torch.ones and no
+        past_seen_tokens + s, whose value, a static cache's cumulative_length (a device tensor,
+        cache_utils.py:502-504), would have been read on the host; over a dynamic cache None
+        (generate drops an all-ones mask, generation/utils.py:2900-2910, and builds no 4D one),
+        so torch.ones(b, past + s) in fp32 (past an int: no host read), which generate's
+        position_ids (the arange below stands for them, as the Llama-style zoo's positions do)
+        leave unread; positions embedded at + 2; one mask for every layer (create_causal_mask).
+        The zoo had built HF 4's float causal mask and cumsum positions over context + 1 keys."""
         b, s = input_ids.shape
         dev = input_ids.device
-        if kv_cache[0].kind == "static":  # its value, read on the host, sizes the ones below
-            host_wait.record(host_wait.HOST_READ, kv_cache[0].length + s)
-        torch.ones(b, past + s, device=dev)
+        if kv_cache[0].kind == "dynamic":
+            torch.ones(b, past + s, device=dev)
         h = self.embed_tokens(input_ids)
         positions = torch.arange(past, past + s, device=dev).unsqueeze(0)
         pos = self.embed_positions(positions + 2)
