@@ -72,7 +72,7 @@ STEP_CHANGES = (
                "masked as HF 5.25 masks a static cache (memory-efficient SDPA over the cache, "
                "no flash kernel) and written with StaticLayer's per-layer positions"),
     StepChange("2026-12-07T21:43:48Z", ("gpt2", "opt", "deepseek_v3"), ("static", "dynamic"),
-               "a1de137", "HF 5.25's SDPA in place of HF 4's eager matmul-softmax-matmul; a static "
+               "83bfdaa", "HF 5.25's SDPA in place of HF 4's eager matmul-softmax-matmul; a static "
                "cache masked and written as HF 5.25's StaticLayer"),
 )
 

@@ -28,7 +28,7 @@ to a GPU it has no data of. Three parts:
 * decode: the eager decode steps (benchmarks/decode_steps.py) beside kit.api.predict_model's
   decode step now: APE of the step time and of the kernel time. A row whose model's zoo decode
   step changed after its session (decode_steps.stale_reason: gpt2's and opt-1.3b's since
-  a1de137, llama3-8b's static-cache step since 80b931a) timed another program than the one
+  83bfdaa, llama3-8b's static-cache step since 80b931a) timed another program than the one
   predicted now: it is listed with the reason ("stale") and left out of every figure.
 * input_data: the configurations both folders measured, the second (random token ids) against
   the first (all-zero ids): the ratio of their kernel times, whole and per kernel kind (GEMM,
