@@ -25,17 +25,23 @@ def test_selective_recompute_reruns_the_core_attention_not_the_hidden_dropouts()
     unfused = _recomputed(GPTSpec(**{**GPT3.__dict__, "attention": "unfused"}), lay)
     assert not any(getattr(op, "numel", None) == hidden for op in unfused)
     scores = 1 * (GPT3.heads // 8) * GPT3.seq * GPT3.seq
-    assert [op.op_class for op in unfused] == ["gemm", "softmax", "dropout", "gemm"]
+    # ... and the context's permute(2, 0, 1, 3).contiguous(), the last kernel of the core
+    # attention (megatron-core 0.16.1 dot_product_attention.py line 245): s x h/t elements
+    assert [op.op_class for op in unfused] == ["gemm", "softmax", "dropout", "gemm", "elementwise"]
     assert unfused[2].numel == scores
+    assert unfused[4].kind == "copy" and unfused[4].numel == GPT3.seq * GPT3.hidden // 8
 
 
 def test_selective_recompute_keeps_the_unfused_softmax_fallback_kernels():
     """Where Megatron's fused softmax cannot run (b·heads/tp = 3 is not a multiple of 4), the
-    scores pass through cast, scale, mask, softmax, cast: all of them are core attention."""
+    scores pass through cast, the causal mask's three kernels, mask, softmax, cast (megatron-core
+    0.16.1 forward_torch_softmax, scale None): all of them are core attention, and so is the
+    context copy after the second bmm."""
     spec = GPTSpec(layers=2, hidden=384, heads=6, seq=256, vocab=1000, attention="unfused", name="t")
     core = _recomputed(spec, Layout(tp=2, recompute="selective"))
     assert [op.op_class for op in core] == ["gemm", "elementwise", "elementwise", "elementwise",
-                                            "softmax", "elementwise", "dropout", "gemm"]
+                                            "elementwise", "elementwise", "softmax", "elementwise",
+                                            "dropout", "gemm", "elementwise"]
 
 
 def _logits_gib(layout, spec=GPT3):

@@ -307,8 +307,15 @@ def tp_norm_grad_bytes(spec: GPTSpec, lay: Layout, stage: int) -> float:
     second MLP bias, as GPTSpec.layer_params counts them; a MoE layer's router weight (experts x
     hidden) in its place: Megatron-core's Router marks it `sequence_parallel` too (it routes the
     rank's 1/tp of the tokens before the dispatcher gathers them), left out it had been 8 x
-    4,096 of Mixtral's weights a MoE layer. The last stage adds the final norm. In the gradient
-    dtype (main_grad). GPT-3 175B at tp 8, pp 8: 12 layers x 6 x 12,288 x 4 bytes = 3.5 MB a stage."""
+    4,096 of Mixtral's weights a MoE layer. The last stage adds the final norm and BERT's LM-head
+    transform (GPTSpec.pretraining_heads): its dense h x h weight and bias and its LayerNorm's
+    weight and bias, h^2 + 3h, run on the rank's 1/tp of the tokens and marked
+    `sequence_parallel` (megatron-core 0.16.1 models/bert/bert_lm_head.py lines 36-37 for the
+    dense; the FusedLayerNorm it builds, fusions/fused_layer_norm.py lines 116-120), which the
+    kit had left out (bert-large: 1,051,648 weights, 4.2 MB at fp32). The pooler and the binary
+    head are not marked: the pooler all-gathers the sequence first (pooler.py lines 43-46) and
+    both then see every token on every rank. In the gradient dtype (main_grad). GPT-3 175B at
+    tp 8, pp 8: 12 layers x 6 x 12,288 x 4 bytes = 3.5 MB a stage."""
     if lay.tp == 1 or not (lay.sequence_parallel or spec.qk_norm):
         return 0.0
     virtual = stage_layers(spec, lay)
@@ -317,7 +324,8 @@ def tp_norm_grad_bytes(spec: GPTSpec, lay: Layout, stage: int) -> float:
         return len(layers) * spec.qk_norm_params * lay.grad_bytes
     params = sum(tp_replicated_params(spec, i) for i in layers)
     if stage == lay.pp - 1:
-        params += spec.norm_params
+        h = spec.hidden
+        params += spec.norm_params + (h * h + 3 * h if spec.pretraining_heads else 0)
     return params * lay.grad_bytes
 
 

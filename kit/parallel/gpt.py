@@ -68,22 +68,107 @@ def fused_softmax_available(b: int, heads_rank: int, seq: int) -> bool:
     FusedScaleMaskSoftmax.is_kernel_available holds (megatron-core 0.16.1
     fusions/fused_softmax.py lines 238-268): fp16/bf16 input, 16 < seq <= FUSED_SOFTMAX_MAX_SEQ
     (4096), seq % 4 == 0, and the attention batches b·(heads/tp) a multiple of the kernel's
-    batches per block (4 for seq > 128, else 8). Otherwise it falls back to PyTorch: cast to
-    fp32, scale, masked_fill, softmax, cast back (five kernels each way instead of one)."""
+    batches per block (4 for seq > 128, else 8). Otherwise it falls back to PyTorch
+    (_attention_softmax)."""
     attn_batches = b * heads_rank
     per_block = 4 if seq > 128 else 8
     return 16 < seq <= FUSED_SOFTMAX_MAX_SEQ and seq % 4 == 0 and attn_batches % per_block == 0
 
 
-def _attention_softmax(b: int, heads_rank: int, s: int, dtype: str) -> list:
-    """The attention-score softmax kernels of the unfused (bmm) attention path."""
-    rows = b * heads_rank * s
-    if dtype == "fp32" or fused_softmax_available(b, heads_rank, s):
-        return [ops.Softmax(rows, s, dtype)]
-    n = rows * s  # Megatron's torch path with softmax in fp32 (query-key layer scaling)
-    return [ops.Elementwise("cast", n, dtype, inputs=2), ops.Elementwise("mul", n, "fp32", inputs=1),
-            ops.Elementwise("where", n, "fp32", inputs=1), ops.Softmax(rows, s, "fp32"),
-            ops.Elementwise("cast", n, dtype, inputs=2)]
+@dataclass(frozen=True)
+class ForwardOnly(ops.Elementwise):
+    """A forward kernel with no backward kernel of its own (backward_of skips it): autograd
+    passes its gradient through as a view, or it builds a tensor that needs none."""
+
+    no_backward = True
+
+    @classmethod
+    def moving(cls, nbytes: float, dtype: str = "fp32") -> "ForwardOnly":
+        """The copy that moves nbytes (half read, half written; kit.ops.copy_of's proxy of a
+        memory-bound kernel)."""
+        return cls("copy", ops.copy_of(nbytes, dtype).numel, dtype, inputs=1)
+
+
+@dataclass(frozen=True)
+class ContextCopy(ForwardOnly):
+    """The unfused attention's context [b, np, sq, hn] -> [sq, b, np, hn]
+    `permute(2, 0, 1, 3).contiguous()` (megatron-core 0.16.1
+    transformer/dot_product_attention.py line 245): one copy of tokens x hidden/tp, the last
+    kernel of the core attention (so selective recompute reruns it: kit.parallel.costs
+    _attention_core). Its backward has no kernel: autograd runs CloneBackward0 (the gradient
+    as it is), PermuteBackward0 (a view) and ViewBackward0, whose reshape of the permuted
+    gradient back to [b·np, sq, hn] merges b and np without a copy (stride of b = np x stride
+    of np), and the context bmm's backward takes that strided gradient (torch 2.13's CPU profile
+    of the same chain shows no copy_ in the backward)."""
+
+
+def _context_copy(b: int, heads_rank: int, s: int, hd: int, dtype: str) -> list:
+    """The ContextCopy, or none where the permuted context is already contiguous and
+    .contiguous() returns it: sq = 1, or b = np = 1 (the permute moves sq alone ahead of b and
+    np), as torch.Tensor.is_contiguous holds for [b, np, sq, hn].permute(2, 0, 1, 3)."""
+    if s == 1 or b * heads_rank == 1:
+        return []
+    return [ContextCopy("copy", b * heads_rank * s * hd, dtype, inputs=1)]
+
+
+@dataclass(frozen=True)
+class FallbackCast(ops.Elementwise):
+    """A cast of the torch softmax fallback (.float() in, .half()/.bfloat16() out): its backward
+    (ToCopyBackward0) is one cast the other way, the same bytes."""
+
+    bwd_factor = 1.0
+
+
+@dataclass(frozen=True)
+class FallbackMaskFill(ops.Elementwise):
+    """attention_mask_func's in-place masked_fill_ of the fp32 scores (megatron-core 0.16.1
+    transformer/utils.py line 50): reads and writes them (the [sq, sk] bool mask broadcast, not
+    counted). Its backward, MaskedFillBackward0, is grad.masked_fill(mask, 0): torch's
+    out-of-place masked_fill is a clone and a masked_fill_ (torch 2.13's CPU profile:
+    aten::masked_fill -> aten::clone, aten::masked_fill_), two kernels of the forward's bytes."""
+
+    bwd_kernels = 2
+
+
+@dataclass(frozen=True)
+class FallbackSoftmax(ops.Softmax):
+    """torch.softmax of the fallback: its backward, _softmax_backward_data, reads the output and
+    its gradient and writes the input's: 1.5 x the forward's bytes (read one, write one)."""
+
+    bwd_factor = 1.5
+
+
+def _causal_mask_kernels(s: int) -> list:
+    """get_default_causal_mask(sq) (megatron-core 0.16.1 transformer/utils.py lines 33-35, not
+    cached), which forward_torch_softmax builds for a causal layer every call (fused_softmax.py
+    lines 323-327): torch.ones(sq, sq) fp32 (a fill: writes 4 s^2 bytes), torch.triu(...,
+    diagonal=1) (reads and writes 4 s^2 each) and .bool() (reads 4 s^2, writes s^2). No
+    gradient."""
+    return [ForwardOnly.moving(nbytes) for nbytes in (4 * s * s, 8 * s * s, 5 * s * s)]
+
+
+def _attention_softmax(b: int, heads_rank: int, s: int, dtype: str, causal: bool = True) -> list:
+    """The attention-score softmax kernels of the unfused (bmm) attention path, as megatron-core
+    0.16.1 runs them with its defaults: apply_query_key_layer_scaling False
+    (transformer/transformer_config.py line 339), so DotProductAttention hands
+    FusedScaleMaskSoftmax scale None (dot_product_attention.py lines 83-107; the 1/sqrt(hn) is
+    baddbmm's alpha), and attention_softmax_in_fp32 True (line 343). fp16/bf16 where the fused
+    kernel applies (fused_softmax_available): that one kernel. Otherwise forward_torch_softmax
+    (fused_softmax.py lines 313-340): in fp16/bf16 cast the scores to fp32, mask them
+    in place, softmax, cast back, four kernels (no `input * scale`: scale is None); in fp32 the
+    mask and the softmax, two. A causal layer first builds its mask (_causal_mask_kernels); a
+    non-causal one (BERT) gets its padding mask from the model. The fallback had priced five
+    kernels in fp16/bf16, a scale multiply among them (query-key layer scaling, off by default),
+    and the softmax alone in fp32."""
+    rows = b * heads_rank
+    if dtype != "fp32" and fused_softmax_available(b, heads_rank, s):
+        return [ops.Softmax(rows * s, s, dtype)]
+    n = rows * s * s
+    mask = _causal_mask_kernels(s) if causal else []
+    core = [FallbackMaskFill("where", n, "fp32", inputs=1), FallbackSoftmax(rows * s, s, "fp32")]
+    if dtype == "fp32":
+        return [*mask, *core]
+    return [FallbackCast("cast", n, dtype, inputs=2), *mask, *core, FallbackCast("cast", n, dtype, inputs=2)]
 
 
 @dataclass
@@ -142,13 +227,17 @@ def backward_of(block: Block) -> Block:
         comm = (BACKWARD_COMM.get(comm[0], comm[0]), *comm[1:])
     out = Block(block.label + " bwd", comm=comm)
     for op in reversed(block.ops):
+        if getattr(op, "no_backward", False):  # ForwardOnly
+            continue
         if isinstance(op, ops.Gemm):
             out.ops += _gemm_bwd(op)
             out.bwd_factor += [1.0, 1.0]
+            out.kernels += [1.0, 1.0]
         else:
             out.ops.append(op)
             out.bwd_factor.append(getattr(op, "bwd_factor", None)
                                   or BWD_FACTOR.get(op.op_class, BWD_FACTOR["default"]))
+            out.kernels.append(float(getattr(op, "bwd_kernels", 1)))
     return out
 
 
@@ -252,9 +341,10 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
                                       window=window if window < s else 0))
     else:
         attn.ops += [ops.Gemm(m=s, n=s, k=hd, b=b * heads, dtype=dtype),
-                     *_attention_softmax(b, heads, s, dtype),
+                     *_attention_softmax(b, heads, s, dtype, spec.causal),
                      *_dropout(spec, b * heads * s * s, dtype),
-                     ops.Gemm(m=s, n=hd, k=s, b=b * heads, dtype=dtype)]
+                     ops.Gemm(m=s, n=hd, k=s, b=b * heads, dtype=dtype),
+                     *_context_copy(b, heads, s, hd, dtype)]
     attn.ops.append(ops.linear(tok, h // tp, h, dtype))
     blocks.append(attn)
     if tp > 1:  # g: a plain all-reduce's backward is the identity
