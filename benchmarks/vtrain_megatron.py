@@ -16,10 +16,25 @@ tp_comm_scale (empirical: achieved / predicted time of the in-layer TP collectiv
 are nccl-tests-style back-to-back timings, in a layer each collective starts cold between
 compute kernels and waits for its group; fitted ~1.95; the backward's input-gradient all-reduces
 run beside the weight-gradient GEMMs, as Megatron's async column-parallel backward does, and
-cost only their excess over them). The analytic layer also models, with no constant: Megatron's fused-softmax availability (b*heads/tp % 4; TP 8 at micro-batch 1 falls
-back to five torch kernels each way), the vocab-parallel cross entropy's fp32 passes and its
+cost only their excess over them). The analytic layer also models, with no constant and as
+megatron-core 0.16.1 runs them with its defaults (kit.parallel.gpt): Megatron's fused-softmax
+availability (b*heads/tp % 4: TP 8 at micro-batch 1, 32 rows, falls back to torch's cast,
+masked_fill_, softmax and cast back, five kernels backward; no scale multiply, as
+apply_query_key_layer_scaling is off; the causal mask is the data loader's, none built in the
+layer), the context's permute(2, 0, 1, 3).contiguous() copy after the second attention GEMM
+(forward only, rerun by the recompute), the vocab-parallel cross entropy's fp32 passes and its
 three all-reduces, vocabulary padding to 128*tp, and the embedding all-reduce's identity
-backward. Fitted (robust least squares on log time) on a seeded sample of a seeded random half
+backward.
+
+What vTrain ran is not quite that: its rows are Megatron-DeepSpeed (legacy
+megatron/model/transformer.py), whose CoreAttention ends with the same context permute copy,
+but whose query-key layer scaling, inherited from Megatron-LM's arguments of before 2023, is on
+unless --no-query-key-layer-scaling is passed (neither that source nor vTrain's launch scripts
+are in this environment: unverified). With it on, the softmax runs in fp32 with scale = the
+layer number, so the 32 fallback rows run five torch kernels forward (a scale multiply among
+them) where the kit prices four; on the other 1,408 rows the fused kernel applies the scale
+inside and the two agree. The profile below was fitted before the context copy was priced;
+refit it (--fit) after such a change. Fitted (robust least squares on log time) on a seeded sample of a seeded random half
 of the rows (train); the error is reported on the other half (test) and on all rows. The fit
 writes kit/parallel/profiles.json. Before these changes: test 5.55%, train 5.19, all 5.38;
 after (fit of 02:50 UTC, weights then in the tree): see the profile's test_mean_ape_pct.

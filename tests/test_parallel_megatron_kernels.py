@@ -44,8 +44,8 @@ def _kernels(blocks):
 def test_unfused_softmax_fallback_runs_torchs_kernels_where_the_fused_one_does_not_apply():
     """TP 8 at micro-batch 1 (2 attention batches): megatron-core 0.16.1's forward_torch_softmax
     with its defaults (scale None: apply_query_key_layer_scaling False) casts to fp32, masks in
-    place and softmaxes, then casts back, over b·(a/t)·s·s elements, after building the causal
-    mask; micro-batch 2 keeps the fused kernel (tests/test_parallel_unfused_attention_tail.py
+    place and softmaxes, then casts back, over b·(a/t)·s·s elements (the data loader's causal
+    mask: none built in the layer); micro-batch 2 keeps the fused kernel (tests/test_parallel_unfused_attention_tail.py
     checks the kernels against the source and torch's profile)."""
     k1 = _kernels(layer_forward(SPEC, 1, 8, 1, False, "fp16"))
     k2 = _kernels(layer_forward(SPEC, 2, 8, 1, False, "fp16"))

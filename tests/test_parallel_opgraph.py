@@ -102,8 +102,10 @@ def test_graph_and_analytic_paths_agree_on_parallel_speedup():
     kernels shrink to their roofline under TP, 0.56 against 0.62 here.) Their GEMMs and
     collectives are identical (tests above);
     the captured HF graph also runs the eager kernels Megatron fuses or skips (GELU-tanh as 8
-    elementwise ops, layout copies, mask selects, the tied-embedding gradient add), about 0.5 ms
-    more per layer here, so its absolute time is higher, never lower. In fp32: in 16 bits the
+    elementwise ops, layout copies, mask selects, the tied-embedding gradient add), so its
+    absolute time is higher, never lower: +8.2% here, +10.6% before the analytic path priced
+    the context's permute copy and, in fp32, the fallback's masked_fill_, which megatron-core's
+    unfused attention runs as well (kit.parallel.gpt._attention_softmax, _context_copy). In fp32: in 16 bits the
     HF graph's LM head keeps GPT-2's odd vocabulary (50257), which runs on cuBLAS's unaligned
     kernels at a quarter of an A100's peak (kit.predict.features.unaligned_peak_share), where
     Megatron pads it to a multiple of 128 x TP; that is a real difference (nanoGPT pads to 50304
@@ -118,7 +120,7 @@ def test_graph_and_analytic_paths_agree_on_parallel_speedup():
                                      in_stream=False)["iteration_ms"] for lay in (one, three_d)]
     ratio_graph, ratio_analytic = t[True][1] / t[True][0], t[False][1] / t[False][0]
     assert ratio_graph == pytest.approx(ratio_analytic, rel=0.05)
-    assert 0.1 < t[True][0] / t[False][0] - 1 < 0.5
+    assert 0.05 < t[True][0] / t[False][0] - 1 < 0.5
 
 
 def test_auto_uses_the_captured_graph_for_zoo_models_only(gpt2):

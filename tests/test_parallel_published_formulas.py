@@ -34,14 +34,13 @@ def test_selective_recompute_reruns_the_core_attention_not_the_hidden_dropouts()
 
 def test_selective_recompute_keeps_the_unfused_softmax_fallback_kernels():
     """Where Megatron's fused softmax cannot run (b·heads/tp = 3 is not a multiple of 4), the
-    scores pass through cast, the causal mask's three kernels, mask, softmax, cast (megatron-core
-    0.16.1 forward_torch_softmax, scale None): all of them are core attention, and so is the
-    context copy after the second bmm."""
+    scores pass through cast, mask, softmax, cast (megatron-core 0.16.1 forward_torch_softmax,
+    scale None, handed the data loader's causal mask): all of them are core attention, and so is
+    the context copy after the second bmm."""
     spec = GPTSpec(layers=2, hidden=384, heads=6, seq=256, vocab=1000, attention="unfused", name="t")
     core = _recomputed(spec, Layout(tp=2, recompute="selective"))
-    assert [op.op_class for op in core] == ["gemm", "elementwise", "elementwise", "elementwise",
-                                            "elementwise", "elementwise", "softmax", "elementwise",
-                                            "dropout", "gemm", "elementwise"]
+    assert [op.op_class for op in core] == ["gemm", "elementwise", "elementwise", "softmax",
+                                            "elementwise", "dropout", "gemm", "elementwise"]
 
 
 def _logits_gib(layout, spec=GPT3):

@@ -6,8 +6,10 @@ sequence parallelism, as megatron-core 0.16.1 runs them:
   runs no kernel;
 * FusedScaleMaskSoftmax's torch fallback with 0.16.1's defaults (apply_query_key_layer_scaling
   False, transformer_config.py line 339, so scale None; attention_softmax_in_fp32 True, line 343)
-  casts, masks in place, softmaxes and casts back (fused_softmax.py lines 313-340), after building
-  the causal mask (transformer/utils.py lines 33-35); no scale multiply;
+  casts, masks in place, softmaxes and casts back (fused_softmax.py lines 313-340); no scale
+  multiply, and no causal mask built in the layer: the data loader hands the model one
+  (GPTDatasetConfig.create_attention_mask defaults to True, datasets/gpt_dataset.py line 37), and
+  forward_torch_softmax builds get_default_causal_mask only for a None mask (lines 323-327);
 * BERT's LM-head dense and LayerNorm are `sequence_parallel` (models/bert/bert_lm_head.py
   lines 36-37, fusions/fused_layer_norm.py 116-120), so finalize_model_grads all-reduces their
   gradients over TP (distributed/finalize_model_grads.py lines 353-356).
@@ -103,37 +105,40 @@ def _scores_ops(blocks):
     return [item for item in span if not isinstance(item[0], ops.Dropout)]
 
 
-def _torch_fallback(x, causal=True):
+def _loader_mask(s):
+    """The data loader's mask, as _get_ltor_masks_and_position_ids builds it with
+    create_attention_mask True (datasets/gpt_dataset.py lines 739-744, 776-778), batched."""
+    return (torch.tril(torch.ones((s, s))).unsqueeze(0) < 0.5).unsqueeze(0)
+
+
+def _torch_fallback(x, mask):
     """forward_torch_softmax (fused_softmax.py 313-340) with scale None and softmax_in_fp32, on
-    the CPU: the mask built as get_default_causal_mask builds it (there on the GPU)."""
-    s = x.size(-1)
+    the CPU, handed the data loader's mask (not None: no get_default_causal_mask)."""
     inp = x.float() if x.dtype != torch.float32 else x.clone()  # fp32: stands in for the scores
-    mask = torch.triu(torch.ones(s, s), diagonal=1).bool() if causal else torch.zeros(s, s).bool()
     inp.masked_fill_(mask, -10000.0)
     probs = torch.nn.Softmax(dim=-1)(inp)
     return probs.to(x.dtype) if x.dtype != torch.float32 else probs
 
 
-def test_the_bf16_fallback_runs_torchs_four_kernels_and_the_mask_no_scale():
+def test_the_bf16_fallback_runs_torchs_four_kernels_no_scale_and_builds_no_mask():
     b, tp = 1, 8  # 2 attention batches: the fused kernel does not apply
     s = SPEC.seq
     n = b * (SPEC.heads // tp) * s * s
     fwd = layer_forward(SPEC, b, tp, 1, False, "bf16")
     mine = _scores_ops(fwd)
-    # torch: cast, ones (fill), triu, bool (copy), masked_fill_, softmax, cast; no mul
+    # torch: cast, masked_fill_, softmax, cast; no mul, and the loader's mask (built once a
+    # sample, outside the layer) keeps forward_torch_softmax from building one
     x = torch.randn(2, 2, 32, 32, dtype=torch.bfloat16, requires_grad=True)
+    mask = _loader_mask(32)
     with profile(activities=[ProfilerActivity.CPU]) as p:
-        probs = _torch_fallback(x)
+        probs = _torch_fallback(x, mask)
     fwd_kernels = _work(p)
-    assert fwd_kernels == ["aten::copy_", "aten::fill_", "aten::triu", "aten::copy_",
-                           "aten::masked_fill_", "aten::_softmax", "aten::copy_"]
+    assert fwd_kernels == ["aten::copy_", "aten::masked_fill_", "aten::_softmax", "aten::copy_"]
     assert len(mine) == len(fwd_kernels)
     assert not [op for op, _, _ in mine if getattr(op, "kind", None) == "mul"]
-    # bytes by hand: bf16 -> fp32 cast 2n + 4n; the mask: ones writes 4 s^2, triu reads and
-    # writes 4 s^2, .bool() reads 4 s^2 and writes s^2; masked_fill_ in place 8n; softmax 8n;
-    # the cast back 4n + 2n
-    assert [op.bytes for op, _, _ in mine] == pytest.approx(
-        [6 * n, 4 * s * s, 8 * s * s, 5 * s * s, 8 * n, 8 * n, 6 * n])
+    # bytes by hand: bf16 -> fp32 cast 2n + 4n; masked_fill_ in place 8n; softmax 8n; the cast
+    # back 4n + 2n
+    assert [op.bytes for op, _, _ in mine] == pytest.approx([6 * n, 8 * n, 8 * n, 6 * n])
     # backward, torch: cast, softmax backward, masked_fill's clone and masked_fill_, cast
     with profile(activities=[ProfilerActivity.CPU]) as p:
         probs.backward(torch.randn_like(probs))
@@ -143,23 +148,23 @@ def test_the_bf16_fallback_runs_torchs_four_kernels_and_the_mask_no_scale():
     bwd = _scores_ops(layer_backward(fwd, tp, False))
     assert sum(c for _, _, c in bwd) == len(bwd_kernels)
     # bytes by hand: the casts 6n each, softmax backward reads y and dy and writes dx (12n),
-    # the clone and the masked_fill_ 8n each; the mask builders have no backward
+    # the clone and the masked_fill_ 8n each
     assert [op.bytes * k for op, k, _ in bwd] == pytest.approx([6 * n, 12 * n, 16 * n, 6 * n])
 
 
-def test_the_fp32_path_masks_then_softmaxes_and_a_bidirectional_layer_builds_no_mask():
+def test_the_fp32_path_masks_then_softmaxes_and_bert_runs_the_same_kernels():
     b, tp = 1, 8
     s = SPEC.seq
     n = b * (SPEC.heads // tp) * s * s
     mine = _scores_ops(layer_forward(SPEC, b, tp, 1, False, "fp32"))
     x = torch.randn(2, 2, 32, 32, requires_grad=True)
+    mask = _loader_mask(32)
     with profile(activities=[ProfilerActivity.CPU]) as p:
-        _torch_fallback(x)
-    # the clone stands in for the scores bmm's output; then ones, triu, bool, mask, softmax
-    assert _work(p)[1:] == ["aten::fill_", "aten::triu", "aten::copy_", "aten::masked_fill_",
-                            "aten::_softmax"]
-    assert [type(op).__name__ for op, _, _ in mine][-2:] == ["FallbackMaskFill", "FallbackSoftmax"]
-    assert len(mine) == 5 and [op.bytes for op, _, _ in mine][-2:] == [8 * n, 8 * n]
+        _torch_fallback(x, mask)
+    # the clone stands in for the scores bmm's output; then the mask and the softmax
+    assert _work(p)[1:] == ["aten::masked_fill_", "aten::_softmax"]
+    assert [type(op).__name__ for op, _, _ in mine] == ["FallbackMaskFill", "FallbackSoftmax"]
+    assert [op.bytes for op, _, _ in mine] == [8 * n, 8 * n]
     # BERT (bidirectional): its padding mask comes from the model; cast, mask, softmax, cast
     bert = dataclasses.replace(SPEC, pretraining_heads=True)
     assert not bert.causal

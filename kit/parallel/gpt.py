@@ -82,12 +82,6 @@ class ForwardOnly(ops.Elementwise):
 
     no_backward = True
 
-    @classmethod
-    def moving(cls, nbytes: float, dtype: str = "fp32") -> "ForwardOnly":
-        """The copy that moves nbytes (half read, half written; kit.ops.copy_of's proxy of a
-        memory-bound kernel)."""
-        return cls("copy", ops.copy_of(nbytes, dtype).numel, dtype, inputs=1)
-
 
 @dataclass(frozen=True)
 class ContextCopy(ForwardOnly):
@@ -122,8 +116,8 @@ class FallbackCast(ops.Elementwise):
 @dataclass(frozen=True)
 class FallbackMaskFill(ops.Elementwise):
     """attention_mask_func's in-place masked_fill_ of the fp32 scores (megatron-core 0.16.1
-    transformer/utils.py line 50): reads and writes them (the [sq, sk] bool mask broadcast, not
-    counted). Its backward, MaskedFillBackward0, is grad.masked_fill(mask, 0): torch's
+    transformer/utils.py line 50): reads and writes them (the data loader's [b, 1, sq, sk] bool
+    mask it broadcasts over the heads, 1/(8 x heads/tp) of those bytes, not counted). Its backward, MaskedFillBackward0, is grad.masked_fill(mask, 0): torch's
     out-of-place masked_fill is a clone and a masked_fill_ (torch 2.13's CPU profile:
     aten::masked_fill -> aten::clone, aten::masked_fill_), two kernels of the forward's bytes."""
 
@@ -138,16 +132,7 @@ class FallbackSoftmax(ops.Softmax):
     bwd_factor = 1.5
 
 
-def _causal_mask_kernels(s: int) -> list:
-    """get_default_causal_mask(sq) (megatron-core 0.16.1 transformer/utils.py lines 33-35, not
-    cached), which forward_torch_softmax builds for a causal layer every call (fused_softmax.py
-    lines 323-327): torch.ones(sq, sq) fp32 (a fill: writes 4 s^2 bytes), torch.triu(...,
-    diagonal=1) (reads and writes 4 s^2 each) and .bool() (reads 4 s^2, writes s^2). No
-    gradient."""
-    return [ForwardOnly.moving(nbytes) for nbytes in (4 * s * s, 8 * s * s, 5 * s * s)]
-
-
-def _attention_softmax(b: int, heads_rank: int, s: int, dtype: str, causal: bool = True) -> list:
+def _attention_softmax(b: int, heads_rank: int, s: int, dtype: str) -> list:
     """The attention-score softmax kernels of the unfused (bmm) attention path, as megatron-core
     0.16.1 runs them with its defaults: apply_query_key_layer_scaling False
     (transformer/transformer_config.py line 339), so DotProductAttention hands
@@ -156,19 +141,23 @@ def _attention_softmax(b: int, heads_rank: int, s: int, dtype: str, causal: bool
     kernel applies (fused_softmax_available): that one kernel. Otherwise forward_torch_softmax
     (fused_softmax.py lines 313-340): in fp16/bf16 cast the scores to fp32, mask them
     in place, softmax, cast back, four kernels (no `input * scale`: scale is None); in fp32 the
-    mask and the softmax, two. A causal layer first builds its mask (_causal_mask_kernels); a
-    non-causal one (BERT) gets its padding mask from the model. The fallback had priced five
-    kernels in fp16/bf16, a scale multiply among them (query-key layer scaling, off by default),
-    and the softmax alone in fp32."""
+    mask and the softmax, two. The mask is the one the model is handed: GPTDatasetConfig's
+    create_attention_mask defaults to True (datasets/gpt_dataset.py line 37), so the data loader
+    builds the causal [1, s, s] mask once a sample (lines 739-744, 776-778) and it reaches
+    DotProductAttention not None; forward_torch_softmax builds get_default_causal_mask
+    (transformer/utils.py lines 33-35) only where the mask is None (fused_softmax.py lines
+    323-327: a data loader run with create_attention_mask off), which the kit does not model.
+    BERT's padding mask comes from the model. The fallback had priced five kernels in
+    fp16/bf16, a scale multiply among them (query-key layer scaling, off by default), and the
+    softmax alone in fp32."""
     rows = b * heads_rank
     if dtype != "fp32" and fused_softmax_available(b, heads_rank, s):
         return [ops.Softmax(rows * s, s, dtype)]
     n = rows * s * s
-    mask = _causal_mask_kernels(s) if causal else []
     core = [FallbackMaskFill("where", n, "fp32", inputs=1), FallbackSoftmax(rows * s, s, "fp32")]
     if dtype == "fp32":
-        return [*mask, *core]
-    return [FallbackCast("cast", n, dtype, inputs=2), *mask, *core, FallbackCast("cast", n, dtype, inputs=2)]
+        return core
+    return [FallbackCast("cast", n, dtype, inputs=2), *core, FallbackCast("cast", n, dtype, inputs=2)]
 
 
 @dataclass
@@ -341,7 +330,7 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
                                       window=window if window < s else 0))
     else:
         attn.ops += [ops.Gemm(m=s, n=s, k=hd, b=b * heads, dtype=dtype),
-                     *_attention_softmax(b, heads, s, dtype, spec.causal),
+                     *_attention_softmax(b, heads, s, dtype),
                      *_dropout(spec, b * heads * s * s, dtype),
                      ops.Gemm(m=s, n=hd, k=s, b=b * heads, dtype=dtype),
                      *_context_copy(b, heads, s, hd, dtype)]
