@@ -63,6 +63,17 @@ from kit.data.op_calls import (OPS_OF_KIND, TORCH_DTYPES, _math_mode, build_call
 # the longest --cooldown-ms taken: an hour between measurements. 1e300 ms had passed the finite
 # check and met time.sleep's OverflowError (a traceback) after the first row; 1e12 ms sleeps 31 years
 MAX_COOLDOWN_MS = 3_600_000
+# the longest --warmup-ms taken (kit collect and kit collect-embedding alike): an hour of running
+# an op's largest shape. 1e12 ms had passed the finite check and would have warmed for 31 years
+MAX_WARMUP_MS = 3_600_000
+
+
+def check_wait_ms(flag: str, value, most_ms: float) -> None:
+    """KitError unless value is a number of milliseconds from 0 to most_ms (an hour): not a
+    bool, text, NaN, infinite or negative. flag names it as the user gave it (--warmup-ms)."""
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= most_ms):
+        raise KitError(f"{flag} must be a number of milliseconds from 0 to {most_ms:,} (an hour), "
+                       f"got {value!r}")
 
 
 @contextmanager
@@ -153,11 +164,9 @@ def collect(ops, shapes, out, device: str = "cpu", dtype: str = "fp32", resume: 
         raise KitError(f"need whole numbers --warmup >= 0 and --repeats >= 1, got {warmup!r} and "
                        f"{repeats!r}")
     finite = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")  # noqa: E731
-    if not (finite(cooldown_ms) and cooldown_ms <= MAX_COOLDOWN_MS):
-        raise KitError(f"--cooldown-ms must be a number of milliseconds from 0 to "
-                       f"{MAX_COOLDOWN_MS:,} (an hour), got {cooldown_ms!r}")
-    if warmup_ms is not None and not finite(warmup_ms):
-        raise KitError(f"--warmup-ms must be a finite number >= 0, got {warmup_ms!r}")
+    check_wait_ms("--cooldown-ms", cooldown_ms, MAX_COOLDOWN_MS)
+    if warmup_ms is not None:
+        check_wait_ms("--warmup-ms", warmup_ms, MAX_WARMUP_MS)
     if time_limit_s is not None and not (finite(time_limit_s) and time_limit_s > 0):
         raise KitError(f"--time-limit must be a finite number of seconds > 0, got {time_limit_s!r}")
     if threads is not None and not (whole(threads) and threads >= 1):

@@ -34,7 +34,7 @@ import math
 import numbers
 from pathlib import Path
 
-from kit.data.collect import _release, sigterm_interrupts, stopped_by
+from kit.data.collect import MAX_WARMUP_MS, _release, check_wait_ms, sigterm_interrupts, stopped_by
 from kit.data.provenance import Meta, _now, gpu_snapshot, run_record
 from kit.data.timing import is_fatal_cuda_error, l2_flusher, summarise_ms, time_cpu, time_cuda, warm_for
 from kit.embedding.backends import TORCH_DTYPES, _fbgemm, _fbgemm_call, _torch_call, n_index_sets
@@ -158,8 +158,8 @@ def collect(configs: list[dict], out: str | Path, device: str = "cpu", backend: 
         raise KitError("the fbgemm backend runs on cuda only")
     if repeats < 1 or warmup < 0:
         raise KitError("repeats must be >= 1 and warmup >= 0")
-    if warmup_ms is not None and not 0 <= warmup_ms < float("inf"):
-        raise KitError(f"warmup_ms must be a finite number >= 0, got {warmup_ms!r}")
+    if warmup_ms is not None:  # the op collector's rule: at most an hour
+        check_wait_ms("--warmup-ms", warmup_ms, MAX_WARMUP_MS)
     if not configs:
         raise KitError("nothing to measure: the grid is empty (no distribution, mode or dtype given?)")
     configs = [_config(cfg) for cfg in configs]
