@@ -77,11 +77,12 @@ def test_user_errors_exit_2_with_one_line(argv, words, capsys):
 
 
 def test_a_latency_bound_collective_says_its_floor_is_a_framework_calls(capsys):
-    """80 us for a 1-byte all-reduce on a DGX H100 is the host-side floor fitted on vTrain's
-    table, 4-8x what a device-side benchmark shows; the text now says which it is."""
-    assert main(["comm", "predict", "allreduce", "--bytes", "1", "--system", "dgx-h100"]) == 0
+    """80 us for a one-word (4-byte, the least nccl-tests runs) all-reduce on a DGX H100 is the
+    host-side floor fitted on vTrain's table, 4-8x what a device-side benchmark shows; the text
+    now says which it is."""
+    assert main(["comm", "predict", "allreduce", "--bytes", "4", "--system", "dgx-h100"]) == 0
     out = capsys.readouterr().out
-    r = predict_collective("allreduce", 1, "dgx-h100")
+    r = predict_collective("allreduce", 4, "dgx-h100")
     assert r.bound == "latency" and r.floor_ms > r.latency_ms
     assert f"framework-level call, {r.floor_ms * 1e3:.1f} us" in out
     assert f"own latency (NCCL's fixed cost and its steps) is {r.latency_ms * 1e3:.1f} us" in out

@@ -50,44 +50,47 @@ def predict(args):
     if args.sizes and args.bytes is not None:
         raise KitError(f"--bytes {args.bytes} and --sizes {args.sizes} both given: one size or a sweep, not both")
     if args.sizes:
-        sizes, rounded = _split_sizes(args.collective, parse_sizes(args.sizes), system, ranks)
+        sizes, rounded = _nccl_tests_sizes(args.collective, parse_sizes(args.sizes), system, ranks)
         t = collective_table(args.collective, sizes, system, ranks, args.calibration)
         r = {"system": system.key, "table": t.to_dict("records"), "notes": [*rounded, *t.attrs["notes"]]}
     elif args.bytes is None:
         raise KitError("give --bytes SIZE (e.g. 1e9 or 64M) or --sizes MIN:MAX")
     else:
-        sizes, rounded = _split_sizes(args.collective, [int(_bytes(args.bytes))], system, ranks)
+        sizes, rounded = _nccl_tests_sizes(args.collective, [int(_bytes(args.bytes))], system, ranks)
         r = predict_collective(args.collective, sizes[0], system, ranks, args.calibration).to_dict()
         r["notes"] = [*rounded, *r["notes"]]
     return {**r, **_calibration_note(args, system, ranks)}
 
 
-def _split_sizes(collective: str, sizes: list[int], system, ranks) -> tuple[list[int], list[str]]:
-    """The sizes nccl-tests would run for an all-gather, reduce-scatter or all-to-all of n ranks
-    (kit.comm.conventions.split_size_bytes: n equal parts of whole 4-byte words, 16-byte ones for
-    an all-to-all), and a note naming those rounded down; one error when every size is below one
-    such part a rank."""
-    from kit.comm.conventions import SPLIT_KINDS, canonical_kind, split_size_bytes, split_unit_bytes
+def _nccl_tests_sizes(collective: str, sizes: list[int], system, ranks) -> tuple[list[int], list[str]]:
+    """The sizes nccl-tests would run for a collective of n ranks
+    (kit.comm.conventions.nccl_tests_size_bytes: whole 4-byte words; for all-gather and
+    reduce-scatter n equal parts of whole words, for all-to-all of whole 16 bytes), and a note
+    naming those rounded down; one error when every size is below the least it runs."""
+    from kit.comm.conventions import (SPLIT_KINDS, canonical_kind, least_size_bytes,
+                                      nccl_tests_size_bytes, split_unit_bytes)
     from kit.comm.predict import group_size
 
     kind = canonical_kind(collective)
-    if kind not in SPLIT_KINDS:
-        return sizes, []
-    n, unit = group_size(system, ranks), split_unit_bytes(kind)
-    ran = {s: split_size_bytes(kind, s, n) for s in sizes}
+    n = group_size(system, ranks)
+    ran = {s: nccl_tests_size_bytes(kind, s, n) for s in sizes}
     kept = sorted({r for r in ran.values() if r > 0})
-    least = unit * n
-    part = "4-byte words" if unit == 4 else f"{unit} bytes (4 words: nccl-tests aligns an all-to-all's parts)"
+    least = least_size_bytes(kind, n)
+    if kind in SPLIT_KINDS:
+        unit = split_unit_bytes(kind)
+        part = "4-byte words" if unit == 4 else f"{unit} bytes (4 words: nccl-tests aligns an all-to-all's parts)"
+        whole, short = f"whole {part} a rank", f"less than {unit} B a rank"
+    else:
+        whole, short = "whole 4-byte words (count = size / 4 B)", "less than one 4-byte word"
     if not kept:
-        raise KitError(f"{kind} of {sizes[-1]:,} B on {n} ranks is less than {unit} B a rank: "
-                       f"nccl-tests gives each rank whole {part}, rounding down, and would run "
-                       f"0 B; give at least {least:,} B")
+        raise KitError(f"{kind} of {sizes[-1]:,} B on {n} ranks is {short}: nccl-tests runs "
+                       f"{whole}, rounding down, and would run 0 B; give at least {least:,} B")
     changed = [(s, r) for s, r in ran.items() if r != s]
     if not changed:
         return kept, []
     shown = ", ".join(f"{s:,} B -> {r:,} B" if r else f"{s:,} B -> none (under {least:,} B)" for s, r in changed[:4])
-    return kept, [f"{kind} on {n} ranks runs the same whole {part} a rank, as nccl-tests "
-                  f"rounds it down: {shown}{', ...' if len(changed) > 4 else ''}"]
+    return kept, [f"{kind} on {n} ranks runs {whole}, as nccl-tests rounds it down: "
+                  f"{shown}{', ...' if len(changed) > 4 else ''}"]
 
 
 def _calibration_note(args, system, ranks) -> dict:
@@ -191,10 +194,10 @@ def register(sub):
     sub2 = p.add_subparsers(dest="comm_command", metavar="SUBCOMMAND")
     q = add_command(sub2, "predict", "time, algorithm, algbw and busbw of one collective", predict, predict_text)
     q.add_argument("collective", help="allreduce, reducescatter, allgather, broadcast, reduce, alltoall, sendrecv")
-    q.add_argument("--bytes", help="nccl-tests size in bytes (1e9, 64M); an all-gather's or "
-                   "reduce-scatter's is rounded down to the same whole 4-byte words a rank, an "
-                   "all-to-all's to the same whole 16 bytes a rank, as nccl-tests runs it (a note "
-                   "says so)")
+    q.add_argument("--bytes", help="nccl-tests size in bytes (1e9, 64M), rounded down as nccl-tests "
+                   "runs it (a note says so): to whole 4-byte words; an all-gather's or "
+                   "reduce-scatter's to the same whole words a rank, an all-to-all's to the same "
+                   "whole 16 bytes a rank")
     q.add_argument("--sizes", help="a sweep instead: MIN:MAX[:FACTOR] or a comma list")
     q.add_argument("--system", default="dgx-h100", help="preset (see `kit systems`; default dgx-h100)")
     q.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")

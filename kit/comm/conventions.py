@@ -55,18 +55,26 @@ def split_unit_bytes(kind: str) -> int:
     return ALLTOALL_ALIGN_BYTES if kind == "alltoall" else WORD_BYTES
 
 
-def split_size_bytes(kind: str, size_bytes: int, n: int) -> int:
-    """The bytes nccl-tests runs for `size_bytes` of a collective split n ways (all-gather,
-    reduce-scatter, all-to-all): n equal parts of whole split_unit_bytes(kind) each, rounded down
-    (nccl-tests' setupArgs in src/common.cu takes count = size / wordSize, then each of these
-    collectives' GetCollByteCount a rank's part of it; the size it runs and prints is n parts);
-    0 when a rank's part would be under one unit. Other kinds: size_bytes itself. An all-to-all
-    of 100 B on 8 ranks: 25 words, 3 a rank, 0 once 16-byte aligned; 1,000 B: 31 -> 28 words a
-    rank, 896 B."""
+def nccl_tests_size_bytes(kind: str, size_bytes: int, n: int) -> int:
+    """The bytes nccl-tests runs (and prints) for a requested `size_bytes` of `kind` on n ranks.
+    nccl-tests' setupArgs (src/common.cu) takes count = size / wordSize (an integer division),
+    then the collective's GetCollByteCount: all-reduce, broadcast, reduce and send/recv run all
+    of it (AllReduceGetCollByteCount: sendcount = recvcount = paramcount = count), so their size
+    is whole WORD_BYTES words, rounded down; all-gather, reduce-scatter and all-to-all run n
+    equal parts of whole split_unit_bytes(kind) each, rounded down (the size printed is the n
+    parts). 0 when that leaves nothing (under one word, or under one unit a rank). An all-reduce
+    of 1,001 B: 250 words, 1,000 B; an all-to-all of 100 B on 8 ranks: 25 words, 3 a rank, 0
+    once 16-byte aligned; 1,000 B: 31 -> 28 words a rank, 896 B."""
     if kind not in SPLIT_KINDS or n < 1:
-        return size_bytes
+        return size_bytes // WORD_BYTES * WORD_BYTES
     unit = split_unit_bytes(kind) * n
     return size_bytes // unit * unit
+
+
+def least_size_bytes(kind: str, n: int) -> int:
+    """The smallest size nccl_tests_size_bytes leaves whole: one word, or for the split kinds one
+    split_unit_bytes(kind) a rank."""
+    return split_unit_bytes(kind) * n if kind in SPLIT_KINDS and n >= 1 else WORD_BYTES
 
 
 def busbw_factor(kind: str, n: int) -> float:

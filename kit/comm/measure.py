@@ -36,7 +36,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from kit.comm.collective_ops import collective_op as _op  # _worker calls it so: tests patch it here
-from kit.comm.conventions import KINDS, SPLIT_KINDS, WORD_BYTES, busbw_factor, canonical_kind  # WORD_BYTES: fp32
+from kit.comm.conventions import (KINDS, SPLIT_KINDS, WORD_BYTES, busbw_factor,  # WORD_BYTES: fp32
+                                  canonical_kind, least_size_bytes, nccl_tests_size_bytes, split_unit_bytes)
 from kit.comm.sizes import MAX_BYTES, parse_sizes  # MAX_BYTES: 1 TiB, no rank holds a buffer this big
 from kit.errors import KitError
 from kit.data.records import Lock, append_jsonl, read_jsonl
@@ -53,14 +54,14 @@ def _free_port() -> int:
 
 
 def _count(kind: str, size: int, n: int) -> int:
-    """The float32 elements measured for `size` bytes: whole words, for the split kinds the same
-    whole words a rank. Unlike nccl-tests (kit.comm.conventions.split_size_bytes), an all-to-all
-    is not rounded to 16 bytes a rank (torch's all_to_all_single takes any count), and a size
-    under one word a rank is measured at one word a rank rather than at 0 B."""
-    count = max(size // WORD_BYTES, 1)
-    if kind in SPLIT_KINDS:
-        count = max(count // n, 1) * n
-    return count
+    """The float32 elements measured for `size` bytes: nccl-tests' own sizing
+    (kit.comm.conventions.nccl_tests_size_bytes: whole words; for all-gather and reduce-scatter
+    the same whole words a rank; for all-to-all the same whole 16 bytes a rank, as its
+    AlltoAllGetCollByteCount aligns them), so that each row's size is one nccl-tests runs. A
+    size nccl-tests would run as 0 B is measured at its least (least_size_bytes: one word, or
+    one unit a rank) rather than not at all. An all-to-all of 1,000 B on 8 ranks: 896 B (224
+    words), where the 31 words a rank of before had measured 992 B."""
+    return max(nccl_tests_size_bytes(kind, size, n), least_size_bytes(kind, n)) // WORD_BYTES
 
 
 def _printed_count(kind: str, count: int, n: int) -> int:
@@ -268,10 +269,11 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
                        f"{MAX_BYTES // 2**30} GiB a buffer); give smaller --sizes")
     rounded = sorted({(k, s, _count(k, s, ranks) * WORD_BYTES) for k in kinds for s in sizes
                       if _count(k, s, ranks) * WORD_BYTES != s})
-    if rounded:  # whole fp32 words, and for the split kinds whole words per rank: say so
+    if rounded:  # whole fp32 words, for the split kinds whole units a rank, as nccl-tests: say so
         shown = ", ".join(f"{s:,} B -> {m:,} B ({k})" for k, s, m in rounded[:4])
-        warnings.warn(f"{len(rounded)} size(s) rounded to whole {WORD_BYTES}-byte words"
-                      f"{' per rank' if any(k in ('allgather', 'reducescatter', 'alltoall') for k, _, _ in rounded) else ''}"
+        units = sorted({f"{split_unit_bytes(k)} B a rank ({k})" for k, _, _ in rounded if k in SPLIT_KINDS})
+        warnings.warn(f"{len(rounded)} size(s) rounded as nccl-tests runs them, to whole {WORD_BYTES}-byte "
+                      f"words{' and ' + ', '.join(units) if units else ''}"
                       f": {shown}{', ...' if len(rounded) > 4 else ''}; the output has the sizes measured")
     settings = {"backend": backend, "ranks": ranks, "iters": iters, "repeats": repeats, "stat": stat,
                 "timing": timing, "pinned": pin}
@@ -290,8 +292,11 @@ def collect(backend: str = "gloo", ranks: int = 2, sizes="1K:1M", kinds=("allred
                 raise KitError(f"cannot write beside --out {out} ({result}): {e.strerror or e}; "
                                "choose another --out") from None
         have = {(r["kind"], r["size_bytes"]) for r in kept}
+        # one size each per measured size: 1,000 and 1,002 B of all-reduce both run 250 words,
+        # and had been measured twice into two rows of 1,000 B
         work = [(k, todo) for k in kinds
-                if (todo := [s for s in sizes if (k, _count(k, s, ranks) * WORD_BYTES) not in have])]
+                if (todo := list({_count(k, s, ranks) * WORD_BYTES: s for s in reversed(sizes)
+                                  if (k, _count(k, s, ranks) * WORD_BYTES) not in have}.values())[::-1])]
         if work:
             _spawn(work, ranks, backend, iters, warmup, repeats, stat, timing, pin, result, start_method,
                    resumed=bool(kept), keep=out is not None)
