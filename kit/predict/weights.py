@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,22 +125,21 @@ def other_kit_package(path: str | Path) -> Path | None:
 
 
 def save_bundle(bundle: Bundle, out_dir: str | Path, replace_shipped: bool = False) -> Path:
-    """Write model.safetensors and manifest.json into out_dir (created if needed), each to a
-    temporary name first and then renamed, so a failed write leaves the old files whole. The
-    shipped folder takes them only with replace_shipped, and no other folder of the package
-    does (check_weights_folder's rules, for callers that go straight here)."""
+    """Write model.safetensors and manifest.json as out_dir, all or nothing: both go into a new
+    sibling folder first, which then takes out_dir's place in one step (swap_folder), so a
+    failure or a crash at any point leaves either the old pair or the new one, never a
+    mismatched pair (the two renames of before could leave the new tensors beside the old
+    manifest, which load_bundle then refused on its sha256). check_weights_folder's rules hold
+    here too: the shipped folder takes them only with replace_shipped, no other folder of the
+    package does, and a folder holding other files is refused (replacing the folder would have
+    lost them)."""
     import os
 
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     out = Path(out_dir)
-    if inside_kit(out) or other_kit_package(out) is not None:
-        check_weights_folder(out, replace_shipped)  # the shipped folder, or a refusal
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise KitError(f"cannot create weights folder {out}: {e.strerror}") from None
+    check_weights_folder(out, replace_shipped)
     tensors, parts = {}, {}
     t, meta = bundle.tile.chooser.state()
     tensors.update(t)
@@ -159,21 +159,89 @@ def save_bundle(bundle: Bundle, out_dir: str | Path, replace_shipped: bool = Fal
             parts["mlp"]["classes"][cls] = meta
     parts["li"] = {"coefs": bundle.li.coefs}
     manifest = {"format": FORMAT, "version": VERSION, **bundle.manifest, "parts": parts}
-    tmp = {name: out / f".{name}.partial" for name in (TENSORS_FILE, MANIFEST_FILE)}
+    real = out.resolve()  # a link to a weights folder: its target takes them, the link stays
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp[TENSORS_FILE]))
-        tmp[TENSORS_FILE].chmod(0o644)  # safetensors writes 0600; weights are meant to be shared
+        real.parent.mkdir(parents=True, exist_ok=True)
+        new = _sibling_folder(real, "new")
+    except OSError as e:
+        raise KitError(f"cannot create weights folder {out}: {e.strerror or e}") from None
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(new / TENSORS_FILE))
+        (new / TENSORS_FILE).chmod(0o644)  # safetensors writes 0600; weights are meant to be shared
         # the file as written: the loader refuses one changed since (same seed: same hash)
-        manifest["sha256"] = {TENSORS_FILE: hashlib.sha256(tmp[TENSORS_FILE].read_bytes()).hexdigest()}
-        tmp[MANIFEST_FILE].write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-        for name, path in tmp.items():
-            os.replace(path, out / name)
+        manifest["sha256"] = {TENSORS_FILE: hashlib.sha256((new / TENSORS_FILE).read_bytes()).hexdigest()}
+        (new / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        for name in (TENSORS_FILE, MANIFEST_FILE):  # on disk before the swap names them
+            with open(new / name, "rb") as f:
+                os.fsync(f.fileno())
+        swap_folder(new, real)
     except (OSError, SafetensorError) as e:  # safetensors reports I/O as its own error
-        for path in tmp.values():
-            if path.is_file():
-                path.unlink()
+        shutil.rmtree(new, ignore_errors=True)
         raise KitError(f"cannot write the weights into {out}: {getattr(e, 'strerror', None) or e}") from None
     return out
+
+
+def _sibling_folder(path: Path, what: str) -> Path:
+    """A new, empty hidden folder beside path (same file system, so a rename can swap them),
+    with the permissions path has, or a new folder would (the umask's)."""
+    import os
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.kit-{what}-", dir=path.parent))
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except OSError:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        mode = 0o777 & ~mask
+    folder.chmod(mode)
+    return folder
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two paths in one atomic step: Linux's renameat2(RENAME_EXCHANGE) (glibc 2.28+;
+    man 2 rename). OSError ENOSYS where the C library has no renameat2, EINVAL where the file
+    system cannot exchange."""
+    import ctypes
+    import errno
+    import os
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(b))
+    at_fdcwd, rename_exchange = -100, 2  # <fcntl.h>, <linux/fs.h>
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(b))
+
+
+def swap_folder(new: Path, target: Path) -> None:
+    """Put folder `new` where `target` is, removing the old target: a target not there yet is a
+    rename (atomic in POSIX); one there is exchanged with new in one atomic step (_exchange),
+    then removed. Where the system cannot exchange, POSIX has no atomic replacement of a folder
+    that holds files: the old one is renamed aside and new renamed in, and a crash between the
+    two renames leaves no target, with both folders whole beside it (.NAME.kit-old-*, the old)."""
+    import errno
+    import os
+
+    if not os.path.lexists(target):
+        os.rename(new, target)
+        return
+    try:
+        _exchange(new, target)
+        old = new  # the exchange left the old folder at new's name
+    except OSError as e:
+        if e.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        old = _sibling_folder(target, "old")
+        os.rename(target, old)  # onto the empty folder just made
+        try:
+            os.rename(new, target)
+        except OSError:
+            os.rename(old, target)  # the old weights back in place
+            raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _folder_of(path: Path) -> Path:
