@@ -149,3 +149,91 @@ def test_a_failed_write_keeps_the_old_pair_and_leaves_no_temporary(tmp_path, mon
     with pytest.raises(KitError, match="No space left"):
         W.save_bundle(new, out)
     assert _seed(out) == 11 and sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+
+
+@pytest.mark.parametrize("how", ["no-libc", "not-linux"])
+def test_no_renameat2_falls_back_rather_than_failing(tmp_path, monkeypatch, how):
+    # a C library that cannot be opened (CDLL raises OSError with no errno) had failed the save
+    # instead of taking the rename-aside fallback; off Linux, flag 2 is not RENAME_EXCHANGE
+    import ctypes
+    import sys
+
+    old, new = _bundles()
+    out = tmp_path / "w"
+    W.save_bundle(old, out)
+    if how == "no-libc":
+        def no_libc(*a, **kw):
+            raise OSError("cannot open the C library")
+        monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    else:
+        monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(OSError) as e:
+        W._exchange(tmp_path / "a", tmp_path / "b")
+    assert e.value.errno == errno.ENOSYS
+    W.save_bundle(new, out)
+    assert _seed(out) == 22 and sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+
+
+@pytest.mark.parametrize("code", [errno.EXDEV, errno.EBUSY])
+def test_a_folder_that_cannot_be_renamed_takes_the_files(tmp_path, monkeypatch, code):
+    # a mount point (EBUSY) or an overlayfs lower-layer folder (EXDEV) cannot be renamed or
+    # exchanged; the files within it can: the save had failed with "cannot write the weights"
+    old, new = _bundles()
+    out = tmp_path / "w"
+    W.save_bundle(old, out)
+    real_rename = os.rename
+
+    def no_exchange(a, b):
+        raise OSError(code, os.strerror(code))
+
+    def rename(a, b, *r, **kw):
+        if Path(a) == out or Path(b) == out:
+            raise OSError(code, os.strerror(code))
+        return real_rename(a, b, *r, **kw)
+    monkeypatch.setattr(W, "_exchange", no_exchange)
+    monkeypatch.setattr(os, "rename", rename)
+    inode = out.stat().st_ino
+    W.save_bundle(new, out)
+    assert _seed(out) == 22 and out.stat().st_ino == inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+    assert sorted(p.name for p in out.iterdir()) == [W.MANIFEST_FILE, W.TENSORS_FILE]
+    assert (out / W.TENSORS_FILE).stat().st_mode & 0o777 == 0o644
+    monkeypatch.setattr(W, "_exchange", lambda a, b: (_ for _ in ()).throw(OSError(errno.EINVAL, "no")))
+    W.save_bundle(old, out)  # the fallback's rename aside meets the same: the files again
+    assert _seed(out) == 11 and sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+
+
+def test_a_refused_rename_aside_leaves_no_empty_folder(tmp_path, monkeypatch):
+    old, new = _bundles()
+    out = tmp_path / "w"
+    W.save_bundle(old, out)
+    real_rename = os.rename
+
+    def rename(a, b, *r, **kw):
+        if Path(a) == out:
+            raise OSError(errno.EACCES, "Permission denied")
+        return real_rename(a, b, *r, **kw)
+    monkeypatch.setattr(W, "_exchange", lambda a, b: (_ for _ in ()).throw(OSError(errno.EINVAL, "no")))
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(KitError, match="Permission denied"):
+        W.save_bundle(new, out)
+    assert _seed(out) == 11 and sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+
+
+def test_loading_a_folder_a_crash_left_aside_names_both_halves(tmp_path, monkeypatch):
+    # the fallback's window: a crash between its two renames leaves no folder, the old and the
+    # new weights beside it; loading said only "no manifest.json"
+    old, new = _bundles()
+    out = tmp_path / "w"
+    W.save_bundle(old, out)
+    monkeypatch.setattr(W, "_exchange", lambda a, b: (_ for _ in ()).throw(OSError(errno.EINVAL, "no")))
+    with monkeypatch.context() as m:
+        _crashing_at(m, 3)  # 1: the exchange (refused); 2: the old folder renamed aside; 3: the new in
+        with pytest.raises(Crash):
+            W.save_bundle(new, out)
+    aside = sorted(p.name for p in tmp_path.iterdir() if p.name != "w")
+    assert not out.exists() and len(aside) == 2
+    with pytest.raises(KitError) as e:
+        W.load_bundle(out)
+    assert all(name in str(e.value) for name in aside) and "stopped midway" in str(e.value)
+    assert W.leftovers(tmp_path / "v") == []

@@ -200,16 +200,20 @@ def _sibling_folder(path: Path, what: str) -> Path:
 
 def _exchange(a: Path, b: Path) -> None:
     """Swap two paths in one atomic step: Linux's renameat2(RENAME_EXCHANGE) (glibc 2.28+;
-    man 2 rename). OSError ENOSYS where the C library has no renameat2, EINVAL where the file
-    system cannot exchange."""
+    man 2 rename). OSError ENOSYS off Linux, or where the C library cannot be opened or has no
+    renameat2; the kernel's own errno otherwise (EINVAL where the file system cannot exchange,
+    EXDEV across file systems, EBUSY for a mount point)."""
     import ctypes
     import errno
     import os
+    import sys
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is None:
-        raise OSError(errno.ENOSYS, "renameat2 is not available", str(b))
+    try:
+        if not sys.platform.startswith("linux"):  # RENAME_EXCHANGE = 2 is Linux's flag
+            raise OSError
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError, TypeError):
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(b)) from None
     at_fdcwd, rename_exchange = -100, 2  # <fcntl.h>, <linux/fs.h>
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) != 0:
         code = ctypes.get_errno()
@@ -221,7 +225,11 @@ def swap_folder(new: Path, target: Path) -> None:
     rename (atomic in POSIX); one there is exchanged with new in one atomic step (_exchange),
     then removed. Where the system cannot exchange, POSIX has no atomic replacement of a folder
     that holds files: the old one is renamed aside and new renamed in, and a crash between the
-    two renames leaves no target, with both folders whole beside it (.NAME.kit-old-*, the old)."""
+    two renames leaves no target, with both folders whole beside it (.NAME.kit-old-*, the old;
+    load_bundle names them). A target that cannot be renamed at all (a mount point: EBUSY; a
+    folder of another file system layer, as overlayfs's lower one: EXDEV) takes new's files one
+    by one (_replace_files), as before the swap: not all or nothing, but the sha256 check
+    refuses a mismatched pair."""
     import errno
     import os
 
@@ -232,16 +240,57 @@ def swap_folder(new: Path, target: Path) -> None:
         _exchange(new, target)
         old = new  # the exchange left the old folder at new's name
     except OSError as e:
+        if e.errno in (errno.EXDEV, errno.EBUSY):
+            _replace_files(new, target)
+            shutil.rmtree(new, ignore_errors=True)
+            return
         if e.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
             raise
         old = _sibling_folder(target, "old")
-        os.rename(target, old)  # onto the empty folder just made
+        try:
+            os.rename(target, old)  # onto the empty folder just made
+        except OSError as e2:
+            os.rmdir(old)  # still empty: leave nothing behind
+            if e2.errno in (errno.EXDEV, errno.EBUSY):
+                _replace_files(new, target)
+                shutil.rmtree(new, ignore_errors=True)
+                return
+            raise
         try:
             os.rename(new, target)
         except OSError:
             os.rename(old, target)  # the old weights back in place
             raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _replace_files(new: Path, target: Path) -> None:
+    """Copy each file of `new` into `target` under a hidden name, then rename it over its own
+    name there (a rename inside one folder works where the folder itself cannot be renamed);
+    the manifest last, so a crash between leaves new tensors that the old manifest's sha256
+    refuses."""
+    import os
+
+    for name in (TENSORS_FILE, MANIFEST_FILE):
+        part = target / f".{name}.partial"
+        try:
+            shutil.copyfile(new / name, part)
+            part.chmod((new / name).stat().st_mode & 0o777)
+            os.replace(part, target / name)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+
+
+def leftovers(folder: str | Path) -> list[Path]:
+    """The folders a save into `folder` that stopped midway left beside it (.NAME.kit-new-*,
+    .NAME.kit-old-*: whole weights, the new or the old, or a part-written new one)."""
+    folder = Path(folder)
+    heads = (f".{folder.name}.kit-new-", f".{folder.name}.kit-old-")
+    try:
+        return sorted(p for p in folder.parent.iterdir() if p.name.startswith(heads) and p.is_dir())
+    except OSError:
+        return []
 
 
 def _folder_of(path: Path) -> Path:
@@ -260,8 +309,12 @@ def read_manifest(weights_dir: str | Path) -> dict:
     path = _folder_of(Path(weights_dir))
     mpath = path / MANIFEST_FILE
     if not mpath.is_file():
+        left = leftovers(path) if not path.exists() else []
+        hint = (f"; a `kit train` into it stopped midway and left {', '.join(map(str, left))} "
+                f"(one holds the old weights, one the new: rename the one to keep to {path.name})"
+                if left else "")
         raise KitError(f"{path} is not a predictor weights folder: no {MANIFEST_FILE} "
-                       f"(expected {TENSORS_FILE} + {MANIFEST_FILE}, as `kit train --out` writes)")
+                       f"(expected {TENSORS_FILE} + {MANIFEST_FILE}, as `kit train --out` writes){hint}")
     try:
         manifest = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
