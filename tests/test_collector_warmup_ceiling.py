@@ -11,6 +11,19 @@ from kit.errors import KitError
 BAD = ["1e12", "3600001", "1e300", "inf", "nan", "-5"]
 
 
+class Warmed(BaseException):
+    """A warm-up began: without the ceiling, 1e12 ms would run for 31 years (and the collector
+    outlives SIGTERM), so the test stops it here and fails at once instead of hanging."""
+
+
+@pytest.fixture(autouse=True)
+def no_warmup(monkeypatch):
+    def warm_for(*a, **kw):
+        raise Warmed
+    monkeypatch.setattr(C, "warm_for", warm_for)
+    monkeypatch.setattr(E, "warm_for", warm_for)
+
+
 @pytest.mark.parametrize("value", BAD)
 def test_collect_refuses_a_warmup_past_an_hour_or_not_a_number(tmp_path, capsys, value):
     # 1e12 ms (31 years) had passed the finite check and would have warmed the first op for that long
