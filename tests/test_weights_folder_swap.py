@@ -237,3 +237,19 @@ def test_loading_a_folder_a_crash_left_aside_names_both_halves(tmp_path, monkeyp
         W.load_bundle(out)
     assert all(name in str(e.value) for name in aside) and "stopped midway" in str(e.value)
     assert W.leftovers(tmp_path / "v") == []
+
+
+def test_the_new_folder_and_the_swap_are_flushed(tmp_path, monkeypatch):
+    # a rename is durable once its folder is fsynced; only the two files had been
+    old, new = _bundles()
+    out = tmp_path / "w"
+    W.save_bundle(old, out)
+    synced, real_fsync = [], os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    W.save_bundle(new, out)
+    assert str(tmp_path) in synced  # the parent, after the swap
+    assert any(Path(s).parent == tmp_path and Path(s).name.startswith(".w.kit-new-") for s in synced)

@@ -138,6 +138,8 @@ def save_bundle(bundle: Bundle, out_dir: str | Path, replace_shipped: bool = Fal
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
+    from kit.data.records import _fsync_dir as _fsync_folder  # a folder's entries, to disk
+
     out = Path(out_dir)
     check_weights_folder(out, replace_shipped)
     tensors, parts = {}, {}
@@ -174,7 +176,10 @@ def save_bundle(bundle: Bundle, out_dir: str | Path, replace_shipped: bool = Fal
         for name in (TENSORS_FILE, MANIFEST_FILE):  # on disk before the swap names them
             with open(new / name, "rb") as f:
                 os.fsync(f.fileno())
+        _fsync_folder(new)  # its entries too
         swap_folder(new, real)
+        for folder in (real, real.parent):  # the swap (or the files renamed in), past a power cut
+            _fsync_folder(folder)
     except (OSError, SafetensorError) as e:  # safetensors reports I/O as its own error
         shutil.rmtree(new, ignore_errors=True)
         raise KitError(f"cannot write the weights into {out}: {getattr(e, 'strerror', None) or e}") from None
@@ -276,6 +281,8 @@ def _replace_files(new: Path, target: Path) -> None:
         try:
             shutil.copyfile(new / name, part)
             part.chmod((new / name).stat().st_mode & 0o777)
+            with open(part, "rb") as f:
+                os.fsync(f.fileno())
             os.replace(part, target / name)
         except BaseException:
             part.unlink(missing_ok=True)
