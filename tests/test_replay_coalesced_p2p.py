@@ -81,3 +81,84 @@ def test_a_coalesced_batch_whose_peer_is_outside_the_job_is_priced_over_the_job_
     notes = r.to_dict()["notes"]
     assert any("do not use their process-group fields" in n and "outside the job's 4 ranks" in n
                for n in notes), notes
+
+
+# A pipeline's ring shift: each rank sends to r + 1 and receives from r - 1 in one batch
+# (Megatron's send_forward_recv_backward etc. post both through batch_isend_irecv), so each rank's
+# batch has its own peer set and no key by the peer set matches two ranks.
+RING_NELEMS = 16 << 20  # 64 MiB of Float a transfer
+
+
+def _chain_rank(r, world, gpu, allreduce_group=None):
+    """Rank r of a pipeline of world stages: one coalesced batch of a send to r + 1 (not on the
+    last stage) and a recv from r - 1 (not on the first), its launch 50 us later on each rank;
+    on allreduce_group's ranks an all-reduce in that group first (a TP group)."""
+    def fields(name, key, peer, group=tuple(range(world)), group_name="0"):
+        out = {**_fields(name, key, peer), "In msg nelems": RING_NELEMS, "Out msg nelems": RING_NELEMS,
+               "Process Group Ranks": str(list(group)), "Group size": len(group),
+               "Process Group Name": group_name}
+        if key is None:
+            del out[None]
+        return out
+    at = 100 + 50 * r
+    events = [ev("ProfilerStep#1", 0, 2000, "cpu_op")]
+    if allreduce_group and r in allreduce_group:
+        events += [ev("record_param_comms", 2, 10, "cpu_op", **fields("allreduce", None, None,
+                                                                       allreduce_group, "1")),
+                   ev("cudaLaunchKernel", 4, 5, "cuda_runtime", correlation=5),
+                   ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 10, 50,
+                      "kernel", tid=7, correlation=5, stream=7)]
+    if r + 1 < world:
+        events.append(ev("record_param_comms", at - 12, 4, "cpu_op", **fields("send", "Dst Rank", r + 1)))
+    if r > 0:
+        events.append(ev("record_param_comms", at - 6, 4, "cpu_op", **fields("recv", "Src Rank", r - 1)))
+    events += [ev("nccl:coalesced", at, 12, "user_annotation"),
+               ev("cudaLaunchKernel", at + 4, 5, "cuda_runtime", correlation=7),
+               ev(KERNEL, at + 20, MEASURED_US, "kernel", tid=7, correlation=7, stream=7),
+               ev("cudaStreamSynchronize", at + 13, 1900 - at, "cuda_runtime", correlation=8)]
+    return {"distributedInfo": {"rank": r, "world_size": world}, "deviceProperties": [{"name": gpu}],
+            "traceEvents": events}
+
+
+def test_a_ring_shift_is_matched_pairwise_across_the_pipeline(tmp_path):
+    # ranks 0 and 1 also run an all-reduce of their own: the match by stream position (1 vs 2
+    # collectives a stream) cannot tie anything, so before the pairwise match the batches ran
+    # unsynchronised at their own measured starts (100, 150, 200, 250 us plus 20)
+    docs = [_chain_rank(r, WORLD, A100, allreduce_group=(0, 1)) for r in range(WORLD)]
+    r = replay(write_job(tmp_path, docs))
+    notes = r.to_dict()["notes"]
+    assert not any("do not agree" in n or "differ across ranks" in n for n in notes), notes
+    g, res = r.tg.graph, r.result
+    batch = {rank: op for rank, ops in r.tg.gpu_ops.items() for op, ge, *_ in ops if ge.name == KERNEL}
+    assert len({g.group[op] for op in batch.values()}) == 1, {k: g.group[op] for k, op in batch.items()}
+    # the chain 0 -> 1 -> 2 -> 3 starts together: when its last rank (3) reaches it
+    starts = {rank: float(res.start_ms[op]) for rank, op in batch.items()}
+    assert len(set(starts.values())) == 1, starts
+    allreduce = [op for rank in (0, 1) for op, ge, *_ in r.tg.gpu_ops[rank] if "AllReduce" in ge.name]
+    assert len(allreduce) == 2 and g.group[allreduce[0]] == g.group[allreduce[1]]
+
+
+def test_a_ring_shift_batch_is_priced_on_its_two_links_at_once(tmp_path):
+    # 8 V100 stages on a DGX-1 (the default source preset for 8 x v100-sxm2-32gb): rank 2 sends
+    # 64 MiB to 3 and receives 64 MiB from 1, both pairs 2 NVLinks in the hybrid cube mesh; the
+    # 3-rank ring shift (1, 2, 3) it had been priced as adds the hop 3 -> 1, 1 NVLink
+    from kit.comm.topology import p2p_gbs
+    from kit.hardware.system import get_system
+
+    v = get_system("dgx1-v100")
+    assert p2p_gbs(v, 1, 2) == p2p_gbs(v, 2, 3) == 2 * p2p_gbs(v, 1, 3)
+    docs = [_chain_rank(r, 8, "Tesla V100-SXM2-32GB") for r in range(8)]
+    r = replay(write_job(tmp_path, docs), on="dgx-h100")
+    g = r.tg.graph
+    nbytes = RING_NELEMS * 4
+
+    def pair_ms(system, a, b):
+        return predict_collective("sendrecv", nbytes, system, ranks=[a, b]).time_ms
+    links = [(1, 2), (2, 3)]
+    want = MEASURED_US * (max(pair_ms("dgx-h100", *p) for p in links) /
+                          max(pair_ms("dgx1-v100", *p) for p in links))
+    ring = MEASURED_US * (predict_collective("sendrecv", nbytes, "dgx-h100", ranks=[1, 2, 3]).time_ms /
+                          predict_collective("sendrecv", nbytes, "dgx1-v100", ranks=[1, 2, 3]).time_ms)
+    op = next(op for op, ge, *_ in r.tg.gpu_ops[2] if ge.name == KERNEL)
+    assert 1e3 * g.dur_ms[op] == pytest.approx(want)
+    assert abs(want - ring) > 0.3 * ring  # the two prices differ: the test tells them apart

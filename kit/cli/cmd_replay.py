@@ -1,4 +1,4 @@
-"""`kit replay TRACE [--on GPU_OR_SYSTEM] [--et ET | --no-et]`: replay a Kineto trace, per-rank
+"""`kit replay TRACE [--on GPU_OR_SYSTEM [--from SYSTEM]] [--et ET | --no-et]`: replay a Kineto trace, per-rank
 step times and the critical path; with --on, predict the same step on another GPU or system.
 PyTorch execution traces next to the Kineto files (or given with --et) are linked to them."""
 from kit.cli import add_command
@@ -20,7 +20,7 @@ def run(args):
                            "times and looks no GPU up; add --on GPU_OR_SYSTEM, or drop --gpu-file")
         load_gpu_file(args.gpu_file)
 
-    r = replay(args.trace, on=args.on, et=False if args.no_et else args.et)
+    r = replay(args.trace, on=args.on, et=False if args.no_et else args.et, source=args.source)
     out = r.to_dict()
     if args.trace_out:
         out["perfetto"] = write_perfetto(r.timeline(), args.trace_out, r.critical_path().op)
@@ -64,6 +64,10 @@ def register(sub):
                     "compare each rank's step; --on predicts it on another GPU or system", run, text)
     p.add_argument("trace", help="Kineto JSON (.json/.json.gz), a folder of per-rank files, or a tarball")
     p.add_argument("--on", metavar="GPU_OR_SYSTEM", help="transfer to this GPU or system")
+    p.add_argument("--from", dest="source", type=nonempty, metavar="SYSTEM", help="the preset system "
+                   "the trace was recorded on (with --on SYSTEM; it prices the measured collectives and "
+                   "peer copies); by default the first single-node preset of the trace's GPU that fits, "
+                   "which the output names")
     p.add_argument("--gpu-file", type=nonempty, metavar="FILE", help="load your own GPU(s) from a "
                    "JSON file first (the --on target, or the GPU the trace was recorded on)")
     et = p.add_mutually_exclusive_group()

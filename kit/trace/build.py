@@ -125,6 +125,7 @@ class TraceGraph:
     sync_ops: dict = field(default_factory=dict)  # rank -> [(op id, RuntimeCall, what set its deps)]
     gpu_waits: dict = field(default_factory=dict)  # cross-stream GPU deps by source
     missing_ranks: list = field(default_factory=list)  # the job's ranks no file holds
+    source_system: list | None = None  # --on a system: [{system, ranks, chosen}] (kit.trace.transfer)
     notes: list = field(default_factory=list)
 
 

@@ -52,14 +52,18 @@ def match_by_group(tg, family):
         return None, (None if n == total else f"{n:,} of the job's {total:,} collectives, on rank(s) "
                       f"{rank_list([r for r, k in unnamed.items() if k])}, name no process group "
                       "while the others do")
+    out, why = _match_coalesced(comm, keys, metas)
+    if why:
+        return None, why
     runs: dict = {}  # key -> rank -> [(op, GpuEvent, seq)] in launch order
     ranks_of: dict = {}
     for r, ops in comm.items():
         for op, ge in ops:
             key, ranks = keys[op]
+            if key[0] == "coalesced":
+                continue
             ranks_of[key] = ranks
             runs.setdefault(key, {}).setdefault(r, []).append((op, ge, metas[op].seq))
-    out = []
     for key, by_rank in runs.items():
         members = ranks_of[key]
         seqs = {r: [s for _, _, s in by_rank.get(r, [])] for r in members}
@@ -79,6 +83,58 @@ def match_by_group(tg, family):
                 return None, (f"collective {s} of group {_name(key)} is not the same collective on its "
                               f"ranks ({'; '.join(f'rank {r}: {ge.name}' for r, (_, ge) in sorted(m.items())[:4])})")
             out.append((key + (s,), m))
+    return out, None
+
+
+def _match_coalesced(comm, keys, metas):
+    """([(key, {rank: (op, GpuEvent)})] for the coalesced batches, None), or (None, why not).
+    A batch is matched pairwise, by its sends and recvs: rank a's i-th coalesced send to b with
+    b's i-th coalesced recv from a (in launch order, within the group the trace names). Batches
+    so paired run together, and so do the batches paired with those: a pipeline's ring shift
+    (each rank sends to r + 1 and receives from r - 1 in one batch) ties its stages into one
+    set, where each rank's peers differ and a key by the peer set had matched none of them."""
+    sends: dict = {}  # (group name, a, b) -> a's ops that send to b, in launch order
+    recvs: dict = {}  # (group name, a, b) -> b's ops that receive from a
+    ops_of: dict = {}  # op -> (rank, GpuEvent)
+    for r, ops in comm.items():
+        for op, ge in ops:
+            if keys[op][0] is None or keys[op][0][0] != "coalesced":
+                continue
+            ops_of[op] = (r, ge)
+            name = keys[op][0][2]
+            for m in metas[op].members:
+                pair = (name, r, m.peer) if m.collective == "send" else (name, m.peer, r)
+                (sends if m.collective == "send" else recvs).setdefault(pair, []).append(op)
+    parent = {op: op for op in ops_of}
+
+    def root(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    for pair in sorted(set(sends) | set(recvs), key=str):
+        a, b = sends.get(pair, []), recvs.get(pair, [])
+        if len(a) != len(b):
+            return None, (f"coalesced batches send {len(a)} time(s) from rank {pair[1]} to rank "
+                          f"{pair[2]} and receive {len(b)} time(s) there from it")
+        for x, y in zip(a, b):
+            parent[root(x)] = root(y)
+    sets: dict = {}
+    for op in ops_of:  # launch order within each rank
+        sets.setdefault(root(op), []).append(op)
+    out, count = [], {}
+    for members in sets.values():
+        m = {}
+        for op in members:
+            r, ge = ops_of[op]
+            if r in m:
+                return None, (f"rank {r}'s coalesced batches {m[r][1].name.split('(')[0]} and "
+                              f"{ge.name.split('(')[0]} pair with the same batches of other ranks")
+            m[r] = (op, ge)
+        ranks = tuple(sorted(m))
+        key = ("coalesced", ranks, keys[members[0]][0][2])
+        count[key] = count.get(key, -1) + 1
+        out.append((key + (count[key],), m))
     return out, None
 
 

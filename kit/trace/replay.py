@@ -44,6 +44,7 @@ class Replay:
             "critical_path": {"rank": slow, **self.result.breakdown(slow)},
             "collectives_synced": self.tg.collectives_synced,
             "missing_ranks": list(self.tg.missing_ranks),
+            "source_system": self.tg.source_system,
             "execution_traces": [lk.stats(t) for t in self.tg.traces
                                  if (lk := self.tg.links.get(t.rank)) is not None],
             "host_syncs": dict(self.tg.syncs),
@@ -116,9 +117,13 @@ def load_with_et(trace, et=None) -> tuple[list[RankTrace], dict, list[str]]:
     return traces, links, notes
 
 
-def replay(trace, on=None, sync_collectives: bool = True, et=None) -> Replay:
+def replay(trace, on=None, sync_collectives: bool = True, et=None, source=None) -> Replay:
     """Replay a trace (path, or RankTraces) at measured durations, or transferred `on` a GPU/system.
-    et: execution traces to link (None: those found with the trace; False: none)."""
+    et: execution traces to link (None: those found with the trace; False: none). source: the
+    system the trace ran on (a preset; by default the first single-node one of its GPU that fits)."""
+    if source is not None and on is None:
+        raise KitError(f"--from {source!r} goes with --on SYSTEM: without --on the measured times "
+                       "are kept and no source system is used")
     traces, links, notes = load_with_et(trace, et)
     tg = build_graph(traces, sync_collectives, links)
     tg.notes += notes
@@ -126,7 +131,7 @@ def replay(trace, on=None, sync_collectives: bool = True, et=None) -> Replay:
     if on is not None:
         from kit.trace.transfer import transfer
 
-        label = transfer(tg, on)
+        label = transfer(tg, on, source)
     res = simulate(tg.graph)
     rows = []
     for t in traces:

@@ -284,6 +284,27 @@ def host_bound_copy(ge, link_gbs: float) -> bool:
     return nbytes / ge.dur_us / 1e3 < HOST_BOUND_LINK_FRACTION * link_gbs  # bytes/µs -> GB/s
 
 
+def coalesced_links(meta, rank: int) -> dict | None:
+    """A coalesced batch's transfers by link: {(rank, peer) sorted: bytes}, the larger of what it
+    sends to the peer and what it receives from it, or None where a send or recv has no
+    readable size. The batch runs them concurrently (one NCCL kernel; NVLink, PCIe and NICs are
+    full duplex), so it takes the longest, each priced as a 2-rank sendrecv over its pair's link.
+    A ring shift's send to r + 1 and recv from r - 1 had been priced as a 3-rank ring shift,
+    whose third hop (r + 1 -> r - 1) the batch does not run: on a DGX-1 V100, rank 2's 64 MiB
+    send to 3 and recv from 1 (2 NVLinks each) took the 1-NVLink hop 3 -> 1, 2.90 ms, not 1.52."""
+    by: dict = {}
+    for m in meta.members:
+        n = m.nbytes("sendrecv")
+        if not n:
+            return None
+        key = (m.collective, tuple(sorted((rank, m.peer))))
+        by[key] = by.get(key, 0) + n
+    out: dict = {}  # a pair's two directions run at once: the larger prices it
+    for (_, pair), n in sorted(by.items()):
+        out[pair] = max(out.get(pair, 0), n)
+    return out or None
+
+
 def resolve_target(on):
     """(gpu, system or None) for a GPU or System name."""
     from kit.hardware import get_gpu
@@ -306,14 +327,42 @@ def resolve_target(on):
 
 
 def source_system(gpu, world: int):
-    """The preset node for the trace's own GPU (e.g. V100 -> dgx1-v100), or None."""
+    """The default preset node for the trace's own GPU (e.g. V100 -> dgx1-v100), or None."""
+    return pick_source_system(gpu, world)[0]
+
+
+def pick_source_system(gpu, world: int, name: str | None = None):
+    """(the preset node the trace ran on, how it was chosen), or (None, why none): the
+    system named (--from), checked against the trace's GPU and ranks, else the first single-node
+    preset with world x the trace's GPU. That default is a guess the trace does not settle: an A100
+    job of 4 ranks or fewer reads as a100x4-nvlink (97.5 GB/s a GPU pair) whether it ran there or
+    on a DGX A100 (292.5), so the choice, and the others that fit, are said (source_note). The
+    trace's NCCL kernel names and peer-copy rates are not read for the topology."""
+    from kit.hardware.system import get_system
+
+    if name is not None:
+        try:
+            s = get_system(name)
+        except KitError as e:
+            raise KitError(f"--from {name!r}: {e}") from None
+        if s.gpu_key != gpu.key or s.world_size < world:
+            raise KitError(f"--from {name!r}: {s.key} has {s.world_size} x {s.gpu_key}, but the trace "
+                           f"ran {world} rank(s) on {gpu.key}; name a system of that GPU with at least "
+                           f"{world} GPUs ({', '.join(_fits(gpu, world)) or 'no preset has them'})")
+        return s, "named with --from"
+    fits = [x for x in _fits(gpu, world) if get_system(x).nodes == 1]
+    if not fits:
+        return None, None
+    others = f"; also {', '.join(fits[1:])}: name the one it ran on with --from" if fits[1:] else ""
+    return get_system(fits[0]), (f"the first single-node preset with {world} x {gpu.key} (not read "
+                                 f"from the trace{others})")
+
+
+def _fits(gpu, world: int) -> list:
+    """The presets of gpu with at least world GPUs."""
     from kit.hardware.system import get_system, list_systems
 
-    for name in list_systems():
-        s = get_system(name)
-        if s.gpu_key == gpu.key and s.nodes == 1 and s.gpus_per_node >= world:
-            return s
-    return None
+    return [n for n in list_systems() if (s := get_system(n)).gpu_key == gpu.key and s.world_size >= world]
 
 
 def annotation_kind(annotation: str) -> str | None:
@@ -415,8 +464,10 @@ def _unnamed_gpu(traces) -> str | None:
     return next(iter(named.values()))
 
 
-def transfer(tg: TraceGraph, on) -> str:
-    """Rescale the GPU op durations of tg.graph for the target; returns the target's description."""
+def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
+    """Rescale the GPU op durations of tg.graph for the target; returns the target's description.
+    source: the system the trace ran on (--from), else pick_source_system's default; which one and why
+    go to tg.source_system and a note (pick_source_system)."""
     from kit.comm import predict_collective
     from kit.hardware import get_gpu
 
@@ -428,6 +479,9 @@ def transfer(tg: TraceGraph, on) -> str:
     world = job_world_size(tg.traces)
     if dst_sys is not None and dst_sys.world_size < world:
         raise KitError(f"--on {on}: {dst_sys.world_size} GPUs, but the trace's job has {world} ranks")
+    if source is not None and dst_sys is None:
+        raise KitError(f"--from {source!r} goes with a system as --on: with a GPU ({dst_gpu.key}) the "
+                       "collectives and peer copies keep their measured times, and no source system is used")
     kept = {}  # why collectives keep their measured times -> how many
     # a collective synchronised across ranks (kit.trace.build) moves one size on all of them:
     # a member without a readable nccl:* size takes the one its group's others give, where they
@@ -467,6 +521,7 @@ def transfer(tg: TraceGraph, on) -> str:
     peer_kept = {}  # why peer (PtoP) copies keep their measured durations -> how many
     peer_scaled = {}  # (source preset, whether by the copies' own GPU pair) -> peer copies scaled
     unnamed = _unnamed_gpu(tg.traces)
+    chosen: dict = {}  # (source preset, how it was chosen) -> ranks
     for t in tg.traces:
         name = unnamed if t.gpu and _names_no_gpu(t) else t.gpu_name
         if not name:
@@ -476,7 +531,9 @@ def transfer(tg: TraceGraph, on) -> str:
         except KitError as e:
             raise KitError(f"{t.source}: the trace's GPU is not in the catalog ({e}); give its "
                            "datasheet numbers with --gpu-file") from None
-        src_sys = source_system(src_gpu, world) if dst_sys is not None else None
+        src_sys, how = pick_source_system(src_gpu, world, source) if dst_sys is not None else (None, None)
+        if src_sys is not None:
+            chosen.setdefault((src_sys.key, how), []).append(t.rank)
         for op, ge, _, call in tg.gpu_ops.get(t.rank, []):
             d = g.dur_ms[op]
             kind = g.kind[op]
@@ -517,8 +574,13 @@ def transfer(tg: TraceGraph, on) -> str:
                 placed[where] += 1
                 if not_used:
                     unread[not_used] = unread.get(not_used, 0) + 1
-                a = predict_collective(ck, nbytes, src_sys, ranks=ranks).time_ms
-                b = predict_collective(ck, nbytes, dst_sys, ranks=ranks).time_ms
+                links = coalesced_links(meta, t.rank) if where == "coalesced" and ck == "sendrecv" else None
+                if links:  # its sends and recvs at once, each on its own pair's link
+                    a, b = (max(predict_collective("sendrecv", n, x, ranks=pair).time_ms
+                                for pair, n in links.items()) for x in (src_sys, dst_sys))
+                else:
+                    a = predict_collective(ck, nbytes, src_sys, ranks=ranks).time_ms
+                    b = predict_collective(ck, nbytes, dst_sys, ranks=ranks).time_ms
                 g.dur_ms[op] = d * b / a
             elif kind == "memcpy":
                 if "HtoD" in ge.name or "DtoH" in ge.name:
@@ -569,6 +631,10 @@ def transfer(tg: TraceGraph, on) -> str:
                 g.dur_ms[op] = above_floor_ms(d, ratio)
             else:
                 g.dur_ms[op] = above_floor_ms(d, src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs)
+    tg.source_system = ([{"system": k, "ranks": r, "chosen": how} for (k, how), r in chosen.items()]
+                        if dst_sys is not None else None)
+    tg.notes += [f"source system {k} (rank{'s' if len(r) > 1 else ''} {rank_list(r)}): {how}; it prices "
+                 "the collectives and peer copies measured there" for (k, how), r in chosen.items()]
     if unnamed:
         blind = [t.rank for t in tg.traces if t.gpu and _names_no_gpu(t)]
         tg.notes.append(f"rank{'s' if len(blind) > 1 else ''} {rank_list(blind)} name no GPU (no "

@@ -1,0 +1,119 @@
+"""kit replay --on SYSTEM --from SYSTEM: the system a trace was recorded on. The measured
+collectives and peer copies are rescaled from it, and a trace names no system, only its GPU and
+ranks: by default the first single-node preset of that GPU with enough GPUs is taken, so a 4-rank
+A100 job reads as a100x4-nvlink (NVLink 3 with 4 links a GPU pair, 4 x 25 GB/s a direction; its
+preset's fabric efficiency aside) even where it ran on a DGX A100 (NVSwitch: each GPU's 12 NVLink
+3 links, 300 GB/s a direction; NVIDIA A100 Tensor Core GPU Architecture whitepaper, "NVLink" and
+"DGX A100"). --from names it; the default says which it took and which others fit."""
+import json
+
+import pytest
+
+from kit.cli import main
+from kit.comm import predict_collective
+from kit.comm.topology import p2p_gbs
+from kit.errors import KitError
+from kit.hardware.system import get_system
+from kit.trace import replay
+from tests.test_replay_coalesced_p2p import MEASURED_US, NELEMS, WORLD, pipeline_exchange
+from kit.trace.transfer import KERNEL_FLOOR_MS
+from tests.test_replay_peer_copies import ev
+from tests.test_replay_process_groups import A100
+
+
+def _kernel_us(r):
+    g = r.tg.graph
+    return [1e3 * g.dur_ms[op] for ops in r.tg.gpu_ops.values() for op, *_ in ops]
+
+
+def test_the_named_source_prices_the_collectives(tmp_path):
+    # the 4 A100 ranks exchange 4 MiB in pairs (0-1, 2-3): as one transfer between each pair
+    job = pipeline_exchange(tmp_path)
+    nbytes = NELEMS * 4
+
+    def pair_ms(system):
+        return predict_collective("sendrecv", nbytes, system, ranks=[0, 1]).time_ms
+    default, named = replay(job, on="dgx-h100"), replay(job, on="dgx-h100", source="dgx-a100")
+    assert _kernel_us(default) == [pytest.approx(MEASURED_US * pair_ms("dgx-h100") / pair_ms("a100x4-nvlink"))] * WORLD
+    assert _kernel_us(named) == [pytest.approx(MEASURED_US * pair_ms("dgx-h100") / pair_ms("dgx-a100"))] * WORLD
+    # the two sources' pair links: 4 NVLinks against the NVSwitch's 12, so a 4 MiB exchange that
+    # took 300 us on the DGX A100 ran on a faster fabric than a100x4-nvlink's
+    a4, dgx = get_system("a100x4-nvlink"), get_system("dgx-a100")
+    assert p2p_gbs(dgx, 0, 1) / p2p_gbs(a4, 0, 1) == pytest.approx(12 / 4)
+    assert _kernel_us(named)[0] > 1.2 * _kernel_us(default)[0]
+
+
+def test_the_default_source_is_said_with_the_others_that_fit(tmp_path):
+    job = pipeline_exchange(tmp_path)
+    r = replay(job, on="dgx-h100").to_dict()
+    assert r["source_system"] == [{"system": "a100x4-nvlink", "ranks": [0, 1, 2, 3], "chosen": (
+        "the first single-node preset with 4 x a100-sxm4-40gb (not read from the trace; also "
+        "dgx-a100: name the one it ran on with --from)")}]
+    assert any(n.startswith("source system a100x4-nvlink (ranks 0-3): the first single-node preset")
+               for n in r["notes"]), r["notes"]
+    named = replay(job, on="dgx-h100", source="dgx-a100").to_dict()
+    assert named["source_system"] == [{"system": "dgx-a100", "ranks": [0, 1, 2, 3], "chosen": "named with --from"}]
+    assert replay(job).to_dict()["source_system"] is None
+    assert replay(job, on="h100-sxm").to_dict()["source_system"] is None  # a GPU target uses none
+
+
+def test_the_named_source_prices_peer_copies(tmp_path):
+    # an A100's 1 ms copy of 64 MiB from GPU 0 to GPU 1, replayed on a DGX H100 (NVSwitch, 18 NVLink
+    # 4 links a GPU, 450 GB/s a direction): from a100x4-nvlink's 4 links (100 GB/s) by default, from a
+    # DGX A100's NVSwitch (12 links, 300 GB/s) when named. The presets' NVLink efficiency (0.975 on
+    # both) cancels; the first 2 us are the floor (above_floor_ms)
+    doc = {"deviceProperties": [{"name": A100}], "traceEvents": [
+        ev("ProfilerStep#1", 0, 1100, "cpu_op"),
+        ev("cudaMemcpyAsync", 10, 5, "cuda_runtime", correlation=9),
+        ev("Memcpy PtoP (Device -> Device)", 20, 1000, "gpu_memcpy", tid=7, correlation=9, stream=7,
+           bytes=64 << 20, fromDevice=0, toDevice=1),
+        ev("cudaStreamSynchronize", 16, 1010, "cuda_runtime", correlation=10)]}
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+
+    def floored_us(ratio):
+        return 1e3 * (KERNEL_FLOOR_MS + (1.0 - KERNEL_FLOOR_MS) * ratio)
+    assert _kernel_us(replay(p, on="dgx-h100")) == [pytest.approx(floored_us(100 / 450))]
+    named = replay(p, on="dgx-h100", source="dgx-a100")
+    assert _kernel_us(named) == [pytest.approx(floored_us(300 / 450))]
+    assert any("scaled by the GPU-to-GPU link of dgx-a100 to dgx-h100" in n for n in named.to_dict()["notes"])
+
+
+@pytest.mark.parametrize("source,on,msg", [
+    ("dgx-z100", "dgx-h100", "--from 'dgx-z100': unknown system"),
+    ("dgx-h100", "dgx-h100", "--from 'dgx-h100': dgx-h100 has 8 x h100-sxm, but the trace ran 4 rank(s) "
+                             "on a100-sxm4-40gb; name a system of that GPU with at least 4 GPUs "
+                             "(a100x4-nvlink, dgx-a100, dgx-a100-ib-hdr-x4)"),
+    ("a100x4-nvlink-x1", "h100-sxm", "--from 'a100x4-nvlink-x1' goes with a system as --on"),
+    ("dgx-a100", None, "--from 'dgx-a100' goes with --on SYSTEM"),
+])
+def test_a_bad_source_is_one_clear_error(tmp_path, source, on, msg):
+    with pytest.raises(KitError) as e:
+        replay(pipeline_exchange(tmp_path), on=on, source=source)
+    assert str(e.value).startswith(msg), str(e.value)
+
+
+def test_a_source_with_too_few_gpus_is_refused(tmp_path):
+    # an 8-rank job cannot have run on a100x4-nvlink's 4 GPUs
+    from tests.test_replay_process_groups import job
+
+    def fields(r):
+        return {"Collective name": "allreduce", "Process Group Ranks": str(list(range(8))), "Group size": 8,
+                "In msg nelems": 1 << 20, "dtype": "Float"}
+    p = job(tmp_path, A100, fields, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)")
+    with pytest.raises(KitError, match=r"--from 'a100x4-nvlink': a100x4-nvlink has 4 x a100-sxm4-40gb, "
+                                       r"but the trace ran 8 rank\(s\)"):
+        replay(p, on="dgx-h100", source="a100x4-nvlink")
+
+
+def test_the_cli_takes_from_and_says_the_source(tmp_path, capsys):
+    job = str(pipeline_exchange(tmp_path))
+    assert main(["replay", job, "--on", "dgx-h100", "--from", "dgx-a100", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["source_system"][0]["system"] == "dgx-a100"
+    assert main(["replay", job, "--on", "dgx-h100"]) == 0
+    text = capsys.readouterr().out
+    assert "note: source system a100x4-nvlink (ranks 0-3): the first single-node preset" in text, text
+    rc = main(["replay", job, "--on", "dgx-h100", "--from", "nope"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--from 'nope': unknown system" in err and "Traceback" not in err, err
