@@ -284,17 +284,19 @@ def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = 
                             host=get_profile(profile), graph=graph)
 
 
-def replay_trace(trace, on=None, et=None) -> dict:
+def replay_trace(trace, on=None, et=None, source=None) -> dict:
     """Replay a Kineto trace (file, .gz, folder or tarball): per-rank measured vs replayed step
     and the critical path; with `on` (a GPU or system) predict the same step there. et: PyTorch
-    execution traces to link (None: those found with the trace; False: none)."""
+    execution traces to link (None: those found with the trace; False: none). source: with `on`
+    a system, the preset system the trace was recorded on (the CLI's --from; None: the first
+    single-node preset of its GPU that fits, named in the result's source_system)."""
     from kit.trace import replay
 
     _path_arg(trace, "trace")
     if et is not None and et is not False:
         for e in (et if isinstance(et, (list, tuple)) else [et]):
             _path_arg(e, "et (an execution trace; None: those found, False: none)")
-    return replay(trace, on=on, et=et).to_dict()
+    return replay(trace, on=on, et=et, source=source).to_dict()
 
 
 def train_predictors(train_gpus, out, data_dir=None, seed: int = 0, threads: int | None = None,

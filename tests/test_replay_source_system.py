@@ -117,3 +117,48 @@ def test_the_cli_takes_from_and_says_the_source(tmp_path, capsys):
     rc = main(["replay", job, "--on", "dgx-h100", "--from", "nope"])
     err = capsys.readouterr().err
     assert rc != 0 and "--from 'nope': unknown system" in err and "Traceback" not in err, err
+
+
+def test_the_api_takes_the_source_as_the_cli_does(tmp_path):
+    from kit.api import replay_trace
+
+    job = pipeline_exchange(tmp_path)
+    d = replay_trace(job, on="dgx-h100", source="dgx-a100")
+    assert d["source_system"] == [{"system": "dgx-a100", "ranks": [0, 1, 2, 3], "chosen": "named with --from"}]
+    assert d["ranks"] == replay(job, on="dgx-h100", source="dgx-a100").to_dict()["ranks"]
+    with pytest.raises(KitError, match="--from 'dgx-z100': unknown system"):
+        replay_trace(job, on="dgx-h100", source="dgx-z100")
+
+
+def _peer_copy(tmp_path, dur_us, nbytes=64 << 20):
+    doc = {"deviceProperties": [{"name": A100}], "traceEvents": [
+        ev("ProfilerStep#1", 0, dur_us + 100, "cpu_op"),
+        ev("cudaMemcpyAsync", 10, 5, "cuda_runtime", correlation=9),
+        ev("Memcpy PtoP (Device -> Device)", 20, dur_us, "gpu_memcpy", tid=7, correlation=9, stream=7,
+           bytes=nbytes, fromDevice=0, toDevice=1),
+        ev("cudaStreamSynchronize", 16, dur_us + 10, "cuda_runtime", correlation=10)]}
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_a_peer_copy_faster_than_the_source_link_is_said_and_held_to_the_target_link(tmp_path):
+    # 64 MiB from GPU 0 to 1 in 300 us is 223.7 GB/s: more than a100x4-nvlink's 4 NVLinks a pair
+    # carry (4 x 25 GB/s, 97.5 at the preset's 0.975), so the trace did not run there (a DGX A100's
+    # NVSwitch, 300 GB/s, does carry it). Scaled by the default source's link (97.5 / 438.75) it
+    # had taken 0.068 ms on a DGX H100, 984 GB/s over a pair link of 450 GB/s (438.75): now no
+    # less than the bytes over that link, and the note says the source cannot be the one taken
+    nbytes = 64 << 20
+    p = _peer_copy(tmp_path, 300, nbytes)
+    h100 = p2p_gbs(get_system("dgx-h100"), 0, 1)
+    assert h100 == pytest.approx(0.975 * 450)
+    assert nbytes / 300e-6 / 1e9 > p2p_gbs(get_system("a100x4-nvlink"), 0, 1)
+    r = replay(p, on="dgx-h100")
+    assert _kernel_us(r) == [pytest.approx(1e6 * nbytes / (h100 * 1e9))]
+    assert any(n.startswith("1 peer-to-peer (PtoP) copy ran faster than a100x4-nvlink's link between their "
+                            "GPUs carries (up to 223.7 GB/s over 97.50)") for n in r.to_dict()["notes"])
+    # from the DGX A100 it fits its link (223.7 of 292.5 GB/s): scaled by the links, no note
+    named = replay(p, on="dgx-h100", source="dgx-a100")
+    ratio = p2p_gbs(get_system("dgx-a100"), 0, 1) / h100
+    assert _kernel_us(named) == [pytest.approx(1e3 * (KERNEL_FLOOR_MS + (0.3 - KERNEL_FLOOR_MS) * ratio))]
+    assert not any("ran faster" in n for n in named.to_dict()["notes"])

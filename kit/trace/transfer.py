@@ -336,8 +336,9 @@ def pick_source_system(gpu, world: int, name: str | None = None):
     system named (--from), checked against the trace's GPU and ranks, else the first single-node
     preset with world x the trace's GPU. That default is a guess the trace does not settle: an A100
     job of 4 ranks or fewer reads as a100x4-nvlink (97.5 GB/s a GPU pair) whether it ran there or
-    on a DGX A100 (292.5), so the choice, and the others that fit, are said (source_note). The
-    trace's NCCL kernel names and peer-copy rates are not read for the topology."""
+    on a DGX A100 (292.5), so the choice, and the others that fit, are said (transfer's note). The
+    trace's NCCL kernel names are not read for the topology; a peer copy faster than the source's
+    link is said in transfer (peer_fast), not used to pick another."""
     from kit.hardware.system import get_system
 
     if name is not None:
@@ -520,6 +521,7 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
     no_int8 = {}  # source GPU -> int8 GEMMs scaled by FP32 peaks (a GPU without an INT8 peak)
     peer_kept = {}  # why peer (PtoP) copies keep their measured durations -> how many
     peer_scaled = {}  # (source preset, whether by the copies' own GPU pair) -> peer copies scaled
+    peer_fast = {}  # source preset -> (peer copies faster than its link, fastest GB/s, its link's)
     unnamed = _unnamed_gpu(tg.traces)
     chosen: dict = {}  # (source preset, how it was chosen) -> ranks
     for t in tg.traces:
@@ -608,6 +610,18 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
                     how = (src_sys.key, own_a and own_b)  # by the copy's own pair on both, or the mean
                     peer_scaled[how] = peer_scaled.get(how, 0) + 1
                     g.dur_ms[op] = above_floor_ms(d, a / b)
+                    nbytes = int_or_none(ge.bytes)
+                    nbytes = nbytes if nbytes and nbytes > 0 and ge.dur_us and ge.dur_us > 0 else None
+                    if own_a and nbytes and nbytes / ge.dur_us / 1e3 > a:  # bytes/us -> GB/s
+                        # faster than the source's link carries: the trace did not run there (an
+                        # A100's 64 MiB in 0.3 ms, 224 GB/s, over a100x4-nvlink's 97.5), and scaled
+                        # by its link the copy had beaten the target's own (0.068 ms on a DGX H100,
+                        # 984 GB/s over 438.75)
+                        n, top, link = peer_fast.get(src_sys.key, (0, 0.0, a))
+                        rate = nbytes / ge.dur_us / 1e3
+                        peer_fast[src_sys.key] = (n + 1, *max((top, link), (rate, a)))
+                    if own_b and nbytes:  # no faster than the target's own link
+                        g.dur_ms[op] = max(g.dur_ms[op], nbytes / (b * 1e9) * 1e3)
                 else:  # device-side copies and memsets: the floor as a kernel's (above_floor_ms).
                     # PARAM's ResNet trace (RTX 2080 Ti) copies 256 B to 147 KB DtoD in 2-3 us
                     # (48 of its 62 DtoD copies) and sets 128 B to 1.2 MB in 0-3 us (332 of its
@@ -671,6 +685,11 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
                         + ("each copy's own pair, Kineto's fromDevice/toDevice)" if own else
                            "the mean over each node's GPU pairs: the trace names no pair, or one "
                            "past a node's GPUs)"))
+    for src_key, (n, top, link) in peer_fast.items():
+        tg.notes.append(f"{n} peer-to-peer (PtoP) cop{'ies' if n > 1 else 'y'} ran faster than {src_key}'s "
+                        f"link between their GPUs carries (up to {top:,.1f} GB/s over {link:,.2f}): the "
+                        f"trace was not recorded there; name its system with --from. On {dst_sys.key} "
+                        "no copy is faster than its own pair's link")
     for src, n in no_int8.items():
         lacking = " and ".join(dict.fromkeys(x.key for x in (src, dst_gpu) if not x.int8_tops))
         tg.notes.append(f"{n} int8 GEMM(s) ({src.key} to {dst_gpu.key}) scaled by the FP32 peaks: the "
