@@ -49,48 +49,16 @@ def predict(args):
     ranks = _ranks(args.ranks)
     if args.sizes and args.bytes is not None:
         raise KitError(f"--bytes {args.bytes} and --sizes {args.sizes} both given: one size or a sweep, not both")
-    if args.sizes:
-        sizes, rounded = _nccl_tests_sizes(args.collective, parse_sizes(args.sizes), system, ranks)
-        t = collective_table(args.collective, sizes, system, ranks, args.calibration)
-        r = {"system": system.key, "table": t.to_dict("records"), "notes": [*rounded, *t.attrs["notes"]]}
+    if args.sizes:  # sized as nccl-tests runs them (conventions.nccl_tests_sizes), with a note
+        t = collective_table(args.collective, parse_sizes(args.sizes), system, ranks, args.calibration,
+                             nccl_tests=True)
+        r = {"system": system.key, "table": t.to_dict("records"), "notes": t.attrs["notes"]}
     elif args.bytes is None:
         raise KitError("give --bytes SIZE (e.g. 1e9 or 64M) or --sizes MIN:MAX")
     else:
-        sizes, rounded = _nccl_tests_sizes(args.collective, [int(_bytes(args.bytes))], system, ranks)
-        r = predict_collective(args.collective, sizes[0], system, ranks, args.calibration).to_dict()
-        r["notes"] = [*rounded, *r["notes"]]
+        r = predict_collective(args.collective, int(_bytes(args.bytes)), system, ranks, args.calibration,
+                               nccl_tests=True).to_dict()
     return {**r, **_calibration_note(args, system, ranks)}
-
-
-def _nccl_tests_sizes(collective: str, sizes: list[int], system, ranks) -> tuple[list[int], list[str]]:
-    """The sizes nccl-tests would run for a collective of n ranks
-    (kit.comm.conventions.nccl_tests_size_bytes: whole 4-byte words; for all-gather and
-    reduce-scatter n equal parts of whole words, for all-to-all of whole 16 bytes), and a note
-    naming those rounded down; one error when every size is below the least it runs."""
-    from kit.comm.conventions import (SPLIT_KINDS, canonical_kind, least_size_bytes,
-                                      nccl_tests_size_bytes, split_unit_bytes)
-    from kit.comm.predict import group_size
-
-    kind = canonical_kind(collective)
-    n = group_size(system, ranks)
-    ran = {s: nccl_tests_size_bytes(kind, s, n) for s in sizes}
-    kept = sorted({r for r in ran.values() if r > 0})
-    least = least_size_bytes(kind, n)
-    if kind in SPLIT_KINDS:
-        unit = split_unit_bytes(kind)
-        part = "4-byte words" if unit == 4 else f"{unit} bytes (4 words: nccl-tests aligns an all-to-all's parts)"
-        whole, short = f"whole {part} a rank", f"less than {unit} B a rank"
-    else:
-        whole, short = "whole 4-byte words (count = size / 4 B)", "less than one 4-byte word"
-    if not kept:
-        raise KitError(f"{kind} of {sizes[-1]:,} B on {n} ranks is {short}: nccl-tests runs "
-                       f"{whole}, rounding down, and would run 0 B; give at least {least:,} B")
-    changed = [(s, r) for s, r in ran.items() if r != s]
-    if not changed:
-        return kept, []
-    shown = ", ".join(f"{s:,} B -> {r:,} B" if r else f"{s:,} B -> none (under {least:,} B)" for s, r in changed[:4])
-    return kept, [f"{kind} on {n} ranks runs {whole}, as nccl-tests rounds it down: "
-                  f"{shown}{', ...' if len(changed) > 4 else ''}"]
 
 
 def _calibration_note(args, system, ranks) -> dict:

@@ -77,6 +77,37 @@ def least_size_bytes(kind: str, n: int) -> int:
     return split_unit_bytes(kind) * n if kind in SPLIT_KINDS and n >= 1 else WORD_BYTES
 
 
+def _shown_bytes(size) -> str:
+    return f"{int(size):,}" if size == int(size) else f"{size:,}"
+
+
+def nccl_tests_sizes(kind: str, sizes, n: int) -> tuple[list[int], list[str]]:
+    """The sizes nccl-tests runs for the requested `sizes` of `kind` (canonical) on n ranks, by
+    nccl_tests_size_bytes, sorted and each once (two that round to one size are one run), and a
+    note naming each size rounded down or dropped (under least_size_bytes, nccl-tests would run
+    0 B); one KitError when every size is under the least. The one rule `kit comm predict` and
+    predict_collective / collective_table(nccl_tests=True) share."""
+    ran = {s: nccl_tests_size_bytes(kind, int(s), n) for s in sizes}
+    kept = sorted({r for r in ran.values() if r > 0})
+    least = least_size_bytes(kind, n)
+    if kind in SPLIT_KINDS:
+        unit = split_unit_bytes(kind)
+        part = "4-byte words" if unit == 4 else f"{unit} bytes (4 words: nccl-tests aligns an all-to-all's parts)"
+        whole, short = f"whole {part} a rank", f"less than {unit} B a rank"
+    else:
+        whole, short = "whole 4-byte words (count = size / 4 B)", "less than one 4-byte word"
+    if not kept:
+        raise KitError(f"{kind} of {_shown_bytes(list(ran)[-1])} B on {n} ranks is {short}: nccl-tests "
+                       f"runs {whole}, rounding down, and would run 0 B; give at least {least:,} B")
+    changed = [(s, r) for s, r in ran.items() if r != s]
+    if not changed:
+        return kept, []
+    shown = ", ".join(f"{_shown_bytes(s)} B -> {r:,} B" if r else f"{_shown_bytes(s)} B -> none (under {least:,} B)"
+                      for s, r in changed[:4])
+    return kept, [f"{kind} on {n} ranks runs {whole}, as nccl-tests rounds it down: "
+                  f"{shown}{', ...' if len(changed) > 4 else ''}"]
+
+
 def busbw_factor(kind: str, n: int) -> float:
     """nccl-tests bus-bandwidth factor for n ranks."""
     if kind not in KINDS:

@@ -22,7 +22,7 @@ import numpy as np
 from kit.comm.algorithms import Plan, alltoall_latency_us, alltoallv_us, plans
 from kit.comm.calibration import Calibration, check_plausible, extrapolation_note, load_calibration
 from kit.comm.conventions import (KINDS, ONE_RANK_NOTE, CollectiveResult, busbw_factor, canonical_kind,
-                                  reported_busbw_factor)
+                                  nccl_tests_sizes, reported_busbw_factor)
 from kit.comm.curves import BandwidthCurve
 from kit.comm.topology import Group, resolve_group
 from kit.errors import KitError
@@ -177,13 +177,25 @@ def _notes(s, group: Group, fitted: BandwidthCurve | None) -> tuple[str, ...]:
     return tuple(n for n in (ONE_RANK_NOTE if group.size == 1 else None, outside) if n)
 
 
-def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
+def _nccl_tests_sized(kind, s, group: Group, nccl_tests: bool) -> tuple[np.ndarray, list[str]]:
+    """Sizes s as given (a tensor's bytes, which NCCL runs whole in its own datatype), or with
+    nccl_tests as nccl-tests runs them, and the note saying which were rounded
+    (conventions.nccl_tests_sizes: `kit comm predict`'s rule)."""
+    if not nccl_tests:
+        return s, []
+    kept, notes = nccl_tests_sizes(kind, s.tolist(), group.size)
+    return np.array(kept, dtype=float), notes
+
+
+def collective_table(kind: str, nbytes, system, ranks=None, calibration=None, *, nccl_tests: bool = False):
     """Vectorised prediction over sizes: a DataFrame with one row per size; its attrs["notes"]
-    are the notes a CollectiveResult would carry (one rank, sizes outside the calibration)."""
+    are the notes a CollectiveResult would carry (one rank, sizes outside the calibration).
+    nccl_tests=True sizes them as `kit comm predict --sizes` does (see predict_collective): the
+    rows are then the sizes nccl-tests runs, sorted, each once, without those it runs as 0 B."""
     import pandas as pd
 
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
-    s = _sizes(nbytes)
+    s, rounded = _nccl_tests_sized(kind, _sizes(nbytes), group, nccl_tests)
     t, best, pcs, fitted = _evaluate(kind, s, system, group, cal)
     n = group.size
     algbw = np.where(t > 0, s / np.maximum(t, 1e-30) / 1e3, 0.0)
@@ -193,12 +205,12 @@ def collective_table(kind: str, nbytes, system, ranks=None, calibration=None):
                           "algorithm": names, "algbw_gbs": algbw, "busbw_gbs": busbw,
                           "source": "calibration" if fitted else "preset", "system": system.key,
                           "nodes_spanned": group.n_nodes})  # as predict_collective's result has
-    table.attrs["notes"] = list(_notes(s, group, fitted))
+    table.attrs["notes"] = [*rounded, *_notes(s, group, fitted)]
     return table
 
 
 def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration=None,
-                       senders: int | tuple[int, ...] = 1) -> CollectiveResult:
+                       senders: int | tuple[int, ...] = 1, *, nccl_tests: bool = False) -> CollectiveResult:
     """Time, algorithm, algbw and busbw (nccl-tests conventions) of one collective.
 
     kind: one of KINDS; nbytes: nccl-tests size (per-rank buffer; total for all-gather and
@@ -210,6 +222,13 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     topology.node_net_gbs; its EP groups' all-to-alls, algorithms.uniform_alltoall_us), one
     count for every node or a tuple of one a node of the group, in node order (where the nodes
     are crossed by different numbers of groups).
+
+    nbytes is priced as given by default: a tensor's bytes, which NCCL runs whole in the
+    tensor's datatype (a bf16 bucket of 1,001 elements is 2,002 B; kit.parallel prices such).
+    nccl_tests=True takes nbytes as an nccl-tests size and runs it as nccl-tests (-d float) does,
+    as `kit comm predict --bytes` does: rounded down to whole 4-byte words (an all-gather's or
+    reduce-scatter's to whole words a rank, an all-to-all's to whole 16 bytes a rank), with a
+    note when it moved, and one KitError under one word (or one part a rank).
     """
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
     per_node = isinstance(senders, tuple)  # a count for each node of the group (node_net_gbs)
@@ -224,6 +243,7 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     s = _sizes(nbytes)
     if s.size != 1:
         raise KitError("predict_collective takes one size; use collective_table for many")
+    s, rounded = _nccl_tests_sized(kind, s, group, nccl_tests)
     size = float(s[0])
     pcs = _plan_curves(system, kind, group, senders)
     plan, curve = min(pcs, key=lambda pc: (pc[1].time_us(size), pc[0].latency_us + pc[0].us_per_byte * size))
@@ -235,7 +255,7 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
         lat_us, bw_us = fitted.parts_us(size)
         t = max(fitted.regime(size).floor_us, lat_us + scale * bw_us)
     return _result(kind, size, t, plan, fitted or curve, system, group,
-                   f"calibration:{cal.source}" if fitted else "preset", _notes(s, group, fitted), scale)
+                   f"calibration:{cal.source}" if fitted else "preset", (*rounded, *_notes(s, group, fitted)), scale)
 
 
 def _shared_scale(system: System, kind: str, group: Group, plan: Plan) -> float:
