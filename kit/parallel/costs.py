@@ -13,7 +13,7 @@ import numpy as np
 
 from kit.errors import KitError
 
-from kit.parallel.gpt import (Block, ContextCopy, GPTSpec, embedding_backward, embedding_forward, head_backward,
+from kit.parallel.gpt import (Block, ContextCopy, GPTSpec, KVRepeat, embedding_backward, embedding_forward, head_backward,
                              head_forward, layer_backward, layer_forward)
 from kit.parallel.layout import Layout
 from kit.parallel.memory import edge_params, layer_rank_params, stage_layers, zero_kept
@@ -87,7 +87,8 @@ def _attention_core(fwd: list[Block]) -> list[tuple]:
     them to V, the softmax and its fallback kernels, the mask and the attention dropout in
     between, and the context's permute copy after it (kit.parallel.gpt.ContextCopy: megatron-core
     0.16.1's checkpointed core attention is all of DotProductAttention.forward, that copy its
-    last kernel). The layer's hidden-state dropouts (after the attention and MLP projections) are
+    last kernel, grouped-query attention's key/value repeat, kit.parallel.gpt.KVRepeat, its
+    first). The layer's hidden-state dropouts (after the attention and MLP projections) are
     not part of it and stay saved: picking every dropout of the layer had rerun those two as
     well, each as long as the flash kernel itself (GPT-3 175B at tp 8 on an A100: 0.107 ms each
     against the attention's 0.113, the recompute 0.327 ms a layer where it is 0.113)."""
@@ -99,10 +100,12 @@ def _attention_core(fwd: list[Block]) -> list[tuple]:
     bmm = [i for i, (op, _, _) in enumerate(flat) if op.op_class == "gemm" and getattr(op, "kind", None) == "bmm"]
     if len(bmm) < 2:
         return []
-    end = bmm[1] + 1
+    start, end = bmm[0], bmm[1] + 1
+    while start > 0 and isinstance(flat[start - 1][0], KVRepeat):  # GQA's repeat, the forward's first
+        start -= 1
     if end < len(flat) and isinstance(flat[end][0], ContextCopy):
         end += 1
-    return flat[bmm[0]:end]
+    return flat[start:end]
 
 
 def _recompute_blocks(fwd: list[Block], how: str) -> list[Block]:

@@ -63,16 +63,21 @@ def vocab_per_rank(vocab: int, tp: int) -> int:
 FUSED_SOFTMAX_MAX_SEQ = 4096
 
 
-def fused_softmax_available(b: int, heads_rank: int, seq: int) -> bool:
-    """Megatron's fused causal scale-mask-softmax kernel runs only when
+def fused_softmax_available(b: int, heads_rank: int, seq: int, causal: bool = True) -> bool:
+    """Megatron's fused scale-mask-softmax kernel runs only when
     FusedScaleMaskSoftmax.is_kernel_available holds (megatron-core 0.16.1
-    fusions/fused_softmax.py lines 238-268): fp16/bf16 input, 16 < seq <= FUSED_SOFTMAX_MAX_SEQ
-    (4096), seq % 4 == 0, and the attention batches b·(heads/tp) a multiple of the kernel's
-    batches per block (4 for seq > 128, else 8). Otherwise it falls back to PyTorch
-    (_attention_softmax)."""
+    fusions/fused_softmax.py lines 238-268): fp16/bf16 input, 16 < sk <= FUSED_SOFTMAX_MAX_SEQ
+    (4096), sq and sk multiples of 4, the attention batches b·(heads/tp) a multiple of 4
+    (lines 254-260), and then, with the kernel's batches per block (get_batch_per_block: 4 for
+    sk > 128, else 8), a causal mask (GPT) needs the attention batches a multiple of it (lines
+    264-266), any other mask (BERT's padding mask, GPTSpec.causal False) sq (lines 267-269).
+    Self-attention here: sq = sk = seq. Otherwise it falls back to PyTorch
+    (_attention_softmax). BERT had been held to the causal rule."""
     attn_batches = b * heads_rank
     per_block = 4 if seq > 128 else 8
-    return 16 < seq <= FUSED_SOFTMAX_MAX_SEQ and seq % 4 == 0 and attn_batches % per_block == 0
+    if not (16 < seq <= FUSED_SOFTMAX_MAX_SEQ and seq % 4 == 0 and attn_batches % 4 == 0):
+        return False
+    return (attn_batches if causal else seq) % per_block == 0
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,34 @@ def _context_copy(b: int, heads_rank: int, s: int, hd: int, dtype: str) -> list:
 
 
 @dataclass(frozen=True)
+class KVRepeat(ops.Elementwise):
+    """Grouped-query attention in the unfused path: megatron-core 0.16.1 DotProductAttention
+    repeats the key and the value heads to the query heads, key.repeat_interleave(np // ng,
+    dim=2) and the same for value, where np // ng > 1 (transformer/dot_product_attention.py
+    lines 169-175). torch 2.13 runs an int repeat_interleave as unsqueeze, expand, clone,
+    flatten: one copy that reads the ng heads and writes the np (numel: the output's elements,
+    repeats: np // ng). Its backward (ExpandBackward0, CloneBackward0) is one sum over the
+    repeats: reads the np heads' gradient, writes the ng heads', the same bytes (torch 2.13's
+    CPU profile of the chain: aten::copy_ forward, aten::sum backward)."""
+
+    repeats: int = 1
+    bwd_factor = 1.0
+
+    @property
+    def bytes(self) -> float:
+        return float(ops.dtype_bytes(self.dtype) * (self.numel + self.numel // self.repeats))
+
+
+def _kv_repeat(b: int, heads_rank: int, kv_rank: int, s: int, hd: int, dtype: str) -> list:
+    """The two KVRepeat copies (key, value) of a rank with heads_rank query heads and kv_rank
+    key/value heads, none without grouping (heads_rank == kv_rank: the repeat is skipped)."""
+    r = heads_rank // kv_rank
+    if r <= 1:
+        return []
+    return [KVRepeat("copy", s * b * heads_rank * hd, dtype, inputs=1, repeats=r)] * 2
+
+
+@dataclass(frozen=True)
 class FallbackCast(ops.Elementwise):
     """A cast of the torch softmax fallback (.float() in, .half()/.bfloat16() out): its backward
     (ToCopyBackward0) is one cast the other way, the same bytes."""
@@ -132,7 +165,19 @@ class FallbackSoftmax(ops.Softmax):
     bwd_factor = 1.5
 
 
-def _attention_softmax(b: int, heads_rank: int, s: int, dtype: str) -> list:
+@dataclass(frozen=True)
+class FusedSoftmax(FallbackSoftmax):
+    """Megatron's fused scale-mask-softmax kernel (ScaledUpperTriangMaskedSoftmax, causal;
+    ScaledMaskedSoftmax, a padding mask). Its backward is one kernel of the same byte count as
+    the fallback's: megatron-core 0.16.1 fusions/fused_softmax.py saves only softmax_results
+    (lines 36, 86) and calls scaled_upper_triang_masked_softmax_cuda.backward(output_grads,
+    softmax_results, scale) (line 53) / scaled_masked_softmax_cuda.backward (line 104): read the
+    output gradient and the output, write the input gradient, 3 passes of n elements against
+    the forward's 2 (read the scores, write the output): 1.5 x the forward's bytes. It had been
+    priced at BWD_FACTOR["default"], 2 x."""
+
+
+def _attention_softmax(b: int, heads_rank: int, s: int, dtype: str, causal: bool = True) -> list:
     """The attention-score softmax kernels of the unfused (bmm) attention path, as megatron-core
     0.16.1 runs them with its defaults: apply_query_key_layer_scaling False
     (transformer/transformer_config.py line 339), so DotProductAttention hands
@@ -151,8 +196,8 @@ def _attention_softmax(b: int, heads_rank: int, s: int, dtype: str) -> list:
     fp16/bf16, a scale multiply among them (query-key layer scaling, off by default), and the
     softmax alone in fp32."""
     rows = b * heads_rank
-    if dtype != "fp32" and fused_softmax_available(b, heads_rank, s):
-        return [ops.Softmax(rows * s, s, dtype)]
+    if dtype != "fp32" and fused_softmax_available(b, heads_rank, s, causal):
+        return [FusedSoftmax(rows * s, s, dtype)]
     n = rows * s * s
     core = [FallbackMaskFill("where", n, "fp32", inputs=1), FallbackSoftmax(rows * s, s, "fp32")]
     if dtype == "fp32":
@@ -329,8 +374,9 @@ def layer_forward(spec: GPTSpec, b: int, tp: int, ep: int, sp: bool, dtype: str,
         attn.ops.append(ops.Attention(b, heads, s, s, hd, dtype, causal=spec.causal,
                                       window=window if window < s else 0))
     else:
-        attn.ops += [ops.Gemm(m=s, n=s, k=hd, b=b * heads, dtype=dtype),
-                     *_attention_softmax(b, heads, s, dtype),
+        attn.ops += [*_kv_repeat(b, heads, kv // hd // tp, s, hd, dtype),
+                     ops.Gemm(m=s, n=s, k=hd, b=b * heads, dtype=dtype),
+                     *_attention_softmax(b, heads, s, dtype, spec.causal),
                      *_dropout(spec, b * heads * s * s, dtype),
                      ops.Gemm(m=s, n=hd, k=s, b=b * heads, dtype=dtype),
                      *_context_copy(b, heads, s, hd, dtype)]
