@@ -4,7 +4,7 @@ decode steps are priced with it. Every expected op below is read off HF's source
 each; the kernel counts are counted by hand from them."""
 import pytest
 
-from kit.workload.generation import generation, hf_loop, static_cache_len, with_cache_writes
+from kit.workload.generation import generation, hf_loop, static_cache_len
 from kit.workload.hf_generate import hf_step_ops
 from kit.workload.iteration import iteration
 from kit.workload.models import graph_of
@@ -82,8 +82,8 @@ def test_generation_prices_every_step_with_hfs_loop():
     more in the prefill and 24 a decode step (it had priced the forward passes alone)."""
     cap = static_cache_len(LLAMA, P, N, "static")
     r = generation(LLAMA, GPU, batch=B, prompt=P, new_tokens=N, dtype="bf16")
-    prefill_graph = with_cache_writes(graph_of(LLAMA, B, P, "inference", "bf16", last_logits=True),
-                                      LLAMA, B, P, "static", cap)
+    # HF 5.25's prefill, its cache written inside each layer (tests/test_generate_prefill_hf5.py)
+    prefill_graph = graph_of(LLAMA, B, P, "inference", "bf16", last_logits=True, cache_len=cap)
     bare_prefill = iteration(prefill_graph, GPU)
     looped = hf_loop(LLAMA, B)
     prefill = iteration(looped(prefill_graph, P, P), GPU)

@@ -5,7 +5,8 @@ each test; the byte counts are worked by hand."""
 import pytest
 
 from kit.workload import zoo
-from kit.workload.generation import generation, hf_loop, static_cache_len, with_cache_writes
+from kit.workload.generation import (generation, hf_loop, prefills_in_layers, static_cache_len,
+                                     with_cache_writes)
 from kit.workload.iteration import iteration
 from kit.workload.models import graph_of
 
@@ -109,6 +110,12 @@ def test_the_prefill_fills_the_preallocated_cache_with_zeros_then_writes_as_hf(c
             assert n.op.bytes == B * KV * rows * D * 2
     r = generation(cfg, GPU, batch=B, prompt=prompt, new_tokens=new, dtype="bf16")
     looped = hf_loop(cfg, B)  # HF's greedy loop ops around the pass (tests/test_hf_generate_loop.py)
+    if prefills_in_layers(cfg):  # a Llama's: the same writes, each inside its layer
+        # (tests/test_generate_prefill_hf5.py), the prefill HF 5.25's
+        full = graph_of(cfg, B, prompt, "inference", "bf16", last_logits=True, cache_len=cap)
+        own = {"aten.zeros.default", "aten.add_.Tensor", "aten.index_copy_.default"}
+        inside = [(n.layer, n.aten) for n in full.nodes if n.aten in own]
+        assert inside == [(i, a) for i in range(layers) for a in per_layer if a in own]
     assert r["ttft_ms"] == pytest.approx(iteration(looped(full, prompt, prompt), GPU).total_ms)
     assert r["ttft_ms"] > iteration(looped(with_cache_writes(bare, cfg, B, prompt, "static"),
                                            prompt, prompt), GPU).total_ms

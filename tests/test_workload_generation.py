@@ -9,8 +9,8 @@ from cli_json import cli_json
 
 from kit.cli import main
 from kit.errors import KitError
-from kit.workload.generation import (generation, hf_loop, sample_contexts, static_cache_len,
-                                     summed_steps_ms, with_cache_writes)
+from kit.workload.generation import (generation, hf_loop, prefills_in_layers, sample_contexts,
+                                     static_cache_len, summed_steps_ms, with_cache_writes)
 from kit.workload.iteration import iteration
 from kit.workload.models import graph_of
 
@@ -107,8 +107,9 @@ def test_generation_is_its_prefill_and_its_decode_steps():
     # each pass with the ops HF's greedy loop runs around it (tests/test_hf_generate_loop.py)
     looped = hf_loop(GPT, b)
     cap = p + n - 1  # the static cache generate preallocates (max_length - 1), GPT-2's too
-    last = iteration(looped(with_cache_writes(graph_of(GPT, b, p, "inference", "fp32", last_logits=True),
-                                              GPT, b, p, "static", cap), p, p), GPU)
+    # its prefill HF 5.25's, the cache written inside each layer (tests/test_generate_prefill_hf5.py)
+    last = iteration(looped(graph_of(GPT, b, p, "inference", "fp32", last_logits=True,
+                                     cache_len=cap), p, p), GPU)
     assert r["ttft_ms"] == pytest.approx(last.total_ms)
 
     def step_ms(c):
@@ -166,12 +167,15 @@ def test_the_prefill_writes_the_prompts_keys_and_values_into_the_cache(cfg, kind
         assert 2 * one <= n.op.bytes <= 2 * (one + 8 * rows), (n.aten, n.op.bytes, one)
     r = generation(cfg, GPU, batch=b, prompt=p, new_tokens=3, kv_cache=kind)
     assert r["ttft_ms"] > iteration(bare, GPU).total_ms
-    # a Llama-style static cache is preallocated for the answer and zero-filled first
-    # (tests/test_hf_static_cache_ops.py); the others are written as above
+    # a static cache is preallocated for the answer and zero-filled first
+    # (tests/test_hf_static_cache_ops.py), inside each layer where the prefill is HF 5.25's
+    # (tests/test_generate_prefill_hf5.py); the others are written as above
     cap = static_cache_len(cfg, p, 3, kind)
+    prefill = (graph_of(cfg, b, p, "inference", "fp32", last_logits=True, cache_len=cap)
+               if cap is not None and prefills_in_layers(cfg)
+               else with_cache_writes(bare, cfg, b, p, kind, cap))
     # with HF's greedy loop ops around it (tests/test_hf_generate_loop.py)
-    assert r["ttft_ms"] == pytest.approx(iteration(hf_loop(cfg, b)(
-        with_cache_writes(bare, cfg, b, p, kind, cap), p, p), GPU).total_ms)
+    assert r["ttft_ms"] == pytest.approx(iteration(hf_loop(cfg, b)(prefill, p, p), GPU).total_ms)
 
 
 @pytest.mark.parametrize("prompt", [5, 8, 20])

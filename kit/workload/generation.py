@@ -3,7 +3,8 @@
     r = generation(model, gpu, batch=8, prompt=1024, new_tokens=256, dtype="bf16")
 
 A decoder answers a prompt of P tokens by running one forward pass over them (the prefill,
-`mode="inference"`, computing the logits of each sequence's last position only, as HF generate
+`mode="inference"`; over a static cache, for the decoders that prefill as HF 5.25 does
+(prefills_in_layers), with the cache: its writes inside each layer; computing the logits of each sequence's last position only, as HF generate
 and serving engines do), which also yields the first new token: the time to first token (TTFT).
 Each further token is one decode step (`mode="decode"`, kit.workload.kv_cache): the step that
 makes the i-th new token (i = 2..N) feeds the (i-1)-th with P + i - 2 tokens already cached. The
@@ -93,6 +94,25 @@ def static_cache_len(model, prompt: int, new_tokens: int, kv_cache: str) -> int 
     if kv_cache != "static":
         return None
     return prompt + new_tokens - 1
+
+
+def prefills_in_layers(model) -> bool:
+    """Whether generate's prefill of this zoo decoder runs as HF 5.25's does (zoo._capture's
+    "inference:<cache_len>"): SDPA is_causal over the whole preallocated static cache, each layer
+    initialising its cache layer (zeros, a blocking copy of cumulative_length to the device) and
+    writing the prompt's rows before its attention (kit.workload.kv_cache.hf_prefill_update).
+    GPT-2, OPT and the Llama-style decoders with SDPA and no sliding window; the others (eager
+    Gemma 2 and GPT-OSS, sliding windows, DeepSeek-V3) keep their inference pass with the
+    cache's writes after it (with_cache_writes)."""
+    from kit.workload import zoo
+    from kit.workload.modes import LLAMA_FAMILIES
+
+    cfg = zoo.config(model) if isinstance(model, str) else dict(model)
+    kind = cfg.get("model_type", "gpt2")
+    if kind in ("gpt2", "opt"):
+        return True
+    return (kind in LLAMA_FAMILIES and kind not in ("gemma2", "gpt_oss")
+            and not sliding_windows_of(cfg))
 
 
 def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_tokens: int) -> float:
@@ -206,8 +226,13 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     check_fusion(fusion)  # before the captures; iteration() memoises on it as a dict key
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
     cache_len = static_cache_len(model, prompt, new_tokens, kv_cache)
-    prefill_graph = with_cache_writes(graph_of(model, batch, prompt, "inference", dtype, last_logits=True),
-                                      model, batch, prompt, kv_cache, cache_len)
+    if cache_len is not None and prefills_in_layers(model):  # its writes inside its layers
+        prefill_graph = graph_of(model, batch, prompt, "inference", dtype, last_logits=True,
+                                 cache_len=cache_len)
+    else:
+        prefill_graph = with_cache_writes(graph_of(model, batch, prompt, "inference", dtype,
+                                                   last_logits=True),
+                                          model, batch, prompt, kv_cache, cache_len)
     looped = hf_loop(model, batch)  # HF's greedy loop around each forward (kit.workload.hf_generate)
     prefill = iteration(looped(prefill_graph, prompt, prompt), gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples, sliding_windows_of(model))

@@ -126,8 +126,12 @@ def _fused_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
                            enable_gqa=enable_gqa)
     # flash attention needs one head size for q, k and v: values of their own width (DeepSeek's
     # MLA) go to the memory-efficient kernel, as torch's dispatcher sends them
+    # nor is_causal over more keys than queries (generate's prefill over a preallocated static
+    # cache): FlashAttention-2 aligns a non-square causal mask lower-right, so torch refuses it
+    # (sdp_utils.cpp check_flash_causal_non_square_seqlens) for the efficient kernel's upper-left
     flash = (q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None
-             and v.shape[-1] == q.shape[-1])
+             and v.shape[-1] == q.shape[-1]
+             and not (is_causal and q.shape[-2] != k.shape[-2]))
     if k.shape[-3] != q.shape[-3]:  # grouped-query attention
         if not enable_gqa and k.shape[-3] != 1:  # torch broadcasts one K/V head, and no other
             raise RuntimeError(f"scaled_dot_product_attention: {q.shape[-3]} query heads and "

@@ -87,6 +87,11 @@ def decode_mask(masks: dict, cache, window: int, h, eager: bool = False):
     window (decode_mask_size). eager (Gemma 2, GPT-OSS): eager_mask never skips, and makes the
     mask additive, 0 / dtype min (one where a kind). h: the step's hidden states (batch, 1, d)."""
     b, s = h.shape[:2]
+    if cache.prefill and not (eager or window):
+        # generate's prefill over an empty static cache: sdpa_mask skips the mask (q_offset 0,
+        # no padding: masking_utils.py:297-300), and SDPA runs is_causal over the whole
+        # preallocated cache (sdpa_attention.py:149), its upper-left alignment hiding the empty rows
+        return None
     size = decode_mask_size(cache, window, s, eager)
     if size is None:
         return None

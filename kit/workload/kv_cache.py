@@ -57,7 +57,7 @@ class LayerCache(NamedTuple):
     context: int = 0
     window: int = 0
     length: torch.Tensor | None = None  # a static layer's cumulative_length (HF 5.25), int64
-
+    prefill: bool = False  # generate's prefill: a static layer not yet initialised (hf_prefill_update)
 
     @property
     def sliding(self) -> bool:
@@ -121,6 +121,8 @@ def check_decode_step(kv_cache, new_tokens: int) -> int:
     right for one query (a causal mask over several would have to be offset by the cache)."""
     if kv_cache is None:
         return 0
+    if kv_cache[0].prefill:  # generate's prefill: the prompt into an empty cache (prefill_cache)
+        return 0
     if new_tokens != 1:
         raise KitError(f"a KV-cache step reads one new token per sequence, got {new_tokens}")
     return kv_cache[0].context
@@ -152,8 +154,33 @@ def cache_update(cache: LayerCache, k, v):
         if _KEPT:  # the next step's cache: written out, however the step reads it
             _KEPT[-1].extend((keys, values))
         return keys, values
+    if cache.prefill:
+        return hf_prefill_update(cache.keys.shape, cache.values.shape, k, v, cache.window)
     return hf_static_update(cache.keys, cache.values, cache.length, k, v, cache.window,
                             cache.context)
+
+
+def prefill_cache(cache) -> tuple:
+    """A static cache (make_cache's, context 0, preallocated) as generate's prefill meets it:
+    its layers not yet initialised, so that each layer's first update initialises it inside the
+    layer (hf_prefill_update) and its attention reads the whole preallocated cache."""
+    return tuple(layer._replace(prefill=True) for layer in cache)
+
+
+def hf_prefill_update(key_shape, value_shape, k, v, window: int = 0):
+    """A static layer's first update, in generate's prefill, as transformers 5.25 runs it inside
+    the layer: StaticLayer.lazy_initialization (cache_utils.py:424-466) makes the keys and values
+    of the preallocated shapes with torch.zeros (a kernel each) and moves cumulative_length, a
+    CPU tensor (torch.tensor(0), :422), to the device with .to(device): a blocking copy from host
+    memory, after which the host waits for the GPU to drain (kit.workload.host_wait.H2D_COPY);
+    mark_static_address launches nothing. Then update writes the prompt's rows
+    (hf_static_update) and returns the whole preallocated keys and values (:494), which the
+    layer's attention reads."""
+    keys = torch.zeros(key_shape, dtype=k.dtype, device=k.device)
+    values = torch.zeros(value_shape, dtype=v.dtype, device=v.device)
+    length = torch.empty((), dtype=torch.long, device=k.device)  # the copy: no kernel
+    host_wait.record(host_wait.H2D_COPY, length)
+    return hf_static_update(keys, values, length, k, v, window, 0)
 
 
 def hf_static_update(keys, values, length, k, v, window: int = 0, cached: int = 0):
@@ -271,10 +298,7 @@ def hf_prefill_writes(cache, batch: int, prompt: int, dtype: torch.dtype | None 
         t = dtype or layer.keys.dtype
         new = [torch.empty(batch, s.shape[1], prompt, s.shape[3], dtype=t, device="meta")
                for s in (layer.keys, layer.values)]
-        length = torch.zeros((), dtype=torch.long, device="meta")
         with Recorder() as rec:
-            keys, values = (torch.zeros(s.shape, dtype=t, device="meta")
-                            for s in (layer.keys, layer.values))
-            hf_static_update(keys, values, length, *new, layer.window, 0)
+            hf_prefill_update(layer.keys.shape, layer.values.shape, *new, layer.window)
         out.extend((i, n.aten, n.op, n.op_class, n.kernels, n.shapes) for n in rec.nodes if n.kernels)
     return out

@@ -227,7 +227,9 @@ def _check_cache_len(model, mode: str, cache_len) -> int:
     """A static cache's preallocated length, for a decode step (every zoo decoder's cache and
     mask follow HF 5.25's StaticCache, kit.workload.hf_masks). KitError else: it had been
     dropped outside decode."""
-    if mode != "decode":
+    from kit.workload.generation import prefills_in_layers
+
+    if mode != "decode" and not (mode == "inference" and prefills_in_layers(model)):
         raise KitError(f"cache_len (a static KV cache's preallocated length) goes with mode "
                        f"decode, not {mode}")
     return whole_number(cache_len, "cache_len")
@@ -283,6 +285,14 @@ def _capture(model, batch, seq, mode, dtype, optimizer, loss=False, last_logits=
         meta.update(mode="decode", context=seq, kv_cache=kind,
                     kv_cache_bytes=cache_bytes(inputs[1], TORCH_DTYPES.get(dtype)))
         mode = "inference"  # captured as a forward pass without gradients
+    elif mode.startswith("inference:"):  # generate's prefill into its static cache, preallocated
+        from kit.workload.kv_cache import prefill_cache
+
+        capacity = int(mode.split(":")[1])
+        inputs = (full.example_inputs(batch, seq)[0],
+                  prefill_cache(full.decode_inputs(batch, 0, "static", capacity)[1]))
+        meta.update(prefill_cache_len=capacity)
+        mode = "inference"
     else:
         inputs = full.example_inputs(batch, seq)
     # a decode step whose layers keep caches of different lengths (sliding windows on some

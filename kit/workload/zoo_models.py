@@ -8,8 +8,10 @@ Each model takes a config dict (HF key names) and exposes `example_inputs(batch,
 decoders (GPT-2/3, OPT, Llama) also take a KV cache and expose `decode_inputs(batch,
 context)`: one new token per sequence, with `context` tokens already in the cache
 (kit.workload.kv_cache). GPT-2's and OPT's decode steps run as HF transformers 5.25 runs them
-(hf_decode_attention: SDPA, its default, under the cache's mask), their prefill and training as
-HF 4's eager attention, as NeuSight's labels were measured.
+(hf_decode_attention: SDPA, its default, under the cache's mask), and so does generate's prefill
+(a forward over the prompt with kv_cache.prefill_cache's empty static cache: SDPA is_causal over
+the whole preallocated cache, each layer initialising its cache layer); their inference without a
+cache and training run HF 4's eager attention, as NeuSight's labels were measured.
 """
 from __future__ import annotations
 
@@ -67,7 +69,10 @@ def hf_decode_attention(q, k, v, mask, scale: float):
     unmasked, and is_causal False for one query, :140), then the heads moved back and made
     contiguous (:173-174): (batch, 1, heads * value dim). The zoo had run GPT-2's and OPT's
     steps with HF 4's eager matmul-softmax-matmul over context + 1 rows, unmasked."""
-    a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    # is_causal as sdpa_attention_forward sets it (:149): several queries and no mask (generate's
+    # prefill over an empty static cache, hf_masks.decode_mask)
+    causal = q.size(-2) > 1 and mask is None
+    a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
     a = a.transpose(1, 2).contiguous()
     return a.reshape(*a.shape[:-2], -1)
 
@@ -89,7 +94,7 @@ class GPT2Attention(nn.Module):
     def forward(self, h, cache=None, mask=None):
         q, k, v = self.c_attn(h).split(h.size(-1), dim=2)
         q, k, v = self._split(q), self._split(k), self._split(v)
-        if cache is not None:  # a decode step, as HF 5.25 runs it (hf_decode_attention)
+        if cache is not None:  # a decode step or generate's prefill, as HF 5.25 runs it (hf_decode_attention)
             a = hf_decode_attention(q, *cache_update(cache, k, v), mask, self.head_dim ** -0.5)
             return self.resid_dropout(self.c_proj(a))
         w = torch.matmul(q, k.transpose(-1, -2))
@@ -272,7 +277,7 @@ class OPTLayer(nn.Module):
     def forward(self, h, mask, cache=None):
         b, s, d = h.shape
         x = self.self_attn_layer_norm(h) if self.pre_norm else h
-        if cache is not None:  # a decode step, as HF 5.25 runs it (modeling_opt.py:146-181)
+        if cache is not None:  # a decode step or generate's prefill, as HF 5.25 runs it (modeling_opt.py:146-181)
             q, k, v = (t.view(b, s, self.heads, self.head_dim).transpose(1, 2)
                        for t in (self.q_proj(x) * self.scaling, self.k_proj(x), self.v_proj(x)))
             a = hf_decode_attention(q, *cache_update(cache, k, v), mask, 1.0)
@@ -361,10 +366,16 @@ class OPTForCausalLM(nn.Module):
         The zoo had built HF 4's float causal mask and cumsum positions over context + 1 keys."""
         b, s = input_ids.shape
         dev = input_ids.device
-        if kv_cache[0].kind == "dynamic":
-            torch.ones(b, past + s, device=dev)
         h = self.embed_tokens(input_ids)
-        positions = torch.arange(past, past + s, device=dev).unsqueeze(0)
+        if kv_cache[0].prefill:  # generate's prefill: no mask (generate drops the all-ones one)
+            # and an empty cache (get_seq_length 0, cache_utils.py:504): torch.ones(b, s) in fp32,
+            # positions its cumsum times itself - 1 (modeling_opt.py:350-359)
+            ones = torch.ones(b, s, device=dev)
+            positions = (torch.cumsum(ones, dim=1) * ones - 1).long()[:, past:]
+        else:
+            if kv_cache[0].kind == "dynamic":
+                torch.ones(b, past + s, device=dev)
+            positions = torch.arange(past, past + s, device=dev).unsqueeze(0)
         pos = self.embed_positions(positions + 2)
         if self.project_in is not None:
             h = self.project_in(h)

@@ -243,7 +243,9 @@ class LlamaAttention(nn.Module):
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
                                                enable_gqa=self.kv_heads != self.heads)
         else:
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None, scale=self.scaling,
+            # is_causal for several queries unmasked (sdpa_attention.py:149): a prefill, generate's
+            # over the whole preallocated static cache (kit.workload.kv_cache.prefill_cache)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=s > 1, scale=self.scaling,
                                                enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
 
@@ -345,7 +347,7 @@ class LlamaLayer(nn.Module):
 
     def _mlp(self, x, cache):
         """The MLP; an MoE's decode step (a forward with a cache) runs as HF's generate runs it."""
-        return self.mlp(x, decode=cache is not None) if self.moe else self.mlp(x)
+        return self.mlp(x, decode=cache is not None and not cache.prefill) if self.moe else self.mlp(x)
 
 
 class LlamaForCausalLM(nn.Module):

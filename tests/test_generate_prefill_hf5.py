@@ -1,0 +1,99 @@
+"""Generate's prefill as HF transformers 5.25 runs it for GPT-2, OPT and Llama (kit.workload.
+kv_cache.hf_prefill_update; expectations read off transformers 5.25's source):
+* every layer's first cache update initialises its StaticLayer (cache_utils.py:424-466): two
+  torch.zeros of the preallocated (batch, heads, max_cache_len, head_dim), then
+  cumulative_length.to(device), a blocking copy from host memory (a host wait), inside the layer,
+  before its attention; then update's arange + add, add_, and two index_copy_ (:479-485);
+* no mask: sdpa_mask skips it for an empty cache (masking_utils.py:297-300), so SDPA runs
+  is_causal (sdpa_attention.py:149) over the whole preallocated keys (update returns self.keys,
+  :494): q = prompt rows, k = max_cache_len rows; torch's flash kernel refuses is_causal with
+  more keys than queries (sdp_utils.cpp check_flash_causal_non_square_seqlens), so it is the
+  memory-efficient kernel;
+* OPT's positions from torch.ones(b, s) in fp32, cumsum, * ones, - 1, long (modeling_opt.py:
+  350-359), no HF 4 float causal mask;
+* inference without a cache (kit validate's NeuSight labels) is HF 4's eager pass, unchanged."""
+import pytest
+import torch
+
+from kit.errors import KitError
+from kit.workload.host_wait import H2D_COPY
+from kit.workload.models import graph_of
+
+B, P, CAP = 2, 8, 12  # a prompt of 8, a cache preallocated for 12 (prompt + new tokens - 1)
+GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100,
+        "n_positions": 64}
+OPT = {"model_type": "opt", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+       "ffn_dim": 256, "vocab_size": 100, "max_position_embeddings": 64}
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100}
+KV_HEADS = {"gpt2": 4, "opt": 4, "llama": 2}
+
+
+def _prefill(cfg):
+    return graph_of(cfg, B, P, "inference", "fp16", last_logits=True, cache_len=CAP)
+
+
+@pytest.mark.parametrize("cfg", [GPT2, OPT, LLAMA], ids=["gpt2", "opt", "llama"])
+def test_each_layer_initialises_its_static_layer_then_attends_over_the_whole_cache(cfg):
+    g = _prefill(cfg)
+    kv = KV_HEADS[cfg["model_type"]]
+    for layer in range(2):
+        nodes = [n for n in g.nodes if n.layer == layer]
+        names = [n.aten for n in nodes]
+        attn = next(i for i, n in enumerate(nodes) if "attention" in n.aten)
+        before = names[:attn]
+        # lazy_initialization: two zero fills of the preallocated rows, the blocking copy
+        zeros = [nodes[i] for i, a in enumerate(before) if a == "aten.zeros.default"]
+        assert len(zeros) == 2 and all(n.kernels == 1 for n in zeros)
+        assert before.count(H2D_COPY) == 1
+        assert before.index(H2D_COPY) > max(i for i, a in enumerate(before) if a == "aten.zeros.default")
+        # update: arange + cumulative_length, add_, the two index_copy_ of the prompt's rows
+        copies = [n for n in nodes[:attn] if n.aten == "aten.index_copy_.default"]
+        assert [c.shapes for c in copies] == [f"[{B},{kv},{CAP},16]x[{P}]x[{B},{kv},{P},16]"] * 2
+        assert before.index(H2D_COPY) < names.index("aten.index_copy_.default")
+        a = nodes[attn]
+        assert a.aten == "aten._scaled_dot_product_efficient_attention.default"
+        assert (a.op.seq_q, a.op.seq_kv, a.op.causal, a.op.mask_bytes) == (P, CAP, True, 0)
+    assert sum(n.aten == H2D_COPY for n in g.nodes) == 2  # one a layer
+    # the writes are in their layers: nothing of the cache's after the LM head
+    assert not any(n.op_class == "kv_cache" for n in g.nodes)
+    assert "softmax" not in " ".join(n.aten for n in g.nodes)  # no HF 4 eager attention
+
+
+def test_opt_prefill_positions_as_hf5_and_no_hf4_float_mask():
+    names = [n.aten for n in _prefill(OPT).nodes if n.layer is None][:8]
+    assert names[:6] == ["aten.embedding.default", "aten.ones.default", "aten.cumsum.default",
+                         "aten.mul.Tensor", "aten.sub.Tensor", "aten._to_copy.default"]
+    assert not any(n.aten in ("aten.masked_fill.Scalar", "aten.masked_fill_.Scalar", "aten.full.default")
+                   for n in _prefill(OPT).nodes)
+
+
+@pytest.mark.parametrize("cfg", [GPT2, OPT], ids=["gpt2", "opt"])
+def test_inference_without_a_cache_stays_hf4_eager(cfg):
+    g = graph_of(cfg, B, P, "inference", "fp16")
+    names = [n.aten for n in g.nodes]
+    assert "aten._softmax.default" in names and H2D_COPY not in names
+    assert not any("scaled_dot_product" in a for a in names)
+
+
+def test_cache_len_outside_decode_and_generate_prefill_is_refused():
+    with pytest.raises(KitError, match="goes with mode decode, not train"):
+        graph_of(GPT2, B, P, "train", "fp16", cache_len=CAP)
+    gemma2 = {"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "intermediate_size": 128, "vocab_size": 100, "sliding_window": 4}
+    with pytest.raises(KitError, match="goes with mode decode, not inference"):
+        graph_of(gemma2, B, P, "inference", "fp16", cache_len=CAP)
+
+
+def test_flash_takes_square_causal_only():
+    from kit.workload.gpu_kernels import _fused_sdpa
+    from kit.workload.recorder import Recorder
+
+    q = torch.empty(2, 4, 8, 16, dtype=torch.float16, device="meta")
+    for keys, want in ((8, "flash"), (12, "efficient")):
+        k = torch.empty(2, 4, keys, 16, dtype=torch.float16, device="meta")
+        with Recorder() as rec:
+            _fused_sdpa(q, k, k, is_causal=True)
+        assert [n.aten for n in rec.nodes if "attention" in n.aten] == \
+            [f"aten._scaled_dot_product_{want}_attention.default"]
