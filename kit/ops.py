@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -350,10 +350,24 @@ class Attention:
         return full * self.causal_fraction
 
     @property
+    def keys_read(self) -> int:
+        """The keys the kernel reads: a top-left causal mask hides every key past the last query
+        from every query, and the kernels stop there (torch's memory-efficient kernel clips each
+        query block's keys at its last row, kernel_forward.h CausalFromTopLeft, to within one
+        block), so a causal op over more keys than queries (generate's prefill over a preallocated
+        static cache, P queries over P + N - 1 keys) is the square one over its first seq_q keys."""
+        return min(self.seq_kv, self.seq_q) if self.causal else self.seq_kv
+
+    def unmasked(self) -> "Attention":
+        """The same attention without its mask, over the keys it reads (keys_read): what a causal
+        mask only takes work away from (kit.predict.small_op_bounds caps the causal one by it)."""
+        return replace(self, causal=False, window=0, seq_kv=self.keys_read)
+
+    @property
     def bytes(self) -> float:
         kvh = self.kv_heads or self.heads
         q_o = self.b * self.heads * self.seq_q * (self.head_dim + self.value_dim)
-        k_v = self.b * kvh * self.seq_kv * (self.head_dim + self.value_dim)
+        k_v = self.b * kvh * self.keys_read * (self.head_dim + self.value_dim)
         return float(dtype_bytes(self.dtype) * (q_o + k_v) + self.mask_bytes)
 
 

@@ -203,12 +203,13 @@ def test_a_vector_op_just_under_one_wave_is_not_slower_than_a_full_wave(tile, gp
 
 def test_causal_attention_cap_keeps_the_small_head_factor(tile):
     """A causal mask only removes work: a causal attention is capped at the same attention
-    unmasked, priced with the same small-head factor (head size under 128). With 128 queries
-    over 4,096 keys the mask keeps every pair (equal rooflines), so the causal prediction is the
-    unmasked one; in closed form, at 128 queries (no roofline blend):
+    unmasked, priced with the same small-head factor (head size under 128). With 4,096 queries
+    over 128 keys the top-left mask keeps 99% of the pairs (128 x 129 / 2 + 3,968 x 128 of
+    4,096 x 128; equal rooflines where memory-bound), so the causal prediction is the unmasked
+    one; in closed form, from 128 queries on (no roofline blend):
         causal = min(curve(r_causal, causal, small), curve(r_full, small)) + floor."""
     gpu = get_gpu("a100-pcie-40gb")
-    causal = Attention(b=4, heads=16, seq_q=128, seq_kv=4096, head_dim=64, dtype="bf16", causal=True)
+    causal = Attention(b=4, heads=16, seq_q=4096, seq_kv=128, head_dim=64, dtype="bf16", causal=True)
     full = replace(causal, causal=False)
     pred = tile.predict([causal, full], gpu)
     lat_c, lat_f = pred.latency_ms.tolist()

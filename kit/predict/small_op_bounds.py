@@ -237,10 +237,11 @@ class SmallOpBounds:
             # a causal mask only removes work: the curve's causal factor (fitted on square
             # shapes, where the mask keeps half the pairs) never makes a masked attention slower
             # than the same one unmasked, as it did where the mask keeps nearly every pair
-            # (queries far fewer than keys) or the kernel is memory-bound
+            # (queries far fewer than keys) or the kernel is memory-bound; unmasked over the keys it
+            # reads (Attention.unmasked: a top-left mask hides the keys past the last query)
             masked = [j for j, i in enumerate(idx) if ops[i].causal]
             if masked:
-                full = np.array([roofline(replace(ops[idx[j]], causal=False, window=0), gpu).time_ms for j in masked])
+                full = np.array([roofline(ops[idx[j]].unmasked(), gpu).time_ms for j in masked])
                 cap = kernel_ms_of(full, params, None, [small[j] for j in masked])
                 for arr, bound in zip((t, lo, hi), cap):
                     arr[masked] = np.minimum(arr[masked], bound)
@@ -252,7 +253,7 @@ class SmallOpBounds:
                 padded = np.array([roofline(o, gpu).time_ms for o in twins])
                 cap = kernel_ms_of(padded, params, None, None, _causal_scales(twins, factor, gpu))
                 # the padded twin's own time, its causal one capped by its unmasked one as above
-                unmasked = kernel_ms_of(np.array([roofline(replace(o, causal=False, window=0), gpu).time_ms
+                unmasked = kernel_ms_of(np.array([roofline(o.unmasked(), gpu).time_ms
                                                   for o in twins]), params, None, None)
                 causal = np.array([o.causal for o in twins])
                 for arr, bound, free in zip((t, lo, hi), cap, unmasked):
