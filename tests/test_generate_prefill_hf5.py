@@ -97,3 +97,12 @@ def test_flash_takes_square_causal_only():
             _fused_sdpa(q, k, k, is_causal=True)
         assert [n.aten for n in rec.nodes if "attention" in n.aten] == \
             [f"aten._scaled_dot_product_{want}_attention.default"]
+
+
+def test_a_prefill_cache_shorter_than_the_prompt_is_refused():
+    """generate's prefill writes the prompt's seq rows into the preallocated cache (HF 5.25's
+    index_copy_ at positions 0..seq - 1 fails past the cache's rows): a cache_len under seq is
+    one clear error, not a priced graph; seq rows exactly is the smallest that fits."""
+    with pytest.raises(KitError, match="preallocated for 4 tokens cannot take a prompt of 8"):
+        graph_of("gpt2", 1, 8, "inference", cache_len=4)
+    graph_of("gpt2", 1, 8, "inference", cache_len=8)

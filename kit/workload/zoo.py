@@ -190,7 +190,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
     captured = f"decode:{kv_cache}" if mode == "decode" else mode
     if cache_len is not None:
-        captured += f":{_check_cache_len(model, mode, cache_len)}"
+        captured += f":{_check_cache_len(model, mode, cache_len, seq)}"
     loss = bool(loss) and mode == "train"
     last_logits = bool(last_logits) and mode == "inference"
     if optimizer is not None and _optimizer_name(optimizer) is None:
@@ -223,16 +223,22 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     return graph
 
 
-def _check_cache_len(model, mode: str, cache_len) -> int:
+def _check_cache_len(model, mode: str, cache_len, seq: int) -> int:
     """A static cache's preallocated length, for a decode step (every zoo decoder's cache and
-    mask follow HF 5.25's StaticCache, kit.workload.hf_masks). KitError else: it had been
-    dropped outside decode."""
+    mask follow HF 5.25's StaticCache, kit.workload.hf_masks) or generate's prefill into it
+    (generation.prefills_in_layers), which must hold the prompt's seq rows. KitError else: it
+    had been dropped outside decode, and a prefill of 8 tokens into a 4-row cache had been
+    priced (HF's index_copy_ of 8 rows into 4 fails)."""
     from kit.workload.generation import prefills_in_layers
 
     if mode != "decode" and not (mode == "inference" and prefills_in_layers(model)):
         raise KitError(f"cache_len (a static KV cache's preallocated length) goes with mode "
                        f"decode, not {mode}")
-    return whole_number(cache_len, "cache_len")
+    n = whole_number(cache_len, "cache_len")
+    if mode == "inference" and n < seq:
+        raise KitError(f"a static KV cache preallocated for {n} tokens cannot take a prompt of "
+                       f"{seq}: give cache_len of at least {seq}")
+    return n
 
 
 def _write(path: Path, graph) -> None:
