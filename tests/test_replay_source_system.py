@@ -48,11 +48,11 @@ def test_the_default_source_is_said_with_the_others_that_fit(tmp_path):
     r = replay(job, on="dgx-h100").to_dict()
     assert r["source_system"] == [{"system": "a100x4-nvlink", "ranks": [0, 1, 2, 3], "chosen": (
         "the first single-node preset with 4 x a100-sxm4-40gb (not read from the trace; also "
-        "dgx-a100: name the one it ran on with --from)")}]
+        "dgx-a100: name the one it ran on with --from/source=)")}]
     assert any(n.startswith("source system a100x4-nvlink (ranks 0-3): the first single-node preset")
                for n in r["notes"]), r["notes"]
     named = replay(job, on="dgx-h100", source="dgx-a100").to_dict()
-    assert named["source_system"] == [{"system": "dgx-a100", "ranks": [0, 1, 2, 3], "chosen": "named with --from"}]
+    assert named["source_system"] == [{"system": "dgx-a100", "ranks": [0, 1, 2, 3], "chosen": "named with --from/source="}]
     assert replay(job).to_dict()["source_system"] is None
     assert replay(job, on="h100-sxm").to_dict()["source_system"] is None  # a GPU target uses none
 
@@ -80,12 +80,12 @@ def test_the_named_source_prices_peer_copies(tmp_path):
 
 
 @pytest.mark.parametrize("source,on,msg", [
-    ("dgx-z100", "dgx-h100", "--from 'dgx-z100': unknown system"),
-    ("dgx-h100", "dgx-h100", "--from 'dgx-h100': dgx-h100 has 8 x h100-sxm, but the trace ran 4 rank(s) "
-                             "on a100-sxm4-40gb; name a system of that GPU with at least 4 GPUs "
-                             "(a100x4-nvlink, dgx-a100, dgx-a100-ib-hdr-x4)"),
-    ("a100x4-nvlink-x1", "h100-sxm", "--from 'a100x4-nvlink-x1' goes with a system as --on"),
-    ("dgx-a100", None, "--from 'dgx-a100' goes with --on SYSTEM"),
+    ("dgx-z100", "dgx-h100", "--from/source= 'dgx-z100': unknown system"),
+    ("dgx-h100", "dgx-h100", "--from/source= 'dgx-h100': dgx-h100 has 8 x h100-sxm, but the trace ran 4 "
+                             "rank(s) on a100-sxm4-40gb; name a preset system with at least 4 x "
+                             "a100-sxm4-40gb (a100x4-nvlink, dgx-a100, dgx-a100-ib-hdr-x4)"),
+    ("a100x4-nvlink-x1", "h100-sxm", "--from/source= 'a100x4-nvlink-x1' goes with a system as --on/on="),
+    ("dgx-a100", None, "--from/source= 'dgx-a100' goes with --on/on= SYSTEM"),
 ])
 def test_a_bad_source_is_one_clear_error(tmp_path, source, on, msg):
     with pytest.raises(KitError) as e:
@@ -101,7 +101,7 @@ def test_a_source_with_too_few_gpus_is_refused(tmp_path):
         return {"Collective name": "allreduce", "Process Group Ranks": str(list(range(8))), "Group size": 8,
                 "In msg nelems": 1 << 20, "dtype": "Float"}
     p = job(tmp_path, A100, fields, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)")
-    with pytest.raises(KitError, match=r"--from 'a100x4-nvlink': a100x4-nvlink has 4 x a100-sxm4-40gb, "
+    with pytest.raises(KitError, match=r"--from/source= 'a100x4-nvlink': a100x4-nvlink has 4 x a100-sxm4-40gb, "
                                        r"but the trace ran 8 rank\(s\)"):
         replay(p, on="dgx-h100", source="a100x4-nvlink")
 
@@ -116,7 +116,7 @@ def test_the_cli_takes_from_and_says_the_source(tmp_path, capsys):
     assert "note: source system a100x4-nvlink (ranks 0-3): the first single-node preset" in text, text
     rc = main(["replay", job, "--on", "dgx-h100", "--from", "nope"])
     err = capsys.readouterr().err
-    assert rc != 0 and "--from 'nope': unknown system" in err and "Traceback" not in err, err
+    assert rc != 0 and "--from/source= 'nope': unknown system" in err and "Traceback" not in err, err
 
 
 def test_the_api_takes_the_source_as_the_cli_does(tmp_path):
@@ -124,9 +124,9 @@ def test_the_api_takes_the_source_as_the_cli_does(tmp_path):
 
     job = pipeline_exchange(tmp_path)
     d = replay_trace(job, on="dgx-h100", source="dgx-a100")
-    assert d["source_system"] == [{"system": "dgx-a100", "ranks": [0, 1, 2, 3], "chosen": "named with --from"}]
+    assert d["source_system"] == [{"system": "dgx-a100", "ranks": [0, 1, 2, 3], "chosen": "named with --from/source="}]
     assert d["ranks"] == replay(job, on="dgx-h100", source="dgx-a100").to_dict()["ranks"]
-    with pytest.raises(KitError, match="--from 'dgx-z100': unknown system"):
+    with pytest.raises(KitError, match="--from/source= 'dgx-z100': unknown system"):
         replay_trace(job, on="dgx-h100", source="dgx-z100")
 
 
@@ -162,3 +162,36 @@ def test_a_peer_copy_faster_than_the_source_link_is_said_and_held_to_the_target_
     ratio = p2p_gbs(get_system("dgx-a100"), 0, 1) / h100
     assert _kernel_us(named) == [pytest.approx(1e3 * (KERNEL_FLOOR_MS + (0.3 - KERNEL_FLOOR_MS) * ratio))]
     assert not any("ran faster" in n for n in named.to_dict()["notes"])
+
+
+def test_a_gpu_no_preset_has_says_so_and_how_to_go_on(tmp_path):
+    # an RTX 4090 trace with --from a preset: no preset system has an RTX 4090 (`kit systems`).
+    # It had said "name a system of that GPU with at least 1 GPUs (no preset has them)"
+    from kit.hardware.system import list_systems
+
+    assert not any(get_system(n).gpu_key == "rtx-4090" for n in list_systems())
+    doc = {"deviceProperties": [{"name": "NVIDIA GeForce RTX 4090"}], "traceEvents": [
+        ev("ProfilerStep#1", 0, 200, "cpu_op"), ev("cudaLaunchKernel", 10, 5, "cuda_runtime", correlation=9),
+        ev("elementwise_kernel", 20, 100, "kernel", tid=7, correlation=9, stream=7)]}
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(KitError) as e:
+        replay(p, on="dgx-h100", source="dgx-h100")
+    msg = str(e.value)
+    assert msg.startswith("--from/source= 'dgx-h100': dgx-h100 has 8 x h100-sxm, but the trace ran 1 rank(s) "
+                          "on rtx-4090; no preset system has 1 or more x rtx-4090"), msg
+    assert "replay with a GPU as --on/on= instead" in msg and "no preset has them" not in msg, msg
+    assert replay(p, on="h100-sxm").to_dict()["on"] == "h100-sxm"  # the way on it names works
+
+
+def test_api_errors_name_the_api_arguments_too(tmp_path):
+    # kit.api.replay_trace takes on= and source=: its messages had named only --on and --from
+    from kit.api import replay_trace
+
+    job = pipeline_exchange(tmp_path)
+    with pytest.raises(KitError, match=r"^--from/source= 'dgx-a100' goes with --on/on= SYSTEM"):
+        replay_trace(job, source="dgx-a100")
+    with pytest.raises(KitError, match=r"^--on/on= 'nope': not a GPU"):
+        replay_trace(job, on="nope")
+    with pytest.raises(KitError, match=r"^--on/on= 'dgx-h100x0'"):
+        replay_trace(job, on="dgx-h100x0")

@@ -122,7 +122,9 @@ def replay(trace, on=None, sync_collectives: bool = True, et=None, source=None) 
     et: execution traces to link (None: those found with the trace; False: none). source: the
     system the trace ran on (a preset; by default the first single-node one of its GPU that fits)."""
     if source is not None and on is None:
-        raise KitError(f"--from {source!r} goes with --on SYSTEM: without --on the measured times "
+        from kit.trace.transfer import FROM, ON
+
+        raise KitError(f"{FROM} {source!r} goes with {ON} SYSTEM: without it the measured times "
                        "are kept and no source system is used")
     traces, links, notes = load_with_et(trace, et)
     tg = build_graph(traces, sync_collectives, links)

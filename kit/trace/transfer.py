@@ -39,6 +39,7 @@ With a GPU as target the collectives keep their measured times (no system to pre
 """
 from __future__ import annotations
 
+import math
 import re
 
 from kit.errors import KitError
@@ -47,6 +48,8 @@ from kit.trace.build import TraceGraph, job_world_size, rank_list
 from kit.trace.comm_meta import enclosing, op_comm_metas, trace_group
 from kit.trace.kineto import _gpu_key, int_or_none
 
+# the CLI's and kit.api.replay_trace's spellings of the target and the source system, for messages
+ON, FROM = "--on/on=", "--from/source="
 KERNEL_FLOOR_MS = 0.002  # launch-to-retire floor of a tiny kernel on any recent GPU
 # a GEMM-like kernel by its own name (before its template arguments: cuBLAS's gemv, dot, reduce,
 # split-K reduce and cuBLASLt epilogue kernels carry "cublasGemvTensorStridedBatched" or
@@ -305,6 +308,20 @@ def coalesced_links(meta, rank: int) -> dict | None:
     return out or None
 
 
+def collective_ms(kind: str, nbytes, system, ranks, links=None) -> tuple[float, float]:
+    """(kit.comm's time for a collective on system, its bandwidth bound: the time of its bytes
+    alone, bytes x the algorithm's factor over the link rate, no latency or floor; a collective
+    cannot run faster than that on the system). links: a coalesced batch's transfers
+    (coalesced_links), run at once: the longest of them prices it, and bounds it."""
+    from kit.comm import predict_collective
+
+    if links:
+        rs = [predict_collective("sendrecv", n, system, ranks=pair) for pair, n in links.items()]
+        return max(r.time_ms for r in rs), max(r.bandwidth_ms for r in rs)
+    r = predict_collective(kind, nbytes, system, ranks=ranks)
+    return r.time_ms, r.bandwidth_ms
+
+
 def resolve_target(on):
     """(gpu, system or None) for a GPU or System name."""
     from kit.hardware import get_gpu
@@ -321,8 +338,8 @@ def resolve_target(on):
         from kit.hardware.system import list_systems
 
         if not system_error.startswith("unknown system"):  # a system name with a bad part (x0 nodes)
-            raise KitError(f"--on {on!r}: {system_error}") from None
-        raise KitError(f"--on {on!r}: not a GPU (see `kit gpus`; --gpu-file adds your own) nor a "
+            raise KitError(f"{ON} {on!r}: {system_error}") from None
+        raise KitError(f"{ON} {on!r}: not a GPU (see `kit gpus`; --gpu-file adds your own) nor a "
                        f"system (one of {', '.join(list_systems())})") from None
 
 
@@ -345,16 +362,22 @@ def pick_source_system(gpu, world: int, name: str | None = None):
         try:
             s = get_system(name)
         except KitError as e:
-            raise KitError(f"--from {name!r}: {e}") from None
+            raise KitError(f"{FROM} {name!r}: {e}") from None
         if s.gpu_key != gpu.key or s.world_size < world:
-            raise KitError(f"--from {name!r}: {s.key} has {s.world_size} x {s.gpu_key}, but the trace "
-                           f"ran {world} rank(s) on {gpu.key}; name a system of that GPU with at least "
-                           f"{world} GPUs ({', '.join(_fits(gpu, world)) or 'no preset has them'})")
-        return s, "named with --from"
+            fits = _fits(gpu, world)
+            # with none that fits it had said "name a system of that GPU with at least 1 GPUs (no
+            # preset has them)", as though one could be named
+            how = (f"name a preset system with at least {world} x {gpu.key} ({', '.join(fits)})" if fits
+                   else f"no preset system has {world} or more x {gpu.key} (`kit systems` lists them; "
+                   "the kit reads no system file): replay with a GPU as --on/on= instead, where the "
+                   "collectives and peer copies keep their measured times")
+            raise KitError(f"{FROM} {name!r}: {s.key} has {s.world_size} x {s.gpu_key}, but the trace "
+                           f"ran {world} rank(s) on {gpu.key}; {how}")
+        return s, "named with --from/source="
     fits = [x for x in _fits(gpu, world) if get_system(x).nodes == 1]
     if not fits:
         return None, None
-    others = f"; also {', '.join(fits[1:])}: name the one it ran on with --from" if fits[1:] else ""
+    others = f"; also {', '.join(fits[1:])}: name the one it ran on with {FROM}" if fits[1:] else ""
     return get_system(fits[0]), (f"the first single-node preset with {world} x {gpu.key} (not read "
                                  f"from the trace{others})")
 
@@ -469,7 +492,6 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
     """Rescale the GPU op durations of tg.graph for the target; returns the target's description.
     source: the system the trace ran on (--from), else pick_source_system's default; which one and why
     go to tg.source_system and a note (pick_source_system)."""
-    from kit.comm import predict_collective
     from kit.hardware import get_gpu
 
     dst_gpu, dst_sys = resolve_target(on)
@@ -479,9 +501,9 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
     # leaves the collectives of such an incomplete job unsynchronised, at the same size
     world = job_world_size(tg.traces)
     if dst_sys is not None and dst_sys.world_size < world:
-        raise KitError(f"--on {on}: {dst_sys.world_size} GPUs, but the trace's job has {world} ranks")
+        raise KitError(f"{ON} {on!r}: {dst_sys.world_size} GPUs, but the trace's job has {world} ranks")
     if source is not None and dst_sys is None:
-        raise KitError(f"--from {source!r} goes with a system as --on: with a GPU ({dst_gpu.key}) the "
+        raise KitError(f"{FROM} {source!r} goes with a system as {ON}: with a GPU ({dst_gpu.key}) the "
                        "collectives and peer copies keep their measured times, and no source system is used")
     kept = {}  # why collectives keep their measured times -> how many
     # a collective synchronised across ranks (kit.trace.build) moves one size on all of them:
@@ -522,6 +544,7 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
     peer_kept = {}  # why peer (PtoP) copies keep their measured durations -> how many
     peer_scaled = {}  # (source preset, whether by the copies' own GPU pair) -> peer copies scaled
     peer_fast = {}  # source preset -> (peer copies faster than its link, fastest GB/s, its link's)
+    comm_fast = {}  # source preset -> (collectives faster than its bandwidth bound, worst bound / measured)
     unnamed = _unnamed_gpu(tg.traces)
     chosen: dict = {}  # (source preset, how it was chosen) -> ranks
     for t in tg.traces:
@@ -577,13 +600,14 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
                 if not_used:
                     unread[not_used] = unread.get(not_used, 0) + 1
                 links = coalesced_links(meta, t.rank) if where == "coalesced" and ck == "sendrecv" else None
-                if links:  # its sends and recvs at once, each on its own pair's link
-                    a, b = (max(predict_collective("sendrecv", n, x, ranks=pair).time_ms
-                                for pair, n in links.items()) for x in (src_sys, dst_sys))
-                else:
-                    a = predict_collective(ck, nbytes, src_sys, ranks=ranks).time_ms
-                    b = predict_collective(ck, nbytes, dst_sys, ranks=ranks).time_ms
-                g.dur_ms[op] = d * b / a
+                (a, a_bound), (b, b_bound) = (collective_ms(ck, nbytes, x, ranks, links)
+                                              for x in (src_sys, dst_sys))
+                if d < a_bound:  # faster than the source's links carry its bytes: not recorded there
+                    n, worst = comm_fast.get(src_sys.key, (0, 1.0))
+                    comm_fast[src_sys.key] = (n + 1, max(worst, a_bound / d) if d > 0 else math.inf)
+                # no faster than the target's links carry its bytes: a DGX-1's 64 MiB ring shift
+                # measured in 0.3 ms (224 GB/s over 48.75 GB/s links) had kept 0.3 ms x b / a
+                g.dur_ms[op] = max(d * b / a, b_bound)
             elif kind == "memcpy":
                 if "HtoD" in ge.name or "DtoH" in ge.name:
                     # one table with kit op's copies (a gen past 6 had read as gen 3), and a
@@ -688,8 +712,14 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
     for src_key, (n, top, link) in peer_fast.items():
         tg.notes.append(f"{n} peer-to-peer (PtoP) cop{'ies' if n > 1 else 'y'} ran faster than {src_key}'s "
                         f"link between their GPUs carries (up to {top:,.1f} GB/s over {link:,.2f}): the "
-                        f"trace was not recorded there; name its system with --from. On {dst_sys.key} "
+                        f"trace was not recorded there; name its system with {FROM}. On {dst_sys.key} "
                         "no copy is faster than its own pair's link")
+    for src_key, (n, worst) in comm_fast.items():
+        tg.notes.append(f"{n} collective(s) ran faster than {src_key}'s links carry their bytes (kit.comm's "
+                        f"bandwidth bound, bytes x algorithm factor over the link rate, no latency: up to "
+                        f"{worst:,.2f}x under it): the trace was not recorded there; name its system with "
+                        f"{FROM}. On {dst_sys.key} none is priced under "
+                        "its own bound")
     for src, n in no_int8.items():
         lacking = " and ".join(dict.fromkeys(x.key for x in (src, dst_gpu) if not x.int8_tops))
         tg.notes.append(f"{n} int8 GEMM(s) ({src.key} to {dst_gpu.key}) scaled by the FP32 peaks: the "

@@ -1,0 +1,88 @@
+"""kit replay --on SYSTEM: a collective's measured time is scaled by kit.comm's time for it on the
+target over the source, and held to no less than its bandwidth bound on the target: its bytes x
+the algorithm's factor over the link rate, without the latency terms (CollectiveResult.bandwidth_ms,
+the size at the plateau busbw; nccl-tests' busbw conventions, doc/PERFORMANCE.md). A measured time
+under the source preset's own bound says the trace was not recorded there (a note points to
+--from / source=). Before, nothing bounded it: an 8-rank all-reduce of 64 MiB measured in 200 us
+on V100s (the default source dgx1-v100 needs 1.008 ms for its bytes) went to 54 us on a DGX H100,
+under the 244 us its NVSwitch needs."""
+import pytest
+
+from kit.comm import predict_collective
+from kit.comm.conventions import busbw_factor
+from kit.trace import replay
+from tests.test_replay_process_groups import MEASURED_US, V100, comm_us, job
+
+FULL = "[" + ", ".join(map(str, range(8))) + "]"
+
+
+def _allreduce(nelems):
+    def fields(r):
+        return {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": nelems,
+                "Out msg nelems": nelems, "Group size": 8, "Process Group Name": "0",
+                "Process Group Ranks": FULL}
+    return fields
+
+
+def _bound_ms(kind, nbytes, system, ranks):
+    """The bytes x busbw factor over the model's plateau busbw: the time without latency."""
+    r = predict_collective(kind, nbytes, system, ranks=ranks)
+    want = nbytes * busbw_factor(kind, len(ranks)) / (r.plateau_busbw_gbs * 1e9) * 1e3
+    assert r.bandwidth_ms == pytest.approx(want, rel=1e-9)
+    return want
+
+
+def test_an_allreduce_faster_than_the_source_allows_is_said_and_held_to_the_target_bound(tmp_path):
+    nbytes = 16 << 22  # 64 MiB of Float
+    ranks = list(range(8))
+    src, dst = _bound_ms("allreduce", nbytes, "dgx1-v100", ranks), _bound_ms("allreduce", nbytes, "dgx-h100", ranks)
+    assert MEASURED_US / 1e3 < src  # 200 us: the DGX-1's links cannot carry it (1.008 ms)
+    scaled = MEASURED_US * (predict_collective("allreduce", nbytes, "dgx-h100", ranks=ranks).time_ms /
+                            predict_collective("allreduce", nbytes, "dgx1-v100", ranks=ranks).time_ms)
+    assert scaled < 1e3 * dst  # the ratio alone: 54 us, under the DGX H100's 244 us
+    durs, notes = comm_us(job(tmp_path, V100, _allreduce(16 << 20), "ncclKernel_AllReduce_RING_LL_Sum_float"),
+                          on="dgx-h100")
+    assert durs == pytest.approx({r: 1e3 * dst for r in range(8)}, rel=1e-9)
+    said = [n for n in notes if "collective(s) ran faster than dgx1-v100's links" in n]
+    assert len(said) == 1 and said[0].startswith("8 collective(s)") and "--from" in said[0], notes
+    assert f"up to {src / (MEASURED_US / 1e3):,.2f}x under it" in said[0], said
+
+
+def test_a_collective_within_the_source_bound_keeps_the_ratio(tmp_path):
+    nbytes = 4 << 20  # 1 Mi floats: 4 MiB, 0.063 ms of bytes on the DGX-1, measured 0.2
+    ranks = list(range(8))
+    assert MEASURED_US / 1e3 > _bound_ms("allreduce", nbytes, "dgx1-v100", ranks)
+    durs, notes = comm_us(job(tmp_path, V100, _allreduce(1 << 20), "ncclKernel_AllReduce_RING_LL_Sum_float"),
+                          on="dgx-h100")
+    want = MEASURED_US * (predict_collective("allreduce", nbytes, "dgx-h100", ranks=ranks).time_ms /
+                          predict_collective("allreduce", nbytes, "dgx1-v100", ranks=ranks).time_ms)
+    assert durs == pytest.approx({r: want for r in range(8)}, rel=1e-9)
+    assert not any("ran faster" in n for n in notes), notes
+
+
+def test_a_send_faster_than_the_source_link_is_held_to_the_target_pair(tmp_path):
+    # ranks 0-3 send 64 MiB to 4-7 in 200 us: 336 GB/s, over a DGX-1 pair's PCIe or NVLink
+    n = 16 << 20
+
+    def fields(r):
+        send = r < 4
+        f = {"Collective name": "send" if send else "recv", "dtype": "Float", "In msg nelems": n,
+             "Out msg nelems": n, "Group size": 8, "Process Group Name": "0", "Process Group Ranks": FULL}
+        f["Dst Rank" if send else "Src Rank"] = r + 4 if send else r - 4
+        return f
+    durs, notes = comm_us(job(tmp_path, V100, fields, "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "nccl:send"),
+                          on="dgx-h100")
+    want = {}
+    for r in range(8):
+        pair = [r % 4, r % 4 + 4]
+        assert MEASURED_US / 1e3 < _bound_ms("sendrecv", 4 * n, "dgx1-v100", pair)
+        want[r] = 1e3 * _bound_ms("sendrecv", 4 * n, "dgx-h100", pair)
+    assert durs == pytest.approx(want, rel=1e-9)
+    assert any(x.startswith("8 collective(s) ran faster than dgx1-v100's links") for x in notes), notes
+
+
+def test_a_gpu_target_keeps_the_measured_collectives(tmp_path):
+    r = replay(job(tmp_path, V100, _allreduce(16 << 20), "ncclKernel_AllReduce_RING_LL_Sum_float"), on="h100-sxm")
+    g = r.tg.graph
+    assert [1e3 * g.dur_ms[op] for ops in r.tg.gpu_ops.values() for op, *_ in ops
+            if g.kind[op] == "comm"] == [pytest.approx(MEASURED_US)] * 8
