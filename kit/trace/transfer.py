@@ -24,7 +24,10 @@ scaling, Yu et al., ATC 2021):
     collective          t' = t · comm(dst) / comm(src)        (kit.comm on both systems, with the
                                                                kind and nccl-tests size from the
                                                                nccl:* annotation, the job's ranks
-                                                               as its group)
+                                                               as its group), and no less than its
+                                                               bandwidth bound on dst (bytes x the
+                                                               algorithm's factor / link rate, no
+                                                               latency: collective_ms)
 
 Where the trace names a collective's process group (newer PyTorch: record_param_comms' "Process
 Group Ranks", "Src Rank"/"Dst Rank", "In msg nelems", "dtype"; kit.trace.comm_meta), kit.comm
