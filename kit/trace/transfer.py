@@ -315,14 +315,32 @@ def collective_ms(kind: str, nbytes, system, ranks, links=None) -> tuple[float, 
     """(kit.comm's time for a collective on system, its bandwidth bound: the time of its bytes
     alone, bytes x the algorithm's factor over the link rate, no latency or floor; a collective
     cannot run faster than that on the system). links: a coalesced batch's transfers
-    (coalesced_links), run at once: the longest of them prices it, and bounds it."""
+    (coalesced_links), run at once: the longest of them prices it, and bounds it. The bound is
+    the least of every algorithm kit.comm could run it with (kit.comm.algorithms.plans), not the
+    one it picks for the time: across nodes a tree or hier-ring wins on latency yet moves more
+    bytes than the ring, and its bytes alone had floored a 32-rank 16 MiB all-gather on
+    dgx-h100-ib-ndr-x4 at 0.0745 ms, where the ring's bytes take 0.0511."""
     from kit.comm import predict_collective
 
     if links:
-        rs = [predict_collective("sendrecv", n, system, ranks=pair) for pair, n in links.items()]
-        return max(r.time_ms for r in rs), max(r.bandwidth_ms for r in rs)
-    r = predict_collective(kind, nbytes, system, ranks=ranks)
-    return r.time_ms, r.bandwidth_ms
+        rs = [(predict_collective("sendrecv", n, system, ranks=pair).time_ms,
+               _least_bytes_ms("sendrecv", n, system, pair)) for pair, n in links.items()]
+        return max(t for t, _ in rs), max(b for _, b in rs)
+    return (predict_collective(kind, nbytes, system, ranks=ranks).time_ms,
+            _least_bytes_ms(kind, nbytes, system, ranks))
+
+
+def _least_bytes_ms(kind: str, nbytes, system, ranks) -> float:
+    """The time of a collective's bytes alone over the algorithm that moves them fastest: nbytes x
+    the least cost per byte of kit.comm's plans for it (no latency; a CollectiveResult's
+    bandwidth_ms is the same for the plan it picked)."""
+    from kit.comm.algorithms import plans
+    from kit.comm.conventions import canonical_kind
+    from kit.comm.topology import resolve_group
+    from kit.hardware.system import get_system
+
+    s = get_system(system)
+    return min(p.us_per_byte for p in plans(s, canonical_kind(kind), resolve_group(s, ranks))) * nbytes / 1e3
 
 
 def resolve_target(on):
