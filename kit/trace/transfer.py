@@ -26,7 +26,8 @@ scaling, Yu et al., ATC 2021):
                                                                nccl:* annotation, the job's ranks
                                                                as its group), and no less than its
                                                                bandwidth bound on dst (bytes x the
-                                                               algorithm's factor / link rate, no
+                                                               factor / link rate of the algorithm
+                                                               that moves them fastest, no
                                                                latency: collective_ms)
 
 Where the trace names a collective's process group (newer PyTorch: record_param_comms' "Process
