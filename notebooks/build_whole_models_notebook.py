@@ -308,7 +308,7 @@ print(f"TTFT {gen['ttft_ms']:.0f} ms, then {gen['tpot_ms']:.1f} ms a token: "
 On a Hopper GPU in bf16 the weight GEMMs of a decode step ($m \le 16$: matrix-vector products in
 all but name) take the measured tensor-core curve (`kit.predict.tensor_core`, fitted on the
 project's own H200 sweeps, decode shapes among them), with its 2.9 us floor; the step's GPU work
-came within 9-14% of the kernel time measured on the H200 (README, "Decode steps"). On NVIDIA's
+came within 9-14% of the kernel time measured on the H200 (docs/accuracy.md, "Decode steps"). On NVIDIA's
 other tensor-core GPUs the same curve is carried over as a share of each GPU's own peak, with a
 wider band; FP32 and TF32 GEMVs take the streaming GEMV model (`kit.predict.gemv`). No 16-bit
 decode GEMM off Hopper has been measured: treat those GEMM times as the least certain part of

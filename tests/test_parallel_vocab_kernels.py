@@ -131,7 +131,7 @@ def test_vocab_parallel_embedding_masks_ids_and_rows_at_tp_over_1():
 
 def test_per_token_kernels_cost_what_they_cost_in_the_stream():
     """A per-token kernel of a few kB is its bytes at the GPU's bandwidth plus a kernel's start
-    in the stream, 2 us (README: "a kernel in the stream takes at least 2 us more than its
+    in the stream, 2 us (docs/accuracy.md: "a kernel in the stream takes at least 2 us more than its
     roofline"), in either mode of the analytic layer, and not scaled by the host profile's
     other_scale: priced at the tile predictor's isolated time (26.9 us on an A100-SXM4-40GB,
     its ~25 us floor) x other_scale it had been 14.4 us. The layer's other kernels keep their
