@@ -165,12 +165,15 @@ def test_a_failed_write_keeps_the_old_weights_whole(layout, tmp_path, monkeypatc
     _train(layout, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
-    def refuse(src, dst):
+    # the files are written into a sibling folder that takes out's place only once both are on
+    # disk (save_bundle); a disk that fills while they are flushed must leave the old pair whole
+    def refuse(fd):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr("os.replace", refuse)
+    monkeypatch.setattr("os.fsync", refuse)
     with pytest.raises(KitError, match="cannot write the weights into .*No space left"):
         _train(layout, out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no partial files either
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []  # nor a temporary
 
 
 # -- kit evaluate on such weights ---------------------------------------------------------------
