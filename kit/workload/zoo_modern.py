@@ -206,7 +206,7 @@ class LlamaAttention(nn.Module):
             w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
         return torch.matmul(w, v)
 
-    def forward(self, h, cos, sin, cache=None, cache_pos=None, mask=None):
+    def forward(self, h, cos, sin, cache=None, mask=None):
         b, s, _ = h.shape
         if self.fused:
             # three slices, as HF's Phi3Attention takes them (a split's backward is one cat, the
@@ -337,8 +337,8 @@ class LlamaLayer(nn.Module):
         else:
             self.mlp = _mlp_of(c, d, ff)
 
-    def forward(self, h, cos, sin, cache=None, cache_pos=None, mask=None):
-        a = self.self_attn(self.input_layernorm(h), cos, sin, cache, cache_pos, mask)
+    def forward(self, h, cos, sin, cache=None, mask=None):
+        a = self.self_attn(self.input_layernorm(h), cos, sin, cache, mask)
         if self.sandwich:  # Gemma 2/3: the norms also close attention and the MLP
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self._mlp(self.pre_feedforward_layernorm(h), cache))
@@ -399,7 +399,7 @@ class LlamaForCausalLM(nn.Module):
             # (kit.workload.kv_cache.hf_static_update), and generate passes position_ids
             masks = {}  # HF builds one mask a forward for each kind of layer (full, sliding)
             for i, layer in enumerate(self.layers):
-                h = layer(h, cos, sin, kv_cache[i], None,
+                h = layer(h, cos, sin, kv_cache[i],
                           decode_mask(masks, kv_cache[i], self.windows[i], h, self.eager))
         logits = self.lm_head(self.norm(h))
         if self.final_softcap:  # Gemma 2: tanh(logits / cap) * cap
