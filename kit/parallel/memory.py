@@ -30,7 +30,7 @@ embedding's dropout mask on the first chunk and the output layer's on the last
 """
 from __future__ import annotations
 
-from kit.parallel.gpt import GPTSpec, vocab_per_rank
+from kit.parallel.gpt import GPTSpec, fused_softmax_available, vocab_per_rank
 from kit.parallel.layout import Layout
 from kit.parallel.schedule import in_flight, peak_held
 
@@ -141,7 +141,8 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
 
         replicated     10h: both norms' inputs (4h), both dropout masks (2h), the QKV and the
                        first MLP GEMMs' inputs (2h + 2h)
-        attention/t    Q (2h), K and V (2h·kv/a each), the output projection's input (2h);
+        attention/t    Q (2h), K and V (2h·kv/a each; 2h each where the unfused path
+                       repeats them to the query heads), the output projection's input (2h);
                        flash attention keeps its output in place of the scores' inputs
         MLP/t          4f (the activation's and the down GEMM's inputs), 6f when gated (the
                        gate and up outputs, and their product); an MoE layer runs it for topk
@@ -149,16 +150,15 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
                        not divided by t (gathered over TP before the experts), and whose
                        returned rows, which the router's weights multiply, 2h·topk more
         scores/t       5·a·s (softmax output, its dropout mask and output), unless flash or
-                       selective recompute
+                       selective recompute; 7·a·s where torch's fallback softmax runs in fp32
+                       (attention_bytes_per_token)
 
     so GPT's layer is s·b·h·(10 + 24/t + 5as/(ht)) as in their Table 2, in bytes at 16-bit
     activations; at fp32 each count but the 1-byte dropout masks doubles."""
-    s, b, h, a, t = spec.seq, layout.micro_batch, spec.hidden, spec.heads, layout.tp
+    s, b, h, t = spec.seq, layout.micro_batch, spec.hidden, layout.tp
     scale = 2.0 if layout.dtype == "fp32" else 1.0  # the paper counts 2-byte activations
     if layout.recompute == "full":
         return scale * 2 * s * b * h / (t if layout.sequence_parallel else 1)
-    kv = spec.kv_heads or a
-    attn = 2 * h + 4 * h * kv / a + 2 * h
     mlp = (6 if spec.gated else 4) * spec.f
     gathered = 0.0  # an MoE layer's dispatched expert inputs, whole on every tp rank
     if layer is not None and spec.is_moe(layer):  # the router's input is the MLP input counted above
@@ -176,19 +176,68 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
         # over tp with the shard. Left out, Mixtral-8x7b's layer at seq 4096, bf16 held 944 MiB
         # at tp 1 where 1008 are, 174 at tp 8 with sequence parallelism where 182 are
         mlp, gathered = routed * (mlp + 2 * h), routed * 2 * h
-    scores = 0.0 if (layout.recompute == "selective" or spec.attention == "flash") else 5 * a * s
-    # the dropout masks (2h of the 10h, a·s of the 5·a·s) are torch's bool masks, 1 byte an
-    # element in fp32 too: scaled with the rest, GPT-3 175B's fp32 layer at tp 8 had counted
-    # 20h + 10as/t bytes a token where 18h + 9as/t are held. At dropout 0 (GPTSpec.dropout:
-    # Llama's) torch's dropout returns its input: no masks, and the scores' bmm reads the
-    # softmax output itself (2as of the 5as). Llama-3-8B's layer at tp 1 had counted 2h = 8 KiB
-    # a token of masks it does not keep
+    # the dropout masks (2h of the 10h) are torch's bool masks, 1 byte an element in fp32 too:
+    # scaled with the rest, GPT-3 175B's fp32 layer at tp 8 had counted 20h bytes a token where
+    # 18h are held. At dropout 0 (GPTSpec.dropout: Llama's) torch's dropout returns its input:
+    # no masks. Llama-3-8B's layer at tp 1 had counted 2h = 8 KiB a token of masks it does not keep
     drops = spec.dropout > 0
     replicated = scale * 8 * h + (2 * h if drops else 0)
-    scores = (scale * 4 * a * s + a * s if drops else scale * 2 * a * s) if scores else 0.0
+    core = attention_bytes_per_token(spec, layout)
     if layout.sequence_parallel:
-        return s * b * ((replicated + scale * (attn + mlp) + scores) / t + scale * gathered)
-    return s * b * (replicated + (scale * (attn + mlp) + scores) / t + scale * gathered)
+        return s * b * ((replicated + scale * mlp) / t + core + scale * gathered)
+    return s * b * (replicated + scale * mlp / t + core + scale * gathered)
+
+
+def attention_bytes_per_token(spec: GPTSpec, layout: Layout) -> float:
+    """Bytes a token's core attention leaves saved for backward on one TP rank (the attention/t
+    and scores/t rows of activation_bytes_per_layer), as megatron-core 0.16.1 runs it and torch's
+    autograd keeps it: Q, K and V, the output projection's input, and in the unfused path the
+    score-side tensors. What each op's backward saves (torch 2.13's autograd nodes, measured with
+    saved_tensors_hooks in tests/test_parallel_attention_saved_bytes.py):
+
+        baddbmm(buffer, Q, K^T, beta 0)   batch1 and batch2, Q and K (not its output)
+        bmm(probs, V)                     both inputs: the probabilities and V
+        repeat_interleave (GQA)           nothing (unsqueeze, expand, clone, flatten)
+        .float(), .bfloat16()             nothing (ToCopyBackward0)
+        masked_fill_(mask, -10000)        the mask only (an input, shared by the layers)
+        torch softmax                     its fp32 output
+        fused scale-mask-softmax          softmax_results, in the input dtype (fusions/
+                                          fused_softmax.py lines 36, 86), not its input
+        native_dropout (CUDA)             its bool mask; the bmm keeps its output
+        permute(2, 0, 1, 3).contiguous()  nothing; the copy is the projection's input
+
+    GQA: where np // ng > 1 the unfused path repeats K and V to the query heads before the bmms
+    (transformer/dot_product_attention.py lines 169-175), so those save a heads' K and V, 2h
+    each, not 2h·kv/a: Llama-3-8B's layer at tp 2, seq 4096 had counted 8 MiB of them where
+    32 MiB are kept (848 -> 872 MiB a layer). Flash attention and selective recompute (which checkpoints core attention
+    at its inputs) keep the kv heads.
+
+    Scores [b, a/t, s, s]: the fused kernel (fused_softmax_available) saves its output, 2 B, the
+    dropout 1 B of mask and 2 B of output, Korthikanti's 5·a·s. Where it does not apply,
+    forward_torch_softmax (fused_softmax.py lines 313-340, attention_softmax_in_fp32 True)
+    casts the scores to fp32, masks them in place and softmaxes: the softmax saves its fp32
+    output, 4 B, and its cast back to 16 bits is a new tensor the dropout (or at dropout 0 the
+    bmm) reads: 4 + 1 + 2 = 7 B, 4 + 2 = 6 at dropout 0, where 5 and 2 had been counted
+    (Llama-3-8B unfused at tp 2, seq 8192, bf16, past the kernel's 4096 keys: 2 GiB of scores a
+    layer had been counted where 6 GiB are kept, its layer 2,720 MiB where 6,864 are).
+    An fp32 model's: the softmax's output 4 B (masked_fill_ keeps not its output), the mask
+    1 B and the dropout's output 4 B (9 B; 4 at dropout 0, the bmm reading the softmax's)."""
+    s, b, h, a, t = spec.seq, layout.micro_batch, spec.hidden, spec.heads, layout.tp
+    elem = 4.0 if layout.dtype == "fp32" else 2.0
+    kv = spec.kv_heads or a
+    unfused = spec.attention != "flash" and layout.recompute != "selective"
+    k_and_v = h if (unfused and kv < a) else h * kv / a  # elements each, a heads wide once repeated
+    qkv_out = elem * (2 * h + 2 * k_and_v)  # Q, K, V and the output projection's input
+    if not unfused:
+        return qkv_out / t
+    torch_softmax = layout.dtype == "fp32" or not fused_softmax_available(b, a // t, s, spec.causal)
+    softmax_out = 4.0 if torch_softmax else elem  # fp32 in torch's softmax, the input's in the kernel
+    cast = elem if torch_softmax and layout.dtype != "fp32" else 0.0  # the 16-bit probabilities
+    if spec.dropout > 0:
+        probs = softmax_out + 1 + elem  # its mask and output; a cast's input dies with the dropout
+    else:
+        probs = softmax_out + cast  # the bmm reads the cast, or the softmax's own output
+    return qkv_out / t + probs * a * s / t
 
 
 def edge_activation_bytes(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float]:
@@ -200,7 +249,8 @@ def edge_activation_bytes(spec: GPTSpec, layout: Layout, stage: int) -> tuple[fl
     vocab-parallel loss's fp32 softmax, [b, s, padded vocab / t]). The softmax is the v/h part:
     gpt2's 50,257 are 6,400 a rank at tp 8, not 6,282, as head_forward costs the logits. The
     4·s·b·h had been left out: GPT-3 175B at tp 8, pp 8 under GPipe with 64 micro-batches
-    holds 64 x 96 MiB = 6 GiB of them on its last stage, 1F1B one micro-batch's 96 MiB."""
+    holds 64 x 96 MiB = 6 GiB of them on its last stage, 1F1B one micro-batch's 96 MiB. BERT's
+    pretraining heads keep more on the last stage (bert_heads_bytes)."""
     s, b, h, t = spec.seq, layout.micro_batch, spec.hidden, layout.tp
     scale = 2.0 if layout.dtype == "fp32" else 1.0  # the norm's and head's inputs, as activation_bytes_per_layer
     split = t if layout.sequence_parallel else 1
@@ -210,7 +260,30 @@ def edge_activation_bytes(spec: GPTSpec, layout: Layout, stage: int) -> tuple[fl
     last = 0.0
     if stage == layout.pp - 1:
         last = scale * 4 * s * b * h / split + b * s * vocab_per_rank(spec.vocab, t) * 4
+        last += bert_heads_bytes(spec, layout)
     return first, last
+
+
+def bert_heads_bytes(spec: GPTSpec, layout: Layout) -> float:
+    """What BERT's pretraining heads (GPTSpec.pretraining_heads) save for backward on a rank
+    beyond the final norm's and the output layer's inputs, which edge_activation_bytes counts
+    as GPT's: megatron-core 0.16.1 runs the final norm's output through BertLMHead's dense,
+    gelu and LayerNorm (models/bert/bert_lm_head.py lines 44-49, torch.nn.Linear and
+    F.gelu) before the output layer (bert_model.py line 376), so the dense's input is the
+    norm's output as GPT's output layer's is, and the gelu's input (the dense's output), the
+    LayerNorm's (the gelu's) and the output layer's (the LayerNorm's) are 3 more tensors of
+    s·b·h, split over tp with sequence parallelism. The pooler (pooler.py lines 44-52) saves
+    hidden_states[0], a view: without sequence parallelism of the final norm's output, held
+    already; with it of the [s, b, h] the sequence all-gather returned, which that view keeps
+    whole on every rank. Its tanh saves its [b, h] output, the binary head's input. The kit had
+    counted GPT's 4·s·b·h: bert-large at seq 512, micro-batch 8 held 24 MiB more than counted."""
+    if not spec.pretraining_heads:
+        return 0.0
+    s, b, h, t = spec.seq, layout.micro_batch, spec.hidden, layout.tp
+    elem = 4.0 if layout.dtype == "fp32" else 2.0
+    split = t if layout.sequence_parallel else 1
+    gathered = s * b * h * elem if layout.sequence_parallel else 0.0  # the pooler's gathered input
+    return 3 * s * b * h * elem / split + gathered + b * h * elem
 
 
 def state_bytes(layout: Layout) -> tuple[int, int, int]:
