@@ -680,15 +680,22 @@ def head_forward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False) -
     targets and gather their logits (lines 48-62), and log(sum) - predicted (line 77) two more
     before the divide (kit.parallel.vocab_kernels): at every tp, as Megatron runs them; at
     micro-batch > 1 the labels' and the loss's transposes (loss_transpose_kernels) around it. With sequence parallelism the LayerNorm runs on this
-    rank's tokens and an all-gather of the activations feeds the column-parallel logits GEMM."""
+    rank's tokens and an all-gather of the activations feeds the column-parallel logits GEMM;
+    BERT's pooler all-gathers the final norm's output too, before it picks each sequence's first
+    token (megatron-core 0.16.1 models/bert/pooler.py lines 44-49,
+    gather_from_sequence_parallel_region): a second [tokens, hidden] all-gather, which the kit
+    had left out (bert-large, tp 2, micro-batch 8, bf16: 8 MiB a micro-batch)."""
     tok = b * spec.seq
     v = vocab_per_rank(spec.vocab, tp)
     n = tok * v
     ar = ("allreduce", tok * 4, "tp")
     if sp and tp > 1:
         rows = tok // tp if tok % tp == 0 else tok
-        first = [Block("final ln", [norm(spec, rows, dtype), *pretraining_head_ops(spec, rows, b, dtype)]),
-                 Block("sp all-gather", comm=("allgather", tok * spec.hidden * ops.dtype_bytes(dtype), "tp")),
+        gather = ("allgather", tok * spec.hidden * ops.dtype_bytes(dtype), "tp")
+        first = [Block("final ln", [norm(spec, rows, dtype)]),
+                 *([Block("pooler all-gather", comm=gather)] if spec.pretraining_heads else []),
+                 Block("bert heads", pretraining_head_ops(spec, rows, b, dtype)),
+                 Block("sp all-gather", comm=gather),
                  Block("lm head", [])]
     else:
         first = [Block("lm head", [norm(spec, tok, dtype), *pretraining_head_ops(spec, tok, b, dtype)])]
@@ -765,6 +772,10 @@ def head_backward(spec: GPTSpec, b: int, tp: int, dtype: str, sp: bool = False,
         heads = [(g, f) for op in reversed(pretraining_head_ops(spec, rows, b, dtype))
                  for g, f in ([(g, 1.0) for g in _gemm_bwd(op)] if isinstance(op, ops.Gemm)
                               else [(op, BWD_FACTOR["default"])])]
+        if rows != tok:  # the pooler's all-gather: its backward (tensor_parallel_output_grad
+            # False) is no reduce-scatter but _split_along_first_dim, a .contiguous() copy of
+            # this rank's rows of the gathered gradient (tensor_parallel/mappings.py 346-348, 75)
+            heads.append((ops.Elementwise("copy", rows * spec.hidden, dtype), 1.0))
         blocks.append(Block("bert heads bwd", [g for g, _ in heads], [f for _, f in heads]))
     blocks.append(Block("final ln bwd", [ln], [BWD_FACTOR["default"]]))
     return _merge(blocks)
