@@ -62,7 +62,8 @@ def megatron_core_attention(q, k, v, mask, p, w_proj):
     value = v.view(sk, b * np_, -1)
     probs = probs.view(b * np_, sq, -1)
     ctx = torch.bmm(probs, value.transpose(0, 1)).view(b, np_, sq, hn).permute(2, 0, 1, 3).contiguous()
-    return F.linear(ctx.view(sq, b, np_ * hn), w_proj)
+    ctx = ctx.view(sq, b, np_ * hn)
+    return ctx if w_proj is None else F.linear(ctx, w_proj)  # None: the core's output alone
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
@@ -180,3 +181,82 @@ def test_bert_heads_bytes_are_what_torch_saves(sp):
     assert measured == hand
     loss_softmax = b * s * v_rank * 4  # the vocab-parallel loss's fp32 softmax, not built here
     assert edge_activation_bytes(spec, lay, 0)[1] - loss_softmax == hand
+
+
+class _CheckpointInputs(torch.autograd.Function):
+    """megatron-core's CheckpointFunction as selective recompute runs core attention: it saves
+    its inputs (tensor_parallel/random.py line 528) and runs the function without a graph."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, run):
+        ctx.save_for_backward(q, k, v)
+        with torch.no_grad():
+            return run(q, k, v)
+
+    @staticmethod
+    def backward(ctx, g):  # never run here
+        raise NotImplementedError
+
+
+def rotary(x, cos, sin):
+    """rope_utils.py _apply_rotary_pos_emb_bshd (lines 110-126), rotary over the whole head."""
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((x * cos + torch.cat((-x2, x1), dim=-1) * sin, x[..., x.shape[-1]:]), dim=-1)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("kv_heads", [2, 4, 8])
+def test_value_views_keep_the_qkv_output_whole(recompute, rope, kv_heads):
+    """From the QKV GEMM on, as megatron-core 0.16.1 runs it: the GEMM's output viewed as
+    [s, b, ng, (np/ng + 2)·hd] and split into Q, K, V views (attention.py lines 1424-1463), Q
+    reshaped to [s, b, np, hd], rotary positions on Q and K, then core attention, unfused or
+    checkpointed. A V that is saved as that view (no GQA repeat, or the checkpoint's input)
+    keeps the whole GEMM output: with RoPE, or Q's reshape copy under GQA, more than Q, K, V."""
+    s, b, a, hd, t = 16, 2, 8, 4, 2
+    np_, ng = a // t, kv_heads // t
+    spec = parse_model(f"gpt:layers=1,hidden={a * hd},heads={a},seq={s},vocab=64,kv_heads={kv_heads},"
+                       f"attention=unfused,dropout=0,rope={int(rope)}")
+    lay = Layout(tp=t, micro_batch=b, dtype="bf16", recompute=recompute)
+    dt = torch.bfloat16
+    torch.manual_seed(0)
+    x = torch.randn(s, b, a * hd, dtype=dt, requires_grad=True)  # the norm's output: counted elsewhere
+    w_qkv = torch.randn((np_ + 2 * ng) * hd, a * hd, dtype=dt, requires_grad=True)
+    w = torch.randn(a * hd, np_ * hd, dtype=dt, requires_grad=True)
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).expand(b, 1, s, s)
+    freqs = torch.randn(s, 1, 1, hd)
+    cos, sin = freqs.cos().to(dt), freqs.sin().to(dt)
+
+    def layer():
+        mixed = F.linear(x, w_qkv).view(s, b, ng, (np_ // ng + 2) * hd)
+        q, k, v = torch.split(mixed, [np_ // ng * hd, hd, hd], dim=3)
+        q = q.reshape(s, b, -1, hd)
+        if rope:
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        if recompute == "selective":
+            def core(q_, k_, v_):
+                return megatron_core_attention(q_, k_, v_, mask, 0.0, None)
+            ctx = _CheckpointInputs.apply(q, k, v, core)
+            return F.linear(ctx, w)
+        return megatron_core_attention(q, k, v, mask, 0.0, w)
+
+    measured = saved_bytes(layer, skip=(x, w_qkv, w, mask, cos, sin))
+    assert attention_bytes_per_token(spec, lay) * s * b == measured
+
+    # by hand, per rank, tokens x bytes: the QKV output (np + 2ng)·hd wide where V's view keeps
+    # it; Q (np·hd), K and V (ng·hd, or np·hd repeated) where saved as tensors of their own;
+    # the projection's input (np·hd); unfused, the scores' fp32 softmax and bf16 cast, 6 B each
+    e, tok = 2, s * b
+    repeat = recompute == "none" and kv_heads < a
+    v_view = not repeat
+    q_own = rope or (kv_heads < a and ng > 1)  # [s, b, ng, np/ng, hd] -> np: a copy unless ng is 1
+    k_own = rope or repeat
+    kv_w = np_ * hd if repeat else ng * hd
+    hand = tok * e * (np_ * hd  # projection input
+                      + ((np_ + 2 * ng) * hd if v_view else 0)
+                      + (np_ * hd if q_own or not v_view else 0)
+                      + (kv_w if k_own or not v_view else 0)
+                      + (kv_w if repeat else 0))
+    if recompute == "none":
+        hand += b * np_ * s * s * (4 + 2)
+    assert measured == hand

@@ -142,7 +142,9 @@ def activation_bytes_per_layer(spec: GPTSpec, layout: Layout, layer: int | None 
         replicated     10h: both norms' inputs (4h), both dropout masks (2h), the QKV and the
                        first MLP GEMMs' inputs (2h + 2h)
         attention/t    Q (2h), K and V (2h·kv/a each; 2h each where the unfused path
-                       repeats them to the query heads), the output projection's input (2h);
+                       repeats them to the query heads), the output projection's input (2h),
+                       the rest of the QKV GEMM's output where a saved V view keeps it
+                       (_qkv_output_kept: RoPE without GQA unfused, RoPE or GQA selective);
                        flash attention keeps its output in place of the scores' inputs
         MLP/t          4f (the activation's and the down GEMM's inputs), 6f when gated (the
                        gate and up outputs, and their product); an MoE layer runs it for topk
@@ -227,7 +229,7 @@ def attention_bytes_per_token(spec: GPTSpec, layout: Layout) -> float:
     kv = spec.kv_heads or a
     unfused = spec.attention != "flash" and layout.recompute != "selective"
     k_and_v = h if (unfused and kv < a) else h * kv / a  # elements each, a heads wide once repeated
-    qkv_out = elem * (2 * h + 2 * k_and_v)  # Q, K, V and the output projection's input
+    qkv_out = elem * (2 * h + 2 * k_and_v + _qkv_output_kept(spec, layout))
     if not unfused:
         return qkv_out / t
     torch_softmax = layout.dtype == "fp32" or not fused_softmax_available(b, a // t, s, spec.causal)
@@ -238,6 +240,32 @@ def attention_bytes_per_token(spec: GPTSpec, layout: Layout) -> float:
     else:
         probs = softmax_out + cast  # the bmm reads the cast, or the softmax's own output
     return qkv_out / t + probs * a * s / t
+
+
+def _qkv_output_kept(spec: GPTSpec, layout: Layout) -> float:
+    """Elements a token, before /t, of the QKV GEMM's output [s, b, (a + 2kv)·hd] that V keeps
+    alive beyond the Q, K and V attention_bytes_per_token counts. get_query_key_value_tensors
+    splits that output into views (megatron-core 0.16.1 transformer/attention.py lines
+    1424-1463: view, then SplitAlongDim or torch.split); where V reaches a saved slot as such a
+    view, the whole storage stays: in the unfused path without GQA's repeat_interleave (the
+    context bmm saves it, dot_product_attention.py line 239) and under selective recompute
+    (CheckpointFunction saves its inputs, tensor_parallel/random.py line 528; attention.py
+    _checkpointed_attention_forward). Its Q and K parts then add to what is counted wherever
+    what is saved for Q or K is a new tensor: rotary positions (models/common/embeddings/
+    rope_utils.py lines 122-126, a new tensor from mul, add and cat), the q/k norms, and
+    for Q under GQA the reshape at attention.py line 1463 (ng > 1 groups of np/ng heads with
+    K and V between them: no view; at one group a rank it is a view). Llama-3-70B (GQA, RoPE) under selective recompute keeps 1.125h
+    more than the h + 2h·kv/a it had counted; Phi-3-mini (32 heads, no GQA, RoPE) unfused 2h
+    more. Flash attention (Transformer Engine's) is left as counted."""
+    h, a = spec.hidden, spec.heads
+    kv = spec.kv_heads or a
+    if spec.attention == "flash" and layout.recompute != "selective":
+        return 0.0
+    if layout.recompute != "selective" and kv < a:  # V repeated: a new tensor, the view dies
+        return 0.0
+    new_qk = spec.rope or spec.qk_norm
+    q_copied = kv < a and kv // layout.tp > 1  # one group a rank: the reshape is a view
+    return (h if (new_qk or q_copied) else 0.0) + (h * kv / a if new_qk else 0.0)
 
 
 def edge_activation_bytes(spec: GPTSpec, layout: Layout, stage: int) -> tuple[float, float]:
