@@ -381,27 +381,42 @@ def pick_source_system(gpu, world: int, name: str | None = None):
     from kit.hardware.system import get_system
 
     if name is not None:
-        try:
-            s = get_system(name)
-        except KitError as e:
-            raise KitError(f"{FROM} {name!r}: {e}") from None
-        if s.gpu_key != gpu.key or s.world_size < world:
+        s = named_source(name, world)
+        if s.gpu_key != gpu.key:
             fits = _fits(gpu, world)
             # with none that fits it had said "name a system of that GPU with at least 1 GPUs (no
             # preset has them)", as though one could be named
             how = (f"name a preset system with at least {world} x {gpu.key} ({', '.join(fits)})" if fits
                    else f"no preset system has {world} or more x {gpu.key} (`kit systems` lists them; "
-                   "the kit reads no system file): replay with a GPU as --on/on= instead, where the "
+                   f"the kit reads no system file): replay with a GPU as {ON} instead, where the "
                    "collectives and peer copies keep their measured times")
             raise KitError(f"{FROM} {name!r}: {s.key} has {s.world_size} x {s.gpu_key}, but the trace "
                            f"ran {world} rank(s) on {gpu.key}; {how}")
-        return s, "named with --from/source="
+        return s, f"named with {FROM}"
     fits = [x for x in _fits(gpu, world) if get_system(x).nodes == 1]
     if not fits:
         return None, None
     others = f"; also {', '.join(fits[1:])}: name the one it ran on with {FROM}" if fits[1:] else ""
     return get_system(fits[0]), (f"the first single-node preset with {world} x {gpu.key} (not read "
                                  f"from the trace{others})")
+
+
+def named_source(name: str, world: int):
+    """The system --from names, checked for what needs no GPU: that it is a system and holds the
+    job's ranks (KitError). pick_source_system then checks its GPU against each rank's; transfer
+    calls this first, so that a trace with no GPU work to check it against (CPU-only ranks, or
+    no rank naming a GPU) does not take a misspelt or too small --from in silence."""
+    from kit.hardware.system import get_system
+
+    try:
+        s = get_system(name)
+    except KitError as e:
+        raise KitError(f"{FROM} {name!r}: {e}") from None
+    if s.world_size < world:
+        raise KitError(f"{FROM} {name!r}: {s.key} has {s.world_size} x {s.gpu_key}, but the trace ran "
+                       f"{world} rank(s); name a preset system with at least {world} GPUs (`kit "
+                       "systems` lists them)")
+    return s
 
 
 def _fits(gpu, world: int) -> list:
@@ -505,7 +520,7 @@ def _unnamed_gpu(traces) -> str | None:
     if len(named) != 1:
         seen = f" (the others name {', '.join(sorted(named.values()))})" if named else ""
         raise KitError(f"{blind[0].source}: rank {blind[0].rank} ran GPU work but its trace names no "
-                       f"GPU (no deviceProperties){seen}; --on needs the GPU it was recorded on to "
+                       f"GPU (no deviceProperties){seen}; {ON} needs the GPU it was recorded on to "
                        "rescale its kernels")
     return next(iter(named.values()))
 
@@ -527,6 +542,7 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
     if source is not None and dst_sys is None:
         raise KitError(f"{FROM} {source!r} goes with a system as {ON}: with a GPU ({dst_gpu.key}) the "
                        "collectives and peer copies keep their measured times, and no source system is used")
+    named = named_source(source, world) if source is not None else None
     kept = {}  # why collectives keep their measured times -> how many
     # a collective synchronised across ranks (kit.trace.build) moves one size on all of them:
     # a member without a readable nccl:* size takes the one its group's others give, where they
@@ -585,7 +601,7 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
             d = g.dur_ms[op]
             kind = g.kind[op]
             if kind == "comm":
-                why = ("--on names a GPU, not a system to predict them on" if dst_sys is None else
+                why = (f"{ON} names a GPU, not a system to predict them on" if dst_sys is None else
                        f"no single-node preset has {world} x {src_gpu.key} to rescale them from"
                        if src_sys is None else None)
                 kinds = group_kind.get(g.group[op], set())
@@ -647,7 +663,7 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
                     # (48.75 GB/s) had gone to 0.27 ms on a DGX H100 (900 vs 3352 GB/s of HBM),
                     # not the 0.11 of its NVSwitch (438.75 GB/s)
                     if dst_sys is None or src_sys is None:
-                        why = ("--on names a GPU, not a system with a GPU-to-GPU fabric"
+                        why = (f"{ON} names a GPU, not a system with a GPU-to-GPU fabric"
                                if dst_sys is None else f"no single-node preset has {world} x "
                                f"{src_gpu.key} to rescale them from")
                         peer_kept[why] = peer_kept.get(why, 0) + 1
@@ -691,6 +707,10 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
                 g.dur_ms[op] = above_floor_ms(d, ratio)
             else:
                 g.dur_ms[op] = above_floor_ms(d, src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs)
+    if named is not None and not chosen:  # no rank to check it against: it had gone unsaid
+        tg.notes.append(f"{FROM} {source!r} ({named.key}, {named.world_size} x {named.gpu_key}) is not "
+                        "checked against the trace's GPU nor used: no rank ran GPU work on a GPU it "
+                        "names, so nothing measured there is rescaled")
     tg.source_system = ([{"system": k, "ranks": r, "chosen": how} for (k, how), r in chosen.items()]
                         if dst_sys is not None else None)
     tg.notes += [f"source system {k} (rank{'s' if len(r) > 1 else ''} {rank_list(r)}): {how}; it prices "
