@@ -26,9 +26,11 @@ scaling, Yu et al., ATC 2021):
                                                                nccl:* annotation, the job's ranks
                                                                as its group), and no less than its
                                                                bandwidth bound on dst (bytes x the
-                                                               factor / link rate of the algorithm
+                                                               factor / line rate of the algorithm
                                                                that moves them fastest, no
-                                                               latency: collective_ms)
+                                                               latency: collective_ms), a physical
+                                                               bound, so on its own system a
+                                                               collective keeps its measured time
 
 Where the trace names a collective's process group (newer PyTorch: record_param_comms' "Process
 Group Ranks", "Src Rank"/"Dst Rank", "In msg nelems", "dtype"; kit.trace.comm_meta), kit.comm
@@ -314,7 +316,8 @@ def coalesced_links(meta, rank: int) -> dict | None:
 
 def collective_ms(kind: str, nbytes, system, ranks, links=None) -> tuple[float, float]:
     """(kit.comm's time for a collective on system, its bandwidth bound: the time of its bytes
-    alone, bytes x the algorithm's factor over the link rate, no latency or floor; a collective
+    alone, bytes x the algorithm's factor over the links' line rate (_least_bytes_ms), no latency,
+    efficiency or floor; a collective
     cannot run faster than that on the system). links: a coalesced batch's transfers
     (coalesced_links), run at once: the longest of them prices it, and bounds it. The bound is
     the least of every algorithm kit.comm could run it with (kit.comm.algorithms.plans), not the
@@ -332,16 +335,40 @@ def collective_ms(kind: str, nbytes, system, ranks, links=None) -> tuple[float, 
 
 
 def _least_bytes_ms(kind: str, nbytes, system, ranks) -> float:
-    """The time of a collective's bytes alone over the algorithm that moves them fastest: nbytes x
-    the least cost per byte of kit.comm's plans for it (no latency; a CollectiveResult's
-    bandwidth_ms is the same for the plan it picked)."""
+    """The time of a collective's bytes alone over the algorithm that moves them fastest, at the
+    links' line rates: nbytes x the least cost per byte of kit.comm's plans for it on
+    line_rate_system(system) (no latency, no efficiency, no HBM term). A physical bound, which no
+    run on the system beats: at kit.comm's achieved rates (its links' efficiency, 0.975 of an
+    NVLink's 25 GB/s, and the HBM bytes it does not overlap) the bound sat above what the links
+    can carry, so a trace replayed on its own system was clamped up from a time it measured there
+    (a DGX-1 pair's 64 MiB sendrecv in 1.36 ms, 49.3 GB/s of its two NVLinks' 50 GB/s, to 1.48 ms:
+    the derated 48.75 GB/s plus 1.375 HBM bytes a byte at 900 GB/s), and said to have run
+    elsewhere. At line rate it is 1.34 ms (64 MiB / 50 GB/s), and the 1.36 ms is kept."""
     from kit.comm.algorithms import plans
     from kit.comm.conventions import canonical_kind
     from kit.comm.topology import resolve_group
     from kit.hardware.system import get_system
 
-    s = get_system(system)
+    s = line_rate_system(get_system(system))
     return min(p.us_per_byte for p in plans(s, canonical_kind(kind), resolve_group(s, ranks))) * nbytes / 1e3
+
+
+def line_rate_system(system):
+    """The system with its links at line rate: the fabric's, PCIe's and network's efficiency 1,
+    no HBM bytes charged beside the wire (software hbm_bytes_per_byte 0), and NVLS at the NVLink
+    rate. kit.comm's NVLS rate is gpu_bw x nvls_efficiency over nvls_wire(n) = (1 + 1/n) /
+    (1 + 1/8) (NVLS_CALIBRATED_RANKS), so line rate, (1 + 1/n) bytes a byte each way at gpu_bw, is
+    nvls_efficiency = 1 / (1 + 1/8)."""
+    from dataclasses import replace
+
+    from kit.comm.algorithms import NVLS_CALIBRATED_RANKS
+
+    f = system.fabric
+    nvls = 1.0 / (1.0 + 1.0 / NVLS_CALIBRATED_RANKS) if f.nvls else f.nvls_efficiency
+    return replace(system, fabric=replace(f, efficiency=1.0, nvls_efficiency=nvls),
+                   pcie=replace(system.pcie, efficiency=1.0),
+                   network=replace(system.network, efficiency=1.0),
+                   software=tuple((k, 0.0 if k == "hbm_bytes_per_byte" else v) for k, v in system.software))
 
 
 def resolve_target(on):
@@ -758,7 +785,7 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
                         "no copy is faster than its own pair's link")
     for src_key, (n, worst) in comm_fast.items():
         tg.notes.append(f"{n} collective(s) ran faster than {src_key}'s links carry their bytes (kit.comm's "
-                        f"bandwidth bound, bytes x algorithm factor over the link rate, no latency: up to "
+                        f"bandwidth bound, bytes x algorithm factor over the links' line rate, no latency: up to "
                         f"{worst:,.2f}x under it): the trace was not recorded there; name its system with "
                         f"{FROM}. On {dst_sys.key} none is priced under "
                         "its own bound")
