@@ -440,7 +440,7 @@ def _sync_by_group(g: ExecGraph, tg: TraceGraph, gpu_ranks, silent=()) -> bool:
     collectives ties to gpu_ranks[0] (silent ones included) have no measured offset to it: each
     such chain is aligned so that its first step starts with gpu_ranks[0]'s chain's first, not
     at its raw clock (ranks 2-3 on a host whose clock read 1 s later had idled 1 s)."""
-    from kit.trace.group_sync import clock_offsets, match_by_group
+    from kit.trace.group_sync import clock_offsets, match_by_group, wait_pairwise
 
     matched, why = match_by_group(tg, collective_family)
     if matched is None:
@@ -449,13 +449,24 @@ def _sync_by_group(g: ExecGraph, tg: TraceGraph, gpu_ranks, silent=()) -> bool:
                             "collectives matched by their position on each rank's NCCL stream")
         return False
     split = 0
+    chained = wait_pairwise(tg, matched)
     for key, members in matched:
-        d = min(ge.dur_us for _, ge in members.values()) / 1e3
         split += len(members) if len(members) < len(gpu_ranks) else 0
+        if key[0] == "coalesced" and len(members) > 2:
+            continue  # wait_pairwise: each batch waits on its own peers
+        d = min(ge.dur_us for _, ge in members.values()) / 1e3
         for op, _ in members.values():
             g.group[op] = ("nccl",) + key
             g.dur_ms[op] = d
-    offsets, root_of = clock_offsets(matched, list(gpu_ranks) + list(silent))
+    # a chain's batches end as their own peers let them, not together: their ends set the clock
+    # offsets only where no other collective ties the ranks as closely
+    everyone = list(gpu_ranks) + list(silent)
+    offsets, root_of = clock_offsets(matched, everyone)
+    if chained:
+        plain = [(k, m) for k, m in matched if not (k[0] == "coalesced" and len(m) > 2)]
+        off, root = clock_offsets(plain, everyone)
+        if root == root_of:
+            offsets = off
     apart = [r for r in gpu_ranks if root_of[r] != gpu_ranks[0]]
     window0 = {t.rank: t.window_us()[0] for t in tg.traces}
     chain_start: dict = {}
@@ -468,6 +479,10 @@ def _sync_by_group(g: ExecGraph, tg: TraceGraph, gpu_ranks, silent=()) -> bool:
         tg.notes.append(f"{split} collective(s) synchronised within the process groups their trace "
                         "names (each group's ranks wait for each other, not for the job's others; "
                         "matched by their order in the group)")
+    if chained:
+        tg.notes.append(f"{chained} coalesced send/recv batch(es) of ring shifts or chains wait only for "
+                        "their own peers (NCCL matches a send and its recv pairwise), not for the whole "
+                        "chain")
     if apart:
         tg.notes.append(f"rank(s) {rank_list(apart)} share no collective, directly or through "
                         f"others, with rank {gpu_ranks[0]}: their clocks are aligned among their own, their "

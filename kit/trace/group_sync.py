@@ -138,6 +138,53 @@ def _match_coalesced(comm, keys, metas):
     return out, None
 
 
+def wait_pairwise(tg, matched) -> int:
+    """Give the coalesced batches of more than two ranks (a ring shift or a pipeline's chain:
+    _match_coalesced ties them into one set) each a wait on its own peers only, and return how many
+    batches. A send or recv blocks the GPU until its peer's matching recv or send runs, and those
+    fused in one group (one kernel) progress concurrently (nccl.h of NCCL 2.32.3, nvidia-nccl-cu12,
+    on ncclSend and ncclRecv: "Rank peer needs to call ncclRecv ... This operation is blocking for
+    the GPU. If multiple ncclSend and ncclRecv operations need to progress concurrently to
+    complete, they must be fused within a ncclGroupStart/ncclGroupEnd section"). So rank r's
+    batch, sending to r + 1 and receiving from r - 1, starts its transfers when both of them have
+    reached theirs, not when the whole chain has: as one collective the chain had started every
+    batch at its last rank's arrival (a 4-stage pipeline launching 50 us apart: stage 0 waited
+    150 us for stage 3, with which it exchanges nothing).
+    Each pair of peers gets a 0 ms collective of its two ranks (on a queue of its own per rank:
+    queued on the stream, a rank's second pair had waited for its first, and the chain's arrivals
+    had passed from pair to pair again), ready when the batch is (its deps and the op before it on
+    its stream); the batch depends on its pairs' and keeps the set's shortest measured time (the
+    rank that waited least). The batches join the graph's dependencies after the ops they wait on
+    were added (ExecGraph checks only that an op's deps came before it as it is added)."""
+    g = tg.graph
+    metas = op_comm_metas(tg)
+    pairs = []  # (a, b, a's batch, b's batch), a < b
+    chained = 0
+    for key, members in matched:
+        if key[0] != "coalesced" or len(members) < 3:
+            continue
+        chained += len(members)
+        d = min(ge.dur_us for _, ge in members.values()) / 1e3
+        for r, (op, _) in members.items():
+            g.dur_ms[op] = d
+        seen = set()
+        for r, (op, _) in members.items():
+            for m in metas[op].members:
+                if m.peer in members and m.peer != r and (ab := tuple(sorted((r, m.peer)))) not in seen:
+                    seen.add(ab)
+                    pairs.append((*ab, members[ab[0]][0], members[ab[1]][0]))
+    waits: dict = {}  # batch -> its pair waits
+    for a, b, op_a, op_b in sorted(pairs):  # each pair's batches in their launch order
+        for r, op in ((a, op_a), (b, op_b)):
+            ready = tuple(g.deps[op]) + ((g.prev[op],) if g.prev[op] >= 0 else ())
+            w = g.gpu(r, f"{g.resource[op]} p2p {a}-{b}", 0.0, f"p2p wait: ranks {a} and {b}",
+                      kind="comm", deps=ready, group=("nccl p2p", a, b, op_a, op_b))
+            waits.setdefault(op, []).append(w)
+    for op, ws in waits.items():
+        g.deps[op] = tuple(g.deps[op]) + tuple(ws)
+    return chained
+
+
 def _span(xs):
     return f"{xs[0]}-{xs[-1]} ({len(xs)})" if xs else "none"
 
@@ -188,4 +235,4 @@ def clock_offsets(matched, ranks):
     return offsets, root_of
 
 
-__all__ = ["clock_offsets", "match_by_group"]
+__all__ = ["clock_offsets", "match_by_group", "wait_pairwise"]
