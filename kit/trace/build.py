@@ -32,7 +32,10 @@ Per rank, within the profiled steps:
   collective names its group and the groups agree across their ranks, they are matched per group
   instead (kit.trace.group_sync): the i-th of a group on each of its ranks (by torch's 'Seq' where
   given), a send with its peer's recv, so groups that run different numbers of collectives
-  (pipeline stages) are synchronised too, and clock offsets chain from group to group.
+  (pipeline stages) are synchronised too, and clock offsets chain from group to group. A chain
+  or ring shift of coalesced send/recv batches waits pairwise instead, each batch on its own
+  peers (kit.trace.group_sync.wait_pairwise), and its ends set the clock offsets only where no
+  other collective ties the ranks.
 * Clock offsets between ranks are estimated from the collectives' end times, which a ring or
   all-to-all makes near-simultaneous on every rank; each rank starts at its aligned step start.
 * The job's size is the largest distributedInfo world_size, or the number of files when that is
