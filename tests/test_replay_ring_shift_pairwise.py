@@ -15,7 +15,15 @@ ends; by hand, for READY_US = 120, 170, 220, 270 and T_US = 300:
                           + 300 = 470, 520, 570, 570 us
   ring (3 -> 0 too):      max(120, 170, 270), max(170, 120, 220), max(220, 170, 270),
                           max(270, 220, 120) + 300 = 570, 520, 570, 570 us
-As one collective every batch had started at 270 and ended at 570."""
+As one collective every batch had started at 270 and ended at 570. With the first stage last,
+READY_US = 270, 120, 170, 220 (LATE_FIRST_US):
+  chain:                  max(270, 120), max(270, 120, 170), max(120, 170, 220), max(170, 220)
+                          + 300 = 570, 570, 520, 520 us
+  ring:                   max(270, 120, 220), max(120, 270, 170), max(170, 120, 220),
+                          max(220, 170, 270) + 300 = 570, 570, 520, 570 us
+There a rank's pair waits queued one after the other (on one queue a rank) would pass rank 0's
+lateness along the chain: rank 1's wait with 2 ready after its wait with 0 (270), 2's and 3's
+batches at 270 too, every chain end 570."""
 import pytest
 
 from kit.trace import replay
@@ -27,15 +35,18 @@ WORLD, T_US, STEP_TAIL_US = 4, 300, 10
 READY_US = {0: 120, 1: 170, 2: 220, 3: 270}
 CHAIN_END_US = {0: 470, 1: 520, 2: 570, 3: 570}
 RING_END_US = {0: 570, 1: 520, 2: 570, 3: 570}
+LATE_FIRST_US = {0: 270, 1: 120, 2: 170, 3: 220}
+LATE_FIRST_CHAIN_END_US = {0: 570, 1: 570, 2: 520, 3: 520}
+LATE_FIRST_RING_END_US = {0: 570, 1: 570, 2: 520, 3: 570}
 
 
-def _rank(r, ends, ring):
+def _rank(r, ends, ring, ready=READY_US):
     def fields(name, key, peer, group_name="0"):
         out = {**_fields(name, key, peer), "Process Group Ranks": str(list(range(WORLD))),
                "Group size": WORLD, "Process Group Name": group_name}
         out.pop(None, None)
         return out
-    at, end = READY_US[r] - 20, ends[r]
+    at, end = ready[r] - 20, ends[r]
     send_to = (r + 1) % WORLD if ring or r + 1 < WORLD else None
     recv_from = (r - 1) % WORLD if ring or r > 0 else None
     events = [ev("ProfilerStep#1", 0, end + STEP_TAIL_US, "cpu_op"),
@@ -48,15 +59,17 @@ def _rank(r, ends, ring):
         events.append(ev("record_param_comms", at - 6, 4, "cpu_op", **fields("recv", "Src Rank", recv_from)))
     events += [ev("nccl:coalesced", at, 12, "user_annotation"),
                ev("cudaLaunchKernel", at + 4, 5, "cuda_runtime", correlation=7),
-               ev(KERNEL, READY_US[r], end - READY_US[r], "kernel", tid=7, correlation=7, stream=7),
+               ev(KERNEL, ready[r], end - ready[r], "kernel", tid=7, correlation=7, stream=7),
                ev("cudaStreamSynchronize", at + 13, end + 2 - (at + 13), "cuda_runtime", correlation=8)]
     return {"distributedInfo": {"rank": r, "world_size": WORLD}, "deviceProperties": [{"name": A100}],
             "traceEvents": events}
 
 
-@pytest.mark.parametrize("ring, ends", [(False, CHAIN_END_US), (True, RING_END_US)])
-def test_a_ring_shift_waits_pairwise_and_replays_as_measured(tmp_path, ring, ends):
-    r = replay(write_job(tmp_path, [_rank(x, ends, ring) for x in range(WORLD)]))
+@pytest.mark.parametrize("ring, ends, ready", [(False, CHAIN_END_US, READY_US), (True, RING_END_US, READY_US),
+                                              (False, LATE_FIRST_CHAIN_END_US, LATE_FIRST_US),
+                                              (True, LATE_FIRST_RING_END_US, LATE_FIRST_US)])
+def test_a_ring_shift_waits_pairwise_and_replays_as_measured(tmp_path, ring, ends, ready):
+    r = replay(write_job(tmp_path, [_rank(x, ends, ring, ready) for x in range(WORLD)]))
     res = r.result
     batch = {rank: op for rank, ops in r.tg.gpu_ops.items() for op, ge, *_ in ops if ge.name == KERNEL}
     assert r.tg.offsets_us == {x: 0.0 for x in range(WORLD)}
@@ -80,3 +93,26 @@ def test_a_two_rank_exchange_is_still_one_collective(tmp_path):
     group = {rank: g.group[op] for rank, ops in r.tg.gpu_ops.items() for op, *_ in ops}
     assert group[0] == group[1] and group[2] == group[3] and group[0] != group[2], group
     assert not any(lbl.startswith("p2p wait") for lbl in g.label)
+
+
+def test_the_pair_waits_keep_the_graph_in_dependency_order(tmp_path):
+    # ExecGraph's ids are its dependency order (each op's deps and the op before it on its queue are
+    # earlier ops; ExecGraph refuses others as they are added): the pair waits, added once the
+    # batches are matched, had come after the batches that depend on them. The TraceGraph's op ids
+    # follow the move: each rank's kernels, step marks and start offset name the same ops
+    r = replay(write_job(tmp_path, [_rank(x, RING_END_US, True) for x in range(WORLD)]))
+    g, tg = r.tg.graph, r.tg
+    waits = [i for i, lbl in enumerate(g.label) if lbl.startswith("p2p wait")]
+    assert len(waits) == 8  # 4 pairs of the ring, a wait on each of their 2 ranks
+    assert all(d < i for i, ds in enumerate(g.deps) for d in ds)
+    assert all(p < i for i, p in enumerate(g.prev))
+    for rank, ops in tg.gpu_ops.items():
+        assert [g.label[op] for op, *_ in ops] == [ge.name for _, ge, *_ in ops]
+        assert all(g.rank[op] == rank for op, *_ in ops)
+        batch = next(op for op, ge, *_ in ops if ge.name == KERNEL)
+        own = [w for w in waits if g.rank[w] == rank]
+        assert sorted(d for d in g.deps[batch] if d in waits) == own and max(own) < batch
+    assert all(g.label[op] == "start offset" for op in tg.idle_op.values())
+    assert all(g.rank[a] == g.rank[b] == rank and g.kind[a] == g.kind[b] == "cpu" and a < b
+               for rank, marks in tg.markers.items() for a, b in marks)
+    assert sorted(g.order[0] + g.order[1] + g.order[2] + g.order[3]) == list(range(len(g)))

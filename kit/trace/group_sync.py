@@ -154,11 +154,14 @@ def wait_pairwise(tg, matched) -> int:
     queued on the stream, a rank's second pair had waited for its first, and the chain's arrivals
     had passed from pair to pair again), ready when the batch is (its deps and the op before it on
     its stream); the batch depends on its pairs' and keeps the set's shortest measured time (the
-    rank that waited least). The batches join the graph's dependencies after the ops they wait on
-    were added (ExecGraph checks only that an op's deps came before it as it is added)."""
+    rank that waited least). The waits are added once the batches are matched across ranks, and
+    moved to just before their batches (kit.trace.reorder), so that the graph's ids stay its
+    dependency order; matched's ops are renumbered with them."""
+    from kit.trace.reorder import insert_before
+
     g = tg.graph
     metas = op_comm_metas(tg)
-    pairs = []  # (a, b, a's batch, b's batch), a < b
+    pairs = []  # (a, b, a's batch, b's batch, the set's key), a < b
     chained = 0
     for key, members in matched:
         if key[0] != "coalesced" or len(members) < 3:
@@ -172,16 +175,20 @@ def wait_pairwise(tg, matched) -> int:
             for m in metas[op].members:
                 if m.peer in members and m.peer != r and (ab := tuple(sorted((r, m.peer)))) not in seen:
                     seen.add(ab)
-                    pairs.append((*ab, members[ab[0]][0], members[ab[1]][0]))
+                    pairs.append((*ab, members[ab[0]][0], members[ab[1]][0], key))
+    if not pairs:
+        return chained
     waits: dict = {}  # batch -> its pair waits
-    for a, b, op_a, op_b in sorted(pairs):  # each pair's batches in their launch order
+    for a, b, op_a, op_b, key in sorted(pairs, key=lambda x: x[:4]):  # each pair's batches in launch order
         for r, op in ((a, op_a), (b, op_b)):
             ready = tuple(g.deps[op]) + ((g.prev[op],) if g.prev[op] >= 0 else ())
             w = g.gpu(r, f"{g.resource[op]} p2p {a}-{b}", 0.0, f"p2p wait: ranks {a} and {b}",
-                      kind="comm", deps=ready, group=("nccl p2p", a, b, op_a, op_b))
+                      kind="comm", deps=ready, group=("nccl p2p", a, b) + key)
             waits.setdefault(op, []).append(w)
     for op, ws in waits.items():
         g.deps[op] = tuple(g.deps[op]) + tuple(ws)
+    new_of = insert_before(tg, waits)
+    matched[:] = [(key, {r: (new_of[op], ge) for r, (op, ge) in members.items()}) for key, members in matched]
     return chained
 
 
