@@ -144,20 +144,21 @@ def _peer_copy(tmp_path, dur_us, nbytes=64 << 20):
 
 def test_a_peer_copy_faster_than_the_source_link_is_said_and_held_to_the_target_link(tmp_path):
     # 64 MiB from GPU 0 to 1 in 300 us is 223.7 GB/s: more than a100x4-nvlink's 4 NVLinks a pair
-    # carry (4 x 25 GB/s, 97.5 at the preset's 0.975), so the trace did not run there (a DGX A100's
-    # NVSwitch, 300 GB/s, does carry it). Scaled by the default source's link (97.5 / 438.75) it
-    # had taken 0.068 ms on a DGX H100, 984 GB/s over a pair link of 450 GB/s (438.75): now no
-    # less than the bytes over that link, and the note says the source cannot be the one taken
+    # carry at their line rate (4 x 25 GB/s), so the trace did not run there (a DGX A100's
+    # NVSwitch, 300 GB/s, does carry it). Scaled by the default source's link (97.5 / 438.75, the
+    # presets' one efficiency) it had taken 0.068 ms on a DGX H100, 984 GB/s over a pair link of
+    # 450 GB/s (18 x 25): now no less than the bytes over that link at its line rate, and the note
+    # says the source cannot be the one taken
     nbytes = 64 << 20
     p = _peer_copy(tmp_path, 300, nbytes)
-    h100 = p2p_gbs(get_system("dgx-h100"), 0, 1)
-    assert h100 == pytest.approx(0.975 * 450)
-    assert nbytes / 300e-6 / 1e9 > p2p_gbs(get_system("a100x4-nvlink"), 0, 1)
+    h100_line, a100x4_line = 18 * 25, 4 * 25
+    assert nbytes / 300e-6 / 1e9 > a100x4_line
     r = replay(p, on="dgx-h100")
-    assert _kernel_us(r) == [pytest.approx(1e6 * nbytes / (h100 * 1e9))]
+    assert _kernel_us(r) == [pytest.approx(1e6 * nbytes / (h100_line * 1e9))]
     assert any(n.startswith("1 peer-to-peer (PtoP) copy ran faster than a100x4-nvlink's link between their "
-                            "GPUs carries (up to 223.7 GB/s over 97.50)") for n in r.to_dict()["notes"])
+                            "GPUs carries (up to 223.7 GB/s over 100.00)") for n in r.to_dict()["notes"])
     # from the DGX A100 it fits its link (223.7 of 292.5 GB/s): scaled by the links, no note
+    h100 = p2p_gbs(get_system("dgx-h100"), 0, 1)
     named = replay(p, on="dgx-h100", source="dgx-a100")
     ratio = p2p_gbs(get_system("dgx-a100"), 0, 1) / h100
     assert _kernel_us(named) == [pytest.approx(1e3 * (KERNEL_FLOOR_MS + (0.3 - KERNEL_FLOOR_MS) * ratio))]
@@ -195,3 +196,16 @@ def test_api_errors_name_the_api_arguments_too(tmp_path):
         replay_trace(job, on="nope")
     with pytest.raises(KitError, match=r"^--on/on= 'dgx-h100x0'"):
         replay_trace(job, on="dgx-h100x0")
+
+
+def test_a_peer_copy_replayed_on_its_own_system_keeps_its_measured_time(tmp_path):
+    # 64 MiB from GPU 0 to 1 in 678 us is 99.0 GB/s: under a100x4-nvlink's 4 NVLinks a pair at
+    # their line rate (4 x 25 = 100 GB/s), so it can have run there. At the preset's achieved rate
+    # (0.975 of it, 97.5 GB/s: 0.688 ms) it had been clamped up from 0.678 ms replayed --on the
+    # system it ran on, and said to have run faster than that system's link
+    nbytes = 64 << 20
+    assert nbytes / 678e-6 / 1e9 == pytest.approx(99.0, abs=0.05) and nbytes / (4 * 25e9) < 678e-6
+    r = replay(_peer_copy(tmp_path, 678, nbytes), on="a100x4-nvlink", source="a100x4-nvlink")
+    assert _kernel_us(r) == [pytest.approx(678)]
+    assert not any("ran faster" in n for n in r.to_dict()["notes"]), r.to_dict()["notes"]
+

@@ -18,7 +18,9 @@ scaling, Yu et al., ATC 2021):
     device copy, memset t' = f + (t − f) · bw_src / bw_dst    (DtoD, Memset)
     peer copy (PtoP)    t' = f + (t − f) · peer_src / peer_dst  (the GPU-to-GPU path, NVLink or
                                                               PCIe, of the source's preset node and
-                                                              the target system: peer_link_gbs);
+                                                              the target system: peer_link_gbs),
+                                                              and no less than its bytes over the
+                                                              target pair's line rate;
                         t' = t with a GPU as target, or no preset node for the source, as the
                         collectives (no fabric to scale it by)
     collective          t' = t · comm(dst) / comm(src)        (kit.comm on both systems, with the
@@ -701,16 +703,21 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
                     g.dur_ms[op] = above_floor_ms(d, a / b)
                     nbytes = int_or_none(ge.bytes)
                     nbytes = nbytes if nbytes and nbytes > 0 and ge.dur_us and ge.dur_us > 0 else None
-                    if own_a and nbytes and nbytes / ge.dur_us / 1e3 > a:  # bytes/us -> GB/s
+                    # the bounds at the links' line rate (as the collectives'): at the achieved
+                    # rate (0.975 of NVLink's) a copy replayed on its own system had been clamped
+                    # up from its measured time (a100x4-nvlink's pair 0-1, 64 MiB at 99 GB/s:
+                    # 0.678 ms to 0.688) and said not to have run there
+                    line_a, line_b = (peer_link_gbs(line_rate_system(x), ge.peer)[0] for x in (src_sys, dst_sys))
+                    if own_a and nbytes and nbytes / ge.dur_us / 1e3 > line_a:  # bytes/us -> GB/s
                         # faster than the source's link carries: the trace did not run there (an
-                        # A100's 64 MiB in 0.3 ms, 224 GB/s, over a100x4-nvlink's 97.5), and scaled
+                        # A100's 64 MiB in 0.3 ms, 224 GB/s, over a100x4-nvlink's 100), and scaled
                         # by its link the copy had beaten the target's own (0.068 ms on a DGX H100,
-                        # 984 GB/s over 438.75)
-                        n, top, link = peer_fast.get(src_sys.key, (0, 0.0, a))
+                        # 984 GB/s over 450)
+                        n, top, link = peer_fast.get(src_sys.key, (0, 0.0, line_a))
                         rate = nbytes / ge.dur_us / 1e3
-                        peer_fast[src_sys.key] = (n + 1, *max((top, link), (rate, a)))
+                        peer_fast[src_sys.key] = (n + 1, *max((top, link), (rate, line_a)))
                     if own_b and nbytes:  # no faster than the target's own link
-                        g.dur_ms[op] = max(g.dur_ms[op], nbytes / (b * 1e9) * 1e3)
+                        g.dur_ms[op] = max(g.dur_ms[op], nbytes / (line_b * 1e9) * 1e3)
                 else:  # device-side copies and memsets: the floor as a kernel's (above_floor_ms).
                     # PARAM's ResNet trace (RTX 2080 Ti) copies 256 B to 147 KB DtoD in 2-3 us
                     # (48 of its 62 DtoD copies) and sets 128 B to 1.2 MB in 0-3 us (332 of its
