@@ -144,3 +144,14 @@ def test_a_collective_replayed_on_its_own_system_keeps_its_measured_time(tmp_pat
                           on="dgx1-v100")
     assert durs == pytest.approx({r: MEASURED_US for r in range(8)}, rel=1e-9)
     assert not any("ran faster" in n for n in notes), notes
+
+
+def test_a_named_source_the_trace_beats_is_said_without_asking_for_from(tmp_path):
+    # the 200 us all-reduce of 64 MiB beats dgx1-v100's links (0.783 ms of bytes) with --from
+    # dgx1-v100 given too: the note had told the user to name the system with --from, as they had
+    d = job(tmp_path, V100, _allreduce(16 << 20), "ncclKernel_AllReduce_RING_LL_Sum_float")
+    notes = replay(d, on="dgx-h100", source="dgx1-v100").to_dict()["notes"]
+    said = [n for n in notes if "collective(s) ran faster than dgx1-v100's links" in n]
+    assert len(said) == 1 and "name its system with" not in said[0], notes
+    assert ("the trace was not recorded there, though --from/source= 'dgx1-v100' names it; name the "
+            "system it ran on" in said[0]), said

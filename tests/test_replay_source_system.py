@@ -209,3 +209,12 @@ def test_a_peer_copy_replayed_on_its_own_system_keeps_its_measured_time(tmp_path
     assert _kernel_us(r) == [pytest.approx(678)]
     assert not any("ran faster" in n for n in r.to_dict()["notes"]), r.to_dict()["notes"]
 
+
+def test_a_named_source_a_peer_copy_beats_is_said_without_asking_for_from(tmp_path):
+    # 223.7 GB/s over a100x4-nvlink's 100 with --from a100x4-nvlink given: the note had said
+    # "name its system with --from"
+    notes = replay(_peer_copy(tmp_path, 300), on="dgx-h100", source="a100x4-nvlink").to_dict()["notes"]
+    said = [n for n in notes if "ran faster than a100x4-nvlink's link" in n]
+    assert len(said) == 1 and "name its system with" not in said[0], notes
+    assert ("the trace was not recorded there, though --from/source= 'a100x4-nvlink' names it; name "
+            "the system it ran on" in said[0]), said

@@ -448,6 +448,16 @@ def named_source(name: str, world: int):
     return s
 
 
+def _not_recorded_on(source: str | None) -> str:
+    """What a measured time faster than the source system's links says: the trace ran elsewhere.
+    With --from given the system is the one it names, and naming it again is no remedy (the note
+    had said "name its system with --from" to a user who had)."""
+    if source is None:
+        return f"the trace was not recorded there; name its system with {FROM}"
+    return (f"the trace was not recorded there, though {FROM} {source!r} names it; name the system "
+            "it ran on")
+
+
 def _fits(gpu, world: int) -> list:
     """The presets of gpu with at least world GPUs."""
     from kit.hardware.system import get_system, list_systems
@@ -787,15 +797,14 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
                            "past a node's GPUs)"))
     for src_key, (n, top, link) in peer_fast.items():
         tg.notes.append(f"{n} peer-to-peer (PtoP) cop{'ies' if n > 1 else 'y'} ran faster than {src_key}'s "
-                        f"link between their GPUs carries (up to {top:,.1f} GB/s over {link:,.2f}): the "
-                        f"trace was not recorded there; name its system with {FROM}. On {dst_sys.key} "
-                        "no copy is faster than its own pair's link")
+                        f"link between their GPUs carries (up to {top:,.1f} GB/s over {link:,.2f}): "
+                        f"{_not_recorded_on(source)}. On {dst_sys.key} no copy is faster than its own "
+                        "pair's link")
     for src_key, (n, worst) in comm_fast.items():
         tg.notes.append(f"{n} collective(s) ran faster than {src_key}'s links carry their bytes (kit.comm's "
                         f"bandwidth bound, bytes x algorithm factor over the links' line rate, no latency: up to "
-                        f"{worst:,.2f}x under it): the trace was not recorded there; name its system with "
-                        f"{FROM}. On {dst_sys.key} none is priced under "
-                        "its own bound")
+                        f"{worst:,.2f}x under it): {_not_recorded_on(source)}. On {dst_sys.key} none is "
+                        "priced under its own bound")
     for src, n in no_int8.items():
         lacking = " and ".join(dict.fromkeys(x.key for x in (src, dst_gpu) if not x.int8_tops))
         tg.notes.append(f"{n} int8 GEMM(s) ({src.key} to {dst_gpu.key}) scaled by the FP32 peaks: the "
