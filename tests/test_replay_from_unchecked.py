@@ -44,3 +44,16 @@ def test_a_from_with_no_gpu_work_to_check_is_said(tmp_path, capsys):
     assert main(["replay", str(p), "--on", "dgx-h100", "--from", "nope"]) != 0
     err = capsys.readouterr().err
     assert "--from/source= 'nope': unknown system" in err and "Traceback" not in err, err
+
+
+def test_a_from_of_another_gpu_and_too_small_names_the_traces_gpu(tmp_path):
+    # 8 V100 ranks, --from a100x4-nvlink (4 A100s): wrong on both counts. Checked for its size
+    # before the rank's GPU, the error had said only "at least 8 GPUs", not which GPU nor the
+    # preset that has 8 of them (dgx1-v100: 8 x Tesla V100-SXM2-32GB)
+    from tests.test_replay_process_groups import V100, job, pairs_of_two
+
+    d = job(tmp_path, V100, pairs_of_two(1 << 20), "ncclKernel_AllReduce_RING_LL_Sum_float")
+    with pytest.raises(KitError, match=r"^--from/source= 'a100x4-nvlink': a100x4-nvlink has 4 x a100-sxm4-40gb, "
+                                       r"but the trace ran 8 rank\(s\) on v100-sxm2-32gb; name a preset system "
+                                       r"with at least 8 x v100-sxm2-32gb \(dgx1-v100\)$"):
+        replay(d, on="dgx-h100", source="a100x4-nvlink")

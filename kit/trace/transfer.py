@@ -410,17 +410,7 @@ def pick_source_system(gpu, world: int, name: str | None = None):
     from kit.hardware.system import get_system
 
     if name is not None:
-        s = named_source(name, world)
-        if s.gpu_key != gpu.key:
-            fits = _fits(gpu, world)
-            # with none that fits it had said "name a system of that GPU with at least 1 GPUs (no
-            # preset has them)", as though one could be named
-            how = (f"name a preset system with at least {world} x {gpu.key} ({', '.join(fits)})" if fits
-                   else f"no preset system has {world} or more x {gpu.key} (`kit systems` lists them; "
-                   f"the kit reads no system file): replay with a GPU as {ON} instead, where the "
-                   "collectives and peer copies keep their measured times")
-            raise KitError(f"{FROM} {name!r}: {s.key} has {s.world_size} x {s.gpu_key}, but the trace "
-                           f"ran {world} rank(s) on {gpu.key}; {how}")
+        s = named_source(name, world, gpu)
         return s, f"named with {FROM}"
     fits = [x for x in _fits(gpu, world) if get_system(x).nodes == 1]
     if not fits:
@@ -430,17 +420,31 @@ def pick_source_system(gpu, world: int, name: str | None = None):
                                  f"from the trace{others})")
 
 
-def named_source(name: str, world: int):
-    """The system --from names, checked for what needs no GPU: that it is a system and holds the
-    job's ranks (KitError). pick_source_system then checks its GPU against each rank's; transfer
-    calls this first, so that a trace with no GPU work to check it against (CPU-only ranks, or
-    no rank naming a GPU) does not take a misspelt or too small --from in silence."""
+def named_source(name: str, world: int = 0, gpu=None):
+    """The system --from names (KitError where it is none), checked against the job where world
+    is given: that it holds world x the trace's GPU where gpu is given (pick_source_system, per
+    rank), else world GPUs. transfer looks it up before any rank is read, and checks its size
+    itself where no rank ran GPU work on a GPU to check it against (CPU-only ranks), so a
+    misspelt or too small --from is not taken in silence; a rank's GPU, where there is one, is
+    checked first (the message names that GPU and the presets that fit it: checked for size
+    first, an 8-rank V100 job had been told "at least 8 GPUs" of a100x4-nvlink, not "8 x
+    v100-sxm2-32gb (dgx1-v100)")."""
     from kit.hardware.system import get_system
 
     try:
         s = get_system(name)
     except KitError as e:
         raise KitError(f"{FROM} {name!r}: {e}") from None
+    if gpu is not None and (s.gpu_key != gpu.key or s.world_size < world):
+        fits = _fits(gpu, world)
+        # with none that fits it had said "name a system of that GPU with at least 1 GPUs (no
+        # preset has them)", as though one could be named
+        how = (f"name a preset system with at least {world} x {gpu.key} ({', '.join(fits)})" if fits
+               else f"no preset system has {world} or more x {gpu.key} (`kit systems` lists them; "
+               f"the kit reads no system file): replay with a GPU as {ON} instead, where the "
+               "collectives and peer copies keep their measured times")
+        raise KitError(f"{FROM} {name!r}: {s.key} has {s.world_size} x {s.gpu_key}, but the trace "
+                       f"ran {world} rank(s) on {gpu.key}; {how}")
     if s.world_size < world:
         raise KitError(f"{FROM} {name!r}: {s.key} has {s.world_size} x {s.gpu_key}, but the trace ran "
                        f"{world} rank(s); name a preset system with at least {world} GPUs (`kit "
@@ -581,7 +585,7 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
     if source is not None and dst_sys is None:
         raise KitError(f"{FROM} {source!r} goes with a system as {ON}: with a GPU ({dst_gpu.key}) the "
                        "collectives and peer copies keep their measured times, and no source system is used")
-    named = named_source(source, world) if source is not None else None
+    named = named_source(source) if source is not None else None  # a system at all
     kept = {}  # why collectives keep their measured times -> how many
     # a collective synchronised across ranks (kit.trace.build) moves one size on all of them:
     # a member without a readable nccl:* size takes the one its group's others give, where they
@@ -752,6 +756,7 @@ def transfer(tg: TraceGraph, on, source: str | None = None) -> str:
             else:
                 g.dur_ms[op] = above_floor_ms(d, src_gpu.mem_bw_gbs / dst_gpu.mem_bw_gbs)
     if named is not None and not chosen:  # no rank to check it against: it had gone unsaid
+        named_source(source, world)  # its size, at least
         tg.notes.append(f"{FROM} {source!r} ({named.key}, {named.world_size} x {named.gpu_key}) is not "
                         "checked against the trace's GPU nor used: no rank ran GPU work on a GPU it "
                         "names, so nothing measured there is rescaled")
