@@ -137,13 +137,16 @@ def test_a_ring_shift_is_matched_pairwise_across_the_pipeline(tmp_path):
              for rank, op in batch.items()}
     assert waits == {0: ["p2p wait: ranks 0 and 1"], 1: ["p2p wait: ranks 0 and 1", "p2p wait: ranks 1 and 2"],
                      2: ["p2p wait: ranks 1 and 2", "p2p wait: ranks 2 and 3"], 3: ["p2p wait: ranks 2 and 3"]}
-    # clock offsets: the all-reduce (0, 1) ends together, the chain's batches 50 us apart, so
-    # rank 1 is 25 us on (the median of 0 and 50), 2 and 3 100 and 150 (through the chain alone):
-    # the batches are ready at 120 + 150, 170 + 125, 220 + 50, 270 + 0 us of the replay. Each
-    # starts at its own and its peers' latest: 295, 295, 295 and 270 (rank 3's one peer, 2, is
-    # ready at 270; as one collective it had waited for rank 1 too)
+    # clock offsets: the all-reduce (0, 1) ends together, so rank 1 is 0 us on; the chain's
+    # batches, which end as their own peers let them (not together), place only the ranks nothing
+    # else ties: 2 and 3, 100 and 150 us on from rank 0's batch end (rank 1 had taken 25 us, the
+    # median of the all-reduce's 0 and the chain's 50). Each rank's step starts 150 us minus its
+    # offset into the replay, so the batches are ready at 120 + 150, 170 + 150, 220 + 50,
+    # 270 + 0 us; each starts at its own and its peers' latest: 320, 320, 320 and 270 (rank 3's
+    # one peer, 2, is ready at 270; as one collective it had waited for rank 1 too)
+    assert r.tg.offsets_us == pytest.approx({0: 0, 1: 0, 2: 100, 3: 150}, abs=1e-9)
     starts = {rank: 1e3 * float(res.start_ms[op]) for rank, op in batch.items()}
-    assert starts == pytest.approx({0: 295, 1: 295, 2: 295, 3: 270}, abs=1e-6)
+    assert starts == pytest.approx({0: 320, 1: 320, 2: 320, 3: 270}, abs=1e-6)
     allreduce = [op for rank in (0, 1) for op, ge, *_ in r.tg.gpu_ops[rank] if "AllReduce" in ge.name]
     assert len(allreduce) == 2 and g.group[allreduce[0]] == g.group[allreduce[1]]
 

@@ -462,14 +462,10 @@ def _sync_by_group(g: ExecGraph, tg: TraceGraph, gpu_ranks, silent=()) -> bool:
             g.group[op] = ("nccl",) + key
             g.dur_ms[op] = d
     # a chain's batches end as their own peers let them, not together: their ends set the clock
-    # offsets only where no other collective ties the ranks as closely
-    everyone = list(gpu_ranks) + list(silent)
-    offsets, root_of = clock_offsets(matched, everyone)
-    if chained:
-        plain = [(k, m) for k, m in matched if not (k[0] == "coalesced" and len(m) > 2)]
-        off, root = clock_offsets(plain, everyone)
-        if root == root_of:
-            offsets = off
+    # offsets only of ranks no other collective ties (clock_offsets' weak links)
+    offsets, root_of = clock_offsets(matched, list(gpu_ranks) + list(silent),
+                                     weak=[i for i, (k, m) in enumerate(matched)
+                                           if k[0] == "coalesced" and len(m) > 2])
     apart = [r for r in gpu_ranks if root_of[r] != gpu_ranks[0]]
     window0 = {t.rank: t.window_us()[0] for t in tg.traces}
     chain_start: dict = {}

@@ -203,7 +203,7 @@ def _name(key):
     return who + (f" {name!r}" if name else "")
 
 
-def clock_offsets(matched, ranks):
+def clock_offsets(matched, ranks, weak=()):
     """(rank -> clock offset (us), rank -> the root of its chain). A collective's members end
     together (its last arrival plus its own time), so b's offset to a is the median of end(b) -
     end(a) over the collectives they share, as the match by stream position takes it against the
@@ -213,32 +213,56 @@ def clock_offsets(matched, ranks):
     not used: measured ends that disagree around it (2 - 1 = 156 us, where 2 - 0 = 250 and 1 - 0 =
     100) are not averaged, rank 2 takes 250. The result does not depend on the collectives' order.
     A rank that no chain reaches starts a chain of its own at 0 (its root). With one group of all
-    the ranks this is the median of end(r) - end(ranks[0]), as by stream position."""
+    the ranks this is the median of end(r) - end(ranks[0]), as by stream position.
+    weak: indices into matched of collectives whose members do not end together (a chain of
+    coalesced batches waits pairwise: wait_pairwise), used only to reach a rank that no other
+    collective reaches from the ranks already placed (from the first placed rank that shares one
+    with it), and never beside the others: with the chain among them, rank 1 of a pipeline whose
+    all-reduce with rank 0 ends together on both had taken the median of that 0 us and the
+    chain's 50."""
+    weak = set(weak)
     with_rank: dict = {}
     for i, (_, m) in enumerate(matched):
         for r in m:
             with_rank.setdefault(r, []).append(i)
     offsets: dict = {}
     root_of: dict = {}
+
+    def reach(a, strong):  # rank b not yet placed -> end(b) - end(a) over a's collectives of a kind
+        diffs: dict = {}
+        for i in with_rank.get(a, ()):
+            if (i in weak) == strong:
+                continue
+            m = matched[i][1]
+            end_a = m[a][1].ts_us + m[a][1].dur_us
+            for b, (_, ge) in m.items():
+                if b not in offsets:
+                    diffs.setdefault(b, []).append(ge.ts_us + ge.dur_us - end_a)
+        return diffs
+
+    def place(a, diffs, todo):
+        for b in sorted(diffs):
+            offsets[b] = offsets[a] + statistics.median(diffs[b])
+            root_of[b] = root_of[a]
+            todo.append(b)
+
     for root in ranks:
         if root in offsets:
             continue
         offsets[root] = 0.0
         root_of[root] = root
-        todo = [root]
+        placed, todo, k = [], [root], 0
         while todo:
-            a = todo.pop(0)
-            diffs: dict = {}
-            for i in with_rank.get(a, ()):
-                m = matched[i][1]
-                end_a = m[a][1].ts_us + m[a][1].dur_us
-                for b, (_, ge) in m.items():
-                    if b not in offsets:
-                        diffs.setdefault(b, []).append(ge.ts_us + ge.dur_us - end_a)
-            for b in sorted(diffs):
-                offsets[b] = offsets[a] + statistics.median(diffs[b])
-                root_of[b] = root_of[a]
-                todo.append(b)
+            while todo:
+                a = todo.pop(0)
+                placed.append(a)
+                place(a, reach(a, True), todo)
+            while k < len(placed):  # none left to reach by the others: a weak link from the first
+                diffs = reach(placed[k], False)  # placed rank with one (a rank left with none
+                if diffs:  # keeps none: the placed only grow)
+                    place(placed[k], diffs, todo)
+                    break
+                k += 1
     return offsets, root_of
 
 
