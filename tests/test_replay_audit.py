@@ -56,6 +56,8 @@ def test_three_of_four_ranks_are_not_synchronised_and_the_missing_rank_is_named(
     assert d["clock_offsets_us"] == {}
     (note,) = [n for n in d["notes"] if "missing" in n]
     assert note.startswith("rank 2 missing") and "3 of the job's 4 ranks" in note and "not synchronised" in note
+    # named as the other replay messages name it, for kit.api callers too (it had said "--on" alone)
+    assert note.endswith("(each takes its measured duration, or the one --on/on= predicts for 4 ranks)"), note
     assert comm_durs(r) == {0: [pytest.approx(0.100)], 1: [pytest.approx(0.060)], 3: [pytest.approx(0.080)]}
     for row in d["ranks"]:
         assert row["predicted_ms"] == pytest.approx(row["measured_ms"], abs=1e-9)
@@ -252,3 +254,14 @@ def test_a_synchronised_collective_ends_together_where_one_rank_lacks_its_size(t
     assert r.result.end_ms[comm[0]] == pytest.approx(r.result.end_ms[comm[1]])
     assert g.dur_ms[comm[0]] < 0.060  # rescaled, on both
     assert any("take the size the other ranks of their group give" in n for n in r.to_dict()["notes"])
+
+
+def test_one_rank_of_a_job_names_on_as_the_other_messages_do(tmp_path):
+    # one file, its NCCL all-reduce unmatched: the note had said "--on" alone
+    doc = nccl_rank(0, 2, 100)
+    del doc["distributedInfo"]
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(doc))
+    notes = replay(p).to_dict()["notes"]
+    assert any(n.startswith("one rank of a larger job") and n.endswith(
+        "(they take their measured durations, or those --on/on= predicts)") for n in notes), notes

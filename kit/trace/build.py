@@ -506,7 +506,7 @@ def _match_collectives(g: ExecGraph, tg: TraceGraph) -> None:
     if len(gpu_ranks) < 2:
         if gpu_ranks and len(tg.traces) == 1:
             tg.notes.append("one rank of a larger job: its collectives are not synchronised with the other "
-                            "ranks (they take their measured durations, or those --on predicts)")
+                            "ranks (they take their measured durations, or those --on/on= predicts)")
     # a rank that ran kernels but no collective is one the others' collectives never met: CPU-only
     # ranks (no GPU events at all) aside, it is in the shape check (it had been left out, and the
     # rest synchronised as if they were the whole group)
@@ -577,7 +577,7 @@ def build_graph(traces: list[RankTrace], sync_collectives: bool = True,
                 f"{len(traces)} of the job's {world} ranks (distributedInfo world_size {world})")
         if any(g.kind[op] == "comm" for ops in tg.gpu_ops.values() for op, *_ in ops):
             note += ("; collectives are not synchronised across an incomplete job (each takes its "
-                     f"measured duration, or the one --on predicts for {world} ranks)")
+                     f"measured duration, or the one --on/on= predicts for {world} ranks)")
         tg.notes.append(note)
     if sync_collectives and not tg.missing_ranks:
         _match_collectives(g, tg)
