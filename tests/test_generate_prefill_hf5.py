@@ -106,3 +106,59 @@ def test_a_prefill_cache_shorter_than_the_prompt_is_refused():
     with pytest.raises(KitError, match="preallocated for 4 tokens cannot take a prompt of 8"):
         graph_of("gpt2", 1, 8, "inference", cache_len=4)
     graph_of("gpt2", 1, 8, "inference", cache_len=8)
+
+
+def _dynamic_prefill(cfg):
+    return graph_of(cfg, B, P, "inference", "fp16", last_logits=True, kv_cache="dynamic")
+
+
+@pytest.mark.parametrize("cfg", [GPT2, OPT, LLAMA], ids=["gpt2", "opt", "llama"])
+def test_a_dynamic_prefill_concatenates_inside_each_layer_then_attends_causally(cfg):
+    """generate's prefill into a DynamicCache (transformers 5.25): each layer's first update runs
+    DynamicLayer.lazy_initialization (cache_utils.py:113-117: torch.tensor([]) for the keys and
+    values, empty 1-D tensors: no zeros, no copy of cumulative_length, no host wait), then
+    update's torch.cat of each onto its empty tensor (:136-137): one copy of the prompt's P rows
+    for the keys and one for the values, read and written once, inside the layer before its
+    attention. The mask is skipped (q_length == kv_length == P, masking_utils.py:291-292), so
+    SDPA runs is_causal (sdpa_attention.py:149) over the P concatenated keys: square, the flash
+    kernel. The zoo had run HF 4's eager attention (matmul, softmax) for GPT-2 and OPT and
+    appended the cats after the LM head."""
+    g = _dynamic_prefill(cfg)
+    kv = KV_HEADS[cfg["model_type"]]
+    one = B * kv * P * 16 * 2  # one layer's prompt keys (or values), fp16
+    for layer in range(2):
+        nodes = [n for n in g.nodes if n.layer == layer]
+        attn = next(i for i, n in enumerate(nodes) if "attention" in n.aten)
+        # the cache's cats (onto an empty 1-D tensor; Llama's rotate_half has cats of its own)
+        cats = [n for n in nodes if n.aten == "aten.cat.default" and n.shapes.startswith("[0]x")]
+        assert [nodes.index(c) < attn for c in cats] == [True, True]
+        assert [c.shapes for c in cats] == [f"[0]x[{B},{kv},{P},16]"] * 2
+        assert [(c.kernels, c.op.bytes) for c in cats] == [(1, 2 * one)] * 2
+        a = nodes[attn]
+        assert a.aten == "aten._scaled_dot_product_flash_attention.default"
+        assert (a.op.seq_q, a.op.seq_kv, a.op.causal, a.op.mask_bytes) == (P, P, True, 0)
+    names = [n.aten for n in g.nodes]
+    assert sum(n.shapes.startswith("[0]x") for n in g.nodes) == 4  # two a layer, none elsewhere
+    assert H2D_COPY not in names and "aten.zeros.default" not in names
+    assert "aten.index_copy_.default" not in names
+    assert not any(n.op_class == "kv_cache" for n in g.nodes)
+    assert "softmax" not in " ".join(names)  # no HF 4 eager attention
+    assert g.meta["prefill_kv_cache"] == "dynamic"
+
+
+def test_a_dynamic_prefill_is_generates_and_no_other_inference():
+    """The dynamic prefill is an inference pass with the last position's logits (generate's):
+    an inference pass with a dynamic cache otherwise, or of a decoder whose prefill keeps its
+    writes after it (Gemma 2, eager), is refused as before; it is cached apart from the plain
+    pass and the static prefill."""
+    with pytest.raises(KitError, match="is for decoding"):
+        graph_of(GPT2, B, P, "inference", "fp16", kv_cache="dynamic")
+    gemma2 = {"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "intermediate_size": 128, "vocab_size": 100, "sliding_window": 4}
+    with pytest.raises(KitError, match="is for decoding"):
+        graph_of(gemma2, B, P, "inference", "fp16", last_logits=True, kv_cache="dynamic")
+    keys = {graph_of("gpt2", 1, 8, "inference", last_logits=True, **kw).meta["cache_key"]
+            for kw in ({}, {"kv_cache": "dynamic"}, {"cache_len": 8})}
+    assert len(keys) == 3
+

@@ -168,12 +168,12 @@ def test_the_prefill_writes_the_prompts_keys_and_values_into_the_cache(cfg, kind
     r = generation(cfg, GPU, batch=b, prompt=p, new_tokens=3, kv_cache=kind)
     assert r["ttft_ms"] > iteration(bare, GPU).total_ms
     # a static cache is preallocated for the answer and zero-filled first
-    # (tests/test_hf_static_cache_ops.py), inside each layer where the prefill is HF 5.25's
-    # (tests/test_generate_prefill_hf5.py); the others are written as above
+    # (tests/test_hf_static_cache_ops.py); either cache is written inside each layer where the
+    # prefill is HF 5.25's (tests/test_generate_prefill_hf5.py); the others are written as above
     cap = static_cache_len(cfg, p, 3, kind)
-    prefill = (graph_of(cfg, b, p, "inference", "fp32", last_logits=True, cache_len=cap)
-               if cap is not None and prefills_in_layers(cfg)
-               else with_cache_writes(bare, cfg, b, p, kind, cap))
+    prefill = (graph_of(cfg, b, p, "inference", "fp32", last_logits=True, kv_cache=kind,
+                        cache_len=cap)
+               if prefills_in_layers(cfg) else with_cache_writes(bare, cfg, b, p, kind, cap))
     # with HF's greedy loop ops around it (tests/test_hf_generate_loop.py)
     assert r["ttft_ms"] == pytest.approx(iteration(hf_loop(cfg, b)(prefill, p, p), GPU).total_ms)
 

@@ -3,9 +3,10 @@
     r = generation(model, gpu, batch=8, prompt=1024, new_tokens=256, dtype="bf16")
 
 A decoder answers a prompt of P tokens by running one forward pass over them (the prefill,
-`mode="inference"`; over a static cache, for the decoders that prefill as HF 5.25 does
-(prefills_in_layers), with the cache: its writes inside each layer; computing the logits of each sequence's last position only, as HF generate
-and serving engines do), which also yields the first new token: the time to first token (TTFT).
+`mode="inference"`; for the decoders that prefill as HF 5.25 does (prefills_in_layers), with
+the cache, static or dynamic: its writes inside each layer; computing the logits of each
+sequence's last position only, as HF generate and serving engines do), which also yields the
+first new token: the time to first token (TTFT).
 Each further token is one decode step (`mode="decode"`, kit.workload.kv_cache): the step that
 makes the i-th new token (i = 2..N) feeds the (i-1)-th with P + i - 2 tokens already cached. The
 last new token is never fed back, so the whole generation needs P + N - 1 positions, which a
@@ -97,13 +98,16 @@ def static_cache_len(model, prompt: int, new_tokens: int, kv_cache: str) -> int 
 
 
 def prefills_in_layers(model) -> bool:
-    """Whether generate's prefill of this zoo decoder runs as HF 5.25's does (zoo._capture's
-    "inference:<cache_len>"): SDPA is_causal over the whole preallocated static cache, each layer
-    initialising its cache layer (zeros, a blocking copy of cumulative_length to the device) and
-    writing the prompt's rows before its attention (kit.workload.kv_cache.hf_prefill_update).
-    GPT-2, OPT and the Llama-style decoders with SDPA and no sliding window; the others (eager
-    Gemma 2 and GPT-OSS, sliding windows, DeepSeek-V3) keep their inference pass with the
-    cache's writes after it (with_cache_writes)."""
+    """Whether generate's prefill of this zoo decoder runs as HF 5.25's does, each layer
+    initialising its cache layer and writing the prompt's rows before its attention, which SDPA
+    runs is_causal, unmasked: over a static cache (zoo._capture's "inference:<cache_len>") the
+    whole preallocated cache, initialised with zeros and a blocking copy of cumulative_length to
+    the device (kit.workload.kv_cache.hf_prefill_update); over a dynamic one ("inference:dynamic")
+    the prompt's P rows, concatenated onto empty tensors (kv_cache.hf_dynamic_init), so square:
+    the flash kernel, where GPT-2's and OPT's dynamic prefill had been HF 4's eager attention with
+    the cats after the LM head. GPT-2, OPT and the Llama-style decoders with SDPA and no sliding
+    window; the others (eager Gemma 2 and GPT-OSS, sliding windows, DeepSeek-V3) keep their
+    inference pass with the cache's writes after it (with_cache_writes)."""
     from kit.workload import zoo
     from kit.workload.modes import LLAMA_FAMILIES
 
@@ -226,9 +230,9 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     check_fusion(fusion)  # before the captures; iteration() memoises on it as a dict key
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
     cache_len = static_cache_len(model, prompt, new_tokens, kv_cache)
-    if cache_len is not None and prefills_in_layers(model):  # its writes inside its layers
+    if prefills_in_layers(model):  # its writes inside its layers, into either cache
         prefill_graph = graph_of(model, batch, prompt, "inference", dtype, last_logits=True,
-                                 cache_len=cache_len)
+                                 kv_cache=kv_cache, cache_len=cache_len)
     else:
         prefill_graph = with_cache_writes(graph_of(model, batch, prompt, "inference", dtype,
                                                    last_logits=True),

@@ -90,7 +90,9 @@ def decode_mask(masks: dict, cache, window: int, h, eager: bool = False):
     if cache.prefill and not (eager or window):
         # generate's prefill over an empty static cache: sdpa_mask skips the mask (q_offset 0,
         # no padding: masking_utils.py:297-300), and SDPA runs is_causal over the whole
-        # preallocated cache (sdpa_attention.py:149), its upper-left alignment hiding the empty rows
+        # preallocated cache (sdpa_attention.py:149), its upper-left alignment hiding the empty
+        # rows; over an empty dynamic cache kv_length is the prompt's (DynamicLayer.get_mask_sizes,
+        # cache_utils.py:140-144), q_length == kv_length skips it (masking_utils.py:291-292)
         return None
     size = decode_mask_size(cache, window, s, eager)
     if size is None:

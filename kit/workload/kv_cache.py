@@ -57,7 +57,7 @@ class LayerCache(NamedTuple):
     context: int = 0
     window: int = 0
     length: torch.Tensor | None = None  # a static layer's cumulative_length (HF 5.25), int64
-    prefill: bool = False  # generate's prefill: a static layer not yet initialised (hf_prefill_update)
+    prefill: bool = False  # generate's prefill: a layer not yet initialised (prefill_cache)
 
     @property
     def sliding(self) -> bool:
@@ -150,7 +150,8 @@ def cache_update(cache: LayerCache, k, v):
     in place as HF 5.25's cache layers write it (hf_static_update; a full window shifts as
     theirs), or concatenated onto a dynamic cache."""
     if cache.kind == "dynamic":  # a full window drops its oldest token after: a view, no kernel
-        keys, values = torch.cat((cache.keys, k), dim=2), torch.cat((cache.values, v), dim=2)
+        past = hf_dynamic_init(k, v) if cache.prefill else (cache.keys, cache.values)
+        keys, values = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
         if _KEPT:  # the next step's cache: written out, however the step reads it
             _KEPT[-1].extend((keys, values))
         return keys, values
@@ -161,10 +162,23 @@ def cache_update(cache: LayerCache, k, v):
 
 
 def prefill_cache(cache) -> tuple:
-    """A static cache (make_cache's, context 0, preallocated) as generate's prefill meets it:
-    its layers not yet initialised, so that each layer's first update initialises it inside the
-    layer (hf_prefill_update) and its attention reads the whole preallocated cache."""
+    """A cache of context 0 (make_cache's) as generate's prefill meets it: its layers not yet
+    initialised, so that each layer's first update initialises it inside the layer, before its
+    attention: a static one preallocated (hf_prefill_update), whose whole length the attention
+    reads; a dynamic one empty (hf_dynamic_init, then the concatenation), its attention reading
+    the prompt's rows."""
     return tuple(layer._replace(prefill=True) for layer in cache)
+
+
+def hf_dynamic_init(k, v) -> tuple:
+    """A DynamicLayer's first update, in generate's prefill, as transformers 5.25 runs it inside
+    the layer: lazy_initialization (cache_utils.py:113-117) makes its keys and values
+    torch.tensor([]) on the device, empty 1-D tensors (no zeros, no preallocated rows: a copy of
+    no elements, which launches nothing), and update (:136-137) concatenates the prompt's keys and
+    values onto them, torch.cat skipping the empty 1-D tensor: one copy of the P rows each, the
+    tensors the layer's attention reads (cache_update)."""
+    return (torch.tensor([], dtype=k.dtype, device=k.device),
+            torch.tensor([], dtype=v.dtype, device=v.device))
 
 
 def hf_prefill_update(key_shape, value_shape, k, v, window: int = 0):

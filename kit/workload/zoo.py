@@ -168,9 +168,12 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
               kv_cache: str = "static", loss: bool = True, last_logits: bool = False,
               cache_len: int | None = None):
     """The captured OpGraph of a zoo model / config for one shape, cached. kv_cache: how a
-    decode step's cache grows, "static" or "dynamic" (kit.workload.kv_cache). cache_len: a
-    static cache's preallocated length (generation's prompt + new tokens - 1, as HF's generate
-    sizes it; None: the context and the step's token). loss: a training
+    decode step's cache grows, "static" or "dynamic" (kit.workload.kv_cache); "dynamic" with
+    mode inference and last_logits: generate's prefill into an empty dynamic cache, for a
+    decoder that prefills with its cache (kit.workload.generation.prefills_in_layers). cache_len:
+    a static cache's preallocated length (generation's prompt + new tokens - 1, as HF's generate
+    sizes it; None: the context and the step's token), with mode inference generate's prefill
+    into it. loss: a training
     step of a language model ends its forward pass with the cross-entropy over the vocabulary
     (lm_loss) and starts its backward there; False starts it at the logits, as NeuSight's
     labels were measured (kit validate). last_logits: an inference pass computes the logits of
@@ -186,9 +189,16 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
             seq = limit - 1
     _check_positive(seq=seq)
     check_tokens(batch, seq if uses_seq(model) else None, decode=mode == "decode")
-    check_mode(model, mode, optimizer, kv_cache)
+    # generate's prefill into an empty dynamic cache, its writes inside each layer: an inference
+    # pass with a dynamic cache and the last position's logits, as generate computes them, of a
+    # decoder that prefills so (kit.workload.generation.prefills_in_layers); refused otherwise
+    dynamic_prefill = (mode == "inference" and kv_cache == "dynamic" and bool(last_logits)
+                       and cache_len is None and _in_layers(model))
+    check_mode(model, mode, optimizer, "static" if dynamic_prefill else kv_cache)
     check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
     captured = f"decode:{kv_cache}" if mode == "decode" else mode
+    if dynamic_prefill:
+        captured += ":dynamic"
     if cache_len is not None:
         captured += f":{_check_cache_len(model, mode, cache_len, seq)}"
     loss = bool(loss) and mode == "train"
@@ -221,6 +231,12 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     while len(_LRU) > LRU_SIZE:
         _LRU.popitem(last=False)
     return graph
+
+
+def _in_layers(model) -> bool:
+    from kit.workload.generation import prefills_in_layers
+
+    return prefills_in_layers(model)
 
 
 def _check_cache_len(model, mode: str, cache_len, seq: int) -> int:
@@ -291,13 +307,15 @@ def _capture(model, batch, seq, mode, dtype, optimizer, loss=False, last_logits=
         meta.update(mode="decode", context=seq, kv_cache=kind,
                     kv_cache_bytes=cache_bytes(inputs[1], TORCH_DTYPES.get(dtype)))
         mode = "inference"  # captured as a forward pass without gradients
-    elif mode.startswith("inference:"):  # generate's prefill into its static cache, preallocated
-        from kit.workload.kv_cache import prefill_cache
+    elif mode.startswith("inference:"):  # generate's prefill into its cache: a static one
+        from kit.workload.kv_cache import prefill_cache  # preallocated, or a dynamic one empty
 
-        capacity = int(mode.split(":")[1])
-        inputs = (full.example_inputs(batch, seq)[0],
-                  prefill_cache(full.decode_inputs(batch, 0, "static", capacity)[1]))
-        meta.update(prefill_cache_len=capacity)
+        size = mode.split(":")[1]
+        cache = (full.decode_inputs(batch, 0, "dynamic") if size == "dynamic"
+                 else full.decode_inputs(batch, 0, "static", int(size)))[1]
+        inputs = (full.example_inputs(batch, seq)[0], prefill_cache(cache))
+        meta.update(prefill_cache_len=None if size == "dynamic" else int(size),
+                    prefill_kv_cache="dynamic" if size == "dynamic" else "static")
         mode = "inference"
     else:
         inputs = full.example_inputs(batch, seq)

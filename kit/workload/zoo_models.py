@@ -9,9 +9,10 @@ decoders (GPT-2/3, OPT, Llama) also take a KV cache and expose `decode_inputs(ba
 context)`: one new token per sequence, with `context` tokens already in the cache
 (kit.workload.kv_cache). GPT-2's and OPT's decode steps run as HF transformers 5.25 runs them
 (hf_decode_attention: SDPA, its default, under the cache's mask), and so does generate's prefill
-(a forward over the prompt with kv_cache.prefill_cache's empty static cache: SDPA is_causal over
-the whole preallocated cache, each layer initialising its cache layer); their inference without a
-cache and training run HF 4's eager attention, as NeuSight's labels were measured.
+(a forward over the prompt with kv_cache.prefill_cache's empty cache, each layer initialising its
+cache layer: SDPA is_causal over the whole preallocated static cache, or over the prompt's rows
+concatenated onto an empty dynamic one); their inference without a cache and training run HF 4's
+eager attention, as NeuSight's labels were measured.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def hf_decode_attention(q, k, v, mask, scale: float):
     contiguous (:173-174): (batch, 1, heads * value dim). The zoo had run GPT-2's and OPT's
     steps with HF 4's eager matmul-softmax-matmul over context + 1 rows, unmasked."""
     # is_causal as sdpa_attention_forward sets it (:149): several queries and no mask (generate's
-    # prefill over an empty static cache, hf_masks.decode_mask)
+    # prefill into an empty static or dynamic cache, hf_masks.decode_mask)
     causal = q.size(-2) > 1 and mask is None
     a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
     a = a.transpose(1, 2).contiguous()

@@ -244,7 +244,8 @@ class LlamaAttention(nn.Module):
                                                enable_gqa=self.kv_heads != self.heads)
         else:
             # is_causal for several queries unmasked (sdpa_attention.py:149): a prefill, generate's
-            # over the whole preallocated static cache (kit.workload.kv_cache.prefill_cache)
+            # over the whole preallocated static cache or the prompt's rows of a dynamic one
+            # (kit.workload.kv_cache.prefill_cache)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=s > 1, scale=self.scaling,
                                                enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
