@@ -162,3 +162,51 @@ def test_a_dynamic_prefill_is_generates_and_no_other_inference():
             for kw in ({}, {"kv_cache": "dynamic"}, {"cache_len": 8})}
     assert len(keys) == 3
 
+
+# one dense layer, then an MoE one (first_k_dense_replace 1): the prefill's experts as generate's
+DEEPSEEK = {"model_type": "deepseek_v3", "hidden_size": 32, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "intermediate_size": 48, "moe_intermediate_size": 16,
+            "vocab_size": 50, "kv_lora_rank": 16, "q_lora_rank": None, "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4, "v_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
+            "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1}
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_deepseek_prefill_writes_its_latents_inside_each_layer_then_expands_what_the_cache_returns(kind):
+    """HF 5.25's DeepseekV3Attention under generate's prefill (modeling_deepseek_v3.py:441-466):
+    the compressed latent (b, 1, s, kv_lora_rank) and the rotary key (b, 1, s, qk_rope_head_dim)
+    go through cache.update, then expand_kv runs kv_b_proj over all the cache returns: a static
+    cache's whole preallocated CAP rows (StaticLayer.update returns self.keys, cache_utils.py:494;
+    lazy_initialization's two zeros and the blocking copy first), a dynamic one's P rows (two
+    cats onto empty tensors, cache_utils.py:113-137); SDPA is_causal, unmasked (q P rows, keys
+    CAP or P), its query and key heads 12 wide, the values 8: not flash (torch's flash kernel takes
+    one head size), the memory-efficient kernel. The prefill runs before generate's
+    _optimize_model_for_decode (generation/utils.py:3211, 3232), so its experts stay grouped_mm;
+    the zoo had priced the pass without a cache and appended the writes after the LM head."""
+    cap = CAP if kind == "static" else None
+    g = graph_of(DEEPSEEK, B, P, "inference", "fp16", last_logits=True, kv_cache=kind,
+                 cache_len=cap)
+    keys = CAP if kind == "static" else P
+    for layer in range(2):
+        nodes = [n for n in g.nodes if n.layer == layer]
+        names = [n.aten for n in nodes]
+        attn = next(i for i, n in enumerate(nodes) if "attention" in n.aten)
+        a = nodes[attn]
+        assert a.aten == "aten._scaled_dot_product_efficient_attention.default"
+        assert (a.op.seq_q, a.op.seq_kv, a.op.causal, a.op.mask_bytes) == (P, keys, True, 0)
+        if kind == "static":
+            writes = [n for n in nodes if n.aten == "aten.index_copy_.default"]
+            assert [w.shapes for w in writes] == [f"[{B},1,{CAP},16]x[{P}]x[{B},1,{P},16]",
+                                                  f"[{B},1,{CAP},4]x[{P}]x[{B},1,{P},4]"]
+            assert names[:attn].count("aten.zeros.default") == 2 and names.count(H2D_COPY) == 1
+        else:
+            writes = [n for n in nodes if n.aten == "aten.cat.default" and n.shapes.startswith("[0]x")]
+            assert [w.shapes for w in writes] == [f"[0]x[{B},1,{P},16]", f"[0]x[{B},1,{P},4]"]
+            assert H2D_COPY not in names and "aten.zeros.default" not in names
+        assert all(nodes.index(w) < attn for w in writes)
+        # expand_kv: kv_b_proj (16 -> 4 heads x (8 + 8)) over every row the cache returned
+        expand = [n for n in nodes if n.op_class == "gemm" and n.shapes.endswith("x[16,64]")]
+        assert [n.op.m for n in expand] == [B * keys]
+    moe = [n.aten for n in g.nodes if n.layer == 1]
+    assert "aten._grouped_mm.default" in moe and "aten.bmm.default" not in moe
+    assert not any(n.op_class == "kv_cache" for n in g.nodes)

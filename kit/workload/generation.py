@@ -105,15 +105,16 @@ def prefills_in_layers(model) -> bool:
     the device (kit.workload.kv_cache.hf_prefill_update); over a dynamic one ("inference:dynamic")
     the prompt's P rows, concatenated onto empty tensors (kv_cache.hf_dynamic_init), so square:
     the flash kernel, where GPT-2's and OPT's dynamic prefill had been HF 4's eager attention with
-    the cats after the LM head. GPT-2, OPT and the Llama-style decoders with SDPA and no sliding
-    window; the others (eager Gemma 2 and GPT-OSS, sliding windows, DeepSeek-V3) keep their
+    the cats after the LM head. GPT-2, OPT, DeepSeek-V3 (its latents cached, then expanded over
+    all the cache returns: kit.workload.zoo_deepseek) and the Llama-style decoders with SDPA and
+    no sliding window; the others (eager Gemma 2 and GPT-OSS, sliding windows) keep their
     inference pass with the cache's writes after it (with_cache_writes)."""
     from kit.workload import zoo
     from kit.workload.modes import LLAMA_FAMILIES
 
     cfg = zoo.config(model) if isinstance(model, str) else dict(model)
     kind = cfg.get("model_type", "gpt2")
-    if kind in ("gpt2", "opt"):
+    if kind in ("gpt2", "opt", "deepseek_v3"):
         return True
     return (kind in LLAMA_FAMILIES and kind not in ("gemma2", "gpt_oss")
             and not sliding_windows_of(cfg))

@@ -6,7 +6,8 @@
   (qk_rope_head_dim) shared by the heads; the query and key heads are qk_nope + qk_rope wide, the
   value heads v_head_dim. HF 5 caches the compressed vector and the rotary key (kv_lora_rank +
   qk_rope_head_dim a token and layer) and expands them after the cache, so a decode step runs
-  kv_b_proj over every cached token; so does this model.
+  kv_b_proj over every cached token, and generate's prefill over all the cache returns (a static
+  cache's whole preallocated length, its empty rows too); so does this model.
 * Mixture of experts from layer first_k_dense_replace on: n_routed_experts of width
   moe_intermediate_size behind a sigmoid router with group-limited top-k (n_group, topk_group),
   plus n_shared_experts fused into one MLP that every token goes through, added ungated;
@@ -77,7 +78,9 @@ class MLAttention(nn.Module):
             latent, k_rot = cache_update(cache, latent, k_rot)
         q = torch.cat((q_pass, q_rot), dim=-1)
         k, v = self._expand(latent, k_rot)
-        if cache is not None:  # a decode step, as HF 5.25 runs it, under the step's mask
+        if cache is not None:  # a decode step or generate's prefill, as HF 5.25 runs it
+            # (modeling_deepseek_v3.py:441-466: the cache updated with the compressed latents,
+            # then expand_kv over all it returns, a static cache's whole preallocated length)
             return self.o_proj(hf_decode_attention(q, k, v, mask, self.qk_dim ** -0.5))
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.qk_dim ** -0.5)
         return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
@@ -138,8 +141,10 @@ class DeepseekLayer(nn.Module):
     def forward(self, h, cos, sin, cache=None, mask=None):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, mask)
         x = self.post_attention_layernorm(h)
-        # an MoE's decode step (a forward with a cache) runs as HF's generate runs it
-        return h + (self.mlp(x, decode=cache is not None) if isinstance(self.mlp, DeepseekMoE) else self.mlp(x))
+        # an MoE's decode step (a forward with a cache, not generate's prefill) runs as HF's
+        # generate runs it
+        decode = cache is not None and not cache.prefill
+        return h + (self.mlp(x, decode=decode) if isinstance(self.mlp, DeepseekMoE) else self.mlp(x))
 
 
 class DeepseekV3ForCausalLM(nn.Module):
