@@ -5,10 +5,11 @@ kv_cache.hf_prefill_update; expectations read off transformers 5.25's source):
   cumulative_length.to(device), a blocking copy from host memory (a host wait), inside the layer,
   before its attention; then update's arange + add, add_, and two index_copy_ (:479-485);
 * no mask: sdpa_mask skips it for an empty cache (masking_utils.py:297-300), so SDPA runs
-  is_causal (sdpa_attention.py:149) over the whole preallocated keys (update returns self.keys,
-  :494): q = prompt rows, k = max_cache_len rows; torch's flash kernel refuses is_causal with
-  more keys than queries (sdp_utils.cpp check_flash_causal_non_square_seqlens), so it is the
-  memory-efficient kernel;
+  is_causal (sdpa_attention.py:149); update returns the whole preallocated keys (:494), of which
+  sdpa_attention_forward keeps the first q_length rows (sdpa_attention.py:164-173: unmasked,
+  causal, more keys than queries), so the attention is square, P x P: the flash kernel (over all
+  max_cache_len keys it would have been the memory-efficient one, flash refusing a non-square
+  causal mask, sdp_utils.cpp check_flash_causal_non_square_seqlens);
 * OPT's positions from torch.ones(b, s) in fp32, cumsum, * ones, - 1, long (modeling_opt.py:
   350-359), no HF 4 float causal mask;
 * inference without a cache (kit validate's NeuSight labels) is HF 4's eager pass, unchanged."""
@@ -34,7 +35,7 @@ def _prefill(cfg):
 
 
 @pytest.mark.parametrize("cfg", [GPT2, OPT, LLAMA], ids=["gpt2", "opt", "llama"])
-def test_each_layer_initialises_its_static_layer_then_attends_over_the_whole_cache(cfg):
+def test_each_layer_initialises_its_static_layer_then_attends_over_the_prompts_rows(cfg):
     g = _prefill(cfg)
     kv = KV_HEADS[cfg["model_type"]]
     for layer in range(2):
@@ -52,8 +53,8 @@ def test_each_layer_initialises_its_static_layer_then_attends_over_the_whole_cac
         assert [c.shapes for c in copies] == [f"[{B},{kv},{CAP},16]x[{P}]x[{B},{kv},{P},16]"] * 2
         assert before.index(H2D_COPY) < names.index("aten.index_copy_.default")
         a = nodes[attn]
-        assert a.aten == "aten._scaled_dot_product_efficient_attention.default"
-        assert (a.op.seq_q, a.op.seq_kv, a.op.causal, a.op.mask_bytes) == (P, CAP, True, 0)
+        assert a.aten == "aten._scaled_dot_product_flash_attention.default"
+        assert (a.op.seq_q, a.op.seq_kv, a.op.causal, a.op.mask_bytes) == (P, P, True, 0)
     assert sum(n.aten == H2D_COPY for n in g.nodes) == 2  # one a layer
     # the writes are in their layers: nothing of the cache's after the LM head
     assert not any(n.op_class == "kv_cache" for n in g.nodes)
@@ -178,9 +179,9 @@ def test_deepseek_prefill_writes_its_latents_inside_each_layer_then_expands_what
     go through cache.update, then expand_kv runs kv_b_proj over all the cache returns: a static
     cache's whole preallocated CAP rows (StaticLayer.update returns self.keys, cache_utils.py:494;
     lazy_initialization's two zeros and the blocking copy first), a dynamic one's P rows (two
-    cats onto empty tensors, cache_utils.py:113-137); SDPA is_causal, unmasked (q P rows, keys
-    CAP or P), its query and key heads 12 wide, the values 8: not flash (torch's flash kernel takes
-    one head size), the memory-efficient kernel. The prefill runs before generate's
+    cats onto empty tensors, cache_utils.py:113-137); SDPA is_causal, unmasked, over the first P
+    keys (sdpa_attention.py:164-173 cuts a static cache's), its query and key heads 12 wide, the
+    values 8: not flash (torch's flash kernel takes one head size), the memory-efficient kernel. The prefill runs before generate's
     _optimize_model_for_decode (generation/utils.py:3211, 3232), so its experts stay grouped_mm;
     the zoo had priced the pass without a cache and appended the writes after the LM head."""
     cap = CAP if kind == "static" else None
@@ -193,7 +194,7 @@ def test_deepseek_prefill_writes_its_latents_inside_each_layer_then_expands_what
         attn = next(i for i, n in enumerate(nodes) if "attention" in n.aten)
         a = nodes[attn]
         assert a.aten == "aten._scaled_dot_product_efficient_attention.default"
-        assert (a.op.seq_q, a.op.seq_kv, a.op.causal, a.op.mask_bytes) == (P, keys, True, 0)
+        assert (a.op.seq_q, a.op.seq_kv, a.op.causal, a.op.mask_bytes) == (P, P, True, 0)
         if kind == "static":
             writes = [n for n in nodes if n.aten == "aten.index_copy_.default"]
             assert [w.shapes for w in writes] == [f"[{B},1,{CAP},16]x[{P}]x[{B},1,{P},16]",

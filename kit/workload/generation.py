@@ -101,8 +101,9 @@ def prefills_in_layers(model) -> bool:
     """Whether generate's prefill of this zoo decoder runs as HF 5.25's does, each layer
     initialising its cache layer and writing the prompt's rows before its attention, which SDPA
     runs is_causal, unmasked: over a static cache (zoo._capture's "inference:<cache_len>") the
-    whole preallocated cache, initialised with zeros and a blocking copy of cumulative_length to
-    the device (kit.workload.kv_cache.hf_prefill_update); over a dynamic one ("inference:dynamic")
+    first P rows of the preallocated cache its update returns (sdpa_attention_forward cuts them,
+    kit.workload.hf_masks.causal_prefill_keys), the cache initialised with zeros and a blocking
+    copy of cumulative_length to the device (kit.workload.kv_cache.hf_prefill_update); over a dynamic one ("inference:dynamic")
     the prompt's P rows, concatenated onto empty tensors (kv_cache.hf_dynamic_init), so square:
     the flash kernel, where GPT-2's and OPT's dynamic prefill had been HF 4's eager attention with
     the cats after the LM head. GPT-2, OPT, DeepSeek-V3 (its latents cached, then expanded over

@@ -89,9 +89,8 @@ def decode_mask(masks: dict, cache, window: int, h, eager: bool = False):
     b, s = h.shape[:2]
     if cache.prefill and not (eager or window):
         # generate's prefill over an empty static cache: sdpa_mask skips the mask (q_offset 0,
-        # no padding: masking_utils.py:297-300), and SDPA runs is_causal over the whole
-        # preallocated cache (sdpa_attention.py:149), its upper-left alignment hiding the empty
-        # rows; over an empty dynamic cache kv_length is the prompt's (DynamicLayer.get_mask_sizes,
+        # no padding: masking_utils.py:297-300), and SDPA runs is_causal (sdpa_attention.py:149)
+        # over the first P rows of the preallocated cache (causal_prefill_keys); over an empty dynamic cache kv_length is the prompt's (DynamicLayer.get_mask_sizes,
         # cache_utils.py:140-144), q_length == kv_length skips it (masking_utils.py:291-292)
         return None
     size = decode_mask_size(cache, window, s, eager)
@@ -114,3 +113,16 @@ def contiguous(mask):
     static cache's mask, which generate() builds before the pass: a copy when the mask is
     expanded over a batch of more than one, nothing when it is contiguous already."""
     return mask.contiguous()
+
+
+def causal_prefill_keys(q, k, v, causal: bool):
+    """The keys and values an is_causal SDPA call reads, as sdpa_attention_forward cuts them
+    (transformers 5.25 integrations/sdpa_attention.py:164-173): unmasked, causal, several queries
+    and more keys than queries (generate's prefill over an empty static cache, whose update
+    returns the whole preallocated tensor) keep the first q_length rows, views, so that SDPA is
+    square and may take the flash kernel; the attention had read all max_cache_len rows (the
+    memory-efficient kernel, flash refusing a non-square causal mask)."""
+    n = q.size(-2)
+    if causal and n > 1 and k.size(-2) > n:
+        return k[:, :, :n], v[:, :, :n]
+    return k, v

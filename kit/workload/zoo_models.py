@@ -10,8 +10,8 @@ context)`: one new token per sequence, with `context` tokens already in the cach
 (kit.workload.kv_cache). GPT-2's and OPT's decode steps run as HF transformers 5.25 runs them
 (hf_decode_attention: SDPA, its default, under the cache's mask), and so does generate's prefill
 (a forward over the prompt with kv_cache.prefill_cache's empty cache, each layer initialising its
-cache layer: SDPA is_causal over the whole preallocated static cache, or over the prompt's rows
-concatenated onto an empty dynamic one); their inference without a cache and training run HF 4's
+cache layer: SDPA is_causal over the first P rows of the preallocated static cache, or over the
+prompt's rows concatenated onto an empty dynamic one); their inference without a cache and training run HF 4's
 eager attention, as NeuSight's labels were measured.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kit.errors import KitError
-from kit.workload.hf_masks import decode_mask
+from kit.workload.hf_masks import causal_prefill_keys, decode_mask
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 
 
@@ -67,12 +67,14 @@ def hf_decode_attention(q, k, v, mask, scale: float):
     model that supports it, modeling_utils.py:1856, and all three set _supports_sdpa). SDPA over
     the keys the cache layer returns (a static cache's whole preallocated tensor) under the
     step's mask (kit.workload.hf_masks.decode_mask; None over a dynamic cache's full layers:
-    unmasked, and is_causal False for one query, :140), then the heads moved back and made
+    unmasked, and is_causal False for one query, :140; is_causal for several unmasked, over the
+    first q_length keys, hf_masks.causal_prefill_keys), then the heads moved back and made
     contiguous (:173-174): (batch, 1, heads * value dim). The zoo had run GPT-2's and OPT's
     steps with HF 4's eager matmul-softmax-matmul over context + 1 rows, unmasked."""
     # is_causal as sdpa_attention_forward sets it (:149): several queries and no mask (generate's
     # prefill into an empty static or dynamic cache, hf_masks.decode_mask)
     causal = q.size(-2) > 1 and mask is None
+    k, v = causal_prefill_keys(q, k, v, causal)
     a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
     a = a.transpose(1, 2).contiguous()
     return a.reshape(*a.shape[:-2], -1)

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kit.workload.hf_masks import decode_mask
+from kit.workload.hf_masks import causal_prefill_keys, decode_mask
 from kit.workload.kv_cache import cache_update, check_decode_step, make_cache
 # sliding_windows: re-exported, kit.workload.generation and the tests import it from here
 from kit.workload.modes import TIED_BY_DEFAULT, linear_biases, sliding_windows  # noqa: F401
@@ -244,8 +244,9 @@ class LlamaAttention(nn.Module):
                                                enable_gqa=self.kv_heads != self.heads)
         else:
             # is_causal for several queries unmasked (sdpa_attention.py:149): a prefill, generate's
-            # over the whole preallocated static cache or the prompt's rows of a dynamic one
-            # (kit.workload.kv_cache.prefill_cache)
+            # over an empty static cache (its first s rows of the preallocated keys,
+            # causal_prefill_keys) or the prompt's rows of a dynamic one (kv_cache.prefill_cache)
+            k, v = causal_prefill_keys(q, k, v, s > 1)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=s > 1, scale=self.scaling,
                                                enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
