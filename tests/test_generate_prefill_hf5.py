@@ -211,3 +211,77 @@ def test_deepseek_prefill_writes_its_latents_inside_each_layer_then_expands_what
     moe = [n.aten for n in g.nodes if n.layer == 1]
     assert "aten._grouped_mm.default" in moe and "aten.bmm.default" not in moe
     assert not any(n.op_class == "kv_cache" for n in g.nodes)
+
+
+MISTRAL = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 128,
+           "vocab_size": 100, "sliding_window": 8}
+
+
+@pytest.mark.parametrize("kind,prompt,cap", [("static", 5, 12), ("static", 8, 12),
+                                             ("static", 20, 24), ("static", 5, 6),
+                                             ("dynamic", 5, None), ("dynamic", 20, None)])
+def test_a_sliding_window_prefill_initialises_writes_and_masks_inside_each_layer(kind, prompt, cap):
+    """generate's prefill of a sliding-window layer (window 8), transformers 5.25:
+    * static (StaticSlidingWindowLayer, rows = min(8, max_cache_len), cache_utils.py:538-611):
+      StaticLayer's lazy_initialization (two zeros of `rows`, one blocking copy); a prompt that
+      fits is index_copy_'d and self.keys (rows) returned; one that overfills the rows has its last
+      rows copy_'d in, no positions made, and the prompt's own keys returned;
+    * dynamic (DynamicSlidingWindowLayer, :196-249): torch.tensor([]) keys and values, the window
+      tensor moved to the device (one blocking copy), two cats, the whole prompt returned;
+    * the mask (get_mask_sizes before the update, :259-268, :626-640): kv_length the keys above
+      (static: rows, or the prompt where it overfills; dynamic: the prompt), skipped below the
+      window (SDPA is_causal over the first P keys, flash), built from it (boolean, sliding
+      causal), where sdpa_attention_forward repeats the two KV heads to four (repeat_kv: a copy
+      each, sdpa_attention.py:119-128) for the masked call (the zoo's enable_gqa under a mask
+      captures as the same two copies, kit.workload.gpu_kernels).
+    The zoo had priced the prefill without a cache, the writes appended after the LM head."""
+    g = graph_of(MISTRAL, B, prompt, "inference", "fp16", last_logits=True, kv_cache=kind,
+                 cache_len=cap)
+    w, kv = 8, 2
+    rows = min(w, cap) if kind == "static" else 0
+    keys = max(rows, prompt)
+    masked = keys >= w
+    for layer in range(2):
+        nodes = [n for n in g.nodes if n.layer == layer]
+        names = [n.aten for n in nodes]
+        attn = next(i for i, n in enumerate(nodes) if "attention" in n.aten)
+        before = names[:attn]
+        assert before.count(H2D_COPY) == 1
+        if kind == "dynamic":
+            cats = [n.shapes for n in nodes[:attn] if n.shapes.startswith("[0]x")]
+            assert cats == [f"[0]x[{B},{kv},{prompt},16]"] * 2
+            assert "aten.zeros.default" not in names
+        else:
+            assert before.count("aten.zeros.default") == 2
+            if prompt > rows:
+                copies = [n.shapes for n in nodes[:attn] if n.aten == "aten.copy_.default"]
+                assert copies == [f"[{B},{kv},{rows},16]x[{B},{kv},{rows},16]"] * 2
+                assert "aten.index_copy_.default" not in names
+            else:
+                copies = [n.shapes for n in nodes[:attn] if n.aten == "aten.index_copy_.default"]
+                assert copies == [f"[{B},{kv},{rows},16]x[{prompt}]x[{B},{kv},{prompt},16]"] * 2
+        a = nodes[attn]
+        if masked:
+            assert a.aten == "aten._scaled_dot_product_efficient_attention.default"
+            assert (a.op.seq_q, a.op.seq_kv, a.op.causal) == (prompt, keys, False)
+            assert a.op.mask_bytes > 0
+            clones = [n.shapes for n in nodes[:attn] if n.aten == "aten.clone.default"]
+            assert clones == [f"[{B},{kv},2,{keys},16]"] * 2
+        else:
+            assert a.aten == "aten._scaled_dot_product_flash_attention.default"
+            assert (a.op.seq_q, a.op.seq_kv, a.op.causal, a.op.mask_bytes) == (prompt, prompt, True, 0)
+            assert "aten.clone.default" not in before
+    assert not any(n.op_class == "kv_cache" for n in g.nodes)
+
+
+def test_a_hybrid_prefill_keeps_its_full_layers_apart_from_its_sliding_ones():
+    """Gemma 3 (window 8 on five layers in six: layer 5 of 8 is full attention): in a dynamic
+    prefill each sliding layer moves its window tensor to the device (one blocking copy,
+    cache_utils.py:218-220), the full layer does not (DynamicLayer, :113-117). The capture of a
+    few layers repeated for the rest had given the full layer a sliding one's copy (8, not 7)."""
+    g3 = {"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 8,
+          "intermediate_size": 128, "vocab_size": 100, "sliding_window": 8}
+    g = graph_of(g3, B, 5, "inference", "fp16", last_logits=True, kv_cache="dynamic")
+    assert [n.layer for n in g.nodes if n.aten == H2D_COPY] == [0, 1, 2, 3, 4, 6, 7]

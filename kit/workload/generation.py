@@ -106,10 +106,12 @@ def prefills_in_layers(model) -> bool:
     copy of cumulative_length to the device (kit.workload.kv_cache.hf_prefill_update); over a dynamic one ("inference:dynamic")
     the prompt's P rows, concatenated onto empty tensors (kv_cache.hf_dynamic_init), so square:
     the flash kernel, where GPT-2's and OPT's dynamic prefill had been HF 4's eager attention with
-    the cats after the LM head. GPT-2, OPT, DeepSeek-V3 (its latents cached, then expanded over
-    all the cache returns: kit.workload.zoo_deepseek) and the Llama-style decoders with SDPA and
-    no sliding window; the others (eager Gemma 2 and GPT-OSS, sliding windows) keep their
-    inference pass with the cache's writes after it (with_cache_writes)."""
+    the cats after the LM head. A sliding layer's cache (StaticSlidingWindowLayer,
+    DynamicSlidingWindowLayer) initialises and writes as kv_cache.cache_update runs it, its mask
+    as hf_masks.decode_mask builds it for a prefill. GPT-2, OPT, DeepSeek-V3 (its latents cached,
+    then expanded over all the cache returns: kit.workload.zoo_deepseek) and the Llama-style
+    decoders with SDPA, sliding windows too; eager Gemma 2 and GPT-OSS keep their inference pass
+    with the cache's writes after it (with_cache_writes)."""
     from kit.workload import zoo
     from kit.workload.modes import LLAMA_FAMILIES
 
@@ -117,8 +119,7 @@ def prefills_in_layers(model) -> bool:
     kind = cfg.get("model_type", "gpt2")
     if kind in ("gpt2", "opt", "deepseek_v3"):
         return True
-    return (kind in LLAMA_FAMILIES and kind not in ("gemma2", "gpt_oss")
-            and not sliding_windows_of(cfg))
+    return kind in LLAMA_FAMILIES and kind not in ("gemma2", "gpt_oss")
 
 
 def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_tokens: int) -> float:

@@ -150,7 +150,7 @@ def cache_update(cache: LayerCache, k, v):
     in place as HF 5.25's cache layers write it (hf_static_update; a full window shifts as
     theirs), or concatenated onto a dynamic cache."""
     if cache.kind == "dynamic":  # a full window drops its oldest token after: a view, no kernel
-        past = hf_dynamic_init(k, v) if cache.prefill else (cache.keys, cache.values)
+        past = hf_dynamic_init(k, v, cache.window) if cache.prefill else (cache.keys, cache.values)
         keys, values = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
         if _KEPT:  # the next step's cache: written out, however the step reads it
             _KEPT[-1].extend((keys, values))
@@ -170,13 +170,20 @@ def prefill_cache(cache) -> tuple:
     return tuple(layer._replace(prefill=True) for layer in cache)
 
 
-def hf_dynamic_init(k, v) -> tuple:
+def hf_dynamic_init(k, v, window: int = 0) -> tuple:
     """A DynamicLayer's first update, in generate's prefill, as transformers 5.25 runs it inside
     the layer: lazy_initialization (cache_utils.py:113-117) makes its keys and values
     torch.tensor([]) on the device, empty 1-D tensors (no zeros, no preallocated rows: a copy of
     no elements, which launches nothing), and update (:136-137) concatenates the prompt's keys and
     values onto them, torch.cat skipping the empty 1-D tensor: one copy of the P rows each, the
-    tensors the layer's attention reads (cache_update)."""
+    tensors the layer's attention reads (cache_update). A DynamicSlidingWindowLayer's
+    (window > 0) also moves its _sliding_window_tensor, a CPU int64 (:208), to the device
+    (.to(device), :218-220): a blocking copy from host memory, after which the host waits for the
+    GPU to drain (kit.workload.host_wait.H2D_COPY); its update then keeps the last window - 1
+    rows as a view and returns the whole concatenation (:240-249)."""
+    if window:
+        moved = torch.empty((), dtype=torch.long, device=k.device)  # the copy: no kernel
+        host_wait.record(host_wait.H2D_COPY, moved)
     return (torch.tensor([], dtype=k.dtype, device=k.device),
             torch.tensor([], dtype=v.dtype, device=v.device))
 

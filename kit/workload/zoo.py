@@ -325,6 +325,8 @@ def _capture(model, batch, seq, mode, dtype, optimizer, loss=False, last_logits=
     # likewise a prefill whose sliding layers get a window mask (seq >= window) and the others not
     masks = ({w if w and seq >= w else 0 for w in full.windows}
              if meta.get("mode") != "decode" and hasattr(full, "windows") else set())
+    if "prefill_kv_cache" in meta and hasattr(full, "windows"):  # generate's prefill: a sliding
+        masks = set(full.windows)  # layer's cache initialises, writes and masks as no full one
     first = leading_layers(full, n_layers) if isinstance(n_layers, int) else None
     if (cfg.get("model_type", "gpt2") in REPLICABLE and layer_key and first is not None
             and n_layers > first + 3 and (optimizer is None or mode == "train")
