@@ -123,14 +123,13 @@ def test_generation_steps_read_the_cache_generate_preallocates():
 
 
 @pytest.mark.parametrize("model, mode, match", [
-    ({**LLAMA, "model_type": "gemma2", "sliding_window": 8}, "inference",
-     "goes with mode decode, not inference"),
+    ("bert-base", "inference", "goes with mode decode, not inference"),
     (LLAMA, "train", "goes with mode decode, not train"),
 ])
 def test_a_preallocated_cache_is_refused_where_it_is_not_modelled(model, mode, match):
     """A training step has no decode cache (cache_len had been dropped), nor a prefill but
-    generate's of a decoder that prefills as HF 5.25 (a Llama's or a sliding window's:
-    tests/test_generate_prefill_hf5.py; not eager Gemma 2's). Every zoo decoder takes one in decode
+    generate's of a decoder (every zoo decoder's prefill is HF 5.25's:
+    tests/test_generate_prefill_hf5.py; an encoder has none). Every zoo decoder takes one in decode
     (tests/test_decode_hf5_gpt2_opt_deepseek.py)."""
     from kit.workload.models import graph_of
 

@@ -80,11 +80,9 @@ def test_inference_without_a_cache_stays_hf4_eager(cfg):
 def test_cache_len_outside_decode_and_generate_prefill_is_refused():
     with pytest.raises(KitError, match="goes with mode decode, not train"):
         graph_of(GPT2, B, P, "train", "fp16", cache_len=CAP)
-    gemma2 = {"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-              "intermediate_size": 128, "vocab_size": 100, "sliding_window": 4}
+    # an encoder has no generate prefill (every zoo decoder's is modelled)
     with pytest.raises(KitError, match="goes with mode decode, not inference"):
-        graph_of(gemma2, B, P, "inference", "fp16", cache_len=CAP)
+        graph_of("bert-base", B, P, "inference", "fp16", cache_len=CAP)
 
 
 def test_flash_takes_square_causal_only():
@@ -149,16 +147,12 @@ def test_a_dynamic_prefill_concatenates_inside_each_layer_then_attends_causally(
 
 def test_a_dynamic_prefill_is_generates_and_no_other_inference():
     """The dynamic prefill is an inference pass with the last position's logits (generate's):
-    an inference pass with a dynamic cache otherwise, or of a decoder whose prefill keeps its
-    writes after it (Gemma 2, eager), is refused as before; it is cached apart from the plain
-    pass and the static prefill."""
+    an inference pass with a dynamic cache otherwise, or of a model that is no decoder, is
+    refused as before; it is cached apart from the plain pass and the static prefill."""
     with pytest.raises(KitError, match="is for decoding"):
         graph_of(GPT2, B, P, "inference", "fp16", kv_cache="dynamic")
-    gemma2 = {"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-              "intermediate_size": 128, "vocab_size": 100, "sliding_window": 4}
     with pytest.raises(KitError, match="is for decoding"):
-        graph_of(gemma2, B, P, "inference", "fp16", last_logits=True, kv_cache="dynamic")
+        graph_of("bert-base", B, P, "inference", "fp16", last_logits=True, kv_cache="dynamic")
     keys = {graph_of("gpt2", 1, 8, "inference", last_logits=True, **kw).meta["cache_key"]
             for kw in ({}, {"kv_cache": "dynamic"}, {"cache_len": 8})}
     assert len(keys) == 3
@@ -285,3 +279,41 @@ def test_a_hybrid_prefill_keeps_its_full_layers_apart_from_its_sliding_ones():
           "intermediate_size": 128, "vocab_size": 100, "sliding_window": 8}
     g = graph_of(g3, B, 5, "inference", "fp16", last_logits=True, kv_cache="dynamic")
     assert [n.layer for n in g.nodes if n.aten == H2D_COPY] == [0, 1, 2, 3, 4, 6, 7]
+
+
+GEMMA2 = {"model_type": "gemma2", "hidden_size": 64, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 128,
+          "vocab_size": 100, "sliding_window": 8, "head_dim": 16, "final_logit_softcapping": 30.0}
+
+
+@pytest.mark.parametrize("kind,prompt,cap", [("static", 5, 12), ("static", 20, 24),
+                                             ("dynamic", 5, None), ("dynamic", 20, None)])
+def test_gemma2s_eager_prefill_attends_over_what_its_cache_layers_return(kind, prompt, cap):
+    """Gemma 2 runs eager attention (_supports_sdpa False, modeling_gemma2.py:353): its
+    eager_attention_forward (:176-207) repeats the KV heads, then matmul, soft-cap, + mask,
+    softmax, matmul over every key the cache layer returns, no cut (sdpa_attention_forward's cut
+    is SDPA's): layer 0 sliding (window 8), layer 1 full. Static: the full layer's whole
+    preallocated CAP rows, the sliding one's min(8, CAP) rows or the prompt where it overfills
+    them; dynamic: the prompt's P. eager_mask never skips (masking_utils.py:598-618): one
+    additive mask a layer kind, (P, keys). Each layer's cache initialised and written before its
+    attention, as the SDPA decoders' (two zeros and a blocking copy for a static layer; a dynamic
+    sliding layer's window tensor copy; two cats for a dynamic one)."""
+    g = graph_of(GEMMA2, B, prompt, "inference", "fp16", last_logits=True, kv_cache=kind,
+                 cache_len=cap)
+    rows = {0: min(8, cap) if cap else 0, 1: cap or 0}
+    for layer in (0, 1):
+        keys = max(rows[layer], prompt)
+        nodes = [n for n in g.nodes if n.layer == layer]
+        names = [n.aten for n in nodes]
+        first_bmm = names.index("aten.bmm.default")
+        assert [n.shapes for n in nodes if n.aten == "aten._softmax.default"] == \
+            [f"[{B},4,{prompt},{keys}]"]
+        assert nodes[first_bmm].shapes == f"[{B * 4},{prompt},16]x[{B * 4},16,{keys}]"
+        writes = [n for n in nodes[:first_bmm] if n.aten in (
+            "aten.index_copy_.default", "aten.copy_.default") or n.shapes.startswith("[0]x")]
+        assert len(writes) == 2
+        assert names[:first_bmm].count(H2D_COPY) == (1 if kind == "static" or layer == 0 else 0)
+    masks = sorted(n.shapes for n in g.nodes if n.layer is None and n.aten == "aten.where.self")
+    want = {0: max(rows[0], prompt), 1: max(rows[1], prompt)}
+    assert masks == sorted(f"[{B},1,{prompt},{k}]x[]x[]" for k in want.values())
+    assert not any(n.op_class == "kv_cache" for n in g.nodes)

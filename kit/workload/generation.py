@@ -108,10 +108,12 @@ def prefills_in_layers(model) -> bool:
     the flash kernel, where GPT-2's and OPT's dynamic prefill had been HF 4's eager attention with
     the cats after the LM head. A sliding layer's cache (StaticSlidingWindowLayer,
     DynamicSlidingWindowLayer) initialises and writes as kv_cache.cache_update runs it, its mask
-    as hf_masks.decode_mask builds it for a prefill. GPT-2, OPT, DeepSeek-V3 (its latents cached,
-    then expanded over all the cache returns: kit.workload.zoo_deepseek) and the Llama-style
-    decoders with SDPA, sliding windows too; eager Gemma 2 and GPT-OSS keep their inference pass
-    with the cache's writes after it (with_cache_writes)."""
+    as hf_masks.decode_mask builds it for a prefill. Eager Gemma 2 and GPT-OSS attend over every
+    key their cache layers return (eager_attention_forward cuts none: a static full layer's whole
+    preallocated cache), under eager_mask's additive mask, never skipped. Every zoo decoder: GPT-2,
+    OPT, DeepSeek-V3 (its latents cached, then expanded over all the cache returns:
+    kit.workload.zoo_deepseek) and the Llama-style ones, sliding windows too. (with_cache_writes,
+    the writes appended after the pass, is left for none of them.)"""
     from kit.workload import zoo
     from kit.workload.modes import LLAMA_FAMILIES
 
@@ -119,7 +121,7 @@ def prefills_in_layers(model) -> bool:
     kind = cfg.get("model_type", "gpt2")
     if kind in ("gpt2", "opt", "deepseek_v3"):
         return True
-    return kind in LLAMA_FAMILIES and kind not in ("gemma2", "gpt_oss")
+    return kind in LLAMA_FAMILIES
 
 
 def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_tokens: int) -> float:

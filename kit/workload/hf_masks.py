@@ -87,15 +87,15 @@ def decode_mask(masks: dict, cache, window: int, h, eager: bool = False):
     window (decode_mask_size). eager (Gemma 2, GPT-OSS): eager_mask never skips, and makes the
     mask additive, 0 / dtype min (one where a kind). h: the step's hidden states (batch, 1, d)."""
     b, s = h.shape[:2]
-    if cache.prefill and window and not eager:
-        return _prefill_window_mask(masks, cache, window, h)
     if cache.prefill and not (eager or window):
         # generate's prefill over an empty static cache: sdpa_mask skips the mask (q_offset 0,
         # no padding: masking_utils.py:297-300), and SDPA runs is_causal (sdpa_attention.py:149)
-        # over the first P rows of the preallocated cache (causal_prefill_keys); over an empty dynamic cache kv_length is the prompt's (DynamicLayer.get_mask_sizes,
+        # over the first P rows of the preallocated cache (causal_prefill_keys); over an empty
+        # dynamic cache kv_length is the prompt's (DynamicLayer.get_mask_sizes,
         # cache_utils.py:140-144), q_length == kv_length skips it (masking_utils.py:291-292)
         return None
-    size = decode_mask_size(cache, window, s, eager)
+    size = (prefill_window_mask_size(cache, window, s, eager) if cache.prefill and window
+            else decode_mask_size(cache, window, s, eager))
     if size is None:
         return None
     kind = (bool(window), *size)
@@ -110,25 +110,20 @@ def decode_mask(masks: dict, cache, window: int, h, eager: bool = False):
     return masks[kind]
 
 
-def _prefill_window_mask(masks: dict, cache, window: int, h):
-    """A sliding layer's mask in generate's prefill (its cache empty), as
-    create_sliding_window_causal_mask builds it (transformers 5.25) from the layer's
-    get_mask_sizes before its first update: kv_offset 0, and kv_length the prompt's s over a
-    dynamic layer (DynamicSlidingWindowLayer, cache_utils.py:259-268), over a static one its
-    min(window, max_cache_len) rows, or s where the prompt overfills them (StaticSlidingWindowLayer,
-    :626-640), the keys its update returns. Skipped while kv_length < window
-    (_ignore_causal_mask_sdpa, masking_utils.py:285-300: q_offset 0, no padding), so SDPA runs
-    is_causal; built from the window on (:285-286: never skipped), boolean, and made contiguous by
-    generate for a static cache."""
-    b, s = h.shape[:2]
+def prefill_window_mask_size(cache, window: int, s: int, eager: bool) -> tuple[int, int] | None:
+    """(keys, offset) of a sliding layer's mask in generate's prefill (its cache empty), or None
+    where it is skipped, as create_sliding_window_causal_mask sizes it (transformers 5.25) from
+    the layer's get_mask_sizes before its first update: kv_offset 0, and kv_length the prompt's s
+    over a dynamic layer (DynamicSlidingWindowLayer, cache_utils.py:259-268), over a static one
+    its min(window, max_cache_len) rows, or s where the prompt overfills them
+    (StaticSlidingWindowLayer, :626-640), the keys its update returns. Skipped while
+    kv_length < window (_ignore_causal_mask_sdpa, masking_utils.py:285-300: q_offset 0, no
+    padding), so SDPA runs is_causal; built from the window on (:285-286); eager (Gemma 2,
+    GPT-OSS): never skipped (eager_mask)."""
     keys = max(cache.keys.size(2), s)  # a dynamic layer's cache holds none yet
-    if keys < window:
+    if keys < window and not eager:
         return None
-    kind = (True, keys, 0)
-    if kind not in masks:
-        mask = hf_sdpa_mask(b, s, 0, keys, 0, window, h.device)
-        masks[kind] = contiguous(mask) if cache.kind != "dynamic" else mask
-    return masks[kind]
+    return keys, 0
 
 
 def contiguous(mask):
