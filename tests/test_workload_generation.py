@@ -9,8 +9,8 @@ from cli_json import cli_json
 
 from kit.cli import main
 from kit.errors import KitError
-from kit.workload.generation import (generation, hf_loop, prefills_in_layers, sample_contexts,
-                                     static_cache_len, summed_steps_ms, with_cache_writes)
+from kit.workload.generation import (generation, hf_loop, sample_contexts, static_cache_len,
+                                     summed_steps_ms)
 from kit.workload.iteration import iteration
 from kit.workload.models import graph_of
 
@@ -141,25 +141,36 @@ MISTRAL = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4,
            "vocab_size": 100, "sliding_window": 8, "name": "tiny-mistral"}
 
 
+# a layer's prefill writes of its keys and values: a static cache's index_copy_ (or copy_ of a
+# window the prompt overfills), a dynamic one's cat onto its empty tensor
+WRITES = ("aten.index_copy_.default", "aten.copy_.default")
+
+
+def _writes(g):
+    return [n for n in g.nodes if n.aten in WRITES or n.shapes.startswith("[0]x")]
+
+
 @pytest.mark.parametrize("cfg,kind", [(GPT, "static"), (GPT, "dynamic"), (MISTRAL, "static"),
                                       (MISTRAL, "dynamic")])
 def test_the_prefill_writes_the_prompts_keys_and_values_into_the_cache(cfg, kind):
     """The decode steps read the prompt's keys and values from the cache, so the prefill writes
-    them there, once a layer each: P rows (a full sliding window: its last `window`), read from
-    the projection and written. The prefill had written none, its time to first token that of the
-    bare forward pass."""
+    them there, once a layer each, inside the layer (tests/test_generate_prefill_hf5.py for
+    where and what else): P rows (a static window the prompt overfills: its last `window`,
+    StaticSlidingWindowLayer; a dynamic cache copies the whole prompt, a sliding one too before
+    it keeps the last window - 1 rows as a view, DynamicSlidingWindowLayer), read from the
+    projection and written. The prefill had once written none, its time to first token that of
+    the bare forward pass."""
     b, p = 2, 20
     bare = graph_of(cfg, b, p, "inference", "fp32", last_logits=True)
-    full = with_cache_writes(bare, cfg, b, p, kind)
-    writes = full.nodes[len(bare.nodes):]
+    cap = static_cache_len(cfg, p, 3, kind)
+    prefill = graph_of(cfg, b, p, "inference", "fp32", last_logits=True, kv_cache=kind,
+                       cache_len=cap)
+    writes = _writes(prefill)
     layers = cfg.get("n_layer") or cfg["num_hidden_layers"]
-    assert full.nodes[:len(bare.nodes)] == bare.nodes
     assert [n.layer for n in writes] == [i for i in range(layers) for _ in (0, 1)]
+    assert not _writes(bare)
     heads = cfg.get("num_key_value_heads") or cfg["n_head"]
     d = (cfg.get("n_embd") or cfg["hidden_size"]) // (cfg.get("n_head") or cfg["num_attention_heads"])
-    # a static window the prompt overfills copies in its last window rows (HF's
-    # StaticSlidingWindowLayer); a dynamic cache copies the whole prompt, a sliding one too before
-    # it keeps the last window - 1 rows as a view (DynamicSlidingWindowLayer: cat, then a slice)
     w = cfg.get("sliding_window")
     rows = min(p, w) if w and kind == "static" else p
     one = b * heads * rows * d * 4  # one layer's keys (or values) of the prompt, fp32
@@ -167,64 +178,8 @@ def test_the_prefill_writes_the_prompts_keys_and_values_into_the_cache(cfg, kind
         assert 2 * one <= n.op.bytes <= 2 * (one + 8 * rows), (n.aten, n.op.bytes, one)
     r = generation(cfg, GPU, batch=b, prompt=p, new_tokens=3, kv_cache=kind)
     assert r["ttft_ms"] > iteration(bare, GPU).total_ms
-    # a static cache is preallocated for the answer and zero-filled first
-    # (tests/test_hf_static_cache_ops.py); either cache is written inside each layer where the
-    # prefill is HF 5.25's (tests/test_generate_prefill_hf5.py); the others are written as above
-    cap = static_cache_len(cfg, p, 3, kind)
-    prefill = (graph_of(cfg, b, p, "inference", "fp32", last_logits=True, kv_cache=kind,
-                        cache_len=cap)
-               if prefills_in_layers(cfg) else with_cache_writes(bare, cfg, b, p, kind, cap))
     # with HF's greedy loop ops around it (tests/test_hf_generate_loop.py)
     assert r["ttft_ms"] == pytest.approx(iteration(hf_loop(cfg, b)(prefill, p, p), GPU).total_ms)
-
-
-@pytest.mark.parametrize("prompt", [5, 8, 20])
-@pytest.mark.parametrize("kind", ["static", "dynamic"])
-def test_a_sliding_window_prefill_writes_what_hfs_cache_layers_write(kind, prompt):
-    """HF transformers 5.25's first update of a sliding-window layer (window 8): a static one
-    index_copy_s a prompt that fits and copy_s in the last 8 rows of one that overfills it; a
-    dynamic one concatenates every prompt row onto its empty self, then keeps the last 7 as a
-    view. The prefill had costed a dynamic window's 7 rows for a 20-token prompt's 20."""
-    from kit.workload.kv_cache import prefill_writes
-
-    b, w = 2, MISTRAL["sliding_window"]
-    heads = MISTRAL["num_key_value_heads"]
-    d = MISTRAL["hidden_size"] // MISTRAL["num_attention_heads"]
-    rows = prompt if kind == "dynamic" else min(prompt, w)
-    aten = ("aten.cat.default" if kind == "dynamic" else
-            "aten.copy_.default" if prompt > w else "aten.index_copy_.default")
-    writes = prefill_writes(MISTRAL, b, prompt, kind)
-    assert len(writes) == 2 * MISTRAL["num_hidden_layers"]
-    one = b * heads * rows * d * 4  # fp32: the cache's own dtype
-    for _layer, name, op, _cls, kernels, _shapes in writes:
-        assert name == aten and kernels == 1
-        assert 2 * one <= op.bytes <= 2 * (one + 8 * rows), (name, op.bytes, one)
-
-
-GEMMA2 = {"model_type": "gemma2", "hidden_size": 64, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 128,
-          "vocab_size": 100, "sliding_window": 8, "head_dim": 16, "final_logit_softcapping": 30.0,
-          "name": "tiny-gemma2"}
-
-
-@pytest.mark.parametrize("cfg", [GPT, GEMMA2])
-@pytest.mark.parametrize("kind", ["static", "dynamic"])
-def test_compiled_fusion_keeps_each_prefill_cache_write_a_kernel_of_its_own(cfg, kind):
-    """The writes sit side by side after the prefill's last node: compiled fusion must neither
-    chain them together (a dynamic cache's cats, elementwise, had become one kernel for all
-    layers) nor into the chain the prefill ends with (Gemma 2's logit soft-capping, div + tanh +
-    mul, had taken in the first write)."""
-    from kit.workload.fusion import apply_fusion
-
-    b, p = 2, 20
-    bare = graph_of(cfg, b, p, "inference", "bf16", last_logits=True)
-    full = with_cache_writes(bare, cfg, b, p, kind)
-    writes = full.nodes[len(bare.nodes):]
-    fused_bare, fused_full = apply_fusion(bare, "compiled"), apply_fusion(full, "compiled")
-    assert [n.aten for n in fused_full.nodes] == [n.aten for n in fused_bare.nodes] + [n.aten for n in writes]
-    tail = fused_full.nodes[len(fused_bare.nodes):]
-    assert sum(n.kernels for n in tail) == len(writes)
-    assert sum(n.op.bytes for n in tail) == pytest.approx(sum(n.op.bytes for n in writes))
 
 
 def test_longer_prompts_cost_more_first_token_and_longer_answers_more_decode():
@@ -386,3 +341,4 @@ def test_the_latency_cache_key_follows_contents_not_mtimes(tmp_path, monkeypatch
     monkeypatch.setattr(source_digest, "_STARTED_NS", time.time_ns())
     after = latency_cache._predictor_stamp()
     assert after is not None and after != before  # (None would have passed !=)
+

@@ -3,8 +3,8 @@
     r = generation(model, gpu, batch=8, prompt=1024, new_tokens=256, dtype="bf16")
 
 A decoder answers a prompt of P tokens by running one forward pass over them (the prefill,
-`mode="inference"`; for the decoders that prefill as HF 5.25 does (prefills_in_layers), with
-the cache, static or dynamic: its writes inside each layer; computing the logits of each
+`mode="inference"`, as HF 5.25's generate runs it (prefills_in_layers): with the cache, static
+or dynamic, its writes inside each layer; computing the logits of each
 sequence's last position only, as HF generate and serving engines do), which also yields the
 first new token: the time to first token (TTFT).
 Each further token is one decode step (`mode="decode"`, kit.workload.kv_cache): the step that
@@ -98,30 +98,25 @@ def static_cache_len(model, prompt: int, new_tokens: int, kv_cache: str) -> int 
 
 
 def prefills_in_layers(model) -> bool:
-    """Whether generate's prefill of this zoo decoder runs as HF 5.25's does, each layer
-    initialising its cache layer and writing the prompt's rows before its attention, which SDPA
-    runs is_causal, unmasked: over a static cache (zoo._capture's "inference:<cache_len>") the
-    first P rows of the preallocated cache its update returns (sdpa_attention_forward cuts them,
-    kit.workload.hf_masks.causal_prefill_keys), the cache initialised with zeros and a blocking
-    copy of cumulative_length to the device (kit.workload.kv_cache.hf_prefill_update); over a dynamic one ("inference:dynamic")
-    the prompt's P rows, concatenated onto empty tensors (kv_cache.hf_dynamic_init), so square:
-    the flash kernel, where GPT-2's and OPT's dynamic prefill had been HF 4's eager attention with
-    the cats after the LM head. A sliding layer's cache (StaticSlidingWindowLayer,
-    DynamicSlidingWindowLayer) initialises and writes as kv_cache.cache_update runs it, its mask
-    as hf_masks.decode_mask builds it for a prefill. Eager Gemma 2 and GPT-OSS attend over every
-    key their cache layers return (eager_attention_forward cuts none: a static full layer's whole
-    preallocated cache), under eager_mask's additive mask, never skipped. Every zoo decoder: GPT-2,
-    OPT, DeepSeek-V3 (its latents cached, then expanded over all the cache returns:
-    kit.workload.zoo_deepseek) and the Llama-style ones, sliding windows too. (with_cache_writes,
-    the writes appended after the pass, is left for none of them.)"""
-    from kit.workload import zoo
-    from kit.workload.modes import LLAMA_FAMILIES
+    """Whether generate's prefill of this zoo decoder or config runs as HF 5.25's does, each
+    layer initialising its cache layer and writing the prompt's rows before its attention: every
+    decoder (kit.workload.modes.decodes; a config of no model_type with n_embd is a GPT-2), which
+    SDPA runs is_causal, unmasked: over a static cache (zoo._capture's "inference:<cache_len>")
+    the first P rows of the preallocated cache its update returns (sdpa_attention_forward cuts
+    them, kit.workload.hf_masks.causal_prefill_keys), the cache initialised with zeros and a
+    blocking copy of cumulative_length to the device (kit.workload.kv_cache.hf_prefill_update);
+    over a dynamic one ("inference:dynamic") the prompt's P rows, concatenated onto empty tensors
+    (kv_cache.hf_dynamic_init), so square: the flash kernel. A sliding layer's cache
+    (StaticSlidingWindowLayer, DynamicSlidingWindowLayer) initialises and writes as
+    kv_cache.cache_update runs it, its mask as hf_masks.decode_mask builds it for a prefill.
+    Eager Gemma 2 and GPT-OSS attend over every key their cache layers return
+    (eager_attention_forward cuts none: a static full layer's whole preallocated cache), under
+    eager_mask's additive mask, never skipped. DeepSeek-V3 caches its latents, then expands all
+    the cache returns (kit.workload.zoo_deepseek). (The pass without a cache, its writes appended
+    after its last node, with_cache_writes, served none of them and is gone.)"""
+    from kit.workload.modes import decodes
 
-    cfg = zoo.config(model) if isinstance(model, str) else dict(model)
-    kind = cfg.get("model_type", "gpt2")
-    if kind in ("gpt2", "opt", "deepseek_v3"):
-        return True
-    return kind in LLAMA_FAMILIES
+    return decodes(model)
 
 
 def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_tokens: int) -> float:
@@ -130,39 +125,6 @@ def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_
         return 0.0
     every = np.arange(prompt, prompt + new_tokens - 1, dtype=float)
     return float(np.interp(every, np.asarray(contexts, float), np.asarray(step_ms, float)).sum())
-
-
-def with_cache_writes(graph, model, batch: int, prompt: int, kind: str, capacity: int | None = None):
-    """The prefill's graph with its cache writes (kit.workload.kv_cache.prefill_writes) after its
-    last node, each a kernel of its own in either fusion mode (Inductor would store the rows from
-    the chain that makes them, saving their read back: an upper bound there). Their class,
-    kv_cache, is none compiled fusion chains: as the cat or copy_ they are (elementwise), a
-    dynamic cache's 2 x layers writes, side by side at the end, had fused into one kernel, and
-    the first into a chain the prefill ends with (Gemma 2's logit soft-capping). Its own cache key:
-    the latency cache must not take the bare prefill's predictions for it. Memoised on the
-    (immutable) graph, so that its fusion and predictions are too (kit.workload.iteration).
-    capacity: a static cache preallocated for that many tokens (static_cache_len), which HF 5.25
-    fills with zeros at the prefill's first write (kit.workload.kv_cache.hf_prefill_writes)."""
-    from kit.workload.capture import TORCH_DTYPES
-    from kit.workload.graph import Node
-    from kit.workload.kv_cache import prefill_writes
-
-    memo = graph.__dict__.setdefault("_with_cache_writes", {})
-    if (kind, capacity) in memo:
-        return memo[kind, capacity]
-    writes = prefill_writes(model, batch, prompt, kind, TORCH_DTYPES.get(graph.meta.get("dtype")),
-                            capacity)
-    base = len(graph.nodes)
-    nodes = list(graph.nodes)
-    for j, (layer, aten, op, _op_class, kernels, shapes) in enumerate(writes):
-        nodes.append(Node(base + j, aten, op, "kv_cache", "fwd", (), f"kv_cache.{layer}", layer,
-                          0, shapes, kernels))
-    meta = {"prefill_kv_writes": len(writes)}
-    if graph.meta.get("cache_key"):
-        sized = f"-{capacity}" if capacity is not None else ""
-        meta["cache_key"] = f"{graph.meta['cache_key']}:prefill-kv-{kind}{sized}"
-    memo[kind, capacity] = graph.with_nodes(nodes, **meta)
-    return memo[kind, capacity]
 
 
 def hf_loop(model, batch: int):
@@ -235,13 +197,10 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     check_fusion(fusion)  # before the captures; iteration() memoises on it as a dict key
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
     cache_len = static_cache_len(model, prompt, new_tokens, kv_cache)
-    if prefills_in_layers(model):  # its writes inside its layers, into either cache
-        prefill_graph = graph_of(model, batch, prompt, "inference", dtype, last_logits=True,
-                                 kv_cache=kv_cache, cache_len=cache_len)
-    else:
-        prefill_graph = with_cache_writes(graph_of(model, batch, prompt, "inference", dtype,
-                                                   last_logits=True),
-                                          model, batch, prompt, kv_cache, cache_len)
+    # generate's prefill, its cache's writes inside each layer, into either cache (every zoo
+    # decoder: prefills_in_layers)
+    prefill_graph = graph_of(model, batch, prompt, "inference", dtype, last_logits=True,
+                             kv_cache=kv_cache, cache_len=cache_len)
     looped = hf_loop(model, batch)  # HF's greedy loop around each forward (kit.workload.hf_generate)
     prefill = iteration(looped(prefill_graph, prompt, prompt), gpu, **run)
     contexts = sample_contexts(prompt, new_tokens, samples, sliding_windows_of(model))
