@@ -342,3 +342,23 @@ def test_the_latency_cache_key_follows_contents_not_mtimes(tmp_path, monkeypatch
     after = latency_cache._predictor_stamp()
     assert after is not None and after != before  # (None would have passed !=)
 
+
+def test_a_static_cache_generate_says_hf_compiles_its_decode_steps(capsys):
+    """transformers 5.25's _sample picks model_forward = get_compiled_call(...) when
+    _valid_auto_compile_criteria holds (generation/utils.py:3204-3208): disable_compile unset
+    (its default None), a CUDA device, a compileable cache that is no DynamicCache (StaticLayer
+    is_compileable = True, cache_utils.py:413; DynamicLayer inherits False, :26), no quantizer
+    or offload (:2438-2498); get_compiled_call compiles with CompileConfig()
+    (modeling_utils.py:4876-4904), whose defaults are backend "inductor", mode "reduce-overhead"
+    (configuration_utils.py:1679-1680). The kit prices the steps eager: a static-cache result
+    must say so; a dynamic one is never compiled, so says nothing."""
+    static = generation(GPT, GPU, batch=2, prompt=8, new_tokens=3)
+    dynamic = generation(GPT, GPU, batch=2, prompt=8, new_tokens=3, kv_cache="dynamic")
+    assert dynamic["notes"] == []
+    [note] = static["notes"]
+    for said in ("disable_compile=True", "reduce-overhead", "CUDA graphs", "not the prefill",
+                 "--fusion compiled --cuda-graphs"):
+        assert said in note
+    out = cli_json(capsys, ["predict", "gpt2", "--gpu", GPU, "--mode", "generate", "--seq", "8",
+                            "--new-tokens", "3"])
+    assert out["notes"] == static["notes"]

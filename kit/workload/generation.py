@@ -34,6 +34,11 @@ batch 1, a 1,024-token prompt and 256 new tokens, bf16 on an h100-sxm, TTFT 30.9
 TPOT 26.84 -> 26.92 ms, 6,876.0 -> 6,896.6 ms in all (26.83 and 6,871.8 since the decode mask
 leaves out the 2D mask generate drops, kit.workload.hf_masks). Each step ends at HF's stop check, whose
 host read waits for the GPU to drain, so a step starts with the GPU idle, as the sum takes it.
+
+Not modelled: over a static cache on a CUDA GPU, HF 5.25's generate compiles the decode steps'
+forward by default (torch.compile, inductor, reduce-overhead: CUDA graphs; not the prefill), and
+these steps are priced eager unless fusion and overhead say otherwise: HF's generate with
+disable_compile=True. Every static-cache result says so in its notes (HF_AUTO_COMPILE_NOTE).
 """
 from __future__ import annotations
 
@@ -117,6 +122,27 @@ def prefills_in_layers(model) -> bool:
     from kit.workload.modes import decodes
 
     return decodes(model)
+
+
+# HF 5.25's greedy generate compiles the decode steps' forward over a static cache on a GPU
+# (the kit prices each pass as it is asked: fusion, overhead); said wherever it prices one
+HF_AUTO_COMPILE_NOTE = (
+    "HF transformers 5.25's generate compiles the decode step's forward by default over a "
+    "static cache on a CUDA GPU (_valid_auto_compile_criteria, generation/utils.py:2438-2498,"
+    " used at :3204-3208; get_compiled_call with CompileConfig()'s defaults, "
+    "modeling_utils.py:4876-4904: torch.compile, inductor, mode reduce-overhead, i.e. CUDA "
+    "graphs, configuration_utils.py:1679-1680), not the prefill (_prefill calls the model "
+    "uncompiled); these decode steps are priced as the fusion and overhead asked for (by "
+    "default eager kernels, each launched from the host), which is HF's generate with "
+    "disable_compile=True. HF's default is nearer --fusion compiled --cuda-graphs for the "
+    "decode steps (TPOT), but those options apply to the prefill too (TTFT), which HF runs "
+    "eager. A dynamic cache is never auto-compiled.")
+
+
+def generate_notes(kv_cache: str) -> list[str]:
+    """What a generate prediction's figures do not model, said in its output: over a static
+    cache, HF 5.25's auto-compiled decode steps (HF_AUTO_COMPILE_NOTE)."""
+    return [HF_AUTO_COMPILE_NOTE] if kv_cache == "static" else []
 
 
 def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_tokens: int) -> float:
@@ -232,6 +258,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
             **({"model_dtypes": prefill.meta["model_dtypes"]} if "model_dtypes" in prefill.meta else {}),
             "fusion": fusion,
             "kv_cache": kv_cache,
+            "notes": generate_notes(kv_cache),
             "predictor": prefill.predictor, "ttft_ms": prefill.total_ms,
             "ttft_band_ms": [prefill.total_p10_ms, prefill.total_p90_ms],
             "tpot_ms": decode_ms / (new_tokens - 1) if new_tokens > 1 else None,
