@@ -1,5 +1,7 @@
-"""A causal attention over more keys than queries, as generate's prefill runs it over a static
-cache preallocated to P + N - 1 rows (kit.workload.kv_cache.prefill_cache): torch's is_causal
+"""A causal attention over more keys than queries (generate's prefill over a static cache
+preallocated to P + N - 1 rows would be one, but HF 5.25's sdpa_attention_forward keeps the first
+P keys first, integrations/sdpa_attention.py:164-173, kit.workload.hf_masks.causal_prefill_keys,
+so that prefill runs the square flash call; another caller's op still can): torch's is_causal
 aligns the mask top-left, so query i (from 0) sees keys 0..i and every key from P on is hidden
 from every query; torch's memory-efficient kernel (the one it runs there: flash refuses a
 non-square causal mask) clips each query block's keys at the block's last row
