@@ -362,3 +362,15 @@ def test_a_static_cache_generate_says_hf_compiles_its_decode_steps(capsys):
     out = cli_json(capsys, ["predict", "gpt2", "--gpu", GPU, "--mode", "generate", "--seq", "8",
                             "--new-tokens", "3"])
     assert out["notes"] == static["notes"]
+
+
+def test_the_text_output_prints_a_generate_results_notes(capsys):
+    """The notes --json carries (HF's auto-compiled static decode) reach the text output too;
+    a dynamic cache's generate, which HF runs eager, prints none."""
+    from kit.workload.generation import HF_AUTO_COMPILE_NOTE
+
+    args = ["predict", "gpt2", "--gpu", GPU, "--mode", "generate", "--seq", "8", "--new-tokens", "3"]
+    assert main(args) == 0
+    assert f"note: {HF_AUTO_COMPILE_NOTE}" in capsys.readouterr().out
+    assert main(args + ["--kv-cache", "dynamic"]) == 0
+    assert "note:" not in capsys.readouterr().out

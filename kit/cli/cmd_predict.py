@@ -220,6 +220,7 @@ def generation_text(r) -> str:
                  f"KV cache {m.get('kv_cache_bytes', 0) / 2**30:.2f}, activations "
                  f"{m['activations_bytes'] / 2**30:.2f}{buffers_text(m, '.2f')}) of {gpu_memory_text(m)}"
                  + ("" if m["fits"] else ": it would not fit on one GPU"))
+    lines += [f"  note: {n}" for n in r.get("notes", ())]  # e.g. HF's auto-compiled static decode
     return "\n".join(lines)
 
 

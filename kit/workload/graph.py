@@ -64,7 +64,6 @@ class Node:
     op        the kit op that costs it (kit.ops.Gemm, ...) or None for a free op
     op_class  "gemm" | "attention" | "elementwise" | "softmax" | "layernorm" | "rmsnorm" |
               "dropout" | "embedding" | "reduction" | "memcpy" | "unknown" | "free" | ...
-              ("kv_cache": a generation prefill's cache writes, kit.workload.generation)
     phase     "fwd" | "bwd" | "opt"
     deps      ids of the nodes whose outputs this node reads (producers), sorted
     module    dotted module path it ran in ("" for the top level)
