@@ -24,3 +24,40 @@ def test_inputs_with_a_zoo_name_or_config_is_refused(model):
     with pytest.raises(KitError, match="inputs= goes with an nn.Module"):
         api.predict_model(model, "h100-sxm", mode="inference",
                           inputs=(torch.zeros(8, 128, dtype=torch.long),))
+
+
+# -- 2. a measured time past an hour ----------------------------------------------------------
+def _kit_row_csv(path, latency):
+    from kit.data.records import HEADER
+
+    row = {"op": "bmm", "op_class": "gemm", "scalar": "false", "gpu": "p4", "device_name": "Tesla P4",
+           "dtype": "fp32", "b": "2", "m": "8", "n": "8", "k": "8", "latency_ms": latency,
+           "source": "collector", "split": "train"}
+    path.write_text(",".join(HEADER) + "\n" + ",".join(str(row.get(c, "")) for c in HEADER) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("latency", ["1e300", "3600000.5"])
+def test_a_time_past_an_hour_is_refused_in_either_format(tmp_path, latency):
+    """NeuSight's longest row is 12,297 ms; a time past an hour (3.6e6 ms) is a unit slip or a
+    corrupt cell. 1e300 ms had been read, scored (APE 100%) and trained on (kit train --extra)."""
+    neusight = tmp_path / "n.csv"
+    neusight.write_text(f"OPName,Latency,Device,B,M,N,K\nbmm,{latency},Tesla V100-PCIE-32GB,1,64,64,64\n")
+    with pytest.raises(KitError, match="the most 3.6e\\+06 ms"):
+        api.evaluate_predictors(str(neusight), "roofline")
+    with pytest.raises(KitError, match="the most 3.6e\\+06 ms"):
+        api.evaluate_predictors(str(_kit_row_csv(tmp_path / "k.csv", latency)), "roofline")
+
+
+def test_train_extra_with_a_time_past_an_hour_fails_before_training(tmp_path):
+    with pytest.raises(KitError, match="the most 3.6e\\+06 ms"):
+        api.train_predictors("P4", tmp_path / "w", quick=True,
+                             extra=str(_kit_row_csv(tmp_path / "k.csv", "1e300")))
+    assert not (tmp_path / "w").exists()
+
+
+def test_an_hour_itself_is_still_taken(tmp_path):
+    neusight = tmp_path / "n.csv"
+    neusight.write_text("OPName,Latency,Device,B,M,N,K\nbmm,3600000,Tesla V100-PCIE-32GB,1,64,64,64\n")
+    (row,) = api.evaluate_predictors(str(neusight), "roofline")
+    assert row["n"] == 1

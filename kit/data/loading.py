@@ -148,15 +148,15 @@ def load_measurements(path: str | Path) -> pd.DataFrame:
 # kernel_ms and latency_median_ms may be missing (the kit collector's rows only); a given one is
 # checked like latency_ms (a latency_median_ms of -1 had been read without a word)
 TIMES = ("latency_ms", "kernel_ms", "latency_median_ms")
-MIN_TIME_MS = schema.MIN_TIME_MS
+MIN_TIME_MS, MAX_TIME_MS = schema.MIN_TIME_MS, schema.MAX_TIME_MS
 
 
 def bad_times(frame: pd.DataFrame, column: str) -> pd.Series:
-    """True where a row's time (ms) in column is not a finite number of at least MIN_TIME_MS:
-    NaN, zero, negative, infinite or subnormal. A missing kernel_ms or latency_median_ms is no
-    bad one (only the kit's collector has them)."""
+    """True where a row's time (ms) in column is not a finite number from MIN_TIME_MS to
+    MAX_TIME_MS: NaN, zero, negative, infinite, subnormal, or past an hour. A missing kernel_ms or
+    latency_median_ms is no bad one (only the kit's collector has them)."""
     values = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    bad = ~(np.isfinite(values) & (values >= MIN_TIME_MS))
+    bad = ~(np.isfinite(values) & (values >= MIN_TIME_MS) & (values <= MAX_TIME_MS))
     return bad if column == "latency_ms" else bad & values.notna()
 
 
@@ -175,7 +175,8 @@ def check_times(frame: pd.DataFrame, where: str, lines: bool = True,
             shown = raw if raw is not None and col in raw else frame
             row = f"row {data_line(where, i)}" if lines else f"the row at index {frame.index[i]!r}"
             raise KitError(f"{where}: {col} must be a positive number; {row} has "
-                           f"{str(shown[col].iloc[i])!r} (the least taken is {MIN_TIME_MS:g} ms)")
+                           f"{str(shown[col].iloc[i])!r} (the least taken is {MIN_TIME_MS:g} ms, the most "
+                           f"{MAX_TIME_MS:g} ms: an hour)")
 
 
 def _text(values: pd.Series) -> pd.Series:

@@ -232,13 +232,14 @@ def from_neusight(raw: pd.DataFrame, source: str, split: str) -> pd.DataFrame:
     out["dtype"] = "fp32"  # NeuSight measured FP32 only (SIMT sgemm, TF32 off)
 
     latency = _numbers(raw["Latency"])
-    bad = ~(np.isfinite(latency) & (latency >= schema.MIN_TIME_MS))  # NaN, zero, negative, infinite, subnormal
+    bad = ~(np.isfinite(latency) & (latency >= schema.MIN_TIME_MS)  # NaN, zero, negative, infinite, subnormal
+            & (latency <= schema.MAX_TIME_MS))  # 1e300: a unit slip or a corrupt cell
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
         value = raw["Latency"].iloc[i]
         got = "an empty cell (or NaN)" if pd.isna(value) or not str(value).strip() else repr(str(value))
         raise KitError(f"{_where(raw, bad)}: Latency must be a positive number of ms, got {got} "
-                       f"(the least taken is {schema.MIN_TIME_MS:g} ms)")
+                       f"(the least taken is {schema.MIN_TIME_MS:g} ms, the most {schema.MAX_TIME_MS:g} ms: an hour)")
     out["latency_ms"] = latency.astype("float64")
 
     cls = info["op_class"]

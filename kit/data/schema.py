@@ -65,6 +65,10 @@ from kit.errors import KitError
 # the shortest time a measurement may hold, ms: 1 ns, a thousandth of the shortest kernel a GPU
 # runs (a few µs); 5e-324 had passed as positive and scored an infinite APE
 MIN_TIME_MS = 1e-6
+# the longest: an hour, 290x NeuSight's longest row (12,297 ms, a GEMM in its data/dataset CSVs);
+# no op call the kit or NeuSight times runs that long, so a larger time is a unit slip or a
+# corrupt cell: 1e300 ms had been read, scored and trained on (kit train --extra) without a word
+MAX_TIME_MS = 3.6e6
 
 COLUMNS: dict[str, str] = {
     "op": "str", "op_class": "str", "elem_kind": "str", "scalar": "boolean",
