@@ -61,3 +61,40 @@ def test_an_hour_itself_is_still_taken(tmp_path):
     neusight.write_text("OPName,Latency,Device,B,M,N,K\nbmm,3600000,Tesla V100-PCIE-32GB,1,64,64,64\n")
     (row,) = api.evaluate_predictors(str(neusight), "roofline")
     assert row["n"] == 1
+
+
+# -- 3. --resume of a file with no newline at all ----------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["collect", "--ops", "gemm", "--shapes", "tiny-gemm:1", "--device", "cpu", "--repeats", "1",
+     "--warmup", "0"],
+    ["collect-embedding", "--batch", "2", "--rows", "10", "--dim", "4", "--pooling", "2",
+     "--repeats", "1", "--warmup", "0"],
+])
+def test_resume_of_a_file_with_no_newline_and_no_header_of_ours_leaves_it(tmp_path, capsys, argv):
+    """A file of 150 bytes of control characters (UTF-8, no newline) had been taken for a cut
+    header: dropped as "an unfinished last line" and written over with a fresh CSV."""
+    from cli_support import one_error_line
+
+    out = tmp_path / "mine.csv"
+    out.write_bytes(b"\x00\x01\x02" * 50)
+    assert "is not" in one_error_line(capsys, [*argv, "--out", str(out), "--resume"])
+    assert out.read_bytes() == b"\x00\x01\x02" * 50
+
+
+@pytest.mark.parametrize("argv, header_of", [
+    (["collect", "--ops", "gemm", "--shapes", "tiny-gemm:1", "--device", "cpu", "--repeats", "1",
+      "--warmup", "0", "--force"], "kit.data.records.HEADER"),  # --force: no FILE.meta.json
+    (["collect-embedding", "--batch", "2", "--rows", "10", "--dim", "4", "--pooling", "2",
+      "--repeats", "1", "--warmup", "0"], "kit.embedding.measured_rows.COLUMNS"),
+])
+def test_resume_of_a_cut_header_still_writes_it_again(tmp_path, argv, header_of):
+    import importlib
+
+    from kit.cli import main
+
+    mod, name = header_of.rsplit(".", 1)
+    header = ",".join(getattr(importlib.import_module(mod), name))
+    out = tmp_path / "cut.csv"
+    out.write_text(header[:7])  # a run killed while writing its header
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    assert out.read_text().splitlines()[0] == header

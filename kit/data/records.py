@@ -97,6 +97,16 @@ def repair(path: Path) -> int:
     return size - keep
 
 
+def refuse_foreign_cut_header(path: Path, first: str, headers, what: str) -> None:
+    """KitError unless `first`, a first line with no newline, is the start of one of the headers
+    a collector writes (a run killed while writing it): resume then drops it as unfinished and
+    writes the header again. Any other text is no cut header of ours: 150 bytes of binary with no
+    newline had been dropped as "an unfinished last line" and the file written over."""
+    if not any((",".join(h) + "\n").startswith(first) for h in headers):
+        raise KitError(f"{path} is not {what} (its first line is no collector header, and has no "
+                       "newline); choose another --out")
+
+
 def plain_csv(path: Path) -> None:
     """KitError unless path is (or will be) a plain CSV: the collectors append lines, so they
     cannot write gzip (a .gz name, or gzip's magic bytes under another)."""
@@ -254,8 +264,9 @@ class Appender:
     def _check_header(self):
         """The file's header (a finished first line) must be one this appender writes; it is kept."""
         first = first_line(self.path, "a kit measurement CSV")
-        if not first.endswith("\n"):
-            return  # cut short before its newline: repair() drops it, _open writes it again
+        if not first.endswith("\n"):  # cut short before its newline: repair() drops it, _open
+            refuse_foreign_cut_header(self.path, first, self.ACCEPTED, "a kit measurement CSV")
+            return  # writes it again
         cols = first.rstrip("\r\n").split(",")
         if cols not in self.ACCEPTED:
             raise KitError(f"{self.path} is not a kit measurement CSV (its header differs from "

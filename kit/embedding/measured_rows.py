@@ -12,7 +12,7 @@ import io
 import warnings
 from pathlib import Path
 
-from kit.data.records import Appender, first_line
+from kit.data.records import Appender, first_line, refuse_foreign_cut_header
 from kit.embedding.backends import TORCH_DTYPES
 from kit.embedding.distributions import parse_distribution
 from kit.errors import KitError
@@ -104,6 +104,8 @@ class RowAppender(Appender):
         first = first_line(self.path, "an embedding measurement CSV")
         if first.endswith("\n") and next(csv.reader([first]), []) != COLUMNS:
             raise _not_ours(self.path)
+        if not first.endswith("\n"):  # a cut header is written again; other text is not ours
+            refuse_foreign_cut_header(self.path, first, (COLUMNS,), "an embedding measurement CSV")
 
     def _read_keys(self) -> set[tuple]:
         return {_key(r) for r in _read(self.path)[0]}
