@@ -98,3 +98,23 @@ def test_resume_of_a_cut_header_still_writes_it_again(tmp_path, argv, header_of)
     out.write_text(header[:7])  # a run killed while writing its header
     assert main([*argv, "--out", str(out), "--resume"]) == 0
     assert out.read_text().splitlines()[0] == header
+
+
+# -- 4. collect-embedding lists with an empty item ---------------------------------------------
+@pytest.mark.parametrize("flag, value", [("--batch", "1,,2"), ("--rows", "10,,20"), ("--mode", "sum,,mean"),
+                                         ("--dtype", "fp32,,fp16"), ("--dist", "uniform;;zipf:1.05")])
+def test_collect_embedding_empty_item_between_separators_is_one_line(tmp_path, capsys, flag, value):
+    """As `kit comm predict --sizes 1K,,2K` is refused: a value between the two was lost. They had
+    been measured as if it were not there."""
+    from cli_support import one_error_line
+
+    out = tmp_path / "e.csv"
+    assert "empty item" in one_error_line(capsys, ["collect-embedding", "--out", str(out), flag, value])
+    assert not out.exists()
+
+
+def test_collect_embedding_trailing_comma_is_still_taken():
+    from kit.cli.cmd_collect_embedding import _dists, _ints
+
+    assert _ints("1,2,", "--batch") == [1, 2]
+    assert _dists("uniform;reuse:0.5,0.2;") == ["uniform", "reuse:0.5,0.2"]

@@ -2,11 +2,23 @@
 from kit.cli import add_command
 
 
+def _items(s, flag: str):
+    """The items of a comma list (kit.comm.sizes.comma_items: a trailing comma adds none); an
+    empty one between two ("1,,2") is a value lost, as --sizes takes it: a KitError."""
+    from kit.comm.sizes import comma_items
+    from kit.errors import KitError
+
+    try:
+        return comma_items(s)
+    except ValueError:
+        raise KitError(f"{flag}: an empty item between commas in {s!r}") from None
+
+
 def _ints(s, flag: str):
     from kit.errors import KitError
 
     try:
-        vals = [int(x) for x in s.split(",") if x.strip()]
+        vals = [int(x) for x in _items(s, flag)]
     except ValueError:
         raise KitError(f"{flag}: expected comma-separated whole numbers, got {s!r}") from None
     if not vals or min(vals) < 1:
@@ -14,8 +26,18 @@ def _ints(s, flag: str):
     return vals
 
 
-def _names(s):
-    return [x.strip() for x in s.split(",") if x.strip()]
+def _names(s, flag: str):
+    return _items(s, flag)
+
+
+def _dists(s):
+    """--dist's ';' list: a reuse distribution holds commas of its own (reuse:F0,F1,...)."""
+    from kit.errors import KitError
+
+    parts = [d.strip() for d in s.rstrip().removesuffix(";").split(";")]
+    if len(parts) > 1 and not all(parts):
+        raise KitError(f"--dist: an empty item between semicolons in {s!r}")
+    return [d for d in parts if d]
 
 
 def run(args):
@@ -28,9 +50,9 @@ def run(args):
         raise KitError(f"--optimizer {args.optimizer} times the backward's update: add --backward, or drop it")
     passes = ("forward", "backward") if args.backward else ("forward",)
     cfgs = grid(_ints(args.batch, "--batch"), _ints(args.rows, "--rows"), _ints(args.dim, "--dim"),
-                _ints(args.pooling, "--pooling"), [d for d in args.dist.split(";") if d.strip()],
+                _ints(args.pooling, "--pooling"), _dists(args.dist),
                 tables=_ints(args.tables, "--tables"),
-                modes=_names(args.mode), dtypes=_names(args.dtype), passes=passes,
+                modes=_names(args.mode, "--mode"), dtypes=_names(args.dtype, "--dtype"), passes=passes,
                 optimizer=args.optimizer or "sgd")
     return collect(cfgs, args.out, device=args.device, backend=args.backend, repeats=args.repeats,
                    warmup=args.warmup, resume=args.resume, l2_flush=not args.no_l2_flush,
