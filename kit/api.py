@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from kit.errors import KitError, need_path, whole_number, yes_no
+from kit.errors import KitError, comma_names, need_path, whole_number, yes_no
 from kit.hardware import get_gpu, list_gpus
 from kit.predict import get_predictor, roofline
 
@@ -200,7 +200,7 @@ def shard_tables(tables, system, batch: int = 512, optimizer: str = "rowwise_ada
         raise KitError(f"kinds must be names (\"rw,dp\" or a list of them), got {kinds!r}")
     sysobj = get_system(system, nodes=nodes) if nodes is not None else get_system(system)
     if isinstance(kinds, str):  # "rw,dp" as the CLI takes it, not the letters of "rw"
-        text, kinds = kinds, [k.strip() for k in kinds.split(",") if k.strip()]
+        text, kinds = kinds, comma_names(kinds, "--kinds")
         if not kinds:
             raise KitError(f"--kinds is empty ({text!r}); name some of {', '.join(KINDS)}")
     return plan_sharding(tables, sysobj, batch=batch, optimizer=optimizer, memory_cap_gib=memory_gib,

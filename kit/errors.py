@@ -50,6 +50,19 @@ def real_number(value, what: str, low: float = 0.0, strict: bool = False,
     return x
 
 
+def comma_names(text, what: str) -> list[str]:
+    """The stripped items of a comma list given as `what` (a trailing comma adds none); a KitError
+    for an empty item between two commas ("tile,,wave"), where a name was lost, as `kit compare
+    --gpus` and `kit comm predict --sizes` already refused it (kit.comm.sizes.comma_items)."""
+    from kit.comm.sizes import comma_items
+
+    try:
+        return comma_items(str(text))
+    except ValueError:
+        raise KitError(f"{what} {text!r} has an empty item between commas; separate names with "
+                       "single commas") from None
+
+
 def need_path(value, what: str):
     """value as given, once it is a path: a non-empty string or an os.PathLike (not bytes); else
     a KitError naming `what`."""

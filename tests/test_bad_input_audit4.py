@@ -118,3 +118,35 @@ def test_collect_embedding_trailing_comma_is_still_taken():
 
     assert _ints("1,2,", "--batch") == [1, 2]
     assert _dists("uniform;reuse:0.5,0.2;") == ["uniform", "reuse:0.5,0.2"]
+
+
+# -- 5. the other comma lists: an empty item between commas ------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["evaluate", "--test", "T", "--predictors", "roofline,,wave"],
+    ["train", "--train-gpus", "P4,,T4", "--out", "OUT"],
+    ["collect", "--device", "cpu", "--ops", "bmm,,linear", "--shapes", "tiny-gemm:1", "--out", "OUT"],
+    ["collect-comm", "--collectives", "allreduce,,allgather", "--sizes", "1K:2K", "--out", "OUT"],
+    ["shard", "--system", "dgx-h100", "--tables", "TABLES", "--kinds", "tw,,rw"],
+])
+def test_an_empty_item_between_commas_is_one_line(tmp_path, capsys, argv):
+    """kit compare --gpus and kit validate --models refused "a,,b"; these five had dropped the
+    lost name and run (kit train began a 992-epoch training on P4 and T4)."""
+    from cli_support import one_error_line
+
+    test = tmp_path / "t.csv"
+    test.write_text("OPName,Latency,Device,B,M,N,K\nbmm,0.1,Tesla V100-PCIE-32GB,1,64,64,64\n")
+    tables = tmp_path / "tables.csv"
+    tables.write_text("name,rows,dim,pooling\nt0,1000,64,8\n")
+    out = tmp_path / "out"
+    swap = {"T": str(test), "TABLES": str(tables), "OUT": str(out)}
+    assert "empty item between commas" in one_error_line(capsys, [swap.get(a, a) for a in argv])
+    assert not out.exists()
+
+
+def test_api_kinds_and_predictors_with_an_empty_item_are_refused():
+    from kit.embedding import Table
+
+    with pytest.raises(KitError, match="empty item between commas"):
+        api.shard_tables([Table(rows=1000, dim=64, pooling=8, name="t")], "dgx-h100", kinds="tw,,rw")
+    with pytest.raises(KitError, match="empty item between commas"):
+        api.evaluate_predictors("unused.csv", "roofline,,wave")

@@ -1,6 +1,6 @@
 """`kit collect-comm`: measure collectives through torch.distributed, write nccl-tests output."""
 from kit.cli import add_command, non_negative_int, positive_int
-from kit.errors import KitError
+from kit.errors import KitError, comma_names
 
 
 def run(args):
@@ -20,7 +20,7 @@ def run(args):
         raise KitError(f"{args.out} already exists; pass --force to measure it again over it, or "
                        "choose another --out")
 
-    kinds = [k for k in args.collectives.split(",") if k.strip()]
+    kinds = comma_names(args.collectives, "--collectives")
     if not kinds:
         raise KitError("--collectives is empty; name at least one, e.g. allreduce")
     _, table = collect(backend=args.backend, ranks=args.ranks, sizes=args.sizes, kinds=kinds,

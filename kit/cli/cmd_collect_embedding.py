@@ -1,24 +1,14 @@
 """`kit collect-embedding`: time embedding bags with controlled index distributions into a CSV."""
 from kit.cli import add_command
-
-
-def _items(s, flag: str):
-    """The items of a comma list (kit.comm.sizes.comma_items: a trailing comma adds none); an
-    empty one between two ("1,,2") is a value lost, as --sizes takes it: a KitError."""
-    from kit.comm.sizes import comma_items
-    from kit.errors import KitError
-
-    try:
-        return comma_items(s)
-    except ValueError:
-        raise KitError(f"{flag}: an empty item between commas in {s!r}") from None
+from kit.errors import comma_names
 
 
 def _ints(s, flag: str):
     from kit.errors import KitError
 
+    vals = comma_names(s, flag)  # "1,,2": a value lost, a KitError
     try:
-        vals = [int(x) for x in _items(s, flag)]
+        vals = [int(x) for x in vals]
     except ValueError:
         raise KitError(f"{flag}: expected comma-separated whole numbers, got {s!r}") from None
     if not vals or min(vals) < 1:
@@ -27,7 +17,7 @@ def _ints(s, flag: str):
 
 
 def _names(s, flag: str):
-    return _items(s, flag)
+    return comma_names(s, flag)
 
 
 def _dists(s):

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from kit.data import schema
 from kit.data.shapes import shape_kind
-from kit.errors import KitError
+from kit.errors import KitError, comma_names
 
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 OPS_OF_KIND = {"gemm": ("bmm", "linear"), "conv": ("conv",),
@@ -18,7 +18,7 @@ SCALAR = {"addu": 1.5, "mulu": 1.5, "divu": 1.5, "powu": 2.5}  # 2.5: not a spec
 
 def expand_ops(spec: str | list[str]) -> list[str]:
     """'gemm,softmax,gelu' -> op names; classes expand to every op of the class."""
-    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    names = [s.strip() for s in (comma_names(spec, "--ops") if isinstance(spec, str) else spec) if s.strip()]
     if not names:
         raise KitError("--ops is empty: give op names or classes, e.g. gemm,elementwise,softmax")
     out: dict[str, None] = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kit.errors import KitError
+from kit.errors import KitError, comma_names
 from kit.predict.features import CLASSES, op_from_row
 
 VISIBLE = ["op", "op_class", "elem_kind", "scalar", "gpu", "dtype", "b", "m", "n", "k", "rows",
@@ -227,7 +227,7 @@ def coverage(rows: pd.DataFrame) -> float:
 
 def parse_predictors(text: str | None) -> list[str]:
     # None: every predictor; an empty list ("", ",") is a mistake, not a request for all of them
-    names = ALL_PREDICTORS if text is None else [s.strip() for s in text.split(",") if s.strip()]
+    names = ALL_PREDICTORS if text is None else comma_names(text, "--predictors")
     from kit.predict import PREDICTORS
 
     valid = sorted(set(PREDICTORS) | set(ALL_PREDICTORS))

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from kit.errors import KitError, yes_no
+from kit.errors import KitError, comma_names, yes_no
 from kit.hardware import keys_of
 
 DEFAULT_TRAIN_GPUS = ("p4", "p100-pcie-16gb", "t4", "v100-pcie-32gb", "a100-pcie-40gb")
@@ -139,7 +139,7 @@ def select_gpus(frame: pd.DataFrame, gpus) -> pd.DataFrame:
 
 def parse_gpu_list(text: str) -> list[str]:
     """'P4,T4,...' -> catalog keys (KitError names an unknown one)."""
-    names = [s.strip() for s in str(text).split(",") if s.strip()]
+    names = comma_names(text, "--train-gpus")
     if not names:
         raise KitError("--train-gpus: give at least one GPU, e.g. P4,T4,V100-PCIe-32GB")
     return list(dict.fromkeys(keys_of(names)))

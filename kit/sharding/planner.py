@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from kit.errors import KitError, real_number, whole_number
+from kit.errors import KitError, comma_names, real_number, whole_number
 from kit.sharding.model import ShardingModel
 from kit.sharding.plans import KINDS
 from kit.sharding.search import MAX_PLANS_LIMIT, PLANS_PER_S, baselines, local_search, plans_for_budget
@@ -126,7 +126,7 @@ def plan_sharding(tables, system, batch: int = 512, optimizer: str = "rowwise_ad
     given = max_plans is not None
     max_plans = check_max_plans(max_plans) if given else plans_for_budget(time_budget_s)
     if isinstance(kinds, str):  # "rw,dp", as kit.api.shard_tables and the CLI take it
-        kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+        kinds = comma_names(kinds, "--kinds")
     elif not isinstance(kinds, (list, tuple)):
         raise KitError(f"kinds must be sharding kind names (a list, or \"rw,dp\"), got {kinds!r}")
     bad = [k for k in kinds if k not in KINDS]
