@@ -85,6 +85,21 @@ def memory_problem(op, gpu) -> str | None:
             f"{gpu.key}'s {gpu.memory_text()} of memory: no such kernel can run on it")
 
 
+def _refuse_fp8_row_op(op) -> None:
+    """KitError for an fp8 softmax, layernorm, rmsnorm or dropout: torch has no such kernel (its
+    CPU and CUDA kernels dispatch fp32, fp64, fp16 and bf16 only: torch 2.13 raises
+    '"LayerNormKernelImpl" not implemented for 'Float8_e4m3fn'', and likewise softmax, rms_norm
+    and dropout's bernoulli) and no kit collector measured one, yet `kit op layernorm --dtype fp8`
+    had priced one, even on an A100, which has no fp8 at all (0.04813 ms for 4096x4096) while
+    `kit op gemm --dtype fp8` there was refused. fp8 stays for GEMMs (torch._scaled_mm) and for
+    elementwise ops and embedding bags (one-byte data: uint8, bool, casts, quantized tables)."""
+    from kit.ops import Dropout, LayerNorm, RMSNorm, Softmax
+
+    if isinstance(op, (Softmax, LayerNorm, RMSNorm, Dropout)) and op.dtype == "fp8":
+        raise KitError(f"{op.op_class} has no fp8 kernel in torch (its kernels take fp32, fp16 and "
+                       "bf16); an fp8 model runs it in bf16 or fp16: price that dtype instead")
+
+
 def _fill_share(op) -> float:
     """1, or for a fill (which reads nothing) the share of the learned one-input pass it moves."""
     from kit.ops import Elementwise
@@ -99,6 +114,7 @@ def _fill_share(op) -> float:
 def predict_op(op, gpu, predictor: str = "auto") -> dict:
     """Predict one op on one GPU and say why: roofline, tiling, waves, bound, utilisation."""
     _need_op(op, "predict_op")
+    _refuse_fp8_row_op(op)
     gpu = get_gpu(gpu)
     problem = memory_problem(op, gpu)
     if problem:

@@ -64,12 +64,15 @@ def test_an_hour_itself_is_still_taken(tmp_path):
 
 
 # -- 3. --resume of a file with no newline at all ----------------------------------------------
-@pytest.mark.parametrize("argv", [
+TINY_SWEEPS = [  # the two collectors that append to a CSV, each on one or two tiny cases on the CPU
     ["collect", "--ops", "gemm", "--shapes", "tiny-gemm:1", "--device", "cpu", "--repeats", "1",
      "--warmup", "0"],
     ["collect-embedding", "--batch", "2", "--rows", "10", "--dim", "4", "--pooling", "2",
      "--repeats", "1", "--warmup", "0"],
-])
+]
+
+
+@pytest.mark.parametrize("argv", TINY_SWEEPS)
 def test_resume_of_a_file_with_no_newline_and_no_header_of_ours_leaves_it(tmp_path, capsys, argv):
     """A file of 150 bytes of control characters (UTF-8, no newline) had been taken for a cut
     header: dropped as "an unfinished last line" and written over with a fresh CSV."""
@@ -150,3 +153,49 @@ def test_api_kinds_and_predictors_with_an_empty_item_are_refused():
         api.shard_tables([Table(rows=1000, dim=64, pooling=8, name="t")], "dgx-h100", kinds="tw,,rw")
     with pytest.raises(KitError, match="empty item between commas"):
         api.evaluate_predictors("unused.csv", "roofline,,wave")
+
+
+# -- 6. (review) an fp8 op torch has no kernel for ----------------------------------------------
+ROW_OPS_FP8 = [  # (kit op, torch's own call on the same data): torch is the judge, not the kit
+    ("layernorm", lambda F, x: F.layer_norm(x, (x.shape[-1],))),
+    ("softmax", lambda F, x: F.softmax(x, -1)),
+    ("rmsnorm", lambda F, x: F.rms_norm(x, (x.shape[-1],))),
+    ("dropout", lambda F, x: F.dropout(x, 0.1, True)),
+]
+
+
+@pytest.mark.parametrize("kind, torch_call", ROW_OPS_FP8, ids=[k for k, _ in ROW_OPS_FP8])
+def test_an_fp8_row_op_torch_cannot_run_is_refused(kind, torch_call):
+    """`kit op layernorm --dtype fp8` had priced a kernel torch does not have (0.02877 ms on an
+    h100-sxm for 4096x4096; 0.04813 ms on an A100, which has no fp8 at all), where kit op gemm
+    --dtype fp8 on the A100 was refused."""
+    import torch
+    import torch.nn.functional as F
+
+    from kit import ops
+
+    x = torch.ones(4, 8).to(torch.float8_e4m3fn)
+    with pytest.raises((RuntimeError, NotImplementedError, TypeError)):
+        torch_call(F, x)  # torch itself has no fp8 kernel for it
+    op = ops.Dropout(64, "fp8") if kind == "dropout" else {
+        "layernorm": ops.LayerNorm, "softmax": ops.Softmax, "rmsnorm": ops.RMSNorm}[kind](8, 64, "fp8")
+    for gpu in ("h100-sxm", "a100-sxm4-80gb"):
+        with pytest.raises(KitError, match=f"{kind} has no fp8 kernel in torch"):
+            api.predict_op(op, gpu)
+
+
+def test_fp8_row_op_on_the_command_line_is_one_line(capsys):
+    from cli_support import one_error_line
+
+    line = one_error_line(capsys, ["op", "layernorm", "--rows", "4096", "--cols", "4096",
+                                   "--gpu", "a100-sxm4-80gb", "--dtype", "fp8"])
+    assert "layernorm has no fp8 kernel" in line
+
+
+def test_fp8_gemm_and_byte_elementwise_are_still_priced():
+    from kit import ops
+
+    assert api.predict_op(ops.Gemm(m=256, n=256, k=256, dtype="fp8"), "h100-sxm")["latency_ms"] > 0
+    assert api.predict_op(ops.Elementwise("add", 1 << 20, "fp8"), "h100-sxm")["latency_ms"] > 0
+    assert api.predict_op(ops.LayerNorm(8, 64, "bf16"), "a100-sxm4-80gb")["latency_ms"] > 0
+
