@@ -199,3 +199,19 @@ def test_fp8_gemm_and_byte_elementwise_are_still_priced():
     assert api.predict_op(ops.Elementwise("add", 1 << 20, "fp8"), "h100-sxm")["latency_ms"] > 0
     assert api.predict_op(ops.LayerNorm(8, 64, "bf16"), "a100-sxm4-80gb")["latency_ms"] > 0
 
+
+# -- 7. (review) --resume of a file that is not there -------------------------------------------
+@pytest.mark.parametrize("argv", TINY_SWEEPS)
+def test_resume_of_a_missing_file_says_it_starts_anew(tmp_path, capsys, argv):
+    """A mistyped --out with --resume had measured the whole sweep again without a word until its
+    last line ('0 already in'). It still runs (a requeued job passes --resume on its first run
+    too), but says so before measuring; a second --resume of the file it wrote says nothing."""
+    from kit.cli import main
+
+    out = tmp_path / "runs" / "typo.csv"
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"--resume: {out} does not exist" in err and "kit: note:" in err
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    assert "--resume" not in capsys.readouterr().err
+

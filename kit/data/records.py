@@ -232,6 +232,10 @@ class Appender:
         if exists and not resume:
             raise KitError(f"{self.path} already exists; pass --resume to carry on with it, "
                            "or choose another --out")
+        if resume and not exists:  # a mistyped --out would measure everything again unsaid
+            said = "is empty" if self.path.is_file() else "does not exist"
+            warnings.warn(f"--resume: {self.path} {said}, so there is nothing to carry on with: "
+                          "this run starts it and measures all it is asked")
         self.existed = exists  # the file was there, not empty, before this run
         self._lock = Lock(self.path)
         twins = side_twins(self.path)
