@@ -215,3 +215,21 @@ def test_resume_of_a_missing_file_says_it_starts_anew(tmp_path, capsys, argv):
     assert main([*argv, "--out", str(out), "--resume"]) == 0
     assert "--resume" not in capsys.readouterr().err
 
+
+# -- 8. (review) a whole-model label past an hour ---------------------------------------------
+def test_a_label_past_an_hour_is_refused_and_an_hour_is_taken(tmp_path, capsys):
+    """Item 2's cap was on op rows only: kit validate had scored a label's e2e_latency of 1e300
+    ms (APE 100.0%, exit 0). NeuSight's longest label is 7,480 ms (A100-PCIe, gpt3_xl-inf-2048-8)."""
+    import json
+
+    from cli_support import one_error_line
+
+    from kit.data.configs import label_e2e_ms
+
+    label = tmp_path / "labels" / "NVIDIA_H100_80GB_HBM3" / "gpt2-inf-512-1.json"
+    label.parent.mkdir(parents=True)
+    label.write_text(json.dumps({"num_layer": 12, "e2e_latency": 1e300}))
+    assert "the most 3.6e+06 ms" in one_error_line(capsys, ["validate", "--labels", str(label.parent.parent)])
+    with pytest.raises(ValueError, match="the most 3.6e"):
+        label_e2e_ms({"e2e_latency": 3_600_000.5})
+    assert label_e2e_ms({"e2e_latency": 3_600_000}) == 3_600_000.0  # an hour itself
