@@ -233,3 +233,24 @@ def test_a_label_past_an_hour_is_refused_and_an_hour_is_taken(tmp_path, capsys):
     with pytest.raises(ValueError, match="the most 3.6e"):
         label_e2e_ms({"e2e_latency": 3_600_000.5})
     assert label_e2e_ms({"e2e_latency": 3_600_000}) == 3_600_000.0  # an hour itself
+
+
+# -- 9. (review) kit validate --models as the other name lists ----------------------------------
+def test_validate_models_takes_a_trailing_comma_and_refuses_an_empty_item(tmp_path, capsys):
+    """Every name list takes "a," as a and refuses "a,,b" (comma_names); kit validate --models had
+    split by hand: "gpt2," was 'unknown model '''."""
+    import json
+
+    from cli_support import one_error_line
+
+    from kit.cli import main
+
+    label = tmp_path / "labels" / "NVIDIA_H100_80GB_HBM3" / "gpt2-inf-512-1.json"
+    label.parent.mkdir(parents=True)
+    label.write_text(json.dumps({"num_layer": 12, "e2e_latency": 7.0}))
+    labels = str(label.parent.parent)
+    assert main(["validate", "--labels", labels, "--models", "gpt2,", "--json"]) == 0
+    assert [c["model"] for c in json.loads(capsys.readouterr().out)["configs"]] == ["gpt2"]
+    assert "empty item between commas" in one_error_line(
+        capsys, ["validate", "--labels", labels, "--models", "gpt2,,bert-large"])
+    assert "--models is empty" in one_error_line(capsys, ["validate", "--labels", labels, "--models", ","])

@@ -182,13 +182,25 @@ def _scores(configs: list) -> dict:
             "band_coverage": sum(c["in_band"] for c in configs) / len(configs)}
 
 
+def _models(text):
+    """--models as a list (None: every model): "gpt2," is gpt2, as in every other name list;
+    "", "," and "gpt2,,bert-large" are one KitError (",", "" had validated every model)."""
+    from kit.errors import KitError, comma_names
+
+    if text is None:
+        return None
+    names = comma_names(text, "--models")
+    if not names:
+        raise KitError(f"--models is empty ({text!r}); name some zoo models, e.g. gpt2,bert-large")
+    return names
+
+
 def run(args):
     if args.gpu_file:  # labels of a GPU the catalog lacks
         from kit.hardware import load_gpu_file
 
         load_gpu_file(args.gpu_file)
-    r = validate(args.labels, args.predictor,
-                 models=[m.strip() for m in args.models.split(",")] if args.models else None)
+    r = validate(args.labels, args.predictor, models=_models(args.models))
     if not r["configs"]:  # nothing validated: list what was skipped and why, then fail
         from kit.cli import json_text, result_stream
         from kit.errors import KitError
