@@ -167,6 +167,9 @@ def graph_of(model, batch: int | None, seq: int | None = None, mode: str = "trai
         _refuse_inputs_of_config(inputs, f"model {name!r} (it gave a config dict)")
         return _zoo_graph({"name": name, **obj}, batch, seq, mode, dtype, optimizer, *zoo_args)
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
+        if inputs is not None:  # they had been dropped for the callable's own, without a word
+            raise KitError(f"model {name!r} gave (module, inputs): its own example inputs; give no "
+                           "inputs= as well, or have it return the module alone")
         obj, inputs = obj
     if not isinstance(obj, torch.nn.Module):
         raise KitError(f"model {name!r} gave a {type(obj).__name__}; expected an nn.Module, a "
