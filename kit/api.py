@@ -64,6 +64,7 @@ def op_tiling(op, gpu, predictor: str = "auto"):
     """The Tiling (tiles, occupancy, waves) of the tile the predictor says the op runs with;
     None where it has none (a GEMV the predictor streams, kit.predict.gemv)."""
     _need_op(op, "op_tiling")
+    _refuse_fp8_row_op(op)
     gpu = get_gpu(gpu)
     model = get_predictor(predictor)
     rt = _row_tiling(op, gpu, model.predict([op], gpu).iloc[0], model)

@@ -198,6 +198,8 @@ def test_an_fp8_row_op_torch_cannot_run_is_refused(kind, torch_call):
     for gpu in ("h100-sxm", "a100-sxm4-80gb"):
         with pytest.raises(KitError, match=f"{kind} has no fp8 kernel in torch"):
             api.predict_op(op, gpu)
+        with pytest.raises(KitError, match=f"{kind} has no fp8 kernel in torch"):
+            api.op_tiling(op, gpu)  # its tiles, as kit op prints them
 
 
 def test_fp8_row_op_on_the_command_line_is_one_line(capsys):
