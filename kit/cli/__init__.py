@@ -18,7 +18,13 @@ from kit.errors import KitError
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line and exits 2."""
+    """argparse that reports a usage error in one line and exits 2, and takes no abbreviated
+    option: argparse's default prefix matching had read `kit replay T --gpu h100-sxm` as
+    --gpu-file h100-sxm (replay has no --gpu) and answered with an error about --gpu-file."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise KitError(f"{self.prog}: {message}")
