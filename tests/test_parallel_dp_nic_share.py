@@ -55,11 +55,19 @@ def test_dp_groups_inside_one_node_are_unchanged(key):
     assert shared == pytest.approx(alone, rel=1e-9)
 
 
-def test_dp_groups_that_fill_their_own_nics_are_unchanged():
-    # tp 4 x dp 4 on two dgx1-v100 nodes: 4 DP groups of 2 GPUs a node, each on the 1 NIC its
-    # 2 GPUs have (4 NICs for 8 GPUs): they do not meet on a NIC
+def test_dp_groups_of_gpus_on_two_switches_meet_on_their_nics():
+    # tp 4 x dp 4 on two dgx1-v100 nodes (a NIC on each PCIe switch of 2 GPUs: GPU i on NIC
+    # i // 2): DP group t has GPUs t and t + 4 in each node, on NICs t // 2 and t // 2 + 2, so
+    # alone it has 2 NICs, and groups t and t ^ 1 use the same two: 2 groups a NIC, 2 x 1/2 =
+    # 1 NIC each, what 4 groups placed alike (8 GPUs over 4 NICs: 4 / 4) get. Its GPUs had been
+    # counted on 1 NIC alone too (packed: ceil(2 x 4 / 8)), so shared and alone had agreed
+    system = get_system("dgx1-v100", nodes=2)
+    c = Coster(Layout(tp=4, dp=4, pp=1, dtype="fp16"), system, "roofline")
+    group = c.group("dp", 0)
     shared, alone = _dp_ms("dgx1-v100", 4, 4, "allreduce")
-    assert shared == pytest.approx(alone, rel=1e-9)
+    assert shared == pytest.approx(max(predict_collective("allreduce", BIG, system, ranks=list(g), senders=4).time_ms
+                                       for g in (group, *group.peers)), rel=1e-9)
+    assert shared / alone > 1.5
 
 
 def test_the_tied_embedding_all_reduce_shares_the_node_nics():

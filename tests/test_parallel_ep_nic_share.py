@@ -67,11 +67,17 @@ def test_ep_groups_inside_one_node_are_unchanged(key):
     assert shared == pytest.approx(alone, rel=1e-9)
 
 
-def test_ep_groups_that_fill_their_own_nics_are_unchanged():
-    # tp 4 x dp 4 x ep 4 on two dgx1-v100 nodes: 4 EP groups of 2 GPUs a node, each on the 1 NIC
-    # its 2 GPUs have (4 NICs for 8 GPUs): they do not meet on a NIC
+def test_ep_groups_of_gpus_on_two_switches_meet_on_their_nics():
+    # tp 4 x dp 4 x ep 4 on two dgx1-v100 nodes: EP group t has GPUs t and t + 4 in each node,
+    # on NICs t // 2 and t // 2 + 2 (GPU i on NIC i // 2), which group t ^ 1 uses too: each
+    # gets 1 NIC of its 2, as 4 groups placed alike do (4 NICs / 4); alone it has both
+    system = get_system("dgx1-v100", nodes=2)
+    c = Coster(Layout(tp=4, dp=4, ep=4, pp=1, dtype="fp16"), system, "roofline")
+    group = c.group("ep", 0)
     shared, alone = _ep_ms("dgx1-v100", 4, 4, 4)
-    assert shared == pytest.approx(alone, rel=1e-9)
+    assert shared == pytest.approx(max(predict_collective("alltoall", BIG, system, ranks=list(g), senders=4).time_ms
+                                       for g in (group, *group.peers)), rel=1e-9)
+    assert shared / alone > 1.5
 
 
 def test_alltoall_takes_senders_as_every_kind_does():

@@ -24,7 +24,7 @@ For a group of N ranks on k nodes (at most g per node), with
   at s_net, the rest at s_in; an all-reduce is both, 2(N-1) steps, 2 min(k, N-1) at s_net. A
   chain (broadcast/reduce) visits each node once: N-1 steps, k-1 at s_net. One node: all at s_in.
   all-to-all / send-recv       direct transfers; see alltoallv_us
-B_net is the node's NICs that the group's GPUs there use (rail-aligned, node_nics). Groups that
+B_net is the node's NICs that the group's GPUs there use (rail-aligned, group_nics). Groups that
 run at once share them (plans' senders): NCCL leaves each node of a ring (or tree) through a
 NIC per channel, and its tuning model gives a communicator the bandwidth of those NICs as if it
 ran alone (tuning.cc: bwInter per channel), but a NIC's line rate caps the sum of the flows of
@@ -47,8 +47,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from kit.comm.topology import (Group, group_ring_gbs, nics_by_node, node_net_gbs, node_nics,
-                               nvls_gbs, p2p_gbs)
+from kit.comm.topology import (Group, group_nics, group_ring_gbs, nics_by_node, node_net_gbs,
+                               node_nics, nvls_gbs, p2p_gbs)
 from kit.hardware.system import System
 
 _NS = 1e3  # GB/s -> bytes per microsecond
@@ -107,12 +107,13 @@ def plans(system: System, kind: str, group: Group, senders: int = 1) -> tuple[Pl
     tree, chain and all-to-all collectives the concurrent groups, each placed as this one
     (node_net_gbs, uniform_alltoall_us), e.g. the tp DP groups of a stage, one GPU of each a
     node, all-reducing gradients at once, or its EP groups' MoE all-to-alls. An int for every
-    node, or a tuple of one count a node of the group (group.nodes' order)."""
+    node, or a tuple of one a node of the group (group.nodes' order): a count, or the local GPUs
+    of each concurrent group there (topology.shared_nics)."""
     return _plans(system, kind, group, system.gpu, senders)
 
 
 @lru_cache(maxsize=8192)
-def _plans(system: System, kind: str, group: Group, gpu, senders: int = 1) -> tuple[Plan, ...]:
+def _plans(system: System, kind: str, group: Group, gpu, senders=1) -> tuple[Plan, ...]:
     """plans, cached also on the GPU spec (its HBM terms): a System names its GPU
     by key, and register_gpu may replace the spec behind that key (a stale cache had kept the
     old one's times in the same process)."""
@@ -197,13 +198,13 @@ def alltoall_latency_us(system: System, group: Group) -> float:
     return lat + (system.network.step_latency_us if group.n_nodes > 1 else 0.0)
 
 
-def uniform_alltoall_us(system: System, group: Group, sharing: int | tuple[int, ...] = 1) -> float:
+def uniform_alltoall_us(system: System, group: Group, sharing=1) -> float:
     """alltoallv_us of the even all-to-all (1/n of each byte from every rank to every other),
     node by node: the n x n matrix of a million-rank group had taken 8 TiB (a MemoryError
     traceback for `kit comm predict alltoall --nodes 131072`, 39 s at 2,048 nodes).
     sharing: the groups crossing nodes at once on each node, this one included (an int for
-    every node, or one a node in group.nodes' order), which split the NICs of all their GPUs
-    there (shared_nics): a node's c GPUs of the group send c (n - c) / n of a byte off it, and
+    every node, or one a node in group.nodes' order: a count, or their local GPUs), which split
+    the NICs of their GPUs there (shared_nics): a node's c GPUs of the group send c (n - c) / n of a byte off it, and
     so do the others'. The EP groups of tp 8 x dp 2 x ep 2 on two pcie8 nodes (2 NICs for 8
     GPUs), one GPU of each a node, had each been priced on a whole NIC: 4x their 2/8 share."""
     n = group.size
@@ -267,7 +268,7 @@ def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:
     if inter.any():
         times += _network_us(system, max(inter.sum(1).max(), inter.sum(0).max()),
                              [(max(inter[node == nd].sum(), inter[:, node == nd].sum()),
-                               node_nics(system, len(loc))) for nd, loc in group.nodes])
+                               len(group_nics(system, loc))) for nd, loc in group.nodes])
     return float(max(times))
 
 

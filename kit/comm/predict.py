@@ -210,7 +210,7 @@ def collective_table(kind: str, nbytes, system, ranks=None, calibration=None, *,
 
 
 def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration=None,
-                       senders: int | tuple[int, ...] = 1, *, nccl_tests: bool = False) -> CollectiveResult:
+                       senders=1, *, nccl_tests: bool = False) -> CollectiveResult:
     """Time, algorithm, algbw and busbw (nccl-tests conventions) of one collective.
 
     kind: one of KINDS; nbytes: nccl-tests size (per-rank buffer; total for all-gather and
@@ -221,7 +221,9 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     for the other kinds the concurrent groups placed as this one (a stage's tp DP groups,
     topology.node_net_gbs; its EP groups' all-to-alls, algorithms.uniform_alltoall_us), one
     count for every node or a tuple of one a node of the group, in node order (where the nodes
-    are crossed by different numbers of groups).
+    are crossed by different numbers of groups); a node's may also be the local GPUs of each
+    group crossing from it at once, this one's included (topology.shared_nics), where the
+    groups sit unevenly on its NICs.
 
     nbytes is priced as given by default: a tensor's bytes, which NCCL runs whole in the
     tensor's datatype (a bf16 bucket of 1,001 elements is 2,002 B; kit.parallel prices such).
@@ -231,15 +233,16 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
     note when it moved, and one KitError under one word (or one part a rank).
     """
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
-    per_node = isinstance(senders, tuple)  # a count for each node of the group (node_net_gbs)
+    per_node = isinstance(senders, tuple)  # one for each node of the group (node_net_gbs)
     counts = senders if per_node else (senders,)
-    if not counts or any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1 for c in counts):
-        raise KitError(f"senders must be a whole number of concurrent sends, at least 1, got {senders!r}")
+    if not counts or any(not _sharing_ok(c, system.gpus_per_node, per_node) for c in counts):
+        raise KitError(f"senders must be a whole number of concurrent sends, at least 1, or for each node "
+                       f"the local GPUs of each concurrent group, got {senders!r}")
     if per_node and (kind == "sendrecv" or len(counts) != group.n_nodes):
         raise KitError(f"senders as a tuple gives each of the group's {group.n_nodes} node(s) its count of "
                        f"concurrent groups (not for sendrecv), got {senders!r} for {kind}")
-    senders = tuple(int(c) for c in counts) if per_node else int(senders)
-    shared = max(counts) > 1
+    senders = tuple(_sharing_key(c) for c in counts) if per_node else int(senders)
+    shared = max(c if isinstance(c, int) else len(c) for c in (senders if per_node else (senders,))) > 1
     s = _sizes(nbytes)
     if s.size != 1:
         raise KitError("predict_collective takes one size; use collective_table for many")
@@ -256,6 +259,25 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
         t = max(fitted.regime(size).floor_us, lat_us + scale * bw_us)
     return _result(kind, size, t, plan, fitted or curve, system, group,
                    f"calibration:{cal.source}" if fitted else "preset", (*rounded, *_notes(s, group, fitted)), scale)
+
+
+def _sharing_ok(c, gpus_per_node: int, per_node: bool) -> bool:
+    """A node's sharing: a whole count >= 1, or (node by node only) a non-empty tuple of the
+    concurrent groups' local GPUs, each a non-empty tuple of whole numbers in 0..gpus_per_node-1."""
+    if isinstance(c, (int, np.integer)) and not isinstance(c, bool):
+        return c >= 1
+    if not (per_node and isinstance(c, tuple) and c):
+        return False
+    return all(isinstance(g, tuple) and g and all(
+        isinstance(i, (int, np.integer)) and not isinstance(i, bool) and 0 <= i < gpus_per_node for i in g)
+        for g in c)
+
+
+def _sharing_key(c):
+    """A node's sharing as plans caches it: an int, or the groups' local GPUs, sorted."""
+    if isinstance(c, tuple):
+        return tuple(sorted({tuple(sorted(int(i) for i in g)) for g in c}))
+    return int(c)
 
 
 def _shared_scale(system: System, kind: str, group: Group, plan: Plan) -> float:

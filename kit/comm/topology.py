@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -219,31 +220,68 @@ def node_nics(system: System, gpus_in_group: int) -> int:
     return min(r, max(1, math.ceil(gpus_in_group * r / system.gpus_per_node)))
 
 
-def node_net_gbs(system: System, group: Group, sharing: int | tuple[int, ...] = 1) -> float:
+def node_net_gbs(system: System, group: Group, sharing=1) -> float:
     """Slowest node's achieved network egress for this group (GB/s). sharing: the groups of a
-    node that cross nodes at the same time, this one included, each placed as this one: they
-    use the NICs of sharing x its GPUs there and split them evenly (a NIC's line rate caps the
-    flows through it, whoever's they are). Never more than the group's NICs alone, since
-    ceil(s x y) <= s x ceil(y); with a NIC a GPU it is the group's own NICs for any sharing.
-    A tuple gives each of the group's nodes (group.nodes' order) its own count: the busiest
-    node's count applied to every node had halved a pcie8 TP group's NICs at tp 6 on the node
-    where it alone crosses (ranks 6-11: 2 groups cross on node 1, only it on node 0)."""
+    node that cross nodes at the same time, this one included: a count of groups each placed as
+    this one, or the local GPUs of each (shared_nics). A NIC's line rate caps the flows through
+    it, whoever's they are. A tuple gives each of the group's nodes (group.nodes' order) its
+    own: the busiest node's count applied to every node had halved a pcie8 TP group's NICs at
+    tp 6 on the node where it alone crosses (ranks 6-11: 2 groups cross on node 1, only it on
+    node 0)."""
     n = system.network
     return min(nics for _, nics in nics_by_node(system, group, sharing)) * n.nic_bw_gbs * n.efficiency
 
 
-def nics_by_node(system: System, group: Group, sharing: int | tuple[int, ...] = 1) -> list[tuple[int, float]]:
+def nics_by_node(system: System, group: Group, sharing=1) -> list[tuple[int, float]]:
     """(the group's GPUs on the node, the NICs it gets there: shared_nics) for each node of the
-    group, in group.nodes' order; sharing as node_net_gbs takes it (an int for every node, or a
+    group, in group.nodes' order; sharing as node_net_gbs takes it (one for every node, or a
     tuple of one a node)."""
     counts = sharing if isinstance(sharing, tuple) else (sharing,) * group.n_nodes
-    return [(len(loc), shared_nics(system, len(loc), s)) for s, (_, loc) in zip(counts, group.nodes)]
+    return [(len(loc), shared_nics(system, loc, s)) for s, (_, loc) in zip(counts, group.nodes)]
 
 
-def shared_nics(system: System, gpus_in_group: int, sharing: int = 1) -> float:
-    """NICs a group with this many GPUs on a node gets there when `sharing` groups placed alike
-    (it included) cross nodes at once: the NICs of all their GPUs (node_nics), split evenly."""
-    return node_nics(system, sharing * gpus_in_group) / sharing
+def gpu_nics(system: System, local: int) -> range:
+    """The NICs of its node that local GPU `local` sends through (rail-aligned: the NICs on its
+    own PCIe switch). With r NICs for g GPUs, r <= g: NIC local x r // g, each NIC serving g / r
+    consecutive GPUs (a DGX-1's 4 PCIe switches each hold 2 V100s and 1 EDR NIC, WP-08437-002);
+    r > g: its r / g own NICs."""
+    r, g = system.nics_per_node, system.gpus_per_node
+    if r <= 0:
+        raise KitError(f"{system.key} has no NICs, so its nodes cannot talk to each other")
+    first = local * r // g
+    return range(first, max(first + 1, (local + 1) * r // g))
+
+
+@lru_cache(maxsize=4096)
+def group_nics(system: System, local: tuple[int, ...]) -> frozenset:
+    """The NICs a node's GPUs `local` of one communicator use: those of each (gpu_nics). NCCL
+    builds a channel through each NIC its GPUs reach at full PCIe bandwidth, so a group of
+    local GPUs 0, 2, 4, 6 of a DGX-1 uses all 4 NICs, where ceil(4 x 4 / 8) = 2 had counted
+    the NICs of 4 GPUs packed onto the fewest NICs."""
+    return frozenset(j for i in local for j in gpu_nics(system, i))
+
+
+def shared_nics(system: System, local: tuple[int, ...], sharing=1) -> float:
+    """NICs a group with these local GPUs on a node gets there when other groups cross nodes
+    from that node at the same time. sharing: 1, alone (the NICs of its GPUs, group_nics); a
+    count s > 1 of groups placed alike (it included), which together use the NICs of s x its
+    GPUs (node_nics) and split them evenly; or the local GPUs of each concurrent group on the
+    node (it included): each group spreads its channels evenly over its NICs, each NIC's rate is
+    split evenly among the groups using it, and a group goes at its slowest NIC's share times
+    its NICs (its channels carry equal bytes). Counts had split the node's NICs evenly however
+    the groups sat: at tp 3 on DGX-1 nodes (2 GPUs a NIC) the TP groups of ranks 6-8 and 15-17
+    (locals 0 and 7 on node 1, NICs 0 and 3) had each been given half a NIC, where each has a
+    NIC of its own."""
+    mine = group_nics(system, tuple(local))
+    if isinstance(sharing, tuple):
+        groups = [tuple(g) for g in sharing]
+        if tuple(local) not in groups:
+            groups.append(tuple(local))
+        load = Counter(j for g in groups for j in group_nics(system, g))
+        return len(mine) * min(1.0 / load[j] for j in mine)
+    if sharing == 1:
+        return float(len(mine))
+    return node_nics(system, sharing * len(local)) / sharing
 
 
 @lru_cache(maxsize=4096)

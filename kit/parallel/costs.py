@@ -374,16 +374,24 @@ class Coster:
         return total
 
 
-def crossing_by_node(groups, gpus_per_node: int) -> dict[int, int]:
-    """Node -> the groups spanning more than one node that have ranks on it: the groups that,
-    running the same collective at once, share that node's NICs."""
-    spans = [{r // gpus_per_node for r in g} for g in groups]
-    return dict(Counter(node for nodes in spans if len(nodes) > 1 for node in nodes))
+def crossing_by_node(groups, gpus_per_node: int) -> dict[int, tuple]:
+    """Node -> the local GPUs there of each group spanning more than one node that has ranks on
+    it (sorted): the groups that, running the same collective at once, share that node's NICs,
+    and where they sit on them (kit.comm.topology.shared_nics)."""
+    out: dict = {}
+    for g in groups:
+        local: dict = {}
+        for r in g:
+            local.setdefault(r // gpus_per_node, []).append(r % gpus_per_node)
+        if len(local) > 1:
+            for node, gpus in local.items():
+                out.setdefault(node, set()).add(tuple(sorted(gpus)))
+    return {node: tuple(sorted(placed)) for node, placed in out.items()}
 
 
-def _node_counts(ranks, crossing: dict, gpus_per_node: int) -> tuple[int, ...]:
-    """The concurrent crossing groups on each node of `ranks`, in node order
-    (predict_collective's per-node senders)."""
+def _node_counts(ranks, crossing: dict, gpus_per_node: int) -> tuple:
+    """The concurrent crossing groups' local GPUs on each node of `ranks`, in node order
+    (predict_collective's per-node senders); 1 on a node no group crosses from."""
     return tuple(crossing.get(node, 1) for node in sorted({r // gpus_per_node for r in ranks}))
 
 
@@ -398,8 +406,9 @@ class RankGroup(list):
     def __init__(self, ranks, others=(), gpus_per_node: int = 1, crossing: dict | None = None,
                  senders: int = 1):
         super().__init__(ranks)
-        # crossing (node -> concurrent crossing groups on it): groups placed alike but crossed
-        # by different numbers of groups on their nodes are priced apart. senders: one count for
+        # crossing (node -> the local GPUs of the concurrent crossing groups on it,
+        # crossing_by_node): groups placed alike but crossed by other groups, or by groups
+        # sitting otherwise on the NICs, on their nodes are priced apart. senders: one count for
         # every node, where crossing is not given (a pipeline send's pairs)
         self.crossing, self.senders = crossing, senders
 
