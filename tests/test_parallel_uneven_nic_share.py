@@ -81,3 +81,29 @@ def test_placed_senders_are_checked(bad):
     system = get_system("pcie8", nodes=2)
     with pytest.raises(KitError, match="senders"):
         predict_collective("allreduce", BIG, system, ranks=[0, 8], senders=bad)
+
+
+def _uneven_pcie8_alltoall_expected_ms(system) -> float:
+    # pcie8 GPUs 0, 1, 2, 4 of each of two nodes (n = 8, 4 a node): each GPU sends 4/8 of its
+    # buffer off its node through its own NIC (no NVLink, so no PXN): NIC 0 (GPUs 0-3) carries
+    # 3 x 1/2 = 1.5 buffers, NIC 1 0.5. The wire time is NIC 0's; spread evenly over the 2 NICs
+    # it had been 1 buffer's. (The intra-node part, 3/8 of a buffer over PCIe, is shorter.)
+    nic_gbs = system.network.nic_bw_gbs * system.network.efficiency
+    return 1.5 * BIG / nic_gbs / 1e6
+
+
+def test_an_all_to_all_loads_each_nic_with_its_own_gpus_bytes():
+    system = get_system("pcie8", nodes=2)
+    ranks = [0, 1, 2, 4, 8, 9, 10, 12]
+    got = predict_collective("alltoall", BIG, system, ranks=ranks)
+    assert got.bandwidth_ms == pytest.approx(_uneven_pcie8_alltoall_expected_ms(system), rel=0.02)  # ~1% HBM
+
+
+def test_an_uneven_all_to_all_matrix_loads_each_nic_with_its_own_gpus_bytes():
+    from kit.comm import predict_alltoallv
+
+    system = get_system("pcie8", nodes=2)
+    ranks = [0, 1, 2, 4, 8, 9, 10, 12]
+    matrix = [[BIG / 8] * 8 for _ in range(8)]
+    got = predict_alltoallv(matrix, system, ranks=ranks)
+    assert got.bandwidth_ms == pytest.approx(_uneven_pcie8_alltoall_expected_ms(system), rel=0.02)

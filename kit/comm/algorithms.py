@@ -47,8 +47,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from kit.comm.topology import (Group, group_nics, group_ring_gbs, nics_by_node, node_net_gbs,
-                               node_nics, nvls_gbs, p2p_gbs)
+from kit.comm.topology import (Group, gpu_nics, group_nics, group_ring_gbs, node_net_gbs, node_nics,
+                               nvls_gbs, p2p_gbs, shared_nics)
 from kit.hardware.system import System
 
 _NS = 1e3  # GB/s -> bytes per microsecond
@@ -215,9 +215,41 @@ def uniform_alltoall_us(system: System, group: Group, sharing=1) -> float:
             times.append(alltoallv_us(system, Group(ranks=loc, nodes=((0, loc),)), block))
     if group.n_nodes > 1:  # alltoallv_us's network terms, in closed form
         fewest = min(len(loc) for _, loc in group.nodes)  # its ranks send the most off the node
-        times += _network_us(system, (n - fewest) / n,
-                             [(c * (n - c) / n, nics) for c, nics in set(nics_by_node(system, group, sharing))])
+        counts = sharing if isinstance(sharing, tuple) else (sharing,) * group.n_nodes
+        per_node = set()
+        for s, (_, loc) in zip(counts, group.nodes):
+            off = (n - len(loc)) / n  # each of its GPUs sends this much of a byte off the node
+            if isinstance(s, int) and s > 1:  # s groups placed alike: shared_nics' even split
+                per_node.add((len(loc) * off, shared_nics(system, loc, s)))
+            else:  # each NIC its GPUs' bytes, at its share among the groups on it
+                share = _nic_shares(system, loc, s)
+                per_node |= {(b * off, share[j]) for j, b in _nic_bytes(system, loc, [1.0] * len(loc)).items()}
+        times += _network_us(system, (n - fewest) / n, sorted(per_node))
     return float(max(times))
+
+
+def _nic_bytes(system: System, local, per_gpu) -> dict:
+    """NIC -> the bytes the node's GPUs `local` send through it, per_gpu[i] from local[i], a GPU's
+    spread evenly over its own NICs (gpu_nics): without PXN (no NVLink on a pcie8; NCCL routes
+    an all-to-all's sends through another GPU's NIC only over NVLink) a GPU's sends leave by its
+    own NIC, so on a pcie8 node GPUs 0, 1, 2 and 4 put 3/4 of their bytes on NIC 0, where an even
+    split over the group's 2 NICs had put 1/2."""
+    out: dict = {}
+    for i, b in zip(local, per_gpu):
+        own = gpu_nics(system, i)
+        for j in own:
+            out[j] = out.get(j, 0.0) + b / len(own)
+    return out
+
+
+def _nic_shares(system: System, local, sharing) -> dict:
+    """NIC -> the share of it a group with these local GPUs gets: 1 alone, 1 / (the groups using
+    it) where sharing gives the local GPUs of each concurrent group (topology.shared_nics)."""
+    mine = group_nics(system, tuple(local))
+    if not isinstance(sharing, tuple):
+        return {j: 1.0 for j in mine}
+    groups = {tuple(g) for g in sharing} | {tuple(local)}
+    return {j: 1.0 / sum(j in group_nics(system, g) for g in groups) for j in mine}
 
 
 def _network_us(system: System, per_gpu_bytes: float, per_node) -> list[float]:
@@ -234,7 +266,7 @@ def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:
 
     Transfers run concurrently, so the time is the busiest resource's: the max over ranks of the
     bytes each sends or receives over its fabric port and NIC share, over PCIe switch uplinks and
-    the socket link, and over each node's NICs.
+    the socket link, and over each NIC (the bytes of the GPUs on it, _nic_bytes).
     """
     x = np.array(matrix, dtype=float)
     np.fill_diagonal(x, 0.0)
@@ -265,10 +297,13 @@ def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:
             times.append(pair.max())
             if over_pcie.any():
                 times.append(_pcie_us(system, np.where(over_pcie, intra, 0.0), node, local))
-    if inter.any():
-        times += _network_us(system, max(inter.sum(1).max(), inter.sum(0).max()),
-                             [(max(inter[node == nd].sum(), inter[:, node == nd].sum()),
-                               len(group_nics(system, loc))) for nd, loc in group.nodes])
+    if inter.any():  # each NIC: the bytes its GPUs send off the node, or receive (_nic_bytes)
+        per_nic = []
+        for nd, loc in group.nodes:
+            here = node == nd
+            out, into = _nic_bytes(system, loc, inter[here].sum(1)), _nic_bytes(system, loc, inter[:, here].sum(0))
+            per_nic += [(max(out[j], into[j]), 1.0) for j in out]
+        times += _network_us(system, max(inter.sum(1).max(), inter.sum(0).max()), per_nic)
     return float(max(times))
 
 
