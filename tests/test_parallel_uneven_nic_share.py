@@ -107,3 +107,13 @@ def test_an_uneven_all_to_all_matrix_loads_each_nic_with_its_own_gpus_bytes():
     matrix = [[BIG / 8] * 8 for _ in range(8)]
     got = predict_alltoallv(matrix, system, ranks=ranks)
     assert got.bandwidth_ms == pytest.approx(_uneven_pcie8_alltoall_expected_ms(system), rel=0.02)
+
+
+def test_a_group_runs_at_its_most_shared_nic_times_its_nics():
+    # pcie8 GPUs 3 and 4 (NICs 0 and 1) beside a group on GPU 0 (NIC 0): NIC 0 carries 2 groups,
+    # NIC 1 only this one. Its channels carry equal bytes, so each goes at NIC 0's 1/2 share:
+    # 2 NICs x 1/2 = 1 NIC, not the 1/2 + 1 = 1.5 of its shares summed
+    system = get_system("pcie8", nodes=2)
+    group = resolve_group(system, [3, 4, 11, 12])
+    placed = ((3, 4), (0,))
+    assert nics_by_node(system, group, (placed, placed)) == [(2, 1.0)] * 2
