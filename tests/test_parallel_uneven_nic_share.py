@@ -117,3 +117,18 @@ def test_a_group_runs_at_its_most_shared_nic_times_its_nics():
     group = resolve_group(system, [3, 4, 11, 12])
     placed = ((3, 4), (0,))
     assert nics_by_node(system, group, (placed, placed)) == [(2, 1.0)] * 2
+
+
+def test_every_preset_with_fewer_nics_than_gpus_states_its_gpu_nic_map():
+    # which GPUs a NIC serves moves a group's NICs (above), so a preset sharing NICs says in its
+    # source (`kit systems --json`) the map the kit takes, NIC by NIC, as gpu_nics derives it
+    from kit.comm.topology import gpu_nics
+    from kit.hardware.system import list_systems
+
+    shared = [get_system(k) for k in list_systems()]
+    shared = [s for s in shared if s.nics_per_node < s.gpus_per_node]
+    assert {s.key for s in shared} >= {"dgx1-v100", "pcie8", "a100x4-nvlink"}
+    for s in shared:
+        for nic in range(s.nics_per_node):
+            gpus = [i for i in range(s.gpus_per_node) if nic in gpu_nics(s, i)]
+            assert f"GPUs {gpus[0]}-{gpus[-1]} on NIC {nic}" in s.source, (s.key, nic)
