@@ -233,7 +233,12 @@ def _nic_bytes(system: System, local, per_gpu) -> dict:
     spread evenly over its own NICs (gpu_nics): without PXN (no NVLink on a pcie8; NCCL routes
     an all-to-all's sends through another GPU's NIC only over NVLink) a GPU's sends leave by its
     own NIC, so on a pcie8 node GPUs 0, 1, 2 and 4 put 3/4 of their bytes on NIC 0, where an even
-    split over the group's 2 NICs had put 1/2."""
+    split over the group's 2 NICs had put 1/2. The kit takes this on every preset, as
+    _network_us's busiest-GPU term does; with NVLink, NCCL's PXN (NCCL_PXN_DISABLE, 0 by
+    default in NCCL's environment-variable docs; it and NCCL_P2P_PXN_LEVEL are in libnccl
+    2.32.3) may instead send a byte through a GPU on the NIC of the destination's rail, which
+    for an uneven matrix (kit shard) puts the bytes by destination, not by source: not modelled
+    (dgx1-v100 x2, rows of GPUs 0-3 x3: 17.86 ms here, 12.02 split evenly over the NICs)."""
     out: dict = {}
     for i, b in zip(local, per_gpu):
         own = gpu_nics(system, i)
