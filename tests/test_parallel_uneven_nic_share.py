@@ -132,3 +132,18 @@ def test_every_preset_with_fewer_nics_than_gpus_states_its_gpu_nic_map():
         for nic in range(s.nics_per_node):
             gpus = [i for i in range(s.gpus_per_node) if nic in gpu_nics(s, i)]
             assert f"GPUs {gpus[0]}-{gpus[-1]} on NIC {nic}" in s.source, (s.key, nic)
+
+
+def test_an_all_to_all_matrix_follows_the_order_of_the_ranks_given():
+    # pcie8 x2, ranks 4, 1, 2, 0 | 12, 9, 10, 8: row 0 is GPU 4's (NIC 1, alone there), sending
+    # 4 x 2^26 B, 1/8 to each rank; the others 2^26 B, 1/8 to each. Node 1's NIC 0 (GPUs 8, 9, 10
+    # of it, rows 5-7) then receives the most: each of them 2^26 / 8 x (4 + 3) from node 0, 3 x
+    # 7/8 x 2^26 B in all. Read in sorted order, row 0 had been GPU 0's, on NIC 0 with GPUs 1
+    # and 2: 4/2 + 2 x 1/2 = 3 x 2^26 B out of it
+    from kit.comm import predict_alltoallv
+
+    system = get_system("pcie8", nodes=2)
+    matrix = [[2**26 / 8 * (4 if i == 0 else 1)] * 8 for i in range(8)]
+    got = predict_alltoallv(matrix, system, ranks=[4, 1, 2, 0, 12, 9, 10, 8])
+    nic_gbs = system.network.nic_bw_gbs * system.network.efficiency
+    assert got.bandwidth_ms == pytest.approx(3 * 7 / 8 * 2**26 / nic_gbs / 1e6, rel=0.03)  # ~2% HBM

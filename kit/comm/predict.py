@@ -318,7 +318,8 @@ def _result(kind, size, t_us, plan, curve, system, group, source, notes=(),
 
 
 def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
-    """Uneven all-to-all: send_bytes[i][j] bytes from group rank i to group rank j.
+    """Uneven all-to-all: send_bytes[i][j] bytes from group rank i to group rank j (ranks[i] and
+    ranks[j] where ranks is a list, in the order given).
 
     The time is set by the busiest rank (the max over ranks of bytes sent or received, on each
     link it uses) plus the all-to-all latency: time = max(floor, latency + bandwidth). The
@@ -344,6 +345,11 @@ def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
     group = _group(system, m.shape[0] if ranks is None else ranks)
     if group.size != m.shape[0]:
         raise KitError(f"send_bytes is {m.shape[0]}x{m.shape[0]} but the group has {group.size} ranks")
+    if not isinstance(ranks, (int, np.integer)) and ranks is not None:
+        # row i is ranks[i]'s as given; the group holds its ranks sorted, and a GPU's place on
+        # its node's NICs (pcie8: NIC 0 = GPUs 0-3) had been read off the sorted order
+        order = np.argsort(np.asarray(ranks, dtype=np.int64), kind="stable")
+        m = m[np.ix_(order, order)]
     n = group.size
     lat_us = alltoall_latency_us(system, group)
     floor_us = _floor_us(system, group)
