@@ -238,29 +238,35 @@ class ShardingModel:
         return self._blocks[key]
 
     def traffic(self, t: int, opt: Option):
-        """(out_sends, idx_sends, dp_grad_bytes); sends are (src, dst, bytes) with src != dst."""
+        """(out_sends, idx_sends, dp_grad_bytes): the output and index all-to-alls' bytes from
+        rank i to rank j as kit.sharding.a2a.Sends (.matrix() gives the W x W matrix)."""
+        from kit.sharding.a2a import Sends
+
         tab, W, b = self.tables[t], self.world, self.batch
-        out, idx = [], []
+        out, idx = Sends(W), Sends(W)
         if opt.kind == "dp":
             return out, idx, dtype_bytes(tab.dtype) * tab.rows * tab.dim  # the gradient in the table dtype
-        if opt.kind in ("tw", "cw"):
+
+        def on(ranks, values=1.0):  # a vector over the ranks: values on `ranks`, 0 elsewhere
+            v = np.zeros(W)
+            v[list(ranks)] = values
+            return v
+
+        if opt.kind in ("tw", "cw"):  # each shard's rank sends its columns to every other rank
             d = tab.dim // len(opt.ranks)
-            for r in opt.ranks:
-                out += [(r, j, b * d * OUT_BYTES) for j in range(W) if j != r]
-                idx += [(j, r, b * (tab.pooling + 1) * INDEX_BYTES) for j in range(W) if j != r]
+            out.add(on(opt.ranks, b * d * OUT_BYTES), 1.0)
+            idx.add(1.0, on(opt.ranks, b * (tab.pooling + 1) * INDEX_BYTES))
         elif opt.kind == "rw":
-            out += [(i, j, b * tab.dim * OUT_BYTES) for i in range(W) for j in range(W) if i != j]
+            out.add(b * tab.dim * OUT_BYTES, 1.0)
             blocks = self._row_blocks(t, W)  # the indices each rank's rows take
-            idx += [(j, i, b * (blocks[i][0] + 1) * INDEX_BYTES) for i in range(W) for j in range(W) if i != j]
+            idx.add(1.0, [b * (pooling + 1) * INDEX_BYTES for pooling, _ in blocks])
         elif opt.kind == "twrw":
             R, g = opt.ranks, len(opt.ranks)
-            for r, (pooling, _) in zip(R, self._row_blocks(t, g)):  # intra-node reduce-scatter of partial sums, then to the owners
-                out += [(r, k, b * W / g * tab.dim * OUT_BYTES) for k in R if k != r]
-                idx += [(j, r, b * (pooling + 1) * INDEX_BYTES) for j in range(W) if j != r]
-            for j in range(W):
-                src = R[j % g]
-                if src != j:
-                    out.append((src, j, b * tab.dim * OUT_BYTES))
+            # intra-node reduce-scatter of partial sums, then to the owners
+            out.add(on(R, b * W / g * tab.dim * OUT_BYTES), on(R))
+            idx.add(1.0, on(R, [b * (pooling + 1) * INDEX_BYTES for pooling, _ in self._row_blocks(t, g)]))
+            for k in range(g):  # rank R[k] sends to every rank j with j % g == k
+                out.add(on([R[k]], b * tab.dim * OUT_BYTES), np.arange(W) % g == k)
         return out, idx, 0.0
 
     def _features(self, t: int, opt: Option) -> np.ndarray:
@@ -278,15 +284,9 @@ class ShardingModel:
             v[5 * W + r] += rows
         out, idx, dp = self.traffic(t, opt)
         for at, sends in ((self.out_at, out), (self.idx_at, idx)):
-            v[at:at + self.a2a.size] = self.a2a.block(self._matrix(sends))
+            v[at:at + self.a2a.size] = self.a2a.block_of(sends)
         v[self.dp_at] = dp
         return v
-
-    def _matrix(self, sends) -> np.ndarray:
-        m = np.zeros((self.world, self.world))
-        for i, j, nb in sends:
-            m[i, j] += nb
-        return m
 
     # -- surrogates for the collectives --------------------------------------------------
     def _fit_surrogates(self):
@@ -394,10 +394,8 @@ class ShardingModel:
                 shards[r].append((t, opt.kind, shard, batch))
                 mem[r] += self._shard_bytes(tab, opt, rows, dim)
             out, idx, g = self.traffic(t, opt)
-            for i, j, nb in out:
-                out_m[i, j] += nb
-            for i, j, nb in idx:
-                idx_m[i, j] += nb
+            out_m += out.matrix()
+            idx_m += idx.matrix()
             dp += g
         fwd, bwd, fixed, shard_ms = np.zeros(W), np.zeros(W), np.zeros(W), []
         for r in range(W):
