@@ -28,8 +28,10 @@ from kit.sharding.plans import KINDS, Option, count_options, options_for
 
 OUT_BYTES = 4  # pooled embeddings travel as fp32
 EMPTY_BLOCK_LOOKUPS = 1e-6  # a row-wise block no index of a real tensor reads (_row_blocks)
-# the (tables, options, features) arrays held at once: contrib in float64 and float32, and the
-# search's float64 array of every single-table move (kit.sharding.search._best_single_move)
+# the (tables, options, features) arrays held at once: contrib in float64 and float32, and 8
+# bytes of room (the search had held a float64 array of every single-table move; it prices them
+# in batches of kit.sharding.search.MOVE_CHUNK_VALUES now, and RSS at 1,024 GPUs, 2 tables, was
+# 1.36 GB where these 20 bytes a feature say 1.84 GB)
 MODEL_BYTES_PER_FEATURE = 8 + 4 + 8
 MAX_MODEL_BYTES = 8 * 2**30
 INDEX_BYTES = 8  # int64 indices and offsets
@@ -46,6 +48,18 @@ def block_rows(rows: int, k: int) -> list[int]:
     given ceil(rows / k) rows: 16 rows held for a table of 10."""
     size = math.ceil(rows / k)
     return [max(0, min(size, rows - j * size)) for j in range(k)]
+
+
+def available_memory_bytes() -> float | None:
+    """The memory this machine can still give (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _comm():
@@ -86,11 +100,17 @@ class ShardingModel:
         T, O = len(self.tables), max(count_options(t, W, self.g, kinds) for t in self.tables)
         F = 14 * W + 1  # at least: the per-rank features and two all-to-all blocks (kit.sharding.a2a)
         need = T * O * F * MODEL_BYTES_PER_FEATURE
-        if need > MAX_MODEL_BYTES:  # numpy's MemoryError, or the OOM killer with no word at all
-            raise KitError(f"planning {T} table(s) over {W} GPUs needs about {need / 2**30:,.0f} GiB "
+        free = available_memory_bytes()
+        limit, what = MAX_MODEL_BYTES, "its"
+        if free is not None and free < limit:  # the OOM killer, minutes into the setup
+            limit, what = free, "this machine's available"
+        if need > limit:  # numpy's MemoryError, or the OOM killer with no word at all
+            gib = need / 2**30
+            raise KitError(f"planning {T} table(s) over {W} GPUs needs about "
+                           f"{f'{gib:,.0f}' if gib >= 10 else f'{gib:.3g}'} GiB "
                            f"for the planner's cost model ({T} tables x {O:,} placements x "
-                           f"{F:,} features; it grows as GPUs squared), over its "
-                           f"{MAX_MODEL_BYTES / 2**30:g} GiB limit; plan fewer nodes (--nodes) or "
+                           f"{F:,} features; it grows as GPUs squared), over {what} "
+                           f"{limit / 2**30:.3g} GiB limit; plan fewer nodes (--nodes) or "
                            f"fewer kinds (--kinds: tw and cw have a placement per GPU)")
         self.options = [options_for(t, W, self.g, kinds) for t in self.tables]
         stuck = [t.name or f"t{i}" for i, (t, o) in enumerate(zip(self.tables, self.options)) if not o]

@@ -1,0 +1,91 @@
+"""--budget-s caps the whole run, not the search alone: 2 tables on dgx-a100 --nodes 64 (512
+GPUs) took 30 s under the default 2 s, the cost model's setup on top of the search's budget,
+and a round of single-table moves on a cluster (T x O plans of ~14 W features) ran to its end
+past the deadline. Fake clocks stand for a slow setup and a late round: no timed test."""
+import numpy as np
+import pytest
+from sharding_support import StandInComm, StandInSystem
+
+import kit.sharding.model as model
+import kit.sharding.planner as planner
+import kit.sharding.search as search
+from kit.cli.cmd_shard import text
+from kit.embedding import Table, Zipf
+from kit.errors import KitError
+from kit.hardware import get_system
+from kit.sharding import ShardingModel, local_search, plan_sharding
+
+
+def _tables(n=12, seed=5):
+    rng = np.random.default_rng(seed)
+    return [Table(rows=int(10 ** rng.uniform(4, 7)), dim=int(rng.choice([32, 64, 128])),
+                  pooling=float(rng.integers(1, 40)), name=f"t{i}",
+                  distribution=Zipf(float(rng.uniform(0.5, 1.2)))) for i in range(n)]
+
+
+class _Clock:
+    """perf_counter: `early` readings at 0, then every reading 10 s after the last."""
+
+    def __init__(self, early=0):
+        self.early, self.t = early, 0.0
+
+    def perf_counter(self):
+        if self.early:
+            self.early -= 1
+        else:
+            self.t += 10.0
+        return self.t
+
+
+STARTS = 3 + 4 + 3  # the plans a search prices first, at most: 3 greedy, 4 uniform kinds, 3 random
+
+
+def test_a_setup_past_the_budget_leaves_the_search_its_starts_and_says_why(monkeypatch):
+    monkeypatch.setattr(planner, "time", _Clock())  # the cost model and the baselines take 10 s each
+    r = plan_sharding(_tables(), StandInSystem(8, 8), batch=512, comm=StandInComm(), time_budget_s=2.0)
+    # without the setup charged to the budget the search had its 2 s (300,000 plans) after it
+    assert r["search_stopped_by"] == "time budget" and r["plans_evaluated"] <= STARTS
+    assert r["setup_over_budget"] and r["search_budget_s"] == 0 and r["setup_s"] >= 10
+    assert r["cost_model_size"]["placements"] == sum(len(o) for o in ShardingModel(
+        _tables(), StandInSystem(8, 8), batch=512, comm=StandInComm()).options)
+    out = text(r)
+    line = next(x for x in out.splitlines() if "search:" in x)
+    assert "starting plans" in line and "slow or busy" not in line
+    note = next(x for x in out.splitlines() if "budget:" in x)
+    assert "building the cost model" in note and "GPUs squared" in note and "--budget-s 2" in note
+
+
+def test_a_round_of_moves_stops_at_the_deadline_between_batches(monkeypatch):
+    m = ShardingModel(_tables(), StandInSystem(8, 8), batch=512, comm=StandInComm())
+    per_batch = 10
+    monkeypatch.setattr(search, "MOVE_CHUNK_VALUES", per_batch * m.F, raising=False)
+    # the deadline's reading and the first move's check come early; every later one is late
+    monkeypatch.setattr(search, "time", _Clock(early=2))
+    found = local_search(m, time_budget_s=1.0, max_plans=10**9)
+    round_of_moves = int(m.valid.sum())
+    assert round_of_moves > 20 * per_batch
+    assert found.stopped_by == "time budget"
+    # the starts, and the round's first batch: not the whole round
+    assert found[2] <= STARTS + per_batch
+
+
+def test_batched_moves_give_the_same_search_bit_for_bit(monkeypatch):
+    m = ShardingModel(_tables(), StandInSystem(8, 8), batch=512, comm=StandInComm())
+    whole = local_search(m, time_budget_s=600.0, max_plans=20_000)
+    monkeypatch.setattr(search, "MOVE_CHUNK_VALUES", 7 * m.F)
+    batched = local_search(m, time_budget_s=600.0, max_plans=20_000)
+    assert np.array_equal(whole[0], batched[0]) and whole[1] == batched[1] and whole[2] == batched[2]
+
+
+def test_a_cluster_past_the_machine_s_free_memory_is_refused_before_it_is_built(monkeypatch):
+    """The cost model's limit was a fixed 8 GiB: on a machine with less free, 2 tables on
+    2,048 GPUs (~7 GiB) ran into the OOM killer minutes into the setup."""
+    t = [Table(rows=10**6, dim=64, pooling=8, name="t"), Table(rows=10**5, dim=128, pooling=2, name="u")]
+    W = 128  # dgx-a100 x16; placements a table: 128 tw + 2 x 128 cw + rw + 16 twrw + dp = 402
+    need_gib = 2 * 402 * (14 * W + 1) * model.MODEL_BYTES_PER_FEATURE / 2**30  # ~0.027 GiB
+    monkeypatch.setattr(model, "available_memory_bytes", lambda: 0.5 * need_gib * 2**30, raising=False)
+    with pytest.raises(KitError, match="available") as e:
+        ShardingModel(t, get_system("dgx-a100-x16"))
+    assert f"{need_gib:.3g} GiB" in str(e.value) and "--nodes" in str(e.value)
+    monkeypatch.setattr(model, "available_memory_bytes", lambda: 2 * need_gib * 2**30)
+    assert ShardingModel(t, get_system("dgx-a100-x16")).contrib.shape == (2, 402, 6 * W + 8 * W + 1)
