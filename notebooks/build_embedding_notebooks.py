@@ -392,8 +392,8 @@ assert costs["search"] <= min(v for k, v in costs.items() if k != "search")
 """),
     code("""
 m8 = ShardingModel([Table(rows=1000, dim=128, pooling=1, name="x")], dgx, batch=512)
-out_sends, _, _ = m8.traffic(0, m8.options[0][0])
-assert sum(nb for i, j, nb in out_sends) == 7 * 512 * 128 * 4
+out_sends, _, _ = m8.traffic(0, m8.options[0][0])  # bytes from rank i to rank j
+assert out_sends.matrix().sum() == 7 * 512 * 128 * 4
 """),
 ]
 

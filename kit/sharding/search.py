@@ -143,16 +143,18 @@ def _best_single_move(model, counter, choice, X):
     """All single-table moves from `choice` (features X) priced, MOVE_CHUNK_VALUES at a time:
     (cost, t, o), or None where the wall clock ran out between two batches."""
     T, O = model.valid.shape
-    cur = model.contrib[np.arange(T), choice]  # (T, F)
-    moves = model.contrib.reshape(T * O, model.F)  # move t * O + o: table t takes option o
-    step = max(1, MOVE_CHUNK_VALUES // model.F)
-    c = np.empty(T * O)
-    for lo in range(0, T * O, step):
-        if lo and counter.late():
-            return None
-        hi = min(lo + step, T * O)
-        c[lo:hi] = counter.features_cost(X[None, :] - cur[np.arange(lo, hi) // O] + moves[lo:hi])
-    c = c.reshape(T, O)
+    less = X[None, :] - model.contrib[np.arange(T), choice]  # (T, F): X without each table's option
+    step = max(1, MOVE_CHUNK_VALUES // model.F)  # moves a batch: whole tables, or a table's options
+    tables, options = max(1, step // O), min(O, step)
+    c = np.empty((T, O))
+    for t0 in range(0, T, tables):
+        t1 = min(T, t0 + tables)
+        for o0 in range(0, O, options):
+            if (t0 or o0) and counter.late():
+                return None
+            o1 = min(O, o0 + options)
+            Xn = less[t0:t1, None, :] + model.contrib[t0:t1, o0:o1]
+            c[t0:t1, o0:o1] = counter.features_cost(Xn.reshape(-1, model.F)).reshape(t1 - t0, o1 - o0)
     c[~model.valid] = np.inf
     t, o = np.unravel_index(np.argmin(c), c.shape)
     return c[t, o], int(t), int(o)
