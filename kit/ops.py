@@ -14,14 +14,14 @@ import math
 import numbers
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from kit.errors import KitError, yes_no
+from kit.numpy_free import is_bool
 from kit.op_counts import (BINARY_KINDS, DROPOUT_FLOPS_PER_ELEM, ELEMENTWISE_FLOPS, GEMM_KINDS,
                            LAYERNORM_FLOPS_PER_ELEM, MAX_ALIGN_ELEMS, RMSNORM_FLOPS_PER_ELEM,
                            SOFTMAX_FLOPS_PER_ELEM, TERNARY_KINDS, _positive_ints, dtype_bytes,
                            lead_alignment)
 from kit.op_counts import DTYPE_BYTES  # noqa: F401 (re-exported: its importers take it from here)
+
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Gemm:
     def __post_init__(self):
         if self.kind not in GEMM_KINDS:
             raise KitError(f"gemm kind {self.kind!r}: choose one of {', '.join(GEMM_KINDS)}")
-        if not isinstance(self.shared_rhs, (bool, np.bool_)):
+        if not is_bool(self.shared_rhs):
             raise KitError(f"{self.kind}: shared_rhs must be True or False, got {self.shared_rhs!r}")
         _positive_ints(self.kind, self, b=self.b, m=self.m, n=self.n, k=self.k)
         dtype_bytes(self.dtype)
@@ -97,7 +97,7 @@ class Elementwise:
         dtype_bytes(self.dtype)
         if self.inputs is not None:
             _positive_ints(f"elementwise {self.kind}", self, inputs=self.inputs)
-        if not isinstance(self.vectorized, (bool, np.bool_)):
+        if not is_bool(self.vectorized):
             raise KitError(f"elementwise {self.kind}: vectorized must be True or False, got {self.vectorized!r}")
 
     @property

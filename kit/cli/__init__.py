@@ -106,20 +106,20 @@ def _plain(o):
     """o as plain JSON values in one pass: numpy scalars and arrays as Python ones, objects with
     to_dict as their dict, and every non-finite float (an infeasible plan's inf, a missing NaN)
     as null: JSON (RFC 8259) has no Infinity or NaN, and a strict reader (JavaScript's
-    JSON.parse) rejects them."""
+    JSON.parse) rejects them. numpy is looked up, not imported: no value is numpy's unless it is
+    loaded, and importing it had cost `kit comm predict` 0.04 s of its 0.17 s."""
     import math
 
-    import numpy as np
-
+    np = sys.modules.get("numpy")
     if isinstance(o, float):
         return o if math.isfinite(o) else None
     if isinstance(o, dict):
         return {k: _plain(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
         return [_plain(v) for v in o]
-    if isinstance(o, np.generic):
+    if np is not None and isinstance(o, np.generic):
         return _plain(o.item())
-    if isinstance(o, np.ndarray):
+    if np is not None and isinstance(o, np.ndarray):
         return _plain(o.tolist())
     if hasattr(o, "to_dict"):
         return _plain(o.to_dict())

@@ -44,12 +44,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from kit.comm.topology import (Group, gpu_nics, group_nics, group_ring_gbs, node_net_gbs, node_nics,
                                nvls_gbs, p2p_gbs, shared_nics)
 from kit.hardware.system import System
+
+if TYPE_CHECKING:  # numpy is imported where it is used: no preset's collective but an all-to-all needs it
+    import numpy as np
 
 _NS = 1e3  # GB/s -> bytes per microsecond
 
@@ -207,6 +209,8 @@ def uniform_alltoall_us(system: System, group: Group, sharing=1) -> float:
     the NICs of their GPUs there (shared_nics): a node's c GPUs of the group send c (n - c) / n of a byte off it, and
     so do the others'. The EP groups of tp 8 x dp 2 x ep 2 on two pcie8 nodes (2 NICs for 8
     GPUs), one GPU of each a node, had each been priced on a whole NIC: 4x their 2/8 share."""
+    import numpy as np
+
     n = group.size
     times = [0.0]
     for loc in {loc for _, loc in group.nodes}:  # the traffic inside one node: its c x c block
@@ -273,6 +277,8 @@ def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:
     bytes each sends or receives over its fabric port and NIC share, over PCIe switch uplinks and
     the socket link, and over each NIC (the bytes of the GPUs on it, _nic_bytes).
     """
+    import numpy as np
+
     x = np.array(matrix, dtype=float)
     np.fill_diagonal(x, 0.0)
     gpn = system.gpus_per_node
@@ -314,6 +320,8 @@ def alltoallv_us(system: System, group: Group, matrix: np.ndarray) -> float:
 
 def _pcie_us(system: System, x: np.ndarray, node: np.ndarray, local: np.ndarray) -> float:
     """Busiest PCIe resource: a GPU's x16 link, a switch uplink, or the socket-to-socket link."""
+    import numpy as np
+
     p = system.pcie
     link = p.link_bw_gbs * p.efficiency * _NS
     sock = p.socket_link_bw_gbs * p.efficiency * _NS

@@ -20,14 +20,14 @@ and a break goes only where the regimes cross or the upper one is the slower acr
 time never stays flat past a switch nor falls as the size grows.
 Sizes in bytes, times in microseconds inside this module (nccl-tests prints us), ms outside.
 A system's curves, their file and the checks of them: kit.comm.calibration.
+numpy is imported inside the functions that use it: a preset's prediction (kit comm predict, the
+parallel model's collectives) uses none, and a fresh process had spent 0.1 s importing it.
 """
 from __future__ import annotations
 
 import math
 import numbers
 from dataclasses import asdict, dataclass, replace
-
-import numpy as np
 
 from kit.comm.conventions import busbw_factor, canonical_kind
 from kit.errors import KitError
@@ -57,6 +57,8 @@ class BandwidthCurve:
         if self.upper is not None:
             if isinstance(nbytes, float):
                 return self.upper.time_us(nbytes) if nbytes >= self.switch_bytes else self._own_us(nbytes)
+            import numpy as np
+
             s = np.asarray(nbytes, dtype=float)
             return np.where(s < self.switch_bytes, self._own_us(s), self.upper.time_us(s))
         return self._own_us(nbytes)
@@ -64,12 +66,16 @@ class BandwidthCurve:
     def _own_us(self, nbytes):
         if isinstance(nbytes, float) and self.steepness == 1.0:  # fast scalar path (alpha-beta)
             return max(self.floor_us, self._rise_us(nbytes))
+        import numpy as np
+
         return np.maximum(self.floor_us, self._rise_us(nbytes))
 
     def _rise_us(self, nbytes):
         """This regime's time without its floor: (f / B) * (S^k + S_half^k)^(1/k)."""
         if isinstance(nbytes, float) and self.steepness == 1.0:
             return self.factor * (nbytes + self.half_bytes) / (self.busbw_max_gbs * 1e3)
+        import numpy as np
+
         s = np.asarray(nbytes, dtype=float)
         k = self.steepness
         # (S^k + S_half^k)^(1/k) computed in log space so that large k cannot overflow
@@ -87,6 +93,8 @@ class BandwidthCurve:
         return max(float(piece._rise_us(float(nbytes))) - bandwidth, 0.0), bandwidth
 
     def busbw_gbs(self, nbytes):
+        import numpy as np
+
         s = np.asarray(nbytes, dtype=float)
         return self.factor * s / (self.time_us(s) * 1e3)
 
@@ -175,6 +183,8 @@ def fit_curve(kind: str, ranks: int, nbytes, time_us, breaks: int | None = None)
     when it lowers Schwarz's BIC, n ln(max(RSS/n, NOISE_FLOOR^2)) + p ln n, below one regime's
     (p = 4 for one regime, 4 + 3 + 1 for two, the upper taking the lower's floor, and their
     break) and _switch finds a place for it; breaks=0 never switches."""
+    import numpy as np
+
     kind = canonical_kind(kind)
     s = np.asarray(nbytes, dtype=float)
     t = np.asarray(time_us, dtype=float)
@@ -213,6 +223,8 @@ def fit_curve(kind: str, ranks: int, nbytes, time_us, breaks: int | None = None)
 
 
 def _rss(c: BandwidthCurve, s, t) -> float:
+    import numpy as np
+
     return float(np.sum((np.log(c.time_us(s)) - np.log(t)) ** 2))
 
 
@@ -241,6 +253,7 @@ def _switch(lower: BandwidthCurve, upper: BandwidthCurve, a: float, b: float) ->
 def _fit_regime(kind, ranks, s, t, floor_us: float | None = None) -> BandwidthCurve:
     """One regime: floor, plateau, half-size and steepness; floor_us given: that floor, and the
     other three fitted (an upper regime, which inherits the call's floor from the lower one)."""
+    import numpy as np
     from scipy.optimize import least_squares
 
     f = busbw_factor(kind, ranks) if ranks > 1 else 1.0

@@ -16,8 +16,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from kit.comm.algorithms import Plan, alltoall_latency_us, alltoallv_us, plans
 from kit.comm.calibration import Calibration, check_plausible, extrapolation_note, load_calibration
@@ -27,6 +26,10 @@ from kit.comm.curves import BandwidthCurve
 from kit.comm.topology import Group, resolve_group
 from kit.errors import KitError
 from kit.hardware.system import System, get_system
+from kit.numpy_free import is_int
+
+if TYPE_CHECKING:  # numpy is imported where it is used: a single size (predict_collective) needs none
+    import numpy as np
 
 
 def _floor_us(system: System, group: Group) -> float:
@@ -68,7 +71,7 @@ def _plan_curves_of(system: System, kind: str, group: Group, gpu, senders: int =
 def _group(system: System, ranks) -> Group:
     """resolve_group, with a count below 1 refused as what it is (resolve_group said that 0 GPUs
     "does not fit" the system, as if it were too many)."""
-    if isinstance(ranks, (int, np.integer)) and not isinstance(ranks, bool) and ranks < 1:
+    if is_int(ranks) and not isinstance(ranks, bool) and ranks < 1:
         raise KitError(f"ranks must be at least 1 (a count of GPUs) or a list of ranks, got {ranks}")
     return resolve_group(system, ranks)
 
@@ -146,6 +149,8 @@ def calibration_unused(kind: str, system, ranks=None, calibration=None) -> str |
 
 
 def _sizes(nbytes) -> np.ndarray:
+    import numpy as np
+
     if isinstance(nbytes, (int, float)) and not isinstance(nbytes, bool) and 1 <= nbytes < float("inf"):
         return np.array([float(nbytes)])
     try:
@@ -159,8 +164,21 @@ def _sizes(nbytes) -> np.ndarray:
     return s
 
 
+def _one_size(nbytes) -> float:
+    """_sizes of one size, as a float: a plain number without numpy (kit comm predict and the
+    parallel model's collectives need none, and a fresh process had spent 0.1 s importing it)."""
+    if isinstance(nbytes, (int, float)) and not isinstance(nbytes, bool) and 1 <= nbytes < float("inf"):
+        return float(nbytes)
+    s = _sizes(nbytes)
+    if s.size != 1:
+        raise KitError("predict_collective takes one size; use collective_table for many")
+    return float(s[0])
+
+
 def _evaluate(kind, s, system, group, cal):
     """(time_us, algorithm index, pairs, fitted curve or None) for sizes s."""
+    import numpy as np
+
     pcs = _plan_curves(system, kind, group)
     times = np.stack([c.time_us(s) for _, c in pcs])
     lat_plus = np.stack([p.latency_us + p.us_per_byte * s for p, _ in pcs])
@@ -181,6 +199,8 @@ def _nccl_tests_sized(kind, s, group: Group, nccl_tests: bool) -> tuple[np.ndarr
     """Sizes s as given (a tensor's bytes, which NCCL runs whole in its own datatype), or with
     nccl_tests as nccl-tests runs them, and the note saying which were rounded
     (conventions.nccl_tests_sizes: `kit comm predict`'s rule)."""
+    import numpy as np
+
     if not nccl_tests:
         return s, []
     kept, notes = nccl_tests_sizes(kind, s.tolist(), group.size)
@@ -192,6 +212,7 @@ def collective_table(kind: str, nbytes, system, ranks=None, calibration=None, *,
     are the notes a CollectiveResult would carry (one rank, sizes outside the calibration).
     nccl_tests=True sizes them as `kit comm predict --sizes` does (see predict_collective): the
     rows are then the sizes nccl-tests runs, sorted, each once, without those it runs as 0 B."""
+    import numpy as np
     import pandas as pd
 
     kind, system, group, cal = _inputs(kind, system, ranks, calibration)
@@ -243,11 +264,10 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
                        f"concurrent groups (not for sendrecv), got {senders!r} for {kind}")
     senders = tuple(_sharing_key(c) for c in counts) if per_node else int(senders)
     shared = max(c if isinstance(c, int) else len(c) for c in (senders if per_node else (senders,))) > 1
-    s = _sizes(nbytes)
-    if s.size != 1:
-        raise KitError("predict_collective takes one size; use collective_table for many")
-    s, rounded = _nccl_tests_sized(kind, s, group, nccl_tests)
-    size = float(s[0])
+    size, rounded = _one_size(nbytes), []
+    if nccl_tests:  # _nccl_tests_sized's rule, on one size
+        kept, rounded = nccl_tests_sizes(kind, [size], group.size)
+        size = float(kept[0])
     pcs = _plan_curves(system, kind, group, senders)
     plan, curve = min(pcs, key=lambda pc: (pc[1].time_us(size), pc[0].latency_us + pc[0].us_per_byte * size))
     fitted = cal.curve(kind, group.size, group.n_nodes) if cal else None
@@ -258,18 +278,18 @@ def predict_collective(kind: str, nbytes: float, system, ranks=None, calibration
         lat_us, bw_us = fitted.parts_us(size)
         t = max(fitted.regime(size).floor_us, lat_us + scale * bw_us)
     return _result(kind, size, t, plan, fitted or curve, system, group,
-                   f"calibration:{cal.source}" if fitted else "preset", (*rounded, *_notes(s, group, fitted)), scale)
+                   f"calibration:{cal.source}" if fitted else "preset", (*rounded, *_notes([size], group, fitted)), scale)
 
 
 def _sharing_ok(c, gpus_per_node: int, per_node: bool) -> bool:
     """A node's sharing: a whole count >= 1, or (node by node only) a non-empty tuple of the
     concurrent groups' local GPUs, each a non-empty tuple of whole numbers in 0..gpus_per_node-1."""
-    if isinstance(c, (int, np.integer)) and not isinstance(c, bool):
+    if is_int(c) and not isinstance(c, bool):
         return c >= 1
     if not (per_node and isinstance(c, tuple) and c):
         return False
     return all(isinstance(g, tuple) and g and all(
-        isinstance(i, (int, np.integer)) and not isinstance(i, bool) and 0 <= i < gpus_per_node for i in g)
+        is_int(i) and not isinstance(i, bool) and 0 <= i < gpus_per_node for i in g)
         for g in c)
 
 
@@ -329,6 +349,8 @@ def predict_alltoallv(send_bytes, system, ranks=None) -> CollectiveResult:
     plateau is per byte of nbytes (bandwidth / nbytes: scaling the matrix scales both); without
     traffic between ranks the crossover and the plateau are infinite.
     """
+    import numpy as np
+
     system = get_system(system)
     try:
         raw = np.asarray(send_bytes)

@@ -10,11 +10,14 @@ import numbers
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from kit.errors import KitError
 from kit.hardware.system import System
+from kit.numpy_free import is_int
+
+if TYPE_CHECKING:  # numpy is imported where it is used: only a mesh's ring program (a DGX-1) needs it
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ def _resolve_group(system: System, ranks) -> Group:
     world = system.world_size
     if ranks is None:
         chosen = tuple(range(world))
-    elif isinstance(ranks, (int, np.integer)) and not isinstance(ranks, bool):
+    elif is_int(ranks) and not isinstance(ranks, bool):
         if not 1 <= ranks <= world:
             raise KitError(f"ranks={ranks} does not fit {system.key}: it has {world} GPUs "
                            f"({system.nodes} node(s) x {system.gpus_per_node}); use nodes= (--nodes) for more")
@@ -129,6 +132,8 @@ def _mesh_ring_gbs(system: System, local: tuple[int, ...]) -> float:
     cycles = [c for c in _hamiltonian_cycles(local, nbrs) if c[1] < c[-1]]  # one per direction pair
     if not cycles:
         return 0.0
+    import numpy as np
+
     edges = {e: i for i, e in enumerate(pairs)}
     a_ub = np.zeros((len(edges), len(cycles)))
     for j, order in enumerate(cycles):
@@ -164,6 +169,8 @@ def max_packing(a: np.ndarray, b: np.ndarray) -> float:
     """max sum(x) subject to a @ x <= b, x >= 0, for a >= 0 and b >= 0: the primal simplex from the
     all-slack basis (feasible since b >= 0) with Bland's rule, which cannot cycle. Here instead of
     scipy's linprog so that predicting never imports scipy (a fresh import costs about a second)."""
+    import numpy as np
+
     m, n = a.shape
     tab = np.zeros((m + 1, n + m + 1))
     tab[:m, :n], tab[:m, n:n + m], tab[:m, -1] = a, np.eye(m), b
