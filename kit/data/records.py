@@ -26,6 +26,7 @@ from kit.data.loading import KIT_WRITTEN, _read_schema_csv, is_gzip
 # re-exported: kit.predict.evaluate, tests and benchmarks import them from here
 from kit.data.loading import check_times, checked_table, gpu_keys, load_measurements  # noqa: F401
 from kit.errors import KitError
+from kit.jsonl import read_jsonl  # noqa: F401 (re-exported: its importers take it from here)
 
 HEADER = list(schema.COLUMNS)
 LEGACY_HEADER = KIT_WRITTEN  # kit CSVs from before schema.LATER_COLUMNS
@@ -336,24 +337,6 @@ def append_jsonl(path: str | Path, obj, default=None) -> None:
         f.write((("\n" if cut else "") + json.dumps(obj, default=default) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """The JSON objects of a JSON-lines file, in order; a line cut short by a kill, or anything
-    else that is not a JSON object, is left out. A missing file is none."""
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
 
 
 def _fsync_dir(path: Path) -> None:

@@ -15,6 +15,7 @@ from kit.errors import KitError
 
 from kit.parallel.gpt import (Block, ContextCopy, GPTSpec, KVRepeat, embedding_backward, embedding_forward, head_backward,
                              head_forward, layer_backward, layer_forward)
+from kit.parallel import op_cache
 from kit.parallel.layout import Layout
 from kit.parallel.memory import edge_params, layer_rank_params, stage_layers, zero_kept
 from kit.predict.sibling_bound import bounding_gpus
@@ -23,6 +24,16 @@ from kit.predict.sibling_bound import bounding_gpus
 # across calls so sweeps over layouts pay for each distinct shape once
 _OP_CACHE: dict = {}
 _COMM_CACHE: dict = {}
+_OP_DISK: dict = {}  # _OP_CACHE's key -> (its file under $KIT_CACHE, what that held): read once
+
+
+def _disk_key(op) -> str | None:
+    """An op's name in the disk cache (kit.parallel.op_cache): its class and repr, for a
+    dataclass whose every field is in its repr (None: not cached on disk)."""
+    fs = getattr(op, "__dataclass_fields__", None)
+    if not fs or not all(f.repr for f in fs.values()):
+        return None
+    return f"{type(op).__module__}.{op!r}"
 
 
 def _or(band, mid):
@@ -200,12 +211,23 @@ class Coster:
         # by the specs of the training GPUs that bound its predictions (kit.predict.sibling_bound),
         # as kit.workload.latency_cache keys them: a --gpu-file that replaced the A100-PCIe-40GB
         # had left an A100-SXM4-40GB system's kernel times those of the old spec
-        self._op_ms = _OP_CACHE.setdefault((cache_name, self.gpu, bounding_gpus(self.predictor, self.gpu)), {})
+        op_key = (cache_name, self.gpu, bounding_gpus(self.predictor, self.gpu))
+        self._op_ms = _OP_CACHE.setdefault(op_key, {})
+        if op_key not in _OP_DISK:  # and the times earlier processes predicted, on disk
+            path = op_cache.cache_path(cache_name, self.gpu)
+            _OP_DISK[op_key] = (path, op_cache.load(path))
+        self._op_disk_path, self._op_disk = _OP_DISK[op_key]
         self._comm_ms = _COMM_CACHE.setdefault((system, self.gpu, str(calibration)), {})
         self._groups: dict = {}  # (group name, stage) -> RankGroup
 
     def predict_ops(self, ops) -> None:
         new = [op for op in dict.fromkeys(ops) if op not in self._op_ms]
+        if new and self._op_disk:  # as predicted below: the latency a numpy float, the rest floats
+            for op in new:
+                v = self._op_disk.get(_disk_key(op))
+                if v is not None:
+                    self._op_ms[op] = (np.float64(v[0]), *v[1:])
+            new = [op for op in new if op not in self._op_ms]
         if new:
             from kit.workload.kernel_times import one_thread
 
@@ -216,6 +238,8 @@ class Coster:
             hi = frame.latency_p90_ms.to_numpy(float) if "latency_p90_ms" in frame else mid
             roof = frame.roofline_ms.to_numpy(float) if "roofline_ms" in frame else mid
             self._op_ms.update(zip(new, zip(mid, _or(lo, mid), _or(hi, mid), _or(roof, mid))))
+            keys = {op: _disk_key(op) for op in new}
+            op_cache.append(self._op_disk_path, {k: self._op_ms[op] for op, k in keys.items() if k})
 
     def op_ms(self, op, scale: float = 1.0, kernels: float = 1.0) -> float:
         """The op's time x scale (a backward factor), in the stream when in_stream (less

@@ -36,6 +36,12 @@ COSTING_FILES = ("iteration.py", "kernel_times.py", "fusion.py", "kernels.py", "
                  "generation.py")  # the prefill's KV-cache writes it appends under their own key
 
 
+def predictor_files() -> list[Path]:
+    """The files _predictor_stamp hashes."""
+    return (sorted(PREDICT_DIR.rglob("*.py")) + sorted((PREDICT_DIR / "weights").glob("*"))
+            + [HERE / n for n in COSTING_FILES] + list(KIT_FILES))
+
+
 def _predictor_stamp() -> str | None:
     """Changes whenever a predictor's code, the shipped weights or the code that turns a graph
     into the ops to predict (fusion, derived kernels, iteration) change: by their contents (it
@@ -44,9 +50,7 @@ def _predictor_stamp() -> str | None:
     longer the files this process imported (source_digest.process_stamp)."""
     from kit.source_digest import process_stamp
 
-    files = (sorted(PREDICT_DIR.rglob("*.py")) + sorted((PREDICT_DIR / "weights").glob("*"))
-             + [HERE / n for n in COSTING_FILES] + list(KIT_FILES))
-    return process_stamp("latency", ((str(f.relative_to(f.parents[1])), f) for f in files))
+    return process_stamp("latency", ((str(f.relative_to(f.parents[1])), f) for f in predictor_files()))
 
 
 def key_for(graph, fusion: str, gpu, predictor: str) -> str | None:
@@ -57,15 +61,18 @@ def key_for(graph, fusion: str, gpu, predictor: str) -> str | None:
     stamp = _predictor_stamp()  # only for a graph with a key: a user's module's step asks too
     if stamp is None:
         return None
-    # and of every GPU it dominates: a training GPU among them bounds its predictions
-    # (kit.predict.sibling_bound), and a --gpu-file may have replaced one's spec
+    raw = json.dumps([base, fusion, gpu_specs(gpu), predictor, stamp])
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def gpu_specs(gpu) -> str:
+    """The GPU's spec, and of every GPU it dominates, as JSON: a training GPU among them bounds
+    its predictions (kit.predict.sibling_bound), and a --gpu-file may have replaced one's spec."""
     from kit.hardware import list_gpus
     from kit.predict.sibling_bound import dominates
 
     specs = [gpu.to_dict()] + [o.to_dict() for o in list_gpus() if dominates(gpu, o)]
-    spec = json.dumps(specs, sort_keys=True, default=str)
-    raw = json.dumps([base, fusion, spec, predictor, stamp])
-    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+    return json.dumps(specs, sort_keys=True, default=str)
 
 
 def cache_dir() -> Path:
