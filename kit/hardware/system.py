@@ -258,7 +258,7 @@ def _norm(name: str) -> str:
 
 
 def _nodes_suffix(n: str) -> tuple[str, int] | None:
-    """A normalised name's '<rest>-x<digits>' as (rest, nodes); None without one
+    r"""A normalised name's '<rest>-x<digits>' as (rest, nodes); None without one
     (re.fullmatch(r"(.+)-x(\d+)", n): the last '-x', as the greedy '.+' takes it)."""
     rest, sep, digits = n.rpartition("-x")
     if sep and rest and digits and digits.isascii() and digits.isdigit():
