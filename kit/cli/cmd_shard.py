@@ -37,32 +37,27 @@ def search_end(r, budget: str) -> str:
     from kit.sharding.search import PLANS_PER_S
 
     need_s = r["max_plans"] / PLANS_PER_S
-    setup = (f" (of it {r['setup_s']:.3g} s built the cost model)"
-             if r.get("setup_s", 0) > 0.1 * r["time_budget_s"] else "")
     if r.get("max_plans_given") and need_s > r["time_budget_s"]:
         # --max-plans past what its --budget-s prices on any machine: 100,000,000 plans under
         # --budget-s 0.5 had blamed "this machine is slow or busy", where they take ~667 s
-        return (f"not finished: stopped by the wall clock at {secs} s{setup} before the {r['max_plans']:,} "
+        return (f"not finished: stopped by the wall clock at {secs} s before the {r['max_plans']:,} "
                 f"plans of --max-plans, so another run may give another plan; they take about "
                 f"{need_s:.3g} s at {PLANS_PER_S:,} plans a second: give {budget} at least that, "
                 "or fewer --max-plans")
-    if r.get("setup_over_budget"):  # setup_note says why
-        return (f"not finished: the wall clock stopped it at its {r['plans_evaluated']:,} starting "
-                "plans, the cost model having used up the budget, so another run may give another plan")
-    return (f"not finished: stopped by the wall clock at {secs} s{setup} before its {r['max_plans']:,} "
+    return (f"not finished: stopped by the wall clock at {secs} s before its {r['max_plans']:,} "
             f"plans, so another run may give another plan; this machine is slow or busy, give a larger {budget}")
 
 
 def setup_note(r, budget: str) -> str | None:
-    """Where building the cost model used up the time budget: how long it took, and why."""
+    """Where building the cost model alone took longer than the search's budget: how long, and why."""
     if not r.get("setup_over_budget"):
         return None
     size = r["cost_model_size"]
-    return (f"building the cost model and pricing the baselines took {r['setup_s']:.3g} s, which "
-            f"with the exact re-pricing of the best plans used up {budget} {r['time_budget_s']:g} "
-            f"before the search began: {size['placements']:,} placements x {size['features']:,} "
-            f"features over {r['world_size']:,} GPUs (it grows as the GPUs squared); give {budget} "
-            f"more than {r['setup_s']:.3g} s for a search, or plan fewer nodes")
+    return (f"building the cost model and pricing the baselines took {r['setup_s']:.3g} s before "
+            f"the search's {budget} {r['time_budget_s']:g}, which does not cap it: "
+            f"{size['placements']:,} placements x {size['features']:,} features over "
+            f"{r['world_size']:,} GPUs (it grows as the GPUs squared); plan fewer nodes (--nodes) "
+            "or kinds (--kinds: tw and cw have a placement per GPU) for a shorter one")
 
 
 def text(r) -> str:
@@ -116,9 +111,11 @@ def register(sub):
     p.add_argument("--budget-s", type=positive_float, default=2.0,
                    help="time budget of the plan search (s): it may price a set number of plans "
                         "a second of it (kit.sharding.search.PLANS_PER_S: a count, so that a busy "
-                        "machine gives the same plan); the whole run (building the cost model, "
-                        "the search, the exact re-pricing of the best plans) stops the search at "
-                        "this much wall clock in any case, and says so")
+                        "machine gives the same plan), and stops at this much wall clock in any "
+                        "case (then it says so). Building the cost model before the search (it "
+                        "grows as the GPUs squared: seconds at 512 GPUs) and the exact re-pricing of "
+                        "its best plans after it come on top: the output's run: line gives the "
+                        "whole time, and a budget: line says where the setup alone took longer")
     p.add_argument("--max-plans", type=max_plans, default=None, metavar="N",
                    help="plans the search may price, in place of --budget-s x PLANS_PER_S (the "
                         "same N gives the same plan on any machine); --budget-s still caps its "

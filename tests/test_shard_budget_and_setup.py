@@ -1,7 +1,9 @@
-"""--budget-s caps the whole run, not the search alone: 2 tables on dgx-a100 --nodes 64 (512
-GPUs) took 30 s under the default 2 s, the cost model's setup on top of the search's budget,
-and a round of single-table moves on a cluster (T x O plans of ~14 W features) ran to its end
-past the deadline. Fake clocks stand for a slow setup and a late round: no timed test."""
+"""--budget-s is the plan search's, and the cost model's setup comes on top, said in the output
+where it alone took longer: 2 tables on dgx-a100 --nodes 64 (512 GPUs) spend seconds building the
+cost model, and charging it to the default 2 s had left the search its starting plans only (and
+a first call's scipy import had made the wall clock bind, so the plan hung on the machine's
+load). A round of single-table moves on a cluster (T x O plans of ~14 W features) had run to its
+end past the deadline. Fake clocks stand for a slow setup and a late round: no timed test."""
 import numpy as np
 import pytest
 from sharding_support import StandInComm, StandInSystem
@@ -40,19 +42,22 @@ class _Clock:
 STARTS = 3 + 4 + 3  # the plans a search prices first, at most: 3 greedy, 4 uniform kinds, 3 random
 
 
-def test_a_setup_past_the_budget_leaves_the_search_its_starts_and_says_why(monkeypatch):
+def test_a_setup_past_the_budget_leaves_the_search_its_budget_and_says_why(monkeypatch):
+    idle = plan_sharding(_tables(), StandInSystem(8, 8), batch=512, comm=StandInComm(), time_budget_s=2.0)
     monkeypatch.setattr(planner, "time", _Clock())  # the cost model and the baselines take 10 s each
     r = plan_sharding(_tables(), StandInSystem(8, 8), batch=512, comm=StandInComm(), time_budget_s=2.0)
-    # without the setup charged to the budget the search had its 2 s (300,000 plans) after it
-    assert r["search_stopped_by"] == "time budget" and r["plans_evaluated"] <= STARTS
-    assert r["setup_over_budget"] and r["search_budget_s"] == 0 and r["setup_s"] >= 10
+    # charged to the budget, the setup had left the search its starts (<= 10 plans) and a plan of
+    # the machine's speed; the search's own clock is real here, and its 2 s stand for 300,000 plans
+    assert r["search_stopped_by"] != "time budget" and r["plans_evaluated"] > 100 * STARTS
+    assert (r["plan"], r["cost_ms"], r["plans_evaluated"]) == (idle["plan"], idle["cost_ms"], idle["plans_evaluated"])
+    assert r["setup_over_budget"] and r["setup_s"] >= 10 and not idle["setup_over_budget"]
     assert r["cost_model_size"]["placements"] == sum(len(o) for o in ShardingModel(
         _tables(), StandInSystem(8, 8), batch=512, comm=StandInComm()).options)
     out = text(r)
-    line = next(x for x in out.splitlines() if "search:" in x)
-    assert "starting plans" in line and "slow or busy" not in line
     note = next(x for x in out.splitlines() if "budget:" in x)
     assert "building the cost model" in note and "GPUs squared" in note and "--budget-s 2" in note
+    assert "does not cap it" in note and "--nodes" in note
+    assert not any("budget:" in x for x in text(idle).splitlines())
 
 
 def test_a_round_of_moves_stops_at_the_deadline_between_batches(monkeypatch):
@@ -89,3 +94,4 @@ def test_a_cluster_past_the_machine_s_free_memory_is_refused_before_it_is_built(
     assert f"{need_gib:.3g} GiB" in str(e.value) and "--nodes" in str(e.value)
     monkeypatch.setattr(model, "available_memory_bytes", lambda: 2 * need_gib * 2**30)
     assert ShardingModel(t, get_system("dgx-a100-x16")).contrib.shape == (2, 402, 6 * W + 8 * W + 1)
+
