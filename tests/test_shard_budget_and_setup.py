@@ -89,9 +89,37 @@ def test_a_cluster_past_the_machine_s_free_memory_is_refused_before_it_is_built(
     W = 128  # dgx-a100 x16; placements a table: 128 tw + 2 x 128 cw + rw + 16 twrw + dp = 402
     need_gib = 2 * 402 * (14 * W + 1) * model.MODEL_BYTES_PER_FEATURE / 2**30  # ~0.027 GiB
     monkeypatch.setattr(model, "available_memory_bytes", lambda: 0.5 * need_gib * 2**30, raising=False)
-    with pytest.raises(KitError, match="available") as e:
+    with pytest.raises(KitError, match="this machine has free") as e:
         ShardingModel(t, get_system("dgx-a100-x16"))
     assert f"{need_gib:.3g} GiB" in str(e.value) and "--nodes" in str(e.value)
     monkeypatch.setattr(model, "available_memory_bytes", lambda: 2 * need_gib * 2**30)
     assert ShardingModel(t, get_system("dgx-a100-x16")).contrib.shape == (2, 402, 6 * W + 8 * W + 1)
 
+
+def _memory(monkeypatch, tmp_path, meminfo_kb=None, cgroup=None):
+    if meminfo_kb is not None:
+        (tmp_path / "meminfo").write_text(f"MemTotal: 99999999 kB\nMemAvailable: {meminfo_kb} kB\n")
+    if cgroup is not None:
+        (tmp_path / "memory.max").write_text(f"{cgroup[0]}\n")
+        (tmp_path / "memory.current").write_text(f"{cgroup[1]}\n")
+    monkeypatch.setattr(model, "MEMINFO", str(tmp_path / "meminfo"), raising=False)
+    monkeypatch.setattr(model, "CGROUP_LIMITS", ((str(tmp_path / "memory.max"), str(tmp_path / "memory.current")),),
+                        raising=False)
+    return model.available_memory_bytes()
+
+
+def test_free_memory_is_linux_s_memavailable_or_a_container_s_headroom(monkeypatch, tmp_path):
+    assert _memory(monkeypatch, tmp_path, meminfo_kb=2048) == 2048 * 1024
+    # a container of 3 GiB with 1 GiB in use has 2 GiB, whatever the host's MemAvailable says
+    # (MemAvailable had been read alone: the OOM killer acts at the container's limit)
+    assert _memory(monkeypatch, tmp_path, meminfo_kb=64 * 2**20, cgroup=(3 * 2**30, 2**30)) == 2 * 2**30
+    assert _memory(monkeypatch, tmp_path, meminfo_kb=2048, cgroup=(3 * 2**30, 2**30)) == 2048 * 1024
+    assert _memory(monkeypatch, tmp_path, meminfo_kb=2048, cgroup=("max", 2**30)) == 2048 * 1024  # no limit
+
+
+def test_free_memory_without_proc_is_the_physical_memory(monkeypatch, tmp_path):
+    """macOS has no /proc/meminfo: the guard had fallen back to its fixed 8 GiB alone."""
+    os = pytest.importorskip("os")
+    if not hasattr(os, "sysconf") or "SC_PHYS_PAGES" not in os.sysconf_names:
+        pytest.skip("no sysconf here")
+    assert _memory(monkeypatch, tmp_path) == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

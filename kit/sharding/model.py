@@ -16,6 +16,7 @@ itself and with each rank's true L2 co-residency.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -50,16 +51,45 @@ def block_rows(rows: int, k: int) -> list[int]:
     return [max(0, min(size, rows - j * size)) for j in range(k)]
 
 
-def available_memory_bytes() -> float | None:
-    """The memory this machine can still give (Linux's MemAvailable), or None where unknown."""
+MEMINFO = "/proc/meminfo"  # Linux: MemAvailable, the memory it can give without swapping
+# a container's limit and use (cgroup v2, then v1): MemAvailable reads the host's, where the
+# OOM killer acts at the container's limit
+CGROUP_LIMITS = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def _read_number(path: str) -> float | None:
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
+            return float(f.read().split()[0])  # "max" (no limit) is a ValueError
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def available_memory_bytes() -> float | None:
+    """The memory this process can still take: Linux's MemAvailable, less where a container's
+    cgroup limit leaves less; elsewhere (macOS, which has no /proc) the machine's physical
+    memory, as os.sysconf gives it; None where none of these is known."""
+    free = None
+    try:
+        with open(MEMINFO) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024  # kB
+                    free = float(line.split()[1]) * 1024  # kB
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    for limit_path, used_path in CGROUP_LIMITS:
+        limit, used = _read_number(limit_path), _read_number(used_path)
+        if limit is not None and used is not None:
+            free = min(free if free is not None else float("inf"), max(0.0, limit - used))
+            break
+    if free is None:
+        try:
+            free = float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, OSError, ValueError):
+            pass
+    return free
 
 
 def _comm():
@@ -101,16 +131,16 @@ class ShardingModel:
         F = 14 * W + 1  # at least: the per-rank features and two all-to-all blocks (kit.sharding.a2a)
         need = T * O * F * MODEL_BYTES_PER_FEATURE
         free = available_memory_bytes()
-        limit, what = MAX_MODEL_BYTES, "its"
+        limit, what = MAX_MODEL_BYTES, "the planner's limit of"
         if free is not None and free < limit:  # the OOM killer, minutes into the setup
-            limit, what = free, "this machine's available"
+            limit, what = free, "the memory this machine has free,"
         if need > limit:  # numpy's MemoryError, or the OOM killer with no word at all
             gib = need / 2**30
             raise KitError(f"planning {T} table(s) over {W} GPUs needs about "
                            f"{f'{gib:,.0f}' if gib >= 10 else f'{gib:.3g}'} GiB "
                            f"for the planner's cost model ({T} tables x {O:,} placements x "
                            f"{F:,} features; it grows as GPUs squared), over {what} "
-                           f"{limit / 2**30:.3g} GiB limit; plan fewer nodes (--nodes) or "
+                           f"{limit / 2**30:.3g} GiB; plan fewer nodes (--nodes) or "
                            f"fewer kinds (--kinds: tw and cw have a placement per GPU)")
         self.options = [options_for(t, W, self.g, kinds) for t in self.tables]
         stuck = [t.name or f"t{i}" for i, (t, o) in enumerate(zip(self.tables, self.options)) if not o]
