@@ -27,6 +27,10 @@ from kit.errors import KitError
 # 20-60 tables), so at 150k the wall clock, a safety cap at the same time budget, binds only on
 # a slower or busier machine still. 20 tables on dgx-a100 finish after 121,688 plans.
 PLANS_PER_S = 150_000
+# the largest world those rates were measured at (dgx-a100 x4): a plan is ~14 W features, so a
+# cluster prices fewer a second on any machine, and its wall clock can bind whatever the load
+# (2 tables in 2 s on the shared 2-core box: 77,491 plans on 512 GPUs, 59,398 on 1,024)
+PLANS_PER_S_MAX_WORLD = 32
 # the most plans one search may be given (max_plans): about 18.5 hours at PLANS_PER_S, where 20
 # tables on dgx-a100 finish after 121,688; a larger count is a typo, not a search
 MAX_PLANS_LIMIT = 10_000_000_000
