@@ -1,10 +1,15 @@
 """kit.parallel keeps its kernel times on disk between processes (kit.parallel.op_cache), and a
 prediction's p10/p90 band reuses the times of its point prediction instead of predicting every
 kernel again under the predictor object's own cache key."""
+from dataclasses import dataclass
+
 import pytest
 
 import kit.parallel.costs as costs
-from kit.parallel import Layout, predict_parallel
+from kit import ops
+from kit.hardware.system import get_system
+from kit.parallel import Layout, op_cache, predict_parallel
+from kit.parallel.costs import Coster
 from kit.predict.tile_mlp import TilePredictor
 
 MODEL = "gpt:layers=2,hidden=512,heads=8,seq=256,vocab=1000"
@@ -67,3 +72,42 @@ def test_a_line_cut_short_is_predicted_again(empty_caches, monkeypatch):
     seen = _calls(monkeypatch)
     assert _run() == want
     assert seen  # the first line's kernels were predicted again
+
+
+def _scaled(factor: float):
+    """An op class whose bytes are factor x an elementwise copy's: its repr does not hold it."""
+
+    @dataclass(frozen=True)
+    class Scaled(ops.Elementwise):
+        @property
+        def bytes(self) -> float:
+            return factor * ops.dtype_bytes(self.dtype) * self.numel
+
+    return Scaled
+
+
+def test_an_op_class_outside_the_key_is_not_served_from_disk(empty_caches, monkeypatch):
+    # two processes' op classes of one name (a notebook's, edited between runs): the same repr,
+    # other code; the key holds no file of theirs, so the second must not get the first's time
+    one, ten = _scaled(1.0)("copy", 1 << 26, "bf16"), _scaled(10.0)("copy", 1 << 26, "bf16")
+    assert repr(one) == repr(ten)
+    got = []
+    for op in (one, ten):
+        monkeypatch.setattr(costs, "_OP_CACHE", {})
+        monkeypatch.setattr(costs, "_OP_DISK", {})
+        c = Coster(Layout(dtype="bf16"), get_system("dgx-a100"), "roofline")
+        c.predict_ops([op])
+        got.append(c._op_ms[op][0])
+    # the roofline of 128 MiB against 1.28 GiB moved: memory-bound, ~10x the time
+    assert got[1] > 5 * got[0]
+
+
+def test_nothing_is_written_once_the_code_changed(empty_caches, monkeypatch):
+    _run()
+    (f,) = (empty_caches / "parallel_ops").glob("*.jsonl")
+    size = f.stat().st_size
+    # the code on disk changes (process_stamp turns None); this process predicts new shapes
+    monkeypatch.setattr(op_cache, "_stamp", lambda: None)
+    predict_parallel("gpt:layers=2,hidden=768,heads=12,seq=128,vocab=1000", "dgx-a100",
+                     Layout(**LAYOUT), predictor="tile")
+    assert f.stat().st_size == size

@@ -29,9 +29,10 @@ _OP_DISK: dict = {}  # _OP_CACHE's key -> (its file under $KIT_CACHE, what that 
 
 def _disk_key(op) -> str | None:
     """An op's name in the disk cache (kit.parallel.op_cache): its class and repr, for a
-    dataclass whose every field is in its repr (None: not cached on disk)."""
+    dataclass whose every field is in its repr and whose classes' code the cache's key holds
+    (op_cache.stamped_class); None: not cached on disk."""
     fs = getattr(op, "__dataclass_fields__", None)
-    if not fs or not all(f.repr for f in fs.values()):
+    if not fs or not all(f.repr for f in fs.values()) or not op_cache.stamped_class(type(op)):
         return None
     return f"{type(op).__module__}.{op!r}"
 

@@ -6,9 +6,16 @@ CPU re-predicting the same few hundred shapes. An op's four times (latency, p10,
 depend only on the op, the predictor and its weights (its name carries weights other than the
 shipped ones: kit.predict.predictor_name), the GPU's spec and those of the training GPUs that
 bound it, and the code: kit.workload.latency_cache's files (the predictors, the shipped weights,
-the op definitions, tiling, the catalog) and this package's costs.py and this file. The key holds
-all of them, by contents (kit.source_digest.process_stamp: None, and no disk cache, once the code
-on disk is not what this process imported).
+the op definitions, tiling, the catalog), the op classes this package defines (OP_FILES), its
+costs.py and this file. The key holds all of them, by contents (kit.source_digest.process_stamp:
+None, and no disk cache, once the code on disk is not what this process imported).
+
+An op is named on disk by its class and repr, which hold its fields but not its class's code
+(a property such as KVRepeat.bytes, a class attribute): only an op whose class and every base
+are defined in those files is kept (stamped_class). kit/parallel/gpt.py's and vocab_kernels.py's
+ops had been kept under a stamp without their files: an edit of KVRepeat.bytes (x10) left a fresh
+`kit predict ... --predictor roofline` at the old 11.972 ms where the edited code gives 12.215;
+and an op class of a user's (a notebook's __main__) would have met another's of the same name.
 
 $KIT_CACHE/parallel_ops/<key>.jsonl: one JSON line {repr(op): [latency, p10, p90, roofline]} per
 call that predicted new ops, appended (two processes may append at once: each line is one
@@ -19,19 +26,42 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 from kit.jsonl import read_jsonl
 
 HERE = Path(__file__).resolve().parent
+OP_FILES = ("gpt.py", "vocab_kernels.py")  # the op classes kit.parallel defines
+
+
+def _files() -> list[Path]:
+    from kit.workload.latency_cache import predictor_files
+
+    return [*predictor_files(), *(HERE / n for n in (*OP_FILES, "costs.py", "op_cache.py"))]
 
 
 def _stamp() -> str | None:
     from kit.source_digest import process_stamp
-    from kit.workload.latency_cache import predictor_files
 
-    files = [*predictor_files(), HERE / "costs.py", HERE / "op_cache.py"]
-    return process_stamp("parallel-ops", ((str(f.relative_to(f.parents[1])), f) for f in files))
+    return process_stamp("parallel-ops", ((str(f.relative_to(f.parents[1])), f) for f in _files()))
+
+
+_STAMPED: dict = {}  # stamped_class's answers, by class
+
+
+def stamped_class(cls) -> bool:
+    """Whether cls and every class it inherits from (object aside) are defined in a file the
+    stamp holds: only then does a change of the class's code change the key."""
+    if cls not in _STAMPED:
+        files = {f.resolve() for f in _files()}
+
+        def stamped(c) -> bool:
+            path = getattr(sys.modules.get(c.__module__), "__file__", None)
+            return path is not None and Path(path).resolve() in files
+
+        _STAMPED[cls] = all(c is object or stamped(c) for c in cls.__mro__)
+    return _STAMPED[cls]
 
 
 def cache_path(predictor_name, gpu) -> Path | None:
@@ -61,8 +91,11 @@ def load(path: Path | None) -> dict:
 
 def append(path: Path | None, entries: dict) -> None:
     """Add repr(op) -> four times to path, as one line in one write; a cache that cannot be
-    written is skipped, never an error."""
-    if path is None or not entries:
+    written is skipped, never an error. Nor is anything written once the code on disk is not the
+    code path's stamp holds (_stamp None): path was named at the first prediction, and a process
+    that has since run other code (autoreload after an edit) had written its times under the old
+    code's key, which a process of the old code (the edit undone) would read."""
+    if path is None or not entries or _stamp() is None:
         return
     line = (json.dumps({k: [float(x) for x in v] for k, v in entries.items()}) + "\n").encode()
     try:
