@@ -1,6 +1,7 @@
 """kit.parallel keeps its kernel times on disk between processes (kit.parallel.op_cache), and a
 prediction's p10/p90 band reuses the times of its point prediction instead of predicting every
 kernel again under the predictor object's own cache key."""
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -111,3 +112,28 @@ def test_nothing_is_written_once_the_code_changed(empty_caches, monkeypatch):
     predict_parallel("gpt:layers=2,hidden=768,heads=12,seq=128,vocab=1000", "dgx-a100",
                      Layout(**LAYOUT), predictor="tile")
     assert f.stat().st_size == size
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_cache_file_that_is_no_file_is_a_miss(empty_caches, monkeypatch):
+    # a full disk, and a cache file that is a link to a device: reading /dev/full never ends
+    # (it had been a MemoryError), writing to it fails (ENOSPC); the prediction is as uncached
+    want = _run()
+    (f,) = (empty_caches / "parallel_ops").glob("*.jsonl")
+    f.unlink()
+    f.symlink_to("/dev/full")
+    monkeypatch.setattr(costs, "_OP_CACHE", {})
+    monkeypatch.setattr(costs, "_OP_DISK", {})
+    seen = _calls(monkeypatch)
+    assert _run() == want
+    assert seen
+
+
+def test_a_fifo_in_place_of_the_cache_file_does_not_block(empty_caches, monkeypatch):
+    want = _run()
+    (f,) = (empty_caches / "parallel_ops").glob("*.jsonl")
+    f.unlink()
+    os.mkfifo(f)
+    monkeypatch.setattr(costs, "_OP_CACHE", {})
+    monkeypatch.setattr(costs, "_OP_DISK", {})
+    assert _run() == want

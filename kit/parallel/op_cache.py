@@ -81,7 +81,9 @@ def cache_path(predictor_name, gpu) -> Path | None:
 def load(path: Path | None) -> dict:
     """repr(op) -> its four times, from every line of path that parses (none: {})."""
     out: dict = {}
-    if path is None:
+    # a regular file only: a cache file that is a link to a device (/dev/full, /dev/zero) had been
+    # read to its never-reached end, a MemoryError traceback, and a FIFO would block
+    if path is None or not path.is_file():
         return out
     for entries in read_jsonl(path):
         out.update((k, tuple(v)) for k, v in entries.items()
@@ -100,7 +102,9 @@ def append(path: Path | None, entries: dict) -> None:
     line = (json.dumps({k: [float(x) for x in v] for k, v in entries.items()}) + "\n").encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # non-blocking: a FIFO without a reader is an error (ENXIO), not a wait; a regular file
+        # is written as without it
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
         try:
             os.write(fd, line)
         finally:
