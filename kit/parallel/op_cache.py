@@ -48,17 +48,19 @@ def _stamp() -> str | None:
 
 
 _STAMPED: dict = {}  # stamped_class's answers, by class
+_STAMPED_FILES: set = set()  # the stamp's files, resolved: once a process
 
 
 def stamped_class(cls) -> bool:
     """Whether cls and every class it inherits from (object aside) are defined in a file the
     stamp holds: only then does a change of the class's code change the key."""
     if cls not in _STAMPED:
-        files = {f.resolve() for f in _files()}
+        if not _STAMPED_FILES:
+            _STAMPED_FILES.update(f.resolve() for f in _files())
 
         def stamped(c) -> bool:
             path = getattr(sys.modules.get(c.__module__), "__file__", None)
-            return path is not None and Path(path).resolve() in files
+            return path is not None and Path(path).resolve() in _STAMPED_FILES
 
         _STAMPED[cls] = all(c is object or stamped(c) for c in cls.__mro__)
     return _STAMPED[cls]
