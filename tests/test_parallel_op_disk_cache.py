@@ -1,7 +1,9 @@
 """kit.parallel keeps its kernel times on disk between processes (kit.parallel.op_cache), and a
 prediction's p10/p90 band reuses the times of its point prediction instead of predicting every
 kernel again under the predictor object's own cache key."""
+import inspect
 import os
+from pathlib import Path
 from dataclasses import dataclass
 
 import pytest
@@ -137,3 +139,13 @@ def test_a_fifo_in_place_of_the_cache_file_does_not_block(empty_caches, monkeypa
     monkeypatch.setattr(costs, "_OP_CACHE", {})
     monkeypatch.setattr(costs, "_OP_DISK", {})
     assert _run() == want
+
+
+def test_the_gpus_code_is_in_the_key():
+    # the predictors read a GPU's derived figures (its class's properties, not its spec's
+    # fields): the file defining its class must be hashed into both disk caches' keys
+    from kit.workload.latency_cache import predictor_files
+
+    gpu = get_system("dgx-a100").gpu
+    assert Path(inspect.getfile(type(gpu))).resolve() in {f.resolve() for f in predictor_files()}
+    assert op_cache.stamped_class(type(gpu))

@@ -69,8 +69,8 @@ def stamped_class(cls) -> bool:
 def cache_path(predictor_name, gpu) -> Path | None:
     """The file of a predictor's (a name: kit.predict.predictor_name) times on gpu; None for a
     predictor object (its weights are not known) or when the code changed under this process."""
-    if not isinstance(predictor_name, str):
-        return None
+    if not isinstance(predictor_name, str) or not stamped_class(type(gpu)):
+        return None  # (a GPU of a class of the user's: its code is not in the key)
     stamp = _stamp()
     if stamp is None:
         return None

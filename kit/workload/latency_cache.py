@@ -26,9 +26,12 @@ from kit.whole_file import replace_file
 PREDICT_DIR = Path(__file__).resolve().parents[1] / "predict"
 # what the predictors compute with, outside kit/predict: tiles, waves and the op definitions (and
 # their counts: bytes per dtype, FLOPs per element), and the catalog: a GPU's predictions may be
-# bounded by another GPU's (kit.predict.sibling_bound), whose spec the key does not hold
+# bounded by another GPU's (kit.predict.sibling_bound), whose spec the key does not hold; and
+# the GPU's class, whose derived figures (mem_bw_bytes_per_s, gemm_peak_tflops, simt_fp32_tflops)
+# the predictors read and its spec (to_dict) does not hold: halving mem_bw_bytes_per_s had left a
+# fresh roofline `kit predict gpt:... --tp 2` at the cached 10.499 ms, not 16.529
 KIT_FILES = tuple(Path(__file__).resolve().parents[1] / n
-                  for n in ("tiling.py", "ops.py", "op_counts.py", "hardware/gpus.json"))
+                  for n in ("tiling.py", "ops.py", "op_counts.py", "hardware/gpus.json", "hardware/gpu.py"))
 
 
 HERE = Path(__file__).resolve().parent
