@@ -23,7 +23,6 @@ from kit.op_counts import (BINARY_KINDS, DROPOUT_FLOPS_PER_ELEM, ELEMENTWISE_FLO
 from kit.op_counts import DTYPE_BYTES  # noqa: F401 (re-exported: its importers take it from here)
 
 
-
 @dataclass(frozen=True)
 class Gemm:
     """A (batched) matrix multiply. `shared_rhs`: B is one weight shared over the batch (Linear).
