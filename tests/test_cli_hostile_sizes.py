@@ -50,7 +50,7 @@ def test_shard_too_many_gpus_is_refused_before_building_placements(tmp_path, cap
     t0 = time.perf_counter()
     err = cli_error(capsys, "shard", "--tables", _tables(tmp_path), "--system", "dgx-a100",
                     "--nodes", "100000")
-    assert "2,500,002 placements" in err and "over its 8 GiB limit" in err
+    assert "2,500,002 placements" in err and "over the planner's limit of 8 GiB" in err
     assert time.perf_counter() - t0 < 5
 
 
