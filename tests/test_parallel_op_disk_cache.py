@@ -77,6 +77,40 @@ def test_a_line_cut_short_is_predicted_again(empty_caches, monkeypatch):
     assert seen  # the first line's kernels were predicted again
 
 
+def test_a_write_cut_short_at_the_end_loses_no_later_line(empty_caches, monkeypatch):
+    # a full disk cut the last write: the file ends inside a line, with no newline. The next
+    # process predicts that line's kernels again and appends them; that line must start on a
+    # line of its own, or it joins the cut one and the process after predicts them once more
+    _run()
+    (f,) = (empty_caches / "parallel_ops").glob("*.jsonl")
+    text = f.read_text()
+    last = text.splitlines(keepends=True)[-1]
+    f.write_text(text[: len(text) - len(last)] + last[: len(last) // 2])
+    for process in ("the one after the cut", "the next"):
+        monkeypatch.setattr(costs, "_OP_CACHE", {})
+        monkeypatch.setattr(costs, "_OP_DISK", {})
+        seen = _calls(monkeypatch)
+        _run()
+        if process == "the next":
+            assert seen == [], "the kernels appended after the cut line were lost"
+        size = f.stat().st_size
+    monkeypatch.setattr(costs, "_OP_CACHE", {})
+    monkeypatch.setattr(costs, "_OP_DISK", {})
+    _run()
+    assert f.stat().st_size == size  # nothing appended again: the file does not grow
+
+
+def test_an_append_after_a_cut_line_starts_a_line_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(op_cache, "_stamp", lambda: "stamp")
+    f = tmp_path / "ops.jsonl"
+    f.write_text('{"a": [1.0, 1.0, 1.0, 1.0]}\n{"b": [2.0, 2.')  # the second write cut short
+    op_cache.append(f, {"c": (3.0, 3.0, 3.0, 3.0)})
+    op_cache.append(f, {"d": (4.0, 4.0, 4.0, 4.0)})
+    assert op_cache.load(f) == {k: (x,) * 4 for k, x in (("a", 1.0), ("c", 3.0), ("d", 4.0))}
+    # a whole file gets no blank line: one line per append
+    assert f.read_text().count("\n") == 4
+
+
 def _scaled(factor: float):
     """An op class whose bytes are factor x an elementwise copy's: its repr does not hold it."""
 

@@ -19,13 +19,15 @@ and an op class of a user's (a notebook's __main__) would have met another's of 
 
 $KIT_CACHE/parallel_ops/<key>.jsonl: one JSON line {repr(op): [latency, p10, p90, roofline]} per
 call that predicted new ops, appended (two processes may append at once: each line is one
-write). A line that does not parse (a write cut short) is skipped: its ops are predicted again.
+write). A line that does not parse (a write cut short) is skipped: its ops are predicted again;
+the next append starts on a line of its own (_fresh_line).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -93,6 +95,30 @@ def load(path: Path | None) -> dict:
     return out
 
 
+def _fresh_line(fd: int, path: Path) -> bytes:
+    """b"\n" when the regular file open at fd (for writing only: a FIFO without a reader must
+    stay an error) does not end with one, else b"". A write cut short (a full disk, a kill) left
+    the file inside a line, and the next append had joined it: one line that does not parse, so
+    that append's times were lost too and the process after predicted and appended them again
+    (the cut last line of a GPT run's file: 3 ops predicted by the next two processes, not one).
+    Read through a second descriptor, of the same file (device and inode), or the answer is
+    b"\n": a blank line is skipped."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return b""
+    try:
+        rd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return b"\n"
+    try:
+        same = os.fstat(rd)
+        if (same.st_dev, same.st_ino) != (st.st_dev, st.st_ino):
+            return b"\n"
+        return b"" if os.pread(rd, 1, st.st_size - 1) == b"\n" else b"\n"
+    finally:
+        os.close(rd)
+
+
 def append(path: Path | None, entries: dict) -> None:
     """Add repr(op) -> four times to path, as one line in one write; a cache that cannot be
     written is skipped, never an error. Nor is anything written once the code on disk is not the
@@ -108,7 +134,7 @@ def append(path: Path | None, entries: dict) -> None:
         # is written as without it
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
         try:
-            os.write(fd, line)
+            os.write(fd, _fresh_line(fd, path) + line)
         finally:
             os.close(fd)
     except OSError:
