@@ -138,3 +138,26 @@ def test_a_cluster_stopped_by_the_clock_does_not_blame_the_machine():
     assert "slow or busy" not in end and "14,337 features" in end and "1,024 GPUs" in end
     r.update(world_size=32, cost_model_size={"placements": 300, "features": 14 * 32 + 1})
     assert "slow or busy" in search_end(r, "--budget-s")  # at the sizes PLANS_PER_S was measured at
+
+
+def test_the_panel_says_what_the_cli_says_of_a_cluster_stopped_by_the_clock():
+    """widgets.sharding's summary had its own wording, "this machine is busy", for every search
+    the clock stopped: a 1,024-GPU plan's too (cut by its size, as the CLI says since da35d61)."""
+    from types import SimpleNamespace
+
+    from kit.sharding.search import PLANS_PER_S_MAX_WORLD
+    from widgets.sharding import ShardingPanel
+
+    parts = {k: 0.0 for k in ("input_alltoall_ms", "output_alltoall_ms", "grad_alltoall_ms")}
+    r = {"search_stopped_by": "time budget", "time_budget_s": 2.0, "max_plans": 300_000,
+         "max_plans_given": False, "world_size": 1024, "plans_evaluated": 59_398,
+         "cost_model_size": {"placements": 6404, "features": 14 * 1024 + 1},
+         "plan": [{}, {}], "system": "dgx-a100", "cost_ms": 1.0, "imbalance": 1.0, "parts": parts,
+         "best_baseline": None, "baselines": {}}
+    panel = SimpleNamespace(result=lambda: r, plan=SimpleNamespace(value="search"))
+    said = ShardingPanel.summary_text(panel)
+    assert "busy" not in said and "1,024 GPUs" in said and "14,337 features" in said
+    assert f"measured up to {PLANS_PER_S_MAX_WORLD} GPUs" in said
+    assert "--max-plans" not in said and "budget_s 2" in said  # the panel's own budget, by name
+    r.update(world_size=32, cost_model_size={"placements": 300, "features": 14 * 32 + 1})
+    assert "slow or busy" in ShardingPanel.summary_text(panel)  # where PLANS_PER_S was measured

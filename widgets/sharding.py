@@ -8,6 +8,7 @@ import pandas as pd
 from kit.hardware import get_system
 from kit.sharding import as_tables, plan_sharding, synthetic_tables
 from kit.sharding.plans import KIND_NAMES as PLAN_KIND_NAMES
+from kit.sharding.search_end import search_end
 from widgets.base import Panel, check_init
 
 SYSTEMS = ["dgx1-v100", "a100x4-nvlink", "dgx-a100", "dgx-h100", "hgx-h200", "pcie8"]
@@ -86,7 +87,7 @@ class ShardingPanel(Panel):
                     f"{p['output_alltoall_ms']:.3f} + {p['grad_alltoall_ms']:.3f} ms; "
                     + (f"{100 * r['improvement_vs_best_baseline']:.1f}% better than {r['best_baseline']}"
                        if r["best_baseline"] else "no baseline found a plan that fits"))
-        searched += "; " + _search_end(r)
+        searched += "; search " + search_end(r, "budget_s")
         shown = self.plan.value
         if shown == "search":
             return searched
@@ -94,12 +95,3 @@ class ShardingPanel(Panel):
         what = (f"the chart shows the {shown} baseline, which finds no plan under the memory cap"
                 if cost is None else f"the chart shows the {shown} baseline: {cost:.3f} ms")
         return f"{what} · searched plan: {searched}"
-
-
-def _search_end(r) -> str:
-    if r["search_stopped_by"] == "finished":
-        return "the search finished"
-    if r["search_stopped_by"] == "plan budget":
-        return f"the search stopped at its budget of {r['max_plans']:,} plans (not finished)"
-    return (f"the search stopped at its {r['time_budget_s']:g} s time cap (not finished): this "
-            f"machine is busy, and another run may show another plan")

@@ -25,34 +25,9 @@ def max_plans(s: str) -> int:
 
 def search_end(r, budget: str) -> str:
     """How the plan search ended, in words (`budget`: the time budget's name to the reader)."""
-    by, secs = r["search_stopped_by"], f"{budget} {r['time_budget_s']:g}"
-    if by == "finished":
-        return "finished"
-    if by == "plan budget":
-        if r.get("max_plans_given"):
-            return (f"not finished: stopped at the {r['max_plans']:,} plans of --max-plans (the same "
-                    "inputs give the same plan); a larger --max-plans searches further")
-        return (f"not finished: stopped at its budget of {r['max_plans']:,} plans ({secs}; the same "
-                f"inputs give the same plan); a larger {budget} or --max-plans searches further")
-    from kit.sharding.search import PLANS_PER_S, PLANS_PER_S_MAX_WORLD
+    from kit.sharding.search_end import search_end as ended
 
-    need_s = r["max_plans"] / PLANS_PER_S
-    if r.get("max_plans_given") and need_s > r["time_budget_s"]:
-        # --max-plans past what its --budget-s prices on any machine: 100,000,000 plans under
-        # --budget-s 0.5 had blamed "this machine is slow or busy", where they take ~667 s
-        return (f"not finished: stopped by the wall clock at {secs} s before the {r['max_plans']:,} "
-                f"plans of --max-plans, so another run may give another plan; they take about "
-                f"{need_s:.3g} s at {PLANS_PER_S:,} plans a second: give {budget} at least that, "
-                "or fewer --max-plans")
-    size = r.get("cost_model_size")
-    if size and r["world_size"] > PLANS_PER_S_MAX_WORLD:  # the plans' size, not the machine's load
-        return (f"not finished: stopped by the wall clock at {secs} s before its {r['max_plans']:,} "
-                f"plans, so another run may give another plan; a plan of {r['world_size']:,} GPUs "
-                f"is {size['features']:,} features, slower to price than the {PLANS_PER_S:,} a "
-                f"second {budget} stands for (measured up to {PLANS_PER_S_MAX_WORLD} GPUs): give "
-                f"a larger {budget}, or --max-plans and a {budget} that covers it")
-    return (f"not finished: stopped by the wall clock at {secs} s before its {r['max_plans']:,} "
-            f"plans, so another run may give another plan; this machine is slow or busy, give a larger {budget}")
+    return ended(r, budget, "--max-plans")
 
 
 def setup_note(r, budget: str) -> str | None:
