@@ -317,3 +317,92 @@ def test_gemma2s_eager_prefill_attends_over_what_its_cache_layers_return(kind, p
     want = {0: max(rows[0], prompt), 1: max(rows[1], prompt)}
     assert masks == sorted(f"[{B},1,{prompt},{k}]x[]x[]" for k in want.values())
     assert not any(n.op_class == "kv_cache" for n in g.nodes)
+
+
+# GPT-OSS: 4 query heads on 2 KV heads of 16, window 8; layer 0 sliding, layer 1 full (HF's
+# default layer_types, configuration_gpt_oss.py:84-87: sliding where (i + 1) % 2)
+GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 32,
+           "vocab_size": 100, "sliding_window": 8, "head_dim": 16, "num_local_experts": 4,
+           "num_experts_per_tok": 2}
+
+
+@pytest.mark.parametrize("kind,prompt,cap", [("static", 5, 12), ("static", 20, 24),
+                                             ("dynamic", 5, None), ("dynamic", 20, None)])
+def test_gpt_oss_eager_prefill_softmaxes_over_its_keys_and_the_sink(kind, prompt, cap):
+    """GPT-OSS runs eager attention (_supports_sdpa False, modeling_gpt_oss.py:378), HF 5.25's
+    eager_attention_forward (:225-254): the KV heads repeated (repeat_kv, a copy each), matmul,
+    * scaling, + the layer kind's mask, then the head's sink logit joins every row as one more
+    column (cat), the row max is subtracted, softmax in the logits' own dtype (no fp32 cast,
+    unlike Gemma 2's), the sink column dropped, matmul with the values over every key the cache
+    layer returned. cache.update (:305) runs inside the attention, before it; the model builds
+    two masks (:458-468, create_causal_mask and create_sliding_window_causal_mask), each eager,
+    never skipped (masking_utils.py:552). Keys: static, the full layer's preallocated CAP rows,
+    the sliding one's min(8, CAP) rows (StaticSlidingWindowLayer, cache_utils.py:538-540) or the
+    prompt where it overfills them (its last 8 rows copy_'d in); dynamic: the prompt's P."""
+    g = graph_of(GPT_OSS, B, prompt, "inference", "fp16", last_logits=True, kv_cache=kind,
+                 cache_len=cap)
+    heads, kv, d = 4, 2, 16
+    rows = {0: min(8, cap) if cap else 0, 1: cap or 0}
+    keys = {layer: max(rows[layer], prompt) for layer in rows}
+    for layer in (0, 1):
+        n_keys = keys[layer]
+        nodes = [n for n in g.nodes if n.layer == layer]
+        names = [n.aten for n in nodes]
+        bmms = [i for i, a in enumerate(names) if a == "aten.bmm.default"]
+        first, second = bmms[0], bmms[1]
+        assert nodes[first].shapes == f"[{B * heads},{prompt},{d}]x[{B * heads},{d},{n_keys}]"
+        assert nodes[second].shapes == f"[{B * heads},{prompt},{n_keys}]x[{B * heads},{n_keys},{d}]"
+        between = nodes[first + 1:second]
+        seq = [n.aten for n in between if n.op_class != "free"]
+        assert seq == ["aten.mul.Tensor", "aten.add.Tensor", "aten.cat.default", "aten.max.dim",
+                       "aten.sub.Tensor", "aten._softmax.default"]
+        rows_q = f"{B},{heads},{prompt}"
+        assert [n.shapes for n in between if n.op_class != "free"] == [
+            f"[{rows_q},{n_keys}]", f"[{rows_q},{n_keys}]x[{B},1,{prompt},{n_keys}]",
+            f"[{rows_q},{n_keys}]x[{rows_q},1]", f"[{rows_q},{n_keys + 1}]",
+            f"[{rows_q},{n_keys + 1}]x[{rows_q},1]", f"[{rows_q},{n_keys + 1}]"]
+        # repeat_kv: the keys and the values each copied to the query heads, before the scores
+        assert [n.shapes for n in nodes[:first] if n.aten == "aten.clone.default"] == \
+            [f"[{B},{kv},2,{n_keys},{d}]"] * 2
+        # the cache initialised and written inside the layer, before its attention
+        before = names[:first]
+        if kind == "dynamic":
+            writes = [n.shapes for n in nodes[:first] if n.shapes.startswith("[0]x")]
+            assert writes == [f"[0]x[{B},{kv},{prompt},{d}]"] * 2
+            assert "aten.zeros.default" not in names
+            assert before.count(H2D_COPY) == (1 if layer == 0 else 0)  # the window tensor's move
+        else:
+            assert before.count("aten.zeros.default") == 2 and before.count(H2D_COPY) == 1
+            if prompt > rows[layer]:
+                writes = [n.shapes for n in nodes[:first] if n.aten == "aten.copy_.default"]
+                assert writes == [f"[{B},{kv},{rows[layer]},{d}]x[{B},{kv},{rows[layer]},{d}]"] * 2
+            else:
+                writes = [n.shapes for n in nodes[:first] if n.aten == "aten.index_copy_.default"]
+                assert writes == [f"[{B},{kv},{rows[layer]},{d}]x[{prompt}]x[{B},{kv},{prompt},{d}]"] * 2
+    masks = sorted(n.shapes for n in g.nodes if n.layer is None and n.aten == "aten.where.self")
+    assert masks == sorted(f"[{B},1,{prompt},{k}]x[]x[]" for k in keys.values())
+    assert not any(n.op_class == "kv_cache" for n in g.nodes)
+
+
+def test_gpt_oss_sink_takes_its_share_of_each_rows_softmax_and_is_dropped():
+    """The numbers of the same eager pass (modeling_gpt_oss.py:236-252), by hand: with s the
+    scaled scores plus the mask and z a head's sink, a key's weight is exp(s_j) / (sum_k
+    exp(s_k) + exp(z)): the sink takes its share of the row and no value. Masked keys (-inf)
+    weigh nothing."""
+    from kit.workload.zoo_modern import LlamaAttention
+
+    torch.manual_seed(0)
+    attn = LlamaAttention(GPT_OSS)
+    with torch.no_grad():
+        attn.sinks.copy_(torch.tensor([0.0, 1.5, -2.0, 3.0]))
+    q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
+    mask = torch.zeros(1, 1, 3, 5)
+    mask[..., 3:] = float("-inf")  # the last two keys hidden from every query
+    got = attn._eager(q, k, v, mask)
+    for h in range(4):
+        kh, vh = k[0, h // 2], v[0, h // 2]  # query heads 0, 1 read KV head 0; 2, 3 head 1
+        e = torch.exp(q[0, h] @ kh.T * 16 ** -0.5 + mask[0, 0])
+        w = e / (e.sum(-1, keepdim=True) + torch.exp(attn.sinks[h]))
+        assert torch.allclose(got[0, h], w @ vh, atol=1e-5)
+    assert w.sum(-1).max() < 1  # the sink's share: the rows' weights no longer sum to one
