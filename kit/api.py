@@ -258,14 +258,17 @@ def predict_model(model, gpu, mode: str = "train", batch: int | None = None, seq
 
 def predict_generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 128,
                        dtype: str = "fp32", fusion: str = "eager", predictor: str = "auto",
-                       overhead=None, kv_cache: str = "static") -> dict:
+                       overhead=None, kv_cache: str = "static", disable_compile: bool = False) -> dict:
     """Predict generating `new_tokens` per sequence after a `prompt`-token prefill on one GPU:
     time to first token, time per output token, total and tokens/s, with the KV cache in the
-    memory need (kit.workload.generation)."""
+    memory need (kit.workload.generation). Over a static cache the decode steps are priced
+    compiled under CUDA graphs, as HF 5.25's generate runs them by default; disable_compile=True
+    (HF's flag) prices them as fusion and overhead ask. "priced" says how each pass was."""
     from kit.workload.generation import generation
 
     return generation(model, gpu, batch=batch, prompt=prompt, new_tokens=new_tokens, dtype=dtype,
-                      fusion=fusion, predictor=predictor, overhead=overhead, kv_cache=kv_cache)
+                      fusion=fusion, predictor=predictor, overhead=overhead, kv_cache=kv_cache,
+                      disable_compile=disable_compile)
 
 
 def predict_multi_gpu(model, system, nodes: int | None = None, predictor: str = "auto",

@@ -294,7 +294,11 @@ cache. `predict_generation` (CLI: `--mode generate --new-tokens N`) sums the
 steps from decode steps predicted at five contexts and interpolated between them. Each pass
 carries the GPU work HF's greedy `generate` runs around the model (input slices, position ids,
 the last logits copied to FP32, argmax, the stopping criteria: 24 small kernels a decode step),
-and each step ends at HF's stop check, a host read that waits for the GPU to drain.
+and each step ends at HF's stop check, a host read that waits for the GPU to drain. Over a
+static cache, HF 5.25's `generate` compiles the decode steps by default (torch.compile, mode
+reduce-overhead: CUDA graphs) and runs the prefill as it is; so the steps are priced compiled
+under CUDA graphs, the prefill as asked (eager here), and the result says how (`priced`).
+`disable_compile=True` (CLI `--disable-compile`), HF's flag, prices the steps as asked too.
 """),
     code("""
 from kit.api import predict_generation
@@ -303,6 +307,8 @@ assert abs(gen["total_ms"] - gen["ttft_ms"] - 255 * gen["tpot_ms"]) < 1e-6 * gen
 assert gen["ttft_ms"] > gen["tpot_ms"]  # one token after the prompt costs less than the prompt
 print(f"TTFT {gen['ttft_ms']:.0f} ms, then {gen['tpot_ms']:.1f} ms a token: "
       f"{gen['total_ms'] / 1e3:.2f} s for 256 tokens x 8 sequences ({gen['tokens_per_s']:.0f} tokens/s)")
+print({name: (p["fusion"], "CUDA graphs" if p["cuda_graphs"] else "host launches")
+       for name, p in gen["priced"].items()})
 """),
     md(r"""
 On a Hopper GPU in bf16 the weight GEMMs of a decode step ($m \le 16$: matrix-vector products in

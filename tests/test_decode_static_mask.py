@@ -103,7 +103,9 @@ def test_generation_steps_read_the_cache_generate_preallocates():
     from kit.workload.models import graph_of
 
     cfg = {**LLAMA, "name": "tiny-llama-mask"}
-    gen = generation(cfg, "h100-sxm", batch=2, prompt=16, new_tokens=9, dtype="bf16")
+    # eager, as asked (disable_compile: HF's default compiles them, test_generate_hf_auto_compile)
+    gen = generation(cfg, "h100-sxm", batch=2, prompt=16, new_tokens=9, dtype="bf16",
+                     disable_compile=True)
     first = gen["decode_steps"][0]
     assert first["context"] == 16
 

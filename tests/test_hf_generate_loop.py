@@ -81,7 +81,9 @@ def test_generation_prices_every_step_with_hfs_loop():
     """A generation's TTFT and decode steps are the forward passes with HF's loop ops: 23 kernels
     more in the prefill and 24 a decode step (it had priced the forward passes alone)."""
     cap = static_cache_len(LLAMA, P, N, "static")
-    r = generation(LLAMA, GPU, batch=B, prompt=P, new_tokens=N, dtype="bf16")
+    # the decode steps eager, as asked (disable_compile: HF's default compiles them,
+    # tests/test_generate_hf_auto_compile.py)
+    r = generation(LLAMA, GPU, batch=B, prompt=P, new_tokens=N, dtype="bf16", disable_compile=True)
     # HF 5.25's prefill, its cache written inside each layer (tests/test_generate_prefill_hf5.py)
     prefill_graph = graph_of(LLAMA, B, P, "inference", "bf16", last_logits=True, cache_len=cap)
     bare_prefill = iteration(prefill_graph, GPU)

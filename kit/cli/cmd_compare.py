@@ -10,7 +10,7 @@ import numbers
 
 from kit.cli import add_command
 from kit.cli.cmd_predict import (add_model_args, buffers_text, check_decode_args, dtype_text, host_lines,
-                                 optimizer_text, overhead_from, with_calibration)
+                                 optimizer_text, overhead_from, pricing_text, with_calibration)
 from kit.cli.outputs import nonempty
 
 
@@ -106,7 +106,8 @@ def check_prices(prices: dict, chosen) -> dict:
 
 def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusion="eager",
             optimizer=None, predictor="auto", prices=None, overhead=None,
-            new_tokens: int | None = None, kv_cache: str = "static", loss: bool = True) -> dict:
+            new_tokens: int | None = None, kv_cache: str = "static", loss: bool = True,
+            disable_compile: bool = False) -> dict:
     from kit.errors import KitError
     from kit.hardware import get_gpu
     from kit.workload.iteration import iteration
@@ -120,7 +121,7 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
     prices = check_prices(prices or {}, chosen)
     if mode == "generate":
         return compare_generation(model, chosen, 1 if batch is None else batch, seq or 512, new_tokens or 128, dtype,
-                                  fusion, predictor, prices, overhead, kv_cache)
+                                  fusion, predictor, prices, overhead, kv_cache, disable_compile)
     graph = graph_of(model, batch, seq, mode, dtype, optimizer, kv_cache=kv_cache, loss=loss)
     refuse_loss_left_out_of_none(graph, model, loss)
     mem = memory_bytes(graph)
@@ -161,7 +162,7 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
 
 
 def compare_generation(model, chosen, batch, prompt, new_tokens, dtype, fusion, predictor, prices,
-                       overhead, kv_cache="static") -> dict:
+                       overhead, kv_cache="static", disable_compile=False) -> dict:
     """compare for mode generate: a row's step is the whole generation (kit.workload.generation),
     its throughput the batch's new tokens over it, with TTFT and TPOT beside. chosen and prices
     come as compare resolved and checked them (GPU objects, one per key; check_prices's)."""
@@ -175,7 +176,7 @@ def compare_generation(model, chosen, batch, prompt, new_tokens, dtype, fusion, 
                        + "; ".join(no_dtype(g, dtype) for g in chosen))
     runs = {g.key: generation(model, g, batch=batch, prompt=prompt, new_tokens=new_tokens,
                               dtype=asked, fusion=fusion, predictor=predictor, overhead=overhead,
-                              kv_cache=kv_cache)
+                              kv_cache=kv_cache, disable_compile=disable_compile)
             for g in chosen if g.peak_tflops(dtype) is not None}
     first = next(iter(runs.values()))
     # the need alone: a generation's memory also holds its own GPU's size and fit, which at the
@@ -197,6 +198,8 @@ def compare_generation(model, chosen, batch, prompt, new_tokens, dtype, fusion, 
             "dtype": first["dtype"],
             **({"model_dtypes": first["model_dtypes"]} if "model_dtypes" in first else {}),
             "prompt": prompt, "new_tokens": new_tokens, "context": None,
+            "disable_compile": first["disable_compile"], "priced": first["priced"],
+            "notes": first["notes"],
             "unit": "tokens", "memory": mem, "rows": rows}
 
 
@@ -250,7 +253,8 @@ def run(args):
     overhead = overhead_from(args)
     return with_calibration(compare(args.model, gpus, args.mode, args.batch, args.seq, args.dtype, args.fusion,
                                     args.optimizer, args.predictor, parse_prices(args.price_per_hour), overhead,
-                                    args.new_tokens, args.kv_cache or "static", loss=not args.no_loss),
+                                    args.new_tokens, args.kv_cache or "static", loss=not args.no_loss,
+                                    disable_compile=args.disable_compile),
                             overhead, args)
 
 
@@ -267,6 +271,7 @@ def text(r) -> str:
              f"{m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, grads "
              f"{m['grads_bytes'] / 2**30:.1f}, {optimizer_text(m, '.1f')}, activations "
              f"{m['activations_bytes'] / 2**30:.1f}{cache}{buffers_text(m, '.1f')})",
+             *(pricing_text(r["priced"]) if "priced" in r else ()),
              *host_lines(r),
              f"{'gpu':<18} {'step ms':>10} {'p10-p90 ms':>19} {u + '/s':>12} {'fits':>5} "
              f"{'J/step':>9} {'$/M ' + u:>12}"]

@@ -49,6 +49,11 @@ def add_model_args(p):
     p.add_argument("--kv-cache", choices=["static", "dynamic"], default=None,
                    help="with --mode decode or generate: a static cache written in place (default) "
                    "or HF's DynamicCache, concatenated each step")
+    p.add_argument("--disable-compile", action="store_true",
+                   help="with --mode generate over a static cache: price the decode steps as "
+                   "--fusion and --cuda-graphs ask, as HF's generate(disable_compile=True) runs "
+                   "them (default: off, as HF 5.25's generate by default: its decode steps "
+                   "compiled, CUDA graphs, mode reduce-overhead; the prefill always as asked)")
     p.add_argument("--batch", type=positive_int, default=None,
                    help="sequences or samples (default 1; none for a model whose own inputs fix it)")
     p.add_argument("--seq", type=positive_int, default=None, help="sequence length, or with --mode "
@@ -182,6 +187,8 @@ def check_decode_args(args) -> None:
         raise KitError(f"--new-tokens goes with --mode generate (got --mode {args.mode})")
     if getattr(args, "kv_cache", None) is not None and args.mode not in ("decode", "generate"):
         raise KitError(f"--kv-cache goes with --mode decode or generate (got --mode {args.mode})")
+    if getattr(args, "disable_compile", False) and args.mode != "generate":
+        raise KitError(f"--disable-compile goes with --mode generate (got --mode {args.mode})")
     if args.mode == "generate" and args.optimizer:
         raise KitError("an optimizer step needs mode train (got mode generate)")
     if getattr(args, "cuda_graphs", False) and getattr(args, "kv_cache", None) == "dynamic":
@@ -203,6 +210,16 @@ def gpu_memory_text(m: dict) -> str:
     return f"{total:g} GiB" if usable == total else f"{usable:g} GiB usable ({total:g} GiB less in-band ECC)"
 
 
+def pricing_text(priced: dict) -> list[str]:
+    """The text output's lines on how a generate result priced its prefill and its decode steps
+    (its "priced", kit.workload.generation.pricing)."""
+    def one(p):
+        host = "replayed as a CUDA graph" if p["cuda_graphs"] else "launched op by op"
+        return f"{p['fusion']}, {host} ({p['why']})"
+    return [f"  priced    prefill: {one(priced['prefill'])}",
+            f"            decode steps: {one(priced['decode'])}"]
+
+
 def generation_text(r) -> str:
     pre, steps = r["prefill"], r["decode_steps"]
     lines = [f"{r['model']} generate on {r['gpu']}: batch {r['batch']}, prompt {r['prompt']}, "
@@ -214,6 +231,7 @@ def generation_text(r) -> str:
                      f"{steps[0]['ms']:.2f} ms at context {steps[0]['context']} to "
                      f"{steps[-1]['ms']:.2f} ms at {steps[-1]['context']}; GPU idle "
                      f"{steps[0]['gpu_idle_ms']:.2f}-{steps[-1]['gpu_idle_ms']:.2f} ms a step)")
+    lines += pricing_text(r["priced"])
     lines += host_lines(r)
     m = r["memory"]
     lines.append(f"  memory    {m['total_bytes'] / 2**30:.1f} GiB (weights {m['weights_bytes'] / 2**30:.1f}, "
@@ -252,8 +270,8 @@ def run(args):
         return with_calibration(predict_generation(
             args.model, args.gpu, batch=args.batch or 1, prompt=args.seq or 512,
             new_tokens=args.new_tokens or 128, dtype=args.dtype, fusion=args.fusion,
-            predictor=args.predictor, overhead=overhead, kv_cache=args.kv_cache or "static"),
-            overhead, args)
+            predictor=args.predictor, overhead=overhead, kv_cache=args.kv_cache or "static",
+            disable_compile=args.disable_compile), overhead, args)
     it = predict_model(args.model, args.gpu, mode=args.mode, batch=args.batch, seq=args.seq,
                        dtype=args.dtype, fusion=args.fusion, optimizer=args.optimizer,
                        predictor=args.predictor, overhead=overhead,

@@ -35,10 +35,15 @@ TPOT 26.84 -> 26.92 ms, 6,876.0 -> 6,896.6 ms in all (26.83 and 6,871.8 since th
 leaves out the 2D mask generate drops, kit.workload.hf_masks). Each step ends at HF's stop check, whose
 host read waits for the GPU to drain, so a step starts with the GPU idle, as the sum takes it.
 
-Not modelled: over a static cache on a CUDA GPU, HF 5.25's generate compiles the decode steps'
-forward by default (torch.compile, inductor, reduce-overhead: CUDA graphs; not the prefill), and
-these steps are priced eager unless fusion and overhead say otherwise: HF's generate with
-disable_compile=True. Every static-cache result says so in its notes (HF_AUTO_COMPILE_NOTE).
+Over a static cache, the decode steps are priced as HF 5.25's generate runs them by default on a
+CUDA GPU: compiled (the kit's compiled fusion, kit.workload.fusion) and replayed as a CUDA graph
+(kit.workload.iteration.CUDA_GRAPH, as `kit predict --cuda-graphs`), HF's loop ops around the
+forward eager (hf_auto_compiles); the prefill, which HF never compiles, as fusion and overhead
+ask (eager by default). disable_compile=True (HF's GenerationConfig flag of that name; CLI
+--disable-compile) prices the decode steps as asked too. A dynamic cache is never compiled.
+Each result says how each pass was priced ("priced"). Compiling and recording the graph, before
+the first step of a call with a new batch or cache length, is not priced; nor does a host cost
+calibrated from a trace (overhead) reach the compiled steps, whose loop ops take eager defaults.
 """
 from __future__ import annotations
 
@@ -124,25 +129,53 @@ def prefills_in_layers(model) -> bool:
     return decodes(model)
 
 
-# HF 5.25's greedy generate compiles the decode steps' forward over a static cache on a GPU
-# (the kit prices each pass as it is asked: fusion, overhead); said wherever it prices one
-HF_AUTO_COMPILE_NOTE = (
-    "HF transformers 5.25's generate compiles the decode step's forward by default over a "
-    "static cache on a CUDA GPU (_valid_auto_compile_criteria, generation/utils.py:2438-2498,"
-    " used at :3204-3208; get_compiled_call with CompileConfig()'s defaults, "
-    "modeling_utils.py:4876-4904: torch.compile, inductor, mode reduce-overhead, i.e. CUDA "
-    "graphs, configuration_utils.py:1679-1680), not the prefill (_prefill calls the model "
-    "uncompiled); these decode steps are priced as the fusion and overhead asked for (by "
-    "default eager kernels, each launched from the host), which is HF's generate with "
-    "disable_compile=True. HF's default is nearer --fusion compiled --cuda-graphs for the "
-    "decode steps (TPOT), but those options apply to the prefill too (TTFT), which HF runs "
-    "eager. A dynamic cache is never auto-compiled.")
+def hf_auto_compiles(kv_cache: str, disable_compile: bool = False) -> bool:
+    """Whether HF 5.25's generate compiles the decode steps' forward, as it decides on a CUDA GPU
+    (every GPU the kit prices; ROCm's torch device is "cuda" too) with no quantizer or offload
+    (neither modelled): _valid_auto_compile_criteria (generation/utils.py:2438-2498), used by
+    _sample at :3204-3208, holds when disable_compile is unset and the cache is compileable and no
+    DynamicCache (StaticLayer and its sliding subclass is_compileable = True, cache_utils.py:413;
+    DynamicLayer False). get_compiled_call compiles with CompileConfig() (modeling_utils.py:
+    4876-4904): inductor, mode reduce-overhead (CUDA graphs), fullgraph False, dynamic None
+    (configuration_utils.py:1677-1680). Over a static cache every decode step's tensors keep
+    their shapes (the cache preallocated; the tokens cached a tensor, cumulative_length,
+    cache_utils.py:422, marked a static address, :458, updated in place, :483, and read by
+    get_seq_length, :502-504; the mask sized to the whole cache by get_mask_sizes, :496-500): one
+    graph, no recompile as the context grows, so dynamic None (automatic dynamic shapes, acting
+    only at a recompile) never applies. Not priced: a sliding layer (StaticSlidingWindowLayer)
+    keeps a Python int length (cumulative_length_int, :543), on which dynamo may guard and
+    recompile; every pass is priced as one graph. The prefill is
+    called uncompiled (_prefill: self(...), generation/utils.py:4346)."""
+    return kv_cache == "static" and not disable_compile
 
 
-def generate_notes(kv_cache: str) -> list[str]:
-    """What a generate prediction's figures do not model, said in its output: over a static
-    cache, HF 5.25's auto-compiled decode steps (HF_AUTO_COMPILE_NOTE)."""
-    return [HF_AUTO_COMPILE_NOTE] if kv_cache == "static" else []
+COMPILE_NOT_PRICED = (
+    "compiling the decode steps and recording their CUDA graph, before the first step of a "
+    "generate call whose batch or cache length the model has not yet compiled for, is not priced")
+
+
+def pass_pricing(fusion: str, overhead, why: str) -> dict:
+    """How a pass was priced, as a generate result says it: its fusion, whether it replays a CUDA
+    graph (kit.workload.iteration.CUDA_GRAPH), and why."""
+    from kit.workload.iteration import CUDA_GRAPH
+
+    return {"fusion": fusion, "cuda_graphs": overhead == CUDA_GRAPH, "why": why}
+
+
+def pricing(fusion: str, overhead, kv_cache: str, disable_compile: bool) -> dict:
+    """{"prefill": ..., "decode": ...}: each pass's fusion and overhead (the decode steps' compiled
+    under CUDA graphs where HF auto-compiles them, hf_auto_compiles) and pass_pricing's account."""
+    from kit.workload.iteration import CUDA_GRAPH
+
+    prefill = pass_pricing(fusion, overhead, "as asked; HF's generate never compiles the prefill")
+    if hf_auto_compiles(kv_cache, disable_compile):
+        return {"prefill": prefill, "decode": pass_pricing(
+            "compiled", CUDA_GRAPH, "HF 5.25's generate compiles a static cache's decode steps by "
+            "default: torch.compile, inductor, mode reduce-overhead; disable_compile=True prices "
+            "them as asked")}
+    why = ("as asked: disable_compile=True" if kv_cache == "static"
+           else "as asked; HF's generate never compiles a dynamic cache's steps")
+    return {"prefill": prefill, "decode": pass_pricing(fusion, overhead, why)}
 
 
 def summed_steps_ms(contexts: list[int], step_ms: list[float], prompt: int, new_tokens: int) -> float:
@@ -176,13 +209,16 @@ def hf_loop(model, batch: int):
 
 def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 128,
                dtype: str = "fp32", fusion: str = "eager", predictor: str = "auto", overhead=None,
-               samples: int = DECODE_SAMPLES, kv_cache: str = "static") -> dict:
+               samples: int = DECODE_SAMPLES, kv_cache: str = "static",
+               disable_compile: bool = False) -> dict:
     """Predict generating `new_tokens` per sequence after a `prompt`-token prefill (module doc).
-    model: a zoo decoder or an HF-style config of one (kit.workload.zoo.DECODERS)."""
+    model: a zoo decoder or an HF-style config of one (kit.workload.zoo.DECODERS).
+    disable_compile: HF's flag; False (HF's default): a static cache's decode steps compiled
+    under CUDA graphs, whatever fusion and overhead ask; True: as they ask (hf_auto_compiles)."""
     from kit.hardware import get_gpu
     from kit.workload import zoo
     from kit.workload.fusion import check_fusion
-    from kit.workload.iteration import iteration
+    from kit.workload.iteration import CUDA_GRAPH, iteration
     from kit.workload.models import gpu_memory, graph_of, memory_bytes, read_config
 
     batch, prompt, new_tokens = (whole_number(v, f"generation: {name}") for name, v in (
@@ -221,7 +257,12 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
                        f"more than {name}'s {limit}; give a seq of {limit - new_tokens + 1} or less "
                        "(--seq) or fewer new tokens (--new-tokens)")
     check_fusion(fusion)  # before the captures; iteration() memoises on it as a dict key
+    if not isinstance(disable_compile, (bool, np.bool_)):  # "no" or 0 would read as a choice
+        raise KitError(f"generation: disable_compile must be True or False, got {disable_compile!r}")
     run = dict(predictor=predictor, fusion=fusion, overhead=overhead)
+    by_hf = hf_auto_compiles(kv_cache, bool(disable_compile))  # compiled, under CUDA graphs
+    priced = pricing(fusion, overhead, kv_cache, bool(disable_compile))
+    step_run = dict(run, fusion="compiled", overhead=CUDA_GRAPH) if by_hf else run
     cache_len = static_cache_len(model, prompt, new_tokens, kv_cache)
     # generate's prefill, its cache's writes inside each layer, into either cache (every zoo
     # decoder: prefills_in_layers)
@@ -232,7 +273,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     contexts = sample_contexts(prompt, new_tokens, samples, sliding_windows_of(model))
     # the step that feeds the token at position c: input_ids hold c + 1 tokens
     steps = [iteration(looped(graph_of(model, batch, c, "decode", dtype, kv_cache=kv_cache,
-                                       cache_len=cache_len), c + 1, 1), gpu, **run)
+                                       cache_len=cache_len), c + 1, 1), gpu, **step_run)
              for c in contexts]
     step_ms = [s.total_ms for s in steps]
     decode_ms = summed_steps_ms(contexts, step_ms, prompt, new_tokens)
@@ -258,7 +299,9 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
             **({"model_dtypes": prefill.meta["model_dtypes"]} if "model_dtypes" in prefill.meta else {}),
             "fusion": fusion,
             "kv_cache": kv_cache,
-            "notes": generate_notes(kv_cache),
+            "disable_compile": bool(disable_compile), "priced": priced,
+            # the compile and the graph's recording, once before the first step: not priced
+            "notes": [COMPILE_NOT_PRICED] if by_hf else [],
             "predictor": prefill.predictor, "ttft_ms": prefill.total_ms,
             "ttft_band_ms": [prefill.total_p10_ms, prefill.total_p90_ms],
             "tpot_ms": decode_ms / (new_tokens - 1) if new_tokens > 1 else None,
