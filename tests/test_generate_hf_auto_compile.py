@@ -135,3 +135,25 @@ def test_the_cli_takes_disable_compile_and_says_how_each_pass_was_priced(capsys)
         assert c["priced"] == run["priced"] and c["disable_compile"] == bool(extra)
     assert main(comp) == 0
     assert "decode steps: compiled, replayed as a CUDA graph" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gpu", ["p4", "p100-pcie-16gb", "p100-sxm2-16gb"])
+def test_hfs_default_generate_is_refused_where_inductor_cannot_compile(gpu, capsys):
+    """P4 (CUDA capability 6.1) and P100 (6.0), the CUDA C++ Programming Guide's table: torch
+    2.13's Inductor has no Triton backend under 7.0 (torch/utils/_triton.py:189-190, has_triton;
+    torch/_inductor/scheduler.py:8492-8497 raises GPUTooOldForTriton), so HF 5.25's generate, which
+    compiles a static cache's decode steps, fails there: no compiled time to price. Its
+    disable_compile=True and a dynamic cache run eager; V100 (7.0) compiles."""
+    with pytest.raises(KitError, match="disable-compile"):
+        generation(GPT, gpu, batch=B, prompt=P, new_tokens=N)
+    assert generation(GPT, gpu, batch=B, prompt=P, new_tokens=N, disable_compile=True)["tpot_ms"] > 0
+    assert generation(GPT, gpu, batch=B, prompt=P, new_tokens=N, kv_cache="dynamic")["tpot_ms"] > 0
+    assert main(["predict", "gpt2", "--gpu", gpu, "--mode", "generate", "--seq", "8",
+                 "--new-tokens", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--disable-compile" in err and "Traceback" not in err
+
+
+def test_a_volta_gpu_compiles():
+    r = generation(GPT, "v100-sxm2-16gb", batch=B, prompt=P, new_tokens=N)
+    assert r["priced"]["decode"]["cuda_graphs"]

@@ -154,6 +154,22 @@ COMPILE_NOT_PRICED = (
     "generate call whose batch or cache length the model has not yet compiled for, is not priced")
 
 
+# GPUs whose CUDA capability is under 7.0, where Inductor has no Triton backend: torch 2.13's
+# has_triton() asks major >= 7 (torch/utils/_triton.py:189-190) and the scheduler raises
+# GPUTooOldForTriton without it (torch/_inductor/scheduler.py:8492-8497, exc.py:143-155)
+NO_INDUCTOR_ARCHS = frozenset({"pascal"})
+
+
+def check_compiles_on(g) -> None:
+    """Refuse HF's default (compiled) generate on a GPU Inductor cannot compile for: there HF
+    5.25's generate over a static cache fails at its first decode step, so it has no time."""
+    if g.arch in NO_INDUCTOR_ARCHS:
+        raise KitError(f"{g.key} ({g.arch}, CUDA capability under 7.0): HF 5.25's generate compiles a "
+                       "static cache's decode steps with Inductor, whose Triton backend needs capability "
+                       "7.0 or more, so it fails there; price HF's generate(disable_compile=True) "
+                       "(--disable-compile) or a dynamic cache (--kv-cache dynamic)")
+
+
 def pass_pricing(fusion: str, overhead, why: str) -> dict:
     """How a pass was priced, as a generate result says it: its fusion, whether it replays a CUDA
     graph (kit.workload.iteration.CUDA_GRAPH), and why."""
@@ -263,6 +279,8 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     by_hf = hf_auto_compiles(kv_cache, bool(disable_compile))  # compiled, under CUDA graphs
     priced = pricing(fusion, overhead, kv_cache, bool(disable_compile))
     step_run = dict(run, fusion="compiled", overhead=CUDA_GRAPH) if by_hf else run
+    if by_hf:
+        check_compiles_on(get_gpu(gpu))
     cache_len = static_cache_len(model, prompt, new_tokens, kv_cache)
     # generate's prefill, its cache's writes inside each layer, into either cache (every zoo
     # decoder: prefills_in_layers)
