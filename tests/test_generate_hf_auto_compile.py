@@ -13,6 +13,8 @@ never compiled, and disable_compile=True every pass as asked. The kit's own pric
 CUDA-graph step is iteration(..., fusion="compiled", overhead=CUDA_GRAPH), what `kit predict
 --fusion compiled --cuda-graphs` runs.
 """
+import json
+
 import pytest
 
 from cli_json import cli_json
@@ -157,3 +159,26 @@ def test_hfs_default_generate_is_refused_where_inductor_cannot_compile(gpu, caps
 def test_a_volta_gpu_compiles():
     r = generation(GPT, "v100-sxm2-16gb", batch=B, prompt=P, new_tokens=N)
     assert r["priced"]["decode"]["cuda_graphs"]
+
+
+def test_compare_shows_a_pascal_row_as_unsupported_not_the_whole_table(capsys):
+    """kit compare --mode generate over a Volta and a Pascal card: HF's default (compiled)
+    generate cannot run on the Pascal one (compile_refusal), so its row is unsupported with that
+    reason while the Volta row is priced; one Pascal card had refused the whole comparison.
+    With --disable-compile both rows are priced; with only Pascal cards, one error."""
+    from kit.hardware import get_gpu
+    from kit.workload.generation import compile_refusal
+
+    argv = ["compare", "gpt2", "--gpus", "v100-pcie-32gb,p100-pcie-16gb", "--mode", "generate",
+            "--batch", "2", "--seq", "16", "--new-tokens", "3", "--json"]
+    assert main(argv) == 0
+    rows = {r["gpu"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["v100-pcie-32gb"]["step_ms"] > 0 and not rows["v100-pcie-32gb"]["unsupported"]
+    assert rows["p100-pcie-16gb"]["step_ms"] is None
+    assert rows["p100-pcie-16gb"]["unsupported"] == compile_refusal(get_gpu("p100-pcie-16gb"))
+    assert main(argv + ["--disable-compile"]) == 0
+    rows = {r["gpu"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert all(r["step_ms"] > 0 for r in rows.values())
+    assert main(["compare", "gpt2", "--gpus", "p4,p100-pcie-16gb", "--mode", "generate", "--batch", "2",
+                 "--seq", "16", "--new-tokens", "3"]) == 2
+    assert "none of p4, p100-pcie-16gb can run it" in capsys.readouterr().err

@@ -167,17 +167,24 @@ def compare_generation(model, chosen, batch, prompt, new_tokens, dtype, fusion, 
     its throughput the batch's new tokens over it, with TTFT and TPOT beside. chosen and prices
     come as compare resolved and checked them (GPU objects, one per key; check_prices's)."""
     from kit.errors import KitError
-    from kit.workload.generation import generation
+    from kit.workload.generation import compile_refusal, generation, hf_auto_compiles
     from kit.workload.models import max_batch
 
     asked, dtype = dtype, "fp32" if dtype == "model" else dtype  # a zoo decoder or config: fp32
+    compiled = hf_auto_compiles(kv_cache, disable_compile)
+    # a GPU that lacks the dtype, or (HF compiling the decode steps) that Inductor cannot compile
+    # for, gets an unsupported row with its reason: one Pascal card had refused the whole table
+    cannot = {g.key: no_dtype(g, dtype) if g.peak_tflops(dtype) is None else
+              (compile_refusal(g) if compiled else None) for g in chosen}
     if all(g.peak_tflops(dtype) is None for g in chosen):
         raise KitError(f"none of {', '.join(g.key for g in chosen)} supports {dtype}: "
                        + "; ".join(no_dtype(g, dtype) for g in chosen))
+    if all(cannot.values()):
+        raise KitError(f"none of {', '.join(g.key for g in chosen)} can run it: " + "; ".join(cannot.values()))
     runs = {g.key: generation(model, g, batch=batch, prompt=prompt, new_tokens=new_tokens,
                               dtype=asked, fusion=fusion, predictor=predictor, overhead=overhead,
                               kv_cache=kv_cache, disable_compile=disable_compile)
-            for g in chosen if g.peak_tflops(dtype) is not None}
+            for g in chosen if not cannot[g.key]}
     first = next(iter(runs.values()))
     # the need alone: a generation's memory also holds its own GPU's size and fit, which at the
     # top of a comparison read as the whole table's (t4 first: "gpu_memory_bytes" 16 GiB and
@@ -188,7 +195,7 @@ def compare_generation(model, chosen, batch, prompt, new_tokens, dtype, fusion, 
     for gpu in chosen:
         r = runs.get(gpu.key)
         if r is None:
-            rows.append(unsupported_row(gpu, dtype, "tokens", mem, prices))
+            rows.append(unsupported_row(gpu, dtype, "tokens", mem, prices, cannot[gpu.key]))
             continue
         band = [r["ttft_band_ms"][i] + r["decode_band_ms"][i] for i in (0, 1)]
         rows.append({**gpu_row(gpu, r["total_ms"], band, items, "tokens", mem, prices, r["predictor"]),
@@ -231,8 +238,9 @@ def no_dtype(gpu, dtype: str) -> str:
     return f"{gpu.key} has no {dtype} support (it has {', '.join(gpu.dtypes)})"
 
 
-def unsupported_row(gpu, dtype: str, unit: str, mem: dict, prices: dict) -> dict:
-    """A GPU that cannot run the dtype: no time, throughput, energy or cost, and the reason.
+def unsupported_row(gpu, dtype: str, unit: str, mem: dict, prices: dict, why: str | None = None) -> dict:
+    """A GPU that cannot run the dtype (or, why given, cannot run it for that reason): no time,
+    throughput, energy or cost, and the reason.
     fits is null too (the text table's "-"): the memory need is the dtype's, which this GPU
     cannot run at all, so "fits: true" beside "unsupported" read as if it could."""
     return {"gpu": gpu.key, "step_ms": None, "band_ms": None, f"{unit}_per_s": None,
@@ -240,7 +248,7 @@ def unsupported_row(gpu, dtype: str, unit: str, mem: dict, prices: dict) -> dict
             "usable_memory_gib": gpu.usable_memory_gib, "fits": None, "energy_j_per_step": None,
             "tdp_w": gpu.tdp_w, f"energy_j_per_m_{unit}": None,
             "price_per_hour": prices.get(gpu.key), f"cost_per_m_{unit}": None, "predictor": None,
-            "carried_share": None, "unsupported": no_dtype(gpu, dtype)}
+            "carried_share": None, "unsupported": why or no_dtype(gpu, dtype)}
 
 
 def run(args):

@@ -160,14 +160,24 @@ COMPILE_NOT_PRICED = (
 NO_INDUCTOR_ARCHS = frozenset({"pascal"})
 
 
+def compile_refusal(g) -> str | None:
+    """Why HF's default (compiled) generate cannot run on GPU g, or None where it can: on a GPU
+    Inductor cannot compile for, HF 5.25's generate over a static cache fails at its first decode
+    step, so it has no time (kit compare shows such a GPU's row as unsupported, with this)."""
+    if g.arch not in NO_INDUCTOR_ARCHS:
+        return None
+    return (f"{g.key} ({g.arch}, CUDA capability under 7.0): HF 5.25's generate compiles a "
+            "static cache's decode steps with Inductor, whose Triton backend needs capability "
+            "7.0 or more, so it fails there; price HF's generate(disable_compile=True) "
+            "(--disable-compile) or a dynamic cache (--kv-cache dynamic)")
+
+
 def check_compiles_on(g) -> None:
-    """Refuse HF's default (compiled) generate on a GPU Inductor cannot compile for: there HF
-    5.25's generate over a static cache fails at its first decode step, so it has no time."""
-    if g.arch in NO_INDUCTOR_ARCHS:
-        raise KitError(f"{g.key} ({g.arch}, CUDA capability under 7.0): HF 5.25's generate compiles a "
-                       "static cache's decode steps with Inductor, whose Triton backend needs capability "
-                       "7.0 or more, so it fails there; price HF's generate(disable_compile=True) "
-                       "(--disable-compile) or a dynamic cache (--kv-cache dynamic)")
+    """Refuse HF's default (compiled) generate on a GPU Inductor cannot compile for
+    (compile_refusal)."""
+    why = compile_refusal(g)
+    if why:
+        raise KitError(why)
 
 
 def pass_pricing(fusion: str, overhead, why: str) -> dict:
