@@ -240,11 +240,14 @@ def predict_model(model, gpu, mode: str = "train", batch: int | None = None, seq
     Returns a kit.workload.iteration.Iteration (total_ms, phases_ms, by_class(), top_kernels(),
     timeline, to_trace(), to_dict()).
     """
+    from kit.hardware import get_gpu
     from kit.workload.fusion import check_fusion
+    from kit.workload.inductor import check_fusion_on
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of, memory_fit, refuse_loss_left_out_of_none
 
     check_fusion(fusion)  # before the capture; iteration() memoises on it as a dict key
+    check_fusion_on(get_gpu(gpu), fusion)  # torch.compile on a GPU Inductor cannot compile for
     loss = yes_no(loss, "loss")
     if loss is not True and mode != "train":  # as the CLI's --no-loss: it would change nothing
         raise KitError(f"loss={loss!r} goes with mode 'train' (got mode {mode!r}): only a training "

@@ -110,6 +110,7 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
             disable_compile: bool = False) -> dict:
     from kit.errors import KitError
     from kit.hardware import get_gpu
+    from kit.workload.inductor import fusion_refusal
     from kit.workload.iteration import iteration
     from kit.workload.models import graph_of, max_batch, memory_bytes, refuse_loss_left_out_of_none
 
@@ -144,6 +145,10 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
         if lacking is not None:  # a row that says so; the other GPUs still compare
             rows.append(unsupported_row(gpu, lacking, unit, mem, prices))
             continue
+        why = fusion_refusal(gpu, fusion)
+        if why:  # torch.compile on a GPU Inductor cannot compile for (kit.workload.inductor)
+            rows.append(unsupported_row(gpu, dtype, unit, mem, prices, why))
+            continue
         it = iteration(graph, gpu, predictor=predictor, fusion=fusion, overhead=overhead)
         row = gpu_row(gpu, it.total_ms, [it.total_p10_ms, it.total_p90_ms], items, unit, mem,
                       prices, it.predictor)
@@ -152,7 +157,8 @@ def compare(model, gpus, mode="train", batch=None, seq=None, dtype="fp32", fusio
             row["max_batch"] = max_batch(mem, batch, gpu.usable_memory_bytes)
         rows.append(row)
     if all(r["unsupported"] for r in rows):
-        raise KitError(f"none of {', '.join(r['gpu'] for r in rows)} supports {' and '.join(needed)}: "
+        cannot = "can run it" if any(fusion_refusal(g, fusion) for g in chosen) else f"supports {' and '.join(needed)}"
+        raise KitError(f"none of {', '.join(r['gpu'] for r in rows)} {cannot}: "
                        + "; ".join(r["unsupported"] for r in rows))
     return {"model": graph.model, "mode": mode, "batch": batch,
             "seq": seq_used if per_token else None, "dtype": dtype,  # DLRM has no sequence
@@ -168,6 +174,7 @@ def compare_generation(model, chosen, batch, prompt, new_tokens, dtype, fusion, 
     come as compare resolved and checked them (GPU objects, one per key; check_prices's)."""
     from kit.errors import KitError
     from kit.workload.generation import compile_refusal, generation, hf_auto_compiles
+    from kit.workload.inductor import fusion_refusal
     from kit.workload.models import max_batch
 
     asked, dtype = dtype, "fp32" if dtype == "model" else dtype  # a zoo decoder or config: fp32
@@ -175,7 +182,7 @@ def compare_generation(model, chosen, batch, prompt, new_tokens, dtype, fusion, 
     # a GPU that lacks the dtype, or (HF compiling the decode steps) that Inductor cannot compile
     # for, gets an unsupported row with its reason: one Pascal card had refused the whole table
     cannot = {g.key: no_dtype(g, dtype) if g.peak_tflops(dtype) is None else
-              (compile_refusal(g) if compiled else None) for g in chosen}
+              (compile_refusal(g) if compiled else None) or fusion_refusal(g, fusion) for g in chosen}
     if all(g.peak_tflops(dtype) is None for g in chosen):
         raise KitError(f"none of {', '.join(g.key for g in chosen)} supports {dtype}: "
                        + "; ".join(no_dtype(g, dtype) for g in chosen))

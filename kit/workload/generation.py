@@ -52,6 +52,7 @@ import os
 import numpy as np
 
 from kit.errors import KitError, whole_number
+from kit.workload.inductor import check_fusion_on, inductor_refusal
 
 DECODE_SAMPLES = 5
 
@@ -154,22 +155,14 @@ COMPILE_NOT_PRICED = (
     "generate call whose batch or cache length the model has not yet compiled for, is not priced")
 
 
-# GPUs whose CUDA capability is under 7.0, where Inductor has no Triton backend: torch 2.13's
-# has_triton() asks major >= 7 (torch/utils/_triton.py:189-190) and the scheduler raises
-# GPUTooOldForTriton without it (torch/_inductor/scheduler.py:8492-8497, exc.py:143-155)
-NO_INDUCTOR_ARCHS = frozenset({"pascal"})
-
-
 def compile_refusal(g) -> str | None:
     """Why HF's default (compiled) generate cannot run on GPU g, or None where it can: on a GPU
-    Inductor cannot compile for, HF 5.25's generate over a static cache fails at its first decode
-    step, so it has no time (kit compare shows such a GPU's row as unsupported, with this)."""
-    if g.arch not in NO_INDUCTOR_ARCHS:
-        return None
-    return (f"{g.key} ({g.arch}, CUDA capability under 7.0): HF 5.25's generate compiles a "
-            "static cache's decode steps with Inductor, whose Triton backend needs capability "
-            "7.0 or more, so it fails there; price HF's generate(disable_compile=True) "
-            "(--disable-compile) or a dynamic cache (--kv-cache dynamic)")
+    Inductor cannot compile for (kit.workload.inductor), HF 5.25's generate over a static cache
+    fails at its first decode step, so it has no time (kit compare shows such a GPU's row as
+    unsupported, with this)."""
+    return inductor_refusal(g, "HF 5.25's generate compiles a static cache's decode steps",
+                            "price HF's generate(disable_compile=True) (--disable-compile) or a "
+                            "dynamic cache (--kv-cache dynamic)")
 
 
 def check_compiles_on(g) -> None:
@@ -291,6 +284,7 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     step_run = dict(run, fusion="compiled", overhead=CUDA_GRAPH) if by_hf else run
     if by_hf:
         check_compiles_on(get_gpu(gpu))
+    check_fusion_on(get_gpu(gpu), fusion)  # the prefill (and, HF not compiling, the steps) as asked
     cache_len = static_cache_len(model, prompt, new_tokens, kv_cache)
     # generate's prefill, its cache's writes inside each layer, into either cache (every zoo
     # decoder: prefills_in_layers)
