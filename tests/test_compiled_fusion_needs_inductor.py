@@ -85,3 +85,11 @@ def test_compare_generate_with_disable_compile_shows_the_fusion_reason(capsys):
     assert rows["v100-pcie-32gb"]["step_ms"] > 0
     assert rows[P100]["step_ms"] is None
     assert rows[P100]["unsupported"] == fusion_refusal(get_gpu(P100), "compiled")
+
+
+def test_whole_model_panel_built_for_it_is_one_kit_error():
+    """As the panel's other bad constructor arguments (test_widgets_bad_input): one KitError."""
+    from widgets.whole_model import WholeModelPanel
+
+    with pytest.raises(KitError, match="CUDA capability under 7.0"):
+        WholeModelPanel(model="gpt2", gpu=P100, mode="inference", batch=1, seq=32, fusion="compiled")
