@@ -3,7 +3,7 @@
     r = generation(model, gpu, batch=8, prompt=1024, new_tokens=256, dtype="bf16")
 
 A decoder answers a prompt of P tokens by running one forward pass over them (the prefill,
-`mode="inference"`, as HF 5.25's generate runs it (prefills_in_layers): with the cache, static
+`mode="inference"`, as HF 5.25's generate runs it (below): with the cache, static
 or dynamic, its writes inside each layer; computing the logits of each
 sequence's last position only, as HF generate and serving engines do), which also yields the
 first new token: the time to first token (TTFT).
@@ -44,6 +44,21 @@ ask (eager by default). disable_compile=True (HF's GenerationConfig flag of that
 Each result says how each pass was priced ("priced"). Compiling and recording the graph, before
 the first step of a call with a new batch or cache length, is not priced; nor does a host cost
 calibrated from a trace (overhead) reach the compiled steps, whose loop ops take eager defaults.
+
+How each decoder's prefill runs (every zoo decoder, kit.workload.modes.decodes; a config of no
+model_type with n_embd is a GPT-2), each layer initialising its cache layer and writing the
+prompt's rows before its attention, which SDPA runs is_causal, unmasked: over a static cache
+(zoo._capture's "inference:<cache_len>") the first P rows of the preallocated cache its update
+returns (sdpa_attention_forward cuts them, kit.workload.hf_masks.causal_prefill_keys), the cache
+initialised with zeros and a blocking copy of cumulative_length to the device
+(kit.workload.kv_cache.hf_prefill_update); over a dynamic one ("inference:dynamic") the prompt's
+P rows, concatenated onto empty tensors (kv_cache.hf_dynamic_init), so square: the flash kernel.
+A sliding layer's cache (StaticSlidingWindowLayer, DynamicSlidingWindowLayer) initialises and
+writes as kv_cache.cache_update runs it, its mask as hf_masks.decode_mask builds it for a prefill.
+Eager Gemma 2 and GPT-OSS attend over every key their cache layers return
+(eager_attention_forward cuts none: a static full layer's whole preallocated cache), under
+eager_mask's additive mask, never skipped. DeepSeek-V3 caches its latents, then expands all the
+cache returns (kit.workload.zoo_deepseek).
 """
 from __future__ import annotations
 
@@ -106,28 +121,6 @@ def static_cache_len(model, prompt: int, new_tokens: int, kv_cache: str) -> int 
     if kv_cache != "static":
         return None
     return prompt + new_tokens - 1
-
-
-def prefills_in_layers(model) -> bool:
-    """Whether generate's prefill of this zoo decoder or config runs as HF 5.25's does, each
-    layer initialising its cache layer and writing the prompt's rows before its attention: every
-    decoder (kit.workload.modes.decodes; a config of no model_type with n_embd is a GPT-2), which
-    SDPA runs is_causal, unmasked: over a static cache (zoo._capture's "inference:<cache_len>")
-    the first P rows of the preallocated cache its update returns (sdpa_attention_forward cuts
-    them, kit.workload.hf_masks.causal_prefill_keys), the cache initialised with zeros and a
-    blocking copy of cumulative_length to the device (kit.workload.kv_cache.hf_prefill_update);
-    over a dynamic one ("inference:dynamic") the prompt's P rows, concatenated onto empty tensors
-    (kv_cache.hf_dynamic_init), so square: the flash kernel. A sliding layer's cache
-    (StaticSlidingWindowLayer, DynamicSlidingWindowLayer) initialises and writes as
-    kv_cache.cache_update runs it, its mask as hf_masks.decode_mask builds it for a prefill.
-    Eager Gemma 2 and GPT-OSS attend over every key their cache layers return
-    (eager_attention_forward cuts none: a static full layer's whole preallocated cache), under
-    eager_mask's additive mask, never skipped. DeepSeek-V3 caches its latents, then expands all
-    the cache returns (kit.workload.zoo_deepseek). (The pass without a cache, its writes appended
-    after its last node, with_cache_writes, served none of them and is gone.)"""
-    from kit.workload.modes import decodes
-
-    return decodes(model)
 
 
 def hf_auto_compiles(kv_cache: str, disable_compile: bool = False) -> bool:
@@ -282,12 +275,12 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
     by_hf = hf_auto_compiles(kv_cache, bool(disable_compile))  # compiled, under CUDA graphs
     priced = pricing(fusion, overhead, kv_cache, bool(disable_compile))
     step_run = dict(run, fusion="compiled", overhead=CUDA_GRAPH) if by_hf else run
+    g = get_gpu(gpu)
     if by_hf:
-        check_compiles_on(get_gpu(gpu))
-    check_fusion_on(get_gpu(gpu), fusion)  # the prefill (and, HF not compiling, the steps) as asked
+        check_compiles_on(g)
+    check_fusion_on(g, fusion)  # the prefill (and, HF not compiling, the steps) as asked
     cache_len = static_cache_len(model, prompt, new_tokens, kv_cache)
-    # generate's prefill, its cache's writes inside each layer, into either cache (every zoo
-    # decoder: prefills_in_layers)
+    # generate's prefill, its cache's writes inside each layer, into either cache (module doc)
     prefill_graph = graph_of(model, batch, prompt, "inference", dtype, last_logits=True,
                              kv_cache=kv_cache, cache_len=cache_len)
     looped = hf_loop(model, batch)  # HF's greedy loop around each forward (kit.workload.hf_generate)
@@ -313,7 +306,6 @@ def generation(model, gpu, batch: int = 1, prompt: int = 512, new_tokens: int = 
         acts = max(mem["activations_bytes"], last["activations_bytes"])
         mem = {**last, "activations_bytes": acts,
                "total_bytes": last["total_bytes"] - last["activations_bytes"] + acts}
-    g = get_gpu(gpu)
     return {"model": prefill.model, "gpu": g.key, "mode": "generate", "batch": batch,
             "prompt": prompt, "new_tokens": new_tokens,
             # model: the dtype the model holds (a zoo decoder or config: fp32), and in which

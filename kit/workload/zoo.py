@@ -170,7 +170,7 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     """The captured OpGraph of a zoo model / config for one shape, cached. kv_cache: how a
     decode step's cache grows, "static" or "dynamic" (kit.workload.kv_cache); "dynamic" with
     mode inference and last_logits: generate's prefill into an empty dynamic cache, for a
-    decoder that prefills with its cache (kit.workload.generation.prefills_in_layers). cache_len:
+    decoder that prefills with its cache (every zoo decoder: kit.workload.modes.decodes). cache_len:
     a static cache's preallocated length (generation's prompt + new tokens - 1, as HF's generate
     sizes it; None: the context and the step's token), with mode inference generate's prefill
     into it. loss: a training
@@ -191,9 +191,9 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     check_tokens(batch, seq if uses_seq(model) else None, decode=mode == "decode")
     # generate's prefill into an empty dynamic cache, its writes inside each layer: an inference
     # pass with a dynamic cache and the last position's logits, as generate computes them, of a
-    # decoder that prefills so (kit.workload.generation.prefills_in_layers); refused otherwise
+    # decoder that prefills so (every zoo decoder: kit.workload.modes.decodes); refused otherwise
     dynamic_prefill = (mode == "inference" and kv_cache == "dynamic" and bool(last_logits)
-                       and cache_len is None and _in_layers(model))
+                       and cache_len is None and decodes(model))
     check_mode(model, mode, optimizer, "static" if dynamic_prefill else kv_cache)
     check_seq(model, seq, 1 if mode == "decode" else 0)  # decode: the context and the new token
     captured = f"decode:{kv_cache}" if mode == "decode" else mode
@@ -233,21 +233,13 @@ def graph_for(model: str | dict, batch: int, seq: int | None = None, mode: str =
     return graph
 
 
-def _in_layers(model) -> bool:
-    from kit.workload.generation import prefills_in_layers
-
-    return prefills_in_layers(model)
-
-
 def _check_cache_len(model, mode: str, cache_len, seq: int) -> int:
     """A static cache's preallocated length, for a decode step (every zoo decoder's cache and
     mask follow HF 5.25's StaticCache, kit.workload.hf_masks) or generate's prefill into it
-    (generation.prefills_in_layers), which must hold the prompt's seq rows. KitError else: it
+    (every zoo decoder, kit.workload.modes.decodes), which must hold the prompt's seq rows. KitError else: it
     had been dropped outside decode, and a prefill of 8 tokens into a 4-row cache had been
     priced (HF's index_copy_ of 8 rows into 4 fails)."""
-    from kit.workload.generation import prefills_in_layers
-
-    if mode != "decode" and not (mode == "inference" and prefills_in_layers(model)):
+    if mode != "decode" and not (mode == "inference" and decodes(model)):
         raise KitError(f"cache_len (a static KV cache's preallocated length) goes with mode "
                        f"decode, not {mode}")
     n = whole_number(cache_len, "cache_len")
