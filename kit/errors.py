@@ -50,12 +50,22 @@ def real_number(value, what: str, low: float = 0.0, strict: bool = False,
     return x
 
 
+SEPARATOR_NAMES = {",": "commas", ";": "semicolons"}
+
+
+def comma_items(text: str, sep: str = ",") -> list[str]:
+    """The stripped items of a `sep` list; a trailing separator adds none. ValueError for an
+    empty item between two separators ("1K,,2K"), where a value was lost."""
+    items = [t.strip() for t in str(text).rstrip().removesuffix(sep).split(sep)]
+    if len(items) > 1 and not all(items):
+        raise ValueError(f"an empty item between {SEPARATOR_NAMES.get(sep, repr(sep) + 's')}")
+    return [t for t in items if t]
+
+
 def comma_names(text, what: str) -> list[str]:
     """The stripped items of a comma list given as `what` (a trailing comma adds none); a KitError
     for an empty item between two commas ("tile,,wave"), where a name was lost, as `kit compare
-    --gpus` and `kit comm predict --sizes` already refused it (kit.comm.sizes.comma_items)."""
-    from kit.comm.sizes import comma_items
-
+    --gpus` and `kit comm predict --sizes` already refused it (comma_items)."""
     try:
         return comma_items(str(text))
     except ValueError:

@@ -16,18 +16,14 @@ def _ints(s, flag: str):
     return vals
 
 
-def _names(s, flag: str):
-    return comma_names(s, flag)
-
-
 def _dists(s):
     """--dist's ';' list: a reuse distribution holds commas of its own (reuse:F0,F1,...)."""
-    from kit.errors import KitError
+    from kit.errors import KitError, comma_items
 
-    parts = [d.strip() for d in s.rstrip().removesuffix(";").split(";")]
-    if len(parts) > 1 and not all(parts):
-        raise KitError(f"--dist: an empty item between semicolons in {s!r}")
-    return [d for d in parts if d]
+    try:
+        return comma_items(s, ";")
+    except ValueError:
+        raise KitError(f"--dist: an empty item between semicolons in {s!r}") from None
 
 
 def run(args):
@@ -42,7 +38,7 @@ def run(args):
     cfgs = grid(_ints(args.batch, "--batch"), _ints(args.rows, "--rows"), _ints(args.dim, "--dim"),
                 _ints(args.pooling, "--pooling"), _dists(args.dist),
                 tables=_ints(args.tables, "--tables"),
-                modes=_names(args.mode, "--mode"), dtypes=_names(args.dtype, "--dtype"), passes=passes,
+                modes=comma_names(args.mode, "--mode"), dtypes=comma_names(args.dtype, "--dtype"), passes=passes,
                 optimizer=args.optimizer or "sgd")
     return collect(cfgs, args.out, device=args.device, backend=args.backend, repeats=args.repeats,
                    warmup=args.warmup, resume=args.resume, l2_flush=not args.no_l2_flush,

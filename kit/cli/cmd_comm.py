@@ -10,7 +10,7 @@ def _ranks(text):
     if text is None:
         return None
     try:
-        from kit.comm.sizes import comma_items
+        from kit.errors import comma_items
 
         vals = [int(v) for v in comma_items(text)]
     except ValueError:

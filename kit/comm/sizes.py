@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-from kit.errors import KitError
+from kit.errors import KitError, comma_items
 from kit.whole_numbers import exact_whole
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -39,15 +39,6 @@ def check_max_bytes(size: float, what: str) -> None:
     if not size <= MAX_BYTES:
         raise TooLarge(f"{what} is more than any device holds (at most {MAX_BYTES // 2**30} GiB "
                        "a buffer); give a smaller size")
-
-
-def comma_items(text: str) -> list[str]:
-    """The stripped items of a comma list; a trailing comma adds none. ValueError for an empty
-    item between commas ("1K,,2K"), where a value was lost."""
-    items = [t.strip() for t in str(text).rstrip().removesuffix(",").split(",")]
-    if len(items) > 1 and not all(items):
-        raise ValueError("an empty item between commas")
-    return [t for t in items if t]
 
 
 def parse_sizes(spec) -> list[int]:
