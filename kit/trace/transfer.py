@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 
 from kit.errors import KitError
 from kit.predict.roofline import host_link_gbs
@@ -355,12 +356,14 @@ def _least_bytes_ms(kind: str, nbytes, system, ranks) -> float:
     return min(p.us_per_byte for p in plans(s, canonical_kind(kind), resolve_group(s, ranks))) * nbytes / 1e3
 
 
+@lru_cache(maxsize=64)
 def line_rate_system(system):
     """The system with its links at line rate: the fabric's, PCIe's and network's efficiency 1,
     no HBM bytes charged beside the wire (software hbm_bytes_per_byte 0), and NVLS at the NVLink
     rate. kit.comm's NVLS rate is gpu_bw x nvls_efficiency over nvls_wire(n) = (1 + 1/n) /
     (1 + 1/8) (NVLS_CALIBRATED_RANKS), so line rate, (1 + 1/n) bytes a byte each way at gpu_bw, is
-    nvls_efficiency = 1 / (1 + 1/8)."""
+    nvls_efficiency = 1 / (1 + 1/8). Memoised: asked twice for every collective and peer copy of a
+    trace, it had built a new System each time, which kit.comm then vetted and hashed afresh."""
     from dataclasses import replace
 
     from kit.comm.algorithms import NVLS_CALIBRATED_RANKS
