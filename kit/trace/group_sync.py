@@ -159,13 +159,14 @@ def wait_pairwise(tg, matched) -> int:
     dependency order; matched's ops are renumbered with them."""
     from kit.trace.reorder import insert_before
 
+    chains = [(key, members) for key, members in matched if key[0] == "coalesced" and len(members) >= 3]
+    if not chains:  # no pass over the trace's comm ops for a job with no chain
+        return 0
     g = tg.graph
     metas = op_comm_metas(tg)
     pairs = []  # (a, b, a's batch, b's batch, the set's key), a < b
     chained = 0
-    for key, members in matched:
-        if key[0] != "coalesced" or len(members) < 3:
-            continue
+    for key, members in chains:
         chained += len(members)
         d = min(ge.dur_us for _, ge in members.values()) / 1e3
         for r, (op, _) in members.items():
