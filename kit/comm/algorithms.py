@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from kit.comm.topology import (Group, gpu_nics, group_nics, group_ring_gbs, node_net_gbs, node_nics,
-                               nvls_gbs, p2p_gbs, shared_nics)
+from kit.comm.topology import (Group, gpu_nics, group_ring_gbs, node_net_gbs, node_nics,
+                               nic_shares, nvls_gbs, p2p_gbs, shared_nics)
 from kit.hardware.system import System
 
 if TYPE_CHECKING:  # numpy is imported where it is used: no preset's collective but an all-to-all needs it
@@ -226,7 +226,7 @@ def uniform_alltoall_us(system: System, group: Group, sharing=1) -> float:
             if isinstance(s, int) and s > 1:  # s groups placed alike: shared_nics' even split
                 per_node.add((len(loc) * off, shared_nics(system, loc, s)))
             else:  # each NIC its GPUs' bytes, at its share among the groups on it
-                share = _nic_shares(system, loc, s)
+                share = nic_shares(system, loc, s)
                 per_node |= {(b * off, share[j]) for j, b in _nic_bytes(system, loc, [1.0] * len(loc)).items()}
         times += _network_us(system, (n - fewest) / n, sorted(per_node))
     return float(max(times))
@@ -249,16 +249,6 @@ def _nic_bytes(system: System, local, per_gpu) -> dict:
         for j in own:
             out[j] = out.get(j, 0.0) + b / len(own)
     return out
-
-
-def _nic_shares(system: System, local, sharing) -> dict:
-    """NIC -> the share of it a group with these local GPUs gets: 1 alone, 1 / (the groups using
-    it) where sharing gives the local GPUs of each concurrent group (topology.shared_nics)."""
-    mine = group_nics(system, tuple(local))
-    if not isinstance(sharing, tuple):
-        return {j: 1.0 for j in mine}
-    groups = {tuple(g) for g in sharing} | {tuple(local)}
-    return {j: 1.0 / sum(j in group_nics(system, g) for g in groups) for j in mine}
 
 
 def _network_us(system: System, per_gpu_bytes: float, per_node) -> list[float]:

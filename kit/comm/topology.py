@@ -279,16 +279,26 @@ def shared_nics(system: System, local: tuple[int, ...], sharing=1) -> float:
     the groups sat: at tp 3 on DGX-1 nodes (2 GPUs a NIC) the TP groups of ranks 6-8 and 15-17
     (locals 0 and 7 on node 1, NICs 0 and 3) had each been given half a NIC, where each has a
     NIC of its own."""
-    mine = group_nics(system, tuple(local))
     if isinstance(sharing, tuple):
-        groups = [tuple(g) for g in sharing]
-        if tuple(local) not in groups:
-            groups.append(tuple(local))
-        load = Counter(j for g in groups for j in group_nics(system, g))
-        return len(mine) * min(1.0 / load[j] for j in mine)
+        shares = nic_shares(system, local, sharing)
+        return len(shares) * min(shares.values())
     if sharing == 1:
-        return float(len(mine))
+        return float(len(group_nics(system, tuple(local))))
     return node_nics(system, sharing * len(local)) / sharing
+
+
+def nic_shares(system: System, local, sharing) -> dict:
+    """NIC -> the share of it a group with these local GPUs gets: 1 alone (sharing not a tuple),
+    else 1 / the groups using it, sharing giving the local GPUs of each concurrent group on the
+    node (shared_nics; the group itself counted once, given or not)."""
+    mine = group_nics(system, tuple(local))
+    if not isinstance(sharing, tuple):
+        return {j: 1.0 for j in mine}
+    groups = [tuple(g) for g in sharing]
+    if tuple(local) not in groups:
+        groups.append(tuple(local))
+    load = Counter(j for g in groups for j in group_nics(system, g))
+    return {j: 1.0 / load[j] for j in mine}
 
 
 @lru_cache(maxsize=4096)
