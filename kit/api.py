@@ -240,7 +240,6 @@ def predict_model(model, gpu, mode: str = "train", batch: int | None = None, seq
     Returns a kit.workload.iteration.Iteration (total_ms, phases_ms, by_class(), top_kernels(),
     timeline, to_trace(), to_dict()).
     """
-    from kit.hardware import get_gpu
     from kit.workload.fusion import check_fusion
     from kit.workload.inductor import check_fusion_on
     from kit.workload.iteration import iteration

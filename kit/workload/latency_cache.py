@@ -36,7 +36,7 @@ KIT_FILES = tuple(Path(__file__).resolve().parents[1] / n
 
 HERE = Path(__file__).resolve().parent
 COSTING_FILES = ("iteration.py", "kernel_times.py", "fusion.py", "kernels.py", "latency_cache.py",
-                 "generation.py")  # the prefill's KV-cache writes it appends under their own key
+                 "generation.py")  # HF's generate loop around each pass (hf_loop)
 
 
 def predictor_files() -> list[Path]:
